@@ -1,0 +1,64 @@
+# The two commands a new user needs: `make demo` and `make test`.
+# Each sets up everything it needs itself: the virtualenv, the packages, the Kafka jars
+# (via Maven) and PostgreSQL (via apt when missing).
+
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+DEVSTACK := $(PY) scripts/devstack.py
+PYTEST_ARGS ?=
+
+.PHONY: help venv up down status env test lint typecheck pytest demo bench clean distclean
+
+help:
+	@echo "make demo    run the end-to-end demo on real Postgres and Kafka"
+	@echo "make test    lint, type-check and run the whole test suite on real servers"
+	@echo "make up      start Postgres and Kafka (idempotent) and print SAGA_* settings"
+	@echo "make down    stop what 'make up' started"
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; Python 3.11 is required" >&2; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+up: venv
+	@$(DEVSTACK) up
+
+down: venv
+	@$(DEVSTACK) down
+
+status: venv
+	@$(DEVSTACK) status
+
+env: venv
+	@$(DEVSTACK) env
+
+lint: venv
+	@$(VENV)/bin/ruff check .
+	@$(VENV)/bin/ruff format --check .
+
+typecheck: venv
+	@$(VENV)/bin/mypy
+
+test: venv lint typecheck
+	@$(DEVSTACK) run -- $(PY) -m pytest $(PYTEST_ARGS)
+
+pytest: venv
+	@$(DEVSTACK) run -- $(PY) -m pytest $(PYTEST_ARGS)
+
+demo: venv
+	@$(DEVSTACK) run -- $(PY) -m services_demo.smoke
+
+bench: venv
+	@$(DEVSTACK) run -- $(PY) bench/run_all.py
+
+clean:
+	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+distclean: down clean
+	rm -rf $(VENV) .dev

@@ -1,0 +1,51 @@
+"""Engine configuration: one Settings object, read from ``SAGA_*`` environment variables.
+
+The environment is read only when a Settings object is constructed, at the edge of the
+program (the CLI, a test fixture, the user's ``main``). Nested fields use ``__``:
+``SAGA_PG__DSN``, ``SAGA_KAFKA__BOOTSTRAP_SERVERS``.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class PostgresSettings(BaseModel):
+    """Where the event store lives."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    # A secret: a DSN may carry a password, and settings are printed in logs and errors.
+    dsn: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:54329/saga")
+    db_schema: str = Field(default="saga_engine", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+    pool_min_size: int = Field(default=2, ge=1)
+    pool_max_size: int = Field(default=10, ge=1)
+    command_timeout_s: float = Field(default=30.0, gt=0)
+
+
+class KafkaSettings(BaseModel):
+    """Where commands, replies and start requests travel."""
+
+    model_config = ConfigDict(frozen=True)
+
+    bootstrap_servers: str = "127.0.0.1:19092"
+    topic_prefix: str = Field(default="saga", pattern=r"^[A-Za-z0-9._-]{1,100}$")
+    partitions: int = Field(default=8, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
+    group_id: str = "saga-engine"
+    # aiokafka's default fetch_max_wait_ms is 500 ms, which puts half a second on every
+    # reply hop; a saga engine is latency-bound, so we wait far less.
+    fetch_max_wait_ms: int = Field(default=20, ge=0)
+    max_message_bytes: int = Field(default=1_000_000, ge=1024)
+
+
+class Settings(BaseSettings):
+    """Everything an engine needs. Build it once and pass it down."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SAGA_", env_nested_delimiter="__", frozen=True, extra="ignore"
+    )
+
+    pg: PostgresSettings = PostgresSettings()
+    kafka: KafkaSettings = KafkaSettings()

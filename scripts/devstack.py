@@ -1,0 +1,651 @@
+"""Start, stop and inspect the local stack of real servers: PostgreSQL 15 and Apache Kafka 4.
+
+Usage (normally through the Makefile):
+
+    python scripts/devstack.py up        # start both (idempotent), wait until they answer
+    python scripts/devstack.py down      # stop what `up` started, by pid
+    python scripts/devstack.py status
+    python scripts/devstack.py env       # print the SAGA_* connection settings
+    python scripts/devstack.py run -- CMD ...   # up, run CMD with the settings, stop what it started
+
+When SAGA_PG__DSN or SAGA_KAFKA__BOOTSTRAP_SERVERS is already set, that server is used
+as it is and nothing is started for it: this is how the project is pointed at existing
+infrastructure.
+
+Every failure is one line on stderr naming the component and the reason, and a
+non-zero exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DEV = ROOT / ".dev"
+STATE_FILE = DEV / "state.json"
+ENV_FILE = DEV / "env"
+KAFKA_POM = ROOT / "scripts" / "kafka" / "pom.xml"
+
+PG_PORT = int(os.environ.get("SAGA_DEV_PG_PORT", "54329"))
+KAFKA_PORT = int(os.environ.get("SAGA_DEV_KAFKA_PORT", "19092"))
+KAFKA_CONTROLLER_PORT = int(os.environ.get("SAGA_DEV_KAFKA_CONTROLLER_PORT", "19093"))
+PG_DATABASE = "saga"
+PG_VERSION = "15"
+START_TIMEOUT_S = float(os.environ.get("SAGA_DEV_START_TIMEOUT", "90"))
+
+
+class StackError(Exception):
+    """A component could not be started or reached; the message is the one line we print."""
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# --------------------------------------------------------------------------- state
+
+
+@dataclass
+class State:
+    postgres_pid: int | None = None
+    postgres_datadir: str | None = None
+    kafka_pid: int | None = None
+
+    @classmethod
+    def load(cls) -> State:
+        if not STATE_FILE.exists():
+            return cls()
+        try:
+            raw = json.loads(STATE_FILE.read_text())
+        except (OSError, ValueError):
+            return cls()
+        return cls(**{k: raw.get(k) for k in ("postgres_pid", "postgres_datadir", "kafka_pid")})
+
+    def save(self) -> None:
+        DEV.mkdir(parents=True, exist_ok=True)
+        STATE_FILE.write_text(json.dumps(self.__dict__, indent=2))
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); treat it as dead.
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def run_quiet(cmd: list[str], what: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, **kw)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()
+        reason = tail[-1] if tail else f"exit code {proc.returncode}"
+        raise StackError(f"{what}: {reason}")
+    return proc
+
+
+# --------------------------------------------------------------------------- postgres
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def as_postgres(cmd: list[str]) -> list[str]:
+    """The Debian server refuses to run as root, so root runs it as the postgres user."""
+    return ["runuser", "-u", "postgres", "--", *cmd] if is_root() else cmd
+
+
+def apt_install(packages: list[str], what: str) -> None:
+    if not is_root():
+        raise StackError(
+            f"{what}: not installed and not running as root; install {' '.join(packages)} "
+            "with apt-get, or set the SAGA_* variable to an existing server"
+        )
+    if shutil.which("apt-get") is None:
+        raise StackError(f"{what}: not installed and apt-get is not available on this machine")
+    say(f"{what}: installing {' '.join(packages)} with apt-get ...")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    run_quiet(["apt-get", "update", "-q"], f"{what}: apt-get update failed", env=env)
+    run_quiet(
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages],
+        f"{what}: apt-get install failed",
+        env=env,
+    )
+
+
+def postgres_bindir() -> Path:
+    bindir = Path(f"/usr/lib/postgresql/{PG_VERSION}/bin")
+    if (bindir / "initdb").exists():
+        return bindir
+    # Stop the package from creating and starting a default cluster on port 5432:
+    # the project runs its own cluster and must leave no stray server behind.
+    apt_install(["postgresql-common"], "postgres")
+    conf = Path("/etc/postgresql-common/createcluster.conf")
+    if conf.exists():
+        text = conf.read_text()
+        if "create_main_cluster = false" not in text:
+            conf.write_text(text + "\ncreate_main_cluster = false\n")
+    apt_install([f"postgresql-{PG_VERSION}"], "postgres")
+    if not (bindir / "initdb").exists():
+        raise StackError(
+            f"postgres: {bindir}/initdb missing after installing postgresql-{PG_VERSION}"
+        )
+    return bindir
+
+
+def postgres_datadir() -> Path:
+    """The cluster lives under .dev/ unless the postgres user cannot reach the checkout."""
+    base = DEV / "pg"
+    if not is_root():
+        return base
+    probe = subprocess.run(
+        ["runuser", "-u", "postgres", "--", "test", "-x", str(ROOT)], check=False
+    )
+    if probe.returncode == 0:
+        return base
+    digest = hashlib.sha1(str(ROOT).encode()).hexdigest()[:10]
+    return Path(f"/var/tmp/saga-engine-dev-{digest}/pg")
+
+
+def pg_dsn(database: str = PG_DATABASE) -> str:
+    return f"postgresql://postgres@127.0.0.1:{PG_PORT}/{database}"
+
+
+async def _pg_ready(dsn: str, create_db: bool) -> None:
+    import asyncpg
+
+    admin_dsn = dsn.rsplit("/", 1)[0] + "/postgres" if create_db else dsn
+    conn = await asyncpg.connect(admin_dsn, timeout=3)
+    try:
+        await conn.fetchval("SELECT 1")
+        if create_db:
+            exists = await conn.fetchval(
+                "SELECT 1 FROM pg_database WHERE datname = $1", PG_DATABASE
+            )
+            if not exists:
+                await conn.execute(f'CREATE DATABASE "{PG_DATABASE}"')
+    finally:
+        await conn.close()
+
+
+def wait_postgres(dsn: str, create_db: bool, deadline: float) -> None:
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            asyncio.run(_pg_ready(dsn, create_db))
+            return
+        except Exception as exc:  # connection refused, starting up, ...
+            last = exc
+            time.sleep(0.3)
+    raise StackError(f"postgres: did not accept a connection at {dsn}: {last}")
+
+
+def postmaster_pid(datadir: Path) -> int | None:
+    try:
+        return int((datadir / "data" / "postmaster.pid").read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def start_postgres(state: State) -> bool:
+    """Returns True when this call started the server."""
+    if os.environ.get("SAGA_PG__DSN"):
+        dsn = os.environ["SAGA_PG__DSN"]
+        wait_postgres(dsn, create_db=False, deadline=time.monotonic() + 15)
+        say("postgres: using SAGA_PG__DSN (external server), nothing started")
+        return False
+    if pid_alive(state.postgres_pid):
+        wait_postgres(pg_dsn(), create_db=True, deadline=time.monotonic() + 15)
+        say(f"postgres: already up on 127.0.0.1:{PG_PORT} (pid {state.postgres_pid})")
+        return False
+
+    t0 = time.monotonic()
+    bindir = postgres_bindir()
+    base = postgres_datadir()
+    data = base / "data"
+    sock = base / "run"
+    if is_root():
+        base.mkdir(parents=True, exist_ok=True)
+        shutil.chown(base, "postgres", "postgres")
+        os.chmod(base, 0o700)
+    else:
+        base.mkdir(parents=True, exist_ok=True)
+    leftover = postmaster_pid(base)
+    if leftover and pid_alive(leftover):
+        # A server of ours from an earlier run whose state file was lost: adopt it.
+        state.postgres_pid, state.postgres_datadir = leftover, str(base)
+        state.save()
+        wait_postgres(pg_dsn(), create_db=True, deadline=time.monotonic() + 15)
+        say(f"postgres: already up on 127.0.0.1:{PG_PORT} (pid {leftover})")
+        return False
+    if port_open(PG_PORT):
+        raise StackError(
+            f"postgres: port {PG_PORT} on 127.0.0.1 is taken by another process; "
+            "stop it or set SAGA_DEV_PG_PORT"
+        )
+    if not (data / "PG_VERSION").exists():
+        run_quiet(
+            as_postgres(
+                [
+                    str(bindir / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    "postgres",
+                    "-E",
+                    "UTF8",
+                    "--locale=C.UTF-8",
+                    # Trust on loopback only: this is a throwaway development cluster
+                    # that listens on 127.0.0.1 and a private socket directory.
+                    "--auth=trust",
+                ]
+            ),
+            "postgres: initdb failed",
+        )
+    sock.mkdir(exist_ok=True)
+    if is_root():
+        shutil.chown(sock, "postgres", "postgres")
+    opts = (
+        f"-p {PG_PORT} -k {sock} -c listen_addresses=127.0.0.1 -c max_connections=300 "
+        "-c shared_buffers=128MB"
+    )
+    run_quiet(
+        as_postgres(
+            [
+                str(bindir / "pg_ctl"),
+                "-D",
+                str(data),
+                "-l",
+                str(base / "postgres.log"),
+                "-o",
+                opts,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ]
+        ),
+        f"postgres: pg_ctl start failed (see {base / 'postgres.log'})",
+    )
+    state.postgres_pid = postmaster_pid(base)
+    state.postgres_datadir = str(base)
+    state.save()
+    wait_postgres(pg_dsn(), create_db=True, deadline=time.monotonic() + START_TIMEOUT_S)
+    say(
+        f"postgres: started on 127.0.0.1:{PG_PORT} (pid {state.postgres_pid}) "
+        f"in {time.monotonic() - t0:.1f}s"
+    )
+    return True
+
+
+def stop_postgres(state: State) -> None:
+    if not state.postgres_pid or not state.postgres_datadir:
+        return
+    base = Path(state.postgres_datadir)
+    if pid_alive(state.postgres_pid):
+        bindir = Path(f"/usr/lib/postgresql/{PG_VERSION}/bin")
+        subprocess.run(
+            as_postgres(
+                [
+                    str(bindir / "pg_ctl"),
+                    "-D",
+                    str(base / "data"),
+                    "-m",
+                    "fast",
+                    "-w",
+                    "-t",
+                    "30",
+                    "stop",
+                ]
+            ),
+            capture_output=True,
+            check=False,
+        )
+        _kill_and_wait(state.postgres_pid, 10)
+        say(f"postgres: stopped (pid {state.postgres_pid})")
+    state.postgres_pid = None
+    state.save()
+
+
+# --------------------------------------------------------------------------- kafka
+
+
+def kafka_libs() -> Path:
+    libs = DEV / "kafka" / "libs"
+    stamp = libs / ".pom-sha1"
+    digest = hashlib.sha1(KAFKA_POM.read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text() == digest:
+        return libs
+    if shutil.which("mvn") is None:
+        raise StackError(
+            "kafka: Maven (mvn) is not installed; it is needed to fetch the Kafka jars"
+        )
+    t0 = time.monotonic()
+    say("kafka: resolving org.apache.kafka:kafka_2.13 and its dependencies with Maven ...")
+    if libs.exists():
+        shutil.rmtree(libs)
+    proc = subprocess.run(
+        [
+            "mvn",
+            "-q",
+            "-B",
+            "-f",
+            str(KAFKA_POM),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={libs}",
+            "-DincludeScope=runtime",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        errors = [ln for ln in proc.stdout.splitlines() if "[ERROR]" in ln]
+        reason = errors[0].replace("[ERROR]", "").strip() if errors else "mvn failed"
+        raise StackError(
+            f"kafka: Maven could not fetch the Kafka jars (Maven Central unreachable?): {reason[:300]}"
+        )
+    stamp.write_text(digest)
+    say(f"kafka: jars resolved in {time.monotonic() - t0:.1f}s")
+    return libs
+
+
+def java_bin() -> str:
+    java = shutil.which("java")
+    if java is None:
+        raise StackError("kafka: no java on PATH; Kafka 4 needs Java 17 or newer")
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
+    try:
+        version = out.split('"')[1]
+        major = int(version.split(".")[0])
+    except (IndexError, ValueError):
+        raise StackError(f"kafka: cannot read the Java version from: {out.strip()[:120]}") from None
+    if major < 17:
+        raise StackError(f"kafka: Java {version} found; Kafka 4 needs Java 17 or newer")
+    return java
+
+
+SERVER_PROPERTIES = """\
+# Written by scripts/devstack.py: a single-node KRaft cluster on loopback only.
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:{controller_port}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs={logdir}
+num.partitions=1
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+# Fewer offsets partitions: the first consumer group of a fresh cluster is ready sooner.
+offsets.topic.num.partitions=8
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+# Tests create many short-lived groups; no reason to delay the first rebalance.
+group.initial.rebalance.delay.ms=0
+message.max.bytes=2097152
+"""
+
+LOG4J2 = """\
+Configuration:
+  Appenders:
+    Console:
+      name: STDOUT
+      PatternLayout:
+        pattern: "[%d] %p %m (%c)%n"
+  Loggers:
+    Root:
+      level: WARN
+      AppenderRef:
+        - ref: STDOUT
+"""
+
+
+async def _kafka_ready(bootstrap: str) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    # Refused connections are expected while the broker starts; we report our own line.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+    await admin.start()
+    try:
+        await admin.list_topics()  # a real metadata request
+    finally:
+        await admin.close()
+
+
+def wait_kafka(
+    bootstrap: str, deadline: float, pid: int | None = None, log: Path | None = None
+) -> None:
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if pid is not None and not pid_alive(pid):
+            tail = log.read_text().strip().splitlines()[-1:] if log and log.exists() else []
+            raise StackError(f"kafka: the broker exited during start-up: {' '.join(tail)[:300]}")
+        try:
+            asyncio.run(_kafka_ready(bootstrap))
+            return
+        except Exception as exc:
+            last = exc
+            time.sleep(0.5)
+    raise StackError(f"kafka: did not answer a metadata request at {bootstrap}: {last}")
+
+
+def start_kafka(state: State) -> bool:
+    if os.environ.get("SAGA_KAFKA__BOOTSTRAP_SERVERS"):
+        wait_kafka(os.environ["SAGA_KAFKA__BOOTSTRAP_SERVERS"], time.monotonic() + 20)
+        say("kafka: using SAGA_KAFKA__BOOTSTRAP_SERVERS (external broker), nothing started")
+        return False
+    bootstrap = f"127.0.0.1:{KAFKA_PORT}"
+    if pid_alive(state.kafka_pid):
+        wait_kafka(bootstrap, time.monotonic() + 20, state.kafka_pid)
+        say(f"kafka: already up on {bootstrap} (pid {state.kafka_pid})")
+        return False
+    t0 = time.monotonic()
+    java = java_bin()
+    for port in (KAFKA_PORT, KAFKA_CONTROLLER_PORT):
+        if port_open(port):
+            raise StackError(
+                f"kafka: port {port} on 127.0.0.1 is taken by another process; stop it or set "
+                "SAGA_DEV_KAFKA_PORT / SAGA_DEV_KAFKA_CONTROLLER_PORT"
+            )
+    libs = kafka_libs()
+    home = DEV / "kafka"
+    logdir = home / "data"
+    props = home / "server.properties"
+    props.write_text(
+        SERVER_PROPERTIES.format(
+            port=KAFKA_PORT, controller_port=KAFKA_CONTROLLER_PORT, logdir=logdir
+        )
+    )
+    (home / "log4j2.yaml").write_text(LOG4J2)
+    jvm = [
+        java,
+        "-Xms256m",
+        "-Xmx512m",
+        "-XX:+UseG1GC",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={home / 'log4j2.yaml'}",
+        f"-Dkafka.logs.dir={home / 'logs'}",
+        "-cp",
+        f"{libs}/*",
+    ]
+    if not (logdir / "meta.properties").exists():
+        if logdir.exists():
+            shutil.rmtree(logdir)
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        run_quiet(
+            [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)],
+            "kafka: formatting the KRaft storage failed",
+        )
+    log = home / "kafka.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [*jvm, "kafka.Kafka", str(props)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # survives the `make up` shell; stopped by pid in `down`
+        )
+    state.kafka_pid = proc.pid
+    state.save()
+    wait_kafka(bootstrap, time.monotonic() + START_TIMEOUT_S, proc.pid, log)
+    say(f"kafka: started on {bootstrap} (pid {proc.pid}) in {time.monotonic() - t0:.1f}s")
+    return True
+
+
+def _kill_and_wait(pid: int, grace_s: float) -> None:
+    if not pid_alive(pid):
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
+        if not pid_alive(pid):
+            return
+        time.sleep(0.1)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+
+
+def stop_kafka(state: State) -> None:
+    if state.kafka_pid and pid_alive(state.kafka_pid):
+        _kill_and_wait(state.kafka_pid, 30)
+        say(f"kafka: stopped (pid {state.kafka_pid})")
+    state.kafka_pid = None
+    state.save()
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def settings_env() -> dict[str, str]:
+    return {
+        "SAGA_PG__DSN": os.environ.get("SAGA_PG__DSN") or pg_dsn(),
+        "SAGA_KAFKA__BOOTSTRAP_SERVERS": os.environ.get("SAGA_KAFKA__BOOTSTRAP_SERVERS")
+        or f"127.0.0.1:{KAFKA_PORT}",
+    }
+
+
+def print_env() -> None:
+    lines = [f"export {k}={v}" for k, v in settings_env().items()]
+    DEV.mkdir(parents=True, exist_ok=True)
+    ENV_FILE.write_text("\n".join(lines) + "\n")
+    for line in lines:
+        say(line)
+
+
+def up() -> tuple[bool, bool]:
+    state = State.load()
+    started_pg = start_postgres(state)
+    try:
+        started_kafka = start_kafka(state)
+    except BaseException:
+        if started_pg:
+            stop_postgres(state)
+        raise
+    return started_pg, started_kafka
+
+
+def down(pg: bool = True, kafka: bool = True) -> None:
+    state = State.load()
+    if kafka:
+        stop_kafka(state)
+    if pg:
+        stop_postgres(state)
+
+
+def status() -> int:
+    state = State.load()
+    ok = True
+    for name, pid in (("postgres", state.postgres_pid), ("kafka", state.kafka_pid)):
+        alive = pid_alive(pid)
+        ok &= alive
+        say(f"{name}: up (pid {pid})" if alive else f"{name}: down")
+    return 0 if ok else 1
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__)
+        return 2
+    cmd, rest = argv[0], argv[1:]
+    try:
+        if cmd == "up":
+            up()
+            print_env()
+            return 0
+        if cmd == "down":
+            down()
+            return 0
+        if cmd == "status":
+            return status()
+        if cmd == "env":
+            print_env()
+            return 0
+        if cmd == "run":
+            if rest[:1] == ["--"]:
+                rest = rest[1:]
+            if not rest:
+                raise StackError("run: give a command after --")
+            started_pg, started_kafka = up()
+            t0 = time.monotonic()
+            try:
+                code = subprocess.call(rest, env={**os.environ, **settings_env()})
+            finally:
+                say(f"devstack: command finished in {time.monotonic() - t0:.1f}s")
+                down(pg=started_pg, kafka=started_kafka)
+            return code
+    except StackError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    print(f"error: unknown command {cmd!r}; use up, down, status, env or run", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

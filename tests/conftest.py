@@ -1,0 +1,120 @@
+"""Fixtures for tests on the real servers.
+
+``make test`` starts Postgres and Kafka (scripts/devstack.py) and passes their addresses
+as SAGA_PG__DSN and SAGA_KAFKA__BOOTSTRAP_SERVERS. Each test gets its own Postgres
+schema inside a database created for this session, and unique Kafka topic names, so
+tests never see each other's data. Unit tests of pure logic use none of these.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+
+def _required_env(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        pytest.fail(
+            f"{name} is not set: integration tests need the real servers. "
+            "Run them with `make test` (or `make up` and export what it prints).",
+            pytrace=False,
+        )
+    return value
+
+
+def _with_database(dsn: str, database: str, **query: str) -> str:
+    parts = urlsplit(dsn)
+    q = "&".join(f"{k}={v}" for k, v in query.items())
+    return urlunsplit((parts.scheme, parts.netloc, "/" + database, q, ""))
+
+
+@dataclass(frozen=True)
+class PgTarget:
+    """A Postgres schema of one's own. ``dsn`` sets the search_path to it."""
+
+    dsn: str
+    schema: str
+    database_dsn: str
+
+
+@pytest.fixture(scope="session")
+async def pg_database() -> AsyncIterator[str]:
+    """A database created for this test session and dropped at its end."""
+    base = _required_env("SAGA_PG__DSN")
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(base)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    yield _with_database(base, name)
+    admin = await asyncpg.connect(base)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+async def pg(pg_database: str) -> AsyncIterator[PgTarget]:
+    """A fresh schema per test; its DSN puts the schema first on the search_path."""
+    schema = f"s_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(pg_database)
+    try:
+        await conn.execute(f'CREATE SCHEMA "{schema}"')
+    finally:
+        await conn.close()
+    # asyncpg passes unknown DSN query parameters to the server as settings.
+    yield PgTarget(
+        dsn=_with_database(pg_database, urlsplit(pg_database).path.lstrip("/"), search_path=schema),
+        schema=schema,
+        database_dsn=pg_database,
+    )
+    conn = await asyncpg.connect(pg_database)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    return _required_env("SAGA_KAFKA__BOOTSTRAP_SERVERS")
+
+
+TopicFactory = Callable[..., Awaitable[str]]
+
+
+@pytest.fixture
+async def kafka_topic(kafka_bootstrap: str) -> AsyncIterator[TopicFactory]:
+    """Creates topics with names unique to this test; deletes them afterwards."""
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    created: list[str] = []
+
+    async def create(suffix: str = "topic", partitions: int = 1) -> str:
+        name = f"{prefix}.{suffix}"
+        await admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
+        created.append(name)
+        return name
+
+    try:
+        yield create
+    finally:
+        if created:
+            await admin.delete_topics(created)
+        await admin.close()
+
+
+@pytest.fixture
+def unique_id() -> str:
+    return uuid.uuid4().hex[:12]
