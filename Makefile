@@ -22,8 +22,9 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; Python 3.11 is required" >&2; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@echo "setup: installing saga-engine and its dev extras into $(VENV) (log: $(VENV)/pip.log)"
+	@$(PY) -m pip install --disable-pip-version-check --upgrade pip > $(VENV)/pip.log 2>&1 || { tail -20 $(VENV)/pip.log; exit 1; }
+	@$(PY) -m pip install --disable-pip-version-check -e '.[dev]' >> $(VENV)/pip.log 2>&1 || { tail -20 $(VENV)/pip.log; exit 1; }
 	@touch $(STAMP)
 
 up: venv
