@@ -3,9 +3,65 @@
 Sagas are Python classes. Their history is event-sourced into Postgres, their steps
 travel as Kafka commands and replies, and after a crash they are recovered by
 deterministic replay.
+
+Public modules besides this one: ``saga_engine.events`` (the history event types),
+``saga_engine.store`` (event-store adapters and migrations), ``saga_engine.testing``
+(the in-memory testing kit) and ``saga_engine.settings``.
 """
 
-from saga_engine.settings import KafkaSettings, PostgresSettings, Settings
+from saga_engine._context import SagaContext
+from saga_engine._decision import OutboundCommand
+from saga_engine._definition import Saga, SagaRegistry
+from saga_engine._engine import Engine, saga_id_for
+from saga_engine._errors import (
+    ConcurrencyError,
+    DefinitionError,
+    InvalidTransition,
+    NondeterminismError,
+    PayloadTooLarge,
+    PermanentError,
+    SagaCancelled,
+    SagaError,
+    SagaNotFound,
+    SerializationError,
+    SignalTimeout,
+    StepFailed,
+    StepTimedOut,
+    TransientError,
+    UnknownSagaType,
+)
+from saga_engine._policy import RetryPolicy
+from saga_engine._status import TRANSITIONS, SagaStatus
+from saga_engine.settings import EngineSettings, KafkaSettings, PostgresSettings, Settings
 
-__all__ = ["KafkaSettings", "PostgresSettings", "Settings"]
+__all__ = [
+    "TRANSITIONS",
+    "ConcurrencyError",
+    "DefinitionError",
+    "Engine",
+    "EngineSettings",
+    "InvalidTransition",
+    "KafkaSettings",
+    "NondeterminismError",
+    "OutboundCommand",
+    "PayloadTooLarge",
+    "PermanentError",
+    "PostgresSettings",
+    "RetryPolicy",
+    "Saga",
+    "SagaCancelled",
+    "SagaContext",
+    "SagaError",
+    "SagaNotFound",
+    "SagaRegistry",
+    "SagaStatus",
+    "SerializationError",
+    "Settings",
+    "SignalTimeout",
+    "StepFailed",
+    "StepTimedOut",
+    "TransientError",
+    "UnknownSagaType",
+    "saga_id_for",
+]
 __version__ = "0.1.0"

@@ -40,6 +40,17 @@ class KafkaSettings(BaseModel):
     max_message_bytes: int = Field(default=1_000_000, ge=1024)
 
 
+class EngineSettings(BaseModel):
+    """How the engine itself behaves."""
+
+    model_config = ConfigDict(frozen=True)
+
+    #: Largest saga input, command, reply or signal payload accepted, in bytes of JSON.
+    max_payload_bytes: int = Field(default=256 * 1024, ge=1024)
+    #: How long ``Engine.wait`` polls the store between checks when the saga is elsewhere.
+    wait_poll_s: float = Field(default=0.2, gt=0)
+
+
 class Settings(BaseSettings):
     """Everything an engine needs. Build it once and pass it down."""
 
@@ -49,3 +60,4 @@ class Settings(BaseSettings):
 
     pg: PostgresSettings = PostgresSettings()
     kafka: KafkaSettings = KafkaSettings()
+    engine: EngineSettings = EngineSettings()

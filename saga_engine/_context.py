@@ -1,0 +1,188 @@
+"""``SagaContext``: the only door from a saga's code to the outside world.
+
+Every method records what it does in the saga's history (or, on replay, is answered
+from it). The implementation lives in the runtime; this class is the documented API.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+from pydantic import BaseModel
+
+from saga_engine._policy import RetryPolicy
+from saga_engine._serde import JsonDict
+
+if TYPE_CHECKING:
+    from saga_engine._runtime import SagaRuntime
+
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+Duration = timedelta | float | int
+
+
+def as_timedelta(value: Duration | None, what: str) -> timedelta | None:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        result = value
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        result = timedelta(seconds=value)
+    else:
+        raise TypeError(f"{what} must be a timedelta or a number of seconds, got {value!r}")
+    if result <= timedelta(0):
+        raise ValueError(f"{what} must be positive, got {result}")
+    return result
+
+
+class SagaContext:
+    """Passed to ``Saga.run``. Use it for steps, timers, signals and anything random."""
+
+    __slots__ = ("_rt",)
+
+    def __init__(self, runtime: SagaRuntime) -> None:
+        self._rt = runtime
+
+    @property
+    def saga_id(self) -> str:
+        return self._rt.saga_id
+
+    @overload
+    async def step(
+        self,
+        name: str,
+        *,
+        to: str,
+        command: BaseModel,
+        returns: type[M],
+        compensate: BaseModel | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: Duration | None = None,
+        compensate_retry: RetryPolicy | None = None,
+    ) -> M: ...
+
+    @overload
+    async def step(
+        self,
+        name: str,
+        *,
+        to: str,
+        command: BaseModel,
+        returns: None = None,
+        compensate: BaseModel | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: Duration | None = None,
+        compensate_retry: RetryPolicy | None = None,
+    ) -> JsonDict: ...
+
+    async def step(
+        self,
+        name: str,
+        *,
+        to: str,
+        command: BaseModel,
+        returns: type[M] | None = None,
+        compensate: BaseModel | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: Duration | None = None,
+        compensate_retry: RetryPolicy | None = None,
+    ) -> M | JsonDict:
+        """Sends ``command`` to participant ``to`` and waits for its reply.
+
+        - ``name`` identifies the step within this saga run; it must be unique
+          (use ``f"charge-{i}"`` in loops).
+        - ``compensate`` is sent to the same participant, in reverse order with the
+          other compensations, if the saga fails or is cancelled after this step was
+          applied (or when its outcome is unknown because every attempt timed out).
+        - ``retry`` governs re-sends after a per-attempt ``timeout`` (same command id,
+          so the participant deduplicates) and after a retryable error reply.
+        - ``returns`` parses the reply payload into a model; without it you get a dict.
+
+        Raises ``StepFailed`` when the participant refuses, and ``StepTimedOut`` when
+        every attempt timed out.
+        """
+        payload = await self._rt.op_step(
+            name,
+            to=to,
+            command=command,
+            compensate=compensate,
+            retry=retry,
+            timeout=as_timedelta(timeout, "timeout"),
+            compensate_retry=compensate_retry,
+        )
+        if returns is None:
+            return payload
+        return self._rt.parse(returns, payload, f"the reply of step {name!r}")
+
+    async def sleep(self, duration: Duration) -> None:
+        """A durable timer: survives crashes and restarts."""
+        delta = as_timedelta(duration, "sleep duration")
+        assert delta is not None
+        await self._rt.op_sleep(delta)
+
+    @overload
+    async def wait_signal(
+        self, name: str, model: type[M], *, timeout: Duration | None = None
+    ) -> M: ...
+
+    @overload
+    async def wait_signal(
+        self, name: str, model: None = None, *, timeout: Duration | None = None
+    ) -> JsonDict: ...
+
+    async def wait_signal(
+        self, name: str, model: type[M] | None = None, *, timeout: Duration | None = None
+    ) -> M | JsonDict:
+        """Waits for the named signal (or takes one that already arrived).
+
+        Raises ``SignalTimeout`` when ``timeout`` passes first.
+        """
+        payload = await self._rt.op_wait_signal(name, as_timedelta(timeout, "signal timeout"))
+        if model is None:
+            return payload
+        return self._rt.parse(model, payload, f"signal {name!r}")
+
+    async def side_effect(self, fn: Callable[[], T]) -> T:
+        """Runs a local, non-deterministic computation once and records its result.
+
+        On replay the recorded value is returned and ``fn`` is not called. The value
+        must be JSON-serializable (or a pydantic model, returned as a dict on replay).
+        """
+        return await self._rt.op_side_effect(fn)
+
+    def now(self) -> datetime:
+        """The saga's deterministic time: when the event being handled happened."""
+        return self._rt.now
+
+    def uuid(self) -> uuid.UUID:
+        """A UUID that is the same on every replay."""
+        return self._rt.deterministic_uuid()
+
+    def random(self) -> float:
+        """A float in [0, 1) that is the same on every replay."""
+        return self._rt.deterministic_random()
+
+    def patched(self, patch_id: str) -> bool:
+        """Versioning: True for runs that reach this point with the new code.
+
+        Histories recorded before the patch replay with False, so old sagas keep
+        their old behaviour and new ones take the new path.
+        """
+        return self._rt.op_patched(patch_id)
+
+    def is_replaying(self) -> bool:
+        """True while the code is being re-run against recorded history (e.g. skip logs)."""
+        return self._rt.replaying
+
+    def __repr__(self) -> str:
+        return f"SagaContext(saga_id={self.saga_id!r})"
+
+
+def ensure_model(value: Any, model: type[M]) -> M:
+    if isinstance(value, model):
+        return value
+    return model.model_validate(value)

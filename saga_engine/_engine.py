@@ -1,0 +1,427 @@
+"""The engine: the runner around the pure decision core.
+
+For each input it takes the saga's lock, lets the runtime decide, appends the
+decision's events to the store (write-ahead: nothing leaves the process before its
+event is durable), then sends the decision's commands and re-arms the saga's timer.
+
+Live sagas stay in memory. A saga that is not in memory is rebuilt from its history
+by replay, and its outstanding commands are sent again under the same ids: the
+participants deduplicate them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel
+
+from saga_engine._bus import CommandSender
+from saga_engine._clock import Clock, SystemClock, TimerHandle
+from saga_engine._decision import (
+    Cancel,
+    Decision,
+    Inbound,
+    Reply,
+    Resume,
+    Signal,
+    StartSaga,
+    TimerDue,
+)
+from saga_engine._definition import Saga, SagaRegistry
+from saga_engine._errors import (
+    ConcurrencyError,
+    InvalidTransition,
+    PayloadTooLarge,
+    SagaError,
+)
+from saga_engine._events import Event
+from saga_engine._runtime import SagaRuntime
+from saga_engine._serde import JsonDict, dumps
+from saga_engine._status import SagaStatus
+from saga_engine._store import Append, EventStore, NewSaga, SagaRecord
+from saga_engine.settings import Settings
+
+log = logging.getLogger("saga_engine.engine")
+
+_SAGA_ID_NS = uuid.UUID("0b8e2f5c-3d6a-4e0b-a1c2-7f9e8d6c5b4a")
+
+#: Test-only seam: called with the name of each crash point as the engine passes it.
+CrashHook = Callable[[str], None]
+
+
+def saga_id_for(saga_type: str, idempotency_key: str) -> str:
+    """Starting twice with the same key yields the same id, so only one saga exists."""
+    return str(uuid.uuid5(_SAGA_ID_NS, f"{saga_type}\x00{idempotency_key}"))
+
+
+@dataclass(slots=True)
+class _Live:
+    runtime: SagaRuntime
+    committed_seq: int
+    timer: TimerHandle | None = None
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters an operator cares about; exported as metrics by the observability layer."""
+
+    counts: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    def inc(self, name: str, by: int = 1) -> None:
+        self.counts[name] += by
+
+
+class Engine:
+    """Drives sagas. Build one per process from a Settings object and its adapters."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        sagas: Sequence[type[Saga[Any, Any]]],
+        store: EventStore,
+        sender: CommandSender,
+        clock: Clock | None = None,
+        crash_hook: CrashHook | None = None,
+    ) -> None:
+        self.settings = settings
+        self.registry = SagaRegistry(sagas)
+        self.store = store
+        self.sender = sender
+        self.clock: Clock = clock or SystemClock()
+        self.stats = EngineStats()
+        self._crash_hook = crash_hook
+        self._live: dict[str, _Live] = {}
+        # One lock per saga serialises its inputs; different sagas proceed in parallel.
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._watchers: dict[str, list[asyncio.Future[None]]] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------------ starting
+
+    async def start(
+        self,
+        saga: str | type[Saga[Any, Any]],
+        input: BaseModel | JsonDict,
+        *,
+        saga_id: str | None = None,
+        idempotency_key: str | None = None,
+        deadline: timedelta | None = None,
+        trace_context: dict[str, str] | None = None,
+    ) -> str:
+        """Starts a saga and returns its id. With the same idempotency key, the same saga."""
+        definition = self.registry.resolve(saga)
+        payload = input.model_dump(mode="json") if isinstance(input, BaseModel) else dict(input)
+        self._check_size(payload)
+        if saga_id is None:
+            saga_id = (
+                saga_id_for(definition.name, idempotency_key)
+                if idempotency_key
+                else str(uuid.uuid4())
+            )
+        now = self.clock.now()
+        limit = deadline or definition.deadline
+        async with self._lock(saga_id):
+            if saga_id in self._live:
+                return saga_id
+            runtime, decision = SagaRuntime.start(
+                definition,
+                StartSaga(
+                    saga_id=saga_id,
+                    saga_type=definition.name,
+                    input=payload,
+                    at=now,
+                    idempotency_key=idempotency_key,
+                    deadline_at=now + limit if limit else None,
+                    trace_context=trace_context or {},
+                ),
+            )
+            created = await self.store.create(
+                NewSaga(
+                    saga_id=saga_id,
+                    saga_type=definition.name,
+                    events=decision.events,
+                    projection=decision.projection,
+                    idempotency_key=idempotency_key,
+                )
+            )
+            if not created:
+                existing = await self.store.get(saga_id)
+                if existing.saga_type != definition.name:
+                    raise InvalidTransition(
+                        f"saga id {saga_id} already belongs to a {existing.saga_type!r} saga"
+                    )
+                self.stats.inc("start_deduplicated")
+                return saga_id
+            self.stats.inc("sagas_started")
+            live = _Live(runtime, committed_seq=len(decision.events))
+            self._live[saga_id] = live
+            await self._effects(saga_id, live, decision)
+        return saga_id
+
+    # ------------------------------------------------------------------ inputs
+
+    async def deliver(self, saga_id: str, inbound: Inbound) -> Decision:
+        """Applies one input to a saga. Raises SagaNotFound or InvalidTransition."""
+        async with self._lock(saga_id):
+            live = await self._ensure_live(saga_id)
+            decision = live.runtime.handle(inbound)
+            if decision.dropped is not None:
+                self.stats.inc(f"dropped_{decision.dropped.value}")
+                return decision
+            await self._commit(saga_id, live, decision)
+            return decision
+
+    async def reply(
+        self,
+        saga_id: str,
+        command_id: str,
+        outcome: str,
+        payload: JsonDict | None = None,
+        error: str | None = None,
+    ) -> Decision:
+        if outcome not in ("success", "failure", "retryable"):
+            raise ValueError(
+                f"reply outcome must be success, failure or retryable, not {outcome!r}"
+            )
+        body = payload or {}
+        self._check_size(body)
+        return await self.deliver(
+            saga_id,
+            Reply(command_id, outcome, self.clock.now(), body, error),  # type: ignore[arg-type]
+        )
+
+    async def signal(
+        self,
+        saga_id: str,
+        name: str,
+        payload: BaseModel | JsonDict | None = None,
+        *,
+        signal_id: str | None = None,
+    ) -> Decision:
+        body: JsonDict = (
+            payload.model_dump(mode="json")
+            if isinstance(payload, BaseModel)
+            else dict(payload or {})
+        )
+        self._check_size(body)
+        sid = signal_id or str(uuid.uuid4())
+        return await self.deliver(saga_id, Signal(sid, name, self.clock.now(), body))
+
+    async def cancel(self, saga_id: str, reason: str, *, principal: str = "system") -> Decision:
+        return await self.deliver(saga_id, Cancel(reason, self.clock.now(), principal))
+
+    async def resume(
+        self, saga_id: str, *, principal: str = "system", reason: str = ""
+    ) -> Decision:
+        """Resumes a parked saga: a stuck compensation is retried; a nondeterministic
+        saga is rebuilt with the code deployed now and goes on if it replays cleanly."""
+        async with self._lock(saga_id):
+            live = self._live.get(saga_id)
+            if live is None or live.runtime.status == SagaStatus.NONDETERMINISTIC:
+                self._evict(saga_id)
+                live = await self._ensure_live(saga_id)
+            decision = live.runtime.handle(Resume(self.clock.now(), principal, reason))
+            await self._commit(saga_id, live, decision)
+            return decision
+
+    # ------------------------------------------------------------------ reading
+
+    async def get(self, saga_id: str) -> SagaRecord:
+        return await self.store.get(saga_id)
+
+    async def history(self, saga_id: str) -> list[Event]:
+        loaded = await self.store.load(saga_id)
+        return [stored.event for stored in loaded.events]
+
+    async def wait(self, saga_id: str, *, timeout: float = 30.0) -> SagaRecord:  # noqa: ASYNC109
+        """Waits until the saga is terminal or parked; returns its record.
+
+        Raises TimeoutError (the builtin) if it is still moving after ``timeout`` seconds.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            record = await self.store.get(saga_id)
+            if record.status.is_terminal or record.status.is_parked:
+                return record
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError(f"saga {saga_id} is still {record.status.value}")
+            future: asyncio.Future[None] = loop.create_future()
+            self._watchers.setdefault(saga_id, []).append(future)
+            try:
+                # Woken early when this engine finishes the saga; otherwise poll the
+                # store, because the saga may be driven by another instance.
+                await asyncio.wait_for(future, min(remaining, self.settings.engine.wait_poll_s))
+            except TimeoutError:
+                pass
+            finally:
+                watchers = self._watchers.get(saga_id, [])
+                if future in watchers:
+                    watchers.remove(future)
+
+    def runtime_of(self, saga_id: str) -> SagaRuntime | None:
+        live = self._live.get(saga_id)
+        return live.runtime if live else None
+
+    # ------------------------------------------------------------------ recovery
+
+    async def recover(self, saga_ids: Sequence[str] | None = None) -> int:
+        """Rebuilds open sagas from the store, re-sends their outstanding commands under
+        the same ids and re-arms their timers. Returns how many were recovered."""
+        ids = list(saga_ids) if saga_ids is not None else await self.store.open_saga_ids()
+        recovered = 0
+        for saga_id in ids:
+            async with self._lock(saga_id):
+                if saga_id in self._live:
+                    continue
+                try:
+                    await self._ensure_live(saga_id)
+                except SagaError as exc:
+                    log.error("saga %s could not be recovered: %s", saga_id, exc)
+                    self.stats.inc("recovery_failed")
+                    continue
+                recovered += 1
+        return recovered
+
+    def evict(self, saga_id: str) -> None:
+        """Forgets the in-memory copy; the next input rebuilds it from the store."""
+        self._evict(saga_id)
+
+    async def close(self) -> None:
+        self._closed = True
+        for saga_id in list(self._live):
+            self._evict(saga_id)
+
+    # ------------------------------------------------------------------ internals
+
+    def _lock(self, saga_id: str) -> asyncio.Lock:
+        lock = self._locks.get(saga_id)
+        if lock is None:
+            lock = self._locks[saga_id] = asyncio.Lock()
+        return lock
+
+    def _check_size(self, payload: JsonDict) -> None:
+        size = len(dumps(payload))
+        if size > self.settings.engine.max_payload_bytes:
+            raise PayloadTooLarge(size, self.settings.engine.max_payload_bytes)
+
+    def _checkpoint(self, name: str) -> None:
+        if self._crash_hook is not None:
+            self._crash_hook(name)
+
+    async def _ensure_live(self, saga_id: str) -> _Live:
+        live = self._live.get(saga_id)
+        if live is not None:
+            return live
+        loaded = await self.store.load(saga_id)
+        definition = self.registry.get(loaded.record.saga_type)
+        events = [stored.event for stored in loaded.events]
+        runtime, decision = SagaRuntime.replay(definition, saga_id, events)
+        live = _Live(runtime, committed_seq=loaded.record.last_seq)
+        self._live[saga_id] = live
+        if decision.nondeterminism is not None:
+            log.error("%s", decision.nondeterminism)
+            self.stats.inc("nondeterminism")
+        if decision.events:
+            await self._commit(saga_id, live, decision)
+        # Whatever was in flight when the previous owner stopped goes out again, same ids.
+        for command in runtime.outstanding_commands():
+            await self.sender.send_command(command)
+            self.stats.inc("commands_resent")
+        self._arm(saga_id, live)
+        return live
+
+    async def _commit(self, saga_id: str, live: _Live, decision: Decision) -> None:
+        if decision.events:
+            try:
+                live.committed_seq = await self.store.append(
+                    Append(saga_id, live.committed_seq, decision.events, decision.projection)
+                )
+            except ConcurrencyError:
+                # Someone else owns this saga now: forget it and send nothing.
+                self.stats.inc("stale_owner")
+                self._evict(saga_id)
+                raise
+            except BaseException:
+                # We do not know whether the append landed: rebuild from the store next time.
+                self._evict(saga_id)
+                raise
+        self._checkpoint("after_append")
+        await self._effects(saga_id, live, decision)
+
+    async def _effects(self, saga_id: str, live: _Live, decision: Decision) -> None:
+        for command in decision.commands:
+            try:
+                await self.sender.send_command(command)
+            except BaseException:
+                # The command is recorded; rebuilding the saga sends it again.
+                self._evict(saga_id)
+                raise
+            self._checkpoint("after_send")
+        status = decision.status
+        for event in decision.events:
+            self._count(event)
+        if status.is_terminal or status.is_parked:
+            self._notify(saga_id)
+        if status.is_terminal:
+            self._evict(saga_id)
+        else:
+            self._arm(saga_id, live)
+
+    def _count(self, event: Event) -> None:
+        kind = event.kind
+        if kind in ("saga_completed", "saga_compensated", "saga_failed", "saga_cancelled"):
+            self.stats.inc(kind.replace("saga_", "sagas_"))
+        elif kind in ("saga_parked", "compensation_stuck"):
+            self.stats.inc("sagas_parked")
+
+    def _notify(self, saga_id: str) -> None:
+        for future in self._watchers.pop(saga_id, []):
+            if not future.done():
+                future.set_result(None)  # the waiter re-reads the store
+
+    def _arm(self, saga_id: str, live: _Live) -> None:
+        if live.timer is not None:
+            live.timer.cancel()
+            live.timer = None
+        if self._closed or live.runtime.dead or live.runtime.status.is_terminal:
+            return
+        wakeup = live.runtime.next_wakeup()
+        if wakeup is not None:
+            live.timer = self.clock.call_at(wakeup, lambda: self._fire_timers(saga_id))
+
+    async def _fire_timers(self, saga_id: str) -> None:
+        try:
+            async with self._lock(saga_id):
+                live = self._live.get(saga_id)
+                if live is None:
+                    return  # evicted or moved on; recovery re-arms it
+                now = self.clock.now()
+                due = sorted(
+                    (at, tid) for tid, at in live.runtime.pending_timers().items() if at <= now
+                )
+                for _, timer_id in due:
+                    if live.runtime.status.is_terminal or live.runtime.dead:
+                        break
+                    decision = live.runtime.handle(TimerDue(timer_id, now))
+                    if decision.dropped is None:
+                        await self._commit(saga_id, live, decision)
+                    if self._live.get(saga_id) is not live:
+                        return
+                self._arm(saga_id, live)
+        except SagaError as exc:
+            log.warning("timer of saga %s: %s", saga_id, exc)
+
+    def _evict(self, saga_id: str) -> None:
+        live = self._live.pop(saga_id, None)
+        if live is not None and live.timer is not None:
+            live.timer.cancel()

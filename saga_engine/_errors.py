@@ -1,0 +1,138 @@
+"""The error hierarchy. The class tells the caller how to react.
+
+- ``TransientError``: retry later; nothing is wrong with the request itself.
+- ``StepFailed``: a participant refused or could not complete a step; the saga may
+  catch it, otherwise it compensates.
+- ``PermanentError``: retrying will not help; fix the code, the input or the call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SagaError(Exception):
+    """Root of every error saga-engine raises."""
+
+
+# --------------------------------------------------------------------------- retry
+
+
+class TransientError(SagaError):
+    """Retry later: the system is busy, unreachable or lost a race."""
+
+
+class ConcurrencyError(TransientError):
+    """An append lost the optimistic-concurrency check: the saga moved on elsewhere.
+
+    A stale owner that sees this must drop its in-memory copy of the saga and must not
+    send the effects it was about to send.
+    """
+
+    def __init__(self, saga_id: str, expected_seq: int, actual_seq: int | None) -> None:
+        self.saga_id = saga_id
+        self.expected_seq = expected_seq
+        self.actual_seq = actual_seq
+        super().__init__(
+            f"saga {saga_id}: append expected last sequence {expected_seq}, "
+            f"but the history is at {actual_seq}; another writer got there first"
+        )
+
+
+# --------------------------------------------------------------------------- compensate
+
+
+class StepFailed(SagaError):
+    """A step did not succeed. Raised inside ``run``; uncaught, the saga compensates."""
+
+    def __init__(
+        self,
+        step: str,
+        reason: str,
+        *,
+        details: dict[str, Any] | None = None,
+        applied: bool = False,
+    ) -> None:
+        self.step = step
+        self.reason = reason
+        self.details = details or {}
+        #: True when the step's effect may have been applied (its outcome is unknown).
+        self.applied = applied
+        super().__init__(f"step {step!r} failed: {reason}")
+
+
+class StepTimedOut(StepFailed):
+    """Every attempt timed out. The outcome is unknown, so the step's compensation is owed."""
+
+    def __init__(self, step: str, attempts: int) -> None:
+        super().__init__(
+            step, f"no reply after {attempts} attempt(s); outcome unknown", applied=True
+        )
+        self.attempts = attempts
+
+
+class SignalTimeout(SagaError):
+    """``ctx.wait_signal`` reached its timeout before the signal arrived."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"signal {name!r} did not arrive before its timeout")
+
+
+class SagaCancelled(SagaError):
+    """The saga was cancelled (by an operator, a caller or its deadline)."""
+
+
+# --------------------------------------------------------------------------- fail
+
+
+class PermanentError(SagaError):
+    """Retrying will not help: fix the definition, the input or the call."""
+
+
+class DefinitionError(PermanentError):
+    """A saga definition cannot work. The message says how to fix it."""
+
+
+class NondeterminismError(PermanentError):
+    """The saga's code asked for something different from what its history recorded."""
+
+    def __init__(self, saga_id: str, seq: int | None, expected: str, actual: str) -> None:
+        self.saga_id = saga_id
+        self.seq = seq
+        self.expected = expected
+        self.actual = actual
+        where = f"event #{seq}" if seq is not None else "the end of the history"
+        super().__init__(
+            f"saga {saga_id}: nondeterminism at {where}: history has {expected}, "
+            f"but the code now does {actual}"
+        )
+
+
+class UnknownSagaType(PermanentError):
+    def __init__(self, saga_type: str, known: list[str]) -> None:
+        self.saga_type = saga_type
+        super().__init__(
+            f"no saga named {saga_type!r} is registered (known: {', '.join(sorted(known)) or 'none'})"
+        )
+
+
+class SagaNotFound(PermanentError):
+    def __init__(self, saga_id: str) -> None:
+        self.saga_id = saga_id
+        super().__init__(f"no saga with id {saga_id!r}")
+
+
+class InvalidTransition(PermanentError):
+    """An action or event makes no sense in the saga's current status."""
+
+
+class SerializationError(PermanentError):
+    """A value could not be turned into JSON or back."""
+
+
+class PayloadTooLarge(PermanentError):
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(f"payload of {size} bytes exceeds the limit of {limit} bytes")

@@ -1,0 +1,355 @@
+"""History events: every fact about a saga, immutable, serialized with orjson.
+
+Events come in two families, and replay treats them differently:
+
+- **Intents** are what the saga's code (or the engine's own lifecycle code running
+  beside it) decided to do: issue a command, start a timer, record a side effect,
+  begin compensating, finish. On replay the code runs again and each intent it
+  produces is *matched* against the recorded one; a difference is nondeterminism.
+- **Inputs** are what happened to the saga from outside: it was started, a reply
+  arrived, a timer fired, a signal or a cancel request came in, an operator acted.
+  On replay they are *delivered* again, in their recorded order.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from saga_engine._policy import RetryPolicy
+from saga_engine._serde import JsonDict, dumps, loads
+
+
+class ErrorInfo(BaseModel):
+    """An error as it is stored: enough to explain what happened, no traceback."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: str
+    message: str
+    step: str | None = None
+    details: JsonDict = Field(default_factory=dict)
+
+
+class CompensationSpec(BaseModel):
+    """The compensation a forward step carries, recorded with the step's command."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    participant: str
+    command_type: str
+    payload: JsonDict
+    retry: RetryPolicy
+    timeout_s: float | None = None
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    at: datetime
+
+    @property
+    def is_intent(self) -> bool:
+        return False
+
+    def signature(self) -> tuple[Any, ...]:
+        """What must be equal for a replayed intent to match the recorded one."""
+        return (self.kind,)  # type: ignore[attr-defined]
+
+    def describe(self) -> str:
+        """A short human description, used in nondeterminism errors and the CLI."""
+        return self.kind  # type: ignore[attr-defined, no-any-return]
+
+
+class _Intent(_Event):
+    @property
+    def is_intent(self) -> bool:
+        return True
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+class SagaStarted(_Event):
+    kind: Literal["saga_started"] = "saga_started"
+    saga_type: str
+    input: JsonDict
+    idempotency_key: str | None = None
+    deadline_at: datetime | None = None
+    #: W3C trace context of the caller, so a recovered saga continues the same trace.
+    trace_context: dict[str, str] = Field(default_factory=dict)
+
+
+class ReplyReceived(_Event):
+    kind: Literal["reply_received"] = "reply_received"
+    step: str
+    command_id: str
+    #: success: applied; failure: refused, nothing applied; retryable: not applied, try again.
+    outcome: Literal["success", "failure", "retryable"]
+    compensation: bool = False
+    payload: JsonDict = Field(default_factory=dict)
+    error: str | None = None
+
+    def describe(self) -> str:
+        what = "compensation reply" if self.compensation else "reply"
+        return f"{what} {self.outcome} for step {self.step!r}"
+
+
+class AttemptTimedOut(_Event):
+    kind: Literal["attempt_timed_out"] = "attempt_timed_out"
+    step: str
+    command_id: str
+    attempt: int
+    compensation: bool = False
+
+    def describe(self) -> str:
+        return f"attempt {self.attempt} of step {self.step!r} timed out"
+
+
+class TimerFired(_Event):
+    kind: Literal["timer_fired"] = "timer_fired"
+    timer_id: str
+
+    def describe(self) -> str:
+        return f"timer {self.timer_id!r} fired"
+
+
+class SignalReceived(_Event):
+    kind: Literal["signal_received"] = "signal_received"
+    signal_id: str
+    name: str
+    payload: JsonDict = Field(default_factory=dict)
+
+    def describe(self) -> str:
+        return f"signal {self.name!r} received"
+
+
+class CancelRequested(_Event):
+    kind: Literal["cancel_requested"] = "cancel_requested"
+    reason: str
+    principal: str = "system"
+
+
+class SagaParked(_Event):
+    """The engine stopped driving the saga because its code no longer matches its history."""
+
+    kind: Literal["saga_parked"] = "saga_parked"
+    reason: Literal["nondeterministic"] = "nondeterministic"
+    error: ErrorInfo
+
+
+class SagaResumed(_Event):
+    """An operator asked a parked saga to go on (after a fix, or to retry a compensation)."""
+
+    kind: Literal["saga_resumed"] = "saga_resumed"
+    principal: str = "system"
+    reason: str = ""
+
+
+# --------------------------------------------------------------------------- intents
+
+
+class CommandIssued(_Intent):
+    """A forward step's command, committed before it is sent (the history is the outbox)."""
+
+    kind: Literal["command_issued"] = "command_issued"
+    step: str
+    participant: str
+    command_type: str
+    payload: JsonDict
+    payload_hash: str
+    command_id: str
+    attempt: int
+    timeout_at: datetime | None = None
+    compensation: CompensationSpec | None = None
+
+    def signature(self) -> tuple[Any, ...]:
+        return (
+            self.kind, self.step, self.participant, self.command_type, self.payload_hash,
+            self.attempt,
+        )  # fmt: skip
+
+    def describe(self) -> str:
+        return (
+            f"step {self.step!r} sending {self.command_type} to {self.participant!r} "
+            f"(attempt {self.attempt}, payload {self.payload_hash[:8]})"
+        )
+
+
+class TimerStarted(_Intent):
+    kind: Literal["timer_started"] = "timer_started"
+    timer_id: str
+    purpose: Literal["sleep", "retry", "signal_timeout"]
+    fire_at: datetime
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.timer_id, self.purpose)
+
+    def describe(self) -> str:
+        return f"{self.purpose} timer {self.timer_id!r}"
+
+
+class SideEffectRecorded(_Intent):
+    kind: Literal["side_effect_recorded"] = "side_effect_recorded"
+    op_id: str
+    value: Any
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.op_id)
+
+    def describe(self) -> str:
+        return f"side effect {self.op_id!r}"
+
+
+class PatchMarked(_Intent):
+    kind: Literal["patch_marked"] = "patch_marked"
+    patch_id: str
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.patch_id)
+
+    def describe(self) -> str:
+        return f"patch marker {self.patch_id!r}"
+
+
+class CompensationStarted(_Intent):
+    kind: Literal["compensation_started"] = "compensation_started"
+    reason: Literal["failure", "cancel", "deadline"]
+    error: ErrorInfo | None = None
+    #: Steps owed a compensation, in the order they will be compensated.
+    owed: list[str] = Field(default_factory=list)
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.reason, tuple(self.owed))
+
+    def describe(self) -> str:
+        return f"compensation begun ({self.reason}) for {self.owed}"
+
+
+class CompensationIssued(_Intent):
+    kind: Literal["compensation_issued"] = "compensation_issued"
+    step: str
+    participant: str
+    command_type: str
+    payload: JsonDict
+    payload_hash: str
+    command_id: str
+    attempt: int
+    timeout_at: datetime | None = None
+
+    def signature(self) -> tuple[Any, ...]:
+        return (
+            self.kind, self.step, self.participant, self.command_type, self.payload_hash,
+            self.attempt,
+        )  # fmt: skip
+
+    def describe(self) -> str:
+        return f"compensation of {self.step!r} sending {self.command_type} (attempt {self.attempt})"
+
+
+class CompensationCompleted(_Intent):
+    kind: Literal["compensation_completed"] = "compensation_completed"
+    step: str
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.step)
+
+    def describe(self) -> str:
+        return f"compensation of {self.step!r} completed"
+
+
+class CompensationStuck(_Intent):
+    """A compensation exhausted its retry policy: the saga parks until an operator acts."""
+
+    kind: Literal["compensation_stuck"] = "compensation_stuck"
+    step: str
+    error: ErrorInfo
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.step)
+
+    def describe(self) -> str:
+        return f"compensation of {self.step!r} stuck"
+
+
+class SagaCompleted(_Intent):
+    kind: Literal["saga_completed"] = "saga_completed"
+    output: JsonDict
+
+
+class SagaFailed(_Intent):
+    """The run ended in error and nothing needed undoing."""
+
+    kind: Literal["saga_failed"] = "saga_failed"
+    error: ErrorInfo
+
+
+class SagaCompensated(_Intent):
+    """The run ended in error and every owed compensation completed."""
+
+    kind: Literal["saga_compensated"] = "saga_compensated"
+    error: ErrorInfo | None = None
+
+
+class SagaCancelled(_Intent):
+    kind: Literal["saga_cancelled"] = "saga_cancelled"
+    reason: str
+
+
+Event = Annotated[
+    SagaStarted
+    | ReplyReceived
+    | AttemptTimedOut
+    | TimerFired
+    | SignalReceived
+    | CancelRequested
+    | SagaParked
+    | SagaResumed
+    | CommandIssued
+    | TimerStarted
+    | SideEffectRecorded
+    | PatchMarked
+    | CompensationStarted
+    | CompensationIssued
+    | CompensationCompleted
+    | CompensationStuck
+    | SagaCompleted
+    | SagaFailed
+    | SagaCompensated
+    | SagaCancelled,
+    Field(discriminator="kind"),
+]
+
+EVENT_TYPES: tuple[type[_Event], ...] = (
+    SagaStarted, ReplyReceived, AttemptTimedOut, TimerFired, SignalReceived, CancelRequested,
+    SagaParked, SagaResumed, CommandIssued, TimerStarted, SideEffectRecorded, PatchMarked,
+    CompensationStarted, CompensationIssued, CompensationCompleted, CompensationStuck,
+    SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled,
+)  # fmt: skip
+
+TERMINAL_EVENTS = (SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled)
+
+_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+_LIST_ADAPTER: TypeAdapter[list[Event]] = TypeAdapter(list[Event])
+
+
+def event_to_dict(event: Event) -> JsonDict:
+    return event.model_dump(mode="json")
+
+
+def event_from_dict(data: JsonDict) -> Event:
+    return _ADAPTER.validate_python(data)
+
+
+def event_to_json(event: Event) -> bytes:
+    return dumps(event.model_dump(mode="json"))
+
+
+def event_from_json(raw: bytes | str) -> Event:
+    return _ADAPTER.validate_python(loads(raw))
+
+
+def events_from_list(items: list[JsonDict]) -> list[Event]:
+    return _LIST_ADAPTER.validate_python(items)

@@ -1,0 +1,148 @@
+"""A deterministic event loop that a saga's code runs on.
+
+The saga's ``run`` coroutine (and the engine's lifecycle code around it) does not run
+on the engine's asyncio loop. It runs on this private loop, which the runtime steps
+by hand: callbacks run strictly in the order they were scheduled, and only when the
+runtime calls :meth:`run_until_quiescent`. There are no clocks and no I/O here, so
+the same inputs in the same order always produce the same operations in the same
+order. That is what makes replay exact, and ``asyncio.gather`` safe to use.
+
+Anything that would need a real clock (``asyncio.sleep(n)``, ``asyncio.wait_for``,
+``asyncio.timeout``) fails loudly: durable time goes through ``ctx.sleep`` and step
+timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import contextvars
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, TypeVar, TypeVarTuple, Unpack
+
+from saga_engine._errors import DefinitionError
+
+_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
+
+_NO_CLOCK = (
+    "saga code cannot use the asyncio clock (asyncio.sleep with a delay, wait_for, timeout): "
+    "it would not survive a crash or replay; use `await ctx.sleep(...)` or a step timeout"
+)
+
+
+class DeterministicLoop(asyncio.AbstractEventLoop):
+    def __init__(self) -> None:
+        self._ready: collections.deque[asyncio.Handle] = collections.deque()
+        self._closed = False
+        self.tasks: list[asyncio.Task[Any]] = []
+        self.errors: list[dict[str, Any]] = []
+
+    # -- what Futures and Tasks need -------------------------------------------------
+
+    def call_soon(
+        self,
+        callback: Callable[[Unpack[_Ts]], object],
+        *args: *_Ts,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Handle:
+        handle = asyncio.Handle(callback, args, self, context=context)
+        self._ready.append(handle)
+        return handle
+
+    def call_soon_threadsafe(
+        self,
+        callback: Callable[[Unpack[_Ts]], object],
+        *args: *_Ts,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Handle:
+        return self.call_soon(callback, *args, context=context)
+
+    def create_future(self) -> asyncio.Future[Any]:
+        return asyncio.Future(loop=self)
+
+    def create_task(
+        self,
+        coro: Coroutine[Any, Any, _T] | Generator[Any, None, _T],
+        *,
+        name: str | None = None,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Task[_T]:
+        task: asyncio.Task[_T] = asyncio.Task(coro, loop=self, name=name, context=context)
+        self.tasks.append(task)
+        return task
+
+    def get_debug(self) -> bool:
+        return False
+
+    def is_running(self) -> bool:
+        return True
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        self._closed = True
+        self._ready.clear()
+
+    def call_exception_handler(self, context: dict[str, Any]) -> None:
+        # Unretrieved task exceptions and the like: keep them for diagnostics.
+        self.errors.append(context)
+
+    def default_exception_handler(self, context: dict[str, Any]) -> None:
+        self.errors.append(context)
+
+    # -- no clock ----------------------------------------------------------------------
+
+    def time(self) -> float:
+        raise DefinitionError(_NO_CLOCK)
+
+    def call_later(
+        self,
+        delay: float,
+        callback: Callable[[Unpack[_Ts]], object],
+        *args: *_Ts,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.TimerHandle:
+        raise DefinitionError(_NO_CLOCK)
+
+    def call_at(
+        self,
+        when: float,
+        callback: Callable[[Unpack[_Ts]], object],
+        *args: *_Ts,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.TimerHandle:
+        raise DefinitionError(_NO_CLOCK)
+
+    # -- stepping ----------------------------------------------------------------------
+
+    def run_until_quiescent(self, should_stop: Callable[[], bool] = lambda: False) -> None:
+        """Runs ready callbacks, in order, until none is left (or ``should_stop``).
+
+        Called from inside the engine's own loop, so the engine's running loop is put
+        aside for the duration and restored afterwards.
+        """
+        outer = asyncio._get_running_loop()
+        asyncio._set_running_loop(self)
+        try:
+            while self._ready and not should_stop():
+                handle = self._ready.popleft()
+                if not handle.cancelled():
+                    handle._run()
+        finally:
+            asyncio._set_running_loop(outer)
+
+    def discard(self) -> None:
+        """Drops every pending callback and the coroutines behind them, quietly."""
+        self._ready.clear()
+        for task in self.tasks:
+            coro = task.get_coro()
+            if not task.done() and coro is not None and hasattr(coro, "close"):
+                # Closing the coroutine frame releases it without running any more
+                # saga code (no finally blocks get to issue operations).
+                with contextlib.suppress(RuntimeError):
+                    coro.close()
+        self.tasks.clear()
+        self._closed = True

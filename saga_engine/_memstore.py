@@ -1,0 +1,120 @@
+"""An in-memory event store for unit tests and the testing kit.
+
+It keeps the same contract as the Postgres adapter, errors included, so code tested
+against it behaves the same against Postgres. Values are copied through JSON on the
+way in and out, as a database would, so callers cannot share mutable state with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from saga_engine._errors import ConcurrencyError, SagaNotFound
+from saga_engine._events import Event, event_from_json, event_to_json
+from saga_engine._status import SagaStatus
+from saga_engine._store import Append, LoadedSaga, NewSaga, Projection, SagaRecord, StoredEvent
+
+
+def _copy(event: Event) -> Event:
+    return event_from_json(event_to_json(event))
+
+
+class InMemoryEventStore:
+    def __init__(self) -> None:
+        self._records: dict[str, SagaRecord] = {}
+        self._events: dict[str, list[StoredEvent]] = {}
+        # One lock makes each create/append atomic even if an adapter method awaits.
+        self._lock = asyncio.Lock()
+        self.closed = False
+
+    def _now(self, events: list[Event]) -> datetime:
+        return events[-1].at if events else datetime.now(UTC)
+
+    async def create(self, new: NewSaga) -> bool:
+        async with self._lock:
+            if new.saga_id in self._records:
+                return False
+            events = [_copy(e) for e in new.events]
+            now = self._now(events)
+            self._events[new.saga_id] = [StoredEvent(i + 1, e) for i, e in enumerate(events)]
+            self._records[new.saga_id] = self._apply(
+                SagaRecord(
+                    saga_id=new.saga_id,
+                    saga_type=new.saga_type,
+                    status=new.projection.status,
+                    last_seq=len(events),
+                    created_at=now,
+                    updated_at=now,
+                    idempotency_key=new.idempotency_key,
+                ),
+                new.projection,
+                len(events),
+                now,
+            )
+            return True
+
+    async def append(self, append: Append) -> int:
+        async with self._lock:
+            record = self._records.get(append.saga_id)
+            if record is None:
+                raise SagaNotFound(append.saga_id)
+            if record.last_seq != append.expected_seq:
+                raise ConcurrencyError(append.saga_id, append.expected_seq, record.last_seq)
+            events = [_copy(e) for e in append.events]
+            stored = self._events[append.saga_id]
+            for event in events:
+                stored.append(StoredEvent(len(stored) + 1, event))
+            now = self._now(events) if events else record.updated_at
+            self._records[append.saga_id] = self._apply(record, append.projection, len(stored), now)
+            return len(stored)
+
+    @staticmethod
+    def _apply(record: SagaRecord, p: Projection, last_seq: int, now: datetime) -> SagaRecord:
+        return replace(
+            record,
+            status=p.status,
+            current_step=p.current_step,
+            next_wakeup=p.next_wakeup,
+            error=p.error,
+            last_seq=last_seq,
+            updated_at=now,
+        )
+
+    async def load(self, saga_id: str) -> LoadedSaga:
+        record = await self.get(saga_id)
+        return LoadedSaga(
+            record, [StoredEvent(s.seq, _copy(s.event)) for s in self._events[saga_id]]
+        )
+
+    async def get(self, saga_id: str) -> SagaRecord:
+        record = self._records.get(saga_id)
+        if record is None:
+            raise SagaNotFound(saga_id)
+        return record
+
+    async def list_sagas(
+        self,
+        *,
+        statuses: Collection[SagaStatus] | None = None,
+        saga_type: str | None = None,
+        limit: int = 100,
+        after_id: str | None = None,
+    ) -> list[SagaRecord]:
+        rows = sorted(self._records.values(), key=lambda r: r.saga_id)
+        out = [
+            r
+            for r in rows
+            if (statuses is None or r.status in statuses)
+            and (saga_type is None or r.saga_type == saga_type)
+            and (after_id is None or r.saga_id > after_id)
+        ]
+        return out[:limit]
+
+    async def open_saga_ids(self) -> list[str]:
+        return sorted(r.saga_id for r in self._records.values() if r.status.is_open)
+
+    async def close(self) -> None:
+        self.closed = True

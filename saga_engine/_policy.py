@@ -1,0 +1,48 @@
+"""Retry policies: capped exponential backoff with deterministic jitter."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from datetime import timedelta
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class RetryPolicy(BaseModel):
+    """How often and how patiently to retry a step or a compensation.
+
+    ``max_attempts`` counts every send, the first included. The delay before attempt
+    ``n + 1`` is ``min(initial_backoff * multiplier**(n-1), max_backoff)``, then scaled
+    by a random factor in ``[1 - jitter, 1]``. The random factor is derived from the saga
+    id, the step and the attempt, so a replay computes exactly the same delay.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_attempts: int = Field(default=3, ge=1, le=10_000)
+    initial_backoff: timedelta = timedelta(milliseconds=200)
+    max_backoff: timedelta = timedelta(seconds=30)
+    multiplier: float = Field(default=2.0, ge=1.0)
+    jitter: float = Field(default=0.2, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _check(self) -> RetryPolicy:
+        if self.initial_backoff < timedelta(0) or self.max_backoff < self.initial_backoff:
+            raise ValueError("need 0 <= initial_backoff <= max_backoff")
+        return self
+
+    def backoff(self, attempt: int, seed: str) -> timedelta:
+        """The delay after failed attempt number ``attempt`` (1-based)."""
+        base = self.initial_backoff.total_seconds() * self.multiplier ** max(0, attempt - 1)
+        capped = min(base, self.max_backoff.total_seconds())
+        digest = hashlib.sha256(f"{seed}:{attempt}".encode()).digest()
+        factor = 1.0 - self.jitter * random.Random(digest).random()
+        return timedelta(seconds=round(capped * factor, 6))
+
+
+#: Compensations must eventually succeed: they retry longer before the saga parks.
+DEFAULT_COMPENSATION_RETRY = RetryPolicy(
+    max_attempts=10, initial_backoff=timedelta(milliseconds=500), max_backoff=timedelta(seconds=60)
+)
+DEFAULT_STEP_RETRY = RetryPolicy()

@@ -1,0 +1,68 @@
+"""The saga status machine: an enum and its explicit transition table."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from saga_engine._errors import InvalidTransition
+
+
+class SagaStatus(StrEnum):
+    RUNNING = "running"
+    COMPENSATING = "compensating"
+    COMPLETED = "completed"
+    COMPENSATED = "compensated"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    COMPENSATION_STUCK = "compensation_stuck"
+    NONDETERMINISTIC = "nondeterministic"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL
+
+    @property
+    def is_parked(self) -> bool:
+        return self in PARKED
+
+    @property
+    def is_open(self) -> bool:
+        return self not in TERMINAL
+
+
+TERMINAL = frozenset(
+    {SagaStatus.COMPLETED, SagaStatus.COMPENSATED, SagaStatus.FAILED, SagaStatus.CANCELLED}
+)
+PARKED = frozenset({SagaStatus.COMPENSATION_STUCK, SagaStatus.NONDETERMINISTIC})
+
+S = SagaStatus
+#: Every allowed move. Anything else is a bug or a wrong operator action.
+TRANSITIONS: dict[SagaStatus, frozenset[SagaStatus]] = {
+    # failed: the run ended in error with nothing to undo;
+    # cancelled: cancel (or deadline) with nothing to undo.
+    S.RUNNING: frozenset({S.COMPLETED, S.COMPENSATING, S.FAILED, S.CANCELLED, S.NONDETERMINISTIC}),
+    S.COMPENSATING: frozenset(
+        {S.COMPENSATED, S.CANCELLED, S.COMPENSATION_STUCK, S.NONDETERMINISTIC}
+    ),
+    # An operator retries the stuck compensation, or the code changed under it.
+    S.COMPENSATION_STUCK: frozenset({S.COMPENSATING, S.NONDETERMINISTIC}),
+    # Resumed after a fixed deploy: back to where it was.
+    S.NONDETERMINISTIC: frozenset({S.RUNNING, S.COMPENSATING, S.COMPENSATION_STUCK}),
+    S.COMPLETED: frozenset(),
+    S.COMPENSATED: frozenset(),
+    S.FAILED: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+
+
+def check_transition(current: SagaStatus, new: SagaStatus) -> SagaStatus:
+    """Returns ``new`` when the move is allowed; raises InvalidTransition otherwise."""
+    if new == current:
+        return new
+    if new not in TRANSITIONS[current]:
+        allowed = ", ".join(sorted(s.value for s in TRANSITIONS[current])) or "nothing (terminal)"
+        raise InvalidTransition(
+            f"a saga cannot go from {current.value} to {new.value}; from {current.value} it "
+            f"can go to: {allowed}"
+        )
+    return new

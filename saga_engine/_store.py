@@ -1,0 +1,115 @@
+"""The event-store port: what the engine needs from durable storage.
+
+Two adapters implement it: ``PostgresEventStore`` (asyncpg, in ``_pgstore``) and
+``InMemoryEventStore`` (``_memstore``). One contract suite (tests/contract) runs against
+both, and both raise the same errors:
+
+- ``ConcurrencyError`` when an append's ``expected_seq`` is not the saga's last sequence;
+- ``SagaNotFound`` when the saga does not exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from saga_engine._events import Event
+from saga_engine._serde import JsonDict
+from saga_engine._status import SagaStatus
+
+
+@dataclass(frozen=True, slots=True)
+class Projection:
+    """The listing row kept beside the events, written in the same transaction."""
+
+    status: SagaStatus
+    current_step: str | None = None
+    next_wakeup: datetime | None = None
+    error: JsonDict | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SagaRecord:
+    saga_id: str
+    saga_type: str
+    status: SagaStatus
+    last_seq: int
+    created_at: datetime
+    updated_at: datetime
+    current_step: str | None = None
+    next_wakeup: datetime | None = None
+    error: JsonDict | None = None
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    seq: int
+    event: Event
+
+
+@dataclass(frozen=True, slots=True)
+class NewSaga:
+    """A saga's first events. Sequence numbers start at 1."""
+
+    saga_id: str
+    saga_type: str
+    events: Sequence[Event]
+    projection: Projection
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """Events to add after ``expected_seq``, which must be the saga's last sequence."""
+
+    saga_id: str
+    expected_seq: int
+    events: Sequence[Event]
+    projection: Projection
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedSaga:
+    record: SagaRecord
+    events: list[StoredEvent] = field(default_factory=list)
+
+
+@runtime_checkable
+class EventStore(Protocol):
+    async def create(self, new: NewSaga) -> bool:
+        """Stores a new saga. Returns False, changing nothing, if the id already exists."""
+        ...
+
+    async def append(self, append: Append) -> int:
+        """Appends events atomically and returns the new last sequence.
+
+        Raises ConcurrencyError if ``expected_seq`` is stale, SagaNotFound if the saga
+        does not exist. Either every event is stored or none is.
+        """
+        ...
+
+    async def load(self, saga_id: str) -> LoadedSaga:
+        """The saga's record and its whole history, in sequence order."""
+        ...
+
+    async def get(self, saga_id: str) -> SagaRecord: ...
+
+    async def list_sagas(
+        self,
+        *,
+        statuses: Collection[SagaStatus] | None = None,
+        saga_type: str | None = None,
+        limit: int = 100,
+        after_id: str | None = None,
+    ) -> list[SagaRecord]:
+        """Sagas ordered by id, optionally filtered; ``after_id`` is the page cursor."""
+        ...
+
+    async def open_saga_ids(self) -> list[str]:
+        """Ids of every saga not in a terminal status (for recovery)."""
+        ...
+
+    async def close(self) -> None: ...
