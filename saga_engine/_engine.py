@@ -228,8 +228,11 @@ class Engine:
             if live is None or live.runtime.status == SagaStatus.NONDETERMINISTIC:
                 self._evict(saga_id)
                 live = await self._ensure_live(saga_id)
+            was_parked = live.runtime.dead
             decision = live.runtime.handle(Resume(self.clock.now(), principal, reason))
             await self._commit(saga_id, live, decision)
+            if was_parked and self._live.get(saga_id) is live:
+                await self._resend_outstanding(live)
             return decision
 
     # ------------------------------------------------------------------ reading
@@ -333,12 +336,17 @@ class Engine:
             self.stats.inc("nondeterminism")
         if decision.events:
             await self._commit(saga_id, live, decision)
-        # Whatever was in flight when the previous owner stopped goes out again, same ids.
-        for command in runtime.outstanding_commands():
-            await self.sender.send_command(command)
-            self.stats.inc("commands_resent")
+        if not runtime.dead:
+            await self._resend_outstanding(live)
         self._arm(saga_id, live)
         return live
+
+    async def _resend_outstanding(self, live: _Live) -> None:
+        # Whatever was in flight when the previous owner stopped (or while the saga was
+        # parked) goes out again under the same ids; participants deduplicate.
+        for command in live.runtime.outstanding_commands():
+            await self.sender.send_command(command)
+            self.stats.inc("commands_resent")
 
     async def _commit(self, saga_id: str, live: _Live, decision: Decision) -> None:
         if decision.events:
@@ -423,5 +431,7 @@ class Engine:
 
     def _evict(self, saga_id: str) -> None:
         live = self._live.pop(saga_id, None)
-        if live is not None and live.timer is not None:
-            live.timer.cancel()
+        if live is not None:
+            if live.timer is not None:
+                live.timer.cancel()
+            live.runtime.close()

@@ -127,6 +127,10 @@ class InvalidTransition(PermanentError):
     """An action or event makes no sense in the saga's current status."""
 
 
+class InvalidSagaId(PermanentError):
+    """A saga id must be 1 to 200 characters long."""
+
+
 class SerializationError(PermanentError):
     """A value could not be turned into JSON or back."""
 

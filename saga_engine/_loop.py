@@ -142,7 +142,7 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
             if not task.done() and coro is not None and hasattr(coro, "close"):
                 # Closing the coroutine frame releases it without running any more
                 # saga code (no finally blocks get to issue operations).
-                with contextlib.suppress(RuntimeError):
+                with contextlib.suppress(Exception):
                     coro.close()
         self.tasks.clear()
         self._closed = True

@@ -11,14 +11,32 @@ import asyncio
 from collections.abc import Collection
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
-from saga_engine._errors import ConcurrencyError, SagaNotFound
+from saga_engine._errors import ConcurrencyError, InvalidSagaId, SagaNotFound, SerializationError
 from saga_engine._events import Event, event_from_json, event_to_json
 from saga_engine._status import SagaStatus
 from saga_engine._store import Append, LoadedSaga, NewSaga, Projection, SagaRecord, StoredEvent
 
+MAX_SAGA_ID_LENGTH = 200
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
 
 def _copy(event: Event) -> Event:
+    # Fail where Postgres fails: its text and jsonb refuse the NUL character.
+    if _has_nul(event.model_dump()):
+        raise SerializationError(
+            "Postgres cannot store this value: \\u0000 cannot be converted to text"
+        )
     return event_from_json(event_to_json(event))
 
 
@@ -34,6 +52,11 @@ class InMemoryEventStore:
         return events[-1].at if events else datetime.now(UTC)
 
     async def create(self, new: NewSaga) -> bool:
+        if not 1 <= len(new.saga_id) <= MAX_SAGA_ID_LENGTH:
+            raise InvalidSagaId(
+                f"a saga id must be 1 to {MAX_SAGA_ID_LENGTH} characters long, "
+                f"not {len(new.saga_id)}"
+            )
         async with self._lock:
             if new.saga_id in self._records:
                 return False

@@ -53,7 +53,12 @@ from saga_engine._events import (
     TimerStarted,
 )
 from saga_engine._loop import DeterministicLoop
-from saga_engine._policy import DEFAULT_COMPENSATION_RETRY, DEFAULT_STEP_RETRY, RetryPolicy
+from saga_engine._policy import (
+    DEFAULT_COMPENSATION_RETRY,
+    DEFAULT_COMPENSATION_TIMEOUT,
+    DEFAULT_STEP_RETRY,
+    RetryPolicy,
+)
 from saga_engine._serde import JsonDict, canonical_hash, dumps, model_payload, type_name
 from saga_engine._status import SagaStatus
 
@@ -223,7 +228,7 @@ class SagaOperations:
                 command_type=type_name(compensate),
                 payload=model_payload(compensate),
                 retry=compensate_retry or DEFAULT_COMPENSATION_RETRY,
-                timeout_s=timeout.total_seconds() if timeout else None,
+                timeout_s=(timeout or DEFAULT_COMPENSATION_TIMEOUT).total_seconds(),
             )
         generation, unknown, last_error = 0, False, ""
         for attempt in itertools.count(1):
@@ -379,8 +384,8 @@ class SagaOperations:
             result = await self._user_task
         except asyncio.CancelledError:
             pass
-        except _Halt:
-            raise
+        except (_Halt, GeneratorExit):
+            raise  # nondeterminism, or the runtime is being discarded: no more code runs
         except BaseException as exc:  # the run failed: compensate
             error = error_info(exc, None if isinstance(exc, SignalTimeout) else self._current_step)
         else:

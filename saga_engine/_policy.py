@@ -46,3 +46,7 @@ DEFAULT_COMPENSATION_RETRY = RetryPolicy(
     max_attempts=10, initial_backoff=timedelta(milliseconds=500), max_backoff=timedelta(seconds=60)
 )
 DEFAULT_STEP_RETRY = RetryPolicy()
+
+#: A compensation whose step had no timeout still gets one: a lost reply must lead to a
+#: re-send (same command id, so the participant deduplicates), never to waiting forever.
+DEFAULT_COMPENSATION_TIMEOUT = timedelta(seconds=30)

@@ -223,6 +223,11 @@ class SagaRuntime(SagaOperations):
         self._deliver(event)
         return self._decision()
 
+    def close(self) -> None:
+        """Releases the saga's code (its coroutines) without running any more of it."""
+        self._closing = True
+        self._loop.discard()
+
     def parse(self, model: type[M], payload: JsonDict, what: str) -> M:
         try:
             return model.model_validate(payload)

@@ -35,7 +35,7 @@ from saga_engine._events import Event
 from saga_engine._memstore import InMemoryEventStore
 from saga_engine._serde import JsonDict
 from saga_engine._status import SagaStatus
-from saga_engine._store import SagaRecord
+from saga_engine._store import EventStore, SagaRecord
 from saga_engine.settings import Settings
 
 __all__ = ["InMemoryCommandBus", "SagaRun", "SagaTestEnv", "ScriptedParticipant"]
@@ -175,18 +175,29 @@ class SagaTestEnv:
         *,
         settings: Settings | None = None,
         start_time: datetime | None = None,
+        store: EventStore | None = None,
     ) -> None:
+        self.sagas = list(sagas)
+        self.settings = settings or Settings()
         self.clock = VirtualClock(start_time)
-        self.store = InMemoryEventStore()
+        #: In memory by default; pass a PostgresEventStore to run the same tests on Postgres.
+        self.store: EventStore = store or InMemoryEventStore()
         self.bus = InMemoryCommandBus()
-        self.engine = Engine(
-            settings or Settings(),
-            sagas=sagas,
-            store=self.store,
+        self.engine = self.new_engine()
+        self._participants: dict[str, ScriptedParticipant] = {}
+
+    def new_engine(
+        self, sagas: list[type[Saga[Any, Any]]] | None = None, store: EventStore | None = None
+    ) -> Engine:
+        """Another engine on the same store, bus and clock: a restarted process, or a new
+        deploy when given other saga classes. Assign it to ``env.engine`` to drive it."""
+        return Engine(
+            self.settings,
+            sagas=sagas or self.sagas,
+            store=store or self.store,
             sender=self.bus,
             clock=self.clock,
         )
-        self._participants: dict[str, ScriptedParticipant] = {}
 
     def participant(self, name: str) -> ScriptedParticipant:
         if name not in self._participants:

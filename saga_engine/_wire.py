@@ -1,0 +1,250 @@
+"""The wire format: how commands, replies, start requests, signals and cancels look on Kafka.
+
+Messages follow the CloudEvents Kafka protocol binding in *binary* mode: the event's
+attributes travel as ``ce_*`` headers, the body is the JSON value, ``content-type`` is
+``application/json``. Every message is keyed by the saga id, so one saga's messages stay
+in one partition, in order. W3C trace context travels in ``traceparent`` /
+``tracestate`` headers, where OpenTelemetry propagators expect it.
+
+This module is pure: it turns :class:`Envelope` objects into (key, value, headers)
+and back, and says precisely why a message cannot be read (:class:`PoisonMessage`).
+``proto/`` holds the JSON Schemas generated from these models.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from saga_engine._errors import PermanentError
+from saga_engine._serde import JsonDict
+
+SCHEMA_VERSION = "1"
+CE_SPECVERSION = "1.0"
+
+Headers = list[tuple[str, bytes]]
+
+
+class MessageType(StrEnum):
+    COMMAND = "saga.command"
+    REPLY = "saga.reply"
+    START = "saga.start"
+    SIGNAL = "saga.signal"
+    CANCEL = "saga.cancel"
+
+
+class PoisonReason(StrEnum):
+    """Why a message went to the dead-letter topic (the ``dlq_reason`` header)."""
+
+    MALFORMED_JSON = "malformed_json"
+    MISSING_HEADER = "missing_header"
+    UNKNOWN_TYPE = "unknown_type"
+    WRONG_SCHEMA_VERSION = "wrong_schema_version"
+    OVERSIZED = "oversized"
+    INVALID_BODY = "invalid_body"
+    UNKNOWN_SAGA = "unknown_saga"
+    UNKNOWN_SAGA_TYPE = "unknown_saga_type"
+    UNKNOWN_COMMAND = "unknown_command"
+    REJECTED = "rejected"
+    KEY_MISMATCH = "key_mismatch"
+
+
+class PoisonMessage(PermanentError):
+    """A message that can never be processed: it is dead-lettered, never retried."""
+
+    def __init__(self, reason: PoisonReason, detail: str) -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason.value}: {detail}")
+
+
+# --------------------------------------------------------------------------- bodies
+
+
+class ReplyBody(BaseModel):
+    """A participant's answer to a command."""
+
+    model_config = ConfigDict(extra="forbid", title="Reply")
+
+    outcome: Literal["success", "failure", "retryable"] = Field(
+        description="success: applied; failure: refused, nothing applied; "
+        "retryable: not applied, the engine may try again under a new command id"
+    )
+    payload: JsonDict = Field(default_factory=dict, description="the reply's data")
+    error: str | None = Field(default=None, description="why it failed, for humans")
+
+
+class StartBody(BaseModel):
+    """A request to start a saga (the saga id is the message key)."""
+
+    model_config = ConfigDict(extra="forbid", title="StartSaga")
+
+    input: JsonDict
+    idempotency_key: str | None = None
+    deadline_s: float | None = Field(default=None, gt=0)
+
+
+class SignalBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", title="Signal")
+
+    name: str = Field(min_length=1, max_length=200)
+    signal_id: str = Field(min_length=1, max_length=200)
+    payload: JsonDict = Field(default_factory=dict)
+
+
+class CancelBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", title="Cancel")
+
+    reason: str = Field(max_length=2000)
+    principal: str = "system"
+
+
+BODY_MODELS: dict[MessageType, type[BaseModel] | None] = {
+    MessageType.COMMAND: None,  # the command's own payload, defined by the saga's author
+    MessageType.REPLY: ReplyBody,
+    MessageType.START: StartBody,
+    MessageType.SIGNAL: SignalBody,
+    MessageType.CANCEL: CancelBody,
+}
+
+
+# --------------------------------------------------------------------------- envelope
+
+
+class Envelope(BaseModel):
+    """One message, as its headers and body. Header names are in ``HEADERS``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", title="Envelope")
+
+    id: str = Field(
+        default_factory=lambda: str(uuid.uuid4()), description="ce_id: unique per message"
+    )
+    message_type: MessageType = Field(description="ce_type")
+    source: str = Field(
+        description="ce_source: who sent it, e.g. /saga-engine or /participants/payments"
+    )
+    subject: str = Field(
+        default="", description="ce_subject: the command type, signal name or saga type"
+    )
+    time: datetime = Field(default_factory=lambda: datetime.now(UTC), description="ce_time")
+    saga_id: str = Field(min_length=1, max_length=200, description="ce_sagaid; also the key")
+    saga_type: str = Field(default="", description="ce_sagatype")
+    command_id: str = Field(
+        default="", description="ce_commandid: the idempotency key of a command and its reply"
+    )
+    step: str = Field(default="", description="ce_step: the saga step a command belongs to")
+    correlation_id: str = Field(default="", description="ce_correlationid: the saga id")
+    causation_id: str = Field(default="", description="ce_causationid: the message this answers")
+    reply_to: str = Field(default="", description="ce_replyto: topic for the reply")
+    schema_version: str = Field(default=SCHEMA_VERSION, description="ce_schemaversion")
+    compensation: bool = Field(default=False, description="ce_compensation: a compensating command")
+    traceparent: str = Field(default="", description="W3C traceparent header")
+    tracestate: str = Field(default="", description="W3C tracestate header")
+    body: Any = Field(default_factory=dict, description="the JSON body (the Kafka value)")
+
+    def body_as(self, model: type[BaseModel]) -> Any:
+        try:
+            return model.model_validate(self.body)
+        except ValidationError as exc:
+            raise PoisonMessage(
+                PoisonReason.INVALID_BODY,
+                f"{self.message_type.value} body is not a valid {model.__name__}: {exc}",
+            ) from exc
+
+
+#: Envelope field -> Kafka header name (CloudEvents binary mode; extensions are lowercase).
+HEADERS: dict[str, str] = {
+    "id": "ce_id",
+    "message_type": "ce_type",
+    "source": "ce_source",
+    "subject": "ce_subject",
+    "time": "ce_time",
+    "saga_id": "ce_sagaid",
+    "saga_type": "ce_sagatype",
+    "command_id": "ce_commandid",
+    "step": "ce_step",
+    "correlation_id": "ce_correlationid",
+    "causation_id": "ce_causationid",
+    "reply_to": "ce_replyto",
+    "schema_version": "ce_schemaversion",
+    "compensation": "ce_compensation",
+    "traceparent": "traceparent",
+    "tracestate": "tracestate",
+}
+REQUIRED_HEADERS = ("ce_id", "ce_type", "ce_source", "ce_sagaid", "ce_schemaversion")
+
+
+def encode(envelope: Envelope) -> tuple[bytes, bytes, Headers]:
+    """The Kafka key, value and headers of an envelope."""
+    headers: Headers = [("ce_specversion", CE_SPECVERSION.encode())]
+    headers.append(("content-type", b"application/json"))
+    for field_name, header in HEADERS.items():
+        value = getattr(envelope, field_name)
+        if isinstance(value, bool):
+            if not value:
+                continue
+            text = "true"
+        elif isinstance(value, datetime):
+            text = value.isoformat().replace("+00:00", "Z")
+        else:
+            text = str(value.value if isinstance(value, StrEnum) else value)
+        if text:
+            headers.append((header, text.encode()))
+    value_bytes = orjson.dumps(envelope.body, option=orjson.OPT_UTC_Z)
+    return envelope.saga_id.encode(), value_bytes, headers
+
+
+def decode(key: bytes | None, value: bytes | None, headers: Headers, *, max_bytes: int) -> Envelope:
+    """Reads a Kafka record; raises PoisonMessage with the precise reason."""
+    size = len(value or b"") + sum(len(k) + len(v or b"") for k, v in headers)
+    if size > max_bytes:
+        raise PoisonMessage(
+            PoisonReason.OVERSIZED, f"{size} bytes exceeds the {max_bytes}-byte limit"
+        )
+    found: dict[str, str] = {}
+    for name, raw in headers:
+        try:
+            found[name] = (raw or b"").decode()
+        except UnicodeDecodeError:
+            raise PoisonMessage(
+                PoisonReason.MISSING_HEADER, f"header {name} is not UTF-8"
+            ) from None
+    missing = [h for h in REQUIRED_HEADERS if not found.get(h)]
+    if missing:
+        raise PoisonMessage(PoisonReason.MISSING_HEADER, f"missing header(s): {', '.join(missing)}")
+    if found["ce_schemaversion"] != SCHEMA_VERSION:
+        raise PoisonMessage(
+            PoisonReason.WRONG_SCHEMA_VERSION,
+            f"schema version {found['ce_schemaversion']!r}; this engine reads {SCHEMA_VERSION!r}",
+        )
+    try:
+        MessageType(found["ce_type"])
+    except ValueError:
+        raise PoisonMessage(
+            PoisonReason.UNKNOWN_TYPE,
+            f"unknown message type {found['ce_type']!r}; expected one of "
+            f"{', '.join(t.value for t in MessageType)}",
+        ) from None
+    try:
+        body = orjson.loads(value or b"")
+    except orjson.JSONDecodeError as exc:
+        raise PoisonMessage(PoisonReason.MALFORMED_JSON, f"the body is not JSON: {exc}") from None
+    fields: dict[str, Any] = {"body": body}
+    for field_name, header in HEADERS.items():
+        if header in found:
+            fields[field_name] = found[header]
+    fields["compensation"] = found.get("ce_compensation") == "true"
+    try:
+        envelope = Envelope.model_validate(fields)
+    except ValidationError as exc:
+        raise PoisonMessage(PoisonReason.MISSING_HEADER, f"bad header values: {exc}") from None
+    if key is not None and key.decode(errors="replace") != envelope.saga_id:
+        raise PoisonMessage(
+            PoisonReason.KEY_MISMATCH, "the record key must be the saga id (ce_sagaid)"
+        )
+    return envelope

@@ -1,0 +1,731 @@
+"""The EventStore contract, run against every adapter.
+
+``memory`` is the in-memory store; ``postgres`` is the Postgres store with group commit
+(its default); ``postgres-unbatched`` is the Postgres store writing each operation in its
+own transaction, so that concurrent writers really meet on the database's row locks
+rather than in the group-commit queue. The Postgres variants need the real server (the
+``pg`` fixture fails loudly without it).
+
+The tests at the end are Postgres-only: batching, failure isolation inside a batch,
+connection loss and closing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+from pydantic import SecretStr
+
+from saga_engine._errors import (
+    ConcurrencyError,
+    InvalidSagaId,
+    SagaNotFound,
+    SerializationError,
+    TransientError,
+)
+from saga_engine._events import (
+    CommandIssued,
+    CompensationStarted,
+    ErrorInfo,
+    Event,
+    ReplyReceived,
+    SagaCompleted,
+    SagaStarted,
+    SideEffectRecorded,
+    SignalReceived,
+    TimerFired,
+    TimerStarted,
+)
+from saga_engine._memstore import InMemoryEventStore
+from saga_engine._migrations import migrate
+from saga_engine._pgstore import GroupCommitConfig, PostgresEventStore, StoreUnavailable
+from saga_engine._status import SagaStatus
+from saga_engine._store import Append, EventStore, NewSaga, Projection
+from saga_engine.settings import PostgresSettings
+from tests.conftest import PgTarget
+
+RUNNING = Projection(SagaStatus.RUNNING)
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    pg: PgTarget | None
+
+
+@pytest.fixture(params=["memory", "postgres", "postgres-unbatched"])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    if request.param == "memory":
+        return Backend("memory", None)
+    # Requested only here, so the in-memory variant needs no server.
+    pg: PgTarget = request.getfixturevalue("pg")
+    return Backend(request.param, pg)
+
+
+def _settings(pg: PgTarget) -> PostgresSettings:
+    return PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
+
+
+async def _open_pg(pg: PgTarget, *, enabled: bool = True) -> PostgresEventStore:
+    await migrate(pg.database_dsn, pg.schema)
+    return await PostgresEventStore.connect(
+        _settings(pg), group_commit=GroupCommitConfig(enabled=enabled)
+    )
+
+
+@pytest.fixture
+async def store(backend: Backend) -> AsyncIterator[EventStore]:
+    s: EventStore
+    if backend.pg is None:
+        s = InMemoryEventStore()
+    else:
+        s = await _open_pg(backend.pg, enabled=backend.name == "postgres")
+    assert isinstance(s, EventStore)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+@pytest.fixture
+async def pg_store(pg: PgTarget) -> AsyncIterator[PostgresEventStore]:
+    """The Postgres store with group commit, for the Postgres-only tests."""
+    s = await _open_pg(pg)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _started(saga_type: str = "order") -> SagaStarted:
+    return SagaStarted(at=_now(), saga_type=saga_type, input={"order": 1})
+
+
+def _fired(timer_id: str) -> TimerFired:
+    return TimerFired(at=_now(), timer_id=timer_id)
+
+
+def _new(
+    saga_id: str, saga_type: str = "order", status: SagaStatus = SagaStatus.RUNNING
+) -> NewSaga:
+    return NewSaga(saga_id, saga_type, [_started(saga_type)], Projection(status))
+
+
+def _append(saga_id: str, expected: int, *events: Event) -> Append:
+    return Append(saga_id, expected, list(events), RUNNING)
+
+
+async def _try_append(store: EventStore, append: Append) -> int | ConcurrencyError:
+    try:
+        return await store.append(append)
+    except ConcurrencyError as exc:
+        return exc
+
+
+async def _seqs(store: EventStore, saga_id: str) -> list[int]:
+    return [e.seq for e in (await store.load(saga_id)).events]
+
+
+# --------------------------------------------------------------------------- create / load
+
+
+async def test_create_and_load_round_trip_of_several_event_kinds(store: EventStore) -> None:
+    at = _now()
+    events: Sequence[Event] = [
+        SagaStarted(
+            at=at,
+            saga_type="checkout",
+            input={"cart": [1, 2], "total": "12.50", "nested": {"ok": True, "none": None}},
+            idempotency_key="idem-1",
+            deadline_at=at + timedelta(hours=1),
+            trace_context={
+                "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+            },
+        ),
+        CommandIssued(
+            at=at,
+            step="reserve",
+            participant="inventory",
+            command_type="Reserve",
+            payload={"sku": "ä-ß-€", "qty": 3},
+            payload_hash="abc123",
+            command_id="cmd-1",
+            attempt=1,
+            timeout_at=at + timedelta(seconds=30),
+        ),
+        ReplyReceived(
+            at=at, step="reserve", command_id="cmd-1", outcome="success", payload={"id": 7}
+        ),
+        TimerStarted(at=at, timer_id="t1", purpose="sleep", fire_at=at + timedelta(minutes=5)),
+        SideEffectRecorded(at=at, op_id="uuid-1", value=[1, "two", None, 3.5, {"k": False}]),
+        SignalReceived(at=at, signal_id="sig-1", name="approve", payload={"by": "bob"}),
+        CompensationStarted(
+            at=at,
+            reason="failure",
+            error=ErrorInfo(type="StepFailed", message="no stock", step="reserve"),
+            owed=["reserve"],
+        ),
+    ]
+    assert await store.create(
+        NewSaga("saga-1", "checkout", events, Projection(SagaStatus.RUNNING), "idem-1")
+    )
+
+    loaded = await store.load("saga-1")
+    assert [e.seq for e in loaded.events] == list(range(1, len(events) + 1))
+    assert [e.event for e in loaded.events] == list(events)
+    assert [type(e.event) for e in loaded.events] == [type(e) for e in events]
+    record = loaded.record
+    assert record.saga_id == "saga-1"
+    assert record.saga_type == "checkout"
+    assert record.status is SagaStatus.RUNNING
+    assert record.last_seq == len(events)
+    assert record.idempotency_key == "idem-1"
+    # Time moves with the saga's own events.
+    assert record.created_at == at
+    assert record.updated_at == at
+    assert await store.get("saga-1") == record
+
+
+async def test_create_with_existing_id_returns_false_and_changes_nothing(
+    store: EventStore,
+) -> None:
+    assert await store.create(_new("dup", "first"))
+    before = await store.load("dup")
+
+    other = NewSaga(
+        "dup",
+        "second",
+        [_started("second"), _fired("x")],
+        Projection(SagaStatus.COMPENSATING, current_step="s", error={"e": 1}),
+        "key",
+    )
+    assert await store.create(other) is False
+
+    after = await store.load("dup")
+    assert after == before
+    assert after.record.saga_type == "first"
+    assert after.record.last_seq == 1
+
+
+async def test_concurrent_creates_of_one_id_exactly_one_wins(store: EventStore) -> None:
+    results = await asyncio.gather(*(store.create(_new("same", f"type-{i}")) for i in range(10)))
+    assert sorted(results) == [False] * 9 + [True]
+    record = await store.get("same")
+    assert record.saga_type == f"type-{results.index(True)}"
+    assert await _seqs(store, "same") == [1]
+
+
+async def test_create_with_no_events_starts_at_zero(store: EventStore) -> None:
+    assert await store.create(NewSaga("empty", "order", [], RUNNING))
+    loaded = await store.load("empty")
+    assert loaded.record.last_seq == 0
+    assert loaded.events == []
+    assert await store.append(_append("empty", 0, _started())) == 1
+    assert await _seqs(store, "empty") == [1]
+
+
+# --------------------------------------------------------------------------- append
+
+
+async def test_append_with_the_expected_seq(store: EventStore) -> None:
+    assert await store.create(_new("a"))
+    created = await store.get("a")
+
+    first, second = _fired("t1"), _fired("t2")
+    assert await store.append(_append("a", 1, first, second)) == 3
+
+    loaded = await store.load("a")
+    assert [(e.seq, e.event) for e in loaded.events][1:] == [(2, first), (3, second)]
+    assert loaded.record.last_seq == 3
+    assert loaded.record.created_at == created.created_at
+    assert loaded.record.updated_at == second.at
+
+    third = _fired("t3")
+    assert await store.append(_append("a", 3, third)) == 4
+    assert await _seqs(store, "a") == [1, 2, 3, 4]
+
+
+async def test_append_of_no_events_updates_the_projection_only(store: EventStore) -> None:
+    assert await store.create(_new("p"))
+    before = await store.get("p")
+
+    projection = Projection(SagaStatus.COMPENSATING, current_step="undo")
+    assert await store.append(Append("p", 1, [], projection)) == 1
+
+    after = await store.get("p")
+    assert after.last_seq == 1
+    assert after.status is SagaStatus.COMPENSATING
+    assert after.current_step == "undo"
+    assert after.updated_at == before.updated_at
+    assert await _seqs(store, "p") == [1]
+
+
+@pytest.mark.parametrize("stale", [0, 1, 5])
+async def test_stale_expected_seq_raises_concurrency_error(store: EventStore, stale: int) -> None:
+    assert await store.create(_new("c"))
+    assert await store.append(_append("c", 1, _fired("t"))) == 2
+    before = await store.load("c")
+
+    with pytest.raises(ConcurrencyError) as info:
+        await store.append(Append("c", stale, [_fired("late")], Projection(SagaStatus.FAILED)))
+    assert info.value.saga_id == "c"
+    assert info.value.expected_seq == stale
+    assert info.value.actual_seq == 2
+    assert isinstance(info.value, TransientError)
+    # Nothing of the losing append was stored: neither events nor projection.
+    assert await store.load("c") == before
+
+
+async def test_unknown_saga_raises_saga_not_found(store: EventStore) -> None:
+    with pytest.raises(SagaNotFound) as info:
+        await store.get("nope")
+    assert info.value.saga_id == "nope"
+    with pytest.raises(SagaNotFound):
+        await store.load("nope")
+    with pytest.raises(SagaNotFound):
+        await store.append(_append("nope", 0, _started()))
+    with pytest.raises(SagaNotFound):
+        await store.append(_append("nope", 3, _fired("t")))
+    # The failed append created nothing.
+    assert await store.list_sagas() == []
+
+
+async def test_concurrent_appends_to_one_saga_exactly_one_wins(store: EventStore) -> None:
+    assert await store.create(_new("race"))
+
+    results = await asyncio.gather(
+        *(
+            store.append(_append("race", 1, _fired(f"w{i}-a"), _fired(f"w{i}-b")))
+            for i in range(20)
+        ),
+        return_exceptions=True,
+    )
+
+    winners = [i for i, r in enumerate(results) if not isinstance(r, BaseException)]
+    assert len(winners) == 1
+    assert results[winners[0]] == 3
+    losers = [r for r in results if isinstance(r, BaseException)]
+    assert len(losers) == 19
+    for exc in losers:
+        assert isinstance(exc, ConcurrencyError)
+        assert exc.expected_seq == 1
+        assert exc.actual_seq == 3
+
+    loaded = await store.load("race")
+    assert [e.seq for e in loaded.events] == [1, 2, 3]
+    w = winners[0]
+    assert [getattr(e.event, "timer_id", None) for e in loaded.events[1:]] == [
+        f"w{w}-a",
+        f"w{w}-b",
+    ]
+
+
+async def test_racing_writers_keep_the_history_dense(store: EventStore) -> None:
+    """Writers that reload and retry on conflict: every success lands where it says."""
+    assert await store.create(_new("dense"))
+    target = 40
+    successes: dict[int, str] = {}
+    conflicts: list[ConcurrencyError] = []
+
+    async def writer(name: str) -> None:
+        attempt = 0
+        while len(successes) < target:
+            attempt += 1
+            last = (await store.get("dense")).last_seq
+            tag = f"{name}-{attempt}"
+            outcome = await _try_append(store, _append("dense", last, _fired(tag)))
+            if isinstance(outcome, ConcurrencyError):
+                assert outcome.actual_seq is not None
+                assert outcome.actual_seq > last
+                conflicts.append(outcome)
+                continue
+            seq = outcome
+            assert seq == last + 1
+            assert seq not in successes
+            successes[seq] = tag
+
+    await asyncio.gather(*(writer(f"w{i}") for i in range(8)))
+
+    loaded = await store.load("dense")
+    seqs = [e.seq for e in loaded.events]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert loaded.record.last_seq == seqs[-1]
+    assert len(successes) >= target
+    # Each writer that was told "you are seq N" is the one whose event is at N.
+    stored = {e.seq: getattr(e.event, "timer_id", None) for e in loaded.events[1:]}
+    assert stored == successes
+
+
+async def test_concurrent_operations_on_different_sagas_succeed_or_fail_alone(
+    store: EventStore,
+) -> None:
+    ids = [f"s{i}" for i in range(10)]
+    for saga_id in [*ids, "taken"]:
+        assert await store.create(_new(saga_id))
+    group_commit = isinstance(store, PostgresEventStore) and store.group_commit.enabled
+    batches_before = store.stats.batches if isinstance(store, PostgresEventStore) else 0
+
+    # Even sagas append on the current seq, odd ones on a stale one; one saga is
+    # unknown; one create is new and one collides. With group commit these are queued
+    # together and written as one batch.
+    ops = [
+        *(
+            store.append(_append(saga_id, 1 if i % 2 == 0 else 0, _fired(f"ok-{saga_id}")))
+            for i, saga_id in enumerate(ids)
+        ),
+        store.append(_append("ghost", 1, _fired("ghost"))),
+        store.create(_new("fresh")),
+        store.create(_new("taken", "other-type")),
+    ]
+    results = await asyncio.gather(*ops, return_exceptions=True)
+
+    if group_commit:
+        assert isinstance(store, PostgresEventStore)
+        assert store.stats.batches == batches_before + 1, "expected a single batch"
+    for i, saga_id in enumerate(ids):
+        result = results[i]
+        if i % 2 == 0:
+            assert result == 2
+            assert await _seqs(store, saga_id) == [1, 2]
+        else:
+            assert isinstance(result, ConcurrencyError)
+            assert result.actual_seq == 1
+            assert await _seqs(store, saga_id) == [1]
+    assert isinstance(results[10], SagaNotFound)
+    assert results[11] is True
+    assert results[12] is False
+    assert (await store.get("taken")).saga_type == "order"
+    assert await _seqs(store, "fresh") == [1]
+    with pytest.raises(SagaNotFound):
+        await store.get("ghost")
+
+
+# --------------------------------------------------------------------------- projection
+
+
+async def test_projection_fields_round_trip(store: EventStore) -> None:
+    wakeup = datetime(2031, 5, 17, 8, 30, 15, 123456, tzinfo=UTC)
+    error = {"type": "StepFailed", "message": "no stock", "details": {"sku": ["a", 1, None]}}
+    assert await store.create(
+        NewSaga(
+            "proj",
+            "order",
+            [_started()],
+            Projection(SagaStatus.COMPENSATING, "release", wakeup, error),
+        )
+    )
+    record = await store.get("proj")
+    assert record.status is SagaStatus.COMPENSATING
+    assert record.current_step == "release"
+    assert record.next_wakeup == wakeup
+    assert record.error == error
+
+    later = wakeup + timedelta(days=1)
+    projection = Projection(SagaStatus.COMPENSATION_STUCK, "refund", later, {"n": 2})
+    assert await store.append(Append("proj", 1, [_fired("t")], projection)) == 2
+    record = await store.get("proj")
+    assert (record.status, record.current_step, record.next_wakeup, record.error) == (
+        SagaStatus.COMPENSATION_STUCK,
+        "refund",
+        later,
+        {"n": 2},
+    )
+
+    done = Projection(SagaStatus.COMPLETED)
+    assert await store.append(Append("proj", 2, [SagaCompleted(at=_now(), output={})], done)) == 3
+    record = await store.get("proj")
+    assert record.status is SagaStatus.COMPLETED
+    assert (record.current_step, record.next_wakeup, record.error) == (None, None, None)
+
+
+# --------------------------------------------------------------------------- listing
+
+
+async def test_list_sagas_filters_and_paginates(store: EventStore) -> None:
+    # Ids whose order differs between collations: the store must order like sorted().
+    sagas = {
+        "B-2": ("order", SagaStatus.RUNNING),
+        "a-1": ("order", SagaStatus.COMPLETED),
+        "A-1": ("payment", SagaStatus.RUNNING),
+        "_x": ("payment", SagaStatus.FAILED),
+        "b-3": ("order", SagaStatus.COMPENSATION_STUCK),
+        "ä-9": ("order", SagaStatus.RUNNING),
+        "a-10": ("payment", SagaStatus.COMPENSATING),
+    }
+    for saga_id, (saga_type, status) in sagas.items():
+        assert await store.create(_new(saga_id, saga_type, status))
+    every = sorted(sagas)
+
+    assert [r.saga_id for r in await store.list_sagas()] == every
+
+    running = await store.list_sagas(statuses=[SagaStatus.RUNNING])
+    assert [r.saga_id for r in running] == sorted(k for k, v in sagas.items() if v[1] == "running")
+    assert all(r.status is SagaStatus.RUNNING for r in running)
+
+    stuck_or_failed = await store.list_sagas(
+        statuses={SagaStatus.COMPENSATION_STUCK, SagaStatus.FAILED}
+    )
+    assert [r.saga_id for r in stuck_or_failed] == ["_x", "b-3"]
+
+    payments = await store.list_sagas(saga_type="payment")
+    assert [r.saga_id for r in payments] == ["A-1", "_x", "a-10"]
+
+    both = await store.list_sagas(statuses=[SagaStatus.RUNNING], saga_type="order")
+    assert [r.saga_id for r in both] == ["B-2", "ä-9"]
+
+    assert await store.list_sagas(statuses=[]) == []
+    assert await store.list_sagas(saga_type="nothing") == []
+
+    # Page through with the cursor.
+    pages: list[list[str]] = []
+    after: str | None = None
+    while True:
+        page = await store.list_sagas(limit=3, after_id=after)
+        if not page:
+            break
+        pages.append([r.saga_id for r in page])
+        after = page[-1].saga_id
+    assert pages == [every[0:3], every[3:6], every[6:]]
+
+    # The cursor combines with the filters.
+    orders = await store.list_sagas(saga_type="order", after_id="B-2", limit=2)
+    assert [r.saga_id for r in orders] == ["a-1", "b-3"]
+
+    # The rows are the same records get() returns.
+    for record in await store.list_sagas():
+        assert record == await store.get(record.saga_id)
+
+
+async def test_open_saga_ids_excludes_terminal_statuses(store: EventStore) -> None:
+    for status in SagaStatus:
+        assert await store.create(_new(f"saga-{status.value}", status=status))
+
+    open_ids = await store.open_saga_ids()
+
+    assert open_ids == [
+        "saga-compensating",
+        "saga-compensation_stuck",
+        "saga-nondeterministic",
+        "saga-running",
+    ]
+    # A saga that finishes drops out.
+    assert (
+        await store.append(
+            Append(
+                "saga-running",
+                1,
+                [SagaCompleted(at=_now(), output={})],
+                Projection(SagaStatus.COMPLETED),
+            )
+        )
+        == 2
+    )
+    assert "saga-running" not in await store.open_saga_ids()
+
+
+# --------------------------------------------------------------------------- Postgres only
+
+
+async def test_group_commit_writes_concurrent_appends_in_few_batches(
+    pg_store: PostgresEventStore,
+) -> None:
+    ids = [f"g{i:03d}" for i in range(100)]
+    assert all(await asyncio.gather(*(pg_store.create(_new(i)) for i in ids)))
+    before = pg_store.stats
+
+    results = await asyncio.gather(*(pg_store.append(_append(i, 1, _fired(i))) for i in ids))
+
+    assert results == [2] * len(ids)
+    after = pg_store.stats
+    assert after.operations - before.operations == len(ids)
+    assert after.batches - before.batches < len(ids)
+    assert after.largest_batch > 1
+    for saga_id in ids[::17]:
+        assert await _seqs(pg_store, saga_id) == [1, 2]
+
+
+async def test_two_queued_appends_for_one_saga_see_each_other(
+    pg_store: PostgresEventStore,
+) -> None:
+    """The second append was computed from the first: they must not share a batch."""
+    assert await pg_store.create(_new("pipelined"))
+    results = await asyncio.gather(
+        pg_store.append(_append("pipelined", 1, _fired("first"))),
+        pg_store.append(_append("pipelined", 2, _fired("second"))),
+        pg_store.append(_append("pipelined", 2, _fired("loser"))),
+        return_exceptions=True,
+    )
+    # Taken in queue order, one per batch: 1 -> 2 wins, 2 -> 3 wins, the third is stale.
+    assert list(results[:2]) == [2, 3]
+    assert isinstance(results[2], ConcurrencyError)
+    assert results[2].actual_seq == 3
+    loaded = await pg_store.load("pipelined")
+    assert [getattr(e.event, "timer_id", None) for e in loaded.events] == [None, "first", "second"]
+
+
+async def test_two_group_commit_stores_contending_on_the_same_sagas(pg: PgTarget) -> None:
+    """Several engines' batches lock overlapping rows: one winner each, no deadlock."""
+    stores = [await _open_pg(pg) for _ in range(3)]
+    try:
+        ids = [f"x{i:03d}" for i in range(60)]
+        assert all(await asyncio.gather(*(stores[0].create(_new(i)) for i in ids)))
+
+        # Each store submits the same sagas in a different order.
+        orders = [ids, ids[::-1], ids[30:] + ids[:30]]
+        results = await asyncio.gather(
+            *(
+                s.append(_append(saga_id, 1, _fired(f"{n}-{saga_id}")))
+                for n, (s, order) in enumerate(zip(stores, orders, strict=True))
+                for saga_id in order
+            ),
+            return_exceptions=True,
+        )
+
+        assert all(r == 2 or isinstance(r, ConcurrencyError) for r in results), results
+        assert sum(1 for r in results if r == 2) == len(ids)
+        for saga_id in ids:
+            assert await _seqs(stores[1], saga_id) == [1, 2]
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def test_an_unstorable_value_fails_only_its_own_operation(store: EventStore) -> None:
+    pg_store = store
+    for saga_id in ("good-1", "bad", "good-2"):
+        assert await pg_store.create(_new(saga_id))
+
+    results = await asyncio.gather(
+        pg_store.append(_append("good-1", 1, _fired("fine"))),
+        # Postgres's jsonb refuses \u0000, and the in-memory store refuses it the same way.
+        pg_store.append(_append("bad", 1, _fired("nul\x00byte"))),
+        pg_store.append(_append("good-2", 1, _fired("fine"))),
+        return_exceptions=True,
+    )
+
+    assert results[0] == 2
+    assert isinstance(results[1], SerializationError)
+    assert results[2] == 2
+    assert await _seqs(pg_store, "bad") == [1]
+    assert await _seqs(pg_store, "good-2") == [1, 2]
+
+
+async def test_saga_id_longer_than_the_column_allows_is_refused(store: EventStore) -> None:
+    with pytest.raises(InvalidSagaId, match="1 to 200"):
+        await store.create(_new("x" * 201))
+    assert await store.create(_new("x" * 200))
+
+
+async def _wait_for(
+    conn: asyncpg.Connection, sql: str, *args: object, deadline_s: float = 10.0
+) -> object:
+    """Polls ``sql`` until it returns a non-null value (a real condition, not a sleep)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        value = await conn.fetchval(sql, *args)
+        if value is not None:
+            return value
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"condition not met within {deadline_s}s: {sql}")
+
+
+async def test_a_batch_whose_connection_dies_fails_every_operation_retryably(
+    pg: PgTarget, pg_store: PostgresEventStore
+) -> None:
+    ids = [f"lost{i}" for i in range(5)]
+    for saga_id in ids:
+        assert await pg_store.create(_new(saga_id))
+
+    admin = await asyncpg.connect(pg.dsn)
+    try:
+        # Hold one saga's row lock so that the batch stops inside its transaction.
+        blocker = admin.transaction()
+        await blocker.start()
+        await admin.execute("SELECT 1 FROM sagas WHERE saga_id = 'lost2' FOR UPDATE")
+        pending = asyncio.gather(
+            *(pg_store.append(_append(i, 1, _fired(i))) for i in ids), return_exceptions=True
+        )
+        flusher_pid = await _wait_for(
+            admin,
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND datname = current_database() AND pid <> pg_backend_pid() LIMIT 1",
+        )
+        assert await admin.fetchval("SELECT pg_terminate_backend($1)", flusher_pid)
+        results = await pending
+        await blocker.rollback()
+    finally:
+        await admin.close()
+
+    assert all(isinstance(r, StoreUnavailable) for r in results), results
+    assert all(isinstance(r, TransientError) for r in results)
+    # Nothing was committed, and a retry with the same expected seq goes through.
+    for saga_id in ids:
+        assert await _seqs(pg_store, saga_id) == [1]
+    assert await asyncio.gather(*(pg_store.append(_append(i, 1, _fired(i))) for i in ids)) == [
+        2
+    ] * len(ids)
+
+
+async def test_the_store_reconnects_after_its_connections_are_terminated(
+    pg: PgTarget, pg_store: PostgresEventStore
+) -> None:
+    assert await pg_store.create(_new("survivor"))
+    admin = await asyncpg.connect(pg.dsn)
+    try:
+        killed = await admin.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND backend_type = 'client backend'"
+        )
+    finally:
+        await admin.close()
+    assert killed >= 1
+
+    # The first write may meet a dead connection: then it must fail retryably, and the
+    # retry must go through on a fresh one.
+    outcome: int | None = None
+    for _ in range(5):
+        try:
+            outcome = await pg_store.append(_append("survivor", 1, _fired("after")))
+            break
+        except StoreUnavailable:
+            continue
+    assert outcome == 2
+    assert await _seqs(pg_store, "survivor") == [1, 2]
+
+
+async def test_connect_to_an_unreachable_server_raises_store_unavailable() -> None:
+    settings = PostgresSettings(
+        dsn=SecretStr("postgresql://postgres@127.0.0.1:1/nowhere"), db_schema="saga"
+    )
+    with pytest.raises(StoreUnavailable):
+        await PostgresEventStore.connect(settings)
+
+
+async def test_close_writes_what_is_queued_then_refuses_writes(pg: PgTarget) -> None:
+    store = await _open_pg(pg)
+    ids = [f"q{i}" for i in range(20)]
+    # The creates are queued first (gather starts tasks in order), then close runs.
+    *created, _ = await asyncio.gather(*(store.create(_new(i)) for i in ids), store.close())
+    assert created == [True] * len(ids)
+    with pytest.raises(StoreUnavailable, match="closed"):
+        await store.append(_append("q0", 1, _fired("late")))
+
+    reopened = await _open_pg(pg)
+    try:
+        assert [r.saga_id for r in await reopened.list_sagas()] == sorted(ids)
+    finally:
+        await reopened.close()

@@ -1,0 +1,86 @@
+"""Committed histories must keep replaying with today's code (and the bad one must not)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from typer.testing import CliRunner
+
+from saga_engine import SagaStatus, SerializationError
+from saga_engine.cli import app
+from saga_engine.replay import export_history, load_history, replay
+from tests.sagas import PlaceOrder
+
+HISTORIES = Path(__file__).parent / "histories"
+GOOD = sorted(p for p in HISTORIES.glob("*.json") if not p.name.endswith(".BAD.json"))
+BAD = sorted(HISTORIES.glob("*.BAD.json"))
+
+
+def test_there_are_golden_histories() -> None:
+    assert len(GOOD) >= 4
+    assert len(BAD) >= 1
+
+
+@pytest.mark.parametrize("path", GOOD, ids=lambda p: p.stem)
+def test_golden_history_replays_deterministically(path: Path) -> None:
+    history = load_history(path)
+    result = replay([PlaceOrder], history)
+    assert result.deterministic, result.error
+    assert result.status.is_terminal
+    # The recorded terminal event agrees with the replayed status.
+    assert history.events[-1].kind == f"saga_{result.status.value}"
+
+
+@pytest.mark.parametrize("path", BAD, ids=lambda p: p.stem)
+def test_bad_history_is_refused_with_the_divergence(path: Path) -> None:
+    result = replay([PlaceOrder], load_history(path))
+    assert not result.deterministic
+    assert result.status == SagaStatus.NONDETERMINISTIC
+    assert result.error is not None
+    assert result.error.seq == 2
+    assert "reserve-funds" in result.error.expected
+    assert "reserve-credit" in result.error.actual
+
+
+def test_export_round_trips() -> None:
+    history = load_history(GOOD[0])
+    doc = export_history(history.saga_id, history.saga_type, history.events)
+    again = load_history(orjson.dumps(doc))
+    assert again == history
+
+
+def test_malformed_exports_are_refused() -> None:
+    with pytest.raises(SerializationError, match="not a saga history export"):
+        load_history(b'{"events": []}')
+    with pytest.raises(SerializationError, match="malformed JSON"):
+        load_history(b"{nope")
+    doc = orjson.loads(GOOD[0].read_bytes())
+    doc["events"][1]["seq"] = 7
+    with pytest.raises(SerializationError, match="sequence numbers"):
+        load_history(doc)
+
+
+runner = CliRunner()
+
+
+def test_cli_replay_reports_deterministic() -> None:
+    result = runner.invoke(app, ["replay", str(GOOD[0]), "--sagas", "tests.sagas"])
+    assert result.exit_code == 0, result.output
+    assert "deterministic" in result.output
+
+
+def test_cli_replay_reports_the_first_divergence_and_exits_1() -> None:
+    result = runner.invoke(app, ["replay", str(BAD[0]), "--sagas", "tests.sagas", "--json"])
+    assert result.exit_code == 1
+    report = orjson.loads(result.stdout)
+    assert report["deterministic"] is False
+    assert "event #2" in report["error"]
+
+
+def test_cli_errors_are_one_line() -> None:
+    result = runner.invoke(app, ["replay", str(GOOD[0]), "--sagas", "no_such_module"])
+    assert result.exit_code == 1
+    assert "cannot import saga module 'no_such_module'" in result.stderr
+    assert "Traceback" not in result.output + result.stderr

@@ -1,0 +1,211 @@
+"""Schema migrations: pinned, idempotent, safe to run from several engines at once."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+from pydantic import SecretStr
+
+from saga_engine import _migrations
+from saga_engine._errors import PermanentError
+from saga_engine._migrations import (
+    Migration,
+    MigrationError,
+    migrate,
+    migration_sql,
+    shipped_migrations,
+)
+from saga_engine._pgstore import PostgresEventStore
+from saga_engine.settings import PostgresSettings
+from tests.conftest import PgTarget
+
+# A released migration must never change: a database that applied the old text would no
+# longer match the code. If this test fails because you edited a shipped migration,
+# revert the edit and add a new, higher-numbered migration instead. Add a line here for
+# each new migration.
+PINNED = {
+    1: "12bd630585402c6947d0c31bcc4f0501dac21a8c9953ae6c07fb9c978d764ee2",
+}
+
+
+def test_shipped_migrations_are_pinned() -> None:
+    shipped = shipped_migrations()
+    assert {m.version: m.sha256 for m in shipped} == PINNED
+    assert [m.version for m in shipped] == list(range(1, len(shipped) + 1))
+    for m in shipped:
+        assert hashlib.sha256(m.sql.encode()).hexdigest() == m.sha256
+    assert shipped[0].name == "initial"
+
+
+def test_migration_sql_holds_every_migration_and_its_bookkeeping() -> None:
+    sql = migration_sql()
+    assert "CREATE TABLE sagas" in sql
+    assert "CREATE TABLE saga_events" in sql
+    assert "CREATE TABLE IF NOT EXISTS schema_migrations" in sql
+    for m in shipped_migrations():
+        assert m.sql.strip() in sql
+        assert f"VALUES ({m.version}, '{m.name}', '{m.sha256}')" in sql
+
+
+@pytest.fixture
+async def fresh_schema(pg_database: str) -> AsyncIterator[str]:
+    """A schema name that does not exist yet (dropped afterwards if a test created it)."""
+    name = f"m_{uuid.uuid4().hex[:12]}"
+    yield name
+    conn = await asyncpg.connect(pg_database)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+    finally:
+        await conn.close()
+
+
+async def _recorded(dsn: str, schema: str) -> list[tuple[int, str, str]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            f'SELECT version, name, sha256 FROM "{schema}".schema_migrations ORDER BY version'
+        )
+    finally:
+        await conn.close()
+    return [(r["version"], r["name"], r["sha256"]) for r in rows]
+
+
+async def _tables(dsn: str, schema: str) -> set[str]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = $1", schema)
+    finally:
+        await conn.close()
+    return {r["tablename"] for r in rows}
+
+
+async def test_migrate_applies_each_migration_once(pg: PgTarget) -> None:
+    messages: list[str] = []
+
+    assert await migrate(pg.database_dsn, pg.schema, progress=messages.append) == [1]
+
+    assert any("applying 0001_initial" in m for m in messages)
+    assert await _tables(pg.database_dsn, pg.schema) == {
+        "schema_migrations",
+        "sagas",
+        "saga_events",
+    }
+    assert await _recorded(pg.database_dsn, pg.schema) == [
+        (m.version, m.name, m.sha256) for m in shipped_migrations()
+    ]
+
+    # The second run finds nothing to do.
+    messages.clear()
+    assert await migrate(pg.database_dsn, pg.schema, progress=messages.append) == []
+    assert not any("applying" in m for m in messages)
+    assert len(await _recorded(pg.database_dsn, pg.schema)) == len(shipped_migrations())
+
+
+async def test_migrate_creates_a_missing_schema(pg_database: str, fresh_schema: str) -> None:
+    assert await _tables(pg_database, fresh_schema) == set()
+    assert await migrate(pg_database, fresh_schema) == [1]
+    assert {"sagas", "saga_events"} <= await _tables(pg_database, fresh_schema)
+
+
+async def test_concurrent_migrate_applies_each_migration_once(
+    pg_database: str, fresh_schema: str
+) -> None:
+    conns = [await asyncpg.connect(pg_database) for _ in range(3)]
+    try:
+        results = await asyncio.gather(*(migrate(c, fresh_schema) for c in conns))
+    finally:
+        for c in conns:
+            await c.close()
+
+    assert sorted(results) == [[], [], [1]]
+    assert [v for v, _, _ in await _recorded(pg_database, fresh_schema)] == [1]
+
+
+async def test_migrate_leaves_the_callers_connection_as_it_was(pg: PgTarget) -> None:
+    conn = await asyncpg.connect(pg.database_dsn)
+    try:
+        before = await conn.fetchval("SHOW search_path")
+        assert await migrate(conn, pg.schema) == [1]
+        assert await conn.fetchval("SHOW search_path") == before
+        assert not conn.is_in_transaction()
+    finally:
+        await conn.close()
+
+
+async def test_a_changed_applied_migration_is_refused(pg: PgTarget) -> None:
+    assert await migrate(pg.database_dsn, pg.schema) == [1]
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        await conn.execute("UPDATE schema_migrations SET sha256 = 'f00d' WHERE version = 1")
+    finally:
+        await conn.close()
+
+    with pytest.raises(MigrationError, match="0001_initial") as info:
+        await migrate(pg.database_dsn, pg.schema)
+    assert isinstance(info.value, PermanentError)
+    assert "f00d" in str(info.value)
+    assert "never change" in str(info.value)
+
+
+async def test_a_failing_migration_rolls_back_alone(
+    pg: PgTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    good = shipped_migrations()
+    bad_sql = "CREATE TABLE half_done (x int);\nSELECT * FROM no_such_table;\n"
+    bad = Migration(2, "broken", bad_sql, hashlib.sha256(bad_sql.encode()).hexdigest())
+    monkeypatch.setattr(_migrations, "shipped_migrations", lambda: [*good, bad])
+
+    with pytest.raises(asyncpg.exceptions.UndefinedTableError):
+        await migrate(pg.database_dsn, pg.schema)
+
+    # 0001 committed in its own transaction; 0002 left nothing behind, not even a record.
+    assert [v for v, _, _ in await _recorded(pg.database_dsn, pg.schema)] == [1]
+    assert "half_done" not in await _tables(pg.database_dsn, pg.schema)
+
+    monkeypatch.setattr(_migrations, "shipped_migrations", lambda: good)
+    assert await migrate(pg.database_dsn, pg.schema) == []
+
+
+async def test_a_migration_from_a_newer_version_is_tolerated(pg: PgTarget) -> None:
+    assert await migrate(pg.database_dsn, pg.schema) == [1]
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        await conn.execute(
+            "INSERT INTO schema_migrations (version, name, sha256) VALUES (999, 'future', 'x')"
+        )
+    finally:
+        await conn.close()
+
+    messages: list[str] = []
+    assert await migrate(pg.database_dsn, pg.schema, progress=messages.append) == []
+    assert any("0999_future" in m and "newer" in m for m in messages)
+
+
+async def test_the_sql_script_leaves_nothing_for_migrate_to_do(pg: PgTarget) -> None:
+    conn = await asyncpg.connect(pg.database_dsn)
+    try:
+        async with conn.transaction():
+            await conn.execute(f'SET LOCAL search_path TO "{pg.schema}"')
+            await conn.execute(migration_sql())
+    finally:
+        await conn.close()
+
+    assert await migrate(pg.database_dsn, pg.schema) == []
+    store = await PostgresEventStore.connect(
+        PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
+    )
+    try:
+        assert await store.list_sagas() == []
+    finally:
+        await store.close()
+
+
+async def test_the_store_refuses_an_unmigrated_schema(pg: PgTarget) -> None:
+    settings = PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
+    with pytest.raises(MigrationError, match="saga migrate"):
+        await PostgresEventStore.connect(settings)
