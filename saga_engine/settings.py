@@ -40,6 +40,19 @@ class KafkaSettings(BaseModel):
     max_message_bytes: int = Field(default=1_000_000, ge=1024)
 
 
+class ParticipantSettings(BaseModel):
+    """A participant service's own database (for its processed-commands table and outbox)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dsn: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:54329/saga")
+    db_schema: str = Field(default="saga_participant", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+    pool_max_size: int = Field(default=5, ge=1)
+    #: Attempts at a handler that raises an unexpected exception before replying
+    #: "retryable" (the transaction is rolled back each time, so nothing is applied).
+    handler_attempts: int = Field(default=5, ge=1)
+
+
 class EngineSettings(BaseModel):
     """How the engine itself behaves."""
 
@@ -61,3 +74,4 @@ class Settings(BaseSettings):
     pg: PostgresSettings = PostgresSettings()
     kafka: KafkaSettings = KafkaSettings()
     engine: EngineSettings = EngineSettings()
+    participant: ParticipantSettings = ParticipantSettings()

@@ -1,0 +1,160 @@
+"""Kafka plumbing shared by engines, participants and clients (aiokafka).
+
+- ``ensure_topics``: topics are created through the admin client with the partition
+  count from settings; the project never relies on auto-creation.
+- ``KafkaCommandSender``: the engine's ``CommandSender`` adapter.
+- ``DeadLetters``: publishes unprocessable records to the dead-letter topic with the
+  reason in headers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError, TopicAlreadyExistsError
+
+from saga_engine._decision import OutboundCommand
+from saga_engine._errors import TransientError
+from saga_engine._topics import Topics
+from saga_engine._wire import Envelope, Headers, MessageType, encode
+from saga_engine.settings import KafkaSettings
+
+log = logging.getLogger("saga_engine.kafka")
+
+
+class KafkaUnavailable(TransientError):
+    """The broker could not be reached or did not acknowledge in time; retry later."""
+
+
+async def ensure_topics(
+    kafka: KafkaSettings, names: Iterable[str], *, partitions: int | None = None
+) -> None:
+    """Creates the topics that do not exist yet (idempotent, safe to race)."""
+    wanted = sorted(set(names))
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+    try:
+        await admin.start()
+        existing = set(await admin.list_topics())
+        missing = [n for n in wanted if n not in existing]
+        if not missing:
+            return
+        response = await admin.create_topics(
+            [
+                NewTopic(
+                    name,
+                    num_partitions=partitions or kafka.partitions,
+                    replication_factor=kafka.replication_factor,
+                )
+                for name in missing
+            ]
+        )
+        for name, code, message in getattr(response, "topic_errors", []):
+            if code not in (0, TopicAlreadyExistsError.errno):
+                raise KafkaUnavailable(f"could not create topic {name}: {message} (code {code})")
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"Kafka admin request failed: {exc!r}") from exc
+    finally:
+        await admin.close()
+
+
+def make_producer(kafka: KafkaSettings, **overrides: Any) -> AIOKafkaProducer:
+    options: dict[str, Any] = {
+        "bootstrap_servers": kafka.bootstrap_servers,
+        # acks=all plus idempotence: a broker-acknowledged record is on every in-sync
+        # replica, and the producer's own retries cannot duplicate it.
+        "acks": "all",
+        "enable_idempotence": True,
+        "linger_ms": 1,
+        "max_request_size": kafka.max_message_bytes + 64 * 1024,
+    }
+    options.update(overrides)
+    return AIOKafkaProducer(**options)
+
+
+async def send(producer: AIOKafkaProducer, topic: str, envelope: Envelope) -> None:
+    key, value, headers = encode(envelope)
+    try:
+        await producer.send_and_wait(topic, value, key=key, headers=headers)
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"could not publish to {topic}: {exc!r}") from exc
+
+
+class KafkaCommandSender:
+    """Publishes each command to ``{prefix}.cmd.{participant}``, keyed by saga id."""
+
+    def __init__(self, producer: AIOKafkaProducer, topics: Topics, source: str) -> None:
+        self._producer = producer
+        self._topics = topics
+        self._source = source
+
+    async def send_command(self, command: OutboundCommand) -> None:
+        envelope = Envelope(
+            message_type=MessageType.COMMAND,
+            source=self._source,
+            subject=command.command_type,
+            saga_id=command.saga_id,
+            saga_type=command.saga_type,
+            command_id=command.command_id,
+            step=command.step,
+            correlation_id=command.saga_id,
+            causation_id=command.command_id,
+            reply_to=self._topics.inbox,
+            compensation=command.compensation,
+            traceparent=command.trace_context.get("traceparent", ""),
+            tracestate=command.trace_context.get("tracestate", ""),
+            body=command.payload,
+        )
+        await send(self._producer, self._topics.commands(command.participant), envelope)
+
+
+class DeadLetters:
+    """Sends a record that cannot be processed to the dead-letter topic, once."""
+
+    def __init__(self, producer: AIOKafkaProducer, topic: str) -> None:
+        self._producer = producer
+        self.topic = topic
+
+    async def publish(
+        self,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        reason: str,
+        detail: str,
+        origin_topic: str,
+        origin_partition: int,
+        origin_offset: int,
+        consumer: str,
+    ) -> None:
+        extra: Headers = [
+            ("dlq_reason", reason.encode()),
+            ("dlq_detail", detail[:2000].encode(errors="replace")),
+            ("dlq_topic", origin_topic.encode()),
+            ("dlq_partition", str(origin_partition).encode()),
+            ("dlq_offset", str(origin_offset).encode()),
+            ("dlq_consumer", consumer.encode()),
+        ]
+        kept = [(k, v) for k, v in headers if not k.startswith("dlq_")]
+        try:
+            await self._producer.send_and_wait(self.topic, value, key=key, headers=[*kept, *extra])
+        except MessageSizeTooLargeError:
+            # Too big even for the dead-letter topic: keep the first 64 KiB and say so.
+            truncated = (value or b"")[: 64 * 1024]
+            extra.append(("dlq_truncated", str(len(value or b"")).encode()))
+            try:
+                await self._producer.send_and_wait(
+                    self.topic, truncated, key=key, headers=[*kept, *extra]
+                )
+            except KafkaError as exc:
+                raise KafkaUnavailable(f"could not dead-letter a record: {exc!r}") from exc
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"could not dead-letter a record: {exc!r}") from exc
+        log.warning(
+            "dead-lettered %s[%d]@%d: %s (%s)",
+            origin_topic, origin_partition, origin_offset, reason, detail[:200],
+        )  # fmt: skip
