@@ -40,6 +40,7 @@ from saga_engine._errors import (
     InvalidTransition,
     PayloadTooLarge,
     SagaError,
+    TransientError,
 )
 from saga_engine._events import Event
 from saga_engine._runtime import SagaRuntime
@@ -271,6 +272,10 @@ class Engine:
                 if future in watchers:
                     watchers.remove(future)
 
+    def live_saga_ids(self) -> list[str]:
+        """Sagas held in memory by this engine."""
+        return list(self._live)
+
     def runtime_of(self, saga_id: str) -> SagaRuntime | None:
         live = self._live.get(saga_id)
         return live.runtime if live else None
@@ -281,19 +286,24 @@ class Engine:
         """Rebuilds open sagas from the store, re-sends their outstanding commands under
         the same ids and re-arms their timers. Returns how many were recovered."""
         ids = list(saga_ids) if saga_ids is not None else await self.store.open_saga_ids()
-        recovered = 0
-        for saga_id in ids:
-            async with self._lock(saga_id):
+        limit = asyncio.Semaphore(self.settings.engine.recovery_concurrency)
+
+        async def one(saga_id: str) -> bool:
+            async with limit, self._lock(saga_id):
                 if saga_id in self._live:
-                    continue
+                    return False
                 try:
                     await self._ensure_live(saga_id)
+                except TransientError:
+                    raise  # the caller retries: the store or the broker is away
                 except SagaError as exc:
                     log.error("saga %s could not be recovered: %s", saga_id, exc)
                     self.stats.inc("recovery_failed")
-                    continue
-                recovered += 1
-        return recovered
+                    return False
+                return True
+
+        results = await asyncio.gather(*(one(i) for i in ids))
+        return sum(results)
 
     def evict(self, saga_id: str) -> None:
         """Forgets the in-memory copy; the next input rebuilds it from the store."""
@@ -367,6 +377,12 @@ class Engine:
         await self._effects(saga_id, live, decision)
 
     async def _effects(self, saga_id: str, live: _Live, decision: Decision) -> None:
+        if decision.commands:
+            # Crash points for fault-injection tests: the events are durable, the
+            # commands not yet sent.
+            self._checkpoint("before_send")
+            if any(c.compensation for c in decision.commands):
+                self._checkpoint("before_send_compensation")
         for command in decision.commands:
             try:
                 await self.sender.send_command(command)

@@ -87,6 +87,48 @@ def version(as_json: JsonOpt = False) -> None:
 
 
 @app.command()
+def worker(
+    app_spec: Annotated[
+        str,
+        typer.Argument(metavar="APP", help="Module with the saga classes: pkg.mod or pkg.mod:attr"),
+    ],
+    log_level: Annotated[str, typer.Option("--log-level", help="Python log level.")] = "INFO",
+) -> None:
+    """Run an engine instance: consume the saga inbox and drive the sagas it owns."""
+    import logging
+    import os
+    import signal as signals
+
+    from saga_engine._crash import crash_hook
+    from saga_engine._worker import SagaWorker
+    from saga_engine.replay import load_sagas
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    settings = Settings()
+    # The environment is read here, at the edge: fault injection for crash tests.
+    hook = crash_hook(os.environ.get("SAGA_CRASH_AT"))
+
+    async def go() -> None:
+        sagas = load_sagas(app_spec)
+        engine = SagaWorker(settings, sagas, crash_hook=hook)
+        loop = asyncio.get_running_loop()
+        stopping = asyncio.Event()
+        for sig in (signals.SIGTERM, signals.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+        await engine.start()
+        err.print(f"engine {engine.instance_id} running sagas: {', '.join(s.name for s in sagas)}")
+        try:
+            await stopping.wait()
+        finally:
+            await engine.stop()
+
+    _run(go)
+
+
+@app.command()
 def migrate(
     sql: Annotated[
         bool, typer.Option("--sql", help="Print the SQL instead of applying it.")

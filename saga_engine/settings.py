@@ -62,6 +62,10 @@ class EngineSettings(BaseModel):
     max_payload_bytes: int = Field(default=256 * 1024, ge=1024)
     #: How long ``Engine.wait`` polls the store between checks when the saga is elsewhere.
     wait_poll_s: float = Field(default=0.2, gt=0)
+    #: Apply the shipped migrations when a worker starts (they run under an advisory lock).
+    auto_migrate: bool = True
+    #: How many sagas a recovering engine rebuilds at once.
+    recovery_concurrency: int = Field(default=32, ge=1)
 
 
 class Settings(BaseSettings):

@@ -1,0 +1,50 @@
+"""Deterministic crash points for fault-injection tests.
+
+``SAGA_CRASH_AT="before_send:3"`` makes the process SIGKILL itself the 3rd time it
+passes the ``before_send`` point (``:1`` when no count is given; several points may be
+listed, comma-separated). The engine passes ``after_append``, ``before_send``,
+``before_send_compensation`` and ``after_send``; the worker ``before_offset_commit``;
+participants ``after_commit`` and ``after_publish``.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+CrashHook = Callable[[str], None]
+
+
+def parse_crash_spec(spec: str) -> dict[str, int]:
+    points: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, count = part.partition(":")
+        try:
+            points[name] = int(count) if count else 1
+        except ValueError:
+            raise ValueError(f"bad crash spec {part!r}: use point[:count]") from None
+        if points[name] < 1:
+            raise ValueError(f"bad crash spec {part!r}: count must be >= 1")
+    return points
+
+
+def crash_hook(spec: str | None) -> CrashHook | None:
+    """A hook that SIGKILLs this process at the chosen hit of a crash point (None: no hook)."""
+    if not spec:
+        return None
+    targets = parse_crash_spec(spec)
+    hits: collections.Counter[str] = collections.Counter()
+
+    def hook(point: str) -> None:
+        if point not in targets:
+            return
+        hits[point] += 1
+        if hits[point] == targets[point]:
+            sys.stderr.write(f"crash point {point} reached (hit {hits[point]}): SIGKILL\n")
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook

@@ -1,0 +1,410 @@
+"""The engine process: the saga inbox consumed from Kafka, ownership by consumer group.
+
+Engine instances join one consumer group on ``{prefix}.inbox``. Every message is keyed
+by saga id, so the instance that owns a partition drives the sagas keyed to it:
+
+- **on assignment** it rebuilds that partition's open sagas from Postgres by replay,
+  re-sends their outstanding commands under the same ids and re-arms their timers;
+- **on revocation** it finishes the batch in hand, commits its offsets and forgets
+  those sagas before giving the partitions up;
+- a **stale owner** that still writes loses the optimistic-concurrency check in
+  Postgres, drops the saga and sends nothing.
+
+Offsets are committed only after the events a batch caused are durable. A message
+that can never be processed goes to the dead-letter topic with its reason; it never
+loops and never stalls its partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import socket
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, KafkaError
+
+from saga_engine._crash import CrashHook
+from saga_engine._decision import DropReason, OutboundCommand
+from saga_engine._definition import Saga
+from saga_engine._engine import Engine
+from saga_engine._errors import (
+    ConcurrencyError,
+    PermanentError,
+    SagaNotFound,
+    TransientError,
+    UnknownSagaType,
+)
+from saga_engine._kafka import DeadLetters, KafkaCommandSender, ensure_topics, make_producer
+from saga_engine._store import EventStore
+from saga_engine._topics import Topics, partition_for
+from saga_engine._wire import (
+    CancelBody,
+    Envelope,
+    MessageType,
+    PoisonMessage,
+    PoisonReason,
+    ReplyBody,
+    SignalBody,
+    StartBody,
+    decode,
+)
+from saga_engine.settings import Settings
+
+log = logging.getLogger("saga_engine.worker")
+
+
+class _LazyTopicSender:
+    """Creates a participant's command topic the first time a command goes to it."""
+
+    def __init__(self, inner: KafkaCommandSender, settings: Settings, topics: Topics) -> None:
+        self._inner = inner
+        self._settings = settings
+        self._topics = topics
+        self._ready: set[str] = set()
+
+    async def send_command(self, command: OutboundCommand) -> None:
+        topic = self._topics.commands(command.participant)
+        if topic not in self._ready:
+            await ensure_topics(self._settings.kafka, [topic])
+            self._ready.add(topic)
+        await self._inner.send_command(command)
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, worker: SagaWorker) -> None:
+        self._worker = worker
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self._worker._on_revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self._worker._on_assigned(set(assigned))
+
+
+class SagaWorker:
+    """One engine instance: an Engine fed by the Kafka inbox, with Postgres underneath."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        sagas: Sequence[type[Saga[Any, Any]]],
+        *,
+        store: EventStore | None = None,
+        crash_hook: CrashHook | None = None,
+        instance_id: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.sagas = list(sagas)
+        self.topics = Topics.of(settings.kafka)
+        self.instance_id = instance_id or f"{socket.gethostname()}-{random.getrandbits(32):08x}"
+        self._store = store
+        self._owns_store = store is None
+        self._crash_hook = crash_hook
+        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: Any = None
+        self._dead: DeadLetters | None = None
+        self.engine: Engine | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._running = False
+        self._owned: set[TopicPartition] = set()
+        # Set while no batch is being processed: revocation waits for it.
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._pending_offsets: dict[TopicPartition, int] = {}
+        self.stats_dead_lettered = 0
+        self.assigned_event = asyncio.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        from saga_engine._migrations import migrate
+        from saga_engine._pgstore import PostgresEventStore
+
+        kafka = self.settings.kafka
+        if self._store is None:
+            if self.settings.engine.auto_migrate:
+                await migrate(self.settings.pg.dsn.get_secret_value(), self.settings.pg.db_schema)
+            self._store = await PostgresEventStore.connect(self.settings.pg)
+        await ensure_topics(kafka, [self.topics.inbox, self.topics.dlq])
+        self._producer = make_producer(kafka)
+        await self._producer.start()
+        self._dead = DeadLetters(self._producer, self.topics.dlq)
+        sender = _LazyTopicSender(
+            KafkaCommandSender(self._producer, self.topics, f"/saga-engine/{self.instance_id}"),
+            self.settings,
+            self.topics,
+        )
+        self.engine = Engine(
+            self.settings,
+            sagas=self.sagas,
+            store=self._store,
+            sender=sender,
+            crash_hook=self._crash_hook,
+        )
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=kafka.bootstrap_servers,
+            group_id=kafka.group_id,
+            client_id=self.instance_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=kafka.fetch_max_wait_ms,
+            max_partition_fetch_bytes=kafka.max_message_bytes + 64 * 1024,
+            # A fetch above the per-record limit still returns the record, which we then
+            # dead-letter as oversized instead of stalling the partition.
+            fetch_max_bytes=max(52428800, 2 * kafka.max_message_bytes),
+        )
+        self._consumer.subscribe([self.topics.inbox], listener=_Rebalance(self))
+        await self._consumer.start()
+        self._running = True
+        self._task = asyncio.get_running_loop().create_task(self._consume(), name="saga-inbox")
+        log.info("engine %s consuming %s", self.instance_id, self.topics.inbox)
+
+    async def stop(self) -> None:
+        self._running = False
+        if self._task is not None:
+            await asyncio.wait({self._task}, timeout=30)
+            if not self._task.done():
+                self._task.cancel()
+        if self._consumer is not None:
+            await self._commit_pending()
+            await self._consumer.stop()
+        if self.engine is not None:
+            await self.engine.close()
+        if self._producer is not None:
+            await self._producer.stop()
+        if self._owns_store and self._store is not None:
+            await self._store.close()
+
+    async def __aenter__(self) -> SagaWorker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def run_forever(self) -> None:
+        await self.start()
+        try:
+            assert self._task is not None
+            await self._task
+        finally:
+            await self.stop()
+
+    @property
+    def owned_partitions(self) -> set[int]:
+        return {tp.partition for tp in self._owned}
+
+    # ------------------------------------------------------------------ consuming
+
+    async def _consume(self) -> None:
+        assert self._consumer is not None
+        backoff = 0.1
+        while self._running:
+            try:
+                batch = await self._consumer.getmany(timeout_ms=200, max_records=500)
+            except KafkaError as exc:
+                log.warning("inbox fetch failed (%r); retrying in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            backoff = 0.1
+            if not batch:
+                continue
+            self._idle.clear()
+            try:
+                await self._process(batch)
+            finally:
+                self._idle.set()
+            self._checkpoint("before_offset_commit")
+            await self._commit_pending()
+
+    async def _process(self, batch: dict[TopicPartition, list[Any]]) -> None:
+        tasks: list[asyncio.Task[None]] = []
+        loop = asyncio.get_running_loop()
+        for tp, records in batch.items():
+            if tp not in self._owned:
+                continue
+            # Tasks are created in record order and take the saga's lock before their
+            # first await, so one saga's messages are applied in partition order while
+            # different sagas proceed concurrently (their appends share group commits).
+            tasks.extend(loop.create_task(self._handle(tp, record)) for record in records)
+            self._pending_offsets[tp] = records[-1].offset + 1
+        if tasks:
+            await asyncio.gather(*tasks)
+
+    async def _commit_pending(self) -> None:
+        if not self._pending_offsets or self._consumer is None:
+            return
+        offsets = {tp: off for tp, off in self._pending_offsets.items() if tp in self._owned}
+        self._pending_offsets = {}
+        if not offsets:
+            return
+        try:
+            await self._consumer.commit(offsets)
+        except (CommitFailedError, KafkaError) as exc:
+            # The group moved on: the new owner re-reads from the last commit, and the
+            # engine's deduplication makes the replayed messages harmless.
+            log.warning("offset commit failed (%r); the next owner re-reads these", exc)
+
+    async def _handle(self, tp: TopicPartition, record: Any) -> None:
+        delay = 0.05
+        while True:
+            try:
+                await self._apply(record)
+                return
+            except PoisonMessage as exc:
+                await self._dead_letter(record, exc.reason.value, exc.detail)
+                return
+            except ConcurrencyError as exc:
+                log.info("stale owner for a message of partition %d: %s", tp.partition, exc)
+                return
+            except TransientError as exc:
+                if not self._running or tp not in self._owned:
+                    return
+                log.warning("transient failure (%s); retrying in %.2fs", exc, delay)
+                await asyncio.sleep(delay * (0.5 + random.random() / 2))
+                delay = min(delay * 2, 5.0)
+            except Exception as exc:  # a bug must not stop the inbox: park the message
+                log.exception("unexpected error processing a message; dead-lettering it")
+                await self._dead_letter(record, "engine_error", f"{type(exc).__name__}: {exc}")
+                return
+
+    async def _apply(self, record: Any) -> None:
+        assert self.engine is not None
+        engine = self.engine
+        envelope = decode(
+            record.key,
+            record.value,
+            list(record.headers or []),
+            max_bytes=self.settings.kafka.max_message_bytes,
+        )
+        try:
+            await self._route(engine, envelope)
+        except SagaNotFound as exc:
+            raise PoisonMessage(PoisonReason.UNKNOWN_SAGA, str(exc)) from exc
+        except UnknownSagaType as exc:
+            raise PoisonMessage(PoisonReason.UNKNOWN_SAGA_TYPE, str(exc)) from exc
+        except PoisonMessage:
+            raise
+        except PermanentError as exc:
+            raise PoisonMessage(PoisonReason.REJECTED, str(exc)) from exc
+
+    async def _route(self, engine: Engine, env: Envelope) -> None:
+        trace = {
+            k: v for k, v in (("traceparent", env.traceparent), ("tracestate", env.tracestate)) if v
+        }
+        kind = env.message_type
+        if kind is MessageType.REPLY:
+            reply: ReplyBody = env.body_as(ReplyBody)
+            decision = await engine.reply(
+                env.saga_id, env.command_id, reply.outcome, reply.payload, reply.error
+            )
+            if decision.dropped is DropReason.UNKNOWN_COMMAND:
+                raise PoisonMessage(
+                    PoisonReason.UNKNOWN_COMMAND,
+                    f"saga {env.saga_id} never issued command {env.command_id!r}",
+                )
+        elif kind is MessageType.START:
+            start: StartBody = env.body_as(StartBody)
+            await engine.start(
+                env.saga_type or env.subject,
+                start.input,
+                saga_id=env.saga_id,
+                idempotency_key=start.idempotency_key,
+                deadline=timedelta(seconds=start.deadline_s) if start.deadline_s else None,
+                trace_context=trace,
+            )
+        elif kind is MessageType.SIGNAL:
+            sig: SignalBody = env.body_as(SignalBody)
+            await engine.signal(env.saga_id, sig.name, sig.payload, signal_id=sig.signal_id)
+        elif kind is MessageType.CANCEL:
+            cancel: CancelBody = env.body_as(CancelBody)
+            await engine.cancel(env.saga_id, cancel.reason, principal=cancel.principal)
+        else:
+            raise PoisonMessage(
+                PoisonReason.UNKNOWN_TYPE, f"{kind.value} does not belong in the saga inbox"
+            )
+
+    async def _dead_letter(self, record: Any, reason: str, detail: str) -> None:
+        assert self._dead is not None
+        while True:
+            try:
+                await self._dead.publish(
+                    key=record.key,
+                    value=record.value,
+                    headers=list(record.headers or []),
+                    reason=reason,
+                    detail=detail,
+                    origin_topic=record.topic,
+                    origin_partition=record.partition,
+                    origin_offset=record.offset,
+                    consumer=self.instance_id,
+                )
+                break
+            except TransientError:
+                if not self._running:
+                    raise
+                await asyncio.sleep(0.5)
+        self.stats_dead_lettered += 1
+        if self.engine is not None:
+            self.engine.stats.inc("dead_lettered")
+            self.engine.stats.inc(f"dead_lettered_{reason}")
+
+    def _checkpoint(self, point: str) -> None:
+        if self._crash_hook is not None:
+            self._crash_hook(point)
+
+    # ------------------------------------------------------------------ ownership
+
+    def _partition_count(self) -> int:
+        assert self._consumer is not None
+        known = self._consumer.partitions_for_topic(self.topics.inbox)
+        return len(known) if known else self.settings.kafka.partitions
+
+    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        # Finish the batch in hand and commit it before the partitions go elsewhere.
+        await self._idle.wait()
+        await self._commit_pending()
+        self._owned -= revoked
+        gone = {tp.partition for tp in revoked if tp.topic == self.topics.inbox}
+        if self.engine is None or not gone:
+            return
+        count = self._partition_count()
+        dropped = 0
+        for saga_id in self.engine.live_saga_ids():
+            if partition_for(saga_id, count) in gone:
+                self.engine.evict(saga_id)
+                dropped += 1
+        log.info(
+            "engine %s gave up partitions %s (%d sagas)", self.instance_id, sorted(gone), dropped
+        )
+
+    async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._owned |= assigned
+        mine = {tp.partition for tp in assigned if tp.topic == self.topics.inbox}
+        if self.engine is None or not mine or self._store is None:
+            self.assigned_event.set()
+            return
+        count = self._partition_count()
+        delay = 0.1
+        while True:
+            try:
+                ids = [
+                    i for i in await self._store.open_saga_ids() if partition_for(i, count) in mine
+                ]
+                recovered = await self.engine.recover(ids)
+                break
+            except TransientError as exc:
+                log.warning("recovery failed (%s); retrying", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        log.info(
+            "engine %s took partitions %s and recovered %d sagas",
+            self.instance_id, sorted(mine), recovered,
+        )  # fmt: skip
+        self.assigned_event.set()

@@ -1,0 +1,134 @@
+"""Start, signal and cancel sagas from any process, through the saga inbox on Kafka.
+
+::
+
+    async with SagaClient(settings) as client:
+        saga_id = await client.start("checkout", {"customer": "c-1"}, idempotency_key="order-42")
+        await client.signal(saga_id, "approval", {"approved": True})
+
+Starting twice with the same idempotency key yields the same saga id, and the engine
+that owns it starts it once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel
+
+from saga_engine._definition import Saga
+from saga_engine._engine import saga_id_for
+from saga_engine._kafka import ensure_topics, make_producer, send
+from saga_engine._topics import Topics
+from saga_engine._wire import CancelBody, Envelope, MessageType, SignalBody, StartBody
+from saga_engine.settings import Settings
+
+__all__ = ["SagaClient"]
+
+
+def _payload(value: BaseModel | dict[str, Any] | None) -> dict[str, Any]:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return dict(value or {})
+
+
+class SagaClient:
+    def __init__(self, settings: Settings, *, source: str = "/saga-client") -> None:
+        self.settings = settings
+        self.topics = Topics.of(settings.kafka)
+        self._source = source
+        self._producer: Any = None
+
+    async def start_client(self) -> None:
+        await ensure_topics(self.settings.kafka, [self.topics.inbox, self.topics.dlq])
+        self._producer = make_producer(self.settings.kafka)
+        await self._producer.start()
+
+    async def close(self) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+
+    async def __aenter__(self) -> SagaClient:
+        await self.start_client()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _send(self, envelope: Envelope) -> None:
+        if self._producer is None:
+            raise RuntimeError("SagaClient is not started: use `async with SagaClient(...)`")
+        await send(self._producer, self.topics.inbox, envelope)
+
+    async def start(
+        self,
+        saga: str | type[Saga[Any, Any]],
+        input: BaseModel | dict[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        saga_id: str | None = None,
+        deadline: timedelta | None = None,
+        traceparent: str = "",
+    ) -> str:
+        """Asks the engines to start a saga; returns its id (derived from the key if given)."""
+        saga_type = saga if isinstance(saga, str) else saga.name
+        if saga_id is None:
+            saga_id = (
+                saga_id_for(saga_type, idempotency_key) if idempotency_key else str(uuid.uuid4())
+            )
+        body = StartBody(
+            input=_payload(input),
+            idempotency_key=idempotency_key,
+            deadline_s=deadline.total_seconds() if deadline else None,
+        )
+        await self._send(
+            Envelope(
+                message_type=MessageType.START,
+                source=self._source,
+                subject=saga_type,
+                saga_id=saga_id,
+                saga_type=saga_type,
+                correlation_id=saga_id,
+                traceparent=traceparent,
+                body=body.model_dump(mode="json"),
+            )
+        )
+        return saga_id
+
+    async def signal(
+        self,
+        saga_id: str,
+        name: str,
+        payload: BaseModel | dict[str, Any] | None = None,
+        *,
+        signal_id: str | None = None,
+    ) -> str:
+        """Sends a signal; the same ``signal_id`` twice is delivered once."""
+        sid = signal_id or str(uuid.uuid4())
+        body = SignalBody(name=name, signal_id=sid, payload=_payload(payload))
+        await self._send(
+            Envelope(
+                message_type=MessageType.SIGNAL,
+                source=self._source,
+                subject=name,
+                saga_id=saga_id,
+                correlation_id=saga_id,
+                body=body.model_dump(mode="json"),
+            )
+        )
+        return sid
+
+    async def cancel(self, saga_id: str, reason: str, *, principal: str = "system") -> None:
+        body = CancelBody(reason=reason, principal=principal)
+        await self._send(
+            Envelope(
+                message_type=MessageType.CANCEL,
+                source=self._source,
+                saga_id=saga_id,
+                correlation_id=saga_id,
+                body=body.model_dump(mode="json"),
+            )
+        )

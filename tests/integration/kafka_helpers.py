@@ -1,0 +1,115 @@
+"""Helpers for tests on the real Kafka: a scripted participant and record polling."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from saga_engine._topics import Topics
+from saga_engine._wire import Envelope, MessageType, ReplyBody, decode, encode
+from saga_engine.settings import KafkaSettings, Settings
+
+Script = Callable[[Envelope], ReplyBody | None]
+
+
+async def poll_until(
+    predicate: Callable[[], Any], *, timeout: float = 30.0, interval: float = 0.05
+) -> Any:
+    """Polls a (sync or async) predicate until it is truthy or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met before the deadline")
+        await asyncio.sleep(interval)
+
+
+@contextlib.asynccontextmanager
+async def fake_participant(
+    settings: Settings, name: str, script: Script | None = None
+) -> AsyncIterator[list[Envelope]]:
+    """A minimal participant speaking the wire protocol: replies as ``script`` says
+    (default: success with an empty payload). Yields the commands it received."""
+    kafka = settings.kafka
+    topics = Topics.of(kafka)
+    received: list[Envelope] = []
+    consumer = AIOKafkaConsumer(
+        topics.commands(name),
+        bootstrap_servers=kafka.bootstrap_servers,
+        group_id=f"{topics.participant_group(name)}",
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=20,
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
+    from saga_engine._kafka import ensure_topics
+
+    await ensure_topics(kafka, [topics.commands(name)])
+    await consumer.start()
+    await producer.start()
+
+    async def loop() -> None:
+        while True:
+            batch = await consumer.getmany(timeout_ms=100)
+            for records in batch.values():
+                for record in records:
+                    command = decode(
+                        record.key, record.value, list(record.headers), max_bytes=10_000_000
+                    )
+                    received.append(command)
+                    body = (script or (lambda _: ReplyBody(outcome="success")))(command)
+                    if body is None:
+                        continue
+                    reply = Envelope(
+                        message_type=MessageType.REPLY,
+                        source=f"/participants/{name}",
+                        saga_id=command.saga_id,
+                        saga_type=command.saga_type,
+                        command_id=command.command_id,
+                        causation_id=command.id,
+                        correlation_id=command.saga_id,
+                        body=body.model_dump(mode="json"),
+                    )
+                    key, value, headers = encode(reply)
+                    await producer.send_and_wait(
+                        command.reply_to or topics.inbox, value, key=key, headers=headers
+                    )
+
+    task = asyncio.get_running_loop().create_task(loop())
+    try:
+        yield received
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await consumer.stop()
+        await producer.stop()
+
+
+async def read_topic(
+    kafka: KafkaSettings, topic: str, count: int, timeout: float = 30.0
+) -> list[Any]:
+    """Reads ``count`` records from the start of ``topic`` (no group)."""
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=kafka.bootstrap_servers, auto_offset_reset="earliest",
+        group_id=None, fetch_max_wait_ms=20,
+    )  # fmt: skip
+    await consumer.start()
+    records: list[Any] = []
+    try:
+        deadline = time.monotonic() + timeout
+        while len(records) < count and time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=200)
+            for recs in batch.values():
+                records.extend(recs)
+    finally:
+        await consumer.stop()
+    return records

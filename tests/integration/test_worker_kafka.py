@@ -1,0 +1,191 @@
+"""The engine worker on the real Kafka and Postgres: inbox, commands, DLQ, idempotent start."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaProducer
+from pydantic import BaseModel
+
+from saga_engine import Saga, SagaContext, SagaStatus, Settings
+from saga_engine._wire import Envelope, MessageType, ReplyBody, encode
+from saga_engine._worker import SagaWorker
+from saga_engine.client import SagaClient
+from saga_engine.settings import EngineSettings, KafkaSettings, PostgresSettings
+from tests.conftest import PgTarget
+from tests.integration.kafka_helpers import fake_participant, poll_until, read_topic
+
+pytestmark = pytest.mark.integration
+
+
+class Order(BaseModel):
+    n: int = 1
+
+
+class Done(BaseModel):
+    ok: bool = True
+
+
+class Cmd(BaseModel):
+    n: int
+
+
+class Undo(BaseModel):
+    n: int
+
+
+class Two(Saga[Order, Done]):
+    name = "two-steps"
+
+    async def run(self, ctx: SagaContext, input: Order) -> Done:
+        await ctx.step("first", to="alpha", command=Cmd(n=input.n), compensate=Undo(n=input.n))
+        await ctx.step("second", to="beta", command=Cmd(n=input.n))
+        return Done()
+
+
+@pytest.fixture
+def settings(pg: PgTarget, kafka_bootstrap: str, unique_id: str) -> Settings:
+    return Settings(
+        pg=PostgresSettings(dsn=pg.database_dsn, db_schema=pg.schema),
+        kafka=KafkaSettings(
+            bootstrap_servers=kafka_bootstrap,
+            topic_prefix=f"t{unique_id}",
+            group_id=f"engines-{unique_id}",
+            partitions=3,
+        ),
+        engine=EngineSettings(),
+    )
+
+
+@pytest.fixture
+async def worker(settings: Settings) -> AsyncIterator[SagaWorker]:
+    w = SagaWorker(settings, [Two])
+    await w.start()
+    yield w
+    await w.stop()
+
+
+async def _status(worker: SagaWorker, saga_id: str) -> SagaStatus | None:
+    assert worker.engine is not None
+    try:
+        return (await worker.engine.get(saga_id)).status
+    except Exception:
+        return None
+
+
+async def test_saga_started_through_the_inbox_completes(
+    settings: Settings, worker: SagaWorker
+) -> None:
+    async with (
+        fake_participant(settings, "alpha") as alpha,
+        fake_participant(settings, "beta") as beta,
+        SagaClient(settings) as client,
+    ):
+        saga_id = await client.start(Two, Order(n=7), idempotency_key="order-7")
+        again = await client.start(Two, Order(n=7), idempotency_key="order-7")
+        assert again == saga_id
+        await poll_until(lambda: _is(worker, saga_id, SagaStatus.COMPLETED))
+        assert [c.body for c in alpha] == [{"n": 7}]
+        assert len(beta) == 1
+        command = alpha[0]
+        assert command.saga_id == saga_id
+        assert command.saga_type == "two-steps"
+        assert command.command_id
+        assert command.reply_to == f"{settings.kafka.topic_prefix}.inbox"
+        sagas = await worker.engine.store.list_sagas()  # type: ignore[union-attr]
+        assert len(sagas) == 1
+
+
+async def _is(worker: SagaWorker, saga_id: str, status: SagaStatus) -> bool:
+    return await _status(worker, saga_id) == status
+
+
+async def test_refusal_compensates_over_kafka(settings: Settings, worker: SagaWorker) -> None:
+    def refuse(_: Envelope) -> ReplyBody:
+        return ReplyBody(outcome="failure", error="beta is closed")
+
+    async with (
+        fake_participant(settings, "alpha") as alpha,
+        fake_participant(settings, "beta", refuse),
+        SagaClient(settings) as client,
+    ):
+        saga_id = await client.start(Two, Order(n=3))
+        await poll_until(lambda: _is(worker, saga_id, SagaStatus.COMPENSATED))
+        assert [(c.subject, c.compensation) for c in alpha] == [("Cmd", False), ("Undo", True)]
+
+
+async def test_poison_messages_go_to_the_dlq_and_the_partition_keeps_flowing(
+    settings: Settings, worker: SagaWorker
+) -> None:
+    inbox = f"{settings.kafka.topic_prefix}.inbox"
+    key = b"poison-key"  # every record on the same partition
+    good = Envelope(
+        message_type=MessageType.START, source="/t", saga_id="poison-key", saga_type="two-steps",
+        body={"input": {"n": 1}},
+    )  # fmt: skip
+    _, good_value, good_headers = encode(good)
+
+    def headers_with(**changes: str) -> list[tuple[str, bytes]]:
+        out = [(k, v) for k, v in good_headers if k not in changes]
+        return out + [(k, v.encode()) for k, v in changes.items()]
+
+    reply_unknown_saga = encode(
+        Envelope(
+            message_type=MessageType.REPLY,
+            source="/t",
+            saga_id="poison-key-ghost",
+            command_id="c-1",
+            body={"outcome": "success"},
+        )
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, acks="all")
+    await producer.start()
+    try:
+        sends = [
+            (key, b"{not json", good_headers),
+            (key, good_value, headers_with(ce_schemaversion="99")),
+            (key, good_value, headers_with(ce_type="saga.unheard-of")),
+            (
+                key,
+                b'{"input": "' + b"x" * (settings.kafka.max_message_bytes + 10) + b'"}',
+                good_headers,
+            ),
+            (key, orjson.dumps({"input": {"n": "lots"}}), good_headers),
+            (reply_unknown_saga[0], reply_unknown_saga[1], reply_unknown_saga[2]),
+            (key, good_value, [(k, v) for k, v in good_headers if k != "ce_sagaid"]),
+        ]
+        for k, v, h in sends:
+            await producer.send_and_wait(inbox, v, key=k, headers=h)
+        async with fake_participant(settings, "alpha"), fake_participant(settings, "beta"):
+            await producer.send_and_wait(inbox, good_value, key=key, headers=good_headers)
+            await poll_until(lambda: _is(worker, "poison-key", SagaStatus.COMPLETED))
+            # A reply for a command the saga never issued, after it exists.
+            stray = encode(
+                Envelope(
+                    message_type=MessageType.REPLY,
+                    source="/t",
+                    saga_id="poison-key",
+                    command_id=str(uuid.uuid4()),
+                    body={"outcome": "success"},
+                )
+            )
+            await producer.send_and_wait(inbox, stray[1], key=stray[0], headers=stray[2])
+            records = await read_topic(settings.kafka, f"{settings.kafka.topic_prefix}.dlq", 8)
+    finally:
+        await producer.stop()
+    reasons = sorted(dict(r.headers)["dlq_reason"].decode() for r in records)
+    assert reasons == sorted(
+        [
+            "malformed_json", "wrong_schema_version", "unknown_type", "oversized",
+            "rejected", "unknown_saga", "missing_header", "unknown_command",
+        ]
+    )  # fmt: skip
+    for record in records:
+        headers = dict(record.headers)
+        assert headers["dlq_topic"].decode() == inbox
+        assert int(headers["dlq_offset"]) >= 0
+    assert worker.engine is not None
+    assert worker.engine.stats.counts["dead_lettered"] == 8
