@@ -130,7 +130,13 @@ class Engine:
         now = self.clock.now()
         limit = deadline or definition.deadline
         async with self._lock(saga_id):
-            if saga_id in self._live:
+            live = self._live.get(saga_id)
+            if live is not None:
+                if live.runtime.saga_type != definition.name:
+                    raise InvalidTransition(
+                        f"saga id {saga_id} already belongs to a {live.runtime.saga_type!r} saga"
+                    )
+                self.stats.inc("start_deduplicated")
                 return saga_id
             runtime, decision = SagaRuntime.start(
                 definition,

@@ -31,6 +31,8 @@ Headers = list[tuple[str, bytes]]
 
 
 class MessageType(StrEnum):
+    """The ``ce_type`` of a message: what it asks or tells."""
+
     COMMAND = "saga.command"
     REPLY = "saga.reply"
     START = "saga.start"
@@ -84,24 +86,36 @@ class StartBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid", title="StartSaga")
 
-    input: JsonDict
-    idempotency_key: str | None = None
-    deadline_s: float | None = Field(default=None, gt=0)
+    input: JsonDict = Field(description="the saga's input, validated against its input model")
+    idempotency_key: str | None = Field(
+        default=None,
+        description="starting twice with the same key yields one saga; the saga id (the key "
+        "of the message) is derived from it by the sender",
+    )
+    deadline_s: float | None = Field(
+        default=None, gt=0, description="seconds until the saga's deadline, overriding its default"
+    )
 
 
 class SignalBody(BaseModel):
+    """A signal for a running saga (``ctx.wait_signal(name)``)."""
+
     model_config = ConfigDict(extra="forbid", title="Signal")
 
-    name: str = Field(min_length=1, max_length=200)
-    signal_id: str = Field(min_length=1, max_length=200)
-    payload: JsonDict = Field(default_factory=dict)
+    name: str = Field(min_length=1, max_length=200, description="the signal's name")
+    signal_id: str = Field(
+        min_length=1, max_length=200, description="deduplication key: the same id is applied once"
+    )
+    payload: JsonDict = Field(default_factory=dict, description="the signal's data")
 
 
 class CancelBody(BaseModel):
+    """Cancels a running saga; its owed compensations run."""
+
     model_config = ConfigDict(extra="forbid", title="Cancel")
 
-    reason: str = Field(max_length=2000)
-    principal: str = "system"
+    reason: str = Field(max_length=2000, description="why, recorded in the saga's history")
+    principal: str = Field(default="system", description="who asked, recorded in the history")
 
 
 BODY_MODELS: dict[MessageType, type[BaseModel] | None] = {
@@ -217,6 +231,16 @@ def decode(key: bytes | None, value: bytes | None, headers: Headers, *, max_byte
     missing = [h for h in REQUIRED_HEADERS if not found.get(h)]
     if missing:
         raise PoisonMessage(PoisonReason.MISSING_HEADER, f"missing header(s): {', '.join(missing)}")
+    if found.get("ce_specversion", CE_SPECVERSION) != CE_SPECVERSION:
+        raise PoisonMessage(
+            PoisonReason.WRONG_SCHEMA_VERSION,
+            f"CloudEvents spec version {found['ce_specversion']!r}; expected {CE_SPECVERSION!r}",
+        )
+    content_type = found.get("content-type", "application/json").split(";")[0].strip()
+    if content_type != "application/json":
+        raise PoisonMessage(
+            PoisonReason.INVALID_BODY, f"content-type {content_type!r}; expected application/json"
+        )
     if found["ce_schemaversion"] != SCHEMA_VERSION:
         raise PoisonMessage(
             PoisonReason.WRONG_SCHEMA_VERSION,
@@ -243,6 +267,8 @@ def decode(key: bytes | None, value: bytes | None, headers: Headers, *, max_byte
         envelope = Envelope.model_validate(fields)
     except ValidationError as exc:
         raise PoisonMessage(PoisonReason.MISSING_HEADER, f"bad header values: {exc}") from None
+    if envelope.message_type is MessageType.REPLY and not envelope.command_id:
+        raise PoisonMessage(PoisonReason.MISSING_HEADER, "a reply needs ce_commandid")
     if key is not None and key.decode(errors="replace") != envelope.saga_id:
         raise PoisonMessage(
             PoisonReason.KEY_MISMATCH, "the record key must be the saga id (ce_sagaid)"
