@@ -1,6 +1,8 @@
 """Schema migrations: numbered SQL files shipped in the package, applied in order.
 
-The files live in ``saga_engine/migrations/NNNN_name.sql``. Each is applied once per
+The files live in ``saga_engine/migrations/NNNN_name.sql`` (the engine's event store) and
+``saga_engine/participant_migrations/NNNN_name.sql`` (a participant service's
+deduplication table and reply outbox); ``package`` selects the set. Each is applied once per
 schema, in its own transaction, and recorded in that schema's ``schema_migrations``
 table with the sha256 of its text. A shipped migration never changes after release:
 ``migrate`` refuses to run when a recorded hash differs from the shipped file, because
@@ -35,6 +37,11 @@ __all__ = [
 #: A connection ``migrate`` can use: a plain one or one acquired from a pool.
 AnyConnection: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
 
+#: The engine's event-store migrations (the default everywhere).
+ENGINE_MIGRATIONS = "saga_engine.migrations"
+#: A participant service's migrations (``saga_engine.participant``), for its own database.
+PARTICIPANT_MIGRATIONS = "saga_engine.participant_migrations"
+
 _FILE_NAME = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
 
 VERSION_TABLE_DDL = """\
@@ -63,9 +70,13 @@ class Migration:
         return f"{self.version:04d}_{self.name}"
 
 
-def shipped_migrations() -> list[Migration]:
-    """Every migration shipped in ``saga_engine/migrations``, in version order."""
-    folder = resources.files("saga_engine").joinpath("migrations")
+def shipped_migrations(*, package: str = ENGINE_MIGRATIONS) -> list[Migration]:
+    """Every migration shipped in ``package`` (a folder of the installed package), in
+    version order."""
+    # Resolved as parent package + folder, which works whether or not the folder is an
+    # importable package itself.
+    parent, _, folder_name = package.rpartition(".")
+    folder = resources.files(parent).joinpath(folder_name)
     found: dict[int, Migration] = {}
     for entry in folder.iterdir():
         if not entry.name.endswith(".sql"):
@@ -94,7 +105,7 @@ def shipped_migrations() -> list[Migration]:
     return [found[v] for v in sorted(found)]
 
 
-def migration_sql() -> str:
+def migration_sql(*, package: str = ENGINE_MIGRATIONS) -> str:
     """All migrations as one script, for DBAs who apply schema changes themselves.
 
     The script also records each migration in ``schema_migrations``, exactly as
@@ -110,7 +121,7 @@ def migration_sql() -> str:
         "-- It applies every migration, so it is for a schema that has none of them yet.\n",
         VERSION_TABLE_DDL + ";\n",
     ]
-    for m in shipped_migrations():
+    for m in shipped_migrations(package=package):
         parts.append(f"-- ---- {m.label} (sha256 {m.sha256})\n")
         parts.append(m.sql.rstrip() + "\n")
         parts.append(
@@ -137,8 +148,13 @@ async def migrate(
     schema: str,
     *,
     progress: Callable[[str], None] | None = None,
+    package: str = ENGINE_MIGRATIONS,
 ) -> list[int]:
     """Applies the pending shipped migrations to ``schema`` and returns their versions.
+
+    ``package`` selects the set: the engine's (the default) or ``PARTICIPANT_MIGRATIONS``.
+    Both record themselves in the schema's ``schema_migrations`` table, so each set needs
+    a schema of its own.
 
     Creates the schema when it is missing. Safe to call from several processes at once,
     and a no-op (returning ``[]``) when the schema is up to date. Raises MigrationError
@@ -150,17 +166,23 @@ async def migrate(
     if isinstance(conn_or_dsn, str):
         conn: AnyConnection = await asyncpg.connect(conn_or_dsn)
         try:
-            return await _migrate(conn, schema, progress)
+            return await _migrate(conn, schema, progress, package)
         finally:
             await conn.close()
-    return await _migrate(conn_or_dsn, schema, progress)
+    return await _migrate(conn_or_dsn, schema, progress, package)
 
 
 async def _migrate(
-    conn: AnyConnection, schema: str, progress: Callable[[str], None] | None
+    conn: AnyConnection, schema: str, progress: Callable[[str], None] | None, package: str
 ) -> list[int]:
     report = progress or (lambda _message: None)
-    shipped = shipped_migrations()
+    # The engine's set is looked up with no argument, exactly as before this parameter
+    # existed, so that code replacing shipped_migrations() (tests do) keeps working.
+    shipped = (
+        shipped_migrations()
+        if package == ENGINE_MIGRATIONS
+        else shipped_migrations(package=package)
+    )
     quoted = _quote_ident(schema)
     applied: list[int] = []
     while True:

@@ -153,6 +153,8 @@ class SagaWorker:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=kafka.fetch_max_wait_ms,
+            session_timeout_ms=kafka.session_timeout_ms,
+            heartbeat_interval_ms=kafka.heartbeat_interval_ms,
             max_partition_fetch_bytes=kafka.max_message_bytes + 64 * 1024,
             # A fetch above the per-record limit still returns the record, which we then
             # dead-letter as oversized instead of stalling the partition.

@@ -38,6 +38,10 @@ class KafkaSettings(BaseModel):
     # reply hop; a saga engine is latency-bound, so we wait far less.
     fetch_max_wait_ms: int = Field(default=20, ge=0)
     max_message_bytes: int = Field(default=1_000_000, ge=1024)
+    #: How long a silent group member keeps its partitions: a crashed engine's sagas move
+    #: to a survivor after at most this long (the broker's minimum is 6 s by default).
+    session_timeout_ms: int = Field(default=10_000, ge=1000)
+    heartbeat_interval_ms: int = Field(default=3_000, ge=100)
 
 
 class ParticipantSettings(BaseModel):

@@ -14,6 +14,7 @@ from pydantic import SecretStr
 from saga_engine import _migrations
 from saga_engine._errors import PermanentError
 from saga_engine._migrations import (
+    PARTICIPANT_MIGRATIONS,
     Migration,
     MigrationError,
     migrate,
@@ -31,6 +32,10 @@ from tests.conftest import PgTarget
 PINNED = {
     1: "12bd630585402c6947d0c31bcc4f0501dac21a8c9953ae6c07fb9c978d764ee2",
 }
+# The same rule for the participant kit's migrations (saga_engine/participant_migrations).
+PINNED_PARTICIPANT = {
+    1: "cff0612d825b9868ebcd4f955f765cd36a21b437cbf52095dfa198d677d93d4c",
+}
 
 
 def test_shipped_migrations_are_pinned() -> None:
@@ -40,6 +45,16 @@ def test_shipped_migrations_are_pinned() -> None:
     for m in shipped:
         assert hashlib.sha256(m.sql.encode()).hexdigest() == m.sha256
     assert shipped[0].name == "initial"
+
+
+def test_participant_migrations_are_pinned() -> None:
+    shipped = shipped_migrations(package=PARTICIPANT_MIGRATIONS)
+    assert {m.version: m.sha256 for m in shipped} == PINNED_PARTICIPANT
+    assert [m.version for m in shipped] == list(range(1, len(shipped) + 1))
+    assert shipped[0].name == "participant"
+    sql = migration_sql(package=PARTICIPANT_MIGRATIONS)
+    assert "CREATE TABLE saga_processed_commands" in sql
+    assert "CREATE TABLE sagas" not in sql
 
 
 def test_migration_sql_holds_every_migration_and_its_bookkeeping() -> None:
@@ -203,6 +218,22 @@ async def test_the_sql_script_leaves_nothing_for_migrate_to_do(pg: PgTarget) -> 
         assert await store.list_sagas() == []
     finally:
         await store.close()
+
+
+async def test_participant_migrations_apply_to_their_own_schema(pg: PgTarget) -> None:
+    messages: list[str] = []
+    applied = await migrate(
+        pg.database_dsn, pg.schema, progress=messages.append, package=PARTICIPANT_MIGRATIONS
+    )
+
+    assert applied == [1]
+    assert any("applying 0001_participant" in m for m in messages)
+    assert await _tables(pg.database_dsn, pg.schema) == {
+        "schema_migrations",
+        "saga_processed_commands",
+        "saga_reply_outbox",
+    }
+    assert await migrate(pg.database_dsn, pg.schema, package=PARTICIPANT_MIGRATIONS) == []
 
 
 async def test_the_store_refuses_an_unmigrated_schema(pg: PgTarget) -> None:

@@ -1,0 +1,674 @@
+"""Internals of the participant kit (``saga_engine.participant``).
+
+Everything here is about one command record: the :class:`Transaction` a handler
+receives, the SQL of the deduplication table and the reply outbox, how a reply becomes a
+Kafka record, how errors are classified (retry the record, retry the handler, or give
+up), and :class:`CommandProcessor`, which takes a record from decoding to a committed,
+published reply or to the dead-letter topic. ``saga_engine.participant`` owns the
+consumer, ordering, rebalancing, the outbox relay and the lifecycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import random
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeAlias
+
+import asyncpg
+import orjson
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from asyncpg.pool import PoolConnectionProxy
+from pydantic import BaseModel, ValidationError
+
+from saga_engine._errors import PayloadTooLarge, SagaError, TransientError
+from saga_engine._kafka import DeadLetters, KafkaUnavailable, ensure_topics
+from saga_engine._serde import JsonDict
+from saga_engine._topics import Topics
+from saga_engine._wire import (
+    Envelope,
+    Headers,
+    MessageType,
+    PoisonMessage,
+    PoisonReason,
+    ReplyBody,
+    decode,
+    encode,
+)
+from saga_engine.settings import Settings
+
+log = logging.getLogger("saga_engine.participant")
+
+Connection: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
+Pool: TypeAlias = "asyncpg.Pool[asyncpg.Record]"
+Isolation = Literal["read_committed", "repeatable_read", "serializable"]
+#: What a handler may return: its reply payload.
+HandlerResult: TypeAlias = BaseModel | Mapping[str, Any] | None
+CrashHook = Callable[[str], None]
+
+#: A topic name Kafka accepts (a reply_to header is checked against it before use).
+TOPIC_NAME: Final = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+#: Longest command id the deduplication table accepts (its CHECK constraint).
+MAX_COMMAND_ID: Final = 200
+
+
+# --------------------------------------------------------------------------- public types
+
+
+class Rejected(SagaError):
+    """Raise it in a handler to refuse a command: a business "no", not a crash.
+
+    The handler's writes are rolled back, and the saga receives a ``failure`` reply
+    with ``reason`` as its error and ``details`` as its payload (the engine raises
+    ``StepFailed(step, reason, details=details)`` in the saga, which then compensates).
+    The refusal is stored like any reply, so a re-sent command gets the same answer
+    without running the handler again.
+    """
+
+    def __init__(self, reason: str, *, details: Mapping[str, Any] | None = None) -> None:
+        self.reason = reason
+        self.details: dict[str, Any] = dict(details or {})
+        super().__init__(reason)
+
+
+class Transaction:
+    """The participant's own database transaction a handler runs in, and the command's ids.
+
+    ``connection`` is the asyncpg connection, inside a transaction that also records the
+    command as processed: commit and rollback belong to the participant, so a handler
+    must not end the transaction itself (nested ``connection.transaction()`` blocks are
+    savepoints and are fine). ``execute``/``fetch``/``fetchrow``/``fetchval`` delegate to
+    it. ``attempt`` counts from 1; it grows when a previous attempt raised.
+    """
+
+    __slots__ = (
+        "attempt",
+        "command_id",
+        "command_type",
+        "compensation",
+        "connection",
+        "participant",
+        "saga_id",
+        "saga_type",
+        "step",
+        "trace_context",
+    )
+
+    def __init__(
+        self, connection: Connection, command: Envelope, *, participant: str, attempt: int
+    ) -> None:
+        self.connection = connection
+        self.participant = participant
+        self.attempt = attempt
+        self.command_id = command.command_id
+        self.command_type = command.subject
+        self.saga_id = command.saga_id
+        self.saga_type = command.saga_type
+        self.step = command.step
+        self.compensation = command.compensation
+        self.trace_context: dict[str, str] = {
+            k: v
+            for k, v in (("traceparent", command.traceparent), ("tracestate", command.tracestate))
+            if v
+        }
+
+    # The delegates leave out asyncpg's per-call ``timeout``; use ``tx.connection`` for it.
+    async def execute(self, query: str, *args: Any) -> str:
+        return await self.connection.execute(query, *args)
+
+    async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        return await self.connection.fetch(query, *args)
+
+    async def fetchrow(self, query: str, *args: Any) -> asyncpg.Record | None:
+        return await self.connection.fetchrow(query, *args)
+
+    async def fetchval(self, query: str, *args: Any, column: int = 0) -> Any:
+        return await self.connection.fetchval(query, *args, column=column)
+
+    def __repr__(self) -> str:
+        return (
+            f"Transaction(participant={self.participant!r}, command_id={self.command_id!r}, "
+            f"saga_id={self.saga_id!r}, step={self.step!r}, attempt={self.attempt})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    command_type: str
+    model: type[BaseModel]
+    fn: Callable[[Any, Transaction], Awaitable[HandlerResult]]
+    isolation: Isolation
+
+
+# --------------------------------------------------------------------------- control flow
+
+
+class HandlerFailed(Exception):
+    """A handler raised something other than Rejected; its transaction was rolled back."""
+
+    def __init__(self, cause: BaseException) -> None:
+        self.cause = cause
+        super().__init__(f"{type(cause).__name__}: {cause}")
+
+
+class Abandoned(Exception):
+    """The participant is stopping: the record is left for the next consumer (its offset
+    is not committed), which deduplicates whatever this one already committed."""
+
+
+class CrashPoint(BaseException):
+    """The crash hook raised at a crash point: the process is to be considered dead.
+
+    A BaseException, so that no ``except Exception`` on the way treats a simulated death
+    as an error to recover from; ``Participant.run`` re-raises the hook's own exception.
+    """
+
+    def __init__(self, point: str, original: BaseException) -> None:
+        self.point = point
+        self.original = original
+        super().__init__(f"crash hook raised at {point}: {original!r}")
+
+
+# The errors after which the same work may succeed a moment later: lost or refused
+# connections, a server shutting down or out of connections, serialization failures and
+# deadlocks (class 40), and Kafka being unreachable. Anything else is a bug or a broken
+# schema, and retrying it forever would stall the partition.
+_TRANSIENT: Final[tuple[type[BaseException], ...]] = (
+    TransientError,
+    KafkaError,
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError,
+    asyncpg.exceptions.TransactionRollbackError,
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, _TRANSIENT)
+
+
+def backoff_delay(attempt: int, base_s: float, max_s: float) -> float:
+    """Capped exponential backoff with jitter: half of the delay is fixed, half random, so
+    retries never come faster than the curve, yet records failing together spread out."""
+    ceiling = min(max_s, base_s * 2 ** max(0, attempt - 1))
+    return float(ceiling / 2 + random.random() * ceiling / 2)
+
+
+def json_payload(result: object) -> JsonDict:
+    """A handler's return value (or a refusal's details) as a JSON object; raises TypeError."""
+    if result is None:
+        return {}
+    if isinstance(result, BaseModel):
+        return result.model_dump(mode="json")
+    if isinstance(result, Mapping):
+        # The round trip proves the value is JSON now, inside the handler's attempt,
+        # rather than failing later when the reply is written.
+        value: JsonDict = orjson.loads(orjson.dumps(dict(result), option=orjson.OPT_UTC_Z))
+        return value
+    raise TypeError(
+        f"a handler must return a pydantic model, a dict or None, not {type(result).__name__}"
+    )
+
+
+# --------------------------------------------------------------------------- replies
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """A reply as the Kafka record that carries it, and its outbox row once written."""
+
+    command_id: str
+    saga_id: str
+    topic: str
+    key: bytes
+    value: bytes
+    headers: Headers
+    reply: ReplyBody
+    row_id: int | None = field(default=None)
+
+    @property
+    def size(self) -> int:
+        return len(self.value) + sum(len(k) + len(v) for k, v in self.headers)
+
+
+def reply_record(command: Envelope, reply: ReplyBody, *, source: str, topic: str) -> Outgoing:
+    """The reply to ``command``: keyed by saga id, answering the command's own message id,
+    with its trace context, so the saga's trace continues through the participant."""
+    envelope = Envelope(
+        message_type=MessageType.REPLY,
+        source=source,
+        subject=command.subject,
+        saga_id=command.saga_id,
+        saga_type=command.saga_type,
+        command_id=command.command_id,
+        step=command.step,
+        correlation_id=command.correlation_id or command.saga_id,
+        causation_id=command.id,
+        compensation=command.compensation,
+        traceparent=command.traceparent,
+        tracestate=command.tracestate,
+        body=reply.model_dump(mode="json"),
+    )
+    key, value, headers = encode(envelope)
+    return Outgoing(command.command_id, command.saga_id, topic, key, value, headers, reply)
+
+
+def check_size(outgoing: Outgoing, limit: int) -> None:
+    if outgoing.size > limit:
+        raise PayloadTooLarge(outgoing.size, limit)
+
+
+# --------------------------------------------------------------------------- SQL
+
+# The claim. It is the first statement of the command's transaction, before the handler
+# runs. The primary key does the deduplication: a concurrent transaction inserting the
+# same command id (a redelivery on another instance, after a rebalance) blocks on the
+# unique index until this one ends, then sees the conflict and does nothing (we committed)
+# or inserts (we rolled back). Under READ COMMITTED that is all; under REPEATABLE READ or
+# SERIALIZABLE the waiter gets a serialization failure instead, which is retried, and the
+# retry sees the committed row. RETURNING tells us whether we inserted: no row means the
+# command was processed before.
+CLAIM: Final = """
+INSERT INTO saga_processed_commands (command_id, saga_id, command_type, step, outcome)
+VALUES ($1, $2, $3, $4, 'pending')
+ON CONFLICT (command_id) DO NOTHING
+RETURNING command_id
+"""
+
+STORED_REPLY: Final = "SELECT reply::text FROM saga_processed_commands WHERE command_id = $1"
+
+RECORD_OUTCOME: Final = """
+UPDATE saga_processed_commands
+SET outcome = $2, reply = $3::jsonb, error = $4, processed_at = now()
+WHERE command_id = $1
+"""
+
+# created_at is the wall clock at the insert, not now() (the transaction's start): a
+# handler that ran for a while must not make its fresh row look old to the relay, which
+# would then publish it alongside the live publisher.
+INSERT_OUTBOX: Final = """
+INSERT INTO saga_reply_outbox (command_id, saga_id, topic, key, headers, body, created_at)
+VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, clock_timestamp())
+RETURNING id
+"""
+
+MARK_PUBLISHED: Final = """
+UPDATE saga_reply_outbox SET published_at = now()
+WHERE id = ANY($1::bigint[]) AND published_at IS NULL
+"""
+
+# FOR UPDATE SKIP LOCKED: the rows stay locked while they are published, and another
+# instance's relay skips them instead of publishing them a second time or waiting. The
+# grace period leaves fresh rows to the live publisher that is about to send them.
+RELAY_BATCH: Final = """
+SELECT id, topic, key, headers::text AS headers, body::text AS body
+FROM saga_reply_outbox
+WHERE published_at IS NULL AND created_at <= now() - make_interval(secs => $1)
+ORDER BY id
+LIMIT $2
+FOR UPDATE SKIP LOCKED
+"""
+
+
+async def insert_outbox(conn: Connection, outgoing: Outgoing) -> None:
+    headers = orjson.dumps([[k, v.decode()] for k, v in outgoing.headers]).decode()
+    outgoing.row_id = await conn.fetchval(
+        INSERT_OUTBOX,
+        outgoing.command_id,
+        outgoing.saga_id,
+        outgoing.topic,
+        outgoing.key.decode(),
+        headers,
+        outgoing.value.decode(),
+    )
+
+
+async def publish(
+    producer: AIOKafkaProducer, topic: str, key: bytes, value: bytes, headers: Headers
+) -> None:
+    try:
+        await producer.send_and_wait(topic, value, key=key, headers=headers)
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"could not publish a reply to {topic}: {exc!r}") from exc
+
+
+def reply_json(reply: ReplyBody) -> str:
+    return orjson.dumps(reply.model_dump(mode="json")).decode()
+
+
+# --------------------------------------------------------------------------- processing
+
+
+class CommandProcessor:
+    """Takes one command record to its end: answered (the reply committed with the
+    command's outcome, then published) or dead-lettered. ``Participant`` owns the
+    consumer, the ordering and the lifecycle; this owns what happens to a record."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        settings: Settings,
+        handlers: Mapping[str, HandlerSpec],
+        pool: Pool,
+        producer: AIOKafkaProducer,
+        stats: collections.Counter[str],
+        stopping: asyncio.Event,
+        crash_hook: CrashHook | None,
+        backoff: tuple[float, float],
+        instance_id: str,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.topics = Topics.of(settings.kafka)
+        self.instance_id = instance_id
+        self.stats = stats
+        self._handlers = handlers
+        self._pool = pool
+        self._producer = producer
+        self._dead = DeadLetters(producer, self.topics.dlq)
+        self._stopping = stopping
+        self._crash_hook = crash_hook
+        self._backoff = backoff
+        self._source = f"/participants/{name}"
+        # Reply topics known to exist (the inbox is created at start).
+        self._reply_topics = {self.topics.inbox}
+
+    async def handle(self, record: Any) -> None:
+        """Processes one record to the end: replied to, or dead-lettered. Retries
+        transient failures (Postgres or Kafka away) until it succeeds or the participant
+        stops (Abandoned); dead-letters a record whose processing fails for any other
+        reason, so that a bug or a broken schema never stalls the partition."""
+        failures = 0
+        while True:
+            try:
+                await self._process(record)
+                return
+            except Exception as exc:
+                if isinstance(exc, Abandoned):
+                    raise
+                if not is_transient(exc):
+                    log.exception("participant %s: cannot process a record", self.name)
+                    await self._dead_letter(record, "engine_error", f"{type(exc).__name__}: {exc}")
+                    return
+                failures += 1
+                delay = backoff_delay(failures, 0.1, 5.0)
+                log.warning("transient failure (%r); retrying in %.2fs", exc, delay)
+                await self.pause(delay)
+
+    async def _process(self, record: Any) -> None:
+        try:
+            command = self._read(record)
+        except PoisonMessage as poison:
+            await self._dead_letter(record, poison.reason.value, poison.detail)
+            return
+        topic = command.reply_to or self.topics.inbox
+        if topic not in self._reply_topics:
+            # The outbox must only hold records that can be published: a reply topic that
+            # does not exist would block the relay's queue (topics are never auto-created).
+            await ensure_topics(self.settings.kafka, [topic])
+            self._reply_topics.add(topic)
+        handler = self._handlers.get(command.subject)
+        if handler is None:
+            error = f"participant {self.name} cannot handle {command.subject or '(no ce_subject)'}"
+            details = {"command_type": command.subject, "handles": sorted(self._handlers)}
+            await self._answer(
+                command,
+                topic,
+                ReplyBody(outcome="failure", payload=details, error=error),
+                counter="unknown_command",
+            )
+            return
+        try:
+            model = handler.model.model_validate(command.body)
+        except ValidationError as exc:
+            detail = f"{command.subject} body is not a valid {handler.model.__name__}: {exc}"
+            await self._dead_letter(record, PoisonReason.INVALID_BODY.value, detail)
+            errors = orjson.loads(exc.json(include_url=False, include_input=False))
+            reply = ReplyBody(
+                outcome="failure",
+                payload={"errors": errors[:20]},
+                error=f"invalid {command.subject} body: {exc.error_count()} validation error(s)",
+            )
+            await self._answer(command, topic, reply, counter="invalid_body")
+            return
+        await self._apply(command, topic, handler, model)
+
+    def _read(self, record: Any) -> Envelope:
+        command = decode(
+            record.key,
+            record.value,
+            list(record.headers or []),
+            max_bytes=self.settings.kafka.max_message_bytes,
+        )
+        if command.message_type is not MessageType.COMMAND:
+            raise PoisonMessage(
+                PoisonReason.UNKNOWN_TYPE,
+                f"{command.message_type.value} does not belong on a participant's command topic",
+            )
+        if not command.command_id or len(command.command_id) > MAX_COMMAND_ID:
+            raise PoisonMessage(
+                PoisonReason.MISSING_HEADER,
+                f"a command needs a ce_commandid of 1 to {MAX_COMMAND_ID} characters",
+            )
+        if command.reply_to and not TOPIC_NAME.match(command.reply_to):
+            raise PoisonMessage(
+                PoisonReason.MISSING_HEADER, f"ce_replyto {command.reply_to!r} is not a topic name"
+            )
+        return command
+
+    # ------------------------------------------------------------------ one command
+
+    async def _apply(
+        self, command: Envelope, topic: str, handler: HandlerSpec, model: BaseModel
+    ) -> None:
+        attempts = self.settings.participant.handler_attempts
+        for attempt in range(1, attempts + 1):
+            try:
+                outgoing, duplicate, rejected = await self._transact(
+                    command, topic, handler=handler, model=model, attempt=attempt
+                )
+            except HandlerFailed as failed:
+                self.stats["handler_errors"] += 1
+                if attempt < attempts:
+                    delay = backoff_delay(attempt, *self._backoff)
+                    log.warning(
+                        "participant %s: %s %s attempt %d/%d failed (%s); retrying in %.2fs",
+                        self.name,
+                        command.subject,
+                        command.command_id,
+                        attempt,
+                        attempts,
+                        failed,
+                        delay,
+                    )
+                    await self.pause(delay)
+                    continue
+                log.error(
+                    "participant %s: %s %s failed %d times; replying retryable",
+                    self.name,
+                    command.subject,
+                    command.command_id,
+                    attempts,
+                    exc_info=failed.cause,
+                )
+                # Recorded like any answer, in a transaction of its own (the failed one
+                # rolled back): the engine abandons this command id for a new one, so a
+                # copy of it processed later must not apply anything (PROTOCOL.md 7.3).
+                reply = ReplyBody(outcome="retryable", error=str(failed)[:2000])
+                await self._answer(command, topic, reply, counter="retryable")
+                return
+            self.stats["duplicates" if duplicate else "processed"] += 1
+            if rejected and not duplicate:
+                self.stats["rejected"] += 1
+            await self._deliver(outgoing)
+            return
+
+    async def _transact(
+        self,
+        command: Envelope,
+        topic: str,
+        *,
+        handler: HandlerSpec | None = None,
+        model: BaseModel | None = None,
+        fixed: ReplyBody | None = None,
+        attempt: int = 1,
+    ) -> tuple[Outgoing, bool, bool]:
+        """One transaction: claim the command id, decide the reply (the handler's or
+        ``fixed``), record it and write it to the outbox. Returns (reply, duplicate,
+        rejected). Raises HandlerFailed, having rolled everything back, if the handler
+        raised anything but Rejected."""
+        limit = self._reply_limit
+        isolation = handler.isolation if handler is not None else "read_committed"
+        async with self._pool.acquire() as conn, conn.transaction(isolation=isolation):
+            claimed = await conn.fetchval(
+                CLAIM, command.command_id, command.saga_id, command.subject, command.step
+            )
+            if claimed is None:
+                # Processed before (and committed, or the claim would still be waiting):
+                # the same answer again, without running the handler.
+                stored = ReplyBody.model_validate_json(
+                    await conn.fetchval(STORED_REPLY, command.command_id)
+                )
+                outgoing = reply_record(command, stored, source=self._source, topic=topic)
+                await insert_outbox(conn, outgoing)
+                return outgoing, True, False
+            rejected = False
+            if fixed is not None:
+                outgoing = self._fitted(command, fixed, topic)
+            else:
+                assert handler is not None
+                assert model is not None
+                tx = Transaction(conn, command, participant=self.name, attempt=attempt)
+                try:
+                    try:
+                        # A savepoint: a refusal undoes the handler's writes but keeps the
+                        # claim, so the refusal itself is recorded in this transaction.
+                        async with conn.transaction():
+                            result = await handler.fn(model, tx)
+                            reply = ReplyBody(outcome="success", payload=json_payload(result))
+                            outgoing = reply_record(
+                                command, reply, source=self._source, topic=topic
+                            )
+                            check_size(outgoing, limit)
+                    except Rejected as refusal:
+                        rejected = True
+                        reply = ReplyBody(
+                            outcome="failure",
+                            payload=json_payload(refusal.details),
+                            error=refusal.reason,
+                        )
+                        outgoing = self._fitted(command, reply, topic)
+                except Exception as exc:
+                    # Leaving the outer block with an exception rolls the whole
+                    # transaction back, the claim included: nothing is recorded, and a
+                    # later attempt (or redelivery) starts from scratch.
+                    raise HandlerFailed(exc) from exc
+            await conn.execute(
+                RECORD_OUTCOME,
+                command.command_id,
+                outgoing.reply.outcome,
+                reply_json(outgoing.reply),
+                outgoing.reply.error,
+            )
+            await insert_outbox(conn, outgoing)
+        return outgoing, False, rejected
+
+    @property
+    def _reply_limit(self) -> int:
+        # The engine refuses reply payloads above its own limit, which may be lower than
+        # what Kafka carries: an answer it would refuse must not be recorded as given.
+        return min(self.settings.kafka.max_message_bytes, self.settings.engine.max_payload_bytes)
+
+    def _fitted(self, command: Envelope, reply: ReplyBody, topic: str) -> Outgoing:
+        """A failure reply, shrunk to fit the size limit rather than not sent at all."""
+        outgoing = reply_record(command, reply, source=self._source, topic=topic)
+        if outgoing.size <= self._reply_limit:
+            return outgoing
+        small = ReplyBody(
+            outcome=reply.outcome,
+            payload={"truncated": True},
+            error=(reply.error or "")[:1000],
+        )
+        return reply_record(command, small, source=self._source, topic=topic)
+
+    async def _answer(
+        self, command: Envelope, topic: str, reply: ReplyBody, *, counter: str
+    ) -> None:
+        """Records and sends a reply decided without running the handler (an unknown
+        type, an invalid body, a handler that kept failing), unless the command was
+        answered before: then the stored answer wins."""
+        outgoing, duplicate, _ = await self._transact(command, topic, fixed=reply)
+        if duplicate:
+            self.stats["duplicates"] += 1
+        else:
+            self.stats["processed"] += 1
+            self.stats[counter] += 1
+        await self._deliver(outgoing)
+
+    async def _deliver(self, outgoing: Outgoing) -> None:
+        """Publishes a committed reply and marks its outbox row. Failures here lose
+        nothing: the row stays unpublished and the relay sends it."""
+        self._checkpoint("after_commit")
+        try:
+            await publish(
+                self._producer, outgoing.topic, outgoing.key, outgoing.value, outgoing.headers
+            )
+        except Exception as exc:
+            log.warning("reply %s not published (%r); the relay will", outgoing.command_id, exc)
+            return
+        try:
+            await self._pool.execute(MARK_PUBLISHED, [outgoing.row_id])
+        except Exception as exc:  # the relay may publish it once more; replies are deduped
+            log.warning("could not mark reply %s published (%r)", outgoing.command_id, exc)
+        self._checkpoint("after_publish")
+
+    # ------------------------------------------------------------------ side paths
+
+    async def _dead_letter(self, record: Any, reason: str, detail: str) -> None:
+        failures = 0
+        while True:
+            try:
+                await self._dead.publish(
+                    key=record.key,
+                    value=record.value,
+                    headers=list(record.headers or []),
+                    reason=reason,
+                    detail=detail,
+                    origin_topic=record.topic,
+                    origin_partition=record.partition,
+                    origin_offset=record.offset,
+                    consumer=f"participant:{self.name}:{self.instance_id}",
+                )
+                break
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                failures += 1
+                await self.pause(backoff_delay(failures, 0.1, 5.0))
+        self.stats["dead_lettered"] += 1
+        self.stats[f"dead_lettered_{reason}"] += 1
+
+    async def pause(self, delay: float) -> None:
+        """Sleeps ``delay`` seconds; raises Abandoned if the participant stops meanwhile."""
+        try:
+            await asyncio.wait_for(self._stopping.wait(), delay)
+        except TimeoutError:
+            return
+        raise Abandoned
+
+    def _checkpoint(self, point: str) -> None:
+        if self._crash_hook is None:
+            return
+        try:
+            self._crash_hook(point)
+        except BaseException as exc:
+            raise CrashPoint(point, exc) from exc

@@ -1,0 +1,538 @@
+"""The participant kit: idempotent command handlers for the services a saga calls.
+
+A participant service consumes its command topic, applies each command exactly once in
+its OWN Postgres database, and replies on the engine's inbox::
+
+    from saga_engine import Settings
+    from saga_engine.participant import Participant, Rejected, Transaction
+
+    payments = Participant("payments", settings)
+
+    @payments.handles(ReserveCredit)
+    async def reserve(cmd: ReserveCredit, tx: Transaction) -> CreditReserved:
+        balance = await tx.fetchval("SELECT balance FROM accounts WHERE id = $1", cmd.account)
+        if balance < cmd.amount:
+            raise Rejected("insufficient credit", details={"balance": balance})
+        await tx.execute("UPDATE accounts SET balance = balance - $2 WHERE id = $1", ...)
+        return CreditReserved(reservation_id=tx.command_id)
+
+    await payments.run()
+
+What it guarantees, per command (matched to a handler by its ``ce_subject``, the command
+model's class name):
+
+- **Once.** The command id is recorded in ``saga_processed_commands`` in the same
+  transaction as the handler's writes. A redelivered command does not run the handler
+  again: it gets the stored reply, whatever instance receives it.
+- **Refusals are answers.** ``Rejected`` rolls the handler's writes back (a savepoint)
+  and stores a ``failure`` reply; the saga compensates.
+- **Crashes are not answers.** Any other exception rolls everything back, the claim
+  included, and the handler is retried with capped exponential backoff and jitter, up to
+  ``settings.participant.handler_attempts``. Then the reply is ``retryable``: nothing was
+  applied, and the answer is stored like the others, because the engine retries under a
+  new command id and a late copy of this one must not apply anything.
+- **Replies are never lost.** A reply is written to ``saga_reply_outbox`` in the same
+  transaction, published after COMMIT, and re-published by a relay if the process died
+  in between. Kafka offsets are committed only after the transaction committed.
+- **Bad input flows on.** A record that cannot be read (malformed JSON, wrong schema
+  version, missing headers, oversized) goes to the dead-letter topic. A command whose
+  body does not validate against the handler's model is dead-lettered *and* answered
+  with a ``failure`` reply, so its saga compensates instead of waiting for a timeout. A
+  command type with no handler gets a ``failure`` reply. An outage (Postgres or Kafka
+  away) is retried until it ends; any other failure outside a handler (a bug, a broken
+  table) dead-letters the record as ``engine_error`` (the contract's reason for "failed
+  unexpectedly"; ``dlq_consumer`` names the participant) rather than stall the partition.
+- **Order.** Records of one partition (one saga's commands) are processed in order;
+  partitions proceed concurrently, at most ``pool_max_size`` commands at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import os
+import random
+import re
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeVar
+
+import asyncpg
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+from pydantic import BaseModel
+
+from saga_engine._errors import DefinitionError
+from saga_engine._kafka import KafkaUnavailable, ensure_topics, make_producer
+from saga_engine._migrations import PARTICIPANT_MIGRATIONS, migrate
+from saga_engine._participant import (
+    MARK_PUBLISHED,
+    RELAY_BATCH,
+    Abandoned,
+    CommandProcessor,
+    CrashHook,
+    CrashPoint,
+    HandlerResult,
+    HandlerSpec,
+    Isolation,
+    Pool,
+    Rejected,
+    Transaction,
+    is_transient,
+    log,
+    publish,
+)
+from saga_engine._topics import Topics
+from saga_engine._wire import Headers
+from saga_engine.settings import Settings
+
+__all__ = ["HandlerResult", "Participant", "Rejected", "Transaction"]
+
+C = TypeVar("C", bound=BaseModel)
+R = TypeVar("R", bound=HandlerResult)
+
+_NAME: Final = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+_SCHEMA: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+#: Records fetched per partition at a time (one batch is processed, then committed).
+_BATCH: Final = 100
+#: Outbox rows published per relay transaction.
+_RELAY_LIMIT: Final = 200
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, participant: Participant) -> None:
+        self._participant = participant
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self._participant._on_revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._participant._on_assigned(set(assigned))
+
+
+class Participant:
+    """A participant service: its command handlers, consumer, database and reply outbox.
+
+    ``settings.participant`` names the service's own database (``dsn`` and ``db_schema``,
+    which ``dsn``/``db_schema`` here override); the participant's migrations are applied
+    to that schema at start. Business tables may live in any schema of that database.
+
+    ``crash_hook`` is a test seam: it is called with ``"after_commit"`` (the command's
+    transaction committed, its reply not yet published) and ``"after_publish"``. If it
+    raises, the participant behaves as if the process died there: it stops at once,
+    commits no offset, and ``run`` raises the hook's exception.
+
+    The remaining keywords tune retries and the outbox relay: handler retries wait
+    ``backoff_base_s * 2**n`` (capped at ``backoff_max_s``, jittered); the relay runs
+    every ``relay_interval_s`` and publishes rows older than ``relay_grace_s`` (younger
+    ones are being published by the instance that wrote them).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        settings: Settings,
+        *,
+        dsn: str | None = None,
+        db_schema: str | None = None,
+        crash_hook: CrashHook | None = None,
+        backoff_base_s: float = 0.05,
+        backoff_max_s: float = 2.0,
+        relay_interval_s: float = 1.0,
+        relay_grace_s: float = 5.0,
+        stop_timeout_s: float = 10.0,
+    ) -> None:
+        if not _NAME.match(name):
+            raise DefinitionError(
+                f"participant name {name!r} is invalid: use 1 to 100 letters, digits, '_' or "
+                "'-' (it becomes part of a Kafka topic and consumer group name)"
+            )
+        self.name = name
+        self.settings = settings
+        self.topics = Topics.of(settings.kafka)
+        self.dsn = dsn if dsn is not None else settings.participant.dsn.get_secret_value()
+        self.db_schema = db_schema if db_schema is not None else settings.participant.db_schema
+        if not _SCHEMA.match(self.db_schema):
+            raise DefinitionError(
+                f"participant schema {self.db_schema!r} is invalid: use lowercase letters, "
+                "digits and '_', starting with a letter or '_'"
+            )
+        if (
+            self.db_schema == settings.pg.db_schema
+            and self.dsn == settings.pg.dsn.get_secret_value()
+        ):
+            # Both migration sets record themselves in the schema's schema_migrations.
+            raise DefinitionError(
+                f"participant {name!r} would share schema {self.db_schema!r} with the saga "
+                "engine's event store; give it a schema of its own (settings.participant.db_schema)"
+            )
+        #: processed, duplicates, rejected, retryable, dead_lettered, unknown_command,
+        #: outbox_relayed, handler_errors (failed attempts), dead_lettered_<reason>.
+        self.stats: collections.Counter[str] = collections.Counter()
+        self.instance_id = f"{socket.gethostname()}-{os.getpid()}-{random.getrandbits(24):06x}"
+        self._handlers: dict[str, HandlerSpec] = {}
+        self._crash_hook = crash_hook
+        self._backoff = (backoff_base_s, backoff_max_s)
+        self._relay_interval_s = relay_interval_s
+        self._relay_grace_s = relay_grace_s
+        self._stop_timeout_s = stop_timeout_s
+        self._pool: Pool | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._processor: CommandProcessor | None = None
+        self._main: asyncio.Task[None] | None = None
+        self._relay: asyncio.Task[None] | None = None
+        self._inflight: dict[TopicPartition, asyncio.Task[None]] = {}
+        self._assigned: set[TopicPartition] = set()
+        self._stopping = asyncio.Event()
+        self._fatal: BaseException | None = None
+        self._slots = asyncio.Semaphore(settings.participant.pool_max_size)
+        self._lifecycle = asyncio.Lock()
+
+    # ------------------------------------------------------------------ registration
+
+    def handles(
+        self,
+        command: type[C],
+        *,
+        name: str | None = None,
+        isolation: Isolation = "read_committed",
+    ) -> Callable[
+        [Callable[[C, Transaction], Awaitable[R]]], Callable[[C, Transaction], Awaitable[R]]
+    ]:
+        """Registers ``async def handler(cmd, tx)`` for commands of type ``command``.
+
+        The command type on the wire (``ce_subject``) is the model's class name, as the
+        engine sends it, unless ``name`` says otherwise. The handler returns its reply
+        payload (a pydantic model, a dict or None) or raises :class:`Rejected`.
+        ``isolation`` is the transaction's isolation level; serialization failures are
+        retried like any other failed attempt.
+        """
+        if not (isinstance(command, type) and issubclass(command, BaseModel)):
+            raise DefinitionError(
+                f"handles() takes the command's pydantic model class, not {command!r}"
+            )
+        command_type = name or command.__name__
+
+        def register(
+            fn: Callable[[C, Transaction], Awaitable[R]],
+        ) -> Callable[[C, Transaction], Awaitable[R]]:
+            if not inspect.iscoroutinefunction(fn):
+                raise DefinitionError(
+                    f"the handler for {command_type} must be an async function "
+                    "(async def handler(cmd, tx): ...)"
+                )
+            if command_type in self._handlers:
+                raise DefinitionError(
+                    f"participant {self.name!r} already has a handler for {command_type}; "
+                    "register one handler per command type"
+                )
+            self._handlers[command_type] = HandlerSpec(command_type, command, fn, isolation)
+            return fn
+
+        return register
+
+    @property
+    def command_types(self) -> list[str]:
+        return sorted(self._handlers)
+
+    @property
+    def assignment(self) -> set[int]:
+        """The command-topic partitions this instance consumes right now."""
+        return {tp.partition for tp in self._assigned}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Creates the topics, migrates the schema, publishes leftover replies, and starts
+        consuming. Returns once the consumer has started (partitions come a moment later)."""
+        async with self._lifecycle:
+            if self._main is not None:
+                raise RuntimeError(f"participant {self.name!r} is already running")
+            self._stopping.clear()
+            self._fatal = None
+            try:
+                await self._open()
+            except BaseException:
+                await self._close(graceful=False)
+                raise
+            loop = asyncio.get_running_loop()
+            self._main = loop.create_task(self._consume(), name=f"participant-{self.name}")
+            self._relay = loop.create_task(self._relay_loop(), name=f"relay-{self.name}")
+            log.info(
+                "participant %s (%s) consuming %s in schema %s",
+                self.name,
+                self.instance_id,
+                self.topics.commands(self.name),
+                self.db_schema,
+            )
+
+    async def stop(self) -> None:
+        """Finishes the commands in hand (up to ``stop_timeout_s``), commits their offsets
+        and closes everything. Idempotent."""
+        async with self._lifecycle:
+            self._stopping.set()
+            main, self._main = self._main, None
+            if main is not None:
+                await asyncio.wait({main}, timeout=self._stop_timeout_s)
+                if not main.done():
+                    main.cancel()
+                    await asyncio.wait({main})
+                if not main.cancelled() and main.exception() is not None:
+                    log.debug("participant %s stopped after: %r", self.name, main.exception())
+            await self._close(graceful=self._fatal is None)
+
+    async def run(self) -> None:
+        """Runs until ``stop()`` is called (from another task) or a crash hook fires."""
+        if self._main is None:
+            await self.start()
+        main = self._main
+        assert main is not None
+        try:
+            await asyncio.shield(main)
+        except CrashPoint as crash:
+            raise crash.original from None
+        finally:
+            await self.stop()
+
+    async def __aenter__(self) -> Participant:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _open(self) -> None:
+        kafka = self.settings.kafka
+        # The participant's own topic, the dead-letter topic, and the default reply topic.
+        wanted = [self.topics.commands(self.name), self.topics.dlq, self.topics.inbox]
+        await ensure_topics(kafka, wanted)
+        await migrate(self.dsn, self.db_schema, package=PARTICIPANT_MIGRATIONS)
+        self._pool = await asyncpg.create_pool(
+            self.dsn,
+            min_size=1,
+            max_size=self.settings.participant.pool_max_size,
+            # Unqualified names (ours, and the handlers') resolve in the configured schema.
+            server_settings={"search_path": self.db_schema},
+        )
+        self._producer = make_producer(kafka)
+        await self._producer.start()
+        self._processor = CommandProcessor(
+            name=self.name,
+            settings=self.settings,
+            handlers=self._handlers,
+            pool=self._pool,
+            producer=self._producer,
+            stats=self.stats,
+            stopping=self._stopping,
+            crash_hook=self._crash_hook,
+            backoff=self._backoff,
+            instance_id=self.instance_id,
+        )
+        # Replies a previous process committed but did not get to publish. No grace
+        # period here: a row written by a live instance may go out twice, which the engine
+        # tolerates (it deduplicates replies); a row left by a dead one must not wait.
+        try:
+            await self._relay_pending(grace_s=0.0)
+        except Exception as exc:
+            log.warning("outbox relay at start failed (%r); the relay loop will retry", exc)
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=kafka.bootstrap_servers,
+            group_id=self.topics.participant_group(self.name),
+            client_id=f"participant-{self.name}-{self.instance_id}",
+            # Offsets are committed by hand, after the command's transaction committed.
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=kafka.fetch_max_wait_ms,
+            session_timeout_ms=kafka.session_timeout_ms,
+            heartbeat_interval_ms=kafka.heartbeat_interval_ms,
+            max_partition_fetch_bytes=kafka.max_message_bytes + 64 * 1024,
+            # A record above the size limit is still fetched, then dead-lettered as
+            # oversized, instead of stalling its partition.
+            fetch_max_bytes=max(52_428_800, 2 * kafka.max_message_bytes),
+        )
+        self._consumer.subscribe([self.topics.commands(self.name)], listener=_Rebalance(self))
+        await self._consumer.start()
+
+    async def _close(self, *, graceful: bool) -> None:
+        tasks = list(self._inflight.values())
+        if tasks and graceful:
+            await asyncio.wait(tasks, timeout=self._stop_timeout_s)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        self._inflight.clear()
+        relay, self._relay = self._relay, None
+        if relay is not None:
+            relay.cancel()
+            await asyncio.wait({relay})
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()
+        self._assigned.clear()
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
+        self._processor = None
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            try:
+                await asyncio.wait_for(pool.close(), timeout=self._stop_timeout_s)
+            except TimeoutError:
+                pool.terminate()
+
+    # ------------------------------------------------------------------ consuming
+
+    async def _consume(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        delay = 0.1
+        while not self._stopping.is_set():
+            if self._fatal is not None:
+                raise self._fatal
+            try:
+                batches = await consumer.getmany(timeout_ms=200, max_records=_BATCH)
+            except KafkaError as exc:
+                log.warning("command fetch failed (%r); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            delay = 0.1
+            for tp, records in batches.items():
+                if not records:
+                    continue
+                # One batch per partition at a time keeps the partition in order; pausing
+                # stops further fetches of it until the batch is done and committed, while
+                # the other partitions keep flowing.
+                consumer.pause(tp)
+                task = asyncio.get_running_loop().create_task(self._run_batch(tp, records))
+                self._inflight[tp] = task
+                task.add_done_callback(self._batch_done)
+        if self._fatal is not None:
+            raise self._fatal
+
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        for tp, t in list(self._inflight.items()):
+            if t is task:
+                del self._inflight[tp]
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and self._fatal is None:
+            # _run_batch handles every expected failure; what escapes is a crash point or
+            # a bug, and either way this instance must stop rather than skip the record.
+            if not isinstance(exc, CrashPoint):
+                log.error("participant %s: batch failed", self.name, exc_info=exc)
+            self._fatal = exc
+            self._stopping.set()
+
+    async def _run_batch(self, tp: TopicPartition, records: list[Any]) -> None:
+        consumer, processor = self._consumer, self._processor
+        assert consumer is not None
+        assert processor is not None
+        next_offset: int | None = None
+        for record in records:
+            if self._stopping.is_set():
+                break
+            try:
+                # Bounded by the pool: each command holds one connection for its transaction.
+                async with self._slots:
+                    await processor.handle(record)
+            except Abandoned:
+                break
+            next_offset = record.offset + 1
+        if next_offset is not None:
+            try:
+                await consumer.commit({tp: next_offset})
+            except KafkaError as exc:
+                # Not ours any more (a rebalance), or the broker is away. The next owner
+                # re-reads from the last committed offset; those commands are deduplicated.
+                log.info("offset commit for %s failed (%r); the next reader dedups", tp, exc)
+        # A batch cut short (stopping) leaves its partition paused: the consumer is
+        # about to close, and the next owner starts from the committed offset.
+        if not self._stopping.is_set() and tp in self._assigned:
+            consumer.resume(tp)
+
+    async def _relay_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                await asyncio.wait_for(self._stopping.wait(), self._relay_interval_s)
+                return
+            except TimeoutError:
+                pass
+            try:
+                await self._relay_pending(grace_s=self._relay_grace_s)
+            except Exception as exc:
+                if is_transient(exc):
+                    log.warning("outbox relay failed (%r); retrying", exc)
+                else:
+                    log.exception("outbox relay failed; retrying")
+
+    async def _relay_pending(self, *, grace_s: float) -> None:
+        """Publishes every unpublished outbox row older than ``grace_s``."""
+        while True:
+            found, published = await self._relay_batch(grace_s)
+            if published:
+                self.stats["outbox_relayed"] += published
+                log.info("participant %s: relayed %d unpublished replies", self.name, published)
+            if found < _RELAY_LIMIT:
+                return
+
+    async def _relay_batch(self, grace_s: float) -> tuple[int, int]:
+        """Publishes up to _RELAY_LIMIT rows in one transaction that holds their row locks.
+
+        Returns (rows found, rows published). Raises KafkaUnavailable after marking the
+        rows it did publish, so a broker outage costs no duplicate on the next pass.
+        """
+        pool, producer = self._pool, self._producer
+        assert pool is not None
+        assert producer is not None
+        published: list[int] = []
+        failure: KafkaUnavailable | None = None
+        async with pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(RELAY_BATCH, grace_s, _RELAY_LIMIT)
+            for row in rows:
+                headers: Headers = [(k, v.encode()) for k, v in orjson.loads(row["headers"])]
+                try:
+                    await publish(
+                        producer, row["topic"], row["key"].encode(), row["body"].encode(), headers
+                    )
+                except KafkaUnavailable as exc:
+                    failure = exc
+                    break
+                published.append(row["id"])
+            if published:
+                await conn.execute(MARK_PUBLISHED, published)
+        if failure is not None:
+            raise failure
+        return len(rows), len(published)
+
+    # ------------------------------------------------------------------ rebalancing
+
+    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        # Finish the batches in hand and commit their offsets before the partitions go
+        # to another instance; one that takes too long is cancelled (its transaction
+        # rolls back, or its committed reply stays in the outbox for the relay).
+        tasks = [t for tp, t in self._inflight.items() if tp in revoked]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self._stop_timeout_s)
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+        self._assigned -= revoked
+        if not revoked:
+            return
+        log.info(
+            "participant %s gave up partitions %s",
+            self.name,
+            sorted(tp.partition for tp in revoked),
+        )
+
+    def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._assigned |= assigned
+        log.info(
+            "participant %s took partitions %s", self.name, sorted(tp.partition for tp in assigned)
+        )

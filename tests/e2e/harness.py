@@ -1,0 +1,201 @@
+"""Real processes for crash tests: engines and participants, started, killed and restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from saga_engine import SagaStatus, Settings
+from saga_engine.settings import EngineSettings, KafkaSettings, PostgresSettings
+from tests.e2e.app import LEDGER_DDL, PARTICIPANTS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Cluster:
+    database_dsn: str
+    schema: str
+    bootstrap: str
+    prefix: str
+    logs: Path
+    partitions: int = 4
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def settings(self) -> Settings:
+        return Settings(
+            pg=PostgresSettings(dsn=self.database_dsn, db_schema=self.schema),
+            kafka=KafkaSettings(
+                bootstrap_servers=self.bootstrap,
+                topic_prefix=self.prefix,
+                group_id=f"{self.prefix}-engines",
+                partitions=self.partitions,
+                session_timeout_ms=6000,
+                heartbeat_interval_ms=500,
+            ),
+            engine=EngineSettings(),
+        )
+
+    def participant_schema(self, name: str) -> str:
+        return f"{self.schema}_{name}"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "SAGA_PG__DSN": self.database_dsn,
+            "SAGA_PG__DB_SCHEMA": self.schema,
+            "SAGA_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
+            "SAGA_KAFKA__TOPIC_PREFIX": self.prefix,
+            "SAGA_KAFKA__GROUP_ID": f"{self.prefix}-engines",
+            "SAGA_KAFKA__PARTITIONS": str(self.partitions),
+            "SAGA_KAFKA__SESSION_TIMEOUT_MS": "6000",
+            "SAGA_KAFKA__HEARTBEAT_INTERVAL_MS": "500",
+            "SAGA_PARTICIPANT__DSN": self.database_dsn,
+        }
+        env.pop("SAGA_CRASH_AT", None)
+        env.update(extra)
+        return env
+
+    async def prepare(self) -> None:
+        """Each participant gets its own schema with its ledger, as its own database would."""
+        conn = await asyncpg.connect(self.database_dsn)
+        try:
+            for name in PARTICIPANTS:
+                schema = self.participant_schema(name)
+                await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+                await conn.execute(f'SET search_path TO "{schema}"')
+                await conn.execute(LEDGER_DDL)
+        finally:
+            await conn.close()
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        old = self.procs.get(name)
+        if old is not None and old.poll() is None:
+            raise RuntimeError(f"{name} is already running")
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
+        proc = subprocess.Popen(
+            [sys.executable, *args], cwd=ROOT, env=env, stdout=log, stderr=log,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        self.procs[name] = proc
+        return proc
+
+    def start_engine(self, name: str = "engine", crash_at: str | None = None) -> None:
+        extra = {"SAGA_CRASH_AT": crash_at} if crash_at else {}
+        self._spawn(
+            name, ["-m", "saga_engine", "worker", "tests.e2e.app", "--log-level", "INFO"],
+            self.env(**extra),
+        )  # fmt: skip
+
+    def start_participant(self, name: str, crash_at: str | None = None) -> None:
+        extra = {"SAGA_PARTICIPANT__DB_SCHEMA": self.participant_schema(name)}
+        if crash_at:
+            extra["SAGA_CRASH_AT"] = crash_at
+        self._spawn(
+            f"participant-{name}", ["-m", "tests.e2e.app", "participant", name], self.env(**extra)
+        )
+
+    def kill(self, name: str) -> None:
+        proc = self.procs[name]
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+    async def wait_exit(self, name: str, timeout: float = 90.0) -> int:
+        proc = self.procs[name]
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} did not exit; log:\n{self.log_tail(name)}")
+            await asyncio.sleep(0.1)
+        return proc.returncode
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        path = self.logs / f"{name}.log"
+        return (
+            "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+            if path.exists()
+            else ""
+        )
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+    # ------------------------------------------------------------------ observation
+
+    async def statuses(self, saga_ids: list[str]) -> dict[str, SagaStatus]:
+        conn = await asyncpg.connect(self.database_dsn)
+        try:
+            rows = await conn.fetch(
+                f'SELECT saga_id, status FROM "{self.schema}".sagas WHERE saga_id = ANY($1)',
+                saga_ids,
+            )
+        except asyncpg.UndefinedTableError:
+            return {}
+        finally:
+            await conn.close()
+        return {r["saga_id"]: SagaStatus(r["status"]) for r in rows}
+
+    async def wait_settled(
+        self, saga_ids: list[str], timeout: float = 120.0
+    ) -> dict[str, SagaStatus]:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = await self.statuses(saga_ids)
+            if len(found) == len(saga_ids) and all(
+                s.is_terminal or s.is_parked for s in found.values()
+            ):
+                return found
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"--- {n}\n{self.log_tail(n)}" for n in self.procs)
+                raise TimeoutError(f"sagas still open: {found}\n{logs}")
+            await asyncio.sleep(0.2)
+
+    async def ledger(self, participant: str) -> list[dict[str, Any]]:
+        conn = await asyncpg.connect(self.database_dsn)
+        try:
+            rows = await conn.fetch(
+                f'SELECT command_id, saga_id, kind FROM "{self.participant_schema(participant)}".ledger'
+            )
+        finally:
+            await conn.close()
+        return [dict(r) for r in rows]
+
+    async def check_effects(self, expected: dict[str, SagaStatus], failing: dict[str, str]) -> None:
+        """Exactly one effect per command id, and the effects each outcome implies."""
+        for participant in PARTICIPANTS:
+            rows = await self.ledger(participant)
+            per_command = Counter(r["command_id"] for r in rows)
+            duplicated = {c: n for c, n in per_command.items() if n != 1}
+            assert not duplicated, f"{participant}: duplicated effects {duplicated}"
+            for saga_id, status in expected.items():
+                kinds = sorted(r["kind"] for r in rows if r["saga_id"] == saga_id)
+                order = list(PARTICIPANTS)
+                if status == SagaStatus.COMPLETED:
+                    want = ["apply"]
+                else:
+                    refused_at = order.index(failing[saga_id])
+                    mine = order.index(participant)
+                    want = ["apply", "revert"] if mine < refused_at else []
+                assert kinds == want, f"{participant} saga {saga_id} ({status}): {kinds} != {want}"

@@ -1,0 +1,224 @@
+"""The engine's side of the wire, for participant tests: it sends commands and reads the
+replies and dead letters, on the real Kafka. A ledger table records handler effects."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from pydantic import BaseModel
+
+from saga_engine._topics import Topics
+from saga_engine._wire import Envelope, Headers, MessageType, decode, encode
+from saga_engine.participant import Participant, Rejected, Transaction
+from saga_engine.settings import KafkaSettings, Settings
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+PARTICIPANT = "ledger"
+
+
+# --------------------------------------------------------------------------- commands
+
+
+class Reserve(BaseModel):
+    amount: int
+    delay_s: float = 0.0
+
+
+class Reserved(BaseModel):
+    reservation: str
+    amount: int
+
+
+class Flaky(BaseModel):
+    fail_times: int
+
+
+def command(
+    subject: str,
+    body: Any,
+    *,
+    saga_id: str | None = None,
+    command_id: str | None = None,
+    step: str = "reserve",
+) -> Envelope:
+    """A command as the engine sends it."""
+    saga = saga_id or f"saga-{uuid.uuid4().hex[:8]}"
+    return Envelope(
+        message_type=MessageType.COMMAND,
+        source="/saga-engine/test",
+        subject=subject,
+        saga_id=saga,
+        saga_type="Checkout",
+        command_id=command_id or f"{saga}:{step}:0",
+        step=step,
+        correlation_id=saga,
+        reply_to="",  # the participant falls back to the inbox
+        traceparent=TRACEPARENT,
+        body=body,
+    )
+
+
+def resent(envelope: Envelope) -> Envelope:
+    """The same command sent again, as a retry or replay does: a new message id."""
+    return envelope.model_copy(update={"id": str(uuid.uuid4())})
+
+
+# --------------------------------------------------------------------------- handlers
+
+
+@dataclass
+class Effects:
+    """What the handlers did, besides the ledger: calls per command id."""
+
+    calls: Counter[str] = field(default_factory=Counter)
+
+
+def ledger_participant(settings: Settings, effects: Effects, **options: Any) -> Participant:
+    participant = Participant(PARTICIPANT, settings, **options)
+
+    @participant.handles(Reserve)
+    async def reserve(cmd: Reserve, tx: Transaction) -> Reserved:
+        effects.calls[tx.command_id] += 1
+        # Written first, so that a refusal has a partial write to roll back.
+        await tx.execute(
+            "INSERT INTO ledger (command_id, amount) VALUES ($1, $2)", tx.command_id, cmd.amount
+        )
+        if cmd.delay_s:
+            await asyncio.sleep(cmd.delay_s)
+        if cmd.amount > 100:
+            raise Rejected("insufficient credit", details={"requested": cmd.amount, "limit": 100})
+        return Reserved(reservation=f"r-{tx.command_id}", amount=cmd.amount)
+
+    @participant.handles(Flaky)
+    async def flaky(cmd: Flaky, tx: Transaction) -> dict[str, Any]:
+        effects.calls[tx.command_id] += 1
+        await tx.execute("INSERT INTO ledger (command_id, amount) VALUES ($1, 0)", tx.command_id)
+        if effects.calls[tx.command_id] <= cmd.fail_times:
+            raise RuntimeError(f"flaky failure {effects.calls[tx.command_id]}")
+        return {"attempt": tx.attempt}
+
+    return participant
+
+
+async def create_ledger(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "CREATE TABLE ledger (id bigserial PRIMARY KEY, command_id text NOT NULL, amount int)"
+        )
+    finally:
+        await conn.close()
+
+
+async def query(dsn: str, sql: str, *args: Any) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetch(sql, *args)
+    finally:
+        await conn.close()
+
+
+# --------------------------------------------------------------------------- the wire
+
+
+async def poll_until(
+    predicate: Callable[[], Awaitable[Any]], *, timeout: float = 20.0, interval: float = 0.05
+) -> Any:
+    """Polls an async predicate until it is truthy; fails at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s (last: {value!r})")
+        await asyncio.sleep(interval)
+
+
+class Bus:
+    """Sends commands to the participant's topic; collects its replies and dead letters
+    from the start of the inbox and dead-letter topics (no consumer group)."""
+
+    def __init__(self, kafka: KafkaSettings) -> None:
+        self.kafka = kafka
+        self.topics = Topics.of(kafka)
+        self.command_topic = self.topics.commands(PARTICIPANT)
+        self._producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
+        self._inbox = self._reader(self.topics.inbox)
+        self._dlq = self._reader(self.topics.dlq)
+        self.replies: list[Envelope] = []
+        self.reply_headers: list[dict[str, str]] = []
+        self.dead: list[Any] = []
+
+    def _reader(self, topic: str) -> AIOKafkaConsumer:
+        return AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=self.kafka.bootstrap_servers,
+            group_id=None,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=20,
+        )
+
+    async def start(self) -> None:
+        await self._producer.start()
+        await self._inbox.start()
+        await self._dlq.start()
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+        await self._inbox.stop()
+        await self._dlq.stop()
+
+    async def send(self, envelope: Envelope, *, partition: int | None = None) -> None:
+        key, value, headers = encode(envelope)
+        await self.send_raw(key, value, headers, partition=partition)
+
+    async def send_raw(
+        self, key: bytes | None, value: bytes, headers: Headers, *, partition: int | None = None
+    ) -> None:
+        await self._producer.send_and_wait(
+            self.command_topic, value, key=key, headers=headers, partition=partition
+        )
+
+    async def wait_replies(self, count: int, *, timeout: float = 20.0) -> list[Envelope]:
+        """Waits until at least ``count`` replies have arrived; returns all of them."""
+
+        async def enough() -> bool:
+            for records in (await self._inbox.getmany(timeout_ms=100)).values():
+                for r in records:
+                    headers = list(r.headers)
+                    self.replies.append(decode(r.key, r.value, headers, max_bytes=10_000_000))
+                    self.reply_headers.append({k: v.decode() for k, v in headers})
+            return len(self.replies) >= count
+
+        await poll_until(enough, timeout=timeout, interval=0)
+        return list(self.replies)
+
+    async def wait_dead_letters(self, count: int, *, timeout: float = 20.0) -> list[Any]:
+        async def enough() -> bool:
+            for records in (await self._dlq.getmany(timeout_ms=100)).values():
+                self.dead.extend(records)
+            return len(self.dead) >= count
+
+        await poll_until(enough, timeout=timeout, interval=0)
+        return list(self.dead)
+
+
+async def delete_topics(bootstrap: str, prefix: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        mine = [t for t in await admin.list_topics() if t.startswith(prefix + ".")]
+        if mine:
+            await admin.delete_topics(mine)
+    finally:
+        await admin.close()

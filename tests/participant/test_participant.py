@@ -1,0 +1,415 @@
+"""The participant kit on the real Postgres and Kafka: applied once, replied always.
+
+Each test drives a ``ledger`` participant the way an engine would: COMMAND envelopes go
+to its command topic, REPLY envelopes are read from the inbox, and a ledger table in
+the participant's own schema counts the handlers' effects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import pytest
+from pydantic import SecretStr
+
+from saga_engine._kafka import ensure_topics
+from saga_engine._wire import Envelope, MessageType, ReplyBody, encode
+from saga_engine.participant import Participant
+from saga_engine.settings import KafkaSettings, ParticipantSettings, Settings
+from tests.conftest import PgTarget
+from tests.participant.helpers import (
+    PARTICIPANT,
+    TRACEPARENT,
+    Bus,
+    Effects,
+    command,
+    create_ledger,
+    delete_topics,
+    ledger_participant,
+    poll_until,
+    query,
+    resent,
+)
+
+pytestmark = pytest.mark.integration
+
+
+class SimulatedCrash(Exception):
+    """Raised by a crash hook: the participant process "dies" at that point."""
+
+
+@dataclass
+class World:
+    settings: Settings
+    pg: PgTarget
+    bus: Bus
+    effects: Effects = field(default_factory=Effects)
+    running: list[Participant] = field(default_factory=list)
+
+    async def participant(self, **options: Any) -> Participant:
+        """A started ledger participant (stopped at the end of the test)."""
+        options.setdefault("backoff_base_s", 0.01)
+        participant = ledger_participant(self.settings, self.effects, **options)
+        self.running.append(participant)
+        await participant.start()
+        return participant
+
+    async def ledger(self) -> list[tuple[str, int]]:
+        rows = await query(self.pg.dsn, "SELECT command_id, amount FROM ledger ORDER BY id")
+        return [(r["command_id"], r["amount"]) for r in rows]
+
+    async def processed(self, command_id: str) -> asyncpg.Record | None:
+        rows = await query(
+            self.pg.dsn,
+            "SELECT outcome, reply::text AS reply, error FROM saga_processed_commands "
+            "WHERE command_id = $1",
+            command_id,
+        )
+        return rows[0] if rows else None
+
+    async def all_published(self) -> bool:
+        return await self.unpublished() == 0
+
+    async def unpublished(self) -> int:
+        rows = await query(
+            self.pg.dsn, "SELECT count(*) AS n FROM saga_reply_outbox WHERE published_at IS NULL"
+        )
+        return int(rows[0]["n"])
+
+
+@pytest.fixture
+async def world(pg: PgTarget, kafka_bootstrap: str, unique_id: str) -> AsyncIterator[World]:
+    prefix = f"t{unique_id}"
+    settings = Settings(
+        kafka=KafkaSettings(
+            bootstrap_servers=kafka_bootstrap,
+            topic_prefix=prefix,
+            partitions=2,
+            max_message_bytes=8192,
+        ),
+        participant=ParticipantSettings(
+            dsn=SecretStr(pg.database_dsn), db_schema=pg.schema, handler_attempts=3
+        ),
+    )
+    await create_ledger(pg.dsn)
+    bus = Bus(settings.kafka)
+    await ensure_topics(
+        settings.kafka, [bus.command_topic, bus.topics.inbox, bus.topics.dlq], partitions=2
+    )
+    await bus.start()
+    w = World(settings, pg, bus)
+    try:
+        yield w
+    finally:
+        for participant in w.running:
+            await participant.stop()
+        await bus.stop()
+        await delete_topics(kafka_bootstrap, prefix)
+
+
+def body_of(reply: Envelope) -> ReplyBody:
+    return ReplyBody.model_validate(reply.body)
+
+
+# --------------------------------------------------------------------------- applied once
+
+
+async def test_a_command_is_applied_once_and_replied_success(world: World) -> None:
+    participant = await world.participant()
+    cmd = command("Reserve", {"amount": 30})
+
+    await world.bus.send(cmd)
+    [reply] = await world.bus.wait_replies(1)
+
+    assert reply.message_type is MessageType.REPLY
+    assert body_of(reply) == ReplyBody(
+        outcome="success", payload={"reservation": f"r-{cmd.command_id}", "amount": 30}
+    )
+    headers = world.bus.reply_headers[0]
+    assert headers["ce_type"] == "saga.reply"
+    assert headers["ce_commandid"] == cmd.command_id
+    assert headers["ce_causationid"] == cmd.id
+    assert headers["ce_correlationid"] == cmd.saga_id
+    assert headers["ce_sagaid"] == cmd.saga_id
+    assert headers["ce_step"] == cmd.step
+    assert headers["ce_source"] == f"/participants/{PARTICIPANT}"
+    assert headers["traceparent"] == TRACEPARENT
+    assert await world.ledger() == [(cmd.command_id, 30)]
+    stored = await world.processed(cmd.command_id)
+    assert stored is not None
+    assert stored["outcome"] == "success"
+    assert ReplyBody.model_validate_json(stored["reply"]) == body_of(reply)
+    assert await poll_until(world.all_published)
+    assert participant.stats["processed"] == 1
+
+    # The offset was committed after the transaction: a new instance does not see the
+    # command again (no duplicate), and carries on with the next one.
+    await participant.stop()
+    successor = await world.participant()
+    nxt = command("Reserve", {"amount": 5})
+    await world.bus.send(nxt)
+    await world.bus.wait_replies(2)
+    assert successor.stats["processed"] == 1
+    assert successor.stats["duplicates"] == 0
+    assert [c for c, _ in await world.ledger()] == [cmd.command_id, nxt.command_id]
+
+
+async def test_a_command_sent_three_times_is_applied_once(world: World) -> None:
+    participant = await world.participant()
+    cmd = command("Reserve", {"amount": 30})
+    sends = [cmd, resent(cmd), resent(cmd)]
+
+    for envelope in sends:
+        await world.bus.send(envelope)
+    replies = await world.bus.wait_replies(3)
+
+    assert world.effects.calls[cmd.command_id] == 1
+    assert await world.ledger() == [(cmd.command_id, 30)]
+    assert len(replies) == 3
+    assert len({r.body["payload"]["reservation"] for r in replies}) == 1
+    assert all(body_of(r) == body_of(replies[0]) for r in replies)
+    assert body_of(replies[0]).outcome == "success"
+    # Each reply answers the message it was sent for.
+    assert [r.causation_id for r in replies] == [s.id for s in sends]
+    assert participant.stats["processed"] == 1
+    assert participant.stats["duplicates"] == 2
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+async def test_a_rejection_rolls_back_and_a_duplicate_gets_the_same_refusal(
+    world: World,
+) -> None:
+    participant = await world.participant()
+    cmd = command("Reserve", {"amount": 500})
+
+    await world.bus.send(cmd)
+    [reply] = await world.bus.wait_replies(1)
+
+    assert body_of(reply) == ReplyBody(
+        outcome="failure",
+        payload={"requested": 500, "limit": 100},
+        error="insufficient credit",
+    )
+    # The handler inserted into the ledger before refusing: the savepoint undid it.
+    assert await world.ledger() == []
+    stored = await world.processed(cmd.command_id)
+    assert stored is not None
+    assert (stored["outcome"], stored["error"]) == ("failure", "insufficient credit")
+
+    await world.bus.send(resent(cmd))
+    replies = await world.bus.wait_replies(2)
+
+    assert body_of(replies[1]) == body_of(reply)
+    assert world.effects.calls[cmd.command_id] == 1
+    assert await world.ledger() == []
+    assert participant.stats["rejected"] == 1
+    assert participant.stats["duplicates"] == 1
+
+
+async def test_unknown_command_type_gets_a_failure_reply(world: World) -> None:
+    participant = await world.participant()
+    cmd = command("Teleport", {"to": "mars"})
+
+    await world.bus.send(cmd)
+    [reply] = await world.bus.wait_replies(1)
+
+    body = body_of(reply)
+    assert body.outcome == "failure"
+    assert body.error == f"participant {PARTICIPANT} cannot handle Teleport"
+    assert body.payload == {"command_type": "Teleport", "handles": ["Flaky", "Reserve"]}
+    assert participant.stats["unknown_command"] == 1
+    stored = await world.processed(cmd.command_id)
+    assert stored is not None
+    assert stored["outcome"] == "failure"
+
+
+# --------------------------------------------------------------------------- crashes in handlers
+
+
+async def test_a_handler_that_fails_twice_then_succeeds_is_applied_once(world: World) -> None:
+    participant = await world.participant()
+    cmd = command("Flaky", {"fail_times": 2})
+
+    await world.bus.send(cmd)
+    [reply] = await world.bus.wait_replies(1)
+
+    assert body_of(reply) == ReplyBody(outcome="success", payload={"attempt": 3})
+    assert world.effects.calls[cmd.command_id] == 3
+    # Each failed attempt's insert was rolled back with its transaction.
+    assert await world.ledger() == [(cmd.command_id, 0)]
+    assert participant.stats["handler_errors"] == 2
+    assert participant.stats["processed"] == 1
+
+
+async def test_a_handler_that_always_fails_replies_retryable_and_applies_nothing(
+    world: World,
+) -> None:
+    participant = await world.participant()
+    cmd = command("Flaky", {"fail_times": 1000})
+
+    await world.bus.send(cmd)
+    [reply] = await world.bus.wait_replies(1)
+
+    body = body_of(reply)
+    assert body.outcome == "retryable"
+    assert body.error == "RuntimeError: flaky failure 3"
+    assert world.effects.calls[cmd.command_id] == 3  # settings.participant.handler_attempts
+    assert await world.ledger() == []
+    assert participant.stats["retryable"] == 1
+    assert participant.stats["handler_errors"] == 3
+
+    # The engine retries under a new command id and ignores late replies to this one, so
+    # a copy of it must get the same answer and apply nothing, even though the handler
+    # would now succeed (PROTOCOL.md 7.3: a retryable command id is dead for good).
+    stored = await world.processed(cmd.command_id)
+    assert stored is not None
+    assert stored["outcome"] == "retryable"
+    await world.bus.send(resent(cmd))
+    replies = await world.bus.wait_replies(2)
+    assert body_of(replies[1]) == body
+    assert world.effects.calls[cmd.command_id] == 3
+    assert participant.stats["duplicates"] == 1
+
+    # The retry, under its new id, runs the handler again from scratch.
+    retry = command("Flaky", {"fail_times": 0}, saga_id=cmd.saga_id, command_id=f"{cmd.saga_id}:1")
+    await world.bus.send(retry)
+    replies = await world.bus.wait_replies(3)
+    assert body_of(replies[2]) == ReplyBody(outcome="success", payload={"attempt": 1})
+    assert await world.ledger() == [(retry.command_id, 0)]
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+async def test_poison_records_are_dead_lettered_and_the_partition_keeps_flowing(
+    world: World,
+) -> None:
+    participant = await world.participant()
+    saga = "saga-poison"  # one key: every record below lands in the same partition
+    base = command("Reserve", {"amount": 1}, saga_id=saga, command_id=f"{saga}:0")
+    key, value, headers = encode(base)
+
+    def without(name: str) -> list[tuple[str, bytes]]:
+        return [(k, v) for k, v in headers if k != name]
+
+    await world.bus.send_raw(key, b'{"amount": 1', headers)
+    await world.bus.send_raw(key, value, [*without("ce_schemaversion"), ("ce_schemaversion", b"2")])
+    await world.bus.send_raw(key, value, without("ce_sagaid"))
+    await world.bus.send(command("Reserve", {"amount": 1, "pad": "x" * 9000}, saga_id=saga))
+    invalid = command("Reserve", {"amount": "lots"}, saga_id=saga, command_id=f"{saga}:1")
+    await world.bus.send(invalid)
+    valid = command("Reserve", {"amount": 7}, saga_id=saga, command_id=f"{saga}:2")
+    await world.bus.send(valid)
+
+    dead = await world.bus.wait_dead_letters(5)
+    replies = await world.bus.wait_replies(2)
+
+    reasons = [dict(d.headers)["dlq_reason"].decode() for d in dead]
+    assert sorted(reasons) == sorted(
+        ["malformed_json", "wrong_schema_version", "missing_header", "oversized", "invalid_body"]
+    )
+    assert {dict(d.headers)["dlq_topic"].decode() for d in dead} == {world.bus.command_topic}
+    # A body that fails validation is also answered, so its saga need not time out.
+    assert [r.command_id for r in replies] == [invalid.command_id, valid.command_id]
+    refusal = body_of(replies[0])
+    assert refusal.outcome == "failure"
+    assert refusal.error == "invalid Reserve body: 1 validation error(s)"
+    assert refusal.payload["errors"][0]["loc"] == ["amount"]
+    assert body_of(replies[1]).outcome == "success"
+    assert await world.ledger() == [(valid.command_id, 7)]
+    assert participant.stats["dead_lettered"] == 5
+    assert participant.stats["processed"] == 2
+
+
+# --------------------------------------------------------------------------- the outbox
+
+
+async def test_the_relay_publishes_a_reply_left_by_a_crash_after_commit(world: World) -> None:
+    def die_after_commit(point: str) -> None:
+        if point == "after_commit":
+            raise SimulatedCrash(point)
+
+    doomed = await world.participant(crash_hook=die_after_commit)
+    cmd = command("Reserve", {"amount": 30})
+
+    await world.bus.send(cmd)
+    with pytest.raises(SimulatedCrash):
+        await asyncio.wait_for(doomed.run(), timeout=20)
+
+    # It died after COMMIT and before publishing: the effect and the reply are durable,
+    # nothing reached the inbox.
+    assert await world.ledger() == [(cmd.command_id, 30)]
+    assert await world.unpublished() == 1
+    assert world.bus.replies == []
+
+    successor = await world.participant()
+    replies = await world.bus.wait_replies(1)
+
+    assert successor.stats["outbox_relayed"] == 1
+    assert body_of(replies[0]) == ReplyBody(
+        outcome="success", payload={"reservation": f"r-{cmd.command_id}", "amount": 30}
+    )
+    assert replies[0].causation_id == cmd.id
+    # Its offset was never committed, so the command comes again: it is a duplicate, and
+    # gets the stored reply without the handler running again.
+    await poll_until(lambda: _stat(successor, "duplicates", 1))
+    replies = await world.bus.wait_replies(2)
+    assert body_of(replies[1]) == body_of(replies[0])
+    assert world.effects.calls[cmd.command_id] == 1
+    assert await world.ledger() == [(cmd.command_id, 30)]
+    assert await poll_until(world.all_published)
+
+
+async def _stat(participant: Participant, name: str, value: int) -> bool:
+    return participant.stats[name] >= value
+
+
+# --------------------------------------------------------------------------- scale-out
+
+
+async def test_two_instances_share_partitions_without_duplicate_effects(world: World) -> None:
+    first = await world.participant()
+    second = await world.participant()
+
+    async def split() -> bool:
+        return first.assignment | second.assignment == {0, 1} and not (
+            first.assignment & second.assignment
+        )
+
+    await poll_until(split)
+
+    commands = [command("Reserve", {"amount": i, "delay_s": 0.05}) for i in range(1, 13)]
+    sent = 0
+    for cmd in commands:
+        await world.bus.send(cmd)
+        await world.bus.send(resent(cmd))
+        sent += 2
+    # The same command on both partitions at once: both instances claim it concurrently,
+    # and the unique index makes one wait for the other's transaction.
+    for cmd in commands[:4]:
+        for partition in (0, 1):
+            await world.bus.send(resent(cmd), partition=partition)
+            sent += 1
+
+    replies = await world.bus.wait_replies(sent, timeout=40)
+
+    ledger = await world.ledger()
+    assert sorted(c for c, _ in ledger) == sorted(c.command_id for c in commands)
+    assert all(world.effects.calls[c.command_id] == 1 for c in commands)
+    by_command: dict[str, list[Envelope]] = {}
+    for reply in replies:
+        by_command.setdefault(reply.command_id, []).append(reply)
+    for cmd in commands:
+        bodies = [body_of(r) for r in by_command[cmd.command_id]]
+        assert bodies == [bodies[0]] * len(bodies)
+        assert bodies[0].outcome == "success"
+    assert first.stats["processed"] > 0
+    assert second.stats["processed"] > 0
+    assert first.stats["processed"] + second.stats["processed"] == len(commands)
+    assert first.stats["duplicates"] + second.stats["duplicates"] == sent - len(commands)
