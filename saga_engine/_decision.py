@@ -98,6 +98,8 @@ class OutboundCommand:
     attempt: int
     compensation: bool
     trace_context: dict[str, str] = field(default_factory=dict)
+    #: For a compensation: the forward command ids it undoes.
+    compensates: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)

@@ -238,6 +238,8 @@ class CompensationIssued(_Intent):
     command_id: str
     attempt: int
     timeout_at: datetime | None = None
+    #: The forward command ids this compensation undoes (sent as ce_compensates).
+    compensates: list[str] = Field(default_factory=list)
 
     def signature(self) -> tuple[Any, ...]:
         return (

@@ -104,6 +104,7 @@ class KafkaCommandSender:
             causation_id=command.command_id,
             reply_to=self._topics.inbox,
             compensation=command.compensation,
+            compensates=",".join(command.compensates),
             traceparent=command.trace_context.get("traceparent", ""),
             tracestate=command.trace_context.get("tracestate", ""),
             body=command.payload,

@@ -90,6 +90,9 @@ class _Timer:
 class _Owed:
     step: str
     spec: CompensationSpec
+    #: The forward command ids the step issued: the compensation names them, so a
+    #: participant can refuse a forward command that arrives after its compensation.
+    forward_ids: tuple[str, ...] = ()
 
 
 def error_info(exc: BaseException, step: str | None = None) -> ErrorInfo:
@@ -231,6 +234,7 @@ class SagaOperations:
                 timeout_s=(timeout or DEFAULT_COMPENSATION_TIMEOUT).total_seconds(),
             )
         generation, unknown, last_error = 0, False, ""
+        sent: list[str] = []
         for attempt in itertools.count(1):
             issued = self._emit(
                 CommandIssued(
@@ -246,18 +250,20 @@ class SagaOperations:
                     compensation=spec,
                 )
             )
+            if issued.command_id not in sent:
+                sent.append(issued.command_id)
             try:
                 reply = await self._await_command(issued)
             except asyncio.CancelledError:
                 # Cancelled in flight: it may or may not have been applied.
                 if spec is not None:
-                    self._stack.append(_Owed(name, spec))
+                    self._stack.append(_Owed(name, spec, tuple(sent)))
                 raise
             if reply is None:
                 unknown, last_error = True, "timed out"
             elif reply.outcome == "success":
                 if spec is not None:
-                    self._stack.append(_Owed(name, spec))
+                    self._stack.append(_Owed(name, spec, tuple(sent)))
                 return reply.payload
             elif reply.outcome == "failure":
                 raise StepFailed(
@@ -268,7 +274,7 @@ class SagaOperations:
             if attempt >= policy.max_attempts:
                 if unknown:
                     if spec is not None:
-                        self._stack.append(_Owed(name, spec))
+                        self._stack.append(_Owed(name, spec, tuple(sent)))
                     raise StepTimedOut(name, attempt)
                 raise StepFailed(name, f"gave up after {attempt} attempts: {last_error}")
             self._check_open()
@@ -452,6 +458,7 @@ class SagaOperations:
                     ),
                     attempt=attempt,
                     timeout_at=self.now + timeout if timeout else None,
+                    compensates=list(owed.forward_ids),
                 )
             )
             reply = await self._await_command(issued)

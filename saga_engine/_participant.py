@@ -283,6 +283,17 @@ ON CONFLICT (command_id) DO NOTHING
 RETURNING command_id
 """
 
+TOMBSTONE_REPLY: Final = (
+    '{"outcome": "failure", "payload": {}, "error": "compensated before it arrived"}'
+)
+
+TOMBSTONE: Final = """
+INSERT INTO saga_processed_commands (command_id, saga_id, command_type, step, outcome, reply, error)
+SELECT id, $2, '(compensated)', $3, 'failure', $4::jsonb, 'compensated before it arrived'
+FROM unnest($1::text[]) AS id
+ON CONFLICT (command_id) DO NOTHING
+"""
+
 STORED_REPLY: Final = "SELECT reply::text FROM saga_processed_commands WHERE command_id = $1"
 
 RECORD_OUTCOME: Final = """
@@ -541,6 +552,15 @@ class CommandProcessor:
                 outgoing = reply_record(command, stored, source=self._source, topic=topic)
                 await insert_outbox(conn, outgoing)
                 return outgoing, True, False
+            forward_ids = [i for i in command.compensates.split(",") if i]
+            if command.compensation and forward_ids:
+                # Tombstones: a forward command that arrives after its compensation (a
+                # re-send delayed in a broker, across an ownership change) must find
+                # itself already answered, and never be applied. ON CONFLICT keeps the
+                # real record of a forward command that was processed.
+                await conn.execute(
+                    TOMBSTONE, forward_ids, command.saga_id, command.step, TOMBSTONE_REPLY
+                )
             rejected = False
             if fixed is not None:
                 outgoing = self._fitted(command, fixed, topic)

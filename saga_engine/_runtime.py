@@ -473,4 +473,5 @@ class SagaRuntime(SagaOperations):
             attempt=event.attempt,
             compensation=isinstance(event, CompensationIssued),
             trace_context=self.trace_context,
+            compensates=tuple(event.compensates) if isinstance(event, CompensationIssued) else (),
         )

@@ -157,6 +157,12 @@ class Envelope(BaseModel):
     reply_to: str = Field(default="", description="ce_replyto: topic for the reply")
     schema_version: str = Field(default=SCHEMA_VERSION, description="ce_schemaversion")
     compensation: bool = Field(default=False, description="ce_compensation: a compensating command")
+    compensates: str = Field(
+        default="",
+        description="ce_compensates: on a compensation, the comma-separated forward command "
+        "ids it undoes; a participant records them as refused, so a forward command arriving "
+        "after its compensation is never applied",
+    )
     traceparent: str = Field(default="", description="W3C traceparent header")
     tracestate: str = Field(default="", description="W3C tracestate header")
     body: Any = Field(default_factory=dict, description="the JSON body (the Kafka value)")
@@ -187,6 +193,7 @@ HEADERS: dict[str, str] = {
     "reply_to": "ce_replyto",
     "schema_version": "ce_schemaversion",
     "compensation": "ce_compensation",
+    "compensates": "ce_compensates",
     "traceparent": "traceparent",
     "tracestate": "tracestate",
 }

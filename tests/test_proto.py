@@ -193,6 +193,9 @@ def command(*, compensation: bool = False) -> Envelope:
         causation_id=command_id,
         reply_to=TOPICS.inbox,
         compensation=compensation,
+        compensates=(
+            command_id_for(SAGA_ID, "reserve-stock", 0, compensation=False) if compensation else ""
+        ),
         traceparent=TRACEPARENT,
         tracestate="congo=t61rcWkgMzE",
         body={"order_id": "o-42", "sku": "A-1", "quantity": 2},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -41,6 +42,11 @@ async def test_survivor_takes_over_the_sagas_of_a_killed_instance(participants_u
     statuses = await cluster.wait_settled(ids, timeout=120)
     assert set(statuses.values()) == {SagaStatus.COMPLETED}
     await cluster.check_effects(statuses, {})
+    # The survivor really took over open sagas of the killed instance.
+    recovered = [
+        int(n) for n in re.findall(r"and recovered (\d+) sagas", cluster.log_tail("engine-b", 500))
+    ]
+    assert any(n > 0 for n in recovered), cluster.log_tail("engine-b", 50)
 
 
 async def test_a_new_instance_mid_run_rebalances_without_duplicates(

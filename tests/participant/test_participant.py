@@ -413,3 +413,24 @@ async def test_two_instances_share_partitions_without_duplicate_effects(world: W
     assert second.stats["processed"] > 0
     assert first.stats["processed"] + second.stats["processed"] == len(commands)
     assert first.stats["duplicates"] + second.stats["duplicates"] == sent - len(commands)
+
+
+async def test_a_forward_command_arriving_after_its_compensation_is_never_applied(
+    world: World,
+) -> None:
+    await world.participant()
+    forward = command("Reserve", {"amount": 30}, step="reserve")
+    compensation = command(
+        "Flaky", {"fail_times": 0}, saga_id=forward.saga_id, command_id="undo-1", step="reserve"
+    ).model_copy(update={"compensation": True, "compensates": forward.command_id})
+
+    await world.bus.send(compensation)
+    await world.bus.wait_replies(1)
+    await world.bus.send(forward)  # late: delayed somewhere, after the compensation
+    replies = await world.bus.wait_replies(2)
+
+    late = next(r for r in replies if r.command_id == forward.command_id)
+    assert body_of(late).outcome == "failure"
+    assert body_of(late).error == "compensated before it arrived"
+    assert world.effects.calls[forward.command_id] == 0
+    assert await world.ledger() == [("undo-1", 0)]

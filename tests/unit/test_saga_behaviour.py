@@ -354,3 +354,19 @@ async def test_compensation_is_never_sent_for_a_step_without_one() -> None:
     assert env.compensated_steps() == ["reserve-stock", "reserve-credit"]
     releases = env.commands("payments", compensation=True)
     assert [c.command_type for c in releases] == [ReleaseCredit.__name__]
+
+
+async def test_compensations_name_the_forward_command_ids_they_undo() -> None:
+    env = SagaTestEnv([ThreeSteps])
+    env.participant("p2").on(Cmd, retryable="busy", times=1)
+    env.participant("p3").on(Cmd, reject="no capacity")
+    run = await env.start(ThreeSteps, Count(steps=3))
+    assert await env.run_until_settled(run) == SagaStatus.COMPENSATED
+    forward: dict[str, list[str]] = {}
+    for c in env.commands(compensation=False):
+        forward.setdefault(c.step, [])
+        if c.command_id not in forward[c.step]:
+            forward[c.step].append(c.command_id)
+    assert len(forward["step-2"]) == 2, "a retryable reply moved step-2 to a new command id"
+    for comp in env.commands(compensation=True):
+        assert list(comp.compensates) == forward[comp.step]
