@@ -56,7 +56,7 @@ demo: venv
 	@$(DEVSTACK) run -- $(PY) -m services_demo.smoke
 
 bench: venv
-	@$(DEVSTACK) run -- $(PY) bench/run_all.py
+	@$(DEVSTACK) run -- $(PY) -m bench.e2e $(BENCH_ARGS)
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis

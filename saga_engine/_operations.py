@@ -277,9 +277,16 @@ class SagaOperations:
                         self._stack.append(_Owed(name, spec, tuple(sent)))
                     raise StepTimedOut(name, attempt)
                 raise StepFailed(name, f"gave up after {attempt} attempts: {last_error}")
-            self._check_open()
-            delay = policy.backoff(attempt, seed=f"{self.saga_id}:{name}")
-            await self._timer(f"retry:{name}:{attempt}", "retry", delay)
+            try:
+                self._check_open()
+                delay = policy.backoff(attempt, seed=f"{self.saga_id}:{name}")
+                await self._timer(f"retry:{name}:{attempt}", "retry", delay)
+            except asyncio.CancelledError:
+                # Stopped while waiting to retry after a timeout: the last attempt may
+                # have been applied, so its compensation is owed.
+                if unknown and spec is not None:
+                    self._stack.append(_Owed(name, spec, tuple(sent)))
+                raise
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def op_sleep(self, delay: timedelta) -> None:
@@ -464,6 +471,7 @@ class SagaOperations:
             reply = await self._await_command(issued)
             if reply is not None and reply.outcome == "success":
                 self._emit(CompensationCompleted(at=self.now, step=owed.step))
+                self._stack.remove(owed)  # no longer owed
                 return
             if reply is None:
                 last_error = "timed out"

@@ -43,6 +43,7 @@ from saga_engine._decision import (
 from saga_engine._definition import SagaDefinition
 from saga_engine._errors import InvalidTransition, NondeterminismError, SerializationError
 from saga_engine._events import (
+    TERMINAL_EVENTS,
     AttemptTimedOut,
     CancelRequested,
     CommandIssued,
@@ -69,6 +70,13 @@ from saga_engine._status import SagaStatus, check_transition
 from saga_engine._store import Projection
 
 M = TypeVar("M", bound=BaseModel)
+
+_TERMINAL_STATUS = {
+    "saga_completed": SagaStatus.COMPLETED,
+    "saga_failed": SagaStatus.FAILED,
+    "saga_compensated": SagaStatus.COMPENSATED,
+    "saga_cancelled": SagaStatus.CANCELLED,
+}
 
 
 class SagaRuntime(SagaOperations):
@@ -396,9 +404,10 @@ class SagaRuntime(SagaOperations):
             self._parked = True
             self._error = event.error
         elif isinstance(event, SagaResumed):
-            if self._parked:
-                self._parked = False
-            elif self._status == SagaStatus.COMPENSATION_STUCK:
+            # One resume clears a nondeterminism park and retries a stuck compensation
+            # (the lifecycle's waiter is woken by the same event in _apply).
+            self._parked = False
+            if self._status == SagaStatus.COMPENSATION_STUCK:
                 new = SagaStatus.COMPENSATING
         elif isinstance(event, SagaCompleted):
             new = SagaStatus.COMPLETED
@@ -420,11 +429,19 @@ class SagaRuntime(SagaOperations):
         self._nd = NondeterminismError(self.saga_id, seq, expected, actual)
         self._loop.discard()
         self._inflight.clear()
+        self._timers.clear()
+        ended = next((e for e in reversed(self._history) if isinstance(e, TERMINAL_EVENTS)), None)
+        if ended is not None:
+            # The saga finished long ago under the old code: report the mismatch, but a
+            # finished saga stays finished; nothing of it will ever run again.
+            self._status = _TERMINAL_STATUS[ended.kind]
+            return
         self._parked = True
         if isinstance(self._history[-1], SagaParked):
             return  # parked already, by an earlier deploy: nothing new to record
         parked = SagaParked(
-            at=self.now,
+            # Never stamped before the history it ends.
+            at=max(self.now, self._history[-1].at),
             error=ErrorInfo(
                 type="NondeterminismError",
                 message=str(self._nd),

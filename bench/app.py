@@ -1,0 +1,248 @@
+"""The application the end-to-end benchmark runs: one 3-step saga and three participants.
+
+Each role runs in its own process, configured by the ``SAGA_*`` environment like any
+deployment, plus two variables of the benchmark's own:
+
+- ``BENCH_STATE_DIR``: where the process writes ``{role}.ready`` once it owns partitions,
+  and ``{role}.stats.{n}.json`` (its counters) on the n-th SIGUSR1 and
+  ``{role}.stats.final.json`` when it stops;
+- ``BENCH_GROUP_COMMIT`` (engine only): ``0`` turns the event store's group commit off.
+
+::
+
+    python -m bench.app engine              # SagaWorker, like `saga worker bench.app`
+    python -m bench.app participant alpha   # a participant in schema SAGA_PARTICIPANT__DB_SCHEMA
+
+The engine role is ``saga worker`` (saga_engine.cli) with two differences: it opens the
+store itself (to choose group commit and to read its batching stats) and it reports
+counters on SIGUSR1. The worker, the engine and the store are the shipped classes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import orjson
+from pydantic import BaseModel
+
+from saga_engine import Saga, SagaContext, Settings
+from saga_engine.participant import Participant, Transaction
+from saga_engine.store import GroupCommitConfig, PostgresEventStore, migrate
+from saga_engine.worker import SagaWorker
+
+PARTICIPANTS = ("alpha", "beta", "gamma")
+SAGA_NAME = "bench-transfer"
+
+
+class TransferRequest(BaseModel):
+    amount: int
+
+
+class TransferDone(BaseModel):
+    receipts: list[str]
+
+
+class Apply(BaseModel):
+    amount: int
+
+
+class Revert(BaseModel):
+    amount: int
+
+
+class Applied(BaseModel):
+    receipt: str
+
+
+class Transfer(Saga[TransferRequest, TransferDone]):
+    """Three steps, one per participant, each with a compensation and a timeout."""
+
+    name = SAGA_NAME
+
+    async def run(self, ctx: SagaContext, req: TransferRequest) -> TransferDone:
+        receipts: list[str] = []
+        for participant in PARTICIPANTS:
+            reply = await ctx.step(
+                f"apply-{participant}",
+                to=participant,
+                command=Apply(amount=req.amount),
+                compensate=Revert(amount=req.amount),
+                # Generous: a timeout that fires under load would add retries to the run.
+                timeout=120,
+                returns=Applied,
+            )
+            receipts.append(reply.receipt)
+        return TransferDone(receipts=receipts)
+
+
+#: The participant's business table. ``at`` is the wall clock when the handler ran
+#: (clock_timestamp(), not the transaction's start), which splits a step's round trip
+#: into its outbound and return legs.
+LEDGER_DDL = """
+CREATE TABLE IF NOT EXISTS ledger (
+    id bigserial PRIMARY KEY,
+    command_id text NOT NULL,
+    saga_id text NOT NULL,
+    kind text NOT NULL,
+    amount int NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+
+
+def build_participant(name: str, settings: Settings) -> Participant:
+    participant = Participant(name, settings)
+
+    @participant.handles(Apply)
+    async def apply(cmd: Apply, tx: Transaction) -> Applied:
+        await tx.execute(
+            "INSERT INTO ledger (command_id, saga_id, kind, amount) VALUES ($1, $2, 'apply', $3)",
+            tx.command_id,
+            tx.saga_id,
+            cmd.amount,
+        )
+        return Applied(receipt=f"{name}:{tx.command_id[:8]}")
+
+    @participant.handles(Revert)
+    async def revert(cmd: Revert, tx: Transaction) -> Applied:
+        await tx.execute(
+            "INSERT INTO ledger (command_id, saga_id, kind, amount) VALUES ($1, $2, 'revert', $3)",
+            tx.command_id,
+            tx.saga_id,
+            cmd.amount,
+        )
+        return Applied(receipt=f"{name}:revert")
+
+    return participant
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+class _Reporter:
+    """Writes the ready marker and the counters files the benchmark reads."""
+
+    def __init__(self, role: str, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self.dir = Path(os.environ["BENCH_STATE_DIR"])
+        self.role = role
+        self._snapshot = snapshot
+        self._dumps = 0
+
+    def _write(self, name: str, payload: bytes) -> None:
+        tmp = self.dir / f".{name}.tmp"
+        tmp.write_bytes(payload)
+        tmp.rename(self.dir / name)
+
+    def ready(self) -> None:
+        self._write(f"{self.role}.ready", str(os.getpid()).encode())
+
+    def dump(self, tag: str | None = None) -> None:
+        if tag is None:
+            self._dumps += 1
+            tag = str(self._dumps)
+        times = os.times()
+        payload = {**self._snapshot(), "cpu_s": times.user + times.system}
+        self._write(f"{self.role}.stats.{tag}.json", orjson.dumps(payload))
+
+
+def _signals(stop: asyncio.Event, reporter: _Reporter) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, reporter.dump)
+
+
+async def run_engine() -> None:
+    settings = Settings()
+    enabled = os.environ.get("BENCH_GROUP_COMMIT", "1") != "0"
+    config = GroupCommitConfig(enabled=enabled)
+    await migrate(settings.pg.dsn.get_secret_value(), settings.pg.db_schema)
+    store = await PostgresEventStore.connect(settings.pg, group_commit=config)
+    worker = SagaWorker(settings, [Transfer], store=store)
+
+    def snapshot() -> dict[str, Any]:
+        return {
+            "group_commit": {
+                "enabled": config.enabled,
+                "max_batch": config.max_batch,
+                **dataclasses.asdict(store.stats),
+            },
+            "engine": dict(worker.engine.stats.counts) if worker.engine else {},
+            "dead_lettered": worker.stats_dead_lettered,
+        }
+
+    reporter = _Reporter("engine", snapshot)
+    stop = asyncio.Event()
+    _signals(stop, reporter)
+
+    async def announce() -> None:
+        await worker.assigned_event.wait()
+        reporter.ready()
+
+    try:
+        await worker.start()
+        announcer = asyncio.get_running_loop().create_task(announce())
+        await stop.wait()
+        announcer.cancel()
+    finally:
+        await worker.stop()
+        await store.close()
+        reporter.dump("final")
+
+
+async def run_participant(name: str) -> None:
+    settings = Settings()
+    schema = settings.participant.db_schema
+    conn = await asyncpg.connect(settings.participant.dsn.get_secret_value())
+    try:
+        await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        await conn.execute(f'SET search_path TO "{schema}"')
+        await conn.execute(LEDGER_DDL)
+    finally:
+        await conn.close()
+    participant = build_participant(name, settings)
+    reporter = _Reporter(f"participant-{name}", lambda: {"participant": dict(participant.stats)})
+    stop = asyncio.Event()
+    _signals(stop, reporter)
+    await participant.start()
+    try:
+        while not stop.is_set():
+            if participant.assignment:
+                reporter.ready()
+                break
+            await asyncio.sleep(0.05)
+        await stop.wait()
+    finally:
+        await participant.stop()
+        reporter.dump("final")
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    if argv == ["engine"]:
+        asyncio.run(run_engine())
+        return 0
+    if len(argv) == 2 and argv[0] == "participant" and argv[1] in PARTICIPANTS:
+        asyncio.run(run_participant(argv[1]))
+        return 0
+    print(
+        f"usage: python -m bench.app engine | participant {{{','.join(PARTICIPANTS)}}}",
+        file=sys.stderr,
+    )
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
