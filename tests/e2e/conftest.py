@@ -26,6 +26,7 @@ async def cluster(
         yield c
     finally:
         c.stop_all()
+        await c.drop_participant_schemas()
 
 
 @pytest.fixture

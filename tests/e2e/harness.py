@@ -80,6 +80,16 @@ class Cluster:
         finally:
             await conn.close()
 
+    async def drop_participant_schemas(self) -> None:
+        conn = await asyncpg.connect(self.database_dsn)
+        try:
+            for name in PARTICIPANTS:
+                await conn.execute(
+                    f'DROP SCHEMA IF EXISTS "{self.participant_schema(name)}" CASCADE'
+                )
+        finally:
+            await conn.close()
+
     def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         old = self.procs.get(name)
         if old is not None and old.poll() is None:

@@ -6,6 +6,7 @@ issue); the event store is the real Postgres adapter with group commit.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -159,6 +160,15 @@ def test_cli_migrate_applies_then_reports_up_to_date(pg: PgTarget) -> None:
     assert "up to date" in second.stdout
     sql = runner.invoke(app, ["migrate", "--sql"])
     assert "CREATE TABLE" in sql.stdout
+    asyncio.run(_drop_schema(pg.database_dsn, env["SAGA_PG__DB_SCHEMA"]))
+
+
+async def _drop_schema(dsn: str, schema: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    finally:
+        await conn.close()
 
 
 def orjson_loads(text: str) -> dict[str, object]:
