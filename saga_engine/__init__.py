@@ -12,7 +12,7 @@ Public modules besides this one: ``saga_engine.events`` (the history event types
 and ``saga_engine.settings``.
 """
 
-from saga_engine._context import SagaContext
+from saga_engine._context import HttpRequest, SagaContext
 from saga_engine._decision import OutboundCommand
 from saga_engine._definition import Saga, SagaRegistry
 from saga_engine._engine import Engine, saga_id_for
@@ -43,6 +43,7 @@ __all__ = [
     "DefinitionError",
     "Engine",
     "EngineSettings",
+    "HttpRequest",
     "InvalidTransition",
     "KafkaSettings",
     "NondeterminismError",

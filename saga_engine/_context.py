@@ -11,7 +11,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from saga_engine._policy import RetryPolicy
 from saga_engine._serde import JsonDict
@@ -23,6 +23,19 @@ M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
 Duration = timedelta | float | int
+
+#: Steps addressed to "http:<endpoint>" are HTTP calls made by the engine itself.
+HTTP_PREFIX = "http:"
+
+
+class HttpRequest(BaseModel):
+    """An HTTP call made by the engine for an HTTP step (or its compensation)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    method: str = "POST"
+    path: str = Field(pattern=r"^/")
+    body: JsonDict | None = None
 
 
 def as_timedelta(value: Duration | None, what: str) -> timedelta | None:
@@ -117,6 +130,73 @@ class SagaContext:
         if returns is None:
             return payload
         return self._rt.parse(returns, payload, f"the reply of step {name!r}")
+
+    @overload
+    async def http_step(
+        self,
+        name: str,
+        *,
+        endpoint: str,
+        path: str,
+        returns: type[M],
+        method: str = "POST",
+        json: JsonDict | None = None,
+        compensate: HttpRequest | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: Duration | None = None,
+    ) -> M: ...
+
+    @overload
+    async def http_step(
+        self,
+        name: str,
+        *,
+        endpoint: str,
+        path: str,
+        returns: None = None,
+        method: str = "POST",
+        json: JsonDict | None = None,
+        compensate: HttpRequest | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: Duration | None = None,
+    ) -> JsonDict: ...
+
+    async def http_step(
+        self,
+        name: str,
+        *,
+        endpoint: str,
+        path: str,
+        returns: type[M] | None = None,
+        method: str = "POST",
+        json: JsonDict | None = None,
+        compensate: HttpRequest | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: Duration | None = None,
+    ) -> M | JsonDict:
+        """A step that calls an HTTP service instead of sending a Kafka command.
+
+        The engine calls ``{base URL of endpoint}{path}`` (base URLs come from settings,
+        ``SAGA_HTTP__ENDPOINTS``) with an ``Idempotency-Key`` header equal to the step's
+        command id — the same on every re-send — so the service can deduplicate. 2xx
+        is success (the JSON body is the result); another 4xx fails the step
+        (``StepFailed``); connection errors, 408, 429 and 5xx are retried with the same
+        key until the attempt's ``timeout`` (default 30 s), then re-sent per ``retry``.
+        It is recorded in the history like any step.
+        """
+        request = HttpRequest(method=method.upper(), path=path, body=json)
+        payload = await self._rt.op_step(
+            name,
+            to=f"{HTTP_PREFIX}{endpoint}",
+            command=request,
+            compensate=compensate,
+            retry=retry,
+            timeout=as_timedelta(timeout, "timeout") or timedelta(seconds=30),
+            compensate_retry=None,
+        )
+        if returns is None:
+            return payload
+        return self._rt.parse(returns, payload, f"the response of step {name!r}")
 
     async def sleep(self, duration: Duration) -> None:
         """A durable timer: survives crashes and restarts."""

@@ -39,9 +39,11 @@ from saga_engine._errors import (
     TransientError,
     UnknownSagaType,
 )
+from saga_engine._http import HttpCaller, RoutingSender
 from saga_engine._kafka import DeadLetters, KafkaCommandSender, ensure_topics, make_producer
 from saga_engine._store import EventStore
 from saga_engine._topics import Topics, partition_for
+from saga_engine._trigger_runner import TriggerConsumer
 from saga_engine._wire import (
     CancelBody,
     Envelope,
@@ -54,6 +56,7 @@ from saga_engine._wire import (
     decode,
 )
 from saga_engine.settings import Settings
+from saga_engine.triggers import KafkaTrigger
 
 log = logging.getLogger("saga_engine.worker")
 
@@ -97,9 +100,13 @@ class SagaWorker:
         store: EventStore | None = None,
         crash_hook: CrashHook | None = None,
         instance_id: str | None = None,
+        triggers: Sequence[KafkaTrigger[Any]] = (),
     ) -> None:
         self.settings = settings
         self.sagas = list(sagas)
+        self.triggers = list(triggers)
+        self._trigger_consumer: TriggerConsumer | None = None
+        self._http: HttpCaller | None = None
         self.topics = Topics.of(settings.kafka)
         self.instance_id = instance_id or f"{socket.gethostname()}-{random.getrandbits(32):08x}"
         self._store = store
@@ -134,18 +141,27 @@ class SagaWorker:
         self._producer = make_producer(kafka)
         await self._producer.start()
         self._dead = DeadLetters(self._producer, self.topics.dlq)
-        sender = _LazyTopicSender(
+        kafka_sender = _LazyTopicSender(
             KafkaCommandSender(self._producer, self.topics, f"/saga-engine/{self.instance_id}"),
             self.settings,
             self.topics,
         )
+        self._http = HttpCaller(self.settings.http)
         self.engine = Engine(
             self.settings,
             sagas=self.sagas,
             store=self._store,
-            sender=sender,
+            sender=RoutingSender(kafka_sender, self._http),
             crash_hook=self._crash_hook,
         )
+        self._http.bind(self.engine)
+        if self.triggers:
+            await ensure_topics(kafka, [t.topic for t in self.triggers])
+            self._trigger_consumer = TriggerConsumer(
+                self.settings, self.triggers, self._producer, self._dead,
+                f"/saga-engine/{self.instance_id}/triggers",
+            )  # fmt: skip
+            await self._trigger_consumer.start()
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=kafka.bootstrap_servers,
             group_id=kafka.group_id,
@@ -172,11 +188,15 @@ class SagaWorker:
             await asyncio.wait({self._task}, timeout=30)
             if not self._task.done():
                 self._task.cancel()
+        if self._trigger_consumer is not None:
+            await self._trigger_consumer.stop()
         if self._consumer is not None:
             await self._commit_pending()
             await self._consumer.stop()
         if self.engine is not None:
             await self.engine.close()
+        if self._http is not None:
+            await self._http.close()
         if self._producer is not None:
             await self._producer.stop()
         if self._owns_store and self._store is not None:

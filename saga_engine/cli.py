@@ -101,7 +101,7 @@ def worker(
 
     from saga_engine._crash import crash_hook
     from saga_engine._worker import SagaWorker
-    from saga_engine.replay import load_sagas
+    from saga_engine.replay import load_sagas, load_triggers
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -113,7 +113,8 @@ def worker(
 
     async def go() -> None:
         sagas = load_sagas(app_spec)
-        engine = SagaWorker(settings, sagas, crash_hook=hook)
+        triggers = load_triggers(app_spec)
+        engine = SagaWorker(settings, sagas, crash_hook=hook, triggers=triggers)
         loop = asyncio.get_running_loop()
         stopping = asyncio.Event()
         for sig in (signals.SIGTERM, signals.SIGINT):

@@ -33,6 +33,7 @@ __all__ = [
     "export_history",
     "load_history",
     "load_sagas",
+    "load_triggers",
     "replay",
 ]
 
@@ -111,6 +112,14 @@ def replay(
         )
     finally:
         runtime.close()
+
+
+def load_triggers(spec: str) -> list[Any]:
+    """Every ``KafkaTrigger`` defined at the top level of the module named by ``spec``."""
+    from saga_engine.triggers import KafkaTrigger
+
+    module = importlib.import_module(spec.partition(":")[0])
+    return [v for v in vars(module).values() if isinstance(v, KafkaTrigger)]
 
 
 def load_sagas(spec: str) -> list[type[Saga[Any, Any]]]:

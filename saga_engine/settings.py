@@ -72,6 +72,19 @@ class EngineSettings(BaseModel):
     recovery_concurrency: int = Field(default=32, ge=1)
 
 
+class HttpSettings(BaseModel):
+    """HTTP steps: named endpoints, so histories record a name and a path, not a host."""
+
+    model_config = ConfigDict(frozen=True)
+
+    #: Endpoint name -> base URL, e.g. SAGA_HTTP__ENDPOINTS='{"fraud": "http://fraud:8000"}'.
+    endpoints: dict[str, str] = Field(default_factory=dict)
+    #: How long one attempt keeps retrying connection errors, 408, 429 and 5xx.
+    retry_window_s: float = Field(default=10.0, gt=0)
+    #: Per-request timeout of the HTTP client.
+    request_timeout_s: float = Field(default=10.0, gt=0)
+
+
 class Settings(BaseSettings):
     """Everything an engine needs. Build it once and pass it down."""
 
@@ -83,3 +96,4 @@ class Settings(BaseSettings):
     kafka: KafkaSettings = KafkaSettings()
     engine: EngineSettings = EngineSettings()
     participant: ParticipantSettings = ParticipantSettings()
+    http: HttpSettings = HttpSettings()

@@ -9,7 +9,7 @@ import saga_engine.store
 import saga_engine.testing
 
 PUBLIC = {
-    "TRANSITIONS", "ConcurrencyError", "DefinitionError", "Engine", "EngineSettings",
+    "TRANSITIONS", "ConcurrencyError", "DefinitionError", "Engine", "EngineSettings", "HttpRequest",
     "InvalidTransition", "KafkaSettings", "NondeterminismError", "OutboundCommand",
     "PayloadTooLarge", "PermanentError", "PostgresSettings", "RetryPolicy", "Saga",
     "SagaCancelled", "SagaContext", "SagaError", "SagaNotFound", "SagaRegistry", "SagaStatus",

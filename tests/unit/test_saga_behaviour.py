@@ -370,3 +370,20 @@ async def test_compensations_name_the_forward_command_ids_they_undo() -> None:
     assert len(forward["step-2"]) == 2, "a retryable reply moved step-2 to a new command id"
     for comp in env.commands(compensation=True):
         assert list(comp.compensates) == forward[comp.step]
+
+
+class UsesHttp(Saga[Count, Done]):
+    name = "uses-http"
+
+    async def run(self, ctx: SagaContext, input: Count) -> Done:  # noqa: A002
+        verdict = await ctx.http_step("fraud", endpoint="fraud", path="/check", json={"n": input.steps})
+        return Done(values=[str(verdict["approved"])])
+
+
+async def test_http_steps_are_scripted_like_any_participant() -> None:
+    env = SagaTestEnv([UsesHttp])
+    env.participant("http:fraud").on("HttpRequest", reply={"approved": True})
+    run = await env.start(UsesHttp, Count(steps=2))
+    assert await run.output() == Done(values=["True"])
+    (call,) = env.commands("http:fraud")
+    assert call.payload == {"method": "POST", "path": "/check", "body": {"n": 2}}

@@ -1,0 +1,139 @@
+"""Consumes trigger topics and turns each message into a saga start on the inbox."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import CommitFailedError, KafkaError
+from pydantic import BaseModel, ValidationError
+
+from saga_engine._engine import saga_id_for
+from saga_engine._errors import TransientError
+from saga_engine._kafka import DeadLetters, send
+from saga_engine._topics import Topics
+from saga_engine._wire import Envelope, MessageType, PoisonReason, StartBody
+from saga_engine.settings import Settings
+from saga_engine.triggers import KafkaTrigger
+
+log = logging.getLogger("saga_engine.triggers")
+
+
+class TriggerConsumer:
+    def __init__(
+        self,
+        settings: Settings,
+        triggers: Sequence[KafkaTrigger[Any]],
+        producer: Any,
+        dead: DeadLetters,
+        source: str,
+    ) -> None:
+        self._settings = settings
+        self._by_topic = {t.topic: t for t in triggers}
+        self._producer = producer
+        self._dead = dead
+        self._source = source
+        self._topics = Topics.of(settings.kafka)
+        self._consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._running = False
+        self.started = 0
+
+    async def start(self) -> None:
+        kafka = self._settings.kafka
+        self._consumer = AIOKafkaConsumer(
+            *self._by_topic,
+            bootstrap_servers=kafka.bootstrap_servers,
+            group_id=f"{kafka.group_id}.triggers",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=kafka.fetch_max_wait_ms,
+            session_timeout_ms=kafka.session_timeout_ms,
+            heartbeat_interval_ms=kafka.heartbeat_interval_ms,
+        )
+        await self._consumer.start()
+        self._running = True
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="saga-triggers")
+
+    async def stop(self) -> None:
+        self._running = False
+        if self._task is not None:
+            await asyncio.wait({self._task}, timeout=10)
+            if not self._task.done():
+                self._task.cancel()
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+    async def _loop(self) -> None:
+        assert self._consumer is not None
+        while self._running:
+            try:
+                batch = await self._consumer.getmany(timeout_ms=200, max_records=200)
+            except KafkaError as exc:
+                log.warning("trigger fetch failed (%r)", exc)
+                await asyncio.sleep(0.5)
+                continue
+            offsets = {}
+            for tp, records in batch.items():
+                for record in records:
+                    await self._one(record)
+                offsets[tp] = records[-1].offset + 1
+            if offsets:
+                try:
+                    # Committed after the start requests are acknowledged by the broker:
+                    # a crash before this re-sends them, and the derived saga id makes
+                    # the engine start each saga once.
+                    await self._consumer.commit(offsets)
+                except (CommitFailedError, KafkaError) as exc:
+                    log.warning("trigger offset commit failed (%r)", exc)
+
+    async def _one(self, record: Any) -> None:
+        trigger = self._by_topic[record.topic]
+        reason, detail = None, ""
+        try:
+            message = trigger.message.model_validate(orjson.loads(record.value or b""))
+        except orjson.JSONDecodeError as exc:
+            reason, detail = PoisonReason.MALFORMED_JSON, str(exc)
+        except ValidationError as exc:
+            reason, detail = PoisonReason.INVALID_BODY, str(exc)
+        else:
+            try:
+                value = trigger.to_input(message)
+                key = trigger.idempotency_key(message)
+                payload = (
+                    value.model_dump(mode="json") if isinstance(value, BaseModel) else dict(value)
+                )
+            except Exception as exc:
+                reason, detail = PoisonReason.REJECTED, f"{type(exc).__name__}: {exc}"
+        if reason is not None:
+            await self._dead.publish(
+                key=record.key, value=record.value, headers=list(record.headers or []),
+                reason=reason.value, detail=detail, origin_topic=record.topic,
+                origin_partition=record.partition, origin_offset=record.offset,
+                consumer=self._source,
+            )  # fmt: skip
+            return
+        saga_type = trigger.saga.name
+        saga_id = saga_id_for(saga_type, key)
+        envelope = Envelope(
+            message_type=MessageType.START,
+            source=self._source,
+            subject=saga_type,
+            saga_id=saga_id,
+            saga_type=saga_type,
+            correlation_id=saga_id,
+            body=StartBody(input=payload, idempotency_key=key).model_dump(mode="json"),
+        )
+        while True:
+            try:
+                await send(self._producer, self._topics.inbox, envelope)
+                break
+            except TransientError:
+                if not self._running:
+                    raise
+                await asyncio.sleep(0.5)
+        self.started += 1

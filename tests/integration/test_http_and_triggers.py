@@ -1,0 +1,214 @@
+"""HTTP steps against a real HTTP server, and Kafka triggers, on the real Kafka and Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+import uvicorn
+from aiokafka import AIOKafkaProducer
+from fastapi import FastAPI, Header
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from saga_engine import Saga, SagaContext, SagaStatus, Settings, StepFailed
+from saga_engine._worker import SagaWorker
+from saga_engine.settings import HttpSettings, KafkaSettings, PostgresSettings
+from saga_engine.triggers import KafkaTrigger
+from tests.conftest import PgTarget
+from tests.integration.kafka_helpers import fake_participant, poll_until, read_topic
+
+pytestmark = pytest.mark.integration
+
+
+class Order(BaseModel):
+    customer: str
+
+
+class Verdict(BaseModel):
+    approved: bool
+    score: int = 0
+
+
+class Out(BaseModel):
+    approved: bool
+    refused: str = ""
+
+
+class Hold(BaseModel):
+    customer: str
+
+
+class CheckFraud(Saga[Order, Out]):
+    name = "check-fraud"
+
+    async def run(self, ctx: SagaContext, order: Order) -> Out:
+        await ctx.step(
+            "hold",
+            to="alpha",
+            command=Hold(customer=order.customer),
+            compensate=Hold(customer="undo"),
+        )
+        try:
+            verdict = await ctx.http_step(
+                "fraud", endpoint="fraud", path="/check", json={"customer": order.customer},
+                returns=Verdict, timeout=5,
+            )  # fmt: skip
+        except StepFailed as exc:
+            if order.customer == "caught":
+                return Out(approved=False, refused=exc.reason)
+            raise
+        return Out(approved=verdict.approved)
+
+
+class FraudServer:
+    """A real HTTP service on loopback: fails the first call of 'flaky', refuses 'bad'."""
+
+    def __init__(self) -> None:
+        self.keys: Counter[str] = Counter()
+        self.app = FastAPI()
+
+        @self.app.post("/check")
+        async def check(body: dict[str, Any], idempotency_key: str = Header()) -> Any:
+            self.keys[idempotency_key] += 1
+            customer = body["customer"]
+            if customer == "flaky" and self.keys[idempotency_key] == 1:
+                return JSONResponse({"detail": "try later"}, status_code=503)
+            if customer in ("bad", "caught"):
+                return JSONResponse({"detail": f"customer {customer} is blocked"}, status_code=422)
+            return {"approved": True, "score": 7}
+
+
+@contextlib.asynccontextmanager
+async def serve(app: FastAPI) -> AsyncIterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    task = asyncio.get_running_loop().create_task(server.serve())
+    await poll_until(lambda: server.started, timeout=10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+def _settings(pg: PgTarget, bootstrap: str, uid: str, fraud_url: str) -> Settings:
+    return Settings(
+        pg=PostgresSettings(dsn=pg.database_dsn, db_schema=pg.schema),
+        kafka=KafkaSettings(
+            bootstrap_servers=bootstrap, topic_prefix=f"t{uid}", group_id=f"g{uid}", partitions=2
+        ),
+        http=HttpSettings(endpoints={"fraud": fraud_url}, retry_window_s=5),
+    )
+
+
+async def _status(worker: SagaWorker, saga_id: str, want: SagaStatus) -> bool:
+    assert worker.engine is not None
+    try:
+        return (await worker.engine.get(saga_id)).status == want
+    except Exception:
+        return False
+
+
+async def test_http_step_retries_with_the_same_key_and_refusals_compensate(
+    pg: PgTarget, kafka_bootstrap: str, unique_id: str
+) -> None:
+    fraud = FraudServer()
+    async with serve(fraud.app) as url:
+        settings = _settings(pg, kafka_bootstrap, unique_id, url)
+        async with (
+            SagaWorker(settings, [CheckFraud]) as worker,
+            fake_participant(settings, "alpha") as alpha,
+        ):
+            assert worker.engine is not None
+            ok = await worker.engine.start(CheckFraud, Order(customer="flaky"))
+            bad = await worker.engine.start(CheckFraud, Order(customer="bad"))
+            caught = await worker.engine.start(CheckFraud, Order(customer="caught"))
+            await poll_until(lambda: _status(worker, ok, SagaStatus.COMPLETED))
+            await poll_until(lambda: _status(worker, bad, SagaStatus.COMPENSATED))
+            await poll_until(lambda: _status(worker, caught, SagaStatus.COMPLETED))
+            history = await worker.engine.history(ok)
+            issued = [e for e in history if e.kind == "command_issued" and e.step == "fraud"]
+            assert len(issued) == 1
+            key = issued[0].command_id
+            assert fraud.keys[key] == 2, "the 503 was retried under the same Idempotency-Key"
+            assert issued[0].participant == "http:fraud"
+            assert issued[0].payload == {
+                "method": "POST",
+                "path": "/check",
+                "body": {"customer": "flaky"},
+            }
+            record = await worker.engine.get(bad)
+            assert record.error is not None
+            assert "customer bad is blocked" in record.error["message"]
+            assert [c.subject for c in alpha if c.saga_id == bad] == ["Hold", "Hold"]
+            out = [e for e in await worker.engine.history(caught) if e.kind == "saga_completed"]
+            assert out[0].output == {
+                "approved": False,
+                "refused": "HTTP 422: customer caught is blocked",
+            }
+
+
+class OrderRequested(BaseModel):
+    order_id: str
+    customer: str
+
+
+requested = KafkaTrigger(
+    topic="",  # set per test below
+    saga=CheckFraud,
+    message=OrderRequested,
+    to_input=lambda m: Order(customer=m.customer),
+    idempotency_key=lambda m: f"order-{m.order_id}",
+)
+
+
+async def test_trigger_starts_one_saga_per_message_even_when_redelivered(
+    pg: PgTarget, kafka_bootstrap: str, unique_id: str
+) -> None:
+    fraud = FraudServer()
+    async with serve(fraud.app) as url:
+        settings = _settings(pg, kafka_bootstrap, unique_id, url)
+        topic = f"t{unique_id}.orders.requested"
+        trigger = KafkaTrigger(
+            topic=topic, saga=requested.saga, message=requested.message,
+            to_input=requested.to_input, idempotency_key=requested.idempotency_key,
+        )  # fmt: skip
+        async with (
+            SagaWorker(settings, [CheckFraud], triggers=[trigger]) as worker,
+            fake_participant(settings, "alpha"),
+        ):
+            producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+            await producer.start()
+            try:
+                for order_id in ("1", "2", "1", "2", "1"):  # duplicates, as a redelivery would
+                    await producer.send_and_wait(
+                        topic, orjson.dumps({"order_id": order_id, "customer": "c"})
+                    )
+                await producer.send_and_wait(topic, b"{nope")
+                await producer.send_and_wait(topic, orjson.dumps({"order_id": 3}))
+            finally:
+                await producer.stop()
+            assert worker.engine is not None
+            engine = worker.engine
+
+            async def done() -> bool:
+                sagas = await engine.store.list_sagas()
+                return len(sagas) == 2 and all(s.status == SagaStatus.COMPLETED for s in sagas)
+
+            await poll_until(done)
+            dlq = await read_topic(settings.kafka, f"t{unique_id}.dlq", 2)
+            assert sorted(dict(r.headers)["dlq_reason"].decode() for r in dlq) == [
+                "invalid_body", "malformed_json",
+            ]  # fmt: skip
+            sagas = await engine.store.list_sagas()
+            assert sorted(s.idempotency_key or "" for s in sagas) == ["order-1", "order-2"]
+            assert engine.stats.counts["start_deduplicated"] == 3
