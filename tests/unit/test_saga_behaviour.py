@@ -375,8 +375,10 @@ async def test_compensations_name_the_forward_command_ids_they_undo() -> None:
 class UsesHttp(Saga[Count, Done]):
     name = "uses-http"
 
-    async def run(self, ctx: SagaContext, input: Count) -> Done:  # noqa: A002
-        verdict = await ctx.http_step("fraud", endpoint="fraud", path="/check", json={"n": input.steps})
+    async def run(self, ctx: SagaContext, input: Count) -> Done:
+        verdict = await ctx.http_step(
+            "fraud", endpoint="fraud", path="/check", json={"n": input.steps}
+        )
         return Done(values=[str(verdict["approved"])])
 
 
