@@ -6,7 +6,9 @@ deployment, plus two variables of the benchmark's own:
 - ``BENCH_STATE_DIR``: where the process writes ``{role}.ready`` once it owns partitions,
   and ``{role}.stats.{n}.json`` (its counters) on the n-th SIGUSR1 and
   ``{role}.stats.final.json`` when it stops;
-- ``BENCH_GROUP_COMMIT`` (engine only): ``0`` turns the event store's group commit off.
+- ``BENCH_GROUP_COMMIT`` (engine only): ``0`` turns the event store's group commit off;
+- ``BENCH_PROFILE`` / ``BENCH_PROFILE_CLOCK``: cProfile the measured load
+  (between the first and the second SIGUSR1) to that path, timed by ``wall`` or ``cpu``.
 
 ::
 
@@ -15,17 +17,19 @@ deployment, plus two variables of the benchmark's own:
 
 The engine role is ``saga worker`` (saga_engine.cli) with two differences: it opens the
 store itself (to choose group commit and to read its batching stats) and it reports
-counters on SIGUSR1. The worker, the engine and the store are the shipped classes.
+counters on SIGUSR1 (and can profile itself). The worker, the engine and the store are the shipped classes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import cProfile
 import dataclasses
 import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -135,7 +139,7 @@ class _Reporter:
         self.dir = Path(os.environ["BENCH_STATE_DIR"])
         self.role = role
         self._snapshot = snapshot
-        self._dumps = 0
+        self.dumps = 0
 
     def _write(self, name: str, payload: bytes) -> None:
         tmp = self.dir / f".{name}.tmp"
@@ -147,18 +151,50 @@ class _Reporter:
 
     def dump(self, tag: str | None = None) -> None:
         if tag is None:
-            self._dumps += 1
-            tag = str(self._dumps)
+            self.dumps += 1
+            tag = str(self.dumps)
         times = os.times()
         payload = {**self._snapshot(), "cpu_s": times.user + times.system}
         self._write(f"{self.role}.stats.{tag}.json", orjson.dumps(payload))
 
 
-def _signals(stop: asyncio.Event, reporter: _Reporter) -> None:
+class _Profiler:
+    """cProfile over the measured load only: ``BENCH_PROFILE=path`` turns it on; it starts
+    after the first SIGUSR1 (the benchmark's "load begins") and stops at the second.
+    ``BENCH_PROFILE_CLOCK=cpu`` times with process CPU time instead of the wall clock."""
+
+    def __init__(self) -> None:
+        self.path = os.environ.get("BENCH_PROFILE") or None
+        cpu = os.environ.get("BENCH_PROFILE_CLOCK", "wall") == "cpu"
+        self.profile: cProfile.Profile | None = None
+        if self.path:
+            self.profile = cProfile.Profile(time.process_time) if cpu else cProfile.Profile()
+
+    def after_dump(self, n: int) -> None:
+        if self.profile is None:
+            return
+        if n == 1:
+            self.profile.enable()
+        elif n == 2:
+            self.profile.disable()
+
+    def save(self) -> None:
+        if self.profile is not None and self.path:
+            self.profile.disable()
+            self.profile.dump_stats(self.path)
+
+
+def _signals(stop: asyncio.Event, reporter: _Reporter, profiler: _Profiler | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGUSR1, reporter.dump)
+
+    def on_usr1() -> None:
+        reporter.dump()
+        if profiler is not None:
+            profiler.after_dump(reporter.dumps)
+
+    loop.add_signal_handler(signal.SIGUSR1, on_usr1)
 
 
 async def run_engine() -> None:
@@ -181,8 +217,9 @@ async def run_engine() -> None:
         }
 
     reporter = _Reporter("engine", snapshot)
+    profiler = _Profiler()
     stop = asyncio.Event()
-    _signals(stop, reporter)
+    _signals(stop, reporter, profiler)
 
     async def announce() -> None:
         await worker.assigned_event.wait()
@@ -197,6 +234,7 @@ async def run_engine() -> None:
         await worker.stop()
         await store.close()
         reporter.dump("final")
+        profiler.save()
 
 
 async def run_participant(name: str) -> None:
@@ -211,8 +249,9 @@ async def run_participant(name: str) -> None:
         await conn.close()
     participant = build_participant(name, settings)
     reporter = _Reporter(f"participant-{name}", lambda: {"participant": dict(participant.stats)})
+    profiler = _Profiler()
     stop = asyncio.Event()
-    _signals(stop, reporter)
+    _signals(stop, reporter, profiler)
     await participant.start()
     try:
         while not stop.is_set():
@@ -224,6 +263,7 @@ async def run_participant(name: str) -> None:
     finally:
         await participant.stop()
         reporter.dump("final")
+        profiler.save()
 
 
 def main(argv: list[str]) -> int:

@@ -46,6 +46,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from bench.app import PARTICIPANTS, SAGA_NAME
 from saga_engine import SagaStatus, Settings
+from saga_engine._kafka import ensure_topics
+from saga_engine._topics import Topics
 from saga_engine.client import SagaClient
 from saga_engine.settings import KafkaSettings, PostgresSettings
 
@@ -97,14 +99,20 @@ def ratio(a: float | None, b: float | None) -> float | None:
 # --------------------------------------------------------------------------- /proc
 
 
-def proc_cpu_s(pid: int) -> float | None:
-    """utime + stime of a process, in seconds (None if it is gone)."""
+def proc_cpu_split(pid: int) -> tuple[float, float] | None:
+    """(utime, stime) of a process, in seconds (None if it is gone)."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of a process, in seconds (None if it is gone)."""
+    split = proc_cpu_split(pid)
+    return None if split is None else split[0] + split[1]
 
 
 def postgres_cpu_s() -> float:
@@ -136,6 +144,17 @@ def kafka_pid() -> int | None:
 def self_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def machine_cpu() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs together, from /proc/stat."""
+    try:
+        first = Path("/proc/stat").read_text().splitlines()[0].split()
+    except OSError:
+        return 0, 0
+    ticks = [int(x) for x in first[1:9]]  # user nice system idle iowait irq softirq steal
+    idle = ticks[3] + ticks[4]
+    return sum(ticks) - idle, sum(ticks)
 
 
 def loadavg() -> list[float]:
@@ -261,12 +280,6 @@ async def cleanup(res: Resources) -> None:
             await admin.close()
 
 
-async def ensure_topics(kafka: KafkaSettings, names: list[str]) -> None:
-    from saga_engine._kafka import ensure_topics as create
-
-    await create(kafka, names)
-
-
 # --------------------------------------------------------------------------- ceiling
 
 
@@ -367,6 +380,9 @@ class RunConfig:
     start_timeout_s: float
     poll_s: float
     profile: Path | None
+    profile_clock: str
+    profile_role: str
+    idle_s: float
 
 
 class SagaRun:
@@ -419,15 +435,25 @@ class SagaRun:
         return env
 
     def _spawn_all(self) -> None:
-        engine = ["-m", "bench.app", "engine"]
-        if self.cfg.profile is not None:
-            engine = ["-m", "cProfile", "-o", str(self.cfg.profile), *engine]
-        self.procs.spawn("engine", engine, self._env(), self.dir / "engine.log")
+        def profiling(role: str) -> dict[str, str]:
+            if self.cfg.profile is None or self.cfg.profile_role != role:
+                return {}
+            return {
+                "BENCH_PROFILE": str(self.cfg.profile),
+                "BENCH_PROFILE_CLOCK": self.cfg.profile_clock,
+            }
+
+        self.procs.spawn(
+            "engine",
+            ["-m", "bench.app", "engine"],
+            self._env(**profiling("engine")),
+            self.dir / "engine.log",
+        )
         for p in PARTICIPANTS:
             self.procs.spawn(
                 f"participant-{p}",
                 ["-m", "bench.app", "participant", p],
-                self._env(SAGA_PARTICIPANT__DB_SCHEMA=f"{self.schema}_{p}"),
+                self._env(SAGA_PARTICIPANT__DB_SCHEMA=f"{self.schema}_{p}", **profiling(p)),
                 self.dir / f"participant-{p}.log",
             )
 
@@ -458,6 +484,12 @@ class SagaRun:
         out["kafka"] = proc_cpu_s(kpid) if kpid else None
         out["postgres_all"] = postgres_cpu_s()
         out["bench"] = self_cpu_s()
+        busy, total = machine_cpu()
+        out["machine.busy"], out["machine.total"] = float(busy), float(total)
+        for role, proc in self.procs.procs.items():
+            split = proc_cpu_split(proc.popen.pid)
+            if split is not None:
+                out[f"{role}.user"], out[f"{role}.sys"] = split
         return out
 
     # ----------------------------------------------------------------- sagas
@@ -621,8 +653,6 @@ class SagaRun:
         cfg = self.cfg
         self.res.schemas += [self.schema, *(f"{self.schema}_{p}" for p in PARTICIPANTS)]
         kafka = self.settings.kafka
-        from saga_engine._topics import Topics
-
         topics = Topics.of(kafka)
         names = [topics.inbox, topics.dlq, *(topics.commands(p) for p in PARTICIPANTS)]
         self.res.topics += names
@@ -648,6 +678,7 @@ class SagaRun:
                 if cfg.probe:
                     say(f"latency probe: {cfg.probe} sagas, one at a time")
                     probe_sent = await self._probe(client, conn, cfg.probe)
+                idle = await self._idle_cpu(cfg.idle_s)
                 pg0 = await pg_counters(conn)
                 stats0 = await self._stats()
                 cpu0 = self._cpu()
@@ -668,7 +699,25 @@ class SagaRun:
         finally:
             await conn.close()
         final = {r: read_json(self.dir / f"{r}.stats.final.json") for r in self.roles}
-        return self._report(timings, probe, statuses, cpu0, cpu1, stats0, stats1, final, pg0, pg1)
+        report = self._report(timings, probe, statuses, cpu0, cpu1, stats0, stats1, final, pg0, pg1)
+        report["idle_cpu_fraction_of_core"] = idle
+        return report
+
+    async def _idle_cpu(self, seconds: float) -> dict[str, float | None] | None:
+        """CPU each process burns with nothing to do (consumer polling, relays, timers)."""
+        if seconds <= 0:
+            return None
+        before = self._cpu()
+        t0 = time.monotonic()
+        await asyncio.sleep(seconds)
+        after = self._cpu()
+        elapsed = time.monotonic() - t0
+        keys = [*self.roles, "kafka", "postgres_all"]
+        out: dict[str, float | None] = {}
+        for key in keys:
+            a, b = before.get(key), after.get(key)
+            out[key] = round((b - a) / elapsed, 4) if a is not None and b is not None else None
+        return out
 
     def _report(
         self,
@@ -710,6 +759,18 @@ class SagaRun:
         # Each participant command: its transaction, then the outbox row marked published.
         participant_commits = 2 * processed
         pg_delta = {k: pg1[k] - pg0[k] for k in pg0}
+        total_cpu = sum(
+            v
+            for v in [
+                engine_cpu,
+                part_total,
+                *(cpu_delta(k) for k in ("kafka", "postgres_all", "bench")),
+            ]
+            if v is not None
+        )
+        busy_d = (cpu1.get("machine.busy") or 0) - (cpu0.get("machine.busy") or 0)
+        total_d = (cpu1.get("machine.total") or 0) - (cpu0.get("machine.total") or 0)
+        busy_frac = busy_d / total_d if total_d > 0 else None
         engine_final = final.get("engine") or {}
         return {
             "settings": {
@@ -722,7 +783,9 @@ class SagaRun:
                 "probe_sagas": cfg.probe,
                 "engine_pg_pool_max": self.settings.pg.pool_max_size,
                 "participant_pg_pool_max": self.settings.participant.pool_max_size,
-                "profiled": cfg.profile is not None,
+                "profiled": f"{cfg.profile_role} ({cfg.profile_clock} clock)"
+                if cfg.profile is not None
+                else False,
             },
             "sagas": n,
             "statuses": statuses,
@@ -740,6 +803,11 @@ class SagaRun:
             if part_total and n
             else None,
             "other_cpu_s": {k: cpu_delta(k) for k in ("kafka", "postgres_all", "bench")},
+            "cpu_total_ms_per_saga": round(1000 * total_cpu / n, 2) if n else None,
+            "machine_cpu_busy_fraction": round(busy_frac, 3) if busy_frac is not None else None,
+            "cpu_user_sys_s": {
+                role: [cpu_delta(f"{role}.user"), cpu_delta(f"{role}.sys")] for role in self.roles
+            },
             "events_per_saga": round(timings["events"] / n, 2) if n else None,
             "engine_group_commit": {
                 "batches": batches,
@@ -822,7 +890,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--start-timeout", type=float, default=60.0)
     ap.add_argument("--poll-ms", type=float, default=20.0, help="completion polling interval")
     ap.add_argument("--max-seconds", type=float, default=420.0, help="limit for the whole run")
-    ap.add_argument("--profile", type=Path, help="cProfile the engine of the first run to PATH")
+    ap.add_argument(
+        "--profile", type=Path, help="cProfile the engine during the first run's load, to PATH"
+    )
+    ap.add_argument(
+        "--profile-role",
+        choices=["engine", *PARTICIPANTS],
+        default="engine",
+        help="which process --profile profiles",
+    )
+    ap.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=2.0,
+        help="measure each process's CPU while idle for this long (0: skip)",
+    )
+    ap.add_argument(
+        "--profile-clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="the profiler's timer: wall clock (cheap) or process CPU time (~0.5us a call)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep schemas, topics and logs")
     ap.add_argument("--json-out", type=Path, help="also write the JSON result to this file")
     args = ap.parse_args(argv)
@@ -870,6 +958,9 @@ async def bench(args: argparse.Namespace, res: Resources, procs: Processes, logs
             start_timeout_s=args.start_timeout,
             poll_s=args.poll_ms / 1000,
             profile=args.profile.resolve() if args.profile and i == 0 else None,
+            profile_clock=args.profile_clock,
+            profile_role=args.profile_role,
+            idle_s=args.idle_seconds,
         )
         run = SagaRun(cfg, res, procs, logs, f"{run_id}{i}")
         result = await run.run()
@@ -885,6 +976,10 @@ async def bench(args: argparse.Namespace, res: Resources, procs: Processes, logs
     concurrent = ceiling["pg_concurrent_insert_per_s"]
     gc = head["engine_group_commit"]
     commits_per_s = (gc["transactions_per_s"] or 0) + (head["participant_commits_per_s"] or 0)
+    # What the machine could do if the whole stack had every core to itself and spent the
+    # same CPU per saga as measured: a ceiling of its own, next to the commit rate.
+    per_saga = head["cpu_total_ms_per_saga"]
+    cpu_bound = host["cpus_usable"] * 1000 / per_saga if per_saga else None
     out: dict[str, Any] = {
         "benchmark": "e2e-3-step-saga",
         "date": date,
@@ -895,13 +990,19 @@ async def bench(args: argparse.Namespace, res: Resources, procs: Processes, logs
         "idle_latency_ms": head["idle_latency_ms"],
         "engine_cpu_s": head["engine_cpu_s"],
         "participant_cpu_s": head["participant_cpu_s"],
+        "engine_cpu_ms_per_saga": head["engine_cpu_ms_per_saga"],
+        "participant_cpu_ms_per_saga": head["participant_cpu_ms_per_saga"],
+        "cpu_total_ms_per_saga": head["cpu_total_ms_per_saga"],
+        "machine_cpu_busy_fraction": head["machine_cpu_busy_fraction"],
         "ceiling": ceiling,
         "ratio": {
             "sagas_per_s_vs_single_insert": ratio(head["sagas_per_s"], single),
             "sagas_per_s_vs_concurrent_insert": ratio(head["sagas_per_s"], concurrent),
             "db_commits_per_s_vs_single_insert": ratio(commits_per_s, single),
             "db_commits_per_s_vs_concurrent_insert": ratio(commits_per_s, concurrent),
+            "sagas_per_s_vs_cpu_bound_estimate": ratio(head["sagas_per_s"], cpu_bound),
         },
+        "cpu_bound_sagas_per_s_estimate": round(cpu_bound, 1) if cpu_bound else None,
         "db_commits_per_s": round(commits_per_s, 1),
         "settings": head["settings"],
         "run": head,

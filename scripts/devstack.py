@@ -55,7 +55,9 @@ class StackError(Exception):
 
 
 def say(msg: str) -> None:
-    print(msg, flush=True)
+    # Status goes to stderr: stdout carries only what callers consume (the settings for
+    # `eval`, or the JSON of a benchmark run under `devstack.py run`).
+    print(msg, file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- state
@@ -574,7 +576,7 @@ def print_env() -> None:
     DEV.mkdir(parents=True, exist_ok=True)
     ENV_FILE.write_text("\n".join(lines) + "\n")
     for line in lines:
-        say(line)
+        print(line, flush=True)
 
 
 def up() -> tuple[bool, bool]:
