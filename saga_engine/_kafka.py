@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -75,10 +76,23 @@ def make_producer(kafka: KafkaSettings, **overrides: Any) -> AIOKafkaProducer:
     return AIOKafkaProducer(**options)
 
 
+#: Upper bound on one publish, metadata wait included: aiokafka can otherwise wait
+#: indefinitely for a topic's metadata (and forever once the producer is stopped).
+SEND_TIMEOUT_S = 30.0
+
+
 async def send(producer: AIOKafkaProducer, topic: str, envelope: Envelope) -> None:
     key, value, headers = encode(envelope)
+    # aiokafka does not refuse a send on a stopped producer; it would wait for metadata
+    # that never comes. Fail fast instead, as the in-memory bus does.
+    if getattr(producer, "_closed", False):
+        raise KafkaUnavailable(f"could not publish to {topic}: the producer is closed")
     try:
-        await producer.send_and_wait(topic, value, key=key, headers=headers)
+        await asyncio.wait_for(
+            producer.send_and_wait(topic, value, key=key, headers=headers), SEND_TIMEOUT_S
+        )
+    except TimeoutError as exc:
+        raise KafkaUnavailable(f"could not publish to {topic} within {SEND_TIMEOUT_S}s") from exc
     except KafkaError as exc:
         raise KafkaUnavailable(f"could not publish to {topic}: {exc!r}") from exc
 

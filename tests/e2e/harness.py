@@ -186,7 +186,7 @@ class Cluster:
         conn = await asyncpg.connect(self.database_dsn)
         try:
             rows = await conn.fetch(
-                f'SELECT command_id, saga_id, kind FROM "{self.participant_schema(participant)}".ledger'
+                f'SELECT command_id, saga_id, kind, at FROM "{self.participant_schema(participant)}".ledger'
             )
         finally:
             await conn.close()
