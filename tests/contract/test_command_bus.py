@@ -66,7 +66,7 @@ async def bus(request: pytest.FixtureRequest, unique_id: str) -> AsyncIterator[B
                     attempt=0,
                     compensation=env.compensation,
                     compensates=tuple(i for i in env.compensates.split(",") if i),
-                )  # fmt: skip
+                )
             )
         return out
 
