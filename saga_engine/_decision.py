@@ -75,7 +75,31 @@ class Resume:
     reason: str = ""
 
 
-Inbound = Reply | TimerDue | Signal | Cancel | Resume
+@dataclass(frozen=True, slots=True)
+class ForceCompensate:
+    reason: str
+    at: datetime
+    principal: str = "system"
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    step: str
+    at: datetime
+    payload: JsonDict = field(default_factory=dict)
+    principal: str = "system"
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RetryStep:
+    step: str
+    at: datetime
+    principal: str = "system"
+    reason: str = ""
+
+
+Inbound = Reply | TimerDue | Signal | Cancel | Resume | ForceCompensate | Skip | RetryStep
 
 
 class DropReason(StrEnum):

@@ -27,10 +27,13 @@ from saga_engine._clock import Clock, SystemClock, TimerHandle
 from saga_engine._decision import (
     Cancel,
     Decision,
+    ForceCompensate,
     Inbound,
     Reply,
     Resume,
+    RetryStep,
     Signal,
+    Skip,
     StartSaga,
     TimerDue,
 )
@@ -224,6 +227,35 @@ class Engine:
 
     async def cancel(self, saga_id: str, reason: str, *, principal: str = "system") -> Decision:
         return await self.deliver(saga_id, Cancel(reason, self.clock.now(), principal))
+
+    async def force_compensate(
+        self, saga_id: str, reason: str, *, principal: str = "system"
+    ) -> Decision:
+        """Makes a running saga undo what it did so far; it ends compensated."""
+        return await self.deliver(saga_id, ForceCompensate(reason, self.clock.now(), principal))
+
+    async def skip_step(
+        self,
+        saga_id: str,
+        step: str,
+        result: BaseModel | JsonDict | None = None,
+        *,
+        reason: str = "",
+        principal: str = "system",
+    ) -> Decision:
+        """Answers a step waiting for its reply with ``result`` (it will not be compensated),
+        or marks a stuck compensation as done by hand."""
+        payload = (
+            result.model_dump(mode="json") if isinstance(result, BaseModel) else dict(result or {})
+        )
+        self._check_size(payload)
+        return await self.deliver(saga_id, Skip(step, self.clock.now(), payload, principal, reason))
+
+    async def retry_step(
+        self, saga_id: str, step: str, *, reason: str = "", principal: str = "system"
+    ) -> Decision:
+        """Retries now a step waiting out its back-off, or a stuck compensation."""
+        return await self.deliver(saga_id, RetryStep(step, self.clock.now(), principal, reason))
 
     async def resume(
         self, saga_id: str, *, principal: str = "system", reason: str = ""

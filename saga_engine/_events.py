@@ -132,6 +132,45 @@ class CancelRequested(_Event):
     principal: str = "system"
 
 
+class CompensationForced(_Event):
+    """An operator made the saga undo what it did so far (it ends compensated)."""
+
+    kind: Literal["compensation_forced"] = "compensation_forced"
+    reason: str
+    principal: str = "system"
+
+
+class StepSkipped(_Event):
+    """An operator answered a step (or a stuck compensation) in the participant's place.
+
+    A skipped forward step returns ``payload`` to the saga and is not compensated later:
+    the operator took responsibility for its effect. A skipped compensation counts as done.
+    """
+
+    kind: Literal["step_skipped"] = "step_skipped"
+    step: str
+    compensation: bool = False
+    payload: JsonDict = Field(default_factory=dict)
+    principal: str = "system"
+    reason: str = ""
+
+    def describe(self) -> str:
+        what = "compensation of" if self.compensation else "step"
+        return f"{what} {self.step!r} skipped by {self.principal}"
+
+
+class RetryRequested(_Event):
+    """An operator asked a step waiting to retry (or a stuck compensation) to retry now."""
+
+    kind: Literal["retry_requested"] = "retry_requested"
+    step: str
+    principal: str = "system"
+    reason: str = ""
+
+    def describe(self) -> str:
+        return f"retry of {self.step!r} requested by {self.principal}"
+
+
 class SagaParked(_Event):
     """The engine stopped driving the saga because its code no longer matches its history."""
 
@@ -216,7 +255,7 @@ class PatchMarked(_Intent):
 
 class CompensationStarted(_Intent):
     kind: Literal["compensation_started"] = "compensation_started"
-    reason: Literal["failure", "cancel", "deadline"]
+    reason: Literal["failure", "cancel", "deadline", "operator"]
     error: ErrorInfo | None = None
     #: Steps owed a compensation, in the order they will be compensated.
     owed: list[str] = Field(default_factory=list)
@@ -307,6 +346,9 @@ Event = Annotated[
     | TimerFired
     | SignalReceived
     | CancelRequested
+    | CompensationForced
+    | StepSkipped
+    | RetryRequested
     | SagaParked
     | SagaResumed
     | CommandIssued
@@ -326,7 +368,7 @@ Event = Annotated[
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
     SagaStarted, ReplyReceived, AttemptTimedOut, TimerFired, SignalReceived, CancelRequested,
-    SagaParked, SagaResumed, CommandIssued, TimerStarted, SideEffectRecorded, PatchMarked,
+    CompensationForced, StepSkipped, RetryRequested, SagaParked, SagaResumed, CommandIssued, TimerStarted, SideEffectRecorded, PatchMarked,
     CompensationStarted, CompensationIssued, CompensationCompleted, CompensationStuck,
     SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled,
 )  # fmt: skip

@@ -129,10 +129,12 @@ class SagaOperations:
     _rng: random.Random
     _lifecycle: asyncio.Task[None] | None
     _user_task: asyncio.Task[Any] | None
-    _cancel_reason: Literal["cancel", "deadline"] | None
+    _cancel_reason: Literal["cancel", "deadline", "forced"] | None
     _cancel_message: str
     _closing: bool
-    _resume_waiter: asyncio.Future[None] | None
+    _resume_waiter: asyncio.Future[str] | None
+    _stuck_step: str | None
+    _skipped_ids: set[str]
 
     def _track(self, event: Event) -> None:
         raise NotImplementedError
@@ -262,6 +264,8 @@ class SagaOperations:
             if reply is None:
                 unknown, last_error = True, "timed out"
             elif reply.outcome == "success":
+                if issued.command_id in self._skipped_ids:
+                    return reply.payload  # answered by an operator: not compensated later
                 if spec is not None:
                     self._stack.append(_Owed(name, spec, tuple(sent)))
                 return reply.payload
@@ -412,8 +416,12 @@ class SagaOperations:
                     self._emit(SagaCompleted(at=self.now, output=output))
                     return
         await self._finish_stragglers()
-        reason: Literal["failure", "cancel", "deadline"] = self._cancel_reason or "failure"
-        if self._cancel_reason == "deadline":
+        reason: Literal["failure", "cancel", "deadline", "operator"] = (
+            "operator" if self._cancel_reason == "forced" else self._cancel_reason or "failure"
+        )
+        if self._cancel_reason == "forced":
+            error = ErrorInfo(type="OperatorForcedCompensation", message=self._cancel_message)
+        elif self._cancel_reason == "deadline":
             error = ErrorInfo(type="DeadlineExceeded", message=self._cancel_message)
         elif self._cancel_reason == "cancel":
             error = ErrorInfo(type="SagaCancelled", message=self._cancel_message)
@@ -494,8 +502,13 @@ class SagaOperations:
                     )
                 )
                 self._resume_waiter = self._loop.create_future()
-                await self._resume_waiter
-                self._resume_waiter = None
+                self._stuck_step = owed.step
+                action = await self._resume_waiter
+                self._resume_waiter, self._stuck_step = None, None
+                if action == "skip":
+                    # An operator compensated it by hand (recorded as step_skipped).
+                    self._stack.remove(owed)
+                    return
                 round_attempts = 0
                 continue
             delay = spec.retry.backoff(attempt, seed=f"{self.saga_id}:compensate:{owed.step}")

@@ -32,11 +32,14 @@ from saga_engine._decision import (
     Cancel,
     Decision,
     DropReason,
+    ForceCompensate,
     Inbound,
     OutboundCommand,
     Reply,
     Resume,
+    RetryStep,
     Signal,
+    Skip,
     StartSaga,
     TimerDue,
 )
@@ -47,12 +50,14 @@ from saga_engine._events import (
     AttemptTimedOut,
     CancelRequested,
     CommandIssued,
+    CompensationForced,
     CompensationIssued,
     CompensationStarted,
     CompensationStuck,
     ErrorInfo,
     Event,
     ReplyReceived,
+    RetryRequested,
     SagaCancelled,
     SagaCompensated,
     SagaCompleted,
@@ -61,6 +66,7 @@ from saga_engine._events import (
     SagaResumed,
     SagaStarted,
     SignalReceived,
+    StepSkipped,
     TimerFired,
 )
 from saga_engine._loop import DeterministicLoop
@@ -119,10 +125,12 @@ class SagaRuntime(SagaOperations):
 
         self._lifecycle: asyncio.Task[None] | None = None
         self._user_task: asyncio.Task[Any] | None = None
-        self._cancel_reason: Literal["cancel", "deadline"] | None = None
+        self._cancel_reason: Literal["cancel", "deadline", "forced"] | None = None
         self._cancel_message = ""
         self._closing = False
-        self._resume_waiter: asyncio.Future[None] | None = None
+        self._resume_waiter: asyncio.Future[str] | None = None
+        self._stuck_step: str | None = None
+        self._skipped_ids: set[str] = set()
 
     # ------------------------------------------------------------------ construction
 
@@ -258,7 +266,7 @@ class SagaRuntime(SagaOperations):
                         f"here ({self._nd}); deploy code that replays its history, then resume"
                     )
                 return SagaResumed(at=at, principal=inbound.principal, reason=inbound.reason)
-            if isinstance(inbound, Signal | Cancel):
+            if isinstance(inbound, Signal | Cancel | ForceCompensate | Skip | RetryStep):
                 raise InvalidTransition(
                     f"saga {self.saga_id} is parked as nondeterministic; resume it after "
                     f"deploying a fix before sending it a {type(inbound).__name__.lower()}"
@@ -306,6 +314,17 @@ class SagaRuntime(SagaOperations):
                     "steps, so there is nothing to cancel"
                 )
             return CancelRequested(at=at, reason=inbound.reason, principal=inbound.principal)
+        if isinstance(inbound, ForceCompensate):
+            if self._status != SagaStatus.RUNNING or self._cancel_reason is not None:
+                raise InvalidTransition(
+                    f"saga {self.saga_id} is {self._status.value}: it is already undoing its "
+                    "steps, so there is nothing to force"
+                )
+            return CompensationForced(at=at, reason=inbound.reason, principal=inbound.principal)
+        if isinstance(inbound, Skip):
+            return self._skip_event(inbound)
+        if isinstance(inbound, RetryStep):
+            return self._retry_event(inbound)
         if isinstance(inbound, Resume):
             if self._status != SagaStatus.COMPENSATION_STUCK:
                 raise InvalidTransition(
@@ -314,6 +333,47 @@ class SagaRuntime(SagaOperations):
                 )
             return SagaResumed(at=at, principal=inbound.principal, reason=inbound.reason)
         raise TypeError(f"unknown input {inbound!r}")
+
+    def _in_flight(self) -> list[str]:
+        return sorted({f.event.step for f in self._inflight.values()})
+
+    def _skip_event(self, inbound: Skip) -> Event:
+        if self._status == SagaStatus.COMPENSATION_STUCK and self._stuck_step == inbound.step:
+            return StepSkipped(
+                at=inbound.at, step=inbound.step, compensation=True, payload=inbound.payload,
+                principal=inbound.principal, reason=inbound.reason,
+            )  # fmt: skip
+        forward = [
+            f for f in self._inflight.values()
+            if f.event.step == inbound.step and isinstance(f.event, CommandIssued)
+        ]  # fmt: skip
+        if self._status == SagaStatus.RUNNING and forward and self._cancel_reason is None:
+            return StepSkipped(
+                at=inbound.at, step=inbound.step, payload=inbound.payload,
+                principal=inbound.principal, reason=inbound.reason,
+            )  # fmt: skip
+        stuck = f"; the stuck compensation is {self._stuck_step!r}" if self._stuck_step else ""
+        raise InvalidTransition(
+            f"step {inbound.step!r} of saga {self.saga_id} ({self._status.value}) is neither "
+            f"waiting for a reply nor a stuck compensation; steps waiting for a reply: "
+            f"{self._in_flight() or 'none'}{stuck}"
+        )
+
+    def _retry_event(self, inbound: RetryStep) -> Event:
+        waiting = self._status == SagaStatus.COMPENSATION_STUCK and self._stuck_step == inbound.step
+        if waiting or self._retry_timer(inbound.step) is not None:
+            return RetryRequested(
+                at=inbound.at, step=inbound.step, principal=inbound.principal,
+                reason=inbound.reason,
+            )  # fmt: skip
+        raise InvalidTransition(
+            f"step {inbound.step!r} of saga {self.saga_id} ({self._status.value}) is not waiting "
+            f"to retry; steps waiting for a reply: {self._in_flight() or 'none'}"
+        )
+
+    def _retry_timer(self, step: str) -> str | None:
+        prefixes = (f"retry:{step}:", f"retry:compensate:{step}:")
+        return next((t for t in self._timers if t.startswith(prefixes)), None)
 
     def _take_input(self, event: Event) -> None:
         self._history.append(event)
@@ -362,14 +422,48 @@ class SagaRuntime(SagaOperations):
                 self._signals.setdefault(event.name, deque()).append(event.payload)
         elif isinstance(event, CancelRequested):
             self._request_cancel("cancel", event.reason)
+        elif isinstance(event, CompensationForced):
+            self._request_cancel("forced", f"forced by {event.principal}: {event.reason}")
+        elif isinstance(event, StepSkipped):
+            self._apply_skip(event)
+        elif isinstance(event, RetryRequested):
+            if self._stuck_step == event.step and self._resume_waiter is not None:
+                if not self._resume_waiter.done():
+                    self._resume_waiter.set_result("retry")
+            else:
+                timer_id = self._retry_timer(event.step)
+                timer = self._timers.pop(timer_id) if timer_id else None
+                if timer is not None and timer.future is not None and not timer.future.done():
+                    timer.future.set_result(None)
         elif (
             isinstance(event, SagaResumed)
             and self._resume_waiter is not None
             and not self._resume_waiter.done()
         ):
-            self._resume_waiter.set_result(None)
+            self._resume_waiter.set_result("retry")
 
-    def _request_cancel(self, reason: Literal["cancel", "deadline"], message: str) -> None:
+    def _apply_skip(self, event: StepSkipped) -> None:
+        if event.compensation:
+            if self._resume_waiter is not None and not self._resume_waiter.done():
+                self._resume_waiter.set_result("skip")
+            return
+        for inflight in list(self._inflight.values()):
+            if inflight.event.step == event.step and not inflight.future.done():
+                self._skipped_ids.add(inflight.event.command_id)
+                inflight.future.set_result(
+                    ReplyReceived(
+                        at=event.at,
+                        step=event.step,
+                        command_id=inflight.event.command_id,
+                        outcome="success",
+                        payload=event.payload,
+                    )
+                )
+                return
+
+    def _request_cancel(
+        self, reason: Literal["cancel", "deadline", "forced"], message: str
+    ) -> None:
         if self._cancel_reason is not None or self._closing:
             return
         self._cancel_reason = reason
@@ -403,6 +497,12 @@ class SagaRuntime(SagaOperations):
         elif isinstance(event, SagaParked):
             self._parked = True
             self._error = event.error
+        elif (
+            isinstance(event, StepSkipped | RetryRequested)
+            and self._status == SagaStatus.COMPENSATION_STUCK
+            and self._stuck_step == event.step
+        ):
+            new = SagaStatus.COMPENSATING  # the operator unblocked the stuck compensation
         elif isinstance(event, SagaResumed):
             # One resume clears a nondeterminism park and retries a stuck compensation
             # (the lifecycle's waiter is woken by the same event in _apply).

@@ -34,7 +34,7 @@ def test_subpackages_expose_their_documented_names() -> None:
     assert {"replay", "load_history", "export_history", "load_sagas"} <= set(
         saga_engine.replay.__all__
     )
-    assert len(saga_engine.events.EVENT_TYPES) == 20
+    assert len(saga_engine.events.EVENT_TYPES) == 23
 
 
 def test_error_hierarchy_tells_how_to_react() -> None:
