@@ -9,10 +9,11 @@ STAMP  := $(VENV)/.installed
 DEVSTACK := $(PY) scripts/devstack.py
 PYTEST_ARGS ?=
 
-.PHONY: help venv up down status env test lint typecheck pytest demo bench clean distclean
+.PHONY: help venv up down status env test lint typecheck pytest demo demo-up bench clean distclean
 
 help:
 	@echo "make demo    run the end-to-end demo on real Postgres and Kafka"
+	@echo "make demo-up start the engine and the demo services and leave them running (Ctrl-C)"
 	@echo "make test    lint, type-check and run the whole test suite on real servers"
 	@echo "make up      start Postgres and Kafka (idempotent) and print SAGA_* settings"
 	@echo "make down    stop what 'make up' started"
@@ -52,8 +53,16 @@ test: venv lint typecheck
 pytest: venv
 	@$(DEVSTACK) run -- $(PY) -m pytest $(PYTEST_ARGS)
 
+# The narrated checkout scenario: starts the stack if needed, the engine and the five
+# services, runs every scenario, stops what it started; exits 0 only if all held.
 demo: venv
-	@$(DEVSTACK) run -- $(PY) -m services_demo.smoke
+	@$(DEVSTACK) run -- $(PY) -m services_demo.scenario
+
+# The same services, left running for you to explore (Postgres and Kafka stay up after
+# Ctrl-C: `make down` stops them).
+demo-up: venv
+	@$(DEVSTACK) up
+	@eval "$$($(DEVSTACK) env)" && exec $(PY) -m services_demo.run
 
 bench: venv
 	@$(DEVSTACK) run -- $(PY) -m bench.e2e $(BENCH_ARGS)

@@ -1,0 +1,75 @@
+"""The demo's own settings (``SAGA_DEMO_*``), its seed data and its prices.
+
+The engine and participant settings are the engine's (``SAGA_*``, see
+``saga_engine.settings``); these are the knobs of the demo's business rules.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: Service name -> offset from the base port (``SAGA_DEMO_BASE_PORT``, default 8100).
+PORT_OFFSETS: Final = {"orders": 1, "payments": 2, "inventory": 3, "fraud": 4, "shipping": 5}
+SERVICES: Final = tuple(PORT_OFFSETS)
+DEFAULT_BASE_PORT: Final = 8100
+
+#: Orders at or above this total wait for a manual approval (the "approval" signal).
+APPROVAL_THRESHOLD: Final = 1000
+
+#: The orders service's price list (whole credits).
+PRICES: Final = {"book": 12, "mug": 8, "lamp": 45, "chair": 150, "tv": 900}
+
+#: Seeded once in the payments service: customer -> credit balance. Generous, so that
+#: the scenario can run many times against a long-running stack.
+CUSTOMERS: Final = {
+    "alice": 10_000,
+    "bob": 30,  # too little for almost anything: the insufficient-credit path
+    "carol": 100_000,  # buys large orders, which need an approval
+    "dave": 10_000,  # orders through Kafka
+    "erin": 10_000,  # lives outside the delivery area (SAGA_DEMO_UNSHIPPABLE)
+    "mallory": 10_000,  # on the fraud service's block list (SAGA_DEMO_BLOCKED)
+}
+
+#: Seeded once in the inventory service: SKU -> units in stock.
+STOCK: Final = {"book": 1_000, "mug": 500, "lamp": 200, "chair": 100, "tv": 100}
+
+
+def _names(value: str) -> frozenset[str]:
+    return frozenset(n.strip() for n in value.split(",") if n.strip())
+
+
+class DemoSettings(BaseSettings):
+    """``SAGA_DEMO_*`` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="SAGA_DEMO_", frozen=True, extra="ignore")
+
+    base_port: int = DEFAULT_BASE_PORT
+    #: How long a large order waits for its approval before it is rejected.
+    approval_timeout_s: float = 30.0
+    #: Customers the shipping service cannot deliver to (comma-separated).
+    unshippable: str = "erin"
+    #: Customers the fraud service blocks (comma-separated).
+    blocked: str = "mallory"
+    #: The fraud service answers 503 to the first call of every Idempotency-Key, so
+    #: the engine's retry under the same key shows in its table.
+    fraud_flaky: bool = True
+    #: The trigger topic; default ``{SAGA_KAFKA__TOPIC_PREFIX}.orders.requested``.
+    orders_topic: str = ""
+
+    def port(self, service: str) -> int:
+        return self.base_port + PORT_OFFSETS[service]
+
+    @property
+    def unshippable_customers(self) -> frozenset[str]:
+        return _names(self.unshippable)
+
+    @property
+    def blocked_customers(self) -> frozenset[str]:
+        return _names(self.blocked)
+
+
+def orders_topic(topic_prefix: str, demo: DemoSettings) -> str:
+    """The Kafka topic whose messages start checkouts (``demo.orders.requested``)."""
+    return demo.orders_topic or f"{topic_prefix}.orders.requested"

@@ -1,0 +1,180 @@
+"""The messages between the checkout saga and the services: commands, replies, inputs.
+
+A command's type on the wire is its class name; the participant kit routes it to the
+handler registered for that model.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ORDER_ID_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
+NAME_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
+
+
+class Item(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    sku: str = Field(pattern=NAME_PATTERN)
+    qty: int = Field(ge=1, le=1000)
+
+
+Items = list[Item]
+
+
+# --------------------------------------------------------------------------- saga input/output
+
+
+class CheckoutInput(BaseModel):
+    order_id: str = Field(pattern=ORDER_ID_PATTERN)
+    customer: str = Field(pattern=NAME_PATTERN)
+    items: Items = Field(min_length=1, max_length=50)
+    #: Recorded in the saga's input, so a replay waits exactly as the first run did.
+    approval_timeout_s: float = Field(default=30.0, gt=0)
+
+
+class CheckoutResult(BaseModel):
+    order_id: str
+    total: int
+    shipment_id: str
+    fraud_score: int
+    approved_by: str | None = None
+
+
+class OrderRequested(BaseModel):
+    """A message on the trigger topic (``demo.orders.requested``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    order_id: str = Field(pattern=ORDER_ID_PATTERN)
+    customer: str = Field(pattern=NAME_PATTERN)
+    items: Items = Field(min_length=1, max_length=50)
+
+
+class Approval(BaseModel):
+    """The payload of the ``approval`` signal."""
+
+    approved: bool
+    by: str = "operator"
+    note: str = ""
+
+
+# --------------------------------------------------------------------------- orders
+
+
+class CreateOrder(BaseModel):
+    """Creates the order (priced by the orders service) unless it exists already."""
+
+    order_id: str
+    customer: str
+    items: Items
+
+
+class OrderCreated(BaseModel):
+    order_id: str
+    total: int
+
+
+class ConfirmOrder(BaseModel):
+    order_id: str
+    shipment_id: str
+
+
+class RejectOrder(BaseModel):
+    """Marks a pending order rejected (creating it if it never was); the first reason wins."""
+
+    order_id: str
+    customer: str
+    items: Items
+    reason: str
+
+
+class OrderState(BaseModel):
+    order_id: str
+    status: str
+    reason: str | None = None
+
+
+# --------------------------------------------------------------------------- payments
+
+
+class ReserveCredit(BaseModel):
+    order_id: str
+    customer: str
+    amount: int = Field(ge=0)
+
+
+class CreditReserved(BaseModel):
+    order_id: str
+    amount: int
+    balance: int
+
+
+class ReleaseCredit(BaseModel):
+    order_id: str
+
+
+class CreditReleased(BaseModel):
+    order_id: str
+    released: int
+
+
+# --------------------------------------------------------------------------- inventory
+
+
+class ReserveStock(BaseModel):
+    order_id: str
+    items: Items
+
+
+class StockReserved(BaseModel):
+    order_id: str
+    items: Items
+
+
+class ReleaseStock(BaseModel):
+    order_id: str
+
+
+class StockReleased(BaseModel):
+    order_id: str
+    items: Items
+
+
+# --------------------------------------------------------------------------- shipping
+
+
+class ScheduleShipment(BaseModel):
+    order_id: str
+    customer: str
+    items: Items
+
+
+class ShipmentScheduled(BaseModel):
+    order_id: str
+    shipment_id: str
+
+
+class CancelShipment(BaseModel):
+    order_id: str
+
+
+class ShipmentCancelled(BaseModel):
+    order_id: str
+    cancelled: bool
+
+
+# --------------------------------------------------------------------------- fraud (HTTP)
+
+
+class FraudCheck(BaseModel):
+    """The body of ``POST /check`` on the fraud service."""
+
+    order_id: str
+    customer: str
+    total: int
+
+
+class FraudVerdict(BaseModel):
+    approved: bool
+    score: int

@@ -1,0 +1,169 @@
+"""The payments service (port base+2): customer credit, reserved per order.
+
+``ReserveCredit`` takes the order's total off the customer's balance into a reservation,
+or refuses (``Rejected``) when the balance is short; ``ReleaseCredit`` gives a reserved
+amount back and is a no-op when nothing is reserved for the order. ``GET /customers/{id}``
+shows the balance and the reservations.
+
+Run it with ``uvicorn services_demo.payments:app --port 8102``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel
+
+from saga_engine import Settings
+from saga_engine.participant import Participant, Rejected, Transaction
+from services_demo._service import Connection, Holder, add_health, running_service
+from services_demo.config import CUSTOMERS
+from services_demo.contracts import CreditReleased, CreditReserved, ReleaseCredit, ReserveCredit
+
+DDL = """
+CREATE TABLE IF NOT EXISTS customers (
+    customer_id text PRIMARY KEY,
+    balance     int NOT NULL CHECK (balance >= 0)
+);
+CREATE TABLE IF NOT EXISTS reservations (
+    order_id    text PRIMARY KEY,
+    customer_id text NOT NULL REFERENCES customers,
+    amount      int NOT NULL,
+    status      text NOT NULL CHECK (status IN ('reserved', 'released')),
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    released_at timestamptz
+);
+CREATE INDEX IF NOT EXISTS reservations_customer_idx ON reservations (customer_id);
+"""
+
+
+async def seed(conn: Connection) -> None:
+    await conn.executemany(
+        "INSERT INTO customers (customer_id, balance) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        list(CUSTOMERS.items()),
+    )
+
+
+def build_participant(settings: Settings) -> Participant:
+    payments = Participant("payments", settings)
+
+    @payments.handles(ReserveCredit)
+    async def reserve(cmd: ReserveCredit, tx: Transaction) -> CreditReserved:
+        balance = await tx.fetchval(
+            "SELECT balance FROM customers WHERE customer_id = $1 FOR UPDATE", cmd.customer
+        )
+        if balance is None:
+            raise Rejected(f"unknown customer {cmd.customer}")
+        held = await tx.fetchrow(
+            "SELECT amount, status FROM reservations WHERE order_id = $1", cmd.order_id
+        )
+        if held is not None:  # the business key: one reservation per order
+            if held["status"] != "reserved":
+                raise Rejected(f"the credit of order {cmd.order_id} was released already")
+            return CreditReserved(order_id=cmd.order_id, amount=held["amount"], balance=balance)
+        if balance < cmd.amount:
+            raise Rejected(
+                f"insufficient credit: {cmd.customer} has {balance}, the order needs {cmd.amount}",
+                details={"balance": balance, "needed": cmd.amount},
+            )
+        balance = await tx.fetchval(
+            "UPDATE customers SET balance = balance - $2 WHERE customer_id = $1 RETURNING balance",
+            cmd.customer, cmd.amount,
+        )  # fmt: skip
+        await tx.execute(
+            "INSERT INTO reservations (order_id, customer_id, amount, status) "
+            "VALUES ($1, $2, $3, 'reserved')",
+            cmd.order_id, cmd.customer, cmd.amount,
+        )  # fmt: skip
+        return CreditReserved(order_id=cmd.order_id, amount=cmd.amount, balance=balance)
+
+    @payments.handles(ReleaseCredit)
+    async def release(cmd: ReleaseCredit, tx: Transaction) -> CreditReleased:
+        row = await tx.fetchrow(
+            "UPDATE reservations SET status = 'released', released_at = now() "
+            "WHERE order_id = $1 AND status = 'reserved' RETURNING customer_id, amount",
+            cmd.order_id,
+        )
+        if row is None:  # nothing reserved (refused, or released before): nothing to do
+            return CreditReleased(order_id=cmd.order_id, released=0)
+        await tx.execute(
+            "UPDATE customers SET balance = balance + $2 WHERE customer_id = $1",
+            row["customer_id"], row["amount"],
+        )  # fmt: skip
+        return CreditReleased(order_id=cmd.order_id, released=row["amount"])
+
+    return payments
+
+
+class Reservation(BaseModel):
+    order_id: str
+    amount: int
+    status: str
+
+
+class Customer(BaseModel):
+    customer_id: str
+    balance: int
+    reserved: int
+    reservations: list[Reservation]
+
+
+def create_app() -> FastAPI:
+    holder = Holder()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with running_service(
+            "payments", ddl=DDL, seed=seed, participant=build_participant
+        ) as svc:
+            holder.set(svc)
+            try:
+                yield
+            finally:
+                holder.set(None)
+
+    app = FastAPI(
+        title="payments",
+        summary="Customer credit, reserved and released by checkout sagas (saga-engine demo).",
+        lifespan=lifespan,
+    )
+    add_health(app, holder)
+
+    async def customer(customer_id: str) -> Customer | None:
+        balance = await holder.pool.fetchval(
+            "SELECT balance FROM customers WHERE customer_id = $1", customer_id
+        )
+        if balance is None:
+            return None
+        rows = await holder.pool.fetch(
+            "SELECT order_id, amount, status FROM reservations WHERE customer_id = $1 "
+            "ORDER BY created_at",
+            customer_id,
+        )
+        reservations = [Reservation(**dict(r)) for r in rows]
+        return Customer(
+            customer_id=customer_id,
+            balance=balance,
+            reserved=sum(r.amount for r in reservations if r.status == "reserved"),
+            reservations=reservations,
+        )
+
+    @app.get("/customers/{customer_id}", response_model=Customer, tags=["payments"])
+    async def get_customer(customer_id: str) -> Customer:
+        found = await customer(customer_id)
+        if found is None:
+            raise HTTPException(404, f"no customer {customer_id}")
+        return found
+
+    @app.get("/customers", tags=["payments"])
+    async def list_customers() -> dict[str, int]:
+        """Every customer's balance."""
+        rows = await holder.pool.fetch("SELECT customer_id, balance FROM customers ORDER BY 1")
+        return {r["customer_id"]: r["balance"] for r in rows}
+
+    return app
+
+
+app = create_app()

@@ -1,0 +1,158 @@
+"""The ``checkout`` saga and the Kafka trigger that starts it: ``saga worker services_demo.sagas``.
+
+1. ``create-order``: the orders service prices the order and records it (a no-op when
+   ``POST /orders`` created it already; orders that come from Kafka are created here);
+2. ``reserve-credit`` (payments), 3. ``reserve-stock`` (inventory);
+4. ``fraud-check``: an HTTP step, the engine calls ``POST /check`` on the fraud service;
+5. orders of ``APPROVAL_THRESHOLD`` or more wait for the ``approval`` signal (a timeout
+   rejects them);
+6. ``schedule-shipment`` (shipping), 7. ``confirm-order`` (orders).
+
+Any failure first marks the order rejected with the reason (``reject-order``), then the
+engine compensates in reverse: cancel the shipment, release the stock, release the credit.
+``create-order``'s own compensation rejects the order if nothing else did (a cancelled
+saga never reaches the ``except`` below); after ``reject-order`` it is a no-op.
+"""
+
+from __future__ import annotations
+
+from saga_engine import RetryPolicy, Saga, SagaContext, Settings, SignalTimeout, StepFailed
+from saga_engine.triggers import KafkaTrigger
+from services_demo.config import APPROVAL_THRESHOLD, DemoSettings, orders_topic
+from services_demo.contracts import (
+    Approval,
+    CancelShipment,
+    CheckoutInput,
+    CheckoutResult,
+    ConfirmOrder,
+    CreateOrder,
+    CreditReserved,
+    FraudVerdict,
+    OrderCreated,
+    OrderRequested,
+    RejectOrder,
+    ReleaseCredit,
+    ReleaseStock,
+    ReserveCredit,
+    ReserveStock,
+    ScheduleShipment,
+    ShipmentScheduled,
+    StockReserved,
+)
+
+#: Per-attempt timeout of the Kafka steps, and how often they are re-sent.
+STEP_TIMEOUT_S = 10
+STEP_RETRY = RetryPolicy(max_attempts=3)
+
+
+class CheckoutRejected(Exception):
+    """A business "no" decided by the saga itself (not approved, fraud verdict)."""
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, StepFailed):
+        return f"{exc.step}: {exc.reason}"
+    if isinstance(exc, SignalTimeout):
+        return "approval: no decision before the approval timeout"
+    return str(exc)
+
+
+class Checkout(Saga[CheckoutInput, CheckoutResult]):
+    name = "checkout"
+
+    async def run(self, ctx: SagaContext, order: CheckoutInput) -> CheckoutResult:
+        oid, customer, items = order.order_id, order.customer, order.items
+        try:
+            created = await ctx.step(
+                "create-order", to="orders",
+                command=CreateOrder(order_id=oid, customer=customer, items=items),
+                compensate=RejectOrder(
+                    order_id=oid, customer=customer, items=items, reason="checkout cancelled"
+                ),
+                returns=OrderCreated, timeout=STEP_TIMEOUT_S, retry=STEP_RETRY,
+            )  # fmt: skip
+            await ctx.step(
+                "reserve-credit", to="payments",
+                command=ReserveCredit(order_id=oid, customer=customer, amount=created.total),
+                compensate=ReleaseCredit(order_id=oid),
+                returns=CreditReserved, timeout=STEP_TIMEOUT_S, retry=STEP_RETRY,
+            )  # fmt: skip
+            await ctx.step(
+                "reserve-stock", to="inventory",
+                command=ReserveStock(order_id=oid, items=items),
+                compensate=ReleaseStock(order_id=oid),
+                returns=StockReserved, timeout=STEP_TIMEOUT_S, retry=STEP_RETRY,
+            )  # fmt: skip
+            verdict = await ctx.http_step(
+                "fraud-check", endpoint="fraud", method="POST", path="/check",
+                json={"order_id": oid, "customer": customer, "total": created.total},
+                returns=FraudVerdict, retry=RetryPolicy(max_attempts=3), timeout=5,
+            )  # fmt: skip
+            if not verdict.approved:
+                raise CheckoutRejected(f"fraud-check: not approved (score {verdict.score})")
+            approved_by = None
+            if created.total >= APPROVAL_THRESHOLD:
+                approval = await ctx.wait_signal(
+                    "approval", Approval, timeout=order.approval_timeout_s
+                )
+                if not approval.approved:
+                    raise CheckoutRejected(f"approval: refused by {approval.by} {approval.note}")
+                approved_by = approval.by
+            shipment = await ctx.step(
+                "schedule-shipment", to="shipping",
+                command=ScheduleShipment(order_id=oid, customer=customer, items=items),
+                compensate=CancelShipment(order_id=oid),
+                returns=ShipmentScheduled, timeout=STEP_TIMEOUT_S, retry=STEP_RETRY,
+            )  # fmt: skip
+            await ctx.step(
+                "confirm-order", to="orders",
+                command=ConfirmOrder(order_id=oid, shipment_id=shipment.shipment_id),
+                timeout=STEP_TIMEOUT_S, retry=STEP_RETRY,
+            )  # fmt: skip
+        except (StepFailed, SignalTimeout, CheckoutRejected) as exc:
+            # The order shows why before the compensations run; then the engine undoes
+            # the applied steps in reverse order.
+            await ctx.step(
+                "reject-order", to="orders",
+                command=RejectOrder(
+                    order_id=oid, customer=customer, items=items, reason=_reason(exc)
+                ),
+                timeout=STEP_TIMEOUT_S, retry=RetryPolicy(max_attempts=10),
+            )  # fmt: skip
+            raise
+        return CheckoutResult(
+            order_id=oid,
+            total=created.total,
+            shipment_id=shipment.shipment_id,
+            fraud_score=verdict.score,
+            approved_by=approved_by,
+        )
+
+
+def checkout_input(message: OrderRequested) -> CheckoutInput:
+    """A trigger message as the saga's input (the approval timeout of this deployment)."""
+    return CheckoutInput(
+        order_id=message.order_id,
+        customer=message.customer,
+        items=message.items,
+        approval_timeout_s=DemoSettings().approval_timeout_s,
+    )
+
+
+def order_key(order_id: str) -> str:
+    """The idempotency key of an order's saga: the same order never starts two sagas,
+    whether it came through ``POST /orders`` or a Kafka message."""
+    return f"order-{order_id}"
+
+
+#: Messages on ``{prefix}.orders.requested`` start checkouts (``SAGA_DEMO_ORDERS_TOPIC``
+#: overrides the topic). A redelivered or duplicated message maps to the same saga id.
+orders_requested = KafkaTrigger(
+    topic=orders_topic(Settings().kafka.topic_prefix, DemoSettings()),
+    saga=Checkout,
+    message=OrderRequested,
+    to_input=checkout_input,
+    idempotency_key=lambda m: order_key(m.order_id),
+)
+
+__all__ = ["Checkout", "CheckoutRejected", "checkout_input", "order_key", "orders_requested"]

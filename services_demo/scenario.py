@@ -1,0 +1,922 @@
+"""The narrated checkout demo (``make demo``): every promise of saga-engine, end to end.
+
+    python -m services_demo.scenario            # starts the engine and the services itself
+    python -m services_demo.scenario --external # against a running stack (SAGA_* settings)
+    python -m services_demo.scenario --compose  # against `docker compose up --build --wait`
+
+It places orders over HTTP and through Kafka and prints what happens and where to look:
+
+1. an order that succeeds (and the same request again, with its Idempotency-Key);
+2. one rejected for insufficient credit;
+3. one that fails at shipping: its stock and credit are released;
+4. one the fraud service refuses over HTTP (the engine's HTTP step);
+5. one started by a Kafka message, sent twice: one saga; malformed ones are dead-lettered;
+6. a large order approved by a signal;
+7. a crash: the engine is SIGKILLed while a large order waits for its approval, restarted,
+   recovers the saga from its history, the approval arrives and the order completes;
+8. a large order nobody approves: rejected when its approval times out.
+
+Then each saga's final status and history summary, and the balances and stock before
+and after, checked to the unit: nothing leaked, nothing was applied twice. Every
+expectation is checked; the exit status is 0 only if all of them held.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shlex
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import httpx
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from saga_engine import SagaStatus, Settings, saga_id_for
+from saga_engine.client import SagaClient
+from saga_engine.events import (
+    AttemptTimedOut,
+    CommandIssued,
+    CompensationCompleted,
+    CompensationStarted,
+    Event,
+    ReplyReceived,
+    SagaCancelled,
+    SagaCompensated,
+    SagaCompleted,
+    SagaFailed,
+    SignalReceived,
+    TimerFired,
+    TimerStarted,
+    event_from_json,
+)
+from saga_engine.settings import KafkaSettings, PostgresSettings
+from services_demo.config import PORT_OFFSETS, SERVICES
+from services_demo.contracts import Approval
+from services_demo.run import DemoStack, StackConfig, StackError, free_base_port
+
+FINISHED = {s.value for s in SagaStatus if s.is_terminal or s.is_parked}
+
+
+class DemoFailed(AssertionError):
+    """An expectation of the scenario did not hold."""
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def check(condition: bool, what: str, *, quiet: bool = False) -> None:
+    """Every expectation goes through here: the demo stops at the first one that fails."""
+    if not condition:
+        raise DemoFailed(what)
+    if not quiet:
+        say(f"    ok  {what}")
+
+
+def items(**qty: int) -> list[dict[str, Any]]:
+    return [{"sku": sku, "qty": n} for sku, n in qty.items()]
+
+
+def show_items(lines: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{i['qty']} x {i['sku']}" for i in lines)
+
+
+# --------------------------------------------------------------------------- the target
+
+
+class EngineControl:
+    """How the crash scenario kills and restarts the engine."""
+
+    async def kill(self) -> str:
+        raise NotImplementedError
+
+    async def restart(self) -> str:
+        raise NotImplementedError
+
+
+class LocalEngine(EngineControl):
+    def __init__(self, stack: DemoStack) -> None:
+        self.stack = stack
+
+    async def kill(self) -> str:
+        pid = self.stack.pid("engine")
+        self.stack.kill_engine()
+        return f"SIGKILL to the engine process (pid {pid})"
+
+    async def restart(self) -> str:
+        recovered = await self.stack.restart_engine()
+        return (
+            f"a new engine process (pid {self.stack.pid('engine')}) took the inbox partitions "
+            f"and rebuilt {recovered} open saga(s) from their histories in Postgres"
+        )
+
+
+class CommandEngine(EngineControl):
+    """For a stack this process did not start: shell commands (``docker compose kill``...)."""
+
+    def __init__(self, kill_cmd: str, start_cmd: str) -> None:
+        self.kill_cmd, self.start_cmd = kill_cmd, start_cmd
+
+    async def _run(self, cmd: str) -> None:
+        proc = await asyncio.create_subprocess_exec(*shlex.split(cmd))
+        if await proc.wait() != 0:
+            raise DemoFailed(f"`{cmd}` failed with exit code {proc.returncode}")
+
+    async def kill(self) -> str:
+        await self._run(self.kill_cmd)
+        return f"`{self.kill_cmd}`"
+
+    async def restart(self) -> str:
+        await self._run(self.start_cmd)
+        return f"`{self.start_cmd}`; it recovers the open sagas from Postgres"
+
+
+@dataclass
+class Target:
+    """Where the demo's services, engine database and topics are."""
+
+    urls: dict[str, str]
+    engine_dsn: str
+    engine_schema: str
+    kafka: KafkaSettings
+    orders_topic: str
+    engine: EngineControl | None = None
+    service_schemas: tuple[str, ...] = ()
+
+    @property
+    def trigger_group(self) -> str:
+        return f"{self.kafka.group_id}.triggers"
+
+    @classmethod
+    def of_stack(cls, stack: DemoStack) -> Target:
+        c = stack.config
+        return cls(
+            urls={s: c.url(s) for s in SERVICES},
+            engine_dsn=c.dsn,
+            engine_schema=c.engine_db_schema,
+            kafka=c.kafka,
+            orders_topic=c.orders_topic,
+            engine=LocalEngine(stack),
+            service_schemas=tuple(c.schema(s) for s in SERVICES),
+        )
+
+
+# --------------------------------------------------------------------------- the demo
+
+
+@dataclass
+class Placed:
+    """An order placed by the scenario, and what it must end as."""
+
+    label: str
+    order_id: str
+    saga_id: str
+    customer: str
+    items: list[dict[str, Any]]
+    expect: str  # confirmed | rejected
+    reason: str = ""  # a rejection reason must contain this
+    order: dict[str, Any] = field(default_factory=dict)
+    placed_at: float = field(default_factory=time.monotonic)
+    saga_status: str = ""
+    summary: str = ""
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return int(self.order.get("total") or 0)
+
+
+class Demo:
+    """The scenario's handles: HTTP, the engine's tables, a saga client, a Kafka producer."""
+
+    def __init__(self, target: Target, *, approval_timeout_s: float) -> None:
+        self.target = target
+        self.approval_timeout_s = approval_timeout_s
+        self.run_id = uuid.uuid4().hex[:8]
+        self.placed: list[Placed] = []
+        self._stack = contextlib.AsyncExitStack()
+        self.http: httpx.AsyncClient
+        self.db: asyncpg.Connection[asyncpg.Record]
+        self.client: SagaClient
+        self.producer: AIOKafkaProducer
+        self.fraud_flaky = False
+
+    async def __aenter__(self) -> Demo:
+        try:
+            await self._open()
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return self
+
+    async def _open(self) -> None:
+        s = self._stack
+        self.http = await s.enter_async_context(httpx.AsyncClient(timeout=10.0))
+        self.db = await asyncpg.connect(self.target.engine_dsn)
+        s.push_async_callback(self.db.close)
+        settings = Settings(
+            pg=PostgresSettings(dsn=self.target.engine_dsn, db_schema=self.target.engine_schema),
+            kafka=self.target.kafka,
+        )
+        self.client = await s.enter_async_context(
+            SagaClient(settings, source="/services-demo/scenario")
+        )
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=self.target.kafka.bootstrap_servers, acks="all"
+        )
+        await self.producer.start()
+        s.push_async_callback(self.producer.stop)
+        health = (await self.http.get(f"{self.url('fraud')}/health")).json()
+        self.fraud_flaky = bool(health.get("flaky"))
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    def url(self, service: str) -> str:
+        return self.target.urls[service]
+
+    # ------------------------------------------------------------------ orders
+
+    async def place(
+        self,
+        label: str,
+        customer: str,
+        lines: list[dict[str, Any]],
+        *,
+        expect: str,
+        reason: str = "",
+        idempotency_key: str | None = None,
+    ) -> Placed:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        response = await self.http.post(
+            f"{self.url('orders')}/orders",
+            json={"customer": customer, "items": lines},
+            headers=headers,
+        )
+        check(
+            response.status_code == 202, f"POST /orders answered {response.status_code}", quiet=True
+        )
+        body = response.json()
+        placed = Placed(
+            label, body["order_id"], body["saga_id"], customer, lines, expect=expect, reason=reason
+        )
+        self.placed.append(placed)
+        say(f"  POST /orders  {customer}: {show_items(lines)}")
+        say(f"    -> 202 order {placed.order_id}, saga {placed.saga_id}")
+        return placed
+
+    async def order(self, order_id: str) -> dict[str, Any] | None:
+        response = await self.http.get(f"{self.url('orders')}/orders/{order_id}")
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        body: dict[str, Any] = response.json()
+        return body
+
+    async def approve(self, placed: Placed, by: str) -> None:
+        response = await self.http.post(
+            f"{self.url('orders')}/orders/{placed.order_id}/approval",
+            json={"approved": True, "by": by},
+        )
+        check(response.status_code == 202, f"the approval was accepted ({response.status_code})")
+
+    # ------------------------------------------------------------------ the engine's tables
+
+    async def saga_row(self, saga_id: str) -> asyncpg.Record | None:
+        return await self.db.fetchrow(
+            f'SELECT status, current_step, error FROM "{self.target.engine_schema}".sagas '
+            "WHERE saga_id = $1",
+            saga_id,
+        )
+
+    async def history(self, saga_id: str) -> list[Event]:
+        rows = await self.db.fetch(
+            f'SELECT data FROM "{self.target.engine_schema}".saga_events '
+            "WHERE saga_id = $1 ORDER BY seq",
+            saga_id,
+        )
+        return [event_from_json(r["data"]) for r in rows]
+
+    async def wait_for(
+        self, what: str, probe: Callable[[], Awaitable[bool]], within_s: float = 30.0
+    ) -> None:
+        deadline = time.monotonic() + within_s
+        while not await probe():
+            if time.monotonic() > deadline:
+                raise DemoFailed(f"timed out after {within_s:.0f}s waiting for {what}")
+            await asyncio.sleep(0.1)
+
+    async def waiting_for_approval(self, placed: Placed) -> None:
+        async def waiting() -> bool:
+            return any(
+                isinstance(e, TimerStarted) and e.purpose == "signal_timeout"
+                for e in await self.history(placed.saga_id)
+            )
+
+        await self.wait_for(f"saga {placed.saga_id} to wait for its approval", waiting)
+
+    async def settle(self, placed: Placed, within_s: float = 30.0) -> Placed:
+        """Waits until the saga is finished, then checks the order against expectations."""
+
+        async def finished() -> bool:
+            row = await self.saga_row(placed.saga_id)
+            return row is not None and row["status"] in FINISHED
+
+        await self.wait_for(f"saga {placed.saga_id} ({placed.label}) to finish", finished, within_s)
+        row = await self.saga_row(placed.saga_id)
+        assert row is not None
+        placed.saga_status = row["status"]
+        placed.events = await self.history(placed.saga_id)
+        placed.summary = summarize(placed.events)
+        order = await self.order(placed.order_id)
+        check(order is not None, f"order {placed.order_id} exists", quiet=True)
+        assert order is not None
+        placed.order = order
+        took = time.monotonic() - placed.placed_at
+        say(f"    saga {placed.saga_status}, {took:.1f}s after the order: {placed.summary}")
+        want_saga = {"confirmed": "completed"}.get(placed.expect, "compensated")
+        check(
+            placed.saga_status == want_saga,
+            f"saga {placed.saga_status} (expected {want_saga})",
+            quiet=True,
+        )
+        check(
+            order["status"] == placed.expect,
+            f"order {order['status']}"
+            + (f": {order['reason']}" if order["reason"] else f", total {order['total']}"),
+        )
+        if placed.reason:
+            check(
+                placed.reason in (order["reason"] or ""),
+                f"the reason names {placed.reason!r}",
+                quiet=True,
+            )
+        started = sum(1 for e in placed.events if e.kind == "saga_started")
+        check(started == 1, "one saga_started event", quiet=True)
+        return placed
+
+    # ------------------------------------------------------------------ balances and stock
+
+    async def snapshot(self) -> Snapshot:
+        balances = (await self.http.get(f"{self.url('payments')}/customers")).json()
+        stock = (await self.http.get(f"{self.url('inventory')}/stock")).json()
+        return Snapshot(
+            balances=dict(balances),
+            available={s["sku"]: s["available"] for s in stock},
+            reserved={s["sku"]: s["reserved"] for s in stock},
+        )
+
+    async def reservations(self, customer: str) -> dict[str, dict[str, Any]]:
+        body = (await self.http.get(f"{self.url('payments')}/customers/{customer}")).json()
+        return {r["order_id"]: r for r in body["reservations"]}
+
+    async def fraud_calls(self, placed: Placed) -> int:
+        key = next(
+            e.command_id
+            for e in placed.events
+            if isinstance(e, CommandIssued) and e.step == "fraud-check"
+        )
+        body = (await self.http.get(f"{self.url('fraud')}/checks/{key}")).json()
+        return int(body["calls"])
+
+    # ------------------------------------------------------------------ Kafka
+
+    async def send_trigger(self, payload: bytes, key: str) -> None:
+        await self.producer.send_and_wait(self.target.orders_topic, payload, key=key.encode())
+
+    async def trigger_backlog(self) -> int:
+        """Messages on the trigger topic that the engine has not consumed (committed) yet."""
+        return await trigger_backlog(
+            self.target.kafka.bootstrap_servers, self.target.orders_topic, self.target.trigger_group
+        )
+
+    async def dead_letters(self, marker: str) -> list[str]:
+        """The dead-letter reasons of this run's trigger messages containing ``marker``."""
+        reasons: list[str] = []
+        for record in await read_all(
+            self.target.kafka.bootstrap_servers, f"{self.target.kafka.topic_prefix}.dlq"
+        ):
+            headers = {k: v.decode() for k, v in record.headers or []}
+            value = (record.value or b"").decode(errors="replace")
+            if headers.get("dlq_topic") == self.target.orders_topic and marker in value:
+                reasons.append(headers.get("dlq_reason", "?"))
+        return sorted(reasons)
+
+
+@dataclass
+class Snapshot:
+    balances: dict[str, int]
+    available: dict[str, int]
+    reserved: dict[str, int]
+
+
+async def topic_partitions(bootstrap: str, topic: str) -> list[TopicPartition]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    return sorted(
+        TopicPartition(topic, p["partition"])
+        for t in described
+        if t["topic"] == topic and t["error_code"] == 0
+        for p in t["partitions"]
+    )
+
+
+async def read_all(bootstrap: str, topic: str, within_s: float = 10.0) -> list[Any]:
+    """Every record on ``topic`` now (up to its end offsets when called)."""
+    partitions = await topic_partitions(bootstrap, topic)
+    records: list[Any] = []
+    if not partitions:
+        return records
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    await consumer.start()
+    try:
+        consumer.assign(partitions)
+        ends = await consumer.end_offsets(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        deadline = time.monotonic() + within_s
+        while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
+            if time.monotonic() > deadline:
+                raise DemoFailed(f"could not read {topic} to its end in {within_s:.0f}s")
+            for batch in (await consumer.getmany(timeout_ms=200)).values():
+                records.extend(batch)
+    finally:
+        await consumer.stop()
+    return records
+
+
+async def trigger_backlog(bootstrap: str, topic: str, group: str) -> int:
+    """End offsets minus the trigger consumer group's committed offsets, over the topic."""
+    partitions = await topic_partitions(bootstrap, topic)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    await consumer.start()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        ends = await consumer.end_offsets(partitions)
+        committed = await admin.list_consumer_group_offsets(group, partitions=partitions)
+        # -1 (or no entry): nothing committed on that partition yet.
+        done = {tp: max(0, c.offset) for tp, c in committed.items()}
+        return sum(max(0, ends[tp] - done.get(tp, 0)) for tp in partitions)
+    finally:
+        await admin.close()
+        await consumer.stop()
+
+
+def summarize(events: list[Event]) -> str:
+    """One line per saga: its steps and their outcomes, the compensations, the end."""
+    parts: list[str] = []
+    http: set[str] = set()
+    for e in events:
+        if isinstance(e, CommandIssued):
+            if e.participant.startswith("http:"):
+                http.add(e.step)
+            if e.attempt > 1:
+                parts.append(f"{e.step} re-sent (attempt {e.attempt})")
+        elif isinstance(e, ReplyReceived) and not e.compensation:
+            mark = {"success": "ok", "failure": "REFUSED"}.get(e.outcome, e.outcome)
+            via = " (HTTP)" if e.step in http else ""
+            parts.append(f"{e.step}{via} {mark}")
+        elif isinstance(e, AttemptTimedOut):
+            parts.append(f"{e.step} attempt {e.attempt} timed out")
+        elif isinstance(e, TimerStarted) and e.purpose == "signal_timeout":
+            parts.append("waiting for approval")
+        elif isinstance(e, SignalReceived):
+            parts.append(f"signal {e.name!r} received")
+        elif isinstance(e, TimerFired) and e.timer_id.startswith("signal"):
+            parts.append("approval timed out")
+        elif isinstance(e, CompensationStarted):
+            parts.append("compensating " + ", ".join(e.owed))
+        elif isinstance(e, CompensationCompleted):
+            parts.append(f"undo {e.step} ok")
+        elif isinstance(e, SagaCompleted | SagaCompensated | SagaFailed | SagaCancelled):
+            parts.append(e.kind.removeprefix("saga_").upper())
+    return " -> ".join(parts) + f"  [{len(events)} events]"
+
+
+def heading(number: str, title: str) -> None:
+    say()
+    label = f"{number}. {title}" if number else title
+    say(f"== {label} " + "=" * max(0, 74 - len(label)))
+
+
+# --------------------------------------------------------------------------- the scenarios
+
+
+async def order_succeeds(demo: Demo) -> Placed:
+    heading("1", "An order that succeeds")
+    key = f"demo-{demo.run_id}-1"
+    placed = await demo.place(
+        "succeeds", "alice", items(book=2, lamp=1), expect="confirmed", idempotency_key=key
+    )
+    again = await demo.http.post(
+        f"{demo.url('orders')}/orders",
+        json={"customer": "alice", "items": placed.items},
+        headers={"Idempotency-Key": key},
+    )
+    check(
+        again.status_code == 202 and again.json()["order_id"] == placed.order_id,
+        "the same request again (same Idempotency-Key) returns the same order and saga",
+    )
+    await demo.settle(placed)
+    calls = await demo.fraud_calls(placed)
+    if demo.fraud_flaky:
+        check(
+            calls == 2,
+            "the fraud service answered 503 first; the engine retried with the same "
+            "Idempotency-Key (2 calls, 1 stored answer)",
+        )
+    say(f"    look: GET {demo.url('orders')}/orders/{placed.order_id}")
+    return placed
+
+
+async def insufficient_credit(demo: Demo) -> Placed:
+    heading("2", "Rejected for insufficient credit")
+    placed = await demo.place(
+        "insufficient credit",
+        "bob",
+        items(chair=1),
+        expect="rejected",
+        reason="insufficient credit",
+    )
+    await demo.settle(placed)
+    held = await demo.reservations("bob")
+    check(placed.order_id not in held, "payments reserved nothing for it")
+    return placed
+
+
+async def shipping_fails(demo: Demo) -> Placed:
+    heading("3", "Fails at shipping: stock and credit are released")
+    placed = await demo.place(
+        "fails at shipping", "erin", items(lamp=1, mug=2), expect="rejected", reason="cannot ship"
+    )
+    await demo.settle(placed)
+    held = await demo.reservations("erin")
+    check(
+        held.get(placed.order_id, {}).get("status") == "released",
+        "payments: the credit was reserved, then released",
+    )
+    undone = [e.step for e in placed.events if isinstance(e, CompensationCompleted)]
+    check(
+        undone[:2] == ["reserve-stock", "reserve-credit"],
+        f"compensated in reverse order: {', '.join(undone)}",
+    )
+    return placed
+
+
+async def fraud_refuses(demo: Demo) -> Placed:
+    heading("4", "Refused by the fraud check, an HTTP step (422)")
+    placed = await demo.place(
+        "fraud check refuses", "mallory", items(tv=1), expect="rejected", reason="blocked"
+    )
+    await demo.settle(placed)
+    issued = [e for e in placed.events if isinstance(e, CommandIssued) and e.step == "fraud-check"]
+    check(
+        len(issued) == 1 and issued[0].participant == "http:fraud",
+        "the history records the HTTP call as a step: endpoint 'fraud', path /check",
+    )
+    return placed
+
+
+async def kafka_trigger(demo: Demo) -> Placed:
+    heading("5", f"Started by a Kafka message on {demo.target.orders_topic}")
+    order_id = f"kafka-{demo.run_id}"
+    lines = items(book=3)
+    message = orjson.dumps({"order_id": order_id, "customer": "dave", "items": lines})
+    saga_id = saga_id_for("checkout", f"order-{order_id}")
+    placed = Placed("Kafka trigger", order_id, saga_id, "dave", lines, expect="confirmed")
+    demo.placed.append(placed)
+    for _ in range(2):  # the same message twice, as a redelivery would
+        await demo.send_trigger(message, order_id)
+    say(f"  sent {message.decode()} twice")
+    await demo.send_trigger(f"not json {demo.run_id}".encode(), "bad")
+    await demo.send_trigger(orjson.dumps({"order_id": f"bad-{demo.run_id}"}), "bad")
+    say("  sent a message that is not JSON, and one without customer and items")
+    await demo.wait_for(
+        f"the orders service to learn of {order_id}", lambda: _exists(demo, order_id)
+    )
+    say(f"  the saga's first step created order {order_id} in the orders service")
+    await demo.settle(placed)
+    await demo.wait_for(
+        "the engine to consume every trigger message",
+        lambda: _caught_up(demo),
+    )
+    count = await demo.db.fetchval(
+        f'SELECT count(*) FROM "{demo.target.engine_schema}".sagas WHERE idempotency_key = $1',
+        f"order-{order_id}",
+    )
+    check(count == 1, "both copies consumed, one saga: its id derives from the idempotency key")
+    held = await demo.reservations("dave")
+    check(order_id in held, "one credit reservation for the order", quiet=True)
+    reasons = await _dead_letters(demo, demo.run_id, 2)
+    check(
+        reasons == ["invalid_body", "malformed_json"],
+        f"the bad messages went to {demo.target.kafka.topic_prefix}.dlq: {', '.join(reasons)}",
+    )
+    return placed
+
+
+async def _exists(demo: Demo, order_id: str) -> bool:
+    return await demo.order(order_id) is not None
+
+
+async def _caught_up(demo: Demo) -> bool:
+    return await demo.trigger_backlog() == 0
+
+
+async def _dead_letters(demo: Demo, marker: str, count: int) -> list[str]:
+    found: list[str] = []
+
+    async def enough() -> bool:
+        found[:] = await demo.dead_letters(marker)
+        return len(found) >= count
+
+    await demo.wait_for("the dead letters", enough, within_s=20)
+    return found
+
+
+async def approved_by_signal(demo: Demo) -> Placed:
+    heading("6", "A large order, approved by a signal")
+    placed = await demo.place(
+        "approved by signal", "carol", items(tv=1, chair=1), expect="confirmed"
+    )
+    await demo.waiting_for_approval(placed)
+    say(
+        f"  1050 credits: the saga waits for the 'approval' signal ({demo.approval_timeout_s:.0f} s at most)"
+    )
+    await demo.client.signal(placed.saga_id, "approval", Approval(approved=True, by="demo-script"))
+    say("  SagaClient.signal(saga_id, 'approval', Approval(approved=True)) sent")
+    await demo.settle(placed)
+    return placed
+
+
+async def crash_and_recover(demo: Demo) -> Placed | None:
+    heading("7", "A crash: the engine is killed while a saga waits, and recovers")
+    if demo.target.engine is None:
+        say("  skipped: no way to kill the engine (give --engine-kill-cmd and --engine-start-cmd)")
+        return None
+    placed = await demo.place("survives a crash", "carol", items(tv=2), expect="confirmed")
+    await demo.waiting_for_approval(placed)
+    say("  the saga has reserved credit and stock, passed the fraud check, and waits for approval")
+    say(f"  kill: {await demo.target.engine.kill()}")
+    order = await demo.order(placed.order_id)
+    check(order is not None and order["status"] == "pending", "the order is still pending")
+    say(f"  restart: {await demo.target.engine.restart()}")
+    await demo.approve(placed, by="demo-script (HTTP)")
+    say(f"  POST /orders/{placed.order_id}/approval: the orders service signals the saga")
+    await demo.settle(placed, within_s=60)
+    kinds = Counter(e.kind for e in placed.events)
+    check(
+        kinds["reply_received"] == 6 and kinds["signal_received"] == 1,
+        "one reply per step and one signal in the history: nothing was run twice",
+    )
+    if demo.fraud_flaky:
+        check(
+            await demo.fraud_calls(placed) == 2,
+            "the fraud service was not called again: replay answered it from history",
+        )
+    say("  the whole history:")
+    for seq, event in enumerate(placed.events, start=1):
+        say(f"    {seq:>3} {event.describe()}")
+    return placed
+
+
+async def start_unapproved(demo: Demo) -> Placed:
+    heading("8a", "A large order nobody will approve (placed first, checked at the end)")
+    placed = await demo.place(
+        "approval timed out", "carol", items(tv=1, chair=2), expect="rejected", reason="approval"
+    )
+    await demo.waiting_for_approval(placed)
+    say(
+        f"  1200 credits: it waits for an approval that will not come ({demo.approval_timeout_s:.0f} s)"
+    )
+    return placed
+
+
+async def finish_unapproved(demo: Demo, placed: Placed) -> Placed:
+    heading("8b", "The large order nobody approved")
+    await demo.settle(placed, within_s=demo.approval_timeout_s + 60)
+    held = await demo.reservations("carol")
+    check(
+        held.get(placed.order_id, {}).get("status") == "released",
+        "its credit (and stock) were released",
+    )
+    return placed
+
+
+async def run_scenarios(demo: Demo) -> list[Placed]:
+    """Every scenario in order, then the books: returns the orders placed, all checked."""
+    before = await demo.snapshot()
+    unapproved = await start_unapproved(demo)
+    await order_succeeds(demo)
+    await insufficient_credit(demo)
+    await shipping_fails(demo)
+    await fraud_refuses(demo)
+    await kafka_trigger(demo)
+    await approved_by_signal(demo)
+    await crash_and_recover(demo)
+    await finish_unapproved(demo, unapproved)
+    after = await demo.snapshot()
+    report(demo, before, after)
+    await check_books(demo, before, after)
+    where_to_look(demo)
+    return demo.placed
+
+
+def where_to_look(demo: Demo) -> None:
+    t = demo.target
+    example = demo.placed[-1].saga_id if demo.placed else "SAGA_ID"
+    prefix = t.kafka.topic_prefix
+    heading("", "Where to look")
+    say(
+        f"  a saga's history    SAGA_PG__DB_SCHEMA={t.engine_schema} .venv/bin/saga history {example}"
+    )
+    say(f"  the engine's tables SELECT saga_id, status, current_step FROM {t.engine_schema}.sagas;")
+    say(f"                      SELECT seq, kind, data FROM {t.engine_schema}.saga_events "
+        f"WHERE saga_id = '{example}' ORDER BY seq;")  # fmt: skip
+    if t.service_schemas:
+        say(f"  the services' data  schemas {', '.join(t.service_schemas)} (one per service)")
+    say(f"  Kafka               {prefix}.inbox, {prefix}.cmd.*, {t.orders_topic}, {prefix}.dlq")
+    say("  the services' APIs  " + ", ".join(f"{t.urls[s]}/docs" for s in SERVICES[:4]))
+
+
+def report(demo: Demo, before: Snapshot, after: Snapshot) -> None:
+    heading("", "Every saga")
+    for p in demo.placed:
+        outcome = p.order.get("reason") or f"total {p.order.get('total')}"
+        say(f"  {p.label:<22} {p.order_id:<22} order {p.order.get('status')}: {outcome}")
+        say(f"  {'':<22} saga {p.saga_id} {p.saga_status}")
+        say(f"  {'':<22} {p.summary}")
+    heading("", "Balances and stock, before and after")
+    customers = sorted({p.customer for p in demo.placed})
+    for c in customers:
+        spent = before.balances[c] - after.balances[c]
+        say(f"  {c:<8} balance {before.balances[c]:>7} -> {after.balances[c]:>7}  (spent {spent})")
+    for sku in sorted(before.available):
+        say(
+            f"  {sku:<8} in stock {before.available[sku]:>6} -> {after.available[sku]:>6}  "
+            f"reserved {before.reserved[sku]} -> {after.reserved[sku]}"
+        )
+
+
+async def check_books(demo: Demo, before: Snapshot, after: Snapshot) -> None:
+    """Confirmed orders took exactly their totals and units; rejected ones took nothing."""
+    heading("", "Nothing leaked")
+    confirmed = [p for p in demo.placed if p.expect == "confirmed"]
+    for c in sorted({p.customer for p in demo.placed}):
+        owed = sum(p.total for p in confirmed if p.customer == c)
+        check(
+            before.balances[c] - after.balances[c] == owed,
+            f"{c} paid {owed}: the totals of the confirmed orders, nothing for the rejected",
+        )
+        held = await demo.reservations(c)
+        for p in demo.placed:
+            if p.customer != c:
+                continue
+            status = held.get(p.order_id, {}).get("status")
+            want = {"reserved"} if p.expect == "confirmed" else {None, "released"}
+            check(status in want, f"{p.order_id}: credit {status}", quiet=True)
+    taken: Counter[str] = Counter()
+    for p in confirmed:
+        for line in p.items:
+            taken[line["sku"]] += line["qty"]
+    for sku in sorted(before.available):
+        check(
+            before.available[sku] - after.available[sku] == taken[sku]
+            and after.reserved[sku] - before.reserved[sku] == taken[sku],
+            f"{sku}: {taken[sku]} unit(s) taken by confirmed orders, every other unit back",
+            quiet=not taken[sku],
+        )
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _local_config() -> StackConfig:
+    port = os.environ.get("SAGA_DEMO_BASE_PORT")
+    return StackConfig.from_env(
+        f"demo_{uuid.uuid4().hex[:6]}",
+        base_port=int(port) if port else free_base_port(),
+        approval_timeout_s=float(os.environ.get("SAGA_DEMO_APPROVAL_TIMEOUT_S", "30")),
+    )
+
+
+async def _main_local(keep: bool) -> int:
+    config = _local_config()
+    stack = DemoStack(config)
+    t0 = time.monotonic()
+    say("saga-engine demo: a checkout saga across five services, over Kafka and HTTP")
+    say(f"  Postgres schemas {config.namespace}_*, Kafka topics {config.topic_prefix}.*, "
+        f"logs in {config.logs}/{config.namespace}-*.log")  # fmt: skip
+    ok = False
+    try:
+        await stack.start()
+        say(f"  engine and services up in {time.monotonic() - t0:.1f}s:")
+        for s in SERVICES:
+            say(f"    {s:<10} {config.url(s)}/docs")
+        async with Demo(
+            Target.of_stack(stack), approval_timeout_s=config.approval_timeout_s
+        ) as demo:
+            await run_scenarios(demo)
+        ok = True
+    except (DemoFailed, StackError) as exc:
+        say(f"\nFAILED: {exc}")
+        for name in stack.procs:
+            say(f"--- {name} (last lines of {stack.log_path(name)})\n{stack.log_tail(name, 15)}")
+    finally:
+        stack.stop()
+    if ok and not keep:
+        await stack.drop_data()
+    elif not ok or keep:
+        say(f"\nkept: schemas {', '.join(config.schemas)} and topics {config.topic_prefix}.*")
+    say(f"\n{'every expectation held' if ok else 'the demo FAILED'} "
+        f"({time.monotonic() - t0:.0f}s); the engine and the services are stopped")  # fmt: skip
+    return 0 if ok else 1
+
+
+async def _main_external(kill_cmd: str | None, start_cmd: str | None) -> int:
+    settings = Settings()
+    base = int(os.environ.get("SAGA_DEMO_BASE_PORT", "8100"))
+    urls = {s: f"http://127.0.0.1:{base + off}" for s, off in PORT_OFFSETS.items()}
+    async with httpx.AsyncClient(timeout=5) as http:
+        health = (await http.get(f"{urls['orders']}/health")).json()
+    target = Target(
+        urls=urls,
+        engine_dsn=settings.pg.dsn.get_secret_value(),
+        engine_schema=settings.pg.db_schema,
+        kafka=settings.kafka,
+        orders_topic=health["orders_topic"],
+        engine=CommandEngine(kill_cmd, start_cmd) if kill_cmd and start_cmd else None,
+    )
+    try:
+        async with Demo(target, approval_timeout_s=float(health["approval_timeout_s"])) as demo:
+            await run_scenarios(demo)
+    except DemoFailed as exc:
+        say(f"\nFAILED: {exc}")
+        return 1
+    say("\nevery expectation held")
+    return 0
+
+
+#: How docker-compose.yml configures the stack, as seen from the machine.
+COMPOSE_ENV = {
+    "SAGA_PG__DSN": "postgresql://postgres:saga@127.0.0.1:54329/saga",
+    "SAGA_PG__DB_SCHEMA": "demo_engine",
+    "SAGA_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:19092",
+    "SAGA_KAFKA__TOPIC_PREFIX": "demo",
+    "SAGA_KAFKA__GROUP_ID": "demo-engines",
+    "SAGA_DEMO_BASE_PORT": "8100",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--keep", action="store_true", help="keep the run's schemas and topics")
+    parser.add_argument(
+        "--external",
+        action="store_true",
+        help="use a running stack (SAGA_* settings, SAGA_DEMO_BASE_PORT) instead of starting one",
+    )
+    parser.add_argument("--engine-kill-cmd", help="external: how to SIGKILL the engine")
+    parser.add_argument("--engine-start-cmd", help="external: how to start it again")
+    parser.add_argument(
+        "--compose",
+        action="store_true",
+        help="external, against `docker compose up` (its settings and `docker compose kill`)",
+    )
+    args = parser.parse_args(argv)
+    if args.compose:
+        for key, value in COMPOSE_ENV.items():
+            os.environ.setdefault(key, value)
+        return asyncio.run(
+            _main_external(
+                args.engine_kill_cmd or "docker compose kill -s SIGKILL engine",
+                args.engine_start_cmd or "docker compose start engine",
+            )
+        )
+    if args.external:
+        return asyncio.run(_main_external(args.engine_kill_cmd, args.engine_start_cmd))
+    return asyncio.run(_main_local(args.keep))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
