@@ -427,6 +427,7 @@ class SagaRun:
                 "SAGA_KAFKA__PARTITIONS": str(self.cfg.partitions),
                 "SAGA_KAFKA__FETCH_MAX_WAIT_MS": str(self.cfg.fetch_max_wait_ms),
                 "SAGA_PARTICIPANT__DSN": self.res.dsn,
+                "SAGA_ADMIN__PORT": "0",
                 "BENCH_STATE_DIR": str(self.dir),
                 "BENCH_GROUP_COMMIT": "1" if self.cfg.group_commit else "0",
                 **extra,

@@ -106,6 +106,8 @@ class SagaWorker:
         self.sagas = list(sagas)
         self.triggers = list(triggers)
         self._trigger_consumer: TriggerConsumer | None = None
+        self._admin_app: Any = None
+        self._admin: Any = None
         self._http: HttpCaller | None = None
         self.topics = Topics.of(settings.kafka)
         self.instance_id = instance_id or f"{socket.gethostname()}-{random.getrandbits(32):08x}"
@@ -155,6 +157,14 @@ class SagaWorker:
             crash_hook=self._crash_hook,
         )
         self._http.bind(self.engine)
+        if self.settings.admin.enabled:
+            # Built before Kafka starts consuming, so a bad admin configuration (no tokens
+            # on a public address) fails the start with its one-line reason.
+            from saga_engine.admin import create_admin_app
+
+            self._admin_app = create_admin_app(
+                self.engine, self.settings, start_saga=self._start_through_inbox
+            )
         if self.triggers:
             await ensure_topics(kafka, [t.topic for t in self.triggers])
             self._trigger_consumer = TriggerConsumer(
@@ -180,10 +190,18 @@ class SagaWorker:
         await self._consumer.start()
         self._running = True
         self._task = asyncio.get_running_loop().create_task(self._consume(), name="saga-inbox")
+        if self._admin_app is not None:
+            from saga_engine.admin import serve_admin
+
+            self._admin = await serve_admin(self._admin_app, self.settings)
+            log.info("admin API on %s", self._admin.url)
         log.info("engine %s consuming %s", self.instance_id, self.topics.inbox)
 
     async def stop(self) -> None:
         self._running = False
+        if self._admin is not None:
+            await self._admin.stop()
+            self._admin = None
         if self._task is not None:
             await asyncio.wait({self._task}, timeout=30)
             if not self._task.done():
@@ -216,6 +234,19 @@ class SagaWorker:
             await self._task
         finally:
             await self.stop()
+
+    @property
+    def admin_url(self) -> str | None:
+        return self._admin.url if self._admin is not None else None
+
+    async def _start_through_inbox(self, saga: Any, input: Any, **options: Any) -> str:
+        """Admin starts go through the inbox, so the partition's owner starts the saga."""
+        from saga_engine.client import SagaClient
+
+        client = SagaClient(
+            self.settings, source=f"/saga-engine/{self.instance_id}/admin", producer=self._producer
+        )
+        return await client.start(saga, input, **options)
 
     @property
     def owned_partitions(self) -> set[int]:

@@ -35,21 +35,27 @@ def _payload(value: BaseModel | dict[str, Any] | None) -> dict[str, Any]:
 
 
 class SagaClient:
-    def __init__(self, settings: Settings, *, source: str = "/saga-client") -> None:
+    def __init__(
+        self, settings: Settings, *, source: str = "/saga-client", producer: Any = None
+    ) -> None:
+        """``producer``: an already started aiokafka producer to share (it stays the
+        caller's to stop); without it the client starts its own."""
         self.settings = settings
         self.topics = Topics.of(settings.kafka)
         self._source = source
-        self._producer: Any = None
+        self._producer: Any = producer
+        self._owns_producer = producer is None
 
     async def start_client(self) -> None:
         await ensure_topics(self.settings.kafka, [self.topics.inbox, self.topics.dlq])
-        self._producer = make_producer(self.settings.kafka)
-        await self._producer.start()
+        if self._owns_producer:
+            self._producer = make_producer(self.settings.kafka)
+            await self._producer.start()
 
     async def close(self) -> None:
-        if self._producer is not None:
+        if self._producer is not None and self._owns_producer:
             await self._producer.stop()
-            self._producer = None
+        self._producer = None
 
     async def __aenter__(self) -> SagaClient:
         await self.start_client()

@@ -85,11 +85,46 @@ class HttpSettings(BaseModel):
     request_timeout_s: float = Field(default=10.0, gt=0)
 
 
+class AdminSettings(BaseModel):
+    """The admin HTTP API, served inside the engine process (``saga_engine.admin``).
+
+    Tokens map a principal's name (recorded in history with each operator action) to
+    its bearer token: ``SAGA_ADMIN__OPERATORS='{"alice": "<32 random chars>"}'``.
+    Readers may use every GET endpoint; operators may also act on sagas. With no token
+    configured, the server starts only on a loopback address, where auth is off.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    #: Whether the worker serves the admin API at all.
+    enabled: bool = True
+    #: Where to listen. Anything but a loopback address requires tokens.
+    host: str = "127.0.0.1"
+    #: 0 picks a free port (handy in tests); the server reports the one it got.
+    port: int = Field(default=8080, ge=0, le=65535)
+    #: Principal name -> bearer token, read-only role (at least 16 characters each).
+    readers: dict[str, SecretStr] = Field(default_factory=dict)
+    #: Principal name -> bearer token, operator role: may also start and act on sagas.
+    operators: dict[str, SecretStr] = Field(default_factory=dict)
+    #: Largest request body accepted, in bytes; larger ones get 413 before being read.
+    max_body_bytes: int = Field(default=65_536, ge=1024)
+    #: Longest ``?wait=`` a start request may ask for, in seconds.
+    max_wait_s: float = Field(default=60.0, gt=0, le=600)
+    #: How many saga rows one list request may scan when filtering beyond what the store
+    #: filters itself (time range, id search); the page then returns a cursor to go on.
+    list_scan_limit: int = Field(default=5_000, ge=100)
+
+
 class Settings(BaseSettings):
     """Everything an engine needs. Build it once and pass it down."""
 
     model_config = SettingsConfigDict(
-        env_prefix="SAGA_", env_nested_delimiter="__", frozen=True, extra="ignore"
+        env_prefix="SAGA_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="ignore",
+        # Validation errors must not echo values: settings hold tokens and passwords.
+        hide_input_in_errors=True,
     )
 
     pg: PostgresSettings = PostgresSettings()
@@ -97,3 +132,4 @@ class Settings(BaseSettings):
     engine: EngineSettings = EngineSettings()
     participant: ParticipantSettings = ParticipantSettings()
     http: HttpSettings = HttpSettings()
+    admin: AdminSettings = AdminSettings()

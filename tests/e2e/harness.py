@@ -63,6 +63,8 @@ class Cluster:
             "SAGA_KAFKA__SESSION_TIMEOUT_MS": "6000",
             "SAGA_KAFKA__HEARTBEAT_INTERVAL_MS": "500",
             "SAGA_PARTICIPANT__DSN": self.database_dsn,
+            # Several engines run at once: each serves its admin API on a free port.
+            "SAGA_ADMIN__PORT": "0",
         }
         env.pop("SAGA_CRASH_AT", None)
         env.update(extra)

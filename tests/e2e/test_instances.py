@@ -32,10 +32,18 @@ async def test_survivor_takes_over_the_sagas_of_a_killed_instance(participants_u
     cluster = participants_up
     cluster.start_engine("engine-a")
     cluster.start_engine("engine-b")
+    # Both must own partitions before the sagas start, so each drives some of them.
+    for _ in range(300):
+        logs = cluster.log_tail("engine-a", 200) + cluster.log_tail("engine-b", 200)
+        if logs.count("took partitions") >= 2:
+            break
+        await asyncio.sleep(0.1)
     ids = await _start(cluster, 16, pause_s=1.5)
-    # Wait until both are driving sagas (they sleep between steps), then kill one.
-    for _ in range(200):
-        if await _running_somewhere(cluster, ids):
+    # Wait until every saga exists and is under way (they sleep between steps), then
+    # kill one engine while it drives some of them.
+    for _ in range(300):
+        statuses = await cluster.statuses(ids)
+        if len(statuses) == len(ids) and await _running_somewhere(cluster, ids):
             break
         await asyncio.sleep(0.1)
     cluster.kill("engine-a")

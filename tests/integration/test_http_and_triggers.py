@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Settings, StepFailed
 from saga_engine._worker import SagaWorker
-from saga_engine.settings import HttpSettings, KafkaSettings, PostgresSettings
+from saga_engine.settings import AdminSettings, HttpSettings, KafkaSettings, PostgresSettings
 from saga_engine.triggers import KafkaTrigger
 from tests.conftest import PgTarget
 from tests.integration.kafka_helpers import fake_participant, poll_until, read_topic
@@ -107,6 +107,7 @@ def _settings(pg: PgTarget, bootstrap: str, uid: str, fraud_url: str) -> Setting
             bootstrap_servers=bootstrap, topic_prefix=f"t{uid}", group_id=f"g{uid}", partitions=2
         ),
         http=HttpSettings(endpoints={"fraud": fraud_url}, retry_window_s=5),
+        admin=AdminSettings(port=0),
     )
 
 

@@ -14,7 +14,7 @@ from saga_engine import Saga, SagaContext, SagaStatus, Settings
 from saga_engine._wire import Envelope, MessageType, ReplyBody, encode
 from saga_engine._worker import SagaWorker
 from saga_engine.client import SagaClient
-from saga_engine.settings import EngineSettings, KafkaSettings, PostgresSettings
+from saga_engine.settings import AdminSettings, EngineSettings, KafkaSettings, PostgresSettings
 from tests.conftest import PgTarget
 from tests.integration.kafka_helpers import fake_participant, poll_until, read_topic
 
@@ -57,6 +57,7 @@ def settings(pg: PgTarget, kafka_bootstrap: str, unique_id: str) -> Settings:
             partitions=3,
         ),
         engine=EngineSettings(),
+        admin=AdminSettings(port=0),
     )
 
 

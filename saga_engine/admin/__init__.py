@@ -1,0 +1,35 @@
+"""The admin HTTP API, served inside the engine process on the engine's event loop.
+
+::
+
+    from saga_engine.admin import create_admin_app, serve_admin
+
+    app = create_admin_app(engine, settings)
+    server = await serve_admin(app, settings)  # settings.admin: host, port, tokens
+    ...
+    await server.stop()
+
+Endpoints (OpenAPI at ``/openapi.json``): ``GET /health``; ``GET /saga-types``;
+``GET /sagas`` (filters, cursor pages); ``GET /sagas/{id}``; ``GET /sagas/{id}/history``;
+``POST /sagas/{type}`` (start); ``POST /sagas/{id}/signal|cancel|resume``;
+``GET /metrics`` (JSON or Prometheus text).
+
+Bearer tokens come from ``settings.admin.readers`` and ``settings.admin.operators``
+(name -> token). Auth is off only on a loopback address with no token configured;
+anywhere else without tokens the app refuses to be created (InsecureAdminBinding).
+"""
+
+from saga_engine.admin.app import StartSaga, create_admin_app
+from saga_engine.admin.auth import AdminConfigError, InsecureAdminBinding, Principal, Role
+from saga_engine.admin.server import AdminServer, serve_admin
+
+__all__ = [
+    "AdminConfigError",
+    "AdminServer",
+    "InsecureAdminBinding",
+    "Principal",
+    "Role",
+    "StartSaga",
+    "create_admin_app",
+    "serve_admin",
+]

@@ -1,0 +1,148 @@
+"""Errors as HTTP: every bad input is a 4xx with a JSON ``detail``, never a 500.
+
+- saga_engine errors map by class: SagaNotFound and UnknownSagaType 404,
+  InvalidTransition 409, PayloadTooLarge 413, SerializationError 422, TransientError 503
+  (with Retry-After), any other PermanentError 400;
+- bodies above the configured size get 413 before they are read (Content-Length) or as
+  soon as the streamed bytes pass the limit;
+- anything unexpected is logged with its traceback and answered with a generic 500.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from saga_engine._errors import (
+    InvalidTransition,
+    PayloadTooLarge,
+    PermanentError,
+    SagaError,
+    SagaNotFound,
+    SerializationError,
+    TransientError,
+    UnknownSagaType,
+)
+
+log = logging.getLogger("saga_engine.admin")
+
+RETRY_AFTER_S = 2
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from ``receive`` once a streamed body passes the limit (FastAPI re-raises
+    HTTPExceptions that happen while it reads a body, so the client gets the 413)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the request body exceeds the limit of {limit} bytes")
+
+
+def status_for(exc: SagaError) -> int:
+    if isinstance(exc, SagaNotFound | UnknownSagaType):
+        return 404
+    if isinstance(exc, InvalidTransition):
+        return 409
+    if isinstance(exc, PayloadTooLarge):
+        return 413
+    if isinstance(exc, SerializationError):
+        return 422
+    if isinstance(exc, TransientError):
+        return 503
+    if isinstance(exc, PermanentError):
+        return 400
+    return 400  # StepFailed, SagaCancelled...: not raised by the API's engine calls
+
+
+async def _saga_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, SagaError)
+    status = status_for(exc)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    if status == 503:
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+    return JSONResponse(
+        {"detail": str(exc), "error": type(exc).__name__}, status_code=status, headers=headers
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(SagaError, _saga_error)
+
+
+class BodyLimitMiddleware:
+    """413 for bodies over ``limit`` bytes: up front from Content-Length, else while
+    streaming (the counting ``receive`` raises BodyTooLarge)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length")
+        if declared is not None:
+            try:
+                size = int(declared)
+            except ValueError:
+                size = -1
+            if size < 0:
+                await JSONResponse({"detail": "invalid Content-Length"}, status_code=400)(
+                    scope, receive, send
+                )
+                return
+            if size > self.limit:
+                await JSONResponse({"detail": BodyTooLarge(self.limit).detail}, status_code=413)(
+                    scope, receive, send
+                )
+                return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise BodyTooLarge(self.limit)
+            return message
+
+        await self.app(scope, limited, send)
+
+
+class CatchAllMiddleware:
+    """The last line: an unexpected exception becomes a logged, generic 500.
+
+    (Starlette's own handler for ``Exception`` re-raises after answering; this one does
+    not, so a bug in one request stays in that request.)
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking)
+        except Exception:
+            log.exception("admin API: unexpected error in %s %s", scope["method"], scope["path"])
+            if started:
+                raise  # too late for a clean answer: let the server drop the connection
+            await JSONResponse(
+                {"detail": "internal error; the engine log has the details"}, status_code=500
+            )(scope, receive, send)

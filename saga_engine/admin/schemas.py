@@ -1,0 +1,144 @@
+"""The admin API's request and response bodies (they are its OpenAPI schema)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from saga_engine._status import SagaStatus
+
+#: A required, human reason for an operator action: it goes into the saga's history.
+Reason = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=2000),
+    Field(description="Why the operator acts; recorded in the saga's history with the principal."),
+]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ErrorBody(BaseModel):
+    detail: Any = Field(description="What is wrong, in words (or pydantic's error list).")
+    error: str | None = Field(default=None, description="The engine's error class, if any.")
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class SagaSummary(BaseModel):
+    saga_id: str
+    saga_type: str
+    status: SagaStatus
+    current_step: str | None = None
+    next_wakeup: datetime | None = None
+    error: dict[str, Any] | None = None
+    created_at: datetime
+    updated_at: datetime
+
+
+class SagaPage(BaseModel):
+    items: list[SagaSummary]
+    next_cursor: str | None = Field(
+        description="Pass as `cursor` for the next page; null when there is none. A page "
+        "may hold fewer than `limit` items and still have a next cursor (the scan per "
+        "request is bounded)."
+    )
+
+
+class PendingCompensation(BaseModel):
+    step: str
+    participant: str
+    command_type: str
+    payload: dict[str, Any]
+    state: Literal["owed", "in_doubt", "pending", "compensating", "stuck"] = Field(
+        description="owed: the step was applied and will be undone if the saga fails or is "
+        "cancelled; in_doubt: the step's outcome is not known yet (in flight or timed out), "
+        "so its compensation is owed if the saga stops now; pending: compensation begun, "
+        "this one not sent yet; compensating: sent, awaiting its reply; stuck: it "
+        "exhausted its retries (resume the saga to retry it)."
+    )
+    attempts: int = Field(default=0, description="Compensation attempts so far.")
+    last_error: str | None = None
+
+
+class SagaDetail(SagaSummary):
+    input: dict[str, Any]
+    output: dict[str, Any] | None = None
+    pending_compensations: list[PendingCompensation]
+    deadline_at: datetime | None = None
+    idempotency_key: str | None = None
+    events: int = Field(description="How many events its history holds.")
+
+
+class SagaTypeInfo(BaseModel):
+    name: str
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any]
+
+
+class HistoryDocument(BaseModel):
+    """The export that `saga replay` and `saga_engine.replay.load_history` read."""
+
+    format: str
+    saga_id: str
+    saga_type: str
+    events: list[dict[str, Any]]
+
+
+class StartAccepted(BaseModel):
+    saga_id: str
+    status_url: str
+    status: SagaStatus | None = Field(
+        default=None, description="The status when answering (null if not yet recorded)."
+    )
+
+
+class SignalRequest(_Body):
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    payload: dict[str, Any] = Field(default_factory=dict)
+    signal_id: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = Field(
+        default=None, description="The same id twice is delivered once; generated if absent."
+    )
+    reason: Annotated[str, StringConstraints(strip_whitespace=True, max_length=2000)] = Field(
+        default="", description="Why the operator sends it (written to the audit log)."
+    )
+
+
+class CancelRequest(_Body):
+    reason: Reason
+
+
+class ResumeRequest(_Body):
+    reason: Reason
+
+
+class ActionResult(BaseModel):
+    saga_id: str
+    action: Literal["signal", "cancel", "resume"]
+    principal: str
+    status: SagaStatus = Field(description="The saga's status right after the action.")
+    signal_id: str | None = None
+    dropped: str | None = Field(
+        default=None,
+        description="Why the engine ignored the input, e.g. duplicate_signal (a repeated "
+        "signal_id); null when it was applied.",
+    )
+
+
+class MetricsBody(BaseModel):
+    open_sagas: dict[str, int] = Field(description="Open sagas by status.")
+    open_total: int
+    oldest_stuck_age_seconds: float | None = Field(
+        description="Seconds since the longest-parked saga (compensation_stuck or "
+        "nondeterministic) last changed; null when none is parked."
+    )
+    dead_lettered: int = Field(description="Messages this engine sent to the dead-letter topic.")
+    counters: dict[str, int] = Field(description="The engine's counters since it started.")
+    scan_truncated: bool = Field(
+        description="True when there were too many open sagas to count them all."
+    )

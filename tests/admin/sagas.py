@@ -1,0 +1,84 @@
+"""A small saga for the admin API tests: two compensable steps and an optional signal."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pydantic import BaseModel, Field
+
+from saga_engine import RetryPolicy, Saga, SagaContext
+
+#: Compensations give up quickly here, so a stuck one is reached in a few virtual seconds.
+QUICK = RetryPolicy(
+    max_attempts=2, initial_backoff=timedelta(seconds=1), max_backoff=timedelta(seconds=1)
+)
+
+
+class TransferIn(BaseModel):
+    account: str = Field(min_length=1, max_length=50)
+    amount: int = Field(gt=0, le=1_000_000)
+    wait_for_approval: bool = False
+
+
+class TransferOut(BaseModel):
+    ok: bool
+    approved_by: str = ""
+
+
+class Debit(BaseModel):
+    account: str
+    amount: int
+
+
+class Refund(BaseModel):
+    account: str
+    amount: int
+
+
+class Credit(BaseModel):
+    account: str
+    amount: int
+
+
+class Uncredit(BaseModel):
+    account: str
+    amount: int
+
+
+class Approve(BaseModel):
+    by: str
+
+
+class Transfer(Saga[TransferIn, TransferOut]):
+    name = "transfer"
+
+    async def run(self, ctx: SagaContext, t: TransferIn) -> TransferOut:
+        await ctx.step(
+            "debit",
+            to="ledger",
+            command=Debit(account=t.account, amount=t.amount),
+            compensate=Refund(account=t.account, amount=t.amount),
+            compensate_retry=QUICK,
+        )
+        await ctx.step(
+            "credit",
+            to="payee",
+            command=Credit(account=t.account, amount=t.amount),
+            compensate=Uncredit(account=t.account, amount=t.amount),
+            compensate_retry=QUICK,
+        )
+        by = ""
+        if t.wait_for_approval:
+            by = (await ctx.wait_signal("approve", Approve)).by
+        return TransferOut(ok=True, approved_by=by)
+
+
+class Ping(BaseModel):
+    pass
+
+
+class Noop(Saga[Ping, Ping]):
+    name = "noop"
+
+    async def run(self, ctx: SagaContext, p: Ping) -> Ping:
+        return p

@@ -1,0 +1,71 @@
+"""The admin API served by uvicorn in a thread of its own, for synchronous HTTP clients."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from saga_engine.admin import create_admin_app, serve_admin
+from saga_engine.settings import Settings
+from saga_engine.testing import SagaTestEnv
+from tests.admin.sagas import Noop, Transfer
+
+Seed = Callable[[SagaTestEnv], Awaitable[dict[str, str]]]
+
+
+@dataclass
+class Served:
+    url: str = ""
+    #: Whatever the seed function returned (e.g. ids of sagas in known states).
+    seeded: dict[str, str] = field(default_factory=dict)
+
+
+@contextmanager
+def served_in_thread(settings: Settings, seed: Seed) -> Iterator[Served]:
+    """Runs engine, participants and server on one loop in a thread; stops them after."""
+    served = Served()
+    ready = threading.Event()
+    failure: list[BaseException] = []
+    stop: list[asyncio.Event] = []
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def main() -> None:
+        env = SagaTestEnv([Transfer, Noop], settings=settings)
+        served.seeded = await seed(env)
+        app = create_admin_app(env.engine, settings)
+        server = await serve_admin(app, settings)
+        served.url = server.url
+        stopped = asyncio.Event()
+        stop.append(stopped)
+        loops.append(asyncio.get_running_loop())
+        ready.set()
+        try:
+            while not stopped.is_set():  # the participants answer whatever the API started
+                await env.settle()
+                await asyncio.sleep(0.01)
+        finally:
+            await server.stop()
+
+    def run() -> None:
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            failure.append(exc)
+            ready.set()
+
+    thread = threading.Thread(target=run, name="admin-api-under-test", daemon=True)
+    thread.start()
+    ready.wait(timeout=30)
+    if failure:
+        raise failure[0]
+    try:
+        yield served
+    finally:
+        if loops:
+            loops[0].call_soon_threadsafe(stop[0].set)
+        thread.join(timeout=30)
+        if failure:
+            raise failure[0]

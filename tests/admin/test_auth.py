@@ -1,0 +1,226 @@
+"""Bearer tokens and roles on every endpoint; refusing to serve unauthenticated in public."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from saga_engine import PermanentError, SagaStatus
+from saga_engine.admin import (
+    AdminConfigError,
+    InsecureAdminBinding,
+    create_admin_app,
+    serve_admin,
+)
+from saga_engine.settings import AdminSettings, Settings
+from saga_engine.testing import SagaTestEnv
+from tests.admin.conftest import (
+    OPERATOR,
+    OPERATOR_TOKEN,
+    READER,
+    READER_TOKEN,
+    Admin,
+    admin_settings,
+    bearer,
+    make_client,
+)
+from tests.admin.sagas import Noop, Transfer
+
+BODIES: dict[str, dict[str, Any]] = {
+    "signal": {"name": "approve", "payload": {"by": "x"}},
+    "cancel": {"reason": "auth matrix"},
+    "resume": {"reason": "auth matrix"},
+    "start": {"account": "a", "amount": 1},
+}
+
+
+async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]]:
+    """Every operation in the OpenAPI description, with its path filled in."""
+    saga_id = await admin.start(wait_for_approval=True)
+    await admin.settle(saga_id)
+    spec = (await admin.http.get("/openapi.json")).json()
+    out: list[tuple[str, str, dict[str, Any] | None]] = []
+    for template, operations in spec["paths"].items():
+        for method in operations:
+            path = template.replace("{saga_id}", saga_id)
+            body: dict[str, Any] | None
+            if method == "post" and template == "/sagas/{saga}":
+                path, body = "/sagas/transfer", BODIES["start"]
+            else:
+                path = path.replace("{saga}", saga_id)
+                body = BODIES.get(path.rsplit("/", 1)[-1]) if method == "post" else None
+            out.append((method.upper(), path, body))
+    assert len(out) == 10
+    return out
+
+
+PUBLIC = {"/health"}
+
+
+async def test_every_endpoint_needs_a_valid_token(admin: Admin) -> None:
+    for method, path, body in await endpoints(admin):
+        if path in PUBLIC:
+            continue
+        for headers in [
+            {},
+            bearer("not-the-token-at-all-000000"),
+            {"Authorization": "Basic b3A6cHc="},
+        ]:
+            response = await admin.http.request(method, path, json=body, headers=headers)
+            assert response.status_code == 401, (method, path, headers)
+            assert response.headers["www-authenticate"].startswith('Bearer realm="saga-admin"')
+            assert response.json()["detail"]
+        wrong = await admin.http.request(method, path, json=body, headers=bearer("x" * 40))
+        assert 'error="invalid_token"' in wrong.headers["www-authenticate"]
+
+
+async def test_readers_may_read_but_not_act(admin: Admin) -> None:
+    for method, path, body in await endpoints(admin):
+        response = await admin.http.request(method, path, json=body, headers=READER)
+        if method == "GET":
+            assert response.status_code == 200, (path, response.text)
+        else:
+            assert response.status_code == 403, (path, response.text)
+            assert response.json() == {
+                "detail": "'rita' has the reader role; this action needs an operator"
+            }
+    # Nothing happened: the reader's actions were refused before reaching the engine.
+    listed = (await admin.http.get("/sagas", headers=READER)).json()["items"]
+    assert [i["status"] for i in listed] == ["running"]
+
+
+async def test_operators_may_do_everything(admin: Admin) -> None:
+    results = {}
+    for method, path, body in await endpoints(admin):
+        response = await admin.http.request(method, path, json=body, headers=OPERATOR)
+        results[(method, path.rsplit("/", 1)[-1])] = response.status_code
+        assert response.status_code not in (401, 403), (path, response.text)
+    assert results[("POST", "cancel")] in (200, 409)  # after the signal, maybe completed
+    assert results[("POST", "transfer")] == 202
+
+
+async def test_public_paths_need_no_token(admin: Admin) -> None:
+    assert (await admin.http.get("/health")).status_code == 200
+    assert (await admin.http.get("/openapi.json")).status_code == 200
+    assert (await admin.http.get("/docs")).status_code == 401  # no docs page, and not public
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.10", "admin.example.com", ""])
+def test_refuses_to_serve_beyond_loopback_without_tokens(host: str) -> None:
+    env = SagaTestEnv([Transfer])
+    settings = Settings(admin=AdminSettings(host=host))
+    with pytest.raises(InsecureAdminBinding, match="refusing to serve the admin API") as caught:
+        create_admin_app(env.engine, settings)
+    assert isinstance(caught.value, PermanentError)
+    assert "SAGA_ADMIN__OPERATORS" in str(caught.value)
+
+
+async def test_serve_refuses_too() -> None:
+    env = SagaTestEnv([Transfer])
+    app = create_admin_app(env.engine, Settings())  # loopback: fine
+    with pytest.raises(InsecureAdminBinding):
+        await serve_admin(app, Settings(admin=AdminSettings(host="0.0.0.0", port=0)))
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "::1", "localhost", "[::1]"])
+async def test_auth_is_off_on_loopback_without_tokens(host: str) -> None:
+    env = SagaTestEnv([Transfer, Noop])
+    app = create_admin_app(env.engine, Settings(admin=AdminSettings(host=host)))
+    async with make_client(app) as http:
+        started = await http.post(
+            "/sagas/transfer", json={"account": "a", "amount": 1, "wait_for_approval": True}
+        )
+        assert started.status_code == 202
+        saga_id = started.json()["saga_id"]
+        await env.settle()
+        cancel = await http.post(f"/sagas/{saga_id}/cancel", json={"reason": "local"})
+        assert cancel.status_code == 200
+        assert cancel.json()["principal"] == "local"
+        await env.settle()
+        assert (await http.get(f"/sagas/{saga_id}")).json()["status"] == SagaStatus.CANCELLED
+
+
+async def test_tokens_switch_auth_on_even_on_loopback() -> None:
+    env = SagaTestEnv([Transfer])
+    app = create_admin_app(env.engine, admin_settings(host="127.0.0.1"))
+    async with make_client(app) as http:
+        assert (await http.get("/sagas")).status_code == 401
+        assert (await http.get("/sagas", headers=OPERATOR)).status_code == 200
+
+
+async def test_a_public_binding_with_tokens_is_allowed() -> None:
+    env = SagaTestEnv([Transfer])
+    app = create_admin_app(env.engine, admin_settings(host="0.0.0.0"))
+    async with make_client(app) as http:
+        assert (await http.get("/sagas")).status_code == 401
+        assert (await http.get("/sagas", headers=READER)).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("admin", "says"),
+    [
+        ({"operators": {"olivia": SecretStr("short-CANARY")}}, "'olivia' is too weak"),
+        ({"operators": {"olivia": SecretStr(" " + OPERATOR_TOKEN)}}, "too weak"),
+        (
+            {
+                "operators": {"olivia": SecretStr(OPERATOR_TOKEN)},
+                "readers": {"rita": SecretStr(OPERATOR_TOKEN)},
+            },
+            "also another principal's token",
+        ),
+        (
+            {
+                "operators": {"olivia": SecretStr(OPERATOR_TOKEN)},
+                "readers": {"olivia": SecretStr(READER_TOKEN)},
+            },
+            "configured twice",
+        ),
+        ({"operators": {" ": SecretStr(OPERATOR_TOKEN)}}, "names must be 1 to 100"),
+    ],
+)
+def test_unusable_tokens_are_refused_without_showing_them(admin: dict[str, Any], says: str) -> None:
+    env = SagaTestEnv([Transfer])
+    with pytest.raises(AdminConfigError, match=says) as caught:
+        create_admin_app(env.engine, Settings(admin=AdminSettings(**admin)))
+    for table in admin.values():
+        for secret in table.values():
+            assert secret.get_secret_value().strip() not in str(caught.value)
+
+
+async def test_served_by_uvicorn_on_the_running_loop() -> None:
+    env = SagaTestEnv([Transfer])
+    settings = admin_settings(port=0)
+    app = create_admin_app(env.engine, settings)
+    server = await serve_admin(app, settings)
+    try:
+        assert server.port > 0
+        # IPPROTO_TCP on the listener, so asyncio sets TCP_NODELAY on each connection.
+        assert [s.proto for s in server.server.servers[0].sockets] == [socket.IPPROTO_TCP]
+        assert server.url == f"http://127.0.0.1:{server.port}"
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            assert (await http.get("/health")).json() == {"status": "ok"}
+            assert (await http.get("/sagas")).status_code == 401
+            started = await http.post(
+                "/sagas/transfer", json={"account": "a", "amount": 2}, headers=OPERATOR
+            )
+            assert started.status_code == 202
+            await env.settle()
+            got = await http.get(started.json()["status_url"], headers=READER)
+            assert got.json()["status"] == "completed"
+            assert "server" not in got.headers
+        # The port is taken: a second server says so clearly.
+        taken = admin_settings(port=server.port)
+        with pytest.raises(
+            AdminConfigError, match=f"cannot serve the admin API on 127.0.0.1:{server.port}"
+        ):
+            await serve_admin(app, taken)
+    finally:
+        await server.stop()
+    assert not server.running
+    with pytest.raises(httpx.ConnectError):
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            await http.get("/health")
