@@ -371,7 +371,7 @@ class DemoStack:
 
 
 async def admin_available(config: StackConfig) -> bool:
-    """Whether the engine serves its admin API (a later version of the worker will)."""
+    """Whether the engine serves its admin API (it does unless SAGA_ADMIN__ENABLED=false)."""
     async with httpx.AsyncClient(timeout=2.0) as client:
         try:
             return (await client.get(f"{config.admin_url}/health")).status_code == 200
@@ -386,7 +386,9 @@ def print_urls(config: StackConfig, *, admin: bool) -> None:
         docs = f"{url}/docs" if service != "shipping" else f"{url}/docs (health and shipments)"
         print(f"  {service:<10} {url:<26} OpenAPI docs: {docs}")
     if admin:
-        print(f"  admin      {config.admin_url:<26} OpenAPI docs: {config.admin_url}/docs")
+        print(
+            f"  admin      {config.admin_url:<26} OpenAPI: {config.admin_url}/openapi.json, sagas: {config.admin_url}/sagas"
+        )
     else:
         print("  admin      not yet available (meanwhile: `saga history SAGA_ID`, or SQL below)")
     print(f"""
