@@ -56,6 +56,13 @@ async def ensure_topics(
         for name, code, message in getattr(response, "topic_errors", []):
             if code not in (0, TopicAlreadyExistsError.errno):
                 raise KafkaUnavailable(f"could not create topic {name}: {message} (code {code})")
+        # Creation is asynchronous on the broker: wait until the metadata lists the new
+        # topics, so a consumer subscribing right after does not start without them.
+        deadline = asyncio.get_running_loop().time() + 15
+        while not set(missing) <= set(await admin.list_topics()):
+            if asyncio.get_running_loop().time() > deadline:
+                raise KafkaUnavailable(f"topics {missing} did not appear in the metadata")
+            await asyncio.sleep(0.05)
     except KafkaError as exc:
         raise KafkaUnavailable(f"Kafka admin request failed: {exc!r}") from exc
     finally:
