@@ -131,6 +131,14 @@ class SagaWorker:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException:
+            # Whatever was opened before the failure (store, producer) is closed again.
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
         from saga_engine._migrations import migrate
         from saga_engine._pgstore import PostgresEventStore
 

@@ -13,6 +13,8 @@ or ``GET /sagas/{id}/history``), or through ``saga replay``::
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 import inspect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -114,6 +116,14 @@ def replay(
         runtime.close()
 
 
+def _cwd_importable() -> None:
+    """As uvicorn and celery do: the app module may live in the current directory,
+    which a console script (unlike ``python -m``) does not put on sys.path."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+
+
 def load_triggers(spec: str) -> list[Any]:
     """Every ``KafkaTrigger`` defined at the top level of the module named by ``spec``."""
     from saga_engine.triggers import KafkaTrigger
@@ -126,6 +136,7 @@ def load_sagas(spec: str) -> list[type[Saga[Any, Any]]]:
     """``package.module`` (every named Saga class defined there) or ``module:attribute``
     (a Saga class or a list of them)."""
     module_name, _, attr = spec.partition(":")
+    _cwd_importable()
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
