@@ -7,6 +7,7 @@ stderr and a non-zero exit; ``--debug`` shows the traceback instead.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -20,6 +21,7 @@ from rich.table import Table
 
 import saga_engine
 from saga_engine._errors import SagaError
+from saga_engine._status import SagaStatus
 from saga_engine.settings import Settings
 
 T = TypeVar("T")
@@ -38,6 +40,10 @@ class _State:
     debug = False
 
 
+class CliError(Exception):
+    """An error the command reports as one line (e.g. the admin API's refusal)."""
+
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 
 
@@ -53,15 +59,15 @@ def _run(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Runs a coroutine; turns expected errors into one line and exit code 1."""
     try:
         return asyncio.run(make())
-    except (SagaError, OSError, ValueError) as exc:
+    except (SagaError, OSError, ValueError, CliError) as exc:
         if _State.debug:
             raise
-        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     except Exception as exc:
         if _State.debug:
             raise
-        err.print(f"[red]error:[/red] {type(exc).__name__}: {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {type(exc).__name__}: {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
 
 
@@ -169,35 +175,37 @@ def migrate(
 
 @app.command()
 def replay(
-    target: Annotated[str, typer.Argument(help="A history file (JSON export) or a saga id.")],
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="A history file (JSON export), a directory of them (*.json), or a saga id."
+        ),
+    ],
     sagas: Annotated[
         str,
         typer.Option("--sagas", "-s", help="Module with the saga classes: pkg.mod or pkg.mod:attr"),
     ],
     as_json: JsonOpt = False,
 ) -> None:
-    """Replay a history against the current code; report deterministic or the first divergence."""
+    """Replay a history against the current code; report deterministic or the first divergence.
+
+    Given a directory, replays every *.json in it (with a progress bar) and exits 1 if
+    any of them diverges or cannot be read."""
     from saga_engine.replay import HistoryExport, load_history, load_sagas
     from saga_engine.replay import replay as check
 
     classes = _run_sync(lambda: load_sagas(sagas))
     path = Path(target)
+    if path.is_dir():
+        _replay_directory(path, classes, as_json)
+        return
     if path.exists():
         history: HistoryExport = _run_sync(lambda: load_history(path))
     else:
         history = _run(lambda: _load_from_db(target))
     result = _run_sync(lambda: check(classes, history))
     if as_json:
-        _print_json(
-            {
-                "saga_id": result.saga_id,
-                "saga_type": result.saga_type,
-                "events": result.events,
-                "deterministic": result.deterministic,
-                "status": result.status.value,
-                "error": str(result.error) if result.error else None,
-            }
-        )
+        _print_json(_replay_json(result))
     elif result.deterministic:
         out.print(
             f"[green]deterministic[/green]: {result.events} events of saga {result.saga_id} "
@@ -206,6 +214,64 @@ def replay(
     else:
         out.print(f"[red]nondeterministic[/red]: {result.error}", highlight=False)
     raise typer.Exit(0 if result.deterministic else 1)
+
+
+def _replay_json(result: Any) -> dict[str, Any]:
+    return {
+        "saga_id": result.saga_id,
+        "saga_type": result.saga_type,
+        "events": result.events,
+        "deterministic": result.deterministic,
+        "status": result.status.value,
+        "error": str(result.error) if result.error else None,
+    }
+
+
+def _replay_directory(directory: Path, classes: Any, as_json: bool) -> None:
+    from saga_engine.replay import load_history
+    from saga_engine.replay import replay as check
+
+    files = sorted(p for p in directory.glob("*.json") if p.is_file())
+    if not files:
+        _fail(f"no *.json history files in {directory}")
+    rows: list[dict[str, Any]] = []
+    with Progress(console=err, transient=True, disable=as_json) as progress:
+        task = progress.add_task("replaying", total=len(files))
+        for file in files:
+            progress.update(task, description=f"replaying {file.name}")
+            try:
+                row = {"file": file.name, **_replay_json(check(classes, load_history(file)))}
+            except (SagaError, OSError, ValueError) as exc:
+                if _State.debug:
+                    raise
+                row = {"file": file.name, "deterministic": False, "error": str(exc)}
+            rows.append(row)
+            progress.advance(task)
+    diverged = [r for r in rows if not r["deterministic"]]
+    if as_json:
+        _print_json({"histories": rows, "diverged": len(diverged)})
+    else:
+        table = Table(title=f"replay of {directory}")
+        for column in ("file", "saga", "events", "result"):
+            table.add_column(column)
+        for r in rows:
+            verdict = (
+                "[green]deterministic[/green]"
+                if r["deterministic"]
+                else f"[red]diverged[/red]: {r['error']}"
+            )
+            table.add_row(r["file"], r.get("saga_id", ""), str(r.get("events", "")), verdict)
+        out.print(table)
+        out.print(f"{len(rows) - len(diverged)} of {len(rows)} histories replay cleanly")
+    raise typer.Exit(1 if diverged else 0)
+
+
+def _fail(message: str) -> Any:
+    """Reports ``message`` as the one-line error and exits 1."""
+    if _State.debug:
+        raise CliError(message)
+    err.print(f"[red]error:[/red] {message}", markup=True, highlight=False)
+    raise typer.Exit(1)
 
 
 async def _load_from_db(saga_id: str) -> Any:
@@ -239,6 +305,453 @@ def history(
     for seq, event in enumerate(loaded.events, start=1):
         table.add_row(str(seq), event.at.isoformat(), event.kind, event.describe())
     out.print(table)
+
+
+# ---------------------------------------------------------------------- reading Postgres
+
+
+async def _with_store(use: Callable[[Any], Coroutine[Any, Any, T]]) -> T:
+    from saga_engine._pgstore import PostgresEventStore
+
+    store = await PostgresEventStore.connect(Settings().pg)
+    try:
+        return await use(store)
+    finally:
+        await store.close()
+
+
+def _when(value: Any) -> str:
+    return value.isoformat() if value is not None else ""
+
+
+@app.command("list")
+def list_sagas(
+    status: Annotated[
+        list[SagaStatus] | None,
+        typer.Option("--status", help="Only sagas in this status (repeat for several)."),
+    ] = None,
+    saga_type: Annotated[str | None, typer.Option("--type", help="Only this saga type.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """List sagas (in id order) from SAGA_PG__DSN / SAGA_PG__DB_SCHEMA."""
+    from saga_engine.admin.views import summary
+
+    async def go(store: Any) -> list[Any]:
+        records = await store.list_sagas(
+            statuses=frozenset(status) if status else None, saga_type=saga_type, limit=limit
+        )
+        return [summary(r) for r in records]
+
+    rows = _run(lambda: _with_store(go))
+    if as_json:
+        _print_json([r.model_dump(mode="json") for r in rows])
+        return
+    table = Table(title=f"{len(rows)} saga(s)")
+    for column in ("id", "type", "status", "step", "next wake-up", "updated"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(
+            r.saga_id,
+            r.saga_type,
+            r.status.value,
+            r.current_step or "",
+            _when(r.next_wakeup),
+            _when(r.updated_at),
+        )
+    out.print(table)
+
+
+@app.command()
+def show(
+    saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a saga: status, type, current step, error, next wake-up, owed compensations."""
+    from saga_engine.admin.views import detail
+
+    async def go(store: Any) -> Any:
+        loaded = await store.load(saga_id)
+        return detail(loaded.record, [s.event for s in loaded.events])
+
+    saga = _run(lambda: _with_store(go))
+    if as_json:
+        _print_json(saga.model_dump(mode="json"))
+        return
+    table = Table(title=f"{saga.saga_type} {saga.saga_id}", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    error = orjson.dumps(saga.error).decode() if saga.error else ""
+    for field, value in (
+        ("status", saga.status.value),
+        ("type", saga.saga_type),
+        ("current step", saga.current_step or ""),
+        ("error", error),
+        ("next wake-up", _when(saga.next_wakeup)),
+        ("deadline", _when(saga.deadline_at)),
+        ("created", _when(saga.created_at)),
+        ("updated", _when(saga.updated_at)),
+        ("events", str(saga.events)),
+    ):
+        table.add_row(field, value)
+    out.print(table)
+    if saga.pending_compensations:
+        owed = Table(title="compensations owed (undone newest first)")
+        for column in ("step", "participant", "command", "state", "attempts", "last error"):
+            owed.add_column(column)
+        for p in saga.pending_compensations:
+            owed.add_row(
+                p.step, p.participant, p.command_type, p.state, str(p.attempts), p.last_error or ""
+            )
+        out.print(owed)
+    else:
+        out.print("no compensations owed")
+
+
+# ---------------------------------------------------------------------- through the inbox
+
+
+def _json_object(text: str, what: str) -> dict[str, Any]:
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise CliError(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise CliError(f"{what} must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+@app.command()
+def signal(
+    saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
+    name: Annotated[str, typer.Argument(help="The signal's name.")],
+    payload: Annotated[
+        str, typer.Option("--payload", help="The signal's payload: a JSON object.")
+    ] = "{}",
+    signal_id: Annotated[
+        str | None,
+        typer.Option("--signal-id", help="Sending the same id twice delivers it once."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Send a signal to a saga through the Kafka inbox; prints the signal id."""
+    from saga_engine.client import SagaClient
+
+    body = _run_sync(lambda: _json_object(payload, "--payload"))
+    settings = Settings()
+
+    async def go() -> str:
+        async with SagaClient(settings, source="/saga-cli") as client:
+            return await client.signal(saga_id, name, body, signal_id=signal_id)
+
+    sent = _run(go)
+    if as_json:
+        _print_json({"saga_id": saga_id, "signal": name, "signal_id": sent})
+    else:
+        out.print(sent, highlight=False)
+
+
+@app.command()
+def cancel(
+    saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
+    reason: Annotated[str, typer.Option("--reason", help="Why; recorded in its history.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Ask the engines (through the Kafka inbox) to cancel a saga."""
+    from saga_engine.client import SagaClient
+
+    if not reason.strip():
+        _fail("--reason must not be empty")
+    settings = Settings()
+
+    async def go() -> None:
+        async with SagaClient(settings, source="/saga-cli") as client:
+            await client.cancel(saga_id, reason, principal="cli")
+
+    _run(go)
+    if as_json:
+        _print_json({"saga_id": saga_id, "action": "cancel", "requested": True})
+    else:
+        out.print("cancel requested")
+
+
+# ---------------------------------------------------------------------- through the admin API
+
+AdminUrl = Annotated[
+    str,
+    typer.Option(
+        "--admin-url",
+        envvar="SAGA_ADMIN_URL",
+        help="An engine's admin API (token from SAGA_ADMIN_TOKEN).",
+    ),
+]
+ReasonOpt = Annotated[str, typer.Option("--reason", help="Why; recorded in the saga's history.")]
+DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
+
+
+def _admin_action(
+    admin_url: str, saga_id: str, action: str, body: dict[str, Any], as_json: bool
+) -> None:
+    from urllib.parse import quote
+
+    import httpx
+
+    token = os.environ.get("SAGA_ADMIN_TOKEN")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    url = f"{admin_url.rstrip('/')}/sagas/{quote(saga_id, safe='')}/{action}"
+
+    def call() -> dict[str, Any]:
+        try:
+            response = httpx.post(url, json=body, headers=headers, timeout=30.0)
+        except httpx.HTTPError as exc:
+            raise CliError(f"could not reach the admin API at {admin_url}: {exc}") from None
+        try:
+            data = response.json()
+        except ValueError:
+            data = None
+        if response.status_code >= 400:
+            raise CliError(f"{response.status_code}: {_detail(data, response.text)}")
+        if not isinstance(data, dict):
+            raise CliError(f"unexpected answer from the admin API: {response.text[:200]}")
+        return data
+
+    result = _run_sync(call)
+    if as_json:
+        _print_json(result)
+    else:
+        out.print(
+            f"{result.get('action', action)} {result.get('saga_id', saga_id)} by "
+            f"{result.get('principal', '?')}: status {result.get('status', '?')}",
+            highlight=False,
+        )
+
+
+def _detail(data: Any, text: str) -> str:
+    detail = data.get("detail") if isinstance(data, dict) else None
+    if isinstance(detail, str):
+        return detail
+    if detail is not None:
+        return orjson.dumps(detail).decode()
+    return " ".join(text.split())[:200] or "no detail"
+
+
+@app.command()
+def retry(
+    saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
+    step: Annotated[str, typer.Argument(help="The step to retry now.")],
+    reason: ReasonOpt,
+    admin_url: AdminUrl = DEFAULT_ADMIN_URL,
+    as_json: JsonOpt = False,
+) -> None:
+    """Retry a step now (one waiting out its back-off, or a stuck compensation)."""
+    _admin_action(admin_url, saga_id, "retry", {"step": step, "reason": reason}, as_json)
+
+
+@app.command()
+def skip(
+    saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
+    step: Annotated[str, typer.Argument(help="The step to skip.")],
+    result: Annotated[str, typer.Option("--result", help="The step's result: a JSON object.")],
+    reason: ReasonOpt,
+    admin_url: AdminUrl = DEFAULT_ADMIN_URL,
+    as_json: JsonOpt = False,
+) -> None:
+    """Skip a step with a supplied result (or mark a stuck compensation as done)."""
+    value = _run_sync(lambda: _json_object(result, "--result"))
+    body = {"step": step, "result": value, "reason": reason}
+    _admin_action(admin_url, saga_id, "skip", body, as_json)
+
+
+@app.command("force-compensate")
+def force_compensate(
+    saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
+    reason: ReasonOpt,
+    admin_url: AdminUrl = DEFAULT_ADMIN_URL,
+    as_json: JsonOpt = False,
+) -> None:
+    """Make a running saga undo what it did so far."""
+    _admin_action(admin_url, saga_id, "force-compensate", {"reason": reason}, as_json)
+
+
+@app.command()
+def resume(
+    saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
+    reason: ReasonOpt,
+    admin_url: AdminUrl = DEFAULT_ADMIN_URL,
+    as_json: JsonOpt = False,
+) -> None:
+    """Resume a parked saga (stuck compensation, or nondeterministic)."""
+    _admin_action(admin_url, saga_id, "resume", {"reason": reason}, as_json)
+
+
+# ---------------------------------------------------------------------- dead letters
+
+dlq_app = typer.Typer(
+    no_args_is_help=True, help="Inspect and replay the dead-letter topic ({prefix}.dlq)."
+)
+app.add_typer(dlq_app, name="dlq")
+
+
+def _header(record: Any, name: str) -> str:
+    for key, value in record.headers or ():
+        if key == name:
+            return bytes(value).decode(errors="replace")
+    return ""
+
+
+async def _read_dlq(settings: Settings, seconds: float) -> list[Any]:
+    """Every record of the dead-letter topic up to its current end, without a group."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    topic = f"{settings.kafka.topic_prefix}.dlq"
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=50,
+    )
+    await consumer.start()
+    try:
+        # aiokafka has no public call for one topic's partitions without subscribing.
+        cluster = await asyncio.wait_for(consumer._client.fetch_all_metadata(), seconds)
+        partitions = cluster.partitions_for_topic(topic)
+        if not partitions:
+            raise CliError(f"the dead-letter topic {topic} does not exist")
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        records: list[Any] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        remaining = {tp for tp in tps if ends[tp] > 0}
+        while remaining:
+            if loop.time() > deadline:
+                raise CliError(f"timed out reading {topic} after {seconds}s")
+            batch = await consumer.getmany(timeout_ms=200)
+            for tp, recs in batch.items():
+                records.extend(r for r in recs if r.offset < ends[tp])
+            for tp in list(remaining):
+                if await consumer.position(tp) >= ends[tp]:
+                    remaining.discard(tp)
+        return sorted(records, key=lambda r: (r.timestamp, r.partition, r.offset))
+    finally:
+        await consumer.stop()
+
+
+def _dlq_row(record: Any) -> dict[str, Any]:
+    return {
+        "partition": record.partition,
+        "offset": record.offset,
+        "reason": _header(record, "dlq_reason"),
+        "detail": _header(record, "dlq_detail"),
+        "origin_topic": _header(record, "dlq_topic"),
+        "origin_partition": _header(record, "dlq_partition"),
+        "origin_offset": _header(record, "dlq_offset"),
+        "saga_id": _header(record, "ce_sagaid"),
+    }
+
+
+TimeoutOpt = Annotated[
+    float, typer.Option("--timeout", min=0.1, help="Seconds to spend reading the topic.")
+]
+
+
+@dlq_app.command("list")
+def dlq_list(
+    limit: Annotated[int, typer.Option("--limit", min=1, help="Show the newest N.")] = 100,
+    timeout: TimeoutOpt = 30.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """List dead-lettered records: offset, reason, detail, origin and saga id."""
+    settings = Settings()
+    records = _run(lambda: _read_dlq(settings, timeout))[-limit:]
+    rows = [_dlq_row(r) for r in records]
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table(title=f"{settings.kafka.topic_prefix}.dlq: {len(rows)} record(s)")
+    for column in ("partition", "offset", "reason", "detail", "origin", "saga"):
+        table.add_column(column)
+    for r in rows:
+        origin = f"{r['origin_topic']}[{r['origin_partition']}]@{r['origin_offset']}"
+        table.add_row(
+            str(r["partition"]), str(r["offset"]), r["reason"], r["detail"], origin, r["saga_id"]
+        )
+    out.print(table)
+
+
+@dlq_app.command("replay")
+def dlq_replay(
+    offset: Annotated[int, typer.Argument(min=0, help="The record's offset in the DLQ topic.")],
+    partition: Annotated[
+        int | None,
+        typer.Option("--partition", min=0, help="Its DLQ partition (needed if ambiguous)."),
+    ] = None,
+    to_saga: Annotated[
+        str | None,
+        typer.Option("--to-saga", help="Send it to the inbox, addressed to this saga instead."),
+    ] = None,
+    timeout: TimeoutOpt = 30.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Re-publish a dead-lettered record (without its dlq_* headers) to its origin topic,
+    or with --to-saga to the inbox with its key and ce_sagaid set to that saga."""
+    from saga_engine._kafka import make_producer
+    from saga_engine._topics import Topics
+
+    settings = Settings()
+
+    async def go() -> dict[str, Any]:
+        records = [
+            r
+            for r in await _read_dlq(settings, timeout)
+            if r.offset == offset and (partition is None or r.partition == partition)
+        ]
+        if not records:
+            where = f" in partition {partition}" if partition is not None else ""
+            raise CliError(f"no dead-lettered record at offset {offset}{where}")
+        if len(records) > 1:
+            found = ", ".join(str(r.partition) for r in records)
+            raise CliError(f"offset {offset} is in partitions {found}: choose with --partition")
+        [record] = records
+        headers = [(k, bytes(v)) for k, v in record.headers or () if not k.startswith("dlq_")]
+        key = record.key
+        if to_saga is not None:
+            topic = Topics.of(settings.kafka).inbox
+            key = to_saga.encode()
+            headers = [(k, v) for k, v in headers if k != "ce_sagaid"]
+            headers.append(("ce_sagaid", to_saga.encode()))
+        else:
+            topic = _header(record, "dlq_topic")
+            if not topic:
+                raise CliError("the record has no dlq_topic header: replay it with --to-saga")
+        producer = make_producer(settings.kafka)
+        await producer.start()
+        try:
+            sent = await asyncio.wait_for(
+                producer.send_and_wait(topic, record.value, key=key, headers=headers), timeout
+            )
+        finally:
+            await producer.stop()
+        return {
+            "from": {"partition": record.partition, "offset": record.offset},
+            "topic": topic,
+            "partition": sent.partition,
+            "offset": sent.offset,
+            "saga_id": to_saga or _header(record, "ce_sagaid"),
+        }
+
+    result = _run(go)
+    if as_json:
+        _print_json(result)
+    else:
+        out.print(
+            f"replayed dlq[{result['from']['partition']}]@{result['from']['offset']} to "
+            f"{result['topic']}[{result['partition']}]@{result['offset']}",
+            highlight=False,
+        )
 
 
 def main() -> None:

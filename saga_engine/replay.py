@@ -13,9 +13,9 @@ or ``GET /sagas/{id}/history``), or through ``saga replay``::
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
-import inspect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path

@@ -40,14 +40,17 @@ from saga_engine.admin.schemas import (
     ActionResult,
     CancelRequest,
     ErrorBody,
+    ForceCompensateRequest,
     Health,
     HistoryDocument,
     MetricsBody,
     ResumeRequest,
+    RetryRequest,
     SagaDetail,
     SagaPage,
     SagaTypeInfo,
     SignalRequest,
+    SkipRequest,
     StartAccepted,
 )
 from saga_engine.admin.views import detail, summary
@@ -413,7 +416,10 @@ def create_admin_app(
     # ------------------------------------------------------------------ operator actions
 
     async def done(
-        saga_id: str, action: Literal["signal", "cancel", "resume"], caller: Principal, **extra: Any
+        saga_id: str,
+        action: Literal["signal", "cancel", "resume", "retry", "skip", "force-compensate"],
+        caller: Principal,
+        **extra: Any,
     ) -> ActionResult:
         record = await engine.get(saga_id)
         return ActionResult(
@@ -463,6 +469,51 @@ def create_admin_app(
         await engine.resume(_saga_ref(saga_id), principal=caller.name, reason=body.reason)
         audit.info("resume saga %s by %s: %r", saga_id, caller.name, body.reason)
         return await done(saga_id, "resume", caller)
+
+    @router.post(
+        "/sagas/{saga_id}/retry", response_model=ActionResult, responses=_errors(*_ACTION_ERRORS)
+    )
+    async def retry(saga_id: str, body: RetryRequest, caller: Caller) -> ActionResult:
+        """Retries a step now: one waiting out its back-off, or a stuck compensation."""
+        await engine.retry_step(
+            _saga_ref(saga_id), body.step, reason=body.reason, principal=caller.name
+        )
+        audit.info(
+            "retry step %r of saga %s by %s: %r", body.step, saga_id, caller.name, body.reason
+        )
+        return await done(saga_id, "retry", caller)
+
+    @router.post(
+        "/sagas/{saga_id}/skip", response_model=ActionResult, responses=_errors(*_ACTION_ERRORS)
+    )
+    async def skip(saga_id: str, body: SkipRequest, caller: Caller) -> ActionResult:
+        """Skips a step: answers a step awaiting its reply with ``result`` (it will not be
+        compensated), or marks a stuck compensation as done by hand."""
+        await engine.skip_step(
+            _saga_ref(saga_id),
+            body.step,
+            body.result,
+            reason=body.reason,
+            principal=caller.name,
+        )
+        audit.info(
+            "skip step %r of saga %s by %s: %r", body.step, saga_id, caller.name, body.reason
+        )
+        return await done(saga_id, "skip", caller)
+
+    @router.post(
+        "/sagas/{saga_id}/force-compensate",
+        response_model=ActionResult,
+        responses=_errors(*_ACTION_ERRORS),
+    )
+    async def force_compensate(
+        saga_id: str, body: ForceCompensateRequest, caller: Caller
+    ) -> ActionResult:
+        """Makes a running saga undo what it did so far, in reverse order; it ends
+        compensated."""
+        await engine.force_compensate(_saga_ref(saga_id), body.reason, principal=caller.name)
+        audit.info("force-compensate saga %s by %s: %r", saga_id, caller.name, body.reason)
+        return await done(saga_id, "force-compensate", caller)
 
     app.include_router(router)
     return app

@@ -117,9 +117,33 @@ class ResumeRequest(_Body):
     reason: Reason
 
 
+StepName = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=200, pattern=r"^[^\x00]*$"),
+    Field(description="The step's name, as the saga's code gives it."),
+]
+
+
+class RetryRequest(_Body):
+    step: StepName
+    reason: Reason
+
+
+class SkipRequest(_Body):
+    step: StepName
+    result: dict[str, Any] = Field(
+        description="The step's result (its reply model's JSON); the step is not compensated."
+    )
+    reason: Reason
+
+
+class ForceCompensateRequest(_Body):
+    reason: Reason
+
+
 class ActionResult(BaseModel):
     saga_id: str
-    action: Literal["signal", "cancel", "resume"]
+    action: Literal["signal", "cancel", "resume", "retry", "skip", "force-compensate"]
     principal: str
     status: SagaStatus = Field(description="The saga's status right after the action.")
     signal_id: str | None = None

@@ -637,6 +637,9 @@ async def test_openapi_describes_the_api(admin: Admin) -> None:
         "/sagas/{saga_id}/signal",
         "/sagas/{saga_id}/cancel",
         "/sagas/{saga_id}/resume",
+        "/sagas/{saga_id}/retry",
+        "/sagas/{saga_id}/skip",
+        "/sagas/{saga_id}/force-compensate",
     }
     assert set(spec["paths"]["/sagas/{saga}"]) == {"get", "post"}
     assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"

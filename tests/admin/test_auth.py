@@ -34,6 +34,9 @@ BODIES: dict[str, dict[str, Any]] = {
     "signal": {"name": "approve", "payload": {"by": "x"}},
     "cancel": {"reason": "auth matrix"},
     "resume": {"reason": "auth matrix"},
+    "retry": {"step": "debit", "reason": "auth matrix"},
+    "skip": {"step": "debit", "result": {}, "reason": "auth matrix"},
+    "force-compensate": {"reason": "auth matrix"},
     "start": {"account": "a", "amount": 1},
 }
 
@@ -54,7 +57,7 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
                 path = path.replace("{saga}", saga_id)
                 body = BODIES.get(path.rsplit("/", 1)[-1]) if method == "post" else None
             out.append((method.upper(), path, body))
-    assert len(out) == 10
+    assert len(out) == 13
     return out
 
 
