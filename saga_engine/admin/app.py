@@ -54,6 +54,7 @@ from saga_engine.admin.schemas import (
     StartAccepted,
 )
 from saga_engine.admin.views import detail, summary
+from saga_engine.admin.web import web_router
 from saga_engine.replay import export_history
 from saga_engine.settings import Settings
 
@@ -516,4 +517,5 @@ def create_admin_app(
         return await done(saga_id, "force-compensate", caller)
 
     app.include_router(router)
+    app.include_router(web_router(engine, admin))
     return app

@@ -1,0 +1,298 @@
+"""The admin web page: server-rendered HTML over the same store and listing as the API.
+
+``GET /ui/sagas`` lists sagas (filters as a GET form, cursor paging); ``GET
+/ui/sagas/{id}`` shows one: a header, a timeline of steps and compensations computed
+from the history's timestamps, the owed compensations, the operator actions (they call
+the JSON API with ``fetch``) and the event table.
+
+Authentication is the admin app's middleware, unchanged: browsers send no bearer header,
+so for now the page is usable in the loopback no-auth mode (bound to loopback, no tokens
+configured), or behind a proxy that adds the header. Pages are sent with a strict
+Content-Security-Policy: scripts and styles come only from ``/ui/static``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from importlib import resources
+from typing import Annotated, Any
+from urllib.parse import quote, urlencode
+
+import jinja2
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from saga_engine._engine import Engine
+from saga_engine._errors import SagaNotFound
+from saga_engine._events import Event
+from saga_engine._status import SagaStatus
+from saga_engine.admin.listing import SagaFilter, decode_cursor, list_page
+from saga_engine.admin.views import detail, summary
+from saga_engine.settings import AdminSettings
+
+__all__ = ["Bar", "TimelineRow", "timeline", "web_router"]
+
+PAGE_SIZE = 50
+MAX_SAGA_ID = 200
+#: The files under ``static/`` the page may load (nothing else is served from there).
+STATIC_TYPES = {"admin.css": "text/css; charset=utf-8", "admin.js": "text/javascript"}
+HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+#: Operator actions shown on a saga page: (API path, label, what the prompt asks for).
+ACTIONS = (
+    ("cancel", "Cancel", ""),
+    ("resume", "Resume", ""),
+    ("retry", "Retry step", "step"),
+    ("skip", "Skip step", "step result"),
+    ("force-compensate", "Force compensate", ""),
+)
+
+_env = jinja2.Environment(
+    loader=jinja2.PackageLoader("saga_engine.admin", "templates"),
+    autoescape=True,  # every template, whatever its name: payloads are untrusted
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _when(value: datetime | None) -> str:
+    return value.isoformat(sep=" ", timespec="milliseconds") if value is not None else ""
+
+
+_env.filters["pretty"] = _pretty
+_env.filters["when"] = _when
+
+
+# --------------------------------------------------------------------------- timeline
+
+
+@dataclass(slots=True)
+class Bar:
+    """One attempt: a forward command or a compensation, from issue to its outcome."""
+
+    label: str
+    start: datetime
+    start_seq: int
+    #: success, refused, failed, retryable, timed_out, in_doubt, pending, skipped
+    outcome: str = "pending"
+    compensation: bool = False
+    end: datetime | None = None
+    end_seq: int | None = None
+    detail: str = ""
+    #: Filled in by :func:`timeline`: position and width in percent of the axis.
+    x: float = 0.0
+    width: float = 0.0
+
+    @property
+    def css(self) -> str:
+        return f"bar {'comp' if self.compensation else 'fwd'} o-{self.outcome}"
+
+
+@dataclass(slots=True)
+class TimelineRow:
+    name: str
+    compensation: bool
+    bars: list[Bar] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Timeline:
+    rows: list[TimelineRow]
+    #: "time" when the events span some time; "sequence" when they share one instant.
+    axis: str
+    start: datetime | None
+    end: datetime | None
+
+
+def timeline(events: list[Event], *, now: datetime | None = None) -> Timeline:
+    """Bars per step and per compensation, from command_issued / compensation_issued to
+    the reply, the attempt's timeout, an operator's skip or (still open) ``now``."""
+    rows: dict[tuple[str, bool], TimelineRow] = {}
+    open_bars: dict[str, Bar] = {}  # command id -> bar awaiting its outcome
+    last_by_step: dict[tuple[str, bool], Bar] = {}
+
+    def close(bar: Bar, outcome: str, at: datetime, seq: int, why: str = "") -> None:
+        bar.outcome, bar.end, bar.end_seq = outcome, at, seq
+        if why:
+            bar.detail = why
+
+    for seq, event in enumerate(events, start=1):
+        kind = event.kind
+        if kind in ("command_issued", "compensation_issued"):
+            comp = kind == "compensation_issued"
+            step = str(getattr(event, "step", ""))
+            row = rows.setdefault((step, comp), TimelineRow(step, comp))
+            bar = Bar(
+                label=f"{'undo ' if comp else ''}{step} #{getattr(event, 'attempt', 1)}",
+                start=event.at,
+                start_seq=seq,
+                compensation=comp,
+                detail=str(getattr(event, "command_type", "")),
+            )
+            row.bars.append(bar)
+            open_bars[str(getattr(event, "command_id", ""))] = bar
+            last_by_step[(step, comp)] = bar
+        elif kind == "reply_received":
+            bar_or_none = open_bars.pop(str(getattr(event, "command_id", "")), None)
+            if bar_or_none is not None:
+                outcome = str(getattr(event, "outcome", ""))
+                mapped = {"success": "success", "failure": "refused"}.get(outcome, "retryable")
+                if bar_or_none.compensation and mapped == "refused":
+                    mapped = "failed"
+                close(bar_or_none, mapped, event.at, seq, str(getattr(event, "error", "") or ""))
+        elif kind == "attempt_timed_out":
+            bar_or_none = open_bars.pop(str(getattr(event, "command_id", "")), None)
+            if bar_or_none is not None:
+                close(bar_or_none, "timed_out", event.at, seq, "timed out")
+        elif kind in ("compensation_completed", "step_skipped"):
+            comp = kind == "compensation_completed" or bool(getattr(event, "compensation", False))
+            key = (str(getattr(event, "step", "")), comp)
+            last = last_by_step.get(key)
+            if last is not None and last.end is None:
+                for command_id, candidate in list(open_bars.items()):
+                    if candidate is last:
+                        del open_bars[command_id]
+                outcome = "success" if kind == "compensation_completed" else "skipped"
+                close(last, outcome, event.at, seq)
+            elif kind == "step_skipped":
+                row = rows.setdefault(key, TimelineRow(key[0], comp))
+                bar = Bar(f"skip {key[0]}", event.at, seq, "skipped", comp, event.at, seq)
+                row.bars.append(bar)
+
+    all_bars = [b for row in rows.values() for b in row.bars]
+    times = [e.at for e in events]
+    last_at = max([*times, now] if now is not None and times else times, default=None)
+    first_at = min(times, default=None)
+    span = (last_at - first_at).total_seconds() if last_at and first_at else 0.0
+    axis = "time" if span > 0 else "sequence"
+    total_seq = max(len(events), 1)
+    for bar in all_bars:
+        if axis == "time" and first_at is not None:
+            x0 = (bar.start - first_at).total_seconds() / span
+            x1 = ((bar.end or last_at or bar.start) - first_at).total_seconds() / span
+        else:
+            x0 = (bar.start_seq - 1) / total_seq
+            x1 = (bar.end_seq or total_seq) / total_seq
+        x0 = min(max(x0, 0.0), 0.99)
+        bar.x = round(x0 * 100, 2)
+        bar.width = round(max(min(x1, 1.0) - x0, 0.01) * 100, 2)
+    ordered = sorted(rows.values(), key=lambda r: (min(b.start_seq for b in r.bars), r.name))
+    return Timeline(ordered, axis, first_at, last_at)
+
+
+# --------------------------------------------------------------------------- routes
+
+
+def _render(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    html = _env.get_template(name).render(**context)
+    return HTMLResponse(html, status_code=status_code, headers=HEADERS)
+
+
+def _blank(value: str | None) -> str | None:
+    value = value.strip() if value is not None else None
+    return value or None
+
+
+def web_router(engine: Engine, admin: AdminSettings) -> APIRouter:
+    """The ``/ui`` pages for ``engine``; the admin app includes them behind its auth."""
+    router = APIRouter(prefix="/ui", include_in_schema=False)
+    static = resources.files("saga_engine.admin").joinpath("static")
+
+    @router.get("")
+    @router.get("/")
+    async def home(request: Request) -> Response:
+        return RedirectResponse(request.url_for("ui_list"), status_code=303)
+
+    @router.get("/static/{name}", name="ui_static")
+    async def static_file(name: str) -> Response:
+        if name not in STATIC_TYPES:
+            raise HTTPException(404, "no such file")
+        body = static.joinpath(name).read_bytes()
+        return Response(
+            body,
+            media_type=STATIC_TYPES[name],
+            headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"},
+        )
+
+    @router.get("/sagas", name="ui_list")
+    async def list_view(
+        request: Request,
+        status: Annotated[str | None, Query(max_length=50)] = None,
+        saga_type: Annotated[str | None, Query(alias="type", max_length=100)] = None,
+        q: Annotated[str | None, Query(max_length=200)] = None,
+        cursor: Annotated[str | None, Query(max_length=2000)] = None,
+    ) -> HTMLResponse:
+        status, saga_type, q, cursor = map(_blank, (status, saga_type, q, cursor))
+        if status is not None and status not in {s.value for s in SagaStatus}:
+            raise HTTPException(422, f"unknown status {status!r}")
+        for text in (saga_type, q):
+            if text is not None and "\x00" in text:
+                raise HTTPException(422, "filters may not contain NUL characters")
+        where = SagaFilter(
+            statuses=frozenset({SagaStatus(status)}) if status else None,
+            saga_type=saga_type,
+            q=q,
+        )
+        rows, next_cursor = await list_page(
+            engine.store,
+            where,
+            limit=PAGE_SIZE,
+            after_id=decode_cursor(cursor) if cursor is not None else None,
+            scan_limit=admin.list_scan_limit,
+        )
+        filters = {"status": status, "type": saga_type, "q": q}
+        next_url = None
+        if next_cursor is not None:
+            kept = {k: v for k, v in filters.items() if v}
+            next_url = f"?{urlencode({**kept, 'cursor': next_cursor})}"
+        return _render(
+            "list.html",
+            root=request.scope.get("root_path", ""),
+            sagas=[summary(r) for r in rows],
+            filters=filters,
+            statuses=[s.value for s in SagaStatus],
+            types=sorted(engine.registry.names()),
+            next_url=next_url,
+            first_page=cursor is None,
+            quote=quote,
+        )
+
+    @router.get("/sagas/{saga_id}", name="ui_saga")
+    async def saga_view(request: Request, saga_id: str) -> HTMLResponse:
+        if not 1 <= len(saga_id) <= MAX_SAGA_ID or "\x00" in saga_id:
+            raise SagaNotFound(saga_id[:MAX_SAGA_ID].replace("\x00", "\\x00"))
+        loaded = await engine.store.load(saga_id)
+        events = [stored.event for stored in loaded.events]
+        record = loaded.record
+        info = detail(record, events)
+        root = request.scope.get("root_path", "")
+        api = f"{root}/sagas/{quote(record.saga_id, safe='')}"
+        return _render(
+            "saga.html",
+            root=root,
+            saga=info,
+            api=api,
+            history_url=f"{api}/history?download=1",
+            timeline=timeline(events, now=None if info.status.is_terminal else record.updated_at),
+            events=[
+                (seq, event, event.model_dump(mode="json", exclude={"at", "kind"}))
+                for seq, event in enumerate(events, start=1)
+            ],
+            actions=ACTIONS,
+        )
+
+    return router

@@ -1,0 +1,242 @@
+"""The admin web page: rendered over httpx, and driven in a real headless Chromium.
+
+The browser test uses Debian's ``chromium`` (``/usr/bin/chromium``; `.ci/run` installs it)
+through the Python ``playwright`` package; it never downloads a browser. Without one it
+fails, saying how to get it.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from saga_engine import SagaStatus
+from saga_engine.admin import create_admin_app
+from saga_engine.settings import AdminSettings, Settings
+from saga_engine.testing import SagaRun, SagaTestEnv
+from tests.admin.conftest import OPERATOR, READER, Admin, make_client
+from tests.admin.sagas import Credit, Noop, Transfer
+from tests.admin.served import served_in_thread
+
+CHROMIUM = os.environ.get("SAGA_TEST_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SCRIPT = "<script>alert('pwned')</script>"
+
+
+async def compensated_saga(env: SagaTestEnv) -> str:
+    """A transfer whose credit is refused once: the debit is refunded, it ends compensated."""
+    env.participant("payee").on(Credit, reject="account closed", times=1)
+    saga_id = await env.engine.start(Transfer, {"account": "acc-1", "amount": 10})
+    status = await env.run_until_settled(SagaRun(env, saga_id, Transfer))
+    assert status == SagaStatus.COMPENSATED
+    return saga_id
+
+
+async def waiting_saga(env: SagaTestEnv) -> str:
+    saga_id = await env.engine.start(
+        Transfer, {"account": "acc-2", "amount": 20, "wait_for_approval": True}
+    )
+    assert await env.run_until_settled(SagaRun(env, saga_id, Transfer)) == SagaStatus.RUNNING
+    return saga_id
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+async def test_the_pages_render_and_escape_payloads(admin: Admin) -> None:
+    saga_id = await compensated_saga(admin.env)
+    hostile = await admin.env.engine.start(Transfer, {"account": SCRIPT, "amount": 1})
+
+    listing = await admin.http.get("/ui/sagas", headers=READER)
+    assert listing.status_code == 200
+    assert listing.headers["content-type"].startswith("text/html")
+    assert "script-src 'self'" in listing.headers["content-security-policy"]
+    assert saga_id in listing.text
+    assert f'href="/ui/sagas/{saga_id}"' in listing.text
+
+    page = await admin.http.get(f"/ui/sagas/{saga_id}", headers=READER)
+    assert page.status_code == 200
+    assert saga_id in page.text
+    assert 'id="saga-status" class="status s-compensated">compensated<' in page.text
+    assert f'href="/sagas/{saga_id}/history?download=1"' in page.text
+    # The debit ran, the credit was refused, the debit's refund (a compensation) succeeded.
+    assert re.search(r'class="bar fwd o-success"[^>]*data-outcome="success"', page.text)
+    assert 'class="bar fwd o-refused"' in page.text
+    assert 'class="bar comp o-success"' in page.text
+    for action in ("cancel", "resume", "retry", "skip", "force-compensate"):
+        assert f'action="/sagas/{saga_id}/{action}"' in page.text
+
+    escaped = await admin.http.get(f"/ui/sagas/{hostile}", headers=READER)
+    assert escaped.status_code == 200
+    assert SCRIPT not in escaped.text
+    assert html.escape(SCRIPT) in escaped.text or "&lt;script&gt;" in escaped.text
+
+
+async def test_the_list_filters_and_pages(admin: Admin) -> None:
+    done = await compensated_saga(admin.env)
+    waiting = await waiting_saga(admin.env)
+    page = await admin.http.get("/ui/sagas?status=running&type=&q=", headers=READER)
+    assert page.status_code == 200
+    assert waiting in page.text
+    assert done not in page.text
+    found = await admin.http.get(f"/ui/sagas?q={done[-6:]}", headers=READER)
+    assert done in found.text
+    assert waiting not in found.text
+    assert (await admin.http.get("/ui/sagas?status=bogus", headers=READER)).status_code == 422
+
+    for n in range(51):
+        await admin.env.engine.start(Noop, {}, saga_id=f"zz-{n:03}")
+    first = await admin.http.get("/ui/sagas?type=noop", headers=READER)
+    assert "zz-000" in first.text
+    assert "zz-050" not in first.text
+    match = re.search(r'<a rel="next" href="([^"]+)"', first.text)
+    assert match is not None
+    second = await admin.http.get("/ui/sagas" + html.unescape(match.group(1)), headers=READER)
+    assert "zz-050" in second.text
+    assert "zz-000" not in second.text
+    assert 'rel="next"' not in second.text
+
+
+async def test_the_pages_need_a_token_like_the_api(admin: Admin) -> None:
+    assert (await admin.http.get("/ui/sagas")).status_code == 401
+    assert (await admin.http.get("/ui/sagas/x")).status_code == 401
+    assert (await admin.http.get("/ui/static/admin.js")).status_code == 401
+    assert (await admin.http.get("/ui/sagas/missing", headers=OPERATOR)).status_code == 404
+    static = await admin.http.get("/ui/static/admin.js", headers=READER)
+    assert static.status_code == 200
+    assert "fetch(" in static.text
+    assert (await admin.http.get("/ui/static/web.py", headers=READER)).status_code == 404
+
+
+async def test_without_tokens_on_loopback_the_pages_are_open() -> None:
+    env = SagaTestEnv([Transfer, Noop], settings=Settings(admin=AdminSettings()))
+    saga_id = await waiting_saga(env)
+    async with make_client(create_admin_app(env.engine, env.settings)) as http:
+        page = await http.get(f"/ui/sagas/{saga_id}")
+    assert page.status_code == 200
+    assert "owed" in page.text  # both steps applied: their compensations are owed
+
+
+# --------------------------------------------------------------------------- in a browser
+
+
+async def _seed(env: SagaTestEnv) -> dict[str, str]:
+    return {"compensated": await compensated_saga(env), "waiting": await waiting_saga(env)}
+
+
+def test_the_page_in_headless_chromium(tmp_path: Path) -> None:
+    from playwright.sync_api import Dialog, Error, expect, sync_playwright
+
+    if not Path(CHROMIUM).is_file():
+        pytest.fail(
+            f"no Chromium at {CHROMIUM}: install Debian's package (`apt-get install -y "
+            "chromium`, as .ci/run does) or set SAGA_TEST_CHROMIUM; never `playwright install`"
+        )
+    # Auth off: loopback and no tokens (browsers send no bearer header).
+    settings = Settings(admin=AdminSettings(host="127.0.0.1", port=0))
+    started = time.monotonic()
+    with served_in_thread(settings, _seed) as served, sync_playwright() as pw:
+        try:
+            browser = pw.chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+            )
+        except Error as exc:
+            pytest.fail(f"Chromium at {CHROMIUM} would not start: {exc}")
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            dialogs: list[str] = []
+
+            def answer(dialog: Dialog) -> None:
+                dialogs.append(dialog.type)
+                if dialog.type == "prompt":
+                    dialog.accept("customer called")
+                else:
+                    dialog.accept()
+
+            page.on("dialog", answer)
+            compensated, waiting = served.seeded["compensated"], served.seeded["waiting"]
+
+            page.goto(f"{served.url}/ui/sagas")
+            expect(page.locator("h1")).to_have_text("Sagas")
+            page.get_by_role("link", name=compensated).click()
+            expect(page.locator("#saga-status")).to_have_text("compensated")
+            expect(page.locator("#saga-type")).to_have_text("transfer")
+            timeline = page.locator("#timeline")
+            expect(timeline.locator(".comp-row")).to_have_count(1)
+            expect(timeline.locator("rect.bar.comp.o-success")).to_have_count(1)
+            expect(timeline.locator("rect.bar.fwd.o-refused")).to_have_count(1)
+            expect(page.locator("#events")).to_contain_text("compensation_completed")
+            page.screenshot(path=str(tmp_path / "compensated.png"), full_page=True)
+
+            page.goto(f"{served.url}/ui/sagas?status=running")
+            page.get_by_role("link", name=waiting).click()
+            expect(page.locator("#saga-status")).to_have_text("running")
+            expect(page.locator("#owed")).to_contain_text("debit")
+            page.locator("#action-cancel").click()
+            # The action reloads the page; the cancel's compensations finish a moment later.
+            deadline = time.monotonic() + 20
+            while page.locator("#saga-status").inner_text() != "cancelled":
+                assert time.monotonic() < deadline, "the saga never showed as cancelled"
+                page.wait_for_timeout(200)
+                page.reload()
+            assert dialogs == ["prompt", "confirm"]
+            expect(page.locator("#events")).to_contain_text("cancel_requested")
+            expect(page.locator("#events")).to_contain_text("customer called")
+            expect(page.locator("#action-error")).to_be_hidden()
+            shot = tmp_path / "cancelled.png"
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    for name in ("compensated.png", "cancelled.png"):
+        data = (tmp_path / name).read_bytes()
+        assert len(data) > 1000, name
+        assert data.startswith(PNG_MAGIC), name
+    print(f"browser test took {time.monotonic() - started:.1f}s; screenshots in {tmp_path}")
+
+
+def test_the_timeline_follows_timestamps_and_outcomes() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from saga_engine._events import AttemptTimedOut, CommandIssued, Event, ReplyReceived
+    from saga_engine.admin.web import timeline
+
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+
+    def issued(seconds: int, command_id: str, attempt: int) -> CommandIssued:
+        return CommandIssued(
+            at=t0 + timedelta(seconds=seconds), step="pay", participant="bank",
+            command_type="Pay", payload={}, payload_hash="h", command_id=command_id,
+            attempt=attempt,
+        )  # fmt: skip
+
+    events: list[Event] = [
+        issued(0, "c1", 1),
+        AttemptTimedOut(at=t0 + timedelta(seconds=30), step="pay", command_id="c1", attempt=1),
+        issued(40, "c2", 2),
+        ReplyReceived(
+            at=t0 + timedelta(seconds=50), step="pay", command_id="c2", outcome="success"
+        ),
+        issued(60, "c3", 3),  # still awaiting its reply at t0 + 100s
+    ]
+    line = timeline(events, now=t0 + timedelta(seconds=100))
+    assert line.axis == "time"
+    [row] = line.rows
+    assert [(b.outcome, b.x, b.width) for b in row.bars] == [
+        ("timed_out", 0.0, 30.0),
+        ("success", 40.0, 10.0),
+        ("pending", 60.0, 40.0),
+    ]
