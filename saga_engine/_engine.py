@@ -17,7 +17,7 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
@@ -37,7 +37,7 @@ from saga_engine._decision import (
     StartSaga,
     TimerDue,
 )
-from saga_engine._definition import Saga, SagaRegistry
+from saga_engine._definition import Saga, SagaDefinition, SagaRegistry
 from saga_engine._errors import (
     ConcurrencyError,
     InvalidTransition,
@@ -50,6 +50,7 @@ from saga_engine._runtime import SagaRuntime
 from saga_engine._serde import JsonDict, dumps
 from saga_engine._status import SagaStatus
 from saga_engine._store import Append, EventStore, NewSaga, SagaRecord
+from saga_engine._telemetry import SagaSpans, Telemetry, default_telemetry
 from saga_engine.settings import Settings
 
 log = logging.getLogger("saga_engine.engine")
@@ -70,6 +71,7 @@ class _Live:
     runtime: SagaRuntime
     committed_seq: int
     timer: TimerHandle | None = None
+    started_at: datetime | None = None
 
 
 @dataclass(slots=True)
@@ -94,8 +96,13 @@ class Engine:
         sender: CommandSender,
         clock: Clock | None = None,
         crash_hook: CrashHook | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.settings = settings
+        #: Spans and metrics; the global OpenTelemetry providers unless one is given.
+        self.telemetry = telemetry or default_telemetry()
+        self._spans = SagaSpans(self.telemetry)
+        self.telemetry.watch(self)
         self.registry = SagaRegistry(sagas)
         self.store = store
         self.sender = sender
@@ -132,6 +139,30 @@ class Engine:
             )
         now = self.clock.now()
         limit = deadline or definition.deadline
+        # The saga's span: a child of the caller's when a traceparent came with the start,
+        # else the root of a new trace. Its context is what history stores, so every step
+        # span (and, through Kafka, every participant span) is its descendant.
+        span, trace_context = self._spans.saga_span(definition.name, saga_id, trace_context or {})
+        try:
+            return await self._start(
+                definition, payload, saga_id, now, limit, idempotency_key, trace_context
+            )
+        except BaseException as exc:
+            span.record_exception(exc)
+            raise
+        finally:
+            span.end()
+
+    async def _start(
+        self,
+        definition: SagaDefinition,
+        payload: JsonDict,
+        saga_id: str,
+        now: datetime,
+        limit: timedelta | None,
+        idempotency_key: str | None,
+        trace_context: dict[str, str],
+    ) -> str:
         async with self._lock(saga_id):
             live = self._live.get(saga_id)
             if live is not None:
@@ -150,7 +181,7 @@ class Engine:
                     at=now,
                     idempotency_key=idempotency_key,
                     deadline_at=now + limit if limit else None,
-                    trace_context=trace_context or {},
+                    trace_context=trace_context,
                 ),
             )
             created = await self.store.create(
@@ -170,8 +201,8 @@ class Engine:
                     )
                 self.stats.inc("start_deduplicated")
                 return saga_id
-            self.stats.inc("sagas_started")
-            live = _Live(runtime, committed_seq=len(decision.events))
+            self._stat("sagas_started", definition.name)
+            live = _Live(runtime, committed_seq=len(decision.events), started_at=now)
             self._live[saga_id] = live
             await self._effects(saga_id, live, decision)
         return saga_id
@@ -377,7 +408,11 @@ class Engine:
         definition = self.registry.get(loaded.record.saga_type)
         events = [stored.event for stored in loaded.events]
         runtime, decision = SagaRuntime.replay(definition, saga_id, events)
-        live = _Live(runtime, committed_seq=loaded.record.last_seq)
+        live = _Live(
+            runtime,
+            committed_seq=loaded.record.last_seq,
+            started_at=events[0].at if events else None,
+        )
         self._live[saga_id] = live
         if decision.nondeterminism is not None:
             log.error("%s", decision.nondeterminism)
@@ -393,7 +428,13 @@ class Engine:
         # Whatever was in flight when the previous owner stopped (or while the saga was
         # parked) goes out again under the same ids; participants deduplicate.
         for command in live.runtime.outstanding_commands():
-            await self.sender.send_command(command)
+            # A new span for this send: the first one died with the previous owner.
+            sent = self._spans.sent(command, resent=True)
+            try:
+                await self.sender.send_command(sent)
+            except BaseException as exc:
+                self._spans.not_sent(command.command_id, exc)
+                raise
             self.stats.inc("commands_resent")
 
     async def _commit(self, saga_id: str, live: _Live, decision: Decision) -> None:
@@ -415,6 +456,9 @@ class Engine:
         await self._effects(saga_id, live, decision)
 
     async def _effects(self, saga_id: str, live: _Live, decision: Decision) -> None:
+        # Live inputs only: a saga rebuilt from history never passes here for what it
+        # replays, so no span is emitted twice.
+        self._spans.applied(saga_id, decision.events)
         if decision.commands:
             # Crash points for fault-injection tests: the events are durable, the
             # commands not yet sent.
@@ -422,29 +466,49 @@ class Engine:
             if any(c.compensation for c in decision.commands):
                 self._checkpoint("before_send_compensation")
         for command in decision.commands:
+            sent = self._spans.sent(command)
             try:
-                await self.sender.send_command(command)
-            except BaseException:
+                await self.sender.send_command(sent)
+            except BaseException as exc:
                 # The command is recorded; rebuilding the saga sends it again.
+                self._spans.not_sent(command.command_id, exc)
                 self._evict(saga_id)
                 raise
             self._checkpoint("after_send")
         status = decision.status
         for event in decision.events:
-            self._count(event)
+            self._count(event, live)
         if status.is_terminal or status.is_parked:
             self._notify(saga_id)
         if status.is_terminal:
+            self._spans.saga_ended(saga_id, f"saga_{status.value}")
             self._evict(saga_id)
         else:
             self._arm(saga_id, live)
 
-    def _count(self, event: Event) -> None:
+    def _count(self, event: Event, live: _Live) -> None:
         kind = event.kind
+        saga_type = live.runtime.saga_type
         if kind in ("saga_completed", "saga_compensated", "saga_failed", "saga_cancelled"):
-            self.stats.inc(kind.replace("saga_", "sagas_"))
+            self._stat(kind.replace("saga_", "sagas_"), saga_type)
+            if live.started_at is not None:
+                self.telemetry.saga_duration.record(
+                    max(0.0, (event.at - live.started_at).total_seconds()),
+                    {"saga.type": saga_type, "outcome": kind.removeprefix("saga_")},
+                )
         elif kind in ("saga_parked", "compensation_stuck"):
-            self.stats.inc("sagas_parked")
+            self._stat("sagas_parked", saga_type)
+
+    def _stat(self, name: str, saga_type: str) -> None:
+        self.stats.inc(name)
+        self.telemetry.count(name, saga_type)
+
+    def open_saga_counts(self) -> dict[str, int]:
+        """Sagas held in memory by this engine, by type (the ``saga.open`` gauge)."""
+        counts: collections.Counter[str] = collections.Counter()
+        for live in list(self._live.values()):
+            counts[live.runtime.saga_type] += 1
+        return dict(counts)
 
     def _notify(self, saga_id: str) -> None:
         for future in self._watchers.pop(saga_id, []):
@@ -485,6 +549,7 @@ class Engine:
 
     def _evict(self, saga_id: str) -> None:
         live = self._live.pop(saga_id, None)
+        self._spans.evicted(saga_id)
         if live is not None:
             if live.timer is not None:
                 live.timer.cancel()

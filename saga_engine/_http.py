@@ -72,8 +72,10 @@ class HttpCaller:
         request = HttpRequest.model_validate(command.payload)
         url = base_url.rstrip("/") + request.path
         headers = {"Idempotency-Key": command.command_id, "X-Saga-Id": command.saga_id}
-        if "traceparent" in command.trace_context:
-            headers["traceparent"] = command.trace_context["traceparent"]
+        # The step span's W3C context: the service's server span becomes its child.
+        for name in ("traceparent", "tracestate"):
+            if name in command.trace_context:
+                headers[name] = command.trace_context[name]
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self._settings.retry_window_s
         delay = 0.1

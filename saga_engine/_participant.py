@@ -29,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 from saga_engine._errors import PayloadTooLarge, SagaError, TransientError
 from saga_engine._kafka import DeadLetters, KafkaUnavailable, ensure_topics
 from saga_engine._serde import JsonDict
+from saga_engine._telemetry import Telemetry, carrier_of, default_telemetry
 from saga_engine._topics import Topics
 from saga_engine._wire import (
     Envelope,
@@ -376,6 +377,7 @@ class CommandProcessor:
         crash_hook: CrashHook | None,
         backoff: tuple[float, float],
         instance_id: str,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.name = name
         self.settings = settings
@@ -389,6 +391,7 @@ class CommandProcessor:
         self._stopping = stopping
         self._crash_hook = crash_hook
         self._backoff = backoff
+        self._telemetry = telemetry or default_telemetry()
         self._source = f"/participants/{name}"
         # Reply topics known to exist (the inbox is created at start).
         self._reply_topics = {self.topics.inbox}
@@ -421,6 +424,36 @@ class CommandProcessor:
         except PoisonMessage as poison:
             await self._dead_letter(record, poison.reason.value, poison.detail)
             return
+        # The traceparent is read from the record's own headers (aiokafka's
+        # instrumentation does not carry it): this span is a child of the engine's step
+        # span, and the reply (built from ``command``) carries this span's context back.
+        received = {
+            k: v
+            for k, v in (("traceparent", command.traceparent), ("tracestate", command.tracestate))
+            if v
+        }
+        attributes = {
+            "saga.id": command.saga_id,
+            "saga.type": command.saga_type,
+            "step": command.step,
+            "command.id": command.command_id,
+            "compensation": command.compensation,
+            "participant": self.name,
+            "messaging.system": "kafka",
+            "messaging.destination.name": getattr(record, "topic", None),
+        }
+        with self._telemetry.consumer_span(command.subject, received, attributes) as span:
+            carrier = carrier_of(span)
+            if carrier:
+                command = command.model_copy(
+                    update={
+                        "traceparent": carrier.get("traceparent", ""),
+                        "tracestate": carrier.get("tracestate", ""),
+                    }
+                )
+            await self._handle_command(record, command)
+
+    async def _handle_command(self, record: Any, command: Envelope) -> None:
         topic = command.reply_to or self.topics.inbox
         if topic not in self._reply_topics:
             # The outbox must only hold records that can be published: a reply topic that

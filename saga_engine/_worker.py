@@ -42,6 +42,7 @@ from saga_engine._errors import (
 from saga_engine._http import HttpCaller, RoutingSender
 from saga_engine._kafka import DeadLetters, KafkaCommandSender, ensure_topics, make_producer
 from saga_engine._store import EventStore
+from saga_engine._telemetry import Telemetry
 from saga_engine._topics import Topics, partition_for
 from saga_engine._trigger_runner import TriggerConsumer
 from saga_engine._wire import (
@@ -101,8 +102,10 @@ class SagaWorker:
         crash_hook: CrashHook | None = None,
         instance_id: str | None = None,
         triggers: Sequence[KafkaTrigger[Any]] = (),
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.settings = settings
+        self.telemetry = telemetry
         self.sagas = list(sagas)
         self.triggers = list(triggers)
         self._trigger_consumer: TriggerConsumer | None = None
@@ -163,6 +166,7 @@ class SagaWorker:
             store=self._store,
             sender=RoutingSender(kafka_sender, self._http),
             crash_hook=self._crash_hook,
+            telemetry=self.telemetry,
         )
         self._http.bind(self.engine)
         if self.settings.admin.enabled:

@@ -114,8 +114,12 @@ def worker(
     )
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     settings = Settings()
-    # The environment is read here, at the edge: fault injection for crash tests.
+    # The environment is read here, at the edge: fault injection for crash tests, and
+    # OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set.
     hook = crash_hook(os.environ.get("SAGA_CRASH_AT"))
+    from saga_engine._telemetry import configure_from_env
+
+    configure_from_env(service_name=os.environ.get("OTEL_SERVICE_NAME", "saga-engine"))
 
     async def go() -> None:
         sagas = load_sagas(app_spec)

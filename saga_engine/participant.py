@@ -84,6 +84,7 @@ from saga_engine._participant import (
     log,
     publish,
 )
+from saga_engine._telemetry import Telemetry, default_telemetry
 from saga_engine._topics import Topics
 from saga_engine._wire import Headers
 from saga_engine.settings import Settings
@@ -143,6 +144,7 @@ class Participant:
         relay_interval_s: float = 1.0,
         relay_grace_s: float = 5.0,
         stop_timeout_s: float = 10.0,
+        telemetry: Telemetry | None = None,
     ) -> None:
         if not _NAME.match(name):
             raise DefinitionError(
@@ -174,6 +176,9 @@ class Participant:
         self.instance_id = f"{socket.gethostname()}-{os.getpid()}-{random.getrandbits(24):06x}"
         self._handlers: dict[str, HandlerSpec] = {}
         self._crash_hook = crash_hook
+        #: Spans ("handle {CommandType}", children of the command's traceparent) and
+        #: metrics; the global OpenTelemetry providers unless one is given.
+        self.telemetry = telemetry or default_telemetry()
         self._backoff = (backoff_base_s, backoff_max_s)
         self._relay_interval_s = relay_interval_s
         self._relay_grace_s = relay_grace_s
@@ -330,6 +335,7 @@ class Participant:
             crash_hook=self._crash_hook,
             backoff=self._backoff,
             instance_id=self.instance_id,
+            telemetry=self.telemetry,
         )
         # Replies a previous process committed but did not get to publish. No grace
         # period here: a row written by a live instance may go out twice, which the engine

@@ -26,7 +26,9 @@ from saga_engine._errors import PermanentError
 from saga_engine.settings import AdminSettings
 
 #: Paths anyone may read: liveness and the API description (it holds no secret).
-PUBLIC_PATHS = frozenset({"/health", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/health", "/openapi.json", "/ui/login"})
+#: The browser UI's session: the bearer token in an HttpOnly, SameSite=Strict cookie.
+COOKIE = "saga_admin_token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 MIN_TOKEN_LENGTH = 16
 #: Where the middleware leaves the caller for the endpoints (``request.state.principal``).
@@ -153,6 +155,22 @@ def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> J
     return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
 
+def _cookie(raw: str) -> str:
+    for part in raw.split(";"):
+        name, _, value = part.strip().partition("=")
+        if name == COOKIE:
+            return value
+    return ""
+
+
+def _same_origin(headers: Headers) -> bool:
+    origin = headers.get("origin")
+    host = headers.get("host", "")
+    if origin is None:
+        return False
+    return origin.split("://", 1)[-1] == host
+
+
 class AuthMiddleware:
     """Authenticates every request but the public ones and enforces the role by method."""
 
@@ -166,7 +184,20 @@ class AuthMiddleware:
             return
         principal: Principal | None = LOCAL_PRINCIPAL
         if self.tokens is not None and scope["path"] not in PUBLIC_PATHS:
-            header = Headers(scope=scope).get("authorization")
+            headers = Headers(scope=scope)
+            header = headers.get("authorization")
+            from_cookie = False
+            if not header:
+                cookie = _cookie(headers.get("cookie", ""))
+                if cookie:
+                    header, from_cookie = f"Bearer {cookie}", True
+            if from_cookie and scope["method"] not in SAFE_METHODS and not _same_origin(headers):
+                # A cookie is sent by the browser on its own: a state-changing request
+                # carrying one must come from this very origin (CSRF guard, on top of
+                # SameSite=Strict and the JSON-only request bodies).
+                response = _error(403, "cross-origin request refused")
+                await response(scope, receive, send)
+                return
             principal = self.tokens.authenticate(header)
             if principal is None:
                 challenge = 'Bearer realm="saga-admin"'

@@ -13,12 +13,13 @@ Content-Security-Policy: scripts and styles come only from ``/ui/static``.
 
 from __future__ import annotations
 
+import html
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
 from typing import Annotated, Any
-from urllib.parse import quote, urlencode
+from urllib.parse import parse_qs, quote, urlencode
 
 import jinja2
 from fastapi import APIRouter, HTTPException, Query, Request
@@ -28,6 +29,7 @@ from saga_engine._engine import Engine
 from saga_engine._errors import SagaNotFound
 from saga_engine._events import Event
 from saga_engine._status import SagaStatus
+from saga_engine.admin.auth import COOKIE, auth_required
 from saga_engine.admin.listing import SagaFilter, decode_cursor, list_page
 from saga_engine.admin.views import detail, summary
 from saga_engine.settings import AdminSettings
@@ -207,10 +209,52 @@ def _blank(value: str | None) -> str | None:
     return value or None
 
 
+def _login_page(error: str = "", status_code: int = 200) -> HTMLResponse:
+    message = f'<p class="error">{html.escape(error)}</p>' if error else ""
+    page = (
+        "<!doctype html><html><head><meta charset=utf-8><title>saga-engine admin: sign in"
+        "</title></head><body><h1>saga-engine admin</h1>"
+        f"{message}<form method=post action=/ui/login>"
+        "<label>Bearer token <input type=password name=token autocomplete=off></label> "
+        "<button type=submit>Sign in</button></form></body></html>"
+    )
+    return HTMLResponse(
+        page,
+        status_code=status_code,
+        headers={
+            "Content-Security-Policy": "default-src 'none'; form-action 'self'",
+            "Cache-Control": "no-store",
+        },
+    )
+
+
 def web_router(engine: Engine, admin: AdminSettings) -> APIRouter:
     """The ``/ui`` pages for ``engine``; the admin app includes them behind its auth."""
     router = APIRouter(prefix="/ui", include_in_schema=False)
     static = resources.files("saga_engine.admin").joinpath("static")
+
+    tokens = auth_required(admin)
+
+    @router.get("/login")
+    async def login_form() -> HTMLResponse:
+        return _login_page()
+
+    @router.post("/login")
+    async def login(request: Request) -> Response:
+        """Trades a bearer token (a form field, never a URL: URLs end up in access logs)
+        for an HttpOnly, SameSite=Strict session cookie holding it."""
+        if tokens is None:
+            return RedirectResponse(request.url_for("ui_list"), status_code=303)
+        body = (await request.body())[:4096].decode(errors="replace")
+        token = parse_qs(body).get("token", [""])[0].strip()
+        if not token or tokens.authenticate(f"Bearer {token}") is None:
+            return _login_page("that token is not valid", status_code=401)
+        response = RedirectResponse(request.url_for("ui_list"), status_code=303)
+        response.set_cookie(
+            COOKIE, token, httponly=True, samesite="strict", path="/",
+            secure=request.url.scheme == "https",
+        )  # fmt: skip
+        return response
 
     @router.get("")
     @router.get("/")

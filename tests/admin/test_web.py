@@ -19,7 +19,7 @@ from saga_engine import SagaStatus
 from saga_engine.admin import create_admin_app
 from saga_engine.settings import AdminSettings, Settings
 from saga_engine.testing import SagaRun, SagaTestEnv
-from tests.admin.conftest import OPERATOR, READER, Admin, make_client
+from tests.admin.conftest import OPERATOR, READER, READER_TOKEN, Admin, make_client
 from tests.admin.sagas import Credit, Noop, Transfer
 from tests.admin.served import served_in_thread
 
@@ -120,6 +120,34 @@ async def test_the_pages_need_a_token_like_the_api(admin: Admin) -> None:
     assert static.status_code == 200
     assert "fetch(" in static.text
     assert (await admin.http.get("/ui/static/web.py", headers=READER)).status_code == 404
+
+
+async def test_signing_in_sets_a_strict_cookie_that_authenticates_the_pages(admin: Admin) -> None:
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    assert (await admin.http.get("/ui/login")).status_code == 200
+    bad = await admin.http.post("/ui/login", content="token=nope", headers=form)
+    assert bad.status_code == 401
+    assert "nope" not in bad.text
+    ok = await admin.http.post("/ui/login", content=f"token={READER_TOKEN}", headers=form)
+    assert ok.status_code == 303
+    cookie = ok.headers["set-cookie"]
+    assert "HttpOnly" in cookie
+    assert "SameSite=strict" in cookie
+    jar = {"Cookie": f"saga_admin_token={READER_TOKEN}"}
+    assert (await admin.http.get("/ui/sagas", headers=jar)).status_code == 200
+    # A state-changing request riding on the cookie must come from this origin...
+    body = {"reason": "r"}
+    foreign = await admin.http.post(
+        "/sagas/x/cancel", json=body, headers={**jar, "Origin": "http://evil.example"}
+    )
+    assert foreign.status_code == 403
+    assert "cross-origin" in foreign.text
+    # ...and a reader's cookie still cannot act.
+    same = await admin.http.post(
+        "/sagas/x/cancel", json=body, headers={**jar, "Origin": "http://admin"}
+    )
+    assert same.status_code == 403
+    assert "reader role" in same.text
 
 
 async def test_without_tokens_on_loopback_the_pages_are_open() -> None:
