@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -175,15 +176,24 @@ def _read_from(path: Path, offset: int) -> str:
 def free_base_port(span: int = max(PORT_OFFSETS.values())) -> int:
     """A free base port (the engine's admin API) whose next ``span`` ports are free too
     (the services): for tests and demos that must not meet a running ``make demo-up``."""
+    # Below the kernel's ephemeral range: a port the OS hands out to some outgoing
+    # connection (a Kafka client, say) between our probe and the service's bind would
+    # make the service fail to start.
+    low, high = 21000, min(28000, _ephemeral_low() - span - 1)
+    rng = random.Random()
     for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = int(probe.getsockname()[1])
-        if base + span > 65000:
-            continue
+        base = rng.randrange(low, high)
         if all(port_free(base + i) for i in range(span + 1)):
             return base
     raise StackError("no block of free ports found")
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def port_free(port: int) -> bool:
