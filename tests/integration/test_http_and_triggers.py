@@ -87,17 +87,19 @@ class FraudServer:
 
 @contextlib.asynccontextmanager
 async def serve(app: FastAPI) -> AsyncIterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # Bound here and handed to uvicorn: no window in which another socket takes the port.
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    task = asyncio.get_running_loop().create_task(server.serve())
+    task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
     await poll_until(lambda: server.started, timeout=10)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         await task
+        sock.close()
 
 
 def _settings(pg: PgTarget, bootstrap: str, uid: str, fraud_url: str) -> Settings:
