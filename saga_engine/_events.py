@@ -190,10 +190,9 @@ class SagaResumed(_Event):
 # --------------------------------------------------------------------------- intents
 
 
-class CommandIssued(_Intent):
-    """A forward step's command, committed before it is sent (the history is the outbox)."""
+class _CommandIntent(_Intent):
+    """A command for a participant: a forward step's or a compensation's."""
 
-    kind: Literal["command_issued"] = "command_issued"
     step: str
     participant: str
     command_type: str
@@ -202,13 +201,19 @@ class CommandIssued(_Intent):
     command_id: str
     attempt: int
     timeout_at: datetime | None = None
-    compensation: CompensationSpec | None = None
 
     def signature(self) -> tuple[Any, ...]:
         return (
-            self.kind, self.step, self.participant, self.command_type, self.payload_hash,
+            self.kind, self.step, self.participant, self.command_type, self.payload_hash,  # type: ignore[attr-defined]
             self.attempt,
         )  # fmt: skip
+
+
+class CommandIssued(_CommandIntent):
+    """A forward step's command, committed before it is sent (the history is the outbox)."""
+
+    kind: Literal["command_issued"] = "command_issued"
+    compensation: CompensationSpec | None = None
 
     def describe(self) -> str:
         return (
@@ -267,24 +272,10 @@ class CompensationStarted(_Intent):
         return f"compensation begun ({self.reason}) for {self.owed}"
 
 
-class CompensationIssued(_Intent):
+class CompensationIssued(_CommandIntent):
     kind: Literal["compensation_issued"] = "compensation_issued"
-    step: str
-    participant: str
-    command_type: str
-    payload: JsonDict
-    payload_hash: str
-    command_id: str
-    attempt: int
-    timeout_at: datetime | None = None
     #: The forward command ids this compensation undoes (sent as ce_compensates).
     compensates: list[str] = Field(default_factory=list)
-
-    def signature(self) -> tuple[Any, ...]:
-        return (
-            self.kind, self.step, self.participant, self.command_type, self.payload_hash,
-            self.attempt,
-        )  # fmt: skip
 
     def describe(self) -> str:
         return f"compensation of {self.step!r} sending {self.command_type} (attempt {self.attempt})"

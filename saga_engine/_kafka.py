@@ -140,6 +140,20 @@ class DeadLetters:
         self._producer = producer
         self.topic = topic
 
+    async def publish_record(self, record: Any, *, reason: str, detail: str, consumer: str) -> None:
+        """Dead-letters a consumed aiokafka record, naming where it came from."""
+        await self.publish(
+            key=record.key,
+            value=record.value,
+            headers=list(record.headers or []),
+            reason=reason,
+            detail=detail,
+            origin_topic=record.topic,
+            origin_partition=record.partition,
+            origin_offset=record.offset,
+            consumer=consumer,
+        )
+
     async def publish(
         self,
         *,

@@ -690,15 +690,10 @@ class CommandProcessor:
         failures = 0
         while True:
             try:
-                await self._dead.publish(
-                    key=record.key,
-                    value=record.value,
-                    headers=list(record.headers or []),
+                await self._dead.publish_record(
+                    record,
                     reason=reason,
                     detail=detail,
-                    origin_topic=record.topic,
-                    origin_partition=record.partition,
-                    origin_offset=record.offset,
                     consumer=f"participant:{self.name}:{self.instance_id}",
                 )
                 break

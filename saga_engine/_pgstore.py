@@ -24,7 +24,7 @@ from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, Generic, TypeAlias, TypeVar
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -216,8 +216,33 @@ class _PreparedEvents:
         )
 
 
+T = TypeVar("T")
+
+
+class _Settles(Generic[T]):
+    """Hands a batched write's outcome to its caller: only after the commit, or a failure."""
+
+    __slots__ = ()
+    future: asyncio.Future[T]
+    outcome: T | BaseException | None
+
+    def resolve(self) -> None:
+        if self.future.done():
+            return
+        if isinstance(self.outcome, BaseException):
+            self.future.set_exception(self.outcome)
+        elif self.outcome is None:
+            self.future.set_exception(RuntimeError("a write finished without an outcome"))
+        else:
+            self.future.set_result(self.outcome)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+
 @dataclass(slots=True, eq=False)
-class _CreateOp:
+class _CreateOp(_Settles[bool]):
     new: NewSaga
     events: _PreparedEvents
     error: _EncodedJson | None
@@ -230,23 +255,9 @@ class _CreateOp:
     def saga_id(self) -> str:
         return self.new.saga_id
 
-    def resolve(self) -> None:
-        if self.future.done():
-            return
-        if isinstance(self.outcome, BaseException):
-            self.future.set_exception(self.outcome)
-        elif self.outcome is None:
-            self.future.set_exception(RuntimeError("create finished without an outcome"))
-        else:
-            self.future.set_result(self.outcome)
-
-    def fail(self, exc: BaseException) -> None:
-        if not self.future.done():
-            self.future.set_exception(exc)
-
 
 @dataclass(slots=True, eq=False)
-class _AppendOp:
+class _AppendOp(_Settles[int]):
     append: Append
     events: _PreparedEvents
     error: _EncodedJson | None
@@ -257,20 +268,6 @@ class _AppendOp:
     @property
     def saga_id(self) -> str:
         return self.append.saga_id
-
-    def resolve(self) -> None:
-        if self.future.done():
-            return
-        if isinstance(self.outcome, BaseException):
-            self.future.set_exception(self.outcome)
-        elif self.outcome is None:
-            self.future.set_exception(RuntimeError("append finished without an outcome"))
-        else:
-            self.future.set_result(self.outcome)
-
-    def fail(self, exc: BaseException) -> None:
-        if not self.future.done():
-            self.future.set_exception(exc)
 
 
 _Op: TypeAlias = "_CreateOp | _AppendOp"

@@ -110,12 +110,9 @@ class TriggerConsumer:
             except Exception as exc:
                 reason, detail = PoisonReason.REJECTED, f"{type(exc).__name__}: {exc}"
         if reason is not None:
-            await self._dead.publish(
-                key=record.key, value=record.value, headers=list(record.headers or []),
-                reason=reason.value, detail=detail, origin_topic=record.topic,
-                origin_partition=record.partition, origin_offset=record.offset,
-                consumer=self._source,
-            )  # fmt: skip
+            await self._dead.publish_record(
+                record, reason=reason.value, detail=detail, consumer=self._source
+            )
             return
         saga_type = trigger.saga.name
         saga_id = saga_id_for(saga_type, key)

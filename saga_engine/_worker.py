@@ -399,16 +399,8 @@ class SagaWorker:
         assert self._dead is not None
         while True:
             try:
-                await self._dead.publish(
-                    key=record.key,
-                    value=record.value,
-                    headers=list(record.headers or []),
-                    reason=reason,
-                    detail=detail,
-                    origin_topic=record.topic,
-                    origin_partition=record.partition,
-                    origin_offset=record.offset,
-                    consumer=self.instance_id,
+                await self._dead.publish_record(
+                    record, reason=reason, detail=detail, consumer=self.instance_id
                 )
                 break
             except TransientError:
