@@ -59,6 +59,8 @@ class Signal:
     name: str
     at: datetime
     payload: JsonDict = field(default_factory=dict)
+    principal: str = "system"
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

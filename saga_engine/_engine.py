@@ -246,6 +246,8 @@ class Engine:
         payload: BaseModel | JsonDict | None = None,
         *,
         signal_id: str | None = None,
+        principal: str = "system",
+        reason: str = "",
     ) -> Decision:
         body: JsonDict = (
             payload.model_dump(mode="json")
@@ -254,7 +256,9 @@ class Engine:
         )
         self._check_size(body)
         sid = signal_id or str(uuid.uuid4())
-        return await self.deliver(saga_id, Signal(sid, name, self.clock.now(), body))
+        return await self.deliver(
+            saga_id, Signal(sid, name, self.clock.now(), body, principal, reason)
+        )
 
     async def cancel(self, saga_id: str, reason: str, *, principal: str = "system") -> Decision:
         return await self.deliver(saga_id, Cancel(reason, self.clock.now(), principal))

@@ -121,6 +121,9 @@ class SignalReceived(_Event):
     signal_id: str
     name: str
     payload: JsonDict = Field(default_factory=dict)
+    #: Who sent it and why (an operator's signal is audited like the other actions).
+    principal: str = "system"
+    reason: str = ""
 
     def describe(self) -> str:
         return f"signal {self.name!r} received"

@@ -305,7 +305,12 @@ class SagaRuntime(SagaOperations):
             if inbound.signal_id in self._seen_signals:
                 return DropReason.DUPLICATE_SIGNAL
             return SignalReceived(
-                at=at, signal_id=inbound.signal_id, name=inbound.name, payload=inbound.payload
+                at=at,
+                signal_id=inbound.signal_id,
+                name=inbound.name,
+                payload=inbound.payload,
+                principal=inbound.principal,
+                reason=inbound.reason,
             )
         if isinstance(inbound, Cancel):
             if self._status != SagaStatus.RUNNING or self._cancel_reason is not None:

@@ -107,6 +107,10 @@ class SignalBody(BaseModel):
         min_length=1, max_length=200, description="deduplication key: the same id is applied once"
     )
     payload: JsonDict = Field(default_factory=dict, description="the signal's data")
+    principal: str = Field(
+        default="system", max_length=200, description="who sent it, recorded in the history"
+    )
+    reason: str = Field(default="", max_length=2000, description="why, recorded in the history")
 
 
 class CancelBody(BaseModel):

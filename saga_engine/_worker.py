@@ -386,7 +386,14 @@ class SagaWorker:
             )
         elif kind is MessageType.SIGNAL:
             sig: SignalBody = env.body_as(SignalBody)
-            await engine.signal(env.saga_id, sig.name, sig.payload, signal_id=sig.signal_id)
+            await engine.signal(
+                env.saga_id,
+                sig.name,
+                sig.payload,
+                signal_id=sig.signal_id,
+                principal=sig.principal,
+                reason=sig.reason,
+            )
         elif kind is MessageType.CANCEL:
             cancel: CancelBody = env.body_as(CancelBody)
             await engine.cancel(env.saga_id, cancel.reason, principal=cancel.principal)

@@ -436,6 +436,7 @@ def signal(
         str | None,
         typer.Option("--signal-id", help="Sending the same id twice delivers it once."),
     ] = None,
+    reason: Annotated[str, typer.Option("--reason", help="Why; recorded in its history.")] = "",
     as_json: JsonOpt = False,
 ) -> None:
     """Send a signal to a saga through the Kafka inbox; prints the signal id."""
@@ -446,7 +447,9 @@ def signal(
 
     async def go() -> str:
         async with SagaClient(settings, source="/saga-cli") as client:
-            return await client.signal(saga_id, name, body, signal_id=signal_id)
+            return await client.signal(
+                saga_id, name, body, signal_id=signal_id, principal="cli", reason=reason
+            )
 
     sent = _run(go)
     if as_json:

@@ -111,10 +111,19 @@ class SagaClient:
         payload: BaseModel | dict[str, Any] | None = None,
         *,
         signal_id: str | None = None,
+        principal: str = "system",
+        reason: str = "",
     ) -> str:
-        """Sends a signal; the same ``signal_id`` twice is delivered once."""
+        """Sends a signal; the same ``signal_id`` twice is delivered once. ``principal``
+        and ``reason`` are recorded with it in the saga's history."""
         sid = signal_id or str(uuid.uuid4())
-        body = SignalBody(name=name, signal_id=sid, payload=_payload(payload))
+        body = SignalBody(
+            name=name,
+            signal_id=sid,
+            payload=_payload(payload),
+            principal=principal,
+            reason=reason,
+        )
         await self._send(
             Envelope(
                 message_type=MessageType.SIGNAL,

@@ -438,7 +438,12 @@ def create_admin_app(
         """Delivers a signal (the same ``signal_id`` twice is delivered once)."""
         signal_id = body.signal_id or str(uuid.uuid4())
         decision = await engine.signal(
-            _saga_ref(saga_id), body.name, body.payload, signal_id=signal_id
+            _saga_ref(saga_id),
+            body.name,
+            body.payload,
+            signal_id=signal_id,
+            principal=caller.name,
+            reason=body.reason,
         )
         dropped = decision.dropped.value if decision.dropped is not None else None
         audit.info(

@@ -453,6 +453,14 @@ async def test_signal_is_delivered_once(admin: Admin) -> None:
     assert await admin.settle(saga_id) == SagaStatus.COMPLETED
     detail = (await admin.http.get(f"/sagas/{saga_id}", headers=READER)).json()
     assert detail["output"] == {"ok": True, "approved_by": "olivia"}
+    history = load_history(
+        (await admin.http.get(f"/sagas/{saga_id}/history", headers=READER)).content
+    )
+    [received] = [e for e in history.events if e.kind == "signal_received"]
+    assert received.model_dump(include={"principal", "reason"}) == {
+        "principal": "olivia",
+        "reason": "ok'd",
+    }
     again = await admin.http.post(f"/sagas/{saga_id}/signal", json=body, headers=OPERATOR)
     assert again.status_code == 409  # the saga is completed now
     assert "completed" in again.json()["detail"]

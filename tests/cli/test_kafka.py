@@ -45,7 +45,17 @@ async def prefix(kafka_topic: TopicFactory) -> str:
 def test_signal_and_cancel_go_to_the_inbox(kafka_bootstrap: str, prefix: str) -> None:
     env = _env(kafka_bootstrap, prefix)
     sent = invoke(
-        ["signal", "saga-1", "approve", "--payload", '{"by": "olivia"}', "--signal-id", "s-1"],
+        [
+            "signal",
+            "saga-1",
+            "approve",
+            "--payload",
+            '{"by": "olivia"}',
+            "--signal-id",
+            "s-1",
+            "--reason",
+            "checked by phone",
+        ],
         env,
     )
     assert sent.exit_code == 0, sent.output
@@ -71,6 +81,7 @@ def test_signal_and_cancel_go_to_the_inbox(kafka_bootstrap: str, prefix: str) ->
     signals = {b["signal_id"]: b for k, _, b in by_saga if k == "saga-1"}
     assert signals["s-1"]["name"] == "approve"
     assert signals["s-1"]["payload"] == {"by": "olivia"}
+    assert (signals["s-1"]["principal"], signals["s-1"]["reason"]) == ("cli", "checked by phone")
     assert generated["signal_id"] in signals
     [cancel] = [b for k, _, b in by_saga if k == "saga-2"]
     assert cancel["reason"] == "customer called"
