@@ -26,6 +26,8 @@ $(STAMP): pyproject.toml
 	@echo "setup: installing saga-engine and its dev extras into $(VENV) (log: $(VENV)/pip.log)"
 	@$(PY) -m pip install --disable-pip-version-check --upgrade pip > $(VENV)/pip.log 2>&1 || { tail -20 $(VENV)/pip.log; exit 1; }
 	@$(PY) -m pip install --disable-pip-version-check -e '.[dev]' >> $(VENV)/pip.log 2>&1 || { tail -20 $(VENV)/pip.log; exit 1; }
+	@# A broken requirement (e.g. an OpenTelemetry package out of its lockstep set) fails here.
+	@$(PY) -m pip check --disable-pip-version-check >> $(VENV)/pip.log 2>&1 || { tail -20 $(VENV)/pip.log; exit 1; }
 	@touch $(STAMP)
 
 up: venv

@@ -8,8 +8,8 @@ Public modules besides this one: ``saga_engine.events`` (the history event types
 ``saga_engine.store`` (event-store adapters and migrations), ``saga_engine.testing``
 (the in-memory testing kit), ``saga_engine.participant`` (the participant kit),
 ``saga_engine.client`` (start, signal and cancel sagas through Kafka),
-``saga_engine.worker`` (the engine process), ``saga_engine.replay`` (replay checks)
-and ``saga_engine.settings``.
+``saga_engine.worker`` (the engine process), ``saga_engine.replay`` (replay checks),
+``saga_engine.telemetry`` (OpenTelemetry setup) and ``saga_engine.settings``.
 """
 
 from saga_engine._context import HttpRequest, SagaContext

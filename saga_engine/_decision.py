@@ -124,8 +124,10 @@ class OutboundCommand:
     attempt: int
     compensation: bool
     trace_context: dict[str, str] = field(default_factory=dict)
-    #: For a compensation: the forward command ids it undoes.
+    #: For a compensation: the forward command ids it undoes...
     compensates: tuple[str, ...] = ()
+    #: ...and the last attempt of each (their spans' ids derive from id and attempt).
+    compensates_attempts: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)

@@ -48,9 +48,10 @@ from saga_engine._errors import (
 from saga_engine._events import Event
 from saga_engine._runtime import SagaRuntime
 from saga_engine._serde import JsonDict, dumps
+from saga_engine._spans import SagaSpans
 from saga_engine._status import SagaStatus
 from saga_engine._store import Append, EventStore, NewSaga, SagaRecord
-from saga_engine._telemetry import SagaSpans, Telemetry, default_telemetry
+from saga_engine._telemetry import Telemetry, default_telemetry
 from saga_engine.settings import Settings
 
 log = logging.getLogger("saga_engine.engine")
@@ -139,19 +140,12 @@ class Engine:
             )
         now = self.clock.now()
         limit = deadline or definition.deadline
-        # The saga's span: a child of the caller's when a traceparent came with the start,
-        # else the root of a new trace. Its context is what history stores, so every step
-        # span (and, through Kafka, every participant span) is its descendant.
-        span, trace_context = self._spans.saga_span(definition.name, saga_id, trace_context or {})
-        try:
-            return await self._start(
-                definition, payload, saga_id, now, limit, idempotency_key, trace_context
-            )
-        except BaseException as exc:
-            span.record_exception(exc)
-            raise
-        finally:
-            span.end()
+        # The saga span's context (a child of the caller's when a traceparent came with
+        # the start, else the root of a new trace) is what history stores, so every step
+        # span (and, through Kafka, every participant span) is its descendant. The span
+        # itself is emitted when the saga ends (SagaSpans.saga_finished).
+        stored = self._spans.saga_context(definition.name, saga_id, trace_context or {})
+        return await self._start(definition, payload, saga_id, now, limit, idempotency_key, stored)
 
     async def _start(
         self,
@@ -486,6 +480,15 @@ class Engine:
             self._notify(saga_id)
         if status.is_terminal:
             self._spans.saga_ended(saga_id, f"saga_{status.value}")
+            error = decision.projection.error
+            self._spans.saga_finished(
+                saga_type=live.runtime.saga_type,
+                saga_id=saga_id,
+                trace_context=live.runtime.trace_context,
+                started_at=live.started_at,
+                outcome=status.value,
+                error=str(error.get("message", error)) if error else None,
+            )
             self._evict(saga_id)
         else:
             self._arm(saga_id, live)

@@ -19,11 +19,13 @@ import random
 from typing import TYPE_CHECKING, Any
 
 import httpx
+from opentelemetry import context as otel_context
 
 from saga_engine._bus import CommandSender
 from saga_engine._context import HTTP_PREFIX, HttpRequest
 from saga_engine._decision import OutboundCommand
 from saga_engine._errors import PermanentError, SagaError
+from saga_engine._telemetry import Telemetry, extract
 from saga_engine.settings import HttpSettings
 
 if TYPE_CHECKING:
@@ -41,9 +43,17 @@ class UnknownEndpoint(PermanentError):
 class HttpCaller:
     """The CommandSender for ``http:`` steps. Requests run as background tasks."""
 
-    def __init__(self, settings: HttpSettings, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self,
+        settings: HttpSettings,
+        client: httpx.AsyncClient | None = None,
+        *,
+        telemetry: Telemetry | None = None,
+    ) -> None:
         self._settings = settings
         self._client = client or httpx.AsyncClient(timeout=settings.request_timeout_s)
+        if telemetry is not None:
+            telemetry.instrument_client(self._client)
         self._engine: Engine | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -72,10 +82,14 @@ class HttpCaller:
         request = HttpRequest.model_validate(command.payload)
         url = base_url.rstrip("/") + request.path
         headers = {"Idempotency-Key": command.command_id, "X-Saga-Id": command.saga_id}
-        # The step span's W3C context: the service's server span becomes its child.
+        # The step span's W3C context: the service's server span becomes its child (or,
+        # with the httpx instrumentation, the child of the client span made current
+        # below, which replaces these headers with its own context).
         for name in ("traceparent", "tracestate"):
             if name in command.trace_context:
                 headers[name] = command.trace_context[name]
+        # This runs as its own task, so the attached context is this call's alone.
+        otel_context.attach(extract(command.trace_context))
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self._settings.retry_window_s
         delay = 0.1

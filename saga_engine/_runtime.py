@@ -93,6 +93,8 @@ class SagaRuntime(SagaOperations):
         self.saga_id = saga_id
         self.saga_type = definition.name
         self.trace_context: dict[str, str] = {}
+        #: The last attempt sent per forward command id (for a compensation's span link).
+        self._last_attempt: dict[str, int] = {}
         self.now: datetime = datetime.min
         self.output: JsonDict | None = None
 
@@ -493,6 +495,8 @@ class SagaRuntime(SagaOperations):
 
     def _track(self, event: Event) -> None:
         new = self._status
+        if isinstance(event, CommandIssued):
+            self._last_attempt[event.command_id] = event.attempt
         if isinstance(event, CompensationStarted):
             new = SagaStatus.COMPENSATING
             self._error = event.error
@@ -596,4 +600,9 @@ class SagaRuntime(SagaOperations):
             compensation=isinstance(event, CompensationIssued),
             trace_context=self.trace_context,
             compensates=tuple(event.compensates) if isinstance(event, CompensationIssued) else (),
+            compensates_attempts=(
+                tuple(self._last_attempt.get(c, 1) for c in event.compensates)
+                if isinstance(event, CompensationIssued)
+                else ()
+            ),
         )

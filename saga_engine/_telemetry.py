@@ -4,39 +4,33 @@ The decision core (_runtime, _operations, _events, _context) never imports OpenT
 the engine calls into this module around its live effects only, never while it rebuilds
 a saga from history, so a replay emits no span twice.
 
-One trace per saga: a "saga {type}" span is opened when the saga starts (a child of the
-caller's span when a ``traceparent`` came with the start, else a new root) and its W3C
-context is what SagaStarted stores. Each command sent opens a "step {name}" or
-"compensate {name}" span, child of the saga span; its context is the command's Kafka
-``traceparent``, so the participant's "handle {CommandType}" span is its child. The step
-span ends when the reply or the timeout is applied.
-
-Without an SDK configured the API's no-op tracer hands the parent's context through, so
-the trace context stored and sent is exactly the caller's, as before.
+This module holds the providers, the instruments, the participant's consumer span and
+the process-level setup (``configure_from_env``, the contrib instrumentations); the
+engine's saga, step and compensation spans are in ``_spans``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
-from opentelemetry.trace import Link, Span, SpanContext, SpanKind, StatusCode, TracerProvider
+from opentelemetry.sdk.trace import Tracer as SdkTracer
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.trace import ProxyTracerProvider, Span, SpanKind, Tracer, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from saga_engine._events import AttemptTimedOut, Event, ReplyReceived, StepSkipped
-
 if TYPE_CHECKING:
-    from saga_engine._decision import OutboundCommand
+    import httpx
+    from fastapi import FastAPI
 
 log = logging.getLogger("saga_engine.telemetry")
 
@@ -59,11 +53,59 @@ def extract(carrier: Mapping[str, str]) -> otel_context.Context:
     return _PROPAGATOR.extract(dict(carrier))
 
 
+def current_carrier() -> dict[str, str]:
+    """The W3C headers of the current span (e.g. an HTTP request's server span)."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return carrier
+
+
 def carrier_of(span: Span) -> dict[str, str]:
     """The W3C headers of ``span``'s context; empty when it has no valid context."""
     carrier: dict[str, str] = {}
     _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
     return carrier
+
+
+#: (trace id or None, span id) for the span being started in this context.
+_PRESET: ContextVar[tuple[int | None, int] | None] = ContextVar(
+    "saga_engine_preset_span_ids", default=None
+)
+
+
+class PresetIdGenerator(IdGenerator):
+    """Gives the ids set by ``preset_ids`` while it is active, else the wrapped ones.
+
+    Why: a saga's spans must keep their ids across processes (the saga span is emitted by
+    whichever engine sees the saga end; a compensation links to the forward step's span
+    from history), and the SDK's id generator is its one extension point for that.
+    """
+
+    def __init__(self, inner: IdGenerator) -> None:
+        self.inner = inner
+
+    def generate_span_id(self) -> int:
+        preset = _PRESET.get()
+        return preset[1] if preset is not None else self.inner.generate_span_id()
+
+    def generate_trace_id(self) -> int:
+        preset = _PRESET.get()
+        if preset is not None and preset[0] is not None:
+            return preset[0]
+        return self.inner.generate_trace_id()
+
+    def is_trace_id_random(self) -> bool:
+        return self.inner.is_trace_id_random()
+
+
+@contextmanager
+def preset_ids(span_id: int, trace_id: int | None = None) -> Iterator[None]:
+    """Spans started by ``Telemetry.tracer`` in this block get these ids (with the SDK)."""
+    token = _PRESET.set((trace_id, span_id))
+    try:
+        yield
+    finally:
+        _PRESET.reset(token)
 
 
 class Telemetry:
@@ -75,7 +117,10 @@ class Telemetry:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
     ) -> None:
-        self.tracer = trace.get_tracer(INSTRUMENTATION, tracer_provider=tracer_provider)
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
+        self._proxy = trace.get_tracer(INSTRUMENTATION, tracer_provider=tracer_provider)
+        self._tracer: Tracer | None = None
         meter = metrics.get_meter(INSTRUMENTATION, meter_provider=meter_provider)
         self.counters = {
             stat: meter.create_counter(name, unit="{saga}", description=f"Sagas {name[5:]}")
@@ -100,6 +145,46 @@ class Telemetry:
             callbacks=[self._observe_open],
             unit="{saga}",
             description="Open sagas held in memory by this process's engines, by type",
+        )
+
+    @property
+    def tracer(self) -> Tracer:
+        """The tracer: once an SDK provider is in place, its tracer with a
+        ``PresetIdGenerator``; until then the API's proxy (which records nothing)."""
+        if self._tracer is None:
+            provider = self.tracer_provider or trace.get_tracer_provider()
+            if isinstance(provider, ProxyTracerProvider):
+                return self._proxy  # no SDK yet: ask again next time
+            tracer = provider.get_tracer(INSTRUMENTATION)
+            # The SDK hands one tracer per instrumentation scope: ours, so wrapping its
+            # id generator changes nothing for anyone else's spans.
+            if isinstance(tracer, SdkTracer) and not isinstance(
+                tracer.id_generator, PresetIdGenerator
+            ):
+                tracer.id_generator = PresetIdGenerator(tracer.id_generator)
+            self._tracer = tracer
+        return self._tracer
+
+    def instrument_app(self, app: FastAPI) -> None:
+        """Server spans for ``app`` (the contrib FastAPI instrumentation): a request that
+        comes with a ``traceparent`` continues its caller's trace, and a saga started by
+        it is a child of its span."""
+        from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+        FastAPIInstrumentor.instrument_app(
+            app,
+            tracer_provider=self.tracer_provider,
+            meter_provider=self.meter_provider,
+            excluded_urls="/health$,/static/",
+        )
+
+    def instrument_client(self, client: httpx.AsyncClient) -> None:
+        """Client spans for ``client`` (the contrib httpx instrumentation), children of the
+        span current when a request is sent; they carry the W3C context to the server."""
+        from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+
+        HTTPXClientInstrumentor.instrument_client(
+            client, tracer_provider=self.tracer_provider, meter_provider=self.meter_provider
         )
 
     def watch(self, engine: Any) -> None:
@@ -148,6 +233,17 @@ class Telemetry:
                 )
 
 
+def instrument_asyncpg(tracer_provider: TracerProvider | None = None) -> None:
+    """A span for every asyncpg query in this process, a child of the current span (the
+    contrib instrumentation patches asyncpg's connection class: it is process-wide, so
+    it is set up once, at the edge, never by a library object). Idempotent."""
+    from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
+
+    instrumentor = AsyncPGInstrumentor()  # type: ignore[no-untyped-call]  # untyped upstream
+    if not instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.instrument(tracer_provider=tracer_provider)
+
+
 _default: Telemetry | None = None
 
 
@@ -164,7 +260,9 @@ def configure_from_env(service_name: str = "saga-engine") -> bool:
     (or the traces/metrics specific variable) is set. Returns whether it did.
 
     Call it once at process start (``saga worker``, a participant's main), before
-    building the worker. The exporter reads the standard OTEL_* variables itself.
+    building the worker. The exporter reads the standard OTEL_* variables itself. It also
+    turns on the asyncpg instrumentation (process-wide); the FastAPI apps and httpx
+    clients the engine builds are instrumented through their ``Telemetry``.
     """
     endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get(
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
@@ -188,151 +286,6 @@ def configure_from_env(service_name: str = "saga-engine") -> bool:
         resource=resource, metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())]
     )
     metrics.set_meter_provider(meter_provider)
+    instrument_asyncpg()
     log.info("OpenTelemetry: exporting OTLP/HTTP to %s as %s", endpoint, name)
     return True
-
-
-# --------------------------------------------------------------------------- engine side
-
-
-@dataclass(slots=True)
-class _Open:
-    span: Span
-    started: float
-    saga_id: str
-    saga_type: str
-    step: str
-    compensation: bool
-
-
-class SagaSpans:
-    """The engine's live spans: one per command in flight, keyed by command id.
-
-    Only live sends and applied inputs reach it; a saga rebuilt from history emits
-    nothing for what it replays. A command re-sent on recovery gets a new span (marked
-    ``saga.resent``); the span of its first send died with the previous process.
-    """
-
-    def __init__(self, telemetry: Telemetry) -> None:
-        self.telemetry = telemetry
-        self._open: dict[str, _Open] = {}
-        #: The last forward span per (saga id, step), for the compensation's link. Lost
-        #: on a crash: a compensation sent by a recovered engine has no link.
-        self._forward: dict[tuple[str, str], SpanContext] = {}
-
-    def saga_span(
-        self, saga_type: str, saga_id: str, caller: Mapping[str, str]
-    ) -> tuple[Span, dict[str, str]]:
-        """Opens the "saga {type}" span; returns it and the trace context to store."""
-        span = self.telemetry.tracer.start_span(
-            f"saga {saga_type}",
-            context=extract(caller),
-            kind=SpanKind.INTERNAL,
-            attributes={"saga.id": saga_id, "saga.type": saga_type},
-        )
-        return span, carrier_of(span) or dict(caller)
-
-    def sent(self, command: OutboundCommand, *, resent: bool = False) -> OutboundCommand:
-        """Opens the span of a command about to be sent; returns the command carrying
-        that span's context."""
-        previous = self._open.pop(command.command_id, None)
-        if previous is not None:
-            self._end(previous, "resent", record=False)
-        links: list[Link] = []
-        if command.compensation:
-            forward = self._forward.get((command.saga_id, command.step))
-            if forward is not None:
-                links.append(Link(forward, {"link.kind": "compensates"}))
-        role = "compensate" if command.compensation else "step"
-        attributes: dict[str, Any] = {
-            "saga.id": command.saga_id,
-            "saga.type": command.saga_type,
-            "step": command.step,
-            "command.id": command.command_id,
-            "command.type": command.command_type,
-            "participant": command.participant,
-            "attempt": command.attempt,
-            "compensation": command.compensation,
-        }
-        if resent:
-            attributes["saga.resent"] = True
-        span = self.telemetry.tracer.start_span(
-            f"{role} {command.step}",
-            context=extract(command.trace_context),
-            kind=SpanKind.PRODUCER,
-            links=links,
-            attributes=attributes,
-        )
-        self._open[command.command_id] = _Open(
-            span,
-            time.perf_counter(),
-            command.saga_id,
-            command.saga_type,
-            command.step,
-            command.compensation,
-        )
-        if not command.compensation and span.get_span_context().is_valid:
-            self._forward[(command.saga_id, command.step)] = span.get_span_context()
-        carrier = carrier_of(span)
-        if not carrier:
-            return command
-        return dataclasses.replace(command, trace_context=carrier)
-
-    def not_sent(self, command_id: str, error: BaseException) -> None:
-        opened = self._open.pop(command_id, None)
-        if opened is not None:
-            opened.span.record_exception(error)
-            self._end(opened, "send_failed", record=False, error=True)
-
-    def applied(self, saga_id: str, events: Iterable[Event]) -> None:
-        """Ends the spans that the committed events answer."""
-        for event in events:
-            if isinstance(event, ReplyReceived):
-                self._finish(event.command_id, event.outcome, error=event.outcome == "failure")
-            elif isinstance(event, AttemptTimedOut):
-                self._finish(event.command_id, "timeout", error=True)
-            elif isinstance(event, StepSkipped):
-                for command_id, opened in list(self._open.items()):
-                    if (
-                        opened.saga_id == saga_id
-                        and opened.step == event.step
-                        and opened.compensation == event.compensation
-                    ):
-                        self._finish(command_id, "skipped")
-
-    def saga_ended(self, saga_id: str, outcome: str) -> None:
-        """A terminal saga: what is still open was abandoned; forget its forward spans."""
-        self._drop(saga_id, outcome)
-        for key in [k for k in self._forward if k[0] == saga_id]:
-            del self._forward[key]
-
-    def evicted(self, saga_id: str) -> None:
-        """The engine let go of the saga (stale owner, failed write, shut down)."""
-        self._drop(saga_id, "interrupted")
-
-    def _drop(self, saga_id: str, outcome: str) -> None:
-        for command_id, opened in list(self._open.items()):
-            if opened.saga_id == saga_id:
-                del self._open[command_id]
-                self._end(opened, outcome, record=False)
-
-    def _finish(self, command_id: str, outcome: str, *, error: bool = False) -> None:
-        opened = self._open.pop(command_id, None)
-        if opened is not None:
-            self._end(opened, outcome, record=True, error=error)
-
-    def _end(self, opened: _Open, outcome: str, *, record: bool, error: bool = False) -> None:
-        opened.span.set_attribute("outcome", outcome)
-        if error:
-            opened.span.set_status(StatusCode.ERROR, outcome)
-        opened.span.end()
-        if record:
-            self.telemetry.step_duration.record(
-                time.perf_counter() - opened.started,
-                {
-                    "saga.type": opened.saga_type,
-                    "step": opened.step,
-                    "compensation": opened.compensation,
-                    "outcome": outcome,
-                },
-            )

@@ -42,7 +42,7 @@ from saga_engine._errors import (
 from saga_engine._http import HttpCaller, RoutingSender
 from saga_engine._kafka import DeadLetters, KafkaCommandSender, ensure_topics, make_producer
 from saga_engine._store import EventStore
-from saga_engine._telemetry import Telemetry
+from saga_engine._telemetry import Telemetry, default_telemetry
 from saga_engine._topics import Topics, partition_for
 from saga_engine._trigger_runner import TriggerConsumer
 from saga_engine._wire import (
@@ -159,14 +159,15 @@ class SagaWorker:
             self.settings,
             self.topics,
         )
-        self._http = HttpCaller(self.settings.http)
+        telemetry = self.telemetry or default_telemetry()
+        self._http = HttpCaller(self.settings.http, telemetry=telemetry)
         self.engine = Engine(
             self.settings,
             sagas=self.sagas,
             store=self._store,
             sender=RoutingSender(kafka_sender, self._http),
             crash_hook=self._crash_hook,
-            telemetry=self.telemetry,
+            telemetry=telemetry,
         )
         self._http.bind(self.engine)
         if self.settings.admin.enabled:
@@ -177,6 +178,7 @@ class SagaWorker:
             self._admin_app = create_admin_app(
                 self.engine, self.settings, start_saga=self._start_through_inbox
             )
+            telemetry.instrument_app(self._admin_app)
         if self.triggers:
             await ensure_topics(kafka, [t.topic for t in self.triggers])
             self._trigger_consumer = TriggerConsumer(

@@ -117,7 +117,7 @@ def worker(
     # The environment is read here, at the edge: fault injection for crash tests, and
     # OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set.
     hook = crash_hook(os.environ.get("SAGA_CRASH_AT"))
-    from saga_engine._telemetry import configure_from_env
+    from saga_engine.telemetry import configure_from_env
 
     configure_from_env(service_name=os.environ.get("OTEL_SERVICE_NAME", "saga-engine"))
 

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from saga_engine._definition import Saga
 from saga_engine._engine import saga_id_for
 from saga_engine._kafka import ensure_topics, make_producer, send
+from saga_engine._telemetry import current_carrier
 from saga_engine._topics import Topics
 from saga_engine._wire import CancelBody, Envelope, MessageType, SignalBody, StartBody
 from saga_engine.settings import Settings
@@ -79,7 +80,14 @@ class SagaClient:
         deadline: timedelta | None = None,
         traceparent: str = "",
     ) -> str:
-        """Asks the engines to start a saga; returns its id (derived from the key if given)."""
+        """Asks the engines to start a saga; returns its id (derived from the key if given).
+
+        The saga joins the trace of ``traceparent``, or else of the current span."""
+        tracestate = ""
+        if not traceparent:
+            current = current_carrier()
+            traceparent = current.get("traceparent", "")
+            tracestate = current.get("tracestate", "")
         saga_type = saga if isinstance(saga, str) else saga.name
         if saga_id is None:
             saga_id = (
@@ -99,6 +107,7 @@ class SagaClient:
                 saga_type=saga_type,
                 correlation_id=saga_id,
                 traceparent=traceparent,
+                tracestate=tracestate,
                 body=body.model_dump(mode="json"),
             )
         )

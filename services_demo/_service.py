@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from saga_engine import Settings
 from saga_engine.client import SagaClient
 from saga_engine.participant import Participant
+from saga_engine.telemetry import configure_from_env, default_telemetry
 from services_demo.config import DemoSettings
 
 # asyncpg's classes are generic only in its stubs.
@@ -115,6 +116,15 @@ async def running_service(
         if service.participant is not None:
             await service.participant.stop()
         await pool.close()
+
+
+def observe(app: FastAPI, name: str) -> None:
+    """Traces and metrics for this service: exported over OTLP/HTTP when
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (docker-compose points it at Jaeger), with
+    spans for its HTTP requests and its queries. Its participant continues each saga's
+    trace from the command's ``traceparent`` either way."""
+    configure_from_env(service_name=name)
+    default_telemetry().instrument_app(app)
 
 
 def add_health(app: FastAPI, holder: Holder) -> None:

@@ -22,7 +22,7 @@ from fastapi import FastAPI, Header, HTTPException
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from services_demo._service import Holder, add_health, running_service
+from services_demo._service import Holder, add_health, observe, running_service
 from services_demo.contracts import FraudCheck, FraudVerdict
 
 DDL = """
@@ -70,6 +70,7 @@ def create_app() -> FastAPI:
         lifespan=lifespan,
     )
     add_health(app, holder)
+    observe(app, "fraud")
 
     @app.post(
         "/check",

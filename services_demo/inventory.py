@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from saga_engine import Settings
 from saga_engine.participant import Participant, Rejected, Transaction
-from services_demo._service import Connection, Holder, add_health, running_service
+from services_demo._service import Connection, Holder, add_health, observe, running_service
 from services_demo.config import STOCK
 from services_demo.contracts import Item, ReleaseStock, ReserveStock, StockReleased, StockReserved
 
@@ -130,6 +130,7 @@ def create_app() -> FastAPI:
         lifespan=lifespan,
     )
     add_health(app, holder)
+    observe(app, "inventory")
 
     query = (
         "SELECT s.sku, s.available, COALESCE(SUM(r.qty) FILTER (WHERE r.status = 'reserved'), 0)"

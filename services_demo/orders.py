@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field
 from saga_engine import Settings, TransientError, saga_id_for
 from saga_engine.client import SagaClient
 from saga_engine.participant import Participant, Rejected, Transaction
-from services_demo._service import Holder, add_health, running_service
+from services_demo._service import Holder, add_health, observe, running_service
 from services_demo.config import APPROVAL_THRESHOLD, PRICES
 from services_demo.contracts import (
     NAME_PATTERN,
@@ -217,6 +217,7 @@ def create_app() -> FastAPI:
         lifespan=lifespan,
     )
     add_health(app, holder)
+    observe(app, "orders")
 
     def saga_client() -> SagaClient:
         client = holder.service.saga_client

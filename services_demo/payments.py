@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from saga_engine import Settings
 from saga_engine.participant import Participant, Rejected, Transaction
-from services_demo._service import Connection, Holder, add_health, running_service
+from services_demo._service import Connection, Holder, add_health, observe, running_service
 from services_demo.config import CUSTOMERS
 from services_demo.contracts import CreditReleased, CreditReserved, ReleaseCredit, ReserveCredit
 
@@ -130,6 +130,7 @@ def create_app() -> FastAPI:
         lifespan=lifespan,
     )
     add_health(app, holder)
+    observe(app, "payments")
 
     async def customer(customer_id: str) -> Customer | None:
         balance = await holder.pool.fetchval(

@@ -18,7 +18,7 @@ from fastapi import FastAPI, HTTPException
 
 from saga_engine import Settings
 from saga_engine.participant import Participant, Rejected, Transaction
-from services_demo._service import Holder, add_health, running_service
+from services_demo._service import Holder, add_health, observe, running_service
 from services_demo.config import DemoSettings
 from services_demo.contracts import (
     CancelShipment,
@@ -85,6 +85,7 @@ def create_app() -> FastAPI:
         lifespan=lifespan,
     )
     add_health(app, holder)
+    observe(app, "shipping")
 
     @app.get("/shipments/{order_id}", tags=["shipping"])
     async def get_shipment(order_id: str) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Engine spans and metrics on in-memory adapters: parents, links, and no duplicate span
-for what a recovering engine replays from history."""
+"""Engine spans and metrics on in-memory adapters: one saga span covering the saga's life,
+parents, links (also after a recovery), and no duplicate span for what a recovering
+engine replays from history."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NoOpTracerProvider
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Settings
-from saga_engine._clock import VirtualClock
+from saga_engine._clock import SystemClock
 from saga_engine._engine import Engine
 from saga_engine._events import SagaStarted
 from saga_engine._memstore import InMemoryEventStore
@@ -57,7 +59,7 @@ class World:
         self.telemetry = Telemetry(provider, MeterProvider(metric_readers=[self.reader]))
         self.store = InMemoryEventStore()
         self.bus = InMemoryCommandBus()
-        self.clock = VirtualClock()
+        self.clock = SystemClock()
 
     def engine(self) -> Engine:
         return Engine(
@@ -71,6 +73,10 @@ class World:
 
     def spans(self, name: str | None = None) -> list[ReadableSpan]:
         return [s for s in self.exporter.get_finished_spans() if name is None or s.name == name]
+
+    def assert_unique_span_ids(self) -> None:
+        ids = [s.context.span_id for s in self.spans() if s.context is not None]
+        assert len(ids) == len(set(ids)), [s.name for s in self.spans()]
 
     async def answer(self, engine: Engine, step: str, outcome: str = "success") -> None:
         command = next(c for c in reversed(self.bus.sent) if c.step == step)
@@ -103,6 +109,7 @@ async def test_one_trace_with_step_spans_under_the_saga_span(world: World) -> No
     (open_now,) = world.metrics()["saga.open"].data_points
     assert open_now.value == 1
     assert open_now.attributes == {"saga.type": "three-steps"}
+    assert world.spans("saga three-steps") == []  # emitted when the saga ends
     for step in ("a", "b", "c"):
         await world.answer(engine, step)
     assert (await engine.get(saga_id)).status is SagaStatus.COMPLETED
@@ -110,6 +117,8 @@ async def test_one_trace_with_step_spans_under_the_saga_span(world: World) -> No
     (root,) = world.spans("saga three-steps")
     assert root.parent is None
     assert root.context is not None
+    assert root.attributes is not None
+    assert (root.attributes["saga.id"], root.attributes["outcome"]) == (saga_id, "completed")
     steps = [world.spans(f"step {s}")[0] for s in ("a", "b", "c")]
     for span in steps:
         assert span.context is not None
@@ -120,17 +129,27 @@ async def test_one_trace_with_step_spans_under_the_saga_span(world: World) -> No
         assert span.attributes["saga.id"] == saga_id
         assert span.attributes["outcome"] == "success"
         assert span.attributes["attempt"] == 1
+        # The saga span covers the saga's whole life, every step inside it.
+        assert root.start_time is not None
+        assert span.start_time is not None
+        assert root.end_time is not None
+        assert span.end_time is not None
+        assert root.start_time <= span.start_time
+        assert span.end_time <= root.end_time
     # The trace context stored in history is the saga span's; the commands carry the
     # step spans' contexts.
     started = (await engine.history(saga_id))[0]
     assert isinstance(started, SagaStarted)
     stored = started.trace_context
     assert stored["traceparent"].split("-")[2] == format(root.context.span_id, "016x")
+    assert stored["saga-parent"] == ""  # the root of its trace
     sent_a = next(c for c in world.bus.sent if c.step == "a")
     assert sent_a.trace_context["traceparent"].split("-")[2] == format(
         steps[0].context.span_id,
         "016x",
     )
+    assert "saga-parent" not in sent_a.trace_context
+    world.assert_unique_span_ids()
 
     assert _counter(world, "saga.started") == 1
     assert _counter(world, "saga.completed") == 1
@@ -141,12 +160,35 @@ async def test_one_trace_with_step_spans_under_the_saga_span(world: World) -> No
 async def test_a_caller_traceparent_makes_the_saga_part_of_its_trace(world: World) -> None:
     engine = world.engine()
     caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-    await engine.start(Three, Order(), trace_context={"traceparent": caller})
+    saga_id = await engine.start(Three, Order(), trace_context={"traceparent": caller})
+    started = (await engine.history(saga_id))[0]
+    assert isinstance(started, SagaStarted)
+    assert started.trace_context["saga-parent"] == "00f067aa0ba902b7"
+    for step in ("a", "b", "c"):
+        await world.answer(engine, step)
     (root,) = world.spans("saga three-steps")
     assert root.parent is not None
     assert root.context is not None
     assert format(root.context.trace_id, "032x") == "4bf92f3577b34da6a3ce929d0e0e4736"
     assert format(root.parent.span_id, "016x") == "00f067aa0ba902b7"
+    for span in world.spans():
+        assert span.context is not None
+        assert format(span.context.trace_id, "032x") == "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+async def test_without_an_sdk_the_callers_context_is_stored_and_sent_as_it_came() -> None:
+    telemetry = Telemetry(NoOpTracerProvider())
+    bus = InMemoryCommandBus()
+    engine = Engine(
+        Settings(), sagas=[Three], store=InMemoryEventStore(), sender=bus, telemetry=telemetry
+    )
+    caller = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    saga_id = await engine.start(Three, Order(), trace_context=caller)
+    started = (await engine.history(saga_id))[0]
+    assert isinstance(started, SagaStarted)
+    assert started.trace_context == caller
+    (sent,) = bus.sent
+    assert sent.trace_context == caller
 
 
 async def test_compensation_span_links_to_the_forward_step(world: World) -> None:
@@ -165,7 +207,31 @@ async def test_compensation_span_links_to_the_forward_step(world: World) -> None
     (failed,) = world.spans("step b")
     assert failed.attributes is not None
     assert failed.attributes["outcome"] == "failure"
+    (root,) = world.spans("saga three-steps")
+    assert root.attributes is not None
+    assert root.attributes["outcome"] == "compensated"
+    assert root.status.is_ok is False
     assert _counter(world, "saga.compensated") == 1
+
+
+async def test_the_compensation_link_survives_a_crash(world: World) -> None:
+    first = world.engine()
+    saga_id = await first.start(Three, Order())
+    await world.answer(first, "a")
+    del first  # dies with step b in flight
+
+    second = world.engine()
+    assert await second.recover() == 1
+    await world.answer(second, "b", "failure")
+    await world.answer(second, "a")  # the compensation of a, sent by the second engine
+    assert (await second.get(saga_id)).status is SagaStatus.COMPENSATED
+
+    (forward,) = world.spans("step a")  # emitted by the first engine
+    (undo,) = world.spans("compensate a")  # by the second
+    assert forward.context is not None
+    assert [link.context.span_id for link in undo.links] == [forward.context.span_id]
+    assert undo.links[0].context.trace_id == forward.context.trace_id
+    world.assert_unique_span_ids()
 
 
 async def test_recovery_after_a_crash_does_not_emit_finished_step_spans_again(
@@ -189,8 +255,32 @@ async def test_recovery_after_a_crash_does_not_emit_finished_step_spans_again(
     (c,) = world.spans("step c")
     assert c.attributes is not None
     assert c.attributes["saga.resent"] is True
+    # One saga span, emitted by the engine that saw the end, under the ids the first
+    # engine chose and stored: the parent of the steps sent by both engines.
     (root,) = world.spans("saga three-steps")
-    assert c.parent is not None
     assert root.context is not None
-    assert c.parent.span_id == root.context.span_id  # from the stored trace context
-    assert len(world.spans("saga three-steps")) == 1
+    for span in world.spans():
+        if span.name.startswith("step"):
+            assert span.parent is not None
+            assert span.parent.span_id == root.context.span_id
+    (a,) = world.spans("step a")
+    assert root.start_time is not None
+    assert a.start_time is not None
+    assert root.start_time <= a.start_time  # its start is the saga's, from history
+    world.assert_unique_span_ids()
+
+
+async def test_a_saga_let_go_and_reloaded_emits_each_send_once(world: World) -> None:
+    engine = world.engine()
+    saga_id = await engine.start(Three, Order())
+    engine._evict(saga_id)  # e.g. its partition moved away and back
+    await world.answer(engine, "a")  # reloads the saga from history, re-sends a
+    await world.answer(engine, "b")
+    await world.answer(engine, "c")
+    assert (await engine.get(saga_id)).status is SagaStatus.COMPLETED
+    assert [s.name for s in world.spans() if s.name.startswith("step")] == [
+        "step a",
+        "step b",
+        "step c",
+    ]
+    world.assert_unique_span_ids()

@@ -6,6 +6,7 @@ import saga_engine
 import saga_engine.events
 import saga_engine.replay
 import saga_engine.store
+import saga_engine.telemetry
 import saga_engine.testing
 
 PUBLIC = {
@@ -35,6 +36,12 @@ def test_subpackages_expose_their_documented_names() -> None:
         saga_engine.replay.__all__
     )
     assert len(saga_engine.events.EVENT_TYPES) == 23
+    assert set(saga_engine.telemetry.__all__) == {
+        "Telemetry",
+        "configure_from_env",
+        "default_telemetry",
+        "instrument_asyncpg",
+    }
 
 
 def test_error_hierarchy_tells_how_to_react() -> None:
