@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+from saga_engine._telemetry import detach_from_trace
+
 Callback = Callable[[], Awaitable[None]]
 
 
@@ -50,6 +52,8 @@ class SystemClock:
 
     @staticmethod
     async def _run(callback: Callback) -> None:
+        # A timer's work belongs to no trace of whoever armed it (an admin request, say).
+        detach_from_trace()
         await callback()
 
 

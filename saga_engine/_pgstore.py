@@ -41,6 +41,7 @@ from saga_engine._migrations import MigrationError
 from saga_engine._serde import JsonDict, dumps, loads
 from saga_engine._status import SagaStatus
 from saga_engine._store import Append, LoadedSaga, NewSaga, SagaRecord, StoredEvent
+from saga_engine._telemetry import detach_from_trace
 from saga_engine.settings import PostgresSettings
 
 __all__ = ["GroupCommitConfig", "GroupCommitStats", "PostgresEventStore", "StoreUnavailable"]
@@ -476,6 +477,7 @@ class PostgresEventStore:
         # No timer and no waiting for a batch to fill: the first write goes out at once,
         # and whatever queues up while a transaction commits forms the next batch. Under
         # light load a batch has one operation; under heavy load it has many.
+        detach_from_trace()
         try:
             while True:
                 batch = self._take_batch()

@@ -49,8 +49,25 @@ SAGA_COUNTERS = {
 
 
 def extract(carrier: Mapping[str, str]) -> otel_context.Context:
-    """The OTel context of a W3C ``traceparent``/``tracestate`` carrier (maybe empty)."""
-    return _PROPAGATOR.extract(dict(carrier))
+    """The OTel context of a W3C ``traceparent``/``tracestate`` carrier (maybe empty),
+    on a fresh base: nothing of the current context (e.g. a background loop's
+    suppression of query spans, below) leaks into the work done for that trace."""
+    return _PROPAGATOR.extract(dict(carrier), context=otel_context.Context())
+
+
+def detach_from_trace(*, suppress_queries: bool = True) -> None:
+    """Called first in a long-lived task (a consumer loop, the group-commit writer, the
+    reply relay, a timer): it belongs to no caller's trace, whatever span was current
+    where it was created. With ``suppress_queries`` the contrib instrumentations
+    (asyncpg) record nothing in it either: one of its queries serves many sagas, so a
+    span for each would be a trace of its own, noise. Work done for one saga attaches
+    that saga's context (``extract``), where instrumentation is on again.
+    """
+    fresh = otel_context.Context()
+    if suppress_queries:
+        # The key the contrib instrumentations check (what suppress_instrumentation() sets).
+        fresh = otel_context.set_value(otel_context._SUPPRESS_INSTRUMENTATION_KEY, True, fresh)
+    otel_context.attach(fresh)  # this task's context only: tasks copy theirs at creation
 
 
 def current_carrier() -> dict[str, str]:
@@ -216,21 +233,26 @@ class Telemetry:
         made current for the duration of the block."""
         started = time.perf_counter()
         outcome = "error"
-        with self.tracer.start_as_current_span(
-            f"handle {command_type}",
-            context=extract(trace_context),
-            kind=SpanKind.CONSUMER,
-            attributes={k: v for k, v in attributes.items() if v is not None},
-            record_exception=True,
-        ) as span:
-            try:
-                yield span
-                outcome = "done"
-            finally:
-                self.handle_duration.record(
-                    time.perf_counter() - started,
-                    {"command.type": command_type, "outcome": outcome},
-                )
+        # The command's context becomes the whole current context (not merged into the
+        # consumer loop's, whose suppression of query spans must not reach the handler).
+        token = otel_context.attach(extract(trace_context))
+        try:
+            with self.tracer.start_as_current_span(
+                f"handle {command_type}",
+                kind=SpanKind.CONSUMER,
+                attributes={k: v for k, v in attributes.items() if v is not None},
+                record_exception=True,
+            ) as span:
+                try:
+                    yield span
+                    outcome = "done"
+                finally:
+                    self.handle_duration.record(
+                        time.perf_counter() - started,
+                        {"command.type": command_type, "outcome": outcome},
+                    )
+        finally:
+            otel_context.detach(token)
 
 
 def instrument_asyncpg(tracer_provider: TracerProvider | None = None) -> None:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from saga_engine._engine import saga_id_for
 from saga_engine._errors import TransientError
 from saga_engine._kafka import DeadLetters, send
+from saga_engine._telemetry import detach_from_trace
 from saga_engine._topics import Topics
 from saga_engine._wire import Envelope, MessageType, PoisonReason, StartBody
 from saga_engine.settings import Settings
@@ -70,6 +71,7 @@ class TriggerConsumer:
 
     async def _loop(self) -> None:
         assert self._consumer is not None
+        detach_from_trace()
         while self._running:
             try:
                 batch = await self._consumer.getmany(timeout_ms=200, max_records=200)

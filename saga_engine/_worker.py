@@ -42,7 +42,7 @@ from saga_engine._errors import (
 from saga_engine._http import HttpCaller, RoutingSender
 from saga_engine._kafka import DeadLetters, KafkaCommandSender, ensure_topics, make_producer
 from saga_engine._store import EventStore
-from saga_engine._telemetry import Telemetry, default_telemetry
+from saga_engine._telemetry import Telemetry, default_telemetry, detach_from_trace
 from saga_engine._topics import Topics, partition_for
 from saga_engine._trigger_runner import TriggerConsumer
 from saga_engine._wire import (
@@ -270,6 +270,7 @@ class SagaWorker:
 
     async def _consume(self) -> None:
         assert self._consumer is not None
+        detach_from_trace()
         backoff = 0.1
         while self._running:
             try:

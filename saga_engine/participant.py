@@ -84,7 +84,7 @@ from saga_engine._participant import (
     log,
     publish,
 )
-from saga_engine._telemetry import Telemetry, default_telemetry
+from saga_engine._telemetry import Telemetry, default_telemetry, detach_from_trace
 from saga_engine._topics import Topics
 from saga_engine._wire import Headers
 from saga_engine.settings import Settings
@@ -393,6 +393,7 @@ class Participant:
     # ------------------------------------------------------------------ consuming
 
     async def _consume(self) -> None:
+        detach_from_trace()  # each command's work runs in its own trace (consumer_span)
         consumer = self._consumer
         assert consumer is not None
         delay = 0.1
@@ -463,6 +464,7 @@ class Participant:
             consumer.resume(tp)
 
     async def _relay_loop(self) -> None:
+        detach_from_trace()
         while not self._stopping.is_set():
             try:
                 await asyncio.wait_for(self._stopping.wait(), self._relay_interval_s)

@@ -21,6 +21,7 @@ from collections.abc import Generator
 import uvicorn
 from fastapi import FastAPI
 
+from saga_engine._telemetry import detach_from_trace
 from saga_engine.admin.auth import AdminConfigError, auth_required
 from saga_engine.settings import Settings
 
@@ -120,9 +121,14 @@ async def serve_admin(app: FastAPI, settings: Settings) -> AdminServer:
         timeout_graceful_shutdown=5,
     )
     server = _Server(config)
-    task = asyncio.get_running_loop().create_task(
-        server.serve(sockets=[sock]), name="saga-admin-http"
-    )
+
+    async def serve() -> None:
+        # Requests are traced (their queries too), each in its caller's trace or a new
+        # one, never in the trace of whatever span was current when the server started.
+        detach_from_trace(suppress_queries=False)
+        await server.serve(sockets=[sock])
+
+    task = asyncio.get_running_loop().create_task(serve(), name="saga-admin-http")
     while not server.started:
         if task.done():
             sock.close()
