@@ -214,8 +214,11 @@ def test_the_page_in_headless_chromium(tmp_path: Path) -> None:
             page.get_by_role("link", name=waiting).click()
             expect(page.locator("#saga-status")).to_have_text("running")
             expect(page.locator("#owed")).to_contain_text("debit")
-            page.locator("#action-cancel").click()
-            # The action reloads the page; the cancel's compensations finish a moment later.
+            # The page posts the action, then reloads itself: wait for that reload, so
+            # the polling reloads below never race it.
+            with page.expect_navigation():
+                page.locator("#action-cancel").click()
+            # The cancel's compensations finish a moment after the action returns.
             deadline = time.monotonic() + 20
             while page.locator("#saga-status").inner_text() != "cancelled":
                 assert time.monotonic() < deadline, "the saga never showed as cancelled"
