@@ -11,6 +11,18 @@ from typing import Protocol, runtime_checkable
 from saga_engine._decision import OutboundCommand
 
 
+class Ownership(Protocol):
+    """Which sagas an engine drives, when several share them (by Kafka partition)."""
+
+    def owns(self, saga_id: str) -> bool:
+        """Whether this engine drives ``saga_id`` (keeps it live, with its timers)."""
+        ...
+
+    async def notify_owner(self, saga_id: str) -> None:
+        """Tells the owner that this engine changed the saga's history, so it reloads it."""
+        ...
+
+
 @runtime_checkable
 class CommandSender(Protocol):
     async def send_command(self, command: OutboundCommand) -> None:

@@ -22,11 +22,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from saga_engine._bus import CommandSender
+from saga_engine._bus import CommandSender, Ownership
 from saga_engine._clock import Clock, SystemClock, TimerHandle
 from saga_engine._decision import (
     Cancel,
     Decision,
+    DropReason,
     ForceCompensate,
     Inbound,
     Reply,
@@ -98,8 +99,14 @@ class Engine:
         clock: Clock | None = None,
         crash_hook: CrashHook | None = None,
         telemetry: Telemetry | None = None,
+        ownership: Ownership | None = None,
     ) -> None:
         self.settings = settings
+        #: Which sagas this engine drives, when several share them (None: all of them). A
+        #: saga it does not drive may still be acted on here (an admin action, a late
+        #: HTTP reply): the input is applied (appends are fenced), the saga is let go at
+        #: once and its owner is told to reload it, so only the owner keeps it live.
+        self._ownership = ownership
         #: Spans and metrics; the global OpenTelemetry providers unless one is given.
         self.telemetry = telemetry or default_telemetry()
         self._spans = SagaSpans(self.telemetry)
@@ -206,13 +213,26 @@ class Engine:
     async def deliver(self, saga_id: str, inbound: Inbound) -> Decision:
         """Applies one input to a saga. Raises SagaNotFound or InvalidTransition."""
         async with self._lock(saga_id):
-            live = await self._ensure_live(saga_id)
-            decision = live.runtime.handle(inbound)
-            if decision.dropped is not None:
-                self.stats.inc(f"dropped_{decision.dropped.value}")
+            changed = False
+            try:
+                cached = saga_id in self._live
+                live = await self._ensure_live(saga_id)
+                decision = live.runtime.handle(inbound)
+                if decision.dropped is DropReason.UNKNOWN_COMMAND and cached:
+                    # The copy held here may be stale (another engine changed the saga and
+                    # issued that command): ask the history before calling it unknown.
+                    self.stats.inc("reloaded_stale_copy")
+                    self._evict(saga_id)
+                    live = await self._ensure_live(saga_id)
+                    decision = live.runtime.handle(inbound)
+                if decision.dropped is not None:
+                    self.stats.inc(f"dropped_{decision.dropped.value}")
+                    return decision
+                await self._commit(saga_id, live, decision)
+                changed = bool(decision.events)
                 return decision
-            await self._commit(saga_id, live, decision)
-            return decision
+            finally:
+                await self._let_go_unless_owned(saga_id, changed)
 
     async def reply(
         self,
@@ -292,16 +312,21 @@ class Engine:
         """Resumes a parked saga: a stuck compensation is retried; a nondeterministic
         saga is rebuilt with the code deployed now and goes on if it replays cleanly."""
         async with self._lock(saga_id):
-            live = self._live.get(saga_id)
-            if live is None or live.runtime.status == SagaStatus.NONDETERMINISTIC:
-                self._evict(saga_id)
-                live = await self._ensure_live(saga_id)
-            was_parked = live.runtime.dead
-            decision = live.runtime.handle(Resume(self.clock.now(), principal, reason))
-            await self._commit(saga_id, live, decision)
-            if was_parked and self._live.get(saga_id) is live:
-                await self._resend_outstanding(live)
-            return decision
+            changed = False
+            try:
+                live = self._live.get(saga_id)
+                if live is None or live.runtime.status == SagaStatus.NONDETERMINISTIC:
+                    self._evict(saga_id)
+                    live = await self._ensure_live(saga_id)
+                was_parked = live.runtime.dead
+                decision = live.runtime.handle(Resume(self.clock.now(), principal, reason))
+                await self._commit(saga_id, live, decision)
+                changed = bool(decision.events)
+                if was_parked and self._live.get(saga_id) is live and self._owns(saga_id):
+                    await self._resend_outstanding(live)
+                return decision
+            finally:
+                await self._let_go_unless_owned(saga_id, changed)
 
     # ------------------------------------------------------------------ reading
 
@@ -417,7 +442,8 @@ class Engine:
             self.stats.inc("nondeterminism")
         if decision.events:
             await self._commit(saga_id, live, decision)
-        if not runtime.dead:
+        if not runtime.dead and self._owns(saga_id):
+            # Only the owner re-sends: another engine loads it just to apply one input.
             await self._resend_outstanding(live)
         self._arm(saga_id, live)
         return live
@@ -551,8 +577,45 @@ class Engine:
                     if self._live.get(saga_id) is not live:
                         return
                 self._arm(saga_id, live)
+        except ConcurrencyError:
+            # Another engine wrote to this saga (an operator acted on it there): the copy
+            # here was stale and is evicted. Reload it from history, which re-arms its
+            # timers; otherwise a saga waiting only on a timer would wait for recovery.
+            if self._closed or not self._owns(saga_id):
+                return
+            self.stats.inc("reloaded_after_conflict")
+            try:
+                async with self._lock(saga_id):
+                    await self._ensure_live(saga_id)
+            except SagaError as exc:
+                log.warning("reloading saga %s after a conflict: %s", saga_id, exc)
         except SagaError as exc:
             log.warning("timer of saga %s: %s", saga_id, exc)
+
+    def _owns(self, saga_id: str) -> bool:
+        return self._ownership is None or self._ownership.owns(saga_id)
+
+    async def _let_go_unless_owned(self, saga_id: str, changed: bool) -> None:
+        if self._ownership is None or self._ownership.owns(saga_id):
+            return
+        self._evict(saga_id)
+        if changed:
+            try:
+                await self._ownership.notify_owner(saga_id)
+            except SagaError as exc:
+                # The change is durable; the owner also reloads at its next conflicting
+                # write, or when its partition is next assigned.
+                log.warning("could not tell the owner of saga %s to reload it: %s", saga_id, exc)
+
+    async def reload(self, saga_id: str) -> None:
+        """Rebuilds a saga from its history (another engine changed it): what is in
+        flight is re-sent under the same ids and its timers are re-armed."""
+        async with self._lock(saga_id):
+            self._evict(saga_id)
+            live = await self._ensure_live(saga_id)
+            if live.runtime.status.is_terminal or not self._owns(saga_id):
+                self._evict(saga_id)
+            self.stats.inc("reloaded")
 
     def _evict(self, saga_id: str) -> None:
         live = self._live.pop(saga_id, None)

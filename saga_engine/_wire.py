@@ -38,6 +38,7 @@ class MessageType(StrEnum):
     START = "saga.start"
     SIGNAL = "saga.signal"
     CANCEL = "saga.cancel"
+    RELOAD = "saga.reload"
 
 
 class PoisonReason(StrEnum):
@@ -122,12 +123,25 @@ class CancelBody(BaseModel):
     principal: str = Field(default="system", description="who asked, recorded in the history")
 
 
+class ReloadBody(BaseModel):
+    """Tells the saga's owner that another engine changed its history (an operator acted
+    on it there): the owner rebuilds it from history, re-sends what is in flight and
+    re-arms its timers. Engines send it to each other; clients and participants never."""
+
+    model_config = ConfigDict(extra="forbid", title="Reload")
+
+    changed_by: str = Field(
+        default="", max_length=200, description="the engine instance that changed it"
+    )
+
+
 BODY_MODELS: dict[MessageType, type[BaseModel] | None] = {
     MessageType.COMMAND: None,  # the command's own payload, defined by the saga's author
     MessageType.REPLY: ReplyBody,
     MessageType.START: StartBody,
     MessageType.SIGNAL: SignalBody,
     MessageType.CANCEL: CancelBody,
+    MessageType.RELOAD: ReloadBody,
 }
 
 

@@ -40,7 +40,13 @@ from saga_engine._errors import (
     UnknownSagaType,
 )
 from saga_engine._http import HttpCaller, RoutingSender
-from saga_engine._kafka import DeadLetters, KafkaCommandSender, ensure_topics, make_producer
+from saga_engine._kafka import (
+    DeadLetters,
+    KafkaCommandSender,
+    ensure_topics,
+    make_producer,
+    send,
+)
 from saga_engine._store import EventStore
 from saga_engine._telemetry import Telemetry, default_telemetry, detach_from_trace
 from saga_engine._topics import Topics, partition_for
@@ -51,6 +57,7 @@ from saga_engine._wire import (
     MessageType,
     PoisonMessage,
     PoisonReason,
+    ReloadBody,
     ReplyBody,
     SignalBody,
     StartBody,
@@ -168,6 +175,7 @@ class SagaWorker:
             sender=RoutingSender(kafka_sender, self._http),
             crash_hook=self._crash_hook,
             telemetry=telemetry,
+            ownership=self,
         )
         self._http.bind(self.engine)
         if self.settings.admin.enabled:
@@ -329,8 +337,16 @@ class SagaWorker:
                 await self._dead_letter(record, exc.reason.value, exc.detail)
                 return
             except ConcurrencyError as exc:
-                log.info("stale owner for a message of partition %d: %s", tp.partition, exc)
-                return
+                if not self._running or tp not in self._owned:
+                    log.info("stale owner for a message of partition %d: %s", tp.partition, exc)
+                    return
+                # Still ours: another instance wrote to the saga (an operator's action
+                # through its admin API). The engine evicted its stale copy; applying the
+                # message again reloads the saga from history. Inputs are deduplicated,
+                # so this is safe even if the partition has moved without our knowing.
+                log.info("saga changed elsewhere (%s); reloading it", exc)
+                await asyncio.sleep(delay * random.random())
+                delay = min(delay * 2, 5.0)
             except TransientError as exc:
                 if not self._running or tp not in self._owned:
                     return
@@ -400,6 +416,9 @@ class SagaWorker:
         elif kind is MessageType.CANCEL:
             cancel: CancelBody = env.body_as(CancelBody)
             await engine.cancel(env.saga_id, cancel.reason, principal=cancel.principal)
+        elif kind is MessageType.RELOAD:
+            env.body_as(ReloadBody)  # validated like every body
+            await engine.reload(env.saga_id)
         else:
             raise PoisonMessage(
                 PoisonReason.UNKNOWN_TYPE, f"{kind.value} does not belong in the saga inbox"
@@ -429,9 +448,32 @@ class SagaWorker:
     # ------------------------------------------------------------------ ownership
 
     def _partition_count(self) -> int:
-        assert self._consumer is not None
-        known = self._consumer.partitions_for_topic(self.topics.inbox)
+        known = (
+            self._consumer.partitions_for_topic(self.topics.inbox)
+            if self._consumer is not None
+            else None
+        )
         return len(known) if known else self.settings.kafka.partitions
+
+    def owns(self, saga_id: str) -> bool:
+        """Whether this instance drives ``saga_id``: its inbox partition is assigned here."""
+        mine = {tp.partition for tp in self._owned if tp.topic == self.topics.inbox}
+        return bool(mine) and partition_for(saga_id, self._partition_count()) in mine
+
+    async def notify_owner(self, saga_id: str) -> None:
+        """Asks the saga's owner, through the inbox, to reload it from history."""
+        assert self._producer is not None
+        await send(
+            self._producer,
+            self.topics.inbox,
+            Envelope(
+                message_type=MessageType.RELOAD,
+                source=f"/saga-engine/{self.instance_id}",
+                saga_id=saga_id,
+                correlation_id=saga_id,
+                body=ReloadBody(changed_by=self.instance_id).model_dump(mode="json"),
+            ),
+        )
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
         # Finish the batch in hand and commit it before the partitions go elsewhere.

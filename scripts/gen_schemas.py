@@ -41,6 +41,7 @@ from saga_engine._wire import (  # noqa: E402
     Envelope,
     MessageType,
     PoisonReason,
+    ReloadBody,
     ReplyBody,
     SignalBody,
     StartBody,
@@ -82,6 +83,11 @@ BODY_SCHEMAS: dict[str, tuple[type[BaseModel], MessageType, str]] = {
         MessageType.CANCEL,
         "A request to cancel a running saga; its completed steps are compensated.",
     ),
+    "reload.schema.json": (
+        ReloadBody,
+        MessageType.RELOAD,
+        "From one engine to another: the saga's history changed, rebuild it from history.",
+    ),
 }
 
 BODY_EXAMPLES: dict[MessageType, list[Any]] = {
@@ -100,6 +106,7 @@ BODY_EXAMPLES: dict[MessageType, list[Any]] = {
     MessageType.CANCEL: [
         {"reason": "customer cancelled the order", "principal": "support:alice"},
     ],
+    MessageType.RELOAD: [{"changed_by": "engine-2"}, {}],
 }
 
 #: What each header means on the wire, beyond the Envelope field it maps to. A header

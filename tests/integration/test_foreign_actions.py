@@ -1,0 +1,191 @@
+"""Two engine instances: an operator's action applied through the instance that does NOT
+own the saga (its admin API calls its own engine) reaches the owner, which goes on."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import pytest
+from pydantic import BaseModel
+
+from saga_engine import Saga, SagaContext, SagaStatus, Settings
+from saga_engine._worker import SagaWorker
+from saga_engine.client import SagaClient
+from saga_engine.settings import AdminSettings, EngineSettings, KafkaSettings, PostgresSettings
+from tests.conftest import PgTarget
+from tests.integration.kafka_helpers import fake_participant, poll_until
+
+pytestmark = pytest.mark.integration
+
+
+class Order(BaseModel):
+    n: int = 1
+
+
+class Done(BaseModel):
+    ok: bool = True
+
+
+class Cmd(BaseModel):
+    n: int
+
+
+class Undo(BaseModel):
+    n: int
+
+
+class Gated(Saga[Order, Done]):
+    """Waits for an operator's go; then its second step: at once (n=1), after a short
+    durable sleep (n=2), or once shipped (n=3)."""
+
+    name = "gated"
+
+    async def run(self, ctx: SagaContext, input: Order) -> Done:
+        await ctx.step("first", to="alpha", command=Cmd(n=input.n), compensate=Undo(n=input.n))
+        await ctx.wait_signal("go", timeout=timedelta(hours=1))
+        if input.n == 2:
+            await ctx.sleep(timedelta(seconds=1))
+        elif input.n == 3:
+            await ctx.wait_signal("ship")
+        await ctx.step("second", to="beta", command=Cmd(n=input.n))
+        return Done()
+
+
+@pytest.fixture
+def settings(pg: PgTarget, kafka_bootstrap: str, unique_id: str) -> Settings:
+    return Settings(
+        pg=PostgresSettings(dsn=pg.database_dsn, db_schema=pg.schema),
+        kafka=KafkaSettings(
+            bootstrap_servers=kafka_bootstrap,
+            topic_prefix=f"t{unique_id}",
+            group_id=f"engines-{unique_id}",
+            partitions=1,
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=500,
+        ),
+        engine=EngineSettings(),
+        admin=AdminSettings(enabled=False, port=0),
+    )
+
+
+@pytest.fixture
+async def instances(settings: Settings) -> AsyncIterator[tuple[SagaWorker, SagaWorker]]:
+    """(owner, other): two instances in one group; the inbox's one partition is the owner's."""
+    workers = [SagaWorker(settings, [Gated]) for _ in range(2)]
+    await workers[0].start()
+    await workers[1].start()
+    try:
+        owners = await poll_until(
+            lambda: (
+                [w for w in workers if w.owned_partitions == {0}]
+                if sum(len(w.owned_partitions) for w in workers) == 1
+                else None
+            )
+        )
+        (owner,) = owners
+        other = workers[1] if owner is workers[0] else workers[0]
+        yield owner, other
+    finally:
+        await asyncio.gather(*(w.stop() for w in workers))
+
+
+async def _waiting_for_go(owner: SagaWorker, saga_id: str) -> bool:
+    assert owner.engine is not None
+    try:
+        history = await owner.engine.history(saga_id)
+    except Exception:
+        return False
+    return any(e.kind == "reply_received" for e in history)
+
+
+async def _status(worker: SagaWorker, saga_id: str) -> SagaStatus:
+    assert worker.engine is not None
+    return (await worker.engine.get(saga_id)).status
+
+
+async def test_a_signal_through_the_other_instance_reaches_the_owners_timers(
+    settings: Settings, instances: tuple[SagaWorker, SagaWorker]
+) -> None:
+    owner, other = instances
+    assert owner.engine is not None
+    assert other.engine is not None
+    async with (
+        fake_participant(settings, "alpha"),
+        fake_participant(settings, "beta") as beta,
+        SagaClient(settings) as client,
+    ):
+        saga_id = await client.start(Gated, Order(n=2))
+        await poll_until(lambda: _waiting_for_go(owner, saga_id))
+        # What the other instance's admin API does: act through its own engine.
+        await other.engine.signal(saga_id, "go", principal="olivia", reason="approved")
+        assert saga_id not in other.engine.live_saga_ids()  # it does not drive the saga
+        # The go was followed by a durable sleep: only the owner can fire it, and it
+        # knows of it only by reloading the saga (the other engine's saga.reload).
+        await poll_until(lambda: _is_completed(owner, saga_id), timeout=30)
+        assert [c.subject for c in beta] == ["Cmd"]
+    assert owner.engine.stats.counts["reloaded"] >= 1
+    [received] = [e for e in await owner.engine.history(saga_id) if e.kind == "signal_received"]
+    assert received.model_dump(include={"principal", "reason"}) == {
+        "principal": "olivia",
+        "reason": "approved",
+    }
+
+
+async def _is_completed(worker: SagaWorker, saga_id: str) -> bool:
+    return await _status(worker, saga_id) is SagaStatus.COMPLETED
+
+
+async def _lost(saga_id: str) -> None:
+    """A reload message that never arrives."""
+
+
+async def test_a_reply_the_stale_owner_does_not_know_is_checked_against_history(
+    settings: Settings,
+    instances: tuple[SagaWorker, SagaWorker],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    owner, other = instances
+    assert owner.engine is not None
+    assert other.engine is not None
+    monkeypatch.setattr(other, "notify_owner", _lost)
+    async with (
+        fake_participant(settings, "alpha"),
+        fake_participant(settings, "beta"),
+        SagaClient(settings) as client,
+    ):
+        saga_id = await client.start(Gated, Order(n=1))
+        await poll_until(lambda: _waiting_for_go(owner, saga_id))
+        # The other engine appends the go and sends the second step itself; beta's reply
+        # reaches the owner, whose copy (still waiting for the go) never issued that
+        # command: before dead-lettering it as unknown, it reloads the saga from history.
+        await other.engine.signal(saga_id, "go")
+        await poll_until(lambda: _is_completed(owner, saga_id), timeout=30)
+    assert owner.engine.stats.counts["reloaded_stale_copy"] >= 1
+    assert owner.engine.stats.counts["dropped_unknown_command"] == 0
+
+
+async def test_the_owner_reloads_a_saga_changed_elsewhere_when_its_write_conflicts(
+    settings: Settings,
+    instances: tuple[SagaWorker, SagaWorker],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    owner, other = instances
+    assert owner.engine is not None
+    assert other.engine is not None
+    monkeypatch.setattr(other, "notify_owner", _lost)
+    async with (
+        fake_participant(settings, "alpha"),
+        fake_participant(settings, "beta"),
+        SagaClient(settings) as client,
+    ):
+        saga_id = await client.start(Gated, Order(n=3))
+        await poll_until(lambda: _waiting_for_go(owner, saga_id))
+        await other.engine.signal(saga_id, "go")
+        # The owner's copy still waits for the go; applying "ship" to it, its write
+        # conflicts with the go appended elsewhere. Still owning the partition, it
+        # reloads the saga and applies the message again instead of dropping it.
+        await client.signal(saga_id, "ship")
+        await poll_until(lambda: _is_completed(owner, saga_id), timeout=30)
+    assert owner.engine.stats.counts["stale_owner"] >= 1
