@@ -70,6 +70,20 @@ def detach_from_trace(*, suppress_queries: bool = True) -> None:
     otel_context.attach(fresh)  # this task's context only: tasks copy theirs at creation
 
 
+def carrier_from_headers(headers: Iterable[tuple[str, bytes | None]]) -> dict[str, str]:
+    """The W3C context of a Kafka record's ``traceparent``/``tracestate`` headers, checked
+    and normalised by the propagator (empty when absent or malformed)."""
+    raw = {
+        key: value.decode("utf-8", errors="replace")
+        for key, value in headers
+        if key in ("traceparent", "tracestate") and value
+    }
+    carrier: dict[str, str] = {}
+    if raw:
+        _PROPAGATOR.inject(carrier, context=extract(raw))
+    return carrier
+
+
 def current_carrier() -> dict[str, str]:
     """The W3C headers of the current span (e.g. an HTTP request's server span)."""
     carrier: dict[str, str] = {}

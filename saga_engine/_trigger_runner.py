@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from saga_engine._engine import saga_id_for
 from saga_engine._errors import TransientError
 from saga_engine._kafka import DeadLetters, send
-from saga_engine._telemetry import detach_from_trace
+from saga_engine._telemetry import carrier_from_headers, detach_from_trace
 from saga_engine._topics import Topics
 from saga_engine._wire import Envelope, MessageType, PoisonReason, StartBody
 from saga_engine.settings import Settings
@@ -118,6 +118,8 @@ class TriggerConsumer:
             return
         saga_type = trigger.saga.name
         saga_id = saga_id_for(saga_type, key)
+        # A producer that traces (W3C headers on the record) gets the saga in its trace.
+        trace = carrier_from_headers(record.headers or [])
         envelope = Envelope(
             message_type=MessageType.START,
             source=self._source,
@@ -125,6 +127,8 @@ class TriggerConsumer:
             saga_id=saga_id,
             saga_type=saga_type,
             correlation_id=saga_id,
+            traceparent=trace.get("traceparent", ""),
+            tracestate=trace.get("tracestate", ""),
             body=StartBody(input=payload, idempotency_key=key).model_dump(mode="json"),
         )
         while True:

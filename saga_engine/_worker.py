@@ -476,6 +476,7 @@ class SagaWorker:
         )
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        detach_from_trace()  # aiokafka's coordinator task runs this; it is no one's trace
         # Finish the batch in hand and commit it before the partitions go elsewhere.
         await self._idle.wait()
         await self._commit_pending()
@@ -494,6 +495,7 @@ class SagaWorker:
         )
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        detach_from_trace()  # recovery's queries serve many sagas: no span for each
         self._owned |= assigned
         mine = {tp.partition for tp in assigned if tp.topic == self.topics.inbox}
         if self.engine is None or not mine or self._store is None:

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Settings, StepFailed
+from saga_engine._events import SagaStarted
 from saga_engine._worker import SagaWorker
 from saga_engine.settings import AdminSettings, HttpSettings, KafkaSettings, PostgresSettings
 from saga_engine.triggers import KafkaTrigger
@@ -100,6 +101,9 @@ async def serve(app: FastAPI) -> AsyncIterator[str]:
         server.should_exit = True
         await task
         sock.close()
+
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 def _settings(pg: PgTarget, bootstrap: str, uid: str, fraud_url: str) -> Settings:
@@ -192,10 +196,16 @@ async def test_trigger_starts_one_saga_per_message_even_when_redelivered(
             producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
             await producer.start()
             try:
+                # The first "1" comes from a traced producer; the "2"s with a garbled header.
+                traced = [("traceparent", TRACEPARENT.encode())]
+                garbled = [("traceparent", b"00-nonsense")]
                 for order_id in ("1", "2", "1", "2", "1"):  # duplicates, as a redelivery would
                     await producer.send_and_wait(
-                        topic, orjson.dumps({"order_id": order_id, "customer": "c"})
+                        topic,
+                        orjson.dumps({"order_id": order_id, "customer": "c"}),
+                        headers=traced if order_id == "1" else garbled,
                     )
+                    traced = []
                 await producer.send_and_wait(topic, b"{nope")
                 await producer.send_and_wait(topic, orjson.dumps({"order_id": 3}))
             finally:
@@ -215,3 +225,12 @@ async def test_trigger_starts_one_saga_per_message_even_when_redelivered(
             sagas = await engine.store.list_sagas()
             assert sorted(s.idempotency_key or "" for s in sagas) == ["order-1", "order-2"]
             assert engine.stats.counts["start_deduplicated"] == 3
+            # The saga joined the trace of the message that started it (a garbled
+            # traceparent is ignored, not an error).
+            contexts = {}
+            for saga in sagas:
+                started = (await engine.history(saga.saga_id))[0]
+                assert isinstance(started, SagaStarted)
+                contexts[saga.idempotency_key] = started.trace_context.get("traceparent", "")
+            assert contexts["order-1"].split("-")[1] == TRACEPARENT.split("-")[1]
+            assert contexts["order-2"] == ""
