@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from saga_engine.settings import KafkaSettings
@@ -37,6 +38,8 @@ class Topics:
         return f"{self.prefix}.participant.{participant}"
 
 
+# Asked for every input an engine applies (does it own the saga?); murmur2 is pure Python.
+@functools.lru_cache(maxsize=65536)
 def partition_for(key: str, partitions: int) -> int:
     """The partition Kafka's default partitioner (murmur2) puts ``key`` in."""
     from aiokafka.partitioner import murmur2

@@ -131,6 +131,8 @@ class SagaWorker:
         self._task: asyncio.Task[None] | None = None
         self._running = False
         self._owned: set[TopicPartition] = set()
+        #: The inbox partitions among them (what ``owns`` asks, on every input).
+        self._inbox_partitions: frozenset[int] = frozenset()
         # Set while no batch is being processed: revocation waits for it.
         self._idle = asyncio.Event()
         self._idle.set()
@@ -455,9 +457,12 @@ class SagaWorker:
         )
         return len(known) if known else self.settings.kafka.partitions
 
+    def _owned_inbox(self) -> frozenset[int]:
+        return frozenset(tp.partition for tp in self._owned if tp.topic == self.topics.inbox)
+
     def owns(self, saga_id: str) -> bool:
         """Whether this instance drives ``saga_id``: its inbox partition is assigned here."""
-        mine = {tp.partition for tp in self._owned if tp.topic == self.topics.inbox}
+        mine = self._inbox_partitions
         return bool(mine) and partition_for(saga_id, self._partition_count()) in mine
 
     async def notify_owner(self, saga_id: str) -> None:
@@ -481,6 +486,7 @@ class SagaWorker:
         await self._idle.wait()
         await self._commit_pending()
         self._owned -= revoked
+        self._inbox_partitions = self._owned_inbox()
         gone = {tp.partition for tp in revoked if tp.topic == self.topics.inbox}
         if self.engine is None or not gone:
             return
@@ -497,6 +503,7 @@ class SagaWorker:
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         detach_from_trace()  # recovery's queries serve many sagas: no span for each
         self._owned |= assigned
+        self._inbox_partitions = self._owned_inbox()
         mine = {tp.partition for tp in assigned if tp.topic == self.topics.inbox}
         if self.engine is None or not mine or self._store is None:
             self.assigned_event.set()
