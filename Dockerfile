@@ -10,7 +10,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY saga_engine ./saga_engine
 COPY services_demo ./services_demo
-RUN pip install . && useradd --create-home --uid 10001 saga
+RUN pip install '.[instrumentation]' && useradd --create-home --uid 10001 saga
 
 USER saga
 CMD ["saga", "--help"]

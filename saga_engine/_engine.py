@@ -74,6 +74,9 @@ class _Live:
     committed_seq: int
     timer: TimerHandle | None = None
     started_at: datetime | None = None
+    #: Loaded as its owner (so what it has in flight was re-sent); False when loaded
+    #: only to apply one input to a saga another engine drives.
+    driven: bool = True
 
 
 @dataclass(slots=True)
@@ -218,17 +221,34 @@ class Engine:
                 cached = saga_id in self._live
                 live = await self._ensure_live(saga_id)
                 decision = live.runtime.handle(inbound)
-                if decision.dropped is DropReason.UNKNOWN_COMMAND and cached:
+                if (
+                    decision.dropped is DropReason.UNKNOWN_COMMAND
+                    and cached
+                    and self._shares_and_owns(saga_id)
+                ):
                     # The copy held here may be stale (another engine changed the saga and
                     # issued that command): ask the history before calling it unknown.
                     self.stats.inc("reloaded_stale_copy")
-                    self._evict(saga_id)
-                    live = await self._ensure_live(saga_id)
+                    live = await self._rebuild(saga_id)
                     decision = live.runtime.handle(inbound)
                 if decision.dropped is not None:
                     self.stats.inc(f"dropped_{decision.dropped.value}")
                     return decision
-                await self._commit(saga_id, live, decision)
+                try:
+                    await self._commit(saga_id, live, decision)
+                except ConcurrencyError:
+                    if not self._shares_and_owns(saga_id):
+                        raise
+                    # Another engine wrote to this saga (an operator's action there): the
+                    # copy here was stale. Apply the input again to the saga rebuilt from
+                    # history, still holding its lock, so its inputs keep their order.
+                    self.stats.inc("reloaded_after_conflict")
+                    live = await self._rebuild(saga_id)
+                    decision = live.runtime.handle(inbound)
+                    if decision.dropped is not None:
+                        self.stats.inc(f"dropped_{decision.dropped.value}")
+                        return decision
+                    await self._commit(saga_id, live, decision)
                 changed = bool(decision.events)
                 return decision
             finally:
@@ -442,7 +462,8 @@ class Engine:
             self.stats.inc("nondeterminism")
         if decision.events:
             await self._commit(saga_id, live, decision)
-        if not runtime.dead and self._owns(saga_id):
+        live.driven = self._owns(saga_id)
+        if not runtime.dead and live.driven:
             # Only the owner re-sends: another engine loads it just to apply one input.
             await self._resend_outstanding(live)
         self._arm(saga_id, live)
@@ -468,9 +489,10 @@ class Engine:
                     Append(saga_id, live.committed_seq, decision.events, decision.projection)
                 )
             except ConcurrencyError:
-                # Someone else owns this saga now: forget it and send nothing.
+                # Someone else wrote to this saga: forget the copy and send nothing. Its
+                # open spans stay, for the commands a rebuilt copy re-sends (_rebuild).
                 self.stats.inc("stale_owner")
-                self._evict(saga_id)
+                self._evict(saga_id, keep_spans=True)
                 raise
             except BaseException:
                 # We do not know whether the append landed: rebuild from the store next time.
@@ -581,12 +603,14 @@ class Engine:
             # Another engine wrote to this saga (an operator acted on it there): the copy
             # here was stale and is evicted. Reload it from history, which re-arms its
             # timers; otherwise a saga waiting only on a timer would wait for recovery.
-            if self._closed or not self._owns(saga_id):
+            if self._closed or not self._shares_and_owns(saga_id):
+                self._spans.evicted(saga_id)
                 return
             self.stats.inc("reloaded_after_conflict")
             try:
                 async with self._lock(saga_id):
-                    await self._ensure_live(saga_id)
+                    if saga_id not in self._live:
+                        await self._rebuild(saga_id)
             except SagaError as exc:
                 log.warning("reloading saga %s after a conflict: %s", saga_id, exc)
         except SagaError as exc:
@@ -595,31 +619,71 @@ class Engine:
     def _owns(self, saga_id: str) -> bool:
         return self._ownership is None or self._ownership.owns(saga_id)
 
+    def _shares_and_owns(self, saga_id: str) -> bool:
+        """Sagas are shared between engines and this one owns the saga: a conflicting
+        write means another engine acted on it (and the owner should rebuild its copy),
+        not that this engine is the stale one. Without an Ownership there is no way to
+        tell, so a conflict is the caller's to handle."""
+        return self._ownership is not None and self._ownership.owns(saga_id)
+
     async def _let_go_unless_owned(self, saga_id: str, changed: bool) -> None:
-        if self._ownership is None or self._ownership.owns(saga_id):
+        if self._ownership is None:
+            return
+        live = self._live.get(saga_id)
+        if self._ownership.owns(saga_id):
+            if live is not None and not live.driven:
+                # Its partition was assigned here while the input was applied, after
+                # recovery skipped it as already loaded: drive it from now on.
+                live.driven = True
+                if not live.runtime.dead:
+                    await self._resend_outstanding(live)
             return
         self._evict(saga_id)
         if changed:
+            await self._notify_owner(saga_id)
+
+    async def _notify_owner(self, saga_id: str) -> None:
+        assert self._ownership is not None
+        delay = 0.2
+        for attempt in (1, 2, 3):
             try:
                 await self._ownership.notify_owner(saga_id)
+                return
             except SagaError as exc:
-                # The change is durable; the owner also reloads at its next conflicting
-                # write, or when its partition is next assigned.
-                log.warning("could not tell the owner of saga %s to reload it: %s", saga_id, exc)
+                if attempt == 3:
+                    # The change is durable. The owner still catches up at its next write
+                    # or reply for the saga (a conflict or an unknown command makes it
+                    # reload), or when the partition is next assigned; a saga waiting only
+                    # on a timer this change created waits until then.
+                    self.stats.inc("reload_notice_lost")
+                    log.error("could not tell the owner of saga %s to reload it: %s", saga_id, exc)
+                    return
+                await asyncio.sleep(delay)
+                delay *= 2
 
     async def reload(self, saga_id: str) -> None:
         """Rebuilds a saga from its history (another engine changed it): what is in
         flight is re-sent under the same ids and its timers are re-armed."""
         async with self._lock(saga_id):
-            self._evict(saga_id)
-            live = await self._ensure_live(saga_id)
+            live = await self._rebuild(saga_id)
             if live.runtime.status.is_terminal or not self._owns(saga_id):
                 self._evict(saga_id)
             self.stats.inc("reloaded")
 
-    def _evict(self, saga_id: str) -> None:
+    async def _rebuild(self, saga_id: str) -> _Live:
+        """Rebuilds a stale copy from history (its lock held). The spans of commands
+        still in flight carry on (re-sent under the same ids, they reuse them); the others
+        were answered elsewhere and end."""
+        self._evict(saga_id, keep_spans=True)
+        live = await self._ensure_live(saga_id)
+        in_flight = {c.command_id for c in live.runtime.outstanding_commands()}
+        self._spans.superseded(saga_id, keep=in_flight)
+        return live
+
+    def _evict(self, saga_id: str, *, keep_spans: bool = False) -> None:
         live = self._live.pop(saga_id, None)
-        self._spans.evicted(saga_id)
+        if not keep_spans:
+            self._spans.evicted(saga_id)
         if live is not None:
             if live.timer is not None:
                 live.timer.cancel()

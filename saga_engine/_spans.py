@@ -109,8 +109,11 @@ class SagaSpans:
             f"saga {saga_type}", context=context, kind=SpanKind.INTERNAL
         )
         carrier = carrier_of(probe)
-        if not probe.is_recording() or not carrier:
+        if not carrier:  # no SDK: the API hands the parent's context through
             return dict(caller) if caller else current_carrier()
+        if not probe.is_recording():
+            # Sampled out: its steps must be too, so they continue its (unsampled) context.
+            return carrier
         parent = trace.get_current_span(context).get_span_context()
         carrier[SAGA_PARENT] = format(parent.span_id, "016x") if parent.is_valid else ""
         return carrier
@@ -224,10 +227,10 @@ class SagaSpans:
         return dataclasses.replace(command, trace_context=carrier)
 
     def not_sent(self, command_id: str, error: BaseException) -> None:
-        opened = self._open.pop(command_id, None)
-        if opened is not None:
-            opened.span.record_exception(error)
-            self._end(opened, "send_failed", record=False, error=True)
+        """The send failed: the span is dropped unexported, because the command is
+        recorded and the next load of the saga re-sends it under the same span id (the
+        engine logs the failure)."""
+        self._open.pop(command_id, None)
 
     def applied(self, saga_id: str, events: Iterable[Event]) -> None:
         """Ends the spans that the committed events answer."""
@@ -251,6 +254,14 @@ class SagaSpans:
             if opened.saga_id == saga_id:
                 del self._open[command_id]
                 self._end(opened, outcome, record=False)
+
+    def superseded(self, saga_id: str, *, keep: set[str]) -> None:
+        """The saga was rebuilt from history after another engine changed it: the spans
+        of its commands no longer in flight end (answered or abandoned elsewhere)."""
+        for command_id, opened in list(self._open.items()):
+            if opened.saga_id == saga_id and command_id not in keep:
+                del self._open[command_id]
+                self._end(opened, "answered_elsewhere", record=False)
 
     def evicted(self, saga_id: str) -> None:
         """The engine let go of the saga (stale owner, failed write, shut down): its open

@@ -25,7 +25,14 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.trace import ProxyTracerProvider, Span, SpanKind, Tracer, TracerProvider
+from opentelemetry.trace import (
+    NoOpTracer,
+    ProxyTracerProvider,
+    Span,
+    SpanKind,
+    Tracer,
+    TracerProvider,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:
@@ -189,10 +196,16 @@ class Telemetry:
             tracer = provider.get_tracer(INSTRUMENTATION)
             # The SDK hands one tracer per instrumentation scope: ours, so wrapping its
             # id generator changes nothing for anyone else's spans.
-            if isinstance(tracer, SdkTracer) and not isinstance(
-                tracer.id_generator, PresetIdGenerator
-            ):
-                tracer.id_generator = PresetIdGenerator(tracer.id_generator)
+            if isinstance(tracer, SdkTracer):
+                if not isinstance(tracer.id_generator, PresetIdGenerator):
+                    tracer.id_generator = PresetIdGenerator(tracer.id_generator)
+            elif not isinstance(tracer, NoOpTracer):
+                log.warning(
+                    "the tracer provider is not OpenTelemetry's SDK (%s): saga spans "
+                    "cannot keep their ids across processes, so a saga's spans may not "
+                    "join up into one trace",
+                    type(provider).__name__,
+                )
             self._tracer = tracer
         return self._tracer
 
@@ -200,8 +213,11 @@ class Telemetry:
         """Server spans for ``app`` (the contrib FastAPI instrumentation): a request that
         comes with a ``traceparent`` continues its caller's trace, and a saga started by
         it is a child of its span."""
-        from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-
+        try:
+            from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+        except ImportError:
+            _missing("fastapi")
+            return
         FastAPIInstrumentor.instrument_app(
             app,
             tracer_provider=self.tracer_provider,
@@ -212,8 +228,11 @@ class Telemetry:
     def instrument_client(self, client: httpx.AsyncClient) -> None:
         """Client spans for ``client`` (the contrib httpx instrumentation), children of the
         span current when a request is sent; they carry the W3C context to the server."""
-        from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
-
+        try:
+            from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+        except ImportError:
+            _missing("httpx")
+            return
         HTTPXClientInstrumentor.instrument_client(
             client, tracer_provider=self.tracer_provider, meter_provider=self.meter_provider
         )
@@ -269,12 +288,28 @@ class Telemetry:
             otel_context.detach(token)
 
 
+_warned: set[str] = set()
+
+
+def _missing(library: str) -> None:
+    if library not in _warned:
+        _warned.add(library)
+        log.info(
+            "no spans for %s: install saga-engine[instrumentation] for the contrib "
+            "instrumentations",
+            library,
+        )
+
+
 def instrument_asyncpg(tracer_provider: TracerProvider | None = None) -> None:
     """A span for every asyncpg query in this process, a child of the current span (the
     contrib instrumentation patches asyncpg's connection class: it is process-wide, so
     it is set up once, at the edge, never by a library object). Idempotent."""
-    from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
-
+    try:
+        from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
+    except ImportError:
+        _missing("asyncpg")
+        return
     instrumentor = AsyncPGInstrumentor()  # type: ignore[no-untyped-call]  # untyped upstream
     if not instrumentor.is_instrumented_by_opentelemetry:
         instrumentor.instrument(tracer_provider=tracer_provider)

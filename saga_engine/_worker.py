@@ -68,6 +68,9 @@ from saga_engine.triggers import KafkaTrigger
 
 log = logging.getLogger("saga_engine.worker")
 
+#: The dlq_reason of a message the engine could not apply for a reason of its own.
+ENGINE_ERROR = "engine_error"
+
 
 class _LazyTopicSender:
     """Creates a participant's command topic the first time a command goes to it."""
@@ -331,6 +334,7 @@ class SagaWorker:
 
     async def _handle(self, tp: TopicPartition, record: Any) -> None:
         delay = 0.05
+        conflicts = 0
         while True:
             try:
                 await self._apply(record)
@@ -342,11 +346,18 @@ class SagaWorker:
                 if not self._running or tp not in self._owned:
                     log.info("stale owner for a message of partition %d: %s", tp.partition, exc)
                     return
-                # Still ours: another instance wrote to the saga (an operator's action
-                # through its admin API). The engine evicted its stale copy; applying the
-                # message again reloads the saga from history. Inputs are deduplicated,
-                # so this is safe even if the partition has moved without our knowing.
-                log.info("saga changed elsewhere (%s); reloading it", exc)
+                # Still ours, and it conflicted again after the engine's own rebuild:
+                # another instance keeps writing to the saga. Apply the message again
+                # (inputs are deduplicated, so this is safe even if the partition moved
+                # without our knowing), a bounded number of times: the rebalance that
+                # would take the partition away waits for this batch.
+                conflicts += 1
+                if conflicts > 5:
+                    await self._dead_letter(
+                        record, ENGINE_ERROR, f"kept conflicting with another writer: {exc}"
+                    )
+                    return
+                log.info("saga changed elsewhere again (%s); applying the message again", exc)
                 await asyncio.sleep(delay * random.random())
                 delay = min(delay * 2, 5.0)
             except TransientError as exc:
@@ -357,7 +368,7 @@ class SagaWorker:
                 delay = min(delay * 2, 5.0)
             except Exception as exc:  # a bug must not stop the inbox: park the message
                 log.exception("unexpected error processing a message; dead-lettering it")
-                await self._dead_letter(record, "engine_error", f"{type(exc).__name__}: {exc}")
+                await self._dead_letter(record, ENGINE_ERROR, f"{type(exc).__name__}: {exc}")
                 return
 
     async def _apply(self, record: Any) -> None:

@@ -140,7 +140,8 @@ class SagaClient:
                 subject=name,
                 saga_id=saga_id,
                 correlation_id=saga_id,
-                body=body.model_dump(mode="json"),
+                # Optional fields only when set: an engine older than them still reads it.
+                body=body.model_dump(mode="json", exclude_defaults=True),
             )
         )
         return sid

@@ -29,6 +29,7 @@ class ExportedSpan:
     trace_id: str
     span_id: str
     parent: str
+    start_ns: int
     attributes: dict[str, Any] = field(default_factory=dict)
 
 
@@ -67,6 +68,7 @@ class OtlpSink:
                                 trace_id=span.trace_id.hex(),
                                 span_id=span.span_id.hex(),
                                 parent=span.parent_span_id.hex(),
+                                start_ns=span.start_time_unix_nano,
                                 attributes=_attributes(span.attributes),
                             )
                         )

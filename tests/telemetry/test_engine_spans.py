@@ -4,6 +4,7 @@ engine replays from history."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -12,11 +13,12 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import NoOpTracerProvider
 from pydantic import BaseModel
 
-from saga_engine import Saga, SagaContext, SagaStatus, Settings
-from saga_engine._clock import SystemClock
+from saga_engine import Saga, SagaContext, SagaStatus, Settings, TransientError
+from saga_engine._clock import Clock, SystemClock, VirtualClock
 from saga_engine._engine import Engine
 from saga_engine._events import SagaStarted
 from saga_engine._memstore import InMemoryEventStore
@@ -51,7 +53,7 @@ class Three(Saga[Order, Done]):
 
 
 class World:
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
         self.exporter = InMemorySpanExporter()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(self.exporter))
@@ -59,7 +61,7 @@ class World:
         self.telemetry = Telemetry(provider, MeterProvider(metric_readers=[self.reader]))
         self.store = InMemoryEventStore()
         self.bus = InMemoryCommandBus()
-        self.clock = SystemClock()
+        self.clock = clock or SystemClock()
 
     def engine(self) -> Engine:
         return Engine(
@@ -284,3 +286,74 @@ async def test_a_saga_let_go_and_reloaded_emits_each_send_once(world: World) -> 
         "step c",
     ]
     world.assert_unique_span_ids()
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def test_the_compensation_link_names_each_forward_attempt_after_a_crash() -> None:
+    clock = VirtualClock(datetime.now(UTC))
+    world = World(clock)
+    first = world.engine()
+    saga_id = await first.start(Three, Order())
+    await world.answer(first, "a", "retryable")  # not applied: the retry gets a new id
+    await clock.advance(timedelta(minutes=10), settle=_nothing)  # its back-off passes
+    retried = [c for c in world.bus.sent if c.step == "a"]
+    assert [c.attempt for c in retried] == [1, 2]
+    assert retried[0].command_id != retried[1].command_id
+    await world.answer(first, "a")
+    del first  # dies with b in flight
+
+    second = world.engine()
+    assert await second.recover() == 1
+    await world.answer(second, "b", "failure")
+    await world.answer(second, "a")  # the compensation, sent by the second engine
+    assert (await second.get(saga_id)).status is SagaStatus.COMPENSATED
+    forwards = world.spans("step a")
+    assert len(forwards) == 2
+    (undo,) = world.spans("compensate a")
+    # Both sends may have been applied (the first was only answered "retryable"), so the
+    # compensation links to each; their ids come from history, command id and attempt.
+    assert {link.context.span_id for link in undo.links} == {
+        s.context.span_id for s in forwards if s.context is not None
+    }
+    world.assert_unique_span_ids()
+
+
+async def test_a_failed_send_is_emitted_once_when_it_is_sent_again(world: World) -> None:
+    engine = world.engine()
+    saga_id = await engine.start(Three, Order())
+    world.bus.closed = True
+    with pytest.raises(TransientError):
+        await world.answer(engine, "a")  # a's reply is recorded; sending b fails
+    world.bus.closed = False
+    assert await engine.recover() == 1  # b is re-sent under its id
+    await world.answer(engine, "b")
+    await world.answer(engine, "c")
+    assert (await engine.get(saga_id)).status is SagaStatus.COMPLETED
+    (b,) = world.spans("step b")
+    assert b.attributes is not None
+    assert b.attributes["outcome"] == "success"
+    world.assert_unique_span_ids()
+
+
+async def test_a_sampled_out_saga_keeps_its_steps_in_its_trace() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    bus = InMemoryCommandBus()
+    engine = Engine(
+        Settings(), sagas=[Three], store=InMemoryEventStore(), sender=bus,
+        telemetry=Telemetry(provider),
+    )  # fmt: skip
+    saga_id = await engine.start(Three, Order())
+    started = (await engine.history(saga_id))[0]
+    assert isinstance(started, SagaStarted)
+    stored = started.trace_context["traceparent"]
+    assert int(stored.split("-")[3], 16) & 1 == 0  # a trace of its own, not sampled
+    assert "saga-parent" not in started.trace_context  # no saga span is owed
+    (sent,) = bus.sent
+    # The step continues the saga's trace, unsampled, instead of starting one of its own.
+    assert sent.trace_context["traceparent"].split("-")[1] == stored.split("-")[1]
+    assert exporter.get_finished_spans() == ()

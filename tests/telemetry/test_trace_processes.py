@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -169,6 +170,7 @@ def _exported(span: ReadableSpan) -> ExportedSpan:
         trace_id=format(span.context.trace_id, "032x"),
         span_id=format(span.context.span_id, "016x"),
         parent=format(span.parent.span_id, "016x") if span.parent else "",
+        start_ns=span.start_time or 0,
         attributes=dict(span.attributes or {}),
     )
 
@@ -208,6 +210,9 @@ async def test_one_saga_is_one_connected_trace_across_processes(
         worker = SagaWorker(engine_settings, [Checkout], telemetry=telemetry)
         with asyncpg_traced(provider):
             await worker.start()
+            # From here on every span belongs to the saga's trace: the background loops
+            # (inbox, group commit, relay, consumers) make none of their own.
+            quiet_from = time.time_ns()
             try:
                 headers: dict[str, str] = {}
                 with provider.get_tracer("test").start_as_current_span("client checkout"):
@@ -244,6 +249,9 @@ async def test_one_saga_is_one_connected_trace_across_processes(
     (client,) = [s for s in spans if s.name == "client checkout"]
     trace = [s for s in spans if s.trace_id == client.trace_id]
     by_id = {s.span_id: s for s in trace}
+    assert len(by_id) == len(trace), "two spans share an id"
+    strays = [s for s in spans if s.trace_id != client.trace_id and s.start_ns >= quiet_from]
+    assert strays == [], [(s.service, s.name) for s in strays]
     # Every span the saga made, in any process, is in this one trace.
     assert all(s in trace for s in spans if s.attributes.get("saga.id") == saga_id)
 
