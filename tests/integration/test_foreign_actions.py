@@ -38,18 +38,22 @@ class Undo(BaseModel):
 
 class Gated(Saga[Order, Done]):
     """Waits for an operator's go; then its second step: at once (n=1), after a short
-    durable sleep (n=2), or once shipped (n=3)."""
+    durable sleep (n=2), or once shipped (n=3, the shipment's n goes to the step). With
+    n=4 it sleeps first, then waits for the go."""
 
     name = "gated"
 
     async def run(self, ctx: SagaContext, input: Order) -> Done:
-        await ctx.step("first", to="alpha", command=Cmd(n=input.n), compensate=Undo(n=input.n))
+        n = input.n
+        await ctx.step("first", to="alpha", command=Cmd(n=n), compensate=Undo(n=n))
+        if n == 4:
+            await ctx.sleep(timedelta(seconds=2))
         await ctx.wait_signal("go", timeout=timedelta(hours=1))
-        if input.n == 2:
+        if n == 2:
             await ctx.sleep(timedelta(seconds=1))
-        elif input.n == 3:
-            await ctx.wait_signal("ship")
-        await ctx.step("second", to="beta", command=Cmd(n=input.n))
+        elif n == 3:
+            n = int((await ctx.wait_signal("ship"))["n"])
+        await ctx.step("second", to="beta", command=Cmd(n=n))
         return Done()
 
 
@@ -177,15 +181,44 @@ async def test_the_owner_reloads_a_saga_changed_elsewhere_when_its_write_conflic
     monkeypatch.setattr(other, "notify_owner", _lost)
     async with (
         fake_participant(settings, "alpha"),
-        fake_participant(settings, "beta"),
+        fake_participant(settings, "beta") as beta,
         SagaClient(settings) as client,
     ):
         saga_id = await client.start(Gated, Order(n=3))
         await poll_until(lambda: _waiting_for_go(owner, saga_id))
         await other.engine.signal(saga_id, "go")
-        # The owner's copy still waits for the go; applying "ship" to it, its write
-        # conflicts with the go appended elsewhere. Still owning the partition, it
-        # reloads the saga and applies the message again instead of dropping it.
-        await client.signal(saga_id, "ship")
+        # The owner's copy still waits for the go; applying the first "ship" to it, its
+        # write conflicts with the go appended elsewhere. Still owning the partition, it
+        # rebuilds the saga and applies the message again, before the second "ship"
+        # sent right behind it (one saga's messages keep their order).
+        await client.signal(saga_id, "ship", {"n": 7})
+        await client.signal(saga_id, "ship", {"n": 8})
         await poll_until(lambda: _is_completed(owner, saga_id), timeout=30)
+        assert [c.body for c in beta] == [{"n": 7}]
     assert owner.engine.stats.counts["stale_owner"] >= 1
+    assert owner.engine.stats.counts["reloaded_after_conflict"] >= 1
+
+
+async def test_a_timer_of_a_stale_copy_rebuilds_the_saga(
+    settings: Settings,
+    instances: tuple[SagaWorker, SagaWorker],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    owner, other = instances
+    assert owner.engine is not None
+    assert other.engine is not None
+    monkeypatch.setattr(other, "notify_owner", _lost)
+    async with (
+        fake_participant(settings, "alpha"),
+        fake_participant(settings, "beta") as beta,
+        SagaClient(settings) as client,
+    ):
+        saga_id = await client.start(Gated, Order(n=4))
+        await poll_until(lambda: _waiting_for_go(owner, saga_id))
+        # During the owner's sleep the go is appended elsewhere (buffered for the wait).
+        # When the sleep ends, the owner's write of it conflicts; no message will come
+        # for this saga, so the timer path itself rebuilds it, re-arming the sleep.
+        await other.engine.signal(saga_id, "go")
+        await poll_until(lambda: _is_completed(owner, saga_id), timeout=30)
+        assert [c.body for c in beta] == [{"n": 4}]
+    assert owner.engine.stats.counts["reloaded_after_conflict"] >= 1
