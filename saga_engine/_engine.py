@@ -231,11 +231,8 @@ class Engine:
                     self.stats.inc("reloaded_stale_copy")
                     live = await self._rebuild(saga_id)
                     decision = live.runtime.handle(inbound)
-                if decision.dropped is not None:
-                    self.stats.inc(f"dropped_{decision.dropped.value}")
-                    return decision
                 try:
-                    await self._commit(saga_id, live, decision)
+                    await self._commit_unless_dropped(saga_id, live, decision)
                 except ConcurrencyError:
                     if not self._shares_and_owns(saga_id):
                         raise
@@ -245,11 +242,8 @@ class Engine:
                     self.stats.inc("reloaded_after_conflict")
                     live = await self._rebuild(saga_id)
                     decision = live.runtime.handle(inbound)
-                    if decision.dropped is not None:
-                        self.stats.inc(f"dropped_{decision.dropped.value}")
-                        return decision
-                    await self._commit(saga_id, live, decision)
-                changed = bool(decision.events)
+                    await self._commit_unless_dropped(saga_id, live, decision)
+                changed = decision.dropped is None and bool(decision.events)
                 return decision
             finally:
                 await self._let_go_unless_owned(saga_id, changed)
@@ -481,6 +475,12 @@ class Engine:
                 self._spans.not_sent(command.command_id, exc)
                 raise
             self.stats.inc("commands_resent")
+
+    async def _commit_unless_dropped(self, saga_id: str, live: _Live, decision: Decision) -> None:
+        if decision.dropped is not None:
+            self.stats.inc(f"dropped_{decision.dropped.value}")
+            return
+        await self._commit(saga_id, live, decision)
 
     async def _commit(self, saga_id: str, live: _Live, decision: Decision) -> None:
         if decision.events:
