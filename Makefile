@@ -23,7 +23,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; Python 3.11 is required" >&2; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@echo "setup: installing saga-engine and its dev extras into $(VENV) (log: $(VENV)/pip.log)"
+	@echo "setup: installing saga-engine and its dev extras into $(VENV) (log: $(VENV)/pip.log)" >&2
 	@$(PY) -m pip install --disable-pip-version-check --upgrade pip > $(VENV)/pip.log 2>&1 || { tail -20 $(VENV)/pip.log; exit 1; }
 	@$(PY) -m pip install --disable-pip-version-check -e '.[dev]' >> $(VENV)/pip.log 2>&1 || { tail -20 $(VENV)/pip.log; exit 1; }
 	@# A broken requirement (e.g. an OpenTelemetry package out of its lockstep set) fails here.
@@ -66,7 +66,16 @@ demo-up: venv
 	@$(DEVSTACK) up
 	@eval "$$($(DEVSTACK) env)" && exec $(PY) -m services_demo.run
 
-bench: venv
+# The benchmark also measures its peer, DBOS Transact, in the same run: installed here.
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): $(STAMP)
+	@echo "setup: installing the benchmark's peer (DBOS Transact) into $(VENV)" >&2
+	@$(PY) -m pip install --disable-pip-version-check -e '.[dev,bench]' >> $(VENV)/pip.log 2>&1 || { tail -20 $(VENV)/pip.log; exit 1; }
+	@$(PY) -m pip check --disable-pip-version-check >> $(VENV)/pip.log 2>&1 || { tail -20 $(VENV)/pip.log; exit 1; }
+	@touch $@
+
+bench: $(BENCH_STAMP)
 	@$(DEVSTACK) run -- $(PY) -m bench.e2e $(BENCH_ARGS)
 
 clean:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import platform
@@ -278,6 +279,39 @@ async def cleanup(res: Resources) -> None:
             say(f"WARNING: could not delete topics {res.topics}: {exc!r}")
         finally:
             await admin.close()
+
+
+# --------------------------------------------------------------------------- peer
+
+
+async def measure_peer(
+    res: Resources, run_id: str, workflows: int, concurrencies: list[int]
+) -> dict[str, Any]:
+    """DBOS Transact doing the same shaped work on the same Postgres (bench/peer_dbos.py),
+    once per concurrency; the best run is the peer's figure."""
+    if importlib.util.find_spec("dbos") is None:
+        return {"skipped": "dbos is not installed: pip install 'saga-engine[bench]'"}
+    runs: list[dict[str, Any]] = []
+    for concurrency in concurrencies:
+        schema = f"bench_{run_id}_dbos{concurrency}"
+        res.schemas.extend([schema, f"{schema}_ledger"])
+        say(f"peer: DBOS, {workflows} workflows, {concurrency} in flight")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.peer_dbos", "--dsn", res.dsn, "--schema", schema,
+            "--workflows", str(workflows), "--concurrency", str(concurrency),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout=300)
+        except TimeoutError:
+            proc.kill()
+            raise BenchError("the DBOS peer did not finish within 300 s") from None
+        if proc.returncode != 0:
+            raise BenchError(f"the DBOS peer failed:\n{err.decode(errors='replace')[-3000:]}")
+        run = json.loads(out.decode().strip().splitlines()[-1])
+        say(f"peer: {run['workflows_per_s']} workflows/s, {run['cpu_ms_per_workflow']} ms CPU each")
+        runs.append(run)
+    return {"best": max(runs, key=lambda r: r["workflows_per_s"]), "runs": runs}
 
 
 # --------------------------------------------------------------------------- ceiling
@@ -885,6 +919,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--no-group-commit", action="store_true", help="engine writes one op per txn")
+    ap.add_argument(
+        "--peer-concurrency",
+        type=int,
+        nargs="*",
+        default=None,
+        help="DBOS peer runs, one per value (default: 8 and --concurrency; none: skip)",
+    )
     ap.add_argument("--ceiling-seconds", type=float, default=3.0)
     ap.add_argument("--ceiling-connections", type=int, default=16)
     ap.add_argument("--timeout", type=float, default=120.0, help="limit for the measured load")
@@ -945,6 +986,16 @@ async def bench(args: argparse.Namespace, res: Resources, procs: Processes, logs
         f"ceiling: {ceiling['pg_single_insert_per_s']:.0f} commits/s sequential, "
         f"{ceiling['pg_concurrent_insert_per_s']:.0f} concurrent"
     )
+    peer_concurrency = (
+        args.peer_concurrency
+        if args.peer_concurrency is not None
+        else sorted({8, args.concurrency})
+    )
+    peer: dict[str, Any] = (
+        await measure_peer(res, run_id, args.sagas, peer_concurrency)
+        if peer_concurrency
+        else {"skipped": "--peer-concurrency given no values"}
+    )
     runs: list[dict[str, Any]] = []
     for i, wait_ms in enumerate(args.fetch_max_wait_ms):
         cfg = RunConfig(
@@ -981,6 +1032,10 @@ async def bench(args: argparse.Namespace, res: Resources, procs: Processes, logs
     # same CPU per saga as measured: a ceiling of its own, next to the commit rate.
     per_saga = head["cpu_total_ms_per_saga"]
     cpu_bound = host["cpus_usable"] * 1000 / per_saga if per_saga else None
+    best_peer: dict[str, Any] = peer.get("best") or {}
+    python_cpu_ms = (head["engine_cpu_ms_per_saga"] or 0) + (
+        head["participant_cpu_ms_per_saga"] or 0
+    )
     out: dict[str, Any] = {
         "benchmark": "e2e-3-step-saga",
         "date": date,
@@ -1002,7 +1057,17 @@ async def bench(args: argparse.Namespace, res: Resources, procs: Processes, logs
             "db_commits_per_s_vs_single_insert": ratio(commits_per_s, single),
             "db_commits_per_s_vs_concurrent_insert": ratio(commits_per_s, concurrent),
             "sagas_per_s_vs_cpu_bound_estimate": ratio(head["sagas_per_s"], cpu_bound),
+            # > 1: faster than the peer; its steps stay in-process, ours cross Kafka.
+            "sagas_per_s_vs_peer_workflows_per_s": ratio(
+                head["sagas_per_s"], best_peer.get("workflows_per_s")
+            ),
+            # < 1: less CPU per transaction in the engine and participant processes
+            # together than the peer's one process.
+            "python_cpu_ms_per_saga_vs_peer": ratio(
+                python_cpu_ms, best_peer.get("cpu_ms_per_workflow")
+            ),
         },
+        "peer": peer,
         "cpu_bound_sagas_per_s_estimate": round(cpu_bound, 1) if cpu_bound else None,
         "db_commits_per_s": round(commits_per_s, 1),
         "settings": head["settings"],
