@@ -312,6 +312,9 @@ VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, clock_timestamp())
 RETURNING id
 """
 
+#: Published outbox rows marked in one statement at most this many at a time.
+_MARK_BATCH: Final = 100
+
 MARK_PUBLISHED: Final = """
 UPDATE saga_reply_outbox SET published_at = now()
 WHERE id = ANY($1::bigint[]) AND published_at IS NULL
@@ -395,6 +398,8 @@ class CommandProcessor:
         self._source = f"/participants/{name}"
         # Reply topics known to exist (the inbox is created at start).
         self._reply_topics = {self.topics.inbox}
+        #: Outbox rows published and not yet marked (see flush_published).
+        self._published: list[int] = []
 
     async def handle(self, record: Any) -> None:
         """Processes one record to the end: replied to, or dead-lettered. Retries
@@ -668,8 +673,9 @@ class CommandProcessor:
         await self._deliver(outgoing)
 
     async def _deliver(self, outgoing: Outgoing) -> None:
-        """Publishes a committed reply and marks its outbox row. Failures here lose
-        nothing: the row stays unpublished and the relay sends it."""
+        """Publishes a committed reply; its outbox row is marked with the batch's others
+        (flush_published). Failures here lose nothing: the row stays unpublished and
+        the relay sends it."""
         self._checkpoint("after_commit")
         try:
             await publish(
@@ -678,11 +684,27 @@ class CommandProcessor:
         except Exception as exc:
             log.warning("reply %s not published (%r); the relay will", outgoing.command_id, exc)
             return
-        try:
-            await self._pool.execute(MARK_PUBLISHED, [outgoing.row_id])
-        except Exception as exc:  # the relay may publish it once more; replies are deduped
-            log.warning("could not mark reply %s published (%r)", outgoing.command_id, exc)
+        if outgoing.row_id is not None:
+            self._published.append(outgoing.row_id)
         self._checkpoint("after_publish")
+        if len(self._published) >= _MARK_BATCH:
+            await self.flush_published()
+
+    async def flush_published(self) -> None:
+        """Marks the outbox rows published since the last call, in one statement.
+
+        Why batched: a pool checkout and a round trip per reply was a large share of a
+        participant's work. A row not marked yet is what a crash right after publishing
+        leaves anyway: the relay publishes it again after its grace period, and the
+        engine drops the duplicate reply.
+        """
+        if not self._published:
+            return
+        ids, self._published = self._published, []
+        try:
+            await self._pool.execute(MARK_PUBLISHED, ids)
+        except Exception as exc:
+            log.warning("could not mark %d replies published (%r)", len(ids), exc)
 
     # ------------------------------------------------------------------ side paths
 

@@ -159,6 +159,7 @@ class Telemetry:
         self.meter_provider = meter_provider
         self._proxy = trace.get_tracer(INSTRUMENTATION, tracer_provider=tracer_provider)
         self._tracer: Tracer | None = None
+        self._proxy_until = 0.0
         meter = metrics.get_meter(INSTRUMENTATION, meter_provider=meter_provider)
         self.counters = {
             stat: meter.create_counter(name, unit="{saga}", description=f"Sagas {name[5:]}")
@@ -190,9 +191,15 @@ class Telemetry:
         """The tracer: once an SDK provider is in place, its tracer with a
         ``PresetIdGenerator``; until then the API's proxy (which records nothing)."""
         if self._tracer is None:
+            # Asked on every span: while no provider is set, look again at most once a
+            # second (the proxy records nothing; a provider set later is picked up).
+            now = time.monotonic()
+            if now < self._proxy_until:
+                return self._proxy
             provider = self.tracer_provider or trace.get_tracer_provider()
             if isinstance(provider, ProxyTracerProvider):
-                return self._proxy  # no SDK yet: ask again next time
+                self._proxy_until = now + 1.0
+                return self._proxy
             tracer = provider.get_tracer(INSTRUMENTATION)
             # The SDK hands one tracer per instrumentation scope: ours, so wrapping its
             # id generator changes nothing for anyone else's spans.

@@ -451,6 +451,7 @@ class Participant:
             except Abandoned:
                 break
             next_offset = record.offset + 1
+        await processor.flush_published()
         if next_offset is not None:
             try:
                 await consumer.commit({tp: next_offset})
