@@ -66,16 +66,8 @@ demo-up: venv
 	@$(DEVSTACK) up
 	@eval "$$($(DEVSTACK) env)" && exec $(PY) -m services_demo.run
 
-# The benchmark also measures its peer, DBOS Transact, in the same run: installed here.
-BENCH_STAMP := $(VENV)/.bench-installed
-
-$(BENCH_STAMP): $(STAMP)
-	@echo "setup: installing the benchmark's peer (DBOS Transact) into $(VENV)" >&2
-	@$(PY) -m pip install --disable-pip-version-check -e '.[dev,bench]' >> $(VENV)/pip.log 2>&1 || { tail -20 $(VENV)/pip.log; exit 1; }
-	@$(PY) -m pip check --disable-pip-version-check >> $(VENV)/pip.log 2>&1 || { tail -20 $(VENV)/pip.log; exit 1; }
-	@touch $@
-
-bench: $(BENCH_STAMP)
+# The benchmark also measures its peer, DBOS Transact (the bench extra, part of dev).
+bench: venv
 	@$(DEVSTACK) run -- $(PY) -m bench.e2e $(BENCH_ARGS)
 
 clean:

@@ -785,14 +785,19 @@ class SagaRun:
         gc1 = stats1["engine"].get("group_commit", {})
         batches = gc1.get("batches", 0) - gc0.get("batches", 0)
         operations = gc1.get("operations", 0) - gc0.get("operations", 0)
-        processed = sum(
-            stats1[f"participant-{p}"].get("participant", {}).get("processed", 0)
-            - stats0[f"participant-{p}"].get("participant", {}).get("processed", 0)
-            for p in PARTICIPANTS
-        )
+
+        def participant_delta(key: str) -> int:
+            return sum(
+                stats1[f"participant-{p}"].get("participant", {}).get(key, 0)
+                - stats0[f"participant-{p}"].get("participant", {}).get(key, 0)
+                for p in PARTICIPANTS
+            )
+
+        processed = participant_delta("processed")
         wall = timings["wall_s"] or None
-        # Each participant command: its transaction, then the outbox row marked published.
-        participant_commits = 2 * processed
+        # Each participant command: its transaction; and per batch of commands, one
+        # statement marking their outbox rows published.
+        participant_commits = processed + participant_delta("mark_published_statements")
         pg_delta = {k: pg1[k] - pg0[k] for k in pg0}
         total_cpu = sum(
             v

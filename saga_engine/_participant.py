@@ -703,6 +703,7 @@ class CommandProcessor:
         ids, self._published = self._published, []
         try:
             await self._pool.execute(MARK_PUBLISHED, ids)
+            self.stats["mark_published_statements"] += 1
         except Exception as exc:
             log.warning("could not mark %d replies published (%r)", len(ids), exc)
 
