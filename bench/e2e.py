@@ -1038,6 +1038,9 @@ async def bench(args: argparse.Namespace, res: Resources, procs: Processes, logs
     per_saga = head["cpu_total_ms_per_saga"]
     cpu_bound = host["cpus_usable"] * 1000 / per_saga if per_saga else None
     best_peer: dict[str, Any] = peer.get("best") or {}
+    same_peer: dict[str, Any] = next(
+        (r for r in peer.get("runs", []) if r["concurrency"] == args.concurrency), {}
+    )
     python_cpu_ms = (head["engine_cpu_ms_per_saga"] or 0) + (
         head["participant_cpu_ms_per_saga"] or 0
     )
@@ -1070,6 +1073,10 @@ async def bench(args: argparse.Namespace, res: Resources, procs: Processes, logs
             # together than the peer's one process.
             "python_cpu_ms_per_saga_vs_peer": ratio(
                 python_cpu_ms, best_peer.get("cpu_ms_per_workflow")
+            ),
+            # The peer with as many transactions in flight as the sagas had.
+            "sagas_per_s_vs_peer_same_concurrency": ratio(
+                head["sagas_per_s"], same_peer.get("workflows_per_s")
             ),
         },
         "peer": peer,
