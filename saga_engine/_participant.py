@@ -15,6 +15,7 @@ import collections
 import logging
 import random
 import re
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
@@ -312,8 +313,10 @@ VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, clock_timestamp())
 RETURNING id
 """
 
-#: Published outbox rows marked in one statement at most this many at a time.
+#: Published outbox rows are marked in one statement, at most this many at a time, and
+#: at the latest after this long (the relay leaves rows younger than its grace alone).
 _MARK_BATCH: Final = 100
+_MARK_WITHIN_S: Final = 1.0
 
 MARK_PUBLISHED: Final = """
 UPDATE saga_reply_outbox SET published_at = now()
@@ -400,6 +403,7 @@ class CommandProcessor:
         self._reply_topics = {self.topics.inbox}
         #: Outbox rows published and not yet marked (see flush_published).
         self._published: list[int] = []
+        self._published_since = 0.0
 
     async def handle(self, record: Any) -> None:
         """Processes one record to the end: replied to, or dead-lettered. Retries
@@ -685,9 +689,15 @@ class CommandProcessor:
             log.warning("reply %s not published (%r); the relay will", outgoing.command_id, exc)
             return
         if outgoing.row_id is not None:
+            if not self._published:
+                self._published_since = time.monotonic()
             self._published.append(outgoing.row_id)
         self._checkpoint("after_publish")
-        if len(self._published) >= _MARK_BATCH:
+        # Marked well within the relay's grace period, even in a long batch of slow
+        # handlers, so the relay does not publish them again.
+        if len(self._published) >= _MARK_BATCH or (
+            self._published and time.monotonic() - self._published_since > _MARK_WITHIN_S
+        ):
             await self.flush_published()
 
     async def flush_published(self) -> None:

@@ -128,7 +128,8 @@ class Participant:
     The remaining keywords tune retries and the outbox relay: handler retries wait
     ``backoff_base_s * 2**n`` (capped at ``backoff_max_s``, jittered); the relay runs
     every ``relay_interval_s`` and publishes rows older than ``relay_grace_s`` (younger
-    ones are being published by the instance that wrote them).
+    ones are being published by the instance that wrote them, which marks them within
+    a second: keep the grace well above that, or replies go out twice, harmlessly).
     """
 
     def __init__(
