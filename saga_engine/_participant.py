@@ -33,6 +33,7 @@ from saga_engine._serde import JsonDict
 from saga_engine._telemetry import Telemetry, carrier_of, default_telemetry
 from saga_engine._topics import Topics
 from saga_engine._wire import (
+    ENGINE_ERROR,
     Envelope,
     Headers,
     MessageType,
@@ -420,7 +421,7 @@ class CommandProcessor:
                     raise
                 if not is_transient(exc):
                     log.exception("participant %s: cannot process a record", self.name)
-                    await self._dead_letter(record, "engine_error", f"{type(exc).__name__}: {exc}")
+                    await self._dead_letter(record, ENGINE_ERROR, f"{type(exc).__name__}: {exc}")
                     return
                 failures += 1
                 delay = backoff_delay(failures, 0.1, 5.0)

@@ -43,7 +43,7 @@ from opentelemetry.trace import (
 )
 
 from saga_engine._events import AttemptTimedOut, Event, ReplyReceived, StepSkipped
-from saga_engine._telemetry import Telemetry, carrier_of, current_carrier, extract, preset_ids
+from saga_engine._telemetry import Telemetry, carrier_of, carrier_of_context, extract, preset_ids
 
 if TYPE_CHECKING:
     from saga_engine._decision import OutboundCommand
@@ -110,7 +110,7 @@ class SagaSpans:
         )
         carrier = carrier_of(probe)
         if not carrier:  # no SDK: the API hands the parent's context through
-            return dict(caller) if caller else current_carrier()
+            return dict(caller) if caller else carrier_of_context()
         if not probe.is_recording():
             # Sampled out: its steps must be too, so they continue its (unsampled) context.
             return carrier

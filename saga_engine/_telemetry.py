@@ -77,6 +77,14 @@ def detach_from_trace(*, suppress_queries: bool = True) -> None:
     otel_context.attach(fresh)  # this task's context only: tasks copy theirs at creation
 
 
+def carrier_of_context(context: otel_context.Context | None = None) -> dict[str, str]:
+    """The W3C headers of ``context`` (the current one by default); empty when it holds
+    no valid span context."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, context=context)
+    return carrier
+
+
 def carrier_from_headers(headers: Iterable[tuple[str, bytes | None]]) -> dict[str, str]:
     """The W3C context of a Kafka record's ``traceparent``/``tracestate`` headers, checked
     and normalised by the propagator (empty when absent or malformed)."""
@@ -85,24 +93,12 @@ def carrier_from_headers(headers: Iterable[tuple[str, bytes | None]]) -> dict[st
         for key, value in headers
         if key in ("traceparent", "tracestate") and value
     }
-    carrier: dict[str, str] = {}
-    if raw:
-        _PROPAGATOR.inject(carrier, context=extract(raw))
-    return carrier
-
-
-def current_carrier() -> dict[str, str]:
-    """The W3C headers of the current span (e.g. an HTTP request's server span)."""
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier)
-    return carrier
+    return carrier_of_context(extract(raw)) if raw else {}
 
 
 def carrier_of(span: Span) -> dict[str, str]:
     """The W3C headers of ``span``'s context; empty when it has no valid context."""
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
-    return carrier
+    return carrier_of_context(trace.set_span_in_context(span))
 
 
 #: (trace id or None, span id) for the span being started in this context.

@@ -16,7 +16,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -55,6 +55,11 @@ class PoisonReason(StrEnum):
     UNKNOWN_COMMAND = "unknown_command"
     REJECTED = "rejected"
     KEY_MISMATCH = "key_mismatch"
+
+
+#: The dlq_reason of a message a consumer failed on for a reason of its own (a bug, a
+#: saga that kept conflicting), not for anything wrong with the message.
+ENGINE_ERROR: Final = "engine_error"
 
 
 class PoisonMessage(PermanentError):

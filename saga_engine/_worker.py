@@ -52,6 +52,7 @@ from saga_engine._telemetry import Telemetry, default_telemetry, detach_from_tra
 from saga_engine._topics import Topics, partition_for
 from saga_engine._trigger_runner import TriggerConsumer
 from saga_engine._wire import (
+    ENGINE_ERROR,
     CancelBody,
     Envelope,
     MessageType,
@@ -67,9 +68,6 @@ from saga_engine.settings import Settings
 from saga_engine.triggers import KafkaTrigger
 
 log = logging.getLogger("saga_engine.worker")
-
-#: The dlq_reason of a message the engine could not apply for a reason of its own.
-ENGINE_ERROR = "engine_error"
 
 
 class _LazyTopicSender:
@@ -134,8 +132,10 @@ class SagaWorker:
         self._task: asyncio.Task[None] | None = None
         self._running = False
         self._owned: set[TopicPartition] = set()
-        #: The inbox partitions among them (what ``owns`` asks, on every input).
+        #: The inbox partitions among them and the inbox's partition count, kept at each
+        #: assignment and revocation for ``owns``, which is asked on every input.
         self._inbox_partitions: frozenset[int] = frozenset()
+        self._inbox_partition_count = 0
         # Set while no batch is being processed: revocation waits for it.
         self._idle = asyncio.Event()
         self._idle.set()
@@ -468,13 +468,16 @@ class SagaWorker:
         )
         return len(known) if known else self.settings.kafka.partitions
 
-    def _owned_inbox(self) -> frozenset[int]:
-        return frozenset(tp.partition for tp in self._owned if tp.topic == self.topics.inbox)
+    def _note_owned(self) -> None:
+        self._inbox_partitions = frozenset(
+            tp.partition for tp in self._owned if tp.topic == self.topics.inbox
+        )
+        self._inbox_partition_count = self._partition_count()
 
     def owns(self, saga_id: str) -> bool:
         """Whether this instance drives ``saga_id``: its inbox partition is assigned here."""
         mine = self._inbox_partitions
-        return bool(mine) and partition_for(saga_id, self._partition_count()) in mine
+        return bool(mine) and partition_for(saga_id, self._inbox_partition_count) in mine
 
     async def notify_owner(self, saga_id: str) -> None:
         """Asks the saga's owner, through the inbox, to reload it from history."""
@@ -497,7 +500,7 @@ class SagaWorker:
         await self._idle.wait()
         await self._commit_pending()
         self._owned -= revoked
-        self._inbox_partitions = self._owned_inbox()
+        self._note_owned()
         gone = {tp.partition for tp in revoked if tp.topic == self.topics.inbox}
         if self.engine is None or not gone:
             return
@@ -514,7 +517,7 @@ class SagaWorker:
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         detach_from_trace()  # recovery's queries serve many sagas: no span for each
         self._owned |= assigned
-        self._inbox_partitions = self._owned_inbox()
+        self._note_owned()
         mine = {tp.partition for tp in assigned if tp.topic == self.topics.inbox}
         if self.engine is None or not mine or self._store is None:
             self.assigned_event.set()

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from saga_engine._definition import Saga
 from saga_engine._engine import saga_id_for
 from saga_engine._kafka import ensure_topics, make_producer, send
-from saga_engine._telemetry import current_carrier
+from saga_engine._telemetry import carrier_of_context
 from saga_engine._topics import Topics
 from saga_engine._wire import CancelBody, Envelope, MessageType, SignalBody, StartBody
 from saga_engine.settings import Settings
@@ -85,7 +85,7 @@ class SagaClient:
         The saga joins the trace of ``traceparent``, or else of the current span."""
         tracestate = ""
         if not traceparent:
-            current = current_carrier()
+            current = carrier_of_context()
             traceparent = current.get("traceparent", "")
             tracestate = current.get("tracestate", "")
         saga_type = saga if isinstance(saga, str) else saga.name

@@ -34,6 +34,7 @@ from saga_engine._engine import saga_id_for  # noqa: E402
 from saga_engine._wire import (  # noqa: E402
     BODY_MODELS,
     CE_SPECVERSION,
+    ENGINE_ERROR,
     HEADERS,
     REQUIRED_HEADERS,
     SCHEMA_VERSION,
@@ -58,8 +59,6 @@ ID_BASE = f"https://saga-engine.dev/proto/v{SCHEMA_VERSION}/"
 SPECVERSION_HEADER = "ce_specversion"
 CONTENT_TYPE_HEADER = "content-type"
 CONTENT_TYPE = "application/json"
-#: The dlq_reason of a message the engine failed on unexpectedly (a bug, not bad input).
-ENGINE_ERROR = "engine_error"
 
 BODY_SCHEMAS: dict[str, tuple[type[BaseModel], MessageType, str]] = {
     # file name: (model, the message type whose body it is, fallback description)

@@ -11,6 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Settings
+from saga_engine._kafka import KafkaUnavailable
 from saga_engine._worker import SagaWorker
 from saga_engine.client import SagaClient
 from saga_engine.settings import AdminSettings, EngineSettings, KafkaSettings, PostgresSettings
@@ -142,7 +143,8 @@ async def _is_completed(worker: SagaWorker, saga_id: str) -> bool:
 
 
 async def _lost(saga_id: str) -> None:
-    """A reload message that never arrives."""
+    """A reload message Kafka refuses, every time (the engine retries it, then gives up)."""
+    raise KafkaUnavailable(f"could not publish the reload of {saga_id}")
 
 
 async def test_a_reply_the_stale_owner_does_not_know_is_checked_against_history(
@@ -168,6 +170,7 @@ async def test_a_reply_the_stale_owner_does_not_know_is_checked_against_history(
         await poll_until(lambda: _is_completed(owner, saga_id), timeout=30)
     assert owner.engine.stats.counts["reloaded_stale_copy"] >= 1
     assert owner.engine.stats.counts["dropped_unknown_command"] == 0
+    assert other.engine.stats.counts["reload_notice_lost"] == 1  # after its retries
 
 
 async def test_the_owner_reloads_a_saga_changed_elsewhere_when_its_write_conflicts(
