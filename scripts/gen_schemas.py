@@ -185,7 +185,8 @@ HEADER_EXAMPLES: list[dict[str, str]] = [
 DLQ_HEADERS: dict[str, Schema] = {
     "dlq_reason": {
         "description": "Why the record was dead-lettered: a poison reason, or engine_error "
-        "when the engine failed on it unexpectedly (a bug, not bad input).",
+        "when the consumer failed on it for a reason of its own (a bug, or a saga another "
+        "engine kept writing to), not bad input.",
         "enum": [*(r.value for r in PoisonReason), ENGINE_ERROR],
     },
     "dlq_detail": {
