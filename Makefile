@@ -1,6 +1,8 @@
 # The two commands a new user needs: `make demo` and `make test`.
 # Each sets up everything it needs itself: the virtualenv, the packages, the Kafka jars
-# (via Maven) and PostgreSQL (via apt when missing).
+# (via Maven) and PostgreSQL (via apt when missing); `make test` also Debian's chromium
+# and docker-compose for the tests (via apt when missing; says so and carries on when
+# it cannot install them).
 
 PYTHON ?= python3.11
 VENV   := .venv
@@ -9,7 +11,7 @@ STAMP  := $(VENV)/.installed
 DEVSTACK := $(PY) scripts/devstack.py
 PYTEST_ARGS ?=
 
-.PHONY: help venv up down status env test lint typecheck pytest demo demo-up bench clean distclean
+.PHONY: help venv up down status env tools test lint typecheck pytest demo demo-up bench clean distclean
 
 help:
 	@echo "make demo    run the end-to-end demo on real Postgres and Kafka"
@@ -42,6 +44,11 @@ status: venv
 env: venv
 	@$(DEVSTACK) env
 
+# Debian's chromium and docker-compose for the tests, via apt when missing (as root or
+# with passwordless sudo); when it cannot, one line says why and the tests run anyway.
+tools: venv
+	@$(DEVSTACK) tools
+
 lint: venv
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check .
@@ -50,9 +57,11 @@ typecheck: venv
 	@$(VENV)/bin/mypy
 
 test: venv lint typecheck
+	@$(DEVSTACK) tools
 	@$(DEVSTACK) run -- $(PY) -m pytest $(PYTEST_ARGS)
 
 pytest: venv
+	@$(DEVSTACK) tools
 	@$(DEVSTACK) run -- $(PY) -m pytest $(PYTEST_ARGS)
 
 # The narrated checkout scenario: starts the stack if needed, the engine and the five

@@ -7,13 +7,15 @@ Usage (normally through the Makefile):
     python scripts/devstack.py status
     python scripts/devstack.py env       # print the SAGA_* connection settings
     python scripts/devstack.py run -- CMD ...   # up, run CMD with the settings, stop what it started
+    python scripts/devstack.py tools     # install the test suite's tools when missing
 
 When SAGA_PG__DSN or SAGA_KAFKA__BOOTSTRAP_SERVERS is already set, that server is used
 as it is and nothing is started for it: this is how the project is pointed at existing
 infrastructure.
 
 Every failure is one line on stderr naming the component and the reason, and a
-non-zero exit.
+non-zero exit. `tools` is the exception: a tool it cannot install is one line on
+stderr saying why and what that costs, and it still exits 0 so the tests run.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,22 +131,54 @@ def as_postgres(cmd: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *cmd] if is_root() else cmd
 
 
-def apt_install(packages: list[str], what: str) -> None:
-    if not is_root():
-        raise StackError(
-            f"{what}: not installed and not running as root; install {' '.join(packages)} "
-            "with apt-get, or set the SAGA_* variable to an existing server"
-        )
+class AptError(StackError):
+    """apt-get cannot install here or failed; `reason` is the cause alone."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        super().__init__(f"{what}: {reason}")
+        self.reason = reason
+
+
+def can_sudo() -> bool:
+    """Passwordless sudo only: nothing here may stop to ask for a password."""
+    if shutil.which("sudo") is None:
+        return False
+    probe = subprocess.run(["sudo", "-n", "true"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+def apt_install(packages: list[str], what: str, *, sudo: bool = False) -> None:
+    """Installs Debian packages with apt-get as root, or through passwordless sudo when
+    `sudo` is true; raises AptError saying why it could not."""
     if shutil.which("apt-get") is None:
-        raise StackError(f"{what}: not installed and apt-get is not available on this machine")
-    say(f"{what}: installing {' '.join(packages)} with apt-get ...")
+        raise AptError(what, "apt-get is not available on this machine")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    run_quiet(["apt-get", "update", "-q"], f"{what}: apt-get update failed", env=env)
-    run_quiet(
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages],
-        f"{what}: apt-get install failed",
-        env=env,
-    )
+    prefix: list[str] = []
+    if not is_root():
+        if not (sudo and can_sudo()):
+            raise AptError(
+                what, "not root and no passwordless sudo" if sudo else "not running as root"
+            )
+        prefix = ["sudo", "-n", "env", "DEBIAN_FRONTEND=noninteractive"]
+    say(f"{what}: installing {' '.join(packages)} with apt-get{' (sudo)' if prefix else ''} ...")
+    for args, step in (
+        (["update", "-q"], "apt-get update failed"),
+        (["install", "-y", "-q", "--no-install-recommends", *packages], "apt-get install failed"),
+    ):
+        try:
+            run_quiet([*prefix, "apt-get", *args], step, env=env)
+        except StackError as exc:
+            raise AptError(what, str(exc)) from None
+
+
+def apt_install_postgres(packages: list[str]) -> None:
+    try:
+        apt_install(packages, "postgres")
+    except AptError as exc:
+        raise StackError(
+            f"postgres: {' '.join(packages)} is not installed and cannot be ({exc.reason}); "
+            "install it with apt-get, or set SAGA_PG__DSN to an existing server"
+        ) from None
 
 
 def postgres_bindir() -> Path:
@@ -152,13 +187,13 @@ def postgres_bindir() -> Path:
         return bindir
     # Stop the package from creating and starting a default cluster on port 5432:
     # the project runs its own cluster and must leave no stray server behind.
-    apt_install(["postgresql-common"], "postgres")
+    apt_install_postgres(["postgresql-common"])
     conf = Path("/etc/postgresql-common/createcluster.conf")
     if conf.exists():
         text = conf.read_text()
         if "create_main_cluster = false" not in text:
             conf.write_text(text + "\ncreate_main_cluster = false\n")
-    apt_install([f"postgresql-{PG_VERSION}"], "postgres")
+    apt_install_postgres([f"postgresql-{PG_VERSION}"])
     if not (bindir / "initdb").exists():
         raise StackError(
             f"postgres: {bindir}/initdb missing after installing postgresql-{PG_VERSION}"
@@ -560,6 +595,87 @@ def stop_kafka(state: State) -> None:
     state.save()
 
 
+# --------------------------------------------------------------------------- test tools
+
+# The browser test drives Debian's chromium (never `playwright install`: no browser
+# download); tests/test_compose.py validates docker-compose.yml offline with Debian's
+# docker-compose. Both come from apt-get, like Postgres.
+CHROMIUM = os.environ.get("SAGA_TEST_CHROMIUM", "/usr/bin/chromium")
+
+
+def chromium_present() -> bool:
+    return Path(CHROMIUM).is_file()
+
+
+def compose_present() -> bool:
+    # As tests/test_compose.py looks for it: docker-compose, or the docker compose plugin.
+    if shutil.which("docker-compose"):
+        return True
+    if shutil.which("docker") is None:
+        return False
+    try:
+        probe = subprocess.run(
+            ["docker", "compose", "version"], capture_output=True, check=False, timeout=15
+        )
+    except subprocess.TimeoutExpired:
+        return False
+    return probe.returncode == 0
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str  # also its Debian package
+    present: Callable[[], bool]
+    without: str  # what the test run loses when it is missing
+
+
+TOOLS = [
+    Tool("chromium", chromium_present, "the admin web page's browser test will fail"),
+    Tool("docker-compose", compose_present, "the compose validation test will skip"),
+]
+
+
+def tools() -> None:
+    """Installs the test tools that are missing with apt-get, as root or through
+    passwordless sudo. When it cannot, one line each on stderr says why and what the
+    run loses; it never fails, so the tests run either way."""
+    missing = [tool for tool in TOOLS if not tool.present()]
+    if not missing:
+        say(f"tools: {' and '.join(tool.name for tool in TOOLS)} present")
+        return
+    installable = []
+    for tool in missing:
+        if tool.name == "chromium" and "SAGA_TEST_CHROMIUM" in os.environ:
+            # Debian's package would not put a browser at that path.
+            say(
+                f"tools: no chromium at {CHROMIUM} (SAGA_TEST_CHROMIUM); {tool.without}: "
+                "point SAGA_TEST_CHROMIUM at a Chromium, or unset it to use Debian's"
+            )
+        else:
+            installable.append(tool)
+    if not installable:
+        return
+    t0 = time.monotonic()
+    try:
+        apt_install([tool.name for tool in installable], "tools", sudo=True)
+    except (AptError, OSError) as exc:
+        reason = exc.reason if isinstance(exc, AptError) else str(exc)
+        for tool in installable:
+            say(
+                f"tools: {tool.name} is missing and cannot be installed ({reason}); "
+                f"{tool.without}: install Debian's {tool.name}"
+            )
+        return
+    installed = []
+    for tool in installable:
+        if tool.present():
+            installed.append(tool.name)
+        else:
+            say(f"tools: {tool.name} is still missing after apt-get installed it; {tool.without}")
+    if installed:
+        say(f"tools: {' and '.join(installed)} installed in {time.monotonic() - t0:.1f}s")
+
+
 # --------------------------------------------------------------------------- commands
 
 
@@ -627,6 +743,9 @@ def main(argv: list[str]) -> int:
         if cmd == "env":
             print_env()
             return 0
+        if cmd == "tools":
+            tools()
+            return 0
         if cmd == "run":
             if rest[:1] == ["--"]:
                 rest = rest[1:]
@@ -645,7 +764,9 @@ def main(argv: list[str]) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    print(f"error: unknown command {cmd!r}; use up, down, status, env or run", file=sys.stderr)
+    print(
+        f"error: unknown command {cmd!r}; use up, down, status, env, run or tools", file=sys.stderr
+    )
     return 2
 
 
