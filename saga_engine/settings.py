@@ -91,7 +91,8 @@ class AdminSettings(BaseModel):
     Tokens map a principal's name (recorded in history with each operator action) to
     its bearer token: ``SAGA_ADMIN__OPERATORS='{"alice": "<32 random chars>"}'``.
     Readers may use every GET endpoint; operators may also act on sagas. With no token
-    configured, the server starts only on a loopback address, where auth is off.
+    configured, the server starts only on a loopback address, where auth is off. The
+    web page trades a token for a signed session cookie (``/ui/login``, ``/ui/logout``).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -113,6 +114,14 @@ class AdminSettings(BaseModel):
     #: How many saga rows one list request may scan when filtering beyond what the store
     #: filters itself (time range, id search); the page then returns a cursor to go on.
     list_scan_limit: int = Field(default=5_000, ge=100)
+    #: How long a web-page sign-in lasts unused, in whole seconds. Sliding: a request
+    #: made with the session cookie extends it. A token's sessions also end when the
+    #: token is rotated or removed.
+    session_idle_s: int = Field(default=28_800, ge=1, le=30 * 86_400)
+    #: Signs the web page's session cookies (at least 16 characters). Unset, the key is
+    #: derived from all the configured tokens, so instances configured with the same
+    #: tokens accept each other's sessions, and changing any token ends every session.
+    session_secret: SecretStr | None = None
 
 
 class Settings(BaseSettings):

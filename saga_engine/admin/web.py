@@ -5,16 +5,23 @@
 from the history's timestamps, the owed compensations, the operator actions (they call
 the JSON API with ``fetch``) and the event table.
 
-Authentication is the admin app's middleware, unchanged: browsers send no bearer header,
-so for now the page is usable in the loopback no-auth mode (bound to loopback, no tokens
-configured), or behind a proxy that adds the header. Pages are sent with a strict
-Content-Security-Policy: scripts and styles come only from ``/ui/static``.
+Signing in: with tokens configured, ``/ui/login`` trades a token (a form field) for a
+signed session cookie and ``POST /ui/logout`` ends the session (every page's header has
+the button); the session itself (contents, key, idle expiry, revocation, the same-origin
+guard) is :mod:`saga_engine.admin.auth`'s. In the loopback no-auth mode (bound to
+loopback, no tokens) the pages are open. Every redirect is a relative path under the
+app's root_path, never built from the Host header.
+
+Pages are sent with a strict Content-Security-Policy: scripts and styles come only from
+``/ui/static``, no form posts elsewhere, and no other site may frame them (clickjacking);
+:class:`SecurityHeadersMiddleware` adds ``X-Frame-Options: DENY`` and ``nosniff`` to
+every response of the admin app, and the framing CSP to any HTML one that lacks it.
 """
 
 from __future__ import annotations
 
-import html
 import json
+import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
@@ -23,18 +30,35 @@ from urllib.parse import parse_qs, quote, urlencode
 
 import jinja2
 from fastapi import APIRouter, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, Response
+from starlette.datastructures import MutableHeaders
+from starlette.requests import cookie_parser
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from saga_engine._engine import Engine
 from saga_engine._errors import SagaNotFound
 from saga_engine._events import Event
 from saga_engine._status import SagaStatus
-from saga_engine.admin.auth import COOKIE, auth_required
+from saga_engine.admin.auth import (
+    COOKIE,
+    LEGACY_COOKIE,
+    PRINCIPAL_KEY,
+    SESSIONS_KEY,
+    Principal,
+    Sessions,
+    auth_required,
+    clear_session,
+    is_https,
+    relative_redirect,
+    session_cookie,
+)
 from saga_engine.admin.listing import SagaFilter, decode_cursor, list_page
 from saga_engine.admin.views import detail, summary
 from saga_engine.settings import AdminSettings
 
-__all__ = ["Bar", "TimelineRow", "timeline", "web_router"]
+__all__ = ["Bar", "SecurityHeadersMiddleware", "TimelineRow", "timeline", "web_router"]
+
+audit = logging.getLogger("saga_engine.admin.audit")
 
 PAGE_SIZE = 50
 MAX_SAGA_ID = 200
@@ -46,9 +70,15 @@ HEADERS = {
         "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
     ),
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",  # frame-ancestors' predecessor, for older browsers
+    # Not "no-referrer": under it browsers send "Origin: null" with every POST, the
+    # page's own forms and fetches included, and the same-origin guard refuses those.
+    # "same-origin" still sends nothing (no saga id in a URL) to other sites.
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
+#: For HTML answered by anything but :func:`_render` (none today): no framing, at least.
+FRAME_CSP = "frame-ancestors 'none'"
 #: Operator actions shown on a saga page: (API path, label, what the prompt asks for).
 ACTIONS = (
     ("cancel", "Cancel", ""),
@@ -209,23 +239,48 @@ def _blank(value: str | None) -> str | None:
     return value or None
 
 
-def _login_page(error: str = "", status_code: int = 200) -> HTMLResponse:
-    message = f'<p class="error">{html.escape(error)}</p>' if error else ""
-    page = (
-        "<!doctype html><html><head><meta charset=utf-8><title>saga-engine admin: sign in"
-        "</title></head><body><h1>saga-engine admin</h1>"
-        f"{message}<form method=post action=/ui/login>"
-        "<label>Bearer token <input type=password name=token autocomplete=off></label> "
-        "<button type=submit>Sign in</button></form></body></html>"
-    )
-    return HTMLResponse(
-        page,
-        status_code=status_code,
-        headers={
-            "Content-Security-Policy": "default-src 'none'; form-action 'self'",
-            "Cache-Control": "no-store",
-        },
-    )
+def _root(request: Request) -> str:
+    root: str = request.scope.get("root_path", "")
+    return root
+
+
+def _sessions(request: Request) -> Sessions | None:
+    """The app's sessions (its AuthMiddleware's), or None when auth is off."""
+    sessions = request.scope.get("state", {}).get(SESSIONS_KEY)
+    return sessions if isinstance(sessions, Sessions) else None
+
+
+def _login_page(request: Request, error: str = "", status_code: int = 200) -> HTMLResponse:
+    return _render("login.html", status_code, root=_root(request), user=None, error=error)
+
+
+class SecurityHeadersMiddleware:
+    """Adds ``X-Frame-Options: DENY`` and ``X-Content-Type-Options: nosniff`` to every
+    response of the admin app (JSON errors and redirects included), and a CSP forbidding
+    framing to any HTML response whose CSP does not already (clickjacking)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                headers.setdefault("X-Frame-Options", "DENY")
+                headers.setdefault("X-Content-Type-Options", "nosniff")
+                if headers.get("content-type", "").lower().startswith("text/html"):
+                    csp = headers.get("content-security-policy", "")
+                    if "frame-ancestors" not in csp:
+                        headers["Content-Security-Policy"] = (
+                            f"{csp}; {FRAME_CSP}" if csp else FRAME_CSP
+                        )
+            await send(message)
+
+        await self.app(scope, receive, sending)
 
 
 def web_router(engine: Engine, admin: AdminSettings) -> APIRouter:
@@ -233,33 +288,68 @@ def web_router(engine: Engine, admin: AdminSettings) -> APIRouter:
     router = APIRouter(prefix="/ui", include_in_schema=False)
     static = resources.files("saga_engine.admin").joinpath("static")
 
-    tokens = auth_required(admin)
+    auth_on = auth_required(admin) is not None
+
+    def user(request: Request) -> Principal | None:
+        """Who the header shows as signed in (with the sign-out button); nobody when
+        auth is off."""
+        principal = request.scope.get("state", {}).get(PRINCIPAL_KEY)
+        return principal if auth_on and isinstance(principal, Principal) else None
 
     @router.get("/login")
-    async def login_form() -> HTMLResponse:
-        return _login_page()
+    async def login_form(request: Request) -> Response:
+        if not auth_on:
+            return relative_redirect(request.scope, "/ui/sagas")
+        return _login_page(request)
 
     @router.post("/login")
     async def login(request: Request) -> Response:
         """Trades a bearer token (a form field, never a URL: URLs end up in access logs)
-        for an HttpOnly, SameSite=Strict session cookie holding it."""
-        if tokens is None:
-            return RedirectResponse(request.url_for("ui_list"), status_code=303)
+        for an HttpOnly, SameSite=Strict cookie holding a signed session (not the token).
+        The middleware has already refused it unless it came from this origin."""
+        sessions = _sessions(request)
+        if sessions is None:
+            return relative_redirect(request.scope, "/ui/sagas")
         body = (await request.body())[:4096].decode(errors="replace")
         token = parse_qs(body).get("token", [""])[0].strip()
-        if not token or tokens.authenticate(f"Bearer {token}") is None:
-            return _login_page("that token is not valid", status_code=401)
-        response = RedirectResponse(request.url_for("ui_list"), status_code=303)
-        response.set_cookie(
-            COOKIE, token, httponly=True, samesite="strict", path="/",
-            secure=request.url.scheme == "https",
-        )  # fmt: skip
+        signed_in = sessions.sign_in(token) if token else None
+        if signed_in is None:
+            # Never the token itself, not even a wrong one: it may be a near miss.
+            audit.info("a sign-in to the web page with a token that is not valid")
+            return _login_page(request, "that token is not valid", status_code=401)
+        principal, value = signed_in
+        audit.info("sign-in to the web page by %s (%s)", principal.name, principal.role.value)
+        response = relative_redirect(request.scope, "/ui/sagas")
+        secure = is_https(request.scope)
+        # Earlier versions kept the raw token in a cookie of their own: drop it.
+        response.headers.append(
+            "set-cookie", session_cookie("", max_age=0, secure=secure, name=LEGACY_COOKIE)
+        )
+        response.headers.append(
+            "set-cookie", session_cookie(value, max_age=sessions.idle_s, secure=secure)
+        )
+        return response
+
+    @router.post("/logout")
+    async def logout(request: Request) -> Response:
+        """Ends the session: expires the cookie, and refuses its value in this process
+        from now on (someone may have copied it). Same-origin only, like sign-in."""
+        sessions = _sessions(request)
+        if sessions is not None:
+            session = sessions.read(
+                cookie_parser(request.headers.get("cookie", "")).get(COOKIE, "")
+            )
+            if session is not None:
+                sessions.revoke(session)
+                audit.info("sign-out from the web page by %s", session.principal.name)
+        response = relative_redirect(request.scope, "/ui/login")
+        clear_session(response, request.scope)
         return response
 
     @router.get("")
     @router.get("/")
     async def home(request: Request) -> Response:
-        return RedirectResponse(request.url_for("ui_list"), status_code=303)
+        return relative_redirect(request.scope, "/ui/sagas")
 
     @router.get("/static/{name}", name="ui_static")
     async def static_file(name: str) -> Response:
@@ -305,7 +395,8 @@ def web_router(engine: Engine, admin: AdminSettings) -> APIRouter:
             next_url = f"?{urlencode({**kept, 'cursor': next_cursor})}"
         return _render(
             "list.html",
-            root=request.scope.get("root_path", ""),
+            root=_root(request),
+            user=user(request),
             sagas=[summary(r) for r in rows],
             filters=filters,
             statuses=[s.value for s in SagaStatus],
@@ -323,11 +414,12 @@ def web_router(engine: Engine, admin: AdminSettings) -> APIRouter:
         events = [stored.event for stored in loaded.events]
         record = loaded.record
         info = detail(record, events)
-        root = request.scope.get("root_path", "")
+        root = _root(request)
         api = f"{root}/sagas/{quote(record.saga_id, safe='')}"
         return _render(
             "saga.html",
             root=root,
+            user=user(request),
             saga=info,
             api=api,
             history_url=f"{api}/history?download=1",

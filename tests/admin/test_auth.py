@@ -194,6 +194,15 @@ def test_unusable_tokens_are_refused_without_showing_them(admin: dict[str, Any],
             assert secret.get_secret_value().strip() not in str(caught.value)
 
 
+@pytest.mark.parametrize("secret", ["short-CANARY", " CANARY-session-secret-0123456789"])
+def test_a_weak_session_secret_is_refused_without_showing_it(secret: str) -> None:
+    env = SagaTestEnv([Transfer])
+    settings = admin_settings(session_secret=SecretStr(secret))
+    with pytest.raises(AdminConfigError, match="SAGA_ADMIN__SESSION_SECRET is too weak") as caught:
+        create_admin_app(env.engine, settings)
+    assert "CANARY" not in str(caught.value)
+
+
 async def test_served_by_uvicorn_on_the_running_loop() -> None:
     env = SagaTestEnv([Transfer])
     settings = admin_settings(port=0)

@@ -17,9 +17,18 @@ import pytest
 
 from saga_engine import SagaStatus
 from saga_engine.admin import create_admin_app
+from saga_engine.admin.auth import COOKIE
 from saga_engine.settings import AdminSettings, Settings
 from saga_engine.testing import SagaRun, SagaTestEnv
-from tests.admin.conftest import OPERATOR, READER, READER_TOKEN, Admin, make_client
+from tests.admin.conftest import (
+    OPERATOR,
+    OPERATOR_TOKEN,
+    READER,
+    READER_TOKEN,
+    Admin,
+    admin_settings,
+    make_client,
+)
 from tests.admin.sagas import Credit, Noop, Transfer
 from tests.admin.served import served_in_thread
 
@@ -111,30 +120,50 @@ async def test_the_list_filters_and_pages(admin: Admin) -> None:
     assert 'rel="next"' not in second.text
 
 
-async def test_the_pages_need_a_token_like_the_api(admin: Admin) -> None:
-    assert (await admin.http.get("/ui/sagas")).status_code == 401
-    assert (await admin.http.get("/ui/sagas/x")).status_code == 401
-    assert (await admin.http.get("/ui/static/admin.js")).status_code == 401
+async def test_the_pages_send_strangers_to_sign_in(admin: Admin) -> None:
+    for path in ("/ui/sagas", "/ui/sagas/x"):
+        stranger = await admin.http.get(path)
+        assert stranger.status_code == 303, path
+        assert stranger.headers["location"] == "/ui/login"
+    # A program with a wrong token gets the API's 401, pages or not.
+    wrong = await admin.http.get("/ui/sagas", headers={"Authorization": "Bearer " + "x" * 30})
+    assert wrong.status_code == 401
     assert (await admin.http.get("/ui/sagas/missing", headers=OPERATOR)).status_code == 404
-    static = await admin.http.get("/ui/static/admin.js", headers=READER)
+    # The script and stylesheet hold no secret: the sign-in form needs them.
+    static = await admin.http.get("/ui/static/admin.js")
     assert static.status_code == 200
     assert "fetch(" in static.text
     assert (await admin.http.get("/ui/static/web.py", headers=READER)).status_code == 404
 
 
-async def test_signing_in_sets_a_strict_cookie_that_authenticates_the_pages(admin: Admin) -> None:
-    form = {"Content-Type": "application/x-www-form-urlencoded"}
-    assert (await admin.http.get("/ui/login")).status_code == 200
+async def test_signing_in_sets_a_strict_session_cookie_that_authenticates_the_pages(
+    admin: Admin,
+) -> None:
+    form = {"Content-Type": "application/x-www-form-urlencoded", "Origin": "http://admin"}
+    login_page = await admin.http.get("/ui/login")
+    assert login_page.status_code == 200
+    assert 'action="/ui/login"' in login_page.text
     bad = await admin.http.post("/ui/login", content="token=nope", headers=form)
     assert bad.status_code == 401
     assert "nope" not in bad.text
     ok = await admin.http.post("/ui/login", content=f"token={READER_TOKEN}", headers=form)
     assert ok.status_code == 303
-    cookie = ok.headers["set-cookie"]
+    assert ok.headers["location"] == "/ui/sagas"
+    [cookie] = [c for c in ok.headers.get_list("set-cookie") if c.startswith(f"{COOKIE}=")]
     assert "HttpOnly" in cookie
-    assert "SameSite=strict" in cookie
-    jar = {"Cookie": f"saga_admin_token={READER_TOKEN}"}
-    assert (await admin.http.get("/ui/sagas", headers=jar)).status_code == 200
+    assert "SameSite=Strict" in cookie
+    value = cookie.split(";", 1)[0].split("=", 1)[1]
+    assert (
+        READER_TOKEN not in value
+    )  # a signed session, not the token (tests/admin/test_session.py)
+    admin.http.cookies.clear()
+    jar = {"Cookie": f"{COOKIE}={value}"}
+    page = await admin.http.get("/ui/sagas", headers=jar)
+    assert page.status_code == 200
+    assert "rita (reader)" in page.text
+    # The token itself as the cookie is no session.
+    stale = await admin.http.get("/ui/sagas", headers={"Cookie": f"{COOKIE}={READER_TOKEN}"})
+    assert stale.status_code == 303
     # A state-changing request riding on the cookie must come from this origin...
     body = {"reason": "r"}
     foreign = await admin.http.post(
@@ -142,7 +171,7 @@ async def test_signing_in_sets_a_strict_cookie_that_authenticates_the_pages(admi
     )
     assert foreign.status_code == 403
     assert "cross-origin" in foreign.text
-    # ...and a reader's cookie still cannot act.
+    # ...and a reader's session still cannot act.
     same = await admin.http.post(
         "/sagas/x/cancel", json=body, headers={**jar, "Origin": "http://admin"}
     )
@@ -157,6 +186,7 @@ async def test_without_tokens_on_loopback_the_pages_are_open() -> None:
         page = await http.get(f"/ui/sagas/{saga_id}")
     assert page.status_code == 200
     assert "owed" in page.text  # both steps applied: their compensations are owed
+    assert "/ui/logout" not in page.text  # nobody signed in, nothing to sign out of
 
 
 # --------------------------------------------------------------------------- in a browser
@@ -237,6 +267,62 @@ def test_the_page_in_headless_chromium(tmp_path: Path) -> None:
         assert len(data) > 1000, name
         assert data.startswith(PNG_MAGIC), name
     print(f"browser test took {time.monotonic() - started:.1f}s; screenshots in {tmp_path}")
+
+
+def test_signing_in_acting_and_out_in_headless_chromium() -> None:
+    """With tokens: the browser is sent to the form, signs in, acts through its session
+    cookie (the real Origin a browser sends passes the same-origin guard), signs out."""
+    from playwright.sync_api import Dialog, Error, expect, sync_playwright
+
+    if not Path(CHROMIUM).is_file():
+        pytest.fail(f"no Chromium at {CHROMIUM}: see test_the_page_in_headless_chromium")
+    settings = admin_settings(host="127.0.0.1", port=0)
+    with served_in_thread(settings, _seed) as served, sync_playwright() as pw:
+        try:
+            browser = pw.chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+            )
+        except Error as exc:
+            pytest.fail(f"Chromium at {CHROMIUM} would not start: {exc}")
+        try:
+            context = browser.new_context()
+            page = context.new_page()
+
+            def answer(dialog: Dialog) -> None:
+                dialog.accept("signed-in operator" if dialog.type == "prompt" else None)
+
+            page.on("dialog", answer)
+            waiting = served.seeded["waiting"]
+
+            page.goto(f"{served.url}/ui/sagas/{waiting}")
+            expect(page).to_have_url(f"{served.url}/ui/login")
+            page.fill("#token", "not-the-token-0000000000")
+            page.click("#sign-in")
+            expect(page.locator(".error")).to_have_text("that token is not valid")
+            page.fill("#token", OPERATOR_TOKEN)
+            page.click("#sign-in")
+            expect(page).to_have_url(f"{served.url}/ui/sagas")
+            expect(page.locator("#signed-in-as")).to_have_text("olivia (operator)")
+            [cookie] = [c for c in context.cookies() if c["name"] == COOKIE]
+            assert cookie["httpOnly"]
+            assert cookie["sameSite"] == "Strict"
+            assert OPERATOR_TOKEN not in cookie["value"]
+
+            page.get_by_role("link", name=waiting).click()
+            expect(page.locator("#saga-status")).to_have_text("running")
+            with page.expect_navigation():  # the page reloads itself once the POST is done
+                page.locator("#action-cancel").click()
+            expect(page.locator("#action-error")).to_be_hidden()
+            expect(page.locator("#events")).to_contain_text("cancel_requested")
+            expect(page.locator("#events")).to_contain_text("signed-in operator")
+
+            page.click("#logout")
+            expect(page).to_have_url(f"{served.url}/ui/login")
+            assert not [c for c in context.cookies() if c["name"] == COOKIE]
+            page.goto(f"{served.url}/ui/sagas")
+            expect(page).to_have_url(f"{served.url}/ui/login")
+        finally:
+            browser.close()
 
 
 def test_the_timeline_follows_timestamps_and_outcomes() -> None:
