@@ -14,11 +14,13 @@ Public modules besides this one: ``saga_engine.events`` (the history event types
 
 from saga_engine._context import HttpRequest, SagaContext
 from saga_engine._decision import OutboundCommand
-from saga_engine._definition import Saga, SagaRegistry
+from saga_engine._definition import Saga, SagaRegistry, Signal
 from saga_engine._engine import Engine, saga_id_for
 from saga_engine._errors import (
     ConcurrencyError,
     DefinitionError,
+    IdempotencyConflict,
+    InvalidPayload,
     InvalidTransition,
     NondeterminismError,
     PayloadTooLarge,
@@ -32,6 +34,7 @@ from saga_engine._errors import (
     StepTimedOut,
     TransientError,
     UnknownSagaType,
+    UnstorableValue,
 )
 from saga_engine._policy import RetryPolicy
 from saga_engine._status import TRANSITIONS, SagaStatus
@@ -44,6 +47,8 @@ __all__ = [
     "Engine",
     "EngineSettings",
     "HttpRequest",
+    "IdempotencyConflict",
+    "InvalidPayload",
     "InvalidTransition",
     "KafkaSettings",
     "NondeterminismError",
@@ -61,11 +66,13 @@ __all__ = [
     "SagaStatus",
     "SerializationError",
     "Settings",
+    "Signal",
     "SignalTimeout",
     "StepFailed",
     "StepTimedOut",
     "TransientError",
     "UnknownSagaType",
+    "UnstorableValue",
     "saga_id_for",
 ]
 __version__ = "0.1.0"

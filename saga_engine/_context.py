@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from saga_engine._definition import Signal
 from saga_engine._policy import RetryPolicy
 from saga_engine._serde import JsonDict
 
@@ -114,6 +115,10 @@ class SagaContext:
         - ``retry`` governs re-sends after a per-attempt ``timeout`` (same command id,
           so the participant deduplicates) and after a retryable error reply.
         - ``returns`` parses the reply payload into a model; without it you get a dict.
+          A success reply that does not match it is not accepted: it is kept in the
+          history, the step waits, and the saga parks as ``step_stuck`` until an
+          operator retries the step (after a fix) or skips it with a valid result. The
+          engine never compensates because of a malformed reply.
 
         Raises ``StepFailed`` when the participant refuses, and ``StepTimedOut`` when
         every attempt timed out.
@@ -126,10 +131,11 @@ class SagaContext:
             retry=retry,
             timeout=as_timedelta(timeout, "timeout"),
             compensate_retry=compensate_retry,
+            returns=returns,
         )
         if returns is None:
             return payload
-        return self._rt.parse(returns, payload, f"the reply of step {name!r}")
+        return self._rt.parse(returns, payload, f"the reply of step {name!r}", step=name)
 
     @overload
     async def http_step(
@@ -193,10 +199,11 @@ class SagaContext:
             retry=retry,
             timeout=as_timedelta(timeout, "timeout") or timedelta(seconds=30),
             compensate_retry=None,
+            returns=returns,
         )
         if returns is None:
             return payload
-        return self._rt.parse(returns, payload, f"the response of step {name!r}")
+        return self._rt.parse(returns, payload, f"the response of step {name!r}", step=name)
 
     async def sleep(self, duration: Duration) -> None:
         """A durable timer: survives crashes and restarts."""
@@ -205,26 +212,42 @@ class SagaContext:
         await self._rt.op_sleep(delta)
 
     @overload
+    async def wait_signal(self, signal: Signal[M], *, timeout: Duration | None = None) -> M: ...
+
+    @overload
     async def wait_signal(
-        self, name: str, model: type[M], *, timeout: Duration | None = None
+        self, signal: str, model: type[M], *, timeout: Duration | None = None
     ) -> M: ...
 
     @overload
     async def wait_signal(
-        self, name: str, model: None = None, *, timeout: Duration | None = None
+        self, signal: str, model: None = None, *, timeout: Duration | None = None
     ) -> JsonDict: ...
 
     async def wait_signal(
-        self, name: str, model: type[M] | None = None, *, timeout: Duration | None = None
+        self,
+        signal: Signal[M] | str,
+        model: type[M] | None = None,
+        *,
+        timeout: Duration | None = None,
     ) -> M | JsonDict:
-        """Waits for the named signal (or takes one that already arrived).
+        """Waits for a signal the saga declares (or takes one that already arrived).
+
+        Pass the declared ``Signal`` (``self.approval``) to get its model back; a name
+        with its model works too, and a name alone gives the payload as a dict. A signal
+        the class does not declare raises DefinitionError: the engine refuses undeclared
+        signals, so it could never arrive.
 
         Raises ``SignalTimeout`` when ``timeout`` passes first.
         """
-        payload = await self._rt.op_wait_signal(name, as_timedelta(timeout, "signal timeout"))
-        if model is None:
+        declared = self._rt.declared_signal(signal, model)
+        payload = await self._rt.op_wait_signal(
+            declared.name, as_timedelta(timeout, "signal timeout")
+        )
+        if model is None and isinstance(signal, str):
             return payload
-        return self._rt.parse(model, payload, f"signal {name!r}")
+        parsed: M = self._rt.parse(declared.model, payload, f"signal {declared.name!r}")
+        return parsed
 
     async def side_effect(self, fn: Callable[[], T]) -> T:
         """Runs a local, non-deterministic computation once and records its result.

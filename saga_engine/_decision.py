@@ -54,7 +54,7 @@ class TimerDue:
 
 
 @dataclass(frozen=True, slots=True)
-class Signal:
+class SignalInput:
     signal_id: str
     name: str
     at: datetime
@@ -101,7 +101,7 @@ class RetryStep:
     reason: str = ""
 
 
-Inbound = Reply | TimerDue | Signal | Cancel | Resume | ForceCompensate | Skip | RetryStep
+Inbound = Reply | TimerDue | SignalInput | Cancel | Resume | ForceCompensate | Skip | RetryStep
 
 
 class DropReason(StrEnum):

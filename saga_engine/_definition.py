@@ -5,22 +5,87 @@ from __future__ import annotations
 import inspect
 import re
 import typing
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from saga_engine._errors import DefinitionError, UnknownSagaType
+from saga_engine._errors import DefinitionError, InvalidPayload, UnknownSagaType
+from saga_engine._serde import JsonDict, check_storable, validate_payload
 
 if TYPE_CHECKING:
     from saga_engine._context import SagaContext
 
 InT = TypeVar("InT", bound=BaseModel)
 OutT = TypeVar("OutT", bound=BaseModel)
+M = TypeVar("M", bound=BaseModel)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+class Signal(Generic[M]):
+    """A signal a saga accepts: its name and the model its payload must match.
+
+    Declare each one on the saga class; the attribute's name is the signal's name
+    unless ``name`` says otherwise::
+
+        class PlaceOrder(Saga[OrderRequest, OrderResult]):
+            name = "place-order"
+            approval = Signal(Approval)
+
+            async def run(self, ctx, order):
+                decision = await ctx.wait_signal(self.approval, timeout=timedelta(hours=4))
+
+    The engine checks every signal against the declaration before anything is
+    recorded: an undeclared name or a payload that does not match is refused (422 from
+    the admin API, an exception from the client, a dead letter from the inbox), and the
+    saga is untouched. ``SagaClient.signal(saga_id, PlaceOrder.approval, Approval(...))``
+    checks it before sending.
+    """
+
+    __slots__ = ("_explicit", "model", "name")
+
+    def __init__(self, model: type[M], *, name: str | None = None) -> None:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise DefinitionError(
+                f"Signal takes the payload's pydantic model class, not {model!r}; e.g. "
+                "`approval = Signal(Approval)` with `class Approval(BaseModel): ...`"
+            )
+        if name is not None and not (isinstance(name, str) and _NAME.match(name)):
+            raise DefinitionError(
+                f"signal name {name!r} is invalid: use 1 to 100 letters, digits, '.', '_' "
+                "or '-', starting with a letter or digit"
+            )
+        self.model: type[M] = model
+        #: Set from the attribute name when the class is created, unless given here.
+        self.name: str = name or ""
+        self._explicit = name is not None
+
+    def __set_name__(self, owner: type, attribute: str) -> None:
+        if self._explicit:
+            return
+        if self.name and self.name != attribute:
+            raise DefinitionError(
+                f"one Signal object is bound to two names ({self.name!r} and {attribute!r}); "
+                f"declare each with its own Signal, or pass name= to share one"
+            )
+        if not _NAME.match(attribute):
+            raise DefinitionError(
+                f"{owner.__name__}.{attribute}: a signal's name must be letters, digits, '.', "
+                "'_' or '-' starting with a letter or digit; pass name= to choose one"
+            )
+        self.name = attribute
+
+    def validate(self, payload: Any, *loc: str | int) -> M:
+        """``payload`` as this signal's model; InvalidPayload naming the wrong fields."""
+        check_storable(payload, f"signal {self.name!r}", *loc)
+        return validate_payload(self.model, payload, f"signal {self.name!r}", *loc)
+
+    def __repr__(self) -> str:
+        return f"Signal({self.model.__name__}, name={self.name!r})"
 
 
 class Saga(Generic[InT, OutT]):
@@ -46,6 +111,9 @@ class Saga(Generic[InT, OutT]):
 
     input_type: ClassVar[type[BaseModel]]
     output_type: ClassVar[type[BaseModel]]
+    #: The signals it accepts, by name: every ``Signal`` attribute (set when validated).
+    signals: ClassVar[Mapping[str, Signal[Any]]] = MappingProxyType({})
+    _saga_definition: ClassVar[SagaDefinition | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -117,6 +185,31 @@ def _validate(cls: type[Saga[Any, Any]]) -> None:
     deadline = cls.__dict__.get("deadline", getattr(cls, "deadline", None))
     if deadline is not None and (not isinstance(deadline, timedelta) or deadline <= timedelta(0)):
         raise DefinitionError(f"{cls.__name__}: `deadline` must be a positive timedelta or None")
+    declared = cls.__dict__.get("signals")
+    if declared is not None and not isinstance(declared, MappingProxyType):
+        raise DefinitionError(
+            f"{cls.__name__}: declare signals as attributes, e.g. `approval = Signal(Approval)`, "
+            "not as a `signals` mapping"
+        )
+    cls.signals = MappingProxyType(_collect_signals(cls))
+
+
+def _collect_signals(cls: type[Saga[Any, Any]]) -> dict[str, Signal[Any]]:
+    found: dict[str, Signal[Any]] = {}
+    for klass in reversed(cls.__mro__):
+        for attribute, value in vars(klass).items():
+            if not isinstance(value, Signal):
+                continue
+            _check_model(cls.__name__, f"signal {value.name!r} payload", value.model)
+            seen = found.get(value.name)
+            if seen is not None and seen.model is not value.model and klass is cls:
+                raise DefinitionError(
+                    f"{cls.__name__}: two signals are named {value.name!r} "
+                    f"({seen.model.__name__} and {value.model.__name__}, the second as "
+                    f"`{attribute}`); signal names must be unique within a saga"
+                )
+            found[value.name] = value
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +221,34 @@ class SagaDefinition:
     input_type: type[BaseModel]
     output_type: type[BaseModel]
     deadline: timedelta | None
+    #: The declared signals by name (``Signal`` attributes of the class).
+    signals: Mapping[str, Signal[Any]] = field(default_factory=dict)
+
+    def validate_input(self, payload: JsonDict) -> BaseModel:
+        """The start input as the input model; InvalidPayload (or UnstorableValue)
+        naming each wrong field, before anything is recorded."""
+        what = f"input of saga {self.name!r}"
+        check_storable(payload, what)
+        return validate_payload(self.input_type, payload, what)
+
+    def signal(self, name: str) -> Signal[Any]:
+        """The declared signal ``name``; InvalidPayload naming the field ``name`` if this
+        saga declares no such signal."""
+        declared = self.signals.get(name)
+        if declared is None:
+            known = ", ".join(sorted(self.signals)) or "none"
+            raise InvalidPayload(
+                f"signal {name!r}",
+                [
+                    {
+                        "loc": ["name"],
+                        "msg": f"saga {self.name!r} declares no signal {name!r} (it declares: "
+                        f"{known})",
+                        "type": "unknown_signal",
+                    }
+                ],
+            )
+        return declared
 
     @classmethod
     def of(cls, saga_cls: type[Saga[Any, Any]]) -> SagaDefinition:
@@ -138,14 +259,22 @@ class SagaDefinition:
                 f"{saga_cls.__name__} has no `name` of its own; add e.g. "
                 f'name = "{saga_cls.__name__.lower()}"'
             )
+        # Validated once per class: building its models' JSON schemas again on every
+        # start (a client's, an engine's) would cost more than the start itself.
+        known = saga_cls.__dict__.get("_saga_definition")
+        if isinstance(known, SagaDefinition):
+            return known
         _validate(saga_cls)
-        return cls(
+        definition = cls(
             name=saga_cls.name,
             cls=saga_cls,
             input_type=saga_cls.input_type,
             output_type=saga_cls.output_type,
             deadline=saga_cls.deadline,
+            signals=dict(saga_cls.signals),
         )
+        saga_cls._saga_definition = definition
+        return definition
 
 
 class SagaRegistry:
@@ -176,6 +305,12 @@ class SagaRegistry:
     def resolve(self, saga: str | type[Saga[Any, Any]]) -> SagaDefinition:
         if isinstance(saga, str):
             return self.get(saga)
+        # A registered class was validated when it was registered: no need to build its
+        # schemas again on every start.
+        name = saga.__dict__.get("name") if isinstance(saga, type) else None
+        known = self._by_name.get(name) if isinstance(name, str) else None
+        if known is not None and known.cls is saga:
+            return known
         definition = SagaDefinition.of(saga)
         registered = self.get(definition.name)
         if registered.cls is not saga:

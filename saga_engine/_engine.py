@@ -33,7 +33,7 @@ from saga_engine._decision import (
     Reply,
     Resume,
     RetryStep,
-    Signal,
+    SignalInput,
     Skip,
     StartSaga,
     TimerDue,
@@ -41,14 +41,16 @@ from saga_engine._decision import (
 from saga_engine._definition import Saga, SagaDefinition, SagaRegistry
 from saga_engine._errors import (
     ConcurrencyError,
+    IdempotencyConflict,
     InvalidTransition,
     PayloadTooLarge,
     SagaError,
+    SerializationError,
     TransientError,
 )
-from saga_engine._events import Event
+from saga_engine._events import Event, SagaStarted
 from saga_engine._runtime import SagaRuntime
-from saga_engine._serde import JsonDict, dumps
+from saga_engine._serde import JsonDict, canonical_hash, check_storable, dumps, storable_copy
 from saga_engine._spans import SagaSpans
 from saga_engine._status import SagaStatus
 from saga_engine._store import Append, EventStore, NewSaga, SagaRecord
@@ -66,6 +68,32 @@ CrashHook = Callable[[str], None]
 def saga_id_for(saga_type: str, idempotency_key: str) -> str:
     """Starting twice with the same key yields the same id, so only one saga exists."""
     return str(uuid.uuid5(_SAGA_ID_NS, f"{saga_type}\x00{idempotency_key}"))
+
+
+def same_input(definition: SagaDefinition, recorded: JsonDict, new: JsonDict) -> bool:
+    """Whether two start inputs are the same request: equal as JSON, or equal once read
+    by the input model (so ``"10"`` and ``10`` for an int field are one request)."""
+    if canonical_hash(recorded) == canonical_hash(new):
+        return True
+    try:
+        a = definition.input_type.model_validate(recorded).model_dump(mode="json")
+        b = definition.input_type.model_validate(new).model_dump(mode="json")
+    except ValueError:  # pydantic's ValidationError: the recorded one predates the model
+        return False
+    return canonical_hash(a) == canonical_hash(b)
+
+
+def _check_same_start(
+    definition: SagaDefinition,
+    recorded: JsonDict,
+    new: JsonDict,
+    saga_id: str,
+    idempotency_key: str | None,
+) -> None:
+    """A repeated start is the same saga only if it asks for the same thing: reusing a
+    key with another input is refused (IdempotencyConflict), as payment APIs do."""
+    if not same_input(definition, recorded, new):
+        raise IdempotencyConflict(saga_id, idempotency_key)
 
 
 @dataclass(slots=True)
@@ -141,7 +169,7 @@ class Engine:
         """Starts a saga and returns its id. With the same idempotency key, the same saga."""
         definition = self.registry.resolve(saga)
         payload = input.model_dump(mode="json") if isinstance(input, BaseModel) else dict(input)
-        self._check_size(payload)
+        self._check_size(payload, f"input of saga {definition.name!r}")
         if saga_id is None:
             saga_id = (
                 saga_id_for(definition.name, idempotency_key)
@@ -174,6 +202,9 @@ class Engine:
                     raise InvalidTransition(
                         f"saga id {saga_id} already belongs to a {live.runtime.saga_type!r} saga"
                     )
+                _check_same_start(
+                    definition, live.runtime.start_input, payload, saga_id, idempotency_key
+                )
                 self.stats.inc("start_deduplicated")
                 return saga_id
             runtime, decision = SagaRuntime.start(
@@ -198,11 +229,14 @@ class Engine:
                 )
             )
             if not created:
-                existing = await self.store.get(saga_id)
-                if existing.saga_type != definition.name:
+                existing = await self.store.load(saga_id)
+                if existing.record.saga_type != definition.name:
                     raise InvalidTransition(
-                        f"saga id {saga_id} already belongs to a {existing.saga_type!r} saga"
+                        f"saga id {saga_id} already belongs to a {existing.record.saga_type!r} saga"
                     )
+                first = existing.events[0].event if existing.events else None
+                if isinstance(first, SagaStarted):
+                    _check_same_start(definition, first.input, payload, saga_id, idempotency_key)
                 self.stats.inc("start_deduplicated")
                 return saga_id
             self._stat("sagas_started", definition.name)
@@ -261,7 +295,9 @@ class Engine:
                 f"reply outcome must be success, failure or retryable, not {outcome!r}"
             )
         body = payload or {}
-        self._check_size(body)
+        # A reply the store cannot hold as it came is still taken in: the runtime keeps
+        # an escaped copy and holds it for an operator (it is the participant's answer).
+        self._check_size(body, "the reply", exact=False)
         return await self.deliver(
             saga_id,
             Reply(command_id, outcome, self.clock.now(), body, error),  # type: ignore[arg-type]
@@ -282,10 +318,10 @@ class Engine:
             if isinstance(payload, BaseModel)
             else dict(payload or {})
         )
-        self._check_size(body)
+        self._check_size(body, f"signal {name!r}")
         sid = signal_id or str(uuid.uuid4())
         return await self.deliver(
-            saga_id, Signal(sid, name, self.clock.now(), body, principal, reason)
+            saga_id, SignalInput(sid, name, self.clock.now(), body, principal, reason)
         )
 
     async def cancel(self, saga_id: str, reason: str, *, principal: str = "system") -> Decision:
@@ -311,7 +347,7 @@ class Engine:
         payload = (
             result.model_dump(mode="json") if isinstance(result, BaseModel) else dict(result or {})
         )
-        self._check_size(payload)
+        self._check_size(payload, f"the result for step {step!r}")
         return await self.deliver(saga_id, Skip(step, self.clock.now(), payload, principal, reason))
 
     async def retry_step(
@@ -428,8 +464,14 @@ class Engine:
             lock = self._locks[saga_id] = asyncio.Lock()
         return lock
 
-    def _check_size(self, payload: JsonDict) -> None:
-        size = len(dumps(payload))
+    def _check_size(self, payload: JsonDict, what: str, *, exact: bool = True) -> None:
+        try:
+            size = len(dumps(payload))
+        except SerializationError:
+            if exact:
+                check_storable(payload, what)  # names the value JSON cannot carry
+                raise
+            size = len(dumps(storable_copy(payload)))
         if size > self.settings.engine.max_payload_bytes:
             raise PayloadTooLarge(size, self.settings.engine.max_payload_bytes)
 
@@ -551,7 +593,7 @@ class Engine:
                     max(0.0, (event.at - live.started_at).total_seconds()),
                     {"saga.type": saga_type, "outcome": kind.removeprefix("saga_")},
                 )
-        elif kind in ("saga_parked", "compensation_stuck"):
+        elif kind in ("saga_parked", "compensation_stuck", "invalid_reply_received"):
             self._stat("sagas_parked", saga_type)
 
     def _stat(self, name: str, saga_type: str) -> None:

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -133,6 +134,60 @@ class InvalidSagaId(PermanentError):
 
 class SerializationError(PermanentError):
     """A value could not be turned into JSON or back."""
+
+
+class InvalidPayload(SerializationError):
+    """A payload does not match what it was declared as: a saga's input model, a
+    declared signal, a step's reply model (``returns=``) or an operator's skip result.
+    Nothing was recorded; fix the payload and send it again.
+
+    ``errors`` lists each problem as ``{"loc": [...], "msg": ..., "type": ...}``, the shape
+    pydantic and FastAPI use; ``loc`` is relative to the request that carried it (e.g.
+    ``["payload", "ok"]`` for a signal's payload field).
+    """
+
+    def __init__(
+        self, what: str, errors: Sequence[Mapping[str, Any]], *, step: str | None = None
+    ) -> None:
+        self.what = what
+        #: The step whose reply it was, when it was one (an error of the saga names it).
+        self.step = step
+        self.errors: list[dict[str, Any]] = [
+            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": e.get("type", "")}
+            for e in errors
+        ]
+        shown = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(value)'}: {e['msg']}"
+            for e in self.errors[:5]
+        )
+        more = f" (and {len(self.errors) - 5} more)" if len(self.errors) > 5 else ""
+        super().__init__(f"{what}: {shown}{more}")
+
+
+class UnstorableValue(InvalidPayload):
+    """A value Postgres cannot store (a NUL character, an unpaired surrogate, a number
+    JSON cannot carry). Refused before anything is recorded; ``errors`` names where."""
+
+
+class IdempotencyConflict(PermanentError):
+    """A start reused an idempotency key (or a saga id) with a different input.
+
+    The saga started with it first is untouched; ``saga_id`` names it. Use a new key for
+    a new request, or send the original input to get the original saga back.
+    """
+
+    def __init__(self, saga_id: str, idempotency_key: str | None) -> None:
+        self.saga_id = saga_id
+        self.idempotency_key = idempotency_key
+        used = (
+            f"idempotency key {idempotency_key!r} was already used"
+            if idempotency_key
+            else "this saga id was already used"
+        )
+        super().__init__(
+            f"{used} to start saga {saga_id} with a different input; use a new key for a new "
+            "request, or repeat the original input to get that saga back"
+        )
 
 
 class PayloadTooLarge(PermanentError):

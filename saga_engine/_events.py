@@ -97,6 +97,32 @@ class ReplyReceived(_Event):
         return f"{what} {self.outcome} for step {self.step!r}"
 
 
+class InvalidReplyReceived(_Event):
+    """A participant answered a forward step with success, but its payload does not match
+    the step's reply model (``returns=``), or holds a value Postgres cannot store.
+
+    The reply is kept here (``payload``; values Postgres cannot store written out as
+    escapes, with ``unstorable`` set), the step keeps waiting and the saga parks as
+    ``step_stuck``. Nothing is compensated because of it: an operator retries the step
+    (the held reply is checked again against the code deployed now), skips it with a
+    valid result, or cancels the saga (the step's compensation is then owed: the
+    participant did apply it).
+    """
+
+    kind: Literal["invalid_reply_received"] = "invalid_reply_received"
+    step: str
+    command_id: str
+    payload: JsonDict = Field(default_factory=dict)
+    #: The payload could not be stored as it came: ``payload`` is an escaped rendering,
+    #: so only a skip (with a corrected result) can answer the step.
+    unstorable: bool = False
+    #: Why the reply was not accepted: its validation errors are in ``details``.
+    error: ErrorInfo
+
+    def describe(self) -> str:
+        return f"invalid reply for step {self.step!r} held"
+
+
 class AttemptTimedOut(_Event):
     kind: Literal["attempt_timed_out"] = "attempt_timed_out"
     step: str
@@ -336,6 +362,7 @@ class SagaCancelled(_Intent):
 Event = Annotated[
     SagaStarted
     | ReplyReceived
+    | InvalidReplyReceived
     | AttemptTimedOut
     | TimerFired
     | SignalReceived
@@ -361,7 +388,7 @@ Event = Annotated[
 ]
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
-    SagaStarted, ReplyReceived, AttemptTimedOut, TimerFired, SignalReceived, CancelRequested,
+    SagaStarted, ReplyReceived, InvalidReplyReceived, AttemptTimedOut, TimerFired, SignalReceived, CancelRequested,
     CompensationForced, StepSkipped, RetryRequested, SagaParked, SagaResumed, CommandIssued, TimerStarted, SideEffectRecorded, PatchMarked,
     CompensationStarted, CompensationIssued, CompensationCompleted, CompensationStuck,
     SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled,

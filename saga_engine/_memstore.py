@@ -11,31 +11,23 @@ import asyncio
 from collections.abc import Collection
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
 
 from saga_engine._errors import ConcurrencyError, InvalidSagaId, SagaNotFound, SerializationError
 from saga_engine._events import Event, event_from_json, event_to_json
+from saga_engine._serde import unstorable
 from saga_engine._status import SagaStatus
 from saga_engine._store import Append, LoadedSaga, NewSaga, Projection, SagaRecord, StoredEvent
 
 MAX_SAGA_ID_LENGTH = 200
 
 
-def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
-    return False
-
-
 def _copy(event: Event) -> Event:
-    # Fail where Postgres fails: its text and jsonb refuse the NUL character.
-    if _has_nul(event.model_dump()):
+    # Fail where Postgres fails: its text and jsonb refuse NUL characters and unpaired
+    # surrogates, and orjson numbers JSON cannot carry.
+    problems = unstorable(event.model_dump(mode="json"))
+    if problems:
         raise SerializationError(
-            "Postgres cannot store this value: \\u0000 cannot be converted to text"
+            f"Postgres cannot store this value: {problems[0]['msg']} (at {problems[0]['loc']})"
         )
     return event_from_json(event_to_json(event))
 

@@ -26,6 +26,7 @@ from saga_engine._decision import DEADLINE_TIMER, command_id_for
 from saga_engine._definition import SagaDefinition
 from saga_engine._errors import (
     DefinitionError,
+    InvalidPayload,
     NondeterminismError,
     SagaError,
     SerializationError,
@@ -42,6 +43,7 @@ from saga_engine._events import (
     CompensationStuck,
     ErrorInfo,
     Event,
+    InvalidReplyReceived,
     PatchMarked,
     ReplyReceived,
     SagaCancelled,
@@ -59,7 +61,14 @@ from saga_engine._policy import (
     DEFAULT_STEP_RETRY,
     RetryPolicy,
 )
-from saga_engine._serde import JsonDict, canonical_hash, dumps, model_payload, type_name
+from saga_engine._serde import (
+    JsonDict,
+    canonical_hash,
+    check_storable,
+    dumps,
+    model_payload,
+    type_name,
+)
 from saga_engine._status import SagaStatus
 
 E = TypeVar("E", bound=Event)
@@ -77,6 +86,15 @@ class _Halt(BaseException):
 class _InFlight:
     event: CommandIssued | CompensationIssued
     future: asyncio.Future[ReplyReceived | None]  # None: the attempt timed out
+    #: The step's reply model (``returns=``): a success reply must match it.
+    returns: type[BaseModel] | None = None
+    #: A success reply that did not match (or could not be stored): the step waits for
+    #: an operator's retry or skip, and the saga is step_stuck while any is held.
+    held: InvalidReplyReceived | None = None
+
+
+def timeout_timer_id(command_id: str, attempt: int) -> str:
+    return f"timeout:{command_id}:{attempt}"
 
 
 @dataclass(slots=True)
@@ -99,6 +117,15 @@ def error_info(exc: BaseException, step: str | None = None) -> ErrorInfo:
     if isinstance(exc, StepFailed):
         return ErrorInfo(
             type=type(exc).__name__, message=str(exc), step=exc.step, details=exc.details
+        )
+    if isinstance(exc, InvalidPayload):
+        # It names its own step (a step's reply), or none (a signal's payload): the
+        # step the saga last ran has nothing to do with it.
+        return ErrorInfo(
+            type=type(exc).__name__,
+            message=str(exc),
+            step=exc.step,
+            details={"errors": exc.errors},
         )
     return ErrorInfo(type=type(exc).__name__, message=str(exc) or type(exc).__name__, step=step)
 
@@ -173,11 +200,11 @@ class SagaOperations:
             raise asyncio.CancelledError()
 
     async def _await_command(
-        self, event: CommandIssued | CompensationIssued
+        self, event: CommandIssued | CompensationIssued, returns: type[BaseModel] | None = None
     ) -> ReplyReceived | None:
         future: asyncio.Future[ReplyReceived | None] = self._loop.create_future()
-        self._inflight[event.command_id] = _InFlight(event, future)
-        timer_id = f"timeout:{event.command_id}:{event.attempt}"
+        self._inflight[event.command_id] = _InFlight(event, future, returns)
+        timer_id = timeout_timer_id(event.command_id, event.attempt)
         if event.timeout_at is not None:
             self._timers[timer_id] = _Timer(fire_at=event.timeout_at, command_id=event.command_id)
         try:
@@ -209,6 +236,7 @@ class SagaOperations:
         retry: RetryPolicy | None,
         timeout: timedelta | None,
         compensate_retry: RetryPolicy | None,
+        returns: type[BaseModel] | None = None,
     ) -> JsonDict:
         self._check_open()
         if not isinstance(name, str) or not name:
@@ -223,15 +251,24 @@ class SagaOperations:
                 raise DefinitionError(
                     f"step {name!r}: {what} must be a pydantic model, got {value!r}"
                 )
+        if returns is not None and not (
+            isinstance(returns, type) and issubclass(returns, BaseModel)
+        ):
+            raise DefinitionError(f"step {name!r}: returns must be a pydantic model class")
         self._step_names.add(name)
         policy = retry or DEFAULT_STEP_RETRY
         payload = model_payload(command)
+        # Refused here, in the saga's code, rather than by Postgres when the command is
+        # appended (which would lose the input being handled).
+        check_storable(payload, f"the command of step {name!r}")
         spec = None
         if compensate is not None:
+            compensation_payload = model_payload(compensate)
+            check_storable(compensation_payload, f"the compensation of step {name!r}")
             spec = CompensationSpec(
                 participant=to,
                 command_type=type_name(compensate),
-                payload=model_payload(compensate),
+                payload=compensation_payload,
                 retry=compensate_retry or DEFAULT_COMPENSATION_RETRY,
                 timeout_s=(timeout or DEFAULT_COMPENSATION_TIMEOUT).total_seconds(),
             )
@@ -255,7 +292,7 @@ class SagaOperations:
             if issued.command_id not in sent:
                 sent.append(issued.command_id)
             try:
-                reply = await self._await_command(issued)
+                reply = await self._await_command(issued, returns)
             except asyncio.CancelledError:
                 # Cancelled in flight: it may or may not have been applied.
                 if spec is not None:
@@ -352,6 +389,7 @@ class SagaOperations:
         if isinstance(value, BaseModel):
             value = value.model_dump(mode="json")
         dumps(value)  # must be JSON, or SerializationError now rather than at append time
+        check_storable(value, f"the value of {op_id}")
         self._emit(SideEffectRecorded(at=self.now, op_id=op_id, value=value))
         return value  # type: ignore[no-any-return]
 
@@ -452,7 +490,9 @@ class SagaOperations:
                     f"{self.definition.cls.__name__}.run returned {type(result).__name__}, "
                     f"expected {model.__name__}: {exc}"
                 ) from exc
-        return model_payload(result)
+        output = model_payload(result)
+        check_storable(output, f"the output of {self.definition.cls.__name__}.run")
+        return output
 
     async def _compensate(self, owed: _Owed) -> None:
         spec = owed.spec

@@ -27,9 +27,9 @@ from aiokafka.errors import KafkaError
 from asyncpg.pool import PoolConnectionProxy
 from pydantic import BaseModel, ValidationError
 
-from saga_engine._errors import PayloadTooLarge, SagaError, TransientError
+from saga_engine._errors import PayloadTooLarge, SagaError, TransientError, UnstorableValue
 from saga_engine._kafka import DeadLetters, KafkaUnavailable, ensure_topics
-from saga_engine._serde import JsonDict
+from saga_engine._serde import JsonDict, check_storable, storable_copy, unstorable
 from saga_engine._telemetry import Telemetry, carrier_of, default_telemetry
 from saga_engine._topics import Topics
 from saga_engine._wire import (
@@ -470,6 +470,18 @@ class CommandProcessor:
             # does not exist would block the relay's queue (topics are never auto-created).
             await ensure_topics(self.settings.kafka, [topic])
             self._reply_topics.add(topic)
+        problems = unstorable(command.body)
+        if problems:
+            # Postgres could not record the command's handling (nor, often, the handler
+            # its effect): refused at once, with a reply that says where, so the step
+            # fails now instead of waiting out its timeout.
+            invalid = UnstorableValue(f"{command.subject or 'the command'} body", problems)
+            await self._dead_letter(record, PoisonReason.UNSTORABLE_VALUE.value, str(invalid))
+            reply = ReplyBody(
+                outcome="failure", payload={"errors": invalid.errors}, error=str(invalid)[:2000]
+            )
+            await self._answer(command, topic, reply, counter="unstorable")
+            return
         handler = self._handlers.get(command.subject)
         if handler is None:
             error = f"participant {self.name} cannot handle {command.subject or '(no ce_subject)'}"
@@ -517,6 +529,19 @@ class CommandProcessor:
             raise PoisonMessage(
                 PoisonReason.MISSING_HEADER, f"ce_replyto {command.reply_to!r} is not a topic name"
             )
+        ids = {
+            "ce_commandid": command.command_id, "ce_sagaid": command.saga_id,
+            "ce_step": command.step, "ce_subject": command.subject,
+            "ce_compensates": command.compensates,
+        }  # fmt: skip
+        problems = unstorable(ids)
+        if problems:
+            # These go into the deduplication table's text columns: with one that cannot
+            # be stored, no answer can be recorded, so none is sent.
+            raise PoisonMessage(
+                PoisonReason.UNSTORABLE_VALUE,
+                str(UnstorableValue("the command's headers", problems)),
+            )
         return command
 
     # ------------------------------------------------------------------ one command
@@ -557,7 +582,7 @@ class CommandProcessor:
                 # Recorded like any answer, in a transaction of its own (the failed one
                 # rolled back): the engine abandons this command id for a new one, so a
                 # copy of it processed later must not apply anything (PROTOCOL.md 7.3).
-                reply = ReplyBody(outcome="retryable", error=str(failed)[:2000])
+                reply = ReplyBody(outcome="retryable", error=storable_copy(str(failed)[:2000]))
                 await self._answer(command, topic, reply, counter="retryable")
                 return
             self.stats["duplicates" if duplicate else "processed"] += 1
@@ -617,17 +642,22 @@ class CommandProcessor:
                         # claim, so the refusal itself is recorded in this transaction.
                         async with conn.transaction():
                             result = await handler.fn(model, tx)
-                            reply = ReplyBody(outcome="success", payload=json_payload(result))
+                            payload = json_payload(result)
+                            # A handler's bug (an exception): its writes roll back.
+                            check_storable(payload, f"the reply of the {command.subject} handler")
+                            reply = ReplyBody(outcome="success", payload=payload)
                             outgoing = reply_record(
                                 command, reply, source=self._source, topic=topic
                             )
                             check_size(outgoing, limit)
                     except Rejected as refusal:
                         rejected = True
+                        # A refusal is recorded whatever it says: what Postgres cannot
+                        # store is written out as escapes.
                         reply = ReplyBody(
                             outcome="failure",
-                            payload=json_payload(refusal.details),
-                            error=refusal.reason,
+                            payload=storable_copy(json_payload(refusal.details)),
+                            error=storable_copy(refusal.reason),
                         )
                         outgoing = self._fitted(command, reply, topic)
                 except Exception as exc:

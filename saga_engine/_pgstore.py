@@ -133,6 +133,13 @@ def _unavailable_as_transient() -> Iterator[None]:
         raise _translate(exc) from exc
 
 
+def _check_lookup(saga_id: str) -> None:
+    """An id the table can never hold is not found, as in the in-memory store (Postgres
+    would refuse a NUL character with an error about encodings instead)."""
+    if not 1 <= len(saga_id) <= MAX_SAGA_ID_LENGTH or "\x00" in saga_id:
+        raise SagaNotFound(saga_id[:MAX_SAGA_ID_LENGTH].replace("\x00", "\\x00"))
+
+
 def _connection_lost(conn: _Conn) -> bool:
     try:
         return conn.is_closed()
@@ -669,6 +676,7 @@ class PostgresEventStore:
     # ----------------------------------------------------------------------- reads
 
     async def load(self, saga_id: str) -> LoadedSaga:
+        _check_lookup(saga_id)
         with _unavailable_as_transient():
             async with self._pool.acquire() as conn:
                 row = await conn.fetchrow(
@@ -692,6 +700,7 @@ class PostgresEventStore:
         )
 
     async def get(self, saga_id: str) -> SagaRecord:
+        _check_lookup(saga_id)
         with _unavailable_as_transient():
             row = await self._pool.fetchrow(
                 f"SELECT {_RECORD_COLUMNS} FROM sagas WHERE saga_id = $1", saga_id

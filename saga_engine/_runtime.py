@@ -38,13 +38,19 @@ from saga_engine._decision import (
     Reply,
     Resume,
     RetryStep,
-    Signal,
+    SignalInput,
     Skip,
     StartSaga,
     TimerDue,
 )
-from saga_engine._definition import SagaDefinition
-from saga_engine._errors import InvalidTransition, NondeterminismError, SerializationError
+from saga_engine._definition import SagaDefinition, Signal
+from saga_engine._errors import (
+    DefinitionError,
+    InvalidPayload,
+    InvalidTransition,
+    NondeterminismError,
+    SerializationError,
+)
 from saga_engine._events import (
     TERMINAL_EVENTS,
     AttemptTimedOut,
@@ -56,6 +62,7 @@ from saga_engine._events import (
     CompensationStuck,
     ErrorInfo,
     Event,
+    InvalidReplyReceived,
     ReplyReceived,
     RetryRequested,
     SagaCancelled,
@@ -70,8 +77,21 @@ from saga_engine._events import (
     TimerFired,
 )
 from saga_engine._loop import DeterministicLoop
-from saga_engine._operations import SagaOperations, _Halt, _InFlight, _Owed, _Timer
-from saga_engine._serde import JsonDict
+from saga_engine._operations import (
+    SagaOperations,
+    _Halt,
+    _InFlight,
+    _Owed,
+    _Timer,
+    timeout_timer_id,
+)
+from saga_engine._serde import (
+    JsonDict,
+    check_storable,
+    storable_copy,
+    unstorable,
+    validation_problems,
+)
 from saga_engine._status import SagaStatus, check_transition
 from saga_engine._store import Projection
 
@@ -83,6 +103,11 @@ _TERMINAL_STATUS = {
     "saga_compensated": SagaStatus.COMPENSATED,
     "saga_cancelled": SagaStatus.CANCELLED,
 }
+
+
+def _input_name(inbound: Inbound) -> str:
+    """An input's name in messages: "signal", "cancel", "skip"..."""
+    return type(inbound).__name__.lower().removesuffix("input")
 
 
 class SagaRuntime(SagaOperations):
@@ -138,14 +163,14 @@ class SagaRuntime(SagaOperations):
 
     @classmethod
     def start(cls, definition: SagaDefinition, start: StartSaga) -> tuple[SagaRuntime, Decision]:
-        """A brand-new saga: validates the input, records SagaStarted, runs to its first wait."""
-        try:
-            definition.input_type.model_validate(start.input)
-        except ValidationError as exc:
-            raise SerializationError(
-                f"input for saga {definition.name!r} does not match "
-                f"{definition.input_type.__name__}: {exc}"
-            ) from exc
+        """A brand-new saga: validates the input, records SagaStarted, runs to its first wait.
+
+        Raises InvalidPayload (UnstorableValue) naming each wrong field; nothing is recorded.
+        """
+        definition.validate_input(start.input)
+        check_storable(
+            {"saga_id": start.saga_id, "idempotency_key": start.idempotency_key}, "the start"
+        )
         rt = cls(definition, start.saga_id)
         started = SagaStarted(
             at=start.at,
@@ -208,8 +233,19 @@ class SagaRuntime(SagaOperations):
         return min((t.fire_at for t in self._timers.values()), default=None)
 
     def outstanding_commands(self) -> list[OutboundCommand]:
-        """Commands sent but not answered: a recovering owner sends them again, same ids."""
-        return [self._outbound(f.event) for f in self._inflight.values()]
+        """Commands sent but not answered: a recovering owner sends them again, same ids.
+        (A step whose reply is held as invalid was answered: it is not sent again.)"""
+        return [self._outbound(f.event) for f in self._inflight.values() if f.held is None]
+
+    @property
+    def start_input(self) -> JsonDict:
+        """The input the saga was started with."""
+        first = self._history[0]
+        return first.input if isinstance(first, SagaStarted) else {}
+
+    def held_steps(self) -> list[str]:
+        """Steps whose success reply was held as invalid, waiting for an operator."""
+        return sorted({f.event.step for f in self._inflight.values() if f.held is not None})
 
     def owed_compensations(self) -> list[str]:
         return [o.step for o in reversed(self._stack)]
@@ -230,7 +266,7 @@ class SagaRuntime(SagaOperations):
                 return self._decision(dropped=DropReason.STALE_TIMER)
             raise InvalidTransition(
                 f"saga {self.saga_id} is {self._status.value}; it accepts no "
-                f"{type(inbound).__name__.lower()} any more"
+                f"{_input_name(inbound)} any more"
             )
         event = self._to_event(inbound)
         if isinstance(event, DropReason):
@@ -246,11 +282,35 @@ class SagaRuntime(SagaOperations):
         self._closing = True
         self._loop.discard()
 
-    def parse(self, model: type[M], payload: JsonDict, what: str) -> M:
+    def parse(self, model: type[M], payload: JsonDict, what: str, step: str | None = None) -> M:
         try:
             return model.model_validate(payload)
         except ValidationError as exc:
-            raise SerializationError(f"{what} does not match {model.__name__}: {exc}") from exc
+            raise InvalidPayload(
+                f"{what} does not match {model.__name__}", validation_problems(exc), step=step
+            ) from None
+
+    def declared_signal(
+        self, signal: Signal[Any] | str, model: type[BaseModel] | None
+    ) -> Signal[Any]:
+        """The saga's declaration of ``signal``; DefinitionError (raised in the saga's code)
+        when it declares no such signal, or declares it with another model."""
+        name = signal.name if isinstance(signal, Signal) else signal
+        declared = self.definition.signals.get(name) if isinstance(name, str) else None
+        cls_name = self.definition.cls.__name__
+        if declared is None:
+            hint = model.__name__ if model is not None else "MyPayload"
+            raise DefinitionError(
+                f"{cls_name} waits for signal {name!r} but does not declare it, so the engine "
+                f"would refuse it; add `{name} = Signal({hint})` to the class"
+            )
+        wanted = signal.model if isinstance(signal, Signal) else model
+        if wanted is not None and wanted is not declared.model:
+            raise DefinitionError(
+                f"{cls_name} waits for signal {name!r} as {wanted.__name__}, but declares it "
+                f"with {declared.model.__name__}; use the declared model"
+            )
+        return declared
 
     # ------------------------------------------------------------------ inputs
 
@@ -268,10 +328,10 @@ class SagaRuntime(SagaOperations):
                         f"here ({self._nd}); deploy code that replays its history, then resume"
                     )
                 return SagaResumed(at=at, principal=inbound.principal, reason=inbound.reason)
-            if isinstance(inbound, Signal | Cancel | ForceCompensate | Skip | RetryStep):
+            if isinstance(inbound, SignalInput | Cancel | ForceCompensate | Skip | RetryStep):
                 raise InvalidTransition(
                     f"saga {self.saga_id} is parked as nondeterministic; resume it after "
-                    f"deploying a fix before sending it a {type(inbound).__name__.lower()}"
+                    f"deploying a fix before sending it a {_input_name(inbound)}"
                 )
             return DropReason.PARKED
         if isinstance(inbound, Reply):
@@ -280,15 +340,9 @@ class SagaRuntime(SagaOperations):
                 if inbound.command_id in self._issued_ids:
                     return DropReason.DUPLICATE_REPLY
                 return DropReason.UNKNOWN_COMMAND
-            return ReplyReceived(
-                at=at,
-                step=inflight.event.step,
-                command_id=inbound.command_id,
-                outcome=inbound.outcome,
-                compensation=isinstance(inflight.event, CompensationIssued),
-                payload=inbound.payload,
-                error=inbound.error,
-            )
+            if inflight.held is not None:
+                return DropReason.DUPLICATE_REPLY  # answered already; its reply is held
+            return self._reply_event(inbound, inflight)
         if isinstance(inbound, TimerDue):
             timer = self._timers.get(inbound.timer_id)
             if timer is None:
@@ -303,9 +357,16 @@ class SagaRuntime(SagaOperations):
                     compensation=isinstance(cmd, CompensationIssued),
                 )
             return TimerFired(at=at, timer_id=inbound.timer_id)
-        if isinstance(inbound, Signal):
+        if isinstance(inbound, SignalInput):
             if inbound.signal_id in self._seen_signals:
                 return DropReason.DUPLICATE_SIGNAL
+            # Checked before anything is recorded: a signal the saga does not declare, or
+            # a payload its model refuses, would only fail the saga's code later.
+            self.definition.signal(inbound.name).validate(inbound.payload, "payload")
+            self._check_texts(
+                "signal", signal_id=inbound.signal_id, principal=inbound.principal,
+                reason=inbound.reason,
+            )  # fmt: skip
             return SignalReceived(
                 at=at,
                 signal_id=inbound.signal_id,
@@ -315,24 +376,35 @@ class SagaRuntime(SagaOperations):
                 reason=inbound.reason,
             )
         if isinstance(inbound, Cancel):
-            if self._status != SagaStatus.RUNNING or self._cancel_reason is not None:
+            if not self._forward or self._cancel_reason is not None:
                 raise InvalidTransition(
                     f"saga {self.saga_id} is {self._status.value}: it is already undoing its "
                     "steps, so there is nothing to cancel"
                 )
+            self._check_texts("cancel", reason=inbound.reason, principal=inbound.principal)
             return CancelRequested(at=at, reason=inbound.reason, principal=inbound.principal)
         if isinstance(inbound, ForceCompensate):
-            if self._status != SagaStatus.RUNNING or self._cancel_reason is not None:
+            if not self._forward or self._cancel_reason is not None:
                 raise InvalidTransition(
                     f"saga {self.saga_id} is {self._status.value}: it is already undoing its "
                     "steps, so there is nothing to force"
                 )
+            self._check_texts(
+                "force-compensate", reason=inbound.reason, principal=inbound.principal
+            )
             return CompensationForced(at=at, reason=inbound.reason, principal=inbound.principal)
         if isinstance(inbound, Skip):
             return self._skip_event(inbound)
         if isinstance(inbound, RetryStep):
             return self._retry_event(inbound)
         if isinstance(inbound, Resume):
+            if self._status == SagaStatus.STEP_STUCK:
+                raise InvalidTransition(
+                    f"saga {self.saga_id} is step_stuck: the reply of step(s) "
+                    f"{', '.join(map(repr, self.held_steps()))} did not match; retry the step "
+                    "(its reply is checked again against the code deployed now) or skip it "
+                    "with a valid result"
+                )
             if self._status != SagaStatus.COMPENSATION_STUCK:
                 raise InvalidTransition(
                     f"saga {self.saga_id} is {self._status.value}; only a saga whose "
@@ -344,17 +416,92 @@ class SagaRuntime(SagaOperations):
     def _in_flight(self) -> list[str]:
         return sorted({f.event.step for f in self._inflight.values()})
 
+    @property
+    def _forward(self) -> bool:
+        """Still going forward: running, or running with a step held for an operator."""
+        return self._status in (SagaStatus.RUNNING, SagaStatus.STEP_STUCK)
+
+    def _check_texts(self, what: str, **texts: str | None) -> None:
+        """An input's texts (reason, principal, ids) must be storable too."""
+        check_storable(texts, what)
+
+    def _reply_event(self, inbound: Reply, inflight: _InFlight) -> Event:
+        """A reply as its event: accepted, or held as invalid (a success reply whose
+        payload its step's model refuses, or that Postgres cannot store)."""
+        compensation = isinstance(inflight.event, CompensationIssued)
+        step = inflight.event.step
+        error = storable_copy(inbound.error) if inbound.error is not None else None
+        if compensation or inbound.outcome != "success":
+            # A refusal's details and error text are kept for the record; what Postgres
+            # cannot store is written out as escapes rather than losing the reply.
+            return ReplyReceived(
+                at=inbound.at, step=step, command_id=inbound.command_id,
+                outcome=inbound.outcome, compensation=compensation,
+                payload=storable_copy(inbound.payload), error=error,
+            )  # fmt: skip
+        problems = unstorable(inbound.payload, ("payload",))
+        why = "holds a value Postgres cannot store"
+        if not problems and inflight.returns is not None:
+            try:
+                inflight.returns.model_validate(inbound.payload)
+            except ValidationError as exc:
+                problems = validation_problems(exc, "payload")
+                why = f"does not match {inflight.returns.__name__}"
+        if not problems:
+            return ReplyReceived(
+                at=inbound.at, step=step, command_id=inbound.command_id, outcome="success",
+                payload=inbound.payload, error=error,
+            )  # fmt: skip
+        invalid = InvalidPayload(f"the reply of step {step!r} {why}", problems, step=step)
+        return InvalidReplyReceived(
+            at=inbound.at,
+            step=step,
+            command_id=inbound.command_id,
+            payload=storable_copy(inbound.payload),
+            unstorable=why.startswith("holds"),
+            error=ErrorInfo(
+                type="InvalidReply",
+                message=f"{invalid}; the reply is held and the step waits: retry it after "
+                "a fix, or skip it with a valid result",
+                step=step,
+                details={"errors": invalid.errors},
+            ),
+        )
+
+    def _waiting_forward(self, step: str) -> _InFlight | None:
+        return next(
+            (
+                f
+                for f in self._inflight.values()
+                if f.event.step == step and isinstance(f.event, CommandIssued)
+            ),
+            None,
+        )
+
     def _skip_event(self, inbound: Skip) -> Event:
+        self._check_texts(
+            "skip", step=inbound.step, principal=inbound.principal, reason=inbound.reason
+        )
         if self._status == SagaStatus.COMPENSATION_STUCK and self._stuck_step == inbound.step:
+            check_storable(inbound.payload, f"the result for step {inbound.step!r}", "result")
             return StepSkipped(
                 at=inbound.at, step=inbound.step, compensation=True, payload=inbound.payload,
                 principal=inbound.principal, reason=inbound.reason,
             )  # fmt: skip
-        forward = [
-            f for f in self._inflight.values()
-            if f.event.step == inbound.step and isinstance(f.event, CommandIssued)
-        ]  # fmt: skip
-        if self._status == SagaStatus.RUNNING and forward and self._cancel_reason is None:
+        forward = self._waiting_forward(inbound.step)
+        if self._forward and forward is not None and self._cancel_reason is None:
+            # The result stands in for the participant's reply: it must be what the
+            # step's code would accept from the participant.
+            what = f"the result for step {inbound.step!r}"
+            check_storable(inbound.payload, what, "result")
+            if forward.returns is not None:
+                try:
+                    forward.returns.model_validate(inbound.payload)
+                except ValidationError as exc:
+                    raise InvalidPayload(
+                        f"{what} does not match {forward.returns.__name__}",
+                        validation_problems(exc, "result"),
+                    ) from None
             return StepSkipped(
                 at=inbound.at, step=inbound.step, payload=inbound.payload,
                 principal=inbound.principal, reason=inbound.reason,
@@ -367,6 +514,18 @@ class SagaRuntime(SagaOperations):
         )
 
     def _retry_event(self, inbound: RetryStep) -> Event:
+        self._check_texts(
+            "retry", step=inbound.step, principal=inbound.principal, reason=inbound.reason
+        )
+        held = self._waiting_forward(inbound.step)
+        if held is not None and held.held is not None and self._cancel_reason is None:
+            problem = self._held_problem(held)
+            if problem is not None:
+                raise InvalidTransition(problem)
+            return RetryRequested(
+                at=inbound.at, step=inbound.step, principal=inbound.principal,
+                reason=inbound.reason,
+            )  # fmt: skip
         waiting = self._status == SagaStatus.COMPENSATION_STUCK and self._stuck_step == inbound.step
         if waiting or self._retry_timer(inbound.step) is not None:
             return RetryRequested(
@@ -377,6 +536,29 @@ class SagaRuntime(SagaOperations):
             f"step {inbound.step!r} of saga {self.saga_id} ({self._status.value}) is not waiting "
             f"to retry; steps waiting for a reply: {self._in_flight() or 'none'}"
         )
+
+    def _held_problem(self, inflight: _InFlight) -> str | None:
+        """Why a held reply still cannot be accepted by the code deployed now, or None."""
+        held = inflight.held
+        assert held is not None
+        step = held.step
+        if held.unstorable:
+            return (
+                f"the reply of step {step!r} held a value Postgres cannot store, so it cannot "
+                "be accepted as it came; skip the step with a corrected result"
+            )
+        if inflight.returns is None:
+            return None
+        try:
+            inflight.returns.model_validate(held.payload)
+        except ValidationError as exc:
+            shown = InvalidPayload("", validation_problems(exc, "payload"))
+            return (
+                f"the held reply of step {step!r} still does not match "
+                f"{inflight.returns.__name__} with the code deployed here ({str(shown)[2:]}); "
+                "deploy a fix first, or skip the step with a valid result"
+            )
+        return None
 
     def _retry_timer(self, step: str) -> str | None:
         prefixes = (f"retry:{step}:", f"retry:compensate:{step}:")
@@ -397,6 +579,7 @@ class SagaRuntime(SagaOperations):
         except _Halt:
             return
         self._run()
+        self._settle_held()
 
     def _apply(self, event: Event) -> None:
         if isinstance(event, SagaStarted):
@@ -414,6 +597,19 @@ class SagaRuntime(SagaOperations):
                 )
                 raise _Halt
             inflight.future.set_result(event if isinstance(event, ReplyReceived) else None)
+        elif isinstance(event, InvalidReplyReceived):
+            inflight = self._inflight.get(event.command_id)
+            if inflight is None or inflight.future.done():
+                self._nondeterministic(
+                    self._cursor - 1,
+                    event.describe(),
+                    f"no command {event.command_id} waiting ({self._describe_waiting()})",
+                )
+                raise _Halt
+            # The step keeps waiting, for an operator now: its attempt no longer times
+            # out (the participant did answer), and nothing re-sends it.
+            inflight.held = event
+            self._timers.pop(timeout_timer_id(event.command_id, inflight.event.attempt), None)
         elif isinstance(event, TimerFired):
             timer = self._timers.pop(event.timer_id, None)
             if event.timer_id == DEADLINE_TIMER:
@@ -434,7 +630,13 @@ class SagaRuntime(SagaOperations):
         elif isinstance(event, StepSkipped):
             self._apply_skip(event)
         elif isinstance(event, RetryRequested):
-            if self._stuck_step == event.step and self._resume_waiter is not None:
+            held = self._waiting_forward(event.step)
+            if held is not None and held.held is not None:
+                # Checked again against the code running now (on replay too): a retry
+                # recorded under a fixed deploy does not replay under the broken one.
+                if self._held_problem(held) is None:
+                    self._release(held, held.held.payload, skipped=False)
+            elif self._stuck_step == event.step and self._resume_waiter is not None:
                 if not self._resume_waiter.done():
                     self._resume_waiter.set_result("retry")
             else:
@@ -456,17 +658,41 @@ class SagaRuntime(SagaOperations):
             return
         for inflight in list(self._inflight.values()):
             if inflight.event.step == event.step and not inflight.future.done():
-                self._skipped_ids.add(inflight.event.command_id)
-                inflight.future.set_result(
-                    ReplyReceived(
-                        at=event.at,
-                        step=event.step,
-                        command_id=inflight.event.command_id,
-                        outcome="success",
-                        payload=event.payload,
-                    )
-                )
+                # A step the participant never answered was done by hand: not compensated
+                # later. One whose reply was held did reach the participant, which applied
+                # it: its compensation stays owed.
+                self._release(inflight, event.payload, skipped=inflight.held is None)
                 return
+
+    def _release(self, inflight: _InFlight, payload: JsonDict, *, skipped: bool) -> None:
+        """Answers a waiting forward step with ``payload`` (an operator's skip, or a held
+        reply accepted on retry); the saga goes back to running once nothing is held."""
+        if skipped:
+            self._skipped_ids.add(inflight.event.command_id)
+        inflight.held = None
+        inflight.future.set_result(
+            ReplyReceived(
+                at=self.now,
+                step=inflight.event.step,
+                command_id=inflight.event.command_id,
+                outcome="success",
+                payload=payload,
+            )
+        )
+        self._settle_held()
+
+    def _settle_held(self) -> None:
+        """step_stuck lasts while a reply is held: when none is (released by an operator,
+        or its step ended another way), the saga is running again."""
+        if self._status != SagaStatus.STEP_STUCK or self._nd is not None:
+            return
+        held = [f.held for f in self._inflight.values() if f.held is not None]
+        if held:
+            self._error = held[0].error
+            return
+        self._status = check_transition(self._status, SagaStatus.RUNNING)
+        if self._error is not None and self._error.type == "InvalidReply":
+            self._error = None
 
     def _request_cancel(
         self, reason: Literal["cancel", "deadline", "forced"], message: str
@@ -505,6 +731,9 @@ class SagaRuntime(SagaOperations):
             self._error = event.error
         elif isinstance(event, SagaParked):
             self._parked = True
+            self._error = event.error
+        elif isinstance(event, InvalidReplyReceived):
+            new = SagaStatus.STEP_STUCK
             self._error = event.error
         elif (
             isinstance(event, StepSkipped | RetryRequested)
@@ -564,7 +793,12 @@ class SagaRuntime(SagaOperations):
         self._error = parked.error
 
     def _describe_waiting(self) -> str:
-        waits = [f"a reply to step {f.event.step!r}" for f in self._inflight.values()]
+        waits = [
+            f"a reply to step {f.event.step!r}"
+            if f.held is None
+            else f"an operator for step {f.event.step!r} (its reply is held)"
+            for f in self._inflight.values()
+        ]
         waits += [f"timer {tid!r}" for tid in self._timers if tid != DEADLINE_TIMER]
         waits += [f"signal {name!r}" for name in self._signal_waiters]
         if self._status.is_terminal:

@@ -1,16 +1,19 @@
-"""JSON in and out, with orjson. One place decides how values become bytes."""
+"""JSON in and out, with orjson. One place decides how values become bytes, and which
+values can be stored at all (Postgres refuses some that JSON and Python accept)."""
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+import json
+from typing import Any, TypeVar
 
 import orjson
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from saga_engine._errors import SerializationError
+from saga_engine._errors import InvalidPayload, SerializationError, UnstorableValue
 
 JsonDict = dict[str, Any]
+M = TypeVar("M", bound=BaseModel)
 
 
 def dumps(value: Any) -> bytes:
@@ -24,7 +27,18 @@ def loads(data: bytes | str) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise SerializationError(f"malformed JSON: {exc}") from exc
+        try:
+            # The one kind of standard JSON orjson refuses is an escaped lone surrogate
+            # ("\ud800"): read it, so the storable check can say which field holds it,
+            # instead of calling the whole message malformed. NaN and Infinity are not
+            # JSON and stay refused.
+            return json.loads(data, parse_constant=_not_json)
+        except ValueError:
+            raise SerializationError(f"malformed JSON: {exc}") from None
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
 
 
 def canonical_hash(value: Any) -> str:
@@ -44,3 +58,148 @@ def model_payload(model: BaseModel) -> JsonDict:
 def type_name(model: BaseModel | type[BaseModel]) -> str:
     cls = model if isinstance(model, type) else type(model)
     return cls.__name__
+
+
+# --------------------------------------------------------------------------- storable
+
+#: Deeper JSON than this is refused: orjson stops at 255 levels and Postgres at its stack
+#: depth limit, each with an error that names nothing; this one names where.
+MAX_DEPTH = 128
+#: orjson writes integers in [-2**63, 2**64 - 1]; anything wider cannot be stored.
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+_MAX_PROBLEMS = 20
+
+
+def _escaped(text: str) -> str:
+    """``text`` with what Postgres refuses written out as escapes (for error messages)."""
+    if "\x00" not in text and text.isascii():
+        return text
+    out = []
+    for ch in text:
+        if ch == "\x00":
+            out.append("\\u0000")
+        elif "\ud800" <= ch <= "\udfff":
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _text_problem(text: str) -> str | None:
+    if "\x00" in text:
+        return "contains a NUL character (\\u0000), which Postgres cannot store"
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return "contains an unpaired surrogate, which is not valid Unicode"
+    return None
+
+
+def unstorable(value: Any, loc: tuple[str | int, ...] = ()) -> list[dict[str, Any]]:
+    """Where ``value`` holds something Postgres cannot store as JSON (jsonb), as a list
+    of ``{"loc", "msg", "type": "unstorable"}``; empty when it can all be stored.
+
+    Refused: NUL characters and unpaired surrogates in strings or keys, keys that are not
+    strings, integers beyond 64 bits, NaN and infinities (JSON has neither; orjson would
+    quietly write null), and nesting deeper than MAX_DEPTH.
+    """
+    problems: list[dict[str, Any]] = []
+    _walk(value, loc, 0, problems)
+    return problems
+
+
+def _walk(value: Any, loc: tuple[str | int, ...], depth: int, out: list[dict[str, Any]]) -> None:
+    if len(out) >= _MAX_PROBLEMS:
+        return
+
+    def problem(msg: str, where: tuple[str | int, ...] = loc) -> None:
+        out.append({"loc": list(where), "msg": msg, "type": "unstorable"})
+
+    if isinstance(value, str):
+        text = _text_problem(value)
+        if text is not None:
+            problem(text)
+    elif isinstance(value, bool) or value is None:
+        return
+    elif isinstance(value, int):
+        if not _INT_MIN <= value <= _INT_MAX:
+            problem("is an integer beyond 64 bits, which JSON here cannot carry")
+    elif isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            problem("is not a finite number (JSON has no NaN or Infinity)")
+    elif isinstance(value, dict | list | tuple):
+        if depth >= MAX_DEPTH:
+            problem(f"is nested more than {MAX_DEPTH} levels deep")
+            return
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    problem(f"has a key that is not a string ({key!r})")
+                    continue
+                where = (*loc, _escaped(key))
+                text = _text_problem(key)
+                if text is not None:
+                    problem(f"key {text}", where)
+                _walk(item, where, depth + 1, out)
+        else:
+            for index, item in enumerate(value):
+                _walk(item, (*loc, index), depth + 1, out)
+
+
+def storable_copy(value: Any, depth: int = 0) -> Any:
+    """``value`` with everything Postgres cannot store written out as text (NUL as the
+    six characters ``\\u0000``, huge integers and NaN as strings): kept for the record
+    when a value must be recorded but cannot be stored as it came."""
+    if isinstance(value, str):
+        return _escaped(value) if _text_problem(value) else value
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return value if _INT_MIN <= value <= _INT_MAX else str(value)
+    if isinstance(value, float):
+        return (
+            value if value == value and value not in (float("inf"), float("-inf")) else str(value)
+        )
+    if depth >= MAX_DEPTH:
+        return "(nested too deep)"
+    if isinstance(value, dict):
+        return {
+            _escaped(str(k)) if not isinstance(k, str) or _text_problem(k) else k: storable_copy(
+                v, depth + 1
+            )
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [storable_copy(v, depth + 1) for v in value]
+    return value
+
+
+def check_storable(value: Any, what: str, *loc: str | int) -> None:
+    """Raises UnstorableValue naming every place in ``value`` Postgres cannot store."""
+    problems = unstorable(value, loc)
+    if problems:
+        raise UnstorableValue(what, problems)
+
+
+def validation_problems(exc: ValidationError, *loc: str | int) -> list[dict[str, Any]]:
+    """A pydantic ValidationError as ``{"loc", "msg", "type"}`` entries under ``loc``,
+    without the offending input (it may be large, secret or unstorable itself)."""
+    return [
+        {
+            "loc": [*loc, *(_escaped(p) if isinstance(p, str) else p for p in e["loc"])],
+            "msg": e["msg"],
+            "type": e["type"],
+        }
+        for e in exc.errors(include_url=False, include_input=False, include_context=False)
+    ]
+
+
+def validate_payload(model: type[M], payload: Any, what: str, *loc: str | int) -> M:
+    """``payload`` as ``model``, or InvalidPayload naming each field that is wrong."""
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        raise InvalidPayload(
+            f"{what} does not match {model.__name__}", validation_problems(exc, *loc)
+        ) from None

@@ -16,6 +16,8 @@ class SagaStatus(StrEnum):
     CANCELLED = "cancelled"
     COMPENSATION_STUCK = "compensation_stuck"
     NONDETERMINISTIC = "nondeterministic"
+    #: A forward step's reply did not match its model: the step waits for an operator.
+    STEP_STUCK = "step_stuck"
 
     @property
     def is_terminal(self) -> bool:
@@ -33,21 +35,31 @@ class SagaStatus(StrEnum):
 TERMINAL = frozenset(
     {SagaStatus.COMPLETED, SagaStatus.COMPENSATED, SagaStatus.FAILED, SagaStatus.CANCELLED}
 )
-PARKED = frozenset({SagaStatus.COMPENSATION_STUCK, SagaStatus.NONDETERMINISTIC})
+PARKED = frozenset(
+    {SagaStatus.COMPENSATION_STUCK, SagaStatus.NONDETERMINISTIC, SagaStatus.STEP_STUCK}
+)
 
 S = SagaStatus
 #: Every allowed move. Anything else is a bug or a wrong operator action.
 TRANSITIONS: dict[SagaStatus, frozenset[SagaStatus]] = {
     # failed: the run ended in error with nothing to undo;
     # cancelled: cancel (or deadline) with nothing to undo.
-    S.RUNNING: frozenset({S.COMPLETED, S.COMPENSATING, S.FAILED, S.CANCELLED, S.NONDETERMINISTIC}),
+    S.RUNNING: frozenset(
+        {S.COMPLETED, S.COMPENSATING, S.FAILED, S.CANCELLED, S.NONDETERMINISTIC, S.STEP_STUCK}
+    ),
+    # A step's reply was held as invalid. The rest of the run may still move (a gather's
+    # other branches), so it can go wherever running can; an operator's retry or skip of
+    # the last held step brings it back to running.
+    S.STEP_STUCK: frozenset(
+        {S.RUNNING, S.COMPLETED, S.COMPENSATING, S.FAILED, S.CANCELLED, S.NONDETERMINISTIC}
+    ),
     S.COMPENSATING: frozenset(
         {S.COMPENSATED, S.CANCELLED, S.COMPENSATION_STUCK, S.NONDETERMINISTIC}
     ),
     # An operator retries the stuck compensation, or the code changed under it.
     S.COMPENSATION_STUCK: frozenset({S.COMPENSATING, S.NONDETERMINISTIC}),
     # Resumed after a fixed deploy: back to where it was.
-    S.NONDETERMINISTIC: frozenset({S.RUNNING, S.COMPENSATING, S.COMPENSATION_STUCK}),
+    S.NONDETERMINISTIC: frozenset({S.RUNNING, S.COMPENSATING, S.COMPENSATION_STUCK, S.STEP_STUCK}),
     S.COMPLETED: frozenset(),
     S.COMPENSATED: frozenset(),
     S.FAILED: frozenset(),

@@ -21,8 +21,8 @@ from typing import Any, Final, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from saga_engine._errors import PermanentError
-from saga_engine._serde import JsonDict
+from saga_engine._errors import PermanentError, SerializationError
+from saga_engine._serde import JsonDict, loads
 
 SCHEMA_VERSION = "1"
 CE_SPECVERSION = "1.0"
@@ -55,6 +55,15 @@ class PoisonReason(StrEnum):
     UNKNOWN_COMMAND = "unknown_command"
     REJECTED = "rejected"
     KEY_MISMATCH = "key_mismatch"
+    #: A signal the saga does not declare, or whose payload its declared model refuses.
+    INVALID_SIGNAL = "invalid_signal"
+    #: A start whose input the saga's input model refuses.
+    INVALID_INPUT = "invalid_input"
+    #: A value Postgres cannot store (a NUL character, an unpaired surrogate, a number
+    #: JSON cannot carry), in a start, a signal or a command.
+    UNSTORABLE_VALUE = "unstorable_value"
+    #: A start that reuses an idempotency key (or saga id) with a different input.
+    IDEMPOTENCY_CONFLICT = "idempotency_conflict"
 
 
 #: The dlq_reason of a message a consumer failed on for a reason of its own (a bug, a
@@ -285,8 +294,8 @@ def decode(key: bytes | None, value: bytes | None, headers: Headers, *, max_byte
             f"{', '.join(t.value for t in MessageType)}",
         ) from None
     try:
-        body = orjson.loads(value or b"")
-    except orjson.JSONDecodeError as exc:
+        body = loads(value or b"")
+    except SerializationError as exc:
         raise PoisonMessage(PoisonReason.MALFORMED_JSON, f"the body is not JSON: {exc}") from None
     fields: dict[str, Any] = {"body": body}
     for field_name, header in HEADERS.items():

@@ -34,10 +34,13 @@ from saga_engine._definition import Saga
 from saga_engine._engine import Engine
 from saga_engine._errors import (
     ConcurrencyError,
+    IdempotencyConflict,
+    InvalidPayload,
     PermanentError,
     SagaNotFound,
     TransientError,
     UnknownSagaType,
+    UnstorableValue,
 )
 from saga_engine._http import HttpCaller, RoutingSender
 from saga_engine._kafka import (
@@ -388,6 +391,17 @@ class SagaWorker:
             raise PoisonMessage(PoisonReason.UNKNOWN_SAGA_TYPE, str(exc)) from exc
         except PoisonMessage:
             raise
+        except UnstorableValue as exc:
+            raise PoisonMessage(PoisonReason.UNSTORABLE_VALUE, str(exc)) from exc
+        except InvalidPayload as exc:
+            reason = (
+                PoisonReason.INVALID_SIGNAL
+                if envelope.message_type is MessageType.SIGNAL
+                else PoisonReason.INVALID_INPUT
+            )
+            raise PoisonMessage(reason, str(exc)) from exc
+        except IdempotencyConflict as exc:
+            raise PoisonMessage(PoisonReason.IDEMPOTENCY_CONFLICT, str(exc)) from exc
         except PermanentError as exc:
             raise PoisonMessage(PoisonReason.REJECTED, str(exc)) from exc
 

@@ -412,7 +412,18 @@ def show(
         out.print("no compensations owed")
 
 
-# ---------------------------------------------------------------------- through the inbox
+# ---------------------------------------------------------------------- through the admin API
+
+AdminUrl = Annotated[
+    str,
+    typer.Option(
+        "--admin-url",
+        envvar="SAGA_ADMIN_URL",
+        help="An engine's admin API (token from SAGA_ADMIN_TOKEN).",
+    ),
+]
+ReasonOpt = Annotated[str, typer.Option("--reason", help="Why; recorded in the saga's history.")]
+DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
 
 
 def _json_object(text: str, what: str) -> dict[str, Any]:
@@ -437,25 +448,25 @@ def signal(
         typer.Option("--signal-id", help="Sending the same id twice delivers it once."),
     ] = None,
     reason: Annotated[str, typer.Option("--reason", help="Why; recorded in its history.")] = "",
+    admin_url: AdminUrl = DEFAULT_ADMIN_URL,
     as_json: JsonOpt = False,
 ) -> None:
-    """Send a signal to a saga through the Kafka inbox; prints the signal id."""
-    from saga_engine.client import SagaClient
+    """Send a signal to a saga through an engine's admin API.
 
-    body = _run_sync(lambda: _json_object(payload, "--payload"))
-    settings = Settings()
+    The engine checks it against the signals the saga declares before recording it: an
+    undeclared name or a payload its model refuses is a one-line error naming the field
+    (exit 1), and the saga is untouched."""
+    body: dict[str, Any] = {
+        "name": name,
+        "payload": _run_sync(lambda: _json_object(payload, "--payload")),
+        "reason": reason,
+    }
+    if signal_id is not None:
+        body["signal_id"] = signal_id
+    _admin_action(admin_url, saga_id, "signal", body, as_json)
 
-    async def go() -> str:
-        async with SagaClient(settings, source="/saga-cli") as client:
-            return await client.signal(
-                saga_id, name, body, signal_id=signal_id, principal="cli", reason=reason
-            )
 
-    sent = _run(go)
-    if as_json:
-        _print_json({"saga_id": saga_id, "signal": name, "signal_id": sent})
-    else:
-        out.print(sent, highlight=False)
+# ---------------------------------------------------------------------- through the inbox
 
 
 @app.command()
@@ -480,20 +491,6 @@ def cancel(
         _print_json({"saga_id": saga_id, "action": "cancel", "requested": True})
     else:
         out.print("cancel requested")
-
-
-# ---------------------------------------------------------------------- through the admin API
-
-AdminUrl = Annotated[
-    str,
-    typer.Option(
-        "--admin-url",
-        envvar="SAGA_ADMIN_URL",
-        help="An engine's admin API (token from SAGA_ADMIN_TOKEN).",
-    ),
-]
-ReasonOpt = Annotated[str, typer.Option("--reason", help="Why; recorded in the saga's history.")]
-DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
 
 
 def _admin_action(
@@ -526,9 +523,10 @@ def _admin_action(
     if as_json:
         _print_json(result)
     else:
+        sent = f" (signal id {result['signal_id']})" if result.get("signal_id") else ""
         out.print(
             f"{result.get('action', action)} {result.get('saga_id', saga_id)} by "
-            f"{result.get('principal', '?')}: status {result.get('status', '?')}",
+            f"{result.get('principal', '?')}{sent}: status {result.get('status', '?')}",
             highlight=False,
         )
 
@@ -537,6 +535,13 @@ def _detail(data: Any, text: str) -> str:
     detail = data.get("detail") if isinstance(data, dict) else None
     if isinstance(detail, str):
         return detail
+    if isinstance(detail, list) and all(isinstance(d, dict) for d in detail):
+        # A 422's field errors, as "payload.ok: Input should be a valid boolean; ...".
+        return "; ".join(
+            f"{'.'.join(str(p) for p in d.get('loc', []) if p != 'body') or 'body'}: "
+            f"{d.get('msg', '')}"
+            for d in detail
+        )
     if detail is not None:
         return orjson.dumps(detail).decode()
     return " ".join(text.split())[:200] or "no detail"

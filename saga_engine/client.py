@@ -8,6 +8,13 @@
 
 Starting twice with the same idempotency key yields the same saga id, and the engine
 that owns it starts it once.
+
+What the client can check, it checks before sending, and raises InvalidPayload (or
+UnstorableValue) naming the wrong field: a start's input when given the saga class, and
+a signal's payload when given the declared ``Signal`` (``PlaceOrder.approval``) or the
+saga class. What it cannot know (a signal named only by a string) the engine checks: a
+bad one is dead-lettered (``invalid_signal``) and the saga is untouched. Use the admin
+API (or ``saga signal``) to get the engine's answer back synchronously.
 """
 
 from __future__ import annotations
@@ -18,9 +25,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from saga_engine._definition import Saga
+from saga_engine._definition import Saga, SagaDefinition, Signal
 from saga_engine._engine import saga_id_for
 from saga_engine._kafka import ensure_topics, make_producer, send
+from saga_engine._serde import check_storable
 from saga_engine._telemetry import carrier_of_context
 from saga_engine._topics import Topics
 from saga_engine._wire import CancelBody, Envelope, MessageType, SignalBody, StartBody
@@ -88,13 +96,22 @@ class SagaClient:
             current = carrier_of_context()
             traceparent = current.get("traceparent", "")
             tracestate = current.get("tracestate", "")
-        saga_type = saga if isinstance(saga, str) else saga.name
+        payload = _payload(input)
+        if isinstance(saga, str):
+            saga_type = saga
+            check_storable(payload, f"input of saga {saga!r}")
+        else:
+            definition = SagaDefinition.of(saga)
+            saga_type = definition.name
+            definition.validate_input(payload)
+        if idempotency_key is not None:
+            check_storable(idempotency_key, "the idempotency key")
         if saga_id is None:
             saga_id = (
                 saga_id_for(saga_type, idempotency_key) if idempotency_key else str(uuid.uuid4())
             )
         body = StartBody(
-            input=_payload(input),
+            input=payload,
             idempotency_key=idempotency_key,
             deadline_s=deadline.total_seconds() if deadline else None,
         )
@@ -116,20 +133,36 @@ class SagaClient:
     async def signal(
         self,
         saga_id: str,
-        name: str,
+        signal: Signal[Any] | str,
         payload: BaseModel | dict[str, Any] | None = None,
         *,
+        saga: type[Saga[Any, Any]] | None = None,
         signal_id: str | None = None,
         principal: str = "system",
         reason: str = "",
     ) -> str:
         """Sends a signal; the same ``signal_id`` twice is delivered once. ``principal``
-        and ``reason`` are recorded with it in the saga's history."""
+        and ``reason`` are recorded with it in the saga's history.
+
+        ``signal`` is the saga's declared ``Signal`` (``PlaceOrder.approval``): the payload
+        is checked against its model before it is sent. A name works too; with ``saga=``
+        it is checked against that saga's declarations, without it only by the engine.
+        """
+        data = _payload(payload)
+        if isinstance(signal, Signal):
+            name = signal.name
+            signal.validate(data, "payload")
+        else:
+            name = signal
+            if saga is not None:
+                SagaDefinition.of(saga).signal(name).validate(data, "payload")
+            check_storable(data, f"signal {name!r}", "payload")
+        check_storable({"name": name, "reason": reason, "principal": principal}, f"signal {name!r}")
         sid = signal_id or str(uuid.uuid4())
         body = SignalBody(
             name=name,
             signal_id=sid,
-            payload=_payload(payload),
+            payload=data,
             principal=principal,
             reason=reason,
         )

@@ -310,7 +310,7 @@ def create_app() -> FastAPI:
             raise HTTPException(409, f"order {order_id} is {row['status']} already")
         signal = Approval(approved=decision.approved, by=decision.by, note=decision.note)
         try:
-            signal_id = await saga_client().signal(row["saga_id"], "approval", signal)
+            signal_id = await saga_client().signal(row["saga_id"], Checkout.approval, signal)
         except TransientError as exc:
             raise HTTPException(503, f"the approval could not be sent ({exc}); retry") from exc
         return {"order_id": order_id, "saga_id": row["saga_id"], "signal_id": signal_id}

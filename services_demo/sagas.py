@@ -16,7 +16,15 @@ saga never reaches the ``except`` below); after ``reject-order`` it is a no-op.
 
 from __future__ import annotations
 
-from saga_engine import RetryPolicy, Saga, SagaContext, Settings, SignalTimeout, StepFailed
+from saga_engine import (
+    RetryPolicy,
+    Saga,
+    SagaContext,
+    Settings,
+    Signal,
+    SignalTimeout,
+    StepFailed,
+)
 from saga_engine.triggers import KafkaTrigger
 from services_demo.config import APPROVAL_THRESHOLD, DemoSettings, orders_topic
 from services_demo.contracts import (
@@ -59,6 +67,8 @@ def _reason(exc: Exception) -> str:
 
 class Checkout(Saga[CheckoutInput, CheckoutResult]):
     name = "checkout"
+    #: Large orders wait for it; the engine refuses any other signal, or a bad payload.
+    approval = Signal(Approval)
 
     async def run(self, ctx: SagaContext, order: CheckoutInput) -> CheckoutResult:
         oid, customer, items = order.order_id, order.customer, order.items
@@ -92,9 +102,7 @@ class Checkout(Saga[CheckoutInput, CheckoutResult]):
                 raise CheckoutRejected(f"fraud-check: not approved (score {verdict.score})")
             approved_by = None
             if created.total >= APPROVAL_THRESHOLD:
-                approval = await ctx.wait_signal(
-                    "approval", Approval, timeout=order.approval_timeout_s
-                )
+                approval = await ctx.wait_signal(self.approval, timeout=order.approval_timeout_s)
                 if not approval.approved:
                     raise CheckoutRejected(f"approval: refused by {approval.by} {approval.note}")
                 approved_by = approval.by

@@ -64,6 +64,7 @@ from saga_engine.settings import KafkaSettings, PostgresSettings
 from services_demo.config import PORT_OFFSETS, SERVICES
 from services_demo.contracts import Approval
 from services_demo.run import DemoStack, StackConfig, StackError, free_base_port
+from services_demo.sagas import Checkout
 
 FINISHED = {s.value for s in SagaStatus if s.is_terminal or s.is_parked}
 
@@ -663,8 +664,10 @@ async def approved_by_signal(demo: Demo) -> Placed:
     say(
         f"  1050 credits: the saga waits for the 'approval' signal ({demo.approval_timeout_s:.0f} s at most)"
     )
-    await demo.client.signal(placed.saga_id, "approval", Approval(approved=True, by="demo-script"))
-    say("  SagaClient.signal(saga_id, 'approval', Approval(approved=True)) sent")
+    await demo.client.signal(
+        placed.saga_id, Checkout.approval, Approval(approved=True, by="demo-script")
+    )
+    say("  SagaClient.signal(saga_id, Checkout.approval, Approval(approved=True)) sent")
     await demo.settle(placed)
     return placed
 

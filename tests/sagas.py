@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from pydantic import BaseModel
 
-from saga_engine import RetryPolicy, Saga, SagaContext, StepFailed
+from saga_engine import RetryPolicy, Saga, SagaContext, Signal, StepFailed
 
 
 class OrderRequest(BaseModel):
@@ -59,6 +59,7 @@ class Approval(BaseModel):
 
 class PlaceOrder(Saga[OrderRequest, OrderResult]):
     name = "place-order"
+    approval = Signal(Approval)
 
     async def run(self, ctx: SagaContext, order: OrderRequest) -> OrderResult:
         await ctx.step(
@@ -85,7 +86,7 @@ class PlaceOrder(Saga[OrderRequest, OrderResult]):
             ),
         )
         if order.needs_approval:
-            decision = await ctx.wait_signal("approval", Approval, timeout=timedelta(hours=4))
+            decision = await ctx.wait_signal(self.approval, timeout=timedelta(hours=4))
             if not decision.approved:
                 raise StepFailed("approval", f"rejected by {decision.by}")
         await ctx.sleep(timedelta(minutes=1))

@@ -31,11 +31,16 @@ from tests.conftest import PgTarget
 # each new migration.
 PINNED = {
     1: "12bd630585402c6947d0c31bcc4f0501dac21a8c9953ae6c07fb9c978d764ee2",
+    2: "be285e3e14a6051c8769902f72d392f6ad3a382597dc084acb9a755278f03f73",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant_migrations).
 PINNED_PARTICIPANT = {
     1: "cff0612d825b9868ebcd4f955f765cd36a21b437cbf52095dfa198d677d93d4c",
 }
+
+
+#: Every shipped engine migration's version: what a fresh schema gets.
+ALL = sorted(PINNED)
 
 
 def test_shipped_migrations_are_pinned() -> None:
@@ -102,7 +107,7 @@ async def _tables(dsn: str, schema: str) -> set[str]:
 async def test_migrate_applies_each_migration_once(pg: PgTarget) -> None:
     messages: list[str] = []
 
-    assert await migrate(pg.database_dsn, pg.schema, progress=messages.append) == [1]
+    assert await migrate(pg.database_dsn, pg.schema, progress=messages.append) == ALL
 
     assert any("applying 0001_initial" in m for m in messages)
     assert await _tables(pg.database_dsn, pg.schema) == {
@@ -123,7 +128,7 @@ async def test_migrate_applies_each_migration_once(pg: PgTarget) -> None:
 
 async def test_migrate_creates_a_missing_schema(pg_database: str, fresh_schema: str) -> None:
     assert await _tables(pg_database, fresh_schema) == set()
-    assert await migrate(pg_database, fresh_schema) == [1]
+    assert await migrate(pg_database, fresh_schema) == ALL
     assert {"sagas", "saga_events"} <= await _tables(pg_database, fresh_schema)
 
 
@@ -137,15 +142,17 @@ async def test_concurrent_migrate_applies_each_migration_once(
         for c in conns:
             await c.close()
 
-    assert sorted(results) == [[], [], [1]]
-    assert [v for v, _, _ in await _recorded(pg_database, fresh_schema)] == [1]
+    # Each migration is its own transaction: the runners may share them out, but each is
+    # applied exactly once.
+    assert sorted(v for applied in results for v in applied) == ALL
+    assert [v for v, _, _ in await _recorded(pg_database, fresh_schema)] == ALL
 
 
 async def test_migrate_leaves_the_callers_connection_as_it_was(pg: PgTarget) -> None:
     conn = await asyncpg.connect(pg.database_dsn)
     try:
         before = await conn.fetchval("SHOW search_path")
-        assert await migrate(conn, pg.schema) == [1]
+        assert await migrate(conn, pg.schema) == ALL
         assert await conn.fetchval("SHOW search_path") == before
         assert not conn.is_in_transaction()
     finally:
@@ -153,7 +160,7 @@ async def test_migrate_leaves_the_callers_connection_as_it_was(pg: PgTarget) -> 
 
 
 async def test_a_changed_applied_migration_is_refused(pg: PgTarget) -> None:
-    assert await migrate(pg.database_dsn, pg.schema) == [1]
+    assert await migrate(pg.database_dsn, pg.schema) == ALL
     conn = await asyncpg.connect(pg.dsn)
     try:
         await conn.execute("UPDATE schema_migrations SET sha256 = 'f00d' WHERE version = 1")
@@ -172,14 +179,15 @@ async def test_a_failing_migration_rolls_back_alone(
 ) -> None:
     good = shipped_migrations()
     bad_sql = "CREATE TABLE half_done (x int);\nSELECT * FROM no_such_table;\n"
-    bad = Migration(2, "broken", bad_sql, hashlib.sha256(bad_sql.encode()).hexdigest())
+    bad = Migration(len(good) + 1, "broken", bad_sql, hashlib.sha256(bad_sql.encode()).hexdigest())
     monkeypatch.setattr(_migrations, "shipped_migrations", lambda: [*good, bad])
 
     with pytest.raises(asyncpg.exceptions.UndefinedTableError):
         await migrate(pg.database_dsn, pg.schema)
 
-    # 0001 committed in its own transaction; 0002 left nothing behind, not even a record.
-    assert [v for v, _, _ in await _recorded(pg.database_dsn, pg.schema)] == [1]
+    # Each good one committed in its own transaction; the broken one left nothing behind,
+    # not even a record.
+    assert [v for v, _, _ in await _recorded(pg.database_dsn, pg.schema)] == ALL
     assert "half_done" not in await _tables(pg.database_dsn, pg.schema)
 
     monkeypatch.setattr(_migrations, "shipped_migrations", lambda: good)
@@ -187,7 +195,7 @@ async def test_a_failing_migration_rolls_back_alone(
 
 
 async def test_a_migration_from_a_newer_version_is_tolerated(pg: PgTarget) -> None:
-    assert await migrate(pg.database_dsn, pg.schema) == [1]
+    assert await migrate(pg.database_dsn, pg.schema) == ALL
     conn = await asyncpg.connect(pg.dsn)
     try:
         await conn.execute(
@@ -226,7 +234,7 @@ async def test_participant_migrations_apply_to_their_own_schema(pg: PgTarget) ->
         pg.database_dsn, pg.schema, progress=messages.append, package=PARTICIPANT_MIGRATIONS
     )
 
-    assert applied == [1]
+    assert applied == sorted(PINNED_PARTICIPANT)
     assert any("applying 0001_participant" in m for m in messages)
     assert await _tables(pg.database_dsn, pg.schema) == {
         "schema_migrations",
@@ -234,6 +242,37 @@ async def test_participant_migrations_apply_to_their_own_schema(pg: PgTarget) ->
         "saga_reply_outbox",
     }
     assert await migrate(pg.database_dsn, pg.schema, package=PARTICIPANT_MIGRATIONS) == []
+
+
+async def test_0002_upgrades_a_schema_with_sagas_in_it(
+    pg: PgTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store at 0001 with sagas in it takes 0002; its rows stay, and step_stuck (which
+    0001's check refused) is accepted from then on, while a bogus status still is not."""
+    first = [m for m in shipped_migrations() if m.version == 1]
+    monkeypatch.setattr(_migrations, "shipped_migrations", lambda: first)
+    assert await migrate(pg.database_dsn, pg.schema) == [1]
+    insert = (
+        "INSERT INTO sagas (saga_id, saga_type, status, last_seq, created_at, updated_at) "
+        "VALUES ($1, 't', $2, 0, now(), now())"
+    )
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        await conn.execute(insert, "old", "running")
+        with pytest.raises(asyncpg.exceptions.CheckViolationError):
+            await conn.execute(insert, "early", "step_stuck")
+        monkeypatch.undo()
+        assert await migrate(pg.database_dsn, pg.schema) == [2]
+        await conn.execute(insert, "new", "step_stuck")
+        with pytest.raises(asyncpg.exceptions.CheckViolationError):
+            await conn.execute(insert, "bogus", "stuck-ish")
+        rows = await conn.fetch("SELECT saga_id, status FROM sagas ORDER BY saga_id")
+    finally:
+        await conn.close()
+    assert [(r["saga_id"], r["status"]) for r in rows] == [
+        ("new", "step_stuck"),
+        ("old", "running"),
+    ]
 
 
 async def test_the_store_refuses_an_unmigrated_schema(pg: PgTarget) -> None:

@@ -19,12 +19,12 @@ from urllib.parse import quote
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPBearer
-from pydantic import BeforeValidator, ValidationError
+from pydantic import BeforeValidator
 
 from saga_engine import __version__
-from saga_engine._engine import Engine
-from saga_engine._errors import SagaNotFound, SerializationError
-from saga_engine._events import Event
+from saga_engine._engine import Engine, saga_id_for, same_input
+from saga_engine._errors import IdempotencyConflict, SagaNotFound, SerializationError
+from saga_engine._events import Event, SagaStarted
 from saga_engine._serde import loads
 from saga_engine._status import SagaStatus
 from saga_engine._store import SagaRecord
@@ -54,7 +54,7 @@ from saga_engine.admin.schemas import (
     StartAccepted,
 )
 from saga_engine.admin.views import detail, summary
-from saga_engine.admin.web import web_router
+from saga_engine.admin.web import SecurityHeadersMiddleware, web_router
 from saga_engine.replay import export_history
 from saga_engine.settings import Settings
 
@@ -69,6 +69,9 @@ audit = logging.getLogger("saga_engine.admin.audit")
 StartSaga = Callable[..., Awaitable[str]]
 
 MAX_SAGA_ID = 200
+#: How long a start with an Idempotency-Key waits to see the saga recorded, to tell a
+#: conflicting reuse of the key (409) from the first use (202).
+START_CONFIRM_S = 5.0
 _NO_NUL = r"^[^\x00]*$"
 _FILENAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
@@ -124,11 +127,6 @@ def _aware(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
-def _validation_detail(exc: ValidationError) -> list[Any]:
-    errors: list[dict[str, Any]] = loads(exc.json(include_url=False))
-    return [{**e, "loc": ["body", *e.get("loc", [])]} for e in errors]
-
-
 async def _json_object(request: Request) -> dict[str, Any]:
     content_type = request.headers.get("content-type", "application/json").lower()
     media = content_type.split(";")[0].strip()
@@ -172,10 +170,12 @@ def create_admin_app(
         redoc_url=None,
     )
     install_error_handlers(app)
-    # Outermost last: CatchAll(Auth(BodyLimit(app))). Auth runs before any body is read.
+    # Outermost last: SecurityHeaders(CatchAll(Auth(BodyLimit(app)))). Auth runs before
+    # any body is read; every answer, a 401 or a 500 too, gets the anti-framing headers.
     app.add_middleware(BodyLimitMiddleware, limit=admin.max_body_bytes)
     app.add_middleware(AuthMiddleware, tokens=tokens)
     app.add_middleware(CatchAllMiddleware)
+    app.add_middleware(SecurityHeadersMiddleware)
 
     bearer = HTTPBearer(
         auto_error=False,
@@ -204,6 +204,22 @@ def create_admin_app(
                 if loop.time() >= deadline:
                     return None
                 await asyncio.sleep(min(0.05, max(0.0, deadline - loop.time())))
+
+    async def recorded_input(saga_id: str, wait: float = 0.0) -> dict[str, Any] | None:
+        """The input a saga was started with, or None if it does not exist (yet): with
+        ``wait``, polls that long for it (a start through the inbox lands a moment later)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            try:
+                loaded = await engine.store.load(saga_id)
+            except SagaNotFound:
+                if loop.time() >= deadline:
+                    return None
+                await asyncio.sleep(0.02)
+                continue
+            first = loaded.events[0].event if loaded.events else None
+            return first.input if isinstance(first, SagaStarted) else {}
 
     # ------------------------------------------------------------------ reading
 
@@ -367,7 +383,9 @@ def create_admin_app(
                 min_length=1,
                 max_length=200,
                 pattern=_NO_NUL,
-                description="Starting twice with the same key starts one saga (same id).",
+                description="Starting twice with the same key and input starts one saga "
+                "(same id; the answer carries `Idempotent-Replayed: true`); the same key with "
+                "another input is a 409 naming the saga it started.",
             ),
         ] = None,
         wait: Annotated[
@@ -383,15 +401,28 @@ def create_admin_app(
         has ended or parked)."""
         definition = engine.registry.get(saga)
         body = await _json_object(request)
-        try:
-            value = definition.input_type.model_validate(body)
-        except ValidationError as exc:
-            return JSONResponse(
-                {"detail": _validation_detail(exc), "error": "ValidationError"}, status_code=422
-            )
-        saga_id = await starter(
-            definition.name, value.model_dump(mode="json"), idempotency_key=idempotency_key
-        )
+        # Refused here, before the start is sent anywhere, so a 202 always names a saga
+        # that will exist: a value Postgres cannot store, or one the input model refuses,
+        # is a 422 naming the field (InvalidPayload, see errors.py).
+        input_ = definition.validate_input(body).model_dump(mode="json")
+        replayed = False
+        if idempotency_key is not None:
+            # The key's saga, if it exists: the same request gets it back, another one a
+            # 409 naming it (the contract of payment APIs' Idempotency-Key).
+            saga_id = saga_id_for(definition.name, idempotency_key)
+            recorded = await recorded_input(saga_id)
+            if recorded is not None:
+                if not same_input(definition, recorded, input_):
+                    raise IdempotencyConflict(saga_id, idempotency_key)
+                replayed = True
+        if not replayed:
+            saga_id = await starter(definition.name, input_, idempotency_key=idempotency_key)
+            if idempotency_key is not None:
+                # Two requests with one key may both have found no saga: the first start
+                # the engine records wins; wait for it, and refuse this one if it lost.
+                recorded = await recorded_input(saga_id, wait=START_CONFIRM_S)
+                if recorded is not None and not same_input(definition, recorded, input_):
+                    raise IdempotencyConflict(saga_id, idempotency_key)
         audit.info(
             "start %s saga %s by %s (idempotency key %r)",
             definition.name,
@@ -412,7 +443,9 @@ def create_admin_app(
         accepted = StartAccepted(
             saga_id=saga_id, status_url=_status_url(request, saga_id), status=status
         )
-        return JSONResponse(accepted.model_dump(mode="json"), status_code=202)
+        # Stripe's header: this answer repeats an earlier start instead of making one.
+        headers = {"Idempotent-Replayed": "true"} if replayed else None
+        return JSONResponse(accepted.model_dump(mode="json"), status_code=202, headers=headers)
 
     # ------------------------------------------------------------------ operator actions
 

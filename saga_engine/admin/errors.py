@@ -1,8 +1,11 @@
 """Errors as HTTP: every bad input is a 4xx with a JSON ``detail``, never a 500.
 
 - saga_engine errors map by class: SagaNotFound and UnknownSagaType 404,
-  InvalidTransition 409, PayloadTooLarge 413, SerializationError 422, TransientError 503
-  (with Retry-After), any other PermanentError 400;
+  InvalidTransition and IdempotencyConflict 409, PayloadTooLarge 413, SerializationError
+  422 (InvalidPayload with FastAPI's list of ``{"loc": ["body", ...], "msg", "type"}``, so
+  the answer names each wrong field), TransientError 503 (with Retry-After), any other
+  PermanentError 400;
+- a client that goes away before it sent its whole body costs one WARNING line;
 - bodies above the configured size get 413 before they are read (Content-Length) or as
   soon as the streamed bytes pass the limit;
 - anything unexpected is logged with its traceback and answered with a generic 500.
@@ -15,10 +18,13 @@ import logging
 from fastapi import FastAPI, Request
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from saga_engine._errors import (
+    IdempotencyConflict,
+    InvalidPayload,
     InvalidTransition,
     PayloadTooLarge,
     PermanentError,
@@ -45,7 +51,7 @@ class BodyTooLarge(HTTPException):
 def status_for(exc: SagaError) -> int:
     if isinstance(exc, SagaNotFound | UnknownSagaType):
         return 404
-    if isinstance(exc, InvalidTransition):
+    if isinstance(exc, InvalidTransition | IdempotencyConflict):
         return 409
     if isinstance(exc, PayloadTooLarge):
         return 413
@@ -64,9 +70,17 @@ async def _saga_error(request: Request, exc: Exception) -> Response:
     headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
     if status == 503:
         log.warning("%s %s: %s", request.method, request.url.path, exc)
-    return JSONResponse(
-        {"detail": str(exc), "error": type(exc).__name__}, status_code=status, headers=headers
-    )
+    body: dict[str, object] = {"detail": str(exc), "error": type(exc).__name__}
+    if isinstance(exc, InvalidPayload):
+        body = {"detail": invalid_detail(exc), "error": type(exc).__name__, "message": str(exc)}
+    elif isinstance(exc, IdempotencyConflict):
+        body["saga_id"] = exc.saga_id
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def invalid_detail(exc: InvalidPayload) -> list[dict[str, object]]:
+    """FastAPI's shape for a 422: each problem under the request body's ``loc``."""
+    return [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors]
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -139,6 +153,13 @@ class CatchAllMiddleware:
 
         try:
             await self.app(scope, receive, tracking)
+        except ClientDisconnect:
+            # Nobody is left to answer, and nothing was done: one line, no traceback.
+            log.warning(
+                "admin API: the client went away before sending the whole body of %s %s",
+                scope["method"],
+                scope["path"],
+            )
         except Exception:
             log.exception("admin API: unexpected error in %s %s", scope["method"], scope["path"])
             if started:

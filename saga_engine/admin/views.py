@@ -15,6 +15,7 @@ from saga_engine._events import (
     CompensationStarted,
     CompensationStuck,
     Event,
+    InvalidReplyReceived,
     ReplyReceived,
     SagaCompleted,
     SagaStarted,
@@ -63,6 +64,8 @@ class _Step:
     compensating: bool = False
     stuck: bool = False
     done: bool = False
+    #: Its success reply was held as invalid: the participant applied it.
+    held: bool = False
 
     @property
     def in_doubt(self) -> bool:
@@ -101,6 +104,12 @@ def pending_compensations(status: SagaStatus, events: Sequence[Event]) -> list[P
                 step.forward = "refused"
             else:  # retryable: the participant applied nothing
                 step.forward, step.unknown = "waiting", False
+        elif isinstance(event, InvalidReplyReceived):
+            step = steps.setdefault(event.step, _Step())
+            step.forward, step.held = "applied", True
+            step.last_error = event.error.message
+            if event.step not in applied:
+                applied.append(event.step)
         elif isinstance(event, AttemptTimedOut):
             step = steps.setdefault(event.step, _Step())
             if event.compensation:
@@ -123,7 +132,7 @@ def pending_compensations(status: SagaStatus, events: Sequence[Event]) -> list[P
             step = steps.setdefault(name, _Step())
             if getattr(event, "compensation", False):
                 step.done = True
-            else:
+            elif not step.held:  # a held step was applied by its participant: still owed
                 step.forward = "skipped"
                 if name in applied:
                     applied.remove(name)

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from pydantic import BaseModel, Field
 
-from saga_engine import RetryPolicy, Saga, SagaContext
+from saga_engine import RetryPolicy, Saga, SagaContext, Signal
 
 #: Compensations give up quickly here, so a stuck one is reached in a few virtual seconds.
 QUICK = RetryPolicy(
@@ -49,8 +49,16 @@ class Approve(BaseModel):
     by: str
 
 
+class Note(BaseModel):
+    """A signal the saga accepts but never waits for (it is buffered)."""
+
+    text: str = ""
+
+
 class Transfer(Saga[TransferIn, TransferOut]):
     name = "transfer"
+    approve = Signal(Approve)
+    other = Signal(Note)
 
     async def run(self, ctx: SagaContext, t: TransferIn) -> TransferOut:
         await ctx.step(
@@ -69,7 +77,7 @@ class Transfer(Saga[TransferIn, TransferOut]):
         )
         by = ""
         if t.wait_for_approval:
-            by = (await ctx.wait_signal("approve", Approve)).by
+            by = (await ctx.wait_signal(self.approve)).by
         return TransferOut(ok=True, approved_by=by)
 
 

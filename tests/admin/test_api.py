@@ -600,6 +600,7 @@ async def test_metrics_as_json_and_prometheus_text(admin: Admin) -> None:
         "compensating": 0,
         "compensation_stuck": 1,
         "nondeterministic": 0,
+        "step_stuck": 0,
     }
     assert body["open_total"] == 2
     age = (admin.env.now - stuck_since).total_seconds()

@@ -104,7 +104,8 @@ async def test_listing_and_reading_on_postgres(pg_store: PostgresEventStore) -> 
             headers=OPERATOR,
         )
         assert nul.status_code == 422, nul.text
-        assert nul.json()["error"] == "SerializationError"
+        assert nul.json()["error"] == "UnstorableValue"
+        assert nul.json()["detail"][0]["loc"] == ["body", "payload", "by"]
         ok = await http.post(
             f"/sagas/{waiting}/signal",
             json={"name": "approve", "payload": {"by": "o"}},

@@ -1,4 +1,5 @@
-"""`saga signal`, `cancel`, `dlq list` and `dlq replay` against the real Kafka."""
+"""`saga cancel`, `dlq list` and `dlq replay` against the real Kafka (and `saga signal`'s
+local checks: it goes through the admin API, see tests/edge)."""
 
 from __future__ import annotations
 
@@ -42,49 +43,18 @@ async def prefix(kafka_topic: TopicFactory) -> str:
     return await _topics(kafka_topic)
 
 
-def test_signal_and_cancel_go_to_the_inbox(kafka_bootstrap: str, prefix: str) -> None:
+def test_cancel_goes_to_the_inbox(kafka_bootstrap: str, prefix: str) -> None:
     env = _env(kafka_bootstrap, prefix)
-    sent = invoke(
-        [
-            "signal",
-            "saga-1",
-            "approve",
-            "--payload",
-            '{"by": "olivia"}',
-            "--signal-id",
-            "s-1",
-            "--reason",
-            "checked by phone",
-        ],
-        env,
-    )
-    assert sent.exit_code == 0, sent.output
-    assert sent.stdout.strip() == "s-1"
-    generated = as_json(invoke(["signal", "saga-1", "other", "--json"], env))
-    assert generated["signal_id"]
-    assert generated["signal_id"] != "s-1"
     cancelled = invoke(["cancel", "saga-2", "--reason", "customer called"], env)
     assert cancelled.exit_code == 0, cancelled.output
     assert cancelled.stdout.strip() == "cancel requested"
 
     kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
-    records = asyncio.run(read_topic(kafka, f"{prefix}.inbox", 3))
-    by_saga = sorted(
-        ((r.key.decode(), _headers(r)["ce_type"], orjson.loads(r.value)) for r in records),
-        key=lambda r: (r[0], r[1]),
-    )
-    assert [(key, kind) for key, kind, _ in by_saga] == [
-        ("saga-1", "saga.signal"),
-        ("saga-1", "saga.signal"),
-        ("saga-2", "saga.cancel"),
-    ]
-    signals = {b["signal_id"]: b for k, _, b in by_saga if k == "saga-1"}
-    assert signals["s-1"]["name"] == "approve"
-    assert signals["s-1"]["payload"] == {"by": "olivia"}
-    assert (signals["s-1"]["principal"], signals["s-1"]["reason"]) == ("cli", "checked by phone")
-    assert generated["signal_id"] in signals
-    [cancel] = [b for k, _, b in by_saga if k == "saga-2"]
-    assert cancel["reason"] == "customer called"
+    [record] = asyncio.run(read_topic(kafka, f"{prefix}.inbox", 1))
+    assert record.key == b"saga-2"
+    assert _headers(record)["ce_type"] == "saga.cancel"
+    body = orjson.loads(record.value)
+    assert (body["reason"], body["principal"]) == ("customer called", "cli")
 
 
 def test_a_bad_payload_is_one_line_error(kafka_bootstrap: str, prefix: str) -> None:

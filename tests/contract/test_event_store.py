@@ -520,6 +520,7 @@ async def test_open_saga_ids_excludes_terminal_statuses(store: EventStore) -> No
         "saga-compensation_stuck",
         "saga-nondeterministic",
         "saga-running",
+        "saga-step_stuck",
     ]
     # A saga that finishes drops out.
     assert (

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from pydantic import BaseModel
 
-from saga_engine import Saga, SagaContext, SagaStatus, Settings
+from saga_engine import Saga, SagaContext, SagaStatus, Settings, Signal
 from saga_engine._kafka import KafkaUnavailable
 from saga_engine._worker import SagaWorker
 from saga_engine.client import SagaClient
@@ -37,12 +37,22 @@ class Undo(BaseModel):
     n: int
 
 
+class Go(BaseModel):
+    pass
+
+
+class Ship(BaseModel):
+    n: int
+
+
 class Gated(Saga[Order, Done]):
     """Waits for an operator's go; then its second step: at once (n=1), after a short
     durable sleep (n=2), or once shipped (n=3, the shipment's n goes to the step). With
     n=4 it sleeps first, then waits for the go."""
 
     name = "gated"
+    go = Signal(Go)
+    ship = Signal(Ship)
 
     async def run(self, ctx: SagaContext, input: Order) -> Done:
         n = input.n

@@ -181,7 +181,7 @@ async def test_poison_messages_go_to_the_dlq_and_the_partition_keeps_flowing(
     assert reasons == sorted(
         [
             "malformed_json", "wrong_schema_version", "unknown_type", "oversized",
-            "rejected", "unknown_saga", "missing_header", "unknown_command",
+            "invalid_input", "unknown_saga", "missing_header", "unknown_command",
         ]
     )  # fmt: skip
     for record in records:

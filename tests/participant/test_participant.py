@@ -8,6 +8,7 @@ the participant's own schema counts the handlers' effects.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -325,6 +326,49 @@ async def test_poison_records_are_dead_lettered_and_the_partition_keeps_flowing(
     assert await world.ledger() == [(valid.command_id, 7)]
     assert participant.stats["dead_lettered"] == 5
     assert participant.stats["processed"] == 2
+
+
+async def test_a_command_postgres_cannot_store_gets_a_failure_reply_saying_where(
+    world: World,
+) -> None:
+    """Before, the handler's transaction failed in Postgres, the record was dead-lettered
+    as engine_error with a traceback, and the step waited for its timeout."""
+    participant = await world.participant()
+    saga = "saga-nul"  # one key: one partition, in order
+    nul = command(
+        "Reserve", {"amount": 3, "memo": "a\u0000b", "tags": ["ok", "\ud800"]},
+        saga_id=saga, command_id=f"{saga}:0",
+    )  # fmt: skip
+    step_nul = command("Reserve", {"amount": 4}, saga_id=saga, command_id=f"{saga}:1")
+    step_nul = step_nul.model_copy(update={"step": "reserve\u0000"})
+    valid = command("Reserve", {"amount": 7}, saga_id=saga, command_id=f"{saga}:2")
+    # As a producer in another language may write it: an escaped lone surrogate is JSON,
+    # but not Unicode (orjson would not even write it).
+    key, _, headers = encode(nul.model_copy(update={"body": {}}))
+    await world.bus.send_raw(key, json.dumps(nul.body).encode(), headers)
+    for envelope in (step_nul, valid):
+        await world.bus.send(envelope)
+
+    replies = await world.bus.wait_replies(2)
+    dead = await world.bus.wait_dead_letters(2)
+
+    assert [r.command_id for r in replies] == [nul.command_id, valid.command_id]
+    refusal = body_of(replies[0])
+    assert refusal.outcome == "failure"
+    assert refusal.error is not None
+    assert refusal.error.startswith("Reserve body: memo: contains a NUL character (\\u0000)")
+    assert [e["loc"] for e in refusal.payload["errors"]] == [["memo"], ["tags", 1]]
+    assert body_of(replies[1]).outcome == "success"
+    reasons = [dict(d.headers)["dlq_reason"].decode() for d in dead]
+    assert reasons == ["unstorable_value", "unstorable_value"]
+    assert "ce_step: contains a NUL" in dict(dead[1].headers)["dlq_detail"].decode()
+    # Recorded as answered (a re-send gets the same refusal), and nothing was applied.
+    stored = await world.processed(nul.command_id)
+    assert stored is not None
+    assert stored["outcome"] == "failure"
+    assert await world.ledger() == [(valid.command_id, 7)]
+    assert participant.stats["unstorable"] == 1
+    assert participant.stats["dead_lettered_engine_error"] == 0
 
 
 # --------------------------------------------------------------------------- the outbox

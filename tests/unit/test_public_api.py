@@ -11,7 +11,7 @@ import saga_engine.testing
 
 PUBLIC = {
     "TRANSITIONS", "ConcurrencyError", "DefinitionError", "Engine", "EngineSettings", "HttpRequest",
-    "InvalidTransition", "KafkaSettings", "NondeterminismError", "OutboundCommand",
+    "IdempotencyConflict", "InvalidPayload", "InvalidTransition", "Signal", "UnstorableValue", "KafkaSettings", "NondeterminismError", "OutboundCommand",
     "PayloadTooLarge", "PermanentError", "PostgresSettings", "RetryPolicy", "Saga",
     "SagaCancelled", "SagaContext", "SagaError", "SagaNotFound", "SagaRegistry", "SagaStatus",
     "SerializationError", "Settings", "SignalTimeout", "StepFailed", "StepTimedOut",
@@ -35,7 +35,7 @@ def test_subpackages_expose_their_documented_names() -> None:
     assert {"replay", "load_history", "export_history", "load_sagas"} <= set(
         saga_engine.replay.__all__
     )
-    assert len(saga_engine.events.EVENT_TYPES) == 23
+    assert len(saga_engine.events.EVENT_TYPES) == 24
     assert set(saga_engine.telemetry.__all__) == {
         "Telemetry",
         "configure_from_env",
@@ -49,7 +49,8 @@ def test_error_hierarchy_tells_how_to_react() -> None:
     assert issubclass(e.ConcurrencyError, e.TransientError)
     assert issubclass(e.StepTimedOut, e.StepFailed)
     for permanent in (e.DefinitionError, e.NondeterminismError, e.SagaNotFound,
-                      e.InvalidTransition, e.SerializationError, e.PayloadTooLarge):  # fmt: skip
+                      e.InvalidTransition, e.SerializationError, e.PayloadTooLarge,
+                      e.InvalidPayload, e.UnstorableValue, e.IdempotencyConflict):  # fmt: skip
         assert issubclass(permanent, e.PermanentError)
     for cls in (e.TransientError, e.StepFailed, e.PermanentError):
         assert issubclass(cls, e.SagaError)
