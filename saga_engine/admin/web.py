@@ -119,7 +119,7 @@ class Bar:
     label: str
     start: datetime
     start_seq: int
-    #: success, refused, failed, retryable, timed_out, in_doubt, pending, skipped
+    #: success, refused, failed, retryable, timed_out, invalid, in_doubt, pending, skipped
     outcome: str = "pending"
     compensation: bool = False
     end: datetime | None = None
@@ -190,6 +190,12 @@ def timeline(events: list[Event], *, now: datetime | None = None) -> Timeline:
             bar_or_none = open_bars.pop(str(getattr(event, "command_id", "")), None)
             if bar_or_none is not None:
                 close(bar_or_none, "timed_out", event.at, seq, "timed out")
+        elif kind == "invalid_reply_received":
+            # Answered, but not in the shape the step expects: held for an operator.
+            bar_or_none = open_bars.pop(str(getattr(event, "command_id", "")), None)
+            if bar_or_none is not None:
+                error = getattr(event, "error", None)
+                close(bar_or_none, "invalid", event.at, seq, str(getattr(error, "message", "")))
         elif kind in ("compensation_completed", "step_skipped"):
             comp = kind == "compensation_completed" or bool(getattr(event, "compensation", False))
             key = (str(getattr(event, "step", "")), comp)

@@ -1,8 +1,8 @@
 """The admin web page: rendered over httpx, and driven in a real headless Chromium.
 
-The browser test uses Debian's ``chromium`` (``/usr/bin/chromium``; `.ci/run` installs it)
-through the Python ``playwright`` package; it never downloads a browser. Without one it
-fails, saying how to get it.
+The browser tests use Debian's ``chromium`` (``/usr/bin/chromium``; `make test` installs it
+when missing, through ``scripts/devstack.py tools``) through the Python ``playwright``
+package; they never download a browser. Without one they fail, saying how to get it.
 """
 
 from __future__ import annotations
@@ -201,8 +201,8 @@ def test_the_page_in_headless_chromium(tmp_path: Path) -> None:
 
     if not Path(CHROMIUM).is_file():
         pytest.fail(
-            f"no Chromium at {CHROMIUM}: install Debian's package (`apt-get install -y "
-            "chromium`, as .ci/run does) or set SAGA_TEST_CHROMIUM; never `playwright install`"
+            f"no Chromium at {CHROMIUM}: run `make tools` (or `apt-get install -y chromium`) "
+            "or set SAGA_TEST_CHROMIUM; never `playwright install`"
         )
     # Auth off: loopback and no tokens (browsers send no bearer header).
     settings = Settings(admin=AdminSettings(host="127.0.0.1", port=0))

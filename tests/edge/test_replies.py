@@ -65,6 +65,10 @@ async def test_a_malformed_reply_parks_the_saga_and_a_valid_skip_lets_it_go_on(
         [owed] = detail["pending_compensations"]
         assert (owed["step"], owed["state"]) == ("charge", "owed")
         assert [c.subject for c in received] == ["Charge"]  # nothing compensated
+        page = await served.http.get(f"/ui/sagas/{saga_id}", headers=OPERATOR)
+        assert page.status_code == 200
+        assert 'class="status s-step_stuck">step_stuck<' in page.text
+        assert 'class="bar fwd o-invalid"' in page.text
 
         url = f"/sagas/{saga_id}"
         retry = await served.http.post(
