@@ -12,9 +12,11 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import CommitFailedError, KafkaError
 from pydantic import BaseModel, ValidationError
 
+from saga_engine._definition import SagaDefinition
 from saga_engine._engine import saga_id_for
-from saga_engine._errors import TransientError
+from saga_engine._errors import InvalidPayload, TransientError, UnstorableValue
 from saga_engine._kafka import DeadLetters, send
+from saga_engine._serde import check_storable
 from saga_engine._telemetry import carrier_from_headers, detach_from_trace
 from saga_engine._topics import Topics
 from saga_engine._wire import Envelope, MessageType, PoisonReason, StartBody
@@ -109,6 +111,14 @@ class TriggerConsumer:
                 payload = (
                     value.model_dump(mode="json") if isinstance(value, BaseModel) else dict(value)
                 )
+                # Checked here, so the trigger's own record is what goes to the dead-letter
+                # topic (with the field named), not a start request made from it.
+                check_storable(key, "the idempotency key")
+                SagaDefinition.of(trigger.saga).validate_input(payload)
+            except UnstorableValue as exc:
+                reason, detail = PoisonReason.UNSTORABLE_VALUE, str(exc)
+            except InvalidPayload as exc:
+                reason, detail = PoisonReason.INVALID_INPUT, str(exc)
             except Exception as exc:
                 reason, detail = PoisonReason.REJECTED, f"{type(exc).__name__}: {exc}"
         if reason is not None:

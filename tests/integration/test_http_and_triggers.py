@@ -209,6 +209,9 @@ async def test_trigger_starts_one_saga_per_message_even_when_redelivered(
                     traced = []
                 await producer.send_and_wait(topic, b"{nope")
                 await producer.send_and_wait(topic, orjson.dumps({"order_id": 3}))
+                # An input Postgres could not store: the trigger record itself is refused.
+                nul = {"order_id": "4", "customer": "c\u0000"}
+                await producer.send_and_wait(topic, orjson.dumps(nul))
             finally:
                 await producer.stop()
             assert worker.engine is not None
@@ -219,10 +222,11 @@ async def test_trigger_starts_one_saga_per_message_even_when_redelivered(
                 return len(sagas) == 2 and all(s.status == SagaStatus.COMPLETED for s in sagas)
 
             await poll_until(done)
-            dlq = await read_topic(settings.kafka, f"t{unique_id}.dlq", 2)
+            dlq = await read_topic(settings.kafka, f"t{unique_id}.dlq", 3)
             assert sorted(dict(r.headers)["dlq_reason"].decode() for r in dlq) == [
-                "invalid_body", "malformed_json",
+                "invalid_body", "malformed_json", "unstorable_value",
             ]  # fmt: skip
+            assert {dict(r.headers)["dlq_topic"].decode() for r in dlq} == {topic}
             sagas = await engine.store.list_sagas()
             assert sorted(s.idempotency_key or "" for s in sagas) == ["order-1", "order-2"]
             # The last duplicates may still be in flight when both sagas are done.

@@ -15,7 +15,7 @@ import asyncpg
 import pytest
 
 from saga_engine import PostgresSettings, SagaStatus
-from saga_engine._migrations import migrate
+from saga_engine._migrations import migrate, shipped_migrations
 from saga_engine._pgstore import PostgresEventStore
 from saga_engine.testing import SagaTestEnv
 from tests.conftest import PgTarget
@@ -152,15 +152,20 @@ def test_cli_migrate_applies_then_reports_up_to_date(pg: PgTarget) -> None:
 
     env = {"SAGA_PG__DSN": pg.database_dsn, "SAGA_PG__DB_SCHEMA": pg.schema + "_cli"}
     runner = CliRunner()
-    first = runner.invoke(app, ["migrate", "--json"], env={**os.environ, **env})
-    assert first.exit_code == 0, first.output
-    assert orjson_loads(first.stdout)["applied"] == [1]
-    second = runner.invoke(app, ["migrate"], env={**os.environ, **env})
-    assert second.exit_code == 0
-    assert "up to date" in second.stdout
-    sql = runner.invoke(app, ["migrate", "--sql"])
-    assert "CREATE TABLE" in sql.stdout
-    asyncio.run(_drop_schema(pg.database_dsn, env["SAGA_PG__DB_SCHEMA"]))
+    try:
+        first = runner.invoke(app, ["migrate", "--json"], env={**os.environ, **env})
+        assert first.exit_code == 0, first.output
+        shipped = [m.version for m in shipped_migrations()]
+        assert orjson_loads(first.stdout)["applied"] == shipped
+        second = runner.invoke(app, ["migrate"], env={**os.environ, **env})
+        assert second.exit_code == 0
+        assert "up to date" in second.stdout
+        sql = runner.invoke(app, ["migrate", "--sql"])
+        assert "CREATE TABLE" in sql.stdout
+        assert "step_stuck" in sql.stdout
+    finally:
+        # A schema of its own, outside the fixture's: dropped even when the test fails.
+        asyncio.run(_drop_schema(pg.database_dsn, env["SAGA_PG__DB_SCHEMA"]))
 
 
 async def _drop_schema(dsn: str, schema: str) -> None:
