@@ -8,7 +8,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Literal
 
-from saga_engine._errors import NondeterminismError
+from saga_engine._errors import PermanentError
 from saga_engine._events import Event
 from saga_engine._serde import JsonDict
 from saga_engine._status import SagaStatus
@@ -136,7 +136,9 @@ class Decision:
     commands: list[OutboundCommand]
     projection: Projection
     dropped: DropReason | None = None
-    nondeterminism: NondeterminismError | None = None
+    #: Why the code deployed cannot drive the saga (it is parked): a NondeterminismError,
+    #: or a DefinitionError its code hit.
+    nondeterminism: PermanentError | None = None
 
     @property
     def status(self) -> SagaStatus:

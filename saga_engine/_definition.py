@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 from pydantic import BaseModel
 
 from saga_engine._errors import DefinitionError, InvalidPayload, UnknownSagaType
-from saga_engine._serde import JsonDict, check_storable, validate_payload
+from saga_engine._serde import JsonDict, canonical_hash, check_storable, validate_payload
 
 if TYPE_CHECKING:
     from saga_engine._context import SagaContext
@@ -24,6 +24,9 @@ OutT = TypeVar("OutT", bound=BaseModel)
 M = TypeVar("M", bound=BaseModel)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+#: What the wire allows a signal's name to be (its ``name``: 1 to 200 characters), less
+#: what no one types on purpose (control characters, surrounding spaces).
+_SIGNAL_NAME = re.compile(r"^(?! )[^\x00-\x1f\x7f]{1,200}(?<! )$")
 
 
 class Signal(Generic[M]):
@@ -54,10 +57,10 @@ class Signal(Generic[M]):
                 f"Signal takes the payload's pydantic model class, not {model!r}; e.g. "
                 "`approval = Signal(Approval)` with `class Approval(BaseModel): ...`"
             )
-        if name is not None and not (isinstance(name, str) and _NAME.match(name)):
+        if name is not None and not (isinstance(name, str) and _SIGNAL_NAME.match(name)):
             raise DefinitionError(
-                f"signal name {name!r} is invalid: use 1 to 100 letters, digits, '.', '_' "
-                "or '-', starting with a letter or digit"
+                f"signal name {name!r} is invalid: use 1 to 200 characters, none of them a "
+                "control character, and no leading or trailing space"
             )
         self.model: type[M] = model
         #: Set from the attribute name when the class is created, unless given here.
@@ -230,6 +233,35 @@ class SagaDefinition:
         what = f"input of saga {self.name!r}"
         check_storable(payload, what)
         return validate_payload(self.input_type, payload, what)
+
+    @staticmethod
+    def fingerprint(value: BaseModel) -> str:
+        """What identifies a start request: the fields it gave (a value equal to the
+        field's default counts as not given), as the model reads them. So ``"10"`` and
+        ``10`` for an int field are one request, and a default_factory (a fresh uuid or
+        time) does not make a retry look like another request."""
+        given = value.model_dump(
+            mode="json", by_alias=True, exclude_unset=True, exclude_defaults=True
+        )
+        return canonical_hash(given)
+
+    def same_request(self, recorded: JsonDict, request_hash: str | None, payload: JsonDict) -> bool:
+        """Whether ``payload`` asks for the saga recorded with ``recorded`` (its
+        ``saga_started`` input and request hash): a repeat, not another request."""
+        try:
+            value = self.input_type.model_validate(payload)
+        except ValueError:  # pydantic's ValidationError
+            return False
+        if request_hash is not None:
+            return self.fingerprint(value) == request_hash
+        # A history from before request hashes: compare the inputs as the model reads them.
+        if canonical_hash(recorded) == canonical_hash(payload):
+            return True
+        try:
+            before = self.input_type.model_validate(recorded)
+        except ValueError:
+            return False
+        return before.model_dump(mode="json") == value.model_dump(mode="json")
 
     def signal(self, name: str) -> Signal[Any]:
         """The declared signal ``name``; InvalidPayload naming the field ``name`` if this

@@ -42,6 +42,7 @@ from saga_engine._definition import Saga, SagaDefinition, SagaRegistry
 from saga_engine._errors import (
     ConcurrencyError,
     IdempotencyConflict,
+    InvalidPayload,
     InvalidTransition,
     PayloadTooLarge,
     SagaError,
@@ -50,7 +51,7 @@ from saga_engine._errors import (
 )
 from saga_engine._events import Event, SagaStarted
 from saga_engine._runtime import SagaRuntime
-from saga_engine._serde import JsonDict, canonical_hash, check_storable, dumps, storable_copy
+from saga_engine._serde import JsonDict, check_storable, dumps, storable_copy
 from saga_engine._spans import SagaSpans
 from saga_engine._status import SagaStatus
 from saga_engine._store import Append, EventStore, NewSaga, SagaRecord
@@ -70,29 +71,22 @@ def saga_id_for(saga_type: str, idempotency_key: str) -> str:
     return str(uuid.uuid5(_SAGA_ID_NS, f"{saga_type}\x00{idempotency_key}"))
 
 
-def same_input(definition: SagaDefinition, recorded: JsonDict, new: JsonDict) -> bool:
-    """Whether two start inputs are the same request: equal as JSON, or equal once read
-    by the input model (so ``"10"`` and ``10`` for an int field are one request)."""
-    if canonical_hash(recorded) == canonical_hash(new):
-        return True
-    try:
-        a = definition.input_type.model_validate(recorded).model_dump(mode="json")
-        b = definition.input_type.model_validate(new).model_dump(mode="json")
-    except ValueError:  # pydantic's ValidationError: the recorded one predates the model
-        return False
-    return canonical_hash(a) == canonical_hash(b)
-
-
 def _check_same_start(
     definition: SagaDefinition,
-    recorded: JsonDict,
-    new: JsonDict,
+    started: Event,
+    payload: JsonDict,
     saga_id: str,
     idempotency_key: str | None,
 ) -> None:
     """A repeated start is the same saga only if it asks for the same thing: reusing a
     key with another input is refused (IdempotencyConflict), as payment APIs do."""
-    if not same_input(definition, recorded, new):
+    if not isinstance(started, SagaStarted):
+        raise InvalidTransition(f"saga {saga_id} has no saga_started event")
+    if started.saga_type != definition.name:
+        raise InvalidTransition(
+            f"saga id {saga_id} already belongs to a {started.saga_type!r} saga"
+        )
+    if not definition.same_request(started.input, started.request_hash, payload):
         raise IdempotencyConflict(saga_id, idempotency_key)
 
 
@@ -168,7 +162,13 @@ class Engine:
     ) -> str:
         """Starts a saga and returns its id. With the same idempotency key, the same saga."""
         definition = self.registry.resolve(saga)
-        payload = input.model_dump(mode="json") if isinstance(input, BaseModel) else dict(input)
+        # The fields the caller set: the runtime fills in the defaults once, and a repeat
+        # with a fresh default_factory value is still the same request.
+        payload = (
+            input.model_dump(mode="json", by_alias=True, exclude_unset=True)
+            if isinstance(input, BaseModel)
+            else dict(input)
+        )
         self._check_size(payload, f"input of saga {definition.name!r}")
         if saga_id is None:
             saga_id = (
@@ -178,12 +178,21 @@ class Engine:
             )
         now = self.clock.now()
         limit = deadline or definition.deadline
+        try:
+            deadline_at = now + limit if limit else None
+        except OverflowError:
+            raise InvalidPayload(
+                f"the deadline of saga {definition.name!r}",
+                [{"loc": ["deadline_s"], "msg": "is too far in the future", "type": "too_large"}],
+            ) from None
         # The saga span's context (a child of the caller's when a traceparent came with
         # the start, else the root of a new trace) is what history stores, so every step
         # span (and, through Kafka, every participant span) is its descendant. The span
         # itself is emitted when the saga ends (SagaSpans.saga_finished).
         stored = self._spans.saga_context(definition.name, saga_id, trace_context or {})
-        return await self._start(definition, payload, saga_id, now, limit, idempotency_key, stored)
+        return await self._start(
+            definition, payload, saga_id, now, deadline_at, idempotency_key, stored
+        )
 
     async def _start(
         self,
@@ -191,19 +200,15 @@ class Engine:
         payload: JsonDict,
         saga_id: str,
         now: datetime,
-        limit: timedelta | None,
+        deadline_at: datetime | None,
         idempotency_key: str | None,
         trace_context: dict[str, str],
     ) -> str:
         async with self._lock(saga_id):
             live = self._live.get(saga_id)
             if live is not None:
-                if live.runtime.saga_type != definition.name:
-                    raise InvalidTransition(
-                        f"saga id {saga_id} already belongs to a {live.runtime.saga_type!r} saga"
-                    )
                 _check_same_start(
-                    definition, live.runtime.start_input, payload, saga_id, idempotency_key
+                    definition, live.runtime.started, payload, saga_id, idempotency_key
                 )
                 self.stats.inc("start_deduplicated")
                 return saga_id
@@ -215,7 +220,7 @@ class Engine:
                     input=payload,
                     at=now,
                     idempotency_key=idempotency_key,
-                    deadline_at=now + limit if limit else None,
+                    deadline_at=deadline_at,
                     trace_context=trace_context,
                 ),
             )
@@ -229,14 +234,8 @@ class Engine:
                 )
             )
             if not created:
-                existing = await self.store.load(saga_id)
-                if existing.record.saga_type != definition.name:
-                    raise InvalidTransition(
-                        f"saga id {saga_id} already belongs to a {existing.record.saga_type!r} saga"
-                    )
-                first = existing.events[0].event if existing.events else None
-                if isinstance(first, SagaStarted):
-                    _check_same_start(definition, first.input, payload, saga_id, idempotency_key)
+                first = await self.store.first_event(saga_id)
+                _check_same_start(definition, first.event, payload, saga_id, idempotency_key)
                 self.stats.inc("start_deduplicated")
                 return saga_id
             self._stat("sagas_started", definition.name)
@@ -593,7 +592,10 @@ class Engine:
                     max(0.0, (event.at - live.started_at).total_seconds()),
                     {"saga.type": saga_type, "outcome": kind.removeprefix("saga_")},
                 )
-        elif kind in ("saga_parked", "compensation_stuck", "invalid_reply_received"):
+        elif kind in ("saga_parked", "compensation_stuck") or (
+            # Once per park: a second reply held while one already is adds no park.
+            kind == "invalid_reply_received" and len(live.runtime.held_steps()) <= 1
+        ):
             self._stat("sagas_parked", saga_type)
 
     def _stat(self, name: str, saga_type: str) -> None:

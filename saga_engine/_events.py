@@ -75,11 +75,17 @@ class _Intent(_Event):
 class SagaStarted(_Event):
     kind: Literal["saga_started"] = "saga_started"
     saga_type: str
+    #: As the input model read it, defaults filled in once (so a default_factory's value
+    #: is the same on every replay).
     input: JsonDict
     idempotency_key: str | None = None
     deadline_at: datetime | None = None
     #: W3C trace context of the caller, so a recovered saga continues the same trace.
     trace_context: dict[str, str] = Field(default_factory=dict)
+    #: A digest of the start request as it was sent (the input fields given, as the model
+    #: reads them): a repeated start with the same key must match it. None in histories
+    #: recorded before it existed.
+    request_hash: str | None = None
 
 
 class ReplyReceived(_Event):
@@ -201,10 +207,13 @@ class RetryRequested(_Event):
 
 
 class SagaParked(_Event):
-    """The engine stopped driving the saga because its code no longer matches its history."""
+    """The engine stopped driving the saga because the code deployed cannot drive it: its
+    history no longer matches (``nondeterministic``), or the code hit a definition error
+    (``definition_error``: an undeclared signal, a step name used twice...). Either way
+    the saga waits, untouched, for a fixed deploy and a resume."""
 
     kind: Literal["saga_parked"] = "saga_parked"
-    reason: Literal["nondeterministic"] = "nondeterministic"
+    reason: Literal["nondeterministic", "definition_error"] = "nondeterministic"
     error: ErrorInfo
 
 

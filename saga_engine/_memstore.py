@@ -12,13 +12,20 @@ from collections.abc import Collection
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from saga_engine._errors import ConcurrencyError, InvalidSagaId, SagaNotFound, SerializationError
+from saga_engine._errors import ConcurrencyError, SagaNotFound, SerializationError
 from saga_engine._events import Event, event_from_json, event_to_json
 from saga_engine._serde import unstorable
 from saga_engine._status import SagaStatus
-from saga_engine._store import Append, LoadedSaga, NewSaga, Projection, SagaRecord, StoredEvent
-
-MAX_SAGA_ID_LENGTH = 200
+from saga_engine._store import (
+    Append,
+    LoadedSaga,
+    NewSaga,
+    Projection,
+    SagaRecord,
+    StoredEvent,
+    check_lookup,
+    check_new_saga_id,
+)
 
 
 def _copy(event: Event) -> Event:
@@ -44,11 +51,7 @@ class InMemoryEventStore:
         return events[-1].at if events else datetime.now(UTC)
 
     async def create(self, new: NewSaga) -> bool:
-        if not 1 <= len(new.saga_id) <= MAX_SAGA_ID_LENGTH:
-            raise InvalidSagaId(
-                f"a saga id must be 1 to {MAX_SAGA_ID_LENGTH} characters long, "
-                f"not {len(new.saga_id)}"
-            )
+        check_new_saga_id(new.saga_id)
         async with self._lock:
             if new.saga_id in self._records:
                 return False
@@ -104,7 +107,13 @@ class InMemoryEventStore:
             record, [StoredEvent(s.seq, _copy(s.event)) for s in self._events[saga_id]]
         )
 
+    async def first_event(self, saga_id: str) -> StoredEvent:
+        await self.get(saga_id)
+        first = self._events[saga_id][0]
+        return StoredEvent(first.seq, _copy(first.event))
+
     async def get(self, saga_id: str) -> SagaRecord:
+        check_lookup(saga_id)
         record = self._records.get(saga_id)
         if record is None:
             raise SagaNotFound(saga_id)

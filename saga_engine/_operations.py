@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -27,7 +27,7 @@ from saga_engine._definition import SagaDefinition
 from saga_engine._errors import (
     DefinitionError,
     InvalidPayload,
-    NondeterminismError,
+    PermanentError,
     SagaError,
     SerializationError,
     SignalTimeout,
@@ -144,7 +144,7 @@ class SagaOperations:
     _new: list[Event]
     _status: SagaStatus
     _current_step: str | None
-    _nd: NondeterminismError | None
+    _nd: PermanentError | None
     _inflight: dict[str, _InFlight]
     _timers: dict[str, _Timer]
     _signals: dict[str, deque[JsonDict]]
@@ -167,6 +167,12 @@ class SagaOperations:
         raise NotImplementedError
 
     def _nondeterministic(self, index: int | None, expected: str, actual: str) -> None:
+        raise NotImplementedError
+
+    def _definition_error(self, message: str) -> NoReturn:
+        """The saga's code cannot run as written. A bug in the code is not a reason to
+        undo a business transaction: the saga is parked (like a nondeterministic one) for
+        a fixed deploy and a resume, and the code is unwound without compensating."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ intents
@@ -240,21 +246,21 @@ class SagaOperations:
     ) -> JsonDict:
         self._check_open()
         if not isinstance(name, str) or not name:
-            raise DefinitionError("a step needs a non-empty string name")
+            self._definition_error("a step needs a non-empty string name")
         if name in self._step_names:
-            raise DefinitionError(
+            self._definition_error(
                 f"step name {name!r} is used twice in one run of saga {self.saga_type!r}; each "
                 f'step needs a stable, unique name (in a loop, use e.g. f"{name}-{{i}}")'
             )
         for what, value in (("command", command), ("compensate", compensate)):
             if value is not None and not isinstance(value, BaseModel):
-                raise DefinitionError(
+                self._definition_error(
                     f"step {name!r}: {what} must be a pydantic model, got {value!r}"
                 )
         if returns is not None and not (
             isinstance(returns, type) and issubclass(returns, BaseModel)
         ):
-            raise DefinitionError(f"step {name!r}: returns must be a pydantic model class")
+            self._definition_error(f"step {name!r}: returns must be a pydantic model class")
         self._step_names.add(name)
         policy = retry or DEFAULT_STEP_RETRY
         payload = model_payload(command)
@@ -340,7 +346,7 @@ class SagaOperations:
         if buffered:
             return buffered.popleft()
         if name in self._signal_waiters:
-            raise DefinitionError(
+            self._definition_error(
                 f"two waits for signal {name!r} at once; wait for it in one place"
             )
         future: asyncio.Future[JsonDict | None] = self._loop.create_future()
@@ -383,7 +389,9 @@ class SagaOperations:
             raise _Halt
         value: Any = fn()
         if inspect.isawaitable(value):
-            raise DefinitionError(
+            if inspect.iscoroutine(value):
+                value.close()  # never awaited, on purpose
+            self._definition_error(
                 "ctx.side_effect takes a plain function; do I/O in a step instead of awaiting here"
             )
         if isinstance(value, BaseModel):
@@ -441,6 +449,10 @@ class SagaOperations:
             pass
         except (_Halt, GeneratorExit):
             raise  # nondeterminism, or the runtime is being discarded: no more code runs
+        except DefinitionError as exc:
+            # The code misused the engine somewhere ctx could not catch it (the asyncio
+            # clock, say): parked like the rest, not compensated.
+            self._definition_error(str(exc))
         except BaseException as exc:  # the run failed: compensate
             error = error_info(exc, None if isinstance(exc, SignalTimeout) else self._current_step)
         else:

@@ -31,7 +31,6 @@ from asyncpg.pool import PoolConnectionProxy
 
 from saga_engine._errors import (
     ConcurrencyError,
-    InvalidSagaId,
     SagaNotFound,
     SerializationError,
     TransientError,
@@ -40,16 +39,21 @@ from saga_engine._events import Event, event_from_dict, event_to_dict
 from saga_engine._migrations import MigrationError
 from saga_engine._serde import JsonDict, dumps, loads
 from saga_engine._status import SagaStatus
-from saga_engine._store import Append, LoadedSaga, NewSaga, SagaRecord, StoredEvent
+from saga_engine._store import (
+    Append,
+    LoadedSaga,
+    NewSaga,
+    SagaRecord,
+    StoredEvent,
+    check_lookup,
+    check_new_saga_id,
+)
 from saga_engine._telemetry import detach_from_trace
 from saga_engine.settings import PostgresSettings
 
 __all__ = ["GroupCommitConfig", "GroupCommitStats", "PostgresEventStore", "StoreUnavailable"]
 
 _Conn: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
-
-#: The longest saga id the ``sagas`` table accepts (its CHECK constraint).
-MAX_SAGA_ID_LENGTH: Final = 200
 
 
 class StoreUnavailable(TransientError):
@@ -131,13 +135,6 @@ def _unavailable_as_transient() -> Iterator[None]:
         if _transient_cause(exc) is None:
             raise
         raise _translate(exc) from exc
-
-
-def _check_lookup(saga_id: str) -> None:
-    """An id the table can never hold is not found, as in the in-memory store (Postgres
-    would refuse a NUL character with an error about encodings instead)."""
-    if not 1 <= len(saga_id) <= MAX_SAGA_ID_LENGTH or "\x00" in saga_id:
-        raise SagaNotFound(saga_id[:MAX_SAGA_ID_LENGTH].replace("\x00", "\\x00"))
 
 
 def _connection_lost(conn: _Conn) -> bool:
@@ -437,11 +434,7 @@ class PostgresEventStore:
     # ----------------------------------------------------------------------- writes
 
     async def create(self, new: NewSaga) -> bool:
-        if not 1 <= len(new.saga_id) <= MAX_SAGA_ID_LENGTH:
-            raise InvalidSagaId(
-                f"a saga id must be 1 to {MAX_SAGA_ID_LENGTH} characters long, "
-                f"not {len(new.saga_id)}"
-            )
+        check_new_saga_id(new.saga_id)
         events = list(new.events)
         op = _CreateOp(
             new=new,
@@ -676,7 +669,7 @@ class PostgresEventStore:
     # ----------------------------------------------------------------------- reads
 
     async def load(self, saga_id: str) -> LoadedSaga:
-        _check_lookup(saga_id)
+        check_lookup(saga_id)
         with _unavailable_as_transient():
             async with self._pool.acquire() as conn:
                 row = await conn.fetchrow(
@@ -699,8 +692,19 @@ class PostgresEventStore:
             record, [StoredEvent(r["seq"], event_from_dict(r["data"])) for r in event_rows]
         )
 
+    async def first_event(self, saga_id: str) -> StoredEvent:
+        check_lookup(saga_id)
+        with _unavailable_as_transient():
+            # The primary key (saga_id, seq) finds the one row.
+            row = await self._pool.fetchrow(
+                "SELECT seq, data FROM saga_events WHERE saga_id = $1 AND seq = 1", saga_id
+            )
+        if row is None:
+            raise SagaNotFound(saga_id)
+        return StoredEvent(row["seq"], event_from_dict(row["data"]))
+
     async def get(self, saga_id: str) -> SagaRecord:
-        _check_lookup(saga_id)
+        check_lookup(saga_id)
         with _unavailable_as_transient():
             row = await self._pool.fetchrow(
                 f"SELECT {_RECORD_COLUMNS} FROM sagas WHERE saga_id = $1", saga_id

@@ -22,9 +22,9 @@ import itertools
 import random
 from collections import deque
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from saga_engine._context import SagaContext
 from saga_engine._decision import (
@@ -49,7 +49,9 @@ from saga_engine._errors import (
     InvalidPayload,
     InvalidTransition,
     NondeterminismError,
+    PermanentError,
     SerializationError,
+    UnstorableValue,
 )
 from saga_engine._events import (
     TERMINAL_EVENTS,
@@ -90,7 +92,7 @@ from saga_engine._serde import (
     check_storable,
     storable_copy,
     unstorable,
-    validation_problems,
+    validate_payload,
 )
 from saga_engine._status import SagaStatus, check_transition
 from saga_engine._store import Projection
@@ -105,9 +107,15 @@ _TERMINAL_STATUS = {
 }
 
 
+_INPUT_NAMES = {
+    SignalInput: "signal", Cancel: "cancel", ForceCompensate: "force-compensate",
+    Skip: "skip", RetryStep: "retry", Resume: "resume", Reply: "reply", TimerDue: "timer",
+}  # fmt: skip
+
+
 def _input_name(inbound: Inbound) -> str:
-    """An input's name in messages: "signal", "cancel", "skip"..."""
-    return type(inbound).__name__.lower().removesuffix("input")
+    """An input's name in messages, as operators know the actions."""
+    return _INPUT_NAMES.get(type(inbound), type(inbound).__name__.lower())
 
 
 class SagaRuntime(SagaOperations):
@@ -136,7 +144,8 @@ class SagaRuntime(SagaOperations):
         self._parked = False
         self._current_step: str | None = None
         self._error: ErrorInfo | None = None
-        self._nd: NondeterminismError | None = None
+        #: Why the code deployed cannot drive the saga, once it cannot (it is parked).
+        self._nd: PermanentError | None = None
 
         self._inflight: dict[str, _InFlight] = {}
         self._issued_ids: set[str] = set()
@@ -167,7 +176,7 @@ class SagaRuntime(SagaOperations):
 
         Raises InvalidPayload (UnstorableValue) naming each wrong field; nothing is recorded.
         """
-        definition.validate_input(start.input)
+        value = definition.validate_input(start.input)
         check_storable(
             {"saga_id": start.saga_id, "idempotency_key": start.idempotency_key}, "the start"
         )
@@ -175,10 +184,13 @@ class SagaRuntime(SagaOperations):
         started = SagaStarted(
             at=start.at,
             saga_type=definition.name,
-            input=start.input,
+            # Defaults filled in now, once: the code reads this input on every replay.
+            input=value.model_dump(mode="json", by_alias=True),
             idempotency_key=start.idempotency_key,
             deadline_at=start.deadline_at,
-            trace_context=dict(start.trace_context),
+            # Only telemetry: a header no one can store is dropped, not the start.
+            trace_context={k: v for k, v in start.trace_context.items() if not unstorable({k: v})},
+            request_hash=definition.fingerprint(value),
         )
         rt._take_input(started)
         return rt, rt._decision()
@@ -238,10 +250,11 @@ class SagaRuntime(SagaOperations):
         return [self._outbound(f.event) for f in self._inflight.values() if f.held is None]
 
     @property
-    def start_input(self) -> JsonDict:
-        """The input the saga was started with."""
+    def started(self) -> SagaStarted:
+        """The saga's first event: its input, key and request hash."""
         first = self._history[0]
-        return first.input if isinstance(first, SagaStarted) else {}
+        assert isinstance(first, SagaStarted)
+        return first
 
     def held_steps(self) -> list[str]:
         """Steps whose success reply was held as invalid, waiting for an operator."""
@@ -284,11 +297,10 @@ class SagaRuntime(SagaOperations):
 
     def parse(self, model: type[M], payload: JsonDict, what: str, step: str | None = None) -> M:
         try:
-            return model.model_validate(payload)
-        except ValidationError as exc:
-            raise InvalidPayload(
-                f"{what} does not match {model.__name__}", validation_problems(exc), step=step
-            ) from None
+            return validate_payload(model, payload, what)
+        except InvalidPayload as exc:
+            exc.step = step  # the saga's error names the step whose reply it was
+            raise
 
     def declared_signal(
         self, signal: Signal[Any] | str, model: type[BaseModel] | None
@@ -300,15 +312,16 @@ class SagaRuntime(SagaOperations):
         cls_name = self.definition.cls.__name__
         if declared is None:
             hint = model.__name__ if model is not None else "MyPayload"
-            raise DefinitionError(
+            self._definition_error(
                 f"{cls_name} waits for signal {name!r} but does not declare it, so the engine "
-                f"would refuse it; add `{name} = Signal({hint})` to the class"
+                f"would refuse it; add `{name} = Signal({hint})` to the class, deploy, and "
+                "resume the saga"
             )
         wanted = signal.model if isinstance(signal, Signal) else model
         if wanted is not None and wanted is not declared.model:
-            raise DefinitionError(
+            self._definition_error(
                 f"{cls_name} waits for signal {name!r} as {wanted.__name__}, but declares it "
-                f"with {declared.model.__name__}; use the declared model"
+                f"with {declared.model.__name__}; use the declared model, deploy, and resume"
             )
         return declared
 
@@ -324,9 +337,10 @@ class SagaRuntime(SagaOperations):
             if isinstance(inbound, Resume):
                 if self._nd is not None:
                     raise InvalidTransition(
-                        f"saga {self.saga_id} is still nondeterministic with the code deployed "
-                        f"here ({self._nd}); deploy code that replays its history, then resume"
+                        f"saga {self.saga_id} still cannot be driven by the code deployed here "
+                        f"({self._nd}); deploy code that replays its history, then resume"
                     )
+                self._check_texts("resume", principal=inbound.principal, reason=inbound.reason)
                 return SagaResumed(at=at, principal=inbound.principal, reason=inbound.reason)
             if isinstance(inbound, SignalInput | Cancel | ForceCompensate | Skip | RetryStep):
                 raise InvalidTransition(
@@ -405,6 +419,7 @@ class SagaRuntime(SagaOperations):
                     "(its reply is checked again against the code deployed now) or skip it "
                     "with a valid result"
                 )
+            self._check_texts("resume", principal=inbound.principal, reason=inbound.reason)
             if self._status != SagaStatus.COMPENSATION_STUCK:
                 raise InvalidTransition(
                     f"saga {self.saga_id} is {self._status.value}; only a saga whose "
@@ -439,34 +454,30 @@ class SagaRuntime(SagaOperations):
                 outcome=inbound.outcome, compensation=compensation,
                 payload=storable_copy(inbound.payload), error=error,
             )  # fmt: skip
-        problems = unstorable(inbound.payload, ("payload",))
-        why = "holds a value Postgres cannot store"
-        if not problems and inflight.returns is not None:
-            try:
-                inflight.returns.model_validate(inbound.payload)
-            except ValidationError as exc:
-                problems = validation_problems(exc, "payload")
-                why = f"does not match {inflight.returns.__name__}"
-        if not problems:
-            return ReplyReceived(
-                at=inbound.at, step=step, command_id=inbound.command_id, outcome="success",
-                payload=inbound.payload, error=error,
-            )  # fmt: skip
-        invalid = InvalidPayload(f"the reply of step {step!r} {why}", problems, step=step)
-        return InvalidReplyReceived(
-            at=inbound.at,
-            step=step,
-            command_id=inbound.command_id,
-            payload=storable_copy(inbound.payload),
-            unstorable=why.startswith("holds"),
-            error=ErrorInfo(
-                type="InvalidReply",
-                message=f"{invalid}; the reply is held and the step waits: retry it after "
-                "a fix, or skip it with a valid result",
+        what = f"the reply of step {step!r}"
+        try:
+            check_storable(inbound.payload, what, "payload")
+            if inflight.returns is not None:
+                validate_payload(inflight.returns, inbound.payload, what, "payload")
+        except InvalidPayload as invalid:
+            return InvalidReplyReceived(
+                at=inbound.at,
                 step=step,
-                details={"errors": invalid.errors},
-            ),
-        )
+                command_id=inbound.command_id,
+                payload=storable_copy(inbound.payload),
+                unstorable=isinstance(invalid, UnstorableValue),
+                error=ErrorInfo(
+                    type="InvalidReply",
+                    message=f"{invalid}; the reply is held and the step waits: retry it "
+                    "after a fix, or skip it with a valid result",
+                    step=step,
+                    details={"errors": invalid.errors},
+                ),
+            )
+        return ReplyReceived(
+            at=inbound.at, step=step, command_id=inbound.command_id, outcome="success",
+            payload=inbound.payload, error=error,
+        )  # fmt: skip
 
     def _waiting_forward(self, step: str) -> _InFlight | None:
         return next(
@@ -495,13 +506,7 @@ class SagaRuntime(SagaOperations):
             what = f"the result for step {inbound.step!r}"
             check_storable(inbound.payload, what, "result")
             if forward.returns is not None:
-                try:
-                    forward.returns.model_validate(inbound.payload)
-                except ValidationError as exc:
-                    raise InvalidPayload(
-                        f"{what} does not match {forward.returns.__name__}",
-                        validation_problems(exc, "result"),
-                    ) from None
+                validate_payload(forward.returns, inbound.payload, what, "result")
             return StepSkipped(
                 at=inbound.at, step=inbound.step, payload=inbound.payload,
                 principal=inbound.principal, reason=inbound.reason,
@@ -550,13 +555,13 @@ class SagaRuntime(SagaOperations):
         if inflight.returns is None:
             return None
         try:
-            inflight.returns.model_validate(held.payload)
-        except ValidationError as exc:
-            shown = InvalidPayload("", validation_problems(exc, "payload"))
+            validate_payload(
+                inflight.returns, held.payload, f"the held reply of step {step!r} still", "payload"
+            )
+        except InvalidPayload as exc:
             return (
-                f"the held reply of step {step!r} still does not match "
-                f"{inflight.returns.__name__} with the code deployed here ({str(shown)[2:]}); "
-                "deploy a fix first, or skip the step with a valid result"
+                f"{exc} (with the code deployed here); deploy a fix first, or skip the step "
+                "with a valid result"
             )
         return None
 
@@ -632,10 +637,16 @@ class SagaRuntime(SagaOperations):
         elif isinstance(event, RetryRequested):
             held = self._waiting_forward(event.step)
             if held is not None and held.held is not None:
-                # Checked again against the code running now (on replay too): a retry
-                # recorded under a fixed deploy does not replay under the broken one.
-                if self._held_problem(held) is None:
-                    self._release(held, held.held.payload, skipped=False)
+                # Checked again against the code running now (live it passed, or it would
+                # not have been recorded): a retry recorded under a fixed deploy does not
+                # replay under the broken one, and says so.
+                problem = self._held_problem(held)
+                if problem is not None:
+                    self._nondeterministic(
+                        self._cursor - 1, f"{event.describe()}, accepting its held reply", problem
+                    )
+                    raise _Halt
+                self._release(held, held.held.payload, skipped=False)
             elif self._stuck_step == event.step and self._resume_waiter is not None:
                 if not self._resume_waiter.done():
                     self._resume_waiter.set_result("retry")
@@ -764,7 +775,34 @@ class SagaRuntime(SagaOperations):
 
     def _nondeterministic(self, index: int | None, expected: str, actual: str) -> None:
         seq = index + 1 if index is not None and index < len(self._history) else None
-        self._nd = NondeterminismError(self.saga_id, seq, expected, actual)
+        nd = NondeterminismError(self.saga_id, seq, expected, actual)
+        self._park(
+            nd,
+            "nondeterministic",
+            ErrorInfo(
+                type="NondeterminismError",
+                message=str(nd),
+                details={"seq": seq, "expected": expected, "actual": actual},
+            ),
+        )
+
+    def _definition_error(self, message: str) -> NoReturn:
+        error = DefinitionError(message)
+        self._park(
+            error,
+            "definition_error",
+            ErrorInfo(type="DefinitionError", message=message, step=self._current_step),
+        )
+        raise _Halt
+
+    def _park(
+        self,
+        cause: PermanentError,
+        reason: Literal["nondeterministic", "definition_error"],
+        error: ErrorInfo,
+    ) -> None:
+        """Stops the code where it stands: the code deployed cannot drive this saga."""
+        self._nd = cause
         self._loop.discard()
         self._inflight.clear()
         self._timers.clear()
@@ -780,11 +818,8 @@ class SagaRuntime(SagaOperations):
         parked = SagaParked(
             # Never stamped before the history it ends.
             at=max(self.now, self._history[-1].at),
-            error=ErrorInfo(
-                type="NondeterminismError",
-                message=str(self._nd),
-                details={"seq": seq, "expected": expected, "actual": actual},
-            ),
+            reason=reason,
+            error=error,
         )
         # The code is abandoned where it stands; the recorded history stays as it was
         # and the marker goes at its end.

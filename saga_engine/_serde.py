@@ -62,15 +62,16 @@ def type_name(model: BaseModel | type[BaseModel]) -> str:
 
 # --------------------------------------------------------------------------- storable
 
-#: Deeper JSON than this is refused: orjson stops at 255 levels and Postgres at its stack
-#: depth limit, each with an error that names nothing; this one names where.
-MAX_DEPTH = 128
+#: Containers nested deeper than this cannot be written: orjson's own limit (and far
+#: below what Postgres's jsonb refuses), named here rather than as "recursion limit".
+MAX_DEPTH = 254
 #: orjson writes integers in [-2**63, 2**64 - 1]; anything wider cannot be stored.
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+_INF = float("inf")
 _MAX_PROBLEMS = 20
 
 
-def _escaped(text: str) -> str:
+def escaped(text: str) -> str:
     """``text`` with what Postgres refuses written out as escapes (for error messages)."""
     if "\x00" not in text and text.isascii():
         return text
@@ -103,44 +104,71 @@ def unstorable(value: Any, loc: tuple[str | int, ...] = ()) -> list[dict[str, An
     Refused: NUL characters and unpaired surrogates in strings or keys, keys that are not
     strings, integers beyond 64 bits, NaN and infinities (JSON has neither; orjson would
     quietly write null), and nesting deeper than MAX_DEPTH.
+
+    This runs on every input and command, so the common case is one orjson pass (a few
+    microseconds): orjson itself refuses surrogates, wide integers, other keys and deep
+    nesting, writes a NUL as a visible escape, and writes NaN as null. Only when one of
+    those shows does the slow walk run, to say where.
     """
+    try:
+        raw = orjson.dumps(value)
+    except (TypeError, orjson.JSONEncodeError):
+        pass
+    else:
+        if b"\\u0000" not in raw and not (b"null" in raw and _has_nonfinite(value)):
+            return []
     problems: list[dict[str, Any]] = []
     _walk(value, loc, 0, problems)
     return problems
 
 
+def _has_nonfinite(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is float:
+            if item != item or item == _INF or item == -_INF:
+                return True
+        elif kind is dict:
+            stack.extend(item.values())
+        elif kind is list or kind is tuple:
+            stack.extend(item)
+    return False
+
+
+def _problem(out: list[dict[str, Any]], loc: tuple[str | int, ...], msg: str) -> None:
+    out.append({"loc": list(loc), "msg": msg, "type": "unstorable"})
+
+
 def _walk(value: Any, loc: tuple[str | int, ...], depth: int, out: list[dict[str, Any]]) -> None:
     if len(out) >= _MAX_PROBLEMS:
         return
-
-    def problem(msg: str, where: tuple[str | int, ...] = loc) -> None:
-        out.append({"loc": list(where), "msg": msg, "type": "unstorable"})
-
     if isinstance(value, str):
         text = _text_problem(value)
         if text is not None:
-            problem(text)
+            _problem(out, loc, text)
     elif isinstance(value, bool) or value is None:
         return
     elif isinstance(value, int):
         if not _INT_MIN <= value <= _INT_MAX:
-            problem("is an integer beyond 64 bits, which JSON here cannot carry")
+            _problem(out, loc, "is an integer beyond 64 bits, which JSON here cannot carry")
     elif isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")):
-            problem("is not a finite number (JSON has no NaN or Infinity)")
+        if value != value or value in (_INF, -_INF):
+            _problem(out, loc, "is not a finite number (JSON has no NaN or Infinity)")
     elif isinstance(value, dict | list | tuple):
         if depth >= MAX_DEPTH:
-            problem(f"is nested more than {MAX_DEPTH} levels deep")
+            _problem(out, loc, f"is nested more than {MAX_DEPTH} levels deep")
             return
         if isinstance(value, dict):
             for key, item in value.items():
                 if not isinstance(key, str):
-                    problem(f"has a key that is not a string ({key!r})")
+                    _problem(out, loc, f"has a key that is not a string ({key!r})")
                     continue
-                where = (*loc, _escaped(key))
+                where = (*loc, escaped(key))
                 text = _text_problem(key)
                 if text is not None:
-                    problem(f"key {text}", where)
+                    _problem(out, where, f"key {text}")
                 _walk(item, where, depth + 1, out)
         else:
             for index, item in enumerate(value):
@@ -152,7 +180,7 @@ def storable_copy(value: Any, depth: int = 0) -> Any:
     six characters ``\\u0000``, huge integers and NaN as strings): kept for the record
     when a value must be recorded but cannot be stored as it came."""
     if isinstance(value, str):
-        return _escaped(value) if _text_problem(value) else value
+        return escaped(value) if _text_problem(value) else value
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, int):
@@ -165,7 +193,7 @@ def storable_copy(value: Any, depth: int = 0) -> Any:
         return "(nested too deep)"
     if isinstance(value, dict):
         return {
-            _escaped(str(k)) if not isinstance(k, str) or _text_problem(k) else k: storable_copy(
+            escaped(str(k)) if not isinstance(k, str) or _text_problem(k) else k: storable_copy(
                 v, depth + 1
             )
             for k, v in value.items()
@@ -187,7 +215,7 @@ def validation_problems(exc: ValidationError, *loc: str | int) -> list[dict[str,
     without the offending input (it may be large, secret or unstorable itself)."""
     return [
         {
-            "loc": [*loc, *(_escaped(p) if isinstance(p, str) else p for p in e["loc"])],
+            "loc": [*loc, *(escaped(p) if isinstance(p, str) else p for p in e["loc"])],
             "msg": e["msg"],
             "type": e["type"],
         }

@@ -42,7 +42,13 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
-from saga_engine._events import AttemptTimedOut, Event, ReplyReceived, StepSkipped
+from saga_engine._events import (
+    AttemptTimedOut,
+    Event,
+    InvalidReplyReceived,
+    ReplyReceived,
+    StepSkipped,
+)
 from saga_engine._telemetry import Telemetry, carrier_of, carrier_of_context, extract, preset_ids
 
 if TYPE_CHECKING:
@@ -239,6 +245,9 @@ class SagaSpans:
                 self._finish(event.command_id, event.outcome, error=event.outcome == "failure")
             elif isinstance(event, AttemptTimedOut):
                 self._finish(event.command_id, "timeout", error=True)
+            elif isinstance(event, InvalidReplyReceived):
+                # The send is over (answered); what follows is an operator's, not the step's.
+                self._finish(event.command_id, "invalid_reply", error=True)
             elif isinstance(event, StepSkipped):
                 for command_id, opened in list(self._open.items()):
                     if (

@@ -13,11 +13,30 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 
+from saga_engine._errors import InvalidSagaId, SagaNotFound
 from saga_engine._events import Event
 from saga_engine._serde import JsonDict
 from saga_engine._status import SagaStatus
+
+#: The longest saga id a store holds (the ``sagas`` table's CHECK constraint).
+MAX_SAGA_ID_LENGTH: Final = 200
+
+
+def check_new_saga_id(saga_id: str) -> None:
+    """InvalidSagaId for an id no store can hold (the stores' create checks this)."""
+    if not 1 <= len(saga_id) <= MAX_SAGA_ID_LENGTH:
+        raise InvalidSagaId(
+            f"a saga id must be 1 to {MAX_SAGA_ID_LENGTH} characters long, not {len(saga_id)}"
+        )
+
+
+def check_lookup(saga_id: str) -> None:
+    """SagaNotFound for an id no store can hold: too long, empty, or with a NUL character
+    (Postgres would refuse the NUL with an error about encodings instead)."""
+    if not 1 <= len(saga_id) <= MAX_SAGA_ID_LENGTH or "\x00" in saga_id:
+        raise SagaNotFound(saga_id[:MAX_SAGA_ID_LENGTH].replace("\x00", "\\x00"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +112,11 @@ class EventStore(Protocol):
 
     async def load(self, saga_id: str) -> LoadedSaga:
         """The saga's record and its whole history, in sequence order."""
+        ...
+
+    async def first_event(self, saga_id: str) -> StoredEvent:
+        """The saga's first event (its ``saga_started``), without reading the rest of the
+        history. Raises SagaNotFound if the saga does not exist."""
         ...
 
     async def get(self, saga_id: str) -> SagaRecord: ...

@@ -108,7 +108,13 @@ class StartBody(BaseModel):
         "of the message) is derived from it by the sender",
     )
     deadline_s: float | None = Field(
-        default=None, gt=0, description="seconds until the saga's deadline, overriding its default"
+        default=None,
+        gt=0,
+        # A hundred years: further than any business deadline, and short of the dates a
+        # computer cannot represent (beyond year 9999 the start could not be recorded).
+        le=3_153_600_000,
+        description="seconds until the saga's deadline, overriding its default (at most a "
+        "hundred years)",
     )
 
 

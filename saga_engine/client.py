@@ -96,7 +96,13 @@ class SagaClient:
             current = carrier_of_context()
             traceparent = current.get("traceparent", "")
             tracestate = current.get("tracestate", "")
-        payload = _payload(input)
+        # The fields the caller set (the engine fills in the defaults once): a retry
+        # that rebuilds the model with a fresh default_factory value is the same request.
+        payload = (
+            input.model_dump(mode="json", by_alias=True, exclude_unset=True)
+            if isinstance(input, BaseModel)
+            else dict(input)
+        )
         if isinstance(saga, str):
             saga_type = saga
             check_storable(payload, f"input of saga {saga!r}")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from saga_engine._definition import Saga, SagaRegistry
-from saga_engine._errors import DefinitionError, NondeterminismError, SerializationError
+from saga_engine._errors import DefinitionError, PermanentError, SerializationError
 from saga_engine._events import Event, event_to_dict, events_from_list
 from saga_engine._runtime import SagaRuntime
 from saga_engine._serde import JsonDict, loads
@@ -55,7 +55,7 @@ class ReplayResult:
     saga_type: str
     events: int
     status: SagaStatus
-    error: NondeterminismError | None
+    error: PermanentError | None
 
     @property
     def deterministic(self) -> bool:

@@ -111,6 +111,10 @@ class AdminSettings(BaseModel):
     max_body_bytes: int = Field(default=65_536, ge=1024)
     #: Longest ``?wait=`` a start request may ask for, in seconds.
     max_wait_s: float = Field(default=60.0, gt=0, le=600)
+    #: How long a start with a new Idempotency-Key waits to see its saga recorded, so
+    #: that of two requests racing with one key the loser gets its 409 (after that, 202
+    #: with status null; the loser's start is then dead-lettered as idempotency_conflict).
+    idempotency_confirm_s: float = Field(default=2.0, ge=0, le=60)
     #: How many saga rows one list request may scan when filtering beyond what the store
     #: filters itself (time range, id search); the page then returns a cursor to go on.
     list_scan_limit: int = Field(default=5_000, ge=100)

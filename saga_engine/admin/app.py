@@ -22,12 +22,12 @@ from fastapi.security import HTTPBearer
 from pydantic import BeforeValidator
 
 from saga_engine import __version__
-from saga_engine._engine import Engine, saga_id_for, same_input
+from saga_engine._engine import Engine, saga_id_for
 from saga_engine._errors import IdempotencyConflict, SagaNotFound, SerializationError
 from saga_engine._events import Event, SagaStarted
 from saga_engine._serde import loads
 from saga_engine._status import SagaStatus
-from saga_engine._store import SagaRecord
+from saga_engine._store import SagaRecord, check_lookup
 from saga_engine.admin import metrics as metrics_mod
 from saga_engine.admin.auth import PRINCIPAL_KEY, AuthMiddleware, Principal, auth_required
 from saga_engine.admin.errors import (
@@ -68,10 +68,6 @@ audit = logging.getLogger("saga_engine.admin.audit")
 #: the Kafka inbox (``SagaClient.start`` has this shape), so the partition owner starts it.
 StartSaga = Callable[..., Awaitable[str]]
 
-MAX_SAGA_ID = 200
-#: How long a start with an Idempotency-Key waits to see the saga recorded, to tell a
-#: conflicting reuse of the key (409) from the first use (202).
-START_CONFIRM_S = 5.0
 _NO_NUL = r"^[^\x00]*$"
 _FILENAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
@@ -114,8 +110,7 @@ def current_principal(request: Request) -> Principal:
 
 def _saga_ref(saga_id: str) -> str:
     """Ids the store can never hold are not found (rather than a database error)."""
-    if not 1 <= len(saga_id) <= MAX_SAGA_ID or "\x00" in saga_id:
-        raise SagaNotFound(saga_id[:MAX_SAGA_ID].replace("\x00", "\\x00"))
+    check_lookup(saga_id)
     return saga_id
 
 
@@ -205,21 +200,20 @@ def create_admin_app(
                     return None
                 await asyncio.sleep(min(0.05, max(0.0, deadline - loop.time())))
 
-    async def recorded_input(saga_id: str, wait: float = 0.0) -> dict[str, Any] | None:
-        """The input a saga was started with, or None if it does not exist (yet): with
-        ``wait``, polls that long for it (a start through the inbox lands a moment later)."""
+    async def recorded_start(saga_id: str, wait: float = 0.0) -> SagaStarted | None:
+        """The saga's ``saga_started``, or None if it does not exist (yet): with ``wait``,
+        polls that long for it (a start through the inbox lands a moment later)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         while True:
             try:
-                loaded = await engine.store.load(saga_id)
+                first = (await engine.store.first_event(saga_id)).event
             except SagaNotFound:
                 if loop.time() >= deadline:
                     return None
                 await asyncio.sleep(0.02)
                 continue
-            first = loaded.events[0].event if loaded.events else None
-            return first.input if isinstance(first, SagaStarted) else {}
+            return first if isinstance(first, SagaStarted) else None
 
     # ------------------------------------------------------------------ reading
 
@@ -403,25 +397,28 @@ def create_admin_app(
         body = await _json_object(request)
         # Refused here, before the start is sent anywhere, so a 202 always names a saga
         # that will exist: a value Postgres cannot store, or one the input model refuses,
-        # is a 422 naming the field (InvalidPayload, see errors.py).
-        input_ = definition.validate_input(body).model_dump(mode="json")
+        # is a 422 naming the field (InvalidPayload, see errors.py). The body goes on as
+        # it came: the engine fills in the defaults, and fingerprints what was given.
+        definition.validate_input(body)
         replayed = False
         if idempotency_key is not None:
             # The key's saga, if it exists: the same request gets it back, another one a
             # 409 naming it (the contract of payment APIs' Idempotency-Key).
             saga_id = saga_id_for(definition.name, idempotency_key)
-            recorded = await recorded_input(saga_id)
-            if recorded is not None:
-                if not same_input(definition, recorded, input_):
+            started = await recorded_start(saga_id)
+            if started is not None:
+                if not definition.same_request(started.input, started.request_hash, body):
                     raise IdempotencyConflict(saga_id, idempotency_key)
                 replayed = True
         if not replayed:
-            saga_id = await starter(definition.name, input_, idempotency_key=idempotency_key)
+            saga_id = await starter(definition.name, body, idempotency_key=idempotency_key)
             if idempotency_key is not None:
                 # Two requests with one key may both have found no saga: the first start
                 # the engine records wins; wait for it, and refuse this one if it lost.
-                recorded = await recorded_input(saga_id, wait=START_CONFIRM_S)
-                if recorded is not None and not same_input(definition, recorded, input_):
+                started = await recorded_start(saga_id, wait=admin.idempotency_confirm_s)
+                if started is not None and not definition.same_request(
+                    started.input, started.request_hash, body
+                ):
                     raise IdempotencyConflict(saga_id, idempotency_key)
         audit.info(
             "start %s saga %s by %s (idempotency key %r)",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -34,6 +35,7 @@ from saga_engine._errors import (
     TransientError,
     UnknownSagaType,
 )
+from saga_engine._serde import escaped
 
 log = logging.getLogger("saga_engine.admin")
 
@@ -83,8 +85,24 @@ def invalid_detail(exc: InvalidPayload) -> list[dict[str, object]]:
     return [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors]
 
 
+async def _request_invalid(request: Request, exc: Exception) -> Response:
+    """FastAPI's own 422, without the offending input: it echoes it back, and a value that
+    cannot be encoded (an unpaired surrogate) would turn the answer into a 500."""
+    assert isinstance(exc, RequestValidationError)
+    detail = [
+        {
+            "loc": [escaped(p) if isinstance(p, str) else p for p in error.get("loc", ())],
+            "msg": escaped(str(error.get("msg", ""))),
+            "type": error.get("type", ""),
+        }
+        for error in exc.errors()
+    ]
+    return JSONResponse({"detail": detail, "error": "ValidationError"}, status_code=422)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(SagaError, _saga_error)
+    app.add_exception_handler(RequestValidationError, _request_invalid)
 
 
 class BodyLimitMiddleware:

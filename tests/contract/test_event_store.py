@@ -199,6 +199,15 @@ async def test_create_and_load_round_trip_of_several_event_kinds(store: EventSto
     assert await store.get("saga-1") == record
 
 
+async def test_first_event_reads_the_start_alone(store: EventStore) -> None:
+    assert await store.create(_new("f"))
+    await store.append(_append("f", 1, _fired("later")))
+    first = await store.first_event("f")
+    assert first.seq == 1
+    assert first.event == (await store.load("f")).events[0].event
+    assert isinstance(first.event, SagaStarted)
+
+
 async def test_create_with_existing_id_returns_false_and_changes_nothing(
     store: EventStore,
 ) -> None:
@@ -295,6 +304,13 @@ async def test_unknown_saga_raises_saga_not_found(store: EventStore) -> None:
     assert info.value.saga_id == "nope"
     with pytest.raises(SagaNotFound):
         await store.load("nope")
+    with pytest.raises(SagaNotFound):
+        await store.first_event("nope")
+    # Ids the store could never hold are not found either (not an encoding error).
+    for impossible in ("a\x00b", "x" * 201, ""):
+        for read in (store.get, store.load, store.first_event):
+            with pytest.raises(SagaNotFound):
+                await read(impossible)
     with pytest.raises(SagaNotFound):
         await store.append(_append("nope", 0, _started()))
     with pytest.raises(SagaNotFound):

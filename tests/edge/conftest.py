@@ -8,6 +8,7 @@ that the saga is parked and nothing was compensated).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -33,6 +34,9 @@ class Go(BaseModel):
 class Order(BaseModel):
     customer: str = Field(min_length=1, max_length=50)
     amount: int = Field(default=1, gt=0)
+    #: A fresh value whenever the caller gives none: a retry of the same request must
+    #: still be recognised as the same.
+    reference: str = Field(default_factory=lambda: uuid.uuid4().hex)
 
 
 class Done(BaseModel):

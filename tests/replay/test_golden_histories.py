@@ -8,7 +8,7 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
-from saga_engine import SagaStatus, SerializationError
+from saga_engine import NondeterminismError, SagaStatus, SerializationError
 from saga_engine.cli import app
 from saga_engine.replay import export_history, load_history, replay
 from tests.sagas import PlaceOrder
@@ -39,7 +39,7 @@ def test_bad_history_is_refused_with_the_divergence(path: Path) -> None:
     assert not result.deterministic
     # The history is of a finished saga: the divergence is reported, and it stays finished.
     assert result.status == SagaStatus.COMPLETED
-    assert result.error is not None
+    assert isinstance(result.error, NondeterminismError)
     assert result.error.seq == 2
     assert "reserve-funds" in result.error.expected
     assert "reserve-credit" in result.error.actual

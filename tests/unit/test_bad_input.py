@@ -6,11 +6,13 @@ The same paths over the real servers (HTTP, Kafka records) are in tests/edge.
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from saga_engine import (
     DefinitionError,
@@ -24,7 +26,13 @@ from saga_engine import (
     UnstorableValue,
 )
 from saga_engine.client import SagaClient
-from saga_engine.events import InvalidReplyReceived, ReplyReceived, StepSkipped
+from saga_engine.events import (
+    InvalidReplyReceived,
+    ReplyReceived,
+    SagaParked,
+    SagaStarted,
+    StepSkipped,
+)
 from saga_engine.replay import HistoryExport, replay
 from saga_engine.testing import SagaRun, SagaTestEnv
 
@@ -137,7 +145,7 @@ def test_bad_signal_declarations_are_refused_at_definition() -> None:
     with pytest.raises(DefinitionError, match="pydantic model class"):
         Signal(dict)  # type: ignore[type-var]
     with pytest.raises(DefinitionError, match="signal name"):
-        Signal(Go, name="no spaces")
+        Signal(Go, name=" padded ")
     with pytest.raises(DefinitionError, match="two signals are named 'go'"):
 
         class Twice(Saga[Order, Done]):
@@ -158,21 +166,54 @@ def test_bad_signal_declarations_are_refused_at_definition() -> None:
                 return Done()
 
 
-async def test_waiting_for_an_undeclared_signal_fails_in_the_code_saying_how_to_fix_it() -> None:
-    class Sloppy(Saga[Order, Done]):
-        name = "sloppy"
+class Sloppy(Saga[Order, Done]):
+    """Charges, then waits for a signal it forgot to declare."""
 
-        async def run(self, ctx: SagaContext, order: Order) -> Done:
-            await ctx.wait_signal("go", Go)
-            return Done()
+    name = "sloppy"
 
+    async def run(self, ctx: SagaContext, order: Order) -> Done:
+        await ctx.step("charge", to="bank", command=Charge(n=1), compensate=Refund(n=1))
+        await ctx.wait_signal("go", Go)
+        return Done()
+
+
+class SloppyFixed(Saga[Order, Done]):
+    """The fix: the signal is declared."""
+
+    name = "sloppy"
+    go = Signal(Go)
+
+    async def run(self, ctx: SagaContext, order: Order) -> Done:
+        await ctx.step("charge", to="bank", command=Charge(n=1), compensate=Refund(n=1))
+        decision = await ctx.wait_signal("go", Go)
+        return Done(ok=decision.ok)
+
+
+async def test_a_bug_in_the_code_parks_the_saga_and_undoes_nothing() -> None:
+    """Waiting for an undeclared signal is a bug in the code, not a reason to undo a
+    business transaction: the saga parks (definition_error) until a fixed deploy."""
     env = SagaTestEnv([Sloppy])
     run = await env.start(Sloppy, Order())
-    assert await run.status() == SagaStatus.FAILED
+    assert await run.status() == SagaStatus.NONDETERMINISTIC
     error = await run.error()
     assert error is not None
     assert error["type"] == "DefinitionError"
     assert "add `go = Signal(Go)`" in error["message"]
+    parked = (await run.history())[-1]
+    assert isinstance(parked, SagaParked)
+    assert parked.reason == "definition_error"
+    assert env.commands(compensation=True) == []
+    # Redeployed with the same bug, a resume is refused; the history is not touched.
+    env.engine = env.new_engine()
+    with pytest.raises(InvalidTransition, match="cannot be driven by the code deployed"):
+        await env.engine.resume(run.saga_id, reason="try")
+    # The fix is deployed: resume, and the saga goes on where it stood.
+    env.engine = env.new_engine([SloppyFixed])
+    await env.engine.resume(run.saga_id, reason="declared the signal")
+    await env.signal(run, "go", Go(ok=True))
+    assert await run.status() == SagaStatus.COMPLETED
+    assert env.compensated_steps() == []
+    assert [c.command_type for c in env.commands()] == ["Charge"]
 
 
 async def test_a_signal_the_model_refuses_is_refused_and_records_nothing() -> None:
@@ -402,3 +443,118 @@ async def test_an_idempotency_key_reused_with_another_input_is_a_conflict() -> N
     with pytest.raises(IdempotencyConflict):
         await env.engine.start(Gated, Order(n=2), idempotency_key="k-1")
     assert len(await env.store.list_sagas()) == 1
+
+
+# --------------------------------------------------------------------------- review findings
+
+
+class Stamped(BaseModel):
+    customer: str
+    request_id: str = Field(default_factory=lambda: str(uuid.uuid4()))
+    amount: int = 1
+
+
+class Tag(BaseModel):
+    request_id: str
+
+
+class StampedSaga(Saga[Stamped, Done]):
+    name = "stamped"
+
+    async def run(self, ctx: SagaContext, order: Stamped) -> Done:
+        # The default's value travels in a command: a replay that made a new one would
+        # diverge from the history.
+        await ctx.step("tag", to="ledger", command=Tag(request_id=order.request_id))
+        return Done()
+
+
+async def test_a_default_factory_neither_breaks_idempotency_nor_replay() -> None:
+    env = SagaTestEnv([StampedSaga])
+    first = await env.engine.start(StampedSaga, {"customer": "a"}, idempotency_key="k")
+    await env.settle()
+    # The same request, sent again as JSON, as a rebuilt model (a fresh default_factory
+    # value), and with a static default spelt out: the same saga each time.
+    for again in ({"customer": "a"}, Stamped(customer="a"), {"customer": "a", "amount": 1}):
+        assert await env.engine.start(StampedSaga, again, idempotency_key="k") == first
+    with pytest.raises(IdempotencyConflict):
+        await env.engine.start(StampedSaga, {"customer": "a", "amount": 2}, idempotency_key="k")
+    history = await env.engine.history(first)
+    started = history[0]
+    assert isinstance(started, SagaStarted)
+    request_id = started.input["request_id"]  # filled in once, at the start
+    assert [c.payload for c in env.commands()] == [{"request_id": request_id}]
+    assert replay([StampedSaga], HistoryExport(first, "stamped", history)).deterministic
+
+
+class GatedThenWaits(Saga[Order, Done]):
+    """A held step, then a wait with no timeout: nothing follows a retry in its history."""
+
+    name = "gated-waits"
+    go = Signal(Go)
+
+    async def run(self, ctx: SagaContext, order: Order) -> Done:
+        await ctx.step("charge", to="bank", command=Charge(n=1), returns=Charged)
+        decision = await ctx.wait_signal(self.go)
+        return Done(ok=decision.ok)
+
+
+class GatedThenWaitsFixed(Saga[Order, Done]):
+    name = "gated-waits"
+    go = Signal(Go)
+
+    async def run(self, ctx: SagaContext, order: Order) -> Done:
+        await ctx.step("charge", to="bank", command=Charge(n=1), returns=LenientCharged)
+        decision = await ctx.wait_signal(self.go)
+        return Done(ok=decision.ok)
+
+
+async def test_a_retry_replayed_under_code_that_refuses_the_reply_is_nondeterminism() -> None:
+    env = SagaTestEnv([GatedThenWaits])
+    env.participant("bank").on(Charge, reply={"amount": "5.5"})
+    run = await env.start(GatedThenWaits, Order())
+    assert await run.status() == SagaStatus.STEP_STUCK
+    env.engine = env.new_engine([GatedThenWaitsFixed])
+    await env.engine.retry_step(run.saga_id, "charge", reason="fixed")
+    assert await run.status() == SagaStatus.RUNNING
+    history = HistoryExport(run.saga_id, "gated-waits", await run.history())
+    assert replay([GatedThenWaitsFixed], history).deterministic
+    rolled_back = replay([GatedThenWaits], history)
+    assert not rolled_back.deterministic
+    assert "retry of 'charge'" in str(rolled_back.error)
+
+
+async def test_texts_and_headers_postgres_cannot_store_never_reach_it() -> None:
+    env = SagaTestEnv([Gated])
+    env.participant("bank").on(Charge, reply={"amount": "five"})
+    run = await env.start(Gated, Order(), trace_context={"tracestate": "a=\u0000"})
+    started = (await run.history())[0]
+    assert isinstance(started, SagaStarted)
+    assert "tracestate" not in started.trace_context  # telemetry only: dropped, not refused
+    before = await _kinds(run)
+    with pytest.raises(UnstorableValue, match="reason"):
+        await env.engine.cancel(run.saga_id, "because\u0000")
+    with pytest.raises(UnstorableValue, match="reason"):
+        await env.engine.skip_step(run.saga_id, "charge", {"amount": 1}, reason="\ud800")
+    assert await _kinds(run) == before
+    with pytest.raises(InvalidPayload, match="deadline_s: is too far in the future"):
+        await env.engine.start(Gated, Order(), deadline=timedelta(seconds=1e12))
+
+
+async def test_a_gather_with_a_held_step_counts_one_park() -> None:
+    class Both(Saga[Order, Done]):
+        name = "both"
+
+        async def run(self, ctx: SagaContext, order: Order) -> Done:
+            await asyncio.gather(
+                ctx.step("a", to="bank", command=Charge(n=1), returns=Charged),
+                ctx.step("b", to="bank", command=Charge(n=2), returns=Charged),
+            )
+            return Done()
+
+    env = SagaTestEnv([Both])
+    env.participant("bank").on(Charge, reply={"amount": "x"})
+    run = await env.start(Both, Order())
+    assert await run.status() == SagaStatus.STEP_STUCK
+    kinds = await _kinds(run)
+    assert kinds.count("invalid_reply_received") == 2
+    assert env.engine.stats.counts["sagas_parked"] == 1

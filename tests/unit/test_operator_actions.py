@@ -66,7 +66,7 @@ async def test_force_compensate_undoes_the_applied_steps() -> None:
     assert forced.principal == "ana"
     started = next(e for e in history if e.kind == "compensation_started")
     assert started.reason == "operator"
-    with pytest.raises(InvalidTransition, match="compensated; it accepts no forcecompensate"):
+    with pytest.raises(InvalidTransition, match="compensated; it accepts no force-compensate"):
         await env.engine.force_compensate(run.saga_id, "again")
     await _replays_cleanly(env, run.saga_id)
 

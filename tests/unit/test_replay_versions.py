@@ -78,7 +78,7 @@ async def test_changed_code_parks_the_saga_and_fixed_code_resumes_it() -> None:
 
     with pytest.raises(InvalidTransition, match="parked as nondeterministic"):
         await broken.signal(run.saga_id, "anything", {})
-    with pytest.raises(InvalidTransition, match="still nondeterministic"):
+    with pytest.raises(InvalidTransition, match="still cannot be driven by the code deployed here"):
         await broken.resume(run.saga_id)
     # Rebuilding again with the same broken code does not add a second marker.
     broken.evict(run.saga_id)
