@@ -592,7 +592,7 @@ class SagaRuntime(SagaOperations):
             if event.deadline_at is not None:
                 self._timers[DEADLINE_TIMER] = _Timer(fire_at=event.deadline_at)
             self._lifecycle = self._loop.create_task(self._run_lifecycle(event))
-        elif isinstance(event, ReplyReceived | AttemptTimedOut):
+        elif isinstance(event, ReplyReceived | AttemptTimedOut | InvalidReplyReceived):
             inflight = self._inflight.get(event.command_id)
             if inflight is None or inflight.future.done():
                 self._nondeterministic(
@@ -601,20 +601,13 @@ class SagaRuntime(SagaOperations):
                     f"no command {event.command_id} waiting ({self._describe_waiting()})",
                 )
                 raise _Halt
-            inflight.future.set_result(event if isinstance(event, ReplyReceived) else None)
-        elif isinstance(event, InvalidReplyReceived):
-            inflight = self._inflight.get(event.command_id)
-            if inflight is None or inflight.future.done():
-                self._nondeterministic(
-                    self._cursor - 1,
-                    event.describe(),
-                    f"no command {event.command_id} waiting ({self._describe_waiting()})",
-                )
-                raise _Halt
-            # The step keeps waiting, for an operator now: its attempt no longer times
-            # out (the participant did answer), and nothing re-sends it.
-            inflight.held = event
-            self._timers.pop(timeout_timer_id(event.command_id, inflight.event.attempt), None)
+            if isinstance(event, InvalidReplyReceived):
+                # The step keeps waiting, for an operator now: its attempt no longer times
+                # out (the participant did answer), and nothing re-sends it.
+                inflight.held = event
+                self._timers.pop(timeout_timer_id(event.command_id, inflight.event.attempt), None)
+            else:
+                inflight.future.set_result(event if isinstance(event, ReplyReceived) else None)
         elif isinstance(event, TimerFired):
             timer = self._timers.pop(event.timer_id, None)
             if event.timer_id == DEADLINE_TIMER:
