@@ -3,7 +3,10 @@
 Each saga keeps its steps in a table (:class:`StepSpec`), so the oracles know, without
 asking the runtime, which steps carry a compensation and how many attempts each gets.
 The "broken" variants share the original's name, as a redeploy with changed code would:
-one changes the first step's payload, one renames a later step.
+one changes the first step's payload, one renames a later step. Every step declares its
+reply model (``returns=Ack``), so a success reply the model refuses is held; the
+"lenient" variants are a fixed deploy whose model (``LenientAck``) accepts any reply
+the world sends.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
@@ -35,6 +38,18 @@ class Cmd(BaseModel):
 class Undo(BaseModel):
     step: str
     amount: int
+
+
+class Ack(BaseModel):
+    """What a participant answers a step with: the world's replies are ``{"outcome": ...}``."""
+
+    outcome: str
+
+
+class LenientAck(BaseModel):
+    """The reply model of a fixed deploy: it reads whatever ``outcome`` came (or none)."""
+
+    outcome: Any = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,8 @@ class PropertySaga(Saga[In, Out]):
     tweak_first: ClassVar[int] = 0
     #: Broken variants: step name -> the name the changed code uses.
     renamed: ClassVar[dict[str, str]] = {}
+    #: Every step's reply model; a fixed deploy reads more.
+    reply_model: ClassVar[type[BaseModel]] = Ack
 
     async def do(self, ctx: SagaContext, step: str, amount: int) -> str:
         spec = self.steps[step]
@@ -78,6 +95,7 @@ class PropertySaga(Saga[In, Out]):
             retry=policy(spec.attempts),
             timeout=spec.timeout_s,
             compensate_retry=policy(spec.compensate_attempts),
+            returns=self.reply_model,
         )
         return name
 
@@ -180,6 +198,24 @@ class CatchingRenamed(CatchingSaga):
     renamed = {"fallback": "fallback-v2"}
 
 
+# --------------------------------------------------------------------------- fixed code
+
+
+class SequentialLenient(SequentialSaga):
+    name = "prop-sequential"
+    reply_model = LenientAck
+
+
+class GatherLenient(GatherSaga):
+    name = "prop-gather"
+    reply_model = LenientAck
+
+
+class CatchingLenient(CatchingSaga):
+    name = "prop-catching"
+    reply_model = LenientAck
+
+
 _DEFINITIONS: dict[str, SagaDefinition] = {}
 
 
@@ -199,6 +235,8 @@ class Case:
     #: Renames ``renamed_step``: nondeterministic exactly when a history reached that step.
     renamed: type[PropertySaga]
     renamed_step: str
+    #: The same code with a reply model that reads every reply: a fix for held replies.
+    lenient: type[PropertySaga]
 
     @property
     def id(self) -> str:
@@ -206,7 +244,7 @@ class Case:
 
 
 CASES = [
-    Case(SequentialSaga, SequentialPayloadChanged, SequentialRenamed, "charge"),
-    Case(GatherSaga, GatherPayloadChanged, GatherRenamed, "p3"),
-    Case(CatchingSaga, CatchingPayloadChanged, CatchingRenamed, "fallback"),
+    Case(SequentialSaga, SequentialPayloadChanged, SequentialRenamed, "charge", SequentialLenient),
+    Case(GatherSaga, GatherPayloadChanged, GatherRenamed, "p3", GatherLenient),
+    Case(CatchingSaga, CatchingPayloadChanged, CatchingRenamed, "fallback", CatchingLenient),
 ]

@@ -8,11 +8,20 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
 from saga_engine import RetryPolicy, Saga, SagaContext
-from saga_engine._decision import Cancel, Decision, Reply, Resume, StartSaga, TimerDue
+from saga_engine._decision import (
+    Cancel,
+    Decision,
+    Reply,
+    Resume,
+    RetryStep,
+    StartSaga,
+    TimerDue,
+)
 from saga_engine._definition import SagaDefinition
 from saga_engine._events import (
     CompensationIssued,
@@ -253,3 +262,63 @@ def test_owed_compensations_leaves_out_completed_ones() -> None:
     rt.handle(Reply(d.commands[0].command_id, "failure", T0))  # a's undo refused: stuck
     assert rt.status == S.COMPENSATION_STUCK
     assert rt.owed_compensations() == ["a"], "b was compensated already"
+
+
+# --------------------------------------------------------------------------- bug 4
+# Found by test_a_fixed_reply_model_accepts_held_replies_on_retry[prop-gather]:
+# a retry_requested that a fixed deploy accepted replayed under the code that refuses the
+# held reply without any nondeterminism being reported, when accepting it produced no
+# intent at once (a gather's other step still in flight). The old code silently rebuilt
+# the saga as step_stuck with the reply held again, although the history says the reply
+# was accepted. docs/architecture.md promises: "a retry recorded under a fixed deploy does
+# not replay under the broken one: that is nondeterminism, caught as such".
+
+
+class Ack(BaseModel):
+    outcome: str
+
+
+class LenientAck(BaseModel):
+    outcome: Any = None
+
+
+class HeldPair(Saga[In, Out]):
+    """Two parallel steps whose replies must match ``Ack``."""
+
+    name = "bug-held-retry"
+    ack: ClassVar[type[BaseModel]] = Ack
+
+    async def run(self, ctx: SagaContext, input: In) -> Out:
+        await asyncio.gather(
+            ctx.step("a", to="svc", command=Do(what="a"), returns=self.ack),
+            ctx.step("b", to="svc", command=Do(what="b"), returns=self.ack),
+        )
+        return Out()
+
+
+class HeldPairFixed(HeldPair):
+    """The deploy that fixes the reply model: it reads any ``outcome``."""
+
+    name = "bug-held-retry"
+    ack = LenientAck
+
+
+def test_a_retry_accepted_by_a_fixed_deploy_is_nondeterministic_under_the_old_code() -> None:
+    rt, started = _start(HeldPair, "b4")
+    a = next(c for c in started.commands if c.step == "a")
+    rt.handle(Reply(a.command_id, "success", T0, payload={"outcome": 7}))  # held
+    assert rt.status == S.STEP_STUCK
+
+    fixed, _ = SagaRuntime.replay(SagaDefinition.of(HeldPairFixed), "b4", rt.history)
+    accepted = fixed.handle(RetryStep("a", T0, "operator", "deployed the fix"))
+    assert [e.kind for e in accepted.events] == ["retry_requested"]  # b is still in flight
+    assert fixed.status == S.RUNNING
+
+    # Rolled back (or rebuilt by an engine still on the old code): it cannot accept the
+    # reply the history says was accepted.
+    old, decision = SagaRuntime.replay(SagaDefinition.of(HeldPair), "b4", fixed.history)
+    assert decision.nondeterminism is not None, (
+        f"replayed cleanly as {old.status.value} with {old.held_steps()} held again"
+    )
+    assert old.status == S.NONDETERMINISTIC
+    assert [e.kind for e in decision.events] == ["saga_parked"]

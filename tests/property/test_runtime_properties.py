@@ -10,7 +10,12 @@ the runtime decided:
 3. every run ends terminal or parked, through allowed status transitions only;
 4. duplicate, late and unknown replies and stale timers are dropped without a trace;
 5. changed code replayed against a history parks the saga once, and the fixed code
-   resumes it.
+   resumes it;
+6. a success reply its step's model refuses is held: nothing reacts to it, the saga is
+   step_stuck while any is held, operators' refused actions leave no trace, a skip
+   releases the step (then owed its compensation), a cancel compensates it;
+7. a deploy whose model reads the held reply accepts it on retry, and its history
+   then replays under that code only.
 """
 
 from __future__ import annotations
@@ -22,28 +27,47 @@ import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from saga_engine._decision import Cancel, DropReason, OutboundCommand, Reply, Resume, TimerDue
+from saga_engine._decision import (
+    Cancel,
+    DropReason,
+    OutboundCommand,
+    Reply,
+    Resume,
+    RetryStep,
+    Skip,
+    TimerDue,
+)
 from saga_engine._definition import SagaDefinition
-from saga_engine._errors import InvalidTransition
+from saga_engine._errors import InvalidPayload, InvalidTransition, NondeterminismError
 from saga_engine._events import (
     AttemptTimedOut,
     CancelRequested,
     CommandIssued,
+    CompensationForced,
     CompensationIssued,
     Event,
+    InvalidReplyReceived,
     ReplyReceived,
+    RetryRequested,
     SagaParked,
     SagaResumed,
+    StepSkipped,
     TimerFired,
     event_to_dict,
     events_from_list,
 )
 from saga_engine._runtime import SagaRuntime
-from saga_engine._serde import canonical_hash
+from saga_engine._serde import canonical_hash, storable_copy, unstorable
 from saga_engine._status import TRANSITIONS, SagaStatus
-from tests.property.oracles import check_compensations, reachable, status_transitions
+from tests.property.oracles import (
+    check_compensations,
+    held_after_each,
+    reachable,
+    status_transitions,
+    statuses_after_each,
+)
 from tests.property.sagas import CASES, Case, definition
-from tests.property.world import Delivery, World, simulate
+from tests.property.world import VALID_RESULT, Delivery, World, simulate
 
 S = SagaStatus
 
@@ -91,6 +115,8 @@ def _assert_replays(
     assert rt.outstanding_commands() == outstanding
     assert rt.pending_timers() == timers
     assert rt.history == history
+    held = held_after_each(history)
+    assert rt.held_steps() == sorted(held[-1] if held else ())
     return rt
 
 
@@ -141,12 +167,17 @@ def test_replay_reproduces_the_live_run(case: Case, data: st.DataObject) -> None
         assert snap.replayed_status == snap.replay_decision.status == snap.status
         assert snap.replayed_outstanding == snap.outstanding
         assert snap.replayed_timers == snap.timers
+        assert snap.replayed_held == snap.held
         assert snap.replayed_history == snap.history == history[: len(snap.history)]
     for shadow in world.shadows:
         assert shadow.history == history
         assert shadow.status == rt.status
         assert shadow.outstanding_commands() == rt.outstanding_commands()
+        assert shadow.pending_timers() == rt.pending_timers()
+        assert shadow.held_steps() == rt.held_steps()
     assert world.mismatches == []
+    if any(s.status == S.STEP_STUCK for s in world.snapshots):
+        event("rebuilt while step_stuck")
 
     # The commands sent are exactly the issued events, in order; each decision sends
     # the commands its own events issued.
@@ -182,6 +213,17 @@ def test_compensations_run_only_for_applied_steps_in_reverse_order(
     rt = run.world.rt
     report = check_compensations(rt.history, case.saga.steps)
     assert report.problems == []
+    for step in report.released_steps:
+        if case.saga.steps[step].compensate and report.expected_owed is not None:
+            assert step in report.expected_owed, f"{step!r} was released (applied) but not owed"
+            event("a released held step was owed its compensation")
+    for step in report.stopped_while_held:
+        if case.saga.steps[step].compensate:
+            assert report.expected_owed is not None
+            assert step in report.expected_owed, f"{step!r} was stopped while held, not owed"
+            event("a step stopped while held was owed its compensation")
+    for step in report.skipped_steps:
+        assert step not in (report.expected_owed or []), f"{step!r} skipped unanswered, owed"
     if rt.status == S.COMPLETED:
         assert report.compensated == []
     if rt.status in (S.COMPENSATED, S.CANCELLED) and report.expected_owed is not None:
@@ -194,18 +236,31 @@ def test_compensations_run_only_for_applied_steps_in_reverse_order(
 # --------------------------------------------------------------------------- 3. status
 
 
+_FORWARD = (S.RUNNING, S.STEP_STUCK)
+
+
 def _check_operator_action(d: Delivery) -> None:
-    if d.kind == "cancel":
-        assert (d.refused is not None) == (d.status_before != S.RUNNING), (
-            f"cancel in {d.status_before}: refused={d.refused}"
+    if d.kind in ("cancel", "force"):
+        assert (d.refused is not None) == (d.status_before not in _FORWARD), (
+            f"{d.kind} in {d.status_before}: refused={d.refused!r}"
         )
+        assert d.refused is None or isinstance(d.refused, InvalidTransition)
         if d.decision is not None:
-            assert isinstance(d.decision.events[0], CancelRequested)
-            assert d.status_after in (S.COMPENSATING, S.CANCELLED)
+            if d.kind == "cancel":
+                assert isinstance(d.decision.events[0], CancelRequested)
+                assert d.status_after in (S.COMPENSATING, S.CANCELLED)
+            else:
+                assert isinstance(d.decision.events[0], CompensationForced)
+                assert d.status_after in (S.COMPENSATING, S.COMPENSATED, S.FAILED)
+            if d.status_before == S.STEP_STUCK:
+                event(f"{d.kind} while step_stuck")
     if d.kind in ("resume", "drain_resume"):
         assert (d.refused is not None) == (d.status_before != S.COMPENSATION_STUCK), (
-            f"resume in {d.status_before}: refused={d.refused}"
+            f"resume in {d.status_before}: refused={d.refused!r}"
         )
+        assert d.refused is None or isinstance(d.refused, InvalidTransition)
+        if d.status_before == S.STEP_STUCK:
+            assert "step_stuck" in str(d.refused), str(d.refused)
         if d.decision is not None:
             assert isinstance(d.decision.events[0], SagaResumed)
 
@@ -231,10 +286,15 @@ def test_every_run_ends_terminal_or_parked_through_allowed_transitions(
     # The drain left nothing deliverable; the saga must not be left hanging.
     assert rt.status.is_terminal or rt.status.is_parked, f"stranded in {rt.status}"
     if run.resume_when_stuck:
-        assert rt.status.is_terminal
+        assert rt.status.is_terminal or (rt.status == S.STEP_STUCK and not run.release_held)
+    if run.release_held:
+        assert rt.status != S.STEP_STUCK
     if rt.status.is_parked:
         assert rt.outstanding_commands() == []
         assert rt.pending_timers() == {}
+    if rt.status == S.STEP_STUCK:
+        # Left to an operator who never came: it waits for one, and for nothing else.
+        assert rt.held_steps()
 
     changes, folded = status_transitions(rt.history)
     assert folded == rt.status
@@ -243,20 +303,29 @@ def test_every_run_ends_terminal_or_parked_through_allowed_transitions(
 
     assert world.start_decision is not None
     previous = world.start_decision.status
+    # The status after each input, folded from the history alone.
+    folded_after = statuses_after_each(rt.history)
     for d in world.deliveries:
         assert d.status_before == previous
+        assert d.status_after == folded_after[d.history_after - 1], (
+            f"{d.kind}: {d.status_after}, but the history reads {folded_after[d.history_after - 1]}"
+        )
         if d.decision is not None:
             assert d.decision.status == d.status_after
             assert reachable(d.status_before, d.status_after), (
                 f"{d.kind}: {d.status_before} -> {d.status_after}"
             )
             projection = d.decision.projection
-            ended = d.status_after.is_terminal or d.status_after.is_parked
+            # step_stuck still has timers to fire: the deadline, a gather's other steps.
+            ended = d.status_after.is_terminal or d.status_after == S.NONDETERMINISTIC
             expected_wakeup = None if ended else min(d.timers_after.values(), default=None)
             assert projection.next_wakeup == expected_wakeup
         else:
             assert d.history_after == d.history_before, "a refused input left a trace"
             assert d.status_after == d.status_before
+            assert d.outstanding_after == d.outstanding_before
+            assert d.timers_after == d.timers_before
+            assert d.held_after == d.held_before
         if d.status_after == S.COMPENSATION_STUCK:
             # Stuck means waiting for an operator, and for nothing else.
             assert d.outstanding_after == []
@@ -277,6 +346,7 @@ def test_every_run_ends_terminal_or_parked_through_allowed_transitions(
 
 _INPUT_EVENTS = {
     "reply": (ReplyReceived,),
+    "bad_reply": (ReplyReceived, InvalidReplyReceived),
     "drain_reply": (ReplyReceived,),
     "timer": (AttemptTimedOut, TimerFired),
     "drain_timer": (AttemptTimedOut, TimerFired),
@@ -342,7 +412,7 @@ def test_changed_code_parks_once_and_the_fixed_code_resumes(
     full = world.rt.history
     points = _open_points(world)
     assert points, "the saga starts open"
-    stuck = [p for p in points if p[1] == S.COMPENSATION_STUCK]
+    stuck = [p for p in points if p[1] in (S.COMPENSATION_STUCK, S.STEP_STUCK)]
     prefer_stuck = data.draw(st.booleans(), label="park a stuck saga")
     if stuck and prefer_stuck:
         points = stuck  # rare, and the hardest case: two kinds of parked at once
@@ -367,6 +437,7 @@ def test_changed_code_parks_once_and_the_fixed_code_resumes(
             assert rt_b.outstanding_commands() == outstanding
             continue
         assert d_b.nondeterminism is not None
+        assert isinstance(d_b.nondeterminism, NondeterminismError), d_b.nondeterminism
         assert d_b.nondeterminism.seq == diverges_at + 1
         assert [type(e) for e in d_b.events] == [SagaParked]
         assert d_b.commands == []
@@ -404,6 +475,7 @@ def test_changed_code_parks_once_and_the_fixed_code_resumes(
             assert rt_o.status == status
             assert rt_o.outstanding_commands() == outstanding
             assert rt_o.pending_timers() == timers
+            assert rt_o.held_steps() == sorted(held_after_each(history)[-1])
         elif rt_o.outstanding_commands():
             assert rt_o.status == S.COMPENSATING, "compensation re-sent while reported stuck"
         on = World.adopt(original, rt_o, max(world.now, at))
@@ -440,3 +512,191 @@ def test_changed_code_never_reopens_a_finished_saga(case: Case, data: st.DataObj
     )
     rt_o, _ = SagaRuntime.replay(run.world.definition, rt.saga_id, rt.history + d_b.events)
     assert rt_o.status == final, f"a {final.value} saga now reads as {rt_o.status.value}"
+
+
+# --------------------------------------------------------------------------- 6. held replies
+
+
+def _check_held_action(
+    d: Delivery, held_events: dict[str, InvalidReplyReceived], compensations: set[str]
+) -> None:
+    """What each input about a held reply must have done (or been refused for)."""
+    decision = d.decision
+    if d.kind == "bad_reply":
+        assert isinstance(d.inbound, Reply)
+        assert decision is not None, f"a participant's reply was refused: {d.refused!r}"
+        first = decision.events[0]
+        payload = d.inbound.payload
+        if d.inbound.command_id in compensations:
+            # A compensation's reply is never checked against a model: recorded as it came.
+            assert isinstance(first, ReplyReceived)
+            assert first.compensation
+            assert first.payload == storable_copy(payload)
+            return
+        assert isinstance(first, InvalidReplyReceived), first
+        assert decision.events == [first], "something reacted to a held reply"
+        assert decision.commands == []
+        assert first.payload == storable_copy(payload)
+        assert first.unstorable == bool(unstorable(payload))
+        assert first.error.type == "InvalidReply"
+        assert first.error.step == first.step
+        assert d.status_after == S.STEP_STUCK
+        assert first.step in d.held_after
+        event("held an unstorable reply" if first.unstorable else "held a malformed reply")
+        if d.held_before:
+            event("held a second reply")
+        if d.outstanding_after:
+            event("held a reply while other commands are out")
+    elif d.kind in ("skip_held", "drain_skip"):
+        assert isinstance(d.inbound, Skip)
+        assert decision is not None, f"a valid skip of a held step was refused: {d.refused!r}"
+        assert decision.events[0] == StepSkipped(
+            at=d.inbound.at,
+            step=d.inbound.step,
+            payload=VALID_RESULT,
+            principal="operator",
+            reason="answered by hand",
+        )
+        assert d.inbound.step not in d.held_after
+        if d.held_after:
+            assert d.status_after == S.STEP_STUCK
+        else:
+            assert d.status_after != S.STEP_STUCK, "released the last held reply, still stuck"
+            assert d.status_before == S.STEP_STUCK
+        event("released a held step by a skip")
+    elif d.kind == "skip_invalid":
+        assert isinstance(d.inbound, Skip)
+        assert isinstance(d.refused, InvalidPayload), (
+            f"skip with {d.inbound.payload}: {d.refused!r}"
+        )
+        assert d.refused.errors
+        assert all(e["loc"][0] == "result" for e in d.refused.errors), d.refused.errors
+        if d.inbound.step in d.held_before:
+            event("refused an invalid skip of a held step")
+    elif d.kind == "retry_held":
+        assert isinstance(d.inbound, RetryStep)
+        assert isinstance(d.refused, InvalidTransition), f"retry of a held reply: {d.refused!r}"
+        if held_events[d.inbound.step].unstorable:
+            assert "cannot be accepted as it came" in str(d.refused)
+        else:
+            assert "still does not match Ack" in str(d.refused)
+        event("refused a retry of a held reply")
+    elif d.kind == "skip_waiting":
+        assert isinstance(d.inbound, Skip)
+        assert decision is not None, f"a skip of a waiting step was refused: {d.refused!r}"
+        assert isinstance(decision.events[0], StepSkipped)
+        assert d.held_after == d.held_before
+    elif d.kind == "retry_backoff":
+        assert isinstance(d.inbound, RetryStep)
+        assert decision is not None, f"a retry of a step in back-off was refused: {d.refused!r}"
+        assert isinstance(decision.events[0], RetryRequested)
+        issued = [e for e in decision.events if isinstance(e, CommandIssued)]
+        assert d.inbound.step in [e.step for e in issued], "retried now, but nothing was sent"
+    elif (
+        isinstance(d.inbound, TimerDue)
+        and d.inbound.timer_id == "deadline"
+        and d.status_before == S.STEP_STUCK
+    ):
+        assert d.status_after in (S.COMPENSATING, S.FAILED), d.status_after
+        event("deadline while step_stuck")
+
+
+@cases
+@PROPERTY
+@given(data=st.data())
+def test_a_reply_its_model_refuses_is_held_until_an_operator_answers(
+    case: Case, data: st.DataObject
+) -> None:
+    run = simulate(case.saga, data, snapshots=False, bad_reply_weight=5)
+    world, rt = run.world, run.world.rt
+    history = rt.history
+    held = held_after_each(history)
+    held_events = {e.step: e for e in history if isinstance(e, InvalidReplyReceived)}
+    compensations = {e.command_id for e in history if isinstance(e, CompensationIssued)}
+    for d in world.deliveries:
+        # The runtime's account of held replies is the history's (computed independently).
+        expected = sorted(held[d.history_after - 1])
+        assert d.held_after == expected, f"{d.kind}: holds {d.held_after}, history {expected}"
+        assert (d.status_after == S.STEP_STUCK) == bool(expected), (
+            f"{d.kind}: {d.status_after} with held replies {expected}"
+        )
+        for step in expected:
+            # Answered already: not re-sent on recovery, and its attempt no longer times out.
+            command_id = held_events[step].command_id
+            assert command_id not in [c.command_id for c in d.outstanding_after]
+            assert not any(t.startswith(f"timeout:{command_id}:") for t in d.timers_after)
+        if d.refused is not None:
+            assert d.history_after == d.history_before, "a refused input left a trace"
+            assert (d.status_after, d.held_after) == (d.status_before, d.held_before)
+        _check_held_action(d, held_events, compensations)
+    if rt.status == S.STEP_STUCK:
+        event("ended step_stuck")
+
+
+# --------------------------------------------------------------------------- 7. a fixed deploy
+
+
+@cases
+@PROPERTY
+@given(data=st.data())
+def test_a_fixed_reply_model_accepts_held_replies_on_retry(case: Case, data: st.DataObject) -> None:
+    run = simulate(case.saga, data, snapshots=False, bad_reply_weight=5)
+    world = run.world
+    full = world.rt.history
+    points = [p for p in _open_points(world) if p[1] == S.STEP_STUCK]
+    if not points:
+        event("never step_stuck")
+        return
+    length, status, outstanding, timers = points[
+        data.draw(st.integers(0, len(points) - 1), label="point")
+    ]
+    history = full[:length]
+    saga_id = world.rt.saga_id
+    fixed = definition(case.lenient)
+
+    # The fixed code replays the history, held replies included, to where it stood.
+    rt = _assert_replays(fixed, saga_id, _json_roundtrip(history), status, outstanding, timers)
+    held_events = {e.step: e for e in history if isinstance(e, InvalidReplyReceived)}
+    on = World.adopt(fixed, rt, max(world.now, history[-1].at))
+    for step in rt.held_steps():
+        on.deliver("retry_fixed", RetryStep(step, on.tick(), "operator", "deployed a fix"))
+        d = on.deliveries[-1]
+        if held_events[step].unstorable:
+            assert isinstance(d.refused, InvalidTransition), d.refused
+            assert "cannot be accepted as it came" in str(d.refused)
+            assert d.history_after == d.history_before
+            continue
+        assert d.decision is not None, f"the fixed code refused the held reply: {d.refused!r}"
+        assert isinstance(d.decision.events[0], RetryRequested)
+        assert step not in d.held_after
+        assert (d.status_after == S.STEP_STUCK) == bool(d.held_after)
+        event("the fixed code accepted a held reply")
+    for _ in range(data.draw(st.integers(0, 10), label="inputs after the fix")):
+        on.random_step(data)
+    on.drain(resume_when_stuck=True)
+    final = rt.history
+    assert rt.status.is_terminal, rt.status
+
+    changes, folded = status_transitions(final)
+    assert folded == rt.status
+    for index, old, new in changes:
+        assert new in TRANSITIONS[old], f"event #{index + 1}: {old} -> {new}"
+    assert check_compensations(final, case.saga.steps).problems == []
+    _assert_replays(fixed, saga_id, _json_roundtrip(final), rt.status, [], {})
+
+    # The code that refused the reply cannot replay a history where it was accepted.
+    held = held_after_each(final)
+    accepted = [
+        i
+        for i, e in enumerate(final)
+        if isinstance(e, RetryRequested) and e.step in held[i - 1] and e.step not in held[i]
+    ]
+    if accepted:
+        _, strict = SagaRuntime.replay(world.definition, saga_id, final)
+        assert isinstance(strict.nondeterminism, NondeterminismError), (
+            "a retry the old code refuses replayed under it: "
+            + "; ".join(f"#{i + 1} {e.kind} {getattr(e, 'step', '')}" for i, e in enumerate(final))
+        )
+        # Reported at the first accepted retry: nothing before it depends on the fix.
+        assert strict.nondeterminism.seq == accepted[0] + 1, str(strict.nondeterminism)
+        event("the old code refused to replay an accepted retry")

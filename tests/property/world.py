@@ -5,16 +5,23 @@ The world keeps no model of the saga. It looks at what the runtime says is outst
 
 - a participant replies to one of the outstanding commands (success, business failure
   or retryable), in any order, and maybe the same reply arrives twice;
+- a participant answers success with a payload the step's reply model refuses, or that
+  Postgres cannot store: the runtime holds that reply and the saga is ``step_stuck``;
 - a participant stays silent, so a pending timer (attempt timeout, retry backoff,
   sleep, deadline) fires instead;
 - noise: a late reply for a command no longer awaited, a reply for a command id
   nobody issued, a timer firing that is no longer pending;
-- an operator cancels or resumes the saga, whether or not that makes sense.
+- an operator cancels, force-compensates or resumes the saga, whether or not that makes
+  sense; skips a step whose reply is held (with a valid result, or an invalid one that
+  must be refused), asks for a held reply to be checked again (refused: the code did not
+  change), skips a step still waiting for its reply, or retries a step in its back-off.
 
 The fake clock only moves forward: each input is a millisecond after the previous one,
 and a timer fires at ``max(now, fire_at)``. After the random phase, the world drains:
-every outstanding command gets a success reply and every timer fires, until nothing is
-left to deliver. Every input and its outcome is recorded for the oracles.
+every outstanding command gets a success reply, every held step is skipped with a valid
+result (unless the run leaves them to an operator who never comes), and every timer
+fires, until nothing is left to deliver. Every input and its outcome is recorded for the
+oracles; a refused input is recorded with its error.
 """
 
 from __future__ import annotations
@@ -30,17 +37,21 @@ from saga_engine._decision import (
     Cancel,
     Decision,
     DropReason,
+    ForceCompensate,
     Inbound,
     OutboundCommand,
     Reply,
     Resume,
+    RetryStep,
+    Skip,
     StartSaga,
     TimerDue,
 )
 from saga_engine._definition import SagaDefinition
-from saga_engine._errors import InvalidTransition
+from saga_engine._errors import InvalidPayload, InvalidTransition
 from saga_engine._events import CommandIssued, CompensationIssued, Event
 from saga_engine._runtime import SagaRuntime
+from saga_engine._serde import JsonDict
 from saga_engine._status import SagaStatus
 from tests.property.sagas import In, PropertySaga
 from tests.property.sagas import definition as saga_definition
@@ -55,6 +66,21 @@ Outcome = Literal["success", "failure", "retryable"]
 OUTCOMES: list[Outcome] = ["success", "success", "failure", "retryable"]
 DEADLINES = [None, timedelta(seconds=40), timedelta(seconds=90)]
 
+#: Success payloads the steps' reply model (``Ack``: ``outcome: str``) refuses...
+MALFORMED: list[JsonDict] = [{"outcome": 7}, {}, {"outcome": None}, {"outcome": ["ok"]}]
+#: ...and ones Postgres cannot store (the model alone would accept them).
+UNSTORABLE: list[JsonDict] = [
+    {"outcome": "ok\u0000"},
+    {"outcome": "ok", "note": "\ud800"},
+    {"outcome": "ok", "n": 2**70},
+]
+#: What an operator answers a step with: valid for ``Ack``, or not.
+VALID_RESULT: JsonDict = {"outcome": "skipped by an operator"}
+INVALID_RESULTS: list[JsonDict] = [{"outcome": 7}, {}, {"outcome": "a\u0000b"}]
+
+#: An input the runtime refused; it must leave no trace.
+Refusal = InvalidTransition | InvalidPayload
+
 
 @dataclass
 class Delivery:
@@ -63,15 +89,20 @@ class Delivery:
     kind: str
     inbound: Inbound
     decision: Decision | None
-    refused: InvalidTransition | None
+    refused: Refusal | None
     status_before: SagaStatus
     status_after: SagaStatus
     history_before: int
     history_after: int
     #: What the world expects the runtime to drop this input as (None: not a drop).
     expected_drop: DropReason | None
+    outstanding_before: list[OutboundCommand]
     outstanding_after: list[OutboundCommand]
+    timers_before: dict[str, datetime]
     timers_after: dict[str, datetime]
+    #: The runtime's own account of the steps whose reply is held.
+    held_before: list[str]
+    held_after: list[str]
 
 
 @dataclass
@@ -83,11 +114,13 @@ class Snapshot:
     status: SagaStatus
     outstanding: list[OutboundCommand]
     timers: dict[str, datetime]
+    held: list[str]
     replay_decision: Decision
     #: The replayed runtime's state right after the replay (it then runs in lockstep).
     replayed_status: SagaStatus
     replayed_outstanding: list[OutboundCommand]
     replayed_timers: dict[str, datetime]
+    replayed_held: list[str]
     replayed_history: list[Event]
 
 
@@ -106,6 +139,8 @@ class World:
     shadows: list[SagaRuntime] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)
     start_timers: dict[str, datetime] = field(default_factory=dict)
+    #: How often, against a weight of 6 for a good reply, a participant replies badly.
+    bad_reply_weight: int = 2
 
     @classmethod
     def begin(
@@ -147,11 +182,14 @@ class World:
     ) -> Decision | None:
         status_before = self.rt.status
         history_before = len(self.rt.history)
+        outstanding_before = self.rt.outstanding_commands()
+        timers_before = self.rt.pending_timers()
+        held_before = self.rt.held_steps()
         decision: Decision | None = None
-        refused: InvalidTransition | None = None
+        refused: Refusal | None = None
         try:
             decision = self.rt.handle(inbound)
-        except InvalidTransition as exc:
+        except (InvalidTransition, InvalidPayload) as exc:
             refused = exc
         for i, shadow in enumerate(self.shadows):
             self._lockstep(i, shadow, inbound, decision, refused)
@@ -168,8 +206,12 @@ class World:
                 history_before=history_before,
                 history_after=len(self.rt.history),
                 expected_drop=expected_drop,
+                outstanding_before=outstanding_before,
                 outstanding_after=self.rt.outstanding_commands(),
+                timers_before=timers_before,
                 timers_after=self.rt.pending_timers(),
+                held_before=held_before,
+                held_after=self.rt.held_steps(),
             )
         )
         return decision
@@ -185,18 +227,35 @@ class World:
         shadow: SagaRuntime,
         inbound: Inbound,
         live: Decision | None,
-        live_refused: InvalidTransition | None,
+        live_refused: Refusal | None,
     ) -> None:
         where = f"shadow {index}, input #{len(self.deliveries) + 1} {inbound!r}"
+        replayed_refused: Refusal | None = None
         try:
             replayed: Decision | None = shadow.handle(inbound)
-        except InvalidTransition:
-            replayed = None
+        except (InvalidTransition, InvalidPayload) as exc:
+            replayed, replayed_refused = None, exc
         if (replayed is None) != (live_refused is not None):
-            self.mismatches.append(f"{where}: live refused={live_refused}, replayed refused")
+            self.mismatches.append(
+                f"{where}: live refused={live_refused!r}, replayed refused={replayed_refused!r}"
+            )
+            return
+        if live_refused is not None and (
+            type(live_refused) is not type(replayed_refused)
+            or str(live_refused) != str(replayed_refused)
+        ):
+            self.mismatches.append(
+                f"{where}: refused differently: live {live_refused!r}, "
+                f"replayed {replayed_refused!r}"
+            )
             return
         if replayed is None or live is None:
             return
+        if shadow.held_steps() != self.rt.held_steps():
+            self.mismatches.append(
+                f"{where}: held steps differ: live {self.rt.held_steps()}, "
+                f"replayed {shadow.held_steps()}"
+            )
         for what, a, b in (
             ("events", live.events, replayed.events),
             ("commands", live.commands, replayed.commands),
@@ -218,10 +277,12 @@ class World:
             status=self.rt.status,
             outstanding=self.rt.outstanding_commands(),
             timers=self.rt.pending_timers(),
+            held=self.rt.held_steps(),
             replay_decision=decision,
             replayed_status=replayed.status,
             replayed_outstanding=replayed.outstanding_commands(),
             replayed_timers=replayed.pending_timers(),
+            replayed_held=replayed.held_steps(),
             replayed_history=replayed.history,
         )
         self.snapshots.append(snap)
@@ -235,16 +296,53 @@ class World:
         out_ids = {c.command_id for c in out}
         timers = self.sorted_timers()
         late = list(dict.fromkeys(c.command_id for c in self.sent if c.command_id not in out_ids))
+        held = self.rt.held_steps()
+        waiting = sorted({c.step for c in out if not c.compensation})
+        backoffs = sorted(
+            t.split(":")[1]
+            for t, _ in timers
+            if t.startswith("retry:") and not t.startswith("retry:compensate:")
+        )
         kinds: list[str] = []
         if out:
-            kinds += ["reply"] * 6
+            kinds += ["reply"] * 6 + ["bad_reply"] * self.bad_reply_weight
         if timers:
             kinds += ["timer"] * 3
         kinds += ["unknown", "stale_timer", "cancel", "resume"]
         if late:
             kinds.append("late")
+        if held:
+            kinds += ["skip_held"] * 3 + ["retry_held"] * 2 + ["skip_invalid"] * 2
+        if waiting:
+            kinds += ["skip_waiting"]
+        if backoffs:
+            kinds += ["retry_backoff"]
         kind = data.draw(st.sampled_from(kinds), label="action")
-        if kind == "reply":
+        if kind == "bad_reply":
+            cmd = out[data.draw(st.integers(0, len(out) - 1), label="which command replies")]
+            payload = data.draw(st.sampled_from(MALFORMED + UNSTORABLE), label="bad payload")
+            reply = Reply(cmd.command_id, "success", self.tick(), payload=dict(payload))
+            self.deliver("bad_reply", reply)
+            if data.draw(st.booleans(), label="bad reply delivered twice"):
+                self.deliver("duplicate", reply, DropReason.DUPLICATE_REPLY)
+        elif kind == "skip_held":
+            step = held[data.draw(st.integers(0, len(held) - 1), label="held step")]
+            self.deliver("skip_held", self._skip(step, VALID_RESULT))
+        elif kind == "skip_invalid":
+            steps = sorted({*held, *waiting})
+            step = steps[data.draw(st.integers(0, len(steps) - 1), label="step to skip")]
+            result = data.draw(st.sampled_from(INVALID_RESULTS), label="invalid result")
+            self.deliver("skip_invalid", self._skip(step, result))
+        elif kind == "retry_held":
+            step = held[data.draw(st.integers(0, len(held) - 1), label="held step")]
+            self.deliver("retry_held", RetryStep(step, self.tick(), "operator", "check again"))
+        elif kind == "skip_waiting":
+            step = waiting[data.draw(st.integers(0, len(waiting) - 1), label="waiting step")]
+            self.deliver("skip_waiting", self._skip(step, VALID_RESULT))
+        elif kind == "retry_backoff":
+            step = backoffs[data.draw(st.integers(0, len(backoffs) - 1), label="backoff")]
+            self.deliver("retry_backoff", RetryStep(step, self.tick(), "operator", "now"))
+        elif kind == "reply":
             cmd = out[data.draw(st.integers(0, len(out) - 1), label="which command replies")]
             outcome = data.draw(st.sampled_from(OUTCOMES), label="outcome")
             reply = _reply(cmd.command_id, outcome, self.tick())
@@ -272,25 +370,36 @@ class World:
             timer_id = stale[data.draw(st.integers(0, len(stale) - 1), label="stale timer")]
             self.deliver("stale_timer", TimerDue(timer_id, self.tick()), DropReason.STALE_TIMER)
         elif kind == "cancel":
-            self.deliver("cancel", Cancel("the world changed its mind", self.tick(), "tester"))
+            if data.draw(st.integers(0, 2), label="force instead of cancel") == 0:
+                self.deliver("force", ForceCompensate("undo it all", self.tick(), "operator"))
+            else:
+                self.deliver("cancel", Cancel("the world changed its mind", self.tick(), "tester"))
         else:
             self.deliver("resume", Resume(self.tick(), "operator", "try again"))
 
-    def drain(self, *, resume_when_stuck: bool) -> None:
-        """Answers everything with success and fires every timer until nothing is left."""
+    def _skip(self, step: str, result: JsonDict) -> Skip:
+        return Skip(step, self.tick(), dict(result), "operator", "answered by hand")
+
+    def drain(self, *, resume_when_stuck: bool, release_held: bool = True) -> None:
+        """Answers everything with success, skips held steps with a valid result (when
+        ``release_held``) and fires every timer until nothing is left."""
         while True:
             out = self.rt.outstanding_commands()
             timers = self.sorted_timers()
             stuck = self.rt.status == SagaStatus.COMPENSATION_STUCK
-            if not out and not timers and not (stuck and resume_when_stuck):
+            held = self.rt.held_steps() if release_held else []
+            if not out and not timers and not held and not (stuck and resume_when_stuck):
                 return
             if len(self.deliveries) >= MAX_INPUTS:
                 raise AssertionError(
                     f"saga still {self.rt.status.value} after {MAX_INPUTS} inputs, with "
-                    f"{len(out)} command(s) and {len(timers)} timer(s) still deliverable"
+                    f"{len(out)} command(s), {len(held)} held step(s) and {len(timers)} "
+                    "timer(s) still deliverable"
                 )
             if out:
                 self.deliver("drain_reply", _reply(out[0].command_id, "success", self.tick()))
+            elif held:
+                self.deliver("drain_skip", self._skip(held[0], VALID_RESULT))
             elif timers:
                 self.fire("drain_timer", *timers[0])
             else:
@@ -306,21 +415,40 @@ def _reply(command_id: str, outcome: Outcome, at: datetime) -> Reply:
 class Run:
     world: World
     resume_when_stuck: bool
+    #: Whether the drain skipped held steps (else the run may end step_stuck).
+    release_held: bool
 
 
-def simulate(saga: type[PropertySaga], data: st.DataObject, *, snapshots: bool = True) -> Run:
+def simulate(
+    saga: type[PropertySaga],
+    data: st.DataObject,
+    *,
+    snapshots: bool = True,
+    bad_reply_weight: int = 2,
+) -> Run:
     """Starts a saga and lets the world drive it to its end (terminal or parked)."""
     saga_id = f"saga-{data.draw(st.integers(0, 3), label='saga id')}"
     deadline = data.draw(st.sampled_from(DEADLINES), label="deadline")
     budget = data.draw(st.integers(0, 60), label="random inputs")
     snap_at = data.draw(st.integers(0, 40), label="snapshot after") if snapshots else -1
     resume = data.draw(st.booleans(), label="operator resumes stuck sagas")
+    release = data.draw(st.integers(0, 3), label="operator answers held steps (0: never)") > 0
     world = World.begin(saga, saga_id, deadline)
+    world.bad_reply_weight = bad_reply_weight
     for _ in range(budget):
         if len(world.deliveries) == snap_at and not world.snapshots:
             world.snapshot()
         world.random_step(data)
+        # Also rebuild the saga the first time a reply is held: the rebuilt copy then
+        # goes on in lockstep through the operator's actions on it.
+        stuck = world.rt.status == SagaStatus.STEP_STUCK
+        if (
+            snapshots
+            and stuck
+            and not any(s.status == SagaStatus.STEP_STUCK for s in world.snapshots)
+        ):
+            world.snapshot()
     if snapshots and not world.snapshots:
         world.snapshot()
-    world.drain(resume_when_stuck=resume)
-    return Run(world, resume)
+    world.drain(resume_when_stuck=resume, release_held=release)
+    return Run(world, resume, release)
