@@ -493,8 +493,9 @@ class SagaRuntime(SagaOperations):
         self._check_texts(
             "skip", step=inbound.step, principal=inbound.principal, reason=inbound.reason
         )
+        what = f"the result for step {inbound.step!r}"
+        check_storable(inbound.payload, what, "result")
         if self._status == SagaStatus.COMPENSATION_STUCK and self._stuck_step == inbound.step:
-            check_storable(inbound.payload, f"the result for step {inbound.step!r}", "result")
             return StepSkipped(
                 at=inbound.at, step=inbound.step, compensation=True, payload=inbound.payload,
                 principal=inbound.principal, reason=inbound.reason,
@@ -503,8 +504,6 @@ class SagaRuntime(SagaOperations):
         if self._forward and forward is not None and self._cancel_reason is None:
             # The result stands in for the participant's reply: it must be what the
             # step's code would accept from the participant.
-            what = f"the result for step {inbound.step!r}"
-            check_storable(inbound.payload, what, "result")
             if forward.returns is not None:
                 validate_payload(forward.returns, inbound.payload, what, "result")
             return StepSkipped(

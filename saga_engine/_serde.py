@@ -186,9 +186,7 @@ def storable_copy(value: Any, depth: int = 0) -> Any:
     if isinstance(value, int):
         return value if _INT_MIN <= value <= _INT_MAX else str(value)
     if isinstance(value, float):
-        return (
-            value if value == value and value not in (float("inf"), float("-inf")) else str(value)
-        )
+        return value if value == value and value not in (_INF, -_INF) else str(value)
     if depth >= MAX_DEPTH:
         return "(nested too deep)"
     if isinstance(value, dict):

@@ -155,13 +155,13 @@ class SagaClient:
         it is checked against that saga's declarations, without it only by the engine.
         """
         data = _payload(payload)
+        if isinstance(signal, str) and saga is not None:
+            signal = SagaDefinition.of(saga).signal(signal)
         if isinstance(signal, Signal):
             name = signal.name
-            signal.validate(data, "payload")
+            signal.validate(data, "payload")  # the storable check included
         else:
             name = signal
-            if saga is not None:
-                SagaDefinition.of(saga).signal(name).validate(data, "payload")
             check_storable(data, f"signal {name!r}", "payload")
         check_storable({"name": name, "reason": reason, "principal": principal}, f"signal {name!r}")
         sid = signal_id or str(uuid.uuid4())

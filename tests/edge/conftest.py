@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -59,43 +59,35 @@ class Charged(BaseModel):
     amount: int
 
 
-class Checkout(Saga[Order, Done]):
-    """Charges the customer at the bank (its reply must be a Charged), then waits for go."""
-
-    name = "edge-checkout"
-    go = Signal(Go)
-
-    async def run(self, ctx: SagaContext, order: Order) -> Done:
-        charged = await ctx.step(
-            "charge", to="bank",
-            command=Charge(customer=order.customer, amount=order.amount),
-            compensate=Refund(customer=order.customer, amount=order.amount),
-            returns=Charged, timeout=timedelta(minutes=5),
-        )  # fmt: skip
-        decision = await ctx.wait_signal(self.go, timeout=timedelta(hours=1))
-        return Done(ok=decision.ok, receipt=charged.receipt)
-
-
 class LenientCharged(BaseModel):
     receipt: str
     amount: float
 
 
-class CheckoutFixed(Saga[Order, Done]):
-    """The same saga, deployed with a fix: the bank's amounts may carry decimals."""
+class Checkout(Saga[Order, Done]):
+    """Charges the customer at the bank (its reply must be a Charged), then waits for go."""
 
     name = "edge-checkout"
     go = Signal(Go)
+    #: The model the bank's reply must match.
+    reply_model: ClassVar[type[Charged | LenientCharged]] = Charged
 
     async def run(self, ctx: SagaContext, order: Order) -> Done:
         charged = await ctx.step(
             "charge", to="bank",
             command=Charge(customer=order.customer, amount=order.amount),
             compensate=Refund(customer=order.customer, amount=order.amount),
-            returns=LenientCharged, timeout=timedelta(minutes=5),
+            returns=self.reply_model, timeout=timedelta(minutes=5),
         )  # fmt: skip
         decision = await ctx.wait_signal(self.go, timeout=timedelta(hours=1))
         return Done(ok=decision.ok, receipt=charged.receipt)
+
+
+class CheckoutFixed(Checkout):
+    """The same saga, deployed with a fix: the bank's amounts may carry decimals."""
+
+    name = "edge-checkout"
+    reply_model = LenientCharged
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from pydantic import BaseModel, Field
@@ -67,40 +67,32 @@ class Charged(BaseModel):
     amount: int
 
 
+class LenientCharged(BaseModel):
+    amount: float
+
+
 class Gated(Saga[Order, Done]):
     """Charges (reply model Charged), ships, then waits for ``go``."""
 
     name = "gated"
     go = Signal(Go)
+    reply_model: ClassVar[type[Charged | LenientCharged]] = Charged
 
     async def run(self, ctx: SagaContext, order: Order) -> Done:
         charged = await ctx.step(
             "charge", to="bank", command=Charge(n=order.n), compensate=Refund(n=order.n),
-            returns=Charged,
-        )  # fmt: skip
-        await ctx.step("ship", to="depot", command=Ship(n=order.n))
-        decision = await ctx.wait_signal(self.go, timeout=timedelta(hours=1))
-        return Done(charged=charged.amount, ok=decision.ok)
-
-
-class LenientCharged(BaseModel):
-    amount: float
-
-
-class GatedFixed(Saga[Order, Done]):
-    """The same saga after a fix: the bank's amounts may have decimals ("5.5")."""
-
-    name = "gated"
-    go = Signal(Go)
-
-    async def run(self, ctx: SagaContext, order: Order) -> Done:
-        charged = await ctx.step(
-            "charge", to="bank", command=Charge(n=order.n), compensate=Refund(n=order.n),
-            returns=LenientCharged,
+            returns=self.reply_model,
         )  # fmt: skip
         await ctx.step("ship", to="depot", command=Ship(n=order.n))
         decision = await ctx.wait_signal(self.go, timeout=timedelta(hours=1))
         return Done(charged=int(charged.amount), ok=decision.ok)
+
+
+class GatedFixed(Gated):
+    """The same saga after a fix: the bank's amounts may have decimals ("5.5")."""
+
+    name = "gated"
+    reply_model = LenientCharged
 
 
 async def _kinds(run: SagaRun) -> list[str]:
@@ -491,21 +483,17 @@ class GatedThenWaits(Saga[Order, Done]):
 
     name = "gated-waits"
     go = Signal(Go)
+    reply_model: ClassVar[type[BaseModel]] = Charged
 
     async def run(self, ctx: SagaContext, order: Order) -> Done:
-        await ctx.step("charge", to="bank", command=Charge(n=1), returns=Charged)
+        await ctx.step("charge", to="bank", command=Charge(n=1), returns=self.reply_model)
         decision = await ctx.wait_signal(self.go)
         return Done(ok=decision.ok)
 
 
-class GatedThenWaitsFixed(Saga[Order, Done]):
+class GatedThenWaitsFixed(GatedThenWaits):
     name = "gated-waits"
-    go = Signal(Go)
-
-    async def run(self, ctx: SagaContext, order: Order) -> Done:
-        await ctx.step("charge", to="bank", command=Charge(n=1), returns=LenientCharged)
-        decision = await ctx.wait_signal(self.go)
-        return Done(ok=decision.ok)
+    reply_model = LenientCharged
 
 
 async def test_a_retry_replayed_under_code_that_refuses_the_reply_is_nondeterminism() -> None:
