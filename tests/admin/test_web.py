@@ -12,6 +12,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -31,6 +32,9 @@ from tests.admin.conftest import (
 )
 from tests.admin.sagas import Credit, Noop, Transfer
 from tests.admin.served import served_in_thread
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Playwright
 
 CHROMIUM = os.environ.get("SAGA_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -196,24 +200,29 @@ async def _seed(env: SagaTestEnv) -> dict[str, str]:
     return {"compensated": await compensated_saga(env), "waiting": await waiting_saga(env)}
 
 
-def test_the_page_in_headless_chromium(tmp_path: Path) -> None:
-    from playwright.sync_api import Dialog, Error, expect, sync_playwright
+def _chromium(pw: Playwright) -> Browser:
+    """Debian's Chromium, headless; the test fails (never skips) without it."""
+    from playwright.sync_api import Error
 
     if not Path(CHROMIUM).is_file():
         pytest.fail(
             f"no Chromium at {CHROMIUM}: run `make tools` (or `apt-get install -y chromium`) "
             "or set SAGA_TEST_CHROMIUM; never `playwright install`"
         )
+    try:
+        return pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+    except Error as exc:
+        pytest.fail(f"Chromium at {CHROMIUM} would not start: {exc}")
+
+
+def test_the_page_in_headless_chromium(tmp_path: Path) -> None:
+    from playwright.sync_api import Dialog, expect, sync_playwright
+
     # Auth off: loopback and no tokens (browsers send no bearer header).
     settings = Settings(admin=AdminSettings(host="127.0.0.1", port=0))
     started = time.monotonic()
     with served_in_thread(settings, _seed) as served, sync_playwright() as pw:
-        try:
-            browser = pw.chromium.launch(
-                executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
-            )
-        except Error as exc:
-            pytest.fail(f"Chromium at {CHROMIUM} would not start: {exc}")
+        browser = _chromium(pw)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             dialogs: list[str] = []
@@ -272,18 +281,11 @@ def test_the_page_in_headless_chromium(tmp_path: Path) -> None:
 def test_signing_in_acting_and_out_in_headless_chromium() -> None:
     """With tokens: the browser is sent to the form, signs in, acts through its session
     cookie (the real Origin a browser sends passes the same-origin guard), signs out."""
-    from playwright.sync_api import Dialog, Error, expect, sync_playwright
+    from playwright.sync_api import Dialog, expect, sync_playwright
 
-    if not Path(CHROMIUM).is_file():
-        pytest.fail(f"no Chromium at {CHROMIUM}: see test_the_page_in_headless_chromium")
     settings = admin_settings(host="127.0.0.1", port=0)
     with served_in_thread(settings, _seed) as served, sync_playwright() as pw:
-        try:
-            browser = pw.chromium.launch(
-                executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
-            )
-        except Error as exc:
-            pytest.fail(f"Chromium at {CHROMIUM} would not start: {exc}")
+        browser = _chromium(pw)
         try:
             context = browser.new_context()
             page = context.new_page()
