@@ -10,13 +10,19 @@ from typing import Any
 
 import pytest
 
-from saga_engine import Settings
+from saga_engine import Saga, SagaContext, Settings, Signal
 from saga_engine._wire import Envelope, ReplyBody
 from tests.cli.conftest import invoke, one_line_error
 from tests.edge.conftest import (
     OPERATOR,
+    Charge,
+    Charged,
     Checkout,
     CheckoutFixed,
+    Done,
+    Go,
+    Order,
+    Refund,
     events,
     settled_on,
     start,
@@ -189,3 +195,56 @@ async def test_retry_after_deploying_a_fix_accepts_the_held_reply(settings: Sett
             done = (await new.http.get(f"/sagas/{saga_id}", headers=OPERATOR)).json()
             assert done["output"] == {"ok": True, "receipt": "r-5"}
         assert [c.subject for c in received] == ["Charge"]  # accepted, not charged again
+
+
+class Forgetful(Saga[Order, Done]):
+    """Charges, then waits for a signal its class forgot to declare: a bug in the code."""
+
+    name = "edge-forgetful"
+
+    async def run(self, ctx: SagaContext, order: Order) -> Done:
+        charged = await ctx.step(
+            "charge", to="bank", command=Charge(customer=order.customer, amount=order.amount),
+            compensate=Refund(customer=order.customer, amount=order.amount), returns=Charged,
+        )  # fmt: skip
+        decision = await ctx.wait_signal("go", Go)
+        return Done(ok=decision.ok, receipt=charged.receipt)
+
+
+class ForgetfulFixed(Forgetful):
+    name = "edge-forgetful"
+    go = Signal(Go)
+
+
+async def test_a_bug_in_the_code_parks_the_saga_until_a_fixed_deploy(settings: Settings) -> None:
+    charged = {"receipt": "r-1", "amount": 1}
+    async with fake_participant(settings, "bank", _bank(charged)) as received:
+        async with served_worker(settings, [Forgetful]) as old:
+            start = await old.http.post(
+                "/sagas/edge-forgetful", json={"customer": "c-bug"}, headers=OPERATOR
+            )
+            saga_id = start.json()["saga_id"]
+            await settled_on(old, saga_id, "nondeterministic")
+            detail = (await old.http.get(f"/sagas/{saga_id}", headers=OPERATOR)).json()
+            assert detail["error"]["type"] == "DefinitionError"
+            assert "add `go = Signal(Go)`" in detail["error"]["message"]
+            history = await events(old, saga_id)
+            assert history[-1]["kind"] == "saga_parked"
+            assert history[-1]["reason"] == "definition_error"
+            refused = await old.http.post(
+                f"/sagas/{saga_id}/resume", json={"reason": "try"}, headers=OPERATOR
+            )
+            assert refused.status_code == 409
+        async with served_worker(settings, [ForgetfulFixed]) as new:
+            resumed = await new.http.post(
+                f"/sagas/{saga_id}/resume", json={"reason": "declared go"}, headers=OPERATOR
+            )
+            assert resumed.status_code == 200, resumed.text
+            signal = await new.http.post(
+                f"/sagas/{saga_id}/signal", json={"name": "go", "payload": {"ok": True}},
+                headers=OPERATOR,
+            )  # fmt: skip
+            assert signal.status_code == 200, signal.text
+            await settled_on(new, saga_id, "completed")
+        # The charge was applied once and never refunded: nothing compensated for a bug.
+        assert [c.subject for c in received] == ["Charge"]

@@ -83,9 +83,22 @@ async def test_a_start_postgres_cannot_store_is_refused_everywhere(
             body=StartBody(input={"customer": "a\u0000b"}).model_dump(mode="json"),
         ),
     )  # fmt: skip
-    [letter] = await dead_letters(settings, 1)
-    assert letter["dlq_reason"] == "unstorable_value"
+    # A deadline no date can hold (it used to fail in the engine, as engine_error).
+    far = StartBody(input={"customer": "c"}).model_dump(mode="json") | {"deadline_s": 1e12}
+    await produce(
+        settings,
+        inbox,
+        Envelope(
+            message_type=MessageType.START, source="/careless", saga_id="far-future",
+            saga_type="edge-checkout", subject="edge-checkout", body=far,
+        ),
+    )  # fmt: skip
+    # Keyed by different sagas, they may sit in different partitions: in any order.
+    by_reason = {d["dlq_reason"]: d for d in await dead_letters(settings, 2)}
+    letter, late = by_reason["unstorable_value"], by_reason["invalid_body"]
     assert "customer: contains a NUL character" in letter["dlq_detail"]
+    assert "deadline_s" in late["dlq_detail"]
+    assert await status(served, "far-future") is None
     assert await status(served, saga_id) is None
     listing = (await served.http.get("/sagas", headers=OPERATOR)).json()
     assert listing["items"] == []
