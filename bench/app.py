@@ -4,7 +4,8 @@ Each role runs in its own process, configured by the ``SAGA_*`` environment like
 deployment, plus two variables of the benchmark's own:
 
 - ``BENCH_STATE_DIR``: where the process writes ``{role}.ready`` once it owns partitions,
-  and ``{role}.stats.{n}.json`` (its counters) on the n-th SIGUSR1 and
+  and ``{role}.stats.{n}.json`` (its counters, and the Kafka requests it has sent by
+  API, counted by ``bench.bare.count_kafka_requests``) on the n-th SIGUSR1 and
   ``{role}.stats.final.json`` when it stops;
 - ``BENCH_GROUP_COMMIT`` (engine only): ``0`` turns the event store's group commit off;
 - ``BENCH_PROFILE`` / ``BENCH_PROFILE_CLOCK``: cProfile the measured load
@@ -38,6 +39,7 @@ import asyncpg
 import orjson
 from pydantic import BaseModel
 
+from bench.bare import count_kafka_requests, kafka_requests
 from saga_engine import Saga, SagaContext, Settings
 from saga_engine.participant import Participant, Transaction
 from saga_engine.store import GroupCommitConfig, PostgresEventStore, migrate
@@ -154,7 +156,15 @@ class _Reporter:
             self.dumps += 1
             tag = str(self.dumps)
         times = os.times()
-        payload = {**self._snapshot(), "cpu_s": times.user + times.system}
+        try:
+            snapshot = self._snapshot()
+        except Exception as exc:  # the engine's internals change; the counters are extras
+            snapshot = {"snapshot_error": repr(exc)}
+        payload = {
+            **snapshot,
+            "kafka_requests": kafka_requests(),
+            "cpu_s": times.user + times.system,
+        }
         self._write(f"{self.role}.stats.{tag}.json", orjson.dumps(payload))
 
 
@@ -271,6 +281,7 @@ def main(argv: list[str]) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    count_kafka_requests()
     if argv == ["engine"]:
         asyncio.run(run_engine())
         return 0

@@ -1,18 +1,24 @@
-"""End-to-end saga throughput and latency over the real stack, with its ceiling.
+"""End-to-end saga throughput, CPU and cost per saga over the real stack, against its ceiling.
 
-    python -m bench.e2e [--sagas 500] [--concurrency 64] [--fetch-max-wait-ms 20 500]
+    python -m bench.e2e [--load-seconds 30] [--points 64 512] [--peer-concurrency 8 64]
                         [--partitions 8] [--no-group-commit] [--profile engine.prof]
 
 Needs Postgres and Kafka (``make up``; ``SAGA_PG__DSN`` / ``SAGA_KAFKA__BOOTSTRAP_SERVERS``).
 One run:
 
-1. the ceiling: raw asyncpg single-row INSERTs into a scratch table, one commit each,
-   sequential on one connection and then on ``--ceiling-connections`` at once;
-2. for each ``--fetch-max-wait-ms`` value, a fresh schema and topic prefix, then an engine
-   process and three participant processes (``bench.app``); a warm-up, a latency probe
-   (sagas one at a time) and the measured load (``--sagas`` sagas, at most
-   ``--concurrency`` in flight), while reading the processes' CPU time from /proc;
-3. every process stopped (SIGTERM, then SIGKILL), the schemas dropped, the topics deleted.
+1. the commit ceiling: raw asyncpg single-row INSERTs into a scratch table, one commit
+   each, sequential on one connection and then on ``--ceiling-connections`` at once;
+2. the peer, DBOS Transact (bench/peer_dbos.py), once per ``--peer-concurrency``;
+3. for each concurrency point (``--points``), two pipelines one after the other, each on
+   a fresh schema and topic prefix with one engine process and three participant
+   processes: the saga engine (``bench.app``) and the bare, hand-written batched
+   pipeline (``bench.bare``). Each gets a warm-up, a latency probe (sagas one at a
+   time), idle CPU, and the measured load: ``--load-seconds`` of starting sagas to keep
+   the point's number in flight, then waiting for the rest. Over the load: CPU of every
+   process from /proc, Kafka requests counted in every process, Postgres transactions
+   from pg_stat_database;
+4. after each pipeline: its processes stopped (SIGTERM, then SIGKILL), its schemas
+   dropped, its topics deleted (also on failure or Ctrl-C).
 
 Progress goes to stderr; stdout gets one JSON object. See bench/README.md for the fields.
 """
@@ -35,7 +41,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,6 +51,7 @@ from typing import Any
 import asyncpg
 from aiokafka.admin import AIOKafkaAdminClient
 
+from bench import bare
 from bench.app import PARTICIPANTS, SAGA_NAME
 from saga_engine import SagaStatus, Settings
 from saga_engine._kafka import ensure_topics
@@ -56,6 +63,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 DONE_STATUSES = [s.value for s in SagaStatus if s.is_terminal or s.is_parked]
 _T0 = time.monotonic()
+#: Postgres backends flush their statistics to pg_stat_database at most once a second
+#: (and when they go idle, after that second): wait this long before reading them.
+PG_STATS_FLUSH_S = 1.5
 
 
 def say(msg: str) -> None:
@@ -254,16 +264,19 @@ class Resources:
 
 
 async def cleanup(res: Resources) -> None:
+    """Drops every schema and deletes every topic registered so far (forgetting those
+    that are gone, so it can run after each run and once more at the end)."""
     if res.schemas:
         try:
             conn = await asyncpg.connect(res.dsn, timeout=10)
             try:
                 await conn.execute("SET lock_timeout = '20s'")
-                for schema in res.schemas:
+                for schema in list(res.schemas):
                     await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                    res.schemas.remove(schema)
             finally:
                 await conn.close()
-            say(f"dropped schemas {', '.join(res.schemas)}")
+            say("dropped the schemas")
         except Exception as exc:
             say(f"WARNING: could not drop schemas {res.schemas}: {exc!r}")
     if res.topics:
@@ -273,7 +286,8 @@ async def cleanup(res: Resources) -> None:
             existing = set(await admin.list_topics())
             doomed = [t for t in res.topics if t in existing]
             if doomed:
-                await admin.delete_topics(doomed)
+                await asyncio.wait_for(admin.delete_topics(doomed), 30)
+            res.topics.clear()
             say(f"deleted {len(doomed)} topics")
         except Exception as exc:
             say(f"WARNING: could not delete topics {res.topics}: {exc!r}")
@@ -403,14 +417,14 @@ async def measure_ceiling(
 
 @dataclass
 class RunConfig:
-    sagas: int
     concurrency: int
+    load_s: float
     warmup: int
     probe: int
     partitions: int
     fetch_max_wait_ms: int
     group_commit: bool
-    timeout_s: float
+    drain_timeout_s: float
     start_timeout_s: float
     poll_s: float
     profile: Path | None
@@ -419,8 +433,14 @@ class RunConfig:
     idle_s: float
 
 
-class SagaRun:
-    """One engine and three participants on a fresh schema and topic prefix."""
+class PipelineRun:
+    """One pipeline (an engine and three participants) on a fresh schema and topic
+    prefix: spawned, warmed up, probed, loaded, measured, stopped. Subclasses say how
+    sagas are started, when one is done and how its latency is read back."""
+
+    pipeline = ""
+    module = ""
+    done_statuses: list[str] = []
 
     def __init__(
         self, cfg: RunConfig, res: Resources, procs: Processes, logs: Path, tag: str
@@ -433,18 +453,47 @@ class SagaRun:
         self.prefix = f"bench-{tag}"
         self.dir = logs / tag
         self.dir.mkdir(parents=True)
-        self.settings = Settings(
-            pg=PostgresSettings(dsn=res.dsn, db_schema=self.schema),
-            kafka=KafkaSettings(
-                bootstrap_servers=res.bootstrap,
-                topic_prefix=self.prefix,
-                group_id=f"{self.prefix}-engines",
-                partitions=cfg.partitions,
-                fetch_max_wait_ms=cfg.fetch_max_wait_ms,
-            ),
-        )
         self.roles = ["engine", *(f"participant-{p}" for p in PARTICIPANTS)]
         self._stats_requests = 0
+        #: Transactions the driver ran on its connection (completion polls), so that
+        #: they can be taken out of the database's commit count.
+        self.driver_queries = 0
+
+    # ----------------------------------------------------------------- pipeline-specific
+
+    def topic_names(self) -> list[str]:
+        raise NotImplementedError
+
+    async def open_starter(self) -> None:
+        """Opens what starts sagas (a client, a producer)."""
+
+    async def close_starter(self) -> None:
+        pass
+
+    async def start_one(self, saga_id: str) -> None:
+        """Hands one start request to Kafka without waiting for its acknowledgement."""
+        raise NotImplementedError
+
+    def check_starts(self) -> None:
+        """Raises if a start request failed; forgets the acknowledged ones."""
+
+    async def settle_starts(self, timeout_s: float) -> None:
+        """Waits for every start request to be acknowledged."""
+
+    async def timings(
+        self, conn: asyncpg.Connection[Any], sent: dict[str, float]
+    ) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def extra_report(
+        self,
+        n: int,
+        wall: float | None,
+        stats0: dict[str, dict[str, Any]],
+        stats1: dict[str, dict[str, Any]],
+        final: dict[str, dict[str, Any] | None],
+    ) -> dict[str, Any]:
+        return {"counters": {role: stats1[role].get("counters") for role in self.roles}}
 
     # ----------------------------------------------------------------- processes
 
@@ -480,14 +529,14 @@ class SagaRun:
 
         self.procs.spawn(
             "engine",
-            ["-m", "bench.app", "engine"],
+            ["-m", self.module, "engine"],
             self._env(**profiling("engine")),
             self.dir / "engine.log",
         )
         for p in PARTICIPANTS:
             self.procs.spawn(
                 f"participant-{p}",
-                ["-m", "bench.app", "participant", p],
+                ["-m", self.module, "participant", p],
                 self._env(SAGA_PARTICIPANT__DB_SCHEMA=f"{self.schema}_{p}", **profiling(p)),
                 self.dir / f"participant-{p}.log",
             )
@@ -502,14 +551,18 @@ class SagaRun:
             await asyncio.sleep(0.05)
 
     async def _stats(self) -> dict[str, dict[str, Any]]:
-        """Asks every role for its counters (SIGUSR1) and reads them."""
+        """Asks every role for its counters (SIGUSR1) and reads them; the driver's own
+        Kafka requests are read at the same moment, as role ``driver``."""
         self._stats_requests += 1
         n = self._stats_requests
         for role in self.roles:
             self.procs.send(role, signal.SIGUSR1)
+        driver = {"kafka_requests": bare.kafka_requests()}
         names = [f"{role}.stats.{n}.json" for role in self.roles]
         await self._wait_files(names, 15, "counters")
-        return {role: read_json(self.dir / f"{role}.stats.{n}.json") or {} for role in self.roles}
+        out = {role: read_json(self.dir / f"{role}.stats.{n}.json") or {} for role in self.roles}
+        out["driver"] = driver
+        return out
 
     def _cpu(self) -> dict[str, float | None]:
         out: dict[str, float | None] = {
@@ -529,80 +582,367 @@ class SagaRun:
 
     # ----------------------------------------------------------------- sagas
 
-    async def _count_done(self, conn: asyncpg.Connection[Any]) -> int:
-        value = await conn.fetchval(
-            "SELECT count(*) FROM sagas WHERE status = ANY($1::text[])", DONE_STATUSES
+    async def _done(self, conn: asyncpg.Connection[Any], ids: Iterable[str]) -> set[str]:
+        """Which of ``ids`` are finished: one query, one transaction."""
+        self.driver_queries += 1
+        rows = await conn.fetch(
+            "SELECT saga_id FROM sagas WHERE saga_id = ANY($1::text[]) AND status = ANY($2::text[])",
+            list(ids),
+            self.done_statuses,
         )
-        return int(value)
+        return {r["saga_id"] for r in rows}
 
-    def _start(self, client: SagaClient, sent: dict[str, float]) -> asyncio.Task[str]:
+    async def _start(self, sent: dict[str, float]) -> str:
         saga_id = str(uuid.uuid4())
         sent[saga_id] = time.time()
-        return asyncio.get_running_loop().create_task(
-            client.start(SAGA_NAME, {"amount": 1}, saga_id=saga_id)
-        )
+        await self.start_one(saga_id)
+        return saga_id
 
     async def _drive(
         self,
-        client: SagaClient,
         conn: asyncpg.Connection[Any],
-        n: int,
+        *,
+        count: int | None,
+        seconds: float,
         concurrency: int,
         timeout_s: float,
         poll_s: float,
     ) -> dict[str, float]:
-        """Starts ``n`` sagas, at most ``concurrency`` unfinished at a time (0: all at
-        once), and returns once all are done. Returns saga id -> wall time of the start."""
+        """Keeps ``concurrency`` sagas unfinished: starts a new one as soon as the
+        completion poll sees room, ``count`` sagas in all (if given) or for ``seconds``;
+        then waits for the rest. Returns saga id -> wall time of its start."""
         sent: dict[str, float] = {}
-        sends: list[asyncio.Task[str]] = []
-        base = await self._count_done(conn)
-        done = 0
-        deadline = time.monotonic() + timeout_s
-        last_report = time.monotonic()
-        try:
-            while done < n:
-                window = n if concurrency <= 0 else min(n, done + concurrency)
-                while len(sent) < window:
-                    sends.append(self._start(client, sent))
-                for task in sends:
-                    if task.done() and task.exception() is not None:
-                        raise BenchError(f"a start request failed: {task.exception()!r}")
-                if time.monotonic() > deadline:
-                    raise BenchError(f"only {done}/{n} sagas done after {timeout_s:.0f}s")
-                self.procs.check_alive()
-                await asyncio.sleep(poll_s)
-                done = await self._count_done(conn) - base
-                if time.monotonic() - last_report > 5:
-                    last_report = time.monotonic()
-                    say(f"  {done}/{n} sagas done, {len(sent) - done} in flight")
-            await asyncio.gather(*sends)
-        finally:
-            for task in sends:
-                task.cancel()
+        inflight: set[str] = set()
+        t0 = time.monotonic()
+        stop_starting = t0 + seconds
+        deadline = stop_starting + timeout_s
+        last_report = t0
+        while True:
+            now = time.monotonic()
+            starting = now < stop_starting if count is None else len(sent) < count
+            if starting:
+                room = concurrency - len(inflight)
+                if count is not None:
+                    room = min(room, count - len(sent))
+                for _ in range(room):
+                    inflight.add(await self._start(sent))
+            elif not inflight:
+                break
+            self.check_starts()
+            if now > deadline:
+                raise BenchError(
+                    f"{len(inflight)} of {len(sent)} sagas still unfinished after {now - t0:.0f}s"
+                )
+            self.procs.check_alive()
+            await asyncio.sleep(poll_s)
+            if inflight:
+                inflight -= await self._done(conn, inflight)
+            if time.monotonic() - last_report > 5:
+                last_report = time.monotonic()
+                say(
+                    f"  {len(sent) - len(inflight)}/{len(sent)} sagas done, {len(inflight)} in flight"
+                )
+        await self.settle_starts(30)
         return sent
 
-    async def _probe(
-        self, client: SagaClient, conn: asyncpg.Connection[Any], n: int
-    ) -> dict[str, float]:
+    async def _probe(self, conn: asyncpg.Connection[Any], n: int) -> dict[str, float]:
         """Sagas one at a time: the latency of an idle pipeline."""
         sent: dict[str, float] = {}
         for _ in range(n):
-            task = self._start(client, sent)
-            saga_id = await asyncio.wait_for(task, 15)
+            saga_id = await self._start(sent)
             deadline = time.monotonic() + 30
-            while True:
-                status = await conn.fetchval("SELECT status FROM sagas WHERE saga_id = $1", saga_id)
-                if status in DONE_STATUSES:
-                    break
+            while not await self._done(conn, [saga_id]):
                 if time.monotonic() > deadline:
-                    raise BenchError(f"probe saga {saga_id} still {status} after 30s")
+                    raise BenchError(f"probe saga {saga_id} not done after 30s")
+                self.check_starts()
                 self.procs.check_alive()
                 await asyncio.sleep(0.005)
+            await self.settle_starts(15)
         return sent
 
-    # ----------------------------------------------------------------- analysis
+    async def _status_counts(self, conn: asyncpg.Connection[Any], ids: list[str]) -> dict[str, int]:
+        rows = await conn.fetch(
+            "SELECT status, count(*) AS n FROM sagas WHERE saga_id = ANY($1::text[]) GROUP BY status",
+            ids,
+        )
+        return {r["status"]: int(r["n"]) for r in rows}
 
-    async def _timings(
+    # ----------------------------------------------------------------- the run
+
+    async def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        self.res.schemas += [self.schema, *(f"{self.schema}_{p}" for p in PARTICIPANTS)]
+        names = self.topic_names()
+        self.res.topics += names
+        kafka = KafkaSettings(
+            bootstrap_servers=self.res.bootstrap,
+            topic_prefix=self.prefix,
+            partitions=cfg.partitions,
+        )
+        await ensure_topics(kafka, names)
+        say(
+            f"{self.pipeline} {self.tag}: {cfg.concurrency} in flight for {cfg.load_s:g}s, "
+            f"fetch_max_wait_ms={cfg.fetch_max_wait_ms} partitions={cfg.partitions}"
+            + (f" group_commit={cfg.group_commit}" if self.pipeline == "engine" else "")
+        )
+        self._spawn_all()
+        await self._wait_files(
+            [f"{r}.ready" for r in self.roles], cfg.start_timeout_s, "the processes to be ready"
+        )
+        say("all processes own their partitions")
+        conn = await asyncpg.connect(
+            self.res.dsn, timeout=10, server_settings={"search_path": self.schema}
+        )
+        try:
+            await self.open_starter()
+            try:
+                if cfg.warmup:
+                    say(f"warm-up: {cfg.warmup} sagas")
+                    await self._drive(
+                        conn, count=cfg.warmup, seconds=0, concurrency=cfg.warmup,
+                        timeout_s=cfg.start_timeout_s, poll_s=0.05,
+                    )  # fmt: skip
+                probe_sent: dict[str, float] = {}
+                if cfg.probe:
+                    say(f"latency probe: {cfg.probe} sagas, one at a time")
+                    probe_sent = await self._probe(conn, cfg.probe)
+                idle = await self._idle_cpu(cfg.idle_s)
+                await asyncio.sleep(max(0.0, PG_STATS_FLUSH_S - cfg.idle_s))
+                pg0 = await pg_counters(conn)
+                queries0 = self.driver_queries
+                stats0 = await self._stats()
+                cpu0 = self._cpu()
+                say(f"load: {cfg.load_s:g}s, {cfg.concurrency} in flight")
+                t0 = time.monotonic()
+                sent = await self._drive(
+                    conn, count=None, seconds=cfg.load_s, concurrency=cfg.concurrency,
+                    timeout_s=cfg.drain_timeout_s, poll_s=cfg.poll_s,
+                )  # fmt: skip
+                elapsed = time.monotonic() - t0
+                cpu1 = self._cpu()
+                stats1 = await self._stats()
+                # Every backend's counts are in pg_stat_database a second after it idles.
+                await asyncio.sleep(PG_STATS_FLUSH_S)
+                pg1 = await pg_counters(conn)
+                # The first counter read's two statements, then every completion poll.
+                driver_xacts = 2 + self.driver_queries - queries0
+            finally:
+                await self.close_starter()
+            say(f"load done in {elapsed:.1f}s ({len(sent)} sagas); stopping the processes")
+            self.procs.stop_all()
+            timings = await self.timings(conn, sent)
+            probe = await self.timings(conn, probe_sent) if probe_sent else None
+            statuses = await self._status_counts(conn, list(sent))
+        finally:
+            await conn.close()
+        final = {r: read_json(self.dir / f"{r}.stats.final.json") for r in self.roles}
+        report = self._report(
+            timings, probe, statuses, cpu0, cpu1, stats0, stats1, final, pg0, pg1, driver_xacts
+        )
+        report["sagas_started"] = len(sent)
+        report["load_s"] = round(elapsed, 2)
+        report["idle_cpu_fraction_of_core"] = idle
+        return report
+
+    async def _idle_cpu(self, seconds: float) -> dict[str, float | None] | None:
+        """CPU each process burns with nothing to do (consumer polling, relays, timers)."""
+        if seconds <= 0:
+            return None
+        before = self._cpu()
+        t0 = time.monotonic()
+        await asyncio.sleep(seconds)
+        after = self._cpu()
+        elapsed = time.monotonic() - t0
+        keys = [*self.roles, "kafka", "postgres_all"]
+        out: dict[str, float | None] = {}
+        for key in keys:
+            a, b = before.get(key), after.get(key)
+            out[key] = round((b - a) / elapsed, 4) if a is not None and b is not None else None
+        return out
+
+    def _kafka_requests(
+        self, n: int, wall: float | None, stats0: dict[str, Any], stats1: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Requests every process of the pipeline (the driver included) sent over the
+        load, by API and by process."""
+        by_role: dict[str, int] = {}
+        by_api: dict[str, int] = {}
+        for role in [*self.roles, "driver"]:
+            before = stats0.get(role, {}).get("kafka_requests") or {}
+            after = stats1.get(role, {}).get("kafka_requests") or {}
+            for api in after:
+                d = after[api] - before.get(api, 0)
+                if d:
+                    by_api[api] = by_api.get(api, 0) + d
+                    by_role[role] = by_role.get(role, 0) + d
+        total = sum(by_api.values())
+
+        def per_saga(x: int) -> float | None:
+            return round(x / n, 3) if n else None
+
+        return {
+            "total": total,
+            "per_saga": per_saga(total),
+            "per_s": round(total / wall, 1) if wall else None,
+            "by_api_per_saga": {k: per_saga(v) for k, v in bare.group_requests(by_api).items()},
+            "by_role_per_saga": {k: per_saga(v) for k, v in sorted(by_role.items())},
+            "by_api": dict(sorted(by_api.items(), key=lambda kv: -kv[1])),
+        }
+
+    def _report(
+        self,
+        timings: dict[str, Any],
+        probe: dict[str, Any] | None,
+        statuses: dict[str, int],
+        cpu0: dict[str, float | None],
+        cpu1: dict[str, float | None],
+        stats0: dict[str, dict[str, Any]],
+        stats1: dict[str, dict[str, Any]],
+        final: dict[str, dict[str, Any] | None],
+        pg0: dict[str, int],
+        pg1: dict[str, int],
+        driver_xacts: int,
+    ) -> dict[str, Any]:
+        cfg = self.cfg
+        n = timings["completed"]
+
+        def cpu_delta(role: str) -> float | None:
+            a, b = cpu0.get(role), cpu1.get(role)
+            return round(b - a, 3) if a is not None and b is not None else None
+
+        def per_saga_ms(seconds: float | None) -> float | None:
+            return round(1000 * seconds / n, 3) if seconds is not None and n else None
+
+        engine_cpu = cpu_delta("engine")
+        part_cpu = {p: cpu_delta(f"participant-{p}") for p in PARTICIPANTS}
+        part_total = (
+            round(sum(v for v in part_cpu.values() if v is not None), 3)
+            if all(v is not None for v in part_cpu.values())
+            else None
+        )
+        others = {k: cpu_delta(k) for k in ("kafka", "postgres_all", "bench")}
+        total_cpu = sum(v for v in [engine_cpu, part_total, *others.values()] if v is not None)
+        busy_d = (cpu1.get("machine.busy") or 0) - (cpu0.get("machine.busy") or 0)
+        total_d = (cpu1.get("machine.total") or 0) - (cpu0.get("machine.total") or 0)
+        busy_frac = busy_d / total_d if total_d > 0 else None
+        wall = timings["wall_s"] or None
+        pg_delta = {k: pg1[k] - pg0[k] for k in pg0}
+        pipeline_xacts = pg_delta["xact_commit"] - driver_xacts
+        kafka_requests = self._kafka_requests(n, wall, stats0, stats1)
+        return {
+            "pipeline": self.pipeline,
+            "settings": {
+                "concurrency": cfg.concurrency,
+                "load_seconds": cfg.load_s,
+                "fetch_max_wait_ms": cfg.fetch_max_wait_ms,
+                "partitions": cfg.partitions,
+                "warmup_sagas": cfg.warmup,
+                "probe_sagas": cfg.probe,
+                "poll_ms": cfg.poll_s * 1000,
+            },
+            "sagas": n,
+            "statuses": statuses,
+            "sagas_per_s": timings["sagas_per_s"],
+            "wall_s": timings["wall_s"],
+            "latency_ms": timings["latency_ms"],
+            "latency_breakdown_ms": timings["breakdown_ms"],
+            "idle_latency_ms": probe["latency_ms"] if probe else None,
+            "idle_latency_breakdown_ms": probe["breakdown_ms"] if probe else None,
+            "engine_cpu_s": engine_cpu,
+            "participant_cpu_s": part_total,
+            "participant_cpu_s_each": part_cpu,
+            "other_cpu_s": others,
+            "engine_cpu_ms_per_saga": per_saga_ms(engine_cpu),
+            "participant_cpu_ms_per_saga": per_saga_ms(part_total),
+            "kafka_cpu_ms_per_saga": per_saga_ms(others["kafka"]),
+            "postgres_cpu_ms_per_saga": per_saga_ms(others["postgres_all"]),
+            "bench_cpu_ms_per_saga": per_saga_ms(others["bench"]),
+            "cpu_total_ms_per_saga": round(1000 * total_cpu / n, 3) if n else None,
+            "machine_cpu_busy_fraction": round(busy_frac, 3) if busy_frac is not None else None,
+            "cpu_user_sys_s": {
+                role: [cpu_delta(f"{role}.user"), cpu_delta(f"{role}.sys")] for role in self.roles
+            },
+            "kafka_requests_per_saga": kafka_requests["per_saga"],
+            "kafka_requests": kafka_requests,
+            "pg_transactions_per_saga": round(pipeline_xacts / n, 3) if n else None,
+            "pg_transactions": {
+                "xact_commit_delta": pg_delta["xact_commit"],
+                "driver_transactions": driver_xacts,
+                "pipeline_transactions": pipeline_xacts,
+                "per_s": round(pipeline_xacts / wall, 1) if wall else None,
+            },
+            "pg_db_wide_delta": {
+                **pg_delta,
+                "note": "the whole database (xact_*) and cluster (wal_*) over the load and "
+                f"{PG_STATS_FLUSH_S:g}s after it; other clients of the server count too",
+            },
+            **self.extra_report(n, wall, stats0, stats1, final),
+        }
+
+
+class EngineRun(PipelineRun):
+    """The saga engine: ``bench.app`` processes, sagas started through ``SagaClient``."""
+
+    pipeline = "engine"
+    module = "bench.app"
+    done_statuses = DONE_STATUSES
+
+    def __init__(
+        self, cfg: RunConfig, res: Resources, procs: Processes, logs: Path, tag: str
+    ) -> None:
+        super().__init__(cfg, res, procs, logs, tag)
+        self.settings = Settings(
+            pg=PostgresSettings(dsn=res.dsn, db_schema=self.schema),
+            kafka=KafkaSettings(
+                bootstrap_servers=res.bootstrap,
+                topic_prefix=self.prefix,
+                group_id=f"{self.prefix}-engines",
+                partitions=cfg.partitions,
+                fetch_max_wait_ms=cfg.fetch_max_wait_ms,
+            ),
+        )
+        self.client: SagaClient | None = None
+        self._pending: list[asyncio.Task[str]] = []
+
+    def topic_names(self) -> list[str]:
+        topics = Topics.of(self.settings.kafka)
+        return [topics.inbox, topics.dlq, *(topics.commands(p) for p in PARTICIPANTS)]
+
+    async def open_starter(self) -> None:
+        self.client = SagaClient(self.settings, source="/bench")
+        await self.client.start_client()
+
+    async def close_starter(self) -> None:
+        for task in self._pending:
+            task.cancel()
+        self._pending.clear()
+        if self.client is not None:
+            await self.client.close()
+            self.client = None
+
+    async def start_one(self, saga_id: str) -> None:
+        assert self.client is not None
+        self._pending.append(
+            asyncio.get_running_loop().create_task(
+                self.client.start(SAGA_NAME, {"amount": 1}, saga_id=saga_id)
+            )
+        )
+
+    def check_starts(self) -> None:
+        pending = []
+        for task in self._pending:
+            if not task.done():
+                pending.append(task)
+            elif task.exception() is not None:
+                raise BenchError(f"a start request failed: {task.exception()!r}")
+        self._pending = pending
+
+    async def settle_starts(self, timeout_s: float) -> None:
+        if self._pending:
+            await asyncio.wait_for(asyncio.gather(*self._pending), timeout_s)
+        self.check_starts()
+
+    async def timings(
         self, conn: asyncpg.Connection[Any], sent: dict[str, float]
     ) -> dict[str, Any]:
         """Per-saga latency from the events' timestamps (see README: what is measured)."""
@@ -675,181 +1015,23 @@ class SagaRun:
             },
         }
 
-    async def _status_counts(self, conn: asyncpg.Connection[Any], ids: list[str]) -> dict[str, int]:
-        rows = await conn.fetch(
-            "SELECT status, count(*) AS n FROM sagas WHERE saga_id = ANY($1::text[]) GROUP BY status",
-            ids,
-        )
-        return {r["status"]: int(r["n"]) for r in rows}
-
-    # ----------------------------------------------------------------- the run
-
-    async def run(self) -> dict[str, Any]:
-        cfg = self.cfg
-        self.res.schemas += [self.schema, *(f"{self.schema}_{p}" for p in PARTICIPANTS)]
-        kafka = self.settings.kafka
-        topics = Topics.of(kafka)
-        names = [topics.inbox, topics.dlq, *(topics.commands(p) for p in PARTICIPANTS)]
-        self.res.topics += names
-        await ensure_topics(kafka, names)
-        say(
-            f"run {self.tag}: fetch_max_wait_ms={cfg.fetch_max_wait_ms} partitions={cfg.partitions} "
-            f"group_commit={cfg.group_commit} sagas={cfg.sagas} concurrency={cfg.concurrency}"
-        )
-        self._spawn_all()
-        await self._wait_files(
-            [f"{r}.ready" for r in self.roles], cfg.start_timeout_s, "the processes to be ready"
-        )
-        say("all processes own their partitions")
-        conn = await asyncpg.connect(
-            self.res.dsn, timeout=10, server_settings={"search_path": self.schema}
-        )
-        try:
-            async with SagaClient(self.settings, source="/bench") as client:
-                if cfg.warmup:
-                    say(f"warm-up: {cfg.warmup} sagas")
-                    await self._drive(client, conn, cfg.warmup, 0, cfg.start_timeout_s, 0.05)
-                probe_sent: dict[str, float] = {}
-                if cfg.probe:
-                    say(f"latency probe: {cfg.probe} sagas, one at a time")
-                    probe_sent = await self._probe(client, conn, cfg.probe)
-                idle = await self._idle_cpu(cfg.idle_s)
-                pg0 = await pg_counters(conn)
-                stats0 = await self._stats()
-                cpu0 = self._cpu()
-                say(f"load: {cfg.sagas} sagas, concurrency {cfg.concurrency or 'unbounded'}")
-                t0 = time.monotonic()
-                sent = await self._drive(
-                    client, conn, cfg.sagas, cfg.concurrency, cfg.timeout_s, cfg.poll_s
-                )
-                elapsed = time.monotonic() - t0
-                cpu1 = self._cpu()
-                stats1 = await self._stats()
-            say(f"load done in {elapsed:.1f}s; stopping the processes")
-            self.procs.stop_all()
-            pg1 = await pg_counters(conn)
-            timings = await self._timings(conn, sent)
-            probe = await self._timings(conn, probe_sent) if probe_sent else None
-            statuses = await self._status_counts(conn, list(sent))
-        finally:
-            await conn.close()
-        final = {r: read_json(self.dir / f"{r}.stats.final.json") for r in self.roles}
-        report = self._report(timings, probe, statuses, cpu0, cpu1, stats0, stats1, final, pg0, pg1)
-        report["idle_cpu_fraction_of_core"] = idle
-        return report
-
-    async def _idle_cpu(self, seconds: float) -> dict[str, float | None] | None:
-        """CPU each process burns with nothing to do (consumer polling, relays, timers)."""
-        if seconds <= 0:
-            return None
-        before = self._cpu()
-        t0 = time.monotonic()
-        await asyncio.sleep(seconds)
-        after = self._cpu()
-        elapsed = time.monotonic() - t0
-        keys = [*self.roles, "kafka", "postgres_all"]
-        out: dict[str, float | None] = {}
-        for key in keys:
-            a, b = before.get(key), after.get(key)
-            out[key] = round((b - a) / elapsed, 4) if a is not None and b is not None else None
-        return out
-
-    def _report(
+    def extra_report(
         self,
-        timings: dict[str, Any],
-        probe: dict[str, Any] | None,
-        statuses: dict[str, int],
-        cpu0: dict[str, float | None],
-        cpu1: dict[str, float | None],
+        n: int,
+        wall: float | None,
         stats0: dict[str, dict[str, Any]],
         stats1: dict[str, dict[str, Any]],
         final: dict[str, dict[str, Any] | None],
-        pg0: dict[str, int],
-        pg1: dict[str, int],
     ) -> dict[str, Any]:
-        cfg = self.cfg
-        n = timings["completed"]
-
-        def cpu_delta(role: str) -> float | None:
-            a, b = cpu0.get(role), cpu1.get(role)
-            return round(b - a, 3) if a is not None and b is not None else None
-
-        engine_cpu = cpu_delta("engine")
-        part_cpu = {p: cpu_delta(f"participant-{p}") for p in PARTICIPANTS}
-        part_total = (
-            round(sum(v for v in part_cpu.values() if v is not None), 3)
-            if all(v is not None for v in part_cpu.values())
-            else None
-        )
-        gc0 = stats0["engine"].get("group_commit", {})
-        gc1 = stats1["engine"].get("group_commit", {})
+        gc0 = stats0["engine"].get("group_commit") or {}
+        gc1 = stats1["engine"].get("group_commit") or {}
         batches = gc1.get("batches", 0) - gc0.get("batches", 0)
         operations = gc1.get("operations", 0) - gc0.get("operations", 0)
-
-        def participant_delta(key: str) -> int:
-            return sum(
-                stats1[f"participant-{p}"].get("participant", {}).get(key, 0)
-                - stats0[f"participant-{p}"].get("participant", {}).get(key, 0)
-                for p in PARTICIPANTS
-            )
-
-        processed = participant_delta("processed")
-        wall = timings["wall_s"] or None
-        # Each participant command: its transaction; and per batch of commands, one
-        # statement marking their outbox rows published.
-        participant_commits = processed + participant_delta("mark_published_statements")
-        pg_delta = {k: pg1[k] - pg0[k] for k in pg0}
-        total_cpu = sum(
-            v
-            for v in [
-                engine_cpu,
-                part_total,
-                *(cpu_delta(k) for k in ("kafka", "postgres_all", "bench")),
-            ]
-            if v is not None
-        )
-        busy_d = (cpu1.get("machine.busy") or 0) - (cpu0.get("machine.busy") or 0)
-        total_d = (cpu1.get("machine.total") or 0) - (cpu0.get("machine.total") or 0)
-        busy_frac = busy_d / total_d if total_d > 0 else None
         engine_final = final.get("engine") or {}
         return {
-            "settings": {
-                "fetch_max_wait_ms": cfg.fetch_max_wait_ms,
-                "partitions": cfg.partitions,
-                "group_commit": cfg.group_commit,
-                "group_commit_max_batch": gc1.get("max_batch"),
-                "concurrency": cfg.concurrency,
-                "warmup_sagas": cfg.warmup,
-                "probe_sagas": cfg.probe,
-                "engine_pg_pool_max": self.settings.pg.pool_max_size,
-                "participant_pg_pool_max": self.settings.participant.pool_max_size,
-                "profiled": f"{cfg.profile_role} ({cfg.profile_clock} clock)"
-                if cfg.profile is not None
-                else False,
-            },
-            "sagas": n,
-            "statuses": statuses,
-            "sagas_per_s": timings["sagas_per_s"],
-            "wall_s": timings["wall_s"],
-            "latency_ms": timings["latency_ms"],
-            "latency_breakdown_ms": timings["breakdown_ms"],
-            "idle_latency_ms": probe["latency_ms"] if probe else None,
-            "idle_latency_breakdown_ms": probe["breakdown_ms"] if probe else None,
-            "engine_cpu_s": engine_cpu,
-            "participant_cpu_s": part_total,
-            "participant_cpu_s_each": part_cpu,
-            "engine_cpu_ms_per_saga": round(1000 * engine_cpu / n, 3) if engine_cpu and n else None,
-            "participant_cpu_ms_per_saga": round(1000 * part_total / n, 3)
-            if part_total and n
-            else None,
-            "other_cpu_s": {k: cpu_delta(k) for k in ("kafka", "postgres_all", "bench")},
-            "cpu_total_ms_per_saga": round(1000 * total_cpu / n, 2) if n else None,
-            "machine_cpu_busy_fraction": round(busy_frac, 3) if busy_frac is not None else None,
-            "cpu_user_sys_s": {
-                role: [cpu_delta(f"{role}.user"), cpu_delta(f"{role}.sys")] for role in self.roles
-            },
-            "events_per_saga": round(timings["events"] / n, 2) if n else None,
             "engine_group_commit": {
+                "enabled": self.cfg.group_commit,
+                "max_batch": gc1.get("max_batch"),
                 "batches": batches,
                 "operations": operations,
                 "avg_batch": round(operations / batches, 2) if batches else None,
@@ -857,7 +1039,6 @@ class SagaRun:
                 "transactions_per_saga": round(batches / n, 3) if n else None,
                 "transactions_per_s": round(batches / wall, 1) if wall else None,
             },
-            "participant_commits_per_s": round(participant_commits / wall, 1) if wall else None,
             "engine_counters": stats1["engine"].get("engine"),
             "engine_counters_final": engine_final.get("engine"),
             "dead_lettered": engine_final.get(
@@ -866,12 +1047,102 @@ class SagaRun:
             "participant_counters": {
                 p: stats1[f"participant-{p}"].get("participant") for p in PARTICIPANTS
             },
-            "pg_db_wide_delta": {
-                **pg_delta,
-                "note": "whole database and cluster, load phase to process exit; other "
-                "clients of the same server count too",
-            },
+            "profiled": f"{self.cfg.profile_role} ({self.cfg.profile_clock} clock)"
+            if self.cfg.profile is not None
+            else False,
         }
+
+
+class BareRun(PipelineRun):
+    """The bare pipeline: ``bench.bare`` processes, start records produced directly."""
+
+    pipeline = "bare"
+    module = "bench.bare"
+    done_statuses = ["completed"]
+
+    def __init__(
+        self, cfg: RunConfig, res: Resources, procs: Processes, logs: Path, tag: str
+    ) -> None:
+        super().__init__(cfg, res, procs, logs, tag)
+        self.producer: Any = None
+        self._pending: list[asyncio.Future[Any]] = []
+        self.inbox = bare.inbox_topic(self.prefix)
+
+    def topic_names(self) -> list[str]:
+        return bare.topics(self.prefix)
+
+    async def open_starter(self) -> None:
+        self.producer = bare.make_producer(self.res.bootstrap)
+        await self.producer.start()
+
+    async def close_starter(self) -> None:
+        self._pending.clear()
+        if self.producer is not None:
+            await self.producer.stop()
+            self.producer = None
+
+    async def start_one(self, saga_id: str) -> None:
+        fut = await self.producer.send(self.inbox, bare.start_record(saga_id), key=saga_id.encode())
+        self._pending.append(fut)
+
+    def check_starts(self) -> None:
+        pending = []
+        for fut in self._pending:
+            if not fut.done():
+                pending.append(fut)
+            elif fut.exception() is not None:
+                raise BenchError(f"a start request failed: {fut.exception()!r}")
+        self._pending = pending
+
+    async def settle_starts(self, timeout_s: float) -> None:
+        if self._pending:
+            await asyncio.wait_for(asyncio.gather(*self._pending), timeout_s)
+        self.check_starts()
+
+    async def timings(
+        self, conn: asyncpg.Connection[Any], sent: dict[str, float]
+    ) -> dict[str, Any]:
+        """Latency from the ``sagas`` row: start sent -> ``completed_at``
+        (``clock_timestamp()`` in the batch transaction that marked it)."""
+        ids = list(sent)
+        rows = await conn.fetch(
+            """
+            SELECT saga_id, extract(epoch FROM created_at)::float8 AS created,
+                   extract(epoch FROM completed_at)::float8 AS done
+            FROM sagas WHERE saga_id = ANY($1::text[]) AND status = 'completed'
+            """,
+            ids,
+        )
+        total = [r["done"] - sent[r["saga_id"]] for r in rows]
+        inbox = [r["created"] - sent[r["saga_id"]] for r in rows]
+        first_sent = min(sent.values()) if sent else 0.0
+        last_end = max((r["done"] for r in rows), default=0.0)
+        wall = last_end - first_sent if rows else 0.0
+        return {
+            "completed": len(rows),
+            "wall_s": round(wall, 3),
+            "sagas_per_s": round(len(rows) / wall, 2) if wall > 0 else None,
+            "latency_ms": dist(total),
+            "breakdown_ms": {"start_to_engine": dist(inbox)},
+        }
+
+    def extra_report(
+        self,
+        n: int,
+        wall: float | None,
+        stats0: dict[str, dict[str, Any]],
+        stats1: dict[str, dict[str, Any]],
+        final: dict[str, dict[str, Any] | None],
+    ) -> dict[str, Any]:
+        def delta(role: str) -> dict[str, float]:
+            a = stats0[role].get("counters") or {}
+            b = stats1[role].get("counters") or {}
+            out: dict[str, float] = {k: v - a.get(k, 0) for k, v in b.items()}
+            if out.get("batches"):
+                out["avg_batch"] = round(out.get("records", 0) / out["batches"], 2)
+            return out
+
+        return {"bare_counters": {role: delta(role) for role in self.roles}}
 
 
 # --------------------------------------------------------------------------- main
@@ -909,36 +1180,55 @@ def profile_top(path: Path, n: int = 15) -> dict[str, Any]:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.e2e", description=__doc__.split("\n")[0])
-    ap.add_argument("--sagas", type=int, default=500, help="sagas in the measured load")
     ap.add_argument(
-        "--concurrency", type=int, default=64, help="most sagas unfinished at once (0: all)"
+        "--load-seconds",
+        type=float,
+        default=30.0,
+        help="how long each measured load keeps starting sagas",
+    )
+    ap.add_argument(
+        "--points",
+        type=int,
+        nargs="+",
+        default=[64, 512],
+        help="sagas in flight, one measured load per value and pipeline (the largest "
+        "is the headline)",
+    )
+    ap.add_argument(
+        "--pipelines",
+        nargs="+",
+        choices=["engine", "bare"],
+        default=["engine", "bare"],
+        help="which pipelines to measure at each point",
     )
     ap.add_argument("--warmup", type=int, default=20, help="sagas run before measuring")
     ap.add_argument("--probe", type=int, default=20, help="sagas run one at a time (idle latency)")
-    ap.add_argument(
-        "--fetch-max-wait-ms",
-        type=int,
-        nargs="+",
-        default=[20],
-        help="one run per value (the first is the headline)",
-    )
+    ap.add_argument("--fetch-max-wait-ms", type=int, default=20)
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--no-group-commit", action="store_true", help="engine writes one op per txn")
     ap.add_argument(
         "--peer-concurrency",
         type=int,
         nargs="*",
-        default=None,
-        help="DBOS peer runs, one per value (default: 8 and --concurrency; none: skip)",
+        default=[8, 64],
+        help="DBOS peer runs, one per value (none: skip)",
     )
+    ap.add_argument("--peer-workflows", type=int, default=500, help="workflows per peer run")
     ap.add_argument("--ceiling-seconds", type=float, default=3.0)
     ap.add_argument("--ceiling-connections", type=int, default=16)
-    ap.add_argument("--timeout", type=float, default=120.0, help="limit for the measured load")
+    ap.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=120.0,
+        help="limit for the sagas of a load to finish once it stops starting them",
+    )
     ap.add_argument("--start-timeout", type=float, default=60.0)
     ap.add_argument("--poll-ms", type=float, default=20.0, help="completion polling interval")
-    ap.add_argument("--max-seconds", type=float, default=420.0, help="limit for the whole run")
+    ap.add_argument("--max-seconds", type=float, default=900.0, help="limit for the whole run")
     ap.add_argument(
-        "--profile", type=Path, help="cProfile the engine during the first run's load, to PATH"
+        "--profile",
+        type=Path,
+        help="cProfile the engine pipeline's --profile-role during the headline load, to PATH",
     )
     ap.add_argument(
         "--profile-role",
@@ -961,8 +1251,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--keep", action="store_true", help="keep schemas, topics and logs")
     ap.add_argument("--json-out", type=Path, help="also write the JSON result to this file")
     args = ap.parse_args(argv)
-    if args.sagas < 1:
-        ap.error("--sagas must be at least 1")
+    if args.load_seconds <= 0:
+        ap.error("--load-seconds must be positive")
+    if min(args.points) < 1:
+        ap.error("--points must be at least 1")
     return args
 
 
@@ -976,10 +1268,105 @@ def machine() -> dict[str, Any]:
     }
 
 
+#: The figures of a run repeated in its point's summary (the rest stays in the run).
+SUMMARY_KEYS = (
+    "sagas",
+    "sagas_per_s",
+    "latency_ms",
+    "idle_latency_ms",
+    "cpu_total_ms_per_saga",
+    "engine_cpu_ms_per_saga",
+    "participant_cpu_ms_per_saga",
+    "kafka_cpu_ms_per_saga",
+    "postgres_cpu_ms_per_saga",
+    "bench_cpu_ms_per_saga",
+    "kafka_requests_per_saga",
+    "pg_transactions_per_saga",
+    "machine_cpu_busy_fraction",
+)
+
+
+def point_summary(
+    concurrency: int,
+    engine: dict[str, Any] | None,
+    bare_run: dict[str, Any] | None,
+    peer: dict[str, Any],
+    ceiling: dict[str, Any],
+    cpus: int,
+) -> dict[str, Any]:
+    """One concurrency point: the engine's figures at the top, the bare pipeline's under
+    ``bare``, the ratios, then both runs in full."""
+    e = engine or {}
+    b = bare_run or {}
+    best_peer: dict[str, Any] = peer.get("best") or {}
+    same_peer: dict[str, Any] = next(
+        (r for r in peer.get("runs", []) if r["concurrency"] == concurrency), {}
+    )
+    per_saga = e.get("cpu_total_ms_per_saga")
+    cpu_bound = cpus * 1000 / per_saga if per_saga else None
+    python_cpu_ms = (
+        (e.get("engine_cpu_ms_per_saga") or 0) + (e.get("participant_cpu_ms_per_saga") or 0)
+        if engine
+        else None
+    )
+
+    def summary(run: dict[str, Any]) -> dict[str, Any]:
+        out = {k: run.get(k) for k in SUMMARY_KEYS}
+        out["kafka_requests_by_api_per_saga"] = (run.get("kafka_requests") or {}).get(
+            "by_api_per_saga"
+        )
+        return out
+
+    return {
+        "concurrency": concurrency,
+        **summary(e),
+        "bare": summary(b),
+        "ratio": {
+            # < 1: slower than the hand-written batched pipeline on the same stack.
+            "sagas_per_s_vs_bare": ratio(e.get("sagas_per_s"), b.get("sagas_per_s")),
+            # > 1: more CPU per saga (all processes, broker and Postgres) than bare.
+            "cpu_per_saga_vs_bare": ratio(per_saga, b.get("cpu_total_ms_per_saga")),
+            "kafka_requests_per_saga_vs_bare": ratio(
+                e.get("kafka_requests_per_saga"), b.get("kafka_requests_per_saga")
+            ),
+            "pg_transactions_per_saga_vs_bare": ratio(
+                e.get("pg_transactions_per_saga"), b.get("pg_transactions_per_saga")
+            ),
+            # > 1: faster than the peer at its best; its steps stay in-process.
+            "sagas_per_s_vs_peer_workflows_per_s": ratio(
+                e.get("sagas_per_s"), best_peer.get("workflows_per_s")
+            ),
+            "bare_sagas_per_s_vs_peer_workflows_per_s": ratio(
+                b.get("sagas_per_s"), best_peer.get("workflows_per_s")
+            ),
+            # The peer with as many workflows in flight (when it ran at this number).
+            "sagas_per_s_vs_peer_same_concurrency": ratio(
+                e.get("sagas_per_s"), same_peer.get("workflows_per_s")
+            ),
+            # < 1: less CPU in the engine and participant processes together than in
+            # the peer's one process, per transaction.
+            "python_cpu_ms_per_saga_vs_peer": ratio(
+                python_cpu_ms, best_peer.get("cpu_ms_per_workflow")
+            ),
+            "sagas_per_s_vs_single_insert": ratio(
+                e.get("sagas_per_s"), ceiling["pg_single_insert_per_s"]
+            ),
+            "sagas_per_s_vs_concurrent_insert": ratio(
+                e.get("sagas_per_s"), ceiling["pg_concurrent_insert_per_s"]
+            ),
+            "sagas_per_s_vs_cpu_bound_estimate": ratio(e.get("sagas_per_s"), cpu_bound),
+        },
+        "cpu_bound_sagas_per_s_estimate": round(cpu_bound, 1) if cpu_bound else None,
+        "engine_run": engine,
+        "bare_run": bare_run,
+    }
+
+
 async def bench(args: argparse.Namespace, res: Resources, procs: Processes, logs: Path) -> Any:
     date = datetime.now(UTC).isoformat(timespec="seconds")
     run_id = uuid.uuid4().hex[:8]
     host = machine()
+    bare.count_kafka_requests()
     ceiling_schema = f"bench_{run_id}_ceiling"
     res.schemas.append(ceiling_schema)
     say(f"ceiling: {args.ceiling_seconds:g}s sequential + {args.ceiling_seconds:g}s on "
@@ -991,115 +1378,84 @@ async def bench(args: argparse.Namespace, res: Resources, procs: Processes, logs
         f"ceiling: {ceiling['pg_single_insert_per_s']:.0f} commits/s sequential, "
         f"{ceiling['pg_concurrent_insert_per_s']:.0f} concurrent"
     )
-    peer_concurrency = (
-        args.peer_concurrency
-        if args.peer_concurrency is not None
-        else sorted({8, args.concurrency})
-    )
     peer: dict[str, Any] = (
-        await measure_peer(res, run_id, args.sagas, peer_concurrency)
-        if peer_concurrency
+        await measure_peer(res, run_id, args.peer_workflows, args.peer_concurrency)
+        if args.peer_concurrency
         else {"skipped": "--peer-concurrency given no values"}
     )
-    runs: list[dict[str, Any]] = []
-    for i, wait_ms in enumerate(args.fetch_max_wait_ms):
-        cfg = RunConfig(
-            sagas=args.sagas,
-            concurrency=args.concurrency,
-            warmup=args.warmup,
-            probe=args.probe,
-            partitions=args.partitions,
-            fetch_max_wait_ms=wait_ms,
-            group_commit=not args.no_group_commit,
-            timeout_s=args.timeout,
-            start_timeout_s=args.start_timeout,
-            poll_s=args.poll_ms / 1000,
-            profile=args.profile.resolve() if args.profile and i == 0 else None,
-            profile_clock=args.profile_clock,
-            profile_role=args.profile_role,
-            idle_s=args.idle_seconds,
+    if not args.keep:
+        await cleanup(res)
+    headline = max(args.points)
+    points: dict[str, dict[str, Any]] = {}
+    for i, concurrency in enumerate(args.points):
+        runs: dict[str, dict[str, Any]] = {}
+        for kind in args.pipelines:
+            profiling = args.profile is not None and kind == "engine" and concurrency == headline
+            cfg = RunConfig(
+                concurrency=concurrency,
+                load_s=args.load_seconds,
+                warmup=args.warmup,
+                probe=args.probe,
+                partitions=args.partitions,
+                fetch_max_wait_ms=args.fetch_max_wait_ms,
+                group_commit=not args.no_group_commit,
+                drain_timeout_s=args.drain_timeout,
+                start_timeout_s=args.start_timeout,
+                poll_s=args.poll_ms / 1000,
+                profile=args.profile.resolve() if profiling else None,
+                profile_clock=args.profile_clock,
+                profile_role=args.profile_role,
+                idle_s=args.idle_seconds,
+            )
+            cls = EngineRun if kind == "engine" else BareRun
+            run = cls(cfg, res, procs, logs, f"{run_id}{i}{kind[0]}")
+            try:
+                result = await run.run()
+            except BaseException:
+                for proc in procs.procs.values():
+                    say(f"--- {proc.role} log tail:\n{tail(proc.log)}")
+                raise
+            finally:
+                procs.stop_all()
+                if not args.keep:
+                    await cleanup(res)
+            say(
+                f"{kind} at {concurrency}: {result['sagas']} sagas at {result['sagas_per_s']}/s, "
+                f"latency p50 {result['latency_ms'].get('p50')} ms, idle p50 "
+                f"{(result['idle_latency_ms'] or {}).get('p50')} ms, CPU "
+                f"{result['cpu_total_ms_per_saga']} ms/saga, Kafka requests "
+                f"{result['kafka_requests_per_saga']}/saga, Postgres transactions "
+                f"{result['pg_transactions_per_saga']}/saga"
+            )
+            runs[kind] = result
+        points[str(concurrency)] = point_summary(
+            concurrency, runs.get("engine"), runs.get("bare"), peer, ceiling, host["cpus_usable"]
         )
-        run = SagaRun(cfg, res, procs, logs, f"{run_id}{i}")
-        result = await run.run()
-        say(
-            f"run {i}: {result['sagas']} sagas at {result['sagas_per_s']}/s, latency p50 "
-            f"{result['latency_ms'].get('p50')} ms p99 {result['latency_ms'].get('p99')} ms, "
-            f"idle p50 {(result['idle_latency_ms'] or {}).get('p50')} ms, "
-            f"engine cpu {result['engine_cpu_s']}s"
-        )
-        runs.append(result)
-    head = runs[0]
-    single = ceiling["pg_single_insert_per_s"]
-    concurrent = ceiling["pg_concurrent_insert_per_s"]
-    gc = head["engine_group_commit"]
-    commits_per_s = (gc["transactions_per_s"] or 0) + (head["participant_commits_per_s"] or 0)
-    # What the machine could do if the whole stack had every core to itself and spent the
-    # same CPU per saga as measured: a ceiling of its own, next to the commit rate.
-    per_saga = head["cpu_total_ms_per_saga"]
-    cpu_bound = host["cpus_usable"] * 1000 / per_saga if per_saga else None
-    best_peer: dict[str, Any] = peer.get("best") or {}
-    same_peer: dict[str, Any] = next(
-        (r for r in peer.get("runs", []) if r["concurrency"] == args.concurrency), {}
-    )
-    python_cpu_ms = (head["engine_cpu_ms_per_saga"] or 0) + (
-        head["participant_cpu_ms_per_saga"] or 0
-    )
+    head = points[str(headline)]
     out: dict[str, Any] = {
         "benchmark": "e2e-3-step-saga",
         "date": date,
         "machine": host,
-        "sagas": head["sagas"],
-        "sagas_per_s": head["sagas_per_s"],
-        "latency_ms": head["latency_ms"],
-        "idle_latency_ms": head["idle_latency_ms"],
-        "engine_cpu_s": head["engine_cpu_s"],
-        "participant_cpu_s": head["participant_cpu_s"],
-        "engine_cpu_ms_per_saga": head["engine_cpu_ms_per_saga"],
-        "participant_cpu_ms_per_saga": head["participant_cpu_ms_per_saga"],
-        "cpu_total_ms_per_saga": head["cpu_total_ms_per_saga"],
-        "machine_cpu_busy_fraction": head["machine_cpu_busy_fraction"],
+        "headline_point": str(headline),
+        **{k: v for k, v in head.items() if k not in ("engine_run", "bare_run")},
+        "points": points,
         "ceiling": ceiling,
-        "ratio": {
-            "sagas_per_s_vs_single_insert": ratio(head["sagas_per_s"], single),
-            "sagas_per_s_vs_concurrent_insert": ratio(head["sagas_per_s"], concurrent),
-            "db_commits_per_s_vs_single_insert": ratio(commits_per_s, single),
-            "db_commits_per_s_vs_concurrent_insert": ratio(commits_per_s, concurrent),
-            "sagas_per_s_vs_cpu_bound_estimate": ratio(head["sagas_per_s"], cpu_bound),
-            # > 1: faster than the peer; its steps stay in-process, ours cross Kafka.
-            "sagas_per_s_vs_peer_workflows_per_s": ratio(
-                head["sagas_per_s"], best_peer.get("workflows_per_s")
-            ),
-            # < 1: less CPU per transaction in the engine and participant processes
-            # together than the peer's one process.
-            "python_cpu_ms_per_saga_vs_peer": ratio(
-                python_cpu_ms, best_peer.get("cpu_ms_per_workflow")
-            ),
-            # The peer with as many transactions in flight as the sagas had.
-            "sagas_per_s_vs_peer_same_concurrency": ratio(
-                head["sagas_per_s"], same_peer.get("workflows_per_s")
-            ),
-        },
         "peer": peer,
-        "cpu_bound_sagas_per_s_estimate": round(cpu_bound, 1) if cpu_bound else None,
-        "db_commits_per_s": round(commits_per_s, 1),
-        "settings": head["settings"],
-        "run": head,
+        "settings": {
+            "load_seconds": args.load_seconds,
+            "points": args.points,
+            "pipelines": args.pipelines,
+            "fetch_max_wait_ms": args.fetch_max_wait_ms,
+            "partitions": args.partitions,
+            "group_commit": not args.no_group_commit,
+            "warmup_sagas": args.warmup,
+            "probe_sagas": args.probe,
+            "poll_ms": args.poll_ms,
+            "peer_concurrency": args.peer_concurrency,
+            "peer_workflows": args.peer_workflows,
+        },
     }
-    if len(runs) > 1:
-        out["compare_fetch_max_wait_ms"] = [
-            {
-                "fetch_max_wait_ms": r["settings"]["fetch_max_wait_ms"],
-                "sagas_per_s": r["sagas_per_s"],
-                "latency_ms": r["latency_ms"],
-                "idle_latency_ms": r["idle_latency_ms"],
-                "engine_cpu_s": r["engine_cpu_s"],
-                "participant_cpu_s": r["participant_cpu_s"],
-                "ratio_sagas_per_s_vs_single_insert": ratio(r["sagas_per_s"], single),
-                "run": r,
-            }
-            for r in runs[1:]
-        ]
-    if args.profile:
+    if args.profile and "engine" in args.pipelines:
         out["profile"] = profile_top(args.profile.resolve())
     return out
 
