@@ -6,6 +6,7 @@ Kafka adapter (aiokafka) and the in-memory adapter both feed ``Engine`` the same
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Protocol, runtime_checkable
 
 from saga_engine._decision import OutboundCommand
@@ -27,4 +28,16 @@ class Ownership(Protocol):
 class CommandSender(Protocol):
     async def send_command(self, command: OutboundCommand) -> None:
         """Publishes a command durably (acks from the broker) or raises TransientError."""
+        ...
+
+
+@runtime_checkable
+class PipelinedSender(Protocol):
+    """A sender that can hand many commands over before any is acknowledged (Kafka's
+    producer batches them into few requests). The engine's batch path uses it when the
+    sender has it, and ``send_command`` one at a time otherwise."""
+
+    async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
+        """Hands the command over; the awaitable completes when it is durable (or raises
+        TransientError)."""
         ...

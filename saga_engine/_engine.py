@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
@@ -39,6 +39,7 @@ from saga_engine._decision import (
     TimerDue,
 )
 from saga_engine._definition import Saga, SagaDefinition, SagaRegistry
+from saga_engine._engine_batch import BatchApplier, BatchInput, BatchResult
 from saga_engine._errors import (
     ConcurrencyError,
     IdempotencyConflict,
@@ -88,6 +89,16 @@ def _check_same_start(
         )
     if not definition.same_request(started.input, started.request_hash, payload):
         raise IdempotencyConflict(saga_id, idempotency_key)
+
+
+class PreparedStart(NamedTuple):
+    definition: SagaDefinition
+    payload: JsonDict
+    saga_id: str
+    now: datetime
+    deadline_at: datetime | None
+    idempotency_key: str | None
+    trace_context: dict[str, str]
 
 
 @dataclass(slots=True)
@@ -147,6 +158,7 @@ class Engine:
         self._locks: dict[str, asyncio.Lock] = {}
         self._watchers: dict[str, list[asyncio.Future[None]]] = {}
         self._closed = False
+        self._batch = BatchApplier(self)
 
     # ------------------------------------------------------------------ starting
 
@@ -161,6 +173,28 @@ class Engine:
         trace_context: dict[str, str] | None = None,
     ) -> str:
         """Starts a saga and returns its id. With the same idempotency key, the same saga."""
+        prepared = self.prepare_start(
+            saga,
+            input,
+            saga_id=saga_id,
+            idempotency_key=idempotency_key,
+            deadline=deadline,
+            trace_context=trace_context,
+        )
+        return await self._start(*prepared)
+
+    def prepare_start(
+        self,
+        saga: str | type[Saga[Any, Any]],
+        input: BaseModel | JsonDict,
+        *,
+        saga_id: str | None = None,
+        idempotency_key: str | None = None,
+        deadline: timedelta | None = None,
+        trace_context: dict[str, str] | None = None,
+    ) -> PreparedStart:
+        """Everything a start needs that takes no I/O: the definition, the input as sent,
+        the id, the deadline and the saga span's context. Raises what a bad start raises."""
         definition = self.registry.resolve(saga)
         # The fields the caller set: the runtime fills in the defaults once, and a repeat
         # with a fresh default_factory value is still the same request.
@@ -190,7 +224,7 @@ class Engine:
         # span (and, through Kafka, every participant span) is its descendant. The span
         # itself is emitted when the saga ends (SagaSpans.saga_finished).
         stored = self._spans.saga_context(definition.name, saga_id, trace_context or {})
-        return await self._start(
+        return PreparedStart(
             definition, payload, saga_id, now, deadline_at, idempotency_key, stored
         )
 
@@ -246,6 +280,13 @@ class Engine:
 
     # ------------------------------------------------------------------ inputs
 
+    async def apply_batch(self, inputs: Sequence[BatchInput]) -> BatchResult:
+        """Applies a batch of starts and replies as one unit (see ``_engine_batch``): one
+        group-committed append, then every command sent and awaited together. Returns
+        what the caller must still apply one input at a time, with ``start``/``deliver``
+        (after ``reload`` for the sagas it names)."""
+        return await self._batch.apply(inputs)
+
     async def deliver(self, saga_id: str, inbound: Inbound) -> Decision:
         """Applies one input to a saga. Raises SagaNotFound or InvalidTransition."""
         async with self._lock(saga_id):
@@ -294,13 +335,16 @@ class Engine:
                 f"reply outcome must be success, failure or retryable, not {outcome!r}"
             )
         body = payload or {}
-        # A reply the store cannot hold as it came is still taken in: the runtime keeps
-        # an escaped copy and holds it for an operator (it is the participant's answer).
-        self._check_size(body, "the reply", exact=False)
+        self.check_reply_size(body)
         return await self.deliver(
             saga_id,
             Reply(command_id, outcome, self.clock.now(), body, error),  # type: ignore[arg-type]
         )
+
+    def check_reply_size(self, body: JsonDict) -> None:
+        # A reply the store cannot hold as it came is still taken in: the runtime keeps
+        # an escaped copy and holds it for an operator (it is the participant's answer).
+        self._check_size(body, "the reply", exact=False)
 
     async def signal(
         self,

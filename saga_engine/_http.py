@@ -16,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 import httpx
 from opentelemetry import context as otel_context
 
-from saga_engine._bus import CommandSender
+from saga_engine._bus import CommandSender, PipelinedSender
 from saga_engine._context import HTTP_PREFIX, HttpRequest
 from saga_engine._decision import OutboundCommand
 from saga_engine._errors import PermanentError, SagaError
@@ -162,3 +163,17 @@ class RoutingSender:
             await self._http.send_command(command)
         else:
             await self._kafka.send_command(command)
+
+    async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
+        if not command.participant.startswith(HTTP_PREFIX) and isinstance(
+            self._kafka, PipelinedSender
+        ):
+            return await self._kafka.start_command(command)
+        await self.send_command(command)
+        return _done()
+
+
+def _done() -> asyncio.Future[None]:
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    future.set_result(None)
+    return future

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -89,19 +89,62 @@ SEND_TIMEOUT_S = 30.0
 
 
 async def send(producer: AIOKafkaProducer, topic: str, envelope: Envelope) -> None:
+    """Publishes ``envelope`` and waits for the broker's acknowledgement."""
+    delivery = await start_send(producer, topic, envelope)
+    try:
+        # asyncio.timeout, not wait_for: no task per record.
+        async with asyncio.timeout(SEND_TIMEOUT_S):
+            await delivery
+    except TimeoutError as exc:
+        raise KafkaUnavailable(f"could not publish to {topic} within {SEND_TIMEOUT_S}s") from exc
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"could not publish to {topic}: {exc!r}") from exc
+
+
+async def start_send(
+    producer: AIOKafkaProducer, topic: str, envelope: Envelope
+) -> asyncio.Future[Any]:
+    """Hands ``envelope`` to the producer and returns the future of its acknowledgement,
+    so that many records can be sent and then awaited together."""
     key, value, headers = encode(envelope)
     # aiokafka does not refuse a send on a stopped producer; it would wait for metadata
     # that never comes. Fail fast instead, as the in-memory bus does.
     if getattr(producer, "_closed", False):
         raise KafkaUnavailable(f"could not publish to {topic}: the producer is closed")
     try:
-        await asyncio.wait_for(
-            producer.send_and_wait(topic, value, key=key, headers=headers), SEND_TIMEOUT_S
-        )
+        async with asyncio.timeout(SEND_TIMEOUT_S):
+            delivery: asyncio.Future[Any] = await producer.send(
+                topic, value, key=key, headers=headers
+            )
     except TimeoutError as exc:
         raise KafkaUnavailable(f"could not publish to {topic} within {SEND_TIMEOUT_S}s") from exc
     except KafkaError as exc:
         raise KafkaUnavailable(f"could not publish to {topic}: {exc!r}") from exc
+    return delivery
+
+
+async def delivered(deliveries: Sequence[Awaitable[Any]]) -> list[BaseException | None]:
+    """Awaits acknowledgements together (at most SEND_TIMEOUT_S); each one's error or None."""
+    if not deliveries:
+        return []
+    try:
+        async with asyncio.timeout(SEND_TIMEOUT_S):
+            results = await asyncio.gather(*deliveries, return_exceptions=True)
+    except TimeoutError:
+        results = [
+            d.exception()
+            if isinstance(d, asyncio.Future) and d.done() and not d.cancelled()
+            else TimeoutError()
+            for d in deliveries
+        ]
+    return [
+        None
+        if not isinstance(r, BaseException)
+        else r
+        if isinstance(r, KafkaUnavailable)
+        else KafkaUnavailable(f"could not publish: {r!r}")
+        for r in results
+    ]
 
 
 class KafkaCommandSender:
@@ -113,7 +156,17 @@ class KafkaCommandSender:
         self._source = source
 
     async def send_command(self, command: OutboundCommand) -> None:
-        envelope = Envelope(
+        await send(
+            self._producer, self._topics.commands(command.participant), self._envelope(command)
+        )
+
+    async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
+        return await start_send(
+            self._producer, self._topics.commands(command.participant), self._envelope(command)
+        )
+
+    def _envelope(self, command: OutboundCommand) -> Envelope:
+        return Envelope(
             message_type=MessageType.COMMAND,
             source=self._source,
             subject=command.command_type,
@@ -130,7 +183,6 @@ class KafkaCommandSender:
             tracestate=command.trace_context.get("tracestate", ""),
             body=command.payload,
         )
-        await send(self._producer, self._topics.commands(command.participant), envelope)
 
 
 class DeadLetters:

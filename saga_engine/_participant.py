@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import random
 import re
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
 
@@ -25,6 +25,7 @@ import orjson
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from asyncpg.pool import PoolConnectionProxy
+from opentelemetry.trace import Span
 from pydantic import BaseModel, ValidationError
 
 from saga_engine._errors import PayloadTooLarge, SagaError, TransientError, UnstorableValue
@@ -314,11 +315,6 @@ VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, clock_timestamp())
 RETURNING id
 """
 
-#: Published outbox rows are marked in one statement, at most this many at a time, and
-#: at the latest after this long (the relay leaves rows younger than its grace alone).
-_MARK_BATCH: Final = 100
-_MARK_WITHIN_S: Final = 1.0
-
 MARK_PUBLISHED: Final = """
 UPDATE saga_reply_outbox SET published_at = now()
 WHERE id = ANY($1::bigint[]) AND published_at IS NULL
@@ -402,9 +398,12 @@ class CommandProcessor:
         self._source = f"/participants/{name}"
         # Reply topics known to exist (the inbox is created at start).
         self._reply_topics = {self.topics.inbox}
-        #: Outbox rows published and not yet marked (see flush_published).
-        self._published: list[int] = []
-        self._published_since = 0.0
+        #: Outbox rows published and not yet marked. Why not at once: a round trip per
+        #: reply was a large share of a participant's work. The next batch's transaction
+        #: marks them (BatchRunner). A row left unmarked is what a crash right after
+        #: publishing leaves anyway: the relay publishes it again after its grace
+        #: period, and the engine drops the duplicate reply.
+        self.unmarked: list[int] = []
 
     async def handle(self, record: Any) -> None:
         """Processes one record to the end: replied to, or dead-lettered. Retries
@@ -434,9 +433,16 @@ class CommandProcessor:
         except PoisonMessage as poison:
             await self._dead_letter(record, poison.reason.value, poison.detail)
             return
+        with self.command_span(record, command) as span:
+            await self._handle_command(record, self.traced(command, span))
+
+    @contextlib.contextmanager
+    def command_span(self, record: Any, command: Envelope) -> Iterator[Span]:
+        """The "handle {CommandType}" span of one command."""
         # The traceparent is read from the record's own headers (aiokafka's
         # instrumentation does not carry it): this span is a child of the engine's step
-        # span, and the reply (built from ``command``) carries this span's context back.
+        # span, and the reply (built from ``traced(command, span)``) carries this span's
+        # context back.
         received = {
             k: v
             for k, v in (("traceparent", command.traceparent), ("tracestate", command.tracestate))
@@ -453,15 +459,52 @@ class CommandProcessor:
             "messaging.destination.name": getattr(record, "topic", None),
         }
         with self._telemetry.consumer_span(command.subject, received, attributes) as span:
-            carrier = carrier_of(span)
-            if carrier:
-                command = command.model_copy(
-                    update={
-                        "traceparent": carrier.get("traceparent", ""),
-                        "tracestate": carrier.get("tracestate", ""),
-                    }
-                )
-            await self._handle_command(record, command)
+            yield span
+
+    @staticmethod
+    def traced(command: Envelope, span: Span) -> Envelope:
+        """``command`` carrying ``span``'s context, so its reply continues the trace."""
+        carrier = carrier_of(span)
+        if not carrier:
+            return command
+        return command.model_copy(
+            update={
+                "traceparent": carrier.get("traceparent", ""),
+                "tracestate": carrier.get("tracestate", ""),
+            }
+        )
+
+    async def apply_alone(
+        self,
+        record: Any,
+        command: Envelope,
+        topic: str,
+        handler: HandlerSpec,
+        model: BaseModel,
+        first_attempt: int = 1,
+    ) -> None:
+        """A checked command in a transaction of its own (the batch's path for a handler
+        with another isolation level, or one that raised in a batch), with the transient
+        retries of ``handle``."""
+        failures = 0
+        while True:
+            try:
+                with self.command_span(record, command) as span:
+                    await self._apply(
+                        self.traced(command, span), topic, handler, model, first_attempt
+                    )
+                return
+            except Exception as exc:
+                if isinstance(exc, Abandoned):
+                    raise
+                if not is_transient(exc):
+                    log.exception("participant %s: cannot process a record", self.name)
+                    await self._dead_letter(record, ENGINE_ERROR, f"{type(exc).__name__}: {exc}")
+                    return
+                failures += 1
+                delay = backoff_delay(failures, 0.1, 5.0)
+                log.warning("transient failure (%r); retrying in %.2fs", exc, delay)
+                await self.pause(delay)
 
     async def _handle_command(self, record: Any, command: Envelope) -> None:
         topic = command.reply_to or self.topics.inbox
@@ -547,10 +590,15 @@ class CommandProcessor:
     # ------------------------------------------------------------------ one command
 
     async def _apply(
-        self, command: Envelope, topic: str, handler: HandlerSpec, model: BaseModel
+        self,
+        command: Envelope,
+        topic: str,
+        handler: HandlerSpec,
+        model: BaseModel,
+        first_attempt: int = 1,
     ) -> None:
         attempts = self.settings.participant.handler_attempts
-        for attempt in range(1, attempts + 1):
+        for attempt in range(min(first_attempt, attempts), attempts + 1):
             try:
                 outgoing, duplicate, rejected = await self._transact(
                     command, topic, handler=handler, model=model, attempt=attempt
@@ -708,9 +756,9 @@ class CommandProcessor:
         await self._deliver(outgoing)
 
     async def _deliver(self, outgoing: Outgoing) -> None:
-        """Publishes a committed reply; its outbox row is marked with the batch's others
-        (flush_published). Failures here lose nothing: the row stays unpublished and
-        the relay sends it."""
+        """Publishes a committed reply; its outbox row is marked by the next batch's
+        transaction (or when the participant idles). Failures here lose nothing: the row
+        stays unpublished and the relay sends it."""
         self._checkpoint("after_commit")
         try:
             await publish(
@@ -720,33 +768,8 @@ class CommandProcessor:
             log.warning("reply %s not published (%r); the relay will", outgoing.command_id, exc)
             return
         if outgoing.row_id is not None:
-            if not self._published:
-                self._published_since = time.monotonic()
-            self._published.append(outgoing.row_id)
+            self.unmarked.append(outgoing.row_id)
         self._checkpoint("after_publish")
-        # Marked well within the relay's grace period, even in a long batch of slow
-        # handlers, so the relay does not publish them again.
-        if len(self._published) >= _MARK_BATCH or (
-            self._published and time.monotonic() - self._published_since > _MARK_WITHIN_S
-        ):
-            await self.flush_published()
-
-    async def flush_published(self) -> None:
-        """Marks the outbox rows published since the last call, in one statement.
-
-        Why batched: a pool checkout and a round trip per reply was a large share of a
-        participant's work. A row not marked yet is what a crash right after publishing
-        leaves anyway: the relay publishes it again after its grace period, and the
-        engine drops the duplicate reply.
-        """
-        if not self._published:
-            return
-        ids, self._published = self._published, []
-        try:
-            await self._pool.execute(MARK_PUBLISHED, ids)
-            self.stats["mark_published_statements"] += 1
-        except Exception as exc:
-            log.warning("could not mark %d replies published (%r)", len(ids), exc)
 
     # ------------------------------------------------------------------ side paths
 

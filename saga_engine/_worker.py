@@ -21,7 +21,7 @@ import asyncio
 import logging
 import random
 import socket
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -29,9 +29,10 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 
 from saga_engine._crash import CrashHook
-from saga_engine._decision import DropReason, OutboundCommand
+from saga_engine._decision import DropReason, OutboundCommand, Reply
 from saga_engine._definition import Saga
 from saga_engine._engine import Engine
+from saga_engine._engine_batch import BatchInput
 from saga_engine._errors import (
     ConcurrencyError,
     IdempotencyConflict,
@@ -88,6 +89,13 @@ class _LazyTopicSender:
             await ensure_topics(self._settings.kafka, [topic])
             self._ready.add(topic)
         await self._inner.send_command(command)
+
+    async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
+        topic = self._topics.commands(command.participant)
+        if topic not in self._ready:
+            await ensure_topics(self._settings.kafka, [topic])
+            self._ready.add(topic)
+        return await self._inner.start_command(command)
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -308,18 +316,105 @@ class SagaWorker:
             await self._commit_pending()
 
     async def _process(self, batch: dict[TopicPartition, list[Any]]) -> None:
-        tasks: list[asyncio.Task[None]] = []
-        loop = asyncio.get_running_loop()
+        assert self.engine is not None
+        engine = self.engine
+        fast: list[BatchInput] = []
+        slow: list[tuple[TopicPartition, Any]] = []
+        # A saga with any input other than a start or a reply takes the single path for
+        # all of its records in this batch, so they keep their partition order.
+        slow_sagas: set[str] = set()
+        readable: list[tuple[TopicPartition, Any, Envelope]] = []
         for tp, records in batch.items():
             if tp not in self._owned:
                 continue
-            # Tasks are created in record order and take the saga's lock before their
-            # first await, so one saga's messages are applied in partition order while
-            # different sagas proceed concurrently (their appends share group commits).
-            tasks.extend(loop.create_task(self._handle(tp, record)) for record in records)
             self._pending_offsets[tp] = records[-1].offset + 1
+            for record in records:
+                try:
+                    envelope = self._decode(record)
+                except PoisonMessage as exc:
+                    await self._dead_letter(record, exc.reason.value, exc.detail)
+                    continue
+                readable.append((tp, record, envelope))
+                if envelope.message_type not in (MessageType.REPLY, MessageType.START):
+                    slow_sagas.add(envelope.saga_id)
+        for tp, record, envelope in readable:
+            item = None if envelope.saga_id in slow_sagas else self._batch_input(engine, envelope)
+            if item is None:
+                slow_sagas.add(envelope.saga_id)
+                slow.append((tp, record))
+            else:
+                item.key = (tp, record)
+                fast.append(item)
+        if slow_sagas:
+            # Handed back to the single path whole, with the records of the same saga
+            # already taken as fast (a later record made the saga slow).
+            moved = [i for i in fast if i.saga_id in slow_sagas]
+            if moved:
+                fast = [i for i in fast if i.saga_id not in slow_sagas]
+                slow = sorted([*slow, *(i.key for i in moved)], key=lambda k: k[1].offset)
+        loop = asyncio.get_running_loop()
+        # Tasks are created in record order and take the saga's lock before their first
+        # await, so one saga's messages are applied in partition order.
+        tasks = [loop.create_task(self._handle(tp, record)) for tp, record in slow]
+        if fast:
+            result = await engine.apply_batch(fast)
+            if result.redo or result.reload:
+                await self._redo(result.redo, result.reload)
         if tasks:
             await asyncio.gather(*tasks)
+
+    def _batch_input(self, engine: Engine, env: Envelope) -> BatchInput | None:
+        """A start or reply as the batch path takes it; None sends it down the single path
+        (which raises the same error again and says what it means)."""
+        try:
+            if env.message_type is MessageType.REPLY:
+                reply: ReplyBody = env.body_as(ReplyBody)
+                engine.check_reply_size(reply.payload)
+                return BatchInput(
+                    env.saga_id,
+                    None,
+                    reply=Reply(
+                        env.command_id,
+                        reply.outcome,
+                        engine.clock.now(),
+                        reply.payload or {},
+                        reply.error,
+                    ),
+                )
+            start: StartBody = env.body_as(StartBody)
+            prepared = engine.prepare_start(
+                env.saga_type or env.subject,
+                start.input,
+                saga_id=env.saga_id,
+                idempotency_key=start.idempotency_key,
+                deadline=timedelta(seconds=start.deadline_s) if start.deadline_s else None,
+                trace_context=_trace_of(env),
+            )
+            return BatchInput(prepared.saga_id, None, start=prepared)
+        except Exception:
+            return None
+
+    async def _redo(self, redo: list[BatchInput], reload: set[str]) -> None:
+        """What the batch path handed back: reloaded first where its events may be
+        durable and its commands unsent, then applied one input at a time."""
+        assert self.engine is not None
+        for saga_id in sorted(reload):
+            delay = 0.05
+            while True:
+                try:
+                    await self.engine.reload(saga_id)
+                    break
+                except SagaNotFound:
+                    break  # its creation did not land: the start is applied again
+                except TransientError as exc:
+                    if not self._running:
+                        raise
+                    log.warning("reloading saga %s failed (%s); retrying", saga_id, exc)
+                    await asyncio.sleep(delay * (0.5 + random.random() / 2))
+                    delay = min(delay * 2, 5.0)
+        for item in redo:
+            tp, record = item.key
+            await self._handle(tp, record)
 
     async def _commit_pending(self) -> None:
         if not self._pending_offsets or self._consumer is None:
@@ -374,15 +469,18 @@ class SagaWorker:
                 await self._dead_letter(record, ENGINE_ERROR, f"{type(exc).__name__}: {exc}")
                 return
 
-    async def _apply(self, record: Any) -> None:
-        assert self.engine is not None
-        engine = self.engine
-        envelope = decode(
+    def _decode(self, record: Any) -> Envelope:
+        return decode(
             record.key,
             record.value,
             list(record.headers or []),
             max_bytes=self.settings.kafka.max_message_bytes,
         )
+
+    async def _apply(self, record: Any) -> None:
+        assert self.engine is not None
+        engine = self.engine
+        envelope = self._decode(record)
         try:
             await self._route(engine, envelope)
         except SagaNotFound as exc:
@@ -406,9 +504,7 @@ class SagaWorker:
             raise PoisonMessage(PoisonReason.REJECTED, str(exc)) from exc
 
     async def _route(self, engine: Engine, env: Envelope) -> None:
-        trace = {
-            k: v for k, v in (("traceparent", env.traceparent), ("tracestate", env.tracestate)) if v
-        }
+        trace = _trace_of(env)
         kind = env.message_type
         if kind is MessageType.REPLY:
             reply: ReplyBody = env.body_as(ReplyBody)
@@ -554,3 +650,9 @@ class SagaWorker:
             self.instance_id, sorted(mine), recovered,
         )  # fmt: skip
         self.assigned_event.set()
+
+
+def _trace_of(env: Envelope) -> dict[str, str]:
+    return {
+        k: v for k, v in (("traceparent", env.traceparent), ("tracestate", env.tracestate)) if v
+    }

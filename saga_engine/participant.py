@@ -56,7 +56,7 @@ import random
 import re
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar
+from typing import Final, TypeVar
 
 import asyncpg
 import orjson
@@ -70,7 +70,6 @@ from saga_engine._migrations import PARTICIPANT_MIGRATIONS, migrate
 from saga_engine._participant import (
     MARK_PUBLISHED,
     RELAY_BATCH,
-    Abandoned,
     CommandProcessor,
     CrashHook,
     CrashPoint,
@@ -84,6 +83,7 @@ from saga_engine._participant import (
     log,
     publish,
 )
+from saga_engine._participant_batch import BatchRunner
 from saga_engine._telemetry import Telemetry, default_telemetry, detach_from_trace
 from saga_engine._topics import Topics
 from saga_engine._wire import Headers
@@ -190,11 +190,13 @@ class Participant:
         self._processor: CommandProcessor | None = None
         self._main: asyncio.Task[None] | None = None
         self._relay: asyncio.Task[None] | None = None
-        self._inflight: dict[TopicPartition, asyncio.Task[None]] = {}
+        self._batches: BatchRunner | None = None
         self._assigned: set[TopicPartition] = set()
         self._stopping = asyncio.Event()
         self._fatal: BaseException | None = None
-        self._slots = asyncio.Semaphore(settings.participant.pool_max_size)
+        # Set while no batch is being processed: revocation waits for it.
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._lifecycle = asyncio.Lock()
 
     # ------------------------------------------------------------------ registration
@@ -266,6 +268,7 @@ class Participant:
                 raise
             loop = asyncio.get_running_loop()
             self._main = loop.create_task(self._consume(), name=f"participant-{self.name}")
+            self._main.add_done_callback(self._main_done)
             self._relay = loop.create_task(self._relay_loop(), name=f"relay-{self.name}")
             log.info(
                 "participant %s (%s) consuming %s in schema %s",
@@ -287,7 +290,8 @@ class Participant:
                     main.cancel()
                     await asyncio.wait({main})
                 if not main.cancelled() and main.exception() is not None:
-                    log.debug("participant %s stopped after: %r", self.name, main.exception())
+                    self._fatal = main.exception()
+                    log.debug("participant %s stopped after: %r", self.name, self._fatal)
             await self._close(graceful=self._fatal is None)
 
     async def run(self) -> None:
@@ -338,6 +342,7 @@ class Participant:
             instance_id=self.instance_id,
             telemetry=self.telemetry,
         )
+        self._batches = BatchRunner(self._processor)
         # Replies a previous process committed but did not get to publish. No grace
         # period here: a row written by a live instance may go out twice, which the engine
         # tolerates (it deduplicates replies); a row left by a dead one must not wait.
@@ -364,14 +369,9 @@ class Participant:
         await self._consumer.start()
 
     async def _close(self, *, graceful: bool) -> None:
-        tasks = list(self._inflight.values())
-        if tasks and graceful:
-            await asyncio.wait(tasks, timeout=self._stop_timeout_s)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
-        self._inflight.clear()
+        batches, self._batches = self._batches, None
+        if batches is not None and graceful:
+            await batches.flush_marks()
         relay, self._relay = self._relay, None
         if relay is not None:
             relay.cancel()
@@ -394,13 +394,12 @@ class Participant:
     # ------------------------------------------------------------------ consuming
 
     async def _consume(self) -> None:
-        detach_from_trace()  # each command's work runs in its own trace (consumer_span)
-        consumer = self._consumer
+        detach_from_trace()  # each command's work runs in its own trace (its span)
+        consumer, runner = self._consumer, self._batches
         assert consumer is not None
+        assert runner is not None
         delay = 0.1
         while not self._stopping.is_set():
-            if self._fatal is not None:
-                raise self._fatal
             try:
                 batches = await consumer.getmany(timeout_ms=200, max_records=_BATCH)
             except KafkaError as exc:
@@ -409,61 +408,48 @@ class Participant:
                 delay = min(delay * 2, 5.0)
                 continue
             delay = 0.1
-            for tp, records in batches.items():
-                if not records:
-                    continue
-                # One batch per partition at a time keeps the partition in order; pausing
-                # stops further fetches of it until the batch is done and committed, while
-                # the other partitions keep flowing.
-                consumer.pause(tp)
-                task = asyncio.get_running_loop().create_task(self._run_batch(tp, records))
-                self._inflight[tp] = task
-                task.add_done_callback(self._batch_done)
-        if self._fatal is not None:
-            raise self._fatal
+            records = [
+                (tp, record)
+                for tp, batch in batches.items()
+                if tp in self._assigned
+                for record in batch
+            ]
+            if not records:
+                # Idle: no next batch will carry the marks of the last one's replies.
+                await runner.flush_marks()
+                continue
+            # The whole fetch is one unit: one transaction, one publish wait, one offset
+            # commit. Records of one partition (one saga's commands) stay in order.
+            self._idle.clear()
+            try:
+                offsets = await runner.run(records)
+                await self._commit(consumer, offsets)
+            finally:
+                self._idle.set()
 
-    def _batch_done(self, task: asyncio.Task[None]) -> None:
-        for tp, t in list(self._inflight.items()):
-            if t is task:
-                del self._inflight[tp]
-        if task.cancelled():
+    def _main_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
             return
         exc = task.exception()
-        if exc is not None and self._fatal is None:
-            # _run_batch handles every expected failure; what escapes is a crash point or
-            # a bug, and either way this instance must stop rather than skip the record.
-            if not isinstance(exc, CrashPoint):
-                log.error("participant %s: batch failed", self.name, exc_info=exc)
-            self._fatal = exc
-            self._stopping.set()
+        # The batch path handles every expected failure; what escapes is a crash point or
+        # a bug, and either way this instance stops rather than skip the record.
+        if not isinstance(exc, CrashPoint):
+            log.error("participant %s: consuming failed", self.name, exc_info=exc)
+        self._fatal = exc
+        self._stopping.set()
 
-    async def _run_batch(self, tp: TopicPartition, records: list[Any]) -> None:
-        consumer, processor = self._consumer, self._processor
-        assert consumer is not None
-        assert processor is not None
-        next_offset: int | None = None
-        for record in records:
-            if self._stopping.is_set():
-                break
-            try:
-                # Bounded by the pool: each command holds one connection for its transaction.
-                async with self._slots:
-                    await processor.handle(record)
-            except Abandoned:
-                break
-            next_offset = record.offset + 1
-        await processor.flush_published()
-        if next_offset is not None:
-            try:
-                await consumer.commit({tp: next_offset})
-            except KafkaError as exc:
-                # Not ours any more (a rebalance), or the broker is away. The next owner
-                # re-reads from the last committed offset; those commands are deduplicated.
-                log.info("offset commit for %s failed (%r); the next reader dedups", tp, exc)
-        # A batch cut short (stopping) leaves its partition paused: the consumer is
-        # about to close, and the next owner starts from the committed offset.
-        if not self._stopping.is_set() and tp in self._assigned:
-            consumer.resume(tp)
+    async def _commit(self, consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]) -> None:
+        # Only after the batch's transaction committed and its replies were handed over:
+        # a record whose offset is committed is answered for good.
+        offsets = {tp: o for tp, o in offsets.items() if tp in self._assigned}
+        if not offsets:
+            return
+        try:
+            await consumer.commit(offsets)
+        except KafkaError as exc:
+            # Not ours any more (a rebalance), or the broker is away. The next owner
+            # re-reads from the last committed offset; those commands are deduplicated.
+            log.info("offset commit failed (%r); the next reader dedups", exc)
 
     async def _relay_loop(self) -> None:
         detach_from_trace()
@@ -523,15 +509,13 @@ class Participant:
     # ------------------------------------------------------------------ rebalancing
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
-        # Finish the batches in hand and commit their offsets before the partitions go
-        # to another instance; one that takes too long is cancelled (its transaction
-        # rolls back, or its committed reply stays in the outbox for the relay).
-        tasks = [t for tp, t in self._inflight.items() if tp in revoked]
-        if tasks:
-            await asyncio.wait(tasks, timeout=self._stop_timeout_s)
-            for task in tasks:
-                task.cancel()
-            await asyncio.wait(tasks)
+        # Finish the batch in hand and commit its offsets before the partitions go to
+        # another instance. One that takes too long is left: its transaction commits or
+        # rolls back on its own, and a committed reply stays in the outbox for the relay.
+        try:
+            await asyncio.wait_for(self._idle.wait(), self._stop_timeout_s)
+        except TimeoutError:
+            log.warning("participant %s: a batch outlived the rebalance", self.name)
         self._assigned -= revoked
         if not revoked:
             return

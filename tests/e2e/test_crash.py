@@ -78,9 +78,10 @@ async def test_engine_killed_at_a_crash_point_recovers(
 async def test_participant_killed_after_commit_before_reply_recovers(
     cluster: Cluster, seed: int
 ) -> None:
-    hit = 1 + seed % 3
+    # The first commit: commands are taken in batches, so how many commits six sagas
+    # make depends on timing (at least one).
     for name in PARTICIPANTS:
-        cluster.start_participant(name, crash_at=f"after_commit:{hit}" if name == "beta" else None)
+        cluster.start_participant(name, crash_at="after_commit:1" if name == "beta" else None)
     cluster.start_engine("engine")
     ids, failing = await _start_sagas(cluster, seed)
     code = await cluster.wait_exit("participant-beta")

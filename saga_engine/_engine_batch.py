@@ -1,0 +1,325 @@
+"""The engine's batch path: the starts and replies of one inbox batch as one unit.
+
+``Engine.deliver`` takes one input: a lock, a decision, an append awaited on its own, its
+commands sent and awaited one by one. Under load the inbox hands the engine hundreds of
+inputs at a time, and doing that per input costs a task, an append wait and a send wait
+each. Here a batch is:
+
+1. **decided**: every saga's lock is taken, and each of its inputs is given to its
+   runtime in record order (no I/O);
+2. **appended** together: one create or append per saga, all submitted at once, so the
+   store's group commit writes them in one transaction;
+3. **sent** together: every resulting command is handed to the producer, then the
+   acknowledgements are awaited at once (few produce requests, one wait);
+4. then the bookkeeping of each saga (counters, waiters, timers, the end of a saga).
+
+Only the common case takes this path: a start, or a reply to a saga held in memory.
+Anything else, and any saga whose input or write fails here, is handed back to the
+caller, which applies it with ``deliver``/``start`` one input at a time: those handle
+stale copies, conflicts, rebuilds and errors, and every input is idempotent there (a
+reply by its command id, a start by its saga id). A saga handed back after its events
+may have become durable is reloaded first (``reload`` sends what it has in flight).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from saga_engine._bus import PipelinedSender
+from saga_engine._decision import Decision, DropReason, OutboundCommand, Reply, StartSaga
+from saga_engine._errors import ConcurrencyError
+from saga_engine._events import Event
+from saga_engine._runtime import SagaRuntime
+from saga_engine._store import Append, NewSaga
+
+if TYPE_CHECKING:
+    from saga_engine._engine import Engine, PreparedStart, _Live
+
+
+@dataclass(slots=True)
+class BatchInput:
+    """One start or reply of the batch. ``key`` is the caller's (its record)."""
+
+    saga_id: str
+    key: Any
+    reply: Reply | None = None
+    start: PreparedStart | None = None
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """What the caller still has to do: ``redo`` inputs one at a time, after reloading
+    the sagas in ``reload`` (their events may be durable, their commands not sent)."""
+
+    redo: list[BatchInput] = field(default_factory=list)
+    reload: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class _Work:
+    saga_id: str
+    inputs: list[BatchInput] = field(default_factory=list)
+    live: _Live | None = None
+    #: Created by this batch (a start): written with ``create``.
+    new: bool = False
+    #: The in-memory copy changed: evict it if the batch gives up on this saga.
+    mutated: bool = False
+    events: list[Event] = field(default_factory=list)
+    commands: list[OutboundCommand] = field(default_factory=list)
+    last: Decision | None = None
+    failed: bool = False
+
+
+class BatchApplier:
+    def __init__(self, engine: Engine) -> None:
+        self._e = engine
+
+    async def apply(self, inputs: Sequence[BatchInput]) -> BatchResult:
+        engine = self._e
+        works: dict[str, _Work] = {}
+        for item in inputs:
+            work = works.get(item.saga_id)
+            if work is None:
+                work = works[item.saga_id] = _Work(item.saga_id)
+            work.inputs.append(item)
+        result = BatchResult()
+        held: list[asyncio.Lock] = []
+        try:
+            for saga_id in works:
+                # One saga's inputs are serialised with everything else done to it (a
+                # timer, an operator's action); other holders take one lock at a time,
+                # so taking many here cannot deadlock.
+                lock = engine._lock(saga_id)
+                await lock.acquire()
+                held.append(lock)
+            for work in works.values():
+                self._decide(work, result)
+            written = [w for w in works.values() if not w.failed and w.events]
+            await self._write(written, result)
+            await self._send([w for w in written if not w.failed], result)
+            for work in works.values():
+                if not work.failed and work.live is not None:
+                    self._settle(work)
+            for work in works.values():
+                if not work.failed and engine._ownership is not None:
+                    await engine._let_go_unless_owned(work.saga_id, bool(work.events))
+        finally:
+            for lock in held:
+                lock.release()
+        return result
+
+    # ------------------------------------------------------------------ 1. decide
+
+    def _decide(self, work: _Work, result: BatchResult) -> None:
+        engine = self._e
+        work.live = engine._live.get(work.saga_id)
+        try:
+            for item in work.inputs:
+                if item.start is not None:
+                    if not self._start(work, item.start):
+                        return self._give_up(work, result)
+                    continue
+                assert item.reply is not None
+                if work.live is None:
+                    return self._give_up(work, result)  # not in memory: deliver loads it
+                decision = work.live.runtime.handle(item.reply)
+                if decision.dropped is DropReason.UNKNOWN_COMMAND:
+                    # Maybe a stale copy, maybe a stray reply: deliver tells them apart.
+                    return self._give_up(work, result)
+                if decision.dropped is not None:
+                    engine.stats.inc(f"dropped_{decision.dropped.value}")
+                    continue
+                self._take(work, decision)
+        except Exception:
+            # The single path raises it again, and says what it means.
+            self._give_up(work, result)
+        return None
+
+    def _start(self, work: _Work, start: PreparedStart) -> bool:
+        from saga_engine._engine import _check_same_start, _Live
+
+        engine = self._e
+        if work.live is not None:
+            _check_same_start(
+                start.definition,
+                work.live.runtime.started,
+                start.payload,
+                start.saga_id,
+                start.idempotency_key,
+            )
+            engine.stats.inc("start_deduplicated")
+            return True
+        runtime, decision = SagaRuntime.start(
+            start.definition,
+            StartSaga(
+                saga_id=start.saga_id,
+                saga_type=start.definition.name,
+                input=start.payload,
+                at=start.now,
+                idempotency_key=start.idempotency_key,
+                deadline_at=start.deadline_at,
+                trace_context=start.trace_context,
+            ),
+        )
+        work.live = _Live(runtime, committed_seq=0, started_at=start.now)
+        work.new = True
+        self._take(work, decision)
+        return True
+
+    @staticmethod
+    def _take(work: _Work, decision: Decision) -> None:
+        work.mutated = True
+        work.events.extend(decision.events)
+        work.commands.extend(decision.commands)
+        work.last = decision
+
+    def _give_up(self, work: _Work, result: BatchResult, *, reload: bool = False) -> None:
+        """Hands the saga's inputs back for the single path."""
+        engine = self._e
+        work.failed = True
+        if work.new and work.live is not None and engine._live.get(work.saga_id) is not work.live:
+            work.live.runtime.close()  # never registered: nothing else refers to it
+        elif work.mutated:
+            engine._evict(work.saga_id)
+        result.redo.extend(work.inputs)
+        if reload:
+            result.reload.add(work.saga_id)
+
+    # ------------------------------------------------------------------ 2. append
+
+    async def _write(self, works: list[_Work], result: BatchResult) -> None:
+        engine = self._e
+        store = engine.store
+        writes: list[Awaitable[Any]] = []
+        for work in works:
+            live, last = work.live, work.last
+            assert live is not None
+            assert last is not None
+            if work.new:
+                writes.append(
+                    store.create(
+                        NewSaga(
+                            saga_id=work.saga_id,
+                            saga_type=live.runtime.saga_type,
+                            events=work.events,
+                            projection=last.projection,
+                            idempotency_key=live.runtime.started.idempotency_key,
+                        )
+                    )
+                )
+            else:
+                writes.append(
+                    store.append(
+                        Append(work.saga_id, live.committed_seq, work.events, last.projection)
+                    )
+                )
+        # Submitted together: the group commit writes them in one transaction.
+        outcomes = await asyncio.gather(*writes, return_exceptions=True)
+        for work, outcome in zip(works, outcomes, strict=True):
+            live = work.live
+            assert live is not None
+            if isinstance(outcome, ConcurrencyError):
+                # Someone else wrote to this saga: as in Engine._commit, the copy goes and
+                # nothing is sent; deliver sorts out who owns it.
+                engine.stats.inc("stale_owner")
+                engine._evict(work.saga_id, keep_spans=True)
+                work.mutated = False
+                self._give_up(work, result)
+            elif isinstance(outcome, BaseException):
+                if not isinstance(outcome, Exception):
+                    raise outcome
+                # Whether it landed is unknown: reload, then apply again (idempotent).
+                self._give_up(work, result, reload=True)
+            elif work.new:
+                if outcome is False:
+                    # The id exists already (not in memory here): start decides whether
+                    # it is the same request.
+                    self._give_up(work, result)
+                    continue
+                live.committed_seq = len(work.events)
+                engine._live[work.saga_id] = live
+                engine._stat("sagas_started", live.runtime.saga_type)
+            else:
+                live.committed_seq = int(outcome)
+
+    # ------------------------------------------------------------------ 3. send
+
+    async def _send(self, works: list[_Work], result: BatchResult) -> None:
+        from saga_engine._kafka import delivered
+
+        engine = self._e
+        spans = engine._spans
+        for work in works:
+            engine._checkpoint("after_append")
+            # Live inputs only: what a rebuild replays never passes here (no span twice).
+            spans.applied(work.saga_id, work.events)
+            if work.commands:
+                # Crash points: the events are durable, the commands not yet sent.
+                engine._checkpoint("before_send")
+                if any(c.compensation for c in work.commands):
+                    engine._checkpoint("before_send_compensation")
+        if sum(1 for w in works if w.commands) > 1:
+            engine._checkpoint("after_batch_append")
+        pending: list[tuple[_Work, OutboundCommand, Awaitable[None]]] = []
+        sender = engine.sender
+        for work in works:
+            for command in work.commands:
+                sent = spans.sent(command)
+                try:
+                    if isinstance(sender, PipelinedSender):
+                        pending.append((work, command, await sender.start_command(sent)))
+                    else:
+                        await sender.send_command(sent)
+                        engine._checkpoint("after_send")
+                except Exception as exc:
+                    self._not_sent(work, command, exc, result)
+        errors = await delivered([d for _, _, d in pending])
+        for (work, command, _), error in zip(pending, errors, strict=True):
+            if error is not None:
+                self._not_sent(work, command, error, result)
+            else:
+                engine._checkpoint("after_send")
+
+    def _not_sent(
+        self, work: _Work, command: OutboundCommand, exc: BaseException, result: BatchResult
+    ) -> None:
+        # The command is recorded; reloading the saga sends it again.
+        self._e._spans.not_sent(command.command_id, exc)
+        if not work.failed:
+            self._e._evict(work.saga_id)
+            work.failed = True
+            work.mutated = False
+            result.reload.add(work.saga_id)
+            # Its inputs are durable: applied again they are duplicates, dropped.
+            result.redo.extend(work.inputs)
+
+    # ------------------------------------------------------------------ 4. settle
+
+    def _settle(self, work: _Work) -> None:
+        engine = self._e
+        live, last = work.live, work.last
+        assert live is not None
+        if last is None:
+            return  # only duplicates: nothing changed
+        for event in work.events:
+            engine._count(event, live)
+        status = last.status
+        if status.is_terminal or status.is_parked:
+            engine._notify(work.saga_id)
+        if status.is_terminal:
+            engine._spans.saga_ended(work.saga_id, f"saga_{status.value}")
+            error = last.projection.error
+            engine._spans.saga_finished(
+                saga_type=live.runtime.saga_type,
+                saga_id=work.saga_id,
+                trace_context=live.runtime.trace_context,
+                started_at=live.started_at,
+                outcome=status.value,
+                error=str(error.get("message", error)) if error else None,
+            )
+            engine._evict(work.saga_id)
+        else:
+            engine._arm(work.saga_id, live)
