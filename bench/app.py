@@ -40,7 +40,7 @@ import orjson
 from pydantic import BaseModel
 
 from bench.bare import count_kafka_requests, kafka_requests
-from saga_engine import Saga, SagaContext, Settings
+from saga_engine import Saga, SagaContext, Settings, run
 from saga_engine.participant import Participant, Transaction
 from saga_engine.store import GroupCommitConfig, PostgresEventStore, migrate
 from saga_engine.worker import SagaWorker
@@ -283,10 +283,10 @@ def main(argv: list[str]) -> int:
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     count_kafka_requests()
     if argv == ["engine"]:
-        asyncio.run(run_engine())
+        run(run_engine())
         return 0
     if len(argv) == 2 and argv[0] == "participant" and argv[1] in PARTICIPANTS:
-        asyncio.run(run_participant(argv[1]))
+        run(run_participant(argv[1]))
         return 0
     print(
         f"usage: python -m bench.app engine | participant {{{','.join(PARTICIPANTS)}}}",

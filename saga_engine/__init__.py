@@ -37,6 +37,7 @@ from saga_engine._errors import (
     UnstorableValue,
 )
 from saga_engine._policy import RetryPolicy
+from saga_engine._runner import run
 from saga_engine._status import TRANSITIONS, SagaStatus
 from saga_engine.settings import EngineSettings, KafkaSettings, PostgresSettings, Settings
 
@@ -73,6 +74,7 @@ __all__ = [
     "TransientError",
     "UnknownSagaType",
     "UnstorableValue",
+    "run",
     "saga_id_for",
 ]
 __version__ = "0.1.0"

@@ -265,12 +265,14 @@ class BatchApplier:
             engine._checkpoint("after_batch_append")
         pending: list[tuple[_Work, OutboundCommand, Awaitable[None]]] = []
         sender = engine.sender
+        pipelined = isinstance(sender, PipelinedSender)
         for work in works:
             for command in work.commands:
                 sent = spans.sent(command)
                 try:
-                    if isinstance(sender, PipelinedSender):
-                        pending.append((work, command, await sender.start_command(sent)))
+                    if pipelined:
+                        starting = sender.start_command(sent)  # type: ignore[attr-defined]
+                        pending.append((work, command, await starting))
                     else:
                         await sender.send_command(sent)
                         engine._checkpoint("after_send")

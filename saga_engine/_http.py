@@ -157,6 +157,8 @@ class RoutingSender:
     def __init__(self, kafka: CommandSender, http: HttpCaller) -> None:
         self._kafka = kafka
         self._http = http
+        # Checked once: a runtime protocol check costs microseconds on every command.
+        self._pipelined = kafka if isinstance(kafka, PipelinedSender) else None
 
     async def send_command(self, command: OutboundCommand) -> None:
         if command.participant.startswith(HTTP_PREFIX):
@@ -165,10 +167,8 @@ class RoutingSender:
             await self._kafka.send_command(command)
 
     async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
-        if not command.participant.startswith(HTTP_PREFIX) and isinstance(
-            self._kafka, PipelinedSender
-        ):
-            return await self._kafka.start_command(command)
+        if self._pipelined is not None and not command.participant.startswith(HTTP_PREFIX):
+            return await self._pipelined.start_command(command)
         await self.send_command(command)
         return _done()
 

@@ -173,6 +173,11 @@ class SagaSpans:
     def sent(self, command: OutboundCommand, *, resent: bool = False) -> OutboundCommand:
         """Opens the span of a command about to be sent; returns the command carrying
         that span's context."""
+        if not self.telemetry.records:
+            # No SDK: nothing records, and the command carries the saga's context as
+            # history stores it (the caller's). Skipping the API's no-op span here saves
+            # a context parse and an inject per command on the hot path.
+            return command
         previous = self._open.get(command.command_id)
         if previous is not None:
             if previous.attempt == command.attempt:

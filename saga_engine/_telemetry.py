@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import (
     NoOpTracer,
+    ProxyTracer,
     ProxyTracerProvider,
     Span,
     SpanKind,
@@ -211,6 +212,11 @@ class Telemetry:
                 )
             self._tracer = tracer
         return self._tracer
+
+    @property
+    def records(self) -> bool:
+        """Whether spans can be recorded at all (an SDK provider is in place)."""
+        return not isinstance(self.tracer, ProxyTracer | NoOpTracer)
 
     def instrument_app(self, app: FastAPI) -> None:
         """Server spans for ``app`` (the contrib FastAPI instrumentation): a request that

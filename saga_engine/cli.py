@@ -21,6 +21,7 @@ from rich.table import Table
 
 import saga_engine
 from saga_engine._errors import SagaError
+from saga_engine._runner import run
 from saga_engine._status import SagaStatus
 from saga_engine.settings import Settings
 
@@ -58,7 +59,7 @@ def _root(
 def _run(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Runs a coroutine; turns expected errors into one line and exit code 1."""
     try:
-        return asyncio.run(make())
+        return run(make())
     except (SagaError, OSError, ValueError, CliError) as exc:
         if _State.debug:
             raise

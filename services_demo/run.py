@@ -39,7 +39,7 @@ import httpx
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from saga_engine import Settings
+from saga_engine import Settings, run
 from saga_engine.settings import KafkaSettings
 from services_demo.config import DEFAULT_BASE_PORT, PORT_OFFSETS, SERVICES, DemoSettings
 from services_demo.create_topics import create_topics, demo_topics
@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     config = StackConfig.from_env(
         args.namespace, base_port=args.base_port, approval_timeout_s=args.approval_timeout
     )
-    return asyncio.run(_serve(config))
+    return run(_serve(config))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ PUBLIC = {
     "PayloadTooLarge", "PermanentError", "PostgresSettings", "RetryPolicy", "Saga",
     "SagaCancelled", "SagaContext", "SagaError", "SagaNotFound", "SagaRegistry", "SagaStatus",
     "SerializationError", "Settings", "SignalTimeout", "StepFailed", "StepTimedOut",
-    "TransientError", "UnknownSagaType", "saga_id_for",
+    "TransientError", "UnknownSagaType", "run", "saga_id_for",
 }  # fmt: skip
 
 
