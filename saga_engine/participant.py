@@ -42,8 +42,13 @@ model's class name):
   away) is retried until it ends; any other failure outside a handler (a bug, a broken
   table) dead-letters the record as ``engine_error`` (the contract's reason for "failed
   unexpectedly"; ``dlq_consumer`` names the participant) rather than stall the partition.
-- **Order.** Records of one partition (one saga's commands) are processed in order;
-  partitions proceed concurrently, at most ``pool_max_size`` commands at a time.
+- **Batches.** What one fetch returns (every partition, up to 500 records) is one unit:
+  one transaction on one connection for all of its commands (each handler still sees
+  one command and one ``Transaction``), the replies sent together, one offset commit.
+  A refusal or a crash in one handler rolls the batch back and runs it again with a
+  savepoint per command, the refusal as given and the crashed one retried on its own;
+  its neighbours therefore run twice (their first writes rolled back). Records of one
+  partition (one saga's commands) are processed in order.
 """
 
 from __future__ import annotations
@@ -96,8 +101,8 @@ R = TypeVar("R", bound=HandlerResult)
 
 _NAME: Final = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 _SCHEMA: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-#: Records fetched per partition at a time (one batch is processed, then committed).
-_BATCH: Final = 100
+#: Records fetched at a time, across partitions: one batch, one transaction, one commit.
+_BATCH: Final = 500
 #: Outbox rows published per relay transaction.
 _RELAY_LIMIT: Final = 200
 

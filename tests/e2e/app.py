@@ -18,7 +18,7 @@ from datetime import timedelta
 
 from pydantic import BaseModel
 
-from saga_engine import Saga, SagaContext, Settings
+from saga_engine import Saga, SagaContext, Settings, run
 from saga_engine._crash import crash_hook
 from saga_engine.participant import Participant, Rejected, Transaction
 
@@ -125,4 +125,4 @@ async def _run_participant(name: str) -> None:
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] != "participant":
         sys.exit("usage: python -m tests.e2e.app participant NAME")
-    asyncio.run(_run_participant(sys.argv[2]))
+    run(_run_participant(sys.argv[2]))
