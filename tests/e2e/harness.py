@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from saga_engine import SagaStatus, Settings
+from saga_engine._topics import Topics
 from saga_engine.settings import EngineSettings, KafkaSettings, PostgresSettings
 from tests.e2e.app import LEDGER_DDL, PARTICIPANTS
 
@@ -182,6 +184,43 @@ class Cluster:
             if time.monotonic() > deadline:
                 logs = "\n".join(f"--- {n}\n{self.log_tail(n)}" for n in self.procs)
                 raise TimeoutError(f"sagas still open: {found}\n{logs}")
+            await asyncio.sleep(0.2)
+
+    async def commands_in_topic(self, participant: str) -> list[str]:
+        """The saga id of every record now in the participant's command topic, read from
+        Kafka (none while the engine has not created the topic: it does so before its first
+        send there)."""
+        topic = Topics(self.prefix).commands(participant)
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            async with asyncio.timeout(30):
+                if topic not in await consumer.topics():
+                    return []
+                parts = [TopicPartition(topic, p) for p in range(self.partitions)]
+                consumer.assign(parts)
+                await consumer.seek_to_beginning(*parts)
+                end = await consumer.end_offsets(parts)
+                keys: list[str] = []
+                while any([await consumer.position(tp) < end[tp] for tp in parts]):
+                    batch = await consumer.getmany(*parts, timeout_ms=200)
+                    keys += [r.key.decode() for records in batch.values() for r in records]
+                return keys
+        finally:
+            await consumer.stop()
+
+    async def wait_commands(
+        self, participant: str, saga_ids: list[str], timeout: float = 30.0
+    ) -> None:
+        """Waits until a command of each of ``saga_ids`` is in the participant's topic."""
+        deadline = time.monotonic() + timeout
+        while True:
+            missing = set(saga_ids) - set(await self.commands_in_topic(participant))
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"--- {n}\n{self.log_tail(n)}" for n in self.procs)
+                raise TimeoutError(f"no command for {participant} of {sorted(missing)}\n{logs}")
             await asyncio.sleep(0.2)
 
     async def ledger(self, participant: str) -> list[dict[str, Any]]:

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import random
 import signal
+from collections import Counter
 
 import pytest
 
 from saga_engine import SagaStatus
+from saga_engine._engine import saga_id_for
+from saga_engine._topics import partition_for
 from saga_engine.client import SagaClient
 from tests.e2e.app import PARTICIPANTS, Transfer, TransferRequest
 from tests.e2e.harness import Cluster
@@ -44,7 +47,15 @@ async def _start_sagas(
 
 
 def _expected(ids: list[str], failing: dict[str, str]) -> dict[str, SagaStatus]:
-    return {i: SagaStatus.COMPENSATED if i in failing else SagaStatus.COMPLETED for i in ids}
+    def outcome(saga_id: str) -> SagaStatus:
+        if saga_id not in failing:
+            return SagaStatus.COMPLETED
+        # Refused at the first step, a saga has nothing to compensate: it fails.
+        if failing[saga_id] == PARTICIPANTS[0]:
+            return SagaStatus.FAILED
+        return SagaStatus.COMPENSATED
+
+    return {i: outcome(i) for i in ids}
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -87,6 +98,106 @@ async def test_participant_killed_after_commit_before_reply_recovers(
     code = await cluster.wait_exit("participant-beta")
     assert code == -signal.SIGKILL
     cluster.start_participant("beta")
+    statuses = await cluster.wait_settled(ids)
+    assert statuses == _expected(ids, failing)
+    await cluster.check_effects(statuses, failing)
+
+
+# ---------------------------------------------------------------------- inside a batch
+#
+# The batch crash points are only passed by a batch of 2 or more commands (participant)
+# or of 2 or more sagas with commands to send (engine). Each test below makes that batch
+# form for sure: the messages are all waiting in the topic before the process that
+# crashes starts, and every partition holds several of them, so its first fetch is a
+# batch of several sagas whichever partitions it returns.
+
+PER_PARTITION = 3
+
+
+def _spread_keys(tag: str, partitions: int, per_partition: int = PER_PARTITION) -> list[str]:
+    """Idempotency keys whose sagas put ``per_partition`` sagas on every partition (the
+    inbox and the command topics are keyed by saga id)."""
+    counts: Counter[int] = Counter()
+    keys: list[str] = []
+    i = 0
+    while len(keys) < partitions * per_partition:
+        key = f"{tag}-{i}"
+        i += 1
+        partition = partition_for(saga_id_for(Transfer.name, key), partitions)
+        if counts[partition] < per_partition:
+            counts[partition] += 1
+            keys.append(key)
+    return keys
+
+
+async def _start_spread_sagas(cluster: Cluster, tag: str) -> tuple[list[str], dict[str, str]]:
+    """A third complete, a third are refused by alpha (the first step: in the
+    participant's batch, a refusal makes it run again with a savepoint per command) and a
+    third by beta or gamma, so they compensate alpha's step."""
+    later = PARTICIPANTS[1:]
+    ids: list[str] = []
+    failing: dict[str, str] = {}
+    async with SagaClient(cluster.settings) as client:
+        for i, key in enumerate(_spread_keys(tag, cluster.partitions)):
+            fail_at = [None, PARTICIPANTS[0], later[i // 3 % len(later)]][i % 3]
+            saga_id = await client.start(
+                Transfer, TransferRequest(amount=10 + i, fail_at=fail_at), idempotency_key=key
+            )
+            ids.append(saga_id)
+            if fail_at:
+                failing[saga_id] = fail_at
+    return ids, failing
+
+
+async def test_participant_killed_after_a_batch_commit_before_its_replies_recovers(
+    cluster: Cluster,
+) -> None:
+    # alpha (every saga's first step) stays down until the engine has sent it the first
+    # command of every saga: its first fetch takes them as one batch. That wait is short
+    # next to the step's 5 s timeout (and a re-sent command would be deduplicated).
+    for name in PARTICIPANTS[1:]:
+        cluster.start_participant(name)
+    cluster.start_engine("engine")
+    ids, failing = await _start_spread_sagas(cluster, "participant-batch")
+    await cluster.wait_commands("alpha", ids)
+    cluster.start_participant("alpha", crash_at="after_batch_commit:1")
+    code = await cluster.wait_exit("participant-alpha")
+    log = cluster.log_tail("participant-alpha")
+    assert code == -signal.SIGKILL, log
+    assert "crash point after_batch_commit reached" in log
+    # The batch's transaction committed its effects, but no reply went out: the engine
+    # sent nothing to the next step.
+    applied = await cluster.ledger("alpha")
+    assert applied
+    assert {r["kind"] for r in applied} == {"apply"}
+    assert await cluster.commands_in_topic("beta") == []
+
+    cluster.start_participant("alpha")
+    statuses = await cluster.wait_settled(ids)
+    assert statuses == _expected(ids, failing)
+    await cluster.check_effects(statuses, failing)
+
+
+async def test_engine_killed_after_a_batch_append_before_its_sends_recovers(
+    participants_up: Cluster,
+) -> None:
+    cluster = participants_up
+    # The starts wait in the inbox before the engine runs: its first fetch takes them as
+    # one batch, and every saga of it has its first command to send.
+    ids, failing = await _start_spread_sagas(cluster, "engine-batch")
+    cluster.start_engine("engine", crash_at="after_batch_append:1")
+    code = await cluster.wait_exit("engine")
+    log = cluster.log_tail("engine")
+    assert code == -signal.SIGKILL, log
+    assert "crash point after_batch_append reached" in log
+    # The batch's sagas are durable, their first step issued; none of their commands was
+    # sent (the engine creates a command topic before its first send there).
+    durable = await cluster.statuses(ids)
+    assert len(durable) >= 2
+    assert set(durable.values()) == {SagaStatus.RUNNING}
+    assert await cluster.commands_in_topic("alpha") == []
+
+    cluster.start_engine("engine")
     statuses = await cluster.wait_settled(ids)
     assert statuses == _expected(ids, failing)
     await cluster.check_effects(statuses, failing)
