@@ -3,8 +3,11 @@
 ``SAGA_CRASH_AT="before_send:3"`` makes the process SIGKILL itself the 3rd time it
 passes the ``before_send`` point (``:1`` when no count is given; several points may be
 listed, comma-separated). The engine passes ``after_append``, ``before_send``,
-``before_send_compensation`` and ``after_send``; the worker ``before_offset_commit``;
-participants ``after_commit`` and ``after_publish``.
+``before_send_compensation`` and ``after_send``, and ``after_batch_append`` (a batch's
+events of two sagas or more durable, none of its commands sent); the worker
+``before_offset_commit``; participants ``after_commit``, ``after_publish`` and
+``after_batch_commit`` (a batch of two commands or more committed, none of its replies
+sent).
 """
 
 from __future__ import annotations
