@@ -240,7 +240,7 @@ class Outgoing:
 
     @property
     def size(self) -> int:
-        return len(self.value) + sum(len(k) + len(v) for k, v in self.headers)
+        return len(self.value) + sum([len(k) + len(v) for k, v in self.headers])
 
 
 def reply_record(command: Envelope, reply: ReplyBody, *, source: str, topic: str) -> Outgoing:

@@ -54,7 +54,6 @@ from saga_engine._participant import (
     check_size,
     is_transient,
     json_payload,
-    reply_json,
     reply_record,
 )
 from saga_engine._serde import check_storable, storable_copy, unstorable
@@ -342,7 +341,8 @@ class BatchRunner:
                     RECORD_OUTCOMES,
                     [_cmd(i).command_id for i in fresh],
                     [_out(i).reply.outcome for i in fresh],
-                    [reply_json(_out(i).reply) for i in fresh],
+                    # The reply record's value is the reply's JSON already: no second dump.
+                    [_out(i).value.decode() for i in fresh],
                     [_out(i).reply.error for i in fresh],
                 )
             if answered:

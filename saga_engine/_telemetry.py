@@ -26,6 +26,7 @@ from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import (
+    INVALID_SPAN,
     NoOpTracer,
     ProxyTracer,
     ProxyTracerProvider,
@@ -275,6 +276,18 @@ class Telemetry:
         made current for the duration of the block."""
         started = time.perf_counter()
         outcome = "error"
+        if not self.records:
+            # No SDK: no span to make, and the reply carries the command's own context
+            # (carrier_of(INVALID_SPAN) is empty). Only the duration is measured.
+            try:
+                yield INVALID_SPAN
+                outcome = "done"
+            finally:
+                self.handle_duration.record(
+                    time.perf_counter() - started,
+                    {"command.type": command_type, "outcome": outcome},
+                )
+            return
         # The command's context becomes the whole current context (not merged into the
         # consumer loop's, whose suppression of query spans must not reach the handler).
         token = otel_context.attach(extract(trace_context))
