@@ -140,9 +140,9 @@ def start_record(saga_id: str, amount: int = 1) -> bytes:
 
 
 def make_producer(bootstrap: str) -> AIOKafkaProducer:
-    """As saga_engine._kafka.make_producer: acks=all, idempotent, linger 1 ms."""
+    """As saga_engine._kafka.make_producer: acks=all, idempotent, no linger."""
     return AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=1
+        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=0
     )
 
 
