@@ -626,7 +626,7 @@ class Engine:
         else:
             self._arm(saga_id, live)
 
-    def _count(self, event: Event, live: _Live) -> None:
+    def _count(self, event: Event, live: _Live, *, held: int | None = None) -> None:
         kind = event.kind
         saga_type = live.runtime.saga_type
         if kind in ("saga_completed", "saga_compensated", "saga_failed", "saga_cancelled"):
@@ -638,7 +638,8 @@ class Engine:
                 )
         elif kind in ("saga_parked", "compensation_stuck") or (
             # Once per park: a second reply held while one already is adds no park.
-            kind == "invalid_reply_received" and len(live.runtime.held_steps()) <= 1
+            kind == "invalid_reply_received"
+            and (len(live.runtime.held_steps()) if held is None else held) <= 1
         ):
             self._stat("sagas_parked", saga_type)
 

@@ -24,6 +24,7 @@ may have become durable is reloaded first (``reload`` sends what it has in fligh
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,8 @@ from saga_engine._store import Append, NewSaga
 
 if TYPE_CHECKING:
     from saga_engine._engine import Engine, PreparedStart, _Live
+
+log = logging.getLogger("saga_engine.engine")
 
 
 @dataclass(slots=True)
@@ -71,6 +74,8 @@ class _Work:
     commands: list[OutboundCommand] = field(default_factory=list)
     last: Decision | None = None
     failed: bool = False
+    #: Each event with the number of replies held once its decision was taken.
+    counted: list[tuple[Event, int]] = field(default_factory=list)
 
 
 class BatchApplier:
@@ -106,10 +111,30 @@ class BatchApplier:
             for work in works.values():
                 if not work.failed and engine._ownership is not None:
                     await engine._let_go_unless_owned(work.saga_id, bool(work.events))
+        except Exception:
+            # A bug on this path must not stop the inbox: every saga of the batch is
+            # rebuilt from the store, re-sending what it has in flight, and its inputs
+            # are applied again one at a time (idempotent), where errors are handled.
+            log.exception("the batch path failed; applying its inputs one at a time")
+            for work in works.values():
+                self._forget(work)
+            return BatchResult(redo=list(inputs), reload=set(works))
+        except BaseException:
+            # Cancelled mid-batch: what is in memory may be ahead of the store.
+            for work in works.values():
+                self._forget(work)
+            raise
         finally:
             for lock in held:
                 lock.release()
         return result
+
+    def _forget(self, work: _Work) -> None:
+        engine = self._e
+        if work.new and work.live is not None and engine._live.get(work.saga_id) is not work.live:
+            work.live.runtime.close()
+        elif work.saga_id in engine._live:
+            engine._evict(work.saga_id)
 
     # ------------------------------------------------------------------ 1. decide
 
@@ -172,6 +197,10 @@ class BatchApplier:
     @staticmethod
     def _take(work: _Work, decision: Decision) -> None:
         work.mutated = True
+        assert work.live is not None
+        # As deliver would count them, one decision at a time (a park is counted once).
+        held = len(work.live.runtime.held_steps())
+        work.counted.extend((event, held) for event in decision.events)
         work.events.extend(decision.events)
         work.commands.extend(decision.commands)
         work.last = decision
@@ -306,8 +335,8 @@ class BatchApplier:
         assert live is not None
         if last is None:
             return  # only duplicates: nothing changed
-        for event in work.events:
-            engine._count(event, live)
+        for event, held in work.counted:
+            engine._count(event, live, held=held)
         status = last.status
         if status.is_terminal or status.is_parked:
             engine._notify(work.saga_id)

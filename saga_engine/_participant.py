@@ -17,38 +17,48 @@ import logging
 import random
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
 
 import asyncpg
 import orjson
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
-from asyncpg.pool import PoolConnectionProxy
 from opentelemetry.trace import Span
 from pydantic import BaseModel, ValidationError
 
-from saga_engine._errors import PayloadTooLarge, SagaError, TransientError, UnstorableValue
-from saga_engine._kafka import DeadLetters, KafkaUnavailable, ensure_topics
+from saga_engine._errors import SagaError, TransientError, UnstorableValue
+from saga_engine._kafka import DeadLetters, ensure_topics
+from saga_engine._participant_sql import (
+    CLAIM,
+    RECORD_OUTCOME,
+    STORED_REPLY,
+    TOMBSTONE,
+    TOMBSTONE_REPLY,
+    Connection,
+    Outgoing,
+    check_size,
+    insert_outbox,
+    publish,
+    reply_json,
+    reply_record,
+)
 from saga_engine._serde import JsonDict, check_storable, storable_copy, unstorable
 from saga_engine._telemetry import Telemetry, carrier_of, default_telemetry
 from saga_engine._topics import Topics
 from saga_engine._wire import (
     ENGINE_ERROR,
     Envelope,
-    Headers,
     MessageType,
     PoisonMessage,
     PoisonReason,
     ReplyBody,
     decode,
-    encode,
 )
 from saga_engine.settings import Settings
 
 log = logging.getLogger("saga_engine.participant")
 
-Connection: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
 Pool: TypeAlias = "asyncpg.Pool[asyncpg.Record]"
 Isolation = Literal["read_committed", "repeatable_read", "serializable"]
 #: What a handler may return: its reply payload.
@@ -222,143 +232,6 @@ def json_payload(result: object) -> JsonDict:
     )
 
 
-# --------------------------------------------------------------------------- replies
-
-
-@dataclass(slots=True)
-class Outgoing:
-    """A reply as the Kafka record that carries it, and its outbox row once written."""
-
-    command_id: str
-    saga_id: str
-    topic: str
-    key: bytes
-    value: bytes
-    headers: Headers
-    reply: ReplyBody
-    row_id: int | None = field(default=None)
-
-    @property
-    def size(self) -> int:
-        return len(self.value) + sum([len(k) + len(v) for k, v in self.headers])
-
-
-def reply_record(command: Envelope, reply: ReplyBody, *, source: str, topic: str) -> Outgoing:
-    """The reply to ``command``: keyed by saga id, answering the command's own message id,
-    with its trace context, so the saga's trace continues through the participant."""
-    envelope = Envelope(
-        message_type=MessageType.REPLY,
-        source=source,
-        subject=command.subject,
-        saga_id=command.saga_id,
-        saga_type=command.saga_type,
-        command_id=command.command_id,
-        step=command.step,
-        correlation_id=command.correlation_id or command.saga_id,
-        causation_id=command.id,
-        compensation=command.compensation,
-        traceparent=command.traceparent,
-        tracestate=command.tracestate,
-        body=reply.model_dump(mode="json"),
-    )
-    key, value, headers = encode(envelope)
-    return Outgoing(command.command_id, command.saga_id, topic, key, value, headers, reply)
-
-
-def check_size(outgoing: Outgoing, limit: int) -> None:
-    if outgoing.size > limit:
-        raise PayloadTooLarge(outgoing.size, limit)
-
-
-# --------------------------------------------------------------------------- SQL
-
-# The claim. It is the first statement of the command's transaction, before the handler
-# runs. The primary key does the deduplication: a concurrent transaction inserting the
-# same command id (a redelivery on another instance, after a rebalance) blocks on the
-# unique index until this one ends, then sees the conflict and does nothing (we committed)
-# or inserts (we rolled back). Under READ COMMITTED that is all; under REPEATABLE READ or
-# SERIALIZABLE the waiter gets a serialization failure instead, which is retried, and the
-# retry sees the committed row. RETURNING tells us whether we inserted: no row means the
-# command was processed before.
-CLAIM: Final = """
-INSERT INTO saga_processed_commands (command_id, saga_id, command_type, step, outcome)
-VALUES ($1, $2, $3, $4, 'pending')
-ON CONFLICT (command_id) DO NOTHING
-RETURNING command_id
-"""
-
-TOMBSTONE_REPLY: Final = (
-    '{"outcome": "failure", "payload": {}, "error": "compensated before it arrived"}'
-)
-
-TOMBSTONE: Final = """
-INSERT INTO saga_processed_commands (command_id, saga_id, command_type, step, outcome, reply, error)
-SELECT id, $2, '(compensated)', $3, 'failure', $4::jsonb, 'compensated before it arrived'
-FROM unnest($1::text[]) AS id
-ON CONFLICT (command_id) DO NOTHING
-"""
-
-STORED_REPLY: Final = "SELECT reply::text FROM saga_processed_commands WHERE command_id = $1"
-
-RECORD_OUTCOME: Final = """
-UPDATE saga_processed_commands
-SET outcome = $2, reply = $3::jsonb, error = $4, processed_at = now()
-WHERE command_id = $1
-"""
-
-# created_at is the wall clock at the insert, not now() (the transaction's start): a
-# handler that ran for a while must not make its fresh row look old to the relay, which
-# would then publish it alongside the live publisher.
-INSERT_OUTBOX: Final = """
-INSERT INTO saga_reply_outbox (command_id, saga_id, topic, key, headers, body, created_at)
-VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, clock_timestamp())
-RETURNING id
-"""
-
-MARK_PUBLISHED: Final = """
-UPDATE saga_reply_outbox SET published_at = now()
-WHERE id = ANY($1::bigint[]) AND published_at IS NULL
-"""
-
-# FOR UPDATE SKIP LOCKED: the rows stay locked while they are published, and another
-# instance's relay skips them instead of publishing them a second time or waiting. The
-# grace period leaves fresh rows to the live publisher that is about to send them.
-RELAY_BATCH: Final = """
-SELECT id, topic, key, headers::text AS headers, body::text AS body
-FROM saga_reply_outbox
-WHERE published_at IS NULL AND created_at <= now() - make_interval(secs => $1)
-ORDER BY id
-LIMIT $2
-FOR UPDATE SKIP LOCKED
-"""
-
-
-async def insert_outbox(conn: Connection, outgoing: Outgoing) -> None:
-    headers = orjson.dumps([[k, v.decode()] for k, v in outgoing.headers]).decode()
-    outgoing.row_id = await conn.fetchval(
-        INSERT_OUTBOX,
-        outgoing.command_id,
-        outgoing.saga_id,
-        outgoing.topic,
-        outgoing.key.decode(),
-        headers,
-        outgoing.value.decode(),
-    )
-
-
-async def publish(
-    producer: AIOKafkaProducer, topic: str, key: bytes, value: bytes, headers: Headers
-) -> None:
-    try:
-        await producer.send_and_wait(topic, value, key=key, headers=headers)
-    except KafkaError as exc:
-        raise KafkaUnavailable(f"could not publish a reply to {topic}: {exc!r}") from exc
-
-
-def reply_json(reply: ReplyBody) -> str:
-    return orjson.dumps(reply.model_dump(mode="json")).decode()
-
-
 # --------------------------------------------------------------------------- processing
 
 
@@ -481,18 +354,32 @@ class CommandProcessor:
         topic: str,
         handler: HandlerSpec,
         model: BaseModel,
-        first_attempt: int = 1,
+        failure: Exception | None = None,
     ) -> None:
         """A checked command in a transaction of its own (the batch's path for a handler
-        with another isolation level, or one that raised in a batch), with the transient
-        retries of ``handle``."""
+        with another isolation level, or one whose first attempt raised in a batch:
+        ``failure``), with the transient retries of ``handle``."""
+        await self._alone(
+            record,
+            lambda traced: self._apply(traced, topic, handler, model, failure),
+        )
+
+    async def answer_alone(
+        self, record: Any, command: Envelope, topic: str, reply: ReplyBody, counter: str
+    ) -> None:
+        """A reply decided without the handler, given in a transaction of its own (the
+        record was dead-lettered already where that applies)."""
+        await self._alone(
+            record, lambda traced: self._answer(traced, topic, reply, counter=counter)
+        )
+
+    async def _alone(self, record: Any, work: Callable[[Envelope], Awaitable[None]]) -> None:
         failures = 0
+        command = self._read(record)
         while True:
             try:
                 with self.command_span(record, command) as span:
-                    await self._apply(
-                        self.traced(command, span), topic, handler, model, first_attempt
-                    )
+                    await work(self.traced(command, span))
                 return
             except Exception as exc:
                 if isinstance(exc, Abandoned):
@@ -595,10 +482,20 @@ class CommandProcessor:
         topic: str,
         handler: HandlerSpec,
         model: BaseModel,
-        first_attempt: int = 1,
+        failure: Exception | None = None,
     ) -> None:
+        """The handler's attempts. ``failure``: attempt 1 already raised (in a batch, which
+        counted it), so this starts at attempt 2, after its backoff."""
         attempts = self.settings.participant.handler_attempts
-        for attempt in range(min(first_attempt, attempts), attempts + 1):
+        first = 1
+        if failure is not None:
+            first = 2
+            failed = HandlerFailed(failure)
+            if attempts < 2:
+                await self._give_up(command, topic, failed, attempts)
+                return
+            await self._retry_later(command, failed, 1, attempts)
+        for attempt in range(first, attempts + 1):
             try:
                 outgoing, duplicate, rejected = await self._transact(
                     command, topic, handler=handler, model=model, attempt=attempt
@@ -606,38 +503,48 @@ class CommandProcessor:
             except HandlerFailed as failed:
                 self.stats["handler_errors"] += 1
                 if attempt < attempts:
-                    delay = backoff_delay(attempt, *self._backoff)
-                    log.warning(
-                        "participant %s: %s %s attempt %d/%d failed (%s); retrying in %.2fs",
-                        self.name,
-                        command.subject,
-                        command.command_id,
-                        attempt,
-                        attempts,
-                        failed,
-                        delay,
-                    )
-                    await self.pause(delay)
+                    await self._retry_later(command, failed, attempt, attempts)
                     continue
-                log.error(
-                    "participant %s: %s %s failed %d times; replying retryable",
-                    self.name,
-                    command.subject,
-                    command.command_id,
-                    attempts,
-                    exc_info=failed.cause,
-                )
-                # Recorded like any answer, in a transaction of its own (the failed one
-                # rolled back): the engine abandons this command id for a new one, so a
-                # copy of it processed later must not apply anything (PROTOCOL.md 7.3).
-                reply = ReplyBody(outcome="retryable", error=storable_copy(str(failed)[:2000]))
-                await self._answer(command, topic, reply, counter="retryable")
+                await self._give_up(command, topic, failed, attempts)
                 return
             self.stats["duplicates" if duplicate else "processed"] += 1
             if rejected and not duplicate:
                 self.stats["rejected"] += 1
             await self._deliver(outgoing)
             return
+
+    async def _retry_later(
+        self, command: Envelope, failed: HandlerFailed, attempt: int, attempts: int
+    ) -> None:
+        delay = backoff_delay(attempt, *self._backoff)
+        log.warning(
+            "participant %s: %s %s attempt %d/%d failed (%s); retrying in %.2fs",
+            self.name,
+            command.subject,
+            command.command_id,
+            attempt,
+            attempts,
+            failed,
+            delay,
+        )
+        await self.pause(delay)
+
+    async def _give_up(
+        self, command: Envelope, topic: str, failed: HandlerFailed, attempts: int
+    ) -> None:
+        log.error(
+            "participant %s: %s %s failed %d times; replying retryable",
+            self.name,
+            command.subject,
+            command.command_id,
+            attempts,
+            exc_info=failed.cause,
+        )
+        # Recorded like any answer, in a transaction of its own (the failed one rolled
+        # back): the engine abandons this command id for a new one, so a copy of it
+        # processed later must not apply anything (PROTOCOL.md 7.3).
+        reply = ReplyBody(outcome="retryable", error=storable_copy(str(failed)[:2000]))
+        await self._answer(command, topic, reply, counter="retryable")
 
     async def _transact(
         self,

@@ -40,20 +40,22 @@ from pydantic import BaseModel, ValidationError
 from saga_engine._errors import UnstorableValue
 from saga_engine._kafka import ensure_topics
 from saga_engine._participant import (
-    MARK_PUBLISHED,
-    TOMBSTONE,
-    TOMBSTONE_REPLY,
     Abandoned,
     CommandProcessor,
-    Connection,
     HandlerSpec,
-    Outgoing,
     Rejected,
     Transaction,
     backoff_delay,
-    check_size,
     is_transient,
     json_payload,
+)
+from saga_engine._participant_sql import (
+    MARK_PUBLISHED,
+    TOMBSTONE,
+    TOMBSTONE_REPLY,
+    Connection,
+    Outgoing,
+    check_size,
     reply_record,
 )
 from saga_engine._serde import check_storable, storable_copy, unstorable
@@ -77,8 +79,6 @@ STORED_REPLIES: Final = """
 SELECT command_id, reply::text AS reply FROM saga_processed_commands
 WHERE command_id = ANY($1::text[])
 """
-
-UNCLAIM: Final = "DELETE FROM saga_processed_commands WHERE command_id = ANY($1::text[])"
 
 RECORD_OUTCOMES: Final = """
 UPDATE saga_processed_commands AS p
@@ -111,10 +111,9 @@ class Item:
     #: A reply decided without the handler (no handler, an invalid body), and its counter.
     fixed: ReplyBody | None = None
     counter: str = ""
-    #: Handled on its own: its handler asks for another isolation level.
+    #: Handled on its own: its handler asks for another isolation level, or reading it
+    #: failed in a way the single path knows how to handle.
     solo: bool = False
-    #: Its handler raised in this batch: retried on its own after it, from attempt 2.
-    failed: bool = False
     #: Its handler refused in a pass that was rolled back: the refusal is recorded
     #: without running the handler again.
     refused: Rejected | None = None
@@ -128,6 +127,15 @@ class Item:
 
     def command_id_in(self, ids: set[str]) -> bool:
         return self.command is not None and self.command.command_id in ids
+
+
+class _Failed(Exception):
+    """A handler raised (not a refusal): the pass is rolled back and the batch split."""
+
+    def __init__(self, item: Item, cause: Exception) -> None:
+        self.item = item
+        self.cause = cause
+        super().__init__(str(cause))
 
 
 class _Refused(Exception):
@@ -171,13 +179,25 @@ class BatchRunner:
                 await p._dead_letter(item.record, poison.reason.value, poison.detail)
                 item.done = True
                 continue
+            except Exception:
+                item.solo = True  # the single path retries an outage, dead-letters a bug
+                todo.append(item)
+                continue
             item.command = command
-            item.topic = command.reply_to or p.topics.inbox
-            if item.topic not in p._reply_topics:
-                # As in the single path: the outbox only holds records that can be sent.
-                await ensure_topics(p.settings.kafka, [item.topic])
-                p._reply_topics.add(item.topic)
-            await self._classify(item, command)
+            try:
+                item.topic = command.reply_to or p.topics.inbox
+                if item.topic not in p._reply_topics:
+                    # As in the single path: the outbox only holds records that can be sent.
+                    await ensure_topics(p.settings.kafka, [item.topic])
+                    p._reply_topics.add(item.topic)
+                await self._classify(item, command)
+            except Abandoned:
+                raise
+            except Exception:
+                # Kafka away while creating a reply topic, a model validator raising
+                # something other than ValidationError: the single path knows both.
+                item.handler, item.model, item.fixed = None, None, None
+                item.solo = True
             todo.append(item)
         return todo
 
@@ -222,12 +242,18 @@ class BatchRunner:
     # ------------------------------------------------------------------ one transaction
 
     async def _group(self, group: list[Item]) -> None:
-        """Answers a run of batchable items: one transaction, then one publish wait."""
+        """Answers a run of batchable items: one transaction, then one publish wait.
+
+        A handler that raises splits the run where it stands: what comes before it is
+        answered as a batch, it is retried on its own (as the single path would), and
+        what comes after it forms the next batch, so record order holds (a compensation
+        after it in the batch must find it answered, or tombstone it, not overtake it).
+        """
         p = self._p
         failures = 0
         savepoints = False
         while True:
-            _reset(group, fresh=not savepoints)
+            _reset(group)
             try:
                 async with p._pool.acquire() as conn:
                     await self._transact(conn, group, savepoints=savepoints)
@@ -235,6 +261,15 @@ class BatchRunner:
             except _Refused:
                 savepoints = True
                 p.stats["batch_replays"] += 1
+            except _Failed as failed:
+                p.stats["batch_replays"] += 1
+                index = group.index(failed.item)
+                if index:
+                    await self._group(group[:index])
+                await self._solo(failed.item, failure=failed.cause)
+                if index + 1 < len(group):
+                    await self._group(group[index + 1 :])
+                return
             except Exception as exc:
                 if not is_transient(exc):
                     # A statement of the batch failed for a reason no record can be
@@ -247,13 +282,14 @@ class BatchRunner:
                         exc,
                     )
                     p.stats["batch_fallbacks"] += 1
-                    _reset(group, fresh=True)
+                    _reset(group)
                     for item in group:
-                        await p.handle(item.record)
-                        item.done = True
+                        await self._solo(item)
                     return
                 failures += 1
                 savepoints = False
+                for item in group:
+                    item.refused = None  # a pass cut short by an outage proved nothing
                 delay = backoff_delay(failures, 0.1, 5.0)
                 log.warning("transient failure (%r); retrying the batch in %.2fs", exc, delay)
                 await p.pause(delay)
@@ -273,21 +309,19 @@ class BatchRunner:
             self._count(item)
         await self._publish(answered)
         for item in group:
-            if item.same_as is not None and item.outgoing is None:
-                # A copy of a command whose handler raised: answered after its retry.
-                await p.handle(item.record)
-            elif item.failed:
-                await self._solo(item, first_attempt=2)
             item.done = True
 
     async def _transact(self, conn: Connection, group: list[Item], *, savepoints: bool) -> None:
         p = self._p
-        async with conn.transaction():
+        # READ COMMITTED explicitly, whatever the server's default: the claim's reasoning
+        # (a concurrent duplicate waits on the primary key, then sees the conflict) is
+        # READ COMMITTED's, as in the single path.
+        async with conn.transaction(isolation="read_committed"):
             if self._p.unmarked:
                 await conn.execute(MARK_PUBLISHED, self._p.unmarked)
                 p.stats["mark_published_statements"] += 1
             firsts = self._dedupe(group)
-            claimable = [i for i in _claimable(firsts) if not i.failed]
+            claimable = _claimable(firsts)
             claimed: set[str] = set()
             if claimable:
                 rows = await conn.fetch(
@@ -308,7 +342,6 @@ class BatchRunner:
                     await conn.execute(
                         TOMBSTONE, forward_ids, command.saga_id, command.step, TOMBSTONE_REPLY
                     )
-            firsts = [i for i in firsts if not i.failed]
             stored_ids = [_cmd(i).command_id for i in firsts if not i.command_id_in(claimed)]
             stored: dict[str, str] = {}
             if stored_ids:
@@ -329,12 +362,7 @@ class BatchRunner:
                     item.outgoing = p._fitted(command, _refusal(item.refused), item.topic)
                 else:
                     await self._run_handler(conn, item, savepoints=savepoints)
-            unclaim = [_cmd(i).command_id for i in firsts if i.failed]
-            if unclaim:
-                # Handlers that raised: nothing of theirs is recorded, the claim included,
-                # so their own retry starts from scratch.
-                await conn.execute(UNCLAIM, unclaim)
-            answered = [i for i in firsts if i.outgoing is not None and not i.failed]
+            answered = [i for i in firsts if i.outgoing is not None]
             fresh = [i for i in answered if not i.duplicate]
             if fresh:
                 await conn.execute(
@@ -382,7 +410,7 @@ class BatchRunner:
                     raise _Refused from refusal
                 except Exception as exc:
                     self._failed(item, exc)
-                    raise _Refused from exc
+                    raise _Failed(item, exc) from exc
                 return
             try:
                 try:
@@ -393,14 +421,12 @@ class BatchRunner:
                     item.outgoing = p._fitted(traced, _refusal(refusal), item.topic)
             except Exception as exc:
                 self._failed(item, exc)
+                raise _Failed(item, exc) from exc
 
     def _failed(self, item: Item, exc: Exception) -> None:
-        """A handler raised: its savepoint (or the pass) rolled back, and it is retried
-        on its own once the batch is committed."""
+        """A handler raised: the pass rolls back and the batch is split around it."""
         p = self._p
         p.stats["handler_errors"] += 1
-        item.failed = True
-        item.outgoing = None
         log.warning(
             "participant %s: %s %s failed in a batch (%r); retrying it on its own",
             p.name,
@@ -479,14 +505,16 @@ class BatchRunner:
         elif item.rejected:
             stats["rejected"] += 1
 
-    async def _solo(self, item: Item, *, first_attempt: int = 1) -> None:
-        """The single-command path, for one item."""
+    async def _solo(self, item: Item, *, failure: Exception | None = None) -> None:
+        """The single-command path, for one item (``failure``: its handler's first
+        attempt, which failed in a batch)."""
         p = self._p
-        command = _cmd(item)
-        if item.handler is not None and item.model is not None:
-            await p.apply_alone(
-                item.record, command, item.topic, item.handler, item.model, first_attempt
-            )
+        command = item.command
+        if command is not None and item.handler is not None and item.model is not None:
+            await p.apply_alone(item.record, command, item.topic, item.handler, item.model, failure)
+        elif command is not None and item.fixed is not None:
+            # Already dead-lettered where that applies: only the answer is left to give.
+            await p.answer_alone(item.record, command, item.topic, item.fixed, item.counter)
         else:
             await p.handle(item.record)
         item.done = True
@@ -516,16 +544,13 @@ def _out(item: Item) -> Outgoing:
     return item.outgoing
 
 
-def _reset(group: list[Item], *, fresh: bool) -> None:
-    """Clears what a rolled-back pass decided; ``fresh`` also forgets its handlers'
-    refusals and failures (a pass that failed for an outage proved nothing about them)."""
+def _reset(group: list[Item]) -> None:
+    """Clears what a rolled-back pass decided (a refusal it heard is kept: the refusing
+    handler does not run again)."""
     for item in group:
         item.outgoing = None
         item.duplicate = item.rejected = False
         item.same_as = None
-        if fresh:
-            item.failed = False
-            item.refused = None
 
 
 def _refusal(refusal: Rejected) -> ReplyBody:

@@ -73,8 +73,6 @@ from saga_engine._errors import DefinitionError
 from saga_engine._kafka import KafkaUnavailable, ensure_topics, make_producer
 from saga_engine._migrations import PARTICIPANT_MIGRATIONS, migrate
 from saga_engine._participant import (
-    MARK_PUBLISHED,
-    RELAY_BATCH,
     CommandProcessor,
     CrashHook,
     CrashPoint,
@@ -86,9 +84,9 @@ from saga_engine._participant import (
     Transaction,
     is_transient,
     log,
-    publish,
 )
 from saga_engine._participant_batch import BatchRunner
+from saga_engine._participant_sql import MARK_PUBLISHED, RELAY_BATCH, publish
 from saga_engine._telemetry import Telemetry, default_telemetry, detach_from_trace
 from saga_engine._topics import Topics
 from saga_engine._wire import Headers
