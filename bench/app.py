@@ -46,6 +46,13 @@ from saga_engine.store import GroupCommitConfig, PostgresEventStore, migrate
 from saga_engine.worker import SagaWorker
 
 PARTICIPANTS = ("alpha", "beta", "gamma")
+
+
+def _uvloop() -> bool | None:
+    """``BENCH_UVLOOP=0`` runs the process on asyncio's own loop (to measure uvloop)."""
+    return False if os.environ.get("BENCH_UVLOOP") == "0" else None
+
+
 SAGA_NAME = "bench-transfer"
 
 
@@ -283,10 +290,10 @@ def main(argv: list[str]) -> int:
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     count_kafka_requests()
     if argv == ["engine"]:
-        run(run_engine())
+        run(run_engine(), uvloop=_uvloop())
         return 0
     if len(argv) == 2 and argv[0] == "participant" and argv[1] in PARTICIPANTS:
-        run(run_participant(argv[1]))
+        run(run_participant(argv[1]), uvloop=_uvloop())
         return 0
     print(
         f"usage: python -m bench.app engine | participant {{{','.join(PARTICIPANTS)}}}",

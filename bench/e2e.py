@@ -424,6 +424,7 @@ class RunConfig:
     partitions: int
     fetch_max_wait_ms: int
     group_commit: bool
+    uvloop: bool
     drain_timeout_s: float
     start_timeout_s: float
     poll_s: float
@@ -513,6 +514,7 @@ class PipelineRun:
                 "SAGA_ADMIN__PORT": "0",
                 "BENCH_STATE_DIR": str(self.dir),
                 "BENCH_GROUP_COMMIT": "1" if self.cfg.group_commit else "0",
+                "BENCH_UVLOOP": "1" if self.cfg.uvloop else "0",
                 **extra,
             }
         )
@@ -1207,6 +1209,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--no-group-commit", action="store_true", help="engine writes one op per txn")
     ap.add_argument(
+        "--no-uvloop", action="store_true", help="engine pipeline on asyncio's own event loop"
+    )
+    ap.add_argument(
         "--peer-concurrency",
         type=int,
         nargs="*",
@@ -1399,6 +1404,7 @@ async def bench(args: argparse.Namespace, res: Resources, procs: Processes, logs
                 partitions=args.partitions,
                 fetch_max_wait_ms=args.fetch_max_wait_ms,
                 group_commit=not args.no_group_commit,
+                uvloop=not args.no_uvloop,
                 drain_timeout_s=args.drain_timeout,
                 start_timeout_s=args.start_timeout,
                 poll_s=args.poll_ms / 1000,
@@ -1448,6 +1454,7 @@ async def bench(args: argparse.Namespace, res: Resources, procs: Processes, logs
             "fetch_max_wait_ms": args.fetch_max_wait_ms,
             "partitions": args.partitions,
             "group_commit": not args.no_group_commit,
+            "uvloop": not args.no_uvloop,
             "warmup_sagas": args.warmup,
             "probe_sagas": args.probe,
             "poll_ms": args.poll_ms,
