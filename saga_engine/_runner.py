@@ -3,9 +3,9 @@
 It also tunes the garbage collector for a long-running service (see ``run``).
 
 uvloop (the ``saga-engine[fast]`` extra) is a drop-in asyncio event loop on libuv. On the
-end-to-end benchmark it gave about 1.1-1.2x the throughput for 0.9x the CPU per saga
-(bench/README.md), so the worker, ``saga worker`` and participant services use it when
-it is there, and plain asyncio when it is not.
+end-to-end benchmark, paired runs gave 1.0-1.3x the throughput for 0.85-0.95x the CPU
+per saga (bench/README.md), so the worker, ``saga worker`` and participant services use
+it when it is there, and plain asyncio when it is not.
 """
 
 from __future__ import annotations
