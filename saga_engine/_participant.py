@@ -283,10 +283,15 @@ class CommandProcessor:
         transient failures (Postgres or Kafka away) until it succeeds or the participant
         stops (Abandoned); dead-letters a record whose processing fails for any other
         reason, so that a bug or a broken schema never stalls the partition."""
+        await self._retrying(record, lambda: self._process(record))
+
+    async def _retrying(self, record: Any, attempt: Callable[[], Awaitable[None]]) -> None:
+        """Runs ``attempt`` until it succeeds: an outage is retried with backoff (until the
+        participant stops: Abandoned), anything else dead-letters the record."""
         failures = 0
         while True:
             try:
-                await self._process(record)
+                await attempt()
                 return
             except Exception as exc:
                 if isinstance(exc, Abandoned):
@@ -374,24 +379,13 @@ class CommandProcessor:
         )
 
     async def _alone(self, record: Any, work: Callable[[Envelope], Awaitable[None]]) -> None:
-        failures = 0
         command = self._read(record)
-        while True:
-            try:
-                with self.command_span(record, command) as span:
-                    await work(self.traced(command, span))
-                return
-            except Exception as exc:
-                if isinstance(exc, Abandoned):
-                    raise
-                if not is_transient(exc):
-                    log.exception("participant %s: cannot process a record", self.name)
-                    await self._dead_letter(record, ENGINE_ERROR, f"{type(exc).__name__}: {exc}")
-                    return
-                failures += 1
-                delay = backoff_delay(failures, 0.1, 5.0)
-                log.warning("transient failure (%r); retrying in %.2fs", exc, delay)
-                await self.pause(delay)
+
+        async def attempt() -> None:
+            with self.command_span(record, command) as span:
+                await work(self.traced(command, span))
+
+        await self._retrying(record, attempt)
 
     async def _handle_command(self, record: Any, command: Envelope) -> None:
         topic = command.reply_to or self.topics.inbox
