@@ -45,9 +45,10 @@ model's class name):
 - **Batches.** What one fetch returns (every partition, up to 500 records) is one unit:
   one transaction on one connection for all of its commands (each handler still sees
   one command and one ``Transaction``), the replies sent together, one offset commit.
-  A refusal or a crash in one handler rolls the batch back and runs it again with a
-  savepoint per command, the refusal as given and the crashed one retried on its own;
-  its neighbours therefore run twice (their first writes rolled back). Records of one
+  A refusal in one handler rolls the batch back and runs it again with a savepoint per
+  command, the refusal as given; a handler that raises splits the batch around it and
+  is retried on its own. Either way its neighbours may run twice (their first writes
+  rolled back). Records of one
   partition (one saga's commands) are processed in order.
 """
 
