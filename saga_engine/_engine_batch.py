@@ -132,7 +132,7 @@ class BatchApplier:
     def _forget(self, work: _Work) -> None:
         engine = self._e
         if work.new and work.live is not None and engine._live.get(work.saga_id) is not work.live:
-            work.live.runtime.close()
+            work.live.runtime.close()  # never registered: nothing else refers to it
         elif work.saga_id in engine._live:
             engine._evict(work.saga_id)
 
@@ -207,12 +207,9 @@ class BatchApplier:
 
     def _give_up(self, work: _Work, result: BatchResult, *, reload: bool = False) -> None:
         """Hands the saga's inputs back for the single path."""
-        engine = self._e
         work.failed = True
-        if work.new and work.live is not None and engine._live.get(work.saga_id) is not work.live:
-            work.live.runtime.close()  # never registered: nothing else refers to it
-        elif work.mutated:
-            engine._evict(work.saga_id)
+        if work.mutated:
+            self._forget(work)  # the copy in memory is ahead of the store
         result.redo.extend(work.inputs)
         if reload:
             result.reload.add(work.saga_id)

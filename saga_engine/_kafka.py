@@ -95,15 +95,9 @@ SEND_TIMEOUT_S = 30.0
 
 async def send(producer: AIOKafkaProducer, topic: str, envelope: Envelope) -> None:
     """Publishes ``envelope`` and waits for the broker's acknowledgement."""
-    delivery = await start_send(producer, topic, envelope)
-    try:
-        # asyncio.timeout, not wait_for: no task per record.
-        async with asyncio.timeout(SEND_TIMEOUT_S):
-            await delivery
-    except TimeoutError as exc:
-        raise KafkaUnavailable(f"could not publish to {topic} within {SEND_TIMEOUT_S}s") from exc
-    except KafkaError as exc:
-        raise KafkaUnavailable(f"could not publish to {topic}: {exc!r}") from exc
+    [error] = await delivered([await start_send(producer, topic, envelope)])
+    if error is not None:
+        raise error
 
 
 async def start_send(
@@ -112,6 +106,13 @@ async def start_send(
     """Hands ``envelope`` to the producer and returns the future of its acknowledgement,
     so that many records can be sent and then awaited together."""
     key, value, headers = encode(envelope)
+    return await start_record(producer, topic, key, value, headers)
+
+
+async def start_record(
+    producer: AIOKafkaProducer, topic: str, key: bytes, value: bytes, headers: Headers
+) -> asyncio.Future[Any]:
+    """``start_send`` for a record already encoded."""
     # aiokafka does not refuse a send on a stopped producer; it would wait for metadata
     # that never comes. Fail fast instead, as the in-memory bus does.
     if getattr(producer, "_closed", False):
@@ -133,6 +134,7 @@ async def delivered(deliveries: Sequence[Awaitable[Any]]) -> list[BaseException 
     if not deliveries:
         return []
     try:
+        # asyncio.timeout, not wait_for: no task per wait.
         async with asyncio.timeout(SEND_TIMEOUT_S):
             results = await asyncio.gather(*deliveries, return_exceptions=True)
     except TimeoutError:

@@ -38,7 +38,7 @@ from aiokafka import TopicPartition
 from pydantic import BaseModel, ValidationError
 
 from saga_engine._errors import UnstorableValue
-from saga_engine._kafka import ensure_topics
+from saga_engine._kafka import delivered, ensure_topics, start_record
 from saga_engine._participant import (
     Abandoned,
     CommandProcessor,
@@ -480,16 +480,15 @@ class BatchRunner:
             out = _out(item)
             try:
                 futures.append(
-                    await p._producer.send(out.topic, out.value, key=out.key, headers=out.headers)
+                    await start_record(p._producer, out.topic, out.key, out.value, out.headers)
                 )
                 sent.append(item)
             except Exception as exc:
                 log.warning("reply %s not published (%r); the relay will", out.command_id, exc)
-        results = await asyncio.gather(*futures, return_exceptions=True)
-        for item, result in zip(sent, results, strict=True):
+        for item, error in zip(sent, await delivered(futures), strict=True):
             out = _out(item)
-            if isinstance(result, BaseException):
-                log.warning("reply %s not published (%r); the relay will", out.command_id, result)
+            if error is not None:
+                log.warning("reply %s not published (%r); the relay will", out.command_id, error)
             elif out.row_id is not None:
                 self._p.unmarked.append(out.row_id)
         p._checkpoint("after_publish")

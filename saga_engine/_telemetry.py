@@ -276,18 +276,28 @@ class Telemetry:
         made current for the duration of the block."""
         started = time.perf_counter()
         outcome = "error"
-        if not self.records:
-            # No SDK: no span to make, and the reply carries the command's own context
-            # (carrier_of(INVALID_SPAN) is empty). Only the duration is measured.
-            try:
+        try:
+            if not self.records:
+                # No SDK: no span to make, and the reply carries the command's own context
+                # (carrier_of(INVALID_SPAN) is empty). Only the duration is measured.
                 yield INVALID_SPAN
-                outcome = "done"
-            finally:
-                self.handle_duration.record(
-                    time.perf_counter() - started,
-                    {"command.type": command_type, "outcome": outcome},
-                )
-            return
+            else:
+                with self._handle_span(command_type, trace_context, attributes) as span:
+                    yield span
+            outcome = "done"
+        finally:
+            self.handle_duration.record(
+                time.perf_counter() - started,
+                {"command.type": command_type, "outcome": outcome},
+            )
+
+    @contextmanager
+    def _handle_span(
+        self,
+        command_type: str,
+        trace_context: Mapping[str, str],
+        attributes: Mapping[str, Any],
+    ) -> Iterator[Span]:
         # The command's context becomes the whole current context (not merged into the
         # consumer loop's, whose suppression of query spans must not reach the handler).
         token = otel_context.attach(extract(trace_context))
@@ -298,14 +308,7 @@ class Telemetry:
                 attributes={k: v for k, v in attributes.items() if v is not None},
                 record_exception=True,
             ) as span:
-                try:
-                    yield span
-                    outcome = "done"
-                finally:
-                    self.handle_duration.record(
-                        time.perf_counter() - started,
-                        {"command.type": command_type, "outcome": outcome},
-                    )
+                yield span
         finally:
             otel_context.detach(token)
 

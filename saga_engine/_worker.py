@@ -84,18 +84,18 @@ class _LazyTopicSender:
         self._ready: set[str] = set()
 
     async def send_command(self, command: OutboundCommand) -> None:
-        topic = self._topics.commands(command.participant)
-        if topic not in self._ready:
-            await ensure_topics(self._settings.kafka, [topic])
-            self._ready.add(topic)
+        await self._ensure_topic(command)
         await self._inner.send_command(command)
 
     async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
+        await self._ensure_topic(command)
+        return await self._inner.start_command(command)
+
+    async def _ensure_topic(self, command: OutboundCommand) -> None:
         topic = self._topics.commands(command.participant)
         if topic not in self._ready:
             await ensure_topics(self._settings.kafka, [topic])
             self._ready.add(topic)
-        return await self._inner.start_command(command)
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -319,7 +319,7 @@ class SagaWorker:
         assert self.engine is not None
         engine = self.engine
         fast: list[BatchInput] = []
-        slow: list[tuple[TopicPartition, Any]] = []
+        slow: list[tuple[TopicPartition, Any, Envelope]] = []
         # A saga with any input other than a start or a reply takes the single path for
         # all of its records in this batch, so they keep their partition order.
         slow_sagas: set[str] = set()
@@ -341,9 +341,9 @@ class SagaWorker:
             item = None if envelope.saga_id in slow_sagas else self._batch_input(engine, envelope)
             if item is None:
                 slow_sagas.add(envelope.saga_id)
-                slow.append((tp, record))
+                slow.append((tp, record, envelope))
             else:
-                item.key = (tp, record)
+                item.key = (tp, record, envelope)
                 fast.append(item)
         if slow_sagas:
             # Handed back to the single path whole, with the records of the same saga
@@ -355,7 +355,7 @@ class SagaWorker:
         loop = asyncio.get_running_loop()
         # Tasks are created in record order and take the saga's lock before their first
         # await, so one saga's messages are applied in partition order.
-        tasks = [loop.create_task(self._handle(tp, record)) for tp, record in slow]
+        tasks = [loop.create_task(self._handle(tp, record, env)) for tp, record, env in slow]
         if fast:
             result = await engine.apply_batch(fast)
             if result.redo or result.reload:
@@ -413,8 +413,7 @@ class SagaWorker:
                     await asyncio.sleep(delay * (0.5 + random.random() / 2))
                     delay = min(delay * 2, 5.0)
         for item in redo:
-            tp, record = item.key
-            await self._handle(tp, record)
+            await self._handle(*item.key)
 
     async def _commit_pending(self) -> None:
         if not self._pending_offsets or self._consumer is None:
@@ -430,12 +429,15 @@ class SagaWorker:
             # engine's deduplication makes the replayed messages harmless.
             log.warning("offset commit failed (%r); the next owner re-reads these", exc)
 
-    async def _handle(self, tp: TopicPartition, record: Any) -> None:
+    async def _handle(
+        self, tp: TopicPartition, record: Any, envelope: Envelope | None = None
+    ) -> None:
+        """Applies one record (``envelope``: already decoded from it)."""
         delay = 0.05
         conflicts = 0
         while True:
             try:
-                await self._apply(record)
+                await self._apply(record, envelope)
                 return
             except PoisonMessage as exc:
                 await self._dead_letter(record, exc.reason.value, exc.detail)
@@ -477,10 +479,11 @@ class SagaWorker:
             max_bytes=self.settings.kafka.max_message_bytes,
         )
 
-    async def _apply(self, record: Any) -> None:
+    async def _apply(self, record: Any, envelope: Envelope | None = None) -> None:
         assert self.engine is not None
         engine = self.engine
-        envelope = self._decode(record)
+        if envelope is None:
+            envelope = self._decode(record)
         try:
             await self._route(engine, envelope)
         except SagaNotFound as exc:

@@ -48,8 +48,7 @@ model's class name):
   A refusal in one handler rolls the batch back and runs it again with a savepoint per
   command, the refusal as given; a handler that raises splits the batch around it and
   is retried on its own. Either way its neighbours may run twice (their first writes
-  rolled back). Records of one
-  partition (one saga's commands) are processed in order.
+  rolled back). Records of one partition (one saga's commands) are processed in order.
 """
 
 from __future__ import annotations

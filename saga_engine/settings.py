@@ -51,6 +51,7 @@ class ParticipantSettings(BaseModel):
 
     dsn: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:54329/saga")
     db_schema: str = Field(default="saga_participant", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+    #: Connections to that database: a batch holds one, the outbox relay another.
     pool_max_size: int = Field(default=5, ge=1)
     #: Attempts at a handler that raises an unexpected exception before replying
     #: "retryable" (the transaction is rolled back each time, so nothing is applied).
