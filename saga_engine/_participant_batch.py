@@ -5,11 +5,11 @@ The participant's hot path. For the records one ``getmany`` returned (every part
 1. each record is read and checked without I/O (a poison record is dead-lettered; a
    command with no handler, an invalid or unstorable body gets a fixed failure reply);
 2. ONE transaction on ONE connection claims every command id (one statement), writes
-   the compensations' tombstones (one statement), runs every handler in record order,
-   records every outcome (one statement) and writes every reply to the outbox (one
-   statement); the outbox rows published by the previous batch are marked in it too;
+   the compensations' tombstones (one statement), runs every handler in record order
+   and records every outcome with its reply (one statement);
 3. after COMMIT, every reply is handed to the producer at once and the sends are
-   awaited together;
+   awaited together; only the replies that did not go out are written to the outbox,
+   for the relay (see ``_publish``: uncommitted offsets are the batch's outbox);
 4. the caller commits the batch's offsets once.
 
 A handler that refuses or raises must not undo its neighbours. The first pass runs the
@@ -87,14 +87,13 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS x(command_id, out
 WHERE p.command_id = x.command_id
 """
 
-# As INSERT_OUTBOX: created_at is the wall clock at the insert, so a long batch does not
-# make its rows look old to the relay.
+# The replies a batch could not publish, handed to the relay. created_at is the wall
+# clock at the insert: the relay's grace period counts from here.
 INSERT_OUTBOX_MANY: Final = """
 INSERT INTO saga_reply_outbox (command_id, saga_id, topic, key, headers, body, created_at)
 SELECT c, s, t, k, h::jsonb, b::jsonb, clock_timestamp()
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
     AS x(c, s, t, k, h, b)
-RETURNING id, command_id
 """
 
 
@@ -373,22 +372,6 @@ class BatchRunner:
                     [_out(i).value.decode() for i in fresh],
                     [_out(i).reply.error for i in fresh],
                 )
-            if answered:
-                rows = await conn.fetch(
-                    INSERT_OUTBOX_MANY,
-                    [_out(i).command_id for i in answered],
-                    [_out(i).saga_id for i in answered],
-                    [_out(i).topic for i in answered],
-                    [_out(i).key.decode() for i in answered],
-                    [
-                        orjson.dumps([[k, v.decode()] for k, v in _out(i).headers]).decode()
-                        for i in answered
-                    ],
-                    [_out(i).value.decode() for i in answered],
-                )
-                ids = {r["command_id"]: r["id"] for r in rows}
-                for item in answered:
-                    _out(item).row_id = ids.get(_out(item).command_id)
         # Committed: the marks went with it.
         self._p.unmarked = []
 
@@ -469,13 +452,22 @@ class BatchRunner:
     # ------------------------------------------------------------------ after COMMIT
 
     async def _publish(self, items: list[Item]) -> None:
-        """Hands every reply to the producer, then awaits them together. A reply that does
-        not go out stays unpublished in the outbox, for the relay."""
+        """Hands every reply to the producer, then awaits them together.
+
+        The batch writes no outbox row: until the offsets are committed, the commands are
+        the durable "reply owed". A crash before the commit makes Kafka deliver them
+        again, and their claims find the stored replies, which are sent again. Only a
+        reply that does not go out while the process lives is written to the outbox (its
+        offset is committed next, so redelivery would no longer cover it) for the relay
+        to send. That keeps two row writes per command (the insert, the published mark)
+        and the reply's second copy off the hot path.
+        """
         p = self._p
         if not items:
             return
         futures: list[asyncio.Future[Any]] = []
         sent: list[Item] = []
+        unsent: list[Item] = []
         for item in items:
             out = _out(item)
             try:
@@ -485,13 +477,46 @@ class BatchRunner:
                 sent.append(item)
             except Exception as exc:
                 log.warning("reply %s not published (%r); the relay will", out.command_id, exc)
+                unsent.append(item)
         for item, error in zip(sent, await delivered(futures), strict=True):
-            out = _out(item)
             if error is not None:
-                log.warning("reply %s not published (%r); the relay will", out.command_id, error)
-            elif out.row_id is not None:
-                self._p.unmarked.append(out.row_id)
+                log.warning(
+                    "reply %s not published (%r); the relay will", _out(item).command_id, error
+                )
+                unsent.append(item)
         p._checkpoint("after_publish")
+        if unsent:
+            await self._to_relay([_out(i) for i in unsent])
+
+    async def _to_relay(self, replies: list[Outgoing]) -> None:
+        """Writes replies that did not go out to the outbox, retrying an outage until it
+        lands or the participant stops (Abandoned: the offsets stay uncommitted, so the
+        commands come back and their stored replies are sent then)."""
+        p = self._p
+        failures = 0
+        while True:
+            try:
+                await p._pool.execute(
+                    INSERT_OUTBOX_MANY,
+                    [r.command_id for r in replies],
+                    [r.saga_id for r in replies],
+                    [r.topic for r in replies],
+                    [r.key.decode() for r in replies],
+                    [
+                        orjson.dumps([[k, v.decode()] for k, v in r.headers]).decode()
+                        for r in replies
+                    ],
+                    [r.value.decode() for r in replies],
+                )
+                p.stats["replies_to_relay"] += len(replies)
+                return
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                failures += 1
+                delay = backoff_delay(failures, 0.1, 5.0)
+                log.warning("outbox write failed (%r); retrying in %.2fs", exc, delay)
+                await p.pause(delay)
 
     def _count(self, item: Item) -> None:
         stats = self._p.stats

@@ -26,7 +26,7 @@ from datetime import timedelta
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.errors import KafkaError
 
 from saga_engine._crash import CrashHook
 from saga_engine._decision import DropReason, OutboundCommand, Reply
@@ -47,6 +47,7 @@ from saga_engine._http import HttpCaller, RoutingSender
 from saga_engine._kafka import (
     DeadLetters,
     KafkaCommandSender,
+    OffsetCommitter,
     ensure_topics,
     make_producer,
     send,
@@ -151,6 +152,7 @@ class SagaWorker:
         self._idle = asyncio.Event()
         self._idle.set()
         self._pending_offsets: dict[TopicPartition, int] = {}
+        self._committer: OffsetCommitter | None = None
         self.stats_dead_lettered = 0
         self.assigned_event = asyncio.Event()
 
@@ -225,6 +227,7 @@ class SagaWorker:
             fetch_max_bytes=max(52428800, 2 * kafka.max_message_bytes),
         )
         self._consumer.subscribe([self.topics.inbox], listener=_Rebalance(self))
+        self._committer = OffsetCommitter(self._consumer, lambda: self._owned)
         await self._consumer.start()
         self._running = True
         self._task = asyncio.get_running_loop().create_task(self._consume(), name="saga-inbox")
@@ -313,7 +316,9 @@ class SagaWorker:
             finally:
                 self._idle.set()
             self._checkpoint("before_offset_commit")
-            await self._commit_pending()
+            # The batch's events are durable: its offsets may go, in the background (the
+            # next fetch need not wait for the coordinator's answer).
+            self._submit_pending()
 
     async def _process(self, batch: dict[TopicPartition, list[Any]]) -> None:
         assert self.engine is not None
@@ -415,19 +420,18 @@ class SagaWorker:
         for item in redo:
             await self._handle(*item.key)
 
-    async def _commit_pending(self) -> None:
-        if not self._pending_offsets or self._consumer is None:
-            return
-        offsets = {tp: off for tp, off in self._pending_offsets.items() if tp in self._owned}
+    def _submit_pending(self) -> None:
+        if self._pending_offsets and self._committer is not None:
+            self._committer.submit(self._pending_offsets)
         self._pending_offsets = {}
-        if not offsets:
-            return
-        try:
-            await self._consumer.commit(offsets)
-        except (CommitFailedError, KafkaError) as exc:
-            # The group moved on: the new owner re-reads from the last commit, and the
-            # engine's deduplication makes the replayed messages harmless.
-            log.warning("offset commit failed (%r); the next owner re-reads these", exc)
+
+    async def _commit_pending(self) -> None:
+        """Commits every offset handed over so far (before giving partitions up, at
+        stop). A failed commit is logged: the next owner re-reads those records, and the
+        engine's deduplication makes them harmless."""
+        self._submit_pending()
+        if self._committer is not None:
+            await self._committer.flush()
 
     async def _handle(
         self, tp: TopicPartition, record: Any, envelope: Envelope | None = None

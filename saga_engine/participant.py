@@ -70,7 +70,7 @@ from aiokafka.errors import KafkaError
 from pydantic import BaseModel
 
 from saga_engine._errors import DefinitionError
-from saga_engine._kafka import KafkaUnavailable, ensure_topics, make_producer
+from saga_engine._kafka import KafkaUnavailable, OffsetCommitter, ensure_topics, make_producer
 from saga_engine._migrations import PARTICIPANT_MIGRATIONS, migrate
 from saga_engine._participant import (
     CommandProcessor,
@@ -194,6 +194,7 @@ class Participant:
         self._main: asyncio.Task[None] | None = None
         self._relay: asyncio.Task[None] | None = None
         self._batches: BatchRunner | None = None
+        self._committer: OffsetCommitter | None = None
         self._assigned: set[TopicPartition] = set()
         self._stopping = asyncio.Event()
         self._fatal: BaseException | None = None
@@ -369,6 +370,7 @@ class Participant:
             fetch_max_bytes=max(52_428_800, 2 * kafka.max_message_bytes),
         )
         self._consumer.subscribe([self.topics.commands(self.name)], listener=_Rebalance(self))
+        self._committer = OffsetCommitter(self._consumer, lambda: self._assigned)
         await self._consumer.start()
 
     async def _close(self, *, graceful: bool) -> None:
@@ -379,6 +381,10 @@ class Participant:
         if relay is not None:
             relay.cancel()
             await asyncio.wait({relay})
+        committer, self._committer = self._committer, None
+        if committer is not None:
+            # What it holds is answered for good, whether this stop is graceful or not.
+            await committer.flush()
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             await consumer.stop()
@@ -398,9 +404,10 @@ class Participant:
 
     async def _consume(self) -> None:
         detach_from_trace()  # each command's work runs in its own trace (its span)
-        consumer, runner = self._consumer, self._batches
+        consumer, runner, committer = self._consumer, self._batches, self._committer
         assert consumer is not None
         assert runner is not None
+        assert committer is not None
         delay = 0.1
         while not self._stopping.is_set():
             try:
@@ -426,7 +433,9 @@ class Participant:
             self._idle.clear()
             try:
                 offsets = await runner.run(records)
-                await self._commit(consumer, offsets)
+                # Only after the batch's transaction committed and its replies went out
+                # (or to the outbox): a record whose offset is committed is answered.
+                committer.submit(offsets)
             finally:
                 self._idle.set()
 
@@ -440,19 +449,6 @@ class Participant:
             log.error("participant %s: consuming failed", self.name, exc_info=exc)
         self._fatal = exc
         self._stopping.set()
-
-    async def _commit(self, consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]) -> None:
-        # Only after the batch's transaction committed and its replies were handed over:
-        # a record whose offset is committed is answered for good.
-        offsets = {tp: o for tp, o in offsets.items() if tp in self._assigned}
-        if not offsets:
-            return
-        try:
-            await consumer.commit(offsets)
-        except KafkaError as exc:
-            # Not ours any more (a rebalance), or the broker is away. The next owner
-            # re-reads from the last committed offset; those commands are deduplicated.
-            log.info("offset commit failed (%r); the next reader dedups", exc)
 
     async def _relay_loop(self) -> None:
         detach_from_trace()
@@ -519,6 +515,8 @@ class Participant:
             await asyncio.wait_for(self._idle.wait(), self._stop_timeout_s)
         except TimeoutError:
             log.warning("participant %s: a batch outlived the rebalance", self.name)
+        if self._committer is not None:
+            await self._committer.flush()
         self._assigned -= revoked
         if not revoked:
             return

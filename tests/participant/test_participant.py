@@ -17,7 +17,8 @@ import asyncpg
 import pytest
 from pydantic import SecretStr
 
-from saga_engine._kafka import ensure_topics
+from saga_engine import _participant_batch
+from saga_engine._kafka import KafkaUnavailable, ensure_topics
 from saga_engine._wire import Envelope, MessageType, ReplyBody, encode
 from saga_engine.participant import Participant
 from saga_engine.settings import KafkaSettings, ParticipantSettings, Settings
@@ -374,7 +375,9 @@ async def test_a_command_postgres_cannot_store_gets_a_failure_reply_saying_where
 # --------------------------------------------------------------------------- the outbox
 
 
-async def test_the_relay_publishes_a_reply_left_by_a_crash_after_commit(world: World) -> None:
+async def test_a_reply_left_by_a_crash_after_commit_is_sent_when_the_command_comes_again(
+    world: World,
+) -> None:
     def die_after_commit(point: str) -> None:
         if point == "after_commit":
             raise SimulatedCrash(point)
@@ -387,27 +390,58 @@ async def test_the_relay_publishes_a_reply_left_by_a_crash_after_commit(world: W
         await asyncio.wait_for(doomed.run(), timeout=20)
 
     # It died after COMMIT and before publishing: the effect and the reply are durable,
-    # nothing reached the inbox.
+    # nothing reached the inbox, and no outbox row was needed: the offset was not
+    # committed, so the uncommitted command itself is the reply still owed.
     assert await world.ledger() == [(cmd.command_id, 30)]
-    assert await world.unpublished() == 1
+    assert await world.unpublished() == 0
     assert world.bus.replies == []
 
     successor = await world.participant()
     replies = await world.bus.wait_replies(1)
 
-    assert successor.stats["outbox_relayed"] == 1
+    # The command comes again: it is a duplicate, and gets the stored reply without the
+    # handler running again.
+    await poll_until(lambda: _stat(successor, "duplicates", 1))
     assert body_of(replies[0]) == ReplyBody(
         outcome="success", payload={"reservation": f"r-{cmd.command_id}", "amount": 30}
     )
     assert replies[0].causation_id == cmd.id
-    # Its offset was never committed, so the command comes again: it is a duplicate, and
-    # gets the stored reply without the handler running again.
-    await poll_until(lambda: _stat(successor, "duplicates", 1))
-    replies = await world.bus.wait_replies(2)
-    assert body_of(replies[1]) == body_of(replies[0])
     assert world.effects.calls[cmd.command_id] == 1
     assert await world.ledger() == [(cmd.command_id, 30)]
+    assert successor.stats["outbox_relayed"] == 0
+
+
+async def test_the_relay_publishes_a_reply_that_could_not_be_sent(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Kafka refuses the first reply the batch path hands to the producer (the broker is
+    # real; only this one send is made to fail).
+    real_start = _participant_batch.start_record
+    refused: list[str] = []
+
+    async def refuse_once(producer: Any, topic: str, *args: Any) -> Any:
+        if not refused:
+            refused.append(topic)
+            raise KafkaUnavailable("injected: the reply could not be produced")
+        return await real_start(producer, topic, *args)
+
+    monkeypatch.setattr(_participant_batch, "start_record", refuse_once)
+    participant = await world.participant(relay_interval_s=0.05, relay_grace_s=0.2)
+    cmd = command("Reserve", {"amount": 12})
+    await world.bus.send(cmd)
+
+    # The reply that did not go out is handed to the outbox before the offset is
+    # committed, and the relay sends it.
+    replies = await world.bus.wait_replies(1)
+    assert refused == [world.bus.topics.inbox]
+    assert body_of(replies[0]) == ReplyBody(
+        outcome="success", payload={"reservation": f"r-{cmd.command_id}", "amount": 12}
+    )
+    assert participant.stats["replies_to_relay"] == 1
+    assert await poll_until(lambda: _stat(participant, "outbox_relayed", 1))
     assert await poll_until(world.all_published)
+    assert world.effects.calls[cmd.command_id] == 1
+    assert participant.stats["duplicates"] == 0
 
 
 async def _stat(participant: Participant, name: str, value: int) -> bool:
