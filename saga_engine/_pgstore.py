@@ -320,12 +320,19 @@ ON CONFLICT (saga_id) DO NOTHING
 RETURNING saga_id
 """
 
-# Locks the batch's rows in saga_id order before updating them (see _write_appends).
+# Locks the batch's rows in saga_id order before updating them (see _write_appends). The
+# caller sorts the ids; the LATERAL subquery refers to the outer row, so the only plan is
+# a nested loop that takes the ids in array order and locks each row through the primary
+# key as it goes: the lock order is the array's, and the cost stays one index probe per
+# id however large the table grows (a plain "= ANY ... ORDER BY" may scan and sort).
 _LOCK_SAGAS: Final = """
-SELECT saga_id, last_seq FROM sagas
-WHERE saga_id = ANY($1::text[])
-ORDER BY saga_id
-FOR NO KEY UPDATE
+SELECT s.saga_id, s.last_seq
+FROM unnest($1::text[]) AS u(saga_id)
+CROSS JOIN LATERAL (
+    SELECT saga_id, last_seq FROM sagas
+    WHERE saga_id = u.saga_id COLLATE "C"  -- the column's collation, so its key is used
+    FOR NO KEY UPDATE
+) AS s
 """
 
 # The optimistic-concurrency guard, for a whole batch in one statement. A row is updated
@@ -402,9 +409,20 @@ class PostgresEventStore:
                 min_size=settings.pool_min_size,
                 max_size=settings.pool_max_size,
                 command_timeout=settings.command_timeout_s,
-                # Unqualified table names resolve in the configured schema, as they did
-                # when the migrations created them.
-                server_settings={"search_path": settings.db_schema},
+                server_settings={
+                    # Unqualified table names resolve in the configured schema, as they
+                    # did when the migrations created them.
+                    "search_path": settings.db_schema,
+                    # A plan for each execution, from the table's size now. asyncpg
+                    # prepares every statement, and Postgres would otherwise settle on a
+                    # generic plan after five runs: one made while the tables were small
+                    # (a fresh deployment, right after start) is a sequential scan, and it
+                    # stays cached as the tables grow until autovacuum's next ANALYZE.
+                    # Measured under load: the batch's row-lock statement took 16 ms per
+                    # call that way, against well under 1 ms. Planning a batch statement
+                    # costs a few dozen microseconds.
+                    "plan_cache_mode": "force_custom_plan",
+                },
                 init=_init_connection,
             )
         try:

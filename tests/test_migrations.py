@@ -32,6 +32,7 @@ from tests.conftest import PgTarget
 PINNED = {
     1: "12bd630585402c6947d0c31bcc4f0501dac21a8c9953ae6c07fb9c978d764ee2",
     2: "be285e3e14a6051c8769902f72d392f6ad3a382597dc084acb9a755278f03f73",
+    3: "5f05a888287a283724b0bc366705c4b6015952195dfe7eb95ff51355c51efcdb",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant_migrations).
 PINNED_PARTICIPANT = {
@@ -262,7 +263,7 @@ async def test_0002_upgrades_a_schema_with_sagas_in_it(
         with pytest.raises(asyncpg.exceptions.CheckViolationError):
             await conn.execute(insert, "early", "step_stuck")
         monkeypatch.undo()
-        assert await migrate(pg.database_dsn, pg.schema) == [2]
+        assert await migrate(pg.database_dsn, pg.schema) == [2, 3]
         await conn.execute(insert, "new", "step_stuck")
         with pytest.raises(asyncpg.exceptions.CheckViolationError):
             await conn.execute(insert, "bogus", "stuck-ish")
@@ -273,6 +274,41 @@ async def test_0002_upgrades_a_schema_with_sagas_in_it(
         ("new", "step_stuck"),
         ("old", "running"),
     ]
+
+
+async def test_0003_drops_the_events_foreign_key_and_keeps_the_history(
+    pg: PgTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store at 0002 with a saga and its events takes 0003: the history stays, the
+    per-event foreign key check is gone, and the primary key still refuses a second event
+    at one position."""
+    upto2 = [m for m in shipped_migrations() if m.version <= 2]
+    monkeypatch.setattr(_migrations, "shipped_migrations", lambda: upto2)
+    assert await migrate(pg.database_dsn, pg.schema) == [1, 2]
+    fk = (
+        "SELECT count(*) FROM pg_constraint WHERE conrelid = 'saga_events'::regclass "
+        "AND contype = 'f'"
+    )
+    event = "INSERT INTO saga_events (saga_id, seq, kind, data) VALUES ($1, $2, 'k', '{}')"
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        await conn.execute(
+            "INSERT INTO sagas (saga_id, saga_type, status, last_seq, created_at, updated_at) "
+            "VALUES ('s', 't', 'running', 1, now(), now())"
+        )
+        await conn.execute(event, "s", 1)
+        assert await conn.fetchval(fk) == 1
+        with pytest.raises(asyncpg.exceptions.ForeignKeyViolationError):
+            await conn.execute(event, "nobody", 1)
+        monkeypatch.undo()
+        assert await migrate(pg.database_dsn, pg.schema) == [3]
+        assert await conn.fetchval(fk) == 0
+        with pytest.raises(asyncpg.exceptions.UniqueViolationError):
+            await conn.execute(event, "s", 1)
+        rows = await conn.fetch("SELECT saga_id, seq FROM saga_events")
+    finally:
+        await conn.close()
+    assert [(r["saga_id"], r["seq"]) for r in rows] == [("s", 1)]
 
 
 async def test_the_store_refuses_an_unmigrated_schema(pg: PgTarget) -> None:
