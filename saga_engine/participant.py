@@ -31,9 +31,11 @@ model's class name):
   ``settings.participant.handler_attempts``. Then the reply is ``retryable``: nothing was
   applied, and the answer is stored like the others, because the engine retries under a
   new command id and a late copy of this one must not apply anything.
-- **Replies are never lost.** A reply is written to ``saga_reply_outbox`` in the same
-  transaction, published after COMMIT, and re-published by a relay if the process died
-  in between. Kafka offsets are committed only after the transaction committed.
+- **Replies are never lost.** A reply is stored with the command id in the same
+  transaction and published after COMMIT; Kafka offsets are committed only after that.
+  If the process dies in between, the command comes again and gets the stored reply. A
+  reply that cannot be published while the process lives goes to ``saga_reply_outbox``
+  before its offset moves on, and a relay publishes it.
 - **Bad input flows on.** A record that cannot be read (malformed JSON, wrong schema
   version, missing headers, oversized) goes to the dead-letter topic. A command whose
   body does not validate against the handler's model is dead-lettered *and* answered
