@@ -9,6 +9,7 @@ delivery of inputs and status tracking.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import itertools
 import random
@@ -153,7 +154,7 @@ class SagaOperations:
     _step_names: set[str]
     _counters: dict[str, itertools.count[int]]
     _patches: dict[str, bool]
-    _rng: random.Random
+    _rng_state: random.Random | None
     _lifecycle: asyncio.Task[None] | None
     _user_task: asyncio.Task[Any] | None
     _cancel_reason: Literal["cancel", "deadline", "forced"] | None
@@ -420,6 +421,14 @@ class SagaOperations:
             found = True
         self._patches[patch_id] = found
         return found
+
+    @property
+    def _rng(self) -> random.Random:
+        # Seeded from the saga id on first use: most sagas never ask for randomness, and
+        # seeding costs more than the rest of a reply's bookkeeping.
+        if self._rng_state is None:
+            self._rng_state = random.Random(hashlib.sha256(self.saga_id.encode()).digest())
+        return self._rng_state
 
     def deterministic_uuid(self) -> uuid.UUID:
         return uuid.UUID(int=self._rng.getrandbits(128), version=4)

@@ -17,9 +17,7 @@ saga: the runtime stops, reports a :class:`NondeterminismError` and asks for a
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
-import random
 from collections import deque
 from datetime import datetime
 from typing import Any, Literal, NoReturn, TypeVar
@@ -157,7 +155,7 @@ class SagaRuntime(SagaOperations):
         self._step_names: set[str] = set()
         self._counters: dict[str, itertools.count[int]] = {}
         self._patches: dict[str, bool] = {}
-        self._rng = random.Random(hashlib.sha256(saga_id.encode()).digest())
+        self._rng_state = None  # see SagaOperations._rng
 
         self._lifecycle: asyncio.Task[None] | None = None
         self._user_task: asyncio.Task[Any] | None = None
