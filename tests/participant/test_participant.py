@@ -18,7 +18,7 @@ import pytest
 from pydantic import SecretStr
 
 from saga_engine import _participant_batch
-from saga_engine._kafka import KafkaUnavailable, ensure_topics
+from saga_engine._kafka import KafkaUnavailable, ensure_topics, start_record
 from saga_engine._wire import Envelope, MessageType, ReplyBody, encode
 from saga_engine.participant import Participant
 from saga_engine.settings import KafkaSettings, ParticipantSettings, Settings
@@ -416,7 +416,7 @@ async def test_the_relay_publishes_a_reply_that_could_not_be_sent(
 ) -> None:
     # Kafka refuses the first reply the batch path hands to the producer (the broker is
     # real; only this one send is made to fail).
-    real_start = _participant_batch.start_record
+    real_start = start_record
     refused: list[str] = []
 
     async def refuse_once(producer: Any, topic: str, *args: Any) -> Any:
