@@ -265,15 +265,20 @@ class OffsetCommitter:
     over for each partition still owned (``owned`` is asked at commit time), so a commit
     never moves a partition back. A failed commit is logged and dropped, as an awaited one
     would be: the next owner re-reads from the last commit, and readers deduplicate.
-    ``flush`` waits until everything handed over was committed or failed: before a
-    partition is given up, and at stop.
+    ``flush`` waits (bounded) until everything handed over was committed or failed:
+    before a partition is given up, and at stop.
     """
 
     def __init__(
-        self, consumer: AIOKafkaConsumer, owned: Callable[[], Container[TopicPartition]]
+        self,
+        consumer: AIOKafkaConsumer,
+        owned: Callable[[], Container[TopicPartition]],
+        *,
+        flush_limit_s: float,
     ) -> None:
         self._consumer = consumer
         self._owned = owned
+        self._flush_limit_s = flush_limit_s
         self._pending: dict[TopicPartition, int] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -285,8 +290,27 @@ class OffsetCommitter:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="offset-commit")
 
     async def flush(self) -> None:
-        while self._task is not None and not self._task.done():
-            await asyncio.wait({self._task})
+        """Waits until every offset handed over was committed or failed, at most
+        ``flush_limit_s``: with the coordinator away, aiokafka retries a commit until the
+        consumer stops, and the consumer is stopped only after this returns. What is left
+        then is dropped (``close``), as a crash would drop it."""
+        try:
+            async with asyncio.timeout(self._flush_limit_s):
+                while self._task is not None and not self._task.done():
+                    await asyncio.wait({self._task})
+        except TimeoutError:
+            log.warning(
+                "offset commits still pending after %.0fs; dropping them", self._flush_limit_s
+            )
+            await self.close()
+
+    async def close(self) -> None:
+        """Drops what is not committed yet (the next owner re-reads it) and stops."""
+        self._pending = {}
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task})
 
     async def _run(self) -> None:
         while self._pending:

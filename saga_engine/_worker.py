@@ -74,6 +74,10 @@ from saga_engine.triggers import KafkaTrigger
 
 log = logging.getLogger("saga_engine.worker")
 
+#: How long a revocation or a stop waits for offset commits in flight: with the group
+#: coordinator away aiokafka retries them until the consumer stops.
+_COMMIT_FLUSH_S = 10.0
+
 
 class _LazyTopicSender:
     """Creates a participant's command topic the first time a command goes to it."""
@@ -152,6 +156,8 @@ class SagaWorker:
         self._idle = asyncio.Event()
         self._idle.set()
         self._pending_offsets: dict[TopicPartition, int] = {}
+        #: A record of the batch in hand was given up (stopping, or no longer ours).
+        self._abandoned = False
         self._committer: OffsetCommitter | None = None
         self.stats_dead_lettered = 0
         self.assigned_event = asyncio.Event()
@@ -227,7 +233,9 @@ class SagaWorker:
             fetch_max_bytes=max(52428800, 2 * kafka.max_message_bytes),
         )
         self._consumer.subscribe([self.topics.inbox], listener=_Rebalance(self))
-        self._committer = OffsetCommitter(self._consumer, lambda: self._owned)
+        self._committer = OffsetCommitter(
+            self._consumer, lambda: self._owned, flush_limit_s=_COMMIT_FLUSH_S
+        )
         await self._consumer.start()
         self._running = True
         self._task = asyncio.get_running_loop().create_task(self._consume(), name="saga-inbox")
@@ -251,6 +259,8 @@ class SagaWorker:
             await self._trigger_consumer.stop()
         if self._consumer is not None:
             await self._commit_pending()
+            if self._committer is not None:
+                await self._committer.close()
             await self._consumer.stop()
         if self.engine is not None:
             await self.engine.close()
@@ -323,6 +333,11 @@ class SagaWorker:
     async def _process(self, batch: dict[TopicPartition, list[Any]]) -> None:
         assert self.engine is not None
         engine = self.engine
+        # The batch's offsets, registered for commit only once every record of it was
+        # applied or dead-lettered: a batch cut short by a stop (cancelled, or a record
+        # left unapplied in an outage) must be read again by the next owner.
+        offsets: dict[TopicPartition, int] = {}
+        self._abandoned = False
         fast: list[BatchInput] = []
         slow: list[tuple[TopicPartition, Any, Envelope]] = []
         # A saga with any input other than a start or a reply takes the single path for
@@ -332,7 +347,7 @@ class SagaWorker:
         for tp, records in batch.items():
             if tp not in self._owned:
                 continue
-            self._pending_offsets[tp] = records[-1].offset + 1
+            offsets[tp] = records[-1].offset + 1
             for record in records:
                 try:
                     envelope = self._decode(record)
@@ -367,6 +382,8 @@ class SagaWorker:
                 await self._redo(result.redo, result.reload)
         if tasks:
             await asyncio.gather(*tasks)
+        if not self._abandoned:
+            self._pending_offsets.update(offsets)
 
     def _batch_input(self, engine: Engine, env: Envelope) -> BatchInput | None:
         """A start or reply as the batch path takes it; None sends it down the single path
@@ -466,6 +483,10 @@ class SagaWorker:
                 delay = min(delay * 2, 5.0)
             except TransientError as exc:
                 if not self._running or tp not in self._owned:
+                    if not self._running:
+                        # Not applied: its batch's offsets must not be committed (the
+                        # offsets of a partition no longer ours are not committed anyway).
+                        self._abandoned = True
                     return
                 log.warning("transient failure (%s); retrying in %.2fs", exc, delay)
                 await asyncio.sleep(delay * (0.5 + random.random() / 2))

@@ -372,7 +372,9 @@ class Participant:
             fetch_max_bytes=max(52_428_800, 2 * kafka.max_message_bytes),
         )
         self._consumer.subscribe([self.topics.commands(self.name)], listener=_Rebalance(self))
-        self._committer = OffsetCommitter(self._consumer, lambda: self._assigned)
+        self._committer = OffsetCommitter(
+            self._consumer, lambda: self._assigned, flush_limit_s=self._stop_timeout_s
+        )
         await self._consumer.start()
 
     async def _close(self, *, graceful: bool) -> None:
@@ -385,8 +387,11 @@ class Participant:
             await asyncio.wait({relay})
         committer, self._committer = self._committer, None
         if committer is not None:
-            # What it holds is answered for good, whether this stop is graceful or not.
-            await committer.flush()
+            if graceful:
+                # What it holds is answered for good: commit it, within the stop timeout.
+                await committer.flush()
+            # After a crash point, drop it, as a killed process would.
+            await committer.close()
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             await consumer.stop()
@@ -512,7 +517,8 @@ class Participant:
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
         # Finish the batch in hand and commit its offsets before the partitions go to
         # another instance. One that takes too long is left: its transaction commits or
-        # rolls back on its own, and a committed reply stays in the outbox for the relay.
+        # rolls back on its own, and its offsets are not committed, so the new owner
+        # reads its commands again: its claims wait on ours, then find the stored replies.
         try:
             await asyncio.wait_for(self._idle.wait(), self._stop_timeout_s)
         except TimeoutError:

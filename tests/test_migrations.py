@@ -32,7 +32,7 @@ from tests.conftest import PgTarget
 PINNED = {
     1: "12bd630585402c6947d0c31bcc4f0501dac21a8c9953ae6c07fb9c978d764ee2",
     2: "be285e3e14a6051c8769902f72d392f6ad3a382597dc084acb9a755278f03f73",
-    3: "5f05a888287a283724b0bc366705c4b6015952195dfe7eb95ff51355c51efcdb",
+    3: "041235596d84fb456126190a2878c864685b1de54f875c551d4d1f9850697cea",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant_migrations).
 PINNED_PARTICIPANT = {

@@ -10,6 +10,10 @@
 -- transaction, and the primary key (saga_id, seq) still refuses a second event at one
 -- position. Nothing deletes sagas or events.
 --
--- Dropping a constraint takes an ACCESS EXCLUSIVE lock on both tables for an instant: no
--- row is read or rewritten.
+-- Dropping a constraint reads and rewrites no row, but it needs an ACCESS EXCLUSIVE lock
+-- on both tables. While it waits for one (behind a long transaction: an admin scan, say),
+-- every read and write of the tables queues behind it. The lock timeout bounds that stall:
+-- past it this migration fails, nothing is changed, and running it again later (the next
+-- start, or `saga migrate`) finishes the job.
+SET LOCAL lock_timeout = '5s';
 ALTER TABLE saga_events DROP CONSTRAINT IF EXISTS saga_events_saga_id_fkey;
