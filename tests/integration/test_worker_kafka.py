@@ -11,6 +11,8 @@ from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Settings
+from saga_engine._pgstore import PostgresEventStore, StoreUnavailable
+from saga_engine._store import NewSaga
 from saga_engine._wire import Envelope, MessageType, ReplyBody, encode
 from saga_engine._worker import SagaWorker
 from saga_engine.client import SagaClient
@@ -190,3 +192,39 @@ async def test_poison_messages_go_to_the_dlq_and_the_partition_keeps_flowing(
         assert int(headers["dlq_offset"]) >= 0
     assert worker.engine is not None
     assert worker.engine.stats.counts["dead_lettered"] == 8
+
+
+async def test_a_start_left_unapplied_at_stop_is_read_again_by_the_next_worker(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker stopped while Postgres refuses a start's write must not commit that
+    record's offset: the next worker of the group reads it again and starts the saga."""
+    attempts: list[str] = []
+
+    async def refuse(self: PostgresEventStore, new: NewSaga) -> bool:
+        attempts.append(new.saga_id)
+        raise StoreUnavailable("injected: Postgres is away")
+
+    monkeypatch.setattr(PostgresEventStore, "create", refuse)
+    first = SagaWorker(settings, [Two])
+    await first.start()
+    try:
+        async with SagaClient(settings) as client:
+            saga_id = await client.start(Two, Order(n=5))
+        # The batch path and then the single path try to create it, and keep retrying.
+        await poll_until(lambda: len(attempts) >= 2)
+    finally:
+        await first.stop()
+    assert set(attempts) == {saga_id}
+
+    monkeypatch.undo()
+    second = SagaWorker(settings, [Two])
+    await second.start()
+    try:
+        async with (
+            fake_participant(settings, "alpha"),
+            fake_participant(settings, "beta"),
+        ):
+            await poll_until(lambda: _is(second, saga_id, SagaStatus.COMPLETED))
+    finally:
+        await second.stop()
