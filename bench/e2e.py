@@ -456,6 +456,8 @@ class PipelineRun:
         self.dir.mkdir(parents=True)
         self.roles = ["engine", *(f"participant-{p}" for p in PARTICIPANTS)]
         self._stats_requests = 0
+        #: Start requests handed to Kafka and not yet acknowledged (tasks or futures).
+        self._pending: list[asyncio.Future[Any]] = []
         #: Transactions the driver ran on its connection (completion polls), so that
         #: they can be taken out of the database's commit count.
         self.driver_queries = 0
@@ -477,9 +479,19 @@ class PipelineRun:
 
     def check_starts(self) -> None:
         """Raises if a start request failed; forgets the acknowledged ones."""
+        pending: list[asyncio.Future[Any]] = []
+        for fut in self._pending:
+            if not fut.done():
+                pending.append(fut)
+            elif fut.exception() is not None:
+                raise BenchError(f"a start request failed: {fut.exception()!r}")
+        self._pending = pending
 
     async def settle_starts(self, timeout_s: float) -> None:
         """Waits for every start request to be acknowledged."""
+        if self._pending:
+            await asyncio.wait_for(asyncio.gather(*self._pending), timeout_s)
+        self.check_starts()
 
     async def timings(
         self, conn: asyncpg.Connection[Any], sent: dict[str, float]
@@ -904,7 +916,6 @@ class EngineRun(PipelineRun):
             ),
         )
         self.client: SagaClient | None = None
-        self._pending: list[asyncio.Task[str]] = []
 
     def topic_names(self) -> list[str]:
         topics = Topics.of(self.settings.kafka)
@@ -929,20 +940,6 @@ class EngineRun(PipelineRun):
                 self.client.start(SAGA_NAME, {"amount": 1}, saga_id=saga_id)
             )
         )
-
-    def check_starts(self) -> None:
-        pending = []
-        for task in self._pending:
-            if not task.done():
-                pending.append(task)
-            elif task.exception() is not None:
-                raise BenchError(f"a start request failed: {task.exception()!r}")
-        self._pending = pending
-
-    async def settle_starts(self, timeout_s: float) -> None:
-        if self._pending:
-            await asyncio.wait_for(asyncio.gather(*self._pending), timeout_s)
-        self.check_starts()
 
     async def timings(
         self, conn: asyncpg.Connection[Any], sent: dict[str, float]
@@ -1067,7 +1064,6 @@ class BareRun(PipelineRun):
     ) -> None:
         super().__init__(cfg, res, procs, logs, tag)
         self.producer: Any = None
-        self._pending: list[asyncio.Future[Any]] = []
         self.inbox = bare.inbox_topic(self.prefix)
 
     def topic_names(self) -> list[str]:
@@ -1086,20 +1082,6 @@ class BareRun(PipelineRun):
     async def start_one(self, saga_id: str) -> None:
         fut = await self.producer.send(self.inbox, bare.start_record(saga_id), key=saga_id.encode())
         self._pending.append(fut)
-
-    def check_starts(self) -> None:
-        pending = []
-        for fut in self._pending:
-            if not fut.done():
-                pending.append(fut)
-            elif fut.exception() is not None:
-                raise BenchError(f"a start request failed: {fut.exception()!r}")
-        self._pending = pending
-
-    async def settle_starts(self, timeout_s: float) -> None:
-        if self._pending:
-            await asyncio.wait_for(asyncio.gather(*self._pending), timeout_s)
-        self.check_starts()
 
     async def timings(
         self, conn: asyncpg.Connection[Any], sent: dict[str, float]
