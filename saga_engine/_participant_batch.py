@@ -510,10 +510,7 @@ class BatchRunner:
                     [r.saga_id for r in replies],
                     [r.topic for r in replies],
                     [r.key.decode() for r in replies],
-                    [
-                        orjson.dumps([[k, v.decode()] for k, v in r.headers]).decode()
-                        for r in replies
-                    ],
+                    [r.headers_json for r in replies],
                     [r.value.decode() for r in replies],
                 )
                 p.stats["replies_to_relay"] += len(replies)

@@ -38,6 +38,11 @@ class Outgoing:
     row_id: int | None = field(default=None)
 
     @property
+    def headers_json(self) -> str:
+        """The headers as the outbox stores them: a JSON list of [name, value] pairs."""
+        return orjson.dumps([[k, v.decode()] for k, v in self.headers]).decode()
+
+    @property
     def size(self) -> int:
         return len(self.value) + sum([len(k) + len(v) for k, v in self.headers])
 
@@ -133,14 +138,13 @@ FOR UPDATE SKIP LOCKED
 
 
 async def insert_outbox(conn: Connection, outgoing: Outgoing) -> None:
-    headers = orjson.dumps([[k, v.decode()] for k, v in outgoing.headers]).decode()
     outgoing.row_id = await conn.fetchval(
         INSERT_OUTBOX,
         outgoing.command_id,
         outgoing.saga_id,
         outgoing.topic,
         outgoing.key.decode(),
-        headers,
+        outgoing.headers_json,
         outgoing.value.decode(),
     )
 
