@@ -24,7 +24,7 @@ from typing import Any, TypeAlias
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from saga_engine._errors import PermanentError
+from saga_engine._errors import PermanentError, TransientError
 
 __all__ = [
     "Migration",
@@ -55,6 +55,11 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 
 class MigrationError(PermanentError):
     """The database schema cannot be brought in line with this version's migrations."""
+
+
+class MigrationBusy(TransientError):
+    """A migration waited longer than its lock timeout for its tables (another transaction
+    holds them). Nothing was changed; run it again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +221,16 @@ async def _migrate(
                 break
             migration = pending[0]
             report(f"applying {migration.label} to schema {schema}")
-            await conn.execute(migration.sql)
+            try:
+                await conn.execute(migration.sql)
+            except asyncpg.LockNotAvailableError as exc:
+                # Its own lock_timeout: it gave up waiting rather than stall every reader
+                # and writer queued behind its lock request. The transaction rolls back.
+                raise MigrationBusy(
+                    f"{migration.label} could not lock its tables in schema {schema} "
+                    f"({exc}): a long transaction holds them. Nothing was changed; run "
+                    "`saga migrate` (or start the engine) again once it has ended"
+                ) from exc
             await conn.execute(
                 "INSERT INTO schema_migrations (version, name, sha256) VALUES ($1, $2, $3)",
                 migration.version,

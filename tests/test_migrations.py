@@ -311,6 +311,30 @@ async def test_0003_drops_the_events_foreign_key_and_keeps_the_history(
     assert [(r["saga_id"], r["seq"]) for r in rows] == [("s", 1)]
 
 
+async def test_0003_gives_up_on_a_held_lock_changing_nothing_and_applies_later(
+    pg: PgTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a long transaction reads the history, 0003 waits for its lock at most its
+    lock_timeout, then fails with MigrationBusy (a retryable error naming it), leaving the
+    schema at 0002; run again once the reader is done, it applies."""
+    upto2 = [m for m in shipped_migrations() if m.version <= 2]
+    monkeypatch.setattr(_migrations, "shipped_migrations", lambda: upto2)
+    assert await migrate(pg.database_dsn, pg.schema) == [1, 2]
+    monkeypatch.undo()
+    reader = await asyncpg.connect(pg.dsn)
+    try:
+        long_tx = reader.transaction()
+        await long_tx.start()
+        await reader.fetch("SELECT count(*) FROM saga_events")  # holds ACCESS SHARE
+        with pytest.raises(_migrations.MigrationBusy, match="0003_events_without_foreign_key"):
+            await migrate(pg.database_dsn, pg.schema)
+        assert [v for v, _, _ in await _recorded(pg.database_dsn, pg.schema)] == [1, 2]
+        await long_tx.rollback()
+    finally:
+        await reader.close()
+    assert await migrate(pg.database_dsn, pg.schema) == [3]
+
+
 async def test_the_store_refuses_an_unmigrated_schema(pg: PgTarget) -> None:
     settings = PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
     with pytest.raises(MigrationError, match="saga migrate"):
