@@ -1,0 +1,170 @@
+"""What a saga costs at the least, before any plumbing: the floors under ``bench/e2e.py``.
+
+Two costs the engine pipeline cannot drop without changing what users write:
+
+- **the decision core**: the benchmark's 3-step saga (``bench.app.Transfer``) started and
+  driven by its three replies through ``SagaRuntime``, in this process, with no I/O. It
+  is the saga's own coroutine, its pydantic inputs and outputs, and the events it
+  records;
+- **a handler's statement**: each participant handler runs one ``INSERT`` through the
+  ``Transaction`` it is given, one round trip each (the handler API sees one command at
+  a time). Measured as 100 such statements per transaction on uvloop, the client's CPU
+  and the Postgres backend's CPU per statement.
+
+With ``--e2e RESULT.json`` (a ``bench/e2e.py`` result) it also works out the CPU budget
+per saga that 0.4x the bare pipeline's sagas/s leaves at the headline point, and how
+much of it these floors and the bare pipeline's own cost take::
+
+    python -m bench.floors [--sagas 3000] [--statements 20000] [--e2e /tmp/e2e.json]
+
+It needs ``SAGA_PG__DSN`` (``scripts/devstack.py env``) for the statement floor.
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from bench.app import LEDGER_DDL, Transfer
+from saga_engine._decision import Reply, StartSaga
+from saga_engine._definition import SagaDefinition
+from saga_engine._runtime import SagaRuntime
+
+_STEPS = 3
+
+
+def _one_saga(definition: SagaDefinition, now: datetime) -> None:
+    runtime, decision = SagaRuntime.start(
+        definition,
+        StartSaga(
+            saga_id=str(uuid.uuid4()), saga_type=definition.name, input={"amount": 5}, at=now
+        ),
+    )
+    replies = 0
+    while decision.commands:
+        command = decision.commands[0]
+        decision = runtime.handle(
+            Reply(command.command_id, "success", now, payload={"receipt": "p:1"})
+        )
+        replies += 1
+    if replies != _STEPS or decision.status.value != "completed":
+        raise RuntimeError(f"the saga ended {decision.status.value} after {replies} replies")
+    runtime.close()
+
+
+def decision_core_us(sagas: int, rounds: int = 3) -> list[float]:
+    """CPU µs per saga of the pure core, one figure per round (after a warm-up)."""
+    definition = SagaDefinition.of(Transfer)
+    now = datetime.now(UTC)
+    for _ in range(min(200, sagas)):
+        _one_saga(definition, now)
+    out = []
+    for _ in range(rounds):
+        t0 = time.process_time()
+        for _ in range(sagas):
+            _one_saga(definition, now)
+        out.append((time.process_time() - t0) / sagas * 1e6)
+    return out
+
+
+def _proc_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def statement_us(dsn: str, statements: int, per_tx: int = 100) -> dict[str, float]:
+    """Client and server CPU µs per handler ``INSERT``, ``per_tx`` to a transaction."""
+    conn = await asyncpg.connect(dsn)
+    schema = f"floors_{uuid.uuid4().hex[:8]}"
+    try:
+        await conn.execute(f'CREATE SCHEMA "{schema}"')
+        await conn.execute(f'SET search_path TO "{schema}"')
+        await conn.execute(LEDGER_DDL)
+        backend = await conn.fetchval("SELECT pg_backend_pid()")
+        sql = "INSERT INTO ledger (command_id, saga_id, kind, amount) VALUES ($1, $2, 'apply', $3)"
+
+        async def run(n: int) -> None:
+            for _ in range(max(1, n // per_tx)):
+                async with conn.transaction():
+                    for _ in range(per_tx):
+                        await conn.execute(sql, str(uuid.uuid4()), "saga", 5)
+
+        await run(per_tx * 10)  # warm-up: the statement is prepared, the caches are hot
+        n = max(per_tx, statements // per_tx * per_tx)
+        client0, server0 = time.process_time(), _proc_cpu_s(backend)
+        await run(n)
+        client, server = time.process_time() - client0, _proc_cpu_s(backend) - server0
+        return {"client_us": client / n * 1e6, "server_us": server / n * 1e6, "statements": n}
+    finally:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await conn.close()
+
+
+def budget(e2e: dict[str, Any], floor_ms: float) -> dict[str, Any]:
+    """What 0.4x bare leaves per saga at the e2e run's headline point."""
+    point = e2e  # the headline point's figures are at the top level
+    bare = point["bare"]
+    cores = e2e.get("machine", {}).get("cpus_usable") or os.cpu_count() or 1
+    #: CPU-bound runs here reach this much of the machine, not all of it.
+    busy = point.get("machine_cpu_busy_fraction") or 1.0
+    target = 0.4 * bare["sagas_per_s"]
+    budget_ms = cores * 1000 * busy / target
+    bare_ms = bare["cpu_total_ms_per_saga"]
+    engine_ms = point["cpu_total_ms_per_saga"]
+    return {
+        "bare_sagas_per_s": bare["sagas_per_s"],
+        "target_sagas_per_s": round(target, 1),
+        "cores": cores,
+        "busy_fraction": busy,
+        "cpu_budget_ms_per_saga": round(budget_ms, 3),
+        "bare_cpu_ms_per_saga": bare_ms,
+        "floors_ms_per_saga": round(floor_ms, 3),
+        "left_for_the_framework_ms": round(budget_ms - bare_ms - floor_ms, 3),
+        "engine_cpu_ms_per_saga": engine_ms,
+        "framework_spends_ms": round(engine_ms - bare_ms - floor_ms, 3),
+    }
+
+
+async def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.floors", description=__doc__.split("\n")[0])
+    ap.add_argument("--sagas", type=int, default=3000, help="sagas per round of the core")
+    ap.add_argument("--statements", type=int, default=20000)
+    ap.add_argument("--e2e", type=Path, help="a bench/e2e.py JSON result, for the budget")
+    args = ap.parse_args(argv)
+    dsn = os.environ.get("SAGA_PG__DSN")
+    if not dsn:
+        print("SAGA_PG__DSN is not set: run under `scripts/devstack.py env`", file=sys.stderr)
+        return 2
+    core = decision_core_us(args.sagas)
+    stmt = await statement_us(dsn, args.statements)
+    core_us = statistics.median(core)
+    floor_ms = (core_us + _STEPS * (stmt["client_us"] + stmt["server_us"])) / 1000
+    out: dict[str, Any] = {
+        "decision_core_us_per_saga": round(core_us, 1),
+        "decision_core_rounds_us": [round(x, 1) for x in core],
+        "handler_statement_us": {k: round(v, 1) for k, v in stmt.items()},
+        "floors_ms_per_saga": round(floor_ms, 3),
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    if args.e2e is not None:
+        out["budget_at_0_4x_bare"] = budget(json.loads(args.e2e.read_text()), floor_ms)
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    import uvloop
+
+    sys.exit(uvloop.run(main(sys.argv[1:])))
