@@ -494,6 +494,21 @@ class Engine:
         """Forgets the in-memory copy; the next input rebuilds it from the store."""
         self._evict(saga_id)
 
+    def suspend(self, saga_id: str) -> None:
+        """Stops the saga's timers, keeping it in memory: its partition is being
+        reassigned, and until the assignment says who owns it nobody should drive it."""
+        live = self._live.get(saga_id)
+        if live is not None and live.timer is not None:
+            live.timer.cancel()
+            live.timer = None
+
+    def rearm(self, saga_id: str) -> None:
+        """Starts the timers of a saga kept across a reassignment (``suspend``) again;
+        one due while it was suspended fires at once."""
+        live = self._live.get(saga_id)
+        if live is not None:
+            self._arm(saga_id, live)
+
     async def close(self) -> None:
         self._closed = True
         for saga_id in list(self._live):

@@ -6,6 +6,8 @@
 - ``DeadLetters``: publishes unprocessable records to the dead-letter topic with the
   reason in headers.
 - ``OffsetCommitter``: commits a consumer's offsets in the background.
+- ``make_group_consumer``: the engine's and the participants' consumer settings, with
+  static membership and sticky assignment.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, TopicAlreadyExistsError
 
 from saga_engine._decision import OutboundCommand
@@ -87,6 +90,39 @@ def make_producer(kafka: KafkaSettings, **overrides: Any) -> AIOKafkaProducer:
     }
     options.update(overrides)
     return AIOKafkaProducer(**options)
+
+
+def make_group_consumer(
+    kafka: KafkaSettings, *, group_id: str, client_id: str, instance_name: str | None
+) -> AIOKafkaConsumer:
+    """A consumer of a group whose offsets the caller commits, after its work is durable.
+
+    - ``instance_name`` (see ``_instance.InstanceName``): static membership. A member
+      killed and restarted under its name within the session timeout gets its
+      partitions back without a rebalance; the others are not disturbed. (A static
+      member sends no LeaveGroup when it stops, so even a clean stop hands its
+      partitions over only once the session timeout has passed.)
+    - Sticky assignment: a rebalance moves only the partitions it must (the dead
+      member's, or a share for a new one). Rebalances here are still eager (every
+      member's partitions are revoked, then assigned), so the members keep what stays
+      theirs in memory across one, and rebuild only what is new to them.
+    """
+    return AIOKafkaConsumer(
+        bootstrap_servers=kafka.bootstrap_servers,
+        group_id=group_id,
+        client_id=client_id,
+        group_instance_id=instance_name,
+        partition_assignment_strategy=(StickyPartitionAssignor,),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=kafka.fetch_max_wait_ms,
+        session_timeout_ms=kafka.session_timeout_ms,
+        heartbeat_interval_ms=kafka.heartbeat_interval_ms,
+        max_partition_fetch_bytes=kafka.max_message_bytes + 64 * 1024,
+        # A record above the size limit is still fetched, then dead-lettered as
+        # oversized, instead of stalling its partition.
+        fetch_max_bytes=max(52_428_800, 2 * kafka.max_message_bytes),
+    )
 
 
 #: Upper bound on one publish, metadata wait included: aiokafka can otherwise wait

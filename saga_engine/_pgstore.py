@@ -85,7 +85,7 @@ _UNSTORABLE_TEXT: Final = (
 )
 
 
-def _transient_cause(exc: BaseException) -> BaseException | None:
+def transient_cause(exc: BaseException) -> BaseException | None:
     """The connection trouble behind ``exc``, if any.
 
     The chain matters: when a connection dies inside a transaction, asyncpg's rollback
@@ -109,7 +109,7 @@ def _translate(exc: BaseException) -> BaseException:
     Returns a new exception each time: one failure can be handed to many callers.
     """
     out: BaseException
-    cause = _transient_cause(exc)
+    cause = transient_cause(exc)
     if isinstance(cause, StoreUnavailable):
         out = StoreUnavailable(str(cause))
     elif cause is not None:
@@ -132,7 +132,7 @@ def _unavailable_as_transient() -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        if _transient_cause(exc) is None:
+        if transient_cause(exc) is None:
             raise
         raise _translate(exc) from exc
 
@@ -572,7 +572,7 @@ class PostgresEventStore:
             async with conn.transaction(isolation="read_committed"):
                 await self._write(conn, ops)
         except Exception as exc:
-            if _transient_cause(exc) is not None:
+            if transient_cause(exc) is not None:
                 raise
             if _connection_lost(conn):
                 raise StoreUnavailable(

@@ -44,14 +44,17 @@ from saga_engine._errors import (
     UnstorableValue,
 )
 from saga_engine._http import HttpCaller, RoutingSender
+from saga_engine._instance import InstanceName
 from saga_engine._kafka import (
     DeadLetters,
     KafkaCommandSender,
     OffsetCommitter,
     ensure_topics,
+    make_group_consumer,
     make_producer,
     send,
 )
+from saga_engine._startup import reaching, start_with_retry
 from saga_engine._store import EventStore
 from saga_engine._telemetry import Telemetry, default_telemetry, detach_from_trace
 from saga_engine._topics import Topics, partition_for
@@ -142,12 +145,16 @@ class SagaWorker:
         self._owns_store = store is None
         self._crash_hook = crash_hook
         self._consumer: AIOKafkaConsumer | None = None
+        self._member: InstanceName | None = None
         self._producer: Any = None
         self._dead: DeadLetters | None = None
         self.engine: Engine | None = None
         self._task: asyncio.Task[None] | None = None
         self._running = False
         self._owned: set[TopicPartition] = set()
+        #: Inbox partitions revoked by a rebalance still under way: their sagas are held
+        #: in memory, not driven, until the assignment keeps or drops them.
+        self._suspended: set[int] = set()
         #: The inbox partitions among them and the inbox's partition count, kept at each
         #: assignment and revocation for ``owns``, which is asked on every input.
         self._inbox_partitions: frozenset[int] = frozenset()
@@ -165,12 +172,15 @@ class SagaWorker:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        try:
-            await self._start()
-        except BaseException:
-            # Whatever was opened before the failure (store, producer) is closed again.
-            await self.stop()
-            raise
+        """Opens the store, the producer and the inbox consumer. Waits for Kafka and
+        Postgres while they are unreachable (``engine.startup_timeout_s``, default for
+        ever), closing what an attempt opened before the next."""
+        await start_with_retry(
+            f"engine {self.instance_id}",
+            self._start,
+            self.stop,  # whatever an attempt opened (store, producer) is closed again
+            self.settings.engine.startup_timeout_s,
+        )
 
     async def _start(self) -> None:
         from saga_engine._migrations import migrate
@@ -178,12 +188,16 @@ class SagaWorker:
 
         kafka = self.settings.kafka
         if self._store is None:
-            if self.settings.engine.auto_migrate:
-                await migrate(self.settings.pg.dsn.get_secret_value(), self.settings.pg.db_schema)
-            self._store = await PostgresEventStore.connect(self.settings.pg)
-        await ensure_topics(kafka, [self.topics.inbox, self.topics.dlq])
-        self._producer = make_producer(kafka)
-        await self._producer.start()
+            with reaching("Postgres"):
+                if self.settings.engine.auto_migrate:
+                    await migrate(
+                        self.settings.pg.dsn.get_secret_value(), self.settings.pg.db_schema
+                    )
+                self._store = await PostgresEventStore.connect(self.settings.pg)
+        with reaching("Kafka"):
+            await ensure_topics(kafka, [self.topics.inbox, self.topics.dlq])
+            self._producer = make_producer(kafka)
+            await self._producer.start()
         self._dead = DeadLetters(self._producer, self.topics.dlq)
         kafka_sender = _LazyTopicSender(
             KafkaCommandSender(self._producer, self.topics, f"/saga-engine/{self.instance_id}"),
@@ -212,31 +226,26 @@ class SagaWorker:
             )
             telemetry.instrument_app(self._admin_app)
         if self.triggers:
-            await ensure_topics(kafka, [t.topic for t in self.triggers])
-            self._trigger_consumer = TriggerConsumer(
-                self.settings, self.triggers, self._producer, self._dead,
-                f"/saga-engine/{self.instance_id}/triggers",
-            )  # fmt: skip
-            await self._trigger_consumer.start()
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=kafka.bootstrap_servers,
+            with reaching("Kafka"):
+                await ensure_topics(kafka, [t.topic for t in self.triggers])
+                self._trigger_consumer = TriggerConsumer(
+                    self.settings, self.triggers, self._producer, self._dead,
+                    f"/saga-engine/{self.instance_id}/triggers",
+                )  # fmt: skip
+                await self._trigger_consumer.start()
+        self._member = InstanceName.claim(kafka, kafka.group_id)
+        self._consumer = make_group_consumer(
+            kafka,
             group_id=kafka.group_id,
             client_id=self.instance_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            fetch_max_wait_ms=kafka.fetch_max_wait_ms,
-            session_timeout_ms=kafka.session_timeout_ms,
-            heartbeat_interval_ms=kafka.heartbeat_interval_ms,
-            max_partition_fetch_bytes=kafka.max_message_bytes + 64 * 1024,
-            # A fetch above the per-record limit still returns the record, which we then
-            # dead-letter as oversized instead of stalling the partition.
-            fetch_max_bytes=max(52428800, 2 * kafka.max_message_bytes),
+            instance_name=self._member.name,
         )
         self._consumer.subscribe([self.topics.inbox], listener=_Rebalance(self))
         self._committer = OffsetCommitter(
             self._consumer, lambda: self._owned, flush_limit_s=_COMMIT_FLUSH_S
         )
-        await self._consumer.start()
+        with reaching("Kafka"):
+            await self._consumer.start()
         self._running = True
         self._task = asyncio.get_running_loop().create_task(self._consume(), name="saga-inbox")
         if self._admin_app is not None:
@@ -244,32 +253,48 @@ class SagaWorker:
 
             self._admin = await serve_admin(self._admin_app, self.settings)
             log.info("admin API on %s", self._admin.url)
-        log.info("engine %s consuming %s", self.instance_id, self.topics.inbox)
+        log.info(
+            "engine %s consuming %s as group member %s",
+            self.instance_id, self.topics.inbox, self._member.name or "(dynamic)",
+        )  # fmt: skip
 
     async def stop(self) -> None:
+        """Closes everything ``start`` opened (also after a failed attempt of it)."""
         self._running = False
         if self._admin is not None:
             await self._admin.stop()
             self._admin = None
-        if self._task is not None:
-            await asyncio.wait({self._task}, timeout=30)
-            if not self._task.done():
-                self._task.cancel()
-        if self._trigger_consumer is not None:
-            await self._trigger_consumer.stop()
-        if self._consumer is not None:
+        task, self._task = self._task, None
+        if task is not None:
+            await asyncio.wait({task}, timeout=30)
+            if not task.done():
+                task.cancel()
+        trigger_consumer, self._trigger_consumer = self._trigger_consumer, None
+        if trigger_consumer is not None:
+            await trigger_consumer.stop()
+        consumer = self._consumer
+        if consumer is not None:
             await self._commit_pending()
             if self._committer is not None:
                 await self._committer.close()
-            await self._consumer.stop()
+            self._committer = None
+            self._consumer = None
+            await consumer.stop()
+        if self._member is not None:
+            self._member.release()
+            self._member = None
         if self.engine is not None:
+            # Kept: its stats are read after a stop (a retried start builds a new one).
             await self.engine.close()
-        if self._http is not None:
-            await self._http.close()
-        if self._producer is not None:
-            await self._producer.stop()
+        http, self._http = self._http, None
+        if http is not None:
+            await http.close()
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
         if self._owns_store and self._store is not None:
-            await self._store.close()
+            store, self._store = self._store, None
+            await store.close()
 
     async def __aenter__(self) -> SagaWorker:
         await self.start()
@@ -642,28 +667,58 @@ class SagaWorker:
         gone = {tp.partition for tp in revoked if tp.topic == self.topics.inbox}
         if self.engine is None or not gone:
             return
+        self.engine.stats.inc("partitions_revoked", len(gone))
+        # Rebalances are eager: every member gives up every partition, and with sticky
+        # assignment most come straight back. So the sagas stay in memory, with their
+        # timers stopped (nobody drives them until the assignment says who does), and
+        # only those whose partition goes elsewhere are dropped, in _on_assigned.
+        self._suspended |= gone
         count = self._partition_count()
-        dropped = 0
+        held = 0
         for saga_id in self.engine.live_saga_ids():
             if partition_for(saga_id, count) in gone:
-                self.engine.evict(saga_id)
-                dropped += 1
+                self.engine.suspend(saga_id)
+                held += 1
         log.info(
-            "engine %s gave up partitions %s (%d sagas)", self.instance_id, sorted(gone), dropped
-        )
+            "engine %s gave up partitions %s (%d sagas held until the assignment)",
+            self.instance_id, sorted(gone), held,
+        )  # fmt: skip
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         detach_from_trace()  # recovery's queries serve many sagas: no span for each
         self._owned |= assigned
         self._note_owned()
         mine = {tp.partition for tp in assigned if tp.topic == self.topics.inbox}
-        if self.engine is None or not mine or self._store is None:
+        kept, lost = self._suspended & mine, self._suspended - mine
+        self._suspended = set()
+        if self.engine is None or self._store is None:
             self.assigned_event.set()
             return
         count = self._partition_count()
+        dropped = held = 0
+        for saga_id in self.engine.live_saga_ids():
+            partition = partition_for(saga_id, count)
+            if partition in lost:
+                self.engine.evict(saga_id)  # another engine drives it now
+                dropped += 1
+            elif partition in kept:
+                self.engine.rearm(saga_id)
+                held += 1
+        self.engine.stats.inc("sagas_kept_across_rebalance", held)
+        if dropped:
+            log.info(
+                "engine %s dropped %d sagas of partitions %s, now elsewhere",
+                self.instance_id, dropped, sorted(lost),
+            )  # fmt: skip
+        if not mine:
+            self.assigned_event.set()
+            return
         delay = 0.1
         while True:
             try:
+                # Sagas already in memory (the kept partitions') are skipped by recover:
+                # only what is new here is rebuilt, in parallel, bounded by
+                # engine.recovery_concurrency.
                 ids = [
                     i for i in await self._store.open_saga_ids() if partition_for(i, count) in mine
                 ]
@@ -674,8 +729,8 @@ class SagaWorker:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
         log.info(
-            "engine %s took partitions %s and recovered %d sagas",
-            self.instance_id, sorted(mine), recovered,
+            "engine %s took partitions %s (kept %s) and recovered %d sagas",
+            self.instance_id, sorted(mine), sorted(kept), recovered,
         )  # fmt: skip
         self.assigned_event.set()
 

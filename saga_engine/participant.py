@@ -72,7 +72,14 @@ from aiokafka.errors import KafkaError
 from pydantic import BaseModel
 
 from saga_engine._errors import DefinitionError
-from saga_engine._kafka import KafkaUnavailable, OffsetCommitter, ensure_topics, make_producer
+from saga_engine._instance import InstanceName
+from saga_engine._kafka import (
+    KafkaUnavailable,
+    OffsetCommitter,
+    ensure_topics,
+    make_group_consumer,
+    make_producer,
+)
 from saga_engine._migrations import PARTICIPANT_MIGRATIONS, migrate
 from saga_engine._participant import (
     CommandProcessor,
@@ -89,6 +96,7 @@ from saga_engine._participant import (
 )
 from saga_engine._participant_batch import BatchRunner
 from saga_engine._participant_sql import MARK_PUBLISHED, RELAY_BATCH, publish
+from saga_engine._startup import reaching, start_with_retry
 from saga_engine._telemetry import Telemetry, default_telemetry, detach_from_trace
 from saga_engine._topics import Topics
 from saga_engine._wire import Headers
@@ -192,6 +200,7 @@ class Participant:
         self._pool: Pool | None = None
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        self._member: InstanceName | None = None
         self._processor: CommandProcessor | None = None
         self._main: asyncio.Task[None] | None = None
         self._relay: asyncio.Task[None] | None = None
@@ -267,11 +276,13 @@ class Participant:
                 raise RuntimeError(f"participant {self.name!r} is already running")
             self._stopping.clear()
             self._fatal = None
-            try:
-                await self._open()
-            except BaseException:
-                await self._close(graceful=False)
-                raise
+            # Kafka or the database not up yet: wait (participant.startup_timeout_s).
+            await start_with_retry(
+                f"participant {self.name}",
+                self._open,
+                lambda: self._close(graceful=False),
+                self.settings.participant.startup_timeout_s,
+            )
             loop = asyncio.get_running_loop()
             self._main = loop.create_task(self._consume(), name=f"participant-{self.name}")
             self._main.add_done_callback(self._main_done)
@@ -324,17 +335,21 @@ class Participant:
         kafka = self.settings.kafka
         # The participant's own topic, the dead-letter topic, and the default reply topic.
         wanted = [self.topics.commands(self.name), self.topics.dlq, self.topics.inbox]
-        await ensure_topics(kafka, wanted)
-        await migrate(self.dsn, self.db_schema, package=PARTICIPANT_MIGRATIONS)
-        self._pool = await asyncpg.create_pool(
-            self.dsn,
-            min_size=1,
-            max_size=self.settings.participant.pool_max_size,
-            # Unqualified names (ours, and the handlers') resolve in the configured schema.
-            server_settings={"search_path": self.db_schema},
-        )
-        self._producer = make_producer(kafka)
-        await self._producer.start()
+        with reaching("Kafka"):
+            await ensure_topics(kafka, wanted)
+        with reaching("Postgres"):
+            await migrate(self.dsn, self.db_schema, package=PARTICIPANT_MIGRATIONS)
+            self._pool = await asyncpg.create_pool(
+                self.dsn,
+                min_size=1,
+                max_size=self.settings.participant.pool_max_size,
+                # Unqualified names (ours, and the handlers') resolve in the configured
+                # schema.
+                server_settings={"search_path": self.db_schema},
+            )
+        with reaching("Kafka"):
+            self._producer = make_producer(kafka)
+            await self._producer.start()
         self._processor = CommandProcessor(
             name=self.name,
             settings=self.settings,
@@ -356,26 +371,20 @@ class Participant:
             await self._relay_pending(grace_s=0.0)
         except Exception as exc:
             log.warning("outbox relay at start failed (%r); the relay loop will retry", exc)
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=kafka.bootstrap_servers,
-            group_id=self.topics.participant_group(self.name),
+        group = self.topics.participant_group(self.name)
+        self._member = InstanceName.claim(kafka, group)
+        self._consumer = make_group_consumer(
+            kafka,
+            group_id=group,
             client_id=f"participant-{self.name}-{self.instance_id}",
-            # Offsets are committed by hand, after the command's transaction committed.
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            fetch_max_wait_ms=kafka.fetch_max_wait_ms,
-            session_timeout_ms=kafka.session_timeout_ms,
-            heartbeat_interval_ms=kafka.heartbeat_interval_ms,
-            max_partition_fetch_bytes=kafka.max_message_bytes + 64 * 1024,
-            # A record above the size limit is still fetched, then dead-lettered as
-            # oversized, instead of stalling its partition.
-            fetch_max_bytes=max(52_428_800, 2 * kafka.max_message_bytes),
+            instance_name=self._member.name,
         )
         self._consumer.subscribe([self.topics.commands(self.name)], listener=_Rebalance(self))
         self._committer = OffsetCommitter(
             self._consumer, lambda: self._assigned, flush_limit_s=self._stop_timeout_s
         )
-        await self._consumer.start()
+        with reaching("Kafka"):
+            await self._consumer.start()
 
     async def _close(self, *, graceful: bool) -> None:
         batches, self._batches = self._batches, None
@@ -395,6 +404,9 @@ class Participant:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             await consumer.stop()
+        member, self._member = self._member, None
+        if member is not None:
+            member.release()
         self._assigned.clear()
         producer, self._producer = self._producer, None
         if producer is not None:

@@ -7,7 +7,9 @@ program (the CLI, a test fixture, the user's ``main``). Nested fields use ``__``
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -39,9 +41,27 @@ class KafkaSettings(BaseModel):
     fetch_max_wait_ms: int = Field(default=20, ge=0)
     max_message_bytes: int = Field(default=1_000_000, ge=1024)
     #: How long a silent group member keeps its partitions: a crashed engine's sagas move
-    #: to a survivor after at most this long (the broker's minimum is 6 s by default).
-    session_timeout_ms: int = Field(default=10_000, ge=1000)
-    heartbeat_interval_ms: int = Field(default=3_000, ge=100)
+    #: to a survivor after this long. 6 s is the broker's smallest allowed value by
+    #: default (``group.min.session.timeout.ms``); a survivor learns of the rebalance at
+    #: its next heartbeat.
+    session_timeout_ms: int = Field(default=6_000, ge=1000)
+    heartbeat_interval_ms: int = Field(default=1_000, ge=100)
+    #: Static group membership (KIP-345): a process restarted under the same name gets
+    #: its partitions back at once, without a rebalance, and its partitions stay put
+    #: (no rebalance) while it is away for less than the session timeout. Off: every
+    #: start and stop rebalances the group.
+    static_membership: bool = True
+    #: This process's name in its consumer groups, when ``static_membership`` is on.
+    #: Unset: ``<host name>-<n>``, with n the lowest number no other process of this
+    #: host holds for that group (a lock file in ``instance_lock_dir``), so that a
+    #: process restarted on the same host takes its predecessor's name back and two on
+    #: one host never share one. Set it to a name stable per instance (a StatefulSet
+    #: pod's name) when the host name is not. Two live processes with one name fence
+    #: each other: give every instance its own.
+    group_instance_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,200}$")
+    #: Where the lock files behind the default ``group_instance_id`` live. Unset: the
+    #: system's temporary directory.
+    instance_lock_dir: str | None = None
 
 
 class ParticipantSettings(BaseModel):
@@ -49,13 +69,19 @@ class ParticipantSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    dsn: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:54329/saga")
+    #: Unset in ``Settings``: the engine's database, ``SAGA_PG__DSN`` (see
+    #: ``Settings._participant_dsn_follows_pg``).
+    dsn: SecretStr = SecretStr(PostgresSettings().dsn.get_secret_value())
     db_schema: str = Field(default="saga_participant", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
     #: Connections to that database: a batch holds one, the outbox relay another.
     pool_max_size: int = Field(default=5, ge=1)
     #: Attempts at a handler that raises an unexpected exception before replying
     #: "retryable" (the transaction is rolled back each time, so nothing is applied).
     handler_attempts: int = Field(default=5, ge=1)
+    #: How long start-up waits for Kafka and this database to answer, retrying with
+    #: back-off and logging one line per attempt. Unset: for ever, as an orchestrator
+    #: expects from a service whose dependencies start alongside it.
+    startup_timeout_s: float | None = Field(default=None, gt=0)
 
 
 class EngineSettings(BaseModel):
@@ -71,6 +97,10 @@ class EngineSettings(BaseModel):
     auto_migrate: bool = True
     #: How many sagas a recovering engine rebuilds at once.
     recovery_concurrency: int = Field(default=32, ge=1)
+    #: How long start-up waits for Kafka and Postgres to answer, retrying with back-off
+    #: and logging one line per attempt. Unset: for ever, as an orchestrator expects
+    #: from a service whose dependencies start alongside it.
+    startup_timeout_s: float | None = Field(default=None, gt=0)
 
 
 class HttpSettings(BaseModel):
@@ -147,3 +177,33 @@ class Settings(BaseSettings):
     participant: ParticipantSettings = ParticipantSettings()
     http: HttpSettings = HttpSettings()
     admin: AdminSettings = AdminSettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _participant_dsn_follows_pg(cls, data: Any) -> Any:
+        """``participant.dsn`` defaults to ``pg.dsn``: a participant configured with only
+        ``SAGA_PG__DSN`` uses that database, not the development default."""
+        if not isinstance(data, dict):
+            return data
+        participant = data.get("participant")
+        if isinstance(participant, ParticipantSettings):
+            if "dsn" in participant.model_fields_set:
+                return data
+        elif isinstance(participant, dict) and participant.get("dsn") is not None:
+            return data
+        pg = data.get("pg")
+        dsn = pg.dsn if isinstance(pg, PostgresSettings) else (pg or {}).get("dsn")
+        if dsn is None:
+            return data  # neither is set: both have the same default
+        if isinstance(participant, ParticipantSettings):
+            return {
+                **data,
+                "participant": participant.model_copy(
+                    update={
+                        "dsn": SecretStr(
+                            dsn.get_secret_value() if isinstance(dsn, SecretStr) else str(dsn)
+                        )
+                    }
+                ),
+            }
+        return {**data, "participant": {**(participant or {}), "dsn": dsn}}
