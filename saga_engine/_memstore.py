@@ -8,6 +8,7 @@ way in and out, as a database would, so callers cannot share mutable state with 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Collection
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -20,12 +21,14 @@ from saga_engine._store import (
     Append,
     LoadedSaga,
     NewSaga,
+    OpenSummary,
     Projection,
     SagaRecord,
     StoredEvent,
     check_lookup,
     check_new_saga_id,
 )
+from saga_engine._topics import partition_for
 
 
 def _copy(event: Event) -> Event:
@@ -37,6 +40,11 @@ def _copy(event: Event) -> Event:
             f"Postgres cannot store this value: {problems[0]['msg']} (at {problems[0]['loc']})"
         )
     return event_from_json(event_to_json(event))
+
+
+def _aware(value: datetime) -> datetime:
+    """Naive datetimes are taken as UTC, as Postgres's timestamptz does here."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
 class InMemoryEventStore:
@@ -126,19 +134,47 @@ class InMemoryEventStore:
         saga_type: str | None = None,
         limit: int = 100,
         after_id: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        updated_after: datetime | None = None,
+        updated_before: datetime | None = None,
+        search: str | None = None,
     ) -> list[SagaRecord]:
-        rows = sorted(self._records.values(), key=lambda r: r.saga_id)
-        out = [
-            r
-            for r in rows
-            if (statuses is None or r.status in statuses)
-            and (saga_type is None or r.saga_type == saga_type)
-            and (after_id is None or r.saga_id > after_id)
-        ]
-        return out[:limit]
+        def keep(r: SagaRecord) -> bool:
+            created, updated = _aware(r.created_at), _aware(r.updated_at)
+            return (
+                (statuses is None or r.status in statuses)
+                and (saga_type is None or r.saga_type == saga_type)
+                and (after_id is None or r.saga_id > after_id)
+                and (created_after is None or created >= _aware(created_after))
+                and (created_before is None or created < _aware(created_before))
+                and (updated_after is None or updated >= _aware(updated_after))
+                and (updated_before is None or updated < _aware(updated_before))
+                and (search is None or r.saga_id.startswith(search) or r.idempotency_key == search)
+            )
 
-    async def open_saga_ids(self) -> list[str]:
-        return sorted(r.saga_id for r in self._records.values() if r.status.is_open)
+        rows = sorted(self._records.values(), key=lambda r: r.saga_id)
+        return [r for r in rows if keep(r)][:limit]
+
+    async def open_saga_ids(
+        self, partitions: Collection[int] | None = None, partition_count: int = 0
+    ) -> list[str]:
+        return sorted(
+            r.saga_id
+            for r in self._records.values()
+            if r.status.is_open
+            and (partitions is None or partition_for(r.saga_id, partition_count) in partitions)
+        )
+
+    async def open_summary(self) -> OpenSummary:
+        by_status: Counter[SagaStatus] = Counter()
+        parked: list[datetime] = []
+        for r in self._records.values():
+            if r.status.is_open:
+                by_status[r.status] += 1
+            if r.status.is_parked:
+                parked.append(_aware(r.updated_at))
+        return OpenSummary(dict(by_status), min(parked, default=None))
 
     async def close(self) -> None:
         self.closed = True

@@ -20,160 +20,36 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Collection, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final, Generic, TypeAlias, TypeVar
+from typing import Final, Generic, TypeAlias, TypeVar
 
 import asyncpg
-from asyncpg.pool import PoolConnectionProxy
 
-from saga_engine._errors import (
-    ConcurrencyError,
-    SagaNotFound,
-    SerializationError,
-    TransientError,
-)
-from saga_engine._events import Event, event_from_dict, event_to_dict
+from saga_engine._errors import ConcurrencyError, SagaNotFound
+from saga_engine._events import Event, event_to_dict
 from saga_engine._migrations import MigrationError
-from saga_engine._serde import JsonDict, dumps, loads
-from saga_engine._status import SagaStatus
-from saga_engine._store import (
-    Append,
-    LoadedSaga,
-    NewSaga,
-    SagaRecord,
-    StoredEvent,
-    check_lookup,
-    check_new_saga_id,
+from saga_engine._pgbase import (
+    StoreUnavailable,
+    _Conn,
+    _connection_lost,
+    _EncodedJson,
+    _init_connection,
+    _json,
+    _translate,
+    _unavailable_as_transient,
+    transient_cause,
 )
+from saga_engine._pgqueries import PostgresReads
+from saga_engine._serde import dumps
+from saga_engine._status import SagaStatus
+from saga_engine._store import Append, NewSaga, check_new_saga_id
 from saga_engine._telemetry import detach_from_trace
+from saga_engine._topics import key_hash
 from saga_engine.settings import PostgresSettings
 
 __all__ = ["GroupCommitConfig", "GroupCommitStats", "PostgresEventStore", "StoreUnavailable"]
-
-_Conn: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
-
-
-class StoreUnavailable(TransientError):
-    """Postgres could not be reached, or the connection broke mid-operation. Retry later.
-
-    When a write raises this, it may or may not have committed: what was lost can be the
-    commit's acknowledgement. Retrying an append with the same ``expected_seq`` is safe:
-    if the first attempt did commit, the retry fails with ConcurrencyError.
-    """
-
-
-# Errors that say "the server or the connection is in trouble", not "this request is
-# wrong": connection refused/reset/lost (OSError covers socket errors and timeouts),
-# SQLSTATE class 08 (connection exception), 53 (insufficient resources, e.g. too many
-# connections), 57 (operator intervention: shutdown, restart, "cannot connect now") and
-# 40 (transaction rollback: serialization failure, deadlock).
-_TRANSIENT: Final = (
-    OSError,
-    asyncpg.exceptions.PostgresConnectionError,
-    asyncpg.exceptions.InsufficientResourcesError,
-    asyncpg.exceptions.OperatorInterventionError,
-    asyncpg.exceptions.TransactionRollbackError,
-)
-
-# Postgres refuses a NUL character in text, and \u0000 in jsonb.
-_UNSTORABLE_TEXT: Final = (
-    asyncpg.exceptions.CharacterNotInRepertoireError,
-    asyncpg.exceptions.UntranslatableCharacterError,
-)
-
-
-def transient_cause(exc: BaseException) -> BaseException | None:
-    """The connection trouble behind ``exc``, if any.
-
-    The chain matters: when a connection dies inside a transaction, asyncpg's rollback
-    in ``Transaction.__aexit__`` then fails with an InterfaceError ("the underlying
-    connection is closed") that replaces the original error, which survives only as its
-    ``__context__``.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, (*_TRANSIENT, StoreUnavailable)):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
-
-
-def _translate(exc: BaseException) -> BaseException:
-    """The error a caller should see for ``exc`` raised while talking to Postgres.
-
-    Returns a new exception each time: one failure can be handed to many callers.
-    """
-    out: BaseException
-    cause = transient_cause(exc)
-    if isinstance(cause, StoreUnavailable):
-        out = StoreUnavailable(str(cause))
-    elif cause is not None:
-        out = StoreUnavailable(f"Postgres is unavailable: {type(cause).__name__}: {cause}")
-    elif isinstance(exc, _UNSTORABLE_TEXT):
-        out = SerializationError(f"Postgres cannot store this value: {exc}")
-    elif isinstance(exc, asyncio.CancelledError):
-        out = StoreUnavailable(
-            "the write was interrupted (the store is closing); it may or may not have committed"
-        )
-    else:
-        return exc
-    out.__cause__ = exc
-    return out
-
-
-@contextmanager
-def _unavailable_as_transient() -> Iterator[None]:
-    """Turns connection trouble into StoreUnavailable; other errors pass unchanged."""
-    try:
-        yield
-    except Exception as exc:
-        if transient_cause(exc) is None:
-            raise
-        raise _translate(exc) from exc
-
-
-def _connection_lost(conn: _Conn) -> bool:
-    try:
-        return conn.is_closed()
-    except asyncpg.InterfaceError:
-        # The pool detaches a proxy from its connection when that connection closes.
-        return True
-
-
-# --------------------------------------------------------------------------- JSON
-
-
-class _EncodedJson(bytes):
-    """JSON already encoded by the caller, passed to a jsonb parameter as is."""
-
-
-def _encode_jsonb(value: Any) -> bytes:
-    # The binary jsonb format is a version byte (1) followed by the JSON text.
-    return b"\x01" + (value if isinstance(value, _EncodedJson) else dumps(value))
-
-
-def _decode_jsonb(data: bytes) -> Any:
-    return loads(data[1:])
-
-
-async def _init_connection(conn: asyncpg.Connection[asyncpg.Record]) -> None:
-    await conn.set_type_codec(
-        "jsonb",
-        schema="pg_catalog",
-        encoder=_encode_jsonb,
-        decoder=_decode_jsonb,
-        format="binary",
-    )
-
-
-def _json(value: JsonDict | None) -> _EncodedJson | None:
-    return None if value is None else _EncodedJson(dumps(value))
-
 
 # --------------------------------------------------------------------------- config
 
@@ -297,20 +173,15 @@ class _EventRows:
 
 # --------------------------------------------------------------------------- SQL
 
-_RECORD_COLUMNS: Final = (
-    "saga_id, saga_type, status, last_seq, created_at, updated_at, current_step, "
-    "next_wakeup, error, idempotency_key"
-)
-
 _INSERT_SAGAS: Final = """
 INSERT INTO sagas (saga_id, saga_type, status, last_seq, idempotency_key, created_at,
-                   updated_at, current_step, next_wakeup, error)
+                   updated_at, current_step, next_wakeup, error, key_hash)
 SELECT u.saga_id, u.saga_type, u.status, u.last_seq, u.idempotency_key, u.at, u.at,
-       u.current_step, u.next_wakeup, u.error
+       u.current_step, u.next_wakeup, u.error, u.key_hash
 FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::timestamptz[],
-            $7::text[], $8::timestamptz[], $9::jsonb[])
+            $7::text[], $8::timestamptz[], $9::jsonb[], $10::int[])
      AS u(saga_id, saga_type, status, last_seq, idempotency_key, at, current_step,
-          next_wakeup, error)
+          next_wakeup, error, key_hash)
 -- An id that already exists is not an error but the answer "not created" (False). DO
 -- NOTHING skips just that row, so one duplicate does not fail the other creates in the
 -- batch; if another transaction is inserting the same id right now, Postgres waits for
@@ -363,28 +234,10 @@ INSERT INTO saga_events (saga_id, seq, kind, data)
 SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::jsonb[])
 """
 
-_OPEN_STATUSES: Final = [s.value for s in SagaStatus if s.is_open]
-
-
-def _record(row: asyncpg.Record) -> SagaRecord:
-    return SagaRecord(
-        saga_id=row["saga_id"],
-        saga_type=row["saga_type"],
-        status=SagaStatus(row["status"]),
-        last_seq=row["last_seq"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        current_step=row["current_step"],
-        next_wakeup=row["next_wakeup"],
-        error=row["error"],
-        idempotency_key=row["idempotency_key"],
-    )
-
-
 # --------------------------------------------------------------------------- the store
 
 
-class PostgresEventStore:
+class PostgresEventStore(PostgresReads):
     """The EventStore port on Postgres. Open it with ``await PostgresEventStore.connect``."""
 
     def __init__(
@@ -622,6 +475,7 @@ class PostgresEventStore:
             [op.new.projection.current_step for op in ops],
             [op.new.projection.next_wakeup for op in ops],
             [op.error for op in ops],
+            [key_hash(op.saga_id) for op in ops],
         )
         created = {r["saga_id"] for r in inserted}
         for op in ops:
@@ -683,89 +537,6 @@ class PostgresEventStore:
                 if actual is None
                 else ConcurrencyError(op.saga_id, expected, actual)
             )
-
-    # ----------------------------------------------------------------------- reads
-
-    async def load(self, saga_id: str) -> LoadedSaga:
-        check_lookup(saga_id)
-        with _unavailable_as_transient():
-            async with self._pool.acquire() as conn:
-                row = await conn.fetchrow(
-                    f"SELECT {_RECORD_COLUMNS} FROM sagas WHERE saga_id = $1", saga_id
-                )
-                if row is None:
-                    raise SagaNotFound(saga_id)
-                record = _record(row)
-                # Consistent without a snapshot transaction: events up to last_seq were
-                # committed with (or before) the row version just read, and history is
-                # append-only, so this returns exactly the history the record describes,
-                # ignoring any event appended since.
-                event_rows = await conn.fetch(
-                    "SELECT seq, data FROM saga_events WHERE saga_id = $1 AND seq <= $2 "
-                    "ORDER BY seq",
-                    saga_id,
-                    record.last_seq,
-                )
-        return LoadedSaga(
-            record, [StoredEvent(r["seq"], event_from_dict(r["data"])) for r in event_rows]
-        )
-
-    async def first_event(self, saga_id: str) -> StoredEvent:
-        check_lookup(saga_id)
-        with _unavailable_as_transient():
-            # The primary key (saga_id, seq) finds the one row.
-            row = await self._pool.fetchrow(
-                "SELECT seq, data FROM saga_events WHERE saga_id = $1 AND seq = 1", saga_id
-            )
-        if row is None:
-            raise SagaNotFound(saga_id)
-        return StoredEvent(row["seq"], event_from_dict(row["data"]))
-
-    async def get(self, saga_id: str) -> SagaRecord:
-        check_lookup(saga_id)
-        with _unavailable_as_transient():
-            row = await self._pool.fetchrow(
-                f"SELECT {_RECORD_COLUMNS} FROM sagas WHERE saga_id = $1", saga_id
-            )
-        if row is None:
-            raise SagaNotFound(saga_id)
-        return _record(row)
-
-    async def list_sagas(
-        self,
-        *,
-        statuses: Collection[SagaStatus] | None = None,
-        saga_type: str | None = None,
-        limit: int = 100,
-        after_id: str | None = None,
-    ) -> list[SagaRecord]:
-        # Only the filters given become predicates, so each combination gets a plan that
-        # can use the matching index (a catch-all "$1 IS NULL OR ..." query cannot).
-        clauses: list[str] = []
-        args: list[object] = []
-        if statuses is not None:
-            args.append([SagaStatus(s).value for s in statuses])
-            clauses.append(f"status = ANY(${len(args)}::text[])")
-        if saga_type is not None:
-            args.append(saga_type)
-            clauses.append(f"saga_type = ${len(args)}")
-        if after_id is not None:
-            args.append(after_id)
-            clauses.append(f"saga_id > ${len(args)}")
-        args.append(limit)
-        where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
-        sql = f"SELECT {_RECORD_COLUMNS} FROM sagas {where}ORDER BY saga_id LIMIT ${len(args)}"
-        with _unavailable_as_transient():
-            rows = await self._pool.fetch(sql, *args)
-        return [_record(r) for r in rows]
-
-    async def open_saga_ids(self) -> list[str]:
-        with _unavailable_as_transient():
-            rows = await self._pool.fetch(
-                "SELECT saga_id FROM sagas WHERE status = ANY($1::text[]) ORDER BY saga_id",
-                _OPEN_STATUSES,
-            )
-        return [r["saga_id"] for r in rows]
 
     # ----------------------------------------------------------------------- lifecycle
 

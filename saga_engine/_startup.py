@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
 from saga_engine._errors import TransientError
-from saga_engine._pgstore import transient_cause
+from saga_engine._pgbase import transient_cause
 
 log = logging.getLogger("saga_engine.startup")
 

@@ -64,6 +64,15 @@ class SagaRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class OpenSummary:
+    """What ``/metrics`` reports of the store: open sagas by status (a status with none
+    may be missing), and when the longest-parked saga last changed."""
+
+    by_status: dict[SagaStatus, int]
+    oldest_parked_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class StoredEvent:
     seq: int
     event: Event
@@ -128,12 +137,28 @@ class EventStore(Protocol):
         saga_type: str | None = None,
         limit: int = 100,
         after_id: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        updated_after: datetime | None = None,
+        updated_before: datetime | None = None,
+        search: str | None = None,
     ) -> list[SagaRecord]:
-        """Sagas ordered by id, optionally filtered; ``after_id`` is the page cursor."""
+        """Sagas ordered by id, filtered by every filter given; ``after_id`` is the page
+        cursor. Time bounds: ``*_after`` inclusive, ``*_before`` exclusive (naive: UTC).
+        ``search`` matches a saga whose id starts with it, or whose idempotency key is
+        it."""
         ...
 
-    async def open_saga_ids(self) -> list[str]:
-        """Ids of every saga not in a terminal status (for recovery)."""
+    async def open_saga_ids(
+        self, partitions: Collection[int] | None = None, partition_count: int = 0
+    ) -> list[str]:
+        """Ids of every saga not in a terminal status (for recovery), in id order; with
+        ``partitions``, only those whose key Kafka puts in one of them, of
+        ``partition_count``."""
+        ...
+
+    async def open_summary(self) -> OpenSummary:
+        """Open sagas by status, and the oldest parked one's last change."""
         ...
 
     async def close(self) -> None: ...

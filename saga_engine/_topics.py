@@ -38,10 +38,17 @@ class Topics:
         return f"{self.prefix}.participant.{participant}"
 
 
+def key_hash(key: str) -> int:
+    """The non-negative murmur2 hash Kafka's default partitioner takes a partition from:
+    ``partition = key_hash(key) % partitions``. Stored with each saga (``sagas.key_hash``)
+    so that "the sagas of these partitions" is a query."""
+    from aiokafka.partitioner import murmur2
+
+    return int(murmur2(key.encode()) & 0x7FFFFFFF)
+
+
 # Asked for every input an engine applies (does it own the saga?); murmur2 is pure Python.
 @functools.lru_cache(maxsize=65536)
 def partition_for(key: str, partitions: int) -> int:
     """The partition Kafka's default partitioner (murmur2) puts ``key`` in."""
-    from aiokafka.partitioner import murmur2
-
-    return int((murmur2(key.encode()) & 0x7FFFFFFF) % partitions)
+    return key_hash(key) % partitions

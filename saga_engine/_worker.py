@@ -719,9 +719,7 @@ class SagaWorker:
                 # Sagas already in memory (the kept partitions') are skipped by recover:
                 # only what is new here is rebuilt, in parallel, bounded by
                 # engine.recovery_concurrency.
-                ids = [
-                    i for i in await self._store.open_saga_ids() if partition_for(i, count) in mine
-                ]
+                ids = await self._store.open_saga_ids(mine, count)
                 recovered = await self.engine.recover(ids)
                 break
             except TransientError as exc:

@@ -146,9 +146,6 @@ class AdminSettings(BaseModel):
     #: that of two requests racing with one key the loser gets its 409 (after that, 202
     #: with status null; the loser's start is then dead-lettered as idempotency_conflict).
     idempotency_confirm_s: float = Field(default=2.0, ge=0, le=60)
-    #: How many saga rows one list request may scan when filtering beyond what the store
-    #: filters itself (time range, id search); the page then returns a cursor to go on.
-    list_scan_limit: int = Field(default=5_000, ge=100)
     #: How long a web-page sign-in lasts unused, in whole seconds. Sliding: a request
     #: made with the session cookie extends it. A token's sessions also end when the
     #: token is rotated or removed.

@@ -22,6 +22,7 @@ from saga_engine._migrations import (
     shipped_migrations,
 )
 from saga_engine._pgstore import PostgresEventStore
+from saga_engine._topics import key_hash, partition_for
 from saga_engine.settings import PostgresSettings
 from tests.conftest import PgTarget
 
@@ -33,6 +34,7 @@ PINNED = {
     1: "12bd630585402c6947d0c31bcc4f0501dac21a8c9953ae6c07fb9c978d764ee2",
     2: "be285e3e14a6051c8769902f72d392f6ad3a382597dc084acb9a755278f03f73",
     3: "041235596d84fb456126190a2878c864685b1de54f875c551d4d1f9850697cea",
+    4: "b372269b2eadc7508bce1006f32eed6a7dcc2a8730933d4a373f32a0b740e471",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant_migrations).
 PINNED_PARTICIPANT = {
@@ -263,7 +265,7 @@ async def test_0002_upgrades_a_schema_with_sagas_in_it(
         with pytest.raises(asyncpg.exceptions.CheckViolationError):
             await conn.execute(insert, "early", "step_stuck")
         monkeypatch.undo()
-        assert await migrate(pg.database_dsn, pg.schema) == [2, 3]
+        assert await migrate(pg.database_dsn, pg.schema) == [2, 3, 4]
         await conn.execute(insert, "new", "step_stuck")
         with pytest.raises(asyncpg.exceptions.CheckViolationError):
             await conn.execute(insert, "bogus", "stuck-ish")
@@ -301,7 +303,7 @@ async def test_0003_drops_the_events_foreign_key_and_keeps_the_history(
         with pytest.raises(asyncpg.exceptions.ForeignKeyViolationError):
             await conn.execute(event, "nobody", 1)
         monkeypatch.undo()
-        assert await migrate(pg.database_dsn, pg.schema) == [3]
+        assert await migrate(pg.database_dsn, pg.schema) == [3, 4]
         assert await conn.fetchval(fk) == 0
         with pytest.raises(asyncpg.exceptions.UniqueViolationError):
             await conn.execute(event, "s", 1)
@@ -332,7 +334,44 @@ async def test_0003_gives_up_on_a_held_lock_changing_nothing_and_applies_later(
         await long_tx.rollback()
     finally:
         await reader.close()
-    assert await migrate(pg.database_dsn, pg.schema) == [3]
+    assert await migrate(pg.database_dsn, pg.schema) == [3, 4]
+
+
+async def test_0004_finds_open_sagas_created_before_it_by_partition(
+    pg: PgTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sagas created at 0003 have no key_hash: after 0004, recovery's query by partition
+    still finds the open ones (hashed in Python), and gives them their hash."""
+    upto3 = [m for m in shipped_migrations() if m.version <= 3]
+    monkeypatch.setattr(_migrations, "shipped_migrations", lambda: upto3)
+    assert await migrate(pg.database_dsn, pg.schema) == [1, 2, 3]
+    monkeypatch.undo()
+    ids = [f"old-{n}" for n in range(12)]
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        for saga_id in [*ids, "old-done"]:
+            await conn.execute(
+                "INSERT INTO sagas (saga_id, saga_type, status, last_seq, created_at, "
+                "updated_at) VALUES ($1, 't', $2, 0, now(), now())",
+                saga_id,
+                "completed" if saga_id == "old-done" else "running",
+            )
+        assert await migrate(pg.database_dsn, pg.schema) == [4]
+        store = await PostgresEventStore.connect(
+            PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
+        )
+        try:
+            mine = {0, 2}
+            expected = sorted(i for i in ids if partition_for(i, 3) in mine)
+            assert await store.open_saga_ids(mine, 3) == expected
+            assert await store.open_saga_ids(mine, 3) == expected  # now by the column
+        finally:
+            await store.close()
+        rows = await conn.fetch("SELECT saga_id, key_hash FROM sagas WHERE key_hash IS NOT NULL")
+        hashes = {r["saga_id"]: r["key_hash"] for r in rows}
+    finally:
+        await conn.close()
+    assert hashes == {i: key_hash(i) for i in ids}  # the open ones, and only them
 
 
 async def test_the_store_refuses_an_unmigrated_schema(pg: PgTarget) -> None:

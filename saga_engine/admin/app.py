@@ -254,7 +254,7 @@ def create_admin_app(
                 min_length=1,
                 max_length=200,
                 pattern=_NO_NUL,
-                description="Case-insensitive substring of the saga id.",
+                description="A saga id, or its first characters; or an idempotency key.",
             ),
         ] = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
@@ -283,7 +283,6 @@ def create_admin_app(
             where,
             limit=limit,
             after_id=decode_cursor(cursor) if cursor is not None else None,
-            scan_limit=admin.list_scan_limit,
         )
         return SagaPage(items=[summary(r) for r in rows], next_cursor=next_cursor)
 

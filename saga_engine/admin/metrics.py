@@ -7,16 +7,12 @@ for ``text/plain`` or OpenMetrics, as a Prometheus scraper does.
 from __future__ import annotations
 
 import re
-from collections import Counter
 from datetime import UTC, datetime
 
 from saga_engine._engine import Engine
 from saga_engine._status import SagaStatus
 from saga_engine.admin.schemas import MetricsBody
 
-#: At most this many open sagas are counted per scrape (the rest is flagged truncated).
-MAX_OPEN_SCAN = 200_000
-_PAGE = 1_000
 OPEN_STATUSES = tuple(s for s in SagaStatus if s.is_open)
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -26,37 +22,21 @@ def _aware(value: datetime) -> datetime:
 
 
 async def collect(engine: Engine) -> MetricsBody:
-    by_status: Counter[str] = Counter({s.value: 0 for s in OPEN_STATUSES})
-    oldest_parked: datetime | None = None
-    after: str | None = None
-    scanned = 0
-    truncated = False
-    while True:
-        rows = await engine.store.list_sagas(statuses=OPEN_STATUSES, limit=_PAGE, after_id=after)
-        for row in rows:
-            by_status[row.status.value] += 1
-            if row.status.is_parked:
-                updated = _aware(row.updated_at)
-                if oldest_parked is None or updated < oldest_parked:
-                    oldest_parked = updated
-        scanned += len(rows)
-        if len(rows) < _PAGE:
-            break
-        if scanned >= MAX_OPEN_SCAN:
-            truncated = True
-            break
-        after = rows[-1].saga_id
+    """Two indexed queries (counts of open sagas, the oldest parked one), whatever the
+    number of sagas stored."""
+    summary = await engine.store.open_summary()
+    by_status = {s.value: summary.by_status.get(s, 0) for s in OPEN_STATUSES}
     age = None
-    if oldest_parked is not None:
-        age = max(0.0, (_aware(engine.clock.now()) - oldest_parked).total_seconds())
+    if summary.oldest_parked_at is not None:
+        now = _aware(engine.clock.now())
+        age = max(0.0, (now - _aware(summary.oldest_parked_at)).total_seconds())
     counters = {name: int(value) for name, value in sorted(engine.stats.counts.items())}
     return MetricsBody(
-        open_sagas=dict(by_status),
+        open_sagas=by_status,
         open_total=sum(by_status.values()),
         oldest_stuck_age_seconds=age,
         dead_lettered=counters.get("dead_lettered", 0),
         counters=counters,
-        scan_truncated=truncated,
     )
 
 
@@ -92,9 +72,6 @@ def render_prometheus(body: MetricsBody) -> str:
         "# HELP saga_dead_lettered_total Messages this engine sent to the dead-letter topic.",
         "# TYPE saga_dead_lettered_total counter",
         f"saga_dead_lettered_total {body.dead_lettered}",
-        "# HELP saga_open_scan_truncated 1 when there were too many open sagas to count.",
-        "# TYPE saga_open_scan_truncated gauge",
-        f"saga_open_scan_truncated {int(body.scan_truncated)}",
     ]
     seen: set[str] = set()
     for counter, value in body.counters.items():

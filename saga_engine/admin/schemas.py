@@ -44,9 +44,7 @@ class SagaSummary(BaseModel):
 class SagaPage(BaseModel):
     items: list[SagaSummary]
     next_cursor: str | None = Field(
-        description="Pass as `cursor` for the next page; null when there is none. A page "
-        "may hold fewer than `limit` items and still have a next cursor (the scan per "
-        "request is bounded)."
+        description="Pass as `cursor` for the next page; null when there is none."
     )
 
 
@@ -163,6 +161,3 @@ class MetricsBody(BaseModel):
     )
     dead_lettered: int = Field(description="Messages this engine sent to the dead-letter topic.")
     counters: dict[str, int] = Field(description="The engine's counters since it started.")
-    scan_truncated: bool = Field(
-        description="True when there were too many open sagas to count them all."
-    )

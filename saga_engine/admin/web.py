@@ -390,7 +390,6 @@ def web_router(engine: Engine, admin: AdminSettings) -> APIRouter:
             where,
             limit=PAGE_SIZE,
             after_id=decode_cursor(cursor) if cursor is not None else None,
-            scan_limit=admin.list_scan_limit,
         )
         filters = {"status": status, "type": saga_type, "q": q}
         next_url = None

@@ -38,7 +38,6 @@ async def test_listing_and_reading_on_postgres(pg_store: PostgresEventStore) -> 
         admin=AdminSettings(
             operators={"olivia": SecretStr(OPERATOR_TOKEN)},
             readers={"rita": SecretStr(READER_TOKEN)},
-            list_scan_limit=100,
         )
     )
     env = SagaTestEnv([Transfer, Noop], settings=settings, store=pg_store)
@@ -78,8 +77,8 @@ async def test_listing_and_reading_on_postgres(pg_store: PostgresEventStore) -> 
         assert (await all_pages(type="noop", limit=500))[0] == sorted(noops)
         later = (t0 + timedelta(minutes=30)).isoformat()
         assert (await all_pages(created_after=later))[0] == [stuck]
-        # 121 rows, at most 100 scanned per request: two requests find the one match.
-        assert await all_pages(q=stuck[4:20]) == ([stuck], 2)
+        # The id prefix is a range of the primary key: one request finds the match.
+        assert await all_pages(q=stuck[:12]) == ([stuck], 1)
         assert (await all_pages(q="\u00e9t\u00e9"))[0] == []
 
         detail = (await http.get(f"/sagas/{stuck}", headers=READER)).json()

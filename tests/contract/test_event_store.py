@@ -46,11 +46,20 @@ from saga_engine._memstore import InMemoryEventStore
 from saga_engine._migrations import migrate
 from saga_engine._pgstore import GroupCommitConfig, PostgresEventStore, StoreUnavailable
 from saga_engine._status import SagaStatus
-from saga_engine._store import Append, EventStore, NewSaga, Projection
+from saga_engine._store import (
+    Append,
+    EventStore,
+    NewSaga,
+    OpenSummary,
+    Projection,
+    SagaRecord,
+)
+from saga_engine._topics import partition_for
 from saga_engine.settings import PostgresSettings
 from tests.conftest import PgTarget
 
 RUNNING = Projection(SagaStatus.RUNNING)
+HOUR = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
@@ -551,6 +560,68 @@ async def test_open_saga_ids_excludes_terminal_statuses(store: EventStore) -> No
         == 2
     )
     assert "saga-running" not in await store.open_saga_ids()
+
+
+async def test_list_sagas_by_time_range_and_search(store: EventStore) -> None:
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    for n, key in enumerate([None, "order-1", None, "order-2"]):
+        at = base + timedelta(hours=n)
+        events: list[Event] = [SagaStarted(at=at, saga_type="order", input={})]
+        assert await store.create(
+            NewSaga(f"s-{n}", "order", events, Projection(SagaStatus.RUNNING), key)
+        )
+    later = base + timedelta(hours=2)
+
+    def ids(rows: list[SagaRecord]) -> list[str]:
+        return [r.saga_id for r in rows]
+
+    assert ids(await store.list_sagas(created_after=later)) == ["s-2", "s-3"]  # inclusive
+    assert ids(await store.list_sagas(created_before=later)) == ["s-0", "s-1"]  # exclusive
+    # A naive bound is UTC.
+    naive = later.replace(tzinfo=None)
+    assert ids(await store.list_sagas(updated_after=naive, updated_before=naive + HOUR)) == ["s-2"]
+    assert ids(await store.list_sagas(search="s-")) == ["s-0", "s-1", "s-2", "s-3"]
+    assert ids(await store.list_sagas(search="s-3")) == ["s-3"]
+    assert ids(await store.list_sagas(search="-3")) == []  # a prefix, not a substring
+    assert ids(await store.list_sagas(search="order-2")) == ["s-3"]  # the key, whole
+    assert ids(await store.list_sagas(search="order")) == []
+    assert ids(await store.list_sagas(search="s-", created_after=later, limit=1)) == ["s-2"]
+    assert ids(await store.list_sagas(search="s-", after_id="s-2")) == ["s-3"]
+
+
+async def test_open_sagas_of_given_partitions(store: EventStore) -> None:
+    ids = [f"saga-{n}" for n in range(40)]
+    for saga_id in ids:
+        assert await store.create(_new(saga_id))
+    assert await store.create(_new("saga-done", status=SagaStatus.COMPLETED))
+    mine = {1, 3}
+    expected = sorted(i for i in ids if partition_for(i, 4) in mine)
+    assert expected  # 40 keys over 4 partitions: some land in these two
+    assert await store.open_saga_ids(mine, 4) == expected
+    assert await store.open_saga_ids(set(), 4) == []
+    assert await store.open_saga_ids(range(4), 4) == sorted(ids)
+
+
+async def test_open_summary_counts_open_sagas_and_the_oldest_parked(store: EventStore) -> None:
+    assert await store.open_summary() == OpenSummary({}, None)
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    statuses = [
+        SagaStatus.RUNNING,
+        SagaStatus.RUNNING,
+        SagaStatus.COMPENSATION_STUCK,
+        SagaStatus.STEP_STUCK,
+        SagaStatus.COMPLETED,
+    ]
+    for n, status in enumerate(statuses):
+        events: list[Event] = [SagaStarted(at=base + timedelta(minutes=n), saga_type="o", input={})]
+        assert await store.create(NewSaga(f"s-{n}", "o", events, Projection(status)))
+    summary = await store.open_summary()
+    assert {k: v for k, v in summary.by_status.items() if v} == {
+        SagaStatus.RUNNING: 2,
+        SagaStatus.COMPENSATION_STUCK: 1,
+        SagaStatus.STEP_STUCK: 1,
+    }
+    assert summary.oldest_parked_at == base + timedelta(minutes=2)
 
 
 # --------------------------------------------------------------------------- Postgres only
