@@ -1,13 +1,18 @@
 """The application the end-to-end benchmark runs: one 3-step saga and three participants.
 
 Each role runs in its own process, configured by the ``SAGA_*`` environment like any
-deployment, plus two variables of the benchmark's own:
+deployment, plus variables of the benchmark's own:
 
 - ``BENCH_STATE_DIR``: where the process writes ``{role}.ready`` once it owns partitions,
   and ``{role}.stats.{n}.json`` (its counters, and the Kafka requests it has sent by
   API, counted by ``bench.bare.count_kafka_requests``) on the n-th SIGUSR1 and
   ``{role}.stats.final.json`` when it stops;
 - ``BENCH_GROUP_COMMIT`` (engine only): ``0`` turns the event store's group commit off;
+- ``BENCH_ROLE`` (engine only): the role's name in those files (default ``engine``), so
+  that several engines can share one state directory (bench/failover.py);
+- ``BENCH_OWNED_POLL_MS`` (engine only): look at the worker's owned inbox partitions this
+  often and write ``{role}.owned.{pid}.json`` each time they change: the whole history
+  since the process started, as ``[wall time, sorted partitions]`` pairs;
 - ``BENCH_PROFILE`` / ``BENCH_PROFILE_CLOCK``: cProfile the measured load
   (between the first and the second SIGUSR1) to that path, timed by ``wall`` or ``cpu``.
 
@@ -214,6 +219,21 @@ def _signals(stop: asyncio.Event, reporter: _Reporter, profiler: _Profiler | Non
     loop.add_signal_handler(signal.SIGUSR1, on_usr1)
 
 
+async def _watch_owned(worker: SagaWorker, reporter: _Reporter, interval_s: float) -> None:
+    """Writes ``{role}.owned.{pid}.json`` whenever the worker's owned inbox partitions
+    change: every change since the start, with the wall clock (``time.time()``) when it
+    was seen, at most ``interval_s`` late. A SIGKILLed process's file stays as it was."""
+    pid = os.getpid()
+    name = f"{reporter.role}.owned.{pid}.json"
+    history: list[tuple[float, list[int]]] = []
+    while True:
+        owned = sorted(worker.owned_partitions)
+        if not history or history[-1][1] != owned:
+            history.append((time.time(), owned))
+            reporter._write(name, orjson.dumps({"pid": pid, "history": history}))
+        await asyncio.sleep(interval_s)
+
+
 async def run_engine() -> None:
     settings = Settings()
     enabled = os.environ.get("BENCH_GROUP_COMMIT", "1") != "0"
@@ -231,9 +251,10 @@ async def run_engine() -> None:
             },
             "engine": dict(worker.engine.stats.counts) if worker.engine else {},
             "dead_lettered": worker.stats_dead_lettered,
+            "owned_partitions": sorted(worker.owned_partitions),
         }
 
-    reporter = _Reporter("engine", snapshot)
+    reporter = _Reporter(os.environ.get("BENCH_ROLE") or "engine", snapshot)
     profiler = _Profiler()
     stop = asyncio.Event()
     _signals(stop, reporter, profiler)
@@ -242,12 +263,17 @@ async def run_engine() -> None:
         await worker.assigned_event.wait()
         reporter.ready()
 
+    poll_ms = int(os.environ.get("BENCH_OWNED_POLL_MS") or 0)
+    loop = asyncio.get_running_loop()
+    watcher = loop.create_task(_watch_owned(worker, reporter, poll_ms / 1000)) if poll_ms else None
     try:
         await worker.start()
-        announcer = asyncio.get_running_loop().create_task(announce())
+        announcer = loop.create_task(announce())
         await stop.wait()
         announcer.cancel()
     finally:
+        if watcher is not None:
+            watcher.cancel()
         await worker.stop()
         await store.close()
         reporter.dump("final")
