@@ -15,6 +15,7 @@ import asyncio
 import collections
 import logging
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -23,6 +24,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel
 
 from saga_engine._bus import CommandSender, Ownership
+from saga_engine._cache import KeyedLocks, _Held
 from saga_engine._clock import Clock, SystemClock, TimerHandle
 from saga_engine._decision import (
     Cancel,
@@ -110,6 +112,8 @@ class _Live:
     #: Loaded as its owner (so what it has in flight was re-sent); False when loaded
     #: only to apply one input to a saga another engine drives.
     driven: bool = True
+    #: When an input last changed it (the event loop's clock): idle eviction's measure.
+    touched: float = 0.0
 
 
 @dataclass(slots=True)
@@ -153,9 +157,11 @@ class Engine:
         self.clock: Clock = clock or SystemClock()
         self.stats = EngineStats()
         self._crash_hook = crash_hook
-        self._live: dict[str, _Live] = {}
+        #: The sagas held in memory, least recently changed first (``_arm`` moves a
+        #: saga to the end), which is the order idle eviction looks at them in.
+        self._live: OrderedDict[str, _Live] = OrderedDict()
         # One lock per saga serialises its inputs; different sagas proceed in parallel.
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks = KeyedLocks()
         self._watchers: dict[str, list[asyncio.Future[None]]] = {}
         self._closed = False
         self._batch = BatchApplier(self)
@@ -456,6 +462,8 @@ class Engine:
                 watchers = self._watchers.get(saga_id, [])
                 if future in watchers:
                     watchers.remove(future)
+                if not watchers:
+                    self._watchers.pop(saga_id, None)  # nothing per saga outlives its use
 
     def live_saga_ids(self) -> list[str]:
         """Sagas held in memory by this engine."""
@@ -469,22 +477,30 @@ class Engine:
 
     async def recover(self, saga_ids: Sequence[str] | None = None) -> int:
         """Rebuilds open sagas from the store, re-sends their outstanding commands under
-        the same ids and re-arms their timers. Returns how many were recovered."""
+        the same ids and re-arms their timers. Returns how many were recovered.
+
+        Memory stays within ``engine.cache_size``: past it the least recently changed
+        sagas are evicted as recovery goes (what they had in flight was re-sent; their
+        timers are due from the store)."""
         ids = list(saga_ids) if saga_ids is not None else await self.store.open_saga_ids()
         limit = asyncio.Semaphore(self.settings.engine.recovery_concurrency)
+        bound = self.settings.engine.cache_size
 
         async def one(saga_id: str) -> bool:
-            async with limit, self._lock(saga_id):
-                if saga_id in self._live:
-                    return False
-                try:
-                    await self._ensure_live(saga_id)
-                except TransientError:
-                    raise  # the caller retries: the store or the broker is away
-                except SagaError as exc:
-                    log.error("saga %s could not be recovered: %s", saga_id, exc)
-                    self.stats.inc("recovery_failed")
-                    return False
+            async with limit:
+                async with self._lock(saga_id):
+                    if saga_id in self._live:
+                        return False
+                    try:
+                        await self._ensure_live(saga_id)
+                    except TransientError:
+                        raise  # the caller retries: the store or the broker is away
+                    except SagaError as exc:
+                        log.error("saga %s could not be recovered: %s", saga_id, exc)
+                        self.stats.inc("recovery_failed")
+                        return False
+                if len(self._live) > bound:
+                    self.evict_idle(float("inf"), bound)
                 return True
 
         results = await asyncio.gather(*(one(i) for i in ids))
@@ -493,6 +509,49 @@ class Engine:
     def evict(self, saga_id: str) -> None:
         """Forgets the in-memory copy; the next input rebuilds it from the store."""
         self._evict(saga_id)
+
+    def evict_idle(self, idle_s: float, max_size: int) -> int:
+        """Evicts the sagas that wait on nothing but a timer or a signal and have not
+        changed for ``idle_s`` seconds, then, while more than ``max_size`` are held, the
+        least recently changed ones (those waiting on a reply too: reloaded for it, they
+        re-send what they have in flight, which participants deduplicate). A saga in use
+        (its lock held or awaited) is left alone. Returns how many were evicted.
+
+        An evicted saga is rebuilt from history by its next input; its timers are due
+        from the store (``wake``), which the owner polls."""
+        now = asyncio.get_running_loop().time()
+        over = len(self._live) - max_size
+        evicted = 0
+        for saga_id, live in list(self._live.items()):
+            if self._locks.held(saga_id):
+                continue
+            idle = now - live.touched >= idle_s
+            if not idle and over <= 0:
+                break  # least recently changed first: the rest changed later still
+            waiting_only = not live.runtime.awaits_reply
+            if over > 0 or (idle and waiting_only):
+                self._evict(saga_id)
+                over -= 1
+                evicted += 1
+        if evicted:
+            self.stats.inc("sagas_evicted", evicted)
+        return evicted
+
+    def holds_timer(self, saga_id: str) -> bool:
+        """The saga is in memory with a timer armed: its wake-up needs no poller."""
+        live = self._live.get(saga_id)
+        return live is not None and live.timer is not None
+
+    async def wake(self, saga_id: str) -> None:
+        """Loads a saga whose wake-up is due (the store says so) and is not in memory:
+        loading arms its timers, and a due one fires at once."""
+        async with self._lock(saga_id):
+            if saga_id in self._live:
+                return
+            live = await self._ensure_live(saga_id)
+            self.stats.inc("sagas_woken")
+            if live.runtime.status.is_terminal:
+                self._evict(saga_id)
 
     def suspend(self, saga_id: str) -> None:
         """Stops the saga's timers, keeping it in memory: its partition is being
@@ -516,11 +575,8 @@ class Engine:
 
     # ------------------------------------------------------------------ internals
 
-    def _lock(self, saga_id: str) -> asyncio.Lock:
-        lock = self._locks.get(saga_id)
-        if lock is None:
-            lock = self._locks[saga_id] = asyncio.Lock()
-        return lock
+    def _lock(self, saga_id: str) -> _Held:
+        return self._locks.hold(saga_id)
 
     def _check_size(self, payload: JsonDict, what: str, *, exact: bool = True) -> None:
         try:
@@ -675,6 +731,9 @@ class Engine:
                 future.set_result(None)  # the waiter re-reads the store
 
     def _arm(self, saga_id: str, live: _Live) -> None:
+        live.touched = asyncio.get_running_loop().time()
+        if saga_id in self._live:
+            self._live.move_to_end(saga_id)
         if live.timer is not None:
             live.timer.cancel()
             live.timer = None

@@ -91,15 +91,14 @@ class BatchApplier:
                 work = works[item.saga_id] = _Work(item.saga_id)
             work.inputs.append(item)
         result = BatchResult()
-        held: list[asyncio.Lock] = []
+        held: list[str] = []
         try:
             for saga_id in works:
                 # One saga's inputs are serialised with everything else done to it (a
                 # timer, an operator's action); other holders take one lock at a time,
                 # so taking many here cannot deadlock.
-                lock = engine._lock(saga_id)
-                await lock.acquire()
-                held.append(lock)
+                await engine._locks.acquire(saga_id)
+                held.append(saga_id)
             for work in works.values():
                 self._decide(work, result)
             written = [w for w in works.values() if not w.failed and w.events]
@@ -125,8 +124,8 @@ class BatchApplier:
                 self._forget(work)
             raise
         finally:
-            for lock in held:
-                lock.release()
+            for saga_id in held:
+                engine._locks.release(saga_id)
         return result
 
     def _forget(self, work: _Work) -> None:

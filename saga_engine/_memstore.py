@@ -166,6 +166,23 @@ class InMemoryEventStore:
             and (partitions is None or partition_for(r.saga_id, partition_count) in partitions)
         )
 
+    async def due_wakeups(
+        self,
+        until: datetime,
+        partitions: Collection[int] | None = None,
+        partition_count: int = 0,
+        limit: int = 1000,
+    ) -> list[str]:
+        due = sorted(
+            (_aware(r.next_wakeup), r.saga_id)
+            for r in self._records.values()
+            if r.next_wakeup is not None
+            and r.status is not SagaStatus.NONDETERMINISTIC
+            and _aware(r.next_wakeup) <= _aware(until)
+            and (partitions is None or partition_for(r.saga_id, partition_count) in partitions)
+        )
+        return [saga_id for _, saga_id in due[:limit]]
+
     async def open_summary(self) -> OpenSummary:
         by_status: Counter[SagaStatus] = Counter()
         parked: list[datetime] = []

@@ -184,3 +184,37 @@ class PostgresReads:
             by_status={SagaStatus(r["status"]): int(r["n"]) for r in counts},
             oldest_parked_at=oldest,
         )
+
+    async def due_wakeups(
+        self,
+        until: datetime,
+        partitions: Collection[int] | None = None,
+        partition_count: int = 0,
+        limit: int = 1000,
+    ) -> list[str]:
+        # A range of the partial next_wakeup index (only sagas with a wake-up have one).
+        # A saga parked as nondeterministic keeps its wake-up but cannot act on it.
+        if partitions is None:
+            sql = (
+                "SELECT saga_id, key_hash FROM sagas WHERE next_wakeup <= $1 "
+                "AND status <> 'nondeterministic' ORDER BY next_wakeup LIMIT $2"
+            )
+            args: list[object] = [_aware(until), limit]
+        else:
+            sql = (
+                "SELECT saga_id, key_hash FROM sagas WHERE next_wakeup <= $1 "
+                "AND status <> 'nondeterministic' "
+                "AND (key_hash % $2 = ANY($3::int[]) OR key_hash IS NULL) "
+                "ORDER BY next_wakeup LIMIT $4"
+            )
+            args = [_aware(until), partition_count, sorted(set(partitions)), limit]
+        with _unavailable_as_transient():
+            rows = await self._pool.fetch(sql, *args)
+        if partitions is None:
+            return [r["saga_id"] for r in rows]
+        mine = set(partitions)
+        return [
+            r["saga_id"]
+            for r in rows
+            if r["key_hash"] is not None or partition_for(r["saga_id"], partition_count) in mine
+        ]

@@ -242,6 +242,11 @@ class SagaRuntime(SagaOperations):
     def next_wakeup(self) -> datetime | None:
         return min((t.fire_at for t in self._timers.values()), default=None)
 
+    @property
+    def awaits_reply(self) -> bool:
+        """A command it sent is not answered yet (``outstanding_commands`` is not empty)."""
+        return any(f.held is None for f in self._inflight.values())
+
     def outstanding_commands(self) -> list[OutboundCommand]:
         """Commands sent but not answered: a recovering owner sends them again, same ids.
         (A step whose reply is held as invalid was answered: it is not sent again.)"""

@@ -161,4 +161,16 @@ class EventStore(Protocol):
         """Open sagas by status, and the oldest parked one's last change."""
         ...
 
+    async def due_wakeups(
+        self,
+        until: datetime,
+        partitions: Collection[int] | None = None,
+        partition_count: int = 0,
+        limit: int = 1000,
+    ) -> list[str]:
+        """Ids of sagas whose next wake-up is at or before ``until``, soonest first, at
+        most ``limit``; with ``partitions``, only those keyed to them (as in
+        ``open_saga_ids``)."""
+        ...
+
     async def close(self) -> None: ...

@@ -97,6 +97,15 @@ class EngineSettings(BaseModel):
     auto_migrate: bool = True
     #: How many sagas a recovering engine rebuilds at once.
     recovery_concurrency: int = Field(default=32, ge=1)
+    #: Most sagas one engine holds in memory; past it the least recently changed are
+    #: evicted (rebuilt from history by their next input). Memory is bounded by this.
+    cache_size: int = Field(default=10_000, ge=1)
+    #: A saga that waits only on a timer or a signal, unchanged for this long, is
+    #: evicted; its timers are then due from Postgres.
+    idle_evict_s: float = Field(default=60.0, ge=0)
+    #: How often an engine evicts idle sagas and asks Postgres for the wake-ups due in
+    #: its partitions (of sagas not in memory): a timer fires within about this late.
+    timer_poll_s: float = Field(default=0.5, gt=0, le=60)
     #: How long start-up waits for Kafka and Postgres to answer, retrying with back-off
     #: and logging one line per attempt. Unset: for ever, as an orchestrator expects
     #: from a service whose dependencies start alongside it.
