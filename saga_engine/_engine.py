@@ -15,7 +15,6 @@ import asyncio
 import collections
 import logging
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -24,8 +23,8 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel
 
 from saga_engine._bus import CommandSender, Ownership
-from saga_engine._cache import KeyedLocks, _Held
-from saga_engine._clock import Clock, SystemClock, TimerHandle
+from saga_engine._cache import LiveSaga, LiveSagas
+from saga_engine._clock import Clock, SystemClock
 from saga_engine._decision import (
     Cancel,
     Decision,
@@ -104,19 +103,6 @@ class PreparedStart(NamedTuple):
 
 
 @dataclass(slots=True)
-class _Live:
-    runtime: SagaRuntime
-    committed_seq: int
-    timer: TimerHandle | None = None
-    started_at: datetime | None = None
-    #: Loaded as its owner (so what it has in flight was re-sent); False when loaded
-    #: only to apply one input to a saga another engine drives.
-    driven: bool = True
-    #: When an input last changed it (the event loop's clock): idle eviction's measure.
-    touched: float = 0.0
-
-
-@dataclass(slots=True)
 class EngineStats:
     """Counters an operator cares about; exported as metrics by the observability layer."""
 
@@ -157,11 +143,9 @@ class Engine:
         self.clock: Clock = clock or SystemClock()
         self.stats = EngineStats()
         self._crash_hook = crash_hook
-        #: The sagas held in memory, least recently changed first (``_arm`` moves a
-        #: saga to the end), which is the order idle eviction looks at them in.
-        self._live: OrderedDict[str, _Live] = OrderedDict()
-        # One lock per saga serialises its inputs; different sagas proceed in parallel.
-        self._locks = KeyedLocks()
+        #: The sagas held in memory, with their locks (one per saga serialises its
+        #: inputs; different sagas proceed in parallel) and timers.
+        self.live = LiveSagas(self.clock, self._spans, self._fire_timers, lambda: self._closed)
         self._watchers: dict[str, list[asyncio.Future[None]]] = {}
         self._closed = False
         self._batch = BatchApplier(self)
@@ -244,8 +228,8 @@ class Engine:
         idempotency_key: str | None,
         trace_context: dict[str, str],
     ) -> str:
-        async with self._lock(saga_id):
-            live = self._live.get(saga_id)
+        async with self.live.lock(saga_id):
+            live = self.live.get(saga_id)
             if live is not None:
                 _check_same_start(
                     definition, live.runtime.started, payload, saga_id, idempotency_key
@@ -279,8 +263,8 @@ class Engine:
                 self.stats.inc("start_deduplicated")
                 return saga_id
             self._stat("sagas_started", definition.name)
-            live = _Live(runtime, committed_seq=len(decision.events), started_at=now)
-            self._live[saga_id] = live
+            live = LiveSaga(runtime, committed_seq=len(decision.events), started_at=now)
+            self.live.put(saga_id, live)
             await self._effects(saga_id, live, decision)
         return saga_id
 
@@ -295,10 +279,10 @@ class Engine:
 
     async def deliver(self, saga_id: str, inbound: Inbound) -> Decision:
         """Applies one input to a saga. Raises SagaNotFound or InvalidTransition."""
-        async with self._lock(saga_id):
+        async with self.live.lock(saga_id):
             changed = False
             try:
-                cached = saga_id in self._live
+                cached = saga_id in self.live
                 live = await self._ensure_live(saga_id)
                 decision = live.runtime.handle(inbound)
                 if (
@@ -410,18 +394,18 @@ class Engine:
     ) -> Decision:
         """Resumes a parked saga: a stuck compensation is retried; a nondeterministic
         saga is rebuilt with the code deployed now and goes on if it replays cleanly."""
-        async with self._lock(saga_id):
+        async with self.live.lock(saga_id):
             changed = False
             try:
-                live = self._live.get(saga_id)
+                live = self.live.get(saga_id)
                 if live is None or live.runtime.status == SagaStatus.NONDETERMINISTIC:
-                    self._evict(saga_id)
+                    self.live.evict(saga_id)
                     live = await self._ensure_live(saga_id)
                 was_parked = live.runtime.dead
                 decision = live.runtime.handle(Resume(self.clock.now(), principal, reason))
                 await self._commit(saga_id, live, decision)
                 changed = bool(decision.events)
-                if was_parked and self._live.get(saga_id) is live and self._owns(saga_id):
+                if was_parked and self.live.get(saga_id) is live and self._owns(saga_id):
                     await self._resend_outstanding(live)
                 return decision
             finally:
@@ -467,10 +451,10 @@ class Engine:
 
     def live_saga_ids(self) -> list[str]:
         """Sagas held in memory by this engine."""
-        return list(self._live)
+        return self.live.ids()
 
     def runtime_of(self, saga_id: str) -> SagaRuntime | None:
-        live = self._live.get(saga_id)
+        live = self.live.get(saga_id)
         return live.runtime if live else None
 
     # ------------------------------------------------------------------ recovery
@@ -488,8 +472,8 @@ class Engine:
 
         async def one(saga_id: str) -> bool:
             async with limit:
-                async with self._lock(saga_id):
-                    if saga_id in self._live:
+                async with self.live.lock(saga_id):
+                    if saga_id in self.live:
                         return False
                     try:
                         await self._ensure_live(saga_id)
@@ -499,7 +483,7 @@ class Engine:
                         log.error("saga %s could not be recovered: %s", saga_id, exc)
                         self.stats.inc("recovery_failed")
                         return False
-                if len(self._live) > bound:
+                if len(self.live) > bound:
                     self.evict_idle(float("inf"), bound)
                 return True
 
@@ -508,75 +492,31 @@ class Engine:
 
     def evict(self, saga_id: str) -> None:
         """Forgets the in-memory copy; the next input rebuilds it from the store."""
-        self._evict(saga_id)
+        self.live.evict(saga_id)
 
     def evict_idle(self, idle_s: float, max_size: int) -> int:
-        """Evicts the sagas that wait on nothing but a timer or a signal and have not
-        changed for ``idle_s`` seconds, then, while more than ``max_size`` are held, the
-        least recently changed ones (those waiting on a reply too: reloaded for it, they
-        re-send what they have in flight, which participants deduplicate). A saga in use
-        (its lock held or awaited) is left alone. Returns how many were evicted.
-
-        An evicted saga is rebuilt from history by its next input; its timers are due
-        from the store (``wake``), which the owner polls."""
-        now = asyncio.get_running_loop().time()
-        over = len(self._live) - max_size
-        evicted = 0
-        for saga_id, live in list(self._live.items()):
-            if self._locks.held(saga_id):
-                continue
-            idle = now - live.touched >= idle_s
-            if not idle and over <= 0:
-                break  # least recently changed first: the rest changed later still
-            waiting_only = not live.runtime.awaits_reply
-            if over > 0 or (idle and waiting_only):
-                self._evict(saga_id)
-                over -= 1
-                evicted += 1
+        """See ``LiveSagas.evict_idle``; counted in the ``sagas_evicted`` stat."""
+        evicted = self.live.evict_idle(idle_s, max_size)
         if evicted:
             self.stats.inc("sagas_evicted", evicted)
         return evicted
 
-    def holds_timer(self, saga_id: str) -> bool:
-        """The saga is in memory with a timer armed: its wake-up needs no poller."""
-        live = self._live.get(saga_id)
-        return live is not None and live.timer is not None
-
     async def wake(self, saga_id: str) -> None:
         """Loads a saga whose wake-up is due (the store says so) and is not in memory:
         loading arms its timers, and a due one fires at once."""
-        async with self._lock(saga_id):
-            if saga_id in self._live:
+        async with self.live.lock(saga_id):
+            if saga_id in self.live:
                 return
             live = await self._ensure_live(saga_id)
             self.stats.inc("sagas_woken")
             if live.runtime.status.is_terminal:
-                self._evict(saga_id)
-
-    def suspend(self, saga_id: str) -> None:
-        """Stops the saga's timers, keeping it in memory: its partition is being
-        reassigned, and until the assignment says who owns it nobody should drive it."""
-        live = self._live.get(saga_id)
-        if live is not None and live.timer is not None:
-            live.timer.cancel()
-            live.timer = None
-
-    def rearm(self, saga_id: str) -> None:
-        """Starts the timers of a saga kept across a reassignment (``suspend``) again;
-        one due while it was suspended fires at once."""
-        live = self._live.get(saga_id)
-        if live is not None:
-            self._arm(saga_id, live)
+                self.live.evict(saga_id)
 
     async def close(self) -> None:
         self._closed = True
-        for saga_id in list(self._live):
-            self._evict(saga_id)
+        self.live.clear()
 
     # ------------------------------------------------------------------ internals
-
-    def _lock(self, saga_id: str) -> _Held:
-        return self._locks.hold(saga_id)
 
     def _check_size(self, payload: JsonDict, what: str, *, exact: bool = True) -> None:
         try:
@@ -593,20 +533,20 @@ class Engine:
         if self._crash_hook is not None:
             self._crash_hook(name)
 
-    async def _ensure_live(self, saga_id: str) -> _Live:
-        live = self._live.get(saga_id)
+    async def _ensure_live(self, saga_id: str) -> LiveSaga:
+        live = self.live.get(saga_id)
         if live is not None:
             return live
         loaded = await self.store.load(saga_id)
         definition = self.registry.get(loaded.record.saga_type)
         events = [stored.event for stored in loaded.events]
         runtime, decision = SagaRuntime.replay(definition, saga_id, events)
-        live = _Live(
+        live = LiveSaga(
             runtime,
             committed_seq=loaded.record.last_seq,
             started_at=events[0].at if events else None,
         )
-        self._live[saga_id] = live
+        self.live.put(saga_id, live)
         if decision.nondeterminism is not None:
             log.error("%s", decision.nondeterminism)
             self.stats.inc("nondeterminism")
@@ -616,10 +556,10 @@ class Engine:
         if not runtime.dead and live.driven:
             # Only the owner re-sends: another engine loads it just to apply one input.
             await self._resend_outstanding(live)
-        self._arm(saga_id, live)
+        self.live.arm(saga_id, live)
         return live
 
-    async def _resend_outstanding(self, live: _Live) -> None:
+    async def _resend_outstanding(self, live: LiveSaga) -> None:
         # Whatever was in flight when the previous owner stopped (or while the saga was
         # parked) goes out again under the same ids; participants deduplicate.
         for command in live.runtime.outstanding_commands():
@@ -632,13 +572,15 @@ class Engine:
                 raise
             self.stats.inc("commands_resent")
 
-    async def _commit_unless_dropped(self, saga_id: str, live: _Live, decision: Decision) -> None:
+    async def _commit_unless_dropped(
+        self, saga_id: str, live: LiveSaga, decision: Decision
+    ) -> None:
         if decision.dropped is not None:
             self.stats.inc(f"dropped_{decision.dropped.value}")
             return
         await self._commit(saga_id, live, decision)
 
-    async def _commit(self, saga_id: str, live: _Live, decision: Decision) -> None:
+    async def _commit(self, saga_id: str, live: LiveSaga, decision: Decision) -> None:
         if decision.events:
             try:
                 live.committed_seq = await self.store.append(
@@ -648,16 +590,16 @@ class Engine:
                 # Someone else wrote to this saga: forget the copy and send nothing. Its
                 # open spans stay, for the commands a rebuilt copy re-sends (_rebuild).
                 self.stats.inc("stale_owner")
-                self._evict(saga_id, keep_spans=True)
+                self.live.evict(saga_id, keep_spans=True)
                 raise
             except BaseException:
                 # We do not know whether the append landed: rebuild from the store next time.
-                self._evict(saga_id)
+                self.live.evict(saga_id)
                 raise
         self._checkpoint("after_append")
         await self._effects(saga_id, live, decision)
 
-    async def _effects(self, saga_id: str, live: _Live, decision: Decision) -> None:
+    async def _effects(self, saga_id: str, live: LiveSaga, decision: Decision) -> None:
         # Live inputs only: a saga rebuilt from history never passes here for what it
         # replays, so no span is emitted twice.
         self._spans.applied(saga_id, decision.events)
@@ -674,7 +616,7 @@ class Engine:
             except BaseException as exc:
                 # The command is recorded; rebuilding the saga sends it again.
                 self._spans.not_sent(command.command_id, exc)
-                self._evict(saga_id)
+                self.live.evict(saga_id)
                 raise
             self._checkpoint("after_send")
         status = decision.status
@@ -693,11 +635,11 @@ class Engine:
                 outcome=status.value,
                 error=str(error.get("message", error)) if error else None,
             )
-            self._evict(saga_id)
+            self.live.evict(saga_id)
         else:
-            self._arm(saga_id, live)
+            self.live.arm(saga_id, live)
 
-    def _count(self, event: Event, live: _Live, *, held: int | None = None) -> None:
+    def _count(self, event: Event, live: LiveSaga, *, held: int | None = None) -> None:
         kind = event.kind
         saga_type = live.runtime.saga_type
         if kind in ("saga_completed", "saga_compensated", "saga_failed", "saga_cancelled"):
@@ -721,8 +663,10 @@ class Engine:
     def open_saga_counts(self) -> dict[str, int]:
         """Sagas held in memory by this engine, by type (the ``saga.open`` gauge)."""
         counts: collections.Counter[str] = collections.Counter()
-        for live in list(self._live.values()):
-            counts[live.runtime.saga_type] += 1
+        for saga_id in self.live.ids():
+            live = self.live.get(saga_id)
+            if live is not None:
+                counts[live.runtime.saga_type] += 1
         return dict(counts)
 
     def _notify(self, saga_id: str) -> None:
@@ -730,23 +674,10 @@ class Engine:
             if not future.done():
                 future.set_result(None)  # the waiter re-reads the store
 
-    def _arm(self, saga_id: str, live: _Live) -> None:
-        live.touched = asyncio.get_running_loop().time()
-        if saga_id in self._live:
-            self._live.move_to_end(saga_id)
-        if live.timer is not None:
-            live.timer.cancel()
-            live.timer = None
-        if self._closed or live.runtime.dead or live.runtime.status.is_terminal:
-            return
-        wakeup = live.runtime.next_wakeup()
-        if wakeup is not None:
-            live.timer = self.clock.call_at(wakeup, lambda: self._fire_timers(saga_id))
-
     async def _fire_timers(self, saga_id: str) -> None:
         try:
-            async with self._lock(saga_id):
-                live = self._live.get(saga_id)
+            async with self.live.lock(saga_id):
+                live = self.live.get(saga_id)
                 if live is None:
                     return  # evicted or moved on; recovery re-arms it
                 now = self.clock.now()
@@ -759,9 +690,9 @@ class Engine:
                     decision = live.runtime.handle(TimerDue(timer_id, now))
                     if decision.dropped is None:
                         await self._commit(saga_id, live, decision)
-                    if self._live.get(saga_id) is not live:
+                    if self.live.get(saga_id) is not live:
                         return
-                self._arm(saga_id, live)
+                self.live.arm(saga_id, live)
         except ConcurrencyError:
             # Another engine wrote to this saga (an operator acted on it there): the copy
             # here was stale and is evicted. Reload it from history, which re-arms its
@@ -771,8 +702,8 @@ class Engine:
                 return
             self.stats.inc("reloaded_after_conflict")
             try:
-                async with self._lock(saga_id):
-                    if saga_id not in self._live:
+                async with self.live.lock(saga_id):
+                    if saga_id not in self.live:
                         await self._rebuild(saga_id)
             except SagaError as exc:
                 log.warning("reloading saga %s after a conflict: %s", saga_id, exc)
@@ -792,7 +723,7 @@ class Engine:
     async def _let_go_unless_owned(self, saga_id: str, changed: bool) -> None:
         if self._ownership is None:
             return
-        live = self._live.get(saga_id)
+        live = self.live.get(saga_id)
         if self._ownership.owns(saga_id):
             if live is not None and not live.driven:
                 # Its partition was assigned here while the input was applied, after
@@ -801,7 +732,7 @@ class Engine:
                 if not live.runtime.dead:
                     await self._resend_outstanding(live)
             return
-        self._evict(saga_id)
+        self.live.evict(saga_id)
         if changed:
             await self._notify_owner(saga_id)
 
@@ -827,27 +758,18 @@ class Engine:
     async def reload(self, saga_id: str) -> None:
         """Rebuilds a saga from its history (another engine changed it): what is in
         flight is re-sent under the same ids and its timers are re-armed."""
-        async with self._lock(saga_id):
+        async with self.live.lock(saga_id):
             live = await self._rebuild(saga_id)
             if live.runtime.status.is_terminal or not self._owns(saga_id):
-                self._evict(saga_id)
+                self.live.evict(saga_id)
             self.stats.inc("reloaded")
 
-    async def _rebuild(self, saga_id: str) -> _Live:
+    async def _rebuild(self, saga_id: str) -> LiveSaga:
         """Rebuilds a stale copy from history (its lock held). The spans of commands
         still in flight carry on (re-sent under the same ids, they reuse them); the others
         were answered elsewhere and end."""
-        self._evict(saga_id, keep_spans=True)
+        self.live.evict(saga_id, keep_spans=True)
         live = await self._ensure_live(saga_id)
         in_flight = {c.command_id for c in live.runtime.outstanding_commands()}
         self._spans.superseded(saga_id, keep=in_flight)
         return live
-
-    def _evict(self, saga_id: str, *, keep_spans: bool = False) -> None:
-        live = self._live.pop(saga_id, None)
-        if not keep_spans:
-            self._spans.evicted(saga_id)
-        if live is not None:
-            if live.timer is not None:
-                live.timer.cancel()
-            live.runtime.close()

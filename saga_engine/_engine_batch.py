@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from saga_engine._bus import PipelinedSender
+from saga_engine._cache import LiveSaga
 from saga_engine._decision import Decision, DropReason, OutboundCommand, Reply, StartSaga
 from saga_engine._errors import ConcurrencyError
 from saga_engine._events import Event
@@ -37,7 +38,7 @@ from saga_engine._runtime import SagaRuntime
 from saga_engine._store import Append, NewSaga
 
 if TYPE_CHECKING:
-    from saga_engine._engine import Engine, PreparedStart, _Live
+    from saga_engine._engine import Engine, PreparedStart
 
 log = logging.getLogger("saga_engine.engine")
 
@@ -65,7 +66,7 @@ class BatchResult:
 class _Work:
     saga_id: str
     inputs: list[BatchInput] = field(default_factory=list)
-    live: _Live | None = None
+    live: LiveSaga | None = None
     #: Created by this batch (a start): written with ``create``.
     new: bool = False
     #: The in-memory copy changed: evict it if the batch gives up on this saga.
@@ -97,7 +98,7 @@ class BatchApplier:
                 # One saga's inputs are serialised with everything else done to it (a
                 # timer, an operator's action); other holders take one lock at a time,
                 # so taking many here cannot deadlock.
-                await engine._locks.acquire(saga_id)
+                await engine.live.locks.acquire(saga_id)
                 held.append(saga_id)
             for work in works.values():
                 self._decide(work, result)
@@ -125,21 +126,21 @@ class BatchApplier:
             raise
         finally:
             for saga_id in held:
-                engine._locks.release(saga_id)
+                engine.live.locks.release(saga_id)
         return result
 
     def _forget(self, work: _Work) -> None:
         engine = self._e
-        if work.new and work.live is not None and engine._live.get(work.saga_id) is not work.live:
+        if work.new and work.live is not None and engine.live.get(work.saga_id) is not work.live:
             work.live.runtime.close()  # never registered: nothing else refers to it
-        elif work.saga_id in engine._live:
-            engine._evict(work.saga_id)
+        elif work.saga_id in engine.live:
+            engine.live.evict(work.saga_id)
 
     # ------------------------------------------------------------------ 1. decide
 
     def _decide(self, work: _Work, result: BatchResult) -> None:
         engine = self._e
-        work.live = engine._live.get(work.saga_id)
+        work.live = engine.live.get(work.saga_id)
         try:
             for item in work.inputs:
                 if item.start is not None:
@@ -163,7 +164,7 @@ class BatchApplier:
         return None
 
     def _start(self, work: _Work, start: PreparedStart) -> bool:
-        from saga_engine._engine import _check_same_start, _Live
+        from saga_engine._engine import _check_same_start
 
         engine = self._e
         if work.live is not None:
@@ -188,7 +189,7 @@ class BatchApplier:
                 trace_context=start.trace_context,
             ),
         )
-        work.live = _Live(runtime, committed_seq=0, started_at=start.now)
+        work.live = LiveSaga(runtime, committed_seq=0, started_at=start.now)
         work.new = True
         self._take(work, decision)
         return True
@@ -250,7 +251,7 @@ class BatchApplier:
                 # Someone else wrote to this saga: as in Engine._commit, the copy goes and
                 # nothing is sent; deliver sorts out who owns it.
                 engine.stats.inc("stale_owner")
-                engine._evict(work.saga_id, keep_spans=True)
+                engine.live.evict(work.saga_id, keep_spans=True)
                 work.mutated = False
                 self._give_up(work, result)
             elif isinstance(outcome, BaseException):
@@ -265,7 +266,7 @@ class BatchApplier:
                     self._give_up(work, result)
                     continue
                 live.committed_seq = len(work.events)
-                engine._live[work.saga_id] = live
+                engine.live.put(work.saga_id, live)
                 engine._stat("sagas_started", live.runtime.saga_type)
             else:
                 live.committed_seq = int(outcome)
@@ -316,7 +317,7 @@ class BatchApplier:
         # The command is recorded; reloading the saga sends it again.
         self._e._spans.not_sent(command.command_id, exc)
         if not work.failed:
-            self._e._evict(work.saga_id)
+            self._e.live.evict(work.saga_id)
             work.failed = True
             work.mutated = False
             result.reload.add(work.saga_id)
@@ -347,6 +348,6 @@ class BatchApplier:
                 outcome=status.value,
                 error=str(error.get("message", error)) if error else None,
             )
-            engine._evict(work.saga_id)
+            engine.live.evict(work.saga_id)
         else:
-            engine._arm(work.saga_id, live)
+            engine.live.arm(work.saga_id, live)

@@ -385,7 +385,7 @@ class SagaWorker:
             except TransientError as exc:
                 log.warning("polling due wake-ups failed (%s); trying again", exc)
                 continue
-            waking = [i for i in due if not engine.holds_timer(i) and self.owns(i)]
+            waking = [i for i in due if not engine.live.holds_timer(i) and self.owns(i)]
             if waking:
                 await self._wake(waking)
 
@@ -725,7 +725,7 @@ class SagaWorker:
         held = 0
         for saga_id in self.engine.live_saga_ids():
             if partition_for(saga_id, count) in gone:
-                self.engine.suspend(saga_id)
+                self.engine.live.suspend(saga_id)
                 held += 1
         log.info(
             "engine %s gave up partitions %s (%d sagas held until the assignment)",
@@ -750,7 +750,7 @@ class SagaWorker:
                 self.engine.evict(saga_id)  # another engine drives it now
                 dropped += 1
             elif partition in kept:
-                self.engine.rearm(saga_id)
+                self.engine.live.rearm(saga_id)
                 held += 1
         self.engine.stats.inc("sagas_kept_across_rebalance", held)
         if dropped:

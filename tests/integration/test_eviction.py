@@ -62,7 +62,7 @@ async def test_waiting_sagas_leave_memory_and_still_wake_and_take_signals(
 
         # Nothing per saga is left behind.
         await poll_until(lambda: not engine.live_saga_ids(), timeout=30)
-        assert len(engine._locks) == 0
+        assert len(engine.live.locks) == 0
         assert not engine._watchers
 
 

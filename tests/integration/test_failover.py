@@ -299,7 +299,7 @@ async def test_a_participant_waits_for_kafka_that_comes_up_late(
         kafka=settings.kafka.model_copy(update={"bootstrap_servers": f"127.0.0.1:{proxy.port}"}),
         participant=ParticipantSettings(
             dsn=pg.database_dsn,
-            db_schema=f"{pg.schema}_alpha",
+            db_schema=pg.schema,  # the fixture drops it afterwards
         ),
         admin=settings.admin,
     )

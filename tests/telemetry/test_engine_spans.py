@@ -275,7 +275,7 @@ async def test_recovery_after_a_crash_does_not_emit_finished_step_spans_again(
 async def test_a_saga_let_go_and_reloaded_emits_each_send_once(world: World) -> None:
     engine = world.engine()
     saga_id = await engine.start(Three, Order())
-    engine._evict(saga_id)  # e.g. its partition moved away and back
+    engine.evict(saga_id)  # e.g. its partition moved away and back
     await world.answer(engine, "a")  # reloads the saga from history, re-sends a
     await world.answer(engine, "b")
     await world.answer(engine, "c")
