@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -19,6 +19,7 @@ from saga_engine._serde import unstorable
 from saga_engine._status import SagaStatus
 from saga_engine._store import (
     Append,
+    ArchivedSaga,
     LoadedSaga,
     NewSaga,
     OpenSummary,
@@ -51,6 +52,7 @@ class InMemoryEventStore:
     def __init__(self) -> None:
         self._records: dict[str, SagaRecord] = {}
         self._events: dict[str, list[StoredEvent]] = {}
+        self._archive: dict[str, bytes] = {}
         # One lock makes each create/append atomic even if an adapter method awaits.
         self._lock = asyncio.Lock()
         self.closed = False
@@ -192,6 +194,46 @@ class InMemoryEventStore:
             if r.status.is_parked:
                 parked.append(_aware(r.updated_at))
         return OpenSummary(dict(by_status), min(parked, default=None))
+
+    async def finished_before(
+        self,
+        cutoff: datetime,
+        *,
+        saga_types: Collection[str] | None = None,
+        other_than: Collection[str] = (),
+        partitions: Collection[int] | None = None,
+        partition_count: int = 0,
+        limit: int = 500,
+    ) -> list[str]:
+        found = sorted(
+            (_aware(r.updated_at), r.saga_id)
+            for r in self._records.values()
+            if r.status.is_terminal
+            and _aware(r.updated_at) < _aware(cutoff)
+            and (saga_types is None or r.saga_type in saga_types)
+            and r.saga_type not in other_than
+            and (partitions is None or partition_for(r.saga_id, partition_count) in partitions)
+        )
+        return [saga_id for _, saga_id in found[:limit]]
+
+    async def histories(self, saga_ids: Collection[str]) -> list[LoadedSaga]:
+        return [await self.load(i) for i in sorted(set(saga_ids)) if i in self._records]
+
+    async def remove_finished(
+        self, saga_ids: Collection[str], archive: Sequence[ArchivedSaga] = ()
+    ) -> int:
+        for item in archive:
+            self._archive.setdefault(item.record.saga_id, item.history)
+        gone = [
+            i for i in set(saga_ids) if i in self._records and self._records[i].status.is_terminal
+        ]
+        for saga_id in gone:
+            del self._records[saga_id]
+            self._events.pop(saga_id, None)
+        return len(gone)
+
+    async def archived_history(self, saga_id: str) -> bytes | None:
+        return self._archive.get(saga_id)
 
     async def close(self) -> None:
         self.closed = True

@@ -42,6 +42,7 @@ from saga_engine._pgbase import (
     transient_cause,
 )
 from saga_engine._pgqueries import PostgresReads
+from saga_engine._pgretention import PostgresRetention
 from saga_engine._serde import dumps
 from saga_engine._status import SagaStatus
 from saga_engine._store import Append, NewSaga, check_new_saga_id
@@ -237,7 +238,7 @@ SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::jsonb[])
 # --------------------------------------------------------------------------- the store
 
 
-class PostgresEventStore(PostgresReads):
+class PostgresEventStore(PostgresReads, PostgresRetention):
     """The EventStore port on Postgres. Open it with ``await PostgresEventStore.connect``."""
 
     def __init__(

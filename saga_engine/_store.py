@@ -73,6 +73,15 @@ class OpenSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class ArchivedSaga:
+    """A finished saga as retention archives it in the store: its record, and its
+    history as the gzip of its export (``saga_engine.replay.export_history``)."""
+
+    record: SagaRecord
+    history: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class StoredEvent:
     seq: int
     event: Event
@@ -171,6 +180,38 @@ class EventStore(Protocol):
         """Ids of sagas whose next wake-up is at or before ``until``, soonest first, at
         most ``limit``; with ``partitions``, only those keyed to them (as in
         ``open_saga_ids``)."""
+        ...
+
+    async def finished_before(
+        self,
+        cutoff: datetime,
+        *,
+        saga_types: Collection[str] | None = None,
+        other_than: Collection[str] = (),
+        partitions: Collection[int] | None = None,
+        partition_count: int = 0,
+        limit: int = 500,
+    ) -> list[str]:
+        """Ids of finished sagas whose last change is before ``cutoff``, oldest first:
+        of ``saga_types`` only if given, never of ``other_than``; with ``partitions``,
+        only those keyed to them (a saga created before migration 0004 counts as
+        partition 0's)."""
+        ...
+
+    async def histories(self, saga_ids: Collection[str]) -> list[LoadedSaga]:
+        """The records and histories of the sagas that exist among ``saga_ids``."""
+        ...
+
+    async def remove_finished(
+        self, saga_ids: Collection[str], archive: Sequence[ArchivedSaga] = ()
+    ) -> int:
+        """Deletes the finished sagas among ``saga_ids`` and their histories, writing
+        ``archive`` (kept if already there) in the same transaction. An open saga is
+        never deleted. Returns how many sagas were deleted."""
+        ...
+
+    async def archived_history(self, saga_id: str) -> bytes | None:
+        """The gzipped export of an archived saga, or None."""
         ...
 
     async def close(self) -> None: ...

@@ -38,12 +38,12 @@ from saga_engine._errors import (
     IdempotencyConflict,
     InvalidPayload,
     PermanentError,
-    SagaError,
     SagaNotFound,
     TransientError,
     UnknownSagaType,
     UnstorableValue,
 )
+from saga_engine._housekeeping import Housekeeping
 from saga_engine._http import HttpCaller, RoutingSender
 from saga_engine._instance import InstanceName
 from saga_engine._kafka import (
@@ -151,7 +151,7 @@ class SagaWorker:
         self._dead: DeadLetters | None = None
         self.engine: Engine | None = None
         self._task: asyncio.Task[None] | None = None
-        self._maintenance: asyncio.Task[None] | None = None
+        self._housekeeping: Housekeeping | None = None
         self._running = False
         self._owned: set[TopicPartition] = set()
         #: Inbox partitions revoked by a rebalance still under way: their sagas are held
@@ -251,7 +251,10 @@ class SagaWorker:
         self._running = True
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._consume(), name="saga-inbox")
-        self._maintenance = loop.create_task(self._maintain(), name="saga-maintenance")
+        self._housekeeping = Housekeeping(
+            self.engine, self._store, self.settings, self._partitions, self.owns
+        )
+        self._housekeeping.start()
         if self._admin_app is not None:
             from saga_engine.admin import serve_admin
 
@@ -268,10 +271,9 @@ class SagaWorker:
         if self._admin is not None:
             await self._admin.stop()
             self._admin = None
-        maintenance, self._maintenance = self._maintenance, None
-        if maintenance is not None:
-            maintenance.cancel()
-            await asyncio.wait({maintenance})
+        housekeeping, self._housekeeping = self._housekeeping, None
+        if housekeeping is not None:
+            await housekeeping.stop()
         task, self._task = self._task, None
         if task is not None:
             await asyncio.wait({task}, timeout=30)
@@ -362,46 +364,6 @@ class SagaWorker:
             # The batch's events are durable: its offsets may go, in the background (the
             # next fetch need not wait for the coordinator's answer).
             self._submit_pending()
-
-    async def _maintain(self) -> None:
-        """Every ``engine.timer_poll_s``: evicts idle sagas (``engine.idle_evict_s``,
-        ``engine.cache_size``), then wakes the sagas of this engine's partitions whose
-        wake-up the store says is due and which are not in memory with a timer armed.
-        That is how a timer of an evicted saga fires, within about one period."""
-        assert self.engine is not None
-        assert self._store is not None
-        engine, store, config = self.engine, self._store, self.settings.engine
-        detach_from_trace()
-        while self._running:
-            await asyncio.sleep(config.timer_poll_s)  # a period, not a synchronisation
-            engine.evict_idle(config.idle_evict_s, config.cache_size)
-            mine = self._inbox_partitions
-            if not mine:
-                continue
-            try:
-                due = await store.due_wakeups(
-                    engine.clock.now(), mine, self._inbox_partition_count, limit=1000
-                )
-            except TransientError as exc:
-                log.warning("polling due wake-ups failed (%s); trying again", exc)
-                continue
-            waking = [i for i in due if not engine.live.holds_timer(i) and self.owns(i)]
-            if waking:
-                await self._wake(waking)
-
-    async def _wake(self, saga_ids: list[str]) -> None:
-        assert self.engine is not None
-        engine = self.engine
-        limit = asyncio.Semaphore(self.settings.engine.recovery_concurrency)
-
-        async def one(saga_id: str) -> None:
-            async with limit:
-                try:
-                    await engine.wake(saga_id)
-                except SagaError as exc:  # the next poll tries again
-                    log.warning("waking saga %s failed: %s", saga_id, exc)
-
-        await asyncio.gather(*(one(i) for i in saga_ids))
 
     async def _process(self, batch: dict[TopicPartition, list[Any]]) -> None:
         assert self.engine is not None
@@ -684,6 +646,10 @@ class SagaWorker:
             tp.partition for tp in self._owned if tp.topic == self.topics.inbox
         )
         self._inbox_partition_count = self._partition_count()
+
+    def _partitions(self) -> tuple[frozenset[int], int]:
+        """The inbox partitions owned now, and the inbox's partition count."""
+        return self._inbox_partitions, self._inbox_partition_count
 
     def owns(self, saga_id: str) -> bool:
         """Whether this instance drives ``saga_id``: its inbox partition is assigned here."""

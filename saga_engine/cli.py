@@ -20,6 +20,14 @@ from rich.progress import Progress
 from rich.table import Table
 
 import saga_engine
+from saga_engine._cli_support import (
+    CliError,
+    archive_file_histories,
+    dlq_row,
+    header,
+    load_saga_or_archived,
+    read_dlq,
+)
 from saga_engine._errors import SagaError
 from saga_engine._runner import run
 from saga_engine._status import SagaStatus
@@ -39,10 +47,6 @@ err = Console(stderr=True)
 
 class _State:
     debug = False
-
-
-class CliError(Exception):
-    """An error the command reports as one line (e.g. the admin API's refusal)."""
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
@@ -183,7 +187,8 @@ def replay(
     target: Annotated[
         str,
         typer.Argument(
-            help="A history file (JSON export), a directory of them (*.json), or a saga id."
+            help="A history file (JSON export), an archive file (*.jsonl.gz), a directory of "
+            "them, or a saga id (live or archived)."
         ),
     ],
     sagas: Annotated[
@@ -201,13 +206,13 @@ def replay(
 
     classes = _run_sync(lambda: load_sagas(sagas))
     path = Path(target)
-    if path.is_dir():
+    if path.is_dir() or path.name.endswith(".jsonl.gz"):
         _replay_directory(path, classes, as_json)
         return
     if path.exists():
         history: HistoryExport = _run_sync(lambda: load_history(path))
     else:
-        history = _run(lambda: _load_from_db(target))
+        history = _run(lambda: load_saga_or_archived(target))  # live, or archived
     result = _run_sync(lambda: check(classes, history))
     if as_json:
         _print_json(_replay_json(result))
@@ -233,24 +238,34 @@ def _replay_json(result: Any) -> dict[str, Any]:
 
 
 def _replay_directory(directory: Path, classes: Any, as_json: bool) -> None:
+    """Every history of a directory (exports and archive files), or of one archive."""
     from saga_engine.replay import load_history
     from saga_engine.replay import replay as check
 
-    files = sorted(p for p in directory.glob("*.json") if p.is_file())
+    if directory.is_dir():
+        files = sorted(
+            p for p in [*directory.glob("*.json"), *directory.glob("*.jsonl.gz")] if p.is_file()
+        )
+    else:
+        files = [directory]  # one archive file
     if not files:
-        _fail(f"no *.json history files in {directory}")
+        _fail(f"no *.json history files or *.jsonl.gz archives in {directory}")
     rows: list[dict[str, Any]] = []
     with Progress(console=err, transient=True, disable=as_json) as progress:
         task = progress.add_task("replaying", total=len(files))
         for file in files:
             progress.update(task, description=f"replaying {file.name}")
             try:
-                row = {"file": file.name, **_replay_json(check(classes, load_history(file)))}
-            except (SagaError, OSError, ValueError) as exc:
+                histories = (
+                    archive_file_histories(file)
+                    if file.name.endswith(".jsonl.gz")
+                    else [load_history(file)]
+                )
+                rows += [{"file": file.name, **_replay_json(check(classes, h))} for h in histories]
+            except (SagaError, OSError, ValueError, CliError) as exc:
                 if _State.debug:
                     raise
-                row = {"file": file.name, "deterministic": False, "error": str(exc)}
-            rows.append(row)
+                rows.append({"file": file.name, "deterministic": False, "error": str(exc)})
             progress.advance(task)
     diverged = [r for r in rows if not r["deterministic"]]
     if as_json:
@@ -310,6 +325,52 @@ def history(
     for seq, event in enumerate(loaded.events, start=1):
         table.add_row(str(seq), event.at.isoformat(), event.kind, event.describe())
     out.print(table)
+
+
+@app.command()
+def archive(
+    older_than: Annotated[
+        str,
+        typer.Option(
+            "--older-than",
+            help="Finished sagas whose last change is older than this: 30d, 12h, 90m, 2w.",
+        ),
+    ],
+    saga_type: Annotated[
+        list[str] | None, typer.Option("--type", help="Only this saga type (repeatable).")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Count what would go, change nothing.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Archive and delete finished sagas now, as retention does in the background
+    (SAGA_RETENTION__ARCHIVE: table, directory or none). `saga replay ID` still replays
+    an archived saga; `saga replay FILE.jsonl.gz` replays an archive file."""
+    from saga_engine._cli_support import archive_now, parse_duration
+
+    try:
+        period = parse_duration(older_than)
+    except CliError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--older-than") from exc
+    settings = Settings()
+    report = _run(lambda: archive_now(settings, period, saga_type, dry_run))
+    if as_json:
+        _print_json(
+            {
+                "dry_run": dry_run,
+                "found": report.found,
+                "deleted": report.deleted,
+                "archive": settings.retention.archive,
+                "files": report.files,
+            }
+        )
+    elif dry_run:
+        out.print(f"{report.found} finished sagas are older than {older_than} (dry run)")
+    else:
+        where = {"table": "saga_archive", "directory": ", ".join(report.files) or "no file"}
+        target = where.get(settings.retention.archive, "nowhere (archive=none)")
+        out.print(f"archived {report.deleted} finished sagas to {target} and deleted them")
 
 
 # ---------------------------------------------------------------------- reading Postgres
@@ -605,67 +666,6 @@ dlq_app = typer.Typer(
 app.add_typer(dlq_app, name="dlq")
 
 
-def _header(record: Any, name: str) -> str:
-    for key, value in record.headers or ():
-        if key == name:
-            return bytes(value).decode(errors="replace")
-    return ""
-
-
-async def _read_dlq(settings: Settings, seconds: float) -> list[Any]:
-    """Every record of the dead-letter topic up to its current end, without a group."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    topic = f"{settings.kafka.topic_prefix}.dlq"
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka.bootstrap_servers,
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=50,
-    )
-    await consumer.start()
-    try:
-        # aiokafka has no public call for one topic's partitions without subscribing.
-        cluster = await asyncio.wait_for(consumer._client.fetch_all_metadata(), seconds)
-        partitions = cluster.partitions_for_topic(topic)
-        if not partitions:
-            raise CliError(f"the dead-letter topic {topic} does not exist")
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        records: list[Any] = []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + seconds
-        remaining = {tp for tp in tps if ends[tp] > 0}
-        while remaining:
-            if loop.time() > deadline:
-                raise CliError(f"timed out reading {topic} after {seconds}s")
-            batch = await consumer.getmany(timeout_ms=200)
-            for tp, recs in batch.items():
-                records.extend(r for r in recs if r.offset < ends[tp])
-            for tp in list(remaining):
-                if await consumer.position(tp) >= ends[tp]:
-                    remaining.discard(tp)
-        return sorted(records, key=lambda r: (r.timestamp, r.partition, r.offset))
-    finally:
-        await consumer.stop()
-
-
-def _dlq_row(record: Any) -> dict[str, Any]:
-    return {
-        "partition": record.partition,
-        "offset": record.offset,
-        "reason": _header(record, "dlq_reason"),
-        "detail": _header(record, "dlq_detail"),
-        "origin_topic": _header(record, "dlq_topic"),
-        "origin_partition": _header(record, "dlq_partition"),
-        "origin_offset": _header(record, "dlq_offset"),
-        "saga_id": _header(record, "ce_sagaid"),
-    }
-
-
 TimeoutOpt = Annotated[
     float, typer.Option("--timeout", min=0.1, help="Seconds to spend reading the topic.")
 ]
@@ -679,8 +679,8 @@ def dlq_list(
 ) -> None:
     """List dead-lettered records: offset, reason, detail, origin and saga id."""
     settings = Settings()
-    records = _run(lambda: _read_dlq(settings, timeout))[-limit:]
-    rows = [_dlq_row(r) for r in records]
+    records = _run(lambda: read_dlq(settings, timeout))[-limit:]
+    rows = [dlq_row(r) for r in records]
     if as_json:
         _print_json(rows)
         return
@@ -719,7 +719,7 @@ def dlq_replay(
     async def go() -> dict[str, Any]:
         records = [
             r
-            for r in await _read_dlq(settings, timeout)
+            for r in await read_dlq(settings, timeout)
             if r.offset == offset and (partition is None or r.partition == partition)
         ]
         if not records:
@@ -737,7 +737,7 @@ def dlq_replay(
             headers = [(k, v) for k, v in headers if k != "ce_sagaid"]
             headers.append(("ce_sagaid", to_saga.encode()))
         else:
-            topic = _header(record, "dlq_topic")
+            topic = header(record, "dlq_topic")
             if not topic:
                 raise CliError("the record has no dlq_topic header: replay it with --to-saga")
         producer = make_producer(settings.kafka)
@@ -753,7 +753,7 @@ def dlq_replay(
             "topic": topic,
             "partition": sent.partition,
             "offset": sent.offset,
-            "saga_id": to_saga or _header(record, "ce_sagaid"),
+            "saga_id": to_saga or header(record, "ce_sagaid"),
         }
 
     result = _run(go)

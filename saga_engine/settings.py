@@ -7,7 +7,7 @@ program (the CLI, a test fixture, the user's ``main``). Nested fields use ``__``
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -112,6 +112,39 @@ class EngineSettings(BaseModel):
     startup_timeout_s: float | None = Field(default=None, gt=0)
 
 
+class RetentionSettings(BaseModel):
+    """How long finished sagas stay in the live tables, and where they go after.
+
+    A finished saga (completed, compensated, failed, cancelled) whose last change is
+    older than its retention period is archived, then deleted from ``sagas`` and
+    ``saga_events``, in bounded batches, by the engine that owns its partition.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    #: Days a finished saga is kept. Unset: for ever (nothing is archived or deleted).
+    days: float | None = Field(default=30.0, gt=0)
+    #: Saga type -> days, for the types kept longer or shorter than ``days``.
+    per_type: dict[str, float] = Field(default_factory=dict)
+    #: ``table``: the history goes to ``saga_archive`` (migration 0005), in the delete's
+    #: transaction; ``directory``: to gzipped JSON-lines files in ``directory``;
+    #: ``none``: deleted only.
+    archive: Literal["table", "directory", "none"] = "table"
+    directory: str | None = None
+    #: Sagas per batch (one archive write and one delete each).
+    batch_size: int = Field(default=500, ge=1, le=10_000)
+    #: How often the owning engine looks for sagas past their retention.
+    interval_s: float = Field(default=60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _directory_given(self) -> RetentionSettings:
+        if self.archive == "directory" and not self.directory:
+            raise ValueError("retention.archive=directory needs retention.directory")
+        if any(v <= 0 for v in self.per_type.values()):
+            raise ValueError("retention.per_type: every period must be more than 0 days")
+        return self
+
+
 class HttpSettings(BaseModel):
     """HTTP steps: named endpoints, so histories record a name and a path, not a host."""
 
@@ -183,6 +216,7 @@ class Settings(BaseSettings):
     participant: ParticipantSettings = ParticipantSettings()
     http: HttpSettings = HttpSettings()
     admin: AdminSettings = AdminSettings()
+    retention: RetentionSettings = RetentionSettings()
 
     @model_validator(mode="before")
     @classmethod

@@ -35,6 +35,7 @@ PINNED = {
     2: "be285e3e14a6051c8769902f72d392f6ad3a382597dc084acb9a755278f03f73",
     3: "041235596d84fb456126190a2878c864685b1de54f875c551d4d1f9850697cea",
     4: "b372269b2eadc7508bce1006f32eed6a7dcc2a8730933d4a373f32a0b740e471",
+    5: "0b94a7fb52a931cd936cb98b5622238cc9144496b10459fd1bfdfcb175fe9d04",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant_migrations).
 PINNED_PARTICIPANT = {
@@ -265,7 +266,7 @@ async def test_0002_upgrades_a_schema_with_sagas_in_it(
         with pytest.raises(asyncpg.exceptions.CheckViolationError):
             await conn.execute(insert, "early", "step_stuck")
         monkeypatch.undo()
-        assert await migrate(pg.database_dsn, pg.schema) == [2, 3, 4]
+        assert await migrate(pg.database_dsn, pg.schema) == [2, 3, 4, 5]
         await conn.execute(insert, "new", "step_stuck")
         with pytest.raises(asyncpg.exceptions.CheckViolationError):
             await conn.execute(insert, "bogus", "stuck-ish")
@@ -303,7 +304,7 @@ async def test_0003_drops_the_events_foreign_key_and_keeps_the_history(
         with pytest.raises(asyncpg.exceptions.ForeignKeyViolationError):
             await conn.execute(event, "nobody", 1)
         monkeypatch.undo()
-        assert await migrate(pg.database_dsn, pg.schema) == [3, 4]
+        assert await migrate(pg.database_dsn, pg.schema) == [3, 4, 5]
         assert await conn.fetchval(fk) == 0
         with pytest.raises(asyncpg.exceptions.UniqueViolationError):
             await conn.execute(event, "s", 1)
@@ -334,7 +335,7 @@ async def test_0003_gives_up_on_a_held_lock_changing_nothing_and_applies_later(
         await long_tx.rollback()
     finally:
         await reader.close()
-    assert await migrate(pg.database_dsn, pg.schema) == [3, 4]
+    assert await migrate(pg.database_dsn, pg.schema) == [3, 4, 5]
 
 
 async def test_0004_finds_open_sagas_created_before_it_by_partition(
@@ -356,7 +357,7 @@ async def test_0004_finds_open_sagas_created_before_it_by_partition(
                 saga_id,
                 "completed" if saga_id == "old-done" else "running",
             )
-        assert await migrate(pg.database_dsn, pg.schema) == [4]
+        assert await migrate(pg.database_dsn, pg.schema) == [4, 5]
         store = await PostgresEventStore.connect(
             PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
         )

@@ -48,6 +48,7 @@ from saga_engine._pgstore import GroupCommitConfig, PostgresEventStore, StoreUna
 from saga_engine._status import SagaStatus
 from saga_engine._store import (
     Append,
+    ArchivedSaga,
     EventStore,
     NewSaga,
     OpenSummary,
@@ -622,6 +623,44 @@ async def test_open_summary_counts_open_sagas_and_the_oldest_parked(store: Event
         SagaStatus.STEP_STUCK: 1,
     }
     assert summary.oldest_parked_at == base + timedelta(minutes=2)
+
+
+async def test_retention_finds_old_finished_sagas_archives_and_removes_only_them(
+    store: EventStore,
+) -> None:
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    plan = [
+        ("old-done", "order", SagaStatus.COMPLETED, 0),
+        ("old-failed", "payment", SagaStatus.FAILED, 1),
+        ("old-open", "order", SagaStatus.RUNNING, 2),
+        ("new-done", "order", SagaStatus.COMPLETED, 48),
+    ]
+    for saga_id, saga_type, status, hours in plan:
+        events: list[Event] = [
+            SagaStarted(at=base + timedelta(hours=hours), saga_type=saga_type, input={})
+        ]
+        assert await store.create(NewSaga(saga_id, saga_type, events, Projection(status)))
+    cutoff = base + timedelta(hours=24)
+    assert await store.finished_before(cutoff) == ["old-done", "old-failed"]  # oldest first
+    assert await store.finished_before(cutoff, saga_types={"payment"}) == ["old-failed"]
+    assert await store.finished_before(cutoff, other_than={"payment"}) == ["old-done"]
+    assert await store.finished_before(cutoff, limit=1) == ["old-done"]
+
+    [loaded] = await store.histories(["old-done", "nobody"])
+    assert loaded.record.saga_id == "old-done"
+    assert [e.event.kind for e in loaded.events] == ["saga_started"]
+
+    archive = [ArchivedSaga(loaded.record, b"gzipped export")]
+    # An open saga passed by mistake is not deleted.
+    assert await store.remove_finished(["old-done", "old-open"], archive) == 1
+    assert await store.archived_history("old-done") == b"gzipped export"
+    assert await store.archived_history("old-open") is None
+    with pytest.raises(SagaNotFound):
+        await store.load("old-done")
+    assert (await store.get("old-open")).status is SagaStatus.RUNNING
+    # Archived again (a pass that died before its delete): the first copy stays.
+    assert await store.remove_finished(["old-done"], [ArchivedSaga(loaded.record, b"x")]) == 0
+    assert await store.archived_history("old-done") == b"gzipped export"
 
 
 # --------------------------------------------------------------------------- Postgres only
