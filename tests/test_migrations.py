@@ -116,6 +116,7 @@ async def test_migrate_applies_each_migration_once(pg: PgTarget) -> None:
     assert any("applying 0001_initial" in m for m in messages)
     assert await _tables(pg.database_dsn, pg.schema) == {
         "schema_migrations",
+        "saga_archive",
         "sagas",
         "saga_events",
     }

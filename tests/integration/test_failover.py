@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
 import pytest
 from pydantic import BaseModel
 
@@ -299,7 +300,7 @@ async def test_a_participant_waits_for_kafka_that_comes_up_late(
         kafka=settings.kafka.model_copy(update={"bootstrap_servers": f"127.0.0.1:{proxy.port}"}),
         participant=ParticipantSettings(
             dsn=pg.database_dsn,
-            db_schema=pg.schema,  # the fixture drops it afterwards
+            db_schema=f"{pg.schema}_alpha",  # its own (dropped below)
         ),
         admin=settings.admin,
     )
@@ -322,3 +323,8 @@ async def test_a_participant_waits_for_kafka_that_comes_up_late(
             starting.cancel()
         await participant.stop()
         await proxy.close()
+        conn = await asyncpg.connect(pg.database_dsn)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{pg.schema}_alpha" CASCADE')
+        finally:
+            await conn.close()
