@@ -134,6 +134,18 @@ def error_info(exc: BaseException, step: str | None = None) -> ErrorInfo:
 class SagaOperations:
     """State and operations shared by the runtime; see ``SagaRuntime`` for the rest."""
 
+    # Slots, not an instance dict: an engine holds up to engine.cache_size of these, and
+    # a dict of three dozen attributes is a kilobyte and a half of each.
+    __slots__ = (
+        "_cancel_message", "_cancel_reason", "_closing", "_counters", "_ctx",
+        "_current_step", "_cursor", "_error", "_history", "_inflight", "_issued_ids",
+        "_last_attempt", "_lifecycle", "_loop", "_nd", "_new", "_parked", "_patches",
+        "_resume_waiter", "_rng_state", "_seen_signals", "_signal_waiters", "_signals",
+        "_skipped_ids", "_stack", "_status", "_step_names", "_stuck_step", "_timers",
+        "_user_task", "definition", "now", "output", "saga_id", "saga_type",
+        "trace_context",
+    )  # fmt: skip
+
     definition: SagaDefinition
     saga_id: str
     saga_type: str

@@ -119,6 +119,8 @@ def _input_name(inbound: Inbound) -> str:
 class SagaRuntime(SagaOperations):
     """One saga's code and state, driven by inputs. Pure: no clock, no I/O."""
 
+    __slots__ = ()  # the state is declared, as slots, by SagaOperations
+
     def __init__(self, definition: SagaDefinition, saga_id: str) -> None:
         self.definition = definition
         self.saga_id = saga_id
