@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import random
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -61,6 +62,11 @@ from saga_engine._telemetry import Telemetry, default_telemetry
 from saga_engine.settings import Settings
 
 log = logging.getLogger("saga_engine.engine")
+
+#: Attempts at an input whose append keeps conflicting with another writer (rebuilt from
+#: history between them), and the back-off before the third and later ones.
+_CONFLICT_ATTEMPTS = 5
+_CONFLICT_BACKOFF_S = 0.05
 
 _SAGA_ID_NS = uuid.UUID("0b8e2f5c-3d6a-4e0b-a1c2-7f9e8d6c5b4a")
 
@@ -295,18 +301,25 @@ class Engine:
                     self.stats.inc("reloaded_stale_copy")
                     live = await self._rebuild(saga_id)
                     decision = live.runtime.handle(inbound)
-                try:
-                    await self._commit_unless_dropped(saga_id, live, decision)
-                except ConcurrencyError:
-                    if not self._shares_and_owns(saga_id):
-                        raise
+                delay = _CONFLICT_BACKOFF_S
+                for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
+                    try:
+                        await self._commit_unless_dropped(saga_id, live, decision)
+                        break
+                    except ConcurrencyError:
+                        if attempt == _CONFLICT_ATTEMPTS or not self._shares_and_owns(saga_id):
+                            raise  # a stale owner, or another writer that keeps winning
                     # Another engine wrote to this saga (an operator's action there): the
                     # copy here was stale. Apply the input again to the saga rebuilt from
-                    # history, still holding its lock, so its inputs keep their order.
+                    # history, still holding its lock, so its inputs keep their order. The
+                    # one place conflicts are retried; a writer that keeps winning is let
+                    # go after a few attempts, with jittered back-off between them.
                     self.stats.inc("reloaded_after_conflict")
+                    if attempt > 1:
+                        await asyncio.sleep(delay * random.random())
+                        delay *= 2
                     live = await self._rebuild(saga_id)
                     decision = live.runtime.handle(inbound)
-                    await self._commit_unless_dropped(saga_id, live, decision)
                 changed = decision.dropped is None and bool(decision.events)
                 return decision
             finally:

@@ -490,7 +490,6 @@ class SagaWorker:
     ) -> None:
         """Applies one record (``envelope``: already decoded from it)."""
         delay = 0.05
-        conflicts = 0
         while True:
             try:
                 await self._apply(record, envelope)
@@ -502,20 +501,13 @@ class SagaWorker:
                 if not self._running or tp not in self._owned:
                     log.info("stale owner for a message of partition %d: %s", tp.partition, exc)
                     return
-                # Still ours, and it conflicted again after the engine's own rebuild:
-                # another instance keeps writing to the saga. Apply the message again
-                # (inputs are deduplicated, so this is safe even if the partition moved
-                # without our knowing), a bounded number of times: the rebalance that
-                # would take the partition away waits for this batch.
-                conflicts += 1
-                if conflicts > 5:
-                    await self._dead_letter(
-                        record, ENGINE_ERROR, f"kept conflicting with another writer: {exc}"
-                    )
-                    return
-                log.info("saga changed elsewhere again (%s); applying the message again", exc)
-                await asyncio.sleep(delay * random.random())
-                delay = min(delay * 2, 5.0)
+                # Still ours, and the engine's own retries (rebuilt from history each
+                # time) kept losing to another writer: park the message rather than stall
+                # the partition.
+                await self._dead_letter(
+                    record, ENGINE_ERROR, f"kept conflicting with another writer: {exc}"
+                )
+                return
             except TransientError as exc:
                 if not self._running or tp not in self._owned:
                     if not self._running:
