@@ -1,14 +1,9 @@
 """The engine process: the saga inbox consumed from Kafka, ownership by consumer group.
 
 Engine instances join one consumer group on ``{prefix}.inbox``. Every message is keyed
-by saga id, so the instance that owns a partition drives the sagas keyed to it:
-
-- **on assignment** it rebuilds that partition's open sagas from Postgres by replay,
-  re-sends their outstanding commands under the same ids and re-arms their timers;
-- **on revocation** it finishes the batch in hand, commits its offsets and forgets
-  those sagas before giving the partitions up;
-- a **stale owner** that still writes loses the optimistic-concurrency check in
-  Postgres, drops the saga and sends nothing.
+by saga id, so the instance that owns a partition drives the sagas keyed to it; what an
+assignment or a revocation does is ``_ownership.InboxOwnership``'s, and the background
+work (idle eviction, due wake-ups, retention) is ``_housekeeping.Housekeeping``'s.
 
 Offsets are committed only after the events a batch caused are durable. A message
 that can never be processed goes to the dead-letter topic with its reason; it never
@@ -25,7 +20,7 @@ from collections.abc import Awaitable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from saga_engine._crash import CrashHook
@@ -55,10 +50,11 @@ from saga_engine._kafka import (
     make_producer,
     send,
 )
+from saga_engine._ownership import InboxOwnership
 from saga_engine._startup import reaching, start_with_retry
 from saga_engine._store import EventStore
 from saga_engine._telemetry import Telemetry, default_telemetry, detach_from_trace
-from saga_engine._topics import Topics, partition_for
+from saga_engine._topics import Topics
 from saga_engine._trigger_runner import TriggerConsumer
 from saga_engine._wire import (
     ENGINE_ERROR,
@@ -107,17 +103,6 @@ class _LazyTopicSender:
             self._ready.add(topic)
 
 
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, worker: SagaWorker) -> None:
-        self._worker = worker
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self._worker._on_revoked(set(revoked))
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        await self._worker._on_assigned(set(assigned))
-
-
 class SagaWorker:
     """One engine instance: an Engine fed by the Kafka inbox, with Postgres underneath."""
 
@@ -153,14 +138,15 @@ class SagaWorker:
         self._task: asyncio.Task[None] | None = None
         self._housekeeping: Housekeeping | None = None
         self._running = False
-        self._owned: set[TopicPartition] = set()
-        #: Inbox partitions revoked by a rebalance still under way: their sagas are held
-        #: in memory, not driven, until the assignment keeps or drops them.
-        self._suspended: set[int] = set()
-        #: The inbox partitions among them and the inbox's partition count, kept at each
-        #: assignment and revocation for ``owns``, which is asked on every input.
-        self._inbox_partitions: frozenset[int] = frozenset()
-        self._inbox_partition_count = 0
+        self._ownership = InboxOwnership(
+            inbox=self.topics.inbox,
+            default_count=settings.kafka.partitions,
+            instance_id=self.instance_id,
+            before_revoke=self._before_revoke,
+            partition_ids=self._inbox_partition_ids,
+            # Late-bound, so that the worker's notify_owner is what the engine calls.
+            notify=lambda saga_id: self.notify_owner(saga_id),
+        )
         # Set while no batch is being processed: revocation waits for it.
         self._idle = asyncio.Event()
         self._idle.set()
@@ -169,7 +155,6 @@ class SagaWorker:
         self._abandoned = False
         self._committer: OffsetCommitter | None = None
         self.stats_dead_lettered = 0
-        self.assigned_event = asyncio.Event()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -215,9 +200,10 @@ class SagaWorker:
             sender=RoutingSender(kafka_sender, self._http),
             crash_hook=self._crash_hook,
             telemetry=telemetry,
-            ownership=self,
+            ownership=self._ownership,
         )
         self._http.bind(self.engine)
+        self._ownership.attach(self.engine, self._store)
         if self.settings.admin.enabled:
             # Built before Kafka starts consuming, so a bad admin configuration (no tokens
             # on a public address) fails the start with its one-line reason.
@@ -242,9 +228,9 @@ class SagaWorker:
             client_id=self.instance_id,
             instance_name=self._member.name,
         )
-        self._consumer.subscribe([self.topics.inbox], listener=_Rebalance(self))
+        self._consumer.subscribe([self.topics.inbox], listener=self._ownership)
         self._committer = OffsetCommitter(
-            self._consumer, lambda: self._owned, flush_limit_s=_COMMIT_FLUSH_S
+            self._consumer, lambda: self._ownership.owned, flush_limit_s=_COMMIT_FLUSH_S
         )
         with reaching("Kafka"):
             await self._consumer.start()
@@ -252,7 +238,7 @@ class SagaWorker:
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._consume(), name="saga-inbox")
         self._housekeeping = Housekeeping(
-            self.engine, self._store, self.settings, self._partitions, self.owns
+            self.engine, self._store, self.settings, self._ownership.partitions, self.owns
         )
         self._housekeeping.start()
         if self._admin_app is not None:
@@ -336,7 +322,7 @@ class SagaWorker:
 
     @property
     def owned_partitions(self) -> set[int]:
-        return {tp.partition for tp in self._owned}
+        return {tp.partition for tp in self._ownership.owned}
 
     # ------------------------------------------------------------------ consuming
 
@@ -380,7 +366,7 @@ class SagaWorker:
         slow_sagas: set[str] = set()
         readable: list[tuple[TopicPartition, Any, Envelope]] = []
         for tp, records in batch.items():
-            if tp not in self._owned:
+            if tp not in self._ownership.owned:
                 continue
             offsets[tp] = records[-1].offset + 1
             for record in records:
@@ -498,7 +484,7 @@ class SagaWorker:
                 await self._dead_letter(record, exc.reason.value, exc.detail)
                 return
             except ConcurrencyError as exc:
-                if not self._running or tp not in self._owned:
+                if not self._running or tp not in self._ownership.owned:
                     log.info("stale owner for a message of partition %d: %s", tp.partition, exc)
                     return
                 # Still ours, and the engine's own retries (rebuilt from history each
@@ -509,7 +495,7 @@ class SagaWorker:
                 )
                 return
             except TransientError as exc:
-                if not self._running or tp not in self._owned:
+                if not self._running or tp not in self._ownership.owned:
                     if not self._running:
                         # Not applied: its batch's offsets must not be committed (the
                         # offsets of a partition no longer ours are not committed anyway).
@@ -625,28 +611,14 @@ class SagaWorker:
 
     # ------------------------------------------------------------------ ownership
 
-    def _partition_count(self) -> int:
-        known = (
-            self._consumer.partitions_for_topic(self.topics.inbox)
-            if self._consumer is not None
-            else None
-        )
-        return len(known) if known else self.settings.kafka.partitions
-
-    def _note_owned(self) -> None:
-        self._inbox_partitions = frozenset(
-            tp.partition for tp in self._owned if tp.topic == self.topics.inbox
-        )
-        self._inbox_partition_count = self._partition_count()
-
-    def _partitions(self) -> tuple[frozenset[int], int]:
-        """The inbox partitions owned now, and the inbox's partition count."""
-        return self._inbox_partitions, self._inbox_partition_count
+    @property
+    def assigned_event(self) -> asyncio.Event:
+        """Set once the first assignment's recovery is done."""
+        return self._ownership.assigned_event
 
     def owns(self, saga_id: str) -> bool:
         """Whether this instance drives ``saga_id``: its inbox partition is assigned here."""
-        mine = self._inbox_partitions
-        return bool(mine) and partition_for(saga_id, self._inbox_partition_count) in mine
+        return self._ownership.owns(saga_id)
 
     async def notify_owner(self, saga_id: str) -> None:
         """Asks the saga's owner, through the inbox, to reload it from history."""
@@ -663,81 +635,17 @@ class SagaWorker:
             ),
         )
 
-    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
-        detach_from_trace()  # aiokafka's coordinator task runs this; it is no one's trace
+    async def _before_revoke(self) -> None:
         # Finish the batch in hand and commit it before the partitions go elsewhere.
         await self._idle.wait()
         await self._commit_pending()
-        self._owned -= revoked
-        self._note_owned()
-        gone = {tp.partition for tp in revoked if tp.topic == self.topics.inbox}
-        if self.engine is None or not gone:
-            return
-        self.engine.stats.inc("partitions_revoked", len(gone))
-        # Rebalances are eager: every member gives up every partition, and with sticky
-        # assignment most come straight back. So the sagas stay in memory, with their
-        # timers stopped (nobody drives them until the assignment says who does), and
-        # only those whose partition goes elsewhere are dropped, in _on_assigned.
-        self._suspended |= gone
-        count = self._partition_count()
-        held = 0
-        for saga_id in self.engine.live_saga_ids():
-            if partition_for(saga_id, count) in gone:
-                self.engine.live.suspend(saga_id)
-                held += 1
-        log.info(
-            "engine %s gave up partitions %s (%d sagas held until the assignment)",
-            self.instance_id, sorted(gone), held,
-        )  # fmt: skip
 
-    async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
-        detach_from_trace()  # recovery's queries serve many sagas: no span for each
-        self._owned |= assigned
-        self._note_owned()
-        mine = {tp.partition for tp in assigned if tp.topic == self.topics.inbox}
-        kept, lost = self._suspended & mine, self._suspended - mine
-        self._suspended = set()
-        if self.engine is None or self._store is None:
-            self.assigned_event.set()
-            return
-        count = self._partition_count()
-        dropped = held = 0
-        for saga_id in self.engine.live_saga_ids():
-            partition = partition_for(saga_id, count)
-            if partition in lost:
-                self.engine.evict(saga_id)  # another engine drives it now
-                dropped += 1
-            elif partition in kept:
-                self.engine.live.rearm(saga_id)
-                held += 1
-        self.engine.stats.inc("sagas_kept_across_rebalance", held)
-        if dropped:
-            log.info(
-                "engine %s dropped %d sagas of partitions %s, now elsewhere",
-                self.instance_id, dropped, sorted(lost),
-            )  # fmt: skip
-        if not mine:
-            self.assigned_event.set()
-            return
-        delay = 0.1
-        while True:
-            try:
-                # Only the partitions new here are recovered, in parallel (bounded by
-                # engine.recovery_concurrency). A kept partition's sagas are either in
-                # memory or were evicted here: their wake-ups are due from the store,
-                # and an input reloads them.
-                ids = await self._store.open_saga_ids(mine - kept, count) if mine - kept else []
-                recovered = await self.engine.recover(ids)
-                break
-            except TransientError as exc:
-                log.warning("recovery failed (%s); retrying", exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-        log.info(
-            "engine %s took partitions %s (kept %s) and recovered %d sagas",
-            self.instance_id, sorted(mine), sorted(kept), recovered,
-        )  # fmt: skip
-        self.assigned_event.set()
+    def _inbox_partition_ids(self) -> set[int] | None:
+        return (
+            self._consumer.partitions_for_topic(self.topics.inbox)
+            if self._consumer is not None
+            else None
+        )
 
 
 def _trace_of(env: Envelope) -> dict[str, str]:
