@@ -17,7 +17,6 @@ import logging
 import random
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -53,9 +52,9 @@ from saga_engine._errors import (
     TransientError,
 )
 from saga_engine._events import Event, SagaStarted
+from saga_engine._observer import EngineObserver
 from saga_engine._runtime import SagaRuntime
 from saga_engine._serde import JsonDict, check_storable, dumps, storable_copy
-from saga_engine._spans import SagaSpans
 from saga_engine._status import SagaStatus
 from saga_engine._store import Append, EventStore, NewSaga, SagaRecord
 from saga_engine._telemetry import Telemetry, default_telemetry
@@ -108,16 +107,6 @@ class PreparedStart(NamedTuple):
     trace_context: dict[str, str]
 
 
-@dataclass(slots=True)
-class EngineStats:
-    """Counters an operator cares about; exported as metrics by the observability layer."""
-
-    counts: collections.Counter[str] = field(default_factory=collections.Counter)
-
-    def inc(self, name: str, by: int = 1) -> None:
-        self.counts[name] += by
-
-
 class Engine:
     """Drives sagas. Build one per process from a Settings object and its adapters."""
 
@@ -141,17 +130,19 @@ class Engine:
         self._ownership = ownership
         #: Spans and metrics; the global OpenTelemetry providers unless one is given.
         self.telemetry = telemetry or default_telemetry()
-        self._spans = SagaSpans(self.telemetry)
+        #: Spans, counters and crash points: everything the engine reports.
+        self.observer = EngineObserver(self.telemetry, crash_hook)
+        self.stats = self.observer.stats
         self.telemetry.watch(self)
         self.registry = SagaRegistry(sagas)
         self.store = store
         self.sender = sender
         self.clock: Clock = clock or SystemClock()
-        self.stats = EngineStats()
-        self._crash_hook = crash_hook
         #: The sagas held in memory, with their locks (one per saga serialises its
         #: inputs; different sagas proceed in parallel) and timers.
-        self.live = LiveSagas(self.clock, self._spans, self._fire_timers, lambda: self._closed)
+        self.live = LiveSagas(
+            self.clock, self.observer.spans, self._fire_timers, lambda: self._closed
+        )
         self._watchers: dict[str, list[asyncio.Future[None]]] = {}
         self._closed = False
         self._batch = BatchApplier(self)
@@ -219,7 +210,7 @@ class Engine:
         # the start, else the root of a new trace) is what history stores, so every step
         # span (and, through Kafka, every participant span) is its descendant. The span
         # itself is emitted when the saga ends (SagaSpans.saga_finished).
-        stored = self._spans.saga_context(definition.name, saga_id, trace_context or {})
+        stored = self.observer.spans.saga_context(definition.name, saga_id, trace_context or {})
         return PreparedStart(
             definition, payload, saga_id, now, deadline_at, idempotency_key, stored
         )
@@ -268,7 +259,7 @@ class Engine:
                 _check_same_start(definition, first.event, payload, saga_id, idempotency_key)
                 self.stats.inc("start_deduplicated")
                 return saga_id
-            self._stat("sagas_started", definition.name)
+            self.observer.stat("sagas_started", definition.name)
             live = LiveSaga(runtime, committed_seq=len(decision.events), started_at=now)
             self.live.put(saga_id, live)
             await self._effects(saga_id, live, decision)
@@ -542,10 +533,6 @@ class Engine:
         if size > self.settings.engine.max_payload_bytes:
             raise PayloadTooLarge(size, self.settings.engine.max_payload_bytes)
 
-    def _checkpoint(self, name: str) -> None:
-        if self._crash_hook is not None:
-            self._crash_hook(name)
-
     async def _ensure_live(self, saga_id: str) -> LiveSaga:
         live = self.live.get(saga_id)
         if live is not None:
@@ -577,11 +564,11 @@ class Engine:
         # parked) goes out again under the same ids; participants deduplicate.
         for command in live.runtime.outstanding_commands():
             # A new span for this send: the first one died with the previous owner.
-            sent = self._spans.sent(command, resent=True)
+            sent = self.observer.spans.sent(command, resent=True)
             try:
                 await self.sender.send_command(sent)
             except BaseException as exc:
-                self._spans.not_sent(command.command_id, exc)
+                self.observer.spans.not_sent(command.command_id, exc)
                 raise
             self.stats.inc("commands_resent")
 
@@ -609,69 +596,39 @@ class Engine:
                 # We do not know whether the append landed: rebuild from the store next time.
                 self.live.evict(saga_id)
                 raise
-        self._checkpoint("after_append")
+        self.observer.checkpoint("after_append")
         await self._effects(saga_id, live, decision)
 
     async def _effects(self, saga_id: str, live: LiveSaga, decision: Decision) -> None:
         # Live inputs only: a saga rebuilt from history never passes here for what it
         # replays, so no span is emitted twice.
-        self._spans.applied(saga_id, decision.events)
+        self.observer.spans.applied(saga_id, decision.events)
         if decision.commands:
             # Crash points for fault-injection tests: the events are durable, the
             # commands not yet sent.
-            self._checkpoint("before_send")
+            self.observer.checkpoint("before_send")
             if any(c.compensation for c in decision.commands):
-                self._checkpoint("before_send_compensation")
+                self.observer.checkpoint("before_send_compensation")
         for command in decision.commands:
-            sent = self._spans.sent(command)
+            sent = self.observer.spans.sent(command)
             try:
                 await self.sender.send_command(sent)
             except BaseException as exc:
                 # The command is recorded; rebuilding the saga sends it again.
-                self._spans.not_sent(command.command_id, exc)
+                self.observer.spans.not_sent(command.command_id, exc)
                 self.live.evict(saga_id)
                 raise
-            self._checkpoint("after_send")
+            self.observer.checkpoint("after_send")
         status = decision.status
         for event in decision.events:
-            self._count(event, live)
+            self.observer.counted(event, live)
         if status.is_terminal or status.is_parked:
             self._notify(saga_id)
         if status.is_terminal:
-            self._spans.saga_ended(saga_id, f"saga_{status.value}")
-            error = decision.projection.error
-            self._spans.saga_finished(
-                saga_type=live.runtime.saga_type,
-                saga_id=saga_id,
-                trace_context=live.runtime.trace_context,
-                started_at=live.started_at,
-                outcome=status.value,
-                error=str(error.get("message", error)) if error else None,
-            )
+            self.observer.ended(saga_id, live, status, decision.projection.error)
             self.live.evict(saga_id)
         else:
             self.live.arm(saga_id, live)
-
-    def _count(self, event: Event, live: LiveSaga, *, held: int | None = None) -> None:
-        kind = event.kind
-        saga_type = live.runtime.saga_type
-        if kind in ("saga_completed", "saga_compensated", "saga_failed", "saga_cancelled"):
-            self._stat(kind.replace("saga_", "sagas_"), saga_type)
-            if live.started_at is not None:
-                self.telemetry.saga_duration.record(
-                    max(0.0, (event.at - live.started_at).total_seconds()),
-                    {"saga.type": saga_type, "outcome": kind.removeprefix("saga_")},
-                )
-        elif kind in ("saga_parked", "compensation_stuck") or (
-            # Once per park: a second reply held while one already is adds no park.
-            kind == "invalid_reply_received"
-            and (len(live.runtime.held_steps()) if held is None else held) <= 1
-        ):
-            self._stat("sagas_parked", saga_type)
-
-    def _stat(self, name: str, saga_type: str) -> None:
-        self.stats.inc(name)
-        self.telemetry.count(name, saga_type)
 
     def open_saga_counts(self) -> dict[str, int]:
         """Sagas held in memory by this engine, by type (the ``saga.open`` gauge)."""
@@ -711,7 +668,7 @@ class Engine:
             # here was stale and is evicted. Reload it from history, which re-arms its
             # timers; otherwise a saga waiting only on a timer would wait for recovery.
             if self._closed or not self._shares_and_owns(saga_id):
-                self._spans.evicted(saga_id)
+                self.observer.spans.evicted(saga_id)
                 return
             self.stats.inc("reloaded_after_conflict")
             try:
@@ -784,5 +741,5 @@ class Engine:
         self.live.evict(saga_id, keep_spans=True)
         live = await self._ensure_live(saga_id)
         in_flight = {c.command_id for c in live.runtime.outstanding_commands()}
-        self._spans.superseded(saga_id, keep=in_flight)
+        self.observer.spans.superseded(saga_id, keep=in_flight)
         return live

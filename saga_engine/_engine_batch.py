@@ -267,7 +267,7 @@ class BatchApplier:
                     continue
                 live.committed_seq = len(work.events)
                 engine.live.put(work.saga_id, live)
-                engine._stat("sagas_started", live.runtime.saga_type)
+                engine.observer.stat("sagas_started", live.runtime.saga_type)
             else:
                 live.committed_seq = int(outcome)
 
@@ -277,18 +277,18 @@ class BatchApplier:
         from saga_engine._kafka import delivered
 
         engine = self._e
-        spans = engine._spans
+        spans = engine.observer.spans
         for work in works:
-            engine._checkpoint("after_append")
+            engine.observer.checkpoint("after_append")
             # Live inputs only: what a rebuild replays never passes here (no span twice).
             spans.applied(work.saga_id, work.events)
             if work.commands:
                 # Crash points: the events are durable, the commands not yet sent.
-                engine._checkpoint("before_send")
+                engine.observer.checkpoint("before_send")
                 if any(c.compensation for c in work.commands):
-                    engine._checkpoint("before_send_compensation")
+                    engine.observer.checkpoint("before_send_compensation")
         if sum(1 for w in works if w.commands) > 1:
-            engine._checkpoint("after_batch_append")
+            engine.observer.checkpoint("after_batch_append")
         pending: list[tuple[_Work, OutboundCommand, Awaitable[None]]] = []
         sender = engine.sender
         pipelined = isinstance(sender, PipelinedSender)
@@ -301,7 +301,7 @@ class BatchApplier:
                         pending.append((work, command, await starting))
                     else:
                         await sender.send_command(sent)
-                        engine._checkpoint("after_send")
+                        engine.observer.checkpoint("after_send")
                 except Exception as exc:
                     self._not_sent(work, command, exc, result)
         errors = await delivered([d for _, _, d in pending])
@@ -309,13 +309,13 @@ class BatchApplier:
             if error is not None:
                 self._not_sent(work, command, error, result)
             else:
-                engine._checkpoint("after_send")
+                engine.observer.checkpoint("after_send")
 
     def _not_sent(
         self, work: _Work, command: OutboundCommand, exc: BaseException, result: BatchResult
     ) -> None:
         # The command is recorded; reloading the saga sends it again.
-        self._e._spans.not_sent(command.command_id, exc)
+        self._e.observer.spans.not_sent(command.command_id, exc)
         if not work.failed:
             self._e.live.evict(work.saga_id)
             work.failed = True
@@ -333,21 +333,12 @@ class BatchApplier:
         if last is None:
             return  # only duplicates: nothing changed
         for event, held in work.counted:
-            engine._count(event, live, held=held)
+            engine.observer.counted(event, live, held=held)
         status = last.status
         if status.is_terminal or status.is_parked:
             engine._notify(work.saga_id)
         if status.is_terminal:
-            engine._spans.saga_ended(work.saga_id, f"saga_{status.value}")
-            error = last.projection.error
-            engine._spans.saga_finished(
-                saga_type=live.runtime.saga_type,
-                saga_id=work.saga_id,
-                trace_context=live.runtime.trace_context,
-                started_at=live.started_at,
-                outcome=status.value,
-                error=str(error.get("message", error)) if error else None,
-            )
+            engine.observer.ended(work.saga_id, live, status, last.projection.error)
             engine.live.evict(work.saga_id)
         else:
             engine.live.arm(work.saga_id, live)
