@@ -179,12 +179,16 @@ class LiveSagas:
                 live.timer.cancel()
             live.runtime.close()
 
-    def evict_idle(self, idle_s: float, max_size: int) -> int:
+    def evict_idle(
+        self, idle_s: float, max_size: int, keep_due_before: datetime | None = None
+    ) -> int:
         """Evicts the sagas that wait on nothing but a timer or a signal and have not
         changed for ``idle_s`` seconds, then, while more than ``max_size`` are held, the
         least recently changed ones (those waiting on a reply too: reloaded for it, they
         re-send what they have in flight, which participants deduplicate). A saga in use
-        (its lock held or awaited) is left alone. Returns how many were evicted."""
+        (its lock held or awaited) is left alone, and so is an idle one whose wake-up is
+        due before ``keep_due_before`` (loaded ahead of it). Returns how many were
+        evicted."""
         now = asyncio.get_running_loop().time()
         over = len(self._entries) - max_size
         evicted = 0
@@ -194,6 +198,10 @@ class LiveSagas:
             idle = now - live.touched >= idle_s
             if not idle and over <= 0:
                 break  # least recently changed first: the rest changed later still
+            if over <= 0 and keep_due_before is not None:
+                wakeup = live.runtime.next_wakeup()
+                if wakeup is not None and wakeup < keep_due_before:
+                    continue  # loaded for a wake-up that is about to be due
             if over > 0 or (idle and not live.runtime.awaits_reply):
                 self.evict(saga_id)
                 over -= 1

@@ -81,6 +81,11 @@ class VirtualClock:
     def call_at(self, when: datetime, callback: Callback) -> TimerHandle:
         handle = _VirtualHandle()
         heapq.heappush(self._heap, (when, next(self._seq), handle, callback))
+        if len(self._heap) > 1024 and len(self._heap) & 1023 == 0:
+            # Cancelled timers (of sagas that moved on or were evicted) would otherwise
+            # stay until their due time: drop them now and then, as asyncio does.
+            self._heap = [entry for entry in self._heap if not entry[2].cancelled]
+            heapq.heapify(self._heap)
         return handle
 
     def next_due(self) -> datetime | None:

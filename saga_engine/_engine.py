@@ -498,9 +498,11 @@ class Engine:
         """Forgets the in-memory copy; the next input rebuilds it from the store."""
         self.live.evict(saga_id)
 
-    def evict_idle(self, idle_s: float, max_size: int) -> int:
+    def evict_idle(
+        self, idle_s: float, max_size: int, keep_due_before: datetime | None = None
+    ) -> int:
         """See ``LiveSagas.evict_idle``; counted in the ``sagas_evicted`` stat."""
-        evicted = self.live.evict_idle(idle_s, max_size)
+        evicted = self.live.evict_idle(idle_s, max_size, keep_due_before)
         if evicted:
             self.stats.inc("sagas_evicted", evicted)
         return evicted

@@ -1,9 +1,10 @@
 """What an engine worker does in the background besides consuming its inbox.
 
 - **Every ``engine.timer_poll_s``**: evict idle sagas (``engine.idle_evict_s``,
-  ``engine.cache_size``), then wake the sagas of the owned partitions whose wake-up the
-  store says is due and which are not in memory with a timer armed. That is how a timer
-  of an evicted saga fires, within about one period.
+  ``engine.cache_size``), then load the sagas of the owned partitions whose wake-up the
+  store says is due within ``engine.timer_lookahead_s`` and which are not in memory with
+  a timer armed. Loaded, a saga arms its timer, which fires from memory at its time (one
+  already due fires at once). That is how a timer of an evicted saga fires on time.
 - **Every ``retention.interval_s``** (when a retention period is set): archive and delete
   up to ten batches of the owned partitions' finished sagas past their period. A backlog
   (retention just turned on) drains over the following passes.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from datetime import timedelta
 
 from saga_engine._engine import Engine
 from saga_engine._errors import SagaError, TransientError
@@ -26,6 +28,9 @@ log = logging.getLogger("saga_engine.worker")
 
 #: Batches of ``retention.batch_size`` per background pass.
 _RETENTION_BATCHES = 10
+#: Sagas woken per poll at most (soonest first), and how many load at once.
+_WAKE_BATCH = 2000
+_WAKE_CONCURRENCY = 64
 
 
 class Housekeeping:
@@ -65,12 +70,13 @@ class Housekeeping:
         detach_from_trace()
         while True:
             await asyncio.sleep(config.timer_poll_s)  # a period, not a synchronisation
-            engine.evict_idle(config.idle_evict_s, config.cache_size)
+            horizon = engine.clock.now() + timedelta(seconds=config.timer_lookahead_s)
+            engine.evict_idle(config.idle_evict_s, config.cache_size, keep_due_before=horizon)
             mine, count = self._partitions()
             if not mine:
                 continue
             try:
-                due = await self._store.due_wakeups(engine.clock.now(), mine, count, limit=1000)
+                due = await self._store.due_wakeups(horizon, mine, count, limit=_WAKE_BATCH)
             except TransientError as exc:
                 log.warning("polling due wake-ups failed (%s); trying again", exc)
                 continue
@@ -79,7 +85,7 @@ class Housekeeping:
                 await self._wake(waking)
 
     async def _wake(self, saga_ids: list[str]) -> None:
-        limit = asyncio.Semaphore(self._settings.engine.recovery_concurrency)
+        limit = asyncio.Semaphore(_WAKE_CONCURRENCY)
 
         async def one(saga_id: str) -> None:
             async with limit:

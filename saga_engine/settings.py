@@ -106,6 +106,10 @@ class EngineSettings(BaseModel):
     #: How often an engine evicts idle sagas and asks Postgres for the wake-ups due in
     #: its partitions (of sagas not in memory): a timer fires within about this late.
     timer_poll_s: float = Field(default=0.5, gt=0, le=60)
+    #: The poll loads the sagas whose wake-up is due within this much ahead, so that
+    #: their timers fire from memory at their time (not up to a poll late), and a burst
+    #: of wake-ups due at once is loaded before it is due. They stay in memory until then.
+    timer_lookahead_s: float = Field(default=5.0, ge=0, le=3600)
     #: How long start-up waits for Kafka and Postgres to answer, retrying with back-off
     #: and logging one line per attempt. Unset: for ever, as an orchestrator expects
     #: from a service whose dependencies start alongside it.

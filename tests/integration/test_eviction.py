@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from saga_engine import SagaStatus, Settings
+from saga_engine._events import TimerFired, TimerStarted
 from saga_engine._worker import SagaWorker
 from saga_engine.client import SagaClient
 from saga_engine.settings import EngineSettings
@@ -91,3 +92,34 @@ async def test_the_cache_bound_holds_while_sagas_are_busy(settings: Settings) ->
             return all([await status(worker, i) is SagaStatus.COMPLETED for i in ids])
 
         await poll_until(done, timeout=30)
+
+
+async def test_wake_ups_due_soon_are_loaded_ahead_and_fire_on_time(settings: Settings) -> None:
+    ahead = settings.model_copy(
+        update={
+            "engine": EngineSettings(
+                cache_size=CACHE, idle_evict_s=0.3, timer_poll_s=0.1, timer_lookahead_s=2.0
+            )
+        }
+    )
+    worker = SagaWorker(ahead, [Parked])
+    async with running(worker), SagaClient(ahead) as client:
+        await worker.start()
+        await poll_until(owned(worker))
+        assert worker.engine is not None
+        engine = worker.engine
+        napping = [await client.start(Parked, Order(nap_s=4)) for _ in range(6)]
+
+        async def all_done() -> bool:
+            return all([await status(worker, i) is SagaStatus.COMPLETED for i in napping])
+
+        await poll_until(all_done, timeout=30)
+        # Evicted while idle, then loaded again ahead of their wake-up by the poller.
+        assert engine.stats.counts["sagas_evicted"] >= len(napping)
+        assert engine.stats.counts["sagas_woken"] >= len(napping)
+        for saga_id in napping:
+            history = await engine.history(saga_id)
+            [started] = [e for e in history if isinstance(e, TimerStarted)]
+            [fired] = [e for e in history if isinstance(e, TimerFired)]
+            # Fired from memory at its time, not a poll late.
+            assert (fired.at - started.fire_at).total_seconds() < 1.0
