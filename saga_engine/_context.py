@@ -61,6 +61,10 @@ class SagaContext:
     def __init__(self, runtime: SagaRuntime) -> None:
         self._rt = runtime
 
+    def detach(self) -> None:
+        """The saga's runtime closed: the context no longer holds it (no cycle)."""
+        del self._rt
+
     @property
     def saga_id(self) -> str:
         return self._rt.saga_id

@@ -296,9 +296,20 @@ class SagaRuntime(SagaOperations):
         return self._decision()
 
     def close(self) -> None:
-        """Releases the saga's code (its coroutines) without running any more of it."""
+        """Releases the saga's code (its coroutines) without running any more of it.
+
+        The runtime is unusable afterwards. Its cycles are broken here (runtime and
+        context, tasks and the futures they wait on), so that an evicted saga is freed
+        when its last reference goes rather than at the next full garbage collection,
+        which a tuned service runs rarely: the engine's memory then follows its cache
+        size, not the number of sagas it has evicted."""
         self._closing = True
         self._loop.discard()
+        self._signal_waiters.clear()
+        self._resume_waiter = None
+        self._lifecycle = None
+        self._user_task = None
+        self._ctx.detach()
 
     def parse(self, model: type[M], payload: JsonDict, what: str, step: str | None = None) -> M:
         try:

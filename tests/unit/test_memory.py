@@ -1,0 +1,90 @@
+"""What an engine keeps per saga: an evicted saga is freed by reference counting (no
+cycle waits for a full garbage collection, which a tuned service seldom runs), and a
+per-saga lock lives only while held or awaited."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import Iterator
+
+import pytest
+from pydantic import BaseModel
+
+from saga_engine import Saga, SagaContext, Signal
+from saga_engine._cache import KeyedLocks
+from saga_engine._loop import DeterministicLoop
+from saga_engine._runtime import SagaRuntime
+from saga_engine.testing import SagaTestEnv
+
+
+class Empty(BaseModel):
+    pass
+
+
+class Go(BaseModel):
+    pass
+
+
+class Waits(Saga[Empty, Empty]):
+    name = "waits"
+    go = Signal(Go)
+
+    async def run(self, ctx: SagaContext, input: Empty) -> Empty:
+        await ctx.wait_signal("go")
+        return Empty()
+
+
+@pytest.fixture
+def no_collector() -> Iterator[None]:
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+async def test_evicted_sagas_leave_no_cycles(no_collector: None) -> None:
+    env = SagaTestEnv([Waits])
+    ids = [await env.engine.start(Waits, Empty()) for _ in range(20)]
+    assert len(env.engine.live) == 20
+    for saga_id in ids:
+        env.engine.evict(saga_id)
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        kept = [
+            o for o in gc.garbage if isinstance(o, SagaRuntime | DeterministicLoop | asyncio.Task)
+        ]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    # Nothing of theirs was left for the collector: reference counting freed it all.
+    assert kept == []
+    # And an evicted saga still goes on when its input comes.
+    await env.engine.signal(ids[0], "go", {})
+    assert (await env.engine.get(ids[0])).status.value == "completed"
+
+
+async def test_a_lock_lives_only_while_held_or_awaited() -> None:
+    locks = KeyedLocks()
+    await locks.acquire("a")
+    waiter = asyncio.get_running_loop().create_task(locks.acquire("a"))
+    await asyncio.sleep(0)  # the waiter queues on the held lock
+    assert locks.held("a")
+    locks.release("a")
+    await waiter  # handed over, not dropped: the waiter holds it now
+    assert locks.held("a")
+    locks.release("a")
+    assert not locks.held("a")
+    assert len(locks) == 0
+    # A waiter cancelled while queued gives its place back too.
+    await locks.acquire("b")
+    cancelled = asyncio.get_running_loop().create_task(locks.acquire("b"))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    locks.release("b")
+    assert len(locks) == 0
