@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from saga_engine._engine import Engine
 from saga_engine._errors import SagaError, TransientError
@@ -30,6 +30,8 @@ log = logging.getLogger("saga_engine.worker")
 _RETENTION_BATCHES = 10
 #: Sagas woken per poll at most (soonest first), and how many load at once.
 _WAKE_BATCH = 2000
+#: Pages of due wake-ups read per poll at most, past the sagas already loaded ahead.
+_WAKE_PAGES = 10
 _WAKE_CONCURRENCY = 64
 
 
@@ -76,13 +78,29 @@ class Housekeeping:
             if not mine:
                 continue
             try:
-                due = await self._store.due_wakeups(horizon, mine, count, limit=_WAKE_BATCH)
+                waking = await self._due(horizon, mine, count)
             except TransientError as exc:
                 log.warning("polling due wake-ups failed (%s); trying again", exc)
                 continue
-            waking = [i for i in due if not engine.live.holds_timer(i) and self._owns(i)]
             if waking:
                 await self._wake(waking)
+
+    async def _due(self, horizon: datetime, mine: frozenset[int], count: int) -> list[str]:
+        """Up to _WAKE_BATCH sagas due before ``horizon`` and not in memory with a timer,
+        soonest first. Those already loaded ahead are paged past (a burst larger than a
+        batch would otherwise return the same loaded sagas on every poll)."""
+        engine = self._engine
+        waking: list[str] = []
+        after: tuple[datetime, str] | None = None
+        for _ in range(_WAKE_PAGES):
+            page = await self._store.due_wakeups(
+                horizon, mine, count, limit=_WAKE_BATCH, after=after
+            )
+            waking += [i for i, _ in page if not engine.live.holds_timer(i) and self._owns(i)]
+            if len(page) < _WAKE_BATCH or len(waking) >= _WAKE_BATCH:
+                break
+            after = (page[-1][1], page[-1][0])
+        return waking[:_WAKE_BATCH]
 
     async def _wake(self, saga_ids: list[str]) -> None:
         limit = asyncio.Semaphore(_WAKE_CONCURRENCY)

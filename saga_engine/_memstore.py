@@ -174,16 +174,18 @@ class InMemoryEventStore:
         partitions: Collection[int] | None = None,
         partition_count: int = 0,
         limit: int = 1000,
-    ) -> list[str]:
+        after: tuple[datetime, str] | None = None,
+    ) -> list[tuple[str, datetime]]:
         due = sorted(
             (_aware(r.next_wakeup), r.saga_id)
             for r in self._records.values()
             if r.next_wakeup is not None
             and r.status is not SagaStatus.NONDETERMINISTIC
             and _aware(r.next_wakeup) <= _aware(until)
+            and (after is None or (_aware(r.next_wakeup), r.saga_id) > (_aware(after[0]), after[1]))
             and (partitions is None or partition_for(r.saga_id, partition_count) in partitions)
         )
-        return [saga_id for _, saga_id in due[:limit]]
+        return [(saga_id, at) for at, saga_id in due[:limit]]
 
     async def open_summary(self) -> OpenSummary:
         by_status: Counter[SagaStatus] = Counter()

@@ -191,30 +191,36 @@ class PostgresReads:
         partitions: Collection[int] | None = None,
         partition_count: int = 0,
         limit: int = 1000,
-    ) -> list[str]:
-        # A range of the partial next_wakeup index (only sagas with a wake-up have one).
-        # A saga parked as nondeterministic keeps its wake-up but cannot act on it.
-        if partitions is None:
-            sql = (
-                "SELECT saga_id, key_hash FROM sagas WHERE next_wakeup <= $1 "
-                "AND status <> 'nondeterministic' ORDER BY next_wakeup LIMIT $2"
+        after: tuple[datetime, str] | None = None,
+    ) -> list[tuple[str, datetime]]:
+        # A range of the partial next_wakeup index (only sagas with a wake-up have one),
+        # keyset-paged by (next_wakeup, saga_id). A saga parked as nondeterministic
+        # keeps its wake-up but cannot act on it.
+        clauses = ["next_wakeup <= $1", "status <> 'nondeterministic'"]
+        args: list[object] = [_aware(until)]
+
+        def arg(value: object) -> str:
+            args.append(value)
+            return f"${len(args)}"
+
+        if after is not None:
+            clauses.append(f"(next_wakeup, saga_id) > ({arg(_aware(after[0]))}, {arg(after[1])})")
+        if partitions is not None:
+            clauses.append(
+                f"(key_hash % {arg(partition_count)} = ANY({arg(sorted(set(partitions)))}::int[]) "
+                "OR key_hash IS NULL)"
             )
-            args: list[object] = [_aware(until), limit]
-        else:
-            sql = (
-                "SELECT saga_id, key_hash FROM sagas WHERE next_wakeup <= $1 "
-                "AND status <> 'nondeterministic' "
-                "AND (key_hash % $2 = ANY($3::int[]) OR key_hash IS NULL) "
-                "ORDER BY next_wakeup LIMIT $4"
-            )
-            args = [_aware(until), partition_count, sorted(set(partitions)), limit]
+        sql = (
+            f"SELECT saga_id, key_hash, next_wakeup FROM sagas WHERE {' AND '.join(clauses)} "
+            f"ORDER BY next_wakeup, saga_id LIMIT {arg(limit)}"
+        )
         with _unavailable_as_transient():
             rows = await self._pool.fetch(sql, *args)
-        if partitions is None:
-            return [r["saga_id"] for r in rows]
-        mine = set(partitions)
+        mine = set(partitions) if partitions is not None else None
         return [
-            r["saga_id"]
+            (r["saga_id"], r["next_wakeup"])
             for r in rows
-            if r["key_hash"] is not None or partition_for(r["saga_id"], partition_count) in mine
+            if mine is None
+            or r["key_hash"] is not None
+            or partition_for(r["saga_id"], partition_count) in mine
         ]

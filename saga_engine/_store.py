@@ -176,10 +176,12 @@ class EventStore(Protocol):
         partitions: Collection[int] | None = None,
         partition_count: int = 0,
         limit: int = 1000,
-    ) -> list[str]:
-        """Ids of sagas whose next wake-up is at or before ``until``, soonest first, at
-        most ``limit``; with ``partitions``, only those keyed to them (as in
-        ``open_saga_ids``)."""
+        after: tuple[datetime, str] | None = None,
+    ) -> list[tuple[str, datetime]]:
+        """(saga id, next wake-up) of the sagas whose next wake-up is at or before
+        ``until``, soonest first (then by id), at most ``limit``, after the ``after``
+        cursor (the last pair of the previous page); with ``partitions``, only those
+        keyed to them (as in ``open_saga_ids``)."""
         ...
 
     async def finished_before(

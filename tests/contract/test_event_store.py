@@ -663,6 +663,40 @@ async def test_retention_finds_old_finished_sagas_archives_and_removes_only_them
     assert await store.archived_history("old-done") == b"gzipped export"
 
 
+async def test_due_wakeups_soonest_first_paged_by_partition(store: EventStore) -> None:
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    wakeups = {f"w-{n}": base + timedelta(minutes=n % 5) for n in range(20)}
+    for saga_id, at in wakeups.items():
+        assert await store.create(
+            NewSaga(saga_id, "o", [_started("o")], Projection(SagaStatus.RUNNING, next_wakeup=at))
+        )
+    assert await store.create(_new("no-wakeup"))
+    parked_at = base - timedelta(hours=1)
+    assert await store.create(
+        NewSaga(
+            "parked",
+            "o",
+            [_started("o")],
+            Projection(SagaStatus.NONDETERMINISTIC, next_wakeup=parked_at),
+        )
+    )
+    until = base + timedelta(minutes=2)
+    expected = sorted((at, i) for i, at in wakeups.items() if at <= until)
+    # Soonest first, then by id; a parked nondeterministic saga is never due.
+    assert [(at, i) for i, at in await store.due_wakeups(until, limit=100)] == expected
+    # Paged with the last pair as the cursor: every due saga once.
+    seen: list[tuple[datetime, str]] = []
+    after: tuple[datetime, str] | None = None
+    while page := await store.due_wakeups(until, limit=5, after=after):
+        seen += [(at, i) for i, at in page]
+        after = (page[-1][1], page[-1][0])
+    assert seen == expected
+    mine = {0, 2}
+    assert [i for i, _ in await store.due_wakeups(until, mine, 3, limit=100)] == [
+        i for _, i in expected if partition_for(i, 3) in mine
+    ]
+
+
 # --------------------------------------------------------------------------- Postgres only
 
 
