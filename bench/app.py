@@ -1,4 +1,5 @@
-"""The application the end-to-end benchmark runs: one 3-step saga and three participants.
+"""The application the end-to-end benchmark runs: one 3-step saga and three participants
+(and ``Waiter``, a saga that only waits, for bench/scale.py).
 
 Each role runs in its own process, configured by the ``SAGA_*`` environment like any
 deployment, plus variables of the benchmark's own:
@@ -16,6 +17,15 @@ deployment, plus variables of the benchmark's own:
 - ``BENCH_PROFILE`` / ``BENCH_PROFILE_CLOCK``: cProfile the measured load
   (between the first and the second SIGUSR1) to that path, timed by ``wall`` or ``cpu``.
 
+The engine's counters files also hold its resident sagas (``live_sagas``, ``live_locks``)
+and its memory (``memory_kib``: VmRSS and VmHWM from /proc/self/status;
+``allocated_blocks``: the memory blocks Python's allocator has handed out and not freed;
+``gc``: the cyclic collector's runs per generation). On SIGUSR2 the engine runs a full
+collection (``gc.collect()``) and writes ``{role}.stats.gc.json`` (bench/scale.py asks
+whether memory held after eviction is garbage awaiting the collector).
+``BENCH_TUNE_GC=0`` runs the engine with CPython's own collector thresholds instead of
+``saga_engine.run``'s tuning.
+
 ::
 
     python -m bench.app engine              # SagaWorker, like `saga worker bench.app`
@@ -31,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import cProfile
 import dataclasses
+import gc
 import logging
 import os
 import signal
@@ -45,7 +56,7 @@ import orjson
 from pydantic import BaseModel
 
 from bench.bare import count_kafka_requests, kafka_requests
-from saga_engine import Saga, SagaContext, Settings, run
+from saga_engine import Saga, SagaContext, Settings, Signal, run
 from saga_engine.participant import Participant, Transaction
 from saga_engine.store import GroupCommitConfig, PostgresEventStore, migrate
 from saga_engine.worker import SagaWorker
@@ -56,6 +67,11 @@ PARTICIPANTS = ("alpha", "beta", "gamma")
 def _uvloop() -> bool | None:
     """``BENCH_UVLOOP=0`` runs the process on asyncio's own loop (to measure uvloop)."""
     return False if os.environ.get("BENCH_UVLOOP") == "0" else None
+
+
+def _tune_gc() -> bool:
+    """``BENCH_TUNE_GC=0``: CPython's collector thresholds, not ``saga_engine.run``'s."""
+    return os.environ.get("BENCH_TUNE_GC") != "0"
 
 
 SAGA_NAME = "bench-transfer"
@@ -102,6 +118,37 @@ class Transfer(Saga[TransferRequest, TransferDone]):
         return TransferDone(receipts=receipts)
 
 
+WAITER_NAME = "bench-waiter"
+
+
+class WaitRequest(BaseModel):
+    #: Sleep until this wall-clock time (seconds since the epoch); None: wait for ``go``.
+    until: float | None = None
+
+
+class Go(BaseModel):
+    note: str = ""
+
+
+class WaitDone(BaseModel):
+    woke_by: str
+
+
+class Waiter(Saga[WaitRequest, WaitDone]):
+    """No steps: waits for its ``go`` signal, or sleeps until ``until`` (bench/scale.py)."""
+
+    name = WAITER_NAME
+    go = Signal(Go)
+
+    async def run(self, ctx: SagaContext, req: WaitRequest) -> WaitDone:
+        if req.until is None:
+            await ctx.wait_signal(self.go)
+            return WaitDone(woke_by="signal")
+        # ctx.now() is the start's time on every replay: the same duration each time.
+        await ctx.sleep(max(0.001, req.until - ctx.now().timestamp()))
+        return WaitDone(woke_by="timer")
+
+
 #: The participant's business table. ``at`` is the wall clock when the handler ran
 #: (clock_timestamp(), not the transaction's start), which splits a step's round trip
 #: into its outbound and return legs.
@@ -144,6 +191,21 @@ def build_participant(name: str, settings: Settings) -> Participant:
 
 
 # --------------------------------------------------------------------------- reporting
+
+
+def memory_kib(pid: int | str = "self") -> dict[str, int]:
+    """A process's resident set now (``VmRSS``) and at its peak (``VmHWM``), in KiB, from
+    /proc/<pid>/status (empty if it is gone)."""
+    out: dict[str, int] = {}
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            out[name] = int(value.split()[0])
+    return out
 
 
 class _Reporter:
@@ -240,7 +302,7 @@ async def run_engine() -> None:
     config = GroupCommitConfig(enabled=enabled)
     await migrate(settings.pg.dsn.get_secret_value(), settings.pg.db_schema)
     store = await PostgresEventStore.connect(settings.pg, group_commit=config)
-    worker = SagaWorker(settings, [Transfer], store=store)
+    worker = SagaWorker(settings, [Transfer, Waiter], store=store)
 
     def snapshot() -> dict[str, Any]:
         return {
@@ -252,12 +314,31 @@ async def run_engine() -> None:
             "engine": dict(worker.engine.stats.counts) if worker.engine else {},
             "dead_lettered": worker.stats_dead_lettered,
             "owned_partitions": sorted(worker.owned_partitions),
+            "live_sagas": len(worker.engine.live) if worker.engine else None,
+            "live_locks": len(worker.engine.live.locks) if worker.engine else None,
+            "memory_kib": memory_kib(),
+            # Python's allocator: blocks in use now (what eviction can free back to it).
+            "allocated_blocks": sys.getallocatedblocks(),
+            "gc": {
+                "collections": [g["collections"] for g in gc.get_stats()],
+                "threshold": gc.get_threshold(),
+                **full_collection,
+            },
         }
 
     reporter = _Reporter(os.environ.get("BENCH_ROLE") or "engine", snapshot)
     profiler = _Profiler()
     stop = asyncio.Event()
     _signals(stop, reporter, profiler)
+    full_collection: dict[str, float] = {}
+
+    def collect() -> None:
+        t0 = time.perf_counter()
+        full_collection["collected"] = gc.collect()
+        full_collection["collect_s"] = round(time.perf_counter() - t0, 3)
+        reporter.dump("gc")
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, collect)
 
     async def announce() -> None:
         await worker.assigned_event.wait()
@@ -316,7 +397,7 @@ def main(argv: list[str]) -> int:
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     count_kafka_requests()
     if argv == ["engine"]:
-        run(run_engine(), uvloop=_uvloop())
+        run(run_engine(), uvloop=_uvloop(), tune_gc=_tune_gc())
         return 0
     if len(argv) == 2 and argv[0] == "participant" and argv[1] in PARTICIPANTS:
         run(run_participant(argv[1]), uvloop=_uvloop())
