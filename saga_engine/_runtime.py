@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
+from collections.abc import Set as AbstractSet
 from datetime import datetime
 from typing import Any, Literal, NoReturn, TypeVar
 
@@ -78,11 +79,13 @@ from saga_engine._events import (
 )
 from saga_engine._loop import DeterministicLoop
 from saga_engine._operations import (
+    _NO_IDS,
     SagaOperations,
     _Halt,
     _InFlight,
     _Owed,
     _Timer,
+    _with,
     timeout_timer_id,
 )
 from saga_engine._serde import (
@@ -148,13 +151,13 @@ class SagaRuntime(SagaOperations):
         self._nd: PermanentError | None = None
 
         self._inflight: dict[str, _InFlight] = {}
-        self._issued_ids: set[str] = set()
+        self._issued_ids: AbstractSet[str] = _NO_IDS
         self._timers: dict[str, _Timer] = {}
         self._signals: dict[str, deque[JsonDict]] = {}
         self._signal_waiters: dict[str, asyncio.Future[JsonDict | None]] = {}
-        self._seen_signals: set[str] = set()
+        self._seen_signals: AbstractSet[str] = _NO_IDS
         self._stack: list[_Owed] = []
-        self._step_names: set[str] = set()
+        self._step_names: AbstractSet[str] = _NO_IDS
         self._counters: dict[str, itertools.count[int]] = {}
         self._patches: dict[str, bool] = {}
         self._rng_state = None  # see SagaOperations._rng
@@ -166,7 +169,7 @@ class SagaRuntime(SagaOperations):
         self._closing = False
         self._resume_waiter: asyncio.Future[str] | None = None
         self._stuck_step: str | None = None
-        self._skipped_ids: set[str] = set()
+        self._skipped_ids: AbstractSet[str] = _NO_IDS
 
     # ------------------------------------------------------------------ construction
 
@@ -630,7 +633,7 @@ class SagaRuntime(SagaOperations):
             elif timer is not None and timer.future is not None and not timer.future.done():
                 timer.future.set_result(None)
         elif isinstance(event, SignalReceived):
-            self._seen_signals.add(event.signal_id)
+            self._seen_signals = _with(self._seen_signals, event.signal_id)
             waiter = self._signal_waiters.get(event.name)
             if waiter is not None and not waiter.done():
                 waiter.set_result(event.payload)
@@ -687,7 +690,7 @@ class SagaRuntime(SagaOperations):
         """Answers a waiting forward step with ``payload`` (an operator's skip, or a held
         reply accepted on retry); the saga goes back to running once nothing is held."""
         if skipped:
-            self._skipped_ids.add(inflight.event.command_id)
+            self._skipped_ids = _with(self._skipped_ids, inflight.event.command_id)
         inflight.held = None
         inflight.future.set_result(
             ReplyReceived(
@@ -778,7 +781,7 @@ class SagaRuntime(SagaOperations):
             new = SagaStatus.CANCELLED
         elif isinstance(event, CommandIssued | CompensationIssued):
             self._current_step = event.step
-            self._issued_ids.add(event.command_id)
+            self._issued_ids = _with(self._issued_ids, event.command_id)
         self._status = check_transition(self._status, new)
 
     def _nondeterministic(self, index: int | None, expected: str, actual: str) -> None:

@@ -49,13 +49,22 @@ async def test_evicted_sagas_leave_no_cycles(no_collector: None) -> None:
     env = SagaTestEnv([Waits])
     ids = [await env.engine.start(Waits, Empty()) for _ in range(20)]
     assert len(env.engine.live) == 20
+    runtimes = [env.engine.runtime_of(i) for i in ids]
+    loops = {id(rt._loop) for rt in runtimes if rt is not None}
+    assert len(loops) == 20
     for saga_id in ids:
         env.engine.evict(saga_id)
+    del runtimes
     gc.set_debug(gc.DEBUG_SAVEALL)
     try:
         gc.collect()
+        # What other tests left behind may be in the garbage too: only these sagas count.
         kept = [
-            o for o in gc.garbage if isinstance(o, SagaRuntime | DeterministicLoop | asyncio.Task)
+            o
+            for o in gc.garbage
+            if (isinstance(o, SagaRuntime) and o.saga_id in ids)
+            or (isinstance(o, DeterministicLoop) and id(o) in loops)
+            or (isinstance(o, asyncio.Task) and id(o.get_loop()) in loops)
         ]
     finally:
         gc.set_debug(0)
