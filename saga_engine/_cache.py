@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from saga_engine._runtime import SagaRuntime
 
 if TYPE_CHECKING:
     from saga_engine._spans import SagaSpans
+
+log = logging.getLogger("saga_engine.engine")
 
 
 @dataclass(slots=True)
@@ -177,7 +180,10 @@ class LiveSagas:
         if live is not None:
             if live.timer is not None:
                 live.timer.cancel()
-            live.runtime.close()
+            try:
+                live.runtime.close()
+            except Exception:  # a bug there must not stop whoever evicts (a loop, a poll)
+                log.exception("closing the runtime of saga %s failed", saga_id)
 
     def evict_idle(
         self, idle_s: float, max_size: int, keep_due_before: datetime | None = None

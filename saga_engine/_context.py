@@ -63,7 +63,8 @@ class SagaContext:
 
     def detach(self) -> None:
         """The saga's runtime closed: the context no longer holds it (no cycle)."""
-        del self._rt
+        if hasattr(self, "_rt"):
+            del self._rt
 
     @property
     def saga_id(self) -> str:

@@ -511,11 +511,11 @@ class Engine:
         """Loads a saga whose wake-up is due (the store says so) and is not in memory:
         loading arms its timers, and a due one fires at once."""
         async with self.live.lock(saga_id):
-            if saga_id in self.live:
-                return
+            if saga_id in self.live or not self._owns(saga_id):
+                return  # loaded meanwhile, or its partition moved away
             live = await self._ensure_live(saga_id)
             self.stats.inc("sagas_woken")
-            if live.runtime.status.is_terminal:
+            if live.runtime.status.is_terminal or not self._owns(saga_id):
                 self.live.evict(saga_id)
 
     async def close(self) -> None:
@@ -549,15 +549,22 @@ class Engine:
             started_at=events[0].at if events else None,
         )
         self.live.put(saga_id, live)
-        if decision.nondeterminism is not None:
-            log.error("%s", decision.nondeterminism)
-            self.stats.inc("nondeterminism")
-        if decision.events:
-            await self._commit(saga_id, live, decision)
-        live.driven = self._owns(saga_id)
-        if not runtime.dead and live.driven:
-            # Only the owner re-sends: another engine loads it just to apply one input.
-            await self._resend_outstanding(live)
+        try:
+            if decision.nondeterminism is not None:
+                log.error("%s", decision.nondeterminism)
+                self.stats.inc("nondeterminism")
+            if decision.events:
+                await self._commit(saga_id, live, decision)
+            live.driven = self._owns(saga_id)
+            if not runtime.dead and live.driven:
+                # Only the owner re-sends: another engine loads it just to apply one input.
+                await self._resend_outstanding(live)
+        except BaseException:
+            # Half loaded (a re-send failed, say): not kept, so that the next attempt (an
+            # input, a poll, recovery) loads it again and re-sends what it owes.
+            if self.live.get(saga_id) is live:
+                self.live.evict(saga_id, keep_spans=True)
+            raise
         self.live.arm(saga_id, live)
         return live
 
@@ -652,6 +659,9 @@ class Engine:
                 live = self.live.get(saga_id)
                 if live is None:
                     return  # evicted or moved on; recovery re-arms it
+                if not self._owns(saga_id):
+                    self.live.evict(saga_id)  # its partition moved: its owner fires it
+                    return
                 now = self.clock.now()
                 due = sorted(
                     (at, tid) for tid, at in live.runtime.pending_timers().items() if at <= now
@@ -679,8 +689,30 @@ class Engine:
                         await self._rebuild(saga_id)
             except SagaError as exc:
                 log.warning("reloading saga %s after a conflict: %s", saga_id, exc)
+        except TransientError as exc:
+            # Its events may be durable and its commands unsent (the copy was dropped):
+            # nothing else would re-send them until an input or a partition move, so
+            # the saga is rebuilt from history (re-sending what it owes) a moment later.
+            log.warning("timer of saga %s: %s; reloading it shortly", saga_id, exc)
+            self._reload_soon(saga_id, 0.5)
         except SagaError as exc:
             log.warning("timer of saga %s: %s", saga_id, exc)
+
+    def _reload_soon(self, saga_id: str, delay_s: float) -> None:
+        """Rebuilds the saga after ``delay_s`` (doubling, up to 30 s, while the store or
+        the broker stays away), as long as this engine still owns it."""
+
+        async def attempt() -> None:
+            if self._closed or not self._owns(saga_id):
+                return
+            try:
+                await self.reload(saga_id)
+            except TransientError:
+                self._reload_soon(saga_id, min(delay_s * 2, 30.0))
+            except SagaError as exc:
+                log.warning("reloading saga %s: %s", saga_id, exc)
+
+        self.clock.call_at(self.clock.now() + timedelta(seconds=delay_s), attempt)
 
     def _owns(self, saga_id: str) -> bool:
         return self._ownership is None or self._ownership.owns(saga_id)

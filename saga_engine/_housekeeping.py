@@ -73,17 +73,22 @@ class Housekeeping:
         while True:
             await asyncio.sleep(config.timer_poll_s)  # a period, not a synchronisation
             horizon = engine.clock.now() + timedelta(seconds=config.timer_lookahead_s)
-            engine.evict_idle(config.idle_evict_s, config.cache_size, keep_due_before=horizon)
+            try:
+                engine.evict_idle(config.idle_evict_s, config.cache_size, keep_due_before=horizon)
+            except Exception:
+                log.exception("evicting idle sagas failed")
             mine, count = self._partitions()
             if not mine:
                 continue
             try:
                 waking = await self._due(horizon, mine, count)
+                if waking:
+                    await self._wake(waking)
             except TransientError as exc:
                 log.warning("polling due wake-ups failed (%s); trying again", exc)
-                continue
-            if waking:
-                await self._wake(waking)
+            except Exception:
+                # A bug must not end the poller: every evicted saga's timers hang on it.
+                log.exception("polling due wake-ups failed; trying again")
 
     async def _due(self, horizon: datetime, mine: frozenset[int], count: int) -> list[str]:
         """Up to _WAKE_BATCH sagas due before ``horizon`` and not in memory with a timer,
@@ -111,6 +116,8 @@ class Housekeeping:
                     await self._engine.wake(saga_id)
                 except SagaError as exc:  # the next poll tries again
                     log.warning("waking saga %s failed: %s", saga_id, exc)
+                except Exception:
+                    log.exception("waking saga %s failed", saga_id)
 
         await asyncio.gather(*(one(i) for i in saga_ids))
 
@@ -131,6 +138,9 @@ class Housekeeping:
                 )
             except (TransientError, OSError) as exc:
                 log.warning("retention pass failed (%s); trying again next time", exc)
+                continue
+            except Exception:
+                log.exception("retention pass failed; trying again next time")
                 continue
             self.retention_passes += 1
             if report.deleted:

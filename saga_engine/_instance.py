@@ -58,6 +58,9 @@ class InstanceName:
             except BlockingIOError:
                 os.close(fd)
                 continue
+            except BaseException:
+                os.close(fd)
+                raise
             return cls(f"{host}-{slot}", fd)
         raise RuntimeError(
             f"{_MAX_SLOTS} processes of group {group_id!r} already hold a member name on this "

@@ -19,6 +19,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, TopicAlreadyExistsError
 
@@ -112,7 +113,10 @@ def make_group_consumer(
         group_id=group_id,
         client_id=client_id,
         group_instance_id=instance_name,
-        partition_assignment_strategy=(StickyPartitionAssignor,),
+        # Round robin as well, for one release: members of a version that offered only
+        # that (aiokafka's default) and these can form one group during a rolling
+        # upgrade; the group uses sticky once every member offers it.
+        partition_assignment_strategy=(StickyPartitionAssignor, RoundRobinPartitionAssignor),
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         fetch_max_wait_ms=kafka.fetch_max_wait_ms,

@@ -148,15 +148,23 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
         reference cycle behind (a task waiting on another is in one: the awaited task's
         done-callback holds the waiter), which only a full garbage collection would free.
 
-        Each coroutine is closed first, so no more saga code runs; then every task is
-        cancelled and its remaining steps run, which only throw into the closed
-        coroutines: each task ends, cancelled, and lets go of what it waited on."""
+        Each coroutine is closed first (its finally blocks run, but any operation they
+        attempt fails: nothing is recorded or sent); then every task is cancelled and its
+        remaining steps run, which only throw into the closed coroutines: each task ends,
+        cancelled, and lets go of what it waited on."""
         tasks = list(self.tasks)
         for task in tasks:
             coro = task.get_coro()
             if not task.done() and coro is not None and hasattr(coro, "close"):
-                with contextlib.suppress(Exception):
+                try:
                     coro.close()
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException:
+                    # Closing runs the saga's finally blocks; one that awaits a ctx
+                    # operation gets CancelledError (the saga is being dropped). Whatever
+                    # they raise, the saga is gone: it must not stop whoever dropped it.
+                    pass
             # A task that still ends pending would report "Task was destroyed but it is
             # pending!" to this loop at finalisation, which would keep both alive.
             task._log_destroy_pending = False  # type: ignore[attr-defined]

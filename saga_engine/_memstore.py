@@ -52,7 +52,8 @@ class InMemoryEventStore:
     def __init__(self) -> None:
         self._records: dict[str, SagaRecord] = {}
         self._events: dict[str, list[StoredEvent]] = {}
-        self._archive: dict[str, bytes] = {}
+        #: (saga id, created at) -> gzipped export, as saga_archive's key.
+        self._archive: dict[tuple[str, datetime], bytes] = {}
         # One lock makes each create/append atomic even if an adapter method awaits.
         self._lock = asyncio.Lock()
         self.closed = False
@@ -225,7 +226,8 @@ class InMemoryEventStore:
         self, saga_ids: Collection[str], archive: Sequence[ArchivedSaga] = ()
     ) -> int:
         for item in archive:
-            self._archive.setdefault(item.record.saga_id, item.history)
+            key = (item.record.saga_id, _aware(item.record.created_at))
+            self._archive.setdefault(key, item.history)
         gone = [
             i for i in set(saga_ids) if i in self._records and self._records[i].status.is_terminal
         ]
@@ -235,7 +237,8 @@ class InMemoryEventStore:
         return len(gone)
 
     async def archived_history(self, saga_id: str) -> bytes | None:
-        return self._archive.get(saga_id)
+        mine = sorted((at, blob) for (i, at), blob in self._archive.items() if i == saga_id)
+        return mine[-1][1] if mine else None
 
     async def close(self) -> None:
         self.closed = True

@@ -43,6 +43,7 @@ class InboxOwnership(ConsumerRebalanceListener):  # type: ignore[misc]
         before_revoke: Callable[[], Awaitable[None]],
         partition_ids: Callable[[], set[int] | None],
         notify: Callable[[str], Awaitable[None]],
+        generation: Callable[[], int | None] = lambda: None,
     ) -> None:
         self._inbox = inbox
         self._default_count = default_count
@@ -50,6 +51,10 @@ class InboxOwnership(ConsumerRebalanceListener):  # type: ignore[misc]
         self._before_revoke = before_revoke
         self._partition_ids = partition_ids
         self._notify = notify
+        self._generation = generation
+        #: The revocation came after this member lost its membership (aiokafka resets
+        #: the generation when the coordinator no longer knows the member).
+        self._expelled = False
         self._engine: Engine | None = None
         self._store: EventStore | None = None
         #: Every partition assigned now (the offset committer commits only these).
@@ -93,6 +98,7 @@ class InboxOwnership(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         detach_from_trace()  # aiokafka's coordinator task runs this; it is no one's trace
+        self._expelled = self._expelled or self._generation() is None
         await self._before_revoke()
         self.owned -= set(revoked)
         self._note_owned()
@@ -119,6 +125,12 @@ class InboxOwnership(ConsumerRebalanceListener):  # type: ignore[misc]
         self._note_owned()
         mine = {tp.partition for tp in assigned if tp.topic == self._inbox}
         kept, lost = self._suspended & mine, self._suspended - mine
+        if self._expelled:
+            # This member was expelled (it stalled past the session timeout) before this
+            # rebalance: another engine may have driven these partitions meanwhile, so
+            # what is held is dropped and recovered from the store.
+            kept, lost = set(), set(self._suspended)
+            self._expelled = False
         self._suspended = set()
         engine, store = self._engine, self._store
         if engine is None or store is None:

@@ -94,12 +94,13 @@ class PostgresRetention:
             async with self._pool.acquire() as conn, conn.transaction():
                 if archive:
                     # ON CONFLICT DO NOTHING: a batch archived before, whose delete did not
-                    # commit (the process died), is archived again; the first copy stays.
+                    # commit (the process died), is archived again; the first copy stays
+                    # (the same saga: same id and creation time, same history).
                     await conn.execute(
                         "INSERT INTO saga_archive (saga_id, saga_type, status, created_at, "
                         "finished_at, history) SELECT * FROM unnest($1::text[], $2::text[], "
                         "$3::text[], $4::timestamptz[], $5::timestamptz[], $6::bytea[]) "
-                        "ON CONFLICT (saga_id) DO NOTHING",
+                        "ON CONFLICT (saga_id, created_at) DO NOTHING",
                         [a.record.saga_id for a in archive],
                         [a.record.saga_type for a in archive],
                         [a.record.status.value for a in archive],
@@ -125,7 +126,10 @@ class PostgresRetention:
 
     async def archived_history(self, saga_id: str) -> bytes | None:
         with _unavailable_as_transient():
+            # The latest of that id (an id may be reused once its saga was deleted).
             value = await self._pool.fetchval(
-                "SELECT history FROM saga_archive WHERE saga_id = $1", saga_id
+                "SELECT history FROM saga_archive WHERE saga_id = $1 "
+                "ORDER BY created_at DESC LIMIT 1",
+                saga_id,
             )
         return bytes(value) if value is not None else None

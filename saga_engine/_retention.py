@@ -13,6 +13,7 @@ runs one on demand, for every partition.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import logging
 import os
@@ -127,7 +128,9 @@ class Retention:
             return await self.store.remove_finished(ids, archive)
         if mode == "directory":
             assert self.settings.directory is not None  # checked by the settings
-            report.files.append(str(_write_file(Path(self.settings.directory), loaded)))
+            # Compression and fsync off the event loop: timers and heartbeats go on.
+            path = await asyncio.to_thread(_write_file, Path(self.settings.directory), loaded)
+            report.files.append(str(path))
         return await self.store.remove_finished(ids)
 
 
@@ -149,4 +152,10 @@ def _write_file(directory: Path, sagas: list[LoadedSaga]) -> Path:
         out.flush()
         os.fsync(out.fileobj.fileno())  # type: ignore[union-attr]
     tmp.rename(path)
+    # The rename is durable only once the directory is: the delete that follows commits.
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     return path

@@ -306,6 +306,8 @@ class SagaRuntime(SagaOperations):
         when its last reference goes rather than at the next full garbage collection,
         which a tuned service runs rarely: the engine's memory then follows its cache
         size, not the number of sagas it has evicted."""
+        if self._loop.is_closed():
+            return  # closed already (the batch path may drop a saga twice)
         self._closing = True
         self._loop.discard()
         self._signal_waiters.clear()

@@ -146,6 +146,7 @@ class SagaWorker:
             partition_ids=self._inbox_partition_ids,
             # Late-bound, so that the worker's notify_owner is what the engine calls.
             notify=lambda saga_id: self.notify_owner(saga_id),
+            generation=self._group_generation,
         )
         # Set while no batch is being processed: revocation waits for it.
         self._idle = asyncio.Event()
@@ -639,6 +640,12 @@ class SagaWorker:
         # Finish the batch in hand and commit it before the partitions go elsewhere.
         await self._idle.wait()
         await self._commit_pending()
+
+    def _group_generation(self) -> int | None:
+        # aiokafka keeps the generation on its (private) coordinator; None if it moves.
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        generation = getattr(coordinator, "generation", None)
+        return generation if isinstance(generation, int) and generation >= 0 else None
 
     def _inbox_partition_ids(self) -> set[int] | None:
         return (

@@ -134,7 +134,18 @@ def worker(
         stopping = asyncio.Event()
         for sig in (signals.SIGTERM, signals.SIGINT):
             loop.add_signal_handler(sig, stopping.set)
-        await engine.start()
+        # Start-up may wait for Kafka and Postgres (for ever by default): a stop signal
+        # meanwhile ends the wait instead of being ignored until the grace period ends.
+        starting = loop.create_task(engine.start())
+        stop_waiter = loop.create_task(stopping.wait())
+        await asyncio.wait({starting, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            await asyncio.wait({starting})
+            await engine.stop()
+            return
+        stop_waiter.cancel()
+        starting.result()  # a start that failed for good says why
         err.print(f"engine {engine.instance_id} running sagas: {', '.join(s.name for s in sagas)}")
         try:
             await stopping.wait()

@@ -126,8 +126,13 @@ class RetentionSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    #: Days a finished saga is kept. Unset: for ever (nothing is archived or deleted).
-    days: float | None = Field(default=30.0, gt=0)
+    #: Days a finished saga is kept. Unset (the default): for ever, nothing is archived
+    #: or deleted. Set, it also bounds how long an idempotency key de-duplicates: once
+    #: its saga is deleted, a start with the same key starts a new saga, whose commands
+    #: have the same ids as the old one's; participants that still remember those ids
+    #: answer with the old replies. Keep participants' processed-command records at
+    #: least as long, or never reuse keys.
+    days: float | None = Field(default=None, gt=0)
     #: Saga type -> days, for the types kept longer or shorter than ``days``.
     per_type: dict[str, float] = Field(default_factory=dict)
     #: ``table``: the history goes to ``saga_archive`` (migration 0005), in the delete's
