@@ -66,6 +66,8 @@ log = logging.getLogger("saga_engine.engine")
 #: history between them), and the back-off before the third and later ones.
 _CONFLICT_ATTEMPTS = 5
 _CONFLICT_BACKOFF_S = 0.05
+#: How far recovery lets the cache run past its size before evicting back down to it.
+_EVICT_SLACK = 256
 
 _SAGA_ID_NS = uuid.UUID("0b8e2f5c-3d6a-4e0b-a1c2-7f9e8d6c5b4a")
 
@@ -255,6 +257,7 @@ class Engine:
                 )
             )
             if not created:
+                runtime.close()  # never held: release its coroutines now
                 first = await self.store.first_event(saga_id)
                 _check_same_start(definition, first.event, payload, saga_id, idempotency_key)
                 self.stats.inc("start_deduplicated")
@@ -487,7 +490,9 @@ class Engine:
                         log.error("saga %s could not be recovered: %s", saga_id, exc)
                         self.stats.inc("recovery_failed")
                         return False
-                if len(self.live) > bound:
+                if len(self.live) > bound + _EVICT_SLACK:
+                    # In chunks: a sweep walks the cache, so once per load would be
+                    # quadratic in a large recovery.
                     self.evict_idle(float("inf"), bound)
                 return True
 
