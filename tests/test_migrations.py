@@ -34,7 +34,7 @@ PINNED = {
     1: "12bd630585402c6947d0c31bcc4f0501dac21a8c9953ae6c07fb9c978d764ee2",
     2: "be285e3e14a6051c8769902f72d392f6ad3a382597dc084acb9a755278f03f73",
     3: "041235596d84fb456126190a2878c864685b1de54f875c551d4d1f9850697cea",
-    4: "b372269b2eadc7508bce1006f32eed6a7dcc2a8730933d4a373f32a0b740e471",
+    4: "fd174fdd2c4a14dd90c3ee3abbbb21eb8ddeb7daaa839b011dc59650715c80d0",
     5: "1a55c6d1f920ca6f3f9d03b73ed16ce85eff1b840a9ef5cab498520dad63b6c3",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant_migrations).

@@ -7,9 +7,10 @@
 -- partitions" are one indexed query. Sagas created before this migration have NULL
 -- there: the store computes theirs in Python when it meets an open one, and writes it.
 --
--- Building the indexes reads the table and blocks writes to it meanwhile (a migration
--- runs in a transaction, where CREATE INDEX CONCURRENTLY is not allowed): seconds per
--- million sagas. The lock timeout bounds the wait for the lock itself.
+-- ADD COLUMN takes an ACCESS EXCLUSIVE lock on sagas, held until this migration's
+-- transaction commits, so reads and writes of sagas wait while the indexes below are
+-- built (a migration runs in a transaction, where CREATE INDEX CONCURRENTLY is not
+-- allowed): seconds per million sagas. The lock timeout bounds the wait for the lock.
 SET LOCAL lock_timeout = '5s';
 
 ALTER TABLE sagas ADD COLUMN key_hash int;
