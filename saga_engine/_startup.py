@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
@@ -41,6 +42,8 @@ class DependencyUnavailable(TransientError):
 
 
 def _unreachable(exc: BaseException) -> bool:
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return False  # a TLS setting to fix, not a server still starting
     if isinstance(exc, TransientError):  # KafkaUnavailable, StoreUnavailable, MigrationBusy
         return True
     if isinstance(exc, OSError | TimeoutError | KafkaConnectionError):  # refused, no route

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,15 @@ async def test_anything_but_unreachability_fails_at_once() -> None:
         await start_with_retry("engine e1", attempt, undo, None)
     assert attempts == [1]
     assert undone == [1]
+
+
+async def test_a_certificate_that_fails_verification_is_not_waited_for() -> None:
+    async def attempt() -> None:
+        with reaching("Postgres"):
+            raise ssl.SSLCertVerificationError(1, "certificate verify failed")
+
+    async def undo() -> None:
+        return None
+
+    with pytest.raises(ssl.SSLCertVerificationError):
+        await asyncio.wait_for(start_with_retry("engine e1", attempt, undo, None), 10)
