@@ -282,42 +282,52 @@ class Engine:
         async with self.live.lock(saga_id):
             changed = False
             try:
-                cached = saga_id in self.live
-                live = await self._ensure_live(saga_id)
-                decision = live.runtime.handle(inbound)
-                if (
-                    decision.dropped is DropReason.UNKNOWN_COMMAND
-                    and cached
-                    and self._shares_and_owns(saga_id)
-                ):
-                    # The copy held here may be stale (another engine changed the saga and
-                    # issued that command): ask the history before calling it unknown.
-                    self.stats.inc("reloaded_stale_copy")
-                    live = await self._rebuild(saga_id)
-                    decision = live.runtime.handle(inbound)
                 delay = _CONFLICT_BACKOFF_S
                 for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
                     try:
+                        live, decision = await self._decide(saga_id, inbound, fresh=attempt > 1)
                         await self._commit_unless_dropped(saga_id, live, decision)
                         break
                     except ConcurrencyError:
                         if attempt == _CONFLICT_ATTEMPTS or not self._shares_and_owns(saga_id):
                             raise  # a stale owner, or another writer that keeps winning
                     # Another engine wrote to this saga (an operator's action there): the
-                    # copy here was stale. Apply the input again to the saga rebuilt from
-                    # history, still holding its lock, so its inputs keep their order. The
-                    # one place conflicts are retried; a writer that keeps winning is let
-                    # go after a few attempts, with jittered back-off between them.
+                    # copy here was stale (or loading it conflicted). Apply the input again
+                    # to the saga rebuilt from history, still holding its lock, so its
+                    # inputs keep their order. The one place conflicts are retried; a
+                    # writer that keeps winning is let go after a few attempts, with
+                    # jittered back-off between them.
                     self.stats.inc("reloaded_after_conflict")
                     if attempt > 1:
                         await asyncio.sleep(delay * random.random())
                         delay *= 2
-                    live = await self._rebuild(saga_id)
-                    decision = live.runtime.handle(inbound)
                 changed = decision.dropped is None and bool(decision.events)
                 return decision
             finally:
                 await self._let_go_unless_owned(saga_id, changed)
+
+    async def _decide(
+        self, saga_id: str, inbound: Inbound, *, fresh: bool
+    ) -> tuple[LiveSaga, Decision]:
+        """The saga (held, loaded, or ``fresh``: rebuilt from history) and its decision on
+        ``inbound``, its lock held."""
+        if fresh:
+            live = await self._rebuild(saga_id)
+            return live, live.runtime.handle(inbound)
+        cached = saga_id in self.live
+        live = await self._ensure_live(saga_id)
+        decision = live.runtime.handle(inbound)
+        if (
+            decision.dropped is DropReason.UNKNOWN_COMMAND
+            and cached
+            and self._shares_and_owns(saga_id)
+        ):
+            # The copy held here may be stale (another engine changed the saga and issued
+            # that command): ask the history before calling it unknown.
+            self.stats.inc("reloaded_stale_copy")
+            live = await self._rebuild(saga_id)
+            decision = live.runtime.handle(inbound)
+        return live, decision
 
     async def reply(
         self,
