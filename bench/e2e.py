@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -1462,12 +1462,24 @@ def _handle_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
-def main(argv: list[str]) -> int:
-    args = parse_args(argv)
+BenchFn = Callable[[argparse.Namespace, Resources, Processes, Path], Awaitable[Any]]
+
+
+def run_bench(
+    args: argparse.Namespace,
+    bench_fn: BenchFn,
+    *,
+    log_prefix: str,
+    extra: dict[str, Any] | None = None,
+) -> int:
+    """Runs one benchmark (``bench_fn``) within ``--max-seconds`` on the dev stack's
+    servers, then prints its JSON (with ``extra``) and writes ``--json-out``. Whatever it
+    started is stopped and, unless ``--keep``, its schemas, topics and logs removed; a
+    failure shows the processes' log tails and keeps their logs."""
     settings = Settings()
     res = Resources(settings.pg.dsn.get_secret_value(), settings.kafka.bootstrap_servers)
     procs = Processes()
-    logs = Path(tempfile.mkdtemp(prefix="saga-bench-"))
+    logs = Path(tempfile.mkdtemp(prefix=log_prefix))
     result: Any = None
     ok = False
     with _handle_sigterm():
@@ -1475,12 +1487,12 @@ def main(argv: list[str]) -> int:
 
             async def bounded() -> Any:
                 async with asyncio.timeout(args.max_seconds):
-                    return await bench(args, res, procs, logs)
+                    return await bench_fn(args, res, procs, logs)
 
             result = asyncio.run(bounded())
-            ok = True
+            ok = result is not None
         except (BenchError, TimeoutError) as exc:
-            say(f"FAILED: {exc}")
+            say(f"FAILED: {exc or f'no result within --max-seconds {args.max_seconds:g}'}")
         except KeyboardInterrupt:
             say("interrupted")
         except Exception as exc:
@@ -1499,13 +1511,17 @@ def main(argv: list[str]) -> int:
                     shutil.rmtree(logs, ignore_errors=True)
             if not ok or args.keep:
                 say(f"logs kept in {logs}")
-    if result is None:
+    if not ok:
         return 1
-    text = json.dumps(result, indent=2)
+    text = json.dumps({**result, **(extra or {})}, indent=2)
     if args.json_out:
         args.json_out.write_text(text + "\n")
     print(text)
     return 0
+
+
+def main(argv: list[str]) -> int:
+    return run_bench(parse_args(argv), bench, log_prefix="saga-bench-")
 
 
 if __name__ == "__main__":

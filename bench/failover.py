@@ -32,16 +32,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -60,15 +56,12 @@ from bench.e2e import (
     Processes,
     Resources,
     RunConfig,
-    _handle_sigterm,
-    cleanup,
     machine,
     pct,
     read_json,
+    run_bench,
     say,
-    tail,
 )
-from saga_engine import Settings
 from saga_engine._kafka import ensure_topics
 from saga_engine._topics import partition_for
 from saga_engine.settings import KafkaSettings
@@ -685,45 +678,7 @@ async def bench(args: argparse.Namespace, res: Resources, procs: Processes, logs
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    settings = Settings()
-    res = Resources(settings.pg.dsn.get_secret_value(), settings.kafka.bootstrap_servers)
-    procs = Processes()
-    logs = Path(tempfile.mkdtemp(prefix="saga-failover-"))
-    result: Any = None
-    with _handle_sigterm():
-        try:
-
-            async def bounded() -> Any:
-                async with asyncio.timeout(args.max_seconds):
-                    return await bench(args, res, procs, logs)
-
-            result = asyncio.run(bounded())
-        except (BenchError, TimeoutError) as exc:
-            say(f"FAILED: {exc or f'no result within --max-seconds {args.max_seconds:g}'}")
-        except KeyboardInterrupt:
-            say("interrupted")
-        except Exception as exc:
-            say(f"FAILED: {type(exc).__name__}: {exc}")
-            traceback.print_exc(file=sys.stderr)
-        finally:
-            if result is None:
-                for proc in procs.procs.values():
-                    say(f"--- {proc.role} log tail:\n{tail(proc.log)}")
-            procs.stop_all()
-            if not args.keep:
-                asyncio.run(cleanup(res))
-                if result is not None:
-                    shutil.rmtree(logs, ignore_errors=True)
-            if result is None or args.keep:
-                say(f"logs kept in {logs}")
-    if result is None:
-        return 1
-    text = json.dumps(result, indent=2)
-    if args.json_out:
-        args.json_out.write_text(text + "\n")
-    print(text)
-    return 0
+    return run_bench(parse_args(argv), bench, log_prefix="saga-failover-")
 
 
 if __name__ == "__main__":

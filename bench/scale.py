@@ -27,15 +27,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-import traceback
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -54,13 +50,12 @@ from bench.e2e import (
     Processes,
     Resources,
     RunConfig,
-    _handle_sigterm,
     cleanup,
     dist,
     machine,
     read_json,
+    run_bench,
     say,
-    tail,
 )
 from bench.failover import dist_s, target
 from saga_engine import SagaStatus, Settings
@@ -711,45 +706,7 @@ def git_state() -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    git = git_state()
-    settings = Settings()
-    res = Resources(settings.pg.dsn.get_secret_value(), settings.kafka.bootstrap_servers)
-    procs = Processes()
-    logs = Path(tempfile.mkdtemp(prefix="saga-scale-"))
-    result: Any = None
-    with _handle_sigterm():
-        try:
-
-            async def bounded() -> Any:
-                async with asyncio.timeout(args.max_seconds):
-                    return await bench(args, res, procs, logs)
-
-            result = asyncio.run(bounded())
-        except (BenchError, TimeoutError) as exc:
-            say(f"FAILED: {exc or f'no result within --max-seconds {args.max_seconds:g}'}")
-        except KeyboardInterrupt:
-            say("interrupted")
-        except Exception as exc:
-            say(f"FAILED: {type(exc).__name__}: {exc}")
-            traceback.print_exc(file=sys.stderr)
-        finally:
-            if result is None:
-                for proc in procs.procs.values():
-                    say(f"--- {proc.role} log tail:\n{tail(proc.log)}")
-            procs.stop_all()
-            if not args.keep:
-                asyncio.run(cleanup(res))
-                if result is not None:
-                    shutil.rmtree(logs, ignore_errors=True)
-            if result is None or args.keep:
-                say(f"logs kept in {logs}")
-    if result is None:
-        return 1
-    text = json.dumps({**result, "git": git}, indent=2)
-    if args.json_out:
-        args.json_out.write_text(text + "\n")
-    print(text)
-    return 0
+    return run_bench(args, bench, log_prefix="saga-scale-", extra={"git": git_state()})
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from saga_engine._store import (
     Projection,
     SagaRecord,
     StoredEvent,
+    as_utc,
     check_lookup,
     check_new_saga_id,
 )
@@ -41,11 +42,6 @@ def _copy(event: Event) -> Event:
             f"Postgres cannot store this value: {problems[0]['msg']} (at {problems[0]['loc']})"
         )
     return event_from_json(event_to_json(event))
-
-
-def _aware(value: datetime) -> datetime:
-    """Naive datetimes are taken as UTC, as Postgres's timestamptz does here."""
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
 class InMemoryEventStore:
@@ -144,15 +140,15 @@ class InMemoryEventStore:
         search: str | None = None,
     ) -> list[SagaRecord]:
         def keep(r: SagaRecord) -> bool:
-            created, updated = _aware(r.created_at), _aware(r.updated_at)
+            created, updated = as_utc(r.created_at), as_utc(r.updated_at)
             return (
                 (statuses is None or r.status in statuses)
                 and (saga_type is None or r.saga_type == saga_type)
                 and (after_id is None or r.saga_id > after_id)
-                and (created_after is None or created >= _aware(created_after))
-                and (created_before is None or created < _aware(created_before))
-                and (updated_after is None or updated >= _aware(updated_after))
-                and (updated_before is None or updated < _aware(updated_before))
+                and (created_after is None or created >= as_utc(created_after))
+                and (created_before is None or created < as_utc(created_before))
+                and (updated_after is None or updated >= as_utc(updated_after))
+                and (updated_before is None or updated < as_utc(updated_before))
                 and (search is None or r.saga_id.startswith(search) or r.idempotency_key == search)
             )
 
@@ -178,12 +174,12 @@ class InMemoryEventStore:
         after: tuple[datetime, str] | None = None,
     ) -> list[tuple[str, datetime]]:
         due = sorted(
-            (_aware(r.next_wakeup), r.saga_id)
+            (as_utc(r.next_wakeup), r.saga_id)
             for r in self._records.values()
             if r.next_wakeup is not None
             and r.status is not SagaStatus.NONDETERMINISTIC
-            and _aware(r.next_wakeup) <= _aware(until)
-            and (after is None or (_aware(r.next_wakeup), r.saga_id) > (_aware(after[0]), after[1]))
+            and as_utc(r.next_wakeup) <= as_utc(until)
+            and (after is None or (as_utc(r.next_wakeup), r.saga_id) > (as_utc(after[0]), after[1]))
             and (partitions is None or partition_for(r.saga_id, partition_count) in partitions)
         )
         return [(saga_id, at) for at, saga_id in due[:limit]]
@@ -195,7 +191,7 @@ class InMemoryEventStore:
             if r.status.is_open:
                 by_status[r.status] += 1
             if r.status.is_parked:
-                parked.append(_aware(r.updated_at))
+                parked.append(as_utc(r.updated_at))
         return OpenSummary(dict(by_status), min(parked, default=None))
 
     async def finished_before(
@@ -209,10 +205,10 @@ class InMemoryEventStore:
         limit: int = 500,
     ) -> list[str]:
         found = sorted(
-            (_aware(r.updated_at), r.saga_id)
+            (as_utc(r.updated_at), r.saga_id)
             for r in self._records.values()
             if r.status.is_terminal
-            and _aware(r.updated_at) < _aware(cutoff)
+            and as_utc(r.updated_at) < as_utc(cutoff)
             and (saga_types is None or r.saga_type in saga_types)
             and r.saga_type not in other_than
             and (partitions is None or partition_for(r.saga_id, partition_count) in partitions)
@@ -226,7 +222,7 @@ class InMemoryEventStore:
         self, saga_ids: Collection[str], archive: Sequence[ArchivedSaga] = ()
     ) -> int:
         for item in archive:
-            key = (item.record.saga_id, _aware(item.record.created_at))
+            key = (item.record.saga_id, as_utc(item.record.created_at))
             self._archive.setdefault(key, item.history)
         gone = [
             i for i in set(saga_ids) if i in self._records and self._records[i].status.is_terminal

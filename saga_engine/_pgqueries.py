@@ -7,7 +7,7 @@ never by reading rows into Python to filter them there.
 from __future__ import annotations
 
 from collections.abc import Collection
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Final
 
 import asyncpg
@@ -21,16 +21,18 @@ from saga_engine._pgbase import (
     _unavailable_as_transient,
 )
 from saga_engine._status import SagaStatus
-from saga_engine._store import LoadedSaga, OpenSummary, SagaRecord, StoredEvent, check_lookup
+from saga_engine._store import (
+    LoadedSaga,
+    OpenSummary,
+    SagaRecord,
+    StoredEvent,
+    as_utc,
+    check_lookup,
+)
 from saga_engine._topics import key_hash, partition_for
 
 _MAX_CHAR: Final = "\U0010ffff"
 _PARKED_STATUSES: Final = [s.value for s in SagaStatus if s.is_parked]
-
-
-def _aware(value: datetime) -> datetime:
-    """A naive datetime is taken as UTC (asyncpg would take it as local time)."""
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
 class PostgresReads:
@@ -118,7 +120,7 @@ class PostgresReads:
             ("updated_at", "<", updated_before),
         ):
             if value is not None:
-                clauses.append(f"{column} {op} {arg(_aware(value))}::timestamptz")
+                clauses.append(f"{column} {op} {arg(as_utc(value))}::timestamptz")
         if search is not None:
             # An id prefix is a range of the primary key ("C" collation: byte order, and
             # U+10FFFF sorts after every character); a key is its own index.
@@ -197,14 +199,14 @@ class PostgresReads:
         # keyset-paged by (next_wakeup, saga_id). A saga parked as nondeterministic
         # keeps its wake-up but cannot act on it.
         clauses = ["next_wakeup <= $1", "status <> 'nondeterministic'"]
-        args: list[object] = [_aware(until)]
+        args: list[object] = [as_utc(until)]
 
         def arg(value: object) -> str:
             args.append(value)
             return f"${len(args)}"
 
         if after is not None:
-            clauses.append(f"(next_wakeup, saga_id) > ({arg(_aware(after[0]))}, {arg(after[1])})")
+            clauses.append(f"(next_wakeup, saga_id) > ({arg(as_utc(after[0]))}, {arg(after[1])})")
         if partitions is not None:
             clauses.append(
                 f"(key_hash % {arg(partition_count)} = ANY({arg(sorted(set(partitions)))}::int[]) "

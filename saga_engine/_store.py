@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Final, Protocol, runtime_checkable
 
 from saga_engine._errors import InvalidSagaId, SagaNotFound
@@ -37,6 +37,11 @@ def check_lookup(saga_id: str) -> None:
     (Postgres would refuse the NUL with an error about encodings instead)."""
     if not 1 <= len(saga_id) <= MAX_SAGA_ID_LENGTH or "\x00" in saga_id:
         raise SagaNotFound(saga_id[:MAX_SAGA_ID_LENGTH].replace("\x00", "\\x00"))
+
+
+def as_utc(value: datetime) -> datetime:
+    """A naive datetime taken as UTC, as the stores and the admin API read them."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
 @dataclass(frozen=True, slots=True)

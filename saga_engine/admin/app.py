@@ -12,7 +12,7 @@ import logging
 import re
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
@@ -27,7 +27,7 @@ from saga_engine._errors import IdempotencyConflict, SagaNotFound, Serialization
 from saga_engine._events import Event, SagaStarted
 from saga_engine._serde import loads
 from saga_engine._status import SagaStatus
-from saga_engine._store import SagaRecord, check_lookup
+from saga_engine._store import SagaRecord, as_utc, check_lookup
 from saga_engine.admin import metrics as metrics_mod
 from saga_engine.admin.auth import PRINCIPAL_KEY, AuthMiddleware, Principal, auth_required
 from saga_engine.admin.errors import (
@@ -116,10 +116,6 @@ def _saga_ref(saga_id: str) -> str:
 
 def _status_url(request: Request, saga_id: str) -> str:
     return f"{request.scope.get('root_path', '')}/sagas/{quote(saga_id, safe='')}"
-
-
-def _aware(value: datetime) -> datetime:
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
 async def _json_object(request: Request) -> dict[str, Any]:
@@ -267,7 +263,7 @@ def create_admin_app(
             (created_after, created_before, "created"),
             (updated_after, updated_before, "updated"),
         ):
-            if low is not None and high is not None and _aware(low) >= _aware(high):
+            if low is not None and high is not None and as_utc(low) >= as_utc(high):
                 raise HTTPException(422, f"{what}_after must be earlier than {what}_before")
         where = SagaFilter(
             statuses=frozenset(status) if status else None,

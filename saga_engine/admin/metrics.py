@@ -7,18 +7,14 @@ for ``text/plain`` or OpenMetrics, as a Prometheus scraper does.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
 
 from saga_engine._engine import Engine
 from saga_engine._status import SagaStatus
+from saga_engine._store import as_utc
 from saga_engine.admin.schemas import MetricsBody
 
 OPEN_STATUSES = tuple(s for s in SagaStatus if s.is_open)
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-
-def _aware(value: datetime) -> datetime:
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
 async def collect(engine: Engine) -> MetricsBody:
@@ -28,8 +24,8 @@ async def collect(engine: Engine) -> MetricsBody:
     by_status = {s.value: summary.by_status.get(s, 0) for s in OPEN_STATUSES}
     age = None
     if summary.oldest_parked_at is not None:
-        now = _aware(engine.clock.now())
-        age = max(0.0, (now - _aware(summary.oldest_parked_at)).total_seconds())
+        now = as_utc(engine.clock.now())
+        age = max(0.0, (now - as_utc(summary.oldest_parked_at)).total_seconds())
     counters = {name: int(value) for name, value in sorted(engine.stats.counts.items())}
     return MetricsBody(
         open_sagas=by_status,
