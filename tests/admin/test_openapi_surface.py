@@ -1,0 +1,124 @@
+"""The admin API's published surface, pinned: operations, status codes, auth.
+
+The expected data was generated from the app before it was split into routers (issue
+13), so a refactor that renames an endpoint function (its operationId), drops a route,
+or loses the bearer scheme on one shows up here. Request and response *models* are
+left to test_api.py and the schemathesis test: they may change on purpose.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from saga_engine.admin import create_admin_app
+from saga_engine.settings import Settings
+from saga_engine.testing import SagaTestEnv
+from tests.admin.conftest import OPERATOR, READER, admin_settings, make_client
+from tests.admin.sagas import Noop, Transfer
+
+#: (method, path, operationId) of every operation, as generated before the split.
+OPERATIONS = {
+    ("GET", "/health", "health_health_get"),
+    ("GET", "/saga-types", "saga_types_saga_types_get"),
+    ("GET", "/sagas", "list_sagas_sagas_get"),
+    ("GET", "/sagas/{saga}", "get_saga_sagas__saga__get"),
+    ("POST", "/sagas/{saga}", "start_sagas__saga__post"),
+    ("GET", "/sagas/{saga_id}/history", "history_sagas__saga_id__history_get"),
+    ("GET", "/metrics", "metrics_metrics_get"),
+    ("POST", "/sagas/{saga_id}/signal", "signal_sagas__saga_id__signal_post"),
+    ("POST", "/sagas/{saga_id}/cancel", "cancel_sagas__saga_id__cancel_post"),
+    ("POST", "/sagas/{saga_id}/resume", "resume_sagas__saga_id__resume_post"),
+    ("POST", "/sagas/{saga_id}/retry", "retry_sagas__saga_id__retry_post"),
+    ("POST", "/sagas/{saga_id}/skip", "skip_sagas__saga_id__skip_post"),
+    (
+        "POST",
+        "/sagas/{saga_id}/force-compensate",
+        "force_compensate_sagas__saga_id__force_compensate_post",
+    ),
+}
+
+_READ = ["200", "401", "404", "422", "503"]
+_ACTION = ["200", "400", "401", "403", "404", "409", "413", "422", "503"]
+#: operationId -> the documented status codes, as generated before the split.
+STATUS_CODES = {
+    "health_health_get": ["200"],
+    "saga_types_saga_types_get": ["200", "401"],
+    "list_sagas_sagas_get": ["200", "400", "401", "422", "503"],
+    "get_saga_sagas__saga__get": _READ,
+    "start_sagas__saga__post": [
+        "200",
+        "202",
+        "400",
+        "401",
+        "403",
+        "404",
+        "409",
+        "413",
+        "415",
+        "422",
+        "503",
+    ],
+    "history_sagas__saga_id__history_get": _READ,
+    "metrics_metrics_get": ["200", "401", "422", "503"],
+    "signal_sagas__saga_id__signal_post": _ACTION,
+    "cancel_sagas__saga_id__cancel_post": _ACTION,
+    "resume_sagas__saga_id__resume_post": _ACTION,
+    "retry_sagas__saga_id__retry_post": _ACTION,
+    "skip_sagas__saga_id__skip_post": _ACTION,
+    "force_compensate_sagas__saga_id__force_compensate_post": _ACTION,
+}
+
+
+def _operations(spec: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    return {
+        (method.upper(), path, operation["operationId"]): operation
+        for path, methods in spec["paths"].items()
+        for method, operation in methods.items()
+    }
+
+
+def _spec(types: list[type[Any]], settings: Settings) -> dict[str, Any]:
+    return create_admin_app(SagaTestEnv(types).engine, settings).openapi()
+
+
+def test_the_operations_are_pinned() -> None:
+    operations = _operations(_spec([Transfer, Noop], admin_settings()))
+    assert set(operations) == OPERATIONS
+    assert {op: sorted(o["responses"]) for (_, _, op), o in operations.items()} == STATUS_CODES
+    # Every operation but /health documents the bearer scheme.
+    secured = {path for (_, path, _), o in operations.items() if "security" in o}
+    assert secured == {path for _, path, _ in OPERATIONS} - {"/health"}
+    assert "security" not in operations[("GET", "/health", "health_health_get")]
+
+
+def test_the_start_parameters_follow_each_apps_engine_and_settings() -> None:
+    """The saga-type enum and the ``wait`` bound are per app: two apps built in one
+    process, with other engines and settings, each describe their own."""
+    start = ("POST", "/sagas/{saga}", "start_sagas__saga__post")
+    first = _operations(_spec([Transfer, Noop], admin_settings(max_wait_s=7.5)))[start]
+    second = _operations(_spec([Noop], Settings()))[start]
+    bare = _operations(_spec([], Settings()))[start]
+
+    def params(operation: dict[str, Any]) -> dict[str, Any]:
+        return {p["name"]: p["schema"] for p in operation["parameters"]}
+
+    assert params(first)["saga"]["enum"] == ["noop", "transfer"]
+    assert params(first)["wait"]["anyOf"][0]["maximum"] == 7.5
+    assert params(second)["saga"]["enum"] == ["noop"]
+    assert params(second)["wait"]["anyOf"][0]["maximum"] == Settings().admin.max_wait_s
+    assert "enum" not in params(bare)["saga"]
+
+
+async def test_each_app_serves_its_own_engine_and_settings() -> None:
+    one = create_admin_app(SagaTestEnv([Transfer, Noop]).engine, admin_settings())
+    two = create_admin_app(SagaTestEnv([Noop]).engine, admin_settings(max_wait_s=1))
+    async with make_client(one) as http_one, make_client(two) as http_two:
+        types_one = (await http_one.get("/saga-types", headers=READER)).json()
+        types_two = (await http_two.get("/saga-types", headers=READER)).json()
+        too_long = await http_two.post("/sagas/noop?wait=2", json={}, headers=OPERATOR)
+        unknown = await http_two.post("/sagas/transfer", json={}, headers=OPERATOR)
+    assert [t["name"] for t in types_one] == ["noop", "transfer"]
+    assert [t["name"] for t in types_two] == ["noop"]
+    assert too_long.status_code == 422
+    assert too_long.json()["detail"][0]["loc"] == ["query", "wait"]
+    assert unknown.status_code == 404
