@@ -14,10 +14,12 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
 import random
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Final, Literal, TypeAlias
 
 import asyncpg
@@ -88,6 +90,59 @@ class Rejected(SagaError):
         self.reason = reason
         self.details: dict[str, Any] = dict(details or {})
         super().__init__(reason)
+
+
+class Retryable(SagaError):
+    """Raise it in a handler to answer "not now, try again": nothing applied, at once.
+
+    The handler's writes are rolled back and the saga receives a ``retryable`` reply
+    right away, without the kit's in-process handler retries (those are for crashes:
+    ``handler_attempts``). The engine then retries the step under a new command id and
+    attempt, after its retry policy's back-off; once the policy's attempts run out the
+    step fails. Like every answer, it is stored: a copy of the command gets it again.
+
+    ``after`` (a timedelta or seconds) is a hint of when a retry may succeed. The reply
+    contract has no field for it, so it travels in the reply's ``error`` text ("... (retry
+    after 30s)") and as ``retry_after_s`` in its payload; the engine does not read it
+    today, so its step's ``retry=`` policy decides the actual wait.
+    """
+
+    def __init__(self, reason: str, *, after: timedelta | float | None = None) -> None:
+        seconds = after.total_seconds() if isinstance(after, timedelta) else after
+        if seconds is not None and not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"Retryable(after=...) must be a finite delay >= 0, not {after!r}")
+        self.reason = reason
+        self.after = None if seconds is None else timedelta(seconds=seconds)
+        super().__init__(reason)
+
+
+#: What a handler raises to answer rather than crash: its writes roll back and the
+#: answer is recorded in the same transaction (the claim kept).
+HandlerAnswer: TypeAlias = Rejected | Retryable
+
+
+def answer_reply(answer: HandlerAnswer) -> ReplyBody:
+    """The reply a handler's Rejected or Retryable stands for. It is recorded whatever it
+    says: what Postgres cannot store is written out as escapes."""
+    if isinstance(answer, Rejected):
+        return ReplyBody(
+            outcome="failure",
+            payload=storable_copy(json_payload(answer.details)),
+            error=storable_copy(answer.reason),
+        )
+    if answer.after is None:
+        return ReplyBody(outcome="retryable", error=storable_copy(answer.reason))
+    seconds = answer.after.total_seconds()
+    return ReplyBody(
+        outcome="retryable",
+        payload={"retry_after_s": seconds},
+        error=storable_copy(f"{answer.reason} (retry after {seconds:g}s)"),
+    )
+
+
+def answer_counter(answer: HandlerAnswer) -> str:
+    """The stats counter of a handler's answer: the one its outcome has anyway."""
+    return "rejected" if isinstance(answer, Rejected) else "retryable"
 
 
 class Transaction:
@@ -163,7 +218,8 @@ class HandlerSpec:
 
 
 class HandlerFailed(Exception):
-    """A handler raised something other than Rejected; its transaction was rolled back."""
+    """A handler raised something other than Rejected or Retryable; its transaction was
+    rolled back."""
 
     def __init__(self, cause: BaseException) -> None:
         self.cause = cause
@@ -491,7 +547,7 @@ class CommandProcessor:
             await self._retry_later(command, failed, 1, attempts)
         for attempt in range(first, attempts + 1):
             try:
-                outgoing, duplicate, rejected = await self._transact(
+                outgoing, duplicate, answered = await self._transact(
                     command, topic, handler=handler, model=model, attempt=attempt
                 )
             except HandlerFailed as failed:
@@ -502,8 +558,8 @@ class CommandProcessor:
                 await self._give_up(command, topic, failed, attempts)
                 return
             self.stats["duplicates" if duplicate else "processed"] += 1
-            if rejected and not duplicate:
-                self.stats["rejected"] += 1
+            if answered and not duplicate:
+                self.stats[answered] += 1
             await self._deliver(outgoing)
             return
 
@@ -549,11 +605,12 @@ class CommandProcessor:
         model: BaseModel | None = None,
         fixed: ReplyBody | None = None,
         attempt: int = 1,
-    ) -> tuple[Outgoing, bool, bool]:
+    ) -> tuple[Outgoing, bool, str | None]:
         """One transaction: claim the command id, decide the reply (the handler's or
-        ``fixed``), record it and write it to the outbox. Returns (reply, duplicate,
-        rejected). Raises HandlerFailed, having rolled everything back, if the handler
-        raised anything but Rejected."""
+        ``fixed``), record it and write it to the outbox. Returns (reply, duplicate, the
+        counter of the handler's Rejected or Retryable, if it raised one). Raises
+        HandlerFailed, having rolled everything back, if the handler raised anything
+        else."""
         limit = self._reply_limit
         isolation = handler.isolation if handler is not None else "read_committed"
         async with self._pool.acquire() as conn, conn.transaction(isolation=isolation):
@@ -568,7 +625,7 @@ class CommandProcessor:
                 )
                 outgoing = reply_record(command, stored, source=self._source, topic=topic)
                 await insert_outbox(conn, outgoing)
-                return outgoing, True, False
+                return outgoing, True, None
             forward_ids = [i for i in command.compensates.split(",") if i]
             if command.compensation and forward_ids:
                 # Tombstones: a forward command that arrives after its compensation (a
@@ -578,7 +635,7 @@ class CommandProcessor:
                 await conn.execute(
                     TOMBSTONE, forward_ids, command.saga_id, command.step, TOMBSTONE_REPLY
                 )
-            rejected = False
+            answered: str | None = None
             if fixed is not None:
                 outgoing = self._fitted(command, fixed, topic)
             else:
@@ -587,8 +644,8 @@ class CommandProcessor:
                 tx = Transaction(conn, command, participant=self.name, attempt=attempt)
                 try:
                     try:
-                        # A savepoint: a refusal undoes the handler's writes but keeps the
-                        # claim, so the refusal itself is recorded in this transaction.
+                        # A savepoint: a refusal (or Retryable) undoes the handler's writes
+                        # but keeps the claim, so the answer is recorded in this transaction.
                         async with conn.transaction():
                             result = await handler.fn(model, tx)
                             payload = json_payload(result)
@@ -599,16 +656,11 @@ class CommandProcessor:
                                 command, reply, source=self._source, topic=topic
                             )
                             check_size(outgoing, limit)
-                    except Rejected as refusal:
-                        rejected = True
-                        # A refusal is recorded whatever it says: what Postgres cannot
-                        # store is written out as escapes.
-                        reply = ReplyBody(
-                            outcome="failure",
-                            payload=storable_copy(json_payload(refusal.details)),
-                            error=storable_copy(refusal.reason),
-                        )
-                        outgoing = self._fitted(command, reply, topic)
+                    except (Rejected, Retryable) as answer:
+                        # An answer, not a crash: no in-process retry (a Retryable asks
+                        # the engine for a new attempt at once).
+                        answered = answer_counter(answer)
+                        outgoing = self._fitted(command, answer_reply(answer), topic)
                 except Exception as exc:
                     # Leaving the outer block with an exception rolls the whole
                     # transaction back, the claim included: nothing is recorded, and a
@@ -622,7 +674,7 @@ class CommandProcessor:
                 outgoing.reply.error,
             )
             await insert_outbox(conn, outgoing)
-        return outgoing, False, rejected
+        return outgoing, False, answered
 
     @property
     def _reply_limit(self) -> int:
@@ -631,7 +683,8 @@ class CommandProcessor:
         return min(self.settings.kafka.max_message_bytes, self.settings.engine.max_payload_bytes)
 
     def _fitted(self, command: Envelope, reply: ReplyBody, topic: str) -> Outgoing:
-        """A failure reply, shrunk to fit the size limit rather than not sent at all."""
+        """A failure or retryable reply, shrunk to fit the size limit rather than not
+        sent at all."""
         outgoing = reply_record(command, reply, source=self._source, topic=topic)
         if outgoing.size <= self._reply_limit:
             return outgoing

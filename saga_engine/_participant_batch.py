@@ -16,9 +16,10 @@ A handler that refuses or raises must not undo its neighbours. The first pass ru
 handlers back to back with no savepoint (a savepoint costs two more round trips per
 command, measured at about 2.5x the cost of a one-statement handler). If one of them
 refuses or raises, the whole transaction is rolled back and the batch runs again with a
-savepoint per command: a refusal rolls back to its savepoint and is recorded; a handler
-that raised has its claim removed and is retried on its own, after the batch, by the
-single-command path (with its backoff and its ``retryable`` answer).
+savepoint per command: a refusal (``Rejected``, or an explicit ``Retryable``) rolls back
+to its savepoint and is recorded, its handler not run again; a handler that raised has
+its claim removed and is retried on its own, after the batch, by the single-command
+path (with its backoff and its ``retryable`` answer).
 
 Commands whose handler asks for another isolation level, and the cases no batch can
 attribute (a statement of the batch failing for a reason other than an outage), go
@@ -42,9 +43,13 @@ from saga_engine._kafka import delivered, ensure_topics, start_record
 from saga_engine._participant import (
     Abandoned,
     CommandProcessor,
+    HandlerAnswer,
     HandlerSpec,
     Rejected,
+    Retryable,
     Transaction,
+    answer_counter,
+    answer_reply,
     backoff_delay,
     is_transient,
     json_payload,
@@ -58,7 +63,7 @@ from saga_engine._participant_sql import (
     check_size,
     reply_record,
 )
-from saga_engine._serde import check_storable, storable_copy, unstorable
+from saga_engine._serde import check_storable, unstorable
 from saga_engine._wire import Envelope, PoisonMessage, PoisonReason, ReplyBody
 
 log = logging.getLogger("saga_engine.participant")
@@ -113,12 +118,13 @@ class Item:
     #: Handled on its own: its handler asks for another isolation level, or reading it
     #: failed in a way the single path knows how to handle.
     solo: bool = False
-    #: Its handler refused in a pass that was rolled back: the refusal is recorded
-    #: without running the handler again.
-    refused: Rejected | None = None
+    #: Its handler refused (Rejected) or answered Retryable in a pass that was rolled
+    #: back: the answer is recorded without running the handler again.
+    refused: HandlerAnswer | None = None
     outgoing: Outgoing | None = None
     duplicate: bool = False
-    rejected: bool = False
+    #: The counter of the handler's answer recorded for it ("rejected", "retryable").
+    answered: str = ""
     #: Answered by an earlier item of the batch with the same command id.
     same_as: Item | None = None
     #: Its record needs nothing more (dead-lettered, or answered).
@@ -138,8 +144,9 @@ class _Failed(Exception):
 
 
 class _Refused(Exception):
-    """A handler of the savepoint-free pass refused or raised: the pass is rolled back and
-    the batch runs again, with savepoints, its refusal recorded as it was given."""
+    """A handler of the savepoint-free pass refused (or answered Retryable): the pass is
+    rolled back and the batch runs again, with savepoints, its answer recorded as it was
+    given."""
 
 
 class BatchRunner:
@@ -357,8 +364,8 @@ class BatchRunner:
                 elif item.fixed is not None:
                     item.outgoing = p._fitted(command, item.fixed, item.topic)
                 elif item.refused is not None:
-                    item.rejected = True
-                    item.outgoing = p._fitted(command, _refusal(item.refused), item.topic)
+                    item.answered = answer_counter(item.refused)
+                    item.outgoing = p._fitted(command, answer_reply(item.refused), item.topic)
                 else:
                     await self._run_handler(conn, item, savepoints=savepoints)
             answered = [i for i in firsts if i.outgoing is not None]
@@ -394,11 +401,11 @@ class BatchRunner:
             if not savepoints:
                 try:
                     item.outgoing = await self._attempt(traced, item, handler, model, tx)
-                except Rejected as refusal:
+                except (Rejected, Retryable) as answer:
                     # Its writes are in this transaction with its neighbours': all of it
-                    # rolls back and runs again, with this refusal as it was given.
-                    item.refused = refusal
-                    raise _Refused from refusal
+                    # rolls back and runs again, with this answer as it was given.
+                    item.refused = answer
+                    raise _Refused from answer
                 except Exception as exc:
                     self._failed(item, exc)
                     raise _Failed(item, exc) from exc
@@ -407,9 +414,9 @@ class BatchRunner:
                 try:
                     async with conn.transaction():
                         item.outgoing = await self._attempt(traced, item, handler, model, tx)
-                except Rejected as refusal:
-                    item.rejected = True
-                    item.outgoing = p._fitted(traced, _refusal(refusal), item.topic)
+                except (Rejected, Retryable) as answer:
+                    item.answered = answer_counter(answer)
+                    item.outgoing = p._fitted(traced, answer_reply(answer), item.topic)
             except Exception as exc:
                 self._failed(item, exc)
                 raise _Failed(item, exc) from exc
@@ -531,8 +538,8 @@ class BatchRunner:
         stats["processed"] += 1
         if item.fixed is not None:
             stats[item.counter] += 1
-        elif item.rejected:
-            stats["rejected"] += 1
+        elif item.answered:
+            stats[item.answered] += 1
 
     async def _solo(self, item: Item, *, failure: Exception | None = None) -> None:
         """The single-command path, for one item (``failure``: its handler's first
@@ -578,18 +585,9 @@ def _reset(group: list[Item]) -> None:
     handler does not run again)."""
     for item in group:
         item.outgoing = None
-        item.duplicate = item.rejected = False
+        item.duplicate = False
+        item.answered = ""
         item.same_as = None
-
-
-def _refusal(refusal: Rejected) -> ReplyBody:
-    # A refusal is recorded whatever it says: what Postgres cannot store is written out
-    # as escapes.
-    return ReplyBody(
-        outcome="failure",
-        payload=storable_copy(json_payload(refusal.details)),
-        error=storable_copy(refusal.reason),
-    )
 
 
 def _claimable(firsts: list[Item]) -> list[Item]:

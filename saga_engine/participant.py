@@ -4,13 +4,17 @@ A participant service consumes its command topic, applies each command exactly o
 its OWN Postgres database, and replies on the engine's inbox::
 
     from saga_engine import Settings
-    from saga_engine.participant import Participant, Rejected, Transaction
+    from saga_engine.participant import Participant, Rejected, Retryable, Transaction
 
     payments = Participant("payments", settings)
 
     @payments.handles(ReserveCredit)
     async def reserve(cmd: ReserveCredit, tx: Transaction) -> CreditReserved:
-        balance = await tx.fetchval("SELECT balance FROM accounts WHERE id = $1", cmd.account)
+        balance, audited = await tx.fetchrow(
+            "SELECT balance, audited FROM accounts WHERE id = $1", cmd.account
+        )
+        if audited:  # for now: the engine asks again under a new attempt
+            raise Retryable("account under audit", after=timedelta(minutes=1))
         if balance < cmd.amount:
             raise Rejected("insufficient credit", details={"balance": balance})
         await tx.execute("UPDATE accounts SET balance = balance - $2 WHERE id = $1", ...)
@@ -26,6 +30,12 @@ model's class name):
   again: it gets the stored reply, whatever instance receives it.
 - **Refusals are answers.** ``Rejected`` rolls the handler's writes back (a savepoint)
   and stores a ``failure`` reply; the saga compensates.
+- **"Not now" is an answer too.** ``Retryable(reason, after=...)`` rolls the handler's
+  writes back and stores a ``retryable`` reply at once, without the in-process retries
+  below: the engine retries the step under a new command id and attempt, after its
+  retry policy's back-off. ``after`` (a timedelta or seconds) is only a hint: the reply
+  contract has no field for it, so it is carried in the reply's error text and as
+  ``retry_after_s`` in its payload, and the engine's retry policy decides the wait.
 - **Crashes are not answers.** Any other exception rolls everything back, the claim
   included, and the handler is retried with capped exponential backoff and jitter, up to
   ``settings.participant.handler_attempts``. Then the reply is ``retryable``: nothing was
@@ -90,6 +100,7 @@ from saga_engine._participant import (
     Isolation,
     Pool,
     Rejected,
+    Retryable,
     Transaction,
     is_transient,
     log,
@@ -102,7 +113,7 @@ from saga_engine._topics import Topics
 from saga_engine._wire import Headers
 from saga_engine.settings import Settings
 
-__all__ = ["HandlerResult", "Participant", "Rejected", "Transaction"]
+__all__ = ["HandlerResult", "Participant", "Rejected", "Retryable", "Transaction"]
 
 C = TypeVar("C", bound=BaseModel)
 R = TypeVar("R", bound=HandlerResult)
@@ -229,7 +240,8 @@ class Participant:
 
         The command type on the wire (``ce_subject``) is the model's class name, as the
         engine sends it, unless ``name`` says otherwise. The handler returns its reply
-        payload (a pydantic model, a dict or None) or raises :class:`Rejected`.
+        payload (a pydantic model, a dict or None), or raises :class:`Rejected` (a
+        ``failure`` reply) or :class:`Retryable` (a ``retryable`` reply at once).
         ``isolation`` is the transaction's isolation level; serialization failures are
         retried like any other failed attempt.
         """

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from saga_engine._topics import Topics
 from saga_engine._wire import Envelope, Headers, MessageType, decode, encode
-from saga_engine.participant import Participant, Rejected, Transaction
+from saga_engine.participant import Participant, Rejected, Retryable, Transaction
 from saga_engine.settings import KafkaSettings, Settings
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -40,6 +40,12 @@ class Reserved(BaseModel):
 
 class Flaky(BaseModel):
     fail_times: int
+
+
+class Busy(BaseModel):
+    """Answered ``Retryable`` (after ``after_s``, if given) after writing to the ledger."""
+
+    after_s: float | None = None
 
 
 def command(
@@ -106,6 +112,16 @@ def ledger_participant(settings: Settings, effects: Effects, **options: Any) -> 
             raise RuntimeError(f"flaky failure {effects.calls[tx.command_id]}")
         return {"attempt": tx.attempt}
 
+    async def busy(cmd: Busy, tx: Transaction) -> None:
+        effects.calls[tx.command_id] += 1
+        # Written first, so that the answer has a partial write to roll back.
+        await tx.execute("INSERT INTO ledger (command_id, amount) VALUES ($1, -1)", tx.command_id)
+        raise Retryable("busy", after=cmd.after_s)
+
+    # The batch's path (read committed), and the single-command path (a handler with
+    # another isolation level gets a transaction of its own).
+    participant.handles(Busy)(busy)
+    participant.handles(Busy, name="BusyAlone", isolation="repeatable_read")(busy)
     return participant
 
 

@@ -19,7 +19,7 @@ from aiokafka import TopicPartition
 from pydantic import BaseModel, field_validator
 
 from saga_engine._participant_batch import BatchRunner
-from saga_engine._wire import Envelope
+from saga_engine._wire import Envelope, ReplyBody
 from saga_engine.participant import Participant, Transaction
 from saga_engine.settings import Settings
 from tests.participant import test_participant
@@ -268,5 +268,33 @@ async def test_a_refusal_in_a_batch_leaves_its_neighbours_applied_once(
             "amount": amount,
         }
     assert participant.stats["rejected"] == 1
+    assert participant.stats["processed"] == 3
+    assert participant.stats["batch_replays"] == 1
+
+
+async def test_a_retryable_answer_in_a_batch_leaves_its_neighbours_applied_once(
+    world: World, batches: list[list[str]]
+) -> None:
+    """As a refusal: the first pass rolls back, the second records the Retryable without
+    running its handler again; the engine gets a ``retryable`` at once."""
+    first = command("Reserve", {"amount": 5})
+    busy = command("Busy", {})
+    last = command("Reserve", {"amount": 7})
+    await send_first(world, first, busy, last)
+
+    participant = await start(world)
+    replies = by_id(await world.bus.wait_replies(3))
+
+    assert batches[0] == [first.command_id, busy.command_id, last.command_id]
+    assert body_of(replies[busy.command_id]) == ReplyBody(outcome="retryable", error="busy")
+    assert world.effects.calls[busy.command_id] == 1
+    assert await world.ledger() == [(first.command_id, 5), (last.command_id, 7)]
+    for cmd in (first, last):
+        assert body_of(replies[cmd.command_id]).outcome == "success"
+    stored = await world.processed(busy.command_id)
+    assert stored is not None
+    assert (stored["outcome"], stored["error"]) == ("retryable", "busy")
+    assert participant.stats["retryable"] == 1
+    assert participant.stats["handler_errors"] == 0
     assert participant.stats["processed"] == 3
     assert participant.stats["batch_replays"] == 1

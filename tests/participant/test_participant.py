@@ -11,6 +11,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -20,7 +21,7 @@ from pydantic import SecretStr
 from saga_engine import _participant_batch
 from saga_engine._kafka import KafkaUnavailable, ensure_topics, start_record
 from saga_engine._wire import Envelope, MessageType, ReplyBody, encode
-from saga_engine.participant import Participant
+from saga_engine.participant import Participant, Retryable
 from saga_engine.settings import KafkaSettings, ParticipantSettings, Settings
 from tests.conftest import PgTarget
 from tests.participant.helpers import (
@@ -224,7 +225,10 @@ async def test_unknown_command_type_gets_a_failure_reply(world: World) -> None:
     body = body_of(reply)
     assert body.outcome == "failure"
     assert body.error == f"participant {PARTICIPANT} cannot handle Teleport"
-    assert body.payload == {"command_type": "Teleport", "handles": ["Flaky", "Reserve"]}
+    assert body.payload == {
+        "command_type": "Teleport",
+        "handles": ["Busy", "BusyAlone", "Flaky", "Reserve"],
+    }
     assert participant.stats["unknown_command"] == 1
     stored = await world.processed(cmd.command_id)
     assert stored is not None
@@ -284,6 +288,45 @@ async def test_a_handler_that_always_fails_replies_retryable_and_applies_nothing
     replies = await world.bus.wait_replies(3)
     assert body_of(replies[2]) == ReplyBody(outcome="success", payload={"attempt": 1})
     assert await world.ledger() == [(retry.command_id, 0)]
+
+
+@pytest.mark.parametrize("subject", ["Busy", "BusyAlone"])  # the batch's path, the single one
+async def test_a_retryable_answer_is_sent_at_once_and_stored_without_handler_retries(
+    world: World, subject: str
+) -> None:
+    participant = await world.participant()
+    cmd = command(subject, {"after_s": 2.5})
+
+    await world.bus.send(cmd)
+    [reply] = await world.bus.wait_replies(1)
+
+    assert body_of(reply) == ReplyBody(
+        outcome="retryable", payload={"retry_after_s": 2.5}, error="busy (retry after 2.5s)"
+    )
+    # Once, though handler_attempts is 3: a Retryable is an answer, not a crash.
+    assert world.effects.calls[cmd.command_id] == 1
+    assert await world.ledger() == []  # its write rolled back
+    assert participant.stats["retryable"] == 1
+    assert participant.stats["handler_errors"] == 0
+    stored = await world.processed(cmd.command_id)
+    assert stored is not None
+    assert (stored["outcome"], stored["error"]) == ("retryable", "busy (retry after 2.5s)")
+
+    # Stored like any answer: a copy of the command gets it again, without the handler.
+    await world.bus.send(resent(cmd))
+    replies = await world.bus.wait_replies(2)
+    assert body_of(replies[1]) == body_of(reply)
+    assert world.effects.calls[cmd.command_id] == 1
+    assert participant.stats["duplicates"] == 1
+
+
+def test_retryable_refuses_a_negative_or_endless_delay() -> None:
+    assert Retryable("x", after=timedelta(seconds=3)).after == timedelta(seconds=3)
+    assert Retryable("x", after=0.5).after == timedelta(seconds=0.5)
+    assert Retryable("x").after is None
+    for bad in (-1.0, float("inf"), float("nan"), timedelta(seconds=-1)):
+        with pytest.raises(ValueError, match="finite delay"):
+            Retryable("x", after=bad)
 
 
 # --------------------------------------------------------------------------- bad input

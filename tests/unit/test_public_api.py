@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import saga_engine
 import saga_engine.events
+import saga_engine.participant
 import saga_engine.replay
 import saga_engine.store
 import saga_engine.telemetry
@@ -35,6 +36,13 @@ def test_subpackages_expose_their_documented_names() -> None:
     assert {"replay", "load_history", "export_history", "load_sagas"} <= set(
         saga_engine.replay.__all__
     )
+    assert set(saga_engine.participant.__all__) == {
+        "HandlerResult",
+        "Participant",
+        "Rejected",
+        "Retryable",
+        "Transaction",
+    }
     assert len(saga_engine.events.EVENT_TYPES) == 24
     assert set(saga_engine.telemetry.__all__) == {
         "Telemetry",
