@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
@@ -35,7 +35,7 @@ from saga_engine._events import Event
 from saga_engine._memstore import InMemoryEventStore
 from saga_engine._serde import JsonDict
 from saga_engine._status import SagaStatus
-from saga_engine._store import EventStore, SagaRecord
+from saga_engine._store import EventStore, SagaRecord, as_utc
 from saga_engine.settings import Settings
 
 __all__ = ["InMemoryCommandBus", "SagaRun", "SagaTestEnv", "ScriptedParticipant"]
@@ -56,8 +56,15 @@ class _Rule:
 class ScriptedParticipant:
     """A participant whose replies you script per command type.
 
-    Unscripted commands get a success reply with an empty payload. Rules apply in the
-    order they were added; a rule with ``times`` is used up after that many commands.
+    Unscripted commands get a success reply with an empty payload. The latest ``.on``
+    for a command type wins, so a test can override a default a fixture scripted. A
+    rule with ``times`` is used up after that many commands, and the rule scripted
+    before it applies again::
+
+        env.participant("bank").on(Charge, reply=Charged(amount=5))   # the default
+        env.participant("bank").on(Charge, retryable="busy", times=2)  # then: twice busy
+
+    ``reset()`` forgets the rules (of one command type, or all of them).
     """
 
     def __init__(self, name: str) -> None:
@@ -77,7 +84,9 @@ class ScriptedParticipant:
         duplicate: bool = False,
     ) -> ScriptedParticipant:
         """Scripts the reply to ``command``: a success ``reply``, a ``reject`` (business
-        failure), a ``retryable`` error, or ``no_reply`` (so the attempt times out)."""
+        failure), a ``retryable`` error, or ``no_reply`` (so the attempt times out).
+        It overrides what was scripted for ``command`` before (for ``times`` commands,
+        if given)."""
         chosen = sum(x is not None for x in (reject, retryable)) + int(no_reply)
         if chosen > 1 or (chosen and reply is not None):
             raise ValueError("choose one of reply, reject, retryable and no_reply")
@@ -91,24 +100,37 @@ class ScriptedParticipant:
         else:
             outcome = "success"
         payload = reply.model_dump(mode="json") if isinstance(reply, BaseModel) else (reply or {})
-        name = command if isinstance(command, str) else command.__name__
-        self._rules.setdefault(name, deque()).append(
+        # Newest first: a per-test .on() after a fixture's default must win (the first
+        # rule winning ignored such overrides silently).
+        self._rules.setdefault(_type_name(command), deque()).appendleft(
             _Rule(outcome, payload, reject or retryable, times, duplicate)
         )
+        return self
+
+    def reset(self, command: type[BaseModel] | str | None = None) -> ScriptedParticipant:
+        """Forgets the rules scripted for ``command`` (every command type if None), so
+        its commands get the default success reply again. ``received`` is kept."""
+        if command is None:
+            self._rules.clear()
+        else:
+            self._rules.pop(_type_name(command), None)
         return self
 
     def _answer(self, command: OutboundCommand) -> _Rule:
         self.received.append(command)
         rules = self._rules.get(command.command_type)
-        while rules:
-            rule = rules[0]
-            if rule.times is None:
-                return rule
+        if not rules:
+            return _Rule("success")
+        rule = rules[0]
+        if rule.times is not None:
             rule.times -= 1
             if rule.times <= 0:
-                rules.popleft()
-            return rule
-        return _Rule("success")
+                rules.popleft()  # used up: the rule scripted before it applies again
+        return rule
+
+
+def _type_name(command: type[BaseModel] | str) -> str:
+    return command if isinstance(command, str) else command.__name__
 
 
 class InMemoryCommandBus:
@@ -179,7 +201,12 @@ class SagaTestEnv:
     ) -> None:
         self.sagas = list(sagas)
         self.settings = settings or Settings()
-        self.clock = VirtualClock(start_time)
+        # UTC and timezone-aware, whatever is given (a naive time is taken as UTC, as the
+        # stores read one): the saga's ctx.now() is this clock's time, and must read the
+        # same on the Postgres store, which gives back UTC.
+        self.clock = VirtualClock(
+            None if start_time is None else as_utc(start_time).astimezone(UTC)
+        )
         #: In memory by default; pass a PostgresEventStore to run the same tests on Postgres.
         self.store: EventStore = store or InMemoryEventStore()
         self.bus = InMemoryCommandBus()
@@ -204,8 +231,10 @@ class SagaTestEnv:
             self._participants[name] = ScriptedParticipant(name)
         return self._participants[name]
 
-    @property
     def now(self) -> datetime:
+        """The virtual clock's time, a timezone-aware UTC datetime: a method, as the
+        saga's ``ctx.now()`` is, and of the same form (the time of the event a saga
+        handles is this clock's time)."""
         return self.clock.now()
 
     async def start(

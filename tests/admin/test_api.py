@@ -326,7 +326,7 @@ async def test_list_filters_by_status_type_and_id(admin: Admin) -> None:
 
 async def test_list_filters_by_time_range(admin: Admin) -> None:
     env = admin.env
-    t0 = env.now
+    t0 = env.now()
     first = await admin.start()
     await admin.settle(first)  # created and finished at t0
     await env.advance(timedelta(hours=1))
@@ -595,7 +595,7 @@ async def test_metrics_as_json_and_prometheus_text(admin: Admin) -> None:
         "step_stuck": 0,
     }
     assert body["open_total"] == 2
-    age = (admin.env.now - stuck_since).total_seconds()
+    age = (admin.env.now() - stuck_since).total_seconds()
     assert body["oldest_stuck_age_seconds"] == pytest.approx(age)
     assert age >= 300
     assert body["dead_lettered"] == 2

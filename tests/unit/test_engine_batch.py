@@ -50,7 +50,7 @@ def issued(env: SagaTestEnv, saga_id: str, step: str) -> OutboundCommand:
 
 def reply_of(env: SagaTestEnv, answer: Answer) -> Reply:
     command = issued(env, answer.saga_id, answer.step)
-    return Reply(command.command_id, answer.outcome, env.now, answer.payload, answer.error)
+    return Reply(command.command_id, answer.outcome, env.now(), answer.payload, answer.error)
 
 
 async def one_at_a_time(env: SagaTestEnv, inputs: Sequence[Input]) -> None:

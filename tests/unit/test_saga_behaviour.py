@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from pydantic import BaseModel
@@ -389,3 +389,75 @@ async def test_http_steps_are_scripted_like_any_participant() -> None:
     assert await run.output() == Done(values=["True"])
     (call,) = env.commands("http:fraud")
     assert call.payload == {"method": "POST", "path": "/check", "body": {"n": 2}}
+
+
+# --------------------------------------------------------------------------- the kit itself
+
+
+class OneStep(Saga[Count, Done]):
+    name = "one-step"
+
+    async def run(self, ctx: SagaContext, input: Count) -> Done:
+        reply = await ctx.step(
+            "only", to="p", command=Cmd(n=1), retry=RetryPolicy(max_attempts=5), timeout=30
+        )
+        return Done(values=[str(reply.get("v")), ctx.now().isoformat()])
+
+
+async def test_a_later_rule_for_the_same_command_overrides_an_earlier_one() -> None:
+    env = SagaTestEnv([OneStep])
+    env.participant("p").on(Cmd, reply={"v": "default"})  # what a fixture would script
+    env.participant("p").on(Cmd, reply={"v": "this test's"})
+    run = await env.start(OneStep, Count())
+    output = await run.output()
+    assert isinstance(output, Done)
+    assert output.values[0] == "this test's"
+
+
+async def test_a_rule_with_times_overrides_for_that_many_then_the_earlier_applies() -> None:
+    env = SagaTestEnv([OneStep])
+    env.participant("p").on(Cmd, reply={"v": "default"})
+    env.participant("p").on(Cmd, retryable="busy", times=2)
+    run = await env.start(OneStep, Count())
+    assert await env.run_until_settled(run) == SagaStatus.COMPLETED
+    output = await run.output()
+    assert isinstance(output, Done)
+    assert output.values[0] == "default"
+    assert len(env.commands("p")) == 3  # twice busy, then the default
+
+
+async def test_reset_forgets_the_scripted_rules() -> None:
+    env = SagaTestEnv([OneStep])
+    bank = env.participant("p").on(Cmd, reject="no").on("Other", reject="no either")
+    assert bank.reset(Cmd) is bank
+    run = await env.start(OneStep, Count())
+    assert await run.status() == SagaStatus.COMPLETED  # the default success reply
+    assert bank.received, "reset keeps what was received"
+    bank.on(Cmd, reject="no again").reset()
+    again = await env.start(OneStep, Count(steps=2))
+    assert await again.status() == SagaStatus.COMPLETED
+
+
+@pytest.mark.parametrize(
+    "start_time",
+    [
+        None,
+        datetime(2031, 5, 1, 12, 0),  # naive: taken as UTC
+        datetime(2031, 5, 1, 14, 0, tzinfo=timezone(timedelta(hours=2))),
+    ],
+)
+async def test_env_now_and_ctx_now_agree_in_form(start_time: datetime | None) -> None:
+    env = SagaTestEnv([OneStep], start_time=start_time)
+    env.participant("p").on(Cmd, no_reply=True, times=1)
+    run = await env.start(OneStep, Count())
+    await env.advance(timedelta(seconds=40))  # the attempt times out; the retry succeeds
+    output = await run.output()
+    assert isinstance(output, Done)
+    saga_now = datetime.fromisoformat(output.values[1])
+    now = env.now()  # a method, as ctx.now() is
+    assert isinstance(now, datetime)
+    assert now.tzinfo is UTC
+    assert saga_now.utcoffset() == timedelta(0)
+    assert env.now() - timedelta(seconds=40) <= saga_now <= env.now()
+    if start_time is not None:
+        assert (await run.history())[0].at == start_time.replace(tzinfo=start_time.tzinfo or UTC)
