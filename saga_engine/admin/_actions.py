@@ -1,0 +1,146 @@
+"""The admin API's operator actions on one saga: signal, cancel, resume, retry, skip,
+force-compensate. Each is recorded in the saga's history with the token's name and the
+given reason, and logged to ``saga_engine.admin.audit``.
+
+No ``from __future__ import annotations``: FastAPI reads the endpoints' annotations at
+runtime.
+"""
+
+import logging
+import uuid
+from typing import Any, Literal
+
+from fastapi import APIRouter
+
+from saga_engine._engine import Engine
+from saga_engine.admin._deps import Caller, EngineDep
+from saga_engine.admin._shared import ACTION_ERRORS, errors, saga_ref
+from saga_engine.admin.auth import Principal
+from saga_engine.admin.schemas import (
+    ActionResult,
+    CancelRequest,
+    ForceCompensateRequest,
+    ResumeRequest,
+    RetryRequest,
+    SignalRequest,
+    SkipRequest,
+)
+
+__all__ = ["router"]
+
+audit = logging.getLogger("saga_engine.admin.audit")
+
+router = APIRouter()
+
+
+async def _done(
+    engine: Engine,
+    saga_id: str,
+    action: Literal["signal", "cancel", "resume", "retry", "skip", "force-compensate"],
+    caller: Principal,
+    **extra: Any,
+) -> ActionResult:
+    record = await engine.get(saga_id)
+    return ActionResult(
+        saga_id=saga_id,
+        action=action,
+        principal=caller.name,
+        status=record.status,
+        **extra,
+    )
+
+
+@router.post(
+    "/sagas/{saga_id}/signal", response_model=ActionResult, responses=errors(*ACTION_ERRORS)
+)
+async def signal(
+    saga_id: str, body: SignalRequest, caller: Caller, engine: EngineDep
+) -> ActionResult:
+    """Delivers a signal (the same ``signal_id`` twice is delivered once)."""
+    signal_id = body.signal_id or str(uuid.uuid4())
+    decision = await engine.signal(
+        saga_ref(saga_id),
+        body.name,
+        body.payload,
+        signal_id=signal_id,
+        principal=caller.name,
+        reason=body.reason,
+    )
+    dropped = decision.dropped.value if decision.dropped is not None else None
+    audit.info(
+        "signal %r (id %s) to saga %s by %s: %r%s",
+        body.name,
+        signal_id,
+        saga_id,
+        caller.name,
+        body.reason,
+        f" (dropped: {dropped})" if dropped else "",
+    )
+    return await _done(engine, saga_id, "signal", caller, signal_id=signal_id, dropped=dropped)
+
+
+@router.post(
+    "/sagas/{saga_id}/cancel", response_model=ActionResult, responses=errors(*ACTION_ERRORS)
+)
+async def cancel(
+    saga_id: str, body: CancelRequest, caller: Caller, engine: EngineDep
+) -> ActionResult:
+    """Cancels a running saga: it compensates every step it owes, in reverse order."""
+    await engine.cancel(saga_ref(saga_id), body.reason, principal=caller.name)
+    audit.info("cancel saga %s by %s: %r", saga_id, caller.name, body.reason)
+    return await _done(engine, saga_id, "cancel", caller)
+
+
+@router.post(
+    "/sagas/{saga_id}/resume", response_model=ActionResult, responses=errors(*ACTION_ERRORS)
+)
+async def resume(
+    saga_id: str, body: ResumeRequest, caller: Caller, engine: EngineDep
+) -> ActionResult:
+    """Resumes a parked saga: retries its stuck compensation, or goes on with a
+    nondeterministic one once the code deployed now replays its history."""
+    await engine.resume(saga_ref(saga_id), principal=caller.name, reason=body.reason)
+    audit.info("resume saga %s by %s: %r", saga_id, caller.name, body.reason)
+    return await _done(engine, saga_id, "resume", caller)
+
+
+@router.post(
+    "/sagas/{saga_id}/retry", response_model=ActionResult, responses=errors(*ACTION_ERRORS)
+)
+async def retry(
+    saga_id: str, body: RetryRequest, caller: Caller, engine: EngineDep
+) -> ActionResult:
+    """Retries a step now: one waiting out its back-off, or a stuck compensation."""
+    await engine.retry_step(saga_ref(saga_id), body.step, reason=body.reason, principal=caller.name)
+    audit.info("retry step %r of saga %s by %s: %r", body.step, saga_id, caller.name, body.reason)
+    return await _done(engine, saga_id, "retry", caller)
+
+
+@router.post("/sagas/{saga_id}/skip", response_model=ActionResult, responses=errors(*ACTION_ERRORS))
+async def skip(saga_id: str, body: SkipRequest, caller: Caller, engine: EngineDep) -> ActionResult:
+    """Skips a step: answers a step awaiting its reply with ``result`` (it will not be
+    compensated), or marks a stuck compensation as done by hand."""
+    await engine.skip_step(
+        saga_ref(saga_id),
+        body.step,
+        body.result,
+        reason=body.reason,
+        principal=caller.name,
+    )
+    audit.info("skip step %r of saga %s by %s: %r", body.step, saga_id, caller.name, body.reason)
+    return await _done(engine, saga_id, "skip", caller)
+
+
+@router.post(
+    "/sagas/{saga_id}/force-compensate",
+    response_model=ActionResult,
+    responses=errors(*ACTION_ERRORS),
+)
+async def force_compensate(
+    saga_id: str, body: ForceCompensateRequest, caller: Caller, engine: EngineDep
+) -> ActionResult:
+    """Makes a running saga undo what it did so far, in reverse order; it ends
+    compensated."""
+    await engine.force_compensate(saga_ref(saga_id), body.reason, principal=caller.name)
+    audit.info("force-compensate saga %s by %s: %r", saga_id, caller.name, body.reason)
+    return await _done(engine, saga_id, "force-compensate", caller)

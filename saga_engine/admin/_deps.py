@@ -1,0 +1,89 @@
+"""How the admin API's routes reach the engine: FastAPI dependencies over ``app.state``.
+
+:func:`saga_engine.admin.create_admin_app` stores one :class:`AdminState` on its app
+(:func:`install`); the providers here read it back from ``request.app``, so the routers
+are module-level and one process may serve several apps over different engines.
+
+No ``from __future__ import annotations``: FastAPI reads the providers' annotations
+(``Request``) at runtime to know what to pass them.
+"""
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.security import HTTPBearer
+
+from saga_engine._engine import Engine
+from saga_engine.admin.auth import PRINCIPAL_KEY, Principal
+from saga_engine.settings import AdminSettings
+
+__all__ = [
+    "AdminDep",
+    "AdminState",
+    "Caller",
+    "EngineDep",
+    "StartSaga",
+    "StarterDep",
+    "bearer",
+    "current_principal",
+    "install",
+]
+
+#: ``start_saga(saga_type, input, *, idempotency_key=...) -> saga_id``: how the API
+#: starts a saga. ``Engine.start`` by default; the worker passes one that goes through
+#: the Kafka inbox (``SagaClient.start`` has this shape), so the partition owner starts it.
+StartSaga = Callable[..., Awaitable[str]]
+
+#: Declared on every router but /health's: it only documents the scheme in the OpenAPI
+#: (auto_error=False); AuthMiddleware checks the token, before any body is read.
+bearer = HTTPBearer(
+    auto_error=False,
+    description="A token from SAGA_ADMIN__READERS or SAGA_ADMIN__OPERATORS.",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AdminState:
+    """What the routes need from :func:`create_admin_app`'s arguments."""
+
+    engine: Engine
+    admin: AdminSettings
+    start_saga: StartSaga
+
+
+def install(app: FastAPI, state: AdminState) -> None:
+    app.state.admin = state
+
+
+def _state(request: Request) -> AdminState:
+    state = getattr(request.app.state, "admin", None)
+    if not isinstance(state, AdminState):  # pragma: no cover - create_admin_app sets it
+        raise RuntimeError("the admin routers are served outside create_admin_app's app")
+    return state
+
+
+def _engine(request: Request) -> Engine:
+    return _state(request).engine
+
+
+def _admin(request: Request) -> AdminSettings:
+    return _state(request).admin
+
+
+def _starter(request: Request) -> StartSaga:
+    return _state(request).start_saga
+
+
+def current_principal(request: Request) -> Principal:
+    principal = request.scope.get("state", {}).get(PRINCIPAL_KEY)
+    if not isinstance(principal, Principal):  # pragma: no cover - the middleware sets it
+        raise RuntimeError("the admin API is served without its AuthMiddleware")
+    return principal
+
+
+EngineDep = Annotated[Engine, Depends(_engine)]
+AdminDep = Annotated[AdminSettings, Depends(_admin)]
+StarterDep = Annotated[StartSaga, Depends(_starter)]
+Caller = Annotated[Principal, Depends(current_principal)]

@@ -1,0 +1,64 @@
+"""The admin API about the engine itself: liveness, the saga types it runs, metrics.
+
+No ``from __future__ import annotations``: FastAPI reads the endpoints' annotations at
+runtime.
+"""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header
+from fastapi.responses import PlainTextResponse, Response
+
+from saga_engine.admin import metrics as metrics_mod
+from saga_engine.admin._deps import EngineDep
+from saga_engine.admin._shared import READ_ERRORS, errors
+from saga_engine.admin.schemas import Health, MetricsBody, SagaTypeInfo
+
+__all__ = ["public_router", "router"]
+
+#: Routes that need no token (the app includes it without the bearer scheme).
+public_router = APIRouter()
+router = APIRouter()
+
+
+@public_router.get("/health", response_model=Health, tags=["meta"])
+async def health() -> Health:
+    """Liveness: the process and its event loop answer. Needs no token."""
+    return Health()
+
+
+@router.get("/saga-types", response_model=list[SagaTypeInfo], responses=errors(401))
+async def saga_types(engine: EngineDep) -> list[SagaTypeInfo]:
+    """The saga types this engine can start, with their input and output schemas."""
+    return [
+        SagaTypeInfo(
+            name=d.name,
+            input_schema=d.input_type.model_json_schema(),
+            output_schema=d.output_type.model_json_schema(),
+        )
+        for d in sorted(engine.registry, key=lambda d: d.name)
+    ]
+
+
+@router.get(
+    "/metrics",
+    response_model=MetricsBody,
+    responses={
+        200: {
+            "content": {metrics_mod.PROMETHEUS_CONTENT_TYPE: {"schema": {"type": "string"}}},
+            "description": "JSON, or the Prometheus text format for `Accept: text/plain`.",
+        },
+        **errors(*READ_ERRORS),
+    },
+)
+async def metrics(
+    engine: EngineDep,
+    accept: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> MetricsBody | Response:
+    """Open sagas by status, the oldest parked saga's age, dead letters, counters."""
+    body = await metrics_mod.collect(engine)
+    if metrics_mod.wants_text(accept):
+        return PlainTextResponse(
+            metrics_mod.render_prometheus(body), media_type=metrics_mod.PROMETHEUS_CONTENT_TYPE
+        )
+    return body

@@ -1,0 +1,130 @@
+"""The admin API's saga reads: the filtered list, one saga, its history (export).
+
+No ``from __future__ import annotations``: FastAPI reads the endpoints' annotations at
+runtime.
+"""
+
+import re
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi.responses import Response
+from pydantic import BeforeValidator
+
+from saga_engine._status import SagaStatus
+from saga_engine._store import as_utc
+from saga_engine.admin._deps import EngineDep
+from saga_engine.admin._shared import NO_NUL, READ_ERRORS, errors, load
+from saga_engine.admin.listing import SagaFilter, decode_cursor, list_page
+from saga_engine.admin.schemas import HistoryDocument, SagaDetail, SagaPage
+from saga_engine.admin.views import detail, summary
+from saga_engine.replay import export_history
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+_FILENAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
+
+
+def _iso_only(value: Any) -> Any:
+    """Query strings must say ISO-8601: pydantic alone would also read "0.5" as a time."""
+    if isinstance(value, str) and not _ISO_DATE.match(value):
+        raise ValueError("use an ISO-8601 date-time, e.g. 2030-01-01T00:00:00Z")
+    return value
+
+
+IsoDatetime = Annotated[datetime, BeforeValidator(_iso_only)]
+
+
+@router.get("/sagas", response_model=SagaPage, responses=errors(400, *READ_ERRORS))
+async def list_sagas(
+    engine: EngineDep,
+    status: Annotated[
+        list[SagaStatus] | None, Query(description="Repeat to match any of several.")
+    ] = None,
+    saga_type: Annotated[
+        str | None, Query(alias="type", min_length=1, max_length=100, pattern=NO_NUL)
+    ] = None,
+    created_after: Annotated[
+        IsoDatetime | None, Query(description="ISO-8601; without an offset, UTC. Inclusive.")
+    ] = None,
+    created_before: Annotated[IsoDatetime | None, Query(description="Exclusive.")] = None,
+    updated_after: Annotated[IsoDatetime | None, Query(description="Inclusive.")] = None,
+    updated_before: Annotated[IsoDatetime | None, Query(description="Exclusive.")] = None,
+    q: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=200,
+            pattern=NO_NUL,
+            description="A saga id, or its first characters; or an idempotency key.",
+        ),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[
+        str | None, Query(max_length=2000, description="next_cursor of the previous page.")
+    ] = None,
+) -> SagaPage:
+    """Sagas in id order, filtered; page through them with ``cursor``."""
+    for low, high, what in (
+        (created_after, created_before, "created"),
+        (updated_after, updated_before, "updated"),
+    ):
+        if low is not None and high is not None and as_utc(low) >= as_utc(high):
+            raise HTTPException(422, f"{what}_after must be earlier than {what}_before")
+    where = SagaFilter(
+        statuses=frozenset(status) if status else None,
+        saga_type=saga_type,
+        created_after=created_after,
+        created_before=created_before,
+        updated_after=updated_after,
+        updated_before=updated_before,
+        q=q,
+    )
+    rows, next_cursor = await list_page(
+        engine.store,
+        where,
+        limit=limit,
+        after_id=decode_cursor(cursor) if cursor is not None else None,
+    )
+    return SagaPage(items=[summary(r) for r in rows], next_cursor=next_cursor)
+
+
+@router.get(
+    "/sagas/{saga}",
+    response_model=SagaDetail,
+    name="get_saga",
+    responses=errors(404, *READ_ERRORS),
+)
+async def get_saga(
+    saga: Annotated[str, Path(description="The saga's id.")],
+    engine: EngineDep,
+) -> SagaDetail:
+    """Status, input, output or error, current step, pending compensations, next
+    wake-up."""
+    record, events = await load(engine, saga)
+    return detail(record, events)
+
+
+@router.get(
+    "/sagas/{saga_id}/history",
+    response_model=HistoryDocument,
+    responses=errors(404, *READ_ERRORS),
+)
+async def history(
+    saga_id: str,
+    response: Response,
+    engine: EngineDep,
+    download: Annotated[
+        bool, Query(description="Serve it as a file (Content-Disposition).")
+    ] = False,
+) -> dict[str, Any]:
+    """The full event list, as the JSON that ``saga replay`` reads."""
+    record, events = await load(engine, saga_id)
+    if download:
+        name = _FILENAME_UNSAFE.sub("_", record.saga_id)[:120]
+        response.headers["Content-Disposition"] = f'attachment; filename="saga-{name}.history.json"'
+    return export_history(record.saga_id, record.saga_type, events)

@@ -1,0 +1,45 @@
+"""What the admin API's routers share: documented error answers, id checks, loading."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from saga_engine._engine import Engine
+from saga_engine._events import Event
+from saga_engine._store import SagaRecord, check_lookup
+from saga_engine.admin.schemas import ErrorBody
+
+__all__ = ["ACTION_ERRORS", "NO_NUL", "READ_ERRORS", "errors", "load", "saga_ref"]
+
+NO_NUL = r"^[^\x00]*$"
+
+_WORDS = {
+    400: "Bad request (malformed JSON, invalid cursor, or an action the engine refuses)",
+    401: "No valid bearer token",
+    403: "The token's role may not do this",
+    404: "No such saga (or saga type)",
+    409: "The action makes no sense in the saga's current state",
+    413: "The request body is too large",
+    422: "Invalid parameters or body",
+    503: "The store or broker is unavailable; retry after Retry-After seconds",
+}
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The ``responses=`` of a route answering ``codes`` with an :class:`ErrorBody`."""
+    return {c: {"model": ErrorBody, "description": _WORDS[c]} for c in codes}
+
+
+READ_ERRORS = (401, 422, 503)
+ACTION_ERRORS = (400, 401, 403, 404, 409, 413, 422, 503)
+
+
+def saga_ref(saga_id: str) -> str:
+    """Ids the store can never hold are not found (rather than a database error)."""
+    check_lookup(saga_id)
+    return saga_id
+
+
+async def load(engine: Engine, saga_id: str) -> tuple[SagaRecord, list[Event]]:
+    loaded = await engine.store.load(saga_ref(saga_id))
+    return loaded.record, [stored.event for stored in loaded.events]
