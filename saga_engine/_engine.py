@@ -557,7 +557,8 @@ class Engine:
         loaded = await self.store.load(saga_id)
         definition = self.registry.get(loaded.record.saga_type)
         events = [stored.event for stored in loaded.events]
-        runtime, decision = SagaRuntime.replay(definition, saga_id, events)
+        # A saga the code deployed here cannot drive is parked now, not at its last event.
+        runtime, decision = SagaRuntime.replay(definition, saga_id, events, now=self.clock.now())
         live = LiveSaga(
             runtime,
             committed_seq=loaded.record.last_seq,

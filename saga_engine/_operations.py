@@ -150,7 +150,7 @@ class SagaOperations:
     # Slots, not an instance dict: an engine holds up to engine.cache_size of these, and
     # a dict of three dozen attributes is a kilobyte and a half of each.
     __slots__ = (
-        "_cancel_message", "_cancel_reason", "_closing", "_counters", "_ctx",
+        "_cancel_message", "_cancel_reason", "_clock", "_closing", "_counters", "_ctx",
         "_current_step", "_cursor", "_error", "_history", "_inflight", "_issued_ids",
         "_last_attempt", "_lifecycle", "_loop", "_nd", "_new", "_parked", "_patches",
         "_resume_waiter", "_rng_state", "_seen_signals", "_signal_waiters", "_signals",
@@ -163,6 +163,7 @@ class SagaOperations:
     saga_id: str
     saga_type: str
     now: datetime
+    _clock: datetime
     _loop: DeterministicLoop
     _ctx: SagaContext
     _history: list[Event]

@@ -132,6 +132,9 @@ class SagaRuntime(SagaOperations):
         #: The last attempt sent per forward command id (for a compensation's span link).
         self._last_attempt: dict[str, int] = {}
         self.now: datetime = datetime.min
+        #: The runner's time for the input being handled (for a replay, the time it
+        #: rebuilds the saga): what a park is stamped with. ``now`` is the saga's time.
+        self._clock: datetime = datetime.min
         self.output: JsonDict | None = None
 
         # mypy sees AbstractEventLoop's I/O methods as abstract; saga code needs none of them.
@@ -184,6 +187,7 @@ class SagaRuntime(SagaOperations):
             {"saga_id": start.saga_id, "idempotency_key": start.idempotency_key}, "the start"
         )
         rt = cls(definition, start.saga_id)
+        rt._clock = start.at
         started = SagaStarted(
             at=start.at,
             saga_type=definition.name,
@@ -200,12 +204,23 @@ class SagaRuntime(SagaOperations):
 
     @classmethod
     def replay(
-        cls, definition: SagaDefinition, saga_id: str, history: list[Event]
+        cls,
+        definition: SagaDefinition,
+        saga_id: str,
+        history: list[Event],
+        *,
+        now: datetime | None = None,
     ) -> tuple[SagaRuntime, Decision]:
-        """Rebuilds a saga from its history. The decision holds anything owed past the end."""
+        """Rebuilds a saga from its history. The decision holds anything owed past the end.
+
+        ``now`` is the runner's clock: a saga parked while it is rebuilt (the code
+        deployed no longer matches its history) is parked at that time, never before its
+        last event. Without it, at its last event's time (a replay check records nothing).
+        """
         if not history or not isinstance(history[0], SagaStarted):
             raise SerializationError(f"saga {saga_id}: a history must begin with saga_started")
         rt = cls(definition, saga_id)
+        rt._clock = history[-1].at if now is None else now
         rt._history = list(history)
         while rt._cursor < len(rt._history) and rt._nd is None:
             event = rt._history[rt._cursor]
@@ -277,6 +292,7 @@ class SagaRuntime(SagaOperations):
         Raises InvalidTransition when the input makes no sense in the current status.
         """
         self._new = []
+        self._clock = inbound.at
         if self._status.is_terminal:
             if isinstance(inbound, Reply):
                 known = inbound.command_id in self._issued_ids
@@ -765,12 +781,16 @@ class SagaRuntime(SagaOperations):
             and self._stuck_step == event.step
         ):
             new = SagaStatus.COMPENSATING  # the operator unblocked the stuck compensation
+            self._error = self._compensation_cause()  # no longer stuck
         elif isinstance(event, SagaResumed):
             # One resume clears a nondeterminism park and retries a stuck compensation
             # (the lifecycle's waiter is woken by the same event in _apply).
             self._parked = False
             if self._status == SagaStatus.COMPENSATION_STUCK:
                 new = SagaStatus.COMPENSATING
+            # What parked it is over: the saga reports the error of where it goes back
+            # to (a held reply's is set again by _settle_held), until a new one.
+            self._error = self._compensation_cause() if new == SagaStatus.COMPENSATING else None
         elif isinstance(event, SagaCompleted):
             new = SagaStatus.COMPLETED
             self.output = event.output
@@ -785,6 +805,14 @@ class SagaRuntime(SagaOperations):
             self._current_step = event.step
             self._issued_ids = _with(self._issued_ids, event.command_id)
         self._status = check_transition(self._status, new)
+
+    def _compensation_cause(self) -> ErrorInfo | None:
+        """Why the saga compensates: the error its compensation_started recorded (a saga
+        starts compensating once)."""
+        started = next(
+            (e for e in reversed(self._history) if isinstance(e, CompensationStarted)), None
+        )
+        return started.error if started is not None else None
 
     def _nondeterministic(self, index: int | None, expected: str, actual: str) -> None:
         seq = index + 1 if index is not None and index < len(self._history) else None
@@ -829,8 +857,9 @@ class SagaRuntime(SagaOperations):
         if isinstance(self._history[-1], SagaParked):
             return  # parked already, by an earlier deploy: nothing new to record
         parked = SagaParked(
-            # Never stamped before the history it ends.
-            at=max(self.now, self._history[-1].at),
+            # When the runner parks it (live: the input's time; rebuilt: the runner's
+            # clock, not the replayed time), and never before the history it ends.
+            at=max(self._clock, self._history[-1].at),
             reason=reason,
             error=error,
         )
