@@ -33,16 +33,13 @@ def header(record: Any, name: str) -> str:
 
 async def read_dlq(settings: Settings, seconds: float) -> list[Any]:
     """Every record of the dead-letter topic up to its current end, without a group."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
+
+    from saga_engine._kafka import make_consumer
 
     topic = f"{settings.kafka.topic_prefix}.dlq"
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka.bootstrap_servers,
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=50,
-    )
+    # The size limits of every consumer: a dead letter is as large as the record it keeps.
+    consumer = make_consumer(settings.kafka, group_id=None, fetch_max_wait_ms=50)
     await consumer.start()
     try:
         # aiokafka has no public call for one topic's partitions without subscribing.

@@ -6,8 +6,9 @@
 - ``DeadLetters``: publishes unprocessable records to the dead-letter topic with the
   reason in headers.
 - ``OffsetCommitter``: commits a consumer's offsets in the background.
-- ``make_group_consumer``: the engine's and the participants' consumer settings, with
-  static membership and sticky assignment.
+- ``make_consumer``: every consumer the project makes (the engine's inbox, the
+  participants', the triggers', the CLI's dead-letter reader), with the same size
+  limits; ``make_group_consumer`` adds static membership and sticky assignment.
 """
 
 from __future__ import annotations
@@ -93,6 +94,34 @@ def make_producer(kafka: KafkaSettings, **overrides: Any) -> AIOKafkaProducer:
     return AIOKafkaProducer(**options)
 
 
+def make_consumer(
+    kafka: KafkaSettings, *topics: str, group_id: str | None, **overrides: Any
+) -> AIOKafkaConsumer:
+    """A consumer of ``topics`` (or of what it is assigned or subscribes to later) whose
+    offsets the caller commits, after its work is done; ``overrides`` are aiokafka's.
+
+    One factory, so that no consumer misses a limit: each was configured on its own
+    before, and the triggers' consumer lacked the size limits, so a trigger record
+    above aiokafka's 1 MiB default partition fetch was not fetched as the others are.
+    """
+    options: dict[str, Any] = {
+        "bootstrap_servers": kafka.bootstrap_servers,
+        "group_id": group_id,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "fetch_max_wait_ms": kafka.fetch_max_wait_ms,
+        "session_timeout_ms": kafka.session_timeout_ms,
+        "heartbeat_interval_ms": kafka.heartbeat_interval_ms,
+        # A record up to the message limit (plus its headers) fits one partition fetch.
+        "max_partition_fetch_bytes": kafka.max_message_bytes + 64 * 1024,
+        # A record above the size limit is still fetched, then dead-lettered as
+        # oversized, instead of stalling its partition.
+        "fetch_max_bytes": max(52_428_800, 2 * kafka.max_message_bytes),
+    }
+    options.update(overrides)
+    return AIOKafkaConsumer(*topics, **options)
+
+
 def make_group_consumer(
     kafka: KafkaSettings, *, group_id: str, client_id: str, instance_name: str | None
 ) -> AIOKafkaConsumer:
@@ -108,8 +137,8 @@ def make_group_consumer(
       member's partitions are revoked, then assigned), so the members keep what stays
       theirs in memory across one, and rebuild only what is new to them.
     """
-    return AIOKafkaConsumer(
-        bootstrap_servers=kafka.bootstrap_servers,
+    return make_consumer(
+        kafka,
         group_id=group_id,
         client_id=client_id,
         group_instance_id=instance_name,
@@ -117,15 +146,6 @@ def make_group_consumer(
         # that (aiokafka's default) and these can form one group during a rolling
         # upgrade; the group uses sticky once every member offers it.
         partition_assignment_strategy=(StickyPartitionAssignor, RoundRobinPartitionAssignor),
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=kafka.fetch_max_wait_ms,
-        session_timeout_ms=kafka.session_timeout_ms,
-        heartbeat_interval_ms=kafka.heartbeat_interval_ms,
-        max_partition_fetch_bytes=kafka.max_message_bytes + 64 * 1024,
-        # A record above the size limit is still fetched, then dead-lettered as
-        # oversized, instead of stalling its partition.
-        fetch_max_bytes=max(52_428_800, 2 * kafka.max_message_bytes),
     )
 
 

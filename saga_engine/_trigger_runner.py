@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from saga_engine._definition import SagaDefinition
 from saga_engine._engine import saga_id_for
 from saga_engine._errors import InvalidPayload, TransientError, UnstorableValue
-from saga_engine._kafka import DeadLetters, send
+from saga_engine._kafka import DeadLetters, make_consumer, send
 from saga_engine._serde import check_storable
 from saga_engine._telemetry import carrier_from_headers, detach_from_trace
 from saga_engine._topics import Topics
@@ -48,15 +48,8 @@ class TriggerConsumer:
 
     async def start(self) -> None:
         kafka = self._settings.kafka
-        self._consumer = AIOKafkaConsumer(
-            *self._by_topic,
-            bootstrap_servers=kafka.bootstrap_servers,
-            group_id=f"{kafka.group_id}.triggers",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            fetch_max_wait_ms=kafka.fetch_max_wait_ms,
-            session_timeout_ms=kafka.session_timeout_ms,
-            heartbeat_interval_ms=kafka.heartbeat_interval_ms,
+        self._consumer = make_consumer(
+            kafka, *self._by_topic, group_id=f"{kafka.group_id}.triggers"
         )
         await self._consumer.start()
         self._running = True
