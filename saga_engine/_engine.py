@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import random
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -53,6 +52,7 @@ from saga_engine._errors import (
 )
 from saga_engine._events import Event, SagaStarted
 from saga_engine._observer import EngineObserver
+from saga_engine._retry import Backoff
 from saga_engine._runtime import SagaRuntime
 from saga_engine._serde import JsonDict, check_storable, dumps, storable_copy
 from saga_engine._status import SagaStatus
@@ -66,6 +66,8 @@ log = logging.getLogger("saga_engine.engine")
 #: history between them), and the back-off before the third and later ones.
 _CONFLICT_ATTEMPTS = 5
 _CONFLICT_BACKOFF_S = 0.05
+#: The longest wait between those attempts: the first retry is at once, then 3 waits.
+_CONFLICT_BACKOFF_MAX_S = _CONFLICT_BACKOFF_S * 2 ** (_CONFLICT_ATTEMPTS - 3)
 #: How far recovery lets the cache run past its size before evicting back down to it.
 _EVICT_SLACK = 256
 
@@ -282,7 +284,7 @@ class Engine:
         async with self.live.lock(saga_id):
             changed = False
             try:
-                delay = _CONFLICT_BACKOFF_S
+                backoff = Backoff(_CONFLICT_BACKOFF_S, _CONFLICT_BACKOFF_MAX_S)
                 for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
                     try:
                         live, decision = await self._decide(saga_id, inbound, fresh=attempt > 1)
@@ -299,8 +301,7 @@ class Engine:
                     # jittered back-off between them.
                     self.stats.inc("reloaded_after_conflict")
                     if attempt > 1:
-                        await asyncio.sleep(delay * random.random())
-                        delay *= 2
+                        await backoff.sleep()
                 changed = decision.dropped is None and bool(decision.events)
                 return decision
             finally:
@@ -758,7 +759,7 @@ class Engine:
 
     async def _notify_owner(self, saga_id: str) -> None:
         assert self._ownership is not None
-        delay = 0.2
+        backoff = Backoff(0.2, 0.4)
         for attempt in (1, 2, 3):
             try:
                 await self._ownership.notify_owner(saga_id)
@@ -772,8 +773,7 @@ class Engine:
                     self.stats.inc("reload_notice_lost")
                     log.error("could not tell the owner of saga %s to reload it: %s", saga_id, exc)
                     return
-                await asyncio.sleep(delay)
-                delay *= 2
+                await backoff.sleep()
 
     async def reload(self, saga_id: str) -> None:
         """Rebuilds a saga from its history (another engine changed it): what is in

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +25,7 @@ from saga_engine._bus import CommandSender, PipelinedSender
 from saga_engine._context import HTTP_PREFIX, HttpRequest
 from saga_engine._decision import OutboundCommand
 from saga_engine._errors import PermanentError, SagaError
+from saga_engine._retry import Backoff
 from saga_engine._telemetry import Telemetry, extract
 from saga_engine.settings import HttpSettings
 
@@ -93,7 +93,7 @@ class HttpCaller:
         otel_context.attach(extract(command.trace_context))
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self._settings.retry_window_s
-        delay = 0.1
+        backoff = Backoff(0.1, 2.0)
         while True:
             try:
                 response = await self._client.request(
@@ -109,6 +109,7 @@ class HttpCaller:
                     await self._reply(command, "failure", _json_object(response), _detail(response))
                     return
                 problem = f"HTTP {response.status_code}"
+            delay = backoff.next_delay()
             if loop.time() + delay > give_up:
                 log.warning(
                     "HTTP step %s to %s: %s; leaving it to the step timeout",
@@ -117,8 +118,7 @@ class HttpCaller:
                     problem,
                 )
                 return
-            await asyncio.sleep(delay * (0.5 + random.random() / 2))
-            delay = min(delay * 2, 2.0)
+            await asyncio.sleep(delay)
 
     async def _reply(
         self, command: OutboundCommand, outcome: str, payload: dict[str, Any], error: str | None

@@ -45,6 +45,7 @@ from saga_engine._participant_sql import (
     reply_json,
     reply_record,
 )
+from saga_engine._retry import Backoff, jittered
 from saga_engine._serde import JsonDict, check_storable, storable_copy, unstorable
 from saga_engine._telemetry import Telemetry, carrier_of, default_telemetry
 from saga_engine._topics import Topics
@@ -265,13 +266,6 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, _TRANSIENT)
 
 
-def backoff_delay(attempt: int, base_s: float, max_s: float) -> float:
-    """Capped exponential backoff with jitter: half of the delay is fixed, half random, so
-    retries never come faster than the curve, yet records failing together spread out."""
-    ceiling = min(max_s, base_s * 2 ** max(0, attempt - 1))
-    return float(ceiling / 2 + random.random() * ceiling / 2)
-
-
 def json_payload(result: object) -> JsonDict:
     """A handler's return value (or a refusal's details) as a JSON object; raises TypeError."""
     if result is None:
@@ -344,7 +338,7 @@ class CommandProcessor:
     async def _retrying(self, record: Any, attempt: Callable[[], Awaitable[None]]) -> None:
         """Runs ``attempt`` until it succeeds: an outage is retried with backoff (until the
         participant stops: Abandoned), anything else dead-letters the record."""
-        failures = 0
+        backoff = Backoff(0.1, 5.0)
         while True:
             try:
                 await attempt()
@@ -356,8 +350,7 @@ class CommandProcessor:
                     log.exception("participant %s: cannot process a record", self.name)
                     await self._dead_letter(record, ENGINE_ERROR, f"{type(exc).__name__}: {exc}")
                     return
-                failures += 1
-                delay = backoff_delay(failures, 0.1, 5.0)
+                delay = backoff.next_delay()
                 log.warning("transient failure (%r); retrying in %.2fs", exc, delay)
                 await self.pause(delay)
 
@@ -566,7 +559,9 @@ class CommandProcessor:
     async def _retry_later(
         self, command: Envelope, failed: HandlerFailed, attempt: int, attempts: int
     ) -> None:
-        delay = backoff_delay(attempt, *self._backoff)
+        # The handler's attempts are this loop's failures: attempt n waits as a Backoff's
+        # n-th delay would.
+        delay = jittered(attempt, *self._backoff, random.random)
         log.warning(
             "participant %s: %s %s attempt %d/%d failed (%s); retrying in %.2fs",
             self.name,
@@ -728,7 +723,7 @@ class CommandProcessor:
     # ------------------------------------------------------------------ side paths
 
     async def _dead_letter(self, record: Any, reason: str, detail: str) -> None:
-        failures = 0
+        backoff = Backoff(0.1, 5.0)
         while True:
             try:
                 await self._dead.publish_record(
@@ -741,8 +736,7 @@ class CommandProcessor:
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                failures += 1
-                await self.pause(backoff_delay(failures, 0.1, 5.0))
+                await self.pause(backoff.next_delay())
         self.stats["dead_lettered"] += 1
         self.stats[f"dead_lettered_{reason}"] += 1
 

@@ -50,7 +50,6 @@ from saga_engine._participant import (
     Transaction,
     answer_counter,
     answer_reply,
-    backoff_delay,
     is_transient,
     json_payload,
 )
@@ -63,6 +62,7 @@ from saga_engine._participant_sql import (
     check_size,
     reply_record,
 )
+from saga_engine._retry import Backoff
 from saga_engine._serde import check_storable, unstorable
 from saga_engine._wire import Envelope, PoisonMessage, PoisonReason, ReplyBody
 
@@ -256,7 +256,7 @@ class BatchRunner:
         after it in the batch must find it answered, or tombstone it, not overtake it).
         """
         p = self._p
-        failures = 0
+        backoff = Backoff(0.1, 5.0)
         savepoints = False
         while True:
             _reset(group)
@@ -292,11 +292,10 @@ class BatchRunner:
                     for item in group:
                         await self._solo(item)
                     return
-                failures += 1
                 savepoints = False
                 for item in group:
                     item.refused = None  # a pass cut short by an outage proved nothing
-                delay = backoff_delay(failures, 0.1, 5.0)
+                delay = backoff.next_delay()
                 log.warning("transient failure (%r); retrying the batch in %.2fs", exc, delay)
                 await p.pause(delay)
         p._checkpoint("after_commit")
@@ -508,7 +507,7 @@ class BatchRunner:
         lands or the participant stops (Abandoned: the offsets stay uncommitted, so the
         commands come back and their stored replies are sent then)."""
         p = self._p
-        failures = 0
+        backoff = Backoff(0.1, 5.0)
         while True:
             try:
                 await p._pool.execute(
@@ -525,8 +524,7 @@ class BatchRunner:
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                failures += 1
-                delay = backoff_delay(failures, 0.1, 5.0)
+                delay = backoff.next_delay()
                 log.warning("outbox write failed (%r); retrying in %.2fs", exc, delay)
                 await p.pause(delay)
 

@@ -24,6 +24,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError
 
 from saga_engine._errors import TransientError
 from saga_engine._pgbase import transient_cause
+from saga_engine._retry import Backoff
 
 log = logging.getLogger("saga_engine.startup")
 
@@ -74,10 +75,11 @@ async def start_with_retry(
 ) -> None:
     """Runs ``attempt`` until it succeeds; after each failure ``undo`` closes what it
     opened. A ``DependencyUnavailable`` is retried with back-off (0.5 s doubling up to
-    10 s) until ``timeout_s`` has passed; any other error is raised at once."""
+    10 s, jittered: ``saga_engine._retry``) until ``timeout_s`` has passed; any other
+    error is raised at once."""
     loop = asyncio.get_running_loop()
     began = loop.time()
-    delay = _FIRST_DELAY_S
+    backoff = Backoff(_FIRST_DELAY_S, _MAX_DELAY_S)
     attempts = 0
     while True:
         attempts += 1
@@ -86,6 +88,7 @@ async def start_with_retry(
         except DependencyUnavailable as exc:
             await undo()
             waited = loop.time() - began
+            delay = backoff.next_delay()
             if timeout_s is not None and waited + delay > timeout_s:
                 raise DependencyUnavailable(
                     exc.dependency,
@@ -97,7 +100,6 @@ async def start_with_retry(
                 what, exc, attempts, delay,
             )  # fmt: skip
             await asyncio.sleep(delay)
-            delay = min(delay * 2, _MAX_DELAY_S)
             continue
         except BaseException:
             await undo()

@@ -16,6 +16,7 @@ from saga_engine._definition import SagaDefinition
 from saga_engine._engine import saga_id_for
 from saga_engine._errors import InvalidPayload, TransientError, UnstorableValue
 from saga_engine._kafka import DeadLetters, make_consumer, send
+from saga_engine._retry import Backoff
 from saga_engine._serde import check_storable
 from saga_engine._telemetry import carrier_from_headers, detach_from_trace
 from saga_engine._topics import Topics
@@ -67,12 +68,13 @@ class TriggerConsumer:
     async def _loop(self) -> None:
         assert self._consumer is not None
         detach_from_trace()
+        backoff = Backoff(0.5, 0.5)
         while self._running:
             try:
                 batch = await self._consumer.getmany(timeout_ms=200, max_records=200)
             except KafkaError as exc:
                 log.warning("trigger fetch failed (%r)", exc)
-                await asyncio.sleep(0.5)
+                await backoff.sleep()
                 continue
             offsets = {}
             for tp, records in batch.items():
@@ -134,6 +136,7 @@ class TriggerConsumer:
             tracestate=trace.get("tracestate", ""),
             body=StartBody(input=payload, idempotency_key=key).model_dump(mode="json"),
         )
+        backoff = Backoff(0.5, 0.5)
         while True:
             try:
                 await send(self._producer, self._topics.inbox, envelope)
@@ -141,5 +144,5 @@ class TriggerConsumer:
             except TransientError:
                 if not self._running:
                     raise
-                await asyncio.sleep(0.5)
+                await backoff.sleep()
         self.started += 1

@@ -51,6 +51,7 @@ from saga_engine._kafka import (
     send,
 )
 from saga_engine._ownership import InboxOwnership
+from saga_engine._retry import Backoff
 from saga_engine._startup import reaching, start_with_retry
 from saga_engine._store import EventStore
 from saga_engine._telemetry import Telemetry, default_telemetry, detach_from_trace
@@ -330,16 +331,16 @@ class SagaWorker:
     async def _consume(self) -> None:
         assert self._consumer is not None
         detach_from_trace()
-        backoff = 0.1
+        backoff = Backoff(0.1, 5.0)
         while self._running:
             try:
                 batch = await self._consumer.getmany(timeout_ms=200, max_records=500)
             except KafkaError as exc:
-                log.warning("inbox fetch failed (%r); retrying in %.1fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                delay = backoff.next_delay()
+                log.warning("inbox fetch failed (%r); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
                 continue
-            backoff = 0.1
+            backoff.reset()
             if not batch:
                 continue
             self._idle.clear()
@@ -443,7 +444,7 @@ class SagaWorker:
         durable and its commands unsent, then applied one input at a time."""
         assert self.engine is not None
         for saga_id in sorted(reload):
-            delay = 0.05
+            backoff = Backoff(0.05, 5.0)
             while True:
                 try:
                     await self.engine.reload(saga_id)
@@ -454,8 +455,7 @@ class SagaWorker:
                     if not self._running:
                         raise
                     log.warning("reloading saga %s failed (%s); retrying", saga_id, exc)
-                    await asyncio.sleep(delay * (0.5 + random.random() / 2))
-                    delay = min(delay * 2, 5.0)
+                    await backoff.sleep()
         for item in redo:
             await self._handle(*item.key)
 
@@ -476,7 +476,7 @@ class SagaWorker:
         self, tp: TopicPartition, record: Any, envelope: Envelope | None = None
     ) -> None:
         """Applies one record (``envelope``: already decoded from it)."""
-        delay = 0.05
+        backoff = Backoff(0.05, 5.0)
         while True:
             try:
                 await self._apply(record, envelope)
@@ -502,9 +502,9 @@ class SagaWorker:
                         # offsets of a partition no longer ours are not committed anyway).
                         self._abandoned = True
                     return
+                delay = backoff.next_delay()
                 log.warning("transient failure (%s); retrying in %.2fs", exc, delay)
-                await asyncio.sleep(delay * (0.5 + random.random() / 2))
-                delay = min(delay * 2, 5.0)
+                await asyncio.sleep(delay)
             except Exception as exc:  # a bug must not stop the inbox: park the message
                 log.exception("unexpected error processing a message; dead-lettering it")
                 await self._dead_letter(record, ENGINE_ERROR, f"{type(exc).__name__}: {exc}")
@@ -591,6 +591,7 @@ class SagaWorker:
 
     async def _dead_letter(self, record: Any, reason: str, detail: str) -> None:
         assert self._dead is not None
+        backoff = Backoff(0.5, 0.5)
         while True:
             try:
                 await self._dead.publish_record(
@@ -600,7 +601,7 @@ class SagaWorker:
             except TransientError:
                 if not self._running:
                     raise
-                await asyncio.sleep(0.5)
+                await backoff.sleep()
         self.stats_dead_lettered += 1
         if self.engine is not None:
             self.engine.stats.inc("dead_lettered")

@@ -107,6 +107,7 @@ from saga_engine._participant import (
 )
 from saga_engine._participant_batch import BatchRunner
 from saga_engine._participant_sql import MARK_PUBLISHED, RELAY_BATCH, publish
+from saga_engine._retry import Backoff
 from saga_engine._startup import reaching, start_with_retry
 from saga_engine._telemetry import Telemetry, default_telemetry, detach_from_trace
 from saga_engine._topics import Topics
@@ -150,7 +151,8 @@ class Participant:
     commits no offset, and ``run`` raises the hook's exception.
 
     The remaining keywords tune retries and the outbox relay: handler retries wait
-    ``backoff_base_s * 2**n`` (capped at ``backoff_max_s``, jittered); the relay runs
+    ``backoff_base_s * 2**n`` (capped at ``backoff_max_s``, the upper half of it drawn at
+    random: see ``saga_engine._retry``); the relay runs
     every ``relay_interval_s`` and publishes rows older than ``relay_grace_s`` (younger
     ones are being published by the instance that wrote them, which marks them within
     a second: keep the grace well above that, or replies go out twice, harmlessly).
@@ -439,16 +441,16 @@ class Participant:
         assert consumer is not None
         assert runner is not None
         assert committer is not None
-        delay = 0.1
+        backoff = Backoff(0.1, 5.0)
         while not self._stopping.is_set():
             try:
                 batches = await consumer.getmany(timeout_ms=200, max_records=_BATCH)
             except KafkaError as exc:
+                delay = backoff.next_delay()
                 log.warning("command fetch failed (%r); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
                 continue
-            delay = 0.1
+            backoff.reset()
             records = [
                 (tp, record)
                 for tp, batch in batches.items()
