@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -28,6 +28,12 @@ log = logging.getLogger("saga_engine.triggers")
 
 
 class TriggerConsumer:
+    """Turns trigger messages into start requests; dead-letters the ones that cannot be.
+
+    ``on_dead_letter`` is told the reason of each record dead-lettered, so that the
+    worker counts them with its own (``/metrics`` ``dead_lettered``).
+    """
+
     def __init__(
         self,
         settings: Settings,
@@ -35,6 +41,7 @@ class TriggerConsumer:
         producer: Any,
         dead: DeadLetters,
         source: str,
+        on_dead_letter: Callable[[str], None] | None = None,
     ) -> None:
         self._settings = settings
         self._by_topic = {t.topic: t for t in triggers}
@@ -45,7 +52,9 @@ class TriggerConsumer:
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
         self._running = False
+        self._on_dead_letter = on_dead_letter
         self.started = 0
+        self.dead_lettered = 0
 
     async def start(self) -> None:
         kafka = self._settings.kafka
@@ -117,9 +126,7 @@ class TriggerConsumer:
             except Exception as exc:
                 reason, detail = PoisonReason.REJECTED, f"{type(exc).__name__}: {exc}"
         if reason is not None:
-            await self._dead.publish_record(
-                record, reason=reason.value, detail=detail, consumer=self._source
-            )
+            await self._dead_letter(record, reason, detail)
             return
         saga_type = trigger.saga.name
         saga_id = saga_id_for(saga_type, key)
@@ -146,3 +153,21 @@ class TriggerConsumer:
                     raise
                 await backoff.sleep()
         self.started += 1
+
+    async def _dead_letter(self, record: Any, reason: PoisonReason, detail: str) -> None:
+        # Retried while Kafka is away, as the start requests are: an exception here
+        # would end the trigger loop, and the record must not be skipped unrecorded.
+        backoff = Backoff(0.5, 0.5)
+        while True:
+            try:
+                await self._dead.publish_record(
+                    record, reason=reason.value, detail=detail, consumer=self._source
+                )
+                break
+            except TransientError:
+                if not self._running:
+                    raise
+                await backoff.sleep()
+        self.dead_lettered += 1
+        if self._on_dead_letter is not None:
+            self._on_dead_letter(reason.value)

@@ -221,6 +221,7 @@ class SagaWorker:
                 self._trigger_consumer = TriggerConsumer(
                     self.settings, self.triggers, self._producer, self._dead,
                     f"/saga-engine/{self.instance_id}/triggers",
+                    on_dead_letter=self._count_dead_letter,
                 )  # fmt: skip
                 await self._trigger_consumer.start()
         self._member = InstanceName.claim(kafka, kafka.group_id)
@@ -602,6 +603,11 @@ class SagaWorker:
                 if not self._running:
                     raise
                 await backoff.sleep()
+        self._count_dead_letter(reason)
+
+    def _count_dead_letter(self, reason: str) -> None:
+        """One more record dead-lettered, from the inbox or a trigger topic: the engine's
+        counters (``/metrics`` ``dead_lettered``) count both."""
         self.stats_dead_lettered += 1
         if self.engine is not None:
             self.engine.stats.inc("dead_lettered")

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 import uvicorn
@@ -240,3 +241,42 @@ async def test_trigger_starts_one_saga_per_message_even_when_redelivered(
                 contexts[saga.idempotency_key] = started.trace_context.get("traceparent", "")
             assert contexts["order-1"].split("-")[1] == TRACEPARENT.split("-")[1]
             assert contexts["order-2"] == ""
+
+
+async def test_a_malformed_trigger_message_counts_in_the_metrics_dead_lettered(
+    pg: PgTarget, kafka_bootstrap: str, unique_id: str
+) -> None:
+    # No HTTP step runs here: the endpoint is never called.
+    settings = _settings(pg, kafka_bootstrap, unique_id, "http://127.0.0.1:9")
+    topic = f"t{unique_id}.orders.requested"
+    trigger = KafkaTrigger(
+        topic=topic, saga=requested.saga, message=requested.message,
+        to_input=requested.to_input, idempotency_key=requested.idempotency_key,
+    )  # fmt: skip
+    async with SagaWorker(settings, [CheckFraud], triggers=[trigger]) as worker:
+        assert worker.engine is not None
+        assert worker.admin_url is not None
+        before = worker.engine.stats.counts["dead_lettered"]
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+        await producer.start()
+        try:
+            await producer.send_and_wait(topic, b"{nope")
+        finally:
+            await producer.stop()
+
+        async with httpx.AsyncClient(base_url=worker.admin_url) as http:
+
+            async def metrics() -> dict[str, Any]:
+                response = await http.get("/metrics")
+                assert response.status_code == 200, response.text
+                body: dict[str, Any] = response.json()
+                return body
+
+            async def counted() -> bool:
+                return bool((await metrics())["dead_lettered"] == before + 1)
+
+            await poll_until(counted)
+            body = await metrics()
+        assert body["counters"]["dead_lettered_malformed_json"] == 1
+        [dead] = await read_topic(settings.kafka, f"t{unique_id}.dlq", 1)
+        assert dict(dead.headers)["dlq_topic"].decode() == topic
