@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -24,8 +26,29 @@ async def _start(cluster: Cluster, count: int, pause_s: float) -> list[str]:
 
 
 async def _running_somewhere(cluster: Cluster, ids: list[str]) -> bool:
+    """Every saga exists, and some are under way (they sleep between steps)."""
     statuses = await cluster.statuses(ids)
     return len(statuses) == len(ids) and any(s == SagaStatus.RUNNING for s in statuses.values())
+
+
+async def _until(
+    condition: Callable[[], Awaitable[bool]],
+    what: str,
+    explain: Callable[[], str],
+    *,
+    timeout: float = 30.0,
+) -> None:
+    """Polls ``condition`` until it holds; fails saying ``what`` did not happen, with
+    ``explain()`` (the engines' logs), rather than carrying on as if it had."""
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} within {timeout:g}s\n{explain()}")
+        await asyncio.sleep(0.1)
+
+
+def _logs(cluster: Cluster, *engines: str) -> Callable[[], str]:
+    return lambda: "\n".join(f"--- {e}:\n{cluster.log_tail(e, 40)}" for e in engines)
 
 
 async def test_survivor_takes_over_the_sagas_of_a_killed_instance(participants_up: Cluster) -> None:
@@ -33,19 +56,24 @@ async def test_survivor_takes_over_the_sagas_of_a_killed_instance(participants_u
     cluster.start_engine("engine-a")
     cluster.start_engine("engine-b")
     # Both must own partitions before the sagas start, so each drives some of them.
-    for _ in range(300):
-        logs = cluster.log_tail("engine-a", 200) + cluster.log_tail("engine-b", 200)
-        if logs.count("took partitions") >= 2:
-            break
-        await asyncio.sleep(0.1)
+
+    async def both_own_partitions() -> bool:
+        return all("took partitions" in cluster.log_tail(e, 200) for e in ("engine-a", "engine-b"))
+
+    await _until(
+        both_own_partitions,
+        "both engines did not take partitions",
+        _logs(cluster, "engine-a", "engine-b"),
+        timeout=60,  # two processes starting, on a busy machine
+    )
     ids = await _start(cluster, 16, pause_s=1.5)
-    # Wait until every saga exists and is under way (they sleep between steps), then
-    # kill one engine while it drives some of them.
-    for _ in range(300):
-        statuses = await cluster.statuses(ids)
-        if len(statuses) == len(ids) and await _running_somewhere(cluster, ids):
-            break
-        await asyncio.sleep(0.1)
+    # Wait until every saga exists and is under way, then kill one engine while it
+    # drives some of them.
+    await _until(
+        lambda: _running_somewhere(cluster, ids),
+        "the sagas did not all start and run",
+        _logs(cluster, "engine-a", "engine-b"),
+    )
     cluster.kill("engine-a")
     statuses = await cluster.wait_settled(ids, timeout=120)
     assert set(statuses.values()) == {SagaStatus.COMPLETED}
@@ -63,10 +91,12 @@ async def test_a_new_instance_mid_run_rebalances_without_duplicates(
     cluster = participants_up
     cluster.start_engine("engine-a")
     ids = await _start(cluster, 16, pause_s=1.0)
-    for _ in range(200):
-        if await _running_somewhere(cluster, ids):
-            break
-        await asyncio.sleep(0.1)
+    # engine-b must join mid-run, while sagas are under way.
+    await _until(
+        lambda: _running_somewhere(cluster, ids),
+        "the sagas did not all start and run",
+        _logs(cluster, "engine-a"),
+    )
     cluster.start_engine("engine-b")
     statuses = await cluster.wait_settled(ids, timeout=120)
     assert set(statuses.values()) == {SagaStatus.COMPLETED}
