@@ -1,9 +1,15 @@
 """The saga's operations and lifecycle, as they run on the deterministic loop.
 
-``SagaOperations`` holds what ``ctx`` does (steps, timers, signals, side effects,
-patches) and the lifecycle around the user's ``run``: finishing, failing and
-compensating. ``SagaRuntime`` (in ``_runtime``) adds the input side: replay,
-delivery of inputs and status tracking.
+Functions over one :class:`~saga_engine._state.SagaState`: what ``ctx`` does (steps,
+timers, signals, side effects, patches; :class:`~saga_engine._runtime.SagaRuntime`
+passes the context's calls here), and the lifecycle around the user's ``run``:
+finishing, failing and compensating.
+
+The compensation stack lives here, whole: when a step's compensation becomes owed
+(:func:`step`, and :func:`release` for a step an operator answered), how the owed
+compensations run, last in first out, each under its own retry policy
+(:func:`run_lifecycle`), and how a stuck one waits for an operator
+(:func:`unblock_compensation`).
 """
 
 from __future__ import annotations
@@ -14,22 +20,17 @@ import inspect
 import itertools
 import random
 import uuid
-from collections import deque
 from collections.abc import Callable
-from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any, Literal, NoReturn, TypeVar
+from datetime import timedelta
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from saga_engine._context import SagaContext
 from saga_engine._decision import DEADLINE_TIMER, command_id_for
-from saga_engine._definition import SagaDefinition
+from saga_engine._definition import Signal
 from saga_engine._errors import (
     DefinitionError,
     InvalidPayload,
-    PermanentError,
     SagaError,
     SerializationError,
     SignalTimeout,
@@ -45,7 +46,6 @@ from saga_engine._events import (
     CompensationStuck,
     ErrorInfo,
     Event,
-    InvalidReplyReceived,
     PatchMarked,
     ReplyReceived,
     SagaCancelled,
@@ -56,7 +56,6 @@ from saga_engine._events import (
     SideEffectRecorded,
     TimerStarted,
 )
-from saga_engine._loop import DeterministicLoop
 from saga_engine._policy import (
     DEFAULT_COMPENSATION_RETRY,
     DEFAULT_COMPENSATION_TIMEOUT,
@@ -70,49 +69,21 @@ from saga_engine._serde import (
     dumps,
     model_payload,
     type_name,
+    validate_payload,
 )
-from saga_engine._status import SagaStatus
+from saga_engine._state import (
+    Halt,
+    InFlight,
+    OwedCompensation,
+    PendingTimer,
+    SagaState,
+    timeout_timer_id,
+    with_id,
+)
 
 E = TypeVar("E", bound=Event)
+M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
-
-
-# --------------------------------------------------------------------------- internals
-
-
-class _Halt(BaseException):
-    """Unwinds saga code after nondeterminism; a BaseException so `except Exception` won't eat it."""
-
-
-@dataclass(slots=True)
-class _InFlight:
-    event: CommandIssued | CompensationIssued
-    future: asyncio.Future[ReplyReceived | None]  # None: the attempt timed out
-    #: The step's reply model (``returns=``): a success reply must match it.
-    returns: type[BaseModel] | None = None
-    #: A success reply that did not match (or could not be stored): the step waits for
-    #: an operator's retry or skip, and the saga is step_stuck while any is held.
-    held: InvalidReplyReceived | None = None
-
-
-def timeout_timer_id(command_id: str, attempt: int) -> str:
-    return f"timeout:{command_id}:{attempt}"
-
-
-@dataclass(slots=True)
-class _Timer:
-    fire_at: datetime
-    future: asyncio.Future[None] | None = None
-    command_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class _Owed:
-    step: str
-    spec: CompensationSpec
-    #: The forward command ids the step issued: the compensation names them, so a
-    #: participant can refuse a forward command that arrives after its compensation.
-    forward_ids: tuple[str, ...] = ()
 
 
 def error_info(exc: BaseException, step: str | None = None) -> ErrorInfo:
@@ -132,475 +103,497 @@ def error_info(exc: BaseException, step: str | None = None) -> ErrorInfo:
     return ErrorInfo(type=type(exc).__name__, message=str(exc) or type(exc).__name__, step=step)
 
 
-#: The empty value of the id sets of a runtime until their first id: four empty sets are most
-#: of a kilobyte per saga in memory, and many sagas never fill some of them.
-_NO_IDS: frozenset[str] = frozenset()
+# --------------------------------------------------------------------------- intents
 
 
-def _with(ids: AbstractSet[str], value: str) -> set[str]:
-    """``ids`` with ``value`` added: the set itself, or a new one in place of _NO_IDS."""
-    out = ids if isinstance(ids, set) else set(ids)
-    out.add(value)
-    return out
+def _emit(s: SagaState, event: E) -> E:
+    """Records an intent, or on replay matches it against the recorded one."""
+    if s.nondeterminism is not None:
+        raise Halt
+    if s.cursor < len(s.history):
+        recorded = s.history[s.cursor]
+        if recorded.is_intent and recorded.signature() == event.signature():
+            s.cursor += 1
+            s.track(recorded)
+            return recorded  # type: ignore[return-value]
+        s.nondeterministic(s.cursor, recorded.describe(), event.describe())
+        raise Halt
+    s.history.append(event)
+    s.new.append(event)
+    s.cursor += 1
+    s.track(event)
+    return event
 
 
-class SagaOperations:
-    """State and operations shared by the runtime; see ``SagaRuntime`` for the rest."""
+def _next_id(s: SagaState, kind: str) -> int:
+    return next(s.counters.setdefault(kind, itertools.count(1)))
 
-    # Slots, not an instance dict: an engine holds up to engine.cache_size of these, and
-    # a dict of three dozen attributes is a kilobyte and a half of each.
-    __slots__ = (
-        "_cancel_message", "_cancel_reason", "_clock", "_closing", "_counters", "_ctx",
-        "_current_step", "_cursor", "_error", "_history", "_inflight", "_issued_ids",
-        "_last_attempt", "_lifecycle", "_loop", "_nd", "_new", "_parked", "_patches",
-        "_resume_waiter", "_rng_state", "_seen_signals", "_signal_waiters", "_signals",
-        "_skipped_ids", "_stack", "_status", "_step_names", "_stuck_step", "_timers",
-        "_user_task", "definition", "now", "output", "saga_id", "saga_type",
-        "trace_context",
-    )  # fmt: skip
 
-    definition: SagaDefinition
-    saga_id: str
-    saga_type: str
-    now: datetime
-    _clock: datetime
-    _loop: DeterministicLoop
-    _ctx: SagaContext
-    _history: list[Event]
-    _cursor: int
-    _new: list[Event]
-    _status: SagaStatus
-    _current_step: str | None
-    _nd: PermanentError | None
-    _inflight: dict[str, _InFlight]
-    _timers: dict[str, _Timer]
-    _signals: dict[str, deque[JsonDict]]
-    _signal_waiters: dict[str, asyncio.Future[JsonDict | None]]
-    _stack: list[_Owed]
-    _step_names: AbstractSet[str]
-    _counters: dict[str, itertools.count[int]]
-    _patches: dict[str, bool]
-    _rng_state: random.Random | None
-    _lifecycle: asyncio.Task[None] | None
-    _user_task: asyncio.Task[Any] | None
-    _cancel_reason: Literal["cancel", "deadline", "forced"] | None
-    _cancel_message: str
-    _closing: bool
-    _resume_waiter: asyncio.Future[str] | None
-    _stuck_step: str | None
-    _skipped_ids: AbstractSet[str]
+def _check_open(s: SagaState) -> None:
+    if s.nondeterminism is not None:
+        raise Halt
+    if s.closing or s.cancel_reason is not None:
+        # The run is over (failed, cancelled or finished): no new operations.
+        raise asyncio.CancelledError()
 
-    def _track(self, event: Event) -> None:
-        raise NotImplementedError
 
-    def _nondeterministic(self, index: int | None, expected: str, actual: str) -> None:
-        raise NotImplementedError
+async def _await_command(
+    s: SagaState, event: CommandIssued | CompensationIssued, returns: type[BaseModel] | None = None
+) -> ReplyReceived | None:
+    future: asyncio.Future[ReplyReceived | None] = s.loop.create_future()
+    s.inflight[event.command_id] = InFlight(event, future, returns)
+    timer_id = timeout_timer_id(event.command_id, event.attempt)
+    if event.timeout_at is not None:
+        s.timers[timer_id] = PendingTimer(fire_at=event.timeout_at, command_id=event.command_id)
+    try:
+        return await future
+    finally:
+        s.inflight.pop(event.command_id, None)
+        s.timers.pop(timer_id, None)
 
-    def _definition_error(self, message: str) -> NoReturn:
-        """The saga's code cannot run as written. A bug in the code is not a reason to
-        undo a business transaction: the saga is parked (like a nondeterministic one) for
-        a fixed deploy and a resume, and the code is unwound without compensating."""
-        raise NotImplementedError
 
-    # ------------------------------------------------------------------ intents
+async def _timer(
+    s: SagaState, timer_id: str, purpose: Literal["sleep", "retry"], delay: timedelta
+) -> None:
+    started = _emit(
+        s, TimerStarted(at=s.now, timer_id=timer_id, purpose=purpose, fire_at=s.now + delay)
+    )
+    future: asyncio.Future[None] = s.loop.create_future()
+    s.timers[timer_id] = PendingTimer(fire_at=started.fire_at, future=future)
+    try:
+        await future
+    finally:
+        s.timers.pop(timer_id, None)
 
-    def _emit(self, event: E) -> E:
-        """Records an intent, or on replay matches it against the recorded one."""
-        if self._nd is not None:
-            raise _Halt
-        if self._cursor < len(self._history):
-            recorded = self._history[self._cursor]
-            if recorded.is_intent and recorded.signature() == event.signature():
-                self._cursor += 1
-                self._track(recorded)
-                return recorded  # type: ignore[return-value]
-            self._nondeterministic(self._cursor, recorded.describe(), event.describe())
-            raise _Halt
-        self._history.append(event)
-        self._new.append(event)
-        self._cursor += 1
-        self._track(event)
-        return event
 
-    def _next_id(self, kind: str) -> int:
-        return next(self._counters.setdefault(kind, itertools.count(1)))
+# --------------------------------------------------------------------------- ctx's operations
 
-    def _check_open(self) -> None:
-        if self._nd is not None:
-            raise _Halt
-        if self._closing or self._cancel_reason is not None:
-            # The run is over (failed, cancelled or finished): no new operations.
-            raise asyncio.CancelledError()
 
-    async def _await_command(
-        self, event: CommandIssued | CompensationIssued, returns: type[BaseModel] | None = None
-    ) -> ReplyReceived | None:
-        future: asyncio.Future[ReplyReceived | None] = self._loop.create_future()
-        self._inflight[event.command_id] = _InFlight(event, future, returns)
-        timer_id = timeout_timer_id(event.command_id, event.attempt)
-        if event.timeout_at is not None:
-            self._timers[timer_id] = _Timer(fire_at=event.timeout_at, command_id=event.command_id)
-        try:
-            return await future
-        finally:
-            self._inflight.pop(event.command_id, None)
-            self._timers.pop(timer_id, None)
-
-    async def _timer(
-        self, timer_id: str, purpose: Literal["sleep", "retry"], delay: timedelta
-    ) -> None:
-        started = self._emit(
-            TimerStarted(at=self.now, timer_id=timer_id, purpose=purpose, fire_at=self.now + delay)
+async def step(
+    s: SagaState,
+    name: str,
+    *,
+    to: str,
+    command: BaseModel,
+    compensate: BaseModel | None,
+    retry: RetryPolicy | None,
+    timeout: timedelta | None,
+    compensate_retry: RetryPolicy | None,
+    returns: type[BaseModel] | None = None,
+) -> JsonDict:
+    _check_open(s)
+    if not isinstance(name, str) or not name:
+        s.definition_error("a step needs a non-empty string name")
+    if name in s.step_names:
+        s.definition_error(
+            f"step name {name!r} is used twice in one run of saga {s.saga_type!r}; each "
+            f'step needs a stable, unique name (in a loop, use e.g. f"{name}-{{i}}")'
         )
-        future: asyncio.Future[None] = self._loop.create_future()
-        self._timers[timer_id] = _Timer(fire_at=started.fire_at, future=future)
-        try:
-            await future
-        finally:
-            self._timers.pop(timer_id, None)
-
-    async def op_step(
-        self,
-        name: str,
-        *,
-        to: str,
-        command: BaseModel,
-        compensate: BaseModel | None,
-        retry: RetryPolicy | None,
-        timeout: timedelta | None,
-        compensate_retry: RetryPolicy | None,
-        returns: type[BaseModel] | None = None,
-    ) -> JsonDict:
-        self._check_open()
-        if not isinstance(name, str) or not name:
-            self._definition_error("a step needs a non-empty string name")
-        if name in self._step_names:
-            self._definition_error(
-                f"step name {name!r} is used twice in one run of saga {self.saga_type!r}; each "
-                f'step needs a stable, unique name (in a loop, use e.g. f"{name}-{{i}}")'
-            )
-        for what, value in (("command", command), ("compensate", compensate)):
-            if value is not None and not isinstance(value, BaseModel):
-                self._definition_error(
-                    f"step {name!r}: {what} must be a pydantic model, got {value!r}"
-                )
-        if returns is not None and not (
-            isinstance(returns, type) and issubclass(returns, BaseModel)
-        ):
-            self._definition_error(f"step {name!r}: returns must be a pydantic model class")
-        self._step_names = _with(self._step_names, name)
-        policy = retry or DEFAULT_STEP_RETRY
-        payload = model_payload(command)
-        # Refused here, in the saga's code, rather than by Postgres when the command is
-        # appended (which would lose the input being handled). A replayed command was
-        # stored, so it is storable: no need to look again.
-        live = self._cursor >= len(self._history)
+    for what, value in (("command", command), ("compensate", compensate)):
+        if value is not None and not isinstance(value, BaseModel):
+            s.definition_error(f"step {name!r}: {what} must be a pydantic model, got {value!r}")
+    if returns is not None and not (isinstance(returns, type) and issubclass(returns, BaseModel)):
+        s.definition_error(f"step {name!r}: returns must be a pydantic model class")
+    s.step_names = with_id(s.step_names, name)
+    policy = retry or DEFAULT_STEP_RETRY
+    payload = model_payload(command)
+    # Refused here, in the saga's code, rather than by Postgres when the command is
+    # appended (which would lose the input being handled). A replayed command was
+    # stored, so it is storable: no need to look again.
+    live = s.cursor >= len(s.history)
+    if live:
+        check_storable(payload, f"the command of step {name!r}")
+    spec = None
+    if compensate is not None:
+        compensation_payload = model_payload(compensate)
         if live:
-            check_storable(payload, f"the command of step {name!r}")
-        spec = None
-        if compensate is not None:
-            compensation_payload = model_payload(compensate)
-            if live:
-                check_storable(compensation_payload, f"the compensation of step {name!r}")
-            spec = CompensationSpec(
-                participant=to,
-                command_type=type_name(compensate),
-                payload=compensation_payload,
-                retry=compensate_retry or DEFAULT_COMPENSATION_RETRY,
-                timeout_s=(timeout or DEFAULT_COMPENSATION_TIMEOUT).total_seconds(),
-            )
-        generation, unknown, last_error = 0, False, ""
-        sent: list[str] = []
-        for attempt in itertools.count(1):
-            issued = self._emit(
-                CommandIssued(
-                    at=self.now,
-                    step=name,
-                    participant=to,
-                    command_type=type_name(command),
-                    payload=payload,
-                    payload_hash=canonical_hash(payload),
-                    command_id=command_id_for(self.saga_id, name, generation, compensation=False),
-                    attempt=attempt,
-                    timeout_at=self.now + timeout if timeout else None,
-                    compensation=spec,
-                )
-            )
-            if issued.command_id not in sent:
-                sent.append(issued.command_id)
-            try:
-                reply = await self._await_command(issued, returns)
-            except asyncio.CancelledError:
-                # Cancelled in flight: it may or may not have been applied.
-                if spec is not None:
-                    self._stack.append(_Owed(name, spec, tuple(sent)))
-                raise
-            if reply is None:
-                unknown, last_error = True, "timed out"
-            elif reply.outcome == "success":
-                if issued.command_id in self._skipped_ids:
-                    return reply.payload  # answered by an operator: not compensated later
-                if spec is not None:
-                    self._stack.append(_Owed(name, spec, tuple(sent)))
-                return reply.payload
-            elif reply.outcome == "failure":
-                raise StepFailed(
-                    name, reply.error or "refused by participant", details=reply.payload
-                )
-            else:  # retryable: the participant says nothing was applied
-                generation, unknown, last_error = generation + 1, False, reply.error or "retryable"
-            if attempt >= policy.max_attempts:
-                if unknown:
-                    if spec is not None:
-                        self._stack.append(_Owed(name, spec, tuple(sent)))
-                    raise StepTimedOut(name, attempt)
-                raise StepFailed(name, f"gave up after {attempt} attempts: {last_error}")
-            try:
-                self._check_open()
-                delay = policy.backoff(attempt, seed=f"{self.saga_id}:{name}")
-                await self._timer(f"retry:{name}:{attempt}", "retry", delay)
-            except asyncio.CancelledError:
-                # Stopped while waiting to retry after a timeout: the last attempt may
-                # have been applied, so its compensation is owed.
-                if unknown and spec is not None:
-                    self._stack.append(_Owed(name, spec, tuple(sent)))
-                raise
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    async def op_sleep(self, delay: timedelta) -> None:
-        self._check_open()
-        await self._timer(f"sleep:{self._next_id('sleep')}", "sleep", delay)
-
-    async def op_wait_signal(self, name: str, timeout: timedelta | None) -> JsonDict:
-        self._check_open()
-        buffered = self._signals.get(name)
-        if buffered:
-            return buffered.popleft()
-        if name in self._signal_waiters:
-            self._definition_error(
-                f"two waits for signal {name!r} at once; wait for it in one place"
-            )
-        future: asyncio.Future[JsonDict | None] = self._loop.create_future()
-        self._signal_waiters[name] = future
-        timer_id = None
-        if timeout is not None:
-            timer_id = f"signal:{name}:{self._next_id('signal:' + name)}"
-            started = self._emit(
-                TimerStarted(
-                    at=self.now,
-                    timer_id=timer_id,
-                    purpose="signal_timeout",
-                    fire_at=self.now + timeout,
-                )
-            )
-            timer_future: asyncio.Future[None] = self._loop.create_future()
-            timer_future.add_done_callback(
-                lambda _: future.done() or future.set_result(None)  # type: ignore[func-returns-value]
-            )
-            self._timers[timer_id] = _Timer(fire_at=started.fire_at, future=timer_future)
-        try:
-            payload = await future
-        finally:
-            self._signal_waiters.pop(name, None)
-            if timer_id is not None:
-                self._timers.pop(timer_id, None)
-        if payload is None:
-            raise SignalTimeout(name)
-        return payload
-
-    async def op_side_effect(self, fn: Callable[[], T]) -> T:
-        self._check_open()
-        op_id = f"side_effect:{self._next_id('side_effect')}"
-        if self._cursor < len(self._history):
-            recorded = self._history[self._cursor]
-            if isinstance(recorded, SideEffectRecorded) and recorded.op_id == op_id:
-                self._cursor += 1
-                return recorded.value  # type: ignore[no-any-return]
-            self._nondeterministic(self._cursor, recorded.describe(), f"side effect {op_id!r}")
-            raise _Halt
-        value: Any = fn()
-        if inspect.isawaitable(value):
-            if inspect.iscoroutine(value):
-                value.close()  # never awaited, on purpose
-            self._definition_error(
-                "ctx.side_effect takes a plain function; do I/O in a step instead of awaiting here"
-            )
-        if isinstance(value, BaseModel):
-            value = value.model_dump(mode="json")
-        dumps(value)  # must be JSON, or SerializationError now rather than at append time
-        check_storable(value, f"the value of {op_id}")
-        self._emit(SideEffectRecorded(at=self.now, op_id=op_id, value=value))
-        return value  # type: ignore[no-any-return]
-
-    def op_patched(self, patch_id: str) -> bool:
-        if patch_id in self._patches:
-            return self._patches[patch_id]
-        if self._nd is not None:
-            raise _Halt
-        if self._cursor < len(self._history):
-            recorded = self._history[self._cursor]
-            found = isinstance(recorded, PatchMarked) and recorded.patch_id == patch_id
-            if found:
-                self._cursor += 1
-        else:
-            self._emit(PatchMarked(at=self.now, patch_id=patch_id))
-            found = True
-        self._patches[patch_id] = found
-        return found
-
-    @property
-    def _rng(self) -> random.Random:
-        # Seeded from the saga id on first use: most sagas never ask for randomness, and
-        # seeding costs more than the rest of a reply's bookkeeping.
-        if self._rng_state is None:
-            self._rng_state = random.Random(hashlib.sha256(self.saga_id.encode()).digest())
-        return self._rng_state
-
-    def deterministic_uuid(self) -> uuid.UUID:
-        return uuid.UUID(int=self._rng.getrandbits(128), version=4)
-
-    def deterministic_random(self) -> float:
-        return self._rng.random()
-
-    # ------------------------------------------------------------------ lifecycle
-
-    async def _run_user(self, started: SagaStarted) -> Any:
-        saga = self.definition.cls()
-        value = self.definition.input_type.model_validate(started.input)
-        return await saga.run(self._ctx, value)
-
-    async def _finish_stragglers(self) -> None:
-        """Stops the run's other tasks (a gather's siblings still in flight)."""
-        self._closing = True
-        self._timers.pop(DEADLINE_TIMER, None)  # the run is over; the deadline no longer applies
-        pending = [t for t in self._loop.tasks if t is not self._lifecycle and not t.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-
-    async def _run_lifecycle(self, started: SagaStarted) -> None:
-        self._user_task = self._loop.create_task(self._run_user(started))
-        error: ErrorInfo | None = None
-        try:
-            result = await self._user_task
-        except asyncio.CancelledError:
-            pass
-        except (_Halt, GeneratorExit):
-            raise  # nondeterminism, or the runtime is being discarded: no more code runs
-        except DefinitionError as exc:
-            # The code misused the engine somewhere ctx could not catch it (the asyncio
-            # clock, say): parked like the rest, not compensated.
-            self._definition_error(str(exc))
-        except BaseException as exc:  # the run failed: compensate
-            error = error_info(exc, None if isinstance(exc, SignalTimeout) else self._current_step)
-        else:
-            if self._cancel_reason is None:
-                try:
-                    output = self._serialize_output(result)
-                except SagaError as exc:
-                    error = error_info(exc)
-                else:
-                    await self._finish_stragglers()
-                    self._emit(SagaCompleted(at=self.now, output=output))
-                    return
-        await self._finish_stragglers()
-        reason: Literal["failure", "cancel", "deadline", "operator"] = (
-            "operator" if self._cancel_reason == "forced" else self._cancel_reason or "failure"
+            check_storable(compensation_payload, f"the compensation of step {name!r}")
+        spec = CompensationSpec(
+            participant=to,
+            command_type=type_name(compensate),
+            payload=compensation_payload,
+            retry=compensate_retry or DEFAULT_COMPENSATION_RETRY,
+            timeout_s=(timeout or DEFAULT_COMPENSATION_TIMEOUT).total_seconds(),
         )
-        if self._cancel_reason == "forced":
-            error = ErrorInfo(type="OperatorForcedCompensation", message=self._cancel_message)
-        elif self._cancel_reason == "deadline":
-            error = ErrorInfo(type="DeadlineExceeded", message=self._cancel_message)
-        elif self._cancel_reason == "cancel":
-            error = ErrorInfo(type="SagaCancelled", message=self._cancel_message)
-        assert error is not None
-        owed = list(reversed(self._stack))
-        if owed:
-            self._emit(
-                CompensationStarted(
-                    at=self.now, reason=reason, error=error, owed=[o.step for o in owed]
-                )
-            )
-            for entry in owed:
-                await self._compensate(entry)
-        if reason == "cancel":
-            self._emit(SagaCancelled(at=self.now, reason=self._cancel_message))
-        elif owed:
-            self._emit(SagaCompensated(at=self.now, error=error))
-        else:
-            self._emit(SagaFailed(at=self.now, error=error))
+    generation, unknown, last_error = 0, False, ""
+    sent: list[str] = []
+    for attempt in itertools.count(1):
+        issued = _emit(
+            s,
+            CommandIssued(
+                at=s.now,
+                step=name,
+                participant=to,
+                command_type=type_name(command),
+                payload=payload,
+                payload_hash=canonical_hash(payload),
+                command_id=command_id_for(s.saga_id, name, generation, compensation=False),
+                attempt=attempt,
+                timeout_at=s.now + timeout if timeout else None,
+                compensation=spec,
+            ),
+        )
+        if issued.command_id not in sent:
+            sent.append(issued.command_id)
+        try:
+            reply = await _await_command(s, issued, returns)
+        except asyncio.CancelledError:
+            # Cancelled in flight: it may or may not have been applied.
+            _owe(s, name, spec, sent)
+            raise
+        if reply is None:
+            unknown, last_error = True, "timed out"
+        elif reply.outcome == "success":
+            if issued.command_id not in s.skipped_ids:  # (see release)
+                _owe(s, name, spec, sent)
+            return reply.payload
+        elif reply.outcome == "failure":
+            raise StepFailed(name, reply.error or "refused by participant", details=reply.payload)
+        else:  # retryable: the participant says nothing was applied
+            generation, unknown, last_error = generation + 1, False, reply.error or "retryable"
+        if attempt >= policy.max_attempts:
+            if unknown:
+                _owe(s, name, spec, sent)
+                raise StepTimedOut(name, attempt)
+            raise StepFailed(name, f"gave up after {attempt} attempts: {last_error}")
+        try:
+            _check_open(s)
+            delay = policy.backoff(attempt, seed=f"{s.saga_id}:{name}")
+            await _timer(s, f"retry:{name}:{attempt}", "retry", delay)
+        except asyncio.CancelledError:
+            # Stopped while waiting to retry after a timeout: the last attempt may
+            # have been applied, so its compensation is owed.
+            if unknown:
+                _owe(s, name, spec, sent)
+            raise
+    raise AssertionError("unreachable")  # pragma: no cover
 
-    def _serialize_output(self, result: Any) -> JsonDict:
-        model = self.definition.output_type
-        if not isinstance(result, model):
+
+async def sleep(s: SagaState, delay: timedelta) -> None:
+    _check_open(s)
+    await _timer(s, f"sleep:{_next_id(s, 'sleep')}", "sleep", delay)
+
+
+async def wait_signal(s: SagaState, name: str, timeout: timedelta | None) -> JsonDict:
+    _check_open(s)
+    buffered = s.signals.get(name)
+    if buffered:
+        return buffered.popleft()
+    if name in s.signal_waiters:
+        s.definition_error(f"two waits for signal {name!r} at once; wait for it in one place")
+    future: asyncio.Future[JsonDict | None] = s.loop.create_future()
+    s.signal_waiters[name] = future
+    timer_id = None
+    if timeout is not None:
+        timer_id = f"signal:{name}:{_next_id(s, 'signal:' + name)}"
+        started = _emit(
+            s,
+            TimerStarted(
+                at=s.now, timer_id=timer_id, purpose="signal_timeout", fire_at=s.now + timeout
+            ),
+        )
+        timer_future: asyncio.Future[None] = s.loop.create_future()
+        timer_future.add_done_callback(
+            lambda _: future.done() or future.set_result(None)  # type: ignore[func-returns-value]
+        )
+        s.timers[timer_id] = PendingTimer(fire_at=started.fire_at, future=timer_future)
+    try:
+        payload = await future
+    finally:
+        s.signal_waiters.pop(name, None)
+        if timer_id is not None:
+            s.timers.pop(timer_id, None)
+    if payload is None:
+        raise SignalTimeout(name)
+    return payload
+
+
+async def side_effect(s: SagaState, fn: Callable[[], T]) -> T:
+    _check_open(s)
+    op_id = f"side_effect:{_next_id(s, 'side_effect')}"
+    if s.cursor < len(s.history):
+        recorded = s.history[s.cursor]
+        if isinstance(recorded, SideEffectRecorded) and recorded.op_id == op_id:
+            s.cursor += 1
+            return recorded.value  # type: ignore[no-any-return]
+        s.nondeterministic(s.cursor, recorded.describe(), f"side effect {op_id!r}")
+        raise Halt
+    value: Any = fn()
+    if inspect.isawaitable(value):
+        if inspect.iscoroutine(value):
+            value.close()  # never awaited, on purpose
+        s.definition_error(
+            "ctx.side_effect takes a plain function; do I/O in a step instead of awaiting here"
+        )
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
+    dumps(value)  # must be JSON, or SerializationError now rather than at append time
+    check_storable(value, f"the value of {op_id}")
+    _emit(s, SideEffectRecorded(at=s.now, op_id=op_id, value=value))
+    return value  # type: ignore[no-any-return]
+
+
+def patched(s: SagaState, patch_id: str) -> bool:
+    if patch_id in s.patches:
+        return s.patches[patch_id]
+    if s.nondeterminism is not None:
+        raise Halt
+    if s.cursor < len(s.history):
+        recorded = s.history[s.cursor]
+        found = isinstance(recorded, PatchMarked) and recorded.patch_id == patch_id
+        if found:
+            s.cursor += 1
+    else:
+        _emit(s, PatchMarked(at=s.now, patch_id=patch_id))
+        found = True
+    s.patches[patch_id] = found
+    return found
+
+
+def _rng(s: SagaState) -> random.Random:
+    # Seeded from the saga id on first use: most sagas never ask for randomness, and
+    # seeding costs more than the rest of a reply's bookkeeping.
+    if s.rng is None:
+        s.rng = random.Random(hashlib.sha256(s.saga_id.encode()).digest())
+    return s.rng
+
+
+def deterministic_uuid(s: SagaState) -> uuid.UUID:
+    return uuid.UUID(int=_rng(s).getrandbits(128), version=4)
+
+
+def deterministic_random(s: SagaState) -> float:
+    return _rng(s).random()
+
+
+def parse(model: type[M], payload: JsonDict, what: str, step: str | None = None) -> M:
+    try:
+        return validate_payload(model, payload, what)
+    except InvalidPayload as exc:
+        exc.step = step  # the saga's error names the step whose reply it was
+        raise
+
+
+def declared_signal(
+    s: SagaState, signal: Signal[Any] | str, model: type[BaseModel] | None
+) -> Signal[Any]:
+    """The saga's declaration of ``signal``; DefinitionError (raised in the saga's code)
+    when it declares no such signal, or declares it with another model."""
+    name = signal.name if isinstance(signal, Signal) else signal
+    declared = s.definition.signals.get(name) if isinstance(name, str) else None
+    cls_name = s.definition.cls.__name__
+    if declared is None:
+        hint = model.__name__ if model is not None else "MyPayload"
+        s.definition_error(
+            f"{cls_name} waits for signal {name!r} but does not declare it, so the engine "
+            f"would refuse it; add `{name} = Signal({hint})` to the class, deploy, and "
+            "resume the saga"
+        )
+    wanted = signal.model if isinstance(signal, Signal) else model
+    if wanted is not None and wanted is not declared.model:
+        s.definition_error(
+            f"{cls_name} waits for signal {name!r} as {wanted.__name__}, but declares it "
+            f"with {declared.model.__name__}; use the declared model, deploy, and resume"
+        )
+    return declared
+
+
+# --------------------------------------------------------------------------- operators
+
+
+def release(s: SagaState, inflight: InFlight, payload: JsonDict, *, by_operator: bool) -> None:
+    """Answers a waiting forward step with ``payload``: an operator's skip
+    (``by_operator``), or its held reply accepted on retry. The saga goes back to running
+    once nothing is held.
+
+    A step its participant never answered, done by hand, owes no compensation. One
+    whose reply was held did reach its participant, which applied it: its compensation
+    stays owed."""
+    if by_operator and inflight.held is None:
+        s.skipped_ids = with_id(s.skipped_ids, inflight.event.command_id)
+    inflight.held = None
+    inflight.future.set_result(
+        ReplyReceived(
+            at=s.now,
+            step=inflight.event.step,
+            command_id=inflight.event.command_id,
+            outcome="success",
+            payload=payload,
+        )
+    )
+    s.settle_held()
+
+
+def request_cancel(
+    s: SagaState, reason: Literal["cancel", "deadline", "forced"], message: str
+) -> None:
+    """Stops the user's run; the lifecycle then compensates what is owed."""
+    if s.cancel_reason is not None or s.closing:
+        return
+    s.cancel_reason = reason
+    s.cancel_message = message
+    if s.user_task is not None and not s.user_task.done():
+        s.user_task.cancel()
+
+
+def unblock_compensation(s: SagaState, action: Literal["retry", "skip"]) -> None:
+    """An operator's answer to the stuck compensation, if one waits: retry it, or count it
+    done by hand (its step_skipped)."""
+    if s.resume_waiter is not None and not s.resume_waiter.done():
+        s.resume_waiter.set_result(action)
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+
+def _owe(s: SagaState, step: str, spec: CompensationSpec | None, sent: list[str]) -> None:
+    """``step`` was (or may have been) applied: its compensation, if it has one, is owed."""
+    if spec is not None:
+        s.owed.append(OwedCompensation(step, spec, tuple(sent)))
+
+
+async def _run_user(s: SagaState, started: SagaStarted) -> Any:
+    saga = s.definition.cls()
+    value = s.definition.input_type.model_validate(started.input)
+    return await saga.run(s.ctx, value)
+
+
+async def _finish_stragglers(s: SagaState) -> None:
+    """Stops the run's other tasks (a gather's siblings still in flight)."""
+    s.closing = True
+    s.timers.pop(DEADLINE_TIMER, None)  # the run is over; the deadline no longer applies
+    pending = [t for t in s.loop.tasks if t is not s.lifecycle and not t.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def run_lifecycle(s: SagaState, started: SagaStarted) -> None:
+    """The saga's whole run: the user's code, then completion, failure or compensation."""
+    s.user_task = s.loop.create_task(_run_user(s, started))
+    error: ErrorInfo | None = None
+    try:
+        result = await s.user_task
+    except asyncio.CancelledError:
+        pass
+    except (Halt, GeneratorExit):
+        raise  # nondeterminism, or the runtime is being discarded: no more code runs
+    except DefinitionError as exc:
+        # The code misused the engine somewhere ctx could not catch it (the asyncio
+        # clock, say): parked like the rest, not compensated.
+        s.definition_error(str(exc))
+    except BaseException as exc:  # the run failed: compensate
+        error = error_info(exc, None if isinstance(exc, SignalTimeout) else s.current_step)
+    else:
+        if s.cancel_reason is None:
             try:
-                result = model.model_validate(result)
-            except ValidationError as exc:
-                raise SerializationError(
-                    f"{self.definition.cls.__name__}.run returned {type(result).__name__}, "
-                    f"expected {model.__name__}: {exc}"
-                ) from exc
-        output = model_payload(result)
-        check_storable(output, f"the output of {self.definition.cls.__name__}.run")
-        return output
-
-    async def _compensate(self, owed: _Owed) -> None:
-        spec = owed.spec
-        timeout = timedelta(seconds=spec.timeout_s) if spec.timeout_s else None
-        generation, round_attempts = 0, 0
-        for attempt in itertools.count(1):
-            round_attempts += 1
-            issued = self._emit(
-                CompensationIssued(
-                    at=self.now,
-                    step=owed.step,
-                    participant=spec.participant,
-                    command_type=spec.command_type,
-                    payload=spec.payload,
-                    payload_hash=canonical_hash(spec.payload),
-                    command_id=command_id_for(
-                        self.saga_id, owed.step, generation, compensation=True
-                    ),
-                    attempt=attempt,
-                    timeout_at=self.now + timeout if timeout else None,
-                    compensates=list(owed.forward_ids),
-                )
-            )
-            reply = await self._await_command(issued)
-            if reply is not None and reply.outcome == "success":
-                self._emit(CompensationCompleted(at=self.now, step=owed.step))
-                self._stack.remove(owed)  # no longer owed
-                return
-            if reply is None:
-                last_error = "timed out"
+                output = _serialize_output(s, result)
+            except SagaError as exc:
+                error = error_info(exc)
             else:
-                # A refused compensation is retried under a new id: the participant stored
-                # its refusal under the old one and would only repeat it.
-                generation += 1
-                last_error = reply.error or reply.outcome
-            if round_attempts >= spec.retry.max_attempts:
-                self._emit(
-                    CompensationStuck(
-                        at=self.now,
+                await _finish_stragglers(s)
+                _emit(s, SagaCompleted(at=s.now, output=output))
+                return
+    await _finish_stragglers(s)
+    reason: Literal["failure", "cancel", "deadline", "operator"] = (
+        "operator" if s.cancel_reason == "forced" else s.cancel_reason or "failure"
+    )
+    if s.cancel_reason == "forced":
+        error = ErrorInfo(type="OperatorForcedCompensation", message=s.cancel_message)
+    elif s.cancel_reason == "deadline":
+        error = ErrorInfo(type="DeadlineExceeded", message=s.cancel_message)
+    elif s.cancel_reason == "cancel":
+        error = ErrorInfo(type="SagaCancelled", message=s.cancel_message)
+    assert error is not None
+    owed = list(reversed(s.owed))
+    if owed:
+        _emit(
+            s,
+            CompensationStarted(at=s.now, reason=reason, error=error, owed=[o.step for o in owed]),
+        )
+        for entry in owed:
+            await _compensate(s, entry)
+    if reason == "cancel":
+        _emit(s, SagaCancelled(at=s.now, reason=s.cancel_message))
+    elif owed:
+        _emit(s, SagaCompensated(at=s.now, error=error))
+    else:
+        _emit(s, SagaFailed(at=s.now, error=error))
+
+
+def _serialize_output(s: SagaState, result: Any) -> JsonDict:
+    model = s.definition.output_type
+    if not isinstance(result, model):
+        try:
+            result = model.model_validate(result)
+        except ValidationError as exc:
+            raise SerializationError(
+                f"{s.definition.cls.__name__}.run returned {type(result).__name__}, "
+                f"expected {model.__name__}: {exc}"
+            ) from exc
+    output = model_payload(result)
+    check_storable(output, f"the output of {s.definition.cls.__name__}.run")
+    return output
+
+
+async def _compensate(s: SagaState, owed: OwedCompensation) -> None:
+    spec = owed.spec
+    timeout = timedelta(seconds=spec.timeout_s) if spec.timeout_s else None
+    generation, round_attempts = 0, 0
+    for attempt in itertools.count(1):
+        round_attempts += 1
+        issued = _emit(
+            s,
+            CompensationIssued(
+                at=s.now,
+                step=owed.step,
+                participant=spec.participant,
+                command_type=spec.command_type,
+                payload=spec.payload,
+                payload_hash=canonical_hash(spec.payload),
+                command_id=command_id_for(s.saga_id, owed.step, generation, compensation=True),
+                attempt=attempt,
+                timeout_at=s.now + timeout if timeout else None,
+                compensates=list(owed.forward_ids),
+            ),
+        )
+        reply = await _await_command(s, issued)
+        if reply is not None and reply.outcome == "success":
+            _emit(s, CompensationCompleted(at=s.now, step=owed.step))
+            s.owed.remove(owed)  # no longer owed
+            return
+        if reply is None:
+            last_error = "timed out"
+        else:
+            # A refused compensation is retried under a new id: the participant stored
+            # its refusal under the old one and would only repeat it.
+            generation += 1
+            last_error = reply.error or reply.outcome
+        if round_attempts >= spec.retry.max_attempts:
+            _emit(
+                s,
+                CompensationStuck(
+                    at=s.now,
+                    step=owed.step,
+                    error=ErrorInfo(
+                        type="CompensationStuck",
+                        message=f"compensation of {owed.step!r} still failing after "
+                        f"{round_attempts} attempts: {last_error}",
                         step=owed.step,
-                        error=ErrorInfo(
-                            type="CompensationStuck",
-                            message=f"compensation of {owed.step!r} still failing after "
-                            f"{round_attempts} attempts: {last_error}",
-                            step=owed.step,
-                        ),
-                    )
-                )
-                self._resume_waiter = self._loop.create_future()
-                self._stuck_step = owed.step
-                action = await self._resume_waiter
-                self._resume_waiter, self._stuck_step = None, None
-                if action == "skip":
-                    # An operator compensated it by hand (recorded as step_skipped).
-                    self._stack.remove(owed)
-                    return
-                round_attempts = 0
-                continue
-            delay = spec.retry.backoff(attempt, seed=f"{self.saga_id}:compensate:{owed.step}")
-            await self._timer(f"retry:compensate:{owed.step}:{attempt}", "retry", delay)
+                    ),
+                ),
+            )
+            # Parked until an operator answers (see unblock_compensation).
+            s.resume_waiter = s.loop.create_future()
+            s.stuck_step = owed.step
+            action = await s.resume_waiter
+            s.resume_waiter, s.stuck_step = None, None
+            if action == "skip":
+                # An operator compensated it by hand (recorded as step_skipped).
+                s.owed.remove(owed)
+                return
+            round_attempts = 0
+            continue
+        delay = spec.retry.backoff(attempt, seed=f"{s.saga_id}:compensate:{owed.step}")
+        await _timer(s, f"retry:compensate:{owed.step}:{attempt}", "retry", delay)

@@ -16,6 +16,7 @@ from saga_engine import Saga, SagaContext, Signal
 from saga_engine._cache import KeyedLocks
 from saga_engine._loop import DeterministicLoop
 from saga_engine._runtime import SagaRuntime
+from saga_engine._state import SagaState
 from saga_engine.testing import SagaTestEnv
 
 
@@ -65,7 +66,7 @@ async def test_evicted_sagas_leave_no_cycles(no_collector: None) -> None:
     ids = [await env.engine.start(Waits, Empty()) for _ in range(20)]
     assert len(env.engine.live) == 20
     runtimes = [env.engine.runtime_of(i) for i in ids]
-    loops = {id(rt._loop) for rt in runtimes if rt is not None}
+    loops = {id(rt.state.loop) for rt in runtimes if rt is not None}
     assert len(loops) == 20
     for saga_id in ids:
         env.engine.evict(saga_id)
@@ -77,7 +78,7 @@ async def test_evicted_sagas_leave_no_cycles(no_collector: None) -> None:
         kept = [
             o
             for o in gc.garbage
-            if (isinstance(o, SagaRuntime) and o.saga_id in ids)
+            if (isinstance(o, SagaRuntime | SagaState) and o.saga_id in ids)
             or (isinstance(o, DeterministicLoop) and id(o) in loops)
             or (isinstance(o, asyncio.Task) and id(o.get_loop()) in loops)
         ]
