@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 from pydantic import BaseModel
 
 from saga_engine._errors import DefinitionError, InvalidPayload, UnknownSagaType
-from saga_engine._serde import JsonDict, canonical_hash, check_storable, validate_payload
+from saga_engine._serde import JsonDict, canonical_hash, check_storable, dumps, validate_payload
 
 if TYPE_CHECKING:
     from saga_engine._context import SagaContext
@@ -116,6 +116,11 @@ class Saga(Generic[InT, OutT]):
     output_type: ClassVar[type[BaseModel]]
     #: The signals it accepts, by name: every ``Signal`` attribute (set when validated).
     signals: ClassVar[Mapping[str, Signal[Any]]] = MappingProxyType({})
+    #: Input fields stored as search attributes (business keys, e.g. ``("order_id",)``):
+    #: indexed, so ``GET /sagas?order_id=o-42``, ``saga list --where order_id=o-42`` and
+    #: the web page's filter find the saga. Each must be a field of the input model
+    #: holding a string, a number or a boolean; its value is stored as a string.
+    search_attributes: ClassVar[tuple[str, ...]] = ()
     _saga_definition: ClassVar[SagaDefinition | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -195,6 +200,36 @@ def _validate(cls: type[Saga[Any, Any]]) -> None:
             "not as a `signals` mapping"
         )
     cls.signals = MappingProxyType(_collect_signals(cls))
+    _check_search_attributes(cls)
+
+
+#: Names the admin API's list already uses as its own filters.
+_RESERVED_FILTERS = frozenset(
+    {"status", "type", "q", "limit", "cursor", "created_after", "created_before",
+     "updated_after", "updated_before"}
+)  # fmt: skip
+
+
+def _check_search_attributes(cls: type[Saga[Any, Any]]) -> None:
+    names = cls.search_attributes
+    if isinstance(names, str) or not isinstance(names, tuple | list):
+        raise DefinitionError(
+            f"{cls.__name__}: `search_attributes` must be a tuple of input field names, e.g. "
+            f'("order_id",), got {names!r}'
+        )
+    fields = cls.input_type.model_fields
+    for name in names:
+        if name not in fields:
+            raise DefinitionError(
+                f"{cls.__name__}: search attribute {name!r} is not a field of "
+                f"{cls.input_type.__name__} (its fields: {', '.join(fields) or 'none'})"
+            )
+        if name in _RESERVED_FILTERS:
+            raise DefinitionError(
+                f"{cls.__name__}: search attribute {name!r} is also a filter of the admin "
+                f"API's list; rename the field (reserved: {', '.join(sorted(_RESERVED_FILTERS))})"
+            )
+    cls.search_attributes = tuple(names)
 
 
 def _collect_signals(cls: type[Saga[Any, Any]]) -> dict[str, Signal[Any]]:
@@ -226,6 +261,22 @@ class SagaDefinition:
     deadline: timedelta | None
     #: The declared signals by name (``Signal`` attributes of the class).
     signals: Mapping[str, Signal[Any]] = field(default_factory=dict)
+    #: Input fields stored as search attributes (``Saga.search_attributes``).
+    search_attributes: tuple[str, ...] = ()
+
+    def search_values(self, input: JsonDict) -> dict[str, str] | None:
+        """The saga's search attributes from its recorded input: each declared field's
+        value as a string (a list or object as its JSON); None when it declares none."""
+        if not self.search_attributes:
+            return None
+        out: dict[str, str] = {}
+        for name in self.search_attributes:
+            field_info = self.input_type.model_fields[name]
+            value = input.get(field_info.alias or name, input.get(name))
+            if value is None:
+                continue
+            out[name] = value if isinstance(value, str) else dumps(value).decode()
+        return out
 
     def validate_input(self, payload: JsonDict) -> BaseModel:
         """The start input as the input model; InvalidPayload (or UnstorableValue)
@@ -304,6 +355,7 @@ class SagaDefinition:
             output_type=saga_cls.output_type,
             deadline=saga_cls.deadline,
             signals=dict(saga_cls.signals),
+            search_attributes=tuple(saga_cls.search_attributes),
         )
         saga_cls._saga_definition = definition
         return definition

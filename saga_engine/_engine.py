@@ -256,6 +256,7 @@ class Engine:
                     events=decision.events,
                     projection=decision.projection,
                     idempotency_key=idempotency_key,
+                    search=definition.search_values(runtime.started.input),
                 )
             )
             if not created:

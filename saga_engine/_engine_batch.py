@@ -233,6 +233,9 @@ class BatchApplier:
                             events=work.events,
                             projection=last.projection,
                             idempotency_key=live.runtime.started.idempotency_key,
+                            search=live.runtime.state.definition.search_values(
+                                live.runtime.started.input
+                            ),
                         )
                     )
                 )

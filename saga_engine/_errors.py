@@ -23,6 +23,17 @@ class TransientError(SagaError):
     """Retry later: the system is busy, unreachable or lost a race."""
 
 
+class ResultTimeout(TransientError):
+    """``SagaClient.result`` waited its timeout and the saga has not ended (or, its start
+    still on its way, does not exist yet). Wait again: nothing was lost."""
+
+    def __init__(self, saga_id: str, timeout_s: float, status: str | None) -> None:
+        self.saga_id = saga_id
+        self.status = status
+        where = f"is still {status}" if status else "does not exist (yet)"
+        super().__init__(f"saga {saga_id} {where} after waiting {timeout_s:g} s for its end")
+
+
 class ConcurrencyError(TransientError):
     """An append lost the optimistic-concurrency check: the saga moved on elsewhere.
 
@@ -80,15 +91,24 @@ class SignalTimeout(SagaError):
         super().__init__(f"signal {name!r} did not arrive before its timeout")
 
 
-class SagaCancelled(SagaError):
-    """The saga was cancelled (by an operator, a caller or its deadline)."""
-
-
 # --------------------------------------------------------------------------- fail
 
 
 class PermanentError(SagaError):
     """Retrying will not help: fix the definition, the input or the call."""
+
+
+class SagaUnsuccessful(PermanentError):
+    """The saga ended without completing: it ``failed`` (nothing to undo), was
+    ``compensated`` (its applied steps undone) or ``cancelled``. ``SagaClient.result``
+    raises it; ``status`` says which, ``error`` is the error the saga recorded."""
+
+    def __init__(self, saga_id: str, status: str, error: Mapping[str, Any] | None) -> None:
+        self.saga_id = saga_id
+        self.status = status
+        self.error = dict(error or {})
+        what = f": {self.error.get('type')}: {self.error.get('message')}" if error else ""
+        super().__init__(f"saga {saga_id} ended {status}{what}")
 
 
 class DefinitionError(PermanentError):

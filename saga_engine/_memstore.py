@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -74,6 +74,7 @@ class InMemoryEventStore:
                     created_at=now,
                     updated_at=now,
                     idempotency_key=new.idempotency_key,
+                    search=dict(new.search) if new.search else None,
                 ),
                 new.projection,
                 len(events),
@@ -138,7 +139,10 @@ class InMemoryEventStore:
         updated_after: datetime | None = None,
         updated_before: datetime | None = None,
         search: str | None = None,
+        attributes: Mapping[str, str] | None = None,
     ) -> list[SagaRecord]:
+        wanted = dict(attributes or {}).items()
+
         def keep(r: SagaRecord) -> bool:
             created, updated = as_utc(r.created_at), as_utc(r.updated_at)
             return (
@@ -150,6 +154,7 @@ class InMemoryEventStore:
                 and (updated_after is None or updated >= as_utc(updated_after))
                 and (updated_before is None or updated < as_utc(updated_before))
                 and (search is None or r.saga_id.startswith(search) or r.idempotency_key == search)
+                and (not wanted or wanted <= (r.search or {}).items())
             )
 
         rows = sorted(self._records.values(), key=lambda r: r.saga_id)

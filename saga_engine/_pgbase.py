@@ -143,7 +143,7 @@ def _json(value: JsonDict | None) -> _EncodedJson | None:
 
 _RECORD_COLUMNS: Final = (
     "saga_id, saga_type, status, last_seq, created_at, updated_at, current_step, "
-    "next_wakeup, error, idempotency_key"
+    "next_wakeup, error, idempotency_key, search"
 )
 
 _OPEN_STATUSES: Final = [s.value for s in SagaStatus if s.is_open]
@@ -161,4 +161,5 @@ def _record(row: asyncpg.Record) -> SagaRecord:
         next_wakeup=row["next_wakeup"],
         error=row["error"],
         idempotency_key=row["idempotency_key"],
+        search=row["search"],
     )

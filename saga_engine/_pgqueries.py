@@ -6,7 +6,7 @@ never by reading rows into Python to filter them there.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from datetime import datetime
 from typing import Final
 
@@ -17,6 +17,7 @@ from saga_engine._events import event_from_dict
 from saga_engine._pgbase import (
     _OPEN_STATUSES,
     _RECORD_COLUMNS,
+    _json,
     _record,
     _unavailable_as_transient,
 )
@@ -97,6 +98,7 @@ class PostgresReads:
         updated_after: datetime | None = None,
         updated_before: datetime | None = None,
         search: str | None = None,
+        attributes: Mapping[str, str] | None = None,
     ) -> list[SagaRecord]:
         # Only the filters given become predicates, so each combination gets a plan that
         # can use the matching index (a catch-all "$1 IS NULL OR ..." query cannot).
@@ -127,6 +129,9 @@ class PostgresReads:
             low, high = arg(search), arg(search + _MAX_CHAR)
             key = arg(search)
             clauses.append(f"((saga_id >= {low} AND saga_id < {high}) OR idempotency_key = {key})")
+        if attributes:
+            # Containment, which the GIN index on search answers (migration 0006).
+            clauses.append(f"search @> {arg(_json(dict(attributes)))}::jsonb")
         where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
         sql = f"SELECT {_RECORD_COLUMNS} FROM sagas {where}ORDER BY saga_id LIMIT {arg(limit)}"
         with _unavailable_as_transient():

@@ -176,13 +176,13 @@ class _EventRows:
 
 _INSERT_SAGAS: Final = """
 INSERT INTO sagas (saga_id, saga_type, status, last_seq, idempotency_key, created_at,
-                   updated_at, current_step, next_wakeup, error, key_hash)
+                   updated_at, current_step, next_wakeup, error, key_hash, search)
 SELECT u.saga_id, u.saga_type, u.status, u.last_seq, u.idempotency_key, u.at, u.at,
-       u.current_step, u.next_wakeup, u.error, u.key_hash
+       u.current_step, u.next_wakeup, u.error, u.key_hash, u.search
 FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::timestamptz[],
-            $7::text[], $8::timestamptz[], $9::jsonb[], $10::int[])
+            $7::text[], $8::timestamptz[], $9::jsonb[], $10::int[], $11::jsonb[])
      AS u(saga_id, saga_type, status, last_seq, idempotency_key, at, current_step,
-          next_wakeup, error, key_hash)
+          next_wakeup, error, key_hash, search)
 -- An id that already exists is not an error but the answer "not created" (False). DO
 -- NOTHING skips just that row, so one duplicate does not fail the other creates in the
 -- batch; if another transaction is inserting the same id right now, Postgres waits for
@@ -477,6 +477,7 @@ class PostgresEventStore(PostgresReads, PostgresRetention):
             [op.new.projection.next_wakeup for op in ops],
             [op.error for op in ops],
             [key_hash(op.saga_id) for op in ops],
+            [_json(dict(op.new.search)) if op.new.search else None for op in ops],
         )
         created = {r["saga_id"] for r in inserted}
         for op in ops:

@@ -10,7 +10,7 @@ both, and both raise the same errors:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final, Protocol, runtime_checkable
@@ -66,6 +66,8 @@ class SagaRecord:
     next_wakeup: datetime | None = None
     error: JsonDict | None = None
     idempotency_key: str | None = None
+    #: Its type's declared business keys (``Saga.search_attributes``), as strings.
+    search: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,8 @@ class NewSaga:
     events: Sequence[Event]
     projection: Projection
     idempotency_key: str | None = None
+    #: Search attributes (``Saga.search_attributes``): written with the saga's row.
+    search: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,11 +160,12 @@ class EventStore(Protocol):
         updated_after: datetime | None = None,
         updated_before: datetime | None = None,
         search: str | None = None,
+        attributes: Mapping[str, str] | None = None,
     ) -> list[SagaRecord]:
         """Sagas ordered by id, filtered by every filter given; ``after_id`` is the page
         cursor. Time bounds: ``*_after`` inclusive, ``*_before`` exclusive (naive: UTC).
         ``search`` matches a saga whose id starts with it, or whose idempotency key is
-        it."""
+        it. ``attributes`` match search attributes exactly (all of them)."""
         ...
 
     async def open_saga_ids(

@@ -68,7 +68,7 @@ def _run(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         if _State.debug:
             raise
         err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(getattr(exc, "exit_code", 1)) from None
     except Exception as exc:
         if _State.debug:
             raise
@@ -305,39 +305,6 @@ def _fail(message: str) -> Any:
     raise typer.Exit(1)
 
 
-async def _load_from_db(saga_id: str) -> Any:
-    from saga_engine._pgstore import PostgresEventStore
-    from saga_engine.replay import HistoryExport
-
-    settings = Settings()
-    store = await PostgresEventStore.connect(settings.pg)
-    try:
-        loaded = await store.load(saga_id)
-    finally:
-        await store.close()
-    return HistoryExport(saga_id, loaded.record.saga_type, [s.event for s in loaded.events])
-
-
-@app.command()
-def history(
-    saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
-    as_json: JsonOpt = False,
-) -> None:
-    """Print a saga's history (with --json: the export that `saga replay` reads)."""
-    from saga_engine.replay import export_history
-
-    loaded = _run(lambda: _load_from_db(saga_id))
-    if as_json:
-        _print_json(export_history(loaded.saga_id, loaded.saga_type, loaded.events))
-        return
-    table = Table(title=f"{loaded.saga_type} {loaded.saga_id}")
-    for column in ("#", "at", "event", "detail"):
-        table.add_column(column)
-    for seq, event in enumerate(loaded.events, start=1):
-        table.add_row(str(seq), event.at.isoformat(), event.kind, event.describe())
-    out.print(table)
-
-
 @app.command()
 def archive(
     older_than: Annotated[
@@ -384,17 +351,29 @@ def archive(
         out.print(f"archived {report.deleted} finished sagas to {target} and deleted them")
 
 
-# ---------------------------------------------------------------------- reading Postgres
+# ---------------------------------------------------------------------- through the admin API
+#
+# Reads and operator actions go through an engine's admin API (``_cli_admin``): the CLI
+# answers what the API answers, with the same checks, the same audit trail, and an exit
+# code per kind of refusal (3 not found, 4 conflict, 5 invalid, 6 auth, 7 unreachable).
+
+AdminUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--admin-url",
+        envvar="SAGA_ADMIN_URL",
+        show_default=False,
+        help="An engine's admin API (token from SAGA_ADMIN_TOKEN). Default: where "
+        "SAGA_ADMIN__HOST / SAGA_ADMIN__PORT make it listen (127.0.0.1:8080).",
+    ),
+]
+ReasonOpt = Annotated[str, typer.Option("--reason", help="Why; recorded in the saga's history.")]
 
 
-async def _with_store(use: Callable[[Any], Coroutine[Any, Any, T]]) -> T:
-    from saga_engine._pgstore import PostgresEventStore
+def _api(option: str | None) -> Any:
+    from saga_engine._cli_admin import AdminApi, admin_url
 
-    store = await PostgresEventStore.connect(Settings().pg)
-    try:
-        return await use(store)
-    finally:
-        await store.close()
+    return AdminApi(admin_url(option), os.environ.get("SAGA_ADMIN_TOKEN"))
 
 
 def _when(value: Any) -> str:
@@ -408,95 +387,139 @@ def list_sagas(
         typer.Option("--status", help="Only sagas in this status (repeat for several)."),
     ] = None,
     saga_type: Annotated[str | None, typer.Option("--type", help="Only this saga type.")] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 50,
+    search: Annotated[
+        str | None, typer.Option("--q", help="A saga id (or its start), or an idempotency key.")
+    ] = None,
+    where: Annotated[
+        list[str] | None,
+        typer.Option("--where", help="A search attribute: name=value (repeat for several)."),
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
+    wide: Annotated[
+        bool, typer.Option("--wide", help="Full ids, and the error of each saga.")
+    ] = False,
+    admin_url: AdminUrl = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List sagas (in id order) from SAGA_PG__DSN / SAGA_PG__DB_SCHEMA."""
-    from saga_engine.admin.views import summary
-
-    async def go(store: Any) -> list[Any]:
-        records = await store.list_sagas(
-            statuses=frozenset(status) if status else None, saga_type=saga_type, limit=limit
-        )
-        return [summary(r) for r in records]
-
-    rows = _run(lambda: _with_store(go))
+    """List sagas (in id order), filtered, from an engine's admin API."""
+    params = [("limit", str(limit))] + [("status", s.value) for s in status or ()]
+    params += [("type", saga_type)] if saga_type else []
+    params += [("q", search)] if search else []
+    for clause in where or ():
+        name, sep, value = clause.partition("=")
+        if not sep or not name.strip():
+            raise typer.BadParameter("use name=value", param_hint="--where")
+        params.append((name.strip(), value))
+    page = _run_sync(lambda: _api(admin_url).get("/sagas", params))
+    rows = page["items"]
     if as_json:
-        _print_json([r.model_dump(mode="json") for r in rows])
+        _print_json(rows)
         return
-    table = Table(title=f"{len(rows)} saga(s)")
+    table = Table(
+        title=f"{len(rows)} saga(s)" + (" (more: raise --limit)" if page.get("next_cursor") else "")
+    )
     for column in ("id", "type", "status", "step", "next wake-up", "updated"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column == "id" and wide, overflow="fold")
+    if wide:
+        table.add_column("error", overflow="fold")
     for r in rows:
-        table.add_row(
-            r.saga_id,
-            r.saga_type,
-            r.status.value,
-            r.current_step or "",
-            _when(r.next_wakeup),
-            _when(r.updated_at),
-        )
+        error = r.get("error") or {}
+        cells = [
+            r["saga_id"] if wide else _short_id(r["saga_id"]),
+            r["saga_type"],
+            r["status"],
+            r.get("current_step") or "",
+            r.get("next_wakeup") or "",
+            r.get("updated_at") or "",
+        ]
+        if wide:
+            cells.append(f"{error.get('type', '')}: {error.get('message', '')}" if error else "")
+        table.add_row(*cells)
     out.print(table)
+
+
+def _short_id(saga_id: str) -> str:
+    """Ids are often uuids: the table shows their start (``--wide`` shows all)."""
+    return saga_id if len(saga_id) <= 20 else saga_id[:18] + "…"
 
 
 @app.command()
 def show(
     saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
+    admin_url: AdminUrl = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show a saga: status, type, current step, error, next wake-up, owed compensations."""
-    from saga_engine.admin.views import detail
-
-    async def go(store: Any) -> Any:
-        loaded = await store.load(saga_id)
-        return detail(loaded.record, [s.event for s in loaded.events])
-
-    saga = _run(lambda: _with_store(go))
+    """Show a saga: status, what it waits for, commands in flight, owed compensations."""
+    api = _api(admin_url)
+    saga = _run_sync(lambda: api.get(api.saga_path(saga_id)))
     if as_json:
-        _print_json(saga.model_dump(mode="json"))
+        _print_json(saga)
         return
-    table = Table(title=f"{saga.saga_type} {saga.saga_id}", show_header=False)
+    table = Table(title=f"{saga['saga_type']} {saga['saga_id']}", show_header=False)
     table.add_column("field", style="bold")
-    table.add_column("value")
-    error = orjson.dumps(saga.error).decode() if saga.error else ""
+    table.add_column("value", overflow="fold")
+    error = saga.get("error")
     for field, value in (
-        ("status", saga.status.value),
-        ("type", saga.saga_type),
-        ("current step", saga.current_step or ""),
-        ("error", error),
-        ("next wake-up", _when(saga.next_wakeup)),
-        ("deadline", _when(saga.deadline_at)),
-        ("created", _when(saga.created_at)),
-        ("updated", _when(saga.updated_at)),
-        ("events", str(saga.events)),
+        ("status", saga["status"]),
+        ("type", saga["saga_type"]),
+        ("current step", saga.get("current_step") or ""),
+        ("error", f"{error['type']}: {error['message']}" if error else ""),
+        ("next wake-up", saga.get("next_wakeup") or ""),
+        ("deadline", saga.get("deadline_at") or ""),
+        ("created", saga["created_at"]),
+        ("updated", saga["updated_at"]),
+        ("events", str(saga["events"])),
     ):
         table.add_row(field, value)
     out.print(table)
-    if saga.pending_compensations:
+    waits = saga.get("waiting_for") or []
+    if waits:
+        waiting = Table(title="waiting for")
+        for column in ("kind", "what", "since", "until"):
+            waiting.add_column(column, overflow="fold")
+        for w in waits:
+            waiting.add_row(w["kind"], w["what"], w["since"], w.get("until") or "")
+        out.print(waiting)
+    elif saga["status"] in {s.value for s in SagaStatus if s.is_terminal}:
+        out.print(f"waiting for nothing: it ended {saga['status']}")
+    owed_rows = saga.get("pending_compensations") or []
+    if owed_rows:
         owed = Table(title="compensations owed (undone newest first)")
         for column in ("step", "participant", "command", "state", "attempts", "last error"):
             owed.add_column(column)
-        for p in saga.pending_compensations:
+        for p in owed_rows:
             owed.add_row(
-                p.step, p.participant, p.command_type, p.state, str(p.attempts), p.last_error or ""
-            )
+                p["step"], p["participant"], p["command_type"], p["state"], str(p["attempts"]),
+                p.get("last_error") or "",
+            )  # fmt: skip
         out.print(owed)
     else:
         out.print("no compensations owed")
 
 
-# ---------------------------------------------------------------------- through the admin API
+@app.command()
+def history(
+    saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
+    admin_url: AdminUrl = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print a saga's history, one line per event with the gist of its payload (with
+    --json: the export that `saga replay` reads)."""
+    from saga_engine._gist import gist
+    from saga_engine.replay import load_history
 
-AdminUrl = Annotated[
-    str,
-    typer.Option(
-        "--admin-url",
-        envvar="SAGA_ADMIN_URL",
-        help="An engine's admin API (token from SAGA_ADMIN_TOKEN).",
-    ),
-]
-ReasonOpt = Annotated[str, typer.Option("--reason", help="Why; recorded in the saga's history.")]
-DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
+    api = _api(admin_url)
+    exported = _run_sync(lambda: api.get(api.saga_path(saga_id, "history")))
+    if as_json:
+        _print_json(exported)
+        return
+    events = _run_sync(lambda: load_history(exported).events)
+    table = Table(title=f"{exported['saga_type']} {exported['saga_id']}")
+    for column in ("#", "at", "event", "gist"):
+        table.add_column(column, overflow="fold")
+    for seq, event in enumerate(events, start=1):
+        table.add_row(str(seq), event.at.isoformat(), event.kind, gist(event))
+    out.print(table)
 
 
 def _json_object(text: str, what: str) -> dict[str, Any]:
@@ -507,6 +530,23 @@ def _json_object(text: str, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise CliError(f"{what} must be a JSON object, not {type(value).__name__}")
     return value
+
+
+def _act(
+    admin_url: str | None, saga_id: str, action: str, body: dict[str, Any], as_json: bool
+) -> None:
+    """One operator action; the API's refusal is the error line and the exit code."""
+    api = _api(admin_url)
+    result = _run_sync(lambda: api.post(api.saga_path(saga_id, action), body))
+    if as_json:
+        _print_json(result)
+        return
+    sent = f" (signal id {result['signal_id']})" if result.get("signal_id") else ""
+    out.print(
+        f"{result.get('action', action)} {result.get('saga_id', saga_id)} by "
+        f"{result.get('principal', '?')}{sent}: status {result.get('status', '?')}",
+        highlight=False,
+    )
 
 
 @app.command()
@@ -521,14 +561,14 @@ def signal(
         typer.Option("--signal-id", help="Sending the same id twice delivers it once."),
     ] = None,
     reason: Annotated[str, typer.Option("--reason", help="Why; recorded in its history.")] = "",
-    admin_url: AdminUrl = DEFAULT_ADMIN_URL,
+    admin_url: AdminUrl = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Send a signal to a saga through an engine's admin API.
+    """Send a signal to a saga.
 
     The engine checks it against the signals the saga declares before recording it: an
     undeclared name or a payload its model refuses is a one-line error naming the field
-    (exit 1), and the saga is untouched."""
+    (exit 5), and a saga that has ended refuses it (exit 4); the saga is untouched."""
     body: dict[str, Any] = {
         "name": name,
         "payload": _run_sync(lambda: _json_object(payload, "--payload")),
@@ -536,88 +576,18 @@ def signal(
     }
     if signal_id is not None:
         body["signal_id"] = signal_id
-    _admin_action(admin_url, saga_id, "signal", body, as_json)
-
-
-# ---------------------------------------------------------------------- through the inbox
+    _act(admin_url, saga_id, "signal", body, as_json)
 
 
 @app.command()
 def cancel(
     saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
-    reason: Annotated[str, typer.Option("--reason", help="Why; recorded in its history.")],
+    reason: ReasonOpt,
+    admin_url: AdminUrl = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Ask the engines (through the Kafka inbox) to cancel a saga."""
-    from saga_engine.client import SagaClient
-
-    if not reason.strip():
-        _fail("--reason must not be empty")
-    settings = Settings()
-
-    async def go() -> None:
-        async with SagaClient(settings, source="/saga-cli") as client:
-            await client.cancel(saga_id, reason, principal="cli")
-
-    _run(go)
-    if as_json:
-        _print_json({"saga_id": saga_id, "action": "cancel", "requested": True})
-    else:
-        out.print("cancel requested")
-
-
-def _admin_action(
-    admin_url: str, saga_id: str, action: str, body: dict[str, Any], as_json: bool
-) -> None:
-    from urllib.parse import quote
-
-    import httpx
-
-    token = os.environ.get("SAGA_ADMIN_TOKEN")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    url = f"{admin_url.rstrip('/')}/sagas/{quote(saga_id, safe='')}/{action}"
-
-    def call() -> dict[str, Any]:
-        try:
-            response = httpx.post(url, json=body, headers=headers, timeout=30.0)
-        except httpx.HTTPError as exc:
-            raise CliError(f"could not reach the admin API at {admin_url}: {exc}") from None
-        try:
-            data = response.json()
-        except ValueError:
-            data = None
-        if response.status_code >= 400:
-            raise CliError(f"{response.status_code}: {_detail(data, response.text)}")
-        if not isinstance(data, dict):
-            raise CliError(f"unexpected answer from the admin API: {response.text[:200]}")
-        return data
-
-    result = _run_sync(call)
-    if as_json:
-        _print_json(result)
-    else:
-        sent = f" (signal id {result['signal_id']})" if result.get("signal_id") else ""
-        out.print(
-            f"{result.get('action', action)} {result.get('saga_id', saga_id)} by "
-            f"{result.get('principal', '?')}{sent}: status {result.get('status', '?')}",
-            highlight=False,
-        )
-
-
-def _detail(data: Any, text: str) -> str:
-    detail = data.get("detail") if isinstance(data, dict) else None
-    if isinstance(detail, str):
-        return detail
-    if isinstance(detail, list) and all(isinstance(d, dict) for d in detail):
-        # A 422's field errors, as "payload.ok: Input should be a valid boolean; ...".
-        return "; ".join(
-            f"{'.'.join(str(p) for p in d.get('loc', []) if p != 'body') or 'body'}: "
-            f"{d.get('msg', '')}"
-            for d in detail
-        )
-    if detail is not None:
-        return orjson.dumps(detail).decode()
-    return " ".join(text.split())[:200] or "no detail"
+    """Cancel a running saga: it undoes the steps it applied, newest first."""
+    _act(admin_url, saga_id, "cancel", {"reason": reason}, as_json)
 
 
 @app.command()
@@ -625,48 +595,57 @@ def retry(
     saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
     step: Annotated[str, typer.Argument(help="The step to retry now.")],
     reason: ReasonOpt,
-    admin_url: AdminUrl = DEFAULT_ADMIN_URL,
+    admin_url: AdminUrl = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Retry a step now (one waiting out its back-off, or a stuck compensation)."""
-    _admin_action(admin_url, saga_id, "retry", {"step": step, "reason": reason}, as_json)
+    """Retry a step now (one waiting out its back-off, one whose reply is held, or a
+    stuck compensation)."""
+    _act(admin_url, saga_id, "retry", {"step": step, "reason": reason}, as_json)
 
 
 @app.command()
 def skip(
     saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
     step: Annotated[str, typer.Argument(help="The step to skip.")],
-    result: Annotated[str, typer.Option("--result", help="The step's result: a JSON object.")],
     reason: ReasonOpt,
-    admin_url: AdminUrl = DEFAULT_ADMIN_URL,
+    result: Annotated[
+        str | None,
+        typer.Option(
+            "--result",
+            help="The step's result (a JSON object): needed for a step waiting for its "
+            "reply, not for a stuck compensation (you undid it by hand).",
+        ),
+    ] = None,
+    admin_url: AdminUrl = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Skip a step with a supplied result (or mark a stuck compensation as done)."""
-    value = _run_sync(lambda: _json_object(result, "--result"))
-    body = {"step": step, "result": value, "reason": reason}
-    _admin_action(admin_url, saga_id, "skip", body, as_json)
+    """Skip a step with a supplied result, or mark a stuck compensation as done."""
+    body: dict[str, Any] = {"step": step, "reason": reason}
+    if result is not None:
+        body["result"] = _run_sync(lambda: _json_object(result, "--result"))
+    _act(admin_url, saga_id, "skip", body, as_json)
 
 
 @app.command("force-compensate")
 def force_compensate(
     saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
     reason: ReasonOpt,
-    admin_url: AdminUrl = DEFAULT_ADMIN_URL,
+    admin_url: AdminUrl = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Make a running saga undo what it did so far."""
-    _admin_action(admin_url, saga_id, "force-compensate", {"reason": reason}, as_json)
+    _act(admin_url, saga_id, "force-compensate", {"reason": reason}, as_json)
 
 
 @app.command()
 def resume(
     saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
     reason: ReasonOpt,
-    admin_url: AdminUrl = DEFAULT_ADMIN_URL,
+    admin_url: AdminUrl = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Resume a parked saga (stuck compensation, or nondeterministic)."""
-    _admin_action(admin_url, saga_id, "resume", {"reason": reason}, as_json)
+    _act(admin_url, saga_id, "resume", {"reason": reason}, as_json)
 
 
 # ---------------------------------------------------------------------- dead letters

@@ -19,22 +19,27 @@ API (or ``saga signal``) to get the engine's answer back synchronously.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel
 
 from saga_engine._definition import Saga, SagaDefinition, Signal
 from saga_engine._engine import saga_id_for
 from saga_engine._kafka import ensure_topics, make_producer, send
-from saga_engine._serde import check_storable
+from saga_engine._serde import JsonDict, check_storable
+from saga_engine._status import SagaStatus
+from saga_engine._store import EventStore, SagaRecord
 from saga_engine._telemetry import carrier_of_context
 from saga_engine._topics import Topics
 from saga_engine._wire import CancelBody, Envelope, MessageType, SignalBody, StartBody
 from saga_engine.settings import Settings
 
 __all__ = ["SagaClient"]
+
+OutT = TypeVar("OutT", bound=BaseModel)
 
 
 def _payload(value: BaseModel | dict[str, Any] | None) -> dict[str, Any]:
@@ -45,15 +50,24 @@ def _payload(value: BaseModel | dict[str, Any] | None) -> dict[str, Any]:
 
 class SagaClient:
     def __init__(
-        self, settings: Settings, *, source: str = "/saga-client", producer: Any = None
+        self,
+        settings: Settings,
+        *,
+        source: str = "/saga-client",
+        producer: Any = None,
+        store: EventStore | None = None,
     ) -> None:
         """``producer``: an already started aiokafka producer to share (it stays the
-        caller's to stop); without it the client starts its own."""
+        caller's to stop); without it the client starts its own. ``store``: the event
+        store :meth:`result` reads (the caller's to close); without it the client
+        connects to ``settings.pg`` the first time it needs one."""
         self.settings = settings
         self.topics = Topics.of(settings.kafka)
         self._source = source
         self._producer: Any = producer
         self._owns_producer = producer is None
+        self._store: EventStore | None = store
+        self._owns_store = store is None
 
     async def start_client(self) -> None:
         await ensure_topics(self.settings.kafka, [self.topics.inbox, self.topics.dlq])
@@ -65,6 +79,9 @@ class SagaClient:
         if self._producer is not None and self._owns_producer:
             await self._producer.stop()
         self._producer = None
+        if self._store is not None and self._owns_store:
+            await self._store.close()
+        self._store = None
 
     async def __aenter__(self) -> SagaClient:
         await self.start_client()
@@ -196,3 +213,86 @@ class SagaClient:
                 body=body.model_dump(mode="json"),
             )
         )
+
+    # ------------------------------------------------------------------ results
+
+    @overload
+    async def result(
+        self,
+        saga_id: str,
+        *,
+        timeout: float | timedelta | None = None,  # noqa: ASYNC109
+        saga: None = None,
+    ) -> JsonDict: ...
+
+    @overload
+    async def result(
+        self,
+        saga_id: str,
+        *,
+        timeout: float | timedelta | None = None,  # noqa: ASYNC109
+        saga: type[Saga[Any, OutT]],
+    ) -> OutT: ...
+
+    async def result(
+        self,
+        saga_id: str,
+        *,
+        # A timeout argument, not asyncio.timeout around the call: the wait polls the
+        # store, and the timeout is part of its answer (ResultTimeout with the status).
+        timeout: float | timedelta | None = None,  # noqa: ASYNC109
+        saga: type[Saga[Any, Any]] | None = None,
+    ) -> Any:
+        """Waits for the saga to end and returns its output: the output model's instance
+        when ``saga`` (its class) is given, else its JSON.
+
+        Raises :class:`SagaUnsuccessful` when it ended failed, compensated or cancelled
+        (``status`` and the recorded ``error`` on it), and :class:`ResultTimeout` when
+        ``timeout`` (seconds or a timedelta; None waits for ever) passes first, including
+        while a start sent a moment ago has not reached its engine yet.
+
+        It reads the saga's record in Postgres (the settings' ``pg``), polling with
+        back-off from 20 ms to 1 s: any process with the database's address can wait,
+        not only the engine that owns the saga.
+        """
+        from saga_engine._errors import ResultTimeout, SagaNotFound, SagaUnsuccessful
+        from saga_engine._events import SagaCompleted
+        from saga_engine._retry import Backoff
+
+        store = await self._result_store()
+        limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        loop = asyncio.get_running_loop()
+        deadline = None if limit is None else loop.time() + limit
+        backoff = Backoff(0.02, 1.0)
+        while True:
+            try:
+                record: SagaRecord | None = await store.get(saga_id)
+            except SagaNotFound:
+                record = None  # its start may still be on its way
+            if record is not None and record.status.is_terminal:
+                break
+            delay = backoff.next_delay()
+            if deadline is not None:
+                left = deadline - loop.time()
+                if left <= 0:
+                    status = record.status.value if record is not None else None
+                    raise ResultTimeout(saga_id, limit or 0.0, status)
+                delay = min(delay, left)
+            await asyncio.sleep(delay)
+        if record.status != SagaStatus.COMPLETED:
+            raise SagaUnsuccessful(saga_id, record.status.value, record.error)
+        loaded = await store.load(saga_id)
+        ended = loaded.events[-1].event
+        output = ended.output if isinstance(ended, SagaCompleted) else {}
+        if saga is None:
+            return output
+        return SagaDefinition.of(saga).output_type.model_validate(output)
+
+    async def _result_store(self) -> EventStore:
+        if self._store is None:
+            from saga_engine._pgstore import PostgresEventStore
+
+            # A small pool: a client waits on results, it does not drive sagas.
+            pg = self.settings.pg.model_copy(update={"pool_min_size": 1, "pool_max_size": 2})
+            self._store = await PostgresEventStore.connect(pg)
+        return self._store

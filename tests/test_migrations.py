@@ -36,6 +36,7 @@ PINNED = {
     3: "041235596d84fb456126190a2878c864685b1de54f875c551d4d1f9850697cea",
     4: "fd174fdd2c4a14dd90c3ee3abbbb21eb8ddeb7daaa839b011dc59650715c80d0",
     5: "1a55c6d1f920ca6f3f9d03b73ed16ce85eff1b840a9ef5cab498520dad63b6c3",
+    6: "d5218c23c71101864c49e98646db6f0d3260f9f57c993a114be2fea85393ed43",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant_migrations).
 PINNED_PARTICIPANT = {
@@ -267,7 +268,7 @@ async def test_0002_upgrades_a_schema_with_sagas_in_it(
         with pytest.raises(asyncpg.exceptions.CheckViolationError):
             await conn.execute(insert, "early", "step_stuck")
         monkeypatch.undo()
-        assert await migrate(pg.database_dsn, pg.schema) == [2, 3, 4, 5]
+        assert await migrate(pg.database_dsn, pg.schema) == ALL[1:]
         await conn.execute(insert, "new", "step_stuck")
         with pytest.raises(asyncpg.exceptions.CheckViolationError):
             await conn.execute(insert, "bogus", "stuck-ish")
@@ -305,7 +306,7 @@ async def test_0003_drops_the_events_foreign_key_and_keeps_the_history(
         with pytest.raises(asyncpg.exceptions.ForeignKeyViolationError):
             await conn.execute(event, "nobody", 1)
         monkeypatch.undo()
-        assert await migrate(pg.database_dsn, pg.schema) == [3, 4, 5]
+        assert await migrate(pg.database_dsn, pg.schema) == ALL[2:]
         assert await conn.fetchval(fk) == 0
         with pytest.raises(asyncpg.exceptions.UniqueViolationError):
             await conn.execute(event, "s", 1)
@@ -336,7 +337,7 @@ async def test_0003_gives_up_on_a_held_lock_changing_nothing_and_applies_later(
         await long_tx.rollback()
     finally:
         await reader.close()
-    assert await migrate(pg.database_dsn, pg.schema) == [3, 4, 5]
+    assert await migrate(pg.database_dsn, pg.schema) == ALL[2:]
 
 
 async def test_0004_finds_open_sagas_created_before_it_by_partition(
@@ -358,7 +359,7 @@ async def test_0004_finds_open_sagas_created_before_it_by_partition(
                 saga_id,
                 "completed" if saga_id == "old-done" else "running",
             )
-        assert await migrate(pg.database_dsn, pg.schema) == [4, 5]
+        assert await migrate(pg.database_dsn, pg.schema) == ALL[3:]
         store = await PostgresEventStore.connect(
             PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
         )

@@ -10,11 +10,12 @@ import logging
 import uuid
 from typing import Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException
 
 from saga_engine._engine import Engine
+from saga_engine._view import fold
 from saga_engine.admin._deps import Caller, EngineDep
-from saga_engine.admin._shared import ACTION_ERRORS, errors, saga_ref
+from saga_engine.admin._shared import ACTION_ERRORS, errors, load, saga_ref
 from saga_engine.admin.auth import Principal
 from saga_engine.admin.schemas import (
     ActionResult,
@@ -119,7 +120,17 @@ async def retry(
 @router.post("/sagas/{saga_id}/skip", response_model=ActionResult, responses=errors(*ACTION_ERRORS))
 async def skip(saga_id: str, body: SkipRequest, caller: Caller, engine: EngineDep) -> ActionResult:
     """Skips a step: answers a step awaiting its reply with ``result`` (it will not be
-    compensated), or marks a stuck compensation as done by hand."""
+    compensated), or marks a stuck compensation as done by hand (no ``result``)."""
+    if body.result is None:
+        record, events = await load(engine, saga_id)
+        stuck = fold(events, saga_id=record.saga_id).stuck_step
+        if stuck != body.step:
+            raise HTTPException(
+                422,
+                f"skipping step {body.step!r} needs a result (the reply its code gets); "
+                "only a stuck compensation is skipped without one"
+                + (f" (the stuck one is {stuck!r})" if stuck else ""),
+            )
     await engine.skip_step(
         saga_ref(saga_id),
         body.step,

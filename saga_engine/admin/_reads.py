@@ -8,17 +8,18 @@ import re
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import Response
 from pydantic import BeforeValidator
 
+from saga_engine._engine import Engine
 from saga_engine._status import SagaStatus
 from saga_engine._store import as_utc
 from saga_engine.admin._deps import EngineDep
 from saga_engine.admin._shared import NO_NUL, READ_ERRORS, errors, load
-from saga_engine.admin.listing import SagaFilter, decode_cursor, list_page
+from saga_engine.admin.listing import SagaFilter, attribute_filters, decode_cursor, list_page
 from saga_engine.admin.schemas import HistoryDocument, SagaDetail, SagaPage
-from saga_engine.admin.views import detail, summary
+from saga_engine.admin.views import awaited_signals, detail, summary
 from saga_engine.replay import export_history
 
 __all__ = ["router"]
@@ -41,6 +42,7 @@ IsoDatetime = Annotated[datetime, BeforeValidator(_iso_only)]
 
 @router.get("/sagas", response_model=SagaPage, responses=errors(400, *READ_ERRORS))
 async def list_sagas(
+    request: Request,
     engine: EngineDep,
     status: Annotated[
         list[SagaStatus] | None, Query(description="Repeat to match any of several.")
@@ -68,7 +70,11 @@ async def list_sagas(
         str | None, Query(max_length=2000, description="next_cursor of the previous page.")
     ] = None,
 ) -> SagaPage:
-    """Sagas in id order, filtered; page through them with ``cursor``."""
+    """Sagas in id order, filtered; page through them with ``cursor``.
+
+    Any other query parameter names a search attribute a saga type declares
+    (``Saga.search_attributes``) and must match exactly, e.g. ``?order_id=o-42``; one no
+    deployed type declares is a 422."""
     for low, high, what in (
         (created_after, created_before, "created"),
         (updated_after, updated_before, "updated"),
@@ -83,6 +89,7 @@ async def list_sagas(
         updated_after=updated_after,
         updated_before=updated_before,
         q=q,
+        attributes=_attributes(request, engine),
     )
     rows, next_cursor = await list_page(
         engine.store,
@@ -91,6 +98,14 @@ async def list_sagas(
         after_id=decode_cursor(cursor) if cursor is not None else None,
     )
     return SagaPage(items=[summary(r) for r in rows], next_cursor=next_cursor)
+
+
+def _attributes(request: Request, engine: Engine) -> tuple[tuple[str, str], ...]:
+    declared = {name for d in engine.registry for name in d.search_attributes}
+    try:
+        return attribute_filters(list(request.query_params.multi_items()), declared)
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
 
 
 @router.get(
@@ -103,10 +118,10 @@ async def get_saga(
     saga: Annotated[str, Path(description="The saga's id.")],
     engine: EngineDep,
 ) -> SagaDetail:
-    """Status, input, output or error, current step, pending compensations, next
-    wake-up."""
+    """Status, input, output or error, current step, what it waits for (``waiting_for``),
+    the commands in flight, pending compensations, next wake-up."""
     record, events = await load(engine, saga)
-    return detail(record, events)
+    return detail(record, events, awaited_signals(engine.registry, record, events))
 
 
 @router.get(

@@ -27,7 +27,7 @@ from saga_engine._store import SagaRecord
 from saga_engine.admin._deps import AdminDep, Caller, EngineDep, StarterDep
 from saga_engine.admin._shared import ACTION_ERRORS, NO_NUL, errors, load
 from saga_engine.admin.schemas import ErrorBody, SagaDetail, StartAccepted
-from saga_engine.admin.views import detail
+from saga_engine.admin.views import awaited_signals, detail
 
 __all__ = ["starts_router"]
 
@@ -180,7 +180,8 @@ def starts_router(type_names: list[str], max_wait_s: float) -> APIRouter:
             record = await _settled(engine, saga_id, wait)
             if record is not None:
                 record, events = await load(engine, saga_id)
-                return JSONResponse(detail(record, events).model_dump(mode="json"))
+                found = detail(record, events, awaited_signals(engine.registry, record, events))
+                return JSONResponse(found.model_dump(mode="json"))
         status: SagaStatus | None
         try:
             status = (await engine.get(saga_id)).status

@@ -50,6 +50,38 @@ class SagaFilter:
     updated_before: datetime | None = None
     #: An id prefix, or an idempotency key.
     q: str | None = None
+    #: Search attributes (``Saga.search_attributes``), all of which must match.
+    attributes: tuple[tuple[str, str], ...] = ()
+
+
+#: The list's own query parameters; any other one names a search attribute.
+LIST_PARAMETERS = frozenset(
+    {"status", "type", "q", "limit", "cursor", "created_after", "created_before",
+     "updated_after", "updated_before"}
+)  # fmt: skip
+
+
+def attribute_filters(
+    query: list[tuple[str, str]], declared: set[str]
+) -> tuple[tuple[str, str], ...]:
+    """The search-attribute filters among a list request's query parameters: those that
+    are not the list's own. One no deployed saga type declares is refused (ValueError
+    saying which exist): a typo must not list every saga."""
+    out: list[tuple[str, str]] = []
+    for name, value in query:
+        if name in LIST_PARAMETERS:
+            continue
+        if name not in declared:
+            known = ", ".join(sorted(declared)) or "none are declared"
+            raise ValueError(
+                f"unknown filter {name!r}: the list filters by "
+                f"{', '.join(sorted(LIST_PARAMETERS))}, and by the search attributes the "
+                f"saga types declare ({known})"
+            )
+        if "\x00" in value or len(value) > 200:
+            raise ValueError(f"filter {name!r}: at most 200 characters, and no NUL")
+        out.append((name, value))
+    return tuple(out)
 
 
 async def list_page(
@@ -64,6 +96,7 @@ async def list_page(
         updated_after=where.updated_after,
         updated_before=where.updated_before,
         search=where.q,
+        attributes=dict(where.attributes) or None,
         limit=limit + 1,
         after_id=after_id,
     )

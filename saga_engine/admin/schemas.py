@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from saga_engine._status import SagaStatus
+from saga_engine._view import OwedState, WaitKind
 
 #: A required, human reason for an operator action: it goes into the saga's history.
 Reason = Annotated[
@@ -53,7 +54,7 @@ class PendingCompensation(BaseModel):
     participant: str
     command_type: str
     payload: dict[str, Any]
-    state: Literal["owed", "in_doubt", "pending", "compensating", "stuck"] = Field(
+    state: OwedState = Field(
         description="owed: the step was applied and will be undone if the saga fails or is "
         "cancelled; in_doubt: the step's outcome is not known yet (in flight or timed out), "
         "so its compensation is owed if the saga stops now; pending: compensation begun, "
@@ -64,9 +65,51 @@ class PendingCompensation(BaseModel):
     last_error: str | None = None
 
 
+class WaitingFor(BaseModel):
+    """One thing an open saga waits for before it can move on."""
+
+    kind: WaitKind = Field(
+        description="reply: a participant's answer to a command sent; signal: a named "
+        "signal (until: its deadline, if the wait has one); timer: a durable sleep; "
+        "backoff: the pause before a step's next attempt; operator: a human (a held "
+        "reply, a stuck compensation, a parked saga)."
+    )
+    what: str = Field(description="The same, in words.")
+    since: datetime
+    until: datetime | None = Field(
+        default=None,
+        description="When it ends on its own: the attempt's timeout, the signal's "
+        "deadline, the timer's time. Null: only its answer ends it.",
+    )
+    step: str | None = None
+    name: str | None = Field(default=None, description="The signal's name or the timer's id.")
+    attempt: int | None = None
+    compensation: bool = False
+
+
+class InFlightCommand(BaseModel):
+    """A command sent and not answered (or answered by a reply held as invalid)."""
+
+    step: str
+    command_id: str
+    attempt: int
+    participant: str
+    command_type: str
+    compensation: bool
+    since: datetime
+    timeout_at: datetime | None = None
+    held: str | None = Field(
+        default=None, description="Why its success reply is held, waiting for an operator."
+    )
+
+
 class SagaDetail(SagaSummary):
     input: dict[str, Any]
     output: dict[str, Any] | None = None
+    waiting_for: list[WaitingFor] = Field(
+        description="What the saga waits for now (empty once it has ended)."
+    )
+    in_flight: list[InFlightCommand]
     pending_compensations: list[PendingCompensation]
     deadline_at: datetime | None = None
     idempotency_key: str | None = None
@@ -129,8 +172,11 @@ class RetryRequest(_Body):
 
 class SkipRequest(_Body):
     step: StepName
-    result: dict[str, Any] = Field(
-        description="The step's result (its reply model's JSON); the step is not compensated."
+    result: dict[str, Any] | None = Field(
+        default=None,
+        description="The step's result (its reply model's JSON); the step is not "
+        "compensated. Required for a step waiting for its reply; not for a stuck "
+        "compensation (the operator undid it by hand).",
     )
     reason: Reason
 

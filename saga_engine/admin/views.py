@@ -1,28 +1,26 @@
-"""What the API shows about a saga, computed from its record and its history."""
+"""What the API shows about a saga: its record, and the fold of its history.
+
+Every fact beyond the stored record (what it waits for, what is in flight, what is owed)
+comes from :func:`saga_engine._view.fold`, the one fold the web page and the CLI use too.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable, Sequence
 
-from saga_engine._events import (
-    AttemptTimedOut,
-    CommandIssued,
-    CompensationCompleted,
-    CompensationIssued,
-    CompensationSpec,
-    CompensationStarted,
-    CompensationStuck,
-    Event,
-    InvalidReplyReceived,
-    ReplyReceived,
-    SagaCompleted,
-    SagaStarted,
-)
-from saga_engine._status import SagaStatus
+from saga_engine._definition import SagaRegistry
+from saga_engine._errors import SagaError
+from saga_engine._events import Event
+from saga_engine._runtime import SagaRuntime
 from saga_engine._store import SagaRecord
-from saga_engine.admin.schemas import PendingCompensation, SagaDetail, SagaSummary
+from saga_engine._view import SagaView, fold
+from saga_engine.admin.schemas import (
+    InFlightCommand,
+    PendingCompensation,
+    SagaDetail,
+    SagaSummary,
+    WaitingFor,
+)
 
 
 def summary(record: SagaRecord) -> SagaSummary:
@@ -38,132 +36,83 @@ def summary(record: SagaRecord) -> SagaSummary:
     )
 
 
-def detail(record: SagaRecord, events: Sequence[Event]) -> SagaDetail:
-    started = next((e for e in events if isinstance(e, SagaStarted)), None)
-    completed = next((e for e in reversed(events) if isinstance(e, SagaCompleted)), None)
+def awaited_signals(
+    registry: SagaRegistry, record: SagaRecord, events: Sequence[Event]
+) -> list[str]:
+    """The signals the saga's code waits for without a deadline, which its history does
+    not record: the history replayed under the code deployed here says. Empty for an
+    ended or parked saga, a type not deployed here, or a history the code cannot replay
+    (the view then names every other wait, and the status says why)."""
+    if not record.status.is_open or record.status.is_parked or not events:
+        return []
+    try:
+        definition = registry.get(record.saga_type)
+        runtime, _ = SagaRuntime.replay(definition, record.saga_id, list(events))
+    except SagaError:
+        return []
+    try:
+        return [] if runtime.dead else runtime.awaited_signals()
+    finally:
+        runtime.close()
+
+
+def view_of(
+    record: SagaRecord, events: Sequence[Event], awaited_signals: Iterable[str] = ()
+) -> SagaView:
+    return fold(events, saga_id=record.saga_id, awaited_signals=awaited_signals)
+
+
+def detail(
+    record: SagaRecord, events: Sequence[Event], awaited_signals: Iterable[str] = ()
+) -> SagaDetail:
+    return detail_of(record, view_of(record, events, awaited_signals))
+
+
+def detail_of(record: SagaRecord, view: SagaView) -> SagaDetail:
     return SagaDetail(
         **summary(record).model_dump(),
-        input=started.input if started else {},
-        output=completed.output if completed else None,
-        pending_compensations=pending_compensations(record.status, events),
-        deadline_at=started.deadline_at if started else None,
+        input=view.input,
+        output=view.output,
+        waiting_for=[
+            WaitingFor(
+                kind=w.kind,
+                what=w.what,
+                since=w.since,
+                until=w.until,
+                step=w.step,
+                name=w.name,
+                attempt=w.attempt,
+                compensation=w.compensation,
+            )
+            for w in view.waiting_for
+        ],
+        in_flight=[
+            InFlightCommand(
+                step=f.step,
+                command_id=f.command_id,
+                attempt=f.attempt,
+                participant=f.participant,
+                command_type=f.command_type,
+                compensation=f.compensation,
+                since=f.since,
+                timeout_at=f.timeout_at,
+                held=f.held.message if f.held is not None else None,
+            )
+            for f in view.in_flight
+        ],
+        pending_compensations=[
+            PendingCompensation(
+                step=o.step,
+                participant=o.participant,
+                command_type=o.command_type,
+                payload=o.payload,
+                state=o.state,
+                attempts=o.attempts,
+                last_error=o.last_error,
+            )
+            for o in view.owed
+        ],
+        deadline_at=view.deadline_at,
         idempotency_key=record.idempotency_key,
-        events=len(events),
-    )
-
-
-@dataclass(slots=True)
-class _Step:
-    spec: CompensationSpec | None = None
-    #: in_flight, waiting (to retry), applied, refused or skipped
-    forward: str = "in_flight"
-    #: an attempt timed out since the last retryable reply: it may have been applied
-    unknown: bool = False
-    attempts: int = 0
-    last_error: str | None = None
-    compensating: bool = False
-    stuck: bool = False
-    done: bool = False
-    #: Its success reply was held as invalid: the participant applied it.
-    held: bool = False
-
-    @property
-    def in_doubt(self) -> bool:
-        return self.forward == "in_flight" or (self.forward == "waiting" and self.unknown)
-
-
-def pending_compensations(status: SagaStatus, events: Sequence[Event]) -> list[PendingCompensation]:
-    """The compensations still owed, in the order they would run (last in, first out).
-
-    Before compensation begins, the stack is the applied steps that carry a compensation,
-    newest first, preceded by steps whose outcome is still unknown (in flight, or timed
-    out and waiting to retry): a cancel now would owe theirs too. Once compensation
-    begins, ``compensation_started`` names the owed steps; ``compensation_completed`` (or
-    an operator's skip) takes one off.
-    """
-    if status.is_terminal:
-        return []
-    steps: dict[str, _Step] = {}
-    applied: list[str] = []  # in the order they were applied
-    owed_at_start: list[str] | None = None
-    for event in events:
-        if isinstance(event, CommandIssued):
-            step = steps.setdefault(event.step, _Step())
-            step.spec = event.compensation or step.spec
-            step.forward = "in_flight"
-        elif isinstance(event, ReplyReceived):
-            step = steps.setdefault(event.step, _Step())
-            if event.compensation:
-                if event.outcome != "success":
-                    step.last_error = event.error or event.outcome
-            elif event.outcome == "success":
-                step.forward = "applied"
-                if event.step not in applied:
-                    applied.append(event.step)
-            elif event.outcome == "failure":
-                step.forward = "refused"
-            else:  # retryable: the participant applied nothing
-                step.forward, step.unknown = "waiting", False
-        elif isinstance(event, InvalidReplyReceived):
-            step = steps.setdefault(event.step, _Step())
-            step.forward, step.held = "applied", True
-            step.last_error = event.error.message
-            if event.step not in applied:
-                applied.append(event.step)
-        elif isinstance(event, AttemptTimedOut):
-            step = steps.setdefault(event.step, _Step())
-            if event.compensation:
-                step.last_error = "timed out"
-            else:
-                step.forward, step.unknown = "waiting", True
-        elif isinstance(event, CompensationStarted):
-            owed_at_start = list(event.owed)
-        elif isinstance(event, CompensationIssued):
-            step = steps.setdefault(event.step, _Step())
-            step.compensating, step.stuck = True, False
-            step.attempts += 1
-        elif isinstance(event, CompensationStuck):
-            step = steps.setdefault(event.step, _Step())
-            step.stuck, step.last_error = True, event.error.message
-        elif isinstance(event, CompensationCompleted):
-            steps.setdefault(event.step, _Step()).done = True
-        elif event.kind == "step_skipped":  # an operator answered in the participant's place
-            name = str(getattr(event, "step", ""))
-            step = steps.setdefault(name, _Step())
-            if getattr(event, "compensation", False):
-                step.done = True
-            elif not step.held:  # a held step was applied by its participant: still owed
-                step.forward = "skipped"
-                if name in applied:
-                    applied.remove(name)
-    out: list[PendingCompensation] = []
-    if owed_at_start is not None:
-        for name in owed_at_start:
-            step = steps.get(name, _Step())
-            if not step.done:
-                state = (
-                    "stuck" if step.stuck else "compensating" if step.compensating else "pending"
-                )
-                out.append(_pending(name, step, state))
-        return out
-    doubtful = [n for n, s in steps.items() if s.spec is not None and s.in_doubt]
-    out.extend(_pending(n, steps[n], "in_doubt") for n in reversed(doubtful))
-    out.extend(
-        _pending(n, steps[n], "owed")
-        for n in reversed(applied)
-        if steps[n].spec is not None and steps[n].forward == "applied"
-    )
-    return out
-
-
-def _pending(name: str, step: _Step, state: Any) -> PendingCompensation:
-    spec = step.spec
-    return PendingCompensation(
-        step=name,
-        participant=spec.participant if spec else "",
-        command_type=spec.command_type if spec else "",
-        payload=dict(spec.payload) if spec else {},
-        state=state,
-        attempts=step.attempts,
-        last_error=step.last_error,
+        events=view.events,
     )

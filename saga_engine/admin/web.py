@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
 from typing import Annotated, Any
@@ -36,8 +35,10 @@ from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from saga_engine._engine import Engine
-from saga_engine._events import Event
+from saga_engine._errors import UnknownSagaType
 from saga_engine._status import SagaStatus
+from saga_engine._view import SagaView
+from saga_engine.admin._timeline import timeline
 from saga_engine.admin.auth import (
     COOKIE,
     LEGACY_COOKIE,
@@ -51,17 +52,21 @@ from saga_engine.admin.auth import (
     relative_redirect,
     session_cookie,
 )
-from saga_engine.admin.listing import SagaFilter, decode_cursor, list_page
-from saga_engine.admin.views import detail, summary
+from saga_engine.admin.listing import SagaFilter, attribute_filters, decode_cursor, list_page
+from saga_engine.admin.views import awaited_signals, detail_of, summary, view_of
 from saga_engine.settings import AdminSettings
 
-__all__ = ["Bar", "SecurityHeadersMiddleware", "TimelineRow", "timeline", "web_router"]
+__all__ = ["SecurityHeadersMiddleware", "web_router"]
 
 audit = logging.getLogger("saga_engine.admin.audit")
 
 PAGE_SIZE = 50
 #: The files under ``static/`` the page may load (nothing else is served from there).
-STATIC_TYPES = {"admin.css": "text/css; charset=utf-8", "admin.js": "text/javascript"}
+STATIC_TYPES = {
+    "admin.css": "text/css; charset=utf-8",
+    "admin.js": "text/javascript",
+    "favicon.svg": "image/svg+xml",
+}
 HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -77,14 +82,16 @@ HEADERS = {
 }
 #: For HTML answered by anything but :func:`_render` (none today): no framing, at least.
 FRAME_CSP = "frame-ancestors 'none'"
-#: Operator actions shown on a saga page: (API path, label, what the prompt asks for).
-ACTIONS = (
-    ("cancel", "Cancel", ""),
-    ("resume", "Resume", ""),
-    ("retry", "Retry step", "step"),
-    ("skip", "Skip step", "step result"),
-    ("force-compensate", "Force compensate", ""),
-)
+#: Operator actions a saga page can show: (API path, label, what the form asks for).
+#: Only those the saga's view says apply now are shown (see ``SagaView.actions``).
+ACTIONS = {
+    "signal": ("Send signal", "signal"),
+    "cancel": ("Cancel", ""),
+    "resume": ("Resume", ""),
+    "retry": ("Retry step", "step"),
+    "skip": ("Skip step", "step result"),
+    "force-compensate": ("Force compensate", ""),
+}
 
 _env = jinja2.Environment(
     loader=jinja2.PackageLoader("saga_engine.admin", "templates"),
@@ -107,130 +114,46 @@ _env.filters["pretty"] = _pretty
 _env.filters["when"] = _when
 
 
-# --------------------------------------------------------------------------- timeline
-
-
-@dataclass(slots=True)
-class Bar:
-    """One attempt: a forward command or a compensation, from issue to its outcome."""
-
-    label: str
-    start: datetime
-    start_seq: int
-    #: success, refused, failed, retryable, timed_out, invalid, in_doubt, pending, skipped
-    outcome: str = "pending"
-    compensation: bool = False
-    end: datetime | None = None
-    end_seq: int | None = None
-    detail: str = ""
-    #: Filled in by :func:`timeline`: position and width in percent of the axis.
-    x: float = 0.0
-    width: float = 0.0
-
-    @property
-    def css(self) -> str:
-        return f"bar {'comp' if self.compensation else 'fwd'} o-{self.outcome}"
-
-
-@dataclass(slots=True)
-class TimelineRow:
-    name: str
-    compensation: bool
-    bars: list[Bar] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class Timeline:
-    rows: list[TimelineRow]
-    #: "time" when the events span some time; "sequence" when they share one instant.
-    axis: str
-    start: datetime | None
-    end: datetime | None
-
-
-def timeline(events: list[Event], *, now: datetime | None = None) -> Timeline:
-    """Bars per step and per compensation, from command_issued / compensation_issued to
-    the reply, the attempt's timeout, an operator's skip or (still open) ``now``."""
-    rows: dict[tuple[str, bool], TimelineRow] = {}
-    open_bars: dict[str, Bar] = {}  # command id -> bar awaiting its outcome
-    last_by_step: dict[tuple[str, bool], Bar] = {}
-
-    def close(bar: Bar, outcome: str, at: datetime, seq: int, why: str = "") -> None:
-        bar.outcome, bar.end, bar.end_seq = outcome, at, seq
-        if why:
-            bar.detail = why
-
-    for seq, event in enumerate(events, start=1):
-        kind = event.kind
-        if kind in ("command_issued", "compensation_issued"):
-            comp = kind == "compensation_issued"
-            step = str(getattr(event, "step", ""))
-            row = rows.setdefault((step, comp), TimelineRow(step, comp))
-            bar = Bar(
-                label=f"{'undo ' if comp else ''}{step} #{getattr(event, 'attempt', 1)}",
-                start=event.at,
-                start_seq=seq,
-                compensation=comp,
-                detail=str(getattr(event, "command_type", "")),
-            )
-            row.bars.append(bar)
-            open_bars[str(getattr(event, "command_id", ""))] = bar
-            last_by_step[(step, comp)] = bar
-        elif kind == "reply_received":
-            bar_or_none = open_bars.pop(str(getattr(event, "command_id", "")), None)
-            if bar_or_none is not None:
-                outcome = str(getattr(event, "outcome", ""))
-                mapped = {"success": "success", "failure": "refused"}.get(outcome, "retryable")
-                if bar_or_none.compensation and mapped == "refused":
-                    mapped = "failed"
-                close(bar_or_none, mapped, event.at, seq, str(getattr(event, "error", "") or ""))
-        elif kind == "attempt_timed_out":
-            bar_or_none = open_bars.pop(str(getattr(event, "command_id", "")), None)
-            if bar_or_none is not None:
-                close(bar_or_none, "timed_out", event.at, seq, "timed out")
-        elif kind == "invalid_reply_received":
-            # Answered, but not in the shape the step expects: held for an operator.
-            bar_or_none = open_bars.pop(str(getattr(event, "command_id", "")), None)
-            if bar_or_none is not None:
-                error = getattr(event, "error", None)
-                close(bar_or_none, "invalid", event.at, seq, str(getattr(error, "message", "")))
-        elif kind in ("compensation_completed", "step_skipped"):
-            comp = kind == "compensation_completed" or bool(getattr(event, "compensation", False))
-            key = (str(getattr(event, "step", "")), comp)
-            last = last_by_step.get(key)
-            if last is not None and last.end is None:
-                for command_id, candidate in list(open_bars.items()):
-                    if candidate is last:
-                        del open_bars[command_id]
-                outcome = "success" if kind == "compensation_completed" else "skipped"
-                close(last, outcome, event.at, seq)
-            elif kind == "step_skipped":
-                row = rows.setdefault(key, TimelineRow(key[0], comp))
-                bar = Bar(f"skip {key[0]}", event.at, seq, "skipped", comp, event.at, seq)
-                row.bars.append(bar)
-
-    all_bars = [b for row in rows.values() for b in row.bars]
-    times = [e.at for e in events]
-    last_at = max([*times, now] if now is not None and times else times, default=None)
-    first_at = min(times, default=None)
-    span = (last_at - first_at).total_seconds() if last_at and first_at else 0.0
-    axis = "time" if span > 0 else "sequence"
-    total_seq = max(len(events), 1)
-    for bar in all_bars:
-        if axis == "time" and first_at is not None:
-            x0 = (bar.start - first_at).total_seconds() / span
-            x1 = ((bar.end or last_at or bar.start) - first_at).total_seconds() / span
-        else:
-            x0 = (bar.start_seq - 1) / total_seq
-            x1 = (bar.end_seq or total_seq) / total_seq
-        x0 = min(max(x0, 0.0), 0.99)
-        bar.x = round(x0 * 100, 2)
-        bar.width = round(max(min(x1, 1.0) - x0, 0.01) * 100, 2)
-    ordered = sorted(rows.values(), key=lambda r: (min(b.start_seq for b in r.bars), r.name))
-    return Timeline(ordered, axis, first_at, last_at)
-
-
 # --------------------------------------------------------------------------- routes
+
+
+def _offers(view: SagaView, action: str) -> bool:
+    return any(a.name == action for a in view.actions)
+
+
+def _actions(view: SagaView) -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """(path, label, what it asks, steps it applies to) for the actions that apply now.
+    Skipping a stuck compensation needs no result: the operator undid it by hand."""
+    out = []
+    for action in view.actions:
+        label, asks = ACTIONS[action.name]
+        if action.name == "skip" and action.steps == (
+            (view.stuck_step,) if view.stuck_step else ()
+        ):
+            asks = "step"
+        out.append((action.name, label, asks, action.steps))
+    return out
+
+
+def _signals(engine: Engine, saga_type: str) -> list[tuple[str, str]]:
+    """The saga type's declared signals: (name, an example payload of its model)."""
+    try:
+        definition = engine.registry.get(saga_type)
+    except UnknownSagaType:
+        return []  # not deployed here: the API refuses its signals too
+    return [
+        (name, json.dumps(_example(signal.model.model_json_schema()), indent=1))
+        for name, signal in sorted(definition.signals.items())
+    ]
+
+
+def _example(schema: dict[str, Any]) -> dict[str, Any]:
+    """A starting payload for the signal form: each required field, empty of its type."""
+    blank = {"string": "", "integer": 0, "number": 0, "boolean": False, "array": [], "object": {}}
+    props = schema.get("properties", {})
+    return {
+        name: blank.get(str(props.get(name, {}).get("type"))) for name in schema.get("required", [])
+    }
 
 
 def _render(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
@@ -380,10 +303,20 @@ def web_router(engine: Engine, admin: AdminSettings) -> APIRouter:
         for text in (saga_type, q):
             if text is not None and "\x00" in text:
                 raise HTTPException(422, "filters may not contain NUL characters")
+        declared = sorted({name for d in engine.registry for name in d.search_attributes})
+        try:
+            # Blank inputs of the form are no filter (the form sends every field).
+            attributes = attribute_filters(
+                [(k, v) for k, v in request.query_params.multi_items() if v.strip()],
+                set(declared),
+            )
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
         where = SagaFilter(
             statuses=frozenset({SagaStatus(status)}) if status else None,
             saga_type=saga_type,
             q=q,
+            attributes=attributes,
         )
         rows, next_cursor = await list_page(
             engine.store,
@@ -391,7 +324,7 @@ def web_router(engine: Engine, admin: AdminSettings) -> APIRouter:
             limit=PAGE_SIZE,
             after_id=decode_cursor(cursor) if cursor is not None else None,
         )
-        filters = {"status": status, "type": saga_type, "q": q}
+        filters = {"status": status, "type": saga_type, "q": q, **dict(attributes)}
         next_url = None
         if next_cursor is not None:
             kept = {k: v for k, v in filters.items() if v}
@@ -404,6 +337,7 @@ def web_router(engine: Engine, admin: AdminSettings) -> APIRouter:
             filters=filters,
             statuses=[s.value for s in SagaStatus],
             types=sorted(engine.registry.names()),
+            attribute_names=declared,
             next_url=next_url,
             first_page=cursor is None,
             quote=quote,
@@ -414,7 +348,8 @@ def web_router(engine: Engine, admin: AdminSettings) -> APIRouter:
         loaded = await engine.store.load(saga_id)  # an impossible id is not found there
         events = [stored.event for stored in loaded.events]
         record = loaded.record
-        info = detail(record, events)
+        view = view_of(record, events, awaited_signals(engine.registry, record, events))
+        info = detail_of(record, view)
         root = _root(request)
         api = f"{root}/sagas/{quote(record.saga_id, safe='')}"
         return _render(
@@ -424,12 +359,13 @@ def web_router(engine: Engine, admin: AdminSettings) -> APIRouter:
             saga=info,
             api=api,
             history_url=f"{api}/history?download=1",
-            timeline=timeline(events, now=None if info.status.is_terminal else record.updated_at),
+            timeline=timeline(view, now=None if view.status.is_terminal else record.updated_at),
             events=[
                 (seq, event, event.model_dump(mode="json", exclude={"at", "kind"}))
                 for seq, event in enumerate(events, start=1)
             ],
-            actions=ACTIONS,
+            actions=_actions(view),
+            signals=_signals(engine, record.saga_type) if _offers(view, "signal") else [],
         )
 
     return router

@@ -57,6 +57,7 @@ class Note(BaseModel):
 
 class Transfer(Saga[TransferIn, TransferOut]):
     name = "transfer"
+    search_attributes = ("account",)
     approve = Signal(Approve)
     other = Signal(Note)
 

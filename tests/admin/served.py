@@ -10,10 +10,13 @@ from dataclasses import dataclass, field
 
 from saga_engine.admin import create_admin_app, serve_admin
 from saga_engine.settings import Settings
+from saga_engine.store import EventStore
 from saga_engine.testing import SagaTestEnv
 from tests.admin.sagas import Noop, Transfer
 
 Seed = Callable[[SagaTestEnv], Awaitable[dict[str, str]]]
+#: Opens the event store the engine under test uses (None: the in-memory one).
+StoreFactory = Callable[[], Awaitable[EventStore]]
 
 
 @dataclass
@@ -24,7 +27,9 @@ class Served:
 
 
 @contextmanager
-def served_in_thread(settings: Settings, seed: Seed) -> Iterator[Served]:
+def served_in_thread(
+    settings: Settings, seed: Seed, store: StoreFactory | None = None
+) -> Iterator[Served]:
     """Runs engine, participants and server on one loop in a thread; stops them after."""
     served = Served()
     ready = threading.Event()
@@ -33,7 +38,8 @@ def served_in_thread(settings: Settings, seed: Seed) -> Iterator[Served]:
     loops: list[asyncio.AbstractEventLoop] = []
 
     async def main() -> None:
-        env = SagaTestEnv([Transfer, Noop], settings=settings)
+        opened = await store() if store is not None else None
+        env = SagaTestEnv([Transfer, Noop], settings=settings, store=opened)
         served.seeded = await seed(env)
         app = create_admin_app(env.engine, settings)
         server = await serve_admin(app, settings)
@@ -48,6 +54,8 @@ def served_in_thread(settings: Settings, seed: Seed) -> Iterator[Served]:
                 await asyncio.sleep(0.01)
         finally:
             await server.stop()
+            if opened is not None:
+                await opened.close()
 
     def run() -> None:
         try:

@@ -90,8 +90,24 @@ async def test_the_pages_render_and_escape_payloads(admin: Admin) -> None:
     assert re.search(r'class="bar fwd o-success"[^>]*data-outcome="success"', page.text)
     assert 'class="bar fwd o-refused"' in page.text
     assert 'class="bar comp o-success"' in page.text
-    for action in ("cancel", "resume", "retry", "skip", "force-compensate"):
-        assert f'action="/sagas/{saga_id}/{action}"' in page.text
+    # A finished saga waits for nothing and offers no action.
+    assert "Nothing: the saga ended compensated." in page.text
+    assert '<form class="action' not in page.text
+    assert "No operator action applies to a compensated saga." in page.text
+    assert 'rel="icon"' in page.text
+    # A waiting one says what for, and offers what applies to it: no resume, no retry.
+    waiting = await waiting_saga(admin.env)
+    open_page = (await admin.http.get(f"/ui/sagas/{waiting}", headers=READER)).text
+    assert "signal &#39;approve&#39; (no deadline)" in open_page
+    for action in ("signal", "cancel", "force-compensate"):
+        assert f'action="/sagas/{waiting}/{action}"' in open_page, action
+    for action in ("resume", "retry", "skip"):
+        assert f'action="/sagas/{waiting}/{action}"' not in open_page, action
+    assert '<option value="approve"' in open_page
+    assert '<option value="other"' in open_page  # every declared signal
+    favicon = await admin.http.get("/ui/static/favicon.svg")
+    assert favicon.status_code == 200
+    assert favicon.headers["content-type"] == "image/svg+xml"
 
     escaped = await admin.http.get(f"/ui/sagas/{hostile}", headers=READER)
     assert escaped.status_code == 200
@@ -110,6 +126,12 @@ async def test_the_list_filters_and_pages(admin: Admin) -> None:
     assert done in found.text
     assert waiting not in found.text
     assert (await admin.http.get("/ui/sagas?status=bogus", headers=READER)).status_code == 422
+    # The error column says why a saga ended as it did; the page can refresh itself.
+    assert "StepFailed" in found.text
+    assert 'id="auto-refresh"' in page.text
+    by_account = await admin.http.get("/ui/sagas?account=acc-2&q=", headers=READER)
+    assert waiting in by_account.text
+    assert done not in by_account.text
 
     for n in range(51):
         await admin.env.engine.start(Noop, {}, saga_id=f"zz-{n:03}")
@@ -197,7 +219,11 @@ async def test_without_tokens_on_loopback_the_pages_are_open() -> None:
 
 
 async def _seed(env: SagaTestEnv) -> dict[str, str]:
-    return {"compensated": await compensated_saga(env), "waiting": await waiting_saga(env)}
+    return {
+        "compensated": await compensated_saga(env),
+        "waiting": await waiting_saga(env),
+        "approval": await waiting_saga(env),
+    }
 
 
 def _chromium(pw: Playwright) -> Browser:
@@ -269,6 +295,26 @@ def test_the_page_in_headless_chromium(tmp_path: Path) -> None:
             expect(page.locator("#action-error")).to_be_hidden()
             shot = tmp_path / "cancelled.png"
             page.screenshot(path=str(shot), full_page=True)
+
+            # The signal action: a payload the signal's model refuses is the API's 422,
+            # on the page; a good one is delivered and the saga completes.
+            page.goto(f"{served.url}/ui/sagas/{served.seeded['approval']}")
+            expect(page.locator("#waiting-for")).to_contain_text("signal 'approve'")
+            expect(page.locator("#action-resume")).to_have_count(0)
+            page.select_option("#signal-name", "approve")
+            page.fill("#signal-payload", '{"by": 7}')
+            page.locator("#action-signal").click()
+            expect(page.locator("#action-error")).to_contain_text("refused (422)")
+            page.fill("#signal-payload", '{"by": "ann"}')
+            with page.expect_navigation():
+                page.locator("#action-signal").click()
+            deadline = time.monotonic() + 20
+            while page.locator("#saga-status").inner_text() != "completed":
+                assert time.monotonic() < deadline, "the signalled saga never completed"
+                page.wait_for_timeout(200)
+                page.reload()
+            expect(page.locator("#events")).to_contain_text("signal_received")
+            expect(page.locator("#waiting-for")).to_contain_text("Nothing")
         finally:
             browser.close()
     for name in ("compensated.png", "cancelled.png"):
@@ -331,7 +377,8 @@ def test_the_timeline_follows_timestamps_and_outcomes() -> None:
     from datetime import UTC, datetime, timedelta
 
     from saga_engine._events import AttemptTimedOut, CommandIssued, Event, ReplyReceived
-    from saga_engine.admin.web import timeline
+    from saga_engine._view import fold
+    from saga_engine.admin._timeline import timeline
 
     t0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -351,7 +398,7 @@ def test_the_timeline_follows_timestamps_and_outcomes() -> None:
         ),
         issued(60, "c3", 3),  # still awaiting its reply at t0 + 100s
     ]
-    line = timeline(events, now=t0 + timedelta(seconds=100))
+    line = timeline(fold(events), now=t0 + timedelta(seconds=100))
     assert line.axis == "time"
     [row] = line.rows
     assert [(b.outcome, b.x, b.width) for b in row.bars] == [
@@ -359,3 +406,60 @@ def test_the_timeline_follows_timestamps_and_outcomes() -> None:
         ("success", 40.0, 10.0),
         ("pending", 60.0, 40.0),
     ]
+    assert [t.label for t in line.ticks][:3] == ["+0 s", "+30 s", "+60 s"]
+
+
+def test_the_timeline_draws_back_offs_waits_and_parked_periods() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from saga_engine._events import (
+        CommandIssued,
+        ErrorInfo,
+        Event,
+        ReplyReceived,
+        SagaParked,
+        SagaResumed,
+        SagaStarted,
+        SignalReceived,
+        TimerFired,
+        TimerStarted,
+    )
+    from saga_engine._view import Lane, fold
+    from saga_engine.admin._timeline import timeline
+
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+
+    def at(seconds: int) -> datetime:
+        return t0 + timedelta(seconds=seconds)
+
+    def issued(seconds: int, attempt: int) -> CommandIssued:
+        return CommandIssued(
+            at=at(seconds), step="pay", participant="bank", command_type="Pay", payload={},
+            payload_hash="h", command_id=f"c{attempt}", attempt=attempt,
+        )  # fmt: skip
+
+    events: list[Event] = [
+        SagaStarted(at=t0, saga_type="t", input={}),
+        issued(0, 1),
+        ReplyReceived(at=at(10), step="pay", command_id="c1", outcome="retryable"),
+        TimerStarted(at=at(10), timer_id="retry:pay:1", purpose="retry", fire_at=at(20)),
+        TimerFired(at=at(20), timer_id="retry:pay:1"),
+        issued(20, 2),
+        ReplyReceived(at=at(30), step="pay", command_id="c2", outcome="success"),
+        TimerStarted(
+            at=at(30), timer_id="signal:confirm:1", purpose="signal_timeout", fire_at=at(90)
+        ),
+        SignalReceived(at=at(50), signal_id="s1", name="confirm"),
+        SagaParked(at=at(60), error=ErrorInfo(type="NondeterminismError", message="changed")),
+        SagaResumed(at=at(80), principal="ann", reason="fixed"),
+    ]
+    line = timeline(fold(events), now=at(100))
+    rows = {(r.lane, r.name): [(b.outcome, b.x, b.width) for b in r.bars] for r in line.rows}
+    assert rows[(Lane.STEP, "pay")] == [
+        ("retryable", 0.0, 10.0),
+        ("backoff", 10.0, 10.0),  # the pause between the attempts, in the step's row
+        ("success", 20.0, 10.0),
+    ]
+    assert rows[(Lane.WAIT, "signal confirm")] == [("received", 30.0, 20.0)]
+    assert rows[(Lane.PARKED, "parked")] == [("resumed", 60.0, 20.0)]
+    assert [r.lane for r in line.rows][-1] == Lane.PARKED

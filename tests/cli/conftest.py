@@ -24,9 +24,10 @@ def as_json(result: Result) -> Any:
     return orjson.loads(result.stdout)
 
 
-def one_line_error(result: Result) -> str:
-    """Asserts the failure is exit 1 with one line on stderr and no traceback."""
-    assert result.exit_code == 1, (result.stdout, result.stderr, result.exception)
+def one_line_error(result: Result, exit_code: int = 1) -> str:
+    """Asserts the failure is ``exit_code`` with one line on stderr and no traceback
+    (the admin API's refusals: 3 not found, 4 conflict, 5 invalid, 6 auth, 7 unreachable)."""
+    assert result.exit_code == exit_code, (result.stdout, result.stderr, result.exception)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: "), result.stderr

@@ -86,26 +86,31 @@ def test_force_compensate_by_the_env_url(served: Served) -> None:
 def test_refusals_are_the_apis_message_on_one_line(served: Served) -> None:
     ids, url = served.seeded, served.url
     conflict = one_line_error(
-        invoke(["force-compensate", ids["done"], "--reason", "late", "--admin-url", url], _env())
+        invoke(["force-compensate", ids["done"], "--reason", "late", "--admin-url", url], _env()),
+        4,
     )
     assert conflict.startswith("error: 409: ")
     assert f"saga {ids['done']} is completed" in conflict
     missing = one_line_error(
-        invoke(["retry", "no-such-saga", "debit", "--reason", "r", "--admin-url", url], _env())
+        invoke(["retry", "no-such-saga", "debit", "--reason", "r", "--admin-url", url], _env()),
+        3,
     )
     assert missing.startswith("error: 404: ")
     reader = one_line_error(
-        invoke(["resume", ids["waiting2"], "--reason", "r", "--admin-url", url], _env(READER_TOKEN))
+        invoke(
+            ["resume", ids["waiting2"], "--reason", "r", "--admin-url", url], _env(READER_TOKEN)
+        ),
+        6,
     )
     assert "403" in reader
     assert "operator" in reader
     assert READER_TOKEN not in reader
     anonymous = one_line_error(
-        invoke(["resume", ids["waiting2"], "--reason", "r", "--admin-url", url], {})
+        invoke(["resume", ids["waiting2"], "--reason", "r", "--admin-url", url], {}), 6
     )
     assert anonymous.startswith("error: 401: ")
     blank = one_line_error(
-        invoke(["resume", ids["waiting2"], "--reason", " ", "--admin-url", url], _env())
+        invoke(["resume", ids["waiting2"], "--reason", " ", "--admin-url", url], _env()), 5
     )
     assert blank.startswith("error: 422: ")
     bad_json = one_line_error(
@@ -119,7 +124,7 @@ def test_refusals_are_the_apis_message_on_one_line(served: Served) -> None:
 
 def test_an_unreachable_admin_api_is_one_line_error() -> None:
     line = one_line_error(
-        invoke(["resume", "x", "--reason", "r", "--admin-url", "http://127.0.0.1:1"], _env())
+        invoke(["resume", "x", "--reason", "r", "--admin-url", "http://127.0.0.1:1"], _env()), 7
     )
     assert "could not reach the admin API" in line
     debug = invoke(["--debug", "resume", "x", "--reason", "r", "--admin-url", "http://127.0.0.1:1"])

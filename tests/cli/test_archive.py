@@ -57,7 +57,20 @@ def seeded(pg: PgTarget) -> tuple[list[str], str, dict[str, str]]:
 
 
 def _listed(env: dict[str, str]) -> list[str]:
-    return sorted(s["saga_id"] for s in as_json(invoke(["list", "--json"], env)))
+    """The sagas left in the schema (read from Postgres: `saga list` asks an engine)."""
+
+    async def read() -> list[str]:
+        store = await PostgresEventStore.connect(
+            PostgresSettings(
+                dsn=SecretStr(env["SAGA_PG__DSN"]), db_schema=env["SAGA_PG__DB_SCHEMA"]
+            )
+        )
+        try:
+            return sorted(r.saga_id for r in await store.list_sagas(limit=1000))
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
 
 
 def test_archive_to_the_table_then_replay_by_id(

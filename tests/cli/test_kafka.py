@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
@@ -41,20 +40,6 @@ async def _topics(kafka_topic: TopicFactory) -> str:
 @pytest.fixture
 async def prefix(kafka_topic: TopicFactory) -> str:
     return await _topics(kafka_topic)
-
-
-def test_cancel_goes_to_the_inbox(kafka_bootstrap: str, prefix: str) -> None:
-    env = _env(kafka_bootstrap, prefix)
-    cancelled = invoke(["cancel", "saga-2", "--reason", "customer called"], env)
-    assert cancelled.exit_code == 0, cancelled.output
-    assert cancelled.stdout.strip() == "cancel requested"
-
-    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
-    [record] = asyncio.run(read_topic(kafka, f"{prefix}.inbox", 1))
-    assert record.key == b"saga-2"
-    assert _headers(record)["ce_type"] == "saga.cancel"
-    body = orjson.loads(record.value)
-    assert (body["reason"], body["principal"]) == ("customer called", "cli")
 
 
 def test_a_bad_payload_is_one_line_error(kafka_bootstrap: str, prefix: str) -> None:

@@ -1,54 +1,59 @@
-"""`saga list`, `show` and `history` reading the real Postgres."""
+"""`saga list`, `show` and `history`: through an engine's admin API over the real Postgres."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 import pytest
 from pydantic import SecretStr
 
 from saga_engine import SagaStatus
-from saga_engine._errors import SagaNotFound
+from saga_engine._cli_support import CliError
 from saga_engine._migrations import migrate
 from saga_engine._pgstore import PostgresEventStore
-from saga_engine.settings import PostgresSettings
+from saga_engine.settings import AdminSettings, PostgresSettings, Settings
 from saga_engine.testing import SagaRun, SagaTestEnv
 from tests.admin.sagas import Credit, Noop, Refund, Transfer
+from tests.admin.served import served_in_thread
 from tests.cli.conftest import as_json, invoke, one_line_error
 from tests.conftest import PgTarget
 
 pytestmark = pytest.mark.integration
 
 
-async def _seed(pg: PgTarget) -> dict[str, str]:
-    await migrate(pg.database_dsn, pg.schema)
-    store = await PostgresEventStore.connect(
-        PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
+async def _seed(env: SagaTestEnv) -> dict[str, str]:
+    waiting = await env.engine.start(
+        Transfer, {"account": "w", "amount": 3, "wait_for_approval": True}
     )
-    try:
-        env = SagaTestEnv([Transfer, Noop], store=store)
-        waiting = await env.engine.start(
-            Transfer, {"account": "w", "amount": 3, "wait_for_approval": True}
-        )
-        assert await env.run_until_settled(SagaRun(env, waiting, Transfer)) == SagaStatus.RUNNING
-        done = await env.engine.start(Noop, {})
-        assert await env.run_until_settled(SagaRun(env, done, Noop)) == SagaStatus.COMPLETED
-        env.participant("payee").on(Credit, reject="closed", times=1)
-        env.participant("ledger").on(Refund, reject="locked", times=2)
-        stuck = await env.engine.start(Transfer, {"account": "s", "amount": 1})
-        assert await env.run_until_settled(SagaRun(env, stuck, Transfer)) == (
-            SagaStatus.COMPENSATION_STUCK
-        )
-        return {"waiting": waiting, "done": done, "stuck": stuck}
-    finally:
-        await store.close()
+    assert await env.run_until_settled(SagaRun(env, waiting, Transfer)) == SagaStatus.RUNNING
+    done = await env.engine.start(Noop, {})
+    assert await env.run_until_settled(SagaRun(env, done, Noop)) == SagaStatus.COMPLETED
+    env.participant("payee").on(Credit, reject="closed", times=1)
+    env.participant("ledger").on(Refund, reject="locked", times=2)
+    stuck = await env.engine.start(Transfer, {"account": "s", "amount": 1})
+    assert await env.run_until_settled(SagaRun(env, stuck, Transfer)) == (
+        SagaStatus.COMPENSATION_STUCK
+    )
+    return {"waiting": waiting, "done": done, "stuck": stuck}
 
 
 @pytest.fixture
-def seeded(pg: PgTarget) -> tuple[dict[str, str], dict[str, str]]:
-    """Saga ids in known states, and the environment that points the CLI at them."""
-    ids = asyncio.run(_seed(pg))
-    return ids, {"SAGA_PG__DSN": pg.database_dsn, "SAGA_PG__DB_SCHEMA": pg.schema}
+def seeded(pg: PgTarget) -> Iterator[tuple[dict[str, str], dict[str, str]]]:
+    """Saga ids in known states in a real Postgres, an engine's admin API over them, and
+    the environment that points the CLI at that API (by host and port, as an operator
+    on the engine's machine would have them)."""
+    asyncio.run(migrate(pg.database_dsn, pg.schema))
+
+    async def store() -> PostgresEventStore:
+        return await PostgresEventStore.connect(
+            PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
+        )
+
+    settings = Settings(admin=AdminSettings(host="127.0.0.1", port=0))
+    with served_in_thread(settings, _seed, store) as served:
+        port = served.url.rsplit(":", 1)[1]
+        yield served.seeded, {"SAGA_ADMIN__HOST": "127.0.0.1", "SAGA_ADMIN__PORT": port}
 
 
 def test_list_filters_by_status_and_type(seeded: tuple[dict[str, str], dict[str, str]]) -> None:
@@ -66,8 +71,12 @@ def test_list_filters_by_status_and_type(seeded: tuple[dict[str, str], dict[str,
     assert len(as_json(invoke(["list", "--limit", "1", "--json"], env))) == 1
     table = invoke(["list"], env)
     assert table.exit_code == 0, table.output
-    assert ids["stuck"] in table.stdout
+    assert ids["stuck"][:18] in table.stdout
     assert "compensation_stuck" in table.stdout
+    wide = invoke(["list", "--wide"], env)
+    assert wide.exit_code == 0, wide.output
+    assert ids["stuck"] in wide.stdout  # the whole id
+    assert "CompensationStuck" in wide.stdout  # and its error
     bad = invoke(["list", "--status", "sleeping"], env)
     assert bad.exit_code == 2  # usage error from typer
 
@@ -78,6 +87,12 @@ def test_show_a_saga_with_owed_compensations(
     ids, env = seeded
     waiting = as_json(invoke(["show", ids["waiting"], "--json"], env))
     assert waiting["status"] == "running"
+    assert [(w["kind"], w["name"], w["until"]) for w in waiting["waiting_for"]] == [
+        ("signal", "approve", None)
+    ]
+    shown = invoke(["show", ids["waiting"]], env)
+    assert "waiting for" in shown.stdout
+    assert "signal 'approve' (no deadline)" in shown.stdout
     assert waiting["saga_type"] == "transfer"
     assert [(p["step"], p["state"]) for p in waiting["pending_compensations"]] == [
         ("credit", "owed"),
@@ -88,9 +103,11 @@ def test_show_a_saga_with_owed_compensations(
     assert stuck["error"] is not None
     [pending] = stuck["pending_compensations"]
     assert (pending["step"], pending["state"], pending["attempts"]) == ("debit", "stuck", 2)
+    [wait] = stuck["waiting_for"]
+    assert (wait["kind"], wait["step"], wait["compensation"]) == ("operator", "debit", True)
     table = invoke(["show", ids["stuck"]], env)
     assert table.exit_code == 0, table.output
-    for text in ("compensation_stuck", "compensations owed", "debit", "locked"):
+    for text in ("compensation_stuck", "compensations owed", "debit", "locked", "is stuck"):
         assert text in table.stdout, text
     done = invoke(["show", ids["done"]], env)
     assert "no compensations owed" in done.stdout
@@ -103,23 +120,55 @@ def test_history_of_a_saga(seeded: tuple[dict[str, str], dict[str, str]]) -> Non
     assert next(e["kind"] for e in exported["events"]) == "saga_started"
     assert exported["events"][-1]["kind"] == "saga_completed"
     table = invoke(["history", ids["done"]], env)
-    assert table.exit_code == 0
+    assert table.exit_code == 0, table.output
     assert "saga_completed" in table.stdout
+    # Each line carries the gist of its payload: the input, the reason and who acted.
+    stuck = invoke(["history", ids["stuck"]], env)
+    assert 'input {"account":"s","amount":1,"wait_for_approval":false}' in stuck.stdout
+    assert "error 'closed'" in stuck.stdout
+    assert "CompensationStuck: compensation of 'debit' still failing" in stuck.stdout
+
+
+def test_operator_actions_answer_what_the_api_answers(
+    seeded: tuple[dict[str, str], dict[str, str]],
+) -> None:
+    ids, env = seeded
+    # A signal to a finished saga: the API's 409 and its reason, exit 4.
+    late = one_line_error(invoke(["signal", ids["done"], "approve", "--payload", "{}"], env), 4)
+    assert late.startswith("error: 409: ")
+    assert "completed" in late
+    # A payload the signal's model refuses: 422 naming the field, exit 5.
+    wrong = one_line_error(invoke(["signal", ids["waiting"], "approve", "--payload", "{}"], env), 5)
+    assert "by" in wrong
+    # Skipping a step that waits for its reply needs a result...
+    need = one_line_error(invoke(["skip", ids["waiting"], "debit", "--reason", "r"], env), 5)
+    assert "needs a result" in need
+    # ...a stuck compensation does not: the operator undid it by hand.
+    skipped = as_json(
+        invoke(["skip", ids["stuck"], "debit", "--reason", "refunded by hand", "--json"], env)
+    )
+    assert (skipped["action"], skipped["status"]) == ("skip", "compensated")
+    # Cancel goes through the API too, and says so when it no longer applies.
+    cancelled = as_json(invoke(["cancel", ids["waiting"], "--reason", "called", "--json"], env))
+    assert cancelled["action"] == "cancel"
+    again = one_line_error(invoke(["cancel", ids["done"], "--reason", "late"], env), 4)
+    assert "completed" in again
 
 
 def test_unknown_saga_is_one_line_error(seeded: tuple[dict[str, str], dict[str, str]]) -> None:
     _, env = seeded
     for command in (["show", "nope"], ["history", "nope"], ["show", "nope", "--json"]):
-        line = one_line_error(invoke(command, env))
+        line = one_line_error(invoke(command, env), 3)
+        assert line.startswith("error: 404: ")
         assert "nope" in line
     debug = invoke(["--debug", "show", "nope"], env)
     assert debug.exit_code == 1
-    assert isinstance(debug.exception, SagaNotFound)
+    assert isinstance(debug.exception, CliError)
     assert debug.exc_info is not None
     assert debug.exc_info[2] is not None
 
 
-def test_an_unreachable_database_is_one_line_error() -> None:
-    env = {"SAGA_PG__DSN": "postgresql://postgres@127.0.0.1:1/none"}
-    line = one_line_error(invoke(["list"], env))
-    assert "error:" in line
+def test_an_unreachable_admin_api_is_one_line_error() -> None:
+    env = {"SAGA_ADMIN__HOST": "127.0.0.1", "SAGA_ADMIN__PORT": "1"}
+    line = one_line_error(invoke(["list"], env), 7)
+    assert "could not reach the admin API at http://127.0.0.1:1" in line

@@ -590,6 +590,35 @@ async def test_list_sagas_by_time_range_and_search(store: EventStore) -> None:
     assert ids(await store.list_sagas(search="s-", after_id="s-2")) == ["s-3"]
 
 
+async def test_list_sagas_by_search_attributes(store: EventStore) -> None:
+    attrs: list[dict[str, str] | None] = [
+        {"order_id": "o-1", "tenant": "acme"},
+        {"order_id": "o-2", "tenant": "acme"},
+        None,
+        {"order_id": "o-1", "tenant": "globex"},
+    ]
+    for n, search in enumerate(attrs):
+        new = NewSaga(f"a-{n}", "order", [_started("order")], RUNNING, search=search)
+        assert await store.create(new)
+
+    async def ids(**wanted: str) -> list[str]:
+        return [r.saga_id for r in await store.list_sagas(attributes=wanted)]
+
+    assert await ids(order_id="o-1") == ["a-0", "a-3"]
+    assert await ids(order_id="o-1", tenant="acme") == ["a-0"]  # all of them must match
+    assert await ids(tenant="acme") == ["a-0", "a-1"]
+    assert await ids(order_id="o-9") == []
+    assert await ids(order_id="O-1") == []  # exact, not case-folded
+    assert [r.saga_id for r in await store.list_sagas(attributes={})] == [
+        "a-0", "a-1", "a-2", "a-3"
+    ]  # fmt: skip
+    # They are the saga record's, as written.
+    assert (await store.get("a-3")).search == {"order_id": "o-1", "tenant": "globex"}
+    assert (await store.get("a-2")).search is None
+    found = await store.list_sagas(attributes={"order_id": "o-1"}, statuses=[SagaStatus.RUNNING])
+    assert [r.saga_id for r in found] == ["a-0", "a-3"]
+
+
 async def test_open_sagas_of_given_partitions(store: EventStore) -> None:
     ids = [f"saga-{n}" for n in range(40)]
     for saga_id in ids:

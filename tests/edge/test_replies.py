@@ -155,7 +155,7 @@ async def test_a_skip_result_the_steps_model_refuses_is_a_422_from_api_and_cli(
 
         env = {"SAGA_ADMIN_TOKEN": OPERATOR_TOKEN, "SAGA_ADMIN_URL": served.url}
         args = ["skip", saga_id, "charge", "--result", '{"amount": "x"}', "--reason", "r"]
-        line = await asyncio.to_thread(lambda: one_line_error(invoke(args, env)))
+        line = await asyncio.to_thread(lambda: one_line_error(invoke(args, env), 5))
         assert line.startswith("error: 422: result.receipt: Field required")
         assert await events(served, saga_id) == before
 

@@ -121,7 +121,7 @@ async def test_the_cli_refuses_a_bad_signal_in_one_line(
         env = {"SAGA_ADMIN_TOKEN": OPERATOR_TOKEN, "SAGA_ADMIN_URL": served.url}
 
         def cli(*args: str) -> str:
-            return one_line_error(invoke(["signal", saga_id, *args], env))
+            return one_line_error(invoke(["signal", saga_id, *args], env), 5)
 
         # The CLI calls the API synchronously: from a thread, so this loop serves it.
         wrong = await asyncio.to_thread(cli, "go", "--payload", '{"ok": "not-a-bool"}')

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel
 
-from saga_engine import Saga, SagaContext, SagaStatus, Settings
+from saga_engine import (
+    ResultTimeout,
+    Saga,
+    SagaContext,
+    SagaStatus,
+    SagaUnsuccessful,
+    Settings,
+)
 from saga_engine._pgstore import PostgresEventStore, StoreUnavailable
 from saga_engine._store import NewSaga
 from saga_engine._wire import Envelope, MessageType, ReplyBody, encode
@@ -118,6 +126,39 @@ async def test_refusal_compensates_over_kafka(settings: Settings, worker: SagaWo
         saga_id = await client.start(Two, Order(n=3))
         await poll_until(lambda: _is(worker, saga_id, SagaStatus.COMPENSATED))
         assert [(c.subject, c.compensation) for c in alpha] == [("Cmd", False), ("Undo", True)]
+
+
+async def test_result_waits_for_the_end_from_any_process(
+    settings: Settings, worker: SagaWorker
+) -> None:
+    """``SagaClient.result``: the output (as the saga's model, or JSON), the error of a
+    saga that ended otherwise, and a timeout while the saga waits, through Postgres."""
+
+    def refuse_second(envelope: Envelope) -> ReplyBody:
+        if envelope.body.get("n") == 2:
+            return ReplyBody(outcome="failure", error="beta is closed")
+        return ReplyBody(outcome="success")
+
+    async with (
+        fake_participant(settings, "alpha"),
+        SagaClient(settings) as client,
+    ):
+        done = await client.start(Two, Order(n=1))
+        refused = await client.start(Two, Order(n=2))
+        # Nobody answers beta yet: both wait there, and a short wait times out.
+        with pytest.raises(ResultTimeout, match="still running") as timed_out:
+            await client.result(done, timeout=0.3)
+        assert timed_out.value.status == "running"
+        with pytest.raises(ResultTimeout, match="does not exist"):
+            await client.result("no-such-saga", timeout=0.1)
+        async with fake_participant(settings, "beta", refuse_second):
+            assert await client.result(done, timeout=30, saga=Two) == Done(ok=True)
+            assert await client.result(done, timeout=timedelta(seconds=5)) == {"ok": True}
+            with pytest.raises(SagaUnsuccessful) as ended:
+                await client.result(refused, timeout=30)
+    assert ended.value.status == "compensated"
+    assert ended.value.error["type"] == "StepFailed"
+    assert "beta is closed" in str(ended.value)
 
 
 async def test_poison_messages_go_to_the_dlq_and_the_partition_keeps_flowing(

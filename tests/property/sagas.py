@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from saga_engine import RetryPolicy, Saga, SagaContext, StepFailed
+from saga_engine import RetryPolicy, Saga, SagaContext, Signal, StepFailed
 from saga_engine._definition import SagaDefinition
 
 
@@ -162,6 +162,30 @@ class CatchingSaga(PropertySaga):
         except StepFailed:
             done.append(await self.do(ctx, "fallback", input.amount))
         done.append(await self.do(ctx, "final", input.amount))
+        return Out(done=done)
+
+
+class Go(BaseModel):
+    ok: bool = True
+
+
+class SignalSaga(PropertySaga):
+    """A step, a wait for a signal with a deadline, a sleep, a wait without one, a step."""
+
+    name = "prop-signals"
+    confirm = Signal(Go, name="confirm")
+    release = Signal(Go, name="release")
+    steps = table(
+        StepSpec("hold", compensate=True, attempts=2, timeout_s=10, compensate_attempts=2),
+        StepSpec("settle", compensate=True, attempts=2, timeout_s=10, compensate_attempts=1),
+    )
+
+    async def run(self, ctx: SagaContext, input: In) -> Out:
+        done = [await self.do(ctx, "hold", input.amount + self.tweak_first)]
+        await ctx.wait_signal(self.confirm, timeout=timedelta(seconds=30))
+        await ctx.sleep(timedelta(seconds=2))
+        await ctx.wait_signal(self.release)
+        done.append(await self.do(ctx, "settle", input.amount))
         return Out(done=done)
 
 

@@ -43,6 +43,7 @@ from saga_engine._decision import (
     Reply,
     Resume,
     RetryStep,
+    SignalInput,
     Skip,
     StartSaga,
     TimerDue,
@@ -141,6 +142,8 @@ class World:
     start_timers: dict[str, datetime] = field(default_factory=dict)
     #: How often, against a weight of 6 for a good reply, a participant replies badly.
     bad_reply_weight: int = 2
+    #: Signals someone may send (none unless a test asks: the other sagas declare none).
+    signals: tuple[str, ...] = ()
 
     @classmethod
     def begin(
@@ -317,7 +320,14 @@ class World:
             kinds += ["skip_waiting"]
         if backoffs:
             kinds += ["retry_backoff"]
+        if self.signals:
+            kinds += ["signal"] * 3
         kind = data.draw(st.sampled_from(kinds), label="action")
+        if kind == "signal":
+            name = data.draw(st.sampled_from(self.signals), label="signal")
+            signal_id = str(uuid.UUID(int=len(self.deliveries) + 1))
+            self.deliver("signal", SignalInput(signal_id, name, self.tick(), {"ok": True}))
+            return
         if kind == "bad_reply":
             cmd = out[data.draw(st.integers(0, len(out) - 1), label="which command replies")]
             payload = data.draw(st.sampled_from(MALFORMED + UNSTORABLE), label="bad payload")
@@ -425,6 +435,7 @@ def simulate(
     *,
     snapshots: bool = True,
     bad_reply_weight: int = 2,
+    signals: tuple[str, ...] = (),
 ) -> Run:
     """Starts a saga and lets the world drive it to its end (terminal or parked)."""
     saga_id = f"saga-{data.draw(st.integers(0, 3), label='saga id')}"
@@ -435,6 +446,7 @@ def simulate(
     release = data.draw(st.integers(0, 3), label="operator answers held steps (0: never)") > 0
     world = World.begin(saga, saga_id, deadline)
     world.bad_reply_weight = bad_reply_weight
+    world.signals = signals
     for _ in range(budget):
         if len(world.deliveries) == snap_at and not world.snapshots:
             world.snapshot()

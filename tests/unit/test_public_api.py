@@ -14,7 +14,8 @@ PUBLIC = {
     "TRANSITIONS", "ConcurrencyError", "DefinitionError", "Engine", "EngineSettings", "HttpRequest",
     "IdempotencyConflict", "InvalidPayload", "InvalidTransition", "Signal", "UnstorableValue", "KafkaSettings", "NondeterminismError", "OutboundCommand",
     "PayloadTooLarge", "PermanentError", "PostgresSettings", "RetryPolicy", "Saga",
-    "SagaCancelled", "SagaContext", "SagaError", "SagaNotFound", "SagaRegistry", "SagaStatus",
+    "ResultTimeout", "SagaContext", "SagaError", "SagaNotFound", "SagaRegistry", "SagaStatus",
+    "SagaUnsuccessful",
     "SerializationError", "Settings", "SignalTimeout", "StepFailed", "StepTimedOut",
     "TransientError", "UnknownSagaType", "run", "saga_id_for",
 }  # fmt: skip

@@ -1,4 +1,5 @@
 // Operator actions: ask for a reason (and a step, a result), confirm, POST JSON, reload.
+// The list page refreshes itself every 5 s while its checkbox is on (remembered).
 "use strict";
 document.addEventListener("submit", async (event) => {
   const form = event.target.closest("form.action");
@@ -7,8 +8,14 @@ document.addEventListener("submit", async (event) => {
   const action = form.dataset.action;
   const asks = (form.dataset.asks || "").split(" ").filter(Boolean);
   const body = {};
+  if (asks.includes("signal")) {
+    body.name = form.querySelector("[name=name]").value;
+    try { body.payload = JSON.parse(form.querySelector("[name=payload]").value || "{}"); } catch (e) { return showError(`The payload is not JSON: ${e.message}`); }
+    if (body.payload === null || typeof body.payload !== "object" || Array.isArray(body.payload)) return showError("The payload must be a JSON object.");
+  }
   if (asks.includes("step")) {
-    const step = prompt(`Step to ${action}:`, form.dataset.step || "");
+    const steps = (form.dataset.steps || "").split(" ").filter(Boolean);
+    const step = steps.length === 1 ? steps[0] : prompt(`Step to ${action} (one of: ${steps.join(", ")}):`, steps[0] || "");
     if (!step) return;
     body.step = step;
   }
@@ -38,3 +45,21 @@ function showError(text) {
   box.textContent = text;
   box.hidden = false;
 }
+
+document.addEventListener("DOMContentLoaded", () => {
+  // The signal form: picking a signal fills in an example payload of its model.
+  const name = document.getElementById("signal-name");
+  if (name) name.addEventListener("change", () => {
+    document.getElementById("signal-payload").value = name.selectedOptions[0].dataset.example || "{}";
+  });
+  // Tick labels sit at their percent of the axis (set here: the CSP forbids inline styles).
+  for (const tick of document.querySelectorAll(".tick[data-x]")) tick.style.left = `${tick.dataset.x}%`;
+  const auto = document.getElementById("auto-refresh");
+  if (auto) {
+    auto.checked = localStorage.getItem("saga-auto-refresh") === "on";
+    let timer = null;
+    const arm = () => { clearInterval(timer); timer = auto.checked ? setInterval(() => location.reload(), 5000) : null; };
+    auto.addEventListener("change", () => { localStorage.setItem("saga-auto-refresh", auto.checked ? "on" : "off"); arm(); });
+    arm();
+  }
+});
