@@ -17,7 +17,7 @@ from urllib.parse import quote
 import httpx
 import orjson
 
-from saga_engine._cli_support import CliError
+from saga_engine._errors import AdminCallError, CliError
 from saga_engine.settings import AdminSettings
 
 __all__ = ["EXIT_CODES", "AdminApi", "AdminCallError", "admin_url"]
@@ -34,14 +34,6 @@ EXIT_CODES = {
 UNREACHABLE = 7
 #: Addresses a server listens on that a client cannot call.
 _ANY_ADDRESS = {"", "0.0.0.0", "::", "[::]"}
-
-
-class AdminCallError(CliError):
-    """The admin API refused (or could not be reached); ``exit_code`` says which."""
-
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 def admin_url(option: str | None, admin: AdminSettings | None = None) -> str:

@@ -11,15 +11,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from saga_engine._errors import SagaNotFound
+from saga_engine._errors import CliError, SagaNotFound
 from saga_engine._retention import Retention, RetentionReport
 from saga_engine.replay import HistoryExport, load_history
 from saga_engine.settings import Settings
-
-
-class CliError(Exception):
-    """An error the command reports as one line (e.g. the admin API's refusal)."""
-
 
 # ---------------------------------------------------------------------- dead letters
 

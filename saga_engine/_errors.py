@@ -1,15 +1,57 @@
-"""The error hierarchy. The class tells the caller how to react.
+"""The whole error tree. The class tells the caller how to react::
 
-- ``TransientError``: retry later; nothing is wrong with the request itself.
-- ``StepFailed``: a participant refused or could not complete a step; the saga may
-  catch it, otherwise it compensates.
-- ``PermanentError``: retrying will not help; fix the code, the input or the call.
+    SagaError                      every error saga-engine raises
+    ├── TransientError             retry later: nothing is wrong with the request
+    │   ├── ConcurrencyError       another writer appended first (reload, then retry)
+    │   ├── StoreUnavailable       Postgres unreachable, or the connection broke
+    │   ├── KafkaUnavailable       the broker unreachable, or did not acknowledge
+    │   ├── DependencyUnavailable  start-up gave up waiting for Kafka or Postgres
+    │   ├── MigrationBusy          a migration's tables were locked; run it again
+    │   └── ResultTimeout          SagaClient.result waited its timeout
+    ├── StepFailed                 a step did not succeed: the saga compensates
+    │   └── StepTimedOut           (unless its code catches it)
+    ├── SignalTimeout              ctx.wait_signal's timeout passed: the same
+    ├── Rejected                   a participant's handler refuses a command
+    ├── Retryable                  a participant's handler says "not now"
+    └── PermanentError             retrying will not help: fix the code, input or call
+        ├── DefinitionError            a saga class cannot work
+        ├── NondeterminismError        the code no longer replays the history
+        ├── UnknownSagaType            no saga of that name is deployed
+        ├── SagaNotFound               no saga has that id
+        ├── InvalidTransition          the action does not apply to the saga's state
+        ├── InvalidSagaId              an id that cannot be stored
+        ├── SerializationError         a value that cannot be (de)serialised
+        │   └── InvalidPayload         a payload its model refuses (names each field)
+        │       └── UnstorableValue    a value Postgres cannot store
+        ├── IdempotencyConflict        a key reused with a different input
+        ├── PayloadTooLarge            over the configured size limit
+        ├── SagaUnsuccessful           SagaClient.result: it ended failed, compensated
+        │                              or cancelled
+        ├── PoisonMessage              a message that can never be processed (DLQ)
+        ├── MigrationError             the schema cannot be migrated
+        ├── UnknownEndpoint            an ``http:`` step's endpoint is not configured
+        ├── InvalidCursor              a list cursor the admin API did not hand out
+        ├── AdminConfigError           admin settings that cannot work
+        │   └── InsecureAdminBinding   beyond loopback without tokens
+        └── CliError                   a command line error, one line on stderr
+            └── AdminCallError         the admin API refused (exit code by status)
+
+Every error class lives here, so one look tells how to react to any of them. The
+modules that raise them import them from here (and re-export them where they were
+public before). What is not here is control flow that never leaves its module: ``Halt``
+unwinding saga code, a participant's batch split or stop, a request body cut off inside
+the admin server (``tests/unit/test_errors.py`` keeps the list).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from saga_engine._wire import PoisonReason
 
 
 class SagaError(Exception):
@@ -32,6 +74,34 @@ class ResultTimeout(TransientError):
         self.status = status
         where = f"is still {status}" if status else "does not exist (yet)"
         super().__init__(f"saga {saga_id} {where} after waiting {timeout_s:g} s for its end")
+
+
+class StoreUnavailable(TransientError):
+    """Postgres could not be reached, or the connection broke mid-operation. Retry later.
+
+    When a write raises this, it may or may not have committed: what was lost can be the
+    commit's acknowledgement. Retrying an append with the same ``expected_seq`` is safe:
+    if the first attempt did commit, the retry fails with ConcurrencyError.
+    """
+
+
+class KafkaUnavailable(TransientError):
+    """The broker could not be reached or did not acknowledge in time; retry later."""
+
+
+class DependencyUnavailable(TransientError):
+    """Kafka or Postgres did not answer while starting; retried until the start-up
+    timeout, then raised with how long it waited."""
+
+    def __init__(self, dependency: str, cause: BaseException) -> None:
+        super().__init__(f"{dependency} is not reachable: {cause}")
+        self.dependency = dependency
+        self.cause = cause
+
+
+class MigrationBusy(TransientError):
+    """A migration waited longer than its lock timeout for its tables (another transaction
+    holds them). Nothing was changed; run it again."""
 
 
 class ConcurrencyError(TransientError):
@@ -215,3 +285,87 @@ class PayloadTooLarge(PermanentError):
         self.size = size
         self.limit = limit
         super().__init__(f"payload of {size} bytes exceeds the limit of {limit} bytes")
+
+
+class PoisonMessage(PermanentError):
+    """A message that can never be processed: it is dead-lettered, never retried."""
+
+    def __init__(self, reason: PoisonReason, detail: str) -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason.value}: {detail}")
+
+
+class MigrationError(PermanentError):
+    """The database schema cannot be brought in line with this version's migrations."""
+
+
+class UnknownEndpoint(PermanentError):
+    """An ``http:`` step names an endpoint the engine's settings do not configure."""
+
+
+class InvalidCursor(PermanentError):
+    """A cursor this API did not hand out (or one from an incompatible version)."""
+
+
+class AdminConfigError(PermanentError):
+    """The admin API's settings cannot work; the message says what to change."""
+
+
+class InsecureAdminBinding(AdminConfigError):
+    """Refusing to serve the admin API beyond loopback without authentication."""
+
+
+class CliError(PermanentError):
+    """An error the command line reports as one line (e.g. a --payload that is not JSON)."""
+
+
+class AdminCallError(CliError):
+    """The admin API refused (or could not be reached); ``exit_code`` says which."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# --------------------------------------------------------------------------- answers
+
+
+class Rejected(SagaError):
+    """Raise it in a handler to refuse a command: a business "no", not a crash.
+
+    The handler's writes are rolled back, and the saga receives a ``failure`` reply
+    with ``reason`` as its error and ``details`` as its payload (the engine raises
+    ``StepFailed(step, reason, details=details)`` in the saga, which then compensates).
+    The refusal is stored like any reply, so a re-sent command gets the same answer
+    without running the handler again.
+    """
+
+    def __init__(self, reason: str, *, details: Mapping[str, Any] | None = None) -> None:
+        self.reason = reason
+        self.details: dict[str, Any] = dict(details or {})
+        super().__init__(reason)
+
+
+class Retryable(SagaError):
+    """Raise it in a handler to answer "not now, try again": nothing applied, at once.
+
+    The handler's writes are rolled back and the saga receives a ``retryable`` reply
+    right away, without the kit's in-process handler retries (those are for crashes:
+    ``handler_attempts``). The engine then retries the step under a new command id and
+    attempt, after its retry policy's back-off; once the policy's attempts run out the
+    step fails. Like every answer, it is stored: a copy of the command gets it again.
+
+    ``after`` (a timedelta or seconds) is a hint of when a retry may succeed. The reply
+    contract has no field for it, so it travels in the reply's ``error`` text ("... (retry
+    after 30s)") and as ``retry_after_s`` in its payload; the engine does not read it
+    today, so its step's ``retry=`` policy decides the actual wait.
+    """
+
+    def __init__(self, reason: str, *, after: timedelta | float | None = None) -> None:
+        seconds = after.total_seconds() if isinstance(after, timedelta) else after
+        if seconds is not None and not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"Retryable(after=...) must be a finite delay >= 0, not {after!r}")
+        self.reason = reason
+        self.after = None if seconds is None else timedelta(seconds=seconds)
+        super().__init__(reason)

@@ -350,20 +350,25 @@ class SagaCompleted(_Intent):
 
 
 class SagaFailed(_Intent):
-    """The run ended in error and nothing needed undoing."""
+    """The run ended in error (a failure, or its deadline passed) and nothing needed
+    undoing."""
 
     kind: Literal["saga_failed"] = "saga_failed"
     error: ErrorInfo
 
 
 class SagaCompensated(_Intent):
-    """The run ended in error and every owed compensation completed."""
+    """The run ended in error (a failure, its deadline, an operator's forced
+    compensation) and every owed compensation completed."""
 
     kind: Literal["saga_compensated"] = "saga_compensated"
     error: ErrorInfo | None = None
 
 
 class SagaCancelled(_Intent):
+    """A cancel request ended the run, after every owed compensation completed (the
+    only end a cancel leads to: a cancelled saga never reads as failed or compensated)."""
+
     kind: Literal["saga_cancelled"] = "saga_cancelled"
     reason: str
 

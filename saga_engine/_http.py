@@ -24,7 +24,7 @@ from opentelemetry import context as otel_context
 from saga_engine._bus import CommandSender, PipelinedSender
 from saga_engine._context import HTTP_PREFIX, HttpRequest
 from saga_engine._decision import OutboundCommand
-from saga_engine._errors import PermanentError, SagaError
+from saga_engine._errors import SagaError
 from saga_engine._retry import Backoff
 from saga_engine._telemetry import Telemetry, extract
 from saga_engine.settings import HttpSettings
@@ -35,10 +35,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("saga_engine.http")
 
 _RETRY_STATUS = {408, 429}
-
-
-class UnknownEndpoint(PermanentError):
-    pass
 
 
 class HttpCaller:

@@ -25,16 +25,12 @@ from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitio
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, TopicAlreadyExistsError
 
 from saga_engine._decision import OutboundCommand
-from saga_engine._errors import TransientError
+from saga_engine._errors import KafkaUnavailable
 from saga_engine._topics import Topics
 from saga_engine._wire import Envelope, Headers, MessageType, encode
 from saga_engine.settings import KafkaSettings
 
 log = logging.getLogger("saga_engine.kafka")
-
-
-class KafkaUnavailable(TransientError):
-    """The broker could not be reached or did not acknowledge in time; retry later."""
 
 
 async def ensure_topics(

@@ -24,7 +24,7 @@ from typing import Any, TypeAlias
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from saga_engine._errors import PermanentError, TransientError
+from saga_engine._errors import MigrationBusy, MigrationError
 
 __all__ = [
     "Migration",
@@ -51,15 +51,6 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
     sha256     text NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now()
 )"""
-
-
-class MigrationError(PermanentError):
-    """The database schema cannot be brought in line with this version's migrations."""
-
-
-class MigrationBusy(TransientError):
-    """A migration waited longer than its lock timeout for its tables (another transaction
-    holds them). Nothing was changed; run it again."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,12 +14,10 @@ import asyncio
 import collections
 import contextlib
 import logging
-import math
 import random
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, Final, Literal, TypeAlias
 
 import asyncpg
@@ -29,7 +27,7 @@ from aiokafka.errors import KafkaError
 from opentelemetry.trace import Span
 from pydantic import BaseModel, ValidationError
 
-from saga_engine._errors import SagaError, TransientError, UnstorableValue
+from saga_engine._errors import PoisonMessage, Rejected, Retryable, TransientError, UnstorableValue
 from saga_engine._kafka import DeadLetters, ensure_topics
 from saga_engine._participant_sql import (
     CLAIM,
@@ -49,15 +47,7 @@ from saga_engine._retry import Backoff, jittered
 from saga_engine._serde import JsonDict, check_storable, storable_copy, unstorable
 from saga_engine._telemetry import Telemetry, carrier_of, default_telemetry
 from saga_engine._topics import Topics
-from saga_engine._wire import (
-    ENGINE_ERROR,
-    Envelope,
-    MessageType,
-    PoisonMessage,
-    PoisonReason,
-    ReplyBody,
-    decode,
-)
+from saga_engine._wire import Envelope, MessageType, PoisonReason, ReplyBody, decode
 from saga_engine.settings import Settings
 
 log = logging.getLogger("saga_engine.participant")
@@ -75,46 +65,6 @@ MAX_COMMAND_ID: Final = 200
 
 
 # --------------------------------------------------------------------------- public types
-
-
-class Rejected(SagaError):
-    """Raise it in a handler to refuse a command: a business "no", not a crash.
-
-    The handler's writes are rolled back, and the saga receives a ``failure`` reply
-    with ``reason`` as its error and ``details`` as its payload (the engine raises
-    ``StepFailed(step, reason, details=details)`` in the saga, which then compensates).
-    The refusal is stored like any reply, so a re-sent command gets the same answer
-    without running the handler again.
-    """
-
-    def __init__(self, reason: str, *, details: Mapping[str, Any] | None = None) -> None:
-        self.reason = reason
-        self.details: dict[str, Any] = dict(details or {})
-        super().__init__(reason)
-
-
-class Retryable(SagaError):
-    """Raise it in a handler to answer "not now, try again": nothing applied, at once.
-
-    The handler's writes are rolled back and the saga receives a ``retryable`` reply
-    right away, without the kit's in-process handler retries (those are for crashes:
-    ``handler_attempts``). The engine then retries the step under a new command id and
-    attempt, after its retry policy's back-off; once the policy's attempts run out the
-    step fails. Like every answer, it is stored: a copy of the command gets it again.
-
-    ``after`` (a timedelta or seconds) is a hint of when a retry may succeed. The reply
-    contract has no field for it, so it travels in the reply's ``error`` text ("... (retry
-    after 30s)") and as ``retry_after_s`` in its payload; the engine does not read it
-    today, so its step's ``retry=`` policy decides the actual wait.
-    """
-
-    def __init__(self, reason: str, *, after: timedelta | float | None = None) -> None:
-        seconds = after.total_seconds() if isinstance(after, timedelta) else after
-        if seconds is not None and not (math.isfinite(seconds) and seconds >= 0):
-            raise ValueError(f"Retryable(after=...) must be a finite delay >= 0, not {after!r}")
-        self.reason = reason
-        self.after = None if seconds is None else timedelta(seconds=seconds)
-        super().__init__(reason)
 
 
 #: What a handler raises to answer rather than crash: its writes roll back and the
@@ -348,7 +298,9 @@ class CommandProcessor:
                     raise
                 if not is_transient(exc):
                     log.exception("participant %s: cannot process a record", self.name)
-                    await self._dead_letter(record, ENGINE_ERROR, f"{type(exc).__name__}: {exc}")
+                    await self._dead_letter(
+                        record, PoisonReason.ENGINE_ERROR, f"{type(exc).__name__}: {exc}"
+                    )
                     return
                 delay = backoff.next_delay()
                 log.warning("transient failure (%r); retrying in %.2fs", exc, delay)

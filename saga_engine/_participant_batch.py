@@ -38,15 +38,13 @@ import orjson
 from aiokafka import TopicPartition
 from pydantic import BaseModel, ValidationError
 
-from saga_engine._errors import UnstorableValue
+from saga_engine._errors import PoisonMessage, Rejected, Retryable, UnstorableValue
 from saga_engine._kafka import delivered, ensure_topics, start_record
 from saga_engine._participant import (
     Abandoned,
     CommandProcessor,
     HandlerAnswer,
     HandlerSpec,
-    Rejected,
-    Retryable,
     Transaction,
     answer_counter,
     answer_reply,
@@ -64,7 +62,7 @@ from saga_engine._participant_sql import (
 )
 from saga_engine._retry import Backoff
 from saga_engine._serde import check_storable, unstorable
-from saga_engine._wire import Envelope, PoisonMessage, PoisonReason, ReplyBody
+from saga_engine._wire import Envelope, PoisonReason, ReplyBody
 
 log = logging.getLogger("saga_engine.participant")
 

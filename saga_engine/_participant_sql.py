@@ -14,8 +14,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from asyncpg.pool import PoolConnectionProxy
 
-from saga_engine._errors import PayloadTooLarge
-from saga_engine._kafka import KafkaUnavailable
+from saga_engine._errors import KafkaUnavailable, PayloadTooLarge
 from saga_engine._wire import Envelope, Headers, MessageType, ReplyBody, encode
 
 Connection: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"

@@ -14,21 +14,12 @@ from typing import Any, Final, TypeAlias
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from saga_engine._errors import SerializationError, TransientError
+from saga_engine._errors import SerializationError, StoreUnavailable
 from saga_engine._serde import JsonDict, dumps, loads
 from saga_engine._status import SagaStatus
 from saga_engine._store import SagaRecord
 
 _Conn: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
-
-
-class StoreUnavailable(TransientError):
-    """Postgres could not be reached, or the connection broke mid-operation. Retry later.
-
-    When a write raises this, it may or may not have committed: what was lost can be the
-    commit's acknowledgement. Retrying an append with the same ``expected_seq`` is safe:
-    if the first attempt did commit, the retry fails with ConcurrencyError.
-    """
 
 
 # Errors that say "the server or the connection is in trouble", not "this request is

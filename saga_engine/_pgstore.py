@@ -27,11 +27,9 @@ from typing import Final, Generic, TypeAlias, TypeVar
 
 import asyncpg
 
-from saga_engine._errors import ConcurrencyError, SagaNotFound
+from saga_engine._errors import ConcurrencyError, MigrationError, SagaNotFound, StoreUnavailable
 from saga_engine._events import Event, event_to_dict
-from saga_engine._migrations import MigrationError
 from saga_engine._pgbase import (
-    StoreUnavailable,
     _Conn,
     _connection_lost,
     _EncodedJson,

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
-from saga_engine._errors import TransientError
+from saga_engine._errors import DependencyUnavailable, TransientError
 from saga_engine._pgbase import transient_cause
 from saga_engine._retry import Backoff
 
@@ -30,16 +30,6 @@ log = logging.getLogger("saga_engine.startup")
 
 _FIRST_DELAY_S = 0.5
 _MAX_DELAY_S = 10.0
-
-
-class DependencyUnavailable(TransientError):
-    """Kafka or Postgres did not answer while starting; retried until the start-up
-    timeout, then raised with how long it waited."""
-
-    def __init__(self, dependency: str, cause: BaseException) -> None:
-        super().__init__(f"{dependency} is not reachable: {cause}")
-        self.dependency = dependency
-        self.cause = cause
 
 
 def _unreachable(exc: BaseException) -> bool:

@@ -42,8 +42,9 @@ PARKED = frozenset(
 S = SagaStatus
 #: Every allowed move. Anything else is a bug or a wrong operator action.
 TRANSITIONS: dict[SagaStatus, frozenset[SagaStatus]] = {
-    # failed: the run ended in error with nothing to undo;
-    # cancelled: cancel (or deadline) with nothing to undo.
+    # failed: the run ended in error, or its deadline passed, with nothing to undo;
+    # cancelled: a cancel request with nothing to undo (with something to undo it goes
+    # through compensating, and still ends cancelled, not compensated).
     S.RUNNING: frozenset(
         {S.COMPLETED, S.COMPENSATING, S.FAILED, S.CANCELLED, S.NONDETERMINISTIC, S.STEP_STUCK}
     ),

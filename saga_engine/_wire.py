@@ -16,12 +16,12 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from saga_engine._errors import PermanentError, SerializationError
+from saga_engine._errors import PoisonMessage, SerializationError
 from saga_engine._serde import JsonDict, loads
 
 SCHEMA_VERSION = "1"
@@ -64,20 +64,9 @@ class PoisonReason(StrEnum):
     UNSTORABLE_VALUE = "unstorable_value"
     #: A start that reuses an idempotency key (or saga id) with a different input.
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
-
-
-#: The dlq_reason of a message a consumer failed on for a reason of its own (a bug, a
-#: saga that kept conflicting), not for anything wrong with the message.
-ENGINE_ERROR: Final = "engine_error"
-
-
-class PoisonMessage(PermanentError):
-    """A message that can never be processed: it is dead-lettered, never retried."""
-
-    def __init__(self, reason: PoisonReason, detail: str) -> None:
-        self.reason = reason
-        self.detail = detail
-        super().__init__(f"{reason.value}: {detail}")
+    #: Not the message's fault: the consumer failed on it for a reason of its own (a bug,
+    #: a saga that kept conflicting). ``saga dlq replay`` re-drives it.
+    ENGINE_ERROR = "engine_error"
 
 
 # --------------------------------------------------------------------------- bodies

@@ -33,6 +33,7 @@ from saga_engine._errors import (
     IdempotencyConflict,
     InvalidPayload,
     PermanentError,
+    PoisonMessage,
     SagaNotFound,
     TransientError,
     UnknownSagaType,
@@ -58,11 +59,9 @@ from saga_engine._telemetry import Telemetry, default_telemetry, detach_from_tra
 from saga_engine._topics import Topics
 from saga_engine._trigger_runner import TriggerConsumer
 from saga_engine._wire import (
-    ENGINE_ERROR,
     CancelBody,
     Envelope,
     MessageType,
-    PoisonMessage,
     PoisonReason,
     ReloadBody,
     ReplyBody,
@@ -493,7 +492,9 @@ class SagaWorker:
                 # time) kept losing to another writer: park the message rather than stall
                 # the partition.
                 await self._dead_letter(
-                    record, ENGINE_ERROR, f"kept conflicting with another writer: {exc}"
+                    record,
+                    PoisonReason.ENGINE_ERROR,
+                    f"kept conflicting with another writer: {exc}",
                 )
                 return
             except TransientError as exc:
@@ -508,7 +509,9 @@ class SagaWorker:
                 await asyncio.sleep(delay)
             except Exception as exc:  # a bug must not stop the inbox: park the message
                 log.exception("unexpected error processing a message; dead-lettering it")
-                await self._dead_letter(record, ENGINE_ERROR, f"{type(exc).__name__}: {exc}")
+                await self._dead_letter(
+                    record, PoisonReason.ENGINE_ERROR, f"{type(exc).__name__}: {exc}"
+                )
                 return
 
     def _decode(self, record: Any) -> Envelope:

@@ -21,14 +21,13 @@ from rich.table import Table
 
 import saga_engine
 from saga_engine._cli_support import (
-    CliError,
     archive_file_histories,
     dlq_row,
     header,
     load_saga_or_archived,
     read_dlq,
 )
-from saga_engine._errors import SagaError
+from saga_engine._errors import CliError, SagaError
 from saga_engine._runner import run
 from saga_engine._status import SagaStatus
 from saga_engine.settings import Settings

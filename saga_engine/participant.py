@@ -81,15 +81,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel
 
-from saga_engine._errors import DefinitionError
+from saga_engine._errors import DefinitionError, KafkaUnavailable, Rejected, Retryable
 from saga_engine._instance import InstanceName
-from saga_engine._kafka import (
-    KafkaUnavailable,
-    OffsetCommitter,
-    ensure_topics,
-    make_group_consumer,
-    make_producer,
-)
+from saga_engine._kafka import OffsetCommitter, ensure_topics, make_group_consumer, make_producer
 from saga_engine._migrations import PARTICIPANT_MIGRATIONS, migrate
 from saga_engine._participant import (
     CommandProcessor,
@@ -99,8 +93,6 @@ from saga_engine._participant import (
     HandlerSpec,
     Isolation,
     Pool,
-    Rejected,
-    Retryable,
     Transaction,
     is_transient,
     log,

@@ -1,8 +1,9 @@
 """Event stores: the port, its two adapters, and the schema migrations."""
 
+from saga_engine._errors import MigrationError, StoreUnavailable
 from saga_engine._memstore import InMemoryEventStore
-from saga_engine._migrations import MigrationError, migrate, migration_sql, shipped_migrations
-from saga_engine._pgstore import GroupCommitConfig, PostgresEventStore, StoreUnavailable
+from saga_engine._migrations import migrate, migration_sql, shipped_migrations
+from saga_engine._pgstore import GroupCommitConfig, PostgresEventStore
 from saga_engine._store import (
     Append,
     EventStore,

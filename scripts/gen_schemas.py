@@ -34,7 +34,6 @@ from saga_engine._engine import saga_id_for  # noqa: E402
 from saga_engine._wire import (  # noqa: E402
     BODY_MODELS,
     CE_SPECVERSION,
-    ENGINE_ERROR,
     HEADERS,
     REQUIRED_HEADERS,
     SCHEMA_VERSION,
@@ -187,7 +186,7 @@ DLQ_HEADERS: dict[str, Schema] = {
         "description": "Why the record was dead-lettered: a poison reason, or engine_error "
         "when the consumer failed on it for a reason of its own (a bug, or a saga another "
         "engine kept writing to), not bad input.",
-        "enum": [*(r.value for r in PoisonReason), ENGINE_ERROR],
+        "enum": [r.value for r in PoisonReason],
     },
     "dlq_detail": {
         "description": "A human-readable explanation (at most 2000 characters).",

@@ -12,11 +12,10 @@ import pytest
 from pydantic import SecretStr
 
 from saga_engine import _migrations
-from saga_engine._errors import PermanentError
+from saga_engine._errors import MigrationBusy, MigrationError, PermanentError
 from saga_engine._migrations import (
     PARTICIPANT_MIGRATIONS,
     Migration,
-    MigrationError,
     migrate,
     migration_sql,
     shipped_migrations,
@@ -331,7 +330,7 @@ async def test_0003_gives_up_on_a_held_lock_changing_nothing_and_applies_later(
         long_tx = reader.transaction()
         await long_tx.start()
         await reader.fetch("SELECT count(*) FROM saga_events")  # holds ACCESS SHARE
-        with pytest.raises(_migrations.MigrationBusy, match="0003_events_without_foreign_key"):
+        with pytest.raises(MigrationBusy, match="0003_events_without_foreign_key"):
             await migrate(pg.database_dsn, pg.schema)
         assert [v for v, _, _ in await _recorded(pg.database_dsn, pg.schema)] == [1, 2]
         await long_tx.rollback()

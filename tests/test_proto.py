@@ -21,6 +21,7 @@ from referencing import Registry, Resource
 
 from saga_engine._decision import command_id_for
 from saga_engine._engine import saga_id_for
+from saga_engine._errors import PoisonMessage
 from saga_engine._kafka import DeadLetters
 from saga_engine._topics import Topics, partition_for
 from saga_engine._wire import (
@@ -30,7 +31,6 @@ from saga_engine._wire import (
     Envelope,
     Headers,
     MessageType,
-    PoisonMessage,
     PoisonReason,
     ReplyBody,
     SignalBody,
@@ -169,7 +169,8 @@ def test_header_schemas_follow_the_code() -> None:
     assert headers["properties"]["ce_type"]["enum"] == [t.value for t in MessageType]
     dlq = committed()["dlq-headers.schema.json"]
     reasons = dlq["properties"]["dlq_reason"]["enum"]
-    assert reasons == [*(r.value for r in PoisonReason), "engine_error"]
+    assert reasons == [r.value for r in PoisonReason]
+    assert "engine_error" in reasons
 
 
 # --------------------------------------------------------------------------- (c) real messages
@@ -413,7 +414,7 @@ class _Producer:
         self.sent.append((topic, key, value, headers))
 
 
-@pytest.mark.parametrize("reason", [*(r.value for r in PoisonReason), "engine_error"])
+@pytest.mark.parametrize("reason", [r.value for r in PoisonReason])
 async def test_dead_letter_headers_validate(reason: str) -> None:
     producer = _Producer()
     key, value, headers = encode(command())

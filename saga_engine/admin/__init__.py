@@ -19,8 +19,9 @@ Bearer tokens come from ``settings.admin.readers`` and ``settings.admin.operator
 anywhere else without tokens the app refuses to be created (InsecureAdminBinding).
 """
 
+from saga_engine._errors import AdminConfigError, InsecureAdminBinding
 from saga_engine.admin.app import StartSaga, create_admin_app
-from saga_engine.admin.auth import AdminConfigError, InsecureAdminBinding, Principal, Role
+from saga_engine.admin.auth import Principal, Role
 from saga_engine.admin.server import AdminServer, serve_admin
 
 __all__ = [

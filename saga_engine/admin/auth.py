@@ -50,7 +50,7 @@ from starlette.requests import cookie_parser
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from saga_engine._errors import PermanentError
+from saga_engine._errors import AdminConfigError, InsecureAdminBinding
 from saga_engine.settings import AdminSettings
 
 #: Paths anyone may use: liveness, the API description, signing in and out, and the
@@ -85,14 +85,6 @@ MAX_REVOKED = 10_000
 MAX_COOKIE = 1024
 _KEY_LABEL = b"saga-engine admin session key v1"
 _SALT = "saga-engine.admin.session"
-
-
-class AdminConfigError(PermanentError):
-    """The admin API's settings cannot work; the message says what to change."""
-
-
-class InsecureAdminBinding(AdminConfigError):
-    """Refusing to serve the admin API beyond loopback without authentication."""
 
 
 class Role(StrEnum):

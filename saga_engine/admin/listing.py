@@ -13,14 +13,10 @@ import binascii
 from dataclasses import dataclass
 from datetime import datetime
 
-from saga_engine._errors import PermanentError
+from saga_engine._errors import InvalidCursor, PermanentError
 from saga_engine._serde import dumps, loads
 from saga_engine._status import SagaStatus
 from saga_engine._store import EventStore, SagaRecord
-
-
-class InvalidCursor(PermanentError):
-    """A cursor this API did not hand out (or one from an incompatible version)."""
 
 
 def encode_cursor(after_id: str) -> str:

@@ -21,8 +21,9 @@ from collections.abc import Generator
 import uvicorn
 from fastapi import FastAPI
 
+from saga_engine._errors import AdminConfigError
 from saga_engine._telemetry import detach_from_trace
-from saga_engine.admin.auth import AdminConfigError, auth_required
+from saga_engine.admin.auth import auth_required
 from saga_engine.settings import Settings
 
 log = logging.getLogger("saga_engine.admin")

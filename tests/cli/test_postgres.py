@@ -9,7 +9,7 @@ import pytest
 from pydantic import SecretStr
 
 from saga_engine import SagaStatus
-from saga_engine._cli_support import CliError
+from saga_engine._errors import CliError
 from saga_engine._migrations import migrate
 from saga_engine._pgstore import PostgresEventStore
 from saga_engine.settings import AdminSettings, PostgresSettings, Settings

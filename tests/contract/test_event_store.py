@@ -27,6 +27,7 @@ from saga_engine._errors import (
     InvalidSagaId,
     SagaNotFound,
     SerializationError,
+    StoreUnavailable,
     TransientError,
 )
 from saga_engine._events import (
@@ -44,7 +45,7 @@ from saga_engine._events import (
 )
 from saga_engine._memstore import InMemoryEventStore
 from saga_engine._migrations import migrate
-from saga_engine._pgstore import GroupCommitConfig, PostgresEventStore, StoreUnavailable
+from saga_engine._pgstore import GroupCommitConfig, PostgresEventStore
 from saga_engine._status import SagaStatus
 from saga_engine._store import (
     Append,

@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Settings, Signal
-from saga_engine._kafka import KafkaUnavailable
+from saga_engine._errors import KafkaUnavailable
 from saga_engine._worker import SagaWorker
 from saga_engine.client import SagaClient
 from saga_engine.settings import AdminSettings, EngineSettings, KafkaSettings, PostgresSettings

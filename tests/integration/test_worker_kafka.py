@@ -19,7 +19,8 @@ from saga_engine import (
     SagaUnsuccessful,
     Settings,
 )
-from saga_engine._pgstore import PostgresEventStore, StoreUnavailable
+from saga_engine._errors import StoreUnavailable
+from saga_engine._pgstore import PostgresEventStore
 from saga_engine._store import NewSaga
 from saga_engine._wire import Envelope, MessageType, ReplyBody, encode
 from saga_engine._worker import SagaWorker

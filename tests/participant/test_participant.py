@@ -19,7 +19,8 @@ import pytest
 from pydantic import SecretStr
 
 from saga_engine import _participant_batch
-from saga_engine._kafka import KafkaUnavailable, ensure_topics, start_record
+from saga_engine._errors import KafkaUnavailable
+from saga_engine._kafka import ensure_topics, start_record
 from saga_engine._wire import Envelope, MessageType, ReplyBody, encode
 from saga_engine.participant import Participant, Retryable
 from saga_engine.settings import KafkaSettings, ParticipantSettings, Settings

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from saga_engine import Settings
+from saga_engine._errors import DependencyUnavailable, KafkaUnavailable
 from saga_engine._instance import InstanceName
-from saga_engine._kafka import KafkaUnavailable
-from saga_engine._startup import DependencyUnavailable, reaching, start_with_retry
+from saga_engine._startup import reaching, start_with_retry
 from saga_engine.settings import KafkaSettings, ParticipantSettings, PostgresSettings
 
 
