@@ -13,9 +13,9 @@ Public modules besides this one: ``saga_engine.events`` (the history event types
 """
 
 from saga_engine._context import HttpRequest, SagaContext
-from saga_engine._decision import OutboundCommand
+from saga_engine._decision import OutboundCommand, saga_id_for
 from saga_engine._definition import Saga, SagaRegistry, Signal
-from saga_engine._engine import Engine, saga_id_for
+from saga_engine._engine import Engine
 from saga_engine._errors import (
     ConcurrencyError,
     DefinitionError,
@@ -39,8 +39,8 @@ from saga_engine._errors import (
 )
 from saga_engine._policy import RetryPolicy
 from saga_engine._runner import run
+from saga_engine._settings import EngineSettings, KafkaSettings, PostgresSettings, Settings
 from saga_engine._status import TRANSITIONS, SagaStatus
-from saga_engine.settings import EngineSettings, KafkaSettings, PostgresSettings, Settings
 
 __all__ = [
     "TRANSITIONS",

@@ -18,7 +18,7 @@ import httpx
 import orjson
 
 from saga_engine._errors import AdminCallError, CliError
-from saga_engine.settings import AdminSettings
+from saga_engine._settings import AdminSettings
 
 __all__ = ["EXIT_CODES", "AdminApi", "AdminCallError", "admin_url"]
 
@@ -49,7 +49,7 @@ def admin_url(option: str | None, admin: AdminSettings | None = None) -> str:
 
 
 def _admin_settings() -> AdminSettings:
-    from saga_engine.settings import Settings
+    from saga_engine._settings import Settings
 
     return Settings().admin
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from saga_engine._errors import CliError, SagaNotFound
+from saga_engine._replay import HistoryExport, load_history
 from saga_engine._retention import Retention, RetentionReport
-from saga_engine.replay import HistoryExport, load_history
-from saga_engine.settings import Settings
+from saga_engine._settings import Settings
 
 # ---------------------------------------------------------------------- dead letters
 

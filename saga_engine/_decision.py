@@ -15,7 +15,13 @@ from saga_engine._status import SagaStatus
 from saga_engine._store import Projection
 
 _COMMAND_NS = uuid.UUID("6f1c3f3e-9a51-4c1e-9c57-2d0f8a2b7e10")
+_SAGA_ID_NS = uuid.UUID("0b8e2f5c-3d6a-4e0b-a1c2-7f9e8d6c5b4a")
 DEADLINE_TIMER = "deadline"
+
+
+def saga_id_for(saga_type: str, idempotency_key: str) -> str:
+    """Starting twice with the same key yields the same id, so only one saga exists."""
+    return str(uuid.uuid5(_SAGA_ID_NS, f"{saga_type}\x00{idempotency_key}"))
 
 
 def command_id_for(saga_id: str, step: str, generation: int, *, compensation: bool) -> str:

@@ -37,6 +37,7 @@ from saga_engine._decision import (
     Skip,
     StartSaga,
     TimerDue,
+    saga_id_for,
 )
 from saga_engine._definition import Saga, SagaDefinition, SagaRegistry
 from saga_engine._engine_batch import BatchApplier, BatchInput, BatchResult
@@ -55,10 +56,10 @@ from saga_engine._observer import EngineObserver
 from saga_engine._retry import Backoff
 from saga_engine._runtime import SagaRuntime
 from saga_engine._serde import JsonDict, check_storable, dumps, storable_copy
+from saga_engine._settings import Settings
 from saga_engine._status import SagaStatus
 from saga_engine._store import Append, EventStore, NewSaga, SagaRecord
 from saga_engine._telemetry import Telemetry, default_telemetry
-from saga_engine.settings import Settings
 
 log = logging.getLogger("saga_engine.engine")
 
@@ -71,15 +72,8 @@ _CONFLICT_BACKOFF_MAX_S = _CONFLICT_BACKOFF_S * 2 ** (_CONFLICT_ATTEMPTS - 3)
 #: How far recovery lets the cache run past its size before evicting back down to it.
 _EVICT_SLACK = 256
 
-_SAGA_ID_NS = uuid.UUID("0b8e2f5c-3d6a-4e0b-a1c2-7f9e8d6c5b4a")
-
 #: Test-only seam: called with the name of each crash point as the engine passes it.
 CrashHook = Callable[[str], None]
-
-
-def saga_id_for(saga_type: str, idempotency_key: str) -> str:
-    """Starting twice with the same key yields the same id, so only one saga exists."""
-    return str(uuid.uuid5(_SAGA_ID_NS, f"{saga_type}\x00{idempotency_key}"))
 
 
 def _check_same_start(

@@ -20,9 +20,9 @@ from datetime import datetime, timedelta
 from saga_engine._engine import Engine
 from saga_engine._errors import SagaError, TransientError
 from saga_engine._retention import Retention
+from saga_engine._settings import Settings
 from saga_engine._store import EventStore
 from saga_engine._telemetry import detach_from_trace
-from saga_engine.settings import Settings
 
 log = logging.getLogger("saga_engine.worker")
 

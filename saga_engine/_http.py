@@ -26,8 +26,8 @@ from saga_engine._context import HTTP_PREFIX, HttpRequest
 from saga_engine._decision import OutboundCommand
 from saga_engine._errors import SagaError
 from saga_engine._retry import Backoff
+from saga_engine._settings import HttpSettings
 from saga_engine._telemetry import Telemetry, extract
-from saga_engine.settings import HttpSettings
 
 if TYPE_CHECKING:
     from saga_engine._engine import Engine

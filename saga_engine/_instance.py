@@ -25,7 +25,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from saga_engine.settings import KafkaSettings
+from saga_engine._settings import KafkaSettings
 
 #: More processes than this of one group on one host is a configuration mistake.
 _MAX_SLOTS = 1024

@@ -26,9 +26,9 @@ from aiokafka.errors import KafkaError, MessageSizeTooLargeError, TopicAlreadyEx
 
 from saga_engine._decision import OutboundCommand
 from saga_engine._errors import KafkaUnavailable
+from saga_engine._settings import KafkaSettings
 from saga_engine._topics import Topics
 from saga_engine._wire import Envelope, Headers, MessageType, encode
-from saga_engine.settings import KafkaSettings
 
 log = logging.getLogger("saga_engine.kafka")
 

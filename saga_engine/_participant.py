@@ -45,10 +45,10 @@ from saga_engine._participant_sql import (
 )
 from saga_engine._retry import Backoff, jittered
 from saga_engine._serde import JsonDict, check_storable, storable_copy, unstorable
+from saga_engine._settings import Settings
 from saga_engine._telemetry import Telemetry, carrier_of, default_telemetry
 from saga_engine._topics import Topics
 from saga_engine._wire import Envelope, MessageType, PoisonReason, ReplyBody, decode
-from saga_engine.settings import Settings
 
 log = logging.getLogger("saga_engine.participant")
 

@@ -42,11 +42,11 @@ from saga_engine._pgbase import (
 from saga_engine._pgqueries import PostgresReads
 from saga_engine._pgretention import PostgresRetention
 from saga_engine._serde import dumps
+from saga_engine._settings import PostgresSettings
 from saga_engine._status import SagaStatus
 from saga_engine._store import Append, NewSaga, check_new_saga_id
 from saga_engine._telemetry import detach_from_trace
 from saga_engine._topics import key_hash
-from saga_engine.settings import PostgresSettings
 
 __all__ = ["GroupCommitConfig", "GroupCommitStats", "PostgresEventStore", "StoreUnavailable"]
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from saga_engine._replay import export_history
 from saga_engine._serde import dumps
+from saga_engine._settings import RetentionSettings
 from saga_engine._store import ArchivedSaga, EventStore, LoadedSaga
-from saga_engine.replay import export_history
-from saga_engine.settings import RetentionSettings
 
 log = logging.getLogger("saga_engine.retention")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from saga_engine.settings import KafkaSettings
+from saga_engine._settings import KafkaSettings
 
 
 @dataclass(frozen=True, slots=True)

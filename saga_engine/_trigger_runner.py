@@ -12,17 +12,17 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import CommitFailedError, KafkaError
 from pydantic import BaseModel, ValidationError
 
+from saga_engine._decision import saga_id_for
 from saga_engine._definition import SagaDefinition
-from saga_engine._engine import saga_id_for
 from saga_engine._errors import InvalidPayload, TransientError, UnstorableValue
 from saga_engine._kafka import DeadLetters, make_consumer, send
 from saga_engine._retry import Backoff
 from saga_engine._serde import check_storable
+from saga_engine._settings import Settings
 from saga_engine._telemetry import carrier_from_headers, detach_from_trace
 from saga_engine._topics import Topics
+from saga_engine._triggers import KafkaTrigger
 from saga_engine._wire import Envelope, MessageType, PoisonReason, StartBody
-from saga_engine.settings import Settings
-from saga_engine.triggers import KafkaTrigger
 
 log = logging.getLogger("saga_engine.triggers")
 

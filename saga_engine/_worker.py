@@ -53,11 +53,13 @@ from saga_engine._kafka import (
 )
 from saga_engine._ownership import InboxOwnership
 from saga_engine._retry import Backoff
+from saga_engine._settings import Settings
 from saga_engine._startup import reaching, start_with_retry
 from saga_engine._store import EventStore
 from saga_engine._telemetry import Telemetry, default_telemetry, detach_from_trace
 from saga_engine._topics import Topics
 from saga_engine._trigger_runner import TriggerConsumer
+from saga_engine._triggers import KafkaTrigger
 from saga_engine._wire import (
     CancelBody,
     Envelope,
@@ -69,8 +71,6 @@ from saga_engine._wire import (
     StartBody,
     decode,
 )
-from saga_engine.settings import Settings
-from saga_engine.triggers import KafkaTrigger
 
 log = logging.getLogger("saga_engine.worker")
 
@@ -208,7 +208,7 @@ class SagaWorker:
         if self.settings.admin.enabled:
             # Built before Kafka starts consuming, so a bad admin configuration (no tokens
             # on a public address) fails the start with its one-line reason.
-            from saga_engine.admin import create_admin_app
+            from saga_engine.admin._app import create_admin_app
 
             self._admin_app = create_admin_app(
                 self.engine, self.settings, start_saga=self._start_through_inbox
@@ -244,7 +244,7 @@ class SagaWorker:
         )
         self._housekeeping.start()
         if self._admin_app is not None:
-            from saga_engine.admin import serve_admin
+            from saga_engine.admin._server import serve_admin
 
             self._admin = await serve_admin(self._admin_app, self.settings)
             log.info("admin API on %s", self._admin.url)
@@ -315,7 +315,7 @@ class SagaWorker:
 
     async def _start_through_inbox(self, saga: Any, input: Any, **options: Any) -> str:
         """Admin starts go through the inbox, so the partition's owner starts the saga."""
-        from saga_engine.client import SagaClient
+        from saga_engine._client import SagaClient
 
         client = SagaClient(
             self.settings, source=f"/saga-engine/{self.instance_id}/admin", producer=self._producer

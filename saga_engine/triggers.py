@@ -17,25 +17,6 @@ message that is not JSON, does not match ``message``, or makes ``to_input`` or
 ``idempotency_key`` raise, is dead-lettered with its reason.
 """
 
-from __future__ import annotations
-
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
-
-from pydantic import BaseModel
-
-from saga_engine._definition import Saga
+from saga_engine._triggers import KafkaTrigger
 
 __all__ = ["KafkaTrigger"]
-
-MsgT = TypeVar("MsgT", bound=BaseModel)
-
-
-@dataclass(frozen=True)
-class KafkaTrigger(Generic[MsgT]):
-    topic: str
-    saga: type[Saga[Any, Any]]
-    message: type[MsgT]
-    to_input: Callable[[MsgT], BaseModel | dict[str, Any]]
-    idempotency_key: Callable[[MsgT], str]

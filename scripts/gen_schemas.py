@@ -29,9 +29,7 @@ if str(ROOT) not in sys.path:  # run as `python scripts/gen_schemas.py` from any
 
 from pydantic import BaseModel  # noqa: E402
 
-from saga_engine._decision import command_id_for  # noqa: E402
-from saga_engine._engine import saga_id_for  # noqa: E402
-from saga_engine._wire import (  # noqa: E402
+from saga_engine.protocol import (  # noqa: E402
     BODY_MODELS,
     CE_SPECVERSION,
     HEADERS,
@@ -45,6 +43,8 @@ from saga_engine._wire import (  # noqa: E402
     ReplyBody,
     SignalBody,
     StartBody,
+    command_id_for,
+    saga_id_for,
 )
 
 Schema = dict[str, Any]

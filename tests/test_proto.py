@@ -19,8 +19,8 @@ from pydantic import BaseModel
 from pydantic import ValidationError as ModelError
 from referencing import Registry, Resource
 
+from saga_engine import saga_id_for
 from saga_engine._decision import command_id_for
-from saga_engine._engine import saga_id_for
 from saga_engine._errors import PoisonMessage
 from saga_engine._kafka import DeadLetters
 from saga_engine._topics import Topics, partition_for

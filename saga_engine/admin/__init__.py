@@ -20,9 +20,9 @@ anywhere else without tokens the app refuses to be created (InsecureAdminBinding
 """
 
 from saga_engine._errors import AdminConfigError, InsecureAdminBinding
-from saga_engine.admin.app import StartSaga, create_admin_app
-from saga_engine.admin.auth import Principal, Role
-from saga_engine.admin.server import AdminServer, serve_admin
+from saga_engine.admin._app import StartSaga, create_admin_app
+from saga_engine.admin._auth import Principal, Role
+from saga_engine.admin._server import AdminServer, serve_admin
 
 __all__ = [
     "AdminConfigError",

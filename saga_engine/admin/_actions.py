@@ -14,10 +14,9 @@ from fastapi import APIRouter, HTTPException
 
 from saga_engine._engine import Engine
 from saga_engine._view import fold
+from saga_engine.admin._auth import Principal
 from saga_engine.admin._deps import Caller, EngineDep
-from saga_engine.admin._shared import ACTION_ERRORS, errors, load, saga_ref
-from saga_engine.admin.auth import Principal
-from saga_engine.admin.schemas import (
+from saga_engine.admin._schemas import (
     ActionResult,
     CancelRequest,
     ForceCompensateRequest,
@@ -26,6 +25,7 @@ from saga_engine.admin.schemas import (
     SignalRequest,
     SkipRequest,
 )
+from saga_engine.admin._shared import ACTION_ERRORS, errors, load, saga_ref
 
 __all__ = ["router"]
 

@@ -16,8 +16,8 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.security import HTTPBearer
 
 from saga_engine._engine import Engine
-from saga_engine.admin.auth import PRINCIPAL_KEY, Principal
-from saga_engine.settings import AdminSettings
+from saga_engine._settings import AdminSettings
+from saga_engine.admin._auth import PRINCIPAL_KEY, Principal
 
 __all__ = [
     "AdminDep",

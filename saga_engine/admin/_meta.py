@@ -9,10 +9,10 @@ from typing import Annotated
 from fastapi import APIRouter, Header
 from fastapi.responses import PlainTextResponse, Response
 
-from saga_engine.admin import metrics as metrics_mod
+from saga_engine.admin import _metrics as metrics_mod
 from saga_engine.admin._deps import EngineDep
+from saga_engine.admin._schemas import Health, MetricsBody, SagaTypeInfo
 from saga_engine.admin._shared import READ_ERRORS, errors
-from saga_engine.admin.schemas import Health, MetricsBody, SagaTypeInfo
 
 __all__ = ["public_router", "router"]
 

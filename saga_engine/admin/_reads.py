@@ -13,14 +13,14 @@ from fastapi.responses import Response
 from pydantic import BeforeValidator
 
 from saga_engine._engine import Engine
+from saga_engine._replay import export_history
 from saga_engine._status import SagaStatus
 from saga_engine._store import as_utc
 from saga_engine.admin._deps import EngineDep
+from saga_engine.admin._listing import SagaFilter, attribute_filters, decode_cursor, list_page
+from saga_engine.admin._schemas import HistoryDocument, SagaDetail, SagaPage
 from saga_engine.admin._shared import NO_NUL, READ_ERRORS, errors, load
-from saga_engine.admin.listing import SagaFilter, attribute_filters, decode_cursor, list_page
-from saga_engine.admin.schemas import HistoryDocument, SagaDetail, SagaPage
-from saga_engine.admin.views import awaited_signals, detail, summary
-from saga_engine.replay import export_history
+from saga_engine.admin._views import awaited_signals, detail, summary
 
 __all__ = ["router"]
 

@@ -7,7 +7,7 @@ from typing import Any
 from saga_engine._engine import Engine
 from saga_engine._events import Event
 from saga_engine._store import SagaRecord, check_lookup
-from saga_engine.admin.schemas import ErrorBody
+from saga_engine.admin._schemas import ErrorBody
 
 __all__ = ["ACTION_ERRORS", "NO_NUL", "READ_ERRORS", "errors", "load", "saga_ref"]
 

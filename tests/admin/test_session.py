@@ -23,7 +23,7 @@ from itsdangerous import URLSafeTimedSerializer
 from pydantic import SecretStr
 
 from saga_engine.admin import create_admin_app
-from saga_engine.admin.auth import COOKIE, LEGACY_COOKIE, TokenTable
+from saga_engine.admin._auth import COOKIE, LEGACY_COOKIE, TokenTable
 from saga_engine.settings import AdminSettings, Settings
 from saga_engine.testing import SagaTestEnv
 from tests.admin.sagas import Noop

@@ -18,7 +18,7 @@ import pytest
 
 from saga_engine import SagaStatus
 from saga_engine.admin import create_admin_app
-from saga_engine.admin.auth import COOKIE
+from saga_engine.admin._auth import COOKIE
 from saga_engine.settings import AdminSettings, Settings
 from saga_engine.testing import SagaRun, SagaTestEnv
 from tests.admin.conftest import (

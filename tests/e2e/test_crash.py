@@ -13,8 +13,7 @@ from collections import Counter
 
 import pytest
 
-from saga_engine import SagaStatus
-from saga_engine._engine import saga_id_for
+from saga_engine import SagaStatus, saga_id_for
 from saga_engine._topics import partition_for
 from saga_engine.client import SagaClient
 from tests.e2e.app import PARTICIPANTS, Transfer, TransferRequest

@@ -71,7 +71,7 @@ def test_core_modules_do_no_io() -> None:
 
     core = [
         "_context", "_decision", "_definition", "_events", "_loop", "_operations",
-        "_policy", "_runtime", "_serde", "_status", "_store", "_memstore", "replay",
+        "_policy", "_runtime", "_serde", "_status", "_store", "_memstore", "_replay",
     ]  # fmt: skip
     root = Path(saga_engine.__file__).parent
     for module in core:

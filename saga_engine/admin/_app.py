@@ -14,17 +14,17 @@ from fastapi import Depends, FastAPI
 
 from saga_engine import __version__
 from saga_engine._engine import Engine
+from saga_engine._settings import Settings
 from saga_engine.admin import _actions, _meta, _reads
+from saga_engine.admin._auth import AuthMiddleware, auth_required
 from saga_engine.admin._deps import AdminState, StartSaga, bearer, install
-from saga_engine.admin._starts import starts_router
-from saga_engine.admin.auth import AuthMiddleware, auth_required
-from saga_engine.admin.errors import (
+from saga_engine.admin._http_errors import (
     BodyLimitMiddleware,
     CatchAllMiddleware,
     install_error_handlers,
 )
-from saga_engine.admin.web import SecurityHeadersMiddleware, web_router
-from saga_engine.settings import Settings
+from saga_engine.admin._starts import starts_router
+from saga_engine.admin._web import SecurityHeadersMiddleware, web_router
 
 __all__ = ["StartSaga", "create_admin_app"]
 

@@ -8,7 +8,7 @@ the JSON API with ``fetch``) and the event table.
 Signing in: with tokens configured, ``/ui/login`` trades a token (a form field) for a
 signed session cookie and ``POST /ui/logout`` ends the session (every page's header has
 the button); the session itself (contents, key, idle expiry, revocation, the same-origin
-guard) is :mod:`saga_engine.admin.auth`'s. In the loopback no-auth mode (bound to
+guard) is :mod:`saga_engine.admin._auth`'s. In the loopback no-auth mode (bound to
 loopback, no tokens) the pages are open. Every redirect is a relative path under the
 app's root_path, never built from the Host header.
 
@@ -36,10 +36,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from saga_engine._engine import Engine
 from saga_engine._errors import UnknownSagaType
+from saga_engine._settings import AdminSettings
 from saga_engine._status import SagaStatus
 from saga_engine._view import SagaView
-from saga_engine.admin._timeline import timeline
-from saga_engine.admin.auth import (
+from saga_engine.admin._auth import (
     COOKIE,
     LEGACY_COOKIE,
     PRINCIPAL_KEY,
@@ -52,9 +52,9 @@ from saga_engine.admin.auth import (
     relative_redirect,
     session_cookie,
 )
-from saga_engine.admin.listing import SagaFilter, attribute_filters, decode_cursor, list_page
-from saga_engine.admin.views import awaited_signals, detail_of, summary, view_of
-from saga_engine.settings import AdminSettings
+from saga_engine.admin._listing import SagaFilter, attribute_filters, decode_cursor, list_page
+from saga_engine.admin._timeline import timeline
+from saga_engine.admin._views import awaited_signals, detail_of, summary, view_of
 
 __all__ = ["SecurityHeadersMiddleware", "web_router"]
 

@@ -14,7 +14,7 @@ from saga_engine._events import Event
 from saga_engine._runtime import SagaRuntime
 from saga_engine._store import SagaRecord
 from saga_engine._view import SagaView, fold
-from saga_engine.admin.schemas import (
+from saga_engine.admin._schemas import (
     InFlightCommand,
     PendingCompensation,
     SagaDetail,

@@ -22,9 +22,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from saga_engine._errors import AdminConfigError
+from saga_engine._settings import Settings
 from saga_engine._telemetry import detach_from_trace
-from saga_engine.admin.auth import auth_required
-from saga_engine.settings import Settings
+from saga_engine.admin._auth import auth_required
 
 log = logging.getLogger("saga_engine.admin")
 

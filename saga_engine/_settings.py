@@ -1,0 +1,253 @@
+"""The code behind :mod:`saga_engine.settings`, whose docstring says what it is for."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class PostgresSettings(BaseModel):
+    """Where the event store lives."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    # A secret: a DSN may carry a password, and settings are printed in logs and errors.
+    dsn: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:54329/saga")
+    db_schema: str = Field(default="saga_engine", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+    pool_min_size: int = Field(default=2, ge=1)
+    pool_max_size: int = Field(default=10, ge=1)
+    command_timeout_s: float = Field(default=30.0, gt=0)
+
+
+class KafkaSettings(BaseModel):
+    """Where commands, replies and start requests travel."""
+
+    model_config = ConfigDict(frozen=True)
+
+    bootstrap_servers: str = "127.0.0.1:19092"
+    topic_prefix: str = Field(default="saga", pattern=r"^[A-Za-z0-9._-]{1,100}$")
+    partitions: int = Field(default=8, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
+    group_id: str = "saga-engine"
+    # aiokafka's default fetch_max_wait_ms is 500 ms, which puts half a second on every
+    # reply hop; a saga engine is latency-bound, so we wait far less.
+    fetch_max_wait_ms: int = Field(default=20, ge=0)
+    max_message_bytes: int = Field(default=1_000_000, ge=1024)
+    #: How long a silent group member keeps its partitions: a crashed engine's sagas move
+    #: to a survivor after this long. 6 s is the broker's smallest allowed value by
+    #: default (``group.min.session.timeout.ms``); a survivor learns of the rebalance at
+    #: its next heartbeat.
+    session_timeout_ms: int = Field(default=6_000, ge=1000)
+    heartbeat_interval_ms: int = Field(default=1_000, ge=100)
+    #: Static group membership (KIP-345): a process restarted under the same name gets
+    #: its partitions back at once, without a rebalance, and its partitions stay put
+    #: (no rebalance) while it is away for less than the session timeout. Off: every
+    #: start and stop rebalances the group.
+    static_membership: bool = True
+    #: This process's name in its consumer groups, when ``static_membership`` is on.
+    #: Unset: ``<host name>-<n>``, with n the lowest number no other process of this
+    #: host holds for that group (a lock file in ``instance_lock_dir``), so that a
+    #: process restarted on the same host takes its predecessor's name back and two on
+    #: one host never share one. Set it to a name stable per instance (a StatefulSet
+    #: pod's name) when the host name is not. Two live processes with one name fence
+    #: each other: give every instance its own.
+    group_instance_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,200}$")
+    #: Where the lock files behind the default ``group_instance_id`` live. Unset: the
+    #: system's temporary directory.
+    instance_lock_dir: str | None = None
+
+
+class ParticipantSettings(BaseModel):
+    """A participant service's own database (for its processed-commands table and outbox)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    #: Unset in ``Settings``: the engine's database, ``SAGA_PG__DSN`` (see
+    #: ``Settings._participant_dsn_follows_pg``).
+    dsn: SecretStr = SecretStr(PostgresSettings().dsn.get_secret_value())
+    db_schema: str = Field(default="saga_participant", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+    #: Connections to that database: a batch holds one, the outbox relay another.
+    pool_max_size: int = Field(default=5, ge=1)
+    #: Attempts at a handler that raises an unexpected exception before replying
+    #: "retryable" (the transaction is rolled back each time, so nothing is applied).
+    handler_attempts: int = Field(default=5, ge=1)
+    #: How long start-up waits for Kafka and this database to answer, retrying with
+    #: back-off and logging one line per attempt. Unset: for ever, as an orchestrator
+    #: expects from a service whose dependencies start alongside it.
+    startup_timeout_s: float | None = Field(default=None, gt=0)
+
+
+class EngineSettings(BaseModel):
+    """How the engine itself behaves."""
+
+    model_config = ConfigDict(frozen=True)
+
+    #: Largest saga input, command, reply or signal payload accepted, in bytes of JSON.
+    max_payload_bytes: int = Field(default=256 * 1024, ge=1024)
+    #: How long ``Engine.wait`` polls the store between checks when the saga is elsewhere.
+    wait_poll_s: float = Field(default=0.2, gt=0)
+    #: Apply the shipped migrations when a worker starts (they run under an advisory lock).
+    auto_migrate: bool = True
+    #: How many sagas a recovering engine rebuilds at once.
+    recovery_concurrency: int = Field(default=32, ge=1)
+    #: Most sagas one engine holds in memory; past it the least recently changed are
+    #: evicted (rebuilt from history by their next input). Memory is bounded by this.
+    cache_size: int = Field(default=10_000, ge=1)
+    #: A saga that waits only on a timer or a signal, unchanged for this long, is
+    #: evicted; its timers are then due from Postgres.
+    idle_evict_s: float = Field(default=60.0, ge=0)
+    #: How often an engine evicts idle sagas and asks Postgres for the wake-ups due in
+    #: its partitions (of sagas not in memory): a timer fires within about this late.
+    timer_poll_s: float = Field(default=0.5, gt=0, le=60)
+    #: The poll loads the sagas whose wake-up is due within this much ahead, so that
+    #: their timers fire from memory at their time (not up to a poll late), and a burst
+    #: of wake-ups due at once is loaded before it is due. They stay in memory until then.
+    timer_lookahead_s: float = Field(default=5.0, ge=0, le=3600)
+    #: How long start-up waits for Kafka and Postgres to answer, retrying with back-off
+    #: and logging one line per attempt. Unset: for ever, as an orchestrator expects
+    #: from a service whose dependencies start alongside it.
+    startup_timeout_s: float | None = Field(default=None, gt=0)
+
+
+class RetentionSettings(BaseModel):
+    """How long finished sagas stay in the live tables, and where they go after.
+
+    A finished saga (completed, compensated, failed, cancelled) whose last change is
+    older than its retention period is archived, then deleted from ``sagas`` and
+    ``saga_events``, in bounded batches, by the engine that owns its partition.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    #: Days a finished saga is kept. Unset (the default): for ever, nothing is archived
+    #: or deleted. Set, it also bounds how long an idempotency key de-duplicates: once
+    #: its saga is deleted, a start with the same key starts a new saga, whose commands
+    #: have the same ids as the old one's; participants that still remember those ids
+    #: answer with the old replies. Keep participants' processed-command records at
+    #: least as long, or never reuse keys.
+    days: float | None = Field(default=None, gt=0)
+    #: Saga type -> days, for the types kept longer or shorter than ``days``.
+    per_type: dict[str, float] = Field(default_factory=dict)
+    #: ``table``: the history goes to ``saga_archive`` (migration 0005), in the delete's
+    #: transaction; ``directory``: to gzipped JSON-lines files in ``directory``;
+    #: ``none``: deleted only.
+    archive: Literal["table", "directory", "none"] = "table"
+    directory: str | None = None
+    #: Sagas per batch (one archive write and one delete each).
+    batch_size: int = Field(default=500, ge=1, le=10_000)
+    #: How often the owning engine looks for sagas past their retention.
+    interval_s: float = Field(default=60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _directory_given(self) -> RetentionSettings:
+        if self.archive == "directory" and not self.directory:
+            raise ValueError("retention.archive=directory needs retention.directory")
+        if any(v <= 0 for v in self.per_type.values()):
+            raise ValueError("retention.per_type: every period must be more than 0 days")
+        return self
+
+
+class HttpSettings(BaseModel):
+    """HTTP steps: named endpoints, so histories record a name and a path, not a host."""
+
+    model_config = ConfigDict(frozen=True)
+
+    #: Endpoint name -> base URL, e.g. SAGA_HTTP__ENDPOINTS='{"fraud": "http://fraud:8000"}'.
+    endpoints: dict[str, str] = Field(default_factory=dict)
+    #: How long one attempt keeps retrying connection errors, 408, 429 and 5xx.
+    retry_window_s: float = Field(default=10.0, gt=0)
+    #: Per-request timeout of the HTTP client.
+    request_timeout_s: float = Field(default=10.0, gt=0)
+
+
+class AdminSettings(BaseModel):
+    """The admin HTTP API, served inside the engine process (``saga_engine.admin``).
+
+    Tokens map a principal's name (recorded in history with each operator action) to
+    its bearer token: ``SAGA_ADMIN__OPERATORS='{"alice": "<32 random chars>"}'``.
+    Readers may use every GET endpoint; operators may also act on sagas. With no token
+    configured, the server starts only on a loopback address, where auth is off. The
+    web page trades a token for a signed session cookie (``/ui/login``, ``/ui/logout``).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    #: Whether the worker serves the admin API at all.
+    enabled: bool = True
+    #: Where to listen. Anything but a loopback address requires tokens.
+    host: str = "127.0.0.1"
+    #: 0 picks a free port (handy in tests); the server reports the one it got.
+    port: int = Field(default=8080, ge=0, le=65535)
+    #: Principal name -> bearer token, read-only role (at least 16 characters each).
+    readers: dict[str, SecretStr] = Field(default_factory=dict)
+    #: Principal name -> bearer token, operator role: may also start and act on sagas.
+    operators: dict[str, SecretStr] = Field(default_factory=dict)
+    #: Largest request body accepted, in bytes; larger ones get 413 before being read.
+    max_body_bytes: int = Field(default=65_536, ge=1024)
+    #: Longest ``?wait=`` a start request may ask for, in seconds.
+    max_wait_s: float = Field(default=60.0, gt=0, le=600)
+    #: How long a start with a new Idempotency-Key waits to see its saga recorded, so
+    #: that of two requests racing with one key the loser gets its 409 (after that, 202
+    #: with status null; the loser's start is then dead-lettered as idempotency_conflict).
+    idempotency_confirm_s: float = Field(default=2.0, ge=0, le=60)
+    #: How long a web-page sign-in lasts unused, in whole seconds. Sliding: a request
+    #: made with the session cookie extends it. A token's sessions also end when the
+    #: token is rotated or removed.
+    session_idle_s: int = Field(default=28_800, ge=1, le=30 * 86_400)
+    #: Signs the web page's session cookies (at least 16 characters). Unset, the key is
+    #: derived from all the configured tokens, so instances configured with the same
+    #: tokens accept each other's sessions, and changing any token ends every session.
+    session_secret: SecretStr | None = None
+
+
+class Settings(BaseSettings):
+    """Everything an engine needs. Build it once and pass it down."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SAGA_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="ignore",
+        # Validation errors must not echo values: settings hold tokens and passwords.
+        hide_input_in_errors=True,
+    )
+
+    pg: PostgresSettings = PostgresSettings()
+    kafka: KafkaSettings = KafkaSettings()
+    engine: EngineSettings = EngineSettings()
+    participant: ParticipantSettings = ParticipantSettings()
+    http: HttpSettings = HttpSettings()
+    admin: AdminSettings = AdminSettings()
+    retention: RetentionSettings = RetentionSettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _participant_dsn_follows_pg(cls, data: Any) -> Any:
+        """``participant.dsn`` defaults to ``pg.dsn``: a participant configured with only
+        ``SAGA_PG__DSN`` uses that database, not the development default."""
+        if not isinstance(data, dict):
+            return data
+        participant = data.get("participant")
+        if isinstance(participant, ParticipantSettings):
+            if "dsn" in participant.model_fields_set:
+                return data
+        elif isinstance(participant, dict) and participant.get("dsn") is not None:
+            return data
+        pg = data.get("pg")
+        dsn = pg.dsn if isinstance(pg, PostgresSettings) else (pg or {}).get("dsn")
+        if dsn is None:
+            return data  # neither is set: both have the same default
+        if isinstance(participant, ParticipantSettings):
+            return {
+                **data,
+                "participant": participant.model_copy(
+                    update={
+                        "dsn": SecretStr(
+                            dsn.get_secret_value() if isinstance(dsn, SecretStr) else str(dsn)
+                        )
+                    }
+                ),
+            }
+        return {**data, "participant": {**(participant or {}), "dsn": dsn}}

@@ -1,0 +1,80 @@
+"""The wire format on Kafka, for code that speaks it without the participant kit.
+
+``proto/PROTOCOL.md`` is the contract (``proto/schemas/`` its JSON Schemas); this module
+is its Python side, the one the engine, the kit and the client use:
+
+- topics: ``Topics`` (``{prefix}.inbox``, ``{prefix}.cmd.{participant}``,
+  ``{prefix}.dlq``) and the partition a key goes to (``key_hash``, ``partition_for``);
+- messages: ``Envelope`` (the ``ce_*`` headers and the JSON body; ``HEADERS`` maps its
+  fields to header names, ``REQUIRED_HEADERS`` must be present), ``MessageType`` (the
+  ``ce_type``), the bodies (``ReplyBody``, ``StartBody``, ``SignalBody``, ``CancelBody``,
+  ``ReloadBody``; ``BODY_MODELS`` by type), ``SCHEMA_VERSION`` and ``CE_SPECVERSION``;
+- ``encode`` an envelope to a Kafka key, value and headers, ``decode`` a record back,
+  raising ``PoisonMessage`` with its ``PoisonReason`` (the ``dlq_reason`` header);
+- ids (PROTOCOL.md section 6): ``command_id_for`` and ``saga_id_for``, both derived
+  deterministically.
+
+::
+
+    from saga_engine.protocol import Envelope, MessageType, ReplyBody, decode, encode
+
+    command = decode(record.key, record.value, record.headers, max_bytes=1_000_000)
+    reply = Envelope(
+        message_type=MessageType.REPLY,
+        source="/participants/payments",
+        saga_id=command.saga_id,
+        command_id=command.command_id,
+        causation_id=command.id,
+        correlation_id=command.correlation_id,
+        body=ReplyBody(outcome="success", payload={"reservation": "r-1"}).model_dump(),
+    )
+    key, value, headers = encode(reply)
+    await producer.send_and_wait(command.reply_to, value, key=key, headers=headers)
+"""
+
+from saga_engine._decision import command_id_for, saga_id_for
+from saga_engine._errors import PoisonMessage
+from saga_engine._topics import Topics, key_hash, partition_for
+from saga_engine._wire import (
+    BODY_MODELS,
+    CE_SPECVERSION,
+    HEADERS,
+    REQUIRED_HEADERS,
+    SCHEMA_VERSION,
+    CancelBody,
+    Envelope,
+    Headers,
+    MessageType,
+    PoisonReason,
+    ReloadBody,
+    ReplyBody,
+    SignalBody,
+    StartBody,
+    decode,
+    encode,
+)
+
+__all__ = [
+    "BODY_MODELS",
+    "CE_SPECVERSION",
+    "HEADERS",
+    "REQUIRED_HEADERS",
+    "SCHEMA_VERSION",
+    "CancelBody",
+    "Envelope",
+    "Headers",
+    "MessageType",
+    "PoisonMessage",
+    "PoisonReason",
+    "ReloadBody",
+    "ReplyBody",
+    "SignalBody",
+    "StartBody",
+    "Topics",
+    "command_id_for",
+    "decode",
+    "encode",
+    "key_hash",
+    "partition_for",
+    "saga_id_for",
+]
