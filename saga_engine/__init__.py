@@ -4,18 +4,29 @@ Sagas are Python classes. Their history is event-sourced into Postgres, their st
 travel as Kafka commands and replies, and after a crash they are recovered by
 deterministic replay.
 
+This module holds what defining a saga needs (``Saga``, ``SagaContext``, ``Signal``,
+``RetryPolicy``, the errors, the settings) and loads nothing else: ``Engine`` and ``run``
+are imported on first use, so ``import saga_engine`` loads neither the engine nor
+OpenTelemetry, asyncpg, aiokafka or FastAPI.
+
 Public modules besides this one: ``saga_engine.events`` (the history event types),
 ``saga_engine.store`` (event-store adapters and migrations), ``saga_engine.testing``
 (the in-memory testing kit), ``saga_engine.participant`` (the participant kit),
 ``saga_engine.client`` (start, signal and cancel sagas through Kafka),
-``saga_engine.worker`` (the engine process), ``saga_engine.replay`` (replay checks),
-``saga_engine.telemetry`` (OpenTelemetry setup) and ``saga_engine.settings``.
+``saga_engine.worker`` (the engine process), ``saga_engine.triggers`` (Kafka triggers),
+``saga_engine.replay`` (replay checks), ``saga_engine.telemetry`` (OpenTelemetry setup),
+``saga_engine.settings``, ``saga_engine.protocol`` (the wire format on Kafka),
+``saga_engine.admin`` (the admin HTTP API and web page) and ``saga_engine.cli`` (the
+``saga`` command). Every other module is private (``_``-prefixed).
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from saga_engine._context import HttpRequest, SagaContext
 from saga_engine._decision import OutboundCommand, saga_id_for
 from saga_engine._definition import Saga, SagaRegistry, Signal
-from saga_engine._engine import Engine
 from saga_engine._errors import (
     ConcurrencyError,
     DefinitionError,
@@ -38,7 +49,6 @@ from saga_engine._errors import (
     UnstorableValue,
 )
 from saga_engine._policy import RetryPolicy
-from saga_engine._runner import run
 from saga_engine._settings import EngineSettings, KafkaSettings, PostgresSettings, Settings
 from saga_engine._status import TRANSITIONS, SagaStatus
 
@@ -80,3 +90,25 @@ __all__ = [
     "saga_id_for",
 ]
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from saga_engine._engine import Engine
+    from saga_engine._runner import run
+
+#: Loaded on first use (PEP 562), so that defining a saga does not load the engine.
+_LAZY = {"Engine": "saga_engine._engine", "run": "saga_engine._runner"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
