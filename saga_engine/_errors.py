@@ -40,7 +40,7 @@ Every error class lives here, so one look tells how to react to any of them. The
 modules that raise them import them from here (and re-export them where they were
 public before). What is not here is control flow that never leaves its module: ``Halt``
 unwinding saga code, a participant's batch split or stop, a request body cut off inside
-the admin server (``tests/unit/test_errors.py`` keeps the list).
+the admin server (``tests/internal/unit/test_errors.py`` keeps the list).
 """
 
 from __future__ import annotations

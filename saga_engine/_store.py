@@ -1,7 +1,7 @@
 """The event-store port: what the engine needs from durable storage.
 
 Two adapters implement it: ``PostgresEventStore`` (asyncpg, in ``_pgstore``) and
-``InMemoryEventStore`` (``_memstore``). One contract suite (tests/contract) runs against
+``InMemoryEventStore`` (``_memstore``). One contract suite (tests/internal/contract) runs against
 both, and both raise the same errors:
 
 - ``ConcurrencyError`` when an append's ``expected_seq`` is not the saga's last sequence;

@@ -2,7 +2,7 @@
 
 Pure (no I/O, no clock): the admin API, the web page and the CLI all show a saga through
 this fold, so a rule about compensation or waiting is written here once. The runtime
-drives the saga; this reads what it recorded. ``tests/property/test_view.py`` runs
+drives the saga; this reads what it recorded. ``tests/internal/property/test_view.py`` runs
 generated sagas and checks, after every input, that the fold of the history agrees with
 the runtime's own state (status, error, commands in flight, timers, owed compensations).
 

@@ -4,9 +4,11 @@
 typer application, for ``typer.testing.CliRunner`` or to mount in a larger CLI.
 
 Every command takes ``--json`` for machine-readable output. Errors are one line on
-stderr and a non-zero exit; ``--debug`` shows the traceback instead.
+stderr and a non-zero exit; ``--debug`` shows the traceback instead: a ``CliError``, or
+an ``AdminCallError`` when the admin API refused (its exit code says which kind).
 """
 
 from saga_engine._cli import app, main
+from saga_engine._errors import AdminCallError, CliError
 
-__all__ = ["app", "main"]
+__all__ = ["AdminCallError", "CliError", "app", "main"]

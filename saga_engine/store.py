@@ -1,6 +1,6 @@
 """Event stores: the port, its two adapters, and the schema migrations."""
 
-from saga_engine._errors import MigrationError, StoreUnavailable
+from saga_engine._errors import MigrationBusy, MigrationError, StoreUnavailable
 from saga_engine._memstore import InMemoryEventStore
 from saga_engine._migrations import migrate, migration_sql, shipped_migrations
 from saga_engine._pgstore import GroupCommitConfig, PostgresEventStore
@@ -20,6 +20,7 @@ __all__ = [
     "GroupCommitConfig",
     "InMemoryEventStore",
     "LoadedSaga",
+    "MigrationBusy",
     "MigrationError",
     "NewSaga",
     "PostgresEventStore",

@@ -16,8 +16,8 @@ import httpx
 from pydantic import SecretStr
 
 from saga_engine import Saga, Settings
-from saga_engine._worker import SagaWorker
 from saga_engine.settings import AdminSettings, EngineSettings, KafkaSettings, PostgresSettings
+from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
 from tests.integration.kafka_helpers import poll_until
 

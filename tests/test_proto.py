@@ -13,30 +13,29 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka.errors import MessageSizeTooLargeError
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel
 from pydantic import ValidationError as ModelError
 from referencing import Registry, Resource
 
-from saga_engine import saga_id_for
-from saga_engine._decision import command_id_for
-from saga_engine._errors import PoisonMessage
-from saga_engine._kafka import DeadLetters
-from saga_engine._topics import Topics, partition_for
-from saga_engine._wire import (
+from saga_engine.protocol import (
     HEADERS,
     REQUIRED_HEADERS,
     CancelBody,
     Envelope,
     Headers,
     MessageType,
+    PoisonMessage,
     PoisonReason,
     ReplyBody,
     SignalBody,
     StartBody,
+    Topics,
+    command_id_for,
     decode,
     encode,
+    partition_for,
+    saga_id_for,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -396,67 +395,6 @@ def test_envelope_schema_checks_the_body_by_type() -> None:
     assert errors("envelope.schema.json", {**reply, "body": {"outcome": "maybe"}})
     assert errors("envelope.schema.json", {**reply, "schema_version": "2"})
     assert errors("envelope.schema.json", {k: v for k, v in reply.items() if k != "saga_id"})
-
-
-class _Producer:
-    """Stands in for AIOKafkaProducer: records what DeadLetters sends."""
-
-    def __init__(self, *, too_large_once: bool = False) -> None:
-        self.sent: list[tuple[str, bytes | None, bytes | None, Headers]] = []
-        self._too_large = too_large_once
-
-    async def send_and_wait(
-        self, topic: str, value: bytes | None, *, key: bytes | None, headers: Headers
-    ) -> None:
-        if self._too_large:
-            self._too_large = False
-            raise MessageSizeTooLargeError()
-        self.sent.append((topic, key, value, headers))
-
-
-@pytest.mark.parametrize("reason", [r.value for r in PoisonReason])
-async def test_dead_letter_headers_validate(reason: str) -> None:
-    producer = _Producer()
-    key, value, headers = encode(command())
-    await DeadLetters(producer, TOPICS.dlq).publish(
-        key=key,
-        value=value,
-        headers=[*headers, ("dlq_reason", b"stale")],
-        reason=reason,
-        detail="why " * 1000,
-        origin_topic=TOPICS.inbox,
-        origin_partition=3,
-        origin_offset=1742,
-        consumer="engine-1",
-    )
-    [(topic, sent_key, sent_value, sent_headers)] = producer.sent
-    assert (topic, sent_key, sent_value) == (TOPICS.dlq, key, value)
-    found = header_dict(sent_headers)
-    assert found["dlq_reason"] == reason
-    assert errors("dlq-headers.schema.json", found) == []
-
-
-async def test_truncated_dead_letters_validate() -> None:
-    producer = _Producer(too_large_once=True)
-    await DeadLetters(producer, TOPICS.dlq).publish(
-        key=b"k",
-        value=b"x" * 100_000,
-        headers=[],
-        reason=PoisonReason.OVERSIZED.value,
-        detail="too big",
-        origin_topic=TOPICS.inbox,
-        origin_partition=0,
-        origin_offset=0,
-        consumer="engine-1",
-    )
-    [(_, _, value, headers)] = producer.sent
-    found = header_dict(headers)
-    assert found["dlq_truncated"] == "100000"
-    assert value is not None
-    assert len(value) == 64 * 1024
-    assert errors("dlq-headers.schema.json", found) == []
-    assert errors("dlq-headers.schema.json", {**found, "dlq_reason": "bad_luck"})
-    assert errors("dlq-headers.schema.json", {**found, "dlq_offset": "-1"})
 
 
 # --------------------------------------------------------------------------- (d) PROTOCOL.md

@@ -10,11 +10,10 @@ import pytest
 from pydantic import SecretStr
 
 from saga_engine import SagaStatus
-from saga_engine._migrations import migrate
-from saga_engine._pgstore import PostgresEventStore
 from saga_engine.admin import create_admin_app
 from saga_engine.replay import load_history
 from saga_engine.settings import AdminSettings, PostgresSettings, Settings
+from saga_engine.store import PostgresEventStore, migrate
 from saga_engine.testing import SagaRun, SagaTestEnv
 from tests.admin.conftest import OPERATOR, OPERATOR_TOKEN, READER, READER_TOKEN, make_client
 from tests.admin.sagas import Credit, Noop, Refund, Transfer

@@ -12,9 +12,8 @@ import pytest
 from pydantic import SecretStr
 
 from saga_engine import SagaStatus
-from saga_engine._migrations import migrate
-from saga_engine._pgstore import PostgresEventStore
 from saga_engine.settings import PostgresSettings
+from saga_engine.store import PostgresEventStore, migrate
 from saga_engine.testing import SagaRun, SagaTestEnv
 from tests.admin.sagas import Noop, Transfer
 from tests.cli.conftest import as_json, invoke

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from saga_engine._kafka import DeadLetters
 from saga_engine.settings import KafkaSettings
 from tests.cli.conftest import as_json, invoke, one_line_error
 from tests.conftest import TopicFactory
@@ -53,19 +52,25 @@ def test_a_bad_payload_is_one_line_error(kafka_bootstrap: str, prefix: str) -> N
 
 
 async def _dead_letter(kafka_bootstrap: str, prefix: str) -> None:
+    """A dead letter as an engine writes it (proto/PROTOCOL.md, section 11): the record's
+    key, value and headers, and the dlq_* headers saying why and where it came from."""
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
     await producer.start()
     try:
-        await DeadLetters(producer, f"{prefix}.dlq").publish(
+        await producer.send_and_wait(
+            f"{prefix}.dlq",
+            b'{"answer": 42}',
             key=b"saga-7",
-            value=b'{"answer": 42}',
-            headers=[("ce_sagaid", b"saga-7"), ("ce_type", b"reply"), ("dlq_reason", b"old")],
-            reason="undecodable",
-            detail="the body is not a reply",
-            origin_topic=f"{prefix}.inbox",
-            origin_partition=1,
-            origin_offset=17,
-            consumer="engine-a",
+            headers=[
+                ("ce_sagaid", b"saga-7"),
+                ("ce_type", b"reply"),
+                ("dlq_reason", b"undecodable"),
+                ("dlq_detail", b"the body is not a reply"),
+                ("dlq_topic", f"{prefix}.inbox".encode()),
+                ("dlq_partition", b"1"),
+                ("dlq_offset", b"17"),
+                ("dlq_consumer", b"engine-a"),
+            ],
         )
     finally:
         await producer.stop()

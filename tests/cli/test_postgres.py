@@ -9,10 +9,9 @@ import pytest
 from pydantic import SecretStr
 
 from saga_engine import SagaStatus
-from saga_engine._errors import CliError
-from saga_engine._migrations import migrate
-from saga_engine._pgstore import PostgresEventStore
+from saga_engine.cli import CliError
 from saga_engine.settings import AdminSettings, PostgresSettings, Settings
+from saga_engine.store import PostgresEventStore, migrate
 from saga_engine.testing import SagaRun, SagaTestEnv
 from tests.admin.sagas import Credit, Noop, Refund, Transfer
 from tests.admin.served import served_in_thread

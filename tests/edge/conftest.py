@@ -18,8 +18,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from pydantic import BaseModel, Field
 
 from saga_engine import Saga, SagaContext, Settings, Signal
-from saga_engine._topics import Topics
-from saga_engine._wire import Envelope, encode
+from saga_engine.protocol import Envelope, Topics, encode
 from tests.conftest import PgTarget
 from tests.integration.kafka_helpers import poll_until, read_topic
 from tests.served_worker import OPERATOR_TOKEN, ServedWorker, real_settings, served_worker

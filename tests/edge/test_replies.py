@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from saga_engine import Saga, SagaContext, Settings, Signal
-from saga_engine._wire import Envelope, ReplyBody
+from saga_engine.protocol import Envelope, ReplyBody
 from tests.cli.conftest import invoke, one_line_error
 from tests.edge.conftest import (
     OPERATOR,

@@ -12,9 +12,8 @@ import uuid
 import pytest
 
 from saga_engine import InvalidPayload, Settings, UnstorableValue
-from saga_engine._topics import Topics
-from saga_engine._wire import Envelope, MessageType, ReplyBody
 from saga_engine.client import SagaClient
+from saga_engine.protocol import Envelope, MessageType, ReplyBody, Topics
 from tests.cli.conftest import invoke, one_line_error
 from tests.edge.conftest import (
     OPERATOR,

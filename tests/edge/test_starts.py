@@ -15,9 +15,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from saga_engine import InvalidPayload, Settings, UnstorableValue, saga_id_for
-from saga_engine._topics import Topics
-from saga_engine._wire import Envelope, MessageType, StartBody
 from saga_engine.client import SagaClient
+from saga_engine.protocol import Envelope, MessageType, StartBody, Topics
 from tests.edge.conftest import (
     OPERATOR,
     Checkout,

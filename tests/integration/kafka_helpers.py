@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from saga_engine._topics import Topics
-from saga_engine._wire import Envelope, MessageType, ReplyBody, decode, encode
+from saga_engine.protocol import Envelope, MessageType, ReplyBody, Topics, decode, encode
 from saga_engine.settings import KafkaSettings, Settings
 
 Script = Callable[[Envelope], ReplyBody | None]
@@ -33,6 +33,28 @@ async def poll_until(
         await asyncio.sleep(interval)
 
 
+async def ensure_topics(
+    kafka: KafkaSettings, names: list[str], *, partitions: int | None = None
+) -> None:
+    """Creates the topics that do not exist yet, and waits until the metadata lists them
+    (so a consumer subscribing right after does not start without them)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+    await admin.start()
+    try:
+        missing = sorted(set(names) - set(await admin.list_topics()))
+        if missing:  # a topic another client created meanwhile is an error code, ignored
+            await admin.create_topics(
+                [NewTopic(name, num_partitions=partitions or kafka.partitions,
+                          replication_factor=kafka.replication_factor) for name in missing]
+            )  # fmt: skip
+        deadline = time.monotonic() + 15
+        while not set(missing) <= set(await admin.list_topics()):
+            assert time.monotonic() < deadline, f"topics {missing} did not appear"
+            await asyncio.sleep(0.05)
+    finally:
+        await admin.close()
+
+
 @contextlib.asynccontextmanager
 async def fake_participant(
     settings: Settings, name: str, script: Script | None = None
@@ -50,8 +72,6 @@ async def fake_participant(
         fetch_max_wait_ms=20,
     )
     producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
-    from saga_engine._kafka import ensure_topics
-
     await ensure_topics(kafka, [topics.commands(name)])
     await consumer.start()
     await producer.start()

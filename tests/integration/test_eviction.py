@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from saga_engine import SagaStatus, Settings
-from saga_engine._events import TimerFired, TimerStarted
-from saga_engine._worker import SagaWorker
 from saga_engine.client import SagaClient
+from saga_engine.events import TimerFired, TimerStarted
 from saga_engine.settings import EngineSettings
+from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
 from tests.integration.kafka_helpers import poll_until
 from tests.integration.test_failover import Go, Order, Parked, make_settings, owned, running, status

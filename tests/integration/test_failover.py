@@ -7,7 +7,7 @@
   rebalance: the other member keeps its partitions (no revocation).
 - Start-up waits for Postgres and Kafka that come up late.
 
-SIGKILLed engine processes are covered by tests/e2e/test_instances.py and measured by
+SIGKILLed engine processes are covered by tests/internal/e2e/test_instances.py and measured by
 bench/failover.py.
 """
 
@@ -26,10 +26,9 @@ import pytest
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Settings, Signal
-from saga_engine._topics import partition_for
-from saga_engine._worker import SagaWorker
 from saga_engine.client import SagaClient
 from saga_engine.participant import Participant, Transaction
+from saga_engine.protocol import partition_for
 from saga_engine.settings import (
     AdminSettings,
     EngineSettings,
@@ -37,6 +36,7 @@ from saga_engine.settings import (
     ParticipantSettings,
     PostgresSettings,
 )
+from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
 from tests.integration.kafka_helpers import poll_until
 

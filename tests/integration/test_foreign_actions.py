@@ -10,11 +10,10 @@ from datetime import timedelta
 import pytest
 from pydantic import BaseModel
 
-from saga_engine import Saga, SagaContext, SagaStatus, Settings, Signal
-from saga_engine._errors import KafkaUnavailable
-from saga_engine._worker import SagaWorker
+from saga_engine import KafkaUnavailable, Saga, SagaContext, SagaStatus, Settings, Signal
 from saga_engine.client import SagaClient
 from saga_engine.settings import AdminSettings, EngineSettings, KafkaSettings, PostgresSettings
+from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
 from tests.integration.kafka_helpers import fake_participant, poll_until
 

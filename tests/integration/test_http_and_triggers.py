@@ -19,10 +19,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Settings, StepFailed
-from saga_engine._events import SagaStarted
-from saga_engine._worker import SagaWorker
+from saga_engine.events import SagaStarted
 from saga_engine.settings import AdminSettings, HttpSettings, KafkaSettings, PostgresSettings
 from saga_engine.triggers import KafkaTrigger
+from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
 from tests.integration.kafka_helpers import fake_participant, poll_until, read_topic
 

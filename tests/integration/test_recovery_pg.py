@@ -15,8 +15,7 @@ import asyncpg
 import pytest
 
 from saga_engine import PostgresSettings, SagaStatus
-from saga_engine._migrations import migrate, shipped_migrations
-from saga_engine._pgstore import PostgresEventStore
+from saga_engine.store import PostgresEventStore, migrate, shipped_migrations
 from saga_engine.testing import SagaTestEnv
 from tests.conftest import PgTarget
 from tests.sagas import (

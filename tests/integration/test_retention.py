@@ -8,12 +8,11 @@ import gzip
 
 import pytest
 
-from saga_engine import SagaStatus, Settings
-from saga_engine._errors import SagaNotFound
-from saga_engine._worker import SagaWorker
+from saga_engine import SagaNotFound, SagaStatus, Settings
 from saga_engine.client import SagaClient
 from saga_engine.replay import load_history
 from saga_engine.settings import RetentionSettings
+from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
 from tests.integration.kafka_helpers import poll_until
 from tests.integration.test_failover import Order, Parked, make_settings, owned, running, status

@@ -19,13 +19,11 @@ from saga_engine import (
     SagaUnsuccessful,
     Settings,
 )
-from saga_engine._errors import StoreUnavailable
-from saga_engine._pgstore import PostgresEventStore
-from saga_engine._store import NewSaga
-from saga_engine._wire import Envelope, MessageType, ReplyBody, encode
-from saga_engine._worker import SagaWorker
 from saga_engine.client import SagaClient
+from saga_engine.protocol import Envelope, MessageType, ReplyBody, encode
 from saga_engine.settings import AdminSettings, EngineSettings, KafkaSettings, PostgresSettings
+from saga_engine.store import NewSaga, PostgresEventStore, StoreUnavailable
+from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
 from tests.integration.kafka_helpers import fake_participant, poll_until, read_topic
 

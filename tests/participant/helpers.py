@@ -16,9 +16,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from pydantic import BaseModel
 
-from saga_engine._topics import Topics
-from saga_engine._wire import Envelope, Headers, MessageType, decode, encode
 from saga_engine.participant import Participant, Rejected, Retryable, Transaction
+from saga_engine.protocol import Envelope, Headers, MessageType, Topics, decode, encode
 from saga_engine.settings import KafkaSettings, Settings
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

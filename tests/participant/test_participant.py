@@ -18,13 +18,11 @@ import asyncpg
 import pytest
 from pydantic import SecretStr
 
-from saga_engine import _participant_batch
-from saga_engine._errors import KafkaUnavailable
-from saga_engine._kafka import ensure_topics, start_record
-from saga_engine._wire import Envelope, MessageType, ReplyBody, encode
 from saga_engine.participant import Participant, Retryable
+from saga_engine.protocol import Envelope, MessageType, ReplyBody, encode
 from saga_engine.settings import KafkaSettings, ParticipantSettings, Settings
 from tests.conftest import PgTarget
+from tests.integration.kafka_helpers import ensure_topics
 from tests.participant.helpers import (
     PARTICIPANT,
     TRACEPARENT,
@@ -453,39 +451,6 @@ async def test_a_reply_left_by_a_crash_after_commit_is_sent_when_the_command_com
     assert world.effects.calls[cmd.command_id] == 1
     assert await world.ledger() == [(cmd.command_id, 30)]
     assert successor.stats["outbox_relayed"] == 0
-
-
-async def test_the_relay_publishes_a_reply_that_could_not_be_sent(
-    world: World, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Kafka refuses the first reply the batch path hands to the producer (the broker is
-    # real; only this one send is made to fail).
-    real_start = start_record
-    refused: list[str] = []
-
-    async def refuse_once(producer: Any, topic: str, *args: Any) -> Any:
-        if not refused:
-            refused.append(topic)
-            raise KafkaUnavailable("injected: the reply could not be produced")
-        return await real_start(producer, topic, *args)
-
-    monkeypatch.setattr(_participant_batch, "start_record", refuse_once)
-    participant = await world.participant(relay_interval_s=0.05, relay_grace_s=0.2)
-    cmd = command("Reserve", {"amount": 12})
-    await world.bus.send(cmd)
-
-    # The reply that did not go out is handed to the outbox before the offset is
-    # committed, and the relay sends it.
-    replies = await world.bus.wait_replies(1)
-    assert refused == [world.bus.topics.inbox]
-    assert body_of(replies[0]) == ReplyBody(
-        outcome="success", payload={"reservation": f"r-{cmd.command_id}", "amount": 12}
-    )
-    assert participant.stats["replies_to_relay"] == 1
-    assert await poll_until(lambda: _stat(participant, "outbox_relayed", 1))
-    assert await poll_until(world.all_published)
-    assert world.effects.calls[cmd.command_id] == 1
-    assert participant.stats["duplicates"] == 0
 
 
 async def _stat(participant: Participant, name: str, value: int) -> bool:

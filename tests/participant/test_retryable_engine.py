@@ -14,7 +14,6 @@ import pytest
 from pydantic import BaseModel
 
 from saga_engine import RetryPolicy, Saga, SagaContext, SagaStatus, Settings
-from saga_engine._worker import SagaWorker
 from saga_engine.client import SagaClient
 from saga_engine.events import CommandIssued, ReplyReceived
 from saga_engine.participant import Participant, Retryable, Transaction
@@ -25,6 +24,7 @@ from saga_engine.settings import (
     ParticipantSettings,
     PostgresSettings,
 )
+from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
 from tests.participant.helpers import delete_topics, poll_until
 

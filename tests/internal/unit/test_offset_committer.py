@@ -3,7 +3,7 @@ partition back, skip partitions no longer owned, and never hold a stop hostage.
 
 The consumer here is a stand-in that records what it is asked to commit: what is under
 test is the committer's own ordering and bounds, not Kafka (the real-server tests in
-tests/participant and tests/e2e commit through it on every batch).
+tests/participant and tests/internal/e2e commit through it on every batch).
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from saga_engine import SagaStatus, Settings
 from saga_engine._topics import Topics
 from saga_engine.settings import EngineSettings, KafkaSettings, PostgresSettings
-from tests.e2e.app import LEDGER_DDL, PARTICIPANTS
+from tests.internal.e2e.app import LEDGER_DDL, PARTICIPANTS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @dataclass
@@ -109,7 +109,7 @@ class Cluster:
     def start_engine(self, name: str = "engine", crash_at: str | None = None) -> None:
         extra = {"SAGA_CRASH_AT": crash_at} if crash_at else {}
         self._spawn(
-            name, ["-m", "saga_engine", "worker", "tests.e2e.app", "--log-level", "INFO"],
+            name, ["-m", "saga_engine", "worker", "tests.internal.e2e.app", "--log-level", "INFO"],
             self.env(**extra),
         )  # fmt: skip
 
@@ -118,7 +118,9 @@ class Cluster:
         if crash_at:
             extra["SAGA_CRASH_AT"] = crash_at
         self._spawn(
-            f"participant-{name}", ["-m", "tests.e2e.app", "participant", name], self.env(**extra)
+            f"participant-{name}",
+            ["-m", "tests.internal.e2e.app", "participant", name],
+            self.env(**extra),
         )
 
     def kill(self, name: str) -> None:

@@ -54,8 +54,8 @@ from saga_engine._events import CommandIssued, CompensationIssued, Event
 from saga_engine._runtime import SagaRuntime
 from saga_engine._serde import JsonDict
 from saga_engine._status import SagaStatus
-from tests.property.sagas import In, PropertySaga
-from tests.property.sagas import definition as saga_definition
+from tests.internal.property.sagas import In, PropertySaga
+from tests.internal.property.sagas import definition as saga_definition
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 TICK = timedelta(milliseconds=1)

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PgTarget
-from tests.e2e.app import PARTICIPANTS
-from tests.e2e.harness import Cluster
+from tests.internal.e2e.app import PARTICIPANTS
+from tests.internal.e2e.harness import Cluster
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ import pytest
 from saga_engine import SagaStatus, saga_id_for
 from saga_engine._topics import partition_for
 from saga_engine.client import SagaClient
-from tests.e2e.app import PARTICIPANTS, Transfer, TransferRequest
-from tests.e2e.harness import Cluster
+from tests.internal.e2e.app import PARTICIPANTS, Transfer, TransferRequest
+from tests.internal.e2e.harness import Cluster
 
 pytestmark = pytest.mark.integration
 

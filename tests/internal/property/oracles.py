@@ -40,7 +40,7 @@ from saga_engine._events import (
     TimerFired,
 )
 from saga_engine._status import TRANSITIONS, SagaStatus
-from tests.property.sagas import StepSpec
+from tests.internal.property.sagas import StepSpec
 
 S = SagaStatus
 

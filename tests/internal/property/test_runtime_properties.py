@@ -59,15 +59,15 @@ from saga_engine._events import (
 from saga_engine._runtime import SagaRuntime
 from saga_engine._serde import canonical_hash, storable_copy, unstorable
 from saga_engine._status import TRANSITIONS, SagaStatus
-from tests.property.oracles import (
+from tests.internal.property.oracles import (
     check_compensations,
     held_after_each,
     reachable,
     status_transitions,
     statuses_after_each,
 )
-from tests.property.sagas import CASES, Case, definition
-from tests.property.world import VALID_RESULT, Delivery, World, simulate
+from tests.internal.property.sagas import CASES, Case, definition
+from tests.internal.property.world import VALID_RESULT, Delivery, World, simulate
 
 S = SagaStatus
 

@@ -4,8 +4,8 @@ Three ledger participants ("alpha", "beta", "gamma") record every applied comman
 their own database schema, in a table with no uniqueness on the command id: a
 duplicated effect shows up as a second row instead of being hidden by a constraint.
 
-    saga worker tests.e2e.app                       # an engine process
-    python -m tests.e2e.app participant alpha       # a participant process
+    saga worker tests.internal.e2e.app                   # an engine process
+    python -m tests.internal.e2e.app participant alpha   # a participant process
 """
 
 from __future__ import annotations
@@ -124,5 +124,5 @@ async def _run_participant(name: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] != "participant":
-        sys.exit("usage: python -m tests.e2e.app participant NAME")
+        sys.exit("usage: python -m tests.internal.e2e.app participant NAME")
     run(_run_participant(sys.argv[2]))

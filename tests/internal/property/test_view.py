@@ -18,9 +18,9 @@ from saga_engine._definition import SagaDefinition
 from saga_engine._events import Event
 from saga_engine._runtime import SagaRuntime
 from saga_engine._view import OwedState, SagaView, WaitKind, fold
-from tests.property.sagas import Case, SignalSaga, definition
-from tests.property.test_runtime_properties import PROPERTY, cases
-from tests.property.world import simulate
+from tests.internal.property.sagas import Case, SignalSaga, definition
+from tests.internal.property.test_runtime_properties import PROPERTY, cases
+from tests.internal.property.world import simulate
 
 
 def _awaited(rt: SagaRuntime) -> list[str]:

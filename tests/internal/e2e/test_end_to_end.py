@@ -7,8 +7,8 @@ import pytest
 
 from saga_engine import SagaStatus
 from saga_engine.client import SagaClient
-from tests.e2e.app import Transfer, TransferRequest
-from tests.e2e.harness import Cluster
+from tests.internal.e2e.app import Transfer, TransferRequest
+from tests.internal.e2e.harness import Cluster
 
 pytestmark = pytest.mark.integration
 
