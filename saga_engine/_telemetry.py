@@ -1,6 +1,7 @@
 """OpenTelemetry for the engine and the participant kit, kept at the edge.
 
-The decision core (_runtime, _operations, _events, _context) never imports OpenTelemetry:
+The decision core (_runtime, _state, _inputs, _operations, _events, _context, _view)
+never imports OpenTelemetry:
 the engine calls into this module around its live effects only, never while it rebuilds
 a saga from history, so a replay emits no span twice.
 

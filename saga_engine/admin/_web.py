@@ -36,6 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from saga_engine._engine import Engine
 from saga_engine._errors import UnknownSagaType
+from saga_engine._gist import gist
 from saga_engine._settings import AdminSettings
 from saga_engine._status import SagaStatus
 from saga_engine._view import SagaView
@@ -361,7 +362,7 @@ def web_router(engine: Engine, admin: AdminSettings) -> APIRouter:
             history_url=f"{api}/history?download=1",
             timeline=timeline(view, now=None if view.status.is_terminal else record.updated_at),
             events=[
-                (seq, event, event.model_dump(mode="json", exclude={"at", "kind"}))
+                (seq, event, gist(event), event.model_dump(mode="json", exclude={"at", "kind"}))
                 for seq, event in enumerate(events, start=1)
             ],
             actions=_actions(view),

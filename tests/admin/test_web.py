@@ -293,6 +293,10 @@ def test_the_page_in_headless_chromium(tmp_path: Path) -> None:
             assert dialogs == ["prompt", "confirm"]
             expect(page.locator("#events")).to_contain_text("cancel_requested")
             expect(page.locator("#events")).to_contain_text("customer called")
+            # Each history row leads with its gist: who acted, and why.
+            expect(page.locator("#events .gist").nth(5)).to_have_text(
+                "cancel_requested; by local: 'customer called'"
+            )
             expect(page.locator("#action-error")).to_be_hidden()
             shot = tmp_path / "cancelled.png"
             page.screenshot(path=str(shot), full_page=True)
