@@ -226,6 +226,14 @@ WHERE s.saga_id = u.saga_id AND s.last_seq = u.expected_seq
 RETURNING u.op
 """
 
+# The guard above must probe the primary key row by row, whatever the statistics say.
+# Until a table's first ANALYZE (a fresh schema: the first minute of a deployment, every
+# benchmark) the planner takes `sagas` for a few pages and joins a batch of many sagas
+# by hashing a sequential scan of the whole table, once per batch; with these two off it
+# can only nest the loop, one index probe per saga (one and two rows it nests anyway).
+# LOCAL: they end with the transaction, so reads on the pooled connection keep their plans.
+_PLAN_GUARDS: Final = "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off"
+
 _CURRENT_SEQS: Final = "SELECT saga_id, last_seq FROM sagas WHERE saga_id = ANY($1::text[])"
 
 _INSERT_EVENTS: Final = """
@@ -495,6 +503,7 @@ class PostgresEventStore(PostgresReads, PostgresRetention):
             # a stale owner still writing. A single row needs no ordering.
             locked = await conn.fetch(_LOCK_SAGAS, ids)
             current = {r["saga_id"]: r["last_seq"] for r in locked}
+            await conn.execute(_PLAN_GUARDS)
         # The guard. Isolation is READ COMMITTED (Postgres's default), and that is enough:
         # the UPDATE takes the row lock, so a concurrent writer of the same saga blocks on
         # it until we commit or roll back; then Postgres re-checks its WHERE against the

@@ -22,6 +22,7 @@ import asyncpg
 import pytest
 from pydantic import SecretStr
 
+from saga_engine import _pgstore
 from saga_engine._errors import (
     ConcurrencyError,
     InvalidSagaId,
@@ -765,6 +766,43 @@ async def test_two_queued_appends_for_one_saga_see_each_other(
     assert results[2].actual_seq == 3
     loaded = await pg_store.load("pipelined")
     assert [getattr(e.event, "timer_id", None) for e in loaded.events] == [None, "first", "second"]
+
+
+async def test_a_batch_guard_probes_the_primary_key_on_a_table_never_analyzed(
+    pg: PgTarget,
+) -> None:
+    """A fresh schema has no statistics: without the plan settings the guard of a batch
+    hashes a sequential scan of every saga (once per batch); with them, one index probe
+    per saga."""
+    await migrate(pg.database_dsn, pg.schema)
+    store = await PostgresEventStore.connect(
+        PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
+    )
+    try:
+        ids = [f"g-{n:04}" for n in range(2000)]
+        await asyncio.gather(*(store.create(_new(i)) for i in ids))
+    finally:
+        await store.close()
+    conn = await asyncpg.connect(pg.database_dsn, server_settings={"search_path": pg.schema})
+    try:
+        n = 50
+        args = (ids[:n], [1] * n, [2] * n, ["running"] * n, [None] * n, [None] * n,
+                [None] * n, [None] * n)  # fmt: skip
+
+        async def plan() -> str:
+            rows = await conn.fetch("EXPLAIN " + _pgstore._UPDATE_GUARDS, *args)
+            return "\n".join(r[0] for r in rows)
+
+        async with conn.transaction():
+            assert "Seq Scan on sagas" in await plan()  # what the settings are for
+            await conn.execute(_pgstore._PLAN_GUARDS)
+            guarded = await plan()
+            assert "Index Scan using sagas_pkey" in guarded
+            assert "Seq Scan" not in guarded
+        # LOCAL: the connection's next transaction plans as it likes again.
+        assert await conn.fetchval("SHOW enable_hashjoin") == "on"
+    finally:
+        await conn.close()
 
 
 async def test_two_group_commit_stores_contending_on_the_same_sagas(pg: PgTarget) -> None:
