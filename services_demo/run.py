@@ -400,7 +400,7 @@ def print_urls(config: StackConfig, *, admin: bool) -> None:
             f"  admin      {config.admin_url:<26} OpenAPI: {config.admin_url}/openapi.json, sagas: {config.admin_url}/sagas"
         )
     else:
-        print("  admin      not yet available (meanwhile: `saga history SAGA_ID`, or SQL below)")
+        print("  admin      not yet available (meanwhile: the SQL below)")
     print(f"""
 Try it:
   curl -s -XPOST {config.url("orders")}/orders -H 'content-type: application/json' \\
@@ -412,7 +412,7 @@ Try it:
   Kafka trigger: JSON {{"order_id", "customer", "items"}} on topic {config.orders_topic}
 
 Where to look:
-  engine history  SAGA_PG__DB_SCHEMA={config.engine_db_schema} SAGA_PG__DSN={config.dsn} .venv/bin/saga history SAGA_ID
+  engine history  SAGA_ADMIN_URL={config.admin_url} .venv/bin/saga history SAGA_ID  (and saga show, list...)
   SQL             SELECT saga_id, status, current_step FROM {config.engine_db_schema}.sagas;
                   SELECT seq, kind, data FROM {config.engine_db_schema}.saga_events WHERE saga_id = '...';
   service data    schemas {", ".join(config.schema(s) for s in SERVICES)}

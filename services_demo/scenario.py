@@ -751,7 +751,8 @@ def where_to_look(demo: Demo) -> None:
     prefix = t.kafka.topic_prefix
     heading("", "Where to look")
     say(
-        f"  a saga's history    SAGA_PG__DB_SCHEMA={t.engine_schema} .venv/bin/saga history {example}"
+        f"  a saga's history    SAGA_PG__DB_SCHEMA={t.engine_schema} .venv/bin/saga replay {example} "
+        "--sagas services_demo.sagas (from Postgres; `saga history ID` asks a running engine)"
     )
     say(f"  the engine's tables SELECT saga_id, status, current_step FROM {t.engine_schema}.sagas;")
     say(f"                      SELECT seq, kind, data FROM {t.engine_schema}.saga_events "
