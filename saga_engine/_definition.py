@@ -203,8 +203,9 @@ def _validate(cls: type[Saga[Any, Any]]) -> None:
     _check_search_attributes(cls)
 
 
-#: Names the admin API's list already uses as its own filters.
-_RESERVED_FILTERS = frozenset(
+#: The admin API's list's own query parameters: a search attribute may not take one of
+#: these names (any other parameter of the list names a search attribute).
+LIST_PARAMETERS = frozenset(
     {"status", "type", "q", "limit", "cursor", "created_after", "created_before",
      "updated_after", "updated_before"}
 )  # fmt: skip
@@ -224,10 +225,10 @@ def _check_search_attributes(cls: type[Saga[Any, Any]]) -> None:
                 f"{cls.__name__}: search attribute {name!r} is not a field of "
                 f"{cls.input_type.__name__} (its fields: {', '.join(fields) or 'none'})"
             )
-        if name in _RESERVED_FILTERS:
+        if name in LIST_PARAMETERS:
             raise DefinitionError(
                 f"{cls.__name__}: search attribute {name!r} is also a filter of the admin "
-                f"API's list; rename the field (reserved: {', '.join(sorted(_RESERVED_FILTERS))})"
+                f"API's list; rename the field (reserved: {', '.join(sorted(LIST_PARAMETERS))})"
             )
     cls.search_attributes = tuple(names)
 

@@ -34,8 +34,6 @@ from saga_engine._events import (
     InvalidReplyReceived,
     ReplyReceived,
     RetryRequested,
-    SagaCancelled,
-    SagaCompensated,
     SagaCompleted,
     SagaFailed,
     SagaParked,
@@ -238,7 +236,6 @@ class _Fold:
     def apply(self, seq: int, event: Event) -> None:
         if self.timed_out is not None:
             self._after_timeout(event)
-        step = getattr(event, "step", None)
         if isinstance(event, SagaStarted):
             self.started, self.saga_type = event, event.saga_type
             if event.deadline_at is not None:
@@ -329,14 +326,11 @@ class _Fold:
                 self.error = None
             elif isinstance(event, SagaFailed):
                 self.error = event.error
-            elif isinstance(event, SagaCompensated | SagaCancelled):
-                pass  # the error compensation began with stands
+            # (compensated, cancelled: the error compensation began with stands)
             self.inflight.clear()
             self.timers.clear()
             for key in list(self.open):
                 self._close(key, "cancelled", event, seq)
-        if isinstance(step, str) and isinstance(event, CommandIssued | CompensationIssued):
-            self.current_step = step
 
     def _step(self, name: str) -> _Step:
         found = self.steps.get(name)
@@ -346,6 +340,7 @@ class _Fold:
 
     def _issued(self, seq: int, event: CommandIssued | CompensationIssued) -> None:
         comp = isinstance(event, CompensationIssued)
+        self.current_step = event.step
         self.inflight[event.command_id] = InFlight(
             event.step, event.command_id, event.attempt, event.participant,
             event.command_type, comp, event.at, event.timeout_at,

@@ -13,6 +13,7 @@ import binascii
 from dataclasses import dataclass
 from datetime import datetime
 
+from saga_engine._definition import LIST_PARAMETERS
 from saga_engine._errors import InvalidCursor, PermanentError
 from saga_engine._serde import dumps, loads
 from saga_engine._status import SagaStatus
@@ -48,13 +49,6 @@ class SagaFilter:
     q: str | None = None
     #: Search attributes (``Saga.search_attributes``), all of which must match.
     attributes: tuple[tuple[str, str], ...] = ()
-
-
-#: The list's own query parameters; any other one names a search attribute.
-LIST_PARAMETERS = frozenset(
-    {"status", "type", "q", "limit", "cursor", "created_after", "created_before",
-     "updated_after", "updated_before"}
-)  # fmt: skip
 
 
 def attribute_filters(

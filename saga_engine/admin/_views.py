@@ -73,19 +73,8 @@ def detail_of(record: SagaRecord, view: SagaView) -> SagaDetail:
         **summary(record).model_dump(),
         input=view.input,
         output=view.output,
-        waiting_for=[
-            WaitingFor(
-                kind=w.kind,
-                what=w.what,
-                since=w.since,
-                until=w.until,
-                step=w.step,
-                name=w.name,
-                attempt=w.attempt,
-                compensation=w.compensation,
-            )
-            for w in view.waiting_for
-        ],
+        # The view's dataclasses carry the schemas' fields by the same names.
+        waiting_for=[WaitingFor.model_validate(w, from_attributes=True) for w in view.waiting_for],
         in_flight=[
             InFlightCommand(
                 step=f.step,
@@ -101,16 +90,7 @@ def detail_of(record: SagaRecord, view: SagaView) -> SagaDetail:
             for f in view.in_flight
         ],
         pending_compensations=[
-            PendingCompensation(
-                step=o.step,
-                participant=o.participant,
-                command_type=o.command_type,
-                payload=o.payload,
-                state=o.state,
-                attempts=o.attempts,
-                last_error=o.last_error,
-            )
-            for o in view.owed
+            PendingCompensation.model_validate(o, from_attributes=True) for o in view.owed
         ],
         deadline_at=view.deadline_at,
         idempotency_key=record.idempotency_key,
