@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from saga_engine._definition import Signal
+from saga_engine._definition import Saga, Signal
+from saga_engine._operations import DEFAULT_CHILD_POLL
 from saga_engine._policy import RetryPolicy
 from saga_engine._serde import JsonDict
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from saga_engine._runtime import SagaRuntime
 
 M = TypeVar("M", bound=BaseModel)
+O = TypeVar("O", bound=BaseModel)  # noqa: E741
 T = TypeVar("T")
 
 Duration = timedelta | float | int
@@ -141,6 +143,39 @@ class SagaContext:
         if returns is None:
             return payload
         return self._rt.parse(returns, payload, f"the reply of step {name!r}", step=name)
+
+    async def child(
+        self,
+        saga: type[Saga[Any, O]],
+        input: BaseModel | JsonDict,
+        *,
+        id: str | None = None,
+        poll: Duration | None = DEFAULT_CHILD_POLL,
+        retry: RetryPolicy | None = None,
+    ) -> O:
+        """Starts ``saga`` as a child of this saga and waits for its output.
+
+        - The child's id derives from this saga's id and ``id`` (default: the child
+          saga's name; give one per call when starting the same type twice), so a
+          replay or a re-send never starts a second child. It may run on any engine.
+        - The child's end answers the step: its output when it completed; when it
+          failed, was compensated or cancelled, ``StepFailed`` is raised here, as for a
+          refused step (the child undid itself, so nothing is owed).
+        - When this saga compensates or is cancelled later, the child is undone, in this
+          saga's last-in-first-out order, as one step: a completed child compensates its
+          applied steps (it ends ``compensated``), a running one is cancelled.
+        - ``poll``: while waiting, the child is asked again this often (its start is
+          re-sent under the same command id; an ended child answers with its end),
+          which covers an end lost in a crash. ``None``: asked again only when this
+          saga is recovered. ``retry`` bounds how many times (default 10,000).
+        """
+        payload = await self._rt.op_child(
+            saga, input, key=id, poll=as_timedelta(poll, "poll"), retry=retry
+        )
+        output: O = self._rt.parse(
+            saga.output_type, payload, f"the output of child saga {saga.name!r}"
+        )  # type: ignore[assignment]
+        return output
 
     @overload
     async def http_step(

@@ -9,19 +9,32 @@ from enum import StrEnum
 from typing import Literal
 
 from saga_engine._errors import PermanentError
-from saga_engine._events import Event
+from saga_engine._events import Event, ParentLink, TriggerOrigin
 from saga_engine._serde import JsonDict
 from saga_engine._status import SagaStatus
 from saga_engine._store import Projection
 
 _COMMAND_NS = uuid.UUID("6f1c3f3e-9a51-4c1e-9c57-2d0f8a2b7e10")
 _SAGA_ID_NS = uuid.UUID("0b8e2f5c-3d6a-4e0b-a1c2-7f9e8d6c5b4a")
+_CHILD_ID_NS = uuid.UUID("9d3c6a1e-52f4-4b8e-8f0d-1c7e2b9a4d36")
 DEADLINE_TIMER = "deadline"
+#: The participant name of a child saga's commands: the engine routes them to the saga
+#: inbox (a start, or an undo, keyed by the child's id) instead of a participant's topic.
+CHILD_PARTICIPANT = "saga.child"
+#: The participant name of a child's end, sent to its parent: the engine routes it to the
+#: saga inbox as the reply to the parent's command (keyed by the parent's id).
+PARENT_PARTICIPANT = "saga.parent"
 
 
 def saga_id_for(saga_type: str, idempotency_key: str) -> str:
     """Starting twice with the same key yields the same id, so only one saga exists."""
     return str(uuid.uuid5(_SAGA_ID_NS, f"{saga_type}\x00{idempotency_key}"))
+
+
+def child_saga_id(parent_id: str, key: str) -> str:
+    """A child's id, from its parent's id and the key of the ``ctx.child`` call: the same
+    on every replay and every re-send, so the child is started once."""
+    return str(uuid.uuid5(_CHILD_ID_NS, f"{parent_id}\x00{key}"))
 
 
 def command_id_for(saga_id: str, step: str, generation: int, *, compensation: bool) -> str:
@@ -42,6 +55,8 @@ class StartSaga:
     idempotency_key: str | None = None
     deadline_at: datetime | None = None
     trace_context: dict[str, str] = field(default_factory=dict)
+    parent: ParentLink | None = None
+    trigger: TriggerOrigin | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +122,19 @@ class RetryStep:
     reason: str = ""
 
 
-Inbound = Reply | TimerDue | SignalInput | Cancel | Resume | ForceCompensate | Skip | RetryStep
+@dataclass(frozen=True, slots=True)
+class Undo:
+    """The parent compensates: a child undoes what it did (see ``UndoRequested``)."""
+
+    command_id: str
+    parent_id: str
+    at: datetime
+    reason: str = ""
+
+
+Inbound = (
+    Reply | TimerDue | SignalInput | Cancel | Resume | ForceCompensate | Skip | RetryStep | Undo
+)
 
 
 class DropReason(StrEnum):
@@ -116,6 +143,9 @@ class DropReason(StrEnum):
     STALE_TIMER = "stale_timer"
     DUPLICATE_SIGNAL = "duplicate_signal"
     PARKED = "parked"
+    #: An undo the child had already (the same command again), or a child that ended
+    #: some other way (its end answers the undo: see ``SagaRuntime.parent_notices``).
+    UNDO_ANSWERED = "undo_answered"
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,3 +179,27 @@ class Decision:
     @property
     def status(self) -> SagaStatus:
         return self.projection.status
+
+
+def parent_reply(
+    parent: ParentLink,
+    child_id: str,
+    outcome: Literal["success", "failure"],
+    payload: JsonDict,
+    error: str | None,
+    trace_context: dict[str, str] | None = None,
+) -> OutboundCommand:
+    """A child's answer to its parent, as a command the engine routes to the parent's
+    inbox: the reply to the parent's ``command_id`` (see ``PARENT_PARTICIPANT``)."""
+    return OutboundCommand(
+        saga_id=parent.saga_id,
+        saga_type=parent.saga_type,
+        step=f"child:{child_id}",
+        participant=PARENT_PARTICIPANT,
+        command_type=outcome,
+        payload={"outcome": outcome, "payload": payload, "error": error, "child": child_id},
+        command_id=parent.command_id,
+        attempt=1,
+        compensation=False,
+        trace_context=trace_context or {},
+    )

@@ -17,12 +17,13 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 from pydantic import BaseModel
 
 from saga_engine._bus import CommandSender, Ownership
 from saga_engine._cache import LiveSaga, LiveSagas
+from saga_engine._children import ChildLinks
 from saga_engine._clock import Clock, SystemClock
 from saga_engine._decision import (
     Cancel,
@@ -35,28 +36,26 @@ from saga_engine._decision import (
     RetryStep,
     SignalInput,
     Skip,
-    StartSaga,
     TimerDue,
     saga_id_for,
 )
-from saga_engine._definition import Saga, SagaDefinition, SagaRegistry
+from saga_engine._definition import Saga, SagaRegistry
 from saga_engine._engine_batch import BatchApplier, BatchInput, BatchResult
 from saga_engine._errors import (
     ConcurrencyError,
-    IdempotencyConflict,
     InvalidPayload,
-    InvalidTransition,
     PayloadTooLarge,
     SagaError,
     SerializationError,
     TransientError,
 )
-from saga_engine._events import Event, SagaStarted
+from saga_engine._events import Event, ParentLink, TriggerOrigin
 from saga_engine._observer import EngineObserver
 from saga_engine._retry import Backoff
 from saga_engine._runtime import SagaRuntime
 from saga_engine._serde import JsonDict, check_storable, dumps, storable_copy
 from saga_engine._settings import Settings
+from saga_engine._starting import PreparedStart, check_same_start, start_input
 from saga_engine._status import SagaStatus
 from saga_engine._store import Append, EventStore, NewSaga, SagaRecord
 from saga_engine._telemetry import Telemetry, default_telemetry
@@ -74,35 +73,6 @@ _EVICT_SLACK = 256
 
 #: Test-only seam: called with the name of each crash point as the engine passes it.
 CrashHook = Callable[[str], None]
-
-
-def _check_same_start(
-    definition: SagaDefinition,
-    started: Event,
-    payload: JsonDict,
-    saga_id: str,
-    idempotency_key: str | None,
-) -> None:
-    """A repeated start is the same saga only if it asks for the same thing: reusing a
-    key with another input is refused (IdempotencyConflict), as payment APIs do."""
-    if not isinstance(started, SagaStarted):
-        raise InvalidTransition(f"saga {saga_id} has no saga_started event")
-    if started.saga_type != definition.name:
-        raise InvalidTransition(
-            f"saga id {saga_id} already belongs to a {started.saga_type!r} saga"
-        )
-    if not definition.same_request(started.input, started.request_hash, payload):
-        raise IdempotencyConflict(saga_id, idempotency_key)
-
-
-class PreparedStart(NamedTuple):
-    definition: SagaDefinition
-    payload: JsonDict
-    saga_id: str
-    now: datetime
-    deadline_at: datetime | None
-    idempotency_key: str | None
-    trace_context: dict[str, str]
 
 
 class Engine:
@@ -144,6 +114,8 @@ class Engine:
         self._watchers: dict[str, list[asyncio.Future[None]]] = {}
         self._closed = False
         self._batch = BatchApplier(self)
+        #: Child sagas: starting and undoing them, and their ends back to their parents.
+        self.children = ChildLinks(self)
 
     # ------------------------------------------------------------------ starting
 
@@ -156,17 +128,15 @@ class Engine:
         idempotency_key: str | None = None,
         deadline: timedelta | None = None,
         trace_context: dict[str, str] | None = None,
+        trigger: TriggerOrigin | None = None,
+        parent: ParentLink | None = None,
     ) -> str:
         """Starts a saga and returns its id. With the same idempotency key, the same saga."""
         prepared = self.prepare_start(
-            saga,
-            input,
-            saga_id=saga_id,
-            idempotency_key=idempotency_key,
-            deadline=deadline,
-            trace_context=trace_context,
-        )
-        return await self._start(*prepared)
+            saga, input, saga_id=saga_id, idempotency_key=idempotency_key, deadline=deadline,
+            trace_context=trace_context, trigger=trigger, parent=parent,
+        )  # fmt: skip
+        return await self._start(prepared)
 
     def prepare_start(
         self,
@@ -177,6 +147,8 @@ class Engine:
         idempotency_key: str | None = None,
         deadline: timedelta | None = None,
         trace_context: dict[str, str] | None = None,
+        trigger: TriggerOrigin | None = None,
+        parent: ParentLink | None = None,
     ) -> PreparedStart:
         """Everything a start needs that takes no I/O: the definition, the input as sent,
         the id, the deadline and the saga span's context. Raises what a bad start raises."""
@@ -210,39 +182,23 @@ class Engine:
         # itself is emitted when the saga ends (SagaSpans.saga_finished).
         stored = self.observer.spans.saga_context(definition.name, saga_id, trace_context or {})
         return PreparedStart(
-            definition, payload, saga_id, now, deadline_at, idempotency_key, stored
-        )
+            definition, payload, saga_id, now, deadline_at, idempotency_key, stored, parent,
+            trigger,
+        )  # fmt: skip
 
-    async def _start(
-        self,
-        definition: SagaDefinition,
-        payload: JsonDict,
-        saga_id: str,
-        now: datetime,
-        deadline_at: datetime | None,
-        idempotency_key: str | None,
-        trace_context: dict[str, str],
-    ) -> str:
+    async def _start(self, start: PreparedStart) -> str:
+        definition, payload, saga_id, idempotency_key = (
+            start.definition, start.payload, start.saga_id, start.idempotency_key
+        )  # fmt: skip
         async with self.live.lock(saga_id):
             live = self.live.get(saga_id)
             if live is not None:
-                _check_same_start(
+                check_same_start(
                     definition, live.runtime.started, payload, saga_id, idempotency_key
                 )
                 self.stats.inc("start_deduplicated")
                 return saga_id
-            runtime, decision = SagaRuntime.start(
-                definition,
-                StartSaga(
-                    saga_id=saga_id,
-                    saga_type=definition.name,
-                    input=payload,
-                    at=now,
-                    idempotency_key=idempotency_key,
-                    deadline_at=deadline_at,
-                    trace_context=trace_context,
-                ),
-            )
+            runtime, decision = SagaRuntime.start(definition, start_input(start))
             created = await self.store.create(
                 NewSaga(
                     saga_id=saga_id,
@@ -256,11 +212,11 @@ class Engine:
             if not created:
                 runtime.close()  # never held: release its coroutines now
                 first = await self.store.first_event(saga_id)
-                _check_same_start(definition, first.event, payload, saga_id, idempotency_key)
+                check_same_start(definition, first.event, payload, saga_id, idempotency_key)
                 self.stats.inc("start_deduplicated")
                 return saga_id
             self.observer.stat("sagas_started", definition.name)
-            live = LiveSaga(runtime, committed_seq=len(decision.events), started_at=now)
+            live = LiveSaga(runtime, committed_seq=len(decision.events), started_at=start.now)
             self.live.put(saga_id, live)
             await self._effects(saga_id, live, decision)
         return saga_id

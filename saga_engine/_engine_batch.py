@@ -31,14 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 from saga_engine._bus import PipelinedSender
 from saga_engine._cache import LiveSaga
-from saga_engine._decision import Decision, DropReason, OutboundCommand, Reply, StartSaga
+from saga_engine._decision import Decision, DropReason, OutboundCommand, Reply
 from saga_engine._errors import ConcurrencyError
 from saga_engine._events import Event
 from saga_engine._runtime import SagaRuntime
+from saga_engine._starting import PreparedStart, check_same_start, start_input
 from saga_engine._store import Append, NewSaga
 
 if TYPE_CHECKING:
-    from saga_engine._engine import Engine, PreparedStart
+    from saga_engine._engine import Engine
 
 log = logging.getLogger("saga_engine.engine")
 
@@ -164,11 +165,9 @@ class BatchApplier:
         return None
 
     def _start(self, work: _Work, start: PreparedStart) -> bool:
-        from saga_engine._engine import _check_same_start
-
         engine = self._e
         if work.live is not None:
-            _check_same_start(
+            check_same_start(
                 start.definition,
                 work.live.runtime.started,
                 start.payload,
@@ -177,18 +176,7 @@ class BatchApplier:
             )
             engine.stats.inc("start_deduplicated")
             return True
-        runtime, decision = SagaRuntime.start(
-            start.definition,
-            StartSaga(
-                saga_id=start.saga_id,
-                saga_type=start.definition.name,
-                input=start.payload,
-                at=start.now,
-                idempotency_key=start.idempotency_key,
-                deadline_at=start.deadline_at,
-                trace_context=start.trace_context,
-            ),
-        )
+        runtime, decision = SagaRuntime.start(start.definition, start_input(start))
         work.live = LiveSaga(runtime, committed_seq=0, started_at=start.now)
         work.new = True
         self._take(work, decision)

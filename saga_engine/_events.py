@@ -45,6 +45,27 @@ class CompensationSpec(BaseModel):
     timeout_s: float | None = None
 
 
+class ParentLink(BaseModel):
+    """The parent of a child saga: which saga started it, with which command (the child's
+    end is that command's reply)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    saga_id: str
+    command_id: str
+    saga_type: str = ""
+
+
+class TriggerOrigin(BaseModel):
+    """The Kafka record a trigger started the saga from, to trace it back to its cause."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    topic: str
+    partition: int
+    offset: int
+
+
 class _Event(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -86,6 +107,11 @@ class SagaStarted(_Event):
     #: reads them): a repeated start with the same key must match it. None in histories
     #: recorded before it existed.
     request_hash: str | None = None
+    #: Set when another saga started this one with ``ctx.child``: its end is the reply to
+    #: the parent's command. None for a saga started by a client, a trigger or the API.
+    parent: ParentLink | None = None
+    #: The trigger record that started it, when a trigger did.
+    trigger: TriggerOrigin | None = None
 
 
 class ReplyReceived(_Event):
@@ -165,6 +191,21 @@ class CancelRequested(_Event):
     kind: Literal["cancel_requested"] = "cancel_requested"
     reason: str
     principal: str = "system"
+
+
+class UndoRequested(_Event):
+    """The parent saga compensates: this child undoes what it did. A running child is
+    cancelled (it ends ``cancelled``); a completed one compensates its applied steps, last
+    first (it ends ``compensated``). Its end answers the parent's compensation command."""
+
+    kind: Literal["undo_requested"] = "undo_requested"
+    #: The parent's compensation command this undo answers.
+    command_id: str
+    parent_id: str
+    reason: str = ""
+
+    def describe(self) -> str:
+        return f"undo requested by parent saga {self.parent_id}"
 
 
 class CompensationForced(_Event):
@@ -298,7 +339,8 @@ class PatchMarked(_Intent):
 
 class CompensationStarted(_Intent):
     kind: Literal["compensation_started"] = "compensation_started"
-    reason: Literal["failure", "cancel", "deadline", "operator"]
+    #: ``undo``: the parent saga compensates, and this (completed) child undoes its steps.
+    reason: Literal["failure", "cancel", "deadline", "operator", "undo"]
     error: ErrorInfo | None = None
     #: Steps owed a compensation, in the order they will be compensated.
     owed: list[str] = Field(default_factory=list)
@@ -381,6 +423,7 @@ Event = Annotated[
     | TimerFired
     | SignalReceived
     | CancelRequested
+    | UndoRequested
     | CompensationForced
     | StepSkipped
     | RetryRequested
@@ -403,7 +446,7 @@ Event = Annotated[
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
     SagaStarted, ReplyReceived, InvalidReplyReceived, AttemptTimedOut, TimerFired, SignalReceived, CancelRequested,
-    CompensationForced, StepSkipped, RetryRequested, SagaParked, SagaResumed, CommandIssued, TimerStarted, SideEffectRecorded, PatchMarked,
+    UndoRequested, CompensationForced, StepSkipped, RetryRequested, SagaParked, SagaResumed, CommandIssued, TimerStarted, SideEffectRecorded, PatchMarked,
     CompensationStarted, CompensationIssued, CompensationCompleted, CompensationStuck,
     SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled,
 )  # fmt: skip

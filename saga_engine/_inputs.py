@@ -25,6 +25,7 @@ from saga_engine._decision import (
     SignalInput,
     Skip,
     TimerDue,
+    Undo,
 )
 from saga_engine._errors import InvalidPayload, InvalidTransition, UnstorableValue
 from saga_engine._events import (
@@ -42,8 +43,15 @@ from saga_engine._events import (
     SignalReceived,
     StepSkipped,
     TimerFired,
+    UndoRequested,
 )
-from saga_engine._operations import release, request_cancel, run_lifecycle, unblock_compensation
+from saga_engine._operations import (
+    release,
+    request_cancel,
+    request_undo,
+    run_lifecycle,
+    unblock_compensation,
+)
 from saga_engine._serde import check_storable, storable_copy, validate_payload
 from saga_engine._state import Halt, InFlight, PendingTimer, SagaState, timeout_timer_id, with_id
 from saga_engine._status import SagaStatus
@@ -51,6 +59,7 @@ from saga_engine._status import SagaStatus
 _INPUT_NAMES = {
     SignalInput: "signal", Cancel: "cancel", ForceCompensate: "force-compensate",
     Skip: "skip", RetryStep: "retry", Resume: "resume", Reply: "reply", TimerDue: "timer",
+    Undo: "undo",
 }  # fmt: skip
 
 
@@ -125,6 +134,19 @@ def to_event(s: SagaState, inbound: Inbound) -> Event | DropReason:
             principal=inbound.principal,
             reason=inbound.reason,
         )
+    if isinstance(inbound, Undo):
+        if s.history[0].parent is None:  # type: ignore[union-attr]
+            raise InvalidTransition(
+                f"saga {s.saga_id} was not started by another saga: only a child is undone "
+                "by its parent (cancel it instead)"
+            )
+        if inbound.command_id in s.undo_ids:
+            return DropReason.UNDO_ANSWERED
+        _check_texts("undo", reason=inbound.reason, parent_id=inbound.parent_id)
+        return UndoRequested(
+            at=at, command_id=inbound.command_id, parent_id=inbound.parent_id,
+            reason=inbound.reason,
+        )  # fmt: skip
     if isinstance(inbound, Cancel):
         if not s.going_forward or s.cancel_reason is not None:
             raise InvalidTransition(
@@ -329,6 +351,8 @@ def apply(s: SagaState, event: Event) -> None:
             s.signals.setdefault(event.name, deque()).append(event.payload)
     elif isinstance(event, CancelRequested):
         request_cancel(s, "cancel", event.reason)
+    elif isinstance(event, UndoRequested):
+        request_undo(s, event.parent_id, event.reason)
     elif isinstance(event, CompensationForced):
         request_cancel(s, "forced", f"forced by {event.principal}: {event.reason}")
     elif isinstance(event, StepSkipped):

@@ -24,6 +24,7 @@ from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssigno
 from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, TopicAlreadyExistsError
 
+from saga_engine._children import ENGINE_PARTICIPANTS, engine_envelope
 from saga_engine._decision import OutboundCommand
 from saga_engine._errors import KafkaUnavailable
 from saga_engine._settings import KafkaSettings
@@ -220,14 +221,17 @@ class KafkaCommandSender:
         self._source = source
 
     async def send_command(self, command: OutboundCommand) -> None:
-        await send(
-            self._producer, self._topics.commands(command.participant), self._envelope(command)
-        )
+        await send(self._producer, *self._route(command))
 
     async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
-        return await start_send(
-            self._producer, self._topics.commands(command.participant), self._envelope(command)
-        )
+        return await start_send(self._producer, *self._route(command))
+
+    def _route(self, command: OutboundCommand) -> tuple[str, Envelope]:
+        if command.participant in ENGINE_PARTICIPANTS:
+            # A child saga's start or undo, or a child's end for its parent: engines
+            # answer these themselves, through the saga inbox (see _children).
+            return self._topics.inbox, engine_envelope(command, self._source)
+        return self._topics.commands(command.participant), self._envelope(command)
 
     def _envelope(self, command: OutboundCommand) -> Envelope:
         return Envelope(

@@ -24,10 +24,15 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from saga_engine._decision import DEADLINE_TIMER, command_id_for
-from saga_engine._definition import Signal
+from saga_engine._decision import (
+    CHILD_PARTICIPANT,
+    DEADLINE_TIMER,
+    child_saga_id,
+    command_id_for,
+)
+from saga_engine._definition import Saga, Signal
 from saga_engine._errors import (
     DefinitionError,
     InvalidPayload,
@@ -80,6 +85,7 @@ from saga_engine._state import (
     timeout_timer_id,
     with_id,
 )
+from saga_engine._status import SagaStatus
 
 E = TypeVar("E", bound=Event)
 M = TypeVar("M", bound=BaseModel)
@@ -267,6 +273,73 @@ async def step(
                 _owe(s, name, spec, sent)
             raise
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+class ChildStart(BaseModel):
+    """The command of a ``ctx.child`` step: start this child saga (routed to the inbox)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    saga_id: str
+    saga_type: str
+    input: JsonDict
+
+
+class ChildUndo(BaseModel):
+    """The compensation of a ``ctx.child`` step: undo what the child did."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    saga_id: str
+    saga_type: str
+
+
+#: A child is asked again (its start re-sent, same command id) this often by default: an
+#: ended child answers a repeated start with its end. It covers the one window where an
+#: end can be lost (its engine died after recording the end, before sending it).
+DEFAULT_CHILD_POLL = timedelta(minutes=5)
+#: Asking again is not a failure: a child is waited for 10,000 polls (34 days at the
+#: default poll) before the step times out, one second apart.
+CHILD_RETRY = RetryPolicy(
+    max_attempts=10_000,
+    initial_backoff=timedelta(seconds=1),
+    max_backoff=timedelta(seconds=1),
+    jitter=0.0,
+)
+
+
+async def child(
+    s: SagaState,
+    saga: type[Saga[Any, Any]],
+    input: BaseModel | JsonDict,
+    *,
+    key: str | None,
+    poll: timedelta | None,
+    retry: RetryPolicy | None,
+) -> JsonDict:
+    """Starts a child saga and waits for its end: a step whose participant is the engine
+    (see ``CHILD_PARTICIPANT``), so it is recorded, re-sent, compensated and cancelled
+    like any step. Its id derives from this saga's id and ``key``."""
+    _check_open(s)
+    if not (isinstance(saga, type) and issubclass(saga, Saga)):
+        s.definition_error(f"ctx.child needs a Saga class, got {saga!r}")
+    name = key if key is not None else saga.name
+    if not isinstance(name, str) or not name:
+        s.definition_error("ctx.child needs a non-empty string id")
+    child_id = child_saga_id(s.saga_id, name)
+    raw = input.model_dump(mode="json", by_alias=True) if isinstance(input, BaseModel) else input
+    value = validate_payload(saga.input_type, raw, f"the input of child saga {name!r}")
+    return await step(
+        s,
+        f"child:{name}",
+        to=CHILD_PARTICIPANT,
+        command=ChildStart(saga_id=child_id, saga_type=saga.name, input=model_payload(value)),
+        compensate=ChildUndo(saga_id=child_id, saga_type=saga.name),
+        retry=retry or CHILD_RETRY,
+        timeout=poll,
+        compensate_retry=None,
+        returns=saga.output_type,
+    )
 
 
 async def sleep(s: SagaState, delay: timedelta) -> None:
@@ -494,6 +567,8 @@ async def run_lifecycle(s: SagaState, started: SagaStarted) -> None:
             else:
                 await _finish_stragglers(s)
                 _emit(s, SagaCompleted(at=s.now, output=output))
+                if started.parent is not None:
+                    await _undo_when_asked(s)
                 return
     await _finish_stragglers(s)
     reason: Literal["failure", "cancel", "deadline", "operator"] = (
@@ -520,6 +595,35 @@ async def run_lifecycle(s: SagaState, started: SagaStarted) -> None:
         _emit(s, SagaCompensated(at=s.now, error=error))
     else:
         _emit(s, SagaFailed(at=s.now, error=error))
+
+
+async def _undo_when_asked(s: SagaState) -> None:
+    """A completed child waits for its parent's undo (an ``undo_requested`` input): then
+    it compensates its applied steps, last first, and ends compensated. With nothing to
+    undo it stays completed (its end still answers the undo)."""
+    s.undo_waiter = s.loop.create_future()
+    await s.undo_waiter
+    s.undo_waiter = None
+    owed = list(reversed(s.owed))
+    if not owed:
+        return
+    error = ErrorInfo(type="ParentCompensating", message=s.cancel_message)
+    _emit(s, CompensationStarted(at=s.now, reason="undo", error=error, owed=[o.step for o in owed]))
+    for entry in owed:
+        await _compensate(s, entry)
+    _emit(s, SagaCompensated(at=s.now, error=error))
+
+
+def request_undo(s: SagaState, parent_id: str, reason: str) -> None:
+    """The parent compensates: a running child is cancelled (it compensates and ends
+    cancelled); a completed one wakes to undo its steps; one already undoing goes on."""
+    message = f"undone by parent saga {parent_id}" + (f": {reason}" if reason else "")
+    if s.status == SagaStatus.COMPLETED:
+        s.cancel_message = message
+        if s.undo_waiter is not None and not s.undo_waiter.done():
+            s.undo_waiter.set_result(None)
+    elif s.going_forward:
+        request_cancel(s, "cancel", message)
 
 
 def _serialize_output(s: SagaState, result: Any) -> JsonDict:

@@ -37,10 +37,19 @@ from saga_engine._decision import (
     Reply,
     StartSaga,
     TimerDue,
+    Undo,
+    parent_reply,
 )
-from saga_engine._definition import SagaDefinition, Signal
+from saga_engine._definition import Saga, SagaDefinition, Signal
 from saga_engine._errors import InvalidTransition, SerializationError
-from saga_engine._events import CommandIssued, CompensationIssued, Event, SagaStarted
+from saga_engine._events import (
+    TERMINAL_EVENTS,
+    CommandIssued,
+    CompensationIssued,
+    Event,
+    SagaStarted,
+    UndoRequested,
+)
 from saga_engine._inputs import apply, held_steps, input_name, to_event
 from saga_engine._policy import RetryPolicy
 from saga_engine._serde import JsonDict, check_storable, unstorable
@@ -84,6 +93,8 @@ class SagaRuntime:
             # Only telemetry: a header no one can store is dropped, not the start.
             trace_context={k: v for k, v in start.trace_context.items() if not unstorable({k: v})},
             request_hash=definition.fingerprint(value),
+            parent=start.parent,
+            trigger=start.trigger,
         )
         rt._record(started)
         return rt, rt._decision()
@@ -203,7 +214,12 @@ class SagaRuntime:
         s = self.state
         s.new = []
         s.clock = inbound.at
-        if s.status.is_terminal:
+        if s.status.is_terminal and not (
+            isinstance(inbound, Undo) and s.status == SagaStatus.COMPLETED and not s.undo_ids
+        ):
+            if isinstance(inbound, Undo):
+                # It ended another way, or is undone already: its end answers the undo.
+                return self._decision(dropped=DropReason.UNDO_ANSWERED)
             if isinstance(inbound, Reply):
                 known = inbound.command_id in s.issued_ids
                 return self._decision(
@@ -236,6 +252,7 @@ class SagaRuntime:
         s.loop.discard()
         s.signal_waiters.clear()
         s.resume_waiter = None
+        s.undo_waiter = None
         s.lifecycle = None
         s.user_task = None
         s.ctx.detach()
@@ -260,6 +277,17 @@ class SagaRuntime:
             self.state, name, to=to, command=command, compensate=compensate, retry=retry,
             timeout=timeout, compensate_retry=compensate_retry, returns=returns,
         )  # fmt: skip
+
+    def op_child(
+        self,
+        saga: type[Saga[Any, Any]],
+        input: BaseModel | JsonDict,
+        *,
+        key: str | None,
+        poll: timedelta | None,
+        retry: RetryPolicy | None,
+    ) -> Coroutine[Any, Any, JsonDict]:
+        return operations.child(self.state, saga, input, key=key, poll=poll, retry=retry)
 
     def op_sleep(self, delay: timedelta) -> Coroutine[Any, Any, None]:
         return operations.sleep(self.state, delay)
@@ -333,6 +361,10 @@ class SagaRuntime:
         commands = [
             self._outbound(e) for e in s.new if isinstance(e, CommandIssued | CompensationIssued)
         ]
+        if s.status.is_terminal and any(
+            isinstance(e, (*TERMINAL_EVENTS, UndoRequested)) for e in s.new
+        ):
+            commands += self.parent_notices()
         events, s.new = s.new, []
         ended = s.status.is_terminal or s.dead
         projection = Projection(
@@ -342,6 +374,29 @@ class SagaRuntime:
             error=s.error.model_dump(mode="json") if s.error else None,
         )
         return Decision(events, commands, projection, dropped, s.nondeterminism)
+
+    def parent_notices(self) -> list[OutboundCommand]:
+        """What an ended child tells its parent (nothing for a saga without one, or one
+        still open), as commands for the engine to route to the parent's inbox: the
+        reply to each undo it was asked for, else its end as the reply to the command
+        that started it (success with its output, or failure with its error). Sending
+        them again is harmless: the parent drops a second reply to a command."""
+        s = self.state
+        parent = self.started.parent
+        if parent is None or not s.status.is_terminal:
+            return []
+        trace = s.trace_context
+        if s.undo_ids:
+            return [
+                parent_reply(parent.model_copy(update={"command_id": cid}), s.saga_id,
+                             "success", {}, None, trace)
+                for cid in sorted(s.undo_ids)
+            ]  # fmt: skip
+        if s.status == SagaStatus.COMPLETED:
+            return [parent_reply(parent, s.saga_id, "success", s.output or {}, None, trace)]
+        error = s.error.message if s.error else f"child saga {s.saga_id} {s.status.value}"
+        details = {"child_id": s.saga_id, "status": s.status.value}
+        return [parent_reply(parent, s.saga_id, "failure", details, error, trace)]
 
     def _outbound(self, event: CommandIssued | CompensationIssued) -> OutboundCommand:
         s = self.state

@@ -42,6 +42,7 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
+from saga_engine._decision import PARENT_PARTICIPANT
 from saga_engine._events import (
     AttemptTimedOut,
     Event,
@@ -173,7 +174,9 @@ class SagaSpans:
     def sent(self, command: OutboundCommand, *, resent: bool = False) -> OutboundCommand:
         """Opens the span of a command about to be sent; returns the command carrying
         that span's context."""
-        if not self.telemetry.records:
+        if not self.telemetry.records or command.participant == PARENT_PARTICIPANT:
+            # A child's answer to its parent is the parent's step's reply, not a step of
+            # its own: the parent's step span covers it.
             # No SDK: nothing records, and the command carries the saga's context as
             # history stores it (the caller's). Skipping the API's no-op span here saves
             # a context parse and an inject per command on the hot path.

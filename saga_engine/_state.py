@@ -52,6 +52,7 @@ from saga_engine._events import (
     SagaParked,
     SagaResumed,
     StepSkipped,
+    UndoRequested,
 )
 from saga_engine._loop import DeterministicLoop
 from saga_engine._serde import JsonDict
@@ -130,7 +131,7 @@ class SagaState:
         "lifecycle", "loop", "new", "nondeterminism", "now", "output", "owed", "parked",
         "patches", "resume_waiter", "rng", "saga_id", "saga_type", "seen_signals",
         "signal_waiters", "signals", "skipped_ids", "status", "step_names", "stuck_step",
-        "timers", "trace_context", "user_task",
+        "timers", "trace_context", "undo_ids", "undo_waiter", "user_task",
     )  # fmt: skip
 
     def __init__(
@@ -190,6 +191,10 @@ class SagaState:
         self.resume_waiter: asyncio.Future[str] | None = None
         self.stuck_step: str | None = None
         self.skipped_ids: AbstractSet[str] = NO_IDS
+        #: A completed child waits here for its parent's undo (``UndoRequested``).
+        self.undo_waiter: asyncio.Future[None] | None = None
+        #: The parent's compensation commands this child was asked to undo by.
+        self.undo_ids: AbstractSet[str] = NO_IDS
 
     # ------------------------------------------------------------------ queries
 
@@ -287,6 +292,8 @@ class SagaState:
         elif isinstance(event, CommandIssued | CompensationIssued):
             self.current_step = event.step
             self.issued_ids = with_id(self.issued_ids, event.command_id)
+        elif isinstance(event, UndoRequested):
+            self.undo_ids = with_id(self.undo_ids, event.command_id)
         self.status = check_transition(self.status, new)
 
     def settle_held(self) -> None:

@@ -61,7 +61,8 @@ TRANSITIONS: dict[SagaStatus, frozenset[SagaStatus]] = {
     S.COMPENSATION_STUCK: frozenset({S.COMPENSATING, S.NONDETERMINISTIC}),
     # Resumed after a fixed deploy: back to where it was.
     S.NONDETERMINISTIC: frozenset({S.RUNNING, S.COMPENSATING, S.COMPENSATION_STUCK, S.STEP_STUCK}),
-    S.COMPLETED: frozenset(),
+    # A child saga whose parent compensates undoes its applied steps (``undo_requested``).
+    S.COMPLETED: frozenset({S.COMPENSATING}),
     S.COMPENSATED: frozenset(),
     S.FAILED: frozenset(),
     S.CANCELLED: frozenset(),

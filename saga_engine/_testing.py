@@ -235,6 +235,11 @@ class SagaTestEnv:
         """Delivers every queued command to its participant and feeds back the replies."""
         while self.bus.pending:
             command = self.bus.pending.popleft()
+            try:
+                if await self.engine.children.deliver_locally(command):
+                    continue  # a child saga's start or undo, or its end to its parent
+            except SagaError:
+                continue  # e.g. an answer after the parent ended: the engine says why
             rule = self.participant(command.participant)._answer(command)
             if rule.outcome is None:
                 continue

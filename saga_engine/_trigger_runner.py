@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from saga_engine._decision import saga_id_for
 from saga_engine._definition import SagaDefinition
 from saga_engine._errors import InvalidPayload, TransientError, UnstorableValue
+from saga_engine._events import TriggerOrigin
 from saga_engine._kafka import DeadLetters, make_consumer, send
 from saga_engine._retry import Backoff
 from saga_engine._serde import check_storable
@@ -141,7 +142,16 @@ class TriggerConsumer:
             correlation_id=saga_id,
             traceparent=trace.get("traceparent", ""),
             tracestate=trace.get("tracestate", ""),
-            body=StartBody(input=payload, idempotency_key=key).model_dump(mode="json"),
+            body=StartBody(
+                input=payload,
+                idempotency_key=key,
+                # Recorded in the saga's history: any saga can be traced back to its cause.
+                trigger=TriggerOrigin(
+                    topic=record.topic,
+                    partition=record.partition,
+                    offset=record.offset,
+                ),
+            ).model_dump(mode="json", exclude_none=True),
         )
         backoff = Backoff(0.5, 0.5)
         while True:

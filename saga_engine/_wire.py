@@ -22,6 +22,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from saga_engine._errors import PoisonMessage, SerializationError
+from saga_engine._events import ParentLink, TriggerOrigin
 from saga_engine._serde import JsonDict, loads
 
 SCHEMA_VERSION = "1"
@@ -39,6 +40,7 @@ class MessageType(StrEnum):
     SIGNAL = "saga.signal"
     CANCEL = "saga.cancel"
     RELOAD = "saga.reload"
+    UNDO = "saga.undo"
 
 
 class PoisonReason(StrEnum):
@@ -105,6 +107,16 @@ class StartBody(BaseModel):
         description="seconds until the saga's deadline, overriding its default (at most a "
         "hundred years)",
     )
+    parent: ParentLink | None = Field(
+        default=None,
+        description="set by an engine starting a child saga (ctx.child): the parent saga and "
+        "the command of its step; the child's end is sent as the reply to that command",
+    )
+    trigger: TriggerOrigin | None = Field(
+        default=None,
+        description="set by a trigger: the Kafka record the start was made from, recorded in "
+        "the saga's history so it can be traced back to its cause",
+    )
 
 
 class SignalBody(BaseModel):
@@ -144,6 +156,17 @@ class ReloadBody(BaseModel):
     )
 
 
+class UndoBody(BaseModel):
+    """A parent saga compensates: its child (the saga id, the key) undoes what it did. The
+    child's end is sent as the reply to ``ce_commandid`` (the parent's compensation).
+    Engines send it to each other; clients and participants never."""
+
+    model_config = ConfigDict(extra="forbid", title="Undo")
+
+    parent_id: str = Field(min_length=1, max_length=200, description="the parent saga's id")
+    reason: str = Field(default="", max_length=2000, description="why, recorded in the history")
+
+
 BODY_MODELS: dict[MessageType, type[BaseModel] | None] = {
     MessageType.COMMAND: None,  # the command's own payload, defined by the saga's author
     MessageType.REPLY: ReplyBody,
@@ -151,6 +174,7 @@ BODY_MODELS: dict[MessageType, type[BaseModel] | None] = {
     MessageType.SIGNAL: SignalBody,
     MessageType.CANCEL: CancelBody,
     MessageType.RELOAD: ReloadBody,
+    MessageType.UNDO: UndoBody,
 }
 
 
@@ -259,6 +283,10 @@ def encode(envelope: Envelope) -> tuple[bytes, bytes, Headers]:
     return envelope.saga_id.encode(), value_bytes, headers
 
 
+#: The messages that answer (or are answered as) a command: they name it.
+_NEED_COMMAND_ID = frozenset({MessageType.REPLY, MessageType.UNDO})
+
+
 def decode(key: bytes | None, value: bytes | None, headers: Headers, *, max_bytes: int) -> Envelope:
     """Reads a Kafka record; raises PoisonMessage with the precise reason."""
     size = len(value or b"") + sum([len(k) + len(v or b"") for k, v in headers])
@@ -313,8 +341,10 @@ def decode(key: bytes | None, value: bytes | None, headers: Headers, *, max_byte
         envelope = Envelope.model_validate(fields)
     except ValidationError as exc:
         raise PoisonMessage(PoisonReason.MISSING_HEADER, f"bad header values: {exc}") from None
-    if envelope.message_type is MessageType.REPLY and not envelope.command_id:
-        raise PoisonMessage(PoisonReason.MISSING_HEADER, "a reply needs ce_commandid")
+    if envelope.message_type in _NEED_COMMAND_ID and not envelope.command_id:
+        raise PoisonMessage(
+            PoisonReason.MISSING_HEADER, f"a {envelope.message_type.value} needs ce_commandid"
+        )
     if key is not None and key.decode(errors="replace") != envelope.saga_id:
         raise PoisonMessage(
             PoisonReason.KEY_MISMATCH, "the record key must be the saga id (ce_sagaid)"

@@ -23,6 +23,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from saga_engine._children import ENGINE_PARTICIPANTS
 from saga_engine._crash import CrashHook
 from saga_engine._decision import DropReason, OutboundCommand, Reply
 from saga_engine._definition import Saga
@@ -69,6 +70,7 @@ from saga_engine._wire import (
     ReplyBody,
     SignalBody,
     StartBody,
+    UndoBody,
     decode,
 )
 
@@ -97,6 +99,8 @@ class _LazyTopicSender:
         return await self._inner.start_command(command)
 
     async def _ensure_topic(self, command: OutboundCommand) -> None:
+        if command.participant in ENGINE_PARTICIPANTS:
+            return  # to the saga inbox, which exists
         topic = self._topics.commands(command.participant)
         if topic not in self._ready:
             await ensure_topics(self._settings.kafka, [topic])
@@ -427,6 +431,8 @@ class SagaWorker:
                     ),
                 )
             start: StartBody = env.body_as(StartBody)
+            if start.parent is not None:
+                return None  # a child's start: its repeat must be answered (single path)
             prepared = engine.prepare_start(
                 env.saga_type or env.subject,
                 start.input,
@@ -434,6 +440,7 @@ class SagaWorker:
                 idempotency_key=start.idempotency_key,
                 deadline=timedelta(seconds=start.deadline_s) if start.deadline_s else None,
                 trace_context=_trace_of(env),
+                trigger=start.trigger,
             )
             return BatchInput(prepared.saga_id, None, start=prepared)
         except Exception:
@@ -564,6 +571,12 @@ class SagaWorker:
                 )
         elif kind is MessageType.START:
             start: StartBody = env.body_as(StartBody)
+            if start.parent is not None:
+                await engine.children.start_child(
+                    env.saga_type or env.subject, start.input, saga_id=env.saga_id,
+                    parent=start.parent, trace_context=trace,
+                )  # fmt: skip
+                return
             await engine.start(
                 env.saga_type or env.subject,
                 start.input,
@@ -571,6 +584,12 @@ class SagaWorker:
                 idempotency_key=start.idempotency_key,
                 deadline=timedelta(seconds=start.deadline_s) if start.deadline_s else None,
                 trace_context=trace,
+                trigger=start.trigger,
+            )
+        elif kind is MessageType.UNDO:
+            undo: UndoBody = env.body_as(UndoBody)
+            await engine.children.undo_child(
+                env.saga_id, env.command_id, undo.parent_id, undo.reason
             )
         elif kind is MessageType.SIGNAL:
             sig: SignalBody = env.body_as(SignalBody)

@@ -8,7 +8,7 @@ is its Python side, the one the engine, the kit and the client use:
 - messages: ``Envelope`` (the ``ce_*`` headers and the JSON body; ``HEADERS`` maps its
   fields to header names, ``REQUIRED_HEADERS`` must be present), ``MessageType`` (the
   ``ce_type``), the bodies (``ReplyBody``, ``StartBody``, ``SignalBody``, ``CancelBody``,
-  ``ReloadBody``; ``BODY_MODELS`` by type), ``SCHEMA_VERSION`` and ``CE_SPECVERSION``;
+  ``ReloadBody``, ``UndoBody``; ``BODY_MODELS`` by type), ``SCHEMA_VERSION`` and ``CE_SPECVERSION``;
 - ``encode`` an envelope to a Kafka key, value and headers, ``decode`` a record back,
   raising ``PoisonMessage`` with its ``PoisonReason`` (the ``dlq_reason`` header);
 - ids (PROTOCOL.md section 6): ``command_id_for`` and ``saga_id_for``, both derived
@@ -50,6 +50,7 @@ from saga_engine._wire import (
     ReplyBody,
     SignalBody,
     StartBody,
+    UndoBody,
     decode,
     encode,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "SignalBody",
     "StartBody",
     "Topics",
+    "UndoBody",
     "command_id_for",
     "decode",
     "encode",

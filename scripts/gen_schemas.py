@@ -43,6 +43,7 @@ from saga_engine.protocol import (  # noqa: E402
     ReplyBody,
     SignalBody,
     StartBody,
+    UndoBody,
     command_id_for,
     saga_id_for,
 )
@@ -86,6 +87,11 @@ BODY_SCHEMAS: dict[str, tuple[type[BaseModel], MessageType, str]] = {
         MessageType.RELOAD,
         "From one engine to another: the saga's history changed, rebuild it from history.",
     ),
+    "undo.schema.json": (
+        UndoBody,
+        MessageType.UNDO,
+        "From one engine to another: a parent saga compensates, so its child undoes what it did.",
+    ),
 }
 
 BODY_EXAMPLES: dict[MessageType, list[Any]] = {
@@ -97,6 +103,19 @@ BODY_EXAMPLES: dict[MessageType, list[Any]] = {
     MessageType.START: [
         {"input": {"order_id": "o-42", "amount": 1999}, "idempotency_key": "order-42"},
         {"input": {"order_id": "o-43"}, "deadline_s": 600},
+        {
+            "input": {"order_id": "o-44"},
+            "parent": {
+                "saga_id": "8f14e45f-ea3b-4c1b-9f6e-2b0c1d8a7e55",
+                "command_id": "0c2d7a4e-5b1f-5e39-8a6c-3f9d2e1b7a40",
+                "saga_type": "checkout",
+            },
+        },
+        {
+            "input": {"order_id": "o-45"},
+            "idempotency_key": "orders-o-45",
+            "trigger": {"topic": "orders", "partition": 3, "offset": 1881},
+        },
     ],
     MessageType.SIGNAL: [
         {"name": "approval", "signal_id": "approval-o-42", "payload": {"approved": True}},
@@ -105,6 +124,7 @@ BODY_EXAMPLES: dict[MessageType, list[Any]] = {
         {"reason": "customer cancelled the order", "principal": "support:alice"},
     ],
     MessageType.RELOAD: [{"changed_by": "engine-2"}, {}],
+    MessageType.UNDO: [{"parent_id": "8f14e45f-ea3b-4c1b-9f6e-2b0c1d8a7e55", "reason": ""}],
 }
 
 #: What each header means on the wire, beyond the Envelope field it maps to. A header

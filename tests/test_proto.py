@@ -64,6 +64,7 @@ BODY_FILES: dict[MessageType, str] = {
     MessageType.SIGNAL: "signal.schema.json",
     MessageType.CANCEL: "cancel.schema.json",
     MessageType.RELOAD: "reload.schema.json",
+    MessageType.UNDO: "undo.schema.json",
 }
 BODY_MODELS: dict[MessageType, type[BaseModel]] = {
     MessageType.REPLY: ReplyBody,

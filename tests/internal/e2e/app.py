@@ -68,6 +68,35 @@ class Transfer(Saga[TransferRequest, TransferDone]):
         return TransferDone(receipts=receipts)
 
 
+class PayoutRequest(BaseModel):
+    amounts: list[int]
+    refuse_after: bool = False  # a last step refused after the children completed
+    pause_s: float = 0.0
+
+
+class PayoutDone(BaseModel):
+    receipts: list[str]
+
+
+class Payout(Saga[PayoutRequest, PayoutDone]):
+    """A parent: one Transfer child per amount, then (maybe) a refused last step, which
+    makes it compensate: its completed children are undone, last first."""
+
+    name = "payout"
+
+    async def run(self, ctx: SagaContext, req: PayoutRequest) -> PayoutDone:
+        receipts: list[str] = []
+        for i, amount in enumerate(req.amounts):
+            done = await ctx.child(
+                Transfer, TransferRequest(amount=amount, pause_s=req.pause_s),
+                id=f"transfer-{i}", poll=5,
+            )  # fmt: skip
+            receipts += done.receipts
+        if req.refuse_after:
+            await ctx.step("settle", to="alpha", command=Apply(amount=0, refuse=True), timeout=5)
+        return PayoutDone(receipts=receipts)
+
+
 #: Created by the test harness in each participant's schema before it starts.
 LEDGER_DDL = """
 CREATE TABLE IF NOT EXISTS ledger (

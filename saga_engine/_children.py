@@ -1,0 +1,193 @@
+"""Child sagas, the engine's side: starting a child, undoing one, and a child's end
+travelling back to its parent.
+
+A ``ctx.child`` step is a step whose participant is the engine (``saga.child``): its
+command starts the child, its compensation undoes it, and the child's end is its reply.
+The runtime records them like any step; here they are carried out. Through Kafka
+(``_worker.py`` routes ``saga.start`` with a parent and ``saga.undo`` from the inbox, and
+``_kafka.py`` sends them to the inbox keyed by the child's or the parent's id), so parent
+and child may be owned by different engines; in one process (the testing kit), through
+:meth:`ChildLinks.deliver_locally`.
+
+Every message here may come twice (a re-send after a timeout, a recovery, a poll) and is
+idempotent: a child's id and its parent's command ids are deterministic, a repeated start
+of an ended child is answered with its end again, and a parent drops a second reply to
+the same command.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from saga_engine._decision import (
+    CHILD_PARTICIPANT,
+    PARENT_PARTICIPANT,
+    DropReason,
+    OutboundCommand,
+    Undo,
+    parent_reply,
+)
+from saga_engine._errors import PermanentError, SagaNotFound, TransientError
+from saga_engine._events import ParentLink
+from saga_engine._operations import ChildStart, ChildUndo
+from saga_engine._runtime import SagaRuntime
+from saga_engine._serde import JsonDict
+from saga_engine._wire import Envelope, MessageType, ReplyBody, StartBody, UndoBody
+
+if TYPE_CHECKING:
+    from saga_engine._engine import Engine
+
+log = logging.getLogger("saga_engine.children")
+
+#: Participant names the engine answers itself: never a participant's command topic.
+ENGINE_PARTICIPANTS = frozenset({CHILD_PARTICIPANT, PARENT_PARTICIPANT})
+
+
+def parent_of(command: OutboundCommand) -> ParentLink:
+    """The parent a child command comes from."""
+    return ParentLink(
+        saga_id=command.saga_id, command_id=command.command_id, saga_type=command.saga_type
+    )
+
+
+class ChildLinks:
+    """What one engine does for child sagas: start, undo, and answer parents."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._e = engine
+
+    async def start_child(
+        self,
+        saga_type: str,
+        input: JsonDict,
+        *,
+        saga_id: str,
+        parent: ParentLink,
+        trace_context: dict[str, str] | None = None,
+    ) -> None:
+        """Starts a child (once: its id is deterministic). A child that cannot start (a
+        type this engine does not know, an input its model refuses) fails its parent's
+        step, like a refused command; one that already ended answers with its end."""
+        engine = self._e
+        try:
+            await engine.start(
+                saga_type, input, saga_id=saga_id, parent=parent, trace_context=trace_context
+            )
+        except PermanentError as exc:
+            # Nothing was started: the parent's step is refused, with the reason.
+            log.warning("child saga %s of %s cannot start: %s", saga_id, parent.saga_id, exc)
+            engine.stats.inc("child_start_refused")
+            await self._send(
+                parent_reply(parent, saga_id, "failure", {"child_id": saga_id}, f"{exc}")
+            )
+            return
+        await self.answer_again(saga_id)
+
+    async def undo_child(self, saga_id: str, command_id: str, parent_id: str, reason: str) -> None:
+        """The parent compensates: the child undoes what it did (see ``UndoRequested``).
+        A child that never started has nothing to undo, and says so at once."""
+        engine = self._e
+        try:
+            decision = await engine.deliver(
+                saga_id, Undo(command_id, parent_id, engine.clock.now(), reason)
+            )
+        except SagaNotFound:
+            parent = ParentLink(saga_id=parent_id, command_id=command_id)
+            await self._send(parent_reply(parent, saga_id, "success", {"child_id": saga_id}, None))
+            return
+        if decision.dropped is DropReason.UNDO_ANSWERED:
+            await self.answer_again(saga_id)
+
+    async def answer_again(self, saga_id: str) -> None:
+        """Sends an ended child's answers to its parent again (nothing while it runs)."""
+        engine = self._e
+        record = await engine.get(saga_id)
+        if not record.status.is_terminal:
+            return
+        live = engine.runtime_of(saga_id)
+        if live is not None:
+            notices = live.parent_notices()
+        else:
+            events = await engine.history(saga_id)
+            definition = engine.registry.get(record.saga_type)
+            runtime, _ = SagaRuntime.replay(definition, saga_id, events)
+            try:
+                notices = runtime.parent_notices()
+            finally:
+                runtime.close()
+        for notice in notices:
+            await self._send(notice)
+
+    async def deliver_locally(self, command: OutboundCommand) -> bool:
+        """Carries out a child's command or a parent's answer in this process (the
+        testing kit's bus). False for a participant's command."""
+        engine = self._e
+        if command.participant == PARENT_PARTICIPANT:
+            body = command.payload
+            await engine.reply(
+                command.saga_id, command.command_id, body["outcome"], body.get("payload") or {},
+                body.get("error"),
+            )  # fmt: skip
+            return True
+        if command.participant != CHILD_PARTICIPANT:
+            return False
+        if command.compensation:
+            undo = ChildUndo.model_validate(command.payload)
+            await self.undo_child(undo.saga_id, command.command_id, command.saga_id, "")
+        else:
+            start = ChildStart.model_validate(command.payload)
+            await self.start_child(
+                start.saga_type, start.input, saga_id=start.saga_id, parent=parent_of(command),
+                trace_context=command.trace_context,
+            )  # fmt: skip
+        return True
+
+    async def _send(self, notice: OutboundCommand) -> None:
+        try:
+            await self._e.sender.send_command(notice)
+        except TransientError:
+            # The parent asks again (its poll, or its recovery): the answer is not lost.
+            log.warning("could not answer parent saga %s yet", notice.saga_id)
+            raise
+
+
+def engine_envelope(command: OutboundCommand, source: str) -> Envelope:
+    """The inbox message that carries a child's start or undo (keyed by the child's id),
+    or a child's end (the reply to its parent's command, keyed by the parent's id)."""
+    trace = {
+        "traceparent": command.trace_context.get("traceparent", ""),
+        "tracestate": command.trace_context.get("tracestate", ""),
+    }
+    if command.participant == PARENT_PARTICIPANT:
+        body = command.payload
+        return Envelope(
+            message_type=MessageType.REPLY, source=source, subject=command.command_type,
+            saga_id=command.saga_id, saga_type=command.saga_type,
+            command_id=command.command_id, step=command.step,
+            correlation_id=command.saga_id, causation_id=str(body.get("child", "")),
+            body=ReplyBody(
+                outcome=body["outcome"], payload=body.get("payload") or {},
+                error=body.get("error"),
+            ).model_dump(mode="json"),
+            **trace,
+        )  # fmt: skip
+    if command.compensation:
+        undo = ChildUndo.model_validate(command.payload)
+        return Envelope(
+            message_type=MessageType.UNDO, source=source, subject=undo.saga_type,
+            saga_id=undo.saga_id, saga_type=undo.saga_type, command_id=command.command_id,
+            correlation_id=command.saga_id, causation_id=command.command_id,
+            body=UndoBody(parent_id=command.saga_id).model_dump(mode="json"),
+            **trace,
+        )  # fmt: skip
+    start = ChildStart.model_validate(command.payload)
+    return Envelope(
+        message_type=MessageType.START, source=source, subject=start.saga_type,
+        saga_id=start.saga_id, saga_type=start.saga_type,
+        correlation_id=command.saga_id, causation_id=command.command_id,
+        body=StartBody(input=start.input, parent=parent_of(command)).model_dump(
+            mode="json", exclude_none=True
+        ),
+        **trace,
+    )  # fmt: skip

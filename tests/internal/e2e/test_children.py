@@ -1,0 +1,85 @@
+"""Child sagas on the real stack: parent and child on different engines, an engine
+SIGKILLed while children run, and a parent's compensation undoing completed children."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+import pytest
+
+from saga_engine import SagaStatus
+from saga_engine._decision import child_saga_id
+from saga_engine._topics import partition_for
+from saga_engine.client import SagaClient
+from tests.internal.e2e.app import PARTICIPANTS, Payout, PayoutRequest
+from tests.internal.e2e.harness import Cluster
+
+pytestmark = pytest.mark.integration
+
+CHILDREN = 2
+
+
+async def _until_some_children_run(cluster: Cluster, parents: list[str], timeout: float) -> None:
+    children = [child_saga_id(p, f"transfer-{i}") for p in parents for i in range(CHILDREN)]
+    deadline = time.monotonic() + timeout
+    while True:
+        statuses = await cluster.statuses(children)
+        if any(s == SagaStatus.RUNNING for s in statuses.values()):
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"no child saga ran within {timeout:g}s\n{cluster.log_tail('engine-a')}")
+        await asyncio.sleep(0.1)
+
+
+async def test_children_survive_a_sigkill_and_undo_with_their_parent(
+    participants_up: Cluster,
+) -> None:
+    cluster = participants_up
+    cluster.start_engine("engine-a")
+    cluster.start_engine("engine-b")
+    requests = [PayoutRequest(amounts=[10 + i, 20 + i], refuse_after=i % 2 == 1, pause_s=0.5)
+                for i in range(6)]  # fmt: skip
+    async with SagaClient(cluster.settings) as client:
+        parents = [await client.start(Payout, r) for r in requests]
+    await _until_some_children_run(cluster, parents, timeout=90)
+    # An engine dies while children run: its parents and children are recovered by the
+    # survivor (or by itself, restarted), and nothing is lost or done twice.
+    cluster.kill("engine-a")
+    cluster.start_engine("engine-a")
+    statuses = await cluster.wait_settled(parents, timeout=180)
+
+    children = {p: [child_saga_id(p, f"transfer-{i}") for i in range(CHILDREN)] for p in parents}
+    child_statuses = await cluster.statuses([c for cs in children.values() for c in cs])
+    for parent, request in zip(parents, requests, strict=True):
+        if request.refuse_after:
+            # Compensated: its completed children were undone, each ending compensated.
+            assert statuses[parent] == SagaStatus.COMPENSATED, parent
+            assert {child_statuses[c] for c in children[parent]} == {SagaStatus.COMPENSATED}
+        else:
+            assert statuses[parent] == SagaStatus.COMPLETED, parent
+            assert {child_statuses[c] for c in children[parent]} == {SagaStatus.COMPLETED}
+
+    # Effects, counted in the participants' own ledgers: one per command id, and each
+    # child's three transfers applied once, and reverted once when its parent compensated.
+    for participant in PARTICIPANTS:
+        rows = await cluster.ledger(participant)
+        duplicated = {c: n for c, n in Counter(r["command_id"] for r in rows).items() if n != 1}
+        assert not duplicated, f"{participant}: duplicated effects {duplicated}"
+        for parent, request in zip(parents, requests, strict=True):
+            for child in children[parent]:
+                kinds = sorted(r["kind"] for r in rows if r["saga_id"] == child)
+                want = ["apply", "revert"] if request.refuse_after else ["apply"]
+                assert kinds == want, f"{participant} child {child}: {kinds} != {want}"
+            # The parent's own refused step left nothing (the refusal rolled back).
+            assert not [r for r in rows if r["saga_id"] == parent]
+
+    # Scale-out: some parent and its child live in different inbox partitions, so
+    # their ends crossed engines through the inbox.
+    partitions = cluster.partitions
+    assert any(
+        partition_for(p, partitions) != partition_for(c, partitions)
+        for p, cs in children.items()
+        for c in cs
+    )
