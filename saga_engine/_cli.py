@@ -454,6 +454,7 @@ def show(
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     error = saga.get("error")
+    parent, trigger = saga.get("parent"), saga.get("trigger")
     for field, value in (
         ("status", saga["status"]),
         ("type", saga["saga_type"]),
@@ -464,9 +465,25 @@ def show(
         ("created", saga["created_at"]),
         ("updated", saga["updated_at"]),
         ("events", str(saga["events"])),
+        ("parent", f"{parent['saga_type']} {parent['saga_id']}" if parent else ""),
+        (
+            "trigger",
+            f"{trigger['topic']}[{trigger['partition']}]@{trigger['offset']}" if trigger else "",
+        ),
     ):
-        table.add_row(field, value)
+        if value or field not in ("parent", "trigger"):
+            table.add_row(field, value)
     out.print(table)
+    kids = saga.get("children") or []
+    if kids:
+        children = Table(title="child sagas")
+        for column in ("step", "type", "id", "status"):
+            children.add_column(column, overflow="fold")
+        for c in kids:
+            children.add_row(
+                c["step"], c["saga_type"], c["saga_id"], c.get("status") or "not started"
+            )
+        out.print(children)
     waits = saga.get("waiting_for") or []
     if waits:
         waiting = Table(title="waiting for")

@@ -28,6 +28,7 @@ from saga_engine._events import (
     SignalReceived,
     StepSkipped,
     TimerStarted,
+    UndoRequested,
 )
 
 __all__ = ["gist"]
@@ -46,7 +47,14 @@ def _details(event: Event) -> list[str]:
     if isinstance(event, SagaStarted):
         key = f"key {event.idempotency_key!r}" if event.idempotency_key else ""
         deadline = f"deadline {event.deadline_at.isoformat()}" if event.deadline_at else ""
-        return [f"input {_short(event.input)}", key, deadline]
+        parent = f"child of {event.parent.saga_id}" if event.parent else ""
+        origin = event.trigger
+        trigger = (
+            f"from {origin.topic}[{origin.partition}]@{origin.offset}" if origin is not None else ""
+        )
+        return [f"input {_short(event.input)}", key, deadline, parent, trigger]
+    if isinstance(event, UndoRequested):
+        return [f"reason {event.reason!r}" if event.reason else ""]
     if isinstance(event, ReplyReceived):
         return [f"error {event.error!r}" if event.error else "", _payload(event.payload)]
     if isinstance(event, InvalidReplyReceived):

@@ -43,6 +43,7 @@ from saga_engine._events import (
     StepSkipped,
     TimerFired,
     TimerStarted,
+    UndoRequested,
 )
 from saga_engine._serde import JsonDict
 from saga_engine._status import SagaStatus
@@ -276,6 +277,10 @@ class _Fold:
             self._timer_segment(seq, event)
         elif isinstance(event, CancelRequested | CompensationForced):
             self.stopping = True
+        elif isinstance(event, UndoRequested):
+            # Its parent compensates: a running child stops as on a cancel; a completed
+            # one compensates next (its compensation_started follows).
+            self.stopping = self.stopping or self.base != SagaStatus.COMPLETED
         elif isinstance(event, TimerFired):
             self.stopping = self.stopping or event.timer_id == DEADLINE_TIMER
             self.timers.pop(event.timer_id, None)

@@ -17,9 +17,10 @@ from saga_engine._replay import export_history
 from saga_engine._status import SagaStatus
 from saga_engine._store import as_utc
 from saga_engine.admin._deps import EngineDep
+from saga_engine.admin._lineage import children, tree
 from saga_engine.admin._listing import SagaFilter, attribute_filters, decode_cursor, list_page
-from saga_engine.admin._schemas import HistoryDocument, SagaDetail, SagaPage
-from saga_engine.admin._shared import NO_NUL, READ_ERRORS, errors, load
+from saga_engine.admin._schemas import HistoryDocument, LineageNode, SagaDetail, SagaPage
+from saga_engine.admin._shared import NO_NUL, READ_ERRORS, errors, load, saga_ref
 from saga_engine.admin._views import awaited_signals, detail, summary
 
 __all__ = ["router"]
@@ -121,7 +122,28 @@ async def get_saga(
     """Status, input, output or error, current step, what it waits for (``waiting_for``),
     the commands in flight, pending compensations, next wake-up."""
     record, events = await load(engine, saga)
-    return detail(record, events, awaited_signals(engine.registry, record, events))
+    return detail(
+        record,
+        events,
+        awaited_signals(engine.registry, record, events),
+        await children(engine.store, events),
+    )
+
+
+@router.get(
+    "/sagas/{saga_id}/lineage",
+    response_model=LineageNode,
+    name="get_lineage",
+    responses=errors(404, *READ_ERRORS),
+)
+async def lineage(
+    saga_id: Annotated[str, Path(description="The saga's id.")],
+    engine: EngineDep,
+) -> LineageNode:
+    """The tree of parent and child sagas this saga belongs to, from its root: each saga
+    with its status and the children it started (at most 100 sagas)."""
+    await load(engine, saga_id)  # 404 for an unknown saga, as the other reads
+    return await tree(engine.store, saga_ref(saga_id))
 
 
 @router.get(

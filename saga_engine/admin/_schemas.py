@@ -103,6 +103,44 @@ class InFlightCommand(BaseModel):
     )
 
 
+class ParentRef(BaseModel):
+    """The saga that started this one with ``ctx.child``."""
+
+    saga_id: str
+    saga_type: str = ""
+    command_id: str = Field(description="The parent's step command the child's end answers.")
+
+
+class TriggerRef(BaseModel):
+    """The Kafka record a trigger started this saga from."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class ChildRef(BaseModel):
+    """A child saga this one started with ``ctx.child``."""
+
+    saga_id: str
+    saga_type: str
+    step: str = Field(description="The parent's step that started it.")
+    status: SagaStatus | None = Field(description="Null while its start is on its way.")
+
+
+class LineageNode(BaseModel):
+    """One saga of a lineage tree, with the children it started."""
+
+    saga_id: str
+    saga_type: str
+    status: SagaStatus | None = None
+    step: str = Field(default="", description="The parent's step that started it.")
+    children: list[LineageNode]
+    truncated: bool = Field(
+        default=False, description="More children exist than the tree shows (it is bounded)."
+    )
+
+
 class SagaDetail(SagaSummary):
     input: dict[str, Any]
     output: dict[str, Any] | None = None
@@ -114,6 +152,15 @@ class SagaDetail(SagaSummary):
     deadline_at: datetime | None = None
     idempotency_key: str | None = None
     events: int = Field(description="How many events its history holds.")
+    parent: ParentRef | None = Field(
+        default=None, description="The saga that started it with ctx.child, if one did."
+    )
+    trigger: TriggerRef | None = Field(
+        default=None, description="The trigger record it was started from, if a trigger did."
+    )
+    children: list[ChildRef] = Field(
+        default_factory=list, description="The child sagas it started, in order."
+    )
 
 
 class SagaTypeInfo(BaseModel):

@@ -14,7 +14,9 @@ from saga_engine._events import Event
 from saga_engine._runtime import SagaRuntime
 from saga_engine._store import SagaRecord
 from saga_engine._view import SagaView, fold
+from saga_engine.admin._lineage import parent_of, trigger_of
 from saga_engine.admin._schemas import (
+    ChildRef,
     InFlightCommand,
     PendingCompensation,
     SagaDetail,
@@ -63,12 +65,20 @@ def view_of(
 
 
 def detail(
-    record: SagaRecord, events: Sequence[Event], awaited_signals: Iterable[str] = ()
+    record: SagaRecord,
+    events: Sequence[Event],
+    awaited_signals: Iterable[str] = (),
+    children: Sequence[ChildRef] = (),
 ) -> SagaDetail:
-    return detail_of(record, view_of(record, events, awaited_signals))
+    return detail_of(record, view_of(record, events, awaited_signals), events, children)
 
 
-def detail_of(record: SagaRecord, view: SagaView) -> SagaDetail:
+def detail_of(
+    record: SagaRecord,
+    view: SagaView,
+    events: Sequence[Event] = (),
+    children: Sequence[ChildRef] = (),
+) -> SagaDetail:
     return SagaDetail(
         **summary(record).model_dump(),
         input=view.input,
@@ -95,4 +105,7 @@ def detail_of(record: SagaRecord, view: SagaView) -> SagaDetail:
         deadline_at=view.deadline_at,
         idempotency_key=record.idempotency_key,
         events=view.events,
+        parent=parent_of(events),
+        trigger=trigger_of(events),
+        children=list(children),
     )

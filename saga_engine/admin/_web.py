@@ -53,6 +53,7 @@ from saga_engine.admin._auth import (
     relative_redirect,
     session_cookie,
 )
+from saga_engine.admin._lineage import children, tree
 from saga_engine.admin._listing import SagaFilter, attribute_filters, decode_cursor, list_page
 from saga_engine.admin._timeline import timeline
 from saga_engine.admin._views import awaited_signals, detail_of, summary, view_of
@@ -350,7 +351,7 @@ def web_router(engine: Engine, admin: AdminSettings) -> APIRouter:
         events = [stored.event for stored in loaded.events]
         record = loaded.record
         view = view_of(record, events, awaited_signals(engine.registry, record, events))
-        info = detail_of(record, view)
+        info = detail_of(record, view, events, await children(engine.store, events))
         root = _root(request)
         api = f"{root}/sagas/{quote(record.saga_id, safe='')}"
         return _render(
@@ -358,6 +359,7 @@ def web_router(engine: Engine, admin: AdminSettings) -> APIRouter:
             root=root,
             user=user(request),
             saga=info,
+            lineage=await tree(engine.store, record.saga_id),
             api=api,
             history_url=f"{api}/history?download=1",
             timeline=timeline(view, now=None if view.status.is_terminal else record.updated_at),

@@ -91,3 +91,34 @@ class Noop(Saga[Ping, Ping]):
 
     async def run(self, ctx: SagaContext, p: Ping) -> Ping:
         return p
+
+
+# A family of child sagas, for lineage: root -> middle -> leaf a, leaf b.
+
+
+class Empty(BaseModel):
+    pass
+
+
+class Leaf(Saga[Empty, Empty]):
+    name = "leaf"
+
+    async def run(self, ctx: SagaContext, input: Empty) -> Empty:
+        return Empty()
+
+
+class Middle(Saga[Empty, Empty]):
+    name = "middle"
+
+    async def run(self, ctx: SagaContext, input: Empty) -> Empty:
+        await ctx.child(Leaf, Empty(), id="a")
+        await ctx.child(Leaf, Empty(), id="b")
+        return Empty()
+
+
+class Root(Saga[Empty, Empty]):
+    name = "root"
+
+    async def run(self, ctx: SagaContext, input: Empty) -> Empty:
+        await ctx.child(Middle, Empty())
+        return Empty()

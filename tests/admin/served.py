@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
+from saga_engine import Saga
 from saga_engine.admin import create_admin_app, serve_admin
 from saga_engine.settings import Settings
 from saga_engine.store import EventStore
@@ -28,7 +30,10 @@ class Served:
 
 @contextmanager
 def served_in_thread(
-    settings: Settings, seed: Seed, store: StoreFactory | None = None
+    settings: Settings,
+    seed: Seed,
+    store: StoreFactory | None = None,
+    sagas: Sequence[type[Saga[Any, Any]]] = (Transfer, Noop),
 ) -> Iterator[Served]:
     """Runs engine, participants and server on one loop in a thread; stops them after."""
     served = Served()
@@ -39,7 +44,7 @@ def served_in_thread(
 
     async def main() -> None:
         opened = await store() if store is not None else None
-        env = SagaTestEnv([Transfer, Noop], settings=settings, store=opened)
+        env = SagaTestEnv(list(sagas), settings=settings, store=opened)
         served.seeded = await seed(env)
         app = create_admin_app(env.engine, settings)
         server = await serve_admin(app, settings)

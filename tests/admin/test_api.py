@@ -633,6 +633,7 @@ async def test_openapi_describes_the_api(admin: Admin) -> None:
         "/sagas",
         "/sagas/{saga}",
         "/sagas/{saga_id}/history",
+        "/sagas/{saga_id}/lineage",
         "/metrics",
         "/sagas/{saga_id}/signal",
         "/sagas/{saga_id}/cancel",

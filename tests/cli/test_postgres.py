@@ -13,7 +13,7 @@ from saga_engine.cli import CliError
 from saga_engine.settings import AdminSettings, PostgresSettings, Settings
 from saga_engine.store import PostgresEventStore, migrate
 from saga_engine.testing import SagaRun, SagaTestEnv
-from tests.admin.sagas import Credit, Noop, Refund, Transfer
+from tests.admin.sagas import Credit, Empty, Leaf, Middle, Noop, Refund, Root, Transfer
 from tests.admin.served import served_in_thread
 from tests.cli.conftest import as_json, invoke, one_line_error
 from tests.conftest import PgTarget
@@ -171,3 +171,29 @@ def test_an_unreachable_admin_api_is_one_line_error() -> None:
     env = {"SAGA_ADMIN__HOST": "127.0.0.1", "SAGA_ADMIN__PORT": "1"}
     line = one_line_error(invoke(["list"], env), 7)
     assert "could not reach the admin API at http://127.0.0.1:1" in line
+
+
+def test_show_names_a_sagas_parent_and_children(pg: PgTarget) -> None:
+    asyncio.run(migrate(pg.database_dsn, pg.schema))
+
+    async def store() -> PostgresEventStore:
+        return await PostgresEventStore.connect(
+            PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
+        )
+
+    async def seed(env: SagaTestEnv) -> dict[str, str]:
+        root = await env.engine.start(Root, Empty())
+        assert await env.run_until_settled(SagaRun(env, root, Root)) == SagaStatus.COMPLETED
+        return {"root": root}
+
+    settings = Settings(admin=AdminSettings(host="127.0.0.1", port=0))
+    with served_in_thread(settings, seed, store, sagas=(Root, Middle, Leaf)) as served:
+        env = {"SAGA_ADMIN_URL": served.url}
+        root = as_json(invoke(["show", served.seeded["root"], "--json"], env))
+        [middle] = root["children"]
+        shown = invoke(["show", middle["saga_id"]], env)
+        assert shown.exit_code == 0, shown.output
+        assert f"root {served.seeded['root']}" in shown.stdout  # its parent
+        assert "child sagas" in shown.stdout
+        assert "child:a" in shown.stdout
+        assert "child:b" in shown.stdout

@@ -235,10 +235,22 @@ async def test_trigger_starts_one_saga_per_message_even_when_redelivered(
             # The saga joined the trace of the message that started it (a garbled
             # traceparent is ignored, not an error).
             contexts = {}
+            origins = {}
             for saga in sagas:
                 started = (await engine.history(saga.saga_id))[0]
                 assert isinstance(started, SagaStarted)
                 contexts[saga.idempotency_key] = started.trace_context.get("traceparent", "")
+                assert started.trigger is not None
+                origins[saga.idempotency_key] = started.trigger
+            # Each saga records the trigger record that started it: the first of its
+            # order's messages (the duplicates after it were deduplicated), so the first
+            # message sent is the one order-1 points at.
+            assert {o.topic for o in origins.values()} == {topic}
+            assert origins["order-1"].offset == 0
+            assert (origins["order-2"].partition, origins["order-2"].offset) != (
+                origins["order-1"].partition,
+                0,
+            )
             assert contexts["order-1"].split("-")[1] == TRACEPARENT.split("-")[1]
             assert contexts["order-2"] == ""
 

@@ -1,0 +1,95 @@
+"""A saga's lineage: its parent, its children, the trigger record that started it, and
+the whole tree it belongs to.
+
+Histories hold it all: a child's ``saga_started`` names its parent, and a parent's
+``command_issued`` to ``saga.child`` names each child's id. No table is kept for it; the
+tree is read from the histories, bounded (``MAX_NODES``, ``MAX_DEPTH``), when asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from saga_engine._decision import CHILD_PARTICIPANT
+from saga_engine._errors import SagaNotFound
+from saga_engine._events import CommandIssued, Event, SagaStarted
+from saga_engine._store import EventStore
+from saga_engine.admin._schemas import ChildRef, LineageNode, ParentRef, TriggerRef
+
+#: A tree is drawn with at most this many sagas, and this many levels above the saga.
+MAX_NODES = 100
+MAX_DEPTH = 16
+
+
+def children_of(events: Sequence[Event]) -> list[tuple[str, str, str]]:
+    """(child id, child type, step) for every child a history started, in order."""
+    seen: dict[str, tuple[str, str, str]] = {}
+    for event in events:
+        if isinstance(event, CommandIssued) and event.participant == CHILD_PARTICIPANT:
+            child_id = str(event.payload.get("saga_id", ""))
+            if child_id and child_id not in seen:
+                seen[child_id] = (child_id, str(event.payload.get("saga_type", "")), event.step)
+    return list(seen.values())
+
+
+def parent_of(events: Sequence[Event]) -> ParentRef | None:
+    started = events[0] if events else None
+    if not isinstance(started, SagaStarted) or started.parent is None:
+        return None
+    return ParentRef.model_validate(started.parent, from_attributes=True)
+
+
+def trigger_of(events: Sequence[Event]) -> TriggerRef | None:
+    started = events[0] if events else None
+    if not isinstance(started, SagaStarted) or started.trigger is None:
+        return None
+    return TriggerRef.model_validate(started.trigger, from_attributes=True)
+
+
+async def children(store: EventStore, events: Sequence[Event]) -> list[ChildRef]:
+    """The children a history started, each with its status (None: not started yet)."""
+    found = []
+    for child_id, saga_type, step in children_of(events):
+        try:
+            status = (await store.get(child_id)).status
+        except SagaNotFound:
+            status = None
+        found.append(ChildRef(saga_id=child_id, saga_type=saga_type, step=step, status=status))
+    return found
+
+
+async def tree(store: EventStore, saga_id: str) -> LineageNode:
+    """The tree ``saga_id`` belongs to, from its root: each saga with its children."""
+    root = saga_id
+    for _ in range(MAX_DEPTH):
+        first = (await store.first_event(root)).event
+        if not isinstance(first, SagaStarted) or first.parent is None:
+            break
+        try:
+            await store.get(first.parent.saga_id)
+        except SagaNotFound:
+            break  # its parent is gone (retention): the tree starts here
+        root = first.parent.saga_id
+    budget = [MAX_NODES]
+    return await _node(store, root, "", budget)
+
+
+async def _node(store: EventStore, saga_id: str, step: str, budget: list[int]) -> LineageNode:
+    budget[0] -= 1
+    loaded = await store.load(saga_id)
+    events = [stored.event for stored in loaded.events]
+    node = LineageNode(
+        saga_id=saga_id, saga_type=loaded.record.saga_type, status=loaded.record.status,
+        step=step, children=[],
+    )  # fmt: skip
+    for child_id, child_type, child_step in children_of(events):
+        if budget[0] <= 0:
+            node.truncated = True
+            break
+        try:
+            node.children.append(await _node(store, child_id, child_step, budget))
+        except SagaNotFound:
+            node.children.append(
+                LineageNode(saga_id=child_id, saga_type=child_type, step=child_step, children=[])
+            )
+    return node
