@@ -8,8 +8,19 @@ from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, StepFailed
 from saga_engine._decision import CHILD_PARTICIPANT, child_saga_id
+from saga_engine._view import fold
 from saga_engine.events import SagaStarted
 from saga_engine.testing import SagaTestEnv
+
+
+async def _views_agree(env: SagaTestEnv) -> None:
+    """The fold every view uses reads each saga's history as the runtime drove it."""
+    for record in await env.engine.store.list_sagas():
+        view = fold(await env.engine.history(record.saga_id), saga_id=record.saga_id)
+        assert view.status == record.status, record.saga_id
+        runtime = env.engine.runtime_of(record.saga_id)
+        if runtime is not None:
+            assert [o.step for o in view.owed] == runtime.owed_compensations()
 
 
 class ShipIn(BaseModel):
@@ -83,6 +94,7 @@ async def test_a_child_runs_and_its_output_is_the_parents_step_result() -> None:
     assert started.parent is not None
     assert started.parent.saga_id == run.saga_id
     assert [c.step for c in env.commands(CHILD_PARTICIPANT)] == ["child:shipment"]
+    await _views_agree(env)
 
 
 async def test_a_failed_child_fails_the_parents_step_and_is_not_undone() -> None:
@@ -99,6 +111,7 @@ async def test_a_failed_child_fails_the_parents_step_and_is_not_undone() -> None
     # The parent compensated only its own step: the child's undo is not owed.
     assert env.compensated_steps() == ["book", "reserve"]
     assert not env.commands(CHILD_PARTICIPANT, compensation=True)
+    await _views_agree(env)
 
 
 async def test_a_completed_child_is_undone_in_the_parents_lifo_order() -> None:
@@ -116,6 +129,7 @@ async def test_a_completed_child_is_undone_in_the_parents_lifo_order() -> None:
     assert env.compensated_steps() == ["child:shipment", "book", "reserve"]
     sent = [c for c in env.bus.sent if c.compensation]
     assert [c.participant for c in sent] == [CHILD_PARTICIPANT, "carrier", "stock"]
+    await _views_agree(env)
 
 
 async def test_cancelling_a_parent_cancels_its_running_child() -> None:
@@ -129,6 +143,7 @@ async def test_cancelling_a_parent_cancels_its_running_child() -> None:
     assert (await env.engine.get(child_id)).status == SagaStatus.CANCELLED
     kinds = [e.kind for e in await env.engine.history(child_id)]
     assert "undo_requested" in kinds
+    await _views_agree(env)
 
 
 async def test_a_child_of_an_unknown_type_fails_the_parents_step() -> None:
@@ -138,6 +153,7 @@ async def test_a_child_of_an_unknown_type_fails_the_parents_step() -> None:
     assert await run.status() == SagaStatus.COMPENSATED
     error: Any = await run.error()
     assert "shipment" in error["message"]
+    await _views_agree(env)
 
 
 async def test_a_repeated_start_of_an_ended_child_answers_again() -> None:
@@ -152,3 +168,4 @@ async def test_a_repeated_start_of_an_ended_child_answers_again() -> None:
         ("saga.parent", start.command_id, "success")
     ]
     assert answers[0].payload["child"] == child_id
+    await _views_agree(env)
