@@ -48,7 +48,7 @@ async def test_children_survive_a_sigkill_and_undo_with_their_parent(
     # survivor (or by itself, restarted), and nothing is lost or done twice.
     cluster.kill("engine-a")
     cluster.start_engine("engine-a")
-    statuses = await cluster.wait_settled(parents, timeout=180)
+    statuses = await cluster.wait_settled(parents, timeout=90)
 
     children = {p: [child_saga_id(p, f"transfer-{i}") for i in range(CHILDREN)] for p in parents}
     child_statuses = await cluster.statuses([c for cs in children.values() for c in cs])
@@ -83,3 +83,27 @@ async def test_children_survive_a_sigkill_and_undo_with_their_parent(
         for p, cs in children.items()
         for c in cs
     )
+
+
+async def test_cancelling_a_parent_cancels_its_running_child(participants_up: Cluster) -> None:
+    cluster = participants_up
+    cluster.start_engine("engine-a")
+    async with SagaClient(cluster.settings) as client:
+        # The child sleeps between its transfers: it is cancelled part way through.
+        parent = await client.start(Payout, PayoutRequest(amounts=[5], pause_s=30))
+        child = child_saga_id(parent, "transfer-0")
+        deadline = time.monotonic() + 60
+        while not [r for r in await cluster.ledger("alpha") if r["saga_id"] == child]:
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"the child never applied its first step\n{cluster.log_tail('engine-a')}"
+                )
+            await asyncio.sleep(0.1)
+        await client.cancel(parent, "the customer changed their mind", principal="support:ann")
+    statuses = await cluster.wait_settled([parent, child], timeout=60)
+    assert statuses == {parent: SagaStatus.CANCELLED, child: SagaStatus.CANCELLED}
+    # The child's one applied transfer was reverted, once; the others never ran.
+    alpha = sorted(r["kind"] for r in await cluster.ledger("alpha") if r["saga_id"] == child)
+    assert alpha == ["apply", "revert"]
+    for participant in ("beta", "gamma"):
+        assert not [r for r in await cluster.ledger(participant) if r["saga_id"] == child]
