@@ -84,6 +84,7 @@ class SagaRuntime:
             # Only telemetry: a header no one can store is dropped, not the start.
             trace_context={k: v for k, v in start.trace_context.items() if not unstorable({k: v})},
             request_hash=definition.fingerprint(value),
+            saga_version=definition.version,
         )
         rt._record(started)
         return rt, rt._decision()

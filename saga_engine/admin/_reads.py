@@ -112,7 +112,7 @@ def _attributes(request: Request, engine: Engine) -> tuple[tuple[str, str], ...]
     "/sagas/{saga}",
     response_model=SagaDetail,
     name="get_saga",
-    responses=errors(404, *READ_ERRORS),
+    responses=errors(404, 409, *READ_ERRORS),
 )
 async def get_saga(
     saga: Annotated[str, Path(description="The saga's id.")],
@@ -127,7 +127,7 @@ async def get_saga(
 @router.get(
     "/sagas/{saga_id}/history",
     response_model=HistoryDocument,
-    responses=errors(404, *READ_ERRORS),
+    responses=errors(404, 409, *READ_ERRORS),
 )
 async def history(
     saga_id: str,
