@@ -457,6 +457,7 @@ def show(
     for field, value in (
         ("status", saga["status"]),
         ("type", saga["saga_type"]),
+        ("version", str(saga.get("saga_version", 1))),
         ("current step", saga.get("current_step") or ""),
         ("error", f"{error['type']}: {error['message']}" if error else ""),
         ("next wake-up", saga.get("next_wakeup") or ""),
@@ -750,6 +751,12 @@ def dlq_replay(
             f"{result['topic']}[{result['partition']}]@{result['offset']}",
             highlight=False,
         )
+
+
+# ``saga rollout show|set`` (its module imports the helpers above).
+from saga_engine._cli_rollout import rollout_app  # noqa: E402
+
+app.add_typer(rollout_app, name="rollout")
 
 
 def main() -> None:

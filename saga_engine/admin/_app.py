@@ -75,4 +75,5 @@ def create_admin_app(
     app.include_router(_actions.router, dependencies=secured)
     app.include_router(_rollouts.router, dependencies=secured)
     app.include_router(web_router(engine, admin))
+    app.include_router(_rollouts.ui_router(engine, admin))
     return app

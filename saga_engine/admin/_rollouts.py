@@ -12,7 +12,8 @@ runtime.
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, Field, StringConstraints
 
 from saga_engine._engine import Engine
@@ -25,11 +26,14 @@ from saga_engine._rollout import (
     predicate_named,
     spec_of,
 )
+from saga_engine._settings import AdminSettings
+from saga_engine.admin._auth import PRINCIPAL_KEY, Principal, auth_required
 from saga_engine.admin._deps import Caller, EngineDep
 from saga_engine.admin._schemas import Reason, _Body
 from saga_engine.admin._shared import ACTION_ERRORS, READ_ERRORS, errors
+from saga_engine.admin._web import _render, _root
 
-__all__ = ["RolloutView", "rollout_view", "router"]
+__all__ = ["RolloutView", "rollout_view", "router", "ui_router"]
 
 audit = logging.getLogger("saga_engine.admin.audit")
 
@@ -169,3 +173,24 @@ async def set_rollout(
         saga_type, caller.name, change.before, change.after, body.reason,
     )  # fmt: skip
     return await rollout_view(engine, saga_type)
+
+
+def ui_router(engine: Engine, admin: AdminSettings) -> APIRouter:
+    """``/ui/rollouts``: every saga type's rollout and its audit trail, for reading (a
+    change goes through ``PUT /rollouts/{type}`` or ``saga rollout set``, with a reason)."""
+    pages = APIRouter(prefix="/ui", include_in_schema=False)
+    auth_on = auth_required(admin) is not None
+
+    @pages.get("/rollouts", name="ui_rollouts")
+    async def rollouts_page(request: Request) -> HTMLResponse:
+        principal = request.scope.get("state", {}).get(PRINCIPAL_KEY)
+        rows = await _store(engine).rollouts()
+        names = sorted(set(engine.registry.names()) | {r.saga_type for r in rows})
+        return _render(
+            "rollouts.html",
+            root=_root(request),
+            user=principal if auth_on and isinstance(principal, Principal) else None,
+            views=[await rollout_view(engine, name, limit=20) for name in names],
+        )
+
+    return pages
