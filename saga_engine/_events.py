@@ -439,19 +439,20 @@ def event_to_dict(event: Event) -> JsonDict:
     return data
 
 
-def event_from_dict(data: JsonDict, versions: EventVersions = VERSIONS) -> Event:
+def event_from_dict(data: JsonDict, versions: EventVersions | None = None) -> Event:
     """A stored event in the current shape (upcast if older); NewerEventError if it was
-    written by a newer engine."""
-    return _ADAPTER.validate_python(versions.current_shape(data))
+    written by a newer engine. ``versions``: what this engine reads (``VERSIONS``)."""
+    return _ADAPTER.validate_python((versions or VERSIONS).current_shape(data))
 
 
 def event_to_json(event: Event) -> bytes:
     return dumps(event_to_dict(event))
 
 
-def event_from_json(raw: bytes | str, versions: EventVersions = VERSIONS) -> Event:
-    return _ADAPTER.validate_python(versions.current_shape(loads(raw)))
+def event_from_json(raw: bytes | str, versions: EventVersions | None = None) -> Event:
+    return _ADAPTER.validate_python((versions or VERSIONS).current_shape(loads(raw)))
 
 
-def events_from_list(items: list[JsonDict], versions: EventVersions = VERSIONS) -> list[Event]:
-    return _LIST_ADAPTER.validate_python([versions.current_shape(item) for item in items])
+def events_from_list(items: list[JsonDict], versions: EventVersions | None = None) -> list[Event]:
+    shape = (versions or VERSIONS).current_shape
+    return _LIST_ADAPTER.validate_python([shape(item) for item in items])
