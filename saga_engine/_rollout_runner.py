@@ -13,8 +13,8 @@ import asyncio
 import logging
 
 from saga_engine._engine import Engine
-from saga_engine._errors import TransientError
-from saga_engine._rollout import RolloutStore
+from saga_engine._errors import InvalidTransition, TransientError
+from saga_engine._rollout import Rollout, RolloutChange, RolloutSpec, RolloutStore
 from saga_engine._telemetry import detach_from_trace
 
 log = logging.getLogger("saga_engine.rollout")
@@ -32,6 +32,23 @@ async def refresh_rollouts(engine: Engine) -> bool:
         return False
     engine.rollouts.replace(await store.rollouts(), engine.clock.now())
     return True
+
+
+async def apply_rollout(
+    engine: Engine, saga_type: str, spec: RolloutSpec, *, principal: str, reason: str
+) -> RolloutChange:
+    """Stores a type's rollout with its audit row, and applies it on ``engine`` at once
+    (the other engines at their next refresh)."""
+    store = engine.store
+    if not isinstance(store, RolloutStore):
+        raise InvalidTransition("this engine's store keeps no rollouts")
+    at = engine.clock.now()
+    change = await store.set_rollout(saga_type, spec, principal=principal, reason=reason, at=at)
+    engine.rollouts.put(
+        saga_type,
+        Rollout(saga_type=saga_type, updated_at=at, updated_by=principal, **spec.model_dump()),
+    )
+    return change
 
 
 async def keep_rollouts_fresh(engine: Engine, interval_s: float) -> None:

@@ -26,6 +26,7 @@ from saga_engine._rollout import (
     predicate_named,
     spec_of,
 )
+from saga_engine._rollout_runner import apply_rollout
 from saga_engine._settings import AdminSettings
 from saga_engine.admin._auth import PRINCIPAL_KEY, Principal, auth_required
 from saga_engine.admin._deps import Caller, EngineDep
@@ -159,15 +160,8 @@ async def set_rollout(
             ],
         )
     spec = RolloutSpec(version=body.version, percent=body.percent, predicate=body.predicate)
-    at = engine.clock.now()
-    change = await _store(engine).set_rollout(
-        saga_type, spec, principal=caller.name, reason=body.reason, at=at
-    )
     # This engine applies it now; the others at their next refresh.
-    engine.rollouts.put(
-        saga_type,
-        Rollout(saga_type=saga_type, updated_at=at, updated_by=caller.name, **spec.model_dump()),
-    )
+    change = await apply_rollout(engine, saga_type, spec, principal=caller.name, reason=body.reason)
     audit.info(
         "rollout of %s by %s: %s -> %s: %r",
         saga_type, caller.name, change.before, change.after, body.reason,
