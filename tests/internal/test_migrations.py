@@ -120,6 +120,8 @@ async def test_migrate_applies_each_migration_once(pg: PgTarget) -> None:
         "saga_archive",
         "sagas",
         "saga_events",
+        "saga_rollouts",  # 0009
+        "saga_rollout_audit",  # 0009
     }
     assert await _recorded(pg.database_dsn, pg.schema) == [
         (m.version, m.name, m.sha256) for m in shipped_migrations()
