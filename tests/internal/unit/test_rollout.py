@@ -3,7 +3,7 @@ dark deploys and rollbacks, and the registry that holds several versions of a na
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -14,10 +14,13 @@ from saga_engine import (
     Saga,
     SagaContext,
     SagaRegistry,
+    SagaStatus,
     UnknownSagaType,
     UnknownSagaVersion,
 )
 from saga_engine._rollout import Rollout, RolloutSpec, RolloutTable, bucket, pick
+from saga_engine._runtime import SagaRuntime
+from saga_engine.replay import export_history, load_history, replay
 from saga_engine.testing import SagaTestEnv
 
 
@@ -185,3 +188,38 @@ async def test_running_sagas_keep_their_version_and_replay_picks_it() -> None:
         assert history[-1].output == {"version": want}  # type: ignore[union-attr]
         # A replay (recovery, `saga replay`) picks the class the history recorded.
         assert env.engine.registry.for_history("order", history).version == want
+
+
+class NapV1(Saga[Order, Done]):
+    name = "nap"
+
+    async def run(self, ctx: SagaContext, input: Order) -> Done:
+        return Done(version=1)
+
+
+class NapV2(Saga[Order, Done]):
+    name = "nap"
+    version = 2
+
+    async def run(self, ctx: SagaContext, input: Order) -> Done:
+        await ctx.sleep(timedelta(seconds=1))  # an intent v1 does not have
+        return Done(version=2)
+
+
+async def test_saga_replay_picks_the_class_of_the_recorded_version() -> None:
+    env = SagaTestEnv([NapV1, NapV2])
+    await env.set_rollout("nap", version=2, percent=100)
+    run = await env.start(NapV1, Order())
+    await env.advance(timedelta(seconds=2))
+    assert await run.status() == SagaStatus.COMPLETED
+    history = load_history(export_history(run.saga_id, "nap", await run.history()))
+    result = replay([NapV1, NapV2], history)
+    assert result.deterministic, result.error
+    # The choice matters: the newest class (or v1's) would not match this history.
+    v1 = SagaRegistry([NapV1]).get("nap")
+    runtime, decision = SagaRuntime.replay(v1, run.saga_id, history.events)
+    runtime.close()
+    assert decision.nondeterminism is not None
+    # An engine without the recorded version says so instead of replaying another class.
+    with pytest.raises(UnknownSagaVersion):
+        replay([NapV1], history)
