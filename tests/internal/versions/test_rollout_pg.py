@@ -310,6 +310,7 @@ async def test_an_event_written_by_a_newer_engine_is_left_untouched_and_reported
         # A signal for it is dead-lettered as newer_version, not lost in a crash.
         await client.signal(saga_id, "go", Go(), saga=OrderV1)
         await poll_until(lambda: old.stats_dead_lettered >= 1, timeout=30)
+        assert engine.stats.counts["dead_lettered_newer_version"] == 1
         rows = await _pg_row(pg, "SELECT status, last_seq FROM sagas WHERE saga_id = $1", saga_id)
         assert [tuple(r) for r in rows] == [("running", 2)]
 
