@@ -18,7 +18,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from saga_engine._engine import Engine
-from saga_engine._errors import SagaError, TransientError
+from saga_engine._errors import NewerVersionError, SagaError, TransientError
 from saga_engine._retention import Retention
 from saga_engine._rollout_runner import keep_rollouts_fresh, needs_rollouts
 from saga_engine._settings import Settings
@@ -119,6 +119,8 @@ class Housekeeping:
             async with limit:
                 try:
                     await self._engine.wake(saga_id)
+                except NewerVersionError as exc:  # said once by recovery, not every poll
+                    log.debug("saga %s waits for a newer engine: %s", saga_id, exc)
                 except SagaError as exc:  # the next poll tries again
                     log.warning("waking saga %s failed: %s", saga_id, exc)
                 except Exception:
