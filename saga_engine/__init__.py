@@ -35,6 +35,8 @@ from saga_engine._errors import (
     InvalidPayload,
     InvalidTransition,
     KafkaUnavailable,
+    NewerEventError,
+    NewerVersionError,
     NondeterminismError,
     PayloadTooLarge,
     PermanentError,
@@ -48,6 +50,7 @@ from saga_engine._errors import (
     StepTimedOut,
     TransientError,
     UnknownSagaType,
+    UnknownSagaVersion,
     UnstorableValue,
 )
 from saga_engine._policy import RetryPolicy
@@ -67,6 +70,8 @@ __all__ = [
     "InvalidTransition",
     "KafkaSettings",
     "KafkaUnavailable",
+    "NewerEventError",
+    "NewerVersionError",
     "NondeterminismError",
     "OutboundCommand",
     "PayloadTooLarge",
@@ -89,6 +94,7 @@ __all__ = [
     "StepTimedOut",
     "TransientError",
     "UnknownSagaType",
+    "UnknownSagaVersion",
     "UnstorableValue",
     "run",
     "saga_id_for",

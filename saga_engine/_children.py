@@ -110,7 +110,7 @@ class ChildLinks:
             notices = live.parent_notices()
         else:
             events = await engine.history(saga_id)
-            definition = engine.registry.get(record.saga_type)
+            definition = engine.registry.for_history(record.saga_type, events)
             runtime, _ = SagaRuntime.replay(definition, saga_id, events)
             try:
                 notices = runtime.parent_notices()

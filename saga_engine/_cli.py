@@ -413,7 +413,7 @@ def list_sagas(
     table = Table(
         title=f"{len(rows)} saga(s)" + (" (more: raise --limit)" if page.get("next_cursor") else "")
     )
-    for column in ("id", "type", "status", "step", "next wake-up", "updated"):
+    for column in ("id", "type", "version", "status", "step", "next wake-up", "updated"):
         table.add_column(column, no_wrap=column == "id" and wide, overflow="fold")
     if wide:
         table.add_column("error", overflow="fold")
@@ -422,6 +422,7 @@ def list_sagas(
         cells = [
             r["saga_id"] if wide else _short_id(r["saga_id"]),
             r["saga_type"],
+            str(r.get("saga_version", 1)),
             r["status"],
             r.get("current_step") or "",
             r.get("next_wakeup") or "",
@@ -458,6 +459,7 @@ def show(
     for field, value in (
         ("status", saga["status"]),
         ("type", saga["saga_type"]),
+        ("version", str(saga.get("saga_version", 1))),
         ("current step", saga.get("current_step") or ""),
         ("error", f"{error['type']}: {error['message']}" if error else ""),
         ("next wake-up", saga.get("next_wakeup") or ""),
@@ -767,6 +769,12 @@ def dlq_replay(
             f"{result['topic']}[{result['partition']}]@{result['offset']}",
             highlight=False,
         )
+
+
+# ``saga rollout show|set`` (its module imports the helpers above).
+from saga_engine._cli_rollout import rollout_app  # noqa: E402
+
+app.add_typer(rollout_app, name="rollout")
 
 
 def main() -> None:

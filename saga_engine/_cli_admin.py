@@ -68,8 +68,11 @@ class AdminApi:
     def get(self, path: str, params: list[tuple[str, str]] | None = None) -> Any:
         return self._call("GET", path, params=params)
 
-    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        data = self._call("POST", path, body=body)
+    def put(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self.post(path, body, method="PUT")
+
+    def post(self, path: str, body: dict[str, Any], method: str = "POST") -> dict[str, Any]:
+        data = self._call(method, path, body=body)
         if not isinstance(data, dict):
             raise CliError(f"unexpected answer from the admin API: {str(data)[:200]}")
         return data

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import re
 import typing
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import MappingProxyType
@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from saga_engine._errors import DefinitionError, InvalidPayload, UnknownSagaType
+from saga_engine._errors import (
+    DefinitionError,
+    InvalidPayload,
+    UnknownSagaType,
+    UnknownSagaVersion,
+)
 from saga_engine._serde import JsonDict, canonical_hash, check_storable, dumps, validate_payload
 
 if TYPE_CHECKING:
@@ -121,6 +126,13 @@ class Saga(Generic[InT, OutT]):
     #: the web page's filter find the saga. Each must be a field of the input model
     #: holding a string, a number or a boolean; its value is stored as a string.
     search_attributes: ClassVar[tuple[str, ...]] = ()
+    #: Which version of the saga type this class is. Several versions of one ``name``
+    #: may be registered side by side: a saga runs the version its start chose (see the
+    #: rollout, docs/operations.md) for its whole life, replay included.
+    version: ClassVar[int] = 1
+    #: Named predicates on a start's input (the JSON the start carried) that a rollout
+    #: can select at run time, e.g. ``{"beta_tenants": lambda i: i["tenant"] in BETA}``.
+    rollout_predicates: ClassVar[Mapping[str, Callable[[JsonDict], bool]]] = MappingProxyType({})
     _saga_definition: ClassVar[SagaDefinition | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -201,6 +213,19 @@ def _validate(cls: type[Saga[Any, Any]]) -> None:
         )
     cls.signals = MappingProxyType(_collect_signals(cls))
     _check_search_attributes(cls)
+    version = cls.version
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= 10_000:
+        raise DefinitionError(
+            f"{cls.__name__}: `version` must be an integer from 1 to 10000, got {version!r}"
+        )
+    predicates = cls.rollout_predicates
+    if not isinstance(predicates, Mapping) or not all(
+        isinstance(k, str) and callable(v) for k, v in predicates.items()
+    ):
+        raise DefinitionError(
+            f"{cls.__name__}: `rollout_predicates` must map names to callables taking the "
+            'start input (a dict), e.g. {"beta_tenants": lambda i: i["tenant"] in BETA}'
+        )
 
 
 #: The admin API's list's own query parameters: a search attribute may not take one of
@@ -264,6 +289,8 @@ class SagaDefinition:
     signals: Mapping[str, Signal[Any]] = field(default_factory=dict)
     #: Input fields stored as search attributes (``Saga.search_attributes``).
     search_attributes: tuple[str, ...] = ()
+    #: ``Saga.version``: which version of the type this class is.
+    version: int = 1
 
     def search_values(self, input: JsonDict) -> dict[str, str] | None:
         """The saga's search attributes from its recorded input: each declared field's
@@ -357,35 +384,64 @@ class SagaDefinition:
             deadline=saga_cls.deadline,
             signals=dict(saga_cls.signals),
             search_attributes=tuple(saga_cls.search_attributes),
+            version=saga_cls.version,
         )
         saga_cls._saga_definition = definition
         return definition
 
 
 class SagaRegistry:
-    """The sagas one engine knows, by name. Duplicate names are rejected."""
+    """The sagas one engine knows, by name and version. A name may have several versions
+    (``Saga.version``); two classes with one name and one version are rejected. ``get``
+    without a version is the highest one registered."""
 
     def __init__(self, sagas: Iterable[type[Saga[Any, Any]]] = ()) -> None:
+        #: The highest version of each name (what ``get(name)`` and iteration give).
         self._by_name: dict[str, SagaDefinition] = {}
+        self._versions: dict[str, dict[int, SagaDefinition]] = {}
         for saga in sagas:
             self.register(saga)
 
     def register(self, saga_cls: type[Saga[Any, Any]]) -> SagaDefinition:
         definition = SagaDefinition.of(saga_cls)
-        existing = self._by_name.get(definition.name)
+        versions = self._versions.setdefault(definition.name, {})
+        existing = versions.get(definition.version)
         if existing is not None and existing.cls is not saga_cls:
             raise DefinitionError(
-                f"two sagas are named {definition.name!r}: {existing.cls.__qualname__} and "
-                f"{saga_cls.__qualname__}; saga names must be unique, rename one of them"
+                f"two sagas are named {definition.name!r} at version {definition.version}: "
+                f"{existing.cls.__qualname__} and {saga_cls.__qualname__}; rename one of them, or "
+                "give the new class another `version`"
             )
-        self._by_name[definition.name] = definition
+        versions[definition.version] = definition
+        self._by_name[definition.name] = versions[max(versions)]
         return definition
 
-    def get(self, name: str) -> SagaDefinition:
+    def get(self, name: str, version: int | None = None) -> SagaDefinition:
+        """The definition of ``name`` at ``version`` (the highest registered if None).
+        UnknownSagaType, or UnknownSagaVersion when the name is known but not the version
+        (a saga started by a newer engine)."""
+        if version is None:
+            try:
+                return self._by_name[name]
+            except KeyError:
+                raise UnknownSagaType(name, list(self._by_name)) from None
+        versions = self._versions.get(name)
+        if versions is None:
+            raise UnknownSagaType(name, list(self._by_name))
         try:
-            return self._by_name[name]
+            return versions[version]
         except KeyError:
-            raise UnknownSagaType(name, list(self._by_name)) from None
+            raise UnknownSagaVersion(name, version, list(versions)) from None
+
+    def for_history(self, saga_type: str, history: typing.Sequence[Any]) -> SagaDefinition:
+        """The class that drives a saga with this history: the version its start
+        recorded (``saga_started.saga_version``), never the newest one deployed."""
+        version = getattr(history[0], "saga_version", None) if history else None
+        return self.get(saga_type, version)
+
+    def versions(self, name: str) -> Mapping[int, SagaDefinition]:
+        """Every registered version of ``name`` (empty if none)."""
+        return self._versions.get(name, {})
 
     def resolve(self, saga: str | type[Saga[Any, Any]]) -> SagaDefinition:
         if isinstance(saga, str):
@@ -393,14 +449,16 @@ class SagaRegistry:
         # A registered class was validated when it was registered: no need to build its
         # schemas again on every start.
         name = saga.__dict__.get("name") if isinstance(saga, type) else None
-        known = self._by_name.get(name) if isinstance(name, str) else None
+        versions = self._versions.get(name) if isinstance(name, str) else None
+        known = versions.get(getattr(saga, "version", 1)) if versions else None
         if known is not None and known.cls is saga:
             return known
         definition = SagaDefinition.of(saga)
         registered = self.get(definition.name)
-        if registered.cls is not saga:
+        same = self._versions[definition.name].get(definition.version)
+        if same is None or same.cls is not saga:
             raise UnknownSagaType(definition.name, list(self._by_name))
-        return registered
+        return registered if registered.cls is saga else same
 
     def names(self) -> list[str]:
         return sorted(self._by_name)

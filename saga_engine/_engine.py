@@ -52,6 +52,7 @@ from saga_engine._errors import (
 from saga_engine._events import Event, ParentLink, TriggerOrigin
 from saga_engine._observer import EngineObserver
 from saga_engine._retry import Backoff
+from saga_engine._rollout import RolloutTable
 from saga_engine._runtime import SagaRuntime
 from saga_engine._serde import JsonDict, check_storable, dumps, storable_copy
 from saga_engine._settings import Settings
@@ -103,6 +104,8 @@ class Engine:
         self.stats = self.observer.stats
         self.telemetry.watch(self)
         self.registry = SagaRegistry(sagas)
+        #: Which version of its type a new saga runs (refreshed from the store).
+        self.rollouts = RolloutTable()
         self.store = store
         self.sender = sender
         self.clock: Clock = clock or SystemClock()
@@ -167,6 +170,7 @@ class Engine:
                 if idempotency_key
                 else str(uuid.uuid4())
             )
+        definition = self.rollouts.choose(self.registry, definition, saga_id, payload)
         now = self.clock.now()
         limit = deadline or definition.deadline
         try:
@@ -207,6 +211,7 @@ class Engine:
                     projection=decision.projection,
                     idempotency_key=idempotency_key,
                     search=definition.search_values(runtime.started.input),
+                    saga_version=definition.version,
                 )
             )
             if not created:
@@ -507,8 +512,8 @@ class Engine:
         if live is not None:
             return live
         loaded = await self.store.load(saga_id)
-        definition = self.registry.get(loaded.record.saga_type)
         events = [stored.event for stored in loaded.events]
+        definition = self.registry.for_history(loaded.record.saga_type, events)
         # A saga the code deployed here cannot drive is parked now, not at its last event.
         runtime, decision = SagaRuntime.replay(definition, saga_id, events, now=self.clock.now())
         live = LiveSaga(

@@ -224,6 +224,7 @@ class BatchApplier:
                             search=live.runtime.state.definition.search_values(
                                 live.runtime.started.input
                             ),
+                            saga_version=live.runtime.state.definition.version,
                         )
                     )
                 )

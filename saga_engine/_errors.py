@@ -13,6 +13,9 @@
     ├── SignalTimeout              ctx.wait_signal's timeout passed: the same
     ├── Rejected                   a participant's handler refuses a command
     ├── Retryable                  a participant's handler says "not now"
+    ├── NewerVersionError          written by a newer engine: leave it for one
+    │   ├── NewerEventError        an event kind or version this engine cannot read
+    │   └── UnknownSagaVersion     a saga version this engine does not have
     └── PermanentError             retrying will not help: fix the code, input or call
         ├── DefinitionError            a saga class cannot work
         ├── NondeterminismError        the code no longer replays the history
@@ -159,6 +162,59 @@ class SignalTimeout(SagaError):
     def __init__(self, name: str) -> None:
         self.name = name
         super().__init__(f"signal {name!r} did not arrive before its timeout")
+
+
+# --------------------------------------------------------------------------- newer
+
+
+class NewerVersionError(SagaError):
+    """The saga was written by a newer engine than this one (during a rolling deploy):
+    neither a retry here nor a fix of the request helps. The engine leaves the saga
+    untouched (nothing appended, nothing dropped from its history) and reports it; once
+    an engine that knows the newer version owns the saga, it goes on."""
+
+    #: What the admin API and the dead-letter header call it.
+    reason = "newer_version"
+
+    def __init__(self, message: str, *, saga_id: str | None = None) -> None:
+        self.saga_id = saga_id
+        super().__init__(message)
+
+
+class NewerEventError(NewerVersionError):
+    """A stored event whose kind this engine does not know, or whose version is above
+    the one it reads: written by a newer engine."""
+
+    reason = "newer_event"
+
+    def __init__(self, kind: str, version: int | None, known: int | None) -> None:
+        self.kind = kind
+        self.version = version
+        self.known = known
+        what = (
+            f"an event of kind {kind!r} this engine does not know"
+            if known is None
+            else f"event {kind!r} at version {version}, this engine reads up to version {known}"
+        )
+        super().__init__(
+            f"{what}: written by a newer engine; the saga is left untouched for an engine "
+            "that reads it"
+        )
+
+
+class UnknownSagaVersion(NewerVersionError):
+    """A saga recorded as version N of its type, and this engine has no class for N."""
+
+    reason = "unknown_saga_version"
+
+    def __init__(self, saga_type: str, version: int, known: list[int]) -> None:
+        self.saga_type = saga_type
+        self.version = version
+        shown = ", ".join(str(v) for v in sorted(known)) or "none"
+        super().__init__(
+            f"saga {saga_type!r} version {version} is not deployed on this engine (it has "
+            f"versions: {shown}); the saga is left untouched for an engine that has it"
+        )
 
 
 # --------------------------------------------------------------------------- fail

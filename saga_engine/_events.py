@@ -14,10 +14,11 @@ Events come in two families, and replay treats them differently:
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from saga_engine._event_versions import UPCASTERS, VERSION_KEY, EventVersions
 from saga_engine._policy import RetryPolicy
 from saga_engine._serde import JsonDict, dumps, loads
 
@@ -69,6 +70,10 @@ class TriggerOrigin(BaseModel):
 class _Event(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    #: The shape's version: raise it when the stored shape changes, and register an
+    #: upcaster from the previous one in ``_event_versions.UPCASTERS``.
+    version: ClassVar[int] = 1
+
     at: datetime
 
     @property
@@ -94,6 +99,9 @@ class _Intent(_Event):
 
 
 class SagaStarted(_Event):
+    #: 2: records ``saga_version`` (version 1 starts are upcast to ``saga_version=1``).
+    version: ClassVar[int] = 2
+
     kind: Literal["saga_started"] = "saga_started"
     saga_type: str
     #: As the input model read it, defaults filled in once (so a default_factory's value
@@ -112,6 +120,9 @@ class SagaStarted(_Event):
     parent: ParentLink | None = None
     #: The trigger record that started it, when a trigger did.
     trigger: TriggerOrigin | None = None
+    #: The version of its saga type the start chose (``Saga.version``, by the rollout):
+    #: the saga runs that class for its whole life, replay included.
+    saga_version: int = 1
 
 
 class ReplyReceived(_Event):
@@ -456,22 +467,35 @@ TERMINAL_EVENTS = (SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled)
 _ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 _LIST_ADAPTER: TypeAdapter[list[Event]] = TypeAdapter(list[Event])
 
+#: Each kind's current version and the upcasters to it: what this engine reads.
+VERSIONS: EventVersions = EventVersions.of(
+    ((t.model_fields["kind"].default, t.version) for t in EVENT_TYPES), UPCASTERS
+)
+
 
 def event_to_dict(event: Event) -> JsonDict:
-    return event.model_dump(mode="json")
+    data = event.model_dump(mode="json")
+    # Only an event above version 1 carries its version: version 1 is stored as it
+    # always was (see _event_versions).
+    if type(event).version > 1:
+        data[VERSION_KEY] = type(event).version
+    return data
 
 
-def event_from_dict(data: JsonDict) -> Event:
-    return _ADAPTER.validate_python(data)
+def event_from_dict(data: JsonDict, versions: EventVersions | None = None) -> Event:
+    """A stored event in the current shape (upcast if older); NewerEventError if it was
+    written by a newer engine. ``versions``: what this engine reads (``VERSIONS``)."""
+    return _ADAPTER.validate_python((versions or VERSIONS).current_shape(data))
 
 
 def event_to_json(event: Event) -> bytes:
-    return dumps(event.model_dump(mode="json"))
+    return dumps(event_to_dict(event))
 
 
-def event_from_json(raw: bytes | str) -> Event:
-    return _ADAPTER.validate_python(loads(raw))
+def event_from_json(raw: bytes | str, versions: EventVersions | None = None) -> Event:
+    return _ADAPTER.validate_python((versions or VERSIONS).current_shape(loads(raw)))
 
 
-def events_from_list(items: list[JsonDict]) -> list[Event]:
-    return _LIST_ADAPTER.validate_python(items)
+def events_from_list(items: list[JsonDict], versions: EventVersions | None = None) -> list[Event]:
+    shape = (versions or VERSIONS).current_shape
+    return _LIST_ADAPTER.validate_python([shape(item) for item in items])

@@ -18,8 +18,9 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from saga_engine._engine import Engine
-from saga_engine._errors import SagaError, TransientError
+from saga_engine._errors import NewerVersionError, SagaError, TransientError
 from saga_engine._retention import Retention
+from saga_engine._rollout_runner import keep_rollouts_fresh, needs_rollouts
 from saga_engine._settings import Settings
 from saga_engine._store import EventStore
 from saga_engine._telemetry import detach_from_trace
@@ -56,6 +57,10 @@ class Housekeeping:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._timers(), name="saga-timers"))
+        if needs_rollouts(self._engine):
+            every = self._settings.engine.rollout_refresh_s
+            rollouts = keep_rollouts_fresh(self._engine, every)
+            self._tasks.append(loop.create_task(rollouts, name="saga-rollouts"))
         retention = self._settings.retention
         if retention.days is not None or retention.per_type:
             self._tasks.append(loop.create_task(self._retention(), name="saga-retention"))
@@ -114,6 +119,8 @@ class Housekeeping:
             async with limit:
                 try:
                     await self._engine.wake(saga_id)
+                except NewerVersionError as exc:  # said once by recovery, not every poll
+                    log.debug("saga %s waits for a newer engine: %s", saga_id, exc)
                 except SagaError as exc:  # the next poll tries again
                     log.warning("waking saga %s failed: %s", saga_id, exc)
                 except Exception:

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 
 from saga_engine._errors import ConcurrencyError, SagaNotFound, SerializationError
 from saga_engine._events import Event, event_from_json, event_to_json
+from saga_engine._rollout import InMemoryRollouts, RolloutRows
 from saga_engine._serde import unstorable
 from saga_engine._status import SagaStatus
 from saga_engine._store import (
@@ -44,8 +45,9 @@ def _copy(event: Event) -> Event:
     return event_from_json(event_to_json(event))
 
 
-class InMemoryEventStore:
+class InMemoryEventStore(InMemoryRollouts):
     def __init__(self) -> None:
+        self._rollouts = RolloutRows()
         self._records: dict[str, SagaRecord] = {}
         self._events: dict[str, list[StoredEvent]] = {}
         #: (saga id, created at) -> gzipped export, as saga_archive's key.
@@ -75,6 +77,7 @@ class InMemoryEventStore:
                     updated_at=now,
                     idempotency_key=new.idempotency_key,
                     search=dict(new.search) if new.search else None,
+                    saga_version=new.saga_version,
                 ),
                 new.projection,
                 len(events),

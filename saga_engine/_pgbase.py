@@ -134,7 +134,7 @@ def _json(value: JsonDict | None) -> _EncodedJson | None:
 
 _RECORD_COLUMNS: Final = (
     "saga_id, saga_type, status, last_seq, created_at, updated_at, current_step, "
-    "next_wakeup, error, idempotency_key, search"
+    "next_wakeup, error, idempotency_key, search, saga_version"
 )
 
 _OPEN_STATUSES: Final = [s.value for s in SagaStatus if s.is_open]
@@ -153,4 +153,5 @@ def _record(row: asyncpg.Record) -> SagaRecord:
         error=row["error"],
         idempotency_key=row["idempotency_key"],
         search=row["search"],
+        saga_version=row["saga_version"],
     )

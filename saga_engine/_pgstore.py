@@ -41,6 +41,7 @@ from saga_engine._pgbase import (
 )
 from saga_engine._pgqueries import PostgresReads
 from saga_engine._pgretention import PostgresRetention
+from saga_engine._pgrollouts import PostgresRollouts
 from saga_engine._serde import dumps
 from saga_engine._settings import PostgresSettings
 from saga_engine._status import SagaStatus
@@ -234,6 +235,12 @@ RETURNING u.op
 # LOCAL: they end with the transaction, so reads on the pooled connection keep their plans.
 _PLAN_GUARDS: Final = "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off"
 
+_SET_SAGA_VERSIONS: Final = """
+UPDATE sagas AS s SET saga_version = u.version
+FROM unnest($1::text[], $2::int[]) AS u(saga_id, version)
+WHERE s.saga_id = u.saga_id
+"""
+
 _CURRENT_SEQS: Final = "SELECT saga_id, last_seq FROM sagas WHERE saga_id = ANY($1::text[])"
 
 _INSERT_EVENTS: Final = """
@@ -244,7 +251,7 @@ SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::jsonb[])
 # --------------------------------------------------------------------------- the store
 
 
-class PostgresEventStore(PostgresReads, PostgresRetention):
+class PostgresEventStore(PostgresReads, PostgresRetention, PostgresRollouts):
     """The EventStore port on Postgres. Open it with ``await PostgresEventStore.connect``."""
 
     def __init__(
@@ -490,6 +497,16 @@ class PostgresEventStore(PostgresReads, PostgresRetention):
             op.outcome = op.saga_id in created
             if op.outcome:
                 rows.add(op.saga_id, 1, op.events)
+        # Only sagas above version 1 (a second version deployed) pay for this statement;
+        # the column's default is 1 (migration 0009), so no other create changes. The rows
+        # are this transaction's own inserts: no other writer can see, let alone lock, them.
+        versioned = [op.new for op in ops if op.outcome and op.new.saga_version > 1]
+        if versioned:
+            await conn.execute(
+                _SET_SAGA_VERSIONS,
+                [new.saga_id for new in versioned],
+                [new.saga_version for new in versioned],
+            )
 
     @staticmethod
     async def _write_appends(conn: _Conn, ops: list[_AppendOp], rows: _EventRows) -> None:

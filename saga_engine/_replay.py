@@ -92,7 +92,8 @@ def replay(
 ) -> ReplayResult:
     """Re-runs the saga's current code against the history; reports the first divergence."""
     registry = sagas if isinstance(sagas, SagaRegistry) else SagaRegistry(sagas)
-    definition = registry.get(history.saga_type)
+    # The class of the version the history's start recorded, not the newest deployed.
+    definition = registry.for_history(history.saga_type, history.events)
     runtime, decision = SagaRuntime.replay(definition, history.saga_id, history.events)
     try:
         return ReplayResult(

@@ -95,6 +95,7 @@ class SagaRuntime:
             request_hash=definition.fingerprint(value),
             parent=start.parent,
             trigger=start.trigger,
+            saga_version=definition.version,
         )
         rt._record(started)
         return rt, rt._decision()

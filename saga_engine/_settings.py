@@ -109,6 +109,9 @@ class EngineSettings(BaseModel):
     #: and logging one line per attempt. Unset: for ever, as an orchestrator expects
     #: from a service whose dependencies start alongside it.
     startup_timeout_s: float | None = Field(default=None, gt=0)
+    #: How often an engine with several versions of a saga type re-reads the rollouts
+    #: (migration 0009): a change made elsewhere applies here within about this long.
+    rollout_refresh_s: float = Field(default=2.0, gt=0, le=300)
 
 
 class RetentionSettings(BaseModel):

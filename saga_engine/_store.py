@@ -68,6 +68,8 @@ class SagaRecord:
     idempotency_key: str | None = None
     #: Its type's declared business keys (``Saga.search_attributes``), as strings.
     search: dict[str, str] | None = None
+    #: The version of its type it runs (``Saga.version``, chosen by the rollout).
+    saga_version: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +107,8 @@ class NewSaga:
     idempotency_key: str | None = None
     #: Search attributes (``Saga.search_attributes``): written with the saga's row.
     search: Mapping[str, str] | None = None
+    #: The version of its type it runs (its ``saga_started`` records it too).
+    saga_version: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,8 @@ from saga_engine._engine import Engine
 from saga_engine._errors import SagaError, TransientError
 from saga_engine._events import Event
 from saga_engine._memstore import InMemoryEventStore
+from saga_engine._rollout import RolloutSpec
+from saga_engine._rollout_runner import apply_rollout
 from saga_engine._serde import JsonDict
 from saga_engine._settings import Settings
 from saga_engine._status import SagaStatus
@@ -209,6 +211,20 @@ class SagaTestEnv:
             sender=self.bus,
             clock=self.clock,
         )
+
+    async def set_rollout(
+        self,
+        saga_type: str,
+        version: int,
+        percent: int = 0,
+        *,
+        predicate: str | None = None,
+        reason: str = "set by a test",
+    ) -> None:
+        """Sets which version new starts of ``saga_type`` run, as ``PUT /rollouts`` does:
+        stored with its audit row (principal ``test``) and applied on ``env.engine`` now."""
+        spec = RolloutSpec(version=version, percent=percent, predicate=predicate)
+        await apply_rollout(self.engine, saga_type, spec, principal="test", reason=reason)
 
     def participant(self, name: str) -> ScriptedParticipant:
         if name not in self._participants:

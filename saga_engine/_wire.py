@@ -66,6 +66,11 @@ class PoisonReason(StrEnum):
     UNSTORABLE_VALUE = "unstorable_value"
     #: A start that reuses an idempotency key (or saga id) with a different input.
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+    #: A message for a saga written by a newer engine (an event or saga version this
+    #: engine does not have, during a rolling deploy): the saga is left untouched; once a
+    #: newer engine owns it, it re-sends what is in flight, and ``saga dlq replay``
+    #: re-drives a signal or cancel.
+    NEWER_VERSION = "newer_version"
     #: Not the message's fault: the consumer failed on it for a reason of its own (a bug,
     #: a saga that kept conflicting). ``saga dlq replay`` re-drives it.
     ENGINE_ERROR = "engine_error"

@@ -33,6 +33,7 @@ from saga_engine._errors import (
     ConcurrencyError,
     IdempotencyConflict,
     InvalidPayload,
+    NewerVersionError,
     PermanentError,
     PoisonMessage,
     SagaNotFound,
@@ -54,6 +55,7 @@ from saga_engine._kafka import (
 )
 from saga_engine._ownership import InboxOwnership
 from saga_engine._retry import Backoff
+from saga_engine._rollout_runner import needs_rollouts, refresh_rollouts
 from saga_engine._settings import Settings
 from saga_engine._startup import reaching, start_with_retry
 from saga_engine._store import EventStore
@@ -209,6 +211,9 @@ class SagaWorker:
         )
         self._http.bind(self.engine)
         self._ownership.attach(self.engine, self._store)
+        if needs_rollouts(self.engine):  # before the inbox: no start outruns a rollout
+            with reaching("Postgres"):
+                await refresh_rollouts(self.engine)
         if self.settings.admin.enabled:
             # Built before Kafka starts consuming, so a bad admin configuration (no tokens
             # on a public address) fails the start with its one-line reason.
@@ -553,6 +558,8 @@ class SagaWorker:
             raise PoisonMessage(reason, str(exc)) from exc
         except IdempotencyConflict as exc:
             raise PoisonMessage(PoisonReason.IDEMPOTENCY_CONFLICT, str(exc)) from exc
+        except NewerVersionError as exc:  # kept for `saga dlq replay` once a newer one runs
+            raise PoisonMessage(PoisonReason.NEWER_VERSION, str(exc)) from exc
         except PermanentError as exc:
             raise PoisonMessage(PoisonReason.REJECTED, str(exc)) from exc
 

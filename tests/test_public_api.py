@@ -25,6 +25,7 @@ PUBLIC = {
     "SagaUnsuccessful",
     "SerializationError", "Settings", "SignalTimeout", "StepFailed", "StepTimedOut",
     "TransientError", "UnknownSagaType", "run", "saga_id_for",
+    "NewerVersionError", "NewerEventError", "UnknownSagaVersion",
 }  # fmt: skip
 
 #: Every public module but the root, and exactly what it exports.

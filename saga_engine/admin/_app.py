@@ -5,7 +5,7 @@ Build it with :func:`create_admin_app` and serve it on the engine's event loop w
 
 The routes live in routers by concern (``_meta``: health, saga types, metrics;
 ``_reads``: list, detail, history; ``_starts``: the start; ``_actions``: operator
-actions; ``web``: the pages). They reach the engine, the admin settings and the start
+actions; ``_rollouts``: saga versions' rollouts; ``web``: the pages). They reach the engine, the admin settings and the start
 function through the dependencies in ``_deps``, which read what this function stores
 on the app's state.
 """
@@ -15,7 +15,7 @@ from fastapi import Depends, FastAPI
 from saga_engine import __version__
 from saga_engine._engine import Engine
 from saga_engine._settings import Settings
-from saga_engine.admin import _actions, _meta, _reads
+from saga_engine.admin import _actions, _meta, _reads, _rollouts
 from saga_engine.admin._auth import AuthMiddleware, auth_required
 from saga_engine.admin._deps import AdminState, StartSaga, bearer, install
 from saga_engine.admin._http_errors import (
@@ -73,5 +73,7 @@ def create_admin_app(
         starts_router(engine.registry.names(), admin.max_wait_s), dependencies=secured
     )
     app.include_router(_actions.router, dependencies=secured)
+    app.include_router(_rollouts.router, dependencies=secured)
     app.include_router(web_router(engine, admin))
+    app.include_router(_rollouts.ui_router(engine, admin))
     return app

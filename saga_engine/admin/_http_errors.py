@@ -1,7 +1,8 @@
 """Errors as HTTP: every bad input is a 4xx with a JSON ``detail``, never a 500.
 
 - saga_engine errors map by class: SagaNotFound and UnknownSagaType 404,
-  InvalidTransition and IdempotencyConflict 409, PayloadTooLarge 413, SerializationError
+  InvalidTransition, IdempotencyConflict and NewerVersionError (a saga written by a
+  newer engine: ``reason`` says ``newer_event`` or ``unknown_saga_version``) 409, PayloadTooLarge 413, SerializationError
   422 (InvalidPayload with FastAPI's list of ``{"loc": ["body", ...], "msg", "type"}``, so
   the answer names each wrong field), TransientError 503 (with Retry-After), any other
   PermanentError 400;
@@ -27,6 +28,7 @@ from saga_engine._errors import (
     IdempotencyConflict,
     InvalidPayload,
     InvalidTransition,
+    NewerVersionError,
     PayloadTooLarge,
     PermanentError,
     SagaError,
@@ -53,7 +55,7 @@ class BodyTooLarge(HTTPException):
 def status_for(exc: SagaError) -> int:
     if isinstance(exc, SagaNotFound | UnknownSagaType):
         return 404
-    if isinstance(exc, InvalidTransition | IdempotencyConflict):
+    if isinstance(exc, InvalidTransition | IdempotencyConflict | NewerVersionError):
         return 409
     if isinstance(exc, PayloadTooLarge):
         return 413
@@ -77,6 +79,8 @@ async def _saga_error(request: Request, exc: Exception) -> Response:
         body = {"detail": invalid_detail(exc), "error": type(exc).__name__, "message": str(exc)}
     elif isinstance(exc, IdempotencyConflict):
         body["saga_id"] = exc.saga_id
+    elif isinstance(exc, NewerVersionError):
+        body["reason"] = exc.reason  # newer_event or unknown_saga_version
     return JSONResponse(body, status_code=status, headers=headers)
 
 

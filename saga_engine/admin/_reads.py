@@ -113,7 +113,7 @@ def _attributes(request: Request, engine: Engine) -> tuple[tuple[str, str], ...]
     "/sagas/{saga}",
     response_model=SagaDetail,
     name="get_saga",
-    responses=errors(404, *READ_ERRORS),
+    responses=errors(404, 409, *READ_ERRORS),
 )
 async def get_saga(
     saga: Annotated[str, Path(description="The saga's id.")],
@@ -134,7 +134,7 @@ async def get_saga(
     "/sagas/{saga_id}/lineage",
     response_model=LineageNode,
     name="get_lineage",
-    responses=errors(404, *READ_ERRORS),
+    responses=errors(404, 409, *READ_ERRORS),
 )
 async def lineage(
     saga_id: Annotated[str, Path(description="The saga's id.")],
@@ -149,7 +149,7 @@ async def lineage(
 @router.get(
     "/sagas/{saga_id}/history",
     response_model=HistoryDocument,
-    responses=errors(404, *READ_ERRORS),
+    responses=errors(404, 409, *READ_ERRORS),
 )
 async def history(
     saga_id: str,

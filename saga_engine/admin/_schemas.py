@@ -40,6 +40,9 @@ class SagaSummary(BaseModel):
     error: dict[str, Any] | None = None
     created_at: datetime
     updated_at: datetime
+    saga_version: int = Field(
+        default=1, description="The version of its saga type it runs (chosen by the rollout)."
+    )
 
 
 class SagaPage(BaseModel):

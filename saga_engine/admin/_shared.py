@@ -18,7 +18,8 @@ _WORDS = {
     401: "No valid bearer token",
     403: "The token's role may not do this",
     404: "No such saga (or saga type)",
-    409: "The action makes no sense in the saga's current state",
+    409: "The action makes no sense in the saga's current state, or the saga was written "
+    "by a newer engine (`reason`: newer_event, unknown_saga_version)",
     413: "The request body is too large",
     422: "Invalid parameters or body",
     503: "The store or broker is unavailable; retry after Retry-After seconds",

@@ -35,6 +35,7 @@ def summary(record: SagaRecord) -> SagaSummary:
         error=record.error,
         created_at=record.created_at,
         updated_at=record.updated_at,
+        saga_version=record.saga_version,
     )
 
 
@@ -48,7 +49,7 @@ def awaited_signals(
     if not record.status.is_open or record.status.is_parked or not events:
         return []
     try:
-        definition = registry.get(record.saga_type)
+        definition = registry.for_history(record.saga_type, events)
         runtime, _ = SagaRuntime.replay(definition, record.saga_id, list(events))
     except SagaError:
         return []

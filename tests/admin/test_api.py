@@ -641,6 +641,8 @@ async def test_openapi_describes_the_api(admin: Admin) -> None:
         "/sagas/{saga_id}/retry",
         "/sagas/{saga_id}/skip",
         "/sagas/{saga_id}/force-compensate",
+        "/rollouts",
+        "/rollouts/{saga_type}",
     }
     assert set(spec["paths"]["/sagas/{saga}"]) == {"get", "post"}
     assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"

@@ -38,6 +38,7 @@ BODIES: dict[str, dict[str, Any]] = {
     "skip": {"step": "debit", "result": {}, "reason": "auth matrix"},
     "force-compensate": {"reason": "auth matrix"},
     "start": {"account": "a", "amount": 1},
+    "rollout": {"version": 1, "percent": 0, "reason": "auth matrix"},
 }
 
 
@@ -54,10 +55,11 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
             if method == "post" and template == "/sagas/{saga}":
                 path, body = "/sagas/transfer", BODIES["start"]
             else:
-                path = path.replace("{saga}", saga_id)
+                path = path.replace("{saga}", saga_id).replace("{saga_type}", "transfer")
                 body = BODIES.get(path.rsplit("/", 1)[-1]) if method == "post" else None
+                body = BODIES["rollout"] if method == "put" else body
             out.append((method.upper(), path, body))
-    assert len(out) == 14
+    assert len(out) == 17
     return out
 
 

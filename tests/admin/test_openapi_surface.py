@@ -36,9 +36,13 @@ OPERATIONS = {
         "/sagas/{saga_id}/force-compensate",
         "force_compensate_sagas__saga_id__force_compensate_post",
     ),
+    # Issue 14 §5: saga versions' rollouts.
+    ("GET", "/rollouts", "list_rollouts_rollouts_get"),
+    ("GET", "/rollouts/{saga_type}", "get_rollout_rollouts__saga_type__get"),
+    ("PUT", "/rollouts/{saga_type}", "set_rollout_rollouts__saga_type__put"),
 }
 
-_READ = ["200", "401", "404", "422", "503"]
+_READ = ["200", "401", "404", "409", "422", "503"]
 _ACTION = ["200", "400", "401", "403", "404", "409", "413", "422", "503"]
 #: operationId -> the documented status codes, as generated before the split.
 STATUS_CODES = {
@@ -68,6 +72,9 @@ STATUS_CODES = {
     "retry_sagas__saga_id__retry_post": _ACTION,
     "skip_sagas__saga_id__skip_post": _ACTION,
     "force_compensate_sagas__saga_id__force_compensate_post": _ACTION,
+    "list_rollouts_rollouts_get": ["200", "401", "422", "503"],
+    "get_rollout_rollouts__saga_type__get": ["200", "401", "404", "422", "503"],
+    "set_rollout_rollouts__saga_type__put": _ACTION,
 }
 
 

@@ -36,6 +36,7 @@ PINNED = {
     4: "fd174fdd2c4a14dd90c3ee3abbbb21eb8ddeb7daaa839b011dc59650715c80d0",
     5: "1a55c6d1f920ca6f3f9d03b73ed16ce85eff1b840a9ef5cab498520dad63b6c3",
     6: "d5218c23c71101864c49e98646db6f0d3260f9f57c993a114be2fea85393ed43",
+    9: "6b91d186e78ce1259598f586044bb05b8adeb704fb4572e9a5c152688bed45c9",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant_migrations).
 PINNED_PARTICIPANT = {
@@ -119,6 +120,8 @@ async def test_migrate_applies_each_migration_once(pg: PgTarget) -> None:
         "saga_archive",
         "sagas",
         "saga_events",
+        "saga_rollouts",  # 0009
+        "saga_rollout_audit",  # 0009
     }
     assert await _recorded(pg.database_dsn, pg.schema) == [
         (m.version, m.name, m.sha256) for m in shipped_migrations()

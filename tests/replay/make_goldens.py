@@ -3,7 +3,10 @@
     .venv/bin/python -m tests.replay.make_goldens
 
 Run it only when a change of history format is intended: the point of the golden
-files is that histories recorded by older code keep replaying.
+files is that histories recorded by older code keep replaying. Never regenerate the
+files of an old event version (those without ``_v`` on a kind now above version 1, such
+as saga_started's): write new files beside them instead (test_golden_histories checks
+that a golden stays for every version of every versioned kind).
 """
 
 from __future__ import annotations

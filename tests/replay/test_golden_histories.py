@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from saga_engine import NondeterminismError, SagaStatus, SerializationError
 from saga_engine.cli import app
+from saga_engine.events import EVENT_TYPES, SagaStarted
 from saga_engine.replay import export_history, load_history, replay
 from tests.sagas import PlaceOrder
 
@@ -43,6 +44,26 @@ def test_bad_history_is_refused_with_the_divergence(path: Path) -> None:
     assert result.error.seq == 2
     assert "reserve-funds" in result.error.expected
     assert "reserve-credit" in result.error.actual
+
+
+def test_there_is_a_golden_history_per_version_of_each_versioned_event() -> None:
+    """An event type at version N has goldens storing it at every version 1..N: those
+    written before a change of its shape must keep loading (through the upcasters) and
+    replaying. A version-1 event is stored without ``_v``."""
+    stored: dict[str, set[int]] = {}
+    for path in GOOD:
+        for event in orjson.loads(path.read_bytes())["events"]:
+            stored.setdefault(event["kind"], set()).add(event.get("_v", 1))
+    for event_type in EVENT_TYPES:
+        kind = event_type.model_fields["kind"].default
+        if event_type.version > 1:
+            assert stored.get(kind, set()) >= set(range(1, event_type.version + 1)), kind
+    assert SagaStarted.version == 2
+    # Every start recorded before saga versions ran version 1 of its type.
+    for path in GOOD:
+        first = load_history(path).events[0]
+        assert isinstance(first, SagaStarted)
+        assert first.saga_version == 1
 
 
 def test_export_round_trips() -> None:
