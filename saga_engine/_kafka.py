@@ -24,6 +24,7 @@ from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssigno
 from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, TopicAlreadyExistsError
 
+from saga_engine._codec import CodecChain
 from saga_engine._decision import OutboundCommand
 from saga_engine._errors import KafkaUnavailable
 from saga_engine._settings import KafkaSettings
@@ -150,19 +151,22 @@ def make_group_consumer(
 SEND_TIMEOUT_S = 30.0
 
 
-async def send(producer: AIOKafkaProducer, topic: str, envelope: Envelope) -> None:
-    """Publishes ``envelope`` and waits for the broker's acknowledgement."""
-    [error] = await delivered([await start_send(producer, topic, envelope)])
+async def send(
+    producer: AIOKafkaProducer, topic: str, envelope: Envelope, codec: CodecChain | None = None
+) -> None:
+    """Publishes ``envelope`` (its body sealed by ``codec``, if any) and waits for the
+    broker's acknowledgement."""
+    [error] = await delivered([await start_send(producer, topic, envelope, codec)])
     if error is not None:
         raise error
 
 
 async def start_send(
-    producer: AIOKafkaProducer, topic: str, envelope: Envelope
+    producer: AIOKafkaProducer, topic: str, envelope: Envelope, codec: CodecChain | None = None
 ) -> asyncio.Future[Any]:
     """Hands ``envelope`` to the producer and returns the future of its acknowledgement,
     so that many records can be sent and then awaited together."""
-    key, value, headers = encode(envelope)
+    key, value, headers = encode(envelope, codec)
     return await start_record(producer, topic, key, value, headers)
 
 
@@ -214,19 +218,32 @@ async def delivered(deliveries: Sequence[Awaitable[Any]]) -> list[BaseException 
 class KafkaCommandSender:
     """Publishes each command to ``{prefix}.cmd.{participant}``, keyed by saga id."""
 
-    def __init__(self, producer: AIOKafkaProducer, topics: Topics, source: str) -> None:
+    def __init__(
+        self,
+        producer: AIOKafkaProducer,
+        topics: Topics,
+        source: str,
+        codec: CodecChain | None = None,
+    ) -> None:
         self._producer = producer
         self._topics = topics
         self._source = source
+        self._codec = codec
 
     async def send_command(self, command: OutboundCommand) -> None:
         await send(
-            self._producer, self._topics.commands(command.participant), self._envelope(command)
+            self._producer,
+            self._topics.commands(command.participant),
+            self._envelope(command),
+            self._codec,
         )
 
     async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
         return await start_send(
-            self._producer, self._topics.commands(command.participant), self._envelope(command)
+            self._producer,
+            self._topics.commands(command.participant),
+            self._envelope(command),
+            self._codec,
         )
 
     def _envelope(self, command: OutboundCommand) -> Envelope:

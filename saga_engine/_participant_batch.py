@@ -59,6 +59,7 @@ from saga_engine._participant_sql import (
     Outgoing,
     check_size,
     reply_record,
+    stored_reply,
 )
 from saga_engine._retry import Backoff
 from saga_engine._serde import check_storable, unstorable
@@ -305,7 +306,11 @@ class BatchRunner:
                 # A copy of a command earlier in this batch: the same answer, to its own
                 # message (no outbox row: the first one's is the durable answer).
                 item.outgoing = reply_record(
-                    _cmd(item), first.outgoing.reply, source=p._source, topic=item.topic
+                    _cmd(item),
+                    first.outgoing.reply,
+                    source=p._source,
+                    topic=item.topic,
+                    codec=p.codec,
                 )
         answered = [i for i in group if i.outgoing is not None]
         for item in answered:
@@ -356,8 +361,10 @@ class BatchRunner:
                 command = _cmd(item)
                 if not item.command_id_in(claimed):
                     item.duplicate = True
-                    reply = ReplyBody.model_validate_json(stored[command.command_id])
-                    item.outgoing = reply_record(command, reply, source=p._source, topic=item.topic)
+                    reply = stored_reply(stored[command.command_id], p.codec)
+                    item.outgoing = reply_record(
+                        command, reply, source=p._source, topic=item.topic, codec=p.codec
+                    )
                 elif item.fixed is not None:
                     item.outgoing = p._fitted(command, item.fixed, item.topic)
                 elif item.refused is not None:
@@ -442,6 +449,7 @@ class BatchRunner:
             ReplyBody(outcome="success", payload=payload),
             source=p._source,
             topic=item.topic,
+            codec=p.codec,
         )
         check_size(outgoing, p._reply_limit)
         return outgoing

@@ -12,8 +12,8 @@ from typing import Final
 
 import asyncpg
 
+from saga_engine._codec import CodecChain, Undecodable, open_event
 from saga_engine._errors import SagaNotFound
-from saga_engine._events import event_from_dict
 from saga_engine._pgbase import (
     _OPEN_STATUSES,
     _RECORD_COLUMNS,
@@ -40,8 +40,11 @@ class PostgresReads:
     """Mixed into PostgresEventStore: the reads, over its pool."""
 
     _pool: asyncpg.Pool[asyncpg.Record]
+    _codec: CodecChain | None
 
-    async def load(self, saga_id: str) -> LoadedSaga:
+    async def load(
+        self, saga_id: str, *, undecodable: Undecodable = Undecodable.RAISE
+    ) -> LoadedSaga:
         check_lookup(saga_id)
         with _unavailable_as_transient():
             async with self._pool.acquire() as conn:
@@ -61,8 +64,10 @@ class PostgresReads:
                     saga_id,
                     record.last_seq,
                 )
+        codec = self._codec
         return LoadedSaga(
-            record, [StoredEvent(r["seq"], event_from_dict(r["data"])) for r in event_rows]
+            record,
+            [StoredEvent(r["seq"], open_event(codec, r["data"], undecodable)) for r in event_rows],
         )
 
     async def first_event(self, saga_id: str) -> StoredEvent:
@@ -74,7 +79,7 @@ class PostgresReads:
             )
         if row is None:
             raise SagaNotFound(saga_id)
-        return StoredEvent(row["seq"], event_from_dict(row["data"]))
+        return StoredEvent(row["seq"], open_event(self._codec, row["data"]))
 
     async def get(self, saga_id: str) -> SagaRecord:
         check_lookup(saga_id)

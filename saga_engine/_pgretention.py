@@ -10,7 +10,7 @@ from typing import Final
 
 import asyncpg
 
-from saga_engine._events import event_from_dict
+from saga_engine._codec import CodecChain, open_event
 from saga_engine._pgbase import _RECORD_COLUMNS, _record, _unavailable_as_transient
 from saga_engine._status import SagaStatus
 from saga_engine._store import ArchivedSaga, LoadedSaga, StoredEvent
@@ -22,6 +22,7 @@ class PostgresRetention:
     """Mixed into PostgresEventStore: retention's queries, over its pool."""
 
     _pool: asyncpg.Pool[asyncpg.Record]
+    _codec: CodecChain | None
 
     async def finished_before(
         self,
@@ -76,7 +77,9 @@ class PostgresRetention:
                 )
         by_saga: defaultdict[str, list[StoredEvent]] = defaultdict(list)
         for row in events:
-            by_saga[row["saga_id"]].append(StoredEvent(row["seq"], event_from_dict(row["data"])))
+            by_saga[row["saga_id"]].append(
+                StoredEvent(row["seq"], open_event(self._codec, row["data"]))
+            )
         out = []
         for row in records:
             record = _record(row)

@@ -27,6 +27,7 @@ from typing import Final, Generic, TypeAlias, TypeVar
 
 import asyncpg
 
+from saga_engine._codec import CodecChain, PayloadCodec, seal_event
 from saga_engine._errors import ConcurrencyError, MigrationError, SagaNotFound, StoreUnavailable
 from saga_engine._events import Event, event_to_dict
 from saga_engine._pgbase import (
@@ -90,7 +91,12 @@ class _PreparedEvents:
     data: list[_EncodedJson]
 
     @classmethod
-    def of(cls, events: Sequence[Event]) -> _PreparedEvents:
+    def of(cls, events: Sequence[Event], codec: CodecChain | None) -> _PreparedEvents:
+        if codec is not None:
+            return cls(
+                [e.kind for e in events],
+                [_EncodedJson(dumps(seal_event(codec, event_to_dict(e)))) for e in events],
+            )
         return cls(
             [e.kind for e in events], [_EncodedJson(dumps(event_to_dict(e))) for e in events]
         )
@@ -248,9 +254,15 @@ class PostgresEventStore(PostgresReads, PostgresRetention):
     """The EventStore port on Postgres. Open it with ``await PostgresEventStore.connect``."""
 
     def __init__(
-        self, pool: asyncpg.Pool[asyncpg.Record], group_commit: GroupCommitConfig | None = None
+        self,
+        pool: asyncpg.Pool[asyncpg.Record],
+        group_commit: GroupCommitConfig | None = None,
+        codec: PayloadCodec | CodecChain | None = None,
     ) -> None:
         self._pool = pool
+        #: Seals the payloads of the events written, opens those read (None: stored as
+        #: they are, and the write path is the one it always was).
+        self._codec = CodecChain.of(codec)
         self._config = group_commit or GroupCommitConfig()
         self._queue: deque[_Op] = deque()
         self._wakeup = asyncio.Event()
@@ -260,9 +272,14 @@ class PostgresEventStore(PostgresReads, PostgresRetention):
 
     @classmethod
     async def connect(
-        cls, settings: PostgresSettings, *, group_commit: GroupCommitConfig | None = None
+        cls,
+        settings: PostgresSettings,
+        *,
+        group_commit: GroupCommitConfig | None = None,
+        codec: PayloadCodec | CodecChain | None = None,
     ) -> PostgresEventStore:
-        """Opens a connection pool on ``settings.db_schema``, which must be migrated."""
+        """Opens a connection pool on ``settings.db_schema``, which must be migrated.
+        ``codec``: seal the payloads of stored events (``codec_from_settings``)."""
         with _unavailable_as_transient():
             pool = await asyncpg.create_pool(
                 settings.dsn.get_secret_value(),
@@ -299,7 +316,7 @@ class PostgresEventStore(PostgresReads, PostgresRetention):
                 f"schema {settings.db_schema!r} has no saga tables: run `saga migrate` "
                 "(or saga_engine._migrations.migrate) before starting the engine"
             )
-        return cls(pool, group_commit)
+        return cls(pool, group_commit, codec)
 
     @property
     def stats(self) -> GroupCommitStats:
@@ -316,7 +333,7 @@ class PostgresEventStore(PostgresReads, PostgresRetention):
         events = list(new.events)
         op = _CreateOp(
             new=new,
-            events=_PreparedEvents.of(events),
+            events=_PreparedEvents.of(events, self._codec),
             error=_json(new.projection.error),
             # Like the in-memory store: time moves with the saga's own events.
             at=events[-1].at if events else datetime.now(UTC),
@@ -329,7 +346,7 @@ class PostgresEventStore(PostgresReads, PostgresRetention):
         events = list(append.events)
         op = _AppendOp(
             append=append,
-            events=_PreparedEvents.of(events),
+            events=_PreparedEvents.of(events, self._codec),
             error=_json(append.projection.error),
             # None keeps updated_at as it is (an append with no events).
             at=events[-1].at if events else None,

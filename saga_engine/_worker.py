@@ -23,6 +23,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from saga_engine._codec import CodecChain, PayloadCodec, codec_from_settings
 from saga_engine._crash import CrashHook
 from saga_engine._decision import DropReason, OutboundCommand, Reply
 from saga_engine._definition import Saga
@@ -116,8 +117,14 @@ class SagaWorker:
         instance_id: str | None = None,
         triggers: Sequence[KafkaTrigger[Any]] = (),
         telemetry: Telemetry | None = None,
+        codec: PayloadCodec | CodecChain | None = None,
     ) -> None:
+        """``codec``: seals payloads in Postgres and on Kafka; by default the one
+        ``settings.codec`` describes (none unless configured)."""
         self.settings = settings
+        self.codec = (
+            CodecChain.of(codec) if codec is not None else codec_from_settings(settings.codec)
+        )
         self.telemetry = telemetry
         self.sagas = list(sagas)
         self.triggers = list(triggers)
@@ -181,14 +188,16 @@ class SagaWorker:
                     await migrate(
                         self.settings.pg.dsn.get_secret_value(), self.settings.pg.db_schema
                     )
-                self._store = await PostgresEventStore.connect(self.settings.pg)
+                self._store = await PostgresEventStore.connect(self.settings.pg, codec=self.codec)
         with reaching("Kafka"):
             await ensure_topics(kafka, [self.topics.inbox, self.topics.dlq])
             self._producer = make_producer(kafka)
             await self._producer.start()
         self._dead = DeadLetters(self._producer, self.topics.dlq)
         kafka_sender = _LazyTopicSender(
-            KafkaCommandSender(self._producer, self.topics, f"/saga-engine/{self.instance_id}"),
+            KafkaCommandSender(
+                self._producer, self.topics, f"/saga-engine/{self.instance_id}", self.codec
+            ),
             self.settings,
             self.topics,
         )
@@ -220,7 +229,7 @@ class SagaWorker:
                 self._trigger_consumer = TriggerConsumer(
                     self.settings, self.triggers, self._producer, self._dead,
                     f"/saga-engine/{self.instance_id}/triggers",
-                    on_dead_letter=self._count_dead_letter,
+                    on_dead_letter=self._count_dead_letter, codec=self.codec,
                 )  # fmt: skip
                 await self._trigger_consumer.start()
         self._member = InstanceName.claim(kafka, kafka.group_id)
@@ -520,6 +529,7 @@ class SagaWorker:
             record.value,
             list(record.headers or []),
             max_bytes=self.settings.kafka.max_message_bytes,
+            codec=self.codec,
         )
 
     async def _apply(self, record: Any, envelope: Envelope | None = None) -> None:

@@ -1,7 +1,8 @@
 """Errors as HTTP: every bad input is a 4xx with a JSON ``detail``, never a 500.
 
 - saga_engine errors map by class: SagaNotFound and UnknownSagaType 404,
-  InvalidTransition and IdempotencyConflict 409, PayloadTooLarge 413, SerializationError
+  InvalidTransition, IdempotencyConflict and CodecError (an action on a saga whose
+  history this process cannot decode) 409, PayloadTooLarge 413, SerializationError
   422 (InvalidPayload with FastAPI's list of ``{"loc": ["body", ...], "msg", "type"}``, so
   the answer names each wrong field), TransientError 503 (with Retry-After), any other
   PermanentError 400;
@@ -24,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from saga_engine._errors import (
+    CodecError,
     IdempotencyConflict,
     InvalidPayload,
     InvalidTransition,
@@ -53,7 +55,7 @@ class BodyTooLarge(HTTPException):
 def status_for(exc: SagaError) -> int:
     if isinstance(exc, SagaNotFound | UnknownSagaType):
         return 404
-    if isinstance(exc, InvalidTransition | IdempotencyConflict):
+    if isinstance(exc, InvalidTransition | IdempotencyConflict | CodecError):
         return 409
     if isinstance(exc, PayloadTooLarge):
         return 413
