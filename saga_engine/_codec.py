@@ -461,6 +461,34 @@ def open_event(
     return event_from_dict(data)
 
 
+# --------------------------------------------------------------------------- archives
+
+#: The first bytes of an archived history (``saga_archive.history``, an archive file)
+#: encoded by a chain: the magic, the chain's name, a newline, the chain's output.
+ARCHIVE_MAGIC: Final = b"saga-codec:"
+
+
+def seal_archive(chain: CodecChain, blob: bytes) -> bytes:
+    """An archive blob (gzipped exports) encoded whole: retention writes histories it
+    read decoded, and they must not land on disk or in ``saga_archive`` in clear."""
+    return ARCHIVE_MAGIC + chain.header + b"\n" + chain.encode(blob)
+
+
+def open_archive(chain: CodecChain | None, blob: bytes) -> bytes:
+    """The gzipped exports of an archive blob, sealed or not."""
+    if not blob.startswith(ARCHIVE_MAGIC):
+        return blob
+    head, _, rest = blob.partition(b"\n")
+    name = head[len(ARCHIVE_MAGIC) :].decode(errors="replace")
+    if chain is None:
+        raise CodecError(
+            CodecFailure.NOT_CONFIGURED,
+            f"the archive is encoded ({name}) and this process has no codec configured "
+            "(SAGA_CODEC__KEYS)",
+        )
+    return chain.decode(rest, name)
+
+
 # --------------------------------------------------------------------------- settings
 
 

@@ -249,8 +249,9 @@ class SagaWorker:
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._consume(), name="saga-inbox")
         self._housekeeping = Housekeeping(
-            self.engine, self._store, self.settings, self._ownership.partitions, self.owns
-        )
+            self.engine, self._store, self.settings, self._ownership.partitions, self.owns,
+            codec=self.codec,
+        )  # fmt: skip
         self._housekeeping.start()
         if self._admin_app is not None:
             from saga_engine.admin._server import serve_admin
