@@ -308,6 +308,11 @@ class CodecChain:
         self._by_name = dict(zip(names, codecs, strict=True))
 
     @classmethod
+    def from_settings(cls, settings: CodecSettings) -> CodecChain | None:
+        """The chain ``SAGA_CODEC__*`` (``Settings().codec``) describes; None if none."""
+        return codec_from_settings(settings)
+
+    @classmethod
     def of(cls, codec: PayloadCodec | CodecChain | None) -> CodecChain | None:
         """``codec`` as a chain (None stays None: no codec, the hot path unchanged)."""
         if codec is None or isinstance(codec, CodecChain):
