@@ -13,11 +13,14 @@ from typing import Any, Final, TypeAlias
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
+from pydantic import ValidationError
 
+from saga_engine._codec import CodecChain, Undecodable, open_event
 from saga_engine._errors import SerializationError, StoreUnavailable
+from saga_engine._events import event_from_dict
 from saga_engine._serde import JsonDict, dumps, loads
 from saga_engine._status import SagaStatus
-from saga_engine._store import SagaRecord
+from saga_engine._store import SagaRecord, StoredEvent
 
 _Conn: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
 
@@ -130,6 +133,27 @@ async def _init_connection(conn: asyncpg.Connection[asyncpg.Record]) -> None:
 
 def _json(value: JsonDict | None) -> _EncodedJson | None:
     return None if value is None else _EncodedJson(dumps(value))
+
+
+def _stored_events(
+    rows: list[asyncpg.Record],
+    codec: CodecChain | None,
+    undecodable: Undecodable = Undecodable.RAISE,
+) -> list[StoredEvent]:
+    """``(seq, data)`` rows as events, their sealed payloads opened.
+
+    Without a codec this is the loop it always was: nothing per event for the feature.
+    A sealed event then fails validation, and only then does ``open_event`` look at the
+    rows, to raise CodecError ("no codec configured") instead of a validation error.
+    """
+    if codec is None and undecodable is Undecodable.RAISE:
+        try:
+            return [StoredEvent(r["seq"], event_from_dict(r["data"])) for r in rows]
+        except ValidationError:
+            for r in rows:
+                open_event(None, r["data"])
+            raise
+    return [StoredEvent(r["seq"], open_event(codec, r["data"], undecodable)) for r in rows]
 
 
 _RECORD_COLUMNS: Final = (

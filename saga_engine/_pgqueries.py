@@ -12,13 +12,14 @@ from typing import Final
 
 import asyncpg
 
-from saga_engine._codec import CodecChain, Undecodable, open_event
+from saga_engine._codec import CodecChain, Undecodable
 from saga_engine._errors import SagaNotFound
 from saga_engine._pgbase import (
     _OPEN_STATUSES,
     _RECORD_COLUMNS,
     _json,
     _record,
+    _stored_events,
     _unavailable_as_transient,
 )
 from saga_engine._status import SagaStatus
@@ -64,11 +65,7 @@ class PostgresReads:
                     saga_id,
                     record.last_seq,
                 )
-        codec = self._codec
-        return LoadedSaga(
-            record,
-            [StoredEvent(r["seq"], open_event(codec, r["data"], undecodable)) for r in event_rows],
-        )
+        return LoadedSaga(record, _stored_events(event_rows, self._codec, undecodable))
 
     async def first_event(self, saga_id: str) -> StoredEvent:
         check_lookup(saga_id)
@@ -79,7 +76,7 @@ class PostgresReads:
             )
         if row is None:
             raise SagaNotFound(saga_id)
-        return StoredEvent(row["seq"], open_event(self._codec, row["data"]))
+        return _stored_events([row], self._codec)[0]
 
     async def get(self, saga_id: str) -> SagaRecord:
         check_lookup(saga_id)

@@ -10,8 +10,13 @@ from typing import Final
 
 import asyncpg
 
-from saga_engine._codec import CodecChain, open_event
-from saga_engine._pgbase import _RECORD_COLUMNS, _record, _unavailable_as_transient
+from saga_engine._codec import CodecChain
+from saga_engine._pgbase import (
+    _RECORD_COLUMNS,
+    _record,
+    _stored_events,
+    _unavailable_as_transient,
+)
 from saga_engine._status import SagaStatus
 from saga_engine._store import ArchivedSaga, LoadedSaga, StoredEvent
 
@@ -76,10 +81,8 @@ class PostgresRetention:
                     ids,
                 )
         by_saga: defaultdict[str, list[StoredEvent]] = defaultdict(list)
-        for row in events:
-            by_saga[row["saga_id"]].append(
-                StoredEvent(row["seq"], open_event(self._codec, row["data"]))
-            )
+        for row, stored in zip(events, _stored_events(events, self._codec), strict=True):
+            by_saga[row["saga_id"]].append(stored)
         out = []
         for row in records:
             record = _record(row)

@@ -30,6 +30,7 @@ from saga_engine._definition import Saga
 from saga_engine._engine import Engine
 from saga_engine._engine_batch import BatchInput
 from saga_engine._errors import (
+    CodecError,
     ConcurrencyError,
     IdempotencyConflict,
     InvalidPayload,
@@ -557,6 +558,8 @@ class SagaWorker:
             raise PoisonMessage(reason, str(exc)) from exc
         except IdempotencyConflict as exc:
             raise PoisonMessage(PoisonReason.IDEMPOTENCY_CONFLICT, str(exc)) from exc
+        except CodecError as exc:  # the saga's history: replayable once the key is here
+            raise PoisonMessage(PoisonReason.UNDECODABLE, str(exc)) from exc
         except PermanentError as exc:
             raise PoisonMessage(PoisonReason.REJECTED, str(exc)) from exc
 
