@@ -55,13 +55,19 @@ ENCRYPTED: Final = "$encrypted"
 PAYLOAD_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
     "saga_started": ("input",),
     "reply_received": ("payload",),
-    "invalid_reply_received": ("payload",),
     "signal_received": ("payload",),
     "step_skipped": ("payload",),
     "command_issued": ("payload", "compensation.payload"),
     "compensation_issued": ("payload",),
     "side_effect_recorded": ("value",),
     "saga_completed": ("output",),
+    # An error's details can hold a payload: a refused step's reply payload becomes the
+    # StepFailed's details, and so the saga's error.
+    "compensation_started": ("error.details",),
+    "compensation_stuck": ("error.details",),
+    "saga_failed": ("error.details",),
+    "saga_compensated": ("error.details",),
+    "invalid_reply_received": ("payload", "error.details"),
 }
 
 _KEY_ID: Final = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -464,6 +470,29 @@ def open_event(
                 raise
             holder[key] = describe(marker, exc.failure)
     return event_from_dict(data)
+
+
+def seal_error(chain: CodecChain, error: JsonDict | None) -> JsonDict | None:
+    """A saga's error (``sagas.error``) with its details sealed: its type, message and
+    step stay clear for listings; details can hold a refused step's reply payload."""
+    if error is None or not error.get("details"):
+        return error
+    return {**error, "details": chain.seal(error["details"])}
+
+
+def open_error(chain: CodecChain | None, error: JsonDict) -> JsonDict:
+    """``seal_error`` undone; details this process cannot decode are shown as encrypted
+    (a saga's error is only ever displayed, never acted on)."""
+    details = error.get("details")
+    if not is_marker(details):
+        return error
+    try:
+        if chain is None:
+            raise CodecError(CodecFailure.NOT_CONFIGURED, "no codec configured")
+        opened = chain.open(details)
+    except CodecError as exc:
+        opened = describe(details, exc.failure)
+    return {**error, "details": opened}
 
 
 # --------------------------------------------------------------------------- archives

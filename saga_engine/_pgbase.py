@@ -15,7 +15,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 from pydantic import ValidationError
 
-from saga_engine._codec import CodecChain, Undecodable, open_event
+from saga_engine._codec import CodecChain, Undecodable, open_error, open_event
 from saga_engine._errors import SerializationError, StoreUnavailable
 from saga_engine._events import event_from_dict
 from saga_engine._serde import JsonDict, dumps, loads
@@ -164,7 +164,10 @@ _RECORD_COLUMNS: Final = (
 _OPEN_STATUSES: Final = [s.value for s in SagaStatus if s.is_open]
 
 
-def _record(row: asyncpg.Record) -> SagaRecord:
+def _record(row: asyncpg.Record, codec: CodecChain | None = None) -> SagaRecord:
+    error = row["error"]
+    if error is not None and type(error.get("details")) is dict:
+        error = open_error(codec, error)  # its details sealed with a codec (seal_error)
     return SagaRecord(
         saga_id=row["saga_id"],
         saga_type=row["saga_type"],
@@ -174,7 +177,7 @@ def _record(row: asyncpg.Record) -> SagaRecord:
         updated_at=row["updated_at"],
         current_step=row["current_step"],
         next_wakeup=row["next_wakeup"],
-        error=row["error"],
+        error=error,
         idempotency_key=row["idempotency_key"],
         search=row["search"],
     )

@@ -54,7 +54,7 @@ class PostgresReads:
                 )
                 if row is None:
                     raise SagaNotFound(saga_id)
-                record = _record(row)
+                record = _record(row, self._codec)
                 # Consistent without a snapshot transaction: events up to last_seq were
                 # committed with (or before) the row version just read, and history is
                 # append-only, so this returns exactly the history the record describes,
@@ -86,7 +86,7 @@ class PostgresReads:
             )
         if row is None:
             raise SagaNotFound(saga_id)
-        return _record(row)
+        return _record(row, self._codec)
 
     async def list_sagas(
         self,
@@ -138,7 +138,7 @@ class PostgresReads:
         sql = f"SELECT {_RECORD_COLUMNS} FROM sagas {where}ORDER BY saga_id LIMIT {arg(limit)}"
         with _unavailable_as_transient():
             rows = await self._pool.fetch(sql, *args)
-        return [_record(r) for r in rows]
+        return [_record(r, self._codec) for r in rows]
 
     async def open_saga_ids(
         self, partitions: Collection[int] | None = None, partition_count: int = 0

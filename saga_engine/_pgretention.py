@@ -85,7 +85,7 @@ class PostgresRetention:
             by_saga[row["saga_id"]].append(stored)
         out = []
         for row in records:
-            record = _record(row)
+            record = _record(row, self._codec)
             history = [e for e in by_saga[record.saga_id] if e.seq <= record.last_seq]
             out.append(LoadedSaga(record, history))
         return out

@@ -27,7 +27,7 @@ from typing import Final, Generic, TypeAlias, TypeVar
 
 import asyncpg
 
-from saga_engine._codec import CodecChain, PayloadCodec, seal_event
+from saga_engine._codec import CodecChain, PayloadCodec, seal_error, seal_event
 from saga_engine._errors import ConcurrencyError, MigrationError, SagaNotFound, StoreUnavailable
 from saga_engine._events import Event, event_to_dict
 from saga_engine._pgbase import (
@@ -42,7 +42,7 @@ from saga_engine._pgbase import (
 )
 from saga_engine._pgqueries import PostgresReads
 from saga_engine._pgretention import PostgresRetention
-from saga_engine._serde import dumps
+from saga_engine._serde import JsonDict, dumps
 from saga_engine._settings import PostgresSettings
 from saga_engine._status import SagaStatus
 from saga_engine._store import Append, NewSaga, check_new_saga_id
@@ -100,6 +100,10 @@ class _PreparedEvents:
         return cls(
             [e.kind for e in events], [_EncodedJson(dumps(event_to_dict(e))) for e in events]
         )
+
+
+def _error_json(error: JsonDict | None, codec: CodecChain | None) -> _EncodedJson | None:
+    return _json(error if codec is None else seal_error(codec, error))
 
 
 T = TypeVar("T")
@@ -334,7 +338,7 @@ class PostgresEventStore(PostgresReads, PostgresRetention):
         op = _CreateOp(
             new=new,
             events=_PreparedEvents.of(events, self._codec),
-            error=_json(new.projection.error),
+            error=_error_json(new.projection.error, self._codec),
             # Like the in-memory store: time moves with the saga's own events.
             at=events[-1].at if events else datetime.now(UTC),
             future=asyncio.get_running_loop().create_future(),
@@ -347,7 +351,7 @@ class PostgresEventStore(PostgresReads, PostgresRetention):
         op = _AppendOp(
             append=append,
             events=_PreparedEvents.of(events, self._codec),
-            error=_json(append.projection.error),
+            error=_error_json(append.projection.error, self._codec),
             # None keeps updated_at as it is (an append with no events).
             at=events[-1].at if events else None,
             future=asyncio.get_running_loop().create_future(),

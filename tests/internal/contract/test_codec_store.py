@@ -14,6 +14,8 @@ from pydantic import SecretStr
 from saga_engine._codec import ENCRYPTED, AesGcmCodec, CodecChain, Undecodable, ZstdCodec
 from saga_engine._errors import CodecError, CodecFailure
 from saga_engine._events import (
+    CompensationStarted,
+    ErrorInfo,
     Event,
     ReplyReceived,
     SagaCompleted,
@@ -63,6 +65,35 @@ def _history() -> list[Event]:
         SignalReceived(at=at, name="approve", signal_id="g", payload={"by": CANARY}),
         SagaCompleted(at=at, output={"receipt": CANARY * 10}),
     ]
+
+
+async def test_a_refused_steps_payload_in_an_error_is_sealed_too(
+    pg: PgTarget, opener: Opener
+) -> None:
+    # A refused step's reply payload becomes the StepFailed's details: in the event's
+    # error and in the saga's error (sagas.error), next to a clear type and message.
+    store = await opener(chain())
+    at = datetime.now(UTC)
+    error = ErrorInfo(type="StepFailed", message="refused", step="s", details={"card": CANARY})
+    events: list[Event] = [
+        SagaStarted(at=at, saga_type="order", input={}),
+        CompensationStarted(at=at, reason="failure", error=error, owed=["s"]),
+    ]
+    failing = Projection(SagaStatus.COMPENSATING, error=error.model_dump(mode="json"))
+    assert await store.create(NewSaga("s-3", "order", events, failing))
+    text = await _rows_text(pg)
+    assert CANARY not in text
+    assert "StepFailed" in text  # the error's type and message stay clear for listings
+    loaded = await store.load("s-3")
+    assert [e.event for e in loaded.events] == events
+    assert loaded.record.error == error.model_dump(mode="json")
+    [listed] = await store.list_sagas()
+    assert listed.error == error.model_dump(mode="json")
+    blind = await opener(None)
+    record = await blind.get("s-3")
+    assert record.error is not None
+    assert record.error["message"] == "refused"
+    assert record.error["details"][ENCRYPTED]["failure"] == "not_configured"
 
 
 async def _rows_text(pg: PgTarget) -> str:
