@@ -45,7 +45,7 @@ from saga_engine._participant_sql import (
     stored_reply,
 )
 from saga_engine._retry import Backoff, jittered
-from saga_engine._serde import JsonDict, check_storable, storable_copy, unstorable
+from saga_engine._serde import JsonDict, check_storable, storable_copy, unstorable, without_input
 from saga_engine._settings import Settings
 from saga_engine._telemetry import Telemetry, carrier_of, default_telemetry
 from saga_engine._topics import Topics
@@ -425,7 +425,10 @@ class CommandProcessor:
         try:
             model = handler.model.model_validate(command.body)
         except ValidationError as exc:
-            detail = f"{command.subject} body is not a valid {handler.model.__name__}: {exc}"
+            detail = (
+                f"{command.subject} body is not a valid {handler.model.__name__}: "
+                f"{without_input(exc)}"
+            )
             await self._dead_letter(record, PoisonReason.INVALID_BODY.value, detail)
             errors = orjson.loads(exc.json(include_url=False, include_input=False))
             reply = ReplyBody(

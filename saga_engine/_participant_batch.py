@@ -62,7 +62,7 @@ from saga_engine._participant_sql import (
     stored_reply,
 )
 from saga_engine._retry import Backoff
-from saga_engine._serde import check_storable, unstorable
+from saga_engine._serde import check_storable, unstorable, without_input
 from saga_engine._wire import Envelope, PoisonReason, ReplyBody
 
 log = logging.getLogger("saga_engine.participant")
@@ -229,7 +229,10 @@ class BatchRunner:
         try:
             item.model = handler.model.model_validate(command.body)
         except ValidationError as exc:
-            detail = f"{command.subject} body is not a valid {handler.model.__name__}: {exc}"
+            detail = (
+                f"{command.subject} body is not a valid {handler.model.__name__}: "
+                f"{without_input(exc)}"
+            )
             await p._dead_letter(item.record, PoisonReason.INVALID_BODY.value, detail)
             errors = orjson.loads(exc.json(include_url=False, include_input=False))
             item.fixed = ReplyBody(

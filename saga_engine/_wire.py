@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from saga_engine._codec import HEADER, MARKER, CodecChain
 from saga_engine._errors import CodecError, PoisonMessage, SerializationError
-from saga_engine._serde import JsonDict, loads
+from saga_engine._serde import JsonDict, loads, without_input
 
 SCHEMA_VERSION = "1"
 #: The header that marks an encoded value, naming the codec chain (``zstd,aes-gcm``).
@@ -209,7 +209,8 @@ class Envelope(BaseModel):
         except ValidationError as exc:
             raise PoisonMessage(
                 PoisonReason.INVALID_BODY,
-                f"{self.message_type.value} body is not a valid {model.__name__}: {exc}",
+                f"{self.message_type.value} body is not a valid {model.__name__}: "
+                f"{without_input(exc)}",
             ) from exc
 
 

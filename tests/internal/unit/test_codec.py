@@ -39,7 +39,7 @@ from saga_engine._events import (
 )
 from saga_engine._policy import RetryPolicy
 from saga_engine._settings import CodecSettings, Settings
-from saga_engine._wire import Envelope, MessageType, PoisonReason, decode, encode
+from saga_engine._wire import Envelope, MessageType, PoisonReason, ReplyBody, decode, encode
 
 KEY_A = bytes(range(32))
 KEY_B = bytes(range(1, 33))
@@ -394,3 +394,19 @@ def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_bad_codec_settings_are_refused(fields: dict[str, object], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         CodecSettings.model_validate(fields)
+
+
+def test_a_dead_letters_detail_never_echoes_the_refused_values() -> None:
+    # The detail travels in clear (dlq_detail), even when the value came encrypted.
+    envelope = Envelope(
+        message_type=MessageType.REPLY,
+        source="/t",
+        saga_id="s-1",
+        command_id="c-1",
+        body={"outcome": CANARY},
+    )
+    with pytest.raises(PoisonMessage) as caught:
+        envelope.body_as(ReplyBody)
+    assert caught.value.reason is PoisonReason.INVALID_BODY
+    assert "outcome: Input should be" in caught.value.detail
+    assert CANARY not in str(caught.value)
