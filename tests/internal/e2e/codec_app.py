@@ -17,7 +17,7 @@ from datetime import timedelta
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, Settings, Signal, run
-from saga_engine.participant import Participant, Transaction
+from saga_engine.participant import Participant, Rejected, Transaction
 
 PARTICIPANT = "vault"
 
@@ -33,6 +33,9 @@ class Deposit(BaseModel):
     secret: str
     #: A durable sleep between the two steps, to keep the saga in flight.
     pause_s: float = 0.0
+    #: The participant refuses the second step, with the secret in the refusal's
+    #: details: the saga compensates the first, and fails with those details.
+    refuse_second: bool = False
 
 
 class Approval(BaseModel):
@@ -42,6 +45,7 @@ class Approval(BaseModel):
 class Keep(BaseModel):
     secret: str
     part: int
+    refuse: bool = False
 
 
 class Forget(BaseModel):
@@ -69,7 +73,7 @@ class Vault(Saga[Deposit, Deposited]):
             kept = await ctx.step(
                 f"keep-{part}",
                 to=PARTICIPANT,
-                command=Keep(secret=req.secret, part=part),
+                command=Keep(secret=req.secret, part=part, refuse=req.refuse_second and part == 2),
                 compensate=Forget(secret=req.secret),
                 timeout=5,
                 returns=Kept,
@@ -86,6 +90,8 @@ def build_participant(settings: Settings) -> Participant:
     async def keep(cmd: Keep, tx: Transaction) -> Kept:
         # The business table holds no secret: the scan looks for leaks of the kit.
         await tx.execute("INSERT INTO kept (command_id, kind) VALUES ($1, 'keep')", tx.command_id)
+        if cmd.refuse:
+            raise Rejected("the vault is full", details={"secret": cmd.secret})
         return Kept(receipt=f"receipt-{cmd.part}-for-{cmd.secret}")
 
     @participant.handles(Forget)

@@ -190,8 +190,13 @@ async def test_no_clear_canary_in_postgres_or_kafka_and_the_admin_decodes(
         # Keyed by the saga id like the start, so it arrives after it; the saga takes it
         # when it reaches its wait.
         await client.signal(saga_id, Vault.approval, Approval(note=f"approved {CANARY}"))
-        statuses = await cluster.wait_settled([saga_id])
-        assert statuses == {saga_id: SagaStatus.COMPLETED}
+        # Another, refused at its second step with the secret in the refusal's details:
+        # it compensates the first (a compensation command carrying the secret).
+        refused = await client.start(
+            Vault, Deposit(secret=CANARY, refuse_second=True), idempotency_key="refused"
+        )
+        statuses = await cluster.wait_settled([saga_id, refused])
+        assert statuses == {saga_id: SagaStatus.COMPLETED, refused: SagaStatus.COMPENSATED}
         output = await client.result(saga_id, timeout=10)
     # It worked on the real payloads: the participant saw the secret, the saga the reply.
     assert output == {
@@ -201,8 +206,11 @@ async def test_no_clear_canary_in_postgres_or_kafka_and_the_admin_decodes(
 
     rows = await postgres_rows(cluster)
     events = next(v for k, v in rows.items() if k.endswith('."saga_events"'))
-    assert len(events) == 7  # start, 2 x (command, reply), signal, completed
-    assert all(saga_id in r for r in events)
+    # start, 2 x (command, reply), signal, completed; and the refused one's
+    assert len([r for r in events if saga_id in r]) == 7
+    compensated = " ".join(r for r in events if refused in r)
+    for kind in ("compensation_started", "compensation_issued", "saga_compensated"):
+        assert kind in compensated
     # The kit's stored replies are scanned too (its outbox holds rows only when a publish
     # failed: tests/internal/participant covers that path with a codec).
     assert any(k.endswith('."saga_processed_commands"') and v for k, v in rows.items())
