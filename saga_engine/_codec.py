@@ -25,10 +25,8 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import gzip
 import os
 import re
-import zlib
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
@@ -179,14 +177,19 @@ class GzipCodec(_Compressor):
 
     def __init__(self, threshold: int = 1024, level: int = 6) -> None:
         super().__init__(threshold)
+        import gzip
+        import zlib
+
         self.level = level
+        self._gzip = gzip
+        self._zlib = zlib
 
     def _pack(self, data: bytes) -> bytes:
         # mtime=0: the same payload encodes to the same bytes.
-        return gzip.compress(data, compresslevel=self.level, mtime=0)
+        return self._gzip.compress(data, compresslevel=self.level, mtime=0)
 
     def _unpack(self, data: bytes) -> bytes:
-        inflater = zlib.decompressobj(wbits=31)  # 31: a gzip header and trailer
+        inflater = self._zlib.decompressobj(wbits=31)  # 31: a gzip header and trailer
         out = inflater.decompress(data, MAX_DECODED_BYTES)
         if inflater.unconsumed_tail:
             raise CodecError(CodecFailure.MALFORMED, "gzip: more than the size limit")
@@ -217,7 +220,10 @@ class AesGcmCodec:
     name = "aes-gcm"
 
     def __init__(self, keys: Mapping[str, bytes], current: str) -> None:
+        from cryptography.exceptions import InvalidTag
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        self._invalid_tag = InvalidTag
 
         if current not in keys:
             raise CodecError(
@@ -250,8 +256,6 @@ class AesGcmCodec:
         return self._prefix + nonce + sealed
 
     def decode(self, data: bytes) -> bytes:
-        from cryptography.exceptions import InvalidTag
-
         key_id = self.key_id_of(data)
         aead = self._aead.get(key_id)
         if aead is None:
@@ -267,7 +271,7 @@ class AesGcmCodec:
             raise CodecError(CodecFailure.MALFORMED, "aes-gcm: truncated", key_id=key_id)
         try:
             out: bytes = aead.decrypt(nonce, sealed, data[:start])
-        except InvalidTag:
+        except self._invalid_tag:
             raise CodecError(
                 CodecFailure.TAMPERED,
                 f"the authentication tag does not verify under key {key_id!r}: the payload "
