@@ -27,6 +27,7 @@ import binascii
 import contextlib
 import os
 import re
+import threading
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
@@ -157,17 +158,31 @@ class ZstdCodec(_Compressor):
         import zstandard
 
         self._zstd = zstandard
-        self._compressor = zstandard.ZstdCompressor(level=level)
-        self._decompressor = zstandard.ZstdDecompressor()
+        self.level = level
+        # zstandard's (de)compressors must not be used by two threads at once, and
+        # retention seals its archive files in a worker thread: one pair per thread.
+        self._local = threading.local()
+
+    def _contexts(self) -> tuple[Any, Any]:
+        pair: tuple[Any, Any] | None = getattr(self._local, "pair", None)
+        if pair is None:
+            pair = (
+                self._zstd.ZstdCompressor(level=self.level),
+                self._zstd.ZstdDecompressor(),
+            )
+            self._local.pair = pair
+        return pair
 
     def _pack(self, data: bytes) -> bytes:
-        return self._compressor.compress(data)
+        packed: bytes = self._contexts()[0].compress(data)
+        return packed
 
     def _unpack(self, data: bytes) -> bytes:
         size = self._zstd.frame_content_size(data)
         if size < 0 or size > MAX_DECODED_BYTES:
             raise CodecError(CodecFailure.MALFORMED, f"zstd: frame of {size} bytes refused")
-        return self._decompressor.decompress(data)
+        out: bytes = self._contexts()[1].decompress(data)
+        return out
 
 
 class GzipCodec(_Compressor):

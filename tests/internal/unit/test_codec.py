@@ -410,3 +410,17 @@ def test_a_dead_letters_detail_never_echoes_the_refused_values() -> None:
     assert caught.value.reason is PoisonReason.INVALID_BODY
     assert "outcome: Input should be" in caught.value.detail
     assert CANARY not in str(caught.value)
+
+
+def test_zstd_is_safe_across_threads() -> None:
+    # Retention seals archive files in a worker thread while the loop seals payloads.
+    from concurrent.futures import ThreadPoolExecutor
+
+    codec = ZstdCodec(threshold=0)
+    payloads = [os.urandom(64) * (50 + i) for i in range(40)]
+
+    def round_trip(data: bytes) -> bool:
+        return all(codec.decode(codec.encode(data)) == data for _ in range(20))
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        assert all(pool.map(round_trip, payloads))
