@@ -5,7 +5,7 @@ travel as Kafka commands and replies, and after a crash they are recovered by
 deterministic replay.
 
 This module holds what defining a saga needs (``Saga``, ``SagaContext``, ``Signal``,
-``RetryPolicy``, the errors, the settings) and loads nothing else: ``Engine`` and ``run``
+``RetryPolicy``, the errors, the settings, the payload codecs) and loads nothing else: ``Engine`` and ``run``
 are imported on first use, so ``import saga_engine`` loads neither the engine nor
 OpenTelemetry, asyncpg, aiokafka or FastAPI.
 
@@ -24,10 +24,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from saga_engine._codec import (
+    AesGcmCodec,
+    CodecChain,
+    GzipCodec,
+    NoopCodec,
+    PayloadCodec,
+    ZstdCodec,
+)
 from saga_engine._context import HttpRequest, SagaContext
 from saga_engine._decision import OutboundCommand, saga_id_for
 from saga_engine._definition import Saga, SagaRegistry, Signal
 from saga_engine._errors import (
+    CodecError,
+    CodecFailure,
     ConcurrencyError,
     DefinitionError,
     DependencyUnavailable,
@@ -54,16 +64,28 @@ from saga_engine._errors import (
     UnstorableValue,
 )
 from saga_engine._policy import RetryPolicy
-from saga_engine._settings import EngineSettings, KafkaSettings, PostgresSettings, Settings
+from saga_engine._settings import (
+    CodecSettings,
+    EngineSettings,
+    KafkaSettings,
+    PostgresSettings,
+    Settings,
+)
 from saga_engine._status import TRANSITIONS, SagaStatus
 
 __all__ = [
     "TRANSITIONS",
+    "AesGcmCodec",
+    "CodecChain",
+    "CodecError",
+    "CodecFailure",
+    "CodecSettings",
     "ConcurrencyError",
     "DefinitionError",
     "DependencyUnavailable",
     "Engine",
     "EngineSettings",
+    "GzipCodec",
     "HttpRequest",
     "IdempotencyConflict",
     "InvalidPayload",
@@ -73,7 +95,9 @@ __all__ = [
     "NewerEventError",
     "NewerVersionError",
     "NondeterminismError",
+    "NoopCodec",
     "OutboundCommand",
+    "PayloadCodec",
     "PayloadTooLarge",
     "PermanentError",
     "PostgresSettings",
@@ -96,6 +120,7 @@ __all__ = [
     "UnknownSagaType",
     "UnknownSagaVersion",
     "UnstorableValue",
+    "ZstdCodec",
     "run",
     "saga_id_for",
 ]

@@ -11,7 +11,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from saga_engine._errors import CliError, SagaNotFound
+from saga_engine._codec import codec_from_settings, open_archive
+from saga_engine._errors import CliError, CodecError, SagaNotFound
 from saga_engine._replay import HistoryExport, load_history
 from saga_engine._retention import Retention, RetentionReport
 from saga_engine._settings import Settings
@@ -98,9 +99,10 @@ async def archive_now(
     the period of every type, archiving as ``SAGA_RETENTION__ARCHIVE`` says."""
     from saga_engine._pgstore import PostgresEventStore
 
-    store = await PostgresEventStore.connect(settings.pg)
+    codec = codec_from_settings(settings.codec)
+    store = await PostgresEventStore.connect(settings.pg, codec=codec)
     try:
-        return await Retention(settings.retention, store).run(
+        return await Retention(settings.retention, store, codec).run(
             datetime.now(UTC), older_than=older_than, saga_types=saga_types, dry_run=dry_run
         )
     finally:
@@ -110,8 +112,9 @@ async def archive_now(
 def archive_file_histories(path: Path) -> list[HistoryExport]:
     """The histories of an archive file (``sagas-*.jsonl.gz``), one per line."""
     try:
-        lines = gzip.decompress(path.read_bytes()).splitlines()
-    except (OSError, EOFError) as exc:
+        blob = open_archive(codec_from_settings(Settings().codec), path.read_bytes())
+        lines = gzip.decompress(blob).splitlines()
+    except (OSError, EOFError, CodecError) as exc:
         raise CliError(f"cannot read archive file {path}: {exc}") from exc
     return [load_history(line) for line in lines if line.strip()]
 
@@ -120,7 +123,9 @@ async def load_saga_or_archived(saga_id: str) -> HistoryExport:
     """A saga's history from the live tables, or else from ``saga_archive``."""
     from saga_engine._pgstore import PostgresEventStore
 
-    store = await PostgresEventStore.connect(Settings().pg)
+    settings = Settings()
+    codec = codec_from_settings(settings.codec)
+    store = await PostgresEventStore.connect(settings.pg, codec=codec)
     try:
         try:
             loaded = await store.load(saga_id)
@@ -128,7 +133,7 @@ async def load_saga_or_archived(saga_id: str) -> HistoryExport:
             archived = await store.archived_history(saga_id)
             if archived is None:
                 raise
-            return load_history(gzip.decompress(archived))
+            return load_history(gzip.decompress(open_archive(codec, archived)))
     finally:
         await store.close()
     return HistoryExport(saga_id, loaded.record.saga_type, [s.event for s in loaded.events])

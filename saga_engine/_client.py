@@ -9,6 +9,7 @@ from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel
 
+from saga_engine._codec import CodecChain, PayloadCodec, codec_from_settings
 from saga_engine._decision import saga_id_for
 from saga_engine._definition import Saga, SagaDefinition, Signal
 from saga_engine._kafka import ensure_topics, make_producer, send
@@ -39,12 +40,17 @@ class SagaClient:
         source: str = "/saga-client",
         producer: Any = None,
         store: EventStore | None = None,
+        codec: PayloadCodec | CodecChain | None = None,
     ) -> None:
         """``producer``: an already started aiokafka producer to share (it stays the
         caller's to stop); without it the client starts its own. ``store``: the event
         store :meth:`result` reads (the caller's to close); without it the client
-        connects to ``settings.pg`` the first time it needs one."""
+        connects to ``settings.pg`` the first time it needs one. ``codec``: seals what
+        it sends and opens what it reads; by default the one ``settings.codec`` describes."""
         self.settings = settings
+        self.codec = (
+            CodecChain.of(codec) if codec is not None else codec_from_settings(settings.codec)
+        )
         self.topics = Topics.of(settings.kafka)
         self._source = source
         self._producer: Any = producer
@@ -76,7 +82,7 @@ class SagaClient:
     async def _send(self, envelope: Envelope) -> None:
         if self._producer is None:
             raise RuntimeError("SagaClient is not started: use `async with SagaClient(...)`")
-        await send(self._producer, self.topics.inbox, envelope)
+        await send(self._producer, self.topics.inbox, envelope, self.codec)
 
     async def start(
         self,
@@ -277,5 +283,5 @@ class SagaClient:
 
             # A small pool: a client waits on results, it does not drive sagas.
             pg = self.settings.pg.model_copy(update={"pool_min_size": 1, "pool_max_size": 2})
-            self._store = await PostgresEventStore.connect(pg)
+            self._store = await PostgresEventStore.connect(pg, codec=self.codec)
         return self._store

@@ -24,6 +24,8 @@ CHILD_PARTICIPANT = "saga.child"
 #: The participant name of a child's end, sent to its parent: the engine routes it to the
 #: saga inbox as the reply to the parent's command (keyed by the parent's id).
 PARENT_PARTICIPANT = "saga.parent"
+#: A child's step is named ``child:{key}``, its id derived from the parent's id and key.
+CHILD_STEP_PREFIX = "child:"
 
 
 def saga_id_for(saga_type: str, idempotency_key: str) -> str:

@@ -28,6 +28,9 @@
         │       └── UnstorableValue    a value Postgres cannot store
         ├── IdempotencyConflict        a key reused with a different input
         ├── PayloadTooLarge            over the configured size limit
+        ├── CodecError                 an encoded payload this process cannot decode
+        │                              (unknown key id, failed tag, no codec
+        │                              configured) or a codec that cannot work
         ├── SagaUnsuccessful           SagaClient.result: it ended failed, compensated
         │                              or cancelled
         ├── PoisonMessage              a message that can never be processed (DLQ)
@@ -51,6 +54,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -341,6 +345,38 @@ class PayloadTooLarge(PermanentError):
         self.size = size
         self.limit = limit
         super().__init__(f"payload of {size} bytes exceeds the limit of {limit} bytes")
+
+
+class CodecFailure(StrEnum):
+    """Why a payload codec failed (``CodecError.failure``)."""
+
+    #: Encoded under a key id this process does not hold (rotated out, or never given).
+    UNKNOWN_KEY = "unknown_key"
+    #: The authentication tag does not verify: tampered, truncated, or the wrong key.
+    TAMPERED = "tampered"
+    #: Encoded with a codec this process does not have (``$codec`` names one it lacks).
+    UNKNOWN_CODEC = "unknown_codec"
+    #: An encoded payload reached a process with no codec configured at all.
+    NOT_CONFIGURED = "not_configured"
+    #: Not a payload this codec wrote (wrong layout, bad base64, bad flag byte).
+    MALFORMED = "malformed"
+    #: The codec's own configuration cannot work (a key of the wrong length).
+    BAD_CONFIG = "bad_config"
+
+
+class CodecError(PermanentError):
+    """A payload codec failed: retrying will not help, configuring the right key will.
+
+    Raised on decode (an unknown key id, a failed tag, an encoded payload reaching a
+    process without a codec) and when a codec is built from a configuration that cannot
+    work. Never raised for a clear payload: a process with a codec reads those as they are.
+    """
+
+    def __init__(self, failure: CodecFailure, detail: str, *, key_id: str | None = None) -> None:
+        self.failure = failure
+        self.key_id = key_id
+        self.detail = detail
+        super().__init__(f"{failure.value}: {detail}")
 
 
 class PoisonMessage(PermanentError):

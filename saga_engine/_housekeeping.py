@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
+from saga_engine._codec import CodecChain
 from saga_engine._engine import Engine
 from saga_engine._errors import NewerVersionError, SagaError, TransientError
 from saga_engine._retention import Retention
@@ -44,8 +45,10 @@ class Housekeeping:
         settings: Settings,
         partitions: Callable[[], tuple[frozenset[int], int]],
         owns: Callable[[str], bool],
+        codec: CodecChain | None = None,
     ) -> None:
         self._engine = engine
+        self._codec = codec
         self._store = store
         self._settings = settings
         self._partitions = partitions
@@ -129,7 +132,7 @@ class Housekeeping:
         await asyncio.gather(*(one(i) for i in saga_ids))
 
     async def _retention(self) -> None:
-        retention = Retention(self._settings.retention, self._store)
+        retention = Retention(self._settings.retention, self._store, self._codec)
         detach_from_trace()
         while True:
             await asyncio.sleep(self._settings.retention.interval_s)  # a period

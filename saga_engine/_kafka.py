@@ -25,6 +25,7 @@ from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitio
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, TopicAlreadyExistsError
 
 from saga_engine._children import ENGINE_PARTICIPANTS, engine_envelope
+from saga_engine._codec import CodecChain
 from saga_engine._decision import OutboundCommand
 from saga_engine._errors import KafkaUnavailable
 from saga_engine._settings import KafkaSettings
@@ -151,19 +152,22 @@ def make_group_consumer(
 SEND_TIMEOUT_S = 30.0
 
 
-async def send(producer: AIOKafkaProducer, topic: str, envelope: Envelope) -> None:
-    """Publishes ``envelope`` and waits for the broker's acknowledgement."""
-    [error] = await delivered([await start_send(producer, topic, envelope)])
+async def send(
+    producer: AIOKafkaProducer, topic: str, envelope: Envelope, codec: CodecChain | None = None
+) -> None:
+    """Publishes ``envelope`` (its body sealed by ``codec``, if any) and waits for the
+    broker's acknowledgement."""
+    [error] = await delivered([await start_send(producer, topic, envelope, codec)])
     if error is not None:
         raise error
 
 
 async def start_send(
-    producer: AIOKafkaProducer, topic: str, envelope: Envelope
+    producer: AIOKafkaProducer, topic: str, envelope: Envelope, codec: CodecChain | None = None
 ) -> asyncio.Future[Any]:
     """Hands ``envelope`` to the producer and returns the future of its acknowledgement,
     so that many records can be sent and then awaited together."""
-    key, value, headers = encode(envelope)
+    key, value, headers = encode(envelope, codec)
     return await start_record(producer, topic, key, value, headers)
 
 
@@ -215,16 +219,23 @@ async def delivered(deliveries: Sequence[Awaitable[Any]]) -> list[BaseException 
 class KafkaCommandSender:
     """Publishes each command to ``{prefix}.cmd.{participant}``, keyed by saga id."""
 
-    def __init__(self, producer: AIOKafkaProducer, topics: Topics, source: str) -> None:
+    def __init__(
+        self,
+        producer: AIOKafkaProducer,
+        topics: Topics,
+        source: str,
+        codec: CodecChain | None = None,
+    ) -> None:
         self._producer = producer
         self._topics = topics
         self._source = source
+        self._codec = codec
 
     async def send_command(self, command: OutboundCommand) -> None:
-        await send(self._producer, *self._route(command))
+        await send(self._producer, *self._route(command), self._codec)
 
     async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
-        return await start_send(self._producer, *self._route(command))
+        return await start_send(self._producer, *self._route(command), self._codec)
 
     def _route(self, command: OutboundCommand) -> tuple[str, Envelope]:
         if command.participant in ENGINE_PARTICIPANTS:

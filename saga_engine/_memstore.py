@@ -13,10 +13,11 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
+from saga_engine._codec import CodecChain, PayloadCodec, Undecodable, open_event, seal_event
 from saga_engine._errors import ConcurrencyError, SagaNotFound, SerializationError
-from saga_engine._events import Event, event_from_json, event_to_json
+from saga_engine._events import Event, event_from_json, event_to_dict, event_to_json
 from saga_engine._rollout import InMemoryRollouts, RolloutRows
-from saga_engine._serde import unstorable
+from saga_engine._serde import dumps, loads, unstorable
 from saga_engine._status import SagaStatus
 from saga_engine._store import (
     Append,
@@ -34,7 +35,9 @@ from saga_engine._store import (
 from saga_engine._topics import partition_for
 
 
-def _copy(event: Event) -> Event:
+def _copy(
+    event: Event, codec: CodecChain | None, undecodable: Undecodable = Undecodable.RAISE
+) -> Event:
     # Fail where Postgres fails: its text and jsonb refuse NUL characters and unpaired
     # surrogates, and orjson numbers JSON cannot carry.
     problems = unstorable(event.model_dump(mode="json"))
@@ -42,12 +45,16 @@ def _copy(event: Event) -> Event:
         raise SerializationError(
             f"Postgres cannot store this value: {problems[0]['msg']} (at {problems[0]['loc']})"
         )
-    return event_from_json(event_to_json(event))
+    if codec is None:
+        return event_from_json(event_to_json(event))
+    # Through the row a Postgres store writes, sealed, and back: the same codec path.
+    return open_event(codec, loads(dumps(seal_event(codec, event_to_dict(event)))), undecodable)
 
 
 class InMemoryEventStore(InMemoryRollouts):
-    def __init__(self) -> None:
+    def __init__(self, codec: PayloadCodec | CodecChain | None = None) -> None:
         self._rollouts = RolloutRows()
+        self._codec = CodecChain.of(codec)
         self._records: dict[str, SagaRecord] = {}
         self._events: dict[str, list[StoredEvent]] = {}
         #: (saga id, created at) -> gzipped export, as saga_archive's key.
@@ -64,7 +71,7 @@ class InMemoryEventStore(InMemoryRollouts):
         async with self._lock:
             if new.saga_id in self._records:
                 return False
-            events = [_copy(e) for e in new.events]
+            events = [_copy(e, self._codec) for e in new.events]
             now = self._now(events)
             self._events[new.saga_id] = [StoredEvent(i + 1, e) for i, e in enumerate(events)]
             self._records[new.saga_id] = self._apply(
@@ -92,7 +99,7 @@ class InMemoryEventStore(InMemoryRollouts):
                 raise SagaNotFound(append.saga_id)
             if record.last_seq != append.expected_seq:
                 raise ConcurrencyError(append.saga_id, append.expected_seq, record.last_seq)
-            events = [_copy(e) for e in append.events]
+            events = [_copy(e, self._codec) for e in append.events]
             stored = self._events[append.saga_id]
             for event in events:
                 stored.append(StoredEvent(len(stored) + 1, event))
@@ -112,16 +119,22 @@ class InMemoryEventStore(InMemoryRollouts):
             updated_at=now,
         )
 
-    async def load(self, saga_id: str) -> LoadedSaga:
+    async def load(
+        self, saga_id: str, *, undecodable: Undecodable = Undecodable.RAISE
+    ) -> LoadedSaga:
         record = await self.get(saga_id)
         return LoadedSaga(
-            record, [StoredEvent(s.seq, _copy(s.event)) for s in self._events[saga_id]]
+            record,
+            [
+                StoredEvent(s.seq, _copy(s.event, self._codec, undecodable))
+                for s in self._events[saga_id]
+            ],
         )
 
     async def first_event(self, saga_id: str) -> StoredEvent:
         await self.get(saga_id)
         first = self._events[saga_id][0]
-        return StoredEvent(first.seq, _copy(first.event))
+        return StoredEvent(first.seq, _copy(first.event, self._codec))
 
     async def get(self, saga_id: str) -> SagaRecord:
         check_lookup(saga_id)

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from saga_engine._decision import (
     CHILD_PARTICIPANT,
+    CHILD_STEP_PREFIX,
     DEADLINE_TIMER,
     child_saga_id,
     command_id_for,
@@ -331,7 +332,7 @@ async def child(
     value = validate_payload(saga.input_type, raw, f"the input of child saga {name!r}")
     return await step(
         s,
-        f"child:{name}",
+        f"{CHILD_STEP_PREFIX}{name}",
         to=CHILD_PARTICIPANT,
         command=ChildStart(saga_id=child_id, saga_type=saga.name, input=model_payload(value)),
         compensate=ChildUndo(saga_id=child_id, saga_type=saga.name),

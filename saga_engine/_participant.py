@@ -27,6 +27,7 @@ from aiokafka.errors import KafkaError
 from opentelemetry.trace import Span
 from pydantic import BaseModel, ValidationError
 
+from saga_engine._codec import CodecChain
 from saga_engine._errors import PoisonMessage, Rejected, Retryable, TransientError, UnstorableValue
 from saga_engine._kafka import DeadLetters, ensure_topics
 from saga_engine._participant_sql import (
@@ -40,11 +41,11 @@ from saga_engine._participant_sql import (
     check_size,
     insert_outbox,
     publish,
-    reply_json,
     reply_record,
+    stored_reply,
 )
 from saga_engine._retry import Backoff, jittered
-from saga_engine._serde import JsonDict, check_storable, storable_copy, unstorable
+from saga_engine._serde import JsonDict, check_storable, storable_copy, unstorable, without_input
 from saga_engine._settings import Settings
 from saga_engine._telemetry import Telemetry, carrier_of, default_telemetry
 from saga_engine._topics import Topics
@@ -254,8 +255,11 @@ class CommandProcessor:
         backoff: tuple[float, float],
         instance_id: str,
         telemetry: Telemetry | None = None,
+        codec: CodecChain | None = None,
     ) -> None:
         self.name = name
+        #: Opens the commands read, seals the replies sent and stored (None: as they are).
+        self.codec = codec
         self.settings = settings
         self.topics = Topics.of(settings.kafka)
         self.instance_id = instance_id
@@ -421,7 +425,10 @@ class CommandProcessor:
         try:
             model = handler.model.model_validate(command.body)
         except ValidationError as exc:
-            detail = f"{command.subject} body is not a valid {handler.model.__name__}: {exc}"
+            detail = (
+                f"{command.subject} body is not a valid {handler.model.__name__}: "
+                f"{without_input(exc)}"
+            )
             await self._dead_letter(record, PoisonReason.INVALID_BODY.value, detail)
             errors = orjson.loads(exc.json(include_url=False, include_input=False))
             reply = ReplyBody(
@@ -439,6 +446,7 @@ class CommandProcessor:
             record.value,
             list(record.headers or []),
             max_bytes=self.settings.kafka.max_message_bytes,
+            codec=self.codec,
         )
         if command.message_type is not MessageType.COMMAND:
             raise PoisonMessage(
@@ -567,10 +575,12 @@ class CommandProcessor:
             if claimed is None:
                 # Processed before (and committed, or the claim would still be waiting):
                 # the same answer again, without running the handler.
-                stored = ReplyBody.model_validate_json(
-                    await conn.fetchval(STORED_REPLY, command.command_id)
+                stored = stored_reply(
+                    await conn.fetchval(STORED_REPLY, command.command_id), self.codec
                 )
-                outgoing = reply_record(command, stored, source=self._source, topic=topic)
+                outgoing = reply_record(
+                    command, stored, source=self._source, topic=topic, codec=self.codec
+                )
                 await insert_outbox(conn, outgoing)
                 return outgoing, True, None
             forward_ids = [i for i in command.compensates.split(",") if i]
@@ -600,7 +610,7 @@ class CommandProcessor:
                             check_storable(payload, f"the reply of the {command.subject} handler")
                             reply = ReplyBody(outcome="success", payload=payload)
                             outgoing = reply_record(
-                                command, reply, source=self._source, topic=topic
+                                command, reply, source=self._source, topic=topic, codec=self.codec
                             )
                             check_size(outgoing, limit)
                     except (Rejected, Retryable) as answer:
@@ -617,7 +627,8 @@ class CommandProcessor:
                 RECORD_OUTCOME,
                 command.command_id,
                 outgoing.reply.outcome,
-                reply_json(outgoing.reply),
+                # The reply's Kafka value is its JSON (sealed, with a codec) already.
+                outgoing.value.decode(),
                 outgoing.reply.error,
             )
             await insert_outbox(conn, outgoing)
@@ -632,7 +643,7 @@ class CommandProcessor:
     def _fitted(self, command: Envelope, reply: ReplyBody, topic: str) -> Outgoing:
         """A failure or retryable reply, shrunk to fit the size limit rather than not
         sent at all."""
-        outgoing = reply_record(command, reply, source=self._source, topic=topic)
+        outgoing = reply_record(command, reply, source=self._source, topic=topic, codec=self.codec)
         if outgoing.size <= self._reply_limit:
             return outgoing
         small = ReplyBody(
@@ -640,7 +651,7 @@ class CommandProcessor:
             payload={"truncated": True},
             error=(reply.error or "")[:1000],
         )
-        return reply_record(command, small, source=self._source, topic=topic)
+        return reply_record(command, small, source=self._source, topic=topic, codec=self.codec)
 
     async def _answer(
         self, command: Envelope, topic: str, reply: ReplyBody, *, counter: str

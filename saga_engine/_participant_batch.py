@@ -59,9 +59,10 @@ from saga_engine._participant_sql import (
     Outgoing,
     check_size,
     reply_record,
+    stored_reply,
 )
 from saga_engine._retry import Backoff
-from saga_engine._serde import check_storable, unstorable
+from saga_engine._serde import check_storable, unstorable, without_input
 from saga_engine._wire import Envelope, PoisonReason, ReplyBody
 
 log = logging.getLogger("saga_engine.participant")
@@ -228,7 +229,10 @@ class BatchRunner:
         try:
             item.model = handler.model.model_validate(command.body)
         except ValidationError as exc:
-            detail = f"{command.subject} body is not a valid {handler.model.__name__}: {exc}"
+            detail = (
+                f"{command.subject} body is not a valid {handler.model.__name__}: "
+                f"{without_input(exc)}"
+            )
             await p._dead_letter(item.record, PoisonReason.INVALID_BODY.value, detail)
             errors = orjson.loads(exc.json(include_url=False, include_input=False))
             item.fixed = ReplyBody(
@@ -305,7 +309,11 @@ class BatchRunner:
                 # A copy of a command earlier in this batch: the same answer, to its own
                 # message (no outbox row: the first one's is the durable answer).
                 item.outgoing = reply_record(
-                    _cmd(item), first.outgoing.reply, source=p._source, topic=item.topic
+                    _cmd(item),
+                    first.outgoing.reply,
+                    source=p._source,
+                    topic=item.topic,
+                    codec=p.codec,
                 )
         answered = [i for i in group if i.outgoing is not None]
         for item in answered:
@@ -356,8 +364,10 @@ class BatchRunner:
                 command = _cmd(item)
                 if not item.command_id_in(claimed):
                     item.duplicate = True
-                    reply = ReplyBody.model_validate_json(stored[command.command_id])
-                    item.outgoing = reply_record(command, reply, source=p._source, topic=item.topic)
+                    reply = stored_reply(stored[command.command_id], p.codec)
+                    item.outgoing = reply_record(
+                        command, reply, source=p._source, topic=item.topic, codec=p.codec
+                    )
                 elif item.fixed is not None:
                     item.outgoing = p._fitted(command, item.fixed, item.topic)
                 elif item.refused is not None:
@@ -442,6 +452,7 @@ class BatchRunner:
             ReplyBody(outcome="success", payload=payload),
             source=p._source,
             topic=item.topic,
+            codec=p.codec,
         )
         check_size(outgoing, p._reply_limit)
         return outgoing

@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel
 
+from saga_engine._codec import CodecChain, PayloadCodec, codec_from_settings
 from saga_engine._errors import DefinitionError, KafkaUnavailable, Rejected, Retryable
 from saga_engine._instance import InstanceName
 from saga_engine._kafka import OffsetCommitter, ensure_topics, make_group_consumer, make_producer
@@ -101,7 +102,10 @@ class Participant:
         relay_grace_s: float = 5.0,
         stop_timeout_s: float = 10.0,
         telemetry: Telemetry | None = None,
+        codec: PayloadCodec | CodecChain | None = None,
     ) -> None:
+        """``codec``: opens the commands read, seals the replies sent and stored; by
+        default the one ``settings.codec`` describes (none unless configured)."""
         if not _NAME.match(name):
             raise DefinitionError(
                 f"participant name {name!r} is invalid: use 1 to 100 letters, digits, '_' or "
@@ -109,6 +113,9 @@ class Participant:
             )
         self.name = name
         self.settings = settings
+        self.codec = (
+            CodecChain.of(codec) if codec is not None else codec_from_settings(settings.codec)
+        )
         self.topics = Topics.of(settings.kafka)
         self.dsn = dsn if dsn is not None else settings.participant.dsn.get_secret_value()
         self.db_schema = db_schema if db_schema is not None else settings.participant.db_schema
@@ -305,6 +312,7 @@ class Participant:
             backoff=self._backoff,
             instance_id=self.instance_id,
             telemetry=self.telemetry,
+            codec=self.codec,
         )
         self._batches = BatchRunner(self._processor)
         # Replies a previous process committed but did not get to publish. No grace

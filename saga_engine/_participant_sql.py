@@ -13,8 +13,10 @@ import orjson
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from asyncpg.pool import PoolConnectionProxy
+from pydantic import ValidationError
 
-from saga_engine._errors import KafkaUnavailable, PayloadTooLarge
+from saga_engine._codec import MARKER, CodecChain, is_marker
+from saga_engine._errors import CodecError, CodecFailure, KafkaUnavailable, PayloadTooLarge
 from saga_engine._wire import Envelope, Headers, MessageType, ReplyBody, encode
 
 Connection: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
@@ -46,9 +48,12 @@ class Outgoing:
         return len(self.value) + sum([len(k) + len(v) for k, v in self.headers])
 
 
-def reply_record(command: Envelope, reply: ReplyBody, *, source: str, topic: str) -> Outgoing:
+def reply_record(
+    command: Envelope, reply: ReplyBody, *, source: str, topic: str, codec: CodecChain | None
+) -> Outgoing:
     """The reply to ``command``: keyed by saga id, answering the command's own message id,
-    with its trace context, so the saga's trace continues through the participant."""
+    with its trace context, so the saga's trace continues through the participant. With a
+    codec its value is sealed, and so are the outbox row and the stored reply made of it."""
     envelope = Envelope(
         message_type=MessageType.REPLY,
         source=source,
@@ -64,7 +69,7 @@ def reply_record(command: Envelope, reply: ReplyBody, *, source: str, topic: str
         tracestate=command.tracestate,
         body=reply.model_dump(mode="json"),
     )
-    key, value, headers = encode(envelope)
+    key, value, headers = encode(envelope, codec)
     return Outgoing(command.command_id, command.saga_id, topic, key, value, headers, reply)
 
 
@@ -157,5 +162,19 @@ async def publish(
         raise KafkaUnavailable(f"could not publish a reply to {topic}: {exc!r}") from exc
 
 
-def reply_json(reply: ReplyBody) -> str:
-    return orjson.dumps(reply.model_dump(mode="json")).decode()
+def stored_reply(text: str, codec: CodecChain | None) -> ReplyBody:
+    """A reply as ``saga_processed_commands.reply`` holds it: its JSON, or (written with a
+    codec) the marker of its JSON, which is what the reply's Kafka value is."""
+    if codec is not None:
+        marker = orjson.loads(text)
+        if is_marker(marker):
+            return ReplyBody.model_validate_json(codec.open_raw(marker))
+    try:
+        return ReplyBody.model_validate_json(text)
+    except ValidationError:
+        if f'"{MARKER}"' in text:
+            raise CodecError(
+                CodecFailure.NOT_CONFIGURED,
+                "a stored reply is encoded and this participant has no codec configured",
+            ) from None
+        raise

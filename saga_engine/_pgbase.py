@@ -13,11 +13,14 @@ from typing import Any, Final, TypeAlias
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
+from pydantic import ValidationError
 
+from saga_engine._codec import CodecChain, Undecodable, open_error, open_event
 from saga_engine._errors import SerializationError, StoreUnavailable
+from saga_engine._events import event_from_dict
 from saga_engine._serde import JsonDict, dumps, loads
 from saga_engine._status import SagaStatus
-from saga_engine._store import SagaRecord
+from saga_engine._store import SagaRecord, StoredEvent
 
 _Conn: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
 
@@ -132,6 +135,27 @@ def _json(value: JsonDict | None) -> _EncodedJson | None:
     return None if value is None else _EncodedJson(dumps(value))
 
 
+def _stored_events(
+    rows: list[asyncpg.Record],
+    codec: CodecChain | None,
+    undecodable: Undecodable = Undecodable.RAISE,
+) -> list[StoredEvent]:
+    """``(seq, data)`` rows as events, their sealed payloads opened.
+
+    Without a codec this is the loop it always was: nothing per event for the feature.
+    A sealed event then fails validation, and only then does ``open_event`` look at the
+    rows, to raise CodecError ("no codec configured") instead of a validation error.
+    """
+    if codec is None and undecodable is Undecodable.RAISE:
+        try:
+            return [StoredEvent(r["seq"], event_from_dict(r["data"])) for r in rows]
+        except ValidationError:
+            for r in rows:
+                open_event(None, r["data"])
+            raise
+    return [StoredEvent(r["seq"], open_event(codec, r["data"], undecodable)) for r in rows]
+
+
 _RECORD_COLUMNS: Final = (
     "saga_id, saga_type, status, last_seq, created_at, updated_at, current_step, "
     "next_wakeup, error, idempotency_key, search, saga_version"
@@ -140,7 +164,10 @@ _RECORD_COLUMNS: Final = (
 _OPEN_STATUSES: Final = [s.value for s in SagaStatus if s.is_open]
 
 
-def _record(row: asyncpg.Record) -> SagaRecord:
+def _record(row: asyncpg.Record, codec: CodecChain | None = None) -> SagaRecord:
+    error = row["error"]
+    if error is not None and type(error.get("details")) is dict:
+        error = open_error(codec, error)  # its details sealed with a codec (seal_error)
     return SagaRecord(
         saga_id=row["saga_id"],
         saga_type=row["saga_type"],
@@ -150,7 +177,7 @@ def _record(row: asyncpg.Record) -> SagaRecord:
         updated_at=row["updated_at"],
         current_step=row["current_step"],
         next_wakeup=row["next_wakeup"],
-        error=row["error"],
+        error=error,
         idempotency_key=row["idempotency_key"],
         search=row["search"],
         saga_version=row["saga_version"],

@@ -12,13 +12,14 @@ from typing import Final
 
 import asyncpg
 
+from saga_engine._codec import CodecChain, Undecodable
 from saga_engine._errors import SagaNotFound
-from saga_engine._events import event_from_dict
 from saga_engine._pgbase import (
     _OPEN_STATUSES,
     _RECORD_COLUMNS,
     _json,
     _record,
+    _stored_events,
     _unavailable_as_transient,
 )
 from saga_engine._status import SagaStatus
@@ -40,8 +41,11 @@ class PostgresReads:
     """Mixed into PostgresEventStore: the reads, over its pool."""
 
     _pool: asyncpg.Pool[asyncpg.Record]
+    _codec: CodecChain | None
 
-    async def load(self, saga_id: str) -> LoadedSaga:
+    async def load(
+        self, saga_id: str, *, undecodable: Undecodable = Undecodable.RAISE
+    ) -> LoadedSaga:
         check_lookup(saga_id)
         with _unavailable_as_transient():
             async with self._pool.acquire() as conn:
@@ -50,7 +54,7 @@ class PostgresReads:
                 )
                 if row is None:
                     raise SagaNotFound(saga_id)
-                record = _record(row)
+                record = _record(row, self._codec)
                 # Consistent without a snapshot transaction: events up to last_seq were
                 # committed with (or before) the row version just read, and history is
                 # append-only, so this returns exactly the history the record describes,
@@ -61,9 +65,7 @@ class PostgresReads:
                     saga_id,
                     record.last_seq,
                 )
-        return LoadedSaga(
-            record, [StoredEvent(r["seq"], event_from_dict(r["data"])) for r in event_rows]
-        )
+        return LoadedSaga(record, _stored_events(event_rows, self._codec, undecodable))
 
     async def first_event(self, saga_id: str) -> StoredEvent:
         check_lookup(saga_id)
@@ -74,7 +76,7 @@ class PostgresReads:
             )
         if row is None:
             raise SagaNotFound(saga_id)
-        return StoredEvent(row["seq"], event_from_dict(row["data"]))
+        return _stored_events([row], self._codec)[0]
 
     async def get(self, saga_id: str) -> SagaRecord:
         check_lookup(saga_id)
@@ -84,7 +86,7 @@ class PostgresReads:
             )
         if row is None:
             raise SagaNotFound(saga_id)
-        return _record(row)
+        return _record(row, self._codec)
 
     async def list_sagas(
         self,
@@ -136,7 +138,7 @@ class PostgresReads:
         sql = f"SELECT {_RECORD_COLUMNS} FROM sagas {where}ORDER BY saga_id LIMIT {arg(limit)}"
         with _unavailable_as_transient():
             rows = await self._pool.fetch(sql, *args)
-        return [_record(r) for r in rows]
+        return [_record(r, self._codec) for r in rows]
 
     async def open_saga_ids(
         self, partitions: Collection[int] | None = None, partition_count: int = 0

@@ -10,8 +10,13 @@ from typing import Final
 
 import asyncpg
 
-from saga_engine._events import event_from_dict
-from saga_engine._pgbase import _RECORD_COLUMNS, _record, _unavailable_as_transient
+from saga_engine._codec import CodecChain
+from saga_engine._pgbase import (
+    _RECORD_COLUMNS,
+    _record,
+    _stored_events,
+    _unavailable_as_transient,
+)
 from saga_engine._status import SagaStatus
 from saga_engine._store import ArchivedSaga, LoadedSaga, StoredEvent
 
@@ -22,6 +27,7 @@ class PostgresRetention:
     """Mixed into PostgresEventStore: retention's queries, over its pool."""
 
     _pool: asyncpg.Pool[asyncpg.Record]
+    _codec: CodecChain | None
 
     async def finished_before(
         self,
@@ -75,11 +81,11 @@ class PostgresRetention:
                     ids,
                 )
         by_saga: defaultdict[str, list[StoredEvent]] = defaultdict(list)
-        for row in events:
-            by_saga[row["saga_id"]].append(StoredEvent(row["seq"], event_from_dict(row["data"])))
+        for row, stored in zip(events, _stored_events(events, self._codec), strict=True):
+            by_saga[row["saga_id"]].append(stored)
         out = []
         for row in records:
-            record = _record(row)
+            record = _record(row, self._codec)
             history = [e for e in by_saga[record.saga_id] if e.seq <= record.last_seq]
             out.append(LoadedSaga(record, history))
         return out

@@ -27,6 +27,7 @@ from typing import Final, Generic, TypeAlias, TypeVar
 
 import asyncpg
 
+from saga_engine._codec import CodecChain, PayloadCodec, seal_error, seal_event
 from saga_engine._errors import ConcurrencyError, MigrationError, SagaNotFound, StoreUnavailable
 from saga_engine._events import Event, event_to_dict
 from saga_engine._pgbase import (
@@ -42,7 +43,7 @@ from saga_engine._pgbase import (
 from saga_engine._pgqueries import PostgresReads
 from saga_engine._pgretention import PostgresRetention
 from saga_engine._pgrollouts import PostgresRollouts
-from saga_engine._serde import dumps
+from saga_engine._serde import JsonDict, dumps
 from saga_engine._settings import PostgresSettings
 from saga_engine._status import SagaStatus
 from saga_engine._store import Append, NewSaga, check_new_saga_id
@@ -91,10 +92,19 @@ class _PreparedEvents:
     data: list[_EncodedJson]
 
     @classmethod
-    def of(cls, events: Sequence[Event]) -> _PreparedEvents:
+    def of(cls, events: Sequence[Event], codec: CodecChain | None) -> _PreparedEvents:
+        if codec is not None:
+            return cls(
+                [e.kind for e in events],
+                [_EncodedJson(dumps(seal_event(codec, event_to_dict(e)))) for e in events],
+            )
         return cls(
             [e.kind for e in events], [_EncodedJson(dumps(event_to_dict(e))) for e in events]
         )
+
+
+def _error_json(error: JsonDict | None, codec: CodecChain | None) -> _EncodedJson | None:
+    return _json(error if codec is None else seal_error(codec, error))
 
 
 T = TypeVar("T")
@@ -255,9 +265,15 @@ class PostgresEventStore(PostgresReads, PostgresRetention, PostgresRollouts):
     """The EventStore port on Postgres. Open it with ``await PostgresEventStore.connect``."""
 
     def __init__(
-        self, pool: asyncpg.Pool[asyncpg.Record], group_commit: GroupCommitConfig | None = None
+        self,
+        pool: asyncpg.Pool[asyncpg.Record],
+        group_commit: GroupCommitConfig | None = None,
+        codec: PayloadCodec | CodecChain | None = None,
     ) -> None:
         self._pool = pool
+        #: Seals the payloads of the events written, opens those read (None: stored as
+        #: they are, and the write path is the one it always was).
+        self._codec = CodecChain.of(codec)
         self._config = group_commit or GroupCommitConfig()
         self._queue: deque[_Op] = deque()
         self._wakeup = asyncio.Event()
@@ -267,9 +283,14 @@ class PostgresEventStore(PostgresReads, PostgresRetention, PostgresRollouts):
 
     @classmethod
     async def connect(
-        cls, settings: PostgresSettings, *, group_commit: GroupCommitConfig | None = None
+        cls,
+        settings: PostgresSettings,
+        *,
+        group_commit: GroupCommitConfig | None = None,
+        codec: PayloadCodec | CodecChain | None = None,
     ) -> PostgresEventStore:
-        """Opens a connection pool on ``settings.db_schema``, which must be migrated."""
+        """Opens a connection pool on ``settings.db_schema``, which must be migrated.
+        ``codec``: seal the payloads of stored events (``codec_from_settings``)."""
         with _unavailable_as_transient():
             pool = await asyncpg.create_pool(
                 settings.dsn.get_secret_value(),
@@ -306,7 +327,7 @@ class PostgresEventStore(PostgresReads, PostgresRetention, PostgresRollouts):
                 f"schema {settings.db_schema!r} has no saga tables: run `saga migrate` "
                 "(or saga_engine._migrations.migrate) before starting the engine"
             )
-        return cls(pool, group_commit)
+        return cls(pool, group_commit, codec)
 
     @property
     def stats(self) -> GroupCommitStats:
@@ -323,8 +344,8 @@ class PostgresEventStore(PostgresReads, PostgresRetention, PostgresRollouts):
         events = list(new.events)
         op = _CreateOp(
             new=new,
-            events=_PreparedEvents.of(events),
-            error=_json(new.projection.error),
+            events=_PreparedEvents.of(events, self._codec),
+            error=_error_json(new.projection.error, self._codec),
             # Like the in-memory store: time moves with the saga's own events.
             at=events[-1].at if events else datetime.now(UTC),
             future=asyncio.get_running_loop().create_future(),
@@ -336,8 +357,8 @@ class PostgresEventStore(PostgresReads, PostgresRetention, PostgresRollouts):
         events = list(append.events)
         op = _AppendOp(
             append=append,
-            events=_PreparedEvents.of(events),
-            error=_json(append.projection.error),
+            events=_PreparedEvents.of(events, self._codec),
+            error=_error_json(append.projection.error, self._codec),
             # None keeps updated_at as it is (an append with no events).
             at=events[-1].at if events else None,
             future=asyncio.get_running_loop().create_future(),

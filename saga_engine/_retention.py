@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from saga_engine._codec import CodecChain, seal_archive
 from saga_engine._replay import export_history
 from saga_engine._serde import dumps
 from saga_engine._settings import RetentionSettings
@@ -49,9 +50,13 @@ class _Rule:
 
 
 class Retention:
-    def __init__(self, settings: RetentionSettings, store: EventStore) -> None:
+    def __init__(
+        self, settings: RetentionSettings, store: EventStore, codec: CodecChain | None = None
+    ) -> None:
         self.settings = settings
         self.store = store
+        #: Seals what is archived: the histories were read decoded (None: as they are).
+        self.codec = codec
 
     def rules(self, now: datetime, older_than: timedelta | None = None) -> list[_Rule]:
         """One cutoff per period: each per-type period for its type, the default for
@@ -125,11 +130,17 @@ class Retention:
         mode = self.settings.archive
         if mode == "table":
             archive = [ArchivedSaga(s.record, gzip.compress(_export(s))) for s in loaded]
+            if self.codec is not None:
+                archive = [
+                    ArchivedSaga(a.record, seal_archive(self.codec, a.history)) for a in archive
+                ]
             return await self.store.remove_finished(ids, archive)
         if mode == "directory":
             assert self.settings.directory is not None  # checked by the settings
             # Compression and fsync off the event loop: timers and heartbeats go on.
-            path = await asyncio.to_thread(_write_file, Path(self.settings.directory), loaded)
+            path = await asyncio.to_thread(
+                _write_file, Path(self.settings.directory), loaded, self.codec
+            )
             report.files.append(str(path))
         return await self.store.remove_finished(ids)
 
@@ -139,18 +150,26 @@ def _export(saga: LoadedSaga) -> bytes:
     return dumps(export_history(record.saga_id, record.saga_type, [e.event for e in saga.events]))
 
 
-def _write_file(directory: Path, sagas: list[LoadedSaga]) -> Path:
+def _write_file(directory: Path, sagas: list[LoadedSaga], codec: CodecChain | None) -> Path:
     """One gzipped JSON-lines file per batch, one export per line, written whole before
-    it gets its name (a crash leaves a ``.tmp``, never half a file)."""
+    it gets its name (a crash leaves a ``.tmp``, never half a file). With a codec the
+    file is the gzipped lines sealed whole (``saga_engine._codec.seal_archive``)."""
     directory.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().astimezone().strftime("%Y%m%dT%H%M%S%z")
     path = directory / f"sagas-{stamp}-{uuid.uuid4().hex[:8]}.jsonl.gz"
     tmp = path.with_suffix(".tmp")
-    with gzip.open(tmp, "wb") as out:
-        for saga in sagas:
-            out.write(_export(saga) + b"\n")
-        out.flush()
-        os.fsync(out.fileobj.fileno())  # type: ignore[union-attr]
+    if codec is not None:
+        sealed = seal_archive(codec, gzip.compress(b"".join(_export(s) + b"\n" for s in sagas)))
+        with open(tmp, "wb") as raw:
+            raw.write(sealed)
+            raw.flush()
+            os.fsync(raw.fileno())
+    else:
+        with gzip.open(tmp, "wb") as out:
+            for saga in sagas:
+                out.write(_export(saga) + b"\n")
+            out.flush()
+            os.fsync(out.fileobj.fileno())  # type: ignore[union-attr]
     tmp.rename(path)
     # The rename is durable only once the directory is: the delete that follows commits.
     fd = os.open(directory, os.O_RDONLY)

@@ -221,6 +221,16 @@ def validation_problems(exc: ValidationError, *loc: str | int) -> list[dict[str,
     ]
 
 
+def without_input(exc: ValidationError) -> str:
+    """A ValidationError as one line, without the values it refused: they may be secret
+    (an encrypted payload's, once decoded) and this text travels in clear (a dead
+    letter's ``dlq_detail``)."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in problem['loc']) or '(body)'}: {problem['msg']}"
+        for problem in validation_problems(exc)
+    )
+
+
 def validate_payload(model: type[M], payload: Any, what: str, *loc: str | int) -> M:
     """``payload`` as ``model``, or InvalidPayload naming each field that is wrong."""
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
@@ -205,6 +207,42 @@ class AdminSettings(BaseModel):
     session_secret: SecretStr | None = None
 
 
+class CodecSettings(BaseModel):
+    """Payload encryption and compression (docs/operations.md, "Encrypting payloads").
+
+    Nothing set: no codec, payloads are stored and sent as they are (the default, at no
+    cost). ``keys``: key id -> base64 of a 16, 24 or 32-byte AES key, e.g.
+    ``SAGA_CODEC__KEYS='{"key-2024": "..."}'``; ``current_key`` names the one new
+    payloads are encrypted with (required when there are several); the others still
+    decrypt. ``compression``: ``zstd`` or ``gzip`` for payloads of ``compress_threshold``
+    bytes or more (before encryption). Every process of a deployment (engines,
+    participants, clients, the CLI) needs the keys of the payloads it reads.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    # Secrets: settings are printed in logs and errors.
+    keys: dict[str, SecretStr] = Field(default_factory=dict)
+    current_key: str | None = None
+    compression: Literal["none", "zstd", "gzip"] = "none"
+    compress_threshold: int = Field(default=1024, ge=0)
+
+    @model_validator(mode="after")
+    def _current_key_given(self) -> CodecSettings:
+        if self.current_key is not None and self.current_key not in self.keys:
+            raise ValueError(f"current_key {self.current_key!r} is not among the keys")
+        if self.current_key is None and len(self.keys) > 1:
+            raise ValueError("several keys: name the one to encrypt with in current_key")
+        for key_id, key in self.keys.items():
+            try:
+                size = len(base64.b64decode(key.get_secret_value(), validate=True))
+            except (binascii.Error, ValueError):
+                raise ValueError(f"key {key_id!r} is not base64") from None
+            if size not in (16, 24, 32):
+                raise ValueError(f"key {key_id!r} is {size} bytes; AES-GCM takes 16, 24 or 32")
+        return self
+
+
 class Settings(BaseSettings):
     """Everything an engine needs. Build it once and pass it down."""
 
@@ -224,6 +262,7 @@ class Settings(BaseSettings):
     http: HttpSettings = HttpSettings()
     admin: AdminSettings = AdminSettings()
     retention: RetentionSettings = RetentionSettings()
+    codec: CodecSettings = CodecSettings()
 
     @model_validator(mode="before")
     @classmethod

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final, Protocol, runtime_checkable
 
+from saga_engine._codec import Undecodable
 from saga_engine._errors import InvalidSagaId, SagaNotFound
 from saga_engine._events import Event
 from saga_engine._serde import JsonDict
@@ -141,8 +142,14 @@ class EventStore(Protocol):
         """
         ...
 
-    async def load(self, saga_id: str) -> LoadedSaga:
-        """The saga's record and its whole history, in sequence order."""
+    async def load(
+        self, saga_id: str, *, undecodable: Undecodable = Undecodable.RAISE
+    ) -> LoadedSaga:
+        """The saga's record and its whole history, in sequence order.
+
+        A payload sealed by a codec is decoded; one the store cannot decode raises
+        CodecError, or with ``Undecodable.SHOW`` (operators' reads) is shown as
+        ``{"$encrypted": {...}}``."""
         ...
 
     async def first_event(self, saga_id: str) -> StoredEvent:

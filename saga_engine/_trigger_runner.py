@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import CommitFailedError, KafkaError
 from pydantic import BaseModel, ValidationError
 
+from saga_engine._codec import CodecChain
 from saga_engine._decision import saga_id_for
 from saga_engine._definition import SagaDefinition
 from saga_engine._errors import InvalidPayload, TransientError, UnstorableValue
@@ -43,8 +44,10 @@ class TriggerConsumer:
         dead: DeadLetters,
         source: str,
         on_dead_letter: Callable[[str], None] | None = None,
+        codec: CodecChain | None = None,
     ) -> None:
         self._settings = settings
+        self._codec = codec
         self._by_topic = {t.topic: t for t in triggers}
         self._producer = producer
         self._dead = dead
@@ -156,7 +159,7 @@ class TriggerConsumer:
         backoff = Backoff(0.5, 0.5)
         while True:
             try:
-                await send(self._producer, self._topics.inbox, envelope)
+                await send(self._producer, self._topics.inbox, envelope, self._codec)
                 break
             except TransientError:
                 if not self._running:

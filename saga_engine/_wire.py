@@ -21,11 +21,16 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from saga_engine._errors import PoisonMessage, SerializationError
+from saga_engine._codec import HEADER, MARKER, CodecChain
+from saga_engine._errors import CodecError, PoisonMessage, SerializationError
 from saga_engine._events import ParentLink, TriggerOrigin
-from saga_engine._serde import JsonDict, loads
+from saga_engine._serde import JsonDict, loads, without_input
 
 SCHEMA_VERSION = "1"
+#: The header that marks an encoded value, naming the codec chain (``zstd,aes-gcm``).
+CODEC_HEADER = HEADER
+#: The key of the JSON marker an encoded value is: ``{"$codec": chain, "data": base64}``.
+CODEC_MARKER = MARKER
 CE_SPECVERSION = "1.0"
 
 Headers = list[tuple[str, bytes]]
@@ -71,6 +76,10 @@ class PoisonReason(StrEnum):
     #: newer engine owns it, it re-sends what is in flight, and ``saga dlq replay``
     #: re-drives a signal or cancel.
     NEWER_VERSION = "newer_version"
+    #: An encoded value (a ``saga-codec`` header) this process cannot decode: no codec
+    #: configured, a key id it does not hold, or a tag that does not verify. Replay it
+    #: from the dead-letter topic once the key is configured.
+    UNDECODABLE = "undecodable"
     #: Not the message's fault: the consumer failed on it for a reason of its own (a bug,
     #: a saga that kept conflicting). ``saga dlq replay`` re-drives it.
     ENGINE_ERROR = "engine_error"
@@ -229,7 +238,8 @@ class Envelope(BaseModel):
         except ValidationError as exc:
             raise PoisonMessage(
                 PoisonReason.INVALID_BODY,
-                f"{self.message_type.value} body is not a valid {model.__name__}: {exc}",
+                f"{self.message_type.value} body is not a valid {model.__name__}: "
+                f"{without_input(exc)}",
             ) from exc
 
 
@@ -263,8 +273,9 @@ _FIXED_HEADERS: Headers = [
 ]
 
 
-def encode(envelope: Envelope) -> tuple[bytes, bytes, Headers]:
-    """The Kafka key, value and headers of an envelope."""
+def encode(envelope: Envelope, codec: CodecChain | None = None) -> tuple[bytes, bytes, Headers]:
+    """The Kafka key, value and headers of an envelope; with a codec, the value is the
+    body sealed in its marker and the ``saga-codec`` header names the chain."""
     headers: Headers = list(_FIXED_HEADERS)
     fields = envelope.__dict__  # read once per field, without pydantic's attribute hooks
     for field_name, header in _HEADER_ITEMS:
@@ -285,6 +296,9 @@ def encode(envelope: Envelope) -> tuple[bytes, bytes, Headers]:
         if text:
             headers.append((header, text.encode()))
     value_bytes = orjson.dumps(envelope.body, option=orjson.OPT_UTC_Z)
+    if codec is not None:
+        value_bytes = codec.seal_json(value_bytes)
+        headers.append((CODEC_HEADER, codec.header))
     return envelope.saga_id.encode(), value_bytes, headers
 
 
@@ -292,8 +306,16 @@ def encode(envelope: Envelope) -> tuple[bytes, bytes, Headers]:
 _NEED_COMMAND_ID = frozenset({MessageType.REPLY, MessageType.UNDO})
 
 
-def decode(key: bytes | None, value: bytes | None, headers: Headers, *, max_bytes: int) -> Envelope:
-    """Reads a Kafka record; raises PoisonMessage with the precise reason."""
+def decode(
+    key: bytes | None,
+    value: bytes | None,
+    headers: Headers,
+    *,
+    max_bytes: int,
+    codec: CodecChain | None = None,
+) -> Envelope:
+    """Reads a Kafka record; raises PoisonMessage with the precise reason. A value with a
+    ``saga-codec`` header is decoded with ``codec`` first (a clear one is read as is)."""
     size = len(value or b"") + sum([len(k) + len(v or b"") for k, v in headers])
     if size > max_bytes:
         raise PoisonMessage(
@@ -333,6 +355,8 @@ def decode(key: bytes | None, value: bytes | None, headers: Headers, *, max_byte
             f"unknown message type {found['ce_type']!r}; expected one of "
             f"{', '.join(t.value for t in MessageType)}",
         ) from None
+    if CODEC_HEADER in found:
+        value = _unsealed(value, found[CODEC_HEADER], codec)
     try:
         body = loads(value or b"")
     except SerializationError as exc:
@@ -355,3 +379,18 @@ def decode(key: bytes | None, value: bytes | None, headers: Headers, *, max_byte
             PoisonReason.KEY_MISMATCH, "the record key must be the saga id (ce_sagaid)"
         )
     return envelope
+
+
+def _unsealed(value: bytes | None, chain_name: str, codec: CodecChain | None) -> bytes:
+    if codec is None:
+        raise PoisonMessage(
+            PoisonReason.UNDECODABLE,
+            f"the value is encoded ({CODEC_HEADER}: {chain_name}) and this process has no "
+            "codec configured (SAGA_CODEC__KEYS)",
+        )
+    try:
+        return codec.open_raw(loads(value or b""))
+    except (CodecError, SerializationError) as exc:
+        raise PoisonMessage(
+            PoisonReason.UNDECODABLE, f"{CODEC_HEADER}: {chain_name}: {exc}"
+        ) from None

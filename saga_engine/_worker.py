@@ -24,12 +24,14 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from saga_engine._children import ENGINE_PARTICIPANTS
+from saga_engine._codec import CodecChain, PayloadCodec, codec_from_settings
 from saga_engine._crash import CrashHook
 from saga_engine._decision import DropReason, OutboundCommand, Reply
 from saga_engine._definition import Saga
 from saga_engine._engine import Engine
 from saga_engine._engine_batch import BatchInput
 from saga_engine._errors import (
+    CodecError,
     ConcurrencyError,
     IdempotencyConflict,
     InvalidPayload,
@@ -122,8 +124,14 @@ class SagaWorker:
         instance_id: str | None = None,
         triggers: Sequence[KafkaTrigger[Any]] = (),
         telemetry: Telemetry | None = None,
+        codec: PayloadCodec | CodecChain | None = None,
     ) -> None:
+        """``codec``: seals payloads in Postgres and on Kafka; by default the one
+        ``settings.codec`` describes (none unless configured)."""
         self.settings = settings
+        self.codec = (
+            CodecChain.of(codec) if codec is not None else codec_from_settings(settings.codec)
+        )
         self.telemetry = telemetry
         self.sagas = list(sagas)
         self.triggers = list(triggers)
@@ -187,14 +195,16 @@ class SagaWorker:
                     await migrate(
                         self.settings.pg.dsn.get_secret_value(), self.settings.pg.db_schema
                     )
-                self._store = await PostgresEventStore.connect(self.settings.pg)
+                self._store = await PostgresEventStore.connect(self.settings.pg, codec=self.codec)
         with reaching("Kafka"):
             await ensure_topics(kafka, [self.topics.inbox, self.topics.dlq])
             self._producer = make_producer(kafka)
             await self._producer.start()
         self._dead = DeadLetters(self._producer, self.topics.dlq)
         kafka_sender = _LazyTopicSender(
-            KafkaCommandSender(self._producer, self.topics, f"/saga-engine/{self.instance_id}"),
+            KafkaCommandSender(
+                self._producer, self.topics, f"/saga-engine/{self.instance_id}", self.codec
+            ),
             self.settings,
             self.topics,
         )
@@ -229,7 +239,7 @@ class SagaWorker:
                 self._trigger_consumer = TriggerConsumer(
                     self.settings, self.triggers, self._producer, self._dead,
                     f"/saga-engine/{self.instance_id}/triggers",
-                    on_dead_letter=self._count_dead_letter,
+                    on_dead_letter=self._count_dead_letter, codec=self.codec,
                 )  # fmt: skip
                 await self._trigger_consumer.start()
         self._member = InstanceName.claim(kafka, kafka.group_id)
@@ -249,8 +259,9 @@ class SagaWorker:
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._consume(), name="saga-inbox")
         self._housekeeping = Housekeeping(
-            self.engine, self._store, self.settings, self._ownership.partitions, self.owns
-        )
+            self.engine, self._store, self.settings, self._ownership.partitions, self.owns,
+            codec=self.codec,
+        )  # fmt: skip
         self._housekeeping.start()
         if self._admin_app is not None:
             from saga_engine.admin._server import serve_admin
@@ -532,6 +543,7 @@ class SagaWorker:
             record.value,
             list(record.headers or []),
             max_bytes=self.settings.kafka.max_message_bytes,
+            codec=self.codec,
         )
 
     async def _apply(self, record: Any, envelope: Envelope | None = None) -> None:
@@ -560,6 +572,8 @@ class SagaWorker:
             raise PoisonMessage(PoisonReason.IDEMPOTENCY_CONFLICT, str(exc)) from exc
         except NewerVersionError as exc:  # kept for `saga dlq replay` once a newer one runs
             raise PoisonMessage(PoisonReason.NEWER_VERSION, str(exc)) from exc
+        except CodecError as exc:  # the saga's history: replayable once the key is here
+            raise PoisonMessage(PoisonReason.UNDECODABLE, str(exc)) from exc
         except PermanentError as exc:
             raise PoisonMessage(PoisonReason.REJECTED, str(exc)) from exc
 

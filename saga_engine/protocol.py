@@ -11,6 +11,9 @@ is its Python side, the one the engine, the kit and the client use:
   ``ReloadBody``, ``UndoBody``; ``BODY_MODELS`` by type), ``SCHEMA_VERSION`` and ``CE_SPECVERSION``;
 - ``encode`` an envelope to a Kafka key, value and headers, ``decode`` a record back,
   raising ``PoisonMessage`` with its ``PoisonReason`` (the ``dlq_reason`` header);
+- payload codecs (PROTOCOL.md, "Encoded payloads"): a value sealed by a codec chain is
+  the JSON marker ``{CODEC_MARKER: "<chain>", "data": "<base64>"}`` with the
+  ``CODEC_HEADER`` header naming the chain; ``encode``/``decode`` take ``codec=``;
 - ids (PROTOCOL.md section 6): ``command_id_for`` and ``saga_id_for``, both derived
   deterministically.
 
@@ -38,6 +41,8 @@ from saga_engine._topics import Topics, key_hash, partition_for
 from saga_engine._wire import (
     BODY_MODELS,
     CE_SPECVERSION,
+    CODEC_HEADER,
+    CODEC_MARKER,
     HEADERS,
     REQUIRED_HEADERS,
     SCHEMA_VERSION,
@@ -58,6 +63,8 @@ from saga_engine._wire import (
 __all__ = [
     "BODY_MODELS",
     "CE_SPECVERSION",
+    "CODEC_HEADER",
+    "CODEC_MARKER",
     "HEADERS",
     "REQUIRED_HEADERS",
     "SCHEMA_VERSION",

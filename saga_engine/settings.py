@@ -7,6 +7,7 @@ program (the CLI, a test fixture, the user's ``main``). Nested fields use ``__``
 
 from saga_engine._settings import (
     AdminSettings,
+    CodecSettings,
     EngineSettings,
     HttpSettings,
     KafkaSettings,
@@ -18,6 +19,7 @@ from saga_engine._settings import (
 
 __all__ = [
     "AdminSettings",
+    "CodecSettings",
     "EngineSettings",
     "HttpSettings",
     "KafkaSettings",

@@ -32,6 +32,8 @@ from pydantic import BaseModel  # noqa: E402
 from saga_engine.protocol import (  # noqa: E402
     BODY_MODELS,
     CE_SPECVERSION,
+    CODEC_HEADER,
+    CODEC_MARKER,
     HEADERS,
     REQUIRED_HEADERS,
     SCHEMA_VERSION,
@@ -363,6 +365,15 @@ def headers_schema() -> Schema:
     }
     for field, header in HEADERS.items():
         properties[header] = _header_property(field, header, fields[field])
+    properties[CODEC_HEADER] = {
+        "type": "string",
+        "pattern": "^[a-z0-9._-]+(,[a-z0-9._-]+)*$",
+        "description": "Present when the value is encoded by a payload codec chain: the "
+        "codec names in the order they encoded (compression before encryption), e.g. "
+        '"zstd,aes-gcm". The value is then encoded-value.schema.json; decode it (PROTOCOL.md, '
+        '"Encoded payloads") to get the body its ce_type describes.',
+        "examples": ["zstd,aes-gcm", "aes-gcm"],
+    }
     engine_sets = [HEADERS[f] for f in ("subject", "time", "saga_type", "command_id", "step")]
     engine_sets += [HEADERS[f] for f in ("correlation_id", "causation_id", "reply_to")]
     schema: Schema = {
@@ -429,12 +440,42 @@ def dlq_headers_schema() -> Schema:
     return _frame("dlq-headers.schema.json", "DeadLetterHeaders", description, schema)
 
 
+def encoded_value_schema() -> Schema:
+    schema: Schema = {
+        "type": "object",
+        "properties": {
+            CODEC_MARKER: {
+                "type": "string",
+                "pattern": "^[a-z0-9._-]+(,[a-z0-9._-]+)*$",
+                "description": "The codec chain that encoded data, in encoding order: the "
+                "same as the saga-codec header.",
+            },
+            "data": {
+                "type": "string",
+                "contentEncoding": "base64",
+                "description": "Standard base64 (with padding) of the chain's output; decoded "
+                "by each codec in reverse order, it is the body's JSON text (UTF-8).",
+            },
+        },
+        "required": [CODEC_MARKER, "data"],
+        "additionalProperties": False,
+        "examples": [{CODEC_MARKER: "aes-gcm", "data": "AQJrMQ..."}],
+    }
+    description = (
+        "A value encoded by a payload codec (a record with the saga-codec header, or a "
+        "payload field of a stored event): the marker that says how it was encoded and the "
+        "encoded bytes. PROTOCOL.md gives each codec's layout byte by byte."
+    )
+    return _frame("encoded-value.schema.json", "EncodedValue", description, schema)
+
+
 def build() -> dict[str, Schema]:
     """Every schema file, by file name."""
     schemas: dict[str, Schema] = {
         "envelope.schema.json": envelope_schema(),
         "headers.schema.json": headers_schema(),
         "dlq-headers.schema.json": dlq_headers_schema(),
+        "encoded-value.schema.json": encoded_value_schema(),
     }
     for name in BODY_SCHEMAS:
         schemas[name] = body_schema(name)

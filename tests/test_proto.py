@@ -19,6 +19,7 @@ from pydantic import ValidationError as ModelError
 from referencing import Registry, Resource
 
 from saga_engine.protocol import (
+    CODEC_HEADER,
     HEADERS,
     REQUIRED_HEADERS,
     CancelBody,
@@ -138,6 +139,7 @@ def test_the_expected_schema_files_are_committed() -> None:
             "envelope.schema.json",
             "headers.schema.json",
             "dlq-headers.schema.json",
+            "encoded-value.schema.json",
             *BODY_FILES.values(),
         ]
     )
@@ -165,7 +167,9 @@ def test_envelope_names_the_header_of_every_field() -> None:
 def test_header_schemas_follow_the_code() -> None:
     headers = committed()["headers.schema.json"]
     assert set(headers["required"]) == {*REQUIRED_HEADERS, "ce_specversion", "content-type"}
-    assert set(headers["properties"]) == {*HEADERS.values(), "ce_specversion", "content-type"}
+    assert set(headers["properties"]) == {
+        *HEADERS.values(), "ce_specversion", "content-type", CODEC_HEADER
+    }  # fmt: skip
     assert headers["properties"]["ce_type"]["enum"] == [t.value for t in MessageType]
     dlq = committed()["dlq-headers.schema.json"]
     reasons = dlq["properties"]["dlq_reason"]["enum"]
@@ -416,6 +420,8 @@ def protocol() -> str:
         *(r.value for r in PoisonReason),
         "engine_error",
         *gen_schemas.DLQ_HEADERS,
+        CODEC_HEADER,
+        "$codec",
     ],
 )
 def test_protocol_mentions(term: str) -> None:

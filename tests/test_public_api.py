@@ -26,6 +26,9 @@ PUBLIC = {
     "SerializationError", "Settings", "SignalTimeout", "StepFailed", "StepTimedOut",
     "TransientError", "UnknownSagaType", "run", "saga_id_for",
     "NewerVersionError", "NewerEventError", "UnknownSagaVersion",
+    # Payload codecs (issue 14 section 4).
+    "AesGcmCodec", "CodecChain", "CodecError", "CodecFailure", "CodecSettings", "GzipCodec",
+    "NoopCodec", "PayloadCodec", "ZstdCodec",
 }  # fmt: skip
 
 #: Every public module but the root, and exactly what it exports.
@@ -49,7 +52,7 @@ FRONT_DOORS: dict[str, set[str]] = {
         "Telemetry", "configure_from_env", "default_telemetry", "instrument_asyncpg",
     },
     "saga_engine.settings": {
-        "AdminSettings", "EngineSettings", "HttpSettings", "KafkaSettings", "ParticipantSettings",
+        "AdminSettings", "CodecSettings", "EngineSettings", "HttpSettings", "KafkaSettings", "ParticipantSettings",
         "PostgresSettings", "RetentionSettings", "Settings",
     },
     "saga_engine.triggers": {"KafkaTrigger"},
@@ -59,7 +62,7 @@ FRONT_DOORS: dict[str, set[str]] = {
         "StartSaga", "create_admin_app", "serve_admin",
     },
     "saga_engine.protocol": {
-        "BODY_MODELS", "CE_SPECVERSION", "HEADERS", "REQUIRED_HEADERS", "SCHEMA_VERSION",
+        "BODY_MODELS", "CE_SPECVERSION", "CODEC_HEADER", "CODEC_MARKER", "HEADERS", "REQUIRED_HEADERS", "SCHEMA_VERSION",
         "CancelBody", "Envelope", "Headers", "MessageType", "PoisonMessage", "PoisonReason",
         "ReloadBody", "ReplyBody", "SignalBody", "StartBody", "Topics", "UndoBody", "command_id_for",
         "decode", "encode", "key_hash", "partition_for", "saga_id_for",

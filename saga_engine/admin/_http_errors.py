@@ -1,8 +1,9 @@
 """Errors as HTTP: every bad input is a 4xx with a JSON ``detail``, never a 500.
 
 - saga_engine errors map by class: SagaNotFound and UnknownSagaType 404,
-  InvalidTransition, IdempotencyConflict and NewerVersionError (a saga written by a
-  newer engine: ``reason`` says ``newer_event`` or ``unknown_saga_version``) 409, PayloadTooLarge 413, SerializationError
+  InvalidTransition, IdempotencyConflict, NewerVersionError (a saga written by a newer
+  engine: ``reason`` says ``newer_event`` or ``unknown_saga_version``) and CodecError (an
+  action on a saga whose history this process cannot decode) 409, PayloadTooLarge 413, SerializationError
   422 (InvalidPayload with FastAPI's list of ``{"loc": ["body", ...], "msg", "type"}``, so
   the answer names each wrong field), TransientError 503 (with Retry-After), any other
   PermanentError 400;
@@ -25,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from saga_engine._errors import (
+    CodecError,
     IdempotencyConflict,
     InvalidPayload,
     InvalidTransition,
@@ -55,7 +57,7 @@ class BodyTooLarge(HTTPException):
 def status_for(exc: SagaError) -> int:
     if isinstance(exc, SagaNotFound | UnknownSagaType):
         return 404
-    if isinstance(exc, InvalidTransition | IdempotencyConflict | NewerVersionError):
+    if isinstance(exc, InvalidTransition | IdempotencyConflict | NewerVersionError | CodecError):
         return 409
     if isinstance(exc, PayloadTooLarge):
         return 413

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from saga_engine._decision import CHILD_PARTICIPANT
-from saga_engine._errors import SagaNotFound
+from saga_engine._codec import Undecodable
+from saga_engine._decision import CHILD_PARTICIPANT, CHILD_STEP_PREFIX, child_saga_id
+from saga_engine._errors import CodecError, SagaNotFound
 from saga_engine._events import CommandIssued, Event, SagaStarted
 from saga_engine._store import EventStore
 from saga_engine.admin._schemas import ChildRef, LineageNode, ParentRef, TriggerRef
@@ -21,14 +22,22 @@ MAX_NODES = 100
 MAX_DEPTH = 16
 
 
-def children_of(events: Sequence[Event]) -> list[tuple[str, str, str]]:
-    """(child id, child type, step) for every child a history started, in order."""
+def children_of(saga_id: str, events: Sequence[Event]) -> list[tuple[str, str, str]]:
+    """(child id, child type, step) for every child a history started, in order. The id
+    derives from the parent's id and the step's key, so it is known even when the command's
+    payload is encrypted and this process lacks the key (the type is then read from the
+    child's own record)."""
     seen: dict[str, tuple[str, str, str]] = {}
     for event in events:
         if isinstance(event, CommandIssued) and event.participant == CHILD_PARTICIPANT:
-            child_id = str(event.payload.get("saga_id", ""))
-            if child_id and child_id not in seen:
-                seen[child_id] = (child_id, str(event.payload.get("saga_type", "")), event.step)
+            child_id = child_saga_id(saga_id, event.step.removeprefix(CHILD_STEP_PREFIX))
+            if child_id not in seen:
+                saga_type = event.payload.get("saga_type")
+                seen[child_id] = (
+                    child_id,
+                    saga_type if isinstance(saga_type, str) else "",
+                    event.step,
+                )
     return list(seen.values())
 
 
@@ -46,14 +55,17 @@ def trigger_of(events: Sequence[Event]) -> TriggerRef | None:
     return TriggerRef.model_validate(started.trigger, from_attributes=True)
 
 
-async def children(store: EventStore, events: Sequence[Event]) -> list[ChildRef]:
+async def children(store: EventStore, saga_id: str, events: Sequence[Event]) -> list[ChildRef]:
     """The children a history started, each with its status (None: not started yet)."""
     found = []
-    for child_id, saga_type, step in children_of(events):
+    for child_id, saga_type, step in children_of(saga_id, events):
+        status = None
         try:
-            status = (await store.get(child_id)).status
+            record = await store.get(child_id)
         except SagaNotFound:
-            status = None
+            pass
+        else:
+            status, saga_type = record.status, record.saga_type
         found.append(ChildRef(saga_id=child_id, saga_type=saga_type, step=step, status=status))
     return found
 
@@ -62,7 +74,7 @@ async def tree(store: EventStore, saga_id: str) -> LineageNode:
     """The tree ``saga_id`` belongs to, from its root: each saga with its children."""
     root = saga_id
     for _ in range(MAX_DEPTH):
-        first = (await store.first_event(root)).event
+        first = await _started(store, root)
         if not isinstance(first, SagaStarted) or first.parent is None:
             break
         try:
@@ -74,15 +86,25 @@ async def tree(store: EventStore, saga_id: str) -> LineageNode:
     return await _node(store, root, "", budget)
 
 
+async def _started(store: EventStore, saga_id: str) -> Event:
+    try:
+        return (await store.first_event(saga_id)).event
+    except CodecError:
+        # Its input is sealed and this process lacks the key: read it as operators do.
+        loaded = await store.load(saga_id, undecodable=Undecodable.SHOW)
+        return loaded.events[0].event
+
+
 async def _node(store: EventStore, saga_id: str, step: str, budget: list[int]) -> LineageNode:
     budget[0] -= 1
-    loaded = await store.load(saga_id)
+    # Read as an operator reads: a payload this process cannot decode is shown as such.
+    loaded = await store.load(saga_id, undecodable=Undecodable.SHOW)
     events = [stored.event for stored in loaded.events]
     node = LineageNode(
         saga_id=saga_id, saga_type=loaded.record.saga_type, status=loaded.record.status,
         step=step, children=[],
     )  # fmt: skip
-    for child_id, child_type, child_step in children_of(events):
+    for child_id, child_type, child_step in children_of(saga_id, events):
         if budget[0] <= 0:
             node.truncated = True
             break

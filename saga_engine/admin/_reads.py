@@ -126,7 +126,7 @@ async def get_saga(
         record,
         events,
         awaited_signals(engine.registry, record, events),
-        await children(engine.store, events),
+        await children(engine.store, record.saga_id, events),
     )
 
 

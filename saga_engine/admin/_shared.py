@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from saga_engine._codec import Undecodable
 from saga_engine._engine import Engine
 from saga_engine._events import Event
 from saga_engine._store import SagaRecord, check_lookup
@@ -42,5 +43,7 @@ def saga_ref(saga_id: str) -> str:
 
 
 async def load(engine: Engine, saga_id: str) -> tuple[SagaRecord, list[Event]]:
-    loaded = await engine.store.load(saga_ref(saga_id))
+    # An operator's read: a payload this process cannot decode is shown as encrypted
+    # (with its key id), not a 500 (docs/operations.md, "Encrypting payloads").
+    loaded = await engine.store.load(saga_ref(saga_id), undecodable=Undecodable.SHOW)
     return loaded.record, [stored.event for stored in loaded.events]

@@ -34,6 +34,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from saga_engine._codec import Undecodable
 from saga_engine._engine import Engine
 from saga_engine._errors import UnknownSagaType
 from saga_engine._gist import gist
@@ -347,11 +348,12 @@ def web_router(engine: Engine, admin: AdminSettings) -> APIRouter:
 
     @router.get("/sagas/{saga_id}", name="ui_saga")
     async def saga_view(request: Request, saga_id: str) -> HTMLResponse:
-        loaded = await engine.store.load(saga_id)  # an impossible id is not found there
+        # An impossible id is not found there; what cannot be decoded shows as encrypted.
+        loaded = await engine.store.load(saga_id, undecodable=Undecodable.SHOW)
         events = [stored.event for stored in loaded.events]
         record = loaded.record
         view = view_of(record, events, awaited_signals(engine.registry, record, events))
-        info = detail_of(record, view, events, await children(engine.store, events))
+        info = detail_of(record, view, events, await children(engine.store, record.saga_id, events))
         root = _root(request)
         api = f"{root}/sagas/{quote(record.saga_id, safe='')}"
         return _render(

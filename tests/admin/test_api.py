@@ -671,7 +671,7 @@ async def test_an_unexpected_error_is_a_logged_generic_500(
 async def test_an_unavailable_store_is_503_with_retry_after(
     admin: Admin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def away(_: str) -> Any:
+    async def away(_: str, **__: Any) -> Any:  # load(saga_id, undecodable=...)
         raise TransientError("Postgres is unavailable")
 
     monkeypatch.setattr(admin.env.store, "load", away)

@@ -6,6 +6,9 @@ own transaction, so that concurrent writers really meet on the database's row lo
 rather than in the group-commit queue. The Postgres variants need the real server (the
 ``pg`` fixture fails loudly without it).
 
+``memory-codec`` and ``postgres-codec`` are the same stores with a payload codec
+(zstd then AES-GCM) sealing every stored payload: the contract must not change.
+
 The tests at the end are Postgres-only: batching, failure isolation inside a batch,
 connection loss and closing.
 """
@@ -23,6 +26,7 @@ import pytest
 from pydantic import SecretStr
 
 from saga_engine import _pgstore
+from saga_engine._codec import AesGcmCodec, CodecChain, ZstdCodec
 from saga_engine._errors import (
     ConcurrencyError,
     InvalidSagaId,
@@ -69,25 +73,35 @@ HOUR = timedelta(hours=1)
 class Backend:
     name: str
     pg: PgTarget | None
+    codec: CodecChain | None = None
 
 
-@pytest.fixture(params=["memory", "postgres", "postgres-unbatched"])
+def contract_codec() -> CodecChain:
+    return CodecChain(ZstdCodec(threshold=64), AesGcmCodec({"k1": bytes(range(32))}, "k1"))
+
+
+@pytest.fixture(
+    params=["memory", "postgres", "postgres-unbatched", "memory-codec", "postgres-codec"]
+)
 def backend(request: pytest.FixtureRequest) -> Backend:
-    if request.param == "memory":
-        return Backend("memory", None)
+    codec = contract_codec() if request.param.endswith("-codec") else None
+    if request.param.startswith("memory"):
+        return Backend(request.param, None, codec)
     # Requested only here, so the in-memory variant needs no server.
     pg: PgTarget = request.getfixturevalue("pg")
-    return Backend(request.param, pg)
+    return Backend(request.param, pg, codec)
 
 
 def _settings(pg: PgTarget) -> PostgresSettings:
     return PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
 
 
-async def _open_pg(pg: PgTarget, *, enabled: bool = True) -> PostgresEventStore:
+async def _open_pg(
+    pg: PgTarget, *, enabled: bool = True, codec: CodecChain | None = None
+) -> PostgresEventStore:
     await migrate(pg.database_dsn, pg.schema)
     return await PostgresEventStore.connect(
-        _settings(pg), group_commit=GroupCommitConfig(enabled=enabled)
+        _settings(pg), group_commit=GroupCommitConfig(enabled=enabled), codec=codec
     )
 
 
@@ -95,9 +109,11 @@ async def _open_pg(pg: PgTarget, *, enabled: bool = True) -> PostgresEventStore:
 async def store(backend: Backend) -> AsyncIterator[EventStore]:
     s: EventStore
     if backend.pg is None:
-        s = InMemoryEventStore()
+        s = InMemoryEventStore(codec=backend.codec)
     else:
-        s = await _open_pg(backend.pg, enabled=backend.name == "postgres")
+        s = await _open_pg(
+            backend.pg, enabled=backend.name != "postgres-unbatched", codec=backend.codec
+        )
     assert isinstance(s, EventStore)
     try:
         yield s
