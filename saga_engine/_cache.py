@@ -118,6 +118,9 @@ class LiveSagas:
         #: eviction looks at them in.
         self._entries: OrderedDict[str, LiveSaga] = OrderedDict()
         self.locks = KeyedLocks()
+        #: Flow control's view of a saga's next wake-up (a held attempt's timeout counts
+        #: from its send), when it is on; the runtime's own otherwise.
+        self.wakeup: Callable[[str, SagaRuntime], datetime | None] | None = None
 
     def get(self, saga_id: str) -> LiveSaga | None:
         return self._entries.get(saga_id)
@@ -148,7 +151,11 @@ class LiveSagas:
             live.timer = None
         if self._closed() or live.runtime.dead or live.runtime.status.is_terminal:
             return
-        wakeup = live.runtime.next_wakeup()
+        wakeup = (
+            live.runtime.next_wakeup()
+            if self.wakeup is None
+            else self.wakeup(saga_id, live.runtime)
+        )
         if wakeup is not None:
             live.timer = self._clock.call_at(wakeup, lambda: self._on_due(saga_id))
 

@@ -87,10 +87,14 @@ class SagaClient:
         saga_id: str | None = None,
         deadline: timedelta | None = None,
         traceparent: str = "",
+        priority: int = 0,
+        fairness_key: str | None = None,
     ) -> str:
         """Asks the engines to start a saga; returns its id (derived from the key if given).
 
-        The saga joins the trace of ``traceparent``, or else of the current span."""
+        The saga joins the trace of ``traceparent``, or else of the current span.
+        ``priority`` (higher first) and ``fairness_key`` (a tenant: keys take turns)
+        order its commands while a flow-control limit holds them back."""
         tracestate = ""
         if not traceparent:
             current = carrier_of_context()
@@ -120,6 +124,8 @@ class SagaClient:
             input=payload,
             idempotency_key=idempotency_key,
             deadline_s=deadline.total_seconds() if deadline else None,
+            priority=priority,
+            fairness_key=fairness_key,
         )
         await self._send(
             Envelope(

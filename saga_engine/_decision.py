@@ -42,6 +42,8 @@ class StartSaga:
     idempotency_key: str | None = None
     deadline_at: datetime | None = None
     trace_context: dict[str, str] = field(default_factory=dict)
+    priority: int = 0
+    fairness_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

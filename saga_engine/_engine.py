@@ -52,6 +52,7 @@ from saga_engine._errors import (
     TransientError,
 )
 from saga_engine._events import Event, SagaStarted
+from saga_engine._flow_sender import install_flow
 from saga_engine._observer import EngineObserver
 from saga_engine._retry import Backoff
 from saga_engine._runtime import SagaRuntime
@@ -103,6 +104,8 @@ class PreparedStart(NamedTuple):
     deadline_at: datetime | None
     idempotency_key: str | None
     trace_context: dict[str, str]
+    priority: int = 0
+    fairness_key: str | None = None
 
 
 class Engine:
@@ -144,6 +147,9 @@ class Engine:
         self._watchers: dict[str, list[asyncio.Future[None]]] = {}
         self._closed = False
         self._batch = BatchApplier(self)
+        #: Flow control (``_flow_sender.py``): None, and ``sender`` untouched, unless
+        #: ``settings.limits`` sets a limit.
+        self.flow = install_flow(self)
 
     # ------------------------------------------------------------------ starting
 
@@ -156,8 +162,11 @@ class Engine:
         idempotency_key: str | None = None,
         deadline: timedelta | None = None,
         trace_context: dict[str, str] | None = None,
+        priority: int = 0,
+        fairness_key: str | None = None,
     ) -> str:
-        """Starts a saga and returns its id. With the same idempotency key, the same saga."""
+        """Starts a saga and returns its id. With the same idempotency key, the same saga.
+        ``priority`` and ``fairness_key`` order its commands when a limit holds them."""
         prepared = self.prepare_start(
             saga,
             input,
@@ -165,7 +174,7 @@ class Engine:
             idempotency_key=idempotency_key,
             deadline=deadline,
             trace_context=trace_context,
-        )
+        )._replace(priority=priority, fairness_key=fairness_key)
         return await self._start(*prepared)
 
     def prepare_start(
@@ -222,6 +231,8 @@ class Engine:
         deadline_at: datetime | None,
         idempotency_key: str | None,
         trace_context: dict[str, str],
+        priority: int = 0,
+        fairness_key: str | None = None,
     ) -> str:
         async with self.live.lock(saga_id):
             live = self.live.get(saga_id)
@@ -241,6 +252,8 @@ class Engine:
                     idempotency_key=idempotency_key,
                     deadline_at=deadline_at,
                     trace_context=trace_context,
+                    priority=priority,
+                    fairness_key=fairness_key,
                 ),
             )
             created = await self.store.create(
@@ -532,6 +545,8 @@ class Engine:
     async def close(self) -> None:
         self._closed = True
         self.live.clear()
+        if self.flow is not None:
+            await self.flow.close()
 
     # ------------------------------------------------------------------ internals
 
@@ -592,6 +607,8 @@ class Engine:
                 self.observer.spans.not_sent(command.command_id, exc)
                 raise
             self.stats.inc("commands_resent")
+        if self.flow is not None:
+            self.flow.settle(live.runtime.saga_id, live.runtime)
 
     async def _commit_unless_dropped(
         self, saga_id: str, live: LiveSaga, decision: Decision
@@ -640,6 +657,8 @@ class Engine:
                 self.live.evict(saga_id)
                 raise
             self.observer.checkpoint("after_send")
+        if self.flow is not None:
+            self.flow.settle(saga_id, live.runtime)  # permits of attempts now over
         status = decision.status
         for event in decision.events:
             self.observer.counted(event, live)
@@ -675,9 +694,14 @@ class Engine:
                     self.live.evict(saga_id)  # its partition moved: its owner fires it
                     return
                 now = self.clock.now()
-                due = sorted(
-                    (at, tid) for tid, at in live.runtime.pending_timers().items() if at <= now
+                timers = (
+                    live.runtime.pending_timers()
+                    if self.flow is None
+                    else (
+                        self.flow.timers(saga_id, live.runtime)  # a held attempt's timeout waits
+                    )
                 )
+                due = sorted((at, tid) for tid, at in timers.items() if at <= now)
                 for _, timer_id in due:
                     if live.runtime.status.is_terminal or live.runtime.dead:
                         break

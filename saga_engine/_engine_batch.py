@@ -187,6 +187,8 @@ class BatchApplier:
                 idempotency_key=start.idempotency_key,
                 deadline_at=start.deadline_at,
                 trace_context=start.trace_context,
+                priority=start.priority,
+                fairness_key=start.fairness_key,
             ),
         )
         work.live = LiveSaga(runtime, committed_seq=0, started_at=start.now)
@@ -337,6 +339,8 @@ class BatchApplier:
             return  # only duplicates: nothing changed
         for event, held in work.counted:
             engine.observer.counted(event, live, held=held)
+        if engine.flow is not None:
+            engine.flow.settle(work.saga_id, live.runtime)  # permits of attempts now over
         status = last.status
         if status.is_terminal or status.is_parked:
             engine._notify(work.saga_id)

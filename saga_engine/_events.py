@@ -86,6 +86,11 @@ class SagaStarted(_Event):
     #: reads them): a repeated start with the same key must match it. None in histories
     #: recorded before it existed.
     request_hash: str | None = None
+    #: Flow control (``_flow.py``): when a limit holds commands back, a higher priority
+    #: goes first (aging lifts a waiting one); the fairness key (a tenant) takes turns
+    #: with the others. Neither changes what the saga does, only when it is sent.
+    priority: int = 0
+    fairness_key: str | None = None
 
 
 class ReplyReceived(_Event):

@@ -84,6 +84,8 @@ class SagaRuntime:
             # Only telemetry: a header no one can store is dropped, not the start.
             trace_context={k: v for k, v in start.trace_context.items() if not unstorable({k: v})},
             request_hash=definition.fingerprint(value),
+            priority=start.priority,
+            fairness_key=start.fairness_key,
         )
         rt._record(started)
         return rt, rt._decision()

@@ -105,6 +105,19 @@ class StartBody(BaseModel):
         description="seconds until the saga's deadline, overriding its default (at most a "
         "hundred years)",
     )
+    priority: int = Field(
+        default=0,
+        ge=-1_000_000,
+        le=1_000_000,
+        description="flow control: when a limit holds commands back, a higher priority is "
+        "sent first (recorded in saga_started)",
+    )
+    fairness_key: str | None = Field(
+        default=None,
+        max_length=200,
+        description="flow control: commands of different keys (tenants) take turns when a "
+        "limit holds them back (recorded in saga_started)",
+    )
 
 
 class SignalBody(BaseModel):

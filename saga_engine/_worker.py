@@ -434,7 +434,7 @@ class SagaWorker:
                 idempotency_key=start.idempotency_key,
                 deadline=timedelta(seconds=start.deadline_s) if start.deadline_s else None,
                 trace_context=_trace_of(env),
-            )
+            )._replace(priority=start.priority, fairness_key=start.fairness_key)
             return BatchInput(prepared.saga_id, None, start=prepared)
         except Exception:
             return None
@@ -571,6 +571,8 @@ class SagaWorker:
                 idempotency_key=start.idempotency_key,
                 deadline=timedelta(seconds=start.deadline_s) if start.deadline_s else None,
                 trace_context=trace,
+                priority=start.priority,
+                fairness_key=start.fairness_key,
             )
         elif kind is MessageType.SIGNAL:
             sig: SignalBody = env.body_as(SignalBody)
