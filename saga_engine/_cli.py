@@ -16,6 +16,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 import saga_engine
+from saga_engine._cli_flow import register as _register_flow
 from saga_engine._cli_support import (
     archive_file_histories,
     dlq_row,
@@ -750,6 +751,10 @@ def dlq_replay(
             f"{result['topic']}[{result['partition']}]@{result['offset']}",
             highlight=False,
         )
+
+
+# ``saga flow`` (flow control, through the admin API) lives in its own module.
+_register_flow(app)
 
 
 def main() -> None:

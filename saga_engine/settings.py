@@ -8,8 +8,10 @@ program (the CLI, a test fixture, the user's ``main``). Nested fields use ``__``
 from saga_engine._settings import (
     AdminSettings,
     EngineSettings,
+    FlowLimit,
     HttpSettings,
     KafkaSettings,
+    LimitsSettings,
     ParticipantSettings,
     PostgresSettings,
     RetentionSettings,
@@ -19,8 +21,10 @@ from saga_engine._settings import (
 __all__ = [
     "AdminSettings",
     "EngineSettings",
+    "FlowLimit",
     "HttpSettings",
     "KafkaSettings",
+    "LimitsSettings",
     "ParticipantSettings",
     "PostgresSettings",
     "RetentionSettings",

@@ -15,7 +15,7 @@ from fastapi import Depends, FastAPI
 from saga_engine import __version__
 from saga_engine._engine import Engine
 from saga_engine._settings import Settings
-from saga_engine.admin import _actions, _meta, _reads
+from saga_engine.admin import _actions, _flow, _meta, _reads
 from saga_engine.admin._auth import AuthMiddleware, auth_required
 from saga_engine.admin._deps import AdminState, StartSaga, bearer, install
 from saga_engine.admin._http_errors import (
@@ -73,5 +73,6 @@ def create_admin_app(
         starts_router(engine.registry.names(), admin.max_wait_s), dependencies=secured
     )
     app.include_router(_actions.router, dependencies=secured)
+    app.include_router(_flow.router, dependencies=secured)
     app.include_router(web_router(engine, admin))
     return app
