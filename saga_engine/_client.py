@@ -137,7 +137,9 @@ class SagaClient:
                 correlation_id=saga_id,
                 traceparent=traceparent,
                 tracestate=tracestate,
-                body=body.model_dump(mode="json"),
+                # The flow-control fields only when set: an engine that predates them
+                # (its body model allows no other field) still takes every other start.
+                body=body.model_dump(mode="json", exclude=_unset_flow(priority, fairness_key)),
             )
         )
         return saga_id
@@ -285,3 +287,8 @@ class SagaClient:
             pg = self.settings.pg.model_copy(update={"pool_min_size": 1, "pool_max_size": 2})
             self._store = await PostgresEventStore.connect(pg)
         return self._store
+
+
+def _unset_flow(priority: int, fairness_key: str | None) -> set[str]:
+    unset = set() if priority else {"priority"}
+    return unset if fairness_key is not None else unset | {"fairness_key"}

@@ -12,7 +12,6 @@ participants deduplicate them.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -147,9 +146,7 @@ class Engine:
         self._watchers: dict[str, list[asyncio.Future[None]]] = {}
         self._closed = False
         self._batch = BatchApplier(self)
-        #: Flow control (``_flow_sender.py``): None, and ``sender`` untouched, unless
-        #: ``settings.limits`` sets a limit.
-        self.flow = install_flow(self)
+        self.flow = install_flow(self)  # None (sender untouched) unless a limit is set
 
     # ------------------------------------------------------------------ starting
 
@@ -165,8 +162,7 @@ class Engine:
         priority: int = 0,
         fairness_key: str | None = None,
     ) -> str:
-        """Starts a saga and returns its id. With the same idempotency key, the same saga.
-        ``priority`` and ``fairness_key`` order its commands when a limit holds them."""
+        """Starts a saga and returns its id. With the same idempotency key, the same saga."""
         prepared = self.prepare_start(
             saga,
             input,
@@ -672,12 +668,7 @@ class Engine:
 
     def open_saga_counts(self) -> dict[str, int]:
         """Sagas held in memory by this engine, by type (the ``saga.open`` gauge)."""
-        counts: collections.Counter[str] = collections.Counter()
-        for saga_id in self.live.ids():
-            live = self.live.get(saga_id)
-            if live is not None:
-                counts[live.runtime.saga_type] += 1
-        return dict(counts)
+        return self.live.counts_by_type()
 
     def _notify(self, saga_id: str) -> None:
         for future in self._watchers.pop(saga_id, []):
@@ -694,13 +685,7 @@ class Engine:
                     self.live.evict(saga_id)  # its partition moved: its owner fires it
                     return
                 now = self.clock.now()
-                timers = (
-                    live.runtime.pending_timers()
-                    if self.flow is None
-                    else (
-                        self.flow.timers(saga_id, live.runtime)  # a held attempt's timeout waits
-                    )
-                )
+                timers = self.live.timers(saga_id, live)  # flow control may hold a timeout
                 due = sorted((at, tid) for tid, at in timers.items() if at <= now)
                 for _, timer_id in due:
                     if live.runtime.status.is_terminal or live.runtime.dead:

@@ -387,5 +387,5 @@ def install_flow(engine: Engine) -> FlowControl | None:
         lambda saga_id: engine.live.rearm(saga_id) if engine._owns(saga_id) else None,
     )
     engine.sender = flow
-    engine.live.wakeup = flow.next_wakeup
+    engine.live.flow = flow
     return flow

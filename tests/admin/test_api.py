@@ -634,6 +634,7 @@ async def test_openapi_describes_the_api(admin: Admin) -> None:
         "/sagas/{saga}",
         "/sagas/{saga_id}/history",
         "/metrics",
+        "/flow",
         "/sagas/{saga_id}/signal",
         "/sagas/{saga_id}/cancel",
         "/sagas/{saga_id}/resume",

@@ -57,7 +57,7 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
                 path = path.replace("{saga}", saga_id)
                 body = BODIES.get(path.rsplit("/", 1)[-1]) if method == "post" else None
             out.append((method.upper(), path, body))
-    assert len(out) == 13
+    assert len(out) == 14
     return out
 
 
