@@ -297,7 +297,10 @@ class FlowControl:
         """Sends what the gates admit now; returns how long until a token frees a lane
         that waits for one (None: a release or an enqueue wakes the queue)."""
         now = self._now()
-        admits = self._lane_admits(now)
+        # Token buckets refill on the process's monotonic clock (the queue waits for a
+        # token in real time), aging and timeouts go by the engine's clock.
+        tick = time.monotonic()
+        admits = self._lane_admits(tick)
         batch: list[_Ticket] = []
         while True:
             entry = self._queue.pop(now, admits)
@@ -305,7 +308,7 @@ class FlowControl:
                 break
             ticket: _Ticket = entry.item
             for gate in ticket.gates:
-                gate.take(now)
+                gate.take(tick)
                 gate.waiting -= 1
             ticket.state = TicketState.SENT
             ticket.held_s = now - entry.arrived
@@ -317,7 +320,7 @@ class FlowControl:
             task.add_done_callback(self._sending.discard)
         if not len(self._queue):
             return None
-        waits = [w for w in (g.next_token_in(now) for g in self._gates.values()) if w]
+        waits = [w for w in (g.next_token_in(tick) for g in self._gates.values()) if w]
         return min(waits) + 0.001 if waits else None
 
     async def _send(self, batch: list[_Ticket]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -227,6 +227,15 @@ class LimitsSettings(BaseModel):
     #: so a low priority is served under a constant stream of higher ones. None: no aging
     #: (strict priority; a low priority may then wait for as long as higher ones come).
     aging_s: float | None = Field(default=10.0, gt=0)
+
+    @field_validator("aging_s", mode="before")
+    @classmethod
+    def _no_aging(cls, value: Any) -> Any:
+        """``SAGA_LIMITS__AGING_S=null`` (or ``off``) turns aging off: the environment has
+        no None of its own."""
+        if isinstance(value, str) and value.strip().lower() in ("", "null", "none", "off"):
+            return None
+        return value
 
     @property
     def enabled(self) -> bool:
