@@ -74,6 +74,7 @@ class FlowControl:
         started: Callable[[str], SagaStarted | None],
         now: Callable[[], float] = time.time,
         on_sent: Callable[[str], None] = lambda saga_id: None,
+        owns: Callable[[str], bool] = lambda saga_id: True,
     ) -> None:
         self._inner = inner
         #: Seconds, from the engine's clock: a queued attempt's timeout is moved back by
@@ -81,6 +82,8 @@ class FlowControl:
         self._now = now
         #: Told of each saga whose held command was sent: its timeout is due now.
         self._on_sent = on_sent
+        #: Whether this engine drives the saga (its partition is here).
+        self._owns = owns
         # Checked once: a runtime protocol check costs microseconds on every command.
         self._pipelined = inner if isinstance(inner, PipelinedSender) else None
         self._started = started
@@ -105,7 +108,10 @@ class FlowControl:
 
     async def send_command(self, command: OutboundCommand) -> None:
         gates = self._gates_of(command)
-        if not gates:
+        if not gates or not self._owns(command.saga_id):
+            # Not limited; or an input applied here to a saga another engine drives (an
+            # admin action): this engine lets go of it at once and its owner re-sends
+            # what it owes under the owner's limits, so nothing here would release it.
             await self._inner.send_command(command)
             return
         ticket = self._tickets.get((command.command_id, command.attempt))
@@ -388,6 +394,7 @@ def install_flow(engine: Engine) -> FlowControl | None:
         # Its timer is armed again: the attempt's timeout (left out while it was held)
         # is due from now on.
         lambda saga_id: engine.live.rearm(saga_id) if engine._owns(saga_id) else None,
+        engine._owns,
     )
     engine.sender = flow
     engine.live.flow = flow
