@@ -137,8 +137,12 @@ class FlowQueue:
 
     aging_s: float | None = None
     _fifos: dict[_Deque, deque[Waiting]] = field(default_factory=dict)
-    #: The pop count at which each fairness key was last served (round-robin's memory).
+    #: The pop count at which each fairness key was last served (round-robin's memory),
+    #: kept while the key has entries waiting: a key that comes back after its backlog
+    #: emptied counts as never served (it was not hogging), and memory stays bounded by
+    #: the keys waiting, however many keys there are.
     _served: dict[str, int] = field(default_factory=dict)
+    _waiting_per_key: dict[str, int] = field(default_factory=dict)
     _pops: int = 0
     _len: int = 0
 
@@ -156,6 +160,7 @@ class FlowQueue:
         else:
             fifo.append(entry)
         self._len += 1
+        self._waiting_per_key[entry.key] = self._waiting_per_key.get(entry.key, 0) + 1
 
     def remove(self, entry: Waiting) -> bool:
         slot = (entry.lane, entry.key, entry.priority, entry.urgent)
@@ -169,6 +174,12 @@ class FlowQueue:
         if not fifo:
             del self._fifos[slot]
         self._len -= 1
+        left = self._waiting_per_key[entry.key] - 1
+        if left:
+            self._waiting_per_key[entry.key] = left
+        else:
+            del self._waiting_per_key[entry.key]
+            self._served.pop(entry.key, None)
         return True
 
     def level(self, entry: Waiting, now: float) -> tuple[bool, int]:
@@ -200,7 +211,8 @@ class FlowQueue:
             return None
         self.remove(best)
         self._pops += 1
-        self._served[best.key] = self._pops
+        if best.key in self._waiting_per_key:
+            self._served[best.key] = self._pops
         return best
 
     def depths(self) -> dict[Hashable, int]:

@@ -136,9 +136,10 @@ class FlowControl:
         keys = self._by_saga.get(saga_id)
         if not keys:
             return
-        if runtime.status.is_terminal or runtime.status.is_parked or runtime.dead:
-            # Parked: its replies are dropped until an operator acts, and a resume sends
-            # what is outstanding again (through the queue).
+        if runtime.status.is_terminal or runtime.dead:
+            # Ended; or parked as nondeterministic: its replies are dropped until a fixed
+            # deploy, and a resume sends what is outstanding again (through the queue).
+            # (A step_stuck saga's other branches are still in flight: counted below.)
             live: set[_Key] = set()
         else:
             live = {(c.command_id, c.attempt) for c in runtime.outstanding_commands()}

@@ -4,7 +4,8 @@ order it serves in is the documented one (docs/operations.md, "Flow control").
 After every pop, against the entries still waiting:
 - urgent (compensations) first;
 - the highest level (priority + one per ``aging_s`` waited) first;
-- among equal levels, the fairness key served least recently;
+- among equal levels, the fairness key served least recently (a key whose backlog
+  emptied counts as never served);
 - FIFO within one key and priority;
 - the aging bound: nothing that arrived more than ``(p_x - p_y + 1) * aging_s`` after
   a waiting entry y is served before it (so a low priority is never starved by a
@@ -94,7 +95,11 @@ def run(steps: list[Push | Pop], aging_s: float | None) -> None:
                 # The aging bound.
                 window = (got.priority - other.priority + 1) * aging_s
                 assert not got.arrived - other.arrived > window, (got, other)
-        served_at[got.key] = pops
+        # A key whose backlog emptied counts as never served when it comes back.
+        if any(w.key == got.key for w in waiting):
+            served_at[got.key] = pops
+        else:
+            served_at.pop(got.key, None)
     assert len(queue) == 0
 
 
