@@ -309,3 +309,40 @@ def test_queue_pop_skips_closed_lanes() -> None:
     assert got.seq == 2
     assert queue.pop(0.0, lambda lane: lane != ("a",)) is None
     assert len(queue) == 1
+
+
+async def test_an_evicted_saga_keeps_its_permit_until_its_reply() -> None:
+    env = SagaTestEnv([OneStep], settings=limited(concurrency=1))
+    first = await env.engine.start(OneStep, Job(n=0))
+    await env.engine.start(OneStep, Job(n=1))
+    await until(lambda: len(env.bus.sent) == 1)
+    env.engine.evict(first)  # out of memory; its command is still out
+    flow = env.engine.flow
+    assert flow is not None
+    assert (flow.snapshot()[0]["in_flight"], flow.snapshot()[0]["waiting"]) == (1, 1)
+    await reply_first(env)  # reloads it (the re-send keeps the permit), then completes
+    await until(lambda: len(env.bus.sent) >= 3)
+    assert env.bus.sent[1].saga_id == first  # the reload's re-send, same id
+    assert env.bus.sent[1].command_id == env.bus.sent[0].command_id
+    assert (await env.engine.get(first)).status is SagaStatus.COMPLETED
+
+
+class Strict(Saga[Job, Done]):
+    name = "strict"
+
+    async def run(self, ctx: SagaContext, job: Job) -> Done:
+        await ctx.step("work", to="worker", command=Work(n=job.n), timeout=5, returns=Ack)
+        return Done()
+
+
+async def test_a_held_reply_releases_the_permit() -> None:
+    env = SagaTestEnv([Strict], settings=limited(concurrency=1))
+    held = await env.engine.start(Strict, Job(n=0))
+    other = await env.engine.start(Strict, Job(n=1))
+    await until(lambda: len(env.bus.sent) == 1)
+    command = env.bus.pending.popleft()
+    # A success its returns= model refuses: held for an operator, the saga step_stuck.
+    await env.engine.reply(held, command.command_id, "success", {"ok": "not a bool"})
+    assert (await env.engine.get(held)).status is SagaStatus.STEP_STUCK
+    await until(lambda: len(env.bus.sent) == 2)
+    assert env.bus.sent[1].saga_id == other
