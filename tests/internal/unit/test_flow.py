@@ -346,3 +346,19 @@ async def test_a_held_reply_releases_the_permit() -> None:
     assert (await env.engine.get(held)).status is SagaStatus.STEP_STUCK
     await until(lambda: len(env.bus.sent) == 2)
     assert env.bus.sent[1].saga_id == other
+
+
+async def test_a_saga_type_limit_holds_its_commands() -> None:
+    settings = Settings(limits=LimitsSettings(saga_types={"one-step": FlowLimit(concurrency=1)}))
+    env = SagaTestEnv([OneStep], settings=settings)
+    for i in range(3):
+        await env.engine.start(OneStep, Job(n=i))
+    await until(lambda: len(env.bus.sent) == 1)
+    assert env.engine.flow is not None
+    (gate,) = env.engine.flow.snapshot()
+    assert (gate["kind"], gate["name"], gate["in_flight"], gate["waiting"]) == (
+        "saga_type",
+        "one-step",
+        1,
+        2,
+    )
