@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from saga_engine._clock import Clock, TimerHandle
 from saga_engine._runtime import SagaRuntime
@@ -27,6 +27,14 @@ if TYPE_CHECKING:
     from saga_engine._spans import SagaSpans
 
 log = logging.getLogger("saga_engine.engine")
+
+
+class FlowTimers(Protocol):
+    """Flow control's view of a saga's timers (``_flow_sender.FlowControl``)."""
+
+    def timers(self, saga_id: str, runtime: SagaRuntime) -> dict[str, datetime]: ...
+
+    def next_wakeup(self, saga_id: str, runtime: SagaRuntime) -> datetime | None: ...
 
 
 @dataclass(slots=True)
@@ -118,6 +126,9 @@ class LiveSagas:
         #: eviction looks at them in.
         self._entries: OrderedDict[str, LiveSaga] = OrderedDict()
         self.locks = KeyedLocks()
+        #: Flow control, when a limit is configured: a held attempt's timeout counts from
+        #: its send, so it decides what is due (``timers``, ``arm``).
+        self.flow: FlowTimers | None = None
 
     def get(self, saga_id: str) -> LiveSaga | None:
         return self._entries.get(saga_id)
@@ -148,9 +159,26 @@ class LiveSagas:
             live.timer = None
         if self._closed() or live.runtime.dead or live.runtime.status.is_terminal:
             return
-        wakeup = live.runtime.next_wakeup()
+        wakeup = (
+            live.runtime.next_wakeup()
+            if self.flow is None
+            else self.flow.next_wakeup(saga_id, live.runtime)
+        )
         if wakeup is not None:
             live.timer = self._clock.call_at(wakeup, lambda: self._on_due(saga_id))
+
+    def timers(self, saga_id: str, live: LiveSaga) -> dict[str, datetime]:
+        """The saga's pending timers by id, with their due times (flow control's view)."""
+        if self.flow is None:
+            return live.runtime.pending_timers()
+        return self.flow.timers(saga_id, live.runtime)
+
+    def counts_by_type(self) -> dict[str, int]:
+        """Sagas held in memory, by type."""
+        counts: Counter[str] = Counter()
+        for live in self._entries.values():
+            counts[live.runtime.saga_type] += 1
+        return dict(counts)
 
     def holds_timer(self, saga_id: str) -> bool:
         """The saga is in memory with a timer armed: its wake-up needs no poller."""

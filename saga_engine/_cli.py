@@ -16,6 +16,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 import saga_engine
+from saga_engine._cli_flow import register as _register_flow
 from saga_engine._cli_support import (
     archive_file_histories,
     dlq_row,
@@ -775,6 +776,9 @@ def dlq_replay(
 from saga_engine._cli_rollout import rollout_app  # noqa: E402
 
 app.add_typer(rollout_app, name="rollout")
+
+# ``saga flow`` (flow control, through the admin API) lives in its own module.
+_register_flow(app)
 
 
 def main() -> None:

@@ -59,6 +59,8 @@ class StartSaga:
     trace_context: dict[str, str] = field(default_factory=dict)
     parent: ParentLink | None = None
     trigger: TriggerOrigin | None = None
+    priority: int = 0
+    fairness_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,6 @@ participants deduplicate them.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -50,6 +49,7 @@ from saga_engine._errors import (
     TransientError,
 )
 from saga_engine._events import Event, ParentLink, TriggerOrigin
+from saga_engine._flow_sender import install_flow
 from saga_engine._observer import EngineObserver
 from saga_engine._retry import Backoff
 from saga_engine._rollout import RolloutTable
@@ -119,6 +119,7 @@ class Engine:
         self._batch = BatchApplier(self)
         #: Child sagas: starting and undoing them, and their ends back to their parents.
         self.children = ChildLinks(self)
+        self.flow = install_flow(self)  # None (sender untouched) unless a limit is set
 
     # ------------------------------------------------------------------ starting
 
@@ -133,12 +134,14 @@ class Engine:
         trace_context: dict[str, str] | None = None,
         trigger: TriggerOrigin | None = None,
         parent: ParentLink | None = None,
+        priority: int = 0,
+        fairness_key: str | None = None,
     ) -> str:
         """Starts a saga and returns its id. With the same idempotency key, the same saga."""
         prepared = self.prepare_start(
             saga, input, saga_id=saga_id, idempotency_key=idempotency_key, deadline=deadline,
             trace_context=trace_context, trigger=trigger, parent=parent,
-        )  # fmt: skip
+        )._replace(priority=priority, fairness_key=fairness_key)  # fmt: skip
         return await self._start(prepared)
 
     def prepare_start(
@@ -493,6 +496,8 @@ class Engine:
     async def close(self) -> None:
         self._closed = True
         self.live.clear()
+        if self.flow is not None:
+            await self.flow.close()
 
     # ------------------------------------------------------------------ internals
 
@@ -553,6 +558,8 @@ class Engine:
                 self.observer.spans.not_sent(command.command_id, exc)
                 raise
             self.stats.inc("commands_resent")
+        if self.flow is not None:
+            self.flow.settle(live.runtime.saga_id, live.runtime)
 
     async def _commit_unless_dropped(
         self, saga_id: str, live: LiveSaga, decision: Decision
@@ -601,6 +608,8 @@ class Engine:
                 self.live.evict(saga_id)
                 raise
             self.observer.checkpoint("after_send")
+        if self.flow is not None:
+            self.flow.settle(saga_id, live.runtime)  # permits of attempts now over
         status = decision.status
         for event in decision.events:
             self.observer.counted(event, live)
@@ -614,12 +623,7 @@ class Engine:
 
     def open_saga_counts(self) -> dict[str, int]:
         """Sagas held in memory by this engine, by type (the ``saga.open`` gauge)."""
-        counts: collections.Counter[str] = collections.Counter()
-        for saga_id in self.live.ids():
-            live = self.live.get(saga_id)
-            if live is not None:
-                counts[live.runtime.saga_type] += 1
-        return dict(counts)
+        return self.live.counts_by_type()
 
     def _notify(self, saga_id: str) -> None:
         for future in self._watchers.pop(saga_id, []):
@@ -636,9 +640,8 @@ class Engine:
                     self.live.evict(saga_id)  # its partition moved: its owner fires it
                     return
                 now = self.clock.now()
-                due = sorted(
-                    (at, tid) for tid, at in live.runtime.pending_timers().items() if at <= now
-                )
+                timers = self.live.timers(saga_id, live)  # flow control may hold a timeout
+                due = sorted((at, tid) for tid, at in timers.items() if at <= now)
                 for _, timer_id in due:
                     if live.runtime.status.is_terminal or live.runtime.dead:
                         break

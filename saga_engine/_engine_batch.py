@@ -326,6 +326,8 @@ class BatchApplier:
             return  # only duplicates: nothing changed
         for event, held in work.counted:
             engine.observer.counted(event, live, held=held)
+        if engine.flow is not None:
+            engine.flow.settle(work.saga_id, live.runtime)  # permits of attempts now over
         status = last.status
         if status.is_terminal or status.is_parked:
             engine._notify(work.saga_id)

@@ -123,6 +123,11 @@ class SagaStarted(_Event):
     #: The version of its saga type the start chose (``Saga.version``, by the rollout):
     #: the saga runs that class for its whole life, replay included.
     saga_version: int = 1
+    #: Flow control (``_flow.py``): when a limit holds commands back, a higher priority
+    #: goes first (aging lifts a waiting one); the fairness key (a tenant) takes turns
+    #: with the others. Neither changes what the saga does, only when it is sent.
+    priority: int = 0
+    fairness_key: str | None = None
 
 
 class ReplyReceived(_Event):

@@ -93,6 +93,10 @@ class InboxOwnership(ConsumerRebalanceListener):  # type: ignore[misc]
     def _note_owned(self) -> None:
         self._mine = frozenset(tp.partition for tp in self.owned if tp.topic == self._inbox)
         self._count = self._partition_count()
+        flow = self._engine.flow if self._engine is not None else None
+        if flow is not None:
+            # Limits are cluster-wide: this engine enforces its partition share of them.
+            flow.set_share(len(self._mine), self._count)
 
     # ------------------------------------------------------------------ rebalances
 
@@ -147,6 +151,8 @@ class InboxOwnership(ConsumerRebalanceListener):  # type: ignore[misc]
                 engine.live.rearm(saga_id)
                 held += 1
         engine.stats.inc("sagas_kept_across_rebalance", held)
+        if engine.flow is not None:
+            engine.flow.drop_unowned(self.owns)  # their new owner sends what they owe
         if dropped:
             log.info(
                 "engine %s dropped %d sagas of partitions %s, now elsewhere",

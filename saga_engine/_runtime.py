@@ -96,6 +96,8 @@ class SagaRuntime:
             parent=start.parent,
             trigger=start.trigger,
             saga_version=definition.version,
+            priority=start.priority,
+            fairness_key=start.fairness_key,
         )
         rt._record(started)
         return rt, rt._decision()

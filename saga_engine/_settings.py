@@ -6,7 +6,7 @@ import base64
 import binascii
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -243,6 +243,49 @@ class CodecSettings(BaseModel):
         return self
 
 
+class FlowLimit(BaseModel):
+    """One participant's or saga type's limits (``_flow.py``). Each is a whole-cluster
+    figure: an engine enforces its partition share of it (docs/architecture.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: Commands in flight at once (sent, not yet answered, timed out or ended).
+    concurrency: int | None = Field(default=None, ge=1)
+    #: Commands sent per second (a token bucket holding a tenth of a second's worth).
+    rate: float | None = Field(default=None, gt=0)
+
+
+class LimitsSettings(BaseModel):
+    """Flow control: concurrency and rate limits on the commands the engine sends, per
+    participant and per saga type. None configured (the default): commands go straight
+    to the broker, as if this section did not exist."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    participants: dict[str, FlowLimit] = Field(default_factory=dict)
+    saga_types: dict[str, FlowLimit] = Field(default_factory=dict)
+    #: A waiting command's priority rises by one for every this many seconds it waits,
+    #: so a low priority is served under a constant stream of higher ones. None: no aging
+    #: (strict priority; a low priority may then wait for as long as higher ones come).
+    aging_s: float | None = Field(default=10.0, gt=0)
+
+    @field_validator("aging_s", mode="before")
+    @classmethod
+    def _no_aging(cls, value: Any) -> Any:
+        """``SAGA_LIMITS__AGING_S=null`` (or ``off``) turns aging off: the environment has
+        no None of its own."""
+        if isinstance(value, str) and value.strip().lower() in ("", "null", "none", "off"):
+            return None
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        return any(
+            limit.concurrency is not None or limit.rate is not None
+            for limit in (*self.participants.values(), *self.saga_types.values())
+        )
+
+
 class Settings(BaseSettings):
     """Everything an engine needs. Build it once and pass it down."""
 
@@ -263,6 +306,7 @@ class Settings(BaseSettings):
     admin: AdminSettings = AdminSettings()
     retention: RetentionSettings = RetentionSettings()
     codec: CodecSettings = CodecSettings()
+    limits: LimitsSettings = LimitsSettings()
 
     @model_validator(mode="before")
     @classmethod

@@ -44,6 +44,10 @@ class PreparedStart(NamedTuple):
     parent: ParentLink | None = None
     #: The trigger record it was started from.
     trigger: TriggerOrigin | None = None
+    #: Flow control: a higher priority is sent first when a limit holds commands back;
+    #: the fairness key (a tenant) takes turns with the others.
+    priority: int = 0
+    fairness_key: str | None = None
 
 
 def start_input(start: PreparedStart) -> StartSaga:
@@ -58,4 +62,6 @@ def start_input(start: PreparedStart) -> StartSaga:
         trace_context=start.trace_context,
         parent=start.parent,
         trigger=start.trigger,
+        priority=start.priority,
+        fairness_key=start.fairness_key,
     )

@@ -131,6 +131,19 @@ class StartBody(BaseModel):
         description="set by a trigger: the Kafka record the start was made from, recorded in "
         "the saga's history so it can be traced back to its cause",
     )
+    priority: int = Field(
+        default=0,
+        ge=-1_000_000,
+        le=1_000_000,
+        description="flow control: when a limit holds commands back, a higher priority is "
+        "sent first (recorded in saga_started)",
+    )
+    fairness_key: str | None = Field(
+        default=None,
+        max_length=200,
+        description="flow control: commands of different keys (tenants) take turns when a "
+        "limit holds them back (recorded in saga_started)",
+    )
 
 
 class SignalBody(BaseModel):

@@ -457,7 +457,7 @@ class SagaWorker:
                 deadline=timedelta(seconds=start.deadline_s) if start.deadline_s else None,
                 trace_context=_trace_of(env),
                 trigger=start.trigger,
-            )
+            )._replace(priority=start.priority, fairness_key=start.fairness_key)
             return BatchInput(prepared.saga_id, None, start=prepared)
         except Exception:
             return None
@@ -606,6 +606,8 @@ class SagaWorker:
                 deadline=timedelta(seconds=start.deadline_s) if start.deadline_s else None,
                 trace_context=trace,
                 trigger=start.trigger,
+                priority=start.priority,
+                fairness_key=start.fairness_key,
             )
         elif kind is MessageType.UNDO:
             undo: UndoBody = env.body_as(UndoBody)

@@ -53,7 +53,7 @@ FRONT_DOORS: dict[str, set[str]] = {
     },
     "saga_engine.settings": {
         "AdminSettings", "CodecSettings", "EngineSettings", "HttpSettings", "KafkaSettings", "ParticipantSettings",
-        "PostgresSettings", "RetentionSettings", "Settings",
+        "PostgresSettings", "RetentionSettings", "Settings", "FlowLimit", "LimitsSettings",
     },
     "saga_engine.triggers": {"KafkaTrigger"},
     "saga_engine.cli": {"AdminCallError", "CliError", "app", "main"},

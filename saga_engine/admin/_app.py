@@ -15,7 +15,7 @@ from fastapi import Depends, FastAPI
 from saga_engine import __version__
 from saga_engine._engine import Engine
 from saga_engine._settings import Settings
-from saga_engine.admin import _actions, _meta, _reads, _rollouts
+from saga_engine.admin import _actions, _flow, _meta, _reads, _rollouts
 from saga_engine.admin._auth import AuthMiddleware, auth_required
 from saga_engine.admin._deps import AdminState, StartSaga, bearer, install
 from saga_engine.admin._http_errors import (
@@ -74,6 +74,7 @@ def create_admin_app(
     )
     app.include_router(_actions.router, dependencies=secured)
     app.include_router(_rollouts.router, dependencies=secured)
+    app.include_router(_flow.router, dependencies=secured)
     app.include_router(web_router(engine, admin))
     app.include_router(_rollouts.ui_router(engine, admin))
     return app

@@ -11,6 +11,7 @@ import re
 from saga_engine._engine import Engine
 from saga_engine._status import SagaStatus
 from saga_engine._store import as_utc
+from saga_engine.admin._flow import flow_gates
 from saga_engine.admin._schemas import MetricsBody
 
 OPEN_STATUSES = tuple(s for s in SagaStatus if s.is_open)
@@ -33,6 +34,7 @@ async def collect(engine: Engine) -> MetricsBody:
         oldest_stuck_age_seconds=age,
         dead_lettered=counters.get("dead_lettered", 0),
         counters=counters,
+        flow=flow_gates(engine),
     )
 
 
@@ -69,6 +71,7 @@ def render_prometheus(body: MetricsBody) -> str:
         "# TYPE saga_dead_lettered_total counter",
         f"saga_dead_lettered_total {body.dead_lettered}",
     ]
+    lines += _flow_lines(body)
     seen: set[str] = set()
     for counter, value in body.counters.items():
         name = _metric_name(counter)
@@ -81,3 +84,23 @@ def render_prometheus(body: MetricsBody) -> str:
             f"{name} {value}",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _flow_lines(body: MetricsBody) -> list[str]:
+    """Flow control's gauges, one series per limit (none when flow control is off)."""
+    if not body.flow:
+        return []
+    lines: list[str] = []
+    for metric, help_text, field in (
+        ("saga_flow_in_flight", "Commands sent and not yet answered, per limit.", "in_flight"),
+        ("saga_flow_waiting", "Commands recorded and held back, per limit.", "waiting"),
+        ("saga_flow_concurrency_limit", "This engine's share of the concurrency limit.",
+         "effective_concurrency"),
+    ):  # fmt: skip
+        lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
+        for gate in body.flow:
+            value = getattr(gate, field)
+            if value is not None:
+                label = gate.name.replace("\\", "\\\\").replace('"', '\\"')
+                lines.append(f'{metric}{{kind="{gate.kind}",name="{label}"}} {value}')
+    return lines

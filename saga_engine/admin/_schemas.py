@@ -248,6 +248,27 @@ class ActionResult(BaseModel):
     )
 
 
+class FlowGate(BaseModel):
+    """One flow-control limit as this engine applies it (``GET /flow``)."""
+
+    kind: Literal["participant", "saga_type"]
+    name: str
+    concurrency_limit: int | None = Field(description="The configured cluster-wide limit.")
+    rate_limit: float | None = Field(description="The configured commands per second.")
+    share: float = Field(description="This engine's share: owned inbox partitions / all.")
+    effective_concurrency: int | None = Field(description="ceil(limit x share)")
+    effective_rate: float | None = Field(description="rate x share")
+    in_flight: int = Field(description="Commands sent and not yet answered, timed out or ended.")
+    waiting: int = Field(description="Commands recorded and held back by this limit.")
+    sent: int = Field(description="Commands sent through this limit since the engine started.")
+
+
+class FlowBody(BaseModel):
+    enabled: bool = Field(description="A limit is configured (SAGA_LIMITS__...).")
+    aging_s: float | None = Field(description="Seconds per priority level a waiting command gains.")
+    gates: list[FlowGate]
+
+
 class MetricsBody(BaseModel):
     open_sagas: dict[str, int] = Field(description="Open sagas by status.")
     open_total: int
@@ -257,3 +278,7 @@ class MetricsBody(BaseModel):
     )
     dead_lettered: int = Field(description="Messages this engine sent to the dead-letter topic.")
     counters: dict[str, int] = Field(description="The engine's counters since it started.")
+    flow: list[FlowGate] = Field(
+        default_factory=list,
+        description="Flow control: in flight and waiting per limit (empty with no limit).",
+    )

@@ -140,6 +140,25 @@ def starts_router(type_names: list[str], max_wait_s: float) -> APIRouter:
                 description="Seconds to wait for the saga to end or park; then 200 with it.",
             ),
         ] = None,
+        priority: Annotated[
+            int,
+            Query(
+                ge=-1_000_000,
+                le=1_000_000,
+                description="Flow control: a higher priority's commands are sent first while "
+                "a limit holds commands back.",
+            ),
+        ] = 0,
+        fairness_key: Annotated[
+            str | None,
+            Query(
+                min_length=1,
+                max_length=200,
+                pattern=NO_NUL,
+                description="Flow control: commands of different keys (tenants) take turns "
+                "while a limit holds commands back.",
+            ),
+        ] = None,
     ) -> Response:
         """Starts a saga; 202 with its id and status URL (or, with ``wait``, 200 once it
         has ended or parked)."""
@@ -161,7 +180,11 @@ def starts_router(type_names: list[str], max_wait_s: float) -> APIRouter:
                     raise IdempotencyConflict(saga_id, idempotency_key)
                 replayed = True
         if not replayed:
-            saga_id = await starter(definition.name, body, idempotency_key=idempotency_key)
+            # Flow-control options only when given: a custom starter need not know them.
+            flow: dict[str, Any] = {"priority": priority} if priority else {}
+            if fairness_key is not None:
+                flow["fairness_key"] = fairness_key
+            saga_id = await starter(definition.name, body, idempotency_key=idempotency_key, **flow)
             if idempotency_key is not None:
                 # Two requests with one key may both have found no saga: the first start
                 # the engine records wins; wait for it, and refuse this one if it lost.

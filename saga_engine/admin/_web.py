@@ -54,6 +54,7 @@ from saga_engine.admin._auth import (
     relative_redirect,
     session_cookie,
 )
+from saga_engine.admin._flow import flow_gates
 from saga_engine.admin._lineage import children, tree
 from saga_engine.admin._listing import SagaFilter, attribute_filters, decode_cursor, list_page
 from saga_engine.admin._timeline import timeline
@@ -344,6 +345,7 @@ def web_router(engine: Engine, admin: AdminSettings) -> APIRouter:
             next_url=next_url,
             first_page=cursor is None,
             quote=quote,
+            flow=flow_gates(engine),  # flow control's queues (none when it is off)
         )
 
     @router.get("/sagas/{saga_id}", name="ui_saga")

@@ -1,0 +1,143 @@
+"""Flow control seen by an operator: ``GET /flow``, the flow series of ``/metrics``
+(JSON and Prometheus), the table of the web page, ``saga flow``; and the start's
+``priority`` and ``fairness_key``, recorded in ``saga_started`` or refused with a 422."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from saga_engine.admin import create_admin_app
+from saga_engine.settings import FlowLimit, LimitsSettings, Settings
+from saga_engine.testing import SagaTestEnv
+from tests.admin.conftest import OPERATOR, READER, READER_TOKEN, admin_settings, make_client
+from tests.admin.sagas import Debit, Noop, Transfer
+from tests.admin.served import Served, served_in_thread
+from tests.cli.conftest import as_json, invoke
+
+LIMITS = LimitsSettings(participants={"ledger": FlowLimit(concurrency=1, rate=100)}, aging_s=5)
+
+
+def limited(**admin: Any) -> Settings:
+    return admin_settings(**admin).model_copy(update={"limits": LIMITS})
+
+
+async def gates(http: Any) -> list[dict[str, Any]]:
+    response = await http.get("/flow", headers=READER)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["enabled"] is True
+    assert body["aging_s"] == 5
+    found: list[dict[str, Any]] = body["gates"]
+    return found
+
+
+async def test_flow_is_visible_in_the_api_metrics_and_page() -> None:
+    env = SagaTestEnv([Transfer, Noop], settings=limited())
+    env.participant("ledger").on(Debit, no_reply=True)
+    app = create_admin_app(env.engine, env.settings)
+    async with make_client(app) as http:
+        for i in range(3):
+            response = await http.post(
+                f"/sagas/transfer?priority={i}&fairness_key=tenant-{i}",
+                json={"account": f"a{i}", "amount": 1},
+                headers=OPERATOR,
+            )
+            assert response.status_code == 202, response.text
+        deadline = time.monotonic() + 5
+        while (found := await gates(http))[0]["waiting"] != 2:
+            assert time.monotonic() < deadline, found
+            await asyncio.sleep(0.01)
+        assert found == [
+            {
+                "kind": "participant",
+                "name": "ledger",
+                "concurrency_limit": 1,
+                "rate_limit": 100.0,
+                "share": 1.0,
+                "effective_concurrency": 1,
+                "effective_rate": 100.0,
+                "in_flight": 1,
+                "waiting": 2,
+                "sent": 1,
+            }
+        ]
+        metrics = (await http.get("/metrics", headers=READER)).json()
+        assert metrics["flow"] == found
+        text = (await http.get("/metrics", headers={**READER, "Accept": "text/plain"})).text
+        assert 'saga_flow_waiting{kind="participant",name="ledger"} 2' in text
+        assert 'saga_flow_in_flight{kind="participant",name="ledger"} 1' in text
+        page = await http.get("/ui/sagas", headers=READER)
+        assert page.status_code == 200
+        assert '<td class="waiting">2</td>' in page.text
+    recorded = set()
+    for saga_id in await env.store.open_saga_ids():
+        started = (await env.engine.history(saga_id))[0]
+        assert started.kind == "saga_started"
+        recorded.add((started.priority, started.fairness_key))
+    assert recorded == {(i, f"tenant-{i}") for i in range(3)}
+
+
+async def test_without_limits_flow_is_off_and_the_page_has_no_table() -> None:
+    env = SagaTestEnv([Transfer, Noop], settings=admin_settings())
+    async with make_client(create_admin_app(env.engine, env.settings)) as http:
+        body = (await http.get("/flow", headers=READER)).json()
+        metrics = (await http.get("/metrics", headers=READER)).json()
+        text = (await http.get("/metrics", headers={**READER, "Accept": "text/plain"})).text
+        page = (await http.get("/ui/sagas", headers=READER)).text
+    assert body == {"enabled": False, "aging_s": 10.0, "gates": []}
+    assert metrics["flow"] == []
+    assert "saga_flow" not in text
+    assert 'class="flow"' not in page
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("priority=high", "priority"),
+        ("priority=10000000", "priority"),
+        (f"fairness_key={'x' * 201}", "fairness_key"),
+        ("fairness_key=", "fairness_key"),
+    ],
+)
+async def test_a_bad_priority_or_fairness_key_is_a_422_and_starts_nothing(
+    query: str, field: str
+) -> None:
+    env = SagaTestEnv([Transfer, Noop], settings=limited())
+    async with make_client(create_admin_app(env.engine, env.settings)) as http:
+        response = await http.post(
+            f"/sagas/transfer?{query}", json={"account": "a", "amount": 1}, headers=OPERATOR
+        )
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"] == ["query", field]
+    assert await env.store.open_saga_ids() == []
+
+
+async def _seed(env: SagaTestEnv) -> dict[str, str]:
+    env.participant("ledger").on(Debit, no_reply=True)
+    ids = {}
+    for name in ("one", "two"):
+        ids[name] = await env.engine.start(Transfer, {"account": name, "amount": 1})
+    return ids
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    with served_in_thread(limited(port=0), _seed) as running:
+        yield running
+
+
+def test_saga_flow_prints_the_limits(served: Served) -> None:
+    env = {"SAGA_ADMIN_TOKEN": READER_TOKEN, "SAGA_ADMIN_URL": served.url}
+    body = as_json(invoke(["flow", "--json"], env))
+    assert body["enabled"] is True
+    (gate,) = body["gates"]
+    assert (gate["name"], gate["in_flight"], gate["waiting"]) == ("ledger", 1, 1)
+    table = invoke(["flow"], env)
+    assert table.exit_code == 0, table.output
+    assert "ledger" in table.stdout
+    assert "1 of 1" in table.stdout

@@ -1,0 +1,118 @@
+"""The application of the flow-control tests (``test_flow.py``): one saga with one
+step to the ``slow`` participant, which records every command it handles in its own
+table, with the id of the transaction that handled it. The participant kit handles
+a batch of commands in one transaction and replies after it commits, so the rows of
+one transaction are commands the participant held at the same time: a concurrency
+limit of n means no transaction has more than n.
+
+    saga worker tests.internal.e2e.flow_app                   # an engine process
+    python -m tests.internal.e2e.flow_app participant         # the participant
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+from pydantic import BaseModel
+
+from saga_engine import Saga, SagaContext, Settings, run
+from saga_engine.participant import Participant, Transaction
+
+PARTICIPANT = "slow"
+
+
+class FlowJob(BaseModel):
+    hold_s: float = 0.0
+
+
+class FlowDone(BaseModel):
+    ok: bool = True
+
+
+class Hold(BaseModel):
+    hold_s: float
+
+
+class Release(BaseModel):
+    pass
+
+
+class Ok(BaseModel):
+    ok: bool = True
+
+
+class Flowed(Saga[FlowJob, FlowDone]):
+    name = "flowed"
+
+    async def run(self, ctx: SagaContext, job: FlowJob) -> FlowDone:
+        await ctx.step(
+            "hold",
+            to=PARTICIPANT,
+            command=Hold(hold_s=job.hold_s),
+            compensate=Release(),
+            timeout=10,
+            returns=Ok,
+        )
+        return FlowDone()
+
+
+#: Created by the test in the participant's schema before it starts. No uniqueness on
+#: the command id: a duplicated effect is a second row.
+LEDGER_DDL = """
+CREATE TABLE IF NOT EXISTS flow_ledger (
+    id bigserial PRIMARY KEY,
+    command_id text NOT NULL,
+    saga_id text NOT NULL,
+    kind text NOT NULL,
+    txid bigint NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+
+
+def build_participant(settings: Settings) -> Participant:
+    participant = Participant(PARTICIPANT, settings)
+
+    @participant.handles(Hold)
+    async def hold(cmd: Hold, tx: Transaction) -> Ok:
+        await tx.execute(
+            "INSERT INTO flow_ledger (command_id, saga_id, kind, txid) "
+            "VALUES ($1, $2, 'apply', txid_current())",
+            tx.command_id, tx.saga_id,
+        )  # fmt: skip
+        if cmd.hold_s:
+            await tx.execute("SELECT pg_sleep($1)", cmd.hold_s)
+        return Ok()
+
+    @participant.handles(Release)
+    async def release(cmd: Release, tx: Transaction) -> Ok:
+        await tx.execute(
+            "INSERT INTO flow_ledger (command_id, saga_id, kind, txid) "
+            "VALUES ($1, $2, 'revert', txid_current())",
+            tx.command_id, tx.saga_id,
+        )  # fmt: skip
+        return Ok()
+
+    return participant
+
+
+async def _run_participant() -> None:
+    participant = build_participant(Settings())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await participant.start()
+    print("participant running", file=sys.stderr, flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await participant.stop()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["participant"]:
+        sys.exit("usage: python -m tests.internal.e2e.flow_app participant")
+    run(_run_participant())

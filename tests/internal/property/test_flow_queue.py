@@ -1,0 +1,137 @@
+"""The flow-control queue (``_flow.FlowQueue``) under generated pushes and pops: the
+order it serves in is the documented one (docs/operations.md, "Flow control").
+
+After every pop, against the entries still waiting:
+- urgent (compensations) first;
+- the highest level (priority + one per ``aging_s`` waited) first;
+- among equal levels, the fairness key served least recently (a key whose backlog
+  emptied counts as never served);
+- FIFO within one key and priority;
+- the aging bound: nothing that arrived more than ``(p_x - p_y + 1) * aging_s`` after
+  a waiting entry y is served before it (so a low priority is never starved by a
+  stream of higher ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from saga_engine._flow import FlowQueue, Waiting
+
+AGING_S = 2.0
+
+
+@dataclass(frozen=True)
+class Push:
+    dt: float
+    priority: int
+    key: str
+    urgent: bool
+
+
+@dataclass(frozen=True)
+class Pop:
+    dt: float
+
+
+ops = st.lists(
+    st.one_of(
+        st.builds(
+            Push,
+            st.floats(0, 3),
+            st.integers(0, 4),
+            st.sampled_from(["a", "b", "c"]),
+            st.sampled_from([False, False, False, True]),  # a compensation, now and then
+        ),
+        st.builds(Pop, st.floats(0, 3)),
+    ),
+    max_size=60,
+)
+
+
+def run(steps: list[Push | Pop], aging_s: float | None) -> None:
+    queue = FlowQueue(aging_s=aging_s)
+    waiting: list[Waiting] = []
+    now = 0.0
+    seq = 0
+    served_at: dict[str, int] = {}
+    pops = 0
+    for step in [*steps, *[Pop(0.0)] * 70]:
+        now += step.dt
+        if isinstance(step, Push):
+            seq += 1
+            entry = Waiting(seq, now, step.priority, step.key, "lane", step.urgent)
+            queue.push(entry)
+            waiting.append(entry)
+            continue
+        got = queue.pop(now, lambda lane: True)
+        if not waiting:
+            assert got is None
+            continue
+        assert got is not None
+        waiting.remove(got)
+        pops += 1
+        mine = queue.level(got, now)
+        for other in waiting:
+            theirs = queue.level(other, now)
+            assert theirs <= mine, (got, other)
+            if theirs == mine:
+                # Fairness: the key served longest ago went; then FIFO.
+                if other.key != got.key:
+                    assert served_at.get(other.key, -1) >= served_at.get(got.key, -1)
+                else:
+                    assert other.seq > got.seq
+            same_class = (other.key, other.priority, other.urgent) == (
+                got.key,
+                got.priority,
+                got.urgent,
+            )
+            if same_class:
+                assert other.seq > got.seq  # FIFO within a key and priority
+            if aging_s is not None and not got.urgent and not other.urgent:
+                # The aging bound.
+                window = (got.priority - other.priority + 1) * aging_s
+                assert not got.arrived - other.arrived > window, (got, other)
+        # A key whose backlog emptied counts as never served when it comes back.
+        if any(w.key == got.key for w in waiting):
+            served_at[got.key] = pops
+        else:
+            served_at.pop(got.key, None)
+    assert len(queue) == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_the_queue_serves_in_the_documented_order_with_aging(steps: list[Push | Pop]) -> None:
+    run(steps, AGING_S)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops)
+def test_the_queue_serves_in_the_documented_order_without_aging(
+    steps: list[Push | Pop],
+) -> None:
+    run(steps, None)
+
+
+def test_a_low_priority_is_served_under_a_constant_stream_of_higher_ones() -> None:
+    """One pop per second, two high-priority arrivals per second: the backlog of highs
+    grows for ever, and the low one is still served, within the bound."""
+    queue = FlowQueue(aging_s=1.0)
+    low = Waiting(0, 0.0, 0, "", "lane")
+    queue.push(low)
+    seq = 0
+    for tick in range(1, 100):
+        for half in (0.0, 0.5):
+            seq += 1
+            queue.push(Waiting(seq, tick + half - 1, 3, "", "lane"))
+        got = queue.pop(float(tick), lambda lane: True)
+        assert got is not None
+        if got is low:
+            # Served before any high that came more than (3 - 0 + 1) x 1 s after it.
+            assert tick <= 10
+            return
+    raise AssertionError("the low priority was starved")
