@@ -111,6 +111,28 @@ class EngineSettings(BaseModel):
     startup_timeout_s: float | None = Field(default=None, gt=0)
 
 
+class ScheduleSettings(BaseModel):
+    """How a worker fires durable schedules (``saga_engine.schedules``, migration 0007).
+
+    Every worker runs the scheduler; they share the due schedules through Postgres row
+    locks. With no schedule, it costs one indexed query per ``poll_s``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    #: Off: this worker fires nothing (the others still do); schedules declared in its
+    #: code are still created at its start.
+    enabled: bool = True
+    #: Longest sleep between two looks for due schedules; the scheduler sleeps less when
+    #: the earliest next tick is sooner, so a tick fires about this late at worst.
+    poll_s: float = Field(default=1.0, gt=0, le=60)
+    #: Schedules claimed (and their starts sent) per transaction.
+    batch_size: int = Field(default=500, ge=1, le=10_000)
+    #: A tick fired later than this after its time counts as missed: the schedule's
+    #: catch-up policy decides whether it still fires.
+    grace_s: float = Field(default=60.0, ge=0)
+
+
 class RetentionSettings(BaseModel):
     """How long finished sagas stay in the live tables, and where they go after.
 
@@ -221,6 +243,7 @@ class Settings(BaseSettings):
     http: HttpSettings = HttpSettings()
     admin: AdminSettings = AdminSettings()
     retention: RetentionSettings = RetentionSettings()
+    schedules: ScheduleSettings = ScheduleSettings()
 
     @model_validator(mode="before")
     @classmethod

@@ -53,6 +53,8 @@ from saga_engine._kafka import (
 )
 from saga_engine._ownership import InboxOwnership
 from saga_engine._retry import Backoff
+from saga_engine._schedule import Schedule
+from saga_engine._scheduler import KafkaStarts, WorkerSchedules
 from saga_engine._settings import Settings
 from saga_engine._startup import reaching, start_with_retry
 from saga_engine._store import EventStore
@@ -116,8 +118,11 @@ class SagaWorker:
         instance_id: str | None = None,
         triggers: Sequence[KafkaTrigger[Any]] = (),
         telemetry: Telemetry | None = None,
+        schedules: Sequence[Schedule] = (),
     ) -> None:
         self.settings = settings
+        self.schedules = list(schedules)
+        self._schedules: WorkerSchedules | None = None
         self.telemetry = telemetry
         self.sagas = list(sagas)
         self.triggers = list(triggers)
@@ -205,14 +210,20 @@ class SagaWorker:
         )
         self._http.bind(self.engine)
         self._ownership.attach(self.engine, self._store)
+        self._schedules = await WorkerSchedules.open(
+            self.settings, self.engine.registry, self.schedules,
+            KafkaStarts(self._producer, self.topics.inbox, f"/saga-engine/{self.instance_id}/schedules"),
+            self._crash_hook,
+        )  # fmt: skip
         if self.settings.admin.enabled:
             # Built before Kafka starts consuming, so a bad admin configuration (no tokens
             # on a public address) fails the start with its one-line reason.
             from saga_engine.admin._app import create_admin_app
 
             self._admin_app = create_admin_app(
-                self.engine, self.settings, start_saga=self._start_through_inbox
-            )
+                self.engine, self.settings, start_saga=self._start_through_inbox,
+                schedules=self._schedules.store,
+            )  # fmt: skip
             telemetry.instrument_app(self._admin_app)
         if self.triggers:
             with reaching("Kafka"):
@@ -267,6 +278,9 @@ class SagaWorker:
             await asyncio.wait({task}, timeout=30)
             if not task.done():
                 task.cancel()
+        schedules, self._schedules = self._schedules, None
+        if schedules is not None:
+            await schedules.close()
         trigger_consumer, self._trigger_consumer = self._trigger_consumer, None
         if trigger_consumer is not None:
             await trigger_consumer.stop()

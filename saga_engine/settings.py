@@ -13,6 +13,7 @@ from saga_engine._settings import (
     ParticipantSettings,
     PostgresSettings,
     RetentionSettings,
+    ScheduleSettings,
     Settings,
 )
 
@@ -24,5 +25,6 @@ __all__ = [
     "ParticipantSettings",
     "PostgresSettings",
     "RetentionSettings",
+    "ScheduleSettings",
     "Settings",
 ]

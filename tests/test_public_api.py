@@ -49,8 +49,9 @@ FRONT_DOORS: dict[str, set[str]] = {
     },
     "saga_engine.settings": {
         "AdminSettings", "EngineSettings", "HttpSettings", "KafkaSettings", "ParticipantSettings",
-        "PostgresSettings", "RetentionSettings", "Settings",
+        "PostgresSettings", "RetentionSettings", "ScheduleSettings", "Settings",
     },
+    "saga_engine.schedules": {"CatchUp", "Overlap", "Schedule", "ScheduleState"},
     "saga_engine.triggers": {"KafkaTrigger"},
     "saga_engine.cli": {"AdminCallError", "CliError", "app", "main"},
     "saga_engine.admin": {

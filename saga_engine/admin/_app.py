@@ -5,8 +5,8 @@ Build it with :func:`create_admin_app` and serve it on the engine's event loop w
 
 The routes live in routers by concern (``_meta``: health, saga types, metrics;
 ``_reads``: list, detail, history; ``_starts``: the start; ``_actions``: operator
-actions; ``web``: the pages). They reach the engine, the admin settings and the start
-function through the dependencies in ``_deps``, which read what this function stores
+actions; ``_schedules``: durable schedules; ``web``: the pages). They reach the engine,
+the admin settings and the start function through the dependencies in ``_deps``, which read what this function stores
 on the app's state.
 """
 
@@ -14,8 +14,9 @@ from fastapi import Depends, FastAPI
 
 from saga_engine import __version__
 from saga_engine._engine import Engine
+from saga_engine._pgschedules import PostgresScheduleStore
 from saga_engine._settings import Settings
-from saga_engine.admin import _actions, _meta, _reads
+from saga_engine.admin import _actions, _meta, _reads, _schedules
 from saga_engine.admin._auth import AuthMiddleware, auth_required
 from saga_engine.admin._deps import AdminState, StartSaga, bearer, install
 from saga_engine.admin._http_errors import (
@@ -30,7 +31,11 @@ __all__ = ["StartSaga", "create_admin_app"]
 
 
 def create_admin_app(
-    engine: Engine, settings: Settings, *, start_saga: StartSaga | None = None
+    engine: Engine,
+    settings: Settings,
+    *,
+    start_saga: StartSaga | None = None,
+    schedules: PostgresScheduleStore | None = None,
 ) -> FastAPI:
     """The admin API for ``engine``, configured by ``settings.admin``.
 
@@ -53,7 +58,7 @@ def create_admin_app(
         docs_url=None,
         redoc_url=None,
     )
-    install(app, AdminState(engine, admin, start_saga or engine.start))
+    install(app, AdminState(engine, admin, start_saga or engine.start, schedules))
     install_error_handlers(app)
     # Outermost last: SecurityHeaders(CatchAll(Auth(BodyLimit(app)))). Auth runs before
     # any body is read; every answer, a 401 or a 500 too, gets the anti-framing headers.
@@ -73,5 +78,6 @@ def create_admin_app(
         starts_router(engine.registry.names(), admin.max_wait_s), dependencies=secured
     )
     app.include_router(_actions.router, dependencies=secured)
+    app.include_router(_schedules.router, dependencies=secured)
     app.include_router(web_router(engine, admin))
     return app

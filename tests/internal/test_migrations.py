@@ -36,6 +36,7 @@ PINNED = {
     4: "fd174fdd2c4a14dd90c3ee3abbbb21eb8ddeb7daaa839b011dc59650715c80d0",
     5: "1a55c6d1f920ca6f3f9d03b73ed16ce85eff1b840a9ef5cab498520dad63b6c3",
     6: "d5218c23c71101864c49e98646db6f0d3260f9f57c993a114be2fea85393ed43",
+    7: "042dbd4a9ef1216c538b02152752802e6cd9a13563cfadb44cc94eed00841ddd",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant_migrations).
 PINNED_PARTICIPANT = {
@@ -117,6 +118,7 @@ async def test_migrate_applies_each_migration_once(pg: PgTarget) -> None:
     assert await _tables(pg.database_dsn, pg.schema) == {
         "schema_migrations",
         "saga_archive",
+        "saga_schedules",
         "sagas",
         "saga_events",
     }

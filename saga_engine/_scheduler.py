@@ -1,0 +1,216 @@
+"""The scheduler loop a worker runs: due schedules claimed from Postgres, their ticks'
+start requests sent to the saga inbox, then the schedules moved on.
+
+Every worker runs one; they share the due schedules through the claim's row locks
+(``_pgschedules``), so any number of engines fire each tick once. The loop sleeps until
+the earliest next tick (at most ``schedules.poll_s``), then claims batches of
+``schedules.batch_size`` until none is due. With no schedule, each round is one
+indexed query.
+
+The start requests go through the inbox like a ``SagaClient`` start, so the engine that
+owns the saga's partition starts it, and a start sent twice (the claim's transaction
+died after Kafka acknowledged it) is deduplicated there by its saga id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from saga_engine._definition import SagaRegistry
+from saga_engine._errors import MigrationError, TransientError
+from saga_engine._kafka import delivered, start_send
+from saga_engine._pgschedules import Fire, FireResult, Firing, PostgresScheduleStore
+from saga_engine._retry import Backoff
+from saga_engine._schedule import Schedule
+from saga_engine._settings import ScheduleSettings, Settings
+from saga_engine._telemetry import detach_from_trace
+from saga_engine._wire import Envelope, MessageType, StartBody
+
+__all__ = ["CRASH_POINT", "KafkaStarts", "Scheduler", "WorkerSchedules", "utc_now"]
+
+log = logging.getLogger("saga_engine.schedules")
+
+#: The crash point between "the ticks' starts are acknowledged by Kafka" and "the claim
+#: that moves next_fire_at commits" (``SAGA_CRASH_AT=schedule_after_fire``).
+CRASH_POINT = "schedule_after_fire"
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class KafkaStarts:
+    """Sends firings as start requests on the inbox and waits for every acknowledgement:
+    the claim moves its schedules on only after this returns."""
+
+    def __init__(self, producer: Any, inbox: str, source: str) -> None:
+        self._producer = producer
+        self._inbox = inbox
+        self._source = source
+
+    async def __call__(self, firings: Sequence[Firing]) -> None:
+        deliveries = [
+            await start_send(self._producer, self._inbox, self._envelope(f)) for f in firings
+        ]
+        for error in await delivered(deliveries):
+            if error is not None:
+                raise error
+
+    def _envelope(self, f: Firing) -> Envelope:
+        return Envelope(
+            message_type=MessageType.START,
+            source=self._source,
+            subject=f.saga_type,
+            saga_id=f.saga_id,
+            saga_type=f.saga_type,
+            correlation_id=f.saga_id,
+            body=StartBody(input=f.input, idempotency_key=f.idempotency_key).model_dump(
+                mode="json"
+            ),
+        )
+
+
+class Scheduler:
+    """Fires due schedules until stopped. ``clock`` is injectable for tests;
+    ``on_fired(result, durable_at)`` is told each claim that fired something."""
+
+    def __init__(
+        self,
+        store: PostgresScheduleStore,
+        fire: Fire,
+        settings: ScheduleSettings,
+        *,
+        clock: Callable[[], datetime] = utc_now,
+        crash_hook: Callable[[str], None] | None = None,
+        on_fired: Callable[[FireResult, datetime], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._fire = fire
+        self._settings = settings
+        self._clock = clock
+        self._crash_hook = crash_hook
+        self._on_fired = on_fired
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self.fired = 0
+        self.skipped = 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="saga-schedules")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            # Cancelled mid-claim, the transaction rolls back: the claimed ticks stay
+            # due for the next engine (their starts, if sent, are deduplicated).
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    def wake(self) -> None:
+        """Look again now (a schedule was created or resumed)."""
+        self._wake.set()
+
+    async def run_due(self) -> int:
+        """Claims and fires until no schedule is due now; the number of ticks fired."""
+        fired = 0
+        while True:
+            result = await self._store.fire_due(
+                self._clock(),
+                self._settings.batch_size,
+                self._fire,
+                clock=self._clock,
+                after_fire=self._after_fire,
+            )
+            fired += len(result.fired)
+            self.fired += len(result.fired)
+            self.skipped += result.skipped
+            if self._on_fired is not None and result.claimed:
+                self._on_fired(result, self._clock())
+            if result.claimed < self._settings.batch_size:
+                return fired
+
+    def _after_fire(self) -> None:
+        if self._crash_hook is not None:
+            self._crash_hook(CRASH_POINT)
+
+    async def _loop(self) -> None:
+        detach_from_trace()
+        backoff = Backoff(0.5, 10.0)
+        poll = self._settings.poll_s
+        while True:
+            try:
+                await self.run_due()
+                earliest = await self._store.earliest_due()
+                backoff.reset()
+            except TransientError as exc:
+                delay = backoff.next_delay()
+                log.warning("firing schedules failed (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            except Exception:  # a bug must not end the loop: log it, and look again later
+                log.exception("unexpected error firing schedules")
+                await asyncio.sleep(poll)
+                continue
+            delay = poll
+            if earliest is not None:
+                delay = min(poll, max(0.0, (earliest - self._clock()).total_seconds()))
+            self._wake.clear()
+            try:
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+
+class WorkerSchedules:
+    """What a worker holds for schedules: the store (the admin API's too), the declared
+    schedules upserted at its start, and the scheduler loop (unless disabled)."""
+
+    def __init__(self, store: PostgresScheduleStore, scheduler: Scheduler | None) -> None:
+        self.store = store
+        self.scheduler = scheduler
+
+    @classmethod
+    async def open(
+        cls,
+        settings: Settings,
+        registry: SagaRegistry,
+        declared: Sequence[Schedule],
+        fire: Fire,
+        crash_hook: Callable[[str], None] | None,
+    ) -> WorkerSchedules:
+        # Checked before anything is written: a declaration naming an unknown saga type,
+        # or an input its model refuses, fails the worker's start with the reason.
+        for schedule in declared:
+            registry.get(schedule.saga).validate_input(schedule.input)
+        store = await PostgresScheduleStore.connect(
+            settings.pg, grace=timedelta(seconds=settings.schedules.grace_s)
+        )
+        try:
+            if not await store.migrated():
+                raise MigrationError(
+                    f"schema {settings.pg.db_schema!r} has no saga_schedules table "
+                    "(migration 0007): run `saga migrate`"
+                )
+            now = utc_now()
+            for schedule in declared:
+                outcome = await store.upsert(schedule, now, origin="code")
+                if outcome != "unchanged":
+                    log.info("schedule %s %s (%s)", schedule.id, outcome, schedule.spec.describe())
+        except BaseException:
+            await store.close()
+            raise
+        scheduler = None
+        if settings.schedules.enabled:
+            scheduler = Scheduler(store, fire, settings.schedules, crash_hook=crash_hook)
+            scheduler.start()
+        return cls(store, scheduler)
+
+    async def close(self) -> None:
+        if self.scheduler is not None:
+            await self.scheduler.stop()
+        await self.store.close()
