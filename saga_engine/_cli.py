@@ -107,6 +107,7 @@ def worker(
 
     from saga_engine._crash import crash_hook
     from saga_engine._replay import load_sagas, load_triggers
+    from saga_engine._scheduler import load_schedules
     from saga_engine._worker import SagaWorker
 
     logging.basicConfig(
@@ -124,7 +125,10 @@ def worker(
     async def go() -> None:
         sagas = load_sagas(app_spec)
         triggers = load_triggers(app_spec)
-        engine = SagaWorker(settings, sagas, crash_hook=hook, triggers=triggers)
+        schedules = load_schedules(app_spec)
+        engine = SagaWorker(
+            settings, sagas, crash_hook=hook, triggers=triggers, schedules=schedules
+        )
         loop = asyncio.get_running_loop()
         stopping = asyncio.Event()
         for sig in (signals.SIGTERM, signals.SIGINT):

@@ -30,7 +30,14 @@ from saga_engine._settings import ScheduleSettings, Settings
 from saga_engine._telemetry import detach_from_trace
 from saga_engine._wire import Envelope, MessageType, StartBody
 
-__all__ = ["CRASH_POINT", "KafkaStarts", "Scheduler", "WorkerSchedules", "utc_now"]
+__all__ = [
+    "CRASH_POINT",
+    "KafkaStarts",
+    "Scheduler",
+    "WorkerSchedules",
+    "load_schedules",
+    "utc_now",
+]
 
 log = logging.getLogger("saga_engine.schedules")
 
@@ -214,3 +221,12 @@ class WorkerSchedules:
         if self.scheduler is not None:
             await self.scheduler.stop()
         await self.store.close()
+
+
+def load_schedules(spec: str) -> list[Schedule]:
+    """Every ``Schedule`` defined at the top level of the module named by ``spec`` (what
+    ``saga worker APP`` declares, as it finds the module's triggers)."""
+    import importlib
+
+    module = importlib.import_module(spec.partition(":")[0])
+    return [v for v in vars(module).values() if isinstance(v, Schedule)]
