@@ -16,6 +16,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 import saga_engine
+from saga_engine._cli_schedule import schedule_app
 from saga_engine._cli_support import (
     archive_file_histories,
     dlq_row,
@@ -653,6 +654,8 @@ dlq_app = typer.Typer(
     no_args_is_help=True, help="Inspect and replay the dead-letter topic ({prefix}.dlq)."
 )
 app.add_typer(dlq_app, name="dlq")
+# ``saga schedule ...``: durable schedules, through the admin API (``_cli_schedule``).
+app.add_typer(schedule_app, name="schedule")
 
 
 TimeoutOpt = Annotated[
