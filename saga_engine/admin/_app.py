@@ -26,6 +26,7 @@ from saga_engine.admin._http_errors import (
 )
 from saga_engine.admin._starts import starts_router
 from saga_engine.admin._web import SecurityHeadersMiddleware, web_router
+from saga_engine.admin._web_schedules import schedules_page_router
 
 __all__ = ["StartSaga", "create_admin_app"]
 
@@ -80,4 +81,5 @@ def create_admin_app(
     app.include_router(_actions.router, dependencies=secured)
     app.include_router(_schedules.router, dependencies=secured)
     app.include_router(web_router(engine, admin))
+    app.include_router(schedules_page_router())
     return app

@@ -23,13 +23,16 @@ from saga_engine._errors import InvalidPayload, UnknownSagaType
 from saga_engine._pgschedules import Firing, PostgresScheduleStore, ScheduleRow
 from saga_engine._schedule import Schedule, ScheduleState
 from saga_engine.admin._deps import AdminState, Caller, EngineDep, StarterDep, _state
-from saga_engine.admin._shared import ACTION_ERRORS, READ_ERRORS, errors
+from saga_engine.admin._shared import READ_ERRORS, errors
 
 __all__ = ["ScheduleOut", "TriggerResult", "router"]
 
 audit = logging.getLogger("saga_engine.admin.audit")
 
 router = APIRouter()
+
+#: What an action on one schedule may answer besides its success (409: pause, resume).
+_ACT = (401, 403, 404, 422, 503)
 
 _ID = Path(min_length=1, max_length=120, description="The schedule's id.")
 
@@ -105,7 +108,7 @@ def _now() -> datetime:
     response_model=ScheduleOut,
     responses={
         200: {"model": ScheduleOut, "description": "It exists with this definition already."},
-        **errors(*ACTION_ERRORS),
+        **errors(401, 403, 409, 413, 422, 503),
     },
 )
 async def create_schedule(
@@ -160,7 +163,7 @@ async def get_schedule(
 
 
 @router.post(
-    "/schedules/{schedule_id}/pause", response_model=ScheduleOut, responses=errors(*ACTION_ERRORS)
+    "/schedules/{schedule_id}/pause", response_model=ScheduleOut, responses=errors(*_ACT, 409)
 )
 async def pause_schedule(
     schedule_id: Annotated[str, _ID], request: Request, caller: Caller, store: StoreDep
@@ -172,7 +175,7 @@ async def pause_schedule(
 
 
 @router.post(
-    "/schedules/{schedule_id}/resume", response_model=ScheduleOut, responses=errors(*ACTION_ERRORS)
+    "/schedules/{schedule_id}/resume", response_model=ScheduleOut, responses=errors(*_ACT, 409)
 )
 async def resume_schedule(
     schedule_id: Annotated[str, _ID], request: Request, caller: Caller, store: StoreDep
@@ -184,7 +187,7 @@ async def resume_schedule(
     return out(request, row)
 
 
-@router.delete("/schedules/{schedule_id}", status_code=204, responses=errors(*ACTION_ERRORS))
+@router.delete("/schedules/{schedule_id}", status_code=204, responses=errors(*_ACT))
 async def delete_schedule(
     schedule_id: Annotated[str, _ID], caller: Caller, store: StoreDep
 ) -> Response:
@@ -197,7 +200,7 @@ async def delete_schedule(
 @router.post(
     "/schedules/{schedule_id}/trigger",
     response_model=TriggerResult,
-    responses=errors(*ACTION_ERRORS),
+    responses=errors(*_ACT),
 )
 async def trigger_schedule(
     schedule_id: Annotated[str, _ID],

@@ -35,10 +35,27 @@ OPERATIONS = {
         "/sagas/{saga_id}/force-compensate",
         "force_compensate_sagas__saga_id__force_compensate_post",
     ),
+    # Durable schedules (admin/_schedules.py).
+    ("POST", "/schedules", "create_schedule_schedules_post"),
+    ("GET", "/schedules", "list_schedules_schedules_get"),
+    ("GET", "/schedules/{schedule_id}", "get_schedule_schedules__schedule_id__get"),
+    ("DELETE", "/schedules/{schedule_id}", "delete_schedule_schedules__schedule_id__delete"),
+    ("POST", "/schedules/{schedule_id}/pause", "pause_schedule_schedules__schedule_id__pause_post"),
+    (
+        "POST",
+        "/schedules/{schedule_id}/resume",
+        "resume_schedule_schedules__schedule_id__resume_post",
+    ),
+    (
+        "POST",
+        "/schedules/{schedule_id}/trigger",
+        "trigger_schedule_schedules__schedule_id__trigger_post",
+    ),
 }
 
 _READ = ["200", "401", "404", "422", "503"]
 _ACTION = ["200", "400", "401", "403", "404", "409", "413", "422", "503"]
+_SCHEDULE_STATE = ["200", "401", "403", "404", "409", "422", "503"]
 #: operationId -> the documented status codes, as generated before the split.
 STATUS_CODES = {
     "health_health_get": ["200"],
@@ -66,6 +83,20 @@ STATUS_CODES = {
     "retry_sagas__saga_id__retry_post": _ACTION,
     "skip_sagas__saga_id__skip_post": _ACTION,
     "force_compensate_sagas__saga_id__force_compensate_post": _ACTION,
+    "create_schedule_schedules_post": ["200", "201", "401", "403", "409", "413", "422", "503"],
+    "list_schedules_schedules_get": ["200", "401", "422", "503"],
+    "get_schedule_schedules__schedule_id__get": _READ,
+    "delete_schedule_schedules__schedule_id__delete": ["204", "401", "403", "404", "422", "503"],
+    "pause_schedule_schedules__schedule_id__pause_post": _SCHEDULE_STATE,
+    "resume_schedule_schedules__schedule_id__resume_post": _SCHEDULE_STATE,
+    "trigger_schedule_schedules__schedule_id__trigger_post": [
+        "200",
+        "401",
+        "403",
+        "404",
+        "422",
+        "503",
+    ],
 }
 
 

@@ -137,6 +137,20 @@ async def test_schedules_in_code_through_the_api_and_the_cli(
         assert (await http.delete("/schedules/nightly", headers=OPERATOR)).status_code == 204
         assert (await http.delete("/schedules/nightly", headers=OPERATOR)).status_code == 404
 
+        # The web page: spec, state, next and last runs, the last saga linked; pause.
+        page = await http.get("/ui/schedules", headers=OPERATOR)
+        assert page.status_code == 200, page.text
+        last = (await _schedule(served, "every-second"))["last_saga_id"]
+        assert "every 1s" in page.text
+        assert f'href="/ui/sagas/{last}"' in page.text or "every-second" in page.text
+        assert "/ui/schedules/every-second/pause" in page.text
+        posted = await http.post("/ui/schedules/every-second/pause", headers=OPERATOR)
+        assert posted.status_code == 303
+        assert (await _schedule(served, "every-second"))["state"] == "paused"
+        page = await http.get("/ui/schedules", headers=OPERATOR)
+        assert "/ui/schedules/every-second/resume" in page.text
+        assert (await http.post("/ui/schedules/every-second/resume", headers=OPERATOR)).is_redirect
+
         # The CLI: the same through the API, with its exit codes.
         url = served.url
         made = as_json(
