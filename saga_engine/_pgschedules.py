@@ -18,14 +18,12 @@ acknowledged) and never doubled (its saga id is fixed).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final
 
 import asyncpg
 
-from saga_engine._decision import saga_id_for
 from saga_engine._errors import ScheduleConflict, ScheduleNotFound
 from saga_engine._pgbase import _init_connection, _json, _unavailable_as_transient
 from saga_engine._schedule import (
@@ -37,16 +35,19 @@ from saga_engine._schedule import (
     tick_key,
     trigger_key,
 )
-from saga_engine._serde import JsonDict
+from saga_engine._schedule_store import (
+    Fire,
+    FireResult,
+    Firing,
+    ScheduleRow,
+    firing,
+    still_running,
+    trusted,
+)
 from saga_engine._settings import PostgresSettings
-from saga_engine._status import SagaStatus
 
-__all__ = ["FireResult", "Firing", "PostgresScheduleStore", "ScheduleRow"]
+__all__ = ["PostgresScheduleStore"]
 
-#: A start sent for a previous tick whose saga does not exist after this long was
-#: refused by the engines (dead-lettered): it no longer counts as running.
-START_LANDS_WITHIN: Final = timedelta(minutes=5)
-_RUNNING: Final = [SagaStatus.RUNNING.value, SagaStatus.COMPENSATING.value]
 _COLUMNS: Final = (
     "schedule_id, saga_type, spec, input, catchup, catchup_max, overlap, state, origin, "
     "definition, next_fire_at, last_fired_at, last_tick, last_saga_id, fired_count, "
@@ -54,49 +55,9 @@ _COLUMNS: Final = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduleRow:
-    """A schedule as stored, with its progress."""
-
-    schedule: Schedule
-    state: ScheduleState
-    origin: str
-    next_fire_at: datetime
-    last_fired_at: datetime | None
-    last_tick: datetime | None
-    last_saga_id: str | None
-    fired_count: int
-    skipped_count: int
-    created_at: datetime
-    updated_at: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class Firing:
-    """One start request to send: a tick of a schedule (or an operator's trigger)."""
-
-    schedule_id: str
-    saga_type: str
-    saga_id: str
-    idempotency_key: str
-    input: JsonDict
-    tick: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class FireResult:
-    claimed: int
-    fired: list[Firing]
-    skipped: int
-
-
-#: Sends the start requests and returns once every one is acknowledged (raises if not).
-Fire = Callable[[Sequence[Firing]], Awaitable[None]]
-
-
 def _row(r: asyncpg.Record) -> ScheduleRow:
     return ScheduleRow(
-        schedule=Schedule.model_validate(r["definition"]),
+        schedule=trusted(r["definition"]),
         state=ScheduleState(r["state"]),
         origin=r["origin"],
         next_fire_at=r["next_fire_at"],
@@ -334,7 +295,7 @@ class PostgresScheduleStore:
                         )
                     )
                 firings = [
-                    _firing(row.schedule, tick_key(row.schedule.id, tick), tick)
+                    firing(row.schedule, tick_key(row.schedule.id, tick), tick)
                     for row, p in plans
                     for tick in p.fire
                 ]
@@ -370,16 +331,16 @@ class PostgresScheduleStore:
                 if r is None:
                     raise ScheduleNotFound(schedule_id)
                 schedule = _row(r).schedule
-                firing = _firing(schedule, trigger_key(schedule_id, now), now)
-                await fire([firing])
+                fired = firing(schedule, trigger_key(schedule_id, now), now)
+                await fire([fired])
                 await conn.execute(
                     "UPDATE saga_schedules SET last_fired_at = $2, last_saga_id = $3, "
                     "fired_count = fired_count + 1, updated_at = $2 WHERE schedule_id = $1",
                     schedule_id,
                     now,
-                    firing.saga_id,
+                    fired.saga_id,
                 )
-        return firing
+        return fired
 
     @staticmethod
     async def _running(conn: Any, rows: Sequence[ScheduleRow], now: datetime) -> set[str]:
@@ -397,22 +358,4 @@ class PostgresScheduleStore:
                 "SELECT saga_id, status FROM sagas WHERE saga_id = ANY($1::text[])", list(wanted)
             )
         }
-        running = set()
-        for saga_id, fired_at in wanted.items():
-            status = found.get(saga_id)
-            if status in _RUNNING:
-                running.add(saga_id)
-            elif status is None and fired_at is not None and now - fired_at < START_LANDS_WITHIN:
-                running.add(saga_id)  # its start is on its way through the inbox
-        return running
-
-
-def _firing(schedule: Schedule, key: str, tick: datetime) -> Firing:
-    return Firing(
-        schedule_id=schedule.id,
-        saga_type=schedule.saga,
-        saga_id=saga_id_for(schedule.saga, key),
-        idempotency_key=key,
-        input=schedule.input,
-        tick=tick,
-    )
+        return {i for i, at in wanted.items() if still_running(found.get(i), at, now)}

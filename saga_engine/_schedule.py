@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from functools import cached_property
 from typing import Any, Self
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -236,7 +237,7 @@ class Schedule(BaseModel):
         self.spec  # noqa: B018 - raises ValidationError's ValueError on a bad spec
         return self
 
-    @property
+    @cached_property
     def spec(self) -> ScheduleSpec:
         return ScheduleSpec(
             cron=self.cron, every_s=self.every_s, offset_s=self.offset_s, timezone=self.timezone

@@ -23,9 +23,10 @@ from typing import Any
 from saga_engine._definition import SagaRegistry
 from saga_engine._errors import MigrationError, TransientError
 from saga_engine._kafka import delivered, start_send
-from saga_engine._pgschedules import Fire, FireResult, Firing, PostgresScheduleStore
+from saga_engine._pgschedules import PostgresScheduleStore
 from saga_engine._retry import Backoff
 from saga_engine._schedule import Schedule
+from saga_engine._schedule_store import Fire, FireResult, Firing, ScheduleStore
 from saga_engine._settings import ScheduleSettings, Settings
 from saga_engine._telemetry import detach_from_trace
 from saga_engine._wire import Envelope, MessageType, StartBody
@@ -87,7 +88,7 @@ class Scheduler:
 
     def __init__(
         self,
-        store: PostgresScheduleStore,
+        store: ScheduleStore,
         fire: Fire,
         settings: ScheduleSettings,
         *,
@@ -165,6 +166,7 @@ class Scheduler:
             delay = poll
             if earliest is not None:
                 delay = min(poll, max(0.0, (earliest - self._clock()).total_seconds()))
+            delay = max(delay, self._settings.coalesce_s)
             self._wake.clear()
             try:
                 async with asyncio.timeout(delay):

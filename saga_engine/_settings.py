@@ -126,6 +126,10 @@ class ScheduleSettings(BaseModel):
     #: Longest sleep between two looks for due schedules; the scheduler sleeps less when
     #: the earliest next tick is sooner, so a tick fires about this late at worst.
     poll_s: float = Field(default=1.0, gt=0, le=60)
+    #: Shortest sleep between two rounds: ticks due within it are claimed together, in
+    #: one transaction and one batch of sends (10,000 one-minute schedules spread over
+    #: the minute are due every 6 ms). Each tick may fire up to this much later.
+    coalesce_s: float = Field(default=0.1, ge=0, le=5)
     #: Schedules claimed (and their starts sent) per transaction.
     batch_size: int = Field(default=500, ge=1, le=10_000)
     #: A tick fired later than this after its time counts as missed: the schedule's

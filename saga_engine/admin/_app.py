@@ -14,7 +14,8 @@ from fastapi import Depends, FastAPI
 
 from saga_engine import __version__
 from saga_engine._engine import Engine
-from saga_engine._pgschedules import PostgresScheduleStore
+from saga_engine._errors import SagaNotFound
+from saga_engine._schedule_store import ScheduleStore
 from saga_engine._settings import Settings
 from saga_engine.admin import _actions, _meta, _reads, _schedules
 from saga_engine.admin._auth import AuthMiddleware, auth_required
@@ -31,12 +32,30 @@ from saga_engine.admin._web_schedules import schedules_page_router
 __all__ = ["StartSaga", "create_admin_app"]
 
 
+def _in_memory(engine: Engine) -> ScheduleStore | None:
+    """Schedules kept in memory beside an in-memory event store (the testing kit's
+    engine); with any other store, a worker passes its own (else the routes answer 503)."""
+    from saga_engine._memschedules import InMemoryScheduleStore
+    from saga_engine._memstore import InMemoryEventStore
+
+    if not isinstance(engine.store, InMemoryEventStore):
+        return None
+
+    async def status_of(saga_id: str) -> str | None:
+        try:
+            return (await engine.store.get(saga_id)).status.value
+        except SagaNotFound:
+            return None
+
+    return InMemoryScheduleStore(status_of)
+
+
 def create_admin_app(
     engine: Engine,
     settings: Settings,
     *,
     start_saga: StartSaga | None = None,
-    schedules: PostgresScheduleStore | None = None,
+    schedules: ScheduleStore | None = None,
 ) -> FastAPI:
     """The admin API for ``engine``, configured by ``settings.admin``.
 
@@ -59,7 +78,9 @@ def create_admin_app(
         docs_url=None,
         redoc_url=None,
     )
-    install(app, AdminState(engine, admin, start_saga or engine.start, schedules))
+    install(
+        app, AdminState(engine, admin, start_saga or engine.start, schedules or _in_memory(engine))
+    )
     install_error_handlers(app)
     # Outermost last: SecurityHeaders(CatchAll(Auth(BodyLimit(app)))). Auth runs before
     # any body is read; every answer, a 401 or a 500 too, gets the anti-framing headers.

@@ -20,8 +20,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from saga_engine._errors import InvalidPayload, UnknownSagaType
-from saga_engine._pgschedules import Firing, PostgresScheduleStore, ScheduleRow
 from saga_engine._schedule import Schedule, ScheduleState
+from saga_engine._schedule_store import Firing, ScheduleRow, ScheduleStore
 from saga_engine.admin._deps import AdminState, Caller, EngineDep, StarterDep, _state
 from saga_engine.admin._shared import READ_ERRORS, errors
 
@@ -63,14 +63,14 @@ class TriggerResult(BaseModel):
     status_url: str
 
 
-def _store(request: Request) -> PostgresScheduleStore:
+def _store(request: Request) -> ScheduleStore:
     state: AdminState = _state(request)
     if state.schedules is None:
         raise HTTPException(503, "schedules are served by a worker's admin API (SagaWorker)")
     return state.schedules
 
 
-StoreDep = Annotated[PostgresScheduleStore, Depends(_store)]
+StoreDep = Annotated[ScheduleStore, Depends(_store)]
 
 
 def _saga_url(request: Request, saga_id: str) -> str:
@@ -108,7 +108,7 @@ def _now() -> datetime:
     response_model=ScheduleOut,
     responses={
         200: {"model": ScheduleOut, "description": "It exists with this definition already."},
-        **errors(401, 403, 409, 413, 422, 503),
+        **errors(400, 401, 403, 409, 413, 422, 503),
     },
 )
 async def create_schedule(

@@ -1,14 +1,16 @@
-"""Durable schedules on the real Postgres and Kafka: the claim, racing engines, catch-up.
+"""The schedule-store contract, run against both adapters, with real Kafka sends.
 
-Two stores on two pools stand for two engines: their claims meet only in Postgres (row
-locks), and their start requests go to a real Kafka topic, read back and counted.
+``postgres``: two stores on two pools stand for two engines; their claims meet only in
+Postgres (row locks). ``memory``: one in-memory store that both "engines" share. Their
+start requests go to a real Kafka topic, read back and counted.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,9 +21,11 @@ from pydantic import SecretStr
 
 from saga_engine._errors import ScheduleConflict, ScheduleNotFound
 from saga_engine._kafka import make_producer
+from saga_engine._memschedules import InMemoryScheduleStore
 from saga_engine._migrations import migrate
-from saga_engine._pgschedules import Firing, PostgresScheduleStore
+from saga_engine._pgschedules import PostgresScheduleStore
 from saga_engine._schedule import CatchUp, Overlap, Schedule, ScheduleState, tick_saga_id
+from saga_engine._schedule_store import Firing, ScheduleStore
 from saga_engine._scheduler import KafkaStarts, Scheduler
 from saga_engine._settings import KafkaSettings, PostgresSettings, ScheduleSettings
 from saga_engine._wire import decode
@@ -37,17 +41,69 @@ def floor_minute(t: datetime) -> datetime:
     return t.replace(second=0, microsecond=0)
 
 
-@pytest.fixture
-async def stores(
-    pg: PgTarget,
-) -> AsyncIterator[tuple[PostgresScheduleStore, PostgresScheduleStore]]:
+@dataclass
+class Adapter:
+    """How a test reaches one adapter: stores (by grace period), and a saga's status."""
+
+    make: Callable[[float], Awaitable[ScheduleStore]]
+    set_status: Callable[[str, str], Awaitable[None]]
+
+
+@pytest.fixture(params=["memory", "postgres"])
+async def adapter(request: pytest.FixtureRequest, pg: PgTarget) -> AsyncIterator[Adapter]:
+    if request.param == "memory":
+        statuses: dict[str, str] = {}
+
+        async def status_of(saga_id: str) -> str | None:
+            return statuses.get(saga_id)
+
+        # Every store of one test shares the rows and locks (one "database").
+        first = InMemoryScheduleStore(status_of)
+
+        async def make_memory(grace_s: float) -> ScheduleStore:
+            store = InMemoryScheduleStore(status_of, grace_s=grace_s)
+            store._rows, store._locks = first._rows, first._locks
+            return store
+
+        async def set_memory(saga_id: str, status: str) -> None:
+            statuses[saga_id] = status
+
+        yield Adapter(make_memory, set_memory)
+        return
     await migrate(pg.database_dsn, pg.schema)
     settings = PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
-    a = await PostgresScheduleStore.connect(settings)
-    b = await PostgresScheduleStore.connect(settings)
-    yield a, b
-    await a.close()
-    await b.close()
+    opened: list[ScheduleStore] = []
+
+    async def make_pg(grace_s: float) -> ScheduleStore:
+        store = await PostgresScheduleStore.connect(settings, grace=timedelta(seconds=grace_s))
+        opened.append(store)
+        return store
+
+    async def set_pg(saga_id: str, status: str) -> None:
+        conn = await asyncpg.connect(pg.database_dsn, server_settings={"search_path": pg.schema})
+        try:
+            # Only the row the overlap check reads: no engine runs here.
+            await conn.execute(
+                "INSERT INTO sagas (saga_id, saga_type, status, last_seq, created_at, updated_at) "
+                "VALUES ($1, 'report', $2, 1, now(), now()) "
+                "ON CONFLICT (saga_id) DO UPDATE SET status = $2",
+                saga_id,
+                status,
+            )
+        finally:
+            await conn.close()
+
+    try:
+        yield Adapter(make_pg, set_pg)
+    finally:
+        for store in opened:
+            await store.close()
+
+
+@pytest.fixture
+async def stores(adapter: Adapter) -> tuple[ScheduleStore, ScheduleStore]:
+    """Two engines' stores."""
+    return await adapter.make(60.0), await adapter.make(60.0)
 
 
 @pytest.fixture
@@ -74,7 +130,7 @@ def fixed(t: datetime) -> Callable[[], datetime]:
 
 
 async def test_two_engines_racing_fire_each_tick_exactly_once(
-    stores: tuple[PostgresScheduleStore, PostgresScheduleStore],
+    stores: tuple[ScheduleStore, ScheduleStore],
     inbox: tuple[KafkaStarts, str, KafkaSettings],
 ) -> None:
     a, b = stores
@@ -138,9 +194,9 @@ def _ticks(created: datetime, now: datetime, offset: int) -> list[datetime]:
     ],
 )
 async def test_catch_up_after_downtime(
-    stores: tuple[PostgresScheduleStore, PostgresScheduleStore],
+    stores: tuple[ScheduleStore, ScheduleStore],
     inbox: tuple[KafkaStarts, str, KafkaSettings],
-    pg: PgTarget,
+    adapter: Adapter,
     catchup: CatchUp,
     cap: int,
     fired_ticks: list[int],
@@ -157,14 +213,8 @@ async def test_catch_up_after_downtime(
     )  # fmt: skip
     await store.upsert(schedule, t0, origin="code")
     now = t0 + timedelta(minutes=10, seconds=30)
-    late = await PostgresScheduleStore.connect(
-        PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema),
-        grace=timedelta(seconds=20),
-    )
-    try:
-        result = await late.fire_due(now, 500, fire, clock=fixed(now))
-    finally:
-        await late.close()
+    late = await adapter.make(20.0)
+    result = await late.fire_due(now, 500, fire, clock=fixed(now))
     assert [f.tick for f in result.fired] == [t0 + MINUTE * i for i in fired_ticks]
     assert result.skipped == skipped
     row = await store.get("nightly")
@@ -181,9 +231,9 @@ async def test_catch_up_after_downtime(
 
 
 async def test_overlap_skip_waits_for_the_previous_saga_to_end(
-    stores: tuple[PostgresScheduleStore, PostgresScheduleStore],
+    stores: tuple[ScheduleStore, ScheduleStore],
     inbox: tuple[KafkaStarts, str, KafkaSettings],
-    pg: PgTarget,
+    adapter: Adapter,
 ) -> None:
     store, _ = stores
     fire, _, _ = inbox
@@ -197,18 +247,10 @@ async def test_overlap_skip_waits_for_the_previous_saga_to_end(
     # Its start is on its way (no saga row yet): it counts as running.
     second = await store.fire_due(t0 + MINUTE * 2, 500, fire, clock=fixed(t0 + MINUTE * 2))
     assert (second.fired, second.skipped) == ([], 1)
-    conn = await asyncpg.connect(pg.database_dsn, server_settings={"search_path": pg.schema})
-    try:
-        await conn.execute(
-            "INSERT INTO sagas (saga_id, saga_type, status, last_seq, created_at, updated_at) "
-            "VALUES ($1, 'report', 'running', 1, now(), now())",
-            running,
-        )
-        third = await store.fire_due(t0 + MINUTE * 3, 500, fire, clock=fixed(t0 + MINUTE * 3))
-        assert (third.fired, third.skipped) == ([], 1)
-        await conn.execute("UPDATE sagas SET status = 'completed' WHERE saga_id = $1", running)
-    finally:
-        await conn.close()
+    await adapter.set_status(running, "running")
+    third = await store.fire_due(t0 + MINUTE * 3, 500, fire, clock=fixed(t0 + MINUTE * 3))
+    assert (third.fired, third.skipped) == ([], 1)
+    await adapter.set_status(running, "completed")
     fourth = await store.fire_due(t0 + MINUTE * 4, 500, fire, clock=fixed(t0 + MINUTE * 4))
     assert [f.tick for f in fourth.fired] == [t0 + MINUTE * 4]
     row = await store.get("one-at-a-time")
@@ -216,7 +258,7 @@ async def test_overlap_skip_waits_for_the_previous_saga_to_end(
 
 
 async def test_definitions_pause_resume_delete_and_trigger(
-    stores: tuple[PostgresScheduleStore, PostgresScheduleStore],
+    stores: tuple[ScheduleStore, ScheduleStore],
     inbox: tuple[KafkaStarts, str, KafkaSettings],
 ) -> None:
     store, _ = stores
@@ -250,7 +292,7 @@ async def test_definitions_pause_resume_delete_and_trigger(
 
 
 async def test_a_failed_send_leaves_the_tick_due(
-    stores: tuple[PostgresScheduleStore, PostgresScheduleStore],
+    stores: tuple[ScheduleStore, ScheduleStore],
 ) -> None:
     store, _ = stores
     t0 = floor_minute(datetime.now(UTC))
