@@ -11,15 +11,17 @@ What one run does, per mode (``spread``: the schedules' phases spread over the m
 
 1. a fresh schema (migrated) and a fresh inbox topic (``--partitions``);
 2. ``--schedules`` (10,000) schedules of ``every_s=60``, inserted in bulk;
-3. ``--engines`` (2) scheduler loops, each on its own pool (two engines' worth of
-   connections) and its own Kafka producer, run for ``--seconds`` (130: two minutes of
-   ticks and more). Each fired tick's **lateness** is the time its claim committed (its
-   start request acknowledged by Kafka before that) minus the tick's time;
-4. the **ceiling**: every schedule made due at once, then the same SQL with no
-   scheduler (claim ``--batch`` rows ``FOR UPDATE SKIP LOCKED``, send one pre-encoded
-   record per row and await the acknowledgements, move the rows on with one ``UPDATE``,
-   commit) drains them on the same pools and producers; beside it, the scheduler's own
-   drain of the same burst (``Scheduler.run_due``, plans and envelopes included).
+3. ``--engines`` (2) engine processes, each running the worker's scheduler loop
+   (``Scheduler`` with the default ``ScheduleSettings``: its own pool and Kafka
+   producer), for ``--seconds`` (130: two minutes of ticks and more). Each fired tick's
+   **lateness** is the time its claim committed (its start request acknowledged by Kafka
+   before that) minus the tick's time; each process writes its samples to a file;
+4. the **ceiling**, in the same processes: every schedule made due at once, then the
+   same SQL with no scheduler (claim ``--batch`` rows ``FOR UPDATE SKIP LOCKED``, send
+   one pre-encoded real start request per row and await the acknowledgements, move the
+   rows on with one ``UPDATE``, commit; one claim at a time per process) drains them;
+   beside it, the scheduler's own drain of the same burst (``Scheduler.run_due``,
+   plans, envelopes and concurrent claims included).
 
 The inbox is not consumed: no engine runs here, so what is measured is the scheduler's
 part of a start (claim, plan, send, acknowledge, commit), not the saga's own start.
@@ -32,11 +34,13 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import uuid
-from collections import Counter
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -52,6 +56,7 @@ from saga_engine._wire import encode
 from saga_engine.settings import KafkaSettings, PostgresSettings, ScheduleSettings
 
 SAGA_TYPE = "nightly-report"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def log(message: str) -> None:
@@ -75,14 +80,19 @@ def summary(values: list[float]) -> dict[str, Any]:
     }
 
 
+def offset_of(i: int, n: int, aligned: bool) -> float:
+    return 0.0 if aligned else round(i * 60.0 / n, 3)
+
+
 async def insert_schedules(
     conn: asyncpg.Connection[Any], n: int, aligned: bool, now: datetime
 ) -> None:
     rows = []
     for i in range(n):
-        offset = 0.0 if aligned else round(i * 60.0 / n, 3)
-        s = Schedule(id=f"s{i:05d}", saga=SAGA_TYPE, every_s=60, offset_s=offset,
-                     input={"n": i}, overlap=Overlap.ALLOW, catchup=CatchUp.LAST)  # fmt: skip
+        s = Schedule(
+            id=f"s{i:05d}", saga=SAGA_TYPE, every_s=60, offset_s=offset_of(i, n, aligned),
+            input={"n": i}, overlap=Overlap.ALLOW, catchup=CatchUp.LAST,
+        )  # fmt: skip
         spec = s.spec
         rows.append((
             s.id, s.saga, json.dumps(spec.model_dump(mode="json")), json.dumps(s.input),
@@ -99,61 +109,127 @@ async def insert_schedules(
     )
 
 
-async def ceiling(
-    pools: list[asyncpg.Pool[Any]], producers: list[Any], topic: str, batch: int
-) -> float:
-    """Rows/s of the claim's SQL and Kafka pattern with no scheduler around it: the
-    same statements, and one real start request's bytes and headers, encoded once."""
+async def make_due(dsn: str, schema: str) -> int:
+    """Every schedule due at once: its next_fire_at set to its latest tick before now."""
+    conn = await asyncpg.connect(dsn, server_settings={"search_path": schema})
+    try:
+        n: int = await conn.fetchval(
+            """
+            WITH u AS (
+                UPDATE saga_schedules SET next_fire_at = to_timestamp(
+                    floor((extract(epoch FROM now()) - (spec->>'offset_s')::float8) / 60) * 60
+                    + (spec->>'offset_s')::float8)
+                RETURNING 1)
+            SELECT count(*) FROM u
+            """
+        )
+    finally:
+        await conn.close()
+    return n
+
+
+async def raw_drain(pool: asyncpg.Pool[Any], producer: Any, topic: str, batch: int) -> int:
+    """The claim's SQL and Kafka pattern with no scheduler around it: the same
+    statements, and one real start request's bytes and headers, encoded once."""
     sample = Firing("s", SAGA_TYPE, str(uuid.uuid4()), "schedule:s:t", {"n": 1}, datetime.now(UTC))
     key, record, headers = encode(KafkaStarts(None, topic, "/bench")._envelope(sample))
-
-    async def drain(pool: asyncpg.Pool[Any], producer: Any) -> int:
-        done = 0
-        while True:
-            async with pool.acquire() as conn, conn.transaction():
-                ids = [
-                    r["schedule_id"]
-                    for r in await conn.fetch(
-                        "SELECT schedule_id FROM saga_schedules WHERE state = 'active' AND "
-                        "next_fire_at <= now() ORDER BY next_fire_at LIMIT $1 "
-                        "FOR UPDATE SKIP LOCKED",
-                        batch,
-                    )
-                ]
-                if not ids:
-                    return done
-                deliveries = [
-                    await start_record(producer, topic, key, record, headers) for _ in ids
-                ]
-                errors = [e for e in await delivered(deliveries) if e is not None]
-                if errors:
-                    raise errors[0]
-                await conn.execute(
-                    "UPDATE saga_schedules SET next_fire_at = next_fire_at + interval '1 day', "
-                    "fired_count = fired_count + 1, updated_at = now() "
-                    "WHERE schedule_id = ANY($1::text[])",
-                    ids,
+    done = 0
+    while True:
+        async with pool.acquire() as conn, conn.transaction():
+            ids = [
+                r["schedule_id"]
+                for r in await conn.fetch(
+                    "SELECT schedule_id FROM saga_schedules WHERE state = 'active' AND "
+                    "next_fire_at <= now() ORDER BY next_fire_at LIMIT $1 "
+                    "FOR UPDATE SKIP LOCKED",
+                    batch,
                 )
-                done += len(ids)
+            ]
+            if not ids:
+                return done
+            deliveries = [await start_record(producer, topic, key, record, headers) for _ in ids]
+            errors = [e for e in await delivered(deliveries) if e is not None]
+            if errors:
+                raise errors[0]
+            await conn.execute(
+                "UPDATE saga_schedules SET next_fire_at = next_fire_at + interval '1 day', "
+                "fired_count = fired_count + 1, updated_at = now() "
+                "WHERE schedule_id = ANY($1::text[])",
+                ids,
+            )
+            done += len(ids)
 
-    start = time.perf_counter()
-    counts = await asyncio.gather(*(drain(p, k) for p, k in zip(pools, producers, strict=True)))
-    return sum(counts) / (time.perf_counter() - start)
+
+def _exists(path: Path) -> bool:
+    return path.exists()
 
 
-async def make_due(pool: asyncpg.Pool[Any]) -> int:
-    """Every schedule due at once: its next_fire_at set to its latest tick before now."""
-    n: int = await pool.fetchval(
-        """
-        WITH u AS (
-            UPDATE saga_schedules SET next_fire_at = to_timestamp(
-                floor((extract(epoch FROM now()) - (spec->>'offset_s')::float8) / 60) * 60
-                + (spec->>'offset_s')::float8)
-            RETURNING 1)
-        SELECT count(*) FROM u
-        """
+def _spawn(args: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "bench.schedules", *args], cwd=ROOT)
+
+
+async def wait_file(path: Path, within_s: float = 120.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not _exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        await asyncio.sleep(0.02)
+
+
+async def engine(args: argparse.Namespace) -> int:
+    """One engine process: the scheduler for ``--seconds``, then the two drains."""
+    work = Path(args.work)
+    kafka = KafkaSettings(
+        bootstrap_servers=os.environ.get("SAGA_KAFKA__BOOTSTRAP_SERVERS", "localhost:9092")
     )
-    return n
+    pg = PostgresSettings(dsn=os.environ["SAGA_PG__DSN"], db_schema=args.schema)
+    config = ScheduleSettings()
+    store = await PostgresScheduleStore.connect(pg, claims_in_flight=config.claims_in_flight)
+    producer = make_producer(kafka)
+    await producer.start()
+    lateness: list[float] = []
+    ids: list[str] = []
+    claims: list[int] = []
+
+    def on_fired(result: FireResult, durable_at: datetime) -> None:
+        claims.append(result.claimed)
+        for f in result.fired:
+            lateness.append((durable_at - f.tick).total_seconds())
+            ids.append(f.saga_id)
+
+    try:
+        scheduler = Scheduler(
+            store, KafkaStarts(producer, args.topic, "/bench"), config, on_fired=on_fired
+        )
+        cpu0 = time.process_time()
+        scheduler.start()
+        await asyncio.sleep(args.seconds)
+        await scheduler.stop()
+        cpu = time.process_time() - cpu0
+        (work / f"{args.name}.ticks.json").write_text(
+            json.dumps({"lateness": lateness, "ids": ids, "claims": claims, "cpu_s": cpu})
+        )
+        result: dict[str, Any] = {}
+        for phase in ("ceiling", "drain"):
+            await wait_file(work / f"go-{phase}")
+            start = time.time()
+            if phase == "ceiling":
+                n = await raw_drain(store._pool, producer, args.topic, config.batch_size)
+            else:
+                drainer = Scheduler(store, KafkaStarts(producer, args.topic, "/bench"), config)
+                n = await drainer.run_due()
+            result[phase] = {"rows": n, "start": start, "end": time.time()}
+            (work / f"{args.name}.{phase}.json").write_text(json.dumps(result[phase]))
+    finally:
+        await store.close()
+        await producer.stop()
+    return 0
+
+
+def burst_rate(parts: list[dict[str, Any]]) -> float:
+    rows = sum(p["rows"] for p in parts)
+    span = max(p["end"] for p in parts) - min(p["start"] for p in parts)
+    return rows / span if span > 0 else float("nan")
 
 
 async def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
@@ -161,104 +237,101 @@ async def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     bootstrap = os.environ.get("SAGA_KAFKA__BOOTSTRAP_SERVERS", "localhost:9092")
     run_id = uuid.uuid4().hex[:8]
     schema = f"bench_sched_{run_id}"
-    kafka = KafkaSettings(bootstrap_servers=bootstrap, partitions=args.partitions)
     topic = f"bench-sched-{run_id}.inbox"
-    pg = PostgresSettings(dsn=dsn, db_schema=schema)
+    aligned = mode == "aligned"
     await migrate(dsn, schema)
-    await ensure_topics(kafka, [topic])
-    stores = [await PostgresScheduleStore.connect(pg) for _ in range(args.engines)]
-    producers = [make_producer(kafka) for _ in range(args.engines)]
-    for p in producers:
-        await p.start()
-    lateness: list[float] = []
-    fired_ids: Counter[str] = Counter()
-    claims: list[int] = []
+    await ensure_topics(
+        KafkaSettings(bootstrap_servers=bootstrap, partitions=args.partitions), [topic]
+    )
+    procs: list[subprocess.Popen[bytes]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-sched-") as tmp:
+        work = Path(tmp)
+        try:
+            conn = await asyncpg.connect(dsn, server_settings={"search_path": schema})
+            try:
+                started = datetime.now(UTC)
+                await insert_schedules(conn, args.schedules, aligned, started)
+            finally:
+                await conn.close()
+            log(
+                f"{mode}: {args.schedules} schedules inserted; {args.engines} engines for {args.seconds:g}s"
+            )
+            for i in range(args.engines):
+                procs.append(_spawn([
+                    "--engine", f"e{i}", "--schema", schema, "--topic", topic,
+                    "--work", tmp, "--seconds", str(args.seconds),
+                ]))  # fmt: skip
+            await wait_all(
+                work, [f"e{i}.ticks.json" for i in range(args.engines)], args.seconds + 60
+            )
+            ended = started + timedelta(seconds=args.seconds)
+            ticks = [
+                json.loads((work / f"e{i}.ticks.json").read_text()) for i in range(args.engines)
+            ]
+            lateness = [x for t in ticks for x in t["lateness"]]
+            ids = [x for t in ticks for x in t["ids"]]
+            claims = [x for t in ticks for x in t["claims"]]
+            cpu = sum(t["cpu_s"] for t in ticks)
+            # Every tick from the start to 5 s before the loops stopped must have fired.
+            horizon = ended - timedelta(seconds=5)
+            expected = 0
+            for i in range(args.schedules):
+                spec = Schedule(
+                    id="x",
+                    saga=SAGA_TYPE,
+                    every_s=60,
+                    offset_s=offset_of(i, args.schedules, aligned),
+                ).spec
+                tick = spec.next_after(started)
+                while tick <= horizon:
+                    expected += 1
+                    tick += timedelta(seconds=60)
+            rates = {}
+            for phase in ("ceiling", "drain"):
+                await make_due(dsn, schema)
+                (work / f"go-{phase}").touch()
+                names = [f"e{i}.{phase}.json" for i in range(args.engines)]
+                await wait_all(work, names, 120)
+                rates[phase] = burst_rate([json.loads((work / n).read_text()) for n in names])
+            for p in procs:
+                p.wait(timeout=30)
+            return {
+                "mode": mode,
+                "schedules": args.schedules,
+                "engines": args.engines,
+                "seconds": args.seconds,
+                "ticks_fired": len(lateness),
+                "ticks_expected_at_least": expected,
+                "duplicates": len(ids) - len(set(ids)),
+                "lateness": summary(lateness),
+                "claims": len(claims),
+                "mean_rows_per_claim": round(statistics.fmean(claims), 1) if claims else 0,
+                "cpu_s_per_1000_ticks": round(1000 * cpu / max(1, len(lateness)), 3),
+                "ceiling_rows_per_s": round(rates["ceiling"]),
+                "scheduler_drain_rows_per_s": round(rates["drain"]),
+                "drain_vs_ceiling": round(rates["drain"] / rates["ceiling"], 2),
+            }
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            conn = await asyncpg.connect(dsn)
+            try:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            finally:
+                await conn.close()
+            admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+            await admin.start()
+            try:
+                await admin.delete_topics([topic])
+            finally:
+                await admin.close()
 
-    def on_fired(result: FireResult, durable_at: datetime) -> None:
-        claims.append(result.claimed)
-        for f in result.fired:
-            lateness.append((durable_at - f.tick).total_seconds())
-            fired_ids[f.saga_id] += 1
 
-    try:
-        conn = await asyncpg.connect(dsn, server_settings={"search_path": schema})
-        try:
-            now = datetime.now(UTC)
-            t = time.perf_counter()
-            await insert_schedules(conn, args.schedules, mode == "aligned", now)
-            log(f"{mode}: {args.schedules} schedules inserted in {time.perf_counter() - t:.1f}s")
-        finally:
-            await conn.close()
-        config = ScheduleSettings(batch_size=args.batch, poll_s=args.poll)
-        schedulers = [
-            Scheduler(s, KafkaStarts(p, topic, "/bench/schedules"), config, on_fired=on_fired)
-            for s, p in zip(stores, producers, strict=True)
-        ]
-        started = datetime.now(UTC)
-        cpu0 = time.process_time()
-        for s in schedulers:
-            s.start()
-        await asyncio.sleep(args.seconds)
-        for s in schedulers:
-            await s.stop()
-        cpu = time.process_time() - cpu0
-        ended = datetime.now(UTC)
-        # Every tick in (started, ended - 5 s] must have fired: count the expected ones.
-        expected = 0
-        horizon = ended - timedelta(seconds=5)
-        for i in range(args.schedules):
-            offset = 0.0 if mode == "aligned" else round(i * 60.0 / args.schedules, 3)
-            spec = Schedule(id="x", saga=SAGA_TYPE, every_s=60, offset_s=offset).spec
-            tick = spec.next_after(started)
-            while tick <= horizon:
-                expected += 1
-                tick += timedelta(seconds=60)
-        late_fired = list(lateness)
-        log(f"{mode}: fired {len(lateness)} ticks (expected >= {expected}), measuring the ceiling")
-        # The ceiling and the scheduler's drain of one burst of every schedule.
-        pools = [s._pool for s in stores]
-        await make_due(pools[0])
-        raw = await ceiling(pools, producers, topic, args.batch)
-        await make_due(pools[0])
-        drainers = [
-            Scheduler(s, KafkaStarts(p, topic, "/bench"), config)
-            for s, p in zip(stores, producers, strict=True)
-        ]
-        t = time.perf_counter()
-        drained = sum(await asyncio.gather(*(d.run_due() for d in drainers)))
-        drain_rate = drained / (time.perf_counter() - t)
-        return {
-            "mode": mode,
-            "schedules": args.schedules,
-            "engines": args.engines,
-            "seconds": args.seconds,
-            "ticks_fired": len(late_fired),
-            "ticks_expected_at_least": expected,
-            "duplicates": sum(1 for c in fired_ids.values() if c > 1),
-            "lateness": summary(late_fired),
-            "claims": len(claims),
-            "mean_rows_per_claim": round(statistics.fmean(claims), 1) if claims else 0,
-            "cpu_s_per_1000_ticks": round(1000 * cpu / max(1, len(late_fired)), 3),
-            "ceiling_rows_per_s": round(raw),
-            "scheduler_drain_rows_per_s": round(drain_rate),
-            "drain_vs_ceiling": round(drain_rate / raw, 2) if raw else None,
-        }
-    finally:
-        for store in stores:
-            await store.close()
-        for p in producers:
-            await p.stop()
-        conn = await asyncpg.connect(dsn)
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            await conn.close()
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            await admin.delete_topics([topic])
-        finally:
-            await admin.close()
+async def wait_all(work: Path, names: list[str], within_s: float) -> None:
+    for name in names:
+        await wait_file(work / name, within_s)
 
 
 async def main(argv: list[str]) -> int:
@@ -268,17 +341,23 @@ async def main(argv: list[str]) -> int:
     ap.add_argument("--schedules", type=int, default=10_000)
     ap.add_argument("--seconds", type=float, default=130.0)
     ap.add_argument("--engines", type=int, default=2)
-    ap.add_argument("--batch", type=int, default=500)
-    ap.add_argument("--poll", type=float, default=1.0)
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument(
         "--modes", nargs="+", choices=["spread", "aligned"], default=["spread", "aligned"]
     )
     ap.add_argument("--max-seconds", type=float, default=900.0)
+    # One engine process of a run (started by the run itself).
+    ap.add_argument("--engine", help=argparse.SUPPRESS)
+    ap.add_argument("--schema", help=argparse.SUPPRESS)
+    ap.add_argument("--topic", help=argparse.SUPPRESS)
+    ap.add_argument("--work", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if "SAGA_PG__DSN" not in os.environ:
         print("SAGA_PG__DSN is not set: run under `scripts/devstack.py env`", file=sys.stderr)
         return 2
+    if args.engine:
+        args.name = args.engine
+        return await engine(args)
     results = []
     async with asyncio.timeout(args.max_seconds):
         for mode in args.modes:

@@ -109,13 +109,18 @@ class PostgresScheduleStore:
 
     @classmethod
     async def connect(
-        cls, settings: PostgresSettings, *, grace: timedelta = timedelta(seconds=60)
+        cls,
+        settings: PostgresSettings,
+        *,
+        grace: timedelta = timedelta(seconds=60),
+        claims_in_flight: int = 3,
     ) -> PostgresScheduleStore:
         with _unavailable_as_transient():
             pool = await asyncpg.create_pool(
                 settings.dsn.get_secret_value(),
                 min_size=1,
-                max_size=4,
+                # The claims of a burst, and two more: the loop's probe and the admin API.
+                max_size=claims_in_flight + 2,
                 command_timeout=settings.command_timeout_s,
                 server_settings={"search_path": settings.db_schema},
                 init=_init_connection,

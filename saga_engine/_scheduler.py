@@ -16,20 +16,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from aiokafka.errors import KafkaError
+
 from saga_engine._definition import SagaRegistry
-from saga_engine._errors import MigrationError, TransientError
-from saga_engine._kafka import delivered, start_send
+from saga_engine._errors import KafkaUnavailable, MigrationError, TransientError
+from saga_engine._kafka import SEND_TIMEOUT_S, delivered
 from saga_engine._pgschedules import PostgresScheduleStore
 from saga_engine._retry import Backoff
 from saga_engine._schedule import Schedule
 from saga_engine._schedule_store import Fire, FireResult, Firing, ScheduleStore
 from saga_engine._settings import ScheduleSettings, Settings
 from saga_engine._telemetry import detach_from_trace
-from saga_engine._wire import Envelope, MessageType, StartBody
+from saga_engine._topics import partition_for
+from saga_engine._wire import Envelope, MessageType, encode
 
 __all__ = [
     "CRASH_POINT",
@@ -53,33 +56,76 @@ def utc_now() -> datetime:
 
 class KafkaStarts:
     """Sends firings as start requests on the inbox and waits for every acknowledgement:
-    the claim moves its schedules on only after this returns."""
+    the claim moves its schedules on only after this returns.
+
+    A claim's requests go as one batch per inbox partition (aiokafka's ``send_batch``),
+    in the partition Kafka's default partitioner gives the saga id (``partition_for``),
+    where ``SagaClient.start`` puts the same saga's start: the per-record ``send`` costs
+    several times more, and 10,000 schedules may be due in the same second.
+    """
 
     def __init__(self, producer: Any, inbox: str, source: str) -> None:
         self._producer = producer
         self._inbox = inbox
         self._source = source
+        self._partitions: int | None = None
 
     async def __call__(self, firings: Sequence[Firing]) -> None:
-        deliveries = [
-            await start_send(self._producer, self._inbox, self._envelope(f)) for f in firings
-        ]
+        producer = self._producer
+        if self._partitions is None:
+            try:
+                async with asyncio.timeout(SEND_TIMEOUT_S):
+                    self._partitions = len(await producer.partitions_for(self._inbox))
+            except (TimeoutError, KafkaError) as exc:
+                raise KafkaUnavailable(f"no metadata for {self._inbox}: {exc!r}") from exc
+        batches: dict[int, Any] = {}
+        deliveries: list[Awaitable[Any]] = []
+        for f in firings:
+            key, value, headers = encode(self._envelope(f))
+            partition = partition_for(f.saga_id, self._partitions)
+            batch = batches.get(partition)
+            if batch is None:
+                batch = batches[partition] = producer.create_batch()
+            if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+                # Full: this one goes, a new one takes the record.
+                deliveries.append(await self._send(batch, partition))
+                batch = batches[partition] = producer.create_batch()
+                batch.append(key=key, value=value, timestamp=None, headers=headers)
+        for partition, batch in batches.items():
+            deliveries.append(await self._send(batch, partition))
         for error in await delivered(deliveries):
             if error is not None:
                 raise error
 
+    async def _send(self, batch: Any, partition: int) -> Awaitable[Any]:
+        try:
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                future: Awaitable[Any] = await self._producer.send_batch(
+                    batch, self._inbox, partition=partition
+                )
+        except (TimeoutError, KafkaError) as exc:
+            raise KafkaUnavailable(f"could not publish to {self._inbox}: {exc!r}") from exc
+        return future
+
     def _envelope(self, f: Firing) -> Envelope:
-        return Envelope(
+        # Built without validation: every field comes from a definition validated when it
+        # was stored (its input against the saga's model), and the body is StartBody's
+        # JSON field for field (a unit test compares them). Validating cost a third of a
+        # claim's CPU when 10,000 schedules fire in the same second.
+        return Envelope.model_construct(
             message_type=MessageType.START,
             source=self._source,
             subject=f.saga_type,
             saga_id=f.saga_id,
             saga_type=f.saga_type,
             correlation_id=f.saga_id,
-            body=StartBody(input=f.input, idempotency_key=f.idempotency_key).model_dump(
-                mode="json"
-            ),
+            body=start_body(f),
         )
+
+
+def start_body(f: Firing) -> dict[str, Any]:
+    """``StartBody(input=..., idempotency_key=...).model_dump(mode="json")``, built as is."""
+    return {"input": f.input, "idempotency_key": f.idempotency_key, "deadline_s": None}
 
 
 class Scheduler:
@@ -123,23 +169,39 @@ class Scheduler:
         self._wake.set()
 
     async def run_due(self) -> int:
-        """Claims and fires until no schedule is due now; the number of ticks fired."""
-        fired = 0
-        while True:
-            result = await self._store.fire_due(
-                self._clock(),
-                self._settings.batch_size,
-                self._fire,
-                clock=self._clock,
-                after_fire=self._after_fire,
+        """Claims and fires until no schedule is due now; the number of ticks fired.
+
+        A full first batch means a burst: ``claims_in_flight`` claims then run at once
+        (SKIP LOCKED gives them disjoint rows), so that one's encoding overlaps another's
+        wait for Postgres and Kafka."""
+        fired, full = await self._claim()
+        if full:
+            more = await asyncio.gather(
+                *(self._drain() for _ in range(self._settings.claims_in_flight))
             )
-            fired += len(result.fired)
-            self.fired += len(result.fired)
-            self.skipped += result.skipped
-            if self._on_fired is not None and result.claimed:
-                self._on_fired(result, self._clock())
-            if result.claimed < self._settings.batch_size:
-                return fired
+            fired += sum(more)
+        return fired
+
+    async def _drain(self) -> int:
+        fired, full = 0, True
+        while full:
+            n, full = await self._claim()
+            fired += n
+        return fired
+
+    async def _claim(self) -> tuple[int, bool]:
+        result = await self._store.fire_due(
+            self._clock(),
+            self._settings.batch_size,
+            self._fire,
+            clock=self._clock,
+            after_fire=self._after_fire,
+        )
+        self.fired += len(result.fired)
+        self.skipped += result.skipped
+        if self._on_fired is not None and result.claimed:
+            self._on_fired(result, self._clock())
+        return len(result.fired), result.claimed >= self._settings.batch_size
 
     def _after_fire(self) -> None:
         if self._crash_hook is not None:
@@ -197,7 +259,9 @@ class WorkerSchedules:
         for schedule in declared:
             registry.get(schedule.saga).validate_input(schedule.input)
         store = await PostgresScheduleStore.connect(
-            settings.pg, grace=timedelta(seconds=settings.schedules.grace_s)
+            settings.pg,
+            grace=timedelta(seconds=settings.schedules.grace_s),
+            claims_in_flight=settings.schedules.claims_in_flight,
         )
         try:
             if not await store.migrated():

@@ -132,6 +132,8 @@ class ScheduleSettings(BaseModel):
     coalesce_s: float = Field(default=0.1, ge=0, le=5)
     #: Schedules claimed (and their starts sent) per transaction.
     batch_size: int = Field(default=500, ge=1, le=10_000)
+    #: Claims a worker runs at once while a burst lasts (a first batch came back full).
+    claims_in_flight: int = Field(default=3, ge=1, le=8)
     #: A tick fired later than this after its time counts as missed: the schedule's
     #: catch-up policy decides whether it still fires.
     grace_s: float = Field(default=60.0, ge=0)

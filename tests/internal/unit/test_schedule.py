@@ -243,3 +243,20 @@ def test_fired_plus_skipped_is_every_due_tick(
         assert len(p.fire) <= (0 if running else 1)
     if due and catchup is not CatchUp.SKIP and not (overlap is Overlap.SKIP and running):
         assert p.fire[-1] == due[-1]  # the most recent tick is never dropped
+
+
+def test_the_fast_start_envelope_is_what_the_validated_one_would_be() -> None:
+    from saga_engine._schedule_store import firing
+    from saga_engine._scheduler import KafkaStarts, start_body
+    from saga_engine._wire import Envelope, StartBody, decode, encode
+
+    schedule = Schedule(id="s", saga="report", every_s=60, input={"region": "eu", "n": [1, 2]})
+    f = firing(schedule, tick_key("s", at(60)), at(60))
+    body = StartBody(input=f.input, idempotency_key=f.idempotency_key).model_dump(mode="json")
+    assert start_body(f) == body
+    fast = KafkaStarts(None, "inbox", "/test")._envelope(f)
+    assert fast == Envelope.model_validate(fast.model_dump())
+    key, value, headers = encode(fast)
+    read = decode(key, value, headers, max_bytes=1 << 20)
+    assert read.saga_id == tick_saga_id("report", "s", at(60))
+    assert read.body_as(StartBody) == StartBody(input=f.input, idempotency_key=f.idempotency_key)
