@@ -140,16 +140,19 @@ async def test_schedules_in_code_through_the_api_and_the_cli(
         # The web page: spec, state, next and last runs, the last saga linked; pause.
         page = await http.get("/ui/schedules", headers=OPERATOR)
         assert page.status_code == 200, page.text
-        last = (await _schedule(served, "every-second"))["last_saga_id"]
         assert "every 1s" in page.text
-        assert f'href="/ui/sagas/{last}"' in page.text or "every-second" in page.text
         assert "/ui/schedules/every-second/pause" in page.text
         posted = await http.post("/ui/schedules/every-second/pause", headers=OPERATOR)
         assert posted.status_code == 303
-        assert (await _schedule(served, "every-second"))["state"] == "paused"
+        stopped = await _schedule(served, "every-second")
+        assert stopped["state"] == "paused"
+        # Paused, its last saga stays the same: the page links it.
         page = await http.get("/ui/schedules", headers=OPERATOR)
+        assert f'href="/ui/sagas/{stopped["last_saga_id"]}"' in page.text
         assert "/ui/schedules/every-second/resume" in page.text
-        assert (await http.post("/ui/schedules/every-second/resume", headers=OPERATOR)).is_redirect
+        resumed_page = await http.post("/ui/schedules/every-second/resume", headers=OPERATOR)
+        assert resumed_page.is_redirect
+        assert (await _schedule(served, "every-second"))["state"] == "active"
 
         # The CLI: the same through the API, with its exit codes.
         url = served.url
