@@ -1,10 +1,17 @@
-"""A SIGKILL of the engine in the middle of firing a schedule's tick: after its start
-request was acknowledged by Kafka, before the claim that moves ``next_fire_at`` committed
-(crash point ``schedule_after_fire``). After a restart every tick has exactly one saga,
-none is missing, and the tick in flight at the crash was sent again and deduplicated."""
+"""Schedules with real engine processes.
+
+- A SIGKILL of the engine in the middle of firing a schedule's tick: after its start
+  request was acknowledged by Kafka, before the claim that moves ``next_fire_at``
+  committed (crash point ``schedule_after_fire``). After a restart every tick has exactly
+  one saga, none is missing, and the tick in flight at the crash was sent again and
+  deduplicated.
+- Two engine processes racing for forty schedules: one saga per tick, none missing, and
+  both engines fired some.
+"""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from datetime import datetime, timedelta
@@ -96,3 +103,61 @@ async def test_sigkill_between_the_start_and_the_claim_commit_fires_the_tick_onc
     assert row["fired_count"] == len(expected)
     # The crashed tick's start went out twice, and the engine started one saga.
     assert (await _inbox_ids(cluster, len(expected) + 1))[crashed_id] == 2
+
+
+RACE_APP = [
+    "-m", "saga_engine", "worker", "tests.internal.e2e.schedule_race_app", "--log-level", "INFO",
+]  # fmt: skip
+
+
+async def test_two_engine_processes_racing_start_one_saga_per_tick(cluster: Cluster) -> None:
+    from tests.internal.e2e.schedule_race_app import COUNT
+
+    cluster._spawn("engine-a", RACE_APP, cluster.env())
+    cluster._spawn("engine-b", RACE_APP, cluster.env())
+    deadline = time.monotonic() + 90
+
+    async def enough() -> bool:
+        for name in ("engine-a", "engine-b"):
+            assert cluster.procs[name].poll() is None, cluster.log_tail(name)
+        assert time.monotonic() < deadline
+        rows = await _fetch(cluster, "SELECT fired_count FROM saga_schedules")
+        return len(rows) == COUNT and min(r["fired_count"] for r in rows) >= 5
+
+    await poll_until(enough, timeout=90, interval=0.2)
+    cluster.stop_all()
+    rows = await _fetch(cluster, "SELECT schedule_id, last_tick, fired_count FROM saga_schedules")
+    fired = sum(r["fired_count"] for r in rows)
+
+    async def all_started() -> bool:
+        [n] = await _fetch(cluster, "SELECT count(*) AS n FROM sagas")
+        return bool(n["n"] >= fired)
+
+    # The engines stopped: the starts they sent are applied when one runs again.
+    cluster._spawn("engine-a", RACE_APP, cluster.env(SAGA_SCHEDULES__ENABLED="false"))
+    await poll_until(all_started, timeout=90, interval=0.2)
+    per_key = {
+        r["idempotency_key"]: r["n"]
+        for r in await _fetch(
+            cluster, "SELECT idempotency_key, count(*) AS n FROM sagas GROUP BY idempotency_key"
+        )
+    }
+    assert set(per_key.values()) == {1}
+    assert len(per_key) == fired
+    # Every schedule's ticks, from its first to its last fired, are all there: none lost.
+    for r in rows:
+        prefix = f"schedule:{r['schedule_id']}:"
+        ticks = sorted(
+            datetime.fromisoformat(k[len(prefix) :]) for k in per_key if k.startswith(prefix)
+        )
+        assert len(ticks) == r["fired_count"]
+        assert ticks[-1] == r["last_tick"]
+        assert all(b - a == timedelta(seconds=1) for a, b in itertools.pairwise(ticks))
+    # Both engines fired some of them (their start requests name the engine).
+    records = await read_topic(
+        cluster.settings.kafka, Topics(cluster.prefix).inbox, fired, timeout=30
+    )
+    sources = Counter(
+        decode(r.key, r.value, list(r.headers), max_bytes=1 << 20).source for r in records
+    )
+    assert len(sources) == 2, sources
