@@ -106,7 +106,10 @@ class _LazyTopicSender:
 
 
 class SagaWorker:
-    """One engine instance: an Engine fed by the Kafka inbox, with Postgres underneath."""
+    """One engine instance: an Engine fed by the Kafka inbox, with Postgres underneath.
+
+    ``schedules`` (``saga_engine.schedules.Schedule``) are created or updated at its start;
+    every worker fires the due schedules of the whole deployment (``_scheduler``)."""
 
     def __init__(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from saga_engine._errors import InvalidTransition
+from saga_engine._errors import InvalidTransition, PermanentError
 from saga_engine._schedule import (
     CatchUp,
     Overlap,
@@ -260,3 +261,33 @@ def test_the_fast_start_envelope_is_what_the_validated_one_would_be() -> None:
     read = decode(key, value, headers, max_bytes=1 << 20)
     assert read.saga_id == tick_saga_id("report", "s", at(60))
     assert read.body_as(StartBody) == StartBody(input=f.input, idempotency_key=f.idempotency_key)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "error", "says"),
+    [
+        (Schedule(id="s", saga="nope", every_s=60), "UnknownSagaType", "no saga named 'nope'"),
+        (
+            Schedule(id="s", saga="place-order", every_s=60, input={"total": "lots"}),
+            "InvalidPayload",
+            "input of saga 'place-order'",
+        ),
+    ],
+)
+async def test_a_worker_refuses_a_declared_schedule_it_cannot_start(
+    schedule: Schedule, error: str, says: str
+) -> None:
+    """Refused before anything is opened or written: the worker's start fails with why."""
+    from saga_engine import SagaRegistry, Settings
+    from saga_engine._scheduler import WorkerSchedules
+    from tests.sagas import PlaceOrder
+
+    async def never(firings: object) -> None:
+        raise AssertionError("nothing may be sent")
+
+    registry = SagaRegistry([PlaceOrder])
+    # A DSN nothing listens on: reaching it would fail differently.
+    settings = Settings(pg={"dsn": "postgresql://nobody@127.0.0.1:1/none"})
+    with pytest.raises(PermanentError, match=re.escape(says)) as caught:
+        await WorkerSchedules.open(settings, registry, [schedule], never, None)
+    assert type(caught.value).__name__ == error
