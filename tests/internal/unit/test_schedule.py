@@ -291,3 +291,24 @@ async def test_a_worker_refuses_a_declared_schedule_it_cannot_start(
     with pytest.raises(PermanentError, match=re.escape(says)) as caught:
         await WorkerSchedules.open(settings, registry, [schedule], never, None)
     assert type(caught.value).__name__ == error
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    cron=st.sampled_from(
+        ["* * * * *", "*/7 * * * *", "30 2 * * *", "0 0 1 * *", "15 9 * * 1-5", "0 */6 * * *"]
+    ),
+    zone=st.sampled_from(["UTC", "Europe/Paris", "America/New_York", "Australia/Lord_Howe"]),
+    t=st.datetimes(
+        min_value=datetime(2020, 1, 1), max_value=datetime(2035, 1, 1), timezones=st.just(UTC)
+    ),
+)
+def test_cron_ticks_are_consistent_in_any_zone(cron: str, zone: str, t: datetime) -> None:
+    """next_after and last_at_or_before agree: no tick between t and the next one."""
+    spec = ScheduleSpec(cron=cron, timezone=zone)
+    nxt = spec.next_after(t)
+    assert nxt > t
+    assert nxt.tzinfo is not None
+    assert spec.last_at_or_before(nxt) == nxt
+    assert spec.last_at_or_before(nxt - timedelta(microseconds=1)) <= t
+    assert spec.next_after(spec.last_at_or_before(t)) == nxt
