@@ -17,6 +17,7 @@ from rich.table import Table
 
 import saga_engine
 from saga_engine._cli_flow import register as _register_flow
+from saga_engine._cli_schedule import schedule_app
 from saga_engine._cli_support import (
     archive_file_histories,
     dlq_row,
@@ -108,6 +109,7 @@ def worker(
 
     from saga_engine._crash import crash_hook
     from saga_engine._replay import load_sagas, load_triggers
+    from saga_engine._scheduler import load_schedules
     from saga_engine._worker import SagaWorker
 
     logging.basicConfig(
@@ -125,7 +127,10 @@ def worker(
     async def go() -> None:
         sagas = load_sagas(app_spec)
         triggers = load_triggers(app_spec)
-        engine = SagaWorker(settings, sagas, crash_hook=hook, triggers=triggers)
+        schedules = load_schedules(app_spec)
+        engine = SagaWorker(
+            settings, sagas, crash_hook=hook, triggers=triggers, schedules=schedules
+        )
         loop = asyncio.get_running_loop()
         stopping = asyncio.Event()
         for sig in (signals.SIGTERM, signals.SIGINT):
@@ -669,6 +674,8 @@ dlq_app = typer.Typer(
     no_args_is_help=True, help="Inspect and replay the dead-letter topic ({prefix}.dlq)."
 )
 app.add_typer(dlq_app, name="dlq")
+# ``saga schedule ...``: durable schedules, through the admin API (``_cli_schedule``).
+app.add_typer(schedule_app, name="schedule")
 
 
 TimeoutOpt = Annotated[

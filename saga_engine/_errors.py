@@ -37,6 +37,8 @@
         ├── MigrationError             the schema cannot be migrated
         ├── UnknownEndpoint            an ``http:`` step's endpoint is not configured
         ├── InvalidCursor              a list cursor the admin API did not hand out
+        ├── ScheduleNotFound           no schedule has that id
+        ├── ScheduleConflict           a schedule id taken by another definition
         ├── AdminConfigError           admin settings that cannot work
         │   └── InsecureAdminBinding   beyond loopback without tokens
         └── CliError                   a command line error, one line on stderr
@@ -398,6 +400,17 @@ class UnknownEndpoint(PermanentError):
 
 class InvalidCursor(PermanentError):
     """A cursor this API did not hand out (or one from an incompatible version)."""
+
+
+class ScheduleNotFound(PermanentError):
+    def __init__(self, schedule_id: str) -> None:
+        self.schedule_id = schedule_id
+        super().__init__(f"no schedule with id {schedule_id!r}")
+
+
+class ScheduleConflict(PermanentError):
+    """A schedule with this id exists with another definition (or was created by an
+    operator where code declares one): delete it first, or use another id."""
 
 
 class AdminConfigError(PermanentError):

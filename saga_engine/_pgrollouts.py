@@ -1,4 +1,4 @@
-"""The Postgres store's rollouts (migration 0009): the rows every engine applies, and
+"""The Postgres store's rollouts (migration 0008): the rows every engine applies, and
 their append-only audit trail."""
 
 from __future__ import annotations

@@ -519,7 +519,7 @@ class PostgresEventStore(PostgresReads, PostgresRetention, PostgresRollouts):
             if op.outcome:
                 rows.add(op.saga_id, 1, op.events)
         # Only sagas above version 1 (a second version deployed) pay for this statement;
-        # the column's default is 1 (migration 0009), so no other create changes. The rows
+        # the column's default is 1 (migration 0008), so no other create changes. The rows
         # are this transaction's own inserts: no other writer can see, let alone lock, them.
         versioned = [op.new for op in ops if op.outcome and op.new.saga_version > 1]
         if versioned:

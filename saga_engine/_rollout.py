@@ -15,7 +15,7 @@ included (``SagaRegistry.for_history``).
 - A row naming a version this engine does not have (set before a deploy) leaves its
   starts on the highest version below it, until the version is deployed.
 
-Nothing here does I/O: the rows live in Postgres (migration 0009) or the in-memory
+Nothing here does I/O: the rows live in Postgres (migration 0008) or the in-memory
 store, behind the ``RolloutStore`` port; every engine reads them every
 ``engine.rollout_refresh_s`` (``_rollout_runner``). A type with a single version
 registered never looks at them: the start path's cost is one dict lookup.

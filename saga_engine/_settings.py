@@ -112,8 +112,36 @@ class EngineSettings(BaseModel):
     #: from a service whose dependencies start alongside it.
     startup_timeout_s: float | None = Field(default=None, gt=0)
     #: How often an engine with several versions of a saga type re-reads the rollouts
-    #: (migration 0009): a change made elsewhere applies here within about this long.
+    #: (migration 0008): a change made elsewhere applies here within about this long.
     rollout_refresh_s: float = Field(default=2.0, gt=0, le=300)
+
+
+class ScheduleSettings(BaseModel):
+    """How a worker fires durable schedules (``saga_engine.schedules``, migration 0007).
+
+    Every worker runs the scheduler; they share the due schedules through Postgres row
+    locks. With no schedule, it costs one indexed query per ``poll_s``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    #: Off: this worker fires nothing (the others still do); schedules declared in its
+    #: code are still created at its start.
+    enabled: bool = True
+    #: Longest sleep between two looks for due schedules; the scheduler sleeps less when
+    #: the earliest next tick is sooner, so a tick fires about this late at worst.
+    poll_s: float = Field(default=1.0, gt=0, le=60)
+    #: Shortest sleep between two rounds: ticks due within it are claimed together, in
+    #: one transaction and one batch of sends (10,000 one-minute schedules spread over
+    #: the minute are due every 6 ms). Each tick may fire up to this much later.
+    coalesce_s: float = Field(default=0.1, ge=0, le=5)
+    #: Schedules claimed (and their starts sent) per transaction.
+    batch_size: int = Field(default=500, ge=1, le=10_000)
+    #: Claims a worker runs at once while a burst lasts (a first batch came back full).
+    claims_in_flight: int = Field(default=3, ge=1, le=8)
+    #: A tick fired later than this after its time counts as missed: the schedule's
+    #: catch-up policy decides whether it still fires.
+    grace_s: float = Field(default=60.0, ge=0)
 
 
 class RetentionSettings(BaseModel):
@@ -307,6 +335,7 @@ class Settings(BaseSettings):
     retention: RetentionSettings = RetentionSettings()
     codec: CodecSettings = CodecSettings()
     limits: LimitsSettings = LimitsSettings()
+    schedules: ScheduleSettings = ScheduleSettings()
 
     @model_validator(mode="before")
     @classmethod

@@ -58,6 +58,8 @@ from saga_engine._kafka import (
 from saga_engine._ownership import InboxOwnership
 from saga_engine._retry import Backoff
 from saga_engine._rollout_runner import needs_rollouts, refresh_rollouts
+from saga_engine._schedule import Schedule
+from saga_engine._scheduler import KafkaStarts, WorkerSchedules
 from saga_engine._settings import Settings
 from saga_engine._startup import reaching, start_with_retry
 from saga_engine._store import EventStore
@@ -112,7 +114,10 @@ class _LazyTopicSender:
 
 
 class SagaWorker:
-    """One engine instance: an Engine fed by the Kafka inbox, with Postgres underneath."""
+    """One engine instance: an Engine fed by the Kafka inbox, with Postgres underneath.
+
+    ``schedules`` (``saga_engine.schedules.Schedule``) are created or updated at its start;
+    every worker fires the due schedules of the whole deployment (``_scheduler``)."""
 
     def __init__(
         self,
@@ -125,6 +130,7 @@ class SagaWorker:
         triggers: Sequence[KafkaTrigger[Any]] = (),
         telemetry: Telemetry | None = None,
         codec: PayloadCodec | CodecChain | None = None,
+        schedules: Sequence[Schedule] = (),
     ) -> None:
         """``codec``: seals payloads in Postgres and on Kafka; by default the one
         ``settings.codec`` describes (none unless configured)."""
@@ -132,6 +138,8 @@ class SagaWorker:
         self.codec = (
             CodecChain.of(codec) if codec is not None else codec_from_settings(settings.codec)
         )
+        self.schedules = list(schedules)
+        self._schedules: WorkerSchedules | None = None
         self.telemetry = telemetry
         self.sagas = list(sagas)
         self.triggers = list(triggers)
@@ -224,14 +232,20 @@ class SagaWorker:
         if needs_rollouts(self.engine):  # before the inbox: no start outruns a rollout
             with reaching("Postgres"):
                 await refresh_rollouts(self.engine)
+        self._schedules = await WorkerSchedules.open(
+            self.settings, self.engine.registry, self.schedules,
+            KafkaStarts(self._producer, self.topics.inbox, f"/saga-engine/{self.instance_id}/schedules"),
+            self._crash_hook,
+        )  # fmt: skip
         if self.settings.admin.enabled:
             # Built before Kafka starts consuming, so a bad admin configuration (no tokens
             # on a public address) fails the start with its one-line reason.
             from saga_engine.admin._app import create_admin_app
 
             self._admin_app = create_admin_app(
-                self.engine, self.settings, start_saga=self._start_through_inbox
-            )
+                self.engine, self.settings, start_saga=self._start_through_inbox,
+                schedules=self._schedules.store,
+            )  # fmt: skip
             telemetry.instrument_app(self._admin_app)
         if self.triggers:
             with reaching("Kafka"):
@@ -287,6 +301,9 @@ class SagaWorker:
             await asyncio.wait({task}, timeout=30)
             if not task.done():
                 task.cancel()
+        schedules, self._schedules = self._schedules, None
+        if schedules is not None:
+            await schedules.close()
         trigger_consumer, self._trigger_consumer = self._trigger_consumer, None
         if trigger_consumer is not None:
             await trigger_consumer.stop()

@@ -16,6 +16,7 @@ from saga_engine._settings import (
     ParticipantSettings,
     PostgresSettings,
     RetentionSettings,
+    ScheduleSettings,
     Settings,
 )
 
@@ -30,5 +31,6 @@ __all__ = [
     "ParticipantSettings",
     "PostgresSettings",
     "RetentionSettings",
+    "ScheduleSettings",
     "Settings",
 ]

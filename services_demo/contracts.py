@@ -178,3 +178,19 @@ class FraudCheck(BaseModel):
 class FraudVerdict(BaseModel):
     approved: bool
     score: int
+
+
+# --------------------------------------------------------------------------- reconciliation
+
+
+class ReconcileInput(BaseModel):
+    """The nightly reconciliation's input: which ledger it checks."""
+
+    ledger: str = "payments"
+
+
+class ReconciliationReport(BaseModel):
+    """What the nightly reconciliation read: every customer's balance, summed."""
+
+    customers: int
+    total_balance: int

@@ -150,7 +150,9 @@ class StackConfig:
             SAGA_KAFKA__SESSION_TIMEOUT_MS="6000",
             SAGA_KAFKA__HEARTBEAT_INTERVAL_MS="500",
             SAGA_PARTICIPANT__DSN=self.dsn,
-            SAGA_HTTP__ENDPOINTS=json.dumps({"fraud": self.url("fraud")}),
+            SAGA_HTTP__ENDPOINTS=json.dumps(
+                {"fraud": self.url("fraud"), "payments": self.url("payments")}
+            ),
             SAGA_HTTP__RETRY_WINDOW_S="4",
             # The engine's admin API, once the worker serves it: the base port itself.
             SAGA_ADMIN__HOST="127.0.0.1",

@@ -14,7 +14,9 @@ It places orders over HTTP and through Kafka and prints what happens and where t
 6. a large order approved by a signal;
 7. a crash: the engine is SIGKILLed while a large order waits for its approval, restarted,
    recovers the saga from its history, the approval arrives and the order completes;
-8. a large order nobody approves: rejected when its approval times out.
+8. a large order nobody approves: rejected when its approval times out;
+9. the nightly reconciliation, a saga its schedule starts every night at 02:00, triggered
+   now through the engine's admin API: it reads the balances over HTTP and completes.
 
 Then each saga's final status and history summary, and the balances and stock before
 and after, checked to the unit: nothing leaked, nothing was applied twice. Every
@@ -154,6 +156,8 @@ class Target:
     orders_topic: str
     engine: EngineControl | None = None
     service_schemas: tuple[str, ...] = ()
+    #: The engine's admin API (schedules are triggered there); None: not reachable.
+    admin_url: str | None = None
 
     @property
     def trigger_group(self) -> str:
@@ -170,6 +174,7 @@ class Target:
             orders_topic=c.orders_topic,
             engine=LocalEngine(stack),
             service_schemas=tuple(c.schema(s) for s in SERVICES),
+            admin_url=c.admin_url,
         )
 
 
@@ -726,6 +731,43 @@ async def finish_unapproved(demo: Demo, placed: Placed) -> Placed:
     return placed
 
 
+async def nightly_reconciliation(demo: Demo) -> str | None:
+    """The schedule declared next to the saga, fired now by an operator: one saga, which
+    reads every balance from the payments service and completes. Returns its id."""
+    heading("9", "A scheduled saga: the nightly reconciliation, triggered now")
+    admin = demo.target.admin_url
+    if admin is None:
+        say("  skipped: the engine's admin API is not reachable (set SAGA_ADMIN_URL)")
+        return None
+    schedule = (await demo.http.get(f"{admin}/schedules/nightly-reconciliation")).json()
+    check(schedule.get("state") == "active", "the worker created the schedule it declares")
+    say(f"  schedule nightly-reconciliation: {schedule.get('spec')}, next run "
+        f"{schedule.get('next_fire_at')}")  # fmt: skip
+    response = await demo.http.post(f"{admin}/schedules/nightly-reconciliation/trigger")
+    check(response.status_code == 200, f"POST .../trigger answered {response.status_code}")
+    saga_id: str = response.json()["saga_id"]
+    say(f"  POST /schedules/nightly-reconciliation/trigger -> saga {saga_id}")
+
+    async def done() -> bool:
+        row = await demo.saga_row(saga_id)
+        return row is not None and row["status"] in FINISHED
+
+    await demo.wait_for(f"the reconciliation saga {saga_id} to end", done)
+    row = await demo.saga_row(saga_id)
+    check(row is not None and row["status"] == "completed", "the reconciliation completed")
+    ended = [e for e in await demo.history(saga_id) if isinstance(e, SagaCompleted)]
+    balances = (await demo.http.get(f"{demo.url('payments')}/customers")).json()
+    report = ended[0].output if ended else {}
+    check(
+        report.get("customers") == len(balances),
+        f"it read {report.get('customers')} customers' balances (total "
+        f"{report.get('total_balance')}) from the payments service over HTTP",
+    )
+    after = (await demo.http.get(f"{admin}/schedules/nightly-reconciliation")).json()
+    check(after.get("last_saga_id") == saga_id, "the schedule links its last saga")
+    return saga_id
+
+
 async def run_scenarios(demo: Demo) -> list[Placed]:
     """Every scenario in order, then the books: returns the orders placed, all checked."""
     before = await demo.snapshot()
@@ -738,6 +780,7 @@ async def run_scenarios(demo: Demo) -> list[Placed]:
     await approved_by_signal(demo)
     await crash_and_recover(demo)
     await finish_unapproved(demo, unapproved)
+    await nightly_reconciliation(demo)
     after = await demo.snapshot()
     report(demo, before, after)
     await check_books(demo, before, after)
@@ -870,6 +913,7 @@ async def _main_external(kill_cmd: str | None, start_cmd: str | None) -> int:
         kafka=settings.kafka,
         orders_topic=health["orders_topic"],
         engine=CommandEngine(kill_cmd, start_cmd) if kill_cmd and start_cmd else None,
+        admin_url=os.environ.get("SAGA_ADMIN_URL"),
     )
     try:
         async with Demo(target, approval_timeout_s=float(health["approval_timeout_s"])) as demo:

@@ -53,8 +53,9 @@ FRONT_DOORS: dict[str, set[str]] = {
     },
     "saga_engine.settings": {
         "AdminSettings", "CodecSettings", "EngineSettings", "HttpSettings", "KafkaSettings", "ParticipantSettings",
-        "PostgresSettings", "RetentionSettings", "Settings", "FlowLimit", "LimitsSettings",
+        "PostgresSettings", "RetentionSettings", "ScheduleSettings", "Settings", "FlowLimit", "LimitsSettings",
     },
+    "saga_engine.schedules": {"CatchUp", "Overlap", "Schedule", "ScheduleState"},
     "saga_engine.triggers": {"KafkaTrigger"},
     "saga_engine.cli": {"AdminCallError", "CliError", "app", "main"},
     "saga_engine.admin": {
@@ -192,6 +193,7 @@ def test_core_modules_do_no_io() -> None:
         "_context", "_decision", "_definition", "_events", "_loop", "_operations",
         "_policy", "_runtime", "_serde", "_status", "_store", "_memstore", "_replay",
         "_state", "_inputs", "_view", "_gist", "_errors", "_retry",
+        "_schedule", "_schedule_store", "_memschedules",
     ]  # fmt: skip
     for module in core:
         tree = ast.parse((PACKAGE / f"{module}.py").read_text())

@@ -5,7 +5,7 @@ Build it with :func:`create_admin_app` and serve it on the engine's event loop w
 
 The routes live in routers by concern (``_meta``: health, saga types, metrics;
 ``_reads``: list, detail, history; ``_starts``: the start; ``_actions``: operator
-actions; ``_rollouts``: saga versions' rollouts; ``web``: the pages). They reach the engine, the admin settings and the start
+actions; ``_rollouts``: saga versions' rollouts; ``_flow``: flow control; ``_schedules``: durable schedules; ``web``: the pages). They reach the engine, the admin settings and the start
 function through the dependencies in ``_deps``, which read what this function stores
 on the app's state.
 """
@@ -14,8 +14,10 @@ from fastapi import Depends, FastAPI
 
 from saga_engine import __version__
 from saga_engine._engine import Engine
+from saga_engine._errors import SagaNotFound
+from saga_engine._schedule_store import ScheduleStore
 from saga_engine._settings import Settings
-from saga_engine.admin import _actions, _flow, _meta, _reads, _rollouts
+from saga_engine.admin import _actions, _flow, _meta, _reads, _rollouts, _schedules
 from saga_engine.admin._auth import AuthMiddleware, auth_required
 from saga_engine.admin._deps import AdminState, StartSaga, bearer, install
 from saga_engine.admin._http_errors import (
@@ -25,12 +27,35 @@ from saga_engine.admin._http_errors import (
 )
 from saga_engine.admin._starts import starts_router
 from saga_engine.admin._web import SecurityHeadersMiddleware, web_router
+from saga_engine.admin._web_schedules import schedules_page_router
 
 __all__ = ["StartSaga", "create_admin_app"]
 
 
+def _in_memory(engine: Engine) -> ScheduleStore | None:
+    """Schedules kept in memory beside an in-memory event store (the testing kit's
+    engine); with any other store, a worker passes its own (else the routes answer 503)."""
+    from saga_engine._memschedules import InMemoryScheduleStore
+    from saga_engine._memstore import InMemoryEventStore
+
+    if not isinstance(engine.store, InMemoryEventStore):
+        return None
+
+    async def status_of(saga_id: str) -> str | None:
+        try:
+            return (await engine.store.get(saga_id)).status.value
+        except SagaNotFound:
+            return None
+
+    return InMemoryScheduleStore(status_of)
+
+
 def create_admin_app(
-    engine: Engine, settings: Settings, *, start_saga: StartSaga | None = None
+    engine: Engine,
+    settings: Settings,
+    *,
+    start_saga: StartSaga | None = None,
+    schedules: ScheduleStore | None = None,
 ) -> FastAPI:
     """The admin API for ``engine``, configured by ``settings.admin``.
 
@@ -53,7 +78,9 @@ def create_admin_app(
         docs_url=None,
         redoc_url=None,
     )
-    install(app, AdminState(engine, admin, start_saga or engine.start))
+    install(
+        app, AdminState(engine, admin, start_saga or engine.start, schedules or _in_memory(engine))
+    )
     install_error_handlers(app)
     # Outermost last: SecurityHeaders(CatchAll(Auth(BodyLimit(app)))). Auth runs before
     # any body is read; every answer, a 401 or a 500 too, gets the anti-framing headers.
@@ -75,6 +102,8 @@ def create_admin_app(
     app.include_router(_actions.router, dependencies=secured)
     app.include_router(_rollouts.router, dependencies=secured)
     app.include_router(_flow.router, dependencies=secured)
+    app.include_router(_schedules.router, dependencies=secured)
     app.include_router(web_router(engine, admin))
     app.include_router(_rollouts.ui_router(engine, admin))
+    app.include_router(schedules_page_router())
     return app

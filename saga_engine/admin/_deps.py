@@ -16,6 +16,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.security import HTTPBearer
 
 from saga_engine._engine import Engine
+from saga_engine._schedule_store import ScheduleStore
 from saga_engine._settings import AdminSettings
 from saga_engine.admin._auth import PRINCIPAL_KEY, Principal
 
@@ -51,6 +52,8 @@ class AdminState:
     engine: Engine
     admin: AdminSettings
     start_saga: StartSaga
+    #: The schedules' table (a worker's); None: the schedule routes answer 503.
+    schedules: ScheduleStore | None = None
 
 
 def install(app: FastAPI, state: AdminState) -> None:

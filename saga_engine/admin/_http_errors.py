@@ -1,9 +1,9 @@
 """Errors as HTTP: every bad input is a 4xx with a JSON ``detail``, never a 500.
 
-- saga_engine errors map by class: SagaNotFound and UnknownSagaType 404,
-  InvalidTransition, IdempotencyConflict, NewerVersionError (a saga written by a newer
-  engine: ``reason`` says ``newer_event`` or ``unknown_saga_version``) and CodecError (an
-  action on a saga whose history this process cannot decode) 409, PayloadTooLarge 413, SerializationError
+- saga_engine errors map by class: SagaNotFound, UnknownSagaType and ScheduleNotFound
+  404; InvalidTransition, IdempotencyConflict, ScheduleConflict, NewerVersionError (a saga
+  written by a newer engine: ``reason`` says ``newer_event`` or ``unknown_saga_version``)
+  and CodecError (an action on a saga whose history this process cannot decode) 409, PayloadTooLarge 413, SerializationError
   422 (InvalidPayload with FastAPI's list of ``{"loc": ["body", ...], "msg", "type"}``, so
   the answer names each wrong field), TransientError 503 (with Retry-After), any other
   PermanentError 400;
@@ -35,6 +35,8 @@ from saga_engine._errors import (
     PermanentError,
     SagaError,
     SagaNotFound,
+    ScheduleConflict,
+    ScheduleNotFound,
     SerializationError,
     TransientError,
     UnknownSagaType,
@@ -55,9 +57,12 @@ class BodyTooLarge(HTTPException):
 
 
 def status_for(exc: SagaError) -> int:
-    if isinstance(exc, SagaNotFound | UnknownSagaType):
+    if isinstance(exc, SagaNotFound | UnknownSagaType | ScheduleNotFound):
         return 404
-    if isinstance(exc, InvalidTransition | IdempotencyConflict | NewerVersionError | CodecError):
+    if isinstance(
+        exc,
+        InvalidTransition | IdempotencyConflict | ScheduleConflict | NewerVersionError | CodecError,
+    ):
         return 409
     if isinstance(exc, PayloadTooLarge):
         return 413

@@ -644,6 +644,11 @@ async def test_openapi_describes_the_api(admin: Admin) -> None:
         "/sagas/{saga_id}/force-compensate",
         "/rollouts",
         "/rollouts/{saga_type}",
+        "/schedules",
+        "/schedules/{schedule_id}",
+        "/schedules/{schedule_id}/pause",
+        "/schedules/{schedule_id}/resume",
+        "/schedules/{schedule_id}/trigger",
     }
     assert set(spec["paths"]["/sagas/{saga}"]) == {"get", "post"}
     assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"

@@ -39,6 +39,7 @@ BODIES: dict[str, dict[str, Any]] = {
     "force-compensate": {"reason": "auth matrix"},
     "start": {"account": "a", "amount": 1},
     "rollout": {"version": 1, "percent": 0, "reason": "auth matrix"},
+    "schedules": {"id": "auth-matrix-2", "saga": "noop", "every_s": 60},
 }
 
 
@@ -46,11 +47,13 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
     """Every operation in the OpenAPI description, with its path filled in."""
     saga_id = await admin.start(wait_for_approval=True)
     await admin.settle(saga_id)
+    schedule = {"id": "auth-matrix", "saga": "noop", "every_s": 60}
+    assert (await admin.http.post("/schedules", json=schedule, headers=OPERATOR)).is_success
     spec = (await admin.http.get("/openapi.json")).json()
     out: list[tuple[str, str, dict[str, Any] | None]] = []
     for template, operations in spec["paths"].items():
         for method in operations:
-            path = template.replace("{saga_id}", saga_id)
+            path = template.replace("{saga_id}", saga_id).replace("{schedule_id}", "auth-matrix")
             body: dict[str, Any] | None
             if method == "post" and template == "/sagas/{saga}":
                 path, body = "/sagas/transfer", BODIES["start"]
@@ -59,7 +62,7 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
                 body = BODIES.get(path.rsplit("/", 1)[-1]) if method == "post" else None
                 body = BODIES["rollout"] if method == "put" else body
             out.append((method.upper(), path, body))
-    assert len(out) == 18
+    assert len(out) == 25
     return out
 
 

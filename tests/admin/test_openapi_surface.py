@@ -41,10 +41,27 @@ OPERATIONS = {
     ("GET", "/rollouts", "list_rollouts_rollouts_get"),
     ("GET", "/rollouts/{saga_type}", "get_rollout_rollouts__saga_type__get"),
     ("PUT", "/rollouts/{saga_type}", "set_rollout_rollouts__saga_type__put"),
+    # Durable schedules (admin/_schedules.py).
+    ("POST", "/schedules", "create_schedule_schedules_post"),
+    ("GET", "/schedules", "list_schedules_schedules_get"),
+    ("GET", "/schedules/{schedule_id}", "get_schedule_schedules__schedule_id__get"),
+    ("DELETE", "/schedules/{schedule_id}", "delete_schedule_schedules__schedule_id__delete"),
+    ("POST", "/schedules/{schedule_id}/pause", "pause_schedule_schedules__schedule_id__pause_post"),
+    (
+        "POST",
+        "/schedules/{schedule_id}/resume",
+        "resume_schedule_schedules__schedule_id__resume_post",
+    ),
+    (
+        "POST",
+        "/schedules/{schedule_id}/trigger",
+        "trigger_schedule_schedules__schedule_id__trigger_post",
+    ),
 }
 
 _READ = ["200", "401", "404", "409", "422", "503"]
 _ACTION = ["200", "400", "401", "403", "404", "409", "413", "422", "503"]
+_SCHEDULE_STATE = ["200", "401", "403", "404", "409", "422", "503"]
 #: operationId -> the documented status codes, as generated before the split.
 STATUS_CODES = {
     "health_health_get": ["200"],
@@ -77,6 +94,30 @@ STATUS_CODES = {
     "list_rollouts_rollouts_get": ["200", "401", "422", "503"],
     "get_rollout_rollouts__saga_type__get": ["200", "401", "404", "422", "503"],
     "set_rollout_rollouts__saga_type__put": _ACTION,
+    "create_schedule_schedules_post": [
+        "200",
+        "201",
+        "400",
+        "401",
+        "403",
+        "409",
+        "413",
+        "422",
+        "503",
+    ],
+    "list_schedules_schedules_get": ["200", "401", "422", "503"],
+    "get_schedule_schedules__schedule_id__get": ["200", "401", "404", "422", "503"],
+    "delete_schedule_schedules__schedule_id__delete": ["204", "401", "403", "404", "422", "503"],
+    "pause_schedule_schedules__schedule_id__pause_post": _SCHEDULE_STATE,
+    "resume_schedule_schedules__schedule_id__resume_post": _SCHEDULE_STATE,
+    "trigger_schedule_schedules__schedule_id__trigger_post": [
+        "200",
+        "401",
+        "403",
+        "404",
+        "422",
+        "503",
+    ],
 }
 
 

@@ -64,6 +64,12 @@ async def test_every_scenario_ends_as_expected_and_nothing_leaks(demo: Demo) -> 
         assert stock[sku]["reserved"] == taken.get(sku, 0), sku
 
     statuses = await demo.db.fetch(
-        f'SELECT status, count(*) AS n FROM "{demo.target.engine_schema}".sagas GROUP BY status'
+        f'SELECT saga_type, status, count(*) AS n FROM "{demo.target.engine_schema}".sagas '
+        "GROUP BY saga_type, status"
     )
-    assert {r["status"]: r["n"] for r in statuses} == {"completed": 4, "compensated": 4}
+    # The checkouts, and the nightly reconciliation its schedule's trigger started once.
+    assert {(r["saga_type"], r["status"]): r["n"] for r in statuses} == {
+        ("checkout", "completed"): 4,
+        ("checkout", "compensated"): 4,
+        ("reconciliation", "completed"): 1,
+    }

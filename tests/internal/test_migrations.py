@@ -36,7 +36,8 @@ PINNED = {
     4: "fd174fdd2c4a14dd90c3ee3abbbb21eb8ddeb7daaa839b011dc59650715c80d0",
     5: "1a55c6d1f920ca6f3f9d03b73ed16ce85eff1b840a9ef5cab498520dad63b6c3",
     6: "d5218c23c71101864c49e98646db6f0d3260f9f57c993a114be2fea85393ed43",
-    9: "6b91d186e78ce1259598f586044bb05b8adeb704fb4572e9a5c152688bed45c9",
+    7: "042dbd4a9ef1216c538b02152752802e6cd9a13563cfadb44cc94eed00841ddd",
+    8: "6b5e5ac1eceb0d406e9549e58d1afac717fffcd0bdf0318032cfa2add4020fbe",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant_migrations).
 PINNED_PARTICIPANT = {
@@ -118,10 +119,11 @@ async def test_migrate_applies_each_migration_once(pg: PgTarget) -> None:
     assert await _tables(pg.database_dsn, pg.schema) == {
         "schema_migrations",
         "saga_archive",
+        "saga_schedules",
         "sagas",
         "saga_events",
-        "saga_rollouts",  # 0009
-        "saga_rollout_audit",  # 0009
+        "saga_rollouts",  # 0008
+        "saga_rollout_audit",  # 0008
     }
     assert await _recorded(pg.database_dsn, pg.schema) == [
         (m.version, m.name, m.sha256) for m in shipped_migrations()
@@ -383,3 +385,31 @@ async def test_the_store_refuses_an_unmigrated_schema(pg: PgTarget) -> None:
     settings = PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
     with pytest.raises(MigrationError, match="saga migrate"):
         await PostgresEventStore.connect(settings)
+
+
+async def test_0008_keeps_the_rollout_audit_append_only(pg: PgTarget) -> None:
+    """The audit trail of rollouts cannot be rewritten, even by SQL (a trigger refuses it)."""
+    from datetime import UTC, datetime
+
+    from saga_engine._rollout import RolloutSpec
+
+    await migrate(pg.database_dsn, pg.schema)
+    store = await PostgresEventStore.connect(
+        PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
+    )
+    try:
+        await store.set_rollout(
+            "order", RolloutSpec(version=2), principal="o", reason="r",
+            at=datetime(2026, 3, 1, tzinfo=UTC),
+        )  # fmt: skip
+    finally:
+        await store.close()
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        with pytest.raises(asyncpg.RaiseError, match="append-only"):
+            await conn.execute("UPDATE saga_rollout_audit SET reason = 'rewritten'")
+        with pytest.raises(asyncpg.RaiseError, match="append-only"):
+            await conn.execute("DELETE FROM saga_rollout_audit")
+        assert await conn.fetchval("SELECT reason FROM saga_rollout_audit") == "r"
+    finally:
+        await conn.close()

@@ -1,18 +1,15 @@
 """The rollout store and saga versions, against every adapter (memory and Postgres): the
-in-memory store behaves like the tables of migration 0009."""
+in-memory store behaves like the tables of migration 0008."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import asyncpg
-import pytest
-
 from saga_engine._events import SagaStarted
 from saga_engine._rollout import RolloutSpec, RolloutStore
 from saga_engine._status import SagaStatus
 from saga_engine._store import EventStore, NewSaga, Projection
-from tests.internal.contract.test_event_store import Backend, backend, store
+from tests.internal.contract.test_event_store import backend, store
 
 __all__ = ["backend", "store"]  # the fixtures, shared with the event store's contract
 
@@ -73,20 +70,3 @@ async def test_a_saga_keeps_its_version_in_its_record(store: EventStore) -> None
     first = loaded.events[0].event
     assert isinstance(first, SagaStarted)
     assert first.saga_version == 2
-
-
-async def test_the_audit_table_is_append_only(store: EventStore, backend: Backend) -> None:
-    if backend.pg is None:
-        pytest.skip("a property of the Postgres table (the in-memory list has no UPDATE)")
-    await _rollouts(store).set_rollout(
-        "order", RolloutSpec(version=2), principal="o", reason="r", at=AT
-    )
-    conn = await asyncpg.connect(backend.pg.dsn)
-    try:
-        with pytest.raises(asyncpg.RaiseError, match="append-only"):
-            await conn.execute("UPDATE saga_rollout_audit SET reason = 'rewritten'")
-        with pytest.raises(asyncpg.RaiseError, match="append-only"):
-            await conn.execute("DELETE FROM saga_rollout_audit")
-        assert await conn.fetchval("SELECT reason FROM saga_rollout_audit") == "r"
-    finally:
-        await conn.close()

@@ -1,4 +1,4 @@
--- 0009_saga_versions: versions of a saga type side by side, and their gradual rollout
+-- 0008_saga_versions: versions of a saga type side by side, and their gradual rollout
 -- (docs/operations.md, "Rolling out a new saga version").
 --
 -- sagas.saga_version: the version of its type a saga runs (its saga_started records it

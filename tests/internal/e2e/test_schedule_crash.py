@@ -1,0 +1,163 @@
+"""Schedules with real engine processes.
+
+- A SIGKILL of the engine in the middle of firing a schedule's tick: after its start
+  request was acknowledged by Kafka, before the claim that moves ``next_fire_at``
+  committed (crash point ``schedule_after_fire``). After a restart every tick has exactly
+  one saga, none is missing, and the tick in flight at the crash was sent again and
+  deduplicated.
+- Two engine processes racing for forty schedules: one saga per tick, none missing, and
+  both engines fired some.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+from datetime import datetime, timedelta
+
+import asyncpg
+import pytest
+
+from saga_engine._schedule import tick_key, tick_saga_id
+from saga_engine._topics import Topics
+from saga_engine._wire import decode
+from tests.integration.kafka_helpers import poll_until, read_topic
+from tests.internal.e2e.harness import Cluster
+
+pytestmark = pytest.mark.integration
+
+APP = ["-m", "saga_engine", "worker", "tests.internal.e2e.schedule_app", "--log-level", "INFO"]
+
+
+async def _fetch(cluster: Cluster, sql: str, *args: object) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(
+        cluster.database_dsn, server_settings={"search_path": cluster.schema}
+    )
+    try:
+        return await conn.fetch(sql, *args)
+    except asyncpg.UndefinedTableError:
+        return []
+    finally:
+        await conn.close()
+
+
+async def _inbox_ids(cluster: Cluster, at_least: int) -> Counter[str]:
+    records = await read_topic(
+        cluster.settings.kafka, Topics(cluster.prefix).inbox, at_least, timeout=30
+    )
+    return Counter(
+        decode(r.key, r.value, list(r.headers), max_bytes=1 << 20).saga_id for r in records
+    )
+
+
+async def test_sigkill_between_the_start_and_the_claim_commit_fires_the_tick_once(
+    cluster: Cluster,
+) -> None:
+    # The third claim dies after Kafka acknowledged its start, before its commit.
+    cluster._spawn("engine", APP, cluster.env(SAGA_CRASH_AT="schedule_after_fire:3"))
+    assert await cluster.wait_exit("engine", timeout=90) == -9, cluster.log_tail("engine")
+    assert "crash point schedule_after_fire reached" in cluster.log_tail("engine")
+    [row] = await _fetch(cluster, "SELECT * FROM saga_schedules")
+    crashed: datetime = row["next_fire_at"]  # its start was sent; the row did not move
+    crashed_id = tick_saga_id("heartbeat", "heartbeat", crashed)
+    assert row["fired_count"] >= 2
+    assert (await _inbox_ids(cluster, row["fired_count"] + 1))[crashed_id] == 1
+
+    cluster._spawn("engine", APP, cluster.env())
+    # Sagas for at least three more seconds of ticks, every one completed.
+    until = crashed + timedelta(seconds=3)
+    deadline = time.monotonic() + 90
+
+    async def caught_up() -> bool:
+        assert time.monotonic() < deadline, cluster.log_tail("engine")
+        [r] = await _fetch(cluster, "SELECT last_tick FROM saga_schedules")
+        if r["last_tick"] is None or r["last_tick"] < until:
+            return False
+        open_ = await _fetch(cluster, "SELECT 1 FROM sagas WHERE status <> 'completed'")
+        return not open_
+
+    await poll_until(caught_up, timeout=90, interval=0.2)
+    [row] = await _fetch(cluster, "SELECT * FROM saga_schedules")
+    per_key = Counter(
+        {
+            r["idempotency_key"]: r["n"]
+            for r in await _fetch(
+                cluster,
+                "SELECT idempotency_key, count(*) AS n FROM sagas GROUP BY idempotency_key",
+            )
+        }
+    )
+    # One saga per tick, and no tick missing from the first to the last fired.
+    assert set(per_key.values()) == {1}
+    ticks = sorted(per_key)
+    assert tick_key("heartbeat", crashed) in per_key
+    first = min(datetime.fromisoformat(k.removeprefix("schedule:heartbeat:")) for k in ticks)
+    last: datetime = row["last_tick"]
+    expected = {
+        tick_key("heartbeat", first + timedelta(seconds=i))
+        for i in range(int((last - first).total_seconds()) + 1)
+    }
+    assert set(per_key) == expected
+    # The crashed claim's count rolled back with it: each tick is counted once.
+    assert row["fired_count"] == len(expected)
+    # The crashed tick's start went out twice, and the engine started one saga.
+    assert (await _inbox_ids(cluster, len(expected) + 1))[crashed_id] == 2
+
+
+RACE_APP = [
+    "-m", "saga_engine", "worker", "tests.internal.e2e.schedule_race_app", "--log-level", "INFO",
+]  # fmt: skip
+
+
+async def test_two_engine_processes_racing_start_one_saga_per_tick(cluster: Cluster) -> None:
+    from tests.internal.e2e.schedule_race_app import COUNT
+
+    cluster._spawn("engine-a", RACE_APP, cluster.env())
+    cluster._spawn("engine-b", RACE_APP, cluster.env())
+    deadline = time.monotonic() + 90
+
+    async def enough() -> bool:
+        for name in ("engine-a", "engine-b"):
+            assert cluster.procs[name].poll() is None, cluster.log_tail(name)
+        assert time.monotonic() < deadline
+        rows = await _fetch(cluster, "SELECT fired_count FROM saga_schedules")
+        return len(rows) == COUNT and min(r["fired_count"] for r in rows) >= 5
+
+    await poll_until(enough, timeout=90, interval=0.2)
+    cluster.stop_all()
+    rows = await _fetch(cluster, "SELECT schedule_id, last_tick, fired_count FROM saga_schedules")
+    fired = sum(r["fired_count"] for r in rows)
+
+    async def all_started() -> bool:
+        [n] = await _fetch(cluster, "SELECT count(*) AS n FROM sagas")
+        return bool(n["n"] >= fired)
+
+    # The engines stopped: the starts they sent are applied when one runs again.
+    cluster._spawn("engine-a", RACE_APP, cluster.env(SAGA_SCHEDULES__ENABLED="false"))
+    await poll_until(all_started, timeout=90, interval=0.2)
+    per_key = {
+        r["idempotency_key"]: r["n"]
+        for r in await _fetch(
+            cluster, "SELECT idempotency_key, count(*) AS n FROM sagas GROUP BY idempotency_key"
+        )
+    }
+    assert set(per_key.values()) == {1}
+    assert len(per_key) == fired
+    # Every schedule's ticks, from its first to its last fired, are all there: none lost.
+    for r in rows:
+        prefix = f"schedule:{r['schedule_id']}:"
+        ticks = sorted(
+            datetime.fromisoformat(k[len(prefix) :]) for k in per_key if k.startswith(prefix)
+        )
+        assert len(ticks) == r["fired_count"]
+        assert ticks[-1] == r["last_tick"]
+        assert all(b - a == timedelta(seconds=1) for a, b in itertools.pairwise(ticks))
+    # Both engines fired some of them (their start requests name the engine).
+    records = await read_topic(
+        cluster.settings.kafka, Topics(cluster.prefix).inbox, fired, timeout=30
+    )
+    sources = Counter(
+        decode(r.key, r.value, list(r.headers), max_bytes=1 << 20).source for r in records
+    )
+    assert len(sources) == 2, sources
