@@ -7,10 +7,14 @@
 4. ``fraud-check``: an HTTP step, the engine calls ``POST /check`` on the fraud service;
 5. orders of ``APPROVAL_THRESHOLD`` or more wait for the ``approval`` signal (a timeout
    rejects them);
-6. ``schedule-shipment`` (shipping), 7. ``confirm-order`` (orders).
+6. ``child:shipment``: a child saga, ``shipment``, books the carrier (shipping); its id
+   derives from the checkout's, and ``GET /sagas/{id}`` shows the one from the other;
+7. ``confirm-order`` (orders).
 
 Any failure first marks the order rejected with the reason (``reject-order``), then the
-engine compensates in reverse: cancel the shipment, release the stock, release the credit.
+engine compensates in reverse: undo the shipment child (which cancels its booking),
+release the stock, release the credit. A shipment the carrier refused undid itself: the
+checkout's step fails and nothing is owed for it.
 ``create-order``'s own compensation rejects the order if nothing else did (a cancelled
 saga never reaches the ``except`` below); after ``reject-order`` it is a no-op.
 """
@@ -69,6 +73,21 @@ def _reason(exc: Exception) -> str:
     return str(exc)
 
 
+class Shipment(Saga[ScheduleShipment, ShipmentScheduled]):
+    """A child of ``checkout``: books the carrier. A saga of its own, so it shows in the
+    admin (with its parent) and can grow steps (labels, pickup) without changing the
+    checkout; when the checkout compensates after it completed, it undoes its booking."""
+
+    name = "shipment"
+
+    async def run(self, ctx: SagaContext, shipment: ScheduleShipment) -> ShipmentScheduled:
+        return await ctx.step(
+            "book-carrier", to="shipping", command=shipment,
+            compensate=CancelShipment(order_id=shipment.order_id),
+            returns=ShipmentScheduled, timeout=STEP_TIMEOUT_S, retry=STEP_RETRY,
+        )  # fmt: skip
+
+
 class Checkout(Saga[CheckoutInput, CheckoutResult]):
     name = "checkout"
     #: Large orders wait for it; the engine refuses any other signal, or a bad payload.
@@ -110,12 +129,11 @@ class Checkout(Saga[CheckoutInput, CheckoutResult]):
                 if not approval.approved:
                     raise CheckoutRejected(f"approval: refused by {approval.by} {approval.note}")
                 approved_by = approval.by
-            shipment = await ctx.step(
-                "schedule-shipment", to="shipping",
-                command=ScheduleShipment(order_id=oid, customer=customer, items=items),
-                compensate=CancelShipment(order_id=oid),
-                returns=ShipmentScheduled, timeout=STEP_TIMEOUT_S, retry=STEP_RETRY,
-            )  # fmt: skip
+            shipment = await ctx.child(
+                Shipment,
+                ScheduleShipment(order_id=oid, customer=customer, items=items),
+                poll=60,
+            )
             await ctx.step(
                 "confirm-order", to="orders",
                 command=ConfirmOrder(order_id=oid, shipment_id=shipment.shipment_id),
@@ -167,7 +185,14 @@ orders_requested = KafkaTrigger(
     idempotency_key=lambda m: order_key(m.order_id),
 )
 
-__all__ = ["Checkout", "CheckoutRejected", "checkout_input", "order_key", "orders_requested"]
+__all__ = [
+    "Checkout",
+    "CheckoutRejected",
+    "Shipment",
+    "checkout_input",
+    "order_key",
+    "orders_requested",
+]
 
 
 class Reconciliation(Saga[ReconcileInput, ReconciliationReport]):

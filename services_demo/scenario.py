@@ -552,7 +552,28 @@ async def order_succeeds(demo: Demo) -> Placed:
             "Idempotency-Key (2 calls, 1 stored answer)",
         )
     say(f"    look: GET {demo.url('orders')}/orders/{placed.order_id}")
+    await shipment_child(demo, placed, "completed")
     return placed
+
+
+async def shipment_child(demo: Demo, placed: Placed, status: str) -> None:
+    """The checkout started its shipment as a child saga: the admin API names it."""
+    admin = demo.target.admin_url
+    if admin is None:
+        return
+    detail = (await demo.http.get(f"{admin}/sagas/{placed.saga_id}")).json()
+    children = detail.get("children") or []
+    check(
+        [(c.get("saga_type"), c.get("status")) for c in children] == [("shipment", status)],
+        f"its shipment ran as a child saga, which ended {status}",
+    )
+    if children:
+        child = (await demo.http.get(f"{admin}/sagas/{children[0]['saga_id']}")).json()
+        check(
+            (child.get("parent") or {}).get("saga_id") == placed.saga_id,
+            "the child names its parent",
+        )
+        say(f"    look: GET {admin}/sagas/{placed.saga_id}/lineage")
 
 
 async def insufficient_credit(demo: Demo) -> Placed:
@@ -586,6 +607,9 @@ async def shipping_fails(demo: Demo) -> Placed:
         undone[:2] == ["reserve-stock", "reserve-credit"],
         f"compensated in reverse order: {', '.join(undone)}",
     )
+    # The carrier refused the child's booking: the child undid itself (it failed with
+    # nothing applied), so the checkout owed nothing for it.
+    await shipment_child(demo, placed, "failed")
     return placed
 
 

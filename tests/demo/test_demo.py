@@ -67,9 +67,12 @@ async def test_every_scenario_ends_as_expected_and_nothing_leaks(demo: Demo) -> 
         f'SELECT saga_type, status, count(*) AS n FROM "{demo.target.engine_schema}".sagas '
         "GROUP BY saga_type, status"
     )
-    # The checkouts, and the nightly reconciliation its schedule's trigger started once.
+    # The checkouts, their shipments (child sagas: one per checkout that got that far; the
+    # carrier refused one), and the nightly reconciliation its schedule's trigger started.
     assert {(r["saga_type"], r["status"]): r["n"] for r in statuses} == {
         ("checkout", "completed"): 4,
         ("checkout", "compensated"): 4,
+        ("shipment", "completed"): 4,
+        ("shipment", "failed"): 1,
         ("reconciliation", "completed"): 1,
     }

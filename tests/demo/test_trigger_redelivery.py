@@ -58,7 +58,8 @@ async def test_a_redelivered_message_never_starts_a_second_saga(
 
     async def all_done() -> bool:
         n = await demo.db.fetchval(
-            f"SELECT count(*) FROM {engine_sagas} WHERE status = 'completed'"
+            f"SELECT count(*) FROM {engine_sagas} "
+            "WHERE saga_type = 'checkout' AND status = 'completed'"
         )
         return bool(n == len(orders)) and await demo.trigger_backlog() == 0
 
@@ -78,7 +79,14 @@ async def test_a_redelivered_message_never_starts_a_second_saga(
 
     await _until(stack, "the engine to consume the topic again", consumed_again)
 
-    rows = await demo.db.fetch(f"SELECT saga_id, idempotency_key, status FROM {engine_sagas}")
+    # The checkouts (each started its shipment as a child saga, counted once below).
+    rows = await demo.db.fetch(
+        f"SELECT saga_id, idempotency_key, status FROM {engine_sagas} WHERE saga_type = 'checkout'"
+    )
+    shipments = await demo.db.fetchval(
+        f"SELECT count(*) FROM {engine_sagas} WHERE saga_type = 'shipment'"
+    )
+    assert shipments == len(orders)
     assert sorted(r["idempotency_key"] for r in rows) == sorted(f"order-{o}" for o in orders)
     assert {r["saga_id"] for r in rows} == {saga_id_for("checkout", f"order-{o}") for o in orders}
     assert {r["status"] for r in rows} == {"completed"}
