@@ -28,7 +28,7 @@ from saga_engine._decision import (
     Undo,
     parent_reply,
 )
-from saga_engine._errors import PermanentError, SagaNotFound, TransientError
+from saga_engine._errors import InvalidPayload, SagaNotFound, TransientError
 from saga_engine._events import ParentLink
 from saga_engine._operations import ChildStart, ChildUndo
 from saga_engine._runtime import SagaRuntime
@@ -65,16 +65,22 @@ class ChildLinks:
         saga_id: str,
         parent: ParentLink,
         trace_context: dict[str, str] | None = None,
+        priority: int = 0,
+        fairness_key: str | None = None,
     ) -> None:
-        """Starts a child (once: its id is deterministic). A child that cannot start (a
-        type this engine does not know, an input its model refuses) fails its parent's
-        step, like a refused command; one that already ended answers with its end."""
+        """Starts a child (once: its id is deterministic). A child whose input its model
+        refuses fails its parent's step, like a refused command; one that already ended
+        answers with its end. Anything else that stops the start here (a type or version
+        this engine does not run yet, during a rolling deploy; a history it cannot
+        decode) raises to the caller, which dead-letters the request: the parent keeps
+        waiting and asks again every poll, until an engine that can start it does."""
         engine = self._e
         try:
             await engine.start(
-                saga_type, input, saga_id=saga_id, parent=parent, trace_context=trace_context
-            )
-        except PermanentError as exc:
+                saga_type, input, saga_id=saga_id, parent=parent, trace_context=trace_context,
+                priority=priority, fairness_key=fairness_key,
+            )  # fmt: skip
+        except InvalidPayload as exc:
             # Nothing was started: the parent's step is refused, with the reason.
             log.warning("child saga %s of %s cannot start: %s", saga_id, parent.saga_id, exc)
             engine.stats.inc("child_start_refused")
@@ -139,7 +145,8 @@ class ChildLinks:
             start = ChildStart.model_validate(command.payload)
             await self.start_child(
                 start.saga_type, start.input, saga_id=start.saga_id, parent=parent_of(command),
-                trace_context=command.trace_context,
+                trace_context=command.trace_context, priority=start.priority,
+                fairness_key=start.fairness_key,
             )  # fmt: skip
         return True
 
@@ -186,8 +193,9 @@ def engine_envelope(command: OutboundCommand, source: str) -> Envelope:
         message_type=MessageType.START, source=source, subject=start.saga_type,
         saga_id=start.saga_id, saga_type=start.saga_type,
         correlation_id=command.saga_id, causation_id=command.command_id,
-        body=StartBody(input=start.input, parent=parent_of(command)).model_dump(
-            mode="json", exclude_none=True
-        ),
+        body=StartBody(
+            input=start.input, parent=parent_of(command), priority=start.priority,
+            fairness_key=start.fairness_key,
+        ).model_dump(mode="json", exclude_defaults=True),
         **trace,
     )  # fmt: skip

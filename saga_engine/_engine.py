@@ -201,8 +201,9 @@ class Engine:
             live = self.live.get(saga_id)
             if live is not None:
                 check_same_start(
-                    definition, live.runtime.started, payload, saga_id, idempotency_key
-                )
+                    definition, live.runtime.started, payload, saga_id, idempotency_key,
+                    self.registry,
+                )  # fmt: skip
                 self.stats.inc("start_deduplicated")
                 return saga_id
             runtime, decision = SagaRuntime.start(definition, start_input(start))
@@ -220,7 +221,9 @@ class Engine:
             if not created:
                 runtime.close()  # never held: release its coroutines now
                 first = await self.store.first_event(saga_id)
-                check_same_start(definition, first.event, payload, saga_id, idempotency_key)
+                check_same_start(
+                    definition, first.event, payload, saga_id, idempotency_key, self.registry
+                )
                 self.stats.inc("start_deduplicated")
                 return saga_id
             self.observer.stat("sagas_started", definition.name)

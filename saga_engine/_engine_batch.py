@@ -173,6 +173,7 @@ class BatchApplier:
                 start.payload,
                 start.saga_id,
                 start.idempotency_key,
+                engine.registry,
             )
             engine.stats.inc("start_deduplicated")
             return True

@@ -15,7 +15,13 @@ from datetime import UTC, datetime
 
 from saga_engine._codec import CodecChain, PayloadCodec, Undecodable, open_event, seal_event
 from saga_engine._errors import ConcurrencyError, SagaNotFound, SerializationError
-from saga_engine._events import Event, event_from_json, event_to_dict, event_to_json
+from saga_engine._events import (
+    Event,
+    SagaStarted,
+    event_from_json,
+    event_to_dict,
+    event_to_json,
+)
 from saga_engine._rollout import InMemoryRollouts, RolloutRows
 from saga_engine._serde import dumps, loads, unstorable
 from saga_engine._status import SagaStatus
@@ -233,8 +239,15 @@ class InMemoryEventStore(InMemoryRollouts):
             and (saga_types is None or r.saga_type in saga_types)
             and r.saga_type not in other_than
             and (partitions is None or partition_for(r.saga_id, partition_count) in partitions)
+            and not self._parent_kept(r.saga_id)
         )
         return [saga_id for _, saga_id in found[:limit]]
+
+    def _parent_kept(self, saga_id: str) -> bool:
+        """A child stays while its parent does (see the Postgres store's retention)."""
+        first = self._events[saga_id][0].event
+        parent = first.parent if isinstance(first, SagaStarted) else None
+        return parent is not None and parent.saga_id in self._records
 
     async def histories(self, saga_ids: Collection[str]) -> list[LoadedSaga]:
         return [await self.load(i) for i in sorted(set(saga_ids)) if i in self._records]

@@ -284,6 +284,10 @@ class ChildStart(BaseModel):
     saga_id: str
     saga_type: str
     input: JsonDict
+    #: The parent's flow-control priority and fairness key: a tenant's children take
+    #: the tenant's turns, and an urgent parent's children are urgent too.
+    priority: int = 0
+    fairness_key: str | None = None
 
 
 class ChildUndo(BaseModel):
@@ -328,13 +332,21 @@ async def child(
     if not isinstance(name, str) or not name:
         s.definition_error("ctx.child needs a non-empty string id")
     child_id = child_saga_id(s.saga_id, name)
+    started = s.history[0]
+    assert isinstance(started, SagaStarted)
     raw = input.model_dump(mode="json", by_alias=True) if isinstance(input, BaseModel) else input
     value = validate_payload(saga.input_type, raw, f"the input of child saga {name!r}")
     return await step(
         s,
         f"{CHILD_STEP_PREFIX}{name}",
         to=CHILD_PARTICIPANT,
-        command=ChildStart(saga_id=child_id, saga_type=saga.name, input=model_payload(value)),
+        command=ChildStart(
+            saga_id=child_id,
+            saga_type=saga.name,
+            input=model_payload(value),
+            priority=started.priority,
+            fairness_key=started.fairness_key,
+        ),
         compensate=ChildUndo(saga_id=child_id, saga_type=saga.name),
         retry=retry or CHILD_RETRY,
         timeout=poll,

@@ -57,9 +57,17 @@ class PostgresRetention:
             clauses.append(
                 f"(key_hash % {arg(partition_count)} = ANY({arg(wanted)}::int[]){unhashed})"
             )
+        # A child saga stays while its parent's row does: the parent may still compensate
+        # and undo it (an undo that found no child would answer "nothing to undo"), or
+        # re-send its start. Its parent is named in its first event, outside any codec.
+        clauses.append(
+            "NOT EXISTS (SELECT 1 FROM saga_events e JOIN sagas p "
+            "ON p.saga_id = e.data->'parent'->>'saga_id' "
+            "WHERE e.saga_id = s.saga_id AND e.seq = 1)"
+        )
         # The updated_at index, oldest first: a bounded batch per call.
         sql = (
-            f"SELECT saga_id FROM sagas WHERE {' AND '.join(clauses)} "
+            f"SELECT saga_id FROM sagas s WHERE {' AND '.join(clauses)} "
             f"ORDER BY updated_at LIMIT {arg(limit)}"
         )
         with _unavailable_as_transient():

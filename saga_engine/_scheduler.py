@@ -22,6 +22,7 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 
+from saga_engine._codec import CodecChain
 from saga_engine._definition import SagaRegistry
 from saga_engine._errors import KafkaUnavailable, MigrationError, TransientError
 from saga_engine._kafka import SEND_TIMEOUT_S, delivered
@@ -64,10 +65,14 @@ class KafkaStarts:
     several times more, and 10,000 schedules may be due in the same second.
     """
 
-    def __init__(self, producer: Any, inbox: str, source: str) -> None:
+    def __init__(
+        self, producer: Any, inbox: str, source: str, codec: CodecChain | None = None
+    ) -> None:
         self._producer = producer
         self._inbox = inbox
         self._source = source
+        #: The worker's payload codec: a start request carries the schedule's input.
+        self._codec = codec
         self._partitions: int | None = None
 
     async def __call__(self, firings: Sequence[Firing]) -> None:
@@ -81,7 +86,7 @@ class KafkaStarts:
         batches: dict[int, Any] = {}
         deliveries: list[Awaitable[Any]] = []
         for f in firings:
-            key, value, headers = encode(self._envelope(f))
+            key, value, headers = encode(self._envelope(f), self._codec)
             partition = partition_for(f.saga_id, self._partitions)
             batch = batches.get(partition)
             if batch is None:

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import NamedTuple
 
 from saga_engine._decision import StartSaga
-from saga_engine._definition import SagaDefinition
+from saga_engine._definition import SagaDefinition, SagaRegistry
 from saga_engine._errors import IdempotencyConflict, InvalidTransition
 from saga_engine._events import Event, ParentLink, SagaStarted, TriggerOrigin
 from saga_engine._serde import JsonDict
@@ -19,15 +19,20 @@ def check_same_start(
     payload: JsonDict,
     saga_id: str,
     idempotency_key: str | None,
+    registry: SagaRegistry | None = None,
 ) -> None:
     """A repeated start is the same saga only if it asks for the same thing: reusing a
-    key with another input is refused (IdempotencyConflict), as payment APIs do."""
+    key with another input is refused (IdempotencyConflict), as payment APIs do. It is
+    compared as the version the saga started on reads it (``registry``), not the version
+    today's rollout would pick: a repeat after a rollout change is the same request."""
     if not isinstance(started, SagaStarted):
         raise InvalidTransition(f"saga {saga_id} has no saga_started event")
     if started.saga_type != definition.name:
         raise InvalidTransition(
             f"saga id {saga_id} already belongs to a {started.saga_type!r} saga"
         )
+    if registry is not None and started.saga_version != definition.version:
+        definition = registry.for_history(started.saga_type, [started])
     if not definition.same_request(started.input, started.request_hash, payload):
         raise IdempotencyConflict(saga_id, idempotency_key)
 

@@ -234,7 +234,10 @@ class SagaWorker:
                 await refresh_rollouts(self.engine)
         self._schedules = await WorkerSchedules.open(
             self.settings, self.engine.registry, self.schedules,
-            KafkaStarts(self._producer, self.topics.inbox, f"/saga-engine/{self.instance_id}/schedules"),
+            KafkaStarts(
+                self._producer, self.topics.inbox, f"/saga-engine/{self.instance_id}/schedules",
+                self.codec,
+            ),
             self._crash_hook,
         )  # fmt: skip
         if self.settings.admin.enabled:
@@ -355,8 +358,9 @@ class SagaWorker:
         from saga_engine._client import SagaClient
 
         client = SagaClient(
-            self.settings, source=f"/saga-engine/{self.instance_id}/admin", producer=self._producer
-        )
+            self.settings, source=f"/saga-engine/{self.instance_id}/admin", producer=self._producer,
+            codec=self.codec,
+        )  # fmt: skip
         return await client.start(saga, input, **options)
 
     @property
@@ -612,7 +616,8 @@ class SagaWorker:
             if start.parent is not None:
                 await engine.children.start_child(
                     env.saga_type or env.subject, start.input, saga_id=env.saga_id,
-                    parent=start.parent, trace_context=trace,
+                    parent=start.parent, trace_context=trace, priority=start.priority,
+                    fairness_key=start.fairness_key,
                 )  # fmt: skip
                 return
             await engine.start(

@@ -40,6 +40,7 @@ from saga_engine._events import (
     CompensationStarted,
     ErrorInfo,
     Event,
+    ParentLink,
     ReplyReceived,
     SagaCompleted,
     SagaStarted,
@@ -708,6 +709,29 @@ async def test_retention_finds_old_finished_sagas_archives_and_removes_only_them
     # Archived again (a pass that died before its delete): the first copy stays.
     assert await store.remove_finished(["old-done"], [ArchivedSaga(loaded.record, b"x")]) == 0
     assert await store.archived_history("old-done") == b"gzipped export"
+
+
+async def test_retention_keeps_a_finished_child_while_its_parent_exists(
+    store: EventStore,
+) -> None:
+    """A parent may still undo (or ask again) a completed child: the child stays while
+    the parent's row does, however old it is."""
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+
+    async def saga(saga_id: str, status: SagaStatus, parent: str | None = None) -> None:
+        link = ParentLink(saga_id=parent, command_id="c-1") if parent else None
+        started = SagaStarted(at=base, saga_type="t", input={}, parent=link)
+        assert await store.create(NewSaga(saga_id, "t", [started], Projection(status)))
+
+    await saga("open-parent", SagaStatus.RUNNING)
+    await saga("child-of-open", SagaStatus.COMPLETED, parent="open-parent")
+    await saga("done-parent", SagaStatus.COMPLETED)
+    await saga("child-of-done", SagaStatus.COMPLETED, parent="done-parent")
+    cutoff = base + timedelta(days=30)
+    # Only the finished parent: its child waits for it, the open parent's child for ever.
+    assert await store.finished_before(cutoff) == ["done-parent"]
+    assert await store.remove_finished(["done-parent"]) == 1
+    assert await store.finished_before(cutoff) == ["child-of-done"]
 
 
 async def test_due_wakeups_soonest_first_paged_by_partition(store: EventStore) -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
+from datetime import timedelta
 
 from pydantic import BaseModel
 
@@ -146,13 +147,35 @@ async def test_cancelling_a_parent_cancels_its_running_child() -> None:
     await _views_agree(env)
 
 
-async def test_a_child_of_an_unknown_type_fails_the_parents_step() -> None:
+async def test_a_child_whose_input_is_refused_fails_the_parents_step() -> None:
     env = SagaTestEnv([Order, Shipment])
-    env.engine = env.new_engine([Order])  # this deploy does not run shipments
+    start = env.bus  # the parent's command, altered on its way as a bad producer could
     run = await env.start(Order, OrderIn(order_id="o5"))
-    assert await run.status() == SagaStatus.COMPENSATED
-    error: Any = await run.error()
-    assert "shipment" in error["message"]
+    assert await run.status() == SagaStatus.COMPLETED
+    [command] = env.commands(CHILD_PARTICIPANT, compensation=False)
+    bad = replace(command, command_id="other", payload={**command.payload, "input": {}})
+    before = len(start.sent)
+    await env.engine.children.deliver_locally(bad)
+    [answer] = start.sent[before:]
+    assert (answer.participant, answer.command_id, answer.payload["outcome"]) == (
+        "saga.parent",
+        "other",
+        "failure",
+    )
+    assert "order_id" in answer.payload["error"]
+
+
+async def test_a_child_of_a_type_not_deployed_here_waits_for_an_engine_that_runs_it() -> None:
+    env = SagaTestEnv([Order, Shipment])
+    env.engine = env.new_engine([Order])  # this deploy does not run shipments yet
+    run = await env.start(Order, OrderIn(order_id="o5"))
+    # The start cannot be carried out here (the worker dead-letters it): the parent is
+    # not failed for a rolling deploy; it keeps waiting and asks again every poll.
+    assert await run.status() == SagaStatus.RUNNING
+    env.engine = env.new_engine([Order, Shipment])  # the newer deploy
+    await env.engine.recover()
+    await env.advance(timedelta(minutes=6))  # past the poll: the start is sent again
+    assert await run.status() == SagaStatus.COMPLETED
     await _views_agree(env)
 
 
