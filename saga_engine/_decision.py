@@ -8,6 +8,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict
+
 from saga_engine._errors import PermanentError
 from saga_engine._events import Event, ParentLink, TriggerOrigin
 from saga_engine._serde import JsonDict
@@ -43,6 +45,29 @@ def command_id_for(saga_id: str, step: str, generation: int, *, compensation: bo
     """Deterministic: a replay or a re-send after recovery produces the same id."""
     role = "compensate" if compensation else "forward"
     return str(uuid.uuid5(_COMMAND_NS, f"{saga_id}/{step}/{role}/{generation}"))
+
+
+class ChildStart(BaseModel):
+    """The command of a ``ctx.child`` step: start this child saga (routed to the inbox)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    saga_id: str
+    saga_type: str
+    input: JsonDict
+    #: The parent's flow-control priority and fairness key: a tenant's children take
+    #: the tenant's turns, and an urgent parent's children are urgent too.
+    priority: int = 0
+    fairness_key: str | None = None
+
+
+class ChildUndo(BaseModel):
+    """The compensation of a ``ctx.child`` step: undo what the child did."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    saga_id: str
+    saga_type: str
 
 
 # --------------------------------------------------------------------------- inputs

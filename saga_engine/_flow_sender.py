@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from saga_engine._bus import CommandSender, PipelinedSender
-from saga_engine._children import ENGINE_PARTICIPANTS
+from saga_engine._child_wire import ENGINE_PARTICIPANTS
 from saga_engine._decision import OutboundCommand
 from saga_engine._events import SagaStarted
 from saga_engine._flow import FlowQueue, Gate, GateKind, Waiting

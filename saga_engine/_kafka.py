@@ -24,7 +24,7 @@ from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssigno
 from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, TopicAlreadyExistsError
 
-from saga_engine._children import ENGINE_PARTICIPANTS, engine_envelope
+from saga_engine._child_wire import ENGINE_PARTICIPANTS, engine_envelope
 from saga_engine._codec import CodecChain
 from saga_engine._decision import OutboundCommand
 from saga_engine._errors import KafkaUnavailable

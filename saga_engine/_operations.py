@@ -24,12 +24,14 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from saga_engine._decision import (
     CHILD_PARTICIPANT,
     CHILD_STEP_PREFIX,
     DEADLINE_TIMER,
+    ChildStart,
+    ChildUndo,
     child_saga_id,
     command_id_for,
 )
@@ -274,29 +276,6 @@ async def step(
                 _owe(s, name, spec, sent)
             raise
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-class ChildStart(BaseModel):
-    """The command of a ``ctx.child`` step: start this child saga (routed to the inbox)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    saga_id: str
-    saga_type: str
-    input: JsonDict
-    #: The parent's flow-control priority and fairness key: a tenant's children take
-    #: the tenant's turns, and an urgent parent's children are urgent too.
-    priority: int = 0
-    fairness_key: str | None = None
-
-
-class ChildUndo(BaseModel):
-    """The compensation of a ``ctx.child`` step: undo what the child did."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    saga_id: str
-    saga_type: str
 
 
 #: A child is asked again (its start re-sent, same command id) this often by default: an

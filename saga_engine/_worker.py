@@ -23,7 +23,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from saga_engine._children import ENGINE_PARTICIPANTS
+from saga_engine._child_wire import ENGINE_PARTICIPANTS
 from saga_engine._codec import CodecChain, PayloadCodec, codec_from_settings
 from saga_engine._crash import CrashHook
 from saga_engine._decision import DropReason, OutboundCommand, Reply
