@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from services_demo.demo_kit import Demo, Target
 from services_demo.run import DemoStack, StackConfig, free_base_port
-from services_demo.scenario import Demo, Target
 from tests.conftest import PgTarget
 
 #: Long enough for the crash scenario's kill and restart, short enough for CI.

@@ -6,7 +6,8 @@ import pytest
 
 from saga_engine.events import CommandIssued, CompensationCompleted, ReplyReceived
 from services_demo.config import CUSTOMERS, STOCK
-from services_demo.scenario import Demo, run_scenarios
+from services_demo.demo_kit import Demo
+from services_demo.scenario import run_scenarios
 
 pytestmark = pytest.mark.integration
 

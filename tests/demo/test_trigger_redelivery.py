@@ -16,8 +16,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from saga_engine import saga_id_for
+from services_demo.demo_kit import Demo, topic_partitions
 from services_demo.run import DemoStack
-from services_demo.scenario import Demo, topic_partitions
 
 pytestmark = pytest.mark.integration
 
