@@ -58,6 +58,8 @@ from saga_engine._status import SagaStatus
 from saga_engine._store import Projection
 
 M = TypeVar("M", bound=BaseModel)
+#: The events after which an ended child answers its parent.
+_ANSWERS_PARENT = (*TERMINAL_EVENTS, UndoRequested)
 T = TypeVar("T")
 
 
@@ -364,12 +366,17 @@ class SagaRuntime:
         commands = [
             self._outbound(e) for e in s.new if isinstance(e, CommandIssued | CompensationIssued)
         ]
-        if s.status.is_terminal and any(
-            isinstance(e, (*TERMINAL_EVENTS, UndoRequested)) for e in s.new
+        terminal = s.status.is_terminal
+        # A child's end (or an undo it answers) goes to its parent; a saga without a
+        # parent pays one attribute read, once, when it ends.
+        if (
+            terminal
+            and s.history[0].parent is not None  # type: ignore[union-attr]
+            and any(isinstance(e, _ANSWERS_PARENT) for e in s.new)
         ):
             commands += self.parent_notices()
         events, s.new = s.new, []
-        ended = s.status.is_terminal or s.dead
+        ended = terminal or s.dead
         projection = Projection(
             status=self.status,
             current_step=s.current_step,
