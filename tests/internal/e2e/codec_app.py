@@ -83,6 +83,25 @@ class Vault(Saga[Deposit, Deposited]):
         return Deposited(receipts=receipts, note=approval.note)
 
 
+class Trust(BaseModel):
+    secret: str
+
+
+class Trustee(Saga[Trust, Deposited]):
+    """A parent: its vault is a child saga (the secret in the child's start, its output
+    in the child's answer), then a refused step makes it undo the completed child."""
+
+    name = "trustee"
+
+    async def run(self, ctx: SagaContext, trust: Trust) -> Deposited:
+        kept = await ctx.child(Vault, Deposit(secret=trust.secret), id="vault", poll=5)
+        await ctx.step(
+            "seal", to=PARTICIPANT, command=Keep(secret=trust.secret, part=3, refuse=True),
+            timeout=5,
+        )  # fmt: skip
+        return kept
+
+
 def build_participant(settings: Settings) -> Participant:
     participant = Participant(PARTICIPANT, settings)
 

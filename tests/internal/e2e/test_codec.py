@@ -29,9 +29,18 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from saga_engine import AesGcmCodec, CodecError, SagaStatus, Settings
+from saga_engine._decision import child_saga_id
 from saga_engine.client import SagaClient
 from saga_engine.settings import CodecSettings
-from tests.internal.e2e.codec_app import LEDGER_DDL, PARTICIPANT, Approval, Deposit, Vault
+from tests.internal.e2e.codec_app import (
+    LEDGER_DDL,
+    PARTICIPANT,
+    Approval,
+    Deposit,
+    Trust,
+    Trustee,
+    Vault,
+)
 from tests.internal.e2e.harness import Cluster
 
 pytestmark = pytest.mark.integration
@@ -195,8 +204,23 @@ async def test_no_clear_canary_in_postgres_or_kafka_and_the_admin_decodes(
         refused = await client.start(
             Vault, Deposit(secret=CANARY, refuse_second=True), idempotency_key="refused"
         )
-        statuses = await cluster.wait_settled([saga_id, refused])
-        assert statuses == {saga_id: SagaStatus.COMPLETED, refused: SagaStatus.COMPENSATED}
+        # A parent whose vault is a child saga: the child's start, its answer (its output)
+        # and the parent's undo of it all carry the secret across the inbox.
+        trustee = await client.start(Trustee, Trust(secret=CANARY), idempotency_key="trustee")
+        child = child_saga_id(trustee, "vault")
+
+        async def child_exists() -> bool | None:
+            return bool(await cluster.statuses([child])) or None
+
+        await poll("the trustee's child vault", child_exists, cluster)
+        await client.signal(child, Vault.approval, Approval(note=f"child {CANARY}"))
+        statuses = await cluster.wait_settled([saga_id, refused, trustee, child])
+        assert statuses == {
+            saga_id: SagaStatus.COMPLETED,
+            refused: SagaStatus.COMPENSATED,
+            trustee: SagaStatus.COMPENSATED,  # its seal refused: the child was undone
+            child: SagaStatus.COMPENSATED,
+        }
         output = await client.result(saga_id, timeout=10)
     # It worked on the real payloads: the participant saw the secret, the saga the reply.
     assert output == {
@@ -219,7 +243,7 @@ async def test_no_clear_canary_in_postgres_or_kafka_and_the_admin_decodes(
 
     records = await kafka_records(cluster)
     kinds = {dict(h).get("ce_type", b"").decode() for _, _, h in records}
-    assert {"saga.start", "saga.signal", "saga.command", "saga.reply"} <= kinds
+    assert {"saga.start", "saga.signal", "saga.command", "saga.reply", "saga.undo"} <= kinds
     for topic, value, headers in records:
         assert CANARY.encode() not in value, topic
         assert all(CANARY.encode() not in v for _, v in headers), topic
