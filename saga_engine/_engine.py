@@ -140,8 +140,9 @@ class Engine:
         """Starts a saga and returns its id. With the same idempotency key, the same saga."""
         prepared = self.prepare_start(
             saga, input, saga_id=saga_id, idempotency_key=idempotency_key, deadline=deadline,
-            trace_context=trace_context, trigger=trigger, parent=parent,
-        )._replace(priority=priority, fairness_key=fairness_key)  # fmt: skip
+            trace_context=trace_context, trigger=trigger, parent=parent, priority=priority,
+            fairness_key=fairness_key,
+        )  # fmt: skip
         return await self._start(prepared)
 
     def prepare_start(
@@ -155,6 +156,8 @@ class Engine:
         trace_context: dict[str, str] | None = None,
         trigger: TriggerOrigin | None = None,
         parent: ParentLink | None = None,
+        priority: int = 0,
+        fairness_key: str | None = None,
     ) -> PreparedStart:
         """Everything a start needs that takes no I/O: the definition, the input as sent,
         the id, the deadline and the saga span's context. Raises what a bad start raises."""
@@ -190,7 +193,7 @@ class Engine:
         stored = self.observer.spans.saga_context(definition.name, saga_id, trace_context or {})
         return PreparedStart(
             definition, payload, saga_id, now, deadline_at, idempotency_key, stored, parent,
-            trigger,
+            trigger, priority, fairness_key,
         )  # fmt: skip
 
     async def _start(self, start: PreparedStart) -> str:

@@ -478,7 +478,9 @@ class SagaWorker:
                 deadline=timedelta(seconds=start.deadline_s) if start.deadline_s else None,
                 trace_context=_trace_of(env),
                 trigger=start.trigger,
-            )._replace(priority=start.priority, fairness_key=start.fairness_key)
+                priority=start.priority,
+                fairness_key=start.fairness_key,
+            )
             return BatchInput(prepared.saga_id, None, start=prepared)
         except Exception:
             return None
