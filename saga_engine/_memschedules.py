@@ -2,24 +2,27 @@
 adapter. It fails as the Postgres one does: a send that raises leaves the tick due,
 ScheduleNotFound and ScheduleConflict where Postgres raises them, and a claim skips the
 schedules another claim holds (SKIP LOCKED) while pause, resume, delete and trigger
-wait for it (FOR UPDATE).
+wait for it (FOR UPDATE). A claim records the ticks it sends before sending them (as
+Postgres commits them apart from the claim), so one that raises after its send (the
+crash point) leaves them for the next claim to send again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 
 from saga_engine._errors import ScheduleConflict, ScheduleNotFound
-from saga_engine._schedule import Schedule, ScheduleState, plan, tick_key, trigger_key
+from saga_engine._schedule import Plan, Schedule, ScheduleState, plan, tick_key, trigger_key
 from saga_engine._schedule_store import (
     Fire,
     FireResult,
     Firing,
     ScheduleRow,
     firing,
+    previous_saga,
     still_running,
 )
 
@@ -37,6 +40,8 @@ class InMemoryScheduleStore:
     def __init__(self, status_of: SagaStatusOf = _no_sagas, *, grace_s: float = 60.0) -> None:
         self._rows: dict[str, ScheduleRow] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        #: saga_schedule_sends: the ticks a claim sent and did not record (yet).
+        self._sent: dict[str, list[datetime]] = {}
         self._status_of = status_of
         self._grace = timedelta(seconds=grace_s)
 
@@ -67,6 +72,7 @@ class InMemoryScheduleStore:
             self._rows[schedule.id] = dataclasses.replace(
                 row, schedule=schedule, next_fire_at=schedule.spec.next_after(now), updated_at=now
             )
+            self._sent.pop(schedule.id, None)
             return "updated"
 
     async def get(self, schedule_id: str) -> ScheduleRow:
@@ -96,6 +102,7 @@ class InMemoryScheduleStore:
         async with self._lock(schedule_id):
             await self.get(schedule_id)
             del self._rows[schedule_id]
+            self._sent.pop(schedule_id, None)
         self._locks.pop(schedule_id, None)
 
     async def earliest_due(self) -> datetime | None:
@@ -125,49 +132,57 @@ class InMemoryScheduleStore:
         for lock in locks:  # SKIP LOCKED: only free ones were taken, nothing waits here
             await lock.acquire()
         try:
-            plans = []
-            for row in due:
-                status = await self._status_of(row.last_saga_id) if row.last_saga_id else None
-                s = row.schedule
-                plans.append((row, plan(
-                    s.spec, row.next_fire_at, now, catchup=s.catchup, catchup_max=s.catchup_max,
-                    overlap=s.overlap,
-                    previous_running=row.last_saga_id is not None
-                    and still_running(status, row.last_fired_at, now),
-                    grace=self._grace,
-                )))  # fmt: skip
+            plans = [(row, await self._plan(row, now)) for row in due]
             firings = [
                 firing(row.schedule, tick_key(row.schedule.id, t), t)
                 for row, p in plans
                 for t in p.fire
             ]
             if firings:
+                for f in firings:  # recorded before the send, as Postgres commits them
+                    sent = self._sent.setdefault(f.schedule_id, [])
+                    sent[:] = sorted({*sent, f.tick})
                 await fire(firings)
             if after_fire is not None:
                 after_fire()
-            durable_at = clock()
-            for row, p in plans:
-                if row.schedule.id not in self._rows:
-                    continue
-                last = p.fire[-1] if p.fire else None
-                self._rows[row.schedule.id] = dataclasses.replace(
-                    self._rows[row.schedule.id],
-                    next_fire_at=p.next_fire_at,
-                    last_fired_at=durable_at if last else row.last_fired_at,
-                    last_tick=last or row.last_tick,
-                    last_saga_id=(
-                        firing(row.schedule, tick_key(row.schedule.id, last), last).saga_id
-                        if last
-                        else row.last_saga_id
-                    ),
-                    fired_count=row.fired_count + len(p.fire),
-                    skipped_count=row.skipped_count + p.skipped,
-                    updated_at=durable_at,
-                )
+            self._advance(plans, clock())
         finally:
             for lock in locks:
                 lock.release()
         return FireResult(len(due), firings, sum(p.skipped for _, p in plans))
+
+    async def _plan(self, row: ScheduleRow, now: datetime) -> Plan:
+        s = row.schedule
+        sent = self._sent.get(s.id, [])
+        saga_id, fired_at = previous_saga(row, sent, now)
+        status = await self._status_of(saga_id) if saga_id else None
+        return plan(
+            s.spec, row.next_fire_at, now, catchup=s.catchup, catchup_max=s.catchup_max,
+            overlap=s.overlap, grace=self._grace, sent=sent,
+            previous_running=saga_id is not None and still_running(status, fired_at, now),
+        )  # fmt: skip
+
+    def _advance(self, plans: Sequence[tuple[ScheduleRow, Plan]], durable_at: datetime) -> None:
+        """The claim's commit: the rows move on, and their sent ticks are recorded."""
+        for row, p in plans:
+            self._sent.pop(row.schedule.id, None)
+            if row.schedule.id not in self._rows:
+                continue
+            last = p.fire[-1] if p.fire else None
+            self._rows[row.schedule.id] = dataclasses.replace(
+                self._rows[row.schedule.id],
+                next_fire_at=p.next_fire_at,
+                last_fired_at=durable_at if last else row.last_fired_at,
+                last_tick=last or row.last_tick,
+                last_saga_id=(
+                    firing(row.schedule, tick_key(row.schedule.id, last), last).saga_id
+                    if last
+                    else row.last_saga_id
+                ),
+                fired_count=row.fired_count + len(p.fire),
+                skipped_count=row.skipped_count + p.skipped,
+                updated_at=durable_at,
+            )
 
     async def trigger(self, schedule_id: str, now: datetime, fire: Fire) -> Firing:
         async with self._lock(schedule_id):

@@ -1,26 +1,33 @@
-"""Durable schedules in Postgres (migration 0007): the rows, and the claim that fires them.
+"""Durable schedules in Postgres (migrations 0007 and 0009): the rows, and the claim that
+fires them.
 
 The claim (:meth:`PostgresScheduleStore.fire_due`) is the heart of "exactly once per
 tick" with any number of engines:
 
 1. ``SELECT ... FOR UPDATE SKIP LOCKED`` takes up to ``limit`` due rows;
 2. the pure :func:`saga_engine._schedule.plan` picks the ticks each row fires;
-3. ``fire`` sends every tick's start request and returns once Kafka acknowledged all;
-4. the rows' ``next_fire_at`` moves past now, and the transaction commits.
+3. the ticks to fire are recorded in ``saga_schedule_sends`` (migration 0009), in a
+   transaction of their own that commits at once;
+4. ``fire`` sends every tick's start request and returns once Kafka acknowledged all;
+5. the rows' ``next_fire_at`` moves past now, their sends are deleted, and the
+   transaction commits.
 
-A row stays locked from 1 to 4, so no other engine fires the same tick meanwhile. A
-crash (or a failed send) before 4's commit leaves ``next_fire_at`` where it was: the
-tick is claimed again and its start sent again, under the same saga id
+A row stays locked from 1 to 5, so no other engine fires the same tick meanwhile. A
+crash (or a failed send) before 5's commit leaves ``next_fire_at`` where it was and the
+ticks of 3 recorded: the next claim sends those ticks again, under the same saga ids
 (:func:`~saga_engine._schedule.tick_saga_id`), which the engine's start path
-deduplicates. A tick is never lost (``next_fire_at`` moves only after the starts are
-acknowledged) and never doubled (its saga id is fixed).
+deduplicates, counts them as fired, and takes the newest one's saga as the one
+``overlap=skip`` waits on (``plan``'s ``sent``): their sagas may run though no row names
+them. A tick is never lost (``next_fire_at`` moves only after the starts are
+acknowledged), never doubled (its saga id is fixed), and a tick that may have started
+is never taken for skipped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 import asyncpg
 
@@ -41,6 +48,7 @@ from saga_engine._schedule_store import (
     Firing,
     ScheduleRow,
     firing,
+    previous_saga,
     still_running,
     trusted,
 )
@@ -53,6 +61,17 @@ _COLUMNS: Final = (
     "definition, next_fire_at, last_fired_at, last_tick, last_saga_id, fired_count, "
     "skipped_count, created_at, updated_at"
 )
+
+
+#: Claimed rows with their sent ticks, and with their plans (aliases: the store's ``list``
+#: method hides the builtin in its class body).
+_Claimed: TypeAlias = list[tuple[ScheduleRow, list[datetime]]]
+_Planned: TypeAlias = list[tuple[ScheduleRow, Plan]]
+
+
+def _sent(r: asyncpg.Record) -> list[datetime]:
+    """A claimed row's ticks in saga_schedule_sends, oldest first (``_CLAIM``'s ``sent``)."""
+    return list(r["sent"] or ())
 
 
 def _row(r: asyncpg.Record) -> ScheduleRow:
@@ -76,15 +95,34 @@ def _row(r: asyncpg.Record) -> ScheduleRow:
 # engines split a burst between them, and a row (its tick) is in one engine's hands at a
 # time: the lock is held until the commit that moves next_fire_at, after the starts are
 # acknowledged. ORDER BY next_fire_at: the most overdue first (the partial index's order).
+# ``sent``: the ticks a claim of the row that never committed recorded before its send;
+# only a claim holding the row writes them, so those of a row this claim locked are
+# final (a row another claim holds is skipped).
 _CLAIM: Final = f"""
-SELECT {_COLUMNS} FROM saga_schedules
+SELECT {_COLUMNS},
+    (SELECT array_agg(x.tick ORDER BY x.tick) FROM saga_schedule_sends AS x
+     WHERE x.schedule_id = s.schedule_id) AS sent
+FROM saga_schedules AS s
 WHERE state = 'active' AND next_fire_at <= $1
 ORDER BY next_fire_at
 LIMIT $2
-FOR UPDATE SKIP LOCKED
+FOR UPDATE OF s SKIP LOCKED
 """
 
+# ON CONFLICT DO NOTHING: a tick sent again (a previous claim's, see _CLAIM) is already
+# there. Run outside the claim's transaction, so that it is durable before the send.
+_RECORD_SENDS: Final = """
+INSERT INTO saga_schedule_sends (schedule_id, tick)
+SELECT * FROM unnest($1::text[], $2::timestamptz[])
+ON CONFLICT DO NOTHING
+"""
+
+# The claimed rows' sends go in the same statement: the commit that records what they
+# fired is the one that forgets them.
 _ADVANCE: Final = """
+WITH forgotten AS (
+    DELETE FROM saga_schedule_sends WHERE schedule_id = ANY($1::text[])
+)
 UPDATE saga_schedules AS s SET
     next_fire_at  = u.next_fire_at,
     last_fired_at = CASE WHEN u.last_saga_id IS NULL THEN s.last_fired_at ELSE $7 END,
@@ -119,8 +157,11 @@ class PostgresScheduleStore:
             pool = await asyncpg.create_pool(
                 settings.dsn.get_secret_value(),
                 min_size=1,
-                # The claims of a burst, and two more: the loop's probe and the admin API.
-                max_size=claims_in_flight + 2,
+                # Two per claim of a burst (its transaction, and the sends it records
+                # before sending, committed apart), and two more: the loop's probe and
+                # the admin API. With one per claim, claims holding every connection
+                # would wait for a second one forever.
+                max_size=2 * claims_in_flight + 2,
                 command_timeout=settings.command_timeout_s,
                 server_settings={"search_path": settings.db_schema},
                 init=_init_connection,
@@ -133,7 +174,8 @@ class PostgresScheduleStore:
     async def migrated(self) -> bool:
         with _unavailable_as_transient():
             found: bool = await self._pool.fetchval(
-                "SELECT to_regclass('saga_schedules') IS NOT NULL"
+                "SELECT to_regclass('saga_schedules') IS NOT NULL "
+                "AND to_regclass('saga_schedule_sends') IS NOT NULL"
             )
         return found
 
@@ -192,6 +234,11 @@ class PostgresScheduleStore:
                     _json(schedule.input), schedule.catchup.value, schedule.catchup_max,
                     schedule.overlap.value, _json(definition), spec.next_after(now), now,
                 )  # fmt: skip
+                # Ticks of the old definition a dead claim sent are not sent again under
+                # the new one (another saga type would give them other saga ids).
+                await conn.execute(
+                    "DELETE FROM saga_schedule_sends WHERE schedule_id = $1", schedule.id
+                )
                 return "updated"
 
     async def get(self, schedule_id: str) -> ScheduleRow:
@@ -248,7 +295,13 @@ class PostgresScheduleStore:
             # A claim holding the row makes this wait for its commit: a tick being fired
             # is fired, and nothing fires after the delete.
             found = await self._pool.fetchval(
-                "DELETE FROM saga_schedules WHERE schedule_id = $1 RETURNING true", schedule_id
+                """
+                WITH forgotten AS (
+                    DELETE FROM saga_schedule_sends WHERE schedule_id = $1
+                )
+                DELETE FROM saga_schedules WHERE schedule_id = $1 RETURNING true
+                """,
+                schedule_id,
             )
         if not found:
             raise ScheduleNotFound(schedule_id)
@@ -277,34 +330,21 @@ class PostgresScheduleStore:
         module's docstring). ``clock`` stamps last_fired_at once the starts are durable."""
         with _unavailable_as_transient():
             async with self._pool.acquire() as conn, conn.transaction():
-                rows = [_row(r) for r in await conn.fetch(_CLAIM, now, limit)]
-                if not rows:
+                claimed = await conn.fetch(_CLAIM, now, limit)
+                if not claimed:
                     return FireResult(0, [], 0)
-                running = await self._running(conn, rows, now)
-                plans: list[tuple[ScheduleRow, Plan]] = []
-                for row in rows:
-                    s = row.schedule
-                    plans.append(
-                        (
-                            row,
-                            plan(
-                                s.spec,
-                                row.next_fire_at,
-                                now,
-                                catchup=s.catchup,
-                                catchup_max=s.catchup_max,
-                                overlap=s.overlap,
-                                previous_running=row.last_saga_id in running,
-                                grace=self._grace,
-                            ),
-                        )
-                    )
+                rows = [(_row(r), _sent(r)) for r in claimed]
+                plans = await self._plans(conn, rows, now)
                 firings = [
                     firing(row.schedule, tick_key(row.schedule.id, tick), tick)
                     for row, p in plans
                     for tick in p.fire
                 ]
                 if firings:
+                    # On another connection, committed before the send (see _CLAIM).
+                    await self._pool.execute(
+                        _RECORD_SENDS, [f.schedule_id for f in firings], [f.tick for f in firings]
+                    )
                     await fire(firings)
                 if after_fire is not None:
                     after_fire()  # the crash point between "starts durable" and the commit
@@ -320,7 +360,20 @@ class PostgresScheduleStore:
                     [p.skipped for _, p in plans],
                     clock(),
                 )
-        return FireResult(len(rows), firings, sum(p.skipped for _, p in plans))
+        return FireResult(len(plans), firings, sum(p.skipped for _, p in plans))
+
+    async def _plans(self, conn: Any, rows: _Claimed, now: datetime) -> _Planned:
+        running = await self._running(conn, rows, now)
+        plans: _Planned = []
+        for row, sent in rows:
+            s = row.schedule
+            previous, _ = previous_saga(row, sent, now)
+            plans.append((row, plan(
+                s.spec, row.next_fire_at, now, catchup=s.catchup, catchup_max=s.catchup_max,
+                overlap=s.overlap, previous_running=previous in running, grace=self._grace,
+                sent=sent,
+            )))  # fmt: skip
+        return plans
 
     async def trigger(self, schedule_id: str, now: datetime, fire: Fire) -> Firing:
         """Fires the schedule once now, outside its spec and whatever its state or
@@ -348,13 +401,14 @@ class PostgresScheduleStore:
         return fired
 
     @staticmethod
-    async def _running(conn: Any, rows: Sequence[ScheduleRow], now: datetime) -> set[str]:
-        """The last saga ids of ``rows`` (overlap=skip ones) that have not ended."""
-        wanted = {
-            r.last_saga_id: r.last_fired_at
-            for r in rows
-            if r.schedule.overlap is Overlap.SKIP and r.last_saga_id is not None
-        }
+    async def _running(conn: Any, rows: _Claimed, now: datetime) -> set[str]:
+        """The previous sagas (``previous_saga``) of ``rows`` (overlap=skip ones) that
+        have not ended."""
+        wanted: dict[str, datetime | None] = {}
+        for row, sent in rows:
+            saga_id, fired_at = previous_saga(row, sent, now)
+            if row.schedule.overlap is Overlap.SKIP and saga_id is not None:
+                wanted[saga_id] = fired_at
         if not wanted:
             return set()
         found = {

@@ -17,6 +17,7 @@ gives the same id, so a tick fired twice (a crash after the start was sent, befo
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -43,6 +44,7 @@ __all__ = [
     "plan",
     "tick_key",
     "tick_saga_id",
+    "to_resend",
     "trigger_key",
 ]
 
@@ -272,29 +274,52 @@ def plan(
     overlap: Overlap,
     previous_running: bool,
     grace: timedelta,
+    sent: Sequence[datetime] = (),
 ) -> Plan:
     """Which of the ticks due since ``next_fire_at`` (inclusive) up to ``now`` to fire.
 
     A tick is on time while ``now - tick <= grace``; only the most recent due tick can
-    be. ``previous_running``: the saga of the schedule's last fired tick has not ended.
+    be. ``sent``: ticks whose starts a claim that never committed may have sent (oldest
+    first, none before ``next_fire_at``). Their sagas may run, so they fire again (under
+    the same saga ids, which the engine deduplicates) and count as fired; the policies
+    then apply to the ticks after them. ``previous_running``: the saga of the newest of
+    ``sent``, or else of the schedule's last fired tick, has not ended.
     """
-    nxt = spec.next_after(now)
-    if next_fire_at > now:
+    resent = to_resend(sent, next_fire_at)
+    if next_fire_at > now and not resent:
         return Plan([], 0, next_fire_at)
-    keep = catchup_max if catchup is CatchUp.ALL else 1
-    ticks, total = spec.ticks_between(next_fire_at, now, keep)
-    if not ticks:
-        return Plan([], 0, nxt)
-    if catchup is CatchUp.SKIP and now - ticks[-1] > grace:
-        chosen: list[datetime] = []
-    elif catchup is CatchUp.ALL:
-        chosen = ticks
+    # The ticks the sent ones stand for (counted, and not planned again).
+    if resent:
+        _, handled = spec.ticks_between(next_fire_at, resent[-1], 0)
+        first = spec.next_after(resent[-1])
     else:
-        chosen = ticks[-1:]
-    if overlap is Overlap.SKIP:
-        # The chosen ticks would overlap each other too: at most one fires.
-        chosen = [] if previous_running else chosen[-1:]
-    return Plan(chosen, total - len(chosen), nxt)
+        handled, first = 0, next_fire_at
+    keep = catchup_max if catchup is CatchUp.ALL else 1
+    ticks, total = spec.ticks_between(first, now, keep)
+    chosen = _choose(ticks, now, catchup=catchup, overlap=overlap, grace=grace)
+    if overlap is Overlap.SKIP and previous_running:
+        chosen = []
+    fired = resent + chosen
+    # max(): a sent tick may be after this engine's now (another engine's clock was ahead).
+    nxt = spec.next_after(max(now, resent[-1])) if resent else spec.next_after(now)
+    return Plan(fired, max(0, handled + total - len(fired)), nxt)
+
+
+def to_resend(sent: Sequence[datetime], next_fire_at: datetime) -> list[datetime]:
+    """The ticks of ``sent`` (oldest first) that fire again: not those before
+    ``next_fire_at``, which a resume moved past (a paused schedule's ticks do not run)."""
+    return [t for t in sent if t >= next_fire_at]
+
+
+def _choose(
+    ticks: list[datetime], now: datetime, *, catchup: CatchUp, overlap: Overlap, grace: timedelta
+) -> list[datetime]:
+    """The due ``ticks`` (the most recent ones, oldest first) the catch-up policy fires."""
+    if not ticks or (catchup is CatchUp.SKIP and now - ticks[-1] > grace):
+        return []
+    chosen = ticks if catchup is CatchUp.ALL else ticks[-1:]
+    # overlap=skip: the chosen ticks would overlap each other too, so at most one fires.
+    return chosen[-1:] if overlap is Overlap.SKIP else chosen
 
 
 def tick_key(schedule_id: str, tick: datetime) -> str:

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import Final, Protocol
 
 from saga_engine._decision import saga_id_for
-from saga_engine._schedule import CatchUp, Overlap, Schedule, ScheduleState
+from saga_engine._schedule import CatchUp, Overlap, Schedule, ScheduleState, tick_saga_id, to_resend
 from saga_engine._serde import JsonDict
 from saga_engine._status import SagaStatus
 
@@ -26,6 +26,7 @@ __all__ = [
     "ScheduleRow",
     "ScheduleStore",
     "firing",
+    "previous_saga",
     "still_running",
     "trusted",
 ]
@@ -116,6 +117,21 @@ def firing(schedule: Schedule, key: str, tick: datetime) -> Firing:
         input=schedule.input,
         tick=tick,
     )
+
+
+def previous_saga(
+    row: ScheduleRow, sent: Sequence[datetime], now: datetime
+) -> tuple[str | None, datetime | None]:
+    """The saga overlap=skip waits on, and when its start was last sent.
+
+    ``sent``: the ticks (oldest first) a claim that never committed may have sent (see
+    ``plan``). Their sagas may run although no row names them: the newest one's saga is
+    the tick's own deterministic id, and its start goes again now. Else it is the saga of
+    the last fired tick the row recorded."""
+    live = to_resend(sent, row.next_fire_at)
+    if live:
+        return tick_saga_id(row.schedule.saga, row.schedule.id, live[-1]), now
+    return row.last_saga_id, row.last_fired_at
 
 
 def still_running(status: str | None, fired_at: datetime | None, now: datetime) -> bool:

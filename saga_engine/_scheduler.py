@@ -271,8 +271,8 @@ class WorkerSchedules:
         try:
             if not await store.migrated():
                 raise MigrationError(
-                    f"schema {settings.pg.db_schema!r} has no saga_schedules table "
-                    "(migration 0007): run `saga migrate`"
+                    f"schema {settings.pg.db_schema!r} lacks saga_schedules or "
+                    "saga_schedule_sends (migrations 0007 and 0009): run `saga migrate`"
                 )
             now = utc_now()
             for schedule in declared:

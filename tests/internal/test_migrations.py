@@ -38,6 +38,7 @@ PINNED = {
     6: "d5218c23c71101864c49e98646db6f0d3260f9f57c993a114be2fea85393ed43",
     7: "042dbd4a9ef1216c538b02152752802e6cd9a13563cfadb44cc94eed00841ddd",
     8: "6b5e5ac1eceb0d406e9549e58d1afac717fffcd0bdf0318032cfa2add4020fbe",
+    9: "7531663a38f677de142ef288e9c0119ac9c4bef1c77d9cc4e4ac5f599e59ef92",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant_migrations).
 PINNED_PARTICIPANT = {
@@ -124,6 +125,7 @@ async def test_migrate_applies_each_migration_once(pg: PgTarget) -> None:
         "saga_events",
         "saga_rollouts",  # 0008
         "saga_rollout_audit",  # 0008
+        "saga_schedule_sends",  # 0009
     }
     assert await _recorded(pg.database_dsn, pg.schema) == [
         (m.version, m.name, m.sha256) for m in shipped_migrations()

@@ -62,7 +62,7 @@ async def adapter(request: pytest.FixtureRequest, pg: PgTarget) -> AsyncIterator
 
         async def make_memory(grace_s: float) -> ScheduleStore:
             store = InMemoryScheduleStore(status_of, grace_s=grace_s)
-            store._rows, store._locks = first._rows, first._locks
+            store._rows, store._locks, store._sent = first._rows, first._locks, first._sent
             return store
 
         async def set_memory(saga_id: str, status: str) -> None:
@@ -306,3 +306,54 @@ async def test_a_failed_send_leaves_the_tick_due(
     row = await store.get("s")
     assert row.next_fire_at == t0 + MINUTE
     assert row.fired_count == 0
+
+
+class Crash(Exception):
+    """Stands for the engine's death at the crash point (the claim never commits)."""
+
+
+def crash_after_fire() -> None:
+    raise Crash("SIGKILL between the acknowledged starts and the claim's commit")
+
+
+@pytest.mark.parametrize("overlap", [Overlap.SKIP, Overlap.ALLOW])
+async def test_a_tick_sent_by_a_claim_that_never_committed_keeps_the_overlap_policy(
+    stores: tuple[ScheduleStore, ScheduleStore],
+    inbox: tuple[KafkaStarts, str, KafkaSettings],
+    adapter: Adapter,
+    overlap: Overlap,
+) -> None:
+    """Issue 22 §3: the engine dies after Kafka acknowledged the 00:01 tick's start and
+    before its claim committed; another engine claims after 00:02 is due, while the
+    00:01 saga still runs. The 00:01 tick counts as fired (its start goes again, under
+    its own saga id), and overlap=skip does not start 00:02 beside it."""
+    a, b = stores
+    fire, topic, kafka = inbox
+    t0 = floor_minute(datetime.now(UTC))
+    schedule = Schedule(id="nightly", saga="report", every_s=60, overlap=overlap)
+    await a.upsert(schedule, t0, origin="api")
+    t1, t2 = t0 + MINUTE, t0 + MINUTE * 2
+    with pytest.raises(Crash):
+        await a.fire_due(t1, 500, fire, clock=fixed(t1), after_fire=crash_after_fire)
+    crashed = tick_saga_id("report", "nightly", t1)
+    await adapter.set_status(crashed, "running")  # its start landed; the saga waits
+    now = t2 + timedelta(seconds=5)
+    result = await b.fire_due(now, 500, fire, clock=fixed(now))
+    expected = [t1] if overlap is Overlap.SKIP else [t1, t2]
+    assert [f.tick for f in result.fired] == expected
+    assert result.skipped == 2 - len(expected)
+    row = await b.get("nightly")
+    assert (row.fired_count, row.skipped_count) == (len(expected), 2 - len(expected))
+    assert row.last_tick == expected[-1]
+    assert row.last_saga_id == tick_saga_id("report", "nightly", expected[-1])
+    assert row.next_fire_at == t0 + MINUTE * 3
+    # The crashed tick's start went out twice (the engine starts one saga from them).
+    ids = Counter(await started_ids(kafka, topic, 2 + len(expected) - 1))
+    assert ids == Counter(
+        {crashed: 2, **{tick_saga_id("report", "nightly", t2): len(expected) - 1}}
+    )
+    # Committed, the claim leaves nothing to send again: the next tick is planned as usual.
+    await adapter.set_status(crashed, "completed")
+    t3 = t0 + MINUTE * 3
+    later = await a.fire_due(t3, 500, fire, clock=fixed(t3))
+    assert [f.tick for f in later.fired] == [t3]

@@ -127,6 +127,36 @@ def test_catch_up_after_downtime(
     assert p.next_fire_at == at(660)
 
 
+@pytest.mark.parametrize(
+    ("catchup", "overlap", "running", "sent", "fired", "skipped"),
+    [
+        # A dead claim sent 1:00; the engines are back at 3:30 (grace 20 s).
+        (CatchUp.LAST, Overlap.SKIP, True, [60], [60], 2),
+        (CatchUp.LAST, Overlap.SKIP, False, [60], [60, 180], 1),
+        (CatchUp.LAST, Overlap.ALLOW, True, [60], [60, 180], 1),
+        (CatchUp.SKIP, Overlap.ALLOW, False, [60], [60], 2),
+        (CatchUp.ALL, Overlap.ALLOW, False, [60, 120], [60, 120, 180], 0),
+        # A resume moved next_fire_at past the sent tick: it does not fire again.
+        (CatchUp.LAST, Overlap.SKIP, False, [0], [180], 2),
+    ],
+)
+def test_ticks_a_dead_claim_sent_fire_again_and_count_as_fired(
+    catchup: CatchUp,
+    overlap: Overlap,
+    running: bool,
+    sent: list[int],
+    fired: list[int],
+    skipped: int,
+) -> None:
+    p = plan(
+        MINUTE, at(60), at(210), catchup=catchup, catchup_max=10, overlap=overlap,
+        previous_running=running, grace=timedelta(seconds=20), sent=[at(s) for s in sent],
+    )  # fmt: skip
+    assert p.fire == [at(s) for s in fired]
+    assert p.skipped == skipped
+    assert p.next_fire_at == at(240)
+
+
 def test_catch_up_skip_still_fires_the_latest_tick_within_the_grace_period() -> None:
     p = plan(
         MINUTE, at(60), at(610), catchup=CatchUp.SKIP, catchup_max=10,
