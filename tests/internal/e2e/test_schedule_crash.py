@@ -5,6 +5,9 @@
   committed (crash point ``schedule_after_fire``). After a restart every tick has exactly
   one saga, none is missing, and the tick in flight at the crash was sent again and
   deduplicated.
+- The same crash with ``overlap=skip`` and ``catchup=last``, the engine back after the
+  next tick is due while the crashed tick's saga runs: no newer tick starts beside it,
+  and the crashed tick counts as fired, not skipped (issue 22 §3).
 - Two engine processes racing for forty schedules: one saga per tick, none missing, and
   both engines fired some.
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
@@ -103,6 +106,60 @@ async def test_sigkill_between_the_start_and_the_claim_commit_fires_the_tick_onc
     assert row["fired_count"] == len(expected)
     # The crashed tick's start went out twice, and the engine started one saga.
     assert (await _inbox_ids(cluster, len(expected) + 1))[crashed_id] == 2
+
+
+OVERLAP_APP = [
+    "-m", "saga_engine", "worker", "tests.internal.e2e.schedule_overlap_app",
+    "--log-level", "INFO",
+]  # fmt: skip
+
+
+async def test_sigkill_between_the_start_and_the_claim_commit_keeps_overlap_skip(
+    cluster: Cluster,
+) -> None:
+    # The first claim that fires dies after Kafka acknowledged its start.
+    cluster._spawn("engine", OVERLAP_APP, cluster.env(SAGA_CRASH_AT="schedule_after_fire:1"))
+    assert await cluster.wait_exit("engine", timeout=90) == -9, cluster.log_tail("engine")
+    [row] = await _fetch(cluster, "SELECT * FROM saga_schedules")
+    crashed: datetime = row["next_fire_at"]
+    assert (row["fired_count"], row["last_saga_id"]) == (0, None)
+    crashed_id = tick_saga_id("slow-report", "one-at-a-time", crashed)
+    assert (await _inbox_ids(cluster, 1))[crashed_id] == 1
+
+    # Back once the next tick is due, the crashed tick's saga not even started yet.
+    await poll_until(lambda: _utc_now() > crashed + timedelta(seconds=1.5), timeout=10)
+    cluster._spawn("engine", OVERLAP_APP, cluster.env())
+    deadline = time.monotonic() + 90
+
+    async def two_ran() -> bool:
+        assert time.monotonic() < deadline, cluster.log_tail("engine")
+        done = await _fetch(cluster, "SELECT 1 FROM sagas WHERE status = 'completed'")
+        return len(done) >= 2
+
+    await poll_until(two_ran, timeout=90, interval=0.2)
+    cluster.stop_all()
+    sagas = await _fetch(
+        cluster,
+        "SELECT saga_id, idempotency_key, status, created_at, updated_at FROM sagas "
+        "ORDER BY idempotency_key",
+    )
+    # The crashed tick ran, once; each saga started after the one before it ended.
+    assert sagas[0]["saga_id"] == crashed_id
+    assert len({s["idempotency_key"] for s in sagas}) == len(sagas)
+    for before, after in itertools.pairwise(sagas):
+        assert before["status"] == "completed"
+        assert after["created_at"] >= before["updated_at"], (before, after)
+    [row] = await _fetch(cluster, "SELECT * FROM saga_schedules")
+    # The crashed tick is counted as fired; the ticks of its run as skipped.
+    assert row["fired_count"] == len(sagas)
+    due = int((row["next_fire_at"] - crashed).total_seconds())
+    assert row["skipped_count"] == due - len(sagas)
+    # Its start went out again after the restart, under its own saga id.
+    assert (await _inbox_ids(cluster, len(sagas) + 1))[crashed_id] == 2
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
 
 
 RACE_APP = [
