@@ -13,6 +13,12 @@ When SAGA_PG__DSN or SAGA_KAFKA__BOOTSTRAP_SERVERS is already set, that server i
 as it is and nothing is started for it: this is how the project is pointed at existing
 infrastructure.
 
+The ports are SAGA_DEV_PG_PORT, SAGA_DEV_KAFKA_PORT and SAGA_DEV_KAFKA_CONTROLLER_PORT
+(54329, 19092, 19093). Each set of ports is a stack of its own in this checkout, with its
+own state file and data directories under .dev/ (the default ports keep .dev/state.json,
+.dev/pg and .dev/kafka): `up`, `status` and `down` with the same ports act on that stack
+only. `up` refuses a port on which another stack of the checkout runs a server, naming it.
+
 Every failure is one line on stderr naming the component and the reason, and a
 non-zero exit. `tools` is the exception: a tool it cannot install is one line on
 stderr saying why and what that costs, and it still exits 0 so the tests run.
@@ -22,153 +28,50 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import hashlib
-import json
 import logging
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-DEV = ROOT / ".dev"
-STATE_FILE = DEV / "state.json"
-ENV_FILE = DEV / "env"
-KAFKA_POM = ROOT / "scripts" / "kafka" / "pom.xml"
+from devstack_base import (
+    DEV,
+    ENV_FILE,
+    KAFKA_CONTROLLER_PORT,
+    KAFKA_HOME,
+    KAFKA_POM,
+    KAFKA_PORT,
+    PG_DIR,
+    PG_PORT,
+    ROOT,
+    AptError,
+    StackError,
+    State,
+    apt_install,
+    is_root,
+    kill_and_wait,
+    pid_alive,
+    port_open,
+    refuse_shared_ports,
+    run_quiet,
+    say,
+)
+from devstack_tools import tools
 
-PG_PORT = int(os.environ.get("SAGA_DEV_PG_PORT", "54329"))
-KAFKA_PORT = int(os.environ.get("SAGA_DEV_KAFKA_PORT", "19092"))
-KAFKA_CONTROLLER_PORT = int(os.environ.get("SAGA_DEV_KAFKA_CONTROLLER_PORT", "19093"))
 PG_DATABASE = "saga"
 PG_VERSION = "15"
 START_TIMEOUT_S = float(os.environ.get("SAGA_DEV_START_TIMEOUT", "90"))
 
-
-class StackError(Exception):
-    """A component could not be started or reached; the message is the one line we print."""
-
-
-def say(msg: str) -> None:
-    # Status goes to stderr: stdout carries only what callers consume (the settings for
-    # `eval`, or the JSON of a benchmark run under `devstack.py run`).
-    print(msg, file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------- state
-
-
-@dataclass
-class State:
-    postgres_pid: int | None = None
-    postgres_datadir: str | None = None
-    kafka_pid: int | None = None
-
-    @classmethod
-    def load(cls) -> State:
-        if not STATE_FILE.exists():
-            return cls()
-        try:
-            raw = json.loads(STATE_FILE.read_text())
-        except (OSError, ValueError):
-            return cls()
-        return cls(**{k: raw.get(k) for k in ("postgres_pid", "postgres_datadir", "kafka_pid")})
-
-    def save(self) -> None:
-        DEV.mkdir(parents=True, exist_ok=True)
-        STATE_FILE.write_text(json.dumps(self.__dict__, indent=2))
-
-
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0); treat it as dead.
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
-
-
-def port_open(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.5)
-        return s.connect_ex((host, port)) == 0
-
-
-def run_quiet(cmd: list[str], what: str, **kw: Any) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, **kw)
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()
-        reason = tail[-1] if tail else f"exit code {proc.returncode}"
-        raise StackError(f"{what}: {reason}")
-    return proc
-
-
 # --------------------------------------------------------------------------- postgres
-
-
-def is_root() -> bool:
-    return os.geteuid() == 0
 
 
 def as_postgres(cmd: list[str]) -> list[str]:
     """The Debian server refuses to run as root, so root runs it as the postgres user."""
     return ["runuser", "-u", "postgres", "--", *cmd] if is_root() else cmd
-
-
-class AptError(StackError):
-    """apt-get cannot install here or failed; `reason` is the cause alone."""
-
-    def __init__(self, what: str, reason: str) -> None:
-        super().__init__(f"{what}: {reason}")
-        self.reason = reason
-
-
-def can_sudo() -> bool:
-    """Passwordless sudo only: nothing here may stop to ask for a password."""
-    if shutil.which("sudo") is None:
-        return False
-    probe = subprocess.run(["sudo", "-n", "true"], capture_output=True, check=False)
-    return probe.returncode == 0
-
-
-def apt_install(packages: list[str], what: str, *, sudo: bool = False) -> None:
-    """Installs Debian packages with apt-get as root, or through passwordless sudo when
-    `sudo` is true; raises AptError saying why it could not."""
-    if shutil.which("apt-get") is None:
-        raise AptError(what, "apt-get is not available on this machine")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    prefix: list[str] = []
-    if not is_root():
-        if not (sudo and can_sudo()):
-            raise AptError(
-                what, "not root and no passwordless sudo" if sudo else "not running as root"
-            )
-        prefix = ["sudo", "-n", "env", "DEBIAN_FRONTEND=noninteractive"]
-    say(f"{what}: installing {' '.join(packages)} with apt-get{' (sudo)' if prefix else ''} ...")
-    for args, step in (
-        (["update", "-q"], "apt-get update failed"),
-        (["install", "-y", "-q", "--no-install-recommends", *packages], "apt-get install failed"),
-    ):
-        try:
-            run_quiet([*prefix, "apt-get", *args], step, env=env)
-        except StackError as exc:
-            raise AptError(what, str(exc)) from None
 
 
 def apt_install_postgres(packages: list[str]) -> None:
@@ -203,7 +106,7 @@ def postgres_bindir() -> Path:
 
 def postgres_datadir() -> Path:
     """The cluster lives under .dev/ unless the postgres user cannot reach the checkout."""
-    base = DEV / "pg"
+    base = DEV / PG_DIR
     if not is_root():
         return base
     probe = subprocess.run(
@@ -212,7 +115,7 @@ def postgres_datadir() -> Path:
     if probe.returncode == 0:
         return base
     digest = hashlib.sha1(str(ROOT).encode()).hexdigest()[:10]
-    return Path(f"/var/tmp/saga-engine-dev-{digest}/pg")
+    return Path(f"/var/tmp/saga-engine-dev-{digest}/{PG_DIR}")
 
 
 def pg_dsn(database: str = PG_DATABASE) -> str:
@@ -369,7 +272,7 @@ def stop_postgres(state: State) -> None:
             capture_output=True,
             check=False,
         )
-        _kill_and_wait(state.postgres_pid, 10)
+        kill_and_wait(state.postgres_pid, 10)
         say(f"postgres: stopped (pid {state.postgres_pid})")
     state.postgres_pid = None
     state.save()
@@ -523,7 +426,8 @@ def start_kafka(state: State) -> bool:
                 "SAGA_DEV_KAFKA_PORT / SAGA_DEV_KAFKA_CONTROLLER_PORT"
             )
     libs = kafka_libs()
-    home = DEV / "kafka"
+    home = KAFKA_HOME
+    home.mkdir(parents=True, exist_ok=True)
     logdir = home / "data"
     props = home / "server.properties"
     props.write_text(
@@ -567,113 +471,12 @@ def start_kafka(state: State) -> bool:
     return True
 
 
-def _kill_and_wait(pid: int, grace_s: float) -> None:
-    if not pid_alive(pid):
-        return
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
-        if not pid_alive(pid):
-            return
-        time.sleep(0.1)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-
-
 def stop_kafka(state: State) -> None:
     if state.kafka_pid and pid_alive(state.kafka_pid):
-        _kill_and_wait(state.kafka_pid, 30)
+        kill_and_wait(state.kafka_pid, 30)
         say(f"kafka: stopped (pid {state.kafka_pid})")
     state.kafka_pid = None
     state.save()
-
-
-# --------------------------------------------------------------------------- test tools
-
-# The browser test drives Debian's chromium (never `playwright install`: no browser
-# download); tests/test_compose.py validates docker-compose.yml offline with Debian's
-# docker-compose. Both come from apt-get, like Postgres.
-CHROMIUM = os.environ.get("SAGA_TEST_CHROMIUM", "/usr/bin/chromium")
-
-
-def chromium_present() -> bool:
-    return Path(CHROMIUM).is_file()
-
-
-def compose_present() -> bool:
-    # As tests/test_compose.py looks for it: docker-compose, or the docker compose plugin.
-    if shutil.which("docker-compose"):
-        return True
-    if shutil.which("docker") is None:
-        return False
-    try:
-        probe = subprocess.run(
-            ["docker", "compose", "version"], capture_output=True, check=False, timeout=15
-        )
-    except subprocess.TimeoutExpired:
-        return False
-    return probe.returncode == 0
-
-
-@dataclass(frozen=True)
-class Tool:
-    name: str  # also its Debian package
-    present: Callable[[], bool]
-    without: str  # what the test run loses when it is missing
-
-
-TOOLS = [
-    Tool("chromium", chromium_present, "the admin web page's browser test will fail"),
-    Tool("docker-compose", compose_present, "the compose validation test will skip"),
-]
-
-
-def tools() -> None:
-    """Installs the test tools that are missing with apt-get, as root or through
-    passwordless sudo. When it cannot, one line each on stderr says why and what the
-    run loses; it never fails, so the tests run either way."""
-    missing = [tool for tool in TOOLS if not tool.present()]
-    if not missing:
-        say(f"tools: {' and '.join(tool.name for tool in TOOLS)} present")
-        return
-    installable = []
-    for tool in missing:
-        if tool.name == "chromium" and "SAGA_TEST_CHROMIUM" in os.environ:
-            # Debian's package would not put a browser at that path.
-            say(
-                f"tools: no chromium at {CHROMIUM} (SAGA_TEST_CHROMIUM); {tool.without}: "
-                "point SAGA_TEST_CHROMIUM at a Chromium, or unset it to use Debian's"
-            )
-        else:
-            installable.append(tool)
-    if not installable:
-        return
-    t0 = time.monotonic()
-    try:
-        apt_install([tool.name for tool in installable], "tools", sudo=True)
-    except (AptError, OSError) as exc:
-        reason = exc.reason if isinstance(exc, AptError) else str(exc)
-        for tool in installable:
-            say(
-                f"tools: {tool.name} is missing and cannot be installed ({reason}); "
-                f"{tool.without}: install Debian's {tool.name}"
-            )
-        return
-    installed = []
-    for tool in installable:
-        if tool.present():
-            installed.append(tool.name)
-        else:
-            say(f"tools: {tool.name} is still missing after apt-get installed it; {tool.without}")
-    if installed:
-        say(f"tools: {' and '.join(installed)} installed in {time.monotonic() - t0:.1f}s")
 
 
 # --------------------------------------------------------------------------- commands
@@ -696,6 +499,10 @@ def print_env() -> None:
 
 
 def up() -> tuple[bool, bool]:
+    refuse_shared_ports(
+        pg=not os.environ.get("SAGA_PG__DSN"),
+        kafka=not os.environ.get("SAGA_KAFKA__BOOTSTRAP_SERVERS"),
+    )
     state = State.load()
     started_pg = start_postgres(state)
     try:
@@ -718,10 +525,13 @@ def down(pg: bool = True, kafka: bool = True) -> None:
 def status() -> int:
     state = State.load()
     ok = True
-    for name, pid in (("postgres", state.postgres_pid), ("kafka", state.kafka_pid)):
+    for name, pid, port in (
+        ("postgres", state.postgres_pid, PG_PORT),
+        ("kafka", state.kafka_pid, KAFKA_PORT),
+    ):
         alive = pid_alive(pid)
         ok &= alive
-        say(f"{name}: up (pid {pid})" if alive else f"{name}: down")
+        say(f"{name}: up on 127.0.0.1:{port} (pid {pid})" if alive else f"{name}: down")
     return 0 if ok else 1
 
 

@@ -1,0 +1,105 @@
+"""``scripts/devstack.py`` with two stacks from one checkout (issue 22 §7).
+
+A copy of the scripts in a scratch checkout starts two real Postgres clusters on free
+ports, side by side (Kafka is the session's, given as SAGA_KAFKA__BOOTSTRAP_SERVERS, so no
+broker is started); ``down`` of one leaves the other up, and a third stack that would
+share a port with a running one is refused with that stack named. Everything started is
+stopped, and the scratch checkout removed, whatever happens.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture
+def checkout() -> Iterator[Path]:
+    # Under /var/tmp, readable by all: the postgres user (the server's, under root) keeps
+    # the clusters in the checkout's .dev/, so one rmtree removes them.
+    root = Path(tempfile.mkdtemp(prefix="devstack-", dir="/var/tmp"))
+    root.chmod(0o755)
+    (root / "scripts").mkdir()
+    for script in SCRIPTS.glob("devstack*.py"):
+        shutil.copy(script, root / "scripts" / script.name)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _devstack(
+    root: Path, command: str, pg_port: int, **ports: str
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_DEV_")}
+    env.pop("SAGA_PG__DSN", None)  # a Postgres of its own; the session's Kafka
+    env.update(SAGA_DEV_PG_PORT=str(pg_port), **ports)
+    return subprocess.run(
+        [sys.executable, str(root / "scripts" / "devstack.py"), command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_two_stacks_of_one_checkout_start_and_stop_apart(
+    checkout: Path, kafka_bootstrap: str
+) -> None:
+    first, second = _free_port(), _free_port()
+    try:
+        up = _devstack(checkout, "up", first)
+        assert up.returncode == 0, up.stderr
+        assert f"127.0.0.1:{first}/saga" in up.stdout
+        # Another stack on other ports, while the first runs.
+        up = _devstack(checkout, "up", second)
+        assert up.returncode == 0, up.stderr
+        assert f"postgres: started on 127.0.0.1:{second}" in up.stderr
+        assert _accepts(first)
+        assert _accepts(second)
+        status = _devstack(checkout, "status", first)
+        assert f"postgres: up on 127.0.0.1:{first}" in status.stderr
+
+        # A third stack sharing the first one's Postgres port is refused, naming it.
+        clash = _devstack(checkout, "up", first, SAGA_DEV_KAFKA_PORT=str(_free_port()))
+        assert clash.returncode == 1
+        assert f"port {first} is the running stack's of .dev/state-{first}-" in clash.stderr
+        assert f"postgres on {first}" in clash.stderr
+
+        # `down` stops only its own stack.
+        down = _devstack(checkout, "down", second)
+        assert down.returncode == 0, down.stderr
+        assert not _accepts(second)
+        assert _accepts(first)
+        status = _devstack(checkout, "status", first)
+        assert f"postgres: up on 127.0.0.1:{first}" in status.stderr
+    finally:
+        for port in (second, first):
+            _devstack(checkout, "down", port)
+    assert not _accepts(first)
