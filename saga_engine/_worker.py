@@ -418,6 +418,12 @@ class SagaWorker:
                 except PoisonMessage as exc:
                     await self._dead_letter(record, exc.reason.value, exc.detail)
                     continue
+                except Exception as exc:  # a bug in reading must not stop the inbox either
+                    log.exception("unexpected error reading a message; dead-lettering it")
+                    await self._dead_letter(
+                        record, PoisonReason.ENGINE_ERROR, f"{type(exc).__name__}: {exc}"
+                    )
+                    continue
                 readable.append((tp, record, envelope))
                 if envelope.message_type not in (MessageType.REPLY, MessageType.START):
                     slow_sagas.add(envelope.saga_id)
