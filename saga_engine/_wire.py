@@ -66,6 +66,9 @@ class PoisonReason(StrEnum):
     INVALID_SIGNAL = "invalid_signal"
     #: A start whose input the saga's input model refuses.
     INVALID_INPUT = "invalid_input"
+    #: A signal or cancel the saga cannot take in its state (ended, undoing its steps,
+    #: parked): ``dlq_detail`` names the state.
+    NOT_ACCEPTED = "not_accepted"
     #: A value Postgres cannot store (a NUL character, an unpaired surrogate, a number
     #: JSON cannot carry), in a start, a signal or a command.
     UNSTORABLE_VALUE = "unstorable_value"

@@ -35,6 +35,7 @@ from saga_engine._errors import (
     ConcurrencyError,
     IdempotencyConflict,
     InvalidPayload,
+    InvalidTransition,
     NewerVersionError,
     PermanentError,
     PoisonMessage,
@@ -599,6 +600,12 @@ class SagaWorker:
             raise PoisonMessage(reason, str(exc)) from exc
         except IdempotencyConflict as exc:
             raise PoisonMessage(PoisonReason.IDEMPOTENCY_CONFLICT, str(exc)) from exc
+        except InvalidTransition as exc:
+            # A signal or cancel the saga's state refuses (ended, undoing its steps,
+            # parked): neither the saga nor the message is at fault, the timing is.
+            by_state = envelope.message_type in (MessageType.SIGNAL, MessageType.CANCEL)
+            reason = PoisonReason.NOT_ACCEPTED if by_state else PoisonReason.REJECTED
+            raise PoisonMessage(reason, str(exc)) from exc
         except NewerVersionError as exc:  # kept for `saga dlq replay` once a newer one runs
             raise PoisonMessage(PoisonReason.NEWER_VERSION, str(exc)) from exc
         except CodecError as exc:  # the saga's history: replayable once the key is here
