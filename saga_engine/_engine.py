@@ -334,7 +334,7 @@ class Engine:
             if isinstance(payload, BaseModel)
             else dict(payload or {})
         )
-        self._check_size(body, f"signal {name!r}")
+        self._check_size(body, f"signal {name!r}", "payload")
         sid = signal_id or str(uuid.uuid4())
         return await self.deliver(
             saga_id, SignalInput(sid, name, self.clock.now(), body, principal, reason)
@@ -507,12 +507,12 @@ class Engine:
 
     # ------------------------------------------------------------------ internals
 
-    def _check_size(self, payload: JsonDict, what: str, *, exact: bool = True) -> None:
+    def _check_size(self, payload: JsonDict, what: str, *loc: str, exact: bool = True) -> None:
         try:
             size = len(dumps(payload))
         except SerializationError:
             if exact:
-                check_storable(payload, what)  # names the value JSON cannot carry
+                check_storable(payload, what, *loc)  # names the value JSON cannot carry
                 raise
             size = len(dumps(storable_copy(payload)))
         if size > self.settings.engine.max_payload_bytes:

@@ -60,7 +60,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from saga_engine._wire import PoisonReason
+    from saga_engine._wire import Envelope, PoisonReason
 
 
 class SagaError(Exception):
@@ -382,11 +382,24 @@ class CodecError(PermanentError):
 
 
 class PoisonMessage(PermanentError):
-    """A message that can never be processed: it is dead-lettered, never retried."""
+    """A message that can never be processed: it is dead-lettered, never retried.
 
-    def __init__(self, reason: PoisonReason, detail: str) -> None:
+    When only its body is refused (nested too deep to be read), ``envelope`` is the
+    message as its headers make it (with an empty body) and ``body_error`` the refusal:
+    a participant still answers such a command, with a failure naming why."""
+
+    def __init__(
+        self,
+        reason: PoisonReason,
+        detail: str,
+        *,
+        envelope: Envelope | None = None,
+        body_error: InvalidPayload | None = None,
+    ) -> None:
         self.reason = reason
         self.detail = detail
+        self.envelope = envelope
+        self.body_error = body_error
         super().__init__(f"{reason.value}: {detail}")
 
 

@@ -119,6 +119,13 @@ def to_event(s: SagaState, inbound: Inbound) -> Event | DropReason:
     if isinstance(inbound, SignalInput):
         if inbound.signal_id in s.seen_signals:
             return DropReason.DUPLICATE_SIGNAL
+        if not s.going_forward or s.cancel_reason is not None:
+            # Its code has stopped (it undoes its steps, or is parked doing so): no wait
+            # can ever take the signal, and recording it would say it was accepted.
+            raise InvalidTransition(
+                f"saga {s.saga_id} is {s.status.value}: it is undoing its steps, so its "
+                "code waits for no signal any more"
+            )
         # Checked before anything is recorded: a signal the saga does not declare, or
         # a payload its model refuses, would only fail the saga's code later.
         s.definition.signal(inbound.name).validate(inbound.payload, "payload")

@@ -28,7 +28,14 @@ from opentelemetry.trace import Span
 from pydantic import BaseModel, ValidationError
 
 from saga_engine._codec import CodecChain
-from saga_engine._errors import PoisonMessage, Rejected, Retryable, TransientError, UnstorableValue
+from saga_engine._errors import (
+    InvalidPayload,
+    PoisonMessage,
+    Rejected,
+    Retryable,
+    TransientError,
+    UnstorableValue,
+)
 from saga_engine._kafka import DeadLetters, ensure_topics
 from saga_engine._participant_sql import (
     CLAIM,
@@ -89,6 +96,23 @@ def answer_reply(answer: HandlerAnswer) -> ReplyBody:
         outcome="retryable",
         payload={"retry_after_s": seconds},
         error=storable_copy(f"{answer.reason} (retry after {seconds:g}s)"),
+    )
+
+
+def unstorable_body(command: Envelope) -> UnstorableValue | None:
+    """Why Postgres could not record ``command``'s handling (nor, often, the handler its
+    effect), or None: such a command is refused at once, with a reply that says where,
+    so the step fails now instead of waiting out its timeout."""
+    problems = unstorable(command.body)
+    return (
+        UnstorableValue(f"{command.subject or 'the command'} body", problems) if problems else None
+    )
+
+
+def refusal_reply(invalid: InvalidPayload) -> ReplyBody:
+    """The failure reply to a command whose body is refused before its handler runs."""
+    return ReplyBody(
+        outcome="failure", payload={"errors": invalid.errors}, error=str(invalid)[:2000]
     )
 
 
@@ -312,12 +336,15 @@ class CommandProcessor:
 
     async def _process(self, record: Any) -> None:
         try:
-            command = self._read(record)
+            command, refused = self._read(record), None
         except PoisonMessage as poison:
-            await self._dead_letter(record, poison.reason.value, poison.detail)
-            return
+            if poison.envelope is None or poison.body_error is None:
+                await self._dead_letter(record, poison.reason.value, poison.detail)
+                return
+            # Only its body was refused: answered like a body that cannot be stored.
+            command, refused = poison.envelope, poison.body_error
         with self.command_span(record, command) as span:
-            await self._handle_command(record, self.traced(command, span))
+            await self._handle_command(record, self.traced(command, span), refused)
 
     @contextlib.contextmanager
     def command_span(self, record: Any, command: Envelope) -> Iterator[Span]:
@@ -371,6 +398,7 @@ class CommandProcessor:
         ``failure``), with the transient retries of ``handle``."""
         await self._alone(
             record,
+            command,
             lambda traced: self._apply(traced, topic, handler, model, failure),
         )
 
@@ -380,36 +408,32 @@ class CommandProcessor:
         """A reply decided without the handler, given in a transaction of its own (the
         record was dead-lettered already where that applies)."""
         await self._alone(
-            record, lambda traced: self._answer(traced, topic, reply, counter=counter)
+            record, command, lambda traced: self._answer(traced, topic, reply, counter=counter)
         )
 
-    async def _alone(self, record: Any, work: Callable[[Envelope], Awaitable[None]]) -> None:
-        command = self._read(record)
-
+    async def _alone(
+        self, record: Any, command: Envelope, work: Callable[[Envelope], Awaitable[None]]
+    ) -> None:
         async def attempt() -> None:
             with self.command_span(record, command) as span:
                 await work(self.traced(command, span))
 
         await self._retrying(record, attempt)
 
-    async def _handle_command(self, record: Any, command: Envelope) -> None:
+    async def _handle_command(
+        self, record: Any, command: Envelope, refused: InvalidPayload | None = None
+    ) -> None:
+        """Answers ``command`` (``refused``: its body, unreadable, was refused already)."""
         topic = command.reply_to or self.topics.inbox
         if topic not in self._reply_topics:
             # The outbox must only hold records that can be published: a reply topic that
             # does not exist would block the relay's queue (topics are never auto-created).
             await ensure_topics(self.settings.kafka, [topic])
             self._reply_topics.add(topic)
-        problems = unstorable(command.body)
-        if problems:
-            # Postgres could not record the command's handling (nor, often, the handler
-            # its effect): refused at once, with a reply that says where, so the step
-            # fails now instead of waiting out its timeout.
-            invalid = UnstorableValue(f"{command.subject or 'the command'} body", problems)
+        invalid = refused or unstorable_body(command)
+        if invalid is not None:
             await self._dead_letter(record, PoisonReason.UNSTORABLE_VALUE.value, str(invalid))
-            reply = ReplyBody(
-                outcome="failure", payload={"errors": invalid.errors}, error=str(invalid)[:2000]
-            )
-            await self._answer(command, topic, reply, counter="unstorable")
+            await self._answer(command, topic, refusal_reply(invalid), counter="unstorable")
             return
         handler = self._handlers.get(command.subject)
         if handler is None:
@@ -441,13 +465,26 @@ class CommandProcessor:
         await self._apply(command, topic, handler, model)
 
     def _read(self, record: Any) -> Envelope:
-        command = decode(
-            record.key,
-            record.value,
-            list(record.headers or []),
-            max_bytes=self.settings.kafka.max_message_bytes,
-            codec=self.codec,
-        )
+        """The record's command; PoisonMessage for one that cannot be answered (or, with
+        its ``envelope`` set, whose body alone is refused: its headers passed these
+        checks, so it is answered with the refusal)."""
+        try:
+            command = decode(
+                record.key,
+                record.value,
+                list(record.headers or []),
+                max_bytes=self.settings.kafka.max_message_bytes,
+                codec=self.codec,
+            )
+        except PoisonMessage as poison:
+            if poison.envelope is not None:
+                self._check_headers(poison.envelope)
+            raise
+        self._check_headers(command)
+        return command
+
+    @staticmethod
+    def _check_headers(command: Envelope) -> None:
         if command.message_type is not MessageType.COMMAND:
             raise PoisonMessage(
                 PoisonReason.UNKNOWN_TYPE,
@@ -475,7 +512,6 @@ class CommandProcessor:
                 PoisonReason.UNSTORABLE_VALUE,
                 str(UnstorableValue("the command's headers", problems)),
             )
-        return command
 
     # ------------------------------------------------------------------ one command
 

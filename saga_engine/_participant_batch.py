@@ -38,7 +38,7 @@ import orjson
 from aiokafka import TopicPartition
 from pydantic import BaseModel, ValidationError
 
-from saga_engine._errors import PoisonMessage, Rejected, Retryable, UnstorableValue
+from saga_engine._errors import InvalidPayload, PoisonMessage, Rejected, Retryable
 from saga_engine._kafka import delivered, ensure_topics, start_record
 from saga_engine._participant import (
     Abandoned,
@@ -50,6 +50,8 @@ from saga_engine._participant import (
     answer_reply,
     is_transient,
     json_payload,
+    refusal_reply,
+    unstorable_body,
 )
 from saga_engine._participant_sql import (
     MARK_PUBLISHED,
@@ -62,7 +64,7 @@ from saga_engine._participant_sql import (
     stored_reply,
 )
 from saga_engine._retry import Backoff
-from saga_engine._serde import check_storable, unstorable, without_input
+from saga_engine._serde import check_storable, without_input
 from saga_engine._wire import Envelope, PoisonReason, ReplyBody
 
 log = logging.getLogger("saga_engine.participant")
@@ -178,12 +180,16 @@ class BatchRunner:
         p = self._p
         todo: list[Item] = []
         for item in items:
+            refused = None
             try:
                 command = p._read(item.record)
             except PoisonMessage as poison:
-                await p._dead_letter(item.record, poison.reason.value, poison.detail)
-                item.done = True
-                continue
+                if poison.envelope is None or poison.body_error is None:
+                    await p._dead_letter(item.record, poison.reason.value, poison.detail)
+                    item.done = True
+                    continue
+                # Only its body was refused: answered like a body that cannot be stored.
+                command, refused = poison.envelope, poison.body_error
             except Exception:
                 item.solo = True  # the single path retries an outage, dead-letters a bug
                 todo.append(item)
@@ -195,7 +201,7 @@ class BatchRunner:
                     # As in the single path: the outbox only holds records that can be sent.
                     await ensure_topics(p.settings.kafka, [item.topic])
                     p._reply_topics.add(item.topic)
-                await self._classify(item, command)
+                await self._classify(item, command, refused)
             except Abandoned:
                 raise
             except Exception:
@@ -206,15 +212,14 @@ class BatchRunner:
             todo.append(item)
         return todo
 
-    async def _classify(self, item: Item, command: Envelope) -> None:
+    async def _classify(
+        self, item: Item, command: Envelope, refused: InvalidPayload | None = None
+    ) -> None:
         p = self._p
-        problems = unstorable(command.body)
-        if problems:
-            invalid = UnstorableValue(f"{command.subject or 'the command'} body", problems)
+        invalid = refused or unstorable_body(command)
+        if invalid is not None:
             await p._dead_letter(item.record, PoisonReason.UNSTORABLE_VALUE.value, str(invalid))
-            item.fixed = ReplyBody(
-                outcome="failure", payload={"errors": invalid.errors}, error=str(invalid)[:2000]
-            )
+            item.fixed = refusal_reply(invalid)
             item.counter = "unstorable"
             return
         handler = p._handlers.get(command.subject)

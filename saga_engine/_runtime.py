@@ -82,7 +82,12 @@ class SagaRuntime:
         """
         value = definition.validate_input(start.input)
         check_storable(
-            {"saga_id": start.saga_id, "idempotency_key": start.idempotency_key}, "the start"
+            {
+                "saga_id": start.saga_id,
+                "idempotency_key": start.idempotency_key,
+                "fairness_key": start.fairness_key,
+            },
+            "the start",
         )
         rt = cls(definition, start.saga_id, start.at)
         started = SagaStarted(

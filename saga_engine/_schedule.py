@@ -25,7 +25,7 @@ from functools import cached_property
 from typing import Any, Self
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from saga_engine._decision import saga_id_for
@@ -120,11 +120,20 @@ class ScheduleSpec(BaseModel):
     @field_validator("cron")
     @classmethod
     def _valid_cron(cls, value: str | None) -> str | None:
-        if value is not None and not croniter.is_valid(value):
+        if value is None:
+            return value
+        if not croniter.is_valid(value):
             raise ValueError(
                 f"{value!r} is not a cron expression: use 5 fields (minute hour day-of-month "
                 "month day-of-week), for example '*/5 * * * *'"
             )
+        try:
+            # Well-formed is not enough: one no date matches would fail at every tick.
+            croniter(value, _EPOCH).get_next(datetime)
+        except CroniterBadDateError:
+            raise ValueError(
+                f"{value!r} never fires: no date matches it (e.g. the 31st of February)"
+            ) from None
         return value
 
     @field_validator("timezone")

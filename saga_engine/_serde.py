@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import AfterValidator, BaseModel, ValidationError
 
 from saga_engine._errors import InvalidPayload, SerializationError, UnstorableValue
 
 JsonDict = dict[str, Any]
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 def dumps(value: Any) -> bytes:
@@ -24,17 +26,28 @@ def dumps(value: Any) -> bytes:
 
 
 def loads(data: bytes | str) -> Any:
+    """JSON text as Python values. Raises SerializationError for text that is not JSON,
+    and UnstorableValue (its subclass) for JSON nested deeper than MAX_DEPTH that no
+    parser here can read: the same refusal :func:`unstorable` gives a value nested a
+    little less deep, so every edge answers both alike."""
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        try:
-            # The one kind of standard JSON orjson refuses is an escaped lone surrogate
-            # ("\ud800"): read it, so the storable check can say which field holds it,
-            # instead of calling the whole message malformed. NaN and Infinity are not
-            # JSON and stay refused.
-            return json.loads(data, parse_constant=_not_json)
-        except ValueError:
-            raise SerializationError(f"malformed JSON: {exc}") from None
+        if "depth" in exc.msg or "recursion" in exc.msg.lower():
+            raise too_deep() from None
+        error = exc
+    try:
+        # The one kind of standard JSON orjson refuses is an escaped lone surrogate
+        # ("\ud800"): read it, so the storable check can say which field holds it,
+        # instead of calling the whole message malformed. NaN and Infinity are not
+        # JSON and stay refused.
+        return json.loads(data, parse_constant=_not_json)
+    except RecursionError:
+        # Deeper than Python's stack (orjson would have said so first; this is the
+        # guard for a message of its that changed): never let it escape as a crash.
+        raise too_deep() from None
+    except ValueError:
+        raise SerializationError(f"malformed JSON: {error}") from None
 
 
 def _not_json(constant: str) -> Any:
@@ -64,7 +77,9 @@ def type_name(model: BaseModel | type[BaseModel]) -> str:
 
 #: Containers nested deeper than this cannot be written: orjson's own limit (and far
 #: below what Postgres's jsonb refuses), named here rather than as "recursion limit".
+#: The one nesting limit of every edge (docs/operations.md, proto/PROTOCOL.md section 12).
 MAX_DEPTH = 254
+_TOO_DEEP = f"is nested more than {MAX_DEPTH} levels deep"
 #: orjson writes integers in [-2**63, 2**64 - 1]; anything wider cannot be stored.
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 _INF = float("inf")
@@ -158,7 +173,7 @@ def _walk(value: Any, loc: tuple[str | int, ...], depth: int, out: list[dict[str
             _problem(out, loc, "is not a finite number (JSON has no NaN or Infinity)")
     elif isinstance(value, dict | list | tuple):
         if depth >= MAX_DEPTH:
-            _problem(out, loc, f"is nested more than {MAX_DEPTH} levels deep")
+            _problem(out, loc, _TOO_DEEP)
             return
         if isinstance(value, dict):
             for key, item in value.items():
@@ -199,6 +214,46 @@ def storable_copy(value: Any, depth: int = 0) -> Any:
     if isinstance(value, list | tuple):
         return [storable_copy(v, depth + 1) for v in value]
     return value
+
+
+def too_deep(what: str = "the JSON value", *loc: str | int) -> UnstorableValue:
+    """The refusal of a JSON text nested too deep to be read at all (past orjson's 1,024
+    levels): where inside it is not known, so it names the whole value."""
+    return UnstorableValue(what, [{"loc": list(loc), "msg": _TOO_DEEP, "type": "unstorable"}])
+
+
+def storable(value: T) -> T:
+    """``value`` when Postgres can store it, else ValueError saying why: the pydantic
+    validator :data:`STORABLE` (pydantic then names the field)."""
+    problems = unstorable(value)
+    if problems:
+        raise ValueError("; ".join(_where(p) for p in problems))
+    return value
+
+
+def _where(problem: dict[str, Any]) -> str:
+    loc = ".".join(str(p) for p in problem["loc"])
+    return f"{loc}: {problem['msg']}" if loc else str(problem["msg"])
+
+
+#: For the fields of request bodies that go to Postgres as they are, after their other
+#: constraints: ``Annotated[str, StringConstraints(...), STORABLE]``.
+STORABLE = AfterValidator(storable)
+#: The same rule as a regex, for URL paths, query strings and headers: there a NUL is the
+#: one thing that cannot be stored (percent-decoding never yields a lone surrogate), and
+#: OpenAPI shows clients the pattern.
+NO_NUL = r"^[^\x00]*$"
+
+
+def storable_instant(value: datetime) -> datetime:
+    """``value`` in UTC (a naive one taken as UTC), or ValueError when it has no UTC time
+    that Python and Postgres can hold (year 1 to 9999)."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("is outside the representable range (years 1 to 9999 in UTC)") from None
 
 
 def check_storable(value: Any, what: str, *loc: str | int) -> None:

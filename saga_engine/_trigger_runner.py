@@ -7,7 +7,6 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import orjson
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import CommitFailedError, KafkaError
 from pydantic import BaseModel, ValidationError
@@ -15,11 +14,16 @@ from pydantic import BaseModel, ValidationError
 from saga_engine._codec import CodecChain
 from saga_engine._decision import saga_id_for
 from saga_engine._definition import SagaDefinition
-from saga_engine._errors import InvalidPayload, TransientError, UnstorableValue
+from saga_engine._errors import (
+    InvalidPayload,
+    SerializationError,
+    TransientError,
+    UnstorableValue,
+)
 from saga_engine._events import TriggerOrigin
 from saga_engine._kafka import DeadLetters, make_consumer, send
 from saga_engine._retry import Backoff
-from saga_engine._serde import check_storable
+from saga_engine._serde import check_storable, loads
 from saga_engine._settings import Settings
 from saga_engine._telemetry import carrier_from_headers, detach_from_trace
 from saga_engine._topics import Topics
@@ -107,8 +111,10 @@ class TriggerConsumer:
         trigger = self._by_topic[record.topic]
         reason, detail = None, ""
         try:
-            message = trigger.message.model_validate(orjson.loads(record.value or b""))
-        except orjson.JSONDecodeError as exc:
+            message = trigger.message.model_validate(loads(record.value or b""))
+        except UnstorableValue as exc:  # nested too deep to read (MAX_DEPTH)
+            reason, detail = PoisonReason.UNSTORABLE_VALUE, str(exc)
+        except SerializationError as exc:
             reason, detail = PoisonReason.MALFORMED_JSON, str(exc)
         except ValidationError as exc:
             reason, detail = PoisonReason.INVALID_BODY, str(exc)

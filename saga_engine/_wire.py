@@ -22,9 +22,9 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from saga_engine._codec import HEADER, MARKER, CodecChain
-from saga_engine._errors import CodecError, PoisonMessage, SerializationError
+from saga_engine._errors import CodecError, PoisonMessage, SerializationError, UnstorableValue
 from saga_engine._events import ParentLink, TriggerOrigin
-from saga_engine._serde import JsonDict, loads, without_input
+from saga_engine._serde import JsonDict, loads, too_deep, without_input
 
 SCHEMA_VERSION = "1"
 #: The header that marks an encoded value, naming the codec chain (``zstd,aes-gcm``).
@@ -66,6 +66,9 @@ class PoisonReason(StrEnum):
     INVALID_SIGNAL = "invalid_signal"
     #: A start whose input the saga's input model refuses.
     INVALID_INPUT = "invalid_input"
+    #: A signal or cancel the saga cannot take in its state (ended, undoing its steps,
+    #: parked): ``dlq_detail`` names the state.
+    NOT_ACCEPTED = "not_accepted"
     #: A value Postgres cannot store (a NUL character, an unpaired surrogate, a number
     #: JSON cannot carry), in a start, a signal or a command.
     UNSTORABLE_VALUE = "unstorable_value"
@@ -370,8 +373,13 @@ def decode(
         ) from None
     if CODEC_HEADER in found:
         value = _unsealed(value, found[CODEC_HEADER], codec)
+    refused: UnstorableValue | None = None
     try:
         body = loads(value or b"")
+    except UnstorableValue as exc:
+        # Nested too deep to read: the headers are still read and checked, so a
+        # participant can answer the command (PoisonMessage.envelope).
+        body, refused = {}, exc
     except SerializationError as exc:
         raise PoisonMessage(PoisonReason.MALFORMED_JSON, f"the body is not JSON: {exc}") from None
     fields: dict[str, Any] = {"body": body}
@@ -390,6 +398,12 @@ def decode(
     if key is not None and key.decode(errors="replace") != envelope.saga_id:
         raise PoisonMessage(
             PoisonReason.KEY_MISMATCH, "the record key must be the saga id (ce_sagaid)"
+        )
+    if refused is not None:
+        what = f"{envelope.subject or envelope.message_type.value} body"
+        error = too_deep(what)
+        raise PoisonMessage(
+            PoisonReason.UNSTORABLE_VALUE, str(error), envelope=envelope, body_error=error
         )
     return envelope
 

@@ -35,6 +35,7 @@ from saga_engine._errors import (
     ConcurrencyError,
     IdempotencyConflict,
     InvalidPayload,
+    InvalidTransition,
     NewerVersionError,
     PermanentError,
     PoisonMessage,
@@ -418,6 +419,12 @@ class SagaWorker:
                 except PoisonMessage as exc:
                     await self._dead_letter(record, exc.reason.value, exc.detail)
                     continue
+                except Exception as exc:  # a bug in reading must not stop the inbox either
+                    log.exception("unexpected error reading a message; dead-lettering it")
+                    await self._dead_letter(
+                        record, PoisonReason.ENGINE_ERROR, f"{type(exc).__name__}: {exc}"
+                    )
+                    continue
                 readable.append((tp, record, envelope))
                 if envelope.message_type not in (MessageType.REPLY, MessageType.START):
                     slow_sagas.add(envelope.saga_id)
@@ -593,6 +600,12 @@ class SagaWorker:
             raise PoisonMessage(reason, str(exc)) from exc
         except IdempotencyConflict as exc:
             raise PoisonMessage(PoisonReason.IDEMPOTENCY_CONFLICT, str(exc)) from exc
+        except InvalidTransition as exc:
+            # A signal or cancel the saga's state refuses (ended, undoing its steps,
+            # parked): neither the saga nor the message is at fault, the timing is.
+            by_state = envelope.message_type in (MessageType.SIGNAL, MessageType.CANCEL)
+            reason = PoisonReason.NOT_ACCEPTED if by_state else PoisonReason.REJECTED
+            raise PoisonMessage(reason, str(exc)) from exc
         except NewerVersionError as exc:  # kept for `saga dlq replay` once a newer one runs
             raise PoisonMessage(PoisonReason.NEWER_VERSION, str(exc)) from exc
         except CodecError as exc:  # the saga's history: replayable once the key is here

@@ -10,12 +10,13 @@ import logging
 import uuid
 from typing import Any, Literal
 
-from fastapi import APIRouter, HTTPException
+from fastapi import HTTPException
 
 from saga_engine._engine import Engine
 from saga_engine._view import fold
 from saga_engine.admin._auth import Principal
 from saga_engine.admin._deps import Caller, EngineDep
+from saga_engine.admin._http_errors import api_router
 from saga_engine.admin._schemas import (
     ActionResult,
     CancelRequest,
@@ -31,7 +32,7 @@ __all__ = ["router"]
 
 audit = logging.getLogger("saga_engine.admin.audit")
 
-router = APIRouter()
+router = api_router()
 
 
 async def _done(

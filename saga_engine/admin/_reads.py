@@ -10,10 +10,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import Response
-from pydantic import BeforeValidator
+from pydantic import AfterValidator, BeforeValidator
 
 from saga_engine._engine import Engine
 from saga_engine._replay import export_history
+from saga_engine._serde import storable_instant
 from saga_engine._status import SagaStatus
 from saga_engine._store import as_utc
 from saga_engine.admin._deps import EngineDep
@@ -38,7 +39,8 @@ def _iso_only(value: Any) -> Any:
     return value
 
 
-IsoDatetime = Annotated[datetime, BeforeValidator(_iso_only)]
+#: An ISO-8601 instant with a time in UTC (``0001-01-01T00:00:00+14:00`` has none).
+IsoDatetime = Annotated[datetime, BeforeValidator(_iso_only), AfterValidator(storable_instant)]
 
 
 @router.get("/sagas", response_model=SagaPage, responses=errors(400, *READ_ERRORS))

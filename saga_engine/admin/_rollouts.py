@@ -27,9 +27,11 @@ from saga_engine._rollout import (
     spec_of,
 )
 from saga_engine._rollout_runner import apply_rollout
+from saga_engine._serde import NO_NUL, STORABLE
 from saga_engine._settings import AdminSettings
 from saga_engine.admin._auth import PRINCIPAL_KEY, Principal, auth_required
 from saga_engine.admin._deps import Caller, EngineDep
+from saga_engine.admin._http_errors import api_router
 from saga_engine.admin._schemas import Reason, _Body
 from saga_engine.admin._shared import ACTION_ERRORS, READ_ERRORS, errors
 from saga_engine.admin._web import _render, _root
@@ -38,9 +40,9 @@ __all__ = ["RolloutView", "rollout_view", "router", "ui_router"]
 
 audit = logging.getLogger("saga_engine.admin.audit")
 
-router = APIRouter()
+router = api_router()
 
-TypeName = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=r"^[^\x00]*$")]
+TypeName = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=NO_NUL)]
 
 
 class RolloutRequest(_Body):
@@ -48,12 +50,12 @@ class RolloutRequest(_Body):
     percent: int = Field(
         ge=0, le=100, description="Share of new starts (by saga id bucket) that run it."
     )
-    predicate: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=200,
-        description="A named predicate of the saga classes (`rollout_predicates`): starts "
-        "whose input it accepts run the version too.",
+    predicate: Annotated[str, StringConstraints(min_length=1, max_length=200), STORABLE] | None = (
+        Field(
+            default=None,
+            description="A named predicate of the saga classes (`rollout_predicates`): starts "
+            "whose input it accepts run the version too.",
+        )
     )
     reason: Reason
 
@@ -152,7 +154,7 @@ async def set_rollout(
             f"the rollout of {saga_type!r}",
             [
                 {
-                    "loc": ["body", "predicate"],
+                    "loc": ["predicate"],  # under the body: invalid_detail adds it
                     "msg": f"no version of {saga_type!r} declares a rollout predicate "
                     f"{body.predicate!r} (declared: {', '.join(known) or 'none'})",
                     "type": "unknown_predicate",

@@ -15,26 +15,28 @@ from datetime import UTC, datetime
 from typing import Annotated
 from urllib.parse import quote
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi import Depends, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from saga_engine._errors import InvalidPayload, UnknownSagaType
 from saga_engine._schedule import Schedule, ScheduleState
 from saga_engine._schedule_store import Firing, ScheduleRow, ScheduleStore
+from saga_engine._serde import NO_NUL
 from saga_engine.admin._deps import AdminState, Caller, EngineDep, StarterDep, _state
+from saga_engine.admin._http_errors import api_router
 from saga_engine.admin._shared import READ_ERRORS, errors
 
 __all__ = ["ScheduleOut", "TriggerResult", "router"]
 
 audit = logging.getLogger("saga_engine.admin.audit")
 
-router = APIRouter()
+router = api_router()
 
 #: What an action on one schedule may answer besides its success (409: pause, resume).
 _ACT = (401, 403, 404, 422, 503)
 
-_ID = Path(min_length=1, max_length=120, description="The schedule's id.")
+_ID = Path(min_length=1, max_length=120, pattern=NO_NUL, description="The schedule's id.")
 
 
 class ScheduleOut(BaseModel):
@@ -146,7 +148,7 @@ async def list_schedules(
     store: StoreDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     after: Annotated[
-        str, Query(max_length=120, description="The last id of the page before.")
+        str, Query(max_length=120, pattern=NO_NUL, description="The last id of the page before.")
     ] = "",
 ) -> list[ScheduleOut]:
     """The schedules in id order, a page at a time."""

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from saga_engine._serde import NO_NUL, STORABLE
 from saga_engine._status import SagaStatus
 from saga_engine._view import OwedState, WaitKind
 
@@ -14,6 +15,7 @@ from saga_engine._view import OwedState, WaitKind
 Reason = Annotated[
     str,
     StringConstraints(strip_whitespace=True, min_length=1, max_length=2000),
+    STORABLE,
     Field(description="Why the operator acts; recorded in the saga's history with the principal."),
 ]
 
@@ -210,7 +212,7 @@ class ResumeRequest(_Body):
 
 StepName = Annotated[
     str,
-    StringConstraints(min_length=1, max_length=200, pattern=r"^[^\x00]*$"),
+    StringConstraints(min_length=1, max_length=200, pattern=NO_NUL),
     Field(description="The step's name, as the saga's code gives it."),
 ]
 

@@ -7,12 +7,11 @@ from typing import Any
 from saga_engine._codec import Undecodable
 from saga_engine._engine import Engine
 from saga_engine._events import Event
+from saga_engine._serde import NO_NUL
 from saga_engine._store import SagaRecord, check_lookup
 from saga_engine.admin._schemas import ErrorBody
 
 __all__ = ["ACTION_ERRORS", "NO_NUL", "READ_ERRORS", "errors", "load", "saga_ref"]
-
-NO_NUL = r"^[^\x00]*$"
 
 _WORDS = {
     400: "Bad request (malformed JSON, invalid cursor, or an action the engine refuses)",

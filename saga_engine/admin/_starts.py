@@ -20,7 +20,12 @@ from fastapi.responses import JSONResponse, Response
 
 from saga_engine._decision import saga_id_for
 from saga_engine._engine import Engine
-from saga_engine._errors import IdempotencyConflict, SagaNotFound, SerializationError
+from saga_engine._errors import (
+    IdempotencyConflict,
+    SagaNotFound,
+    SerializationError,
+    UnstorableValue,
+)
 from saga_engine._events import SagaStarted
 from saga_engine._serde import loads
 from saga_engine._status import SagaStatus
@@ -49,6 +54,8 @@ async def _json_object(request: Request) -> dict[str, Any]:
         raise HTTPException(422, "the body must be a JSON object: the saga's input")
     try:
         data = loads(raw)
+    except UnstorableValue:
+        raise  # nested too deep to read: a 422, as from every edge
     except SerializationError as exc:
         raise HTTPException(400, str(exc)) from None
     if not isinstance(data, dict):

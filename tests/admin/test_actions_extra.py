@@ -9,6 +9,7 @@ import pytest
 from saga_engine import SagaStatus
 from saga_engine.replay import load_history
 from tests.admin.conftest import OPERATOR, READER, Admin
+from tests.admin.sagas import Credit, Refund
 from tests.admin.test_api import stuck_saga, waiting_saga
 
 
@@ -122,3 +123,20 @@ async def test_actions_validate_their_body(
     saga_id = await waiting_saga(admin)
     response = await admin.http.post(f"/sagas/{saga_id}/{action}", json=body, headers=OPERATOR)
     assert response.status_code == 422, response.text
+
+
+async def test_a_signal_to_a_parked_saga_is_refused_naming_its_state(admin: Admin) -> None:
+    """A saga parked with its compensation stuck runs no code that could take a signal:
+    before, the signal was recorded (200) and never consumed."""
+    admin.env.participant("payee").on(Credit, reject="closed", times=1)
+    admin.env.participant("ledger").on(Refund, reject="locked", times=2)
+    saga_id = await admin.start()
+    assert await admin.settle(saga_id) == SagaStatus.COMPENSATION_STUCK
+    response = await admin.http.post(
+        f"/sagas/{saga_id}/signal", json={"name": "approve", "payload": {"by": "x"}},
+        headers=OPERATOR,
+    )  # fmt: skip
+    assert response.status_code == 409, response.text
+    assert "is compensation_stuck" in response.json()["detail"]
+    history = (await admin.http.get(f"/sagas/{saga_id}/history", headers=OPERATOR)).json()
+    assert "signal_received" not in [e["kind"] for e in history["events"]]

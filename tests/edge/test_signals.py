@@ -175,3 +175,45 @@ async def test_the_inbox_dead_letters_a_bad_signal_and_the_client_refuses_to_sen
         await settled_on(served, saga_id, "completed")
         assert served.worker.engine is not None
         assert served.worker.engine.stats.counts["dead_lettered_invalid_signal"] == 2
+
+
+def _charged_never_refunded(command: Envelope) -> ReplyBody | None:
+    """A bank that charges, and never answers a refund: its saga stays compensating."""
+    return _charged(command) if command.subject == "Charge" else None
+
+
+async def test_a_signal_no_wait_can_take_any_more_is_refused_at_every_edge(
+    settings: Settings, served: ServedWorker
+) -> None:
+    """Before: 200 from the API, exit 0 from the CLI, and a signal_received in the
+    history of a saga whose code had stopped: a signal accepted that nothing consumes."""
+    async with fake_participant(settings, "bank", _charged_never_refunded):
+        saga_id = await _waiting_for_go(served)
+        cancel = await served.http.post(
+            f"/sagas/{saga_id}/cancel", json={"reason": "changed my mind"}, headers=OPERATOR
+        )
+        assert cancel.status_code == 200, cancel.text
+        await settled_on(served, saga_id, "compensating")
+
+        go = {"name": "go", "payload": {"ok": True}}
+        refused = await served.http.post(f"/sagas/{saga_id}/signal", json=go, headers=OPERATOR)
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"] == "InvalidTransition"
+        assert "is compensating" in refused.json()["detail"]
+
+        env = {"SAGA_ADMIN_TOKEN": OPERATOR_TOKEN, "SAGA_ADMIN_URL": served.url}
+        args = ["signal", saga_id, "go", "--payload", '{"ok": true}']
+        line = await asyncio.to_thread(lambda: one_line_error(invoke(args, env), 4))
+        assert "is compensating" in line
+
+        inbox = Topics.of(settings.kafka).inbox
+        signal = Envelope(
+            message_type=MessageType.SIGNAL, source="/late-producer", saga_id=saga_id,
+            subject="go", body={"name": "go", "signal_id": "late", "payload": {"ok": True}},
+        )  # fmt: skip
+        await produce(settings, inbox, signal)
+        [letter] = await dead_letters(settings, 1)
+        assert letter["dlq_reason"] == "not_accepted"
+        assert "is compensating" in letter["dlq_detail"]
+        assert "signal_received" not in [e["kind"] for e in await events(served, saga_id)]
+        assert await status(served, saga_id) == "compensating"

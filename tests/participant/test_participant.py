@@ -414,6 +414,41 @@ async def test_a_command_postgres_cannot_store_gets_a_failure_reply_saying_where
     assert participant.stats["dead_lettered_engine_error"] == 0
 
 
+async def test_a_command_nested_too_deep_gets_a_failure_reply_saying_so(world: World) -> None:
+    """Before, a body past the JSON parser's 1,024 levels raised RecursionError: the
+    record was dead-lettered as engine_error, unanswered, and the step waited for its
+    timeout. Now it is refused like a body nested 255 levels deep."""
+    participant = await world.participant()
+    saga = "saga-deep"  # one key: one partition, in order
+    unreadable = command("Reserve", {}, saga_id=saga, command_id=f"{saga}:0")
+    readable = command("Reserve", {}, saga_id=saga, command_id=f"{saga}:1")
+    valid = command("Reserve", {"amount": 7}, saga_id=saga, command_id=f"{saga}:2")
+    for envelope, levels in ((unreadable, 3000), (readable, 300)):
+        key, _, headers = encode(envelope)
+        deep = b'{"amount": 1, "memo": ' + b"[" * levels + b"]" * levels + b"}"
+        await world.bus.send_raw(key, deep, headers)
+    await world.bus.send(valid)
+
+    replies = await world.bus.wait_replies(3)
+    dead = await world.bus.wait_dead_letters(2)
+
+    assert [r.command_id for r in replies] == [c.command_id for c in (unreadable, readable, valid)]
+    for reply in replies[:2]:
+        refusal = body_of(reply)
+        assert refusal.outcome == "failure"
+        assert refusal.error is not None
+        assert refusal.error.startswith("Reserve body: "), refusal.error
+        assert refusal.error.endswith("is nested more than 254 levels deep"), refusal.error
+    assert body_of(replies[2]).outcome == "success"
+    assert [dict(d.headers)["dlq_reason"].decode() for d in dead] == ["unstorable_value"] * 2
+    stored = await world.processed(unreadable.command_id)  # a re-send gets the same refusal
+    assert stored is not None
+    assert stored["outcome"] == "failure"
+    assert await world.ledger() == [(valid.command_id, 7)]
+    assert participant.stats["unstorable"] == 2
+    assert participant.stats["dead_lettered_engine_error"] == 0
+
+
 # --------------------------------------------------------------------------- the outbox
 
 
