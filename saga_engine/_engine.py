@@ -553,9 +553,10 @@ class Engine:
         return live
 
     async def _resend_outstanding(self, live: LiveSaga) -> None:
-        # Whatever was in flight when the previous owner stopped (or while the saga was
-        # parked) goes out again under the same ids; participants deduplicate.
-        for command in live.runtime.outstanding_commands():
+        # Whatever it owes (in flight when the previous owner stopped, or while the saga
+        # was parked; an ended child's answer to its parent) goes out again under the
+        # same ids; participants and parents deduplicate.
+        for command in live.runtime.owed():
             # A new span for this send: the first one died with the previous owner.
             sent = self.observer.spans.sent(command, resent=True)
             try:
@@ -612,6 +613,11 @@ class Engine:
                 # The command is recorded; rebuilding the saga sends it again.
                 self.observer.spans.not_sent(command.command_id, exc)
                 self.live.evict(saga_id)
+                if decision.status.is_terminal and isinstance(exc, TransientError):
+                    # An open saga is woken by its next timeout, which re-sends; nothing
+                    # wakes an ended one, so a child's answer to its parent is re-sent
+                    # from history by a reload (until the broker takes it).
+                    self._reload_soon(saga_id, 0.5)
                 raise
             self.observer.checkpoint("after_send")
         if self.flow is not None:

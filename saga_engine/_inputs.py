@@ -27,7 +27,7 @@ from saga_engine._decision import (
     TimerDue,
     Undo,
 )
-from saga_engine._errors import InvalidPayload, InvalidTransition, UnstorableValue
+from saga_engine._errors import InvalidPayload, InvalidTransition, NotParent, UnstorableValue
 from saga_engine._events import (
     AttemptTimedOut,
     CancelRequested,
@@ -69,6 +69,20 @@ def input_name(inbound: Inbound) -> str:
 
 
 # --------------------------------------------------------------------------- input -> event
+
+
+def check_parent(saga_id: str, started: Event, parent_id: str, *, undo: bool) -> None:
+    """Only a child's own parent, as its first event records it, may undo it or start it
+    again: anything else that can write to the inbox must not touch the saga."""
+    assert isinstance(started, SagaStarted)
+    recorded = started.parent.saga_id if started.parent is not None else None
+    if recorded is None and undo:
+        raise InvalidTransition(
+            f"saga {saga_id} was not started by another saga: only a child is "
+            "undone by its parent (cancel it instead)"
+        )
+    if recorded != parent_id:
+        raise NotParent(saga_id, parent_id, recorded)
 
 
 def to_event(s: SagaState, inbound: Inbound) -> Event | DropReason:
@@ -135,11 +149,6 @@ def to_event(s: SagaState, inbound: Inbound) -> Event | DropReason:
             reason=inbound.reason,
         )
     if isinstance(inbound, Undo):
-        if s.history[0].parent is None:  # type: ignore[union-attr]
-            raise InvalidTransition(
-                f"saga {s.saga_id} was not started by another saga: only a child is undone "
-                "by its parent (cancel it instead)"
-            )
         if inbound.command_id in s.undo_ids:
             return DropReason.UNDO_ANSWERED
         _check_texts("undo", reason=inbound.reason, parent_id=inbound.parent_id)

@@ -36,6 +36,7 @@ from saga_engine._errors import (
     IdempotencyConflict,
     InvalidPayload,
     NewerVersionError,
+    NotParent,
     PermanentError,
     PoisonMessage,
     SagaNotFound,
@@ -593,6 +594,8 @@ class SagaWorker:
             raise PoisonMessage(reason, str(exc)) from exc
         except IdempotencyConflict as exc:
             raise PoisonMessage(PoisonReason.IDEMPOTENCY_CONFLICT, str(exc)) from exc
+        except NotParent as exc:  # the saga is untouched: its own parent is unaffected
+            raise PoisonMessage(PoisonReason.NOT_PARENT, str(exc)) from exc
         except NewerVersionError as exc:  # kept for `saga dlq replay` once a newer one runs
             raise PoisonMessage(PoisonReason.NEWER_VERSION, str(exc)) from exc
         except CodecError as exc:  # the saga's history: replayable once the key is here

@@ -153,7 +153,11 @@ async def test_a_child_whose_input_is_refused_fails_the_parents_step() -> None:
     run = await env.start(Order, OrderIn(order_id="o5"))
     assert await run.status() == SagaStatus.COMPLETED
     [command] = env.commands(CHILD_PARTICIPANT, compensation=False)
-    bad = replace(command, command_id="other", payload={**command.payload, "input": {}})
+    # A child not started yet (an existing one would answer for itself, unchecked).
+    fresh = child_saga_id(run.saga_id, "another")
+    bad = replace(
+        command, command_id="other", payload={**command.payload, "input": {}, "saga_id": fresh}
+    )
     before = len(start.sent)
     await env.engine.children.deliver_locally(bad)
     [answer] = start.sent[before:]
