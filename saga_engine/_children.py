@@ -88,6 +88,8 @@ class ChildLinks:
                     parent_reply(parent, saga_id, "failure", {"child_id": saga_id}, f"{exc}")
                 )
                 return
+        else:
+            engine.stats.inc("child_start_repeated")
         await self.answer_again(saga_id)
 
     async def _exists(self, saga_id: str, parent_id: str) -> bool:
@@ -150,7 +152,7 @@ class ChildLinks:
             body = command.payload
             await engine.reply(
                 command.saga_id, command.command_id, body["outcome"], body.get("payload") or {},
-                body.get("error"),
+                body.get("error"), sender=str(body.get("child", "")),
             )  # fmt: skip
             return True
         if command.participant != CHILD_PARTICIPANT:

@@ -302,7 +302,11 @@ class Engine:
         outcome: str,
         payload: JsonDict | None = None,
         error: str | None = None,
+        *,
+        sender: str | None = None,
     ) -> Decision:
+        """Applies a participant's reply (or a child's end: ``sender`` names the saga that
+        answers, checked against the child the step started)."""
         if outcome not in ("success", "failure", "retryable"):
             raise ValueError(
                 f"reply outcome must be success, failure or retryable, not {outcome!r}"
@@ -311,7 +315,7 @@ class Engine:
         self.check_reply_size(body)
         return await self.deliver(
             saga_id,
-            Reply(command_id, outcome, self.clock.now(), body, error),  # type: ignore[arg-type]
+            Reply(command_id, outcome, self.clock.now(), body, error, sender),  # type: ignore[arg-type]
         )
 
     def check_reply_size(self, body: JsonDict) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 
 from saga_engine._decision import (
+    CHILD_PARTICIPANT,
     DEADLINE_TIMER,
     Cancel,
     DropReason,
@@ -31,6 +32,7 @@ from saga_engine._errors import InvalidPayload, InvalidTransition, NotParent, Un
 from saga_engine._events import (
     AttemptTimedOut,
     CancelRequested,
+    CommandIssued,
     CompensationForced,
     CompensationIssued,
     ErrorInfo,
@@ -115,6 +117,8 @@ def to_event(s: SagaState, inbound: Inbound) -> Event | DropReason:
             return DropReason.UNKNOWN_COMMAND
         if inflight.held is not None:
             return DropReason.DUPLICATE_REPLY  # answered already; its reply is held
+        if inbound.sender is not None and inflight.event.participant == CHILD_PARTICIPANT:
+            _check_child(s, inbound.sender, inflight.event)
         return _reply_event(inbound, inflight)
     if isinstance(inbound, TimerDue):
         timer = s.timers.get(inbound.timer_id)
@@ -202,6 +206,17 @@ def held_steps(s: SagaState) -> list[str]:
 def _check_texts(what: str, **texts: str | None) -> None:
     """An input's texts (reason, principal, ids) must be storable too."""
     check_storable(texts, what)
+
+
+def _check_child(s: SagaState, sender: str, event: CommandIssued | CompensationIssued) -> None:
+    """A child's end (or its answer to an undo) answers only the step that started that
+    child: anything else that can write to the inbox must not settle the step."""
+    child = event.payload.get("saga_id")
+    if sender != child:
+        raise NotParent(
+            str(child), s.saga_id, None, f"an answer to step {event.step!r} of saga "
+            f"{s.saga_id} came from {sender!r}, not from its child {child!r}",
+        )  # fmt: skip
 
 
 def _reply_event(inbound: Reply, inflight: InFlight) -> Event:

@@ -466,6 +466,7 @@ class SagaWorker:
                         engine.clock.now(),
                         reply.payload or {},
                         reply.error,
+                        env.causation_id,
                     ),
                 )
             start: StartBody = env.body_as(StartBody)
@@ -609,8 +610,9 @@ class SagaWorker:
         if kind is MessageType.REPLY:
             reply: ReplyBody = env.body_as(ReplyBody)
             decision = await engine.reply(
-                env.saga_id, env.command_id, reply.outcome, reply.payload, reply.error
-            )
+                env.saga_id, env.command_id, reply.outcome, reply.payload, reply.error,
+                sender=env.causation_id,
+            )  # fmt: skip
             if decision.dropped is DropReason.UNKNOWN_COMMAND:
                 raise PoisonMessage(
                     PoisonReason.UNKNOWN_COMMAND,

@@ -188,3 +188,15 @@ async def test_a_start_from_a_saga_that_is_not_the_parent_is_refused() -> None:
             parent=ParentLink(saga_id="intruder", command_id="c1", saga_type="order"),
         )  # fmt: skip
     assert env.bus.sent[before:] == []  # the intruder hears nothing of the child
+
+
+async def test_an_end_from_a_saga_that_is_not_the_steps_child_is_refused() -> None:
+    env = SagaTestEnv([Order, Shipment])
+    env.participant("carrier").on(Book, no_reply=True)  # the child waits on its booking
+    run = await env.start(Order, OrderIn(order_id="o9"))
+    [start] = env.commands(CHILD_PARTICIPANT)
+    before = await run.history()
+    with pytest.raises(NotParent, match="not from its child"):
+        await env.engine.reply(run.saga_id, start.command_id, "success", {}, sender="intruder")
+    assert await run.history() == before
+    assert await run.status() == SagaStatus.RUNNING
