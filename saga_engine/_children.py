@@ -22,6 +22,7 @@ child's first event records (``NotParent``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from saga_engine._child_wire import parent_of
@@ -35,8 +36,22 @@ from saga_engine._decision import (
     Undo,
     parent_reply,
 )
-from saga_engine._errors import InvalidPayload, PayloadTooLarge, SagaNotFound, TransientError
-from saga_engine._events import Event, ParentLink
+from saga_engine._errors import (
+    InvalidPayload,
+    NotParent,
+    PayloadTooLarge,
+    SagaNotFound,
+    TransientError,
+)
+from saga_engine._events import (
+    TERMINAL_EVENTS,
+    CommandIssued,
+    CompensationIssued,
+    Event,
+    InvalidReplyReceived,
+    ParentLink,
+    ReplyReceived,
+)
 from saga_engine._inputs import check_parent
 from saga_engine._runtime import SagaRuntime
 from saga_engine._serde import JsonDict
@@ -45,6 +60,25 @@ if TYPE_CHECKING:
     from saga_engine._engine import Engine
 
 log = logging.getLogger("saga_engine.children")
+
+
+def still_asks(events: Sequence[Event], command_id: str) -> bool | None:
+    """Whether a parent's history still asks for the child its command ``command_id``
+    starts: None if it never issued it; False once it is answered, withdrawn (an undo
+    compensates it) or the parent has ended."""
+    asking: bool | None = None
+    for event in events:
+        if isinstance(event, CommandIssued) and event.command_id == command_id:
+            asking = True
+        elif not asking:
+            continue
+        elif isinstance(event, ReplyReceived | InvalidReplyReceived):
+            asking = event.command_id != command_id
+        elif isinstance(event, CompensationIssued):
+            asking = command_id not in event.compensates
+        elif isinstance(event, TERMINAL_EVENTS):
+            asking = False
+    return asking
 
 
 class ChildLinks:
@@ -74,23 +108,57 @@ class ChildLinks:
         dead-letters the request: the parent keeps waiting and asks again every poll,
         until an engine that can start it does."""
         engine = self._e
-        if not await self._exists(saga_id, parent.saga_id):
-            try:
-                await engine.start(
-                    saga_type, input, saga_id=saga_id, parent=parent,
-                    trace_context=trace_context, priority=priority, fairness_key=fairness_key,
-                )  # fmt: skip
-            except (InvalidPayload, PayloadTooLarge) as exc:
-                # Nothing was started: the parent's step is refused, with the reason.
-                log.warning("child saga %s of %s cannot start: %s", saga_id, parent.saga_id, exc)
-                engine.stats.inc("child_start_refused")
-                await self._send(
-                    parent_reply(parent, saga_id, "failure", {"child_id": saga_id}, f"{exc}")
-                )
+        # Under the child's lock, as an undo of it is: an undo that overtook this start
+        # is either applied to the child created here, or (the child not created yet)
+        # answered "nothing to undo" after the parent recorded it, which this start then
+        # reads in the parent's history and does not create the child.
+        async with engine.live.lock(saga_id):
+            if await self._exists(saga_id, parent.saga_id):
+                engine.stats.inc("child_start_repeated")
+            elif not await self._asked(saga_id, parent):
+                engine.stats.inc("child_start_withdrawn")
+                log.info("start of child %s withdrawn by its parent %s", saga_id, parent.saga_id)
                 return
-        else:
-            engine.stats.inc("child_start_repeated")
+            else:
+                try:
+                    await engine.start_held(
+                        engine.prepare_start(
+                            saga_type, input, saga_id=saga_id, parent=parent,
+                            trace_context=trace_context, priority=priority,
+                            fairness_key=fairness_key,
+                        )
+                    )  # fmt: skip
+                except (InvalidPayload, PayloadTooLarge) as exc:
+                    # Nothing was started: the parent's step is refused, with the reason.
+                    log.warning(
+                        "child saga %s of %s cannot start: %s", saga_id, parent.saga_id, exc
+                    )
+                    engine.stats.inc("child_start_refused")
+                    await self._send(
+                        parent_reply(parent, saga_id, "failure", {"child_id": saga_id}, f"{exc}")
+                    )
+                    return
         await self.answer_again(saga_id)
+
+    async def _asked(self, saga_id: str, parent: ParentLink) -> bool:
+        """Whether the parent's history still asks for this child (raises NotParent when
+        it never did): a start that arrives after the parent withdrew it (its undo
+        issued, or the parent ended) starts nothing, or the child would run on with
+        nobody left to undo it."""
+        try:
+            events = await self._e.history(parent.saga_id)
+        except SagaNotFound:
+            raise NotParent(
+                saga_id, parent.saga_id, None, f"no saga {parent.saga_id!r} exists to start "
+                f"child {saga_id}",
+            ) from None  # fmt: skip
+        asking = still_asks(events, parent.command_id)
+        if asking is None:
+            raise NotParent(
+                saga_id, parent.saga_id, None, f"saga {parent.saga_id} never asked for child "
+                f"{saga_id} (no command {parent.command_id!r} in its history)",
+            )  # fmt: skip
+        return asking
 
     async def _exists(self, saga_id: str, parent_id: str) -> bool:
         """Whether the child was started already, by this parent (raises NotParent when

@@ -197,42 +197,48 @@ class Engine:
         )  # fmt: skip
 
     async def _start(self, start: PreparedStart) -> str:
+        async with self.live.lock(start.saga_id):
+            return await self.start_held(start)
+
+    async def start_held(self, start: PreparedStart) -> str:
+        """``start`` for a caller that holds the saga's lock already (``live.lock``): a
+        child's start, checked against its parent's history under the same lock as an
+        undo that may race it."""
         definition, payload, saga_id, idempotency_key = (
             start.definition, start.payload, start.saga_id, start.idempotency_key
         )  # fmt: skip
-        async with self.live.lock(saga_id):
-            live = self.live.get(saga_id)
-            if live is not None:
-                check_same_start(
-                    definition, live.runtime.started, payload, saga_id, idempotency_key,
-                    self.registry,
-                )  # fmt: skip
-                self.stats.inc("start_deduplicated")
-                return saga_id
-            runtime, decision = SagaRuntime.start(definition, start_input(start))
-            created = await self.store.create(
-                NewSaga(
-                    saga_id=saga_id,
-                    saga_type=definition.name,
-                    events=decision.events,
-                    projection=decision.projection,
-                    idempotency_key=idempotency_key,
-                    search=definition.search_values(runtime.started.input),
-                    saga_version=definition.version,
-                )
+        live = self.live.get(saga_id)
+        if live is not None:
+            check_same_start(
+                definition, live.runtime.started, payload, saga_id, idempotency_key,
+                self.registry,
+            )  # fmt: skip
+            self.stats.inc("start_deduplicated")
+            return saga_id
+        runtime, decision = SagaRuntime.start(definition, start_input(start))
+        created = await self.store.create(
+            NewSaga(
+                saga_id=saga_id,
+                saga_type=definition.name,
+                events=decision.events,
+                projection=decision.projection,
+                idempotency_key=idempotency_key,
+                search=definition.search_values(runtime.started.input),
+                saga_version=definition.version,
             )
-            if not created:
-                runtime.close()  # never held: release its coroutines now
-                first = await self.store.first_event(saga_id)
-                check_same_start(
-                    definition, first.event, payload, saga_id, idempotency_key, self.registry
-                )
-                self.stats.inc("start_deduplicated")
-                return saga_id
-            self.observer.stat("sagas_started", definition.name)
-            live = LiveSaga(runtime, committed_seq=len(decision.events), started_at=start.now)
-            self.live.put(saga_id, live)
-            await self._effects(saga_id, live, decision)
+        )
+        if not created:
+            runtime.close()  # never held: release its coroutines now
+            first = await self.store.first_event(saga_id)
+            check_same_start(
+                definition, first.event, payload, saga_id, idempotency_key, self.registry
+            )
+            self.stats.inc("start_deduplicated")
+            return saga_id
+        self.observer.stat("sagas_started", definition.name)
+        live = LiveSaga(runtime, committed_seq=len(decision.events), started_at=start.now)
+        self.live.put(saga_id, live)
+        await self._effects(saga_id, live, decision)
         return saga_id
 
     # ------------------------------------------------------------------ inputs

@@ -8,11 +8,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Settings
 from saga_engine._decision import CHILD_PARTICIPANT, PARENT_PARTICIPANT, child_saga_id
-from saga_engine._errors import InvalidTransition, NotParent
+from saga_engine._errors import InvalidTransition, NotParent, SagaNotFound
 from saga_engine._events import ParentLink
 from saga_engine._settings import EngineSettings
 from saga_engine.testing import SagaTestEnv
@@ -25,7 +24,7 @@ from tests.internal.unit.test_children import (
     Reserve,
     ShipIn,
     Shipment,
-    ShipOut,
+    ShipmentV2,
 )
 
 
@@ -71,19 +70,6 @@ async def test_a_second_undo_of_an_undone_child_is_answered_too() -> None:
     await env.engine.children.undo_child(child_id, "another-undo", run.saga_id, "")
     answered = [(c.participant, c.command_id) for c in env.bus.sent[before:]]
     assert (PARENT_PARTICIPANT, "another-undo") in answered
-
-
-class ShipInV2(BaseModel):
-    order_id: str
-    carrier: str  # v1's inputs have none: v2's model refuses them
-
-
-class ShipmentV2(Saga[ShipInV2, ShipOut]):
-    name = "shipment"
-    version = 2
-
-    async def run(self, ctx: SagaContext, input: ShipInV2) -> ShipOut:
-        return ShipOut(tracking=f"{input.carrier}-{input.order_id}")
 
 
 async def test_a_repeated_start_is_answered_by_the_child_whatever_the_rollout_says() -> None:
@@ -200,3 +186,17 @@ async def test_an_end_from_a_saga_that_is_not_the_steps_child_is_refused() -> No
         await env.engine.reply(run.saga_id, start.command_id, "success", {}, sender="intruder")
     assert await run.history() == before
     assert await run.status() == SagaStatus.RUNNING
+
+
+async def test_a_start_overtaken_by_its_undo_starts_no_child() -> None:
+    env = SagaTestEnv([Order, Shipment])
+    env.hold(lambda c: c.participant == CHILD_PARTICIPANT and not c.compensation)
+    run = await env.start(Order, OrderIn(order_id="o10"))
+    await env.cancel(run)  # the undo overtakes the start: "nothing to undo"
+    assert await run.status() == SagaStatus.CANCELLED
+    await env.release()  # the start arrives late: its parent no longer asks for it
+    child_id = child_saga_id(run.saga_id, "shipment")
+    with pytest.raises(SagaNotFound):
+        await env.engine.get(child_id)
+    assert env.engine.stats.counts["child_start_withdrawn"] == 1
+    assert env.commands("carrier") == []  # no booking that nobody would undo
