@@ -12,12 +12,17 @@ and child may be owned by different engines; in one process (the testing kit), t
 Every message here may come twice (a re-send after a timeout, a recovery, a poll) and is
 idempotent: a child's id and its parent's command ids are deterministic, a repeated start
 of an ended child is answered with its end again, and a parent drops a second reply to
-the same command.
+the same command. Every one of them is owed from history until answered (see
+``SagaRuntime.owed``): the parent's start and undo are its commands, re-sent at each poll
+and by whoever loads the parent; the child's end is re-sent by whoever loads the child,
+and a repeated start or undo is answered again. Each is checked against the link the
+child's first event records (``NotParent``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from saga_engine._child_wire import parent_of
@@ -31,8 +36,23 @@ from saga_engine._decision import (
     Undo,
     parent_reply,
 )
-from saga_engine._errors import InvalidPayload, SagaNotFound, TransientError
-from saga_engine._events import ParentLink
+from saga_engine._errors import (
+    InvalidPayload,
+    NotParent,
+    PayloadTooLarge,
+    SagaNotFound,
+    TransientError,
+)
+from saga_engine._events import (
+    TERMINAL_EVENTS,
+    CommandIssued,
+    CompensationIssued,
+    Event,
+    InvalidReplyReceived,
+    ParentLink,
+    ReplyReceived,
+)
+from saga_engine._inputs import check_parent
 from saga_engine._runtime import SagaRuntime
 from saga_engine._serde import JsonDict
 
@@ -40,6 +60,25 @@ if TYPE_CHECKING:
     from saga_engine._engine import Engine
 
 log = logging.getLogger("saga_engine.children")
+
+
+def still_asks(events: Sequence[Event], command_id: str) -> bool | None:
+    """Whether a parent's history still asks for the child its command ``command_id``
+    starts: None if it never issued it; False once it is answered, withdrawn (an undo
+    compensates it) or the parent has ended."""
+    asking: bool | None = None
+    for event in events:
+        if isinstance(event, CommandIssued) and event.command_id == command_id:
+            asking = True
+        elif not asking:
+            continue
+        elif isinstance(event, ReplyReceived | InvalidReplyReceived):
+            asking = event.command_id != command_id
+        elif isinstance(event, CompensationIssued):
+            asking = command_id not in event.compensates
+        elif isinstance(event, TERMINAL_EVENTS):
+            asking = False
+    return asking
 
 
 class ChildLinks:
@@ -59,31 +98,87 @@ class ChildLinks:
         priority: int = 0,
         fairness_key: str | None = None,
     ) -> None:
-        """Starts a child (once: its id is deterministic). A child whose input its model
-        refuses fails its parent's step, like a refused command; one that already ended
-        answers with its end. Anything else that stops the start here (a type or version
-        this engine does not run yet, during a rolling deploy; a history it cannot
-        decode) raises to the caller, which dead-letters the request: the parent keeps
-        waiting and asks again every poll, until an engine that can start it does."""
+        """Starts a child (once: its id is deterministic). A repeated start of a child
+        that exists is answered by the child itself (its end, or nothing while it runs),
+        never checked again against what its type's rollout says today. A child input
+        the engine can never start (one its model refuses, one over the size limit)
+        fails its parent's step at once, like a refused command. Anything else that
+        stops the start here (a type or version this engine does not run yet, during a
+        rolling deploy; a history it cannot decode) raises to the caller, which
+        dead-letters the request: the parent keeps waiting and asks again every poll,
+        until an engine that can start it does."""
         engine = self._e
-        try:
-            await engine.start(
-                saga_type, input, saga_id=saga_id, parent=parent, trace_context=trace_context,
-                priority=priority, fairness_key=fairness_key,
-            )  # fmt: skip
-        except InvalidPayload as exc:
-            # Nothing was started: the parent's step is refused, with the reason.
-            log.warning("child saga %s of %s cannot start: %s", saga_id, parent.saga_id, exc)
-            engine.stats.inc("child_start_refused")
-            await self._send(
-                parent_reply(parent, saga_id, "failure", {"child_id": saga_id}, f"{exc}")
-            )
-            return
+        # Under the child's lock, as an undo of it is: an undo that overtook this start
+        # is either applied to the child created here, or (the child not created yet)
+        # answered "nothing to undo" after the parent recorded it, which this start then
+        # reads in the parent's history and does not create the child.
+        async with engine.live.lock(saga_id):
+            if await self._exists(saga_id, parent.saga_id):
+                engine.stats.inc("child_start_repeated")
+            elif not await self._asked(saga_id, parent):
+                engine.stats.inc("child_start_withdrawn")
+                log.info("start of child %s withdrawn by its parent %s", saga_id, parent.saga_id)
+                return
+            else:
+                try:
+                    await engine.start_held(
+                        engine.prepare_start(
+                            saga_type, input, saga_id=saga_id, parent=parent,
+                            trace_context=trace_context, priority=priority,
+                            fairness_key=fairness_key,
+                        )
+                    )  # fmt: skip
+                except (InvalidPayload, PayloadTooLarge) as exc:
+                    # Nothing was started: the parent's step is refused, with the reason.
+                    log.warning(
+                        "child saga %s of %s cannot start: %s", saga_id, parent.saga_id, exc
+                    )
+                    engine.stats.inc("child_start_refused")
+                    await self._send(
+                        parent_reply(parent, saga_id, "failure", {"child_id": saga_id}, f"{exc}")
+                    )
+                    return
         await self.answer_again(saga_id)
+
+    async def _asked(self, saga_id: str, parent: ParentLink) -> bool:
+        """Whether the parent's history still asks for this child (raises NotParent when
+        it never did): a start that arrives after the parent withdrew it (its undo
+        issued, or the parent ended) starts nothing, or the child would run on with
+        nobody left to undo it."""
+        try:
+            events = await self._e.history(parent.saga_id)
+        except SagaNotFound:
+            raise NotParent(
+                saga_id, parent.saga_id, None, f"no saga {parent.saga_id!r} exists to start "
+                f"child {saga_id}",
+            ) from None  # fmt: skip
+        asking = still_asks(events, parent.command_id)
+        if asking is None:
+            raise NotParent(
+                saga_id, parent.saga_id, None, f"saga {parent.saga_id} never asked for child "
+                f"{saga_id} (no command {parent.command_id!r} in its history)",
+            )  # fmt: skip
+        return asking
+
+    async def _exists(self, saga_id: str, parent_id: str) -> bool:
+        """Whether the child was started already, by this parent (raises NotParent when
+        its recorded link names another saga)."""
+        engine = self._e
+        runtime = engine.runtime_of(saga_id)
+        if runtime is not None:
+            started: Event = runtime.started
+        else:
+            try:
+                started = (await engine.store.first_event(saga_id)).event
+            except SagaNotFound:
+                return False
+        check_parent(saga_id, started, parent_id, undo=False)
+        return True
 
     async def undo_child(self, saga_id: str, command_id: str, parent_id: str, reason: str) -> None:
         """The parent compensates: the child undoes what it did (see ``UndoRequested``).
-        A child that never started has nothing to undo, and says so at once."""
+        A child that never started has nothing to undo, and says so at once; one that
+        ended before the undo came answers it under the undo's id (``parent_notices``)."""
         engine = self._e
         try:
             decision = await engine.deliver(
@@ -94,23 +189,24 @@ class ChildLinks:
             await self._send(parent_reply(parent, saga_id, "success", {"child_id": saga_id}, None))
             return
         if decision.dropped is DropReason.UNDO_ANSWERED:
-            await self.answer_again(saga_id)
+            await self.answer_again(saga_id, undo=command_id)
 
-    async def answer_again(self, saga_id: str) -> None:
-        """Sends an ended child's answers to its parent again (nothing while it runs)."""
+    async def answer_again(self, saga_id: str, *, undo: str | None = None) -> None:
+        """Sends an ended child's answers to its parent again (nothing while it runs),
+        and the answer to ``undo`` when it asked after the child had ended."""
         engine = self._e
         record = await engine.get(saga_id)
         if not record.status.is_terminal:
             return
         live = engine.runtime_of(saga_id)
         if live is not None:
-            notices = live.parent_notices()
+            notices = live.parent_notices(undo)
         else:
             events = await engine.history(saga_id)
             definition = engine.registry.for_history(record.saga_type, events)
             runtime, _ = SagaRuntime.replay(definition, saga_id, events)
             try:
-                notices = runtime.parent_notices()
+                notices = runtime.parent_notices(undo)
             finally:
                 runtime.close()
         for notice in notices:
@@ -124,7 +220,7 @@ class ChildLinks:
             body = command.payload
             await engine.reply(
                 command.saga_id, command.command_id, body["outcome"], body.get("payload") or {},
-                body.get("error"),
+                body.get("error"), sender=str(body.get("child", "")),
             )  # fmt: skip
             return True
         if command.participant != CHILD_PARTICIPANT:

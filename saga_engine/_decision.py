@@ -95,6 +95,10 @@ class Reply:
     at: datetime
     payload: JsonDict = field(default_factory=dict)
     error: str | None = None
+    #: The saga that answers, when a child's end comes through the inbox (its
+    #: ``ce_causationid``): checked against the child the step started. None: not
+    #: checked (a reply given through the API, or a participant's).
+    sender: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -197,42 +197,48 @@ class Engine:
         )  # fmt: skip
 
     async def _start(self, start: PreparedStart) -> str:
+        async with self.live.lock(start.saga_id):
+            return await self.start_held(start)
+
+    async def start_held(self, start: PreparedStart) -> str:
+        """``start`` for a caller that holds the saga's lock already (``live.lock``): a
+        child's start, checked against its parent's history under the same lock as an
+        undo that may race it."""
         definition, payload, saga_id, idempotency_key = (
             start.definition, start.payload, start.saga_id, start.idempotency_key
         )  # fmt: skip
-        async with self.live.lock(saga_id):
-            live = self.live.get(saga_id)
-            if live is not None:
-                check_same_start(
-                    definition, live.runtime.started, payload, saga_id, idempotency_key,
-                    self.registry,
-                )  # fmt: skip
-                self.stats.inc("start_deduplicated")
-                return saga_id
-            runtime, decision = SagaRuntime.start(definition, start_input(start))
-            created = await self.store.create(
-                NewSaga(
-                    saga_id=saga_id,
-                    saga_type=definition.name,
-                    events=decision.events,
-                    projection=decision.projection,
-                    idempotency_key=idempotency_key,
-                    search=definition.search_values(runtime.started.input),
-                    saga_version=definition.version,
-                )
+        live = self.live.get(saga_id)
+        if live is not None:
+            check_same_start(
+                definition, live.runtime.started, payload, saga_id, idempotency_key,
+                self.registry,
+            )  # fmt: skip
+            self.stats.inc("start_deduplicated")
+            return saga_id
+        runtime, decision = SagaRuntime.start(definition, start_input(start))
+        created = await self.store.create(
+            NewSaga(
+                saga_id=saga_id,
+                saga_type=definition.name,
+                events=decision.events,
+                projection=decision.projection,
+                idempotency_key=idempotency_key,
+                search=definition.search_values(runtime.started.input),
+                saga_version=definition.version,
             )
-            if not created:
-                runtime.close()  # never held: release its coroutines now
-                first = await self.store.first_event(saga_id)
-                check_same_start(
-                    definition, first.event, payload, saga_id, idempotency_key, self.registry
-                )
-                self.stats.inc("start_deduplicated")
-                return saga_id
-            self.observer.stat("sagas_started", definition.name)
-            live = LiveSaga(runtime, committed_seq=len(decision.events), started_at=start.now)
-            self.live.put(saga_id, live)
-            await self._effects(saga_id, live, decision)
+        )
+        if not created:
+            runtime.close()  # never held: release its coroutines now
+            first = await self.store.first_event(saga_id)
+            check_same_start(
+                definition, first.event, payload, saga_id, idempotency_key, self.registry
+            )
+            self.stats.inc("start_deduplicated")
+            return saga_id
+        self.observer.stat("sagas_started", definition.name)
+        live = LiveSaga(runtime, committed_seq=len(decision.events), started_at=start.now)
+        self.live.put(saga_id, live)
+        await self._effects(saga_id, live, decision)
         return saga_id
 
     # ------------------------------------------------------------------ inputs
@@ -302,7 +308,11 @@ class Engine:
         outcome: str,
         payload: JsonDict | None = None,
         error: str | None = None,
+        *,
+        sender: str | None = None,
     ) -> Decision:
+        """Applies a participant's reply (or a child's end: ``sender`` names the saga that
+        answers, checked against the child the step started)."""
         if outcome not in ("success", "failure", "retryable"):
             raise ValueError(
                 f"reply outcome must be success, failure or retryable, not {outcome!r}"
@@ -311,7 +321,7 @@ class Engine:
         self.check_reply_size(body)
         return await self.deliver(
             saga_id,
-            Reply(command_id, outcome, self.clock.now(), body, error),  # type: ignore[arg-type]
+            Reply(command_id, outcome, self.clock.now(), body, error, sender),  # type: ignore[arg-type]
         )
 
     def check_reply_size(self, body: JsonDict) -> None:
@@ -553,9 +563,10 @@ class Engine:
         return live
 
     async def _resend_outstanding(self, live: LiveSaga) -> None:
-        # Whatever was in flight when the previous owner stopped (or while the saga was
-        # parked) goes out again under the same ids; participants deduplicate.
-        for command in live.runtime.outstanding_commands():
+        # Whatever it owes (in flight when the previous owner stopped, or while the saga
+        # was parked; an ended child's answer to its parent) goes out again under the
+        # same ids; participants and parents deduplicate.
+        for command in live.runtime.owed():
             # A new span for this send: the first one died with the previous owner.
             sent = self.observer.spans.sent(command, resent=True)
             try:
@@ -612,6 +623,11 @@ class Engine:
                 # The command is recorded; rebuilding the saga sends it again.
                 self.observer.spans.not_sent(command.command_id, exc)
                 self.live.evict(saga_id)
+                if decision.status.is_terminal and isinstance(exc, TransientError):
+                    # An open saga is woken by its next timeout, which re-sends; nothing
+                    # wakes an ended one, so a child's answer to its parent is re-sent
+                    # from history by a reload (until the broker takes it).
+                    self._reload_soon(saga_id, 0.5)
                 raise
             self.observer.checkpoint("after_send")
         if self.flow is not None:

@@ -22,6 +22,7 @@
         ├── UnknownSagaType            no saga of that name is deployed
         ├── SagaNotFound               no saga has that id
         ├── InvalidTransition          the action does not apply to the saga's state
+        ├── NotParent                  a child's message that does not match its link
         ├── InvalidSagaId              an id that cannot be stored
         ├── SerializationError         a value that cannot be (de)serialised
         │   └── InvalidPayload         a payload its model refuses (names each field)
@@ -278,6 +279,24 @@ class SagaNotFound(PermanentError):
 
 class InvalidTransition(PermanentError):
     """An action or event makes no sense in the saga's current status."""
+
+
+class NotParent(PermanentError):
+    """A child's start or undo names a parent the child was not started by (or a saga
+    that is no child at all), or a child's end comes from a saga that is not the child of
+    the step it answers: the link recorded in history decides. Nothing is recorded; the
+    message is dead-lettered (``not_parent``)."""
+
+    def __init__(
+        self, saga_id: str, claimed: str, recorded: str | None, message: str | None = None
+    ) -> None:
+        self.saga_id, self.claimed, self.recorded = saga_id, claimed, recorded
+        actual = f"saga {recorded!r}" if recorded else "no saga (it was started on its own)"
+        super().__init__(
+            message
+            or f"saga {saga_id} was started by {actual}, not by saga {claimed!r}: only its "
+            "own parent may start or undo it"
+        )
 
 
 class InvalidSagaId(PermanentError):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 
 from saga_engine._decision import (
+    CHILD_PARTICIPANT,
     DEADLINE_TIMER,
     Cancel,
     DropReason,
@@ -27,10 +28,11 @@ from saga_engine._decision import (
     TimerDue,
     Undo,
 )
-from saga_engine._errors import InvalidPayload, InvalidTransition, UnstorableValue
+from saga_engine._errors import InvalidPayload, InvalidTransition, NotParent, UnstorableValue
 from saga_engine._events import (
     AttemptTimedOut,
     CancelRequested,
+    CommandIssued,
     CompensationForced,
     CompensationIssued,
     ErrorInfo,
@@ -71,6 +73,20 @@ def input_name(inbound: Inbound) -> str:
 # --------------------------------------------------------------------------- input -> event
 
 
+def check_parent(saga_id: str, started: Event, parent_id: str, *, undo: bool) -> None:
+    """Only a child's own parent, as its first event records it, may undo it or start it
+    again: anything else that can write to the inbox must not touch the saga."""
+    assert isinstance(started, SagaStarted)
+    recorded = started.parent.saga_id if started.parent is not None else None
+    if recorded is None and undo:
+        raise InvalidTransition(
+            f"saga {saga_id} was not started by another saga: only a child is "
+            "undone by its parent (cancel it instead)"
+        )
+    if recorded != parent_id:
+        raise NotParent(saga_id, parent_id, recorded)
+
+
 def to_event(s: SagaState, inbound: Inbound) -> Event | DropReason:
     """The event that records ``inbound``, or why it is dropped; raises if it is refused."""
     at = inbound.at
@@ -101,6 +117,8 @@ def to_event(s: SagaState, inbound: Inbound) -> Event | DropReason:
             return DropReason.UNKNOWN_COMMAND
         if inflight.held is not None:
             return DropReason.DUPLICATE_REPLY  # answered already; its reply is held
+        if inbound.sender is not None and inflight.event.participant == CHILD_PARTICIPANT:
+            _check_child(s, inbound.sender, inflight.event)
         return _reply_event(inbound, inflight)
     if isinstance(inbound, TimerDue):
         timer = s.timers.get(inbound.timer_id)
@@ -142,11 +160,6 @@ def to_event(s: SagaState, inbound: Inbound) -> Event | DropReason:
             reason=inbound.reason,
         )
     if isinstance(inbound, Undo):
-        if s.history[0].parent is None:  # type: ignore[union-attr]
-            raise InvalidTransition(
-                f"saga {s.saga_id} was not started by another saga: only a child is undone "
-                "by its parent (cancel it instead)"
-            )
         if inbound.command_id in s.undo_ids:
             return DropReason.UNDO_ANSWERED
         _check_texts("undo", reason=inbound.reason, parent_id=inbound.parent_id)
@@ -200,6 +213,17 @@ def held_steps(s: SagaState) -> list[str]:
 def _check_texts(what: str, **texts: str | None) -> None:
     """An input's texts (reason, principal, ids) must be storable too."""
     check_storable(texts, what)
+
+
+def _check_child(s: SagaState, sender: str, event: CommandIssued | CompensationIssued) -> None:
+    """A child's end (or its answer to an undo) answers only the step that started that
+    child: anything else that can write to the inbox must not settle the step."""
+    child = event.payload.get("saga_id")
+    if sender != child:
+        raise NotParent(
+            str(child), s.saga_id, None, f"an answer to step {event.step!r} of saga "
+            f"{s.saga_id} came from {sender!r}, not from its child {child!r}",
+        )  # fmt: skip
 
 
 def _reply_event(inbound: Reply, inflight: InFlight) -> Event:

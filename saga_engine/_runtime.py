@@ -50,7 +50,7 @@ from saga_engine._events import (
     SagaStarted,
     UndoRequested,
 )
-from saga_engine._inputs import apply, held_steps, input_name, to_event
+from saga_engine._inputs import apply, check_parent, held_steps, input_name, to_event
 from saga_engine._policy import RetryPolicy
 from saga_engine._serde import JsonDict, check_storable, unstorable
 from saga_engine._state import Halt, SagaState
@@ -197,6 +197,14 @@ class SagaRuntime:
         (A step whose reply is held as invalid was answered: it is not sent again.)"""
         return [self._outbound(f.event) for f in self.state.inflight.values() if f.held is None]
 
+    def owed(self) -> list[OutboundCommand]:
+        """Everything this saga owes others, derived from its history alone: its commands
+        not answered yet (a step's, a child's start or undo) and, once a child has ended,
+        its answers to its parent. Whoever loads the saga to drive it (recovery, a reload,
+        a wake-up) sends them again under the same ids; the other side deduplicates. The
+        one rule for what is owed: no message between sagas is sent only once."""
+        return self.outstanding_commands() + self.parent_notices()
+
     @property
     def started(self) -> SagaStarted:
         """The saga's first event: its input, key and request hash."""
@@ -224,6 +232,8 @@ class SagaRuntime:
         s = self.state
         s.new = []
         s.clock = inbound.at
+        if isinstance(inbound, Undo):
+            check_parent(s.saga_id, s.history[0], inbound.parent_id, undo=True)  # the link decides
         if s.status.is_terminal and not (
             isinstance(inbound, Undo) and s.status == SagaStatus.COMPLETED and not s.undo_ids
         ):
@@ -390,22 +400,28 @@ class SagaRuntime:
         )
         return Decision(events, commands, projection, dropped, s.nondeterminism)
 
-    def parent_notices(self) -> list[OutboundCommand]:
+    def parent_notices(self, undo: str | None = None) -> list[OutboundCommand]:
         """What an ended child tells its parent (nothing for a saga without one, or one
         still open), as commands for the engine to route to the parent's inbox: the
         reply to each undo it was asked for, else its end as the reply to the command
         that started it (success with its output, or failure with its error). Sending
-        them again is harmless: the parent drops a second reply to a command."""
+        them again is harmless: the parent drops a second reply to a command.
+
+        ``undo``: the command id of an undo that reached the child after it had ended
+        (see ``DropReason.UNDO_ANSWERED``). It is answered under its own id, or the
+        parent's compensation would wait for ever: a child that ended failed,
+        compensated or cancelled, or was undone already, has nothing left to undo."""
         s = self.state
         parent = self.started.parent
         if parent is None or not s.status.is_terminal:
             return []
         trace = s.trace_context
-        if s.undo_ids:
+        undos = s.undo_ids if undo is None else {*s.undo_ids, undo}
+        if undos:
             return [
                 parent_reply(parent.model_copy(update={"command_id": cid}), s.saga_id,
                              "success", {}, None, trace)
-                for cid in sorted(s.undo_ids)
+                for cid in sorted(undos)
             ]  # fmt: skip
         if s.status == SagaStatus.COMPLETED:
             return [parent_reply(parent, s.saga_id, "success", s.output or {}, None, trace)]

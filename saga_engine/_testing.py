@@ -130,10 +130,20 @@ class InMemoryCommandBus:
         self.sent: list[OutboundCommand] = []
         self.pending: deque[OutboundCommand] = deque()
         self.closed = False
+        self._failing: list[tuple[Callable[[OutboundCommand], bool], list[int]]] = []
+
+    def fail(self, predicate: Callable[[OutboundCommand], bool], times: int = 1) -> None:
+        """The next ``times`` sends of a command ``predicate`` matches raise
+        TransientError, as the Kafka adapter does when a send is not acknowledged."""
+        self._failing.append((predicate, [times]))
 
     async def send_command(self, command: OutboundCommand) -> None:
         if self.closed:
             raise TransientError("the command bus is closed")
+        for predicate, left in self._failing:
+            if left[0] > 0 and predicate(command):
+                left[0] -= 1
+                raise TransientError(f"send of {command.command_id} not acknowledged (test)")
         self.sent.append(command)
         self.pending.append(command)
 
@@ -198,6 +208,9 @@ class SagaTestEnv:
         self.bus = InMemoryCommandBus()
         self.engine = self.new_engine()
         self._participants: dict[str, ScriptedParticipant] = {}
+        self._hold: Callable[[OutboundCommand], bool] | None = None
+        #: Commands kept in flight by ``hold``, in the order they were sent.
+        self.held: list[OutboundCommand] = []
 
     def new_engine(
         self, sagas: list[type[Saga[Any, Any]]] | None = None, store: EventStore | None = None
@@ -247,10 +260,26 @@ class SagaTestEnv:
         await self.settle()
         return SagaRun(self, saga_id, saga)
 
+    def hold(self, predicate: Callable[[OutboundCommand], bool]) -> None:
+        """Keeps the commands ``predicate`` matches in flight: ``settle`` does not deliver
+        them until ``release``. A message the broker took and has not handed over yet,
+        for tests of races (a child's end that reaches its parent late, say)."""
+        self._hold = predicate
+
+    async def release(self) -> None:
+        """Stops holding, then delivers what was held, in the order it was sent."""
+        self._hold = None
+        held, self.held = self.held, []
+        self.bus.pending.extend(held)
+        await self.settle()
+
     async def settle(self) -> None:
         """Delivers every queued command to its participant and feeds back the replies."""
         while self.bus.pending:
             command = self.bus.pending.popleft()
+            if self._hold is not None and self._hold(command):
+                self.held.append(command)
+                continue
             try:
                 if await self.engine.children.deliver_locally(command):
                     continue  # a child saga's start or undo, or its end to its parent

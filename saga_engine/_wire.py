@@ -74,6 +74,8 @@ class PoisonReason(StrEnum):
     UNSTORABLE_VALUE = "unstorable_value"
     #: A start that reuses an idempotency key (or saga id) with a different input.
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+    #: A child's start or undo naming a parent the child was not started by.
+    NOT_PARENT = "not_parent"
     #: A message for a saga written by a newer engine (an event or saga version this
     #: engine does not have, during a rolling deploy): the saga is left untouched; once a
     #: newer engine owns it, it re-sends what is in flight, and ``saga dlq replay``

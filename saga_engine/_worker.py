@@ -37,6 +37,7 @@ from saga_engine._errors import (
     InvalidPayload,
     InvalidTransition,
     NewerVersionError,
+    NotParent,
     PermanentError,
     PoisonMessage,
     SagaNotFound,
@@ -472,6 +473,7 @@ class SagaWorker:
                         engine.clock.now(),
                         reply.payload or {},
                         reply.error,
+                        env.causation_id,
                     ),
                 )
             start: StartBody = env.body_as(StartBody)
@@ -600,6 +602,8 @@ class SagaWorker:
             raise PoisonMessage(reason, str(exc)) from exc
         except IdempotencyConflict as exc:
             raise PoisonMessage(PoisonReason.IDEMPOTENCY_CONFLICT, str(exc)) from exc
+        except NotParent as exc:  # the saga is untouched: its own parent is unaffected
+            raise PoisonMessage(PoisonReason.NOT_PARENT, str(exc)) from exc
         except InvalidTransition as exc:
             # A signal or cancel the saga's state refuses (ended, undoing its steps,
             # parked): neither the saga nor the message is at fault, the timing is.
@@ -619,8 +623,9 @@ class SagaWorker:
         if kind is MessageType.REPLY:
             reply: ReplyBody = env.body_as(ReplyBody)
             decision = await engine.reply(
-                env.saga_id, env.command_id, reply.outcome, reply.payload, reply.error
-            )
+                env.saga_id, env.command_id, reply.outcome, reply.payload, reply.error,
+                sender=env.causation_id,
+            )  # fmt: skip
             if decision.dropped is DropReason.UNKNOWN_COMMAND:
                 raise PoisonMessage(
                     PoisonReason.UNKNOWN_COMMAND,

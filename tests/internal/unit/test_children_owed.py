@@ -1,0 +1,202 @@
+"""What a parent and its child owe each other is derived from history and sent again until
+answered, in the testing kit (the real engine in memory): an undo that reaches a child
+that already ended, a repeated start after a rollout, a child's end whose send failed, a
+child input over the size limit, and messages that name another saga as the parent."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from saga_engine import Saga, SagaContext, SagaStatus, Settings
+from saga_engine._decision import CHILD_PARTICIPANT, PARENT_PARTICIPANT, child_saga_id
+from saga_engine._errors import InvalidTransition, NotParent, SagaNotFound
+from saga_engine._events import ParentLink
+from saga_engine._settings import EngineSettings
+from saga_engine.testing import SagaTestEnv
+from tests.internal.unit.test_children import (
+    Book,
+    Order,
+    OrderIn,
+    OrderOut,
+    Release,
+    Reserve,
+    ShipIn,
+    Shipment,
+    ShipmentV2,
+)
+
+
+def _is_end(command: object) -> bool:
+    return getattr(command, "participant", None) == PARENT_PARTICIPANT
+
+
+def _failures_to(env: SagaTestEnv, parent_id: str) -> list[str]:
+    return [
+        c.payload["error"]
+        for c in env.commands(PARENT_PARTICIPANT)
+        if c.saga_id == parent_id and c.payload["outcome"] == "failure"
+    ]
+
+
+async def test_an_undo_that_reaches_a_child_after_it_failed_is_answered_under_its_id() -> None:
+    env = SagaTestEnv([Order, Shipment])
+    env.participant("printer").on(Book, reject="out of paper")
+    env.hold(_is_end)  # the child's end reaches its parent late
+    run = await env.start(Order, OrderIn(order_id="o1", fail_child=True))
+    child_id = child_saga_id(run.saga_id, "shipment")
+    assert (await env.engine.get(child_id)).status == SagaStatus.COMPENSATED
+    assert await run.status() == SagaStatus.RUNNING
+    await env.cancel(run)  # the parent undoes its steps: the child's first
+    [undo] = env.commands(CHILD_PARTICIPANT, compensation=True)
+    answers = [c.command_id for c in env.held]
+    assert undo.command_id in answers  # answered under the undo's id, not only the start's
+    await env.release()
+    assert await env.run_until_settled(run) == SagaStatus.CANCELLED
+    parents = {c.step for c in env.commands(compensation=True) if c.saga_id == run.saga_id}
+    assert parents == {"child:shipment", "reserve"}
+    # The child had undone its own booking; nothing of it was undone twice.
+    assert [c.step for c in env.commands("carrier", compensation=True)] == ["book"]
+
+
+async def test_a_second_undo_of_an_undone_child_is_answered_too() -> None:
+    env = SagaTestEnv([Order, Shipment])
+    env.participant("payments").on(Book, reject="card declined")
+    run = await env.start(Order, OrderIn(order_id="o2", fail_after=True))
+    assert await run.status() == SagaStatus.COMPENSATED
+    child_id = child_saga_id(run.saga_id, "shipment")
+    before = len(env.bus.sent)
+    await env.engine.children.undo_child(child_id, "another-undo", run.saga_id, "")
+    answered = [(c.participant, c.command_id) for c in env.bus.sent[before:]]
+    assert (PARENT_PARTICIPANT, "another-undo") in answered
+
+
+async def test_a_repeated_start_is_answered_by_the_child_whatever_the_rollout_says() -> None:
+    env = SagaTestEnv([Order, Shipment, ShipmentV2])
+    await env.set_rollout("shipment", 2, percent=0)  # new shipments run v1
+    env.participant("carrier").on(Book, no_reply=True)  # the child waits on its booking
+    run = await env.start(Order, OrderIn(order_id="o3"))
+    child_id = child_saga_id(run.saga_id, "shipment")
+    assert (await env.engine.get(child_id)).saga_version == 1
+    await env.set_rollout("shipment", 2, percent=100)  # v2 refuses v1's input
+    env.engine.evict(child_id)
+    await env.advance(timedelta(minutes=6))  # past the parent's poll: it asks again
+    assert len(env.commands(CHILD_PARTICIPANT, compensation=False)) >= 2
+    assert _failures_to(env, run.saga_id) == []
+    assert await run.status() == SagaStatus.RUNNING
+    [booking] = env.commands("carrier")
+    await env.engine.reply(child_id, booking.command_id, "success")
+    await env.settle()
+    assert await run.status() == SagaStatus.COMPLETED
+    assert (await run.output()).model_dump() == {"tracking": "T-o3"}
+
+
+class PatientOrder(Saga[OrderIn, OrderOut]):
+    """Waits for its child without asking again (no poll)."""
+
+    name = "patient-order"
+
+    async def run(self, ctx: SagaContext, input: OrderIn) -> OrderOut:
+        shipped = await ctx.child(Shipment, ShipIn(order_id=input.order_id), poll=None)
+        return OrderOut(tracking=shipped.tracking)
+
+
+async def test_a_childs_end_whose_send_failed_is_sent_again_from_history() -> None:
+    env = SagaTestEnv([PatientOrder, Shipment])
+    env.bus.fail(_is_end)  # the broker does not take the child's end, once
+    run = await env.start(PatientOrder, OrderIn(order_id="o4"))
+    child_id = child_saga_id(run.saga_id, "shipment")
+    assert (await env.engine.get(child_id)).status == SagaStatus.COMPLETED
+    assert await run.status() == SagaStatus.RUNNING
+    # Nothing asks the child again (no poll, no new input): the engine re-sends its end.
+    await env.advance(timedelta(seconds=1))
+    assert await run.status() == SagaStatus.COMPLETED
+
+
+async def test_a_redelivered_reply_to_an_ended_child_sends_its_end_again() -> None:
+    env = SagaTestEnv([PatientOrder, Shipment])
+    env.bus.fail(_is_end)
+    run = await env.start(PatientOrder, OrderIn(order_id="o5"))
+    child_id = child_saga_id(run.saga_id, "shipment")
+    [booking] = env.commands("carrier")
+    # The inbox applies the reply again (its offset was not committed): a duplicate for
+    # the child, which is loaded from history and re-sends what it owes.
+    await env.engine.reply(child_id, booking.command_id, "success")
+    await env.settle()
+    assert await run.status() == SagaStatus.COMPLETED
+
+
+class BulkyOrder(Saga[OrderIn, OrderOut]):
+    name = "bulky-order"
+
+    async def run(self, ctx: SagaContext, input: OrderIn) -> OrderOut:
+        await ctx.step("reserve", to="stock", command=Reserve(order_id=input.order_id),
+                       compensate=Release(order_id=input.order_id))  # fmt: skip
+        shipped = await ctx.child(Shipment, ShipIn(order_id=input.order_id * 4000))
+        return OrderOut(tracking=shipped.tracking)
+
+
+async def test_a_child_input_over_the_size_limit_fails_the_parents_step_at_once() -> None:
+    settings = Settings(engine=EngineSettings(max_payload_bytes=4096))
+    env = SagaTestEnv([BulkyOrder, Shipment], settings=settings)
+    run = await env.start(BulkyOrder, OrderIn(order_id="o6"))
+    assert await run.status() == SagaStatus.COMPENSATED  # no poll, no time passed
+    error = await run.error()
+    assert error is not None
+    assert "4096" in error["message"]
+    assert env.compensated_steps() == ["reserve"]
+    assert len(env.commands(CHILD_PARTICIPANT, compensation=False)) == 1
+
+
+async def test_an_undo_from_a_saga_that_is_not_the_parent_is_refused() -> None:
+    env = SagaTestEnv([Order, Shipment])
+    run = await env.start(Order, OrderIn(order_id="o7"))
+    child_id = child_saga_id(run.saga_id, "shipment")
+    before = await env.engine.history(child_id)
+    with pytest.raises(NotParent, match="not by saga 'intruder'"):
+        await env.engine.children.undo_child(child_id, "forged", "intruder", "")
+    assert await env.engine.history(child_id) == before
+    assert (await env.engine.get(child_id)).status == SagaStatus.COMPLETED
+    # A saga no parent started is cancelled, never undone.
+    with pytest.raises(InvalidTransition, match="not started by another saga"):
+        await env.engine.children.undo_child(run.saga_id, "forged", "intruder", "")
+
+
+async def test_a_start_from_a_saga_that_is_not_the_parent_is_refused() -> None:
+    env = SagaTestEnv([Order, Shipment])
+    run = await env.start(Order, OrderIn(order_id="o8"))
+    child_id = child_saga_id(run.saga_id, "shipment")
+    before = len(env.bus.sent)
+    with pytest.raises(NotParent):
+        await env.engine.children.start_child(
+            "shipment", {"order_id": "o8"}, saga_id=child_id,
+            parent=ParentLink(saga_id="intruder", command_id="c1", saga_type="order"),
+        )  # fmt: skip
+    assert env.bus.sent[before:] == []  # the intruder hears nothing of the child
+
+
+async def test_an_end_from_a_saga_that_is_not_the_steps_child_is_refused() -> None:
+    env = SagaTestEnv([Order, Shipment])
+    env.participant("carrier").on(Book, no_reply=True)  # the child waits on its booking
+    run = await env.start(Order, OrderIn(order_id="o9"))
+    [start] = env.commands(CHILD_PARTICIPANT)
+    before = await run.history()
+    with pytest.raises(NotParent, match="not from its child"):
+        await env.engine.reply(run.saga_id, start.command_id, "success", {}, sender="intruder")
+    assert await run.history() == before
+    assert await run.status() == SagaStatus.RUNNING
+
+
+async def test_a_start_overtaken_by_its_undo_starts_no_child() -> None:
+    env = SagaTestEnv([Order, Shipment])
+    env.hold(lambda c: c.participant == CHILD_PARTICIPANT and not c.compensation)
+    run = await env.start(Order, OrderIn(order_id="o10"))
+    await env.cancel(run)  # the undo overtakes the start: "nothing to undo"
+    assert await run.status() == SagaStatus.CANCELLED
+    await env.release()  # the start arrives late: its parent no longer asks for it
+    child_id = child_saga_id(run.saga_id, "shipment")
+    with pytest.raises(SagaNotFound):
+        await env.engine.get(child_id)
+    assert env.engine.stats.counts["child_start_withdrawn"] == 1
+    assert env.commands("carrier") == []  # no booking that nobody would undo
