@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -209,6 +211,7 @@ class SagaTestEnv:
         self.engine = self.new_engine()
         self._participants: dict[str, ScriptedParticipant] = {}
         self._hold: Callable[[OutboundCommand], bool] | None = None
+        self._wakes: set[tuple[str, datetime]] = set()
         #: Commands kept in flight by ``hold``, in the order they were sent.
         self.held: list[OutboundCommand] = []
 
@@ -297,9 +300,27 @@ class SagaTestEnv:
                     continue  # e.g. a reply after the saga ended: the engine says why
 
     async def advance(self, delta: timedelta) -> None:
-        """Moves virtual time forward, firing due timers and timeouts in order."""
+        """Moves virtual time forward, firing due timers and timeouts in order, and
+        waking, as the worker's housekeeping does, sagas not in memory whose next wake-up
+        falls due (one evicted after a send the broker refused, say)."""
         await self.settle()
-        await self.clock.advance(delta, settle=self.settle)
+        target = self.clock.now() + delta
+        while (due := await self._next_due(target)) is not None and due <= target:
+            await self.clock.advance(max(due - self.clock.now(), timedelta(0)), settle=self.settle)
+        await self.clock.advance(max(target - self.clock.now(), timedelta(0)), settle=self.settle)
+
+    async def _next_due(self, until: datetime) -> datetime | None:
+        """The clock's next due callback, once the wake-ups of sagas not in memory due by
+        ``until`` are on it."""
+        for saga_id, at in await self.store.due_wakeups(until):
+            if (saga_id, at) not in self._wakes and not self.engine.live.holds_timer(saga_id):
+                self._wakes.add((saga_id, at))
+                self.clock.call_at(at, functools.partial(self._wake, saga_id))
+        return self.clock.next_due()
+
+    async def _wake(self, saga_id: str) -> None:
+        with contextlib.suppress(SagaError):  # it says why in its log; the next wake retries
+            await self.engine.wake(saga_id)
 
     async def run_until_settled(
         self, run: SagaRun, *, max_time: timedelta = timedelta(days=30)
@@ -311,7 +332,7 @@ class SagaTestEnv:
             status = await run.status()
             if status.is_terminal or status.is_parked:
                 return status
-            due = self.clock.next_due()
+            due = await self._next_due(limit)
             if due is None or due > limit:
                 return status
             await self.clock.advance(max(due - self.clock.now(), timedelta(0)), settle=self.settle)
