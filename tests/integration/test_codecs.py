@@ -25,10 +25,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 from pydantic import BaseModel, SecretStr
 
-from saga_engine import Saga, SagaContext, SagaStatus, Settings
-from saga_engine._decision import saga_id_for
-from saga_engine._errors import SagaNotFound
-from saga_engine._telemetry import Telemetry
+from saga_engine import Saga, SagaContext, SagaNotFound, SagaStatus, Settings, saga_id_for
 from saga_engine.participant import Participant, Transaction
 from saga_engine.protocol import Envelope, MessageType, Topics, encode
 from saga_engine.settings import (
@@ -37,6 +34,7 @@ from saga_engine.settings import (
     ParticipantSettings,
     PostgresSettings,
 )
+from saga_engine.telemetry import Telemetry
 from saga_engine.triggers import KafkaTrigger
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
