@@ -20,7 +20,6 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, TopicAlreadyExistsError
 
@@ -140,11 +139,19 @@ def make_group_consumer(
         group_id=group_id,
         client_id=client_id,
         group_instance_id=instance_name,
-        # Round robin as well, for one release: members of a version that offered only
-        # that (aiokafka's default) and these can form one group during a rolling
-        # upgrade; the group uses sticky once every member offers it.
-        partition_assignment_strategy=(StickyPartitionAssignor, RoundRobinPartitionAssignor),
+        partition_assignment_strategy=GROUP_ASSIGNORS,
     )
+
+
+#: Exactly one assignor, never more. aiokafka (0.14; upstream PR #1168 is still open)
+#: sends a JoinGroup per assignor offered, each with a longer protocol list (sticky,
+#: then sticky and round robin). The broker takes a known member's changed protocol
+#: list while the group awaits its SyncGroup as a reason for a new generation, so two
+#: members started together could keep failing each other's SyncGroup for ever
+#: (issue 22: thousands of generations, nothing consumed, start-up never done). With
+#: one assignor each rejoin is one JoinGroup with the same list. Members of the
+#: previous release offer sticky too, so a rolling upgrade still forms one group.
+GROUP_ASSIGNORS: tuple[type[StickyPartitionAssignor]] = (StickyPartitionAssignor,)
 
 
 #: Upper bound on one publish, metadata wait included: aiokafka can otherwise wait

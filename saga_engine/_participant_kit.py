@@ -20,6 +20,9 @@ from pydantic import BaseModel
 
 from saga_engine._codec import CodecChain, PayloadCodec, codec_from_settings
 from saga_engine._errors import DefinitionError, KafkaUnavailable, Rejected, Retryable
+from saga_engine._fetch import GuardedFetch
+from saga_engine._groupwatch import GroupWatch, watch_member
+from saga_engine._health import HealthBoard
 from saga_engine._instance import InstanceName
 from saga_engine._kafka import OffsetCommitter, ensure_topics, make_group_consumer, make_producer
 from saga_engine._migrations import PARTICIPANT_MIGRATIONS, migrate
@@ -150,6 +153,11 @@ class Participant:
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._member: InstanceName | None = None
+        #: What is wrong now: a partition no fetch can read, a group that does not
+        #: settle (each also logged and counted in the metrics).
+        self.health = HealthBoard()
+        self._watch: GroupWatch | None = None
+        self._fetch: GuardedFetch | None = None
         self._processor: CommandProcessor | None = None
         self._main: asyncio.Task[None] | None = None
         self._relay: asyncio.Task[None] | None = None
@@ -334,6 +342,15 @@ class Participant:
         self._committer = OffsetCommitter(
             self._consumer, lambda: self._assigned, flush_limit_s=self._stop_timeout_s
         )
+        self._fetch = GuardedFetch(
+            self._consumer, name=f"participant {self.name}", health=self.health,
+            on_unreadable=self.telemetry.count_unreadable,
+        )  # fmt: skip
+        # Watching from before the start: a group that does not settle holds start-up.
+        self._watch = watch_member(
+            self._consumer, group=group, telemetry=self.telemetry, health=self.health,
+            member=self._member.name or self.instance_id,
+        )  # fmt: skip
         with reaching("Kafka"):
             await self._consumer.start()
 
@@ -352,6 +369,9 @@ class Participant:
                 await committer.flush()
             # After a crash point, drop it, as a killed process would.
             await committer.close()
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            await watch.stop()
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             await consumer.stop()
@@ -374,14 +394,14 @@ class Participant:
 
     async def _consume(self) -> None:
         detach_from_trace()  # each command's work runs in its own trace (its span)
-        consumer, runner, committer = self._consumer, self._batches, self._committer
-        assert consumer is not None
+        fetch, runner, committer = self._fetch, self._batches, self._committer
+        assert fetch is not None
         assert runner is not None
         assert committer is not None
         backoff = Backoff(0.1, 5.0)
         while not self._stopping.is_set():
             try:
-                batches = await consumer.getmany(timeout_ms=200, max_records=_BATCH)
+                batches = await fetch.getmany(timeout_ms=200, max_records=_BATCH)
             except KafkaError as exc:
                 delay = backoff.next_delay()
                 log.warning("command fetch failed (%r); retrying in %.1fs", exc, delay)
@@ -489,6 +509,8 @@ class Participant:
         if self._committer is not None:
             await self._committer.flush()
         self._assigned -= revoked
+        if self._fetch is not None:
+            self._fetch.forget(revoked)
         if not revoked:
             return
         log.info(

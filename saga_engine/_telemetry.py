@@ -184,6 +184,29 @@ class Telemetry:
             unit="{saga}",
             description="Open sagas held in memory by this process's engines, by type",
         )
+        self._kafka_instruments(meter)
+
+    def _kafka_instruments(self, meter: metrics.Meter) -> None:
+        # Issue 22: a group that keeps rebalancing, and a partition no fetch can read,
+        # each stop work without an error anywhere; these make both visible.
+        self.rebalances = meter.create_counter(
+            "saga.kafka.rebalances",
+            unit="{rebalance}",
+            description="Consumer-group generations joined by this process's members",
+        )
+        self._groups: weakref.WeakSet[Any] = weakref.WeakSet()
+        meter.create_observable_gauge(
+            "saga.kafka.rebalances.per_minute",
+            callbacks=[self._observe_rebalances],
+            unit="{rebalance}/min",
+            description="Generations each group member joined in the last minute",
+        )
+        self.unreadable_fetches = meter.create_counter(
+            "saga.kafka.fetch.unreadable",
+            unit="{fetch}",
+            description="Fetches that failed for a reason retrying cannot cure (a "
+            "compression codec missing, a corrupt batch); the partition is paused",
+        )
 
     @property
     def tracer(self) -> Tracer:
@@ -258,6 +281,22 @@ class Telemetry:
             for saga_type, n in source.open_saga_counts().items():
                 totals[saga_type] = totals.get(saga_type, 0) + n
         return [Observation(n, {"saga.type": t}) for t, n in sorted(totals.items())]
+
+    def watch_group(self, watch: Any) -> None:
+        """Reports ``watch.per_minute()`` (a ``GroupWatch``) in the per-minute gauge."""
+        self._groups.add(watch)
+
+    def count_rebalances(self, group: str, n: int) -> None:
+        self.rebalances.add(n, {"group": group})
+
+    def count_unreadable(self, topic: str, partition: int) -> None:
+        self.unreadable_fetches.add(1, {"topic": topic, "partition": partition})
+
+    def _observe_rebalances(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            Observation(w.per_minute(), {"group": w.group, "member": w.member})
+            for w in list(self._groups)
+        ]
 
     def count(self, stat: str, saga_type: str) -> None:
         counter = self.counters.get(stat)

@@ -21,11 +21,19 @@ from saga_engine._errors import (
     UnstorableValue,
 )
 from saga_engine._events import TriggerOrigin
+from saga_engine._fetch import GuardedFetch
+from saga_engine._groupwatch import GroupWatch, watch_member
+from saga_engine._health import HealthBoard
 from saga_engine._kafka import DeadLetters, make_consumer, send
 from saga_engine._retry import Backoff
 from saga_engine._serde import check_storable, loads
 from saga_engine._settings import Settings
-from saga_engine._telemetry import carrier_from_headers, detach_from_trace
+from saga_engine._telemetry import (
+    Telemetry,
+    carrier_from_headers,
+    default_telemetry,
+    detach_from_trace,
+)
 from saga_engine._topics import Topics
 from saga_engine._triggers import KafkaTrigger
 from saga_engine._wire import Envelope, MessageType, PoisonReason, StartBody
@@ -49,8 +57,14 @@ class TriggerConsumer:
         source: str,
         on_dead_letter: Callable[[str], None] | None = None,
         codec: CodecChain | None = None,
+        health: HealthBoard | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._settings = settings
+        self._health = health
+        self._telemetry = telemetry or default_telemetry()
+        self._fetch: GuardedFetch | None = None
+        self._watch: GroupWatch | None = None
         self._codec = codec
         self._by_topic = {t.topic: t for t in triggers}
         self._producer = producer
@@ -66,9 +80,17 @@ class TriggerConsumer:
 
     async def start(self) -> None:
         kafka = self._settings.kafka
-        self._consumer = make_consumer(
-            kafka, *self._by_topic, group_id=f"{kafka.group_id}.triggers"
-        )
+        group = f"{kafka.group_id}.triggers"
+        self._consumer = make_consumer(kafka, *self._by_topic, group_id=group)
+        health = self._health or HealthBoard()
+        self._fetch = GuardedFetch(
+            self._consumer, name=f"triggers {self._source}", health=health,
+            on_unreadable=self._telemetry.count_unreadable,
+        )  # fmt: skip
+        self._watch = watch_member(
+            self._consumer, group=group, member=self._source, telemetry=self._telemetry,
+            health=health,
+        )  # fmt: skip
         await self._consumer.start()
         self._running = True
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="saga-triggers")
@@ -79,16 +101,19 @@ class TriggerConsumer:
             await asyncio.wait({self._task}, timeout=10)
             if not self._task.done():
                 self._task.cancel()
+        if self._watch is not None:
+            await self._watch.stop()
         if self._consumer is not None:
             await self._consumer.stop()
 
     async def _loop(self) -> None:
         assert self._consumer is not None
+        assert self._fetch is not None
         detach_from_trace()
         backoff = Backoff(0.5, 0.5)
         while self._running:
             try:
-                batch = await self._consumer.getmany(timeout_ms=200, max_records=200)
+                batch = await self._fetch.getmany(timeout_ms=200, max_records=200)
             except KafkaError as exc:
                 log.warning("trigger fetch failed (%r)", exc)
                 await backoff.sleep()

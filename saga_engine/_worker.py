@@ -45,6 +45,9 @@ from saga_engine._errors import (
     UnknownSagaType,
     UnstorableValue,
 )
+from saga_engine._fetch import GuardedFetch
+from saga_engine._groupwatch import GroupWatch, watch_member
+from saga_engine._health import HealthBoard
 from saga_engine._housekeeping import Housekeeping
 from saga_engine._http import HttpCaller, RoutingSender
 from saga_engine._instance import InstanceName
@@ -156,6 +159,11 @@ class SagaWorker:
         self._crash_hook = crash_hook
         self._consumer: AIOKafkaConsumer | None = None
         self._member: InstanceName | None = None
+        #: What is wrong now (a partition no fetch can read, a group that does not
+        #: settle): the admin API's /health says ``degraded`` while it holds anything.
+        self.health = HealthBoard()
+        self._watch: GroupWatch | None = None
+        self._fetch: GuardedFetch | None = None
         self._producer: Any = None
         self._dead: DeadLetters | None = None
         self.engine: Engine | None = None
@@ -249,7 +257,7 @@ class SagaWorker:
 
             self._admin_app = create_admin_app(
                 self.engine, self.settings, start_saga=self._start_through_inbox,
-                schedules=self._schedules.store,
+                schedules=self._schedules.store, health=self.health,
             )  # fmt: skip
             telemetry.instrument_app(self._admin_app)
         if self.triggers:
@@ -259,6 +267,7 @@ class SagaWorker:
                     self.settings, self.triggers, self._producer, self._dead,
                     f"/saga-engine/{self.instance_id}/triggers",
                     on_dead_letter=self._count_dead_letter, codec=self.codec,
+                    health=self.health, telemetry=telemetry,
                 )  # fmt: skip
                 await self._trigger_consumer.start()
         self._member = InstanceName.claim(kafka, kafka.group_id)
@@ -272,6 +281,15 @@ class SagaWorker:
         self._committer = OffsetCommitter(
             self._consumer, lambda: self._ownership.owned, flush_limit_s=_COMMIT_FLUSH_S
         )
+        self._fetch = GuardedFetch(
+            self._consumer, name=f"engine {self.instance_id}", health=self.health,
+            on_unreadable=telemetry.count_unreadable,
+        )  # fmt: skip
+        # Watching from before the start: a group that does not settle holds start-up.
+        self._watch = watch_member(
+            self._consumer, group=kafka.group_id, telemetry=telemetry, health=self.health,
+            member=self._member.name or self.instance_id,
+        )  # fmt: skip
         with reaching("Kafka"):
             await self._consumer.start()
         self._running = True
@@ -312,6 +330,9 @@ class SagaWorker:
         trigger_consumer, self._trigger_consumer = self._trigger_consumer, None
         if trigger_consumer is not None:
             await trigger_consumer.stop()
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            await watch.stop()
         consumer = self._consumer
         if consumer is not None:
             await self._commit_pending()
@@ -372,12 +393,12 @@ class SagaWorker:
     # ------------------------------------------------------------------ consuming
 
     async def _consume(self) -> None:
-        assert self._consumer is not None
+        assert self._fetch is not None
         detach_from_trace()
         backoff = Backoff(0.1, 5.0)
         while self._running:
             try:
-                batch = await self._consumer.getmany(timeout_ms=200, max_records=500)
+                batch = await self._fetch.getmany(timeout_ms=200, max_records=500)
             except KafkaError as exc:
                 delay = backoff.next_delay()
                 log.warning("inbox fetch failed (%r); retrying in %.1fs", exc, delay)

@@ -15,6 +15,7 @@ from fastapi import Depends, FastAPI
 from saga_engine import __version__
 from saga_engine._engine import Engine
 from saga_engine._errors import SagaNotFound
+from saga_engine._health import HealthBoard
 from saga_engine._schedule_store import ScheduleStore
 from saga_engine._settings import Settings
 from saga_engine.admin import _actions, _flow, _meta, _reads, _rollouts, _schedules
@@ -56,8 +57,11 @@ def create_admin_app(
     *,
     start_saga: StartSaga | None = None,
     schedules: ScheduleStore | None = None,
+    health: HealthBoard | None = None,
 ) -> FastAPI:
     """The admin API for ``engine``, configured by ``settings.admin``.
+
+    ``health``: what ``/health`` reports besides liveness (the worker's board).
 
     Raises InsecureAdminBinding (a PermanentError) when ``settings.admin.host`` is not a
     loopback address and no token is configured, and AdminConfigError for weak or
@@ -79,7 +83,10 @@ def create_admin_app(
         redoc_url=None,
     )
     install(
-        app, AdminState(engine, admin, start_saga or engine.start, schedules or _in_memory(engine))
+        app,
+        AdminState(
+            engine, admin, start_saga or engine.start, schedules or _in_memory(engine), health
+        ),
     )
     install_error_handlers(app)
     # Outermost last: SecurityHeaders(CatchAll(Auth(BodyLimit(app)))). Auth runs before

@@ -16,6 +16,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.security import HTTPBearer
 
 from saga_engine._engine import Engine
+from saga_engine._health import HealthBoard
 from saga_engine._schedule_store import ScheduleStore
 from saga_engine._settings import AdminSettings
 from saga_engine.admin._auth import PRINCIPAL_KEY, Principal
@@ -25,6 +26,7 @@ __all__ = [
     "AdminState",
     "Caller",
     "EngineDep",
+    "HealthDep",
     "StartSaga",
     "StarterDep",
     "bearer",
@@ -54,6 +56,8 @@ class AdminState:
     start_saga: StartSaga
     #: The schedules' table (a worker's); None: the schedule routes answer 503.
     schedules: ScheduleStore | None = None
+    #: What is wrong in the process now (see ``_health``); None: nothing is watched.
+    health: HealthBoard | None = None
 
 
 def install(app: FastAPI, state: AdminState) -> None:
@@ -77,6 +81,13 @@ def _admin(request: Request) -> AdminSettings:
 
 def _starter(request: Request) -> StartSaga:
     return _state(request).start_saga
+
+
+def _health(request: Request) -> HealthBoard | None:
+    return _state(request).health
+
+
+HealthDep = Annotated[HealthBoard | None, Depends(_health)]
 
 
 def current_principal(request: Request) -> Principal:

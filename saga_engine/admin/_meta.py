@@ -10,7 +10,7 @@ from fastapi import APIRouter, Header
 from fastapi.responses import PlainTextResponse, Response
 
 from saga_engine.admin import _metrics as metrics_mod
-from saga_engine.admin._deps import EngineDep
+from saga_engine.admin._deps import EngineDep, HealthDep
 from saga_engine.admin._schemas import Health, MetricsBody, SagaTypeInfo
 from saga_engine.admin._shared import READ_ERRORS, errors
 
@@ -21,10 +21,16 @@ public_router = APIRouter()
 router = APIRouter()
 
 
-@public_router.get("/health", response_model=Health, tags=["meta"])
-async def health() -> Health:
-    """Liveness: the process and its event loop answer. Needs no token."""
-    return Health()
+@public_router.get(
+    "/health", response_model=Health, response_model_exclude_none=True, tags=["meta"]
+)
+async def health(board: HealthDep) -> Health:
+    """Liveness: the process and its event loop answer. Needs no token. ``degraded``
+    (still 200: restarting would not cure it) lists what is wrong, e.g. a partition no
+    fetch can read, or a consumer group that does not settle."""
+    if board is None or board.status == "ok":
+        return Health()
+    return Health(status="degraded", problems=board.problems)
 
 
 @router.get("/saga-types", response_model=list[SagaTypeInfo], responses=errors(401))

@@ -30,7 +30,10 @@ class ErrorBody(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok"] = "ok"
+    status: Literal["ok", "degraded"] = "ok"
+    #: Present when degraded: what is wrong (a partition no fetch can read, a consumer
+    #: group that does not settle), one line each.
+    problems: list[str] | None = None
 
 
 class SagaSummary(BaseModel):

@@ -1,0 +1,35 @@
+"""What a process knows to be wrong with it right now, for ``/health`` and its callers.
+
+A consumer that cannot read a partition (``_fetch``) and a group that does not settle
+(``_groupwatch``) put a line here while the condition lasts and take it back when it
+ends; the admin API's ``/health`` answers ``degraded`` with these lines while any is
+present. A problem is named by a key (``unreadable:topic[3]``), so reporting it again
+replaces it instead of piling up lines.
+"""
+
+from __future__ import annotations
+
+
+class HealthBoard:
+    """The problems a process has now, by key (the latest description of each)."""
+
+    def __init__(self) -> None:
+        self._problems: dict[str, str] = {}
+
+    def report(self, key: str, description: str) -> None:
+        self._problems[key] = description
+
+    def clear(self, key: str) -> None:
+        self._problems.pop(key, None)
+
+    def clear_prefix(self, prefix: str) -> None:
+        for key in [k for k in self._problems if k.startswith(prefix)]:
+            del self._problems[key]
+
+    @property
+    def problems(self) -> list[str]:
+        return [self._problems[k] for k in sorted(self._problems)]
+
+    @property
+    def status(self) -> str:
+        return "degraded" if self._problems else "ok"
