@@ -8,7 +8,9 @@ tests never see each other's data. Unit tests of pure logic use none of these.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -105,6 +107,12 @@ async def kafka_topic(kafka_bootstrap: str) -> AsyncIterator[TopicFactory]:
         name = f"{prefix}.{suffix}"
         await admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
         created.append(name)
+        # Created is not yet listed: a client asking for metadata right away (the CLI's
+        # `dlq list`, say) may not see the topic. Wait until the broker lists it.
+        deadline = time.monotonic() + 15
+        while name not in await admin.list_topics():
+            assert time.monotonic() < deadline, f"topic {name} did not appear"
+            await asyncio.sleep(0.05)
         return name
 
     try:
