@@ -82,7 +82,14 @@ async def pg(pg_database: str) -> AsyncIterator[PgTarget]:
     )
     conn = await asyncpg.connect(pg_database)
     try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        # With the schemas a test derived from its own (a participant's `{schema}_p`, say),
+        # so that the next test sees none of them.
+        derived = await conn.fetch(
+            r"SELECT nspname FROM pg_namespace WHERE nspname = $1 OR nspname LIKE $1 || '\_%'",
+            schema,
+        )
+        for row in derived:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{row["nspname"]}" CASCADE')
     finally:
         await conn.close()
 
