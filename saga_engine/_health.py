@@ -3,7 +3,9 @@
 A consumer that cannot read a partition (``_fetch``) and a group that does not settle
 (``_groupwatch``) put a line here while the condition lasts and take it back when it
 ends; the admin API's ``/health`` answers ``degraded`` with these lines while any is
-present. A problem is named by a key (``unreadable:topic[3]``), so reporting it again
+present. A failure (``fail``: the inbox consumer stopped) is what only a restart cures:
+``/health`` then answers 503 ``failing``, so that whatever supervises the process
+restarts it. A problem is named by a key (``unreadable:topic[3]``), so reporting it again
 replaces it instead of piling up lines.
 """
 
@@ -15,9 +17,15 @@ class HealthBoard:
 
     def __init__(self) -> None:
         self._problems: dict[str, str] = {}
+        self._failures: set[str] = set()
 
     def report(self, key: str, description: str) -> None:
         self._problems[key] = description
+
+    def fail(self, key: str, description: str) -> None:
+        """A problem only a restart cures (it stays until the process ends)."""
+        self._problems[key] = description
+        self._failures.add(key)
 
     def clear(self, key: str) -> None:
         self._problems.pop(key, None)
@@ -32,4 +40,6 @@ class HealthBoard:
 
     @property
     def status(self) -> str:
+        if self._failures:
+            return "failing"
         return "degraded" if self._problems else "ok"

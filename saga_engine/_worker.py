@@ -295,6 +295,7 @@ class SagaWorker:
         self._running = True
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._consume(), name="saga-inbox")
+        self._task.add_done_callback(self._inbox_ended)
         self._housekeeping = Housekeeping(
             self.engine, self._store, self.settings, self._ownership.partitions, self.owns,
             codec=self.codec,
@@ -356,6 +357,16 @@ class SagaWorker:
         if self._owns_store and self._store is not None:
             store, self._store = self._store, None
             await store.close()
+
+    def _inbox_ended(self, task: asyncio.Task[None]) -> None:
+        """An inbox consumer that died of a bug is said loudly, once, and ``/health``
+        fails (503), so that whatever supervises the process restarts it: until then no
+        saga input is applied. (``run_forever`` also raises it.)"""
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        log.error("the inbox consumer stopped: %r; restart the engine", exc, exc_info=exc)
+        self.health.fail("inbox", f"the inbox consumer stopped: {exc!r}; restart the engine")
 
     async def __aenter__(self) -> SagaWorker:
         await self.start()

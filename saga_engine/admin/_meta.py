@@ -22,14 +22,22 @@ router = APIRouter()
 
 
 @public_router.get(
-    "/health", response_model=Health, response_model_exclude_none=True, tags=["meta"]
+    "/health",
+    response_model=Health,
+    response_model_exclude_none=True,
+    tags=["meta"],
+    responses={503: {"model": Health, "description": "failing: only a restart cures it"}},
 )
-async def health(board: HealthDep) -> Health:
+async def health(board: HealthDep, response: Response) -> Health:
     """Liveness: the process and its event loop answer. Needs no token. ``degraded``
     (still 200: restarting would not cure it) lists what is wrong, e.g. a partition no
-    fetch can read, or a consumer group that does not settle."""
+    fetch can read, or a consumer group that does not settle. ``failing`` (503) says what
+    only a restart cures: the inbox consumer stopped."""
     if board is None or board.status == "ok":
         return Health()
+    if board.status == "failing":
+        response.status_code = 503
+        return Health(status="failing", problems=board.problems)
     return Health(status="degraded", problems=board.problems)
 
 

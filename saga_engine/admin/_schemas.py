@@ -30,7 +30,7 @@ class ErrorBody(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok", "degraded"] = "ok"
+    status: Literal["ok", "degraded", "failing"] = "ok"
     #: Present when degraded: what is wrong (a partition no fetch can read, a consumer
     #: group that does not settle), one line each.
     problems: list[str] | None = None
