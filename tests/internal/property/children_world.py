@@ -1,5 +1,9 @@
 """A simulated world of parents and their children around the real engine (in memory).
 
+An order reserves stock, starts a shipment (which books a carrier, may start an
+insurance saga of its own, and prints a label that may be refused), may start a second
+shipment, and charges a payment that may be refused: parents, children and grandchildren.
+
 Two engines' worth of messages travel through one lossy network: a parent's child start
 and undo, a child's end, participants' commands and replies. Hypothesis chooses, step by
 step, which message arrives next (any of them: reordering), whether it arrives twice or
@@ -49,6 +53,10 @@ class Item(BaseModel):
     order: str
     fail_label: bool = False
     fail_charge: bool = False
+    #: The shipment starts a child of its own (a grandchild of the order).
+    insured: bool = False
+    #: The order starts a second shipment after the first.
+    second: bool = False
 
 
 class Act(BaseModel):
@@ -67,11 +75,21 @@ def _step(ctx: SagaContext, name: str, to: str, order: str, fail: bool = False) 
     )  # fmt: skip
 
 
+class Insurance(Saga[Item, Done]):
+    name = "world-insurance"
+
+    async def run(self, ctx: SagaContext, item: Item) -> Done:
+        await _step(ctx, "insure", "insurer", item.order)
+        return Done(order=item.order)
+
+
 class Shipment(Saga[Item, Done]):
     name = "world-shipment"
 
     async def run(self, ctx: SagaContext, item: Item) -> Done:
         await _step(ctx, "book", "carrier", item.order)
+        if item.insured:
+            await ctx.child(Insurance, item)
         await _step(ctx, "label", "printer", item.order, item.fail_label)
         return Done(order=item.order)
 
@@ -82,11 +100,13 @@ class Order(Saga[Item, Done]):
     async def run(self, ctx: SagaContext, item: Item) -> Done:
         await _step(ctx, "reserve", "stock", item.order)
         await ctx.child(Shipment, item)
+        if item.second:
+            await ctx.child(Shipment, item.model_copy(update={"insured": False}), id="second")
         await _step(ctx, "charge", "payments", item.order, item.fail_charge)
         return Done(order=item.order)
 
 
-SAGAS: list[type[Saga[Any, Any]]] = [Order, Shipment]
+SAGAS: list[type[Saga[Any, Any]]] = [Order, Shipment, Insurance]
 
 
 @dataclass
@@ -159,7 +179,14 @@ actions = st.lists(
     max_size=MAX_ACTIONS,
 )
 items = st.lists(
-    st.builds(Item, order=st.just(""), fail_label=st.booleans(), fail_charge=st.booleans()),
+    st.builds(
+        Item,
+        order=st.just(""),
+        fail_label=st.booleans(),
+        fail_charge=st.booleans(),
+        insured=st.booleans(),
+        second=st.booleans(),
+    ),
     min_size=1,
     max_size=2,
 )
