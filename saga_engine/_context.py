@@ -165,9 +165,10 @@ class SagaContext:
           saga's last-in-first-out order, as one step: a completed child compensates its
           applied steps (it ends ``compensated``), a running one is cancelled.
         - ``poll``: while waiting, the child is asked again this often (its start is
-          re-sent under the same command id; an ended child answers with its end),
-          which covers an end lost in a crash. ``None``: asked again only when this
-          saga is recovered. ``retry`` bounds how many times (default 10,000).
+          re-sent under the same command id; an ended child answers with its end). The
+          child also re-sends its end itself whenever it is loaded and after a send the
+          broker refused, so the poll is a backstop. ``None``: asked again only when
+          this saga is loaded. ``retry`` bounds how many times (default 10,000).
         """
         payload = await self._rt.op_child(
             saga, input, key=id, poll=as_timedelta(poll, "poll"), retry=retry
