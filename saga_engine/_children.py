@@ -22,7 +22,6 @@ child's first event records (``NotParent``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from saga_engine._child_wire import parent_of
@@ -43,42 +42,16 @@ from saga_engine._errors import (
     SagaNotFound,
     TransientError,
 )
-from saga_engine._events import (
-    TERMINAL_EVENTS,
-    CommandIssued,
-    CompensationIssued,
-    Event,
-    InvalidReplyReceived,
-    ParentLink,
-    ReplyReceived,
-)
+from saga_engine._events import CommandIssued, Event, ParentLink
 from saga_engine._inputs import check_parent
 from saga_engine._runtime import SagaRuntime
 from saga_engine._serde import JsonDict
+from saga_engine._view import fold
 
 if TYPE_CHECKING:
     from saga_engine._engine import Engine
 
 log = logging.getLogger("saga_engine.children")
-
-
-def still_asks(events: Sequence[Event], command_id: str) -> bool | None:
-    """Whether a parent's history still asks for the child its command ``command_id``
-    starts: None if it never issued it; False once it is answered, withdrawn (an undo
-    compensates it) or the parent has ended."""
-    asking: bool | None = None
-    for event in events:
-        if isinstance(event, CommandIssued) and event.command_id == command_id:
-            asking = True
-        elif not asking:
-            continue
-        elif isinstance(event, ReplyReceived | InvalidReplyReceived):
-            asking = event.command_id != command_id
-        elif isinstance(event, CompensationIssued):
-            asking = command_id not in event.compensates
-        elif isinstance(event, TERMINAL_EVENTS):
-            asking = False
-    return asking
 
 
 class ChildLinks:
@@ -143,8 +116,9 @@ class ChildLinks:
     async def _asked(self, saga_id: str, parent: ParentLink) -> bool:
         """Whether the parent's history still asks for this child (raises NotParent when
         it never did): a start that arrives after the parent withdrew it (its undo
-        issued, or the parent ended) starts nothing, or the child would run on with
-        nobody left to undo it."""
+        issued, the step skipped, or the parent ended) starts nothing, or the child would
+        run on with nobody left to undo it. A late copy that arrives between two attempts
+        starts nothing either; the next attempt's start does."""
         try:
             events = await self._e.history(parent.saga_id)
         except SagaNotFound:
@@ -152,13 +126,17 @@ class ChildLinks:
                 saga_id, parent.saga_id, None, f"no saga {parent.saga_id!r} exists to start "
                 f"child {saga_id}",
             ) from None  # fmt: skip
-        asking = still_asks(events, parent.command_id)
-        if asking is None:
+        # The one fold of a history (the view's): the start is asked for while its command
+        # is in flight, not once it was answered, skipped, compensated or the parent ended.
+        asked = parent.command_id
+        if any(f.command_id == asked for f in fold(events).in_flight if not f.compensation):
+            return True
+        if not any(isinstance(e, CommandIssued) and e.command_id == asked for e in events):
             raise NotParent(
                 saga_id, parent.saga_id, None, f"saga {parent.saga_id} never asked for child "
-                f"{saga_id} (no command {parent.command_id!r} in its history)",
+                f"{saga_id} (no command {asked!r} in its history)",
             )  # fmt: skip
-        return asking
+        return False
 
     async def _exists(self, saga_id: str, parent_id: str) -> bool:
         """Whether the child was started already, by this parent (raises NotParent when

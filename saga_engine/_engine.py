@@ -115,6 +115,8 @@ class Engine:
             self.clock, self.observer.spans, self._fire_timers, lambda: self._closed
         )
         self._watchers: dict[str, list[asyncio.Future[None]]] = {}
+        #: Sagas with a reload pending (``_reload_soon``).
+        self._reloading: set[str] = set()
         self._closed = False
         self._batch = BatchApplier(self)
         #: Child sagas: starting and undoing them, and their ends back to their parents.
@@ -698,9 +700,15 @@ class Engine:
 
     def _reload_soon(self, saga_id: str, delay_s: float) -> None:
         """Rebuilds the saga after ``delay_s`` (doubling, up to 30 s, while the store or
-        the broker stays away), as long as this engine still owns it."""
+        the broker stays away), as long as this engine still owns it. One chain per
+        saga: asked again while one is pending (a timer's failed send is reported both
+        by the send and by the timer), it is not started twice."""
+        if saga_id in self._reloading:
+            return
+        self._reloading.add(saga_id)
 
         async def attempt() -> None:
+            self._reloading.discard(saga_id)
             if self._closed or not self._owns(saga_id):
                 return
             try:

@@ -25,6 +25,7 @@ from tests.internal.unit.test_children import (
     ShipIn,
     Shipment,
     ShipmentV2,
+    ShipOut,
 )
 
 
@@ -200,3 +201,46 @@ async def test_a_start_overtaken_by_its_undo_starts_no_child() -> None:
         await env.engine.get(child_id)
     assert env.engine.stats.counts["child_start_withdrawn"] == 1
     assert env.commands("carrier") == []  # no booking that nobody would undo
+
+
+async def test_a_start_of_a_step_an_operator_skipped_starts_no_child() -> None:
+    env = SagaTestEnv([Order, Shipment])
+    env.hold(lambda c: c.participant == CHILD_PARTICIPANT and not c.compensation)
+    env.participant("payments").on(Book, no_reply=True)  # the parent runs on after it
+    run = await env.start(Order, OrderIn(order_id="o11", fail_after=True))
+    await env.engine.skip_step(run.saga_id, "child:shipment", {"tracking": "by hand"})
+    await env.settle()
+    assert await run.status() == SagaStatus.RUNNING
+    await env.release()  # the start arrives late: its step was answered by hand
+    with pytest.raises(SagaNotFound):
+        await env.engine.get(child_saga_id(run.saga_id, "shipment"))
+    assert env.engine.stats.counts["child_start_withdrawn"] == 1
+
+
+class Napping(Saga[ShipIn, ShipOut]):
+    """A child whose last input is a timer (the timer path)."""
+
+    name = "napping"
+
+    async def run(self, ctx: SagaContext, input: ShipIn) -> ShipOut:
+        await ctx.sleep(timedelta(seconds=1))
+        return ShipOut(tracking=f"N-{input.order_id}")
+
+
+class NapOrder(Saga[OrderIn, OrderOut]):
+    name = "nap-order"
+
+    async def run(self, ctx: SagaContext, input: OrderIn) -> OrderOut:
+        done = await ctx.child(Napping, ShipIn(order_id=input.order_id), poll=None)
+        return OrderOut(tracking=done.tracking)
+
+
+async def test_an_end_refused_on_the_timer_path_is_reloaded_once() -> None:
+    env = SagaTestEnv([NapOrder, Napping])
+    env.bus.fail(_is_end)
+    run = await env.start(NapOrder, OrderIn(order_id="o12"))
+    await env.advance(timedelta(seconds=1))  # the nap ends; its end is refused
+    assert await run.status() == SagaStatus.RUNNING
+    await env.advance(timedelta(seconds=1))  # one reload re-sends it
+    assert await run.status() == SagaStatus.COMPLETED
+    assert env.engine.stats.counts["reloaded"] == 1
