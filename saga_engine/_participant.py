@@ -336,13 +336,10 @@ class CommandProcessor:
 
     async def _process(self, record: Any) -> None:
         try:
-            command, refused = self._read(record), None
+            command, refused = self.read_command(record)
         except PoisonMessage as poison:
-            if poison.envelope is None or poison.body_error is None:
-                await self._dead_letter(record, poison.reason.value, poison.detail)
-                return
-            # Only its body was refused: answered like a body that cannot be stored.
-            command, refused = poison.envelope, poison.body_error
+            await self._dead_letter(record, poison.reason.value, poison.detail)
+            return
         with self.command_span(record, command) as span:
             await self._handle_command(record, self.traced(command, span), refused)
 
@@ -463,6 +460,18 @@ class CommandProcessor:
             await self._answer(command, topic, reply, counter="invalid_body")
             return
         await self._apply(command, topic, handler, model)
+
+    def read_command(self, record: Any) -> tuple[Envelope, InvalidPayload | None]:
+        """The record's command and, when only its body was refused (too deep to read),
+        that refusal: the command is answered with it, like a body that cannot be
+        stored. PoisonMessage for a record that cannot be answered at all. The one way
+        in for both the single and the batch path."""
+        try:
+            return self._read(record), None
+        except PoisonMessage as poison:
+            if poison.envelope is None or poison.body_error is None:
+                raise
+            return poison.envelope, poison.body_error
 
     def _read(self, record: Any) -> Envelope:
         """The record's command; PoisonMessage for one that cannot be answered (or, with

@@ -180,16 +180,12 @@ class BatchRunner:
         p = self._p
         todo: list[Item] = []
         for item in items:
-            refused = None
             try:
-                command = p._read(item.record)
+                command, refused = p.read_command(item.record)
             except PoisonMessage as poison:
-                if poison.envelope is None or poison.body_error is None:
-                    await p._dead_letter(item.record, poison.reason.value, poison.detail)
-                    item.done = True
-                    continue
-                # Only its body was refused: answered like a body that cannot be stored.
-                command, refused = poison.envelope, poison.body_error
+                await p._dead_letter(item.record, poison.reason.value, poison.detail)
+                item.done = True
+                continue
             except Exception:
                 item.solo = True  # the single path retries an outage, dead-letters a bug
                 todo.append(item)
