@@ -140,7 +140,7 @@ def start_record(saga_id: str, amount: int = 1) -> bytes:
 
 
 def make_producer(bootstrap: str) -> AIOKafkaProducer:
-    """As saga_engine._kafka.make_producer: acks=all, idempotent, no linger."""
+    """As saga_engine.transport._kafka.make_producer: acks=all, idempotent, no linger."""
     return AIOKafkaProducer(
         bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=0
     )

@@ -54,10 +54,10 @@ from aiokafka.admin import AIOKafkaAdminClient
 from bench import bare
 from bench.app import PARTICIPANTS, SAGA_NAME
 from saga_engine import SagaStatus, Settings
-from saga_engine._kafka import ensure_topics
-from saga_engine._topics import Topics
 from saga_engine.client import SagaClient
 from saga_engine.settings import KafkaSettings, PostgresSettings
+from saga_engine.transport._kafka import ensure_topics
+from saga_engine.transport._topics import Topics
 
 ROOT = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -62,9 +62,9 @@ from bench.e2e import (
     run_bench,
     say,
 )
-from saga_engine._kafka import ensure_topics
-from saga_engine._topics import partition_for
+from saga_engine.kernel._partitioning import partition_for
 from saga_engine.settings import KafkaSettings
+from saga_engine.transport._kafka import ensure_topics
 
 ENGINES = ("engine-a", "engine-b")
 #: How often each engine looks at its owned partitions: the takeover's resolution.

@@ -37,9 +37,9 @@ from typing import Any
 import asyncpg
 
 from bench.app import LEDGER_DDL, Transfer
-from saga_engine._decision import Reply, StartSaga
-from saga_engine._definition import SagaDefinition
-from saga_engine._runtime import SagaRuntime
+from saga_engine.core._decision import Reply, StartSaga
+from saga_engine.core._definition import SagaDefinition
+from saga_engine.core._runtime import SagaRuntime
 
 _STEPS = 3
 

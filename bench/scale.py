@@ -59,17 +59,17 @@ from bench.e2e import (
 )
 from bench.failover import dist_s, target
 from saga_engine import SagaStatus, Settings
-from saga_engine._decision import OutboundCommand, StartSaga
-from saga_engine._definition import SagaDefinition
-from saga_engine._engine import Engine
-from saga_engine._kafka import ensure_topics
-from saga_engine._migrations import migrate
-from saga_engine._pgstore import PostgresEventStore
-from saga_engine._runtime import SagaRuntime
-from saga_engine._store import NewSaga
-from saga_engine._topics import Topics
 from saga_engine.admin import create_admin_app
+from saga_engine.core._decision import OutboundCommand, StartSaga
+from saga_engine.core._definition import SagaDefinition
+from saga_engine.core._runtime import SagaRuntime
+from saga_engine.runner._engine import Engine
 from saga_engine.settings import EngineSettings, PostgresSettings
+from saga_engine.store._migrations import migrate
+from saga_engine.store._pgstore import PostgresEventStore
+from saga_engine.store._store import NewSaga
+from saga_engine.transport._kafka import ensure_topics
+from saga_engine.transport._topics import Topics
 
 #: The issue's targets.
 QUERY_P99_MS = 50.0

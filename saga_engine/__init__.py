@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from saga_engine._codec import (
+from saga_engine.core._codec import (
     AesGcmCodec,
     CodecChain,
     GzipCodec,
@@ -32,10 +32,12 @@ from saga_engine._codec import (
     PayloadCodec,
     ZstdCodec,
 )
-from saga_engine._context import HttpRequest, SagaContext
-from saga_engine._decision import OutboundCommand, saga_id_for
-from saga_engine._definition import Saga, SagaRegistry, Signal
-from saga_engine._errors import (
+from saga_engine.core._context import HttpRequest, SagaContext
+from saga_engine.core._decision import OutboundCommand, saga_id_for
+from saga_engine.core._definition import Saga, SagaRegistry, Signal
+from saga_engine.core._policy import RetryPolicy
+from saga_engine.core._status import TRANSITIONS, SagaStatus
+from saga_engine.kernel._errors import (
     CodecError,
     CodecFailure,
     ConcurrencyError,
@@ -63,15 +65,14 @@ from saga_engine._errors import (
     UnknownSagaVersion,
     UnstorableValue,
 )
-from saga_engine._policy import RetryPolicy
-from saga_engine._settings import (
+from saga_engine.kernel._settings import (
     CodecSettings,
     EngineSettings,
     KafkaSettings,
     PostgresSettings,
     Settings,
 )
-from saga_engine._status import TRANSITIONS, SagaStatus
+from saga_engine.kernel._version import __version__ as __version__
 
 __all__ = [
     "TRANSITIONS",
@@ -124,14 +125,13 @@ __all__ = [
     "run",
     "saga_id_for",
 ]
-__version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from saga_engine._engine import Engine
-    from saga_engine._runner import run
+    from saga_engine.kernel._mainloop import run
+    from saga_engine.runner._engine import Engine
 
 #: Loaded on first use (PEP 562), so that defining a saga does not load the engine.
-_LAZY = {"Engine": "saga_engine._engine", "run": "saga_engine._runner"}
+_LAZY = {"Engine": "saga_engine.runner._engine", "run": "saga_engine.kernel._mainloop"}
 
 
 def __getattr__(name: str) -> Any:

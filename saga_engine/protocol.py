@@ -35,10 +35,11 @@ is its Python side, the one the engine, the kit and the client use:
     await producer.send_and_wait(command.reply_to, value, key=key, headers=headers)
 """
 
-from saga_engine._decision import command_id_for, saga_id_for
-from saga_engine._errors import PoisonMessage
-from saga_engine._topics import Topics, key_hash, partition_for
-from saga_engine._wire import (
+from saga_engine.core._decision import command_id_for, saga_id_for
+from saga_engine.kernel._errors import PoisonMessage, PoisonReason
+from saga_engine.kernel._partitioning import key_hash, partition_for
+from saga_engine.transport._topics import Topics
+from saga_engine.transport._wire import (
     BODY_MODELS,
     CE_SPECVERSION,
     CODEC_HEADER,
@@ -50,7 +51,6 @@ from saga_engine._wire import (
     Envelope,
     Headers,
     MessageType,
-    PoisonReason,
     ReloadBody,
     ReplyBody,
     SignalBody,

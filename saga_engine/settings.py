@@ -5,7 +5,7 @@ program (the CLI, a test fixture, the user's ``main``). Nested fields use ``__``
 ``SAGA_PG__DSN``, ``SAGA_KAFKA__BOOTSTRAP_SERVERS``.
 """
 
-from saga_engine._settings import (
+from saga_engine.kernel._settings import (
     AdminSettings,
     CodecSettings,
     EngineSettings,

@@ -16,7 +16,7 @@ event store, an in-memory command bus and a virtual clock that moves only when y
 call ``advance`` (or ``run_until_settled``), so timers and timeouts take no real time.
 """
 
-from saga_engine._testing import (
+from saga_engine.runner._testing import (
     InMemoryCommandBus,
     SagaRun,
     SagaTestEnv,

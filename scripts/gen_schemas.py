@@ -5,7 +5,7 @@ Usage::
     python scripts/gen_schemas.py           # (re)writes proto/schemas/*.schema.json
     python scripts/gen_schemas.py --check   # exits 1, listing the files that drifted
 
-The body schemas come from the pydantic models in ``saga_engine._wire``; the envelope
+The body schemas come from the pydantic models in ``saga_engine.transport._wire``; the envelope
 schema is the ``Envelope`` model annotated with the Kafka header each field travels in;
 the header schemas are built from ``HEADERS``, ``REQUIRED_HEADERS``, ``MessageType`` and
 ``PoisonReason``. The output is deterministic (sorted keys, two-space indent, trailing
@@ -530,7 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check:
         problems = drift()
         if problems:
-            print(f"{where} is out of date with saga_engine/_wire.py:", file=sys.stderr)
+            print(f"{where} is out of date with saga_engine/transport/_wire.py:", file=sys.stderr)
             for problem in problems:
                 print(f"  {where}/{problem}", file=sys.stderr)
             print("run `python scripts/gen_schemas.py` and commit the result", file=sys.stderr)

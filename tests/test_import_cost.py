@@ -15,7 +15,7 @@ import pytest
 
 import saga_engine
 
-HEAVY = ("opentelemetry", "asyncpg", "aiokafka", "fastapi", "saga_engine._engine")
+HEAVY = ("opentelemetry", "asyncpg", "aiokafka", "fastapi", "saga_engine.runner._engine")
 
 DEFINE_A_SAGA = """
     import sys
@@ -86,11 +86,11 @@ def test_the_engine_and_run_load_on_first_use() -> None:
         """
         import sys
         import saga_engine
-        assert "saga_engine._engine" not in sys.modules
+        assert "saga_engine.runner._engine" not in sys.modules
         assert {"Engine", "run", "saga_id_for"} <= set(dir(saga_engine))
         from saga_engine import Engine, run
         assert Engine is saga_engine.Engine and run is saga_engine.run
-        print("saga_engine._engine" in sys.modules)
+        print("saga_engine.runner._engine" in sys.modules)
         """
     )
     assert loaded == "True"
@@ -99,8 +99,8 @@ def test_the_engine_and_run_load_on_first_use() -> None:
 def test_the_lazy_names_are_the_engines_own() -> None:
     from saga_engine import Engine, run
 
-    assert Engine.__module__ == "saga_engine._engine"
-    assert run.__module__ == "saga_engine._runner"
+    assert Engine.__module__ == "saga_engine.runner._engine"
+    assert run.__module__ == "saga_engine.kernel._mainloop"
     assert {"Engine", "run", "saga_id_for"} <= set(saga_engine.__all__)
     with pytest.raises(AttributeError, match="no_such_name"):
         getattr(saga_engine, "no_such_name")  # noqa: B009

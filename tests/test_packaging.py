@@ -71,7 +71,8 @@ def test_the_wheel_holds_every_module_and_its_data(wheel: zipfile.ZipFile) -> No
     modules = {
         p.relative_to(ROOT).as_posix() for p in source.rglob("*.py") if "__pycache__" not in p.parts
     }
-    assert "saga_engine/cli.py" in modules
+    assert "saga_engine/cli/__init__.py" in modules
+    assert "saga_engine/core/_runtime.py" in modules
     assert modules <= names, sorted(modules - names)
     # Every package-data pattern of pyproject.toml matches files, and all of them shipped.
     data = PYPROJECT["tool"]["setuptools"]["package-data"]
@@ -83,8 +84,8 @@ def test_the_wheel_holds_every_module_and_its_data(wheel: zipfile.ZipFile) -> No
             assert files <= names, sorted(files - names)
     for needed in (
         "saga_engine/py.typed",
-        "saga_engine/migrations/0001_initial.sql",
-        "saga_engine/participant_migrations/0001_participant.sql",
+        "saga_engine/store/migrations/0001_initial.sql",
+        "saga_engine/participant/migrations/0001_participant.sql",
         "saga_engine/admin/templates/base.html",
         "saga_engine/admin/static/admin.css",
     ):

@@ -103,7 +103,7 @@ def errors(name: str, instance: Any) -> list[str]:
 def test_committed_schemas_match_the_models() -> None:
     problems = gen_schemas.drift(SCHEMAS)
     assert not problems, (
-        "proto/schemas/ is out of date with saga_engine/_wire.py: "
+        "proto/schemas/ is out of date with saga_engine/transport/_wire.py: "
         + "; ".join(problems)
         + ". Run `python scripts/gen_schemas.py` and commit the result."
     )

@@ -1,7 +1,7 @@
 """Tests use public names, except the white-box tests in tests/internal/.
 
 A private module is one whose dotted path has a ``_``-prefixed part below
-``saga_engine`` (``saga_engine._wire``, ``saga_engine.admin._auth``). Outside
+``saga_engine`` (``saga_engine.transport._wire``, ``saga_engine.admin._auth``). Outside
 tests/internal/, no test may import one (``import x``, ``from x import y``, or a ``_x``
 name imported from a saga_engine package), reach one through an attribute chain, name
 one as a monkeypatch or mock target (or to ``importlib.import_module``), or run one from
@@ -120,7 +120,7 @@ def test_tests_outside_internal_use_public_names_only() -> None:
 
 def test_the_scan_finds_every_form() -> None:
     # Built from pieces, so that this file's own strings hold no private import.
-    pkg, private, auth = "saga_engine", "saga_engine._wire", "saga_engine.admin._auth"
+    pkg, private, auth = "saga_engine", "saga_engine.transport._wire", "saga_engine.admin._auth"
     source = "\n".join(
         [
             f"import {private}",
@@ -167,7 +167,7 @@ def test_public_names_pass_the_scan() -> None:
             "saga_engine.admin.create_admin_app",
             "monkeypatch.setattr('saga_engine.settings.Settings', None)",
             "engine._cache.clear()",  # a private attribute of an object: not a module
-            "HEAVY = ('saga_engine._engine',)",  # a name in data, not an import
+            "HEAVY = ('saga_engine.runner._engine',)",  # a name in data, not an import
         ]
     )
     assert list(private_uses(source)) == []

@@ -19,10 +19,10 @@ Bearer tokens come from ``settings.admin.readers`` and ``settings.admin.operator
 anywhere else without tokens the app refuses to be created (InsecureAdminBinding).
 """
 
-from saga_engine._errors import AdminConfigError, InsecureAdminBinding
 from saga_engine.admin._app import StartSaga, create_admin_app
 from saga_engine.admin._auth import Principal, Role
 from saga_engine.admin._server import AdminServer, serve_admin
+from saga_engine.kernel._errors import AdminConfigError, InsecureAdminBinding
 
 __all__ = [
     "AdminConfigError",

@@ -12,8 +12,6 @@ from typing import Any, Literal
 
 from fastapi import HTTPException
 
-from saga_engine._engine import Engine
-from saga_engine._view import fold
 from saga_engine.admin._auth import Principal
 from saga_engine.admin._deps import Caller, EngineDep
 from saga_engine.admin._http_errors import api_router
@@ -27,6 +25,8 @@ from saga_engine.admin._schemas import (
     SkipRequest,
 )
 from saga_engine.admin._shared import ACTION_ERRORS, errors, load, saga_ref
+from saga_engine.core._view import fold
+from saga_engine.runner._engine import Engine
 
 __all__ = ["router"]
 

@@ -12,12 +12,6 @@ on the app's state.
 
 from fastapi import Depends, FastAPI
 
-from saga_engine import __version__
-from saga_engine._engine import Engine
-from saga_engine._errors import SagaNotFound
-from saga_engine._health import HealthBoard
-from saga_engine._schedule_store import ScheduleStore
-from saga_engine._settings import Settings
 from saga_engine.admin import _actions, _flow, _meta, _reads, _rollouts, _schedules
 from saga_engine.admin._auth import AuthMiddleware, auth_required
 from saga_engine.admin._deps import AdminState, StartSaga, bearer, install
@@ -29,6 +23,12 @@ from saga_engine.admin._http_errors import (
 from saga_engine.admin._starts import starts_router
 from saga_engine.admin._web import SecurityHeadersMiddleware, web_router
 from saga_engine.admin._web_schedules import schedules_page_router
+from saga_engine.kernel._errors import SagaNotFound
+from saga_engine.kernel._settings import Settings
+from saga_engine.kernel._version import __version__
+from saga_engine.runner._engine import Engine
+from saga_engine.store._schedule_store import ScheduleStore
+from saga_engine.telemetry._health import HealthBoard
 
 __all__ = ["StartSaga", "create_admin_app"]
 
@@ -36,8 +36,8 @@ __all__ = ["StartSaga", "create_admin_app"]
 def _in_memory(engine: Engine) -> ScheduleStore | None:
     """Schedules kept in memory beside an in-memory event store (the testing kit's
     engine); with any other store, a worker passes its own (else the routes answer 503)."""
-    from saga_engine._memschedules import InMemoryScheduleStore
-    from saga_engine._memstore import InMemoryEventStore
+    from saga_engine.store._memschedules import InMemoryScheduleStore
+    from saga_engine.store._memstore import InMemoryEventStore
 
     if not isinstance(engine.store, InMemoryEventStore):
         return None

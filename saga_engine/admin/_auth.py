@@ -50,8 +50,8 @@ from starlette.requests import cookie_parser
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from saga_engine._errors import AdminConfigError, InsecureAdminBinding
-from saga_engine._settings import AdminSettings
+from saga_engine.kernel._errors import AdminConfigError, InsecureAdminBinding
+from saga_engine.kernel._settings import AdminSettings
 
 #: Paths anyone may use: liveness, the API description, signing in and out, and the
 #: page's CSS and script (none of them holds a secret; the sign-in form needs the CSS).

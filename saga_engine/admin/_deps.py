@@ -15,11 +15,11 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, Request
 from fastapi.security import HTTPBearer
 
-from saga_engine._engine import Engine
-from saga_engine._health import HealthBoard
-from saga_engine._schedule_store import ScheduleStore
-from saga_engine._settings import AdminSettings
 from saga_engine.admin._auth import PRINCIPAL_KEY, Principal
+from saga_engine.kernel._settings import AdminSettings
+from saga_engine.runner._engine import Engine
+from saga_engine.store._schedule_store import ScheduleStore
+from saga_engine.telemetry._health import HealthBoard
 
 __all__ = [
     "AdminDep",

@@ -6,10 +6,10 @@ runtime.
 
 from fastapi import APIRouter
 
-from saga_engine._engine import Engine
 from saga_engine.admin._deps import EngineDep
 from saga_engine.admin._schemas import FlowBody, FlowGate
 from saga_engine.admin._shared import READ_ERRORS, errors
+from saga_engine.runner._engine import Engine
 
 __all__ = ["flow_body", "flow_gates", "router"]
 

@@ -32,7 +32,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from saga_engine._errors import (
+from saga_engine.kernel._errors import (
     CodecError,
     IdempotencyConflict,
     InvalidPayload,
@@ -48,7 +48,7 @@ from saga_engine._errors import (
     TransientError,
     UnknownSagaType,
 )
-from saga_engine._serde import escaped, too_deep
+from saga_engine.kernel._serde import escaped, too_deep
 
 log = logging.getLogger("saga_engine.admin")
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from saga_engine._codec import Undecodable
-from saga_engine._decision import CHILD_PARTICIPANT, CHILD_STEP_PREFIX, child_saga_id
-from saga_engine._errors import CodecError, SagaNotFound
-from saga_engine._events import CommandIssued, Event, SagaStarted
-from saga_engine._store import EventStore
 from saga_engine.admin._schemas import ChildRef, LineageNode, ParentRef, TriggerRef
+from saga_engine.core._codec import Undecodable
+from saga_engine.core._decision import CHILD_PARTICIPANT, CHILD_STEP_PREFIX, child_saga_id
+from saga_engine.core._events import CommandIssued, Event, SagaStarted
+from saga_engine.kernel._errors import CodecError, SagaNotFound
+from saga_engine.store._store import EventStore
 
 #: A tree is drawn with at most this many sagas, and this many levels above the saga.
 MAX_NODES = 100

@@ -13,11 +13,11 @@ import binascii
 from dataclasses import dataclass
 from datetime import datetime
 
-from saga_engine._definition import LIST_PARAMETERS
-from saga_engine._errors import InvalidCursor, PermanentError
-from saga_engine._serde import dumps, loads
-from saga_engine._status import SagaStatus
-from saga_engine._store import EventStore, SagaRecord
+from saga_engine.core._definition import LIST_PARAMETERS
+from saga_engine.core._status import SagaStatus
+from saga_engine.kernel._errors import InvalidCursor, PermanentError
+from saga_engine.kernel._serde import dumps, loads
+from saga_engine.store._store import EventStore, SagaRecord
 
 
 def encode_cursor(after_id: str) -> str:

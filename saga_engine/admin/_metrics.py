@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import re
 
-from saga_engine._engine import Engine
-from saga_engine._status import SagaStatus
-from saga_engine._store import as_utc
 from saga_engine.admin._flow import flow_gates
 from saga_engine.admin._schemas import MetricsBody
+from saga_engine.core._status import SagaStatus
+from saga_engine.runner._engine import Engine
+from saga_engine.store._store import as_utc
 
 OPEN_STATUSES = tuple(s for s in SagaStatus if s.is_open)
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -12,17 +12,17 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import Response
 from pydantic import AfterValidator, BeforeValidator
 
-from saga_engine._engine import Engine
-from saga_engine._replay import export_history
-from saga_engine._serde import storable_instant
-from saga_engine._status import SagaStatus
-from saga_engine._store import as_utc
 from saga_engine.admin._deps import EngineDep
 from saga_engine.admin._lineage import children, tree
 from saga_engine.admin._listing import SagaFilter, attribute_filters, decode_cursor, list_page
 from saga_engine.admin._schemas import HistoryDocument, LineageNode, SagaDetail, SagaPage
 from saga_engine.admin._shared import NO_NUL, READ_ERRORS, errors, load, saga_ref
 from saga_engine.admin._views import awaited_signals, detail, summary
+from saga_engine.core._replay import export_history
+from saga_engine.core._status import SagaStatus
+from saga_engine.kernel._serde import storable_instant
+from saga_engine.runner._engine import Engine
+from saga_engine.store._store import as_utc
 
 __all__ = ["router"]
 

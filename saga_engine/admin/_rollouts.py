@@ -16,9 +16,13 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, Field, StringConstraints
 
-from saga_engine._engine import Engine
-from saga_engine._errors import InvalidPayload, InvalidTransition
-from saga_engine._rollout import (
+from saga_engine.admin._auth import PRINCIPAL_KEY, Principal, auth_required
+from saga_engine.admin._deps import Caller, EngineDep
+from saga_engine.admin._http_errors import api_router
+from saga_engine.admin._schemas import Reason, _Body
+from saga_engine.admin._shared import ACTION_ERRORS, READ_ERRORS, errors
+from saga_engine.admin._web import _render, _root
+from saga_engine.core._rollout import (
     Rollout,
     RolloutChange,
     RolloutSpec,
@@ -26,15 +30,11 @@ from saga_engine._rollout import (
     predicate_named,
     spec_of,
 )
-from saga_engine._rollout_runner import apply_rollout
-from saga_engine._serde import NO_NUL, STORABLE
-from saga_engine._settings import AdminSettings
-from saga_engine.admin._auth import PRINCIPAL_KEY, Principal, auth_required
-from saga_engine.admin._deps import Caller, EngineDep
-from saga_engine.admin._http_errors import api_router
-from saga_engine.admin._schemas import Reason, _Body
-from saga_engine.admin._shared import ACTION_ERRORS, READ_ERRORS, errors
-from saga_engine.admin._web import _render, _root
+from saga_engine.kernel._errors import InvalidPayload, InvalidTransition
+from saga_engine.kernel._serde import NO_NUL, STORABLE
+from saga_engine.kernel._settings import AdminSettings
+from saga_engine.runner._engine import Engine
+from saga_engine.runner._rollouts import apply_rollout
 
 __all__ = ["RolloutView", "rollout_view", "router", "ui_router"]
 

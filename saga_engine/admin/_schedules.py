@@ -19,13 +19,13 @@ from fastapi import Depends, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
-from saga_engine._errors import InvalidPayload, UnknownSagaType
-from saga_engine._schedule import Schedule, ScheduleState
-from saga_engine._schedule_store import Firing, ScheduleRow, ScheduleStore
-from saga_engine._serde import NO_NUL
 from saga_engine.admin._deps import AdminState, Caller, EngineDep, StarterDep, _state
 from saga_engine.admin._http_errors import api_router
 from saga_engine.admin._shared import READ_ERRORS, errors
+from saga_engine.core._schedule import Schedule, ScheduleState
+from saga_engine.kernel._errors import InvalidPayload, UnknownSagaType
+from saga_engine.kernel._serde import NO_NUL
+from saga_engine.store._schedule_store import Firing, ScheduleRow, ScheduleStore
 
 __all__ = ["ScheduleOut", "TriggerResult", "router"]
 

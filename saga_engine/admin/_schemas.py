@@ -7,9 +7,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from saga_engine._serde import NO_NUL, STORABLE
-from saga_engine._status import SagaStatus
-from saga_engine._view import OwedState, WaitKind
+from saga_engine.core._status import SagaStatus
+from saga_engine.core._view import OwedState, WaitKind
+from saga_engine.kernel._serde import NO_NUL, STORABLE
 
 #: A required, human reason for an operator action: it goes into the saga's history.
 Reason = Annotated[

@@ -21,10 +21,10 @@ from collections.abc import Generator
 import uvicorn
 from fastapi import FastAPI
 
-from saga_engine._errors import AdminConfigError
-from saga_engine._settings import Settings
-from saga_engine._telemetry import detach_from_trace
 from saga_engine.admin._auth import auth_required
+from saga_engine.kernel._errors import AdminConfigError
+from saga_engine.kernel._settings import Settings
+from saga_engine.telemetry._telemetry import detach_from_trace
 
 log = logging.getLogger("saga_engine.admin")
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from saga_engine._codec import Undecodable
-from saga_engine._engine import Engine
-from saga_engine._events import Event
-from saga_engine._serde import NO_NUL
-from saga_engine._store import SagaRecord, check_lookup
 from saga_engine.admin._schemas import ErrorBody
+from saga_engine.core._codec import Undecodable
+from saga_engine.core._events import Event
+from saga_engine.kernel._serde import NO_NUL
+from saga_engine.runner._engine import Engine
+from saga_engine.store._store import SagaRecord, check_lookup
 
 __all__ = ["ACTION_ERRORS", "NO_NUL", "READ_ERRORS", "errors", "load", "saga_ref"]
 

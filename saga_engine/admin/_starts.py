@@ -18,22 +18,22 @@ from urllib.parse import quote
 from fastapi import APIRouter, Header, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from saga_engine._decision import saga_id_for
-from saga_engine._engine import Engine
-from saga_engine._errors import (
+from saga_engine.admin._deps import AdminDep, Caller, EngineDep, StarterDep
+from saga_engine.admin._schemas import ErrorBody, SagaDetail, StartAccepted
+from saga_engine.admin._shared import ACTION_ERRORS, NO_NUL, errors, load
+from saga_engine.admin._views import awaited_signals, detail
+from saga_engine.core._decision import saga_id_for
+from saga_engine.core._events import SagaStarted
+from saga_engine.core._status import SagaStatus
+from saga_engine.kernel._errors import (
     IdempotencyConflict,
     SagaNotFound,
     SerializationError,
     UnstorableValue,
 )
-from saga_engine._events import SagaStarted
-from saga_engine._serde import loads
-from saga_engine._status import SagaStatus
-from saga_engine._store import SagaRecord
-from saga_engine.admin._deps import AdminDep, Caller, EngineDep, StarterDep
-from saga_engine.admin._schemas import ErrorBody, SagaDetail, StartAccepted
-from saga_engine.admin._shared import ACTION_ERRORS, NO_NUL, errors, load
-from saga_engine.admin._views import awaited_signals, detail
+from saga_engine.kernel._serde import loads
+from saga_engine.runner._engine import Engine
+from saga_engine.store._store import SagaRecord
 
 __all__ = ["starts_router"]
 

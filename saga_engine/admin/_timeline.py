@@ -1,7 +1,7 @@
 """The web page's timeline: the fold's segments laid out on a time axis.
 
 What the segments are (attempts, back-offs, waits, parked periods, and how each ended)
-is :func:`saga_engine._view.fold`'s; this module only places them: one row per step,
+is :func:`saga_engine.core._view.fold`'s; this module only places them: one row per step,
 compensation, signal wait, sleep or park, and each bar's position and width in percent
 of the axis, with tick marks.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from saga_engine._view import Lane, SagaView, Segment
+from saga_engine.core._view import Lane, SagaView, Segment
 
 __all__ = ["Bar", "Tick", "Timeline", "TimelineRow", "timeline"]
 

@@ -1,19 +1,13 @@
 """What the API shows about a saga: its record, and the fold of its history.
 
 Every fact beyond the stored record (what it waits for, what is in flight, what is owed)
-comes from :func:`saga_engine._view.fold`, the one fold the web page and the CLI use too.
+comes from :func:`saga_engine.core._view.fold`, the one fold the web page and the CLI use too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from saga_engine._definition import SagaRegistry
-from saga_engine._errors import SagaError
-from saga_engine._events import Event
-from saga_engine._runtime import SagaRuntime
-from saga_engine._store import SagaRecord
-from saga_engine._view import SagaView, fold
 from saga_engine.admin._lineage import parent_of, trigger_of
 from saga_engine.admin._schemas import (
     ChildRef,
@@ -23,6 +17,12 @@ from saga_engine.admin._schemas import (
     SagaSummary,
     WaitingFor,
 )
+from saga_engine.core._definition import SagaRegistry
+from saga_engine.core._events import Event
+from saga_engine.core._runtime import SagaRuntime
+from saga_engine.core._view import SagaView, fold
+from saga_engine.kernel._errors import SagaError
+from saga_engine.store._store import SagaRecord
 
 
 def summary(record: SagaRecord) -> SagaSummary:

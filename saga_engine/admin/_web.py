@@ -34,13 +34,6 @@ from starlette.datastructures import MutableHeaders
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from saga_engine._codec import Undecodable
-from saga_engine._engine import Engine
-from saga_engine._errors import UnknownSagaType
-from saga_engine._gist import gist
-from saga_engine._settings import AdminSettings
-from saga_engine._status import SagaStatus
-from saga_engine._view import SagaView
 from saga_engine.admin._auth import (
     COOKIE,
     LEGACY_COOKIE,
@@ -59,6 +52,13 @@ from saga_engine.admin._lineage import children, tree
 from saga_engine.admin._listing import SagaFilter, attribute_filters, decode_cursor, list_page
 from saga_engine.admin._timeline import timeline
 from saga_engine.admin._views import awaited_signals, detail_of, summary, view_of
+from saga_engine.core._codec import Undecodable
+from saga_engine.core._gist import gist
+from saga_engine.core._status import SagaStatus
+from saga_engine.core._view import SagaView
+from saga_engine.kernel._errors import UnknownSagaType
+from saga_engine.kernel._settings import AdminSettings
+from saga_engine.runner._engine import Engine
 
 __all__ = ["SecurityHeadersMiddleware", "web_router"]
 

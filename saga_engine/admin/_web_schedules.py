@@ -17,10 +17,10 @@ from urllib.parse import quote
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
-from saga_engine._schedule import ScheduleState
 from saga_engine.admin._auth import PRINCIPAL_KEY, Principal, auth_required, relative_redirect
 from saga_engine.admin._deps import _state
 from saga_engine.admin._web import _render, _root
+from saga_engine.core._schedule import ScheduleState
 
 __all__ = ["schedules_page_router"]
 

@@ -16,10 +16,10 @@ from aiokafka.errors import KafkaConnectionError
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Settings, Signal
-from saga_engine._decision import child_saga_id
-from saga_engine._rollout import RolloutSpec
-from saga_engine._rollout_runner import apply_rollout
+from saga_engine.core._decision import child_saga_id
+from saga_engine.core._rollout import RolloutSpec
 from saga_engine.protocol import Envelope, MessageType, Topics
+from saga_engine.runner._rollouts import apply_rollout
 from saga_engine.settings import EngineSettings
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget

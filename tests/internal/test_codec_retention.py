@@ -15,17 +15,17 @@ import asyncpg
 import pytest
 from pydantic import SecretStr
 
-from saga_engine._cli_support import archive_file_histories
-from saga_engine._codec import AesGcmCodec, CodecChain, open_archive
-from saga_engine._errors import CliError, CodecError
-from saga_engine._events import Event, SagaCompleted, SagaStarted
-from saga_engine._migrations import migrate
-from saga_engine._pgstore import PostgresEventStore
-from saga_engine._replay import load_history
-from saga_engine._retention import Retention
-from saga_engine._status import SagaStatus
-from saga_engine._store import NewSaga, Projection
+from saga_engine.cli._support import archive_file_histories
+from saga_engine.core._codec import AesGcmCodec, CodecChain, open_archive
+from saga_engine.core._events import Event, SagaCompleted, SagaStarted
+from saga_engine.core._replay import load_history
+from saga_engine.core._status import SagaStatus
+from saga_engine.kernel._errors import CliError, CodecError
+from saga_engine.runner._retention import Retention
 from saga_engine.settings import PostgresSettings, RetentionSettings
+from saga_engine.store._migrations import migrate
+from saga_engine.store._pgstore import PostgresEventStore
+from saga_engine.store._store import NewSaga, Projection
 from tests.conftest import PgTarget
 
 pytestmark = pytest.mark.integration

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from aiokafka.errors import MessageSizeTooLargeError
 
-from saga_engine._kafka import DeadLetters
 from saga_engine.protocol import Headers, PoisonReason, encode
+from saga_engine.transport._kafka import DeadLetters
 from tests.test_proto import TOPICS, command, errors, header_dict
 
 

@@ -11,18 +11,18 @@ import asyncpg
 import pytest
 from pydantic import SecretStr
 
-from saga_engine import _migrations
-from saga_engine._errors import MigrationBusy, MigrationError, PermanentError
-from saga_engine._migrations import (
+from saga_engine.kernel._errors import MigrationBusy, MigrationError, PermanentError
+from saga_engine.kernel._partitioning import key_hash, partition_for
+from saga_engine.settings import PostgresSettings
+from saga_engine.store import _migrations
+from saga_engine.store._migrations import (
     PARTICIPANT_MIGRATIONS,
     Migration,
     migrate,
     migration_sql,
     shipped_migrations,
 )
-from saga_engine._pgstore import PostgresEventStore
-from saga_engine._topics import key_hash, partition_for
-from saga_engine.settings import PostgresSettings
+from saga_engine.store._pgstore import PostgresEventStore
 from tests.conftest import PgTarget
 
 # A released migration must never change: a database that applied the old text would no
@@ -40,7 +40,7 @@ PINNED = {
     8: "6b5e5ac1eceb0d406e9549e58d1afac717fffcd0bdf0318032cfa2add4020fbe",
     9: "7531663a38f677de142ef288e9c0119ac9c4bef1c77d9cc4e4ac5f599e59ef92",
 }
-# The same rule for the participant kit's migrations (saga_engine/participant_migrations).
+# The same rule for the participant kit's migrations (saga_engine/participant/migrations).
 PINNED_PARTICIPANT = {
     1: "cff0612d825b9868ebcd4f955f765cd36a21b437cbf52095dfa198d677d93d4c",
 }
@@ -393,7 +393,7 @@ async def test_0008_keeps_the_rollout_audit_append_only(pg: PgTarget) -> None:
     """The audit trail of rollouts cannot be rewritten, even by SQL (a trigger refuses it)."""
     from datetime import UTC, datetime
 
-    from saga_engine._rollout import RolloutSpec
+    from saga_engine.core._rollout import RolloutSpec
 
     await migrate(pg.database_dsn, pg.schema)
     store = await PostgresEventStore.connect(

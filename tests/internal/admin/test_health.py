@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import httpx
 
-from saga_engine._health import HealthBoard
 from saga_engine.admin import create_admin_app
 from saga_engine.settings import AdminSettings, Settings
+from saga_engine.telemetry._health import HealthBoard
 from saga_engine.testing import SagaTestEnv
 from tests.admin.sagas import Transfer
 

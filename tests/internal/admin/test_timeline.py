@@ -8,9 +8,9 @@ from __future__ import annotations
 def test_the_timeline_follows_timestamps_and_outcomes() -> None:
     from datetime import UTC, datetime, timedelta
 
-    from saga_engine._events import AttemptTimedOut, CommandIssued, Event, ReplyReceived
-    from saga_engine._view import fold
     from saga_engine.admin._timeline import timeline
+    from saga_engine.core._events import AttemptTimedOut, CommandIssued, Event, ReplyReceived
+    from saga_engine.core._view import fold
 
     t0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -44,7 +44,8 @@ def test_the_timeline_follows_timestamps_and_outcomes() -> None:
 def test_the_timeline_draws_back_offs_waits_and_parked_periods() -> None:
     from datetime import UTC, datetime, timedelta
 
-    from saga_engine._events import (
+    from saga_engine.admin._timeline import timeline
+    from saga_engine.core._events import (
         CommandIssued,
         ErrorInfo,
         Event,
@@ -56,8 +57,7 @@ def test_the_timeline_draws_back_offs_waits_and_parked_periods() -> None:
         TimerFired,
         TimerStarted,
     )
-    from saga_engine._view import Lane, fold
-    from saga_engine.admin._timeline import timeline
+    from saga_engine.core._view import Lane, fold
 
     t0 = datetime(2030, 1, 1, tzinfo=UTC)
 

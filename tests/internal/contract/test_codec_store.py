@@ -11,9 +11,8 @@ import asyncpg
 import pytest
 from pydantic import SecretStr
 
-from saga_engine._codec import ENCRYPTED, AesGcmCodec, CodecChain, Undecodable, ZstdCodec
-from saga_engine._errors import CodecError, CodecFailure
-from saga_engine._events import (
+from saga_engine.core._codec import ENCRYPTED, AesGcmCodec, CodecChain, Undecodable, ZstdCodec
+from saga_engine.core._events import (
     CompensationStarted,
     ErrorInfo,
     Event,
@@ -22,11 +21,12 @@ from saga_engine._events import (
     SagaStarted,
     SignalReceived,
 )
-from saga_engine._migrations import migrate
-from saga_engine._pgstore import PostgresEventStore
-from saga_engine._status import SagaStatus
-from saga_engine._store import Append, NewSaga, Projection
+from saga_engine.core._status import SagaStatus
+from saga_engine.kernel._errors import CodecError, CodecFailure
 from saga_engine.settings import PostgresSettings
+from saga_engine.store._migrations import migrate
+from saga_engine.store._pgstore import PostgresEventStore
+from saga_engine.store._store import Append, NewSaga, Projection
 from tests.conftest import PgTarget
 
 CANARY = "canary-7d1e-store"

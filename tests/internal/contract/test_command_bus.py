@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import pytest
 
 from saga_engine import OutboundCommand, TransientError
-from saga_engine._kafka import KafkaCommandSender, ensure_topics, make_producer
-from saga_engine._topics import Topics
-from saga_engine._wire import decode
 from saga_engine.settings import KafkaSettings
 from saga_engine.testing import InMemoryCommandBus
+from saga_engine.transport._kafka import KafkaCommandSender, ensure_topics, make_producer
+from saga_engine.transport._topics import Topics
+from saga_engine.transport._wire import decode
 from tests.integration.kafka_helpers import read_topic
 
 

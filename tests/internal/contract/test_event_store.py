@@ -25,17 +25,8 @@ import asyncpg
 import pytest
 from pydantic import SecretStr
 
-from saga_engine import _pgstore
-from saga_engine._codec import AesGcmCodec, CodecChain, ZstdCodec
-from saga_engine._errors import (
-    ConcurrencyError,
-    InvalidSagaId,
-    SagaNotFound,
-    SerializationError,
-    StoreUnavailable,
-    TransientError,
-)
-from saga_engine._events import (
+from saga_engine.core._codec import AesGcmCodec, CodecChain, ZstdCodec
+from saga_engine.core._events import (
     CommandIssued,
     CompensationStarted,
     ErrorInfo,
@@ -49,11 +40,22 @@ from saga_engine._events import (
     TimerFired,
     TimerStarted,
 )
-from saga_engine._memstore import InMemoryEventStore
-from saga_engine._migrations import migrate
-from saga_engine._pgstore import GroupCommitConfig, PostgresEventStore
-from saga_engine._status import SagaStatus
-from saga_engine._store import (
+from saga_engine.core._status import SagaStatus
+from saga_engine.kernel._errors import (
+    ConcurrencyError,
+    InvalidSagaId,
+    SagaNotFound,
+    SerializationError,
+    StoreUnavailable,
+    TransientError,
+)
+from saga_engine.kernel._partitioning import partition_for
+from saga_engine.settings import PostgresSettings
+from saga_engine.store import _pgstore
+from saga_engine.store._memstore import InMemoryEventStore
+from saga_engine.store._migrations import migrate
+from saga_engine.store._pgstore import GroupCommitConfig, PostgresEventStore
+from saga_engine.store._store import (
     Append,
     ArchivedSaga,
     EventStore,
@@ -62,8 +64,6 @@ from saga_engine._store import (
     Projection,
     SagaRecord,
 )
-from saga_engine._topics import partition_for
-from saga_engine.settings import PostgresSettings
 from tests.conftest import PgTarget
 
 RUNNING = Projection(SagaStatus.RUNNING)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from saga_engine._events import SagaStarted
-from saga_engine._rollout import RolloutSpec, RolloutStore
-from saga_engine._status import SagaStatus
-from saga_engine._store import EventStore, NewSaga, Projection
+from saga_engine.core._events import SagaStarted
+from saga_engine.core._rollout import RolloutSpec, RolloutStore
+from saga_engine.core._status import SagaStatus
+from saga_engine.store._store import EventStore, NewSaga, Projection
 from tests.internal.contract.test_event_store import backend, store
 
 __all__ = ["backend", "store"]  # the fixtures, shared with the event store's contract

@@ -19,16 +19,16 @@ import orjson
 import pytest
 from pydantic import SecretStr
 
-from saga_engine._errors import ScheduleConflict, ScheduleNotFound
-from saga_engine._kafka import make_producer
-from saga_engine._memschedules import InMemoryScheduleStore
-from saga_engine._migrations import migrate
-from saga_engine._pgschedules import PostgresScheduleStore
-from saga_engine._schedule import CatchUp, Overlap, Schedule, ScheduleState, tick_saga_id
-from saga_engine._schedule_store import Firing, ScheduleStore
-from saga_engine._scheduler import KafkaStarts, Scheduler
-from saga_engine._settings import KafkaSettings, PostgresSettings, ScheduleSettings
-from saga_engine._wire import decode
+from saga_engine.core._schedule import CatchUp, Overlap, Schedule, ScheduleState, tick_saga_id
+from saga_engine.kernel._errors import ScheduleConflict, ScheduleNotFound
+from saga_engine.kernel._settings import KafkaSettings, PostgresSettings, ScheduleSettings
+from saga_engine.runner._scheduler import KafkaStarts, Scheduler
+from saga_engine.store._memschedules import InMemoryScheduleStore
+from saga_engine.store._migrations import migrate
+from saga_engine.store._pgschedules import PostgresScheduleStore
+from saga_engine.store._schedule_store import Firing, ScheduleStore
+from saga_engine.transport._kafka import make_producer
+from saga_engine.transport._wire import decode
 from tests.conftest import PgTarget, TopicFactory
 from tests.integration.kafka_helpers import read_topic
 

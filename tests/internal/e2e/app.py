@@ -19,7 +19,7 @@ from datetime import timedelta
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, Settings, run
-from saga_engine._crash import crash_hook
+from saga_engine.kernel._crash import crash_hook
 from saga_engine.participant import Participant, Rejected, Transaction
 
 PARTICIPANTS = ("alpha", "beta", "gamma")

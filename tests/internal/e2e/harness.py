@@ -17,8 +17,8 @@ import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from saga_engine import SagaStatus, Settings
-from saga_engine._topics import Topics
 from saga_engine.settings import EngineSettings, KafkaSettings, PostgresSettings
+from saga_engine.transport._topics import Topics
 from tests.internal.e2e.app import LEDGER_DDL, PARTICIPANTS
 
 ROOT = Path(__file__).resolve().parents[3]

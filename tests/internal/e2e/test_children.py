@@ -11,9 +11,9 @@ from collections import Counter
 import pytest
 
 from saga_engine import SagaStatus
-from saga_engine._decision import child_saga_id
-from saga_engine._topics import partition_for
 from saga_engine.client import SagaClient
+from saga_engine.core._decision import child_saga_id
+from saga_engine.kernel._partitioning import partition_for
 from tests.internal.e2e.app import PARTICIPANTS, Payout, PayoutRequest
 from tests.internal.e2e.harness import Cluster
 

@@ -29,8 +29,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from saga_engine import AesGcmCodec, CodecError, SagaStatus, Settings
-from saga_engine._decision import child_saga_id
 from saga_engine.client import SagaClient
+from saga_engine.core._decision import child_saga_id
 from saga_engine.settings import CodecSettings
 from tests.internal.e2e.codec_app import (
     LEDGER_DDL,

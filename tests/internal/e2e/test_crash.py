@@ -14,8 +14,8 @@ from collections import Counter
 import pytest
 
 from saga_engine import SagaStatus, saga_id_for
-from saga_engine._topics import partition_for
 from saga_engine.client import SagaClient
+from saga_engine.kernel._partitioning import partition_for
 from tests.internal.e2e.app import PARTICIPANTS, Transfer, TransferRequest
 from tests.internal.e2e.harness import Cluster
 

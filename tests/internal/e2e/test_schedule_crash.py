@@ -22,9 +22,9 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from saga_engine._schedule import tick_key, tick_saga_id
-from saga_engine._topics import Topics
-from saga_engine._wire import decode
+from saga_engine.core._schedule import tick_key, tick_saga_id
+from saga_engine.transport._topics import Topics
+from saga_engine.transport._wire import decode
 from tests.integration.kafka_helpers import poll_until, read_topic
 from tests.internal.e2e.harness import Cluster
 

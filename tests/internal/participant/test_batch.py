@@ -1,5 +1,5 @@
 """The participant's batch path on the real Postgres and Kafka: several commands taken in
-ONE consumed batch (saga_engine/_participant_batch.py), and what each of them must still
+ONE consumed batch (saga_engine/participant/_batch.py), and what each of them must still
 get, as it would one at a time.
 
 Every test sends all of its commands to partition 0 of the command topic BEFORE the
@@ -18,10 +18,10 @@ import pytest
 from aiokafka import TopicPartition
 from pydantic import BaseModel, field_validator
 
-from saga_engine._participant_batch import BatchRunner
-from saga_engine._wire import Envelope, ReplyBody
 from saga_engine.participant import Participant, Transaction
+from saga_engine.participant._batch import BatchRunner
 from saga_engine.settings import Settings
+from saga_engine.transport._wire import Envelope, ReplyBody
 from tests.participant import test_participant
 from tests.participant.helpers import command, ledger_participant
 from tests.participant.test_participant import World, body_of

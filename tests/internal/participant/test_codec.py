@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from saga_engine import _participant_batch
-from saga_engine._codec import HEADER, AesGcmCodec, CodecChain, ZstdCodec
-from saga_engine._errors import KafkaUnavailable
-from saga_engine._kafka import start_record
-from saga_engine._wire import Envelope, decode, encode
+from saga_engine.core._codec import HEADER, AesGcmCodec, CodecChain, ZstdCodec
+from saga_engine.kernel._errors import KafkaUnavailable
+from saga_engine.participant import _batch as _participant_batch
 from saga_engine.protocol import ReplyBody
+from saga_engine.transport._kafka import start_record
+from saga_engine.transport._wire import Envelope, decode, encode
 from tests.participant import test_participant
 from tests.participant.helpers import command, poll_until, query
 from tests.participant.test_participant import World, _stat

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from saga_engine import _participant_batch
-from saga_engine._errors import KafkaUnavailable
-from saga_engine._kafka import start_record
+from saga_engine.kernel._errors import KafkaUnavailable
+from saga_engine.participant import _batch as _participant_batch
 from saga_engine.protocol import ReplyBody
+from saga_engine.transport._kafka import start_record
 from tests.participant import test_participant
 from tests.participant.helpers import command, poll_until
 from tests.participant.test_participant import World, _stat, body_of

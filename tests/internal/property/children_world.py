@@ -30,12 +30,12 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, Settings
-from saga_engine._clock import VirtualClock
-from saga_engine._decision import CHILD_PARTICIPANT, PARENT_PARTICIPANT, OutboundCommand
-from saga_engine._engine import Engine
-from saga_engine._errors import InvalidTransition, SagaError, TransientError
-from saga_engine._memstore import InMemoryEventStore
-from saga_engine._serde import JsonDict
+from saga_engine.core._decision import CHILD_PARTICIPANT, PARENT_PARTICIPANT, OutboundCommand
+from saga_engine.kernel._errors import InvalidTransition, SagaError, TransientError
+from saga_engine.kernel._serde import JsonDict
+from saga_engine.runner._clock import VirtualClock
+from saga_engine.runner._engine import Engine
+from saga_engine.store._memstore import InMemoryEventStore
 
 STEP_TIMEOUT = timedelta(minutes=1)
 #: At most this many messages lost, and sends refused, in one run: fewer than the

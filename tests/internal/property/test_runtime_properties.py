@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from saga_engine._decision import (
+from saga_engine.core._decision import (
     Cancel,
     DropReason,
     OutboundCommand,
@@ -37,9 +37,8 @@ from saga_engine._decision import (
     Skip,
     TimerDue,
 )
-from saga_engine._definition import SagaDefinition
-from saga_engine._errors import InvalidPayload, InvalidTransition, NondeterminismError
-from saga_engine._events import (
+from saga_engine.core._definition import SagaDefinition
+from saga_engine.core._events import (
     AttemptTimedOut,
     CancelRequested,
     CommandIssued,
@@ -56,9 +55,10 @@ from saga_engine._events import (
     event_to_dict,
     events_from_list,
 )
-from saga_engine._runtime import SagaRuntime
-from saga_engine._serde import canonical_hash, storable_copy, unstorable
-from saga_engine._status import TRANSITIONS, SagaStatus
+from saga_engine.core._runtime import SagaRuntime
+from saga_engine.core._status import TRANSITIONS, SagaStatus
+from saga_engine.kernel._errors import InvalidPayload, InvalidTransition, NondeterminismError
+from saga_engine.kernel._serde import canonical_hash, storable_copy, unstorable
 from tests.internal.property.oracles import (
     check_compensations,
     held_after_each,

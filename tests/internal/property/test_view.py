@@ -1,4 +1,4 @@
-"""The fold of a history (``saga_engine._view.fold``) agrees with the runtime that made it.
+"""The fold of a history (``saga_engine.core._view.fold``) agrees with the runtime that made it.
 
 The admin API, the web page and the CLI show a saga through the fold; the engine drives
 it through the runtime. Drift between the two would show operators a saga that is not
@@ -14,10 +14,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from saga_engine._definition import SagaDefinition
-from saga_engine._events import Event
-from saga_engine._runtime import SagaRuntime
-from saga_engine._view import OwedState, SagaView, WaitKind, fold
+from saga_engine.core._definition import SagaDefinition
+from saga_engine.core._events import Event
+from saga_engine.core._runtime import SagaRuntime
+from saga_engine.core._view import OwedState, SagaView, WaitKind, fold
 from tests.internal.property.sagas import Case, SignalSaga, definition
 from tests.internal.property.test_runtime_properties import PROPERTY, cases
 from tests.internal.property.world import simulate

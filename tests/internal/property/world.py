@@ -33,7 +33,7 @@ from typing import Literal
 
 from hypothesis import strategies as st
 
-from saga_engine._decision import (
+from saga_engine.core._decision import (
     Cancel,
     Decision,
     DropReason,
@@ -48,12 +48,12 @@ from saga_engine._decision import (
     StartSaga,
     TimerDue,
 )
-from saga_engine._definition import SagaDefinition
-from saga_engine._errors import InvalidPayload, InvalidTransition
-from saga_engine._events import CommandIssued, CompensationIssued, Event
-from saga_engine._runtime import SagaRuntime
-from saga_engine._serde import JsonDict
-from saga_engine._status import SagaStatus
+from saga_engine.core._definition import SagaDefinition
+from saga_engine.core._events import CommandIssued, CompensationIssued, Event
+from saga_engine.core._runtime import SagaRuntime
+from saga_engine.core._status import SagaStatus
+from saga_engine.kernel._errors import InvalidPayload, InvalidTransition
+from saga_engine.kernel._serde import JsonDict
 from tests.internal.property.sagas import In, PropertySaga
 from tests.internal.property.sagas import definition as saga_definition
 

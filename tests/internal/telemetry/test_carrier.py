@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from saga_engine._telemetry import carrier_from_headers
+from saga_engine.telemetry._telemetry import carrier_from_headers
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

@@ -18,11 +18,11 @@ from opentelemetry.trace import NoOpTracerProvider
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Settings, TransientError
-from saga_engine._clock import Clock, SystemClock, VirtualClock
-from saga_engine._engine import Engine
-from saga_engine._events import SagaStarted
-from saga_engine._memstore import InMemoryEventStore
-from saga_engine._telemetry import Telemetry
+from saga_engine.core._events import SagaStarted
+from saga_engine.runner._clock import Clock, SystemClock, VirtualClock
+from saga_engine.runner._engine import Engine
+from saga_engine.store._memstore import InMemoryEventStore
+from saga_engine.telemetry._telemetry import Telemetry
 from saga_engine.testing import InMemoryCommandBus
 
 

@@ -7,8 +7,8 @@ from datetime import timedelta
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, StepFailed
-from saga_engine._decision import CHILD_PARTICIPANT, child_saga_id
-from saga_engine._view import fold
+from saga_engine.core._decision import CHILD_PARTICIPANT, child_saga_id
+from saga_engine.core._view import fold
 from saga_engine.events import SagaStarted
 from saga_engine.testing import SagaTestEnv
 

@@ -10,10 +10,10 @@ from datetime import timedelta
 import pytest
 
 from saga_engine import Saga, SagaContext, SagaStatus, Settings
-from saga_engine._decision import CHILD_PARTICIPANT, PARENT_PARTICIPANT, child_saga_id
-from saga_engine._errors import InvalidTransition, NotParent, SagaNotFound
-from saga_engine._events import ParentLink
-from saga_engine._settings import EngineSettings
+from saga_engine.core._decision import CHILD_PARTICIPANT, PARENT_PARTICIPANT, child_saga_id
+from saga_engine.core._events import ParentLink
+from saga_engine.kernel._errors import InvalidTransition, NotParent, SagaNotFound
+from saga_engine.kernel._settings import EngineSettings
 from saga_engine.testing import SagaTestEnv
 from tests.internal.unit.test_children import (
     Book,

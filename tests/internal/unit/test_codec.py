@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from saga_engine._codec import (
+from saga_engine.core._codec import (
     ENCRYPTED,
     HEADER,
     MARKER,
@@ -27,8 +27,7 @@ from saga_engine._codec import (
     open_event,
     seal_event,
 )
-from saga_engine._errors import CodecError, CodecFailure, PoisonMessage
-from saga_engine._events import (
+from saga_engine.core._events import (
     CommandIssued,
     CompensationSpec,
     Event,
@@ -37,9 +36,21 @@ from saga_engine._events import (
     TimerFired,
     event_to_dict,
 )
-from saga_engine._policy import RetryPolicy
-from saga_engine._settings import CodecSettings, Settings
-from saga_engine._wire import Envelope, MessageType, PoisonReason, ReplyBody, decode, encode
+from saga_engine.core._policy import RetryPolicy
+from saga_engine.kernel._errors import (
+    CodecError,
+    CodecFailure,
+    PoisonMessage,
+    PoisonReason,
+)
+from saga_engine.kernel._settings import CodecSettings, Settings
+from saga_engine.transport._wire import (
+    Envelope,
+    MessageType,
+    ReplyBody,
+    decode,
+    encode,
+)
 
 KEY_A = bytes(range(32))
 KEY_B = bytes(range(1, 33))

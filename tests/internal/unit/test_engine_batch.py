@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from saga_engine._decision import OutboundCommand, Reply
-from saga_engine._engine_batch import BatchInput
-from saga_engine._serde import JsonDict
+from saga_engine.core._decision import OutboundCommand, Reply
+from saga_engine.kernel._serde import JsonDict
+from saga_engine.runner._engine_batch import BatchInput
 from saga_engine.testing import SagaTestEnv
 from tests.sagas import OrderRequest, PlaceOrder
 

@@ -8,9 +8,8 @@ import inspect
 import pkgutil
 
 import saga_engine
-from saga_engine import _errors
-from saga_engine._errors import PermanentError, SagaError, TransientError
-from saga_engine._wire import PoisonReason
+from saga_engine.kernel import _errors
+from saga_engine.kernel._errors import PermanentError, PoisonReason, SagaError, TransientError
 
 #: Not errors of the API: control flow that never leaves its module (unwinding saga code,
 #: a participant's batch split or stop, a body cut off mid-stream inside the server).
@@ -56,7 +55,7 @@ def test_every_error_is_a_saga_error_and_drawn_in_the_tree() -> None:
 
 
 def test_the_branches_say_how_to_react() -> None:
-    from saga_engine._errors import (
+    from saga_engine.kernel._errors import (
         AdminCallError,
         KafkaUnavailable,
         MigrationBusy,

@@ -9,9 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from saga_engine._errors import DefinitionError, NewerEventError
-from saga_engine._event_versions import UPCASTERS, VERSION_KEY, EventVersions
-from saga_engine._events import (
+from saga_engine.core._event_versions import UPCASTERS, VERSION_KEY, EventVersions
+from saga_engine.core._events import (
     EVENT_TYPES,
     VERSIONS,
     CancelRequested,
@@ -23,9 +22,10 @@ from saga_engine._events import (
     event_to_json,
     events_from_list,
 )
-from saga_engine._memstore import InMemoryEventStore
-from saga_engine._status import SagaStatus
-from saga_engine._store import NewSaga, Projection
+from saga_engine.core._status import SagaStatus
+from saga_engine.kernel._errors import DefinitionError, NewerEventError
+from saga_engine.store._memstore import InMemoryEventStore
+from saga_engine.store._store import NewSaga, Projection
 
 AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 

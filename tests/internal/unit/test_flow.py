@@ -14,9 +14,9 @@ import pytest
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Settings
-from saga_engine._flow import FlowQueue, Gate, GateKind, Waiting
-from saga_engine._flow_sender import FlowControl
-from saga_engine._settings import FlowLimit, LimitsSettings
+from saga_engine.core._flow import FlowQueue, Gate, GateKind, Waiting
+from saga_engine.kernel._settings import FlowLimit, LimitsSettings
+from saga_engine.runner._flow_sender import FlowControl
 from saga_engine.testing import SagaTestEnv
 
 
@@ -284,7 +284,7 @@ async def test_a_failed_send_keeps_its_place() -> None:
         async def send_command(self, command: object) -> None:
             if self.failures:
                 self.failures -= 1
-                from saga_engine._errors import KafkaUnavailable
+                from saga_engine.kernel._errors import KafkaUnavailable
 
                 raise KafkaUnavailable("broker away")
             self.sent.append(command.saga_id)  # type: ignore[attr-defined]

@@ -11,9 +11,9 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 
-from saga_engine._groupwatch import WARN_AFTER, GroupWatch
-from saga_engine._health import HealthBoard
-from saga_engine._telemetry import Telemetry
+from saga_engine.telemetry._groupwatch import WARN_AFTER, GroupWatch
+from saga_engine.telemetry._health import HealthBoard
+from saga_engine.telemetry._telemetry import Telemetry
 
 
 class Clock:

@@ -11,11 +11,11 @@ import pytest
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, Settings
-from saga_engine import _kafka as kafka_module
-from saga_engine._cli_support import read_dlq
-from saga_engine._kafka import make_consumer, make_group_consumer
-from saga_engine._trigger_runner import TriggerConsumer
+from saga_engine.cli._support import read_dlq
+from saga_engine.runner._trigger_consumer import TriggerConsumer
 from saga_engine.settings import KafkaSettings
+from saga_engine.transport import _kafka as kafka_module
+from saga_engine.transport._kafka import make_consumer, make_group_consumer
 from saga_engine.triggers import KafkaTrigger
 
 # Above aiokafka's defaults and the factory's 50 MiB floor: a consumer without the

@@ -1,4 +1,4 @@
-"""OffsetCommitter (saga_engine/_kafka.py): background offset commits that never move a
+"""OffsetCommitter (saga_engine/transport/_kafka.py): background offset commits that never move a
 partition back, skip partitions no longer owned, and never hold a stop hostage.
 
 The consumer here is a stand-in that records what it is asked to commit: what is under
@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from saga_engine._kafka import OffsetCommitter
+from saga_engine.transport._kafka import OffsetCommitter
 
 P0 = TopicPartition("inbox", 0)
 P1 = TopicPartition("inbox", 1)

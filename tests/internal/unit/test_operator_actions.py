@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel
 
 from saga_engine import InvalidTransition, RetryPolicy, Saga, SagaContext, SagaStatus
-from saga_engine._runtime import SagaRuntime
+from saga_engine.core._runtime import SagaRuntime
 from saga_engine.testing import SagaTestEnv
 
 

@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 from pydantic import BaseModel
 
 from saga_engine import Engine, RetryPolicy, Saga, SagaContext, SagaStatus, Settings
-from saga_engine._decision import Decision, Reply, Resume, RetryStep, StartSaga
-from saga_engine._definition import SagaDefinition
-from saga_engine._events import Event, SagaParked
-from saga_engine._runtime import SagaRuntime
+from saga_engine.core._decision import Decision, Reply, Resume, RetryStep, StartSaga
+from saga_engine.core._definition import SagaDefinition
+from saga_engine.core._events import Event, SagaParked
+from saga_engine.core._runtime import SagaRuntime
 from saga_engine.testing import SagaTestEnv
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)

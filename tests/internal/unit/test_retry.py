@@ -1,4 +1,4 @@
-"""The back-off of the in-process retry loops (saga_engine/_retry.py)."""
+"""The back-off of the in-process retry loops (saga_engine/kernel/_retry.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from saga_engine._retry import Backoff, jittered
+from saga_engine.kernel._retry import Backoff, jittered
 
 
 def test_delays_double_from_initial_up_to_maximum_at_the_lowest_jitter() -> None:

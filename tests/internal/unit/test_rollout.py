@@ -18,8 +18,8 @@ from saga_engine import (
     UnknownSagaType,
     UnknownSagaVersion,
 )
-from saga_engine._rollout import Rollout, RolloutSpec, RolloutTable, bucket, pick
-from saga_engine._runtime import SagaRuntime
+from saga_engine.core._rollout import Rollout, RolloutSpec, RolloutTable, bucket, pick
+from saga_engine.core._runtime import SagaRuntime
 from saga_engine.replay import export_history, load_history, replay
 from saga_engine.testing import SagaTestEnv
 

@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from saga_engine._errors import InvalidTransition, PermanentError
-from saga_engine._schedule import (
+from saga_engine.core._schedule import (
     CatchUp,
     Overlap,
     Plan,
@@ -23,6 +22,7 @@ from saga_engine._schedule import (
     tick_saga_id,
     trigger_key,
 )
+from saga_engine.kernel._errors import InvalidTransition, PermanentError
 
 T0 = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 GRACE = timedelta(seconds=60)
@@ -277,9 +277,9 @@ def test_fired_plus_skipped_is_every_due_tick(
 
 
 def test_the_fast_start_envelope_is_what_the_validated_one_would_be() -> None:
-    from saga_engine._schedule_store import firing
-    from saga_engine._scheduler import KafkaStarts, start_body
-    from saga_engine._wire import Envelope, StartBody, decode, encode
+    from saga_engine.runner._scheduler import KafkaStarts, start_body
+    from saga_engine.store._schedule_store import firing
+    from saga_engine.transport._wire import Envelope, StartBody, decode, encode
 
     schedule = Schedule(id="s", saga="report", every_s=60, input={"region": "eu", "n": [1, 2]})
     f = firing(schedule, tick_key("s", at(60)), at(60))
@@ -311,7 +311,7 @@ async def test_a_worker_refuses_a_declared_schedule_it_cannot_start(
 ) -> None:
     """Refused before anything is opened or written: the worker's start fails with why."""
     from saga_engine import SagaRegistry, Settings
-    from saga_engine._scheduler import WorkerSchedules
+    from saga_engine.runner._scheduler import WorkerSchedules
     from tests.sagas import PlaceOrder
 
     async def never(firings: object) -> None:

@@ -6,7 +6,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from saga_engine import DefinitionError, Saga, SagaContext
-from saga_engine._definition import SagaDefinition
+from saga_engine.core._definition import SagaDefinition
 
 
 class Order(BaseModel):

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from saga_engine import Settings
-from saga_engine._errors import DependencyUnavailable, KafkaUnavailable
-from saga_engine._instance import InstanceName
-from saga_engine._startup import reaching, start_with_retry
+from saga_engine.kernel._errors import DependencyUnavailable, KafkaUnavailable
+from saga_engine.kernel._instance import InstanceName
 from saga_engine.settings import KafkaSettings, ParticipantSettings, PostgresSettings
+from saga_engine.store._startup import reaching, start_with_retry
 
 
 def kafka(tmp_path: Path, **options: object) -> KafkaSettings:

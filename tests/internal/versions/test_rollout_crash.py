@@ -12,10 +12,10 @@ import asyncpg
 import pytest
 
 from saga_engine import SagaStatus
-from saga_engine._migrations import migrate
-from saga_engine._pgstore import PostgresEventStore
-from saga_engine._rollout import RolloutSpec, bucket
 from saga_engine.client import SagaClient
+from saga_engine.core._rollout import RolloutSpec, bucket
+from saga_engine.store._migrations import migrate
+from saga_engine.store._pgstore import PostgresEventStore
 from tests.integration.kafka_helpers import poll_until
 from tests.internal.e2e.app import PARTICIPANTS
 from tests.internal.e2e.harness import Cluster

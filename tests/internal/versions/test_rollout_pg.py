@@ -22,14 +22,14 @@ import pytest
 from pydantic import BaseModel, SecretStr
 
 from saga_engine import Saga, SagaContext, Settings, Signal
-from saga_engine import _events as events_module
-from saga_engine._events import VERSIONS, SagaCompleted
-from saga_engine._migrations import migrate
-from saga_engine._pgstore import PostgresEventStore
-from saga_engine._rollout import RolloutSpec, bucket
 from saga_engine.admin import create_admin_app
 from saga_engine.client import SagaClient
+from saga_engine.core import _events as events_module
+from saga_engine.core._events import VERSIONS, SagaCompleted
+from saga_engine.core._rollout import RolloutSpec, bucket
 from saga_engine.settings import AdminSettings, EngineSettings, KafkaSettings, PostgresSettings
+from saga_engine.store._migrations import migrate
+from saga_engine.store._pgstore import PostgresEventStore
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
 from tests.integration.kafka_helpers import poll_until

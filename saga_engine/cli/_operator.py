@@ -1,0 +1,316 @@
+"""The operator commands of the ``saga`` CLI: ``list``, ``show``, ``history``, ``signal``,
+``cancel``, ``retry``, ``skip``, ``force-compensate`` and ``resume``. Each goes through an
+engine's admin API (``_cli_admin.AdminApi``), so every action is checked, recorded and
+audited where the API does it; the exit codes are in docs/operations.md."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import orjson
+import typer
+from rich.table import Table
+
+from saga_engine.cli._cli import (
+    AdminUrl,
+    JsonOpt,
+    ReasonOpt,
+    _api,
+    _print_json,
+    _run_sync,
+    app,
+    out,
+)
+from saga_engine.core._status import SagaStatus
+from saga_engine.kernel._errors import CliError
+
+
+def _when(value: Any) -> str:
+    return value.isoformat() if value is not None else ""
+
+
+@app.command("list")
+def list_sagas(
+    status: Annotated[
+        list[SagaStatus] | None,
+        typer.Option("--status", help="Only sagas in this status (repeat for several)."),
+    ] = None,
+    saga_type: Annotated[str | None, typer.Option("--type", help="Only this saga type.")] = None,
+    search: Annotated[
+        str | None, typer.Option("--q", help="A saga id (or its start), or an idempotency key.")
+    ] = None,
+    where: Annotated[
+        list[str] | None,
+        typer.Option("--where", help="A search attribute: name=value (repeat for several)."),
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
+    wide: Annotated[
+        bool, typer.Option("--wide", help="Full ids, and the error of each saga.")
+    ] = False,
+    admin_url: AdminUrl = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List sagas (in id order), filtered, from an engine's admin API."""
+    params = [("limit", str(limit))] + [("status", s.value) for s in status or ()]
+    params += [("type", saga_type)] if saga_type else []
+    params += [("q", search)] if search else []
+    for clause in where or ():
+        name, sep, value = clause.partition("=")
+        if not sep or not name.strip():
+            raise typer.BadParameter("use name=value", param_hint="--where")
+        params.append((name.strip(), value))
+    page = _run_sync(lambda: _api(admin_url).get("/sagas", params))
+    rows = page["items"]
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table(
+        title=f"{len(rows)} saga(s)" + (" (more: raise --limit)" if page.get("next_cursor") else "")
+    )
+    for column in ("id", "type", "version", "status", "step", "next wake-up", "updated"):
+        table.add_column(column, no_wrap=column == "id" and wide, overflow="fold")
+    if wide:
+        table.add_column("error", overflow="fold")
+    for r in rows:
+        error = r.get("error") or {}
+        cells = [
+            r["saga_id"] if wide else _short_id(r["saga_id"]),
+            r["saga_type"],
+            str(r.get("saga_version", 1)),
+            r["status"],
+            r.get("current_step") or "",
+            r.get("next_wakeup") or "",
+            r.get("updated_at") or "",
+        ]
+        if wide:
+            cells.append(f"{error.get('type', '')}: {error.get('message', '')}" if error else "")
+        table.add_row(*cells)
+    out.print(table)
+
+
+def _short_id(saga_id: str) -> str:
+    """Ids are often uuids: the table shows their start (``--wide`` shows all)."""
+    return saga_id if len(saga_id) <= 20 else saga_id[:18] + "…"
+
+
+@app.command()
+def show(
+    saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
+    admin_url: AdminUrl = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a saga: status, what it waits for, commands in flight, owed compensations."""
+    api = _api(admin_url)
+    saga = _run_sync(lambda: api.get(api.saga_path(saga_id)))
+    if as_json:
+        _print_json(saga)
+        return
+    table = Table(title=f"{saga['saga_type']} {saga['saga_id']}", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    error = saga.get("error")
+    parent, trigger = saga.get("parent"), saga.get("trigger")
+    for field, value in (
+        ("status", saga["status"]),
+        ("type", saga["saga_type"]),
+        ("version", str(saga.get("saga_version", 1))),
+        ("current step", saga.get("current_step") or ""),
+        ("error", f"{error['type']}: {error['message']}" if error else ""),
+        ("next wake-up", saga.get("next_wakeup") or ""),
+        ("deadline", saga.get("deadline_at") or ""),
+        ("created", saga["created_at"]),
+        ("updated", saga["updated_at"]),
+        ("events", str(saga["events"])),
+        ("parent", f"{parent['saga_type']} {parent['saga_id']}" if parent else ""),
+        (
+            "trigger",
+            f"{trigger['topic']}[{trigger['partition']}]@{trigger['offset']}" if trigger else "",
+        ),
+    ):
+        if value or field not in ("parent", "trigger"):
+            table.add_row(field, value)
+    out.print(table)
+    kids = saga.get("children") or []
+    if kids:
+        children = Table(title="child sagas")
+        for column in ("step", "type", "id", "status"):
+            children.add_column(column, overflow="fold")
+        for c in kids:
+            children.add_row(
+                c["step"], c["saga_type"], c["saga_id"], c.get("status") or "not started"
+            )
+        out.print(children)
+    waits = saga.get("waiting_for") or []
+    if waits:
+        waiting = Table(title="waiting for")
+        for column in ("kind", "what", "since", "until"):
+            waiting.add_column(column, overflow="fold")
+        for w in waits:
+            waiting.add_row(w["kind"], w["what"], w["since"], w.get("until") or "")
+        out.print(waiting)
+    elif saga["status"] in {s.value for s in SagaStatus if s.is_terminal}:
+        out.print(f"waiting for nothing: it ended {saga['status']}")
+    owed_rows = saga.get("pending_compensations") or []
+    if owed_rows:
+        owed = Table(title="compensations owed (undone newest first)")
+        for column in ("step", "participant", "command", "state", "attempts", "last error"):
+            owed.add_column(column)
+        for p in owed_rows:
+            owed.add_row(
+                p["step"], p["participant"], p["command_type"], p["state"], str(p["attempts"]),
+                p.get("last_error") or "",
+            )  # fmt: skip
+        out.print(owed)
+    else:
+        out.print("no compensations owed")
+
+
+@app.command()
+def history(
+    saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
+    admin_url: AdminUrl = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print a saga's history, one line per event with the gist of its payload (with
+    --json: the export that `saga replay` reads)."""
+    from saga_engine.core._gist import gist
+    from saga_engine.core._replay import load_history
+
+    api = _api(admin_url)
+    exported = _run_sync(lambda: api.get(api.saga_path(saga_id, "history")))
+    if as_json:
+        _print_json(exported)
+        return
+    events = _run_sync(lambda: load_history(exported).events)
+    table = Table(title=f"{exported['saga_type']} {exported['saga_id']}")
+    for column in ("#", "at", "event", "gist"):
+        table.add_column(column, overflow="fold")
+    for seq, event in enumerate(events, start=1):
+        table.add_row(str(seq), event.at.isoformat(), event.kind, gist(event))
+    out.print(table)
+
+
+def _json_object(text: str, what: str) -> dict[str, Any]:
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise CliError(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise CliError(f"{what} must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def _act(
+    admin_url: str | None, saga_id: str, action: str, body: dict[str, Any], as_json: bool
+) -> None:
+    """One operator action; the API's refusal is the error line and the exit code."""
+    api = _api(admin_url)
+    result = _run_sync(lambda: api.post(api.saga_path(saga_id, action), body))
+    if as_json:
+        _print_json(result)
+        return
+    sent = f" (signal id {result['signal_id']})" if result.get("signal_id") else ""
+    out.print(
+        f"{result.get('action', action)} {result.get('saga_id', saga_id)} by "
+        f"{result.get('principal', '?')}{sent}: status {result.get('status', '?')}",
+        highlight=False,
+    )
+
+
+@app.command()
+def signal(
+    saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
+    name: Annotated[str, typer.Argument(help="The signal's name.")],
+    payload: Annotated[
+        str, typer.Option("--payload", help="The signal's payload: a JSON object.")
+    ] = "{}",
+    signal_id: Annotated[
+        str | None,
+        typer.Option("--signal-id", help="Sending the same id twice delivers it once."),
+    ] = None,
+    reason: Annotated[str, typer.Option("--reason", help="Why; recorded in its history.")] = "",
+    admin_url: AdminUrl = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Send a signal to a saga.
+
+    The engine checks it against the signals the saga declares before recording it: an
+    undeclared name or a payload its model refuses is a one-line error naming the field
+    (exit 5), and a saga that has ended refuses it (exit 4); the saga is untouched."""
+    body: dict[str, Any] = {
+        "name": name,
+        "payload": _run_sync(lambda: _json_object(payload, "--payload")),
+        "reason": reason,
+    }
+    if signal_id is not None:
+        body["signal_id"] = signal_id
+    _act(admin_url, saga_id, "signal", body, as_json)
+
+
+@app.command()
+def cancel(
+    saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
+    reason: ReasonOpt,
+    admin_url: AdminUrl = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Cancel a running saga: it undoes the steps it applied, newest first."""
+    _act(admin_url, saga_id, "cancel", {"reason": reason}, as_json)
+
+
+@app.command()
+def retry(
+    saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
+    step: Annotated[str, typer.Argument(help="The step to retry now.")],
+    reason: ReasonOpt,
+    admin_url: AdminUrl = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Retry a step now (one waiting out its back-off, one whose reply is held, or a
+    stuck compensation)."""
+    _act(admin_url, saga_id, "retry", {"step": step, "reason": reason}, as_json)
+
+
+@app.command()
+def skip(
+    saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
+    step: Annotated[str, typer.Argument(help="The step to skip.")],
+    reason: ReasonOpt,
+    result: Annotated[
+        str | None,
+        typer.Option(
+            "--result",
+            help="The step's result (a JSON object): needed for a step waiting for its "
+            "reply, not for a stuck compensation (you undid it by hand).",
+        ),
+    ] = None,
+    admin_url: AdminUrl = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Skip a step with a supplied result, or mark a stuck compensation as done."""
+    body: dict[str, Any] = {"step": step, "reason": reason}
+    if result is not None:
+        body["result"] = _run_sync(lambda: _json_object(result, "--result"))
+    _act(admin_url, saga_id, "skip", body, as_json)
+
+
+@app.command("force-compensate")
+def force_compensate(
+    saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
+    reason: ReasonOpt,
+    admin_url: AdminUrl = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Make a running saga undo what it did so far."""
+    _act(admin_url, saga_id, "force-compensate", {"reason": reason}, as_json)
+
+
+@app.command()
+def resume(
+    saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
+    reason: ReasonOpt,
+    admin_url: AdminUrl = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Resume a parked saga (stuck compensation, or nondeterministic)."""
+    _act(admin_url, saga_id, "resume", {"reason": reason}, as_json)

@@ -1,0 +1,22 @@
+"""Start, signal and cancel sagas from any process, through the saga inbox on Kafka.
+
+::
+
+    async with SagaClient(settings) as client:
+        saga_id = await client.start("checkout", {"customer": "c-1"}, idempotency_key="order-42")
+        await client.signal(saga_id, "approval", {"approved": True})
+
+Starting twice with the same idempotency key yields the same saga id, and the engine
+that owns it starts it once.
+
+What the client can check, it checks before sending, and raises InvalidPayload (or
+UnstorableValue) naming the wrong field: a start's input when given the saga class, and
+a signal's payload when given the declared ``Signal`` (``PlaceOrder.approval``) or the
+saga class. What it cannot know (a signal named only by a string) the engine checks: a
+bad one is dead-lettered (``invalid_signal``) and the saga is untouched. Use the admin
+API (or ``saga signal``) to get the engine's answer back synchronously.
+"""
+
+from saga_engine.client._client import SagaClient
+
+__all__ = ["SagaClient"]

@@ -1,0 +1,300 @@
+"""The code behind :mod:`saga_engine.client`, whose docstring says what it is for."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta
+from typing import Any, TypeVar, overload
+
+from pydantic import BaseModel
+
+from saga_engine.core._codec import CodecChain, PayloadCodec, codec_from_settings
+from saga_engine.core._decision import saga_id_for
+from saga_engine.core._definition import Saga, SagaDefinition, Signal
+from saga_engine.core._status import SagaStatus
+from saga_engine.kernel._serde import JsonDict, check_storable
+from saga_engine.kernel._settings import Settings
+from saga_engine.store._store import EventStore, SagaRecord
+from saga_engine.telemetry._telemetry import carrier_of_context
+from saga_engine.transport._kafka import ensure_topics, make_producer, send
+from saga_engine.transport._topics import Topics
+from saga_engine.transport._wire import CancelBody, Envelope, MessageType, SignalBody, StartBody
+
+__all__ = ["SagaClient"]
+
+OutT = TypeVar("OutT", bound=BaseModel)
+
+
+def _payload(value: BaseModel | dict[str, Any] | None) -> dict[str, Any]:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return dict(value or {})
+
+
+class SagaClient:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        source: str = "/saga-client",
+        producer: Any = None,
+        store: EventStore | None = None,
+        codec: PayloadCodec | CodecChain | None = None,
+    ) -> None:
+        """``producer``: an already started aiokafka producer to share (it stays the
+        caller's to stop); without it the client starts its own. ``store``: the event
+        store :meth:`result` reads (the caller's to close); without it the client
+        connects to ``settings.pg`` the first time it needs one. ``codec``: seals what
+        it sends and opens what it reads; by default the one ``settings.codec`` describes."""
+        self.settings = settings
+        self.codec = (
+            CodecChain.of(codec) if codec is not None else codec_from_settings(settings.codec)
+        )
+        self.topics = Topics.of(settings.kafka)
+        self._source = source
+        self._producer: Any = producer
+        self._owns_producer = producer is None
+        self._store: EventStore | None = store
+        self._owns_store = store is None
+
+    async def start_client(self) -> None:
+        await ensure_topics(self.settings.kafka, [self.topics.inbox, self.topics.dlq])
+        if self._owns_producer:
+            self._producer = make_producer(self.settings.kafka)
+            await self._producer.start()
+
+    async def close(self) -> None:
+        if self._producer is not None and self._owns_producer:
+            await self._producer.stop()
+        self._producer = None
+        if self._store is not None and self._owns_store:
+            await self._store.close()
+        self._store = None
+
+    async def __aenter__(self) -> SagaClient:
+        await self.start_client()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _send(self, envelope: Envelope) -> None:
+        if self._producer is None:
+            raise RuntimeError("SagaClient is not started: use `async with SagaClient(...)`")
+        await send(self._producer, self.topics.inbox, envelope, self.codec)
+
+    async def start(
+        self,
+        saga: str | type[Saga[Any, Any]],
+        input: BaseModel | dict[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        saga_id: str | None = None,
+        deadline: timedelta | None = None,
+        traceparent: str = "",
+        priority: int = 0,
+        fairness_key: str | None = None,
+    ) -> str:
+        """Asks the engines to start a saga; returns its id (derived from the key if given).
+
+        The saga joins the trace of ``traceparent``, or else of the current span.
+        ``priority`` (higher first) and ``fairness_key`` (a tenant: keys take turns)
+        order its commands while a flow-control limit holds them back."""
+        tracestate = ""
+        if not traceparent:
+            current = carrier_of_context()
+            traceparent = current.get("traceparent", "")
+            tracestate = current.get("tracestate", "")
+        # The fields the caller set (the engine fills in the defaults once): a retry
+        # that rebuilds the model with a fresh default_factory value is the same request.
+        payload = (
+            input.model_dump(mode="json", by_alias=True, exclude_unset=True)
+            if isinstance(input, BaseModel)
+            else dict(input)
+        )
+        if isinstance(saga, str):
+            saga_type = saga
+            check_storable(payload, f"input of saga {saga!r}")
+        else:
+            definition = SagaDefinition.of(saga)
+            saga_type = definition.name
+            definition.validate_input(payload)
+        if idempotency_key is not None:
+            check_storable(idempotency_key, "the idempotency key")
+        if saga_id is None:
+            saga_id = (
+                saga_id_for(saga_type, idempotency_key) if idempotency_key else str(uuid.uuid4())
+            )
+        body = StartBody(
+            input=payload,
+            idempotency_key=idempotency_key,
+            deadline_s=deadline.total_seconds() if deadline else None,
+            priority=priority,
+            fairness_key=fairness_key,
+        )
+        await self._send(
+            Envelope(
+                message_type=MessageType.START,
+                source=self._source,
+                subject=saga_type,
+                saga_id=saga_id,
+                saga_type=saga_type,
+                correlation_id=saga_id,
+                traceparent=traceparent,
+                tracestate=tracestate,
+                # The flow-control fields only when set: an engine that predates them
+                # (its body model allows no other field) still takes every other start.
+                body=body.model_dump(mode="json", exclude=_unset_flow(priority, fairness_key)),
+            )
+        )
+        return saga_id
+
+    async def signal(
+        self,
+        saga_id: str,
+        signal: Signal[Any] | str,
+        payload: BaseModel | dict[str, Any] | None = None,
+        *,
+        saga: type[Saga[Any, Any]] | None = None,
+        signal_id: str | None = None,
+        principal: str = "system",
+        reason: str = "",
+    ) -> str:
+        """Sends a signal; the same ``signal_id`` twice is delivered once. ``principal``
+        and ``reason`` are recorded with it in the saga's history.
+
+        ``signal`` is the saga's declared ``Signal`` (``PlaceOrder.approval``): the payload
+        is checked against its model before it is sent. A name works too; with ``saga=``
+        it is checked against that saga's declarations, without it only by the engine.
+        """
+        data = _payload(payload)
+        if isinstance(signal, str) and saga is not None:
+            signal = SagaDefinition.of(saga).signal(signal)
+        if isinstance(signal, Signal):
+            name = signal.name
+            signal.validate(data, "payload")  # the storable check included
+        else:
+            name = signal
+            check_storable(data, f"signal {name!r}", "payload")
+        check_storable({"name": name, "reason": reason, "principal": principal}, f"signal {name!r}")
+        sid = signal_id or str(uuid.uuid4())
+        body = SignalBody(
+            name=name,
+            signal_id=sid,
+            payload=data,
+            principal=principal,
+            reason=reason,
+        )
+        await self._send(
+            Envelope(
+                message_type=MessageType.SIGNAL,
+                source=self._source,
+                subject=name,
+                saga_id=saga_id,
+                correlation_id=saga_id,
+                # Optional fields only when set: an engine older than them still reads it.
+                body=body.model_dump(mode="json", exclude_defaults=True),
+            )
+        )
+        return sid
+
+    async def cancel(self, saga_id: str, reason: str, *, principal: str = "system") -> None:
+        body = CancelBody(reason=reason, principal=principal)
+        await self._send(
+            Envelope(
+                message_type=MessageType.CANCEL,
+                source=self._source,
+                saga_id=saga_id,
+                correlation_id=saga_id,
+                body=body.model_dump(mode="json"),
+            )
+        )
+
+    # ------------------------------------------------------------------ results
+
+    @overload
+    async def result(
+        self,
+        saga_id: str,
+        *,
+        timeout: float | timedelta | None = None,  # noqa: ASYNC109
+        saga: None = None,
+    ) -> JsonDict: ...
+
+    @overload
+    async def result(
+        self,
+        saga_id: str,
+        *,
+        timeout: float | timedelta | None = None,  # noqa: ASYNC109
+        saga: type[Saga[Any, OutT]],
+    ) -> OutT: ...
+
+    async def result(
+        self,
+        saga_id: str,
+        *,
+        # A timeout argument, not asyncio.timeout around the call: the wait polls the
+        # store, and the timeout is part of its answer (ResultTimeout with the status).
+        timeout: float | timedelta | None = None,  # noqa: ASYNC109
+        saga: type[Saga[Any, Any]] | None = None,
+    ) -> Any:
+        """Waits for the saga to end and returns its output: the output model's instance
+        when ``saga`` (its class) is given, else its JSON.
+
+        Raises :class:`SagaUnsuccessful` when it ended failed, compensated or cancelled
+        (``status`` and the recorded ``error`` on it), and :class:`ResultTimeout` when
+        ``timeout`` (seconds or a timedelta; None waits for ever) passes first, including
+        while a start sent a moment ago has not reached its engine yet.
+
+        It reads the saga's record in Postgres (the settings' ``pg``), polling with
+        back-off from 20 ms to 1 s: any process with the database's address can wait,
+        not only the engine that owns the saga.
+        """
+        from saga_engine.core._events import SagaCompleted
+        from saga_engine.kernel._errors import ResultTimeout, SagaNotFound, SagaUnsuccessful
+        from saga_engine.kernel._retry import Backoff
+
+        store = await self._result_store()
+        limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        loop = asyncio.get_running_loop()
+        deadline = None if limit is None else loop.time() + limit
+        backoff = Backoff(0.02, 1.0)
+        while True:
+            try:
+                record: SagaRecord | None = await store.get(saga_id)
+            except SagaNotFound:
+                record = None  # its start may still be on its way
+            if record is not None and record.status.is_terminal:
+                break
+            delay = backoff.next_delay()
+            if deadline is not None:
+                left = deadline - loop.time()
+                if left <= 0:
+                    status = record.status.value if record is not None else None
+                    raise ResultTimeout(saga_id, limit or 0.0, status)
+                delay = min(delay, left)
+            await asyncio.sleep(delay)
+        if record.status != SagaStatus.COMPLETED:
+            raise SagaUnsuccessful(saga_id, record.status.value, record.error)
+        loaded = await store.load(saga_id)
+        ended = loaded.events[-1].event
+        output = ended.output if isinstance(ended, SagaCompleted) else {}
+        if saga is None:
+            return output
+        return SagaDefinition.of(saga).output_type.model_validate(output)
+
+    async def _result_store(self) -> EventStore:
+        if self._store is None:
+            from saga_engine.store._pgstore import PostgresEventStore
+
+            # A small pool: a client waits on results, it does not drive sagas.
+            pg = self.settings.pg.model_copy(update={"pool_min_size": 1, "pool_max_size": 2})
+            self._store = await PostgresEventStore.connect(pg, codec=self.codec)
+        return self._store
+
+
+def _unset_flow(priority: int, fairness_key: str | None) -> set[str]:
+    unset = set() if priority else {"priority"}
+    return unset if fairness_key is not None else unset | {"fairness_key"}

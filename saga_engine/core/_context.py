@@ -1,0 +1,332 @@
+"""``SagaContext``: the only door from a saga's code to the outside world.
+
+Every method records what it does in the saga's history (or, on replay, is answered
+from it). The implementation lives in the runtime; this class is the documented API.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from saga_engine.core._definition import Saga, Signal
+from saga_engine.core._operations import DEFAULT_CHILD_POLL
+from saga_engine.core._policy import RetryPolicy
+from saga_engine.kernel._serde import JsonDict
+
+if TYPE_CHECKING:
+    from saga_engine.core._runtime import SagaRuntime
+
+M = TypeVar("M", bound=BaseModel)
+O = TypeVar("O", bound=BaseModel)  # noqa: E741
+T = TypeVar("T")
+
+Duration = timedelta | float | int
+
+#: Steps addressed to "http:<endpoint>" are HTTP calls made by the engine itself.
+HTTP_PREFIX = "http:"
+
+
+class HttpRequest(BaseModel):
+    """An HTTP call made by the engine for an HTTP step (or its compensation)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    method: str = "POST"
+    path: str = Field(pattern=r"^/")
+    body: JsonDict | None = None
+
+
+def as_timedelta(value: Duration | None, what: str) -> timedelta | None:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        result = value
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        result = timedelta(seconds=value)
+    else:
+        raise TypeError(f"{what} must be a timedelta or a number of seconds, got {value!r}")
+    if result <= timedelta(0):
+        raise ValueError(f"{what} must be positive, got {result}")
+    return result
+
+
+class SagaContext:
+    """Passed to ``Saga.run``. Use it for steps, timers, signals and anything random."""
+
+    __slots__ = ("_rt",)
+
+    def __init__(self, runtime: SagaRuntime) -> None:
+        self._rt = runtime
+
+    def detach(self) -> None:
+        """The saga's runtime closed: the context no longer holds it (no cycle)."""
+        if hasattr(self, "_rt"):
+            del self._rt
+
+    @property
+    def saga_id(self) -> str:
+        return self._rt.saga_id
+
+    @overload
+    async def step(
+        self,
+        name: str,
+        *,
+        to: str,
+        command: BaseModel,
+        returns: type[M],
+        compensate: BaseModel | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: Duration | None = None,
+        compensate_retry: RetryPolicy | None = None,
+    ) -> M: ...
+
+    @overload
+    async def step(
+        self,
+        name: str,
+        *,
+        to: str,
+        command: BaseModel,
+        returns: None = None,
+        compensate: BaseModel | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: Duration | None = None,
+        compensate_retry: RetryPolicy | None = None,
+    ) -> JsonDict: ...
+
+    async def step(
+        self,
+        name: str,
+        *,
+        to: str,
+        command: BaseModel,
+        returns: type[M] | None = None,
+        compensate: BaseModel | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: Duration | None = None,
+        compensate_retry: RetryPolicy | None = None,
+    ) -> M | JsonDict:
+        """Sends ``command`` to participant ``to`` and waits for its reply.
+
+        - ``name`` identifies the step within this saga run; it must be unique
+          (use ``f"charge-{i}"`` in loops).
+        - ``compensate`` is sent to the same participant, in reverse order with the
+          other compensations, if the saga fails or is cancelled after this step was
+          applied (or when its outcome is unknown because every attempt timed out).
+        - ``retry`` governs re-sends after a per-attempt ``timeout`` (same command id,
+          so the participant deduplicates) and after a retryable error reply.
+        - ``returns`` parses the reply payload into a model; without it you get a dict.
+          A success reply that does not match it is not accepted: it is kept in the
+          history, the step waits, and the saga parks as ``step_stuck`` until an
+          operator retries the step (after a fix) or skips it with a valid result. The
+          engine never compensates because of a malformed reply.
+
+        Raises ``StepFailed`` when the participant refuses, and ``StepTimedOut`` when
+        every attempt timed out.
+        """
+        payload = await self._rt.op_step(
+            name,
+            to=to,
+            command=command,
+            compensate=compensate,
+            retry=retry,
+            timeout=as_timedelta(timeout, "timeout"),
+            compensate_retry=compensate_retry,
+            returns=returns,
+        )
+        if returns is None:
+            return payload
+        return self._rt.parse(returns, payload, f"the reply of step {name!r}", step=name)
+
+    async def child(
+        self,
+        saga: type[Saga[Any, O]],
+        input: BaseModel | JsonDict,
+        *,
+        id: str | None = None,
+        poll: Duration | None = DEFAULT_CHILD_POLL,
+        retry: RetryPolicy | None = None,
+    ) -> O:
+        """Starts ``saga`` as a child of this saga and waits for its output.
+
+        - The child's id derives from this saga's id and ``id`` (default: the child
+          saga's name; give one per call when starting the same type twice), so a
+          replay or a re-send never starts a second child. It may run on any engine.
+        - The child's end answers the step: its output when it completed; when it
+          failed, was compensated or cancelled, ``StepFailed`` is raised here, as for a
+          refused step (the child undid itself, so nothing is owed).
+        - When this saga compensates or is cancelled later, the child is undone, in this
+          saga's last-in-first-out order, as one step: a completed child compensates its
+          applied steps (it ends ``compensated``), a running one is cancelled.
+        - ``poll``: while waiting, the child is asked again this often (its start is
+          re-sent under the same command id; an ended child answers with its end). The
+          child also re-sends its end itself whenever it is loaded and after a send the
+          broker refused, so the poll is a backstop. ``None``: asked again only when
+          this saga is loaded. ``retry`` bounds how many times (default 10,000).
+        """
+        payload = await self._rt.op_child(
+            saga, input, key=id, poll=as_timedelta(poll, "poll"), retry=retry
+        )
+        output: O = self._rt.parse(
+            saga.output_type, payload, f"the output of child saga {saga.name!r}"
+        )  # type: ignore[assignment]
+        return output
+
+    @overload
+    async def http_step(
+        self,
+        name: str,
+        *,
+        endpoint: str,
+        path: str,
+        returns: type[M],
+        method: str = "POST",
+        json: JsonDict | None = None,
+        compensate: HttpRequest | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: Duration | None = None,
+    ) -> M: ...
+
+    @overload
+    async def http_step(
+        self,
+        name: str,
+        *,
+        endpoint: str,
+        path: str,
+        returns: None = None,
+        method: str = "POST",
+        json: JsonDict | None = None,
+        compensate: HttpRequest | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: Duration | None = None,
+    ) -> JsonDict: ...
+
+    async def http_step(
+        self,
+        name: str,
+        *,
+        endpoint: str,
+        path: str,
+        returns: type[M] | None = None,
+        method: str = "POST",
+        json: JsonDict | None = None,
+        compensate: HttpRequest | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: Duration | None = None,
+    ) -> M | JsonDict:
+        """A step that calls an HTTP service instead of sending a Kafka command.
+
+        The engine calls ``{base URL of endpoint}{path}`` (base URLs come from settings,
+        ``SAGA_HTTP__ENDPOINTS``) with an ``Idempotency-Key`` header equal to the step's
+        command id — the same on every re-send — so the service can deduplicate. 2xx
+        is success (the JSON body is the result); another 4xx fails the step
+        (``StepFailed``); connection errors, 408, 429 and 5xx are retried with the same
+        key until the attempt's ``timeout`` (default 30 s), then re-sent per ``retry``.
+        It is recorded in the history like any step.
+        """
+        request = HttpRequest(method=method.upper(), path=path, body=json)
+        payload = await self._rt.op_step(
+            name,
+            to=f"{HTTP_PREFIX}{endpoint}",
+            command=request,
+            compensate=compensate,
+            retry=retry,
+            timeout=as_timedelta(timeout, "timeout") or timedelta(seconds=30),
+            compensate_retry=None,
+            returns=returns,
+        )
+        if returns is None:
+            return payload
+        return self._rt.parse(returns, payload, f"the response of step {name!r}", step=name)
+
+    async def sleep(self, duration: Duration) -> None:
+        """A durable timer: survives crashes and restarts."""
+        delta = as_timedelta(duration, "sleep duration")
+        assert delta is not None
+        await self._rt.op_sleep(delta)
+
+    @overload
+    async def wait_signal(self, signal: Signal[M], *, timeout: Duration | None = None) -> M: ...
+
+    @overload
+    async def wait_signal(
+        self, signal: str, model: type[M], *, timeout: Duration | None = None
+    ) -> M: ...
+
+    @overload
+    async def wait_signal(
+        self, signal: str, model: None = None, *, timeout: Duration | None = None
+    ) -> JsonDict: ...
+
+    async def wait_signal(
+        self,
+        signal: Signal[M] | str,
+        model: type[M] | None = None,
+        *,
+        timeout: Duration | None = None,
+    ) -> M | JsonDict:
+        """Waits for a signal the saga declares (or takes one that already arrived).
+
+        Pass the declared ``Signal`` (``self.approval``) to get its model back; a name
+        with its model works too, and a name alone gives the payload as a dict. A signal
+        the class does not declare raises DefinitionError: the engine refuses undeclared
+        signals, so it could never arrive.
+
+        Raises ``SignalTimeout`` when ``timeout`` passes first.
+        """
+        declared = self._rt.declared_signal(signal, model)
+        payload = await self._rt.op_wait_signal(
+            declared.name, as_timedelta(timeout, "signal timeout")
+        )
+        if model is None and isinstance(signal, str):
+            return payload
+        parsed: M = self._rt.parse(declared.model, payload, f"signal {declared.name!r}")
+        return parsed
+
+    async def side_effect(self, fn: Callable[[], T]) -> T:
+        """Runs a local, non-deterministic computation once and records its result.
+
+        On replay the recorded value is returned and ``fn`` is not called. The value
+        must be JSON-serializable (or a pydantic model, returned as a dict on replay).
+        """
+        return await self._rt.op_side_effect(fn)
+
+    def now(self) -> datetime:
+        """The saga's deterministic time: when the event being handled happened."""
+        return self._rt.now
+
+    def uuid(self) -> uuid.UUID:
+        """A UUID that is the same on every replay."""
+        return self._rt.deterministic_uuid()
+
+    def random(self) -> float:
+        """A float in [0, 1) that is the same on every replay."""
+        return self._rt.deterministic_random()
+
+    def patched(self, patch_id: str) -> bool:
+        """Versioning: True for runs that reach this point with the new code.
+
+        Histories recorded before the patch replay with False, so old sagas keep
+        their old behaviour and new ones take the new path.
+        """
+        return self._rt.op_patched(patch_id)
+
+    def is_replaying(self) -> bool:
+        """True while the code is being re-run against recorded history (e.g. skip logs)."""
+        return self._rt.replaying
+
+    def __repr__(self) -> str:
+        return f"SagaContext(saga_id={self.saga_id!r})"
+
+
+def ensure_model(value: Any, model: type[M]) -> M:
+    if isinstance(value, model):
+        return value
+    return model.model_validate(value)

@@ -1,0 +1,193 @@
+"""A deterministic event loop that a saga's code runs on.
+
+The saga's ``run`` coroutine (and the engine's lifecycle code around it) does not run
+on the engine's asyncio loop. It runs on this private loop, which the runtime steps
+by hand: callbacks run strictly in the order they were scheduled, and only when the
+runtime calls :meth:`run_until_quiescent`. There are no clocks and no I/O here, so
+the same inputs in the same order always produce the same operations in the same
+order. That is what makes replay exact, and ``asyncio.gather`` safe to use.
+
+Anything that would need a real clock (``asyncio.sleep(n)``, ``asyncio.wait_for``,
+``asyncio.timeout``) fails loudly: durable time goes through ``ctx.sleep`` and step
+timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import contextvars
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, TypeVar, TypeVarTuple, Unpack
+
+from saga_engine.kernel._errors import DefinitionError
+
+_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
+
+_NO_CLOCK = (
+    "saga code cannot use the asyncio clock (asyncio.sleep with a delay, wait_for, timeout): "
+    "it would not survive a crash or replay; use `await ctx.sleep(...)` or a step timeout"
+)
+
+
+class DeterministicLoop(asyncio.AbstractEventLoop):
+    def __init__(self) -> None:
+        #: Callbacks to run, in order. None while there are none: an engine holds a loop
+        #: per saga in memory, and an empty deque is half a kilobyte.
+        self._ready: collections.deque[asyncio.Handle] | None = None
+        self._closed = False
+        self.tasks: list[asyncio.Task[Any]] = []
+        self.errors: list[dict[str, Any]] = []
+
+    # -- what Futures and Tasks need -------------------------------------------------
+
+    def call_soon(
+        self,
+        callback: Callable[[Unpack[_Ts]], object],
+        *args: *_Ts,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Handle:
+        handle = asyncio.Handle(callback, args, self, context=context)
+        if self._ready is None:
+            self._ready = collections.deque()
+        self._ready.append(handle)
+        return handle
+
+    def call_soon_threadsafe(
+        self,
+        callback: Callable[[Unpack[_Ts]], object],
+        *args: *_Ts,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Handle:
+        return self.call_soon(callback, *args, context=context)
+
+    def create_future(self) -> asyncio.Future[Any]:
+        return asyncio.Future(loop=self)
+
+    def create_task(
+        self,
+        coro: Coroutine[Any, Any, _T] | Generator[Any, None, _T],
+        *,
+        name: str | None = None,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Task[_T]:
+        task: asyncio.Task[_T] = asyncio.Task(coro, loop=self, name=name, context=context)
+        # Out of asyncio's registry of all tasks (a weak set, ~0.3 KB a task): a saga's
+        # tasks run on this loop only, and asyncio.all_tasks() asks about running loops.
+        asyncio.tasks._unregister_task(task)
+        self.tasks.append(task)
+        return task
+
+    def get_debug(self) -> bool:
+        return False
+
+    def is_running(self) -> bool:
+        return True
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        self._closed = True
+        self._ready = None
+
+    def call_exception_handler(self, context: dict[str, Any]) -> None:
+        # Unretrieved task exceptions and the like: keep them for diagnostics.
+        self.errors.append(context)
+
+    def default_exception_handler(self, context: dict[str, Any]) -> None:
+        self.errors.append(context)
+
+    # -- no clock ----------------------------------------------------------------------
+
+    def time(self) -> float:
+        raise DefinitionError(_NO_CLOCK)
+
+    def call_later(
+        self,
+        delay: float,
+        callback: Callable[[Unpack[_Ts]], object],
+        *args: *_Ts,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.TimerHandle:
+        raise DefinitionError(_NO_CLOCK)
+
+    def call_at(
+        self,
+        when: float,
+        callback: Callable[[Unpack[_Ts]], object],
+        *args: *_Ts,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.TimerHandle:
+        raise DefinitionError(_NO_CLOCK)
+
+    # -- stepping ----------------------------------------------------------------------
+
+    def run_until_quiescent(self, should_stop: Callable[[], bool] = lambda: False) -> None:
+        """Runs ready callbacks, in order, until none is left (or ``should_stop``).
+
+        Called from inside the engine's own loop, so the engine's running loop is put
+        aside for the duration and restored afterwards.
+        """
+        outer = asyncio._get_running_loop()
+        asyncio._set_running_loop(self)
+        try:
+            while self._ready and not should_stop():
+                handle = self._ready.popleft()
+                if not self._ready:
+                    self._ready = None  # empty: drop the deque (see __init__)
+                if not handle.cancelled():
+                    handle._run()
+        finally:
+            asyncio._set_running_loop(outer)
+
+    def discard(self) -> None:
+        """Drops the saga's coroutines and everything pending, quietly, and leaves no
+        reference cycle behind (a task waiting on another is in one: the awaited task's
+        done-callback holds the waiter), which only a full garbage collection would free.
+
+        Each coroutine is closed first (its finally blocks run, but any operation they
+        attempt fails: nothing is recorded or sent); then every task is cancelled and its
+        remaining steps run, which only throw into the closed coroutines: each task ends,
+        cancelled, and lets go of what it waited on."""
+        tasks = list(self.tasks)
+        for task in tasks:
+            coro = task.get_coro()
+            if not task.done() and coro is not None and hasattr(coro, "close"):
+                try:
+                    coro.close()
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException:
+                    # Closing runs the saga's finally blocks; one that awaits a ctx
+                    # operation gets CancelledError (the saga is being dropped). Whatever
+                    # they raise, the saga is gone: it must not stop whoever dropped it.
+                    pass
+            # A task that still ends pending would report "Task was destroyed but it is
+            # pending!" to this loop at finalisation, which would keep both alive.
+            task._log_destroy_pending = False  # type: ignore[attr-defined]
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+        # Bounded: each task ends within a few steps once its coroutine is closed.
+        steps = 0
+        outer = asyncio._get_running_loop()
+        asyncio._set_running_loop(self)
+        try:
+            while self._ready and steps < 64 * (len(tasks) + 1):
+                handle = self._ready.popleft()
+                steps += 1
+                if not handle.cancelled():
+                    with contextlib.suppress(BaseException):
+                        handle._run()
+        finally:
+            asyncio._set_running_loop(outer)
+        for task in tasks:
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: its finaliser has nothing to report
+        self._ready = None
+        self.tasks.clear()
+        self.errors.clear()
+        self._closed = True

@@ -1,0 +1,72 @@
+"""A start's pieces that take no I/O: what it asks for (``PreparedStart``), and whether a
+repeated start asks for the same saga."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import NamedTuple
+
+from saga_engine.core._decision import StartSaga
+from saga_engine.core._definition import SagaDefinition, SagaRegistry
+from saga_engine.core._events import Event, ParentLink, SagaStarted, TriggerOrigin
+from saga_engine.kernel._errors import IdempotencyConflict, InvalidTransition
+from saga_engine.kernel._serde import JsonDict
+
+
+def check_same_start(
+    definition: SagaDefinition,
+    started: Event,
+    payload: JsonDict,
+    saga_id: str,
+    idempotency_key: str | None,
+    registry: SagaRegistry | None = None,
+) -> None:
+    """A repeated start is the same saga only if it asks for the same thing: reusing a
+    key with another input is refused (IdempotencyConflict), as payment APIs do. It is
+    compared as the version the saga started on reads it (``registry``), not the version
+    today's rollout would pick: a repeat after a rollout change is the same request."""
+    if not isinstance(started, SagaStarted):
+        raise InvalidTransition(f"saga {saga_id} has no saga_started event")
+    if started.saga_type != definition.name:
+        raise InvalidTransition(
+            f"saga id {saga_id} already belongs to a {started.saga_type!r} saga"
+        )
+    if registry is not None and started.saga_version != definition.version:
+        definition = registry.for_history(started.saga_type, [started])
+    if not definition.same_request(started.input, started.request_hash, payload):
+        raise IdempotencyConflict(saga_id, idempotency_key)
+
+
+class PreparedStart(NamedTuple):
+    definition: SagaDefinition
+    payload: JsonDict
+    saga_id: str
+    now: datetime
+    deadline_at: datetime | None
+    idempotency_key: str | None
+    trace_context: dict[str, str]
+    #: The saga that started this one with ``ctx.child`` (its end answers that parent).
+    parent: ParentLink | None = None
+    #: The trigger record it was started from.
+    trigger: TriggerOrigin | None = None
+    #: Flow control: a higher priority is sent first when a limit holds commands back;
+    #: the fairness key (a tenant) takes turns with the others.
+    priority: int = 0
+    fairness_key: str | None = None
+
+
+def start_input(start: PreparedStart) -> StartSaga:
+    """The runtime's start input for a prepared start."""
+    return StartSaga(
+        saga_id=start.saga_id,
+        saga_type=start.definition.name,
+        input=start.payload,
+        at=start.now,
+        idempotency_key=start.idempotency_key,
+        deadline_at=start.deadline_at,
+        trace_context=start.trace_context,
+        parent=start.parent,
+        trigger=start.trigger,
+        priority=start.priority,
+        fairness_key=start.fairness_key,
+    )

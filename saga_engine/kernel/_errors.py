@@ -1,0 +1,548 @@
+"""The whole error tree. The class tells the caller how to react::
+
+    SagaError                      every error saga-engine raises
+    ├── TransientError             retry later: nothing is wrong with the request
+    │   ├── ConcurrencyError       another writer appended first (reload, then retry)
+    │   ├── StoreUnavailable       Postgres unreachable, or the connection broke
+    │   ├── KafkaUnavailable       the broker unreachable, or did not acknowledge
+    │   ├── DependencyUnavailable  start-up gave up waiting for Kafka or Postgres
+    │   ├── MigrationBusy          a migration's tables were locked; run it again
+    │   └── ResultTimeout          SagaClient.result waited its timeout
+    ├── StepFailed                 a step did not succeed: the saga compensates
+    │   └── StepTimedOut           (unless its code catches it)
+    ├── SignalTimeout              ctx.wait_signal's timeout passed: the same
+    ├── Rejected                   a participant's handler refuses a command
+    ├── Retryable                  a participant's handler says "not now"
+    ├── NewerVersionError          written by a newer engine: leave it for one
+    │   ├── NewerEventError        an event kind or version this engine cannot read
+    │   └── UnknownSagaVersion     a saga version this engine does not have
+    └── PermanentError             retrying will not help: fix the code, input or call
+        ├── DefinitionError            a saga class cannot work
+        ├── NondeterminismError        the code no longer replays the history
+        ├── UnknownSagaType            no saga of that name is deployed
+        ├── SagaNotFound               no saga has that id
+        ├── InvalidTransition          the action does not apply to the saga's state
+        ├── NotParent                  a child's message that does not match its link
+        ├── InvalidSagaId              an id that cannot be stored
+        ├── SerializationError         a value that cannot be (de)serialised
+        │   └── InvalidPayload         a payload its model refuses (names each field)
+        │       └── UnstorableValue    a value Postgres cannot store
+        ├── IdempotencyConflict        a key reused with a different input
+        ├── PayloadTooLarge            over the configured size limit
+        ├── CodecError                 an encoded payload this process cannot decode
+        │                              (unknown key id, failed tag, no codec
+        │                              configured) or a codec that cannot work
+        ├── SagaUnsuccessful           SagaClient.result: it ended failed, compensated
+        │                              or cancelled
+        ├── PoisonMessage              a message that can never be processed (DLQ)
+        ├── MigrationError             the schema cannot be migrated
+        ├── UnknownEndpoint            an ``http:`` step's endpoint is not configured
+        ├── InvalidCursor              a list cursor the admin API did not hand out
+        ├── ScheduleNotFound           no schedule has that id
+        ├── ScheduleConflict           a schedule id taken by another definition
+        ├── AdminConfigError           admin settings that cannot work
+        │   └── InsecureAdminBinding   beyond loopback without tokens
+        └── CliError                   a command line error, one line on stderr
+            └── AdminCallError         the admin API refused (exit code by status)
+
+Every error class lives here, so one look tells how to react to any of them. The
+modules that raise them import them from here (and re-export them where they were
+public before). What is not here is control flow that never leaves its module: ``Halt``
+unwinding saga code, a participant's batch split or stop, a request body cut off inside
+the admin server (``tests/internal/unit/test_errors.py`` keeps the list).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from enum import StrEnum
+from typing import Any
+
+
+class SagaError(Exception):
+    """Root of every error saga-engine raises."""
+
+
+# --------------------------------------------------------------------------- retry
+
+
+class TransientError(SagaError):
+    """Retry later: the system is busy, unreachable or lost a race."""
+
+
+class ResultTimeout(TransientError):
+    """``SagaClient.result`` waited its timeout and the saga has not ended (or, its start
+    still on its way, does not exist yet). Wait again: nothing was lost."""
+
+    def __init__(self, saga_id: str, timeout_s: float, status: str | None) -> None:
+        self.saga_id = saga_id
+        self.status = status
+        where = f"is still {status}" if status else "does not exist (yet)"
+        super().__init__(f"saga {saga_id} {where} after waiting {timeout_s:g} s for its end")
+
+
+class StoreUnavailable(TransientError):
+    """Postgres could not be reached, or the connection broke mid-operation. Retry later.
+
+    When a write raises this, it may or may not have committed: what was lost can be the
+    commit's acknowledgement. Retrying an append with the same ``expected_seq`` is safe:
+    if the first attempt did commit, the retry fails with ConcurrencyError.
+    """
+
+
+class KafkaUnavailable(TransientError):
+    """The broker could not be reached or did not acknowledge in time; retry later."""
+
+
+class DependencyUnavailable(TransientError):
+    """Kafka or Postgres did not answer while starting; retried until the start-up
+    timeout, then raised with how long it waited."""
+
+    def __init__(self, dependency: str, cause: BaseException) -> None:
+        super().__init__(f"{dependency} is not reachable: {cause}")
+        self.dependency = dependency
+        self.cause = cause
+
+
+class MigrationBusy(TransientError):
+    """A migration waited longer than its lock timeout for its tables (another transaction
+    holds them). Nothing was changed; run it again."""
+
+
+class ConcurrencyError(TransientError):
+    """An append lost the optimistic-concurrency check: the saga moved on elsewhere.
+
+    A stale owner that sees this must drop its in-memory copy of the saga and must not
+    send the effects it was about to send.
+    """
+
+    def __init__(self, saga_id: str, expected_seq: int, actual_seq: int | None) -> None:
+        self.saga_id = saga_id
+        self.expected_seq = expected_seq
+        self.actual_seq = actual_seq
+        super().__init__(
+            f"saga {saga_id}: append expected last sequence {expected_seq}, "
+            f"but the history is at {actual_seq}; another writer got there first"
+        )
+
+
+# --------------------------------------------------------------------------- compensate
+
+
+class StepFailed(SagaError):
+    """A step did not succeed. Raised inside ``run``; uncaught, the saga compensates."""
+
+    def __init__(
+        self,
+        step: str,
+        reason: str,
+        *,
+        details: dict[str, Any] | None = None,
+        applied: bool = False,
+    ) -> None:
+        self.step = step
+        self.reason = reason
+        self.details = details or {}
+        #: True when the step's effect may have been applied (its outcome is unknown).
+        self.applied = applied
+        super().__init__(f"step {step!r} failed: {reason}")
+
+
+class StepTimedOut(StepFailed):
+    """Every attempt timed out. The outcome is unknown, so the step's compensation is owed."""
+
+    def __init__(self, step: str, attempts: int) -> None:
+        super().__init__(
+            step, f"no reply after {attempts} attempt(s); outcome unknown", applied=True
+        )
+        self.attempts = attempts
+
+
+class SignalTimeout(SagaError):
+    """``ctx.wait_signal`` reached its timeout before the signal arrived."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"signal {name!r} did not arrive before its timeout")
+
+
+# --------------------------------------------------------------------------- newer
+
+
+class NewerVersionError(SagaError):
+    """The saga was written by a newer engine than this one (during a rolling deploy):
+    neither a retry here nor a fix of the request helps. The engine leaves the saga
+    untouched (nothing appended, nothing dropped from its history) and reports it; once
+    an engine that knows the newer version owns the saga, it goes on."""
+
+    #: What the admin API and the dead-letter header call it.
+    reason = "newer_version"
+
+    def __init__(self, message: str, *, saga_id: str | None = None) -> None:
+        self.saga_id = saga_id
+        super().__init__(message)
+
+
+class NewerEventError(NewerVersionError):
+    """A stored event whose kind this engine does not know, or whose version is above
+    the one it reads: written by a newer engine."""
+
+    reason = "newer_event"
+
+    def __init__(self, kind: str, version: int | None, known: int | None) -> None:
+        self.kind = kind
+        self.version = version
+        self.known = known
+        what = (
+            f"an event of kind {kind!r} this engine does not know"
+            if known is None
+            else f"event {kind!r} at version {version}, this engine reads up to version {known}"
+        )
+        super().__init__(
+            f"{what}: written by a newer engine; the saga is left untouched for an engine "
+            "that reads it"
+        )
+
+
+class UnknownSagaVersion(NewerVersionError):
+    """A saga recorded as version N of its type, and this engine has no class for N."""
+
+    reason = "unknown_saga_version"
+
+    def __init__(self, saga_type: str, version: int, known: list[int]) -> None:
+        self.saga_type = saga_type
+        self.version = version
+        shown = ", ".join(str(v) for v in sorted(known)) or "none"
+        super().__init__(
+            f"saga {saga_type!r} version {version} is not deployed on this engine (it has "
+            f"versions: {shown}); the saga is left untouched for an engine that has it"
+        )
+
+
+# --------------------------------------------------------------------------- fail
+
+
+class PermanentError(SagaError):
+    """Retrying will not help: fix the definition, the input or the call."""
+
+
+class SagaUnsuccessful(PermanentError):
+    """The saga ended without completing: it ``failed`` (nothing to undo), was
+    ``compensated`` (its applied steps undone) or ``cancelled``. ``SagaClient.result``
+    raises it; ``status`` says which, ``error`` is the error the saga recorded."""
+
+    def __init__(self, saga_id: str, status: str, error: Mapping[str, Any] | None) -> None:
+        self.saga_id = saga_id
+        self.status = status
+        self.error = dict(error or {})
+        what = f": {self.error.get('type')}: {self.error.get('message')}" if error else ""
+        super().__init__(f"saga {saga_id} ended {status}{what}")
+
+
+class DefinitionError(PermanentError):
+    """A saga definition cannot work. The message says how to fix it."""
+
+
+class NondeterminismError(PermanentError):
+    """The saga's code asked for something different from what its history recorded."""
+
+    def __init__(self, saga_id: str, seq: int | None, expected: str, actual: str) -> None:
+        self.saga_id = saga_id
+        self.seq = seq
+        self.expected = expected
+        self.actual = actual
+        where = f"event #{seq}" if seq is not None else "the end of the history"
+        super().__init__(
+            f"saga {saga_id}: nondeterminism at {where}: history has {expected}, "
+            f"but the code now does {actual}"
+        )
+
+
+class UnknownSagaType(PermanentError):
+    def __init__(self, saga_type: str, known: list[str]) -> None:
+        self.saga_type = saga_type
+        super().__init__(
+            f"no saga named {saga_type!r} is registered (known: {', '.join(sorted(known)) or 'none'})"
+        )
+
+
+class SagaNotFound(PermanentError):
+    def __init__(self, saga_id: str) -> None:
+        self.saga_id = saga_id
+        super().__init__(f"no saga with id {saga_id!r}")
+
+
+class InvalidTransition(PermanentError):
+    """An action or event makes no sense in the saga's current status."""
+
+
+class NotParent(PermanentError):
+    """A child's start or undo names a parent the child was not started by (or a saga
+    that is no child at all), or a child's end comes from a saga that is not the child of
+    the step it answers: the link recorded in history decides. Nothing is recorded; the
+    message is dead-lettered (``not_parent``)."""
+
+    def __init__(
+        self, saga_id: str, claimed: str, recorded: str | None, message: str | None = None
+    ) -> None:
+        self.saga_id, self.claimed, self.recorded = saga_id, claimed, recorded
+        actual = f"saga {recorded!r}" if recorded else "no saga (it was started on its own)"
+        super().__init__(
+            message
+            or f"saga {saga_id} was started by {actual}, not by saga {claimed!r}: only its "
+            "own parent may start or undo it"
+        )
+
+
+class InvalidSagaId(PermanentError):
+    """A saga id must be 1 to 200 characters long."""
+
+
+class SerializationError(PermanentError):
+    """A value could not be turned into JSON or back."""
+
+
+class InvalidPayload(SerializationError):
+    """A payload does not match what it was declared as: a saga's input model, a
+    declared signal, a step's reply model (``returns=``) or an operator's skip result.
+    Nothing was recorded; fix the payload and send it again.
+
+    ``errors`` lists each problem as ``{"loc": [...], "msg": ..., "type": ...}``, the shape
+    pydantic and FastAPI use; ``loc`` is relative to the request that carried it (e.g.
+    ``["payload", "ok"]`` for a signal's payload field).
+    """
+
+    def __init__(
+        self, what: str, errors: Sequence[Mapping[str, Any]], *, step: str | None = None
+    ) -> None:
+        self.what = what
+        #: The step whose reply it was, when it was one (an error of the saga names it).
+        self.step = step
+        self.errors: list[dict[str, Any]] = [
+            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": e.get("type", "")}
+            for e in errors
+        ]
+        shown = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(value)'}: {e['msg']}"
+            for e in self.errors[:5]
+        )
+        more = f" (and {len(self.errors) - 5} more)" if len(self.errors) > 5 else ""
+        super().__init__(f"{what}: {shown}{more}")
+
+
+class UnstorableValue(InvalidPayload):
+    """A value Postgres cannot store (a NUL character, an unpaired surrogate, a number
+    JSON cannot carry). Refused before anything is recorded; ``errors`` names where."""
+
+
+class IdempotencyConflict(PermanentError):
+    """A start reused an idempotency key (or a saga id) with a different input.
+
+    The saga started with it first is untouched; ``saga_id`` names it. Use a new key for
+    a new request, or send the original input to get the original saga back.
+    """
+
+    def __init__(self, saga_id: str, idempotency_key: str | None) -> None:
+        self.saga_id = saga_id
+        self.idempotency_key = idempotency_key
+        used = (
+            f"idempotency key {idempotency_key!r} was already used"
+            if idempotency_key
+            else "this saga id was already used"
+        )
+        super().__init__(
+            f"{used} to start saga {saga_id} with a different input; use a new key for a new "
+            "request, or repeat the original input to get that saga back"
+        )
+
+
+class PayloadTooLarge(PermanentError):
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(f"payload of {size} bytes exceeds the limit of {limit} bytes")
+
+
+class CodecFailure(StrEnum):
+    """Why a payload codec failed (``CodecError.failure``)."""
+
+    #: Encoded under a key id this process does not hold (rotated out, or never given).
+    UNKNOWN_KEY = "unknown_key"
+    #: The authentication tag does not verify: tampered, truncated, or the wrong key.
+    TAMPERED = "tampered"
+    #: Encoded with a codec this process does not have (``$codec`` names one it lacks).
+    UNKNOWN_CODEC = "unknown_codec"
+    #: An encoded payload reached a process with no codec configured at all.
+    NOT_CONFIGURED = "not_configured"
+    #: Not a payload this codec wrote (wrong layout, bad base64, bad flag byte).
+    MALFORMED = "malformed"
+    #: The codec's own configuration cannot work (a key of the wrong length).
+    BAD_CONFIG = "bad_config"
+
+
+class CodecError(PermanentError):
+    """A payload codec failed: retrying will not help, configuring the right key will.
+
+    Raised on decode (an unknown key id, a failed tag, an encoded payload reaching a
+    process without a codec) and when a codec is built from a configuration that cannot
+    work. Never raised for a clear payload: a process with a codec reads those as they are.
+    """
+
+    def __init__(self, failure: CodecFailure, detail: str, *, key_id: str | None = None) -> None:
+        self.failure = failure
+        self.key_id = key_id
+        self.detail = detail
+        super().__init__(f"{failure.value}: {detail}")
+
+
+class MigrationError(PermanentError):
+    """The database schema cannot be brought in line with this version's migrations."""
+
+
+class UnknownEndpoint(PermanentError):
+    """An ``http:`` step names an endpoint the engine's settings do not configure."""
+
+
+class InvalidCursor(PermanentError):
+    """A cursor this API did not hand out (or one from an incompatible version)."""
+
+
+class ScheduleNotFound(PermanentError):
+    def __init__(self, schedule_id: str) -> None:
+        self.schedule_id = schedule_id
+        super().__init__(f"no schedule with id {schedule_id!r}")
+
+
+class ScheduleConflict(PermanentError):
+    """A schedule with this id exists with another definition (or was created by an
+    operator where code declares one): delete it first, or use another id."""
+
+
+class AdminConfigError(PermanentError):
+    """The admin API's settings cannot work; the message says what to change."""
+
+
+class InsecureAdminBinding(AdminConfigError):
+    """Refusing to serve the admin API beyond loopback without authentication."""
+
+
+class CliError(PermanentError):
+    """An error the command line reports as one line (e.g. a --payload that is not JSON)."""
+
+
+class AdminCallError(CliError):
+    """The admin API refused (or could not be reached); ``exit_code`` says which."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# --------------------------------------------------------------------------- answers
+
+
+class Rejected(SagaError):
+    """Raise it in a handler to refuse a command: a business "no", not a crash.
+
+    The handler's writes are rolled back, and the saga receives a ``failure`` reply
+    with ``reason`` as its error and ``details`` as its payload (the engine raises
+    ``StepFailed(step, reason, details=details)`` in the saga, which then compensates).
+    The refusal is stored like any reply, so a re-sent command gets the same answer
+    without running the handler again.
+    """
+
+    def __init__(self, reason: str, *, details: Mapping[str, Any] | None = None) -> None:
+        self.reason = reason
+        self.details: dict[str, Any] = dict(details or {})
+        super().__init__(reason)
+
+
+class Retryable(SagaError):
+    """Raise it in a handler to answer "not now, try again": nothing applied, at once.
+
+    The handler's writes are rolled back and the saga receives a ``retryable`` reply
+    right away, without the kit's in-process handler retries (those are for crashes:
+    ``handler_attempts``). The engine then retries the step under a new command id and
+    attempt, after its retry policy's back-off; once the policy's attempts run out the
+    step fails. Like every answer, it is stored: a copy of the command gets it again.
+
+    ``after`` (a timedelta or seconds) is a hint of when a retry may succeed. The reply
+    contract has no field for it, so it travels in the reply's ``error`` text ("... (retry
+    after 30s)") and as ``retry_after_s`` in its payload; the engine does not read it
+    today, so its step's ``retry=`` policy decides the actual wait.
+    """
+
+    def __init__(self, reason: str, *, after: timedelta | float | None = None) -> None:
+        seconds = after.total_seconds() if isinstance(after, timedelta) else after
+        if seconds is not None and not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"Retryable(after=...) must be a finite delay >= 0, not {after!r}")
+        self.reason = reason
+        self.after = None if seconds is None else timedelta(seconds=seconds)
+        super().__init__(reason)
+
+
+class PoisonMessage(PermanentError):
+    """A message that can never be processed: it is dead-lettered, never retried.
+
+    When only its body is refused (nested too deep to be read), ``envelope`` is the
+    message as its headers make it (with an empty body) and ``body_error`` the refusal:
+    a participant still answers such a command, with a failure naming why. (It is the
+    transport's ``Envelope``; typed ``object`` because the kernel imports no layer.)"""
+
+    def __init__(
+        self,
+        reason: PoisonReason,
+        detail: str,
+        *,
+        envelope: object | None = None,
+        body_error: InvalidPayload | None = None,
+    ) -> None:
+        self.reason = reason
+        self.detail = detail
+        self.envelope = envelope
+        self.body_error = body_error
+        super().__init__(f"{reason.value}: {detail}")
+
+
+class PoisonReason(StrEnum):
+    """Why a message went to the dead-letter topic (the ``dlq_reason`` header)."""
+
+    MALFORMED_JSON = "malformed_json"
+    MISSING_HEADER = "missing_header"
+    UNKNOWN_TYPE = "unknown_type"
+    WRONG_SCHEMA_VERSION = "wrong_schema_version"
+    OVERSIZED = "oversized"
+    INVALID_BODY = "invalid_body"
+    UNKNOWN_SAGA = "unknown_saga"
+    UNKNOWN_SAGA_TYPE = "unknown_saga_type"
+    UNKNOWN_COMMAND = "unknown_command"
+    REJECTED = "rejected"
+    KEY_MISMATCH = "key_mismatch"
+    #: A signal the saga does not declare, or whose payload its declared model refuses.
+    INVALID_SIGNAL = "invalid_signal"
+    #: A start whose input the saga's input model refuses.
+    INVALID_INPUT = "invalid_input"
+    #: A signal or cancel the saga cannot take in its state (ended, undoing its steps,
+    #: parked): ``dlq_detail`` names the state.
+    NOT_ACCEPTED = "not_accepted"
+    #: A value Postgres cannot store (a NUL character, an unpaired surrogate, a number
+    #: JSON cannot carry), in a start, a signal or a command.
+    UNSTORABLE_VALUE = "unstorable_value"
+    #: A start that reuses an idempotency key (or saga id) with a different input.
+    IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+    #: A child's start or undo naming a parent the child was not started by.
+    NOT_PARENT = "not_parent"
+    #: A message for a saga written by a newer engine (an event or saga version this
+    #: engine does not have, during a rolling deploy): the saga is left untouched; once a
+    #: newer engine owns it, it re-sends what is in flight, and ``saga dlq replay``
+    #: re-drives a signal or cancel.
+    NEWER_VERSION = "newer_version"
+    #: An encoded value (a ``saga-codec`` header) this process cannot decode: no codec
+    #: configured, a key id it does not hold, or a tag that does not verify. Replay it
+    #: from the dead-letter topic once the key is configured.
+    UNDECODABLE = "undecodable"
+    #: Not the message's fault: the consumer failed on it for a reason of its own (a bug,
+    #: a saga that kept conflicting). ``saga dlq replay`` re-drives it.
+    ENGINE_ERROR = "engine_error"

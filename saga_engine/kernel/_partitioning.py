@@ -1,0 +1,53 @@
+"""Which Kafka partition a key lands in: Kafka's default partitioner, pure.
+
+The store keeps each saga's ``key_hash`` so that "the open sagas of these partitions" is
+a query, and the engine asks ``partition_for`` of every input to know whether it owns the
+saga; both must agree with the partitioner the producers use (murmur2 of the key's UTF-8
+bytes, as ``org.apache.kafka.common.utils.Utils.murmur2``). It lives in the kernel, without
+aiokafka, because the store and the transport both need it and neither may import the
+other; a test checks it against aiokafka's partitioner.
+"""
+
+from __future__ import annotations
+
+import functools
+
+_SEED = 0x9747B28C
+_M = 0x5BD1E995
+_MASK = 0xFFFFFFFF
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's 32-bit MurmurHash2 (seed 0x9747b28c) of ``data``, as an unsigned int."""
+    length = len(data)
+    h = (_SEED ^ length) & _MASK
+    whole = length - length % 4
+    for i in range(0, whole, 4):
+        k = int.from_bytes(data[i : i + 4], "little")
+        k = (k * _M) & _MASK
+        k ^= k >> 24
+        k = (k * _M) & _MASK
+        h = ((h * _M) & _MASK) ^ k
+    tail = data[whole:]
+    if tail:
+        # The trailing 1-3 bytes, little-endian, mixed in once (Java's switch fall-through).
+        h ^= int.from_bytes(tail, "little")
+        h = (h * _M) & _MASK
+    h ^= h >> 13
+    h = (h * _M) & _MASK
+    h ^= h >> 15
+    return h
+
+
+def key_hash(key: str) -> int:
+    """The non-negative murmur2 hash Kafka's default partitioner takes a partition from:
+    ``partition = key_hash(key) % partitions``. Stored with each saga (``sagas.key_hash``)
+    so that "the sagas of these partitions" is a query."""
+    return murmur2(key.encode()) & 0x7FFFFFFF
+
+
+# Asked for every input an engine applies (does it own the saga?).
+@functools.lru_cache(maxsize=65536)
+def partition_for(key: str, partitions: int) -> int:
+    """The partition Kafka's default partitioner (murmur2) puts ``key`` in."""
+    return key_hash(key) % partitions

@@ -1,0 +1,531 @@
+"""The code behind :mod:`saga_engine.participant`, whose docstring says what it is for."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import os
+import random
+import re
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Final, TypeVar
+
+import asyncpg
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+from pydantic import BaseModel
+
+from saga_engine.core._codec import CodecChain, PayloadCodec, codec_from_settings
+from saga_engine.kernel._errors import DefinitionError, KafkaUnavailable, Rejected, Retryable
+from saga_engine.kernel._instance import InstanceName
+from saga_engine.kernel._retry import Backoff
+from saga_engine.kernel._settings import Settings
+from saga_engine.participant._batch import BatchRunner
+from saga_engine.participant._participant import (
+    CommandProcessor,
+    CrashHook,
+    CrashPoint,
+    HandlerResult,
+    HandlerSpec,
+    Isolation,
+    Pool,
+    Transaction,
+    is_transient,
+    log,
+)
+from saga_engine.participant._sql import MARK_PUBLISHED, RELAY_BATCH, publish
+from saga_engine.store._migrations import PARTICIPANT_MIGRATIONS, migrate
+from saga_engine.store._startup import reaching, start_with_retry
+from saga_engine.telemetry._groupwatch import GroupWatch, watch_member
+from saga_engine.telemetry._health import HealthBoard
+from saga_engine.telemetry._telemetry import Telemetry, default_telemetry, detach_from_trace
+from saga_engine.transport._fetch import GuardedFetch
+from saga_engine.transport._kafka import (
+    OffsetCommitter,
+    ensure_topics,
+    make_group_consumer,
+    make_producer,
+)
+from saga_engine.transport._topics import Topics
+from saga_engine.transport._wire import Headers
+
+__all__ = ["HandlerResult", "Participant", "Rejected", "Retryable", "Transaction"]
+
+C = TypeVar("C", bound=BaseModel)
+R = TypeVar("R", bound=HandlerResult)
+
+_NAME: Final = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+_SCHEMA: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+#: Records fetched at a time, across partitions: one batch, one transaction, one commit.
+_BATCH: Final = 500
+#: Outbox rows published per relay transaction.
+_RELAY_LIMIT: Final = 200
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, participant: Participant) -> None:
+        self._participant = participant
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self._participant._on_revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._participant._on_assigned(set(assigned))
+
+
+class Participant:
+    """A participant service: its command handlers, consumer, database and reply outbox.
+
+    ``settings.participant`` names the service's own database (``dsn`` and ``db_schema``,
+    which ``dsn``/``db_schema`` here override); the participant's migrations are applied
+    to that schema at start. Business tables may live in any schema of that database.
+
+    ``crash_hook`` is a test seam: it is called with ``"after_commit"`` (the command's
+    transaction committed, its reply not yet published) and ``"after_publish"``. If it
+    raises, the participant behaves as if the process died there: it stops at once,
+    commits no offset, and ``run`` raises the hook's exception.
+
+    The remaining keywords tune retries and the outbox relay: handler retries wait
+    ``backoff_base_s * 2**n`` (capped at ``backoff_max_s``, the upper half of it drawn at
+    random: see ``saga_engine.kernel._retry``); the relay runs
+    every ``relay_interval_s`` and publishes rows older than ``relay_grace_s`` (younger
+    ones are being published by the instance that wrote them, which marks them within
+    a second: keep the grace well above that, or replies go out twice, harmlessly).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        settings: Settings,
+        *,
+        dsn: str | None = None,
+        db_schema: str | None = None,
+        crash_hook: CrashHook | None = None,
+        backoff_base_s: float = 0.05,
+        backoff_max_s: float = 2.0,
+        relay_interval_s: float = 1.0,
+        relay_grace_s: float = 5.0,
+        stop_timeout_s: float = 10.0,
+        telemetry: Telemetry | None = None,
+        codec: PayloadCodec | CodecChain | None = None,
+    ) -> None:
+        """``codec``: opens the commands read, seals the replies sent and stored; by
+        default the one ``settings.codec`` describes (none unless configured)."""
+        if not _NAME.match(name):
+            raise DefinitionError(
+                f"participant name {name!r} is invalid: use 1 to 100 letters, digits, '_' or "
+                "'-' (it becomes part of a Kafka topic and consumer group name)"
+            )
+        self.name = name
+        self.settings = settings
+        self.codec = (
+            CodecChain.of(codec) if codec is not None else codec_from_settings(settings.codec)
+        )
+        self.topics = Topics.of(settings.kafka)
+        self.dsn = dsn if dsn is not None else settings.participant.dsn.get_secret_value()
+        self.db_schema = db_schema if db_schema is not None else settings.participant.db_schema
+        if not _SCHEMA.match(self.db_schema):
+            raise DefinitionError(
+                f"participant schema {self.db_schema!r} is invalid: use lowercase letters, "
+                "digits and '_', starting with a letter or '_'"
+            )
+        if (
+            self.db_schema == settings.pg.db_schema
+            and self.dsn == settings.pg.dsn.get_secret_value()
+        ):
+            # Both migration sets record themselves in the schema's schema_migrations.
+            raise DefinitionError(
+                f"participant {name!r} would share schema {self.db_schema!r} with the saga "
+                "engine's event store; give it a schema of its own (settings.participant.db_schema)"
+            )
+        #: processed, duplicates, rejected, retryable, dead_lettered, unknown_command,
+        #: outbox_relayed, handler_errors (failed attempts), dead_lettered_<reason>.
+        self.stats: collections.Counter[str] = collections.Counter()
+        self.instance_id = f"{socket.gethostname()}-{os.getpid()}-{random.getrandbits(24):06x}"
+        self._handlers: dict[str, HandlerSpec] = {}
+        self._crash_hook = crash_hook
+        #: Spans ("handle {CommandType}", children of the command's traceparent) and
+        #: metrics; the global OpenTelemetry providers unless one is given.
+        self.telemetry = telemetry or default_telemetry()
+        self._backoff = (backoff_base_s, backoff_max_s)
+        self._relay_interval_s = relay_interval_s
+        self._relay_grace_s = relay_grace_s
+        self._stop_timeout_s = stop_timeout_s
+        self._pool: Pool | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._member: InstanceName | None = None
+        #: What is wrong now: a partition no fetch can read, a group that does not
+        #: settle (each also logged and counted in the metrics).
+        self.health = HealthBoard()
+        self._watch: GroupWatch | None = None
+        self._fetch: GuardedFetch | None = None
+        self._processor: CommandProcessor | None = None
+        self._main: asyncio.Task[None] | None = None
+        self._relay: asyncio.Task[None] | None = None
+        self._batches: BatchRunner | None = None
+        self._committer: OffsetCommitter | None = None
+        self._assigned: set[TopicPartition] = set()
+        self._stopping = asyncio.Event()
+        self._fatal: BaseException | None = None
+        # Set while no batch is being processed: revocation waits for it.
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._lifecycle = asyncio.Lock()
+
+    # ------------------------------------------------------------------ registration
+
+    def handles(
+        self,
+        command: type[C],
+        *,
+        name: str | None = None,
+        isolation: Isolation = "read_committed",
+    ) -> Callable[
+        [Callable[[C, Transaction], Awaitable[R]]], Callable[[C, Transaction], Awaitable[R]]
+    ]:
+        """Registers ``async def handler(cmd, tx)`` for commands of type ``command``.
+
+        The command type on the wire (``ce_subject``) is the model's class name, as the
+        engine sends it, unless ``name`` says otherwise. The handler returns its reply
+        payload (a pydantic model, a dict or None), or raises :class:`Rejected` (a
+        ``failure`` reply) or :class:`Retryable` (a ``retryable`` reply at once).
+        ``isolation`` is the transaction's isolation level; serialization failures are
+        retried like any other failed attempt.
+        """
+        if not (isinstance(command, type) and issubclass(command, BaseModel)):
+            raise DefinitionError(
+                f"handles() takes the command's pydantic model class, not {command!r}"
+            )
+        command_type = name or command.__name__
+
+        def register(
+            fn: Callable[[C, Transaction], Awaitable[R]],
+        ) -> Callable[[C, Transaction], Awaitable[R]]:
+            if not inspect.iscoroutinefunction(fn):
+                raise DefinitionError(
+                    f"the handler for {command_type} must be an async function "
+                    "(async def handler(cmd, tx): ...)"
+                )
+            if command_type in self._handlers:
+                raise DefinitionError(
+                    f"participant {self.name!r} already has a handler for {command_type}; "
+                    "register one handler per command type"
+                )
+            self._handlers[command_type] = HandlerSpec(command_type, command, fn, isolation)
+            return fn
+
+        return register
+
+    @property
+    def command_types(self) -> list[str]:
+        return sorted(self._handlers)
+
+    @property
+    def assignment(self) -> set[int]:
+        """The command-topic partitions this instance consumes right now."""
+        return {tp.partition for tp in self._assigned}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Creates the topics, migrates the schema, publishes leftover replies, and starts
+        consuming. Returns once the consumer has started (partitions come a moment later)."""
+        async with self._lifecycle:
+            if self._main is not None:
+                raise RuntimeError(f"participant {self.name!r} is already running")
+            self._stopping.clear()
+            self._fatal = None
+            # Kafka or the database not up yet: wait (participant.startup_timeout_s).
+            await start_with_retry(
+                f"participant {self.name}",
+                self._open,
+                lambda: self._close(graceful=False),
+                self.settings.participant.startup_timeout_s,
+            )
+            loop = asyncio.get_running_loop()
+            self._main = loop.create_task(self._consume(), name=f"participant-{self.name}")
+            self._main.add_done_callback(self._main_done)
+            self._relay = loop.create_task(self._relay_loop(), name=f"relay-{self.name}")
+            log.info(
+                "participant %s (%s) consuming %s in schema %s",
+                self.name,
+                self.instance_id,
+                self.topics.commands(self.name),
+                self.db_schema,
+            )
+
+    async def stop(self) -> None:
+        """Finishes the commands in hand (up to ``stop_timeout_s``), commits their offsets
+        and closes everything. Idempotent."""
+        async with self._lifecycle:
+            self._stopping.set()
+            main, self._main = self._main, None
+            if main is not None:
+                await asyncio.wait({main}, timeout=self._stop_timeout_s)
+                if not main.done():
+                    main.cancel()
+                    await asyncio.wait({main})
+                if not main.cancelled() and main.exception() is not None:
+                    self._fatal = main.exception()
+                    log.debug("participant %s stopped after: %r", self.name, self._fatal)
+            await self._close(graceful=self._fatal is None)
+
+    async def run(self) -> None:
+        """Runs until ``stop()`` is called (from another task) or a crash hook fires."""
+        if self._main is None:
+            await self.start()
+        main = self._main
+        assert main is not None
+        try:
+            await asyncio.shield(main)
+        except CrashPoint as crash:
+            raise crash.original from None
+        finally:
+            await self.stop()
+
+    async def __aenter__(self) -> Participant:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _open(self) -> None:
+        kafka = self.settings.kafka
+        # The participant's own topic, the dead-letter topic, and the default reply topic.
+        wanted = [self.topics.commands(self.name), self.topics.dlq, self.topics.inbox]
+        with reaching("Kafka"):
+            await ensure_topics(kafka, wanted)
+        with reaching("Postgres"):
+            await migrate(self.dsn, self.db_schema, package=PARTICIPANT_MIGRATIONS)
+            self._pool = await asyncpg.create_pool(
+                self.dsn,
+                min_size=1,
+                max_size=self.settings.participant.pool_max_size,
+                # Unqualified names (ours, and the handlers') resolve in the configured
+                # schema.
+                server_settings={"search_path": self.db_schema},
+            )
+        with reaching("Kafka"):
+            self._producer = make_producer(kafka)
+            await self._producer.start()
+        self._processor = CommandProcessor(
+            name=self.name,
+            settings=self.settings,
+            handlers=self._handlers,
+            pool=self._pool,
+            producer=self._producer,
+            stats=self.stats,
+            stopping=self._stopping,
+            crash_hook=self._crash_hook,
+            backoff=self._backoff,
+            instance_id=self.instance_id,
+            telemetry=self.telemetry,
+            codec=self.codec,
+        )
+        self._batches = BatchRunner(self._processor)
+        # Replies a previous process committed but did not get to publish. No grace
+        # period here: a row written by a live instance may go out twice, which the engine
+        # tolerates (it deduplicates replies); a row left by a dead one must not wait.
+        try:
+            await self._relay_pending(grace_s=0.0)
+        except Exception as exc:
+            log.warning("outbox relay at start failed (%r); the relay loop will retry", exc)
+        group = self.topics.participant_group(self.name)
+        self._member = InstanceName.claim(kafka, group)
+        self._consumer = make_group_consumer(
+            kafka,
+            group_id=group,
+            client_id=f"participant-{self.name}-{self.instance_id}",
+            instance_name=self._member.name,
+        )
+        self._consumer.subscribe([self.topics.commands(self.name)], listener=_Rebalance(self))
+        self._committer = OffsetCommitter(
+            self._consumer, lambda: self._assigned, flush_limit_s=self._stop_timeout_s
+        )
+        self._fetch = GuardedFetch(
+            self._consumer, name=f"participant {self.name}", health=self.health,
+            on_unreadable=self.telemetry.count_unreadable,
+        )  # fmt: skip
+        # Watching from before the start: a group that does not settle holds start-up.
+        self._watch = watch_member(
+            self._consumer, group=group, telemetry=self.telemetry, health=self.health,
+            member=self._member.name or self.instance_id,
+        )  # fmt: skip
+        with reaching("Kafka"):
+            await self._consumer.start()
+
+    async def _close(self, *, graceful: bool) -> None:
+        batches, self._batches = self._batches, None
+        if batches is not None and graceful:
+            await batches.flush_marks()
+        relay, self._relay = self._relay, None
+        if relay is not None:
+            relay.cancel()
+            await asyncio.wait({relay})
+        committer, self._committer = self._committer, None
+        if committer is not None:
+            if graceful:
+                # What it holds is answered for good: commit it, within the stop timeout.
+                await committer.flush()
+            # After a crash point, drop it, as a killed process would.
+            await committer.close()
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            await watch.stop()
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()
+        member, self._member = self._member, None
+        if member is not None:
+            member.release()
+        self._assigned.clear()
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
+        self._processor = None
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            try:
+                await asyncio.wait_for(pool.close(), timeout=self._stop_timeout_s)
+            except TimeoutError:
+                pool.terminate()
+
+    # ------------------------------------------------------------------ consuming
+
+    async def _consume(self) -> None:
+        detach_from_trace()  # each command's work runs in its own trace (its span)
+        fetch, runner, committer = self._fetch, self._batches, self._committer
+        assert fetch is not None
+        assert runner is not None
+        assert committer is not None
+        backoff = Backoff(0.1, 5.0)
+        while not self._stopping.is_set():
+            try:
+                batches = await fetch.getmany(timeout_ms=200, max_records=_BATCH)
+            except KafkaError as exc:
+                delay = backoff.next_delay()
+                log.warning("command fetch failed (%r); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            backoff.reset()
+            records = [
+                (tp, record)
+                for tp, batch in batches.items()
+                if tp in self._assigned
+                for record in batch
+            ]
+            if not records:
+                # Idle: no next batch will carry the marks of the last one's replies.
+                await runner.flush_marks()
+                continue
+            # The whole fetch is one unit: one transaction, one publish wait, one offset
+            # commit. Records of one partition (one saga's commands) stay in order.
+            self._idle.clear()
+            try:
+                offsets = await runner.run(records)
+                # Only after the batch's transaction committed and its replies went out
+                # (or to the outbox): a record whose offset is committed is answered.
+                committer.submit(offsets)
+            finally:
+                self._idle.set()
+
+    def _main_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        # The batch path handles every expected failure; what escapes is a crash point or
+        # a bug, and either way this instance stops rather than skip the record.
+        if not isinstance(exc, CrashPoint):
+            log.error("participant %s: consuming failed", self.name, exc_info=exc)
+        self._fatal = exc
+        self._stopping.set()
+
+    async def _relay_loop(self) -> None:
+        detach_from_trace()
+        while not self._stopping.is_set():
+            try:
+                await asyncio.wait_for(self._stopping.wait(), self._relay_interval_s)
+                return
+            except TimeoutError:
+                pass
+            try:
+                await self._relay_pending(grace_s=self._relay_grace_s)
+            except Exception as exc:
+                if is_transient(exc):
+                    log.warning("outbox relay failed (%r); retrying", exc)
+                else:
+                    log.exception("outbox relay failed; retrying")
+
+    async def _relay_pending(self, *, grace_s: float) -> None:
+        """Publishes every unpublished outbox row older than ``grace_s``."""
+        while True:
+            found, published = await self._relay_batch(grace_s)
+            if published:
+                self.stats["outbox_relayed"] += published
+                log.info("participant %s: relayed %d unpublished replies", self.name, published)
+            if found < _RELAY_LIMIT:
+                return
+
+    async def _relay_batch(self, grace_s: float) -> tuple[int, int]:
+        """Publishes up to _RELAY_LIMIT rows in one transaction that holds their row locks.
+
+        Returns (rows found, rows published). Raises KafkaUnavailable after marking the
+        rows it did publish, so a broker outage costs no duplicate on the next pass.
+        """
+        pool, producer = self._pool, self._producer
+        assert pool is not None
+        assert producer is not None
+        published: list[int] = []
+        failure: KafkaUnavailable | None = None
+        async with pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(RELAY_BATCH, grace_s, _RELAY_LIMIT)
+            for row in rows:
+                headers: Headers = [(k, v.encode()) for k, v in orjson.loads(row["headers"])]
+                try:
+                    await publish(
+                        producer, row["topic"], row["key"].encode(), row["body"].encode(), headers
+                    )
+                except KafkaUnavailable as exc:
+                    failure = exc
+                    break
+                published.append(row["id"])
+            if published:
+                await conn.execute(MARK_PUBLISHED, published)
+        if failure is not None:
+            raise failure
+        return len(rows), len(published)
+
+    # ------------------------------------------------------------------ rebalancing
+
+    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        # Finish the batch in hand and commit its offsets before the partitions go to
+        # another instance. One that takes too long is left: its transaction commits or
+        # rolls back on its own, and its offsets are not committed, so the new owner
+        # reads its commands again: its claims wait on ours, then find the stored replies.
+        try:
+            await asyncio.wait_for(self._idle.wait(), self._stop_timeout_s)
+        except TimeoutError:
+            log.warning("participant %s: a batch outlived the rebalance", self.name)
+        if self._committer is not None:
+            await self._committer.flush()
+        self._assigned -= revoked
+        if self._fetch is not None:
+            self._fetch.forget(revoked)
+        if not revoked:
+            return
+        log.info(
+            "participant %s gave up partitions %s",
+            self.name,
+            sorted(tp.partition for tp in revoked),
+        )
+
+    def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._assigned |= assigned
+        log.info(
+            "participant %s took partitions %s", self.name, sorted(tp.partition for tp in assigned)
+        )

@@ -1,0 +1,180 @@
+"""The participant kit's records and statements: a reply as the Kafka record that carries
+it (and its outbox row), and the SQL of the deduplication table and the reply outbox,
+shared by the single-command path (``_participant``) and the batch path
+(``_participant_batch``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final, TypeAlias
+
+import asyncpg
+import orjson
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from asyncpg.pool import PoolConnectionProxy
+from pydantic import ValidationError
+
+from saga_engine.core._codec import MARKER, CodecChain, is_marker
+from saga_engine.kernel._errors import CodecError, CodecFailure, KafkaUnavailable, PayloadTooLarge
+from saga_engine.transport._wire import Envelope, Headers, MessageType, ReplyBody, encode
+
+Connection: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
+
+
+# --------------------------------------------------------------------------- replies
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """A reply as the Kafka record that carries it, and its outbox row once written."""
+
+    command_id: str
+    saga_id: str
+    topic: str
+    key: bytes
+    value: bytes
+    headers: Headers
+    reply: ReplyBody
+    row_id: int | None = field(default=None)
+
+    @property
+    def headers_json(self) -> str:
+        """The headers as the outbox stores them: a JSON list of [name, value] pairs."""
+        return orjson.dumps([[k, v.decode()] for k, v in self.headers]).decode()
+
+    @property
+    def size(self) -> int:
+        return len(self.value) + sum([len(k) + len(v) for k, v in self.headers])
+
+
+def reply_record(
+    command: Envelope, reply: ReplyBody, *, source: str, topic: str, codec: CodecChain | None
+) -> Outgoing:
+    """The reply to ``command``: keyed by saga id, answering the command's own message id,
+    with its trace context, so the saga's trace continues through the participant. With a
+    codec its value is sealed, and so are the outbox row and the stored reply made of it."""
+    envelope = Envelope(
+        message_type=MessageType.REPLY,
+        source=source,
+        subject=command.subject,
+        saga_id=command.saga_id,
+        saga_type=command.saga_type,
+        command_id=command.command_id,
+        step=command.step,
+        correlation_id=command.correlation_id or command.saga_id,
+        causation_id=command.id,
+        compensation=command.compensation,
+        traceparent=command.traceparent,
+        tracestate=command.tracestate,
+        body=reply.model_dump(mode="json"),
+    )
+    key, value, headers = encode(envelope, codec)
+    return Outgoing(command.command_id, command.saga_id, topic, key, value, headers, reply)
+
+
+def check_size(outgoing: Outgoing, limit: int) -> None:
+    if outgoing.size > limit:
+        raise PayloadTooLarge(outgoing.size, limit)
+
+
+# --------------------------------------------------------------------------- SQL
+
+# The claim. It is the first statement of the command's transaction, before the handler
+# runs. The primary key does the deduplication: a concurrent transaction inserting the
+# same command id (a redelivery on another instance, after a rebalance) blocks on the
+# unique index until this one ends, then sees the conflict and does nothing (we committed)
+# or inserts (we rolled back). Under READ COMMITTED that is all; under REPEATABLE READ or
+# SERIALIZABLE the waiter gets a serialization failure instead, which is retried, and the
+# retry sees the committed row. RETURNING tells us whether we inserted: no row means the
+# command was processed before.
+CLAIM: Final = """
+INSERT INTO saga_processed_commands (command_id, saga_id, command_type, step, outcome)
+VALUES ($1, $2, $3, $4, 'pending')
+ON CONFLICT (command_id) DO NOTHING
+RETURNING command_id
+"""
+
+TOMBSTONE_REPLY: Final = (
+    '{"outcome": "failure", "payload": {}, "error": "compensated before it arrived"}'
+)
+
+TOMBSTONE: Final = """
+INSERT INTO saga_processed_commands (command_id, saga_id, command_type, step, outcome, reply, error)
+SELECT id, $2, '(compensated)', $3, 'failure', $4::jsonb, 'compensated before it arrived'
+FROM unnest($1::text[]) AS id
+ON CONFLICT (command_id) DO NOTHING
+"""
+
+STORED_REPLY: Final = "SELECT reply::text FROM saga_processed_commands WHERE command_id = $1"
+
+RECORD_OUTCOME: Final = """
+UPDATE saga_processed_commands
+SET outcome = $2, reply = $3::jsonb, error = $4, processed_at = now()
+WHERE command_id = $1
+"""
+
+# created_at is the wall clock at the insert, not now() (the transaction's start): a
+# handler that ran for a while must not make its fresh row look old to the relay, which
+# would then publish it alongside the live publisher.
+INSERT_OUTBOX: Final = """
+INSERT INTO saga_reply_outbox (command_id, saga_id, topic, key, headers, body, created_at)
+VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, clock_timestamp())
+RETURNING id
+"""
+
+MARK_PUBLISHED: Final = """
+UPDATE saga_reply_outbox SET published_at = now()
+WHERE id = ANY($1::bigint[]) AND published_at IS NULL
+"""
+
+# FOR UPDATE SKIP LOCKED: the rows stay locked while they are published, and another
+# instance's relay skips them instead of publishing them a second time or waiting. The
+# grace period leaves fresh rows to the live publisher that is about to send them.
+RELAY_BATCH: Final = """
+SELECT id, topic, key, headers::text AS headers, body::text AS body
+FROM saga_reply_outbox
+WHERE published_at IS NULL AND created_at <= now() - make_interval(secs => $1)
+ORDER BY id
+LIMIT $2
+FOR UPDATE SKIP LOCKED
+"""
+
+
+async def insert_outbox(conn: Connection, outgoing: Outgoing) -> None:
+    outgoing.row_id = await conn.fetchval(
+        INSERT_OUTBOX,
+        outgoing.command_id,
+        outgoing.saga_id,
+        outgoing.topic,
+        outgoing.key.decode(),
+        outgoing.headers_json,
+        outgoing.value.decode(),
+    )
+
+
+async def publish(
+    producer: AIOKafkaProducer, topic: str, key: bytes, value: bytes, headers: Headers
+) -> None:
+    try:
+        await producer.send_and_wait(topic, value, key=key, headers=headers)
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"could not publish a reply to {topic}: {exc!r}") from exc
+
+
+def stored_reply(text: str, codec: CodecChain | None) -> ReplyBody:
+    """A reply as ``saga_processed_commands.reply`` holds it: its JSON, or (written with a
+    codec) the marker of its JSON, which is what the reply's Kafka value is."""
+    if codec is not None:
+        marker = orjson.loads(text)
+        if is_marker(marker):
+            return ReplyBody.model_validate_json(codec.open_raw(marker))
+    try:
+        return ReplyBody.model_validate_json(text)
+    except ValidationError:
+        if f'"{MARKER}"' in text:
+            raise CodecError(
+                CodecFailure.NOT_CONFIGURED,
+                "a stored reply is encoded and this participant has no codec configured",
+            ) from None
+        raise

@@ -1,0 +1,224 @@
+"""Child sagas, the engine's side: starting a child, undoing one, and a child's end
+travelling back to its parent.
+
+A ``ctx.child`` step is a step whose participant is the engine (``saga.child``): its
+command starts the child, its compensation undoes it, and the child's end is its reply.
+The runtime records them like any step; here they are carried out. Through Kafka
+(``_worker.py`` routes ``saga.start`` with a parent and ``saga.undo`` from the inbox, and
+``_kafka.py`` sends them to the inbox keyed by the child's or the parent's id), so parent
+and child may be owned by different engines; in one process (the testing kit), through
+:meth:`ChildLinks.deliver_locally`.
+
+Every message here may come twice (a re-send after a timeout, a recovery, a poll) and is
+idempotent: a child's id and its parent's command ids are deterministic, a repeated start
+of an ended child is answered with its end again, and a parent drops a second reply to
+the same command. Every one of them is owed from history until answered (see
+``SagaRuntime.owed``): the parent's start and undo are its commands, re-sent at each poll
+and by whoever loads the parent; the child's end is re-sent by whoever loads the child,
+and a repeated start or undo is answered again. Each is checked against the link the
+child's first event records (``NotParent``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from saga_engine.core._decision import (
+    CHILD_PARTICIPANT,
+    PARENT_PARTICIPANT,
+    ChildStart,
+    ChildUndo,
+    DropReason,
+    OutboundCommand,
+    Undo,
+    parent_reply,
+)
+from saga_engine.core._events import CommandIssued, Event, ParentLink
+from saga_engine.core._inputs import check_parent
+from saga_engine.core._runtime import SagaRuntime
+from saga_engine.core._view import fold
+from saga_engine.kernel._errors import (
+    InvalidPayload,
+    NotParent,
+    PayloadTooLarge,
+    SagaNotFound,
+    TransientError,
+)
+from saga_engine.kernel._serde import JsonDict
+from saga_engine.transport._child_wire import parent_of
+
+if TYPE_CHECKING:
+    from saga_engine.runner._engine import Engine
+
+log = logging.getLogger("saga_engine.children")
+
+
+class ChildLinks:
+    """What one engine does for child sagas: start, undo, and answer parents."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._e = engine
+
+    async def start_child(
+        self,
+        saga_type: str,
+        input: JsonDict,
+        *,
+        saga_id: str,
+        parent: ParentLink,
+        trace_context: dict[str, str] | None = None,
+        priority: int = 0,
+        fairness_key: str | None = None,
+    ) -> None:
+        """Starts a child (once: its id is deterministic). A repeated start of a child
+        that exists is answered by the child itself (its end, or nothing while it runs),
+        never checked again against what its type's rollout says today. A child input
+        the engine can never start (one its model refuses, one over the size limit)
+        fails its parent's step at once, like a refused command. Anything else that
+        stops the start here (a type or version this engine does not run yet, during a
+        rolling deploy; a history it cannot decode) raises to the caller, which
+        dead-letters the request: the parent keeps waiting and asks again every poll,
+        until an engine that can start it does."""
+        engine = self._e
+        # Under the child's lock, as an undo of it is: an undo that overtook this start
+        # is either applied to the child created here, or (the child not created yet)
+        # answered "nothing to undo" after the parent recorded it, which this start then
+        # reads in the parent's history and does not create the child.
+        async with engine.live.lock(saga_id):
+            if await self._exists(saga_id, parent.saga_id):
+                engine.stats.inc("child_start_repeated")
+            elif not await self._asked(saga_id, parent):
+                engine.stats.inc("child_start_withdrawn")
+                log.info("start of child %s withdrawn by its parent %s", saga_id, parent.saga_id)
+                return
+            else:
+                try:
+                    await engine.start_held(
+                        engine.prepare_start(
+                            saga_type, input, saga_id=saga_id, parent=parent,
+                            trace_context=trace_context, priority=priority,
+                            fairness_key=fairness_key,
+                        )
+                    )  # fmt: skip
+                except (InvalidPayload, PayloadTooLarge) as exc:
+                    # Nothing was started: the parent's step is refused, with the reason.
+                    log.warning(
+                        "child saga %s of %s cannot start: %s", saga_id, parent.saga_id, exc
+                    )
+                    engine.stats.inc("child_start_refused")
+                    await self._send(
+                        parent_reply(parent, saga_id, "failure", {"child_id": saga_id}, f"{exc}")
+                    )
+                    return
+        await self.answer_again(saga_id)
+
+    async def _asked(self, saga_id: str, parent: ParentLink) -> bool:
+        """Whether the parent's history still asks for this child (raises NotParent when
+        it never did): a start that arrives after the parent withdrew it (its undo
+        issued, the step skipped, or the parent ended) starts nothing, or the child would
+        run on with nobody left to undo it. A late copy that arrives between two attempts
+        starts nothing either; the next attempt's start does."""
+        try:
+            events = await self._e.history(parent.saga_id)
+        except SagaNotFound:
+            raise NotParent(
+                saga_id, parent.saga_id, None, f"no saga {parent.saga_id!r} exists to start "
+                f"child {saga_id}",
+            ) from None  # fmt: skip
+        # The one fold of a history (the view's): the start is asked for while its command
+        # is in flight, not once it was answered, skipped, compensated or the parent ended.
+        asked = parent.command_id
+        if any(f.command_id == asked for f in fold(events).in_flight if not f.compensation):
+            return True
+        if not any(isinstance(e, CommandIssued) and e.command_id == asked for e in events):
+            raise NotParent(
+                saga_id, parent.saga_id, None, f"saga {parent.saga_id} never asked for child "
+                f"{saga_id} (no command {asked!r} in its history)",
+            )  # fmt: skip
+        return False
+
+    async def _exists(self, saga_id: str, parent_id: str) -> bool:
+        """Whether the child was started already, by this parent (raises NotParent when
+        its recorded link names another saga)."""
+        engine = self._e
+        runtime = engine.runtime_of(saga_id)
+        if runtime is not None:
+            started: Event = runtime.started
+        else:
+            try:
+                started = (await engine.store.first_event(saga_id)).event
+            except SagaNotFound:
+                return False
+        check_parent(saga_id, started, parent_id, undo=False)
+        return True
+
+    async def undo_child(self, saga_id: str, command_id: str, parent_id: str, reason: str) -> None:
+        """The parent compensates: the child undoes what it did (see ``UndoRequested``).
+        A child that never started has nothing to undo, and says so at once; one that
+        ended before the undo came answers it under the undo's id (``parent_notices``)."""
+        engine = self._e
+        try:
+            decision = await engine.deliver(
+                saga_id, Undo(command_id, parent_id, engine.clock.now(), reason)
+            )
+        except SagaNotFound:
+            parent = ParentLink(saga_id=parent_id, command_id=command_id)
+            await self._send(parent_reply(parent, saga_id, "success", {"child_id": saga_id}, None))
+            return
+        if decision.dropped is DropReason.UNDO_ANSWERED:
+            await self.answer_again(saga_id, undo=command_id)
+
+    async def answer_again(self, saga_id: str, *, undo: str | None = None) -> None:
+        """Sends an ended child's answers to its parent again (nothing while it runs),
+        and the answer to ``undo`` when it asked after the child had ended."""
+        engine = self._e
+        record = await engine.get(saga_id)
+        if not record.status.is_terminal:
+            return
+        live = engine.runtime_of(saga_id)
+        if live is not None:
+            notices = live.parent_notices(undo)
+        else:
+            events = await engine.history(saga_id)
+            definition = engine.registry.for_history(record.saga_type, events)
+            runtime, _ = SagaRuntime.replay(definition, saga_id, events)
+            try:
+                notices = runtime.parent_notices(undo)
+            finally:
+                runtime.close()
+        for notice in notices:
+            await self._send(notice)
+
+    async def deliver_locally(self, command: OutboundCommand) -> bool:
+        """Carries out a child's command or a parent's answer in this process (the
+        testing kit's bus). False for a participant's command."""
+        engine = self._e
+        if command.participant == PARENT_PARTICIPANT:
+            body = command.payload
+            await engine.reply(
+                command.saga_id, command.command_id, body["outcome"], body.get("payload") or {},
+                body.get("error"), sender=str(body.get("child", "")),
+            )  # fmt: skip
+            return True
+        if command.participant != CHILD_PARTICIPANT:
+            return False
+        if command.compensation:
+            undo = ChildUndo.model_validate(command.payload)
+            await self.undo_child(undo.saga_id, command.command_id, command.saga_id, "")
+        else:
+            start = ChildStart.model_validate(command.payload)
+            await self.start_child(
+                start.saga_type, start.input, saga_id=start.saga_id, parent=parent_of(command),
+                trace_context=command.trace_context, priority=start.priority,
+                fairness_key=start.fairness_key,
+            )  # fmt: skip
+        return True
+
+    async def _send(self, notice: OutboundCommand) -> None:
+        try:
+            await self._e.sender.send_command(notice)
+        except TransientError:
+            # The parent asks again (its poll, or its recovery): the answer is not lost.
+            log.warning("could not answer parent saga %s yet", notice.saga_id)
+            raise

@@ -1,0 +1,406 @@
+"""Flow control's runner: a ``CommandSender`` in front of the real one that holds the
+commands a limit stops (``_flow.py`` decides the order) and sends them when a permit
+and a token are free.
+
+The engine installs it only when ``Settings.limits`` configures a limit: otherwise the
+engine talks to the broker's sender directly, and the hot path is what it was.
+
+- **Durable wait.** A command reaches a sender only after its ``command_issued`` is
+  committed (the history is the outbox), so a held command is safe: a crash loses the
+  queue, and recovery re-sends every outstanding command, through this queue again.
+- **Permits** are held per (command id, attempt), from the send until the saga's
+  history says the attempt is over: a reply, a timeout, a skip, the saga's end or park
+  (``settle``, called after every decision the engine applies to the saga), or the
+  saga's partition moving to another engine (``drop_unowned``).
+- **Timeouts count from the send.** A queued attempt's timeout is not due (``timers``
+  leaves it out); a sent one's is moved back by the time it waited in the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from saga_engine.core._decision import OutboundCommand
+from saga_engine.core._events import SagaStarted
+from saga_engine.core._flow import FlowQueue, Gate, GateKind, Waiting
+from saga_engine.core._runtime import SagaRuntime
+from saga_engine.kernel._settings import LimitsSettings
+from saga_engine.transport._bus import CommandSender, PipelinedSender
+from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS
+
+if TYPE_CHECKING:
+    from saga_engine.runner._engine import Engine
+
+log = logging.getLogger("saga_engine.flow")
+
+#: After a send that failed (the broker away), how long the command waits before its
+#: next attempt; it keeps its place in the queue meanwhile.
+_RETRY_SEND_S = 0.5
+
+_Key = tuple[str, int]  # (command id, attempt)
+
+
+class TicketState(enum.Enum):
+    #: Recorded, waiting for its gates.
+    QUEUED = "queued"
+    #: Sent: holds a permit of each of its gates until its attempt is over.
+    SENT = "sent"
+
+
+@dataclass(slots=True)
+class _Ticket:
+    command: OutboundCommand
+    gates: tuple[Gate, ...]
+    entry: Waiting
+    state: TicketState = TicketState.QUEUED
+    #: Seconds it waited in the queue: its timeout is moved back by as much.
+    held_s: float = 0.0
+
+
+class FlowControl:
+    """A CommandSender that applies ``Settings.limits``; see the module docstring."""
+
+    def __init__(
+        self,
+        settings: LimitsSettings,
+        inner: CommandSender,
+        started: Callable[[str], SagaStarted | None],
+        now: Callable[[], float] = time.time,
+        on_sent: Callable[[str], None] = lambda saga_id: None,
+        owns: Callable[[str], bool] = lambda saga_id: True,
+    ) -> None:
+        self._inner = inner
+        #: Seconds, from the engine's clock: a queued attempt's timeout is moved back by
+        #: its wait measured on the clock that arms the timeout.
+        self._now = now
+        #: Told of each saga whose held command was sent: its timeout is due now.
+        self._on_sent = on_sent
+        #: Whether this engine drives the saga (its partition is here).
+        self._owns = owns
+        # Checked once: a runtime protocol check costs microseconds on every command.
+        self._pipelined = inner if isinstance(inner, PipelinedSender) else None
+        self._started = started
+        self._gates: dict[tuple[GateKind, str], Gate] = {}
+        for kind, table in (
+            (GateKind.PARTICIPANT, settings.participants),
+            (GateKind.SAGA_TYPE, settings.saga_types),
+        ):
+            for name, limit in table.items():
+                if limit.concurrency is not None or limit.rate is not None:
+                    self._gates[(kind, name)] = Gate(kind, name, limit)
+        self._queue = FlowQueue(aging_s=settings.aging_s)
+        self._tickets: dict[_Key, _Ticket] = {}
+        self._by_saga: dict[str, set[_Key]] = {}
+        self._seq = 0
+        self._wake: asyncio.Event | None = None
+        self._pump: asyncio.Task[None] | None = None
+        self._sending: set[asyncio.Task[None]] = set()
+        self.stats = {"queued": 0, "sent": 0, "released": 0, "send_failed": 0}
+
+    # ------------------------------------------------------------------ CommandSender
+
+    async def send_command(self, command: OutboundCommand) -> None:
+        gates = self._gates_of(command)
+        if not gates or not self._owns(command.saga_id):
+            # Not limited; or an input applied here to a saga another engine drives (an
+            # admin action): this engine lets go of it at once and its owner re-sends
+            # what it owes under the owner's limits, so nothing here would release it.
+            await self._inner.send_command(command)
+            return
+        ticket = self._tickets.get((command.command_id, command.attempt))
+        if ticket is None:
+            self._enqueue(command, gates)
+        elif ticket.state is TicketState.SENT:
+            # A re-send after a reload: the attempt still holds its permit.
+            await self._inner.send_command(command)
+
+    async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
+        """The batch path's pipelined send: a held command is done as far as the batch
+        is concerned (its event is durable; the queue sends it)."""
+        if self._pipelined is None or self._gates_of(command):
+            await self.send_command(command)
+            return _done()
+        return await self._pipelined.start_command(command)
+
+    # ------------------------------------------------------------------ engine hooks
+
+    def settle(self, saga_id: str, runtime: SagaRuntime) -> None:
+        """Releases the permits (or queue places) of the saga's attempts that are over."""
+        keys = self._by_saga.get(saga_id)
+        if not keys:
+            return
+        if runtime.status.is_terminal or runtime.dead:
+            # Ended; or parked as nondeterministic: its replies are dropped until a fixed
+            # deploy, and a resume sends what is outstanding again (through the queue).
+            # (A step_stuck saga's other branches are still in flight: counted below.)
+            live: set[_Key] = set()
+        else:
+            live = {(c.command_id, c.attempt) for c in runtime.outstanding_commands()}
+        for key in [k for k in keys if k not in live]:
+            self._release(key)
+
+    def drop_unowned(self, owns: Callable[[str], bool]) -> None:
+        """After a rebalance: the sagas another engine drives now are its to send."""
+        for saga_id in [s for s in self._by_saga if not owns(s)]:
+            for key in list(self._by_saga.get(saga_id, ())):
+                self._release(key)
+
+    def set_share(self, owned: int, total: int) -> None:
+        """This engine's share of every limit: owned inbox partitions / all of them."""
+        share = owned / total if total > 0 else 1.0
+        for gate in self._gates.values():
+            gate.share = share
+        self._kick()
+
+    def timers(self, saga_id: str, runtime: SagaRuntime) -> dict[str, datetime]:
+        """The saga's pending timers as flow control sees them: a queued attempt's
+        timeout is not due, a sent one's is later by the time it waited."""
+        pending = runtime.pending_timers()
+        keys = self._by_saga.get(saga_id)
+        if not keys:
+            return pending
+        out: dict[str, datetime] = {}
+        for timer_id, at in pending.items():
+            ticket = self._ticket_of_timer(timer_id)
+            if ticket is None:
+                out[timer_id] = at
+            elif ticket.state is TicketState.SENT:
+                out[timer_id] = at + timedelta(seconds=ticket.held_s)
+        return out
+
+    def next_wakeup(self, saga_id: str, runtime: SagaRuntime) -> datetime | None:
+        if saga_id not in self._by_saga:
+            return runtime.next_wakeup()
+        return min(self.timers(saga_id, runtime).values(), default=None)
+
+    # ------------------------------------------------------------------ reading
+
+    def snapshot(self) -> list[dict[str, object]]:
+        """Per gate: its limits, this engine's share, in flight and waiting."""
+        return [
+            {
+                "kind": gate.kind.value,
+                "name": gate.name,
+                "concurrency_limit": gate.limit.concurrency,
+                "rate_limit": gate.limit.rate,
+                "share": round(gate.share, 4),
+                "effective_concurrency": gate.concurrency,
+                "effective_rate": gate.rate,
+                "in_flight": gate.in_flight,
+                "waiting": gate.waiting,
+                "sent": gate.sent,
+            }
+            for gate in self._gates.values()
+        ]
+
+    async def close(self) -> None:
+        tasks = [t for t in (self._pump, *self._sending) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # ------------------------------------------------------------------ internals
+
+    def _gates_of(self, command: OutboundCommand) -> tuple[Gate, ...]:
+        gates = self._gates
+        if not gates or command.participant in ENGINE_PARTICIPANTS:
+            # A child saga's start or undo, or a child's end sent to its parent: the engine
+            # answers these itself, and a child's end must never wait behind (or hold) a
+            # permit of its parent's type; the child's own commands are limited as theirs.
+            return ()
+        found = []
+        gate = gates.get((GateKind.PARTICIPANT, command.participant))
+        if gate is not None:
+            found.append(gate)
+        gate = gates.get((GateKind.SAGA_TYPE, command.saga_type))
+        if gate is not None:
+            found.append(gate)
+        return tuple(found)
+
+    def _ticket_of_timer(self, timer_id: str) -> _Ticket | None:
+        if not timer_id.startswith("timeout:"):
+            return None
+        command_id, _, attempt = timer_id[len("timeout:") :].rpartition(":")
+        try:
+            return self._tickets.get((command_id, int(attempt)))
+        except ValueError:
+            return None
+
+    def _enqueue(self, command: OutboundCommand, gates: tuple[Gate, ...]) -> None:
+        started = self._started(command.saga_id)
+        priority = started.priority if started is not None else 0
+        key = (started.fairness_key if started is not None else None) or ""
+        self._seq += 1
+        lane = tuple((g.kind, g.name) for g in gates)
+        entry = Waiting(self._seq, self._now(), priority, key, lane, command.compensation, None)
+        ticket = _Ticket(command, gates, entry)
+        entry.item = ticket
+        k = (command.command_id, command.attempt)
+        self._tickets[k] = ticket
+        self._by_saga.setdefault(command.saga_id, set()).add(k)
+        self._queue.push(entry)
+        for gate in gates:
+            gate.waiting += 1
+        self.stats["queued"] += 1
+        self._kick()
+
+    def _release(self, key: _Key) -> None:
+        ticket = self._tickets.pop(key, None)
+        if ticket is None:
+            return
+        saga_keys = self._by_saga.get(ticket.command.saga_id)
+        if saga_keys is not None:
+            saga_keys.discard(key)
+            if not saga_keys:
+                del self._by_saga[ticket.command.saga_id]
+        if ticket.state is TicketState.QUEUED:
+            if self._queue.remove(ticket.entry):
+                for gate in ticket.gates:
+                    gate.waiting -= 1
+        else:
+            for gate in ticket.gates:
+                gate.give_back()
+        self.stats["released"] += 1
+        self._kick()
+
+    def _kick(self) -> None:
+        if self._wake is None:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                return  # built outside a loop (a test): the first enqueue starts it
+            self._wake = asyncio.Event()
+        self._wake.set()
+        if self._pump is None or self._pump.done():
+            self._pump = asyncio.get_running_loop().create_task(self._run())
+
+    def _lane_admits(self, now: float) -> Callable[[Hashable], bool]:
+        gates = self._gates
+
+        def admits(lane: Hashable) -> bool:
+            assert isinstance(lane, tuple)
+            return all(gates[g].admits(now) for g in lane)
+
+        return admits
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while True:
+            self._wake.clear()
+            delay = self._dispatch()
+            if delay is None:
+                await self._wake.wait()
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+
+    def _dispatch(self) -> float | None:
+        """Sends what the gates admit now; returns how long until a token frees a lane
+        that waits for one (None: a release or an enqueue wakes the queue)."""
+        now = self._now()
+        # Token buckets refill on the process's monotonic clock (the queue waits for a
+        # token in real time), aging and timeouts go by the engine's clock.
+        tick = time.monotonic()
+        admits = self._lane_admits(tick)
+        batch: list[_Ticket] = []
+        while True:
+            entry = self._queue.pop(now, admits)
+            if entry is None:
+                break
+            ticket: _Ticket = entry.item
+            for gate in ticket.gates:
+                gate.take(tick)
+                gate.waiting -= 1
+            ticket.state = TicketState.SENT
+            ticket.held_s = now - entry.arrived
+            batch.append(ticket)
+            self._on_sent(ticket.command.saga_id)
+        if batch:
+            task = asyncio.get_running_loop().create_task(self._send(batch))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+        if not len(self._queue):
+            return None
+        waits = [w for w in (g.next_token_in(tick) for g in self._gates.values()) if w]
+        return min(waits) + 0.001 if waits else None
+
+    async def _send(self, batch: list[_Ticket]) -> None:
+        inner, pipelined = self._inner, self._pipelined
+        pending: list[tuple[_Ticket, Awaitable[None]]] = []
+        failed: list[tuple[_Ticket, BaseException]] = []
+        for ticket in batch:
+            try:
+                if pipelined is not None:
+                    pending.append((ticket, await pipelined.start_command(ticket.command)))
+                else:
+                    await inner.send_command(ticket.command)
+                    self.stats["sent"] += 1
+            except Exception as exc:
+                failed.append((ticket, exc))
+        for ticket, ack in pending:
+            try:
+                await ack
+                self.stats["sent"] += 1
+            except Exception as exc:
+                failed.append((ticket, exc))
+        for ticket, error in failed:
+            self.stats["send_failed"] += 1
+            log.warning("sending command %s: %s; retrying", ticket.command.command_id, error)
+        if failed:
+            await asyncio.sleep(_RETRY_SEND_S)
+            for ticket, _ in failed:
+                self._requeue(ticket)
+
+    def _requeue(self, ticket: _Ticket) -> None:
+        key = (ticket.command.command_id, ticket.command.attempt)
+        if self._tickets.get(key) is not ticket or ticket.state is not TicketState.SENT:
+            return  # released meanwhile (answered, ended, moved away)
+        for gate in ticket.gates:
+            gate.give_back()
+            gate.waiting += 1
+        ticket.state = TicketState.QUEUED
+        self._queue.push(ticket.entry, front=True)  # it keeps its place: first again
+        self._kick()
+
+
+def _done() -> asyncio.Future[None]:
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    future.set_result(None)
+    return future
+
+
+def install_flow(engine: Engine) -> FlowControl | None:
+    """Puts flow control in front of the engine's sender when a limit is configured;
+    None (nothing changed, nothing on the hot path) otherwise."""
+    limits = engine.settings.limits
+    if not limits.enabled:
+        return None
+
+    def started(saga_id: str) -> SagaStarted | None:
+        live = engine.live.get(saga_id)
+        return live.runtime.started if live is not None else None
+
+    clock = engine.clock
+    flow = FlowControl(
+        limits,
+        engine.sender,
+        started,
+        lambda: clock.now().timestamp(),
+        # Its timer is armed again: the attempt's timeout (left out while it was held)
+        # is due from now on.
+        lambda saga_id: engine.live.rearm(saga_id) if engine._owns(saga_id) else None,
+        engine._owns,
+    )
+    engine.sender = flow
+    engine.live.flow = flow
+    return flow

@@ -1,0 +1,157 @@
+"""What an engine worker does in the background besides consuming its inbox.
+
+- **Every ``engine.timer_poll_s``**: evict idle sagas (``engine.idle_evict_s``,
+  ``engine.cache_size``), then load the sagas of the owned partitions whose wake-up the
+  store says is due within ``engine.timer_lookahead_s`` and which are not in memory with
+  a timer armed. Loaded, a saga arms its timer, which fires from memory at its time (one
+  already due fires at once). That is how a timer of an evicted saga fires on time.
+- **Every ``retention.interval_s``** (when a retention period is set): archive and delete
+  up to ten batches of the owned partitions' finished sagas past their period. A backlog
+  (retention just turned on) drains over the following passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from saga_engine.core._codec import CodecChain
+from saga_engine.kernel._errors import NewerVersionError, SagaError, TransientError
+from saga_engine.kernel._settings import Settings
+from saga_engine.runner._engine import Engine
+from saga_engine.runner._retention import Retention
+from saga_engine.runner._rollouts import keep_rollouts_fresh, needs_rollouts
+from saga_engine.store._store import EventStore
+from saga_engine.telemetry._telemetry import detach_from_trace
+
+log = logging.getLogger("saga_engine.worker")
+
+#: Batches of ``retention.batch_size`` per background pass.
+_RETENTION_BATCHES = 10
+#: Sagas woken per poll at most (soonest first), and how many load at once.
+_WAKE_BATCH = 2000
+#: Pages of due wake-ups read per poll at most, past the sagas already loaded ahead.
+_WAKE_PAGES = 10
+_WAKE_CONCURRENCY = 64
+
+
+class Housekeeping:
+    def __init__(
+        self,
+        engine: Engine,
+        store: EventStore,
+        settings: Settings,
+        partitions: Callable[[], tuple[frozenset[int], int]],
+        owns: Callable[[str], bool],
+        codec: CodecChain | None = None,
+    ) -> None:
+        self._engine = engine
+        self._codec = codec
+        self._store = store
+        self._settings = settings
+        self._partitions = partitions
+        self._owns = owns
+        self._tasks: list[asyncio.Task[None]] = []
+        #: Retention passes run so far (observable by tests and operators).
+        self.retention_passes = 0
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._timers(), name="saga-timers"))
+        if needs_rollouts(self._engine):
+            every = self._settings.engine.rollout_refresh_s
+            rollouts = keep_rollouts_fresh(self._engine, every)
+            self._tasks.append(loop.create_task(rollouts, name="saga-rollouts"))
+        retention = self._settings.retention
+        if retention.days is not None or retention.per_type:
+            self._tasks.append(loop.create_task(self._retention(), name="saga-retention"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks)
+        self._tasks.clear()
+
+    async def _timers(self) -> None:
+        engine, config = self._engine, self._settings.engine
+        detach_from_trace()
+        while True:
+            await asyncio.sleep(config.timer_poll_s)  # a period, not a synchronisation
+            horizon = engine.clock.now() + timedelta(seconds=config.timer_lookahead_s)
+            try:
+                engine.evict_idle(config.idle_evict_s, config.cache_size, keep_due_before=horizon)
+            except Exception:
+                log.exception("evicting idle sagas failed")
+            mine, count = self._partitions()
+            if not mine:
+                continue
+            try:
+                waking = await self._due(horizon, mine, count)
+                if waking:
+                    await self._wake(waking)
+            except TransientError as exc:
+                log.warning("polling due wake-ups failed (%s); trying again", exc)
+            except Exception:
+                # A bug must not end the poller: every evicted saga's timers hang on it.
+                log.exception("polling due wake-ups failed; trying again")
+
+    async def _due(self, horizon: datetime, mine: frozenset[int], count: int) -> list[str]:
+        """Up to _WAKE_BATCH sagas due before ``horizon`` and not in memory with a timer,
+        soonest first. Those already loaded ahead are paged past (a burst larger than a
+        batch would otherwise return the same loaded sagas on every poll)."""
+        engine = self._engine
+        waking: list[str] = []
+        after: tuple[datetime, str] | None = None
+        for _ in range(_WAKE_PAGES):
+            page = await self._store.due_wakeups(
+                horizon, mine, count, limit=_WAKE_BATCH, after=after
+            )
+            waking += [i for i, _ in page if not engine.live.holds_timer(i) and self._owns(i)]
+            if len(page) < _WAKE_BATCH or len(waking) >= _WAKE_BATCH:
+                break
+            after = (page[-1][1], page[-1][0])
+        return waking[:_WAKE_BATCH]
+
+    async def _wake(self, saga_ids: list[str]) -> None:
+        limit = asyncio.Semaphore(_WAKE_CONCURRENCY)
+
+        async def one(saga_id: str) -> None:
+            async with limit:
+                try:
+                    await self._engine.wake(saga_id)
+                except NewerVersionError as exc:  # said once by recovery, not every poll
+                    log.debug("saga %s waits for a newer engine: %s", saga_id, exc)
+                except SagaError as exc:  # the next poll tries again
+                    log.warning("waking saga %s failed: %s", saga_id, exc)
+                except Exception:
+                    log.exception("waking saga %s failed", saga_id)
+
+        await asyncio.gather(*(one(i) for i in saga_ids))
+
+    async def _retention(self) -> None:
+        retention = Retention(self._settings.retention, self._store, self._codec)
+        detach_from_trace()
+        while True:
+            await asyncio.sleep(self._settings.retention.interval_s)  # a period
+            mine, count = self._partitions()
+            if not mine:
+                continue
+            try:
+                report = await retention.run(
+                    self._engine.clock.now(),
+                    partitions=mine,
+                    partition_count=count,
+                    max_batches=_RETENTION_BATCHES,
+                )
+            except (TransientError, OSError) as exc:
+                log.warning("retention pass failed (%s); trying again next time", exc)
+                continue
+            except Exception:
+                log.exception("retention pass failed; trying again next time")
+                continue
+            self.retention_passes += 1
+            if report.deleted:
+                self._engine.stats.inc("sagas_archived", report.deleted)

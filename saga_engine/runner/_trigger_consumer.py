@@ -1,0 +1,222 @@
+"""Consumes trigger topics and turns each message into a saga start on the inbox."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import CommitFailedError, KafkaError
+from pydantic import BaseModel, ValidationError
+
+from saga_engine.core._codec import CodecChain
+from saga_engine.core._decision import saga_id_for
+from saga_engine.core._definition import SagaDefinition
+from saga_engine.core._events import TriggerOrigin
+from saga_engine.core._triggers import KafkaTrigger
+from saga_engine.kernel._errors import (
+    InvalidPayload,
+    PoisonReason,
+    SerializationError,
+    TransientError,
+    UnstorableValue,
+)
+from saga_engine.kernel._retry import Backoff
+from saga_engine.kernel._serde import check_storable, loads
+from saga_engine.kernel._settings import Settings
+from saga_engine.telemetry._groupwatch import GroupWatch, watch_member
+from saga_engine.telemetry._health import HealthBoard
+from saga_engine.telemetry._telemetry import (
+    Telemetry,
+    carrier_from_headers,
+    default_telemetry,
+    detach_from_trace,
+)
+from saga_engine.transport._fetch import GuardedFetch
+from saga_engine.transport._kafka import DeadLetters, make_consumer, send
+from saga_engine.transport._topics import Topics
+from saga_engine.transport._wire import (
+    Envelope,
+    MessageType,
+    StartBody,
+)
+
+log = logging.getLogger("saga_engine.triggers")
+
+
+class TriggerConsumer:
+    """Turns trigger messages into start requests; dead-letters the ones that cannot be.
+
+    ``on_dead_letter`` is told the reason of each record dead-lettered, so that the
+    worker counts them with its own (``/metrics`` ``dead_lettered``).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        triggers: Sequence[KafkaTrigger[Any]],
+        producer: Any,
+        dead: DeadLetters,
+        source: str,
+        on_dead_letter: Callable[[str], None] | None = None,
+        codec: CodecChain | None = None,
+        health: HealthBoard | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        self._settings = settings
+        self._health = health
+        self._telemetry = telemetry or default_telemetry()
+        self._fetch: GuardedFetch | None = None
+        self._watch: GroupWatch | None = None
+        self._codec = codec
+        self._by_topic = {t.topic: t for t in triggers}
+        self._producer = producer
+        self._dead = dead
+        self._source = source
+        self._topics = Topics.of(settings.kafka)
+        self._consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._running = False
+        self._on_dead_letter = on_dead_letter
+        self.started = 0
+        self.dead_lettered = 0
+
+    async def start(self) -> None:
+        kafka = self._settings.kafka
+        group = f"{kafka.group_id}.triggers"
+        self._consumer = make_consumer(kafka, *self._by_topic, group_id=group)
+        health = self._health or HealthBoard()
+        self._fetch = GuardedFetch(
+            self._consumer, name=f"triggers {self._source}", health=health,
+            on_unreadable=self._telemetry.count_unreadable,
+        )  # fmt: skip
+        self._watch = watch_member(
+            self._consumer, group=group, member=self._source, telemetry=self._telemetry,
+            health=health,
+        )  # fmt: skip
+        await self._consumer.start()
+        self._running = True
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="saga-triggers")
+
+    async def stop(self) -> None:
+        self._running = False
+        if self._task is not None:
+            await asyncio.wait({self._task}, timeout=10)
+            if not self._task.done():
+                self._task.cancel()
+        if self._watch is not None:
+            await self._watch.stop()
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+    async def _loop(self) -> None:
+        assert self._consumer is not None
+        assert self._fetch is not None
+        detach_from_trace()
+        backoff = Backoff(0.5, 0.5)
+        while self._running:
+            try:
+                batch = await self._fetch.getmany(timeout_ms=200, max_records=200)
+            except KafkaError as exc:
+                log.warning("trigger fetch failed (%r)", exc)
+                await backoff.sleep()
+                continue
+            offsets = {}
+            for tp, records in batch.items():
+                for record in records:
+                    await self._one(record)
+                offsets[tp] = records[-1].offset + 1
+            if offsets:
+                try:
+                    # Committed after the start requests are acknowledged by the broker:
+                    # a crash before this re-sends them, and the derived saga id makes
+                    # the engine start each saga once.
+                    await self._consumer.commit(offsets)
+                except (CommitFailedError, KafkaError) as exc:
+                    log.warning("trigger offset commit failed (%r)", exc)
+
+    async def _one(self, record: Any) -> None:
+        trigger = self._by_topic[record.topic]
+        reason, detail = None, ""
+        try:
+            message = trigger.message.model_validate(loads(record.value or b""))
+        except UnstorableValue as exc:  # nested too deep to read (MAX_DEPTH)
+            reason, detail = PoisonReason.UNSTORABLE_VALUE, str(exc)
+        except SerializationError as exc:
+            reason, detail = PoisonReason.MALFORMED_JSON, str(exc)
+        except ValidationError as exc:
+            reason, detail = PoisonReason.INVALID_BODY, str(exc)
+        else:
+            try:
+                value = trigger.to_input(message)
+                key = trigger.idempotency_key(message)
+                payload = (
+                    value.model_dump(mode="json") if isinstance(value, BaseModel) else dict(value)
+                )
+                # Checked here, so the trigger's own record is what goes to the dead-letter
+                # topic (with the field named), not a start request made from it.
+                check_storable(key, "the idempotency key")
+                SagaDefinition.of(trigger.saga).validate_input(payload)
+            except UnstorableValue as exc:
+                reason, detail = PoisonReason.UNSTORABLE_VALUE, str(exc)
+            except InvalidPayload as exc:
+                reason, detail = PoisonReason.INVALID_INPUT, str(exc)
+            except Exception as exc:
+                reason, detail = PoisonReason.REJECTED, f"{type(exc).__name__}: {exc}"
+        if reason is not None:
+            await self._dead_letter(record, reason, detail)
+            return
+        saga_type = trigger.saga.name
+        saga_id = saga_id_for(saga_type, key)
+        # A producer that traces (W3C headers on the record) gets the saga in its trace.
+        trace = carrier_from_headers(record.headers or [])
+        envelope = Envelope(
+            message_type=MessageType.START,
+            source=self._source,
+            subject=saga_type,
+            saga_id=saga_id,
+            saga_type=saga_type,
+            correlation_id=saga_id,
+            traceparent=trace.get("traceparent", ""),
+            tracestate=trace.get("tracestate", ""),
+            body=StartBody(
+                input=payload,
+                idempotency_key=key,
+                # Recorded in the saga's history: any saga can be traced back to its cause.
+                trigger=TriggerOrigin(
+                    topic=record.topic,
+                    partition=record.partition,
+                    offset=record.offset,
+                ),
+            ).model_dump(mode="json", exclude_none=True),
+        )
+        backoff = Backoff(0.5, 0.5)
+        while True:
+            try:
+                await send(self._producer, self._topics.inbox, envelope, self._codec)
+                break
+            except TransientError:
+                if not self._running:
+                    raise
+                await backoff.sleep()
+        self.started += 1
+
+    async def _dead_letter(self, record: Any, reason: PoisonReason, detail: str) -> None:
+        # Retried while Kafka is away, as the start requests are: an exception here
+        # would end the trigger loop, and the record must not be skipped unrecorded.
+        backoff = Backoff(0.5, 0.5)
+        while True:
+            try:
+                await self._dead.publish_record(
+                    record, reason=reason.value, detail=detail, consumer=self._source
+                )
+                break
+            except TransientError:
+                if not self._running:
+                    raise
+                await backoff.sleep()
+        self.dead_lettered += 1
+        if self._on_dead_letter is not None:
+            self._on_dead_letter(reason.value)

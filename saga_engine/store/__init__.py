@@ -1,0 +1,34 @@
+"""Event stores: the port, its two adapters, and the schema migrations."""
+
+from saga_engine.kernel._errors import MigrationBusy, MigrationError, StoreUnavailable
+from saga_engine.store._memstore import InMemoryEventStore
+from saga_engine.store._migrations import migrate, migration_sql, shipped_migrations
+from saga_engine.store._pgstore import GroupCommitConfig, PostgresEventStore
+from saga_engine.store._store import (
+    Append,
+    EventStore,
+    LoadedSaga,
+    NewSaga,
+    Projection,
+    SagaRecord,
+    StoredEvent,
+)
+
+__all__ = [
+    "Append",
+    "EventStore",
+    "GroupCommitConfig",
+    "InMemoryEventStore",
+    "LoadedSaga",
+    "MigrationBusy",
+    "MigrationError",
+    "NewSaga",
+    "PostgresEventStore",
+    "Projection",
+    "SagaRecord",
+    "StoreUnavailable",
+    "StoredEvent",
+    "migrate",
+    "migration_sql",
+    "shipped_migrations",
+]

@@ -1,0 +1,274 @@
+"""An in-memory event store for unit tests and the testing kit.
+
+It keeps the same contract as the Postgres adapter, errors included, so code tested
+against it behaves the same against Postgres. Values are copied through JSON on the
+way in and out, as a database would, so callers cannot share mutable state with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from saga_engine.core._codec import CodecChain, PayloadCodec, Undecodable, open_event, seal_event
+from saga_engine.core._events import (
+    Event,
+    SagaStarted,
+    event_from_json,
+    event_to_dict,
+    event_to_json,
+)
+from saga_engine.core._rollout import InMemoryRollouts, RolloutRows
+from saga_engine.core._status import SagaStatus
+from saga_engine.kernel._errors import ConcurrencyError, SagaNotFound, SerializationError
+from saga_engine.kernel._partitioning import partition_for
+from saga_engine.kernel._serde import dumps, loads, unstorable
+from saga_engine.store._store import (
+    Append,
+    ArchivedSaga,
+    LoadedSaga,
+    NewSaga,
+    OpenSummary,
+    Projection,
+    SagaRecord,
+    StoredEvent,
+    as_utc,
+    check_lookup,
+    check_new_saga_id,
+)
+
+
+def _copy(
+    event: Event, codec: CodecChain | None, undecodable: Undecodable = Undecodable.RAISE
+) -> Event:
+    # Fail where Postgres fails: its text and jsonb refuse NUL characters and unpaired
+    # surrogates, and orjson numbers JSON cannot carry.
+    problems = unstorable(event.model_dump(mode="json"))
+    if problems:
+        raise SerializationError(
+            f"Postgres cannot store this value: {problems[0]['msg']} (at {problems[0]['loc']})"
+        )
+    if codec is None:
+        return event_from_json(event_to_json(event))
+    # Through the row a Postgres store writes, sealed, and back: the same codec path.
+    return open_event(codec, loads(dumps(seal_event(codec, event_to_dict(event)))), undecodable)
+
+
+class InMemoryEventStore(InMemoryRollouts):
+    def __init__(self, codec: PayloadCodec | CodecChain | None = None) -> None:
+        self._rollouts = RolloutRows()
+        self._codec = CodecChain.of(codec)
+        self._records: dict[str, SagaRecord] = {}
+        self._events: dict[str, list[StoredEvent]] = {}
+        #: (saga id, created at) -> gzipped export, as saga_archive's key.
+        self._archive: dict[tuple[str, datetime], bytes] = {}
+        # One lock makes each create/append atomic even if an adapter method awaits.
+        self._lock = asyncio.Lock()
+        self.closed = False
+
+    def _now(self, events: list[Event]) -> datetime:
+        return events[-1].at if events else datetime.now(UTC)
+
+    async def create(self, new: NewSaga) -> bool:
+        check_new_saga_id(new.saga_id)
+        async with self._lock:
+            if new.saga_id in self._records:
+                return False
+            events = [_copy(e, self._codec) for e in new.events]
+            now = self._now(events)
+            self._events[new.saga_id] = [StoredEvent(i + 1, e) for i, e in enumerate(events)]
+            self._records[new.saga_id] = self._apply(
+                SagaRecord(
+                    saga_id=new.saga_id,
+                    saga_type=new.saga_type,
+                    status=new.projection.status,
+                    last_seq=len(events),
+                    created_at=now,
+                    updated_at=now,
+                    idempotency_key=new.idempotency_key,
+                    search=dict(new.search) if new.search else None,
+                    saga_version=new.saga_version,
+                ),
+                new.projection,
+                len(events),
+                now,
+            )
+            return True
+
+    async def append(self, append: Append) -> int:
+        async with self._lock:
+            record = self._records.get(append.saga_id)
+            if record is None:
+                raise SagaNotFound(append.saga_id)
+            if record.last_seq != append.expected_seq:
+                raise ConcurrencyError(append.saga_id, append.expected_seq, record.last_seq)
+            events = [_copy(e, self._codec) for e in append.events]
+            stored = self._events[append.saga_id]
+            for event in events:
+                stored.append(StoredEvent(len(stored) + 1, event))
+            now = self._now(events) if events else record.updated_at
+            self._records[append.saga_id] = self._apply(record, append.projection, len(stored), now)
+            return len(stored)
+
+    @staticmethod
+    def _apply(record: SagaRecord, p: Projection, last_seq: int, now: datetime) -> SagaRecord:
+        return replace(
+            record,
+            status=p.status,
+            current_step=p.current_step,
+            next_wakeup=p.next_wakeup,
+            error=p.error,
+            last_seq=last_seq,
+            updated_at=now,
+        )
+
+    async def load(
+        self, saga_id: str, *, undecodable: Undecodable = Undecodable.RAISE
+    ) -> LoadedSaga:
+        record = await self.get(saga_id)
+        return LoadedSaga(
+            record,
+            [
+                StoredEvent(s.seq, _copy(s.event, self._codec, undecodable))
+                for s in self._events[saga_id]
+            ],
+        )
+
+    async def first_event(self, saga_id: str) -> StoredEvent:
+        await self.get(saga_id)
+        first = self._events[saga_id][0]
+        return StoredEvent(first.seq, _copy(first.event, self._codec))
+
+    async def get(self, saga_id: str) -> SagaRecord:
+        check_lookup(saga_id)
+        record = self._records.get(saga_id)
+        if record is None:
+            raise SagaNotFound(saga_id)
+        return record
+
+    async def list_sagas(
+        self,
+        *,
+        statuses: Collection[SagaStatus] | None = None,
+        saga_type: str | None = None,
+        limit: int = 100,
+        after_id: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        updated_after: datetime | None = None,
+        updated_before: datetime | None = None,
+        search: str | None = None,
+        attributes: Mapping[str, str] | None = None,
+    ) -> list[SagaRecord]:
+        wanted = dict(attributes or {}).items()
+
+        def keep(r: SagaRecord) -> bool:
+            created, updated = as_utc(r.created_at), as_utc(r.updated_at)
+            return (
+                (statuses is None or r.status in statuses)
+                and (saga_type is None or r.saga_type == saga_type)
+                and (after_id is None or r.saga_id > after_id)
+                and (created_after is None or created >= as_utc(created_after))
+                and (created_before is None or created < as_utc(created_before))
+                and (updated_after is None or updated >= as_utc(updated_after))
+                and (updated_before is None or updated < as_utc(updated_before))
+                and (search is None or r.saga_id.startswith(search) or r.idempotency_key == search)
+                and (not wanted or wanted <= (r.search or {}).items())
+            )
+
+        rows = sorted(self._records.values(), key=lambda r: r.saga_id)
+        return [r for r in rows if keep(r)][:limit]
+
+    async def open_saga_ids(
+        self, partitions: Collection[int] | None = None, partition_count: int = 0
+    ) -> list[str]:
+        return sorted(
+            r.saga_id
+            for r in self._records.values()
+            if r.status.is_open
+            and (partitions is None or partition_for(r.saga_id, partition_count) in partitions)
+        )
+
+    async def due_wakeups(
+        self,
+        until: datetime,
+        partitions: Collection[int] | None = None,
+        partition_count: int = 0,
+        limit: int = 1000,
+        after: tuple[datetime, str] | None = None,
+    ) -> list[tuple[str, datetime]]:
+        due = sorted(
+            (as_utc(r.next_wakeup), r.saga_id)
+            for r in self._records.values()
+            if r.next_wakeup is not None
+            and r.status is not SagaStatus.NONDETERMINISTIC
+            and as_utc(r.next_wakeup) <= as_utc(until)
+            and (after is None or (as_utc(r.next_wakeup), r.saga_id) > (as_utc(after[0]), after[1]))
+            and (partitions is None or partition_for(r.saga_id, partition_count) in partitions)
+        )
+        return [(saga_id, at) for at, saga_id in due[:limit]]
+
+    async def open_summary(self) -> OpenSummary:
+        by_status: Counter[SagaStatus] = Counter()
+        parked: list[datetime] = []
+        for r in self._records.values():
+            if r.status.is_open:
+                by_status[r.status] += 1
+            if r.status.is_parked:
+                parked.append(as_utc(r.updated_at))
+        return OpenSummary(dict(by_status), min(parked, default=None))
+
+    async def finished_before(
+        self,
+        cutoff: datetime,
+        *,
+        saga_types: Collection[str] | None = None,
+        other_than: Collection[str] = (),
+        partitions: Collection[int] | None = None,
+        partition_count: int = 0,
+        limit: int = 500,
+    ) -> list[str]:
+        found = sorted(
+            (as_utc(r.updated_at), r.saga_id)
+            for r in self._records.values()
+            if r.status.is_terminal
+            and as_utc(r.updated_at) < as_utc(cutoff)
+            and (saga_types is None or r.saga_type in saga_types)
+            and r.saga_type not in other_than
+            and (partitions is None or partition_for(r.saga_id, partition_count) in partitions)
+            and not self._parent_kept(r.saga_id)
+        )
+        return [saga_id for _, saga_id in found[:limit]]
+
+    def _parent_kept(self, saga_id: str) -> bool:
+        """A child stays while its parent does (see the Postgres store's retention)."""
+        first = self._events[saga_id][0].event
+        parent = first.parent if isinstance(first, SagaStarted) else None
+        return parent is not None and parent.saga_id in self._records
+
+    async def histories(self, saga_ids: Collection[str]) -> list[LoadedSaga]:
+        return [await self.load(i) for i in sorted(set(saga_ids)) if i in self._records]
+
+    async def remove_finished(
+        self, saga_ids: Collection[str], archive: Sequence[ArchivedSaga] = ()
+    ) -> int:
+        for item in archive:
+            key = (item.record.saga_id, as_utc(item.record.created_at))
+            self._archive.setdefault(key, item.history)
+        gone = [
+            i for i in set(saga_ids) if i in self._records and self._records[i].status.is_terminal
+        ]
+        for saga_id in gone:
+            del self._records[saga_id]
+            self._events.pop(saga_id, None)
+        return len(gone)
+
+    async def archived_history(self, saga_id: str) -> bytes | None:
+        mine = sorted((at, blob) for (i, at), blob in self._archive.items() if i == saga_id)
+        return mine[-1][1] if mine else None
+
+    async def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,184 @@
+"""What the Postgres store's writer and readers share: errors, JSON, row mapping.
+
+Connection trouble of any kind becomes ``StoreUnavailable`` (retryable); a value
+Postgres cannot store becomes ``SerializationError``. Everything else passes unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Final, TypeAlias
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+from pydantic import ValidationError
+
+from saga_engine.core._codec import CodecChain, Undecodable, open_error, open_event
+from saga_engine.core._events import event_from_dict
+from saga_engine.core._status import SagaStatus
+from saga_engine.kernel._errors import SerializationError, StoreUnavailable
+from saga_engine.kernel._serde import JsonDict, dumps, loads
+from saga_engine.store._store import SagaRecord, StoredEvent
+
+_Conn: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
+
+
+# Errors that say "the server or the connection is in trouble", not "this request is
+# wrong": connection refused/reset/lost (OSError covers socket errors and timeouts),
+# SQLSTATE class 08 (connection exception), 53 (insufficient resources, e.g. too many
+# connections), 57 (operator intervention: shutdown, restart, "cannot connect now") and
+# 40 (transaction rollback: serialization failure, deadlock).
+_TRANSIENT: Final = (
+    OSError,
+    asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.exceptions.InsufficientResourcesError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.TransactionRollbackError,
+)
+
+# Postgres refuses a NUL character in text, and \u0000 in jsonb.
+_UNSTORABLE_TEXT: Final = (
+    asyncpg.exceptions.CharacterNotInRepertoireError,
+    asyncpg.exceptions.UntranslatableCharacterError,
+)
+
+
+def transient_cause(exc: BaseException) -> BaseException | None:
+    """The connection trouble behind ``exc``, if any.
+
+    The chain matters: when a connection dies inside a transaction, asyncpg's rollback
+    in ``Transaction.__aexit__`` then fails with an InterfaceError ("the underlying
+    connection is closed") that replaces the original error, which survives only as its
+    ``__context__``.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, (*_TRANSIENT, StoreUnavailable)):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _translate(exc: BaseException) -> BaseException:
+    """The error a caller should see for ``exc`` raised while talking to Postgres.
+
+    Returns a new exception each time: one failure can be handed to many callers.
+    """
+    out: BaseException
+    cause = transient_cause(exc)
+    if isinstance(cause, StoreUnavailable):
+        out = StoreUnavailable(str(cause))
+    elif cause is not None:
+        out = StoreUnavailable(f"Postgres is unavailable: {type(cause).__name__}: {cause}")
+    elif isinstance(exc, _UNSTORABLE_TEXT):
+        out = SerializationError(f"Postgres cannot store this value: {exc}")
+    elif isinstance(exc, asyncio.CancelledError):
+        out = StoreUnavailable(
+            "the write was interrupted (the store is closing); it may or may not have committed"
+        )
+    else:
+        return exc
+    out.__cause__ = exc
+    return out
+
+
+@contextmanager
+def _unavailable_as_transient() -> Iterator[None]:
+    """Turns connection trouble into StoreUnavailable; other errors pass unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        if transient_cause(exc) is None:
+            raise
+        raise _translate(exc) from exc
+
+
+def _connection_lost(conn: _Conn) -> bool:
+    try:
+        return conn.is_closed()
+    except asyncpg.InterfaceError:
+        # The pool detaches a proxy from its connection when that connection closes.
+        return True
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+class _EncodedJson(bytes):
+    """JSON already encoded by the caller, passed to a jsonb parameter as is."""
+
+
+def _encode_jsonb(value: Any) -> bytes:
+    # The binary jsonb format is a version byte (1) followed by the JSON text.
+    return b"\x01" + (value if isinstance(value, _EncodedJson) else dumps(value))
+
+
+def _decode_jsonb(data: bytes) -> Any:
+    return loads(data[1:])
+
+
+async def _init_connection(conn: asyncpg.Connection[asyncpg.Record]) -> None:
+    await conn.set_type_codec(
+        "jsonb",
+        schema="pg_catalog",
+        encoder=_encode_jsonb,
+        decoder=_decode_jsonb,
+        format="binary",
+    )
+
+
+def _json(value: JsonDict | None) -> _EncodedJson | None:
+    return None if value is None else _EncodedJson(dumps(value))
+
+
+def _stored_events(
+    rows: list[asyncpg.Record],
+    codec: CodecChain | None,
+    undecodable: Undecodable = Undecodable.RAISE,
+) -> list[StoredEvent]:
+    """``(seq, data)`` rows as events, their sealed payloads opened.
+
+    Without a codec this is the loop it always was: nothing per event for the feature.
+    A sealed event then fails validation, and only then does ``open_event`` look at the
+    rows, to raise CodecError ("no codec configured") instead of a validation error.
+    """
+    if codec is None and undecodable is Undecodable.RAISE:
+        try:
+            return [StoredEvent(r["seq"], event_from_dict(r["data"])) for r in rows]
+        except ValidationError:
+            for r in rows:
+                open_event(None, r["data"])
+            raise
+    return [StoredEvent(r["seq"], open_event(codec, r["data"], undecodable)) for r in rows]
+
+
+_RECORD_COLUMNS: Final = (
+    "saga_id, saga_type, status, last_seq, created_at, updated_at, current_step, "
+    "next_wakeup, error, idempotency_key, search, saga_version"
+)
+
+_OPEN_STATUSES: Final = [s.value for s in SagaStatus if s.is_open]
+
+
+def _record(row: asyncpg.Record, codec: CodecChain | None = None) -> SagaRecord:
+    error = row["error"]
+    if error is not None and type(error.get("details")) is dict:
+        error = open_error(codec, error)  # its details sealed with a codec (seal_error)
+    return SagaRecord(
+        saga_id=row["saga_id"],
+        saga_type=row["saga_type"],
+        status=SagaStatus(row["status"]),
+        last_seq=row["last_seq"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        current_step=row["current_step"],
+        next_wakeup=row["next_wakeup"],
+        error=error,
+        idempotency_key=row["idempotency_key"],
+        search=row["search"],
+        saga_version=row["saga_version"],
+    )

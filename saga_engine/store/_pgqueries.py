@@ -1,0 +1,235 @@
+"""The Postgres store's reads: one saga, its history, and the queries over many.
+
+Every query over many sagas is answered by SQL with an index (migrations 0001, 0004),
+never by reading rows into Python to filter them there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from datetime import datetime
+from typing import Final
+
+import asyncpg
+
+from saga_engine.core._codec import CodecChain, Undecodable
+from saga_engine.core._status import SagaStatus
+from saga_engine.kernel._errors import SagaNotFound
+from saga_engine.kernel._partitioning import key_hash, partition_for
+from saga_engine.store._pgbase import (
+    _OPEN_STATUSES,
+    _RECORD_COLUMNS,
+    _json,
+    _record,
+    _stored_events,
+    _unavailable_as_transient,
+)
+from saga_engine.store._store import (
+    LoadedSaga,
+    OpenSummary,
+    SagaRecord,
+    StoredEvent,
+    as_utc,
+    check_lookup,
+)
+
+_MAX_CHAR: Final = "\U0010ffff"
+_PARKED_STATUSES: Final = [s.value for s in SagaStatus if s.is_parked]
+
+
+class PostgresReads:
+    """Mixed into PostgresEventStore: the reads, over its pool."""
+
+    _pool: asyncpg.Pool[asyncpg.Record]
+    _codec: CodecChain | None
+
+    async def load(
+        self, saga_id: str, *, undecodable: Undecodable = Undecodable.RAISE
+    ) -> LoadedSaga:
+        check_lookup(saga_id)
+        with _unavailable_as_transient():
+            async with self._pool.acquire() as conn:
+                row = await conn.fetchrow(
+                    f"SELECT {_RECORD_COLUMNS} FROM sagas WHERE saga_id = $1", saga_id
+                )
+                if row is None:
+                    raise SagaNotFound(saga_id)
+                record = _record(row, self._codec)
+                # Consistent without a snapshot transaction: events up to last_seq were
+                # committed with (or before) the row version just read, and history is
+                # append-only, so this returns exactly the history the record describes,
+                # ignoring any event appended since.
+                event_rows = await conn.fetch(
+                    "SELECT seq, data FROM saga_events WHERE saga_id = $1 AND seq <= $2 "
+                    "ORDER BY seq",
+                    saga_id,
+                    record.last_seq,
+                )
+        return LoadedSaga(record, _stored_events(event_rows, self._codec, undecodable))
+
+    async def first_event(self, saga_id: str) -> StoredEvent:
+        check_lookup(saga_id)
+        with _unavailable_as_transient():
+            # The primary key (saga_id, seq) finds the one row.
+            row = await self._pool.fetchrow(
+                "SELECT seq, data FROM saga_events WHERE saga_id = $1 AND seq = 1", saga_id
+            )
+        if row is None:
+            raise SagaNotFound(saga_id)
+        return _stored_events([row], self._codec)[0]
+
+    async def get(self, saga_id: str) -> SagaRecord:
+        check_lookup(saga_id)
+        with _unavailable_as_transient():
+            row = await self._pool.fetchrow(
+                f"SELECT {_RECORD_COLUMNS} FROM sagas WHERE saga_id = $1", saga_id
+            )
+        if row is None:
+            raise SagaNotFound(saga_id)
+        return _record(row, self._codec)
+
+    async def list_sagas(
+        self,
+        *,
+        statuses: Collection[SagaStatus] | None = None,
+        saga_type: str | None = None,
+        limit: int = 100,
+        after_id: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        updated_after: datetime | None = None,
+        updated_before: datetime | None = None,
+        search: str | None = None,
+        attributes: Mapping[str, str] | None = None,
+    ) -> list[SagaRecord]:
+        # Only the filters given become predicates, so each combination gets a plan that
+        # can use the matching index (a catch-all "$1 IS NULL OR ..." query cannot).
+        clauses: list[str] = []
+        args: list[object] = []
+
+        def arg(value: object) -> str:
+            args.append(value)
+            return f"${len(args)}"
+
+        if statuses is not None:
+            clauses.append(f"status = ANY({arg([SagaStatus(s).value for s in statuses])}::text[])")
+        if saga_type is not None:
+            clauses.append(f"saga_type = {arg(saga_type)}")
+        if after_id is not None:
+            clauses.append(f"saga_id > {arg(after_id)}")
+        for column, op, value in (
+            ("created_at", ">=", created_after),
+            ("created_at", "<", created_before),
+            ("updated_at", ">=", updated_after),
+            ("updated_at", "<", updated_before),
+        ):
+            if value is not None:
+                clauses.append(f"{column} {op} {arg(as_utc(value))}::timestamptz")
+        if search is not None:
+            # An id prefix is a range of the primary key ("C" collation: byte order, and
+            # U+10FFFF sorts after every character); a key is its own index.
+            low, high = arg(search), arg(search + _MAX_CHAR)
+            key = arg(search)
+            clauses.append(f"((saga_id >= {low} AND saga_id < {high}) OR idempotency_key = {key})")
+        if attributes:
+            # Containment, which the GIN index on search answers (migration 0006).
+            clauses.append(f"search @> {arg(_json(dict(attributes)))}::jsonb")
+        where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
+        sql = f"SELECT {_RECORD_COLUMNS} FROM sagas {where}ORDER BY saga_id LIMIT {arg(limit)}"
+        with _unavailable_as_transient():
+            rows = await self._pool.fetch(sql, *args)
+        return [_record(r, self._codec) for r in rows]
+
+    async def open_saga_ids(
+        self, partitions: Collection[int] | None = None, partition_count: int = 0
+    ) -> list[str]:
+        if partitions is None:
+            with _unavailable_as_transient():
+                rows = await self._pool.fetch(
+                    "SELECT saga_id FROM sagas WHERE status = ANY($1::text[]) ORDER BY saga_id",
+                    _OPEN_STATUSES,
+                )
+            return [r["saga_id"] for r in rows]
+        wanted = sorted(set(partitions))
+        with _unavailable_as_transient():
+            # The partial index on open sagas' key_hash; a saga created before migration
+            # 0004 has no hash yet: it is matched here, hashed below, and given one.
+            rows = await self._pool.fetch(
+                "SELECT saga_id, key_hash FROM sagas WHERE status = ANY($1::text[]) "
+                "AND (key_hash % $2 = ANY($3::int[]) OR key_hash IS NULL) ORDER BY saga_id",
+                _OPEN_STATUSES,
+                partition_count,
+                wanted,
+            )
+            unhashed = [r["saga_id"] for r in rows if r["key_hash"] is None]
+            if unhashed:
+                await self._pool.execute(
+                    "UPDATE sagas SET key_hash = u.h FROM unnest($1::text[], $2::int[]) "
+                    "AS u(id, h) WHERE saga_id = u.id AND key_hash IS NULL",
+                    unhashed,
+                    [key_hash(i) for i in unhashed],
+                )
+        mine = set(wanted)
+        return [
+            r["saga_id"]
+            for r in rows
+            if r["key_hash"] is not None or partition_for(r["saga_id"], partition_count) in mine
+        ]
+
+    async def open_summary(self) -> OpenSummary:
+        with _unavailable_as_transient():
+            async with self._pool.acquire() as conn:
+                # Index-only over (status, saga_id), open statuses only.
+                counts = await conn.fetch(
+                    "SELECT status, count(*) AS n FROM sagas WHERE status = ANY($1::text[]) "
+                    "GROUP BY status",
+                    _OPEN_STATUSES,
+                )
+                oldest = await conn.fetchval(
+                    "SELECT min(updated_at) FROM sagas WHERE status = ANY($1::text[])",
+                    _PARKED_STATUSES,
+                )
+        return OpenSummary(
+            by_status={SagaStatus(r["status"]): int(r["n"]) for r in counts},
+            oldest_parked_at=oldest,
+        )
+
+    async def due_wakeups(
+        self,
+        until: datetime,
+        partitions: Collection[int] | None = None,
+        partition_count: int = 0,
+        limit: int = 1000,
+        after: tuple[datetime, str] | None = None,
+    ) -> list[tuple[str, datetime]]:
+        # A range of the partial next_wakeup index (only sagas with a wake-up have one),
+        # keyset-paged by (next_wakeup, saga_id). A saga parked as nondeterministic
+        # keeps its wake-up but cannot act on it.
+        clauses = ["next_wakeup <= $1", "status <> 'nondeterministic'"]
+        args: list[object] = [as_utc(until)]
+
+        def arg(value: object) -> str:
+            args.append(value)
+            return f"${len(args)}"
+
+        if after is not None:
+            clauses.append(f"(next_wakeup, saga_id) > ({arg(as_utc(after[0]))}, {arg(after[1])})")
+        if partitions is not None:
+            clauses.append(
+                f"(key_hash % {arg(partition_count)} = ANY({arg(sorted(set(partitions)))}::int[]) "
+                "OR key_hash IS NULL)"
+            )
+        sql = (
+            f"SELECT saga_id, key_hash, next_wakeup FROM sagas WHERE {' AND '.join(clauses)} "
+            f"ORDER BY next_wakeup, saga_id LIMIT {arg(limit)}"
+        )
+        with _unavailable_as_transient():
+            rows = await self._pool.fetch(sql, *args)
+        mine = set(partitions) if partitions is not None else None
+        return [
+            (r["saga_id"], r["next_wakeup"])
+            for r in rows
+            if mine is None
+            or r["key_hash"] is not None
+            or partition_for(r["saga_id"], partition_count) in mine
+        ]

@@ -1,0 +1,158 @@
+"""The schedule-store port: what the scheduler, the admin API and the web page need from
+wherever schedules are kept, and the records they exchange.
+
+Two adapters: ``_pgschedules.PostgresScheduleStore`` (a worker's; migration 0007) and
+``_memschedules.InMemoryScheduleStore`` (the testing kit's and unit tests'). One contract
+suite (``tests/internal/test_schedules_pg.py``) runs against both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final, Protocol
+
+from saga_engine.core._decision import saga_id_for
+from saga_engine.core._schedule import (
+    CatchUp,
+    Overlap,
+    Schedule,
+    ScheduleState,
+    tick_saga_id,
+    to_resend,
+)
+from saga_engine.core._status import SagaStatus
+from saga_engine.kernel._serde import JsonDict
+
+__all__ = [
+    "START_LANDS_WITHIN",
+    "Fire",
+    "FireResult",
+    "Firing",
+    "ScheduleRow",
+    "ScheduleStore",
+    "firing",
+    "previous_saga",
+    "still_running",
+    "trusted",
+]
+
+#: A start sent for a previous tick whose saga does not exist after this long was
+#: refused by the engines (dead-lettered): it no longer counts as running.
+START_LANDS_WITHIN: Final = timedelta(minutes=5)
+#: The statuses in which a schedule's previous saga still runs (overlap=skip waits).
+_RUNNING: Final = frozenset({SagaStatus.RUNNING.value, SagaStatus.COMPENSATING.value})
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRow:
+    """A schedule as stored, with its progress."""
+
+    schedule: Schedule
+    state: ScheduleState
+    origin: str
+    next_fire_at: datetime
+    last_fired_at: datetime | None
+    last_tick: datetime | None
+    last_saga_id: str | None
+    fired_count: int
+    skipped_count: int
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Firing:
+    """One start request to send: a tick of a schedule (or an operator's trigger)."""
+
+    schedule_id: str
+    saga_type: str
+    saga_id: str
+    idempotency_key: str
+    input: JsonDict
+    tick: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class FireResult:
+    claimed: int
+    fired: list[Firing]
+    skipped: int
+
+
+#: Sends the start requests and returns once every one is durable (raises if not).
+Fire = Callable[[Sequence[Firing]], Awaitable[None]]
+
+
+class ScheduleStore(Protocol):
+    async def upsert(self, schedule: Schedule, now: datetime, *, origin: str) -> str: ...
+
+    async def get(self, schedule_id: str) -> ScheduleRow: ...
+
+    async def list(self, *, limit: int = 100, after: str = "") -> list[ScheduleRow]: ...
+
+    async def set_state(
+        self, schedule_id: str, state: ScheduleState, now: datetime
+    ) -> ScheduleRow: ...
+
+    async def delete(self, schedule_id: str) -> None: ...
+
+    async def earliest_due(self) -> datetime | None: ...
+
+    async def fire_due(
+        self,
+        now: datetime,
+        limit: int,
+        fire: Fire,
+        *,
+        clock: Callable[[], datetime],
+        after_fire: Callable[[], None] | None = None,
+    ) -> FireResult: ...
+
+    async def trigger(self, schedule_id: str, now: datetime, fire: Fire) -> Firing: ...
+
+    async def close(self) -> None: ...
+
+
+def firing(schedule: Schedule, key: str, tick: datetime) -> Firing:
+    return Firing(
+        schedule_id=schedule.id,
+        saga_type=schedule.saga,
+        saga_id=saga_id_for(schedule.saga, key),
+        idempotency_key=key,
+        input=schedule.input,
+        tick=tick,
+    )
+
+
+def previous_saga(
+    row: ScheduleRow, sent: Sequence[datetime], now: datetime
+) -> tuple[str | None, datetime | None]:
+    """The saga overlap=skip waits on, and when its start was last sent.
+
+    ``sent``: the ticks (oldest first) a claim that never committed may have sent (see
+    ``plan``). Their sagas may run although no row names them: the newest one's saga is
+    the tick's own deterministic id, and its start goes again now. Else it is the saga of
+    the last fired tick the row recorded."""
+    live = to_resend(sent, row.next_fire_at)
+    if live:
+        return tick_saga_id(row.schedule.saga, row.schedule.id, live[-1]), now
+    return row.last_saga_id, row.last_fired_at
+
+
+def still_running(status: str | None, fired_at: datetime | None, now: datetime) -> bool:
+    """Whether a schedule's previous saga (``status`` None: no such saga yet) runs."""
+    if status is not None:
+        return status in _RUNNING
+    # Its start is on its way through the inbox, unless it was refused long ago.
+    return fired_at is not None and now - fired_at < START_LANDS_WITHIN
+
+
+def trusted(definition: JsonDict) -> Schedule:
+    """A stored definition, validated when it was written: rebuilt without validating it
+    again (a claim reads up to batch_size of them per transaction)."""
+    fields = dict(definition)
+    fields["catchup"] = CatchUp(fields.get("catchup", CatchUp.LAST))
+    fields["overlap"] = Overlap(fields.get("overlap", Overlap.SKIP))
+    return Schedule.model_construct(**fields)

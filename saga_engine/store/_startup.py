@@ -1,0 +1,99 @@
+"""Start-up that waits for Kafka and Postgres instead of exiting.
+
+Under an orchestrator a service and its dependencies start together, and a broker or a
+database restarting is routine. An engine or participant that exits because one is not
+up yet turns that into a restart loop (in a chaos run: 17 self-exits, one participant
+down for 35 s). So start-up retries with back-off, one log line per attempt, for
+``startup_timeout_s`` (unset: for ever).
+
+Only unreachability is retried. Each dependency is opened inside ``reaching("Kafka")``
+or ``reaching("Postgres")``, which turns the errors that mean "not there (yet)" into
+``DependencyUnavailable``; anything else (a bad setting, a failed migration, a port in
+use) fails the start at once with its own message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+
+from aiokafka.errors import KafkaConnectionError, KafkaError
+
+from saga_engine.kernel._errors import DependencyUnavailable, TransientError
+from saga_engine.kernel._retry import Backoff
+from saga_engine.store._pgbase import transient_cause
+
+log = logging.getLogger("saga_engine.startup")
+
+_FIRST_DELAY_S = 0.5
+_MAX_DELAY_S = 10.0
+
+
+def _unreachable(exc: BaseException) -> bool:
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return False  # a TLS setting to fix, not a server still starting
+    if isinstance(exc, TransientError):  # KafkaUnavailable, StoreUnavailable, MigrationBusy
+        return True
+    if isinstance(exc, OSError | TimeoutError | KafkaConnectionError):  # refused, no route
+        return True
+    if isinstance(exc, KafkaError):
+        return bool(getattr(exc, "retriable", False))
+    return transient_cause(exc) is not None  # asyncpg: starting up, shutting down, ...
+
+
+@contextmanager
+def reaching(dependency: str) -> Iterator[None]:
+    """Marks the errors of opening ``dependency`` that mean it is not reachable."""
+    try:
+        yield
+    except DependencyUnavailable:
+        raise
+    except Exception as exc:
+        if not _unreachable(exc):
+            raise
+        raise DependencyUnavailable(dependency, exc) from exc
+
+
+async def start_with_retry(
+    what: str,
+    attempt: Callable[[], Awaitable[None]],
+    undo: Callable[[], Awaitable[None]],
+    timeout_s: float | None,
+) -> None:
+    """Runs ``attempt`` until it succeeds; after each failure ``undo`` closes what it
+    opened. A ``DependencyUnavailable`` is retried with back-off (0.5 s doubling up to
+    10 s, jittered: ``saga_engine.kernel._retry``) until ``timeout_s`` has passed; any other
+    error is raised at once."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    backoff = Backoff(_FIRST_DELAY_S, _MAX_DELAY_S)
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            await attempt()
+        except DependencyUnavailable as exc:
+            await undo()
+            waited = loop.time() - began
+            delay = backoff.next_delay()
+            if timeout_s is not None and waited + delay > timeout_s:
+                raise DependencyUnavailable(
+                    exc.dependency,
+                    RuntimeError(f"still unreachable after {waited:.1f}s and {attempts} attempts "
+                                 f"(startup_timeout_s={timeout_s:g}): {exc.cause}"),
+                ) from exc  # fmt: skip
+            log.warning(
+                "%s: %s; attempt %d failed, trying again in %.1fs",
+                what, exc, attempts, delay,
+            )  # fmt: skip
+            await asyncio.sleep(delay)
+            continue
+        except BaseException:
+            await undo()
+            raise
+        if attempts > 1:
+            log.info("%s: started after %d attempts", what, attempts)
+        return

@@ -1,0 +1,231 @@
+"""The event-store port: what the engine needs from durable storage.
+
+Two adapters implement it: ``PostgresEventStore`` (asyncpg, in ``_pgstore``) and
+``InMemoryEventStore`` (``_memstore``). One contract suite (tests/internal/contract) runs against
+both, and both raise the same errors:
+
+- ``ConcurrencyError`` when an append's ``expected_seq`` is not the saga's last sequence;
+- ``SagaNotFound`` when the saga does not exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Final, Protocol, runtime_checkable
+
+from saga_engine.core._codec import Undecodable
+from saga_engine.core._decision import Projection as Projection
+from saga_engine.core._events import Event
+from saga_engine.core._status import SagaStatus
+from saga_engine.kernel._errors import InvalidSagaId, SagaNotFound
+from saga_engine.kernel._serde import JsonDict
+
+#: The longest saga id a store holds (the ``sagas`` table's CHECK constraint).
+MAX_SAGA_ID_LENGTH: Final = 200
+
+
+def check_new_saga_id(saga_id: str) -> None:
+    """InvalidSagaId for an id no store can hold (the stores' create checks this)."""
+    if not 1 <= len(saga_id) <= MAX_SAGA_ID_LENGTH:
+        raise InvalidSagaId(
+            f"a saga id must be 1 to {MAX_SAGA_ID_LENGTH} characters long, not {len(saga_id)}"
+        )
+
+
+def check_lookup(saga_id: str) -> None:
+    """SagaNotFound for an id no store can hold: too long, empty, or with a NUL character
+    (Postgres would refuse the NUL with an error about encodings instead)."""
+    if not 1 <= len(saga_id) <= MAX_SAGA_ID_LENGTH or "\x00" in saga_id:
+        raise SagaNotFound(saga_id[:MAX_SAGA_ID_LENGTH].replace("\x00", "\\x00"))
+
+
+def as_utc(value: datetime) -> datetime:
+    """A naive datetime taken as UTC, as the stores and the admin API read them."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+@dataclass(frozen=True, slots=True)
+class SagaRecord:
+    saga_id: str
+    saga_type: str
+    status: SagaStatus
+    last_seq: int
+    created_at: datetime
+    updated_at: datetime
+    current_step: str | None = None
+    next_wakeup: datetime | None = None
+    error: JsonDict | None = None
+    idempotency_key: str | None = None
+    #: Its type's declared business keys (``Saga.search_attributes``), as strings.
+    search: dict[str, str] | None = None
+    #: The version of its type it runs (``Saga.version``, chosen by the rollout).
+    saga_version: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class OpenSummary:
+    """What ``/metrics`` reports of the store: open sagas by status (a status with none
+    may be missing), and when the longest-parked saga last changed."""
+
+    by_status: dict[SagaStatus, int]
+    oldest_parked_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ArchivedSaga:
+    """A finished saga as retention archives it in the store: its record, and its
+    history as the gzip of its export (``saga_engine.replay.export_history``)."""
+
+    record: SagaRecord
+    history: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    seq: int
+    event: Event
+
+
+@dataclass(frozen=True, slots=True)
+class NewSaga:
+    """A saga's first events. Sequence numbers start at 1."""
+
+    saga_id: str
+    saga_type: str
+    events: Sequence[Event]
+    projection: Projection
+    idempotency_key: str | None = None
+    #: Search attributes (``Saga.search_attributes``): written with the saga's row.
+    search: Mapping[str, str] | None = None
+    #: The version of its type it runs (its ``saga_started`` records it too).
+    saga_version: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """Events to add after ``expected_seq``, which must be the saga's last sequence."""
+
+    saga_id: str
+    expected_seq: int
+    events: Sequence[Event]
+    projection: Projection
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedSaga:
+    record: SagaRecord
+    events: list[StoredEvent] = field(default_factory=list)
+
+
+@runtime_checkable
+class EventStore(Protocol):
+    async def create(self, new: NewSaga) -> bool:
+        """Stores a new saga. Returns False, changing nothing, if the id already exists."""
+        ...
+
+    async def append(self, append: Append) -> int:
+        """Appends events atomically and returns the new last sequence.
+
+        Raises ConcurrencyError if ``expected_seq`` is stale, SagaNotFound if the saga
+        does not exist. Either every event is stored or none is.
+        """
+        ...
+
+    async def load(
+        self, saga_id: str, *, undecodable: Undecodable = Undecodable.RAISE
+    ) -> LoadedSaga:
+        """The saga's record and its whole history, in sequence order.
+
+        A payload sealed by a codec is decoded; one the store cannot decode raises
+        CodecError, or with ``Undecodable.SHOW`` (operators' reads) is shown as
+        ``{"$encrypted": {...}}``."""
+        ...
+
+    async def first_event(self, saga_id: str) -> StoredEvent:
+        """The saga's first event (its ``saga_started``), without reading the rest of the
+        history. Raises SagaNotFound if the saga does not exist."""
+        ...
+
+    async def get(self, saga_id: str) -> SagaRecord: ...
+
+    async def list_sagas(
+        self,
+        *,
+        statuses: Collection[SagaStatus] | None = None,
+        saga_type: str | None = None,
+        limit: int = 100,
+        after_id: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        updated_after: datetime | None = None,
+        updated_before: datetime | None = None,
+        search: str | None = None,
+        attributes: Mapping[str, str] | None = None,
+    ) -> list[SagaRecord]:
+        """Sagas ordered by id, filtered by every filter given; ``after_id`` is the page
+        cursor. Time bounds: ``*_after`` inclusive, ``*_before`` exclusive (naive: UTC).
+        ``search`` matches a saga whose id starts with it, or whose idempotency key is
+        it. ``attributes`` match search attributes exactly (all of them)."""
+        ...
+
+    async def open_saga_ids(
+        self, partitions: Collection[int] | None = None, partition_count: int = 0
+    ) -> list[str]:
+        """Ids of every saga not in a terminal status (for recovery), in id order; with
+        ``partitions``, only those whose key Kafka puts in one of them, of
+        ``partition_count``."""
+        ...
+
+    async def open_summary(self) -> OpenSummary:
+        """Open sagas by status, and the oldest parked one's last change."""
+        ...
+
+    async def due_wakeups(
+        self,
+        until: datetime,
+        partitions: Collection[int] | None = None,
+        partition_count: int = 0,
+        limit: int = 1000,
+        after: tuple[datetime, str] | None = None,
+    ) -> list[tuple[str, datetime]]:
+        """(saga id, next wake-up) of the sagas whose next wake-up is at or before
+        ``until``, soonest first (then by id), at most ``limit``, after the ``after``
+        cursor (the last pair of the previous page); with ``partitions``, only those
+        keyed to them (as in ``open_saga_ids``)."""
+        ...
+
+    async def finished_before(
+        self,
+        cutoff: datetime,
+        *,
+        saga_types: Collection[str] | None = None,
+        other_than: Collection[str] = (),
+        partitions: Collection[int] | None = None,
+        partition_count: int = 0,
+        limit: int = 500,
+    ) -> list[str]:
+        """Ids of finished sagas whose last change is before ``cutoff``, oldest first:
+        of ``saga_types`` only if given, never of ``other_than``; with ``partitions``,
+        only those keyed to them (a saga created before migration 0004 counts as
+        partition 0's)."""
+        ...
+
+    async def histories(self, saga_ids: Collection[str]) -> list[LoadedSaga]:
+        """The records and histories of the sagas that exist among ``saga_ids``."""
+        ...
+
+    async def remove_finished(
+        self, saga_ids: Collection[str], archive: Sequence[ArchivedSaga] = ()
+    ) -> int:
+        """Deletes the finished sagas among ``saga_ids`` and their histories, writing
+        ``archive`` (kept if already there) in the same transaction. An open saga is
+        never deleted. Returns how many sagas were deleted."""
+        ...
+
+    async def archived_history(self, saga_id: str) -> bytes | None:
+        """The gzipped export of an archived saga, or None."""
+        ...
+
+    async def close(self) -> None: ...

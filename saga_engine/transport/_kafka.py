@@ -1,0 +1,404 @@
+"""Kafka plumbing shared by engines, participants and clients (aiokafka).
+
+- ``ensure_topics``: topics are created through the admin client with the partition
+  count from settings; the project never relies on auto-creation.
+- ``KafkaCommandSender``: the engine's ``CommandSender`` adapter.
+- ``DeadLetters``: publishes unprocessable records to the dead-letter topic with the
+  reason in headers.
+- ``OffsetCommitter``: commits a consumer's offsets in the background.
+- ``make_consumer``: every consumer the project makes (the engine's inbox, the
+  participants', the triggers', the CLI's dead-letter reader), with the same size
+  limits; ``make_group_consumer`` adds static membership and sticky assignment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Container, Iterable, Mapping, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError, TopicAlreadyExistsError
+
+from saga_engine.core._codec import CodecChain
+from saga_engine.core._decision import OutboundCommand
+from saga_engine.kernel._errors import KafkaUnavailable
+from saga_engine.kernel._settings import KafkaSettings
+from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS, engine_envelope
+from saga_engine.transport._topics import Topics
+from saga_engine.transport._wire import Envelope, Headers, MessageType, encode
+
+log = logging.getLogger("saga_engine.kafka")
+
+
+async def ensure_topics(
+    kafka: KafkaSettings, names: Iterable[str], *, partitions: int | None = None
+) -> None:
+    """Creates the topics that do not exist yet (idempotent, safe to race)."""
+    wanted = sorted(set(names))
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+    try:
+        await admin.start()
+        existing = set(await admin.list_topics())
+        missing = [n for n in wanted if n not in existing]
+        if not missing:
+            return
+        response = await admin.create_topics(
+            [
+                NewTopic(
+                    name,
+                    num_partitions=partitions or kafka.partitions,
+                    replication_factor=kafka.replication_factor,
+                )
+                for name in missing
+            ]
+        )
+        for name, code, message in getattr(response, "topic_errors", []):
+            if code not in (0, TopicAlreadyExistsError.errno):
+                raise KafkaUnavailable(f"could not create topic {name}: {message} (code {code})")
+        # Creation is asynchronous on the broker: wait until the metadata lists the new
+        # topics, so a consumer subscribing right after does not start without them.
+        deadline = asyncio.get_running_loop().time() + 15
+        while not set(missing) <= set(await admin.list_topics()):
+            if asyncio.get_running_loop().time() > deadline:
+                raise KafkaUnavailable(f"topics {missing} did not appear in the metadata")
+            await asyncio.sleep(0.05)
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"Kafka admin request failed: {exc!r}") from exc
+    finally:
+        await admin.close()
+
+
+def make_producer(kafka: KafkaSettings, **overrides: Any) -> AIOKafkaProducer:
+    options: dict[str, Any] = {
+        "bootstrap_servers": kafka.bootstrap_servers,
+        # acks=all plus idempotence: a broker-acknowledged record is on every in-sync
+        # replica, and the producer's own retries cannot duplicate it.
+        "acks": "all",
+        "enable_idempotence": True,
+        # No linger. aiokafka sends one request per broker at a time, so under load the
+        # records that queue while a request is in flight go out together in the next
+        # one: batching comes from the load, not from a timer. A linger of 1 ms made
+        # each partition's batch ready at its own moment and cost 3 produce, fetch and
+        # commit requests per saga at 64 in flight instead of 1 (bench/README.md).
+        "linger_ms": 0,
+        "max_request_size": kafka.max_message_bytes + 64 * 1024,
+    }
+    options.update(overrides)
+    return AIOKafkaProducer(**options)
+
+
+def make_consumer(
+    kafka: KafkaSettings, *topics: str, group_id: str | None, **overrides: Any
+) -> AIOKafkaConsumer:
+    """A consumer of ``topics`` (or of what it is assigned or subscribes to later) whose
+    offsets the caller commits, after its work is done; ``overrides`` are aiokafka's.
+
+    One factory, so that no consumer misses a limit: each was configured on its own
+    before, and the triggers' consumer lacked the size limits, so a trigger record
+    above aiokafka's 1 MiB default partition fetch was not fetched as the others are.
+    """
+    options: dict[str, Any] = {
+        "bootstrap_servers": kafka.bootstrap_servers,
+        "group_id": group_id,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "fetch_max_wait_ms": kafka.fetch_max_wait_ms,
+        "session_timeout_ms": kafka.session_timeout_ms,
+        "heartbeat_interval_ms": kafka.heartbeat_interval_ms,
+        # A record up to the message limit (plus its headers) fits one partition fetch.
+        "max_partition_fetch_bytes": kafka.max_message_bytes + 64 * 1024,
+        # A record above the size limit is still fetched, then dead-lettered as
+        # oversized, instead of stalling its partition.
+        "fetch_max_bytes": max(52_428_800, 2 * kafka.max_message_bytes),
+    }
+    options.update(overrides)
+    return AIOKafkaConsumer(*topics, **options)
+
+
+def make_group_consumer(
+    kafka: KafkaSettings, *, group_id: str, client_id: str, instance_name: str | None
+) -> AIOKafkaConsumer:
+    """A consumer of a group whose offsets the caller commits, after its work is durable.
+
+    - ``instance_name`` (see ``_instance.InstanceName``): static membership. A member
+      killed and restarted under its name within the session timeout gets its
+      partitions back without a rebalance; the others are not disturbed. (A static
+      member sends no LeaveGroup when it stops, so even a clean stop hands its
+      partitions over only once the session timeout has passed.)
+    - Sticky assignment: a rebalance moves only the partitions it must (the dead
+      member's, or a share for a new one). Rebalances here are still eager (every
+      member's partitions are revoked, then assigned), so the members keep what stays
+      theirs in memory across one, and rebuild only what is new to them.
+    """
+    return make_consumer(
+        kafka,
+        group_id=group_id,
+        client_id=client_id,
+        group_instance_id=instance_name,
+        partition_assignment_strategy=GROUP_ASSIGNORS,
+    )
+
+
+#: Exactly one assignor, never more. aiokafka (0.14; upstream PR #1168 is still open)
+#: sends a JoinGroup per assignor offered, each with a longer protocol list (sticky,
+#: then sticky and round robin). The broker takes a known member's changed protocol
+#: list while the group awaits its SyncGroup as a reason for a new generation, so two
+#: members started together could keep failing each other's SyncGroup for ever
+#: (issue 22: thousands of generations, nothing consumed, start-up never done). With
+#: one assignor each rejoin is one JoinGroup with the same list. Members of the
+#: previous release offer sticky too, so a rolling upgrade still forms one group.
+GROUP_ASSIGNORS: tuple[type[StickyPartitionAssignor]] = (StickyPartitionAssignor,)
+
+
+#: Upper bound on one publish, metadata wait included: aiokafka can otherwise wait
+#: indefinitely for a topic's metadata (and forever once the producer is stopped).
+SEND_TIMEOUT_S = 30.0
+
+
+async def send(
+    producer: AIOKafkaProducer, topic: str, envelope: Envelope, codec: CodecChain | None = None
+) -> None:
+    """Publishes ``envelope`` (its body sealed by ``codec``, if any) and waits for the
+    broker's acknowledgement."""
+    [error] = await delivered([await start_send(producer, topic, envelope, codec)])
+    if error is not None:
+        raise error
+
+
+async def start_send(
+    producer: AIOKafkaProducer, topic: str, envelope: Envelope, codec: CodecChain | None = None
+) -> asyncio.Future[Any]:
+    """Hands ``envelope`` to the producer and returns the future of its acknowledgement,
+    so that many records can be sent and then awaited together."""
+    key, value, headers = encode(envelope, codec)
+    return await start_record(producer, topic, key, value, headers)
+
+
+async def start_record(
+    producer: AIOKafkaProducer, topic: str, key: bytes, value: bytes, headers: Headers
+) -> asyncio.Future[Any]:
+    """``start_send`` for a record already encoded."""
+    # aiokafka does not refuse a send on a stopped producer; it would wait for metadata
+    # that never comes. Fail fast instead, as the in-memory bus does.
+    if getattr(producer, "_closed", False):
+        raise KafkaUnavailable(f"could not publish to {topic}: the producer is closed")
+    try:
+        async with asyncio.timeout(SEND_TIMEOUT_S):
+            delivery: asyncio.Future[Any] = await producer.send(
+                topic, value, key=key, headers=headers
+            )
+    except TimeoutError as exc:
+        raise KafkaUnavailable(f"could not publish to {topic} within {SEND_TIMEOUT_S}s") from exc
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"could not publish to {topic}: {exc!r}") from exc
+    return delivery
+
+
+async def delivered(deliveries: Sequence[Awaitable[Any]]) -> list[BaseException | None]:
+    """Awaits acknowledgements together (at most SEND_TIMEOUT_S); each one's error or None."""
+    if not deliveries:
+        return []
+    try:
+        # asyncio.timeout, not wait_for: no task per wait.
+        async with asyncio.timeout(SEND_TIMEOUT_S):
+            results = await asyncio.gather(*deliveries, return_exceptions=True)
+    except TimeoutError:
+        results = [
+            d.exception()
+            if isinstance(d, asyncio.Future) and d.done() and not d.cancelled()
+            else TimeoutError()
+            for d in deliveries
+        ]
+    return [
+        None
+        if not isinstance(r, BaseException)
+        else r
+        if isinstance(r, KafkaUnavailable)
+        else KafkaUnavailable(f"could not publish: {r!r}")
+        for r in results
+    ]
+
+
+class KafkaCommandSender:
+    """Publishes each command to ``{prefix}.cmd.{participant}``, keyed by saga id."""
+
+    def __init__(
+        self,
+        producer: AIOKafkaProducer,
+        topics: Topics,
+        source: str,
+        codec: CodecChain | None = None,
+    ) -> None:
+        self._producer = producer
+        self._topics = topics
+        self._source = source
+        self._codec = codec
+
+    async def send_command(self, command: OutboundCommand) -> None:
+        await send(self._producer, *self._route(command), self._codec)
+
+    async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
+        return await start_send(self._producer, *self._route(command), self._codec)
+
+    def _route(self, command: OutboundCommand) -> tuple[str, Envelope]:
+        if command.participant in ENGINE_PARTICIPANTS:
+            # A child saga's start or undo, or a child's end for its parent: engines
+            # answer these themselves, through the saga inbox (see _children).
+            return self._topics.inbox, engine_envelope(command, self._source)
+        return self._topics.commands(command.participant), self._envelope(command)
+
+    def _envelope(self, command: OutboundCommand) -> Envelope:
+        return Envelope(
+            message_type=MessageType.COMMAND,
+            source=self._source,
+            subject=command.command_type,
+            saga_id=command.saga_id,
+            saga_type=command.saga_type,
+            command_id=command.command_id,
+            step=command.step,
+            correlation_id=command.saga_id,
+            causation_id=command.command_id,
+            reply_to=self._topics.inbox,
+            compensation=command.compensation,
+            compensates=",".join(command.compensates),
+            traceparent=command.trace_context.get("traceparent", ""),
+            tracestate=command.trace_context.get("tracestate", ""),
+            body=command.payload,
+        )
+
+
+class DeadLetters:
+    """Sends a record that cannot be processed to the dead-letter topic, once."""
+
+    def __init__(self, producer: AIOKafkaProducer, topic: str) -> None:
+        self._producer = producer
+        self.topic = topic
+
+    async def publish_record(self, record: Any, *, reason: str, detail: str, consumer: str) -> None:
+        """Dead-letters a consumed aiokafka record, naming where it came from."""
+        await self.publish(
+            key=record.key,
+            value=record.value,
+            headers=list(record.headers or []),
+            reason=reason,
+            detail=detail,
+            origin_topic=record.topic,
+            origin_partition=record.partition,
+            origin_offset=record.offset,
+            consumer=consumer,
+        )
+
+    async def publish(
+        self,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        reason: str,
+        detail: str,
+        origin_topic: str,
+        origin_partition: int,
+        origin_offset: int,
+        consumer: str,
+    ) -> None:
+        extra: Headers = [
+            ("dlq_reason", reason.encode()),
+            ("dlq_detail", detail[:2000].encode(errors="replace")),
+            ("dlq_topic", origin_topic.encode()),
+            ("dlq_partition", str(origin_partition).encode()),
+            ("dlq_offset", str(origin_offset).encode()),
+            ("dlq_consumer", consumer.encode()),
+        ]
+        kept = [(k, v) for k, v in headers if not k.startswith("dlq_")]
+        try:
+            await self._producer.send_and_wait(self.topic, value, key=key, headers=[*kept, *extra])
+        except MessageSizeTooLargeError:
+            # Too big even for the dead-letter topic: keep the first 64 KiB and say so.
+            truncated = (value or b"")[: 64 * 1024]
+            extra.append(("dlq_truncated", str(len(value or b"")).encode()))
+            try:
+                await self._producer.send_and_wait(
+                    self.topic, truncated, key=key, headers=[*kept, *extra]
+                )
+            except KafkaError as exc:
+                raise KafkaUnavailable(f"could not dead-letter a record: {exc!r}") from exc
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"could not dead-letter a record: {exc!r}") from exc
+        log.warning(
+            "dead-lettered %s[%d]@%d: %s (%s)",
+            origin_topic, origin_partition, origin_offset, reason, detail[:200],
+        )  # fmt: skip
+
+
+class OffsetCommitter:
+    """Commits a consumer's offsets in the background, so that the next fetch does not
+    wait for the group coordinator's answer (about a tenth of a loaded batch's time).
+
+    The caller hands over offsets only once their records' work is durable, as it would
+    commit them itself. Commits go out one at a time, each with the newest offset handed
+    over for each partition still owned (``owned`` is asked at commit time), so a commit
+    never moves a partition back. A failed commit is logged and dropped, as an awaited one
+    would be: the next owner re-reads from the last commit, and readers deduplicate.
+    ``flush`` waits (bounded) until everything handed over was committed or failed:
+    before a partition is given up, and at stop.
+    """
+
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer,
+        owned: Callable[[], Container[TopicPartition]],
+        *,
+        flush_limit_s: float,
+    ) -> None:
+        self._consumer = consumer
+        self._owned = owned
+        self._flush_limit_s = flush_limit_s
+        self._pending: dict[TopicPartition, int] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def submit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        for tp, offset in offsets.items():
+            if offset > self._pending.get(tp, -1):
+                self._pending[tp] = offset
+        if self._pending and (self._task is None or self._task.done()):
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="offset-commit")
+
+    async def flush(self) -> None:
+        """Waits until every offset handed over was committed or failed, at most
+        ``flush_limit_s``: with the coordinator away, aiokafka retries a commit until the
+        consumer stops, and the consumer is stopped only after this returns. What is left
+        then is dropped (``close``), as a crash would drop it."""
+        try:
+            async with asyncio.timeout(self._flush_limit_s):
+                while self._task is not None and not self._task.done():
+                    await asyncio.wait({self._task})
+        except TimeoutError:
+            log.warning(
+                "offset commits still pending after %.0fs; dropping them", self._flush_limit_s
+            )
+            await self.close()
+
+    async def close(self) -> None:
+        """Drops what is not committed yet (the next owner re-reads it) and stops."""
+        self._pending = {}
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+
+    async def _run(self) -> None:
+        while self._pending:
+            owned = self._owned()
+            offsets = {tp: o for tp, o in self._pending.items() if tp in owned}
+            self._pending = {}
+            if not offsets:
+                continue
+            try:
+                await self._consumer.commit(offsets)
+            except Exception as exc:
+                # Not ours any more (a rebalance), or the broker is away.
+                log.info("offset commit failed (%r); the next reader dedups", exc)

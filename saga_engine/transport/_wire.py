@@ -1,0 +1,389 @@
+"""The wire format: how commands, replies, start requests, signals and cancels look on Kafka.
+
+Messages follow the CloudEvents Kafka protocol binding in *binary* mode: the event's
+attributes travel as ``ce_*`` headers, the body is the JSON value, ``content-type`` is
+``application/json``. Every message is keyed by the saga id, so one saga's messages stay
+in one partition, in order. W3C trace context travels in ``traceparent`` /
+``tracestate`` headers, where OpenTelemetry propagators expect it.
+
+This module is pure: it turns :class:`Envelope` objects into (key, value, headers)
+and back, and says precisely why a message cannot be read (:class:`PoisonMessage`).
+``proto/`` holds the JSON Schemas generated from these models.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from saga_engine.core._codec import HEADER, MARKER, CodecChain
+from saga_engine.core._events import ParentLink, TriggerOrigin
+from saga_engine.kernel._errors import (
+    CodecError,
+    PoisonMessage,
+    PoisonReason,
+    SerializationError,
+    UnstorableValue,
+)
+from saga_engine.kernel._serde import JsonDict, loads, too_deep, without_input
+
+SCHEMA_VERSION = "1"
+#: The header that marks an encoded value, naming the codec chain (``zstd,aes-gcm``).
+CODEC_HEADER = HEADER
+#: The key of the JSON marker an encoded value is: ``{"$codec": chain, "data": base64}``.
+CODEC_MARKER = MARKER
+CE_SPECVERSION = "1.0"
+
+Headers = list[tuple[str, bytes]]
+
+
+class MessageType(StrEnum):
+    """The ``ce_type`` of a message: what it asks or tells."""
+
+    COMMAND = "saga.command"
+    REPLY = "saga.reply"
+    START = "saga.start"
+    SIGNAL = "saga.signal"
+    CANCEL = "saga.cancel"
+    RELOAD = "saga.reload"
+    UNDO = "saga.undo"
+
+
+# --------------------------------------------------------------------------- bodies
+
+
+class ReplyBody(BaseModel):
+    """A participant's answer to a command."""
+
+    model_config = ConfigDict(extra="forbid", title="Reply")
+
+    outcome: Literal["success", "failure", "retryable"] = Field(
+        description="success: applied; failure: refused, nothing applied; "
+        "retryable: not applied, the engine may try again under a new command id"
+    )
+    payload: JsonDict = Field(default_factory=dict, description="the reply's data")
+    error: str | None = Field(default=None, description="why it failed, for humans")
+
+
+class StartBody(BaseModel):
+    """A request to start a saga (the saga id is the message key)."""
+
+    model_config = ConfigDict(extra="forbid", title="StartSaga")
+
+    input: JsonDict = Field(description="the saga's input, validated against its input model")
+    idempotency_key: str | None = Field(
+        default=None,
+        description="starting twice with the same key yields one saga; the saga id (the key "
+        "of the message) is derived from it by the sender",
+    )
+    deadline_s: float | None = Field(
+        default=None,
+        gt=0,
+        # A hundred years: further than any business deadline, and short of the dates a
+        # computer cannot represent (beyond year 9999 the start could not be recorded).
+        le=3_153_600_000,
+        description="seconds until the saga's deadline, overriding its default (at most a "
+        "hundred years)",
+    )
+    parent: ParentLink | None = Field(
+        default=None,
+        description="set by an engine starting a child saga (ctx.child): the parent saga and "
+        "the command of its step; the child's end is sent as the reply to that command",
+    )
+    trigger: TriggerOrigin | None = Field(
+        default=None,
+        description="set by a trigger: the Kafka record the start was made from, recorded in "
+        "the saga's history so it can be traced back to its cause",
+    )
+    priority: int = Field(
+        default=0,
+        ge=-1_000_000,
+        le=1_000_000,
+        description="flow control: when a limit holds commands back, a higher priority is "
+        "sent first (recorded in saga_started)",
+    )
+    fairness_key: str | None = Field(
+        default=None,
+        max_length=200,
+        description="flow control: commands of different keys (tenants) take turns when a "
+        "limit holds them back (recorded in saga_started)",
+    )
+
+
+class SignalBody(BaseModel):
+    """A signal for a running saga (``ctx.wait_signal(name)``)."""
+
+    model_config = ConfigDict(extra="forbid", title="Signal")
+
+    name: str = Field(min_length=1, max_length=200, description="the signal's name")
+    signal_id: str = Field(
+        min_length=1, max_length=200, description="deduplication key: the same id is applied once"
+    )
+    payload: JsonDict = Field(default_factory=dict, description="the signal's data")
+    principal: str = Field(
+        default="system", max_length=200, description="who sent it, recorded in the history"
+    )
+    reason: str = Field(default="", max_length=2000, description="why, recorded in the history")
+
+
+class CancelBody(BaseModel):
+    """Cancels a running saga; its owed compensations run."""
+
+    model_config = ConfigDict(extra="forbid", title="Cancel")
+
+    reason: str = Field(max_length=2000, description="why, recorded in the saga's history")
+    principal: str = Field(default="system", description="who asked, recorded in the history")
+
+
+class ReloadBody(BaseModel):
+    """Tells the saga's owner that another engine changed its history (an operator acted
+    on it there): the owner rebuilds it from history, re-sends what is in flight and
+    re-arms its timers. Engines send it to each other; clients and participants never."""
+
+    model_config = ConfigDict(extra="forbid", title="Reload")
+
+    changed_by: str = Field(
+        default="", max_length=200, description="the engine instance that changed it"
+    )
+
+
+class UndoBody(BaseModel):
+    """A parent saga compensates: its child (the saga id, the key) undoes what it did. The
+    child's end is sent as the reply to ``ce_commandid`` (the parent's compensation).
+    Engines send it to each other; clients and participants never."""
+
+    model_config = ConfigDict(extra="forbid", title="Undo")
+
+    parent_id: str = Field(min_length=1, max_length=200, description="the parent saga's id")
+    reason: str = Field(default="", max_length=2000, description="why, recorded in the history")
+
+
+BODY_MODELS: dict[MessageType, type[BaseModel] | None] = {
+    MessageType.COMMAND: None,  # the command's own payload, defined by the saga's author
+    MessageType.REPLY: ReplyBody,
+    MessageType.START: StartBody,
+    MessageType.SIGNAL: SignalBody,
+    MessageType.CANCEL: CancelBody,
+    MessageType.RELOAD: ReloadBody,
+    MessageType.UNDO: UndoBody,
+}
+
+
+# --------------------------------------------------------------------------- envelope
+
+
+class Envelope(BaseModel):
+    """One message, as its headers and body. Header names are in ``HEADERS``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", title="Envelope")
+
+    id: str = Field(
+        default_factory=lambda: str(uuid.uuid4()), description="ce_id: unique per message"
+    )
+    message_type: MessageType = Field(description="ce_type")
+    source: str = Field(
+        description="ce_source: who sent it, e.g. /saga-engine or /participants/payments"
+    )
+    subject: str = Field(
+        default="", description="ce_subject: the command type, signal name or saga type"
+    )
+    time: datetime = Field(default_factory=lambda: datetime.now(UTC), description="ce_time")
+    saga_id: str = Field(min_length=1, max_length=200, description="ce_sagaid; also the key")
+    saga_type: str = Field(default="", description="ce_sagatype")
+    command_id: str = Field(
+        default="", description="ce_commandid: the idempotency key of a command and its reply"
+    )
+    step: str = Field(default="", description="ce_step: the saga step a command belongs to")
+    correlation_id: str = Field(default="", description="ce_correlationid: the saga id")
+    causation_id: str = Field(default="", description="ce_causationid: the message this answers")
+    reply_to: str = Field(default="", description="ce_replyto: topic for the reply")
+    schema_version: str = Field(default=SCHEMA_VERSION, description="ce_schemaversion")
+    compensation: bool = Field(default=False, description="ce_compensation: a compensating command")
+    compensates: str = Field(
+        default="",
+        description="ce_compensates: on a compensation, the comma-separated forward command "
+        "ids it undoes; a participant records them as refused, so a forward command arriving "
+        "after its compensation is never applied",
+    )
+    traceparent: str = Field(default="", description="W3C traceparent header")
+    tracestate: str = Field(default="", description="W3C tracestate header")
+    body: Any = Field(default_factory=dict, description="the JSON body (the Kafka value)")
+
+    def body_as(self, model: type[BaseModel]) -> Any:
+        try:
+            return model.model_validate(self.body)
+        except ValidationError as exc:
+            raise PoisonMessage(
+                PoisonReason.INVALID_BODY,
+                f"{self.message_type.value} body is not a valid {model.__name__}: "
+                f"{without_input(exc)}",
+            ) from exc
+
+
+#: Envelope field -> Kafka header name (CloudEvents binary mode; extensions are lowercase).
+HEADERS: dict[str, str] = {
+    "id": "ce_id",
+    "message_type": "ce_type",
+    "source": "ce_source",
+    "subject": "ce_subject",
+    "time": "ce_time",
+    "saga_id": "ce_sagaid",
+    "saga_type": "ce_sagatype",
+    "command_id": "ce_commandid",
+    "step": "ce_step",
+    "correlation_id": "ce_correlationid",
+    "causation_id": "ce_causationid",
+    "reply_to": "ce_replyto",
+    "schema_version": "ce_schemaversion",
+    "compensation": "ce_compensation",
+    "compensates": "ce_compensates",
+    "traceparent": "traceparent",
+    "tracestate": "tracestate",
+}
+REQUIRED_HEADERS = ("ce_id", "ce_type", "ce_source", "ce_sagaid", "ce_schemaversion")
+
+
+_HEADER_ITEMS = tuple(HEADERS.items())
+_FIXED_HEADERS: Headers = [
+    ("ce_specversion", CE_SPECVERSION.encode()),
+    ("content-type", b"application/json"),
+]
+
+
+def encode(envelope: Envelope, codec: CodecChain | None = None) -> tuple[bytes, bytes, Headers]:
+    """The Kafka key, value and headers of an envelope; with a codec, the value is the
+    body sealed in its marker and the ``saga-codec`` header names the chain."""
+    headers: Headers = list(_FIXED_HEADERS)
+    fields = envelope.__dict__  # read once per field, without pydantic's attribute hooks
+    for field_name, header in _HEADER_ITEMS:
+        value = fields[field_name]
+        kind = type(value)
+        if kind is str:  # most headers: the fast path
+            if value:
+                headers.append((header, value.encode()))
+            continue
+        if kind is bool:
+            if value:
+                headers.append((header, b"true"))
+            continue
+        if isinstance(value, datetime):
+            text = value.isoformat().replace("+00:00", "Z")
+        else:
+            text = str(value.value if isinstance(value, StrEnum) else value)
+        if text:
+            headers.append((header, text.encode()))
+    value_bytes = orjson.dumps(envelope.body, option=orjson.OPT_UTC_Z)
+    if codec is not None:
+        value_bytes = codec.seal_json(value_bytes)
+        headers.append((CODEC_HEADER, codec.header))
+    return envelope.saga_id.encode(), value_bytes, headers
+
+
+#: The messages that answer (or are answered as) a command: they name it.
+_NEED_COMMAND_ID = frozenset({MessageType.REPLY, MessageType.UNDO})
+
+
+def decode(
+    key: bytes | None,
+    value: bytes | None,
+    headers: Headers,
+    *,
+    max_bytes: int,
+    codec: CodecChain | None = None,
+) -> Envelope:
+    """Reads a Kafka record; raises PoisonMessage with the precise reason. A value with a
+    ``saga-codec`` header is decoded with ``codec`` first (a clear one is read as is)."""
+    size = len(value or b"") + sum([len(k) + len(v or b"") for k, v in headers])
+    if size > max_bytes:
+        raise PoisonMessage(
+            PoisonReason.OVERSIZED, f"{size} bytes exceeds the {max_bytes}-byte limit"
+        )
+    found: dict[str, str] = {}
+    for name, raw in headers:
+        try:
+            found[name] = (raw or b"").decode()
+        except UnicodeDecodeError:
+            raise PoisonMessage(
+                PoisonReason.MISSING_HEADER, f"header {name} is not UTF-8"
+            ) from None
+    missing = [h for h in REQUIRED_HEADERS if not found.get(h)]
+    if missing:
+        raise PoisonMessage(PoisonReason.MISSING_HEADER, f"missing header(s): {', '.join(missing)}")
+    if found.get("ce_specversion", CE_SPECVERSION) != CE_SPECVERSION:
+        raise PoisonMessage(
+            PoisonReason.WRONG_SCHEMA_VERSION,
+            f"CloudEvents spec version {found['ce_specversion']!r}; expected {CE_SPECVERSION!r}",
+        )
+    content_type = found.get("content-type", "application/json").split(";")[0].strip()
+    if content_type != "application/json":
+        raise PoisonMessage(
+            PoisonReason.INVALID_BODY, f"content-type {content_type!r}; expected application/json"
+        )
+    if found["ce_schemaversion"] != SCHEMA_VERSION:
+        raise PoisonMessage(
+            PoisonReason.WRONG_SCHEMA_VERSION,
+            f"schema version {found['ce_schemaversion']!r}; this engine reads {SCHEMA_VERSION!r}",
+        )
+    try:
+        MessageType(found["ce_type"])
+    except ValueError:
+        raise PoisonMessage(
+            PoisonReason.UNKNOWN_TYPE,
+            f"unknown message type {found['ce_type']!r}; expected one of "
+            f"{', '.join(t.value for t in MessageType)}",
+        ) from None
+    if CODEC_HEADER in found:
+        value = _unsealed(value, found[CODEC_HEADER], codec)
+    refused: UnstorableValue | None = None
+    try:
+        body = loads(value or b"")
+    except UnstorableValue as exc:
+        # Nested too deep to read: the headers are still read and checked, so a
+        # participant can answer the command (PoisonMessage.envelope).
+        body, refused = {}, exc
+    except SerializationError as exc:
+        raise PoisonMessage(PoisonReason.MALFORMED_JSON, f"the body is not JSON: {exc}") from None
+    fields: dict[str, Any] = {"body": body}
+    for field_name, header in HEADERS.items():
+        if header in found:
+            fields[field_name] = found[header]
+    fields["compensation"] = found.get("ce_compensation") == "true"
+    try:
+        envelope = Envelope.model_validate(fields)
+    except ValidationError as exc:
+        raise PoisonMessage(PoisonReason.MISSING_HEADER, f"bad header values: {exc}") from None
+    if envelope.message_type in _NEED_COMMAND_ID and not envelope.command_id:
+        raise PoisonMessage(
+            PoisonReason.MISSING_HEADER, f"a {envelope.message_type.value} needs ce_commandid"
+        )
+    if key is not None and key.decode(errors="replace") != envelope.saga_id:
+        raise PoisonMessage(
+            PoisonReason.KEY_MISMATCH, "the record key must be the saga id (ce_sagaid)"
+        )
+    if refused is not None:
+        what = f"{envelope.subject or envelope.message_type.value} body"
+        error = too_deep(what)
+        raise PoisonMessage(
+            PoisonReason.UNSTORABLE_VALUE, str(error), envelope=envelope, body_error=error
+        )
+    return envelope
+
+
+def _unsealed(value: bytes | None, chain_name: str, codec: CodecChain | None) -> bytes:
+    if codec is None:
+        raise PoisonMessage(
+            PoisonReason.UNDECODABLE,
+            f"the value is encoded ({CODEC_HEADER}: {chain_name}) and this process has no "
+            "codec configured (SAGA_CODEC__KEYS)",
+        )
+    try:
+        return codec.open_raw(loads(value or b""))
+    except (CodecError, SerializationError) as exc:
+        raise PoisonMessage(
+            PoisonReason.UNDECODABLE, f"{CODEC_HEADER}: {chain_name}: {exc}"
+        ) from None

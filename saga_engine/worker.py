@@ -1,5 +1,0 @@
-"""The engine process: ``SagaWorker`` consumes the saga inbox on Kafka (``saga worker APP``)."""
-
-from saga_engine._worker import SagaWorker
-
-__all__ = ["SagaWorker"]
