@@ -489,6 +489,7 @@ def dlq_replay(
 
 # The operator commands (list, show, history, signal, cancel, retry, skip,
 # force-compensate, resume), through the admin API: their module imports the helpers above.
+from saga_engine.cli import _operator  # noqa: E402, F401
 
 # ``saga rollout show|set`` (its module imports the helpers above).
 from saga_engine.cli._rollout import rollout_app  # noqa: E402
