@@ -23,6 +23,7 @@ from saga_engine.kernel._errors import DefinitionError, KafkaUnavailable, Reject
 from saga_engine.kernel._instance import InstanceName
 from saga_engine.kernel._retry import Backoff
 from saga_engine.kernel._settings import Settings
+from saga_engine.kernel._startup import reaching, start_with_retry
 from saga_engine.participant._batch import BatchRunner
 from saga_engine.participant._participant import (
     CommandProcessor,
@@ -38,12 +39,13 @@ from saga_engine.participant._participant import (
 )
 from saga_engine.participant._sql import MARK_PUBLISHED, RELAY_BATCH, publish
 from saga_engine.store._migrations import PARTICIPANT_MIGRATIONS, migrate
-from saga_engine.store._startup import reaching, start_with_retry
+from saga_engine.store._pgbase import POSTGRES
 from saga_engine.telemetry._groupwatch import GroupWatch, watch_member
 from saga_engine.telemetry._health import HealthBoard
 from saga_engine.telemetry._telemetry import Telemetry, default_telemetry, detach_from_trace
 from saga_engine.transport._fetch import GuardedFetch
 from saga_engine.transport._kafka import (
+    KAFKA,
     OffsetCommitter,
     ensure_topics,
     make_group_consumer,
@@ -298,9 +300,9 @@ class Participant:
         kafka = self.settings.kafka
         # The participant's own topic, the dead-letter topic, and the default reply topic.
         wanted = [self.topics.commands(self.name), self.topics.dlq, self.topics.inbox]
-        with reaching("Kafka"):
+        with reaching(KAFKA):
             await ensure_topics(kafka, wanted)
-        with reaching("Postgres"):
+        with reaching(POSTGRES):
             await migrate(self.dsn, self.db_schema, package=PARTICIPANT_MIGRATIONS)
             self._pool = await asyncpg.create_pool(
                 self.dsn,
@@ -310,7 +312,7 @@ class Participant:
                 # schema.
                 server_settings={"search_path": self.db_schema},
             )
-        with reaching("Kafka"):
+        with reaching(KAFKA):
             self._producer = make_producer(kafka)
             await self._producer.start()
         self._processor = CommandProcessor(
@@ -356,7 +358,7 @@ class Participant:
             self._consumer, group=group, telemetry=self.telemetry, health=self.health,
             member=self._member.name or self.instance_id,
         )  # fmt: skip
-        with reaching("Kafka"):
+        with reaching(KAFKA):
             await self._consumer.start()
 
     async def _close(self, *, graceful: bool) -> None:

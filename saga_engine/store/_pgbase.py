@@ -20,6 +20,7 @@ from saga_engine.core._events import event_from_dict
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._errors import SerializationError, StoreUnavailable
 from saga_engine.kernel._serde import JsonDict, dumps, loads
+from saga_engine.kernel._startup import Dependency
 from saga_engine.store._store import SagaRecord, StoredEvent
 
 _Conn: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
@@ -182,3 +183,8 @@ def _record(row: asyncpg.Record, codec: CodecChain | None = None) -> SagaRecord:
         search=row["search"],
         saga_version=row["saga_version"],
     )
+
+
+#: Postgres at start-up: unreachable while it starts, shuts down or refuses connections
+#: for a while (``transient_cause``); any other error is a setting to fix.
+POSTGRES = Dependency("Postgres", lambda exc: transient_cause(exc) is not None)

@@ -21,12 +21,18 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
-from aiokafka.errors import KafkaError, MessageSizeTooLargeError, TopicAlreadyExistsError
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    TopicAlreadyExistsError,
+)
 
 from saga_engine.core._codec import CodecChain
 from saga_engine.core._decision import OutboundCommand
 from saga_engine.kernel._errors import KafkaUnavailable
 from saga_engine.kernel._settings import KafkaSettings
+from saga_engine.kernel._startup import Dependency
 from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS, engine_envelope
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import Envelope, Headers, MessageType, encode
@@ -402,3 +408,14 @@ class OffsetCommitter:
             except Exception as exc:
                 # Not ours any more (a rebalance), or the broker is away.
                 log.info("offset commit failed (%r); the next reader dedups", exc)
+
+
+def _kafka_unreachable(exc: BaseException) -> bool:
+    if isinstance(exc, KafkaConnectionError):
+        return True
+    return isinstance(exc, KafkaError) and bool(getattr(exc, "retriable", False))
+
+
+#: Kafka at start-up: unreachable on a refused connection or a retriable broker error
+#: (no leader yet, the coordinator loading); any other error is a setting to fix.
+KAFKA = Dependency("Kafka", _kafka_unreachable)

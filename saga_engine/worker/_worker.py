@@ -48,6 +48,7 @@ from saga_engine.kernel._errors import (
 from saga_engine.kernel._instance import InstanceName
 from saga_engine.kernel._retry import Backoff
 from saga_engine.kernel._settings import Settings
+from saga_engine.kernel._startup import reaching, start_with_retry
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._engine_batch import BatchInput
 from saga_engine.runner._housekeeping import Housekeeping
@@ -56,7 +57,7 @@ from saga_engine.runner._ownership import InboxOwnership
 from saga_engine.runner._rollouts import needs_rollouts, refresh_rollouts
 from saga_engine.runner._scheduler import KafkaStarts, WorkerSchedules
 from saga_engine.runner._trigger_consumer import TriggerConsumer
-from saga_engine.store._startup import reaching, start_with_retry
+from saga_engine.store._pgbase import POSTGRES
 from saga_engine.store._store import EventStore
 from saga_engine.telemetry._groupwatch import GroupWatch, watch_member
 from saga_engine.telemetry._health import HealthBoard
@@ -64,6 +65,7 @@ from saga_engine.telemetry._telemetry import Telemetry, default_telemetry, detac
 from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS
 from saga_engine.transport._fetch import GuardedFetch
 from saga_engine.transport._kafka import (
+    KAFKA,
     DeadLetters,
     KafkaCommandSender,
     OffsetCommitter,
@@ -208,13 +210,13 @@ class SagaWorker:
 
         kafka = self.settings.kafka
         if self._store is None:
-            with reaching("Postgres"):
+            with reaching(POSTGRES):
                 if self.settings.engine.auto_migrate:
                     await migrate(
                         self.settings.pg.dsn.get_secret_value(), self.settings.pg.db_schema
                     )
                 self._store = await PostgresEventStore.connect(self.settings.pg, codec=self.codec)
-        with reaching("Kafka"):
+        with reaching(KAFKA):
             await ensure_topics(kafka, [self.topics.inbox, self.topics.dlq])
             self._producer = make_producer(kafka)
             await self._producer.start()
@@ -240,7 +242,7 @@ class SagaWorker:
         self._http.bind(self.engine)
         self._ownership.attach(self.engine, self._store)
         if needs_rollouts(self.engine):  # before the inbox: no start outruns a rollout
-            with reaching("Postgres"):
+            with reaching(POSTGRES):
                 await refresh_rollouts(self.engine)
         self._schedules = await WorkerSchedules.open(
             self.settings, self.engine.registry, self.schedules,
@@ -261,7 +263,7 @@ class SagaWorker:
             )  # fmt: skip
             telemetry.instrument_app(self._admin_app)
         if self.triggers:
-            with reaching("Kafka"):
+            with reaching(KAFKA):
                 await ensure_topics(kafka, [t.topic for t in self.triggers])
                 self._trigger_consumer = TriggerConsumer(
                     self.settings, self.triggers, self._producer, self._dead,
@@ -290,7 +292,7 @@ class SagaWorker:
             self._consumer, group=kafka.group_id, telemetry=telemetry, health=self.health,
             member=self._member.name or self.instance_id,
         )  # fmt: skip
-        with reaching("Kafka"):
+        with reaching(KAFKA):
             await self._consumer.start()
         self._running = True
         loop = asyncio.get_running_loop()

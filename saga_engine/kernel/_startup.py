@@ -6,10 +6,11 @@ up yet turns that into a restart loop (in a chaos run: 17 self-exits, one partic
 down for 35 s). So start-up retries with back-off, one log line per attempt, for
 ``startup_timeout_s`` (unset: for ever).
 
-Only unreachability is retried. Each dependency is opened inside ``reaching("Kafka")``
-or ``reaching("Postgres")``, which turns the errors that mean "not there (yet)" into
-``DependencyUnavailable``; anything else (a bad setting, a failed migration, a port in
-use) fails the start at once with its own message.
+Only unreachability is retried. Each dependency is opened inside ``reaching(KAFKA)`` or
+``reaching(POSTGRES)`` (the ``Dependency`` values of the transport and the store, each
+knowing its client library's errors), which turns the errors that mean "not there (yet)"
+into ``DependencyUnavailable``; anything else (a bad setting, a failed migration, a port
+in use) fails the start at once with its own message.
 """
 
 from __future__ import annotations
@@ -19,12 +20,10 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from dataclasses import dataclass
 
 from saga_engine.kernel._errors import DependencyUnavailable, TransientError
 from saga_engine.kernel._retry import Backoff
-from saga_engine.store._pgbase import transient_cause
 
 log = logging.getLogger("saga_engine.startup")
 
@@ -32,29 +31,37 @@ _FIRST_DELAY_S = 0.5
 _MAX_DELAY_S = 10.0
 
 
-def _unreachable(exc: BaseException) -> bool:
+@dataclass(frozen=True, slots=True)
+class Dependency:
+    """A server a process needs at start-up: its name for messages, and which errors of
+    its client library mean "not reachable (yet)" (the kernel imports no client library,
+    so the store and the transport each say it of theirs)."""
+
+    name: str
+    unreachable: Callable[[BaseException], bool]
+
+
+def _unreachable(dependency: Dependency, exc: BaseException) -> bool:
     if isinstance(exc, ssl.SSLCertVerificationError):
         return False  # a TLS setting to fix, not a server still starting
     if isinstance(exc, TransientError):  # KafkaUnavailable, StoreUnavailable, MigrationBusy
         return True
-    if isinstance(exc, OSError | TimeoutError | KafkaConnectionError):  # refused, no route
+    if isinstance(exc, OSError | TimeoutError):  # refused, no route
         return True
-    if isinstance(exc, KafkaError):
-        return bool(getattr(exc, "retriable", False))
-    return transient_cause(exc) is not None  # asyncpg: starting up, shutting down, ...
+    return dependency.unreachable(exc)
 
 
 @contextmanager
-def reaching(dependency: str) -> Iterator[None]:
+def reaching(dependency: Dependency) -> Iterator[None]:
     """Marks the errors of opening ``dependency`` that mean it is not reachable."""
     try:
         yield
     except DependencyUnavailable:
         raise
     except Exception as exc:
-        if not _unreachable(exc):
+        if not _unreachable(dependency, exc):
             raise
-        raise DependencyUnavailable(dependency, exc) from exc
+        raise DependencyUnavailable(dependency.name, exc) from exc
 
 
 async def start_with_retry(
