@@ -438,22 +438,7 @@ class AuthMiddleware:
             session = sessions.read(cookie)
             principal = session.principal if session is not None else None
         if principal is None:
-            response: Response
-            if not header and method in ("GET", "HEAD") and _is_page(path):
-                # A person at a browser: the sign-in form, not a JSON error.
-                response = relative_redirect(scope, "/ui/login")
-            else:
-                challenge = 'Bearer realm="saga-admin"'
-                if header:
-                    challenge += ', error="invalid_token"'
-                response = _error(
-                    401,
-                    "a valid bearer token is required (Authorization: Bearer <token>)"
-                    if not header
-                    else "the bearer token is not valid",
-                    {"WWW-Authenticate": challenge},
-                )
-            await response(scope, receive, send)
+            await _unauthenticated(scope, header, method, path)(scope, receive, send)
             return
         if method not in SAFE_METHODS and not principal.may_act:
             response = _error(
@@ -466,6 +451,23 @@ class AuthMiddleware:
         if session is not None and sessions.due(session):
             send = _renewing(send, sessions, session, scope)
         await self.app(scope, receive, send)
+
+
+def _unauthenticated(scope: Scope, header: str | None, method: str, path: str) -> Response:
+    """The answer to a request without a valid credential: a person at a browser gets
+    the sign-in form, anyone else a 401 with its challenge."""
+    if not header and method in ("GET", "HEAD") and _is_page(path):
+        return relative_redirect(scope, "/ui/login")
+    challenge = 'Bearer realm="saga-admin"'
+    if header:
+        challenge += ', error="invalid_token"'
+    return _error(
+        401,
+        "a valid bearer token is required (Authorization: Bearer <token>)"
+        if not header
+        else "the bearer token is not valid",
+        {"WWW-Authenticate": challenge},
+    )
 
 
 def _renewing(send: Send, sessions: Sessions, session: Session, scope: Scope) -> Send:

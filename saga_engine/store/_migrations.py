@@ -179,61 +179,72 @@ async def _migrate(
         if package == ENGINE_MIGRATIONS
         else shipped_migrations(package=package)
     )
-    quoted = _quote_ident(schema)
     applied: list[int] = []
     while True:
         # One transaction per migration: a failing migration leaves the ones before it
         # applied and recorded, and itself entirely absent. The state is re-read under the
         # lock each time, because another process may have moved on in between.
         async with conn.transaction():
-            # Several engines may start at once, each running migrate on boot. The lock
-            # makes them take turns: the first applies a migration, the others wait and
-            # then see it recorded. Without it two would race on CREATE SCHEMA / CREATE
-            # TABLE and one would fail, or both would run a migration. It is a
-            # transaction-level lock, so it is released at commit or rollback, even if
-            # this process dies mid-migration (the server ends its session).
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", _lock_key(schema))
-            exists = await conn.fetchval(
-                "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", schema
-            )
-            # Checked first so that a role without CREATE on the database can still run
-            # migrate against a schema a DBA created for it.
-            if not exists:
-                report(f"creating schema {schema}")
-                await conn.execute(f"CREATE SCHEMA {quoted}")
-            # LOCAL: only for this transaction, so a caller's connection keeps its path.
-            await conn.execute(f"SET LOCAL search_path TO {quoted}")
-            await conn.execute(VERSION_TABLE_DDL)
-            rows = await conn.fetch("SELECT version, name, sha256 FROM schema_migrations")
-            recorded = {int(r["version"]): (str(r["name"]), str(r["sha256"])) for r in rows}
-            _check_recorded(schema, shipped, recorded, report)
-            pending = [m for m in shipped if m.version not in recorded]
-            if not pending:
-                break
-            migration = pending[0]
-            report(f"applying {migration.label} to schema {schema}")
-            try:
-                await conn.execute(migration.sql)
-            except asyncpg.LockNotAvailableError as exc:
-                # Its own lock_timeout: it gave up waiting rather than stall every reader
-                # and writer queued behind its lock request. The transaction rolls back.
-                raise MigrationBusy(
-                    f"{migration.label} could not lock its tables in schema {schema} "
-                    f"({exc}): a long transaction holds them. Nothing was changed; run "
-                    "`saga migrate` (or start the engine) again once it has ended"
-                ) from exc
-            await conn.execute(
-                "INSERT INTO schema_migrations (version, name, sha256) VALUES ($1, $2, $3)",
-                migration.version,
-                migration.name,
-                migration.sha256,
-            )
+            migration = await _apply_next(conn, schema, shipped, report)
+        if migration is None:
+            break
         applied.append(migration.version)
     if applied:
         report(f"schema {schema}: applied {', '.join(f'{v:04d}' for v in applied)}")
     else:
         report(f"schema {schema} is up to date")
     return applied
+
+
+async def _apply_next(
+    conn: AnyConnection, schema: str, shipped: list[Migration], report: Callable[[str], None]
+) -> Migration | None:
+    """Applies and records the first pending migration, inside the caller's transaction;
+    None when every shipped migration is recorded."""
+    quoted = _quote_ident(schema)
+    # Several engines may start at once, each running migrate on boot. The lock makes them
+    # take turns: the first applies a migration, the others wait and then see it
+    # recorded. Without it two would race on CREATE SCHEMA / CREATE TABLE and one would
+    # fail, or both would run a migration. It is a transaction-level lock, so it is
+    # released at commit or rollback, even if this process dies mid-migration (the server
+    # ends its session).
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", _lock_key(schema))
+    exists = await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", schema
+    )
+    # Checked first so that a role without CREATE on the database can still run migrate
+    # against a schema a DBA created for it.
+    if not exists:
+        report(f"creating schema {schema}")
+        await conn.execute(f"CREATE SCHEMA {quoted}")
+    # LOCAL: only for this transaction, so a caller's connection keeps its path.
+    await conn.execute(f"SET LOCAL search_path TO {quoted}")
+    await conn.execute(VERSION_TABLE_DDL)
+    rows = await conn.fetch("SELECT version, name, sha256 FROM schema_migrations")
+    recorded = {int(r["version"]): (str(r["name"]), str(r["sha256"])) for r in rows}
+    _check_recorded(schema, shipped, recorded, report)
+    pending = [m for m in shipped if m.version not in recorded]
+    if not pending:
+        return None
+    migration = pending[0]
+    report(f"applying {migration.label} to schema {schema}")
+    try:
+        await conn.execute(migration.sql)
+    except asyncpg.LockNotAvailableError as exc:
+        # Its own lock_timeout: it gave up waiting rather than stall every reader and
+        # writer queued behind its lock request. The transaction rolls back.
+        raise MigrationBusy(
+            f"{migration.label} could not lock its tables in schema {schema} "
+            f"({exc}): a long transaction holds them. Nothing was changed; run "
+            "`saga migrate` (or start the engine) again once it has ended"
+        ) from exc
+    await conn.execute(
+        "INSERT INTO schema_migrations (version, name, sha256) VALUES ($1, $2, $3)",
+        migration.version,
+        migration.name,
+        migration.sha256,
+    )
+    return migration
 
 
 def _check_recorded(

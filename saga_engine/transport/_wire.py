@@ -298,6 +298,31 @@ def decode(
 ) -> Envelope:
     """Reads a Kafka record; raises PoisonMessage with the precise reason. A value with a
     ``saga-codec`` header is decoded with ``codec`` first (a clear one is read as is)."""
+    found = _checked_headers(value, headers, max_bytes)
+    if CODEC_HEADER in found:
+        value = _unsealed(value, found[CODEC_HEADER], codec)
+    refused: UnstorableValue | None = None
+    try:
+        body = loads(value or b"")
+    except UnstorableValue as exc:
+        # Nested too deep to read: the headers are still read and checked, so a
+        # participant can answer the command (PoisonMessage.envelope).
+        body, refused = {}, exc
+    except SerializationError as exc:
+        raise PoisonMessage(PoisonReason.MALFORMED_JSON, f"the body is not JSON: {exc}") from None
+    envelope = _envelope(key, found, body)
+    if refused is not None:
+        what = f"{envelope.subject or envelope.message_type.value} body"
+        error = too_deep(what)
+        raise PoisonMessage(
+            PoisonReason.UNSTORABLE_VALUE, str(error), envelope=envelope, body_error=error
+        )
+    return envelope
+
+
+def _checked_headers(value: bytes | None, headers: Headers, max_bytes: int) -> dict[str, str]:
+    """The record's headers as text, once its size and the headers every message needs
+    (spec and schema versions, content type, a known type) are checked."""
     size = len(value or b"") + sum([len(k) + len(v or b"") for k, v in headers])
     if size > max_bytes:
         raise PoisonMessage(
@@ -337,17 +362,11 @@ def decode(
             f"unknown message type {found['ce_type']!r}; expected one of "
             f"{', '.join(t.value for t in MessageType)}",
         ) from None
-    if CODEC_HEADER in found:
-        value = _unsealed(value, found[CODEC_HEADER], codec)
-    refused: UnstorableValue | None = None
-    try:
-        body = loads(value or b"")
-    except UnstorableValue as exc:
-        # Nested too deep to read: the headers are still read and checked, so a
-        # participant can answer the command (PoisonMessage.envelope).
-        body, refused = {}, exc
-    except SerializationError as exc:
-        raise PoisonMessage(PoisonReason.MALFORMED_JSON, f"the body is not JSON: {exc}") from None
+    return found
+
+
+def _envelope(key: bytes | None, found: dict[str, str], body: Any) -> Envelope:
+    """The envelope the checked headers and the read body make, keyed by its saga."""
     fields: dict[str, Any] = {"body": body}
     for field_name, header in HEADERS.items():
         if header in found:
@@ -364,12 +383,6 @@ def decode(
     if key is not None and key.decode(errors="replace") != envelope.saga_id:
         raise PoisonMessage(
             PoisonReason.KEY_MISMATCH, "the record key must be the saga id (ce_sagaid)"
-        )
-    if refused is not None:
-        what = f"{envelope.subject or envelope.message_type.value} body"
-        error = too_deep(what)
-        raise PoisonMessage(
-            PoisonReason.UNSTORABLE_VALUE, str(error), envelope=envelope, body_error=error
         )
     return envelope
 
