@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Final, Generic, TypeAlias, TypeVar
+from typing import Generic, TypeAlias, TypeVar
 
 import asyncpg
 
@@ -52,6 +52,15 @@ from saga_engine.store._pgbase import (
 from saga_engine.store._pgqueries import PostgresReads
 from saga_engine.store._pgretention import PostgresRetention
 from saga_engine.store._pgrollouts import PostgresRollouts
+from saga_engine.store._pgwrites import (
+    CURRENT_SEQS,
+    INSERT_EVENTS,
+    INSERT_SAGAS,
+    LOCK_SAGAS,
+    PLAN_GUARDS,
+    SET_SAGA_VERSIONS,
+    UPDATE_GUARDS,
+)
 from saga_engine.store._store import Append, NewSaga, check_new_saga_id
 from saga_engine.telemetry._telemetry import detach_from_trace
 
@@ -185,83 +194,6 @@ class _EventRows:
         self.kinds.extend(events.kinds)
         self.data.extend(events.data)
 
-
-# --------------------------------------------------------------------------- SQL
-
-_INSERT_SAGAS: Final = """
-INSERT INTO sagas (saga_id, saga_type, status, last_seq, idempotency_key, created_at,
-                   updated_at, current_step, next_wakeup, error, key_hash, search)
-SELECT u.saga_id, u.saga_type, u.status, u.last_seq, u.idempotency_key, u.at, u.at,
-       u.current_step, u.next_wakeup, u.error, u.key_hash, u.search
-FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::timestamptz[],
-            $7::text[], $8::timestamptz[], $9::jsonb[], $10::int[], $11::jsonb[])
-     AS u(saga_id, saga_type, status, last_seq, idempotency_key, at, current_step,
-          next_wakeup, error, key_hash, search)
--- An id that already exists is not an error but the answer "not created" (False). DO
--- NOTHING skips just that row, so one duplicate does not fail the other creates in the
--- batch; if another transaction is inserting the same id right now, Postgres waits for
--- it to finish and then skips (it committed) or inserts (it rolled back). RETURNING lists
--- only the rows actually inserted: those are the creates that won.
-ON CONFLICT (saga_id) DO NOTHING
-RETURNING saga_id
-"""
-
-# Locks the batch's rows in saga_id order before updating them (see _write_appends). The
-# caller sorts the ids; the LATERAL subquery refers to the outer row, so the only plan is
-# a nested loop that takes the ids in array order and locks each row through the primary
-# key as it goes: the lock order is the array's, and the cost stays one index probe per
-# id however large the table grows (a plain "= ANY ... ORDER BY" may scan and sort).
-_LOCK_SAGAS: Final = """
-SELECT s.saga_id, s.last_seq
-FROM unnest($1::text[]) AS u(saga_id)
-CROSS JOIN LATERAL (
-    SELECT saga_id, last_seq FROM sagas
-    WHERE saga_id = u.saga_id COLLATE "C"  -- the column's collation, so its key is used
-    FOR NO KEY UPDATE
-) AS s
-"""
-
-# The optimistic-concurrency guard, for a whole batch in one statement. A row is updated
-# only if its last_seq is still the one the caller expected. RETURNING names the winning
-# operations by their position in the batch (WITH ORDINALITY, 1-based), not by saga id,
-# so that a winner is known exactly even if a saga appeared twice in one batch.
-_UPDATE_GUARDS: Final = """
-UPDATE sagas AS s
-SET last_seq = u.new_seq,
-    status = u.status,
-    current_step = u.current_step,
-    next_wakeup = u.next_wakeup,
-    error = u.error,
-    updated_at = coalesce(u.updated_at, s.updated_at)
-FROM unnest($1::text[], $2::int[], $3::int[], $4::text[], $5::text[], $6::timestamptz[],
-            $7::jsonb[], $8::timestamptz[])
-     WITH ORDINALITY
-     AS u(saga_id, expected_seq, new_seq, status, current_step, next_wakeup, error,
-          updated_at, op)
-WHERE s.saga_id = u.saga_id AND s.last_seq = u.expected_seq
-RETURNING u.op
-"""
-
-# The guard above must probe the primary key row by row, whatever the statistics say.
-# Until a table's first ANALYZE (a fresh schema: the first minute of a deployment, every
-# benchmark) the planner takes `sagas` for a few pages and joins a batch of many sagas
-# by hashing a sequential scan of the whole table, once per batch; with these two off it
-# can only nest the loop, one index probe per saga (one and two rows it nests anyway).
-# LOCAL: they end with the transaction, so reads on the pooled connection keep their plans.
-_PLAN_GUARDS: Final = "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off"
-
-_SET_SAGA_VERSIONS: Final = """
-UPDATE sagas AS s SET saga_version = u.version
-FROM unnest($1::text[], $2::int[]) AS u(saga_id, version)
-WHERE s.saga_id = u.saga_id
-"""
-
-_CURRENT_SEQS: Final = "SELECT saga_id, last_seq FROM sagas WHERE saga_id = ANY($1::text[])"
-
-_INSERT_EVENTS: Final = """
-INSERT INTO saga_events (saga_id, seq, kind, data)
-SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::jsonb[])
-"""
 
 # --------------------------------------------------------------------------- the store
 
@@ -496,7 +428,7 @@ class PostgresEventStore(PostgresReads, PostgresRetention, PostgresRollouts):
         if appends:
             await self._write_appends(conn, appends, rows)
         if rows.saga_ids:
-            await conn.execute(_INSERT_EVENTS, rows.saga_ids, rows.seqs, rows.kinds, rows.data)
+            await conn.execute(INSERT_EVENTS, rows.saga_ids, rows.seqs, rows.kinds, rows.data)
 
     @staticmethod
     async def _write_creates(conn: _Conn, ops: list[_CreateOp], rows: _EventRows) -> None:
@@ -505,7 +437,7 @@ class PostgresEventStore(PostgresReads, PostgresRetention, PostgresRollouts):
         if len({op.saga_id for op in ops}) != len(ops):
             raise RuntimeError("a batch holds two creates of the same saga id")
         inserted = await conn.fetch(
-            _INSERT_SAGAS,
+            INSERT_SAGAS,
             [op.saga_id for op in ops],
             [op.new.saga_type for op in ops],
             [SagaStatus(op.new.projection.status).value for op in ops],
@@ -529,7 +461,7 @@ class PostgresEventStore(PostgresReads, PostgresRetention, PostgresRollouts):
         versioned = [op.new for op in ops if op.outcome and op.new.saga_version > 1]
         if versioned:
             await conn.execute(
-                _SET_SAGA_VERSIONS,
+                SET_SAGA_VERSIONS,
                 [new.saga_id for new in versioned],
                 [new.saga_version for new in versioned],
             )
@@ -544,9 +476,9 @@ class PostgresEventStore(PostgresReads, PostgresRetention, PostgresRollouts):
             # below could lock them in any order (its join order is the planner's
             # choice), and another engine's batch may hold some of the same sagas, e.g.
             # a stale owner still writing. A single row needs no ordering.
-            locked = await conn.fetch(_LOCK_SAGAS, ids)
+            locked = await conn.fetch(LOCK_SAGAS, ids)
             current = {r["saga_id"]: r["last_seq"] for r in locked}
-            await conn.execute(_PLAN_GUARDS)
+            await conn.execute(PLAN_GUARDS)
         # The guard. Isolation is READ COMMITTED (Postgres's default), and that is enough:
         # the UPDATE takes the row lock, so a concurrent writer of the same saga blocks on
         # it until we commit or roll back; then Postgres re-checks its WHERE against the
@@ -557,7 +489,7 @@ class PostgresEventStore(PostgresReads, PostgresRetention, PostgresRollouts):
         # sequences stay dense; the (saga_id, seq) primary key would reject a duplicate
         # even from a writer that bypassed the guard.
         won = await conn.fetch(
-            _UPDATE_GUARDS,
+            UPDATE_GUARDS,
             ids,
             [op.append.expected_seq for op in ops],
             [op.append.expected_seq + len(op.events.kinds) for op in ops],
@@ -575,7 +507,7 @@ class PostgresEventStore(PostgresReads, PostgresRetention, PostgresRollouts):
         losers = [op for i, op in enumerate(ops) if i not in winners]
         if losers and current is None:
             # Same transaction, fresh snapshot (READ COMMITTED): the latest committed seq.
-            found = await conn.fetch(_CURRENT_SEQS, [op.saga_id for op in losers])
+            found = await conn.fetch(CURRENT_SEQS, [op.saga_id for op in losers])
             current = {r["saga_id"]: r["last_seq"] for r in found}
         for i, op in enumerate(ops):
             expected = op.append.expected_seq

@@ -51,7 +51,7 @@ from saga_engine.kernel._errors import (
 )
 from saga_engine.kernel._partitioning import partition_for
 from saga_engine.settings import PostgresSettings
-from saga_engine.store import _pgstore
+from saga_engine.store import _pgwrites
 from saga_engine.store._memstore import InMemoryEventStore
 from saga_engine.store._migrations import migrate
 from saga_engine.store._pgstore import GroupCommitConfig, PostgresEventStore
@@ -830,12 +830,12 @@ async def test_a_batch_guard_probes_the_primary_key_on_a_table_never_analyzed(
                 [None] * n, [None] * n)  # fmt: skip
 
         async def plan() -> str:
-            rows = await conn.fetch("EXPLAIN " + _pgstore._UPDATE_GUARDS, *args)
+            rows = await conn.fetch("EXPLAIN " + _pgwrites.UPDATE_GUARDS, *args)
             return "\n".join(r[0] for r in rows)
 
         async with conn.transaction():
             assert "Seq Scan on sagas" in await plan()  # what the settings are for
-            await conn.execute(_pgstore._PLAN_GUARDS)
+            await conn.execute(_pgwrites.PLAN_GUARDS)
             guarded = await plan()
             assert "Index Scan using sagas_pkey" in guarded
             assert "Seq Scan" not in guarded
