@@ -106,20 +106,7 @@ class SagaClient:
             current = carrier_of_context()
             traceparent = current.get("traceparent", "")
             tracestate = current.get("tracestate", "")
-        # The fields the caller set (the engine fills in the defaults once): a retry
-        # that rebuilds the model with a fresh default_factory value is the same request.
-        payload = (
-            input.model_dump(mode="json", by_alias=True, exclude_unset=True)
-            if isinstance(input, BaseModel)
-            else dict(input)
-        )
-        if isinstance(saga, str):
-            saga_type = saga
-            check_storable(payload, f"input of saga {saga!r}")
-        else:
-            definition = SagaDefinition.of(saga)
-            saga_type = definition.name
-            definition.validate_input(payload)
+        saga_type, payload = _checked_input(saga, input)
         if idempotency_key is not None:
             check_storable(idempotency_key, "the idempotency key")
         if saga_id is None:
@@ -298,3 +285,23 @@ class SagaClient:
 def _unset_flow(priority: int, fairness_key: str | None) -> set[str]:
     unset = set() if priority else {"priority"}
     return unset if fairness_key is not None else unset | {"fairness_key"}
+
+
+def _checked_input(
+    saga: str | type[Saga[Any, Any]], input: BaseModel | dict[str, Any]
+) -> tuple[str, JsonDict]:
+    """The saga type and the input as it is sent, checked as far as this process can: a
+    class's input model validates it, a type name's input must be storable."""
+    # The fields the caller set (the engine fills in the defaults once): a retry that
+    # rebuilds the model with a fresh default_factory value is the same request.
+    payload = (
+        input.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        if isinstance(input, BaseModel)
+        else dict(input)
+    )
+    if isinstance(saga, str):
+        check_storable(payload, f"input of saga {saga!r}")
+        return saga, payload
+    definition = SagaDefinition.of(saga)
+    definition.validate_input(payload)
+    return definition.name, payload
