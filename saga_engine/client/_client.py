@@ -10,8 +10,8 @@ from typing import Any, TypeVar, overload
 from pydantic import BaseModel
 
 from saga_engine.core._codec import CodecChain, PayloadCodec, codec_from_settings
-from saga_engine.core._decision import saga_id_for
 from saga_engine.core._definition import Saga, SagaDefinition, Signal
+from saga_engine.core._start import StartRequest
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._serde import JsonDict, check_storable
 from saga_engine.kernel._settings import Settings
@@ -19,7 +19,13 @@ from saga_engine.store._store import EventStore, SagaRecord
 from saga_engine.telemetry._telemetry import carrier_of_context
 from saga_engine.transport._kafka import ensure_topics, make_producer, send
 from saga_engine.transport._topics import Topics
-from saga_engine.transport._wire import CancelBody, Envelope, MessageType, SignalBody, StartBody
+from saga_engine.transport._wire import (
+    CancelBody,
+    Envelope,
+    MessageType,
+    SignalBody,
+    start_envelope,
+)
 
 __all__ = ["SagaClient"]
 
@@ -101,41 +107,23 @@ class SagaClient:
         The saga joins the trace of ``traceparent``, or else of the current span.
         ``priority`` (higher first) and ``fairness_key`` (a tenant: keys take turns)
         order its commands while a flow-control limit holds them back."""
-        tracestate = ""
-        if not traceparent:
-            current = carrier_of_context()
-            traceparent = current.get("traceparent", "")
-            tracestate = current.get("tracestate", "")
+        trace = {"traceparent": traceparent} if traceparent else carrier_of_context()
         saga_type, payload = _checked_input(saga, input)
         if idempotency_key is not None:
             check_storable(idempotency_key, "the idempotency key")
-        if saga_id is None:
-            saga_id = (
-                saga_id_for(saga_type, idempotency_key) if idempotency_key else str(uuid.uuid4())
-            )
-        body = StartBody(
+        request = StartRequest(
+            saga_type=saga_type,
             input=payload,
+            saga_id=saga_id,
             idempotency_key=idempotency_key,
-            deadline_s=deadline.total_seconds() if deadline else None,
+            deadline=deadline,
+            trace_context=trace,
             priority=priority,
             fairness_key=fairness_key,
-        )
-        await self._send(
-            Envelope(
-                message_type=MessageType.START,
-                source=self._source,
-                subject=saga_type,
-                saga_id=saga_id,
-                saga_type=saga_type,
-                correlation_id=saga_id,
-                traceparent=traceparent,
-                tracestate=tracestate,
-                # The flow-control fields only when set: an engine that predates them
-                # (its body model allows no other field) still takes every other start.
-                body=body.model_dump(mode="json", exclude=_unset_flow(priority, fairness_key)),
-            )
-        )
-        return saga_id
+        ).with_saga_id()
+        await self._send(start_envelope(request, source=self._source))
+        assert request.saga_id is not None
+        return request.saga_id
 
     async def signal(
         self,
@@ -280,11 +268,6 @@ class SagaClient:
             pg = self.settings.pg.model_copy(update={"pool_min_size": 1, "pool_max_size": 2})
             self._store = await PostgresEventStore.connect(pg, codec=self.codec)
         return self._store
-
-
-def _unset_flow(priority: int, fairness_key: str | None) -> set[str]:
-    unset = set() if priority else {"priority"}
-    return unset if fairness_key is not None else unset | {"fairness_key"}
 
 
 def _checked_input(

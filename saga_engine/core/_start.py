@@ -1,16 +1,54 @@
-"""A start's pieces that take no I/O: what it asks for (``PreparedStart``), and whether a
-repeated start asks for the same saga."""
+"""A start's pieces that take no I/O: the request every edge makes (``StartRequest``),
+what it asks for once resolved (``PreparedStart``), and whether a repeated start asks for
+the same saga."""
 
 from __future__ import annotations
 
-from datetime import datetime
+import uuid
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from saga_engine.core._decision import StartSaga
+from saga_engine.core._decision import StartSaga, saga_id_for
 from saga_engine.core._definition import SagaDefinition, SagaRegistry
 from saga_engine.core._events import Event, ParentLink, SagaStarted, TriggerOrigin
 from saga_engine.kernel._errors import IdempotencyConflict, InvalidTransition
 from saga_engine.kernel._serde import JsonDict
+
+
+@dataclass(frozen=True, slots=True)
+class StartRequest:
+    """A request to start a saga, the same from every edge: the admin API, ``SagaClient``,
+    a trigger, a schedule and a parent's ``ctx.child`` all make one, the inbox carries it
+    (``StartBody``), and the engine resolves it (``PreparedStart``)."""
+
+    saga_type: str
+    input: JsonDict
+    #: None: derived from the idempotency key (``saga_id_for``), or a new UUID.
+    saga_id: str | None = None
+    #: Starting twice with the same key yields one saga.
+    idempotency_key: str | None = None
+    #: Overrides the saga type's default deadline.
+    deadline: timedelta | None = None
+    #: W3C trace context (``traceparent``, ``tracestate``): the saga joins that trace.
+    trace_context: dict[str, str] = field(default_factory=dict)
+    #: The saga that started this one with ``ctx.child`` (its end answers that parent).
+    parent: ParentLink | None = None
+    #: The trigger record it was started from.
+    trigger: TriggerOrigin | None = None
+    #: Flow control: a higher priority is sent first when a limit holds commands back;
+    #: the fairness key (a tenant) takes turns with the others.
+    priority: int = 0
+    fairness_key: str | None = None
+
+    def with_saga_id(self) -> StartRequest:
+        """This request with its saga id decided: the one given, the one its idempotency
+        key derives, or a new UUID (so a re-sent request names the same saga)."""
+        if self.saga_id is not None:
+            return self
+        if self.idempotency_key:
+            return replace(self, saga_id=saga_id_for(self.saga_type, self.idempotency_key))
+        return replace(self, saga_id=str(uuid.uuid4()))
 
 
 def check_same_start(

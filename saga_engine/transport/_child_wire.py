@@ -13,7 +13,14 @@ from saga_engine.core._decision import (
     OutboundCommand,
 )
 from saga_engine.core._events import ParentLink
-from saga_engine.transport._wire import Envelope, MessageType, ReplyBody, StartBody, UndoBody
+from saga_engine.core._start import StartRequest
+from saga_engine.transport._wire import (
+    Envelope,
+    MessageType,
+    ReplyBody,
+    UndoBody,
+    start_envelope,
+)
 
 __all__ = ["ENGINE_PARTICIPANTS", "engine_envelope", "parent_of"]
 
@@ -58,13 +65,15 @@ def engine_envelope(command: OutboundCommand, source: str) -> Envelope:
             **trace,
         )  # fmt: skip
     start = ChildStart.model_validate(command.payload)
-    return Envelope(
-        message_type=MessageType.START, source=source, subject=start.saga_type,
-        saga_id=start.saga_id, saga_type=start.saga_type,
-        correlation_id=command.saga_id, causation_id=command.command_id,
-        body=StartBody(
-            input=start.input, parent=parent_of(command), priority=start.priority,
-            fairness_key=start.fairness_key,
-        ).model_dump(mode="json", exclude_defaults=True),
-        **trace,
-    )  # fmt: skip
+    request = StartRequest(
+        saga_type=start.saga_type,
+        input=start.input,
+        saga_id=start.saga_id,
+        trace_context=command.trace_context,
+        parent=parent_of(command),
+        priority=start.priority,
+        fairness_key=start.fairness_key,
+    )
+    return start_envelope(
+        request, source=source, correlation_id=command.saga_id, causation_id=command.command_id
+    )

@@ -14,7 +14,7 @@ and back, and says precisely why a message cannot be read (:class:`PoisonMessage
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from saga_engine.core._codec import HEADER, MARKER, CodecChain
 from saga_engine.core._events import ParentLink, TriggerOrigin
+from saga_engine.core._start import StartRequest
 from saga_engine.kernel._errors import (
     CodecError,
     PoisonMessage,
@@ -286,6 +287,60 @@ def encode(envelope: Envelope, codec: CodecChain | None = None) -> tuple[bytes, 
 
 #: The messages that answer (or are answered as) a command: they name it.
 _NEED_COMMAND_ID = frozenset({MessageType.REPLY, MessageType.UNDO})
+
+
+def start_envelope(
+    request: StartRequest,
+    *,
+    source: str,
+    correlation_id: str | None = None,
+    causation_id: str | None = None,
+) -> Envelope:
+    """The inbox message of a start request (its saga id decided by the sender, so that a
+    re-sent message names the same saga). Fields at their defaults are left out of the
+    body: an engine that predates one (its body model allows no other field) still takes
+    every start that does not use it."""
+    request = request.with_saga_id()
+    assert request.saga_id is not None
+    body = StartBody(
+        input=request.input,
+        idempotency_key=request.idempotency_key,
+        deadline_s=request.deadline.total_seconds() if request.deadline else None,
+        parent=request.parent,
+        trigger=request.trigger,
+        priority=request.priority,
+        fairness_key=request.fairness_key,
+    )
+    return Envelope(
+        message_type=MessageType.START,
+        source=source,
+        subject=request.saga_type,
+        saga_id=request.saga_id,
+        saga_type=request.saga_type,
+        correlation_id=correlation_id or request.saga_id,
+        causation_id=causation_id or "",
+        traceparent=request.trace_context.get("traceparent", ""),
+        tracestate=request.trace_context.get("tracestate", ""),
+        body=body.model_dump(mode="json", exclude_defaults=True),
+    )
+
+
+def start_request(envelope: Envelope) -> StartRequest:
+    """The start request an inbox message carries (PoisonMessage if its body is not one)."""
+    body = envelope.body_as(StartBody)
+    trace = {"traceparent": envelope.traceparent, "tracestate": envelope.tracestate}
+    return StartRequest(
+        saga_type=envelope.saga_type or envelope.subject,
+        input=body.input,
+        saga_id=envelope.saga_id,
+        idempotency_key=body.idempotency_key,
+        deadline=timedelta(seconds=body.deadline_s) if body.deadline_s else None,
+        trace_context={k: v for k, v in trace.items() if v},
+        parent=body.parent,
+        trigger=body.trigger,
+        priority=body.priority,
+        fairness_key=body.fairness_key,
+    )
 
 
 def decode(
