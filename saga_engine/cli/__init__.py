@@ -8,7 +8,7 @@ stderr and a non-zero exit; ``--debug`` shows the traceback instead: a ``CliErro
 an ``AdminCallError`` when the admin API refused (its exit code says which kind).
 """
 
-from saga_engine.cli._cli import app, main
+from saga_engine.cli._app import app, main
 from saga_engine.kernel._errors import AdminCallError, CliError
 
 __all__ = ["AdminCallError", "CliError", "app", "main"]

@@ -7,12 +7,11 @@ unknown predicate), 6 auth, 7 unreachable."""
 from __future__ import annotations
 
 from typing import Annotated, Any
-from urllib.parse import quote
 
 import typer
 from rich.table import Table
 
-from saga_engine.cli._cli import AdminUrl, JsonOpt, _api, _print_json, _run_sync, out
+from saga_engine.cli._common import AdminApi, AdminUrl, JsonOpt, admin_call, out, print_json
 
 __all__ = ["rollout_app"]
 
@@ -23,7 +22,7 @@ rollout_app = typer.Typer(
 
 
 def _path(saga_type: str) -> str:
-    return f"/rollouts/{quote(saga_type, safe='')}"
+    return AdminApi.path("rollouts", saga_type)
 
 
 def _spec(spec: dict[str, Any] | None) -> str:
@@ -63,13 +62,14 @@ def rollout_show(
     as_json: JsonOpt = False,
 ) -> None:
     """Show a saga type's rollout (or every type's) and its audit trail."""
-    api = _api(admin_url)
     if saga_type is None:
-        views = _run_sync(lambda: api.get("/rollouts"))
+        views = admin_call(admin_url, lambda api: api.get("/rollouts"))
     else:
-        views = [_run_sync(lambda: api.get(_path(saga_type), [("limit", str(limit))]))]
+        views = [
+            admin_call(admin_url, lambda api: api.get(_path(saga_type), [("limit", str(limit))]))
+        ]
     if as_json:
-        _print_json(views if saga_type is None else views[0])
+        print_json(views if saga_type is None else views[0])
         return
     for view in views:
         _print_view(view)
@@ -92,13 +92,12 @@ def rollout_set(
 ) -> None:
     """Set which version new starts of a saga type run (running sagas keep theirs):
     e.g. --version 2 --percent 0 (dark), then 10, 50, 100; back to 0 rolls back."""
-    api = _api(admin_url)
     body: dict[str, Any] = {"version": version, "percent": percent, "reason": reason}
     if predicate is not None:
         body["predicate"] = predicate
-    view = _run_sync(lambda: api.put(_path(saga_type), body))
+    view = admin_call(admin_url, lambda api: api.put(_path(saga_type), body))
     if as_json:
-        _print_json(view)
+        print_json(view)
         return
     out.print(f"rollout of {saga_type} set: {view['summary']} ({_when_now(view)})", highlight=False)
 
