@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Annotated, Any, NoReturn, TypeVar
 from urllib.parse import quote
 
 import httpx
 import orjson
 import typer
-from rich.console import Console
+from rich.console import Console, OverflowMethod
+from rich.table import Table
 
 from saga_engine.kernel._errors import AdminCallError, CliError, SagaError
 from saga_engine.kernel._mainloop import run
@@ -92,6 +93,32 @@ def fail(message: str) -> NoReturn:
         raise CliError(message)
     err.print(f"[red]error:[/red] {message}", markup=True, highlight=False)
     raise typer.Exit(1)
+
+
+def make_table(
+    title: str,
+    columns: Iterable[str],
+    rows: Iterable[Sequence[str]],
+    overflow: OverflowMethod = "fold",
+) -> Table:
+    """A titled table, one column per name; long cells fold onto more lines (or as
+    ``overflow`` says)."""
+    result = Table(title=title)
+    for column in columns:
+        result.add_column(column, overflow=overflow)
+    for row in rows:
+        result.add_row(*row)
+    return result
+
+
+def field_table(title: str, rows: Iterable[tuple[str, str]]) -> Table:
+    """A titled table of fields (in bold) and their values, without a header."""
+    result = Table(title=title, show_header=False)
+    result.add_column("field", style="bold")
+    result.add_column("value", overflow="fold")
+    for field, value in rows:
+        result.add_row(field, value)
+    return result
 
 
 def print_json(value: Any) -> None:

@@ -8,9 +8,8 @@ import asyncio
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
-from saga_engine.cli._common import JsonOpt, out, print_json, run_async
+from saga_engine.cli._common import JsonOpt, make_table, out, print_json, run_async
 from saga_engine.kernel._errors import CliError
 from saga_engine.kernel._settings import Settings
 from saga_engine.transport._topics import Topics
@@ -39,15 +38,14 @@ def dlq_list(
     if as_json:
         print_json(rows)
         return
-    table = Table(title=f"{Topics.of(settings.kafka).dlq}: {len(rows)} record(s)")
-    for column in ("partition", "offset", "reason", "detail", "origin", "saga"):
-        table.add_column(column)
-    for r in rows:
-        origin = f"{r['origin_topic']}[{r['origin_partition']}]@{r['origin_offset']}"
-        table.add_row(
-            str(r["partition"]), str(r["offset"]), r["reason"], r["detail"], origin, r["saga_id"]
-        )
-    out.print(table)
+    cells = [
+        (str(r["partition"]), str(r["offset"]), r["reason"], r["detail"],
+         f"{r['origin_topic']}[{r['origin_partition']}]@{r['origin_offset']}", r["saga_id"])
+        for r in rows
+    ]  # fmt: skip
+    title = f"{Topics.of(settings.kafka).dlq}: {len(rows)} record(s)"
+    columns = ("partition", "offset", "reason", "detail", "origin", "saga")
+    out.print(make_table(title, columns, cells, "ellipsis"))
 
 
 @dlq_app.command("replay")

@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import typer
-from rich.table import Table
 
-from saga_engine.cli._common import AdminUrl, JsonOpt, admin_call, out, print_json
+from saga_engine.cli._common import AdminUrl, JsonOpt, admin_call, make_table, out, print_json
 
 __all__ = ["commands"]
 
@@ -26,11 +25,8 @@ def flow(admin_url: AdminUrl = None, as_json: JsonOpt = False) -> None:
     if not body["enabled"]:
         out.print("flow control is off: no limit is configured (SAGA_LIMITS__...)")
         return
-    table = Table(title=f"flow control (aging: {body['aging_s'] or 'off'} s per level)")
-    for column in ("kind", "name", "concurrency", "rate/s", "share", "in flight", "waiting"):
-        table.add_column(column)
-    for gate in body["gates"]:
-        table.add_row(
+    rows = [
+        (
             gate["kind"],
             gate["name"],
             _limit(gate["effective_concurrency"], gate["concurrency_limit"]),
@@ -39,7 +35,11 @@ def flow(admin_url: AdminUrl = None, as_json: JsonOpt = False) -> None:
             str(gate["in_flight"]),
             str(gate["waiting"]),
         )
-    out.print(table)
+        for gate in body["gates"]
+    ]
+    title = f"flow control (aging: {body['aging_s'] or 'off'} s per level)"
+    columns = ("kind", "name", "concurrency", "rate/s", "share", "in flight", "waiting")
+    out.print(make_table(title, columns, rows, "ellipsis"))
 
 
 def _limit(mine: float | None, configured: float | None) -> str:

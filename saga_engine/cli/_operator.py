@@ -17,6 +17,8 @@ from saga_engine.cli._common import (
     JsonOpt,
     ReasonOpt,
     admin_call,
+    field_table,
+    make_table,
     out,
     print_json,
     run_sync,
@@ -108,14 +110,9 @@ def show(
     out.print(_fields(saga))
     kids = saga.get("children") or []
     if kids:
-        children = Table(title="child sagas")
-        for column in ("step", "type", "id", "status"):
-            children.add_column(column, overflow="fold")
-        for c in kids:
-            children.add_row(
-                c["step"], c["saga_type"], c["saga_id"], c.get("status") or "not started"
-            )
-        out.print(children)
+        rows = [(c["step"], c["saga_type"], c["saga_id"], c.get("status") or "not started")
+                for c in kids]  # fmt: skip
+        out.print(make_table("child sagas", ("step", "type", "id", "status"), rows))
     _print_waits(saga)
     _print_owed(saga)
 
@@ -126,12 +123,9 @@ def _saga(saga_id: str, *rest: str) -> str:
 
 def _fields(saga: dict[str, Any]) -> Table:
     """``saga show``'s first table: one row per field (parent and trigger if any)."""
-    table = Table(title=f"{saga['saga_type']} {saga['saga_id']}", show_header=False)
-    table.add_column("field", style="bold")
-    table.add_column("value", overflow="fold")
     error = saga.get("error")
     parent, trigger = saga.get("parent"), saga.get("trigger")
-    for field, value in (
+    rows = (
         ("status", saga["status"]),
         ("type", saga["saga_type"]),
         ("version", str(saga.get("saga_version", 1))),
@@ -147,21 +141,16 @@ def _fields(saga: dict[str, Any]) -> Table:
             "trigger",
             f"{trigger['topic']}[{trigger['partition']}]@{trigger['offset']}" if trigger else "",
         ),
-    ):
-        if value or field not in ("parent", "trigger"):
-            table.add_row(field, value)
-    return table
+    )
+    shown = [(f, v) for f, v in rows if v or f not in ("parent", "trigger")]
+    return field_table(f"{saga['saga_type']} {saga['saga_id']}", shown)
 
 
 def _print_waits(saga: dict[str, Any]) -> None:
     waits = saga.get("waiting_for") or []
     if waits:
-        waiting = Table(title="waiting for")
-        for column in ("kind", "what", "since", "until"):
-            waiting.add_column(column, overflow="fold")
-        for w in waits:
-            waiting.add_row(w["kind"], w["what"], w["since"], w.get("until") or "")
-        out.print(waiting)
+        rows = [(w["kind"], w["what"], w["since"], w.get("until") or "") for w in waits]
+        out.print(make_table("waiting for", ("kind", "what", "since", "until"), rows))
     elif saga["status"] in {s.value for s in SagaStatus if s.is_terminal}:
         out.print(f"waiting for nothing: it ended {saga['status']}")
 
@@ -171,15 +160,13 @@ def _print_owed(saga: dict[str, Any]) -> None:
     if not owed_rows:
         out.print("no compensations owed")
         return
-    owed = Table(title="compensations owed (undone newest first)")
-    for column in ("step", "participant", "command", "state", "attempts", "last error"):
-        owed.add_column(column)
-    for p in owed_rows:
-        owed.add_row(
-            p["step"], p["participant"], p["command_type"], p["state"], str(p["attempts"]),
-            p.get("last_error") or "",
-        )  # fmt: skip
-    out.print(owed)
+    columns = ("step", "participant", "command", "state", "attempts", "last error")
+    rows = [
+        (p["step"], p["participant"], p["command_type"], p["state"], str(p["attempts"]),
+         p.get("last_error") or "")
+        for p in owed_rows
+    ]  # fmt: skip
+    out.print(make_table("compensations owed (undone newest first)", columns, rows, "ellipsis"))
 
 
 @commands.command()
@@ -198,12 +185,9 @@ def history(
         print_json(exported)
         return
     events = run_sync(lambda: load_history(exported).events)
-    table = Table(title=f"{exported['saga_type']} {exported['saga_id']}")
-    for column in ("#", "at", "event", "gist"):
-        table.add_column(column, overflow="fold")
-    for seq, event in enumerate(events, start=1):
-        table.add_row(str(seq), event.at.isoformat(), event.kind, gist(event))
-    out.print(table)
+    rows = [(str(seq), e.at.isoformat(), e.kind, gist(e)) for seq, e in enumerate(events, 1)]
+    title = f"{exported['saga_type']} {exported['saga_id']}"
+    out.print(make_table(title, ("#", "at", "event", "gist"), rows))
 
 
 def _json_object(text: str, what: str) -> dict[str, Any]:

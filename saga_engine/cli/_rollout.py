@@ -9,9 +9,17 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
-from saga_engine.cli._common import AdminApi, AdminUrl, JsonOpt, admin_call, out, print_json
+from saga_engine.cli._common import (
+    AdminApi,
+    AdminUrl,
+    JsonOpt,
+    admin_call,
+    field_table,
+    make_table,
+    out,
+    print_json,
+)
 
 __all__ = ["rollout_app"]
 
@@ -33,23 +41,18 @@ def _spec(spec: dict[str, Any] | None) -> str:
 
 
 def _print_view(view: dict[str, Any]) -> None:
-    table = Table(title=f"rollout of {view['saga_type']}", show_header=False)
-    table.add_column("field", style="bold")
-    table.add_column("value", overflow="fold")
-    table.add_row("deployed versions", ", ".join(str(v) for v in view["versions"]) or "none")
-    table.add_row("rollout", _spec(view.get("rollout")))
-    table.add_row("set by", view.get("updated_by") or "")
-    table.add_row("new starts", view["summary"])
-    out.print(table)
+    fields = [
+        ("deployed versions", ", ".join(str(v) for v in view["versions"]) or "none"),
+        ("rollout", _spec(view.get("rollout"))),
+        ("set by", view.get("updated_by") or ""),
+        ("new starts", view["summary"]),
+    ]
+    out.print(field_table(f"rollout of {view['saga_type']}", fields))
     audit = view.get("audit") or []
     if audit:
-        trail = Table(title="audit (newest first)")
-        for column in ("at", "principal", "change", "reason"):
-            trail.add_column(column, overflow="fold")
-        for c in audit:
-            change = f"{_spec(c.get('before'))} -> {_spec(c.get('after'))}"
-            trail.add_row(c["at"], c["principal"], change, c["reason"])
-        out.print(trail)
+        rows = [(c["at"], c["principal"], f"{_spec(c.get('before'))} -> {_spec(c.get('after'))}",
+                 c["reason"]) for c in audit]  # fmt: skip
+        out.print(make_table("audit (newest first)", ("at", "principal", "change", "reason"), rows))
 
 
 @rollout_app.command("show")

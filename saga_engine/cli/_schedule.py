@@ -10,9 +10,16 @@ from typing import Annotated, Any
 
 import orjson
 import typer
-from rich.table import Table
 
-from saga_engine.cli._common import AdminApi, AdminUrl, JsonOpt, admin_call, out, print_json
+from saga_engine.cli._common import (
+    AdminApi,
+    AdminUrl,
+    JsonOpt,
+    admin_call,
+    make_table,
+    out,
+    print_json,
+)
 from saga_engine.core._schedule import CatchUp, Overlap
 
 __all__ = ["schedule_app"]
@@ -89,15 +96,13 @@ def list_schedules(
     if as_json:
         print_json(rows)
         return
-    table = Table(title=f"{len(rows)} schedule(s)")
-    for column in ("id", "saga", "spec", "state", "next", "last tick", "last saga", "fired"):
-        table.add_column(column)
-    for r in rows:
-        table.add_row(
-            r["id"], r["saga"], r["spec"], r["state"], r["next_fire_at"], r["last_tick"] or "",
-            r["last_saga_id"] or "", str(r["fired_count"]),
-        )  # fmt: skip
-    out.print(table)
+    cells = [
+        (r["id"], r["saga"], r["spec"], r["state"], r["next_fire_at"], r["last_tick"] or "",
+         r["last_saga_id"] or "", str(r["fired_count"]))
+        for r in rows
+    ]  # fmt: skip
+    columns = ("id", "saga", "spec", "state", "next", "last tick", "last saga", "fired")
+    out.print(make_table(f"{len(rows)} schedule(s)", columns, cells, "ellipsis"))
 
 
 @schedule_app.command("show")

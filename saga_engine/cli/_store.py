@@ -13,9 +13,18 @@ from typing import Annotated, Any
 
 import typer
 from rich.progress import Progress
-from rich.table import Table
 
-from saga_engine.cli._common import Debug, JsonOpt, err, fail, out, print_json, run_async, run_sync
+from saga_engine.cli._common import (
+    Debug,
+    JsonOpt,
+    err,
+    fail,
+    make_table,
+    out,
+    print_json,
+    run_async,
+    run_sync,
+)
 from saga_engine.core._codec import codec_from_settings, open_archive
 from saga_engine.core._replay import HistoryExport, ReplayResult, load_history, load_sagas
 from saga_engine.core._replay import replay as check
@@ -143,17 +152,14 @@ def _replay_directory(directory: Path, classes: Any, as_json: bool) -> None:
     if as_json:
         print_json({"histories": rows, "diverged": len(diverged)})
     else:
-        table = Table(title=f"replay of {directory}")
-        for column in ("file", "saga", "events", "result"):
-            table.add_column(column)
-        for r in rows:
-            verdict = (
-                "[green]deterministic[/green]"
-                if r["deterministic"]
-                else f"[red]diverged[/red]: {r['error']}"
-            )
-            table.add_row(r["file"], r.get("saga_id", ""), str(r.get("events", "")), verdict)
-        out.print(table)
+        cells = [
+            (r["file"], r.get("saga_id", ""), str(r.get("events", "")),
+             "[green]deterministic[/green]" if r["deterministic"]
+             else f"[red]diverged[/red]: {r['error']}")
+            for r in rows
+        ]  # fmt: skip
+        columns = ("file", "saga", "events", "result")
+        out.print(make_table(f"replay of {directory}", columns, cells, "ellipsis"))
         out.print(f"{len(rows) - len(diverged)} of {len(rows)} histories replay cleanly")
     raise typer.Exit(1 if diverged else 0)
 
