@@ -1,11 +1,6 @@
-"""The ``saga`` typer app, assembled: the root options, ``saga version``, and each
-command group, registered here in the order ``saga --help`` lists them.
-
-Every group is a module with its own typer app (``_common`` holds what they share):
-``_worker``, ``_store`` (migrate, replay, archive), ``_operator`` (list, show, history
-and the operator actions) and ``_flow`` add their commands at the top level; ``_dlq``,
-``_schedule`` and ``_rollout`` are sub-commands (``saga dlq ...``).
-"""
+"""The ``saga`` typer app, assembled: the root option (``--debug``), ``saga version``, and
+the command groups (the package's docstring lists them), registered explicitly in the
+order ``saga --help`` lists them."""
 
 from __future__ import annotations
 
