@@ -1,5 +1,5 @@
 """``python -m saga_engine`` is the ``saga`` command."""
 
-from saga_engine.cli._cli import main
+from saga_engine.cli import main
 
 main()

@@ -6,9 +6,17 @@ typer application, for ``typer.testing.CliRunner`` or to mount in a larger CLI.
 Every command takes ``--json`` for machine-readable output. Errors are one line on
 stderr and a non-zero exit; ``--debug`` shows the traceback instead: a ``CliError``, or
 an ``AdminCallError`` when the admin API refused (its exit code says which kind).
+
+Layout: ``_app`` assembles the typer app from one module per command group (``_worker``;
+``_store``: migrate, replay, archive; ``_operator``: list, show, history and the
+operator actions; ``_flow``; ``_dlq``; ``_schedule``; ``_rollout``), which share
+``_common`` (options, consoles, errors, output, the admin API client) and never import
+each other.
+
+May import every layer below it: ``saga_engine.worker`` and everything the worker may.
 """
 
-from saga_engine.cli._cli import app, main
+from saga_engine.cli._app import app, main
 from saga_engine.kernel._errors import AdminCallError, CliError
 
 __all__ = ["AdminCallError", "CliError", "app", "main"]

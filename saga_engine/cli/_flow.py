@@ -1,44 +1,45 @@
 """``saga flow``: flow control on an engine, through its admin API (``GET /flow``):
 each limit with its configured figures, this engine's share, in flight and waiting."""
 
-# No ``from __future__ import annotations``: typer reads the command's annotations, which
-# name the CLI's shared options (``_cli.AdminUrl``, ``_cli.JsonOpt``), at run time.
+from __future__ import annotations
+
 from typing import Any
 
 import typer
-from rich.table import Table
 
-__all__ = ["register"]
+from saga_engine.cli._common import AdminUrl, JsonOpt, admin_call, make_table, out, print_json
+
+__all__ = ["commands"]
+
+#: Added to the ``saga`` app without a name: ``saga flow``.
+commands = typer.Typer()
 
 
-def register(app: typer.Typer) -> None:
-    """Adds ``saga flow`` to the CLI's app (``_cli.py`` calls it once)."""
-    from saga_engine.cli import _cli as cli
-
-    @app.command("flow")
-    def flow(admin_url: cli.AdminUrl = None, as_json: cli.JsonOpt = False) -> None:
-        """Flow control: per participant and saga type limit, in flight and waiting."""
-        body: dict[str, Any] = cli._run_sync(lambda: cli._api(admin_url).get("/flow"))
-        if as_json:
-            cli._print_json(body)
-            return
-        if not body["enabled"]:
-            cli.out.print("flow control is off: no limit is configured (SAGA_LIMITS__...)")
-            return
-        table = Table(title=f"flow control (aging: {body['aging_s'] or 'off'} s per level)")
-        for column in ("kind", "name", "concurrency", "rate/s", "share", "in flight", "waiting"):
-            table.add_column(column)
-        for gate in body["gates"]:
-            table.add_row(
-                gate["kind"],
-                gate["name"],
-                _limit(gate["effective_concurrency"], gate["concurrency_limit"]),
-                _limit(gate["effective_rate"], gate["rate_limit"]),
-                f"{gate['share']:.2f}",
-                str(gate["in_flight"]),
-                str(gate["waiting"]),
-            )
-        cli.out.print(table)
+@commands.command("flow")
+def flow(admin_url: AdminUrl = None, as_json: JsonOpt = False) -> None:
+    """Flow control: per participant and saga type limit, in flight and waiting."""
+    body: dict[str, Any] = admin_call(admin_url, lambda api: api.get("/flow"))
+    if as_json:
+        print_json(body)
+        return
+    if not body["enabled"]:
+        out.print("flow control is off: no limit is configured (SAGA_LIMITS__...)")
+        return
+    rows = [
+        (
+            gate["kind"],
+            gate["name"],
+            _limit(gate["effective_concurrency"], gate["concurrency_limit"]),
+            _limit(gate["effective_rate"], gate["rate_limit"]),
+            f"{gate['share']:.2f}",
+            str(gate["in_flight"]),
+            str(gate["waiting"]),
+        )
+        for gate in body["gates"]
+    ]
+    title = f"flow control (aging: {body['aging_s'] or 'off'} s per level)"
+    columns = ("kind", "name", "concurrency", "rate/s", "share", "in flight", "waiting")
+    out.print(make_table(title, columns, rows, "ellipsis"))
 
 
 def _limit(mine: float | None, configured: float | None) -> str:

@@ -1,6 +1,6 @@
 """The operator commands of the ``saga`` CLI: ``list``, ``show``, ``history``, ``signal``,
 ``cancel``, ``retry``, ``skip``, ``force-compensate`` and ``resume``. Each goes through an
-engine's admin API (``_cli_admin.AdminApi``), so every action is checked, recorded and
+engine's admin API (``_common.AdminApi``), so every action is checked, recorded and
 audited where the API does it; the exit codes are in docs/operations.md."""
 
 from __future__ import annotations
@@ -11,25 +11,28 @@ import orjson
 import typer
 from rich.table import Table
 
-from saga_engine.cli._cli import (
+from saga_engine.cli._common import (
+    AdminApi,
     AdminUrl,
     JsonOpt,
     ReasonOpt,
-    _api,
-    _print_json,
-    _run_sync,
-    app,
+    admin_call,
+    field_table,
+    make_table,
     out,
+    print_json,
+    run_sync,
 )
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._errors import CliError
 
+__all__ = ["commands"]
 
-def _when(value: Any) -> str:
-    return value.isoformat() if value is not None else ""
+#: Added to the ``saga`` app without a name: ``saga list``, ``saga show``, ...
+commands = typer.Typer()
 
 
-@app.command("list")
+@commands.command("list")
 def list_sagas(
     status: Annotated[
         list[SagaStatus] | None,
@@ -59,10 +62,10 @@ def list_sagas(
         if not sep or not name.strip():
             raise typer.BadParameter("use name=value", param_hint="--where")
         params.append((name.strip(), value))
-    page = _run_sync(lambda: _api(admin_url).get("/sagas", params))
+    page = admin_call(admin_url, lambda api: api.get("/sagas", params))
     rows = page["items"]
     if as_json:
-        _print_json(rows)
+        print_json(rows)
         return
     table = Table(
         title=f"{len(rows)} saga(s)" + (" (more: raise --limit)" if page.get("next_cursor") else "")
@@ -93,24 +96,36 @@ def _short_id(saga_id: str) -> str:
     return saga_id if len(saga_id) <= 20 else saga_id[:18] + "…"
 
 
-@app.command()
+@commands.command()
 def show(
     saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
     admin_url: AdminUrl = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Show a saga: status, what it waits for, commands in flight, owed compensations."""
-    api = _api(admin_url)
-    saga = _run_sync(lambda: api.get(api.saga_path(saga_id)))
+    saga = admin_call(admin_url, lambda api: api.get(_saga(saga_id)))
     if as_json:
-        _print_json(saga)
+        print_json(saga)
         return
-    table = Table(title=f"{saga['saga_type']} {saga['saga_id']}", show_header=False)
-    table.add_column("field", style="bold")
-    table.add_column("value", overflow="fold")
+    out.print(_fields(saga))
+    kids = saga.get("children") or []
+    if kids:
+        rows = [(c["step"], c["saga_type"], c["saga_id"], c.get("status") or "not started")
+                for c in kids]  # fmt: skip
+        out.print(make_table("child sagas", ("step", "type", "id", "status"), rows))
+    _print_waits(saga)
+    _print_owed(saga)
+
+
+def _saga(saga_id: str, *rest: str) -> str:
+    return AdminApi.path("sagas", saga_id, *rest)
+
+
+def _fields(saga: dict[str, Any]) -> Table:
+    """``saga show``'s first table: one row per field (parent and trigger if any)."""
     error = saga.get("error")
     parent, trigger = saga.get("parent"), saga.get("trigger")
-    for field, value in (
+    rows = (
         ("status", saga["status"]),
         ("type", saga["saga_type"]),
         ("version", str(saga.get("saga_version", 1))),
@@ -126,46 +141,35 @@ def show(
             "trigger",
             f"{trigger['topic']}[{trigger['partition']}]@{trigger['offset']}" if trigger else "",
         ),
-    ):
-        if value or field not in ("parent", "trigger"):
-            table.add_row(field, value)
-    out.print(table)
-    kids = saga.get("children") or []
-    if kids:
-        children = Table(title="child sagas")
-        for column in ("step", "type", "id", "status"):
-            children.add_column(column, overflow="fold")
-        for c in kids:
-            children.add_row(
-                c["step"], c["saga_type"], c["saga_id"], c.get("status") or "not started"
-            )
-        out.print(children)
+    )
+    shown = [(f, v) for f, v in rows if v or f not in ("parent", "trigger")]
+    return field_table(f"{saga['saga_type']} {saga['saga_id']}", shown)
+
+
+def _print_waits(saga: dict[str, Any]) -> None:
     waits = saga.get("waiting_for") or []
     if waits:
-        waiting = Table(title="waiting for")
-        for column in ("kind", "what", "since", "until"):
-            waiting.add_column(column, overflow="fold")
-        for w in waits:
-            waiting.add_row(w["kind"], w["what"], w["since"], w.get("until") or "")
-        out.print(waiting)
+        rows = [(w["kind"], w["what"], w["since"], w.get("until") or "") for w in waits]
+        out.print(make_table("waiting for", ("kind", "what", "since", "until"), rows))
     elif saga["status"] in {s.value for s in SagaStatus if s.is_terminal}:
         out.print(f"waiting for nothing: it ended {saga['status']}")
+
+
+def _print_owed(saga: dict[str, Any]) -> None:
     owed_rows = saga.get("pending_compensations") or []
-    if owed_rows:
-        owed = Table(title="compensations owed (undone newest first)")
-        for column in ("step", "participant", "command", "state", "attempts", "last error"):
-            owed.add_column(column)
-        for p in owed_rows:
-            owed.add_row(
-                p["step"], p["participant"], p["command_type"], p["state"], str(p["attempts"]),
-                p.get("last_error") or "",
-            )  # fmt: skip
-        out.print(owed)
-    else:
+    if not owed_rows:
         out.print("no compensations owed")
+        return
+    columns = ("step", "participant", "command", "state", "attempts", "last error")
+    rows = [
+        (p["step"], p["participant"], p["command_type"], p["state"], str(p["attempts"]),
+         p.get("last_error") or "")
+        for p in owed_rows
+    ]  # fmt: skip
+    out.print(make_table("compensations owed (undone newest first)", columns, rows, "ellipsis"))
 
 
-@app.command()
+@commands.command()
 def history(
     saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
     admin_url: AdminUrl = None,
@@ -176,18 +180,14 @@ def history(
     from saga_engine.core._gist import gist
     from saga_engine.core._replay import load_history
 
-    api = _api(admin_url)
-    exported = _run_sync(lambda: api.get(api.saga_path(saga_id, "history")))
+    exported = admin_call(admin_url, lambda api: api.get(_saga(saga_id, "history")))
     if as_json:
-        _print_json(exported)
+        print_json(exported)
         return
-    events = _run_sync(lambda: load_history(exported).events)
-    table = Table(title=f"{exported['saga_type']} {exported['saga_id']}")
-    for column in ("#", "at", "event", "gist"):
-        table.add_column(column, overflow="fold")
-    for seq, event in enumerate(events, start=1):
-        table.add_row(str(seq), event.at.isoformat(), event.kind, gist(event))
-    out.print(table)
+    events = run_sync(lambda: load_history(exported).events)
+    rows = [(str(seq), e.at.isoformat(), e.kind, gist(e)) for seq, e in enumerate(events, 1)]
+    title = f"{exported['saga_type']} {exported['saga_id']}"
+    out.print(make_table(title, ("#", "at", "event", "gist"), rows))
 
 
 def _json_object(text: str, what: str) -> dict[str, Any]:
@@ -204,10 +204,9 @@ def _act(
     admin_url: str | None, saga_id: str, action: str, body: dict[str, Any], as_json: bool
 ) -> None:
     """One operator action; the API's refusal is the error line and the exit code."""
-    api = _api(admin_url)
-    result = _run_sync(lambda: api.post(api.saga_path(saga_id, action), body))
+    result = admin_call(admin_url, lambda api: api.post(_saga(saga_id, action), body))
     if as_json:
-        _print_json(result)
+        print_json(result)
         return
     sent = f" (signal id {result['signal_id']})" if result.get("signal_id") else ""
     out.print(
@@ -217,7 +216,7 @@ def _act(
     )
 
 
-@app.command()
+@commands.command()
 def signal(
     saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
     name: Annotated[str, typer.Argument(help="The signal's name.")],
@@ -239,7 +238,7 @@ def signal(
     (exit 5), and a saga that has ended refuses it (exit 4); the saga is untouched."""
     body: dict[str, Any] = {
         "name": name,
-        "payload": _run_sync(lambda: _json_object(payload, "--payload")),
+        "payload": run_sync(lambda: _json_object(payload, "--payload")),
         "reason": reason,
     }
     if signal_id is not None:
@@ -247,7 +246,7 @@ def signal(
     _act(admin_url, saga_id, "signal", body, as_json)
 
 
-@app.command()
+@commands.command()
 def cancel(
     saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
     reason: ReasonOpt,
@@ -258,7 +257,7 @@ def cancel(
     _act(admin_url, saga_id, "cancel", {"reason": reason}, as_json)
 
 
-@app.command()
+@commands.command()
 def retry(
     saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
     step: Annotated[str, typer.Argument(help="The step to retry now.")],
@@ -271,7 +270,7 @@ def retry(
     _act(admin_url, saga_id, "retry", {"step": step, "reason": reason}, as_json)
 
 
-@app.command()
+@commands.command()
 def skip(
     saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
     step: Annotated[str, typer.Argument(help="The step to skip.")],
@@ -290,11 +289,11 @@ def skip(
     """Skip a step with a supplied result, or mark a stuck compensation as done."""
     body: dict[str, Any] = {"step": step, "reason": reason}
     if result is not None:
-        body["result"] = _run_sync(lambda: _json_object(result, "--result"))
+        body["result"] = run_sync(lambda: _json_object(result, "--result"))
     _act(admin_url, saga_id, "skip", body, as_json)
 
 
-@app.command("force-compensate")
+@commands.command("force-compensate")
 def force_compensate(
     saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
     reason: ReasonOpt,
@@ -305,7 +304,7 @@ def force_compensate(
     _act(admin_url, saga_id, "force-compensate", {"reason": reason}, as_json)
 
 
-@app.command()
+@commands.command()
 def resume(
     saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
     reason: ReasonOpt,

@@ -7,12 +7,19 @@ unknown predicate), 6 auth, 7 unreachable."""
 from __future__ import annotations
 
 from typing import Annotated, Any
-from urllib.parse import quote
 
 import typer
-from rich.table import Table
 
-from saga_engine.cli._cli import AdminUrl, JsonOpt, _api, _print_json, _run_sync, out
+from saga_engine.cli._common import (
+    AdminApi,
+    AdminUrl,
+    JsonOpt,
+    admin_call,
+    field_table,
+    make_table,
+    out,
+    print_json,
+)
 
 __all__ = ["rollout_app"]
 
@@ -23,7 +30,7 @@ rollout_app = typer.Typer(
 
 
 def _path(saga_type: str) -> str:
-    return f"/rollouts/{quote(saga_type, safe='')}"
+    return AdminApi.path("rollouts", saga_type)
 
 
 def _spec(spec: dict[str, Any] | None) -> str:
@@ -34,23 +41,18 @@ def _spec(spec: dict[str, Any] | None) -> str:
 
 
 def _print_view(view: dict[str, Any]) -> None:
-    table = Table(title=f"rollout of {view['saga_type']}", show_header=False)
-    table.add_column("field", style="bold")
-    table.add_column("value", overflow="fold")
-    table.add_row("deployed versions", ", ".join(str(v) for v in view["versions"]) or "none")
-    table.add_row("rollout", _spec(view.get("rollout")))
-    table.add_row("set by", view.get("updated_by") or "")
-    table.add_row("new starts", view["summary"])
-    out.print(table)
+    fields = [
+        ("deployed versions", ", ".join(str(v) for v in view["versions"]) or "none"),
+        ("rollout", _spec(view.get("rollout"))),
+        ("set by", view.get("updated_by") or ""),
+        ("new starts", view["summary"]),
+    ]
+    out.print(field_table(f"rollout of {view['saga_type']}", fields))
     audit = view.get("audit") or []
     if audit:
-        trail = Table(title="audit (newest first)")
-        for column in ("at", "principal", "change", "reason"):
-            trail.add_column(column, overflow="fold")
-        for c in audit:
-            change = f"{_spec(c.get('before'))} -> {_spec(c.get('after'))}"
-            trail.add_row(c["at"], c["principal"], change, c["reason"])
-        out.print(trail)
+        rows = [(c["at"], c["principal"], f"{_spec(c.get('before'))} -> {_spec(c.get('after'))}",
+                 c["reason"]) for c in audit]  # fmt: skip
+        out.print(make_table("audit (newest first)", ("at", "principal", "change", "reason"), rows))
 
 
 @rollout_app.command("show")
@@ -63,13 +65,14 @@ def rollout_show(
     as_json: JsonOpt = False,
 ) -> None:
     """Show a saga type's rollout (or every type's) and its audit trail."""
-    api = _api(admin_url)
     if saga_type is None:
-        views = _run_sync(lambda: api.get("/rollouts"))
+        views = admin_call(admin_url, lambda api: api.get("/rollouts"))
     else:
-        views = [_run_sync(lambda: api.get(_path(saga_type), [("limit", str(limit))]))]
+        views = [
+            admin_call(admin_url, lambda api: api.get(_path(saga_type), [("limit", str(limit))]))
+        ]
     if as_json:
-        _print_json(views if saga_type is None else views[0])
+        print_json(views if saga_type is None else views[0])
         return
     for view in views:
         _print_view(view)
@@ -92,13 +95,12 @@ def rollout_set(
 ) -> None:
     """Set which version new starts of a saga type run (running sagas keep theirs):
     e.g. --version 2 --percent 0 (dark), then 10, 50, 100; back to 0 rolls back."""
-    api = _api(admin_url)
     body: dict[str, Any] = {"version": version, "percent": percent, "reason": reason}
     if predicate is not None:
         body["predicate"] = predicate
-    view = _run_sync(lambda: api.put(_path(saga_type), body))
+    view = admin_call(admin_url, lambda api: api.put(_path(saga_type), body))
     if as_json:
-        _print_json(view)
+        print_json(view)
         return
     out.print(f"rollout of {saga_type} set: {view['summary']} ({_when_now(view)})", highlight=False)
 

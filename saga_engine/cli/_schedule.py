@@ -1,70 +1,44 @@
 """``saga schedule create|list|show|pause|resume|delete|trigger``: durable schedules,
-through an engine's admin API (``_cli_admin``), so the CLI answers what the API answers:
-a bad cron expression or input is exit code 5 with the field named, an unknown
+through an engine's admin API (``_common.AdminApi``), so the CLI answers what the API
+answers: a bad cron expression or input is exit code 5 with the field named, an unknown
 schedule 3, a schedule already paused (or an id taken by another definition) 4.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
-from urllib.parse import quote
+from typing import Annotated, Any
 
 import orjson
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from saga_engine.cli._admin import AdminApi, admin_url
+from saga_engine.cli._common import (
+    AdminApi,
+    AdminUrl,
+    JsonOpt,
+    admin_call,
+    make_table,
+    out,
+    print_json,
+)
 from saga_engine.core._schedule import CatchUp, Overlap
-from saga_engine.kernel._errors import CliError
 
 __all__ = ["schedule_app"]
-
-T = TypeVar("T")
 
 schedule_app = typer.Typer(
     no_args_is_help=True,
     help="Durable schedules: start a saga type on a cron expression or an interval.",
 )
-out = Console()
-err = Console(stderr=True)
 
-AdminUrl = Annotated[
-    str | None,
-    typer.Option(
-        "--admin-url",
-        envvar="SAGA_ADMIN_URL",
-        show_default=False,
-        help="An engine's admin API (token from SAGA_ADMIN_TOKEN).",
-    ),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 IdArg = Annotated[str, typer.Argument(help="The schedule's id.")]
 
 
-def _call(option: str | None, fn: Callable[[AdminApi], T]) -> T:
-    """One admin API call; a refusal is one line on stderr and its exit code."""
-    try:
-        return fn(AdminApi(admin_url(option), os.environ.get("SAGA_ADMIN_TOKEN")))
-    except CliError as exc:
-        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
-        raise typer.Exit(getattr(exc, "exit_code", 1)) from None
-
-
 def _path(schedule_id: str, *rest: str) -> str:
-    return "/".join([f"/schedules/{quote(schedule_id, safe='')}", *rest])
-
-
-def _print_json(value: Any) -> None:
-    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+    return AdminApi.path("schedules", schedule_id, *rest)
 
 
 def _show(row: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        _print_json(row)
+        print_json(row)
         return
     out.print(
         f"{row['id']}: {row['saga']} {row['spec']}, {row['state']}, next {row['next_fire_at']}, "
@@ -108,7 +82,7 @@ def create(
         body["cron"] = cron
     if every is not None:
         body["every_s"] = every
-    _show(_call(admin_url, lambda api: api.post("/schedules", body)), as_json)
+    _show(admin_call(admin_url, lambda api: api.post("/schedules", body)), as_json)
 
 
 @schedule_app.command("list")
@@ -118,51 +92,49 @@ def list_schedules(
     as_json: JsonOpt = False,
 ) -> None:
     """List the schedules, with their next and last runs."""
-    rows = _call(admin_url, lambda api: api.get("/schedules", [("limit", str(limit))]))
+    rows = admin_call(admin_url, lambda api: api.get("/schedules", [("limit", str(limit))]))
     if as_json:
-        _print_json(rows)
+        print_json(rows)
         return
-    table = Table(title=f"{len(rows)} schedule(s)")
-    for column in ("id", "saga", "spec", "state", "next", "last tick", "last saga", "fired"):
-        table.add_column(column)
-    for r in rows:
-        table.add_row(
-            r["id"], r["saga"], r["spec"], r["state"], r["next_fire_at"], r["last_tick"] or "",
-            r["last_saga_id"] or "", str(r["fired_count"]),
-        )  # fmt: skip
-    out.print(table)
+    cells = [
+        (r["id"], r["saga"], r["spec"], r["state"], r["next_fire_at"], r["last_tick"] or "",
+         r["last_saga_id"] or "", str(r["fired_count"]))
+        for r in rows
+    ]  # fmt: skip
+    columns = ("id", "saga", "spec", "state", "next", "last tick", "last saga", "fired")
+    out.print(make_table(f"{len(rows)} schedule(s)", columns, cells, "ellipsis"))
 
 
 @schedule_app.command("show")
 def show(schedule_id: IdArg, admin_url: AdminUrl = None, as_json: JsonOpt = False) -> None:
     """Show one schedule."""
-    _show(_call(admin_url, lambda api: api.get(_path(schedule_id))), as_json)
+    _show(admin_call(admin_url, lambda api: api.get(_path(schedule_id))), as_json)
 
 
 @schedule_app.command("pause")
 def pause(schedule_id: IdArg, admin_url: AdminUrl = None, as_json: JsonOpt = False) -> None:
     """Stop firing the schedule."""
-    _show(_call(admin_url, lambda api: api.post(_path(schedule_id, "pause"), {})), as_json)
+    _show(admin_call(admin_url, lambda api: api.post(_path(schedule_id, "pause"), {})), as_json)
 
 
 @schedule_app.command("resume")
 def resume(schedule_id: IdArg, admin_url: AdminUrl = None, as_json: JsonOpt = False) -> None:
     """Fire again from the next tick (the paused ticks are not caught up)."""
-    _show(_call(admin_url, lambda api: api.post(_path(schedule_id, "resume"), {})), as_json)
+    _show(admin_call(admin_url, lambda api: api.post(_path(schedule_id, "resume"), {})), as_json)
 
 
 @schedule_app.command("delete")
 def delete(schedule_id: IdArg, admin_url: AdminUrl = None) -> None:
     """Delete the schedule (the sagas it started stay)."""
-    _call(admin_url, lambda api: api._call("DELETE", _path(schedule_id)))
+    admin_call(admin_url, lambda api: api.call("DELETE", _path(schedule_id)))
     out.print(f"deleted schedule {schedule_id}", highlight=False)
 
 
 @schedule_app.command("trigger")
 def trigger(schedule_id: IdArg, admin_url: AdminUrl = None, as_json: JsonOpt = False) -> None:
     """Fire the schedule once now, outside its spec; prints the saga's id."""
-    result = _call(admin_url, lambda api: api.post(_path(schedule_id, "trigger"), {}))
+    result = admin_call(admin_url, lambda api: api.post(_path(schedule_id, "trigger"), {}))
     if as_json:
-        _print_json(result)
+        print_json(result)
     else:
         out.print(result["saga_id"], highlight=False)

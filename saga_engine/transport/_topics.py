@@ -30,8 +30,5 @@ class Topics:
     def commands(self, participant: str) -> str:
         return f"{self.prefix}.cmd.{participant}"
 
-    def engine_group(self, group_id: str) -> str:
-        return group_id
-
     def participant_group(self, participant: str) -> str:
         return f"{self.prefix}.participant.{participant}"

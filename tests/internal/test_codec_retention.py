@@ -15,7 +15,7 @@ import asyncpg
 import pytest
 from pydantic import SecretStr
 
-from saga_engine.cli._support import archive_file_histories
+from saga_engine.cli._store import archive_file_histories
 from saga_engine.core._codec import AesGcmCodec, CodecChain, open_archive
 from saga_engine.core._events import Event, SagaCompleted, SagaStarted
 from saga_engine.core._replay import load_history

@@ -9,7 +9,7 @@ import pkgutil
 
 import saga_engine
 from saga_engine.kernel import _errors
-from saga_engine.kernel._errors import PermanentError, PoisonReason, SagaError, TransientError
+from saga_engine.kernel._errors import PermanentError, SagaError, TransientError
 
 #: Not errors of the API: control flow that never leaves its module (unwinding saga code,
 #: a participant's batch split or stop, a body cut off mid-stream inside the server).
@@ -69,7 +69,3 @@ def test_the_branches_say_how_to_react() -> None:
         assert issubclass(retry, TransientError)
     for fail in (PoisonMessage, UnknownEndpoint, AdminCallError):
         assert issubclass(fail, PermanentError)
-
-
-def test_engine_error_is_a_poison_reason() -> None:
-    assert PoisonReason("engine_error") is PoisonReason.ENGINE_ERROR

@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, Settings
-from saga_engine.cli._support import read_dlq
+from saga_engine.cli._dlq import read_dlq
 from saga_engine.runner._trigger_consumer import TriggerConsumer
 from saga_engine.settings import KafkaSettings
 from saga_engine.transport import _kafka as kafka_module

@@ -1,0 +1,53 @@
+"""The ``saga`` typer app, assembled: the root option (``--debug``), ``saga version``, and
+the command groups (the package's docstring lists them), registered explicitly in the
+order ``saga --help`` lists them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from saga_engine.cli import _dlq, _flow, _operator, _rollout, _schedule, _store, _worker
+from saga_engine.cli._common import Debug, JsonOpt, out, print_json
+from saga_engine.kernel._version import __version__
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Operate saga-engine: migrate the schema, inspect and replay sagas.",
+)
+
+
+@app.callback()
+def _root(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
+) -> None:
+    """saga-engine: durable sagas over Postgres and Kafka."""
+    Debug.on = debug
+
+
+@app.command()
+def version(as_json: JsonOpt = False) -> None:
+    """Print the installed version."""
+    if as_json:
+        print_json({"version": __version__})
+    else:
+        out.print(__version__)
+
+
+# Without a name, a group's commands join the top level (typer merges them).
+app.add_typer(_worker.commands)
+app.add_typer(_store.commands)
+app.add_typer(_operator.commands)
+app.add_typer(_flow.commands)
+app.add_typer(_dlq.dlq_app, name="dlq")
+app.add_typer(_schedule.schedule_app, name="schedule")
+app.add_typer(_rollout.rollout_app, name="rollout")
+
+
+def main() -> None:
+    app()
