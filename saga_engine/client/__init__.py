@@ -15,6 +15,9 @@ a signal's payload when given the declared ``Signal`` (``PlaceOrder.approval``) 
 saga class. What it cannot know (a signal named only by a string) the engine checks: a
 bad one is dead-lettered (``invalid_signal``) and the saga is untouched. Use the admin
 API (or ``saga signal``) to get the engine's answer back synchronously.
+
+An edge: it composes the store (to read results) and the Kafka transport. May import
+``saga_engine.runner`` and every layer below it.
 """
 
 from saga_engine.client._client import SagaClient

@@ -1,4 +1,10 @@
-"""Event stores: the port, its two adapters, and the schema migrations."""
+"""Event stores: the port, its two adapters, and the schema migrations.
+
+The layer: the ``EventStore`` and ``ScheduleStore`` ports, their in-memory and Postgres
+adapters (the Postgres ones with their statements), and the migrations. May import
+``saga_engine.telemetry``, ``saga_engine.core`` and ``saga_engine.kernel``; never the
+transport.
+"""
 
 from saga_engine.kernel._errors import MigrationBusy, MigrationError, StoreUnavailable
 from saga_engine.store._memstore import InMemoryEventStore
