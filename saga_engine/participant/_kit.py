@@ -1,4 +1,8 @@
-"""The code behind :mod:`saga_engine.participant`, whose docstring says what it is for."""
+"""The participant's front: :class:`Participant` registers the handlers, starts and stops
+the whole (topics, migrations, pool, producer, consumer, relay), runs the consumer loop
+that hands each fetched batch to the one path (``_batch``) and commits its offsets, and
+finishes the batch in hand before a rebalance takes its partitions away. What the kit is
+for is said in :mod:`saga_engine.participant`'s docstring."""
 
 from __future__ import annotations
 
@@ -98,17 +102,17 @@ class Participant:
     which ``dsn``/``db_schema`` here override); the participant's migrations are applied
     to that schema at start. Business tables may live in any schema of that database.
 
-    ``crash_hook`` is a test seam: it is called with ``"after_commit"`` (the command's
-    transaction committed, its reply not yet published) and ``"after_publish"``. If it
-    raises, the participant behaves as if the process died there: it stops at once,
-    commits no offset, and ``run`` raises the hook's exception.
+    ``crash_hook`` is a test seam: it is called with ``"after_commit"`` (a transaction
+    committed, its replies not yet published), ``"after_batch_commit"`` (the same, for a
+    transaction of two commands or more) and ``"after_publish"``. If it raises, the
+    participant behaves as if the process died there: it stops at once, commits no
+    offset, and ``run`` raises the hook's exception.
 
     The remaining keywords tune retries and the outbox relay: handler retries wait
     ``backoff_base_s * 2**n`` (capped at ``backoff_max_s``, the upper half of it drawn at
-    random: see ``saga_engine.kernel._retry``); the relay runs
-    every ``relay_interval_s`` and publishes rows older than ``relay_grace_s`` (younger
-    ones are being published by the instance that wrote them, which marks them within
-    a second: keep the grace well above that, or replies go out twice, harmlessly).
+    random: see ``saga_engine.kernel._retry``); the relay runs every
+    ``relay_interval_s`` and publishes the outbox rows (the replies that could not be
+    published when they were due) older than ``relay_grace_s``.
     """
 
     def __init__(

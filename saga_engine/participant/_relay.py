@@ -36,8 +36,7 @@ class Relay:
     stats: collections.Counter[str]
     stopping: asyncio.Event
     interval_s: float
-    #: Rows younger than this are left alone: the instance that wrote them is about to
-    #: publish them (see ``Participant``).
+    #: How old a row must be before the loop publishes it.
     grace_s: float
 
     async def loop(self) -> None:

@@ -137,7 +137,8 @@ WHERE id = ANY($1::bigint[]) AND published_at IS NULL
 
 # FOR UPDATE SKIP LOCKED: the rows stay locked while they are published, and another
 # instance's relay skips them instead of publishing them a second time or waiting. The
-# grace period leaves fresh rows to the live publisher that is about to send them.
+# grace period gives a fresh row (a reply that failed to go out a moment ago, with Kafka
+# perhaps still away) some time before it is tried again.
 RELAY_BATCH: Final = """
 SELECT id, topic, key, headers::text AS headers, body::text AS body
 FROM saga_reply_outbox
