@@ -28,7 +28,7 @@ from saga_engine.kernel._crash import CrashHook
 from saga_engine.kernel._errors import PoisonReason, TransientError
 from saga_engine.kernel._retry import Backoff
 from saga_engine.kernel._settings import Settings
-from saga_engine.participant._handler import HandlerSpec
+from saga_engine.participant._handler import HandlerSpec, trace_context
 from saga_engine.participant._sql import Outgoing, reply_record
 from saga_engine.telemetry._telemetry import Telemetry, carrier_of, default_telemetry
 from saga_engine.transport._kafka import DeadLetters, ensure_topics
@@ -151,11 +151,6 @@ class ParticipantContext:
         # instrumentation does not carry it): this span is a child of the engine's step
         # span, and the reply (built from ``traced(command, span)``) carries this span's
         # context back.
-        received = {
-            k: v
-            for k, v in (("traceparent", command.traceparent), ("tracestate", command.tracestate))
-            if v
-        }
         attributes = {
             "saga.id": command.saga_id,
             "saga.type": command.saga_type,
@@ -166,6 +161,7 @@ class ParticipantContext:
             "messaging.system": "kafka",
             "messaging.destination.name": getattr(record, "topic", None),
         }
+        received = trace_context(command)
         with self.telemetry.consumer_span(command.subject, received, attributes) as span:
             yield span
 

@@ -64,11 +64,7 @@ class Transaction:
         self.saga_type = command.saga_type
         self.step = command.step
         self.compensation = command.compensation
-        self.trace_context: dict[str, str] = {
-            k: v
-            for k, v in (("traceparent", command.traceparent), ("tracestate", command.tracestate))
-            if v
-        }
+        self.trace_context = trace_context(command)
 
     # The delegates leave out asyncpg's per-call ``timeout``; use ``tx.connection`` for it.
     async def execute(self, query: str, *args: Any) -> str:
@@ -88,6 +84,15 @@ class Transaction:
             f"Transaction(participant={self.participant!r}, command_id={self.command_id!r}, "
             f"saga_id={self.saga_id!r}, step={self.step!r}, attempt={self.attempt})"
         )
+
+
+def trace_context(command: Envelope) -> dict[str, str]:
+    """The W3C trace headers ``command`` carries (those it has)."""
+    return {
+        k: v
+        for k, v in (("traceparent", command.traceparent), ("tracestate", command.tracestate))
+        if v
+    }
 
 
 @dataclass(frozen=True, slots=True)
