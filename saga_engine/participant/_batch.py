@@ -42,7 +42,7 @@ from saga_engine.participant._handler import gave_up_reply
 from saga_engine.participant._reading import Item, Reader
 from saga_engine.participant._replies import send_replies
 from saga_engine.participant._sql import Outgoing
-from saga_engine.participant._transaction import HandlerRaised, Refused, transact
+from saga_engine.participant._transaction import HandlerFailed, Refused, transact
 
 
 class BatchRunner:
@@ -69,18 +69,18 @@ class BatchRunner:
         """Answers a run: its transaction committed, then its replies sent; or split, if
         a handler raised or a statement failed for no command's fault."""
         try:
-            raised = await self._commit(run)
+            failed = await self._commit(run)
         except Abandoned:
             raise
         except Exception as exc:
             await self._unattributable(run, exc)
             return
-        if raised is not None:
-            await self._split(run, raised)
+        if failed is not None:
+            await self._split(run, failed)
             return
         await self._after_commit(run)
 
-    async def _commit(self, run: list[Item]) -> HandlerRaised | None:
+    async def _commit(self, run: list[Item]) -> HandlerFailed | None:
         """Runs the run's transaction until it commits, waiting out outages. Returns the
         failure of a handler that raised (the transaction rolled back); raises what no
         command can be blamed for."""
@@ -96,9 +96,9 @@ class BatchRunner:
             except Refused:
                 savepoints = True
                 ctx.stats["batch_replays"] += 1
-            except HandlerRaised as raised:
+            except HandlerFailed as failed:
                 ctx.stats["batch_replays"] += 1
-                return raised
+                return failed
             except Exception as exc:
                 if not is_transient(exc):
                     raise
@@ -129,13 +129,13 @@ class BatchRunner:
         for item in run:
             item.done = True
 
-    async def _split(self, run: list[Item], raised: HandlerRaised) -> None:
+    async def _split(self, run: list[Item], failed: HandlerFailed) -> None:
         """Answers what comes before the command whose handler raised, then retries it
         alone, then answers what comes after it."""
-        index = run.index(raised.item)
+        index = run.index(failed.item)
         if index:
             await self._answer(run[:index])
-        await self._retry(raised.item, raised.cause)
+        await self._retry(failed.item, failed.cause)
         if index + 1 < len(run):
             await self._answer(run[index + 1 :])
 

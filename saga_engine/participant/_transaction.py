@@ -12,7 +12,7 @@ one):
 5. every fresh outcome recorded with its reply, in one statement.
 
 The claim and the handlers' writes commit together, or not at all. ``answer`` raises
-:class:`Refused` or :class:`HandlerRaised` to have the whole transaction rolled back:
+:class:`Refused` or :class:`HandlerFailed` to have the whole transaction rolled back:
 what comes next is the caller's (``_batch``).
 """
 
@@ -52,7 +52,7 @@ from saga_engine.transport._wire import Envelope, ReplyBody
 _CUSTOM_PLANS: Final = "SET LOCAL plan_cache_mode = force_custom_plan"
 
 
-class HandlerRaised(Exception):
+class HandlerFailed(Exception):
     """A handler raised (not a refusal): the transaction is rolled back, and the run is
     split around its command."""
 
@@ -153,7 +153,7 @@ async def _run_handler(
     except Exception as exc:
         # Leaving the transaction with an exception rolls all of it back, this command's
         # claim included: nothing is recorded, and its next attempt starts from scratch.
-        raise HandlerRaised(item, exc) from exc
+        raise HandlerFailed(item, exc) from exc
 
 
 async def _attempt(
