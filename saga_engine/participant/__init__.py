@@ -61,10 +61,20 @@ model's class name):
   command, the refusal as given; a handler that raises splits the batch around it and
   is retried on its own. Either way its neighbours may run twice (their first writes
   rolled back). Records of one partition (one saga's commands) are processed in order.
+  A single command is a batch of one: there is no other path. A handler registered with
+  another ``isolation`` runs in a transaction of its own, with the same guarantees.
+
+Inside, in the order a batch meets them: ``_kit`` (``Participant``: registration,
+lifecycle, the consumer loop, rebalancing), ``_batch`` (the one path, from a fetched
+batch to the offsets to commit), ``_reading`` (records to commands, dead letters),
+``_transaction`` (a run of commands in one transaction), ``_replies`` (the sends after
+COMMIT, the outbox), ``_relay`` (the outbox relay); shared by them: ``_context`` (the
+connections and common acts), ``_handler`` (``Transaction``, the replies decided) and
+``_sql`` (reply records and statements).
 """
 
 from saga_engine.kernel._errors import Rejected, Retryable
+from saga_engine.participant._handler import HandlerResult, Transaction
 from saga_engine.participant._kit import Participant
-from saga_engine.participant._participant import HandlerResult, Transaction
 
 __all__ = ["HandlerResult", "Participant", "Rejected", "Retryable", "Transaction"]

@@ -1,4 +1,8 @@
-"""The code behind :mod:`saga_engine.participant`, whose docstring says what it is for."""
+"""The participant's front: :class:`Participant` registers the handlers, starts and stops
+the whole (topics, migrations, pool, producer, consumer, relay), runs the consumer loop
+that hands each fetched batch to the one path (``_batch``) and commits its offsets, and
+finishes the batch in hand before a rebalance takes its partitions away. What the kit is
+for is said in :mod:`saga_engine.participant`'s docstring."""
 
 from __future__ import annotations
 
@@ -13,31 +17,21 @@ from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
 import asyncpg
-import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel
 
 from saga_engine.core._codec import CodecChain, PayloadCodec, codec_from_settings
-from saga_engine.kernel._errors import DefinitionError, KafkaUnavailable, Rejected, Retryable
+from saga_engine.kernel._crash import CrashHook
+from saga_engine.kernel._errors import DefinitionError, Rejected, Retryable
 from saga_engine.kernel._instance import InstanceName
 from saga_engine.kernel._retry import Backoff
 from saga_engine.kernel._settings import Settings
 from saga_engine.kernel._startup import reaching, start_with_retry
 from saga_engine.participant._batch import BatchRunner
-from saga_engine.participant._participant import (
-    CommandProcessor,
-    CrashHook,
-    CrashPoint,
-    HandlerResult,
-    HandlerSpec,
-    Isolation,
-    Pool,
-    Transaction,
-    is_transient,
-    log,
-)
-from saga_engine.participant._sql import MARK_PUBLISHED, RELAY_BATCH, publish
+from saga_engine.participant._context import CrashPoint, ParticipantContext, Pool, log
+from saga_engine.participant._handler import HandlerResult, HandlerSpec, Isolation, Transaction
+from saga_engine.participant._relay import Relay
 from saga_engine.store._migrations import PARTICIPANT_MIGRATIONS, migrate
 from saga_engine.store._pgbase import POSTGRES
 from saga_engine.telemetry._groupwatch import GroupWatch, watch_member
@@ -52,7 +46,6 @@ from saga_engine.transport._kafka import (
     make_producer,
 )
 from saga_engine.transport._topics import Topics
-from saga_engine.transport._wire import Headers
 
 __all__ = ["HandlerResult", "Participant", "Rejected", "Retryable", "Transaction"]
 
@@ -63,8 +56,6 @@ _NAME: Final = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 _SCHEMA: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 #: Records fetched at a time, across partitions: one batch, one transaction, one commit.
 _BATCH: Final = 500
-#: Outbox rows published per relay transaction.
-_RELAY_LIMIT: Final = 200
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -78,6 +69,32 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         self._participant._on_assigned(set(assigned))
 
 
+def _database(
+    name: str, settings: Settings, dsn: str | None, db_schema: str | None
+) -> tuple[str, str]:
+    """The participant's database and schema (the arguments, else its settings'), once
+    its name and schema are checked: DefinitionError says what to change."""
+    if not _NAME.match(name):
+        raise DefinitionError(
+            f"participant name {name!r} is invalid: use 1 to 100 letters, digits, '_' or "
+            "'-' (it becomes part of a Kafka topic and consumer group name)"
+        )
+    dsn = dsn if dsn is not None else settings.participant.dsn.get_secret_value()
+    db_schema = db_schema if db_schema is not None else settings.participant.db_schema
+    if not _SCHEMA.match(db_schema):
+        raise DefinitionError(
+            f"participant schema {db_schema!r} is invalid: use lowercase letters, "
+            "digits and '_', starting with a letter or '_'"
+        )
+    if db_schema == settings.pg.db_schema and dsn == settings.pg.dsn.get_secret_value():
+        # Both migration sets record themselves in the schema's schema_migrations.
+        raise DefinitionError(
+            f"participant {name!r} would share schema {db_schema!r} with the saga "
+            "engine's event store; give it a schema of its own (settings.participant.db_schema)"
+        )
+    return dsn, db_schema
+
+
 class Participant:
     """A participant service: its command handlers, consumer, database and reply outbox.
 
@@ -85,17 +102,17 @@ class Participant:
     which ``dsn``/``db_schema`` here override); the participant's migrations are applied
     to that schema at start. Business tables may live in any schema of that database.
 
-    ``crash_hook`` is a test seam: it is called with ``"after_commit"`` (the command's
-    transaction committed, its reply not yet published) and ``"after_publish"``. If it
-    raises, the participant behaves as if the process died there: it stops at once,
-    commits no offset, and ``run`` raises the hook's exception.
+    ``crash_hook`` is a test seam: it is called with ``"after_commit"`` (a transaction
+    committed, its replies not yet published), ``"after_batch_commit"`` (the same, for a
+    transaction of two commands or more) and ``"after_publish"``. If it raises, the
+    participant behaves as if the process died there: it stops at once, commits no
+    offset, and ``run`` raises the hook's exception.
 
     The remaining keywords tune retries and the outbox relay: handler retries wait
     ``backoff_base_s * 2**n`` (capped at ``backoff_max_s``, the upper half of it drawn at
-    random: see ``saga_engine.kernel._retry``); the relay runs
-    every ``relay_interval_s`` and publishes rows older than ``relay_grace_s`` (younger
-    ones are being published by the instance that wrote them, which marks them within
-    a second: keep the grace well above that, or replies go out twice, harmlessly).
+    random: see ``saga_engine.kernel._retry``); the relay runs every
+    ``relay_interval_s`` and publishes the outbox rows (the replies that could not be
+    published when they were due) older than ``relay_grace_s``.
     """
 
     def __init__(
@@ -116,33 +133,13 @@ class Participant:
     ) -> None:
         """``codec``: opens the commands read, seals the replies sent and stored; by
         default the one ``settings.codec`` describes (none unless configured)."""
-        if not _NAME.match(name):
-            raise DefinitionError(
-                f"participant name {name!r} is invalid: use 1 to 100 letters, digits, '_' or "
-                "'-' (it becomes part of a Kafka topic and consumer group name)"
-            )
         self.name = name
         self.settings = settings
+        self.dsn, self.db_schema = _database(name, settings, dsn, db_schema)
         self.codec = (
             CodecChain.of(codec) if codec is not None else codec_from_settings(settings.codec)
         )
         self.topics = Topics.of(settings.kafka)
-        self.dsn = dsn if dsn is not None else settings.participant.dsn.get_secret_value()
-        self.db_schema = db_schema if db_schema is not None else settings.participant.db_schema
-        if not _SCHEMA.match(self.db_schema):
-            raise DefinitionError(
-                f"participant schema {self.db_schema!r} is invalid: use lowercase letters, "
-                "digits and '_', starting with a letter or '_'"
-            )
-        if (
-            self.db_schema == settings.pg.db_schema
-            and self.dsn == settings.pg.dsn.get_secret_value()
-        ):
-            # Both migration sets record themselves in the schema's schema_migrations.
-            raise DefinitionError(
-                f"participant {name!r} would share schema {self.db_schema!r} with the saga "
-                "engine's event store; give it a schema of its own (settings.participant.db_schema)"
-            )
         #: processed, duplicates, rejected, retryable, dead_lettered, unknown_command,
         #: outbox_relayed, handler_errors (failed attempts), dead_lettered_<reason>.
         self.stats: collections.Counter[str] = collections.Counter()
@@ -156,20 +153,21 @@ class Participant:
         self._relay_interval_s = relay_interval_s
         self._relay_grace_s = relay_grace_s
         self._stop_timeout_s = stop_timeout_s
+        #: What is wrong now: a partition no fetch can read, a group that does not
+        #: settle (each also logged and counted in the metrics).
+        self.health = HealthBoard()
+        # What start opens and stop closes.
         self._pool: Pool | None = None
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._member: InstanceName | None = None
-        #: What is wrong now: a partition no fetch can read, a group that does not
-        #: settle (each also logged and counted in the metrics).
-        self.health = HealthBoard()
         self._watch: GroupWatch | None = None
         self._fetch: GuardedFetch | None = None
-        self._processor: CommandProcessor | None = None
-        self._main: asyncio.Task[None] | None = None
-        self._relay: asyncio.Task[None] | None = None
         self._batches: BatchRunner | None = None
+        self._relay: Relay | None = None
         self._committer: OffsetCommitter | None = None
+        self._main: asyncio.Task[None] | None = None
+        self._relay_task: asyncio.Task[None] | None = None
         self._assigned: set[TopicPartition] = set()
         self._stopping = asyncio.Event()
         self._fatal: BaseException | None = None
@@ -251,7 +249,8 @@ class Participant:
             loop = asyncio.get_running_loop()
             self._main = loop.create_task(self._consume(), name=f"participant-{self.name}")
             self._main.add_done_callback(self._main_done)
-            self._relay = loop.create_task(self._relay_loop(), name=f"relay-{self.name}")
+            assert self._relay is not None
+            self._relay_task = loop.create_task(self._relay.loop(), name=f"relay-{self.name}")
             log.info(
                 "participant %s (%s) consuming %s in schema %s",
                 self.name,
@@ -297,6 +296,38 @@ class Participant:
         await self.stop()
 
     async def _open(self) -> None:
+        """Opens the database and Kafka, publishes leftover replies, joins the group."""
+        pool, producer = await self._connect()
+        ctx = ParticipantContext(
+            name=self.name,
+            settings=self.settings,
+            handlers=self._handlers,
+            pool=pool,
+            producer=producer,
+            stats=self.stats,
+            stopping=self._stopping,
+            instance_id=self.instance_id,
+            crash_hook=self._crash_hook,
+            backoff=self._backoff,
+            telemetry=self.telemetry,
+            codec=self.codec,
+        )
+        self._batches = BatchRunner(ctx)
+        self._relay = Relay(
+            self.name, pool, producer, self.stats, self._stopping,
+            interval_s=self._relay_interval_s, grace_s=self._relay_grace_s,
+        )  # fmt: skip
+        # Replies a previous process committed but did not get to publish. No grace
+        # period here: a row written by a live instance may go out twice, which the engine
+        # tolerates (it deduplicates replies); a row left by a dead one must not wait.
+        try:
+            await self._relay.pending(grace_s=0.0)
+        except Exception as exc:
+            log.warning("outbox relay at start failed (%r); the relay loop will retry", exc)
+        await self._join_group()
+
+    async def _connect(self) -> tuple[Pool, AIOKafkaProducer]:
+        """Creates the topics, migrates the schema, opens the pool and the producer."""
         kafka = self.settings.kafka
         # The participant's own topic, the dead-letter topic, and the default reply topic.
         wanted = [self.topics.commands(self.name), self.topics.dlq, self.topics.inbox]
@@ -315,28 +346,11 @@ class Participant:
         with reaching(KAFKA):
             self._producer = make_producer(kafka)
             await self._producer.start()
-        self._processor = CommandProcessor(
-            name=self.name,
-            settings=self.settings,
-            handlers=self._handlers,
-            pool=self._pool,
-            producer=self._producer,
-            stats=self.stats,
-            stopping=self._stopping,
-            crash_hook=self._crash_hook,
-            backoff=self._backoff,
-            instance_id=self.instance_id,
-            telemetry=self.telemetry,
-            codec=self.codec,
-        )
-        self._batches = BatchRunner(self._processor)
-        # Replies a previous process committed but did not get to publish. No grace
-        # period here: a row written by a live instance may go out twice, which the engine
-        # tolerates (it deduplicates replies); a row left by a dead one must not wait.
-        try:
-            await self._relay_pending(grace_s=0.0)
-        except Exception as exc:
-            log.warning("outbox relay at start failed (%r); the relay loop will retry", exc)
+        return self._pool, self._producer
+
+    async def _join_group(self) -> None:
+        """Starts the consumer of the command topic, in the participant's group."""
+        kafka = self.settings.kafka
         group = self.topics.participant_group(self.name)
         self._member = InstanceName.claim(kafka, group)
         self._consumer = make_group_consumer(
@@ -362,10 +376,8 @@ class Participant:
             await self._consumer.start()
 
     async def _close(self, *, graceful: bool) -> None:
-        batches, self._batches = self._batches, None
-        if batches is not None and graceful:
-            await batches.flush_marks()
-        relay, self._relay = self._relay, None
+        self._batches, self._relay = None, None
+        relay, self._relay_task = self._relay_task, None
         if relay is not None:
             relay.cancel()
             await asyncio.wait({relay})
@@ -389,7 +401,6 @@ class Participant:
         producer, self._producer = self._producer, None
         if producer is not None:
             await producer.stop()
-        self._processor = None
         pool, self._pool = self._pool, None
         if pool is not None:
             try:
@@ -422,8 +433,6 @@ class Participant:
                 for record in batch
             ]
             if not records:
-                # Idle: no next batch will carry the marks of the last one's replies.
-                await runner.flush_marks()
                 continue
             # The whole fetch is one unit: one transaction, one publish wait, one offset
             # commit. Records of one partition (one saga's commands) stay in order.
@@ -446,61 +455,6 @@ class Participant:
             log.error("participant %s: consuming failed", self.name, exc_info=exc)
         self._fatal = exc
         self._stopping.set()
-
-    async def _relay_loop(self) -> None:
-        detach_from_trace()
-        while not self._stopping.is_set():
-            try:
-                await asyncio.wait_for(self._stopping.wait(), self._relay_interval_s)
-                return
-            except TimeoutError:
-                pass
-            try:
-                await self._relay_pending(grace_s=self._relay_grace_s)
-            except Exception as exc:
-                if is_transient(exc):
-                    log.warning("outbox relay failed (%r); retrying", exc)
-                else:
-                    log.exception("outbox relay failed; retrying")
-
-    async def _relay_pending(self, *, grace_s: float) -> None:
-        """Publishes every unpublished outbox row older than ``grace_s``."""
-        while True:
-            found, published = await self._relay_batch(grace_s)
-            if published:
-                self.stats["outbox_relayed"] += published
-                log.info("participant %s: relayed %d unpublished replies", self.name, published)
-            if found < _RELAY_LIMIT:
-                return
-
-    async def _relay_batch(self, grace_s: float) -> tuple[int, int]:
-        """Publishes up to _RELAY_LIMIT rows in one transaction that holds their row locks.
-
-        Returns (rows found, rows published). Raises KafkaUnavailable after marking the
-        rows it did publish, so a broker outage costs no duplicate on the next pass.
-        """
-        pool, producer = self._pool, self._producer
-        assert pool is not None
-        assert producer is not None
-        published: list[int] = []
-        failure: KafkaUnavailable | None = None
-        async with pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(RELAY_BATCH, grace_s, _RELAY_LIMIT)
-            for row in rows:
-                headers: Headers = [(k, v.encode()) for k, v in orjson.loads(row["headers"])]
-                try:
-                    await publish(
-                        producer, row["topic"], row["key"].encode(), row["body"].encode(), headers
-                    )
-                except KafkaUnavailable as exc:
-                    failure = exc
-                    break
-                published.append(row["id"])
-            if published:
-                await conn.execute(MARK_PUBLISHED, published)
-        if failure is not None:
-            raise failure
-        return len(rows), len(published)
 
     # ------------------------------------------------------------------ rebalancing
 

@@ -1,11 +1,10 @@
 """The participant kit's records and statements: a reply as the Kafka record that carries
-it (and its outbox row), and the SQL of the deduplication table and the reply outbox,
-shared by the single-command path (``_participant``) and the batch path
-(``_participant_batch``)."""
+it (and as its outbox row), and the SQL of the deduplication table
+(``saga_processed_commands``) and the reply outbox (``saga_reply_outbox``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 import asyncpg
@@ -27,7 +26,7 @@ Connection: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
 
 @dataclass(slots=True)
 class Outgoing:
-    """A reply as the Kafka record that carries it, and its outbox row once written."""
+    """A reply as the Kafka record that carries it."""
 
     command_id: str
     saga_id: str
@@ -36,7 +35,6 @@ class Outgoing:
     value: bytes
     headers: Headers
     reply: ReplyBody
-    row_id: int | None = field(default=None)
 
     @property
     def headers_json(self) -> str:
@@ -80,21 +78,25 @@ def check_size(outgoing: Outgoing, limit: int) -> None:
 
 # --------------------------------------------------------------------------- SQL
 
-# The claim. It is the first statement of the command's transaction, before the handler
-# runs. The primary key does the deduplication: a concurrent transaction inserting the
-# same command id (a redelivery on another instance, after a rebalance) blocks on the
-# unique index until this one ends, then sees the conflict and does nothing (we committed)
-# or inserts (we rolled back). Under READ COMMITTED that is all; under REPEATABLE READ or
-# SERIALIZABLE the waiter gets a serialization failure instead, which is retried, and the
-# retry sees the committed row. RETURNING tells us whether we inserted: no row means the
-# command was processed before.
+# The claim of a batch's commands, the first statement of its transaction, before any
+# handler runs. The primary key does the deduplication: a concurrent transaction
+# inserting the same command id (a redelivery on another instance, after a rebalance)
+# blocks on the unique index until this one ends, then sees the conflict and does
+# nothing (we committed) or inserts (we rolled back). Under READ COMMITTED that is all;
+# under REPEATABLE READ or SERIALIZABLE the waiter gets a serialization failure instead,
+# which is retried, and the retry sees the committed row. RETURNING names the ids
+# inserted: the others were processed before.
 CLAIM: Final = """
 INSERT INTO saga_processed_commands (command_id, saga_id, command_type, step, outcome)
-VALUES ($1, $2, $3, $4, 'pending')
+SELECT c, s, t, st, 'pending' FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])
+    AS x(c, s, t, st)
 ON CONFLICT (command_id) DO NOTHING
 RETURNING command_id
 """
 
+# Tombstones: a forward command that arrives after its compensation (a re-send delayed in
+# a broker, across an ownership change) must find itself already answered, and never be
+# applied. ON CONFLICT keeps the real record of a forward command that was processed.
 TOMBSTONE_REPLY: Final = (
     '{"outcome": "failure", "payload": {}, "error": "compensated before it arrived"}'
 )
@@ -106,21 +108,26 @@ FROM unnest($1::text[]) AS id
 ON CONFLICT (command_id) DO NOTHING
 """
 
-STORED_REPLY: Final = "SELECT reply::text FROM saga_processed_commands WHERE command_id = $1"
-
-RECORD_OUTCOME: Final = """
-UPDATE saga_processed_commands
-SET outcome = $2, reply = $3::jsonb, error = $4, processed_at = now()
-WHERE command_id = $1
+STORED_REPLIES: Final = """
+SELECT command_id, reply::text AS reply FROM saga_processed_commands
+WHERE command_id = ANY($1::text[])
 """
 
-# created_at is the wall clock at the insert, not now() (the transaction's start): a
-# handler that ran for a while must not make its fresh row look old to the relay, which
-# would then publish it alongside the live publisher.
+RECORD_OUTCOMES: Final = """
+UPDATE saga_processed_commands AS p
+SET outcome = x.outcome, reply = x.reply::jsonb, error = x.error, processed_at = now()
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS x(command_id, outcome, reply, error)
+WHERE p.command_id = x.command_id
+"""
+
+# The replies a batch could not publish, handed to the relay. created_at is the wall
+# clock at the insert, not now() (the transaction's start): the relay's grace period
+# counts from here.
 INSERT_OUTBOX: Final = """
 INSERT INTO saga_reply_outbox (command_id, saga_id, topic, key, headers, body, created_at)
-VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, clock_timestamp())
-RETURNING id
+SELECT c, s, t, k, h::jsonb, b::jsonb, clock_timestamp()
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
+    AS x(c, s, t, k, h, b)
 """
 
 MARK_PUBLISHED: Final = """
@@ -130,7 +137,8 @@ WHERE id = ANY($1::bigint[]) AND published_at IS NULL
 
 # FOR UPDATE SKIP LOCKED: the rows stay locked while they are published, and another
 # instance's relay skips them instead of publishing them a second time or waiting. The
-# grace period leaves fresh rows to the live publisher that is about to send them.
+# grace period gives a fresh row (a reply that failed to go out a moment ago, with Kafka
+# perhaps still away) some time before it is tried again.
 RELAY_BATCH: Final = """
 SELECT id, topic, key, headers::text AS headers, body::text AS body
 FROM saga_reply_outbox
@@ -139,18 +147,6 @@ ORDER BY id
 LIMIT $2
 FOR UPDATE SKIP LOCKED
 """
-
-
-async def insert_outbox(conn: Connection, outgoing: Outgoing) -> None:
-    outgoing.row_id = await conn.fetchval(
-        INSERT_OUTBOX,
-        outgoing.command_id,
-        outgoing.saga_id,
-        outgoing.topic,
-        outgoing.key.decode(),
-        outgoing.headers_json,
-        outgoing.value.decode(),
-    )
 
 
 async def publish(

@@ -117,8 +117,8 @@ def ledger_participant(settings: Settings, effects: Effects, **options: Any) -> 
         await tx.execute("INSERT INTO ledger (command_id, amount) VALUES ($1, -1)", tx.command_id)
         raise Retryable("busy", after=cmd.after_s)
 
-    # The batch's path (read committed), and the single-command path (a handler with
-    # another isolation level gets a transaction of its own).
+    # At the batch's isolation level (read committed), and at another: a handler that
+    # asks for one gets a transaction of its own.
     participant.handles(Busy)(busy)
     participant.handles(Busy, name="BusyAlone", isolation="repeatable_read")(busy)
     return participant

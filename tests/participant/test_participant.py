@@ -289,7 +289,8 @@ async def test_a_handler_that_always_fails_replies_retryable_and_applies_nothing
     assert await world.ledger() == [(retry.command_id, 0)]
 
 
-@pytest.mark.parametrize("subject", ["Busy", "BusyAlone"])  # the batch's path, the single one
+# A handler at the batch's isolation level, and one at another (a transaction of its own).
+@pytest.mark.parametrize("subject", ["Busy", "BusyAlone"])
 async def test_a_retryable_answer_is_sent_at_once_and_stored_without_handler_retries(
     world: World, subject: str
 ) -> None:

@@ -1,6 +1,6 @@
-"""The participant's batch path on the real Postgres and Kafka: several commands taken in
+"""The participant's one path on the real Postgres and Kafka: several commands taken in
 ONE consumed batch (saga_engine/participant/_batch.py), and what each of them must still
-get, as it would one at a time.
+get, as it would alone (a batch of one).
 
 Every test sends all of its commands to partition 0 of the command topic BEFORE the
 participant starts, so that its first fetch takes them together; the ``batches`` fixture
@@ -11,6 +11,7 @@ passing without testing anything).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,13 +19,14 @@ import pytest
 from aiokafka import TopicPartition
 from pydantic import BaseModel, field_validator
 
+from saga_engine.core._codec import AesGcmCodec, CodecChain, ZstdCodec
 from saga_engine.participant import Participant, Transaction
 from saga_engine.participant._batch import BatchRunner
 from saga_engine.settings import Settings
 from saga_engine.transport._wire import Envelope, ReplyBody
 from tests.participant import test_participant
-from tests.participant.helpers import command, ledger_participant
-from tests.participant.test_participant import World, body_of
+from tests.participant.helpers import command, ledger_participant, poll_until, resent
+from tests.participant.test_participant import World, _stat, body_of
 
 pytestmark = pytest.mark.integration
 
@@ -76,9 +78,11 @@ async def start(
     *,
     settings: Settings | None = None,
     register: Callable[[Participant], None] | None = None,
+    **options: Any,
 ) -> Participant:
     """As ``world.participant()``, with other settings or more handlers."""
-    participant = ledger_participant(settings or world.settings, world.effects, backoff_base_s=0.01)
+    options.setdefault("backoff_base_s", 0.01)
+    participant = ledger_participant(settings or world.settings, world.effects, **options)
     if register is not None:
         register(participant)
     world.running.append(participant)
@@ -165,6 +169,53 @@ async def test_a_compensation_that_raises_still_tombstones_its_forward_command(
     assert participant.stats["dead_lettered"] == 1
     assert participant.stats["dead_lettered_invalid_body"] == 1
     assert participant.stats["handler_errors"] == 1
+
+
+# --------------------------------------------------------------------------- isolation
+
+
+class Audit(BaseModel):
+    fail_times: int
+
+
+async def test_a_handler_at_another_isolation_level_runs_alone_at_it_on_every_attempt(
+    world: World, batches: list[list[str]]
+) -> None:
+    """[R, A raises once, R'] where A's handler asks for SERIALIZABLE: A runs alone, at
+    its level on its retry too, and between R and R' (record order)."""
+    levels: list[tuple[str, int]] = []
+
+    def register(participant: Participant) -> None:
+        @participant.handles(Audit, isolation="serializable")
+        async def audit(cmd: Audit, tx: Transaction) -> dict[str, int]:
+            world.effects.calls[tx.command_id] += 1
+            levels.append((await tx.fetchval("SHOW transaction_isolation"), tx.attempt))
+            await tx.execute(
+                "INSERT INTO ledger (command_id, amount) VALUES ($1, 1)", tx.command_id
+            )
+            if world.effects.calls[tx.command_id] <= cmd.fail_times:
+                raise RuntimeError("audit failed")
+            return {"attempt": tx.attempt}
+
+    before = command("Reserve", {"amount": 4})
+    audited = command("Audit", {"fail_times": 1})
+    after = command("Reserve", {"amount": 6})
+    await send_first(world, before, audited, after)
+
+    participant = await start(world, register=register)
+    replies = by_id(await world.bus.wait_replies(3))
+
+    assert batches[0] == [before.command_id, audited.command_id, after.command_id]
+    assert levels == [("serializable", 1), ("serializable", 2)]
+    assert body_of(replies[audited.command_id]).payload == {"attempt": 2}
+    # The ledger in insertion order: record order held.
+    assert await world.ledger() == [
+        (before.command_id, 4),
+        (audited.command_id, 1),
+        (after.command_id, 6),
+    ]
+    assert participant.stats["handler_errors"] == 1
+    assert participant.stats["processed"] == 3
 
 
 # --------------------------------------------------------------------------- failures
@@ -298,3 +349,47 @@ async def test_a_retryable_answer_in_a_batch_leaves_its_neighbours_applied_once(
     assert participant.stats["handler_errors"] == 0
     assert participant.stats["processed"] == 3
     assert participant.stats["batch_replays"] == 1
+
+
+async def test_a_batch_that_fails_for_no_commands_fault_answers_the_others_one_at_a_time(
+    world: World, batches: list[list[str]]
+) -> None:
+    """A duplicate whose stored reply this participant cannot open (sealed by one that had
+    the codec's key) fails the whole batch's transaction, and no handler is to blame:
+    the batch is taken one command at a time, the duplicate is dead-lettered as
+    engine_error, and its neighbours are answered once."""
+    # Its sealed reply goes to a topic of its own: the test's inbox reader has no key.
+    sealed = command("Reserve", {"amount": 3}).model_copy(
+        update={"reply_to": f"{world.settings.kafka.topic_prefix}.sealed"}
+    )
+    await send_first(world, sealed)
+    codec = CodecChain(ZstdCodec(threshold=16), AesGcmCodec({"k1": os.urandom(32)}, "k1"))
+    keyed = await start(world, codec=codec)
+    await poll_until(lambda: _stat(keyed, "processed", 1))
+    await keyed.stop()
+    world.running.clear()
+
+    first = command("Reserve", {"amount": 10})
+    last = command("Reserve", {"amount": 20})
+    await send_first(world, first, resent(sealed), last)
+    participant = await start(world)
+    replies = by_id(await world.bus.wait_replies(2))
+    [dead] = await world.bus.wait_dead_letters(1)
+
+    assert batches[-1] == [first.command_id, sealed.command_id, last.command_id]
+    assert sorted(replies) == sorted([first.command_id, last.command_id])
+    for cmd in (first, last):
+        assert body_of(replies[cmd.command_id]).outcome == "success"
+    assert dict(dead.headers)["dlq_reason"] == b"engine_error"
+    assert dict(dead.headers)["ce_commandid"].decode() == sealed.command_id
+    assert b"CodecError" in dict(dead.headers)["dlq_detail"]
+    assert await world.ledger() == [
+        (sealed.command_id, 3),
+        (first.command_id, 10),
+        (last.command_id, 20),
+    ]
+    # ``first`` ran in the pass that failed too; its writes rolled back with it.
+    assert world.effects.calls == {sealed.command_id: 1, first.command_id: 2, last.command_id: 1}
+    assert participant.stats["batch_fallbacks"] == 1
+    assert participant.stats["processed"] == 2
+    assert participant.stats["dead_lettered_engine_error"] == 1

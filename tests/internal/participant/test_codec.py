@@ -13,7 +13,7 @@ import pytest
 
 from saga_engine.core._codec import HEADER, AesGcmCodec, CodecChain, ZstdCodec
 from saga_engine.kernel._errors import KafkaUnavailable
-from saga_engine.participant import _batch as _participant_batch
+from saga_engine.participant import _replies
 from saga_engine.protocol import ReplyBody
 from saga_engine.transport._kafka import start_record
 from saga_engine.transport._wire import Envelope, decode, encode
@@ -59,7 +59,7 @@ async def test_sealed_commands_and_replies_through_the_outbox(
             raise KafkaUnavailable("injected: the reply could not be produced")
         return await real_start(producer, topic, *args)
 
-    monkeypatch.setattr(_participant_batch, "start_record", refuse_once)
+    monkeypatch.setattr(_replies, "start_record", refuse_once)
     participant = await world.participant(relay_interval_s=0.05, relay_grace_s=0.2, codec=CODEC)
     cmd = command("Reserve", {"amount": AMOUNT})
     key, value, headers = encode(cmd, CODEC)

@@ -1,5 +1,5 @@
 """The participant's reply outbox on the real Postgres and Kafka: a reply the batch path
-could not hand to Kafka (one send made to fail, inside ``_participant_batch``) is stored
+could not hand to Kafka (one send made to fail, inside ``_replies``) is stored
 before the offset moves on, and the relay publishes it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from saga_engine.kernel._errors import KafkaUnavailable
-from saga_engine.participant import _batch as _participant_batch
+from saga_engine.participant import _replies
 from saga_engine.protocol import ReplyBody
 from saga_engine.transport._kafka import start_record
 from tests.participant import test_participant
@@ -25,7 +25,7 @@ world = test_participant.world
 async def test_the_relay_publishes_a_reply_that_could_not_be_sent(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Kafka refuses the first reply the batch path hands to the producer (the broker is
+    # Kafka refuses the first reply the participant hands to the producer (the broker is
     # real; only this one send is made to fail).
     real_start = start_record
     refused: list[str] = []
@@ -36,7 +36,7 @@ async def test_the_relay_publishes_a_reply_that_could_not_be_sent(
             raise KafkaUnavailable("injected: the reply could not be produced")
         return await real_start(producer, topic, *args)
 
-    monkeypatch.setattr(_participant_batch, "start_record", refuse_once)
+    monkeypatch.setattr(_replies, "start_record", refuse_once)
     participant = await world.participant(relay_interval_s=0.05, relay_grace_s=0.2)
     cmd = command("Reserve", {"amount": 12})
     await world.bus.send(cmd)

@@ -1,0 +1,195 @@
+"""What a handler is given and what its answer becomes.
+
+The :class:`Transaction` a handler receives, a registered handler (:class:`HandlerSpec`),
+and the replies the kit decides: a handler's return value (``json_payload``), its
+``Rejected`` or ``Retryable`` (``answer_reply``), and the failures given without running
+it (a body that cannot be stored, an invalid body, an unknown command type).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
+
+import asyncpg
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from saga_engine.kernel._errors import InvalidPayload, Rejected, Retryable, UnstorableValue
+from saga_engine.kernel._serde import JsonDict, storable_copy, unstorable, without_input
+from saga_engine.participant._sql import Connection
+from saga_engine.transport._wire import Envelope, ReplyBody
+
+Isolation = Literal["read_committed", "repeatable_read", "serializable"]
+#: What a handler may return: its reply payload.
+HandlerResult: TypeAlias = BaseModel | Mapping[str, Any] | None
+#: What a handler raises to answer rather than crash: its writes roll back and the
+#: answer is recorded in the same transaction (the claim kept).
+HandlerAnswer: TypeAlias = Rejected | Retryable
+
+
+class Transaction:
+    """The participant's own database transaction a handler runs in, and the command's ids.
+
+    ``connection`` is the asyncpg connection, inside a transaction that also records the
+    command as processed: commit and rollback belong to the participant, so a handler
+    must not end the transaction itself (nested ``connection.transaction()`` blocks are
+    savepoints and are fine). ``execute``/``fetch``/``fetchrow``/``fetchval`` delegate to
+    it. ``attempt`` counts from 1; it grows when a previous attempt raised.
+    """
+
+    __slots__ = (
+        "attempt",
+        "command_id",
+        "command_type",
+        "compensation",
+        "connection",
+        "participant",
+        "saga_id",
+        "saga_type",
+        "step",
+        "trace_context",
+    )
+
+    def __init__(
+        self, connection: Connection, command: Envelope, *, participant: str, attempt: int
+    ) -> None:
+        self.connection = connection
+        self.participant = participant
+        self.attempt = attempt
+        self.command_id = command.command_id
+        self.command_type = command.subject
+        self.saga_id = command.saga_id
+        self.saga_type = command.saga_type
+        self.step = command.step
+        self.compensation = command.compensation
+        self.trace_context = trace_context(command)
+
+    # The delegates leave out asyncpg's per-call ``timeout``; use ``tx.connection`` for it.
+    async def execute(self, query: str, *args: Any) -> str:
+        return await self.connection.execute(query, *args)
+
+    async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        return await self.connection.fetch(query, *args)
+
+    async def fetchrow(self, query: str, *args: Any) -> asyncpg.Record | None:
+        return await self.connection.fetchrow(query, *args)
+
+    async def fetchval(self, query: str, *args: Any, column: int = 0) -> Any:
+        return await self.connection.fetchval(query, *args, column=column)
+
+    def __repr__(self) -> str:
+        return (
+            f"Transaction(participant={self.participant!r}, command_id={self.command_id!r}, "
+            f"saga_id={self.saga_id!r}, step={self.step!r}, attempt={self.attempt})"
+        )
+
+
+def trace_context(command: Envelope) -> dict[str, str]:
+    """The W3C trace headers ``command`` carries (those it has)."""
+    return {
+        k: v
+        for k, v in (("traceparent", command.traceparent), ("tracestate", command.tracestate))
+        if v
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    command_type: str
+    model: type[BaseModel]
+    fn: Callable[[Any, Transaction], Awaitable[HandlerResult]]
+    isolation: Isolation
+
+
+def json_payload(result: object) -> JsonDict:
+    """A handler's return value (or a refusal's details) as a JSON object; raises TypeError."""
+    if result is None:
+        return {}
+    if isinstance(result, BaseModel):
+        return result.model_dump(mode="json")
+    if isinstance(result, Mapping):
+        # The round trip proves the value is JSON now, inside the handler's attempt,
+        # rather than failing later when the reply is written.
+        value: JsonDict = orjson.loads(orjson.dumps(dict(result), option=orjson.OPT_UTC_Z))
+        return value
+    raise TypeError(
+        f"a handler must return a pydantic model, a dict or None, not {type(result).__name__}"
+    )
+
+
+def answer_reply(answer: HandlerAnswer) -> ReplyBody:
+    """The reply a handler's Rejected or Retryable stands for. It is recorded whatever it
+    says: what Postgres cannot store is written out as escapes."""
+    if isinstance(answer, Rejected):
+        return ReplyBody(
+            outcome="failure",
+            payload=storable_copy(json_payload(answer.details)),
+            error=storable_copy(answer.reason),
+        )
+    if answer.after is None:
+        return ReplyBody(outcome="retryable", error=storable_copy(answer.reason))
+    seconds = answer.after.total_seconds()
+    return ReplyBody(
+        outcome="retryable",
+        payload={"retry_after_s": seconds},
+        error=storable_copy(f"{answer.reason} (retry after {seconds:g}s)"),
+    )
+
+
+def answer_counter(answer: HandlerAnswer) -> str:
+    """The stats counter of a handler's answer: the one its outcome has anyway."""
+    return "rejected" if isinstance(answer, Rejected) else "retryable"
+
+
+def gave_up_reply(cause: BaseException) -> ReplyBody:
+    """The answer to a command whose handler raised on every attempt: ``retryable``, as
+    nothing was applied. It is recorded like any answer: the engine abandons this command
+    id for a new one, so a copy of it processed later must not apply anything
+    (PROTOCOL.md 7.3)."""
+    return ReplyBody(
+        outcome="retryable", error=storable_copy(f"{type(cause).__name__}: {cause}"[:2000])
+    )
+
+
+def unstorable_body(command: Envelope) -> UnstorableValue | None:
+    """Why Postgres could not record ``command``'s handling (nor, often, the handler its
+    effect), or None: such a command is refused at once, with a reply that says where,
+    so the step fails now instead of waiting out its timeout."""
+    problems = unstorable(command.body)
+    return (
+        UnstorableValue(f"{command.subject or 'the command'} body", problems) if problems else None
+    )
+
+
+def refusal_reply(invalid: InvalidPayload) -> ReplyBody:
+    """The failure reply to a command whose body is refused before its handler runs."""
+    return ReplyBody(
+        outcome="failure", payload={"errors": invalid.errors}, error=str(invalid)[:2000]
+    )
+
+
+def unknown_command_reply(participant: str, command: Envelope, handles: Sequence[str]) -> ReplyBody:
+    """The failure reply to a command type this participant has no handler for."""
+    return ReplyBody(
+        outcome="failure",
+        payload={"command_type": command.subject, "handles": sorted(handles)},
+        error=f"participant {participant} cannot handle {command.subject or '(no ce_subject)'}",
+    )
+
+
+def invalid_body(command: Envelope, model: type[BaseModel], exc: ValidationError) -> str:
+    """The dead letter's detail for a body that does not validate against its model."""
+    return f"{command.subject} body is not a valid {model.__name__}: {without_input(exc)}"
+
+
+def invalid_body_reply(command: Envelope, exc: ValidationError) -> ReplyBody:
+    """The failure reply to a body that does not validate: its saga compensates instead
+    of waiting for the step's timeout."""
+    errors = orjson.loads(exc.json(include_url=False, include_input=False))
+    return ReplyBody(
+        outcome="failure",
+        payload={"errors": errors[:20]},
+        error=f"invalid {command.subject} body: {exc.error_count()} validation error(s)",
+    )
