@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -40,6 +40,7 @@ from saga_engine.core._rollout import RolloutTable
 from saga_engine.core._runtime import SagaRuntime
 from saga_engine.core._start import PreparedStart, check_same_start, start_input
 from saga_engine.core._status import SagaStatus
+from saga_engine.kernel._crash import CrashHook
 from saga_engine.kernel._errors import (
     ConcurrencyError,
     InvalidPayload,
@@ -71,9 +72,6 @@ _CONFLICT_BACKOFF_S = 0.05
 _CONFLICT_BACKOFF_MAX_S = _CONFLICT_BACKOFF_S * 2 ** (_CONFLICT_ATTEMPTS - 3)
 #: How far recovery lets the cache run past its size before evicting back down to it.
 _EVICT_SLACK = 256
-
-#: Test-only seam: called with the name of each crash point as the engine passes it.
-CrashHook = Callable[[str], None]
 
 
 class Engine:
