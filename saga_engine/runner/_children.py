@@ -37,7 +37,7 @@ from saga_engine.core._decision import (
 from saga_engine.core._events import CommandIssued, Event, ParentLink
 from saga_engine.core._inputs import check_parent
 from saga_engine.core._runtime import SagaRuntime
-from saga_engine.core._start import PreparedStart
+from saga_engine.core._start import PreparedStart, StartRequest
 from saga_engine.core._view import fold
 from saga_engine.kernel._errors import (
     InvalidPayload,
@@ -46,7 +46,6 @@ from saga_engine.kernel._errors import (
     SagaNotFound,
     TransientError,
 )
-from saga_engine.kernel._serde import JsonDict
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._work import Start
@@ -67,18 +66,9 @@ class ChildLinks:
         self._clock = parts.clock
         self._stats = parts.stats
 
-    async def start_child(
-        self,
-        saga_type: str,
-        input: JsonDict,
-        *,
-        saga_id: str,
-        parent: ParentLink,
-        trace_context: dict[str, str] | None = None,
-        priority: int = 0,
-        fairness_key: str | None = None,
-    ) -> None:
-        """Starts a child (once: its id is deterministic). A repeated start of a child
+    async def start_child(self, request: StartRequest) -> None:
+        """Starts the child ``request`` asks for (once: its id is deterministic; its
+        ``parent`` is set). A repeated start of a child
         that exists is answered by the child itself (its end, or nothing while it runs),
         never checked again against what its type's rollout says today. A child input
         the engine can never start (one its model refuses, one over the size limit)
@@ -87,6 +77,9 @@ class ChildLinks:
         rolling deploy; a history it cannot decode) raises to the caller, which
         dead-letters the request: the parent keeps waiting and asks again every poll,
         until an engine that can start it does."""
+        parent, saga_id = request.parent, request.saga_id
+        assert parent is not None
+        assert saga_id is not None
         withdrawn = False
 
         async def prepare() -> PreparedStart | None:
@@ -104,10 +97,7 @@ class ChildLinks:
                 log.info("start of child %s withdrawn by its parent %s", saga_id, parent.saga_id)
                 withdrawn = True
                 return None
-            return self._engine.prepare_start(
-                saga_type, input, saga_id=saga_id, parent=parent, trace_context=trace_context,
-                priority=priority, fairness_key=fairness_key,
-            )  # fmt: skip
+            return self._engine.prepare(request)
 
         (outcome,) = await self._engine.apply([Start(saga_id, prepare)])
         if isinstance(outcome.error, InvalidPayload | PayloadTooLarge):
@@ -220,9 +210,11 @@ class ChildLinks:
         else:
             start = ChildStart.model_validate(command.payload)
             await self.start_child(
-                start.saga_type, start.input, saga_id=start.saga_id, parent=parent_of(command),
-                trace_context=command.trace_context, priority=start.priority,
-                fairness_key=start.fairness_key,
+                StartRequest(
+                    start.saga_type, start.input, start.saga_id, parent=parent_of(command),
+                    trace_context=command.trace_context, priority=start.priority,
+                    fairness_key=start.fairness_key,
+                )
             )  # fmt: skip
         return True
 

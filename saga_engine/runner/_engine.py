@@ -36,12 +36,11 @@ from saga_engine.core._decision import (
     RetryStep,
     SignalInput,
     Skip,
-    saga_id_for,
 )
 from saga_engine.core._definition import Saga
 from saga_engine.core._events import Event, ParentLink, TriggerOrigin
 from saga_engine.core._runtime import SagaRuntime
-from saga_engine.core._start import PreparedStart
+from saga_engine.core._start import PreparedStart, StartRequest
 from saga_engine.kernel._crash import CrashHook
 from saga_engine.kernel._errors import (
     ConcurrencyError,
@@ -123,31 +122,7 @@ class Engine:
         fairness_key: str | None = None,
     ) -> str:
         """Starts a saga and returns its id. With the same idempotency key, the same saga."""
-        prepared = self.prepare_start(
-            saga, input, saga_id=saga_id, idempotency_key=idempotency_key, deadline=deadline,
-            trace_context=trace_context, trigger=trigger, parent=parent, priority=priority,
-            fairness_key=fairness_key,
-        )  # fmt: skip
-        await self._one(Start(prepared.saga_id, prepared))
-        return prepared.saga_id
-
-    def prepare_start(
-        self,
-        saga: str | type[Saga[Any, Any]],
-        input: BaseModel | JsonDict,
-        *,
-        saga_id: str | None = None,
-        idempotency_key: str | None = None,
-        deadline: timedelta | None = None,
-        trace_context: dict[str, str] | None = None,
-        trigger: TriggerOrigin | None = None,
-        parent: ParentLink | None = None,
-        priority: int = 0,
-        fairness_key: str | None = None,
-    ) -> PreparedStart:
-        """Everything a start needs that takes no I/O: the definition, the input as sent,
-        the id, the deadline and the saga span's context. Raises what a bad start raises."""
-        definition = self._registry.resolve(saga)
+        definition = self._registry.resolve(saga)  # a class must be one deployed here
         # The fields the caller set: the runtime fills in the defaults once, and a repeat
         # with a fresh default_factory value is still the same request.
         payload = (
@@ -155,16 +130,26 @@ class Engine:
             if isinstance(input, BaseModel)
             else dict(input)
         )
-        self._check_size(payload, f"input of saga {definition.name!r}")
-        if saga_id is None:
-            saga_id = (
-                saga_id_for(definition.name, idempotency_key)
-                if idempotency_key
-                else str(uuid.uuid4())
+        prepared = self.prepare(
+            StartRequest(
+                definition.name, payload, saga_id, idempotency_key, deadline,
+                trace_context or {}, parent, trigger, priority, fairness_key,
             )
-        definition = self._rollouts.choose(self._registry, definition, saga_id, payload)
+        )  # fmt: skip
+        await self._one(Start(prepared.saga_id, prepared))
+        return prepared.saga_id
+
+    def prepare(self, request: StartRequest) -> PreparedStart:
+        """Everything a start needs that takes no I/O: the definition (the version its
+        type's rollout picks), the id, the deadline and the saga span's context. Raises
+        what a bad start raises."""
+        definition = self._registry.get(request.saga_type)
+        self._check_size(request.input, f"input of saga {definition.name!r}")
+        saga_id = request.with_saga_id().saga_id
+        assert saga_id is not None
+        definition = self._rollouts.choose(self._registry, definition, saga_id, request.input)
         now = self._clock.now()
-        limit = deadline or definition.deadline
+        limit = request.deadline or definition.deadline
         try:
             deadline_at = now + limit if limit else None
         except OverflowError:
@@ -176,10 +161,10 @@ class Engine:
         # the start, else the root of a new trace) is what history stores, so every step
         # span (and, through Kafka, every participant span) is its descendant. The span
         # itself is emitted when the saga ends (SagaSpans.saga_finished).
-        stored = self._observer.trace_context(definition.name, saga_id, trace_context or {})
+        stored = self._observer.trace_context(definition.name, saga_id, request.trace_context)
         return PreparedStart(
-            definition, payload, saga_id, now, deadline_at, idempotency_key, stored, parent,
-            trigger, priority, fairness_key,
+            definition, request.input, saga_id, now, deadline_at, request.idempotency_key,
+            stored, request.parent, request.trigger, request.priority, request.fairness_key,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ inputs

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -54,9 +53,9 @@ from saga_engine.transport._wire import (
     ReloadBody,
     ReplyBody,
     SignalBody,
-    StartBody,
     UndoBody,
     decode,
+    start_request,
 )
 
 log = logging.getLogger("saga_engine.worker")
@@ -212,16 +211,10 @@ class Inbox:
             )
         if kind is not MessageType.START:
             return None
-        start: StartBody = env.body_as(StartBody)
-        if start.parent is not None:
+        request = start_request(env)
+        if request.parent is not None:
             return None  # a child's start: the child links check it against its parent
-        prepared = engine.prepare_start(
-            env.saga_type or env.subject, start.input, saga_id=env.saga_id,
-            idempotency_key=start.idempotency_key,
-            deadline=timedelta(seconds=start.deadline_s) if start.deadline_s else None,
-            trace_context=_trace_of(env), trigger=start.trigger, priority=start.priority,
-            fairness_key=start.fairness_key,
-        )  # fmt: skip
+        prepared = engine.prepare(request)
         return Start(prepared.saga_id, prepared)
 
     async def _handle(
@@ -289,13 +282,7 @@ class Inbox:
             return outcome.result()
         kind = env.message_type
         if kind is MessageType.START:
-            start: StartBody = env.body_as(StartBody)
-            assert start.parent is not None
-            await self._children.start_child(
-                env.saga_type or env.subject, start.input, saga_id=env.saga_id,
-                parent=start.parent, trace_context=_trace_of(env), priority=start.priority,
-                fairness_key=start.fairness_key,
-            )  # fmt: skip
+            await self._children.start_child(start_request(env))
         elif kind is MessageType.UNDO:
             undo: UndoBody = env.body_as(UndoBody)
             await self._children.undo_child(
@@ -371,9 +358,3 @@ def _unknown(env: Envelope) -> PoisonMessage:
         PoisonReason.UNKNOWN_COMMAND,
         f"saga {env.saga_id} never issued command {env.command_id!r}",
     )
-
-
-def _trace_of(env: Envelope) -> dict[str, str]:
-    return {
-        k: v for k, v in (("traceparent", env.traceparent), ("tracestate", env.tracestate)) if v
-    }

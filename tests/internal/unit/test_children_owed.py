@@ -12,6 +12,7 @@ import pytest
 from saga_engine import Saga, SagaContext, SagaStatus, Settings
 from saga_engine.core._decision import CHILD_PARTICIPANT, PARENT_PARTICIPANT, child_saga_id
 from saga_engine.core._events import ParentLink
+from saga_engine.core._start import StartRequest
 from saga_engine.kernel._errors import InvalidTransition, NotParent, SagaNotFound
 from saga_engine.kernel._settings import EngineSettings
 from saga_engine.testing import SagaTestEnv
@@ -171,8 +172,10 @@ async def test_a_start_from_a_saga_that_is_not_the_parent_is_refused() -> None:
     before = len(env.bus.sent)
     with pytest.raises(NotParent):
         await env.children.start_child(
-            "shipment", {"order_id": "o8"}, saga_id=child_id,
-            parent=ParentLink(saga_id="intruder", command_id="c1", saga_type="order"),
+            StartRequest(
+                "shipment", {"order_id": "o8"}, child_id,
+                parent=ParentLink(saga_id="intruder", command_id="c1", saga_type="order"),
+            )
         )  # fmt: skip
     assert env.bus.sent[before:] == []  # the intruder hears nothing of the child
 

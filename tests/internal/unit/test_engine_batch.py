@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from saga_engine.core._decision import DropReason, OutboundCommand, Reply
+from saga_engine.core._start import StartRequest
 from saga_engine.kernel._errors import InvalidTransition
 from saga_engine.kernel._serde import JsonDict
 from saga_engine.runner._work import Deliver, Input, Outcome, Start
@@ -45,9 +46,8 @@ def issued(env: SagaTestEnv, saga_id: str, step: str) -> OutboundCommand:
 def as_input(env: SagaTestEnv, item: Begin | Answer) -> Input:
     if isinstance(item, Begin):
         order = OrderRequest(customer=item.customer, total=5)
-        return Start(
-            item.saga_id, env.engine.prepare_start(PlaceOrder, order, saga_id=item.saga_id)
-        )
+        request = StartRequest(PlaceOrder.name, order.model_dump(mode="json"), item.saga_id)
+        return Start(item.saga_id, env.engine.prepare(request))
     command = issued(env, item.saga_id, item.step)
     reply = Reply(command.command_id, item.outcome, env.now(), item.payload, item.error)
     return Deliver(item.saga_id, reply)
