@@ -64,6 +64,7 @@ from saga_engine.core._decision import OutboundCommand, StartSaga
 from saga_engine.core._definition import SagaDefinition
 from saga_engine.core._runtime import SagaRuntime
 from saga_engine.runner._engine import Engine
+from saga_engine.runner._parts import EngineParts
 from saga_engine.settings import EngineSettings, PostgresSettings
 from saga_engine.store._migrations import migrate
 from saga_engine.store._pgstore import PostgresEventStore
@@ -347,8 +348,11 @@ async def part_queries(args: argparse.Namespace, res: Resources) -> dict[str, An
             "SELECT coalesce((SELECT min(saga_id) FROM sagas WHERE saga_id >= $1), min(saga_id)) FROM sagas",
             f"{random.Random(7).getrandbits(32):08x}"))[:8]  # fmt: skip
         key = f"order-{3 * (args.finished // 6)}"
-        engine = Engine(settings, sagas=[Waiter, Transfer], store=store, sender=NoSender())
-        app = create_admin_app(engine, settings)
+        parts = EngineParts.build(
+            settings, sagas=[Waiter, Transfer], store=store, sender=NoSender()
+        )
+        engine = Engine(parts)
+        app = create_admin_app(engine, settings, parts=parts)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://admin") as http:
             say(f"admin API: {args.requests} requests per query")

@@ -47,13 +47,14 @@ import asyncpg
 from aiokafka.admin import AIOKafkaAdminClient
 
 from saga_engine.core._schedule import CatchUp, Overlap, Schedule
-from saga_engine.runner._scheduler import KafkaStarts, Scheduler
+from saga_engine.runner._scheduler import Scheduler
 from saga_engine.settings import KafkaSettings, PostgresSettings, ScheduleSettings
 from saga_engine.store._migrations import migrate
 from saga_engine.store._pgschedules import PostgresScheduleStore
 from saga_engine.store._schedule_store import FireResult, Firing
 from saga_engine.transport._kafka import delivered, ensure_topics, make_producer, start_record
 from saga_engine.transport._wire import encode
+from saga_engine.worker._schedules import KafkaStarts
 
 SAGA_TYPE = "nightly-report"
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@
 
     from saga_engine.admin import create_admin_app, serve_admin
 
-    app = create_admin_app(engine, settings)
+    app = create_admin_app(engine, settings, parts=parts)  # parts: the engine's collaborators
     server = await serve_admin(app, settings)  # settings.admin: host, port, tokens
     ...
     await server.stop()

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from fastapi import HTTPException
 
 from saga_engine.admin._auth import Principal
-from saga_engine.admin._deps import Caller, EngineDep
+from saga_engine.admin._deps import Caller, EngineDep, PartsDep
 from saga_engine.admin._http_errors import api_router
 from saga_engine.admin._schemas import (
     ActionResult,
@@ -119,11 +119,13 @@ async def retry(
 
 
 @router.post("/sagas/{saga_id}/skip", response_model=ActionResult, responses=errors(*ACTION_ERRORS))
-async def skip(saga_id: str, body: SkipRequest, caller: Caller, engine: EngineDep) -> ActionResult:
+async def skip(
+    saga_id: str, body: SkipRequest, caller: Caller, engine: EngineDep, parts: PartsDep
+) -> ActionResult:
     """Skips a step: answers a step awaiting its reply with ``result`` (it will not be
     compensated), or marks a stuck compensation as done by hand (no ``result``)."""
     if body.result is None:
-        record, events = await load(engine, saga_id)
+        record, events = await load(parts.store, saga_id)
         stuck = fold(events, saga_id=record.saga_id).stuck_step
         if stuck != body.step:
             raise HTTPException(

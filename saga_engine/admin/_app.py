@@ -5,9 +5,10 @@ Build it with :func:`create_admin_app` and serve it on the engine's event loop w
 
 The routes live in routers by concern (``_meta``: health, saga types, metrics;
 ``_reads``: list, detail, history; ``_starts``: the start; ``_actions``: operator
-actions; ``_rollouts``: saga versions' rollouts; ``_flow``: flow control; ``_schedules``: durable schedules; ``web``: the pages). They reach the engine, the admin settings and the start
-function through the dependencies in ``_deps``, which read what this function stores
-on the app's state.
+actions; ``_rollouts``: saga versions' rollouts; ``_flow``: flow control; ``_schedules``:
+durable schedules; ``web``: the pages). They reach the engine, its collaborators (the
+store, the registry, the counters), the admin settings and the start function through
+the dependencies in ``_deps``, which read what this function stores on the app's state.
 """
 
 from fastapi import Depends, FastAPI
@@ -23,45 +24,32 @@ from saga_engine.admin._http_errors import (
 from saga_engine.admin._starts import starts_router
 from saga_engine.admin._web import SecurityHeadersMiddleware, web_router
 from saga_engine.admin._web_schedules import schedules_page_router
-from saga_engine.kernel._errors import SagaNotFound
-from saga_engine.kernel._settings import Settings
+from saga_engine.kernel._settings import AdminSettings, Settings
 from saga_engine.kernel._version import __version__
 from saga_engine.runner._engine import Engine
+from saga_engine.runner._parts import EngineParts
 from saga_engine.store._schedule_store import ScheduleStore
 from saga_engine.telemetry._health import HealthBoard
 
 __all__ = ["StartSaga", "create_admin_app"]
 
 
-def _in_memory(engine: Engine) -> ScheduleStore | None:
-    """Schedules kept in memory beside an in-memory event store (the testing kit's
-    engine); with any other store, a worker passes its own (else the routes answer 503)."""
-    from saga_engine.store._memschedules import InMemoryScheduleStore
-    from saga_engine.store._memstore import InMemoryEventStore
-
-    if not isinstance(engine.store, InMemoryEventStore):
-        return None
-
-    async def status_of(saga_id: str) -> str | None:
-        try:
-            return (await engine.store.get(saga_id)).status.value
-        except SagaNotFound:
-            return None
-
-    return InMemoryScheduleStore(status_of)
-
-
 def create_admin_app(
     engine: Engine,
     settings: Settings,
     *,
+    parts: EngineParts,
     start_saga: StartSaga | None = None,
     schedules: ScheduleStore | None = None,
     health: HealthBoard | None = None,
 ) -> FastAPI:
     """The admin API for ``engine``, configured by ``settings.admin``.
 
-    ``health``: what ``/health`` reports besides liveness (the worker's board).
+    ``parts``: what the engine was built from (its store, registry, counters, flow
+    control), as the composition root that built it holds them (``SagaWorker.parts``,
+    ``SagaTestEnv.parts``). ``schedules``: the schedules' store (else the schedule
+    routes answer 503). ``health``: what ``/health`` reports besides liveness (the
+    worker's board).
 
     Raises InsecureAdminBinding (a PermanentError) when ``settings.admin.host`` is not a
     loopback address and no token is configured, and AdminConfigError for weak or
@@ -82,12 +70,7 @@ def create_admin_app(
         docs_url=None,
         redoc_url=None,
     )
-    install(
-        app,
-        AdminState(
-            engine, admin, start_saga or engine.start, schedules or _in_memory(engine), health
-        ),
-    )
+    install(app, AdminState(engine, parts, admin, start_saga or engine.start, schedules, health))
     install_error_handlers(app)
     # Outermost last: SecurityHeaders(CatchAll(Auth(BodyLimit(app)))). Auth runs before
     # any body is read; every answer, a 401 or a 500 too, gets the anti-framing headers.
@@ -95,7 +78,11 @@ def create_admin_app(
     app.add_middleware(AuthMiddleware, tokens=tokens)
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(SecurityHeadersMiddleware)
+    _include_routers(app, parts, admin)
+    return app
 
+
+def _include_routers(app: FastAPI, parts: EngineParts, admin: AdminSettings) -> None:
     app.include_router(_meta.public_router)
     # Documents the bearer scheme on every API operation but /health (see _deps.bearer).
     secured = [Depends(bearer)]
@@ -104,13 +91,12 @@ def create_admin_app(
     # Built per app: the type enum and the bound on ``wait`` are this engine's and
     # settings' (see _starts).
     app.include_router(
-        starts_router(engine.registry.names(), admin.max_wait_s), dependencies=secured
+        starts_router(parts.registry.names(), admin.max_wait_s), dependencies=secured
     )
     app.include_router(_actions.router, dependencies=secured)
     app.include_router(_rollouts.router, dependencies=secured)
     app.include_router(_flow.router, dependencies=secured)
     app.include_router(_schedules.router, dependencies=secured)
-    app.include_router(web_router(engine, admin))
-    app.include_router(_rollouts.ui_router(engine, admin))
+    app.include_router(web_router(parts, admin))
+    app.include_router(_rollouts.ui_router(parts, admin))
     app.include_router(schedules_page_router())
-    return app

@@ -18,6 +18,7 @@ from fastapi.security import HTTPBearer
 from saga_engine.admin._auth import PRINCIPAL_KEY, Principal
 from saga_engine.kernel._settings import AdminSettings
 from saga_engine.runner._engine import Engine
+from saga_engine.runner._parts import EngineParts
 from saga_engine.store._schedule_store import ScheduleStore
 from saga_engine.telemetry._health import HealthBoard
 
@@ -27,6 +28,7 @@ __all__ = [
     "Caller",
     "EngineDep",
     "HealthDep",
+    "PartsDep",
     "StartSaga",
     "StarterDep",
     "bearer",
@@ -51,7 +53,10 @@ bearer = HTTPBearer(
 class AdminState:
     """What the routes need from :func:`create_admin_app`'s arguments."""
 
+    #: The engine acts (starts, operator actions); its collaborators (the store, the
+    #: registry, the counters, flow control) are read where the worker built them.
     engine: Engine
+    parts: EngineParts
     admin: AdminSettings
     start_saga: StartSaga
     #: The schedules' table (a worker's); None: the schedule routes answer 503.
@@ -73,6 +78,10 @@ def _state(request: Request) -> AdminState:
 
 def _engine(request: Request) -> Engine:
     return _state(request).engine
+
+
+def _parts(request: Request) -> EngineParts:
+    return _state(request).parts
 
 
 def _admin(request: Request) -> AdminSettings:
@@ -98,6 +107,7 @@ def current_principal(request: Request) -> Principal:
 
 
 EngineDep = Annotated[Engine, Depends(_engine)]
+PartsDep = Annotated[EngineParts, Depends(_parts)]
 AdminDep = Annotated[AdminSettings, Depends(_admin)]
 StarterDep = Annotated[StartSaga, Depends(_starter)]
 Caller = Annotated[Principal, Depends(current_principal)]

@@ -6,34 +6,34 @@ runtime.
 
 from fastapi import APIRouter
 
-from saga_engine.admin._deps import EngineDep
+from saga_engine.admin._deps import PartsDep
 from saga_engine.admin._schemas import FlowBody, FlowGate
 from saga_engine.admin._shared import READ_ERRORS, errors
-from saga_engine.runner._engine import Engine
+from saga_engine.runner._parts import EngineParts
 
 __all__ = ["flow_body", "flow_gates", "router"]
 
 router = APIRouter()
 
 
-def flow_gates(engine: Engine) -> list[FlowGate]:
+def flow_gates(parts: EngineParts) -> list[FlowGate]:
     """This engine's limits with what they hold now (none when flow control is off)."""
-    if engine.flow is None:
+    if parts.flow is None:
         return []
-    return [FlowGate.model_validate(gate) for gate in engine.flow.snapshot()]
+    return [FlowGate.model_validate(gate) for gate in parts.flow.snapshot()]
 
 
-def flow_body(engine: Engine) -> FlowBody:
+def flow_body(parts: EngineParts) -> FlowBody:
     return FlowBody(
-        enabled=engine.flow is not None,
-        aging_s=engine.settings.limits.aging_s,
-        gates=flow_gates(engine),
+        enabled=parts.flow is not None,
+        aging_s=parts.settings.limits.aging_s,
+        gates=flow_gates(parts),
     )
 
 
 @router.get("/flow", response_model=FlowBody, responses=errors(*READ_ERRORS), tags=["flow"])
-async def flow(engine: EngineDep) -> FlowBody:
+async def flow(parts: PartsDep) -> FlowBody:
     """Flow control on this engine: per participant and saga type limit, the configured
     figures, this engine's partition share of them, and the commands in flight and
     waiting. Each engine answers for itself; the cluster's figures are the sums."""
-    return flow_body(engine)
+    return flow_body(parts)

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Header
 from fastapi.responses import PlainTextResponse, Response
 
 from saga_engine.admin import _metrics as metrics_mod
-from saga_engine.admin._deps import EngineDep, HealthDep
+from saga_engine.admin._deps import HealthDep, PartsDep
 from saga_engine.admin._schemas import Health, MetricsBody, SagaTypeInfo
 from saga_engine.admin._shared import READ_ERRORS, errors
 
@@ -42,7 +42,7 @@ async def health(board: HealthDep, response: Response) -> Health:
 
 
 @router.get("/saga-types", response_model=list[SagaTypeInfo], responses=errors(401))
-async def saga_types(engine: EngineDep) -> list[SagaTypeInfo]:
+async def saga_types(parts: PartsDep) -> list[SagaTypeInfo]:
     """The saga types this engine can start, with their input and output schemas."""
     return [
         SagaTypeInfo(
@@ -50,7 +50,7 @@ async def saga_types(engine: EngineDep) -> list[SagaTypeInfo]:
             input_schema=d.input_type.model_json_schema(),
             output_schema=d.output_type.model_json_schema(),
         )
-        for d in sorted(engine.registry, key=lambda d: d.name)
+        for d in sorted(parts.registry, key=lambda d: d.name)
     ]
 
 
@@ -66,11 +66,11 @@ async def saga_types(engine: EngineDep) -> list[SagaTypeInfo]:
     },
 )
 async def metrics(
-    engine: EngineDep,
+    parts: PartsDep,
     accept: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> MetricsBody | Response:
     """Open sagas by status, the oldest parked saga's age, dead letters, counters."""
-    body = await metrics_mod.collect(engine)
+    body = await metrics_mod.collect(parts)
     if metrics_mod.wants_text(accept):
         return PlainTextResponse(
             metrics_mod.render_prometheus(body), media_type=metrics_mod.PROMETHEUS_CONTENT_TYPE

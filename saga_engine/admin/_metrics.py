@@ -11,30 +11,30 @@ import re
 from saga_engine.admin._flow import flow_gates
 from saga_engine.admin._schemas import MetricsBody
 from saga_engine.core._status import SagaStatus
-from saga_engine.runner._engine import Engine
+from saga_engine.runner._parts import EngineParts
 from saga_engine.store._store import as_utc
 
 OPEN_STATUSES = tuple(s for s in SagaStatus if s.is_open)
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-async def collect(engine: Engine) -> MetricsBody:
+async def collect(parts: EngineParts) -> MetricsBody:
     """Two indexed queries (counts of open sagas, the oldest parked one), whatever the
     number of sagas stored."""
-    summary = await engine.store.open_summary()
+    summary = await parts.store.open_summary()
     by_status = {s.value: summary.by_status.get(s, 0) for s in OPEN_STATUSES}
     age = None
     if summary.oldest_parked_at is not None:
-        now = as_utc(engine.clock.now())
+        now = as_utc(parts.clock.now())
         age = max(0.0, (now - as_utc(summary.oldest_parked_at)).total_seconds())
-    counters = {name: int(value) for name, value in sorted(engine.stats.counts.items())}
+    counters = {name: int(value) for name, value in sorted(parts.stats.counts.items())}
     return MetricsBody(
         open_sagas=by_status,
         open_total=sum(by_status.values()),
         oldest_stuck_age_seconds=age,
         dead_lettered=counters.get("dead_lettered", 0),
         counters=counters,
-        flow=flow_gates(engine),
+        flow=flow_gates(parts),
     )
 
 

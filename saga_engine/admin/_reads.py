@@ -12,7 +12,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import Response
 from pydantic import AfterValidator, BeforeValidator
 
-from saga_engine.admin._deps import EngineDep
+from saga_engine.admin._deps import PartsDep
 from saga_engine.admin._lineage import children, tree
 from saga_engine.admin._listing import SagaFilter, attribute_filters, decode_cursor, list_page
 from saga_engine.admin._schemas import HistoryDocument, LineageNode, SagaDetail, SagaPage
@@ -21,7 +21,7 @@ from saga_engine.admin._views import awaited_signals, detail, summary
 from saga_engine.core._replay import export_history
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._serde import storable_instant
-from saga_engine.runner._engine import Engine
+from saga_engine.runner._parts import EngineParts
 from saga_engine.store._store import as_utc
 
 __all__ = ["router"]
@@ -46,7 +46,7 @@ IsoDatetime = Annotated[datetime, BeforeValidator(_iso_only), AfterValidator(sto
 @router.get("/sagas", response_model=SagaPage, responses=errors(400, *READ_ERRORS))
 async def list_sagas(
     request: Request,
-    engine: EngineDep,
+    parts: PartsDep,
     status: Annotated[
         list[SagaStatus] | None, Query(description="Repeat to match any of several.")
     ] = None,
@@ -92,10 +92,10 @@ async def list_sagas(
         updated_after=updated_after,
         updated_before=updated_before,
         q=q,
-        attributes=_attributes(request, engine),
+        attributes=_attributes(request, parts),
     )
     rows, next_cursor = await list_page(
-        engine.store,
+        parts.store,
         where,
         limit=limit,
         after_id=decode_cursor(cursor) if cursor is not None else None,
@@ -103,8 +103,8 @@ async def list_sagas(
     return SagaPage(items=[summary(r) for r in rows], next_cursor=next_cursor)
 
 
-def _attributes(request: Request, engine: Engine) -> tuple[tuple[str, str], ...]:
-    declared = {name for d in engine.registry for name in d.search_attributes}
+def _attributes(request: Request, parts: EngineParts) -> tuple[tuple[str, str], ...]:
+    declared = {name for d in parts.registry for name in d.search_attributes}
     try:
         return attribute_filters(list(request.query_params.multi_items()), declared)
     except ValueError as exc:
@@ -119,16 +119,16 @@ def _attributes(request: Request, engine: Engine) -> tuple[tuple[str, str], ...]
 )
 async def get_saga(
     saga: Annotated[str, Path(description="The saga's id.")],
-    engine: EngineDep,
+    parts: PartsDep,
 ) -> SagaDetail:
     """Status, input, output or error, current step, what it waits for (``waiting_for``),
     the commands in flight, pending compensations, next wake-up."""
-    record, events = await load(engine, saga)
+    record, events = await load(parts.store, saga)
     return detail(
         record,
         events,
-        awaited_signals(engine.registry, record, events),
-        await children(engine.store, record.saga_id, events),
+        awaited_signals(parts.registry, record, events),
+        await children(parts.store, record.saga_id, events),
     )
 
 
@@ -140,12 +140,12 @@ async def get_saga(
 )
 async def lineage(
     saga_id: Annotated[str, Path(description="The saga's id.")],
-    engine: EngineDep,
+    parts: PartsDep,
 ) -> LineageNode:
     """The tree of parent and child sagas this saga belongs to, from its root: each saga
     with its status and the children it started (at most 100 sagas)."""
-    await load(engine, saga_id)  # 404 for an unknown saga, as the other reads
-    return await tree(engine.store, saga_ref(saga_id))
+    await load(parts.store, saga_id)  # 404 for an unknown saga, as the other reads
+    return await tree(parts.store, saga_ref(saga_id))
 
 
 @router.get(
@@ -156,13 +156,13 @@ async def lineage(
 async def history(
     saga_id: str,
     response: Response,
-    engine: EngineDep,
+    parts: PartsDep,
     download: Annotated[
         bool, Query(description="Serve it as a file (Content-Disposition).")
     ] = False,
 ) -> dict[str, Any]:
     """The full event list, as the JSON that ``saga replay`` reads."""
-    record, events = await load(engine, saga_id)
+    record, events = await load(parts.store, saga_id)
     if download:
         name = _FILENAME_UNSAFE.sub("_", record.saga_id)[:120]
         response.headers["Content-Disposition"] = f'attachment; filename="saga-{name}.history.json"'

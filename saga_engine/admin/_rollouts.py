@@ -17,7 +17,7 @@ from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, Field, StringConstraints
 
 from saga_engine.admin._auth import PRINCIPAL_KEY, Principal, auth_required
-from saga_engine.admin._deps import Caller, EngineDep
+from saga_engine.admin._deps import Caller, PartsDep
 from saga_engine.admin._http_errors import api_router
 from saga_engine.admin._schemas import Reason, _Body
 from saga_engine.admin._shared import ACTION_ERRORS, READ_ERRORS, errors
@@ -33,7 +33,7 @@ from saga_engine.core._rollout import (
 from saga_engine.kernel._errors import InvalidPayload, InvalidTransition
 from saga_engine.kernel._serde import NO_NUL, STORABLE
 from saga_engine.kernel._settings import AdminSettings
-from saga_engine.runner._engine import Engine
+from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._rollouts import apply_rollout
 
 __all__ = ["RolloutView", "rollout_view", "router", "ui_router"]
@@ -71,8 +71,8 @@ class RolloutView(BaseModel):
     audit: list[RolloutChange] = Field(description="The latest changes, newest first.")
 
 
-def _store(engine: Engine) -> RolloutStore:
-    store = engine.store
+def _store(parts: EngineParts) -> RolloutStore:
+    store = parts.store
     if not isinstance(store, RolloutStore):
         raise InvalidTransition("this engine's store keeps no rollouts")
     return store
@@ -98,10 +98,10 @@ def describe(versions: list[int], spec: RolloutSpec | None) -> str:
     return f"{who} run version {spec.version}; the others {stable}"
 
 
-async def rollout_view(engine: Engine, saga_type: str, limit: int = 20) -> RolloutView:
-    store = _store(engine)
+async def rollout_view(parts: EngineParts, saga_type: str, limit: int = 20) -> RolloutView:
+    store = _store(parts)
     rows = {r.saga_type: r for r in await store.rollouts()}
-    versions = sorted(engine.registry.versions(saga_type))
+    versions = sorted(parts.registry.versions(saga_type))
     row: Rollout | None = rows.get(saga_type)
     spec = spec_of(row)
     return RolloutView(
@@ -115,11 +115,11 @@ async def rollout_view(engine: Engine, saga_type: str, limit: int = 20) -> Rollo
 
 
 @router.get("/rollouts", response_model=list[RolloutView], responses=errors(*READ_ERRORS))
-async def list_rollouts(engine: EngineDep) -> list[RolloutView]:
+async def list_rollouts(parts: PartsDep) -> list[RolloutView]:
     """Every saga type deployed here or with a stored rollout, with its latest changes."""
-    rows = await _store(engine).rollouts()
-    names = sorted(set(engine.registry.names()) | {r.saga_type for r in rows})
-    return [await rollout_view(engine, name, limit=5) for name in names]
+    rows = await _store(parts).rollouts()
+    names = sorted(set(parts.registry.names()) | {r.saga_type for r in rows})
+    return [await rollout_view(parts, name, limit=5) for name in names]
 
 
 @router.get(
@@ -127,23 +127,23 @@ async def list_rollouts(engine: EngineDep) -> list[RolloutView]:
 )
 async def get_rollout(
     saga_type: TypeName,
-    engine: EngineDep,
+    parts: PartsDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 20,
 ) -> RolloutView:
     """A saga type's rollout and its audit trail (newest first)."""
-    view = await rollout_view(engine, saga_type, limit)
+    view = await rollout_view(parts, saga_type, limit)
     if not view.versions and view.rollout is None and not view.audit:
-        engine.registry.get(saga_type)  # raises UnknownSagaType: 404
+        parts.registry.get(saga_type)  # raises UnknownSagaType: 404
     return view
 
 
 @router.put("/rollouts/{saga_type}", response_model=RolloutView, responses=errors(*ACTION_ERRORS))
 async def set_rollout(
-    saga_type: TypeName, body: RolloutRequest, caller: Caller, engine: EngineDep
+    saga_type: TypeName, body: RolloutRequest, caller: Caller, parts: PartsDep
 ) -> RolloutView:
     """Sets which version new starts of the type run. Running sagas keep theirs."""
-    engine.registry.get(saga_type)  # a type deployed here, else 404
-    versions = engine.registry.versions(saga_type)
+    parts.registry.get(saga_type)  # a type deployed here, else 404
+    versions = parts.registry.versions(saga_type)
     if (
         body.predicate is not None
         and body.version in versions
@@ -163,15 +163,15 @@ async def set_rollout(
         )
     spec = RolloutSpec(version=body.version, percent=body.percent, predicate=body.predicate)
     # This engine applies it now; the others at their next refresh.
-    change = await apply_rollout(engine, saga_type, spec, principal=caller.name, reason=body.reason)
+    change = await apply_rollout(parts, saga_type, spec, principal=caller.name, reason=body.reason)
     audit.info(
         "rollout of %s by %s: %s -> %s: %r",
         saga_type, caller.name, change.before, change.after, body.reason,
     )  # fmt: skip
-    return await rollout_view(engine, saga_type)
+    return await rollout_view(parts, saga_type)
 
 
-def ui_router(engine: Engine, admin: AdminSettings) -> APIRouter:
+def ui_router(parts: EngineParts, admin: AdminSettings) -> APIRouter:
     """``/ui/rollouts``: every saga type's rollout and its audit trail, for reading (a
     change goes through ``PUT /rollouts/{type}`` or ``saga rollout set``, with a reason)."""
     pages = APIRouter(prefix="/ui", include_in_schema=False)
@@ -180,13 +180,13 @@ def ui_router(engine: Engine, admin: AdminSettings) -> APIRouter:
     @pages.get("/rollouts", name="ui_rollouts")
     async def rollouts_page(request: Request) -> HTMLResponse:
         principal = request.scope.get("state", {}).get(PRINCIPAL_KEY)
-        rows = await _store(engine).rollouts()
-        names = sorted(set(engine.registry.names()) | {r.saga_type for r in rows})
+        rows = await _store(parts).rollouts()
+        names = sorted(set(parts.registry.names()) | {r.saga_type for r in rows})
         return _render(
             "rollouts.html",
             root=_root(request),
             user=principal if auth_on and isinstance(principal, Principal) else None,
-            views=[await rollout_view(engine, name, limit=20) for name in names],
+            views=[await rollout_view(parts, name, limit=20) for name in names],
         )
 
     return pages

@@ -19,7 +19,7 @@ from fastapi import Depends, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
-from saga_engine.admin._deps import AdminState, Caller, EngineDep, StarterDep, _state
+from saga_engine.admin._deps import AdminState, Caller, PartsDep, StarterDep, _state
 from saga_engine.admin._http_errors import api_router
 from saga_engine.admin._shared import READ_ERRORS, errors
 from saga_engine.core._schedule import Schedule, ScheduleState
@@ -114,11 +114,11 @@ def _now() -> datetime:
     },
 )
 async def create_schedule(
-    body: Schedule, request: Request, caller: Caller, engine: EngineDep, store: StoreDep
+    body: Schedule, request: Request, caller: Caller, parts: PartsDep, store: StoreDep
 ) -> Response:
     """Creates a schedule; it fires from its next tick after now."""
     try:
-        definition = engine.registry.get(body.saga)
+        definition = parts.registry.get(body.saga)
     except UnknownSagaType as exc:
         raise HTTPException(
             422, [{"loc": ["body", "saga"], "msg": str(exc), "type": "unknown_saga_type"}]

@@ -2,7 +2,7 @@
 
 ::
 
-    app = create_admin_app(engine, settings, start_saga=client.start)
+    app = create_admin_app(engine, settings, parts=parts, start_saga=client.start)
     server = await serve_admin(app, settings)   # bound and accepting when it returns
     ...
     await server.stop()

@@ -8,8 +8,7 @@ from saga_engine.admin._schemas import ErrorBody
 from saga_engine.core._codec import Undecodable
 from saga_engine.core._events import Event
 from saga_engine.kernel._serde import NO_NUL
-from saga_engine.runner._engine import Engine
-from saga_engine.store._store import SagaRecord, check_lookup
+from saga_engine.store._store import EventStore, SagaRecord, check_lookup
 
 __all__ = ["ACTION_ERRORS", "NO_NUL", "READ_ERRORS", "errors", "load", "saga_ref"]
 
@@ -41,8 +40,8 @@ def saga_ref(saga_id: str) -> str:
     return saga_id
 
 
-async def load(engine: Engine, saga_id: str) -> tuple[SagaRecord, list[Event]]:
+async def load(store: EventStore, saga_id: str) -> tuple[SagaRecord, list[Event]]:
     # An operator's read: a payload this process cannot decode is shown as encrypted
     # (with its key id), not a 500 (docs/operations.md, "Encrypting payloads").
-    loaded = await engine.store.load(saga_ref(saga_id), undecodable=Undecodable.SHOW)
+    loaded = await store.load(saga_ref(saga_id), undecodable=Undecodable.SHOW)
     return loaded.record, [stored.event for stored in loaded.events]

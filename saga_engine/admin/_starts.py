@@ -18,11 +18,12 @@ from urllib.parse import quote
 from fastapi import APIRouter, Header, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from saga_engine.admin._deps import AdminDep, Caller, EngineDep, StarterDep
+from saga_engine.admin._deps import AdminDep, Caller, EngineDep, PartsDep, StarterDep, StartSaga
 from saga_engine.admin._schemas import ErrorBody, SagaDetail, StartAccepted
 from saga_engine.admin._shared import ACTION_ERRORS, NO_NUL, errors, load
 from saga_engine.admin._views import awaited_signals, detail
 from saga_engine.core._decision import saga_id_for
+from saga_engine.core._definition import SagaDefinition
 from saga_engine.core._events import SagaStarted
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._errors import (
@@ -32,8 +33,10 @@ from saga_engine.kernel._errors import (
     UnstorableValue,
 )
 from saga_engine.kernel._serde import loads
+from saga_engine.kernel._settings import AdminSettings
 from saga_engine.runner._engine import Engine
-from saga_engine.store._store import SagaRecord
+from saga_engine.runner._parts import EngineParts
+from saga_engine.store._store import EventStore, SagaRecord
 
 __all__ = ["starts_router"]
 
@@ -79,20 +82,65 @@ async def _settled(engine: Engine, saga_id: str, seconds: float) -> SagaRecord |
             await asyncio.sleep(min(0.05, max(0.0, deadline - loop.time())))
 
 
-async def _recorded_start(engine: Engine, saga_id: str, wait: float = 0.0) -> SagaStarted | None:
+async def _recorded_start(store: EventStore, saga_id: str, wait: float = 0.0) -> SagaStarted | None:
     """The saga's ``saga_started``, or None if it does not exist (yet): with ``wait``,
     polls that long for it (a start through the inbox lands a moment later)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     while True:
         try:
-            first = (await engine.store.first_event(saga_id)).event
+            first = (await store.first_event(saga_id)).event
         except SagaNotFound:
             if loop.time() >= deadline:
                 return None
             await asyncio.sleep(0.02)
             continue
         return first if isinstance(first, SagaStarted) else None
+
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=200,
+        pattern=NO_NUL,
+        description="Starting twice with the same key and input starts one saga "
+        "(same id; the answer carries `Idempotent-Replayed: true`); the same key with "
+        "another input is a 409 naming the saga it started.",
+    ),
+]
+Priority = Annotated[
+    int,
+    Query(
+        ge=-1_000_000,
+        le=1_000_000,
+        description="Flow control: a higher priority's commands are sent first while "
+        "a limit holds commands back.",
+    ),
+]
+FairnessKey = Annotated[
+    str | None,
+    Query(
+        min_length=1,
+        max_length=200,
+        pattern=NO_NUL,
+        description="Flow control: commands of different keys (tenants) take turns "
+        "while a limit holds commands back.",
+    ),
+]
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": SagaDetail, "description": "With `wait`: the saga, settled."},
+    415: {"model": ErrorBody, "description": "The body is not JSON"},
+    **errors(*ACTION_ERRORS),
+}
+_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "The saga's input, as its input model's JSON (see /saga-types).",
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    }
+}
 
 
 def starts_router(type_names: list[str], max_wait_s: float) -> APIRouter:
@@ -104,41 +152,20 @@ def starts_router(type_names: list[str], max_wait_s: float) -> APIRouter:
         "/sagas/{saga}",
         status_code=202,
         response_model=StartAccepted,
-        responses={
-            200: {"model": SagaDetail, "description": "With `wait`: the saga, settled."},
-            415: {"model": ErrorBody, "description": "The body is not JSON"},
-            **errors(*ACTION_ERRORS),
-        },
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "description": "The saga's input, as its input model's JSON (see /saga-types).",
-                "content": {"application/json": {"schema": {"type": "object"}}},
-            }
-        },
+        responses=_RESPONSES,
+        openapi_extra=_BODY,
     )
     async def start(
         saga: Annotated[
-            str,
-            Path(description="The saga type to start.", json_schema_extra=type_schema),
+            str, Path(description="The saga type to start.", json_schema_extra=type_schema)
         ],
         request: Request,
         caller: Caller,
         engine: EngineDep,
+        parts: PartsDep,
         admin: AdminDep,
         starter: StarterDep,
-        idempotency_key: Annotated[
-            str | None,
-            Header(
-                alias="Idempotency-Key",
-                min_length=1,
-                max_length=200,
-                pattern=NO_NUL,
-                description="Starting twice with the same key and input starts one saga "
-                "(same id; the answer carries `Idempotent-Replayed: true`); the same key with "
-                "another input is a 409 naming the saga it started.",
-            ),
-        ] = None,
+        idempotency_key: IdempotencyKey = None,
         wait: Annotated[
             float | None,
             Query(
@@ -147,82 +174,90 @@ def starts_router(type_names: list[str], max_wait_s: float) -> APIRouter:
                 description="Seconds to wait for the saga to end or park; then 200 with it.",
             ),
         ] = None,
-        priority: Annotated[
-            int,
-            Query(
-                ge=-1_000_000,
-                le=1_000_000,
-                description="Flow control: a higher priority's commands are sent first while "
-                "a limit holds commands back.",
-            ),
-        ] = 0,
-        fairness_key: Annotated[
-            str | None,
-            Query(
-                min_length=1,
-                max_length=200,
-                pattern=NO_NUL,
-                description="Flow control: commands of different keys (tenants) take turns "
-                "while a limit holds commands back.",
-            ),
-        ] = None,
+        priority: Priority = 0,
+        fairness_key: FairnessKey = None,
     ) -> Response:
         """Starts a saga; 202 with its id and status URL (or, with ``wait``, 200 once it
         has ended or parked)."""
-        definition = engine.registry.get(saga)
+        definition = parts.registry.get(saga)
         body = await _json_object(request)
         # Refused here, before the start is sent anywhere, so a 202 always names a saga
         # that will exist: a value Postgres cannot store, or one the input model refuses,
         # is a 422 naming the field (InvalidPayload, see errors.py). The body goes on as
         # it came: the engine fills in the defaults, and fingerprints what was given.
         definition.validate_input(body)
-        replayed = False
-        if idempotency_key is not None:
-            # The key's saga, if it exists: the same request gets it back, another one a
-            # 409 naming it (the contract of payment APIs' Idempotency-Key).
-            saga_id = saga_id_for(definition.name, idempotency_key)
-            started = await _recorded_start(engine, saga_id)
-            if started is not None:
-                if not definition.same_request(started.input, started.request_hash, body):
-                    raise IdempotencyConflict(saga_id, idempotency_key)
-                replayed = True
-        if not replayed:
-            # Flow-control options only when given: a custom starter need not know them.
-            flow: dict[str, Any] = {"priority": priority} if priority else {}
-            if fairness_key is not None:
-                flow["fairness_key"] = fairness_key
-            saga_id = await starter(definition.name, body, idempotency_key=idempotency_key, **flow)
-            if idempotency_key is not None:
-                # Two requests with one key may both have found no saga: the first start
-                # the engine records wins; wait for it, and refuse this one if it lost.
-                started = await _recorded_start(engine, saga_id, wait=admin.idempotency_confirm_s)
-                if started is not None and not definition.same_request(
-                    started.input, started.request_hash, body
-                ):
-                    raise IdempotencyConflict(saga_id, idempotency_key)
+        # Flow-control options only when given: a custom starter need not know them.
+        flow: dict[str, Any] = {"priority": priority} if priority else {}
+        if fairness_key is not None:
+            flow["fairness_key"] = fairness_key
+        saga_id, replayed = await _started(
+            definition, body, idempotency_key, flow, parts.store, starter, admin
+        )
         audit.info(
             "start %s saga %s by %s (idempotency key %r)",
-            definition.name,
-            saga_id,
-            caller.name,
-            idempotency_key,
-        )
-        if wait is not None:
-            record = await _settled(engine, saga_id, wait)
-            if record is not None:
-                record, events = await load(engine, saga_id)
-                found = detail(record, events, awaited_signals(engine.registry, record, events))
-                return JSONResponse(found.model_dump(mode="json"))
-        status: SagaStatus | None
-        try:
-            status = (await engine.get(saga_id)).status
-        except SagaNotFound:
-            status = None
-        accepted = StartAccepted(
-            saga_id=saga_id, status_url=_status_url(request, saga_id), status=status
-        )
-        # Stripe's header: this answer repeats an earlier start instead of making one.
-        headers = {"Idempotent-Replayed": "true"} if replayed else None
-        return JSONResponse(accepted.model_dump(mode="json"), status_code=202, headers=headers)
+            definition.name, saga_id, caller.name, idempotency_key,
+        )  # fmt: skip
+        return await _answer(request, engine, parts, saga_id, wait, replayed)
 
     return router
+
+
+async def _started(
+    definition: SagaDefinition,
+    body: dict[str, Any],
+    idempotency_key: str | None,
+    flow: dict[str, Any],
+    store: EventStore,
+    starter: StartSaga,
+    admin: AdminSettings,
+) -> tuple[str, bool]:
+    """The saga this start names (started now, unless its key's saga exists), and
+    whether it repeats an earlier start. Another input under a used key is a 409."""
+    if idempotency_key is not None:
+        # The key's saga, if it exists: the same request gets it back, another one a
+        # 409 naming it (the contract of payment APIs' Idempotency-Key).
+        saga_id = saga_id_for(definition.name, idempotency_key)
+        started = await _recorded_start(store, saga_id)
+        if started is not None:
+            if not definition.same_request(started.input, started.request_hash, body):
+                raise IdempotencyConflict(saga_id, idempotency_key)
+            return saga_id, True
+    saga_id = await starter(definition.name, body, idempotency_key=idempotency_key, **flow)
+    if idempotency_key is not None:
+        # Two requests with one key may both have found no saga: the first start the
+        # engine records wins; wait for it, and refuse this one if it lost.
+        started = await _recorded_start(store, saga_id, wait=admin.idempotency_confirm_s)
+        if started is not None and not definition.same_request(
+            started.input, started.request_hash, body
+        ):
+            raise IdempotencyConflict(saga_id, idempotency_key)
+    return saga_id, False
+
+
+async def _answer(
+    request: Request,
+    engine: Engine,
+    parts: EngineParts,
+    saga_id: str,
+    wait: float | None,
+    replayed: bool,
+) -> Response:
+    """202 with the saga's id, status URL and status; with ``wait``, 200 and the saga
+    once it has ended or parked within it."""
+    if wait is not None:
+        record = await _settled(engine, saga_id, wait)
+        if record is not None:
+            record, events = await load(parts.store, saga_id)
+            found = detail(record, events, awaited_signals(parts.registry, record, events))
+            return JSONResponse(found.model_dump(mode="json"))
+    status: SagaStatus | None
+    try:
+        status = (await engine.get(saga_id)).status
+    except SagaNotFound:
+        status = None
+    accepted = StartAccepted(
+        saga_id=saga_id, status_url=_status_url(request, saga_id), status=status
+    )
+    # Stripe's header: this answer repeats an earlier start instead of making one.
+    headers = {"Idempotent-Replayed": "true"} if replayed else None
+    return JSONResponse(accepted.model_dump(mode="json"), status_code=202, headers=headers)

@@ -53,12 +53,13 @@ from saga_engine.admin._listing import SagaFilter, attribute_filters, decode_cur
 from saga_engine.admin._timeline import timeline
 from saga_engine.admin._views import awaited_signals, detail_of, summary, view_of
 from saga_engine.core._codec import Undecodable
+from saga_engine.core._definition import SagaRegistry
 from saga_engine.core._gist import gist
 from saga_engine.core._status import SagaStatus
 from saga_engine.core._view import SagaView
 from saga_engine.kernel._errors import UnknownSagaType
 from saga_engine.kernel._settings import AdminSettings
-from saga_engine.runner._engine import Engine
+from saga_engine.runner._parts import EngineParts
 
 __all__ = ["SecurityHeadersMiddleware", "web_router"]
 
@@ -139,10 +140,10 @@ def _actions(view: SagaView) -> list[tuple[str, str, str, tuple[str, ...]]]:
     return out
 
 
-def _signals(engine: Engine, saga_type: str) -> list[tuple[str, str]]:
+def _signals(registry: SagaRegistry, saga_type: str) -> list[tuple[str, str]]:
     """The saga type's declared signals: (name, an example payload of its model)."""
     try:
-        definition = engine.registry.get(saga_type)
+        definition = registry.get(saga_type)
     except UnknownSagaType:
         return []  # not deployed here: the API refuses its signals too
     return [
@@ -214,11 +215,10 @@ class SecurityHeadersMiddleware:
         await self.app(scope, receive, sending)
 
 
-def web_router(engine: Engine, admin: AdminSettings) -> APIRouter:
-    """The ``/ui`` pages for ``engine``; the admin app includes them behind its auth."""
+def web_router(parts: EngineParts, admin: AdminSettings) -> APIRouter:
+    """The ``/ui`` pages over ``parts``' store; the admin app includes them behind its
+    auth."""
     router = APIRouter(prefix="/ui", include_in_schema=False)
-    static = resources.files("saga_engine.admin").joinpath("static")
-
     auth_on = auth_required(admin) is not None
 
     def user(request: Request) -> Principal | None:
@@ -226,6 +226,30 @@ def web_router(engine: Engine, admin: AdminSettings) -> APIRouter:
         auth is off."""
         principal = request.scope.get("state", {}).get(PRINCIPAL_KEY)
         return principal if auth_on and isinstance(principal, Principal) else None
+
+    _session_routes(router, auth_on)
+    _static_routes(router)
+
+    @router.get("/sagas", name="ui_list")
+    async def list_view(
+        request: Request,
+        status: Annotated[str | None, Query(max_length=50)] = None,
+        saga_type: Annotated[str | None, Query(alias="type", max_length=100)] = None,
+        q: Annotated[str | None, Query(max_length=200)] = None,
+        cursor: Annotated[str | None, Query(max_length=2000)] = None,
+    ) -> HTMLResponse:
+        status, saga_type, q, cursor = map(_blank, (status, saga_type, q, cursor))
+        return await _list_page(request, parts, user(request), status, saga_type, q, cursor)
+
+    @router.get("/sagas/{saga_id}", name="ui_saga")
+    async def saga_view(request: Request, saga_id: str) -> HTMLResponse:
+        return await _saga_page(request, parts, user(request), saga_id)
+
+    return router
+
+
+def _session_routes(router: APIRouter, auth_on: bool) -> None:
+    """Signing in and out of the pages (a signed session cookie for a token)."""
 
     @router.get("/login")
     async def login_form(request: Request) -> Response:
@@ -277,6 +301,10 @@ def web_router(engine: Engine, admin: AdminSettings) -> APIRouter:
         clear_session(response, request.scope)
         return response
 
+
+def _static_routes(router: APIRouter) -> None:
+    static = resources.files("saga_engine.admin").joinpath("static")
+
     @router.get("")
     @router.get("/")
     async def home(request: Request) -> Response:
@@ -293,86 +321,80 @@ def web_router(engine: Engine, admin: AdminSettings) -> APIRouter:
             headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"},
         )
 
-    @router.get("/sagas", name="ui_list")
-    async def list_view(
-        request: Request,
-        status: Annotated[str | None, Query(max_length=50)] = None,
-        saga_type: Annotated[str | None, Query(alias="type", max_length=100)] = None,
-        q: Annotated[str | None, Query(max_length=200)] = None,
-        cursor: Annotated[str | None, Query(max_length=2000)] = None,
-    ) -> HTMLResponse:
-        status, saga_type, q, cursor = map(_blank, (status, saga_type, q, cursor))
-        if status is not None and status not in {s.value for s in SagaStatus}:
-            raise HTTPException(422, f"unknown status {status!r}")
-        for text in (saga_type, q):
-            if text is not None and "\x00" in text:
-                raise HTTPException(422, "filters may not contain NUL characters")
-        declared = sorted({name for d in engine.registry for name in d.search_attributes})
-        try:
-            # Blank inputs of the form are no filter (the form sends every field).
-            attributes = attribute_filters(
-                [(k, v) for k, v in request.query_params.multi_items() if v.strip()],
-                set(declared),
-            )
-        except ValueError as exc:
-            raise HTTPException(422, str(exc)) from None
-        where = SagaFilter(
-            statuses=frozenset({SagaStatus(status)}) if status else None,
-            saga_type=saga_type,
-            q=q,
-            attributes=attributes,
-        )
-        rows, next_cursor = await list_page(
-            engine.store,
-            where,
-            limit=PAGE_SIZE,
-            after_id=decode_cursor(cursor) if cursor is not None else None,
-        )
-        filters = {"status": status, "type": saga_type, "q": q, **dict(attributes)}
-        next_url = None
-        if next_cursor is not None:
-            kept = {k: v for k, v in filters.items() if v}
-            next_url = f"?{urlencode({**kept, 'cursor': next_cursor})}"
-        return _render(
-            "list.html",
-            root=_root(request),
-            user=user(request),
-            sagas=[summary(r) for r in rows],
-            filters=filters,
-            statuses=[s.value for s in SagaStatus],
-            types=sorted(engine.registry.names()),
-            attribute_names=declared,
-            next_url=next_url,
-            first_page=cursor is None,
-            quote=quote,
-            flow=flow_gates(engine),  # flow control's queues (none when it is off)
-        )
 
-    @router.get("/sagas/{saga_id}", name="ui_saga")
-    async def saga_view(request: Request, saga_id: str) -> HTMLResponse:
-        # An impossible id is not found there; what cannot be decoded shows as encrypted.
-        loaded = await engine.store.load(saga_id, undecodable=Undecodable.SHOW)
-        events = [stored.event for stored in loaded.events]
-        record = loaded.record
-        view = view_of(record, events, awaited_signals(engine.registry, record, events))
-        info = detail_of(record, view, events, await children(engine.store, record.saga_id, events))
-        root = _root(request)
-        api = f"{root}/sagas/{quote(record.saga_id, safe='')}"
-        return _render(
-            "saga.html",
-            root=root,
-            user=user(request),
-            saga=info,
-            lineage=await tree(engine.store, record.saga_id),
-            api=api,
-            history_url=f"{api}/history?download=1",
-            timeline=timeline(view, now=None if view.status.is_terminal else record.updated_at),
-            events=[
-                (seq, event, gist(event), event.model_dump(mode="json", exclude={"at", "kind"}))
-                for seq, event in enumerate(events, start=1)
-            ],
-            actions=_actions(view),
-            signals=_signals(engine, record.saga_type) if _offers(view, "signal") else [],
+async def _list_page(
+    request: Request,
+    parts: EngineParts,
+    user: Principal | None,
+    status: str | None,
+    saga_type: str | None,
+    q: str | None,
+    cursor: str | None,
+) -> HTMLResponse:
+    if status is not None and status not in {s.value for s in SagaStatus}:
+        raise HTTPException(422, f"unknown status {status!r}")
+    for text in (saga_type, q):
+        if text is not None and "\x00" in text:
+            raise HTTPException(422, "filters may not contain NUL characters")
+    declared = sorted({name for d in parts.registry for name in d.search_attributes})
+    try:
+        # Blank inputs of the form are no filter (the form sends every field).
+        attributes = attribute_filters(
+            [(k, v) for k, v in request.query_params.multi_items() if v.strip()],
+            set(declared),
         )
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
+    where = SagaFilter(
+        statuses=frozenset({SagaStatus(status)}) if status else None,
+        saga_type=saga_type,
+        q=q,
+        attributes=attributes,
+    )
+    rows, next_cursor = await list_page(
+        parts.store,
+        where,
+        limit=PAGE_SIZE,
+        after_id=decode_cursor(cursor) if cursor is not None else None,
+    )
+    filters = {"status": status, "type": saga_type, "q": q, **dict(attributes)}
+    next_url = None
+    if next_cursor is not None:
+        kept = {k: v for k, v in filters.items() if v}
+        next_url = f"?{urlencode({**kept, 'cursor': next_cursor})}"
+    return _render(
+        "list.html", root=_root(request), user=user, sagas=[summary(r) for r in rows],
+        filters=filters, statuses=[s.value for s in SagaStatus],
+        types=sorted(parts.registry.names()), attribute_names=declared, next_url=next_url,
+        first_page=cursor is None, quote=quote,
+        flow=flow_gates(parts),  # flow control's queues (none when it is off)
+    )  # fmt: skip
 
-    return router
+
+async def _saga_page(
+    request: Request, parts: EngineParts, user: Principal | None, saga_id: str
+) -> HTMLResponse:
+    # An impossible id is not found there; what cannot be decoded shows as encrypted.
+    loaded = await parts.store.load(saga_id, undecodable=Undecodable.SHOW)
+    events = [stored.event for stored in loaded.events]
+    record = loaded.record
+    view = view_of(record, events, awaited_signals(parts.registry, record, events))
+    info = detail_of(record, view, events, await children(parts.store, record.saga_id, events))
+    root = _root(request)
+    api = f"{root}/sagas/{quote(record.saga_id, safe='')}"
+    return _render(
+        "saga.html",
+        root=root,
+        user=user,
+        saga=info,
+        lineage=await tree(parts.store, record.saga_id),
+        api=api,
+        history_url=f"{api}/history?download=1",
+        timeline=timeline(view, now=None if view.status.is_terminal else record.updated_at),
+        events=[
+            (seq, event, gist(event), event.model_dump(mode="json", exclude={"at", "kind"}))
+            for seq, event in enumerate(events, start=1)
+        ],
+        actions=_actions(view),
+        signals=_signals(parts.registry, record.saga_type) if _offers(view, "signal") else [],
+    )

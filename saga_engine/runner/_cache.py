@@ -18,13 +18,10 @@ from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from saga_engine.core._runtime import SagaRuntime
 from saga_engine.runner._clock import Clock, TimerHandle
-
-if TYPE_CHECKING:
-    from saga_engine.telemetry._spans import SagaSpans
 
 log = logging.getLogger("saga_engine.engine")
 
@@ -111,17 +108,20 @@ class _Held:
 
 
 class LiveSagas:
+    """The sagas held in memory: their copies, locks and timers, and idle eviction.
+
+    ``on_evict`` is told of every saga let go (the observer drops its open spans: whoever
+    loads it next re-sends what it has in flight); a copy replaced by ``put`` (rebuilt
+    from history) is not let go."""
+
     def __init__(
-        self,
-        clock: Clock,
-        spans: SagaSpans,
-        on_due: Callable[[str], Awaitable[None]],
-        closed: Callable[[], bool],
+        self, clock: Clock, on_evict: Callable[[str], None] = lambda saga_id: None
     ) -> None:
         self._clock = clock
-        self._spans = spans
-        self._on_due = on_due
-        self._closed = closed
+        self._on_evict = on_evict
+        #: Fires a saga's due timers (the engine's, set by ``when_due``).
+        self._on_due: Callable[[str], Awaitable[None]] | None = None
+        self._closed = False
         #: Least recently changed first (``arm`` moves a saga to the end): the order
         #: eviction looks at them in.
         self._entries: OrderedDict[str, LiveSaga] = OrderedDict()
@@ -129,6 +129,10 @@ class LiveSagas:
         #: Flow control, when a limit is configured: a held attempt's timeout counts from
         #: its send, so it decides what is due (``timers``, ``arm``).
         self.flow: FlowTimers | None = None
+
+    def when_due(self, on_due: Callable[[str], Awaitable[None]]) -> None:
+        """Who fires a saga's timers when they are due."""
+        self._on_due = on_due
 
     def get(self, saga_id: str) -> LiveSaga | None:
         return self._entries.get(saga_id)
@@ -143,7 +147,12 @@ class LiveSagas:
         return list(self._entries)
 
     def put(self, saga_id: str, live: LiveSaga) -> None:
+        """Holds ``live``; a copy held before (a stale one, rebuilt from history) is
+        closed, not let go: what it had in flight carries on in the new one."""
+        previous = self._entries.get(saga_id)
         self._entries[saga_id] = live
+        if previous is not None and previous is not live:
+            _close(saga_id, previous)
 
     def lock(self, saga_id: str) -> _Held:
         return self.locks.hold(saga_id)
@@ -157,15 +166,16 @@ class LiveSagas:
         if live.timer is not None:
             live.timer.cancel()
             live.timer = None
-        if self._closed() or live.runtime.dead or live.runtime.status.is_terminal:
+        if self._closed or live.runtime.dead or live.runtime.status.is_terminal:
             return
         wakeup = (
             live.runtime.next_wakeup()
             if self.flow is None
             else self.flow.next_wakeup(saga_id, live.runtime)
         )
-        if wakeup is not None:
-            live.timer = self._clock.call_at(wakeup, lambda: self._on_due(saga_id))
+        on_due = self._on_due
+        if wakeup is not None and on_due is not None:
+            live.timer = self._clock.call_at(wakeup, lambda: on_due(saga_id))
 
     def timers(self, saga_id: str, live: LiveSaga) -> dict[str, datetime]:
         """The saga's pending timers by id, with their due times (flow control's view)."""
@@ -173,8 +183,8 @@ class LiveSagas:
             return live.runtime.pending_timers()
         return self.flow.timers(saga_id, live.runtime)
 
-    def counts_by_type(self) -> dict[str, int]:
-        """Sagas held in memory, by type."""
+    def open_saga_counts(self) -> dict[str, int]:
+        """Sagas held in memory, by type (the ``saga.open`` gauge, ``Telemetry.watch``)."""
         counts: Counter[str] = Counter()
         for live in self._entries.values():
             counts[live.runtime.saga_type] += 1
@@ -200,18 +210,12 @@ class LiveSagas:
         if live is not None:
             self.arm(saga_id, live)
 
-    def evict(self, saga_id: str, *, keep_spans: bool = False) -> None:
+    def evict(self, saga_id: str) -> None:
         """Forgets the in-memory copy; the next input rebuilds it from the store."""
         live = self._entries.pop(saga_id, None)
-        if not keep_spans:
-            self._spans.evicted(saga_id)
+        self._on_evict(saga_id)
         if live is not None:
-            if live.timer is not None:
-                live.timer.cancel()
-            try:
-                live.runtime.close()
-            except Exception:  # a bug there must not stop whoever evicts (a loop, a poll)
-                log.exception("closing the runtime of saga %s failed", saga_id)
+            _close(saga_id, live)
 
     def evict_idle(
         self, idle_s: float, max_size: int, keep_due_before: datetime | None = None
@@ -242,6 +246,17 @@ class LiveSagas:
                 evicted += 1
         return evicted
 
-    def clear(self) -> None:
+    def close(self) -> None:
+        """Lets every saga go and arms no timer any more (the engine is closing)."""
+        self._closed = True
         for saga_id in list(self._entries):
             self.evict(saga_id)
+
+
+def _close(saga_id: str, live: LiveSaga) -> None:
+    if live.timer is not None:
+        live.timer.cancel()
+    try:
+        live.runtime.close()
+    except Exception:  # a bug there must not stop whoever evicts (a loop, a poll)
+        log.exception("closing the runtime of saga %s failed", saga_id)

@@ -4,10 +4,11 @@ travelling back to its parent.
 A ``ctx.child`` step is a step whose participant is the engine (``saga.child``): its
 command starts the child, its compensation undoes it, and the child's end is its reply.
 The runtime records them like any step; here they are carried out. Through Kafka
-(``_worker.py`` routes ``saga.start`` with a parent and ``saga.undo`` from the inbox, and
+(the worker routes ``saga.start`` with a parent and ``saga.undo`` from the inbox here, and
 ``_kafka.py`` sends them to the inbox keyed by the child's or the parent's id), so parent
 and child may be owned by different engines; in one process (the testing kit), through
-:meth:`ChildLinks.deliver_locally`.
+:meth:`ChildLinks.deliver_locally`. Each goes through the engine's one path: a child's
+start is a start checked against its parent's history under the child's lock.
 
 Every message here may come twice (a re-send after a timeout, a recovery, a poll) and is
 idempotent: a child's id and its parent's command ids are deterministic, a repeated start
@@ -22,7 +23,6 @@ child's first event records (``NotParent``).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from saga_engine.core._decision import (
     CHILD_PARTICIPANT,
@@ -37,6 +37,7 @@ from saga_engine.core._decision import (
 from saga_engine.core._events import CommandIssued, Event, ParentLink
 from saga_engine.core._inputs import check_parent
 from saga_engine.core._runtime import SagaRuntime
+from saga_engine.core._start import PreparedStart, StartRequest
 from saga_engine.core._view import fold
 from saga_engine.kernel._errors import (
     InvalidPayload,
@@ -45,33 +46,29 @@ from saga_engine.kernel._errors import (
     SagaNotFound,
     TransientError,
 )
-from saga_engine.kernel._serde import JsonDict
+from saga_engine.runner._engine import Engine
+from saga_engine.runner._parts import EngineParts
+from saga_engine.runner._work import Start
 from saga_engine.transport._child_wire import parent_of
-
-if TYPE_CHECKING:
-    from saga_engine.runner._engine import Engine
 
 log = logging.getLogger("saga_engine.children")
 
 
 class ChildLinks:
-    """What one engine does for child sagas: start, undo, and answer parents."""
+    """What one engine does for child sagas: start, undo, and answer parents. Built by
+    the composition root beside the engine, from the same collaborators."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._e = engine
+    def __init__(self, engine: Engine, parts: EngineParts) -> None:
+        self._engine = engine
+        self._store = parts.store
+        self._registry = parts.registry
+        self._sender = parts.sender
+        self._clock = parts.clock
+        self._stats = parts.stats
 
-    async def start_child(
-        self,
-        saga_type: str,
-        input: JsonDict,
-        *,
-        saga_id: str,
-        parent: ParentLink,
-        trace_context: dict[str, str] | None = None,
-        priority: int = 0,
-        fairness_key: str | None = None,
-    ) -> None:
-        """Starts a child (once: its id is deterministic). A repeated start of a child
+    async def start_child(self, request: StartRequest) -> None:
+        """Starts the child ``request`` asks for (once: its id is deterministic; its
+        ``parent`` is set). A repeated start of a child
         that exists is answered by the child itself (its end, or nothing while it runs),
         never checked again against what its type's rollout says today. A child input
         the engine can never start (one its model refuses, one over the size limit)
@@ -80,38 +77,42 @@ class ChildLinks:
         rolling deploy; a history it cannot decode) raises to the caller, which
         dead-letters the request: the parent keeps waiting and asks again every poll,
         until an engine that can start it does."""
-        engine = self._e
-        # Under the child's lock, as an undo of it is: an undo that overtook this start
-        # is either applied to the child created here, or (the child not created yet)
-        # answered "nothing to undo" after the parent recorded it, which this start then
-        # reads in the parent's history and does not create the child.
-        async with engine.live.lock(saga_id):
+        parent, saga_id = request.parent, request.saga_id
+        assert parent is not None
+        assert saga_id is not None
+        withdrawn = False
+
+        async def prepare() -> PreparedStart | None:
+            # Under the child's lock, as an undo of it is: an undo that overtook this
+            # start is either applied to the child created here, or (the child not
+            # created yet) answered "nothing to undo" after the parent recorded it,
+            # which this start then reads in the parent's history and does not create
+            # the child.
+            nonlocal withdrawn
             if await self._exists(saga_id, parent.saga_id):
-                engine.stats.inc("child_start_repeated")
-            elif not await self._asked(saga_id, parent):
-                engine.stats.inc("child_start_withdrawn")
+                self._stats.inc("child_start_repeated")
+                return None
+            if not await self._asked(saga_id, parent):
+                self._stats.inc("child_start_withdrawn")
                 log.info("start of child %s withdrawn by its parent %s", saga_id, parent.saga_id)
-                return
-            else:
-                try:
-                    await engine.start_held(
-                        engine.prepare_start(
-                            saga_type, input, saga_id=saga_id, parent=parent,
-                            trace_context=trace_context, priority=priority,
-                            fairness_key=fairness_key,
-                        )
-                    )  # fmt: skip
-                except (InvalidPayload, PayloadTooLarge) as exc:
-                    # Nothing was started: the parent's step is refused, with the reason.
-                    log.warning(
-                        "child saga %s of %s cannot start: %s", saga_id, parent.saga_id, exc
-                    )
-                    engine.stats.inc("child_start_refused")
-                    await self._send(
-                        parent_reply(parent, saga_id, "failure", {"child_id": saga_id}, f"{exc}")
-                    )
-                    return
-        await self.answer_again(saga_id)
+                withdrawn = True
+                return None
+            return self._engine.prepare(request)
+
+        (outcome,) = await self._engine.apply([Start(saga_id, prepare)])
+        if isinstance(outcome.error, InvalidPayload | PayloadTooLarge):
+            # Nothing was started: the parent's step is refused, with the reason.
+            log.warning(
+                "child saga %s of %s cannot start: %s", saga_id, parent.saga_id, outcome.error
+            )
+            self._stats.inc("child_start_refused")
+            await self._send(
+                parent_reply(parent, saga_id, "failure", {"child_id": saga_id}, f"{outcome.error}")
+            )
+            return
+        outcome.result()
+        if not withdrawn:
+            await self.answer_again(saga_id)
 
     async def _asked(self, saga_id: str, parent: ParentLink) -> bool:
         """Whether the parent's history still asks for this child (raises NotParent when
@@ -120,7 +121,7 @@ class ChildLinks:
         run on with nobody left to undo it. A late copy that arrives between two attempts
         starts nothing either; the next attempt's start does."""
         try:
-            events = await self._e.history(parent.saga_id)
+            events = await self._history(parent.saga_id)
         except SagaNotFound:
             raise NotParent(
                 saga_id, parent.saga_id, None, f"no saga {parent.saga_id!r} exists to start "
@@ -141,26 +142,28 @@ class ChildLinks:
     async def _exists(self, saga_id: str, parent_id: str) -> bool:
         """Whether the child was started already, by this parent (raises NotParent when
         its recorded link names another saga)."""
-        engine = self._e
-        runtime = engine.runtime_of(saga_id)
+        runtime = self._engine.runtime_of(saga_id)
         if runtime is not None:
             started: Event = runtime.started
         else:
             try:
-                started = (await engine.store.first_event(saga_id)).event
+                started = (await self._store.first_event(saga_id)).event
             except SagaNotFound:
                 return False
         check_parent(saga_id, started, parent_id, undo=False)
         return True
 
+    async def _history(self, saga_id: str) -> list[Event]:
+        loaded = await self._store.load(saga_id)
+        return [stored.event for stored in loaded.events]
+
     async def undo_child(self, saga_id: str, command_id: str, parent_id: str, reason: str) -> None:
         """The parent compensates: the child undoes what it did (see ``UndoRequested``).
         A child that never started has nothing to undo, and says so at once; one that
         ended before the undo came answers it under the undo's id (``parent_notices``)."""
-        engine = self._e
         try:
-            decision = await engine.deliver(
-                saga_id, Undo(command_id, parent_id, engine.clock.now(), reason)
+            decision = await self._engine.deliver(
+                saga_id, Undo(command_id, parent_id, self._clock.now(), reason)
             )
         except SagaNotFound:
             parent = ParentLink(saga_id=parent_id, command_id=command_id)
@@ -172,16 +175,15 @@ class ChildLinks:
     async def answer_again(self, saga_id: str, *, undo: str | None = None) -> None:
         """Sends an ended child's answers to its parent again (nothing while it runs),
         and the answer to ``undo`` when it asked after the child had ended."""
-        engine = self._e
-        record = await engine.get(saga_id)
+        record = await self._store.get(saga_id)
         if not record.status.is_terminal:
             return
-        live = engine.runtime_of(saga_id)
+        live = self._engine.runtime_of(saga_id)
         if live is not None:
             notices = live.parent_notices(undo)
         else:
-            events = await engine.history(saga_id)
-            definition = engine.registry.for_history(record.saga_type, events)
+            events = await self._history(saga_id)
+            definition = self._registry.for_history(record.saga_type, events)
             runtime, _ = SagaRuntime.replay(definition, saga_id, events)
             try:
                 notices = runtime.parent_notices(undo)
@@ -193,10 +195,9 @@ class ChildLinks:
     async def deliver_locally(self, command: OutboundCommand) -> bool:
         """Carries out a child's command or a parent's answer in this process (the
         testing kit's bus). False for a participant's command."""
-        engine = self._e
         if command.participant == PARENT_PARTICIPANT:
             body = command.payload
-            await engine.reply(
+            await self._engine.reply(
                 command.saga_id, command.command_id, body["outcome"], body.get("payload") or {},
                 body.get("error"), sender=str(body.get("child", "")),
             )  # fmt: skip
@@ -209,15 +210,17 @@ class ChildLinks:
         else:
             start = ChildStart.model_validate(command.payload)
             await self.start_child(
-                start.saga_type, start.input, saga_id=start.saga_id, parent=parent_of(command),
-                trace_context=command.trace_context, priority=start.priority,
-                fairness_key=start.fairness_key,
+                StartRequest(
+                    start.saga_type, start.input, start.saga_id, parent=parent_of(command),
+                    trace_context=command.trace_context, priority=start.priority,
+                    fairness_key=start.fairness_key,
+                )
             )  # fmt: skip
         return True
 
     async def _send(self, notice: OutboundCommand) -> None:
         try:
-            await self._e.sender.send_command(notice)
+            await self._sender.send_command(notice)
         except TransientError:
             # The parent asks again (its poll, or its recovery): the answer is not lost.
             log.warning("could not answer parent saga %s yet", notice.saga_id)

@@ -2,8 +2,9 @@
 commands a limit stops (``_flow.py`` decides the order) and sends them when a permit
 and a token are free.
 
-The engine installs it only when ``Settings.limits`` configures a limit: otherwise the
-engine talks to the broker's sender directly, and the hot path is what it was.
+The composition root puts it in front of the sender (``flow_control``) only when
+``Settings.limits`` configures a limit: otherwise the engine talks to the broker's sender
+directly, and the hot path is what it was.
 
 - **Durable wait.** A command reaches a sender only after its ``command_issued`` is
   committed (the history is the outbox), so a held command is safe: a crash loses the
@@ -26,18 +27,16 @@ import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 from saga_engine.core._decision import OutboundCommand
 from saga_engine.core._events import SagaStarted
 from saga_engine.core._flow import FlowQueue, Gate, GateKind, Waiting
 from saga_engine.core._runtime import SagaRuntime
 from saga_engine.kernel._settings import LimitsSettings
-from saga_engine.transport._bus import CommandSender, PipelinedSender
+from saga_engine.runner._cache import LiveSagas
+from saga_engine.runner._clock import Clock
+from saga_engine.transport._bus import CommandSender, PipelinedSender, handed_over
 from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS
-
-if TYPE_CHECKING:
-    from saga_engine.runner._engine import Engine
 
 log = logging.getLogger("saga_engine.flow")
 
@@ -127,7 +126,7 @@ class FlowControl:
         is concerned (its event is durable; the queue sends it)."""
         if self._pipelined is None or self._gates_of(command):
             await self.send_command(command)
-            return _done()
+            return handed_over()
         return await self._pipelined.start_command(command)
 
     # ------------------------------------------------------------------ engine hooks
@@ -373,34 +372,28 @@ class FlowControl:
         self._kick()
 
 
-def _done() -> asyncio.Future[None]:
-    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    future.set_result(None)
-    return future
-
-
-def install_flow(engine: Engine) -> FlowControl | None:
-    """Puts flow control in front of the engine's sender when a limit is configured;
-    None (nothing changed, nothing on the hot path) otherwise."""
-    limits = engine.settings.limits
+def flow_control(
+    limits: LimitsSettings,
+    sender: CommandSender,
+    live: LiveSagas,
+    clock: Clock,
+    owns: Callable[[str], bool],
+) -> FlowControl | None:
+    """Flow control in front of ``sender`` when a limit is configured, its timers seen by
+    ``live``; None (nothing on the hot path) otherwise."""
     if not limits.enabled:
         return None
 
     def started(saga_id: str) -> SagaStarted | None:
-        live = engine.live.get(saga_id)
-        return live.runtime.started if live is not None else None
+        held = live.get(saga_id)
+        return held.runtime.started if held is not None else None
 
-    clock = engine.clock
-    flow = FlowControl(
-        limits,
-        engine.sender,
-        started,
-        lambda: clock.now().timestamp(),
+    def sent(saga_id: str) -> None:
         # Its timer is armed again: the attempt's timeout (left out while it was held)
         # is due from now on.
-        lambda saga_id: engine.live.rearm(saga_id) if engine._owns(saga_id) else None,
-        engine._owns,
-    )
-    engine.sender = flow
-    engine.live.flow = flow
+        if owns(saga_id):
+            live.rearm(saga_id)
+
+    flow = FlowControl(limits, sender, started, lambda: clock.now().timestamp(), sent, owns)
+    live.flow = flow
     return flow

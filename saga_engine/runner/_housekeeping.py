@@ -19,11 +19,10 @@ from datetime import datetime, timedelta
 
 from saga_engine.core._codec import CodecChain
 from saga_engine.kernel._errors import NewerVersionError, SagaError, TransientError
-from saga_engine.kernel._settings import Settings
 from saga_engine.runner._engine import Engine
+from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._retention import Retention
 from saga_engine.runner._rollouts import keep_rollouts_fresh, needs_rollouts
-from saga_engine.store._store import EventStore
 from saga_engine.telemetry._telemetry import detach_from_trace
 
 log = logging.getLogger("saga_engine.worker")
@@ -41,16 +40,19 @@ class Housekeeping:
     def __init__(
         self,
         engine: Engine,
-        store: EventStore,
-        settings: Settings,
+        parts: EngineParts,
         partitions: Callable[[], tuple[frozenset[int], int]],
         owns: Callable[[str], bool],
         codec: CodecChain | None = None,
     ) -> None:
+        """Works on ``engine``'s sagas, with the collaborators it was built from."""
         self._engine = engine
+        self._parts = parts
         self._codec = codec
-        self._store = store
-        self._settings = settings
+        self._store = parts.store
+        self._settings = parts.settings
+        self._clock = parts.clock
+        self._live = parts.live
         self._partitions = partitions
         self._owns = owns
         self._tasks: list[asyncio.Task[None]] = []
@@ -60,9 +62,9 @@ class Housekeeping:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._timers(), name="saga-timers"))
-        if needs_rollouts(self._engine):
+        if needs_rollouts(self._parts.registry):
             every = self._settings.engine.rollout_refresh_s
-            rollouts = keep_rollouts_fresh(self._engine, every)
+            rollouts = keep_rollouts_fresh(self._parts, every)
             self._tasks.append(loop.create_task(rollouts, name="saga-rollouts"))
         retention = self._settings.retention
         if retention.days is not None or retention.per_type:
@@ -80,7 +82,7 @@ class Housekeeping:
         detach_from_trace()
         while True:
             await asyncio.sleep(config.timer_poll_s)  # a period, not a synchronisation
-            horizon = engine.clock.now() + timedelta(seconds=config.timer_lookahead_s)
+            horizon = self._clock.now() + timedelta(seconds=config.timer_lookahead_s)
             try:
                 engine.evict_idle(config.idle_evict_s, config.cache_size, keep_due_before=horizon)
             except Exception:
@@ -102,14 +104,13 @@ class Housekeeping:
         """Up to _WAKE_BATCH sagas due before ``horizon`` and not in memory with a timer,
         soonest first. Those already loaded ahead are paged past (a burst larger than a
         batch would otherwise return the same loaded sagas on every poll)."""
-        engine = self._engine
         waking: list[str] = []
         after: tuple[datetime, str] | None = None
         for _ in range(_WAKE_PAGES):
             page = await self._store.due_wakeups(
                 horizon, mine, count, limit=_WAKE_BATCH, after=after
             )
-            waking += [i for i, _ in page if not engine.live.holds_timer(i) and self._owns(i)]
+            waking += [i for i, _ in page if not self._live.holds_timer(i) and self._owns(i)]
             if len(page) < _WAKE_BATCH or len(waking) >= _WAKE_BATCH:
                 break
             after = (page[-1][1], page[-1][0])
@@ -141,7 +142,7 @@ class Housekeeping:
                 continue
             try:
                 report = await retention.run(
-                    self._engine.clock.now(),
+                    self._clock.now(),
                     partitions=mine,
                     partition_count=count,
                     max_batches=_RETENTION_BATCHES,
@@ -154,4 +155,4 @@ class Housekeeping:
                 continue
             self.retention_passes += 1
             if report.deleted:
-                self._engine.stats.inc("sagas_archived", report.deleted)
+                self._parts.stats.inc("sagas_archived", report.deleted)

@@ -27,7 +27,7 @@ from saga_engine.kernel._errors import SagaError
 from saga_engine.kernel._retry import Backoff
 from saga_engine.kernel._settings import HttpSettings
 from saga_engine.telemetry._telemetry import Telemetry, extract
-from saga_engine.transport._bus import CommandSender, PipelinedSender
+from saga_engine.transport._bus import CommandSender, PipelinedSender, handed_over
 
 if TYPE_CHECKING:
     from saga_engine.runner._engine import Engine
@@ -166,10 +166,4 @@ class RoutingSender:
         if self._pipelined is not None and not command.participant.startswith(HTTP_PREFIX):
             return await self._pipelined.start_command(command)
         await self.send_command(command)
-        return _done()
-
-
-def _done() -> asyncio.Future[None]:
-    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    future.set_result(None)
-    return future
+        return handed_over()

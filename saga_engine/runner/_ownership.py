@@ -27,6 +27,7 @@ from aiokafka import ConsumerRebalanceListener, TopicPartition
 from saga_engine.kernel._errors import TransientError
 from saga_engine.kernel._partitioning import partition_for
 from saga_engine.runner._engine import Engine
+from saga_engine.runner._parts import EngineParts
 from saga_engine.store._store import EventStore
 from saga_engine.telemetry._telemetry import detach_from_trace
 
@@ -56,7 +57,7 @@ class InboxOwnership(ConsumerRebalanceListener):  # type: ignore[misc]
         #: the generation when the coordinator no longer knows the member).
         self._expelled = False
         self._engine: Engine | None = None
-        self._store: EventStore | None = None
+        self._parts: EngineParts | None = None
         #: Every partition assigned now (the offset committer commits only these).
         self.owned: set[TopicPartition] = set()
         #: The inbox partitions among them and the inbox's partition count, kept at each
@@ -69,9 +70,10 @@ class InboxOwnership(ConsumerRebalanceListener):  # type: ignore[misc]
         #: Set once an assignment's recovery is done.
         self.assigned_event = asyncio.Event()
 
-    def attach(self, engine: Engine, store: EventStore) -> None:
+    def attach(self, engine: Engine, parts: EngineParts) -> None:
+        """Drives ``engine``'s sagas, with the collaborators it was built from."""
         self._engine = engine
-        self._store = store
+        self._parts = parts
 
     # ------------------------------------------------------------------ Ownership
 
@@ -93,7 +95,7 @@ class InboxOwnership(ConsumerRebalanceListener):  # type: ignore[misc]
     def _note_owned(self) -> None:
         self._mine = frozenset(tp.partition for tp in self.owned if tp.topic == self._inbox)
         self._count = self._partition_count()
-        flow = self._engine.flow if self._engine is not None else None
+        flow = self._parts.flow if self._parts is not None else None
         if flow is not None:
             # Limits are cluster-wide: this engine enforces its partition share of them.
             flow.set_share(len(self._mine), self._count)
@@ -107,16 +109,16 @@ class InboxOwnership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.owned -= set(revoked)
         self._note_owned()
         gone = {tp.partition for tp in revoked if tp.topic == self._inbox}
-        engine = self._engine
-        if engine is None or not gone:
+        parts = self._parts
+        if parts is None or not gone:
             return
-        engine.stats.inc("partitions_revoked", len(gone))
+        parts.stats.inc("partitions_revoked", len(gone))
         self._suspended |= gone
         count = self._partition_count()
         held = 0
-        for saga_id in engine.live_saga_ids():
+        for saga_id in parts.live.ids():
             if partition_for(saga_id, count) in gone:
-                engine.live.suspend(saga_id)
+                parts.live.suspend(saga_id)
                 held += 1
         log.info(
             "engine %s gave up partitions %s (%d sagas held until the assignment)",
@@ -136,30 +138,30 @@ class InboxOwnership(ConsumerRebalanceListener):  # type: ignore[misc]
             kept, lost = set(), set(self._suspended)
             self._expelled = False
         self._suspended = set()
-        engine, store = self._engine, self._store
-        if engine is None or store is None:
+        engine, parts = self._engine, self._parts
+        if engine is None or parts is None:
             self.assigned_event.set()
             return
         count = self._partition_count()
         dropped = held = 0
-        for saga_id in engine.live_saga_ids():
+        for saga_id in parts.live.ids():
             partition = partition_for(saga_id, count)
             if partition in lost:
-                engine.evict(saga_id)  # another engine drives it now
+                parts.live.evict(saga_id)  # another engine drives it now
                 dropped += 1
             elif partition in kept:
-                engine.live.rearm(saga_id)
+                parts.live.rearm(saga_id)
                 held += 1
-        engine.stats.inc("sagas_kept_across_rebalance", held)
-        if engine.flow is not None:
-            engine.flow.drop_unowned(self.owns)  # their new owner sends what they owe
+        parts.stats.inc("sagas_kept_across_rebalance", held)
+        if parts.flow is not None:
+            parts.flow.drop_unowned(self.owns)  # their new owner sends what they owe
         if dropped:
             log.info(
                 "engine %s dropped %d sagas of partitions %s, now elsewhere",
                 self._instance_id, dropped, sorted(lost),
             )  # fmt: skip
         if mine:
-            recovered = await self._recover(engine, store, mine - kept, count)
+            recovered = await self._recover(engine, parts.store, mine - kept, count)
             log.info(
                 "engine %s took partitions %s (kept %s) and recovered %d sagas",
                 self._instance_id, sorted(mine), sorted(kept), recovered,

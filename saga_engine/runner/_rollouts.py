@@ -12,52 +12,53 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from saga_engine.core._definition import SagaRegistry
 from saga_engine.core._rollout import Rollout, RolloutChange, RolloutSpec, RolloutStore
 from saga_engine.kernel._errors import InvalidTransition, TransientError
-from saga_engine.runner._engine import Engine
+from saga_engine.runner._parts import EngineParts
 from saga_engine.telemetry._telemetry import detach_from_trace
 
 log = logging.getLogger("saga_engine.rollout")
 
 
-def needs_rollouts(engine: Engine) -> bool:
-    """Whether some saga type has several versions deployed on ``engine``."""
-    return any(len(engine.registry.versions(name)) > 1 for name in engine.registry.names())
+def needs_rollouts(registry: SagaRegistry) -> bool:
+    """Whether some saga type has several versions deployed (in ``registry``)."""
+    return any(len(registry.versions(name)) > 1 for name in registry.names())
 
 
-async def refresh_rollouts(engine: Engine) -> bool:
-    """Reads the rollout rows into ``engine.rollouts``; False if its store keeps none."""
-    store = engine.store
+async def refresh_rollouts(parts: EngineParts) -> bool:
+    """Reads the rollout rows into ``parts.rollouts``; False if its store keeps none."""
+    store = parts.store
     if not isinstance(store, RolloutStore):
         return False
-    engine.rollouts.replace(await store.rollouts(), engine.clock.now())
+    parts.rollouts.replace(await store.rollouts(), parts.clock.now())
     return True
 
 
 async def apply_rollout(
-    engine: Engine, saga_type: str, spec: RolloutSpec, *, principal: str, reason: str
+    parts: EngineParts, saga_type: str, spec: RolloutSpec, *, principal: str, reason: str
 ) -> RolloutChange:
-    """Stores a type's rollout with its audit row, and applies it on ``engine`` at once
+    """Stores a type's rollout with its audit row, and applies it on this engine at once
     (the other engines at their next refresh)."""
-    store = engine.store
+    store = parts.store
     if not isinstance(store, RolloutStore):
         raise InvalidTransition("this engine's store keeps no rollouts")
-    at = engine.clock.now()
+    at = parts.clock.now()
     change = await store.set_rollout(saga_type, spec, principal=principal, reason=reason, at=at)
-    engine.rollouts.put(
+    parts.rollouts.put(
         saga_type,
         Rollout(saga_type=saga_type, updated_at=at, updated_by=principal, **spec.model_dump()),
     )
     return change
 
 
-async def keep_rollouts_fresh(engine: Engine, interval_s: float) -> None:
-    """Refreshes ``engine.rollouts`` every ``interval_s`` until cancelled."""
+async def keep_rollouts_fresh(parts: EngineParts, interval_s: float) -> None:
+    """Refreshes ``parts.rollouts`` every ``interval_s`` until cancelled."""
     detach_from_trace()
     while True:
         await asyncio.sleep(interval_s)  # a period, not a synchronisation
         try:
-            await refresh_rollouts(engine)
+            await refresh_rollouts(parts)
         except TransientError as exc:
             log.warning("reading the rollouts failed (%s); keeping the last ones", exc)
         except Exception:

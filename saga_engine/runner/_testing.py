@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,13 +18,17 @@ from saga_engine.core._definition import Saga
 from saga_engine.core._events import Event
 from saga_engine.core._rollout import RolloutSpec
 from saga_engine.core._status import SagaStatus
-from saga_engine.kernel._errors import SagaError, TransientError
+from saga_engine.kernel._errors import SagaError, SagaNotFound, TransientError
 from saga_engine.kernel._serde import JsonDict
 from saga_engine.kernel._settings import Settings
+from saga_engine.runner._children import ChildLinks
 from saga_engine.runner._clock import VirtualClock
 from saga_engine.runner._engine import Engine
+from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._rollouts import apply_rollout
+from saga_engine.store._memschedules import InMemoryScheduleStore
 from saga_engine.store._memstore import InMemoryEventStore
+from saga_engine.store._schedule_store import ScheduleStore
 from saga_engine.store._store import EventStore, SagaRecord, as_utc
 
 __all__ = ["InMemoryCommandBus", "SagaRun", "SagaTestEnv", "ScriptedParticipant"]
@@ -187,7 +192,11 @@ class SagaRun:
 
 
 class SagaTestEnv:
-    """The real engine on in-memory adapters and a virtual clock."""
+    """The real engine on in-memory adapters and a virtual clock.
+
+    It is the composition root of a test: it builds the engine's collaborators
+    (``parts``: the store, the live sagas, the counters in ``parts.stats``...) and the
+    child-saga links beside it."""
 
     def __init__(
         self,
@@ -208,7 +217,12 @@ class SagaTestEnv:
         #: In memory by default; pass a PostgresEventStore to run the same tests on Postgres.
         self.store: EventStore = store or InMemoryEventStore()
         self.bus = InMemoryCommandBus()
+        #: What each engine of this environment was built from (``new_engine``).
+        self._built: weakref.WeakKeyDictionary[Engine, tuple[EngineParts, ChildLinks]] = (
+            weakref.WeakKeyDictionary()
+        )
         self.engine = self.new_engine()
+        self._schedules: InMemoryScheduleStore | None = None
         self._participants: dict[str, ScriptedParticipant] = {}
         self._hold: Callable[[OutboundCommand], bool] | None = None
         self._wakes: set[tuple[str, datetime]] = set()
@@ -220,13 +234,41 @@ class SagaTestEnv:
     ) -> Engine:
         """Another engine on the same store, bus and clock: a restarted process, or a new
         deploy when given other saga classes. Assign it to ``env.engine`` to drive it."""
-        return Engine(
+        parts = EngineParts.build(
             self.settings,
             sagas=sagas or self.sagas,
             store=store or self.store,
             sender=self.bus,
             clock=self.clock,
         )
+        engine = Engine(parts)
+        self._built[engine] = (parts, ChildLinks(engine, parts))
+        return engine
+
+    @property
+    def parts(self) -> EngineParts:
+        """The collaborators ``env.engine`` was built from: its store, live sagas,
+        counters (``parts.stats.counts``), flow control, registry..."""
+        return self._built[self.engine][0]
+
+    @property
+    def children(self) -> ChildLinks:
+        """``env.engine``'s child-saga links (starts, undos, answers to parents)."""
+        return self._built[self.engine][1]
+
+    @property
+    def schedules(self) -> ScheduleStore:
+        """Durable schedules kept in memory beside the store (the admin API's, for a test
+        that serves it: ``create_admin_app(..., schedules=env.schedules)``)."""
+        if self._schedules is None:
+            self._schedules = InMemoryScheduleStore(self._status_of)
+        return self._schedules
+
+    async def _status_of(self, saga_id: str) -> str | None:
+        try:
+            return (await self.store.get(saga_id)).status.value
+        except SagaNotFound:
+            return None
 
     async def set_rollout(
         self,
@@ -240,7 +282,7 @@ class SagaTestEnv:
         """Sets which version new starts of ``saga_type`` run, as ``PUT /rollouts`` does:
         stored with its audit row (principal ``test``) and applied on ``env.engine`` now."""
         spec = RolloutSpec(version=version, percent=percent, predicate=predicate)
-        await apply_rollout(self.engine, saga_type, spec, principal="test", reason=reason)
+        await apply_rollout(self.parts, saga_type, spec, principal="test", reason=reason)
 
     def participant(self, name: str) -> ScriptedParticipant:
         if name not in self._participants:
@@ -284,7 +326,7 @@ class SagaTestEnv:
                 self.held.append(command)
                 continue
             try:
-                if await self.engine.children.deliver_locally(command):
+                if await self.children.deliver_locally(command):
                     continue  # a child saga's start or undo, or its end to its parent
             except SagaError:
                 continue  # e.g. an answer after the parent ended: the engine says why
@@ -313,7 +355,7 @@ class SagaTestEnv:
         """The clock's next due callback, once the wake-ups of sagas not in memory due by
         ``until`` are on it."""
         for saga_id, at in await self.store.due_wakeups(until):
-            if (saga_id, at) not in self._wakes and not self.engine.live.holds_timer(saga_id):
+            if (saga_id, at) not in self._wakes and not self.parts.live.holds_timer(saga_id):
                 self._wakes.add((saga_id, at))
                 self.clock.call_at(at, functools.partial(self._wake, saga_id))
         return self.clock.next_due()

@@ -1,17 +1,21 @@
-"""Consumes trigger topics and turns each message into a saga start on the inbox."""
+"""Consumes trigger topics and turns each message into a saga start on the inbox.
+
+The worker builds it with its Kafka pieces (``worker._adapters.trigger_consumer``): the
+consumer of the trigger topics, how a start request is published to the inbox, and
+where a record that cannot start a saga goes.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import CommitFailedError, KafkaError
 from pydantic import BaseModel, ValidationError
 
-from saga_engine.core._codec import CodecChain
 from saga_engine.core._decision import saga_id_for
 from saga_engine.core._definition import SagaDefinition
 from saga_engine.core._events import TriggerOrigin
@@ -24,8 +28,7 @@ from saga_engine.kernel._errors import (
     UnstorableValue,
 )
 from saga_engine.kernel._retry import Backoff
-from saga_engine.kernel._serde import check_storable, loads
-from saga_engine.kernel._settings import Settings
+from saga_engine.kernel._serde import JsonDict, check_storable, loads
 from saga_engine.telemetry._groupwatch import GroupWatch, watch_member
 from saga_engine.telemetry._health import HealthBoard
 from saga_engine.telemetry._telemetry import (
@@ -34,16 +37,14 @@ from saga_engine.telemetry._telemetry import (
     default_telemetry,
     detach_from_trace,
 )
+from saga_engine.transport._bus import DeadLetters
 from saga_engine.transport._fetch import GuardedFetch
-from saga_engine.transport._kafka import DeadLetters, make_consumer, send
-from saga_engine.transport._topics import Topics
-from saga_engine.transport._wire import (
-    Envelope,
-    MessageType,
-    StartBody,
-)
+from saga_engine.transport._wire import Envelope, MessageType, StartBody
 
 log = logging.getLogger("saga_engine.triggers")
+
+#: Publishes a start request to the saga inbox, waiting for the broker's acknowledgement.
+Publish = Callable[[Envelope], Awaitable[None]]
 
 
 class TriggerConsumer:
@@ -55,28 +56,27 @@ class TriggerConsumer:
 
     def __init__(
         self,
-        settings: Settings,
         triggers: Sequence[KafkaTrigger[Any]],
-        producer: Any,
+        consumer: AIOKafkaConsumer,
+        *,
+        group: str,
+        publish: Publish,
         dead: DeadLetters,
         source: str,
         on_dead_letter: Callable[[str], None] | None = None,
-        codec: CodecChain | None = None,
         health: HealthBoard | None = None,
         telemetry: Telemetry | None = None,
     ) -> None:
-        self._settings = settings
         self._health = health
         self._telemetry = telemetry or default_telemetry()
         self._fetch: GuardedFetch | None = None
         self._watch: GroupWatch | None = None
-        self._codec = codec
         self._by_topic = {t.topic: t for t in triggers}
-        self._producer = producer
+        self._group = group
+        self._publish = publish
         self._dead = dead
         self._source = source
-        self._topics = Topics.of(settings.kafka)
-        self._consumer: AIOKafkaConsumer | None = None
+        self._consumer = consumer
         self._task: asyncio.Task[None] | None = None
         self._running = False
         self._on_dead_letter = on_dead_letter
@@ -84,16 +84,13 @@ class TriggerConsumer:
         self.dead_lettered = 0
 
     async def start(self) -> None:
-        kafka = self._settings.kafka
-        group = f"{kafka.group_id}.triggers"
-        self._consumer = make_consumer(kafka, *self._by_topic, group_id=group)
         health = self._health or HealthBoard()
         self._fetch = GuardedFetch(
             self._consumer, name=f"triggers {self._source}", health=health,
             on_unreadable=self._telemetry.count_unreadable,
         )  # fmt: skip
         self._watch = watch_member(
-            self._consumer, group=group, member=self._source, telemetry=self._telemetry,
+            self._consumer, group=self._group, member=self._source, telemetry=self._telemetry,
             health=health,
         )  # fmt: skip
         await self._consumer.start()
@@ -108,11 +105,9 @@ class TriggerConsumer:
                 self._task.cancel()
         if self._watch is not None:
             await self._watch.stop()
-        if self._consumer is not None:
-            await self._consumer.stop()
+        await self._consumer.stop()
 
     async def _loop(self) -> None:
-        assert self._consumer is not None
         assert self._fetch is not None
         detach_from_trace()
         backoff = Backoff(0.5, 0.5)
@@ -139,40 +134,30 @@ class TriggerConsumer:
 
     async def _one(self, record: Any) -> None:
         trigger = self._by_topic[record.topic]
-        reason, detail = None, ""
-        try:
-            message = trigger.message.model_validate(loads(record.value or b""))
-        except UnstorableValue as exc:  # nested too deep to read (MAX_DEPTH)
-            reason, detail = PoisonReason.UNSTORABLE_VALUE, str(exc)
-        except SerializationError as exc:
-            reason, detail = PoisonReason.MALFORMED_JSON, str(exc)
-        except ValidationError as exc:
-            reason, detail = PoisonReason.INVALID_BODY, str(exc)
-        else:
-            try:
-                value = trigger.to_input(message)
-                key = trigger.idempotency_key(message)
-                payload = (
-                    value.model_dump(mode="json") if isinstance(value, BaseModel) else dict(value)
-                )
-                # Checked here, so the trigger's own record is what goes to the dead-letter
-                # topic (with the field named), not a start request made from it.
-                check_storable(key, "the idempotency key")
-                SagaDefinition.of(trigger.saga).validate_input(payload)
-            except UnstorableValue as exc:
-                reason, detail = PoisonReason.UNSTORABLE_VALUE, str(exc)
-            except InvalidPayload as exc:
-                reason, detail = PoisonReason.INVALID_INPUT, str(exc)
-            except Exception as exc:
-                reason, detail = PoisonReason.REJECTED, f"{type(exc).__name__}: {exc}"
-        if reason is not None:
-            await self._dead_letter(record, reason, detail)
+        read = _read(trigger, record)
+        if isinstance(read[0], PoisonReason):
+            await self._dead_letter(record, read[0], str(read[1]))
             return
+        payload, key = read
+        backoff = Backoff(0.5, 0.5)
+        while True:
+            try:
+                await self._publish(self._envelope(trigger, record, payload, key))
+                break
+            except TransientError:
+                if not self._running:
+                    raise
+                await backoff.sleep()
+        self.started += 1
+
+    def _envelope(
+        self, trigger: KafkaTrigger[Any], record: Any, payload: JsonDict, key: str
+    ) -> Envelope:
         saga_type = trigger.saga.name
         saga_id = saga_id_for(saga_type, key)
         # A producer that traces (W3C headers on the record) gets the saga in its trace.
         trace = carrier_from_headers(record.headers or [])
-        envelope = Envelope(
+        return Envelope(
             message_type=MessageType.START,
             source=self._source,
             subject=saga_type,
@@ -186,22 +171,10 @@ class TriggerConsumer:
                 idempotency_key=key,
                 # Recorded in the saga's history: any saga can be traced back to its cause.
                 trigger=TriggerOrigin(
-                    topic=record.topic,
-                    partition=record.partition,
-                    offset=record.offset,
+                    topic=record.topic, partition=record.partition, offset=record.offset
                 ),
             ).model_dump(mode="json", exclude_none=True),
         )
-        backoff = Backoff(0.5, 0.5)
-        while True:
-            try:
-                await send(self._producer, self._topics.inbox, envelope, self._codec)
-                break
-            except TransientError:
-                if not self._running:
-                    raise
-                await backoff.sleep()
-        self.started += 1
 
     async def _dead_letter(self, record: Any, reason: PoisonReason, detail: str) -> None:
         # Retried while Kafka is away, as the start requests are: an exception here
@@ -220,3 +193,32 @@ class TriggerConsumer:
         self.dead_lettered += 1
         if self._on_dead_letter is not None:
             self._on_dead_letter(reason.value)
+
+
+def _read(
+    trigger: KafkaTrigger[Any], record: Any
+) -> tuple[JsonDict, str] | tuple[PoisonReason, str]:
+    """The saga's input and idempotency key a trigger record makes, or why it makes none."""
+    try:
+        message = trigger.message.model_validate(loads(record.value or b""))
+    except UnstorableValue as exc:  # nested too deep to read (MAX_DEPTH)
+        return PoisonReason.UNSTORABLE_VALUE, str(exc)
+    except SerializationError as exc:
+        return PoisonReason.MALFORMED_JSON, str(exc)
+    except ValidationError as exc:
+        return PoisonReason.INVALID_BODY, str(exc)
+    try:
+        value = trigger.to_input(message)
+        key = trigger.idempotency_key(message)
+        payload = value.model_dump(mode="json") if isinstance(value, BaseModel) else dict(value)
+        # Checked here, so the trigger's own record is what goes to the dead-letter
+        # topic (with the field named), not a start request made from it.
+        check_storable(key, "the idempotency key")
+        SagaDefinition.of(trigger.saga).validate_input(payload)
+    except UnstorableValue as exc:
+        return PoisonReason.UNSTORABLE_VALUE, str(exc)
+    except InvalidPayload as exc:
+        return PoisonReason.INVALID_INPUT, str(exc)
+    except Exception as exc:
+        return PoisonReason.REJECTED, f"{type(exc).__name__}: {exc}"
+    return payload, key

@@ -12,7 +12,10 @@ opened and closed in memory:
 - **Step and compensation spans** ("step {name}" / "compensate {name}") cover one send of
   a command: from the send to the reply or the timeout. Their span ids are derived from
   the command id and attempt, so the span of the forward step a compensation undoes can
-  be linked from history alone, after any number of recoveries.
+  be linked from history alone, after any number of recoveries. The command carries its
+  step span's context (``step_context``, put on it by the engine's sender), and the span
+  is opened once the engine reports the send (``SagaSpans.opened``): both derive it from
+  the command, so tracing never changes what the engine sends or decides.
 
 Preset ids need the SDK's tracer: ``Telemetry`` wraps its tracer's id generator
 (``PresetIdGenerator``), which gives a chosen id while one span starts. Without an SDK
@@ -22,13 +25,12 @@ tracer does.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -78,6 +80,71 @@ def _saga_context(trace_context: Mapping[str, str]) -> SpanContext:
 
 def _ns(at: datetime) -> int:
     return round(at.timestamp() * 1_000_000) * 1000  # datetimes hold microseconds
+
+
+class SendTime(NamedTuple):
+    """When a batch of commands was handed to the sender: their spans start then."""
+
+    wall_ns: int
+    perf: float
+
+    @classmethod
+    def now(cls) -> SendTime:
+        return cls(time.time_ns(), time.perf_counter())
+
+
+def step_context(command: OutboundCommand) -> dict[str, str]:
+    """The W3C context a command carries: its step span's, in the saga's trace, under the
+    span id ``command_span_id`` gives it; the same in every process and after a replay.
+    A saga with no valid context (started where nothing recorded) keeps what it has."""
+    saga = _saga_context(command.trace_context)
+    if not saga.is_valid:
+        return command.trace_context
+    step = SpanContext(
+        saga.trace_id,
+        command_span_id(command.command_id, command.attempt),
+        is_remote=False,
+        trace_flags=saga.trace_flags,
+        trace_state=saga.trace_state,
+    )
+    return carrier_of(NonRecordingSpan(step))
+
+
+def _compensated(command: OutboundCommand) -> list[Link]:
+    """A compensation's links to the spans of the forward attempts it undoes."""
+    saga = _saga_context(command.trace_context)
+    if not command.compensation or not saga.is_valid:
+        return []
+    return [
+        Link(
+            SpanContext(
+                saga.trace_id,
+                command_span_id(forward_id, attempt),
+                is_remote=True,
+                trace_flags=TraceFlags(saga.trace_flags),
+            ),
+            {"link.kind": "compensates"},
+        )
+        for forward_id, attempt in zip(
+            command.compensates, command.compensates_attempts, strict=False
+        )
+    ]
+
+
+def _attributes(command: OutboundCommand, resent: bool) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "saga.id": command.saga_id,
+        "saga.type": command.saga_type,
+        "step": command.step,
+        "command.id": command.command_id,
+        "command.type": command.command_type,
+        "participant": command.participant,
+        "attempt": command.attempt,
+        "compensation": command.compensation,
+    }
+    if resent:
+        attributes["saga.resent"] = True
+    return attributes
 
 
 @dataclass(slots=True)
@@ -177,80 +244,38 @@ class SagaSpans:
 
     # ------------------------------------------------------------------ command spans
 
-    def sent(self, command: OutboundCommand, *, resent: bool = False) -> OutboundCommand:
-        """Opens the span of a command about to be sent; returns the command carrying
-        that span's context."""
+    def opened(self, command: OutboundCommand, *, at: SendTime, resent: bool = False) -> None:
+        """Opens the span of a command sent at ``at`` (the engine reports its sends once
+        they are done). The command carried the span's context already: both derive it
+        from the command (``step_context``), so neither waits for the other."""
         if not self.telemetry.records or command.participant == PARENT_PARTICIPANT:
             # A child's answer to its parent is the parent's step's reply, not a step of
-            # its own: the parent's step span covers it.
-            # No SDK: nothing records, and the command carries the saga's context as
-            # history stores it (the caller's). Skipping the API's no-op span here saves
-            # a context parse and an inject per command on the hot path.
-            return command
+            # its own: the parent's step span covers it. No SDK: nothing records.
+            return
         previous = self._open.get(command.command_id)
         if previous is not None:
             if previous.attempt == command.attempt:
-                # The same send again (the saga was reloaded here): one span for it.
-                return self._carrying(command, previous.span)
+                return  # the same send again (the saga was reloaded here): one span for it
             del self._open[command.command_id]
             self._end(previous, "superseded", record=False)
-        saga = _saga_context(command.trace_context)
-        links: list[Link] = []
-        if command.compensation and saga.is_valid:
-            for forward_id, attempt in zip(
-                command.compensates, command.compensates_attempts, strict=False
-            ):
-                forward = SpanContext(
-                    saga.trace_id,
-                    command_span_id(forward_id, attempt),
-                    is_remote=True,
-                    trace_flags=TraceFlags(saga.trace_flags),
-                )
-                links.append(Link(forward, {"link.kind": "compensates"}))
-        role = "compensate" if command.compensation else "step"
-        attributes: dict[str, Any] = {
-            "saga.id": command.saga_id,
-            "saga.type": command.saga_type,
-            "step": command.step,
-            "command.id": command.command_id,
-            "command.type": command.command_type,
-            "participant": command.participant,
-            "attempt": command.attempt,
-            "compensation": command.compensation,
-        }
-        if resent:
-            attributes["saga.resent"] = True
         with preset_ids(command_span_id(command.command_id, command.attempt)):
             span = self.telemetry.tracer.start_span(
-                f"{role} {command.step}",
+                f"{'compensate' if command.compensation else 'step'} {command.step}",
                 context=extract(command.trace_context),
                 kind=SpanKind.PRODUCER,
-                links=links,
-                attributes=attributes,
+                links=_compensated(command),
+                attributes=_attributes(command, resent),
+                start_time=at.wall_ns,
             )
         self._open[command.command_id] = _Open(
             span,
-            time.perf_counter(),
+            at.perf,
             command.saga_id,
             command.saga_type,
             command.step,
             command.attempt,
             command.compensation,
         )
-        return self._carrying(command, span)
-
-    @staticmethod
-    def _carrying(command: OutboundCommand, span: Span) -> OutboundCommand:
-        carrier = carrier_of(span)
-        if not carrier:
-            return command
-        return dataclasses.replace(command, trace_context=carrier)
-
-    def not_sent(self, command_id: str, error: BaseException) -> None:
-        """The send failed: the span is dropped unexported, because the command is
-        recorded and the next load of the saga re-sends it under the same span id (the
-        engine logs the failure)."""
-        self._open.pop(command_id, None)
 
     def applied(self, saga_id: str, events: Iterable[Event]) -> None:
         """Ends the spans that the committed events answer."""

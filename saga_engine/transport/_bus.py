@@ -6,10 +6,16 @@ Kafka adapter (aiokafka) and the in-memory adapter both feed ``Engine`` the same
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import Protocol, runtime_checkable
+import asyncio
+from collections.abc import Awaitable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from saga_engine.core._decision import OutboundCommand
+from saga_engine.kernel._errors import KafkaUnavailable
+
+#: Upper bound on one publish, metadata wait included: aiokafka can otherwise wait
+#: indefinitely for a topic's metadata (and forever once the producer is stopped).
+SEND_TIMEOUT_S = 30.0
 
 
 class Ownership(Protocol):
@@ -41,3 +47,43 @@ class PipelinedSender(Protocol):
         """Hands the command over; the awaitable completes when it is durable (or raises
         TransientError)."""
         ...
+
+
+def handed_over() -> asyncio.Future[None]:
+    """The acknowledgement of a command already sent (or held: flow control's queue)."""
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    future.set_result(None)
+    return future
+
+
+async def delivered(deliveries: Sequence[Awaitable[Any]]) -> list[BaseException | None]:
+    """Awaits acknowledgements together (at most SEND_TIMEOUT_S); each one's error or None."""
+    if not deliveries:
+        return []
+    try:
+        # asyncio.timeout, not wait_for: no task per wait.
+        async with asyncio.timeout(SEND_TIMEOUT_S):
+            results = await asyncio.gather(*deliveries, return_exceptions=True)
+    except TimeoutError:
+        results = [
+            d.exception()
+            if isinstance(d, asyncio.Future) and d.done() and not d.cancelled()
+            else TimeoutError()
+            for d in deliveries
+        ]
+    return [
+        None
+        if not isinstance(r, BaseException)
+        else r
+        if isinstance(r, KafkaUnavailable)
+        else KafkaUnavailable(f"could not publish: {r!r}")
+        for r in results
+    ]
+
+
+class DeadLetters(Protocol):
+    """Where a record that can never be processed goes, with its reason."""
+
+    async def publish_record(
+        self, record: Any, *, reason: str, detail: str, consumer: str
+    ) -> None: ...

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Container, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Container, Iterable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -33,6 +33,10 @@ from saga_engine.core._decision import OutboundCommand
 from saga_engine.kernel._errors import KafkaUnavailable
 from saga_engine.kernel._settings import KafkaSettings
 from saga_engine.kernel._startup import Dependency
+
+# Re-exported: the acknowledgement wait moved to the sender port (the engine uses it too).
+from saga_engine.transport._bus import SEND_TIMEOUT_S as SEND_TIMEOUT_S
+from saga_engine.transport._bus import delivered as delivered
 from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS, engine_envelope
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import Envelope, Headers, MessageType, encode
@@ -160,11 +164,6 @@ def make_group_consumer(
 GROUP_ASSIGNORS: tuple[type[StickyPartitionAssignor]] = (StickyPartitionAssignor,)
 
 
-#: Upper bound on one publish, metadata wait included: aiokafka can otherwise wait
-#: indefinitely for a topic's metadata (and forever once the producer is stopped).
-SEND_TIMEOUT_S = 30.0
-
-
 async def send(
     producer: AIOKafkaProducer, topic: str, envelope: Envelope, codec: CodecChain | None = None
 ) -> None:
@@ -202,31 +201,6 @@ async def start_record(
     except KafkaError as exc:
         raise KafkaUnavailable(f"could not publish to {topic}: {exc!r}") from exc
     return delivery
-
-
-async def delivered(deliveries: Sequence[Awaitable[Any]]) -> list[BaseException | None]:
-    """Awaits acknowledgements together (at most SEND_TIMEOUT_S); each one's error or None."""
-    if not deliveries:
-        return []
-    try:
-        # asyncio.timeout, not wait_for: no task per wait.
-        async with asyncio.timeout(SEND_TIMEOUT_S):
-            results = await asyncio.gather(*deliveries, return_exceptions=True)
-    except TimeoutError:
-        results = [
-            d.exception()
-            if isinstance(d, asyncio.Future) and d.done() and not d.cancelled()
-            else TimeoutError()
-            for d in deliveries
-        ]
-    return [
-        None
-        if not isinstance(r, BaseException)
-        else r
-        if isinstance(r, KafkaUnavailable)
-        else KafkaUnavailable(f"could not publish: {r!r}")
-        for r in results
-    ]
 
 
 class KafkaCommandSender:

@@ -46,7 +46,7 @@ def served_in_thread(
         opened = await store() if store is not None else None
         env = SagaTestEnv(list(sagas), settings=settings, store=opened)
         served.seeded = await seed(env)
-        app = create_admin_app(env.engine, settings)
+        app = create_admin_app(env.engine, settings, parts=env.parts, schedules=env.schedules)
         server = await serve_admin(app, settings)
         served.url = server.url
         stopped = asyncio.Event()

@@ -104,7 +104,13 @@ async def test_start_uses_the_given_starter(admin: Admin) -> None:
         calls.append((saga_type, payload, idempotency_key))
         return "queued-1"
 
-    app = create_admin_app(admin.env.engine, admin.env.settings, start_saga=through_inbox)
+    app = create_admin_app(
+        admin.env.engine,
+        admin.env.settings,
+        start_saga=through_inbox,
+        parts=admin.env.parts,
+        schedules=admin.env.schedules,
+    )
     async with make_client(app) as http:
         response = await http.post(
             "/sagas/transfer",
@@ -582,7 +588,7 @@ async def test_metrics_as_json_and_prometheus_text(admin: Admin) -> None:
     stuck = await stuck_saga(admin)
     stuck_since = (await admin.env.engine.get(stuck)).updated_at
     await admin.env.advance(timedelta(minutes=5))
-    admin.env.engine.stats.inc("dead_lettered", 2)
+    admin.env.parts.stats.inc("dead_lettered", 2)
 
     response = await admin.http.get("/metrics", headers=READER)
     assert response.status_code == 200

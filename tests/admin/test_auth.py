@@ -122,14 +122,16 @@ def test_refuses_to_serve_beyond_loopback_without_tokens(host: str) -> None:
     env = SagaTestEnv([Transfer])
     settings = Settings(admin=AdminSettings(host=host))
     with pytest.raises(InsecureAdminBinding, match="refusing to serve the admin API") as caught:
-        create_admin_app(env.engine, settings)
+        create_admin_app(env.engine, settings, parts=env.parts, schedules=env.schedules)
     assert isinstance(caught.value, PermanentError)
     assert "SAGA_ADMIN__OPERATORS" in str(caught.value)
 
 
 async def test_serve_refuses_too() -> None:
     env = SagaTestEnv([Transfer])
-    app = create_admin_app(env.engine, Settings())  # loopback: fine
+    app = create_admin_app(
+        env.engine, Settings(), parts=env.parts, schedules=env.schedules
+    )  # loopback: fine
     with pytest.raises(InsecureAdminBinding):
         await serve_admin(app, Settings(admin=AdminSettings(host="0.0.0.0", port=0)))
 
@@ -137,7 +139,12 @@ async def test_serve_refuses_too() -> None:
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "::1", "localhost", "[::1]"])
 async def test_auth_is_off_on_loopback_without_tokens(host: str) -> None:
     env = SagaTestEnv([Transfer, Noop])
-    app = create_admin_app(env.engine, Settings(admin=AdminSettings(host=host)))
+    app = create_admin_app(
+        env.engine,
+        Settings(admin=AdminSettings(host=host)),
+        parts=env.parts,
+        schedules=env.schedules,
+    )
     async with make_client(app) as http:
         started = await http.post(
             "/sagas/transfer", json={"account": "a", "amount": 1, "wait_for_approval": True}
@@ -154,7 +161,9 @@ async def test_auth_is_off_on_loopback_without_tokens(host: str) -> None:
 
 async def test_tokens_switch_auth_on_even_on_loopback() -> None:
     env = SagaTestEnv([Transfer])
-    app = create_admin_app(env.engine, admin_settings(host="127.0.0.1"))
+    app = create_admin_app(
+        env.engine, admin_settings(host="127.0.0.1"), parts=env.parts, schedules=env.schedules
+    )
     async with make_client(app) as http:
         assert (await http.get("/sagas")).status_code == 401
         assert (await http.get("/sagas", headers=OPERATOR)).status_code == 200
@@ -162,7 +171,9 @@ async def test_tokens_switch_auth_on_even_on_loopback() -> None:
 
 async def test_a_public_binding_with_tokens_is_allowed() -> None:
     env = SagaTestEnv([Transfer])
-    app = create_admin_app(env.engine, admin_settings(host="0.0.0.0"))
+    app = create_admin_app(
+        env.engine, admin_settings(host="0.0.0.0"), parts=env.parts, schedules=env.schedules
+    )
     async with make_client(app) as http:
         assert (await http.get("/sagas")).status_code == 401
         assert (await http.get("/sagas", headers=READER)).status_code == 200
@@ -193,7 +204,12 @@ async def test_a_public_binding_with_tokens_is_allowed() -> None:
 def test_unusable_tokens_are_refused_without_showing_them(admin: dict[str, Any], says: str) -> None:
     env = SagaTestEnv([Transfer])
     with pytest.raises(AdminConfigError, match=says) as caught:
-        create_admin_app(env.engine, Settings(admin=AdminSettings(**admin)))
+        create_admin_app(
+            env.engine,
+            Settings(admin=AdminSettings(**admin)),
+            parts=env.parts,
+            schedules=env.schedules,
+        )
     for table in admin.values():
         for secret in table.values():
             assert secret.get_secret_value().strip() not in str(caught.value)
@@ -204,14 +220,14 @@ def test_a_weak_session_secret_is_refused_without_showing_it(secret: str) -> Non
     env = SagaTestEnv([Transfer])
     settings = admin_settings(session_secret=SecretStr(secret))
     with pytest.raises(AdminConfigError, match="SAGA_ADMIN__SESSION_SECRET is too weak") as caught:
-        create_admin_app(env.engine, settings)
+        create_admin_app(env.engine, settings, parts=env.parts, schedules=env.schedules)
     assert "CANARY" not in str(caught.value)
 
 
 async def test_served_by_uvicorn_on_the_running_loop() -> None:
     env = SagaTestEnv([Transfer])
     settings = admin_settings(port=0)
-    app = create_admin_app(env.engine, settings)
+    app = create_admin_app(env.engine, settings, parts=env.parts, schedules=env.schedules)
     server = await serve_admin(app, settings)
     try:
         assert server.port > 0

@@ -55,14 +55,18 @@ async def test_admin_decodes_with_the_key_and_shows_encrypted_without(
     )
     await holder.settle()  # debited and credited, waiting for the approval signal
 
-    async with make_client(create_admin_app(holder.engine, settings)) as http:
+    async with make_client(
+        create_admin_app(holder.engine, settings, parts=holder.parts, schedules=holder.schedules)
+    ) as http:
         detail = await http.get(f"/sagas/{saga_id}", headers=READER)
         assert detail.status_code == 200, detail.text
         assert detail.json()["input"]["account"] == SECRET_ACCOUNT
 
     # Another process, configured without the key (none at all here).
     blind = SagaTestEnv([Transfer], settings=settings, store=await open_store(None))
-    async with make_client(create_admin_app(blind.engine, settings)) as http:
+    async with make_client(
+        create_admin_app(blind.engine, settings, parts=blind.parts, schedules=blind.schedules)
+    ) as http:
         detail = await http.get(f"/sagas/{saga_id}", headers=READER)
         assert detail.status_code == 200, detail.text
         body = detail.json()

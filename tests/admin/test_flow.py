@@ -39,7 +39,7 @@ async def gates(http: Any) -> list[dict[str, Any]]:
 async def test_flow_is_visible_in_the_api_metrics_and_page() -> None:
     env = SagaTestEnv([Transfer, Noop], settings=limited())
     env.participant("ledger").on(Debit, no_reply=True)
-    app = create_admin_app(env.engine, env.settings)
+    app = create_admin_app(env.engine, env.settings, parts=env.parts, schedules=env.schedules)
     async with make_client(app) as http:
         for i in range(3):
             response = await http.post(
@@ -84,7 +84,9 @@ async def test_flow_is_visible_in_the_api_metrics_and_page() -> None:
 
 async def test_without_limits_flow_is_off_and_the_page_has_no_table() -> None:
     env = SagaTestEnv([Transfer, Noop], settings=admin_settings())
-    async with make_client(create_admin_app(env.engine, env.settings)) as http:
+    async with make_client(
+        create_admin_app(env.engine, env.settings, parts=env.parts, schedules=env.schedules)
+    ) as http:
         body = (await http.get("/flow", headers=READER)).json()
         metrics = (await http.get("/metrics", headers=READER)).json()
         text = (await http.get("/metrics", headers={**READER, "Accept": "text/plain"})).text
@@ -108,7 +110,9 @@ async def test_a_bad_priority_or_fairness_key_is_a_422_and_starts_nothing(
     query: str, field: str
 ) -> None:
     env = SagaTestEnv([Transfer, Noop], settings=limited())
-    async with make_client(create_admin_app(env.engine, env.settings)) as http:
+    async with make_client(
+        create_admin_app(env.engine, env.settings, parts=env.parts, schedules=env.schedules)
+    ) as http:
         response = await http.post(
             f"/sagas/transfer?{query}", json={"account": "a", "amount": 1}, headers=OPERATOR
         )

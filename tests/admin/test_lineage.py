@@ -10,7 +10,7 @@ from tests.admin.sagas import Empty, Leaf, Middle, Root
 
 async def test_detail_tree_and_page_show_the_lineage() -> None:
     env = SagaTestEnv([Root, Middle, Leaf], settings=admin_settings())
-    app = create_admin_app(env.engine, env.settings)
+    app = create_admin_app(env.engine, env.settings, parts=env.parts, schedules=env.schedules)
     async with make_client(app) as http:
         run = await env.start(Root, Empty())
         root = (await http.get(f"/sagas/{run.saga_id}", headers=READER)).json()

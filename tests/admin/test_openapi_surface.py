@@ -130,7 +130,10 @@ def _operations(spec: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, An
 
 
 def _spec(types: list[type[Any]], settings: Settings) -> dict[str, Any]:
-    return create_admin_app(SagaTestEnv(types).engine, settings).openapi()
+    env = SagaTestEnv(types)
+    return create_admin_app(
+        env.engine, settings, parts=env.parts, schedules=env.schedules
+    ).openapi()
 
 
 def test_the_operations_are_pinned() -> None:
@@ -162,8 +165,9 @@ def test_the_start_parameters_follow_each_apps_engine_and_settings() -> None:
 
 
 async def test_each_app_serves_its_own_engine_and_settings() -> None:
-    one = create_admin_app(SagaTestEnv([Transfer, Noop]).engine, admin_settings())
-    two = create_admin_app(SagaTestEnv([Noop]).engine, admin_settings(max_wait_s=1))
+    first, second = SagaTestEnv([Transfer, Noop]), SagaTestEnv([Noop])
+    one = create_admin_app(first.engine, admin_settings(), parts=first.parts)
+    two = create_admin_app(second.engine, admin_settings(max_wait_s=1), parts=second.parts)
     async with make_client(one) as http_one, make_client(two) as http_two:
         types_one = (await http_one.get("/saga-types", headers=READER)).json()
         types_two = (await http_two.get("/saga-types", headers=READER)).json()

@@ -41,7 +41,7 @@ async def test_listing_and_reading_on_postgres(pg_store: PostgresEventStore) -> 
     )
     env = SagaTestEnv([Transfer, Noop], settings=settings, store=pg_store)
     t0 = env.now()
-    app = create_admin_app(env.engine, settings)
+    app = create_admin_app(env.engine, settings, parts=env.parts, schedules=env.schedules)
     noops = [await env.engine.start(Noop, {}) for _ in range(120)]
     await env.advance(timedelta(hours=1))
     env.participant("payee").on(Credit, reject="closed", times=1)

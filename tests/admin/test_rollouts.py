@@ -46,7 +46,7 @@ async def test_set_audit_and_show_a_rollout(admin: Admin) -> None:
     limited = (await admin.http.get("/rollouts/transfer?limit=1", headers=READER)).json()
     assert len(limited["audit"]) == 1
     # The engine serving the API applies it at once (the others at their next refresh).
-    applied = admin.env.engine.rollouts.get("transfer")
+    applied = admin.env.parts.rollouts.get("transfer")
     assert applied is not None
     assert (applied.version, applied.percent) == (2, 10)
 

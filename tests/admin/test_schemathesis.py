@@ -70,7 +70,10 @@ def served() -> Iterator[Served]:
 
 def _schema() -> Any:
     """The description the server publishes, read from an app built the same way."""
-    spec = create_admin_app(SagaTestEnv([Transfer, Noop]).engine, admin_settings()).openapi()
+    env = SagaTestEnv([Transfer, Noop])
+    spec = create_admin_app(
+        env.engine, admin_settings(), parts=env.parts, schedules=env.schedules
+    ).openapi()
     loaded = schemathesis.openapi.from_dict(spec)
     loaded.config.update(headers=OPERATOR)
     loaded.config.generation.update(max_examples=EXAMPLES, database="none")

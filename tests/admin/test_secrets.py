@@ -83,7 +83,7 @@ async def test_canary_secrets_never_leave_the_process(
     caplog.set_level(logging.DEBUG)
     settings = canary_settings(port=0)
     env = SagaTestEnv([Transfer], settings=settings)
-    app = create_admin_app(env.engine, settings)
+    app = create_admin_app(env.engine, settings, parts=env.parts, schedules=env.schedules)
     server = await serve_admin(app, settings)  # through uvicorn, with its logging
     try:
         async with httpx.AsyncClient(base_url=server.url) as http:
@@ -123,13 +123,13 @@ def test_configuration_errors_do_not_show_secrets() -> None:
         admin=AdminSettings(operators={"olivia": SecretStr("CANARY-short")}),
     )
     with pytest.raises(AdminConfigError) as caught:
-        create_admin_app(env.engine, weak)
+        create_admin_app(env.engine, weak, parts=env.parts, schedules=env.schedules)
     assert_clean(str(caught.value), "the weak-token error")
     public = Settings(
         pg=PostgresSettings(dsn=SecretStr(f"postgresql://saga:{CANARY_PASSWORD}@db/saga")),
         admin=AdminSettings(host="0.0.0.0"),
     )
     with pytest.raises(InsecureAdminBinding) as refused:
-        create_admin_app(env.engine, public)
+        create_admin_app(env.engine, public, parts=env.parts, schedules=env.schedules)
     assert_clean(str(refused.value), "the refusal")
     assert_clean(repr(canary_settings()), "repr(settings)")

@@ -209,7 +209,9 @@ async def test_signing_in_sets_a_strict_session_cookie_that_authenticates_the_pa
 async def test_without_tokens_on_loopback_the_pages_are_open() -> None:
     env = SagaTestEnv([Transfer, Noop], settings=Settings(admin=AdminSettings()))
     saga_id = await waiting_saga(env)
-    async with make_client(create_admin_app(env.engine, env.settings)) as http:
+    async with make_client(
+        create_admin_app(env.engine, env.settings, parts=env.parts, schedules=env.schedules)
+    ) as http:
         page = await http.get(f"/ui/sagas/{saga_id}")
     assert page.status_code == 200
     assert "owed" in page.text  # both steps applied: their compensations are owed

@@ -174,7 +174,7 @@ async def test_the_inbox_dead_letters_a_bad_signal_and_the_client_refuses_to_sen
             await client.signal(saga_id, Checkout.go, {"ok": True})
         await settled_on(served, saga_id, "completed")
         assert served.worker.engine is not None
-        assert served.worker.engine.stats.counts["dead_lettered_invalid_signal"] == 2
+        assert served.worker.parts.stats.counts["dead_lettered_invalid_signal"] == 2
 
 
 def _charged_never_refunded(command: Envelope) -> ReplyBody | None:

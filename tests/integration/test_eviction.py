@@ -36,7 +36,7 @@ async def test_waiting_sagas_leave_memory_and_still_wake_and_take_signals(
         await worker.start()
         await poll_until(owned(worker))
         assert worker.engine is not None
-        engine = worker.engine
+        engine, parts = worker.engine, worker.parts
         waiting = [await client.start(Parked, Order()) for _ in range(20)]
         napping = [await client.start(Parked, Order(nap_s=3)) for _ in range(10)]
 
@@ -46,7 +46,7 @@ async def test_waiting_sagas_leave_memory_and_still_wake_and_take_signals(
         await poll_until(recorded, timeout=30)
         # Idle past idle_evict_s: evicted, down to none at all (none has a command out).
         await poll_until(lambda: not engine.live_saga_ids(), timeout=30)
-        assert engine.stats.counts["sagas_evicted"] >= 30
+        assert parts.stats.counts["sagas_evicted"] >= 30
 
         # The naps end while their sagas are out of memory: the store says they are due,
         # the poller wakes them, and they complete.
@@ -54,7 +54,7 @@ async def test_waiting_sagas_leave_memory_and_still_wake_and_take_signals(
             return all([await status(worker, i) is SagaStatus.COMPLETED for i in ids])
 
         await poll_until(lambda: all_done(napping), timeout=30)
-        assert engine.stats.counts["sagas_woken"] >= len(napping)
+        assert parts.stats.counts["sagas_woken"] >= len(napping)
 
         # A signal to an evicted saga reloads it from history and it goes on.
         for saga_id in waiting:
@@ -63,8 +63,8 @@ async def test_waiting_sagas_leave_memory_and_still_wake_and_take_signals(
 
         # Nothing per saga is left behind.
         await poll_until(lambda: not engine.live_saga_ids(), timeout=30)
-        assert len(engine.live.locks) == 0
-        assert not engine._watchers
+        assert len(parts.live.locks) == 0
+        assert not parts.waiters
 
 
 async def test_the_cache_bound_holds_while_sagas_are_busy(settings: Settings) -> None:
@@ -107,7 +107,7 @@ async def test_wake_ups_due_soon_are_loaded_ahead_and_fire_on_time(settings: Set
         await worker.start()
         await poll_until(owned(worker))
         assert worker.engine is not None
-        engine = worker.engine
+        engine, parts = worker.engine, worker.parts
         napping = [await client.start(Parked, Order(nap_s=4)) for _ in range(6)]
 
         async def all_done() -> bool:
@@ -115,8 +115,8 @@ async def test_wake_ups_due_soon_are_loaded_ahead_and_fire_on_time(settings: Set
 
         await poll_until(all_done, timeout=30)
         # Evicted while idle, then loaded again ahead of their wake-up by the poller.
-        assert engine.stats.counts["sagas_evicted"] >= len(napping)
-        assert engine.stats.counts["sagas_woken"] >= len(napping)
+        assert parts.stats.counts["sagas_evicted"] >= len(napping)
+        assert parts.stats.counts["sagas_woken"] >= len(napping)
         for saga_id in napping:
             history = await engine.history(saga_id)
             [started] = [e for e in history if isinstance(e, TimerStarted)]

@@ -139,7 +139,7 @@ async def test_a_signal_through_the_other_instance_reaches_the_owners_timers(
         # knows of it only by reloading the saga (the other engine's saga.reload).
         await poll_until(lambda: _is_completed(owner, saga_id), timeout=30)
         assert [c.subject for c in beta] == ["Cmd"]
-    assert owner.engine.stats.counts["reloaded"] >= 1
+    assert owner.parts.stats.counts["reloaded"] >= 1
     [received] = [e for e in await owner.engine.history(saga_id) if e.kind == "signal_received"]
     assert received.model_dump(include={"principal", "reason"}) == {
         "principal": "olivia",
@@ -177,9 +177,9 @@ async def test_a_reply_the_stale_owner_does_not_know_is_checked_against_history(
         # command: before dead-lettering it as unknown, it reloads the saga from history.
         await other.engine.signal(saga_id, "go")
         await poll_until(lambda: _is_completed(owner, saga_id), timeout=30)
-    assert owner.engine.stats.counts["reloaded_stale_copy"] >= 1
-    assert owner.engine.stats.counts["dropped_unknown_command"] == 0
-    assert other.engine.stats.counts["reload_notice_lost"] == 1  # after its retries
+    assert owner.parts.stats.counts["reloaded_stale_copy"] >= 1
+    assert owner.parts.stats.counts["dropped_unknown_command"] == 0
+    assert other.parts.stats.counts["reload_notice_lost"] == 1  # after its retries
 
 
 async def test_the_owner_reloads_a_saga_changed_elsewhere_when_its_write_conflicts(
@@ -207,8 +207,8 @@ async def test_the_owner_reloads_a_saga_changed_elsewhere_when_its_write_conflic
         await client.signal(saga_id, "ship", {"n": 8})
         await poll_until(lambda: _is_completed(owner, saga_id), timeout=30)
         assert [c.body for c in beta] == [{"n": 7}]
-    assert owner.engine.stats.counts["stale_owner"] >= 1
-    assert owner.engine.stats.counts["reloaded_after_conflict"] >= 1
+    assert owner.parts.stats.counts["stale_owner"] >= 1
+    assert owner.parts.stats.counts["reloaded_after_conflict"] >= 1
 
 
 async def test_a_timer_of_a_stale_copy_rebuilds_the_saga(
@@ -233,4 +233,4 @@ async def test_a_timer_of_a_stale_copy_rebuilds_the_saga(
         await other.engine.signal(saga_id, "go")
         await poll_until(lambda: _is_completed(owner, saga_id), timeout=30)
         assert [c.body for c in beta] == [{"n": 4}]
-    assert owner.engine.stats.counts["reloaded_after_conflict"] >= 1
+    assert owner.parts.stats.counts["reloaded_after_conflict"] >= 1

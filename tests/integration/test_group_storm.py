@@ -191,7 +191,7 @@ async def _engine_round(pg: PgTarget, bootstrap: str, n: int, locks: Path) -> in
 
         def each_started() -> bool:
             return all(
-                w.engine is not None and w.engine.stats.counts["sagas_started"] > 0 for w in workers
+                w.engine is not None and w.parts.stats.counts["sagas_started"] > 0 for w in workers
             )
 
         await poll_until(each_started, timeout=SETTLE_S)

@@ -216,10 +216,10 @@ async def test_trigger_starts_one_saga_per_message_even_when_redelivered(
             finally:
                 await producer.stop()
             assert worker.engine is not None
-            engine = worker.engine
+            engine, parts = worker.engine, worker.parts
 
             async def done() -> bool:
-                sagas = await engine.store.list_sagas()
+                sagas = await parts.store.list_sagas()
                 return len(sagas) == 2 and all(s.status == SagaStatus.COMPLETED for s in sagas)
 
             await poll_until(done)
@@ -228,10 +228,10 @@ async def test_trigger_starts_one_saga_per_message_even_when_redelivered(
                 "invalid_body", "malformed_json", "unstorable_value",
             ]  # fmt: skip
             assert {dict(r.headers)["dlq_topic"].decode() for r in dlq} == {topic}
-            sagas = await engine.store.list_sagas()
+            sagas = await parts.store.list_sagas()
             assert sorted(s.idempotency_key or "" for s in sagas) == ["order-1", "order-2"]
             # The last duplicates may still be in flight when both sagas are done.
-            await poll_until(lambda: engine.stats.counts["start_deduplicated"] == 3)
+            await poll_until(lambda: parts.stats.counts["start_deduplicated"] == 3)
             # The saga joined the trace of the message that started it (a garbled
             # traceparent is ignored, not an error).
             contexts = {}
@@ -268,7 +268,7 @@ async def test_a_malformed_trigger_message_counts_in_the_metrics_dead_lettered(
     async with SagaWorker(settings, [CheckFraud], triggers=[trigger]) as worker:
         assert worker.engine is not None
         assert worker.admin_url is not None
-        before = worker.engine.stats.counts["dead_lettered"]
+        before = worker.parts.stats.counts["dead_lettered"]
         producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
         await producer.start()
         try:

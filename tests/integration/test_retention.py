@@ -34,7 +34,7 @@ async def test_the_owner_archives_finished_sagas_past_their_period(
         await worker.start()
         await poll_until(owned(worker))
         assert worker.engine is not None
-        store = worker.engine.store
+        store = worker.parts.store
         finished = [await client.start(Parked, Order(nap_s=0.1)) for _ in range(5)]
         waiting = [await client.start(Parked, Order()) for _ in range(2)]
 
@@ -58,7 +58,7 @@ async def test_the_owner_archives_finished_sagas_past_their_period(
             assert history.events[-1].kind == "saga_completed"
         for saga_id in waiting:
             assert await status(worker, saga_id) is SagaStatus.RUNNING
-        assert worker.engine.stats.counts["sagas_archived"] >= len(finished)
+        assert worker.parts.stats.counts["sagas_archived"] >= len(finished)
 
 
 async def test_a_per_type_period_keeps_that_type(
@@ -87,7 +87,7 @@ async def test_a_per_type_period_keeps_that_type(
         first = _passes(worker)
         await poll_until(lambda: _passes(worker) >= first + 5)
         assert await status(worker, saga_id) is SagaStatus.COMPLETED
-        assert await worker.engine.store.archived_history(saga_id) is None
+        assert await worker.parts.store.archived_history(saga_id) is None
 
 
 def _passes(worker: SagaWorker) -> int:

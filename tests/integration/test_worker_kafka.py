@@ -105,7 +105,7 @@ async def test_saga_started_through_the_inbox_completes(
         assert command.saga_type == "two-steps"
         assert command.command_id
         assert command.reply_to == f"{settings.kafka.topic_prefix}.inbox"
-        sagas = await worker.engine.store.list_sagas()  # type: ignore[union-attr]
+        sagas = await worker.parts.store.list_sagas()
         assert len(sagas) == 1
 
 
@@ -231,7 +231,7 @@ async def test_poison_messages_go_to_the_dlq_and_the_partition_keeps_flowing(
         assert headers["dlq_topic"].decode() == inbox
         assert int(headers["dlq_offset"]) >= 0
     assert worker.engine is not None
-    assert worker.engine.stats.counts["dead_lettered"] == 8
+    assert worker.parts.stats.counts["dead_lettered"] == 8
 
 
 async def test_a_start_left_unapplied_at_stop_is_read_again_by_the_next_worker(

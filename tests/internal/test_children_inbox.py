@@ -181,10 +181,10 @@ async def test_a_repeated_start_after_a_rollout_change_is_answered_by_the_child(
 ) -> None:
     settings = real_settings(pg, kafka_bootstrap, unique_id)
     async with SagaWorker(settings, [Mover, Fragile, FragileV2]) as worker:
-        engine = worker.engine
+        engine, parts = worker.engine, worker.parts
         assert engine is not None
         await apply_rollout(
-            engine, "fragile", RolloutSpec(version=2, percent=0), principal="test", reason="v1"
+            parts, "fragile", RolloutSpec(version=2, percent=0), principal="test", reason="v1"
         )
         parent = await engine.start(Mover, Box(label="vase"))
         child = child_saga_id(parent, "fragile")
@@ -192,12 +192,12 @@ async def test_a_repeated_start_after_a_rollout_change_is_answered_by_the_child(
         assert (await engine.get(child)).saga_version == 1
         # v2 for every new start; its model refuses the child's (v1) input.
         await apply_rollout(
-            engine, "fragile", RolloutSpec(version=2, percent=100), principal="test", reason="v2"
+            parts, "fragile", RolloutSpec(version=2, percent=100), principal="test", reason="v2"
         )
         engine.evict(child)
-        repeated = engine.stats.counts["child_start_repeated"]
+        repeated = parts.stats.counts["child_start_repeated"]
         # The parent asks again (every second): the child, not today's rollout, answers.
-        await poll_until(lambda: engine.stats.counts["child_start_repeated"] >= repeated + 2)
+        await poll_until(lambda: parts.stats.counts["child_start_repeated"] >= repeated + 2)
         assert await _status(worker, parent) == SagaStatus.RUNNING
         await produce(settings, Topics.of(settings.kafka).inbox, _signal(child, ok=True))
         await _reaches(worker, parent, SagaStatus.COMPLETED, 30)

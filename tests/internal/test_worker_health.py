@@ -25,7 +25,9 @@ async def test_a_dead_inbox_consumer_fails_health(
         async def broken(batch: Any) -> None:
             raise RuntimeError("a bug in the batch path")
 
-        served.worker._process = broken  # type: ignore[method-assign]
+        inbox = served.worker._inbox
+        assert inbox is not None
+        inbox.process = broken  # type: ignore[method-assign,assignment]
         await start(served)  # its record reaches the broken consumer
 
         async def failing() -> bool:

@@ -14,8 +14,9 @@ from tests.admin.sagas import Transfer
 
 async def test_health_is_degraded_while_a_problem_stands_and_ok_after() -> None:
     board = HealthBoard()
+    env = SagaTestEnv([Transfer])
     app = create_admin_app(
-        SagaTestEnv([Transfer]).engine, Settings(admin=AdminSettings()), health=board
+        env.engine, Settings(admin=AdminSettings()), parts=env.parts, health=board
     )
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://admin"

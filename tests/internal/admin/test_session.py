@@ -541,7 +541,7 @@ async def test_the_cookie_is_secure_over_https_and_follows_root_path() -> None:
             )
         ),
     )
-    app = create_admin_app(env.engine, env.settings)
+    app = create_admin_app(env.engine, env.settings, parts=env.parts, schedules=env.schedules)
     https = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=https, base_url="https://admin") as http:
         response = await sign_in(http, READER_TOKEN, origin="https://admin")

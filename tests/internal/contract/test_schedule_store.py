@@ -22,13 +22,14 @@ from pydantic import SecretStr
 from saga_engine.core._schedule import CatchUp, Overlap, Schedule, ScheduleState, tick_saga_id
 from saga_engine.kernel._errors import ScheduleConflict, ScheduleNotFound
 from saga_engine.kernel._settings import KafkaSettings, PostgresSettings, ScheduleSettings
-from saga_engine.runner._scheduler import KafkaStarts, Scheduler
+from saga_engine.runner._scheduler import Scheduler
 from saga_engine.store._memschedules import InMemoryScheduleStore
 from saga_engine.store._migrations import migrate
 from saga_engine.store._pgschedules import PostgresScheduleStore
 from saga_engine.store._schedule_store import Firing, ScheduleStore
 from saga_engine.transport._kafka import make_producer
 from saga_engine.transport._wire import decode
+from saga_engine.worker._schedules import KafkaStarts
 from tests.conftest import PgTarget, TopicFactory
 from tests.integration.kafka_helpers import read_topic
 

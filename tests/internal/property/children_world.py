@@ -33,8 +33,10 @@ from saga_engine import Saga, SagaContext, Settings
 from saga_engine.core._decision import CHILD_PARTICIPANT, PARENT_PARTICIPANT, OutboundCommand
 from saga_engine.kernel._errors import InvalidTransition, SagaError, TransientError
 from saga_engine.kernel._serde import JsonDict
+from saga_engine.runner._children import ChildLinks
 from saga_engine.runner._clock import VirtualClock
 from saga_engine.runner._engine import Engine
+from saga_engine.runner._parts import EngineParts
 from saga_engine.store._memstore import InMemoryEventStore
 
 STEP_TIMEOUT = timedelta(minutes=1)
@@ -208,7 +210,13 @@ class World:
         self.unexpected: list[str] = []
 
     def _engine(self) -> Engine:
-        return Engine(Settings(), sagas=SAGAS, store=self.store, sender=self.bus, clock=self.clock)
+        """A new engine process: its collaborators, its engine and its child links."""
+        self.parts = EngineParts.build(
+            Settings(), sagas=SAGAS, store=self.store, sender=self.bus, clock=self.clock
+        )
+        engine = Engine(self.parts)
+        self.children = ChildLinks(engine, self.parts)
+        return engine
 
     async def start(self, item: Item, index: int) -> None:
         order = item.model_copy(update={"order": f"o{index}"})
@@ -245,7 +253,7 @@ class World:
             self.silence += delta
         await self.clock.advance(delta, settle=self._deliver_all if draining else _nothing)
         for saga_id, _ in await self.store.due_wakeups(self.clock.now()):
-            if not self.engine.live.holds_timer(saga_id):
+            if not self.parts.live.holds_timer(saga_id):
                 await self._quietly(self.engine.wake(saga_id))
 
     async def deliver(self, message: Message) -> None:
@@ -259,7 +267,7 @@ class World:
                     command.saga_id, command.command_id, outcome, payload, error
                 )
             elif command.participant in (CHILD_PARTICIPANT, PARENT_PARTICIPANT):
-                await self.engine.children.deliver_locally(command)
+                await self.children.deliver_locally(command)
             else:
                 self.network.append(Message(command, self.db.handle(command)))
         except TransientError:

@@ -545,4 +545,4 @@ async def test_a_gather_with_a_held_step_counts_one_park() -> None:
     assert await run.status() == SagaStatus.STEP_STUCK
     kinds = await _kinds(run)
     assert kinds.count("invalid_reply_received") == 2
-    assert env.engine.stats.counts["sagas_parked"] == 1
+    assert env.parts.stats.counts["sagas_parked"] == 1

@@ -15,7 +15,7 @@ from saga_engine.testing import SagaTestEnv
 
 async def _views_agree(env: SagaTestEnv) -> None:
     """The fold every view uses reads each saga's history as the runtime drove it."""
-    for record in await env.engine.store.list_sagas():
+    for record in await env.parts.store.list_sagas():
         view = fold(await env.engine.history(record.saga_id), saga_id=record.saga_id)
         assert view.status == record.status, record.saga_id
         runtime = env.engine.runtime_of(record.saga_id)
@@ -194,7 +194,7 @@ async def test_a_repeated_start_of_an_ended_child_answers_again() -> None:
     child_id = child_saga_id(run.saga_id, "shipment")
     start = env.commands(CHILD_PARTICIPANT)[0]
     before = len(env.bus.sent)
-    await env.engine.children.deliver_locally(start)
+    await env.children.deliver_locally(start)
     answers = env.bus.sent[before:]
     assert [(a.participant, a.command_id, a.payload["outcome"]) for a in answers] == [
         ("saga.parent", start.command_id, "success")

@@ -12,6 +12,7 @@ import pytest
 from saga_engine import Saga, SagaContext, SagaStatus, Settings
 from saga_engine.core._decision import CHILD_PARTICIPANT, PARENT_PARTICIPANT, child_saga_id
 from saga_engine.core._events import ParentLink
+from saga_engine.core._start import StartRequest
 from saga_engine.kernel._errors import InvalidTransition, NotParent, SagaNotFound
 from saga_engine.kernel._settings import EngineSettings
 from saga_engine.testing import SagaTestEnv
@@ -68,7 +69,7 @@ async def test_a_second_undo_of_an_undone_child_is_answered_too() -> None:
     assert await run.status() == SagaStatus.COMPENSATED
     child_id = child_saga_id(run.saga_id, "shipment")
     before = len(env.bus.sent)
-    await env.engine.children.undo_child(child_id, "another-undo", run.saga_id, "")
+    await env.children.undo_child(child_id, "another-undo", run.saga_id, "")
     answered = [(c.participant, c.command_id) for c in env.bus.sent[before:]]
     assert (PARENT_PARTICIPANT, "another-undo") in answered
 
@@ -156,12 +157,12 @@ async def test_an_undo_from_a_saga_that_is_not_the_parent_is_refused() -> None:
     child_id = child_saga_id(run.saga_id, "shipment")
     before = await env.engine.history(child_id)
     with pytest.raises(NotParent, match="not by saga 'intruder'"):
-        await env.engine.children.undo_child(child_id, "forged", "intruder", "")
+        await env.children.undo_child(child_id, "forged", "intruder", "")
     assert await env.engine.history(child_id) == before
     assert (await env.engine.get(child_id)).status == SagaStatus.COMPLETED
     # A saga no parent started is cancelled, never undone.
     with pytest.raises(InvalidTransition, match="not started by another saga"):
-        await env.engine.children.undo_child(run.saga_id, "forged", "intruder", "")
+        await env.children.undo_child(run.saga_id, "forged", "intruder", "")
 
 
 async def test_a_start_from_a_saga_that_is_not_the_parent_is_refused() -> None:
@@ -170,9 +171,11 @@ async def test_a_start_from_a_saga_that_is_not_the_parent_is_refused() -> None:
     child_id = child_saga_id(run.saga_id, "shipment")
     before = len(env.bus.sent)
     with pytest.raises(NotParent):
-        await env.engine.children.start_child(
-            "shipment", {"order_id": "o8"}, saga_id=child_id,
-            parent=ParentLink(saga_id="intruder", command_id="c1", saga_type="order"),
+        await env.children.start_child(
+            StartRequest(
+                "shipment", {"order_id": "o8"}, child_id,
+                parent=ParentLink(saga_id="intruder", command_id="c1", saga_type="order"),
+            )
         )  # fmt: skip
     assert env.bus.sent[before:] == []  # the intruder hears nothing of the child
 
@@ -199,7 +202,7 @@ async def test_a_start_overtaken_by_its_undo_starts_no_child() -> None:
     child_id = child_saga_id(run.saga_id, "shipment")
     with pytest.raises(SagaNotFound):
         await env.engine.get(child_id)
-    assert env.engine.stats.counts["child_start_withdrawn"] == 1
+    assert env.parts.stats.counts["child_start_withdrawn"] == 1
     assert env.commands("carrier") == []  # no booking that nobody would undo
 
 
@@ -214,7 +217,7 @@ async def test_a_start_of_a_step_an_operator_skipped_starts_no_child() -> None:
     await env.release()  # the start arrives late: its step was answered by hand
     with pytest.raises(SagaNotFound):
         await env.engine.get(child_saga_id(run.saga_id, "shipment"))
-    assert env.engine.stats.counts["child_start_withdrawn"] == 1
+    assert env.parts.stats.counts["child_start_withdrawn"] == 1
 
 
 class Napping(Saga[ShipIn, ShipOut]):
@@ -243,4 +246,4 @@ async def test_an_end_refused_on_the_timer_path_is_reloaded_once() -> None:
     assert await run.status() == SagaStatus.RUNNING
     await env.advance(timedelta(seconds=1))  # one reload re-sends it
     assert await run.status() == SagaStatus.COMPLETED
-    assert env.engine.stats.counts["reloaded"] == 1
+    assert env.parts.stats.counts["reloaded"] == 1

@@ -116,10 +116,12 @@ def test_limits_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
     assert limits.aging_s == 3
 
 
-def test_without_limits_the_engine_sends_directly() -> None:
+async def test_without_limits_the_engine_sends_directly() -> None:
     env = SagaTestEnv([OneStep])
-    assert env.engine.flow is None
-    assert env.engine.sender is env.bus
+    assert env.parts.flow is None
+    assert not isinstance(env.parts.sender, FlowControl)
+    await env.engine.start(OneStep, Job(n=0))
+    assert len(env.bus.sent) == 1  # on the engine's path: no queue in between
 
 
 # --------------------------------------------------------------------------- engine
@@ -141,8 +143,8 @@ async def test_a_concurrency_limit_holds_commands_until_replies_release_them() -
         await until(lambda: bool(env.bus.pending) or len(env.bus.sent) == 5)
     for saga_id in ids:
         assert (await env.engine.get(saga_id)).status is SagaStatus.COMPLETED
-    assert env.engine.flow is not None
-    gate = env.engine.flow.snapshot()[0]
+    assert env.parts.flow is not None
+    gate = env.parts.flow.snapshot()[0]
     assert (gate["in_flight"], gate["waiting"], gate["sent"]) == (0, 0, 5)
 
 
@@ -231,7 +233,7 @@ async def test_a_cancelled_saga_leaves_the_queue() -> None:
     await env.engine.start(OneStep, Job(n=0))
     queued = await env.engine.start(OneStep, Job(n=1))
     await until(lambda: len(env.bus.sent) == 1)
-    flow = env.engine.flow
+    flow = env.parts.flow
     assert flow is not None
     assert flow.snapshot()[0]["waiting"] == 1
     await env.engine.cancel(queued, "test")
@@ -276,28 +278,15 @@ async def test_a_saga_type_limit_applies_to_its_commands_only() -> None:
 
 
 async def test_a_failed_send_keeps_its_place() -> None:
-    class Flaky:
-        def __init__(self) -> None:
-            self.failures = 1
-            self.sent: list[str] = []
-
-        async def send_command(self, command: object) -> None:
-            if self.failures:
-                self.failures -= 1
-                from saga_engine.kernel._errors import KafkaUnavailable
-
-                raise KafkaUnavailable("broker away")
-            self.sent.append(command.saga_id)  # type: ignore[attr-defined]
-
-    env = SagaTestEnv([OneStep])
-    flaky = Flaky()
-    flow = FlowControl(
-        LimitsSettings(participants={"worker": FlowLimit(concurrency=1)}), flaky, lambda _: None
-    )
-    env.engine.sender = flow
-    a = await env.engine.start(OneStep, Job(n=0))
-    await until(lambda: flaky.sent == [a], timeout=3)
-    await flow.close()
+    env = SagaTestEnv([OneStep], settings=limited(concurrency=1))
+    env.bus.fail(lambda command: True)  # the broker refuses the first send
+    a = await env.engine.start(OneStep, Job(n=0))  # held by the limit: the start is done
+    # The queue sends it again after its pause, in its place.
+    await until(lambda: [c.saga_id for c in env.bus.sent] == [a], timeout=3)
+    flow = env.parts.flow
+    assert flow is not None
+    assert flow.stats["send_failed"] == 1
+    await env.engine.close()
 
 
 def test_queue_pop_skips_closed_lanes() -> None:
@@ -317,7 +306,7 @@ async def test_an_evicted_saga_keeps_its_permit_until_its_reply() -> None:
     await env.engine.start(OneStep, Job(n=1))
     await until(lambda: len(env.bus.sent) == 1)
     env.engine.evict(first)  # out of memory; its command is still out
-    flow = env.engine.flow
+    flow = env.parts.flow
     assert flow is not None
     assert (flow.snapshot()[0]["in_flight"], flow.snapshot()[0]["waiting"]) == (1, 1)
     await reply_first(env)  # reloads it (the re-send keeps the permit), then completes
@@ -354,8 +343,8 @@ async def test_a_saga_type_limit_holds_its_commands() -> None:
     for i in range(3):
         await env.engine.start(OneStep, Job(n=i))
     await until(lambda: len(env.bus.sent) == 1)
-    assert env.engine.flow is not None
-    (gate,) = env.engine.flow.snapshot()
+    assert env.parts.flow is not None
+    (gate,) = env.parts.flow.snapshot()
     assert (gate["kind"], gate["name"], gate["in_flight"], gate["waiting"]) == (
         "saga_type",
         "one-step",

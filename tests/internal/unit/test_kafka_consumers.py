@@ -12,11 +12,11 @@ from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, Settings
 from saga_engine.cli._dlq import read_dlq
-from saga_engine.runner._trigger_consumer import TriggerConsumer
 from saga_engine.settings import KafkaSettings
 from saga_engine.transport import _kafka as kafka_module
 from saga_engine.transport._kafka import make_consumer, make_group_consumer
 from saga_engine.triggers import KafkaTrigger
+from saga_engine.worker._adapters import trigger_consumer
 
 # Above aiokafka's defaults and the factory's 50 MiB floor: a consumer without the
 # limits shows.
@@ -96,7 +96,8 @@ async def test_the_trigger_consumer_gets_the_size_limits(
         to_input=lambda m: m,
         idempotency_key=lambda m: str(m.n),
     )
-    consumer = TriggerConsumer(settings(), [trigger], producer=None, dead=None, source="/t")  # type: ignore[arg-type]
+    # The worker makes it, with the factory's consumer.
+    consumer = trigger_consumer(settings(), [trigger], producer=None, dead=None, source="/t")  # type: ignore[arg-type]
     await consumer.start()
     await consumer.stop()
 

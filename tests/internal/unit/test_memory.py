@@ -64,7 +64,7 @@ def no_collector() -> Iterator[None]:
 async def test_evicted_sagas_leave_no_cycles(no_collector: None) -> None:
     env = SagaTestEnv([Waits])
     ids = [await env.engine.start(Waits, Empty()) for _ in range(20)]
-    assert len(env.engine.live) == 20
+    assert len(env.parts.live) == 20
     runtimes = [env.engine.runtime_of(i) for i in ids]
     loops = {id(rt.state.loop) for rt in runtimes if rt is not None}
     assert len(loops) == 20

@@ -45,7 +45,7 @@ class Three(Saga[In, Out]):
 
 
 async def _replays_cleanly(env: SagaTestEnv, saga_id: str) -> None:
-    definition = env.engine.registry.get("three")
+    definition = env.parts.registry.get("three")
     runtime, decision = SagaRuntime.replay(definition, saga_id, await env.engine.history(saga_id))
     assert decision.nondeterminism is None
     assert decision.events == []

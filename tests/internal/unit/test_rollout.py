@@ -174,7 +174,7 @@ def test_the_table_skips_types_with_one_version() -> None:
 async def test_running_sagas_keep_their_version_and_replay_picks_it() -> None:
     env = SagaTestEnv([OrderV1, OrderV2])
     now = datetime.now(UTC)
-    env.engine.rollouts.put(
+    env.parts.rollouts.put(
         "order", Rollout(saga_type="order", version=2, percent=30, updated_at=now, updated_by="t")
     )
     ids = [f"s-{i}" for i in range(40)]
@@ -187,7 +187,7 @@ async def test_running_sagas_keep_their_version_and_replay_picks_it() -> None:
         history = await env.engine.history(saga_id)
         assert history[-1].output == {"version": want}  # type: ignore[union-attr]
         # A replay (recovery, `saga replay`) picks the class the history recorded.
-        assert env.engine.registry.for_history("order", history).version == want
+        assert env.parts.registry.for_history("order", history).version == want
 
 
 class NapV1(Saga[Order, Done]):

@@ -272,7 +272,7 @@ async def test_duplicate_reply_is_dropped_and_counted() -> None:
     env.participant("p1").on(Cmd, duplicate=True)
     run = await env.start(ThreeSteps, Count(steps=2))
     assert await run.status() == SagaStatus.COMPLETED
-    assert env.engine.stats.counts["dropped_duplicate_reply"] == 1
+    assert env.parts.stats.counts["dropped_duplicate_reply"] == 1
     replies = [e for e in await run.history() if e.kind == "reply_received"]
     assert len(replies) == 2
 
@@ -304,7 +304,7 @@ async def test_now_uuid_random_and_side_effects_survive_replay() -> None:
     env.engine.evict(run.saga_id)
     from saga_engine.core._runtime import SagaRuntime
 
-    definition = env.engine.registry.get("deterministic")
+    definition = env.parts.registry.get("deterministic")
     replayed, decision = SagaRuntime.replay(definition, run.saga_id, await run.history())
     assert decision.events == []
     assert decision.nondeterminism is None
@@ -320,7 +320,7 @@ async def test_idempotent_start_gives_one_saga() -> None:
     assert a.saga_id == b.saga_id
     assert len(await env.store.list_sagas()) == 1
     assert len(env.commands()) == 1
-    assert env.engine.stats.counts["start_deduplicated"] == 1
+    assert env.parts.stats.counts["start_deduplicated"] == 1
 
 
 async def test_bad_input_and_oversized_payload_are_refused_and_store_nothing() -> None:

@@ -277,9 +277,9 @@ def test_fired_plus_skipped_is_every_due_tick(
 
 
 def test_the_fast_start_envelope_is_what_the_validated_one_would_be() -> None:
-    from saga_engine.runner._scheduler import KafkaStarts, start_body
     from saga_engine.store._schedule_store import firing
     from saga_engine.transport._wire import Envelope, StartBody, decode, encode
+    from saga_engine.worker._schedules import KafkaStarts, start_body
 
     schedule = Schedule(id="s", saga="report", every_s=60, input={"region": "eu", "n": [1, 2]})
     f = firing(schedule, tick_key("s", at(60)), at(60))
@@ -311,7 +311,7 @@ async def test_a_worker_refuses_a_declared_schedule_it_cannot_start(
 ) -> None:
     """Refused before anything is opened or written: the worker's start fails with why."""
     from saga_engine import SagaRegistry, Settings
-    from saga_engine.runner._scheduler import WorkerSchedules
+    from saga_engine.worker._schedules import WorkerSchedules
     from tests.sagas import PlaceOrder
 
     async def never(firings: object) -> None:

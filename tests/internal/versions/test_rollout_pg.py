@@ -102,7 +102,7 @@ async def running(*workers: SagaWorker) -> AsyncIterator[None]:
 @contextlib.asynccontextmanager
 async def admin_of(worker: SagaWorker, settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     assert worker.engine is not None
-    app = create_admin_app(worker.engine, settings)
+    app = create_admin_app(worker.engine, settings, parts=worker.parts)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://admin") as http:
         yield http
@@ -157,10 +157,10 @@ async def test_rollout_through_the_api_reaches_another_engine_and_rolls_back(
             )
             assert put.status_code == 200, put.text
             changed_at = time.monotonic()
-            engine_b = b.engine
+            parts_b = b.parts
 
             def b_applies(percent: int) -> bool:
-                row = engine_b.rollouts.get(TYPE)
+                row = parts_b.rollouts.get(TYPE)
                 return row is not None and row.percent == percent
 
             await poll_until(lambda: b_applies(30), timeout=10)
@@ -257,9 +257,8 @@ async def test_a_saga_version_an_engine_lacks_waits_for_an_engine_that_has_it(
     caplog.set_level(logging.ERROR, logger="saga_engine.engine")
     async with running(old):
         await old.start()
-        assert old.engine is not None
-        engine = old.engine
-        await poll_until(lambda: engine.stats.counts["recovery_failed"] >= 1, timeout=30)
+        parts = old.parts
+        await poll_until(lambda: parts.stats.counts["recovery_failed"] >= 1, timeout=30)
         assert "version 2 is not deployed on this engine" in caplog.text
         after = await _pg_row(pg, "SELECT status, last_seq, saga_version FROM sagas")
         assert [tuple(r) for r in after] == [("running", 2, 2)]
@@ -299,9 +298,8 @@ async def test_an_event_written_by_a_newer_engine_is_left_untouched_and_reported
     old = SagaWorker(settings, [OrderV1])
     async with running(old), SagaClient(settings) as client:
         await old.start()
-        assert old.engine is not None
-        engine = old.engine
-        await poll_until(lambda: engine.stats.counts["recovery_failed"] >= 1, timeout=30)
+        parts = old.parts
+        await poll_until(lambda: parts.stats.counts["recovery_failed"] >= 1, timeout=30)
         async with admin_of(old, settings) as http:
             shown = await http.get(f"/sagas/{saga_id}", headers=OPERATOR)
             assert shown.status_code == 409
@@ -310,7 +308,7 @@ async def test_an_event_written_by_a_newer_engine_is_left_untouched_and_reported
         # A signal for it is dead-lettered as newer_version, not lost in a crash.
         await client.signal(saga_id, "go", Go(), saga=OrderV1)
         await poll_until(lambda: old.stats_dead_lettered >= 1, timeout=30)
-        assert engine.stats.counts["dead_lettered_newer_version"] == 1
+        assert parts.stats.counts["dead_lettered_newer_version"] == 1
         rows = await _pg_row(pg, "SELECT status, last_seq FROM sagas WHERE saga_id = $1", saga_id)
         assert [tuple(r) for r in rows] == [("running", 2)]
 

@@ -1,0 +1,162 @@
+"""What follows a write, once for every input: the crash points, the sends, and each
+saga's bookkeeping (the observer told what happened, flow control's permits, waiters,
+the saga armed for its next wake-up or let go).
+
+A command leaves only after the events that decided it are durable (the history is the
+outbox); a send that fails lets the saga go, and whoever loads it next sends it again
+under the same id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from saga_engine.core._decision import OutboundCommand
+from saga_engine.kernel._errors import TransientError
+from saga_engine.runner._cache import LiveSaga
+from saga_engine.runner._observer import Applied
+from saga_engine.runner._parts import EngineParts
+from saga_engine.runner._work import Work
+from saga_engine.telemetry._spans import SendTime
+from saga_engine.transport._bus import PipelinedSender, delivered
+
+_Sending = tuple[Work, OutboundCommand, bool]
+
+
+class Effects:
+    def __init__(self, parts: EngineParts, reload_soon: Callable[[str, float], None]) -> None:
+        self._sender = parts.sender
+        # Checked once: a runtime protocol check costs microseconds on every command.
+        self._pipelined = parts.sender if isinstance(parts.sender, PipelinedSender) else None
+        self._live = parts.live
+        self._flow = parts.flow
+        self._observer = parts.observer
+        self._waiters = parts.waiters
+        self._crash_hook = parts.crash_hook
+        self._reload_soon = reload_soon
+
+    async def apply(self, works: list[Work]) -> None:
+        """Sends what ``works`` decided and owe, then settles each of them."""
+        with_commands = 0
+        for work in works:
+            if work.events:
+                # Crash points for fault-injection tests: the events are durable, the
+                # commands not yet sent.
+                self._crash("after_append")
+                if work.commands:
+                    with_commands += 1
+                    self._crash("before_send")
+                    if any(c.compensation for c in work.commands):
+                        self._crash("before_send_compensation")
+        if with_commands > 1:
+            self._crash("after_batch_append")
+        sending = [(w, c, again) for w in works for c, again in w.outgoing()]
+        at = SendTime.now() if sending else None
+        if self._pipelined is not None:
+            await self._send_pipelined(sending)
+        else:
+            await self._send_one_by_one(sending)
+        for work in works:
+            self._settle(work, at)
+
+    async def drive(self, work: Work, live: LiveSaga) -> None:
+        """Sends what ``live`` owes (this engine drives it from now on); a failed send
+        is ``work``'s answer, as its own would be."""
+        owed = Work(work.saga_id, live=live)
+        owed.owes(live)
+        await self.apply([owed])
+        if owed.send_error is not None:
+            self.fail(work, owed.send_error)
+
+    def fail(self, work: Work, error: Exception) -> None:
+        """The saga is let go, its inputs answered with ``error``."""
+        self.forget(work)
+        work.fail_inputs(error)
+
+    def forget(self, work: Work) -> None:
+        """Lets go of the saga's copy: it may be ahead of the store."""
+        created = work.created is not None and work.live is not None
+        if created and self._live.get(work.saga_id) is not work.live:
+            assert work.live is not None
+            work.live.runtime.close()  # never held: nothing else refers to it
+            return
+        self._live.evict(work.saga_id)
+
+    # ------------------------------------------------------------------ sends
+
+    async def _send_pipelined(self, sending: list[_Sending]) -> None:
+        assert self._pipelined is not None
+        handed: list[tuple[_Sending, Awaitable[None]]] = []
+        for one in sending:
+            if one[0].send_error is None:
+                try:
+                    handed.append((one, await self._pipelined.start_command(one[1])))
+                except Exception as exc:
+                    self._not_sent(one[0], exc)
+        errors = await delivered([ack for _, ack in handed])
+        for (one, _), error in zip(handed, errors, strict=True):
+            if error is not None:
+                # delivered() gives a TransientError for every acknowledgement not given.
+                assert isinstance(error, Exception)
+                self._not_sent(one[0], error)
+            else:
+                self._sent(*one)
+
+    async def _send_one_by_one(self, sending: list[_Sending]) -> None:
+        for one in sending:
+            if one[0].send_error is None:
+                try:
+                    await self._sender.send_command(one[1])
+                except Exception as exc:
+                    self._not_sent(one[0], exc)
+                else:
+                    self._sent(*one)
+
+    def _sent(self, work: Work, command: OutboundCommand, again: bool) -> None:
+        if again:
+            work.resent.append(command)
+        else:
+            work.sent.append(command)
+            self._crash("after_send")
+
+    @staticmethod
+    def _not_sent(work: Work, error: Exception) -> None:
+        # The command is recorded: whoever loads the saga next sends it again.
+        if work.send_error is None:
+            work.send_error = error
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _settle(self, work: Work, at: SendTime | None) -> None:
+        live, last = work.live, work.last
+        assert live is not None
+        ended = last.status if last is not None and last.status.is_terminal else None
+        self._observer.applied(
+            Applied(
+                work.saga_id, live, work.events, work.sent, work.resent, at,
+                send_failed=work.send_error is not None, created=work.created is not None,
+                rebuilt=work.rebuilt, ended=ended,
+                error=last.projection.error if last is not None else None,
+                dropped=work.dropped, deduplicated=work.deduplicated,
+            )
+        )  # fmt: skip
+        if work.send_error is not None:
+            self.fail(work, work.send_error)
+            if ended is not None and isinstance(work.send_error, TransientError):
+                # An open saga is woken by its next timeout, which re-sends; nothing
+                # wakes an ended one, so a child's answer to its parent is re-sent from
+                # history by a reload (until the broker takes it).
+                self._reload_soon(work.saga_id, 0.5)
+            return
+        if self._flow is not None:
+            self._flow.settle(work.saga_id, live.runtime)  # permits of attempts now over
+        if last is not None and (last.status.is_terminal or last.status.is_parked):
+            self._waiters.notify(work.saga_id)
+        if ended is not None:
+            self._live.evict(work.saga_id)
+        elif last is not None or work.fresh_copy or work.rearm:
+            self._live.arm(work.saga_id, live)
+
+    def _crash(self, point: str) -> None:
+        if self._crash_hook is not None:
+            self._crash_hook(point)

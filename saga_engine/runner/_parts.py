@@ -1,0 +1,96 @@
+"""An engine's collaborators, built once by a composition root.
+
+The worker (and the testing kit, for tests) builds them with :meth:`EngineParts.build`
+and hands the same objects to the ``Engine`` and to whoever else works on its sagas: the
+admin API (the store, the registry, the counters, flow control), housekeeping (live
+sagas, the clock), ownership (live sagas, flow control's share). Nothing reads them back
+from the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from saga_engine.core._definition import Saga, SagaRegistry
+from saga_engine.core._rollout import RolloutTable
+from saga_engine.kernel._crash import CrashHook
+from saga_engine.kernel._settings import Settings
+from saga_engine.runner._cache import LiveSagas
+from saga_engine.runner._clock import Clock, SystemClock
+from saga_engine.runner._flow_sender import FlowControl, flow_control
+from saga_engine.runner._observer import EngineObserver, EngineStats
+from saga_engine.runner._owners import Owners
+from saga_engine.runner._tracing import StepContextSender
+from saga_engine.runner._waiters import Waiters
+from saga_engine.store._store import EventStore
+from saga_engine.telemetry._telemetry import Telemetry, default_telemetry
+from saga_engine.transport._bus import CommandSender, Ownership
+
+
+@dataclass(frozen=True, slots=True)
+class EngineParts:
+    settings: Settings
+    #: The saga types deployed here, and which version of each a new saga runs.
+    registry: SagaRegistry
+    rollouts: RolloutTable
+    store: EventStore
+    #: Where commands go: the broker's sender behind the step span's context, and flow
+    #: control in front of both when a limit is configured.
+    sender: CommandSender
+    clock: Clock
+    #: The sagas held in memory, with their locks and timers.
+    live: LiveSagas
+    flow: FlowControl | None
+    #: Spans and counters: it listens to what the engine did.
+    observer: EngineObserver
+    #: Which sagas this engine drives (all of them without an Ownership).
+    owners: Owners
+    #: Callers waiting for a saga to end or park.
+    waiters: Waiters
+    #: The fault-injection tests' seam: called with each crash point's name.
+    crash_hook: CrashHook | None = None
+
+    @property
+    def stats(self) -> EngineStats:
+        """The engine's counters (``/metrics``)."""
+        return self.observer.stats
+
+    @classmethod
+    def build(
+        cls,
+        settings: Settings,
+        *,
+        sagas: Sequence[type[Saga[Any, Any]]],
+        store: EventStore,
+        sender: CommandSender,
+        clock: Clock | None = None,
+        crash_hook: CrashHook | None = None,
+        telemetry: Telemetry | None = None,
+        ownership: Ownership | None = None,
+    ) -> EngineParts:
+        """The collaborators of an engine driving ``sagas`` over ``store`` and ``sender``.
+        ``telemetry``: the global OpenTelemetry providers unless one is given;
+        ``ownership``: which sagas it drives when several engines share them."""
+        clock = clock or SystemClock()
+        observer = EngineObserver(telemetry or default_telemetry())
+        live = LiveSagas(clock, on_evict=observer.evicted)
+        observer.telemetry.watch(live)  # the saga.open gauge
+        owners = Owners(ownership, observer.stats)
+        traced = StepContextSender(sender, observer.telemetry)
+        flow = flow_control(settings.limits, traced, live, clock, owners.owns)
+        return cls(
+            settings=settings,
+            registry=SagaRegistry(sagas),
+            rollouts=RolloutTable(),
+            store=store,
+            sender=flow or traced,
+            clock=clock,
+            live=live,
+            flow=flow,
+            observer=observer,
+            owners=owners,
+            waiters=Waiters(),
+            crash_hook=crash_hook,
+        )

@@ -1,0 +1,46 @@
+"""The step span's context on every command the engine sends.
+
+A command leaves with the W3C context of its step span (``step_context``: the saga's
+trace, a span id derived from the command id and attempt), so the participant's span is
+that span's child. The span itself is opened by the observer once the engine reports the
+send: both derive it from the command, so tracing changes neither what the engine decides
+nor when it sends. With no SDK nothing records, and the command keeps the context its
+saga stored (the caller's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable
+
+from saga_engine.core._decision import PARENT_PARTICIPANT, OutboundCommand
+from saga_engine.telemetry._spans import step_context
+from saga_engine.telemetry._telemetry import Telemetry
+from saga_engine.transport._bus import CommandSender, PipelinedSender, handed_over
+
+
+class StepContextSender:
+    """A CommandSender in front of the broker's that puts the step span's context on
+    each command (pipelined when the broker's sender is)."""
+
+    def __init__(self, inner: CommandSender, telemetry: Telemetry) -> None:
+        self._inner = inner
+        self._telemetry = telemetry
+        # Checked once: a runtime protocol check costs microseconds on every command.
+        self._pipelined = inner if isinstance(inner, PipelinedSender) else None
+
+    def _traced(self, command: OutboundCommand) -> OutboundCommand:
+        # A child's answer to its parent is the parent's step's reply, not a step of its
+        # own: it keeps the context it has, as its parent's step span covers it.
+        if command.participant == PARENT_PARTICIPANT or not self._telemetry.records:
+            return command
+        return dataclasses.replace(command, trace_context=step_context(command))
+
+    async def send_command(self, command: OutboundCommand) -> None:
+        await self._inner.send_command(self._traced(command))
+
+    async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
+        if self._pipelined is None:
+            await self.send_command(command)
+            return handed_over()
+        return await self._pipelined.start_command(self._traced(command))

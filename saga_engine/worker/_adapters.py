@@ -1,0 +1,94 @@
+"""The concrete adapters a worker builds for the runner's pieces: the command sender on
+Kafka (and HTTP), the trigger topics' consumer, the event store on Postgres."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from saga_engine.core._codec import CodecChain
+from saga_engine.core._decision import OutboundCommand
+from saga_engine.core._triggers import KafkaTrigger
+from saga_engine.kernel._settings import Settings
+from saga_engine.kernel._startup import reaching
+from saga_engine.runner._trigger_consumer import TriggerConsumer
+from saga_engine.store._pgbase import POSTGRES
+from saga_engine.store._store import EventStore
+from saga_engine.telemetry._health import HealthBoard
+from saga_engine.telemetry._telemetry import Telemetry
+from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS
+from saga_engine.transport._kafka import (
+    DeadLetters,
+    KafkaCommandSender,
+    ensure_topics,
+    make_consumer,
+    send,
+)
+from saga_engine.transport._topics import Topics
+from saga_engine.transport._wire import Envelope
+
+
+class LazyTopicSender:
+    """Creates a participant's command topic the first time a command goes to it."""
+
+    def __init__(self, inner: KafkaCommandSender, settings: Settings, topics: Topics) -> None:
+        self._inner = inner
+        self._settings = settings
+        self._topics = topics
+        self._ready: set[str] = set()
+
+    async def send_command(self, command: OutboundCommand) -> None:
+        await self._ensure_topic(command)
+        await self._inner.send_command(command)
+
+    async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
+        await self._ensure_topic(command)
+        return await self._inner.start_command(command)
+
+    async def _ensure_topic(self, command: OutboundCommand) -> None:
+        if command.participant in ENGINE_PARTICIPANTS:
+            return  # to the saga inbox, which exists
+        topic = self._topics.commands(command.participant)
+        if topic not in self._ready:
+            await ensure_topics(self._settings.kafka, [topic])
+            self._ready.add(topic)
+
+
+async def open_event_store(settings: Settings, codec: CodecChain | None) -> EventStore:
+    """The Postgres event store (its schema migrated first, unless turned off)."""
+    from saga_engine.store._migrations import migrate
+    from saga_engine.store._pgstore import PostgresEventStore
+
+    with reaching(POSTGRES):
+        if settings.engine.auto_migrate:
+            await migrate(settings.pg.dsn.get_secret_value(), settings.pg.db_schema)
+        return await PostgresEventStore.connect(settings.pg, codec=codec)
+
+
+def trigger_consumer(
+    settings: Settings,
+    triggers: Sequence[KafkaTrigger[Any]],
+    producer: Any,
+    dead: DeadLetters,
+    source: str,
+    *,
+    on_dead_letter: Callable[[str], None] | None = None,
+    codec: CodecChain | None = None,
+    health: HealthBoard | None = None,
+    telemetry: Telemetry | None = None,
+) -> TriggerConsumer:
+    """The trigger topics' consumer (its own group: ``{group_id}.triggers``), publishing
+    start requests to the saga inbox through ``producer``."""
+    kafka = settings.kafka
+    group = f"{kafka.group_id}.triggers"
+    inbox = Topics.of(kafka).inbox
+
+    async def publish(envelope: Envelope) -> None:
+        await send(producer, inbox, envelope, codec)
+
+    return TriggerConsumer(
+        triggers,
+        make_consumer(kafka, *(t.topic for t in triggers), group_id=group),
+        group=group, publish=publish, dead=dead, source=source,
+        on_dead_letter=on_dead_letter, health=health, telemetry=telemetry,
+    )  # fmt: skip

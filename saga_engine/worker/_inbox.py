@@ -1,0 +1,360 @@
+"""The saga inbox's records, applied to the engine.
+
+A fetched batch is decoded (a record no one can read is dead-lettered), each record
+turned into the engine's input (``Start``, ``Deliver``), and those applied as one batch
+through the engine's one path. A saga with a record the child links or a reload handle
+(a child's start, an undo, a reload notice) has all its records of the batch applied one
+at a time, in partition order, through the same path (each a batch of one).
+
+An input that did not go through is answered by its outcome: a saga error the message
+caused makes it a poison message (dead-lettered with its reason, never retried); a
+transient error is retried with back-off (the input, applied again, is deduplicated); a
+write that kept conflicting with another engine's is dead-lettered while the partition is
+still ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from aiokafka import TopicPartition
+
+from saga_engine.core._codec import CodecChain
+from saga_engine.core._decision import Decision, DropReason
+from saga_engine.kernel._errors import (
+    CodecError,
+    ConcurrencyError,
+    IdempotencyConflict,
+    InvalidPayload,
+    InvalidTransition,
+    NewerVersionError,
+    NotParent,
+    PermanentError,
+    PoisonMessage,
+    PoisonReason,
+    SagaNotFound,
+    TransientError,
+    UnknownSagaType,
+    UnstorableValue,
+)
+from saga_engine.kernel._retry import Backoff
+from saga_engine.kernel._settings import Settings
+from saga_engine.runner._children import ChildLinks
+from saga_engine.runner._engine import Engine
+from saga_engine.runner._work import Deliver, Input, Outcome, Start
+from saga_engine.transport._bus import DeadLetters
+from saga_engine.transport._wire import (
+    CancelBody,
+    Envelope,
+    MessageType,
+    ReloadBody,
+    ReplyBody,
+    SignalBody,
+    UndoBody,
+    decode,
+    start_request,
+)
+
+log = logging.getLogger("saga_engine.worker")
+
+_Record = tuple[TopicPartition, Any, Envelope]
+
+#: Saga errors a message causes, and the dead-letter reason each is (checked in order:
+#: the first class that matches names it).
+_POISON: tuple[tuple[type[Exception], PoisonReason], ...] = (
+    (SagaNotFound, PoisonReason.UNKNOWN_SAGA),
+    (UnknownSagaType, PoisonReason.UNKNOWN_SAGA_TYPE),
+    (UnstorableValue, PoisonReason.UNSTORABLE_VALUE),
+    (IdempotencyConflict, PoisonReason.IDEMPOTENCY_CONFLICT),
+    # The saga is untouched: its own parent is unaffected.
+    (NotParent, PoisonReason.NOT_PARENT),
+    # Kept for `saga dlq replay` once a newer engine runs.
+    (NewerVersionError, PoisonReason.NEWER_VERSION),
+    # The saga's history: replayable once the key is here.
+    (CodecError, PoisonReason.UNDECODABLE),
+)
+
+
+class Inbox:
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        children: ChildLinks,
+        settings: Settings,
+        codec: CodecChain | None,
+        dead: DeadLetters,
+        instance_id: str,
+        owned: Callable[[], set[TopicPartition]],
+        running: Callable[[], bool],
+        on_dead_letter: Callable[[str], None],
+    ) -> None:
+        self._engine = engine
+        self._children = children
+        self._settings = settings
+        self._codec = codec
+        self._dead = dead
+        self._instance_id = instance_id
+        self._owned = owned
+        self._running = running
+        self._on_dead_letter = on_dead_letter
+        #: A record of the batch in hand was given up (stopping, or no longer ours).
+        self._abandoned = False
+
+    async def process(self, batch: dict[TopicPartition, list[Any]]) -> dict[TopicPartition, int]:
+        """Applies a fetched batch. Returns the offsets to commit once it is durable: none
+        when a record of it was given up (stopping in an outage), so that the next owner
+        reads the batch again."""
+        self._abandoned = False
+        offsets: dict[TopicPartition, int] = {}
+        readable: list[_Record] = []
+        owned = self._owned()
+        for tp, records in batch.items():
+            if tp not in owned:
+                continue
+            offsets[tp] = records[-1].offset + 1
+            for record in records:
+                envelope = await self._read(record)
+                if envelope is not None:
+                    readable.append((tp, record, envelope))
+        batched, single = self._split(readable)
+        loop = asyncio.get_running_loop()
+        # Tasks are created in record order and take the saga's lock before their first
+        # await, so one saga's messages are applied in partition order.
+        tasks = [loop.create_task(self._handle(*one)) for one in single]
+        if batched:
+            outcomes = await self._engine.apply([item for _, item in batched])
+            for (one, _), outcome in zip(batched, outcomes, strict=True):
+                if outcome.error is not None or _unknown_command(one[2], outcome.decision):
+                    await self._handle(*one, first=outcome)
+        if tasks:
+            await asyncio.gather(*tasks)
+        return {} if self._abandoned else offsets
+
+    async def _read(self, record: Any) -> Envelope | None:
+        try:
+            return decode(
+                record.key,
+                record.value,
+                list(record.headers or []),
+                max_bytes=self._settings.kafka.max_message_bytes,
+                codec=self._codec,
+            )
+        except PoisonMessage as exc:
+            await self._dead_letter(record, exc.reason.value, exc.detail)
+        except Exception as exc:  # a bug in reading must not stop the inbox either
+            log.exception("unexpected error reading a message; dead-lettering it")
+            await self._dead_letter(
+                record, PoisonReason.ENGINE_ERROR, f"{type(exc).__name__}: {exc}"
+            )
+        return None
+
+    def _split(self, readable: list[_Record]) -> tuple[list[tuple[_Record, Input]], list[_Record]]:
+        """The records taken as one batch (with their inputs), and those applied one at
+        a time: every record of a saga that has one the batch does not take."""
+        batched: list[tuple[_Record, Input]] = []
+        single: list[_Record] = []
+        singles: set[str] = set()
+        for one in readable:
+            saga_id = one[2].saga_id
+            item = None if saga_id in singles else self._input_or_none(one[2])
+            if item is None:
+                singles.add(saga_id)
+                single.append(one)
+            else:
+                batched.append((one, item))
+        if singles:
+            # Handed to the one-at-a-time order whole, with the records of the same saga
+            # already taken into the batch (a later record made the saga single).
+            moved = [one for one, _ in batched if one[2].saga_id in singles]
+            if moved:
+                batched = [(one, i) for one, i in batched if one[2].saga_id not in singles]
+                single = sorted([*single, *moved], key=lambda one: one[1].offset)
+        return batched, single
+
+    def _input_or_none(self, env: Envelope) -> Input | None:
+        try:
+            return self._input(env)
+        except Exception:
+            return None  # applied alone, which raises it again and says what it means
+
+    def _input(self, env: Envelope) -> Input | None:
+        """The engine's input for ``env``; None for a message the child links or a
+        reload handle."""
+        engine = self._engine
+        kind = env.message_type
+        if kind is MessageType.REPLY:
+            reply: ReplyBody = env.body_as(ReplyBody)
+            return Deliver(
+                env.saga_id,
+                engine.reply_input(
+                    env.command_id, reply.outcome, reply.payload, reply.error,
+                    sender=env.causation_id,
+                ),
+            )  # fmt: skip
+        if kind is MessageType.SIGNAL:
+            sig: SignalBody = env.body_as(SignalBody)
+            return Deliver(
+                env.saga_id,
+                engine.signal_input(
+                    sig.name, sig.payload, signal_id=sig.signal_id, principal=sig.principal,
+                    reason=sig.reason,
+                ),
+            )  # fmt: skip
+        if kind is MessageType.CANCEL:
+            cancel: CancelBody = env.body_as(CancelBody)
+            return Deliver(
+                env.saga_id, engine.cancel_input(cancel.reason, principal=cancel.principal)
+            )
+        if kind is not MessageType.START:
+            return None
+        request = start_request(env)
+        if request.parent is not None:
+            return None  # a child's start: the child links check it against its parent
+        prepared = engine.prepare(request)
+        return Start(prepared.saga_id, prepared)
+
+    async def _handle(
+        self, tp: TopicPartition, record: Any, envelope: Envelope, first: Outcome | None = None
+    ) -> None:
+        """Applies one record (``first``: the outcome of its first application, in a
+        batch), until it is applied, dead-lettered or given up."""
+        backoff = Backoff(0.05, 5.0)
+        while True:
+            try:
+                if first is not None:
+                    outcome, first = first, None
+                    _settled(envelope, outcome)
+                else:
+                    await self._apply(envelope)
+                return
+            except PoisonMessage as exc:
+                await self._dead_letter(record, exc.reason.value, exc.detail)
+                return
+            except ConcurrencyError as exc:
+                if not self._running() or tp not in self._owned():
+                    log.info("stale owner for a message of partition %d: %s", tp.partition, exc)
+                    return
+                # Still ours, and the engine's own retries (rebuilt from history each
+                # time) kept losing to another writer: park the message rather than stall
+                # the partition.
+                await self._dead_letter(
+                    record,
+                    PoisonReason.ENGINE_ERROR,
+                    f"kept conflicting with another writer: {exc}",
+                )
+                return
+            except TransientError as exc:
+                if not self._running() or tp not in self._owned():
+                    if not self._running():
+                        # Not applied: its batch's offsets must not be committed (the
+                        # offsets of a partition no longer ours are not committed anyway).
+                        self._abandoned = True
+                    return
+                delay = backoff.next_delay()
+                log.warning("transient failure (%s); retrying in %.2fs", exc, delay)
+                await asyncio.sleep(delay)
+            except Exception as exc:  # a bug must not stop the inbox: park the message
+                log.exception("unexpected error processing a message; dead-lettering it")
+                await self._dead_letter(
+                    record, PoisonReason.ENGINE_ERROR, f"{type(exc).__name__}: {exc}"
+                )
+                return
+
+    async def _apply(self, env: Envelope) -> None:
+        try:
+            decision = await self._route(env)
+        except Exception as exc:
+            poison = _poison_of(exc, env)
+            if poison is None or poison is exc:
+                raise
+            raise poison from exc
+        if _unknown_command(env, decision):
+            raise _unknown(env)
+
+    async def _route(self, env: Envelope) -> Decision | None:
+        item = self._input(env)
+        if item is not None:
+            (outcome,) = await self._engine.apply([item])
+            return outcome.result()
+        kind = env.message_type
+        if kind is MessageType.START:
+            await self._children.start_child(start_request(env))
+        elif kind is MessageType.UNDO:
+            undo: UndoBody = env.body_as(UndoBody)
+            await self._children.undo_child(
+                env.saga_id, env.command_id, undo.parent_id, undo.reason
+            )
+        elif kind is MessageType.RELOAD:
+            env.body_as(ReloadBody)  # validated like every body
+            await self._engine.reload(env.saga_id)
+        else:
+            raise PoisonMessage(
+                PoisonReason.UNKNOWN_TYPE, f"{kind.value} does not belong in the saga inbox"
+            )
+        return None
+
+    async def _dead_letter(self, record: Any, reason: str, detail: str) -> None:
+        backoff = Backoff(0.5, 0.5)
+        while True:
+            try:
+                await self._dead.publish_record(
+                    record, reason=reason, detail=detail, consumer=self._instance_id
+                )
+                break
+            except TransientError:
+                if not self._running():
+                    raise
+                await backoff.sleep()
+        self._on_dead_letter(reason)
+
+
+def _settled(env: Envelope, outcome: Outcome) -> None:
+    """Raises what ``outcome`` says went wrong (a poison message where it is one)."""
+    error = outcome.error
+    if error is not None:
+        poison = _poison_of(error, env)
+        raise error if poison is None else poison
+    if _unknown_command(env, outcome.decision):
+        raise _unknown(env)
+
+
+def _poison_of(exc: Exception, env: Envelope) -> PoisonMessage | None:
+    """The dead-letter message ``exc`` makes of ``env``; None when it is not the
+    message's fault (retried, or let go)."""
+    if isinstance(exc, PoisonMessage):
+        return exc
+    for kind, reason in _POISON:
+        if isinstance(exc, kind):
+            return PoisonMessage(reason, str(exc))
+    if isinstance(exc, InvalidPayload):
+        signal = env.message_type is MessageType.SIGNAL
+        reason = PoisonReason.INVALID_SIGNAL if signal else PoisonReason.INVALID_INPUT
+        return PoisonMessage(reason, str(exc))
+    if isinstance(exc, InvalidTransition):
+        # A signal or cancel the saga's state refuses (ended, undoing its steps,
+        # parked): neither the saga nor the message is at fault, the timing is.
+        by_state = env.message_type in (MessageType.SIGNAL, MessageType.CANCEL)
+        reason = PoisonReason.NOT_ACCEPTED if by_state else PoisonReason.REJECTED
+        return PoisonMessage(reason, str(exc))
+    if isinstance(exc, PermanentError):
+        return PoisonMessage(PoisonReason.REJECTED, str(exc))
+    return None
+
+
+def _unknown_command(env: Envelope, decision: Decision | None) -> bool:
+    return (
+        env.message_type is MessageType.REPLY
+        and decision is not None
+        and decision.dropped is DropReason.UNKNOWN_COMMAND
+    )
+
+
+def _unknown(env: Envelope) -> PoisonMessage:
+    return PoisonMessage(
+        PoisonReason.UNKNOWN_COMMAND,
+        f"saga {env.saga_id} never issued command {env.command_id!r}",
+    )
