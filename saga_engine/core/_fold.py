@@ -290,12 +290,11 @@ class Fold:
     def _on_timer_fired(self, event: TimerFired) -> Timer | None:
         return self.timers.pop(event.timer_id, None)
 
-    def _on_signal(self, event: SignalReceived) -> None:
+    def _on_signal(self, event: SignalReceived) -> Timer | None:
         self.seen_signals = with_id(self.seen_signals, event.signal_id)
         # A timed wait for it is over (one wait per name at a time).
         timer_id = next((t for t in self.timers if signal_of(t) == event.name), None)
-        if timer_id is not None:
-            del self.timers[timer_id]
+        return self.timers.pop(timer_id) if timer_id is not None else None
 
     def _on_undo(self, event: UndoRequested) -> None:
         self.undo_ids = with_id(self.undo_ids, event.command_id)
