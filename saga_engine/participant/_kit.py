@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel
 
-from saga_engine.core._codec import CodecChain, PayloadCodec, codec_from_settings
+from saga_engine.core._codec import CodecChain, PayloadCodec
 from saga_engine.kernel._errors import DefinitionError, KafkaUnavailable, Rejected, Retryable
 from saga_engine.kernel._instance import InstanceName
 from saga_engine.kernel._retry import Backoff
@@ -124,7 +124,7 @@ class Participant:
         self.name = name
         self.settings = settings
         self.codec = (
-            CodecChain.of(codec) if codec is not None else codec_from_settings(settings.codec)
+            CodecChain.of(codec) if codec is not None else CodecChain.from_settings(settings.codec)
         )
         self.topics = Topics.of(settings.kafka)
         self.dsn = dsn if dsn is not None else settings.participant.dsn.get_secret_value()
