@@ -141,19 +141,19 @@ def as_timedelta(value: Duration | None, what: str) -> timedelta | None:
 class SagaContext:
     """Passed to ``Saga.run``. Use it for steps, timers, signals and anything random."""
 
-    __slots__ = ("_rt",)
+    __slots__ = ("_driver",)
 
     def __init__(self, driver: SagaDriver) -> None:
-        self._rt = driver
+        self._driver = driver
 
     def detach(self) -> None:
         """The saga's runtime closed: the context no longer holds it (no cycle)."""
-        if hasattr(self, "_rt"):
-            del self._rt
+        if hasattr(self, "_driver"):
+            del self._driver
 
     @property
     def saga_id(self) -> str:
-        return self._rt.saga_id
+        return self._driver.saga_id
 
     @overload
     async def step(
@@ -223,10 +223,10 @@ class SagaContext:
             compensate_retry=compensate_retry,
             returns=returns,
         )
-        payload = await self._rt.op_step(step)
+        payload = await self._driver.op_step(step)
         if returns is None:
             return payload
-        return self._rt.parse(returns, payload, f"the reply of step {name!r}", step=name)
+        return self._driver.parse(returns, payload, f"the reply of step {name!r}", step=name)
 
     async def child(
         self,
@@ -254,10 +254,10 @@ class SagaContext:
           broker refused, so the poll is a backstop. ``None``: asked again only when
           this saga is loaded. ``retry`` bounds how many times (default 10,000).
         """
-        payload = await self._rt.op_child(
+        payload = await self._driver.op_child(
             saga, input, key=id, poll=as_timedelta(poll, "poll"), retry=retry
         )
-        output: O = self._rt.parse(
+        output: O = self._driver.parse(
             saga.output_type, payload, f"the output of child saga {saga.name!r}"
         )  # type: ignore[assignment]
         return output
@@ -325,16 +325,16 @@ class SagaContext:
             timeout=as_timedelta(timeout, "timeout") or timedelta(seconds=30),
             returns=returns,
         )
-        payload = await self._rt.op_step(step)
+        payload = await self._driver.op_step(step)
         if returns is None:
             return payload
-        return self._rt.parse(returns, payload, f"the response of step {name!r}", step=name)
+        return self._driver.parse(returns, payload, f"the response of step {name!r}", step=name)
 
     async def sleep(self, duration: Duration) -> None:
         """A durable timer: survives crashes and restarts."""
         delta = as_timedelta(duration, "sleep duration")
         assert delta is not None
-        await self._rt.op_sleep(delta)
+        await self._driver.op_sleep(delta)
 
     @overload
     async def wait_signal(self, signal: Signal[M], *, timeout: Duration | None = None) -> M: ...
@@ -365,13 +365,13 @@ class SagaContext:
 
         Raises ``SignalTimeout`` when ``timeout`` passes first.
         """
-        declared = self._rt.declared_signal(signal, model)
-        payload = await self._rt.op_wait_signal(
+        declared = self._driver.declared_signal(signal, model)
+        payload = await self._driver.op_wait_signal(
             declared.name, as_timedelta(timeout, "signal timeout")
         )
         if model is None and isinstance(signal, str):
             return payload
-        parsed: M = self._rt.parse(declared.model, payload, f"signal {declared.name!r}")
+        parsed: M = self._driver.parse(declared.model, payload, f"signal {declared.name!r}")
         return parsed
 
     async def side_effect(self, fn: Callable[[], T]) -> T:
@@ -380,19 +380,19 @@ class SagaContext:
         On replay the recorded value is returned and ``fn`` is not called. The value
         must be JSON-serializable (or a pydantic model, returned as a dict on replay).
         """
-        return await self._rt.op_side_effect(fn)
+        return await self._driver.op_side_effect(fn)
 
     def now(self) -> datetime:
         """The saga's deterministic time: when the event being handled happened."""
-        return self._rt.now
+        return self._driver.now
 
     def uuid(self) -> uuid.UUID:
         """A UUID that is the same on every replay."""
-        return self._rt.deterministic_uuid()
+        return self._driver.deterministic_uuid()
 
     def random(self) -> float:
         """A float in [0, 1) that is the same on every replay."""
-        return self._rt.deterministic_random()
+        return self._driver.deterministic_random()
 
     def patched(self, patch_id: str) -> bool:
         """Versioning: True for runs that reach this point with the new code.
@@ -400,11 +400,11 @@ class SagaContext:
         Histories recorded before the patch replay with False, so old sagas keep
         their old behaviour and new ones take the new path.
         """
-        return self._rt.op_patched(patch_id)
+        return self._driver.op_patched(patch_id)
 
     def is_replaying(self) -> bool:
         """True while the code is being re-run against recorded history (e.g. skip logs)."""
-        return self._rt.replaying
+        return self._driver.replaying
 
     def __repr__(self) -> str:
         return f"SagaContext(saga_id={self.saga_id!r})"

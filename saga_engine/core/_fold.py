@@ -132,7 +132,8 @@ def with_id(ids: Set[str], value: str) -> set[str]:
     return out
 
 
-_ENDS: dict[type[Event], SagaStatus] = {
+#: The status each of the saga's ends leaves it in.
+END_STATUS: dict[type[Event], SagaStatus] = {
     SagaCompleted: S.COMPLETED,
     SagaFailed: S.FAILED,
     SagaCompensated: S.COMPENSATED,
@@ -352,7 +353,7 @@ class Fold:
     def _on_ended(
         self, event: SagaCompleted | SagaFailed | SagaCompensated | SagaCancelled
     ) -> None:
-        self._move(_ENDS[type(event)])
+        self._move(END_STATUS[type(event)])
         if isinstance(event, SagaCompleted):
             self.output, self.error = event.output, None
         elif isinstance(event, SagaFailed):

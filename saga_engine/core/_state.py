@@ -40,9 +40,8 @@ from saga_engine.core._events import (
     Event,
     SagaParked,
 )
-from saga_engine.core._fold import NO_IDS, Fold
+from saga_engine.core._fold import END_STATUS, NO_IDS, Fold
 from saga_engine.core._loop import DeterministicLoop
-from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._errors import DefinitionError, NondeterminismError, PermanentError
 from saga_engine.kernel._serde import JsonDict
 
@@ -58,14 +57,6 @@ class OwedCompensation:
     #: The forward command ids the step issued: the compensation names them, so a
     #: participant can refuse a forward command that arrives after its compensation.
     forward_ids: tuple[str, ...] = ()
-
-
-_TERMINAL_STATUS = {
-    "saga_completed": SagaStatus.COMPLETED,
-    "saga_failed": SagaStatus.FAILED,
-    "saga_compensated": SagaStatus.COMPENSATED,
-    "saga_cancelled": SagaStatus.CANCELLED,
-}
 
 
 class SagaState(Fold):
@@ -210,7 +201,7 @@ class SagaState(Fold):
         if ended is not None:
             # The saga finished long ago under the old code: report the mismatch, but a
             # finished saga stays finished; nothing of it will ever run again.
-            self.status = _TERMINAL_STATUS[ended.kind]
+            self.status = END_STATUS[type(ended)]
             return
         self.parked = True
         if isinstance(self.history[-1], SagaParked):
