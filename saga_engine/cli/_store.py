@@ -25,7 +25,7 @@ from saga_engine.cli._common import (
     run_async,
     run_sync,
 )
-from saga_engine.core._codec import codec_from_settings, open_archive
+from saga_engine.core._codec import CodecChain, open_archive
 from saga_engine.core._replay import HistoryExport, ReplayResult, load_history, load_sagas
 from saga_engine.core._replay import replay as check
 from saga_engine.kernel._errors import CliError, CodecError, SagaError, SagaNotFound
@@ -182,7 +182,7 @@ def _replay_file(file: Path, classes: Any) -> list[dict[str, Any]]:
 def archive_file_histories(path: Path) -> list[HistoryExport]:
     """The histories of an archive file (``sagas-*.jsonl.gz``), one per line."""
     try:
-        blob = open_archive(codec_from_settings(Settings().codec), path.read_bytes())
+        blob = open_archive(CodecChain.from_settings(Settings().codec), path.read_bytes())
         lines = gzip.decompress(blob).splitlines()
     except (OSError, EOFError, CodecError) as exc:
         raise CliError(f"cannot read archive file {path}: {exc}") from exc
@@ -194,7 +194,7 @@ async def _load_saga_or_archived(saga_id: str) -> HistoryExport:
     from saga_engine.store._pgstore import PostgresEventStore
 
     settings = Settings()
-    codec = codec_from_settings(settings.codec)
+    codec = CodecChain.from_settings(settings.codec)
     store = await PostgresEventStore.connect(settings.pg, codec=codec)
     try:
         try:
@@ -275,7 +275,7 @@ async def _archive_now(
     every type, archiving as ``SAGA_RETENTION__ARCHIVE`` says."""
     from saga_engine.store._pgstore import PostgresEventStore
 
-    codec = codec_from_settings(settings.codec)
+    codec = CodecChain.from_settings(settings.codec)
     store = await PostgresEventStore.connect(settings.pg, codec=codec)
     try:
         return await Retention(settings.retention, store, codec).run(

@@ -9,7 +9,7 @@ from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel
 
-from saga_engine.core._codec import CodecChain, PayloadCodec, codec_from_settings
+from saga_engine.core._codec import CodecChain, PayloadCodec
 from saga_engine.core._definition import Saga, SagaDefinition, Signal
 from saga_engine.core._start import StartRequest
 from saga_engine.core._status import SagaStatus
@@ -55,7 +55,7 @@ class SagaClient:
         it sends and opens what it reads; by default the one ``settings.codec`` describes."""
         self.settings = settings
         self.codec = (
-            CodecChain.of(codec) if codec is not None else codec_from_settings(settings.codec)
+            CodecChain.of(codec) if codec is not None else CodecChain.from_settings(settings.codec)
         )
         self.topics = Topics.of(settings.kafka)
         self._source = source

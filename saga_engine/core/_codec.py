@@ -334,8 +334,21 @@ class CodecChain:
 
     @classmethod
     def from_settings(cls, settings: CodecSettings) -> CodecChain | None:
-        """The chain ``SAGA_CODEC__*`` (``Settings().codec``) describes; None if none."""
-        return codec_from_settings(settings)
+        """The chain ``SAGA_CODEC__*`` (``Settings().codec``) describes; None when it
+        configures none."""
+        codecs: list[PayloadCodec] = []
+        if settings.compression == "zstd":
+            codecs.append(ZstdCodec(settings.compress_threshold))
+        elif settings.compression == "gzip":
+            codecs.append(GzipCodec(settings.compress_threshold))
+        if settings.keys:
+            keys = {
+                key_id: decode_key(key_id, k.get_secret_value())
+                for key_id, k in settings.keys.items()
+            }
+            current = settings.current_key or (next(iter(keys)) if len(keys) == 1 else "")
+            codecs.append(AesGcmCodec(keys, current))
+        return cls(*codecs) if codecs else None
 
     @classmethod
     def of(cls, codec: PayloadCodec | CodecChain | None) -> CodecChain | None:
@@ -542,23 +555,7 @@ def open_archive(chain: CodecChain | None, blob: bytes) -> bytes:
     return chain.decode(rest, name)
 
 
-# --------------------------------------------------------------------------- settings
-
-
-def codec_from_settings(settings: CodecSettings) -> CodecChain | None:
-    """The chain ``SAGA_CODEC__*`` describes; None when it configures none."""
-    codecs: list[PayloadCodec] = []
-    if settings.compression == "zstd":
-        codecs.append(ZstdCodec(settings.compress_threshold))
-    elif settings.compression == "gzip":
-        codecs.append(GzipCodec(settings.compress_threshold))
-    if settings.keys:
-        keys = {
-            key_id: decode_key(key_id, k.get_secret_value()) for key_id, k in settings.keys.items()
-        }
-        current = settings.current_key or (next(iter(keys)) if len(keys) == 1 else "")
-        codecs.append(AesGcmCodec(keys, current))
-    return CodecChain(*codecs) if codecs else None
+# --------------------------------------------------------------------------- keys
 
 
 def decode_key(key_id: str, text: str) -> bytes:

@@ -1,29 +1,31 @@
 """``SagaContext``: the only door from a saga's code to the outside world.
 
 Every method records what it does in the saga's history (or, on replay, is answered
-from it). The implementation lives in the runtime; this class is the documented API.
+from it). This class is the documented API; it asks a :class:`SagaDriver` (the runtime
+that drives the saga, see ``_runtime``) for the rest. It sits below the definition (a
+saga's ``run`` takes it) and the runtime (which implements the driver), so it knows
+neither: a step is handed down as one :class:`StepRequest`, and a child saga is anything
+shaped like a saga class (:class:`ChildSaga`).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import Any, ClassVar, Protocol, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from saga_engine.core._definition import Saga, Signal
-from saga_engine.core._operations import DEFAULT_CHILD_POLL
 from saga_engine.core._policy import RetryPolicy
+from saga_engine.core._signal import Signal
 from saga_engine.kernel._serde import JsonDict
-
-if TYPE_CHECKING:
-    from saga_engine.core._runtime import SagaRuntime
 
 M = TypeVar("M", bound=BaseModel)
 O = TypeVar("O", bound=BaseModel)  # noqa: E741
 T = TypeVar("T")
+O_co = TypeVar("O_co", covariant=True)
 
 Duration = timedelta | float | int
 
@@ -39,6 +41,87 @@ class HttpRequest(BaseModel):
     method: str = "POST"
     path: str = Field(pattern=r"^/")
     body: JsonDict | None = None
+
+
+#: A child is asked again (its start re-sent, same command id) this often by default: an
+#: ended child answers a repeated start with its end. It covers the one window where an
+#: end can be lost (its engine died after recording the end, before sending it).
+DEFAULT_CHILD_POLL = timedelta(minutes=5)
+
+
+@dataclass(frozen=True, slots=True)
+class StepRequest:
+    """One step as its saga's code asked for it (``ctx.step``, ``ctx.http_step``, or a
+    child's start): built once by the context, carried unchanged to the decision core."""
+
+    name: str
+    #: The participant (``http:<endpoint>`` for an HTTP step, the engine for a child).
+    to: str
+    command: BaseModel
+    compensate: BaseModel | None = None
+    retry: RetryPolicy | None = None
+    #: Each attempt's timeout; None: an attempt waits for its reply as long as it takes.
+    timeout: timedelta | None = None
+    compensate_retry: RetryPolicy | None = None
+    #: The reply's model: a success reply that does not match it is held for an operator.
+    returns: type[BaseModel] | None = None
+
+
+class ChildSaga(Protocol[O_co]):
+    """What ``ctx.child`` needs of a saga class: its name, models, and a ``run`` whose
+    result is the child's output (so ``await ctx.child(Shipment, ...)`` is typed)."""
+
+    name: ClassVar[str]
+    input_type: ClassVar[type[BaseModel]]
+    output_type: ClassVar[type[BaseModel]]
+
+    def run(self, ctx: Any, input: Any, /) -> Coroutine[Any, Any, O_co]: ...
+
+
+class SagaDriver(Protocol):
+    """What a :class:`SagaContext` asks of the runtime driving its saga. Each operation
+    runs in the saga's code, on its deterministic loop."""
+
+    @property
+    def saga_id(self) -> str: ...
+
+    @property
+    def now(self) -> datetime: ...
+
+    @property
+    def replaying(self) -> bool: ...
+
+    def op_step(self, request: StepRequest) -> Coroutine[Any, Any, JsonDict]: ...
+
+    def op_child(
+        self,
+        saga: type[ChildSaga[Any]],
+        input: BaseModel | JsonDict,
+        *,
+        key: str | None,
+        poll: timedelta | None,
+        retry: RetryPolicy | None,
+    ) -> Coroutine[Any, Any, JsonDict]: ...
+
+    def op_sleep(self, delay: timedelta) -> Coroutine[Any, Any, None]: ...
+
+    def op_wait_signal(
+        self, name: str, timeout: timedelta | None
+    ) -> Coroutine[Any, Any, JsonDict]: ...
+
+    def op_side_effect(self, fn: Callable[[], T]) -> Coroutine[Any, Any, T]: ...
+
+    def op_patched(self, patch_id: str) -> bool: ...
+
+    def parse(self, model: type[M], payload: JsonDict, what: str, step: str | None = None) -> M: ...
+
+    def declared_signal(
+        self, signal: Signal[Any] | str, model: type[BaseModel] | None
+    ) -> Signal[Any]: ...
+
+    def deterministic_uuid(self) -> uuid.UUID: ...
+
+    def deterministic_random(self) -> float: ...
 
 
 def as_timedelta(value: Duration | None, what: str) -> timedelta | None:
@@ -58,19 +141,19 @@ def as_timedelta(value: Duration | None, what: str) -> timedelta | None:
 class SagaContext:
     """Passed to ``Saga.run``. Use it for steps, timers, signals and anything random."""
 
-    __slots__ = ("_rt",)
+    __slots__ = ("_driver",)
 
-    def __init__(self, runtime: SagaRuntime) -> None:
-        self._rt = runtime
+    def __init__(self, driver: SagaDriver) -> None:
+        self._driver = driver
 
     def detach(self) -> None:
         """The saga's runtime closed: the context no longer holds it (no cycle)."""
-        if hasattr(self, "_rt"):
-            del self._rt
+        if hasattr(self, "_driver"):
+            del self._driver
 
     @property
     def saga_id(self) -> str:
-        return self._rt.saga_id
+        return self._driver.saga_id
 
     @overload
     async def step(
@@ -130,23 +213,24 @@ class SagaContext:
         Raises ``StepFailed`` when the participant refuses, and ``StepTimedOut`` when
         every attempt timed out.
         """
-        payload = await self._rt.op_step(
+        step = StepRequest(
             name,
-            to=to,
-            command=command,
+            to,
+            command,
             compensate=compensate,
             retry=retry,
             timeout=as_timedelta(timeout, "timeout"),
             compensate_retry=compensate_retry,
             returns=returns,
         )
+        payload = await self._driver.op_step(step)
         if returns is None:
             return payload
-        return self._rt.parse(returns, payload, f"the reply of step {name!r}", step=name)
+        return self._driver.parse(returns, payload, f"the reply of step {name!r}", step=name)
 
     async def child(
         self,
-        saga: type[Saga[Any, O]],
+        saga: type[ChildSaga[O]],
         input: BaseModel | JsonDict,
         *,
         id: str | None = None,
@@ -170,10 +254,10 @@ class SagaContext:
           broker refused, so the poll is a backstop. ``None``: asked again only when
           this saga is loaded. ``retry`` bounds how many times (default 10,000).
         """
-        payload = await self._rt.op_child(
+        payload = await self._driver.op_child(
             saga, input, key=id, poll=as_timedelta(poll, "poll"), retry=retry
         )
-        output: O = self._rt.parse(
+        output: O = self._driver.parse(
             saga.output_type, payload, f"the output of child saga {saga.name!r}"
         )  # type: ignore[assignment]
         return output
@@ -232,25 +316,25 @@ class SagaContext:
         It is recorded in the history like any step.
         """
         request = HttpRequest(method=method.upper(), path=path, body=json)
-        payload = await self._rt.op_step(
+        step = StepRequest(
             name,
-            to=f"{HTTP_PREFIX}{endpoint}",
-            command=request,
+            f"{HTTP_PREFIX}{endpoint}",
+            request,
             compensate=compensate,
             retry=retry,
             timeout=as_timedelta(timeout, "timeout") or timedelta(seconds=30),
-            compensate_retry=None,
             returns=returns,
         )
+        payload = await self._driver.op_step(step)
         if returns is None:
             return payload
-        return self._rt.parse(returns, payload, f"the response of step {name!r}", step=name)
+        return self._driver.parse(returns, payload, f"the response of step {name!r}", step=name)
 
     async def sleep(self, duration: Duration) -> None:
         """A durable timer: survives crashes and restarts."""
         delta = as_timedelta(duration, "sleep duration")
         assert delta is not None
-        await self._rt.op_sleep(delta)
+        await self._driver.op_sleep(delta)
 
     @overload
     async def wait_signal(self, signal: Signal[M], *, timeout: Duration | None = None) -> M: ...
@@ -281,13 +365,13 @@ class SagaContext:
 
         Raises ``SignalTimeout`` when ``timeout`` passes first.
         """
-        declared = self._rt.declared_signal(signal, model)
-        payload = await self._rt.op_wait_signal(
+        declared = self._driver.declared_signal(signal, model)
+        payload = await self._driver.op_wait_signal(
             declared.name, as_timedelta(timeout, "signal timeout")
         )
         if model is None and isinstance(signal, str):
             return payload
-        parsed: M = self._rt.parse(declared.model, payload, f"signal {declared.name!r}")
+        parsed: M = self._driver.parse(declared.model, payload, f"signal {declared.name!r}")
         return parsed
 
     async def side_effect(self, fn: Callable[[], T]) -> T:
@@ -296,19 +380,19 @@ class SagaContext:
         On replay the recorded value is returned and ``fn`` is not called. The value
         must be JSON-serializable (or a pydantic model, returned as a dict on replay).
         """
-        return await self._rt.op_side_effect(fn)
+        return await self._driver.op_side_effect(fn)
 
     def now(self) -> datetime:
         """The saga's deterministic time: when the event being handled happened."""
-        return self._rt.now
+        return self._driver.now
 
     def uuid(self) -> uuid.UUID:
         """A UUID that is the same on every replay."""
-        return self._rt.deterministic_uuid()
+        return self._driver.deterministic_uuid()
 
     def random(self) -> float:
         """A float in [0, 1) that is the same on every replay."""
-        return self._rt.deterministic_random()
+        return self._driver.deterministic_random()
 
     def patched(self, patch_id: str) -> bool:
         """Versioning: True for runs that reach this point with the new code.
@@ -316,17 +400,11 @@ class SagaContext:
         Histories recorded before the patch replay with False, so old sagas keep
         their old behaviour and new ones take the new path.
         """
-        return self._rt.op_patched(patch_id)
+        return self._driver.op_patched(patch_id)
 
     def is_replaying(self) -> bool:
         """True while the code is being re-run against recorded history (e.g. skip logs)."""
-        return self._rt.replaying
+        return self._driver.replaying
 
     def __repr__(self) -> str:
         return f"SagaContext(saga_id={self.saga_id!r})"
-
-
-def ensure_model(value: Any, model: type[M]) -> M:
-    if isinstance(value, model):
-        return value
-    return model.model_validate(value)

@@ -214,10 +214,3 @@ class FlowQueue:
         if best.key in self._waiting_per_key:
             self._served[best.key] = self._pops
         return best
-
-    def depths(self) -> dict[Hashable, int]:
-        """Waiting entries per lane."""
-        out: dict[Hashable, int] = {}
-        for (lane, _, _, _), fifo in self._fifos.items():
-            out[lane] = out.get(lane, 0) + len(fifo)
-        return out

@@ -1,17 +1,20 @@
-"""An input's way into a saga: checked into its event, then applied to the saga's state.
+"""An input's way into a saga: checked into its event, then the code it wakes.
 
 :func:`to_event` is the edge: an input that makes no sense where the saga stands, or
 that holds what the saga cannot accept, raises (``InvalidTransition``,
 ``InvalidPayload``) before anything is recorded; one that changes nothing (a duplicate
 reply, a stale timer) is dropped with its reason; anything else becomes the event to
-record. :func:`apply` is what a recorded input does to the state, live or replayed: the
-futures the code waits on resolved, timers fired, a cancel requested, an operator's
-skip or retry. The caller (``SagaRuntime``) then runs the code until it waits.
+record. Once recorded (or replayed) the event is folded into the saga's state, and
+:func:`wake` resolves what the saga's code waits on: the reply or timer the event
+settled, a signal, a cancel, an operator's skip or retry. The caller (``SagaRuntime``)
+then runs the code until it waits.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 from saga_engine.core._decision import (
     CHILD_PARTICIPANT,
@@ -46,21 +49,15 @@ from saga_engine.core._events import (
     TimerFired,
     UndoRequested,
 )
-from saga_engine.core._operations import (
+from saga_engine.core._fold import Sent, Settled, Timer, Unstuck
+from saga_engine.core._lifecycle import (
     release,
     request_cancel,
     request_undo,
     run_lifecycle,
     unblock_compensation,
 )
-from saga_engine.core._state import (
-    Halt,
-    InFlight,
-    PendingTimer,
-    SagaState,
-    timeout_timer_id,
-    with_id,
-)
+from saga_engine.core._state import Halt, SagaState
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._errors import InvalidPayload, InvalidTransition, NotParent, UnstorableValue
 from saga_engine.kernel._serde import check_storable, storable_copy, validate_payload
@@ -96,125 +93,130 @@ def check_parent(saga_id: str, started: Event, parent_id: str, *, undo: bool) ->
 
 def to_event(s: SagaState, inbound: Inbound) -> Event | DropReason:
     """The event that records ``inbound``, or why it is dropped; raises if it is refused."""
-    at = inbound.at
     if s.dead:
-        # Replies and timers are dropped: on resume, outstanding commands are re-sent
-        # under the same ids (participants repeat their stored replies) and timers are
-        # re-armed. Signals and cancels are refused, so their sender knows; recording
-        # them here would put inputs in the history that no code reacted to.
-        if isinstance(inbound, Resume):
-            if s.nondeterminism is not None:
-                raise InvalidTransition(
-                    f"saga {s.saga_id} still cannot be driven by the code deployed here "
-                    f"({s.nondeterminism}); deploy code that replays its history, then resume"
-                )
-            _check_texts("resume", principal=inbound.principal, reason=inbound.reason)
-            return SagaResumed(at=at, principal=inbound.principal, reason=inbound.reason)
-        if isinstance(inbound, SignalInput | Cancel | ForceCompensate | Skip | RetryStep):
-            raise InvalidTransition(
-                f"saga {s.saga_id} is parked as nondeterministic; resume it after "
-                f"deploying a fix before sending it a {input_name(inbound)}"
-            )
-        return DropReason.PARKED
-    if isinstance(inbound, Reply):
-        inflight = s.inflight.get(inbound.command_id)
-        if inflight is None:
-            if inbound.command_id in s.issued_ids:
-                return DropReason.DUPLICATE_REPLY
-            return DropReason.UNKNOWN_COMMAND
-        if inflight.held is not None:
-            return DropReason.DUPLICATE_REPLY  # answered already; its reply is held
-        if inbound.sender is not None and inflight.event.participant == CHILD_PARTICIPANT:
-            _check_child(s, inbound.sender, inflight.event)
-        return _reply_event(inbound, inflight)
-    if isinstance(inbound, TimerDue):
-        timer = s.timers.get(inbound.timer_id)
-        if timer is None:
-            return DropReason.STALE_TIMER
-        if timer.command_id is not None:
-            cmd = s.inflight[timer.command_id].event
-            return AttemptTimedOut(
-                at=at,
-                step=cmd.step,
-                command_id=cmd.command_id,
-                attempt=cmd.attempt,
-                compensation=isinstance(cmd, CompensationIssued),
-            )
-        return TimerFired(at=at, timer_id=inbound.timer_id)
-    if isinstance(inbound, SignalInput):
-        if inbound.signal_id in s.seen_signals:
-            return DropReason.DUPLICATE_SIGNAL
-        if not s.going_forward or s.cancel_reason is not None:
-            # Its code has stopped (it undoes its steps, or is parked doing so): no wait
-            # can ever take the signal, and recording it would say it was accepted.
-            raise InvalidTransition(
-                f"saga {s.saga_id} is {s.status.value}: it is undoing its steps, so its "
-                "code waits for no signal any more"
-            )
-        # Checked before anything is recorded: a signal the saga does not declare, or
-        # a payload its model refuses, would only fail the saga's code later.
-        s.definition.signal(inbound.name).validate(inbound.payload, "payload")
-        _check_texts(
-            "signal", signal_id=inbound.signal_id, principal=inbound.principal,
-            reason=inbound.reason,
-        )  # fmt: skip
-        return SignalReceived(
-            at=at,
-            signal_id=inbound.signal_id,
-            name=inbound.name,
-            payload=inbound.payload,
-            principal=inbound.principal,
-            reason=inbound.reason,
-        )
-    if isinstance(inbound, Undo):
-        if inbound.command_id in s.undo_ids:
-            return DropReason.UNDO_ANSWERED
-        _check_texts("undo", reason=inbound.reason, parent_id=inbound.parent_id)
-        return UndoRequested(
-            at=at, command_id=inbound.command_id, parent_id=inbound.parent_id,
-            reason=inbound.reason,
-        )  # fmt: skip
-    if isinstance(inbound, Cancel):
-        if not s.going_forward or s.cancel_reason is not None:
-            raise InvalidTransition(
-                f"saga {s.saga_id} is {s.status.value}: it is already undoing its "
-                "steps, so there is nothing to cancel"
-            )
-        _check_texts("cancel", reason=inbound.reason, principal=inbound.principal)
-        return CancelRequested(at=at, reason=inbound.reason, principal=inbound.principal)
-    if isinstance(inbound, ForceCompensate):
-        if not s.going_forward or s.cancel_reason is not None:
-            raise InvalidTransition(
-                f"saga {s.saga_id} is {s.status.value}: it is already undoing its "
-                "steps, so there is nothing to force"
-            )
-        _check_texts("force-compensate", reason=inbound.reason, principal=inbound.principal)
-        return CompensationForced(at=at, reason=inbound.reason, principal=inbound.principal)
-    if isinstance(inbound, Skip):
-        return _skip_event(s, inbound)
-    if isinstance(inbound, RetryStep):
-        return _retry_event(s, inbound)
+        return _while_parked(s, inbound)
+    convert = _TO_EVENT.get(type(inbound))
+    if convert is None:
+        raise TypeError(f"unknown input {inbound!r}")
+    return convert(s, inbound)
+
+
+def _while_parked(s: SagaState, inbound: Inbound) -> Event | DropReason:
+    """Replies and timers are dropped: on resume, outstanding commands are re-sent under
+    the same ids (participants repeat their stored replies) and timers are re-armed.
+    Signals and cancels are refused, so their sender knows; recording them here would
+    put inputs in the history that no code reacted to."""
     if isinstance(inbound, Resume):
-        if s.status == SagaStatus.STEP_STUCK:
+        if s.nondeterminism is not None:
             raise InvalidTransition(
-                f"saga {s.saga_id} is step_stuck: the reply of step(s) "
-                f"{', '.join(map(repr, held_steps(s)))} did not match; retry the step "
-                "(its reply is checked again against the code deployed now) or skip it "
-                "with a valid result"
+                f"saga {s.saga_id} still cannot be driven by the code deployed here "
+                f"({s.nondeterminism}); deploy code that replays its history, then resume"
             )
         _check_texts("resume", principal=inbound.principal, reason=inbound.reason)
-        if s.status != SagaStatus.COMPENSATION_STUCK:
-            raise InvalidTransition(
-                f"saga {s.saga_id} is {s.status.value}; only a saga whose "
-                "compensation is stuck (or that is parked as nondeterministic) can be resumed"
-            )
-        return SagaResumed(at=at, principal=inbound.principal, reason=inbound.reason)
-    raise TypeError(f"unknown input {inbound!r}")
+        return SagaResumed(at=inbound.at, principal=inbound.principal, reason=inbound.reason)
+    if isinstance(inbound, SignalInput | Cancel | ForceCompensate | Skip | RetryStep):
+        raise InvalidTransition(
+            f"saga {s.saga_id} is parked as nondeterministic; resume it after "
+            f"deploying a fix before sending it a {input_name(inbound)}"
+        )
+    return DropReason.PARKED
 
 
-def held_steps(s: SagaState) -> list[str]:
-    """Steps whose success reply was held as invalid, waiting for an operator."""
-    return sorted({f.event.step for f in s.inflight.values() if f.held is not None})
+def _reply(s: SagaState, inbound: Reply) -> Event | DropReason:
+    sent = s.inflight.get(inbound.command_id)
+    if sent is None:
+        if inbound.command_id in s.issued_ids:
+            return DropReason.DUPLICATE_REPLY
+        return DropReason.UNKNOWN_COMMAND
+    if sent.held is not None:
+        return DropReason.DUPLICATE_REPLY  # answered already; its reply is held
+    if inbound.sender is not None and sent.event.participant == CHILD_PARTICIPANT:
+        _check_child(s, inbound.sender, sent.event)
+    return _reply_event(inbound, sent)
+
+
+def _timer_due(s: SagaState, inbound: TimerDue) -> Event | DropReason:
+    timer = s.timers.get(inbound.timer_id)
+    if timer is None:
+        return DropReason.STALE_TIMER
+    if timer.command_id is not None:
+        cmd = s.inflight[timer.command_id].event
+        return AttemptTimedOut(
+            at=inbound.at,
+            step=cmd.step,
+            command_id=cmd.command_id,
+            attempt=cmd.attempt,
+            compensation=isinstance(cmd, CompensationIssued),
+        )
+    return TimerFired(at=inbound.at, timer_id=inbound.timer_id)
+
+
+def _signal(s: SagaState, inbound: SignalInput) -> Event | DropReason:
+    if inbound.signal_id in s.seen_signals:
+        return DropReason.DUPLICATE_SIGNAL
+    if not s.going_forward or s.cancel_reason is not None:
+        # Its code has stopped (it undoes its steps, or is parked doing so): no wait
+        # can ever take the signal, and recording it would say it was accepted.
+        raise InvalidTransition(
+            f"saga {s.saga_id} is {s.status.value}: it is undoing its steps, so its "
+            "code waits for no signal any more"
+        )
+    # Checked before anything is recorded: a signal the saga does not declare, or
+    # a payload its model refuses, would only fail the saga's code later.
+    s.definition.signal(inbound.name).validate(inbound.payload, "payload")
+    _check_texts(
+        "signal", signal_id=inbound.signal_id, principal=inbound.principal,
+        reason=inbound.reason,
+    )  # fmt: skip
+    return SignalReceived(
+        at=inbound.at,
+        signal_id=inbound.signal_id,
+        name=inbound.name,
+        payload=inbound.payload,
+        principal=inbound.principal,
+        reason=inbound.reason,
+    )
+
+
+def _undo(s: SagaState, inbound: Undo) -> Event | DropReason:
+    if inbound.command_id in s.undo_ids:
+        return DropReason.UNDO_ANSWERED
+    _check_texts("undo", reason=inbound.reason, parent_id=inbound.parent_id)
+    return UndoRequested(
+        at=inbound.at, command_id=inbound.command_id, parent_id=inbound.parent_id,
+        reason=inbound.reason,
+    )  # fmt: skip
+
+
+def _stop(s: SagaState, inbound: Cancel | ForceCompensate) -> Event:
+    """A cancel, or a forced compensation: both stop a run still going forward."""
+    if not s.going_forward or s.cancel_reason is not None:
+        what = "cancel" if isinstance(inbound, Cancel) else "force"
+        raise InvalidTransition(
+            f"saga {s.saga_id} is {s.status.value}: it is already undoing its "
+            f"steps, so there is nothing to {what}"
+        )
+    _check_texts(input_name(inbound), reason=inbound.reason, principal=inbound.principal)
+    if isinstance(inbound, Cancel):
+        return CancelRequested(at=inbound.at, reason=inbound.reason, principal=inbound.principal)
+    return CompensationForced(at=inbound.at, reason=inbound.reason, principal=inbound.principal)
+
+
+def _resume(s: SagaState, inbound: Resume) -> Event:
+    if s.status == SagaStatus.STEP_STUCK:
+        raise InvalidTransition(
+            f"saga {s.saga_id} is step_stuck: the reply of step(s) "
+            f"{', '.join(map(repr, s.held_steps()))} did not match; retry the step "
+            "(its reply is checked again against the code deployed now) or skip it "
+            "with a valid result"
+        )
+    _check_texts("resume", principal=inbound.principal, reason=inbound.reason)
+    if s.status != SagaStatus.COMPENSATION_STUCK:
+        raise InvalidTransition(
+            f"saga {s.saga_id} is {s.status.value}; only a saga whose "
+            "compensation is stuck (or that is parked as nondeterministic) can be resumed"
+        )
+    return SagaResumed(at=inbound.at, principal=inbound.principal, reason=inbound.reason)
 
 
 def _check_texts(what: str, **texts: str | None) -> None:
@@ -233,7 +235,7 @@ def _check_child(s: SagaState, sender: str, event: CommandIssued | CompensationI
         )  # fmt: skip
 
 
-def _reply_event(inbound: Reply, inflight: InFlight) -> Event:
+def _reply_event(inbound: Reply, inflight: Sent) -> Event:
     """A reply as its event: accepted, or held as invalid (a success reply whose
     payload its step's model refuses, or that Postgres cannot store)."""
     compensation = isinstance(inflight.event, CompensationIssued)
@@ -323,7 +325,7 @@ def _retry_event(s: SagaState, inbound: RetryStep) -> Event:
     )
 
 
-def _held_problem(inflight: InFlight) -> str | None:
+def _held_problem(inflight: Sent) -> str | None:
     """Why a held reply still cannot be accepted by the code deployed now, or None."""
     held = inflight.held
     assert held is not None
@@ -347,83 +349,102 @@ def _held_problem(inflight: InFlight) -> str | None:
     return None
 
 
-# --------------------------------------------------------------------------- event -> state
+_TO_EVENT: dict[type, Callable[[SagaState, Any], Event | DropReason]] = {
+    Reply: _reply, TimerDue: _timer_due, SignalInput: _signal, Undo: _undo, Cancel: _stop,
+    ForceCompensate: _stop, Skip: _skip_event, RetryStep: _retry_event, Resume: _resume,
+}  # fmt: skip
 
 
-def apply(s: SagaState, event: Event) -> None:
-    """What a recorded input does to the state (live or replayed). Raises Halt when the
-    code deployed cannot take it (the saga is parked)."""
-    if isinstance(event, SagaStarted):
-        s.trace_context = dict(event.trace_context)
-        if event.deadline_at is not None:
-            s.timers[DEADLINE_TIMER] = PendingTimer(fire_at=event.deadline_at)
-        s.lifecycle = s.loop.create_task(run_lifecycle(s, event))
-    elif isinstance(event, ReplyReceived | AttemptTimedOut | InvalidReplyReceived):
-        inflight = s.inflight.get(event.command_id)
-        if inflight is None or inflight.future.done():
-            s.nondeterministic(
-                s.cursor - 1,
-                event.describe(),
-                f"no command {event.command_id} waiting ({s.describe_waiting()})",
-            )
-            raise Halt
-        if isinstance(event, InvalidReplyReceived):
-            # The step keeps waiting, for an operator now: its attempt no longer times
-            # out (the participant did answer), and nothing re-sends it.
-            inflight.held = event
-            s.timers.pop(timeout_timer_id(event.command_id, inflight.event.attempt), None)
-        else:
-            inflight.future.set_result(event if isinstance(event, ReplyReceived) else None)
-    elif isinstance(event, TimerFired):
-        timer = s.timers.pop(event.timer_id, None)
-        if event.timer_id == DEADLINE_TIMER:
-            request_cancel(s, "deadline", "the saga's deadline passed")
-        elif timer is not None and timer.future is not None and not timer.future.done():
-            timer.future.set_result(None)
-    elif isinstance(event, SignalReceived):
-        s.seen_signals = with_id(s.seen_signals, event.signal_id)
-        waiter = s.signal_waiters.get(event.name)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(event.payload)
-        else:
-            s.signals.setdefault(event.name, deque()).append(event.payload)
-    elif isinstance(event, CancelRequested):
-        request_cancel(s, "cancel", event.reason)
-    elif isinstance(event, UndoRequested):
-        request_undo(s, event.parent_id, event.reason)
-    elif isinstance(event, CompensationForced):
-        request_cancel(s, "forced", f"forced by {event.principal}: {event.reason}")
-    elif isinstance(event, StepSkipped):
-        _apply_skip(s, event)
-    elif isinstance(event, RetryRequested):
-        held = s.waiting_forward(event.step)
-        if held is not None and held.held is not None:
-            # Checked again against the code running now (live it passed, or it would
-            # not have been recorded): a retry recorded under a fixed deploy does not
-            # replay under the broken one, and says so.
-            problem = _held_problem(held)
-            if problem is not None:
-                s.nondeterministic(
-                    s.cursor - 1, f"{event.describe()}, accepting its held reply", problem
-                )
-                raise Halt
-            release(s, held, held.held.payload, by_operator=False)
-        elif s.stuck_step == event.step and s.resume_waiter is not None:
-            unblock_compensation(s, "retry")
-        else:
-            timer_id = s.retry_timer(event.step)
-            timer = s.timers.pop(timer_id) if timer_id else None
-            if timer is not None and timer.future is not None and not timer.future.done():
-                timer.future.set_result(None)
-    elif isinstance(event, SagaResumed):
-        unblock_compensation(s, "retry")
+# --------------------------------------------------------------------------- event -> code
 
 
-def _apply_skip(s: SagaState, event: StepSkipped) -> None:
+def wake(s: SagaState, event: Event, settled: Settled) -> None:
+    """What a recorded input (live or replayed), folded already, does to the saga's code:
+    ``settled`` is what the fold says it answered. Raises Halt when the code deployed
+    cannot take it (the saga is parked)."""
+    waker = _WAKERS.get(type(event))
+    if waker is not None:
+        waker(s, event, settled)
+
+
+def _wake_started(s: SagaState, event: SagaStarted, settled: Settled) -> None:
+    s.trace_context = dict(event.trace_context)
+    s.lifecycle = s.loop.create_task(run_lifecycle(s, event))
+
+
+def _wake_answer(
+    s: SagaState, event: ReplyReceived | AttemptTimedOut | InvalidReplyReceived, settled: Settled
+) -> None:
+    if not isinstance(settled, Sent) or settled.future is None or settled.future.done():
+        s.nondeterministic(
+            s.cursor - 1,
+            event.describe(),
+            f"no command {event.command_id} waiting ({s.describe_waiting()})",
+        )
+        raise Halt
+    # A held reply answers nothing yet: the step waits for an operator.
+    if not isinstance(event, InvalidReplyReceived):
+        settled.future.set_result(event if isinstance(event, ReplyReceived) else None)
+
+
+def _wake_timer(s: SagaState, event: TimerFired, settled: Settled) -> None:
+    if event.timer_id == DEADLINE_TIMER:
+        request_cancel(s, "deadline", "the saga's deadline passed")
+    else:
+        _fire(settled)
+
+
+def _fire(settled: Settled) -> None:
+    if isinstance(settled, Timer) and settled.future is not None and not settled.future.done():
+        settled.future.set_result(None)
+
+
+def _wake_signal(s: SagaState, event: SignalReceived, settled: Settled) -> None:
+    waiter = s.signal_waiters.get(event.name)
+    if waiter is not None and not waiter.done():
+        waiter.set_result(event.payload)
+    else:
+        s.signals.setdefault(event.name, deque()).append(event.payload)
+
+
+def _wake_skip(s: SagaState, event: StepSkipped, settled: Settled) -> None:
     if event.compensation:
         unblock_compensation(s, "skip")
-        return
-    for inflight in list(s.inflight.values()):
-        if inflight.event.step == event.step and not inflight.future.done():
-            release(s, inflight, event.payload, by_operator=True)
-            return
+    elif isinstance(settled, Sent) and settled.future is not None and not settled.future.done():
+        release(s, settled, event.payload, by_operator=True)
+
+
+def _wake_retry(s: SagaState, event: RetryRequested, settled: Settled) -> None:
+    if isinstance(settled, Sent) and settled.held is not None:
+        # Checked again against the code running now (live it passed, or it would not
+        # have been recorded): a retry recorded under a fixed deploy does not replay
+        # under the broken one, and says so.
+        problem = _held_problem(settled)
+        if problem is not None:
+            s.nondeterministic(
+                s.cursor - 1, f"{event.describe()}, accepting its held reply", problem
+            )
+            raise Halt
+        release(s, settled, settled.held.payload, by_operator=False)
+    elif settled is Unstuck.COMPENSATION:
+        unblock_compensation(s, "retry")
+    else:
+        _fire(settled)
+
+
+_WAKERS: dict[type[Event], Callable[[SagaState, Any, Settled], None]] = {
+    SagaStarted: _wake_started,
+    ReplyReceived: _wake_answer,
+    AttemptTimedOut: _wake_answer,
+    InvalidReplyReceived: _wake_answer,
+    TimerFired: _wake_timer,
+    SignalReceived: _wake_signal,
+    CancelRequested: lambda s, e, _: request_cancel(s, "cancel", e.reason),
+    UndoRequested: lambda s, e, _: request_undo(s, e.parent_id, e.reason),
+    CompensationForced: lambda s, e, _: request_cancel(
+        s, "forced", f"forced by {e.principal}: {e.reason}"
+    ),
+    StepSkipped: _wake_skip,
+    RetryRequested: _wake_retry,
+    SagaResumed: lambda s, e, _: unblock_compensation(s, "retry"),
+}

@@ -1,15 +1,10 @@
-"""The saga's operations and lifecycle, as they run on the deterministic loop.
+"""What a saga's ``ctx`` does, as it runs on the deterministic loop.
 
-Functions over one :class:`~saga_engine.core._state.SagaState`: what ``ctx`` does (steps,
-timers, signals, side effects, patches; :class:`~saga_engine.core._runtime.SagaRuntime`
-passes the context's calls here), and the lifecycle around the user's ``run``:
-finishing, failing and compensating.
-
-The compensation stack lives here, whole: when a step's compensation becomes owed
-(:func:`step`, and :func:`release` for a step an operator answered), how the owed
-compensations run, last in first out, each under its own retry policy
-(:func:`run_lifecycle`), and how a stuck one waits for an operator
-(:func:`unblock_compensation`).
+Functions over one :class:`~saga_engine.core._state.SagaState`, called through the
+runtime's side of the context's door (``SagaDriver``): steps (and children, which are
+steps), timers, signals, side effects, patches, deterministic ids and randomness. A step
+pushes its compensation on the saga's stack once it is (or may have been) applied; the
+stack is run by ``_lifecycle``.
 """
 
 from __future__ import annotations
@@ -17,65 +12,44 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
-import itertools
 import random
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
+from saga_engine.core._context import ChildSaga, StepRequest
 from saga_engine.core._decision import (
     CHILD_PARTICIPANT,
     CHILD_STEP_PREFIX,
-    DEADLINE_TIMER,
     ChildStart,
     ChildUndo,
     child_saga_id,
     command_id_for,
 )
-from saga_engine.core._definition import Saga, Signal
+from saga_engine.core._definition import Saga
 from saga_engine.core._events import (
     CommandIssued,
-    CompensationCompleted,
-    CompensationIssued,
     CompensationSpec,
-    CompensationStarted,
-    CompensationStuck,
-    ErrorInfo,
-    Event,
     PatchMarked,
-    ReplyReceived,
-    SagaCancelled,
-    SagaCompensated,
-    SagaCompleted,
-    SagaFailed,
     SagaStarted,
     SideEffectRecorded,
     TimerStarted,
 )
+from saga_engine.core._fold import with_id
+from saga_engine.core._intents import await_command, await_timer, check_open, emit, next_id
 from saga_engine.core._policy import (
     DEFAULT_COMPENSATION_RETRY,
     DEFAULT_COMPENSATION_TIMEOUT,
     DEFAULT_STEP_RETRY,
     RetryPolicy,
 )
-from saga_engine.core._state import (
-    Halt,
-    InFlight,
-    OwedCompensation,
-    PendingTimer,
-    SagaState,
-    timeout_timer_id,
-    with_id,
-)
-from saga_engine.core._status import SagaStatus
+from saga_engine.core._signal import Signal
+from saga_engine.core._state import Halt, SagaState
 from saga_engine.kernel._errors import (
-    DefinitionError,
     InvalidPayload,
-    SagaError,
-    SerializationError,
     SignalTimeout,
     StepFailed,
     StepTimedOut,
@@ -90,107 +64,29 @@ from saga_engine.kernel._serde import (
     validate_payload,
 )
 
-E = TypeVar("E", bound=Event)
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
 
-def error_info(exc: BaseException, step: str | None = None) -> ErrorInfo:
-    if isinstance(exc, StepFailed):
-        return ErrorInfo(
-            type=type(exc).__name__, message=str(exc), step=exc.step, details=exc.details
-        )
-    if isinstance(exc, InvalidPayload):
-        # It names its own step (a step's reply), or none (a signal's payload): the
-        # step the saga last ran has nothing to do with it.
-        return ErrorInfo(
-            type=type(exc).__name__,
-            message=str(exc),
-            step=exc.step,
-            details={"errors": exc.errors},
-        )
-    return ErrorInfo(type=type(exc).__name__, message=str(exc) or type(exc).__name__, step=step)
+async def step(s: SagaState, request: StepRequest) -> JsonDict:
+    """Sends the step's command until it is answered, per its retry policy; returns
+    the success reply's payload. Raises StepFailed or StepTimedOut."""
+    check_open(s)
+    _check_step(s, request)
+    s.step_names = with_id(s.step_names, request.name)
+    # Refused here, in the saga's code, rather than by Postgres when the command is
+    # appended (which would lose the input being handled). A replayed command was
+    # stored, so it is storable: no need to look again.
+    live = s.cursor >= len(s.history)
+    payload = model_payload(request.command)
+    if live:
+        check_storable(payload, f"the command of step {request.name!r}")
+    return await _attempts(s, request, payload, _compensation(request, live))
 
 
-# --------------------------------------------------------------------------- intents
-
-
-def _emit(s: SagaState, event: E) -> E:
-    """Records an intent, or on replay matches it against the recorded one."""
-    if s.nondeterminism is not None:
-        raise Halt
-    if s.cursor < len(s.history):
-        recorded = s.history[s.cursor]
-        if recorded.is_intent and recorded.signature() == event.signature():
-            s.cursor += 1
-            s.track(recorded)
-            return recorded  # type: ignore[return-value]
-        s.nondeterministic(s.cursor, recorded.describe(), event.describe())
-        raise Halt
-    s.history.append(event)
-    s.new.append(event)
-    s.cursor += 1
-    s.track(event)
-    return event
-
-
-def _next_id(s: SagaState, kind: str) -> int:
-    return next(s.counters.setdefault(kind, itertools.count(1)))
-
-
-def _check_open(s: SagaState) -> None:
-    if s.nondeterminism is not None:
-        raise Halt
-    if s.closing or s.cancel_reason is not None:
-        # The run is over (failed, cancelled or finished): no new operations.
-        raise asyncio.CancelledError()
-
-
-async def _await_command(
-    s: SagaState, event: CommandIssued | CompensationIssued, returns: type[BaseModel] | None = None
-) -> ReplyReceived | None:
-    future: asyncio.Future[ReplyReceived | None] = s.loop.create_future()
-    s.inflight[event.command_id] = InFlight(event, future, returns)
-    timer_id = timeout_timer_id(event.command_id, event.attempt)
-    if event.timeout_at is not None:
-        s.timers[timer_id] = PendingTimer(fire_at=event.timeout_at, command_id=event.command_id)
-    try:
-        return await future
-    finally:
-        s.inflight.pop(event.command_id, None)
-        s.timers.pop(timer_id, None)
-
-
-async def _timer(
-    s: SagaState, timer_id: str, purpose: Literal["sleep", "retry"], delay: timedelta
-) -> None:
-    started = _emit(
-        s, TimerStarted(at=s.now, timer_id=timer_id, purpose=purpose, fire_at=s.now + delay)
-    )
-    future: asyncio.Future[None] = s.loop.create_future()
-    s.timers[timer_id] = PendingTimer(fire_at=started.fire_at, future=future)
-    try:
-        await future
-    finally:
-        s.timers.pop(timer_id, None)
-
-
-# --------------------------------------------------------------------------- ctx's operations
-
-
-async def step(
-    s: SagaState,
-    name: str,
-    *,
-    to: str,
-    command: BaseModel,
-    compensate: BaseModel | None,
-    retry: RetryPolicy | None,
-    timeout: timedelta | None,
-    compensate_retry: RetryPolicy | None,
-    returns: type[BaseModel] | None = None,
-) -> JsonDict:
-    _check_open(s)
+def _check_step(s: SagaState, request: StepRequest) -> None:
+    """The step as the code wrote it must be one the engine can record and replay."""
+    name = request.name
     if not isinstance(name, str) or not name:
         s.definition_error("a step needs a non-empty string name")
     if name in s.step_names:
@@ -198,63 +94,62 @@ async def step(
             f"step name {name!r} is used twice in one run of saga {s.saga_type!r}; each "
             f'step needs a stable, unique name (in a loop, use e.g. f"{name}-{{i}}")'
         )
-    for what, value in (("command", command), ("compensate", compensate)):
+    for what, value in (("command", request.command), ("compensate", request.compensate)):
         if value is not None and not isinstance(value, BaseModel):
             s.definition_error(f"step {name!r}: {what} must be a pydantic model, got {value!r}")
+    returns = request.returns
     if returns is not None and not (isinstance(returns, type) and issubclass(returns, BaseModel)):
         s.definition_error(f"step {name!r}: returns must be a pydantic model class")
-    s.step_names = with_id(s.step_names, name)
-    policy = retry or DEFAULT_STEP_RETRY
-    payload = model_payload(command)
-    # Refused here, in the saga's code, rather than by Postgres when the command is
-    # appended (which would lose the input being handled). A replayed command was
-    # stored, so it is storable: no need to look again.
-    live = s.cursor >= len(s.history)
+
+
+def _compensation(request: StepRequest, live: bool) -> CompensationSpec | None:
+    """What undoes the step, recorded with its command (None: nothing to undo)."""
+    if request.compensate is None:
+        return None
+    payload = model_payload(request.compensate)
     if live:
-        check_storable(payload, f"the command of step {name!r}")
-    spec = None
-    if compensate is not None:
-        compensation_payload = model_payload(compensate)
-        if live:
-            check_storable(compensation_payload, f"the compensation of step {name!r}")
-        spec = CompensationSpec(
-            participant=to,
-            command_type=type_name(compensate),
-            payload=compensation_payload,
-            retry=compensate_retry or DEFAULT_COMPENSATION_RETRY,
-            timeout_s=(timeout or DEFAULT_COMPENSATION_TIMEOUT).total_seconds(),
-        )
-    generation, unknown, last_error = 0, False, ""
+        check_storable(payload, f"the compensation of step {request.name!r}")
+    return CompensationSpec(
+        participant=request.to,
+        command_type=type_name(request.compensate),
+        payload=payload,
+        retry=request.compensate_retry or DEFAULT_COMPENSATION_RETRY,
+        timeout_s=(request.timeout or DEFAULT_COMPENSATION_TIMEOUT).total_seconds(),
+    )
+
+
+async def _attempts(
+    s: SagaState, request: StepRequest, payload: JsonDict, spec: CompensationSpec | None
+) -> JsonDict:
+    name, timeout = request.name, request.timeout
+    policy = request.retry or DEFAULT_STEP_RETRY
+    generation, attempt, unknown, last_error = 0, 0, False, ""
     sent: list[str] = []
-    for attempt in itertools.count(1):
-        issued = _emit(
+    while True:
+        attempt += 1
+        issued = emit(
             s,
             CommandIssued(
-                at=s.now,
-                step=name,
-                participant=to,
-                command_type=type_name(command),
-                payload=payload,
+                at=s.now, step=name, participant=request.to,
+                command_type=type_name(request.command), payload=payload,
                 payload_hash=canonical_hash(payload),
                 command_id=command_id_for(s.saga_id, name, generation, compensation=False),
-                attempt=attempt,
-                timeout_at=s.now + timeout if timeout else None,
+                attempt=attempt, timeout_at=s.now + timeout if timeout else None,
                 compensation=spec,
             ),
-        )
+        )  # fmt: skip
         if issued.command_id not in sent:
             sent.append(issued.command_id)
         try:
-            reply = await _await_command(s, issued, returns)
+            reply = await await_command(s, issued, request.returns)
         except asyncio.CancelledError:
-            # Cancelled in flight: it may or may not have been applied.
-            _owe(s, name, spec, sent)
+            s.owe(name, spec, sent)  # cancelled in flight: it may or may not have been applied
             raise
         if reply is None:
             unknown, last_error = True, "timed out"
         elif reply.outcome == "success":
-            if issued.command_id not in s.skipped_ids:  # (see release)
-                _owe(s, name, spec, sent)
+            if issued.command_id not in s.skipped_ids:  # (see _lifecycle.release)
+                s.owe(name, spec, sent)
             return reply.payload
         elif reply.outcome == "failure":
             raise StepFailed(name, reply.error or "refused by participant", details=reply.payload)
@@ -262,26 +157,21 @@ async def step(
             generation, unknown, last_error = generation + 1, False, reply.error or "retryable"
         if attempt >= policy.max_attempts:
             if unknown:
-                _owe(s, name, spec, sent)
+                s.owe(name, spec, sent)
                 raise StepTimedOut(name, attempt)
             raise StepFailed(name, f"gave up after {attempt} attempts: {last_error}")
         try:
-            _check_open(s)
+            check_open(s)
             delay = policy.backoff(attempt, seed=f"{s.saga_id}:{name}")
-            await _timer(s, f"retry:{name}:{attempt}", "retry", delay)
+            await await_timer(s, f"retry:{name}:{attempt}", "retry", delay)
         except asyncio.CancelledError:
             # Stopped while waiting to retry after a timeout: the last attempt may
             # have been applied, so its compensation is owed.
             if unknown:
-                _owe(s, name, spec, sent)
+                s.owe(name, spec, sent)
             raise
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
-#: A child is asked again (its start re-sent, same command id) this often by default: an
-#: ended child answers a repeated start with its end. It covers the one window where an
-#: end can be lost (its engine died after recording the end, before sending it).
-DEFAULT_CHILD_POLL = timedelta(minutes=5)
 #: Asking again is not a failure: a child is waited for 10,000 polls (34 days at the
 #: default poll) before the step times out, one second apart.
 CHILD_RETRY = RetryPolicy(
@@ -294,7 +184,7 @@ CHILD_RETRY = RetryPolicy(
 
 async def child(
     s: SagaState,
-    saga: type[Saga[Any, Any]],
+    saga: type[ChildSaga[Any]],
     input: BaseModel | JsonDict,
     *,
     key: str | None,
@@ -304,7 +194,7 @@ async def child(
     """Starts a child saga and waits for its end: a step whose participant is the engine
     (see ``CHILD_PARTICIPANT``), so it is recorded, re-sent, compensated and cancelled
     like any step. Its id derives from this saga's id and ``key``."""
-    _check_open(s)
+    check_open(s)
     if not (isinstance(saga, type) and issubclass(saga, Saga)):
         s.definition_error(f"ctx.child needs a Saga class, got {saga!r}")
     name = key if key is not None else saga.name
@@ -315,32 +205,34 @@ async def child(
     assert isinstance(started, SagaStarted)
     raw = input.model_dump(mode="json", by_alias=True) if isinstance(input, BaseModel) else input
     value = validate_payload(saga.input_type, raw, f"the input of child saga {name!r}")
+    start = ChildStart(
+        saga_id=child_id,
+        saga_type=saga.name,
+        input=model_payload(value),
+        priority=started.priority,
+        fairness_key=started.fairness_key,
+    )
     return await step(
         s,
-        f"{CHILD_STEP_PREFIX}{name}",
-        to=CHILD_PARTICIPANT,
-        command=ChildStart(
-            saga_id=child_id,
-            saga_type=saga.name,
-            input=model_payload(value),
-            priority=started.priority,
-            fairness_key=started.fairness_key,
+        StepRequest(
+            f"{CHILD_STEP_PREFIX}{name}",
+            CHILD_PARTICIPANT,
+            start,
+            ChildUndo(saga_id=child_id, saga_type=saga.name),
+            retry or CHILD_RETRY,
+            poll,
+            returns=saga.output_type,
         ),
-        compensate=ChildUndo(saga_id=child_id, saga_type=saga.name),
-        retry=retry or CHILD_RETRY,
-        timeout=poll,
-        compensate_retry=None,
-        returns=saga.output_type,
     )
 
 
 async def sleep(s: SagaState, delay: timedelta) -> None:
-    _check_open(s)
-    await _timer(s, f"sleep:{_next_id(s, 'sleep')}", "sleep", delay)
+    check_open(s)
+    await await_timer(s, f"sleep:{next_id(s, 'sleep')}", "sleep", delay)
 
 
 async def wait_signal(s: SagaState, name: str, timeout: timedelta | None) -> JsonDict:
-    _check_open(s)
+    check_open(s)
     buffered = s.signals.get(name)
     if buffered:
         return buffered.popleft()
@@ -350,8 +242,8 @@ async def wait_signal(s: SagaState, name: str, timeout: timedelta | None) -> Jso
     s.signal_waiters[name] = future
     timer_id = None
     if timeout is not None:
-        timer_id = f"signal:{name}:{_next_id(s, 'signal:' + name)}"
-        started = _emit(
+        timer_id = f"signal:{name}:{next_id(s, 'signal:' + name)}"
+        emit(
             s,
             TimerStarted(
                 at=s.now, timer_id=timer_id, purpose="signal_timeout", fire_at=s.now + timeout
@@ -361,7 +253,7 @@ async def wait_signal(s: SagaState, name: str, timeout: timedelta | None) -> Jso
         timer_future.add_done_callback(
             lambda _: future.done() or future.set_result(None)  # type: ignore[func-returns-value]
         )
-        s.timers[timer_id] = PendingTimer(fire_at=started.fire_at, future=timer_future)
+        s.timers[timer_id].future = timer_future
     try:
         payload = await future
     finally:
@@ -374,8 +266,8 @@ async def wait_signal(s: SagaState, name: str, timeout: timedelta | None) -> Jso
 
 
 async def side_effect(s: SagaState, fn: Callable[[], T]) -> T:
-    _check_open(s)
-    op_id = f"side_effect:{_next_id(s, 'side_effect')}"
+    check_open(s)
+    op_id = f"side_effect:{next_id(s, 'side_effect')}"
     if s.cursor < len(s.history):
         recorded = s.history[s.cursor]
         if isinstance(recorded, SideEffectRecorded) and recorded.op_id == op_id:
@@ -394,7 +286,7 @@ async def side_effect(s: SagaState, fn: Callable[[], T]) -> T:
         value = value.model_dump(mode="json")
     dumps(value)  # must be JSON, or SerializationError now rather than at append time
     check_storable(value, f"the value of {op_id}")
-    _emit(s, SideEffectRecorded(at=s.now, op_id=op_id, value=value))
+    emit(s, SideEffectRecorded(at=s.now, op_id=op_id, value=value))
     return value  # type: ignore[no-any-return]
 
 
@@ -409,7 +301,7 @@ def patched(s: SagaState, patch_id: str) -> bool:
         if found:
             s.cursor += 1
     else:
-        _emit(s, PatchMarked(at=s.now, patch_id=patch_id))
+        emit(s, PatchMarked(at=s.now, patch_id=patch_id))
         found = True
     s.patches[patch_id] = found
     return found
@@ -461,235 +353,3 @@ def declared_signal(
             f"with {declared.model.__name__}; use the declared model, deploy, and resume"
         )
     return declared
-
-
-# --------------------------------------------------------------------------- operators
-
-
-def release(s: SagaState, inflight: InFlight, payload: JsonDict, *, by_operator: bool) -> None:
-    """Answers a waiting forward step with ``payload``: an operator's skip
-    (``by_operator``), or its held reply accepted on retry. The saga goes back to running
-    once nothing is held.
-
-    A step its participant never answered, done by hand, owes no compensation. One
-    whose reply was held did reach its participant, which applied it: its compensation
-    stays owed."""
-    if by_operator and inflight.held is None:
-        s.skipped_ids = with_id(s.skipped_ids, inflight.event.command_id)
-    inflight.held = None
-    inflight.future.set_result(
-        ReplyReceived(
-            at=s.now,
-            step=inflight.event.step,
-            command_id=inflight.event.command_id,
-            outcome="success",
-            payload=payload,
-        )
-    )
-    s.settle_held()
-
-
-def request_cancel(
-    s: SagaState, reason: Literal["cancel", "deadline", "forced"], message: str
-) -> None:
-    """Stops the user's run; the lifecycle then compensates what is owed."""
-    if s.cancel_reason is not None or s.closing:
-        return
-    s.cancel_reason = reason
-    s.cancel_message = message
-    if s.user_task is not None and not s.user_task.done():
-        s.user_task.cancel()
-
-
-def unblock_compensation(s: SagaState, action: Literal["retry", "skip"]) -> None:
-    """An operator's answer to the stuck compensation, if one waits: retry it, or count it
-    done by hand (its step_skipped)."""
-    if s.resume_waiter is not None and not s.resume_waiter.done():
-        s.resume_waiter.set_result(action)
-
-
-# --------------------------------------------------------------------------- lifecycle
-
-
-def _owe(s: SagaState, step: str, spec: CompensationSpec | None, sent: list[str]) -> None:
-    """``step`` was (or may have been) applied: its compensation, if it has one, is owed."""
-    if spec is not None:
-        s.owed.append(OwedCompensation(step, spec, tuple(sent)))
-
-
-async def _run_user(s: SagaState, started: SagaStarted) -> Any:
-    saga = s.definition.cls()
-    value = s.definition.input_type.model_validate(started.input)
-    return await saga.run(s.ctx, value)
-
-
-async def _finish_stragglers(s: SagaState) -> None:
-    """Stops the run's other tasks (a gather's siblings still in flight)."""
-    s.closing = True
-    s.timers.pop(DEADLINE_TIMER, None)  # the run is over; the deadline no longer applies
-    pending = [t for t in s.loop.tasks if t is not s.lifecycle and not t.done()]
-    for task in pending:
-        task.cancel()
-    if pending:
-        await asyncio.gather(*pending, return_exceptions=True)
-
-
-async def run_lifecycle(s: SagaState, started: SagaStarted) -> None:
-    """The saga's whole run: the user's code, then completion, failure or compensation."""
-    s.user_task = s.loop.create_task(_run_user(s, started))
-    error: ErrorInfo | None = None
-    try:
-        result = await s.user_task
-    except asyncio.CancelledError:
-        pass
-    except (Halt, GeneratorExit):
-        raise  # nondeterminism, or the runtime is being discarded: no more code runs
-    except DefinitionError as exc:
-        # The code misused the engine somewhere ctx could not catch it (the asyncio
-        # clock, say): parked like the rest, not compensated.
-        s.definition_error(str(exc))
-    except BaseException as exc:  # the run failed: compensate
-        error = error_info(exc, None if isinstance(exc, SignalTimeout) else s.current_step)
-    else:
-        if s.cancel_reason is None:
-            try:
-                output = _serialize_output(s, result)
-            except SagaError as exc:
-                error = error_info(exc)
-            else:
-                await _finish_stragglers(s)
-                _emit(s, SagaCompleted(at=s.now, output=output))
-                if started.parent is not None:
-                    await _undo_when_asked(s)
-                return
-    await _finish_stragglers(s)
-    reason: Literal["failure", "cancel", "deadline", "operator"] = (
-        "operator" if s.cancel_reason == "forced" else s.cancel_reason or "failure"
-    )
-    if s.cancel_reason == "forced":
-        error = ErrorInfo(type="OperatorForcedCompensation", message=s.cancel_message)
-    elif s.cancel_reason == "deadline":
-        error = ErrorInfo(type="DeadlineExceeded", message=s.cancel_message)
-    elif s.cancel_reason == "cancel":
-        error = ErrorInfo(type="SagaCancelled", message=s.cancel_message)
-    assert error is not None
-    owed = list(reversed(s.owed))
-    if owed:
-        _emit(
-            s,
-            CompensationStarted(at=s.now, reason=reason, error=error, owed=[o.step for o in owed]),
-        )
-        for entry in owed:
-            await _compensate(s, entry)
-    if reason == "cancel":
-        _emit(s, SagaCancelled(at=s.now, reason=s.cancel_message))
-    elif owed:
-        _emit(s, SagaCompensated(at=s.now, error=error))
-    else:
-        _emit(s, SagaFailed(at=s.now, error=error))
-
-
-async def _undo_when_asked(s: SagaState) -> None:
-    """A completed child waits for its parent's undo (an ``undo_requested`` input): then
-    it compensates its applied steps, last first, and ends compensated. With nothing to
-    undo it stays completed (its end still answers the undo)."""
-    s.undo_waiter = s.loop.create_future()
-    await s.undo_waiter
-    s.undo_waiter = None
-    owed = list(reversed(s.owed))
-    if not owed:
-        return
-    error = ErrorInfo(type="ParentCompensating", message=s.cancel_message)
-    _emit(s, CompensationStarted(at=s.now, reason="undo", error=error, owed=[o.step for o in owed]))
-    for entry in owed:
-        await _compensate(s, entry)
-    _emit(s, SagaCompensated(at=s.now, error=error))
-
-
-def request_undo(s: SagaState, parent_id: str, reason: str) -> None:
-    """The parent compensates: a running child is cancelled (it compensates and ends
-    cancelled); a completed one wakes to undo its steps; one already undoing goes on."""
-    message = f"undone by parent saga {parent_id}" + (f": {reason}" if reason else "")
-    if s.status == SagaStatus.COMPLETED:
-        s.cancel_message = message
-        if s.undo_waiter is not None and not s.undo_waiter.done():
-            s.undo_waiter.set_result(None)
-    elif s.going_forward:
-        request_cancel(s, "cancel", message)
-
-
-def _serialize_output(s: SagaState, result: Any) -> JsonDict:
-    model = s.definition.output_type
-    if not isinstance(result, model):
-        try:
-            result = model.model_validate(result)
-        except ValidationError as exc:
-            raise SerializationError(
-                f"{s.definition.cls.__name__}.run returned {type(result).__name__}, "
-                f"expected {model.__name__}: {exc}"
-            ) from exc
-    output = model_payload(result)
-    check_storable(output, f"the output of {s.definition.cls.__name__}.run")
-    return output
-
-
-async def _compensate(s: SagaState, owed: OwedCompensation) -> None:
-    spec = owed.spec
-    timeout = timedelta(seconds=spec.timeout_s) if spec.timeout_s else None
-    generation, round_attempts = 0, 0
-    for attempt in itertools.count(1):
-        round_attempts += 1
-        issued = _emit(
-            s,
-            CompensationIssued(
-                at=s.now,
-                step=owed.step,
-                participant=spec.participant,
-                command_type=spec.command_type,
-                payload=spec.payload,
-                payload_hash=canonical_hash(spec.payload),
-                command_id=command_id_for(s.saga_id, owed.step, generation, compensation=True),
-                attempt=attempt,
-                timeout_at=s.now + timeout if timeout else None,
-                compensates=list(owed.forward_ids),
-            ),
-        )
-        reply = await _await_command(s, issued)
-        if reply is not None and reply.outcome == "success":
-            _emit(s, CompensationCompleted(at=s.now, step=owed.step))
-            s.owed.remove(owed)  # no longer owed
-            return
-        if reply is None:
-            last_error = "timed out"
-        else:
-            # A refused compensation is retried under a new id: the participant stored
-            # its refusal under the old one and would only repeat it.
-            generation += 1
-            last_error = reply.error or reply.outcome
-        if round_attempts >= spec.retry.max_attempts:
-            _emit(
-                s,
-                CompensationStuck(
-                    at=s.now,
-                    step=owed.step,
-                    error=ErrorInfo(
-                        type="CompensationStuck",
-                        message=f"compensation of {owed.step!r} still failing after "
-                        f"{round_attempts} attempts: {last_error}",
-                        step=owed.step,
-                    ),
-                ),
-            )
-            # Parked until an operator answers (see unblock_compensation).
-            s.resume_waiter = s.loop.create_future()
-            s.stuck_step = owed.step
-            action = await s.resume_waiter
-            s.resume_waiter, s.stuck_step = None, None
-            if action == "skip":
-                # An operator compensated it by hand (recorded as step_skipped).
-                s.owed.remove(owed)
-                return
-            round_attempts = 0
-            continue
-        delay = spec.retry.backoff(attempt, seed=f"{s.saga_id}:compensate:{owed.step}")
-        await _timer(s, f"retry:compensate:{owed.step}:{attempt}", "retry", delay)

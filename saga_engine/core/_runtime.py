@@ -14,8 +14,10 @@ saga: the runtime stops, reports a :class:`NondeterminismError` and asks for a
 ``SagaParked`` event, leaving the history intact for a fixed deploy to resume.
 
 ``SagaRuntime`` is the façade over one :class:`~saga_engine.core._state.SagaState`: the
-state and its shared rules are in ``_state``, what the saga's code does in
-``_operations``, and how an input becomes an event and is applied in ``_inputs``.
+state (the fold of the history, ``_fold``, and the code's own) is in ``_state``, what the
+saga's ``ctx`` does in ``_operations``, the run around it and its compensations in
+``_lifecycle``, and how an input becomes an event and wakes the code in ``_inputs``. It
+is the context's driver (``_context.SagaDriver``): ``ctx`` calls come in through it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from saga_engine.core import _operations as operations
-from saga_engine.core._context import SagaContext
+from saga_engine.core._context import ChildSaga, SagaContext, StepRequest
 from saga_engine.core._decision import (
     Decision,
     DropReason,
@@ -41,7 +43,7 @@ from saga_engine.core._decision import (
     Undo,
     parent_reply,
 )
-from saga_engine.core._definition import Saga, SagaDefinition, Signal
+from saga_engine.core._definition import SagaDefinition
 from saga_engine.core._events import (
     TERMINAL_EVENTS,
     CommandIssued,
@@ -50,8 +52,9 @@ from saga_engine.core._events import (
     SagaStarted,
     UndoRequested,
 )
-from saga_engine.core._inputs import apply, check_parent, held_steps, input_name, to_event
+from saga_engine.core._inputs import check_parent, input_name, to_event, wake
 from saga_engine.core._policy import RetryPolicy
+from saga_engine.core._signal import Signal
 from saga_engine.core._state import Halt, SagaState
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._errors import InvalidTransition, SerializationError
@@ -160,8 +163,7 @@ class SagaRuntime:
 
     @property
     def status(self) -> SagaStatus:
-        s = self.state
-        return SagaStatus.NONDETERMINISTIC if s.parked else s.status
+        return self.state.shown_status
 
     @property
     def last_seq(self) -> int:
@@ -214,7 +216,7 @@ class SagaRuntime:
 
     def held_steps(self) -> list[str]:
         """Steps whose success reply was held as invalid, waiting for an operator."""
-        return held_steps(self.state)
+        return self.state.held_steps()
 
     def owed_compensations(self) -> list[str]:
         """The steps whose compensation is owed, in the order they would run."""
@@ -281,26 +283,12 @@ class SagaRuntime:
 
     # SagaContext calls these; each runs in the saga's code on its deterministic loop.
 
-    def op_step(
-        self,
-        name: str,
-        *,
-        to: str,
-        command: BaseModel,
-        compensate: BaseModel | None,
-        retry: RetryPolicy | None,
-        timeout: timedelta | None,
-        compensate_retry: RetryPolicy | None,
-        returns: type[BaseModel] | None = None,
-    ) -> Coroutine[Any, Any, JsonDict]:
-        return operations.step(
-            self.state, name, to=to, command=command, compensate=compensate, retry=retry,
-            timeout=timeout, compensate_retry=compensate_retry, returns=returns,
-        )  # fmt: skip
+    def op_step(self, request: StepRequest) -> Coroutine[Any, Any, JsonDict]:
+        return operations.step(self.state, request)
 
     def op_child(
         self,
-        saga: type[Saga[Any, Any]],
+        saga: type[ChildSaga[Any]],
         input: BaseModel | JsonDict,
         *,
         key: str | None,
@@ -354,9 +342,9 @@ class SagaRuntime:
         """Applies an input event (live or replayed) and runs the code until it waits."""
         s = self.state
         s.now = event.at
-        s.track(event)
+        settled = s.apply(event)
         try:
-            apply(s, event)
+            wake(s, event, settled)
         except Halt:
             return
         self._run()

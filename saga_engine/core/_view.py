@@ -1,10 +1,11 @@
-"""One fold of a saga's history into what an operator needs to see: a :class:`SagaView`.
+"""What an operator needs to see of a saga, from its history: a :class:`SagaView`.
 
 Pure (no I/O, no clock): the admin API, the web page and the CLI all show a saga through
-this fold, so a rule about compensation or waiting is written here once. The runtime
-drives the saga; this reads what it recorded. ``tests/internal/property/test_view.py`` runs
-generated sagas and checks, after every input, that the fold of the history agrees with
-the runtime's own state (status, error, commands in flight, timers, owed compensations).
+:func:`fold`. Where the saga stands (status, error, commands in flight, held replies,
+timers, the stuck compensation) is the one fold of history the decision core is made of
+(``_fold.Fold``); this module adds only what operators see: the compensations owed as
+they stand (with the steps whose outcome is still unknown), the timeline's segments, the
+actions an operator may take, and what the saga waits for.
 
 One thing a history cannot say: a wait for a signal *without* a timeout records nothing
 (only a timed wait records its timer). The caller that knows (the live or replayed
@@ -13,10 +14,11 @@ runtime) passes those names in ``awaited_signals``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 from saga_engine.core._decision import DEADLINE_TIMER
 from saga_engine.core._events import (
@@ -28,25 +30,22 @@ from saga_engine.core._events import (
     CompensationIssued,
     CompensationSpec,
     CompensationStarted,
-    CompensationStuck,
     ErrorInfo,
     Event,
     InvalidReplyReceived,
     ReplyReceived,
     RetryRequested,
-    SagaCompleted,
-    SagaFailed,
-    SagaParked,
-    SagaResumed,
-    SagaStarted,
-    SignalReceived,
     StepSkipped,
     TimerFired,
     TimerStarted,
     UndoRequested,
 )
+from saga_engine.core._fold import Fold, Sent, Settled, Timer, retry_timer_step, signal_of
+from saga_engine.core._segments import Lane, Segment, Timeline
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._serde import JsonDict
+
+S = SagaStatus
 
 
 class WaitKind(StrEnum):
@@ -65,15 +64,6 @@ class OwedState(StrEnum):
     PENDING = "pending"  #: compensation begun, this one not sent yet
     COMPENSATING = "compensating"  #: sent, awaiting its reply
     STUCK = "stuck"  #: exhausted its retries: an operator retries, skips or resumes
-
-
-class Lane(StrEnum):
-    """The timeline's kinds of row."""
-
-    STEP = "step"
-    COMPENSATION = "compensation"
-    WAIT = "wait"
-    PARKED = "parked"
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,23 +117,6 @@ class Owed:
     last_error: str | None = None
 
 
-@dataclass(slots=True)
-class Segment:
-    """One stretch of the timeline: an attempt, a back-off, a wait, a parked period."""
-
-    row: str
-    lane: Lane
-    label: str
-    start: datetime
-    start_seq: int
-    #: success, refused, failed, retryable, timed_out, invalid, in_doubt, pending,
-    #: skipped, backoff, waiting, fired, received, timed_out, cancelled, parked, resumed
-    outcome: str = "pending"
-    end: datetime | None = None
-    end_seq: int | None = None
-    detail: str = ""
-
-
 @dataclass(frozen=True, slots=True)
 class Action:
     """An operator action the saga accepts now, and the steps it applies to (if any)."""
@@ -177,18 +150,12 @@ class SagaView:
     last_at: datetime | None
 
 
-_TERMINAL = {
-    "saga_completed": SagaStatus.COMPLETED,
-    "saga_failed": SagaStatus.FAILED,
-    "saga_compensated": SagaStatus.COMPENSATED,
-    "saga_cancelled": SagaStatus.CANCELLED,
-}
-
-
 @dataclass(slots=True)
 class _Step:
+    """What the view knows of one step, for the compensations it may owe."""
+
     spec: CompensationSpec | None = None
-    #: in_flight, waiting (to retry), applied, refused or skipped
+    #: in_flight, waiting (to retry), held, applied, gave_up, refused or skipped
     forward: str = "in_flight"
     #: an attempt timed out since the last retryable reply: it may have been applied
     unknown: bool = False
@@ -204,258 +171,38 @@ class _Step:
         return self.forward == "in_flight" or (self.forward == "waiting" and self.unknown)
 
 
-class _Fold:
-    """The state the fold carries from one event to the next."""
+class _Walk:
+    """The fold of a history, and what the view adds as it walks the events: the timeline,
+    a ledger of the steps (for the compensations owed) and whether the run is stopping."""
 
     def __init__(self) -> None:
-        self.saga_id = ""
-        self.saga_type = ""
-        self.started: SagaStarted | None = None
-        self.base = SagaStatus.RUNNING  # the status the saga's own events reached
-        self.parked = False
-        self.error: ErrorInfo | None = None
-        #: Why it compensates: compensation_started's error.
-        self.cause: ErrorInfo | None = None
-        self.current_step: str | None = None
-        self.output: JsonDict | None = None
-        self.inflight: dict[str, InFlight] = {}
-        self.timers: dict[str, PendingTimer] = {}
+        self.fold = Fold()
+        self.timeline = Timeline(self.fold)
         self.steps: dict[str, _Step] = {}
         self.applied: list[str] = []  # applied forward steps, in order
+        #: compensation_started's list, once it is recorded: what is owed from then on.
         self.owed_at_start: list[str] | None = None
-        self.stuck_step: str | None = None
-        self.segments: list[Segment] = []
-        self.open: dict[str, Segment] = {}  # command id or timer id -> open segment
-        self.parked_segment: Segment | None = None
         #: A forward step whose attempt just timed out (see _after_timeout).
         self.timed_out: str | None = None
-        #: A cancel, a forced compensation or the deadline stopped the run.
+        #: A cancel, a forced compensation, an undo or the deadline stopped the run.
         self.stopping = False
-
-    # ------------------------------------------------------------------ the fold
 
     def apply(self, seq: int, event: Event) -> None:
         if self.timed_out is not None:
-            self._after_timeout(event)
-        if isinstance(event, SagaStarted):
-            self.started, self.saga_type = event, event.saga_type
-            if event.deadline_at is not None:
-                self.timers[DEADLINE_TIMER] = PendingTimer(
-                    DEADLINE_TIMER, "deadline", event.deadline_at, event.at
-                )
-        elif isinstance(event, CommandIssued | CompensationIssued):
-            self._issued(seq, event)
-        elif isinstance(event, ReplyReceived):
-            self._replied(seq, event)
-        elif isinstance(event, InvalidReplyReceived):
-            sent = self.inflight.get(event.command_id)
-            if sent is not None:
-                self.inflight[event.command_id] = _replace_held(sent, event.error)
-                self.timers.pop(_timeout_id(sent), None)
-            s = self._step(event.step)
-            # Applied by the participant, but the saga's stack takes it only once an
-            # operator releases it (or the run stops while it is held).
-            s.forward, s.held, s.last_error = "held", True, event.error.message
-            self.base, self.error = SagaStatus.STEP_STUCK, event.error
-            self._settle_held()  # with several held, the first one's error is reported
-            self._close(event.command_id, "invalid", event, seq, event.error.message)
-        elif isinstance(event, AttemptTimedOut):
-            sent = self.inflight.pop(event.command_id, None)
-            if sent is not None:
-                self.timers.pop(_timeout_id(sent), None)
-            s = self._step(event.step)
-            if event.compensation:
-                s.last_error = "timed out"
-            else:
-                s.forward, s.unknown = "waiting", True
-                self.timed_out = event.step
-            self._close(event.command_id, "timed_out", event, seq, "timed out")
-        elif isinstance(event, TimerStarted):
-            self.timers[event.timer_id] = PendingTimer(
-                event.timer_id, event.purpose, event.fire_at, event.at
-            )
-            self._timer_segment(seq, event)
-        elif isinstance(event, CancelRequested | CompensationForced):
-            self.stopping = True
-        elif isinstance(event, UndoRequested):
-            # Its parent compensates: a running child stops as on a cancel; a completed
-            # one compensates next (its compensation_started follows).
-            self.stopping = self.stopping or self.base != SagaStatus.COMPLETED
-        elif isinstance(event, TimerFired):
-            self.stopping = self.stopping or event.timer_id == DEADLINE_TIMER
-            self.timers.pop(event.timer_id, None)
-            segment = self.open.get(event.timer_id)
-            outcome = "timed_out" if event.timer_id.startswith("signal:") else "fired"
-            if segment is not None and segment.outcome == "backoff":
-                outcome = "backoff"
-            self._close(event.timer_id, outcome, event, seq)
-        elif isinstance(event, SignalReceived):
-            for timer_id in [t for t in self.timers if _signal_of(t) == event.name][:1]:
-                self.timers.pop(timer_id)
-                self._close(timer_id, "received", event, seq, event.principal)
-        elif isinstance(event, CompensationStarted):
-            self.base, self.error, self.cause = SagaStatus.COMPENSATING, event.error, event.error
-            self.owed_at_start = list(event.owed)
-            self._stop_forward(seq, event)
-        elif isinstance(event, CompensationStuck):
-            self.base, self.error, self.stuck_step = (
-                SagaStatus.COMPENSATION_STUCK, event.error, event.step,
-            )  # fmt: skip
-        elif isinstance(event, CompensationCompleted):
-            self._step(event.step).done = True
-        elif isinstance(event, StepSkipped):
-            self._skipped(seq, event)
-        elif isinstance(event, RetryRequested):
-            self._retry(seq, event)
-        elif isinstance(event, SagaParked):
-            self.parked, self.error = True, event.error
-            self.parked_segment = Segment(
-                "parked", Lane.PARKED, f"parked ({event.reason})", event.at, seq, "parked",
-                detail=event.error.message,
-            )  # fmt: skip
-            self.segments.append(self.parked_segment)
-        elif isinstance(event, SagaResumed):
-            self.parked = False
-            if self.base == SagaStatus.COMPENSATION_STUCK:
-                self.base, self.stuck_step = SagaStatus.COMPENSATING, None
-            # What parked it is over: the saga reports the error of where it goes back
-            # to (why it compensates, or a held reply's), until a new one.
-            self.error = self.cause if self.base == SagaStatus.COMPENSATING else None
-            self._settle_held()
-            if self.parked_segment is not None and self.parked_segment.end is None:
-                _end(self.parked_segment, "resumed", event.at, seq, event.principal)
-        elif event.kind in _TERMINAL:
-            self.base = _TERMINAL[event.kind]
-            if isinstance(event, SagaCompleted):
-                self.output = event.output
-                self.error = None
-            elif isinstance(event, SagaFailed):
-                self.error = event.error
-            # (compensated, cancelled: the error compensation began with stands)
-            self.inflight.clear()
-            self.timers.clear()
-            for key in list(self.open):
-                self._close(key, "cancelled", event, seq)
+            self.after_timeout(event)
+        settled = self.fold.apply(event)
+        self.timeline.add(seq, event, settled)
+        adds = _LEDGER.get(type(event))
+        if adds is not None:
+            adds(self, event, settled)
 
-    def _step(self, name: str) -> _Step:
+    def step(self, name: str) -> _Step:
         found = self.steps.get(name)
         if found is None:
             found = self.steps[name] = _Step()
         return found
 
-    def _issued(self, seq: int, event: CommandIssued | CompensationIssued) -> None:
-        comp = isinstance(event, CompensationIssued)
-        self.current_step = event.step
-        self.inflight[event.command_id] = InFlight(
-            event.step, event.command_id, event.attempt, event.participant,
-            event.command_type, comp, event.at, event.timeout_at,
-        )  # fmt: skip
-        if event.timeout_at is not None:
-            timer_id = f"timeout:{event.command_id}:{event.attempt}"
-            self.timers[timer_id] = PendingTimer(timer_id, "timeout", event.timeout_at, event.at)
-        s = self._step(event.step)
-        if isinstance(event, CommandIssued):
-            s.spec = event.compensation or s.spec
-            s.forward = "in_flight"
-        else:
-            s.compensating = True
-            s.comp_attempts += 1
-        lane = Lane.COMPENSATION if comp else Lane.STEP
-        segment = Segment(
-            event.step, lane, f"{'undo ' if comp else ''}{event.step} #{event.attempt}",
-            event.at, seq, detail=f"{event.command_type} → {event.participant}",
-        )  # fmt: skip
-        self.segments.append(segment)
-        self.open[event.command_id] = segment
-
-    def _replied(self, seq: int, event: ReplyReceived) -> None:
-        sent = self.inflight.pop(event.command_id, None)
-        if sent is not None:
-            self.timers.pop(_timeout_id(sent), None)
-        s = self._step(event.step)
-        if event.compensation:
-            if event.outcome != "success":
-                s.last_error = event.error or event.outcome
-        elif event.outcome == "success":
-            s.forward = "applied"
-            if event.step not in self.applied:
-                self.applied.append(event.step)
-        elif event.outcome == "failure":
-            s.forward = "refused"
-        else:  # retryable: the participant applied nothing
-            s.forward, s.unknown = "waiting", False
-        outcome = {"success": "success", "failure": "refused"}.get(event.outcome, "retryable")
-        if event.compensation and outcome == "refused":
-            outcome = "failed"
-        self._close(event.command_id, outcome, event, seq, event.error or "")
-
-    def _timer_segment(self, seq: int, event: TimerStarted) -> None:
-        if event.purpose == "retry":
-            comp = event.timer_id.startswith("retry:compensate:")
-            name = _retry_step(event.timer_id)
-            lane = Lane.COMPENSATION if comp else Lane.STEP
-            segment = Segment(name, lane, f"back-off {name}", event.at, seq, "backoff")
-        elif event.purpose == "signal_timeout":
-            name = _signal_of(event.timer_id) or event.timer_id
-            segment = Segment(f"signal {name}", Lane.WAIT, f"wait for {name!r}", event.at, seq,
-                              "waiting", detail=f"deadline {event.fire_at.isoformat()}")  # fmt: skip
-        else:
-            segment = Segment("sleep", Lane.WAIT, event.timer_id, event.at, seq, "waiting")
-        self.segments.append(segment)
-        self.open[event.timer_id] = segment
-
-    def _close(self, key: str, outcome: str, event: Event, seq: int, why: str = "") -> None:
-        segment = self.open.pop(key, None)
-        if segment is not None:
-            _end(segment, outcome, event.at, seq, why)
-
-    def _stop_forward(self, seq: int, event: Event) -> None:
-        """Compensation begins: the run's forward work (commands, timers) is abandoned."""
-        for command_id, sent in list(self.inflight.items()):
-            if not sent.compensation:
-                del self.inflight[command_id]
-                self.timers.pop(_timeout_id(sent), None)
-                self._close(command_id, "in_doubt", event, seq)
-        for timer_id in [t for t in self.timers if not t.startswith(("timeout:", "retry:comp"))]:
-            del self.timers[timer_id]
-            self._close(timer_id, "cancelled", event, seq)
-
-    def _skipped(self, seq: int, event: StepSkipped) -> None:
-        s = self._step(event.step)
-        if event.compensation:
-            s.done = True
-            self._unstick(event.step)
-            return
-        for command_id, sent in list(self.inflight.items()):
-            if sent.step == event.step and not sent.compensation:
-                del self.inflight[command_id]
-                self.timers.pop(_timeout_id(sent), None)
-                self._close(command_id, "skipped", event, seq, event.principal)
-                if sent.held is None:  # done by hand: not compensated later
-                    s.forward = "skipped"
-                else:  # its participant applied it: owed from now on
-                    self._release(s, event.step)
-                self._settle_held()
-                return
-
-    def _retry(self, seq: int, event: RetryRequested) -> None:
-        held = next(
-            (f for f in self.inflight.values() if f.step == event.step and f.held is not None),
-            None,
-        )
-        if held is not None:  # the held reply is accepted now
-            del self.inflight[held.command_id]
-            self._release(self._step(event.step), event.step)
-            self._close(held.command_id, "success", event, seq, "held reply accepted")
-            self._settle_held()
-        elif self.base == SagaStatus.COMPENSATION_STUCK and self.stuck_step == event.step:
-            self._unstick(event.step)
-        else:  # a back-off cut short
-            for timer_id in [t for t in self.timers if _retry_step(t) == event.step][:1]:
-                del self.timers[timer_id]
-                self._close(timer_id, "backoff", event, seq, f"retried now by {event.principal}")
-
-    def _after_timeout(self, event: Event | None) -> None:
+    def after_timeout(self, event: Event | None) -> None:
         """A forward attempt timed out. The step's own code runs next: it starts its
         back-off, or it gives up (out of attempts, or the run is stopping) and its
         compensation is owed from that moment, its outcome unknown."""
@@ -463,239 +210,294 @@ class _Fold:
         if name is None or (
             isinstance(event, TimerStarted)
             and event.purpose == "retry"
-            and _retry_step(event.timer_id) == name
+            and retry_timer_step(event.timer_id) == name
         ):
             return
-        s = self._step(name)
+        s = self.step(name)
         if s.spec is not None and s.forward == "waiting":
             s.forward = "gave_up"
             self.applied.append(name)
 
-    def _unstick(self, step: str) -> None:
-        """An operator answered the stuck compensation: compensating again."""
-        if self.base == SagaStatus.COMPENSATION_STUCK and self.stuck_step == step:
-            self.base, self.stuck_step, self.error = SagaStatus.COMPENSATING, None, self.cause
+    # ------------------------------------------------------------------ per event
+
+    def _issued(self, event: CommandIssued | CompensationIssued, _: Settled) -> None:
+        s = self.step(event.step)
+        if isinstance(event, CommandIssued):
+            s.spec = event.compensation or s.spec
+            s.forward = "in_flight"
+        else:
+            s.compensating = True
+            s.comp_attempts += 1
+
+    def _replied(self, event: ReplyReceived, _: Settled) -> None:
+        s = self.step(event.step)
+        if event.compensation:
+            if event.outcome != "success":
+                s.last_error = event.error or event.outcome
+        elif event.outcome == "success":
+            self._release(s, event.step)
+        elif event.outcome == "failure":
+            s.forward = "refused"
+        else:  # retryable: the participant applied nothing
+            s.forward, s.unknown = "waiting", False
+
+    def _held(self, event: InvalidReplyReceived, _: Settled) -> None:
+        # Applied by the participant, but the saga's stack takes it only once an
+        # operator releases it (or the run stops while it is held).
+        s = self.step(event.step)
+        s.forward, s.held, s.last_error = "held", True, event.error.message
+
+    def _timed_out(self, event: AttemptTimedOut, _: Settled) -> None:
+        s = self.step(event.step)
+        if event.compensation:
+            s.last_error = "timed out"
+        else:
+            s.forward, s.unknown = "waiting", True
+            self.timed_out = event.step
+
+    def _stop(self, event: Event, _: Settled) -> None:
+        # An undo: its parent compensates. A running child stops as on a cancel; a
+        # completed one compensates next (its compensation_started follows).
+        undo = isinstance(event, UndoRequested)
+        self.stopping = self.stopping or not undo or self.fold.status != S.COMPLETED
+
+    def _fired(self, event: TimerFired, _: Settled) -> None:
+        self.stopping = self.stopping or event.timer_id == DEADLINE_TIMER
+
+    def _skipped(self, event: StepSkipped, settled: Settled) -> None:
+        s = self.step(event.step)
+        if event.compensation:
+            s.done = True
+        elif isinstance(settled, Sent):
+            if settled.held is None:  # done by hand: not compensated later
+                s.forward = "skipped"
+            else:  # its participant applied it: owed from now on
+                self._release(s, event.step)
+
+    def _retried(self, event: RetryRequested, settled: Settled) -> None:
+        if isinstance(settled, Sent):  # the held reply is accepted now
+            self._release(self.step(event.step), event.step)
+
+    def _compensating(self, event: CompensationStarted, _: Settled) -> None:
+        self.owed_at_start = list(event.owed)
+
+    def _compensated(self, event: CompensationCompleted, _: Settled) -> None:
+        self.step(event.step).done = True
 
     def _release(self, step: _Step, name: str) -> None:
         step.forward, step.held = "applied", False
         if name not in self.applied:
             self.applied.append(name)
 
-    def _settle_held(self) -> None:
-        if self.base != SagaStatus.STEP_STUCK:
-            return
-        held = [f.held for f in self.inflight.values() if f.held is not None]
-        if held:
-            self.error = held[0]
-            return
-        self.base = SagaStatus.RUNNING
-        if self.error is not None and self.error.type == "InvalidReply":
-            self.error = None
 
-    # ------------------------------------------------------------------ the result
+_LEDGER: dict[type[Event], Callable[[_Walk, Any, Settled], None]] = {
+    CommandIssued: _Walk._issued,
+    CompensationIssued: _Walk._issued,
+    ReplyReceived: _Walk._replied,
+    InvalidReplyReceived: _Walk._held,
+    AttemptTimedOut: _Walk._timed_out,
+    CancelRequested: _Walk._stop,
+    CompensationForced: _Walk._stop,
+    UndoRequested: _Walk._stop,
+    TimerFired: _Walk._fired,
+    StepSkipped: _Walk._skipped,
+    RetryRequested: _Walk._retried,
+    CompensationStarted: _Walk._compensating,
+    CompensationCompleted: _Walk._compensated,
+}
 
-    def owed(self) -> list[Owed]:
-        """Compensations still owed, in the order they would run (last in, first out)."""
-        if self.base.is_terminal:
-            return []
-        if self.owed_at_start is not None:
-            out = []
-            for name in self.owed_at_start:
-                s = self.steps.get(name, _Step())
-                if s.done:
-                    continue
-                state = (
-                    OwedState.STUCK
-                    if self.stuck_step == name
-                    else OwedState.COMPENSATING
-                    if s.compensating
-                    else OwedState.PENDING
-                )
-                out.append(_owed(name, s, state))
-            return out
-        # Steps whose outcome is unknown, and held ones (applied, not yet released),
-        # join the stack only if the run stops now: they would be undone first.
-        doubtful = [
-            n for n, s in self.steps.items() if s.spec is not None and (s.in_doubt or s.held)
-        ]
-        out = [
-            _owed(n, self.steps[n], OwedState.OWED if self.steps[n].held else OwedState.IN_DOUBT)
-            for n in reversed(doubtful)
-        ]
-        out.extend(
-            _owed(n, self.steps[n], OwedState.OWED)
-            for n in reversed(self.applied)
-            if self.steps[n].spec is not None and self.steps[n].forward in ("applied", "gave_up")
-        )
-        return out
 
-    def actions(self) -> list[Action]:
-        """The operator actions the runtime would accept now (see its input checks)."""
-        if self.base.is_terminal:
-            return []
-        if self.parked:
-            return [Action("resume")]
-        out: list[Action] = [Action("signal")]
-        forward = self.base in (SagaStatus.RUNNING, SagaStatus.STEP_STUCK) and not self.stopping
-        if forward:
-            out += [Action("cancel"), Action("force-compensate")]
-        held = [f.step for f in self.inflight.values() if f.held is not None]
-        waiting = [f.step for f in self.inflight.values() if not f.compensation and f.held is None]
-        backoff = [_retry_step(t) for t, timer in self.timers.items()
-                   if timer.purpose == "retry" and not t.startswith("retry:compensate:")]  # fmt: skip
-        stuck = [self.stuck_step] if self.stuck_step else []
-        if self.base == SagaStatus.COMPENSATION_STUCK:
-            out.append(Action("resume"))
-        retry = (held if forward else []) + stuck + backoff
-        skip = (held + waiting if forward else []) + stuck
-        if retry:
-            out.append(Action("retry", tuple(dict.fromkeys(retry))))
-        if skip:
-            out.append(Action("skip", tuple(dict.fromkeys(skip))))
-        return out
-
-    def waits(self, awaited_signals: Iterable[str], last_at: datetime | None) -> list[Wait]:
-        status = SagaStatus.NONDETERMINISTIC if self.parked else self.base
-        since = last_at or datetime.min
-        if status.is_terminal:
-            return []
-        if self.parked:
-            # Nothing moves until the code is fixed and an operator resumes the saga.
-            segment = self.parked_segment
-            why = f": {segment.detail}" if segment is not None else ""
-            return [
-                Wait(
-                    WaitKind.OPERATOR,
-                    f"an operator: the saga is parked (deploy fixed code, then resume){why}",
-                    segment.start if segment is not None else since,
-                )
-            ]
-        out: list[Wait] = []
-        if self.base == SagaStatus.COMPENSATION_STUCK and self.stuck_step is not None:
-            out.append(
-                Wait(
-                    WaitKind.OPERATOR,
-                    f"an operator: the compensation of step {self.stuck_step!r} is stuck "
-                    "(retry it, skip it, or resume the saga)",
-                    since, step=self.stuck_step, compensation=True,
-                )
-            )  # fmt: skip
-        for sent in self.inflight.values():
-            what = "compensation of step" if sent.compensation else "step"
-            if sent.held is not None:
-                out.append(
-                    Wait(
-                        WaitKind.OPERATOR,
-                        f"an operator: the reply to step {sent.step!r} is held as invalid "
-                        "(retry the step, skip it with a result, or cancel the saga)",
-                        sent.since, step=sent.step, attempt=sent.attempt,
-                    )
-                )  # fmt: skip
-                continue
-            out.append(
-                Wait(
-                    WaitKind.REPLY,
-                    f"a reply to {what} {sent.step!r} (attempt {sent.attempt}) from "
-                    f"{sent.participant!r}",
-                    sent.since, sent.timeout_at, sent.step, sent.command_id, sent.attempt,
-                    sent.compensation,
-                )
-            )  # fmt: skip
-        awaited = dict.fromkeys(awaited_signals)
-        for timer in self.timers.values():
-            if timer.purpose == "signal_timeout":
-                name = _signal_of(timer.timer_id) or timer.timer_id
-                awaited.pop(name, None)
-                out.append(
-                    Wait(WaitKind.SIGNAL, f"signal {name!r}", timer.since, timer.fire_at,
-                         name=name)
-                )  # fmt: skip
-            elif timer.purpose == "retry":
-                name = _retry_step(timer.timer_id)
-                comp = timer.timer_id.startswith("retry:compensate:")
-                what = "compensation of step" if comp else "step"
-                out.append(
-                    Wait(
-                        WaitKind.BACKOFF, f"the back-off before {what} {name!r} is retried",
-                        timer.since, timer.fire_at, step=name, name=timer.timer_id,
-                        compensation=comp,
-                    )
-                )  # fmt: skip
-            elif timer.purpose == "sleep":
-                out.append(
-                    Wait(WaitKind.TIMER, f"timer {timer.timer_id!r}", timer.since,
-                         timer.fire_at, name=timer.timer_id)
-                )  # fmt: skip
-        for name in awaited:
-            out.append(Wait(WaitKind.SIGNAL, f"signal {name!r} (no deadline)", since, name=name))
-        return out
+# --------------------------------------------------------------------------- the result
 
 
 def fold(
     events: Sequence[Event], *, saga_id: str = "", awaited_signals: Iterable[str] = ()
 ) -> SagaView:
     """The view of a saga from its history (oldest first)."""
-    state = _Fold()
+    walk = _Walk()
     for seq, event in enumerate(events, start=1):
-        state.apply(seq, event)
-    state._after_timeout(None)
-    started = state.started
+        walk.apply(seq, event)
+    walk.after_timeout(None)
+    f = walk.fold
+    started = f.started
     last_at = events[-1].at if events else None
-    status = SagaStatus.NONDETERMINISTIC if state.parked else state.base
     return SagaView(
         saga_id=saga_id,
-        saga_type=state.saga_type,
-        status=status,
-        error=state.error,
-        current_step=state.current_step,
+        saga_type=started.saga_type if started else "",
+        status=f.shown_status,
+        error=f.error,
+        current_step=f.current_step,
         input=dict(started.input) if started else {},
-        output=state.output,
+        output=f.output,
         deadline_at=started.deadline_at if started else None,
         idempotency_key=started.idempotency_key if started else None,
-        in_flight=tuple(state.inflight.values()),
-        timers=tuple(state.timers.values()),
-        owed=tuple(state.owed()),
-        stuck_step=state.stuck_step if state.base == SagaStatus.COMPENSATION_STUCK else None,
-        waiting_for=tuple(state.waits(awaited_signals, last_at)),
-        segments=tuple(state.segments),
-        actions=tuple(state.actions()),
+        in_flight=tuple(_in_flight(sent) for sent in f.inflight.values()),
+        timers=tuple(
+            PendingTimer(t.timer_id, t.purpose, t.fire_at, t.since) for t in f.timers.values()
+        ),
+        owed=tuple(_owed_now(walk)),
+        stuck_step=f.stuck_step if f.status == S.COMPENSATION_STUCK else None,
+        waiting_for=tuple(_waits(walk, awaited_signals, last_at)),
+        segments=tuple(walk.timeline.segments),
+        actions=tuple(_actions(walk)),
         events=len(events),
         started_at=events[0].at if events else None,
         last_at=last_at,
     )
 
 
-# --------------------------------------------------------------------------- helpers
-
-
-def _timeout_id(sent: InFlight) -> str:
-    return f"timeout:{sent.command_id}:{sent.attempt}"
-
-
-def _replace_held(sent: InFlight, error: ErrorInfo) -> InFlight:
+def _in_flight(sent: Sent) -> InFlight:
+    e = sent.event
+    if sent.held is not None:  # answered: it no longer times out
+        timeout_at, held = None, sent.held.error
+    else:
+        timeout_at, held = e.timeout_at, None
     return InFlight(
-        sent.step, sent.command_id, sent.attempt, sent.participant, sent.command_type,
-        sent.compensation, sent.since, None, error,
+        e.step, e.command_id, e.attempt, e.participant, e.command_type, sent.compensation,
+        e.at, timeout_at, held,
     )  # fmt: skip
 
 
-def _signal_of(timer_id: str) -> str | None:
-    """``signal:<name>:<n>`` (a timed signal wait's timer) → the signal's name."""
-    if not timer_id.startswith("signal:"):
-        return None
-    return timer_id[len("signal:") :].rpartition(":")[0]
+def _owed_now(walk: _Walk) -> list[Owed]:
+    """Compensations still owed, in the order they would run (last in, first out)."""
+    if walk.fold.status.is_terminal:
+        return []
+    steps = walk.steps
+    if walk.owed_at_start is not None:
+        out = []
+        for name in walk.owed_at_start:
+            s = steps.get(name, _Step())
+            if s.done:
+                continue
+            state = (
+                OwedState.STUCK
+                if walk.fold.stuck_step == name
+                else OwedState.COMPENSATING
+                if s.compensating
+                else OwedState.PENDING
+            )
+            out.append(_owed(name, s, state))
+        return out
+    # Steps whose outcome is unknown, and held ones (applied, not yet released),
+    # join the stack only if the run stops now: they would be undone first.
+    doubtful = [n for n, s in steps.items() if s.spec is not None and (s.in_doubt or s.held)]
+    out = [
+        _owed(n, steps[n], OwedState.OWED if steps[n].held else OwedState.IN_DOUBT)
+        for n in reversed(doubtful)
+    ]
+    out.extend(
+        _owed(n, steps[n], OwedState.OWED)
+        for n in reversed(walk.applied)
+        if steps[n].spec is not None and steps[n].forward in ("applied", "gave_up")
+    )
+    return out
 
 
-def _retry_step(timer_id: str) -> str:
-    """``retry:<step>:<n>`` or ``retry:compensate:<step>:<n>`` → the step."""
-    body = timer_id.removeprefix("retry:").removeprefix("compensate:")
-    return body.rpartition(":")[0]
+def _actions(walk: _Walk) -> list[Action]:
+    """The operator actions the runtime would accept now (see its input checks)."""
+    f = walk.fold
+    if f.status.is_terminal:
+        return []
+    if f.parked:
+        return [Action("resume")]
+    out: list[Action] = [Action("signal")]
+    forward = f.going_forward and not walk.stopping
+    if forward:
+        out += [Action("cancel"), Action("force-compensate")]
+    held = [s.event.step for s in f.inflight.values() if s.held is not None]
+    waiting = [s.event.step for s in f.inflight.values() if not s.compensation and s.held is None]
+    backoff = [retry_timer_step(t) for t, timer in f.timers.items()
+               if timer.purpose == "retry" and not t.startswith("retry:compensate:")]  # fmt: skip
+    stuck = [f.stuck_step] if f.stuck_step else []
+    if f.status == S.COMPENSATION_STUCK:
+        out.append(Action("resume"))
+    retry = (held if forward else []) + stuck + backoff
+    skip = (held + waiting if forward else []) + stuck
+    if retry:
+        out.append(Action("retry", tuple(dict.fromkeys(retry))))
+    if skip:
+        out.append(Action("skip", tuple(dict.fromkeys(skip))))
+    return out
 
 
-def _end(segment: Segment, outcome: str, at: datetime, seq: int, why: str = "") -> None:
-    segment.outcome, segment.end, segment.end_seq = outcome, at, seq
-    if why:
-        segment.detail = why
+def _waits(walk: _Walk, awaited_signals: Iterable[str], last_at: datetime | None) -> list[Wait]:
+    f = walk.fold
+    since = last_at or datetime.min
+    if f.shown_status.is_terminal:
+        return []
+    if f.parked:
+        # Nothing moves until the code is fixed and an operator resumes the saga.
+        segment = walk.timeline.parked
+        why = f": {segment.detail}" if segment is not None else ""
+        return [
+            Wait(
+                WaitKind.OPERATOR,
+                f"an operator: the saga is parked (deploy fixed code, then resume){why}",
+                segment.start if segment is not None else since,
+            )
+        ]
+    out: list[Wait] = []
+    if f.status == S.COMPENSATION_STUCK and f.stuck_step is not None:
+        out.append(
+            Wait(
+                WaitKind.OPERATOR,
+                f"an operator: the compensation of step {f.stuck_step!r} is stuck "
+                "(retry it, skip it, or resume the saga)",
+                since, step=f.stuck_step, compensation=True,
+            )
+        )  # fmt: skip
+    out += [_command_wait(sent) for sent in f.inflight.values()]
+    awaited = dict.fromkeys(awaited_signals)
+    for timer in f.timers.values():
+        if timer.purpose == "signal_timeout":
+            awaited.pop(signal_of(timer.timer_id) or timer.timer_id, None)
+        wait = _timer_wait(timer)
+        if wait is not None:
+            out.append(wait)
+    out += [Wait(WaitKind.SIGNAL, f"signal {n!r} (no deadline)", since, name=n) for n in awaited]
+    return out
+
+
+def _command_wait(sent: Sent) -> Wait:
+    e = sent.event
+    if sent.held is not None:
+        return Wait(
+            WaitKind.OPERATOR,
+            f"an operator: the reply to step {e.step!r} is held as invalid "
+            "(retry the step, skip it with a result, or cancel the saga)",
+            e.at, step=e.step, attempt=e.attempt,
+        )  # fmt: skip
+    what = "compensation of step" if sent.compensation else "step"
+    return Wait(
+        WaitKind.REPLY,
+        f"a reply to {what} {e.step!r} (attempt {e.attempt}) from {e.participant!r}",
+        e.at, e.timeout_at, e.step, e.command_id, e.attempt, sent.compensation,
+    )  # fmt: skip
+
+
+def _timer_wait(timer: Timer) -> Wait | None:
+    """What waiting on ``timer`` is, to an operator (None: an attempt's timeout or the
+    deadline, which its command or the saga as a whole stand for)."""
+    if timer.purpose == "signal_timeout":
+        name = signal_of(timer.timer_id) or timer.timer_id
+        return Wait(WaitKind.SIGNAL, f"signal {name!r}", timer.since, timer.fire_at, name=name)
+    if timer.purpose == "retry":
+        name = retry_timer_step(timer.timer_id)
+        comp = timer.timer_id.startswith("retry:compensate:")
+        what = "compensation of step" if comp else "step"
+        return Wait(
+            WaitKind.BACKOFF, f"the back-off before {what} {name!r} is retried",
+            timer.since, timer.fire_at, step=name, name=timer.timer_id, compensation=comp,
+        )  # fmt: skip
+    if timer.purpose == "sleep":
+        return Wait(
+            WaitKind.TIMER, f"timer {timer.timer_id!r}", timer.since, timer.fire_at,
+            name=timer.timer_id,
+        )  # fmt: skip
+    return None
+
+
+# --------------------------------------------------------------------------- helpers
 
 
 def _owed(name: str, step: _Step, state: OwedState) -> Owed:

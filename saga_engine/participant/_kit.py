@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel
 
-from saga_engine.core._codec import CodecChain, PayloadCodec, codec_from_settings
+from saga_engine.core._codec import CodecChain, PayloadCodec
 from saga_engine.kernel._crash import CrashHook
 from saga_engine.kernel._errors import DefinitionError, Rejected, Retryable
 from saga_engine.kernel._instance import InstanceName
@@ -137,7 +137,7 @@ class Participant:
         self.settings = settings
         self.dsn, self.db_schema = _database(name, settings, dsn, db_schema)
         self.codec = (
-            CodecChain.of(codec) if codec is not None else codec_from_settings(settings.codec)
+            CodecChain.of(codec) if codec is not None else CodecChain.from_settings(settings.codec)
         )
         self.topics = Topics.of(settings.kafka)
         #: processed, duplicates, rejected, retryable, dead_lettered, unknown_command,

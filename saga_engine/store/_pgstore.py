@@ -227,7 +227,7 @@ class PostgresEventStore(PostgresReads, PostgresRetention, PostgresRollouts):
         codec: PayloadCodec | CodecChain | None = None,
     ) -> PostgresEventStore:
         """Opens a connection pool on ``settings.db_schema``, which must be migrated.
-        ``codec``: seal the payloads of stored events (``codec_from_settings``)."""
+        ``codec``: seal the payloads of stored events (``CodecChain.from_settings``)."""
         with _unavailable_as_transient():
             pool = await asyncpg.create_pool(
                 settings.dsn.get_secret_value(),

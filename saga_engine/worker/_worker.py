@@ -27,7 +27,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from saga_engine.core._codec import CodecChain, PayloadCodec, codec_from_settings
+from saga_engine.core._codec import CodecChain, PayloadCodec
 from saga_engine.core._definition import Saga
 from saga_engine.core._schedule import Schedule
 from saga_engine.core._triggers import KafkaTrigger
@@ -99,7 +99,7 @@ class SagaWorker:
         ``settings.codec`` describes (none unless configured)."""
         self.settings = settings
         self.codec = (
-            CodecChain.of(codec) if codec is not None else codec_from_settings(settings.codec)
+            CodecChain.of(codec) if codec is not None else CodecChain.from_settings(settings.codec)
         )
         self.schedules = list(schedules)
         self.telemetry = telemetry

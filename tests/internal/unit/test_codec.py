@@ -23,7 +23,6 @@ from saga_engine.core._codec import (
     PayloadCodec,
     Undecodable,
     ZstdCodec,
-    codec_from_settings,
     open_event,
     seal_event,
 )
@@ -361,8 +360,8 @@ def test_wire_tampered_value_is_poison() -> None:
 
 def test_settings_build_the_chain() -> None:
     b64 = base64.b64encode(KEY_A).decode()
-    assert codec_from_settings(CodecSettings()) is None
-    chain = codec_from_settings(
+    assert CodecChain.from_settings(CodecSettings()) is None
+    chain = CodecChain.from_settings(
         CodecSettings.model_validate(
             {"keys": {"k1": b64}, "compression": "zstd", "compress_threshold": 10}
         )
@@ -377,7 +376,7 @@ def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SAGA_CODEC__KEYS", f'{{"k1": "{old}", "k2": "{new}"}}')
     monkeypatch.setenv("SAGA_CODEC__CURRENT_KEY", "k2")
     monkeypatch.setenv("SAGA_CODEC__COMPRESSION", "gzip")
-    chain = codec_from_settings(Settings().codec)
+    chain = CodecChain.from_settings(Settings().codec)
     assert chain is not None
     assert chain.name == "gzip,aes-gcm"
     assert AesGcmCodec.key_id_of(chain.encode(b"x")) == "k2"
