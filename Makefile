@@ -52,6 +52,7 @@ tools: venv
 lint: venv
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check .
+	@$(VENV)/bin/lint-imports --no-cache
 
 typecheck: venv
 	@$(VENV)/bin/mypy
