@@ -17,6 +17,9 @@ Endpoints (OpenAPI at ``/openapi.json``): ``GET /health``; ``GET /saga-types``;
 Bearer tokens come from ``settings.admin.readers`` and ``settings.admin.operators``
 (name -> token). Auth is off only on a loopback address with no token configured;
 anywhere else without tokens the app refuses to be created (InsecureAdminBinding).
+
+An edge: it is handed the engine and its collaborators by the worker (it names no
+concrete adapter). May import ``saga_engine.runner`` and every layer below it.
 """
 
 from saga_engine.admin._app import StartSaga, create_admin_app

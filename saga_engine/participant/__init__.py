@@ -71,6 +71,10 @@ batch to the offsets to commit), ``_reading`` (records to commands, dead letters
 COMMIT, the outbox), ``_relay`` (the outbox relay); shared by them: ``_context`` (the
 connections and common acts), ``_handler`` (``Transaction``, the replies decided) and
 ``_sql`` (reply records and statements).
+
+An edge and a composition root of its own (its Postgres pool and its Kafka clients). May
+import ``saga_engine.store``, ``saga_engine.transport`` and the layers below them;
+never the runner.
 """
 
 from saga_engine.kernel._errors import Rejected, Retryable
