@@ -50,7 +50,12 @@ class Effects:
                         self._crash("before_send_compensation")
         if with_commands > 1:
             self._crash("after_batch_append")
-        sending = [(w, c, again) for w in works for c, again in w.outgoing()]
+        sending: list[_Sending] = []
+        for work in works:
+            if work.owed:
+                work.resent = work.owed_again()
+                sending += [(work, command, True) for command in work.resent]
+            sending += [(work, command, False) for command in work.commands]
         at = SendTime.now() if sending else None
         if self._pipelined is not None:
             await self._send_pipelined(sending)
@@ -99,8 +104,8 @@ class Effects:
                 # delivered() gives a TransientError for every acknowledgement not given.
                 assert isinstance(error, Exception)
                 self._not_sent(one[0], error)
-            else:
-                self._sent(*one)
+            elif not one[2]:  # a crash point of the commands decided now, not of re-sends
+                self._crash("after_send")
 
     async def _send_one_by_one(self, sending: list[_Sending]) -> None:
         for one in sending:
@@ -110,14 +115,8 @@ class Effects:
                 except Exception as exc:
                     self._not_sent(one[0], exc)
                 else:
-                    self._sent(*one)
-
-    def _sent(self, work: Work, command: OutboundCommand, again: bool) -> None:
-        if again:
-            work.resent.append(command)
-        else:
-            work.sent.append(command)
-            self._crash("after_send")
+                    if not one[2]:
+                        self._crash("after_send")
 
     @staticmethod
     def _not_sent(work: Work, error: Exception) -> None:
@@ -133,7 +132,7 @@ class Effects:
         ended = last.status if last is not None and last.status.is_terminal else None
         self._observer.applied(
             Applied(
-                work.saga_id, live, work.events, work.sent, work.resent, at,
+                work.saga_id, live, work.events, work.held, work.commands, work.resent, at,
                 send_failed=work.send_error is not None, created=work.created is not None,
                 rebuilt=work.rebuilt, ended=ended,
                 error=last.projection.error if last is not None else None,

@@ -15,6 +15,7 @@ rebuilt, ended or was let go after a failed send. It also hears of every saga le
 from __future__ import annotations
 
 import collections
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -48,12 +49,13 @@ class Applied:
 
     saga_id: str
     live: LiveSaga
-    #: The events written, each with how many steps held an invalid reply when it was
-    #: decided (a park is counted once, however many replies a batch held).
-    events: list[tuple[Event, int]] = field(default_factory=list)
+    #: The events written, and for each how many steps held an invalid reply when it
+    #: was decided (a park is counted once, however many replies a batch held).
+    events: list[Event] = field(default_factory=list)
+    held: list[int] = field(default_factory=list)
     #: Commands decided now and sent; commands owed from history and sent again.
-    sent: list[OutboundCommand] = field(default_factory=list)
-    resent: list[OutboundCommand] = field(default_factory=list)
+    sent: Sequence[OutboundCommand] = ()
+    resent: Sequence[OutboundCommand] = ()
     sent_at: SendTime | None = None
     #: A send failed: the saga was let go (its events are durable; a reload re-sends).
     send_failed: bool = False
@@ -64,7 +66,7 @@ class Applied:
     #: The saga reached this terminal status now.
     ended: SagaStatus | None = None
     error: object = None
-    dropped: list[DropReason] = field(default_factory=list)
+    dropped: Sequence[DropReason] = ()
     deduplicated: int = 0
 
 
@@ -95,22 +97,20 @@ class EngineObserver:
             self._stat("sagas_started", live.runtime.saga_type)
         if what.rebuilt is not None:
             spans.superseded(what.saga_id, keep=set(what.rebuilt))
-        if what.sent_at is not None and not what.send_failed:
-            for command in what.resent:
-                # Owed when the saga was loaded, and sent again: a new span for this
-                # send (the first one died with whoever let the saga go), opened before
-                # the events are applied, which end it if an input answered it.
-                spans.opened(command, at=what.sent_at, resent=True)
+        if what.sent_at is not None and what.resent and not what.send_failed:
+            # Owed when the saga was loaded, and sent again: a new span for this send (the
+            # first one died with whoever let the saga go), opened before the events are
+            # applied, which end it if an input answered it.
+            spans.opened(what.resent, at=what.sent_at, resent=True)
         # Live inputs only: what a rebuild replays never passes here (no span twice).
-        spans.applied(what.saga_id, (event for event, _ in what.events))
+        spans.applied(what.saga_id, what.events)
         if what.send_failed:
             return  # let go: counted by whoever applies its next input
         if what.resent:
             stats.inc("commands_resent", len(what.resent))
-        if what.sent_at is not None:
-            for command in what.sent:
-                spans.opened(command, at=what.sent_at)
-        for event, held in what.events:
+        if what.sent_at is not None and what.sent:
+            spans.opened(what.sent, at=what.sent_at)
+        for event, held in zip(what.events, what.held, strict=True):
             self._counted(event, live, held)
         if what.ended is not None:
             self._ended(what.saga_id, live, what.ended, what.error)

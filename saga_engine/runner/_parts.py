@@ -22,7 +22,7 @@ from saga_engine.runner._clock import Clock, SystemClock
 from saga_engine.runner._flow_sender import FlowControl, flow_control
 from saga_engine.runner._observer import EngineObserver, EngineStats
 from saga_engine.runner._owners import Owners
-from saga_engine.runner._tracing import StepContextSender
+from saga_engine.runner._tracing import step_context_sender
 from saga_engine.runner._waiters import Waiters
 from saga_engine.store._store import EventStore
 from saga_engine.telemetry._telemetry import Telemetry, default_telemetry
@@ -78,7 +78,7 @@ class EngineParts:
         live = LiveSagas(clock, on_evict=observer.evicted)
         observer.telemetry.watch(live)  # the saga.open gauge
         owners = Owners(ownership, observer.stats)
-        traced = StepContextSender(sender, observer.telemetry)
+        traced = step_context_sender(sender, observer.telemetry)
         flow = flow_control(settings.limits, traced, live, clock, owners.owns)
         return cls(
             settings=settings,

@@ -95,8 +95,9 @@ class InputPath:
                 await self._live.locks.acquire(saga_id)
                 held.append(saga_id)
             await self._passes(list(works.values()))
-            for work in works.values():
-                await self._let_go(work)
+            if self._owners.shared or any(w.release_ended for w in works.values()):
+                for work in works.values():
+                    await self._let_go(work)
         except Exception as exc:
             # A bug on this path must not stop the inbox: every saga of the batch is let
             # go (rebuilt from the store by its next input) and its inputs answer with it.
@@ -193,6 +194,7 @@ class InputPath:
         if (
             decision.dropped is DropReason.UNKNOWN_COMMAND
             and not work.fresh_copy
+            and work.created is None  # started by this batch: nothing to be stale
             and self._owners.shares_and_owns(work.saga_id)
         ):
             return True  # a reply to a command the copy held never issued
@@ -325,7 +327,7 @@ class InputPath:
         live, last = work.live, work.last
         assert live is not None
         assert last is not None
-        events = [event for event, _ in work.events]
+        events = work.events
         if work.created is None:
             return self._store.append(
                 Append(work.saga_id, live.committed_seq, events, last.projection)

@@ -16,18 +16,16 @@ from collections.abc import Awaitable
 from saga_engine.core._decision import PARENT_PARTICIPANT, OutboundCommand
 from saga_engine.telemetry._spans import step_context
 from saga_engine.telemetry._telemetry import Telemetry
-from saga_engine.transport._bus import CommandSender, PipelinedSender, handed_over
+from saga_engine.transport._bus import CommandSender, PipelinedSender
 
 
 class StepContextSender:
     """A CommandSender in front of the broker's that puts the step span's context on
-    each command (pipelined when the broker's sender is)."""
+    each command (``step_context_sender`` builds it pipelined when the broker's is)."""
 
     def __init__(self, inner: CommandSender, telemetry: Telemetry) -> None:
         self._inner = inner
         self._telemetry = telemetry
-        # Checked once: a runtime protocol check costs microseconds on every command.
-        self._pipelined = inner if isinstance(inner, PipelinedSender) else None
 
     def _traced(self, command: OutboundCommand) -> OutboundCommand:
         # A child's answer to its parent is the parent's step's reply, not a step of its
@@ -39,8 +37,20 @@ class StepContextSender:
     async def send_command(self, command: OutboundCommand) -> None:
         await self._inner.send_command(self._traced(command))
 
+
+class _PipelinedStepContextSender(StepContextSender):
+    def __init__(self, inner: CommandSender, telemetry: Telemetry) -> None:
+        super().__init__(inner, telemetry)
+        assert isinstance(inner, PipelinedSender)
+        self._pipelined = inner
+
     async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
-        if self._pipelined is None:
-            await self.send_command(command)
-            return handed_over()
         return await self._pipelined.start_command(self._traced(command))
+
+
+def step_context_sender(inner: CommandSender, telemetry: Telemetry) -> StepContextSender:
+    """``inner`` behind the step span's context, pipelined if ``inner`` is (a sender
+    that is not would hand over acknowledgements already given, for nothing)."""
+    if isinstance(inner, PipelinedSender):
+        return _PipelinedStepContextSender(inner, telemetry)
+    return StepContextSender(inner, telemetry)

@@ -4,7 +4,7 @@ each saga of a batch while it goes through (``Work``)."""
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from saga_engine.core._decision import Decision, DropReason, Inbound, OutboundCommand
@@ -86,8 +86,9 @@ class Work:
     #: that found its saga stored already.
     again: bool = False
     rebuild: bool = False
-    #: Its writes that conflicted with another engine's, so far.
+    #: Its writes that conflicted with another engine's, so far; the passes it went through.
     conflicts: int = 0
+    passes: int = 0
     #: Wrote events in some pass: if it is let go, its owner is told to reload it.
     changed: bool = False
     #: Let go once done if it ended, or is not this engine's (a reload, a wake-up).
@@ -102,27 +103,32 @@ class Work:
     #: Rebuilt over a stale copy: the commands in flight then (their spans go on).
     rebuilt: frozenset[str] | None = None
     #: What it owed when loaded to be driven (or resumed from a park): sent again.
-    owed: list[OutboundCommand] = field(default_factory=list)
+    owed: Sequence[OutboundCommand] = ()
     #: Its timers were looked at: armed again for the next one.
     rearm: bool = False
-    #: The events decided, each with the steps holding an invalid reply at the time.
-    events: list[tuple[Event, int]] = field(default_factory=list)
+    #: The events decided, and for each the steps holding an invalid reply at the time.
+    events: list[Event] = field(default_factory=list)
+    held: list[int] = field(default_factory=list)
     commands: list[OutboundCommand] = field(default_factory=list)
     last: Decision | None = None
-    dropped: list[DropReason] = field(default_factory=list)
+    dropped: Sequence[DropReason] = ()
     deduplicated: int = 0
     conflict: Exception | None = None
     failure: Exception | None = None
-    sent: list[OutboundCommand] = field(default_factory=list)
-    resent: list[OutboundCommand] = field(default_factory=list)
+    #: What of ``owed`` was sent again (the decided ``commands`` are sent too).
+    resent: Sequence[OutboundCommand] = ()
     send_error: Exception | None = None
 
     def begin(self, held: LiveSaga | None) -> bool:
         """Starts a pass from the copy ``held``; True when it must be rebuilt first."""
+        self.live = held
+        if not self.passes:  # the first: nothing to forget (the common case, kept cheap)
+            self.passes = 1
+            return False
+        self.passes += 1
         rebuild = self.rebuild
         self.again = self.rebuild = False
         self.conflict = self.failure = self.send_error = None
-        self.live = held
         self.restart()
         return rebuild
 
@@ -131,8 +137,8 @@ class Work:
         self.created = self.replayed = self.last = None
         self.fresh_copy = self.rearm = False
         self.rebuilt = None
-        self.events, self.commands, self.dropped, self.owed = [], [], [], []
-        self.sent, self.resent = [], []
+        self.events, self.held, self.commands = [], [], []
+        self.dropped = self.owed = self.resent = ()
         self.deduplicated = 0
         for _, outcome in self.items[self.first :]:
             outcome.decision = outcome.error = None
@@ -154,14 +160,16 @@ class Work:
 
     def take(self, decision: Decision) -> None:
         if decision.dropped is not None:
-            self.dropped.append(decision.dropped)
+            self.dropped = [*self.dropped, decision.dropped]
             return
         assert self.live is not None
         # As each decision was taken: a second reply held while one already is adds no
         # park (the observer counts a park once).
-        held = len(self.live.runtime.held_steps()) if decision.events else 0
-        self.events.extend((event, held) for event in decision.events)
-        self.commands.extend(decision.commands)
+        events = decision.events
+        if events:
+            self.events += events
+            self.held += [len(self.live.runtime.held_steps())] * len(events)
+        self.commands += decision.commands
         self.last = decision
 
     def written(self, committed_seq: int) -> None:
@@ -186,13 +194,12 @@ class Work:
             and not self.again
         )
 
-    def outgoing(self) -> list[tuple[OutboundCommand, bool]]:
-        """What to send, each with whether it is sent again (owed from history)."""
+    def owed_again(self) -> list[OutboundCommand]:
+        """What it owed from history and is sent again (not decided anew in this pass)."""
         if not self.owed:
-            return [(command, False) for command in self.commands]
+            return []
         new = {(c.command_id, c.attempt) for c in self.commands}
-        again = [(c, True) for c in self.owed if (c.command_id, c.attempt) not in new]
-        return again + [(command, False) for command in self.commands]
+        return [c for c in self.owed if (c.command_id, c.attempt) not in new]
 
     def fail_inputs(self, error: Exception) -> None:
         """Its inputs not answered otherwise answer with ``error``."""

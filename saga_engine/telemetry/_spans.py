@@ -244,14 +244,21 @@ class SagaSpans:
 
     # ------------------------------------------------------------------ command spans
 
-    def opened(self, command: OutboundCommand, *, at: SendTime, resent: bool = False) -> None:
-        """Opens the span of a command sent at ``at`` (the engine reports its sends once
-        they are done). The command carried the span's context already: both derive it
-        from the command (``step_context``), so neither waits for the other."""
-        if not self.telemetry.records or command.participant == PARENT_PARTICIPANT:
+    def opened(
+        self, commands: Iterable[OutboundCommand], *, at: SendTime, resent: bool = False
+    ) -> None:
+        """Opens the spans of ``commands``, sent at ``at`` (the engine reports its sends
+        once they are done). Each command carried its span's context already: both
+        derive it from the command (``step_context``), so neither waits for the other."""
+        if not self.telemetry.records:
+            return  # no SDK: nothing records
+        for command in commands:
             # A child's answer to its parent is the parent's step's reply, not a step of
-            # its own: the parent's step span covers it. No SDK: nothing records.
-            return
+            # its own: the parent's step span covers it.
+            if command.participant != PARENT_PARTICIPANT:
+                self._open_one(command, at, resent)
+
+    def _open_one(self, command: OutboundCommand, at: SendTime, resent: bool) -> None:
         previous = self._open.get(command.command_id)
         if previous is not None:
             if previous.attempt == command.attempt:

@@ -12,6 +12,8 @@ from saga_engine.core._decision import DropReason, OutboundCommand, Reply
 from saga_engine.core._start import StartRequest
 from saga_engine.kernel._errors import InvalidTransition
 from saga_engine.kernel._serde import JsonDict
+from saga_engine.runner._engine import Engine
+from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._work import Deliver, Input, Outcome, Start
 from saga_engine.testing import SagaTestEnv
 from tests.sagas import OrderRequest, PlaceOrder
@@ -151,3 +153,86 @@ async def test_an_input_refused_in_a_batch_answers_alone() -> None:
     recorded = await kinds(env, "saga-e")
     assert "cancel_requested" in recorded
     assert "signal_received" not in recorded
+
+
+class OwnsAll:
+    """An Ownership that says this engine drives every saga (as a worker's does for the
+    sagas of its partitions), and records the reload notices it is asked to send."""
+
+    def __init__(self) -> None:
+        self.notified: list[str] = []
+
+    def owns(self, saga_id: str) -> bool:
+        return True
+
+    async def notify_owner(self, saga_id: str) -> None:
+        self.notified.append(saga_id)
+
+
+def owning_engine(env: SagaTestEnv) -> tuple[Engine, EngineParts]:
+    """Another engine on ``env``'s store and bus, driving its sagas as their owner."""
+    parts = EngineParts.build(
+        env.settings, sagas=[PlaceOrder], store=env.store, sender=env.bus, clock=env.clock,
+        ownership=OwnsAll(),
+    )  # fmt: skip
+    return Engine(parts), parts
+
+
+async def test_a_write_that_conflicts_is_decided_again_on_the_saga_rebuilt() -> None:
+    """Another engine changed the saga (an operator's cancel there): the owner's copy is
+    stale, its append conflicts, and the path decides the reply again on the saga
+    rebuilt from history, in the same call."""
+    env = SagaTestEnv([PlaceOrder])
+    owner, parts = owning_engine(env)
+    (started,) = await owner.apply([as_input(env, Begin("saga-x", "x"))])
+    started.result()
+    forward = issued(env, "saga-x", "reserve-credit")
+    await env.engine.cancel("saga-x", "by an operator elsewhere")  # env.engine: another one
+    reply = Reply(forward.command_id, "success", env.now(), {}, None)
+    (outcome,) = await owner.apply([Deliver("saga-x", reply)])
+    assert outcome.error is None
+    assert parts.stats.counts["stale_owner"] == 1
+    assert parts.stats.counts["reloaded_after_conflict"] == 1
+    # The owner holds the saga as history has it now: the other engine's cancel in it.
+    held = owner.runtime_of("saga-x")
+    assert held is not None
+    assert "cancel_requested" in [e.kind for e in held.history]
+    assert held.history == await env.engine.history("saga-x")
+
+
+async def test_a_reply_the_copy_held_does_not_know_is_asked_of_the_history() -> None:
+    """The other engine's cancel issued a compensation the owner's copy never saw: its
+    reply is not dropped as unknown, the copy is rebuilt from history first."""
+    env = SagaTestEnv([PlaceOrder])
+    owner, parts = owning_engine(env)
+    (started,) = await owner.apply([as_input(env, Begin("saga-z", "z"))])
+    started.result()
+    await env.engine.reply("saga-z", issued(env, "saga-z", "reserve-credit").command_id, "success")
+    await env.engine.cancel("saga-z", "by an operator elsewhere")
+    undo = issued(env, "saga-z", "reserve-stock")  # the cancel undoes the step in flight
+    assert undo.compensation
+    (outcome,) = await owner.apply(
+        [Deliver("saga-z", Reply(undo.command_id, "success", env.now(), {}, None))]
+    )
+    assert outcome.error is None
+    assert outcome.decision is not None
+    assert outcome.decision.dropped is None
+    assert parts.stats.counts["reloaded_stale_copy"] == 1
+    # Applied on the rebuilt copy: the compensation is done, and the next one issued.
+    assert (await kinds(env, "saga-z"))[-2:] == ["compensation_completed", "compensation_issued"]
+
+
+async def test_a_saga_started_in_the_batch_is_not_taken_for_a_stale_copy() -> None:
+    """A reply no command of a saga started by the same batch names is dropped as
+    unknown; the start stands (there is no stored copy to rebuild it from)."""
+    env = SagaTestEnv([PlaceOrder])
+    owner, _ = owning_engine(env)
+    stray = Reply("no-such-command", "success", env.now(), {}, None)
+    started, replied = await owner.apply(
+        [as_input(env, Begin("saga-y", "y")), Deliver("saga-y", stray)]
+    )
+    assert started.error is None
+    assert replied.error is None
+    assert replied.decision is not None
+    assert replied.decision.dropped is DropReason.UNKNOWN_COMMAND
+    assert (await env.engine.get("saga-y")).status.value == "running"
