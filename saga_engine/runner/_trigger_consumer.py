@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from saga_engine.core._decision import saga_id_for
 from saga_engine.core._definition import SagaDefinition
 from saga_engine.core._events import TriggerOrigin
+from saga_engine.core._start import StartRequest
 from saga_engine.core._triggers import KafkaTrigger
 from saga_engine.kernel._errors import (
     InvalidPayload,
@@ -39,7 +40,7 @@ from saga_engine.telemetry._telemetry import (
 )
 from saga_engine.transport._bus import DeadLetters
 from saga_engine.transport._fetch import GuardedFetch
-from saga_engine.transport._wire import Envelope, MessageType, StartBody
+from saga_engine.transport._wire import Envelope, start_envelope
 
 log = logging.getLogger("saga_engine.triggers")
 
@@ -153,28 +154,20 @@ class TriggerConsumer:
     def _envelope(
         self, trigger: KafkaTrigger[Any], record: Any, payload: JsonDict, key: str
     ) -> Envelope:
-        saga_type = trigger.saga.name
-        saga_id = saga_id_for(saga_type, key)
         # A producer that traces (W3C headers on the record) gets the saga in its trace.
         trace = carrier_from_headers(record.headers or [])
-        return Envelope(
-            message_type=MessageType.START,
-            source=self._source,
-            subject=saga_type,
-            saga_id=saga_id,
-            saga_type=saga_type,
-            correlation_id=saga_id,
-            traceparent=trace.get("traceparent", ""),
-            tracestate=trace.get("tracestate", ""),
-            body=StartBody(
-                input=payload,
-                idempotency_key=key,
-                # Recorded in the saga's history: any saga can be traced back to its cause.
-                trigger=TriggerOrigin(
-                    topic=record.topic, partition=record.partition, offset=record.offset
-                ),
-            ).model_dump(mode="json", exclude_none=True),
+        request = StartRequest(
+            saga_type=trigger.saga.name,
+            input=payload,
+            saga_id=saga_id_for(trigger.saga.name, key),
+            idempotency_key=key,
+            trace_context={k: v for k, v in trace.items() if k in ("traceparent", "tracestate")},
+            # Recorded in the saga's history: any saga can be traced back to its cause.
+            trigger=TriggerOrigin(
+                topic=record.topic, partition=record.partition, offset=record.offset
+            ),
         )
+        return start_envelope(request, source=self._source)
 
     async def _dead_letter(self, record: Any, reason: PoisonReason, detail: str) -> None:
         # Retried while Kafka is away, as the start requests are: an exception here
