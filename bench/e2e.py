@@ -112,6 +112,21 @@ def dist(values_s: Sequence[float]) -> dict[str, float | int]:
     }
 
 
+def _rows_per_saga(delta: dict[str, int], n: int) -> dict[str, dict[str, float]]:
+    """``rows.<table>.<kind>`` deltas as {table: {kind: rows per saga}}; ``hot_upd`` is
+    the share of updates that were HOT (no index entry written)."""
+    out: dict[str, dict[str, float]] = {}
+    for key, value in delta.items():
+        if not key.startswith("rows.") or not n:
+            continue
+        _, table, kind = key.split(".")
+        out.setdefault(table, {})[kind] = round(value / n, 3)
+    for counts in out.values():
+        upd, hot = counts.get("upd") or 0, counts.pop("hot_upd", 0)
+        counts["hot_share"] = round(hot / upd, 3) if upd else 0.0
+    return out
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 4) if a is not None and b else None
 
@@ -353,8 +368,28 @@ async def pg_info(conn: asyncpg.Connection[Any]) -> dict[str, Any]:
     return info
 
 
-async def pg_counters(conn: asyncpg.Connection[Any]) -> dict[str, int]:
+#: The pipeline's tables whose row writes each point reports (``pg_rows_per_saga``): the
+#: engine's history and saga rows, the participants' claims, outbox and business rows.
+_COUNTED_TABLES = ("sagas", "saga_events", "saga_processed_commands", "saga_reply_outbox", "ledger")
+
+
+async def pg_counters(conn: asyncpg.Connection[Any], schema: str | None = None) -> dict[str, int]:
+    """The database's transactions, the cluster's WAL and, with ``schema``, the row writes
+    to the pipeline's tables (its schema and its participants' ``{schema}_*``), summed per
+    table name: ``rows.<table>.<ins|upd|hot_upd|del>``. A HOT update writes no index entry."""
     await conn.execute("SELECT pg_stat_clear_snapshot()")
+    rows: dict[str, int] = {}
+    if schema is not None:
+        for r in await conn.fetch(
+            "SELECT relname, sum(n_tup_ins)::int8 AS ins, sum(n_tup_upd)::int8 AS upd, "
+            "sum(n_tup_hot_upd)::int8 AS hot_upd, sum(n_tup_del)::int8 AS del "
+            "FROM pg_stat_user_tables WHERE (schemaname = $1 OR schemaname LIKE $1 || '\\_%') "
+            "AND relname = ANY($2::text[]) GROUP BY relname",
+            schema,
+            list(_COUNTED_TABLES),
+        ):
+            for k in ("ins", "upd", "hot_upd", "del"):
+                rows[f"rows.{r['relname']}.{k}"] = int(r[k])
     db = await conn.fetchrow(
         "SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = current_database()"
     )
@@ -366,6 +401,7 @@ async def pg_counters(conn: asyncpg.Connection[Any]) -> dict[str, int]:
         "wal_records": int(wal["wal_records"]),
         "wal_bytes": int(wal["wal_bytes"]),
         "wal_sync": int(wal["wal_sync"]),
+        **rows,
     }
 
 
@@ -732,7 +768,7 @@ class PipelineRun:
                     probe_sent = await self._probe(conn, cfg.probe)
                 idle = await self._idle_cpu(cfg.idle_s)
                 await asyncio.sleep(max(0.0, PG_STATS_FLUSH_S - cfg.idle_s))
-                pg0 = await pg_counters(conn)
+                pg0 = await pg_counters(conn, self.schema)
                 queries0 = self.driver_queries
                 stats0 = await self._stats()
                 cpu0 = self._cpu()
@@ -747,7 +783,7 @@ class PipelineRun:
                 stats1 = await self._stats()
                 # Every backend's counts are in pg_stat_database a second after it idles.
                 await asyncio.sleep(PG_STATS_FLUSH_S)
-                pg1 = await pg_counters(conn)
+                pg1 = await pg_counters(conn, self.schema)
                 # The first counter read's two statements, then every completion poll.
                 driver_xacts = 2 + self.driver_queries - queries0
             finally:
@@ -895,8 +931,11 @@ class PipelineRun:
                 "pipeline_transactions": pipeline_xacts,
                 "per_s": round(pipeline_xacts / wall, 1) if wall else None,
             },
+            "pg_wal_records_per_saga": round(pg_delta["wal_records"] / n, 1) if n else None,
+            "pg_wal_bytes_per_saga": round(pg_delta["wal_bytes"] / n) if n else None,
+            "pg_rows_per_saga": _rows_per_saga(pg_delta, n),
             "pg_db_wide_delta": {
-                **pg_delta,
+                **{k: v for k, v in pg_delta.items() if not k.startswith("rows.")},
                 "note": "the whole database (xact_*) and cluster (wal_*) over the load and "
                 f"{PG_STATS_FLUSH_S:g}s after it; other clients of the server count too",
             },
@@ -1279,6 +1318,8 @@ SUMMARY_KEYS = (
     "bench_cpu_ms_per_saga",
     "kafka_requests_per_saga",
     "pg_transactions_per_saga",
+    "pg_wal_records_per_saga",
+    "pg_wal_bytes_per_saga",
     "machine_cpu_busy_fraction",
 )
 
