@@ -17,9 +17,11 @@ from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic_core import PydanticSerializationError
 
 from saga_engine.core._event_versions import UPCASTERS, VERSION_KEY, EventVersions
 from saga_engine.core._policy import RetryPolicy
+from saga_engine.kernel._errors import SerializationError
 from saga_engine.kernel._serde import JsonDict, dumps, loads
 
 
@@ -494,7 +496,14 @@ def event_from_dict(data: JsonDict, versions: EventVersions | None = None) -> Ev
 
 
 def event_to_json(event: Event) -> bytes:
-    return dumps(event_to_dict(event))
+    """``event_to_dict`` as JSON bytes: the same value, written by the model's own
+    serializer in one pass (no dict built first) unless it must carry its version."""
+    if type(event).version > 1:
+        return dumps(event_to_dict(event))
+    try:
+        return event.__pydantic_serializer__.to_json(event)
+    except PydanticSerializationError as exc:  # as dumps() says it
+        raise SerializationError(f"cannot serialize to JSON: {exc}") from exc
 
 
 def event_from_json(raw: bytes | str, versions: EventVersions | None = None) -> Event:

@@ -11,6 +11,7 @@ other; a test checks it against aiokafka's partitioner.
 from __future__ import annotations
 
 import functools
+import random
 
 _SEED = 0x9747B28C
 _M = 0x5BD1E995
@@ -39,11 +40,28 @@ def murmur2(data: bytes) -> int:
     return h
 
 
+# Cached: one saga's key is hashed for its creation, for every input (ownership) and for
+# every record a producer sends for it (``key_partition``), each time the same id.
+@functools.lru_cache(maxsize=65536)
 def key_hash(key: str) -> int:
     """The non-negative murmur2 hash Kafka's default partitioner takes a partition from:
     ``partition = key_hash(key) % partitions``. Stored with each saga (``sagas.key_hash``)
     so that "the sagas of these partitions" is a query."""
     return murmur2(key.encode()) & 0x7FFFFFFF
+
+
+@functools.lru_cache(maxsize=65536)
+def _bytes_hash(key: bytes) -> int:
+    return murmur2(key) & 0x7FFFFFFF
+
+
+def key_partition(key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
+    """Kafka's default partitioner as a producer calls it (aiokafka's ``partitioner``
+    signature), with the hash of a key it saw before remembered: every record of a saga is
+    keyed by its id. A record without a key goes to a random partition, as by default."""
+    if key is None:
+        return random.choice(available or all_partitions)
+    return all_partitions[_bytes_hash(key) % len(all_partitions)]
 
 
 # Asked for every input an engine applies (does it own the saga?).

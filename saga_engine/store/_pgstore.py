@@ -28,7 +28,7 @@ from typing import Generic, TypeAlias, TypeVar
 import asyncpg
 
 from saga_engine.core._codec import CodecChain, PayloadCodec, seal_error, seal_event
-from saga_engine.core._events import Event, event_to_dict
+from saga_engine.core._events import Event, event_to_dict, event_to_json
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._errors import (
     ConcurrencyError,
@@ -112,9 +112,7 @@ class _PreparedEvents:
                 [e.kind for e in events],
                 [_EncodedJson(dumps(seal_event(codec, event_to_dict(e)))) for e in events],
             )
-        return cls(
-            [e.kind for e in events], [_EncodedJson(dumps(event_to_dict(e))) for e in events]
-        )
+        return cls([e.kind for e in events], [_EncodedJson(event_to_json(e)) for e in events])
 
 
 def _error_json(error: JsonDict | None, codec: CodecChain | None) -> _EncodedJson | None:

@@ -7,7 +7,7 @@ from aiokafka.partitioner import DefaultPartitioner, murmur2
 from hypothesis import given
 from hypothesis import strategies as st
 
-from saga_engine.kernel._partitioning import key_hash, partition_for
+from saga_engine.kernel._partitioning import key_hash, key_partition, partition_for
 from saga_engine.kernel._partitioning import murmur2 as ours
 
 
@@ -27,3 +27,17 @@ def test_partition_for_is_the_default_partitioners(key: str, partitions: int) ->
 def test_a_known_value() -> None:
     # Kafka's own test vector (UtilsTest.testMurmur2): "21" hashes to -973932308 signed.
     assert ours(b"21") == -973932308 & 0xFFFFFFFF
+
+
+@given(st.binary(min_size=1, max_size=64), st.integers(min_value=1, max_value=64))
+def test_the_producers_partitioner_is_the_default_one(key: bytes, count: int) -> None:
+    # Partition numbers that are not their indexes, so an index returned for a number fails.
+    partitions = [p * 3 + 1 for p in range(count)]
+    expected = DefaultPartitioner()(key, partitions, partitions[:1])
+    assert key_partition(key, partitions, partitions[:1]) == expected
+    assert key_partition(key, partitions, partitions[:1]) == expected  # and from the cache
+
+
+def test_a_record_without_a_key_goes_to_an_available_partition() -> None:
+    assert {key_partition(None, [0, 1, 2, 3], [2]) for _ in range(20)} == {2}
+    assert {key_partition(None, [0, 1], []) for _ in range(50)} <= {0, 1}
