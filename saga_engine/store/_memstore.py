@@ -38,6 +38,7 @@ from saga_engine.store._store import (
     as_utc,
     check_lookup,
     check_new_saga_id,
+    wake_slot,
 )
 
 
@@ -63,6 +64,8 @@ class InMemoryEventStore(InMemoryRollouts):
         self._codec = CodecChain.of(codec)
         self._records: dict[str, SagaRecord] = {}
         self._events: dict[str, list[StoredEvent]] = {}
+        #: When each ended saga ended (the Postgres store's ended_at): retention's order.
+        self._ended: dict[str, datetime] = {}
         #: (saga id, created at) -> gzipped export, as saga_archive's key.
         self._archive: dict[tuple[str, datetime], bytes] = {}
         # One lock makes each create/append atomic even if an adapter method awaits.
@@ -80,7 +83,7 @@ class InMemoryEventStore(InMemoryRollouts):
             events = [_copy(e, self._codec) for e in new.events]
             now = self._now(events)
             self._events[new.saga_id] = [StoredEvent(i + 1, e) for i, e in enumerate(events)]
-            self._records[new.saga_id] = self._apply(
+            self._records[new.saga_id] = self._ends(
                 SagaRecord(
                     saga_id=new.saga_id,
                     saga_type=new.saga_type,
@@ -110,8 +113,17 @@ class InMemoryEventStore(InMemoryRollouts):
             for event in events:
                 stored.append(StoredEvent(len(stored) + 1, event))
             now = self._now(events) if events else record.updated_at
-            self._records[append.saga_id] = self._apply(record, append.projection, len(stored), now)
+            self._records[append.saga_id] = self._ends(record, append.projection, len(stored), now)
             return len(stored)
+
+    def _ends(self, record: SagaRecord, p: Projection, last_seq: int, now: datetime) -> SagaRecord:
+        """The record with ``p`` applied, its end time kept while it stays ended."""
+        record = self._apply(record, p, last_seq, now)
+        if record.status.is_terminal:
+            self._ended.setdefault(record.saga_id, now)
+        else:
+            self._ended.pop(record.saga_id, None)
+        return record
 
     @staticmethod
     def _apply(record: SagaRecord, p: Projection, last_seq: int, now: datetime) -> SagaRecord:
@@ -200,13 +212,17 @@ class InMemoryEventStore(InMemoryRollouts):
         limit: int = 1000,
         after: tuple[datetime, str] | None = None,
     ) -> list[tuple[str, datetime]]:
-        due = sorted(
-            (as_utc(r.next_wakeup), r.saga_id)
+        slots = (
+            (slot, r)
             for r in self._records.values()
-            if r.next_wakeup is not None
+            if (slot := wake_slot(r.next_wakeup)) is not None
             and r.status is not SagaStatus.NONDETERMINISTIC
-            and as_utc(r.next_wakeup) <= as_utc(until)
-            and (after is None or (as_utc(r.next_wakeup), r.saga_id) > (as_utc(after[0]), after[1]))
+        )
+        due = sorted(
+            (slot, r.saga_id)
+            for slot, r in slots
+            if slot <= as_utc(until)
+            and (after is None or (slot, r.saga_id) > (as_utc(after[0]), after[1]))
             and (partitions is None or partition_for(r.saga_id, partition_count) in partitions)
         )
         return [(saga_id, at) for at, saga_id in due[:limit]]
@@ -232,10 +248,10 @@ class InMemoryEventStore(InMemoryRollouts):
         limit: int = 500,
     ) -> list[str]:
         found = sorted(
-            (as_utc(r.updated_at), r.saga_id)
+            (as_utc(self._ended[r.saga_id]), r.saga_id)
             for r in self._records.values()
             if r.status.is_terminal
-            and as_utc(r.updated_at) < as_utc(cutoff)
+            and as_utc(self._ended[r.saga_id]) < as_utc(cutoff)
             and (saga_types is None or r.saga_type in saga_types)
             and r.saga_type not in other_than
             and (partitions is None or partition_for(r.saga_id, partition_count) in partitions)
@@ -264,6 +280,7 @@ class InMemoryEventStore(InMemoryRollouts):
         for saga_id in gone:
             del self._records[saga_id]
             self._events.pop(saga_id, None)
+            self._ended.pop(saga_id, None)
         return len(gone)
 
     async def archived_history(self, saga_id: str) -> bytes | None:

@@ -202,10 +202,11 @@ class PostgresReads:
         limit: int = 1000,
         after: tuple[datetime, str] | None = None,
     ) -> list[tuple[str, datetime]]:
-        # A range of the partial next_wakeup index (only sagas with a wake-up have one),
-        # keyset-paged by (next_wakeup, saga_id). A saga parked as nondeterministic
-        # keeps its wake-up but cannot act on it.
-        clauses = ["next_wakeup <= $1", "status <> 'nondeterministic'"]
+        # A range of the partial wake_at index (only sagas with a wake-up have one),
+        # keyset-paged by (wake_at, saga_id): the slot, not the exact time, so that a
+        # running saga's row is updated without touching the index (migration 0010). A
+        # saga parked as nondeterministic keeps its wake-up but cannot act on it.
+        clauses = ["wake_at <= $1", "status <> 'nondeterministic'"]
         args: list[object] = [as_utc(until)]
 
         def arg(value: object) -> str:
@@ -213,21 +214,21 @@ class PostgresReads:
             return f"${len(args)}"
 
         if after is not None:
-            clauses.append(f"(next_wakeup, saga_id) > ({arg(as_utc(after[0]))}, {arg(after[1])})")
+            clauses.append(f"(wake_at, saga_id) > ({arg(as_utc(after[0]))}, {arg(after[1])})")
         if partitions is not None:
             clauses.append(
                 f"(key_hash % {arg(partition_count)} = ANY({arg(sorted(set(partitions)))}::int[]) "
                 "OR key_hash IS NULL)"
             )
         sql = (
-            f"SELECT saga_id, key_hash, next_wakeup FROM sagas WHERE {' AND '.join(clauses)} "
-            f"ORDER BY next_wakeup, saga_id LIMIT {arg(limit)}"
+            f"SELECT saga_id, key_hash, wake_at FROM sagas WHERE {' AND '.join(clauses)} "
+            f"ORDER BY wake_at, saga_id LIMIT {arg(limit)}"
         )
         with _unavailable_as_transient():
             rows = await self._pool.fetch(sql, *args)
         mine = set(partitions) if partitions is not None else None
         return [
-            (r["saga_id"], r["next_wakeup"])
+            (r["saga_id"], r["wake_at"])
             for r in rows
             if mine is None
             or r["key_hash"] is not None

@@ -39,7 +39,7 @@ class PostgresRetention:
         partition_count: int = 0,
         limit: int = 500,
     ) -> list[str]:
-        clauses = ["status = ANY($1::text[])", "updated_at < $2"]
+        clauses = ["status = ANY($1::text[])", "ended_at < $2"]
         args: list[object] = [_TERMINAL, cutoff]
 
         def arg(value: object) -> str:
@@ -65,10 +65,10 @@ class PostgresRetention:
             "ON p.saga_id = e.data->'parent'->>'saga_id' "
             "WHERE e.saga_id = s.saga_id AND e.seq = 1)"
         )
-        # The updated_at index, oldest first: a bounded batch per call.
+        # The ended_at index, oldest first: a bounded batch per call.
         sql = (
             f"SELECT saga_id FROM sagas s WHERE {' AND '.join(clauses)} "
-            f"ORDER BY updated_at LIMIT {arg(limit)}"
+            f"ORDER BY ended_at, saga_id LIMIT {arg(limit)}"
         )
         with _unavailable_as_transient():
             rows = await self._pool.fetch(sql, *args)

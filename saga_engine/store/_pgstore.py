@@ -61,7 +61,7 @@ from saga_engine.store._pgwrites import (
     SET_SAGA_VERSIONS,
     UPDATE_GUARDS,
 )
-from saga_engine.store._store import Append, NewSaga, check_new_saga_id
+from saga_engine.store._store import Append, NewSaga, check_new_saga_id, wake_slot
 from saga_engine.telemetry._telemetry import detach_from_trace
 
 __all__ = ["GroupCommitConfig", "GroupCommitStats", "PostgresEventStore", "StoreUnavailable"]
@@ -447,6 +447,7 @@ class PostgresEventStore(PostgresReads, PostgresRetention, PostgresRollouts):
             [op.error for op in ops],
             [key_hash(op.saga_id) for op in ops],
             [_json(dict(op.new.search)) if op.new.search else None for op in ops],
+            [wake_slot(op.new.projection.next_wakeup) for op in ops],
         )
         created = {r["saga_id"] for r in inserted}
         for op in ops:
@@ -496,6 +497,7 @@ class PostgresEventStore(PostgresReads, PostgresRetention, PostgresRollouts):
             [op.append.projection.next_wakeup for op in ops],
             [op.error for op in ops],
             [op.at for op in ops],
+            [wake_slot(op.append.projection.next_wakeup) for op in ops],
         )
         winners = {int(r["op"]) - 1 for r in won}
         # The saga's last seq once this transaction commits, for every saga updated.

@@ -7,13 +7,16 @@ from typing import Final
 
 INSERT_SAGAS: Final = """
 INSERT INTO sagas (saga_id, saga_type, status, last_seq, idempotency_key, created_at,
-                   updated_at, current_step, next_wakeup, error, key_hash, search)
+                   updated_at, current_step, next_wakeup, error, key_hash, search, wake_at,
+                   ended_at)
 SELECT u.saga_id, u.saga_type, u.status, u.last_seq, u.idempotency_key, u.at, u.at,
-       u.current_step, u.next_wakeup, u.error, u.key_hash, u.search
+       u.current_step, u.next_wakeup, u.error, u.key_hash, u.search, u.wake_at,
+       CASE WHEN u.status IN ('completed', 'compensated', 'failed', 'cancelled') THEN u.at END
 FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::timestamptz[],
-            $7::text[], $8::timestamptz[], $9::jsonb[], $10::int[], $11::jsonb[])
+            $7::text[], $8::timestamptz[], $9::jsonb[], $10::int[], $11::jsonb[],
+            $12::timestamptz[])
      AS u(saga_id, saga_type, status, last_seq, idempotency_key, at, current_step,
-          next_wakeup, error, key_hash, search)
+          next_wakeup, error, key_hash, search, wake_at)
 -- An id that already exists is not an error but the answer "not created" (False). DO
 -- NOTHING skips just that row, so one duplicate does not fail the other creates in the
 -- batch; if another transaction is inserting the same id right now, Postgres waits for
@@ -42,19 +45,25 @@ CROSS JOIN LATERAL (
 # only if its last_seq is still the one the caller expected. RETURNING names the winning
 # operations by their position in the batch (WITH ORDINALITY, 1-based), not by saga id,
 # so that a winner is known exactly even if a saga appeared twice in one batch.
+# While a saga runs, its appends change no indexed column (wake_at moves by whole
+# slots, ended_at stays NULL): the update is HOT (migration 0010). ended_at is the time
+# of the append that ended it, kept by later appends that leave it ended.
 UPDATE_GUARDS: Final = """
 UPDATE sagas AS s
 SET last_seq = u.new_seq,
     status = u.status,
     current_step = u.current_step,
     next_wakeup = u.next_wakeup,
+    wake_at = u.wake_at,
     error = u.error,
-    updated_at = coalesce(u.updated_at, s.updated_at)
+    updated_at = coalesce(u.updated_at, s.updated_at),
+    ended_at = CASE WHEN u.status IN ('completed', 'compensated', 'failed', 'cancelled')
+               THEN coalesce(s.ended_at, u.updated_at, s.updated_at) END
 FROM unnest($1::text[], $2::int[], $3::int[], $4::text[], $5::text[], $6::timestamptz[],
-            $7::jsonb[], $8::timestamptz[])
+            $7::jsonb[], $8::timestamptz[], $9::timestamptz[])
      WITH ORDINALITY
      AS u(saga_id, expected_seq, new_seq, status, current_step, next_wakeup, error,
-          updated_at, op)
+          updated_at, wake_at, op)
 WHERE s.saga_id = u.saga_id AND s.last_seq = u.expected_seq
 RETURNING u.op
 """

@@ -10,9 +10,10 @@ both, and both raise the same errors:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Final, Protocol, runtime_checkable
 
 from saga_engine.core._codec import Undecodable
@@ -21,6 +22,24 @@ from saga_engine.core._events import Event
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._errors import InvalidSagaId, SagaNotFound
 from saga_engine.kernel._serde import JsonDict
+
+#: The timer poller's slot: a saga is found by its wake-up rounded down to this
+#: (``wake_slot``), so that the steps of a saga, each moving its wake-up by a few
+#: milliseconds, leave the stored slot (an indexed column) as it was, and its row's
+#: update stays off the indexes (migration 0010). A saga is found at most this early.
+WAKE_GRID: Final = timedelta(seconds=5)
+_GRID_S: Final = int(WAKE_GRID.total_seconds())
+
+
+def wake_slot(at: datetime | None) -> datetime | None:
+    """``at`` rounded down to ``WAKE_GRID`` (as Postgres's ``date_bin`` from 2000-01-01
+    UTC, a multiple of the grid after the epoch): never later than ``at``."""
+    if at is None:
+        return None
+    at = as_utc(at)
+    whole = math.floor(at.timestamp()) // _GRID_S * _GRID_S
+    return datetime.fromtimestamp(whole, UTC)
+
 
 #: The longest saga id a store holds (the ``sagas`` table's CHECK constraint).
 MAX_SAGA_ID_LENGTH: Final = 200
@@ -190,10 +209,11 @@ class EventStore(Protocol):
         limit: int = 1000,
         after: tuple[datetime, str] | None = None,
     ) -> list[tuple[str, datetime]]:
-        """(saga id, next wake-up) of the sagas whose next wake-up is at or before
-        ``until``, soonest first (then by id), at most ``limit``, after the ``after``
-        cursor (the last pair of the previous page); with ``partitions``, only those
-        keyed to them (as in ``open_saga_ids``)."""
+        """(saga id, wake slot) of the sagas whose next wake-up's slot (``wake_slot``:
+        rounded down to ``WAKE_GRID``) is at or before ``until``, soonest first (then by
+        id), at most ``limit``, after the ``after`` cursor (the last pair of the previous
+        page); with ``partitions``, only those keyed to them (as in ``open_saga_ids``).
+        A saga is found up to ``WAKE_GRID`` before it is due."""
         ...
 
     async def finished_before(

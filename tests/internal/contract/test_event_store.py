@@ -56,6 +56,7 @@ from saga_engine.store._memstore import InMemoryEventStore
 from saga_engine.store._migrations import migrate
 from saga_engine.store._pgstore import GroupCommitConfig, PostgresEventStore
 from saga_engine.store._store import (
+    WAKE_GRID,
     Append,
     ArchivedSaga,
     EventStore,
@@ -63,6 +64,7 @@ from saga_engine.store._store import (
     OpenSummary,
     Projection,
     SagaRecord,
+    wake_slot,
 )
 from tests.conftest import PgTarget
 
@@ -768,6 +770,37 @@ async def test_due_wakeups_soonest_first_paged_by_partition(store: EventStore) -
     ]
 
 
+async def test_a_wake_up_is_found_by_its_slot_never_after_it_is_due(store: EventStore) -> None:
+    slot = datetime(2026, 1, 1, 12, 0, 5, tzinfo=UTC)  # on the 5-second grid
+    wakeup = slot + timedelta(seconds=2, milliseconds=250)
+    projection = Projection(SagaStatus.RUNNING, next_wakeup=wakeup)
+    assert await store.create(NewSaga("w", "o", [_started("o")], projection))
+    assert await store.due_wakeups(slot - timedelta(microseconds=1)) == []
+    # Found as soon as its slot begins (early by less than WAKE_GRID), by the slot.
+    assert await store.due_wakeups(slot) == [("w", slot)]
+    assert wake_slot(wakeup) == slot <= wakeup < slot + WAKE_GRID
+    assert (await store.get("w")).next_wakeup == wakeup  # operators see the exact time
+    # A later step in the same slot leaves the slot; one in the next slot moves it.
+    later = Projection(SagaStatus.RUNNING, next_wakeup=wakeup + timedelta(milliseconds=30))
+    assert await store.append(Append("w", 1, [_fired("a")], later)) == 2
+    assert await store.due_wakeups(slot) == [("w", slot)]
+    moved = Projection(SagaStatus.RUNNING, next_wakeup=slot + WAKE_GRID)
+    assert await store.append(Append("w", 2, [_fired("b")], moved)) == 3
+    assert await store.due_wakeups(slot + WAKE_GRID - timedelta(microseconds=1)) == []
+
+
+async def test_retention_takes_sagas_by_when_they_ended(store: EventStore) -> None:
+    # A saga that ended long ago and one that ended now, created in the other order.
+    assert await store.create(_new("late"))
+    assert await store.create(_new("early"))
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    done = Projection(SagaStatus.COMPLETED)
+    for saga_id, at in (("early", t0), ("late", t0 + HOUR)):
+        assert await store.append(Append(saga_id, 1, [SagaCompleted(at=at, output={})], done)) == 2
+    assert await store.finished_before(t0 + 2 * HOUR) == ["early", "late"]
+    assert await store.finished_before(t0 + HOUR) == ["early"]
+
+
 # --------------------------------------------------------------------------- Postgres only
 
 
@@ -827,7 +860,7 @@ async def test_a_batch_guard_probes_the_primary_key_on_a_table_never_analyzed(
     try:
         n = 50
         args = (ids[:n], [1] * n, [2] * n, ["running"] * n, [None] * n, [None] * n,
-                [None] * n, [None] * n)  # fmt: skip
+                [None] * n, [None] * n, [None] * n)  # fmt: skip
 
         async def plan() -> str:
             rows = await conn.fetch("EXPLAIN " + _pgwrites.UPDATE_GUARDS, *args)
@@ -998,3 +1031,42 @@ async def test_close_writes_what_is_queued_then_refuses_writes(pg: PgTarget) -> 
         assert [r.saga_id for r in await reopened.list_sagas()] == sorted(ids)
     finally:
         await reopened.close()
+
+
+async def test_a_running_sagas_row_is_updated_without_index_entries(
+    pg_store: PostgresEventStore, pg: PgTarget
+) -> None:
+    """HOT updates (migration 0010): the steps of a running saga move its exact wake-up
+    within one slot and change nothing else that is indexed, so Postgres keeps each new
+    row version on the page and writes no index entry. Its end changes the status (an
+    indexed column): that update is not HOT."""
+    slot = datetime(2030, 1, 1, tzinfo=UTC)
+    ids = [f"hot-{n}" for n in range(20)]
+    for saga_id in ids:
+        assert await pg_store.create(
+            NewSaga(saga_id, "o", [_started("o")], Projection(SagaStatus.RUNNING, "a", slot))
+        )
+    for step in range(1, 4):
+        projection = Projection(
+            SagaStatus.RUNNING, f"step-{step}", slot + timedelta(milliseconds=10 * step)
+        )
+        for saga_id in ids:
+            assert await pg_store.append(Append(saga_id, step, [_fired(str(step))], projection))
+    conn = await asyncpg.connect(pg.database_dsn)
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # the backends publish their counts within about a second
+            await conn.execute("SELECT pg_stat_clear_snapshot()")
+            row = await conn.fetchrow(
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+                "WHERE schemaname = $1 AND relname = 'sagas'",
+                pg.schema,
+            )
+            assert row is not None
+            if row["n_tup_upd"] >= 3 * len(ids) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        assert row["n_tup_upd"] == 3 * len(ids)
+        assert row["n_tup_hot_upd"] == row["n_tup_upd"]
+    finally:
+        await conn.close()
