@@ -78,7 +78,10 @@ never the runner.
 """
 
 from saga_engine.kernel._errors import Rejected, Retryable
-from saga_engine.participant._handler import HandlerResult, Transaction
+from saga_engine.participant._handler import BatchCommand, CommandBatch, HandlerResult, Transaction
 from saga_engine.participant._kit import Participant
 
-__all__ = ["HandlerResult", "Participant", "Rejected", "Retryable", "Transaction"]
+__all__ = [
+    "BatchCommand", "CommandBatch", "HandlerResult", "Participant", "Rejected", "Retryable",
+    "Transaction",
+]  # fmt: skip
