@@ -136,6 +136,10 @@ class BatchRunner:
             await self._ungroup(run, failed)
             return
         [item] = failed.items
+        for other in run:
+            # The one to blame is found: the others go to their batch handlers together
+            # again (a group that raises again is split again).
+            other.solo = other.solo and other is item
         index = run.index(item)
         if index:
             await self._answer(run[:index])

@@ -9,9 +9,9 @@ commands are applied in record order, whatever the grouping. Across sagas nothin
 ordered, so commands of other types and sagas may be answered in between. A saga is
 therefore in one open group at most.
 
-A command whose batch handler raised in a group of several is called alone from then on
-(``Item.solo``): it is a group of one, called in its place in the run like a single
-handler's command.
+The commands of a group whose handler raised are called alone (``Item.solo``), each a
+group of one in its place in the run, like a single handler's command, until the one to
+blame is found (it raised alone): the others are grouped again.
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ def checked_results(spec: HandlerSpec, results: object, count: int) -> list[Any]
         )
     if len(results) != count:
         raise TypeError(
-            f"{name} returned {len(results)} results for {count} commands; it must return "
-            "one per command, in order"
+            f"{name} returned {len(results)} entries for {count} command(s); it must "
+            "return one per command, in order"
         )
     for index, entry in enumerate(results):
         if not (entry is None or isinstance(entry, BaseModel | Mapping | Rejected | Retryable)):

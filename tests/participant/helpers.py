@@ -9,7 +9,7 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -19,6 +19,9 @@ from pydantic import BaseModel
 from saga_engine.participant import Participant, Rejected, Retryable, Transaction
 from saga_engine.protocol import Envelope, Headers, MessageType, Topics, decode, encode
 from saga_engine.settings import KafkaSettings, Settings
+
+if TYPE_CHECKING:
+    from tests.participant.test_participant import World
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 PARTICIPANT = "ledger"
@@ -237,3 +240,45 @@ async def delete_topics(bootstrap: str, prefix: str) -> None:
             await admin.delete_topics(mine)
     finally:
         await admin.close()
+
+
+# --------------------------------------------------------------------------- one batch
+
+
+async def send_first(world: World, *envelopes: Envelope) -> None:
+    """Puts the commands on partition 0, in this order, before any participant reads:
+    its first fetch takes them together, as one batch."""
+    assert not world.running, "send before the participant starts, so it fetches them at once"
+    for envelope in envelopes:
+        await world.bus.send(envelope, partition=0)
+
+
+async def start(
+    world: World,
+    *,
+    settings: Settings | None = None,
+    register: Callable[[Participant], None] | None = None,
+    **options: Any,
+) -> Participant:
+    """As ``world.participant()``, with other settings or more handlers."""
+    options.setdefault("backoff_base_s", 0.01)
+    participant = ledger_participant(settings or world.settings, world.effects, **options)
+    if register is not None:
+        register(participant)
+    world.running.append(participant)
+    await participant.start()
+    return participant
+
+
+def compensation_of(forward: Envelope, subject: str, body: Any, command_id: str) -> Envelope:
+    return command(
+        subject, body, saga_id=forward.saga_id, command_id=command_id, step=forward.step
+    ).model_copy(update={"compensation": True, "compensates": forward.command_id})
+
+
+def by_id(replies: list[Envelope]) -> dict[str, Envelope]:
+    answered: dict[str, Envelope] = {}
+    for reply in replies:
+        assert reply.command_id not in answered, f"{reply.command_id} answered twice"
+        answered[reply.command_id] = reply
+    return answered
