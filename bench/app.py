@@ -171,6 +171,16 @@ SELECT c, s, $3, a FROM unnest($1::text[], $2::text[], $4::int[]) AS x(c, s, a)
 """
 
 
+async def _record(batch: CommandBatch[Apply] | CommandBatch[Revert], kind: str) -> None:
+    await batch.execute(
+        _INSERT_MANY,
+        [c.command_id for c in batch],
+        [c.saga_id for c in batch],
+        kind,
+        [c.command.amount for c in batch],
+    )
+
+
 def build_participant(name: str, settings: Settings) -> Participant:
     participant = Participant(name, settings)
 
@@ -178,24 +188,12 @@ def build_participant(name: str, settings: Settings) -> Participant:
     # batch, instead of one per command.
     @participant.handles_batch(Apply)
     async def apply(batch: CommandBatch[Apply]) -> list[Applied]:
-        await batch.execute(
-            _INSERT_MANY,
-            [c.command_id for c in batch],
-            [c.saga_id for c in batch],
-            "apply",
-            [c.command.amount for c in batch],
-        )
+        await _record(batch, "apply")
         return [Applied(receipt=f"{name}:{c.command_id[:8]}") for c in batch]
 
     @participant.handles_batch(Revert)
     async def revert(batch: CommandBatch[Revert]) -> list[Applied]:
-        await batch.execute(
-            _INSERT_MANY,
-            [c.command_id for c in batch],
-            [c.saga_id for c in batch],
-            "revert",
-            [c.command.amount for c in batch],
-        )
+        await _record(batch, "revert")
         return [Applied(receipt=f"{name}:revert") for _ in batch]
 
     return participant

@@ -29,7 +29,7 @@ from tests.participant.helpers import (
     send_first,
     start,
 )
-from tests.participant.test_participant import World, body_of
+from tests.participant.test_participant import SimulatedCrash, World, body_of
 
 pytestmark = pytest.mark.integration
 
@@ -397,10 +397,6 @@ async def test_a_batch_handler_at_another_isolation_level_answers_its_run_at_it(
 
 
 # --------------------------------------------------------------------------- a death
-
-
-class SimulatedCrash(Exception):
-    pass
 
 
 async def test_a_death_inside_a_batch_handlers_transaction_applies_nothing(

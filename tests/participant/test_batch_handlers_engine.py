@@ -7,23 +7,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import asyncpg
 import pytest
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Settings
 from saga_engine.client import SagaClient
 from saga_engine.participant import CommandBatch, Participant, Rejected
-from saga_engine.settings import (
-    AdminSettings,
-    EngineSettings,
-    KafkaSettings,
-    ParticipantSettings,
-    PostgresSettings,
-)
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
-from tests.participant.helpers import delete_topics, poll_until, query
+from tests.participant.helpers import engine_settings, poll_until, query
 
 pytestmark = pytest.mark.integration
 
@@ -105,33 +97,8 @@ def shop(settings: Settings, sizes: list[int]) -> Participant:
 
 @pytest.fixture
 async def settings(pg: PgTarget, kafka_bootstrap: str, unique_id: str) -> AsyncIterator[Settings]:
-    prefix = f"t{unique_id}"
-    schema = f"{pg.schema}_shop"
-    conn = await asyncpg.connect(pg.database_dsn)
-    try:
-        await conn.execute(f'CREATE SCHEMA "{schema}"')
-        await conn.execute(f'SET search_path TO "{schema}"')
-        await conn.execute(LEDGER)
-    finally:
-        await conn.close()
-    yield Settings(
-        pg=PostgresSettings(dsn=pg.database_dsn, db_schema=pg.schema),
-        kafka=KafkaSettings(
-            bootstrap_servers=kafka_bootstrap,
-            topic_prefix=prefix,
-            group_id=f"engines-{unique_id}",
-            partitions=2,
-        ),
-        participant=ParticipantSettings(dsn=pg.database_dsn, db_schema=schema),
-        engine=EngineSettings(),
-        admin=AdminSettings(enabled=False, port=0),
-    )
-    await delete_topics(kafka_bootstrap, prefix)
-    conn = await asyncpg.connect(pg.database_dsn)
-    try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    finally:
-        await conn.close()
+    async with engine_settings(pg, kafka_bootstrap, unique_id, "shop", ddl=LEDGER) as s:
+        yield s
 
 
 async def test_a_refused_command_compensates_its_saga_and_its_neighbours_complete(
