@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from saga_engine.participant import CommandBatch, Participant, Rejected, Retryable
+from saga_engine import DefinitionError, Settings
+from saga_engine.participant import CommandBatch, Participant, Rejected, Retryable, Transaction
 from saga_engine.protocol import Envelope, ReplyBody
 from tests.participant import test_participant
 from tests.participant.helpers import (
@@ -145,6 +146,9 @@ async def test_one_call_answers_every_command_of_its_type_in_a_batch(world: Worl
         stored = await world.processed(a.command_id)
         assert stored is not None
         assert stored["outcome"] == "success"
+    # Each command has its own span: its reply continues the command's trace.
+    for reply, headers in zip(world.bus.replies, world.bus.reply_headers, strict=True):
+        assert headers["traceparent"].split("-")[1] == TRACEPARENT.split("-")[1], reply
     [one] = seen
     assert (one.command, one.step, one.saga_type, one.attempt) == (
         Apply(amount=9),
@@ -156,6 +160,30 @@ async def test_one_call_answers_every_command_of_its_type_in_a_batch(world: Worl
     assert one.trace_context["traceparent"].split("-")[1] == TRACEPARENT.split("-")[1]
     assert participant.stats["processed"] == 6
     assert participant.stats["batch_replays"] == 0
+
+
+def test_a_batch_handler_that_cannot_work_is_refused_at_registration() -> None:
+    participant = Participant("checks", Settings())
+
+    async def fine(batch: CommandBatch[Apply]) -> list[None]:
+        return [None] * len(batch)
+
+    def not_async(batch: CommandBatch[Apply]) -> list[None]:
+        return []
+
+    with pytest.raises(DefinitionError, match="handles_batch\\(\\) takes the command's pydantic"):
+        participant.handles_batch(dict)  # type: ignore[type-var]
+    with pytest.raises(DefinitionError, match=r"async function \(async def handler\(batch\)"):
+        participant.handles_batch(Apply)(not_async)  # type: ignore[arg-type]
+    participant.handles(Apply)(single_apply)
+    with pytest.raises(DefinitionError, match="already has a handler for Apply"):
+        participant.handles_batch(Apply)(fine)
+    assert participant.handles_batch(Apply, name="Other")(fine) is fine
+    assert participant.command_types == ["Apply", "Other"]
+
+
+async def single_apply(cmd: Apply, tx: Transaction) -> None:
+    return None
 
 
 # --------------------------------------------------------------------------- answers
@@ -286,9 +314,14 @@ async def test_duplicates_are_answered_from_the_stored_reply_without_the_handler
 
     # The fresh command reached the handler once; the earlier one not at all.
     assert calls == [("Apply", [fresh.command_id])]
-    assert [r.causation_id for r in replies[1:]] == [c.id for c in copies]
-    assert body_of(replies[1]) == body_of(reply)
-    assert all(body_of(r) == body_of(replies[2]) for r in replies[3:])
+    # Each copy answered (the two sagas' replies may interleave: other inbox partitions).
+    assert sorted(r.causation_id for r in replies[1:]) == sorted(c.id for c in copies)
+    fresh_bodies = [body_of(r) for r in replies[1:] if r.command_id == fresh.command_id]
+    assert fresh_bodies == [fresh_bodies[0]] * 3
+    assert fresh_bodies[0].outcome == "success"
+    assert [body_of(r) for r in replies[1:] if r.command_id == earlier.command_id] == [
+        body_of(reply)
+    ]
     assert world.effects.calls == {earlier.command_id: 1, fresh.command_id: 1}
     assert await world.ledger() == [(earlier.command_id, 3), (fresh.command_id, 4)]
     assert participant.stats["duplicates"] == 3
