@@ -57,7 +57,7 @@ from pydantic import BaseModel
 
 from bench.bare import count_kafka_requests, kafka_requests
 from saga_engine import Saga, SagaContext, Settings, Signal, run
-from saga_engine.participant import Participant, Transaction
+from saga_engine.participant import CommandBatch, Participant
 from saga_engine.store import GroupCommitConfig, PostgresEventStore, migrate
 from saga_engine.worker import SagaWorker
 
@@ -164,28 +164,37 @@ CREATE TABLE IF NOT EXISTS ledger (
 """
 
 
+#: One statement per batch handler call: every command of the group in one unnest insert.
+_INSERT_MANY = """
+INSERT INTO ledger (command_id, saga_id, kind, amount)
+SELECT c, s, $3, a FROM unnest($1::text[], $2::text[], $4::int[]) AS x(c, s, a)
+"""
+
+
+async def _record(batch: CommandBatch[Apply] | CommandBatch[Revert], kind: str) -> None:
+    await batch.execute(
+        _INSERT_MANY,
+        [c.command_id for c in batch],
+        [c.saga_id for c in batch],
+        kind,
+        [c.command.amount for c in batch],
+    )
+
+
 def build_participant(name: str, settings: Settings) -> Participant:
     participant = Participant(name, settings)
 
-    @participant.handles(Apply)
-    async def apply(cmd: Apply, tx: Transaction) -> Applied:
-        await tx.execute(
-            "INSERT INTO ledger (command_id, saga_id, kind, amount) VALUES ($1, $2, 'apply', $3)",
-            tx.command_id,
-            tx.saga_id,
-            cmd.amount,
-        )
-        return Applied(receipt=f"{name}:{tx.command_id[:8]}")
+    # Batch handlers: one round trip for all the Apply (or Revert) commands of a consumed
+    # batch, instead of one per command.
+    @participant.handles_batch(Apply)
+    async def apply(batch: CommandBatch[Apply]) -> list[Applied]:
+        await _record(batch, "apply")
+        return [Applied(receipt=f"{name}:{c.command_id[:8]}") for c in batch]
 
-    @participant.handles(Revert)
-    async def revert(cmd: Revert, tx: Transaction) -> Applied:
-        await tx.execute(
-            "INSERT INTO ledger (command_id, saga_id, kind, amount) VALUES ($1, $2, 'revert', $3)",
-            tx.command_id,
-            tx.saga_id,
-            cmd.amount,
-        )
-        return Applied(receipt=f"{name}:revert")
+    @participant.handles_batch(Revert)
+    async def revert(batch: CommandBatch[Revert]) -> list[Applied]:
+        await _record(batch, "revert")
+        return [Applied(receipt=f"{name}:revert") for _ in batch]
 
     return participant
 

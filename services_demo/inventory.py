@@ -1,7 +1,8 @@
 """The inventory service (port base+3): stock per SKU, reserved per order.
 
 ``ReserveStock`` takes every line of the order out of stock or, when one is short,
-refuses the whole order (nothing is taken); ``ReleaseStock`` puts an order's reserved
+refuses the whole order (nothing is taken): a batch handler decides the orders of a
+consumed batch together, in order; ``ReleaseStock`` puts an order's reserved
 units back and is a no-op when nothing is reserved for it. ``GET /stock/{sku}`` shows
 what is available and reserved.
 
@@ -18,7 +19,7 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
 
 from saga_engine import Settings
-from saga_engine.participant import Participant, Rejected, Transaction
+from saga_engine.participant import CommandBatch, Participant, Rejected, Transaction
 from services_demo._service import Connection, Holder, add_health, observe, running_service
 from services_demo.config import STOCK
 from services_demo.contracts import Item, ReleaseStock, ReserveStock, StockReleased, StockReserved
@@ -48,43 +49,72 @@ async def seed(conn: Connection) -> None:
     )
 
 
+def _take(
+    order: ReserveStock,
+    held: dict[str, list[Item]],
+    available: dict[str, int],
+    taken: list[tuple[str, str, int]],
+) -> StockReserved | Rejected:
+    """Decides one order against the stock left by the orders before it in the batch;
+    what it takes is added to ``taken`` (and to ``held``), taken out of ``available``."""
+    if order.order_id in held:  # the business key: one reservation per order
+        return StockReserved(order_id=order.order_id, items=held[order.order_id])
+    wanted: Counter[str] = Counter()
+    for item in order.items:
+        wanted[item.sku] += item.qty
+    unknown = sorted(set(wanted) - set(available))
+    if unknown:
+        return Rejected(f"unknown SKU {', '.join(unknown)}")
+    short = {sku: (available[sku], qty) for sku, qty in wanted.items() if available[sku] < qty}
+    if short:
+        detail = ", ".join(f"{s} has {a}, the order needs {q}" for s, (a, q) in short.items())
+        return Rejected(f"out of stock: {detail}")
+    items = [Item(sku=s, qty=q) for s, q in sorted(wanted.items())]
+    for item in items:
+        available[item.sku] -= item.qty
+        taken.append((order.order_id, item.sku, item.qty))
+    held[order.order_id] = items
+    return StockReserved(order_id=order.order_id, items=items)
+
+
 def build_participant(settings: Settings) -> Participant:
     inventory = Participant("inventory", settings)
 
-    @inventory.handles(ReserveStock)
-    async def reserve(cmd: ReserveStock, tx: Transaction) -> StockReserved:
-        held = await tx.fetch(
-            "SELECT sku, qty FROM reservations WHERE order_id = $1 AND status = 'reserved'",
-            cmd.order_id,
-        )
-        if held:  # the business key: one reservation per order
-            items = [Item(sku=r["sku"], qty=r["qty"]) for r in held]
-            return StockReserved(order_id=cmd.order_id, items=items)
-        wanted: Counter[str] = Counter()
-        for item in cmd.items:
-            wanted[item.sku] += item.qty
-        # Rows locked in a fixed order, so two orders for the same SKUs never deadlock.
-        rows = await tx.fetch(
+    # A batch handler: the orders of a consumed batch are decided together, in order, with
+    # one statement per table instead of a few per order. A refused order is answered
+    # Rejected and nothing is written for it.
+    @inventory.handles_batch(ReserveStock)
+    async def reserve(batch: CommandBatch[ReserveStock]) -> list[StockReserved | Rejected]:
+        orders = [c.command for c in batch]
+        held: dict[str, list[Item]] = {}
+        for r in await batch.fetch(
+            "SELECT order_id, sku, qty FROM reservations "
+            "WHERE order_id = ANY($1::text[]) AND status = 'reserved' ORDER BY order_id, sku",
+            [o.order_id for o in orders],
+        ):
+            held.setdefault(r["order_id"], []).append(Item(sku=r["sku"], qty=r["qty"]))
+        # Rows locked in a fixed order, so two batches for the same SKUs never deadlock.
+        rows = await batch.fetch(
             "SELECT sku, available FROM stock WHERE sku = ANY($1::text[]) ORDER BY sku FOR UPDATE",
-            sorted(wanted),
+            sorted({item.sku for o in orders for item in o.items}),
         )
         available = {r["sku"]: r["available"] for r in rows}
-        unknown = sorted(set(wanted) - set(available))
-        if unknown:
-            raise Rejected(f"unknown SKU {', '.join(unknown)}")
-        short = {sku: (available[sku], qty) for sku, qty in wanted.items() if available[sku] < qty}
-        if short:
-            detail = ", ".join(f"{s} has {a}, the order needs {q}" for s, (a, q) in short.items())
-            raise Rejected(f"out of stock: {detail}")
-        for sku, qty in sorted(wanted.items()):
-            await tx.execute("UPDATE stock SET available = available - $2 WHERE sku = $1", sku, qty)
-            await tx.execute(
-                "INSERT INTO reservations (order_id, sku, qty, status) "
-                "VALUES ($1, $2, $3, 'reserved')",
-                cmd.order_id, sku, qty,
+        taken: list[tuple[str, str, int]] = []
+        answers = [_take(order, held, available, taken) for order in orders]
+        if taken:
+            order_ids, skus, qtys = (list(column) for column in zip(*taken, strict=True))
+            await batch.execute(
+                "UPDATE stock AS s SET available = s.available - x.qty FROM (SELECT sku, "
+                "sum(qty) AS qty FROM unnest($1::text[], $2::int[]) AS t(sku, qty) GROUP BY sku)"
+                " AS x WHERE s.sku = x.sku",
+                skus, qtys,
             )  # fmt: skip
-        items = [Item(sku=s, qty=q) for s, q in sorted(wanted.items())]
-        return StockReserved(order_id=cmd.order_id, items=items)
+            await batch.execute(
+                "INSERT INTO reservations (order_id, sku, qty, status) SELECT o, s, q, "
+                "'reserved' FROM unnest($1::text[], $2::text[], $3::int[]) AS x(o, s, q)",
+                order_ids, skus, qtys,
+            )  # fmt: skip
+        return answers
 
     @inventory.handles(ReleaseStock)
     async def release(cmd: ReleaseStock, tx: Transaction) -> StockReleased:

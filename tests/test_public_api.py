@@ -41,7 +41,10 @@ FRONT_DOORS: dict[str, set[str]] = {
         "shipped_migrations",
     },
     "saga_engine.testing": {"InMemoryCommandBus", "SagaRun", "SagaTestEnv", "ScriptedParticipant"},
-    "saga_engine.participant": {"HandlerResult", "Participant", "Rejected", "Retryable", "Transaction"},
+    "saga_engine.participant": {
+        "BatchCommand", "CommandBatch", "HandlerResult", "Participant", "Rejected", "Retryable",
+        "Transaction",
+    },
     "saga_engine.client": {"SagaClient"},
     "saga_engine.worker": {"SagaWorker"},
     "saga_engine.replay": {

@@ -63,11 +63,23 @@ model's class name):
   rolled back). Records of one partition (one saga's commands) are processed in order.
   A single command is a batch of one: there is no other path. A handler registered with
   another ``isolation`` runs in a transaction of its own, with the same guarantees.
+- **Batch handlers.** ``@payments.handles_batch(Model)`` registers
+  ``async def handler(batch: CommandBatch[Model]) -> list[...]``: one call answers the
+  commands of that type in a transaction (a :class:`CommandBatch` of
+  :class:`BatchCommand`, with ``execute``/``fetch``/... as on ``Transaction``), so that
+  set-wise statements replace a round trip per command. It returns one entry per
+  command, in order: a reply payload, or a ``Rejected``/``Retryable`` *instance* that
+  answers that command alone and means nothing was written for it (the others' writes
+  commit). A wrong number of entries or an entry of another type counts as raising. A
+  call for several commands that raises is made again for each command alone, and the
+  one that raises alone is retried as above. A saga's commands are still applied in
+  record order; duplicates and tombstoned commands never reach the handler.
 
 Inside, in the order a batch meets them: ``_kit`` (``Participant``: registration,
 lifecycle, the consumer loop, rebalancing), ``_batch`` (the one path, from a fetched
 batch to the offsets to commit), ``_reading`` (records to commands, dead letters),
-``_transaction`` (a run of commands in one transaction), ``_replies`` (the sends after
+``_transaction`` (a run of commands in one transaction), ``_groups`` (the groups of a batch
+handler), ``_replies`` (the sends after
 COMMIT, the outbox), ``_relay`` (the outbox relay); shared by them: ``_context`` (the
 connections and common acts), ``_handler`` (``Transaction``, the replies decided) and
 ``_sql`` (reply records and statements).
@@ -78,7 +90,10 @@ never the runner.
 """
 
 from saga_engine.kernel._errors import Rejected, Retryable
-from saga_engine.participant._handler import HandlerResult, Transaction
+from saga_engine.participant._handler import BatchCommand, CommandBatch, HandlerResult, Transaction
 from saga_engine.participant._kit import Participant
 
-__all__ = ["HandlerResult", "Participant", "Rejected", "Retryable", "Transaction"]
+__all__ = [
+    "BatchCommand", "CommandBatch", "HandlerResult", "Participant", "Rejected", "Retryable",
+    "Transaction",
+]  # fmt: skip

@@ -132,12 +132,37 @@ class BatchRunner:
     async def _split(self, run: list[Item], failed: HandlerFailed) -> None:
         """Answers what comes before the command whose handler raised, then retries it
         alone, then answers what comes after it."""
-        index = run.index(failed.item)
+        if len(failed.items) > 1:
+            await self._ungroup(run, failed)
+            return
+        [item] = failed.items
+        for other in run:
+            # The one to blame is found: the others go to their batch handlers together
+            # again (a group that raises again is split again).
+            other.solo = other.solo and other is item
+        index = run.index(item)
         if index:
             await self._answer(run[:index])
-        await self._retry(failed.item, failed.cause)
+        await self._retry(item, failed.cause)
         if index + 1 < len(run):
             await self._answer(run[index + 1 :])
+
+    async def _ungroup(self, run: list[Item], failed: HandlerFailed) -> None:
+        """A batch handler raised for a group of several: the run goes again with each
+        of the group's commands called alone, in its place, so that the one to blame is
+        found (and retried as any handler that raised) and its neighbours' answers
+        stand. No attempt is counted: none of them is known to have failed."""
+        ctx = self._ctx
+        ctx.stats["batch_handler_splits"] += 1
+        handler = failed.items[0].handler
+        log.warning(
+            "participant %s: the batch handler for %s raised for %d commands (%r); "
+            "calling it for each alone",
+            ctx.name, handler and handler.command_type, len(failed.items), failed.cause,
+        )  # fmt: skip
+        for item in failed.items:
+            item.solo = True
+        await self._answer(run)
 
     async def _retry(self, item: Item, cause: Exception) -> None:
         """Runs a command whose handler raised again, alone: its next attempt after a
@@ -207,18 +232,25 @@ def _reset(run: list[Item]) -> None:
 
 
 def _runs(items: list[Item]) -> Iterator[list[Item]]:
-    """The items in runs, in order: each one that must run alone is a run of its own."""
+    """The items in runs, in order: each one that must run apart (another isolation
+    level) is a run of its own, but for the commands of one batch handler that follow
+    each other, which are one run, so that the handler is called for them together."""
     run: list[Item] = []
     for item in items:
-        if not item.alone:
+        if run and _together(run[-1], item):
             run.append(item)
             continue
         if run:
             yield run
-            run = []
-        yield [item]
+        run = [item]
     if run:
         yield run
+
+
+def _together(last: Item, item: Item) -> bool:
+    if not (last.alone or item.alone):
+        return True
+    return last.handler is item.handler and item.handler is not None and item.handler.batch
 
 
 def _offsets(items: list[Item]) -> dict[TopicPartition, int]:

@@ -1,16 +1,18 @@
 """What a handler is given and what its answer becomes.
 
-The :class:`Transaction` a handler receives, a registered handler (:class:`HandlerSpec`),
-and the replies the kit decides: a handler's return value (``json_payload``), its
-``Rejected`` or ``Retryable`` (``answer_reply``), and the failures given without running
-it (a body that cannot be stored, an invalid body, an unknown command type).
+The :class:`Transaction` a handler receives, the :class:`CommandBatch` a batch handler
+receives (both with the :class:`Statements` delegates), a registered handler
+(:class:`HandlerSpec`), and the replies the kit decides: a handler's return value
+(``json_payload``), its ``Rejected`` or ``Retryable`` (``answer_reply``), and the
+failures given without running it (a body that cannot be stored, an invalid body, an
+unknown command type).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Any, Generic, Literal, TypeAlias, TypeVar, overload
 
 import asyncpg
 import orjson
@@ -28,45 +30,25 @@ HandlerResult: TypeAlias = BaseModel | Mapping[str, Any] | None
 #: answer is recorded in the same transaction (the claim kept).
 HandlerAnswer: TypeAlias = Rejected | Retryable
 
+M = TypeVar("M", bound=BaseModel)
 
-class Transaction:
-    """The participant's own database transaction a handler runs in, and the command's ids.
+
+class Statements:
+    """``execute``/``fetch``/``fetchrow``/``fetchval`` on ``connection``: what a handler's
+    :class:`Transaction` and a batch handler's :class:`CommandBatch` both offer.
 
     ``connection`` is the asyncpg connection, inside a transaction that also records the
-    command as processed: commit and rollback belong to the participant, so a handler
+    commands as processed: commit and rollback belong to the participant, so a handler
     must not end the transaction itself (nested ``connection.transaction()`` blocks are
-    savepoints and are fine). ``execute``/``fetch``/``fetchrow``/``fetchval`` delegate to
-    it. ``attempt`` counts from 1; it grows when a previous attempt raised.
+    savepoints and are fine).
     """
 
-    __slots__ = (
-        "attempt",
-        "command_id",
-        "command_type",
-        "compensation",
-        "connection",
-        "participant",
-        "saga_id",
-        "saga_type",
-        "step",
-        "trace_context",
-    )
+    __slots__ = ("connection",)
 
-    def __init__(
-        self, connection: Connection, command: Envelope, *, participant: str, attempt: int
-    ) -> None:
+    def __init__(self, connection: Connection) -> None:
         self.connection = connection
-        self.participant = participant
-        self.attempt = attempt
-        self.command_id = command.command_id
-        self.command_type = command.subject
-        self.saga_id = command.saga_id
-        self.saga_type = command.saga_type
-        self.step = command.step
-        self.compensation = command.compensation
-        self.trace_context = trace_context(command)
 
-    # The delegates leave out asyncpg's per-call ``timeout``; use ``tx.connection`` for it.
+    # The delegates leave out asyncpg's per-call ``timeout``; use ``.connection`` for it.
     async def execute(self, query: str, *args: Any) -> str:
         return await self.connection.execute(query, *args)
 
@@ -79,11 +61,103 @@ class Transaction:
     async def fetchval(self, query: str, *args: Any, column: int = 0) -> Any:
         return await self.connection.fetchval(query, *args, column=column)
 
+
+class Transaction(Statements):
+    """The participant's own database transaction a handler runs in, and the command's ids.
+
+    ``connection`` is the asyncpg connection (see :class:`Statements`);
+    ``execute``/``fetch``/``fetchrow``/``fetchval`` delegate to it. ``attempt`` counts
+    from 1; it grows when a previous attempt raised.
+    """
+
+    __slots__ = (
+        "attempt",
+        "command_id",
+        "command_type",
+        "compensation",
+        "participant",
+        "saga_id",
+        "saga_type",
+        "step",
+        "trace_context",
+    )
+
+    def __init__(
+        self, connection: Connection, command: Envelope, *, participant: str, attempt: int
+    ) -> None:
+        super().__init__(connection)
+        self.participant = participant
+        self.attempt = attempt
+        self.command_id = command.command_id
+        self.command_type = command.subject
+        self.saga_id = command.saga_id
+        self.saga_type = command.saga_type
+        self.step = command.step
+        self.compensation = command.compensation
+        self.trace_context = trace_context(command)
+
     def __repr__(self) -> str:
         return (
             f"Transaction(participant={self.participant!r}, command_id={self.command_id!r}, "
             f"saga_id={self.saga_id!r}, step={self.step!r}, attempt={self.attempt})"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCommand(Generic[M]):
+    """One command of a :class:`CommandBatch`: the validated model and its ids, as a
+    :class:`Transaction` has them for a single handler."""
+
+    command: M
+    command_id: str
+    saga_id: str
+    saga_type: str
+    step: str
+    #: Counts from 1; above 1 only in a batch of one (a command whose handler raised is
+    #: retried alone).
+    attempt: int
+    compensation: bool
+    trace_context: Mapping[str, str]
+
+    @classmethod
+    def of(cls, model: M, command: Envelope, attempt: int) -> BatchCommand[M]:
+        return cls(
+            model, command.command_id, command.saga_id, command.saga_type, command.step,
+            attempt, command.compensation, trace_context(command),
+        )  # fmt: skip
+
+
+class CommandBatch(Statements, Sequence[BatchCommand[M]], Generic[M]):
+    """The commands a batch handler answers together, in record order, and the
+    participant's transaction they are answered in (``connection`` and the delegates, as
+    on :class:`Transaction`).
+
+    The handler returns one entry per command, in this order: its reply payload (as a
+    single handler's return value), or a :class:`Rejected` or :class:`Retryable` instance
+    that answers that command alone and says the handler wrote nothing for it.
+    """
+
+    __slots__ = ("_commands", "participant")
+
+    def __init__(
+        self, connection: Connection, commands: list[BatchCommand[M]], *, participant: str
+    ) -> None:
+        super().__init__(connection)
+        self._commands = commands
+        self.participant = participant
+
+    @overload
+    def __getitem__(self, index: int) -> BatchCommand[M]: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[BatchCommand[M]]: ...
+    def __getitem__(self, index: int | slice) -> BatchCommand[M] | Sequence[BatchCommand[M]]:
+        return self._commands[index]
+
+    def __len__(self) -> int:
+        return len(self._commands)
+
+    def __repr__(self) -> str:
+        return f"CommandBatch(participant={self.participant!r}, commands={len(self)})"
 
 
 def trace_context(command: Envelope) -> dict[str, str]:
@@ -99,8 +173,11 @@ def trace_context(command: Envelope) -> dict[str, str]:
 class HandlerSpec:
     command_type: str
     model: type[BaseModel]
-    fn: Callable[[Any, Transaction], Awaitable[HandlerResult]]
+    #: ``async def fn(cmd, tx)``, or with ``batch``, ``async def fn(batch)``.
+    fn: Callable[..., Awaitable[Any]]
     isolation: Isolation
+    #: Registered with ``handles_batch``: it answers a group of commands in one call.
+    batch: bool = False
 
 
 def json_payload(result: object) -> JsonDict:

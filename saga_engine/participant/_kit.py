@@ -13,8 +13,8 @@ import os
 import random
 import re
 import socket
-from collections.abc import Awaitable, Callable
-from typing import Final, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final, TypeVar
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -30,7 +30,14 @@ from saga_engine.kernel._settings import Settings
 from saga_engine.kernel._startup import reaching, start_with_retry
 from saga_engine.participant._batch import BatchRunner
 from saga_engine.participant._context import CrashPoint, ParticipantContext, Pool, log
-from saga_engine.participant._handler import HandlerResult, HandlerSpec, Isolation, Transaction
+from saga_engine.participant._handler import (
+    BatchCommand,
+    CommandBatch,
+    HandlerResult,
+    HandlerSpec,
+    Isolation,
+    Transaction,
+)
 from saga_engine.participant._relay import Relay
 from saga_engine.store._migrations import PARTICIPANT_MIGRATIONS, migrate
 from saga_engine.store._pgbase import POSTGRES
@@ -47,10 +54,15 @@ from saga_engine.transport._kafka import (
 )
 from saga_engine.transport._topics import Topics
 
-__all__ = ["HandlerResult", "Participant", "Rejected", "Retryable", "Transaction"]
+__all__ = [
+    "BatchCommand", "CommandBatch", "HandlerResult", "Participant", "Rejected", "Retryable",
+    "Transaction",
+]  # fmt: skip
 
 C = TypeVar("C", bound=BaseModel)
 R = TypeVar("R", bound=HandlerResult)
+S = TypeVar("S", bound=Sequence[HandlerResult | Rejected | Retryable])
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 _NAME: Final = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 _SCHEMA: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -104,7 +116,8 @@ class Participant:
 
     ``crash_hook`` is a test seam: it is called with ``"after_commit"`` (a transaction
     committed, its replies not yet published), ``"after_batch_commit"`` (the same, for a
-    transaction of two commands or more) and ``"after_publish"``. If it raises, the
+    transaction of two commands or more), ``"after_publish"`` and ``"in_batch_handler"``
+    (a batch handler returned, its transaction not yet committed). If it raises, the
     participant behaves as if the process died there: it stops at once, commits no
     offset, and ``run`` raises the hook's exception.
 
@@ -196,27 +209,57 @@ class Participant:
         ``isolation`` is the transaction's isolation level; serialization failures are
         retried like any other failed attempt.
         """
+        return self._register(command, name, isolation, batch=False)
+
+    def handles_batch(
+        self,
+        command: type[C],
+        *,
+        name: str | None = None,
+        isolation: Isolation = "read_committed",
+    ) -> Callable[
+        [Callable[[CommandBatch[C]], Awaitable[S]]], Callable[[CommandBatch[C]], Awaitable[S]]
+    ]:
+        """Registers ``async def handler(batch)`` for commands of type ``command``: one
+        call answers every such command of a transaction (a :class:`CommandBatch`), with
+        set-wise statements (an ``unnest`` insert) instead of one per command.
+
+        It returns one entry per command, in order: its reply payload, as ``handles``'s
+        handler returns it, or a :class:`Rejected` or :class:`Retryable` *instance*, which
+        answers that command alone and says that nothing was written for it (the other
+        commands' writes stand). A wrong number of entries, or an entry of another type,
+        counts as the handler raising. A handler that raises for several commands is
+        called again for each alone, so that one bad command is retried (and finally
+        answered ``retryable``) on its own. A saga's commands are still applied in
+        record order; ``name`` and ``isolation`` are as for ``handles``.
+        """
+        return self._register(command, name, isolation, batch=True)
+
+    def _register(
+        self, command: type[BaseModel], name: str | None, isolation: Isolation, *, batch: bool
+    ) -> Callable[[F], F]:
+        how = "handles_batch" if batch else "handles"
         if not (isinstance(command, type) and issubclass(command, BaseModel)):
             raise DefinitionError(
-                f"handles() takes the command's pydantic model class, not {command!r}"
+                f"{how}() takes the command's pydantic model class, not {command!r}"
             )
         command_type = name or command.__name__
 
-        def register(
-            fn: Callable[[C, Transaction], Awaitable[R]],
-        ) -> Callable[[C, Transaction], Awaitable[R]]:
+        def register(fn: F) -> F:
+            registered = fn  # as given (the check below narrows ``fn``'s type)
             if not inspect.iscoroutinefunction(fn):
+                signature = "batch" if batch else "cmd, tx"
                 raise DefinitionError(
                     f"the handler for {command_type} must be an async function "
-                    "(async def handler(cmd, tx): ...)"
+                    f"(async def handler({signature}): ...)"
                 )
             if command_type in self._handlers:
                 raise DefinitionError(
                     f"participant {self.name!r} already has a handler for {command_type}; "
                     "register one handler per command type"
                 )
-            self._handlers[command_type] = HandlerSpec(command_type, command, fn, isolation)
-            return fn
+            self._handlers[command_type] = HandlerSpec(command_type, command, fn, isolation, batch)
+            return registered
 
         return register
 

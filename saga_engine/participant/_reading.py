@@ -66,6 +66,9 @@ class Item:
     answered: str = ""
     #: Answered by an earlier item of the batch with the same command id.
     same_as: Item | None = None
+    #: Its batch handler raised in a group of several: it is called alone until the
+    #: command to blame is found.
+    solo: bool = False
     #: Its record needs nothing more (dead-lettered, or answered).
     done: bool = False
 

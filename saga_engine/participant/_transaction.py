@@ -8,22 +8,30 @@ one):
 2. the tombstones of the forward commands the run's compensations undo;
 3. the stored replies of the duplicates, in one statement;
 4. every other command answered, in record order: its fixed reply, the refusal heard in
-   an earlier pass, or its handler's;
+   an earlier pass, or its handler's; the commands of a batch handler are gathered into
+   groups, one call each, a saga's commands still applied in record order (``_groups``);
 5. every fresh outcome recorded with its reply, in one statement.
 
-The claim and the handlers' writes commit together, or not at all. ``answer`` raises
+The claim and the handlers' writes commit together, or not at all. A handler call raises
 :class:`Refused` or :class:`HandlerFailed` to have the whole transaction rolled back:
 what comes next is the caller's (``_batch``).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Final
+
+from pydantic import BaseModel
 
 from saga_engine.kernel._errors import Rejected, Retryable
 from saga_engine.kernel._serde import check_storable
 from saga_engine.participant._context import ParticipantContext
+from saga_engine.participant._groups import Groups, checked_results, grouped
 from saga_engine.participant._handler import (
+    BatchCommand,
+    CommandBatch,
+    HandlerAnswer,
     Isolation,
     Transaction,
     answer_counter,
@@ -54,10 +62,11 @@ _CUSTOM_PLANS: Final = "SET LOCAL plan_cache_mode = force_custom_plan"
 
 class HandlerFailed(Exception):
     """A handler raised (not a refusal): the transaction is rolled back, and the run is
-    split around its command."""
+    split around its command, or, for a batch handler's group of several, its commands
+    are called alone (``_batch``)."""
 
-    def __init__(self, item: Item, cause: Exception) -> None:
-        self.item = item
+    def __init__(self, items: list[Item], cause: Exception) -> None:
+        self.items = items
         self.cause = cause
         super().__init__(str(cause))
 
@@ -72,9 +81,9 @@ async def transact(
 ) -> None:
     """Answers ``run`` in one transaction on ``conn`` (see the module docstring).
 
-    ``savepoints``: each handler runs in a savepoint, so that a refusal undoes its writes
-    alone. Without (a savepoint costs two more round trips per command, measured at
-    about 2.5x the cost of a one-statement handler), a refusal raises Refused.
+    ``savepoints``: each handler call runs in a savepoint, so that a refusal undoes its
+    writes alone. Without (a savepoint costs two more round trips per command, measured
+    at about 2.5x the cost of a one-statement handler), a refusal raises Refused.
     """
     # READ COMMITTED explicitly, whatever the server's default, unless the handler asks
     # for another level: the claim's reasoning (a concurrent duplicate waits on the
@@ -84,6 +93,7 @@ async def transact(
         claimed = await _claim(conn, _claimable(firsts))
         await _tombstone(conn, firsts, claimed)
         stored = await _stored(conn, [i for i in firsts if not i.command_id_in(claimed)])
+        groups = Groups()
         for item in firsts:
             command = _cmd(item)
             if not item.command_id_in(claimed):
@@ -92,82 +102,150 @@ async def transact(
                 item.duplicate = True
                 reply = stored_reply(stored[command.command_id], ctx.codec)
                 item.outgoing = ctx.reply(command, reply, item.topic)
+                continue
+            group = groups.before(item)
+            if group is not None:  # an earlier command of its saga is applied first
+                await _handle(ctx, conn, group, savepoints=savepoints)
+            if grouped(item):
+                groups.add(item)
             else:
                 await answer(ctx, conn, item, savepoints=savepoints)
-        fresh = [i for i in firsts if i.outgoing is not None and not i.duplicate]
-        if len(fresh) > 1:
-            await conn.execute(_CUSTOM_PLANS)
-        if fresh:
-            await conn.execute(
-                RECORD_OUTCOMES,
-                [_cmd(i).command_id for i in fresh],
-                [_out(i).reply.outcome for i in fresh],
-                # The reply record's value is the reply's JSON already: no second dump.
-                [_out(i).value.decode() for i in fresh],
-                [_out(i).reply.error for i in fresh],
-            )
+        for group in groups.rest():
+            await _handle(ctx, conn, group, savepoints=savepoints)
+        await _record(conn, [i for i in firsts if i.outgoing is not None and not i.duplicate])
+
+
+async def _record(conn: Connection, fresh: list[Item]) -> None:
+    """Records the fresh outcomes with their replies, in one statement."""
+    if len(fresh) > 1:
+        await conn.execute(_CUSTOM_PLANS)
+    if fresh:
+        await conn.execute(
+            RECORD_OUTCOMES,
+            [_cmd(i).command_id for i in fresh],
+            [_out(i).reply.outcome for i in fresh],
+            # The reply record's value is the reply's JSON already: no second dump.
+            [_out(i).value.decode() for i in fresh],
+            [_out(i).reply.error for i in fresh],
+        )
 
 
 async def answer(
     ctx: ParticipantContext, conn: Connection, item: Item, *, savepoints: bool
 ) -> None:
-    """Decides the reply of a claimed command: its fixed reply, the refusal heard in an
-    earlier pass, or what its handler answers."""
+    """Decides the reply of a claimed command that is not in a group: its fixed reply,
+    the refusal heard in an earlier pass, or what its handler answers."""
     command = _cmd(item)
     if item.fixed is not None:
         item.outgoing = ctx.fitted(command, item.fixed, item.topic)
     elif item.refused is not None:
-        item.answered = answer_counter(item.refused)
-        item.outgoing = ctx.fitted(command, answer_reply(item.refused), item.topic)
+        _refuse(ctx, item, command, item.refused)
     else:
-        with ctx.command_span(item.record, command) as span:
-            await _run_handler(ctx, conn, item, ctx.traced(command, span), savepoints=savepoints)
+        await _handle(ctx, conn, [item], savepoints=savepoints)
 
 
-async def _run_handler(
-    ctx: ParticipantContext, conn: Connection, item: Item, command: Envelope, *, savepoints: bool
+async def _handle(
+    ctx: ParticipantContext, conn: Connection, items: list[Item], *, savepoints: bool
 ) -> None:
-    tx = Transaction(conn, command, participant=ctx.name, attempt=item.attempt)
-    try:
-        if not savepoints:
-            try:
-                item.outgoing = await _attempt(ctx, command, item, tx)
-            except (Rejected, Retryable) as answered:
-                # Its writes are in this transaction with its neighbours': all of it
-                # rolls back and runs again, with this answer as it was given.
-                item.refused = answered
-                raise Refused from answered
-            return
+    """Calls the items' handler once (a single handler's one command, or a batch
+    handler's group) and decides each item's reply from its answer."""
+    with contextlib.ExitStack() as spans:
+        # A span per command, as each has alone: its reply continues that span's trace.
+        commands = [
+            ctx.traced(_cmd(i), spans.enter_context(ctx.command_span(i.record, _cmd(i))))
+            for i in items
+        ]
         try:
-            # A savepoint: a refusal (or Retryable) undoes the handler's writes but keeps
-            # the claim, so the answer is recorded in this transaction.
-            async with conn.transaction():
-                item.outgoing = await _attempt(ctx, command, item, tx)
+            results = await _call(ctx, conn, items, commands, savepoints=savepoints)
+        except Refused:
+            raise
+        except Exception as exc:
+            # Leaving the transaction with an exception rolls all of it back, these
+            # commands' claims included: nothing is recorded, and each next attempt
+            # starts from scratch.
+            raise HandlerFailed(items, exc) from exc
+        for item, command, result in zip(items, commands, results, strict=True):
+            if isinstance(result, Outgoing):
+                item.outgoing = result
+            else:
+                _refuse(ctx, item, command, result)
+
+
+async def _call(
+    ctx: ParticipantContext,
+    conn: Connection,
+    items: list[Item],
+    commands: list[Envelope],
+    *,
+    savepoints: bool,
+) -> list[Outgoing | HandlerAnswer]:
+    """The handler's answer per item; what it raises is the caller's, but a refusal it
+    raises for a single command: that is recorded (with savepoints), or raises Refused."""
+    if not savepoints:
+        try:
+            return await _attempt(ctx, conn, items, commands)
         except (Rejected, Retryable) as answered:
-            # An answer, not a crash: no in-process retry (a Retryable asks the engine
-            # for a new attempt at once).
-            item.answered = answer_counter(answered)
-            item.outgoing = ctx.fitted(command, answer_reply(answered), item.topic)
-    except Refused:
-        raise
-    except Exception as exc:
-        # Leaving the transaction with an exception rolls all of it back, this command's
-        # claim included: nothing is recorded, and its next attempt starts from scratch.
-        raise HandlerFailed(item, exc) from exc
+            if len(items) > 1:
+                raise  # a group's handler raised: no command is refused by it
+            # Its writes are in this transaction with its neighbours': all of it rolls
+            # back and runs again, with this answer as it was given.
+            items[0].refused = answered
+            raise Refused from answered
+    try:
+        # A savepoint: a refusal (or Retryable) undoes the handler's writes but keeps
+        # the claim, so the answer is recorded in this transaction.
+        async with conn.transaction():
+            return await _attempt(ctx, conn, items, commands)
+    except (Rejected, Retryable) as answered:
+        if len(items) > 1:
+            raise
+        # An answer, not a crash: no in-process retry (a Retryable asks the engine for a
+        # new attempt at once).
+        return [answered]
 
 
 async def _attempt(
-    ctx: ParticipantContext, command: Envelope, item: Item, tx: Transaction
-) -> Outgoing:
-    """The handler's success reply; whatever it raises is the caller's."""
-    assert item.handler is not None
-    assert item.model is not None
-    payload = json_payload(await item.handler.fn(item.model, tx))
+    ctx: ParticipantContext, conn: Connection, items: list[Item], commands: list[Envelope]
+) -> list[Outgoing | HandlerAnswer]:
+    """The handler's success replies, and the refusals a batch handler returned."""
+    spec = items[0].handler
+    assert spec is not None
+    if not spec.batch:
+        tx = Transaction(conn, commands[0], participant=ctx.name, attempt=items[0].attempt)
+        return [_success(ctx, commands[0], items[0], await spec.fn(items[0].model, tx))]
+    batch = CommandBatch(
+        conn,
+        [BatchCommand.of(_model(i), c, i.attempt) for i, c in zip(items, commands, strict=True)],
+        participant=ctx.name,
+    )
+    results = checked_results(spec, await spec.fn(batch), len(items))
+    answers = [
+        r if isinstance(r, Rejected | Retryable) else _success(ctx, c, i, r)
+        for i, c, r in zip(items, commands, results, strict=True)
+    ]
+    # The group's writes are done, not committed: a death here must undo all of them.
+    ctx.checkpoint("in_batch_handler")
+    return answers
+
+
+def _success(ctx: ParticipantContext, command: Envelope, item: Item, result: object) -> Outgoing:
+    """The success reply to ``command``; TypeError or a size error is the handler's bug."""
+    payload = json_payload(result)
     # A reply Postgres cannot store, or one too large to send, is the handler's bug.
     check_storable(payload, f"the reply of the {command.subject} handler")
     outgoing = ctx.reply(command, ReplyBody(outcome="success", payload=payload), item.topic)
     check_size(outgoing, ctx.reply_limit)
     return outgoing
+
+
+def _refuse(
+    ctx: ParticipantContext, item: Item, command: Envelope, answered: HandlerAnswer
+) -> None:
+    """Records a handler's refusal (or Retryable) as ``item``'s answer; kept for a pass
+    that runs again, so that the refusing handler is not asked twice."""
+    item.refused = answered
+    item.answered = answer_counter(answered)
+    item.outgoing = ctx.fitted(command, answer_reply(answered), item.topic)
 
 
 async def _claim(conn: Connection, items: list[Item]) -> set[str]:
@@ -207,9 +285,10 @@ async def _stored(conn: Connection, duplicates: list[Item]) -> dict[str, str]:
 
 
 def _isolation(run: list[Item]) -> Isolation:
-    """The run's isolation level: its handler's, for a command that runs alone."""
+    """The run's isolation level: its handler's, for commands that run apart (``_runs``
+    gives such a run one handler)."""
     handler = run[0].handler
-    if len(run) == 1 and handler is not None:
+    if run[0].alone and handler is not None:
         return handler.isolation
     return "read_committed"
 
@@ -247,6 +326,11 @@ def _claimable(firsts: list[Item]) -> list[Item]:
 def _cmd(item: Item) -> Envelope:
     assert item.command is not None
     return item.command
+
+
+def _model(item: Item) -> BaseModel:
+    assert item.model is not None
+    return item.model
 
 
 def _out(item: Item) -> Outgoing:

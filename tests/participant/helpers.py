@@ -4,12 +4,13 @@ replies and dead letters, on the real Kafka. A ledger table records handler effe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -18,7 +19,18 @@ from pydantic import BaseModel
 
 from saga_engine.participant import Participant, Rejected, Retryable, Transaction
 from saga_engine.protocol import Envelope, Headers, MessageType, Topics, decode, encode
-from saga_engine.settings import KafkaSettings, Settings
+from saga_engine.settings import (
+    AdminSettings,
+    EngineSettings,
+    KafkaSettings,
+    ParticipantSettings,
+    PostgresSettings,
+    Settings,
+)
+
+if TYPE_CHECKING:
+    from tests.conftest import PgTarget
+    from tests.participant.test_participant import World
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 PARTICIPANT = "ledger"
@@ -237,3 +249,89 @@ async def delete_topics(bootstrap: str, prefix: str) -> None:
             await admin.delete_topics(mine)
     finally:
         await admin.close()
+
+
+# --------------------------------------------------------------------------- one batch
+
+
+async def send_first(world: World, *envelopes: Envelope) -> None:
+    """Puts the commands on partition 0, in this order, before any participant reads:
+    its first fetch takes them together, as one batch."""
+    assert not world.running, "send before the participant starts, so it fetches them at once"
+    for envelope in envelopes:
+        await world.bus.send(envelope, partition=0)
+
+
+async def start(
+    world: World,
+    *,
+    settings: Settings | None = None,
+    register: Callable[[Participant], None] | None = None,
+    **options: Any,
+) -> Participant:
+    """As ``world.participant()``, with other settings or more handlers."""
+    options.setdefault("backoff_base_s", 0.01)
+    participant = ledger_participant(settings or world.settings, world.effects, **options)
+    if register is not None:
+        register(participant)
+    world.running.append(participant)
+    await participant.start()
+    return participant
+
+
+def compensation_of(forward: Envelope, subject: str, body: Any, command_id: str) -> Envelope:
+    return command(
+        subject, body, saga_id=forward.saga_id, command_id=command_id, step=forward.step
+    ).model_copy(update={"compensation": True, "compensates": forward.command_id})
+
+
+def by_id(replies: list[Envelope]) -> dict[str, Envelope]:
+    answered: dict[str, Envelope] = {}
+    for reply in replies:
+        assert reply.command_id not in answered, f"{reply.command_id} answered twice"
+        answered[reply.command_id] = reply
+    return answered
+
+
+# --------------------------------------------------------------------------- with an engine
+
+
+@contextlib.asynccontextmanager
+async def engine_settings(
+    pg: PgTarget,
+    kafka_bootstrap: str,
+    unique_id: str,
+    participant: str,
+    *,
+    ddl: str = "",
+    **options: Any,
+) -> AsyncIterator[Settings]:
+    """Settings for an engine worker and a participant in this process: the participant's
+    schema is named after it (``ddl`` run in it first; ``options`` go to its settings),
+    and it and the topics are dropped afterwards."""
+    prefix = f"t{unique_id}"
+    schema = f"{pg.schema}_{participant}"
+    if ddl:
+        conn = await asyncpg.connect(pg.database_dsn)
+        try:
+            await conn.execute(f'CREATE SCHEMA "{schema}"')
+            await conn.execute(f'SET search_path TO "{schema}"')
+            await conn.execute(ddl)
+        finally:
+            await conn.close()
+    try:
+        yield Settings(
+            pg=PostgresSettings(dsn=pg.database_dsn, db_schema=pg.schema),
+            kafka=KafkaSettings(
+                bootstrap_servers=kafka_bootstrap,
+                topic_prefix=prefix,
+                group_id=f"engines-{unique_id}",
+                partitions=2,
+            ),
+            participant=ParticipantSettings(dsn=pg.database_dsn, db_schema=schema, **options),
+            engine=EngineSettings(),
+            admin=AdminSettings(enabled=False, port=0),
+        )
+    finally:
+        await delete_topics(kafka_bootstrap, prefix)
+        await query(pg.dsn, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

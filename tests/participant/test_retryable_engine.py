@@ -9,7 +9,6 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
-import asyncpg
 import pytest
 from pydantic import BaseModel
 
@@ -17,16 +16,9 @@ from saga_engine import RetryPolicy, Saga, SagaContext, SagaStatus, Settings
 from saga_engine.client import SagaClient
 from saga_engine.events import CommandIssued, ReplyReceived
 from saga_engine.participant import Participant, Retryable, Transaction
-from saga_engine.settings import (
-    AdminSettings,
-    EngineSettings,
-    KafkaSettings,
-    ParticipantSettings,
-    PostgresSettings,
-)
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
-from tests.participant.helpers import delete_topics, poll_until
+from tests.participant.helpers import engine_settings, poll_until
 
 pytestmark = pytest.mark.integration
 
@@ -59,28 +51,9 @@ class Booking(Saga[Trip, Booked]):
 
 @pytest.fixture
 async def settings(pg: PgTarget, kafka_bootstrap: str, unique_id: str) -> AsyncIterator[Settings]:
-    prefix = f"t{unique_id}"
-    yield Settings(
-        pg=PostgresSettings(dsn=pg.database_dsn, db_schema=pg.schema),
-        kafka=KafkaSettings(
-            bootstrap_servers=kafka_bootstrap,
-            topic_prefix=prefix,
-            group_id=f"engines-{unique_id}",
-            partitions=2,
-        ),
-        # handler_attempts above 1: a Retryable must not be retried in-process anyway.
-        participant=ParticipantSettings(
-            dsn=pg.database_dsn, db_schema=f"{pg.schema}_hotel", handler_attempts=5
-        ),
-        engine=EngineSettings(),
-        admin=AdminSettings(enabled=False, port=0),
-    )
-    await delete_topics(kafka_bootstrap, prefix)
-    conn = await asyncpg.connect(pg.database_dsn)
-    try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{pg.schema}_hotel" CASCADE')
-    finally:
-        await conn.close()
+    # handler_attempts above 1: a Retryable must not be retried in-process anyway.
+    async with engine_settings(pg, kafka_bootstrap, unique_id, "hotel", handler_attempts=5) as s:
+        yield s
 
 
 async def test_a_retryable_answer_makes_the_engine_retry_the_step_under_a_new_attempt(

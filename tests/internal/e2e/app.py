@@ -6,6 +6,9 @@ duplicated effect shows up as a second row instead of being hidden by a constrai
 
     saga worker tests.internal.e2e.app                   # an engine process
     python -m tests.internal.e2e.app participant alpha   # a participant process
+
+With ``E2E_BATCH_HANDLERS=1`` a participant answers its commands with batch handlers
+(``handles_batch``: one unnest insert per group) instead of one handler call per command.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, Settings, run
 from saga_engine.kernel._crash import crash_hook
-from saga_engine.participant import Participant, Rejected, Transaction
+from saga_engine.participant import CommandBatch, Participant, Rejected, Transaction
 
 PARTICIPANTS = ("alpha", "beta", "gamma")
 
@@ -114,6 +117,9 @@ def build_participant(name: str, settings: Settings) -> Participant:
     participant = Participant(
         name, settings, crash_hook=crash_hook(os.environ.get("SAGA_CRASH_AT"))
     )
+    if os.environ.get("E2E_BATCH_HANDLERS") == "1":
+        _batch_handlers(participant, name)
+        return participant
 
     @participant.handles(Apply)
     async def apply(cmd: Apply, tx: Transaction) -> Applied:
@@ -134,6 +140,37 @@ def build_participant(name: str, settings: Settings) -> Participant:
         return Applied(receipt=f"{name}:revert")
 
     return participant
+
+
+_INSERT_MANY = """
+INSERT INTO ledger (command_id, saga_id, kind, amount)
+SELECT c, s, $3, a FROM unnest($1::text[], $2::text[], $4::int[]) AS x(c, s, a)
+"""
+
+
+def _batch_handlers(participant: Participant, name: str) -> None:
+    @participant.handles_batch(Apply)
+    async def apply(batch: CommandBatch[Apply]) -> list[Applied | Rejected]:
+        # A refused command is answered Rejected and gets no row: nothing written for it.
+        ok = [c for c in batch if not c.command.refuse]
+        await batch.execute(
+            _INSERT_MANY, [c.command_id for c in ok], [c.saga_id for c in ok], "apply",
+            [c.command.amount for c in ok],
+        )  # fmt: skip
+        return [
+            Rejected(f"{name} refuses transfers today")
+            if c.command.refuse
+            else Applied(receipt=f"{name}:{c.command_id[:8]}")
+            for c in batch
+        ]
+
+    @participant.handles_batch(Revert)
+    async def revert(batch: CommandBatch[Revert]) -> list[Applied]:
+        await batch.execute(
+            _INSERT_MANY, [c.command_id for c in batch], [c.saga_id for c in batch], "revert",
+            [c.command.amount for c in batch],
+        )  # fmt: skip
+        return [Applied(receipt=f"{name}:revert") for _ in batch]
 
 
 async def _run_participant(name: str) -> None:

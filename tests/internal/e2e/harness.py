@@ -69,6 +69,7 @@ class Cluster:
             "SAGA_ADMIN__PORT": "0",
         }
         env.pop("SAGA_CRASH_AT", None)
+        env.pop("E2E_BATCH_HANDLERS", None)
         env.update(extra)
         return env
 
@@ -113,10 +114,14 @@ class Cluster:
             self.env(**extra),
         )  # fmt: skip
 
-    def start_participant(self, name: str, crash_at: str | None = None) -> None:
+    def start_participant(
+        self, name: str, crash_at: str | None = None, *, batch_handlers: bool = False
+    ) -> None:
         extra = {"SAGA_PARTICIPANT__DB_SCHEMA": self.participant_schema(name)}
         if crash_at:
             extra["SAGA_CRASH_AT"] = crash_at
+        if batch_handlers:
+            extra["E2E_BATCH_HANDLERS"] = "1"
         self._spawn(
             f"participant-{name}",
             ["-m", "tests.internal.e2e.app", "participant", name],

@@ -177,6 +177,44 @@ async def test_participant_killed_after_a_batch_commit_before_its_replies_recove
     await cluster.check_effects(statuses, failing)
 
 
+@pytest.mark.parametrize(
+    "point",
+    [
+        "in_batch_handler",  # a batch handler returned, its transaction not committed
+        "after_batch_commit",  # the transaction committed, none of its replies sent
+        "after_commit",  # the same point, as every transaction passes it
+    ],
+)
+async def test_participant_with_batch_handlers_killed_in_a_batch_recovers(
+    cluster: Cluster, point: str
+) -> None:
+    # As above, with every participant answering through batch handlers: alpha's first
+    # fetch holds the first command of every saga, and one call of its Apply handler
+    # answers them (refusing a third: those get no ledger row).
+    for name in PARTICIPANTS[1:]:
+        cluster.start_participant(name, batch_handlers=True)
+    cluster.start_engine("engine")
+    ids, failing = await _start_spread_sagas(cluster, f"batch-handlers-{point}")
+    await cluster.wait_commands("alpha", ids)
+    cluster.start_participant("alpha", crash_at=f"{point}:1", batch_handlers=True)
+    code = await cluster.wait_exit("participant-alpha")
+    log = cluster.log_tail("participant-alpha")
+    assert code == -signal.SIGKILL, log
+    assert f"crash point {point} reached" in log
+    applied = await cluster.ledger("alpha")
+    if point == "in_batch_handler":
+        assert applied == []  # died inside the transaction: all of it rolled back
+    else:
+        assert applied
+        assert {r["kind"] for r in applied} == {"apply"}
+    assert await cluster.commands_in_topic("beta") == []
+
+    cluster.start_participant("alpha", batch_handlers=True)
+    statuses = await cluster.wait_settled(ids)
+    assert statuses == _expected(ids, failing)
+    await cluster.check_effects(statuses, failing)
+
+
 async def test_engine_killed_after_a_batch_append_before_its_sends_recovers(
     participants_up: Cluster,
 ) -> None:

@@ -12,7 +12,7 @@ passing without testing anything).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -22,10 +22,17 @@ from pydantic import BaseModel, field_validator
 from saga_engine.core._codec import AesGcmCodec, CodecChain, ZstdCodec
 from saga_engine.participant import Participant, Transaction
 from saga_engine.participant._batch import BatchRunner
-from saga_engine.settings import Settings
-from saga_engine.transport._wire import Envelope, ReplyBody
+from saga_engine.transport._wire import ReplyBody
 from tests.participant import test_participant
-from tests.participant.helpers import command, ledger_participant, poll_until, resent
+from tests.participant.helpers import (
+    by_id,
+    command,
+    compensation_of,
+    poll_until,
+    resent,
+    send_first,
+    start,
+)
 from tests.participant.test_participant import World, _stat, body_of
 
 pytestmark = pytest.mark.integration
@@ -64,44 +71,6 @@ def batches(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
 
     monkeypatch.setattr(BatchRunner, "run", spy)
     return seen
-
-
-async def send_first(world: World, *envelopes: Envelope) -> None:
-    """Puts the commands on partition 0, in this order, before any participant reads."""
-    assert not world.running, "send before the participant starts, so it fetches them at once"
-    for envelope in envelopes:
-        await world.bus.send(envelope, partition=0)
-
-
-async def start(
-    world: World,
-    *,
-    settings: Settings | None = None,
-    register: Callable[[Participant], None] | None = None,
-    **options: Any,
-) -> Participant:
-    """As ``world.participant()``, with other settings or more handlers."""
-    options.setdefault("backoff_base_s", 0.01)
-    participant = ledger_participant(settings or world.settings, world.effects, **options)
-    if register is not None:
-        register(participant)
-    world.running.append(participant)
-    await participant.start()
-    return participant
-
-
-def compensation_of(forward: Envelope, subject: str, body: Any, command_id: str) -> Envelope:
-    return command(
-        subject, body, saga_id=forward.saga_id, command_id=command_id, step=forward.step
-    ).model_copy(update={"compensation": True, "compensates": forward.command_id})
-
-
-def by_id(replies: list[Envelope]) -> dict[str, Envelope]:
-    answered: dict[str, Envelope] = {}
-    for reply in replies:
-        assert reply.command_id not in answered, f"{reply.command_id} answered twice"
-        answered[reply.command_id] = reply
-    return answered
 
 
 # --------------------------------------------------------------------------- record order
