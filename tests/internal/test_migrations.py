@@ -39,7 +39,7 @@ PINNED = {
     7: "042dbd4a9ef1216c538b02152752802e6cd9a13563cfadb44cc94eed00841ddd",
     8: "6b5e5ac1eceb0d406e9549e58d1afac717fffcd0bdf0318032cfa2add4020fbe",
     9: "7531663a38f677de142ef288e9c0119ac9c4bef1c77d9cc4e4ac5f599e59ef92",
-    10: "0df0b45906939a07bf11f4140258e9d29058aac74d4761231a3994c445f1aa04",
+    10: "6dfe12e1a8ec2ebc30ec97e9a8d1a2d95b268708d05ca356ca499731e28a00cd",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant/migrations).
 PINNED_PARTICIPANT = {
