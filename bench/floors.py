@@ -6,6 +6,8 @@ Two costs the engine pipeline cannot drop without changing what users write:
   driven by its three replies through ``SagaRuntime``, in this process, with no I/O. It
   is the saga's own coroutine, its pydantic inputs and outputs, and the events it
   records;
+- **replay**: a saga of ``--replay-steps`` steps (5,000: a history of 10,002 events) read
+  from its stored JSON and rebuilt by running its code against it, CPU µs per event;
 - **a handler's statement**: each participant handler runs one ``INSERT`` through the
   ``Transaction`` it is given, one round trip each (the handler API sees one command at
   a time). Measured as 100 such statements per transaction on uvloop, the client's CPU
@@ -15,7 +17,8 @@ With ``--e2e RESULT.json`` (a ``bench/e2e.py`` result) it also works out the CPU
 per saga that 0.4x the bare pipeline's sagas/s leaves at the headline point, and how
 much of it these floors and the bare pipeline's own cost take::
 
-    python -m bench.floors [--sagas 3000] [--statements 20000] [--e2e /tmp/e2e.json]
+    python -m bench.floors [--sagas 3000] [--statements 20000] [--replay-steps 5000]
+                           [--e2e /tmp/e2e.json]
 
 It needs ``SAGA_PG__DSN`` (``scripts/devstack.py env``) for the statement floor.
 Prints one JSON object.
@@ -35,10 +38,14 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import orjson
+from pydantic import BaseModel
 
-from bench.app import LEDGER_DDL, Transfer
+from bench.app import LEDGER_DDL, Applied, Apply, Transfer
+from saga_engine import Saga, SagaContext
 from saga_engine.core._decision import Reply, StartSaga
 from saga_engine.core._definition import SagaDefinition
+from saga_engine.core._events import event_to_json, events_from_list
 from saga_engine.core._runtime import SagaRuntime
 
 _STEPS = 3
@@ -76,6 +83,66 @@ def decision_core_us(sagas: int, rounds: int = 3) -> list[float]:
             _one_saga(definition, now)
         out.append((time.process_time() - t0) / sagas * 1e6)
     return out
+
+
+class _Steps(BaseModel):
+    steps: int
+
+
+class _Done(BaseModel):
+    steps: int
+
+
+class LongRun(Saga[_Steps, _Done]):
+    """A saga of ``steps`` steps on one participant: a history of 2 events per step."""
+
+    name = "bench-long-run"
+
+    async def run(self, ctx: SagaContext, req: _Steps) -> _Done:
+        for i in range(req.steps):
+            await ctx.step(f"s-{i}", to="alpha", command=Apply(amount=i), returns=Applied)
+        return _Done(steps=req.steps)
+
+
+def _long_history(steps: int) -> list[bytes]:
+    """A finished ``LongRun`` history, as the store holds it (one JSON value per event)."""
+    definition = SagaDefinition.of(LongRun)
+    now = datetime.now(UTC)
+    start = StartSaga(saga_id="long", saga_type=LongRun.name, input={"steps": steps}, at=now)
+    runtime, decision = SagaRuntime.start(definition, start)
+    while decision.commands:
+        cid = decision.commands[0].command_id
+        decision = runtime.handle(Reply(cid, "success", now, payload={"receipt": "r"}))
+    events = [event_to_json(e) for e in runtime.history]
+    runtime.close()
+    return events
+
+
+def replay_us(steps: int, rounds: int = 3) -> dict[str, Any]:
+    """CPU µs per event to rebuild a saga from its stored history: its events read from
+    their JSON (as a load reads them), then its code run against them (``replay``)."""
+    rows = _long_history(steps)
+    definition = SagaDefinition.of(LongRun)
+    read, rebuilt = [], []
+    for _ in range(rounds):
+        t0 = time.process_time()
+        events = events_from_list([orjson.loads(r) for r in rows])
+        t1 = time.process_time()
+        runtime, _ = SagaRuntime.replay(definition, "long", events)
+        t2 = time.process_time()
+        if runtime.status.value != "completed":
+            raise RuntimeError(f"the replayed saga is {runtime.status.value}")
+        runtime.close()
+        read.append((t1 - t0) / len(rows) * 1e6)
+        rebuilt.append((t2 - t1) / len(rows) * 1e6)
+    total = statistics.median(a + b for a, b in zip(read, rebuilt, strict=True))
+    return {
+        "events": len(rows),
+        "us_per_event": round(total, 2),
+        "read_us_per_event": round(statistics.median(read), 2),
+        "rebuild_us_per_event": round(statistics.median(rebuilt), 2),
+        "history_ms": round(total * len(rows) / 1000, 1),
+    }
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -141,6 +208,9 @@ async def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.floors", description=__doc__.split("\n")[0])
     ap.add_argument("--sagas", type=int, default=3000, help="sagas per round of the core")
     ap.add_argument("--statements", type=int, default=20000)
+    ap.add_argument(
+        "--replay-steps", type=int, default=5000, help="steps of the replayed saga (2 events each)"
+    )
     ap.add_argument("--e2e", type=Path, help="a bench/e2e.py JSON result, for the budget")
     args = ap.parse_args(argv)
     dsn = os.environ.get("SAGA_PG__DSN")
@@ -154,6 +224,7 @@ async def main(argv: list[str]) -> int:
     out: dict[str, Any] = {
         "decision_core_us_per_saga": round(core_us, 1),
         "decision_core_rounds_us": [round(x, 1) for x in core],
+        "replay": replay_us(args.replay_steps),
         "handler_statement_us": {k: round(v, 1) for k, v in stmt.items()},
         "floors_ms_per_saga": round(floor_ms, 3),
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
