@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from saga_engine.core._codec import MARKER, CodecChain, is_marker
 from saga_engine.kernel._errors import CodecError, CodecFailure, KafkaUnavailable, PayloadTooLarge
-from saga_engine.transport._wire import Envelope, Headers, MessageType, ReplyBody, encode
+from saga_engine.transport._wire import Envelope, Headers, MessageType, ReplyBody, encode_fields
 
 Connection: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
 
@@ -52,22 +52,23 @@ def reply_record(
     """The reply to ``command``: keyed by saga id, answering the command's own message id,
     with its trace context, so the saga's trace continues through the participant. With a
     codec its value is sealed, and so are the outbox row and the stored reply made of it."""
-    envelope = Envelope(
-        message_type=MessageType.REPLY,
-        source=source,
-        subject=command.subject,
-        saga_id=command.saga_id,
-        saga_type=command.saga_type,
-        command_id=command.command_id,
-        step=command.step,
-        correlation_id=command.correlation_id or command.saga_id,
-        causation_id=command.id,
-        compensation=command.compensation,
-        traceparent=command.traceparent,
-        tracestate=command.tracestate,
-        body=reply.model_dump(mode="json"),
-    )
-    key, value, headers = encode(envelope, codec)
+    # The command was decoded and checked, so its values need no second validation: the
+    # reply's fields go to the encoder as they are.
+    fields = {
+        "message_type": MessageType.REPLY,
+        "source": source,
+        "subject": command.subject,
+        "saga_id": command.saga_id,
+        "saga_type": command.saga_type,
+        "command_id": command.command_id,
+        "step": command.step,
+        "correlation_id": command.correlation_id or command.saga_id,
+        "causation_id": command.id,
+        "compensation": command.compensation,
+        "traceparent": command.traceparent,
+        "tracestate": command.tracestate,
+    }
+    key, value, headers = encode_fields(fields, reply.model_dump(mode="json"), codec)
     return Outgoing(command.command_id, command.saga_id, topic, key, value, headers, reply)
 
 

@@ -40,7 +40,7 @@ from saga_engine.transport._bus import SEND_TIMEOUT_S as SEND_TIMEOUT_S
 from saga_engine.transport._bus import delivered as delivered
 from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS, engine_envelope
 from saga_engine.transport._topics import Topics
-from saga_engine.transport._wire import Envelope, Headers, MessageType, encode
+from saga_engine.transport._wire import Envelope, Headers, MessageType, encode, encode_fields
 
 log = logging.getLogger("saga_engine.kafka")
 
@@ -223,36 +223,40 @@ class KafkaCommandSender:
         self._codec = codec
 
     async def send_command(self, command: OutboundCommand) -> None:
-        await send(self._producer, *self._route(command), self._codec)
+        [error] = await delivered([await self.start_command(command)])
+        if error is not None:
+            raise error
 
     async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
-        return await start_send(self._producer, *self._route(command), self._codec)
-
-    def _route(self, command: OutboundCommand) -> tuple[str, Envelope]:
         if command.participant in ENGINE_PARTICIPANTS:
             # A child saga's start or undo, or a child's end for its parent: engines
             # answer these themselves, through the saga inbox (see _children).
-            return self._topics.inbox, engine_envelope(command, self._source)
-        return self._topics.commands(command.participant), self._envelope(command)
+            envelope = engine_envelope(command, self._source)
+            return await start_send(self._producer, self._topics.inbox, envelope, self._codec)
+        topic = self._topics.commands(command.participant)
+        key, value, headers = encode_fields(self._fields(command), command.payload, self._codec)
+        return await start_record(self._producer, topic, key, value, headers)
 
-    def _envelope(self, command: OutboundCommand) -> Envelope:
-        return Envelope(
-            message_type=MessageType.COMMAND,
-            source=self._source,
-            subject=command.command_type,
-            saga_id=command.saga_id,
-            saga_type=command.saga_type,
-            command_id=command.command_id,
-            step=command.step,
-            correlation_id=command.saga_id,
-            causation_id=command.command_id,
-            reply_to=self._topics.inbox,
-            compensation=command.compensation,
-            compensates=",".join(command.compensates),
-            traceparent=command.trace_context.get("traceparent", ""),
-            tracestate=command.trace_context.get("tracestate", ""),
-            body=command.payload,
-        )
+    def _fields(self, command: OutboundCommand) -> dict[str, Any]:
+        """The command's envelope fields, from the decision (its values are the engine's
+        own, checked when it decided: no ``Envelope`` is validated for them)."""
+        trace = command.trace_context
+        return {
+            "message_type": MessageType.COMMAND,
+            "source": self._source,
+            "subject": command.command_type,
+            "saga_id": command.saga_id,
+            "saga_type": command.saga_type,
+            "command_id": command.command_id,
+            "step": command.step,
+            "correlation_id": command.saga_id,
+            "causation_id": command.command_id,
+            "reply_to": self._topics.inbox,
+            "compensation": command.compensation,
+            "compensates": ",".join(command.compensates),
+            "traceparent": trace.get("traceparent", ""),
+            "tracestate": trace.get("tracestate", ""),
+        }
 
 
 class DeadLetters:

@@ -13,6 +13,7 @@ and back, and says precisely why a message cannot be read (:class:`PoisonMessage
 
 from __future__ import annotations
 
+import os
 import uuid
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -250,6 +251,8 @@ REQUIRED_HEADERS = ("ce_id", "ce_type", "ce_source", "ce_sagaid", "ce_schemavers
 
 
 _HEADER_ITEMS = tuple(HEADERS.items())
+#: The defaults ``encode_fields`` gives a field left out (other than the id and time).
+_DEFAULTS: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "compensation": False}
 _FIXED_HEADERS: Headers = [
     ("ce_specversion", CE_SPECVERSION.encode()),
     ("content-type", b"application/json"),
@@ -259,10 +262,32 @@ _FIXED_HEADERS: Headers = [
 def encode(envelope: Envelope, codec: CodecChain | None = None) -> tuple[bytes, bytes, Headers]:
     """The Kafka key, value and headers of an envelope; with a codec, the value is the
     body sealed in its marker and the ``saga-codec`` header names the chain."""
+    # read once per field, without pydantic's attribute hooks
+    return encode_fields(envelope.__dict__, envelope.body, codec)
+
+
+def message_id() -> str:
+    """A new ``ce_id``: a random (version 4) UUID, as text."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40
+    raw[8] = (raw[8] & 0x3F) | 0x80
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def encode_fields(
+    fields: dict[str, Any], body: Any, codec: CodecChain | None = None
+) -> tuple[bytes, bytes, Headers]:
+    """``encode`` for a message the engine or the kit builds itself from values it has
+    checked already (a command from its decision, a reply to a decoded command): the
+    envelope's fields by name, without an ``Envelope`` validated for the purpose. A field
+    left out takes the envelope's default: a new ``id``, ``time`` now, the schema
+    version; empty otherwise."""
+    if "id" not in fields:
+        fields = {**fields, "id": message_id(), "time": datetime.now(UTC)}
     headers: Headers = list(_FIXED_HEADERS)
-    fields = envelope.__dict__  # read once per field, without pydantic's attribute hooks
     for field_name, header in _HEADER_ITEMS:
-        value = fields[field_name]
+        value = fields.get(field_name, _DEFAULTS.get(field_name, ""))
         kind = type(value)
         if kind is str:  # most headers: the fast path
             if value:
@@ -278,11 +303,11 @@ def encode(envelope: Envelope, codec: CodecChain | None = None) -> tuple[bytes, 
             text = str(value.value if isinstance(value, StrEnum) else value)
         if text:
             headers.append((header, text.encode()))
-    value_bytes = orjson.dumps(envelope.body, option=orjson.OPT_UTC_Z)
+    value_bytes = orjson.dumps(body, option=orjson.OPT_UTC_Z)
     if codec is not None:
         value_bytes = codec.seal_json(value_bytes)
         headers.append((CODEC_HEADER, codec.header))
-    return envelope.saga_id.encode(), value_bytes, headers
+    return fields["saga_id"].encode(), value_bytes, headers
 
 
 _MESSAGE_TYPES = frozenset(t.value for t in MessageType)
