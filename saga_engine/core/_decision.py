@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -14,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 from saga_engine.core._events import Event, ParentLink, TriggerOrigin
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._errors import PermanentError
+from saga_engine.kernel._ids import uuid5_text
 from saga_engine.kernel._serde import JsonDict
 
 _COMMAND_NS = uuid.UUID("6f1c3f3e-9a51-4c1e-9c57-2d0f8a2b7e10")
@@ -38,17 +38,6 @@ class Projection:
     current_step: str | None = None
     next_wakeup: datetime | None = None
     error: JsonDict | None = None
-
-
-def uuid5_text(namespace: uuid.UUID, name: str) -> str:
-    """``str(uuid.uuid5(namespace, name))``, without building a UUID object (RFC 4122
-    version 5: the SHA-1 of the namespace and the name, version and variant bits set).
-    Every command id is one: the UUID object's int conversions were most of its cost."""
-    digest = bytearray(hashlib.sha1(namespace.bytes + name.encode()).digest()[:16])
-    digest[6] = (digest[6] & 0x0F) | 0x50
-    digest[8] = (digest[8] & 0x3F) | 0x80
-    h = digest.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def saga_id_for(saga_type: str, idempotency_key: str) -> str:

@@ -13,7 +13,6 @@ and back, and says precisely why a message cannot be read (:class:`PoisonMessage
 
 from __future__ import annotations
 
-import os
 import uuid
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -32,6 +31,7 @@ from saga_engine.kernel._errors import (
     SerializationError,
     UnstorableValue,
 )
+from saga_engine.kernel._ids import uuid4_text
 from saga_engine.kernel._serde import JsonDict, loads, too_deep, without_input
 
 SCHEMA_VERSION = "1"
@@ -251,8 +251,14 @@ REQUIRED_HEADERS = ("ce_id", "ce_type", "ce_source", "ce_sagaid", "ce_schemavers
 
 
 _HEADER_ITEMS = tuple(HEADERS.items())
-#: The defaults ``encode_fields`` gives a field left out (other than the id and time).
-_DEFAULTS: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "compensation": False}
+_FIELD_NAMES = frozenset(HEADERS)
+#: What ``encode_fields`` gives a field left out: the envelope's own default (the id
+#: and the time, made per message, are given there).
+_DEFAULTS: dict[str, Any] = {
+    name: field.default
+    for name, field in Envelope.model_fields.items()
+    if field.default_factory is None and not field.is_required()
+}
 _FIXED_HEADERS: Headers = [
     ("ce_specversion", CE_SPECVERSION.encode()),
     ("content-type", b"application/json"),
@@ -266,15 +272,6 @@ def encode(envelope: Envelope, codec: CodecChain | None = None) -> tuple[bytes, 
     return encode_fields(envelope.__dict__, envelope.body, codec)
 
 
-def message_id() -> str:
-    """A new ``ce_id``: a random (version 4) UUID, as text."""
-    raw = bytearray(os.urandom(16))
-    raw[6] = (raw[6] & 0x0F) | 0x40
-    raw[8] = (raw[8] & 0x3F) | 0x80
-    h = raw.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
-
 def encode_fields(
     fields: dict[str, Any], body: Any, codec: CodecChain | None = None
 ) -> tuple[bytes, bytes, Headers]:
@@ -283,11 +280,11 @@ def encode_fields(
     envelope's fields by name, without an ``Envelope`` validated for the purpose. A field
     left out takes the envelope's default: a new ``id``, ``time`` now, the schema
     version; empty otherwise."""
-    if "id" not in fields:
-        fields = {**fields, "id": message_id(), "time": datetime.now(UTC)}
+    if not fields.keys() >= _FIELD_NAMES:  # an Envelope's fields are all there
+        fields = {**_DEFAULTS, "id": uuid4_text(), "time": datetime.now(UTC), **fields}
     headers: Headers = list(_FIXED_HEADERS)
     for field_name, header in _HEADER_ITEMS:
-        value = fields.get(field_name, _DEFAULTS.get(field_name, ""))
+        value = fields[field_name]
         kind = type(value)
         if kind is str:  # most headers: the fast path
             if value:

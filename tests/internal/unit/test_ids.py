@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from saga_engine.core._decision import command_id_for, uuid5_text
+from saga_engine.core._decision import command_id_for
 from saga_engine.core._events import event_to_dict, event_to_json, events_from_list
+from saga_engine.kernel._ids import uuid4_text, uuid5_text
 
 HISTORIES = Path(__file__).resolve().parents[2] / "replay" / "histories"
 
@@ -29,6 +30,14 @@ def test_a_command_id_recorded_before_is_derived_again() -> None:
         command_id_for("order-42", "reserve", 0, compensation=False)
         == "1f59b033-f4dd-541a-95d9-1a215120f6e1"
     )
+
+
+def test_uuid4_text_is_a_random_uuid() -> None:
+    ids = {uuid4_text() for _ in range(1000)}
+    assert len(ids) == 1000
+    for text in list(ids)[:50]:
+        parsed = uuid.UUID(text)
+        assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, text)
 
 
 @pytest.mark.parametrize("path", sorted(HISTORIES.glob("*.json")), ids=lambda p: p.name)
