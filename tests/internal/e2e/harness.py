@@ -115,15 +115,22 @@ class Cluster:
         )  # fmt: skip
 
     def start_participant(
-        self, name: str, crash_at: str | None = None, *, batch_handlers: bool = False
+        self,
+        name: str,
+        crash_at: str | None = None,
+        *,
+        batch_handlers: bool = False,
+        instance: str = "",
     ) -> None:
+        """Starts participant ``name``; a second ``instance`` (a suffix of the process's
+        name) joins the same group and shares its database."""
         extra = {"SAGA_PARTICIPANT__DB_SCHEMA": self.participant_schema(name)}
         if crash_at:
             extra["SAGA_CRASH_AT"] = crash_at
         if batch_handlers:
             extra["E2E_BATCH_HANDLERS"] = "1"
         self._spawn(
-            f"participant-{name}",
+            f"participant-{name}{instance}",
             ["-m", "tests.internal.e2e.app", "participant", name],
             self.env(**extra),
         )

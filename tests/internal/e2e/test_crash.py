@@ -215,6 +215,24 @@ async def test_participant_with_batch_handlers_killed_in_a_batch_recovers(
     await cluster.check_effects(statuses, failing)
 
 
+async def test_two_of_everything_with_batch_handlers_started_at_once(cluster: Cluster) -> None:
+    # Two engines and two instances of each participant, answering through batch
+    # handlers, all started at the same moment: the groups settle while the first
+    # commands arrive, and every effect is still applied once.
+    for name in PARTICIPANTS:
+        for instance in ("", "-2"):
+            cluster.start_participant(name, batch_handlers=True, instance=instance)
+    cluster.start_engine("engine")
+    cluster.start_engine("engine-2")
+    ids, failing = await _start_spread_sagas(cluster, "two-of-everything")
+    statuses = await cluster.wait_settled(ids)
+    assert statuses == _expected(ids, failing)
+    await cluster.check_effects(statuses, failing)
+    # None of the eight processes died on the way (a crash would have been recovered from
+    # by its twin, hiding it).
+    assert {name: p.poll() for name, p in cluster.procs.items()} == dict.fromkeys(cluster.procs)
+
+
 async def test_engine_killed_after_a_batch_append_before_its_sends_recovers(
     participants_up: Cluster,
 ) -> None:
