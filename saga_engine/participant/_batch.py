@@ -42,7 +42,7 @@ from saga_engine.participant._handler import gave_up_reply
 from saga_engine.participant._reading import Item, Reader
 from saga_engine.participant._replies import send_replies
 from saga_engine.participant._sql import Outgoing
-from saga_engine.participant._transaction import HandlerFailed, Refused, transact
+from saga_engine.participant._transaction import ClaimLost, HandlerFailed, Refused, transact
 
 
 class BatchRunner:
@@ -96,6 +96,8 @@ class BatchRunner:
             except Refused:
                 savepoints = True
                 ctx.stats["batch_replays"] += 1
+            except ClaimLost:
+                ctx.stats["claims_lost"] += 1
             except HandlerFailed as failed:
                 ctx.stats["batch_replays"] += 1
                 return failed

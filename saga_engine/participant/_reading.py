@@ -78,9 +78,6 @@ class Item:
         one transaction has one, so it runs in a transaction of its own."""
         return self.handler is not None and self.handler.isolation != "read_committed"
 
-    def command_id_in(self, ids: set[str]) -> bool:
-        return self.command is not None and self.command.command_id in ids
-
 
 class Reader:
     """Reads the records of a batch (see the module docstring)."""

@@ -80,19 +80,19 @@ def check_size(outgoing: Outgoing, limit: int) -> None:
 # --------------------------------------------------------------------------- SQL
 
 # The claim of a batch's commands, the first statement of its transaction, before any
-# handler runs. The primary key does the deduplication: a concurrent transaction
-# inserting the same command id (a redelivery on another instance, after a rebalance)
-# blocks on the unique index until this one ends, then sees the conflict and does
-# nothing (we committed) or inserts (we rolled back). Under READ COMMITTED that is all;
-# under REPEATABLE READ or SERIALIZABLE the waiter gets a serialization failure instead,
-# which is retried, and the retry sees the committed row. RETURNING names the ids
-# inserted: the others were processed before.
+# handler runs: a transaction-scoped advisory lock per command id, and per forward id a
+# compensation in the batch tombstones. A concurrent transaction holding one of them (a
+# redelivery on another instance, after a rebalance; a late forward command racing its
+# compensation) is waited for until it ends; the next statement, under READ COMMITTED a
+# new snapshot, then sees what it committed. So a duplicate never runs its handler, as
+# with a claim row inserted first, but the row is written once, with its outcome, at the
+# end (RECORD_OUTCOMES): no 'pending' row updated later, which costs a second heap tuple
+# and its index entries per command. The two-key form keeps these locks apart from the
+# one-key locks an application takes; the class id spells "saga". Sorted, so that two
+# batches claiming overlapping ids lock them in the same order and never deadlock.
 CLAIM: Final = """
-INSERT INTO saga_processed_commands (command_id, saga_id, command_type, step, outcome)
-SELECT c, s, t, st, 'pending' FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])
-    AS x(c, s, t, st)
-ON CONFLICT (command_id) DO NOTHING
-RETURNING command_id
+SELECT pg_advisory_xact_lock(1935763297, k)
+FROM (SELECT DISTINCT hashtext(c) AS k FROM unnest($1::text[]) AS c ORDER BY k) AS s
 """
 
 # Tombstones: a forward command that arrives after its compensation (a re-send delayed in
@@ -104,8 +104,8 @@ TOMBSTONE_REPLY: Final = (
 
 TOMBSTONE: Final = """
 INSERT INTO saga_processed_commands (command_id, saga_id, command_type, step, outcome, reply, error)
-SELECT id, $2, '(compensated)', $3, 'failure', $4::jsonb, 'compensated before it arrived'
-FROM unnest($1::text[]) AS id
+SELECT id, s, '(compensated)', st, 'failure', $4::jsonb, 'compensated before it arrived'
+FROM unnest($1::text[], $2::text[], $3::text[]) AS x(id, s, st)
 ON CONFLICT (command_id) DO NOTHING
 """
 
@@ -114,11 +114,19 @@ SELECT command_id, reply::text AS reply FROM saga_processed_commands
 WHERE command_id = ANY($1::text[])
 """
 
+# Every fresh outcome with its reply, one row per command, written once. The claim's
+# locks mean no other transaction of this kit inserts these ids meanwhile; ON CONFLICT
+# and RETURNING still catch one that did (a participant of another kit sharing the
+# table, which claims by inserting first), and the caller rolls back and runs the batch
+# again, which then finds the stored reply.
 RECORD_OUTCOMES: Final = """
-UPDATE saga_processed_commands AS p
-SET outcome = x.outcome, reply = x.reply::jsonb, error = x.error, processed_at = now()
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS x(command_id, outcome, reply, error)
-WHERE p.command_id = x.command_id
+INSERT INTO saga_processed_commands
+    (command_id, saga_id, command_type, step, outcome, reply, error)
+SELECT c, s, t, st, o, r::jsonb, e
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
+    AS x(c, s, t, st, o, r, e)
+ON CONFLICT (command_id) DO NOTHING
+RETURNING command_id
 """
 
 # The replies a batch could not publish, handed to the relay. created_at is the wall

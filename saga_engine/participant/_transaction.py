@@ -3,24 +3,27 @@
 One transaction on one connection, for a run of commands (a single command is a run of
 one):
 
-1. the claim of every command id, in one statement (``_sql.CLAIM``): an id already
-   there was processed before, and is a duplicate;
+1. the claim of every command id, and of every forward id its compensations undo, in
+   one statement (``_sql.CLAIM``, an advisory lock each): a concurrent transaction of
+   the same ids is waited for;
 2. the tombstones of the forward commands the run's compensations undo;
-3. the stored replies of the duplicates, in one statement;
+3. the stored replies of every command id, in one statement: an id stored is a
+   duplicate, answered with its stored reply;
 4. every other command answered, in record order: its fixed reply, the refusal heard in
    an earlier pass, or its handler's; the commands of a batch handler are gathered into
    groups, one call each, a saga's commands still applied in record order (``_groups``);
-5. every fresh outcome recorded with its reply, in one statement.
+5. every fresh outcome inserted with its reply, in one statement, its one row written
+   once.
 
 The claim and the handlers' writes commit together, or not at all. A handler call raises
-:class:`Refused` or :class:`HandlerFailed` to have the whole transaction rolled back:
-what comes next is the caller's (``_batch``).
+:class:`Refused` or :class:`HandlerFailed` to have the whole transaction rolled back, and
+the last statement :class:`ClaimLost` if another transaction stored one of the ids
+meanwhile: what comes next is the caller's (``_batch``).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Final
 
 from pydantic import BaseModel
 
@@ -52,13 +55,6 @@ from saga_engine.participant._sql import (
 )
 from saga_engine.transport._wire import Envelope, ReplyBody
 
-#: For the rest of a transaction that records several outcomes: a plan made for this
-#: execution (the handlers have run: their statements are planned as the user's session
-#: would). The update joins the batch to the table; a generic plan cached while the
-#: table was small scans it whole on every batch until autovacuum's next ANALYZE
-#: (measured: 3x the cost at 20,000 rows, and growing with the table).
-_CUSTOM_PLANS: Final = "SET LOCAL plan_cache_mode = force_custom_plan"
-
 
 class HandlerFailed(Exception):
     """A handler raised (not a refusal): the transaction is rolled back, and the run is
@@ -76,6 +72,11 @@ class Refused(Exception):
     is rolled back and runs again with savepoints, its answer recorded as it was given."""
 
 
+class ClaimLost(Exception):
+    """An outcome's row was stored by another transaction after the claim (one not of
+    this kit's claim): the pass is rolled back and runs again, and finds it stored."""
+
+
 async def transact(
     ctx: ParticipantContext, conn: Connection, run: list[Item], *, savepoints: bool
 ) -> None:
@@ -86,22 +87,24 @@ async def transact(
     at about 2.5x the cost of a one-statement handler), a refusal raises Refused.
     """
     # READ COMMITTED explicitly, whatever the server's default, unless the handler asks
-    # for another level: the claim's reasoning (a concurrent duplicate waits on the
-    # primary key, then sees the conflict) is READ COMMITTED's.
+    # for another level: the claim's reasoning (a concurrent duplicate waits on its lock,
+    # then its next statement's snapshot sees the stored reply) is READ COMMITTED's. At
+    # REPEATABLE READ the snapshot predates the wait: the duplicate's insert then fails
+    # to serialize, and the retried transaction finds the row.
     async with conn.transaction(isolation=_isolation(run)):
         firsts = _dedupe(run)
-        claimed = await _claim(conn, _claimable(firsts))
-        await _tombstone(conn, firsts, claimed)
-        stored = await _stored(conn, [i for i in firsts if not i.command_id_in(claimed)])
+        await _claim(conn, firsts)
+        await _tombstone(conn, firsts)
+        stored = await _stored(conn, firsts)
         groups = Groups()
         for item in firsts:
             command = _cmd(item)
-            if not item.command_id_in(claimed):
+            reply_text = stored.get(command.command_id)
+            if reply_text is not None:
                 # Processed before (and committed, or the claim would still be waiting):
                 # the same answer again, without running the handler.
                 item.duplicate = True
-                reply = stored_reply(stored[command.command_id], ctx.codec)
-                item.outgoing = ctx.reply(command, reply, item.topic)
+                item.outgoing = ctx.reply(command, stored_reply(reply_text, ctx.codec), item.topic)
                 continue
             group = groups.before(item)
             if group is not None:  # an earlier command of its saga is applied first
@@ -116,18 +119,22 @@ async def transact(
 
 
 async def _record(conn: Connection, fresh: list[Item]) -> None:
-    """Records the fresh outcomes with their replies, in one statement."""
-    if len(fresh) > 1:
-        await conn.execute(_CUSTOM_PLANS)
-    if fresh:
-        await conn.execute(
-            RECORD_OUTCOMES,
-            [_cmd(i).command_id for i in fresh],
-            [_out(i).reply.outcome for i in fresh],
-            # The reply record's value is the reply's JSON already: no second dump.
-            [_out(i).value.decode() for i in fresh],
-            [_out(i).reply.error for i in fresh],
-        )
+    """Stores the fresh outcomes with their replies, in one statement."""
+    if not fresh:
+        return
+    rows = await conn.fetch(
+        RECORD_OUTCOMES,
+        [_cmd(i).command_id for i in fresh],
+        [_cmd(i).saga_id for i in fresh],
+        [_cmd(i).subject for i in fresh],
+        [_cmd(i).step for i in fresh],
+        [_out(i).reply.outcome for i in fresh],
+        # The reply record's value is the reply's JSON already: no second dump.
+        [_out(i).value.decode() for i in fresh],
+        [_out(i).reply.error for i in fresh],
+    )
+    if len(rows) != len(fresh):
+        raise ClaimLost
 
 
 async def answer(
@@ -248,40 +255,46 @@ def _refuse(
     item.outgoing = ctx.fitted(command, answer_reply(answered), item.topic)
 
 
-async def _claim(conn: Connection, items: list[Item]) -> set[str]:
-    """Claims the items' command ids; returns those claimed now (the others were
-    processed before)."""
-    if not items:
-        return set()
-    rows = await conn.fetch(
-        CLAIM,
-        [_cmd(i).command_id for i in items],
-        [_cmd(i).saga_id for i in items],
-        [_cmd(i).subject for i in items],
-        [_cmd(i).step for i in items],
-    )
-    return {r["command_id"] for r in rows}
+async def _claim(conn: Connection, firsts: list[Item]) -> None:
+    """Locks the run's command ids and the forward ids its compensations undo, waiting
+    for a concurrent transaction that holds one of them."""
+    ids = [_cmd(i).command_id for i in firsts]
+    ids.extend(x for i in firsts for x in _undone(_cmd(i)))
+    await conn.execute(CLAIM, ids)
 
 
-async def _tombstone(conn: Connection, firsts: list[Item], claimed: set[str]) -> None:
-    """Writes the tombstones of the forward commands the claimed compensations undo, in
-    record order relative to the claims (``_claimable`` left out the forward commands
-    that come after their compensation in this run)."""
+async def _tombstone(conn: Connection, firsts: list[Item]) -> None:
+    """Writes the tombstones of the forward commands the run's compensations undo, in
+    one statement; but a forward command that comes before its compensation in the run
+    is applied, as it would be one at a time, and one after it finds its tombstone."""
+    earlier: set[str] = set()
+    ids: list[str] = []
+    saga_ids: list[str] = []
+    steps: list[str] = []
     for item in firsts:
         command = _cmd(item)
-        forward_ids = [x for x in command.compensates.split(",") if x]
-        if command.compensation and forward_ids and item.command_id_in(claimed):
-            await conn.execute(
-                TOMBSTONE, forward_ids, command.saga_id, command.step, TOMBSTONE_REPLY
-            )
+        earlier.add(command.command_id)
+        for forward_id in _undone(command):
+            if forward_id not in earlier:
+                ids.append(forward_id)
+                saga_ids.append(command.saga_id)
+                steps.append(command.step)
+    if ids:
+        await conn.execute(TOMBSTONE, ids, saga_ids, steps, TOMBSTONE_REPLY)
 
 
-async def _stored(conn: Connection, duplicates: list[Item]) -> dict[str, str]:
-    """The stored replies of the commands processed before, by command id."""
-    if not duplicates:
-        return {}
-    rows = await conn.fetch(STORED_REPLIES, [_cmd(i).command_id for i in duplicates])
+async def _stored(conn: Connection, firsts: list[Item]) -> dict[str, str]:
+    """The stored replies of the run's command ids, by command id: those processed
+    before, and the forward commands tombstoned just now."""
+    rows = await conn.fetch(STORED_REPLIES, [_cmd(i).command_id for i in firsts])
     return {r["command_id"]: r["reply"] for r in rows}
+
+
+def _undone(command: Envelope) -> list[str]:
+    """The forward command ids a compensation undoes (none for a forward command)."""
+    if not command.compensation:
+        return []
+    return [x for x in command.compensates.split(",") if x]
 
 
 def _isolation(run: list[Item]) -> Isolation:
@@ -306,20 +319,6 @@ def _dedupe(run: list[Item]) -> list[Item]:
             out.append(item)
         else:
             item.same_as = seen
-    return out
-
-
-def _claimable(firsts: list[Item]) -> list[Item]:
-    """The items to claim: all but a forward command that a compensation earlier in the
-    run tombstones (it must find the tombstone, as it would have one at a time)."""
-    tombstoned: set[str] = set()
-    out: list[Item] = []
-    for item in firsts:
-        command = _cmd(item)
-        if command.command_id not in tombstoned:
-            out.append(item)
-        if command.compensation:
-            tombstoned.update(x for x in command.compensates.split(",") if x)
     return out
 
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import asyncpg
 import pytest
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 
-from saga_engine.participant import Participant, Retryable
+from saga_engine.participant import Participant, Retryable, Transaction
 from saga_engine.protocol import Envelope, MessageType, ReplyBody, encode
 from saga_engine.settings import KafkaSettings, ParticipantSettings, Settings
 from tests.conftest import PgTarget
@@ -35,6 +35,7 @@ from tests.participant.helpers import (
     poll_until,
     query,
     resent,
+    start,
 )
 
 pytestmark = pytest.mark.integration
@@ -536,6 +537,101 @@ async def test_two_instances_share_partitions_without_duplicate_effects(world: W
     assert second.stats["processed"] > 0
     assert first.stats["processed"] + second.stats["processed"] == len(commands)
     assert first.stats["duplicates"] + second.stats["duplicates"] == sent - len(commands)
+
+
+class Gated(BaseModel):
+    pass
+
+
+async def _apply_seven(world: World, tx: Transaction) -> None:
+    world.effects.calls[tx.command_id] += 1
+    await tx.execute("INSERT INTO ledger (command_id, amount) VALUES ($1, 7)", tx.command_id)
+
+
+async def test_a_copy_claimed_on_another_instance_meanwhile_waits_and_never_runs_its_handler(
+    world: World,
+) -> None:
+    """The same command on two instances at once: the second waits on the first one's
+    claim until it commits, then answers with its stored reply; its handler never runs,
+    not even in a transaction that is rolled back."""
+    gate = asyncio.Event()
+
+    def gated(participant: Participant) -> None:
+        @participant.handles(Gated)
+        async def handle(cmd: Gated, tx: Transaction) -> dict[str, str]:
+            await _apply_seven(world, tx)
+            await gate.wait()
+            return {"by": "the first"}
+
+    first = await start(world, register=gated)
+    second = await start(world, register=gated)
+
+    async def split() -> bool:
+        return first.assignment | second.assignment == {0, 1} and not (
+            first.assignment & second.assignment
+        )
+
+    await poll_until(split)
+    cmd = command("Gated", {})
+    await world.bus.send(cmd, partition=0)
+
+    async def entered() -> bool:
+        return world.effects.calls[cmd.command_id] == 1
+
+    await poll_until(entered)
+    await world.bus.send(resent(cmd), partition=1)
+
+    async def waiting_on_the_claim() -> bool:
+        rows = await query(
+            world.pg.dsn,
+            "SELECT count(*) AS n FROM pg_stat_activity "
+            "WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' "
+            "AND query LIKE '%pg_advisory_xact_lock%'",
+        )
+        return int(rows[0]["n"]) >= 1
+
+    await poll_until(waiting_on_the_claim)
+    gate.set()
+    replies = await world.bus.wait_replies(2)
+
+    assert world.effects.calls[cmd.command_id] == 1
+    assert await world.ledger() == [(cmd.command_id, 7)]
+    assert [body_of(r).payload for r in replies] == [{"by": "the first"}] * 2
+    assert first.stats["processed"] + second.stats["processed"] == 1
+    assert first.stats["duplicates"] + second.stats["duplicates"] == 1
+
+
+async def test_an_outcome_stored_by_another_kit_meanwhile_rolls_the_batch_back_and_wins(
+    world: World,
+) -> None:
+    """A participant of another kit shares the table and claims by inserting first, not
+    by this kit's lock: its row, committed while the handler ran, wins. The batch is
+    rolled back (the handler's write with it) and answered with that stored reply."""
+    foreign = '{"outcome": "success", "payload": {"by": "the other kit"}, "error": null}'
+
+    def racing(participant: Participant) -> None:
+        @participant.handles(Gated)
+        async def handle(cmd: Gated, tx: Transaction) -> dict[str, str]:
+            await _apply_seven(world, tx)
+            await query(
+                world.pg.dsn,
+                "INSERT INTO saga_processed_commands "
+                "(command_id, saga_id, command_type, step, outcome, reply) "
+                "VALUES ($1, $2, 'Gated', $3, 'success', $4::jsonb)",
+                tx.command_id, cmd_env.saga_id, cmd_env.step, foreign,
+            )  # fmt: skip
+            return {"by": "this kit"}
+
+    cmd_env = command("Gated", {})
+    participant = await start(world, register=racing)
+    await world.bus.send(cmd_env)
+    [reply] = await world.bus.wait_replies(1)
+
+    assert body_of(reply).payload == {"by": "the other kit"}
+    assert world.effects.calls[cmd_env.command_id] == 1
+    assert await world.ledger() == []
+    assert participant.stats["claims_lost"] == 1
+    assert participant.stats["duplicates"] == 1
 
 
 async def test_a_forward_command_arriving_after_its_compensation_is_never_applied(

@@ -15,6 +15,7 @@ from saga_engine.kernel._errors import PermanentError, SagaError, TransientError
 #: a participant's batch split or stop, a body cut off mid-stream inside the server).
 CONTROL_FLOW = {
     "Halt", "HandlerFailed", "Abandoned", "CrashPoint", "Refused", "BodyTooLarge",
+    "ClaimLost",
 }  # fmt: skip
 
 
