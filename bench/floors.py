@@ -6,6 +6,9 @@ Two costs the engine pipeline cannot drop without changing what users write:
   driven by its three replies through ``SagaRuntime``, in this process, with no I/O. It
   is the saga's own coroutine, its pydantic inputs and outputs, and the events it
   records;
+- **the straight line under it**: the same saga's models, ids and eight events written
+  out by hand with no engine at all (no deterministic loop, fold, matching or checks),
+  the least a decision core that runs the user's code can cost;
 - **replay**: a saga of ``--replay-steps`` steps (5,000: a history of 10,002 events) read
   from its stored JSON and rebuilt by running its code against it, CPU µs per event;
 - **a handler's statement**: each participant handler runs one ``INSERT`` through the
@@ -42,7 +45,16 @@ import asyncpg
 import orjson
 from pydantic import BaseModel
 
-from bench.app import LEDGER_DDL, Applied, Apply, Transfer
+from bench.app import (
+    LEDGER_DDL,
+    PARTICIPANTS,
+    Applied,
+    Apply,
+    Revert,
+    Transfer,
+    TransferDone,
+    TransferRequest,
+)
 from saga_engine import Saga, SagaContext
 from saga_engine.core._decision import Reply, StartSaga
 from saga_engine.core._definition import SagaDefinition
@@ -83,6 +95,52 @@ def decision_core_us(sagas: int, rounds: int = 3) -> list[float]:
         t0 = time.process_time()
         for _ in range(sagas):
             _one_saga(definition, now)
+        out.append((time.process_time() - t0) / sagas * 1e6)
+    return out
+
+
+def _straight_line(now: datetime) -> list[bytes]:
+    """``Transfer`` written out by hand with nothing of an engine: its pydantic models
+    validated and dumped as the saga's code and the core do, its three command ids
+    derived, and its eight events built as dicts and written as JSON. No loop, no fold,
+    no replay matching, no checks: the least a code-driven decision core can cost."""
+    at = now.isoformat()
+    saga_id = str(uuid.uuid4())
+    req = TransferRequest.model_validate({"amount": 5})
+    events: list[dict[str, Any]] = [
+        {"kind": "saga_started", "at": at, "saga_type": Transfer.name,
+         "input": req.model_dump(mode="json")},
+    ]  # fmt: skip
+    receipts = []
+    for name in PARTICIPANTS:
+        command, undo = Apply(amount=req.amount), Revert(amount=req.amount)
+        cid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{saga_id}:apply-{name}:0"))
+        events.append(
+            {"kind": "command_issued", "at": at, "step": f"apply-{name}", "participant": name,
+             "command_id": cid, "payload": command.model_dump(mode="json"),
+             "compensation": {"payload": undo.model_dump(mode="json")}}
+        )  # fmt: skip
+        reply = Applied.model_validate({"receipt": "p:1"})
+        events.append(
+            {"kind": "reply_received", "at": at, "command_id": cid, "outcome": "success",
+             "payload": {"receipt": reply.receipt}}
+        )  # fmt: skip
+        receipts.append(reply.receipt)
+    done = TransferDone(receipts=receipts)
+    events.append({"kind": "saga_completed", "at": at, "output": done.model_dump(mode="json")})
+    return [orjson.dumps(e) for e in events]
+
+
+def straight_line_us(sagas: int, rounds: int = 3) -> list[float]:
+    """CPU µs per saga of ``_straight_line``: the floor under ``decision_core_us``."""
+    now = datetime.now(UTC)
+    for _ in range(min(200, sagas)):
+        _straight_line(now)
+    out = []
+    for _ in range(rounds):
+        t0 = time.process_time()
+        for _ in range(sagas):
+            _straight_line(now)
         out.append((time.process_time() - t0) / sagas * 1e6)
     return out
 
@@ -235,12 +293,14 @@ async def main(argv: list[str]) -> int:
         print("SAGA_PG__DSN is not set: run under `scripts/devstack.py env`", file=sys.stderr)
         return 2
     core = decision_core_us(args.sagas)
+    straight = straight_line_us(args.sagas)
     stmt = await statement_us(dsn, args.statements)
     core_us = statistics.median(core)
     floor_ms = (core_us + _STEPS * (stmt["client_us"] + stmt["server_us"])) / 1000
     out: dict[str, Any] = {
         "decision_core_us_per_saga": round(core_us, 1),
         "decision_core_rounds_us": [round(x, 1) for x in core],
+        "straight_line_us_per_saga": round(statistics.median(straight), 1),
         "replay": replay_us(args.replay_steps),
         "handler_statement_us": {k: round(v, 1) for k, v in stmt.items()},
         "floors_ms_per_saga": round(floor_ms, 3),
