@@ -210,7 +210,12 @@ class Bus:
         await self.send_raw(key, value, headers, partition=partition)
 
     async def send_raw(
-        self, key: bytes | None, value: bytes, headers: Headers, *, partition: int | None = None
+        self,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        *,
+        partition: int | None = None,
     ) -> None:
         await self._producer.send_and_wait(
             self.command_topic, value, key=key, headers=headers, partition=partition
