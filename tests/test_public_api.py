@@ -46,6 +46,7 @@ FRONT_DOORS: dict[str, set[str]] = {
         "Transaction",
     },
     "saga_engine.client": {"SagaClient"},
+    "saga_engine.conformance": {"CaseResult", "Report", "run_suite"},
     "saga_engine.worker": {"SagaWorker"},
     "saga_engine.replay": {
         "FORMAT", "HistoryExport", "ReplayResult", "export_history", "load_history",

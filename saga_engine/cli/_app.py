@@ -8,7 +8,16 @@ from typing import Annotated
 
 import typer
 
-from saga_engine.cli import _dlq, _flow, _operator, _rollout, _schedule, _store, _worker
+from saga_engine.cli import (
+    _conformance,
+    _dlq,
+    _flow,
+    _operator,
+    _rollout,
+    _schedule,
+    _store,
+    _worker,
+)
 from saga_engine.cli._common import Debug, JsonOpt, out, print_json
 from saga_engine.kernel._version import __version__
 
@@ -47,6 +56,7 @@ app.add_typer(_flow.commands)
 app.add_typer(_dlq.dlq_app, name="dlq")
 app.add_typer(_schedule.schedule_app, name="schedule")
 app.add_typer(_rollout.rollout_app, name="rollout")
+app.add_typer(_conformance.commands)
 
 
 def main() -> None:

@@ -1,0 +1,145 @@
+"""The records the suite sends: a valid command of each conformance type, and records
+that fail one check of PROTOCOL.md section 7.5 (or two, so that the first in order must
+decide). Pure: bytes in, bytes out, no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+from saga_engine.transport._wire import Envelope, MessageType, encode
+
+Headers = list[tuple[str, bytes]]
+Record = tuple[bytes | None, bytes | None, Headers]
+
+#: Kept on a dead letter with the record's other headers, and ignored by readers: each
+#: dead letter is matched to its case whatever partition it went through.
+CASE_HEADER: Final = "x-conformance-case"
+APPLY, REFUSE, UNDO = "ConformanceApply", "ConformanceRefuse", "ConformanceUndo"
+TRACEPARENT: Final = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@dataclass(frozen=True, slots=True)
+class Sender:
+    """Makes the suite's commands for one run: saga ids under the run's prefix."""
+
+    run: str
+    reply_to: str
+
+    def command(
+        self, case: str, subject: str, body: object, *, compensates: tuple[str, ...] = ()
+    ) -> Envelope:
+        saga = f"{self.run}-{case}"
+        return Envelope(
+            message_type=MessageType.COMMAND, source="/saga-conformance", subject=subject,
+            saga_id=saga, saga_type="conformance", command_id=f"{saga}:{len(compensates)}",
+            step=case, correlation_id=saga, reply_to=self.reply_to, traceparent=TRACEPARENT,
+            compensation=bool(compensates), compensates=",".join(compensates), body=body,
+        )  # fmt: skip
+
+    def record(self, case: str, subject: str = APPLY, body: object = None) -> Record:
+        envelope = self.command(case, subject, {"key": case} if body is None else body)
+        key, value, headers = encode(envelope)
+        return key, value, [*headers, (CASE_HEADER, case.encode())]
+
+
+def edit(headers: Headers, changes: dict[str, bytes | None]) -> Headers:
+    """``headers`` with each named header replaced (None: removed)."""
+    kept = [(k, v) for k, v in headers if k not in changes]
+    return kept + [(k, v) for k, v in changes.items() if v is not None]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadCase:
+    """A record failing ``check`` (and maybe a later one too): a dead letter ``reason``."""
+
+    name: str
+    check: str
+    reason: str
+    change: Callable[[Record, int], Record] = field(repr=False)
+
+
+def _headers(**changes: bytes | None) -> Callable[[Record, int], Record]:
+    def change(record: Record, _: int) -> Record:
+        named = {k.replace("__", "-"): v for k, v in changes.items()}
+        return record[0], record[1], edit(record[2], named)
+
+    return change
+
+
+def _value(value: bytes | None, **changes: bytes | None) -> Callable[[Record, int], Record]:
+    def change(record: Record, limit: int) -> Record:
+        return record[0], value, _headers(**changes)(record, limit)[2]
+
+    return change
+
+
+def _oversized(record: Record, limit: int) -> Record:
+    big = b'{"key": "x", "pad": "' + b"x" * limit + b'"}'
+    return record[0], big, edit(record[2], {"ce_id": None})
+
+
+def _long_saga_id(record: Record, _: int) -> Record:
+    long_id = b"s" * 201
+    return long_id, record[1], edit(record[2], {"ce_sagaid": long_id})
+
+
+def _key(key: bytes, **changes: bytes | None) -> Callable[[Record, int], Record]:
+    def change(record: Record, limit: int) -> Record:
+        return key, record[1], _headers(**changes)(record, limit)[2]
+
+    return change
+
+
+DEAD_CASES: Final = (
+    DeadCase("oversized-and-no-id", "1 before 3", "oversized", _oversized),
+    DeadCase("not-utf8-and-schema-2", "2 before 6", "missing_header",
+             _headers(ce_step=b"\xff\xfe", ce_schemaversion=b"2")),
+    DeadCase("no-source", "3", "missing_header", _headers(ce_source=None)),
+    DeadCase("specversion-and-content-type", "4 before 5", "wrong_schema_version",
+             _headers(ce_specversion=b"0.3", content__type=b"text/plain")),
+    DeadCase("content-type-and-schema-2", "5 before 6", "invalid_body",
+             _headers(content__type=b"text/plain", ce_schemaversion=b"2")),
+    DeadCase("schema-2-and-bad-type", "6 before 7", "wrong_schema_version",
+             _headers(ce_schemaversion=b"2", ce_type=b"saga.bogus")),
+    DeadCase("bad-type-and-not-json", "7 before 9", "unknown_type",
+             _value(b"{not json", ce_type=b"saga.bogus")),
+    DeadCase("encoded-without-codec", "8", "undecodable",
+             _value(b'{"$codec": "aes-gcm", "data": "AAAA"}', saga__codec=b"aes-gcm")),
+    DeadCase("kafka-null-value", "9", "malformed_json", _value(None)),
+    DeadCase("empty-value", "9", "malformed_json", _value(b"")),
+    DeadCase("nan", "9", "malformed_json", _value(b'{"key": NaN}')),
+    DeadCase("long-saga-id", "10", "missing_header", _long_saga_id),
+    DeadCase("bad-time-and-key-mismatch", "10 before 11", "missing_header",
+             _key(b"other", ce_time=b"yesterday")),
+    DeadCase("key-mismatch-and-a-reply", "11 before 12", "key_mismatch",
+             _key(b"other", ce_type=b"saga.reply")),
+    DeadCase("a-reply", "12", "unknown_type", _headers(ce_type=b"saga.reply")),
+    DeadCase("no-command-id", "13", "missing_header", _headers(ce_commandid=None)),
+    DeadCase("reply-to-not-a-topic", "14", "missing_header", _headers(ce_replyto=b"not a topic!")),
+    DeadCase("nul-in-subject", "15", "unstorable_value",
+             _headers(ce_subject="ConformanceApply\u0000".encode())),
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class AnsweredCase:
+    """A command failing ``check``: answered ``failure``, and dead-lettered as
+    ``reason`` unless that is None."""
+
+    name: str
+    check: str
+    reason: str | None
+    subject: str | None
+    value: bytes
+
+
+ANSWERED_CASES: Final = (
+    AnsweredCase("nul-in-body", "16", "unstorable_value", APPLY, b'{"key": "a\\u0000b"}'),
+    AnsweredCase("unknown-type", "17", None, "ConformanceNope", b'{"key": "k"}'),
+    AnsweredCase("no-subject", "17", None, None, b'{"key": "k"}'),
+    AnsweredCase("array-body", "18", "invalid_body", APPLY, b"[1, 2]"),
+    AnsweredCase("null-body", "18", "invalid_body", APPLY, b"null"),
+    AnsweredCase("wrong-field-type", "18", "invalid_body", APPLY, b'{"key": 5}'),
+)

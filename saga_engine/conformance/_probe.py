@@ -1,0 +1,182 @@
+"""The suite's Kafka side: :class:`Probe` sends records to a participant's command topic
+and collects what comes back on the inbox and the dead-letter topic, from the moment it
+started; :class:`Reply` is one reply, with the checks of PROTOCOL.md 7.3-7.4 on it."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from saga_engine.conformance._cases import CASE_HEADER, TRACEPARENT, Headers
+from saga_engine.kernel._errors import SerializationError
+from saga_engine.kernel._serde import loads
+from saga_engine.transport._topics import Topics
+from saga_engine.transport._wire import Envelope
+
+#: What every reply carries (section 7.4), beside the values matched to its command.
+_FIXED = {
+    "ce_specversion": "1.0",
+    "content-type": "application/json",
+    "ce_type": "saga.reply",
+    "ce_schemaversion": "1",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    key: bytes | None
+    headers: dict[str, str]
+    body: Any
+
+    @property
+    def outcome(self) -> str:
+        return str(self.body.get("outcome")) if isinstance(self.body, dict) else "(no body)"
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        payload = self.body.get("payload") if isinstance(self.body, dict) else None
+        return payload if isinstance(payload, dict) else {}
+
+    def expect(self, outcome: str, **payload: int) -> list[str]:
+        problems = (
+            [] if self.outcome == outcome else [f"outcome {self.outcome!r}, want {outcome!r}"]
+        )
+        for name, value in payload.items():
+            if self.payload.get(name) != value:
+                problems.append(f"payload {name} = {self.payload.get(name)!r}, want {value}")
+        return problems
+
+    def header_problems(self, command: Envelope) -> list[str]:
+        """Section 7.4: what is wrong with this reply's key and headers."""
+        h = self.headers
+        want = {
+            **_FIXED, "ce_sagaid": command.saga_id, "ce_commandid": command.command_id,
+            "ce_correlationid": command.correlation_id,
+        }  # fmt: skip
+        problems = [f"{k} = {h.get(k)!r}, want {v!r}" for k, v in want.items() if h.get(k) != v]
+        problems += [f"{k} is missing" for k in ("ce_id", "ce_source", "ce_time") if not h.get(k)]
+        if self.key != command.saga_id.encode():
+            problems.append(f"key {self.key!r}, want the saga id")
+        try:
+            datetime.fromisoformat(h.get("ce_time", "").replace("Z", "+00:00"))
+        except ValueError:
+            problems.append(f"ce_time {h.get('ce_time')!r} is not RFC 3339")
+        trace = h.get("traceparent", "").split("-")
+        if len(trace) != 4 or trace[1] != TRACEPARENT.split("-")[1]:
+            problems.append(f"traceparent {h.get('traceparent')!r} does not continue the trace")
+        return problems
+
+
+class Probe:
+    """Producers to the command topic; readers of the inbox and the dead-letter topic."""
+
+    def __init__(self, bootstrap: str, prefix: str, participant: str, timeout_s: float) -> None:
+        topics = Topics(prefix)
+        self.participant = participant
+        self.command_topic = topics.commands(participant)
+        self.inbox_topic = topics.inbox
+        self._dlq_topic = topics.dlq
+        self._bootstrap = bootstrap
+        self._timeout_s = timeout_s
+        self._producers: dict[str, AIOKafkaProducer] = {}
+        self._reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+        self.replies: dict[str, list[Reply]] = {}
+        self._by_saga: set[str] = set()
+        self.dead_letters: dict[str, list[dict[str, str]]] = {}
+
+    async def __aenter__(self) -> Probe:
+        await self._reader.start()
+        existing = await self._reader.topics()
+        wanted = (self.inbox_topic, self._dlq_topic, self.command_topic)
+        absent = [t for t in wanted if t not in existing]
+        if absent:
+            await self._reader.stop()
+            raise ValueError(f"topic(s) {', '.join(absent)} do not exist: create them first")
+        producer = await self._producer("none")
+        parts = [
+            TopicPartition(topic, p)
+            for topic in wanted[:2]
+            for p in sorted(await producer.partitions_for(topic))
+        ]
+        # Only what arrives from now on: positions resolved before anything is sent.
+        self._reader.assign(parts)
+        await self._reader.seek_to_end(*parts)
+        for tp in parts:
+            await self._reader.position(tp)
+        return self
+
+    async def __aexit__(
+        self, *exc: type[BaseException] | BaseException | TracebackType | None
+    ) -> None:
+        for producer in self._producers.values():
+            await producer.stop()
+        await self._reader.stop()
+
+    async def send(
+        self, key: bytes | None, value: bytes | None, headers: Headers, *, compression: str = "none"
+    ) -> None:
+        producer = await self._producer(compression)
+        await producer.send_and_wait(self.command_topic, value, key=key, headers=headers)
+
+    async def _producer(self, compression: str) -> AIOKafkaProducer:
+        producer = self._producers.get(compression)
+        if producer is None:
+            producer = AIOKafkaProducer(
+                bootstrap_servers=self._bootstrap, acks="all",
+                compression_type=None if compression == "none" else compression,
+                max_request_size=16 * 1024 * 1024,
+            )  # fmt: skip
+            await producer.start()
+            self._producers[compression] = producer
+        return producer
+
+    async def collect(
+        self, command_ids: set[str], dead_cases: set[str], *, count: int = 1
+    ) -> tuple[dict[str, list[Reply]], list[str]]:
+        """Reads until every command id has ``count`` replies and every case a dead
+        letter, or the deadline; returns the replies to ``command_ids`` and what is
+        missing."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout_s
+        while True:
+            missing = [c for c in command_ids if len(self.replies.get(c, [])) < count]
+            missing += [f"dead letter {c}" for c in dead_cases if c not in self.dead_letters]
+            if not missing or loop.time() > deadline:
+                return {c: list(self.replies.get(c, [])) for c in command_ids}, sorted(missing)
+            await self._poll(0.1)
+
+    async def settle(self, seconds: float) -> None:
+        """Reads for ``seconds`` more: what arrives late is judged too."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        while loop.time() < end:
+            await self._poll(0.1)
+
+    def dead_reasons(self, case: str) -> list[str]:
+        return [h.get("dlq_reason", "") for h in self.dead_letters.get(case, [])]
+
+    def answered(self, saga_id: str) -> bool:
+        return saga_id in self._by_saga
+
+    async def _poll(self, seconds: float) -> None:
+        batches = await self._reader.getmany(timeout_ms=int(seconds * 1000))
+        for tp, records in batches.items():
+            for r in records:
+                headers = {k: v.decode(errors="replace") for k, v in r.headers or []}
+                if tp.topic == self._dlq_topic:
+                    case = headers.get(CASE_HEADER)
+                    if case:
+                        self.dead_letters.setdefault(case, []).append(headers)
+                    continue
+                try:
+                    body = loads(r.value or b"")
+                except SerializationError:
+                    body = None
+                reply = Reply(r.key, headers, body)
+                self.replies.setdefault(headers.get("ce_commandid", ""), []).append(reply)
+                self._by_saga.add(headers.get("ce_sagaid", ""))
