@@ -38,9 +38,9 @@ func (k *Kit) Run(ctx context.Context) error {
 	producer, err := kgo.NewClient(append([]kgo.Opt{
 		kgo.SeedBrokers(k.cfg.Brokers...),
 		kgo.ClientID("saga-participant-" + k.cfg.Name),
-		kgo.RequiredAcks(kgo.AllISRAcks()),                   // acks=all, idempotent (section 7.6)
-		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)), // murmur2 for keyed records (section 2)
-		kgo.ProducerBatchMaxBytes(limit),                     // max.request.size
+		kgo.RequiredAcks(kgo.AllISRAcks()),         // acks=all, idempotent (section 7.6)
+		kgo.RecordPartitioner(recordPartitioner()), // murmur2 for keyed records (section 2)
+		kgo.ProducerBatchMaxBytes(limit),           // max.request.size
 		kgo.MaxBufferedBytes(int(limit) * 4),
 	}, k.cfg.KafkaOptions...)...)
 	if err != nil {
@@ -102,6 +102,12 @@ func (k *Kit) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// recordPartitioner is the producer's partitioner: franz-go's key
+// partitioner with its default hasher, Kafka's murmur2 (seed 0x9747b28c,
+// masked with 0x7fffffff, modulo the partition count), as Java's default for
+// keyed records (section 2; the vectors are checked in murmur2_test.go).
+func recordPartitioner() kgo.Partitioner { return kgo.StickyKeyPartitioner(nil) }
 
 // processBatch processes each partition's records in order, the partitions
 // concurrently, and commits each partition's offsets once its records are

@@ -97,57 +97,56 @@ func (k *Kit) relayOutbox(ctx context.Context) error {
 	}
 }
 
-// deadLetter publishes rec to {prefix}.dlq with the dlq_* headers of section
-// 11, keeping its key, value and headers (minus earlier dlq_* headers). A
-// record the broker or client refuses as too large is sent again with its
-// value cut to 64 KiB and dlq_truncated set.
-func (k *Kit) deadLetter(ctx context.Context, rec *Record, reason, detail string) error {
+// deadLetterRecord builds the record to {prefix}.dlq for rec (section 11):
+// its key, value and headers (minus earlier dlq_* headers) and the dlq_*
+// headers. With truncate, the value keeps its first 64 KiB and dlq_truncated
+// holds its original length; with cutHeaders too, each original header value
+// keeps its first 1 KiB as well (a fall-back PROTOCOL.md does not describe).
+func deadLetterRecord(topic, consumer string, rec *Record, reason, detail string, truncate, cutHeaders bool) *kgo.Record {
 	var headers []kgo.RecordHeader
 	for _, h := range rec.Headers {
-		if !strings.HasPrefix(h.Key, "dlq_") {
-			headers = append(headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+		if strings.HasPrefix(h.Key, "dlq_") {
+			continue
 		}
-	}
-	dlq := []kgo.RecordHeader{
-		{Key: "dlq_reason", Value: []byte(reason)},
-		{Key: "dlq_detail", Value: []byte(truncateRunes(detail, maxDetail))},
-		{Key: "dlq_topic", Value: []byte(rec.Topic)},
-		{Key: "dlq_partition", Value: []byte(strconv.FormatInt(int64(rec.Partition), 10))},
-		{Key: "dlq_offset", Value: []byte(strconv.FormatInt(rec.Offset, 10))},
-		{Key: "dlq_consumer", Value: []byte(k.consumer)},
-	}
-	out := &kgo.Record{Topic: k.dlqTopic(), Key: rec.Key, Value: rec.Value, Headers: append(headers, dlq...)}
-	err := k.produce(ctx, out)
-	if err == nil || !errors.Is(err, kerr.MessageTooLarge) {
-		if err == nil {
-			k.log.Warn("dead-lettered a record", "reason", reason, "detail", detail,
-				"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset)
+		v := h.Value
+		if cutHeaders && len(v) > 1024 {
+			v = v[:1024]
 		}
-		return err
+		headers = append(headers, kgo.RecordHeader{Key: h.Key, Value: v})
 	}
+	headers = append(headers,
+		kgo.RecordHeader{Key: "dlq_reason", Value: []byte(reason)},
+		kgo.RecordHeader{Key: "dlq_detail", Value: []byte(truncateRunes(detail, maxDetail))},
+		kgo.RecordHeader{Key: "dlq_topic", Value: []byte(rec.Topic)},
+		kgo.RecordHeader{Key: "dlq_partition", Value: []byte(strconv.FormatInt(int64(rec.Partition), 10))},
+		kgo.RecordHeader{Key: "dlq_offset", Value: []byte(strconv.FormatInt(rec.Offset, 10))},
+		kgo.RecordHeader{Key: "dlq_consumer", Value: []byte(consumer)},
+	)
 	value := rec.Value
-	if len(value) > dlqTruncateBytes {
-		value = value[:dlqTruncateBytes]
-	}
-	truncated := append(append([]kgo.RecordHeader{}, out.Headers...),
-		kgo.RecordHeader{Key: "dlq_truncated", Value: []byte(strconv.Itoa(len(rec.Value)))})
-	out = &kgo.Record{Topic: k.dlqTopic(), Key: rec.Key, Value: value, Headers: truncated}
-	err = k.produce(ctx, out)
-	if errors.Is(err, kerr.MessageTooLarge) {
-		// The headers alone are too large: PROTOCOL.md does not say what to
-		// do. Keep every header name, cut each original value to 1 KiB, so
-		// that the record is dead-lettered rather than stalling its partition.
-		for i := range headers {
-			if len(headers[i].Value) > 1024 {
-				headers[i].Value = headers[i].Value[:1024]
-			}
+	if truncate {
+		if len(value) > dlqTruncateBytes {
+			value = value[:dlqTruncateBytes]
 		}
-		out = &kgo.Record{Topic: k.dlqTopic(), Key: rec.Key, Value: value, Headers: append(headers, truncated[len(truncated)-7:]...)}
-		err = k.produce(ctx, out)
+		headers = append(headers, kgo.RecordHeader{Key: "dlq_truncated", Value: []byte(strconv.Itoa(len(rec.Value)))})
 	}
-	if err == nil {
-		k.log.Warn("dead-lettered a record, truncated", "reason", reason, "detail", detail,
-			"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "size", len(rec.Value))
+	return &kgo.Record{Topic: topic, Key: rec.Key, Value: value, Headers: headers}
+}
+
+// deadLetter publishes rec to {prefix}.dlq. It first sends the record whole;
+// if the broker or the client refuses it as too large (MESSAGE_TOO_LARGE), it
+// sends it again truncated (section 11), and never truncates for another
+// error. It returns nil once a dead letter was acknowledged.
+func (k *Kit) deadLetter(ctx context.Context, rec *Record, reason, detail string) error {
+	var err error
+	for _, step := range []struct{ truncate, cutHeaders bool }{{false, false}, {true, false}, {true, true}} {
+		err = k.produce(ctx, deadLetterRecord(k.dlqTopic(), k.consumer, rec, reason, detail, step.truncate, step.cutHeaders))
+		if !errors.Is(err, kerr.MessageTooLarge) {
+			if err == nil {
+				k.log.Warn("dead-lettered a record", "reason", reason, "detail", detail, "truncated", step.truncate,
+					"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset)
+			}
+			return err
+		}
 	}
 	return err
 }
