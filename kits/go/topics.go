@@ -33,6 +33,13 @@ func (k *Kit) ensureTopic(ctx context.Context, topic string) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		// Not allowed to create topics, say: enough if it exists already.
+		if listed, lerr := adm.ListTopics(ctx, topic); lerr == nil && listed.Has(topic) && listed[topic].Err == nil {
+			k.topicsMu.Lock()
+			k.topics[topic] = true
+			k.topicsMu.Unlock()
+			return nil
+		}
 		k.log.Warn("could not create a topic; retrying", "topic", topic, "error", err)
 		if !sleep(ctx, backoff(k.cfg.RetryBackoff, retry, 5*time.Second)) {
 			return ctx.Err()
