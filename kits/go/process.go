@@ -54,7 +54,10 @@ func (k *Kit) process(ctx context.Context, v verdict) (*outboxRow, error) {
 		}
 		var he *handlerError
 		switch {
-		case errors.As(err, &he):
+		case errors.As(err, &he) && v.answer == nil:
+			// Only a handler's run counts as an attempt: a command answered by
+			// check 16, 17 or 18 keeps that answer, however often its
+			// transaction has to be tried again.
 			failures++
 			lastErr = he.err
 			span.RecordError(he.err)
