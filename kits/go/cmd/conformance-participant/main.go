@@ -1,0 +1,136 @@
+// Command conformance-participant is the participant that `saga conformance`
+// checks (PROTOCOL.md section 16), built with the Go kit. It handles
+// ConformanceApply, ConformanceRefuse and ConformanceUndo, keeping its effects
+// in a table of its own.
+//
+// Configuration, from the environment:
+//
+//	SAGA_KAFKA__BOOTSTRAP_SERVERS   Kafka brokers, comma-separated (required)
+//	SAGA_PG__DSN                    Postgres DSN (required)
+//	SAGA_KAFKA__TOPIC_PREFIX        topic prefix (default saga)
+//	SAGA_KAFKA__PARTITIONS          partitions of the topics it creates (default 8)
+//	SAGA_KAFKA__MAX_MESSAGE_BYTES   message size limit (default 1000000)
+//	SAGA_PARTICIPANT__NAME          participant name (default conformance-go)
+//	SAGA_PARTICIPANT__SCHEMA        Postgres schema (default saga_go_conformance)
+//	SAGA_PARTICIPANT__INSTANCE_ID   group.instance.id (default: the kit's)
+//
+// It stops on SIGINT or SIGTERM after finishing the batch in hand.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/jackc/pgx/v5"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	kit "github.com/saga-engine/saga-engine/kits/go"
+)
+
+// keyBody is the body of the three command types.
+type keyBody struct {
+	Key string `json:"key"`
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func envInt(name string, def int) int {
+	v, err := strconv.Atoi(env(name, strconv.Itoa(def)))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		os.Exit(2)
+	}
+	return v
+}
+
+func main() {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	brokers, dsn := os.Getenv("SAGA_KAFKA__BOOTSTRAP_SERVERS"), os.Getenv("SAGA_PG__DSN")
+	if brokers == "" || dsn == "" {
+		fmt.Fprintln(os.Stderr, "set SAGA_KAFKA__BOOTSTRAP_SERVERS and SAGA_PG__DSN")
+		os.Exit(2)
+	}
+	schema := env("SAGA_PARTICIPANT__SCHEMA", "saga_go_conformance")
+	tp := sdktrace.NewTracerProvider() // real span ids; no exporter
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+
+	k, err := kit.New(kit.Config{
+		Name:            env("SAGA_PARTICIPANT__NAME", "conformance-go"),
+		Brokers:         strings.Split(brokers, ","),
+		TopicPrefix:     env("SAGA_KAFKA__TOPIC_PREFIX", "saga"),
+		Partitions:      int32(envInt("SAGA_KAFKA__PARTITIONS", 8)),
+		MaxMessageBytes: envInt("SAGA_KAFKA__MAX_MESSAGE_BYTES", 1_000_000),
+		DSN:             dsn,
+		Schema:          schema,
+		InstanceID:      os.Getenv("SAGA_PARTICIPANT__INSTANCE_ID"),
+		Logger:          log,
+		TracerProvider:  tp,
+	})
+	if err != nil {
+		log.Error("configuration", "error", err)
+		os.Exit(2)
+	}
+	defer k.Close()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	effects := pgx.Identifier{schema, "conformance_effects"}.Sanitize()
+	if err := createEffects(ctx, dsn, schema, effects); err != nil {
+		log.Error("create the effects table", "error", err)
+		os.Exit(1)
+	}
+
+	kit.HandleTyped(k, "ConformanceApply", func(ctx context.Context, tx pgx.Tx, _ kit.Command, b keyBody) (any, error) {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+effects+` (key) VALUES ($1)`, b.Key); err != nil {
+			return nil, err
+		}
+		var n int64
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+effects+` WHERE key = $1`, b.Key).Scan(&n); err != nil {
+			return nil, err
+		}
+		return map[string]any{"key": b.Key, "applied": n}, nil
+	})
+	kit.HandleTyped(k, "ConformanceRefuse", func(ctx context.Context, tx pgx.Tx, _ kit.Command, b keyBody) (any, error) {
+		return nil, kit.Reject("refused: conformance", map[string]any{"key": b.Key})
+	})
+	kit.HandleTyped(k, "ConformanceUndo", func(ctx context.Context, tx pgx.Tx, _ kit.Command, b keyBody) (any, error) {
+		tag, err := tx.Exec(ctx, `DELETE FROM `+effects+` WHERE key = $1`, b.Key)
+		if err != nil {
+			return nil, err
+		}
+		return map[string]any{"key": b.Key, "undone": tag.RowsAffected()}, nil
+	})
+
+	if err := k.Run(ctx); err != nil {
+		log.Error("run", "error", err)
+		os.Exit(1)
+	}
+}
+
+func createEffects(ctx context.Context, dsn, schema, table string) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close(context.Background()) }()
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{schema}.Sanitize()); err != nil {
+		return err
+	}
+	_, err = conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (
+		id bigserial PRIMARY KEY,
+		key text NOT NULL,
+		created_at timestamptz NOT NULL DEFAULT now())`)
+	return err
+}
