@@ -38,8 +38,12 @@ class Sender:
             compensation=bool(compensates), compensates=",".join(compensates), body=body,
         )  # fmt: skip
 
+    def key(self, name: str) -> str:
+        """An effect key of this run only: a participant's database may hold earlier runs'."""
+        return f"{self.run}-{name}"
+
     def record(self, case: str, subject: str = APPLY, body: object = None) -> Record:
-        envelope = self.command(case, subject, {"key": case} if body is None else body)
+        envelope = self.command(case, subject, {"key": self.key(case)} if body is None else body)
         key, value, headers = encode(envelope)
         return key, value, [*headers, (CASE_HEADER, case.encode())]
 

@@ -153,7 +153,7 @@ async def _duplicate_headers(probe: Probe, sender: Sender, _limit: int) -> list[
 async def _applied_once(probe: Probe, sender: Sender, _: int) -> list[CaseResult]:
     """Sections 7.2 and 10: three copies of one command id, applied once, answered
     alike; 7.4: each reply's headers, answering its own copy."""
-    first = sender.command("applied-once", APPLY, {"key": "applied-once"})
+    first = sender.command("applied-once", APPLY, {"key": sender.key("applied-once")})
     copies = [first, *(first.model_copy(update={"id": str(uuid.uuid4())}) for _ in range(2))]
     for copy in copies:
         await probe.send(*encode(copy))
@@ -176,8 +176,8 @@ async def _applied_once(probe: Probe, sender: Sender, _: int) -> list[CaseResult
 
 async def _refusal(probe: Probe, sender: Sender, _: int) -> list[CaseResult]:
     """Section 7.3: a refusal applies nothing."""
-    refuse = sender.command("refused", REFUSE, {"key": "refused"})
-    apply = sender.command("refused-then-applied", APPLY, {"key": "refused"})
+    refuse = sender.command("refused", REFUSE, {"key": sender.key("refused")})
+    apply = sender.command("refused-then-applied", APPLY, {"key": sender.key("refused")})
     problems = await _exchange(probe, refuse, "failure")
     problems += await _exchange(probe, apply, "success", applied=1)
     return [_result("a refusal applies nothing", "7.3", problems)]
@@ -187,7 +187,9 @@ async def _compressed(probe: Probe, sender: Sender, _: int) -> list[CaseResult]:
     """Section 1: every batch codec is read."""
     results = []
     for codec in CODECS:
-        command = sender.command(f"compressed-{codec}", APPLY, {"key": f"compressed-{codec}"})
+        command = sender.command(
+            f"compressed-{codec}", APPLY, {"key": sender.key(f"compressed-{codec}")}
+        )
         await probe.send(*encode(command), compression=codec)
         replies, missing = await probe.collect({command.command_id}, set())
         got = replies.get(command.command_id, [])
@@ -199,11 +201,14 @@ async def _compressed(probe: Probe, sender: Sender, _: int) -> list[CaseResult]:
 async def _undo_never_applied(probe: Probe, sender: Sender, _: int) -> list[CaseResult]:
     """Sections 7.2 step 3a and 7.3: a compensation whose forward command never came
     undoes nothing, and the forward command arriving after it is never applied."""
-    forward = sender.command("never-applied", APPLY, {"key": "never-applied"})
+    forward = sender.command("never-applied", APPLY, {"key": sender.key("never-applied")})
     undo = sender.command(
-        "never-applied", UNDO, {"key": "never-applied"}, compensates=(forward.command_id,)
+        "never-applied",
+        UNDO,
+        {"key": sender.key("never-applied")},
+        compensates=(forward.command_id,),
     )
-    check = sender.command("never-applied-check", APPLY, {"key": "never-applied"})
+    check = sender.command("never-applied-check", APPLY, {"key": sender.key("never-applied")})
     problems = await _exchange(probe, undo, "success", undone=0)
     problems += await _exchange(probe, forward, "failure")
     problems += await _exchange(probe, check, "success", applied=1)
@@ -211,9 +216,9 @@ async def _undo_never_applied(probe: Probe, sender: Sender, _: int) -> list[Case
 
 
 async def _undo_applied(probe: Probe, sender: Sender, _: int) -> list[CaseResult]:
-    forward = sender.command("undo-applied", APPLY, {"key": "undo-applied"})
+    forward = sender.command("undo-applied", APPLY, {"key": sender.key("undo-applied")})
     undo = sender.command(
-        "undo-applied", UNDO, {"key": "undo-applied"}, compensates=(forward.command_id,)
+        "undo-applied", UNDO, {"key": sender.key("undo-applied")}, compensates=(forward.command_id,)
     )
     problems = await _exchange(probe, forward, "success", applied=1)
     problems += await _exchange(probe, undo, "success", undone=1)

@@ -1,0 +1,102 @@
+"""The Go participant kit (kits/go) in the suite: its own ``go test`` with the
+integration tests on the real servers, and its conformance participant passing
+``saga conformance``. Go modules come from the Go module proxy on first use."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import signal
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from saga_engine.conformance import run_suite
+from saga_engine.settings import KafkaSettings
+from tests.conftest import PgTarget
+from tests.integration.kafka_helpers import ensure_topics
+from tests.participant.helpers import delete_topics
+
+pytestmark = pytest.mark.integration
+
+KIT = Path(__file__).resolve().parents[2] / "kits" / "go"
+NAME = "conformance-go"
+
+
+def _go() -> str:
+    go = shutil.which("go")
+    assert go, "Go is needed for kits/go (Go 1.26 is on the machine list)"
+    return go
+
+
+def test_go_test_runs_the_kit_s_unit_and_integration_tests(
+    pg: PgTarget, kafka_bootstrap: str
+) -> None:
+    env = {**os.environ, "SAGA_TEST_KAFKA": kafka_bootstrap, "SAGA_TEST_PG_DSN": pg.database_dsn}
+    done = subprocess.run(
+        [_go(), "test", "-count=1", "-timeout", "5m", "-v", "./..."],
+        cwd=KIT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    passed = set(re.findall(r"--- PASS: (TestIntegration\w+)", done.stdout))
+    skipped = re.findall(r"--- SKIP: (\w+)", done.stdout)
+    assert len(passed) >= 6, done.stdout[-3000:]
+    assert skipped == []
+
+
+@pytest.fixture
+async def go_participant(
+    pg: PgTarget, kafka_bootstrap: str, unique_id: str, tmp_path: Path
+) -> AsyncIterator[KafkaSettings]:
+    binary = tmp_path / "conformance-participant"
+    build = await asyncio.create_subprocess_exec(
+        _go(), "build", "-o", str(binary), "./cmd/conformance-participant",
+        cwd=KIT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, errors = await asyncio.wait_for(build.communicate(), timeout=900)
+    assert build.returncode == 0, errors.decode()[-3000:]
+    kafka = KafkaSettings(
+        bootstrap_servers=kafka_bootstrap, topic_prefix=f"g{unique_id}", partitions=2,
+        max_message_bytes=8192,
+    )  # fmt: skip
+    await ensure_topics(
+        kafka, [f"{kafka.topic_prefix}.{t}" for t in ("inbox", "dlq", f"cmd.{NAME}")], partitions=2
+    )
+    env = {
+        **os.environ,
+        "SAGA_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "SAGA_KAFKA__TOPIC_PREFIX": kafka.topic_prefix,
+        "SAGA_KAFKA__PARTITIONS": "2",
+        "SAGA_KAFKA__MAX_MESSAGE_BYTES": str(kafka.max_message_bytes),
+        "SAGA_PG__DSN": pg.database_dsn,
+        "SAGA_PARTICIPANT__NAME": NAME,
+        "SAGA_PARTICIPANT__SCHEMA": f"go_{uuid.uuid4().hex[:10]}",
+        "SAGA_PARTICIPANT__INSTANCE_ID": f"{NAME}-{unique_id}",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        str(binary), env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        yield kafka
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.wait_for(proc.communicate(), timeout=30)
+        await delete_topics(kafka_bootstrap, kafka.topic_prefix)
+    assert proc.returncode == 0, stderr.decode()[-3000:]
+
+
+async def test_the_go_kit_passes_every_conformance_case(go_participant: KafkaSettings) -> None:
+    kafka = go_participant
+    for _ in range(2):  # twice on one database: each run's effects are its own
+        report = await run_suite(
+            kafka.bootstrap_servers, NAME, prefix=kafka.topic_prefix,
+            max_message_bytes=kafka.max_message_bytes, timeout_s=30,
+        )  # fmt: skip
+        failed = {r.name: r.detail for r in report.results if not r.passed}
+        assert not failed, failed
+        assert len(report.results) == 35
