@@ -12,6 +12,11 @@ Settings come from the ``SAGA_*`` environment that ``scripts/devstack.py`` print
 - all of them: the topic prefix ``{namespace}`` (``demo.inbox``, ``demo.cmd.payments``,
   ``demo.orders.requested``...) and ``SAGA_DEMO_*`` (see ``services_demo.config``).
 
+The shipping service is written in Go (``services_demo/shipping_go``, with the participant
+kit of ``kits/go``): ``DemoStack.start`` builds it first (``go build``, into a temporary
+directory), so the ``go`` command must be on the PATH; the other services are Python
+(``uvicorn services_demo.X:app``).
+
 ``DemoStack`` is also what the scenario and the tests use: it starts the processes,
 waits until each answers (``/health``; the engine: its log says it owns its partitions),
 kills and restarts the engine, and stops everything (SIGTERM, then SIGKILL).
@@ -26,10 +31,12 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +52,8 @@ from services_demo.config import DEFAULT_BASE_PORT, PORT_OFFSETS, SERVICES, Demo
 from services_demo.create_topics import create_topics, demo_topics
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The Go module of the shipping service.
+SHIPPING_GO = ROOT / "services_demo" / "shipping_go"
 #: The engine logs this once it owns inbox partitions (and recovered their sagas).
 _ENGINE_READY = re.compile(r"took partitions .* and recovered (\d+) sagas")
 
@@ -217,32 +226,73 @@ class DemoStack:
         self.config = config
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         config.logs.mkdir(parents=True, exist_ok=True)
+        self._build_dir: Path | None = None  # the Go shipping service's binary, once built
 
     # ------------------------------------------------------------------ processes
 
     def log_path(self, name: str) -> Path:
         return self.config.logs / f"{self.config.namespace}-{name}.log"
 
-    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> None:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         old = self.procs.get(name)
         if old is not None and old.poll() is None:
             raise StackError(f"{name} is already running (pid {old.pid})")
         with open(self.log_path(name), "ab") as log:
             self.procs[name] = subprocess.Popen(
-                [sys.executable, *args], cwd=ROOT, env=env, stdout=log, stderr=log,
+                argv, cwd=ROOT, env=env, stdout=log, stderr=log,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
 
-    def start_service(self, service: str) -> None:
-        self._spawn(
-            service,
-            [
-                "-m", "uvicorn", f"services_demo.{service}:app",
-                "--host", "127.0.0.1", "--port", str(self.config.port(service)),
-                "--log-level", "warning", "--no-access-log",
-            ],
-            self.config.env(service),
+    async def build_shipping(self) -> Path:
+        """Builds the Go shipping service (``go build`` in ``services_demo/shipping_go``)
+        into a temporary directory of this stack; returns the binary."""
+        if self._build_dir is not None:
+            return self._build_dir / "shipping"
+        go = shutil.which("go")
+        if go is None:
+            raise StackError(
+                "the shipping service is written in Go (services_demo/shipping_go) and the "
+                "`go` command is not on the PATH: install Go 1.26 or newer "
+                "(https://go.dev/dl/) and run the demo again"
+            )
+        build_dir = Path(tempfile.mkdtemp(prefix=f"saga-demo-{self.config.namespace}-"))
+        binary = build_dir / "shipping"
+        # GOWORK=off: the module's own go.mod (which points at ../../kits/go) decides.
+        proc = await asyncio.create_subprocess_exec(
+            go, "build", "-o", str(binary), ".",
+            cwd=SHIPPING_GO, env={**os.environ, "GOWORK": "off"},
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
+        try:
+            output, _ = await asyncio.wait_for(proc.communicate(), timeout=900)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            shutil.rmtree(build_dir, ignore_errors=True)
+            raise StackError("building the Go shipping service took over 15 minutes") from None
+        if proc.returncode != 0:
+            shutil.rmtree(build_dir, ignore_errors=True)
+            tail = "\n".join(output.decode(errors="replace").splitlines()[-30:])
+            raise StackError(
+                f"`go build` of the shipping service (in {SHIPPING_GO}) failed with code "
+                f"{proc.returncode}:\n{tail}"
+            )
+        self._build_dir = build_dir
+        return binary
+
+    def start_service(self, service: str) -> None:
+        host, port = "127.0.0.1", str(self.config.port(service))
+        if service == "shipping":
+            if self._build_dir is None:
+                raise StackError("the shipping service is not built: call build_shipping first")
+            argv = [str(self._build_dir / "shipping"), "--host", host, "--port", port]
+        else:
+            argv = [
+                sys.executable, "-m", "uvicorn", f"services_demo.{service}:app",
+                "--host", host, "--port", port, "--log-level", "warning", "--no-access-log",
+            ]  # fmt: skip
+        self._spawn(service, argv, self.config.env(service))
 
     def start_engine(self) -> int:
         """Starts the engine; returns the log offset to wait from (``wait_engine``)."""
@@ -250,9 +300,10 @@ class DemoStack:
         offset = path.stat().st_size if path.exists() else 0
         self._spawn(
             "engine",
-            ["-m", "saga_engine", "worker", "services_demo.sagas", "--log-level", "INFO"],
+            [sys.executable, "-m", "saga_engine", "worker", "services_demo.sagas",
+             "--log-level", "INFO"],
             self.config.env(None),
-        )
+        )  # fmt: skip
         return offset
 
     def kill_engine(self) -> None:
@@ -328,6 +379,8 @@ class DemoStack:
                 f"ports taken ({ports}): is `make demo-up` running? Set SAGA_DEMO_BASE_PORT "
                 "to move the services"
             )
+        # The Go shipping service's binary (a no-op once built; fails early without Go).
+        await self.build_shipping()
         # The topics first (as the compose `topics` job does): an engine that creates the
         # trigger topic and subscribes at once may wait for Kafka's metadata to catch up.
         await create_topics(Settings(kafka=self.config.kafka), self.config.demo)
@@ -358,6 +411,9 @@ class DemoStack:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
+        if self._build_dir is not None:
+            shutil.rmtree(self._build_dir, ignore_errors=True)
+            self._build_dir = None
 
     # ------------------------------------------------------------------ data
 
@@ -395,8 +451,10 @@ def print_urls(config: StackConfig, *, admin: bool) -> None:
     print("The checkout demo is running:\n")
     for service in SERVICES:
         url = config.url(service)
-        docs = f"{url}/docs" if service != "shipping" else f"{url}/docs (health and shipments)"
-        print(f"  {service:<10} {url:<26} OpenAPI docs: {docs}")
+        if service == "shipping":  # the Go service: no OpenAPI page
+            print(f"  {service:<10} {url:<26} (Go) {url}/health, {url}/shipments/ORDER_ID")
+        else:
+            print(f"  {service:<10} {url:<26} OpenAPI docs: {url}/docs")
     if admin:
         print(
             f"  admin      {config.admin_url:<26} OpenAPI: {config.admin_url}/openapi.json, sagas: {config.admin_url}/sagas"

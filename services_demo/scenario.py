@@ -444,7 +444,8 @@ async def _main_local(keep: bool) -> int:
         await stack.start()
         say(f"  engine and services up in {time.monotonic() - t0:.1f}s:")
         for s in SERVICES:
-            say(f"    {s:<10} {config.url(s)}/docs")
+            page = "/health (Go)" if s == "shipping" else "/docs"
+            say(f"    {s:<10} {config.url(s)}{page}")
         async with Demo(
             Target.of_stack(stack), approval_timeout_s=config.approval_timeout_s
         ) as demo:

@@ -26,7 +26,7 @@
 //	SAGA_DEMO_BASE_PORT                 the demo's base port (default 8100; it listens on base+5)
 //	SAGA_DEMO_UNSHIPPABLE               customers it cannot deliver to, comma-separated (default erin)
 //
-// Flags: -host (default 127.0.0.1) and -port (default base+5).
+// Flags: --host (default 127.0.0.1) and --port (default base+5).
 //
 // It stops on SIGINT or SIGTERM: the HTTP server stops accepting and finishes
 // its requests, the participant finishes the batch in hand and commits its
