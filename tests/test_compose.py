@@ -184,6 +184,16 @@ def test_the_commands_run_what_exists(services: dict[str, dict[str, Any]]) -> No
         assert command in saga_commands, name
     assert services["engine"]["command"][2:] == ["services_demo.sagas"]
     modules = [services["topics"]["command"][2], "services_demo.sagas", "services_demo.health"]
-    modules += [services[name]["command"][1].split(":")[0] for name in DEMO]
+    python = set(DEMO) - {"shipping"}
+    for name in python:
+        assert services[name]["command"][0] == "uvicorn", name
+        modules.append(services[name]["command"][1].split(":")[0])
     for module in modules:
         assert (ROOT / (module.replace(".", "/") + ".py")).is_file(), module
+    # Shipping is the Go service, built into the image by the Dockerfile's first stage.
+    program = services["shipping"]["command"][0]
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "COPY services_demo/shipping_go ./services_demo/shipping_go" in dockerfile
+    assert f"go build -trimpath -o /out/{program} ." in dockerfile
+    assert f"COPY --from=shipping /out/{program} /usr/local/bin/{program}" in dockerfile
+    assert (ROOT / "services_demo" / "shipping_go" / "main.go").is_file()

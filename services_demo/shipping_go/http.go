@@ -46,7 +46,7 @@ func (g *groupWatch) joined() bool {
 	return generation > 0
 }
 
-// routes answers as the FastAPI app of services_demo/shipping.py did:
+// routes answers as the demo's FastAPI services do:
 // JSON bodies, errors as {"detail": ...}.
 func (s *service) routes() http.Handler {
 	mux := http.NewServeMux()

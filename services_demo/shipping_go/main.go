@@ -67,8 +67,11 @@ func run() int {
 	}
 	flags := flag.NewFlagSet("shipping", flag.ContinueOnError)
 	host := flags.String("host", "127.0.0.1", "address to listen on")
-	port := flags.Int("port", cfg.Port, "port to listen on (default SAGA_DEMO_BASE_PORT+5)")
+	port := flags.Int("port", cfg.Port, "port to listen on (SAGA_DEMO_BASE_PORT+5)")
 	if err := flags.Parse(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
 	}
 

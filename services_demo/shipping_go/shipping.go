@@ -11,7 +11,8 @@ import (
 	kit "github.com/saga-engine/saga-engine/kits/go"
 )
 
-// ddl is the service's table, as services_demo/shipping.py created it.
+// ddl is the service's table, created in its schema (as the Python shipping
+// service that this one replaced created it).
 const ddl = `
 CREATE TABLE IF NOT EXISTS shipments (
     order_id    text PRIMARY KEY,

@@ -10,10 +10,10 @@ import (
 	kit "github.com/saga-engine/saga-engine/kits/go"
 )
 
-// The bodies' checks (check 18 of PROTOCOL.md section 7.5), as the Python
-// service's pydantic models make them: required fields of the right JSON type,
-// unknown top-level fields ignored, an Item's fields exactly sku (a name) and
-// qty (an integer from 1 to 1000).
+// The bodies' checks (check 18 of PROTOCOL.md section 7.5), as the pydantic
+// models of services_demo/contracts.py make them: required fields of the right
+// JSON type, unknown top-level fields ignored, an Item's fields exactly sku (a
+// name) and qty (an integer from 1 to 1000).
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`) // contracts.NAME_PATTERN
 
