@@ -456,16 +456,10 @@ def _waits(walk: _Walk, awaited_signals: Iterable[str], last_at: datetime | None
         if wait is not None:
             out.append(wait)
     out += [Wait(WaitKind.SIGNAL, f"signal {n!r} (no deadline)", since, name=n) for n in awaited]
-    out += [
-        Wait(
-            WaitKind.EVENT,
-            f"event {w.event.source} key={w.event.key}",
-            w.event.at,
-            w.event.timeout_at,
-            name=w.event.source,
-        )  # fmt: skip
-        for w in f.event_waits.values()
-    ]
+    for w in f.event_waits.values():
+        e = w.event
+        what = f"event {e.source} key={e.key}"
+        out.append(Wait(WaitKind.EVENT, what, e.at, e.timeout_at, name=e.source))
     return out
 
 
