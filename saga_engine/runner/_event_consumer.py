@@ -15,9 +15,9 @@ before that reads the record again, which stores nothing new and nudges again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from pydantic import ValidationError
@@ -33,6 +33,7 @@ from saga_engine.kernel._errors import (
 from saga_engine.kernel._retry import Backoff
 from saga_engine.kernel._serde import check_storable, loads
 from saga_engine.runner._clock import Clock
+from saga_engine.runner._matcher import Nudge, take_fact
 from saga_engine.runner._trigger_consumer import Publish, TriggerConsumer
 from saga_engine.store._domain_store import DomainEventStore, StoredFact
 from saga_engine.telemetry._health import HealthBoard
@@ -40,20 +41,6 @@ from saga_engine.telemetry._telemetry import Telemetry
 from saga_engine.transport._bus import DeadLetters
 
 log = logging.getLogger("saga_engine.events")
-
-#: Tells a saga's owner to look at it again (a reload through the inbox).
-Nudge = Callable[[str], Awaitable[None]]
-T = TypeVar("T")
-
-
-async def take_fact(store: DomainEventStore, fact: StoredFact, nudge: Nudge) -> list[str]:
-    """Keeps ``fact``, then nudges every saga waiting for its source and key (after the
-    insert commits: a saga whose wait commits later finds the fact itself). Returns them."""
-    await store.record(fact)
-    waiting = await store.waiting(fact.source, fact.key)
-    for saga_id in waiting:
-        await nudge(saga_id)
-    return waiting
 
 
 def by_topic(sources: Sequence[EventSource[Any]]) -> dict[str, EventSource[Any]]:

@@ -29,11 +29,23 @@ from saga_engine.runner._cache import LiveSagas
 from saga_engine.runner._clock import Clock
 from saga_engine.runner._observer import EngineStats
 from saga_engine.runner._work import Deliver, Input, Outcome
-from saga_engine.store._domain_store import DomainEventStore
+from saga_engine.store._domain_store import DomainEventStore, StoredFact
 
 log = logging.getLogger("saga_engine.events")
 
 Apply = Callable[[Sequence[Input]], Awaitable[list[Outcome]]]
+#: Tells a saga's owner to look at it again (a reload through the inbox).
+Nudge = Callable[[str], Awaitable[None]]
+
+
+async def take_fact(store: DomainEventStore, fact: StoredFact, nudge: Nudge) -> list[str]:
+    """Keeps ``fact``, then nudges every saga waiting for its source and key (after the
+    insert commits: a saga whose wait commits later finds the fact itself). Returns them."""
+    await store.record(fact)
+    waiting = await store.waiting(fact.source, fact.key)
+    for saga_id in waiting:
+        await nudge(saga_id)
+    return waiting
 
 
 class EventMatcher:

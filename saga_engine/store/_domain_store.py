@@ -10,10 +10,10 @@ waits (its ``event_awaited`` events) and what it received: the store adds only t
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from saga_engine.core._events import EventAwaited
 from saga_engine.kernel._serde import JsonDict
@@ -76,7 +76,7 @@ class DomainEventStore(Protocol):
 
 
 #: The histories the in-memory adapter reads waits from: the open sagas' events.
-OpenHistories = Callable[[], Awaitable[dict[str, Sequence[object]]]]
+OpenHistories = Callable[[], Awaitable[dict[str, list[Any]]]]
 
 
 class InMemoryDomainEventStore:

@@ -11,7 +11,8 @@ from saga_engine.core._codec import CodecChain
 from saga_engine.core._domain_events import EventSource
 from saga_engine.kernel._settings import Settings
 from saga_engine.kernel._startup import reaching
-from saga_engine.runner._event_consumer import EventSourceConsumer, Nudge, by_topic
+from saga_engine.runner._event_consumer import EventSourceConsumer, by_topic
+from saga_engine.runner._matcher import Nudge
 from saga_engine.runner._parts import EngineParts
 from saga_engine.store._pgbase import POSTGRES
 from saga_engine.store._pgdomain import PostgresDomainEventStore
