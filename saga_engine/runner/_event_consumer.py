@@ -111,6 +111,7 @@ class EventSourceConsumer(TriggerConsumer):
         on_dead_letter: Callable[[str], None] | None = None,
         health: HealthBoard | None = None,
         telemetry: Telemetry | None = None,
+        crash_hook: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(
             (), consumer, group=group, publish=publish, dead=dead, source=source,
@@ -120,6 +121,7 @@ class EventSourceConsumer(TriggerConsumer):
         self._store = store
         self._nudge = nudge
         self._clock = clock
+        self._crash_hook = crash_hook
         #: Facts kept, and sagas nudged (``/metrics``).
         self.stored = 0
         self.nudged = 0
@@ -132,7 +134,7 @@ class EventSourceConsumer(TriggerConsumer):
         backoff = Backoff(0.5, 0.5)
         while True:  # retried while Postgres or Kafka is away: the record must not be lost
             try:
-                waiting = await take_fact(self._store, read, self._nudge)
+                waiting = await take_fact(self._store, read, self._nudge, self._crash_hook)
                 break
             except TransientError as exc:
                 if not self._running:

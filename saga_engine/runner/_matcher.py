@@ -38,10 +38,17 @@ Apply = Callable[[Sequence[Input]], Awaitable[list[Outcome]]]
 Nudge = Callable[[str], Awaitable[None]]
 
 
-async def take_fact(store: DomainEventStore, fact: StoredFact, nudge: Nudge) -> list[str]:
+async def take_fact(
+    store: DomainEventStore,
+    fact: StoredFact,
+    nudge: Nudge,
+    crash: Callable[[str], None] | None = None,
+) -> list[str]:
     """Keeps ``fact``, then nudges every saga waiting for its source and key (after the
     insert commits: a saga whose wait commits later finds the fact itself). Returns them."""
     await store.record(fact)
+    if crash is not None:
+        crash("event_after_store")  # kept, no saga told, its offset not committed
     waiting = await store.waiting(fact.source, fact.key)
     for saga_id in waiting:
         await nudge(saga_id)

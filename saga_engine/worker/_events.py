@@ -50,6 +50,7 @@ class WorkerEvents:
         on_dead_letter: Callable[[str], None] | None = None,
         health: HealthBoard | None = None,
         telemetry: Telemetry | None = None,
+        crash_hook: Callable[[str], None] | None = None,
     ) -> None:
         """The matcher's loop; the sources' consumer (its own group: ``{group_id}.events``)."""
         self._parts = parts
@@ -70,6 +71,7 @@ class WorkerEvents:
                 self.sources, make_consumer(kafka, *topics, group_id=group), group=group,
                 store=self.store, nudge=nudge, clock=parts.clock, publish=no_starts, dead=dead,
                 source=source, on_dead_letter=on_dead_letter, health=health, telemetry=telemetry,
+                crash_hook=crash_hook,
             )  # fmt: skip
             await self.consumer.start()
 

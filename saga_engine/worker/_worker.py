@@ -203,7 +203,7 @@ class SagaWorker:
         await self._events.start(
             self.settings, parts, self._dead, self.notify_owner,
             f"/saga-engine/{self.instance_id}/events", on_dead_letter=self._count_dead_letter,
-            health=self.health, telemetry=telemetry,
+            health=self.health, telemetry=telemetry, crash_hook=self._crash_hook,
         )  # fmt: skip
         self._housekeeping = Housekeeping(
             engine, parts, self._ownership.partitions, self.owns, codec=self.codec

@@ -51,7 +51,7 @@ class AwaitPayment(Saga[Order, CheckoutResult]):
     name = "await-payment"
 
     async def run(self, ctx: SagaContext, order: Order) -> CheckoutResult:
-        amounts = []
+        amounts: list[int] = []
         timeout = timedelta(seconds=order.timeout_s) if order.timeout_s else None
         for _ in range(order.captures):
             try:

@@ -5,9 +5,10 @@ nobody waits for is dropped after the window, counted."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
-from saga_engine.events import DomainEventReceived, EventAwaited
+from saga_engine.events import DomainEventReceived, Event, EventAwaited
 from saga_engine.testing import SagaTestEnv
 from tests.events.sagas import (
     AwaitPayment,
@@ -25,8 +26,8 @@ def _env() -> SagaTestEnv:
     return env
 
 
-def _kinds(history: list[object]) -> list[str]:
-    return [e.kind for e in history]  # type: ignore[attr-defined]
+def _kinds(history: list[Event]) -> list[str]:
+    return [e.kind for e in history]
 
 
 async def test_an_event_published_while_the_saga_waits_answers_it_once() -> None:
@@ -134,9 +135,9 @@ async def test_a_saga_that_does_not_wait_never_asks_the_store() -> None:
     asked: list[str] = []
     kept = env.domain_events.kept
 
-    async def counting(source: str, key: str, now: object) -> object:
+    async def counting(source: str, key: str, now: datetime) -> Any:
         asked.append(key)
-        return await kept(source, key, now)  # type: ignore[arg-type]
+        return await kept(source, key, now)
 
     env.domain_events.kept = counting  # type: ignore[method-assign]
     # Waits for no capture at all: straight to its step.
