@@ -1,7 +1,8 @@
 """``ctx.wait_event`` over the real Postgres and Kafka, with two engines: a fact published
 on an ``EventSource`` topic reaches the sagas waiting for its key, through their owner,
 whichever engine consumed it; a fact published before the saga waits is matched; a
-redelivered fact (the same ``ce_id``) is kept once; a malformed record is dead-lettered
+redelivered fact (the same ``ce_id``) is kept once; ``SagaClient.publish_event`` publishes
+one as a Python service would; a malformed record is dead-lettered
 with its reason and the consumer goes on."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from saga_engine.protocol import ReplyBody
 from saga_engine.settings import AdminSettings, EngineSettings, KafkaSettings, PostgresSettings
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
-from tests.events.sagas import AwaitPayment, Order, Shipped, payment_captured
+from tests.events.sagas import AwaitPayment, Order, PaymentCaptured, Shipped, payment_captured
 from tests.integration.kafka_helpers import fake_participant, poll_until, read_topic
 
 pytestmark = pytest.mark.integration
@@ -114,8 +115,9 @@ async def test_facts_reach_the_waiting_sagas_through_their_owner(
             await _publish(producer, topic, b"{nope")
             await _publish(producer, topic, {"order_id": "x", "amount": 1})
             await _publish(producer, topic, {"amount": 1})
-            for key in range(2, 9):
-                await _publish(producer, topic, {"order_id": key, "amount": key * 10}, f"c{key}")
+            for key in range(2, 9):  # as a Python service publishes its facts
+                captured = PaymentCaptured(order_id=key, amount=key * 10)
+                assert await client.publish_event(source, captured, event_id=f"c{key}") == f"c{key}"
             # A redelivered fact: the same ce_id again.
             await _publish(producer, topic, {"order_id": 2, "amount": 20}, ce_id="c2")
 
