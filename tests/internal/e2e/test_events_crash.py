@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import asyncpg
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -28,20 +27,8 @@ APP = ["-m", "saga_engine", "worker", "tests.internal.e2e.events_app", "--log-le
 SAGA = "pay-then-apply"
 
 
-async def _fetch(cluster: Cluster, sql: str, *args: object) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(
-        cluster.database_dsn, server_settings={"search_path": cluster.schema}
-    )
-    try:
-        return await conn.fetch(sql, *args)
-    except asyncpg.UndefinedTableError:
-        return []
-    finally:
-        await conn.close()
-
-
 async def _kinds(cluster: Cluster, saga_id: str) -> list[str]:
-    rows = await _fetch(cluster, "SELECT kind FROM saga_events WHERE saga_id = $1", saga_id)
+    rows = await cluster.query("SELECT kind FROM saga_events WHERE saga_id = $1", saga_id)
     return [r["kind"] for r in rows]
 
 
@@ -106,10 +93,10 @@ async def test_sigkill_after_the_fact_is_kept_before_the_sagas_are_told(
     ids = await _start_waiting(cluster, orders)
     await _publish(cluster, orders)
     assert await cluster.wait_exit("engine") != 0  # killed at the second fact kept
-    kept = await _fetch(cluster, "SELECT event_id FROM saga_domain_events")
+    kept = await cluster.query("SELECT event_id FROM saga_domain_events")
     assert len(kept) >= 2
     cluster._spawn("engine", APP, cluster.env())
     await _check_once(cluster, ids)
-    rows = await _fetch(cluster, "SELECT event_id, matched FROM saga_domain_events")
+    rows = await cluster.query("SELECT event_id, matched FROM saga_domain_events")
     assert len(rows) == len(orders)  # a fact read twice is kept once
     assert all(r["matched"] for r in rows)
