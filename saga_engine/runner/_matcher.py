@@ -141,8 +141,12 @@ class EventMatcher:
 
     async def _offer(self, saga_id: str) -> None:
         live = self._live.get(saga_id)
-        if live is None or not live.runtime.state.event_waits or self._apply is None:
+        # A copy loaded only to apply one input for another engine is that engine's to
+        # offer facts to (its own load looks).
+        if live is None or not live.driven or not live.runtime.state.event_waits:
             self._waiting.discard(saga_id)  # a load of it (if it still waits) owes again
+            return
+        if self._apply is None:
             return
         seen = live.runtime.state.seen_events
         offered: list[EventInput] = []
