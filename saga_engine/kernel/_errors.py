@@ -22,6 +22,9 @@
         ├── UnknownSagaType            no saga of that name is deployed
         ├── SagaNotFound               no saga has that id
         ├── InvalidTransition          the action does not apply to the saga's state
+        │   ├── UpdateRefused          an update's validator (or the saga's state) refuses it
+        │   └── QueryFailed            a query method raised, or the saga has no state yet
+        ├── UpdateFailed               an update was recorded and its handler raised
         ├── NotParent                  a child's message that does not match its link
         ├── InvalidSagaId              an id that cannot be stored
         ├── SerializationError         a value that cannot be (de)serialised
@@ -278,6 +281,31 @@ class InvalidTransition(PermanentError):
     """An action or event makes no sense in the saga's current status."""
 
 
+class UpdateRefused(InvalidTransition):
+    """An update the saga's state does not accept: its validator refused it (or the saga
+    cannot take updates now). Nothing was recorded (a 409 from the admin API)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class QueryFailed(InvalidTransition):
+    """A query could not be answered: its method raised, or the saga's code holds no
+    state to ask (a 409 from the admin API). Nothing was written."""
+
+
+class UpdateFailed(PermanentError):
+    """An update was accepted and recorded, and its handler raised: the error is recorded
+    with it, and asking again with the same update id gives the same error."""
+
+    def __init__(self, update_id: str, name: str, error: Mapping[str, Any]) -> None:
+        self.update_id = update_id
+        self.name = name
+        self.error = dict(error)
+        super().__init__(f"update {name!r} ({update_id}) failed: {error.get('message', '')}")
+
+
 class NotParent(PermanentError):
     """A child's start or undo names a parent the child was not started by (or a saga
     that is no child at all), or a child's end comes from a saga that is not the child of
@@ -522,6 +550,9 @@ class PoisonReason(StrEnum):
     KEY_MISMATCH = "key_mismatch"
     #: A signal the saga does not declare, or whose payload its declared model refuses.
     INVALID_SIGNAL = "invalid_signal"
+    #: An update the saga does not declare, whose input its model refuses, or that the
+    #: saga's state (its validator) refuses.
+    INVALID_UPDATE = "invalid_update"
     #: A start whose input the saga's input model refuses.
     INVALID_INPUT = "invalid_input"
     #: A signal or cancel the saga cannot take in its state (ended, undoing its steps,
