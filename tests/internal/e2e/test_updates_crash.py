@@ -35,7 +35,7 @@ async def _admin_url(cluster: Cluster, after: int) -> str:
     while True:
         found = re.findall(r"admin API on (http://\S+)", cluster.log_tail("engine", 2000))
         if len(found) > after:
-            return found[-1]
+            return str(found[-1])
         if time.monotonic() > deadline:
             pytest.fail(f"the engine's admin API did not start\n{cluster.log_tail('engine')}")
         await asyncio.sleep(0.1)
@@ -90,7 +90,8 @@ async def test_an_update_survives_a_sigkill_of_the_engine(cluster: Cluster) -> N
             assert answer.json()["result"] == {"items": 2, "total": 50}
             refused = await http.post(f"/sagas/{saga_id}/updates/add_item",
                                       json={"input": {"sku": "tv", "price": 99}})  # fmt: skip
-            assert refused.status_code == 409 and "limit is 100" in refused.text
+            assert refused.status_code == 409
+            assert "limit is 100" in refused.text
 
         # The engine dies with the updates recorded and nothing else to go on.
         cluster.kill("engine")
@@ -114,6 +115,7 @@ async def test_an_update_survives_a_sigkill_of_the_engine(cluster: Cluster) -> N
         statuses = await cluster.wait_settled([saga_id], timeout=90)
         assert statuses[saga_id] == SagaStatus.COMPLETED
         output = await client.result(saga_id, timeout=10)
-    assert output["items"] == ["tea", "jam"] and output["total"] == 50
+    assert output["items"] == ["tea", "jam"]
+    assert output["total"] == 50
     # The participant's own table: one charge, of the total the replayed updates made.
     assert await _charges(cluster, saga_id) == [("apply", 50)]
