@@ -57,11 +57,16 @@ class _Handler(Generic[F]):
         self.fn = fn
         self.model = model
         self.name = name or fn.__name__
+        #: The saga class that declares it (set when the class is created).
+        self.owner: type | None = None
         if not NAME.match(self.name):
             raise DefinitionError(
                 f"{fn.__qualname__}: an {self.kind}'s name must be letters, digits, '.', '_' "
                 "or '-' starting with a letter or digit"
             )
+
+    def __set_name__(self, owner: type, attribute: str) -> None:
+        self.owner = owner
 
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         # On an instance: the plain bound method (a test may call it directly).

@@ -13,10 +13,10 @@ import asyncpg
 import httpx
 import pytest
 
-from saga_engine import SagaStatus
+from saga_engine import InvalidPayload, SagaStatus, UpdateFailed, UpdateRefused
 from saga_engine.client import SagaClient
 from tests.internal.e2e.harness import Cluster
-from tests.internal.e2e.update_app import Cart, CartIn, Checkout
+from tests.internal.e2e.update_app import AddItem, Cart, CartIn, Checkout
 
 pytestmark = pytest.mark.integration
 
@@ -119,3 +119,31 @@ async def test_an_update_survives_a_sigkill_of_the_engine(cluster: Cluster) -> N
     assert output["total"] == 50
     # The participant's own table: one charge, of the total the replayed updates made.
     assert await _charges(cluster, saga_id) == [("apply", 50)]
+
+
+async def test_the_client_updates_and_queries_on_the_real_stack(cluster: Cluster) -> None:
+    _start_engine(cluster)
+    url = await _admin_url(cluster, 0)
+    async with SagaClient(cluster.settings, admin_url=url) as client:
+        saga_id = await client.start(Cart, CartIn(customer="ada", limit=100))
+        await _until_running(cluster, saga_id)
+        added = await client.update(saga_id, Cart.add_item, AddItem(sku="tea", price=30),
+                                    update_id="c-1")  # fmt: skip
+        assert added == {"items": 1, "total": 30}
+        assert await client.update(saga_id, Cart.add_item, {"sku": "tea", "price": 30},
+                                   update_id="c-1") == added  # fmt: skip
+        before = await _event_count(cluster, saga_id)
+        # Replayed in this process from Postgres: no engine involved, nothing written.
+        assert await client.query(saga_id, Cart.summary) == {
+            "items": ["tea"], "total": 30, "checked_out": False,
+        }  # fmt: skip
+        assert await client.query(saga_id, "price_with", {"extra": 1}, saga=Cart) == 31
+        with pytest.raises(UpdateRefused, match="limit is 100"):
+            await client.update(saga_id, Cart.add_item, AddItem(sku="tv", price=99))
+        with pytest.raises(InvalidPayload, match="price"):  # checked before it is sent
+            await client.update(saga_id, Cart.add_item, {"sku": "tv", "price": 0})
+        with pytest.raises(InvalidPayload, match="declares no update"):
+            await client.update(saga_id, "nope", {}, saga=Cart)
+        with pytest.raises(UpdateFailed, match="out of stock"):
+            await client.update(saga_id, Cart.add_item, AddItem(sku="boom", price=1))
+        assert await _event_count(cluster, saga_id) == before + 2  # the failed update only
