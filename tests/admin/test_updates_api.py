@@ -111,3 +111,28 @@ async def test_refusals_and_bad_input_are_4xx_and_record_nothing(
     await env.signal(saga_id, "checkout", {})
     ended = await http.post(f"{url}/clear", json={}, headers=OPERATOR)
     assert ended.status_code == 409, ended.text
+
+
+async def test_the_page_offers_the_updates_and_shows_the_queries(
+    carts: tuple[SagaTestEnv, httpx.AsyncClient],
+) -> None:
+    env, http = carts
+    saga_id = await _cart(env)
+    await env.update(saga_id, Cart.add_item, {"sku": "<tea>", "price": 30})
+    page = (await http.get(f"/ui/sagas/{saga_id}", headers=READER)).text
+    assert f'action="/sagas/{saga_id}/updates/"' in page
+    assert '<option value="add_item"' in page
+    assert '<option value="clear"' in page
+    assert "&#34;sku&#34;: &#34;&#34;" in page  # an example input of its model
+    queries = page[page.index('id="queries"') :]
+    assert "summary" in queries
+    assert "&lt;tea&gt;" in queries  # the replayed state's answer, escaped
+    assert "<td>average</td><td><pre>30.0</pre>" in queries
+    empty = await _cart(env)
+    empty_page = (await http.get(f"/ui/sagas/{empty}", headers=READER)).text
+    assert "ZeroDivisionError" in empty_page  # a query that raises says why
+    # Ended: no update form any more; the queries still answer.
+    await env.signal(saga_id, "checkout", {})
+    ended = (await http.get(f"/ui/sagas/{saga_id}", headers=READER)).text
+    assert "/updates/" not in ended
+    assert "&lt;tea&gt;" in ended[ended.index('id="queries"') :]
