@@ -550,9 +550,6 @@ class PoisonReason(StrEnum):
     KEY_MISMATCH = "key_mismatch"
     #: A signal the saga does not declare, or whose payload its declared model refuses.
     INVALID_SIGNAL = "invalid_signal"
-    #: An update the saga does not declare, whose input its model refuses, or that the
-    #: saga's state (its validator) refuses.
-    INVALID_UPDATE = "invalid_update"
     #: A start whose input the saga's input model refuses.
     INVALID_INPUT = "invalid_input"
     #: A signal or cancel the saga cannot take in its state (ended, undoing its steps,
