@@ -118,8 +118,13 @@ async def test_the_page_offers_the_updates_and_shows_the_queries(
 ) -> None:
     env, http = carts
     saga_id = await _cart(env)
-    await env.update(saga_id, Cart.add_item, {"sku": "<tea>", "price": 30})
+    await env.update(saga_id, Cart.add_item, {"sku": "<tea>", "price": 30},
+                     principal="olivia", reason="phone order")  # fmt: skip
     page = (await http.get(f"/ui/sagas/{saga_id}", headers=READER)).text
+    # The timeline has the update's bar; the gist names it, who sent it, what it returned.
+    assert '<span class="tname">update add_item</span>' in page
+    assert "by olivia: &#39;phone order&#39;" in page
+    assert "result {&#34;items&#34;:1,&#34;total&#34;:30}" in page
     assert f'action="/sagas/{saga_id}/updates/"' in page
     assert '<option value="add_item"' in page
     assert '<option value="clear"' in page
