@@ -283,6 +283,7 @@ class SagaRuntime:
         s.undo_waiter = None
         s.lifecycle = None
         s.user_task = None
+        s.saga = None  # the user's object may hold the context (a cycle through it)
         s.ctx.detach()
 
     # ------------------------------------------------------------------ the context's door
