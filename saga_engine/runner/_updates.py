@@ -46,7 +46,11 @@ async def ask(
     async with live.locks.hold(saga_id):
         held = live.get(saga_id)
         if held is not None and not held.runtime.dead:
-            return held.runtime.query(name, args)
+            # Another engine may have written since (an update it took): the copy in
+            # memory answers only while it is as far as the store.
+            record = await store.get(saga_id)
+            if record.last_seq == held.committed_seq == held.runtime.last_seq:
+                return held.runtime.query(name, args)
     loaded = await store.load(saga_id)
     events = [stored.event for stored in loaded.events]
     definition = registry.for_history(loaded.record.saga_type, events)

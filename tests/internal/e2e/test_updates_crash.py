@@ -23,17 +23,15 @@ pytestmark = pytest.mark.integration
 APP = "tests.internal.e2e.update_app:SAGAS"
 
 
-def _start_engine(cluster: Cluster) -> None:
-    cluster._spawn(
-        "engine", ["-m", "saga_engine", "worker", APP, "--log-level", "INFO"], cluster.env()
-    )
+def _start_engine(cluster: Cluster, name: str = "engine") -> None:
+    cluster._spawn(name, ["-m", "saga_engine", "worker", APP, "--log-level", "INFO"], cluster.env())
 
 
-async def _admin_url(cluster: Cluster, after: int) -> str:
+async def _admin_url(cluster: Cluster, after: int, name: str = "engine") -> str:
     """The address the engine's admin API announced, the ``after``-th announcement on."""
     deadline = time.monotonic() + 90
     while True:
-        found = re.findall(r"admin API on (http://\S+)", cluster.log_tail("engine", 2000))
+        found = re.findall(r"admin API on (http://\S+)", cluster.log_tail(name, 2000))
         if len(found) > after:
             return str(found[-1])
         if time.monotonic() > deadline:
@@ -147,3 +145,39 @@ async def test_the_client_updates_and_queries_on_the_real_stack(cluster: Cluster
         with pytest.raises(UpdateFailed, match="out of stock"):
             await client.update(saga_id, Cart.add_item, AddItem(sku="boom", price=1))
         assert await _event_count(cluster, saga_id) == before + 2  # the failed update only
+
+
+async def test_updates_and_queries_through_either_of_two_engines(cluster: Cluster) -> None:
+    """Whichever engine's admin API takes an update, it is applied once through the
+    saga's one history; either engine's queries see it at once."""
+    cluster.start_participant("alpha")
+    for name in ("engine-a", "engine-b"):
+        _start_engine(cluster, name)
+    deadline = time.monotonic() + 60
+    while not all("took partitions" in cluster.log_tail(e, 300) for e in ("engine-a", "engine-b")):
+        if time.monotonic() > deadline:
+            pytest.fail("both engines did not take partitions\n" + cluster.log_tail("engine-b"))
+        await asyncio.sleep(0.1)
+    urls = [await _admin_url(cluster, 0, name) for name in ("engine-a", "engine-b")]
+    async with SagaClient(cluster.settings) as client:
+        carts = [await client.start(Cart, CartIn(customer=f"c{i}", limit=100)) for i in range(4)]
+        for saga_id in carts:
+            await _until_running(cluster, saga_id)
+        async with httpx.AsyncClient(timeout=30) as http:
+            for saga_id in carts:
+                for i, url in enumerate(urls + urls):
+                    answer = await http.post(
+                        f"{url}/sagas/{saga_id}/updates/add_item",
+                        json={"input": {"sku": f"s{i}", "price": 10}, "update_id": f"{i}"},
+                    )
+                    assert answer.status_code == 200, answer.text
+                    assert answer.json()["result"] == {"items": i + 1, "total": 10 * (i + 1)}
+                    for ask in urls:  # read your writes, on either engine
+                        summary = await http.get(f"{ask}/sagas/{saga_id}/queries/summary")
+                        assert summary.json()["result"]["total"] == 10 * (i + 1), ask
+        for saga_id in carts:
+            await client.signal(saga_id, Cart.checkout, Checkout())
+        statuses = await cluster.wait_settled(carts, timeout=90)
+    assert set(statuses.values()) == {SagaStatus.COMPLETED}
+    for saga_id in carts:
+        assert await _charges(cluster, saga_id) == [("apply", 40)]
