@@ -38,6 +38,7 @@ from saga_engine.core._definition import Saga, SagaRegistry, Signal
 from saga_engine.core._domain_events import EventSource
 from saga_engine.core._policy import RetryPolicy
 from saga_engine.core._status import TRANSITIONS, SagaStatus
+from saga_engine.core._update import query, update
 from saga_engine.kernel._errors import (
     CodecError,
     CodecFailure,
@@ -54,6 +55,7 @@ from saga_engine.kernel._errors import (
     NondeterminismError,
     PayloadTooLarge,
     PermanentError,
+    QueryFailed,
     ResultTimeout,
     SagaError,
     SagaNotFound,
@@ -66,6 +68,8 @@ from saga_engine.kernel._errors import (
     UnknownSagaType,
     UnknownSagaVersion,
     UnstorableValue,
+    UpdateFailed,
+    UpdateRefused,
 )
 from saga_engine.kernel._settings import (
     CodecSettings,
@@ -106,6 +110,7 @@ __all__ = [
     "PayloadTooLarge",
     "PermanentError",
     "PostgresSettings",
+    "QueryFailed",
     "ResultTimeout",
     "RetryPolicy",
     "Saga",
@@ -125,9 +130,13 @@ __all__ = [
     "UnknownSagaType",
     "UnknownSagaVersion",
     "UnstorableValue",
+    "UpdateFailed",
+    "UpdateRefused",
     "ZstdCodec",
+    "query",
     "run",
     "saga_id_for",
+    "update",
 ]
 
 if TYPE_CHECKING:

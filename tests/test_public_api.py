@@ -31,6 +31,8 @@ PUBLIC = {
     "NoopCodec", "PayloadCodec", "ZstdCodec",
     # Waiting for other services' domain events (issue 26 section 1).
     "EventSource", "EventTimeout",
+    # Updates and queries (issue 26 section 2).
+    "update", "query", "UpdateRefused", "UpdateFailed", "QueryFailed",
 }  # fmt: skip
 
 #: Every public module but the root, and exactly what it exports.
@@ -98,7 +100,7 @@ def test_the_front_doors_export_their_documented_names() -> None:
         assert len(module.__all__) == len(exported), f"{name}: a name listed twice"
         for attribute in exported:
             assert getattr(module, attribute) is not None, f"{name}.{attribute}"
-    assert len(saga_engine.events.EVENT_TYPES) == 27
+    assert len(saga_engine.events.EVENT_TYPES) == 29
 
 
 def _module_name(path: Path) -> str:

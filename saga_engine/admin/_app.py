@@ -21,6 +21,7 @@ from saga_engine.admin import (
     _reads,
     _rollouts,
     _schedules,
+    _updates,
 )
 from saga_engine.admin._auth import AuthMiddleware, auth_required
 from saga_engine.admin._deps import AdminState, StartSaga, bearer, install
@@ -102,6 +103,7 @@ def _include_routers(app: FastAPI, parts: EngineParts, admin: AdminSettings) -> 
         starts_router(parts.registry.names(), admin.max_wait_s), dependencies=secured
     )
     app.include_router(_actions.router, dependencies=secured)
+    app.include_router(_updates.router, dependencies=secured)
     app.include_router(_rollouts.router, dependencies=secured)
     app.include_router(_flow.router, dependencies=secured)
     app.include_router(_domain_events.router, dependencies=secured)

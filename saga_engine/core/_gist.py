@@ -31,9 +31,11 @@ from saga_engine.core._events import (
     StepSkipped,
     TimerStarted,
     UndoRequested,
+    UpdateCompleted,
+    UpdateReceived,
 )
 
-__all__ = ["gist"]
+__all__ = ["gist", "gist_value"]
 
 #: Longest rendering of a payload in a gist line.
 WIDTH = 120
@@ -67,6 +69,15 @@ def _details(event: Event) -> list[str]:
         return [f"until {event.timeout_at.isoformat()}" if event.timeout_at else ""]
     if isinstance(event, DomainEventReceived):
         return [f"id {event.event_id}", _payload(event.payload)]
+    if isinstance(event, UpdateReceived):
+        return [
+            f"id {event.update_id}",
+            _payload(event.payload),
+            _who(event.principal, event.reason),
+        ]
+    if isinstance(event, UpdateCompleted):
+        failed = _error(event.error)
+        return [failed or f"result {_short(event.result)}", f"id {event.update_id}"]
     if isinstance(event, CancelRequested | CompensationForced):
         return [_who(event.principal, event.reason)]
     if isinstance(event, StepSkipped):
@@ -99,6 +110,11 @@ def _error(error: Any) -> str:
 
 def _payload(payload: dict[str, Any]) -> str:
     return f"payload {_short(payload)}" if payload else ""
+
+
+def gist_value(value: Any) -> str:
+    """A value as a gist shows it: compact JSON, cut at :data:`WIDTH`."""
+    return _short(value)
 
 
 def _short(value: Any) -> str:
