@@ -5,7 +5,7 @@ travel as Kafka commands and replies, and after a crash they are recovered by
 deterministic replay.
 
 This module holds what defining a saga needs (``Saga``, ``SagaContext``, ``Signal``,
-``RetryPolicy``, the errors, the settings, the payload codecs) and loads nothing else: ``Engine`` and ``run``
+``EventSource``, ``RetryPolicy``, the errors, the settings, the payload codecs) and loads nothing else: ``Engine`` and ``run``
 are imported on first use, so ``import saga_engine`` loads neither the engine nor
 OpenTelemetry, asyncpg, aiokafka or FastAPI.
 
@@ -35,6 +35,7 @@ from saga_engine.core._codec import (
 from saga_engine.core._context import HttpRequest, SagaContext
 from saga_engine.core._decision import OutboundCommand, saga_id_for
 from saga_engine.core._definition import Saga, SagaRegistry, Signal
+from saga_engine.core._domain_events import EventSource
 from saga_engine.core._policy import RetryPolicy
 from saga_engine.core._status import TRANSITIONS, SagaStatus
 from saga_engine.core._update import query, update
@@ -44,6 +45,7 @@ from saga_engine.kernel._errors import (
     ConcurrencyError,
     DefinitionError,
     DependencyUnavailable,
+    EventTimeout,
     IdempotencyConflict,
     InvalidPayload,
     InvalidTransition,
@@ -90,6 +92,8 @@ __all__ = [
     "DependencyUnavailable",
     "Engine",
     "EngineSettings",
+    "EventSource",
+    "EventTimeout",
     "GzipCodec",
     "HttpRequest",
     "IdempotencyConflict",

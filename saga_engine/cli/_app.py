@@ -11,6 +11,7 @@ import typer
 from saga_engine.cli import (
     _conformance,
     _dlq,
+    _events,
     _flow,
     _operator,
     _rollout,
@@ -55,6 +56,7 @@ app.add_typer(_store.commands)
 app.add_typer(_operator.commands)
 app.add_typer(_updates.commands)
 app.add_typer(_flow.commands)
+app.add_typer(_events.commands)
 app.add_typer(_dlq.dlq_app, name="dlq")
 app.add_typer(_schedule.schedule_app, name="schedule")
 app.add_typer(_rollout.rollout_app, name="rollout")

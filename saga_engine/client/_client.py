@@ -7,18 +7,21 @@ import uuid
 from datetime import timedelta
 from typing import Any, TypeVar, overload
 
+from aiokafka.errors import KafkaError
 from pydantic import BaseModel
 
 from saga_engine.core._codec import CodecChain, PayloadCodec
 from saga_engine.core._definition import Saga, SagaDefinition, Signal
+from saga_engine.core._domain_events import EventSource
 from saga_engine.core._start import StartRequest
 from saga_engine.core._status import SagaStatus
 from saga_engine.core._update import name_of
-from saga_engine.kernel._serde import JsonDict, check_storable
+from saga_engine.kernel._errors import KafkaUnavailable
+from saga_engine.kernel._serde import JsonDict, check_storable, dumps
 from saga_engine.kernel._settings import Settings
 from saga_engine.store._store import EventStore, SagaRecord
 from saga_engine.telemetry._telemetry import carrier_of_context
-from saga_engine.transport._kafka import ensure_topics, make_producer, send
+from saga_engine.transport._kafka import SEND_TIMEOUT_S, ensure_topics, make_producer, send
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import (
     CancelBody,
@@ -71,6 +74,8 @@ class SagaClient:
         host = "127.0.0.1" if settings.admin.host in ("", "0.0.0.0", "::") else settings.admin.host
         self._admin_url = admin_url or f"http://{host}:{settings.admin.port}"
         self._admin_token = admin_token
+        #: Event sources' topics created already (``publish_event``).
+        self._source_topics: set[str] = set()
 
     async def start_client(self) -> None:
         await ensure_topics(self.settings.kafka, [self.topics.inbox, self.topics.dlq])
@@ -181,6 +186,34 @@ class SagaClient:
             )
         )
         return sid
+
+    async def publish_event(
+        self, source: EventSource[Any], event: BaseModel, *, event_id: str | None = None
+    ) -> str:
+        """Publishes a domain event on ``source``'s topic, as the service that owns the
+        fact would: the sagas that wait for its key (``ctx.wait_event``) get it once.
+        ``event_id`` (a new uuid by default) goes in the ``ce_id`` header: the same id
+        twice is kept once. Returns it."""
+        if not isinstance(event, source.model):
+            raise TypeError(f"{source.name} events are {source.model.__name__}, not {event!r}")
+        if self._producer is None:
+            raise RuntimeError("SagaClient is not started: use `async with SagaClient(...)`")
+        key = source.key_of(event)
+        payload = event.model_dump(mode="json")
+        check_storable(payload, f"event {source.name}")
+        eid = event_id or str(uuid.uuid4())
+        if source.topic not in self._source_topics:
+            await ensure_topics(self.settings.kafka, [source.topic])
+            self._source_topics.add(source.topic)
+        try:
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                await self._producer.send_and_wait(
+                    source.topic, dumps(payload), key=key.encode(),  # a key's facts in order
+                    headers=[("ce_id", eid.encode())],
+                )  # fmt: skip
+        except (TimeoutError, KafkaError) as exc:
+            raise KafkaUnavailable(f"could not publish to {source.topic}: {exc!r}") from exc
+        return eid
 
     async def cancel(self, saga_id: str, reason: str, *, principal: str = "system") -> None:
         body = CancelBody(reason=reason, principal=principal)

@@ -187,6 +187,18 @@ class Undo:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class EventInput:
+    """A stored domain event (an ``EventSource``'s fact) offered to a saga that waits
+    for its source and key: it answers the saga's first such wait, once."""
+
+    source: str
+    key: str
+    event_id: str
+    at: datetime
+    payload: JsonDict = field(default_factory=dict)
+
+
 Inbound = (
     Reply
     | TimerDue
@@ -197,6 +209,7 @@ Inbound = (
     | Skip
     | RetryStep
     | Undo
+    | EventInput
     | UpdateInput
 )
 
@@ -212,6 +225,10 @@ class DropReason(StrEnum):
     #: An undo the child had already (the same command again), or a child that ended
     #: some other way (its end answers the undo: see ``SagaRuntime.parent_notices``).
     UNDO_ANSWERED = "undo_answered"
+    #: A domain event this saga received already.
+    DUPLICATE_EVENT = "duplicate_event"
+    #: A domain event the saga does not (or no longer) wait for.
+    NO_EVENT_WAIT = "no_event_wait"
 
 
 @dataclass(frozen=True, slots=True)

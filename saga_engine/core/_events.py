@@ -205,6 +205,21 @@ class SignalReceived(_Event):
         return f"signal {self.name!r} received"
 
 
+class DomainEventReceived(_Event):
+    """A domain event another service published (an ``EventSource``'s fact) answered
+    the saga's wait ``wait_id`` for it; ``event_id`` keeps a fact from answering twice."""
+
+    kind: Literal["domain_event_received"] = "domain_event_received"
+    wait_id: str
+    source: str
+    key: str
+    event_id: str
+    payload: JsonDict = Field(default_factory=dict)
+
+    def describe(self) -> str:
+        return f"event {self.source} key={self.key} received"
+
+
 class UpdateReceived(_Event):
     """An update (``@update``) accepted by its input model and its validator: its handler
     runs on the saga's state right after it, and its result follows (``update_completed``)."""
@@ -347,6 +362,23 @@ class TimerStarted(_Intent):
         return f"{self.purpose} timer {self.timer_id!r}"
 
 
+class EventAwaited(_Intent):
+    """The code waits for a domain event of ``source`` whose correlation key is ``key``
+    (``ctx.wait_event``), until ``timeout_at`` if it has one."""
+
+    kind: Literal["event_awaited"] = "event_awaited"
+    wait_id: str
+    source: str
+    key: str
+    timeout_at: datetime | None = None
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.wait_id, self.source, self.key)
+
+    def describe(self) -> str:
+        return f"wait for event {self.source} key={self.key}"
+
+
 class SideEffectRecorded(_Intent):
     kind: Literal["side_effect_recorded"] = "side_effect_recorded"
     op_id: str
@@ -472,6 +504,7 @@ Event = Annotated[
     | AttemptTimedOut
     | TimerFired
     | SignalReceived
+    | DomainEventReceived
     | CancelRequested
     | UndoRequested
     | CompensationForced
@@ -481,6 +514,7 @@ Event = Annotated[
     | SagaResumed
     | CommandIssued
     | TimerStarted
+    | EventAwaited
     | SideEffectRecorded
     | PatchMarked
     | CompensationStarted
@@ -501,6 +535,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     UndoRequested, CompensationForced, StepSkipped, RetryRequested, SagaParked, SagaResumed, CommandIssued, TimerStarted, SideEffectRecorded, PatchMarked,
     CompensationStarted, CompensationIssued, CompensationCompleted, CompensationStuck,
     SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled,
+    EventAwaited, DomainEventReceived,
     UpdateReceived, UpdateCompleted,
 )  # fmt: skip
 

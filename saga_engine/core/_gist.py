@@ -13,7 +13,9 @@ from saga_engine.core._events import (
     CompensationForced,
     CompensationStarted,
     CompensationStuck,
+    DomainEventReceived,
     Event,
+    EventAwaited,
     InvalidReplyReceived,
     ReplyReceived,
     RetryRequested,
@@ -63,6 +65,10 @@ def _details(event: Event) -> list[str]:
         return [event.error.message, _payload(event.payload)]
     if isinstance(event, SignalReceived):
         return [_payload(event.payload), _who(event.principal, event.reason)]
+    if isinstance(event, EventAwaited):
+        return [f"until {event.timeout_at.isoformat()}" if event.timeout_at else ""]
+    if isinstance(event, DomainEventReceived):
+        return [f"id {event.event_id}", _payload(event.payload)]
     if isinstance(event, UpdateReceived):
         return [
             f"id {event.update_id}",

@@ -21,6 +21,7 @@ from saga_engine.core._decision import (
     DEADLINE_TIMER,
     Cancel,
     DropReason,
+    EventInput,
     ForceCompensate,
     Inbound,
     Reply,
@@ -38,6 +39,7 @@ from saga_engine.core._events import (
     CommandIssued,
     CompensationForced,
     CompensationIssued,
+    DomainEventReceived,
     ErrorInfo,
     Event,
     InvalidReplyReceived,
@@ -51,7 +53,7 @@ from saga_engine.core._events import (
     UndoRequested,
     UpdateReceived,
 )
-from saga_engine.core._fold import Sent, Settled, Timer, Unstuck
+from saga_engine.core._fold import EventWait, Sent, Settled, Timer, Unstuck
 from saga_engine.core._lifecycle import (
     release,
     request_cancel,
@@ -68,7 +70,7 @@ from saga_engine.kernel._serde import check_storable, storable_copy, validate_pa
 _INPUT_NAMES = {
     SignalInput: "signal", Cancel: "cancel", ForceCompensate: "force-compensate",
     Skip: "skip", RetryStep: "retry", Resume: "resume", Reply: "reply", TimerDue: "timer",
-    Undo: "undo", UpdateInput: "update",
+    Undo: "undo", EventInput: "event", UpdateInput: "update",
 }  # fmt: skip
 
 
@@ -179,6 +181,30 @@ def _signal(s: SagaState, inbound: SignalInput) -> Event | DropReason:
         principal=inbound.principal,
         reason=inbound.reason,
     )
+
+
+def _domain_event(s: SagaState, inbound: EventInput) -> Event | DropReason:
+    """A stored fact answers the saga's first open wait for its source and key, once;
+    anything else drops it (it stays stored for a later wait, within its retention)."""
+    if inbound.event_id in s.seen_events:
+        return DropReason.DUPLICATE_EVENT
+    if not s.going_forward or s.cancel_reason is not None:
+        return DropReason.NO_EVENT_WAIT
+    wait = next(
+        (
+            w.event
+            for w in s.event_waits.values()
+            if w.event.source == inbound.source and w.event.key == inbound.key
+        ),
+        None,
+    )
+    if wait is None:
+        return DropReason.NO_EVENT_WAIT
+    check_storable(inbound.payload, f"event {inbound.source}", "payload")
+    return DomainEventReceived(
+        at=inbound.at, wait_id=wait.wait_id, source=inbound.source, key=inbound.key,
+        event_id=inbound.event_id, payload=inbound.payload,
+    )  # fmt: skip
 
 
 def _undo(s: SagaState, inbound: Undo) -> Event | DropReason:
@@ -355,6 +381,7 @@ def _held_problem(inflight: Sent) -> str | None:
 _TO_EVENT: dict[type, Callable[[SagaState, Any], Event | DropReason]] = {
     Reply: _reply, TimerDue: _timer_due, SignalInput: _signal, Undo: _undo, Cancel: _stop,
     ForceCompensate: _stop, Skip: _skip_event, RetryStep: _retry_event, Resume: _resume,
+    EventInput: _domain_event,
     UpdateInput: update_event,
 }  # fmt: skip
 
@@ -411,6 +438,15 @@ def _wake_signal(s: SagaState, event: SignalReceived, settled: Settled) -> None:
         s.signals.setdefault(event.name, deque()).append(event.payload)
 
 
+def _wake_event(s: SagaState, event: DomainEventReceived, settled: Settled) -> None:
+    if not isinstance(settled, EventWait) or settled.future is None or settled.future.done():
+        s.nondeterministic(
+            s.cursor - 1, event.describe(), f"no wait for it ({s.describe_waiting()})"
+        )
+        raise Halt
+    settled.future.set_result(event.payload)
+
+
 def _wake_skip(s: SagaState, event: StepSkipped, settled: Settled) -> None:
     if event.compensation:
         unblock_compensation(s, "skip")
@@ -443,6 +479,7 @@ _WAKERS: dict[type[Event], Callable[[SagaState, Any, Settled], None]] = {
     InvalidReplyReceived: _wake_answer,
     TimerFired: _wake_timer,
     SignalReceived: _wake_signal,
+    DomainEventReceived: _wake_event,
     CancelRequested: lambda s, e, _: request_cancel(s, "cancel", e.reason),
     UndoRequested: lambda s, e, _: request_undo(s, e.parent_id, e.reason),
     CompensationForced: lambda s, e, _: request_cancel(

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from saga_engine.core import _awaits as awaits
 from saga_engine.core import _operations as operations
 from saga_engine.core._context import ChildSaga, SagaContext, StepRequest
 from saga_engine.core._decision import (
@@ -44,11 +45,13 @@ from saga_engine.core._decision import (
     parent_reply,
 )
 from saga_engine.core._definition import SagaDefinition
+from saga_engine.core._domain_events import key_text
 from saga_engine.core._events import (
     TERMINAL_EVENTS,
     CommandIssued,
     CompensationIssued,
     Event,
+    EventAwaited,
     SagaStarted,
     UndoRequested,
 )
@@ -223,6 +226,10 @@ class SagaRuntime:
         """The steps whose compensation is owed, in the order they would run."""
         return [o.step for o in reversed(self.state.owed)]
 
+    def event_waits(self) -> list[EventAwaited]:
+        """The domain events the saga waits for now (none for most sagas)."""
+        return [w.event for w in self.state.event_waits.values()]
+
     def awaited_signals(self) -> list[str]:
         """The signals the code waits for now, by name."""
         return sorted(self.state.signal_waiters)
@@ -309,6 +316,15 @@ class SagaRuntime:
 
     def op_wait_signal(self, name: str, timeout: timedelta | None) -> Coroutine[Any, Any, JsonDict]:
         return operations.wait_signal(self.state, name, timeout)
+
+    def op_wait_event(
+        self, source: str, key: Any, timeout: timedelta | None
+    ) -> Coroutine[Any, Any, JsonDict]:
+        try:
+            text = key_text(key)
+        except (TypeError, ValueError) as exc:
+            self.state.definition_error(f"ctx.wait_event({source}): {exc}")
+        return awaits.wait_event(self.state, source, text, timeout)
 
     def op_side_effect(self, fn: Callable[[], T]) -> Coroutine[Any, Any, T]:
         return operations.side_effect(self.state, fn)

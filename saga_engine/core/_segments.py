@@ -21,7 +21,9 @@ from saga_engine.core._events import (
     CommandIssued,
     CompensationIssued,
     CompensationStarted,
+    DomainEventReceived,
     Event,
+    EventAwaited,
     InvalidReplyReceived,
     ReplyReceived,
     RetryRequested,
@@ -145,7 +147,7 @@ class Timeline:
 
     def _timer_fired(self, seq: int, event: TimerFired, _: Settled) -> None:
         segment = self.timers.get(event.timer_id)
-        outcome = "timed_out" if event.timer_id.startswith("signal:") else "fired"
+        outcome = "timed_out" if event.timer_id.startswith(("signal:", "event:")) else "fired"
         if segment is not None and segment.outcome == "backoff":
             outcome = "backoff"
         self._close(self.timers, event.timer_id, outcome, event, seq)
@@ -153,6 +155,17 @@ class Timeline:
     def _signal(self, seq: int, event: SignalReceived, settled: Settled) -> None:
         if isinstance(settled, Timer):
             self._close(self.timers, settled.timer_id, "received", event, seq, event.principal)
+
+    def _event_awaited(self, seq: int, event: EventAwaited, _: Settled) -> None:
+        until = f"deadline {event.timeout_at.isoformat()}" if event.timeout_at else "no deadline"
+        segment = Segment(
+            f"event {event.source}", Lane.WAIT, f"wait for {event.source} key={event.key}",
+            event.at, seq, "waiting", detail=until,
+        )  # fmt: skip
+        self._open(self.timers, event.wait_id, segment)
+
+    def _event_received(self, seq: int, event: DomainEventReceived, _: Settled) -> None:
+        self._close(self.timers, event.wait_id, "received", event, seq, event.event_id)
 
     def _skipped(self, seq: int, event: StepSkipped, settled: Settled) -> None:
         if isinstance(settled, Sent):
@@ -216,6 +229,8 @@ _HANDLERS: dict[type[Event], Callable[[Timeline, int, Any, Settled], None]] = {
     TimerStarted: Timeline._timer_started,
     TimerFired: Timeline._timer_fired,
     SignalReceived: Timeline._signal,
+    EventAwaited: Timeline._event_awaited,
+    DomainEventReceived: Timeline._event_received,
     StepSkipped: Timeline._skipped,
     RetryRequested: Timeline._retried,
     CompensationStarted: Timeline._compensating,

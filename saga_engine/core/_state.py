@@ -143,6 +143,7 @@ class SagaState(Fold):
         ]
         waits += [f"timer {tid!r}" for tid in self.timers if tid != DEADLINE_TIMER]
         waits += [f"signal {name!r}" for name in self.signal_waiters]
+        waits += [f"event {w.event.source} key={w.event.key}" for w in self.event_waits.values()]
         if self.status.is_terminal:
             return f"nothing (the saga already ended {self.status.value})"
         return "nothing more; the code waits for " + (", ".join(waits) or "nothing")

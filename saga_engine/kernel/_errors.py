@@ -11,6 +11,7 @@
     ├── StepFailed                 a step did not succeed: the saga compensates
     │   └── StepTimedOut           (unless its code catches it)
     ├── SignalTimeout              ctx.wait_signal's timeout passed: the same
+    ├── EventTimeout               ctx.wait_event's timeout passed
     ├── Rejected                   a participant's handler refuses a command
     ├── Retryable                  a participant's handler says "not now"
     ├── NewerVersionError          written by a newer engine: leave it for one
@@ -169,6 +170,15 @@ class SignalTimeout(SagaError):
     def __init__(self, name: str) -> None:
         self.name = name
         super().__init__(f"signal {name!r} did not arrive before its timeout")
+
+
+class EventTimeout(SagaError):
+    """``ctx.wait_event`` reached its timeout before a matching domain event arrived."""
+
+    def __init__(self, source: str, key: str) -> None:
+        self.source = source
+        self.key = key
+        super().__init__(f"event {source} key={key} did not arrive before its timeout")
 
 
 # --------------------------------------------------------------------------- newer

@@ -65,7 +65,7 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
                 body = BODIES.get(path.rsplit("/", 1)[-1]) if method == "post" else None
                 body = BODIES["rollout"] if method == "put" else body
             out.append((method.upper(), path, body))
-    assert len(out) == 27
+    assert len(out) == 28  # GET /domain-events (issue 26 §1) included
     return out
 
 

@@ -27,6 +27,8 @@ OPERATIONS = {
     ("GET", "/sagas/{saga_id}/lineage", "get_lineage_sagas__saga_id__lineage_get"),
     ("GET", "/metrics", "metrics_metrics_get"),
     ("GET", "/flow", "flow_flow_get"),
+    # Issue 26 §1: the domain events kept for sagas that wait for them.
+    ("GET", "/domain-events", "domain_events_domain_events_get"),
     ("POST", "/sagas/{saga_id}/signal", "signal_sagas__saga_id__signal_post"),
     ("POST", "/sagas/{saga_id}/cancel", "cancel_sagas__saga_id__cancel_post"),
     ("POST", "/sagas/{saga_id}/resume", "resume_sagas__saga_id__resume_post"),
@@ -88,6 +90,7 @@ STATUS_CODES = {
     "get_lineage_sagas__saga_id__lineage_get": _READ,
     "metrics_metrics_get": ["200", "401", "422", "503"],
     "flow_flow_get": ["200", "401", "422", "503"],
+    "domain_events_domain_events_get": ["200", "401", "422", "503"],
     "signal_sagas__saga_id__signal_post": _ACTION,
     "update_sagas__saga_id__updates__name__post": _ACTION,
     "query_sagas__saga_id__queries__name__get": _READ,
