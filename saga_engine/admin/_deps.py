@@ -19,6 +19,7 @@ from saga_engine.admin._auth import PRINCIPAL_KEY, Principal
 from saga_engine.kernel._settings import AdminSettings
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._parts import EngineParts
+from saga_engine.store._batch_store import BatchStore
 from saga_engine.store._schedule_store import ScheduleStore
 from saga_engine.telemetry._health import HealthBoard
 
@@ -63,6 +64,8 @@ class AdminState:
     schedules: ScheduleStore | None = None
     #: What is wrong in the process now (see ``_health``); None: nothing is watched.
     health: HealthBoard | None = None
+    #: The batch operations' table (a worker's); None: those routes answer 503.
+    batches: BatchStore | None = None
 
 
 def install(app: FastAPI, state: AdminState) -> None:

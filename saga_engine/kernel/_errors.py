@@ -420,6 +420,12 @@ class ScheduleConflict(PermanentError):
     operator where code declares one): delete it first, or use another id."""
 
 
+class BatchNotFound(PermanentError):
+    def __init__(self, operation_id: str) -> None:
+        self.operation_id = operation_id
+        super().__init__(f"no batch operation with id {operation_id!r}")
+
+
 class AdminConfigError(PermanentError):
     """The admin API's settings cannot work; the message says what to change."""
 
