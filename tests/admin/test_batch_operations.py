@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 import asyncpg
+import orjson
 import pytest
 from pydantic import BaseModel
 
@@ -68,14 +69,20 @@ async def _start(served: ServedWorker, n: int, region: str) -> list[str]:
         )
         assert response.status_code == 202, response.text
         ids.append(response.json()["saga_id"])
-    for saga_id in ids:
-        await poll_until(lambda s=saga_id: _status_is(served, s, "running"), timeout=30)
+    await poll_until(lambda: _all_are(served, ids, "running"), timeout=30)
     return ids
 
 
 async def _status_is(served: ServedWorker, saga_id: str, status: str) -> bool:
     response = await served.http.get(f"/sagas/{saga_id}", headers=OPERATOR)
     return response.status_code == 200 and response.json()["status"] == status
+
+
+async def _all_are(served: ServedWorker, ids: list[str], status: str) -> bool:
+    for saga_id in ids:
+        if not await _status_is(served, saga_id, status):
+            return False
+    return True
 
 
 async def _events(pg: PgTarget, kind: str) -> dict[str, list[dict[str, Any]]]:
@@ -87,8 +94,6 @@ async def _events(pg: PgTarget, kind: str) -> dict[str, list[dict[str, Any]]]:
         )
     finally:
         await conn.close()
-    import orjson
-
     out: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         out.setdefault(r["saga_id"], []).append(orjson.loads(r["data"]))
@@ -133,8 +138,7 @@ async def test_an_operation_cancels_every_matching_saga_once_with_progress(
         done = (await http.get(f"/batch-operations/{op['id']}", headers=READER)).json()
         assert (done["acted"], done["skipped"], done["failed"], done["done"]) == (40, 0, 0, 40)
         assert done["finished_at"] is not None
-        for saga_id in ids:
-            await poll_until(lambda s=saga_id: _status_is(served, s, "cancelled"), timeout=30)
+        await poll_until(lambda: _all_are(served, ids, "cancelled"), timeout=30)
         for saga_id in others:
             assert await _status_is(served, saga_id, "running")
         # One cancel per saga, naming the operation and its creator.

@@ -47,7 +47,7 @@ class Crash(Exception):
 
 
 def _settings(**kw: float) -> BatchSettings:
-    return BatchSettings(**{"rate_per_s": 10_000, "page_size": 3, **kw})  # type: ignore[arg-type]
+    return BatchSettings(**{"rate_per_s": 10_000, "page_size": 3, **kw})
 
 
 async def _world(n: int, region: str = "eu") -> tuple[SagaTestEnv, list[str]]:
@@ -58,7 +58,7 @@ async def _world(n: int, region: str = "eu") -> tuple[SagaTestEnv, list[str]]:
 
 def _spec(action: BatchAction, **kw: object) -> BatchSpec:
     where = BatchFilter(saga_type="waits", attributes={"region": "eu"})
-    return BatchSpec(filter=where, action=action, reason="clean up", **kw)  # type: ignore[arg-type]
+    return BatchSpec(filter=where, action=action, reason="clean up", **kw)
 
 
 async def _kinds(env: SagaTestEnv, saga_id: str) -> Counter[str]:
