@@ -4,6 +4,7 @@ midway, bad input refused with nothing recorded, auth and audit."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -14,6 +15,7 @@ from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, Settings, Signal
 from saga_engine.settings import BatchSettings
+from tests.cli.conftest import as_json, invoke, one_line_error
 from tests.conftest import PgTarget
 from tests.integration.kafka_helpers import poll_until
 from tests.served_worker import (
@@ -240,3 +242,48 @@ async def test_bad_input_is_refused_and_nothing_is_recorded(
             await http.post("/batch-operations/nope/cancel", headers=OPERATOR)
         ).status_code == 404
         assert (await http.get("/batch-operations", headers=READER)).json() == []
+
+
+async def cli(*args: str, url: str) -> Any:
+    # The CLI is synchronous and the admin API is served on this test's loop: off-thread.
+    return await asyncio.to_thread(
+        invoke, [*args, "--admin-url", url], {"SAGA_ADMIN_TOKEN": OPERATOR_TOKEN}
+    )
+
+
+async def test_the_cli_starts_follows_lists_shows_and_cancels(
+    pg: PgTarget, kafka_bootstrap: str, unique_id: str
+) -> None:
+    settings = _settings(pg, kafka_bootstrap, unique_id, rate=30)
+    async with served_worker(settings, [Parked]) as served:
+        ids = await _start(served, 12, "eu")
+        where = ["--type", "parked", "--attr", "region=eu", "--status", "running"]
+        dry = await cli("batch", "start", "--action", "cancel", "--reason", "r", *where,
+                        "--dry-run", url=served.url)  # fmt: skip
+        assert dry.exit_code == 0, dry.output
+        assert dry.stdout.strip() == "12 saga(s) match"
+        started = await cli("batch", "start", "--action", "signal", "--signal", "go",
+                            "--payload", '{"speed": 2}', "--reason", "ship them", *where,
+                            url=served.url)  # fmt: skip
+        assert started.exit_code == 0, started.output
+        # The progress bar, then the operation as it ended.
+        assert "12/12" in started.stdout
+        last = started.stdout.strip().splitlines()[-1]
+        assert "signal by olivia, completed, 12/12 (acted 12, skipped 0, failed 0)" in last
+        op_id = last.split(":")[0]
+        await poll_until(lambda: _all_are(served, ids, "completed"), timeout=30)
+
+        listed = as_json(await cli("batch", "list", "--json", url=served.url))
+        assert [o["id"] for o in listed] == [op_id]
+        shown = as_json(await cli("batch", "show", op_id, "--json", url=served.url))
+        assert shown["acted"] == 12
+        assert "1 operation(s)" in (await cli("batch", "list", url=served.url)).stdout
+        ended = one_line_error(await cli("batch", "cancel", op_id, url=served.url), 4)
+        assert "from completed to cancelled" in ended
+        assert one_line_error(await cli("batch", "show", "nope", url=served.url), 3)
+        refused = one_line_error(
+            await cli("batch", "start", "--action", "signal", "--signal", "stop",
+                      "--reason", "r", *where, url=served.url),
+            5,
+        )  # fmt: skip
+        assert "declares no signal 'stop'" in refused
