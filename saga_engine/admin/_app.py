@@ -24,6 +24,7 @@ from saga_engine.admin._http_errors import (
 )
 from saga_engine.admin._starts import starts_router
 from saga_engine.admin._web import SecurityHeadersMiddleware, web_router
+from saga_engine.admin._web_batches import batches_page_router
 from saga_engine.admin._web_schedules import schedules_page_router
 from saga_engine.kernel._settings import AdminSettings, Settings
 from saga_engine.kernel._version import __version__
@@ -108,3 +109,4 @@ def _include_routers(app: FastAPI, parts: EngineParts, admin: AdminSettings) -> 
     app.include_router(web_router(parts, admin))
     app.include_router(_rollouts.ui_router(parts, admin))
     app.include_router(schedules_page_router())
+    app.include_router(batches_page_router())

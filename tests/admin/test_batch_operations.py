@@ -180,10 +180,20 @@ async def test_a_signal_to_many_and_an_operation_cancelled_midway(
             return bool(got["done"] >= 3)
 
         await poll_until(some_done, timeout=30, interval=0.05)
-        stopped = await http.post(f"/batch-operations/{op_id}/cancel", headers=OPERATOR)
-        assert stopped.status_code == 200, stopped.text
+        # The page of a running operation: its progress, and a cancel button that works.
+        page = await http.get(f"/ui/batch-operations/{op_id}", headers=OPERATOR)
+        assert page.status_code == 200, page.text
+        assert 'http-equiv="refresh"' in page.text
+        assert f'action="/ui/batch-operations/{op_id}/cancel"' in page.text
+        assert 'id="batch-state" class="state st-running"' in page.text
+        posted = await http.post(f"/ui/batch-operations/{op_id}/cancel", headers=OPERATOR)
+        assert posted.status_code == 303, posted.text
+        stopped = await http.get(f"/batch-operations/{op_id}", headers=OPERATOR)
         assert stopped.json()["state"] == "cancelled"
         at_cancel = stopped.json()["done"]
+        page = await http.get(f"/ui/batch-operations/{op_id}", headers=OPERATOR)
+        assert 'http-equiv="refresh"' not in page.text
+        assert "batch-cancel" not in page.text
         # Stopped: nothing more is acted on (the worker gives up at its next saga).
         await poll_until(lambda: _count_completed(served, ids, at_least=at_cancel), timeout=30)
         signals = await _events(pg, "signal_received")
@@ -281,6 +291,20 @@ async def test_the_cli_starts_follows_lists_shows_and_cancels(
         ended = one_line_error(await cli("batch", "cancel", op_id, url=served.url), 4)
         assert "from completed to cancelled" in ended
         assert one_line_error(await cli("batch", "show", "nope", url=served.url), 3)
+        # Cancelling completed sagas: each refused, counted, and listed on the page.
+        refusing = await cli("batch", "start", "--action", "cancel", "--reason", "too late",
+                             "--type", "parked", url=served.url)  # fmt: skip
+        assert "completed, 12/12 (acted 0, skipped 0, failed 12)" in refusing.stdout
+        [newest, _] = as_json(await cli("batch", "list", "--json", url=served.url))
+        listing = await served.http.get("/ui/batch-operations", headers=OPERATOR)
+        assert f'href="/ui/batch-operations/{op_id}"' in listing.text
+        assert f'href="/ui/batch-operations/{newest["id"]}"' in listing.text
+        detail = await served.http.get(f"/ui/batch-operations/{newest['id']}", headers=OPERATOR)
+        assert detail.text.count('class="saga-link"') == 12
+        for saga_id in ids:
+            assert f'href="/ui/sagas/{saga_id}"' in detail.text
+        missing = await served.http.get("/ui/batch-operations/nope", headers=OPERATOR)
+        assert missing.status_code == 404
         refused = one_line_error(
             await cli("batch", "start", "--action", "signal", "--signal", "stop",
                       "--reason", "r", *where, url=served.url),
