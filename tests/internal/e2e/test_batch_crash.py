@@ -115,3 +115,64 @@ async def test_sigkill_between_an_action_and_its_progress_acts_on_each_saga_once
     )
     reverts = Counter(r["saga_id"] for r in await cluster.ledger("alpha") if r["kind"] == "revert")
     assert reverts == Counter(dict.fromkeys(ids, 1))
+
+
+async def test_two_engines_one_holds_the_operation_and_the_other_takes_over_its_crash(
+    participants_up: Cluster,
+) -> None:
+    cluster = participants_up
+    slow = {**BATCHES, "SAGA_BATCHES__RATE_PER_S": "8"}
+    for name in ("engine-1", "engine-2"):
+        cluster._spawn(name, APP, cluster.env(**slow))
+    async with SagaClient(cluster.settings) as client:
+        ids = [
+            await client.start(Transfer, TransferRequest(amount=1 + i, pause_s=3600))
+            for i in range(24)
+        ]
+
+    async def alpha_applied() -> bool:
+        rows = await cluster.ledger("alpha")
+        return {r["saga_id"] for r in rows if r["kind"] == "apply"} == set(ids)
+
+    await poll_until(alpha_applied, timeout=90, interval=0.2)
+    pg = PostgresSettings(dsn=SecretStr(cluster.database_dsn), db_schema=cluster.schema)
+    store = await PostgresBatchStore.connect(pg)
+    op_id = str(uuid.uuid4())
+    try:
+        spec = BatchSpec(
+            filter=BatchFilter(saga_type="transfer"),
+            action=BatchAction.CANCEL,
+            reason="the whole batch is void",
+        )
+        await store.create(op_id, spec, "olivia", len(ids), datetime.now(UTC))
+
+        async def under_way() -> bool:
+            return (await store.get(op_id)).done >= 5
+
+        await poll_until(under_way, timeout=60, interval=0.1)
+        # The engine whose log shows the claim holds it; the other waits.
+        holders = [n for n in ("engine-1", "engine-2") if op_id in cluster.log_tail(n, 400)]
+        assert len(holders) == 1, holders
+        [holder] = holders
+        [other] = {"engine-1", "engine-2"} - {holder}
+        cluster.kill(holder)
+        deadline = time.monotonic() + 90
+
+        async def completed() -> bool:
+            assert time.monotonic() < deadline, cluster.log_tail(other)
+            return (await store.get(op_id)).state is BatchState.COMPLETED
+
+        await poll_until(completed, timeout=90, interval=0.2)
+        done = await store.get(op_id)
+    finally:
+        await store.close()
+    assert op_id in cluster.log_tail(other, 400)  # it took the operation over
+    assert done.failed == 0
+    assert done.acted + done.skipped == len(ids)
+    assert done.skipped <= 1
+    statuses = await cluster.wait_settled(ids)
+    assert set(statuses.values()) == {SagaStatus.CANCELLED}
+    assert await _cancels(cluster, op_id) == Counter(dict.fromkeys(ids, 1))
+    await cluster.check_effects(
+        dict.fromkeys(ids, SagaStatus.CANCELLED), dict.fromkeys(ids, "beta")
+    )
