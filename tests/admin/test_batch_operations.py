@@ -150,6 +150,9 @@ async def test_an_operation_cancels_every_matching_saga_once_with_progress(
             [event] = cancels[saga_id]
             assert event["reason"] == f"[batch {op['id']}] region closed"
             assert event["principal"] == "olivia"
+        # The saga's page names the operation in its history (the gist of the cancel).
+        page = await http.get(f"/ui/sagas/{ids[0]}", headers=READER)
+        assert f"[batch {op['id']}] region closed" in page.text
         listed = (await http.get("/batch-operations", headers=READER)).json()
         assert [o["id"] for o in listed] == [op["id"]]
         again = await http.post(f"/batch-operations/{op['id']}/cancel", headers=OPERATOR)
