@@ -40,6 +40,7 @@
         ├── InvalidCursor              a list cursor the admin API did not hand out
         ├── ScheduleNotFound           no schedule has that id
         ├── ScheduleConflict           a schedule id taken by another definition
+        ├── BatchNotFound              no batch operation has that id
         ├── AdminConfigError           admin settings that cannot work
         │   └── InsecureAdminBinding   beyond loopback without tokens
         └── CliError                   a command line error, one line on stderr
