@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
+from saga_engine.client import SagaClient
 from saga_engine.settings import BatchSettings
 from tests.cli.conftest import invoke
 from tests.conftest import PgTarget
@@ -25,7 +26,7 @@ OPERATOR = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 
 
 def test_the_document_has_the_three_ways_in() -> None:
-    assert [b.lang for b in code_blocks(DOC)] == ["python", "json", "sh"]
+    assert [b.lang for b in code_blocks(DOC)] == ["python", "json", "sh", "python"]
 
 
 async def _statuses(served: ServedWorker, ids: list[str]) -> list[str]:
@@ -39,7 +40,7 @@ async def _statuses(served: ServedWorker, ids: list[str]) -> list[str]:
 async def test_the_batch_operations_example_runs(
     pg: PgTarget, kafka_bootstrap: str, unique_id: str
 ) -> None:
-    [python] = code_blocks(DOC, "python")
+    [python, from_code] = code_blocks(DOC, "python")
     [body] = code_blocks(DOC, "json")
     [shell] = code_blocks(DOC, "sh")
     namespace: dict[str, Any] = {"__name__": "myapp.shipping"}
@@ -90,6 +91,21 @@ async def test_the_batch_operations_example_runs(
         assert "cancel by olivia, completed, 4/4 (acted 4" in outputs[1]
         assert "2 operation(s)" in outputs[2]
         assert await _statuses(served, ids["ber-2"]) == ["cancelled"] * 4
+
+        # From code: two more Berlin shipments, cancelled by the client's operation.
+        more = []
+        for i in range(2):
+            started = await http.post(
+                "/sagas/shipment", json={"order_id": f"late-{i}", "warehouse": "ber-2"},
+                headers=OPERATOR,
+            )  # fmt: skip
+            more.append(started.json()["saga_id"])
+        await poll_until(lambda: _all(served, more, "running"), timeout=30)
+        exec_blocks([from_code], DOC, namespace)
+        async with SagaClient(settings) as client:
+            ended = await namespace["close_berlin"](client)
+        assert (ended["state"], ended["acted"], ended["principal"]) == ("completed", 2, "ops-bot")
+        assert await _statuses(served, more) == ["cancelled"] * 2
 
 
 async def _all(served: ServedWorker, ids: list[str], status: str) -> bool:

@@ -24,22 +24,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from saga_engine.admin._deps import AdminState, Caller, PartsDep, _state
 from saga_engine.admin._http_errors import api_router
 from saga_engine.admin._shared import READ_ERRORS, errors
-from saga_engine.core._batch import BatchAction, BatchFilter, BatchSpec, BatchState
-from saga_engine.kernel._errors import InvalidPayload, UnknownSagaType
+from saga_engine.core._batch import BatchAction, BatchFilter, BatchSpec, BatchState, check_spec
 from saga_engine.kernel._serde import NO_NUL, JsonDict
-from saga_engine.runner._parts import EngineParts
-from saga_engine.store._batch_store import BatchRow, BatchStore
-from saga_engine.store._store import EventStore, as_utc
+from saga_engine.store._batch_store import SAMPLE, BatchRow, BatchStore, count_matching
 
-__all__ = ["BatchOut", "BatchRequest", "DryRun", "count_matching", "router"]
+__all__ = ["BatchOut", "BatchRequest", "DryRun", "router"]
 
 audit = logging.getLogger("saga_engine.admin.audit")
 
 router = api_router()
 
 _ID = Path(min_length=1, max_length=64, pattern=NO_NUL, description="The operation's id.")
-#: The sagas a dry run lists as a sample of what matches.
-_SAMPLE = 20
 
 
 class BatchRequest(BaseModel):
@@ -65,7 +60,7 @@ class BatchRequest(BaseModel):
 class DryRun(BaseModel):
     dry_run: bool = True
     matched: int
-    sample: list[str] = Field(description=f"The first {_SAMPLE} matching saga ids.")
+    sample: list[str] = Field(description=f"The first {SAMPLE} matching saga ids.")
 
 
 class BatchOut(BaseModel):
@@ -76,6 +71,7 @@ class BatchOut(BaseModel):
     filter: BatchFilter
     reason: str
     signal: str | None
+    payload: JsonDict
     principal: str
     state: BatchState
     total: int = Field(description="The sagas the filter matched when it was created.")
@@ -91,14 +87,7 @@ class BatchOut(BaseModel):
 
 
 def out(row: BatchRow) -> BatchOut:
-    spec = row.spec
-    return BatchOut(
-        id=row.operation_id, action=spec.action, filter=spec.filter, reason=spec.reason,
-        signal=spec.signal, principal=row.principal, state=row.state, total=row.total,
-        done=row.done, acted=row.acted, skipped=row.skipped, failed=row.failed,
-        errors=row.errors, engine=row.lease_owner, created_at=row.created_at,
-        updated_at=row.updated_at, finished_at=row.finished_at,
-    )  # fmt: skip
+    return BatchOut.model_validate(row.as_json())
 
 
 def _store(request: Request) -> BatchStore:
@@ -109,80 +98,6 @@ def _store(request: Request) -> BatchStore:
 
 
 StoreDep = Annotated[BatchStore, Depends(_store)]
-
-
-def _refuse(loc: list[str], msg: str, kind: str) -> HTTPException:
-    return HTTPException(422, [{"loc": ["body", *loc], "msg": msg, "type": kind}])
-
-
-def check_request(body: BatchRequest, parts: EngineParts) -> None:
-    """Raises a 422 naming what is wrong; nothing is recorded before this passes."""
-    where = body.filter
-    for low, high, what in (
-        (where.created_after, where.created_before, "created"),
-        (where.updated_after, where.updated_before, "updated"),
-    ):
-        if low is not None and high is not None and as_utc(low) >= as_utc(high):
-            raise _refuse(
-                ["filter", f"{what}_after"], f"must be earlier than {what}_before", "value_error"
-            )
-    definition = None
-    if where.saga_type is not None:
-        try:
-            definition = parts.registry.get(where.saga_type)
-        except UnknownSagaType as exc:
-            raise _refuse(["filter", "saga_type"], str(exc), "unknown_saga_type") from None
-    declared = {name for d in parts.registry for name in d.search_attributes}
-    for name, value in where.attributes.items():
-        if name not in declared:
-            known = ", ".join(sorted(declared)) or "none are declared"
-            msg = f"no saga type declares search attribute {name!r} ({known})"
-            raise _refuse(["filter", "attributes", name], msg, "unknown_attribute")
-        if "\x00" in value or len(value) > 200:
-            raise _refuse(
-                ["filter", "attributes", name], "at most 200 characters, and no NUL", "value_error"
-            )
-    if body.action is not BatchAction.SIGNAL:
-        if body.signal is not None or body.payload:
-            raise _refuse(["signal"], "only the signal action sends a signal", "extra_forbidden")
-        return
-    if body.signal is None:
-        raise _refuse(["signal"], "the signal action needs the signal's name", "missing")
-    if definition is None:
-        raise _refuse(
-            ["filter", "saga_type"],
-            "the signal action needs the saga type (its signals are declared per type)",
-            "missing",
-        )
-    try:
-        definition.signal(body.signal).validate(body.payload, "payload")
-    except InvalidPayload as exc:
-        raise HTTPException(
-            422,
-            [
-                {
-                    "loc": ["body", "signal" if e["type"] == "unknown_signal" else "payload"]
-                    + [str(p) for p in e["loc"][1:]],
-                    "msg": e["msg"],
-                    "type": e["type"],
-                }
-                for e in exc.errors
-            ],
-        ) from None
-
-
-async def count_matching(store: EventStore, where: BatchFilter) -> tuple[int, list[str]]:
-    """How many sagas match now, and the first few ids (keyset pages of the list query)."""
-    arguments = where.list_arguments()
-    count, after = 0, None
-    sample: list[str] = []
-    while True:
-        page = await store.list_sagas(**arguments, limit=1000, after_id=after)
-        if not page:
-            return count, sample
-        count += len(page)
-        sample.extend(r.saga_id for r in page[: max(0, _SAMPLE - len(sample))])
-        after = page[-1].saga_id
 
 
 def _now() -> datetime:
@@ -203,14 +118,14 @@ async def create_batch(
 ) -> Response:
     """Creates a batch operation (or counts its sagas, ``dry_run``); the workers run it,
     at most ``batches.rate_per_s`` sagas a second, acting on each saga at most once."""
-    check_request(body, parts)
-    matched, sample = await count_matching(parts.store, body.filter)
-    if body.dry_run:
-        return JSONResponse(DryRun(matched=matched, sample=sample).model_dump(mode="json"))
     spec = BatchSpec(
         filter=body.filter, action=body.action, reason=body.reason.strip(),
         signal=body.signal, payload=body.payload,
     )  # fmt: skip
+    check_spec(spec, parts.registry)  # InvalidPayload: a 422 naming the field
+    matched, sample = await count_matching(parts.store, body.filter)
+    if body.dry_run:
+        return JSONResponse(DryRun(matched=matched, sample=sample).model_dump(mode="json"))
     row = await store.create(str(uuid.uuid4()), spec, caller.name, matched, _now())
     audit.info(
         "batch operation %s (%s on %d sagas) by %s: %r",

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from saga_engine.core._definition import SagaRegistry
 from saga_engine.core._status import SagaStatus
-from saga_engine.kernel._errors import InvalidTransition
+from saga_engine.kernel._errors import InvalidPayload, InvalidTransition, UnknownSagaType
 from saga_engine.kernel._serde import NO_NUL, JsonDict
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "BatchState",
     "acted_on",
     "check_batch_move",
+    "check_spec",
     "marker",
     "signal_id_for",
 ]
@@ -112,7 +114,8 @@ class BatchSpec(BaseModel):
 
     filter: BatchFilter
     action: BatchAction
-    reason: str
+    #: Required, and recorded in every saga's history after the operation's id.
+    reason: str = Field(min_length=1, max_length=1000, pattern=r"^[^\x00]*\S[^\x00]*$")
     #: The signal's name and payload (``action`` signal only).
     signal: str | None = None
     payload: JsonDict = Field(default_factory=dict)
@@ -140,3 +143,60 @@ def acted_on(events: Iterable[Any], operation_id: str) -> bool:
         if principal is not None and isinstance(reason, str) and reason.startswith(tag):
             return True
     return False
+
+
+def _problem(loc: list[str | int], msg: str, kind: str) -> InvalidPayload:
+    return InvalidPayload("batch operation", [{"loc": loc, "msg": msg, "type": kind}])
+
+
+def check_spec(spec: BatchSpec, registry: SagaRegistry) -> None:
+    """What a model cannot check alone, against the saga types deployed: InvalidPayload
+    naming the field (relative to the request: ``filter.saga_type``, ``signal``,
+    ``payload.<field>``...). Every way in (the admin API, the client) checks this before
+    recording anything."""
+    where = spec.filter
+    for low, high, what in (
+        (where.created_after, where.created_before, "created"),
+        (where.updated_after, where.updated_before, "updated"),
+    ):
+        if low is not None and high is not None and _utc(low) >= _utc(high):
+            msg = f"must be earlier than {what}_before"
+            raise _problem(["filter", f"{what}_after"], msg, "value_error")
+    definition = None
+    if where.saga_type is not None:
+        try:
+            definition = registry.get(where.saga_type)
+        except UnknownSagaType as exc:
+            raise _problem(["filter", "saga_type"], str(exc), "unknown_saga_type") from None
+    declared = {name for d in registry for name in d.search_attributes}
+    for name, value in where.attributes.items():
+        if name not in declared:
+            known = ", ".join(sorted(declared)) or "none are declared"
+            msg = f"no saga type declares search attribute {name!r} ({known})"
+            raise _problem(["filter", "attributes", name], msg, "unknown_attribute")
+        if "\x00" in value or len(value) > 200:
+            msg = "at most 200 characters, and no NUL"
+            raise _problem(["filter", "attributes", name], msg, "value_error")
+    if spec.action is not BatchAction.SIGNAL:
+        if spec.signal is not None or spec.payload:
+            raise _problem(["signal"], "only the signal action sends a signal", "extra_forbidden")
+        return
+    if spec.signal is None:
+        raise _problem(["signal"], "the signal action needs the signal's name", "missing")
+    if definition is None:
+        msg = "the signal action needs the saga type (its signals are declared per type)"
+        raise _problem(["filter", "saga_type"], msg, "missing")
+    try:
+        definition.signal(spec.signal).validate(spec.payload, "payload")
+    except InvalidPayload as exc:
+        raise InvalidPayload(
+            "batch operation",
+            [
+                {**e, "loc": ["signal"] if e["type"] == "unknown_signal" else e["loc"]}
+                for e in exc.errors
+            ],
+        ) from None
+
+
+def _utc(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)

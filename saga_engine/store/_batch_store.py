@@ -13,10 +13,14 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Final, Protocol
 
-from saga_engine.core._batch import BatchSpec, BatchState
+from saga_engine.core._batch import BatchFilter, BatchSpec, BatchState
 from saga_engine.kernel._serde import JsonDict
+from saga_engine.store._store import EventStore
 
-__all__ = ["MAX_ERRORS", "BatchRow", "BatchStore", "Outcome"]
+__all__ = ["MAX_ERRORS", "SAMPLE", "BatchRow", "BatchStore", "Outcome", "count_matching"]
+
+#: The sagas a count lists as a sample of what matches.
+SAMPLE: Final = 20
 
 #: The per-saga errors an operation keeps (the first ones); the count goes on.
 MAX_ERRORS: Final = 50
@@ -58,6 +62,20 @@ class BatchRow:
     @property
     def done(self) -> int:
         return self.acted + self.skipped + self.failed
+
+    def as_json(self) -> JsonDict:
+        """The operation as the admin API and the client show it."""
+        spec = self.spec
+        return {
+            "id": self.operation_id, "action": spec.action.value,
+            "filter": spec.filter.model_dump(mode="json"), "reason": spec.reason,
+            "signal": spec.signal, "payload": spec.payload, "principal": self.principal,
+            "state": self.state.value, "total": self.total, "done": self.done,
+            "acted": self.acted, "skipped": self.skipped, "failed": self.failed,
+            "errors": list(self.errors), "engine": self.lease_owner,
+            "created_at": self.created_at.isoformat(), "updated_at": self.updated_at.isoformat(),
+            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+        }  # fmt: skip
 
 
 class BatchStore(Protocol):
@@ -106,3 +124,18 @@ class BatchStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+async def count_matching(store: EventStore, where: BatchFilter) -> tuple[int, list[str]]:
+    """How many sagas match now, and the first few ids (keyset pages of the list query,
+    each answered by an index)."""
+    arguments = where.list_arguments()
+    count, after = 0, None
+    sample: list[str] = []
+    while True:
+        page = await store.list_sagas(**arguments, limit=1000, after_id=after)
+        if not page:
+            return count, sample
+        count += len(page)
+        sample.extend(r.saga_id for r in page[: max(0, SAMPLE - len(sample))])
+        after = page[-1].saga_id

@@ -13,7 +13,8 @@ import orjson
 import pytest
 from pydantic import BaseModel
 
-from saga_engine import Saga, SagaContext, Settings, Signal
+from saga_engine import InvalidPayload, InvalidTransition, Saga, SagaContext, Settings, Signal
+from saga_engine.client import SagaClient
 from saga_engine.settings import BatchSettings
 from tests.cli.conftest import as_json, invoke, one_line_error
 from tests.conftest import PgTarget
@@ -314,3 +315,40 @@ async def test_the_cli_starts_follows_lists_shows_and_cancels(
             5,
         )  # fmt: skip
         assert "declares no signal 'stop'" in refused
+
+
+async def test_the_client_starts_waits_for_and_cancels_operations(
+    pg: PgTarget, kafka_bootstrap: str, unique_id: str
+) -> None:
+    settings = _settings(pg, kafka_bootstrap, unique_id, rate=50)
+    async with served_worker(settings, [Parked]) as served, SagaClient(settings) as client:
+        ids = await _start(served, 6, "eu")
+        await _start(served, 2, "us")
+        where = {"statuses": ["running"], "attributes": {"region": "eu"}}
+        assert await client.count_batch(Parked, where) == 6
+        op_id = await client.start_batch(
+            Parked, "signal", signal="go", payload=Go(speed=9), reason="from code", where=where,
+            principal="batch-bot",
+        )  # fmt: skip
+        done = await client.wait_batch(op_id, timeout=30)
+        assert (done["state"], done["acted"], done["principal"]) == ("completed", 6, "batch-bot")
+        assert await _all_are(served, ids, "completed")
+        assert (await client.batch(op_id))["id"] == op_id
+        with pytest.raises(InvalidTransition):
+            await client.cancel_batch(op_id)
+        # Bad input: the field named, nothing recorded.
+        with pytest.raises(InvalidPayload) as bad:
+            await client.start_batch(Parked, "signal", signal="stop", reason="x")
+        assert bad.value.errors[0]["loc"] == ["signal"]
+        with pytest.raises(InvalidPayload) as bad:
+            await client.start_batch(Parked, "explode", reason="x")
+        assert bad.value.errors[0]["loc"] == ["action"]
+        with pytest.raises(InvalidPayload) as bad:
+            await client.start_batch(Parked, "cancel", reason=" ")
+        assert bad.value.errors[0]["loc"] == ["reason"]
+        listed = (await served.http.get("/batch-operations", headers=READER)).json()
+        assert [o["id"] for o in listed] == [op_id]
+        # One that matches nothing completes at once.
+        empty = await client.start_batch(Parked, "cancel", reason="stop", where={"q": "zzz"})
+        stopped = await client.wait_batch(empty, timeout=30)
+        assert (stopped["state"], stopped["total"], stopped["done"]) == ("completed", 0, 0)
