@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 
 from saga_engine.core._batch import BatchAction, acted_on, marker, signal_id_for
 from saga_engine.core._view import fold
-from saga_engine.kernel._errors import InvalidTransition, PermanentError, TransientError
+from saga_engine.kernel._errors import InvalidTransition, SagaError, TransientError
 from saga_engine.kernel._retry import Backoff
 from saga_engine.kernel._settings import BatchSettings
 from saga_engine.runner._engine import Engine
@@ -198,16 +198,21 @@ class BatchRunner:
         """Acts on one saga, unless its history shows the operation did already."""
         try:
             loaded = await self._sagas.load(saga_id)
-        except PermanentError as exc:  # deleted since it was listed, or undecodable
-            return Outcome.FAILED, str(exc)
-        events: list[object] = [stored.event for stored in loaded.events]
-        if acted_on(events, op.operation_id):
-            return Outcome.SKIPPED, None
-        why = f"{marker(op.operation_id)} {op.spec.reason}".rstrip()
-        try:
+            events: list[object] = [stored.event for stored in loaded.events]
+            if acted_on(events, op.operation_id):
+                return Outcome.SKIPPED, None
+            why = f"{marker(op.operation_id)} {op.spec.reason}".rstrip()
             await ACTIONS[op.spec.action](self._engine, op, saga_id, events, why)
-        except PermanentError as exc:  # the saga's state refuses it: counted, not retried
-            return Outcome.FAILED, str(exc)
+        except TransientError:
+            raise  # the loop claims the operation again and goes on from this saga
+        except Exception as exc:
+            # The saga's state refuses the action (PermanentError), it was deleted since
+            # it was listed, or its history cannot be read here (a newer engine's, a
+            # codec's key): counted with the reason, not retried, so that one saga never
+            # holds up the operation.
+            if not isinstance(exc, SagaError):
+                log.exception("batch operation %s on saga %s", op.operation_id, saga_id)
+            return Outcome.FAILED, str(exc) or type(exc).__name__
         if self._crash_hook is not None:
             self._crash_hook(CRASH_POINT)
         return Outcome.ACTED, None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -14,7 +15,9 @@ from pydantic import BaseModel
 from saga_engine import Saga, SagaContext, SagaStatus, Signal
 from saga_engine.core._batch import BatchAction, BatchFilter, BatchSpec, BatchState, marker
 from saga_engine.core._events import CancelRequested, SignalReceived
+from saga_engine.kernel._errors import StoreUnavailable
 from saga_engine.kernel._settings import BatchSettings
+from saga_engine.runner import _batches
 from saga_engine.runner._batches import BatchRunner
 from saga_engine.store._membatches import InMemoryBatchStore
 from saga_engine.testing import SagaTestEnv
@@ -161,3 +164,32 @@ async def test_a_cancelled_operation_stops_at_its_next_saga() -> None:
     statuses = [(await env.engine.get(i)).status for i in sorted(ids)]
     assert statuses.count(SagaStatus.CANCELLED) == 2
     assert statuses.count(SagaStatus.RUNNING) == 4
+
+
+async def test_one_broken_saga_is_counted_and_an_outage_is_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    env, ids = await _world(4)
+    broken, flaky = sorted(ids)[1], sorted(ids)[2]
+    real = _batches.ACTIONS[BatchAction.CANCEL]
+    outages = [StoreUnavailable("postgres restarting")]
+
+    async def act(engine: Any, op: Any, saga_id: str, events: Any, why: str) -> object:
+        if saga_id == broken:
+            raise RuntimeError("a bug on one saga")
+        if saga_id == flaky and outages:
+            raise outages.pop()
+        return await real(engine, op, saga_id, events, why)
+
+    monkeypatch.setitem(_batches.ACTIONS, BatchAction.CANCEL, act)
+    store = InMemoryBatchStore()
+    await store.create("op", _spec(BatchAction.CANCEL), "alice", 4, env.now())
+    runner = BatchRunner(env.engine, env.store, store, _settings(), owner="e")
+    with pytest.raises(StoreUnavailable):
+        await runner.run_once()
+    assert (await store.get("op")).done == 2  # the outage stopped it before the flaky one
+    await runner.run_once()  # its own lease: it goes on from the cursor
+    row = await store.get("op")
+    assert (row.state, row.acted, row.failed) == (BatchState.COMPLETED, 3, 1)
+    assert row.errors == [{"saga_id": broken, "error": "a bug on one saga"}]
+    assert (await env.engine.get(flaky)).status is SagaStatus.CANCELLED
