@@ -37,6 +37,7 @@ from saga_engine.core._decision import OutboundCommand, saga_id_for
 from saga_engine.core._definition import Saga, SagaRegistry, Signal
 from saga_engine.core._policy import RetryPolicy
 from saga_engine.core._status import TRANSITIONS, SagaStatus
+from saga_engine.core._update import query, update
 from saga_engine.kernel._errors import (
     CodecError,
     CodecFailure,
@@ -52,6 +53,7 @@ from saga_engine.kernel._errors import (
     NondeterminismError,
     PayloadTooLarge,
     PermanentError,
+    QueryFailed,
     ResultTimeout,
     SagaError,
     SagaNotFound,
@@ -64,6 +66,8 @@ from saga_engine.kernel._errors import (
     UnknownSagaType,
     UnknownSagaVersion,
     UnstorableValue,
+    UpdateFailed,
+    UpdateRefused,
 )
 from saga_engine.kernel._settings import (
     CodecSettings,
@@ -102,6 +106,7 @@ __all__ = [
     "PayloadTooLarge",
     "PermanentError",
     "PostgresSettings",
+    "QueryFailed",
     "ResultTimeout",
     "RetryPolicy",
     "Saga",
@@ -121,9 +126,13 @@ __all__ = [
     "UnknownSagaType",
     "UnknownSagaVersion",
     "UnstorableValue",
+    "UpdateFailed",
+    "UpdateRefused",
     "ZstdCodec",
+    "query",
     "run",
     "saga_id_for",
+    "update",
 ]
 
 if TYPE_CHECKING:

@@ -29,6 +29,8 @@ PUBLIC = {
     # Payload codecs (issue 14 section 4).
     "AesGcmCodec", "CodecChain", "CodecError", "CodecFailure", "CodecSettings", "GzipCodec",
     "NoopCodec", "PayloadCodec", "ZstdCodec",
+    # Updates and queries (issue 26 section 2).
+    "update", "query", "UpdateRefused", "UpdateFailed", "QueryFailed",
 }  # fmt: skip
 
 #: Every public module but the root, and exactly what it exports.
@@ -96,7 +98,7 @@ def test_the_front_doors_export_their_documented_names() -> None:
         assert len(module.__all__) == len(exported), f"{name}: a name listed twice"
         for attribute in exported:
             assert getattr(module, attribute) is not None, f"{name}.{attribute}"
-    assert len(saga_engine.events.EVENT_TYPES) == 25
+    assert len(saga_engine.events.EVENT_TYPES) == 27
 
 
 def _module_name(path: Path) -> str:

@@ -17,6 +17,7 @@ from saga_engine.cli import (
     _rollout,
     _schedule,
     _store,
+    _updates,
     _worker,
 )
 from saga_engine.cli._common import Debug, JsonOpt, out, print_json
@@ -53,6 +54,7 @@ def version(as_json: JsonOpt = False) -> None:
 app.add_typer(_worker.commands)
 app.add_typer(_store.commands)
 app.add_typer(_operator.commands)
+app.add_typer(_updates.commands)
 app.add_typer(_flow.commands)
 app.add_typer(_dlq.dlq_app, name="dlq")
 app.add_typer(_schedule.schedule_app, name="schedule")

@@ -15,6 +15,7 @@ from saga_engine.core._codec import CodecChain, PayloadCodec
 from saga_engine.core._definition import Saga, SagaDefinition, SagaRegistry, Signal
 from saga_engine.core._start import StartRequest
 from saga_engine.core._status import SagaStatus
+from saga_engine.core._update import name_of
 from saga_engine.kernel._errors import InvalidPayload
 from saga_engine.kernel._serde import JsonDict, check_storable
 from saga_engine.kernel._settings import Settings
@@ -51,12 +52,16 @@ class SagaClient:
         producer: Any = None,
         store: EventStore | None = None,
         codec: PayloadCodec | CodecChain | None = None,
+        admin_url: str | None = None,
+        admin_token: str | None = None,
     ) -> None:
         """``producer``: an already started aiokafka producer to share (it stays the
         caller's to stop); without it the client starts its own. ``store``: the event
         store :meth:`result` reads (the caller's to close); without it the client
         connects to ``settings.pg`` the first time it needs one. ``codec``: seals what
-        it sends and opens what it reads; by default the one ``settings.codec`` describes."""
+        it sends and opens what it reads; by default the one ``settings.codec`` describes.
+        ``admin_url`` and ``admin_token``: the engine's admin API that :meth:`update` calls
+        (by default where ``settings.admin`` makes it listen, without a token)."""
         self.settings = settings
         self.codec = (
             CodecChain.of(codec) if codec is not None else CodecChain.from_settings(settings.codec)
@@ -68,6 +73,9 @@ class SagaClient:
         self._store: EventStore | None = store
         self._owns_store = store is None
         self._batches: BatchStore | None = None
+        host = "127.0.0.1" if settings.admin.host in ("", "0.0.0.0", "::") else settings.admin.host
+        self._admin_url = admin_url or f"http://{host}:{settings.admin.port}"
+        self._admin_token = admin_token
 
     async def start_client(self) -> None:
         await ensure_topics(self.settings.kafka, [self.topics.inbox, self.topics.dlq])
@@ -193,6 +201,51 @@ class SagaClient:
                 body=body.model_dump(mode="json"),
             )
         )
+
+    # ------------------------------------------------------------------ updates, queries
+
+    async def update(
+        self,
+        saga_id: str,
+        update: Any,
+        input: BaseModel | dict[str, Any] | None = None,
+        *,
+        saga: type[Saga[Any, Any]] | None = None,
+        update_id: str | None = None,
+        reason: str = "",
+        timeout: float = 30.0,  # noqa: ASYNC109
+    ) -> Any:
+        """Calls the saga's update (the method, ``Order.add_item``, or its name with
+        ``saga=``) through the engine's admin API and returns its result. The input is
+        checked against the update's model first. The same ``update_id`` twice is applied
+        once and answered the same. Raises UpdateRefused (the saga's state refuses it:
+        nothing recorded), InvalidPayload, SagaNotFound, InvalidTransition (it ended), or
+        UpdateFailed (recorded; its handler raised)."""
+        from saga_engine.client._calls import checked_update, post_update, saga_class
+
+        name = name_of(update)
+        data = _payload(input)
+        checked_update(saga_class(update, saga, "update"), name, data)
+        body: dict[str, Any] = {"input": data, "reason": reason,
+                                "update_id": update_id or str(uuid.uuid4())}  # fmt: skip
+        return await post_update(self._admin_url, self._admin_token, saga_id, name, body, timeout)
+
+    async def query(
+        self,
+        saga_id: str,
+        query: Any,
+        args: BaseModel | dict[str, Any] | None = None,
+        *,
+        saga: type[Saga[Any, Any]] | None = None,
+    ) -> Any:
+        """Asks the saga's query (the method, ``Order.summary``, or its name with
+        ``saga=``): the saga's history is read from the store and replayed here, and the
+        replayed state answers. Nothing is written; no engine is involved."""
+        from saga_engine.client._calls import replayed_query, saga_class
+
+        store = await self._result_store()
+        cls = saga_class(query, saga, "query")
+        return await replayed_query(store, cls, saga_id, name_of(query), _payload(args))
 
     # ------------------------------------------------------------------ results
 

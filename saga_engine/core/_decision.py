@@ -128,6 +128,18 @@ class SignalInput:
 
 
 @dataclass(frozen=True, slots=True)
+class UpdateInput:
+    """A call of a saga's ``@update`` method (see ``core/_update``)."""
+
+    update_id: str
+    name: str
+    at: datetime
+    payload: JsonDict = field(default_factory=dict)
+    principal: str = "system"
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Cancel:
     reason: str
     at: datetime
@@ -176,7 +188,16 @@ class Undo:
 
 
 Inbound = (
-    Reply | TimerDue | SignalInput | Cancel | Resume | ForceCompensate | Skip | RetryStep | Undo
+    Reply
+    | TimerDue
+    | SignalInput
+    | Cancel
+    | Resume
+    | ForceCompensate
+    | Skip
+    | RetryStep
+    | Undo
+    | UpdateInput
 )
 
 
@@ -185,6 +206,8 @@ class DropReason(StrEnum):
     UNKNOWN_COMMAND = "unknown_command"
     STALE_TIMER = "stale_timer"
     DUPLICATE_SIGNAL = "duplicate_signal"
+    #: An update id recorded already: its recorded result is the answer.
+    DUPLICATE_UPDATE = "duplicate_update"
     PARKED = "parked"
     #: An undo the child had already (the same command again), or a child that ended
     #: some other way (its end answers the undo: see ``SagaRuntime.parent_notices``).

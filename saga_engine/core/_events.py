@@ -205,6 +205,21 @@ class SignalReceived(_Event):
         return f"signal {self.name!r} received"
 
 
+class UpdateReceived(_Event):
+    """An update (``@update``) accepted by its input model and its validator: its handler
+    runs on the saga's state right after it, and its result follows (``update_completed``)."""
+
+    kind: Literal["update_received"] = "update_received"
+    update_id: str
+    name: str
+    payload: JsonDict = Field(default_factory=dict)
+    principal: str = "system"
+    reason: str = ""
+
+    def describe(self) -> str:
+        return f"update {self.name!r} received"
+
+
 class CancelRequested(_Event):
     kind: Literal["cancel_requested"] = "cancel_requested"
     reason: str
@@ -344,6 +359,23 @@ class SideEffectRecorded(_Intent):
         return f"side effect {self.op_id!r}"
 
 
+class UpdateCompleted(_Intent):
+    """What an update's handler returned (``result``), or the error it raised: the answer
+    its caller gets, now and whenever it asks again with the same update id."""
+
+    kind: Literal["update_completed"] = "update_completed"
+    update_id: str
+    name: str
+    result: Any = None
+    error: ErrorInfo | None = None
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.update_id, self.name)
+
+    def describe(self) -> str:
+        return f"update {self.name!r} {'failed' if self.error else 'completed'}"
+
+
 class PatchMarked(_Intent):
     kind: Literal["patch_marked"] = "patch_marked"
     patch_id: str
@@ -458,7 +490,9 @@ Event = Annotated[
     | SagaCompleted
     | SagaFailed
     | SagaCompensated
-    | SagaCancelled,
+    | SagaCancelled
+    | UpdateReceived
+    | UpdateCompleted,
     Field(discriminator="kind"),
 ]
 
@@ -467,6 +501,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     UndoRequested, CompensationForced, StepSkipped, RetryRequested, SagaParked, SagaResumed, CommandIssued, TimerStarted, SideEffectRecorded, PatchMarked,
     CompensationStarted, CompensationIssued, CompensationCompleted, CompensationStuck,
     SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled,
+    UpdateReceived, UpdateCompleted,
 )  # fmt: skip
 
 TERMINAL_EVENTS = (SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled)

@@ -30,6 +30,7 @@ from saga_engine.core._decision import (
     Skip,
     TimerDue,
     Undo,
+    UpdateInput,
 )
 from saga_engine.core._events import (
     AttemptTimedOut,
@@ -48,6 +49,7 @@ from saga_engine.core._events import (
     StepSkipped,
     TimerFired,
     UndoRequested,
+    UpdateReceived,
 )
 from saga_engine.core._fold import Sent, Settled, Timer, Unstuck
 from saga_engine.core._lifecycle import (
@@ -59,13 +61,14 @@ from saga_engine.core._lifecycle import (
 )
 from saga_engine.core._state import Halt, SagaState
 from saga_engine.core._status import SagaStatus
+from saga_engine.core._updating import update_event, wake_update
 from saga_engine.kernel._errors import InvalidPayload, InvalidTransition, NotParent, UnstorableValue
 from saga_engine.kernel._serde import check_storable, storable_copy, validate_payload
 
 _INPUT_NAMES = {
     SignalInput: "signal", Cancel: "cancel", ForceCompensate: "force-compensate",
     Skip: "skip", RetryStep: "retry", Resume: "resume", Reply: "reply", TimerDue: "timer",
-    Undo: "undo",
+    Undo: "undo", UpdateInput: "update",
 }  # fmt: skip
 
 
@@ -114,7 +117,7 @@ def _while_parked(s: SagaState, inbound: Inbound) -> Event | DropReason:
             )
         _check_texts("resume", principal=inbound.principal, reason=inbound.reason)
         return SagaResumed(at=inbound.at, principal=inbound.principal, reason=inbound.reason)
-    if isinstance(inbound, SignalInput | Cancel | ForceCompensate | Skip | RetryStep):
+    if isinstance(inbound, SignalInput | Cancel | ForceCompensate | Skip | RetryStep | UpdateInput):
         raise InvalidTransition(
             f"saga {s.saga_id} is parked as nondeterministic; resume it after "
             f"deploying a fix before sending it a {input_name(inbound)}"
@@ -352,6 +355,7 @@ def _held_problem(inflight: Sent) -> str | None:
 _TO_EVENT: dict[type, Callable[[SagaState, Any], Event | DropReason]] = {
     Reply: _reply, TimerDue: _timer_due, SignalInput: _signal, Undo: _undo, Cancel: _stop,
     ForceCompensate: _stop, Skip: _skip_event, RetryStep: _retry_event, Resume: _resume,
+    UpdateInput: update_event,
 }  # fmt: skip
 
 
@@ -447,4 +451,5 @@ _WAKERS: dict[type[Event], Callable[[SagaState, Any, Settled], None]] = {
     StepSkipped: _wake_skip,
     RetryRequested: _wake_retry,
     SagaResumed: lambda s, e, _: unblock_compensation(s, "retry"),
+    UpdateReceived: wake_update,
 }

@@ -57,6 +57,7 @@ from saga_engine.core._policy import RetryPolicy
 from saga_engine.core._signal import Signal
 from saga_engine.core._state import Halt, SagaState
 from saga_engine.core._status import SagaStatus
+from saga_engine.core._update import run_query
 from saga_engine.kernel._errors import InvalidTransition, SerializationError
 from saga_engine.kernel._serde import JsonDict, check_storable, unstorable
 
@@ -226,6 +227,11 @@ class SagaRuntime:
         """The signals the code waits for now, by name."""
         return sorted(self.state.signal_waiters)
 
+    def query(self, name: str, args: JsonDict | None = None) -> Any:
+        """Asks the saga's ``@query`` method ``name`` (its answer as JSON); nothing is
+        recorded. Raises InvalidPayload (unknown query, bad arguments) or QueryFailed."""
+        return run_query(self.state.saga, self.state.definition.cls, name, args or {})
+
     def handle(self, inbound: Inbound) -> Decision:
         """Applies one input and returns what to record and send.
 
@@ -277,6 +283,7 @@ class SagaRuntime:
         s.undo_waiter = None
         s.lifecycle = None
         s.user_task = None
+        s.saga = None  # the user's object may hold the context (a cycle through it)
         s.ctx.detach()
 
     # ------------------------------------------------------------------ the context's door

@@ -35,8 +35,11 @@ from saga_engine.core._events import (
     StepSkipped,
     TimerFired,
     TimerStarted,
+    UpdateCompleted,
+    UpdateReceived,
 )
 from saga_engine.core._fold import Fold, Sent, Settled, Timer, retry_timer_step, signal_of
+from saga_engine.core._gist import gist_value
 
 
 class Lane(StrEnum):
@@ -189,7 +192,22 @@ class Timeline:
                 self._close(open_, key, "cancelled", event, seq)
 
 
+def _update_received(self: Timeline, seq: int, event: UpdateReceived, _: Settled) -> None:
+    # Open until its result, recorded right after it: an instant on the timeline.
+    segment = Segment(f"update {event.name}", Lane.WAIT, f"update {event.name!r}", event.at,
+                      seq, detail=f"by {event.principal}")  # fmt: skip
+    self._open(self.sent, f"update:{event.update_id}", segment)
+
+
+def _update_completed(self: Timeline, seq: int, event: UpdateCompleted, _: Settled) -> None:
+    outcome = "failed" if event.error else "success"
+    why = event.error.message if event.error else f"result {gist_value(event.result)}"
+    self._close(self.sent, f"update:{event.update_id}", outcome, event, seq, why)
+
+
 _HANDLERS: dict[type[Event], Callable[[Timeline, int, Any, Settled], None]] = {
+    UpdateReceived: _update_received,
+    UpdateCompleted: _update_completed,
     CommandIssued: Timeline._issued,
     CompensationIssued: Timeline._issued,
     ReplyReceived: Timeline._replied,

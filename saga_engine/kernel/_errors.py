@@ -22,6 +22,9 @@
         ├── UnknownSagaType            no saga of that name is deployed
         ├── SagaNotFound               no saga has that id
         ├── InvalidTransition          the action does not apply to the saga's state
+        │   ├── UpdateRefused          an update's validator (or the saga's state) refuses it
+        │   └── QueryFailed            a query method raised, or the saga has no state yet
+        ├── UpdateFailed               an update was recorded and its handler raised
         ├── NotParent                  a child's message that does not match its link
         ├── InvalidSagaId              an id that cannot be stored
         ├── SerializationError         a value that cannot be (de)serialised
@@ -277,6 +280,31 @@ class SagaNotFound(PermanentError):
 
 class InvalidTransition(PermanentError):
     """An action or event makes no sense in the saga's current status."""
+
+
+class UpdateRefused(InvalidTransition):
+    """An update the saga's state does not accept: its validator refused it (or the saga
+    cannot take updates now). Nothing was recorded (a 409 from the admin API)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class QueryFailed(InvalidTransition):
+    """A query could not be answered: its method raised, or the saga's code holds no
+    state to ask (a 409 from the admin API). Nothing was written."""
+
+
+class UpdateFailed(PermanentError):
+    """An update was accepted and recorded, and its handler raised: the error is recorded
+    with it, and asking again with the same update id gives the same error."""
+
+    def __init__(self, update_id: str, name: str, error: Mapping[str, Any]) -> None:
+        self.update_id = update_id
+        self.name = name
+        self.error = dict(error)
+        super().__init__(f"update {name!r} ({update_id}) failed: {error.get('message', '')}")
 
 
 class NotParent(PermanentError):

@@ -18,7 +18,8 @@ from saga_engine.core._definition import Saga
 from saga_engine.core._events import Event
 from saga_engine.core._rollout import RolloutSpec
 from saga_engine.core._status import SagaStatus
-from saga_engine.kernel._errors import SagaError, SagaNotFound, TransientError
+from saga_engine.core._update import name_of
+from saga_engine.kernel._errors import SagaError, SagaNotFound, TransientError, UpdateFailed
 from saga_engine.kernel._serde import JsonDict
 from saga_engine.kernel._settings import Settings
 from saga_engine.runner._children import ChildLinks
@@ -395,6 +396,29 @@ class SagaTestEnv:
     ) -> None:
         await self.engine.signal(run if isinstance(run, str) else run.saga_id, name, payload, **kw)
         await self.settle()
+
+    async def update(
+        self,
+        run: SagaRun | str,
+        update: Any,
+        payload: BaseModel | JsonDict | None = None,
+        **kw: Any,
+    ) -> Any:
+        """Calls the saga's update (its name or the method, ``Order.add_item``) and returns
+        its result; raises UpdateFailed if its handler raised, UpdateRefused if refused."""
+        saga_id = run if isinstance(run, str) else run.saga_id
+        answer = await self.engine.update(saga_id, name_of(update), payload, **kw)
+        await self.settle()
+        if answer.error is not None:
+            raise UpdateFailed(answer.update_id, answer.name, answer.error.model_dump())
+        return answer.result
+
+    async def query(
+        self, run: SagaRun | str, query: Any, args: BaseModel | JsonDict | None = None
+    ) -> Any:
+        """Asks the saga's query (its name or the method); writes nothing."""
+        saga_id = run if isinstance(run, str) else run.saga_id
+        return await self.engine.query(saga_id, name_of(query), args)
 
     async def cancel(self, run: SagaRun | str, reason: str = "cancelled by test") -> None:
         await self.engine.cancel(run if isinstance(run, str) else run.saga_id, reason)

@@ -41,6 +41,7 @@ BODIES: dict[str, dict[str, Any]] = {
     "rollout": {"version": 1, "percent": 0, "reason": "auth matrix"},
     "schedules": {"id": "auth-matrix-2", "saga": "noop", "every_s": 60},
     "batch-operations": {"filter": {"saga_type": "noop"}, "action": "cancel", "reason": "auth"},
+    "annotate": {"input": {"text": "auth matrix"}},
 }
 
 
@@ -60,6 +61,8 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
         for method in operations:
             path = template.replace("{saga_id}", saga_id).replace("{schedule_id}", "auth-matrix")
             path = path.replace("{operation_id}", batch.json()["id"])
+            name = "annotate" if "/updates/" in template else "kind"  # Transfer's
+            path = path.replace("{name}", name)
             body: dict[str, Any] | None
             if method == "post" and template == "/sagas/{saga}":
                 path, body = "/sagas/transfer", BODIES["start"]
@@ -68,7 +71,7 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
                 body = BODIES.get(path.rsplit("/", 1)[-1]) if method == "post" else None
                 body = BODIES["rollout"] if method == "put" else body
             out.append((method.upper(), path, body))
-    assert len(out) == 29
+    assert len(out) == 31
     return out
 
 

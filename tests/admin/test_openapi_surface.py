@@ -37,6 +37,9 @@ OPERATIONS = {
         "/sagas/{saga_id}/force-compensate",
         "force_compensate_sagas__saga_id__force_compensate_post",
     ),
+    # Issue 26 §2: updates and queries.
+    ("POST", "/sagas/{saga_id}/updates/{name}", "update_sagas__saga_id__updates__name__post"),
+    ("GET", "/sagas/{saga_id}/queries/{name}", "query_sagas__saga_id__queries__name__get"),
     # Issue 14 §5: saga versions' rollouts.
     ("GET", "/rollouts", "list_rollouts_rollouts_get"),
     ("GET", "/rollouts/{saga_type}", "get_rollout_rollouts__saga_type__get"),
@@ -95,6 +98,8 @@ STATUS_CODES = {
     "metrics_metrics_get": ["200", "401", "422", "503"],
     "flow_flow_get": ["200", "401", "422", "503"],
     "signal_sagas__saga_id__signal_post": _ACTION,
+    "update_sagas__saga_id__updates__name__post": _ACTION,
+    "query_sagas__saga_id__queries__name__get": _READ,
     "cancel_sagas__saga_id__cancel_post": _ACTION,
     "resume_sagas__saga_id__resume_post": _ACTION,
     "retry_sagas__saga_id__retry_post": _ACTION,
