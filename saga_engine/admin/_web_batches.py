@@ -19,8 +19,8 @@ from urllib.parse import quote
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
-from saga_engine.admin._auth import PRINCIPAL_KEY, Principal, auth_required, relative_redirect
-from saga_engine.admin._deps import _state
+from saga_engine.admin._auth import relative_redirect
+from saga_engine.admin._deps import _state, page_user
 from saga_engine.admin._web import _render, _root
 from saga_engine.kernel._errors import BatchNotFound, InvalidTransition
 
@@ -34,17 +34,12 @@ PAGE_SIZE = 200
 def batches_page_router() -> APIRouter:
     router = APIRouter(prefix="/ui", include_in_schema=False)
 
-    def user(request: Request) -> Principal | None:
-        principal = request.scope.get("state", {}).get(PRINCIPAL_KEY)
-        auth_on = auth_required(_state(request).admin) is not None
-        return principal if auth_on and isinstance(principal, Principal) else None
-
     @router.get("/batch-operations", name="ui_batches")
     async def batches_view(request: Request) -> HTMLResponse:
         store = _state(request).batches
         rows = await store.list(limit=PAGE_SIZE) if store is not None else []
         return _render(
-            "batches.html", root=_root(request), user=user(request),
+            "batches.html", root=_root(request), user=page_user(request),
             served=store is not None, operations=rows, quote=quote,
         )  # fmt: skip
 
@@ -57,7 +52,7 @@ def batches_page_router() -> APIRouter:
             row = None
         return _render(
             "batch.html", status_code=200 if row is not None else 404, root=_root(request),
-            user=user(request), op=row, operation_id=operation_id, quote=quote,
+            user=page_user(request), op=row, operation_id=operation_id, quote=quote,
         )  # fmt: skip
 
     @router.post("/batch-operations/{operation_id}/cancel")
@@ -69,7 +64,7 @@ def batches_page_router() -> APIRouter:
             except (BatchNotFound, InvalidTransition):
                 pass  # the page shows where it stands
             else:
-                who = user(request)
+                who = page_user(request)
                 audit.info(
                     "batch operation %s cancelled by %s", operation_id,
                     who.name if who else "anonymous (loopback)",

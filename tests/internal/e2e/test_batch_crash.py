@@ -54,17 +54,12 @@ async def _cancels(cluster: Cluster, op_id: str) -> Counter[str]:
     return Counter(r["saga_id"] for r in rows)
 
 
-async def test_sigkill_between_an_action_and_its_progress_acts_on_each_saga_once(
-    participants_up: Cluster,
-) -> None:
-    cluster = participants_up
-    cluster._spawn(
-        "engine", APP, cluster.env(SAGA_CRASH_AT=f"batch_after_action:{CRASH_AT}", **BATCHES)
-    )
+async def _applied_transfers(cluster: Cluster, count: int) -> list[str]:
+    """Transfers that applied their first step and sleep (an hour) before the next."""
     async with SagaClient(cluster.settings) as client:
         ids = [
-            await client.start(Transfer, TransferRequest(amount=5 + i, pause_s=3600))
-            for i in range(SAGAS)
+            await client.start(Transfer, TransferRequest(amount=1 + i, pause_s=3600))
+            for i in range(count)
         ]
 
     async def alpha_applied() -> bool:
@@ -72,19 +67,35 @@ async def test_sigkill_between_an_action_and_its_progress_acts_on_each_saga_once
         return {r["saga_id"] for r in rows if r["kind"] == "apply"} == set(ids)
 
     await poll_until(alpha_applied, timeout=90, interval=0.2)
+    return ids
 
+
+async def _cancel_all(cluster: Cluster, total: int) -> tuple[PostgresBatchStore, str]:
+    """A store on the cluster's schema and the operation that cancels every transfer.
+    No status filter: a saga cancelled just before a crash still matches when it is read
+    again, so its history is what keeps it from a second cancel."""
     pg = PostgresSettings(dsn=SecretStr(cluster.database_dsn), db_schema=cluster.schema)
     store = await PostgresBatchStore.connect(pg)
     op_id = str(uuid.uuid4())
+    spec = BatchSpec(
+        filter=BatchFilter(saga_type="transfer"),
+        action=BatchAction.CANCEL,
+        reason="the whole batch is void",
+    )
+    await store.create(op_id, spec, "olivia", total, datetime.now(UTC))
+    return store, op_id
+
+
+async def test_sigkill_between_an_action_and_its_progress_acts_on_each_saga_once(
+    participants_up: Cluster,
+) -> None:
+    cluster = participants_up
+    cluster._spawn(
+        "engine", APP, cluster.env(SAGA_CRASH_AT=f"batch_after_action:{CRASH_AT}", **BATCHES)
+    )
+    ids = await _applied_transfers(cluster, SAGAS)
+    store, op_id = await _cancel_all(cluster, SAGAS)
     try:
-        spec = BatchSpec(
-            # No status filter: the saga cancelled just before the crash still matches
-            # when it is read again, so its history is what keeps it from a second cancel.
-            filter=BatchFilter(saga_type="transfer"),
-            action=BatchAction.CANCEL,
-            reason="the whole batch is void",
-        )
-        await store.create(op_id, spec, "olivia", SAGAS, datetime.now(UTC))
         assert await cluster.wait_exit("engine") == -9, cluster.log_tail("engine")
         assert "crash point batch_after_action reached" in cluster.log_tail("engine")
         crashed = await store.get(op_id)
@@ -124,27 +135,9 @@ async def test_two_engines_one_holds_the_operation_and_the_other_takes_over_its_
     slow = {**BATCHES, "SAGA_BATCHES__RATE_PER_S": "8"}
     for name in ("engine-1", "engine-2"):
         cluster._spawn(name, APP, cluster.env(**slow))
-    async with SagaClient(cluster.settings) as client:
-        ids = [
-            await client.start(Transfer, TransferRequest(amount=1 + i, pause_s=3600))
-            for i in range(24)
-        ]
-
-    async def alpha_applied() -> bool:
-        rows = await cluster.ledger("alpha")
-        return {r["saga_id"] for r in rows if r["kind"] == "apply"} == set(ids)
-
-    await poll_until(alpha_applied, timeout=90, interval=0.2)
-    pg = PostgresSettings(dsn=SecretStr(cluster.database_dsn), db_schema=cluster.schema)
-    store = await PostgresBatchStore.connect(pg)
-    op_id = str(uuid.uuid4())
+    ids = await _applied_transfers(cluster, 24)
+    store, op_id = await _cancel_all(cluster, len(ids))
     try:
-        spec = BatchSpec(
-            filter=BatchFilter(saga_type="transfer"),
-            action=BatchAction.CANCEL,
-            reason="the whole batch is void",
-        )
-        await store.create(op_id, spec, "olivia", len(ids), datetime.now(UTC))
 
         async def under_way() -> bool:
             return (await store.get(op_id)).done >= 5
