@@ -202,7 +202,7 @@ class BatchRunner:
             if acted_on(events, op.operation_id):
                 return Outcome.SKIPPED, None
             why = f"{marker(op.operation_id)} {op.spec.reason}".rstrip()
-            await ACTIONS[op.spec.action](self._engine, op, saga_id, events, why)
+            decision = await ACTIONS[op.spec.action](self._engine, op, saga_id, events, why)
         except TransientError:
             raise  # the loop claims the operation again and goes on from this saga
         except Exception as exc:
@@ -213,6 +213,9 @@ class BatchRunner:
             if not isinstance(exc, SagaError):
                 log.exception("batch operation %s on saga %s", op.operation_id, saga_id)
             return Outcome.FAILED, str(exc) or type(exc).__name__
+        dropped = getattr(decision, "dropped", None)
+        if dropped is not None:  # the engine recorded nothing (a signal to a parked saga)
+            return Outcome.FAILED, f"the saga dropped it ({dropped})"
         if self._crash_hook is not None:
             self._crash_hook(CRASH_POINT)
         return Outcome.ACTED, None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Signal
 from saga_engine.core._batch import BatchAction, BatchFilter, BatchSpec, BatchState, marker
+from saga_engine.core._decision import DropReason
 from saga_engine.core._events import CancelRequested, SignalReceived
 from saga_engine.kernel._errors import StoreUnavailable
 from saga_engine.kernel._settings import BatchSettings
@@ -193,3 +195,20 @@ async def test_one_broken_saga_is_counted_and_an_outage_is_retried(
     assert (row.state, row.acted, row.failed) == (BatchState.COMPLETED, 3, 1)
     assert row.errors == [{"saga_id": broken, "error": "a bug on one saga"}]
     assert (await env.engine.get(flaky)).status is SagaStatus.CANCELLED
+
+
+async def test_an_input_the_saga_drops_is_counted_as_failed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    env, _ = await _world(2)
+
+    async def dropped(engine: Any, op: Any, saga_id: str, events: Any, why: str) -> object:
+        return SimpleNamespace(dropped=DropReason.PARKED)  # a decision that records nothing
+
+    monkeypatch.setitem(_batches.ACTIONS, BatchAction.CANCEL, dropped)
+    store = InMemoryBatchStore()
+    await store.create("op", _spec(BatchAction.CANCEL), "alice", 2, env.now())
+    await BatchRunner(env.engine, env.store, store, _settings(), owner="e").run_once()
+    row = await store.get("op")
+    assert (row.acted, row.failed) == (0, 2)
+    assert row.errors[0]["error"] == "the saga dropped it (parked)"
