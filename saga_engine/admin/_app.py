@@ -17,8 +17,8 @@ from fastapi import Depends, FastAPI
 
 from saga_engine.admin import (
     _actions,
-    _domain_events,
     _batches,
+    _domain_events,
     _flow,
     _meta,
     _reads,

@@ -29,8 +29,8 @@ from saga_engine.runner._engine import Engine
 from saga_engine.runner._matcher import take_fact
 from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._rollouts import apply_rollout
-from saga_engine.store._domain_store import InMemoryDomainEventStore, StoredFact
 from saga_engine.store._batch_store import BatchStore
+from saga_engine.store._domain_store import InMemoryDomainEventStore, StoredFact
 from saga_engine.store._membatches import InMemoryBatchStore
 from saga_engine.store._memschedules import InMemoryScheduleStore
 from saga_engine.store._memstore import InMemoryEventStore

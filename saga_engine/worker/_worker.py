@@ -64,8 +64,8 @@ from saga_engine.transport._kafka import (
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import Envelope, MessageType, ReloadBody
 from saga_engine.worker._adapters import LazyTopicSender, open_event_store, trigger_consumer
-from saga_engine.worker._events import WorkerEvents
 from saga_engine.worker._batches import WorkerBatches
+from saga_engine.worker._events import WorkerEvents
 from saga_engine.worker._inbox import Inbox
 from saga_engine.worker._schedules import KafkaStarts, WorkerSchedules
 
