@@ -35,6 +35,7 @@ from saga_engine.core._codec import (
 from saga_engine.core._context import HttpRequest, SagaContext
 from saga_engine.core._decision import OutboundCommand, saga_id_for
 from saga_engine.core._definition import Saga, SagaRegistry, Signal
+from saga_engine.core._keys import ConcurrencyLimit
 from saga_engine.core._policy import RetryPolicy
 from saga_engine.core._status import TRANSITIONS, SagaStatus
 from saga_engine.kernel._errors import (
@@ -82,6 +83,7 @@ __all__ = [
     "CodecFailure",
     "CodecSettings",
     "ConcurrencyError",
+    "ConcurrencyLimit",
     "DefinitionError",
     "DependencyUnavailable",
     "Engine",

@@ -175,8 +175,36 @@ class Undo:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class KeyQueue:
+    """The saga's concurrency key is at its limit: it waits behind ``behind``."""
+
+    key: str
+    at: datetime
+    behind: tuple[str, ...] = ()
+    position: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class KeyGrant:
+    """The saga holds a slot of its concurrency key: its run may begin."""
+
+    key: str
+    at: datetime
+
+
 Inbound = (
-    Reply | TimerDue | SignalInput | Cancel | Resume | ForceCompensate | Skip | RetryStep | Undo
+    Reply
+    | TimerDue
+    | SignalInput
+    | Cancel
+    | Resume
+    | ForceCompensate
+    | Skip
+    | RetryStep
+    | Undo
+    | KeyQueue
+    | KeyGrant
 )
 
 
@@ -189,6 +217,9 @@ class DropReason(StrEnum):
     #: An undo the child had already (the same command again), or a child that ended
     #: some other way (its end answers the undo: see ``SagaRuntime.parent_notices``).
     UNDO_ANSWERED = "undo_answered"
+    #: A concurrency key's grant (or queueing) the history records already, or that
+    #: comes after the saga stopped waiting for its key.
+    KEY_SETTLED = "key_settled"
 
 
 @dataclass(frozen=True, slots=True)

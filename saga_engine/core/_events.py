@@ -284,6 +284,31 @@ class SagaResumed(_Event):
     reason: str = ""
 
 
+class KeyQueued(_Event):
+    """The saga's concurrency key (``Saga.concurrency``) was at its limit when it asked:
+    its run waits, FIFO per key, until the key is granted (docs/concurrency-keys.md)."""
+
+    kind: Literal["key_queued"] = "key_queued"
+    key: str
+    #: The sagas holding the key when it queued (what it is queued behind).
+    behind: list[str] = Field(default_factory=list)
+    #: Its place in the key's queue then (1: next to be granted).
+    position: int = 1
+
+    def describe(self) -> str:
+        return f"queued for concurrency key {self.key!r}"
+
+
+class KeyAcquired(_Event):
+    """The saga holds a slot of its concurrency key: its run begins now."""
+
+    kind: Literal["key_acquired"] = "key_acquired"
+    key: str
+
+    def describe(self) -> str:
+        return f"concurrency key {self.key!r} acquired"
+
+
 # --------------------------------------------------------------------------- intents
 
 
@@ -447,6 +472,8 @@ Event = Annotated[
     | RetryRequested
     | SagaParked
     | SagaResumed
+    | KeyQueued
+    | KeyAcquired
     | CommandIssued
     | TimerStarted
     | SideEffectRecorded
@@ -464,7 +491,7 @@ Event = Annotated[
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
     SagaStarted, ReplyReceived, InvalidReplyReceived, AttemptTimedOut, TimerFired, SignalReceived, CancelRequested,
-    UndoRequested, CompensationForced, StepSkipped, RetryRequested, SagaParked, SagaResumed, CommandIssued, TimerStarted, SideEffectRecorded, PatchMarked,
+    UndoRequested, CompensationForced, StepSkipped, RetryRequested, SagaParked, SagaResumed, KeyQueued, KeyAcquired, CommandIssued, TimerStarted, SideEffectRecorded, PatchMarked,
     CompensationStarted, CompensationIssued, CompensationCompleted, CompensationStuck,
     SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled,
 )  # fmt: skip

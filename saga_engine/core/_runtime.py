@@ -35,6 +35,8 @@ from saga_engine.core._decision import (
     Decision,
     DropReason,
     Inbound,
+    KeyGrant,
+    KeyQueue,
     OutboundCommand,
     Projection,
     Reply,
@@ -53,11 +55,12 @@ from saga_engine.core._events import (
     UndoRequested,
 )
 from saga_engine.core._inputs import check_parent, input_name, to_event, wake
+from saga_engine.core._keys import key_value
 from saga_engine.core._policy import RetryPolicy
 from saga_engine.core._signal import Signal
 from saga_engine.core._state import Halt, SagaState
 from saga_engine.core._status import SagaStatus
-from saga_engine.kernel._errors import InvalidTransition, SerializationError
+from saga_engine.kernel._errors import DefinitionError, InvalidTransition, SerializationError
 from saga_engine.kernel._serde import JsonDict, check_storable, unstorable
 
 M = TypeVar("M", bound=BaseModel)
@@ -222,6 +225,22 @@ class SagaRuntime:
         """The steps whose compensation is owed, in the order they would run."""
         return [o.step for o in reversed(self.state.owed)]
 
+    def concurrency_key(self) -> str | None:
+        """The value of its concurrency key (``Saga.concurrency``), or None: not limited."""
+        limit = self.state.definition.concurrency
+        if limit is None:
+            return None
+        try:
+            return key_value(limit, self.started.input)
+        except DefinitionError:
+            return None  # its run is parked for it; it never holds the key
+
+    @property
+    def awaits_key(self) -> bool:
+        """Its run waits for its concurrency key (the history records no grant yet)."""
+        s = self.state
+        return s.key_waiter is not None and not s.key_waiter.done() and not s.dead
+
     def awaited_signals(self) -> list[str]:
         """The signals the code waits for now, by name."""
         return sorted(self.state.signal_waiters)
@@ -249,6 +268,8 @@ class SagaRuntime:
                 )
             if isinstance(inbound, TimerDue):
                 return self._decision(dropped=DropReason.STALE_TIMER)
+            if isinstance(inbound, KeyQueue | KeyGrant):
+                return self._decision(dropped=DropReason.KEY_SETTLED)
             raise InvalidTransition(
                 f"saga {s.saga_id} is {s.status.value}; it accepts no "
                 f"{input_name(inbound)} any more"

@@ -23,6 +23,8 @@ from saga_engine.core._events import (
     CompensationStarted,
     Event,
     InvalidReplyReceived,
+    KeyAcquired,
+    KeyQueued,
     ReplyReceived,
     RetryRequested,
     SagaCancelled,
@@ -58,7 +60,8 @@ class Segment:
     start: datetime
     start_seq: int
     #: success, refused, failed, retryable, timed_out, invalid, in_doubt, pending,
-    #: skipped, backoff, waiting, fired, received, timed_out, cancelled, parked, resumed
+    #: skipped, backoff, waiting, fired, received, timed_out, cancelled, parked, resumed,
+    #: acquired (a concurrency key)
     outcome: str = "pending"
     end: datetime | None = None
     end_seq: int | None = None
@@ -151,6 +154,21 @@ class Timeline:
         if isinstance(settled, Timer):
             self._close(self.timers, settled.timer_id, "received", event, seq, event.principal)
 
+    def _key_queued(self, seq: int, event: KeyQueued, _: Settled) -> None:
+        behind = ", ".join(event.behind) or "nobody"
+        detail = f"position {event.position}, behind {behind}"
+        segment = self.timers.get(f"key:{event.key}")
+        if segment is not None:
+            segment.detail = detail  # queued again, behind others: the same wait
+            return
+        label = f"queued for concurrency key {event.key!r}"
+        segment = Segment("concurrency key", Lane.WAIT, label, event.at, seq, "waiting",
+                          detail=detail)  # fmt: skip
+        self._open(self.timers, f"key:{event.key}", segment)
+
+    def _key_acquired(self, seq: int, event: KeyAcquired, _: Settled) -> None:
+        self._close(self.timers, f"key:{event.key}", "acquired", event, seq)
+
     def _skipped(self, seq: int, event: StepSkipped, settled: Settled) -> None:
         if isinstance(settled, Sent):
             key = settled.event.command_id
@@ -198,6 +216,8 @@ _HANDLERS: dict[type[Event], Callable[[Timeline, int, Any, Settled], None]] = {
     TimerStarted: Timeline._timer_started,
     TimerFired: Timeline._timer_fired,
     SignalReceived: Timeline._signal,
+    KeyQueued: Timeline._key_queued,
+    KeyAcquired: Timeline._key_acquired,
     StepSkipped: Timeline._skipped,
     RetryRequested: Timeline._retried,
     CompensationStarted: Timeline._compensating,

@@ -66,7 +66,7 @@ class SagaState(Fold):
     # a dict of three dozen attributes is a kilobyte and a half of each.
     __slots__ = (
         "cancel_message", "cancel_reason", "clock", "closing", "counters", "ctx", "cursor",
-        "definition", "history", "lifecycle", "loop", "new", "nondeterminism", "now", "owed",
+        "definition", "history", "key_waiter", "lifecycle", "loop", "new", "nondeterminism", "now", "owed",
         "patches", "resume_waiter", "rng", "saga_id", "saga_type", "signal_waiters", "signals",
         "skipped_ids", "step_names", "trace_context", "undo_waiter", "user_task",
     )  # fmt: skip
@@ -120,6 +120,8 @@ class SagaState(Fold):
         self.skipped_ids: Set[str] = NO_IDS
         #: A completed child waits here for its parent's undo (``UndoRequested``).
         self.undo_waiter: asyncio.Future[None] | None = None
+        #: A run waiting for its concurrency key waits here (``KeyAcquired``).
+        self.key_waiter: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------------ queries
 

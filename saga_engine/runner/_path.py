@@ -41,6 +41,7 @@ from saga_engine.kernel._errors import ConcurrencyError, SagaError, TransientErr
 from saga_engine.kernel._retry import Backoff
 from saga_engine.runner._cache import LiveSaga
 from saga_engine.runner._effects import Effects
+from saga_engine.runner._keys import KeyGate
 from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._work import (
     Deliver,
@@ -73,12 +74,15 @@ class InputPath:
         self._owners = parts.owners
         self._stats = parts.stats
         self._effects = Effects(parts, self.reload_soon)
+        #: Per-key concurrency: what a limited saga owes for its key, after each batch.
+        self.keys = KeyGate(parts, self.apply)
         #: Sagas with a reload pending (``reload_soon``).
         self._reloading: set[str] = set()
         self._closed = False
 
     def close(self) -> None:
         self._closed = True
+        self.keys.close()
 
     async def apply(self, inputs: Sequence[Input]) -> list[Outcome]:
         """Applies ``inputs`` as one batch; each one's outcome, in their order."""
@@ -112,6 +116,8 @@ class InputPath:
         finally:
             for saga_id in held:
                 self._live.locks.release(saga_id)
+        # Outside the locks: asking for a key applies the answer through this path.
+        await self.keys.after([w for w in works.values() if w.failure is None])
         return outcomes
 
     async def _passes(self, works: list[Work]) -> None:
