@@ -87,8 +87,13 @@ class KeyGate:
         self._asking.add(saga_id)
         held = False
         try:
+            asked = self._clock.now()
+            turn = await self._store.acquire_key(
+                runtime.saga_type, key, saga_id, limit.limit, asked
+            )
+            # Stamped once granted (not when asked): a history's key_acquired is never
+            # before the end of the saga whose release granted it.
             now = self._clock.now()
-            turn = await self._store.acquire_key(runtime.saga_type, key, saga_id, limit.limit, now)
             inbound: KeyGrant | KeyQueue
             if turn.held:
                 held = True
