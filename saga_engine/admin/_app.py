@@ -13,7 +13,7 @@ the dependencies in ``_deps``, which read what this function stores on the app's
 
 from fastapi import Depends, FastAPI
 
-from saga_engine.admin import _actions, _flow, _meta, _reads, _rollouts, _schedules
+from saga_engine.admin import _actions, _flow, _keys, _meta, _reads, _rollouts, _schedules
 from saga_engine.admin._auth import AuthMiddleware, auth_required
 from saga_engine.admin._deps import AdminState, StartSaga, bearer, install
 from saga_engine.admin._http_errors import (
@@ -96,6 +96,7 @@ def _include_routers(app: FastAPI, parts: EngineParts, admin: AdminSettings) -> 
     app.include_router(_actions.router, dependencies=secured)
     app.include_router(_rollouts.router, dependencies=secured)
     app.include_router(_flow.router, dependencies=secured)
+    app.include_router(_keys.router, dependencies=secured)
     app.include_router(_schedules.router, dependencies=secured)
     app.include_router(web_router(parts, admin))
     app.include_router(_rollouts.ui_router(parts, admin))

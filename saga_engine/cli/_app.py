@@ -12,6 +12,7 @@ from saga_engine.cli import (
     _conformance,
     _dlq,
     _flow,
+    _keys,
     _operator,
     _rollout,
     _schedule,
@@ -53,6 +54,7 @@ app.add_typer(_worker.commands)
 app.add_typer(_store.commands)
 app.add_typer(_operator.commands)
 app.add_typer(_flow.commands)
+app.add_typer(_keys.commands)
 app.add_typer(_dlq.dlq_app, name="dlq")
 app.add_typer(_schedule.schedule_app, name="schedule")
 app.add_typer(_rollout.rollout_app, name="rollout")

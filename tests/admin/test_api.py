@@ -642,6 +642,7 @@ async def test_openapi_describes_the_api(admin: Admin) -> None:
         "/sagas/{saga_id}/lineage",
         "/metrics",
         "/flow",
+        "/concurrency-keys",
         "/sagas/{saga_id}/signal",
         "/sagas/{saga_id}/cancel",
         "/sagas/{saga_id}/resume",

@@ -62,7 +62,7 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
                 body = BODIES.get(path.rsplit("/", 1)[-1]) if method == "post" else None
                 body = BODIES["rollout"] if method == "put" else body
             out.append((method.upper(), path, body))
-    assert len(out) == 25
+    assert len(out) == 26
     return out
 
 
