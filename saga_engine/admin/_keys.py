@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, StringConstraints
 from saga_engine.admin._deps import PartsDep
 from saga_engine.admin._shared import READ_ERRORS, errors
 from saga_engine.kernel._serde import NO_NUL
-from saga_engine.store._keyslots import KeySlotStore
+from saga_engine.store._keyslots import KeySlotStore, with_positions
 
 __all__ = ["KeySlotView", "KeysBody", "router"]
 
@@ -53,19 +53,13 @@ async def concurrency_keys(
     store = parts.store
     if not isinstance(store, KeySlotStore):
         return KeysBody(slots=[])
-    out: list[KeySlotView] = []
-    waiting: dict[tuple[str, str], int] = {}
-    for slot in await store.key_slots(saga_type, key):
-        position = 0
-        if not slot.held:
-            position = waiting[(slot.saga_type, slot.key)] = (
-                waiting.get((slot.saga_type, slot.key), 0) + 1
-            )
-        out.append(
+    return KeysBody(
+        slots=[
             KeySlotView(
                 saga_id=slot.saga_id, saga_type=slot.saga_type, key=slot.key, held=slot.held,
                 position=position, limit=slot.limit, queued_at=slot.queued_at,
                 acquired_at=slot.acquired_at,
             )
-        )  # fmt: skip
-    return KeysBody(slots=out)
+            for slot, position in with_positions(await store.key_slots(saga_type, key))
+        ]
+    )  # fmt: skip

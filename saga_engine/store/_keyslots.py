@@ -79,3 +79,17 @@ def turn_of(saga_id: str, rows: list[KeySlot], order: list[str]) -> KeyTurn:
     if saga_id in holders:
         return KeyTurn(True, holders, 0)
     return KeyTurn(False, holders, queued.index(saga_id) + 1 if saga_id in queued else 0)
+
+
+def with_positions(slots: list[KeySlot]) -> list[tuple[KeySlot, int]]:
+    """``key_slots``' rows, each with its place among its key's waiting sagas (1: next;
+    0 for a holder)."""
+    waiting: dict[tuple[str, str], int] = {}
+    out = []
+    for slot in slots:
+        position = 0
+        if not slot.held:
+            key = (slot.saga_type, slot.key)
+            position = waiting[key] = waiting.get(key, 0) + 1
+        out.append((slot, position))
+    return out

@@ -6,6 +6,7 @@ message with its reason, starting nothing."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -18,8 +19,10 @@ from saga_engine import (
     SagaContext,
     SagaStatus,
     Settings,
+    Signal,
     saga_id_for,
 )
+from saga_engine.client import SagaClient
 from saga_engine.events import KeyAcquired, KeyQueued, SagaStarted
 from saga_engine.settings import AdminSettings, EngineSettings, KafkaSettings, PostgresSettings
 from saga_engine.triggers import KafkaTrigger
@@ -140,3 +143,52 @@ async def test_a_trigger_maps_priority_fairness_and_concurrency_keys(
     # One key: they ran one at a time, and at least the later ones queued for it.
     assert all(any(isinstance(e, KeyAcquired) for e in h) for h in histories)
     assert sum(any(isinstance(e, KeyQueued) for e in h) for h in histories) >= 1
+
+
+class Go(BaseModel):
+    pass
+
+
+class Locked(Saga[Payment, Paid]):
+    """Holds its key until signalled."""
+
+    name = "locked-until-go"
+    concurrency = ConcurrencyLimit(key="account", limit=1)
+    go = Signal(Go)
+
+    async def run(self, ctx: SagaContext, payment: Payment) -> Paid:
+        await ctx.wait_signal("go")
+        return Paid()
+
+
+async def test_the_client_sees_holders_and_queue_and_a_release_moves_it(
+    pg: PgTarget, kafka_bootstrap: str, unique_id: str
+) -> None:
+    settings = Settings(
+        pg=PostgresSettings(dsn=pg.database_dsn, db_schema=pg.schema),
+        kafka=KafkaSettings(
+            bootstrap_servers=kafka_bootstrap,
+            topic_prefix=f"t{unique_id}",
+            group_id=f"engines-{unique_id}",
+            partitions=2,
+        ),
+        admin=AdminSettings(enabled=False, port=0),
+    )
+    async with SagaWorker(settings, [Locked]), SagaClient(settings) as client:
+        first = await client.start(Locked, Payment(account="A-9", amount=1))
+        second = await client.start(Locked, Payment(account="A-9", amount=2))
+
+        async def queue() -> list[tuple[str, bool, int]]:
+            rows = await client.concurrency_slots(Locked, "A-9")
+            return [(r["saga_id"], r["held"], r["position"]) for r in rows]
+
+        await poll_until(lambda: _is(queue, [(first, True, 0), (second, False, 1)]))
+        await client.signal(first, "go", Go())
+        await poll_until(lambda: _is(queue, [(second, True, 0)]))
+        await client.signal(second, "go", Go())
+        assert await client.result(second, timeout=30) == {"ok": True}
+        await poll_until(lambda: _is(queue, []))
+
+
+async def _is(read: Any, want: Any) -> bool:
+    return bool(await read() == want)
