@@ -20,6 +20,7 @@ without ``concurrency`` cost one attribute read per pass and no query.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
@@ -32,6 +33,9 @@ from saga_engine.runner._work import Deliver, Input, Load, LoadMode, Outcome, Wo
 from saga_engine.store._keyslots import KeySlotStore
 
 log = logging.getLogger("saga_engine.keys")
+
+#: Wake-ups applied one inside the other before the next goes to a task of its own.
+_MAX_DEPTH = 8
 
 Apply = Callable[[Sequence[Input]], Awaitable[list[Outcome]]]
 
@@ -49,6 +53,9 @@ class KeyGate:
         self._asking: set[str] = set()
         #: Sagas with a poll armed.
         self._polling: set[str] = set()
+        #: Wake-ups applied inline, one inside the other (see ``_wake``).
+        self._depth = 0
+        self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
     def close(self) -> None:
@@ -127,10 +134,24 @@ class KeyGate:
 
     async def _wake(self, saga_id: str) -> None:
         """A saga granted a slot by a release: its owner applies the grant."""
-        if self._owners.owns(saga_id):
-            await self._apply([Load(saga_id, LoadMode.WAKE)])
-        else:
+        if not self._owners.owns(saga_id):
             await self._owners.tell_owner(saga_id)
+        elif self._depth < _MAX_DEPTH:
+            # Inline: the release's caller sees the next saga under way when it returns.
+            self._depth += 1
+            try:
+                await self._apply([Load(saga_id, LoadMode.WAKE)])
+            finally:
+                self._depth -= 1
+        else:
+            # A chain of sagas that end as soon as they get the key (each release wakes
+            # the next) goes on in a task of its own, not ever deeper in this one.
+            task = asyncio.get_running_loop().create_task(self._wake_later(saga_id))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _wake_later(self, saga_id: str) -> None:
+        await self._apply([Load(saga_id, LoadMode.WAKE)])
 
     async def sweep(self) -> int:
         """Releases the slots of sagas that ended without releasing them, and wakes the

@@ -3,6 +3,7 @@ FIFO, queued sagas visible, released at the end, a cancel while queued, definiti
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta
 
 import pytest
@@ -221,3 +222,29 @@ def test_a_wrong_concurrency_declaration_is_refused_when_defined(
     declared = concurrency
     with pytest.raises(DefinitionError, match=message):
         define()
+
+
+async def test_a_long_queue_of_sagas_that_end_at_once_drains_without_deep_recursion() -> None:
+    class Instant(Saga[TransferIn, TransferOut]):
+        name = "instant"
+        concurrency = ConcurrencyLimit(key="account_id", limit=1)
+
+        async def run(self, ctx: SagaContext, input: TransferIn) -> TransferOut:
+            if input.amount == 0:  # the first holds the key until its reply
+                await ctx.step("debit", to="ledger", command=Debit(account_id="a", amount=0))
+            return TransferOut(ok=True)
+
+    env = SagaTestEnv([Instant])
+    env.participant("ledger").on(Debit, no_reply=True)
+    runs = [await env.start(Instant, TransferIn(account_id="a", amount=i)) for i in range(300)]
+    assert len(await _slots(env).key_slots(key="a")) == 300
+    # Each release grants the next, which ends at once and releases in turn: 299 grants
+    # chained, applied inline a few deep and then in tasks, never 299 frames deep.
+    [debit] = env.commands("ledger")
+    await env.engine.reply(runs[0].saga_id, debit.command_id, "success")
+    for _ in range(100):
+        if await _slots(env).key_slots() == []:
+            break
+        await asyncio.sleep(0.01)  # the tasks the chain went on in
+    assert {await r.status() for r in runs} == {SagaStatus.COMPLETED}
+    assert await _slots(env).key_slots() == []
