@@ -26,6 +26,8 @@ from saga_engine.core._events import (
     CompensationStarted,
     CompensationStuck,
     ErrorInfo,
+    KeyAcquired,
+    KeyQueued,
     ReplyReceived,
     SagaCancelled,
     SagaCompensated,
@@ -117,13 +119,25 @@ def unblock_compensation(s: SagaState, action: Literal["retry", "skip"]) -> None
 async def _hold_key(s: SagaState) -> None:
     """A limited saga's run begins once its history says it holds its key (a
     ``key_acquired`` input: the runner records it when the store grants a slot)."""
-    if s.key is not None and s.key.held:
+    if (s.key is not None and s.key.held) or _ran_without_key(s):
         return
     s.key_waiter = s.loop.create_future()
     try:
         await s.key_waiter
     finally:
         s.key_waiter = None
+
+
+def _ran_without_key(s: SagaState) -> bool:
+    """Its history shows its run under way before any key event: it was started before
+    its type declared ``concurrency``, and goes on as it began (unlimited), not parked
+    for a wait its history never recorded."""
+    for event in s.history[1:]:
+        if isinstance(event, KeyQueued | KeyAcquired):
+            return False
+        if event.is_intent:
+            return True
+    return False
 
 
 async def _run_user(s: SagaState, started: SagaStarted) -> Any:

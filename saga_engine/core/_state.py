@@ -143,6 +143,8 @@ class SagaState(Fold):
         ]
         waits += [f"timer {tid!r}" for tid in self.timers if tid != DEADLINE_TIMER]
         waits += [f"signal {name!r}" for name in self.signal_waiters]
+        if self.key_waiter is not None:
+            waits.append("its concurrency key")
         if self.status.is_terminal:
             return f"nothing (the saga already ended {self.status.value})"
         return "nothing more; the code waits for " + (", ".join(waits) or "nothing")

@@ -10,7 +10,9 @@ import pytest
 from pydantic import BaseModel
 
 from saga_engine import ConcurrencyLimit, DefinitionError, Saga, SagaContext, SagaStatus
+from saga_engine.core._definition import SagaDefinition
 from saga_engine.core._gist import gist
+from saga_engine.core._runtime import SagaRuntime
 from saga_engine.core._view import WaitKind, fold
 from saga_engine.kernel._errors import StoreUnavailable
 from saga_engine.store._keyslots import KeySlotStore
@@ -248,3 +250,30 @@ async def test_a_long_queue_of_sagas_that_end_at_once_drains_without_deep_recurs
         await asyncio.sleep(0.01)  # the tasks the chain went on in
     assert {await r.status() for r in runs} == {SagaStatus.COMPLETED}
     assert await _slots(env).key_slots() == []
+
+
+async def test_sagas_started_before_the_type_declared_a_key_go_on_unlimited() -> None:
+    class Before(Saga[TransferIn, TransferOut]):
+        name = "declared-later"
+
+        async def run(self, ctx: SagaContext, input: TransferIn) -> TransferOut:
+            await ctx.step("debit", to="ledger", command=Debit(account_id="a", amount=1))
+            return TransferOut(ok=True)
+
+    class After(Saga[TransferIn, TransferOut]):
+        name = "declared-later"
+        concurrency = ConcurrencyLimit(key="account_id", limit=1)
+
+        async def run(self, ctx: SagaContext, input: TransferIn) -> TransferOut:
+            await ctx.step("debit", to="ledger", command=Debit(account_id="a", amount=1))
+            return TransferOut(ok=True)
+
+    env = SagaTestEnv([Before])
+    env.participant("ledger").on(Debit, no_reply=True)
+    old = await env.start(Before, TransferIn(account_id="a"))
+    history = await old.history()
+    # Replayed by the code that declares the key: not parked, nothing new owed.
+    runtime, decision = SagaRuntime.replay(SagaDefinition.of(After), old.saga_id, history)
+    assert decision.nondeterminism is None
+    assert not runtime.awaits_key
+    assert decision.events == []
