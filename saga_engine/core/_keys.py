@@ -11,10 +11,13 @@ themselves live in the store (``store/_keyslots.py``); the runner asks for them
 
 from __future__ import annotations
 
+import enum
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any
 
-from saga_engine.kernel._errors import DefinitionError
+from saga_engine.kernel._errors import DefinitionError, InvalidPayload
 from saga_engine.kernel._serde import JsonDict
 
 #: The longest key value stored (a longer one is refused at the start).
@@ -52,6 +55,12 @@ def check_concurrency(cls_name: str, value: Any, fields: dict[str, Any]) -> None
             f"{cls_name}: the concurrency key {value.key!r} is not a field of its input "
             f"model (its fields: {', '.join(fields) or 'none'})"
         )
+    if not _scalar(fields[value.key].annotation):
+        raise DefinitionError(
+            f"{cls_name}: the concurrency key {value.key!r} must be a field holding a "
+            f"string, a number or a boolean (or an enum, or None), not "
+            f"{fields[value.key].annotation!r}"
+        )
     limit = value.limit
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
         raise DefinitionError(
@@ -60,19 +69,37 @@ def check_concurrency(cls_name: str, value: Any, fields: dict[str, Any]) -> None
         )
 
 
+def _scalar(annotation: Any) -> bool:
+    """A field type whose values make a key: str, int, float, bool, an enum, a Literal,
+    or an optional or a union of those."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return all(a is type(None) or _scalar(a) for a in typing.get_args(annotation))
+    return isinstance(annotation, type) and issubclass(annotation, str | int | float | enum.Enum)
+
+
 def key_value(limit: ConcurrencyLimit, input: JsonDict) -> str | None:
     """The key a start's (validated) input gives, as a string; None when the field is
     empty (null): such a saga is not limited."""
     raw = input.get(limit.key)
     if raw is None:
         return None
-    if isinstance(raw, dict | list):
-        raise DefinitionError(
-            f"the concurrency key {limit.key!r} holds a {type(raw).__name__}; it must "
-            "hold a string, a number or a boolean"
-        )
-    text = str(raw).lower() if isinstance(raw, bool) else str(raw)
-    return text[:MAX_KEY_LENGTH]
+    return str(raw).lower() if isinstance(raw, bool) else str(raw)
+
+
+def check_key(limit: ConcurrencyLimit | None, input: JsonDict) -> None:
+    """Refuses a start whose key is too long to store (InvalidPayload, nothing recorded)."""
+    if limit is None:
+        return
+    key = key_value(limit, input)
+    if key is not None and len(key) > MAX_KEY_LENGTH:
+        raise InvalidPayload(
+            "input",
+            [{"loc": [limit.key], "type": "string_too_long",
+              "msg": f"a concurrency key holds at most {MAX_KEY_LENGTH} characters"}],
+        )  # fmt: skip
 
 
 @dataclass(slots=True)

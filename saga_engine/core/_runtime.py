@@ -55,12 +55,12 @@ from saga_engine.core._events import (
     UndoRequested,
 )
 from saga_engine.core._inputs import check_parent, input_name, to_event, wake
-from saga_engine.core._keys import key_value
+from saga_engine.core._keys import check_key, key_value
 from saga_engine.core._policy import RetryPolicy
 from saga_engine.core._signal import Signal
 from saga_engine.core._state import Halt, SagaState
 from saga_engine.core._status import SagaStatus
-from saga_engine.kernel._errors import DefinitionError, InvalidTransition, SerializationError
+from saga_engine.kernel._errors import InvalidTransition, SerializationError
 from saga_engine.kernel._serde import JsonDict, check_storable, unstorable
 
 M = TypeVar("M", bound=BaseModel)
@@ -87,6 +87,9 @@ class SagaRuntime:
         Raises InvalidPayload (UnstorableValue) naming each wrong field; nothing is recorded.
         """
         value = definition.validate_input(start.input)
+        # Defaults filled in now, once: the code reads this input on every replay.
+        payload = value.model_dump(mode="json", by_alias=True)
+        check_key(definition.concurrency, payload)
         check_storable(
             {
                 "saga_id": start.saga_id,
@@ -99,8 +102,7 @@ class SagaRuntime:
         started = SagaStarted(
             at=start.at,
             saga_type=definition.name,
-            # Defaults filled in now, once: the code reads this input on every replay.
-            input=value.model_dump(mode="json", by_alias=True),
+            input=payload,
             idempotency_key=start.idempotency_key,
             deadline_at=start.deadline_at,
             # Only telemetry: a header no one can store is dropped, not the start.
@@ -228,12 +230,7 @@ class SagaRuntime:
     def concurrency_key(self) -> str | None:
         """The value of its concurrency key (``Saga.concurrency``), or None: not limited."""
         limit = self.state.definition.concurrency
-        if limit is None:
-            return None
-        try:
-            return key_value(limit, self.started.input)
-        except DefinitionError:
-            return None  # its run is parked for it; it never holds the key
+        return None if limit is None else key_value(limit, self.started.input)
 
     @property
     def awaits_key(self) -> bool:

@@ -14,7 +14,7 @@ from saga_engine.core._definition import SagaDefinition
 from saga_engine.core._gist import gist
 from saga_engine.core._runtime import SagaRuntime
 from saga_engine.core._view import WaitKind, fold
-from saga_engine.kernel._errors import StoreUnavailable
+from saga_engine.kernel._errors import InvalidPayload, StoreUnavailable
 from saga_engine.store._keyslots import KeySlotStore
 from saga_engine.testing import SagaTestEnv
 
@@ -22,6 +22,7 @@ from saga_engine.testing import SagaTestEnv
 class TransferIn(BaseModel):
     account_id: str
     amount: int = 1
+    tags: list[str] = []
 
 
 class TransferOut(BaseModel):
@@ -206,6 +207,7 @@ async def test_sagas_without_a_key_never_ask_the_store() -> None:
         (ConcurrencyLimit(key="nope"), "not a field of its input model"),
         (ConcurrencyLimit(key="account_id", limit=0), "integer from 1"),
         ("account_id", "must be a ConcurrencyLimit"),
+        (ConcurrencyLimit(key="tags"), "must be a field holding a string"),
     ],
 )
 def test_a_wrong_concurrency_declaration_is_refused_when_defined(
@@ -277,3 +279,12 @@ async def test_sagas_started_before_the_type_declared_a_key_go_on_unlimited() ->
     assert decision.nondeterminism is None
     assert not runtime.awaits_key
     assert decision.events == []
+
+
+async def test_a_key_too_long_to_store_is_refused_and_nothing_is_recorded() -> None:
+    env = SagaTestEnv([Transfer])
+    with pytest.raises(InvalidPayload, match="at most 200 characters") as refused:
+        await env.start(Transfer, TransferIn(account_id="x" * 201))
+    assert refused.value.errors[0]["loc"] == ["account_id"]
+    assert await env.parts.store.list_sagas() == []
+    assert await _slots(env).key_slots() == []
