@@ -116,8 +116,10 @@ class InputPath:
         finally:
             for saga_id in held:
                 self._live.locks.release(saga_id)
-        # Outside the locks: asking for a key applies the answer through this path.
-        await self.keys.after([w for w in works.values() if w.failure is None])
+        # Outside the locks: asking for a key applies the answer through this path. Only
+        # sagas whose pass went through: a copy whose write failed may be ahead of the
+        # store (an end not recorded must not release the key).
+        await self.keys.after([w for w in works.values() if w.settles])
         return outcomes
 
     async def _passes(self, works: list[Work]) -> None:
