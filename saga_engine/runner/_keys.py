@@ -49,6 +49,7 @@ class KeyGate:
         self._stats = parts.stats
         self._poll_s = parts.settings.engine.key_poll_s
         self._apply = apply
+        self._crash_hook = parts.crash_hook
         #: Sagas asking now: the pass that records the answer does not ask again.
         self._asking: set[str] = set()
         #: Sagas with a poll armed.
@@ -80,6 +81,8 @@ class KeyGate:
         if key is None or self._store is None:
             return
         if runtime.status.is_terminal:
+            # Crash point: the saga's end is durable, its key not released yet.
+            self._crash("before_key_release")
             granted = await self._store.release_key(saga_id, self._clock.now())
             self._stats.inc("key_released")
             for other in granted:
@@ -103,6 +106,8 @@ class KeyGate:
             now = self._clock.now()
             inbound: KeyGrant | KeyQueue
             if turn.held:
+                # Crash point: the store granted the slot, the history does not say so.
+                self._crash("after_key_grant")
                 held = True
                 inbound = KeyGrant(key, now)
                 self._stats.inc("key_acquired")
@@ -152,6 +157,10 @@ class KeyGate:
 
     async def _wake_later(self, saga_id: str) -> None:
         await self._apply([Load(saga_id, LoadMode.WAKE)])
+
+    def _crash(self, point: str) -> None:
+        if self._crash_hook is not None:
+            self._crash_hook(point)
 
     async def sweep(self) -> int:
         """Releases the slots of sagas that ended without releasing them, and wakes the

@@ -25,6 +25,7 @@ from saga_engine import (
 from saga_engine.client import SagaClient
 from saga_engine.events import KeyAcquired, KeyQueued, SagaStarted
 from saga_engine.settings import AdminSettings, EngineSettings, KafkaSettings, PostgresSettings
+from saga_engine.store import PostgresEventStore, StoreUnavailable
 from saga_engine.triggers import KafkaTrigger
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
@@ -192,3 +193,49 @@ async def test_the_client_sees_holders_and_queue_and_a_release_moves_it(
 
 async def _is(read: Any, want: Any) -> bool:
     return bool(await read() == want)
+
+
+async def test_housekeeping_sweeps_the_slot_of_a_saga_whose_release_was_lost(
+    pg: PgTarget, kafka_bootstrap: str, unique_id: str
+) -> None:
+    settings = Settings(
+        pg=PostgresSettings(dsn=pg.database_dsn, db_schema=pg.schema),
+        kafka=KafkaSettings(
+            bootstrap_servers=kafka_bootstrap,
+            topic_prefix=f"t{unique_id}",
+            group_id=f"engines-{unique_id}",
+            partitions=2,
+        ),
+        engine=EngineSettings(key_poll_s=0.3, key_sweep_s=0.5),
+        admin=AdminSettings(enabled=False, port=0),
+    )
+    async with SagaWorker(settings, [Locked]) as worker, SagaClient(settings) as client:
+        store = worker.parts.store
+        assert isinstance(store, PostgresEventStore)
+        first = await client.start(Locked, Payment(account="A-7", amount=1))
+        second = await client.start(Locked, Payment(account="A-7", amount=2))
+
+        async def queue() -> list[tuple[str, bool, int]]:
+            rows = await client.concurrency_slots(Locked, "A-7")
+            return [(r["saga_id"], r["held"], r["position"]) for r in rows]
+
+        await poll_until(lambda: _is(queue, [(first, True, 0), (second, False, 1)]))
+        release = store.release_key
+        lost: list[str] = []
+
+        async def lose_once(saga_id: str, at: Any) -> list[str]:
+            if not lost:
+                lost.append(saga_id)
+                raise StoreUnavailable("as if the engine died before releasing")
+            return await release(saga_id, at)
+
+        store.release_key = lose_once  # type: ignore[method-assign]
+        await client.signal(first, "go", Go())
+        assert await client.result(first, timeout=30) == {"ok": True}
+        assert lost == [first]
+        # The sweep finds the ended saga's slot, releases it and wakes the second.
+        await poll_until(lambda: _is(queue, [(second, True, 0)]), timeout=30)
+        assert worker.parts.stats.counts["key_swept"] >= 1
+        await client.signal(second, "go", Go())
+        assert await client.result(second, timeout=30) == {"ok": True}
+        await poll_until(lambda: _is(queue, []))

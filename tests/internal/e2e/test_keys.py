@@ -170,3 +170,43 @@ async def test_a_key_never_has_more_holders_than_its_limit_across_engines_and_a_
         await _until(cluster, no_slot_left, "slots were left held", timeout=30)
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("point", ["after_key_grant", "before_key_release"])
+async def test_an_engine_killed_between_the_store_and_the_history_of_a_key_recovers(
+    keys: Cluster, point: str
+) -> None:
+    """Killed with a slot granted but not recorded, or a saga ended but its slot not
+    released: the restarted engine records the grant (asking again) or the sweep
+    releases the slot, and every saga of the key still runs, one at a time."""
+    cluster = keys
+    cluster._spawn(
+        "engine",
+        ["-m", "saga_engine", "worker", "tests.internal.e2e.keys_app", "--log-level", "INFO"],
+        cluster.env(
+            SAGA_ENGINE__KEY_POLL_S="0.5", SAGA_ENGINE__KEY_SWEEP_S="1",
+            SAGA_CRASH_AT=f"{point}:2",
+        ),
+    )  # fmt: skip
+    async with SagaClient(cluster.settings) as client:
+        ids = [await client.start(Locked, Visit(account="acct-x")) for _ in range(4)]
+    assert await cluster.wait_exit("engine") != 0  # it killed itself at the point
+    assert f"crash point {point} reached" in cluster.log_tail("engine", 200)
+    start_engine(cluster, "engine")
+    statuses = await cluster.wait_settled(ids, timeout=120)
+    assert set(statuses.values()) == {SagaStatus.COMPLETED}
+    rows = await ledger(cluster)
+    assert Counter(Counter(r["command_id"] for r in rows).values()) == {1: 8}
+    by_saga: dict[str, list[datetime]] = defaultdict(list)
+    for r in rows:
+        by_saga[r["saga_id"]].append(r["at"])
+    assert most_at_once([(min(a), max(a)) for a in by_saga.values()]) == 1
+    store = await PostgresEventStore.connect(cluster.settings.pg)
+    try:
+
+        async def no_slot_left() -> bool:
+            return await store.key_slots() == []
+
+        await _until(cluster, no_slot_left, "slots were left held", timeout=30)
+    finally:
+        await store.close()
