@@ -73,6 +73,20 @@ def trigger(topic: str) -> KafkaTrigger[PaymentRequested]:
     )
 
 
+def _settings(pg: PgTarget, bootstrap: str, unique_id: str, **engine: float) -> Settings:
+    return Settings(
+        pg=PostgresSettings(dsn=pg.database_dsn, db_schema=pg.schema),
+        kafka=KafkaSettings(
+            bootstrap_servers=bootstrap,
+            topic_prefix=f"t{unique_id}",
+            group_id=f"engines-{unique_id}",
+            partitions=2,
+        ),
+        engine=EngineSettings.model_validate(engine),
+        admin=AdminSettings(enabled=False, port=0),
+    )
+
+
 def test_a_concurrency_key_needs_a_limited_saga() -> None:
     class Free(Saga[Payment, Paid]):
         name = "free-payment"
@@ -90,17 +104,7 @@ def test_a_concurrency_key_needs_a_limited_saga() -> None:
 async def test_a_trigger_maps_priority_fairness_and_concurrency_keys(
     pg: PgTarget, kafka_bootstrap: str, unique_id: str
 ) -> None:
-    settings = Settings(
-        pg=PostgresSettings(dsn=pg.database_dsn, db_schema=pg.schema),
-        kafka=KafkaSettings(
-            bootstrap_servers=kafka_bootstrap,
-            topic_prefix=f"t{unique_id}",
-            group_id=f"engines-{unique_id}",
-            partitions=2,
-        ),
-        engine=EngineSettings(key_poll_s=0.5),
-        admin=AdminSettings(enabled=False, port=0),
-    )
+    settings = _settings(pg, kafka_bootstrap, unique_id, key_poll_s=0.5)
     topic = f"t{unique_id}.payments.requested"
     messages = [
         PaymentRequested(request_id="1", account_no="A-1", tenant="acme", urgent=True),
@@ -165,16 +169,7 @@ class Locked(Saga[Payment, Paid]):
 async def test_the_client_sees_holders_and_queue_and_a_release_moves_it(
     pg: PgTarget, kafka_bootstrap: str, unique_id: str
 ) -> None:
-    settings = Settings(
-        pg=PostgresSettings(dsn=pg.database_dsn, db_schema=pg.schema),
-        kafka=KafkaSettings(
-            bootstrap_servers=kafka_bootstrap,
-            topic_prefix=f"t{unique_id}",
-            group_id=f"engines-{unique_id}",
-            partitions=2,
-        ),
-        admin=AdminSettings(enabled=False, port=0),
-    )
+    settings = _settings(pg, kafka_bootstrap, unique_id)
     async with SagaWorker(settings, [Locked]), SagaClient(settings) as client:
         first = await client.start(Locked, Payment(account="A-9", amount=1))
         second = await client.start(Locked, Payment(account="A-9", amount=2))
@@ -198,17 +193,7 @@ async def _is(read: Any, want: Any) -> bool:
 async def test_housekeeping_sweeps_the_slot_of_a_saga_whose_release_was_lost(
     pg: PgTarget, kafka_bootstrap: str, unique_id: str
 ) -> None:
-    settings = Settings(
-        pg=PostgresSettings(dsn=pg.database_dsn, db_schema=pg.schema),
-        kafka=KafkaSettings(
-            bootstrap_servers=kafka_bootstrap,
-            topic_prefix=f"t{unique_id}",
-            group_id=f"engines-{unique_id}",
-            partitions=2,
-        ),
-        engine=EngineSettings(key_poll_s=0.3, key_sweep_s=0.5),
-        admin=AdminSettings(enabled=False, port=0),
-    )
+    settings = _settings(pg, kafka_bootstrap, unique_id, key_poll_s=0.3, key_sweep_s=0.5)
     async with SagaWorker(settings, [Locked]) as worker, SagaClient(settings) as client:
         store = worker.parts.store
         assert isinstance(store, PostgresEventStore)

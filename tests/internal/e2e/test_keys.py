@@ -23,7 +23,7 @@ from saga_engine import SagaStatus
 from saga_engine.client import SagaClient
 from saga_engine.events import KeyAcquired, SagaCompleted
 from saga_engine.store import PostgresEventStore
-from tests.internal.e2e.harness import Cluster
+from tests.internal.e2e.harness import Cluster, participant_schema, spawn_participant
 from tests.internal.e2e.keys_app import LEDGER_DDL, PARTICIPANT, Locked, Paired, Visit
 
 pytestmark = pytest.mark.integration
@@ -33,28 +33,9 @@ LIMITS = {"locked": 1, "paired": 2}
 
 @pytest.fixture
 async def keys(cluster: Cluster) -> AsyncIterator[Cluster]:
-    schema = cluster.participant_schema(PARTICIPANT)
-    conn = await asyncpg.connect(cluster.database_dsn)
-    try:
-        await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-        await conn.execute(f'SET search_path TO "{schema}"')
-        await conn.execute(LEDGER_DDL)
-    finally:
-        await conn.close()
-    cluster._spawn(
-        f"participant-{PARTICIPANT}",
-        ["-m", "tests.internal.e2e.keys_app", "participant"],
-        cluster.env(SAGA_PARTICIPANT__DB_SCHEMA=schema),
-    )
-    try:
+    async with participant_schema(cluster, PARTICIPANT, LEDGER_DDL) as schema:
+        spawn_participant(cluster, PARTICIPANT, schema, "tests.internal.e2e.keys_app")
         yield cluster
-    finally:
-        cluster.stop_all()
-        conn = await asyncpg.connect(cluster.database_dsn)
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            await conn.close()
 
 
 def start_engine(cluster: Cluster, name: str) -> None:
