@@ -5,7 +5,7 @@ Build it with :func:`create_admin_app` and serve it on the engine's event loop w
 
 The routes live in routers by concern (``_meta``: health, saga types, metrics;
 ``_reads``: list, detail, history; ``_starts``: the start; ``_actions``: operator
-actions; ``_rollouts``: saga versions' rollouts; ``_flow``: flow control; ``_schedules``:
+actions; ``_rollouts``: saga versions' rollouts; ``_flow``: flow control; ``_domain_events``: the domain events kept; ``_schedules``:
 durable schedules; ``web``: the pages). They reach the engine, its collaborators (the
 store, the registry, the counters), the admin settings and the start function through
 the dependencies in ``_deps``, which read what this function stores on the app's state.
@@ -13,7 +13,17 @@ the dependencies in ``_deps``, which read what this function stores on the app's
 
 from fastapi import Depends, FastAPI
 
-from saga_engine.admin import _actions, _flow, _keys, _meta, _reads, _rollouts, _schedules
+from saga_engine.admin import (
+    _actions,
+    _domain_events,
+    _flow,
+    _keys,
+    _meta,
+    _reads,
+    _rollouts,
+    _schedules,
+    _updates,
+)
 from saga_engine.admin._auth import AuthMiddleware, auth_required
 from saga_engine.admin._deps import AdminState, StartSaga, bearer, install
 from saga_engine.admin._http_errors import (
@@ -94,8 +104,10 @@ def _include_routers(app: FastAPI, parts: EngineParts, admin: AdminSettings) -> 
         starts_router(parts.registry.names(), admin.max_wait_s), dependencies=secured
     )
     app.include_router(_actions.router, dependencies=secured)
+    app.include_router(_updates.router, dependencies=secured)
     app.include_router(_rollouts.router, dependencies=secured)
     app.include_router(_flow.router, dependencies=secured)
+    app.include_router(_domain_events.router, dependencies=secured)
     app.include_router(_keys.router, dependencies=secured)
     app.include_router(_schedules.router, dependencies=secured)
     app.include_router(web_router(parts, admin))

@@ -11,12 +11,14 @@ import typer
 from saga_engine.cli import (
     _conformance,
     _dlq,
+    _events,
     _flow,
     _keys,
     _operator,
     _rollout,
     _schedule,
     _store,
+    _updates,
     _worker,
 )
 from saga_engine.cli._common import Debug, JsonOpt, out, print_json
@@ -53,7 +55,9 @@ def version(as_json: JsonOpt = False) -> None:
 app.add_typer(_worker.commands)
 app.add_typer(_store.commands)
 app.add_typer(_operator.commands)
+app.add_typer(_updates.commands)
 app.add_typer(_flow.commands)
+app.add_typer(_events.commands)
 app.add_typer(_keys.commands)
 app.add_typer(_dlq.dlq_app, name="dlq")
 app.add_typer(_schedule.schedule_app, name="schedule")

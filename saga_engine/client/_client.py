@@ -7,17 +7,21 @@ import uuid
 from datetime import timedelta
 from typing import Any, TypeVar, overload
 
+from aiokafka.errors import KafkaError
 from pydantic import BaseModel
 
 from saga_engine.core._codec import CodecChain, PayloadCodec
 from saga_engine.core._definition import Saga, SagaDefinition, Signal
+from saga_engine.core._domain_events import EventSource
 from saga_engine.core._start import StartRequest
 from saga_engine.core._status import SagaStatus
-from saga_engine.kernel._serde import JsonDict, check_storable
+from saga_engine.core._update import name_of
+from saga_engine.kernel._errors import KafkaUnavailable
+from saga_engine.kernel._serde import JsonDict, check_storable, dumps
 from saga_engine.kernel._settings import Settings
 from saga_engine.store._store import EventStore, SagaRecord
 from saga_engine.telemetry._telemetry import carrier_of_context
-from saga_engine.transport._kafka import ensure_topics, make_producer, send
+from saga_engine.transport._kafka import SEND_TIMEOUT_S, ensure_topics, make_producer, send
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import (
     CancelBody,
@@ -47,12 +51,16 @@ class SagaClient:
         producer: Any = None,
         store: EventStore | None = None,
         codec: PayloadCodec | CodecChain | None = None,
+        admin_url: str | None = None,
+        admin_token: str | None = None,
     ) -> None:
         """``producer``: an already started aiokafka producer to share (it stays the
         caller's to stop); without it the client starts its own. ``store``: the event
         store :meth:`result` reads (the caller's to close); without it the client
         connects to ``settings.pg`` the first time it needs one. ``codec``: seals what
-        it sends and opens what it reads; by default the one ``settings.codec`` describes."""
+        it sends and opens what it reads; by default the one ``settings.codec`` describes.
+        ``admin_url`` and ``admin_token``: the engine's admin API that :meth:`update` calls
+        (by default where ``settings.admin`` makes it listen, without a token)."""
         self.settings = settings
         self.codec = (
             CodecChain.of(codec) if codec is not None else CodecChain.from_settings(settings.codec)
@@ -63,6 +71,11 @@ class SagaClient:
         self._owns_producer = producer is None
         self._store: EventStore | None = store
         self._owns_store = store is None
+        host = "127.0.0.1" if settings.admin.host in ("", "0.0.0.0", "::") else settings.admin.host
+        self._admin_url = admin_url or f"http://{host}:{settings.admin.port}"
+        self._admin_token = admin_token
+        #: Event sources' topics created already (``publish_event``).
+        self._source_topics: set[str] = set()
 
     async def start_client(self) -> None:
         await ensure_topics(self.settings.kafka, [self.topics.inbox, self.topics.dlq])
@@ -174,6 +187,34 @@ class SagaClient:
         )
         return sid
 
+    async def publish_event(
+        self, source: EventSource[Any], event: BaseModel, *, event_id: str | None = None
+    ) -> str:
+        """Publishes a domain event on ``source``'s topic, as the service that owns the
+        fact would: the sagas that wait for its key (``ctx.wait_event``) get it once.
+        ``event_id`` (a new uuid by default) goes in the ``ce_id`` header: the same id
+        twice is kept once. Returns it."""
+        if not isinstance(event, source.model):
+            raise TypeError(f"{source.name} events are {source.model.__name__}, not {event!r}")
+        if self._producer is None:
+            raise RuntimeError("SagaClient is not started: use `async with SagaClient(...)`")
+        key = source.key_of(event)
+        payload = event.model_dump(mode="json")
+        check_storable(payload, f"event {source.name}")
+        eid = event_id or str(uuid.uuid4())
+        if source.topic not in self._source_topics:
+            await ensure_topics(self.settings.kafka, [source.topic])
+            self._source_topics.add(source.topic)
+        try:
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                await self._producer.send_and_wait(
+                    source.topic, dumps(payload), key=key.encode(),  # a key's facts in order
+                    headers=[("ce_id", eid.encode())],
+                )  # fmt: skip
+        except (TimeoutError, KafkaError) as exc:
+            raise KafkaUnavailable(f"could not publish to {source.topic}: {exc!r}") from exc
+        return eid
+
     async def cancel(self, saga_id: str, reason: str, *, principal: str = "system") -> None:
         body = CancelBody(reason=reason, principal=principal)
         await self._send(
@@ -185,6 +226,51 @@ class SagaClient:
                 body=body.model_dump(mode="json"),
             )
         )
+
+    # ------------------------------------------------------------------ updates, queries
+
+    async def update(
+        self,
+        saga_id: str,
+        update: Any,
+        input: BaseModel | dict[str, Any] | None = None,
+        *,
+        saga: type[Saga[Any, Any]] | None = None,
+        update_id: str | None = None,
+        reason: str = "",
+        timeout: float = 30.0,  # noqa: ASYNC109
+    ) -> Any:
+        """Calls the saga's update (the method, ``Order.add_item``, or its name with
+        ``saga=``) through the engine's admin API and returns its result. The input is
+        checked against the update's model first. The same ``update_id`` twice is applied
+        once and answered the same. Raises UpdateRefused (the saga's state refuses it:
+        nothing recorded), InvalidPayload, SagaNotFound, InvalidTransition (it ended), or
+        UpdateFailed (recorded; its handler raised)."""
+        from saga_engine.client._calls import checked_update, post_update, saga_class
+
+        name = name_of(update)
+        data = _payload(input)
+        checked_update(saga_class(update, saga, "update"), name, data)
+        body: dict[str, Any] = {"input": data, "reason": reason,
+                                "update_id": update_id or str(uuid.uuid4())}  # fmt: skip
+        return await post_update(self._admin_url, self._admin_token, saga_id, name, body, timeout)
+
+    async def query(
+        self,
+        saga_id: str,
+        query: Any,
+        args: BaseModel | dict[str, Any] | None = None,
+        *,
+        saga: type[Saga[Any, Any]] | None = None,
+    ) -> Any:
+        """Asks the saga's query (the method, ``Order.summary``, or its name with
+        ``saga=``): the saga's history is read from the store and replayed here, and the
+        replayed state answers. Nothing is written; no engine is involved."""
+        from saga_engine.client._calls import replayed_query, saga_class
+
+        store = await self._result_store()
+        cls = saga_class(query, saga, "query")
+        return await replayed_query(store, cls, saga_id, name_of(query), _payload(args))
 
     # ------------------------------------------------------------------ results
 

@@ -141,10 +141,10 @@ def _ran_without_key(s: SagaState) -> bool:
 
 
 async def _run_user(s: SagaState, started: SagaStarted) -> Any:
+    saga = s.saga = s.definition.cls()
     limit = s.definition.concurrency
     if limit is not None and key_value(limit, started.input) is not None:
         await _hold_key(s)
-    saga = s.definition.cls()
     value = s.definition.input_type.model_validate(started.input)
     return await saga.run(s.ctx, value)
 

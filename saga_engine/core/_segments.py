@@ -21,7 +21,9 @@ from saga_engine.core._events import (
     CommandIssued,
     CompensationIssued,
     CompensationStarted,
+    DomainEventReceived,
     Event,
+    EventAwaited,
     InvalidReplyReceived,
     KeyAcquired,
     KeyQueued,
@@ -37,8 +39,11 @@ from saga_engine.core._events import (
     StepSkipped,
     TimerFired,
     TimerStarted,
+    UpdateCompleted,
+    UpdateReceived,
 )
 from saga_engine.core._fold import Fold, Sent, Settled, Timer, retry_timer_step, signal_of
+from saga_engine.core._gist import gist_value
 
 
 class Lane(StrEnum):
@@ -145,7 +150,7 @@ class Timeline:
 
     def _timer_fired(self, seq: int, event: TimerFired, _: Settled) -> None:
         segment = self.timers.get(event.timer_id)
-        outcome = "timed_out" if event.timer_id.startswith("signal:") else "fired"
+        outcome = "timed_out" if event.timer_id.startswith(("signal:", "event:")) else "fired"
         if segment is not None and segment.outcome == "backoff":
             outcome = "backoff"
         self._close(self.timers, event.timer_id, outcome, event, seq)
@@ -153,6 +158,17 @@ class Timeline:
     def _signal(self, seq: int, event: SignalReceived, settled: Settled) -> None:
         if isinstance(settled, Timer):
             self._close(self.timers, settled.timer_id, "received", event, seq, event.principal)
+
+    def _event_awaited(self, seq: int, event: EventAwaited, _: Settled) -> None:
+        until = f"deadline {event.timeout_at.isoformat()}" if event.timeout_at else "no deadline"
+        segment = Segment(
+            f"event {event.source}", Lane.WAIT, f"wait for {event.source} key={event.key}",
+            event.at, seq, "waiting", detail=until,
+        )  # fmt: skip
+        self._open(self.timers, event.wait_id, segment)
+
+    def _event_received(self, seq: int, event: DomainEventReceived, _: Settled) -> None:
+        self._close(self.timers, event.wait_id, "received", event, seq, event.event_id)
 
     def _key_queued(self, seq: int, event: KeyQueued, _: Settled) -> None:
         behind = ", ".join(event.behind) or "nobody"
@@ -207,7 +223,22 @@ class Timeline:
                 self._close(open_, key, "cancelled", event, seq)
 
 
+def _update_received(self: Timeline, seq: int, event: UpdateReceived, _: Settled) -> None:
+    # Open until its result, recorded right after it: an instant on the timeline.
+    segment = Segment(f"update {event.name}", Lane.WAIT, f"update {event.name!r}", event.at,
+                      seq, detail=f"by {event.principal}")  # fmt: skip
+    self._open(self.sent, f"update:{event.update_id}", segment)
+
+
+def _update_completed(self: Timeline, seq: int, event: UpdateCompleted, _: Settled) -> None:
+    outcome = "failed" if event.error else "success"
+    why = event.error.message if event.error else f"result {gist_value(event.result)}"
+    self._close(self.sent, f"update:{event.update_id}", outcome, event, seq, why)
+
+
 _HANDLERS: dict[type[Event], Callable[[Timeline, int, Any, Settled], None]] = {
+    UpdateReceived: _update_received,
+    UpdateCompleted: _update_completed,
     CommandIssued: Timeline._issued,
     CompensationIssued: Timeline._issued,
     ReplyReceived: Timeline._replied,
@@ -216,6 +247,8 @@ _HANDLERS: dict[type[Event], Callable[[Timeline, int, Any, Settled], None]] = {
     TimerStarted: Timeline._timer_started,
     TimerFired: Timeline._timer_fired,
     SignalReceived: Timeline._signal,
+    EventAwaited: Timeline._event_awaited,
+    DomainEventReceived: Timeline._event_received,
     KeyQueued: Timeline._key_queued,
     KeyAcquired: Timeline._key_acquired,
     StepSkipped: Timeline._skipped,

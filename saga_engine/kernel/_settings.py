@@ -90,6 +90,9 @@ class EngineSettings(BaseModel):
     max_payload_bytes: int = Field(default=256 * 1024, ge=1024)
     #: How long ``Engine.wait`` polls the store between checks when the saga is elsewhere.
     wait_poll_s: float = Field(default=0.2, gt=0)
+    #: How often a saga held in memory that waits for a domain event looks for a stored
+    #: match again (a look the store failed; arrivals and loads look at once).
+    event_poll_s: float = Field(default=5.0, gt=0)
     #: Apply the shipped migrations when a worker starts (they run under an advisory lock).
     auto_migrate: bool = True
     #: How many sagas a recovering engine rebuilds at once.

@@ -74,6 +74,8 @@ class InputPath:
         self._owners = parts.owners
         self._stats = parts.stats
         self._effects = Effects(parts, self.reload_soon)
+        if parts.matcher is not None:
+            parts.matcher.bind(self.apply)
         #: Per-key concurrency: what a limited saga owes for its key, after each batch.
         self.keys = KeyGate(parts, self.apply)
         #: Sagas with a reload pending (``reload_soon``).

@@ -40,6 +40,7 @@ BODIES: dict[str, dict[str, Any]] = {
     "start": {"account": "a", "amount": 1},
     "rollout": {"version": 1, "percent": 0, "reason": "auth matrix"},
     "schedules": {"id": "auth-matrix-2", "saga": "noop", "every_s": 60},
+    "annotate": {"input": {"text": "auth matrix"}},
 }
 
 
@@ -54,6 +55,8 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
     for template, operations in spec["paths"].items():
         for method in operations:
             path = template.replace("{saga_id}", saga_id).replace("{schedule_id}", "auth-matrix")
+            name = "annotate" if "/updates/" in template else "kind"  # Transfer's
+            path = path.replace("{name}", name)
             body: dict[str, Any] | None
             if method == "post" and template == "/sagas/{saga}":
                 path, body = "/sagas/transfer", BODIES["start"]
@@ -62,7 +65,7 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
                 body = BODIES.get(path.rsplit("/", 1)[-1]) if method == "post" else None
                 body = BODIES["rollout"] if method == "put" else body
             out.append((method.upper(), path, body))
-    assert len(out) == 26
+    assert len(out) == 29  # GET /domain-events (§1) and GET /concurrency-keys (§5) included
     return out
 
 

@@ -27,6 +27,9 @@ OPERATIONS = {
     ("GET", "/sagas/{saga_id}/lineage", "get_lineage_sagas__saga_id__lineage_get"),
     ("GET", "/metrics", "metrics_metrics_get"),
     ("GET", "/flow", "flow_flow_get"),
+    # Issue 26 §1: the domain events kept for sagas that wait for them.
+    ("GET", "/domain-events", "domain_events_domain_events_get"),
+    # Issue 26 §5: per-key concurrency's holders and queues.
     ("GET", "/concurrency-keys", "concurrency_keys_concurrency_keys_get"),
     ("POST", "/sagas/{saga_id}/signal", "signal_sagas__saga_id__signal_post"),
     ("POST", "/sagas/{saga_id}/cancel", "cancel_sagas__saga_id__cancel_post"),
@@ -38,6 +41,9 @@ OPERATIONS = {
         "/sagas/{saga_id}/force-compensate",
         "force_compensate_sagas__saga_id__force_compensate_post",
     ),
+    # Issue 26 §2: updates and queries.
+    ("POST", "/sagas/{saga_id}/updates/{name}", "update_sagas__saga_id__updates__name__post"),
+    ("GET", "/sagas/{saga_id}/queries/{name}", "query_sagas__saga_id__queries__name__get"),
     # Issue 14 §5: saga versions' rollouts.
     ("GET", "/rollouts", "list_rollouts_rollouts_get"),
     ("GET", "/rollouts/{saga_type}", "get_rollout_rollouts__saga_type__get"),
@@ -86,8 +92,11 @@ STATUS_CODES = {
     "get_lineage_sagas__saga_id__lineage_get": _READ,
     "metrics_metrics_get": ["200", "401", "422", "503"],
     "flow_flow_get": ["200", "401", "422", "503"],
+    "domain_events_domain_events_get": ["200", "401", "422", "503"],
     "concurrency_keys_concurrency_keys_get": ["200", "401", "422", "503"],
     "signal_sagas__saga_id__signal_post": _ACTION,
+    "update_sagas__saga_id__updates__name__post": _ACTION,
+    "query_sagas__saga_id__queries__name__get": _READ,
     "cancel_sagas__saga_id__cancel_post": _ACTION,
     "resume_sagas__saga_id__resume_post": _ACTION,
     "retry_sagas__saga_id__retry_post": _ACTION,
