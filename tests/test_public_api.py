@@ -63,7 +63,7 @@ FRONT_DOORS: dict[str, set[str]] = {
     },
     "saga_engine.settings": {
         "AdminSettings", "CodecSettings", "EngineSettings", "HttpSettings", "KafkaSettings", "ParticipantSettings",
-        "PostgresSettings", "RetentionSettings", "ScheduleSettings", "Settings", "FlowLimit", "LimitsSettings",
+        "PostgresSettings", "RetentionSettings", "ScheduleSettings", "Settings", "FlowLimit", "LimitsSettings", "BatchSettings",
     },
     "saga_engine.schedules": {"CatchUp", "Overlap", "Schedule", "ScheduleState"},
     "saga_engine.triggers": {"KafkaTrigger"},

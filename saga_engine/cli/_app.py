@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from saga_engine.cli import (
+    _batch,
     _conformance,
     _dlq,
     _events,
@@ -62,6 +63,7 @@ app.add_typer(_keys.commands)
 app.add_typer(_dlq.dlq_app, name="dlq")
 app.add_typer(_schedule.schedule_app, name="schedule")
 app.add_typer(_rollout.rollout_app, name="rollout")
+app.add_typer(_batch.batch_app, name="batch")
 app.add_typer(_conformance.commands)
 
 

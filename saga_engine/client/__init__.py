@@ -20,6 +20,11 @@ API (or ``saga signal``) to get the engine's answer back synchronously.
 as the service that owns the fact would: the sagas waiting for its key
 (``ctx.wait_event``) get it once (docs/domain-events.md).
 
+Batch operations (docs/batch-operations.md) are rows in Postgres that the engines run:
+``start_batch(Shipment, "cancel", reason=..., where={"statuses": ["running"]})`` checks
+and records one and returns its id; ``count_batch``, ``batch``, ``wait_batch`` and
+``cancel_batch`` count, read, wait for and stop them.
+
 An edge: it composes the store (to read results) and the Kafka transport. May import
 ``saga_engine.runner`` and every layer below it.
 """

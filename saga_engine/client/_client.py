@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import timedelta
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, overload
 
 from aiokafka.errors import KafkaError
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
+from saga_engine.core._batch import BatchSpec, check_spec
 from saga_engine.core._codec import CodecChain, PayloadCodec
-from saga_engine.core._definition import Saga, SagaDefinition, Signal
+from saga_engine.core._definition import Saga, SagaDefinition, SagaRegistry, Signal
 from saga_engine.core._domain_events import EventSource
 from saga_engine.core._start import StartRequest
 from saga_engine.core._status import SagaStatus
 from saga_engine.core._update import name_of
-from saga_engine.kernel._errors import KafkaUnavailable
+from saga_engine.kernel._errors import InvalidPayload, KafkaUnavailable
 from saga_engine.kernel._serde import JsonDict, check_storable, dumps
 from saga_engine.kernel._settings import Settings
+from saga_engine.store._batch_store import BatchStore, count_matching
 from saga_engine.store._store import EventStore, SagaRecord
 from saga_engine.telemetry._telemetry import carrier_of_context
 from saga_engine.transport._kafka import SEND_TIMEOUT_S, ensure_topics, make_producer, send
@@ -71,6 +74,7 @@ class SagaClient:
         self._owns_producer = producer is None
         self._store: EventStore | None = store
         self._owns_store = store is None
+        self._batches: BatchStore | None = None
         host = "127.0.0.1" if settings.admin.host in ("", "0.0.0.0", "::") else settings.admin.host
         self._admin_url = admin_url or f"http://{host}:{settings.admin.port}"
         self._admin_token = admin_token
@@ -90,6 +94,9 @@ class SagaClient:
         if self._store is not None and self._owns_store:
             await self._store.close()
         self._store = None
+        if self._batches is not None:
+            await self._batches.close()
+        self._batches = None
 
     async def __aenter__(self) -> SagaClient:
         await self.start_client()
@@ -376,6 +383,106 @@ class SagaClient:
             pg = self.settings.pg.model_copy(update={"pool_min_size": 1, "pool_max_size": 2})
             self._store = await PostgresEventStore.connect(pg, codec=self.codec)
         return self._store
+
+    # ------------------------------------------------------------------ batch operations
+
+    async def start_batch(
+        self,
+        saga: type[Saga[Any, Any]],
+        action: str,
+        *,
+        reason: str,
+        where: Mapping[str, Any] | None = None,
+        signal: str | None = None,
+        payload: BaseModel | dict[str, Any] | None = None,
+        principal: str = "system",
+    ) -> str:
+        """Starts a batch operation on the sagas of type ``saga`` that ``where`` matches
+        (the saga list's filters: ``statuses``, ``attributes``, ``q``, ``created_after``...)
+        and returns its id; the engines run it (docs/batch-operations.md). ``action``:
+        cancel, signal (``signal`` and ``payload``, checked against the declared signal),
+        retry or resume. Bad input raises InvalidPayload and records nothing."""
+        spec = _batch_spec(saga, action, reason, where, signal, payload)
+        check_spec(spec, SagaRegistry([saga]))
+        total, _ = await count_matching(await self._result_store(), spec.filter)
+        store = await self._batch_store()
+        row = await store.create(str(uuid.uuid4()), spec, principal, total, datetime.now(UTC))
+        return row.operation_id
+
+    async def count_batch(
+        self, saga: type[Saga[Any, Any]], where: Mapping[str, Any] | None = None
+    ) -> int:
+        """How many sagas a batch operation on ``saga`` with ``where`` would act on now."""
+        spec = _batch_spec(saga, "cancel", "count", where, None, None)
+        check_spec(spec, SagaRegistry([saga]))
+        total, _ = await count_matching(await self._result_store(), spec.filter)
+        return total
+
+    async def batch(self, operation_id: str) -> JsonDict:
+        """The operation and its progress, as ``GET /batch-operations/{id}`` shows it."""
+        return (await (await self._batch_store()).get(operation_id)).as_json()
+
+    async def cancel_batch(self, operation_id: str) -> JsonDict:
+        """Stops the operation at its next saga (InvalidTransition once it has ended)."""
+        store = await self._batch_store()
+        return (await store.cancel(operation_id, datetime.now(UTC))).as_json()
+
+    async def wait_batch(
+        self,
+        operation_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> JsonDict:
+        """Waits until the operation has ended (completed or cancelled) and returns it;
+        TimeoutError (the builtin) if ``timeout`` seconds pass first."""
+        from saga_engine.kernel._retry import Backoff
+
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        backoff = Backoff(0.05, 1.0)
+        while True:
+            row = await self.batch(operation_id)
+            if row["state"] != "running":
+                return row
+            delay = backoff.next_delay()
+            if deadline is not None:
+                if loop.time() >= deadline:
+                    raise TimeoutError(f"batch operation {operation_id} still runs: {row}")
+                delay = min(delay, deadline - loop.time())
+            await asyncio.sleep(delay)
+
+    async def _batch_store(self) -> BatchStore:
+        if self._batches is None:
+            from saga_engine.store._pgbatches import PostgresBatchStore
+
+            self._batches = await PostgresBatchStore.connect(self.settings.pg)
+        return self._batches
+
+
+def _batch_spec(
+    saga: type[Saga[Any, Any]],
+    action: str,
+    reason: str,
+    where: Mapping[str, Any] | None,
+    signal: str | None,
+    payload: BaseModel | dict[str, Any] | None,
+) -> BatchSpec:
+    """The operation's spec for ``saga``'s type; InvalidPayload naming a wrong field."""
+    try:
+        return BatchSpec.model_validate(
+            {
+                "filter": {**(where or {}), "saga_type": SagaDefinition.of(saga).name},
+                "action": action,
+                "reason": reason,
+                "signal": signal,
+                "payload": _payload(payload),
+            }
+        )
+    except ValidationError as exc:
+        raise InvalidPayload(
+            "batch operation",
+            [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()],
+        ) from None
 
 
 def _checked_input(

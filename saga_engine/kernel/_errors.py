@@ -44,6 +44,7 @@
         ├── InvalidCursor              a list cursor the admin API did not hand out
         ├── ScheduleNotFound           no schedule has that id
         ├── ScheduleConflict           a schedule id taken by another definition
+        ├── BatchNotFound              no batch operation has that id
         ├── AdminConfigError           admin settings that cannot work
         │   └── InsecureAdminBinding   beyond loopback without tokens
         └── CliError                   a command line error, one line on stderr
@@ -456,6 +457,12 @@ class ScheduleNotFound(PermanentError):
 class ScheduleConflict(PermanentError):
     """A schedule with this id exists with another definition (or was created by an
     operator where code declares one): delete it first, or use another id."""
+
+
+class BatchNotFound(PermanentError):
+    def __init__(self, operation_id: str) -> None:
+        self.operation_id = operation_id
+        super().__init__(f"no batch operation with id {operation_id!r}")
 
 
 class AdminConfigError(PermanentError):

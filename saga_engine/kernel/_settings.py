@@ -154,6 +154,29 @@ class ScheduleSettings(BaseModel):
     grace_s: float = Field(default=60.0, ge=0)
 
 
+class BatchSettings(BaseModel):
+    """How a worker runs batch operations (``POST /batch-operations``, migration 0013).
+
+    Every worker looks for an operation to work on; one holds it at a time, by a lease it
+    renews as it goes, and another takes it over once the lease has expired (a crash).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    #: Off: this worker runs no operation (the others still do).
+    enabled: bool = True
+    #: Sagas acted on per second, at most, by one operation: the actions take the same
+    #: path as the inbox's inputs, so this keeps a large operation from starving it.
+    rate_per_s: float = Field(default=50.0, gt=0, le=10_000)
+    #: How long a claim on an operation lasts without progress; an engine that crashed
+    #: holding one is replaced after this long.
+    lease_s: float = Field(default=30.0, ge=1, le=3600)
+    #: How often an idle worker looks for an operation to work on.
+    poll_s: float = Field(default=2.0, gt=0, le=60)
+    #: Sagas read per page of the filter.
+    page_size: int = Field(default=100, ge=1, le=1000)
+
+
 class RetentionSettings(BaseModel):
     """How long finished sagas stay in the live tables, and where they go after.
 
@@ -346,6 +369,7 @@ class Settings(BaseSettings):
     codec: CodecSettings = CodecSettings()
     limits: LimitsSettings = LimitsSettings()
     schedules: ScheduleSettings = ScheduleSettings()
+    batches: BatchSettings = BatchSettings()
 
     @model_validator(mode="before")
     @classmethod

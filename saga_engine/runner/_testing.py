@@ -29,7 +29,9 @@ from saga_engine.runner._engine import Engine
 from saga_engine.runner._matcher import take_fact
 from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._rollouts import apply_rollout
+from saga_engine.store._batch_store import BatchStore
 from saga_engine.store._domain_store import InMemoryDomainEventStore, StoredFact
+from saga_engine.store._membatches import InMemoryBatchStore
 from saga_engine.store._memschedules import InMemoryScheduleStore
 from saga_engine.store._memstore import InMemoryEventStore
 from saga_engine.store._schedule_store import ScheduleStore
@@ -232,6 +234,7 @@ class SagaTestEnv:
         )
         self.engine = self.new_engine()
         self._schedules: InMemoryScheduleStore | None = None
+        self._batches: InMemoryBatchStore | None = None
         self._participants: dict[str, ScriptedParticipant] = {}
         self._hold: Callable[[OutboundCommand], bool] | None = None
         self._wakes: set[tuple[str, datetime]] = set()
@@ -304,6 +307,14 @@ class SagaTestEnv:
         waiting = await take_fact(self.domain_events, fact, self.engine.reload)
         await self.settle()
         return waiting
+
+    @property
+    def batches(self) -> BatchStore:
+        """Batch operations kept in memory (the admin API's, for a test that serves it:
+        ``create_admin_app(..., batches=env.batches)``); no worker runs them here."""
+        if self._batches is None:
+            self._batches = InMemoryBatchStore()
+        return self._batches
 
     async def _status_of(self, saga_id: str) -> str | None:
         try:

@@ -64,6 +64,7 @@ from saga_engine.transport._kafka import (
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import Envelope, MessageType, ReloadBody
 from saga_engine.worker._adapters import LazyTopicSender, open_event_store, trigger_consumer
+from saga_engine.worker._batches import WorkerBatches
 from saga_engine.worker._events import WorkerEvents
 from saga_engine.worker._inbox import Inbox
 from saga_engine.worker._schedules import KafkaStarts, WorkerSchedules
@@ -141,6 +142,7 @@ class SagaWorker:
     def _closed_state(self) -> None:
         """What ``start`` opens, none of it open yet."""
         self._schedules: WorkerSchedules | None = None
+        self._batches: WorkerBatches | None = None
         self._trigger_consumer: TriggerConsumer | None = None
         self._events: WorkerEvents | None = None
         self._admin_app: Any = None
@@ -192,6 +194,9 @@ class SagaWorker:
             ),
             self._crash_hook,
         )  # fmt: skip
+        self._batches = await WorkerBatches.open(
+            self.settings, engine, self._store, self.instance_id, self._crash_hook
+        )
         if self.settings.admin.enabled:
             # Built before Kafka starts consuming, so a bad admin configuration (no tokens
             # on a public address) fails the start with its one-line reason.
@@ -209,6 +214,7 @@ class SagaWorker:
             engine, parts, self._ownership.partitions, self.owns, codec=self.codec
         )
         self._housekeeping.start()
+        self._batches.start()
         if self._admin_app is not None:
             from saga_engine.admin._server import serve_admin
 
@@ -250,6 +256,7 @@ class SagaWorker:
         return create_admin_app(
             engine, self.settings, parts=parts, start_saga=self._start_through_inbox,
             schedules=self._schedules.store, health=self.health,
+            batches=self._batches.store if self._batches is not None else None,
         )  # fmt: skip
 
     async def _start_triggers(self, telemetry: Telemetry) -> None:
@@ -305,6 +312,9 @@ class SagaWorker:
         housekeeping, self._housekeeping = self._housekeeping, None
         if housekeeping is not None:
             await housekeeping.stop()
+        batches, self._batches = self._batches, None
+        if batches is not None:
+            await batches.close()
         task, self._task = self._task, None
         if task is not None:
             await asyncio.wait({task}, timeout=30)

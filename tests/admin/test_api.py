@@ -659,6 +659,9 @@ async def test_openapi_describes_the_api(admin: Admin) -> None:
         "/schedules/{schedule_id}/pause",
         "/schedules/{schedule_id}/resume",
         "/schedules/{schedule_id}/trigger",
+        "/batch-operations",
+        "/batch-operations/{operation_id}",
+        "/batch-operations/{operation_id}/cancel",
     }
     assert set(spec["paths"]["/sagas/{saga}"]) == {"get", "post"}
     assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"

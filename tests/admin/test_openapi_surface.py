@@ -64,6 +64,15 @@ OPERATIONS = {
         "/schedules/{schedule_id}/trigger",
         "trigger_schedule_schedules__schedule_id__trigger_post",
     ),
+    # Batch operations (admin/_batches.py, issue 26 §4).
+    ("POST", "/batch-operations", "create_batch_batch_operations_post"),
+    ("GET", "/batch-operations", "list_batches_batch_operations_get"),
+    ("GET", "/batch-operations/{operation_id}", "get_batch_batch_operations__operation_id__get"),
+    (
+        "POST",
+        "/batch-operations/{operation_id}/cancel",
+        "cancel_batch_batch_operations__operation_id__cancel_post",
+    ),
 }
 
 _READ = ["200", "401", "404", "409", "422", "503"]
@@ -121,6 +130,19 @@ STATUS_CODES = {
     "delete_schedule_schedules__schedule_id__delete": ["204", "401", "403", "404", "422", "503"],
     "pause_schedule_schedules__schedule_id__pause_post": _SCHEDULE_STATE,
     "resume_schedule_schedules__schedule_id__resume_post": _SCHEDULE_STATE,
+    "create_batch_batch_operations_post": [
+        "200",
+        "201",
+        "400",
+        "401",
+        "403",
+        "413",
+        "422",
+        "503",
+    ],
+    "list_batches_batch_operations_get": ["200", "401", "422", "503"],
+    "get_batch_batch_operations__operation_id__get": ["200", "401", "404", "422", "503"],
+    "cancel_batch_batch_operations__operation_id__cancel_post": _SCHEDULE_STATE,
     "trigger_schedule_schedules__schedule_id__trigger_post": [
         "200",
         "401",
@@ -143,7 +165,7 @@ def _operations(spec: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, An
 def _spec(types: list[type[Any]], settings: Settings) -> dict[str, Any]:
     env = SagaTestEnv(types)
     return create_admin_app(
-        env.engine, settings, parts=env.parts, schedules=env.schedules
+        env.engine, settings, parts=env.parts, schedules=env.schedules, batches=env.batches
     ).openapi()
 
 
