@@ -36,6 +36,7 @@ from saga_engine.core._context import HttpRequest, SagaContext
 from saga_engine.core._decision import OutboundCommand, saga_id_for
 from saga_engine.core._definition import Saga, SagaRegistry, Signal
 from saga_engine.core._domain_events import EventSource
+from saga_engine.core._keys import ConcurrencyLimit
 from saga_engine.core._policy import RetryPolicy
 from saga_engine.core._status import TRANSITIONS, SagaStatus
 from saga_engine.core._update import query, update
@@ -88,6 +89,7 @@ __all__ = [
     "CodecFailure",
     "CodecSettings",
     "ConcurrencyError",
+    "ConcurrencyLimit",
     "DefinitionError",
     "DependencyUnavailable",
     "Engine",

@@ -26,6 +26,8 @@ PUBLIC = {
     "SerializationError", "Settings", "SignalTimeout", "StepFailed", "StepTimedOut",
     "TransientError", "UnknownSagaType", "run", "saga_id_for",
     "NewerVersionError", "NewerEventError", "UnknownSagaVersion",
+    # Per-key concurrency (issue 26 section 5).
+    "ConcurrencyLimit",
     # Payload codecs (issue 14 section 4).
     "AesGcmCodec", "CodecChain", "CodecError", "CodecFailure", "CodecSettings", "GzipCodec",
     "NoopCodec", "PayloadCodec", "ZstdCodec",
@@ -100,7 +102,7 @@ def test_the_front_doors_export_their_documented_names() -> None:
         assert len(module.__all__) == len(exported), f"{name}: a name listed twice"
         for attribute in exported:
             assert getattr(module, attribute) is not None, f"{name}.{attribute}"
-    assert len(saga_engine.events.EVENT_TYPES) == 29
+    assert len(saga_engine.events.EVENT_TYPES) == 31
 
 
 def _module_name(path: Path) -> str:

@@ -20,6 +20,7 @@ from saga_engine.admin import (
     _batches,
     _domain_events,
     _flow,
+    _keys,
     _meta,
     _reads,
     _rollouts,
@@ -117,6 +118,7 @@ def _include_routers(app: FastAPI, parts: EngineParts, admin: AdminSettings) -> 
     app.include_router(_rollouts.router, dependencies=secured)
     app.include_router(_flow.router, dependencies=secured)
     app.include_router(_domain_events.router, dependencies=secured)
+    app.include_router(_keys.router, dependencies=secured)
     app.include_router(_schedules.router, dependencies=secured)
     app.include_router(_batches.router, dependencies=secured)
     app.include_router(web_router(parts, admin))

@@ -80,7 +80,8 @@ class WaitingFor(BaseModel):
         description="reply: a participant's answer to a command sent; signal: a named "
         "signal (until: its deadline, if the wait has one); timer: a durable sleep; "
         "backoff: the pause before a step's next attempt; operator: a human (a held "
-        "reply, a stuck compensation, a parked saga)."
+        "reply, a stuck compensation, a parked saga); key: its concurrency key, held by "
+        "other sagas (it is queued behind them, FIFO per key)."
     )
     what: str = Field(description="The same, in words.")
     since: datetime
@@ -90,7 +91,9 @@ class WaitingFor(BaseModel):
         "deadline, the timer's time. Null: only its answer ends it.",
     )
     step: str | None = None
-    name: str | None = Field(default=None, description="The signal's name or the timer's id.")
+    name: str | None = Field(
+        default=None, description="The signal's name, the timer's id or the concurrency key."
+    )
     attempt: int | None = None
     compensation: bool = False
 

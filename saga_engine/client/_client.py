@@ -353,6 +353,28 @@ class SagaClient:
             return output
         return SagaDefinition.of(saga).output_type.model_validate(output)
 
+    async def concurrency_slots(
+        self, saga: str | type[Saga[Any, Any]], key: str | None = None
+    ) -> list[JsonDict]:
+        """Per-key concurrency (``Saga.concurrency``) of a saga type, read from Postgres
+        like ``result``: per key, the sagas holding a slot, then those queued for one in
+        FIFO order, each as ``{"saga_id", "key", "held", "position", "limit",
+        "queued_at", "acquired_at"}`` (``position``: 1 is next; 0 when held)."""
+        from saga_engine.store._keyslots import KeySlotStore, with_positions
+
+        name = saga if isinstance(saga, str) else SagaDefinition.of(saga).name
+        store = await self._result_store()
+        if not isinstance(store, KeySlotStore):
+            return []
+        return [
+            {
+                "saga_id": slot.saga_id, "key": slot.key, "held": slot.held,
+                "position": position, "limit": slot.limit, "queued_at": slot.queued_at,
+                "acquired_at": slot.acquired_at,
+            }
+            for slot, position in with_positions(await store.key_slots(name, key))
+        ]  # fmt: skip
+
     async def _result_store(self) -> EventStore:
         if self._store is None:
             from saga_engine.store._pgstore import PostgresEventStore

@@ -199,6 +199,24 @@ class EventInput:
     payload: JsonDict = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class KeyQueue:
+    """The saga's concurrency key is at its limit: it waits behind ``behind``."""
+
+    key: str
+    at: datetime
+    behind: tuple[str, ...] = ()
+    position: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class KeyGrant:
+    """The saga holds a slot of its concurrency key: its run may begin."""
+
+    key: str
+    at: datetime
+
+
 Inbound = (
     Reply
     | TimerDue
@@ -211,6 +229,8 @@ Inbound = (
     | Undo
     | EventInput
     | UpdateInput
+    | KeyQueue
+    | KeyGrant
 )
 
 
@@ -229,6 +249,9 @@ class DropReason(StrEnum):
     DUPLICATE_EVENT = "duplicate_event"
     #: A domain event the saga does not (or no longer) wait for.
     NO_EVENT_WAIT = "no_event_wait"
+    #: A concurrency key's grant (or queueing) the history records already, or that
+    #: comes after the saga stopped waiting for its key.
+    KEY_SETTLED = "key_settled"
 
 
 @dataclass(frozen=True, slots=True)

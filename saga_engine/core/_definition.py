@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from pydantic import BaseModel
 
 from saga_engine.core._context import SagaContext
+from saga_engine.core._keys import ConcurrencyLimit, check_concurrency
 from saga_engine.core._signal import NAME
 from saga_engine.core._signal import Signal as Signal  # (its old home: still importable here)
 from saga_engine.kernel._errors import (
@@ -68,6 +69,10 @@ class Saga(Generic[InT, OutT]):
     #: may be registered side by side: a saga runs the version its start chose (see the
     #: rollout, docs/operations.md) for its whole life, replay included.
     version: ClassVar[int] = 1
+    #: At most N running sagas of this type per value of an input field (a semantic
+    #: lock, e.g. ``ConcurrencyLimit(key="account_id", limit=1)``); the others wait,
+    #: FIFO per key (docs/concurrency-keys.md). None: not limited.
+    concurrency: ClassVar[ConcurrencyLimit | None] = None
     #: Named predicates on a start's input (the JSON the start carried) that a rollout
     #: can select at run time, e.g. ``{"beta_tenants": lambda i: i["tenant"] in BETA}``.
     rollout_predicates: ClassVar[Mapping[str, Callable[[JsonDict], bool]]] = MappingProxyType({})
@@ -151,6 +156,7 @@ def _validate(cls: type[Saga[Any, Any]]) -> None:
         )
     cls.signals = MappingProxyType(_collect_signals(cls))
     _check_search_attributes(cls)
+    check_concurrency(cls.__name__, cls.concurrency, cls.input_type.model_fields)
     version = cls.version
     if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= 10_000:
         raise DefinitionError(
@@ -229,6 +235,8 @@ class SagaDefinition:
     search_attributes: tuple[str, ...] = ()
     #: ``Saga.version``: which version of the type this class is.
     version: int = 1
+    #: ``Saga.concurrency``: at most N running per key, or None.
+    concurrency: ConcurrencyLimit | None = None
 
     def search_values(self, input: JsonDict) -> dict[str, str] | None:
         """The saga's search attributes from its recorded input: each declared field's
@@ -323,6 +331,7 @@ class SagaDefinition:
             signals=dict(saga_cls.signals),
             search_attributes=tuple(saga_cls.search_attributes),
             version=saga_cls.version,
+            concurrency=saga_cls.concurrency,
         )
         saga_cls._saga_definition = definition
         return definition

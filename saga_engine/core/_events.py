@@ -19,54 +19,14 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic_core import PydanticSerializationError
 
+# The value types events carry (their home is _event_values; imported from here too).
+from saga_engine.core._event_values import CompensationSpec as CompensationSpec
+from saga_engine.core._event_values import ErrorInfo as ErrorInfo
+from saga_engine.core._event_values import ParentLink as ParentLink
+from saga_engine.core._event_values import TriggerOrigin as TriggerOrigin
 from saga_engine.core._event_versions import UPCASTERS, VERSION_KEY, EventVersions
-from saga_engine.core._policy import RetryPolicy
 from saga_engine.kernel._errors import SerializationError
 from saga_engine.kernel._serde import JsonDict, dumps, loads
-
-
-class ErrorInfo(BaseModel):
-    """An error as it is stored: enough to explain what happened, no traceback."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    type: str
-    message: str
-    step: str | None = None
-    details: JsonDict = Field(default_factory=dict)
-
-
-class CompensationSpec(BaseModel):
-    """The compensation a forward step carries, recorded with the step's command."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    participant: str
-    command_type: str
-    payload: JsonDict
-    retry: RetryPolicy
-    timeout_s: float | None = None
-
-
-class ParentLink(BaseModel):
-    """The parent of a child saga: which saga started it, with which command (the child's
-    end is that command's reply)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    saga_id: str
-    command_id: str
-    saga_type: str = ""
-
-
-class TriggerOrigin(BaseModel):
-    """The Kafka record a trigger started the saga from, to trace it back to its cause."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    topic: str
-    partition: int
-    offset: int
 
 
 class _Event(BaseModel):
@@ -314,6 +274,31 @@ class SagaResumed(_Event):
     reason: str = ""
 
 
+class KeyQueued(_Event):
+    """The saga's concurrency key (``Saga.concurrency``) was at its limit when it asked:
+    its run waits, FIFO per key, until the key is granted (docs/concurrency-keys.md)."""
+
+    kind: Literal["key_queued"] = "key_queued"
+    key: str
+    #: The sagas holding the key when it queued (what it is queued behind).
+    behind: list[str] = Field(default_factory=list)
+    #: Its place in the key's queue then (1: next to be granted).
+    position: int = 1
+
+    def describe(self) -> str:
+        return f"queued for concurrency key {self.key!r}"
+
+
+class KeyAcquired(_Event):
+    """The saga holds a slot of its concurrency key: its run begins now."""
+
+    kind: Literal["key_acquired"] = "key_acquired"
+    key: str
+
+    def describe(self) -> str:
+        return f"concurrency key {self.key!r} acquired"
+
+
 # --------------------------------------------------------------------------- intents
 
 
@@ -512,6 +497,8 @@ Event = Annotated[
     | RetryRequested
     | SagaParked
     | SagaResumed
+    | KeyQueued
+    | KeyAcquired
     | CommandIssued
     | TimerStarted
     | EventAwaited
@@ -532,7 +519,7 @@ Event = Annotated[
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
     SagaStarted, ReplyReceived, InvalidReplyReceived, AttemptTimedOut, TimerFired, SignalReceived, CancelRequested,
-    UndoRequested, CompensationForced, StepSkipped, RetryRequested, SagaParked, SagaResumed, CommandIssued, TimerStarted, SideEffectRecorded, PatchMarked,
+    UndoRequested, CompensationForced, StepSkipped, RetryRequested, SagaParked, SagaResumed, KeyQueued, KeyAcquired, CommandIssued, TimerStarted, SideEffectRecorded, PatchMarked,
     CompensationStarted, CompensationIssued, CompensationCompleted, CompensationStuck,
     SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled,
     EventAwaited, DomainEventReceived,

@@ -40,6 +40,8 @@ from saga_engine.core._events import (
     Event,
     EventAwaited,
     InvalidReplyReceived,
+    KeyAcquired,
+    KeyQueued,
     ReplyReceived,
     RetryRequested,
     SagaCancelled,
@@ -55,6 +57,7 @@ from saga_engine.core._events import (
     TimerStarted,
     UndoRequested,
 )
+from saga_engine.core._keys import KeyHold
 from saga_engine.core._status import SagaStatus, check_transition
 from saga_engine.kernel._serde import JsonDict
 
@@ -162,7 +165,7 @@ class Fold:
 
     # Slots: the decision core keeps one per live saga (up to engine.cache_size).
     __slots__ = (
-        "cause", "current_step", "error", "event_waits", "inflight", "issued_ids",
+        "cause", "current_step", "error", "event_waits", "inflight", "issued_ids", "key",
         "last_attempt", "output", "parked", "seen_events", "seen_signals", "started", "status",
         "stuck_step", "timers", "undo_ids",
     )  # fmt: skip
@@ -196,6 +199,8 @@ class Fold:
         #: domain events received (a fact answers a saga once).
         self.event_waits: dict[str, EventWait] = NO_WAITS
         self.seen_events: Set[str] = NO_IDS
+        #: Its concurrency key, once the history says it queued for it or holds it.
+        self.key: KeyHold | None = None
 
     def apply(self, event: Event) -> Settled:
         """Folds one event in; returns what it settled (see :data:`Settled`)."""
@@ -389,6 +394,12 @@ class Fold:
         self.error = self.cause if self.status == S.COMPENSATING else None
         self.settle_held()
 
+    def _on_key_queued(self, event: KeyQueued) -> None:
+        self.key = KeyHold(event.key, behind=tuple(event.behind), position=event.position)
+
+    def _on_key_acquired(self, event: KeyAcquired) -> None:
+        self.key = KeyHold(event.key, held=True)
+
     def _on_ended(
         self, event: SagaCompleted | SagaFailed | SagaCompensated | SagaCancelled
     ) -> None:
@@ -420,6 +431,8 @@ _HANDLERS: dict[type[Event], Callable[[Fold, Any], Settled]] = {
     CompensationStuck: Fold._on_stuck,
     SagaParked: Fold._on_parked,
     SagaResumed: Fold._on_resumed,
+    KeyQueued: Fold._on_key_queued,
+    KeyAcquired: Fold._on_key_acquired,
     SagaCompleted: Fold._on_ended,
     SagaFailed: Fold._on_ended,
     SagaCompensated: Fold._on_ended,

@@ -17,6 +17,7 @@ from saga_engine.core._events import (
     Event,
     EventAwaited,
     InvalidReplyReceived,
+    KeyQueued,
     ReplyReceived,
     RetryRequested,
     SagaCancelled,
@@ -87,6 +88,9 @@ def _details(event: Event) -> list[str]:
         return [_who(event.principal, event.reason)]
     if isinstance(event, SagaParked):
         return [f"{event.reason}: {event.error.message}"]
+    if isinstance(event, KeyQueued):
+        behind = ", ".join(event.behind) or "nobody"
+        return [f"position {event.position}", f"behind saga {behind}"]
     if isinstance(event, TimerStarted):
         return [f"fires {event.fire_at.isoformat()}"]
     if isinstance(event, SideEffectRecorded):

@@ -24,6 +24,8 @@ from saga_engine.core._decision import (
     EventInput,
     ForceCompensate,
     Inbound,
+    KeyGrant,
+    KeyQueue,
     Reply,
     Resume,
     RetryStep,
@@ -43,6 +45,8 @@ from saga_engine.core._events import (
     ErrorInfo,
     Event,
     InvalidReplyReceived,
+    KeyAcquired,
+    KeyQueued,
     ReplyReceived,
     RetryRequested,
     SagaResumed,
@@ -70,7 +74,8 @@ from saga_engine.kernel._serde import check_storable, storable_copy, validate_pa
 _INPUT_NAMES = {
     SignalInput: "signal", Cancel: "cancel", ForceCompensate: "force-compensate",
     Skip: "skip", RetryStep: "retry", Resume: "resume", Reply: "reply", TimerDue: "timer",
-    Undo: "undo", EventInput: "event", UpdateInput: "update",
+    Undo: "undo", EventInput: "event", UpdateInput: "update", KeyQueue: "key-queue",
+    KeyGrant: "key-grant",
 }  # fmt: skip
 
 
@@ -248,6 +253,31 @@ def _resume(s: SagaState, inbound: Resume) -> Event:
     return SagaResumed(at=inbound.at, principal=inbound.principal, reason=inbound.reason)
 
 
+def _key_queue(s: SagaState, inbound: KeyQueue) -> Event | DropReason:
+    if _key_settled(s, inbound.key):
+        return DropReason.KEY_SETTLED
+    behind = tuple(inbound.behind)
+    if s.key is not None and s.key.behind == behind:
+        return DropReason.KEY_SETTLED  # queued behind the same sagas: nothing new
+    _check_texts("key-queue", key=inbound.key, behind=",".join(behind))
+    return KeyQueued(at=inbound.at, key=inbound.key, behind=list(behind), position=inbound.position)
+
+
+def _key_grant(s: SagaState, inbound: KeyGrant) -> Event | DropReason:
+    if _key_settled(s, inbound.key):
+        return DropReason.KEY_SETTLED
+    _check_texts("key-grant", key=inbound.key)
+    return KeyAcquired(at=inbound.at, key=inbound.key)
+
+
+def _key_settled(s: SagaState, key: str) -> bool:
+    """The saga no longer waits for ``key``: it holds it, or its run has stopped (a
+    cancel while it queued), or it is not limited by it at all."""
+    if s.definition.concurrency is None or (s.key is not None and s.key.key != key):
+        return True
+    return (s.key is not None and s.key.held) or not s.going_forward or s.cancel_reason is not None
+
+
 def _check_texts(what: str, **texts: str | None) -> None:
     """An input's texts (reason, principal, ids) must be storable too."""
     check_storable(texts, what)
@@ -383,6 +413,7 @@ _TO_EVENT: dict[type, Callable[[SagaState, Any], Event | DropReason]] = {
     ForceCompensate: _stop, Skip: _skip_event, RetryStep: _retry_event, Resume: _resume,
     EventInput: _domain_event,
     UpdateInput: update_event,
+    KeyQueue: _key_queue, KeyGrant: _key_grant,
 }  # fmt: skip
 
 
@@ -489,4 +520,10 @@ _WAKERS: dict[type[Event], Callable[[SagaState, Any, Settled], None]] = {
     RetryRequested: _wake_retry,
     SagaResumed: lambda s, e, _: unblock_compensation(s, "retry"),
     UpdateReceived: wake_update,
+    KeyAcquired: lambda s, e, _: _wake_key(s),
 }
+
+
+def _wake_key(s: SagaState) -> None:
+    if s.key_waiter is not None and not s.key_waiter.done():
+        s.key_waiter.set_result(None)

@@ -26,6 +26,8 @@ from saga_engine.core._events import (
     CompensationStarted,
     CompensationStuck,
     ErrorInfo,
+    KeyAcquired,
+    KeyQueued,
     ReplyReceived,
     SagaCancelled,
     SagaCompensated,
@@ -35,6 +37,7 @@ from saga_engine.core._events import (
 )
 from saga_engine.core._fold import Sent, with_id
 from saga_engine.core._intents import await_command, await_timer, emit
+from saga_engine.core._keys import key_value
 from saga_engine.core._state import Halt, OwedCompensation, SagaState
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._errors import (
@@ -113,8 +116,35 @@ def unblock_compensation(s: SagaState, action: Literal["retry", "skip"]) -> None
 # --------------------------------------------------------------------------- lifecycle
 
 
+async def _hold_key(s: SagaState) -> None:
+    """A limited saga's run begins once its history says it holds its key (a
+    ``key_acquired`` input: the runner records it when the store grants a slot)."""
+    if (s.key is not None and s.key.held) or _ran_without_key(s):
+        return
+    s.key_waiter = s.loop.create_future()
+    try:
+        await s.key_waiter
+    finally:
+        s.key_waiter = None
+
+
+def _ran_without_key(s: SagaState) -> bool:
+    """Its history shows its run under way before any key event: it was started before
+    its type declared ``concurrency``, and goes on as it began (unlimited), not parked
+    for a wait its history never recorded."""
+    for event in s.history[1:]:
+        if isinstance(event, KeyQueued | KeyAcquired):
+            return False
+        if event.is_intent:
+            return True
+    return False
+
+
 async def _run_user(s: SagaState, started: SagaStarted) -> Any:
     saga = s.saga = s.definition.cls()
+    limit = s.definition.concurrency
+    if limit is not None and key_value(limit, started.input) is not None:
+        await _hold_key(s)
     value = s.definition.input_type.model_validate(started.input)
     return await saga.run(s.ctx, value)
 

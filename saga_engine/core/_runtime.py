@@ -36,6 +36,8 @@ from saga_engine.core._decision import (
     Decision,
     DropReason,
     Inbound,
+    KeyGrant,
+    KeyQueue,
     OutboundCommand,
     Projection,
     Reply,
@@ -56,6 +58,7 @@ from saga_engine.core._events import (
     UndoRequested,
 )
 from saga_engine.core._inputs import check_parent, input_name, to_event, wake
+from saga_engine.core._keys import check_key, key_value
 from saga_engine.core._policy import RetryPolicy
 from saga_engine.core._signal import Signal
 from saga_engine.core._state import Halt, SagaState
@@ -88,6 +91,9 @@ class SagaRuntime:
         Raises InvalidPayload (UnstorableValue) naming each wrong field; nothing is recorded.
         """
         value = definition.validate_input(start.input)
+        # Defaults filled in now, once: the code reads this input on every replay.
+        payload = value.model_dump(mode="json", by_alias=True)
+        check_key(definition.concurrency, payload)
         check_storable(
             {
                 "saga_id": start.saga_id,
@@ -100,8 +106,7 @@ class SagaRuntime:
         started = SagaStarted(
             at=start.at,
             saga_type=definition.name,
-            # Defaults filled in now, once: the code reads this input on every replay.
-            input=value.model_dump(mode="json", by_alias=True),
+            input=payload,
             idempotency_key=start.idempotency_key,
             deadline_at=start.deadline_at,
             # Only telemetry: a header no one can store is dropped, not the start.
@@ -230,6 +235,17 @@ class SagaRuntime:
         """The domain events the saga waits for now (none for most sagas)."""
         return [w.event for w in self.state.event_waits.values()]
 
+    def concurrency_key(self) -> str | None:
+        """The value of its concurrency key (``Saga.concurrency``), or None: not limited."""
+        limit = self.state.definition.concurrency
+        return None if limit is None else key_value(limit, self.started.input)
+
+    @property
+    def awaits_key(self) -> bool:
+        """Its run waits for its concurrency key (the history records no grant yet)."""
+        s = self.state
+        return s.key_waiter is not None and not s.key_waiter.done() and not s.dead
+
     def awaited_signals(self) -> list[str]:
         """The signals the code waits for now, by name."""
         return sorted(self.state.signal_waiters)
@@ -262,6 +278,8 @@ class SagaRuntime:
                 )
             if isinstance(inbound, TimerDue):
                 return self._decision(dropped=DropReason.STALE_TIMER)
+            if isinstance(inbound, KeyQueue | KeyGrant):
+                return self._decision(dropped=DropReason.KEY_SETTLED)
             raise InvalidTransition(
                 f"saga {s.saga_id} is {s.status.value}; it accepts no "
                 f"{input_name(inbound)} any more"

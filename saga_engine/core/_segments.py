@@ -25,6 +25,8 @@ from saga_engine.core._events import (
     Event,
     EventAwaited,
     InvalidReplyReceived,
+    KeyAcquired,
+    KeyQueued,
     ReplyReceived,
     RetryRequested,
     SagaCancelled,
@@ -63,7 +65,8 @@ class Segment:
     start: datetime
     start_seq: int
     #: success, refused, failed, retryable, timed_out, invalid, in_doubt, pending,
-    #: skipped, backoff, waiting, fired, received, timed_out, cancelled, parked, resumed
+    #: skipped, backoff, waiting, fired, received, timed_out, cancelled, parked, resumed,
+    #: acquired (a concurrency key)
     outcome: str = "pending"
     end: datetime | None = None
     end_seq: int | None = None
@@ -167,6 +170,21 @@ class Timeline:
     def _event_received(self, seq: int, event: DomainEventReceived, _: Settled) -> None:
         self._close(self.timers, event.wait_id, "received", event, seq, event.event_id)
 
+    def _key_queued(self, seq: int, event: KeyQueued, _: Settled) -> None:
+        behind = ", ".join(event.behind) or "nobody"
+        detail = f"position {event.position}, behind {behind}"
+        segment = self.timers.get(f"key:{event.key}")
+        if segment is not None:
+            segment.detail = detail  # queued again, behind others: the same wait
+            return
+        label = f"queued for concurrency key {event.key!r}"
+        segment = Segment("concurrency key", Lane.WAIT, label, event.at, seq, "waiting",
+                          detail=detail)  # fmt: skip
+        self._open(self.timers, f"key:{event.key}", segment)
+
+    def _key_acquired(self, seq: int, event: KeyAcquired, _: Settled) -> None:
+        self._close(self.timers, f"key:{event.key}", "acquired", event, seq)
+
     def _skipped(self, seq: int, event: StepSkipped, settled: Settled) -> None:
         if isinstance(settled, Sent):
             key = settled.event.command_id
@@ -231,6 +249,8 @@ _HANDLERS: dict[type[Event], Callable[[Timeline, int, Any, Settled], None]] = {
     SignalReceived: Timeline._signal,
     EventAwaited: Timeline._event_awaited,
     DomainEventReceived: Timeline._event_received,
+    KeyQueued: Timeline._key_queued,
+    KeyAcquired: Timeline._key_acquired,
     StepSkipped: Timeline._skipped,
     RetryRequested: Timeline._retried,
     CompensationStarted: Timeline._compensating,

@@ -66,8 +66,9 @@ class SagaState(Fold):
     # a dict of three dozen attributes is a kilobyte and a half of each.
     __slots__ = (
         "cancel_message", "cancel_reason", "clock", "closing", "counters", "ctx", "cursor",
-        "definition", "history", "lifecycle", "loop", "new", "nondeterminism", "now", "owed",
-        "patches", "resume_waiter", "rng", "saga", "saga_id", "saga_type", "signal_waiters", "signals",
+        "definition", "history", "key_waiter", "lifecycle", "loop", "new", "nondeterminism",
+        "now", "owed", "patches", "resume_waiter", "rng", "saga", "saga_id", "saga_type",
+        "signal_waiters", "signals",
         "skipped_ids", "step_names", "trace_context", "undo_waiter", "user_task",
     )  # fmt: skip
 
@@ -122,6 +123,8 @@ class SagaState(Fold):
         self.undo_waiter: asyncio.Future[None] | None = None
         #: The saga object its ``run`` works on: updates and queries use its state.
         self.saga: Any = None
+        #: A run waiting for its concurrency key waits here (``KeyAcquired``).
+        self.key_waiter: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------------ queries
 
@@ -144,6 +147,8 @@ class SagaState(Fold):
         waits += [f"timer {tid!r}" for tid in self.timers if tid != DEADLINE_TIMER]
         waits += [f"signal {name!r}" for name in self.signal_waiters]
         waits += [f"event {w.event.source} key={w.event.key}" for w in self.event_waits.values()]
+        if self.key_waiter is not None:
+            waits.append("its concurrency key")
         if self.status.is_terminal:
             return f"nothing (the saga already ended {self.status.value})"
         return "nothing more; the code waits for " + (", ".join(waits) or "nothing")

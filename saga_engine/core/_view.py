@@ -57,6 +57,7 @@ class WaitKind(StrEnum):
     TIMER = "timer"  #: a durable sleep
     BACKOFF = "backoff"  #: the pause before a step's (or compensation's) next attempt
     OPERATOR = "operator"  #: a human: a held reply, a stuck compensation, a parked saga
+    KEY = "key"  #: its concurrency key, held by other sagas (queued, FIFO per key)
 
 
 class OwedState(StrEnum):
@@ -448,6 +449,15 @@ def _waits(walk: _Walk, awaited_signals: Iterable[str], last_at: datetime | None
             )
         )  # fmt: skip
     out += [_command_wait(sent) for sent in f.inflight.values()]
+    key = f.key
+    if key is not None and not key.held and f.going_forward and not walk.stopping:
+        segment = walk.timeline.timers.get(f"key:{key.key}")
+        behind = ", ".join(key.behind) or "none"
+        out.append(Wait(
+            WaitKind.KEY, f"concurrency key {key.key!r}: queued behind saga {behind} "
+            f"(position {key.position})", segment.start if segment is not None else since,
+            name=key.key,
+        ))  # fmt: skip
     awaited = dict.fromkeys(awaited_signals)
     for timer in f.timers.values():
         if timer.purpose == "signal_timeout":

@@ -3,7 +3,9 @@
 ``SAGA_CRASH_AT="before_send:3"`` makes the process SIGKILL itself the 3rd time it
 passes the ``before_send`` point (``:1`` when no count is given; several points may be
 listed, comma-separated). The engine passes ``after_append``, ``before_send``,
-``before_send_compensation`` and ``after_send``, and ``after_batch_append`` (a batch's
+``before_send_compensation`` and ``after_send``, ``after_key_grant`` (a concurrency key's
+slot granted in Postgres, no ``key_acquired`` recorded) and ``before_key_release`` (a limited
+saga's end durable, its slot not released), and ``after_batch_append`` (a batch's
 events of two sagas or more durable, none of its commands sent); the worker
 ``before_offset_commit`` and ``schedule_after_fire`` (a schedule claim's start requests
 acknowledged by Kafka, its ``next_fire_at`` not yet moved), ``event_after_store`` (a

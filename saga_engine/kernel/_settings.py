@@ -117,6 +117,13 @@ class EngineSettings(BaseModel):
     #: How often an engine with several versions of a saga type re-reads the rollouts
     #: (migration 0008): a change made elsewhere applies here within about this long.
     rollout_refresh_s: float = Field(default=2.0, gt=0, le=300)
+    #: A saga queued for its concurrency key (``Saga.concurrency``) asks again this
+    #: often, besides being woken when a holder releases the key: nothing depends on one
+    #: wake-up message (docs/concurrency-keys.md).
+    key_poll_s: float = Field(default=2.0, gt=0, le=300)
+    #: How often housekeeping releases the key slots of sagas that ended without
+    #: releasing them (an engine killed between a saga's end and its release).
+    key_sweep_s: float = Field(default=10.0, gt=0, le=3600)
 
 
 class ScheduleSettings(BaseModel):

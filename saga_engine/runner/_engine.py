@@ -447,6 +447,11 @@ class Engine:
         loading arms its timers, and a due one fires at once."""
         await self._one(Load(saga_id, LoadMode.WAKE))
 
+    async def sweep_keys(self) -> int:
+        """Releases the concurrency-key slots of sagas that ended without releasing
+        them, and wakes those that get them (housekeeping); how many got one."""
+        return await self._path.keys.sweep()
+
     async def reload(self, saga_id: str) -> None:
         """Rebuilds a saga from its history (another engine changed it): what is in
         flight is re-sent under the same ids and its timers are re-armed."""

@@ -5,6 +5,8 @@
   store says is due within ``engine.timer_lookahead_s`` and which are not in memory with
   a timer armed. Loaded, a saga arms its timer, which fires from memory at its time (one
   already due fires at once). That is how a timer of an evicted saga fires on time.
+- **Every ``engine.key_sweep_s``** (when a saga type declares ``concurrency``): release
+  the key slots of sagas that ended without releasing them, and wake who gets them.
 - **Every ``retention.interval_s``** (when a retention period is set): archive and delete
   up to ten batches of the owned partitions' finished sagas past their period. A backlog
   (retention just turned on) drains over the following passes.
@@ -66,6 +68,8 @@ class Housekeeping:
             every = self._settings.engine.rollout_refresh_s
             rollouts = keep_rollouts_fresh(self._parts, every)
             self._tasks.append(loop.create_task(rollouts, name="saga-rollouts"))
+        if any(d.concurrency is not None for d in self._parts.registry):
+            self._tasks.append(loop.create_task(self._key_sweep(), name="saga-key-sweep"))
         retention = self._settings.retention
         if retention.days is not None or retention.per_type:
             self._tasks.append(loop.create_task(self._retention(), name="saga-retention"))
@@ -131,6 +135,21 @@ class Housekeeping:
                     log.exception("waking saga %s failed", saga_id)
 
         await asyncio.gather(*(one(i) for i in saga_ids))
+
+    async def _key_sweep(self) -> None:
+        """Releases the key slots of sagas that ended without releasing them (their
+        engine was killed in between); the release is owed from their history."""
+        detach_from_trace()
+        while True:
+            await asyncio.sleep(self._settings.engine.key_sweep_s)  # a period
+            try:
+                granted = await self._engine.sweep_keys()
+            except Exception as exc:  # an outage or a bug: the next period tries again
+                bug = not isinstance(exc, TransientError | OSError)
+                log.warning("sweeping concurrency keys failed: %s", exc, exc_info=bug)
+            else:
+                if granted:
+                    self._parts.stats.inc("key_swept", granted)
 
     async def _retention(self) -> None:
         retention = Retention(self._settings.retention, self._store, self._codec)

@@ -41,6 +41,7 @@ from saga_engine.kernel._errors import ConcurrencyError, SagaError, TransientErr
 from saga_engine.kernel._retry import Backoff
 from saga_engine.runner._cache import LiveSaga
 from saga_engine.runner._effects import Effects
+from saga_engine.runner._keys import KeyGate
 from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._work import (
     Deliver,
@@ -75,12 +76,15 @@ class InputPath:
         self._effects = Effects(parts, self.reload_soon)
         if parts.matcher is not None:
             parts.matcher.bind(self.apply)
+        #: Per-key concurrency: what a limited saga owes for its key, after each batch.
+        self.keys = KeyGate(parts, self.apply)
         #: Sagas with a reload pending (``reload_soon``).
         self._reloading: set[str] = set()
         self._closed = False
 
     def close(self) -> None:
         self._closed = True
+        self.keys.close()
 
     async def apply(self, inputs: Sequence[Input]) -> list[Outcome]:
         """Applies ``inputs`` as one batch; each one's outcome, in their order."""
@@ -114,6 +118,10 @@ class InputPath:
         finally:
             for saga_id in held:
                 self._live.locks.release(saga_id)
+        # Outside the locks: asking for a key applies the answer through this path. Only
+        # sagas whose pass went through: a copy whose write failed may be ahead of the
+        # store (an end not recorded must not release the key).
+        await self.keys.after([w for w in works.values() if w.settles])
         return outcomes
 
     async def _passes(self, works: list[Work]) -> None:

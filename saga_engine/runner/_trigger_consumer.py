@@ -139,11 +139,11 @@ class TriggerConsumer:
         if isinstance(read[0], PoisonReason):
             await self._dead_letter(record, read[0], str(read[1]))
             return
-        payload, key = read
+        payload, key, flow = read
         backoff = Backoff(0.5, 0.5)
         while True:
             try:
-                await self._publish(self._envelope(trigger, record, payload, key))
+                await self._publish(self._envelope(trigger, record, payload, key, flow))
                 break
             except TransientError:
                 if not self._running:
@@ -152,7 +152,7 @@ class TriggerConsumer:
         self.started += 1
 
     def _envelope(
-        self, trigger: KafkaTrigger[Any], record: Any, payload: JsonDict, key: str
+        self, trigger: KafkaTrigger[Any], record: Any, payload: JsonDict, key: str, flow: _Flow
     ) -> Envelope:
         # A producer that traces (W3C headers on the record) gets the saga in its trace.
         trace = carrier_from_headers(record.headers or [])
@@ -166,6 +166,8 @@ class TriggerConsumer:
             trigger=TriggerOrigin(
                 topic=record.topic, partition=record.partition, offset=record.offset
             ),
+            priority=flow[0],
+            fairness_key=flow[1],
         )
         return start_envelope(request, source=self._source)
 
@@ -188,10 +190,15 @@ class TriggerConsumer:
             self._on_dead_letter(reason.value)
 
 
+#: A trigger's flow control for a start: (priority, fairness key).
+_Flow = tuple[int, str | None]
+
+
 def _read(
     trigger: KafkaTrigger[Any], record: Any
-) -> tuple[JsonDict, str] | tuple[PoisonReason, str]:
-    """The saga's input and idempotency key a trigger record makes, or why it makes none."""
+) -> tuple[JsonDict, str, _Flow] | tuple[PoisonReason, str]:
+    """The saga's input, idempotency key and flow control a trigger record makes, or why
+    it makes none."""
     try:
         message = trigger.message.model_validate(loads(record.value or b""))
     except UnstorableValue as exc:  # nested too deep to read (MAX_DEPTH)
@@ -204,6 +211,7 @@ def _read(
         value = trigger.to_input(message)
         key = trigger.idempotency_key(message)
         payload = value.model_dump(mode="json") if isinstance(value, BaseModel) else dict(value)
+        flow = _flow(trigger, message, payload)
         # Checked here, so the trigger's own record is what goes to the dead-letter
         # topic (with the field named), not a start request made from it.
         check_storable(key, "the idempotency key")
@@ -214,4 +222,23 @@ def _read(
         return PoisonReason.INVALID_INPUT, str(exc)
     except Exception as exc:
         return PoisonReason.REJECTED, f"{type(exc).__name__}: {exc}"
-    return payload, key
+    return payload, key, flow
+
+
+def _flow(trigger: KafkaTrigger[Any], message: BaseModel, payload: JsonDict) -> _Flow:
+    """The start's priority and fairness key, and its concurrency key written into
+    ``payload``, as the trigger maps them from ``message`` (a wrong type raises)."""
+    priority = trigger.priority(message) if trigger.priority is not None else 0
+    if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > 1_000_000:
+        raise TypeError(f"the trigger's priority must be an int within ±1000000, got {priority!r}")
+    fairness = trigger.fairness_key(message) if trigger.fairness_key is not None else None
+    if fairness is not None:
+        if not isinstance(fairness, str) or len(fairness) > 200:
+            raise TypeError(
+                f"the trigger's fairness key must be a str of at most 200 characters, got {fairness!r}"
+            )
+        check_storable(fairness, "the fairness key")
+    limit = trigger.saga.concurrency
+    if trigger.concurrency_key is not None and limit is not None:
+        payload[limit.key] = trigger.concurrency_key(message)
+    return priority, fairness

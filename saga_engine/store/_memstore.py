@@ -26,6 +26,7 @@ from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._errors import ConcurrencyError, SagaNotFound, SerializationError
 from saga_engine.kernel._partitioning import partition_for
 from saga_engine.kernel._serde import dumps, loads, unstorable
+from saga_engine.store._memkeys import InMemoryKeySlots
 from saga_engine.store._store import (
     Append,
     ArchivedSaga,
@@ -58,11 +59,12 @@ def _copy(
     return open_event(codec, loads(dumps(seal_event(codec, event_to_dict(event)))), undecodable)
 
 
-class InMemoryEventStore(InMemoryRollouts):
+class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots):
     def __init__(self, codec: PayloadCodec | CodecChain | None = None) -> None:
         self._rollouts = RolloutRows()
         self._codec = CodecChain.of(codec)
         self._records: dict[str, SagaRecord] = {}
+        self._key_rows = {}
         self._events: dict[str, list[StoredEvent]] = {}
         #: When each ended saga ended (the Postgres store's ended_at): retention's order.
         self._ended: dict[str, datetime] = {}

@@ -49,6 +49,7 @@ from saga_engine.store._pgbase import (
     _unavailable_as_transient,
     transient_cause,
 )
+from saga_engine.store._pgkeys import PostgresKeySlots
 from saga_engine.store._pgqueries import PostgresReads
 from saga_engine.store._pgretention import PostgresRetention
 from saga_engine.store._pgrollouts import PostgresRollouts
@@ -196,7 +197,7 @@ class _EventRows:
 # --------------------------------------------------------------------------- the store
 
 
-class PostgresEventStore(PostgresReads, PostgresRetention, PostgresRollouts):
+class PostgresEventStore(PostgresReads, PostgresRetention, PostgresRollouts, PostgresKeySlots):
     """The EventStore port on Postgres. Open it with ``await PostgresEventStore.connect``."""
 
     def __init__(

@@ -643,6 +643,7 @@ async def test_openapi_describes_the_api(admin: Admin) -> None:
         "/metrics",
         "/flow",
         "/domain-events",
+        "/concurrency-keys",
         "/sagas/{saga_id}/signal",
         "/sagas/{saga_id}/cancel",
         "/sagas/{saga_id}/resume",

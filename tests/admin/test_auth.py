@@ -71,7 +71,9 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
                 body = BODIES.get(path.rsplit("/", 1)[-1]) if method == "post" else None
                 body = BODIES["rollout"] if method == "put" else body
             out.append((method.upper(), path, body))
-    assert len(out) == 32  # GET /domain-events and the four batch-operations routes
+    assert (
+        len(out) == 33
+    )  # GET /domain-events, the four batch-operations routes, GET /concurrency-keys
     return out
 
 

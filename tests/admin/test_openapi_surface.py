@@ -29,6 +29,8 @@ OPERATIONS = {
     ("GET", "/flow", "flow_flow_get"),
     # Issue 26 §1: the domain events kept for sagas that wait for them.
     ("GET", "/domain-events", "domain_events_domain_events_get"),
+    # Issue 26 §5: per-key concurrency's holders and queues.
+    ("GET", "/concurrency-keys", "concurrency_keys_concurrency_keys_get"),
     ("POST", "/sagas/{saga_id}/signal", "signal_sagas__saga_id__signal_post"),
     ("POST", "/sagas/{saga_id}/cancel", "cancel_sagas__saga_id__cancel_post"),
     ("POST", "/sagas/{saga_id}/resume", "resume_sagas__saga_id__resume_post"),
@@ -100,6 +102,7 @@ STATUS_CODES = {
     "metrics_metrics_get": ["200", "401", "422", "503"],
     "flow_flow_get": ["200", "401", "422", "503"],
     "domain_events_domain_events_get": ["200", "401", "422", "503"],
+    "concurrency_keys_concurrency_keys_get": ["200", "401", "422", "503"],
     "signal_sagas__saga_id__signal_post": _ACTION,
     "update_sagas__saga_id__updates__name__post": _ACTION,
     "query_sagas__saga_id__queries__name__get": _READ,

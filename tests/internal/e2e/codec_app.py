@@ -9,8 +9,6 @@ Both read the codec from ``SAGA_CODEC__*`` like any deployment.
 
 from __future__ import annotations
 
-import asyncio
-import signal
 import sys
 from datetime import timedelta
 
@@ -18,6 +16,7 @@ from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, Settings, Signal, run
 from saga_engine.participant import Participant, Rejected, Transaction
+from tests.internal.e2e.participant_main import serve_participant
 
 PARTICIPANT = "vault"
 
@@ -121,21 +120,7 @@ def build_participant(settings: Settings) -> Participant:
     return participant
 
 
-async def _run_participant() -> None:
-    participant = build_participant(Settings())
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await participant.start()
-    print(f"participant {PARTICIPANT} running", file=sys.stderr, flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await participant.stop()
-
-
 if __name__ == "__main__":
     if sys.argv[1:] != ["participant", PARTICIPANT]:
         sys.exit(f"usage: python -m tests.internal.e2e.codec_app participant {PARTICIPANT}")
-    run(_run_participant())
+    run(serve_participant(build_participant))

@@ -11,14 +11,13 @@ limit of n means no transaction has more than n.
 
 from __future__ import annotations
 
-import asyncio
-import signal
 import sys
 
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, Settings, run
 from saga_engine.participant import Participant, Transaction
+from tests.internal.e2e.participant_main import serve_participant
 
 PARTICIPANT = "slow"
 
@@ -98,21 +97,7 @@ def build_participant(settings: Settings) -> Participant:
     return participant
 
 
-async def _run_participant() -> None:
-    participant = build_participant(Settings())
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await participant.start()
-    print("participant running", file=sys.stderr, flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await participant.stop()
-
-
 if __name__ == "__main__":
     if sys.argv[1:] != ["participant"]:
         sys.exit("usage: python -m tests.internal.e2e.flow_app participant")
-    run(_run_participant())
+    run(serve_participant(build_participant))

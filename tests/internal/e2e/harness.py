@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -276,3 +278,34 @@ class Cluster:
                     mine = order.index(participant)
                     want = ["apply", "revert"] if mine < refused_at else []
                 assert kinds == want, f"{participant} saga {saga_id} ({status}): {kinds} != {want}"
+
+
+@contextlib.asynccontextmanager
+async def participant_schema(cluster: Cluster, name: str, ddl: str) -> AsyncIterator[str]:
+    """A schema of its own for a test application's participant ``name``, holding the
+    table ``ddl`` creates; after, the processes stopped and the schema dropped."""
+    schema = cluster.participant_schema(name)
+    conn = await asyncpg.connect(cluster.database_dsn)
+    try:
+        await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        await conn.execute(f'SET search_path TO "{schema}"')
+        await conn.execute(ddl)
+    finally:
+        await conn.close()
+    try:
+        yield schema
+    finally:
+        cluster.stop_all()
+        conn = await asyncpg.connect(cluster.database_dsn)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+
+
+def spawn_participant(cluster: Cluster, name: str, schema: str, module: str) -> None:
+    """``python -m module participant``: the participant ``name`` of a test application."""
+    cluster._spawn(
+        f"participant-{name}", ["-m", module, "participant"],
+        cluster.env(SAGA_PARTICIPANT__DB_SCHEMA=schema),
+    )  # fmt: skip

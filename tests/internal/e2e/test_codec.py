@@ -41,7 +41,7 @@ from tests.internal.e2e.codec_app import (
     Trustee,
     Vault,
 )
-from tests.internal.e2e.harness import Cluster
+from tests.internal.e2e.harness import Cluster, participant_schema
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")
@@ -77,23 +77,8 @@ def client_settings(cluster: Cluster, current: str, *key_ids: str) -> Settings:
 @pytest.fixture
 async def vault(cluster: Cluster) -> AsyncIterator[Cluster]:
     """The cluster with the vault participant's schema (its kit tables and its own)."""
-    schema = cluster.participant_schema(PARTICIPANT)
-    conn = await asyncpg.connect(cluster.database_dsn)
-    try:
-        await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-        await conn.execute(f'SET search_path TO "{schema}"')
-        await conn.execute(LEDGER_DDL)
-    finally:
-        await conn.close()
-    try:
+    async with participant_schema(cluster, PARTICIPANT, LEDGER_DDL):
         yield cluster
-    finally:
-        cluster.stop_all()
-        conn = await asyncpg.connect(cluster.database_dsn)
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            await conn.close()
 
 
 def start_engine(cluster: Cluster, current: str, *key_ids: str) -> None:

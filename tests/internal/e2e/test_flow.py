@@ -26,35 +26,16 @@ import pytest
 from saga_engine import SagaStatus
 from saga_engine.client import SagaClient
 from tests.internal.e2e.flow_app import LEDGER_DDL, PARTICIPANT, Flowed, FlowJob
-from tests.internal.e2e.harness import Cluster
+from tests.internal.e2e.harness import Cluster, participant_schema, spawn_participant
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 async def flow(cluster: Cluster) -> AsyncIterator[Cluster]:
-    schema = cluster.participant_schema(PARTICIPANT)
-    conn = await asyncpg.connect(cluster.database_dsn)
-    try:
-        await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-        await conn.execute(f'SET search_path TO "{schema}"')
-        await conn.execute(LEDGER_DDL)
-    finally:
-        await conn.close()
-    cluster._spawn(
-        f"participant-{PARTICIPANT}",
-        ["-m", "tests.internal.e2e.flow_app", "participant"],
-        cluster.env(SAGA_PARTICIPANT__DB_SCHEMA=schema),
-    )
-    try:
+    async with participant_schema(cluster, PARTICIPANT, LEDGER_DDL) as schema:
+        spawn_participant(cluster, PARTICIPANT, schema, "tests.internal.e2e.flow_app")
         yield cluster
-    finally:
-        cluster.stop_all()
-        conn = await asyncpg.connect(cluster.database_dsn)
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            await conn.close()
 
 
 def start_engine(
