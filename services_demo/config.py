@@ -30,6 +30,8 @@ CUSTOMERS: Final = {
     "dave": 10_000,  # orders through Kafka
     "erin": 10_000,  # lives outside the delivery area (SAGA_DEMO_UNSHIPPABLE)
     "mallory": 10_000,  # on the fraud service's block list (SAGA_DEMO_BLOCKED)
+    "grace": 100_000,  # places a large order that nobody approves
+    "heidi": 100_000,  # places two orders at once: the second waits for the first
 }
 
 #: Seeded once in the inventory service: SKU -> units in stock.

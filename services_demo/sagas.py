@@ -15,6 +15,10 @@
    derives from the checkout's, and ``GET /sagas/{id}`` shows the one from the other;
 8. ``confirm-order`` (orders).
 
+One checkout per customer runs at a time (``concurrency``): a customer's second order
+waits for the first to end, first come first served, and says so in its ``waiting_for``
+("queued behind saga ..."), so two checkouts never spend one balance at once.
+
 Any failure first marks the order rejected with the reason (``reject-order``), then the
 engine compensates in reverse: undo the shipment child (which cancels its booking),
 release the stock, release the credit. A shipment the carrier refused undid itself: the
@@ -28,6 +32,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from saga_engine import (
+    ConcurrencyLimit,
     EventSource,
     EventTimeout,
     RetryPolicy,
@@ -113,6 +118,8 @@ class Shipment(Saga[ScheduleShipment, ShipmentScheduled]):
 
 class Checkout(Saga[CheckoutInput, CheckoutResult]):
     name = "checkout"
+    #: A customer's checkouts run one at a time; the others queue behind, FIFO.
+    concurrency = ConcurrencyLimit(key="customer", limit=1)
     #: Large orders wait for it; the engine refuses any other signal, or a bad payload.
     approval = Signal(Approval)
 

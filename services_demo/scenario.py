@@ -16,7 +16,8 @@ It places orders over HTTP and through Kafka and prints what happens and where t
 7. a crash: the engine is SIGKILLed while a large order waits for its approval, restarted,
    recovers the saga from its history, the approval arrives and the order completes;
 8. a large order nobody approves: rejected when its approval times out;
-9. the nightly reconciliation, a saga its schedule starts every night at 02:00, triggered
+9. one checkout per customer at a time: a customer's second order waits for the first;
+10. the nightly reconciliation, a saga its schedule starts every night at 02:00, triggered
    now through the engine's admin API: it reads the balances over HTTP and completes.
 
 Then each saga's final status and history summary, and the balances and stock before
@@ -42,6 +43,8 @@ from saga_engine.events import (
     CommandIssued,
     CompensationCompleted,
     DomainEventReceived,
+    KeyAcquired,
+    KeyQueued,
     SagaCompleted,
 )
 from services_demo.config import PORT_OFFSETS, SERVICES
@@ -285,7 +288,7 @@ async def crash_and_recover(demo: Demo) -> Placed | None:
 async def start_unapproved(demo: Demo) -> Placed:
     heading("8a", "A large order nobody will approve (placed first, checked at the end)")
     placed = await demo.place(
-        "approval timed out", "carol", items(tv=1, chair=2), expect="rejected", reason="approval"
+        "approval timed out", "grace", items(tv=1, chair=2), expect="rejected", reason="approval"
     )
     await demo.waiting_for_approval(placed)
     say(
@@ -297,7 +300,7 @@ async def start_unapproved(demo: Demo) -> Placed:
 async def finish_unapproved(demo: Demo, placed: Placed) -> Placed:
     heading("8b", "The large order nobody approved")
     await demo.settle(placed, within_s=demo.approval_timeout_s + 60)
-    held = await demo.reservations("carol")
+    held = await demo.reservations("grace")
     check(
         held.get(placed.order_id, {}).get("status") == "released",
         "its credit (and stock) were released",
@@ -305,10 +308,47 @@ async def finish_unapproved(demo: Demo, placed: Placed) -> Placed:
     return placed
 
 
+async def one_checkout_per_customer(demo: Demo) -> list[Placed]:
+    heading("9", "One checkout per customer at a time: the second order waits its turn")
+    first = await demo.place("heidi's first", "heidi", items(tv=1, chair=1), expect="confirmed")
+    await demo.waiting_for_approval(first)
+    second = await demo.place("heidi's second", "heidi", items(book=1), expect="confirmed")
+
+    async def queued() -> bool:
+        return any(isinstance(e, KeyQueued) for e in await demo.history(second.saga_id))
+
+    await demo.wait_for(f"saga {second.saga_id} to queue behind {first.saga_id}", queued)
+    events = await demo.history(second.saga_id)
+    behind = [e.behind for e in events if isinstance(e, KeyQueued)]
+    check(
+        behind == [[first.saga_id]] and not any(isinstance(e, KeyAcquired) for e in events),
+        "the second checkout is recorded but does not run: queued behind the first "
+        "(concurrency key 'customer')",
+    )
+    admin = demo.target.admin_url
+    if admin is not None:
+        detail = (await demo.http.get(f"{admin}/sagas/{second.saga_id}")).json()
+        waits = [w["what"] for w in detail.get("waiting_for") or []]
+        check(
+            any(f"queued behind saga {first.saga_id}" in w for w in waits),
+            f"GET /sagas/{second.saga_id} says why it waits: {'; '.join(waits)}",
+        )
+    await demo.approve(first, by="demo-script (HTTP)")
+    await demo.settle(first)
+    await demo.settle(second)
+    ended = max(e.at for e in first.events)
+    granted = [e.at for e in second.events if isinstance(e, KeyAcquired)]
+    check(
+        len(granted) == 1 and granted[0] >= ended,
+        "the second ran once the first had ended: never two of heidi's checkouts at once",
+    )
+    return [first, second]
+
+
 async def nightly_reconciliation(demo: Demo) -> str | None:
     """The schedule declared next to the saga, fired now by an operator: one saga, which
     reads every balance from the payments service and completes. Returns its id."""
-    heading("9", "A scheduled saga: the nightly reconciliation, triggered now")
+    heading("10", "A scheduled saga: the nightly reconciliation, triggered now")
     admin = demo.target.admin_url
     if admin is None:
         say("  skipped: the engine's admin API is not reachable (set SAGA_ADMIN_URL)")
@@ -353,6 +393,7 @@ async def run_scenarios(demo: Demo) -> list[Placed]:
     await kafka_trigger(demo)
     await approved_by_signal(demo)
     await crash_and_recover(demo)
+    await one_checkout_per_customer(demo)
     await finish_unapproved(demo, unapproved)
     await nightly_reconciliation(demo)
     after = await demo.snapshot()

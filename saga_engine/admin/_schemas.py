@@ -81,7 +81,8 @@ class WaitingFor(BaseModel):
         "signal (until: its deadline, if the wait has one); timer: a durable sleep; "
         "backoff: the pause before a step's next attempt; operator: a human (a held "
         "reply, a stuck compensation, a parked saga); key: its concurrency key, held by "
-        "other sagas (it is queued behind them, FIFO per key)."
+        "other sagas (it is queued behind them, FIFO per key); event: another service's "
+        "domain event, correlated by a business key (until: the wait's deadline)."
     )
     what: str = Field(description="The same, in words.")
     since: datetime
