@@ -163,6 +163,9 @@ class RetryStep:
     at: datetime
     principal: str = "system"
     reason: str = ""
+    #: An edited command for a step parked after it could not succeed (checked against
+    #: the step's command model); None: the step's command as it was.
+    command: JsonDict | None = None
 
 
 @dataclass(frozen=True, slots=True)

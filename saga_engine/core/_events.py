@@ -130,6 +130,9 @@ class SagaStarted(_Event):
     #: with the others. Neither changes what the saga does, only when it is sent.
     priority: int = 0
     fairness_key: str | None = None
+    #: Set when an operator re-ran another saga (``saga rerun``): the saga re-run, for the
+    #: lineage. Left out of the stored shape when None (every other start).
+    rerun_of: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ReplyReceived(_Event):
@@ -260,9 +263,14 @@ class RetryRequested(_Event):
     step: str
     principal: str = "system"
     reason: str = ""
+    #: The operator's edited command for a parked step (checked against the step's
+    #: command model), sent in place of the original, which stays in its command_issued.
+    #: Left out of the stored shape when None.
+    command: JsonDict | None = Field(default=None, exclude_if=lambda v: v is None)
 
     def describe(self) -> str:
-        return f"retry of {self.step!r} requested by {self.principal}"
+        edited = " with an edited command" if self.command is not None else ""
+        return f"retry of {self.step!r}{edited} requested by {self.principal}"
 
 
 class SagaParked(_Event):
@@ -311,6 +319,8 @@ class CommandIssued(_CommandIntent):
 
     kind: Literal["command_issued"] = "command_issued"
     compensation: CompensationSpec | None = None
+    #: The saga's pivot step (``ctx.step(..., pivot=True)``); left out when False.
+    pivot: bool = Field(default=False, exclude_if=lambda v: not v)
 
     def describe(self) -> str:
         return (
@@ -404,6 +414,40 @@ class CompensationStuck(_Intent):
         return f"compensation of {self.step!r} stuck"
 
 
+class StepParked(_Intent):
+    """A forward step could not succeed (its attempts ran out, or its participant refused
+    it) and its retry policy says park, or the saga is past its pivot: the saga is
+    step_stuck, its compensation stack held, until an operator retries the step (maybe
+    with an edited command) or skips it with a result."""
+
+    kind: Literal["step_parked"] = "step_parked"
+    step: str
+    error: ErrorInfo
+    #: Its outcome is unknown (the last attempt timed out): it may have been applied.
+    in_doubt: bool = False
+    #: Parked because the saga is past its pivot (its policy alone would compensate).
+    past_pivot: bool = False
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.step)
+
+    def describe(self) -> str:
+        return f"step {self.step!r} parked for an operator"
+
+
+class PivotPassed(_Intent):
+    """The saga's pivot step succeeded: from here on it only goes forward."""
+
+    kind: Literal["pivot_passed"] = "pivot_passed"
+    step: str
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.step)
+
+    def describe(self) -> str:
+        return f"pivot {self.step!r} passed"
+
+
 class SagaCompleted(_Intent):
     kind: Literal["saga_completed"] = "saga_completed"
     output: JsonDict
@@ -455,6 +499,8 @@ Event = Annotated[
     | CompensationIssued
     | CompensationCompleted
     | CompensationStuck
+    | StepParked
+    | PivotPassed
     | SagaCompleted
     | SagaFailed
     | SagaCompensated
@@ -466,7 +512,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     SagaStarted, ReplyReceived, InvalidReplyReceived, AttemptTimedOut, TimerFired, SignalReceived, CancelRequested,
     UndoRequested, CompensationForced, StepSkipped, RetryRequested, SagaParked, SagaResumed, CommandIssued, TimerStarted, SideEffectRecorded, PatchMarked,
     CompensationStarted, CompensationIssued, CompensationCompleted, CompensationStuck,
-    SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled,
+    StepParked, PivotPassed, SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled,
 )  # fmt: skip
 
 TERMINAL_EVENTS = (SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled)

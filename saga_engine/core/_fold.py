@@ -38,6 +38,7 @@ from saga_engine.core._events import (
     ErrorInfo,
     Event,
     InvalidReplyReceived,
+    PivotPassed,
     ReplyReceived,
     RetryRequested,
     SagaCancelled,
@@ -48,6 +49,7 @@ from saga_engine.core._events import (
     SagaResumed,
     SagaStarted,
     SignalReceived,
+    StepParked,
     StepSkipped,
     TimerFired,
     TimerStarted,
@@ -78,6 +80,20 @@ class Sent:
 
 
 @dataclass(slots=True)
+class ParkedStep:
+    """A forward step parked for an operator (``step_parked``): no command in flight, the
+    saga step_stuck until a retry (maybe with an edited command) or a skip answers it."""
+
+    event: StepParked
+    #: What the saga's code awaits: the operator's retry_requested or step_skipped.
+    future: asyncio.Future[RetryRequested | StepSkipped] | None = None
+    #: Known to the code: the step's command model (an edited command must match it)...
+    command_model: type[BaseModel] | None = None
+    #: ...and its reply model (a skip's result must match it).
+    returns: type[BaseModel] | None = None
+
+
+@dataclass(slots=True)
 class Timer:
     """A timer armed and not fired yet."""
 
@@ -99,8 +115,9 @@ class Unstuck(Enum):
 
 
 #: What an event settled, as :meth:`Fold.apply` returns it: the command it answered, the
-#: timer it fired or cut short, the stuck compensation it released, or nothing.
-Settled = Sent | Timer | Unstuck | None
+#: timer it fired or cut short, the stuck compensation or parked step it released, or
+#: nothing.
+Settled = Sent | Timer | Unstuck | ParkedStep | None
 
 
 def timeout_timer_id(command_id: str, attempt: int) -> str:
@@ -147,7 +164,8 @@ class Fold:
     # Slots: the decision core keeps one per live saga (up to engine.cache_size).
     __slots__ = (
         "cause", "current_step", "error", "inflight", "issued_ids", "last_attempt", "output",
-        "parked", "seen_signals", "started", "status", "stuck_step", "timers", "undo_ids",
+        "parked", "parked_steps", "past_pivot", "pivot_step", "seen_signals", "started",
+        "status", "stuck_step", "timers", "undo_ids",
     )  # fmt: skip
 
     #: Whether a move of status is checked against TRANSITIONS. The decision core checks
@@ -175,6 +193,11 @@ class Fold:
         self.seen_signals: Set[str] = NO_IDS
         #: The last attempt sent per forward command id (for a compensation's span link).
         self.last_attempt: dict[str, int] = {}
+        #: Forward steps parked for an operator (``step_parked``), by step.
+        self.parked_steps: dict[str, ParkedStep] = {}
+        #: The pivot step, once its command is issued, and whether it has succeeded.
+        self.pivot_step: str | None = None
+        self.past_pivot = False
 
     def apply(self, event: Event) -> Settled:
         """Folds one event in; returns what it settled (see :data:`Settled`)."""
@@ -212,19 +235,27 @@ class Fold:
         """Steps whose success reply was held as invalid, waiting for an operator."""
         return sorted({f.event.step for f in self.inflight.values() if f.held is not None})
 
+    def operator_steps(self) -> list[str]:
+        """Forward steps waiting for an operator: a held reply's, or parked ones."""
+        return sorted({*self.held_steps(), *self.parked_steps})
+
     # ------------------------------------------------------------------ shared moves
 
     def settle_held(self) -> None:
-        """step_stuck lasts while a reply is held: when none is (released by an operator,
-        or its step ended another way), the saga is running again."""
+        """step_stuck lasts while a reply is held or a step is parked: when none is
+        (released by an operator, or its step ended another way), the saga is running
+        again. The one rule for "a step waits for an operator"."""
         if self.status != S.STEP_STUCK:
             return
         for sent in self.inflight.values():
             if sent.held is not None:
                 self.error = sent.held.error  # with several held, the first one's
                 return
+        for parked in self.parked_steps.values():
+            self.error = parked.event.error
+            return
         self._move(S.RUNNING)
-        if self.error is not None and self.error.type == "InvalidReply":
+        if self.error is not None and self.error.type in ("InvalidReply", "StepParked"):
             self.error = None
 
     def _move(self, new: SagaStatus) -> None:
@@ -262,6 +293,8 @@ class Fold:
         self.issued_ids = with_id(self.issued_ids, command_id)
         if type(event) is CommandIssued:
             self.last_attempt[command_id] = event.attempt
+            if event.pivot:
+                self.pivot_step = event.step
         self.inflight[command_id] = Sent(event)
         if event.timeout_at is not None:
             timer_id = timeout_timer_id(command_id, event.attempt)
@@ -300,9 +333,28 @@ class Fold:
     def _on_undo(self, event: UndoRequested) -> None:
         self.undo_ids = with_id(self.undo_ids, event.command_id)
 
-    def _on_skipped(self, event: StepSkipped) -> Sent | Unstuck | None:
+    def _on_step_parked(self, event: StepParked) -> None:
+        self.parked_steps[event.step] = ParkedStep(event)
+        self._move(S.STEP_STUCK)
+        self.error = event.error
+
+    def _on_pivot(self, event: PivotPassed) -> None:
+        # Past the pivot the saga only goes forward: its deadline no longer applies.
+        self.pivot_step, self.past_pivot = event.step, True
+        self.timers.pop(DEADLINE_TIMER, None)
+
+    def _unpark(self, step: str) -> ParkedStep | None:
+        """An operator answered the parked step ``step`` (a retry or a skip)."""
+        parked = self.parked_steps.pop(step, None)
+        if parked is not None:
+            self.settle_held()
+        return parked
+
+    def _on_skipped(self, event: StepSkipped) -> Settled:
         if event.compensation:  # the stuck compensation, done by hand
             return self._unstick(event.step)
+        if event.step in self.parked_steps:
+            return self._unpark(event.step)
         sent = self.waiting_forward(event.step)
         if sent is not None:  # the result stands in for its reply
             self._answered(sent.event.command_id)
@@ -310,6 +362,8 @@ class Fold:
         return sent
 
     def _on_retry(self, event: RetryRequested) -> Settled:
+        if event.step in self.parked_steps:
+            return self._unpark(event.step)
         sent = self.waiting_forward(event.step)
         if sent is not None and sent.held is not None:  # its held reply is accepted now
             del self.inflight[sent.event.command_id]
@@ -327,6 +381,7 @@ class Fold:
         # The run's forward work is abandoned: its commands (in doubt now) and its timers.
         for command_id in [c for c, sent in self.inflight.items() if not sent.compensation]:
             self._answered(command_id)
+        self.parked_steps.clear()
         for timer_id in [
             t for t in self.timers if not t.startswith(("timeout:", "retry:compensate:"))
         ]:
@@ -361,6 +416,7 @@ class Fold:
         # (compensated, cancelled: the error compensation began with stands)
         self.inflight.clear()
         self.timers.clear()
+        self.parked_steps.clear()
 
 
 _HANDLERS: dict[type[Event], Callable[[Fold, Any], Settled]] = {
@@ -378,6 +434,8 @@ _HANDLERS: dict[type[Event], Callable[[Fold, Any], Settled]] = {
     RetryRequested: Fold._on_retry,
     CompensationStarted: Fold._on_compensation_started,
     CompensationStuck: Fold._on_stuck,
+    StepParked: Fold._on_step_parked,
+    PivotPassed: Fold._on_pivot,
     SagaParked: Fold._on_parked,
     SagaResumed: Fold._on_resumed,
     SagaCompleted: Fold._on_ended,

@@ -35,12 +35,21 @@ from saga_engine.core._events import (
     InvalidReplyReceived,
     ReplyReceived,
     RetryRequested,
+    StepParked,
     StepSkipped,
     TimerFired,
     TimerStarted,
     UndoRequested,
 )
-from saga_engine.core._fold import Fold, Sent, Settled, Timer, retry_timer_step, signal_of
+from saga_engine.core._fold import (
+    Fold,
+    ParkedStep,
+    Sent,
+    Settled,
+    Timer,
+    retry_timer_step,
+    signal_of,
+)
 from saga_engine.core._segments import Lane, Segment, Timeline
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._serde import JsonDict
@@ -148,6 +157,12 @@ class SagaView:
     events: int
     started_at: datetime | None
     last_at: datetime | None
+    #: The pivot step (once its command is issued), and whether it has succeeded: past
+    #: it the saga only goes forward (no cancel, a step that cannot succeed parks).
+    pivot_step: str | None = None
+    past_pivot: bool = False
+    #: Forward steps parked for an operator after they could not succeed.
+    parked_steps: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -155,7 +170,7 @@ class _Step:
     """What the view knows of one step, for the compensations it may owe."""
 
     spec: CompensationSpec | None = None
-    #: in_flight, waiting (to retry), held, applied, gave_up, refused or skipped
+    #: in_flight, waiting (to retry), held, applied, gave_up, refused, skipped or parked
     forward: str = "in_flight"
     #: an attempt timed out since the last retryable reply: it may have been applied
     unknown: bool = False
@@ -168,7 +183,9 @@ class _Step:
 
     @property
     def in_doubt(self) -> bool:
-        return self.forward == "in_flight" or (self.forward == "waiting" and self.unknown)
+        return self.forward == "in_flight" or (
+            self.forward in ("waiting", "parked") and self.unknown
+        )
 
 
 class _Walk:
@@ -268,11 +285,22 @@ class _Walk:
         s = self.step(event.step)
         if event.compensation:
             s.done = True
+        elif isinstance(settled, ParkedStep):  # done by hand; owed if it may have applied
+            if s.unknown:
+                self._release(s, event.step)
+            else:
+                s.forward = "skipped"
         elif isinstance(settled, Sent):
             if settled.held is None:  # done by hand: not compensated later
                 s.forward = "skipped"
             else:  # its participant applied it: owed from now on
                 self._release(s, event.step)
+
+    def _parked(self, event: StepParked, _: Settled) -> None:
+        # It waits for an operator; the run goes on (a retry, a skip) or stops (a cancel).
+        self.timed_out = None
+        s = self.step(event.step)
+        s.forward, s.unknown = "parked", event.in_doubt
 
     def _retried(self, event: RetryRequested, settled: Settled) -> None:
         if isinstance(settled, Sent):  # the held reply is accepted now
@@ -302,6 +330,7 @@ _LEDGER: dict[type[Event], Callable[[_Walk, Any, Settled], None]] = {
     TimerFired: _Walk._fired,
     StepSkipped: _Walk._skipped,
     RetryRequested: _Walk._retried,
+    StepParked: _Walk._parked,
     CompensationStarted: _Walk._compensating,
     CompensationCompleted: _Walk._compensated,
 }
@@ -343,6 +372,9 @@ def fold(
         events=len(events),
         started_at=events[0].at if events else None,
         last_at=last_at,
+        pivot_step=f.pivot_step,
+        past_pivot=f.past_pivot,
+        parked_steps=tuple(f.parked_steps),
     )
 
 
@@ -402,7 +434,7 @@ def _actions(walk: _Walk) -> list[Action]:
         return [Action("resume")]
     out: list[Action] = [Action("signal")]
     forward = f.going_forward and not walk.stopping
-    if forward:
+    if forward and not f.past_pivot:
         out += [Action("cancel"), Action("force-compensate")]
     held = [s.event.step for s in f.inflight.values() if s.held is not None]
     waiting = [s.event.step for s in f.inflight.values() if not s.compensation and s.held is None]
@@ -411,8 +443,9 @@ def _actions(walk: _Walk) -> list[Action]:
     stuck = [f.stuck_step] if f.stuck_step else []
     if f.status == S.COMPENSATION_STUCK:
         out.append(Action("resume"))
-    retry = (held if forward else []) + stuck + backoff
-    skip = (held + waiting if forward else []) + stuck
+    parked = list(f.parked_steps) if forward else []
+    retry = (held if forward else []) + parked + stuck + backoff
+    skip = (held + waiting if forward else []) + parked + stuck
     if retry:
         out.append(Action("retry", tuple(dict.fromkeys(retry))))
     if skip:
@@ -446,6 +479,7 @@ def _waits(walk: _Walk, awaited_signals: Iterable[str], last_at: datetime | None
                 since, step=f.stuck_step, compensation=True,
             )
         )  # fmt: skip
+    out += [_parked_wait(parked) for parked in f.parked_steps.values()]
     out += [_command_wait(sent) for sent in f.inflight.values()]
     awaited = dict.fromkeys(awaited_signals)
     for timer in f.timers.values():
@@ -456,6 +490,16 @@ def _waits(walk: _Walk, awaited_signals: Iterable[str], last_at: datetime | None
             out.append(wait)
     out += [Wait(WaitKind.SIGNAL, f"signal {n!r} (no deadline)", since, name=n) for n in awaited]
     return out
+
+
+def _parked_wait(parked: ParkedStep) -> Wait:
+    e = parked.event
+    pivot = " (the saga is past its pivot)" if e.past_pivot else ""
+    return Wait(
+        WaitKind.OPERATOR,
+        f"an operator: step {e.step!r} is parked{pivot}: {e.error.message}",
+        e.at, step=e.step,
+    )  # fmt: skip
 
 
 def _command_wait(sent: Sent) -> Wait:

@@ -22,6 +22,7 @@
         ├── UnknownSagaType            no saga of that name is deployed
         ├── SagaNotFound               no saga has that id
         ├── InvalidTransition          the action does not apply to the saga's state
+        │   └── PastPivot              a cancel of a saga past its pivot step
         ├── NotParent                  a child's message that does not match its link
         ├── InvalidSagaId              an id that cannot be stored
         ├── SerializationError         a value that cannot be (de)serialised
@@ -276,6 +277,11 @@ class SagaNotFound(PermanentError):
 
 class InvalidTransition(PermanentError):
     """An action or event makes no sense in the saga's current status."""
+
+
+class PastPivot(InvalidTransition):
+    """A cancel (or forced compensation) of a saga whose pivot step has succeeded: it
+    can only go forward now (a 409 from the admin API)."""
 
 
 class NotParent(PermanentError):

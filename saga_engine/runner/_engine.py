@@ -289,10 +289,24 @@ class Engine:
         )
 
     async def retry_step(
-        self, saga_id: str, step: str, *, reason: str = "", principal: str = "system"
+        self,
+        saga_id: str,
+        step: str,
+        *,
+        reason: str = "",
+        principal: str = "system",
+        command: BaseModel | JsonDict | None = None,
     ) -> Decision:
-        """Retries now a step waiting out its back-off, or a stuck compensation."""
-        return await self.deliver(saga_id, RetryStep(step, self._clock.now(), principal, reason))
+        """Retries now a step waiting out its back-off, a stuck compensation, or a step
+        parked after it could not succeed, with ``command`` in place of its command if
+        given (checked against the step's command model: InvalidPayload if it does not
+        match; InvalidTransition for a step that is not parked)."""
+        body = command.model_dump(mode="json") if isinstance(command, BaseModel) else command
+        if body is not None:
+            self._check_size(body, f"the edited command of step {step!r}", "command")
+        return await self.deliver(
+            saga_id, RetryStep(step, self._clock.now(), principal, reason, body)
+        )
 
     async def resume(
         self, saga_id: str, *, principal: str = "system", reason: str = ""
