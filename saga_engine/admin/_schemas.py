@@ -169,6 +169,19 @@ class SagaDetail(SagaSummary):
     children: list[ChildRef] = Field(
         default_factory=list, description="The child sagas it started, in order."
     )
+    pivot_step: str | None = Field(
+        default=None, description="Its pivot step (ctx.step(pivot=True)), once issued."
+    )
+    past_pivot: bool = Field(
+        default=False,
+        description="Its pivot step succeeded: it only goes forward (no cancel; a step "
+        "that cannot succeed parks).",
+    )
+    parked_steps: list[str] = Field(
+        default_factory=list,
+        description="Forward steps parked for an operator (retry, maybe with an edited "
+        "command, or skip).",
+    )
 
 
 class SagaTypeInfo(BaseModel):
@@ -223,6 +236,12 @@ StepName = Annotated[
 class RetryRequest(_Body):
     step: StepName
     reason: Reason
+    command: dict[str, Any] | None = Field(
+        default=None,
+        description="For a step parked after it could not succeed: the command to send "
+        "instead of its own (its command model's JSON; a 422 names each wrong field). It "
+        "goes under a new command id; the original stays in the history.",
+    )
 
 
 class SkipRequest(_Body):

@@ -109,4 +109,7 @@ def detail_of(
         parent=parent_of(events),
         trigger=trigger_of(events),
         children=list(children),
+        pivot_step=view.pivot_step,
+        past_pivot=view.past_pivot,
+        parked_steps=list(view.parked_steps),
     )
