@@ -13,7 +13,7 @@ the dependencies in ``_deps``, which read what this function stores on the app's
 
 from fastapi import Depends, FastAPI
 
-from saga_engine.admin import _actions, _flow, _meta, _reads, _rollouts, _schedules
+from saga_engine.admin import _actions, _flow, _meta, _reads, _rerun, _rollouts, _schedules
 from saga_engine.admin._auth import AuthMiddleware, auth_required
 from saga_engine.admin._deps import AdminState, StartSaga, bearer, install
 from saga_engine.admin._http_errors import (
@@ -94,6 +94,7 @@ def _include_routers(app: FastAPI, parts: EngineParts, admin: AdminSettings) -> 
         starts_router(parts.registry.names(), admin.max_wait_s), dependencies=secured
     )
     app.include_router(_actions.router, dependencies=secured)
+    app.include_router(_rerun.router, dependencies=secured)
     app.include_router(_rollouts.router, dependencies=secured)
     app.include_router(_flow.router, dependencies=secured)
     app.include_router(_schedules.router, dependencies=secured)

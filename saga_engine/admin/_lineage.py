@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from saga_engine.admin._schemas import ChildRef, LineageNode, ParentRef, TriggerRef
+from saga_engine.admin._schemas import ChildRef, LineageNode, ParentRef, RerunRef, TriggerRef
 from saga_engine.core._codec import Undecodable
 from saga_engine.core._decision import CHILD_PARTICIPANT, CHILD_STEP_PREFIX, child_saga_id
 from saga_engine.core._events import CommandIssued, Event, SagaStarted
@@ -46,6 +46,14 @@ def parent_of(events: Sequence[Event]) -> ParentRef | None:
     if not isinstance(started, SagaStarted) or started.parent is None:
         return None
     return ParentRef.model_validate(started.parent, from_attributes=True)
+
+
+def rerun_of(events: Sequence[Event]) -> RerunRef | None:
+    """The saga an operator re-ran as this one (``saga rerun``), if one did."""
+    started = events[0] if events else None
+    if not isinstance(started, SagaStarted) or started.rerun_of is None:
+        return None
+    return RerunRef.model_validate(started.rerun_of, from_attributes=True)
 
 
 def trigger_of(events: Sequence[Event]) -> TriggerRef | None:

@@ -111,6 +111,14 @@ class InFlightCommand(BaseModel):
     )
 
 
+class RerunRef(BaseModel):
+    """The saga an operator re-ran as this one (``POST /sagas/{id}/rerun``)."""
+
+    saga_id: str
+    principal: str
+    reason: str
+
+
 class ParentRef(BaseModel):
     """The saga that started this one with ``ctx.child``."""
 
@@ -168,6 +176,9 @@ class SagaDetail(SagaSummary):
     )
     children: list[ChildRef] = Field(
         default_factory=list, description="The child sagas it started, in order."
+    )
+    rerun_of: RerunRef | None = Field(
+        default=None, description="The saga an operator re-ran as this one, if one did."
     )
     pivot_step: str | None = Field(
         default=None, description="Its pivot step (ctx.step(pivot=True)), once issued."
@@ -253,6 +264,26 @@ class SkipRequest(_Body):
         "compensation (the operator undid it by hand).",
     )
     reason: Reason
+
+
+class RerunRequest(_Body):
+    input: dict[str, Any] | None = Field(
+        default=None,
+        description="The new saga's input (its input model's JSON; a 422 names each wrong "
+        "field); absent: the original's input.",
+    )
+    idempotency_key: (
+        Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=NO_NUL)] | None
+    ) = Field(
+        default=None,
+        description="The same key (and input) twice starts one saga; absent: derived from "
+        "the original's id and the input, so the same rerun asked twice starts one saga.",
+    )
+    reason: Reason
+
+
+class RerunAccepted(StartAccepted):
+    rerun_of: str = Field(description="The saga re-run.")
 
 
 class ForceCompensateRequest(_Body):

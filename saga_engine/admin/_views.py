@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from saga_engine.admin._lineage import parent_of, trigger_of
+from saga_engine.admin._lineage import parent_of, rerun_of, trigger_of
 from saga_engine.admin._schemas import (
     ChildRef,
     InFlightCommand,
@@ -109,6 +109,7 @@ def detail_of(
         parent=parent_of(events),
         trigger=trigger_of(events),
         children=list(children),
+        rerun_of=rerun_of(events),
         pivot_step=view.pivot_step,
         past_pivot=view.past_pivot,
         parked_steps=list(view.parked_steps),

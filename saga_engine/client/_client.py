@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from saga_engine.core._codec import CodecChain, PayloadCodec
 from saga_engine.core._definition import Saga, SagaDefinition, Signal
+from saga_engine.core._events import RerunLink
 from saga_engine.core._start import StartRequest
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._serde import JsonDict, check_storable
@@ -101,12 +102,14 @@ class SagaClient:
         traceparent: str = "",
         priority: int = 0,
         fairness_key: str | None = None,
+        rerun_of: RerunLink | None = None,
     ) -> str:
         """Asks the engines to start a saga; returns its id (derived from the key if given).
 
         The saga joins the trace of ``traceparent``, or else of the current span.
         ``priority`` (higher first) and ``fairness_key`` (a tenant: keys take turns)
-        order its commands while a flow-control limit holds them back."""
+        order its commands while a flow-control limit holds them back. ``rerun_of``
+        links the saga to one it re-runs (what ``POST /sagas/{id}/rerun`` sends)."""
         trace = {"traceparent": traceparent} if traceparent else carrier_of_context()
         saga_type, payload = _checked_input(saga, input)
         if idempotency_key is not None:
@@ -120,6 +123,7 @@ class SagaClient:
             trace_context=trace,
             priority=priority,
             fairness_key=fairness_key,
+            rerun_of=rerun_of,
         ).with_saga_id()
         await self._send(start_envelope(request, source=self._source))
         assert request.saga_id is not None

@@ -59,6 +59,17 @@ class ParentLink(BaseModel):
     saga_type: str = ""
 
 
+class RerunLink(BaseModel):
+    """The saga an operator re-ran (``saga rerun``): a new saga of the same type, with
+    the same or an edited input, linked to the original for the lineage."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    saga_id: str
+    principal: str = "system"
+    reason: str = ""
+
+
 class TriggerOrigin(BaseModel):
     """The Kafka record a trigger started the saga from, to trace it back to its cause."""
 
@@ -132,7 +143,7 @@ class SagaStarted(_Event):
     fairness_key: str | None = None
     #: Set when an operator re-ran another saga (``saga rerun``): the saga re-run, for the
     #: lineage. Left out of the stored shape when None (every other start).
-    rerun_of: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    rerun_of: RerunLink | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ReplyReceived(_Event):

@@ -53,7 +53,7 @@ def _details(event: Event) -> list[str]:
         trigger = (
             f"from {origin.topic}[{origin.partition}]@{origin.offset}" if origin is not None else ""
         )
-        rerun = f"rerun of {event.rerun_of}" if event.rerun_of else ""
+        rerun = f"rerun of {event.rerun_of.saga_id}" if event.rerun_of else ""
         return [f"input {_short(event.input)}", key, deadline, parent, trigger, rerun]
     if isinstance(event, UndoRequested):
         return [f"reason {event.reason!r}" if event.reason else ""]

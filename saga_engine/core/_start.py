@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from saga_engine.core._decision import StartSaga, saga_id_for
 from saga_engine.core._definition import SagaDefinition, SagaRegistry
-from saga_engine.core._events import Event, ParentLink, SagaStarted, TriggerOrigin
+from saga_engine.core._events import Event, ParentLink, RerunLink, SagaStarted, TriggerOrigin
 from saga_engine.kernel._errors import IdempotencyConflict, InvalidTransition
 from saga_engine.kernel._serde import JsonDict
 
@@ -40,6 +40,8 @@ class StartRequest:
     #: the fairness key (a tenant) takes turns with the others.
     priority: int = 0
     fairness_key: str | None = None
+    #: The saga an operator re-ran as this one (``saga rerun``).
+    rerun_of: RerunLink | None = None
 
     def with_saga_id(self) -> StartRequest:
         """This request with its saga id decided: the one given, the one its idempotency
@@ -91,6 +93,8 @@ class PreparedStart(NamedTuple):
     #: the fairness key (a tenant) takes turns with the others.
     priority: int = 0
     fairness_key: str | None = None
+    #: The saga an operator re-ran as this one (``saga rerun``).
+    rerun_of: RerunLink | None = None
 
 
 def start_input(start: PreparedStart) -> StartSaga:
@@ -107,4 +111,5 @@ def start_input(start: PreparedStart) -> StartSaga:
         trigger=start.trigger,
         priority=start.priority,
         fairness_key=start.fairness_key,
+        rerun_of=start.rerun_of,
     )

@@ -38,7 +38,7 @@ from saga_engine.core._decision import (
     Skip,
 )
 from saga_engine.core._definition import Saga
-from saga_engine.core._events import Event, ParentLink, TriggerOrigin
+from saga_engine.core._events import Event, ParentLink, RerunLink, TriggerOrigin
 from saga_engine.core._runtime import SagaRuntime
 from saga_engine.core._start import PreparedStart, StartRequest
 from saga_engine.kernel._crash import CrashHook
@@ -120,8 +120,10 @@ class Engine:
         parent: ParentLink | None = None,
         priority: int = 0,
         fairness_key: str | None = None,
+        rerun_of: RerunLink | None = None,
     ) -> str:
-        """Starts a saga and returns its id. With the same idempotency key, the same saga."""
+        """Starts a saga and returns its id. With the same idempotency key, the same saga.
+        ``rerun_of``: the saga an operator re-runs as this one (recorded, for the lineage)."""
         definition = self._registry.resolve(saga)  # a class must be one deployed here
         # The fields the caller set: the runtime fills in the defaults once, and a repeat
         # with a fresh default_factory value is still the same request.
@@ -133,7 +135,7 @@ class Engine:
         prepared = self.prepare(
             StartRequest(
                 definition.name, payload, saga_id, idempotency_key, deadline,
-                trace_context or {}, parent, trigger, priority, fairness_key,
+                trace_context or {}, parent, trigger, priority, fairness_key, rerun_of,
             )
         )  # fmt: skip
         await self._one(Start(prepared.saga_id, prepared))
@@ -165,6 +167,7 @@ class Engine:
         return PreparedStart(
             definition, request.input, saga_id, now, deadline_at, request.idempotency_key,
             stored, request.parent, request.trigger, request.priority, request.fairness_key,
+            request.rerun_of,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ inputs

@@ -648,6 +648,7 @@ async def test_openapi_describes_the_api(admin: Admin) -> None:
         "/sagas/{saga_id}/retry",
         "/sagas/{saga_id}/skip",
         "/sagas/{saga_id}/force-compensate",
+        "/sagas/{saga_id}/rerun",
         "/rollouts",
         "/rollouts/{saga_type}",
         "/schedules",
