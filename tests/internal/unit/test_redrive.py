@@ -203,3 +203,60 @@ async def test_a_run_that_fails_past_its_pivot_is_parked_not_compensated() -> No
     assert parked.error.type == "FailedPastPivot"
     assert "a bug after the pivot" in parked.error.message
     assert env.compensated_steps() == []
+
+
+class Timed(Saga[In, Out]):
+    """s1, then the pivot s2, then s3 whose attempts time out (it parks, in doubt)."""
+
+    name = "timed"
+
+    async def run(self, ctx: SagaContext, input: In) -> Out:
+        got = []
+        for i in (1, 2, 3):
+            reply = await ctx.step(
+                f"s{i}", to=f"p{i}", command=Cmd(n=i), compensate=Undo(n=i), returns=Reply,
+                timeout=10, retry=RetryPolicy(max_attempts=1), pivot=input.pivot and i == 2,
+            )  # fmt: skip
+            got.append(reply.n)
+        return Out(got=got)
+
+
+async def test_past_the_pivot_the_deadline_no_longer_applies_and_the_timeline_shows_it() -> None:
+    env = SagaTestEnv([Timed])
+    for i in (1, 2):
+        env.participant(f"p{i}").on(Cmd, reply={"n": i})
+    env.participant("p3").on(Cmd, no_reply=True)
+    run = await env.start(Timed, In(pivot=True), deadline=timedelta(minutes=1))
+    await env.advance(timedelta(seconds=11))  # s3's only attempt times out: it parks
+    assert await run.status() == SagaStatus.STEP_STUCK
+    await env.advance(timedelta(minutes=5))  # the deadline passes: nothing happens
+    assert await run.status() == SagaStatus.STEP_STUCK
+    history = await run.history()
+    assert "cancel_requested" not in _kinds(history)
+    parked = next(e for e in history if e.kind == "step_parked")
+    assert parked.in_doubt
+    view = fold(history, saga_id=run.saga_id)
+    labels = {(seg.label, seg.outcome) for seg in view.segments}
+    assert ("pivot s2", "pivot") in labels
+    assert ("s3 parked", "parked") in labels
+    assert [o.step for o in view.owed] == ["s3", "s2", "s1"]  # s3 in doubt, first
+    # Skipped by hand while in doubt: its compensation stays owed (it may have applied).
+    await env.engine.skip_step(run.saga_id, "s3", {"n": 33}, principal="bo")
+    await env.settle()
+    assert await run.status() == SagaStatus.COMPLETED
+
+
+async def test_a_second_pivot_is_a_definition_error() -> None:
+    class TwoPivots(Saga[In, Out]):
+        name = "two-pivots"
+
+        async def run(self, ctx: SagaContext, input: In) -> Out:
+            await ctx.step("a", to="p1", command=Cmd(n=1), pivot=True)
+            await ctx.step("b", to="p1", command=Cmd(n=2), pivot=True)
+            return Out()
+
+    env = SagaTestEnv([TwoPivots])
+    run = await env.start(TwoPivots, In())
+    assert await env.run_until_settled(run) == SagaStatus.NONDETERMINISTIC
+    parked = (await run.history())[-1]
+    assert "a second pivot" in parked.error.message
