@@ -20,6 +20,7 @@ from saga_engine import (
 )
 from saga_engine.core._runtime import SagaRuntime
 from saga_engine.core._view import WaitKind, fold
+from saga_engine.events import SagaParked
 from saga_engine.testing import SagaTestEnv
 
 PARK = RetryPolicy(max_attempts=2, initial_backoff=timedelta(0), on_exhausted="park")
@@ -259,4 +260,5 @@ async def test_a_second_pivot_is_a_definition_error() -> None:
     run = await env.start(TwoPivots, In())
     assert await env.run_until_settled(run) == SagaStatus.NONDETERMINISTIC
     parked = (await run.history())[-1]
+    assert isinstance(parked, SagaParked)
     assert "a second pivot" in parked.error.message
