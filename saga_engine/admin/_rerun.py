@@ -22,8 +22,9 @@ from saga_engine.admin._schemas import RerunAccepted, RerunRequest
 from saga_engine.admin._shared import ACTION_ERRORS, errors, load, saga_ref
 from saga_engine.admin._starts import _started, _status_url
 from saga_engine.core._events import RerunLink, SagaStarted
+from saga_engine.core._start import rerun_key
 from saga_engine.kernel._errors import InvalidTransition
-from saga_engine.kernel._serde import canonical_hash, model_payload
+from saga_engine.kernel._serde import model_payload
 
 __all__ = ["router"]
 
@@ -58,7 +59,7 @@ async def rerun(
     given = started.input if body.input is None else body.input
     # Checked here, before the start is sent: a 422 names each field the model refuses.
     value = definition.validate_input(given)
-    key = body.idempotency_key or f"rerun:{saga_id}:{canonical_hash(model_payload(value))}"
+    key = body.idempotency_key or rerun_key(saga_id, model_payload(value))
     link = RerunLink(saga_id=saga_id, principal=caller.name, reason=body.reason)
     new_id, replayed = await _started(
         definition, given, key, {"rerun_of": link}, parts.store, starter, admin

@@ -14,7 +14,7 @@ from saga_engine.core._definition import Saga, SagaDefinition, Signal
 from saga_engine.core._events import RerunLink
 from saga_engine.core._start import StartRequest
 from saga_engine.core._status import SagaStatus
-from saga_engine.kernel._serde import JsonDict, check_storable
+from saga_engine.kernel._serde import JsonDict, check_storable, model_payload
 from saga_engine.kernel._settings import Settings
 from saga_engine.store._store import EventStore, SagaRecord
 from saga_engine.telemetry._telemetry import carrier_of_context
@@ -128,6 +128,41 @@ class SagaClient:
         await self._send(start_envelope(request, source=self._source))
         assert request.saga_id is not None
         return request.saga_id
+
+    async def rerun(
+        self,
+        saga_id: str,
+        saga: type[Saga[Any, Any]],
+        *,
+        reason: str,
+        input: BaseModel | dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        principal: str = "system",
+    ) -> str:
+        """Starts a new saga of ``saga_id``'s type (``saga``: its class) with its input or
+        ``input``, linked to it (``rerun_of``, with ``principal`` and ``reason``), as
+        ``POST /sagas/{id}/rerun`` does; returns the new saga's id. Without a key, the
+        same original and input start one saga. It reads the original's start in Postgres
+        (the settings' ``pg``); InvalidTransition if ``saga`` is not its type."""
+        from saga_engine.core._events import SagaStarted
+        from saga_engine.core._start import rerun_key
+        from saga_engine.kernel._errors import InvalidTransition
+
+        store = await self._result_store()
+        started = (await store.first_event(saga_id)).event
+        definition = SagaDefinition.of(saga)
+        if not isinstance(started, SagaStarted) or started.saga_type != definition.name:
+            kind = started.saga_type if isinstance(started, SagaStarted) else "?"
+            raise InvalidTransition(
+                f"saga {saga_id} is a {kind!r} saga, not a {definition.name!r} one"
+            )
+        _, payload = _checked_input(saga, started.input if input is None else input)
+        check_storable({"reason": reason, "principal": principal}, "the rerun")
+        key = idempotency_key or rerun_key(
+            saga_id, model_payload(definition.validate_input(payload))
+        )
+        link = RerunLink(saga_id=saga_id, principal=principal, reason=reason)
+        return await self.start(saga, payload, idempotency_key=key, rerun_of=link)
 
     async def signal(
         self,

@@ -13,7 +13,7 @@ from saga_engine.core._decision import StartSaga, saga_id_for
 from saga_engine.core._definition import SagaDefinition, SagaRegistry
 from saga_engine.core._events import Event, ParentLink, RerunLink, SagaStarted, TriggerOrigin
 from saga_engine.kernel._errors import IdempotencyConflict, InvalidTransition
-from saga_engine.kernel._serde import JsonDict
+from saga_engine.kernel._serde import JsonDict, canonical_hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +51,12 @@ class StartRequest:
         if self.idempotency_key:
             return replace(self, saga_id=saga_id_for(self.saga_type, self.idempotency_key))
         return replace(self, saga_id=str(uuid.uuid4()))
+
+
+def rerun_key(original_id: str, input: JsonDict) -> str:
+    """The idempotency key of a rerun asked without one: the same original and the same
+    input (as its model reads it, defaults filled in) start one saga, from every edge."""
+    return f"rerun:{original_id}:{canonical_hash(input)}"
 
 
 def check_same_start(

@@ -160,3 +160,31 @@ async def test_parks_hold_across_sigkill_and_an_edited_retry_applies_once(
     assert await _applied(cluster, "gamma", pivoted) == [("apply", 11)]
     assert await _applied(cluster, "alpha", parking) == [("apply", 20)]
     assert await _applied(cluster, "beta", parking) == [("apply", 21)]
+
+    # A rerun through SagaClient: a new saga of the same type, linked, started once.
+    async with SagaClient(cluster.settings) as client:
+        again = RedriveRequest(amount=30)
+        rerun = await client.rerun(pivoted, Pivoted, reason="once more", input=again)
+        assert await client.rerun(pivoted, Pivoted, reason="once more", input=again) == rerun
+        assert rerun != pivoted
+        await client.result(rerun, timeout=60)
+    first = await _first_event(cluster, rerun)
+    assert first["rerun_of"] == {"saga_id": pivoted, "principal": "system", "reason": "once more"}
+    for participant in ("alpha", "beta", "gamma"):
+        assert await _applied(cluster, participant, rerun) == [("apply", 30)]
+
+
+async def _first_event(cluster: Cluster, saga_id: str) -> dict[str, Any]:
+    import asyncpg
+    import orjson
+
+    conn = await asyncpg.connect(cluster.database_dsn)
+    try:
+        data = await conn.fetchval(
+            f'SELECT data FROM "{cluster.schema}".saga_events WHERE saga_id = $1 AND seq = 1',
+            saga_id,
+        )
+    finally:
+        await conn.close()
+    value: dict[str, Any] = orjson.loads(data) if isinstance(data, str | bytes) else data
+    return value
