@@ -111,6 +111,11 @@ class InFlightCommand(BaseModel):
     )
 
 
+class SagaRef(BaseModel):
+    saga_id: str
+    status: SagaStatus
+
+
 class RerunRef(BaseModel):
     """The saga an operator re-ran as this one (``POST /sagas/{id}/rerun``)."""
 
@@ -179,6 +184,10 @@ class SagaDetail(SagaSummary):
     )
     rerun_of: RerunRef | None = Field(
         default=None, description="The saga an operator re-ran as this one, if one did."
+    )
+    reruns: list[SagaRef] = Field(
+        default_factory=list,
+        description="The sagas an operator started as reruns of this one (the first 50).",
     )
     pivot_step: str | None = Field(
         default=None, description="Its pivot step (ctx.step(pivot=True)), once issued."

@@ -53,6 +53,21 @@ class StartRequest:
         return replace(self, saga_id=str(uuid.uuid4()))
 
 
+#: The search attribute a rerun records its original under (a dotted name: no input
+#: field can take it), so the original's page finds its reruns through the index on
+#: ``sagas.search`` instead of reading histories.
+RERUN_ATTRIBUTE = "saga.rerun_of"
+
+
+def start_search(definition: SagaDefinition, started: SagaStarted) -> dict[str, str] | None:
+    """What the saga's listing row is searched by: its declared search attributes, and
+    the saga it re-runs (``RERUN_ATTRIBUTE``) if an operator re-ran one as it."""
+    values = definition.search_values(started.input)
+    if started.rerun_of is None:
+        return values
+    return {**(values or {}), RERUN_ATTRIBUTE: started.rerun_of.saga_id}
+
+
 def rerun_key(original_id: str, input: JsonDict) -> str:
     """The idempotency key of a rerun asked without one: the same original and the same
     input (as its model reads it, defaults filled in) start one saga, from every edge."""

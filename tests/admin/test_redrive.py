@@ -132,6 +132,9 @@ async def test_rerun_starts_a_linked_saga_once_per_request(api: Api) -> None:
         "saga_id": original, "principal": "olivia", "reason": "retry with a new amount",
     }  # fmt: skip
     assert detail["input"] == {"order": "o-9", "amount": 7, "pivot": False}
+    assert (await api.detail(original))["reruns"] == [{"saga_id": rerun_id, "status": "completed"}]
+    original_page = await api.http.get(f"/ui/sagas/{original}", headers=READER)
+    assert f'id="reruns">re-run as <a href="/ui/sagas/{rerun_id}"' in original_page.text
     page = await api.http.get(f"/ui/sagas/{rerun_id}", headers=READER)
     assert f'id="rerun-of">a rerun of <a href="/ui/sagas/{original}"' in page.text
     reader = await api.http.post(f"/sagas/{original}/rerun", json=body, headers=READER)

@@ -172,6 +172,10 @@ async def test_parks_hold_across_sigkill_and_an_edited_retry_applies_once(
     assert first["rerun_of"] == {"saga_id": pivoted, "principal": "system", "reason": "once more"}
     for participant in ("alpha", "beta", "gamma"):
         assert await _applied(cluster, participant, rerun) == [("apply", 30)]
+    # The original's page lists it (found through the sagas' search index).
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+        original = (await http.get(f"/sagas/{pivoted}")).json()
+    assert original["reruns"] == [{"saga_id": rerun, "status": "completed"}]
 
 
 async def _first_event(cluster: Cluster, saga_id: str) -> dict[str, Any]:
