@@ -221,6 +221,13 @@ def _stop(s: SagaState, inbound: Cancel | ForceCompensate) -> Event:
 
 
 def _resume(s: SagaState, inbound: Resume) -> Event:
+    if s.status == SagaStatus.STEP_STUCK and s.parked_steps:
+        raise InvalidTransition(
+            f"saga {s.saga_id} is step_stuck: step(s) "
+            f"{', '.join(map(repr, sorted(s.parked_steps)))} could not succeed and wait "
+            "for an operator; retry the step (with an edited command if need be) or skip "
+            "it with a result"
+        )
     if s.status == SagaStatus.STEP_STUCK:
         raise InvalidTransition(
             f"saga {s.saga_id} is step_stuck: the reply of step(s) "

@@ -105,6 +105,8 @@ async def test_exhausted_step_parks_holding_its_stack_and_a_retry_sends_an_edite
     # A command its model refuses is a clear error, and nothing is recorded.
     with pytest.raises(InvalidPayload, match="n"):
         await env.engine.retry_step(run.saga_id, "s2", command={"n": "many"})
+    with pytest.raises(InvalidTransition, match="could not succeed and wait for an operator"):
+        await env.engine.resume(run.saga_id)
     with pytest.raises(InvalidTransition, match="only for a step parked"):
         await env.engine.retry_step(run.saga_id, "s1", command={"n": 5})
     assert len(await run.history()) == len(history)
