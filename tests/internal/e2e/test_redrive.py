@@ -3,10 +3,12 @@
 A real engine process drives two sagas over the ledger participants until both park as
 step_stuck: ``pivoted`` past its pivot (gamma refused), ``parking`` by its policy (beta
 refused). The engine is SIGKILLed and restarted: the parks hold, nothing is re-sent, and a
-cancel of the pivoted saga is refused (409 "past its pivot"). An operator's retry with an
+cancel of the pivoted saga is refused (409 "past its pivot" from the admin API, a dead
+letter ``not_accepted`` when ``SagaClient.cancel`` sends it over Kafka). An operator's retry with an
 edited command is recorded, and the engine is SIGKILLed again before the command leaves
 (crash point ``before_send``); restarted, it sends it once. Each participant's own ledger
-shows every effect exactly once, and the edited amount.
+shows every effect exactly once, and the edited amount. Last, ``SagaClient.rerun`` starts a
+linked saga once, which the original's detail lists.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import pytest
 
 from saga_engine import SagaStatus
 from saga_engine.client import SagaClient
+from tests.edge.conftest import dead_letters
 from tests.internal.e2e.harness import Cluster
 from tests.internal.e2e.redrive_app import Parking, Pivoted, RedriveRequest
 
@@ -124,6 +127,12 @@ async def test_parks_hold_across_sigkill_and_an_edited_retry_applies_once(
         cluster, port, f"/sagas/{pivoted}/cancel", {"reason": "too late"}, want=409
     )
     assert "past its pivot" in refused.text
+    # Sent over Kafka, the same refusal is a dead letter with its reason.
+    async with SagaClient(cluster.settings) as client:
+        await client.cancel(pivoted, "too late, over Kafka")
+    [dead] = await dead_letters(cluster.settings, 1)
+    assert dead["dlq_reason"] == "not_accepted"
+    assert "past its pivot" in dead["dlq_detail"]
     assert (await cluster.statuses([pivoted, parking])) == {
         pivoted: SagaStatus.STEP_STUCK,
         parking: SagaStatus.STEP_STUCK,
