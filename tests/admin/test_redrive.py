@@ -139,3 +139,18 @@ async def test_rerun_starts_a_linked_saga_once_per_request(api: Api) -> None:
     assert f'id="rerun-of">a rerun of <a href="/ui/sagas/{original}"' in page.text
     reader = await api.http.post(f"/sagas/{original}/rerun", json=body, headers=READER)
     assert reader.status_code == 403
+
+
+async def test_rerun_refuses_an_unknown_saga_and_a_reused_key(api: Api) -> None:
+    missing = await api.http.post(
+        "/sagas/no-such-saga/rerun", json={"reason": "x"}, headers=OPERATOR
+    )
+    assert missing.status_code == 404, missing.text
+    original = await api.parked(order="o-7")
+    keyed = {"reason": "again", "idempotency_key": "rerun-o-7"}
+    first = await api.http.post(f"/sagas/{original}/rerun", json=keyed, headers=OPERATOR)
+    assert first.status_code == 202, first.text
+    other_input = {**keyed, "input": {"order": "o-7", "amount": 99}}
+    conflict = await api.http.post(f"/sagas/{original}/rerun", json=other_input, headers=OPERATOR)
+    assert conflict.status_code == 409, conflict.text
+    assert first.json()["saga_id"] in conflict.text
