@@ -142,6 +142,12 @@ def signal_of(timer_id: str) -> str | None:
 NO_IDS: frozenset[str] = frozenset()
 
 
+#: No step parked: shared by every fold until its first ``step_parked`` (an empty dict
+#: per saga would cost most sagas, which never park one, 64 bytes each). Never written:
+#: a fold that parks a step gets a dict of its own first.
+NO_PARKED: dict[str, ParkedStep] = {}
+
+
 def with_id(ids: Set[str], value: str) -> set[str]:
     """``ids`` with ``value`` added: the set itself, or a new one in place of NO_IDS."""
     out = ids if isinstance(ids, set) else set(ids)
@@ -194,7 +200,7 @@ class Fold:
         #: The last attempt sent per forward command id (for a compensation's span link).
         self.last_attempt: dict[str, int] = {}
         #: Forward steps parked for an operator (``step_parked``), by step.
-        self.parked_steps: dict[str, ParkedStep] = {}
+        self.parked_steps: dict[str, ParkedStep] = NO_PARKED
         #: The pivot step, once its command is issued, and whether it has succeeded.
         self.pivot_step: str | None = None
         self.past_pivot = False
@@ -334,6 +340,8 @@ class Fold:
         self.undo_ids = with_id(self.undo_ids, event.command_id)
 
     def _on_step_parked(self, event: StepParked) -> None:
+        if self.parked_steps is NO_PARKED:
+            self.parked_steps = {}
         self.parked_steps[event.step] = ParkedStep(event)
         self._move(S.STEP_STUCK)
         self.error = event.error
@@ -381,7 +389,7 @@ class Fold:
         # The run's forward work is abandoned: its commands (in doubt now) and its timers.
         for command_id in [c for c, sent in self.inflight.items() if not sent.compensation]:
             self._answered(command_id)
-        self.parked_steps.clear()
+        self.parked_steps = NO_PARKED
         for timer_id in [
             t for t in self.timers if not t.startswith(("timeout:", "retry:compensate:"))
         ]:
@@ -416,7 +424,7 @@ class Fold:
         # (compensated, cancelled: the error compensation began with stands)
         self.inflight.clear()
         self.timers.clear()
-        self.parked_steps.clear()
+        self.parked_steps = NO_PARKED
 
 
 _HANDLERS: dict[type[Event], Callable[[Fold, Any], Settled]] = {

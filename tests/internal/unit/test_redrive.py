@@ -264,3 +264,14 @@ async def test_a_second_pivot_is_a_definition_error() -> None:
     parked = (await run.history())[-1]
     assert isinstance(parked, SagaParked)
     assert "a second pivot" in parked.error.message
+
+
+async def test_the_shared_empty_parked_steps_is_never_written() -> None:
+    from saga_engine.core._fold import NO_PARKED
+
+    env = _env()
+    env.participant("p2").on(Cmd, retryable="down")
+    runs = [await env.start(Three, In(), idempotency_key=str(i)) for i in range(2)]
+    for run in runs:
+        assert await env.run_until_settled(run) == SagaStatus.STEP_STUCK
+    assert NO_PARKED == {}
