@@ -5,7 +5,7 @@ travel as Kafka commands and replies, and after a crash they are recovered by
 deterministic replay.
 
 This module holds what defining a saga needs (``Saga``, ``SagaContext``, ``Signal``,
-``RetryPolicy``, the errors, the settings, the payload codecs) and loads nothing else: ``Engine`` and ``run``
+``EventSource``, ``RetryPolicy``, the errors, the settings, the payload codecs) and loads nothing else: ``Engine`` and ``run``
 are imported on first use, so ``import saga_engine`` loads neither the engine nor
 OpenTelemetry, asyncpg, aiokafka or FastAPI.
 
@@ -35,14 +35,17 @@ from saga_engine.core._codec import (
 from saga_engine.core._context import HttpRequest, SagaContext
 from saga_engine.core._decision import OutboundCommand, saga_id_for
 from saga_engine.core._definition import Saga, SagaRegistry, Signal
+from saga_engine.core._domain_events import EventSource
 from saga_engine.core._policy import RetryPolicy
 from saga_engine.core._status import TRANSITIONS, SagaStatus
+from saga_engine.core._update import query, update
 from saga_engine.kernel._errors import (
     CodecError,
     CodecFailure,
     ConcurrencyError,
     DefinitionError,
     DependencyUnavailable,
+    EventTimeout,
     IdempotencyConflict,
     InvalidPayload,
     InvalidTransition,
@@ -53,6 +56,7 @@ from saga_engine.kernel._errors import (
     PastPivot,
     PayloadTooLarge,
     PermanentError,
+    QueryFailed,
     ResultTimeout,
     SagaError,
     SagaNotFound,
@@ -65,6 +69,8 @@ from saga_engine.kernel._errors import (
     UnknownSagaType,
     UnknownSagaVersion,
     UnstorableValue,
+    UpdateFailed,
+    UpdateRefused,
 )
 from saga_engine.kernel._settings import (
     CodecSettings,
@@ -87,6 +93,8 @@ __all__ = [
     "DependencyUnavailable",
     "Engine",
     "EngineSettings",
+    "EventSource",
+    "EventTimeout",
     "GzipCodec",
     "HttpRequest",
     "IdempotencyConflict",
@@ -104,6 +112,7 @@ __all__ = [
     "PayloadTooLarge",
     "PermanentError",
     "PostgresSettings",
+    "QueryFailed",
     "ResultTimeout",
     "RetryPolicy",
     "Saga",
@@ -123,9 +132,13 @@ __all__ = [
     "UnknownSagaType",
     "UnknownSagaVersion",
     "UnstorableValue",
+    "UpdateFailed",
+    "UpdateRefused",
     "ZstdCodec",
+    "query",
     "run",
     "saga_id_for",
+    "update",
 ]
 
 if TYPE_CHECKING:

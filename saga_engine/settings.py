@@ -7,6 +7,7 @@ program (the CLI, a test fixture, the user's ``main``). Nested fields use ``__``
 
 from saga_engine.kernel._settings import (
     AdminSettings,
+    BatchSettings,
     CodecSettings,
     EngineSettings,
     FlowLimit,
@@ -22,6 +23,7 @@ from saga_engine.kernel._settings import (
 
 __all__ = [
     "AdminSettings",
+    "BatchSettings",
     "CodecSettings",
     "EngineSettings",
     "FlowLimit",

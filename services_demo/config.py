@@ -57,6 +57,10 @@ class DemoSettings(BaseSettings):
     fraud_flaky: bool = True
     #: The trigger topic; default ``{SAGA_KAFKA__TOPIC_PREFIX}.orders.requested``.
     orders_topic: str = ""
+    #: How long a checkout waits for its order's ``payment-captured`` fact.
+    payment_timeout_s: float = 120.0
+    #: The orders service's facts; default ``{SAGA_KAFKA__TOPIC_PREFIX}.payment-captured``.
+    payments_topic: str = ""
 
     def port(self, service: str) -> int:
         return self.base_port + PORT_OFFSETS[service]
@@ -68,6 +72,12 @@ class DemoSettings(BaseSettings):
     @property
     def blocked_customers(self) -> frozenset[str]:
         return _names(self.blocked)
+
+
+def payments_topic(topic_prefix: str, demo: DemoSettings) -> str:
+    """The topic of the orders service's ``payment-captured`` facts, which checkouts wait
+    for (``demo.payment-captured``)."""
+    return demo.payments_topic or f"{topic_prefix}.payment-captured"
 
 
 def orders_topic(topic_prefix: str, demo: DemoSettings) -> str:

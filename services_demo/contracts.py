@@ -31,6 +31,7 @@ class CheckoutInput(BaseModel):
     items: Items = Field(min_length=1, max_length=50)
     #: Recorded in the saga's input, so a replay waits exactly as the first run did.
     approval_timeout_s: float = Field(default=30.0, gt=0)
+    payment_timeout_s: float = Field(default=120.0, gt=0)
 
 
 class CheckoutResult(BaseModel):
@@ -194,3 +195,11 @@ class ReconciliationReport(BaseModel):
 
     customers: int
     total_balance: int
+
+
+class PaymentCaptured(BaseModel):
+    """The orders service's fact: the customer's payment for an order was captured. The
+    checkout waits for it (``ctx.wait_event``), correlated by ``order_id``."""
+
+    order_id: str = Field(pattern=ORDER_ID_PATTERN)
+    amount: int = Field(gt=0)

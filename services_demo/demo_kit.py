@@ -38,7 +38,7 @@ from saga_engine.events import (
     event_from_json,
 )
 from saga_engine.settings import KafkaSettings, PostgresSettings
-from services_demo.config import SERVICES
+from services_demo.config import PRICES, SERVICES
 from services_demo.run import DemoStack
 
 FINISHED = {s.value for s in SagaStatus if s.is_terminal or s.is_parked}
@@ -253,7 +253,23 @@ class Demo:
         self.placed.append(placed)
         say(f"  POST /orders  {customer}: {show_items(lines)}")
         say(f"    -> 202 order {placed.order_id}, saga {placed.saga_id}")
+        await self.pay(placed)
         return placed
+
+    async def pay(self, placed: Placed) -> None:
+        """The payment provider's webhook for the order's full price: the orders service
+        publishes ``payment-captured``, which the checkout waits for (often it is there
+        before the checkout reaches its wait, and is matched all the same)."""
+        amount = sum(PRICES.get(line["sku"], 0) * line["qty"] for line in placed.items)
+        response = await self.http.post(
+            f"{self.url('orders')}/orders/{placed.order_id}/payment", json={"amount": amount}
+        )
+        check(
+            response.status_code == 202,
+            f"the payment webhook answered {response.status_code}",
+            quiet=True,
+        )
+        say(f"    payment of {amount} captured: the orders service published payment-captured")
 
     async def order(self, order_id: str) -> dict[str, Any] | None:
         response = await self.http.get(f"{self.url('orders')}/orders/{order_id}")

@@ -6,6 +6,9 @@
 - ``GET /orders/{id}`` shows the order as the saga moves it: pending, then confirmed or
   rejected with the reason. ``GET /orders`` lists them.
 - ``POST /orders/{id}/approval`` sends the ``approval`` signal to a large order's saga.
+- ``POST /orders/{id}/payment`` is the payment provider's webhook: it records the captured
+  amount and publishes the ``payment-captured`` fact (``SagaClient.publish_event``, the id
+  ``capture-{order_id}``, so a repeated webhook is kept once); the checkout waits for it.
 - As a participant it handles ``CreateOrder`` (the saga's first step: it prices the
   order, and creates it when it came from Kafka rather than HTTP), ``ConfirmOrder`` and
   ``RejectOrder``.
@@ -40,9 +43,10 @@ from services_demo.contracts import (
     Item,
     OrderCreated,
     OrderState,
+    PaymentCaptured,
     RejectOrder,
 )
-from services_demo.sagas import Checkout, order_key, orders_requested
+from services_demo.sagas import Checkout, order_key, orders_requested, payment_captured
 
 DDL = """
 CREATE TABLE IF NOT EXISTS orders (
@@ -60,6 +64,8 @@ CREATE TABLE IF NOT EXISTS orders (
     created_at      timestamptz NOT NULL DEFAULT now(),
     updated_at      timestamptz NOT NULL DEFAULT now()
 );
+-- Added with the payment-captured fact: a stack that ran an older demo gets it too.
+ALTER TABLE orders ADD COLUMN IF NOT EXISTS captured int;
 """
 
 
@@ -165,9 +171,15 @@ class OrderView(BaseModel):
     status: str
     reason: str | None
     shipment_id: str | None
+    #: The amount the payment provider captured (``POST /orders/{id}/payment``).
+    captured: int | None = None
     source: str
     created_at: str
     updated_at: str
+
+
+class PaymentRequest(BaseModel):
+    amount: int = Field(gt=0)
 
 
 class ApprovalRequest(BaseModel):
@@ -186,6 +198,7 @@ def _view(row: asyncpg.Record) -> OrderView:
         status=row["status"],
         reason=row["reason"],
         shipment_id=row["shipment_id"],
+        captured=row["captured"],
         source=row["source"],
         created_at=row["created_at"].isoformat(),
         updated_at=row["updated_at"].isoformat(),
@@ -230,6 +243,7 @@ def create_app() -> FastAPI:
             customer=customer,
             items=items,
             approval_timeout_s=holder.service.demo.approval_timeout_s,
+            payment_timeout_s=holder.service.demo.payment_timeout_s,
         )
         try:
             return await saga_client().start(
@@ -314,6 +328,29 @@ def create_app() -> FastAPI:
         except TransientError as exc:
             raise HTTPException(503, f"the approval could not be sent ({exc}); retry") from exc
         return {"order_id": order_id, "saga_id": row["saga_id"], "signal_id": signal_id}
+
+    @app.post("/orders/{order_id}/payment", status_code=202, tags=["orders"])
+    async def payment_captured_hook(order_id: str, payment: PaymentRequest) -> dict[str, Any]:
+        """The payment provider's webhook: records the capture and publishes the fact."""
+        # The first capture's amount stays; the same amount again is a repeated webhook
+        # (the fact is published again under the same id, which the engines keep once).
+        row = await holder.pool.fetchrow(
+            "UPDATE orders SET captured = coalesce(captured, $2), updated_at = now() "
+            "WHERE order_id = $1 RETURNING captured",
+            order_id, payment.amount,
+        )  # fmt: skip
+        if row is None:
+            raise HTTPException(404, f"no order {order_id}")
+        if row["captured"] != payment.amount:
+            raise HTTPException(409, f"order {order_id} was captured for {row['captured']}")
+        fact = PaymentCaptured(order_id=order_id, amount=payment.amount)
+        try:
+            event_id = await saga_client().publish_event(
+                payment_captured, fact, event_id=f"capture-{order_id}"
+            )
+        except TransientError as exc:
+            raise HTTPException(503, f"the capture could not be published ({exc}); retry") from exc
+        return {"order_id": order_id, "event_id": event_id}
 
     return app
 

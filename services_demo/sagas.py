@@ -7,9 +7,13 @@
 4. ``fraud-check``: an HTTP step, the engine calls ``POST /check`` on the fraud service;
 5. orders of ``APPROVAL_THRESHOLD`` or more wait for the ``approval`` signal (a timeout
    rejects them);
-6. ``child:shipment``: a child saga, ``shipment``, books the carrier (shipping); its id
+6. the checkout waits for the orders service's ``payment-captured`` fact for its order
+   (``ctx.wait_event``, correlated by ``order_id``): a capture published before the
+   checkout got here is matched too; none within ``payment_timeout_s`` rejects the order,
+   and so does a capture of another amount than the order's total;
+7. ``child:shipment``: a child saga, ``shipment``, books the carrier (shipping); its id
    derives from the checkout's, and ``GET /sagas/{id}`` shows the one from the other;
-7. ``confirm-order`` (orders).
+8. ``confirm-order`` (orders).
 
 Any failure first marks the order rejected with the reason (``reject-order``), then the
 engine compensates in reverse: undo the shipment child (which cancels its booking),
@@ -21,7 +25,11 @@ saga never reaches the ``except`` below); after ``reject-order`` it is a no-op.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from saga_engine import (
+    EventSource,
+    EventTimeout,
     RetryPolicy,
     Saga,
     SagaContext,
@@ -32,7 +40,7 @@ from saga_engine import (
 )
 from saga_engine.schedules import CatchUp, Overlap, Schedule
 from saga_engine.triggers import KafkaTrigger
-from services_demo.config import APPROVAL_THRESHOLD, DemoSettings, orders_topic
+from services_demo.config import APPROVAL_THRESHOLD, DemoSettings, orders_topic, payments_topic
 from services_demo.contracts import (
     Approval,
     CancelShipment,
@@ -44,6 +52,7 @@ from services_demo.contracts import (
     FraudVerdict,
     OrderCreated,
     OrderRequested,
+    PaymentCaptured,
     ReconcileInput,
     ReconciliationReport,
     RejectOrder,
@@ -70,7 +79,21 @@ def _reason(exc: Exception) -> str:
         return f"{exc.step}: {exc.reason}"
     if isinstance(exc, SignalTimeout):
         return "approval: no decision before the approval timeout"
+    if isinstance(exc, EventTimeout):
+        return "payment: not captured before the payment timeout"
     return str(exc)
+
+
+#: The orders service publishes ``payment-captured`` when a customer's payment is
+#: captured (``POST /orders/{id}/payment``); the engine keeps each fact an hour for a
+#: checkout that has not reached its wait yet.
+payment_captured = EventSource(
+    topic=payments_topic(Settings().kafka.topic_prefix, DemoSettings()),
+    model=PaymentCaptured,
+    key="order_id",
+    retention=timedelta(hours=1),
+    name="payment-captured",
+)
 
 
 class Shipment(Saga[ScheduleShipment, ShipmentScheduled]):
@@ -129,6 +152,11 @@ class Checkout(Saga[CheckoutInput, CheckoutResult]):
                 if not approval.approved:
                     raise CheckoutRejected(f"approval: refused by {approval.by} {approval.note}")
                 approved_by = approval.by
+            paid = await ctx.wait_event(payment_captured, key=oid, timeout=order.payment_timeout_s)
+            if paid.amount != created.total:
+                raise CheckoutRejected(
+                    f"payment: captured {paid.amount}, order total {created.total}"
+                )
             shipment = await ctx.child(
                 Shipment,
                 ScheduleShipment(order_id=oid, customer=customer, items=items),
@@ -139,7 +167,7 @@ class Checkout(Saga[CheckoutInput, CheckoutResult]):
                 command=ConfirmOrder(order_id=oid, shipment_id=shipment.shipment_id),
                 timeout=STEP_TIMEOUT_S, retry=STEP_RETRY,
             )  # fmt: skip
-        except (StepFailed, SignalTimeout, CheckoutRejected) as exc:
+        except (StepFailed, SignalTimeout, EventTimeout, CheckoutRejected) as exc:
             # The order shows why before the compensations run; then the engine undoes
             # the applied steps in reverse order.
             await ctx.step(
@@ -166,6 +194,7 @@ def checkout_input(message: OrderRequested) -> CheckoutInput:
         customer=message.customer,
         items=message.items,
         approval_timeout_s=DemoSettings().approval_timeout_s,
+        payment_timeout_s=DemoSettings().payment_timeout_s,
     )
 
 
@@ -192,6 +221,7 @@ __all__ = [
     "checkout_input",
     "order_key",
     "orders_requested",
+    "payment_captured",
 ]
 
 

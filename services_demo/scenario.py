@@ -6,7 +6,8 @@
 
 It places orders over HTTP and through Kafka and prints what happens and where to look:
 
-1. an order that succeeds (and the same request again, with its Idempotency-Key);
+1. an order that succeeds (and the same request again, with its Idempotency-Key); its
+   checkout waits for the orders service's ``payment-captured`` fact;
 2. one rejected for insufficient credit;
 3. one that fails at shipping: its stock and credit are released;
 4. one the fraud service refuses over HTTP (the engine's HTTP step);
@@ -40,6 +41,7 @@ from saga_engine import Settings, saga_id_for
 from saga_engine.events import (
     CommandIssued,
     CompensationCompleted,
+    DomainEventReceived,
     SagaCompleted,
 )
 from services_demo.config import PORT_OFFSETS, SERVICES
@@ -85,6 +87,12 @@ async def order_succeeds(demo: Demo) -> Placed:
         "the same request again (same Idempotency-Key) returns the same order and saga",
     )
     await demo.settle(placed)
+    facts = [e for e in placed.events if isinstance(e, DomainEventReceived)]
+    check(
+        len(facts) == 1,
+        "the checkout waited for the orders service's payment-captured fact and recorded it "
+        "once (published before the checkout reached its wait, matched all the same)",
+    )
     calls = await demo.fraud_calls(placed)
     if demo.fraud_flaky:
         check(
@@ -186,6 +194,7 @@ async def kafka_trigger(demo: Demo) -> Placed:
         f"the orders service to learn of {order_id}", lambda: _exists(demo, order_id)
     )
     say(f"  the saga's first step created order {order_id} in the orders service")
+    await demo.pay(placed)
     await demo.settle(placed)
     await demo.wait_for(
         "the engine to consume every trigger message",

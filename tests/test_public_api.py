@@ -31,6 +31,10 @@ PUBLIC = {
     # Payload codecs (issue 14 section 4).
     "AesGcmCodec", "CodecChain", "CodecError", "CodecFailure", "CodecSettings", "GzipCodec",
     "NoopCodec", "PayloadCodec", "ZstdCodec",
+    # Waiting for other services' domain events (issue 26 section 1).
+    "EventSource", "EventTimeout",
+    # Updates and queries (issue 26 section 2).
+    "update", "query", "UpdateRefused", "UpdateFailed", "QueryFailed",
 }  # fmt: skip
 
 #: Every public module but the root, and exactly what it exports.
@@ -52,14 +56,14 @@ FRONT_DOORS: dict[str, set[str]] = {
     "saga_engine.worker": {"SagaWorker"},
     "saga_engine.replay": {
         "FORMAT", "HistoryExport", "ReplayResult", "export_history", "load_history",
-        "load_sagas", "load_triggers", "replay",
+        "load_event_sources", "load_sagas", "load_triggers", "replay",
     },
     "saga_engine.telemetry": {
         "Telemetry", "configure_from_env", "default_telemetry", "instrument_asyncpg",
     },
     "saga_engine.settings": {
         "AdminSettings", "CodecSettings", "EngineSettings", "HttpSettings", "KafkaSettings", "ParticipantSettings",
-        "PostgresSettings", "RetentionSettings", "ScheduleSettings", "Settings", "FlowLimit", "LimitsSettings",
+        "PostgresSettings", "RetentionSettings", "ScheduleSettings", "Settings", "FlowLimit", "LimitsSettings", "BatchSettings",
     },
     "saga_engine.schedules": {"CatchUp", "Overlap", "Schedule", "ScheduleState"},
     "saga_engine.triggers": {"KafkaTrigger"},
@@ -98,7 +102,7 @@ def test_the_front_doors_export_their_documented_names() -> None:
         assert len(module.__all__) == len(exported), f"{name}: a name listed twice"
         for attribute in exported:
             assert getattr(module, attribute) is not None, f"{name}.{attribute}"
-    assert len(saga_engine.events.EVENT_TYPES) == 27
+    assert len(saga_engine.events.EVENT_TYPES) == 31
 
 
 def _module_name(path: Path) -> str:

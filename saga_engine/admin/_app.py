@@ -5,15 +5,28 @@ Build it with :func:`create_admin_app` and serve it on the engine's event loop w
 
 The routes live in routers by concern (``_meta``: health, saga types, metrics;
 ``_reads``: list, detail, history; ``_starts``: the start; ``_actions``: operator
-actions; ``_rollouts``: saga versions' rollouts; ``_flow``: flow control; ``_schedules``:
-durable schedules; ``web``: the pages). They reach the engine, its collaborators (the
-store, the registry, the counters), the admin settings and the start function through
-the dependencies in ``_deps``, which read what this function stores on the app's state.
+actions; ``_rollouts``: saga versions' rollouts; ``_flow``: flow control;
+``_domain_events``: the domain events kept; ``_schedules``: durable schedules;
+``_batches``: batch operations; ``web``: the pages). They reach the
+engine, its collaborators (the store, the registry, the counters), the admin settings and
+the start function through the dependencies in ``_deps``, which read what this function
+stores on the app's state.
 """
 
 from fastapi import Depends, FastAPI
 
-from saga_engine.admin import _actions, _flow, _meta, _reads, _rerun, _rollouts, _schedules
+from saga_engine.admin import (
+    _actions,
+    _batches,
+    _domain_events,
+    _flow,
+    _meta,
+    _reads,
+    _rerun,
+    _rollouts,
+    _schedules,
+    _updates,
+)
 from saga_engine.admin._auth import AuthMiddleware, auth_required
 from saga_engine.admin._deps import AdminState, StartSaga, bearer, install
 from saga_engine.admin._http_errors import (
@@ -23,11 +36,13 @@ from saga_engine.admin._http_errors import (
 )
 from saga_engine.admin._starts import starts_router
 from saga_engine.admin._web import SecurityHeadersMiddleware, web_router
+from saga_engine.admin._web_batches import batches_page_router
 from saga_engine.admin._web_schedules import schedules_page_router
 from saga_engine.kernel._settings import AdminSettings, Settings
 from saga_engine.kernel._version import __version__
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._parts import EngineParts
+from saga_engine.store._batch_store import BatchStore
 from saga_engine.store._schedule_store import ScheduleStore
 from saga_engine.telemetry._health import HealthBoard
 
@@ -42,13 +57,15 @@ def create_admin_app(
     start_saga: StartSaga | None = None,
     schedules: ScheduleStore | None = None,
     health: HealthBoard | None = None,
+    batches: BatchStore | None = None,
 ) -> FastAPI:
     """The admin API for ``engine``, configured by ``settings.admin``.
 
     ``parts``: what the engine was built from (its store, registry, counters, flow
     control), as the composition root that built it holds them (``SagaWorker.parts``,
     ``SagaTestEnv.parts``). ``schedules``: the schedules' store (else the schedule
-    routes answer 503). ``health``: what ``/health`` reports besides liveness (the
+    routes answer 503). ``batches``: the batch operations' store (else those routes
+    answer 503). ``health``: what ``/health`` reports besides liveness (the
     worker's board).
 
     Raises InsecureAdminBinding (a PermanentError) when ``settings.admin.host`` is not a
@@ -70,7 +87,10 @@ def create_admin_app(
         docs_url=None,
         redoc_url=None,
     )
-    install(app, AdminState(engine, parts, admin, start_saga or engine.start, schedules, health))
+    install(
+        app,
+        AdminState(engine, parts, admin, start_saga or engine.start, schedules, health, batches),
+    )
     install_error_handlers(app)
     # Outermost last: SecurityHeaders(CatchAll(Auth(BodyLimit(app)))). Auth runs before
     # any body is read; every answer, a 401 or a 500 too, gets the anti-framing headers.
@@ -95,9 +115,13 @@ def _include_routers(app: FastAPI, parts: EngineParts, admin: AdminSettings) -> 
     )
     app.include_router(_actions.router, dependencies=secured)
     app.include_router(_rerun.router, dependencies=secured)
+    app.include_router(_updates.router, dependencies=secured)
     app.include_router(_rollouts.router, dependencies=secured)
     app.include_router(_flow.router, dependencies=secured)
+    app.include_router(_domain_events.router, dependencies=secured)
     app.include_router(_schedules.router, dependencies=secured)
+    app.include_router(_batches.router, dependencies=secured)
     app.include_router(web_router(parts, admin))
     app.include_router(_rollouts.ui_router(parts, admin))
     app.include_router(schedules_page_router())
+    app.include_router(batches_page_router())

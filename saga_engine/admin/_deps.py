@@ -15,10 +15,11 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, Request
 from fastapi.security import HTTPBearer
 
-from saga_engine.admin._auth import PRINCIPAL_KEY, Principal
+from saga_engine.admin._auth import PRINCIPAL_KEY, Principal, auth_required
 from saga_engine.kernel._settings import AdminSettings
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._parts import EngineParts
+from saga_engine.store._batch_store import BatchStore
 from saga_engine.store._schedule_store import ScheduleStore
 from saga_engine.telemetry._health import HealthBoard
 
@@ -34,6 +35,7 @@ __all__ = [
     "bearer",
     "current_principal",
     "install",
+    "page_user",
 ]
 
 #: ``start_saga(saga_type, input, *, idempotency_key=...) -> saga_id``: how the API
@@ -63,6 +65,8 @@ class AdminState:
     schedules: ScheduleStore | None = None
     #: What is wrong in the process now (see ``_health``); None: nothing is watched.
     health: HealthBoard | None = None
+    #: The batch operations' table (a worker's); None: those routes answer 503.
+    batches: BatchStore | None = None
 
 
 def install(app: FastAPI, state: AdminState) -> None:
@@ -104,6 +108,13 @@ def current_principal(request: Request) -> Principal:
     if not isinstance(principal, Principal):  # pragma: no cover - the middleware sets it
         raise RuntimeError("the admin API is served without its AuthMiddleware")
     return principal
+
+
+def page_user(request: Request) -> Principal | None:
+    """Who is signed in to a page, shown in its header (None with auth off)."""
+    principal = request.scope.get("state", {}).get(PRINCIPAL_KEY)
+    auth_on = auth_required(_state(request).admin) is not None
+    return principal if auth_on and isinstance(principal, Principal) else None
 
 
 EngineDep = Annotated[Engine, Depends(_engine)]

@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from saga_engine.kernel._errors import (
+    BatchNotFound,
     CodecError,
     IdempotencyConflict,
     InvalidPayload,
@@ -64,7 +65,7 @@ class BodyTooLarge(HTTPException):
 
 
 def status_for(exc: SagaError) -> int:
-    if isinstance(exc, SagaNotFound | UnknownSagaType | ScheduleNotFound):
+    if isinstance(exc, SagaNotFound | UnknownSagaType | ScheduleNotFound | BatchNotFound):
         return 404
     if isinstance(
         exc,

@@ -52,6 +52,7 @@ from saga_engine.admin._lineage import children, reruns, tree
 from saga_engine.admin._listing import SagaFilter, attribute_filters, decode_cursor, list_page
 from saga_engine.admin._timeline import timeline
 from saga_engine.admin._views import awaited_signals, detail_of, summary, view_of
+from saga_engine.admin._web_updates import query_answers, update_forms
 from saga_engine.core._codec import Undecodable
 from saga_engine.core._definition import SagaRegistry
 from saga_engine.core._gist import gist
@@ -400,4 +401,9 @@ async def _saga_page(
         ],
         actions=_actions(view),
         signals=_signals(parts.registry, record.saga_type) if _offers(view, "signal") else [],
+        # Updates go where signals go: to a saga still going forward.
+        updates=update_forms(parts.registry, record.saga_type, _example)
+        if _offers(view, "signal")
+        else [],
+        queries=await query_answers(parts, record.saga_id, record.saga_type),
     )

@@ -17,8 +17,8 @@ from urllib.parse import quote
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
-from saga_engine.admin._auth import PRINCIPAL_KEY, Principal, auth_required, relative_redirect
-from saga_engine.admin._deps import _state
+from saga_engine.admin._auth import relative_redirect
+from saga_engine.admin._deps import _state, page_user
 from saga_engine.admin._web import _render, _root
 from saga_engine.core._schedule import ScheduleState
 
@@ -30,11 +30,6 @@ PAGE_SIZE = 500
 def schedules_page_router() -> APIRouter:
     router = APIRouter(prefix="/ui", include_in_schema=False)
 
-    def user(request: Request) -> Principal | None:
-        principal = request.scope.get("state", {}).get(PRINCIPAL_KEY)
-        auth_on = auth_required(_state(request).admin) is not None
-        return principal if auth_on and isinstance(principal, Principal) else None
-
     @router.get("/schedules", name="ui_schedules")
     async def schedules_view(request: Request) -> HTMLResponse:
         store = _state(request).schedules
@@ -42,7 +37,7 @@ def schedules_page_router() -> APIRouter:
         return _render(
             "schedules.html",
             root=_root(request),
-            user=user(request),
+            user=page_user(request),
             served=store is not None,
             schedules=rows,
             quote=quote,

@@ -9,8 +9,9 @@ an ``AdminCallError`` when the admin API refused (its exit code says which kind)
 
 Layout: ``_app`` assembles the typer app from one module per command group (``_worker``;
 ``_store``: migrate, replay, archive; ``_operator``: list, show, history and the
-operator actions; ``_flow``; ``_dlq``; ``_schedule``; ``_rollout``; ``_conformance``:
-the protocol conformance suite against a participant), which share
+operator actions; ``_updates``: update and query; ``_flow``; ``_events``: the domain
+events kept; ``_dlq``; ``_schedule``; ``_rollout``; ``_batch``; ``_conformance``: the
+protocol conformance suite against a participant), which share
 ``_common`` (options, consoles, errors, output, the admin API client) and never import
 each other.
 

@@ -9,13 +9,16 @@ from typing import Annotated
 import typer
 
 from saga_engine.cli import (
+    _batch,
     _conformance,
     _dlq,
+    _events,
     _flow,
     _operator,
     _rollout,
     _schedule,
     _store,
+    _updates,
     _worker,
 )
 from saga_engine.cli._common import Debug, JsonOpt, out, print_json
@@ -52,10 +55,13 @@ def version(as_json: JsonOpt = False) -> None:
 app.add_typer(_worker.commands)
 app.add_typer(_store.commands)
 app.add_typer(_operator.commands)
+app.add_typer(_updates.commands)
 app.add_typer(_flow.commands)
+app.add_typer(_events.commands)
 app.add_typer(_dlq.dlq_app, name="dlq")
 app.add_typer(_schedule.schedule_app, name="schedule")
 app.add_typer(_rollout.rollout_app, name="rollout")
+app.add_typer(_batch.batch_app, name="batch")
 app.add_typer(_conformance.commands)
 
 

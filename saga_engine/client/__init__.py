@@ -16,6 +16,15 @@ saga class. What it cannot know (a signal named only by a string) the engine che
 bad one is dead-lettered (``invalid_signal``) and the saga is untouched. Use the admin
 API (or ``saga signal``) to get the engine's answer back synchronously.
 
+``publish_event(source, event)`` publishes a domain event on an ``EventSource``'s topic,
+as the service that owns the fact would: the sagas waiting for its key
+(``ctx.wait_event``) get it once (docs/domain-events.md).
+
+Batch operations (docs/batch-operations.md) are rows in Postgres that the engines run:
+``start_batch(Shipment, "cancel", reason=..., where={"statuses": ["running"]})`` checks
+and records one and returns its id; ``count_batch``, ``batch``, ``wait_batch`` and
+``cancel_batch`` count, read, wait for and stop them.
+
 An edge: it composes the store (to read results) and the Kafka transport. May import
 ``saga_engine.runner`` and every layer below it.
 """

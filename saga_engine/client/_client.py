@@ -4,21 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import timedelta
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, overload
 
-from pydantic import BaseModel
+from aiokafka.errors import KafkaError
+from pydantic import BaseModel, ValidationError
 
+from saga_engine.core._batch import BatchSpec, check_spec
 from saga_engine.core._codec import CodecChain, PayloadCodec
-from saga_engine.core._definition import Saga, SagaDefinition, Signal
+from saga_engine.core._definition import Saga, SagaDefinition, SagaRegistry, Signal
+from saga_engine.core._domain_events import EventSource
 from saga_engine.core._events import RerunLink
 from saga_engine.core._start import StartRequest
 from saga_engine.core._status import SagaStatus
-from saga_engine.kernel._serde import JsonDict, check_storable, model_payload
+from saga_engine.core._update import name_of
+from saga_engine.kernel._errors import InvalidPayload, KafkaUnavailable
+from saga_engine.kernel._serde import JsonDict, check_storable, dumps, model_payload
 from saga_engine.kernel._settings import Settings
+from saga_engine.store._batch_store import BatchStore, count_matching
 from saga_engine.store._store import EventStore, SagaRecord
 from saga_engine.telemetry._telemetry import carrier_of_context
-from saga_engine.transport._kafka import ensure_topics, make_producer, send
+from saga_engine.transport._kafka import SEND_TIMEOUT_S, ensure_topics, make_producer, send
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import (
     CancelBody,
@@ -48,12 +55,16 @@ class SagaClient:
         producer: Any = None,
         store: EventStore | None = None,
         codec: PayloadCodec | CodecChain | None = None,
+        admin_url: str | None = None,
+        admin_token: str | None = None,
     ) -> None:
         """``producer``: an already started aiokafka producer to share (it stays the
         caller's to stop); without it the client starts its own. ``store``: the event
         store :meth:`result` reads (the caller's to close); without it the client
         connects to ``settings.pg`` the first time it needs one. ``codec``: seals what
-        it sends and opens what it reads; by default the one ``settings.codec`` describes."""
+        it sends and opens what it reads; by default the one ``settings.codec`` describes.
+        ``admin_url`` and ``admin_token``: the engine's admin API that :meth:`update` calls
+        (by default where ``settings.admin`` makes it listen, without a token)."""
         self.settings = settings
         self.codec = (
             CodecChain.of(codec) if codec is not None else CodecChain.from_settings(settings.codec)
@@ -64,6 +75,12 @@ class SagaClient:
         self._owns_producer = producer is None
         self._store: EventStore | None = store
         self._owns_store = store is None
+        self._batches: BatchStore | None = None
+        host = "127.0.0.1" if settings.admin.host in ("", "0.0.0.0", "::") else settings.admin.host
+        self._admin_url = admin_url or f"http://{host}:{settings.admin.port}"
+        self._admin_token = admin_token
+        #: Event sources' topics created already (``publish_event``).
+        self._source_topics: set[str] = set()
 
     async def start_client(self) -> None:
         await ensure_topics(self.settings.kafka, [self.topics.inbox, self.topics.dlq])
@@ -78,6 +95,9 @@ class SagaClient:
         if self._store is not None and self._owns_store:
             await self._store.close()
         self._store = None
+        if self._batches is not None:
+            await self._batches.close()
+        self._batches = None
 
     async def __aenter__(self) -> SagaClient:
         await self.start_client()
@@ -213,6 +233,34 @@ class SagaClient:
         )
         return sid
 
+    async def publish_event(
+        self, source: EventSource[Any], event: BaseModel, *, event_id: str | None = None
+    ) -> str:
+        """Publishes a domain event on ``source``'s topic, as the service that owns the
+        fact would: the sagas that wait for its key (``ctx.wait_event``) get it once.
+        ``event_id`` (a new uuid by default) goes in the ``ce_id`` header: the same id
+        twice is kept once. Returns it."""
+        if not isinstance(event, source.model):
+            raise TypeError(f"{source.name} events are {source.model.__name__}, not {event!r}")
+        if self._producer is None:
+            raise RuntimeError("SagaClient is not started: use `async with SagaClient(...)`")
+        key = source.key_of(event)
+        payload = event.model_dump(mode="json")
+        check_storable(payload, f"event {source.name}")
+        eid = event_id or str(uuid.uuid4())
+        if source.topic not in self._source_topics:
+            await ensure_topics(self.settings.kafka, [source.topic])
+            self._source_topics.add(source.topic)
+        try:
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                await self._producer.send_and_wait(
+                    source.topic, dumps(payload), key=key.encode(),  # a key's facts in order
+                    headers=[("ce_id", eid.encode())],
+                )  # fmt: skip
+        except (TimeoutError, KafkaError) as exc:
+            raise KafkaUnavailable(f"could not publish to {source.topic}: {exc!r}") from exc
+        return eid
+
     async def cancel(self, saga_id: str, reason: str, *, principal: str = "system") -> None:
         body = CancelBody(reason=reason, principal=principal)
         await self._send(
@@ -224,6 +272,51 @@ class SagaClient:
                 body=body.model_dump(mode="json"),
             )
         )
+
+    # ------------------------------------------------------------------ updates, queries
+
+    async def update(
+        self,
+        saga_id: str,
+        update: Any,
+        input: BaseModel | dict[str, Any] | None = None,
+        *,
+        saga: type[Saga[Any, Any]] | None = None,
+        update_id: str | None = None,
+        reason: str = "",
+        timeout: float = 30.0,  # noqa: ASYNC109
+    ) -> Any:
+        """Calls the saga's update (the method, ``Order.add_item``, or its name with
+        ``saga=``) through the engine's admin API and returns its result. The input is
+        checked against the update's model first. The same ``update_id`` twice is applied
+        once and answered the same. Raises UpdateRefused (the saga's state refuses it:
+        nothing recorded), InvalidPayload, SagaNotFound, InvalidTransition (it ended), or
+        UpdateFailed (recorded; its handler raised)."""
+        from saga_engine.client._calls import checked_update, post_update, saga_class
+
+        name = name_of(update)
+        data = _payload(input)
+        checked_update(saga_class(update, saga, "update"), name, data)
+        body: dict[str, Any] = {"input": data, "reason": reason,
+                                "update_id": update_id or str(uuid.uuid4())}  # fmt: skip
+        return await post_update(self._admin_url, self._admin_token, saga_id, name, body, timeout)
+
+    async def query(
+        self,
+        saga_id: str,
+        query: Any,
+        args: BaseModel | dict[str, Any] | None = None,
+        *,
+        saga: type[Saga[Any, Any]] | None = None,
+    ) -> Any:
+        """Asks the saga's query (the method, ``Order.summary``, or its name with
+        ``saga=``): the saga's history is read from the store and replayed here, and the
+        replayed state answers. Nothing is written; no engine is involved."""
+        from saga_engine.client._calls import replayed_query, saga_class
+
+        store = await self._result_store()
+        cls = saga_class(query, saga, "query")
+        return await replayed_query(store, cls, saga_id, name_of(query), _payload(args))
 
     # ------------------------------------------------------------------ results
 
@@ -307,6 +400,106 @@ class SagaClient:
             pg = self.settings.pg.model_copy(update={"pool_min_size": 1, "pool_max_size": 2})
             self._store = await PostgresEventStore.connect(pg, codec=self.codec)
         return self._store
+
+    # ------------------------------------------------------------------ batch operations
+
+    async def start_batch(
+        self,
+        saga: type[Saga[Any, Any]],
+        action: str,
+        *,
+        reason: str,
+        where: Mapping[str, Any] | None = None,
+        signal: str | None = None,
+        payload: BaseModel | dict[str, Any] | None = None,
+        principal: str = "system",
+    ) -> str:
+        """Starts a batch operation on the sagas of type ``saga`` that ``where`` matches
+        (the saga list's filters: ``statuses``, ``attributes``, ``q``, ``created_after``...)
+        and returns its id; the engines run it (docs/batch-operations.md). ``action``:
+        cancel, signal (``signal`` and ``payload``, checked against the declared signal),
+        retry or resume. Bad input raises InvalidPayload and records nothing."""
+        spec = _batch_spec(saga, action, reason, where, signal, payload)
+        check_spec(spec, SagaRegistry([saga]))
+        total, _ = await count_matching(await self._result_store(), spec.filter)
+        store = await self._batch_store()
+        row = await store.create(str(uuid.uuid4()), spec, principal, total, datetime.now(UTC))
+        return row.operation_id
+
+    async def count_batch(
+        self, saga: type[Saga[Any, Any]], where: Mapping[str, Any] | None = None
+    ) -> int:
+        """How many sagas a batch operation on ``saga`` with ``where`` would act on now."""
+        spec = _batch_spec(saga, "cancel", "count", where, None, None)
+        check_spec(spec, SagaRegistry([saga]))
+        total, _ = await count_matching(await self._result_store(), spec.filter)
+        return total
+
+    async def batch(self, operation_id: str) -> JsonDict:
+        """The operation and its progress, as ``GET /batch-operations/{id}`` shows it."""
+        return (await (await self._batch_store()).get(operation_id)).as_json()
+
+    async def cancel_batch(self, operation_id: str) -> JsonDict:
+        """Stops the operation at its next saga (InvalidTransition once it has ended)."""
+        store = await self._batch_store()
+        return (await store.cancel(operation_id, datetime.now(UTC))).as_json()
+
+    async def wait_batch(
+        self,
+        operation_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> JsonDict:
+        """Waits until the operation has ended (completed or cancelled) and returns it;
+        TimeoutError (the builtin) if ``timeout`` seconds pass first."""
+        from saga_engine.kernel._retry import Backoff
+
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        backoff = Backoff(0.05, 1.0)
+        while True:
+            row = await self.batch(operation_id)
+            if row["state"] != "running":
+                return row
+            delay = backoff.next_delay()
+            if deadline is not None:
+                if loop.time() >= deadline:
+                    raise TimeoutError(f"batch operation {operation_id} still runs: {row}")
+                delay = min(delay, deadline - loop.time())
+            await asyncio.sleep(delay)
+
+    async def _batch_store(self) -> BatchStore:
+        if self._batches is None:
+            from saga_engine.store._pgbatches import PostgresBatchStore
+
+            self._batches = await PostgresBatchStore.connect(self.settings.pg)
+        return self._batches
+
+
+def _batch_spec(
+    saga: type[Saga[Any, Any]],
+    action: str,
+    reason: str,
+    where: Mapping[str, Any] | None,
+    signal: str | None,
+    payload: BaseModel | dict[str, Any] | None,
+) -> BatchSpec:
+    """The operation's spec for ``saga``'s type; InvalidPayload naming a wrong field."""
+    try:
+        return BatchSpec.model_validate(
+            {
+                "filter": {**(where or {}), "saga_type": SagaDefinition.of(saga).name},
+                "action": action,
+                "reason": reason,
+                "signal": signal,
+                "payload": _payload(payload),
+            }
+        )
+    except ValidationError as exc:
+        raise InvalidPayload(
+            "batch operation",
+            [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()],
+        ) from None
 
 
 def _checked_input(

@@ -55,6 +55,7 @@ PAYLOAD_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
     "saga_started": ("input",),
     "reply_received": ("payload",),
     "signal_received": ("payload",),
+    "domain_event_received": ("payload",),
     "step_skipped": ("payload",),
     "command_issued": ("payload", "compensation.payload"),
     "compensation_issued": ("payload",),

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Protocol, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from saga_engine.core._domain_events import EventSource, source_name
 from saga_engine.core._policy import RetryPolicy
 from saga_engine.core._signal import Signal
 from saga_engine.kernel._serde import JsonDict
@@ -109,6 +110,10 @@ class SagaDriver(Protocol):
 
     def op_wait_signal(
         self, name: str, timeout: timedelta | None
+    ) -> Coroutine[Any, Any, JsonDict]: ...
+
+    def op_wait_event(
+        self, source: str, key: Any, timeout: timedelta | None
     ) -> Coroutine[Any, Any, JsonDict]: ...
 
     def op_side_effect(self, fn: Callable[[], T]) -> Coroutine[Any, Any, T]: ...
@@ -383,6 +388,28 @@ class SagaContext:
         if model is None and isinstance(signal, str):
             return payload
         parsed: M = self._driver.parse(declared.model, payload, f"signal {declared.name!r}")
+        return parsed
+
+    async def wait_event(
+        self,
+        event: type[M] | EventSource[M],
+        *,
+        key: str | int | uuid.UUID,
+        timeout: Duration | None = None,
+    ) -> M:
+        """Waits for another service's domain event: the first fact of ``event`` (an
+        ``EventSource``, or its model) whose correlation key is ``key``. A fact that
+        arrived before the wait is matched too, if its source still keeps it (its
+        ``retention``). Recorded in history once; a fact answers a saga once.
+
+        Raises ``EventTimeout`` when ``timeout`` passes first.
+        """
+        model = event.model if isinstance(event, EventSource) else event
+        name = source_name(event)
+        payload = await self._driver.op_wait_event(
+            name, key, as_timedelta(timeout, "event timeout")
+        )
+        parsed: M = self._driver.parse(model, payload, f"event {name}")
         return parsed
 
     async def side_effect(self, fn: Callable[[], T]) -> T:

@@ -129,6 +129,18 @@ class SignalInput:
 
 
 @dataclass(frozen=True, slots=True)
+class UpdateInput:
+    """A call of a saga's ``@update`` method (see ``core/_update``)."""
+
+    update_id: str
+    name: str
+    at: datetime
+    payload: JsonDict = field(default_factory=dict)
+    principal: str = "system"
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Cancel:
     reason: str
     at: datetime
@@ -179,8 +191,30 @@ class Undo:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class EventInput:
+    """A stored domain event (an ``EventSource``'s fact) offered to a saga that waits
+    for its source and key: it answers the saga's first such wait, once."""
+
+    source: str
+    key: str
+    event_id: str
+    at: datetime
+    payload: JsonDict = field(default_factory=dict)
+
+
 Inbound = (
-    Reply | TimerDue | SignalInput | Cancel | Resume | ForceCompensate | Skip | RetryStep | Undo
+    Reply
+    | TimerDue
+    | SignalInput
+    | Cancel
+    | Resume
+    | ForceCompensate
+    | Skip
+    | RetryStep
+    | Undo
+    | EventInput
+    | UpdateInput
 )
 
 
@@ -189,10 +223,16 @@ class DropReason(StrEnum):
     UNKNOWN_COMMAND = "unknown_command"
     STALE_TIMER = "stale_timer"
     DUPLICATE_SIGNAL = "duplicate_signal"
+    #: An update id recorded already: its recorded result is the answer.
+    DUPLICATE_UPDATE = "duplicate_update"
     PARKED = "parked"
     #: An undo the child had already (the same command again), or a child that ended
     #: some other way (its end answers the undo: see ``SagaRuntime.parent_notices``).
     UNDO_ANSWERED = "undo_answered"
+    #: A domain event this saga received already.
+    DUPLICATE_EVENT = "duplicate_event"
+    #: A domain event the saga does not (or no longer) wait for.
+    NO_EVENT_WAIT = "no_event_wait"
 
 
 @dataclass(frozen=True, slots=True)

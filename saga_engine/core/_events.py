@@ -19,65 +19,15 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic_core import PydanticSerializationError
 
+# Re-exported: the events' parts are read from here too.
+from saga_engine.core._event_parts import CompensationSpec as CompensationSpec
+from saga_engine.core._event_parts import ErrorInfo as ErrorInfo
+from saga_engine.core._event_parts import ParentLink as ParentLink
+from saga_engine.core._event_parts import RerunLink as RerunLink
+from saga_engine.core._event_parts import TriggerOrigin as TriggerOrigin
 from saga_engine.core._event_versions import UPCASTERS, VERSION_KEY, EventVersions
-from saga_engine.core._policy import RetryPolicy
 from saga_engine.kernel._errors import SerializationError
 from saga_engine.kernel._serde import JsonDict, dumps, loads
-
-
-class ErrorInfo(BaseModel):
-    """An error as it is stored: enough to explain what happened, no traceback."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    type: str
-    message: str
-    step: str | None = None
-    details: JsonDict = Field(default_factory=dict)
-
-
-class CompensationSpec(BaseModel):
-    """The compensation a forward step carries, recorded with the step's command."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    participant: str
-    command_type: str
-    payload: JsonDict
-    retry: RetryPolicy
-    timeout_s: float | None = None
-
-
-class ParentLink(BaseModel):
-    """The parent of a child saga: which saga started it, with which command (the child's
-    end is that command's reply)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    saga_id: str
-    command_id: str
-    saga_type: str = ""
-
-
-class RerunLink(BaseModel):
-    """The saga an operator re-ran (``saga rerun``): a new saga of the same type, with
-    the same or an edited input, linked to the original for the lineage."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    saga_id: str
-    principal: str = "system"
-    reason: str = ""
-
-
-class TriggerOrigin(BaseModel):
-    """The Kafka record a trigger started the saga from, to trace it back to its cause."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    topic: str
-    partition: int
-    offset: int
 
 
 class _Event(BaseModel):
@@ -219,6 +169,36 @@ class SignalReceived(_Event):
         return f"signal {self.name!r} received"
 
 
+class DomainEventReceived(_Event):
+    """A domain event another service published (an ``EventSource``'s fact) answered
+    the saga's wait ``wait_id`` for it; ``event_id`` keeps a fact from answering twice."""
+
+    kind: Literal["domain_event_received"] = "domain_event_received"
+    wait_id: str
+    source: str
+    key: str
+    event_id: str
+    payload: JsonDict = Field(default_factory=dict)
+
+    def describe(self) -> str:
+        return f"event {self.source} key={self.key} received"
+
+
+class UpdateReceived(_Event):
+    """An update (``@update``) accepted by its input model and its validator: its handler
+    runs on the saga's state right after it, and its result follows (``update_completed``)."""
+
+    kind: Literal["update_received"] = "update_received"
+    update_id: str
+    name: str
+    payload: JsonDict = Field(default_factory=dict)
+    principal: str = "system"
+    reason: str = ""
+
+    def describe(self) -> str:
+        return f"update {self.name!r} received"
+
+
 class CancelRequested(_Event):
     kind: Literal["cancel_requested"] = "cancel_requested"
     reason: str
@@ -353,6 +333,23 @@ class TimerStarted(_Intent):
         return f"{self.purpose} timer {self.timer_id!r}"
 
 
+class EventAwaited(_Intent):
+    """The code waits for a domain event of ``source`` whose correlation key is ``key``
+    (``ctx.wait_event``), until ``timeout_at`` if it has one."""
+
+    kind: Literal["event_awaited"] = "event_awaited"
+    wait_id: str
+    source: str
+    key: str
+    timeout_at: datetime | None = None
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.wait_id, self.source, self.key)
+
+    def describe(self) -> str:
+        return f"wait for event {self.source} key={self.key}"
+
+
 class SideEffectRecorded(_Intent):
     kind: Literal["side_effect_recorded"] = "side_effect_recorded"
     op_id: str
@@ -363,6 +360,23 @@ class SideEffectRecorded(_Intent):
 
     def describe(self) -> str:
         return f"side effect {self.op_id!r}"
+
+
+class UpdateCompleted(_Intent):
+    """What an update's handler returned (``result``), or the error it raised: the answer
+    its caller gets, now and whenever it asks again with the same update id."""
+
+    kind: Literal["update_completed"] = "update_completed"
+    update_id: str
+    name: str
+    result: Any = None
+    error: ErrorInfo | None = None
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.update_id, self.name)
+
+    def describe(self) -> str:
+        return f"update {self.name!r} {'failed' if self.error else 'completed'}"
 
 
 class PatchMarked(_Intent):
@@ -495,6 +509,7 @@ Event = Annotated[
     | AttemptTimedOut
     | TimerFired
     | SignalReceived
+    | DomainEventReceived
     | CancelRequested
     | UndoRequested
     | CompensationForced
@@ -504,6 +519,7 @@ Event = Annotated[
     | SagaResumed
     | CommandIssued
     | TimerStarted
+    | EventAwaited
     | SideEffectRecorded
     | PatchMarked
     | CompensationStarted
@@ -515,7 +531,9 @@ Event = Annotated[
     | SagaCompleted
     | SagaFailed
     | SagaCompensated
-    | SagaCancelled,
+    | SagaCancelled
+    | UpdateReceived
+    | UpdateCompleted,
     Field(discriminator="kind"),
 ]
 
@@ -524,6 +542,8 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     UndoRequested, CompensationForced, StepSkipped, RetryRequested, SagaParked, SagaResumed, CommandIssued, TimerStarted, SideEffectRecorded, PatchMarked,
     CompensationStarted, CompensationIssued, CompensationCompleted, CompensationStuck,
     StepParked, PivotPassed, SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled,
+    EventAwaited, DomainEventReceived,
+    UpdateReceived, UpdateCompleted,
 )  # fmt: skip
 
 TERMINAL_EVENTS = (SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled)

@@ -35,8 +35,10 @@ from saga_engine.core._events import (
     CompensationIssued,
     CompensationStarted,
     CompensationStuck,
+    DomainEventReceived,
     ErrorInfo,
     Event,
+    EventAwaited,
     InvalidReplyReceived,
     PivotPassed,
     ReplyReceived,
@@ -108,6 +110,20 @@ class Timer:
     future: asyncio.Future[None] | None = None
 
 
+@dataclass(slots=True)
+class EventWait:
+    """A wait for a domain event (``ctx.wait_event``), not answered yet."""
+
+    event: EventAwaited
+    #: What the saga's code awaits; None in a fold without code (a view).
+    future: asyncio.Future[Any] | None = None
+
+
+#: The open event waits of a saga that has none: shared, never written to (most sagas
+#: never wait for a domain event, and an empty dict each is memory for nothing).
+NO_WAITS: dict[str, EventWait] = {}
+
+
 class Unstuck(Enum):
     """What :meth:`Fold.apply` returns for an operator's answer to a stuck compensation."""
 
@@ -115,9 +131,9 @@ class Unstuck(Enum):
 
 
 #: What an event settled, as :meth:`Fold.apply` returns it: the command it answered, the
-#: timer it fired or cut short, the stuck compensation or parked step it released, or
-#: nothing.
-Settled = Sent | Timer | Unstuck | ParkedStep | None
+#: timer it fired or cut short, the stuck compensation or parked step it released,
+#: the event wait it answered, or nothing.
+Settled = Sent | Timer | Unstuck | ParkedStep | EventWait | None
 
 
 def timeout_timer_id(command_id: str, attempt: int) -> str:
@@ -169,9 +185,10 @@ class Fold:
 
     # Slots: the decision core keeps one per live saga (up to engine.cache_size).
     __slots__ = (
-        "cause", "current_step", "error", "inflight", "issued_ids", "last_attempt", "output",
-        "parked", "parked_steps", "past_pivot", "pivot_step", "seen_signals", "started",
-        "status", "stuck_step", "timers", "undo_ids",
+        "cause", "current_step", "error", "event_waits", "inflight", "issued_ids",
+        "last_attempt", "output", "parked", "parked_steps", "past_pivot", "pivot_step",
+        "seen_events", "seen_signals", "started", "status", "stuck_step", "timers",
+        "undo_ids",
     )  # fmt: skip
 
     #: Whether a move of status is checked against TRANSITIONS. The decision core checks
@@ -204,6 +221,10 @@ class Fold:
         #: The pivot step, once its command is issued, and whether it has succeeded.
         self.pivot_step: str | None = None
         self.past_pivot = False
+        #: The domain events waited for and not answered yet, by wait id; the ids of the
+        #: domain events received (a fact answers a saga once).
+        self.event_waits: dict[str, EventWait] = NO_WAITS
+        self.seen_events: Set[str] = NO_IDS
 
     def apply(self, event: Event) -> Settled:
         """Folds one event in; returns what it settled (see :data:`Settled`)."""
@@ -328,7 +349,24 @@ class Fold:
         self.timers[event.timer_id] = Timer(event.timer_id, event.purpose, event.fire_at, event.at)
 
     def _on_timer_fired(self, event: TimerFired) -> Timer | None:
-        return self.timers.pop(event.timer_id, None)
+        timer = self.timers.pop(event.timer_id, None)
+        if timer is not None and timer.purpose == "event_timeout":
+            self.event_waits.pop(event.timer_id, None)  # the wait is over, unanswered
+        return timer
+
+    def _on_event_awaited(self, event: EventAwaited) -> None:
+        if self.event_waits is NO_WAITS:
+            self.event_waits = {}
+        self.event_waits[event.wait_id] = EventWait(event)
+        if event.timeout_at is not None:
+            self.timers[event.wait_id] = Timer(
+                event.wait_id, "event_timeout", event.timeout_at, event.at
+            )
+
+    def _on_domain_event(self, event: DomainEventReceived) -> EventWait | None:
+        self.seen_events = with_id(self.seen_events, event.event_id)
+        self.timers.pop(event.wait_id, None)
+        return self.event_waits.pop(event.wait_id, None)
 
     def _on_signal(self, event: SignalReceived) -> Timer | None:
         self.seen_signals = with_id(self.seen_signals, event.signal_id)
@@ -394,6 +432,7 @@ class Fold:
             t for t in self.timers if not t.startswith(("timeout:", "retry:compensate:"))
         ]:
             del self.timers[timer_id]
+        self.event_waits = NO_WAITS
 
     def _on_stuck(self, event: CompensationStuck) -> None:
         self._move(S.COMPENSATION_STUCK)
@@ -425,6 +464,7 @@ class Fold:
         self.inflight.clear()
         self.timers.clear()
         self.parked_steps = NO_PARKED
+        self.event_waits = NO_WAITS
 
 
 _HANDLERS: dict[type[Event], Callable[[Fold, Any], Settled]] = {
@@ -450,4 +490,6 @@ _HANDLERS: dict[type[Event], Callable[[Fold, Any], Settled]] = {
     SagaFailed: Fold._on_ended,
     SagaCompensated: Fold._on_ended,
     SagaCancelled: Fold._on_ended,
+    EventAwaited: Fold._on_event_awaited,
+    DomainEventReceived: Fold._on_domain_event,
 }

@@ -13,7 +13,9 @@ from saga_engine.core._events import (
     CompensationForced,
     CompensationStarted,
     CompensationStuck,
+    DomainEventReceived,
     Event,
+    EventAwaited,
     InvalidReplyReceived,
     ReplyReceived,
     RetryRequested,
@@ -30,9 +32,11 @@ from saga_engine.core._events import (
     StepSkipped,
     TimerStarted,
     UndoRequested,
+    UpdateCompleted,
+    UpdateReceived,
 )
 
-__all__ = ["gist"]
+__all__ = ["gist", "gist_value"]
 
 #: Longest rendering of a payload in a gist line.
 WIDTH = 120
@@ -63,6 +67,19 @@ def _details(event: Event) -> list[str]:
         return [event.error.message, _payload(event.payload)]
     if isinstance(event, SignalReceived):
         return [_payload(event.payload), _who(event.principal, event.reason)]
+    if isinstance(event, EventAwaited):
+        return [f"until {event.timeout_at.isoformat()}" if event.timeout_at else ""]
+    if isinstance(event, DomainEventReceived):
+        return [f"id {event.event_id}", _payload(event.payload)]
+    if isinstance(event, UpdateReceived):
+        return [
+            f"id {event.update_id}",
+            _payload(event.payload),
+            _who(event.principal, event.reason),
+        ]
+    if isinstance(event, UpdateCompleted):
+        failed = _error(event.error)
+        return [failed or f"result {_short(event.result)}", f"id {event.update_id}"]
     if isinstance(event, CancelRequested | CompensationForced):
         return [_who(event.principal, event.reason)]
     if isinstance(event, StepSkipped):
@@ -100,6 +117,11 @@ def _error(error: Any) -> str:
 
 def _payload(payload: dict[str, Any]) -> str:
     return f"payload {_short(payload)}" if payload else ""
+
+
+def gist_value(value: Any) -> str:
+    """A value as a gist shows it: compact JSON, cut at :data:`WIDTH`."""
+    return _short(value)
 
 
 def _short(value: Any) -> str:

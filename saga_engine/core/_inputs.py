@@ -21,6 +21,7 @@ from saga_engine.core._decision import (
     DEADLINE_TIMER,
     Cancel,
     DropReason,
+    EventInput,
     ForceCompensate,
     Inbound,
     Reply,
@@ -30,6 +31,7 @@ from saga_engine.core._decision import (
     Skip,
     TimerDue,
     Undo,
+    UpdateInput,
 )
 from saga_engine.core._events import (
     AttemptTimedOut,
@@ -37,6 +39,7 @@ from saga_engine.core._events import (
     CommandIssued,
     CompensationForced,
     CompensationIssued,
+    DomainEventReceived,
     ErrorInfo,
     Event,
     InvalidReplyReceived,
@@ -48,8 +51,9 @@ from saga_engine.core._events import (
     StepSkipped,
     TimerFired,
     UndoRequested,
+    UpdateReceived,
 )
-from saga_engine.core._fold import ParkedStep, Sent, Settled, Timer, Unstuck
+from saga_engine.core._fold import EventWait, ParkedStep, Sent, Settled, Timer, Unstuck
 from saga_engine.core._lifecycle import (
     release,
     request_cancel,
@@ -59,6 +63,7 @@ from saga_engine.core._lifecycle import (
 )
 from saga_engine.core._state import Halt, SagaState
 from saga_engine.core._status import SagaStatus
+from saga_engine.core._updating import update_event, wake_update
 from saga_engine.kernel._errors import (
     InvalidPayload,
     InvalidTransition,
@@ -77,7 +82,7 @@ from saga_engine.kernel._serde import (
 _INPUT_NAMES = {
     SignalInput: "signal", Cancel: "cancel", ForceCompensate: "force-compensate",
     Skip: "skip", RetryStep: "retry", Resume: "resume", Reply: "reply", TimerDue: "timer",
-    Undo: "undo",
+    Undo: "undo", EventInput: "event", UpdateInput: "update",
 }  # fmt: skip
 
 
@@ -126,7 +131,7 @@ def _while_parked(s: SagaState, inbound: Inbound) -> Event | DropReason:
             )
         _check_texts("resume", principal=inbound.principal, reason=inbound.reason)
         return SagaResumed(at=inbound.at, principal=inbound.principal, reason=inbound.reason)
-    if isinstance(inbound, SignalInput | Cancel | ForceCompensate | Skip | RetryStep):
+    if isinstance(inbound, SignalInput | Cancel | ForceCompensate | Skip | RetryStep | UpdateInput):
         raise InvalidTransition(
             f"saga {s.saga_id} is parked as nondeterministic; resume it after "
             f"deploying a fix before sending it a {input_name(inbound)}"
@@ -188,6 +193,30 @@ def _signal(s: SagaState, inbound: SignalInput) -> Event | DropReason:
         principal=inbound.principal,
         reason=inbound.reason,
     )
+
+
+def _domain_event(s: SagaState, inbound: EventInput) -> Event | DropReason:
+    """A stored fact answers the saga's first open wait for its source and key, once;
+    anything else drops it (it stays stored for a later wait, within its retention)."""
+    if inbound.event_id in s.seen_events:
+        return DropReason.DUPLICATE_EVENT
+    if not s.going_forward or s.cancel_reason is not None:
+        return DropReason.NO_EVENT_WAIT
+    wait = next(
+        (
+            w.event
+            for w in s.event_waits.values()
+            if w.event.source == inbound.source and w.event.key == inbound.key
+        ),
+        None,
+    )
+    if wait is None:
+        return DropReason.NO_EVENT_WAIT
+    check_storable(inbound.payload, f"event {inbound.source}", "payload")
+    return DomainEventReceived(
+        at=inbound.at, wait_id=wait.wait_id, source=inbound.source, key=inbound.key,
+        event_id=inbound.event_id, payload=inbound.payload,
+    )  # fmt: skip
 
 
 def _undo(s: SagaState, inbound: Undo) -> Event | DropReason:
@@ -404,6 +433,8 @@ def _held_problem(inflight: Sent) -> str | None:
 _TO_EVENT: dict[type, Callable[[SagaState, Any], Event | DropReason]] = {
     Reply: _reply, TimerDue: _timer_due, SignalInput: _signal, Undo: _undo, Cancel: _stop,
     ForceCompensate: _stop, Skip: _skip_event, RetryStep: _retry_event, Resume: _resume,
+    EventInput: _domain_event,
+    UpdateInput: update_event,
 }  # fmt: skip
 
 
@@ -459,6 +490,15 @@ def _wake_signal(s: SagaState, event: SignalReceived, settled: Settled) -> None:
         s.signals.setdefault(event.name, deque()).append(event.payload)
 
 
+def _wake_event(s: SagaState, event: DomainEventReceived, settled: Settled) -> None:
+    if not isinstance(settled, EventWait) or settled.future is None or settled.future.done():
+        s.nondeterministic(
+            s.cursor - 1, event.describe(), f"no wait for it ({s.describe_waiting()})"
+        )
+        raise Halt
+    settled.future.set_result(event.payload)
+
+
 def _wake_skip(s: SagaState, event: StepSkipped, settled: Settled) -> None:
     if isinstance(settled, ParkedStep):
         _answer_parked(settled, event)
@@ -501,6 +541,7 @@ _WAKERS: dict[type[Event], Callable[[SagaState, Any, Settled], None]] = {
     InvalidReplyReceived: _wake_answer,
     TimerFired: _wake_timer,
     SignalReceived: _wake_signal,
+    DomainEventReceived: _wake_event,
     CancelRequested: lambda s, e, _: request_cancel(s, "cancel", e.reason),
     UndoRequested: lambda s, e, _: request_undo(s, e.parent_id, e.reason),
     CompensationForced: lambda s, e, _: request_cancel(
@@ -509,4 +550,5 @@ _WAKERS: dict[type[Event], Callable[[SagaState, Any, Settled], None]] = {
     StepSkipped: _wake_skip,
     RetryRequested: _wake_retry,
     SagaResumed: lambda s, e, _: unblock_compensation(s, "retry"),
+    UpdateReceived: wake_update,
 }

@@ -114,7 +114,7 @@ def unblock_compensation(s: SagaState, action: Literal["retry", "skip"]) -> None
 
 
 async def _run_user(s: SagaState, started: SagaStarted) -> Any:
-    saga = s.definition.cls()
+    saga = s.saga = s.definition.cls()
     value = s.definition.input_type.model_validate(started.input)
     return await saga.run(s.ctx, value)
 

@@ -23,6 +23,7 @@ __all__ = [
     "HistoryExport",
     "ReplayResult",
     "export_history",
+    "load_event_sources",
     "load_history",
     "load_sagas",
     "load_triggers",
@@ -121,6 +122,14 @@ def load_triggers(spec: str) -> list[Any]:
 
     module = importlib.import_module(spec.partition(":")[0])
     return [v for v in vars(module).values() if isinstance(v, KafkaTrigger)]
+
+
+def load_event_sources(spec: str) -> list[Any]:
+    """Every ``EventSource`` defined at the top level of the module named by ``spec``."""
+    from saga_engine.core._domain_events import EventSource
+
+    module = importlib.import_module(spec.partition(":")[0])
+    return [v for v in vars(module).values() if isinstance(v, EventSource)]
 
 
 def load_sagas(spec: str) -> list[type[Saga[Any, Any]]]:

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from saga_engine.core import _awaits as awaits
 from saga_engine.core import _operations as operations
 from saga_engine.core._context import ChildSaga, SagaContext, StepRequest
 from saga_engine.core._decision import (
@@ -44,11 +45,13 @@ from saga_engine.core._decision import (
     parent_reply,
 )
 from saga_engine.core._definition import SagaDefinition
+from saga_engine.core._domain_events import key_text
 from saga_engine.core._events import (
     TERMINAL_EVENTS,
     CommandIssued,
     CompensationIssued,
     Event,
+    EventAwaited,
     SagaStarted,
     UndoRequested,
 )
@@ -57,6 +60,7 @@ from saga_engine.core._policy import RetryPolicy
 from saga_engine.core._signal import Signal
 from saga_engine.core._state import Halt, SagaState
 from saga_engine.core._status import SagaStatus
+from saga_engine.core._update import run_query
 from saga_engine.kernel._errors import InvalidTransition, SerializationError
 from saga_engine.kernel._serde import JsonDict, check_storable, unstorable
 
@@ -224,9 +228,18 @@ class SagaRuntime:
         """The steps whose compensation is owed, in the order they would run."""
         return [o.step for o in reversed(self.state.owed)]
 
+    def event_waits(self) -> list[EventAwaited]:
+        """The domain events the saga waits for now (none for most sagas)."""
+        return [w.event for w in self.state.event_waits.values()]
+
     def awaited_signals(self) -> list[str]:
         """The signals the code waits for now, by name."""
         return sorted(self.state.signal_waiters)
+
+    def query(self, name: str, args: JsonDict | None = None) -> Any:
+        """Asks the saga's ``@query`` method ``name`` (its answer as JSON); nothing is
+        recorded. Raises InvalidPayload (unknown query, bad arguments) or QueryFailed."""
+        return run_query(self.state.saga, self.state.definition.cls, name, args or {})
 
     def handle(self, inbound: Inbound) -> Decision:
         """Applies one input and returns what to record and send.
@@ -279,6 +292,7 @@ class SagaRuntime:
         s.undo_waiter = None
         s.lifecycle = None
         s.user_task = None
+        s.saga = None  # the user's object may hold the context (a cycle through it)
         s.ctx.detach()
 
     # ------------------------------------------------------------------ the context's door
@@ -304,6 +318,15 @@ class SagaRuntime:
 
     def op_wait_signal(self, name: str, timeout: timedelta | None) -> Coroutine[Any, Any, JsonDict]:
         return operations.wait_signal(self.state, name, timeout)
+
+    def op_wait_event(
+        self, source: str, key: Any, timeout: timedelta | None
+    ) -> Coroutine[Any, Any, JsonDict]:
+        try:
+            text = key_text(key)
+        except (TypeError, ValueError) as exc:
+            self.state.definition_error(f"ctx.wait_event({source}): {exc}")
+        return awaits.wait_event(self.state, source, text, timeout)
 
     def op_side_effect(self, fn: Callable[[], T]) -> Coroutine[Any, Any, T]:
         return operations.side_effect(self.state, fn)

@@ -21,7 +21,9 @@ from saga_engine.core._events import (
     CommandIssued,
     CompensationIssued,
     CompensationStarted,
+    DomainEventReceived,
     Event,
+    EventAwaited,
     InvalidReplyReceived,
     PivotPassed,
     ReplyReceived,
@@ -37,6 +39,8 @@ from saga_engine.core._events import (
     StepSkipped,
     TimerFired,
     TimerStarted,
+    UpdateCompleted,
+    UpdateReceived,
 )
 from saga_engine.core._fold import (
     Fold,
@@ -47,6 +51,7 @@ from saga_engine.core._fold import (
     retry_timer_step,
     signal_of,
 )
+from saga_engine.core._gist import gist_value
 
 
 class Lane(StrEnum):
@@ -155,7 +160,7 @@ class Timeline:
 
     def _timer_fired(self, seq: int, event: TimerFired, _: Settled) -> None:
         segment = self.timers.get(event.timer_id)
-        outcome = "timed_out" if event.timer_id.startswith("signal:") else "fired"
+        outcome = "timed_out" if event.timer_id.startswith(("signal:", "event:")) else "fired"
         if segment is not None and segment.outcome == "backoff":
             outcome = "backoff"
         self._close(self.timers, event.timer_id, outcome, event, seq)
@@ -176,6 +181,17 @@ class Timeline:
             Segment(event.step, Lane.STEP, f"pivot {event.step}", event.at, seq, "pivot",
                     event.at, seq, "past the pivot: the saga only goes forward"),
         )  # fmt: skip
+
+    def _event_awaited(self, seq: int, event: EventAwaited, _: Settled) -> None:
+        until = f"deadline {event.timeout_at.isoformat()}" if event.timeout_at else "no deadline"
+        segment = Segment(
+            f"event {event.source}", Lane.WAIT, f"wait for {event.source} key={event.key}",
+            event.at, seq, "waiting", detail=until,
+        )  # fmt: skip
+        self._open(self.timers, event.wait_id, segment)
+
+    def _event_received(self, seq: int, event: DomainEventReceived, _: Settled) -> None:
+        self._close(self.timers, event.wait_id, "received", event, seq, event.event_id)
 
     def _skipped(self, seq: int, event: StepSkipped, settled: Settled) -> None:
         if isinstance(settled, ParkedStep):
@@ -223,7 +239,22 @@ class Timeline:
                 self._close(open_, key, "cancelled", event, seq)
 
 
+def _update_received(self: Timeline, seq: int, event: UpdateReceived, _: Settled) -> None:
+    # Open until its result, recorded right after it: an instant on the timeline.
+    segment = Segment(f"update {event.name}", Lane.WAIT, f"update {event.name!r}", event.at,
+                      seq, detail=f"by {event.principal}")  # fmt: skip
+    self._open(self.sent, f"update:{event.update_id}", segment)
+
+
+def _update_completed(self: Timeline, seq: int, event: UpdateCompleted, _: Settled) -> None:
+    outcome = "failed" if event.error else "success"
+    why = event.error.message if event.error else f"result {gist_value(event.result)}"
+    self._close(self.sent, f"update:{event.update_id}", outcome, event, seq, why)
+
+
 _HANDLERS: dict[type[Event], Callable[[Timeline, int, Any, Settled], None]] = {
+    UpdateReceived: _update_received,
+    UpdateCompleted: _update_completed,
     CommandIssued: Timeline._issued,
     CompensationIssued: Timeline._issued,
     ReplyReceived: Timeline._replied,
@@ -232,6 +263,8 @@ _HANDLERS: dict[type[Event], Callable[[Timeline, int, Any, Settled], None]] = {
     TimerStarted: Timeline._timer_started,
     TimerFired: Timeline._timer_fired,
     SignalReceived: Timeline._signal,
+    EventAwaited: Timeline._event_awaited,
+    DomainEventReceived: Timeline._event_received,
     StepSkipped: Timeline._skipped,
     RetryRequested: Timeline._retried,
     CompensationStarted: Timeline._compensating,

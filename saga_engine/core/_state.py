@@ -67,7 +67,7 @@ class SagaState(Fold):
     __slots__ = (
         "cancel_message", "cancel_reason", "clock", "closing", "counters", "ctx", "cursor",
         "definition", "history", "lifecycle", "loop", "new", "nondeterminism", "now", "owed",
-        "patches", "resume_waiter", "rng", "saga_id", "saga_type", "signal_waiters", "signals",
+        "patches", "resume_waiter", "rng", "saga", "saga_id", "saga_type", "signal_waiters", "signals",
         "skipped_ids", "step_names", "trace_context", "undo_waiter", "user_task",
     )  # fmt: skip
 
@@ -120,6 +120,8 @@ class SagaState(Fold):
         self.skipped_ids: Set[str] = NO_IDS
         #: A completed child waits here for its parent's undo (``UndoRequested``).
         self.undo_waiter: asyncio.Future[None] | None = None
+        #: The saga object its ``run`` works on: updates and queries use its state.
+        self.saga: Any = None
 
     # ------------------------------------------------------------------ queries
 
@@ -142,6 +144,7 @@ class SagaState(Fold):
         waits += [f"an operator for step {step!r} (it is parked)" for step in self.parked_steps]
         waits += [f"timer {tid!r}" for tid in self.timers if tid != DEADLINE_TIMER]
         waits += [f"signal {name!r}" for name in self.signal_waiters]
+        waits += [f"event {w.event.source} key={w.event.key}" for w in self.event_waits.values()]
         if self.status.is_terminal:
             return f"nothing (the saga already ended {self.status.value})"
         return "nothing more; the code waits for " + (", ".join(waits) or "nothing")

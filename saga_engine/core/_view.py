@@ -62,6 +62,7 @@ class WaitKind(StrEnum):
 
     REPLY = "reply"  #: a participant's answer to a command sent
     SIGNAL = "signal"  #: a named signal (with a deadline if the wait has a timeout)
+    EVENT = "event"  #: another service's domain event, by source and correlation key
     TIMER = "timer"  #: a durable sleep
     BACKOFF = "backoff"  #: the pause before a step's (or compensation's) next attempt
     OPERATOR = "operator"  #: a human: a held reply, a stuck compensation, a parked saga
@@ -489,6 +490,10 @@ def _waits(walk: _Walk, awaited_signals: Iterable[str], last_at: datetime | None
         if wait is not None:
             out.append(wait)
     out += [Wait(WaitKind.SIGNAL, f"signal {n!r} (no deadline)", since, name=n) for n in awaited]
+    for w in f.event_waits.values():
+        e = w.event
+        what = f"event {e.source} key={e.key}"
+        out.append(Wait(WaitKind.EVENT, what, e.at, e.timeout_at, name=e.source))
     return out
 
 

@@ -6,7 +6,10 @@ listed, comma-separated). The engine passes ``after_append``, ``before_send``,
 ``before_send_compensation`` and ``after_send``, and ``after_batch_append`` (a batch's
 events of two sagas or more durable, none of its commands sent); the worker
 ``before_offset_commit`` and ``schedule_after_fire`` (a schedule claim's start requests
-acknowledged by Kafka, its ``next_fire_at`` not yet moved); participants ``after_commit``, ``after_publish``,
+acknowledged by Kafka, its ``next_fire_at`` not yet moved), ``event_after_store`` (a
+domain event kept, the sagas waiting for it not yet told) and ``batch_after_action`` (a
+batch operation's action on a saga durable, its progress not yet recorded); participants
+``after_commit``, ``after_publish``,
 ``after_batch_commit`` (a batch of two commands or more committed, none of its replies
 sent) and ``in_batch_handler`` (a batch handler returned, its transaction not committed).
 """

@@ -11,6 +11,7 @@
     ├── StepFailed                 a step did not succeed: the saga compensates
     │   └── StepTimedOut           (unless its code catches it)
     ├── SignalTimeout              ctx.wait_signal's timeout passed: the same
+    ├── EventTimeout               ctx.wait_event's timeout passed
     ├── Rejected                   a participant's handler refuses a command
     ├── Retryable                  a participant's handler says "not now"
     ├── NewerVersionError          written by a newer engine: leave it for one
@@ -22,7 +23,10 @@
         ├── UnknownSagaType            no saga of that name is deployed
         ├── SagaNotFound               no saga has that id
         ├── InvalidTransition          the action does not apply to the saga's state
-        │   └── PastPivot              a cancel of a saga past its pivot step
+        │   ├── PastPivot              a cancel of a saga past its pivot step
+        │   ├── UpdateRefused          an update's validator (or the saga's state) refuses it
+        │   └── QueryFailed            a query method raised, or the saga has no state yet
+        ├── UpdateFailed               an update was recorded and its handler raised
         ├── NotParent                  a child's message that does not match its link
         ├── InvalidSagaId              an id that cannot be stored
         ├── SerializationError         a value that cannot be (de)serialised
@@ -41,6 +45,7 @@
         ├── InvalidCursor              a list cursor the admin API did not hand out
         ├── ScheduleNotFound           no schedule has that id
         ├── ScheduleConflict           a schedule id taken by another definition
+        ├── BatchNotFound              no batch operation has that id
         ├── AdminConfigError           admin settings that cannot work
         │   └── InsecureAdminBinding   beyond loopback without tokens
         └── CliError                   a command line error, one line on stderr
@@ -169,6 +174,15 @@ class SignalTimeout(SagaError):
         super().__init__(f"signal {name!r} did not arrive before its timeout")
 
 
+class EventTimeout(SagaError):
+    """``ctx.wait_event`` reached its timeout before a matching domain event arrived."""
+
+    def __init__(self, source: str, key: str) -> None:
+        self.source = source
+        self.key = key
+        super().__init__(f"event {source} key={key} did not arrive before its timeout")
+
+
 # --------------------------------------------------------------------------- newer
 
 
@@ -282,6 +296,31 @@ class InvalidTransition(PermanentError):
 class PastPivot(InvalidTransition):
     """A cancel (or forced compensation) of a saga whose pivot step has succeeded: it
     can only go forward now (a 409 from the admin API)."""
+
+
+class UpdateRefused(InvalidTransition):
+    """An update the saga's state does not accept: its validator refused it (or the saga
+    cannot take updates now). Nothing was recorded (a 409 from the admin API)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class QueryFailed(InvalidTransition):
+    """A query could not be answered: its method raised, or the saga's code holds no
+    state to ask (a 409 from the admin API). Nothing was written."""
+
+
+class UpdateFailed(PermanentError):
+    """An update was accepted and recorded, and its handler raised: the error is recorded
+    with it, and asking again with the same update id gives the same error."""
+
+    def __init__(self, update_id: str, name: str, error: Mapping[str, Any]) -> None:
+        self.update_id = update_id
+        self.name = name
+        self.error = dict(error)
+        super().__init__(f"update {name!r} ({update_id}) failed: {error.get('message', '')}")
 
 
 class NotParent(PermanentError):
@@ -424,6 +463,12 @@ class ScheduleNotFound(PermanentError):
 class ScheduleConflict(PermanentError):
     """A schedule with this id exists with another definition (or was created by an
     operator where code declares one): delete it first, or use another id."""
+
+
+class BatchNotFound(PermanentError):
+    def __init__(self, operation_id: str) -> None:
+        self.operation_id = operation_id
+        super().__init__(f"no batch operation with id {operation_id!r}")
 
 
 class AdminConfigError(PermanentError):

@@ -90,6 +90,9 @@ class EngineSettings(BaseModel):
     max_payload_bytes: int = Field(default=256 * 1024, ge=1024)
     #: How long ``Engine.wait`` polls the store between checks when the saga is elsewhere.
     wait_poll_s: float = Field(default=0.2, gt=0)
+    #: How often a saga held in memory that waits for a domain event looks for a stored
+    #: match again (a look the store failed; arrivals and loads look at once).
+    event_poll_s: float = Field(default=5.0, gt=0)
     #: Apply the shipped migrations when a worker starts (they run under an advisory lock).
     auto_migrate: bool = True
     #: How many sagas a recovering engine rebuilds at once.
@@ -142,6 +145,29 @@ class ScheduleSettings(BaseModel):
     #: A tick fired later than this after its time counts as missed: the schedule's
     #: catch-up policy decides whether it still fires.
     grace_s: float = Field(default=60.0, ge=0)
+
+
+class BatchSettings(BaseModel):
+    """How a worker runs batch operations (``POST /batch-operations``, migration 0013).
+
+    Every worker looks for an operation to work on; one holds it at a time, by a lease it
+    renews as it goes, and another takes it over once the lease has expired (a crash).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    #: Off: this worker runs no operation (the others still do).
+    enabled: bool = True
+    #: Sagas acted on per second, at most, by one operation: the actions take the same
+    #: path as the inbox's inputs, so this keeps a large operation from starving it.
+    rate_per_s: float = Field(default=50.0, gt=0, le=10_000)
+    #: How long a claim on an operation lasts without progress; an engine that crashed
+    #: holding one is replaced after this long.
+    lease_s: float = Field(default=30.0, ge=1, le=3600)
+    #: How often an idle worker looks for an operation to work on.
+    poll_s: float = Field(default=2.0, gt=0, le=60)
+    #: Sagas read per page of the filter.
+    page_size: int = Field(default=100, ge=1, le=1000)
 
 
 class RetentionSettings(BaseModel):
@@ -336,6 +362,7 @@ class Settings(BaseSettings):
     codec: CodecSettings = CodecSettings()
     limits: LimitsSettings = LimitsSettings()
     schedules: ScheduleSettings = ScheduleSettings()
+    batches: BatchSettings = BatchSettings()
 
     @model_validator(mode="before")
     @classmethod

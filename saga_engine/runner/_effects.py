@@ -34,6 +34,7 @@ class Effects:
         self._waiters = parts.waiters
         self._crash_hook = parts.crash_hook
         self._reload_soon = reload_soon
+        self._matcher = parts.matcher
 
     async def apply(self, works: list[Work]) -> None:
         """Sends what ``works`` decided and owe, then settles each of them."""
@@ -155,6 +156,9 @@ class Effects:
             self._live.evict(work.saga_id)
         elif last is not None or work.fresh_copy or work.rearm:
             self._live.arm(work.saga_id, live)
+            # Committed: a saga that waits for a domain event is owed the facts kept.
+            if self._matcher is not None and live.runtime.state.event_waits:
+                self._matcher.owed(work.saga_id)
 
     def _crash(self, point: str) -> None:
         if self._crash_hook is not None:

@@ -36,25 +36,29 @@ from saga_engine.core._decision import (
     RetryStep,
     SignalInput,
     Skip,
+    UpdateInput,
 )
 from saga_engine.core._definition import Saga
-from saga_engine.core._events import Event, ParentLink, RerunLink, TriggerOrigin
+from saga_engine.core._events import Event, ParentLink, RerunLink, TriggerOrigin, UpdateCompleted
 from saga_engine.core._runtime import SagaRuntime
 from saga_engine.core._start import PreparedStart, StartRequest
 from saga_engine.kernel._crash import CrashHook
 from saga_engine.kernel._errors import (
     ConcurrencyError,
     InvalidPayload,
+    InvalidTransition,
     PayloadTooLarge,
     SagaError,
     SerializationError,
     TransientError,
+    UpdateRefused,
 )
 from saga_engine.kernel._serde import JsonDict, check_storable, dumps, storable_copy
 from saga_engine.kernel._settings import Settings
 from saga_engine.runner._clock import Clock
 from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._path import InputPath
+from saga_engine.runner._updates import answer_of, ask
 from saga_engine.runner._work import Deliver, FireTimers, Input, Load, LoadMode, Outcome, Start
 from saga_engine.store._store import EventStore, SagaRecord
 from saga_engine.telemetry._telemetry import Telemetry
@@ -259,6 +263,65 @@ class Engine:
         self._check_size(body, f"signal {name!r}", "payload")
         sid = signal_id or str(uuid.uuid4())
         return SignalInput(sid, name, self._clock.now(), body, principal, reason)
+
+    async def update(
+        self,
+        saga_id: str,
+        name: str,
+        payload: BaseModel | JsonDict | None = None,
+        *,
+        update_id: str | None = None,
+        principal: str = "system",
+        reason: str = "",
+    ) -> UpdateCompleted:
+        """Calls the saga's ``@update`` method ``name`` and returns its recorded answer
+        (``result``, or ``error`` if the handler raised). The same ``update_id`` twice is
+        applied once: the second call gets the first one's answer. Raises UpdateRefused
+        (its validator, or the saga's state, refuses it: nothing is recorded),
+        InvalidPayload (no such update, a bad input) or InvalidTransition (it ended)."""
+        inbound = self.update_input(
+            name, payload, update_id=update_id, principal=principal, reason=reason
+        )
+        try:
+            decision = await self.deliver(saga_id, inbound)
+            events = decision.events
+        except InvalidTransition:
+            events = []  # ended since? an update it recorded still has its answer
+            if (await answer_of(self._store, saga_id, inbound.update_id, events)) is None:
+                raise
+        answer = await answer_of(self._store, saga_id, inbound.update_id, events)
+        if answer is None:
+            raise UpdateRefused(
+                f"update {name!r} ({inbound.update_id}) of saga {saga_id} has no answer: "
+                "the saga was parked before its handler ran"
+            )
+        return answer
+
+    def update_input(
+        self,
+        name: str,
+        payload: BaseModel | JsonDict | None = None,
+        *,
+        update_id: str | None = None,
+        principal: str = "system",
+        reason: str = "",
+    ) -> UpdateInput:
+        """An update as the engine takes it (``update``'s checks, no I/O)."""
+        body: JsonDict = (
+            payload.model_dump(mode="json", by_alias=True)
+            if isinstance(payload, BaseModel)
+            else dict(payload or {})
+        )
+        self._check_size(body, f"update {name!r}", "payload")
+        uid = update_id or str(uuid.uuid4())
+        return UpdateInput(uid, name, self._clock.now(), body, principal, reason)
+
+    async def query(self, saga_id: str, name: str, args: BaseModel | JsonDict | None = None) -> Any:
+        """Asks the saga's ``@query`` method ``name``; its answer as JSON. Nothing is
+        written, whether the saga is in memory or replayed from its history for this.
+        Raises SagaNotFound, InvalidPayload (no such query, bad arguments) or QueryFailed."""
+        body = args.model_dump(mode="json") if isinstance(args, BaseModel) else dict(args or {})
+        return await ask(self._store, self._registry, self._live, self._clock, saga_id, name, body)
 
     def cancel_input(self, reason: str, *, principal: str = "system") -> Cancel:
         return Cancel(reason, self._clock.now(), principal)

@@ -20,10 +20,12 @@ from saga_engine.kernel._settings import Settings
 from saga_engine.runner._cache import LiveSagas
 from saga_engine.runner._clock import Clock, SystemClock
 from saga_engine.runner._flow_sender import FlowControl, flow_control
+from saga_engine.runner._matcher import EventMatcher
 from saga_engine.runner._observer import EngineObserver, EngineStats
 from saga_engine.runner._owners import Owners
 from saga_engine.runner._tracing import step_context_sender
 from saga_engine.runner._waiters import Waiters
+from saga_engine.store._domain_store import DomainEventStore
 from saga_engine.store._store import EventStore
 from saga_engine.telemetry._telemetry import Telemetry, default_telemetry
 from saga_engine.transport._bus import CommandSender, Ownership
@@ -51,6 +53,8 @@ class EngineParts:
     waiters: Waiters
     #: The fault-injection tests' seam: called with each crash point's name.
     crash_hook: CrashHook | None = None
+    #: What a saga waiting for a domain event is owed (None: no domain events here).
+    matcher: EventMatcher | None = None
 
     @property
     def stats(self) -> EngineStats:
@@ -69,6 +73,7 @@ class EngineParts:
         crash_hook: CrashHook | None = None,
         telemetry: Telemetry | None = None,
         ownership: Ownership | None = None,
+        domain_events: DomainEventStore | None = None,
     ) -> EngineParts:
         """The collaborators of an engine driving ``sagas`` over ``store`` and ``sender``.
         ``telemetry``: the global OpenTelemetry providers unless one is given;
@@ -80,6 +85,10 @@ class EngineParts:
         owners = Owners(ownership, observer.stats)
         traced = step_context_sender(sender, observer.telemetry)
         flow = flow_control(settings.limits, traced, live, clock, owners.owns)
+        matcher = None
+        if domain_events is not None:
+            poll_s = settings.engine.event_poll_s
+            matcher = EventMatcher(domain_events, live, clock, observer.stats, poll_s)
         return cls(
             settings=settings,
             registry=SagaRegistry(sagas),
@@ -93,4 +102,5 @@ class EngineParts:
             owners=owners,
             waiters=Waiters(),
             crash_hook=crash_hook,
+            matcher=matcher,
         )

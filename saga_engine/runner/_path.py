@@ -73,6 +73,8 @@ class InputPath:
         self._owners = parts.owners
         self._stats = parts.stats
         self._effects = Effects(parts, self.reload_soon)
+        if parts.matcher is not None:
+            parts.matcher.bind(self.apply)
         #: Sagas with a reload pending (``reload_soon``).
         self._reloading: set[str] = set()
         self._closed = False

@@ -15,17 +15,23 @@ from pydantic import BaseModel
 
 from saga_engine.core._decision import OutboundCommand
 from saga_engine.core._definition import Saga
+from saga_engine.core._domain_events import EventSource
 from saga_engine.core._events import Event
 from saga_engine.core._rollout import RolloutSpec
 from saga_engine.core._status import SagaStatus
-from saga_engine.kernel._errors import SagaError, SagaNotFound, TransientError
+from saga_engine.core._update import name_of
+from saga_engine.kernel._errors import SagaError, SagaNotFound, TransientError, UpdateFailed
 from saga_engine.kernel._serde import JsonDict
 from saga_engine.kernel._settings import Settings
 from saga_engine.runner._children import ChildLinks
 from saga_engine.runner._clock import VirtualClock
 from saga_engine.runner._engine import Engine
+from saga_engine.runner._matcher import take_fact
 from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._rollouts import apply_rollout
+from saga_engine.store._batch_store import BatchStore
+from saga_engine.store._domain_store import InMemoryDomainEventStore, StoredFact
+from saga_engine.store._membatches import InMemoryBatchStore
 from saga_engine.store._memschedules import InMemoryScheduleStore
 from saga_engine.store._memstore import InMemoryEventStore
 from saga_engine.store._schedule_store import ScheduleStore
@@ -205,8 +211,12 @@ class SagaTestEnv:
         settings: Settings | None = None,
         start_time: datetime | None = None,
         store: EventStore | None = None,
+        event_sources: list[EventSource[Any]] | None = None,
     ) -> None:
         self.sagas = list(sagas)
+        #: The domain events ``publish_event`` takes (``ctx.wait_event``), kept in memory.
+        self.event_sources = list(event_sources or [])
+        self._facts = 0
         self.settings = settings or Settings()
         # UTC and timezone-aware, whatever is given (a naive time is taken as UTC, as the
         # stores read one): the saga's ctx.now() is this clock's time, and must read the
@@ -217,12 +227,14 @@ class SagaTestEnv:
         #: In memory by default; pass a PostgresEventStore to run the same tests on Postgres.
         self.store: EventStore = store or InMemoryEventStore()
         self.bus = InMemoryCommandBus()
+        self.domain_events = InMemoryDomainEventStore(self._open_histories)
         #: What each engine of this environment was built from (``new_engine``).
         self._built: weakref.WeakKeyDictionary[Engine, tuple[EngineParts, ChildLinks]] = (
             weakref.WeakKeyDictionary()
         )
         self.engine = self.new_engine()
         self._schedules: InMemoryScheduleStore | None = None
+        self._batches: InMemoryBatchStore | None = None
         self._participants: dict[str, ScriptedParticipant] = {}
         self._hold: Callable[[OutboundCommand], bool] | None = None
         self._wakes: set[tuple[str, datetime]] = set()
@@ -240,6 +252,7 @@ class SagaTestEnv:
             store=store or self.store,
             sender=self.bus,
             clock=self.clock,
+            domain_events=self.domain_events,
         )
         engine = Engine(parts)
         self._built[engine] = (parts, ChildLinks(engine, parts))
@@ -263,6 +276,45 @@ class SagaTestEnv:
         if self._schedules is None:
             self._schedules = InMemoryScheduleStore(self._status_of)
         return self._schedules
+
+    async def _open_histories(self) -> dict[str, list[Any]]:
+        loaded = await self.store.histories(await self.store.open_saga_ids())
+        return {h.record.saga_id: [e.event for e in h.events] for h in loaded}
+
+    async def publish_event(
+        self,
+        event: BaseModel,
+        *,
+        event_id: str | None = None,
+        source: EventSource[Any] | None = None,
+    ) -> list[str]:
+        """Publishes a domain event as another service would on ``source``'s topic (the
+        source declared for its model by default): it is kept for the source's retention,
+        and the sagas waiting for its key get it. Returns the sagas that were waiting."""
+        if source is None:
+            source = next((s for s in self.event_sources if s.model is type(event)), None)
+            if source is None:
+                raise ValueError(
+                    f"no event source for {type(event).__name__}: pass "
+                    "SagaTestEnv(..., event_sources=[...]) or source="
+                )
+        self._facts += 1
+        now = self.clock.now()
+        fact = StoredFact(
+            source=source.name, key=source.key_of(event), event_id=event_id or f"test-{self._facts}",
+            payload=event.model_dump(mode="json"), received_at=now, expires_at=now + source.retention,
+        )  # fmt: skip
+        waiting = await take_fact(self.domain_events, fact, self.engine.reload)
+        await self.settle()
+        return waiting
+
+    @property
+    def batches(self) -> BatchStore:
+        """Batch operations kept in memory (the admin API's, for a test that serves it:
+        ``create_admin_app(..., batches=env.batches)``); no worker runs them here."""
+        if self._batches is None:
+            self._batches = InMemoryBatchStore()
+        return self._batches
 
     async def _status_of(self, saga_id: str) -> str | None:
         try:
@@ -319,7 +371,15 @@ class SagaTestEnv:
         await self.settle()
 
     async def settle(self) -> None:
-        """Delivers every queued command to its participant and feeds back the replies."""
+        """Delivers every queued command to its participant and feeds back the replies,
+        and the domain events kept to the sagas that wait for them."""
+        await self._deliver()
+        matcher = self.parts.matcher
+        while matcher is not None and matcher.pending:
+            await matcher.drain()
+            await self._deliver()
+
+    async def _deliver(self) -> None:
         while self.bus.pending:
             command = self.bus.pending.popleft()
             if self._hold is not None and self._hold(command):
@@ -350,6 +410,8 @@ class SagaTestEnv:
         while (due := await self._next_due(target)) is not None and due <= target:
             await self.clock.advance(max(due - self.clock.now(), timedelta(0)), settle=self.settle)
         await self.clock.advance(max(target - self.clock.now(), timedelta(0)), settle=self.settle)
+        if self.parts.matcher is not None:
+            await self.parts.matcher.expire()  # as the worker's matcher does every poll
 
     async def _next_due(self, until: datetime) -> datetime | None:
         """The clock's next due callback, once the wake-ups of sagas not in memory due by
@@ -384,6 +446,29 @@ class SagaTestEnv:
     ) -> None:
         await self.engine.signal(run if isinstance(run, str) else run.saga_id, name, payload, **kw)
         await self.settle()
+
+    async def update(
+        self,
+        run: SagaRun | str,
+        update: Any,
+        payload: BaseModel | JsonDict | None = None,
+        **kw: Any,
+    ) -> Any:
+        """Calls the saga's update (its name or the method, ``Order.add_item``) and returns
+        its result; raises UpdateFailed if its handler raised, UpdateRefused if refused."""
+        saga_id = run if isinstance(run, str) else run.saga_id
+        answer = await self.engine.update(saga_id, name_of(update), payload, **kw)
+        await self.settle()
+        if answer.error is not None:
+            raise UpdateFailed(answer.update_id, answer.name, answer.error.model_dump())
+        return answer.result
+
+    async def query(
+        self, run: SagaRun | str, query: Any, args: BaseModel | JsonDict | None = None
+    ) -> Any:
+        """Asks the saga's query (its name or the method); writes nothing."""
+        saga_id = run if isinstance(run, str) else run.saga_id
+        return await self.engine.query(saga_id, name_of(query), args)
 
     async def cancel(self, run: SagaRun | str, reason: str = "cancelled by test") -> None:
         await self.engine.cancel(run if isinstance(run, str) else run.saga_id, reason)

@@ -29,6 +29,7 @@ from aiokafka.errors import KafkaError
 
 from saga_engine.core._codec import CodecChain, PayloadCodec
 from saga_engine.core._definition import Saga
+from saga_engine.core._domain_events import EventSource
 from saga_engine.core._schedule import Schedule
 from saga_engine.core._triggers import KafkaTrigger
 from saga_engine.kernel._crash import CrashHook
@@ -63,6 +64,8 @@ from saga_engine.transport._kafka import (
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import Envelope, MessageType, ReloadBody
 from saga_engine.worker._adapters import LazyTopicSender, open_event_store, trigger_consumer
+from saga_engine.worker._batches import WorkerBatches
+from saga_engine.worker._events import WorkerEvents
 from saga_engine.worker._inbox import Inbox
 from saga_engine.worker._schedules import KafkaStarts, WorkerSchedules
 
@@ -94,9 +97,11 @@ class SagaWorker:
         telemetry: Telemetry | None = None,
         codec: PayloadCodec | CodecChain | None = None,
         schedules: Sequence[Schedule] = (),
+        event_sources: Sequence[EventSource[Any]] = (),
     ) -> None:
         """``codec``: seals payloads in Postgres and on Kafka; by default the one
-        ``settings.codec`` describes (none unless configured)."""
+        ``settings.codec`` describes (none unless configured). ``event_sources``: the
+        domain events its sagas wait for (``ctx.wait_event``), consumed here."""
         self.settings = settings
         self.codec = (
             CodecChain.of(codec) if codec is not None else CodecChain.from_settings(settings.codec)
@@ -105,6 +110,7 @@ class SagaWorker:
         self.telemetry = telemetry
         self.sagas = list(sagas)
         self.triggers = list(triggers)
+        self.event_sources = list(event_sources)
         self.topics = Topics.of(settings.kafka)
         self.instance_id = instance_id or f"{socket.gethostname()}-{random.getrandbits(32):08x}"
         self._store = store
@@ -136,7 +142,9 @@ class SagaWorker:
     def _closed_state(self) -> None:
         """What ``start`` opens, none of it open yet."""
         self._schedules: WorkerSchedules | None = None
+        self._batches: WorkerBatches | None = None
         self._trigger_consumer: TriggerConsumer | None = None
+        self._events: WorkerEvents | None = None
         self._admin_app: Any = None
         self._admin: Any = None
         self._http: HttpCaller | None = None
@@ -173,6 +181,7 @@ class SagaWorker:
             await self._producer.start()
         self._dead = DeadLetters(self._producer, self.topics.dlq)
         telemetry = self.telemetry or default_telemetry()
+        self._events = await WorkerEvents.open(self.settings, self.codec, self.event_sources)
         engine, parts = self._build_engine(self._store, telemetry)
         if needs_rollouts(parts.registry):  # before the inbox: no start outruns a rollout
             with reaching(POSTGRES):
@@ -185,6 +194,9 @@ class SagaWorker:
             ),
             self._crash_hook,
         )  # fmt: skip
+        self._batches = await WorkerBatches.open(
+            self.settings, engine, self._store, self.instance_id, self._crash_hook
+        )
         if self.settings.admin.enabled:
             # Built before Kafka starts consuming, so a bad admin configuration (no tokens
             # on a public address) fails the start with its one-line reason.
@@ -193,10 +205,16 @@ class SagaWorker:
         if self.triggers:
             await self._start_triggers(telemetry)
         await self._start_inbox(engine, parts, telemetry)
+        await self._events.start(
+            self.settings, parts, self._dead, self.notify_owner,
+            f"/saga-engine/{self.instance_id}/events", on_dead_letter=self._count_dead_letter,
+            health=self.health, telemetry=telemetry, crash_hook=self._crash_hook,
+        )  # fmt: skip
         self._housekeeping = Housekeeping(
             engine, parts, self._ownership.partitions, self.owns, codec=self.codec
         )
         self._housekeeping.start()
+        self._batches.start()
         if self._admin_app is not None:
             from saga_engine.admin._server import serve_admin
 
@@ -217,6 +235,7 @@ class SagaWorker:
             self.settings, sagas=self.sagas, store=store,
             sender=RoutingSender(kafka_sender, self._http), crash_hook=self._crash_hook,
             telemetry=telemetry, ownership=self._ownership,
+            domain_events=self._events.store if self._events is not None else None,
         )  # fmt: skip
         self.engine = engine = Engine(parts)
         self._http.bind(engine)
@@ -237,6 +256,7 @@ class SagaWorker:
         return create_admin_app(
             engine, self.settings, parts=parts, start_saga=self._start_through_inbox,
             schedules=self._schedules.store, health=self.health,
+            batches=self._batches.store if self._batches is not None else None,
         )  # fmt: skip
 
     async def _start_triggers(self, telemetry: Telemetry) -> None:
@@ -292,6 +312,9 @@ class SagaWorker:
         housekeeping, self._housekeeping = self._housekeeping, None
         if housekeeping is not None:
             await housekeeping.stop()
+        batches, self._batches = self._batches, None
+        if batches is not None:
+            await batches.close()
         task, self._task = self._task, None
         if task is not None:
             await asyncio.wait({task}, timeout=30)
@@ -303,6 +326,9 @@ class SagaWorker:
         trigger_consumer, self._trigger_consumer = self._trigger_consumer, None
         if trigger_consumer is not None:
             await trigger_consumer.stop()
+        events, self._events = self._events, None
+        if events is not None:
+            await events.close()
         watch, self._watch = self._watch, None
         if watch is not None:
             await watch.stop()

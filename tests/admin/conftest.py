@@ -63,6 +63,8 @@ def make_client(app: FastAPI) -> httpx.AsyncClient:
 @pytest.fixture
 async def admin() -> AsyncIterator[Admin]:
     env = SagaTestEnv([Transfer, Noop], settings=admin_settings())
-    app = create_admin_app(env.engine, env.settings, parts=env.parts, schedules=env.schedules)
+    app = create_admin_app(
+        env.engine, env.settings, parts=env.parts, schedules=env.schedules, batches=env.batches
+    )
     async with make_client(app) as http:
         yield Admin(env, app, http)

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from pydantic import BaseModel, Field
 
-from saga_engine import RetryPolicy, Saga, SagaContext, Signal
+from saga_engine import RetryPolicy, Saga, SagaContext, Signal, query, update
 
 #: Compensations give up quickly here, so a stuck one is reached in a few virtual seconds.
 QUICK = RetryPolicy(
@@ -60,6 +60,16 @@ class Transfer(Saga[TransferIn, TransferOut]):
     search_attributes = ("account",)
     approve = Signal(Approve)
     other = Signal(Note)
+
+    @update(Note)
+    def annotate(self, note: Note) -> str:
+        """An update (the auth matrix calls it): echoes the note."""
+        return note.text
+
+    @query
+    def kind(self) -> str:
+        """A query (the auth matrix asks it)."""
+        return self.name
 
     async def run(self, ctx: SagaContext, t: TransferIn) -> TransferOut:
         await ctx.step(

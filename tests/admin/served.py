@@ -46,7 +46,9 @@ def served_in_thread(
         opened = await store() if store is not None else None
         env = SagaTestEnv(list(sagas), settings=settings, store=opened)
         served.seeded = await seed(env)
-        app = create_admin_app(env.engine, settings, parts=env.parts, schedules=env.schedules)
+        app = create_admin_app(
+            env.engine, settings, parts=env.parts, schedules=env.schedules, batches=env.batches
+        )
         server = await serve_admin(app, settings)
         served.url = server.url
         stopped = asyncio.Event()

@@ -642,6 +642,7 @@ async def test_openapi_describes_the_api(admin: Admin) -> None:
         "/sagas/{saga_id}/lineage",
         "/metrics",
         "/flow",
+        "/domain-events",
         "/sagas/{saga_id}/signal",
         "/sagas/{saga_id}/cancel",
         "/sagas/{saga_id}/resume",
@@ -649,6 +650,8 @@ async def test_openapi_describes_the_api(admin: Admin) -> None:
         "/sagas/{saga_id}/skip",
         "/sagas/{saga_id}/force-compensate",
         "/sagas/{saga_id}/rerun",
+        "/sagas/{saga_id}/updates/{name}",
+        "/sagas/{saga_id}/queries/{name}",
         "/rollouts",
         "/rollouts/{saga_type}",
         "/schedules",
@@ -656,6 +659,9 @@ async def test_openapi_describes_the_api(admin: Admin) -> None:
         "/schedules/{schedule_id}/pause",
         "/schedules/{schedule_id}/resume",
         "/schedules/{schedule_id}/trigger",
+        "/batch-operations",
+        "/batch-operations/{operation_id}",
+        "/batch-operations/{operation_id}/cancel",
     }
     assert set(spec["paths"]["/sagas/{saga}"]) == {"get", "post"}
     assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"

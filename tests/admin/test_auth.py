@@ -41,6 +41,8 @@ BODIES: dict[str, dict[str, Any]] = {
     "start": {"account": "a", "amount": 1},
     "rollout": {"version": 1, "percent": 0, "reason": "auth matrix"},
     "schedules": {"id": "auth-matrix-2", "saga": "noop", "every_s": 60},
+    "batch-operations": {"filter": {"saga_type": "noop"}, "action": "cancel", "reason": "auth"},
+    "annotate": {"input": {"text": "auth matrix"}},
 }
 
 
@@ -50,11 +52,18 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
     await admin.settle(saga_id)
     schedule = {"id": "auth-matrix", "saga": "noop", "every_s": 60}
     assert (await admin.http.post("/schedules", json=schedule, headers=OPERATOR)).is_success
+    batch = await admin.http.post(
+        "/batch-operations", json=BODIES["batch-operations"], headers=OPERATOR
+    )
+    assert batch.is_success, batch.text
     spec = (await admin.http.get("/openapi.json")).json()
     out: list[tuple[str, str, dict[str, Any] | None]] = []
     for template, operations in spec["paths"].items():
         for method in operations:
             path = template.replace("{saga_id}", saga_id).replace("{schedule_id}", "auth-matrix")
+            path = path.replace("{operation_id}", batch.json()["id"])
+            name = "annotate" if "/updates/" in template else "kind"  # Transfer's
+            path = path.replace("{name}", name)
             body: dict[str, Any] | None
             if method == "post" and template == "/sagas/{saga}":
                 path, body = "/sagas/transfer", BODIES["start"]
@@ -63,7 +72,7 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
                 body = BODIES.get(path.rsplit("/", 1)[-1]) if method == "post" else None
                 body = BODIES["rollout"] if method == "put" else body
             out.append((method.upper(), path, body))
-    assert len(out) == 26
+    assert len(out) == 33  # GET /domain-events, the four batch-operations routes, rerun
     return out
 
 

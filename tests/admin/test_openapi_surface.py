@@ -27,6 +27,8 @@ OPERATIONS = {
     ("GET", "/sagas/{saga_id}/lineage", "get_lineage_sagas__saga_id__lineage_get"),
     ("GET", "/metrics", "metrics_metrics_get"),
     ("GET", "/flow", "flow_flow_get"),
+    # Issue 26 §1: the domain events kept for sagas that wait for them.
+    ("GET", "/domain-events", "domain_events_domain_events_get"),
     ("POST", "/sagas/{saga_id}/signal", "signal_sagas__saga_id__signal_post"),
     ("POST", "/sagas/{saga_id}/cancel", "cancel_sagas__saga_id__cancel_post"),
     ("POST", "/sagas/{saga_id}/resume", "resume_sagas__saga_id__resume_post"),
@@ -39,6 +41,9 @@ OPERATIONS = {
     ),
     # Issue 26 §3: a rerun linked to its original.
     ("POST", "/sagas/{saga_id}/rerun", "rerun_sagas__saga_id__rerun_post"),
+    # Issue 26 §2: updates and queries.
+    ("POST", "/sagas/{saga_id}/updates/{name}", "update_sagas__saga_id__updates__name__post"),
+    ("GET", "/sagas/{saga_id}/queries/{name}", "query_sagas__saga_id__queries__name__get"),
     # Issue 14 §5: saga versions' rollouts.
     ("GET", "/rollouts", "list_rollouts_rollouts_get"),
     ("GET", "/rollouts/{saga_type}", "get_rollout_rollouts__saga_type__get"),
@@ -58,6 +63,15 @@ OPERATIONS = {
         "POST",
         "/schedules/{schedule_id}/trigger",
         "trigger_schedule_schedules__schedule_id__trigger_post",
+    ),
+    # Batch operations (admin/_batches.py, issue 26 §4).
+    ("POST", "/batch-operations", "create_batch_batch_operations_post"),
+    ("GET", "/batch-operations", "list_batches_batch_operations_get"),
+    ("GET", "/batch-operations/{operation_id}", "get_batch_batch_operations__operation_id__get"),
+    (
+        "POST",
+        "/batch-operations/{operation_id}/cancel",
+        "cancel_batch_batch_operations__operation_id__cancel_post",
     ),
 }
 
@@ -87,7 +101,10 @@ STATUS_CODES = {
     "get_lineage_sagas__saga_id__lineage_get": _READ,
     "metrics_metrics_get": ["200", "401", "422", "503"],
     "flow_flow_get": ["200", "401", "422", "503"],
+    "domain_events_domain_events_get": ["200", "401", "422", "503"],
     "signal_sagas__saga_id__signal_post": _ACTION,
+    "update_sagas__saga_id__updates__name__post": _ACTION,
+    "query_sagas__saga_id__queries__name__get": _READ,
     "cancel_sagas__saga_id__cancel_post": _ACTION,
     "resume_sagas__saga_id__resume_post": _ACTION,
     "retry_sagas__saga_id__retry_post": _ACTION,
@@ -113,6 +130,19 @@ STATUS_CODES = {
     "delete_schedule_schedules__schedule_id__delete": ["204", "401", "403", "404", "422", "503"],
     "pause_schedule_schedules__schedule_id__pause_post": _SCHEDULE_STATE,
     "resume_schedule_schedules__schedule_id__resume_post": _SCHEDULE_STATE,
+    "create_batch_batch_operations_post": [
+        "200",
+        "201",
+        "400",
+        "401",
+        "403",
+        "413",
+        "422",
+        "503",
+    ],
+    "list_batches_batch_operations_get": ["200", "401", "422", "503"],
+    "get_batch_batch_operations__operation_id__get": ["200", "401", "404", "422", "503"],
+    "cancel_batch_batch_operations__operation_id__cancel_post": _SCHEDULE_STATE,
     "trigger_schedule_schedules__schedule_id__trigger_post": [
         "200",
         "401",
@@ -135,7 +165,7 @@ def _operations(spec: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, An
 def _spec(types: list[type[Any]], settings: Settings) -> dict[str, Any]:
     env = SagaTestEnv(types)
     return create_admin_app(
-        env.engine, settings, parts=env.parts, schedules=env.schedules
+        env.engine, settings, parts=env.parts, schedules=env.schedules, batches=env.batches
     ).openapi()
 
 

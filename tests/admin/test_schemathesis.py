@@ -72,7 +72,7 @@ def _schema() -> Any:
     """The description the server publishes, read from an app built the same way."""
     env = SagaTestEnv([Transfer, Noop])
     spec = create_admin_app(
-        env.engine, admin_settings(), parts=env.parts, schedules=env.schedules
+        env.engine, admin_settings(), parts=env.parts, schedules=env.schedules, batches=env.batches
     ).openapi()
     loaded = schemathesis.openapi.from_dict(spec)
     loaded.config.update(headers=OPERATOR)

@@ -40,6 +40,8 @@ PINNED = {
     8: "6b5e5ac1eceb0d406e9549e58d1afac717fffcd0bdf0318032cfa2add4020fbe",
     9: "7531663a38f677de142ef288e9c0119ac9c4bef1c77d9cc4e4ac5f599e59ef92",
     10: "6dfe12e1a8ec2ebc30ec97e9a8d1a2d95b268708d05ca356ca499731e28a00cd",
+    11: "f5fcd492645906cf20c0839810ca38a5dd9e6158b85076a4897e31bb32ed52f0",
+    13: "6331cb93dd6c1cba6af455a573b8a494685d1c51b5a6ba3ba82fbf5ea70180d9",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant/migrations).
 PINNED_PARTICIPANT = {
@@ -127,6 +129,8 @@ async def test_migrate_applies_each_migration_once(pg: PgTarget) -> None:
         "saga_rollouts",  # 0008
         "saga_rollout_audit",  # 0008
         "saga_schedule_sends",  # 0009
+        "saga_domain_events",  # 0011
+        "saga_batch_operations",  # 0013
     }
     assert await _recorded(pg.database_dsn, pg.schema) == [
         (m.version, m.name, m.sha256) for m in shipped_migrations()

@@ -13,6 +13,13 @@ document.addEventListener("submit", async (event) => {
     try { body.payload = JSON.parse(form.querySelector("[name=payload]").value || "{}"); } catch (e) { return showError(`The payload is not JSON: ${e.message}`); }
     if (body.payload === null || typeof body.payload !== "object" || Array.isArray(body.payload)) return showError("The payload must be a JSON object.");
   }
+  let url = form.action;
+  if (asks.includes("update")) {
+    const name = form.querySelector("[name=name]").value;
+    url = form.action + encodeURIComponent(name);
+    try { body.input = JSON.parse(form.querySelector("[name=input]").value || "{}"); } catch (e) { return showError(`The input is not JSON: ${e.message}`); }
+    if (body.input === null || typeof body.input !== "object" || Array.isArray(body.input)) return showError("The input must be a JSON object.");
+  }
   if (asks.includes("step")) {
     const steps = (form.dataset.steps || "").split(" ").filter(Boolean);
     const step = steps.length === 1 ? steps[0] : prompt(`Step to ${action} (one of: ${steps.join(", ")}):`, steps[0] || "");
@@ -28,12 +35,20 @@ document.addEventListener("submit", async (event) => {
   if (!reason || !reason.trim()) return;
   body.reason = reason;
   if (!confirm(`${action} saga ${document.getElementById("saga-id").textContent}?`)) return;
-  const response = await fetch(form.action, {
+  const response = await fetch(url, {
     method: "POST",
     credentials: "same-origin",
     headers: { "Content-Type": "application/json", Accept: "application/json" },
     body: JSON.stringify(body),
   });
+  if (response.ok && asks.includes("update")) {
+    // The update's answer stays in view until the next reload.
+    const answer = await response.json();
+    const shown = document.getElementById("update-result");
+    shown.textContent = answer.error ? `update failed: ${answer.error.message}` : `result: ${JSON.stringify(answer.result, null, 1)}`;
+    shown.hidden = false;
+    return;
+  }
   if (response.ok) { location.reload(); return; }
   let detail = response.statusText;
   try { const data = await response.json(); detail = typeof data.detail === "string" ? data.detail : JSON.stringify(data.detail); } catch (e) { /* not JSON */ }
@@ -51,6 +66,10 @@ document.addEventListener("DOMContentLoaded", () => {
   const name = document.getElementById("signal-name");
   if (name) name.addEventListener("change", () => {
     document.getElementById("signal-payload").value = name.selectedOptions[0].dataset.example || "{}";
+  });
+  const update = document.getElementById("update-name");
+  if (update) update.addEventListener("change", () => {
+    document.getElementById("update-input").value = update.selectedOptions[0].dataset.example || "{}";
   });
   // Tick labels sit at their percent of the axis (set here: the CSP forbids inline styles).
   for (const tick of document.querySelectorAll(".tick[data-x]")) tick.style.left = `${tick.dataset.x}%`;

@@ -172,6 +172,18 @@ class Cluster:
 
     # ------------------------------------------------------------------ observation
 
+    async def query(self, sql: str, *args: object) -> list[asyncpg.Record]:
+        """``sql``'s rows in the engine's schema (none while its tables do not exist)."""
+        conn = await asyncpg.connect(
+            self.database_dsn, server_settings={"search_path": self.schema}
+        )
+        try:
+            return await conn.fetch(sql, *args)
+        except asyncpg.UndefinedTableError:
+            return []
+        finally:
+            await conn.close()
+
     async def statuses(self, saga_ids: list[str]) -> dict[str, SagaStatus]:
         conn = await asyncpg.connect(self.database_dsn)
         try:

@@ -19,7 +19,6 @@ import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
-import asyncpg
 import pytest
 
 from saga_engine.core._schedule import tick_key, tick_saga_id
@@ -31,18 +30,6 @@ from tests.internal.e2e.harness import Cluster
 pytestmark = pytest.mark.integration
 
 APP = ["-m", "saga_engine", "worker", "tests.internal.e2e.schedule_app", "--log-level", "INFO"]
-
-
-async def _fetch(cluster: Cluster, sql: str, *args: object) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(
-        cluster.database_dsn, server_settings={"search_path": cluster.schema}
-    )
-    try:
-        return await conn.fetch(sql, *args)
-    except asyncpg.UndefinedTableError:
-        return []
-    finally:
-        await conn.close()
 
 
 async def _inbox_ids(cluster: Cluster, at_least: int) -> Counter[str]:
@@ -61,7 +48,7 @@ async def test_sigkill_between_the_start_and_the_claim_commit_fires_the_tick_onc
     cluster._spawn("engine", APP, cluster.env(SAGA_CRASH_AT="schedule_after_fire:3"))
     assert await cluster.wait_exit("engine", timeout=90) == -9, cluster.log_tail("engine")
     assert "crash point schedule_after_fire reached" in cluster.log_tail("engine")
-    [row] = await _fetch(cluster, "SELECT * FROM saga_schedules")
+    [row] = await cluster.query("SELECT * FROM saga_schedules")
     crashed: datetime = row["next_fire_at"]  # its start was sent; the row did not move
     crashed_id = tick_saga_id("heartbeat", "heartbeat", crashed)
     assert row["fired_count"] >= 2
@@ -74,19 +61,18 @@ async def test_sigkill_between_the_start_and_the_claim_commit_fires_the_tick_onc
 
     async def caught_up() -> bool:
         assert time.monotonic() < deadline, cluster.log_tail("engine")
-        [r] = await _fetch(cluster, "SELECT last_tick FROM saga_schedules")
+        [r] = await cluster.query("SELECT last_tick FROM saga_schedules")
         if r["last_tick"] is None or r["last_tick"] < until:
             return False
-        open_ = await _fetch(cluster, "SELECT 1 FROM sagas WHERE status <> 'completed'")
+        open_ = await cluster.query("SELECT 1 FROM sagas WHERE status <> 'completed'")
         return not open_
 
     await poll_until(caught_up, timeout=90, interval=0.2)
-    [row] = await _fetch(cluster, "SELECT * FROM saga_schedules")
+    [row] = await cluster.query("SELECT * FROM saga_schedules")
     per_key = Counter(
         {
             r["idempotency_key"]: r["n"]
-            for r in await _fetch(
-                cluster,
+            for r in await cluster.query(
                 "SELECT idempotency_key, count(*) AS n FROM sagas GROUP BY idempotency_key",
             )
         }
@@ -120,7 +106,7 @@ async def test_sigkill_between_the_start_and_the_claim_commit_keeps_overlap_skip
     # The first claim that fires dies after Kafka acknowledged its start.
     cluster._spawn("engine", OVERLAP_APP, cluster.env(SAGA_CRASH_AT="schedule_after_fire:1"))
     assert await cluster.wait_exit("engine", timeout=90) == -9, cluster.log_tail("engine")
-    [row] = await _fetch(cluster, "SELECT * FROM saga_schedules")
+    [row] = await cluster.query("SELECT * FROM saga_schedules")
     crashed: datetime = row["next_fire_at"]
     assert (row["fired_count"], row["last_saga_id"]) == (0, None)
     crashed_id = tick_saga_id("slow-report", "one-at-a-time", crashed)
@@ -133,13 +119,12 @@ async def test_sigkill_between_the_start_and_the_claim_commit_keeps_overlap_skip
 
     async def two_ran() -> bool:
         assert time.monotonic() < deadline, cluster.log_tail("engine")
-        done = await _fetch(cluster, "SELECT 1 FROM sagas WHERE status = 'completed'")
+        done = await cluster.query("SELECT 1 FROM sagas WHERE status = 'completed'")
         return len(done) >= 2
 
     await poll_until(two_ran, timeout=90, interval=0.2)
     cluster.stop_all()
-    sagas = await _fetch(
-        cluster,
+    sagas = await cluster.query(
         "SELECT saga_id, idempotency_key, status, created_at, updated_at FROM sagas "
         "ORDER BY idempotency_key",
     )
@@ -149,7 +134,7 @@ async def test_sigkill_between_the_start_and_the_claim_commit_keeps_overlap_skip
     for before, after in itertools.pairwise(sagas):
         assert before["status"] == "completed"
         assert after["created_at"] >= before["updated_at"], (before, after)
-    [row] = await _fetch(cluster, "SELECT * FROM saga_schedules")
+    [row] = await cluster.query("SELECT * FROM saga_schedules")
     # The crashed tick is counted as fired; the ticks of its run as skipped.
     assert row["fired_count"] == len(sagas)
     due = int((row["next_fire_at"] - crashed).total_seconds())
@@ -178,16 +163,16 @@ async def test_two_engine_processes_racing_start_one_saga_per_tick(cluster: Clus
         for name in ("engine-a", "engine-b"):
             assert cluster.procs[name].poll() is None, cluster.log_tail(name)
         assert time.monotonic() < deadline
-        rows = await _fetch(cluster, "SELECT fired_count FROM saga_schedules")
+        rows = await cluster.query("SELECT fired_count FROM saga_schedules")
         return len(rows) == COUNT and min(r["fired_count"] for r in rows) >= 5
 
     await poll_until(enough, timeout=90, interval=0.2)
     cluster.stop_all()
-    rows = await _fetch(cluster, "SELECT schedule_id, last_tick, fired_count FROM saga_schedules")
+    rows = await cluster.query("SELECT schedule_id, last_tick, fired_count FROM saga_schedules")
     fired = sum(r["fired_count"] for r in rows)
 
     async def all_started() -> bool:
-        [n] = await _fetch(cluster, "SELECT count(*) AS n FROM sagas")
+        [n] = await cluster.query("SELECT count(*) AS n FROM sagas")
         return bool(n["n"] >= fired)
 
     # The engines stopped: the starts they sent are applied when one runs again.
@@ -195,8 +180,8 @@ async def test_two_engine_processes_racing_start_one_saga_per_tick(cluster: Clus
     await poll_until(all_started, timeout=90, interval=0.2)
     per_key = {
         r["idempotency_key"]: r["n"]
-        for r in await _fetch(
-            cluster, "SELECT idempotency_key, count(*) AS n FROM sagas GROUP BY idempotency_key"
+        for r in await cluster.query(
+            "SELECT idempotency_key, count(*) AS n FROM sagas GROUP BY idempotency_key"
         )
     }
     assert set(per_key.values()) == {1}

@@ -1,0 +1,104 @@
+"""``SagaClient.update`` and ``SagaClient.query``, beside the client's Kafka path.
+
+An update is a request that wants its answer: the client checks its input against the
+update's model, then calls an engine's admin API (``POST /sagas/{id}/updates/{name}``),
+which records it through the engine's one path and answers with the recorded result. A
+refusal comes back as the error the engine raised (UpdateRefused, InvalidPayload,
+SagaNotFound...). A query needs no engine: the client replays the saga's history from
+the store with the saga's class and asks the replayed state; nothing is written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from saga_engine.core._definition import Saga, SagaDefinition
+from saga_engine.core._runtime import SagaRuntime
+from saga_engine.core._update import declared, name_of
+from saga_engine.kernel._errors import (
+    DefinitionError,
+    InvalidPayload,
+    InvalidTransition,
+    PermanentError,
+    SagaError,
+    SagaNotFound,
+    TransientError,
+    UpdateFailed,
+    UpdateRefused,
+)
+from saga_engine.kernel._serde import JsonDict
+from saga_engine.store._store import EventStore
+
+
+def saga_class(handler: Any, saga: type[Saga[Any, Any]] | None, kind: str) -> type[Saga[Any, Any]]:
+    """The saga class an update or query belongs to: ``saga=``, else the method's class."""
+    owner = saga or getattr(handler, "owner", None)
+    if owner is None:
+        raise DefinitionError(
+            f"{kind} {name_of(handler)!r}: pass the method (`Order.{name_of(handler)}`) or "
+            "saga= (the saga's class)"
+        )
+    return owner
+
+
+async def replayed_query(
+    store: EventStore, saga_cls: type[Saga[Any, Any]], saga_id: str, name: str, args: JsonDict
+) -> Any:
+    """The query's answer from the saga's history, replayed here with ``saga_cls``."""
+    loaded = await store.load(saga_id)
+    events = [stored.event for stored in loaded.events]
+    runtime, _ = SagaRuntime.replay(SagaDefinition.of(saga_cls), saga_id, events)
+    try:
+        return runtime.query(name, args)
+    finally:
+        runtime.close()
+
+
+def checked_update(saga_cls: type[Saga[Any, Any]], name: str, payload: JsonDict) -> None:
+    """The update's input checked against its model before anything is sent."""
+    declared(saga_cls, "update", name).parse(payload, "payload")
+
+
+async def post_update(
+    url: str, token: str | None, saga_id: str, name: str, body: JsonDict, timeout_s: float
+) -> Any:
+    """Calls the update through the admin API at ``url``; its result, or the error."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    path = f"{url.rstrip('/')}/sagas/{saga_id}/updates/{name}"
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s) as http:
+            response = await http.post(path, json=body, headers=headers)
+    except httpx.HTTPError as exc:
+        raise TransientError(f"could not reach the admin API at {url}: {exc}") from None
+    try:
+        data = response.json()
+    except ValueError:
+        data = {"detail": response.text}
+    if response.status_code >= 400:
+        raise _error(response.status_code, data, saga_id, name)
+    if data.get("error") is not None:
+        raise UpdateFailed(data["update_id"], name, data["error"])
+    return data.get("result")
+
+
+def _error(status: int, data: Any, saga_id: str, name: str) -> SagaError:
+    detail = data.get("detail") if isinstance(data, dict) else data
+    error = data.get("error") if isinstance(data, dict) else None
+    if status == 404:
+        return SagaNotFound(saga_id)
+    if status == 409:
+        return (
+            UpdateRefused(str(detail))
+            if error == "UpdateRefused"
+            else InvalidTransition(str(detail))
+        )
+    if status == 422:
+        problems = detail if isinstance(detail, list) else [
+            {"loc": [], "msg": str(detail), "type": "invalid"}
+        ]  # fmt: skip
+        return InvalidPayload(f"update {name!r}", problems)
+    if status in (502, 503, 504):
+        return TransientError(f"the admin API answered {status}: {detail}")
+    return PermanentError(f"the admin API answered {status}: {detail}")

@@ -1,0 +1,221 @@
+"""The batch-operation loop a worker runs: claim an operation, act on the sagas its filter
+matches one by one (in saga-id order, at most ``batches.rate_per_s`` a second), record
+each one's outcome, and complete it.
+
+Every worker runs one; the operation's lease (``_pgbatches``) gives it to one engine at a
+time, and to another once an engine that crashed holding it has let its lease expire.
+
+**At most once per saga.** Each action goes through the engine's one path like an
+operator's (``Engine.cancel``, ``.signal``, ``.retry_step``, ``.resume``), carrying the
+operation's id in the reason it records (``core/_batch.marker``) and, for a signal, in
+its signal id. The progress (``cursor``) moves after the action is durable; a crash in
+between leaves the saga to be read again, and its history then shows the action
+(``acted_on``): it is counted as skipped, not acted on twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+
+from saga_engine.core._batch import BatchAction, acted_on, marker, signal_id_for
+from saga_engine.core._view import fold
+from saga_engine.kernel._errors import InvalidTransition, SagaError, TransientError
+from saga_engine.kernel._retry import Backoff
+from saga_engine.kernel._settings import BatchSettings
+from saga_engine.runner._engine import Engine
+from saga_engine.store._batch_store import BatchRow, BatchStore, Outcome
+from saga_engine.store._store import EventStore
+from saga_engine.telemetry._telemetry import detach_from_trace
+
+__all__ = ["ACTIONS", "CRASH_POINT", "BatchRunner"]
+
+log = logging.getLogger("saga_engine.batches")
+
+#: The crash point between "the action on a saga is durable" and "the operation's
+#: progress recorded it" (``SAGA_CRASH_AT=batch_after_action``).
+CRASH_POINT = "batch_after_action"
+
+#: How one action is applied to one saga: ``(engine, operation, saga_id, events, reason)``.
+Act = Callable[[Engine, BatchRow, str, list[object], str], Awaitable[object]]
+
+
+async def _cancel(engine: Engine, op: BatchRow, saga_id: str, _: list[object], why: str) -> object:
+    return await engine.cancel(saga_id, why, principal=op.principal)
+
+
+async def _signal(engine: Engine, op: BatchRow, saga_id: str, _: list[object], why: str) -> object:
+    assert op.spec.signal is not None  # checked when the operation was created
+    return await engine.signal(
+        saga_id, op.spec.signal, op.spec.payload,
+        signal_id=signal_id_for(op.operation_id, saga_id), principal=op.principal, reason=why,
+    )  # fmt: skip
+
+
+async def _retry(
+    engine: Engine, op: BatchRow, saga_id: str, events: list[object], why: str
+) -> object:
+    step = fold(events, saga_id=saga_id).stuck_step  # type: ignore[arg-type]
+    if step is None:
+        raise InvalidTransition(f"saga {saga_id} has no stuck step to retry")
+    return await engine.retry_step(saga_id, step, reason=why, principal=op.principal)
+
+
+async def _resume(engine: Engine, op: BatchRow, saga_id: str, _: list[object], why: str) -> object:
+    return await engine.resume(saga_id, principal=op.principal, reason=why)
+
+
+#: Each action's way to act on one saga. ``rerun`` (issue 26 §3) plugs in here: an entry
+#: that starts the new saga under an id derived from the operation and the saga (so a
+#: repeat is the same start), and a ``BatchAction`` member.
+ACTIONS: dict[BatchAction, Act] = {
+    BatchAction.CANCEL: _cancel,
+    BatchAction.SIGNAL: _signal,
+    BatchAction.RETRY: _retry,
+    BatchAction.RESUME: _resume,
+}
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class _Pacer:
+    """At most ``rate`` passes a second (sleeping is the point: it spaces the actions)."""
+
+    def __init__(self, rate: float) -> None:
+        self._gap = 1.0 / rate
+        self._next = 0.0
+
+    async def wait(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._next > now:
+            await asyncio.sleep(self._next - now)
+        self._next = max(self._next, now) + self._gap
+
+
+class BatchRunner:
+    """Works through batch operations until stopped."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        sagas: EventStore,
+        store: BatchStore,
+        settings: BatchSettings,
+        *,
+        owner: str,
+        crash_hook: Callable[[str], None] | None = None,
+    ) -> None:
+        self._engine = engine
+        self._sagas = sagas
+        self._store = store
+        self._settings = settings
+        # Unique per process: a restarted engine waits for the lease its crash left.
+        self._owner = f"{owner}/{uuid.uuid4().hex[:8]}"
+        self._lease = timedelta(seconds=settings.lease_s)
+        self._crash_hook = crash_hook
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="saga-batches")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            # Stopped mid-operation, the lease runs out and another engine goes on from
+            # the cursor (the saga in flight is checked against its history).
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    def wake(self) -> None:
+        """Look again now (an operation was created)."""
+        self._wake.set()
+
+    async def run_once(self) -> BatchRow | None:
+        """Claims one operation and works on it until it ends or is lost; the operation as
+        it was claimed, or None if there was none to claim."""
+        row = await self._store.claim(self._owner, _utc_now(), self._lease)
+        if row is not None:
+            await self._work(row)
+        return row
+
+    async def _loop(self) -> None:
+        detach_from_trace()
+        backoff = Backoff(0.5, 10.0)
+        while True:
+            try:
+                row = await self.run_once()
+                backoff.reset()
+            except TransientError as exc:
+                delay = backoff.next_delay()
+                log.warning("batch operation paused (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            except Exception:  # a bug must not end the loop: log it, and look again later
+                log.exception("unexpected error in a batch operation")
+                await asyncio.sleep(self._settings.poll_s)
+                continue
+            if row is not None:
+                continue  # another may be waiting
+            self._wake.clear()
+            try:
+                async with asyncio.timeout(self._settings.poll_s):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    async def _work(self, op: BatchRow) -> None:
+        log.info("batch operation %s (%s): from %s", op.operation_id, op.spec.action, op.cursor)
+        pacer = _Pacer(self._settings.rate_per_s)
+        cursor = op.cursor
+        where = op.spec.filter.list_arguments()
+        while True:
+            page = await self._sagas.list_sagas(
+                **where, limit=self._settings.page_size, after_id=cursor
+            )
+            if not page:
+                if await self._store.finish(op.operation_id, self._owner, _utc_now()):
+                    log.info("batch operation %s completed", op.operation_id)
+                return
+            for record in page:
+                await pacer.wait()
+                outcome, error = await self._one(op, record.saga_id)
+                if not await self._store.advance(
+                    op.operation_id, self._owner, _utc_now(), self._lease,
+                    saga_id=record.saga_id, outcome=outcome, error=error,
+                ):  # fmt: skip
+                    log.info("batch operation %s: cancelled or taken over", op.operation_id)
+                    return
+                cursor = record.saga_id
+
+    async def _one(self, op: BatchRow, saga_id: str) -> tuple[Outcome, str | None]:
+        """Acts on one saga, unless its history shows the operation did already."""
+        try:
+            loaded = await self._sagas.load(saga_id)
+            events: list[object] = [stored.event for stored in loaded.events]
+            if acted_on(events, op.operation_id):
+                return Outcome.SKIPPED, None
+            why = f"{marker(op.operation_id)} {op.spec.reason}".rstrip()
+            decision = await ACTIONS[op.spec.action](self._engine, op, saga_id, events, why)
+        except TransientError:
+            raise  # the loop claims the operation again and goes on from this saga
+        except Exception as exc:
+            # The saga's state refuses the action (PermanentError), it was deleted since
+            # it was listed, or its history cannot be read here (a newer engine's, a
+            # codec's key): counted with the reason, not retried, so that one saga never
+            # holds up the operation.
+            if not isinstance(exc, SagaError):
+                log.exception("batch operation %s on saga %s", op.operation_id, saga_id)
+            return Outcome.FAILED, str(exc) or type(exc).__name__
+        dropped = getattr(decision, "dropped", None)
+        if dropped is not None:  # the engine recorded nothing (a signal to a parked saga)
+            return Outcome.FAILED, f"the saga dropped it ({dropped})"
+        if self._crash_hook is not None:
+            self._crash_hook(CRASH_POINT)
+        return Outcome.ACTED, None

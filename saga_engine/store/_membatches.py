@@ -1,0 +1,116 @@
+"""The batch-operation store port in memory: the contract suite's second adapter. It fails
+as the Postgres one does: BatchNotFound and InvalidTransition where Postgres raises them,
+a claim takes only an operation whose lease has expired, and a write by an engine that
+no longer holds the running operation records nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime, timedelta
+
+from saga_engine.core._batch import BatchSpec, BatchState, check_batch_move
+from saga_engine.kernel._errors import BatchNotFound
+from saga_engine.store._batch_store import MAX_ERRORS, BatchRow, Outcome
+
+__all__ = ["InMemoryBatchStore"]
+
+
+class InMemoryBatchStore:
+    def __init__(self) -> None:
+        self._rows: dict[str, BatchRow] = {}
+
+    async def close(self) -> None:
+        return None
+
+    async def create(
+        self, operation_id: str, spec: BatchSpec, principal: str, total: int, now: datetime
+    ) -> BatchRow:
+        row = BatchRow(
+            operation_id=operation_id, spec=spec, principal=principal,
+            state=BatchState.RUNNING, total=total, acted=0, skipped=0, failed=0, cursor=None,
+            errors=[], lease_owner=None, lease_until=None, created_at=now, updated_at=now,
+            finished_at=None,
+        )  # fmt: skip
+        self._rows[operation_id] = row
+        return row
+
+    async def get(self, operation_id: str) -> BatchRow:
+        try:
+            return self._rows[operation_id]
+        except KeyError:
+            raise BatchNotFound(operation_id) from None
+
+    async def list(self, *, limit: int = 50) -> list[BatchRow]:
+        rows = sorted(
+            self._rows.values(), key=lambda r: (r.created_at, r.operation_id), reverse=True
+        )
+        return rows[:limit]
+
+    async def claim(self, owner: str, now: datetime, lease: timedelta) -> BatchRow | None:
+        free = [
+            r
+            for r in self._rows.values()
+            if r.state is BatchState.RUNNING
+            and (r.lease_until is None or r.lease_until <= now or r.lease_owner == owner)
+        ]
+        if not free:
+            return None
+        row = min(free, key=lambda r: (r.created_at, r.operation_id))
+        row = dataclasses.replace(row, lease_owner=owner, lease_until=now + lease)
+        self._rows[row.operation_id] = row
+        return row
+
+    def _held(self, operation_id: str, owner: str) -> BatchRow | None:
+        row = self._rows.get(operation_id)
+        if row is None or row.state is not BatchState.RUNNING or row.lease_owner != owner:
+            return None
+        return row
+
+    async def advance(
+        self,
+        operation_id: str,
+        owner: str,
+        now: datetime,
+        lease: timedelta,
+        *,
+        saga_id: str | None = None,
+        outcome: Outcome | None = None,
+        error: str | None = None,
+    ) -> bool:
+        row = self._held(operation_id, owner)
+        if row is None:
+            return False
+        errors = row.errors
+        if error is not None and saga_id is not None and len(errors) < MAX_ERRORS:
+            errors = [*errors, {"saga_id": saga_id, "error": error}]
+        self._rows[operation_id] = dataclasses.replace(
+            row,
+            acted=row.acted + (outcome is Outcome.ACTED),
+            skipped=row.skipped + (outcome is Outcome.SKIPPED),
+            failed=row.failed + (outcome is Outcome.FAILED),
+            cursor=saga_id if saga_id is not None else row.cursor,
+            errors=errors,
+            lease_until=now + lease,
+            updated_at=now,
+        )
+        return True
+
+    async def finish(self, operation_id: str, owner: str, now: datetime) -> bool:
+        row = self._held(operation_id, owner)
+        if row is None:
+            return False
+        self._rows[operation_id] = dataclasses.replace(
+            row, state=BatchState.COMPLETED, updated_at=now, finished_at=now,
+            lease_owner=None, lease_until=None,
+        )  # fmt: skip
+        return True
+
+    async def cancel(self, operation_id: str, now: datetime) -> BatchRow:
+        row = await self.get(operation_id)
+        check_batch_move(row.state, BatchState.CANCELLED)
+        row = dataclasses.replace(
+            row, state=BatchState.CANCELLED, updated_at=now, finished_at=now,
+            lease_owner=None, lease_until=None,
+        )  # fmt: skip
+        self._rows[operation_id] = row
+        return row

@@ -1,0 +1,129 @@
+"""The domain events sagas wait for, in Postgres (migration 0011): the facts in
+``saga_domain_events``; the waits read from the histories (``event_awaited`` events,
+through the partial index ``saga_events_event_awaited_idx``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Final
+
+import asyncpg
+
+from saga_engine.core._codec import CodecChain, is_marker
+from saga_engine.kernel._settings import PostgresSettings
+from saga_engine.store._domain_store import Expired, StoredFact
+from saga_engine.store._pgbase import _init_connection, _json, _unavailable_as_transient
+
+__all__ = ["PostgresDomainEventStore"]
+
+_COLUMNS: Final = (
+    'source, key, event_id, payload, received_at, expires_at, topic, partition, "offset", matched'
+)
+
+
+class PostgresDomainEventStore:
+    def __init__(self, pool: asyncpg.Pool[asyncpg.Record], codec: CodecChain | None) -> None:
+        self._pool = pool
+        self._codec = codec
+
+    @classmethod
+    async def connect(
+        cls, settings: PostgresSettings, codec: CodecChain | None = None
+    ) -> PostgresDomainEventStore:
+        with _unavailable_as_transient():
+            pool = await asyncpg.create_pool(
+                settings.dsn.get_secret_value(),
+                # None held until a saga waits or a fact arrives: a deployment that
+                # never uses domain events keeps no connection for them.
+                min_size=0,
+                max_size=4,  # the consumer, the matcher, the admin API
+                command_timeout=settings.command_timeout_s,
+                server_settings={"search_path": settings.db_schema},
+                init=_init_connection,
+            )
+        return cls(pool, codec)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def migrated(self) -> bool:
+        with _unavailable_as_transient():
+            found: bool = await self._pool.fetchval(
+                "SELECT to_regclass('saga_domain_events') IS NOT NULL"
+            )
+        return found
+
+    async def record(self, fact: StoredFact) -> bool:
+        payload = self._codec.seal(fact.payload) if self._codec is not None else fact.payload
+        with _unavailable_as_transient():
+            # DO NOTHING: a redelivered record (the consumer crashed before its offset
+            # moved on) is the fact kept already, whatever it says now.
+            status: str = await self._pool.execute(
+                f"INSERT INTO saga_domain_events ({_COLUMNS}) "
+                "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, false) "
+                "ON CONFLICT (source, event_id) DO NOTHING",
+                fact.source, fact.key, fact.event_id, _json(payload), fact.received_at,
+                fact.expires_at, fact.topic, fact.partition, fact.offset,
+            )  # fmt: skip
+        return status.endswith(" 1")
+
+    async def waiting(self, source: str, key: str) -> list[str]:
+        with _unavailable_as_transient():
+            rows = await self._pool.fetch(
+                "SELECT DISTINCT e.saga_id FROM saga_events e JOIN sagas s USING (saga_id) "
+                "WHERE e.kind = 'event_awaited' AND e.data ->> 'source' = $1 "
+                "AND e.data ->> 'key' = $2 AND s.ended_at IS NULL ORDER BY 1",
+                source,
+                key,
+            )
+        return [r[0] for r in rows]
+
+    async def kept(self, source: str, key: str, now: datetime) -> list[StoredFact]:
+        with _unavailable_as_transient():
+            rows = await self._pool.fetch(
+                f"SELECT {_COLUMNS} FROM saga_domain_events WHERE source = $1 AND key = $2 "
+                "AND expires_at > $3 ORDER BY received_at, event_id",
+                source, key, now,
+            )  # fmt: skip
+        return [self._fact(r) for r in rows]
+
+    async def mark_matched(self, source: str, event_id: str) -> None:
+        with _unavailable_as_transient():
+            await self._pool.execute(
+                "UPDATE saga_domain_events SET matched = true "
+                "WHERE source = $1 AND event_id = $2 AND NOT matched",
+                source,
+                event_id,
+            )
+
+    async def expire(self, now: datetime) -> Expired:
+        with _unavailable_as_transient():
+            row = await self._pool.fetchrow(
+                "WITH gone AS (DELETE FROM saga_domain_events WHERE expires_at <= $1 "
+                "RETURNING matched) SELECT count(*), count(*) FILTER (WHERE NOT matched) FROM gone",
+                now,
+            )
+        assert row is not None
+        return Expired(row[0], row[1])
+
+    async def recent(
+        self, *, source: str | None = None, unmatched: bool = False, limit: int = 100
+    ) -> list[StoredFact]:
+        with _unavailable_as_transient():
+            rows = await self._pool.fetch(
+                f"SELECT {_COLUMNS} FROM saga_domain_events "
+                "WHERE ($1::text IS NULL OR source = $1) AND NOT ($2 AND matched) "
+                "ORDER BY received_at DESC, event_id DESC LIMIT $3",
+                source, unmatched, limit,
+            )  # fmt: skip
+        return [self._fact(r) for r in rows]
+
+    def _fact(self, r: Any) -> StoredFact:
+        payload = r["payload"]
+        if self._codec is not None and is_marker(payload):
+            payload = self._codec.open(payload)
+        return StoredFact(
+            source=r["source"], key=r["key"], event_id=r["event_id"], payload=payload,
+            received_at=r["received_at"], expires_at=r["expires_at"], topic=r["topic"],
+            partition=r["partition"], offset=r["offset"], matched=r["matched"],
+        )  # fmt: skip

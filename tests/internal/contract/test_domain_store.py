@@ -1,0 +1,126 @@
+"""The domain event store's contract, run against both adapters (in memory over the
+in-memory event store; Postgres, with and without a payload codec): facts kept once by
+id, the kept ones of a key oldest first until they expire, the open sagas whose history
+waits for a source and key, matched marks, expiry counts and the operator's listing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from pydantic import SecretStr
+
+from saga_engine.core._codec import CodecChain, GzipCodec
+from saga_engine.core._decision import Projection
+from saga_engine.core._events import EventAwaited, SagaCompleted, SagaStarted
+from saga_engine.core._status import SagaStatus
+from saga_engine.kernel._settings import PostgresSettings
+from saga_engine.store._domain_store import (
+    DomainEventStore,
+    Expired,
+    InMemoryDomainEventStore,
+    StoredFact,
+)
+from saga_engine.store._memstore import InMemoryEventStore
+from saga_engine.store._migrations import migrate
+from saga_engine.store._pgdomain import PostgresDomainEventStore
+from saga_engine.store._pgstore import PostgresEventStore
+from saga_engine.store._store import Append, EventStore, NewSaga
+from tests.conftest import PgTarget
+
+pytestmark = pytest.mark.integration
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+
+
+@dataclass
+class Stores:
+    events: EventStore
+    facts: DomainEventStore
+
+
+@pytest.fixture(params=["memory", "postgres", "postgres-codec"])
+async def stores(request: pytest.FixtureRequest, pg: PgTarget) -> AsyncIterator[Stores]:
+    if request.param == "memory":
+        memory = InMemoryEventStore()
+
+        async def histories() -> dict[str, list[object]]:
+            loaded = await memory.histories(await memory.open_saga_ids())
+            return {h.record.saga_id: [e.event for e in h.events] for h in loaded}
+
+        yield Stores(memory, InMemoryDomainEventStore(histories))
+        return
+    await migrate(pg.database_dsn, pg.schema)
+    settings = PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
+    codec = CodecChain.of(GzipCodec()) if request.param.endswith("codec") else None
+    events = await PostgresEventStore.connect(settings)
+    facts = await PostgresDomainEventStore.connect(settings, codec)
+    try:
+        yield Stores(events, facts)
+    finally:
+        await facts.close()
+        await events.close()
+
+
+def _fact(event_id: str, key: str = "42", at: datetime = T0, **kw: object) -> StoredFact:
+    return StoredFact(
+        source="PaymentCaptured", key=key, event_id=event_id, payload={"order_id": key, "n": event_id},
+        received_at=at, expires_at=at + HOUR, topic="t", partition=0, offset=1, **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+async def _waiting_saga(store: EventStore, saga_id: str, source: str, key: str) -> None:
+    started = SagaStarted(at=T0, saga_type="checkout", input={})
+    awaited = EventAwaited(at=T0, wait_id=f"event:{source}:1", source=source, key=key)
+    running = Projection(SagaStatus.RUNNING)
+    assert await store.create(NewSaga(saga_id, "checkout", [started, awaited], running))
+
+
+async def test_a_fact_is_kept_once_and_offered_oldest_first_until_it_expires(
+    stores: Stores,
+) -> None:
+    facts = stores.facts
+    assert await facts.record(_fact("b", at=T0 + timedelta(minutes=1)))
+    assert await facts.record(_fact("a"))
+    assert not await facts.record(_fact("a", at=T0 + timedelta(minutes=5)))  # kept already
+    assert await facts.record(_fact("other", key="7"))
+    kept = await facts.kept("PaymentCaptured", "42", T0 + timedelta(minutes=2))
+    assert [(f.event_id, f.received_at) for f in kept] == [
+        ("a", T0),
+        ("b", T0 + timedelta(minutes=1)),
+    ]
+    assert kept[0].payload == {"order_id": "42", "n": "a"}
+    assert await facts.kept("PaymentCaptured", "42", T0 + HOUR) == [
+        f for f in kept if f.event_id == "b"
+    ]
+    assert await facts.kept("Other", "42", T0) == []
+
+
+async def test_the_open_sagas_whose_history_waits_for_a_key(stores: Stores) -> None:
+    await _waiting_saga(stores.events, "s1", "PaymentCaptured", "42")
+    await _waiting_saga(stores.events, "s2", "PaymentCaptured", "42")
+    await _waiting_saga(stores.events, "s3", "PaymentCaptured", "7")
+    await _waiting_saga(stores.events, "s4", "Refunded", "42")
+    assert await stores.facts.waiting("PaymentCaptured", "42") == ["s1", "s2"]
+    done = SagaCompleted(at=T0, output={})
+    await stores.events.append(Append("s2", 2, [done], Projection(SagaStatus.COMPLETED)))
+    assert await stores.facts.waiting("PaymentCaptured", "42") == ["s1"]
+    assert await stores.facts.waiting("PaymentCaptured", "nobody") == []
+
+
+async def test_matched_marks_expiry_and_the_listing(stores: Stores) -> None:
+    facts = stores.facts
+    for event_id, at in (("a", T0), ("b", T0 + timedelta(minutes=1)), ("c", T0 + 2 * HOUR)):
+        await facts.record(_fact(event_id, at=at))
+    await facts.mark_matched("PaymentCaptured", "a")
+    await facts.mark_matched("PaymentCaptured", "a")  # again: no change
+    assert [f.event_id for f in await facts.recent()] == ["c", "b", "a"]
+    assert [f.event_id for f in await facts.recent(unmatched=True)] == ["c", "b"]
+    assert [f.event_id for f in await facts.recent(limit=1)] == ["c"]
+    assert await facts.recent(source="Other") == []
+    assert await facts.expire(T0 + HOUR + timedelta(minutes=1)) == Expired(2, 1)
+    assert await facts.expire(T0 + HOUR + timedelta(minutes=1)) == Expired(0, 0)
+    assert [f.event_id for f in await facts.recent()] == ["c"]
