@@ -28,6 +28,8 @@ PUBLIC = {
     "NewerVersionError", "NewerEventError", "UnknownSagaVersion",
     # Per-key concurrency (issue 26 section 5).
     "ConcurrencyLimit",
+    # Pivot steps (issue 26 section 6).
+    "PastPivot",
     # Payload codecs (issue 14 section 4).
     "AesGcmCodec", "CodecChain", "CodecError", "CodecFailure", "CodecSettings", "GzipCodec",
     "NoopCodec", "PayloadCodec", "ZstdCodec",
@@ -102,7 +104,7 @@ def test_the_front_doors_export_their_documented_names() -> None:
         assert len(module.__all__) == len(exported), f"{name}: a name listed twice"
         for attribute in exported:
             assert getattr(module, attribute) is not None, f"{name}.{attribute}"
-    assert len(saga_engine.events.EVENT_TYPES) == 31
+    assert len(saga_engine.events.EVENT_TYPES) == 33
 
 
 def _module_name(path: Path) -> str:
@@ -207,5 +209,6 @@ def test_error_hierarchy_tells_how_to_react() -> None:
                       e.InvalidTransition, e.SerializationError, e.PayloadTooLarge,
                       e.InvalidPayload, e.UnstorableValue, e.IdempotencyConflict):  # fmt: skip
         assert issubclass(permanent, e.PermanentError)
+    assert issubclass(e.PastPivot, e.InvalidTransition)  # a 409, like any refused action
     for cls in (e.TransientError, e.StepFailed, e.PermanentError):
         assert issubclass(cls, e.SagaError)

@@ -112,9 +112,20 @@ async def resume(
 async def retry(
     saga_id: str, body: RetryRequest, caller: Caller, engine: EngineDep
 ) -> ActionResult:
-    """Retries a step now: one waiting out its back-off, or a stuck compensation."""
-    await engine.retry_step(saga_ref(saga_id), body.step, reason=body.reason, principal=caller.name)
-    audit.info("retry step %r of saga %s by %s: %r", body.step, saga_id, caller.name, body.reason)
+    """Retries a step now: one waiting out its back-off, a stuck compensation, or a step
+    parked after it could not succeed (with an edited ``command`` if given: 422 if its
+    model refuses it, 409 if the step is not parked)."""
+    await engine.retry_step(
+        saga_ref(saga_id),
+        body.step,
+        reason=body.reason,
+        principal=caller.name,
+        command=body.command,
+    )
+    edited = " with an edited command" if body.command is not None else ""
+    audit.info(
+        "retry step %r%s of saga %s by %s: %r", body.step, edited, saga_id, caller.name, body.reason
+    )
     return await _done(engine, saga_id, "retry", caller)
 
 

@@ -23,6 +23,7 @@ from saga_engine.admin import (
     _keys,
     _meta,
     _reads,
+    _rerun,
     _rollouts,
     _schedules,
     _updates,
@@ -114,6 +115,7 @@ def _include_routers(app: FastAPI, parts: EngineParts, admin: AdminSettings) -> 
         starts_router(parts.registry.names(), admin.max_wait_s), dependencies=secured
     )
     app.include_router(_actions.router, dependencies=secured)
+    app.include_router(_rerun.router, dependencies=secured)
     app.include_router(_updates.router, dependencies=secured)
     app.include_router(_rollouts.router, dependencies=secured)
     app.include_router(_flow.router, dependencies=secured)

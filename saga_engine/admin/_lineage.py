@@ -10,16 +10,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from saga_engine.admin._schemas import ChildRef, LineageNode, ParentRef, TriggerRef
+from saga_engine.admin._schemas import (
+    ChildRef,
+    LineageNode,
+    ParentRef,
+    RerunRef,
+    SagaRef,
+    TriggerRef,
+)
 from saga_engine.core._codec import Undecodable
 from saga_engine.core._decision import CHILD_PARTICIPANT, CHILD_STEP_PREFIX, child_saga_id
 from saga_engine.core._events import CommandIssued, Event, SagaStarted
+from saga_engine.core._start import RERUN_ATTRIBUTE
 from saga_engine.kernel._errors import CodecError, SagaNotFound
 from saga_engine.store._store import EventStore
 
 #: A tree is drawn with at most this many sagas, and this many levels above the saga.
 MAX_NODES = 100
 MAX_DEPTH = 16
+#: A saga's page lists at most this many of its reruns.
+MAX_RERUNS = 50
 
 
 def children_of(saga_id: str, events: Sequence[Event]) -> list[tuple[str, str, str]]:
@@ -48,6 +58,14 @@ def parent_of(events: Sequence[Event]) -> ParentRef | None:
     return ParentRef.model_validate(started.parent, from_attributes=True)
 
 
+def rerun_of(events: Sequence[Event]) -> RerunRef | None:
+    """The saga an operator re-ran as this one (``saga rerun``), if one did."""
+    started = events[0] if events else None
+    if not isinstance(started, SagaStarted) or started.rerun_of is None:
+        return None
+    return RerunRef.model_validate(started.rerun_of, from_attributes=True)
+
+
 def trigger_of(events: Sequence[Event]) -> TriggerRef | None:
     started = events[0] if events else None
     if not isinstance(started, SagaStarted) or started.trigger is None:
@@ -68,6 +86,12 @@ async def children(store: EventStore, saga_id: str, events: Sequence[Event]) -> 
             status, saga_type = record.status, record.saga_type
         found.append(ChildRef(saga_id=child_id, saga_type=saga_type, step=step, status=status))
     return found
+
+
+async def reruns(store: EventStore, saga_id: str) -> list[SagaRef]:
+    """The sagas re-run from this one (found by their search attribute, not a scan)."""
+    found = await store.list_sagas(attributes={RERUN_ATTRIBUTE: saga_id}, limit=MAX_RERUNS)
+    return [SagaRef(saga_id=r.saga_id, status=r.status) for r in found]
 
 
 async def tree(store: EventStore, saga_id: str) -> LineageNode:

@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from pydantic import AfterValidator, BeforeValidator
 
 from saga_engine.admin._deps import PartsDep
-from saga_engine.admin._lineage import children, tree
+from saga_engine.admin._lineage import children, reruns, tree
 from saga_engine.admin._listing import SagaFilter, attribute_filters, decode_cursor, list_page
 from saga_engine.admin._schemas import HistoryDocument, LineageNode, SagaDetail, SagaPage
 from saga_engine.admin._shared import NO_NUL, READ_ERRORS, errors, load, saga_ref
@@ -129,6 +129,7 @@ async def get_saga(
         events,
         awaited_signals(parts.registry, record, events),
         await children(parts.store, record.saga_id, events),
+        await reruns(parts.store, record.saga_id),
     )
 
 

@@ -115,6 +115,19 @@ class InFlightCommand(BaseModel):
     )
 
 
+class SagaRef(BaseModel):
+    saga_id: str
+    status: SagaStatus
+
+
+class RerunRef(BaseModel):
+    """The saga an operator re-ran as this one (``POST /sagas/{id}/rerun``)."""
+
+    saga_id: str
+    principal: str
+    reason: str
+
+
 class ParentRef(BaseModel):
     """The saga that started this one with ``ctx.child``."""
 
@@ -173,6 +186,26 @@ class SagaDetail(SagaSummary):
     children: list[ChildRef] = Field(
         default_factory=list, description="The child sagas it started, in order."
     )
+    rerun_of: RerunRef | None = Field(
+        default=None, description="The saga an operator re-ran as this one, if one did."
+    )
+    reruns: list[SagaRef] = Field(
+        default_factory=list,
+        description="The sagas an operator started as reruns of this one (the first 50).",
+    )
+    pivot_step: str | None = Field(
+        default=None, description="Its pivot step (ctx.step(pivot=True)), once issued."
+    )
+    past_pivot: bool = Field(
+        default=False,
+        description="Its pivot step succeeded: it only goes forward (no cancel; a step "
+        "that cannot succeed parks).",
+    )
+    parked_steps: list[str] = Field(
+        default_factory=list,
+        description="Forward steps parked for an operator (retry, maybe with an edited "
+        "command, or skip).",
+    )
 
 
 class SagaTypeInfo(BaseModel):
@@ -227,6 +260,12 @@ StepName = Annotated[
 class RetryRequest(_Body):
     step: StepName
     reason: Reason
+    command: dict[str, Any] | None = Field(
+        default=None,
+        description="For a step parked after it could not succeed: the command to send "
+        "instead of its own (its command model's JSON; a 422 names each wrong field). It "
+        "goes under a new command id; the original stays in the history.",
+    )
 
 
 class SkipRequest(_Body):
@@ -238,6 +277,26 @@ class SkipRequest(_Body):
         "compensation (the operator undid it by hand).",
     )
     reason: Reason
+
+
+class RerunRequest(_Body):
+    input: dict[str, Any] | None = Field(
+        default=None,
+        description="The new saga's input (its input model's JSON; a 422 names each wrong "
+        "field); absent: the original's input.",
+    )
+    idempotency_key: (
+        Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=NO_NUL)] | None
+    ) = Field(
+        default=None,
+        description="The same key (and input) twice starts one saga; absent: derived from "
+        "the original's id and the input, so the same rerun asked twice starts one saga.",
+    )
+    reason: Reason
+
+
+class RerunAccepted(StartAccepted):
+    rerun_of: str = Field(description="The saga re-run.")
 
 
 class ForceCompensateRequest(_Body):

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from saga_engine.admin._lineage import parent_of, trigger_of
+from saga_engine.admin._lineage import parent_of, rerun_of, trigger_of
 from saga_engine.admin._schemas import (
     ChildRef,
     InFlightCommand,
     PendingCompensation,
     SagaDetail,
+    SagaRef,
     SagaSummary,
     WaitingFor,
 )
@@ -70,8 +71,10 @@ def detail(
     events: Sequence[Event],
     awaited_signals: Iterable[str] = (),
     children: Sequence[ChildRef] = (),
+    reruns: Sequence[SagaRef] = (),
 ) -> SagaDetail:
-    return detail_of(record, view_of(record, events, awaited_signals), events, children)
+    view = view_of(record, events, awaited_signals)
+    return detail_of(record, view, events, children, reruns)
 
 
 def detail_of(
@@ -79,6 +82,7 @@ def detail_of(
     view: SagaView,
     events: Sequence[Event] = (),
     children: Sequence[ChildRef] = (),
+    reruns: Sequence[SagaRef] = (),
 ) -> SagaDetail:
     return SagaDetail(
         **summary(record).model_dump(),
@@ -109,4 +113,9 @@ def detail_of(
         parent=parent_of(events),
         trigger=trigger_of(events),
         children=list(children),
+        rerun_of=rerun_of(events),
+        reruns=list(reruns),
+        pivot_step=view.pivot_step,
+        past_pivot=view.past_pivot,
+        parked_steps=list(view.parked_steps),
     )

@@ -48,7 +48,7 @@ from saga_engine.admin._auth import (
     session_cookie,
 )
 from saga_engine.admin._flow import flow_gates
-from saga_engine.admin._lineage import children, tree
+from saga_engine.admin._lineage import children, reruns, tree
 from saga_engine.admin._listing import SagaFilter, attribute_filters, decode_cursor, list_page
 from saga_engine.admin._timeline import timeline
 from saga_engine.admin._views import awaited_signals, detail_of, summary, view_of
@@ -380,7 +380,10 @@ async def _saga_page(
     events = [stored.event for stored in loaded.events]
     record = loaded.record
     view = view_of(record, events, awaited_signals(parts.registry, record, events))
-    info = detail_of(record, view, events, await children(parts.store, record.saga_id, events))
+    info = detail_of(
+        record, view, events, await children(parts.store, record.saga_id, events),
+        await reruns(parts.store, record.saga_id),
+    )  # fmt: skip
     root = _root(request)
     api = f"{root}/sagas/{quote(record.saga_id, safe='')}"
     return _render(

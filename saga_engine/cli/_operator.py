@@ -1,5 +1,5 @@
 """The operator commands of the ``saga`` CLI: ``list``, ``show``, ``history``, ``signal``,
-``cancel``, ``retry``, ``skip``, ``force-compensate`` and ``resume``. Each goes through an
+``cancel``, ``retry``, ``skip``, ``rerun``, ``force-compensate`` and ``resume``. Each goes through an
 engine's admin API (``_common.AdminApi``), so every action is checked, recorded and
 audited where the API does it; the exit codes are in docs/operations.md."""
 
@@ -137,13 +137,26 @@ def _fields(saga: dict[str, Any]) -> Table:
         ("updated", saga["updated_at"]),
         ("events", str(saga["events"])),
         ("parent", f"{parent['saga_type']} {parent['saga_id']}" if parent else ""),
+        ("rerun of", (saga.get("rerun_of") or {}).get("saga_id", "")),
+        ("pivot", _pivot(saga)),
+        ("parked steps", ", ".join(saga.get("parked_steps") or ())),
         (
             "trigger",
             f"{trigger['topic']}[{trigger['partition']}]@{trigger['offset']}" if trigger else "",
         ),
     )
-    shown = [(f, v) for f, v in rows if v or f not in ("parent", "trigger")]
+    optional = ("parent", "trigger", "rerun of", "pivot", "parked steps")
+    shown = [(f, v) for f, v in rows if v or f not in optional]
     return field_table(f"{saga['saga_type']} {saga['saga_id']}", shown)
+
+
+def _pivot(saga: dict[str, Any]) -> str:
+    step = saga.get("pivot_step")
+    if not step:
+        return ""
+    if saga.get("past_pivot"):
+        return f"{step} (passed: it only goes forward)"
+    return f"{step} (not passed yet)"
 
 
 def _print_waits(saga: dict[str, Any]) -> None:
@@ -262,12 +275,23 @@ def retry(
     saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
     step: Annotated[str, typer.Argument(help="The step to retry now.")],
     reason: ReasonOpt,
+    command: Annotated[
+        str | None,
+        typer.Option(
+            "--command",
+            help="For a parked step: the command to send instead (a JSON object its "
+            "command model reads); the original stays in the history.",
+        ),
+    ] = None,
     admin_url: AdminUrl = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Retry a step now (one waiting out its back-off, one whose reply is held, or a
-    stuck compensation)."""
-    _act(admin_url, saga_id, "retry", {"step": step, "reason": reason}, as_json)
+    """Retry a step now (one waiting out its back-off, one whose reply is held, one
+    parked after it could not succeed, or a stuck compensation)."""
+    body: dict[str, Any] = {"step": step, "reason": reason}
+    if command is not None:
+        body["command"] = run_sync(lambda: _json_object(command, "--command"))
+    _act(admin_url, saga_id, "retry", body, as_json)
 
 
 @commands.command()
@@ -291,6 +315,41 @@ def skip(
     if result is not None:
         body["result"] = run_sync(lambda: _json_object(result, "--result"))
     _act(admin_url, saga_id, "skip", body, as_json)
+
+
+@commands.command()
+def rerun(
+    saga_id: Annotated[str, typer.Argument(help="The saga to run again.")],
+    reason: ReasonOpt,
+    input: Annotated[
+        str | None,
+        typer.Option(
+            "--input", help="The new saga's input (a JSON object); default: the original's."
+        ),
+    ] = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--idempotency-key",
+            help="The same key twice starts one saga; default: derived from the original "
+            "and the input (so the same rerun twice starts one saga).",
+        ),
+    ] = None,
+    admin_url: AdminUrl = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Start a new saga of the same type (the same or an edited input), linked to the
+    original in its lineage."""
+    body: dict[str, Any] = {"reason": reason}
+    if input is not None:
+        body["input"] = run_sync(lambda: _json_object(input, "--input"))
+    if idempotency_key is not None:
+        body["idempotency_key"] = idempotency_key
+    result = admin_call(admin_url, lambda api: api.post(_saga(saga_id, "rerun"), body))
+    if as_json:
+        print_json(result)
+        return
+    out.print(f"rerun of {saga_id}: saga {result['saga_id']}", highlight=False)
 
 
 @commands.command("force-compensate")

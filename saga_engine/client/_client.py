@@ -15,11 +15,12 @@ from saga_engine.core._batch import BatchSpec, check_spec
 from saga_engine.core._codec import CodecChain, PayloadCodec
 from saga_engine.core._definition import Saga, SagaDefinition, SagaRegistry, Signal
 from saga_engine.core._domain_events import EventSource
+from saga_engine.core._events import RerunLink
 from saga_engine.core._start import StartRequest
 from saga_engine.core._status import SagaStatus
 from saga_engine.core._update import name_of
 from saga_engine.kernel._errors import InvalidPayload, KafkaUnavailable
-from saga_engine.kernel._serde import JsonDict, check_storable, dumps
+from saga_engine.kernel._serde import JsonDict, check_storable, dumps, model_payload
 from saga_engine.kernel._settings import Settings
 from saga_engine.store._batch_store import BatchStore, count_matching
 from saga_engine.store._store import EventStore, SagaRecord
@@ -121,12 +122,14 @@ class SagaClient:
         traceparent: str = "",
         priority: int = 0,
         fairness_key: str | None = None,
+        rerun_of: RerunLink | None = None,
     ) -> str:
         """Asks the engines to start a saga; returns its id (derived from the key if given).
 
         The saga joins the trace of ``traceparent``, or else of the current span.
         ``priority`` (higher first) and ``fairness_key`` (a tenant: keys take turns)
-        order its commands while a flow-control limit holds them back."""
+        order its commands while a flow-control limit holds them back. ``rerun_of``
+        links the saga to one it re-runs (what ``POST /sagas/{id}/rerun`` sends)."""
         trace = {"traceparent": traceparent} if traceparent else carrier_of_context()
         saga_type, payload = _checked_input(saga, input)
         if idempotency_key is not None:
@@ -140,10 +143,46 @@ class SagaClient:
             trace_context=trace,
             priority=priority,
             fairness_key=fairness_key,
+            rerun_of=rerun_of,
         ).with_saga_id()
         await self._send(start_envelope(request, source=self._source))
         assert request.saga_id is not None
         return request.saga_id
+
+    async def rerun(
+        self,
+        saga_id: str,
+        saga: type[Saga[Any, Any]],
+        *,
+        reason: str,
+        input: BaseModel | dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        principal: str = "system",
+    ) -> str:
+        """Starts a new saga of ``saga_id``'s type (``saga``: its class) with its input or
+        ``input``, linked to it (``rerun_of``, with ``principal`` and ``reason``), as
+        ``POST /sagas/{id}/rerun`` does; returns the new saga's id. Without a key, the
+        same original and input start one saga. It reads the original's start in Postgres
+        (the settings' ``pg``); InvalidTransition if ``saga`` is not its type."""
+        from saga_engine.core._events import SagaStarted
+        from saga_engine.core._start import rerun_key
+        from saga_engine.kernel._errors import InvalidTransition
+
+        store = await self._result_store()
+        started = (await store.first_event(saga_id)).event
+        definition = SagaDefinition.of(saga)
+        if not isinstance(started, SagaStarted) or started.saga_type != definition.name:
+            kind = started.saga_type if isinstance(started, SagaStarted) else "?"
+            raise InvalidTransition(
+                f"saga {saga_id} is a {kind!r} saga, not a {definition.name!r} one"
+            )
+        _, payload = _checked_input(saga, started.input if input is None else input)
+        check_storable({"reason": reason, "principal": principal}, "the rerun")
+        key = idempotency_key or rerun_key(
+            saga_id, model_payload(definition.validate_input(payload))
+        )
+        link = RerunLink(saga_id=saga_id, principal=principal, reason=reason)
+        return await self.start(saga, payload, idempotency_key=key, rerun_of=link)
 
     async def signal(
         self,

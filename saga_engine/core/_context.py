@@ -66,6 +66,8 @@ class StepRequest:
     compensate_retry: RetryPolicy | None = None
     #: The reply's model: a success reply that does not match it is held for an operator.
     returns: type[BaseModel] | None = None
+    #: A pivot step (Richardson): once it succeeded the saga only goes forward.
+    pivot: bool = False
 
 
 class ChildSaga(Protocol[O_co]):
@@ -172,6 +174,7 @@ class SagaContext:
         retry: RetryPolicy | None = None,
         timeout: Duration | None = None,
         compensate_retry: RetryPolicy | None = None,
+        pivot: bool = False,
     ) -> M: ...
 
     @overload
@@ -186,6 +189,7 @@ class SagaContext:
         retry: RetryPolicy | None = None,
         timeout: Duration | None = None,
         compensate_retry: RetryPolicy | None = None,
+        pivot: bool = False,
     ) -> JsonDict: ...
 
     async def step(
@@ -199,6 +203,7 @@ class SagaContext:
         retry: RetryPolicy | None = None,
         timeout: Duration | None = None,
         compensate_retry: RetryPolicy | None = None,
+        pivot: bool = False,
     ) -> M | JsonDict:
         """Sends ``command`` to participant ``to`` and waits for its reply.
 
@@ -214,9 +219,14 @@ class SagaContext:
           history, the step waits, and the saga parks as ``step_stuck`` until an
           operator retries the step (after a fix) or skips it with a valid result. The
           engine never compensates because of a malformed reply.
+        - ``pivot=True`` marks the saga's pivot (go/no-go) step: once it has succeeded
+          the saga only goes forward. A cancel or forced compensation is refused ("past
+          its pivot"), the deadline no longer applies, and a later step that cannot
+          succeed parks the saga as step_stuck (whatever its retry policy says) instead
+          of raising into the run. See docs/redrive-and-pivots.md.
 
         Raises ``StepFailed`` when the participant refuses, and ``StepTimedOut`` when
-        every attempt timed out.
+        every attempt timed out (unless the step parks: ``RetryPolicy.on_exhausted``).
         """
         step = StepRequest(
             name,
@@ -227,6 +237,7 @@ class SagaContext:
             timeout=as_timedelta(timeout, "timeout"),
             compensate_retry=compensate_retry,
             returns=returns,
+            pivot=pivot,
         )
         payload = await self._driver.op_step(step)
         if returns is None:

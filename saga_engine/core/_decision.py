@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from saga_engine.core._events import Event, ParentLink, TriggerOrigin
+from saga_engine.core._events import Event, ParentLink, RerunLink, TriggerOrigin
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._errors import PermanentError
 from saga_engine.kernel._ids import uuid5_text
@@ -96,6 +96,7 @@ class StartSaga:
     trigger: TriggerOrigin | None = None
     priority: int = 0
     fairness_key: str | None = None
+    rerun_of: RerunLink | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +176,9 @@ class RetryStep:
     at: datetime
     principal: str = "system"
     reason: str = ""
+    #: An edited command for a step parked after it could not succeed (checked against
+    #: the step's command model); None: the step's command as it was.
+    command: JsonDict | None = None
 
 
 @dataclass(frozen=True, slots=True)

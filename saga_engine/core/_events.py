@@ -19,11 +19,12 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic_core import PydanticSerializationError
 
-# The value types events carry (their home is _event_values; imported from here too).
-from saga_engine.core._event_values import CompensationSpec as CompensationSpec
-from saga_engine.core._event_values import ErrorInfo as ErrorInfo
-from saga_engine.core._event_values import ParentLink as ParentLink
-from saga_engine.core._event_values import TriggerOrigin as TriggerOrigin
+# Re-exported: the events' parts are read from here too.
+from saga_engine.core._event_parts import CompensationSpec as CompensationSpec
+from saga_engine.core._event_parts import ErrorInfo as ErrorInfo
+from saga_engine.core._event_parts import ParentLink as ParentLink
+from saga_engine.core._event_parts import RerunLink as RerunLink
+from saga_engine.core._event_parts import TriggerOrigin as TriggerOrigin
 from saga_engine.core._event_versions import UPCASTERS, VERSION_KEY, EventVersions
 from saga_engine.kernel._errors import SerializationError
 from saga_engine.kernel._serde import JsonDict, dumps, loads
@@ -90,6 +91,9 @@ class SagaStarted(_Event):
     #: with the others. Neither changes what the saga does, only when it is sent.
     priority: int = 0
     fairness_key: str | None = None
+    #: Set when an operator re-ran another saga (``saga rerun``): the saga re-run, for the
+    #: lineage. Left out of the stored shape when None (every other start).
+    rerun_of: RerunLink | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ReplyReceived(_Event):
@@ -250,9 +254,14 @@ class RetryRequested(_Event):
     step: str
     principal: str = "system"
     reason: str = ""
+    #: The operator's edited command for a parked step (checked against the step's
+    #: command model), sent in place of the original, which stays in its command_issued.
+    #: Left out of the stored shape when None.
+    command: JsonDict | None = Field(default=None, exclude_if=lambda v: v is None)
 
     def describe(self) -> str:
-        return f"retry of {self.step!r} requested by {self.principal}"
+        edited = " with an edited command" if self.command is not None else ""
+        return f"retry of {self.step!r}{edited} requested by {self.principal}"
 
 
 class SagaParked(_Event):
@@ -326,6 +335,8 @@ class CommandIssued(_CommandIntent):
 
     kind: Literal["command_issued"] = "command_issued"
     compensation: CompensationSpec | None = None
+    #: The saga's pivot step (``ctx.step(..., pivot=True)``); left out when False.
+    pivot: bool = Field(default=False, exclude_if=lambda v: not v)
 
     def describe(self) -> str:
         return (
@@ -453,6 +464,40 @@ class CompensationStuck(_Intent):
         return f"compensation of {self.step!r} stuck"
 
 
+class StepParked(_Intent):
+    """A forward step could not succeed (its attempts ran out, or its participant refused
+    it) and its retry policy says park, or the saga is past its pivot: the saga is
+    step_stuck, its compensation stack held, until an operator retries the step (maybe
+    with an edited command) or skips it with a result."""
+
+    kind: Literal["step_parked"] = "step_parked"
+    step: str
+    error: ErrorInfo
+    #: Its outcome is unknown (the last attempt timed out): it may have been applied.
+    in_doubt: bool = False
+    #: Parked because the saga is past its pivot (its policy alone would compensate).
+    past_pivot: bool = False
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.step)
+
+    def describe(self) -> str:
+        return f"step {self.step!r} parked for an operator"
+
+
+class PivotPassed(_Intent):
+    """The saga's pivot step succeeded: from here on it only goes forward."""
+
+    kind: Literal["pivot_passed"] = "pivot_passed"
+    step: str
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.step)
+
+    def describe(self) -> str:
+        return f"pivot {self.step!r} passed"
+
+
 class SagaCompleted(_Intent):
     kind: Literal["saga_completed"] = "saga_completed"
     output: JsonDict
@@ -483,45 +528,21 @@ class SagaCancelled(_Intent):
 
 
 Event = Annotated[
-    SagaStarted
-    | ReplyReceived
-    | InvalidReplyReceived
-    | AttemptTimedOut
-    | TimerFired
-    | SignalReceived
-    | DomainEventReceived
-    | CancelRequested
-    | UndoRequested
-    | CompensationForced
-    | StepSkipped
-    | RetryRequested
-    | SagaParked
-    | SagaResumed
-    | KeyQueued
-    | KeyAcquired
-    | CommandIssued
-    | TimerStarted
-    | EventAwaited
-    | SideEffectRecorded
-    | PatchMarked
-    | CompensationStarted
-    | CompensationIssued
-    | CompensationCompleted
-    | CompensationStuck
-    | SagaCompleted
-    | SagaFailed
-    | SagaCompensated
-    | SagaCancelled
-    | UpdateReceived
-    | UpdateCompleted,
+    SagaStarted | ReplyReceived | InvalidReplyReceived | AttemptTimedOut | TimerFired |
+    SignalReceived | DomainEventReceived | CancelRequested | UndoRequested |
+    CompensationForced | StepSkipped | RetryRequested | SagaParked | SagaResumed | KeyQueued |
+    KeyAcquired | CommandIssued | TimerStarted | EventAwaited | SideEffectRecorded |
+    PatchMarked | CompensationStarted | CompensationIssued | CompensationCompleted |
+    CompensationStuck | StepParked | PivotPassed | SagaCompleted | SagaFailed |
+    SagaCompensated | SagaCancelled | UpdateReceived | UpdateCompleted,
     Field(discriminator="kind"),
-]
+]  # fmt: skip
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
     SagaStarted, ReplyReceived, InvalidReplyReceived, AttemptTimedOut, TimerFired, SignalReceived, CancelRequested,
     UndoRequested, CompensationForced, StepSkipped, RetryRequested, SagaParked, SagaResumed, KeyQueued, KeyAcquired, CommandIssued, TimerStarted, SideEffectRecorded, PatchMarked,
     CompensationStarted, CompensationIssued, CompensationCompleted, CompensationStuck,
-    SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled,
+    StepParked, PivotPassed, SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled,
     EventAwaited, DomainEventReceived,
     UpdateReceived, UpdateCompleted,
 )  # fmt: skip

@@ -42,6 +42,7 @@ from saga_engine.core._events import (
     InvalidReplyReceived,
     KeyAcquired,
     KeyQueued,
+    PivotPassed,
     ReplyReceived,
     RetryRequested,
     SagaCancelled,
@@ -52,6 +53,7 @@ from saga_engine.core._events import (
     SagaResumed,
     SagaStarted,
     SignalReceived,
+    StepParked,
     StepSkipped,
     TimerFired,
     TimerStarted,
@@ -80,6 +82,20 @@ class Sent:
     @property
     def compensation(self) -> bool:
         return isinstance(self.event, CompensationIssued)
+
+
+@dataclass(slots=True)
+class ParkedStep:
+    """A forward step parked for an operator (``step_parked``): no command in flight, the
+    saga step_stuck until a retry (maybe with an edited command) or a skip answers it."""
+
+    event: StepParked
+    #: What the saga's code awaits: the operator's retry_requested or step_skipped.
+    future: asyncio.Future[RetryRequested | StepSkipped] | None = None
+    #: Known to the code: the step's command model (an edited command must match it)...
+    command_model: type[BaseModel] | None = None
+    #: ...and its reply model (a skip's result must match it).
+    returns: type[BaseModel] | None = None
 
 
 @dataclass(slots=True)
@@ -118,8 +134,9 @@ class Unstuck(Enum):
 
 
 #: What an event settled, as :meth:`Fold.apply` returns it: the command it answered, the
-#: timer it fired or cut short, the stuck compensation it released, or nothing.
-Settled = Sent | Timer | Unstuck | EventWait | None
+#: timer it fired or cut short, the stuck compensation or parked step it released,
+#: the event wait it answered, or nothing.
+Settled = Sent | Timer | Unstuck | ParkedStep | EventWait | None
 
 
 def timeout_timer_id(command_id: str, attempt: int) -> str:
@@ -144,6 +161,12 @@ def signal_of(timer_id: str) -> str | None:
 NO_IDS: frozenset[str] = frozenset()
 
 
+#: No step parked: shared by every fold until its first ``step_parked`` (an empty dict
+#: per saga would cost most sagas, which never park one, 64 bytes each). Never written:
+#: a fold that parks a step gets a dict of its own first.
+NO_PARKED: dict[str, ParkedStep] = {}
+
+
 def with_id(ids: Set[str], value: str) -> set[str]:
     """``ids`` with ``value`` added: the set itself, or a new one in place of NO_IDS."""
     out = ids if isinstance(ids, set) else set(ids)
@@ -166,8 +189,9 @@ class Fold:
     # Slots: the decision core keeps one per live saga (up to engine.cache_size).
     __slots__ = (
         "cause", "current_step", "error", "event_waits", "inflight", "issued_ids", "key",
-        "last_attempt", "output", "parked", "seen_events", "seen_signals", "started", "status",
-        "stuck_step", "timers", "undo_ids",
+        "last_attempt", "output", "parked", "parked_steps", "past_pivot", "pivot_step",
+        "seen_events", "seen_signals", "started", "status", "stuck_step", "timers",
+        "undo_ids",
     )  # fmt: skip
 
     #: Whether a move of status is checked against TRANSITIONS. The decision core checks
@@ -195,6 +219,11 @@ class Fold:
         self.seen_signals: Set[str] = NO_IDS
         #: The last attempt sent per forward command id (for a compensation's span link).
         self.last_attempt: dict[str, int] = {}
+        #: Forward steps parked for an operator (``step_parked``), by step.
+        self.parked_steps: dict[str, ParkedStep] = NO_PARKED
+        #: The pivot step, once its command is issued, and whether it has succeeded.
+        self.pivot_step: str | None = None
+        self.past_pivot = False
         #: The domain events waited for and not answered yet, by wait id; the ids of the
         #: domain events received (a fact answers a saga once).
         self.event_waits: dict[str, EventWait] = NO_WAITS
@@ -238,19 +267,27 @@ class Fold:
         """Steps whose success reply was held as invalid, waiting for an operator."""
         return sorted({f.event.step for f in self.inflight.values() if f.held is not None})
 
+    def operator_steps(self) -> list[str]:
+        """Forward steps waiting for an operator: a held reply's, or parked ones."""
+        return sorted({*self.held_steps(), *self.parked_steps})
+
     # ------------------------------------------------------------------ shared moves
 
     def settle_held(self) -> None:
-        """step_stuck lasts while a reply is held: when none is (released by an operator,
-        or its step ended another way), the saga is running again."""
+        """step_stuck lasts while a reply is held or a step is parked: when none is
+        (released by an operator, or its step ended another way), the saga is running
+        again. The one rule for "a step waits for an operator"."""
         if self.status != S.STEP_STUCK:
             return
         for sent in self.inflight.values():
             if sent.held is not None:
                 self.error = sent.held.error  # with several held, the first one's
                 return
+        for parked in self.parked_steps.values():
+            self.error = parked.event.error
+            return
         self._move(S.RUNNING)
-        if self.error is not None and self.error.type == "InvalidReply":
+        if self.error is not None and self.error.type in ("InvalidReply", "StepParked"):
             self.error = None
 
     def _move(self, new: SagaStatus) -> None:
@@ -288,6 +325,8 @@ class Fold:
         self.issued_ids = with_id(self.issued_ids, command_id)
         if type(event) is CommandIssued:
             self.last_attempt[command_id] = event.attempt
+            if event.pivot:
+                self.pivot_step = event.step
         self.inflight[command_id] = Sent(event)
         if event.timeout_at is not None:
             timer_id = timeout_timer_id(command_id, event.attempt)
@@ -343,9 +382,30 @@ class Fold:
     def _on_undo(self, event: UndoRequested) -> None:
         self.undo_ids = with_id(self.undo_ids, event.command_id)
 
-    def _on_skipped(self, event: StepSkipped) -> Sent | Unstuck | None:
+    def _on_step_parked(self, event: StepParked) -> None:
+        if self.parked_steps is NO_PARKED:
+            self.parked_steps = {}
+        self.parked_steps[event.step] = ParkedStep(event)
+        self._move(S.STEP_STUCK)
+        self.error = event.error
+
+    def _on_pivot(self, event: PivotPassed) -> None:
+        # Past the pivot the saga only goes forward: its deadline no longer applies.
+        self.pivot_step, self.past_pivot = event.step, True
+        self.timers.pop(DEADLINE_TIMER, None)
+
+    def _unpark(self, step: str) -> ParkedStep | None:
+        """An operator answered the parked step ``step`` (a retry or a skip)."""
+        parked = self.parked_steps.pop(step, None)
+        if parked is not None:
+            self.settle_held()
+        return parked
+
+    def _on_skipped(self, event: StepSkipped) -> Settled:
         if event.compensation:  # the stuck compensation, done by hand
             return self._unstick(event.step)
+        if event.step in self.parked_steps:
+            return self._unpark(event.step)
         sent = self.waiting_forward(event.step)
         if sent is not None:  # the result stands in for its reply
             self._answered(sent.event.command_id)
@@ -353,6 +413,8 @@ class Fold:
         return sent
 
     def _on_retry(self, event: RetryRequested) -> Settled:
+        if event.step in self.parked_steps:
+            return self._unpark(event.step)
         sent = self.waiting_forward(event.step)
         if sent is not None and sent.held is not None:  # its held reply is accepted now
             del self.inflight[sent.event.command_id]
@@ -370,6 +432,7 @@ class Fold:
         # The run's forward work is abandoned: its commands (in doubt now) and its timers.
         for command_id in [c for c, sent in self.inflight.items() if not sent.compensation]:
             self._answered(command_id)
+        self.parked_steps = NO_PARKED
         for timer_id in [
             t for t in self.timers if not t.startswith(("timeout:", "retry:compensate:"))
         ]:
@@ -411,6 +474,7 @@ class Fold:
         # (compensated, cancelled: the error compensation began with stands)
         self.inflight.clear()
         self.timers.clear()
+        self.parked_steps = NO_PARKED
         self.event_waits = NO_WAITS
 
 
@@ -429,6 +493,8 @@ _HANDLERS: dict[type[Event], Callable[[Fold, Any], Settled]] = {
     RetryRequested: Fold._on_retry,
     CompensationStarted: Fold._on_compensation_started,
     CompensationStuck: Fold._on_stuck,
+    StepParked: Fold._on_step_parked,
+    PivotPassed: Fold._on_pivot,
     SagaParked: Fold._on_parked,
     SagaResumed: Fold._on_resumed,
     KeyQueued: Fold._on_key_queued,

@@ -29,6 +29,7 @@ from saga_engine.core._events import (
     SagaStarted,
     SideEffectRecorded,
     SignalReceived,
+    StepParked,
     StepSkipped,
     TimerStarted,
     UndoRequested,
@@ -57,7 +58,8 @@ def _details(event: Event) -> list[str]:
         trigger = (
             f"from {origin.topic}[{origin.partition}]@{origin.offset}" if origin is not None else ""
         )
-        return [f"input {_short(event.input)}", key, deadline, parent, trigger]
+        rerun = f"rerun of {event.rerun_of.saga_id}" if event.rerun_of else ""
+        return [f"input {_short(event.input)}", key, deadline, parent, trigger, rerun]
     if isinstance(event, UndoRequested):
         return [f"reason {event.reason!r}" if event.reason else ""]
     if isinstance(event, ReplyReceived):
@@ -84,8 +86,13 @@ def _details(event: Event) -> list[str]:
     if isinstance(event, StepSkipped):
         result = "" if event.compensation else f"result {_short(event.payload)}"
         return [result, _who(event.principal, event.reason)]
-    if isinstance(event, RetryRequested | SagaResumed):
+    if isinstance(event, RetryRequested):
+        edited = f"command {_short(event.command)}" if event.command is not None else ""
+        return [edited, _who(event.principal, event.reason)]
+    if isinstance(event, SagaResumed):
         return [_who(event.principal, event.reason)]
+    if isinstance(event, StepParked):
+        return [_error(event.error), "in doubt" if event.in_doubt else ""]
     if isinstance(event, SagaParked):
         return [f"{event.reason}: {event.error.message}"]
     if isinstance(event, KeyQueued):

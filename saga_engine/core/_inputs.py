@@ -57,7 +57,7 @@ from saga_engine.core._events import (
     UndoRequested,
     UpdateReceived,
 )
-from saga_engine.core._fold import EventWait, Sent, Settled, Timer, Unstuck
+from saga_engine.core._fold import EventWait, ParkedStep, Sent, Settled, Timer, Unstuck
 from saga_engine.core._lifecycle import (
     release,
     request_cancel,
@@ -68,8 +68,20 @@ from saga_engine.core._lifecycle import (
 from saga_engine.core._state import Halt, SagaState
 from saga_engine.core._status import SagaStatus
 from saga_engine.core._updating import update_event, wake_update
-from saga_engine.kernel._errors import InvalidPayload, InvalidTransition, NotParent, UnstorableValue
-from saga_engine.kernel._serde import check_storable, storable_copy, validate_payload
+from saga_engine.kernel._errors import (
+    InvalidPayload,
+    InvalidTransition,
+    NotParent,
+    PastPivot,
+    UnstorableValue,
+)
+from saga_engine.kernel._serde import (
+    JsonDict,
+    check_storable,
+    model_payload,
+    storable_copy,
+    validate_payload,
+)
 
 _INPUT_NAMES = {
     SignalInput: "signal", Cancel: "cancel", ForceCompensate: "force-compensate",
@@ -230,6 +242,12 @@ def _stop(s: SagaState, inbound: Cancel | ForceCompensate) -> Event:
             f"saga {s.saga_id} is {s.status.value}: it is already undoing its "
             f"steps, so there is nothing to {what}"
         )
+    if s.past_pivot:
+        what = "cancel" if isinstance(inbound, Cancel) else "forced compensation"
+        raise PastPivot(
+            f"saga {s.saga_id} is past its pivot (step {s.pivot_step!r} succeeded): it can "
+            f"only go forward, so a {what} is refused; retry or skip a parked step instead"
+        )
     _check_texts(input_name(inbound), reason=inbound.reason, principal=inbound.principal)
     if isinstance(inbound, Cancel):
         return CancelRequested(at=inbound.at, reason=inbound.reason, principal=inbound.principal)
@@ -237,6 +255,13 @@ def _stop(s: SagaState, inbound: Cancel | ForceCompensate) -> Event:
 
 
 def _resume(s: SagaState, inbound: Resume) -> Event:
+    if s.status == SagaStatus.STEP_STUCK and s.parked_steps:
+        raise InvalidTransition(
+            f"saga {s.saga_id} is step_stuck: step(s) "
+            f"{', '.join(map(repr, sorted(s.parked_steps)))} could not succeed and wait "
+            "for an operator; retry the step (with an edited command if need be) or skip "
+            "it with a result"
+        )
     if s.status == SagaStatus.STEP_STUCK:
         raise InvalidTransition(
             f"saga {s.saga_id} is step_stuck: the reply of step(s) "
@@ -343,8 +368,11 @@ def _skip_event(s: SagaState, inbound: Skip) -> Event:
             at=inbound.at, step=inbound.step, compensation=True, payload=inbound.payload,
             principal=inbound.principal, reason=inbound.reason,
         )  # fmt: skip
-    forward = s.waiting_forward(inbound.step)
-    if s.going_forward and forward is not None and s.cancel_reason is None:
+    # A step parked for an operator, or waiting for its reply.
+    forward: ParkedStep | Sent | None = s.parked_steps.get(inbound.step)
+    if forward is None and s.going_forward:
+        forward = s.waiting_forward(inbound.step)
+    if forward is not None and s.cancel_reason is None:
         # The result stands in for the participant's reply: it must be what the
         # step's code would accept from the participant.
         if forward.returns is not None:
@@ -363,6 +391,18 @@ def _skip_event(s: SagaState, inbound: Skip) -> Event:
 
 def _retry_event(s: SagaState, inbound: RetryStep) -> Event:
     _check_texts("retry", step=inbound.step, principal=inbound.principal, reason=inbound.reason)
+    parked = s.parked_steps.get(inbound.step)
+    if parked is not None and s.cancel_reason is None:
+        return RetryRequested(
+            at=inbound.at, step=inbound.step, principal=inbound.principal,
+            reason=inbound.reason, command=_edited(parked, inbound),
+        )  # fmt: skip
+    if inbound.command is not None:
+        raise InvalidTransition(
+            f"step {inbound.step!r} of saga {s.saga_id} ({s.status.value}) is not parked: "
+            "an edited command is only for a step parked after it could not succeed; "
+            f"parked steps: {sorted(s.parked_steps) or 'none'}"
+        )
     held = s.waiting_forward(inbound.step)
     if held is not None and held.held is not None and s.cancel_reason is None:
         problem = _held_problem(held)
@@ -382,6 +422,18 @@ def _retry_event(s: SagaState, inbound: RetryStep) -> Event:
         f"step {inbound.step!r} of saga {s.saga_id} ({s.status.value}) is not waiting "
         f"to retry; steps waiting for a reply: {s.steps_in_flight() or 'none'}"
     )
+
+
+def _edited(parked: ParkedStep, inbound: RetryStep) -> JsonDict | None:
+    """The operator's edited command, as the step's command model reads it (defaults
+    filled in), or None; InvalidPayload naming each wrong field."""
+    if inbound.command is None:
+        return None
+    what = f"the edited command of step {inbound.step!r}"
+    check_storable(inbound.command, what, "command")
+    if parked.command_model is None:
+        return inbound.command
+    return model_payload(validate_payload(parked.command_model, inbound.command, what, "command"))
 
 
 def _held_problem(inflight: Sent) -> str | None:
@@ -479,14 +531,24 @@ def _wake_event(s: SagaState, event: DomainEventReceived, settled: Settled) -> N
 
 
 def _wake_skip(s: SagaState, event: StepSkipped, settled: Settled) -> None:
-    if event.compensation:
+    if isinstance(settled, ParkedStep):
+        _answer_parked(settled, event)
+    elif event.compensation:
         unblock_compensation(s, "skip")
     elif isinstance(settled, Sent) and settled.future is not None and not settled.future.done():
         release(s, settled, event.payload, by_operator=True)
 
 
+def _answer_parked(parked: ParkedStep, event: RetryRequested | StepSkipped) -> None:
+    """An operator's retry or skip of a parked step: the step's code goes on with it."""
+    if parked.future is not None and not parked.future.done():
+        parked.future.set_result(event)
+
+
 def _wake_retry(s: SagaState, event: RetryRequested, settled: Settled) -> None:
-    if isinstance(settled, Sent) and settled.held is not None:
+    if isinstance(settled, ParkedStep):
+        _answer_parked(settled, event)
+    elif isinstance(settled, Sent) and settled.held is not None:
         # Checked again against the code running now (live it passed, or it would not
         # have been recorded): a retry recorded under a fixed deploy does not replay
         # under the broken one, and says so.

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from pydantic import ValidationError
 
@@ -188,6 +188,8 @@ async def run_lifecycle(s: SagaState, started: SagaStarted) -> None:
                 if started.parent is not None:
                     await _undo_when_asked(s)
                 return
+    if error is not None and s.past_pivot and s.cancel_reason is None:
+        _failed_past_pivot(s, error)
     await _finish_stragglers(s)
     reason: Literal["failure", "cancel", "deadline", "operator"] = (
         "operator" if s.cancel_reason == "forced" else s.cancel_reason or "failure"
@@ -213,6 +215,23 @@ async def run_lifecycle(s: SagaState, started: SagaStarted) -> None:
         emit(s, SagaCompensated(at=s.now, error=error))
     else:
         emit(s, SagaFailed(at=s.now, error=error))
+
+
+def _failed_past_pivot(s: SagaState, error: ErrorInfo) -> NoReturn:
+    """The run raised past its pivot. It must not compensate (the pivot cannot be
+    undone), and a step that cannot succeed parks at the step already: what remains is
+    an error in the code itself, parked like one (``definition_error``) until a fixed
+    deploy and a resume."""
+    message = (
+        f"the run failed past its pivot {s.pivot_step!r} ({error.type}: {error.message}); "
+        "it is not compensated: deploy a fix and resume the saga"
+    )
+    s.park(
+        DefinitionError(message),
+        "definition_error",
+        ErrorInfo(type="FailedPastPivot", message=message, step=error.step),
+    )
+    raise Halt
 
 
 async def _undo_when_asked(s: SagaState) -> None:

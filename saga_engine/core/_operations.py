@@ -33,9 +33,14 @@ from saga_engine.core._definition import Saga
 from saga_engine.core._events import (
     CommandIssued,
     CompensationSpec,
+    ErrorInfo,
     PatchMarked,
+    PivotPassed,
+    RetryRequested,
     SagaStarted,
     SideEffectRecorded,
+    StepParked,
+    StepSkipped,
     TimerStarted,
 )
 from saga_engine.core._fold import with_id
@@ -81,7 +86,10 @@ async def step(s: SagaState, request: StepRequest) -> JsonDict:
     payload = model_payload(request.command)
     if live:
         check_storable(payload, f"the command of step {request.name!r}")
-    return await _attempts(s, request, payload, _compensation(request, live))
+    result = await _attempts(s, request, payload, _compensation(request, live))
+    if request.pivot:
+        emit(s, PivotPassed(at=s.now, step=request.name))
+    return result
 
 
 def _check_step(s: SagaState, request: StepRequest) -> None:
@@ -100,6 +108,11 @@ def _check_step(s: SagaState, request: StepRequest) -> None:
     returns = request.returns
     if returns is not None and not (isinstance(returns, type) and issubclass(returns, BaseModel)):
         s.definition_error(f"step {name!r}: returns must be a pydantic model class")
+    if request.pivot and s.pivot_step not in (None, name):
+        s.definition_error(
+            f"step {name!r} is a second pivot of saga {s.saga_type!r} (the first is "
+            f"{s.pivot_step!r}); a saga has one pivot step"
+        )
 
 
 def _compensation(request: StepRequest, live: bool) -> CompensationSpec | None:
@@ -121,23 +134,12 @@ def _compensation(request: StepRequest, live: bool) -> CompensationSpec | None:
 async def _attempts(
     s: SagaState, request: StepRequest, payload: JsonDict, spec: CompensationSpec | None
 ) -> JsonDict:
-    name, timeout = request.name, request.timeout
-    policy = request.retry or DEFAULT_STEP_RETRY
-    generation, attempt, unknown, last_error = 0, 0, False, ""
+    name, policy = request.name, request.retry or DEFAULT_STEP_RETRY
+    generation, attempt, rounds, unknown, last_error = 0, 0, 0, False, ""
     sent: list[str] = []
     while True:
-        attempt += 1
-        issued = emit(
-            s,
-            CommandIssued(
-                at=s.now, step=name, participant=request.to,
-                command_type=type_name(request.command), payload=payload,
-                payload_hash=canonical_hash(payload),
-                command_id=command_id_for(s.saga_id, name, generation, compensation=False),
-                attempt=attempt, timeout_at=s.now + timeout if timeout else None,
-                compensation=spec,
-            ),
-        )  # fmt: skip
+        attempt, rounds = attempt + 1, rounds + 1
+        issued = _issue(s, request, payload, generation, attempt, spec)
         if issued.command_id not in sent:
             sent.append(issued.command_id)
         try:
@@ -145,21 +147,39 @@ async def _attempts(
         except asyncio.CancelledError:
             s.owe(name, spec, sent)  # cancelled in flight: it may or may not have been applied
             raise
+        failed: StepFailed | StepTimedOut | None = None
         if reply is None:
             unknown, last_error = True, "timed out"
         elif reply.outcome == "success":
             if issued.command_id not in s.skipped_ids:  # (see _lifecycle.release)
                 s.owe(name, spec, sent)
             return reply.payload
-        elif reply.outcome == "failure":
-            raise StepFailed(name, reply.error or "refused by participant", details=reply.payload)
+        elif reply.outcome == "failure":  # refused: nothing was applied under its id
+            unknown, last_error = False, reply.error or "refused by participant"
+            failed = StepFailed(name, last_error, details=reply.payload)
         else:  # retryable: the participant says nothing was applied
             generation, unknown, last_error = generation + 1, False, reply.error or "retryable"
-        if attempt >= policy.max_attempts:
-            if unknown:
-                s.owe(name, spec, sent)
-                raise StepTimedOut(name, attempt)
-            raise StepFailed(name, f"gave up after {attempt} attempts: {last_error}")
+        if failed is None and rounds >= policy.max_attempts:
+            failed = (
+                StepTimedOut(name, attempt)
+                if unknown
+                else StepFailed(name, f"gave up after {attempt} attempts: {last_error}")
+            )
+        if failed is not None:
+            if not (s.past_pivot or policy.on_exhausted == "park"):
+                if unknown:
+                    s.owe(name, spec, sent)
+                raise failed
+            answer = await _park(s, request, failed, unknown, spec, sent)
+            if isinstance(answer, StepSkipped):
+                return answer.payload
+            if answer.command is not None or (reply is not None and reply.outcome == "failure"):
+                # An edited command, or one its participant refused (and stored its
+                # refusal under the old id), goes under a new id: the next generation.
+                generation += 1
+            payload = answer.command if answer.command is not None else payload
+            rounds = 0
+            continue
         try:
             check_open(s)
             delay = policy.backoff(attempt, seed=f"{s.saga_id}:{name}")
@@ -170,6 +190,71 @@ async def _attempts(
             if unknown:
                 s.owe(name, spec, sent)
             raise
+
+
+def _issue(
+    s: SagaState,
+    request: StepRequest,
+    payload: JsonDict,
+    generation: int,
+    attempt: int,
+    spec: CompensationSpec | None,
+) -> CommandIssued:
+    """Records (or on replay matches) one attempt of a forward step's command."""
+    timeout = request.timeout
+    return emit(
+        s,
+        CommandIssued(
+            at=s.now, step=request.name, participant=request.to,
+            command_type=type_name(request.command), payload=payload,
+            payload_hash=canonical_hash(payload),
+            command_id=command_id_for(s.saga_id, request.name, generation, compensation=False),
+            attempt=attempt, timeout_at=s.now + timeout if timeout else None,
+            compensation=spec, pivot=request.pivot,
+        ),
+    )  # fmt: skip
+
+
+async def _park(
+    s: SagaState,
+    request: StepRequest,
+    failed: StepFailed | StepTimedOut,
+    unknown: bool,
+    spec: CompensationSpec | None,
+    sent: list[str],
+) -> RetryRequested | StepSkipped:
+    """The step cannot succeed by retrying, and it parks rather than compensating (its
+    policy says so, or the saga is past its pivot): the saga is step_stuck until an
+    operator retries the step or skips it. Returns the operator's answer."""
+    name = request.name
+    try:
+        check_open(s)
+        emit(
+            s,
+            StepParked(
+                at=s.now, step=name, in_doubt=unknown, past_pivot=s.past_pivot,
+                error=ErrorInfo(
+                    type="StepParked",
+                    message=f"{failed}; the step waits for an operator: retry it (with an "
+                    "edited command if need be) or skip it with a result",
+                    step=name,
+                    details={"cause": type(failed).__name__, "past_pivot": s.past_pivot},
+                ),
+            ),
+        )  # fmt: skip
+        parked = s.parked_steps[name]
+        future: asyncio.Future[RetryRequested | StepSkipped] = s.loop.create_future()
+        parked.future, parked.returns = future, request.returns
+        parked.command_model = type(request.command)
+        answer = await future
+    except asyncio.CancelledError:
+        if unknown:  # stopped while parked: the last attempt may have been applied
+            s.owe(name, spec, sent)
+        raise
+    if isinstance(answer, StepSkipped) and unknown:
+        # Done by hand, but an attempt may have been applied too: its undo stays owed.
+        s.owe(name, spec, sent)
+    return answer
 
 
 #: Asking again is not a failure: a child is waited for 10,000 polls (34 days at the

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import random
 from datetime import timedelta
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -25,6 +26,15 @@ class RetryPolicy(BaseModel):
     max_backoff: timedelta = timedelta(seconds=30)
     multiplier: float = Field(default=2.0, ge=1.0)
     jitter: float = Field(default=0.2, ge=0.0, le=1.0)
+    #: What a forward step does once it cannot succeed by retrying (its attempts ran out,
+    #: or its participant refused it): ``compensate`` (raise StepFailed/StepTimedOut into
+    #: the run, which compensates unless it catches them), or ``park`` the saga as
+    #: step_stuck, its compensation stack held, until an operator retries the step (with
+    #: an edited command if need be) or skips it with a result. Left out of the stored
+    #: shape when it is the default, so compensations recorded before it stay the same.
+    on_exhausted: Literal["compensate", "park"] = Field(
+        default="compensate", exclude_if=lambda v: v == "compensate"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RetryPolicy:

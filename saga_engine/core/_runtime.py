@@ -99,6 +99,7 @@ class SagaRuntime:
                 "saga_id": start.saga_id,
                 "idempotency_key": start.idempotency_key,
                 "fairness_key": start.fairness_key,
+                "rerun_of": start.rerun_of.model_dump() if start.rerun_of else None,
             },
             "the start",
         )
@@ -117,6 +118,7 @@ class SagaRuntime:
             saga_version=definition.version,
             priority=start.priority,
             fairness_key=start.fairness_key,
+            rerun_of=start.rerun_of,
         )
         rt._record(started)
         return rt, rt._decision()

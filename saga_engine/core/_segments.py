@@ -27,6 +27,7 @@ from saga_engine.core._events import (
     InvalidReplyReceived,
     KeyAcquired,
     KeyQueued,
+    PivotPassed,
     ReplyReceived,
     RetryRequested,
     SagaCancelled,
@@ -36,13 +37,22 @@ from saga_engine.core._events import (
     SagaParked,
     SagaResumed,
     SignalReceived,
+    StepParked,
     StepSkipped,
     TimerFired,
     TimerStarted,
     UpdateCompleted,
     UpdateReceived,
 )
-from saga_engine.core._fold import Fold, Sent, Settled, Timer, retry_timer_step, signal_of
+from saga_engine.core._fold import (
+    Fold,
+    ParkedStep,
+    Sent,
+    Settled,
+    Timer,
+    retry_timer_step,
+    signal_of,
+)
 from saga_engine.core._gist import gist_value
 
 
@@ -66,7 +76,8 @@ class Segment:
     start_seq: int
     #: success, refused, failed, retryable, timed_out, invalid, in_doubt, pending,
     #: skipped, backoff, waiting, fired, received, timed_out, cancelled, parked, resumed,
-    #: acquired (a concurrency key)
+    #: acquired (a concurrency key), retried (a parked step), pivot (the pivot passed: a
+    #: point, not a stretch)
     outcome: str = "pending"
     end: datetime | None = None
     end_seq: int | None = None
@@ -89,6 +100,8 @@ class Timeline:
         self.timers: dict[str, Segment] = {}
         #: The last parked period (what an operator waits on while it lasts).
         self.parked: Segment | None = None
+        #: Forward steps parked for an operator, by step.
+        self.parked_steps: dict[str, Segment] = {}
 
     def add(self, seq: int, event: Event, settled: Settled) -> None:
         """Follows ``event``, folded already; ``settled`` is what the fold says it settled."""
@@ -159,6 +172,19 @@ class Timeline:
         if isinstance(settled, Timer):
             self._close(self.timers, settled.timer_id, "received", event, seq, event.principal)
 
+    def _step_parked(self, seq: int, event: StepParked, _: Settled) -> None:
+        self._open(
+            self.parked_steps, event.step,
+            Segment(event.step, Lane.STEP, f"{event.step} parked", event.at, seq, "parked",
+                    detail=event.error.message),
+        )  # fmt: skip
+
+    def _pivot(self, seq: int, event: PivotPassed, _: Settled) -> None:
+        self.segments.append(
+            Segment(event.step, Lane.STEP, f"pivot {event.step}", event.at, seq, "pivot",
+                    event.at, seq, "past the pivot: the saga only goes forward"),
+        )  # fmt: skip
+
     def _event_awaited(self, seq: int, event: EventAwaited, _: Settled) -> None:
         until = f"deadline {event.timeout_at.isoformat()}" if event.timeout_at else "no deadline"
         segment = Segment(
@@ -186,12 +212,18 @@ class Timeline:
         self._close(self.timers, f"key:{event.key}", "acquired", event, seq)
 
     def _skipped(self, seq: int, event: StepSkipped, settled: Settled) -> None:
-        if isinstance(settled, Sent):
+        if isinstance(settled, ParkedStep):
+            self._close(self.parked_steps, event.step, "skipped", event, seq, event.principal)
+        elif isinstance(settled, Sent):
             key = settled.event.command_id
             self._close(self.sent, key, "skipped", event, seq, event.principal)
 
     def _retried(self, seq: int, event: RetryRequested, settled: Settled) -> None:
-        if isinstance(settled, Sent):  # its held reply accepted
+        if isinstance(settled, ParkedStep):
+            edited = " with an edited command" if event.command is not None else ""
+            why = f"retried{edited} by {event.principal}"
+            self._close(self.parked_steps, event.step, "retried", event, seq, why)
+        elif isinstance(settled, Sent):  # its held reply accepted
             key = settled.event.command_id
             self._close(self.sent, key, "success", event, seq, "held reply accepted")
         elif isinstance(settled, Timer):  # a back-off cut short
@@ -205,6 +237,8 @@ class Timeline:
             self._close(self.sent, key, "in_doubt", event, seq)
         for key in [k for k in self.timers if k not in self.fold.timers]:
             self._close(self.timers, key, "cancelled", event, seq)
+        for key in list(self.parked_steps):
+            self._close(self.parked_steps, key, "cancelled", event, seq)
 
     def _parked(self, seq: int, event: SagaParked, _: Settled) -> None:
         self.parked = Segment(
@@ -218,7 +252,7 @@ class Timeline:
             self.parked.close("resumed", event.at, seq, event.principal)
 
     def _ended(self, seq: int, event: Event, _: Settled) -> None:
-        for open_ in (self.sent, self.timers):
+        for open_ in (self.sent, self.timers, self.parked_steps):
             for key in list(open_):
                 self._close(open_, key, "cancelled", event, seq)
 
@@ -255,6 +289,8 @@ _HANDLERS: dict[type[Event], Callable[[Timeline, int, Any, Settled], None]] = {
     RetryRequested: Timeline._retried,
     CompensationStarted: Timeline._compensating,
     SagaParked: Timeline._parked,
+    StepParked: Timeline._step_parked,
+    PivotPassed: Timeline._pivot,
     SagaResumed: Timeline._resumed,
     SagaCompleted: Timeline._ended,
     SagaFailed: Timeline._ended,

@@ -11,9 +11,9 @@ from typing import NamedTuple
 
 from saga_engine.core._decision import StartSaga, saga_id_for
 from saga_engine.core._definition import SagaDefinition, SagaRegistry
-from saga_engine.core._events import Event, ParentLink, SagaStarted, TriggerOrigin
+from saga_engine.core._events import Event, ParentLink, RerunLink, SagaStarted, TriggerOrigin
 from saga_engine.kernel._errors import IdempotencyConflict, InvalidTransition
-from saga_engine.kernel._serde import JsonDict
+from saga_engine.kernel._serde import JsonDict, canonical_hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +40,8 @@ class StartRequest:
     #: the fairness key (a tenant) takes turns with the others.
     priority: int = 0
     fairness_key: str | None = None
+    #: The saga an operator re-ran as this one (``saga rerun``).
+    rerun_of: RerunLink | None = None
 
     def with_saga_id(self) -> StartRequest:
         """This request with its saga id decided: the one given, the one its idempotency
@@ -49,6 +51,27 @@ class StartRequest:
         if self.idempotency_key:
             return replace(self, saga_id=saga_id_for(self.saga_type, self.idempotency_key))
         return replace(self, saga_id=str(uuid.uuid4()))
+
+
+#: The search attribute a rerun records its original under (a dotted name: no input
+#: field can take it), so the original's page finds its reruns through the index on
+#: ``sagas.search`` instead of reading histories.
+RERUN_ATTRIBUTE = "saga.rerun_of"
+
+
+def start_search(definition: SagaDefinition, started: SagaStarted) -> dict[str, str] | None:
+    """What the saga's listing row is searched by: its declared search attributes, and
+    the saga it re-runs (``RERUN_ATTRIBUTE``) if an operator re-ran one as it."""
+    values = definition.search_values(started.input)
+    if started.rerun_of is None:
+        return values
+    return {**(values or {}), RERUN_ATTRIBUTE: started.rerun_of.saga_id}
+
+
+def rerun_key(original_id: str, input: JsonDict) -> str:
+    """The idempotency key of a rerun asked without one: the same original and the same
+    input (as its model reads it, defaults filled in) start one saga, from every edge."""
+    return f"rerun:{original_id}:{canonical_hash(input)}"
 
 
 def check_same_start(
@@ -91,6 +114,8 @@ class PreparedStart(NamedTuple):
     #: the fairness key (a tenant) takes turns with the others.
     priority: int = 0
     fairness_key: str | None = None
+    #: The saga an operator re-ran as this one (``saga rerun``).
+    rerun_of: RerunLink | None = None
 
 
 def start_input(start: PreparedStart) -> StartSaga:
@@ -107,4 +132,5 @@ def start_input(start: PreparedStart) -> StartSaga:
         trigger=start.trigger,
         priority=start.priority,
         fairness_key=start.fairness_key,
+        rerun_of=start.rerun_of,
     )

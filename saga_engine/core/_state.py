@@ -144,6 +144,7 @@ class SagaState(Fold):
             else f"an operator for step {f.event.step!r} (its reply is held)"
             for f in self.inflight.values()
         ]
+        waits += [f"an operator for step {step!r} (it is parked)" for step in self.parked_steps]
         waits += [f"timer {tid!r}" for tid in self.timers if tid != DEADLINE_TIMER]
         waits += [f"signal {name!r}" for name in self.signal_waiters]
         waits += [f"event {w.event.source} key={w.event.key}" for w in self.event_waits.values()]

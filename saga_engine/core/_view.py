@@ -35,12 +35,21 @@ from saga_engine.core._events import (
     InvalidReplyReceived,
     ReplyReceived,
     RetryRequested,
+    StepParked,
     StepSkipped,
     TimerFired,
     TimerStarted,
     UndoRequested,
 )
-from saga_engine.core._fold import Fold, Sent, Settled, Timer, retry_timer_step, signal_of
+from saga_engine.core._fold import (
+    Fold,
+    ParkedStep,
+    Sent,
+    Settled,
+    Timer,
+    retry_timer_step,
+    signal_of,
+)
 from saga_engine.core._segments import Lane, Segment, Timeline
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._serde import JsonDict
@@ -150,6 +159,12 @@ class SagaView:
     events: int
     started_at: datetime | None
     last_at: datetime | None
+    #: The pivot step (once its command is issued), and whether it has succeeded: past
+    #: it the saga only goes forward (no cancel, a step that cannot succeed parks).
+    pivot_step: str | None = None
+    past_pivot: bool = False
+    #: Forward steps parked for an operator after they could not succeed.
+    parked_steps: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -157,7 +172,7 @@ class _Step:
     """What the view knows of one step, for the compensations it may owe."""
 
     spec: CompensationSpec | None = None
-    #: in_flight, waiting (to retry), held, applied, gave_up, refused or skipped
+    #: in_flight, waiting (to retry), held, applied, gave_up, refused, skipped or parked
     forward: str = "in_flight"
     #: an attempt timed out since the last retryable reply: it may have been applied
     unknown: bool = False
@@ -170,7 +185,9 @@ class _Step:
 
     @property
     def in_doubt(self) -> bool:
-        return self.forward == "in_flight" or (self.forward == "waiting" and self.unknown)
+        return self.forward == "in_flight" or (
+            self.forward in ("waiting", "parked") and self.unknown
+        )
 
 
 class _Walk:
@@ -270,11 +287,22 @@ class _Walk:
         s = self.step(event.step)
         if event.compensation:
             s.done = True
+        elif isinstance(settled, ParkedStep):  # done by hand; owed if it may have applied
+            if s.unknown:
+                self._release(s, event.step)
+            else:
+                s.forward = "skipped"
         elif isinstance(settled, Sent):
             if settled.held is None:  # done by hand: not compensated later
                 s.forward = "skipped"
             else:  # its participant applied it: owed from now on
                 self._release(s, event.step)
+
+    def _parked(self, event: StepParked, _: Settled) -> None:
+        # It waits for an operator; the run goes on (a retry, a skip) or stops (a cancel).
+        self.timed_out = None
+        s = self.step(event.step)
+        s.forward, s.unknown = "parked", event.in_doubt
 
     def _retried(self, event: RetryRequested, settled: Settled) -> None:
         if isinstance(settled, Sent):  # the held reply is accepted now
@@ -304,6 +332,7 @@ _LEDGER: dict[type[Event], Callable[[_Walk, Any, Settled], None]] = {
     TimerFired: _Walk._fired,
     StepSkipped: _Walk._skipped,
     RetryRequested: _Walk._retried,
+    StepParked: _Walk._parked,
     CompensationStarted: _Walk._compensating,
     CompensationCompleted: _Walk._compensated,
 }
@@ -345,6 +374,9 @@ def fold(
         events=len(events),
         started_at=events[0].at if events else None,
         last_at=last_at,
+        pivot_step=f.pivot_step,
+        past_pivot=f.past_pivot,
+        parked_steps=tuple(f.parked_steps),
     )
 
 
@@ -404,7 +436,7 @@ def _actions(walk: _Walk) -> list[Action]:
         return [Action("resume")]
     out: list[Action] = [Action("signal")]
     forward = f.going_forward and not walk.stopping
-    if forward:
+    if forward and not f.past_pivot:
         out += [Action("cancel"), Action("force-compensate")]
     held = [s.event.step for s in f.inflight.values() if s.held is not None]
     waiting = [s.event.step for s in f.inflight.values() if not s.compensation and s.held is None]
@@ -413,8 +445,9 @@ def _actions(walk: _Walk) -> list[Action]:
     stuck = [f.stuck_step] if f.stuck_step else []
     if f.status == S.COMPENSATION_STUCK:
         out.append(Action("resume"))
-    retry = (held if forward else []) + stuck + backoff
-    skip = (held + waiting if forward else []) + stuck
+    parked = list(f.parked_steps) if forward else []
+    retry = (held if forward else []) + parked + stuck + backoff
+    skip = (held + waiting if forward else []) + parked + stuck
     if retry:
         out.append(Action("retry", tuple(dict.fromkeys(retry))))
     if skip:
@@ -448,6 +481,7 @@ def _waits(walk: _Walk, awaited_signals: Iterable[str], last_at: datetime | None
                 since, step=f.stuck_step, compensation=True,
             )
         )  # fmt: skip
+    out += [_parked_wait(parked) for parked in f.parked_steps.values()]
     out += [_command_wait(sent) for sent in f.inflight.values()]
     key = f.key
     if key is not None and not key.held and f.going_forward and not walk.stopping:
@@ -471,6 +505,16 @@ def _waits(walk: _Walk, awaited_signals: Iterable[str], last_at: datetime | None
         what = f"event {e.source} key={e.key}"
         out.append(Wait(WaitKind.EVENT, what, e.at, e.timeout_at, name=e.source))
     return out
+
+
+def _parked_wait(parked: ParkedStep) -> Wait:
+    e = parked.event
+    pivot = " (the saga is past its pivot)" if e.past_pivot else ""
+    return Wait(
+        WaitKind.OPERATOR,
+        f"an operator: step {e.step!r} is parked{pivot}: {e.error.message}",
+        e.at, step=e.step,
+    )  # fmt: skip
 
 
 def _command_wait(sent: Sent) -> Wait:

@@ -23,6 +23,7 @@
         ├── UnknownSagaType            no saga of that name is deployed
         ├── SagaNotFound               no saga has that id
         ├── InvalidTransition          the action does not apply to the saga's state
+        │   ├── PastPivot              a cancel of a saga past its pivot step
         │   ├── UpdateRefused          an update's validator (or the saga's state) refuses it
         │   └── QueryFailed            a query method raised, or the saga has no state yet
         ├── UpdateFailed               an update was recorded and its handler raised
@@ -290,6 +291,11 @@ class SagaNotFound(PermanentError):
 
 class InvalidTransition(PermanentError):
     """An action or event makes no sense in the saga's current status."""
+
+
+class PastPivot(InvalidTransition):
+    """A cancel (or forced compensation) of a saga whose pivot step has succeeded: it
+    can only go forward now (a 409 from the admin API)."""
 
 
 class UpdateRefused(InvalidTransition):

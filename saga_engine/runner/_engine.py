@@ -39,7 +39,7 @@ from saga_engine.core._decision import (
     UpdateInput,
 )
 from saga_engine.core._definition import Saga
-from saga_engine.core._events import Event, ParentLink, TriggerOrigin, UpdateCompleted
+from saga_engine.core._events import Event, ParentLink, RerunLink, TriggerOrigin, UpdateCompleted
 from saga_engine.core._runtime import SagaRuntime
 from saga_engine.core._start import PreparedStart, StartRequest
 from saga_engine.kernel._crash import CrashHook
@@ -124,8 +124,10 @@ class Engine:
         parent: ParentLink | None = None,
         priority: int = 0,
         fairness_key: str | None = None,
+        rerun_of: RerunLink | None = None,
     ) -> str:
-        """Starts a saga and returns its id. With the same idempotency key, the same saga."""
+        """Starts a saga and returns its id. With the same idempotency key, the same saga.
+        ``rerun_of``: the saga an operator re-runs as this one (recorded, for the lineage)."""
         definition = self._registry.resolve(saga)  # a class must be one deployed here
         # The fields the caller set: the runtime fills in the defaults once, and a repeat
         # with a fresh default_factory value is still the same request.
@@ -137,7 +139,7 @@ class Engine:
         prepared = self.prepare(
             StartRequest(
                 definition.name, payload, saga_id, idempotency_key, deadline,
-                trace_context or {}, parent, trigger, priority, fairness_key,
+                trace_context or {}, parent, trigger, priority, fairness_key, rerun_of,
             )
         )  # fmt: skip
         await self._one(Start(prepared.saga_id, prepared))
@@ -169,6 +171,7 @@ class Engine:
         return PreparedStart(
             definition, request.input, saga_id, now, deadline_at, request.idempotency_key,
             stored, request.parent, request.trigger, request.priority, request.fairness_key,
+            request.rerun_of,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ inputs
@@ -352,10 +355,24 @@ class Engine:
         )
 
     async def retry_step(
-        self, saga_id: str, step: str, *, reason: str = "", principal: str = "system"
+        self,
+        saga_id: str,
+        step: str,
+        *,
+        reason: str = "",
+        principal: str = "system",
+        command: BaseModel | JsonDict | None = None,
     ) -> Decision:
-        """Retries now a step waiting out its back-off, or a stuck compensation."""
-        return await self.deliver(saga_id, RetryStep(step, self._clock.now(), principal, reason))
+        """Retries now a step waiting out its back-off, a stuck compensation, or a step
+        parked after it could not succeed, with ``command`` in place of its command if
+        given (checked against the step's command model: InvalidPayload if it does not
+        match; InvalidTransition for a step that is not parked)."""
+        body = command.model_dump(mode="json") if isinstance(command, BaseModel) else command
+        if body is not None:
+            self._check_size(body, f"the edited command of step {step!r}", "command")
+        return await self.deliver(
+            saga_id, RetryStep(step, self._clock.now(), principal, reason, body)
+        )
 
     async def resume(
         self, saga_id: str, *, principal: str = "system", reason: str = ""

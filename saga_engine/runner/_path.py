@@ -35,7 +35,7 @@ from typing import Any
 
 from saga_engine.core._decision import DropReason, Resume, TimerDue
 from saga_engine.core._runtime import SagaRuntime
-from saga_engine.core._start import PreparedStart, check_same_start, start_input
+from saga_engine.core._start import PreparedStart, check_same_start, start_input, start_search
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._errors import ConcurrencyError, SagaError, TransientError
 from saga_engine.kernel._retry import Backoff
@@ -350,7 +350,7 @@ class InputPath:
                 events=events,
                 projection=last.projection,
                 idempotency_key=live.runtime.started.idempotency_key,
-                search=definition.search_values(live.runtime.started.input),
+                search=start_search(definition, live.runtime.started),
                 saga_version=definition.version,
             )
         )

@@ -22,7 +22,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from saga_engine.core._codec import HEADER, MARKER, CodecChain
-from saga_engine.core._events import ParentLink, TriggerOrigin
+from saga_engine.core._events import ParentLink, RerunLink, TriggerOrigin
 from saga_engine.core._start import StartRequest
 from saga_engine.kernel._errors import (
     CodecError,
@@ -114,6 +114,11 @@ class StartBody(BaseModel):
         max_length=200,
         description="flow control: commands of different keys (tenants) take turns when a "
         "limit holds them back (recorded in saga_started)",
+    )
+    rerun_of: RerunLink | None = Field(
+        default=None,
+        description="set by an operator's rerun: the saga re-run as this one, who asked and "
+        "why (recorded in saga_started, for the lineage)",
     )
 
 
@@ -333,6 +338,7 @@ def start_envelope(
         trigger=request.trigger,
         priority=request.priority,
         fairness_key=request.fairness_key,
+        rerun_of=request.rerun_of,
     )
     return Envelope(
         message_type=MessageType.START,
@@ -363,6 +369,7 @@ def start_request(envelope: Envelope) -> StartRequest:
         trigger=body.trigger,
         priority=body.priority,
         fairness_key=body.fairness_key,
+        rerun_of=body.rerun_of,
     )
 
 

@@ -650,6 +650,7 @@ async def test_openapi_describes_the_api(admin: Admin) -> None:
         "/sagas/{saga_id}/retry",
         "/sagas/{saga_id}/skip",
         "/sagas/{saga_id}/force-compensate",
+        "/sagas/{saga_id}/rerun",
         "/sagas/{saga_id}/updates/{name}",
         "/sagas/{saga_id}/queries/{name}",
         "/rollouts",

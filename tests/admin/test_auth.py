@@ -37,6 +37,7 @@ BODIES: dict[str, dict[str, Any]] = {
     "retry": {"step": "debit", "reason": "auth matrix"},
     "skip": {"step": "debit", "result": {}, "reason": "auth matrix"},
     "force-compensate": {"reason": "auth matrix"},
+    "rerun": {"reason": "auth matrix"},
     "start": {"account": "a", "amount": 1},
     "rollout": {"version": 1, "percent": 0, "reason": "auth matrix"},
     "schedules": {"id": "auth-matrix-2", "saga": "noop", "every_s": 60},
@@ -71,9 +72,8 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
                 body = BODIES.get(path.rsplit("/", 1)[-1]) if method == "post" else None
                 body = BODIES["rollout"] if method == "put" else body
             out.append((method.upper(), path, body))
-    assert (
-        len(out) == 33
-    )  # GET /domain-events, the four batch-operations routes, GET /concurrency-keys
+    # GET /domain-events, the four batch-operations routes, GET /concurrency-keys, rerun
+    assert len(out) == 34
     return out
 
 

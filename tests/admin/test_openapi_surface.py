@@ -41,6 +41,8 @@ OPERATIONS = {
         "/sagas/{saga_id}/force-compensate",
         "force_compensate_sagas__saga_id__force_compensate_post",
     ),
+    # Issue 26 §3: a rerun linked to its original.
+    ("POST", "/sagas/{saga_id}/rerun", "rerun_sagas__saga_id__rerun_post"),
     # Issue 26 §2: updates and queries.
     ("POST", "/sagas/{saga_id}/updates/{name}", "update_sagas__saga_id__updates__name__post"),
     ("GET", "/sagas/{saga_id}/queries/{name}", "query_sagas__saga_id__queries__name__get"),
@@ -111,6 +113,7 @@ STATUS_CODES = {
     "retry_sagas__saga_id__retry_post": _ACTION,
     "skip_sagas__saga_id__skip_post": _ACTION,
     "force_compensate_sagas__saga_id__force_compensate_post": _ACTION,
+    "rerun_sagas__saga_id__rerun_post": ["202", *_ACTION[1:]],
     "list_rollouts_rollouts_get": ["200", "401", "422", "503"],
     "get_rollout_rollouts__saga_type__get": ["200", "401", "404", "422", "503"],
     "set_rollout_rollouts__saga_type__put": _ACTION,

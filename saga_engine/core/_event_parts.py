@@ -1,5 +1,6 @@
-"""The value types history events carry: an error, a step's compensation, a child's
-parent, a trigger's record. ``_events`` imports them; they import no event."""
+"""The models history events carry: an error as it is stored, a step's compensation, and
+the links a start records (its parent, the trigger record, the saga it re-runs). Kept
+beside ``_events`` (which re-exports them) so that module holds the events themselves."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from saga_engine.core._policy import RetryPolicy
 from saga_engine.kernel._serde import JsonDict
+
+__all__ = ["CompensationSpec", "ErrorInfo", "ParentLink", "RerunLink", "TriggerOrigin"]
 
 
 class ErrorInfo(BaseModel):
@@ -41,6 +44,17 @@ class ParentLink(BaseModel):
     saga_id: str
     command_id: str
     saga_type: str = ""
+
+
+class RerunLink(BaseModel):
+    """The saga an operator re-ran (``saga rerun``): a new saga of the same type, with
+    the same or an edited input, linked to the original for the lineage."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    saga_id: str
+    principal: str = "system"
+    reason: str = ""
 
 
 class TriggerOrigin(BaseModel):
