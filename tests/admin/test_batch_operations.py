@@ -212,6 +212,52 @@ async def test_a_signal_to_many_and_an_operation_cancelled_midway(
         assert final["done"] <= at_cancel + 1
 
 
+async def test_a_rerun_operation_starts_one_linked_rerun_per_saga(
+    pg: PgTarget, kafka_bootstrap: str, unique_id: str
+) -> None:
+    settings = _settings(pg, kafka_bootstrap, unique_id, rate=50)
+    async with served_worker(settings, [Parked]) as served:
+        http = served.http
+        ids = await _start(served, 5, "eu")
+        others = await _start(served, 2, "us")
+        body = {**BASE, "action": "rerun", "reason": "replay the lost orders"}
+        created = await http.post("/batch-operations", json=body, headers=OPERATOR)
+        assert created.status_code == 201, created.text
+        op_id = created.json()["id"]
+
+        async def finished() -> bool:
+            got = (await http.get(f"/batch-operations/{op_id}", headers=READER)).json()
+            return bool(got["state"] == "completed")
+
+        await poll_until(finished, timeout=60, interval=0.05)
+        done = (await http.get(f"/batch-operations/{op_id}", headers=READER)).json()
+        # The reruns match the filter too (running, eu): passed over, not re-run.
+        assert (done["acted"], done["skipped"], done["failed"], done["done"]) == (5, 0, 0, 5)
+        starts = await _events(pg, "saga_started")
+        reruns: dict[str, list[str]] = {}
+        for new_id, [started] in starts.items():
+            if started.get("rerun_of"):
+                link = started["rerun_of"]
+                assert link["principal"] == "olivia"
+                assert link["reason"] == f"[batch {op_id}] replay the lost orders"
+                assert started["input"] == {"region": "eu"}
+                reruns.setdefault(link["saga_id"], []).append(new_id)
+        assert sorted(reruns) == sorted(ids)
+        assert all(len(new) == 1 for new in reruns.values()), reruns
+        assert len(starts) == 5 + 2 + 5  # nothing for the others, nothing else
+        for saga_id in ids:
+            [new_id] = reruns[saga_id]
+            original = (await http.get(f"/sagas/{saga_id}", headers=READER)).json()
+            assert original["status"] == "running"  # the original is left alone
+            assert [r["saga_id"] for r in original["reruns"]] == [new_id]
+            rerun = (await http.get(f"/sagas/{new_id}", headers=READER)).json()
+            assert rerun["rerun_of"]["saga_id"] == saga_id
+        for saga_id in others:
+            assert (await http.get(f"/sagas/{saga_id}", headers=READER)).json()["reruns"] == []
+        page = await http.get(f"/ui/batch-operations/{op_id}", headers=READER)
+        assert '<dd id="batch-action">rerun</dd>' in page.text
+
+
 async def _count_completed(served: ServedWorker, ids: list[str], at_least: int) -> bool:
     n = 0
     for saga_id in ids:
@@ -228,7 +274,7 @@ async def test_bad_input_is_refused_and_nothing_is_recorded(
         ok = {**BASE, "action": "cancel", "reason": "r"}
         for bad, where in [
             ({**ok, "action": "explode"}, ["body", "action"]),
-            ({**ok, "action": "rerun"}, ["body", "action"]),
+            ({**ok, "action": "rerun", "payload": {"speed": 1}}, ["body", "signal"]),
             ({**ok, "reason": ""}, ["body", "reason"]),
             ({**ok, "reason": "   "}, ["body", "reason"]),
             ({**ok, "filter": {"saga_type": "nope"}}, ["body", "filter", "saga_type"]),
