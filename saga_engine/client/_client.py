@@ -440,7 +440,8 @@ class SagaClient:
         (the saga list's filters: ``statuses``, ``attributes``, ``q``, ``created_after``...)
         and returns its id; the engines run it (docs/batch-operations.md). ``action``:
         cancel, signal (``signal`` and ``payload``, checked against the declared signal),
-        retry or resume. Bad input raises InvalidPayload and records nothing."""
+        retry, resume or rerun (a new saga, linked to each, as :meth:`rerun` starts). Bad
+        input raises InvalidPayload and records nothing."""
         spec = _batch_spec(saga, action, reason, where, signal, payload)
         check_spec(spec, SagaRegistry([saga]))
         total, _ = await count_matching(await self._result_store(), spec.filter)
