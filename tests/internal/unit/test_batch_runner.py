@@ -58,6 +58,27 @@ class Crash(Exception):
     pass
 
 
+async def _crash_then_take_over(env: SagaTestEnv, store: InMemoryBatchStore, at: int) -> None:
+    """Runs operation ``op`` on an engine that crashes after its ``at``-th action (before
+    recording it), then on another that takes over once the lease has expired."""
+    hits = 0
+
+    def crash(point: str) -> None:
+        nonlocal hits
+        hits += 1
+        if hits == at:
+            raise Crash(point)
+
+    crashing = BatchRunner(env.engine, env.store, store, _settings(), owner="e1", crash_hook=crash)
+    with pytest.raises(Crash):
+        await crashing.run_once()
+    # The at-th saga was acted on, not recorded.
+    assert (await store.get("op")).done == at - 1
+    # Another engine takes over once the lease expired (here: at once).
+    store._rows["op"] = dataclasses.replace(store._rows["op"], lease_until=None)
+    await BatchRunner(env.engine, env.store, store, _settings(), owner="e2").run_once()
+
+
 def _settings(**kw: float) -> BatchSettings:
     return BatchSettings(**{"rate_per_s": 10_000, "page_size": 3, **kw})
 
@@ -102,24 +123,8 @@ async def test_a_crash_between_an_action_and_its_progress_does_not_act_twice() -
     await store.create(
         "op", _spec(BatchAction.SIGNAL, signal="go", payload={"speed": 3}), "bo", 5, env.now()
     )
-    hits = 0
-
-    def crash_at_third(point: str) -> None:
-        nonlocal hits
-        hits += 1
-        if hits == 3:
-            raise Crash(point)
-
-    crashing = BatchRunner(
-        env.engine, env.store, store, _settings(), owner="e1", crash_hook=crash_at_third
-    )
-    with pytest.raises(Crash):
-        await crashing.run_once()
-    assert (await store.get("op")).done == 2  # the third saga was signalled, not recorded
-    # Another engine takes over once the lease expired (here: at once).
-    store._rows["op"] = dataclasses.replace(store._rows["op"], lease_until=None)
-    taking_over = BatchRunner(env.engine, env.store, store, _settings(), owner="e2")
-    await taking_over.run_once()
+    await _crash_then_take_over(env, store, at=3)
+    assert (await store.get("op")).done == 5
     await env.settle()
     row = await store.get("op")
     assert (row.state, row.acted, row.skipped, row.failed) == (BatchState.COMPLETED, 4, 1, 0)
@@ -236,22 +241,7 @@ async def test_a_rerun_after_a_crash_starts_no_second_saga() -> None:
     env, ids = await _world(4)
     store = InMemoryBatchStore()
     await store.create("op", _spec(BatchAction.RERUN), "bo", 4, env.now())
-    hits = 0
-
-    def crash_at_second(point: str) -> None:
-        nonlocal hits
-        hits += 1
-        if hits == 2:
-            raise Crash(point)
-
-    crashing = BatchRunner(
-        env.engine, env.store, store, _settings(), owner="e1", crash_hook=crash_at_second
-    )
-    with pytest.raises(Crash):
-        await crashing.run_once()
-    assert (await store.get("op")).done == 1  # the second rerun started, not recorded
-    store._rows["op"] = dataclasses.replace(store._rows["op"], lease_until=None)
-    await BatchRunner(env.engine, env.store, store, _settings(), owner="e2").run_once()
+    await _crash_then_take_over(env, store, at=2)  # the second rerun started, not recorded
     row = await store.get("op")
     # The reruns match the filter too (same type, same region, running): passed over,
     # neither re-run nor counted.
