@@ -1,7 +1,7 @@
 """docs/batch-operations.md works as written: its saga runs in a real worker (the real
 Postgres and Kafka), its dry-run body is accepted by the admin API and counts the sagas,
 the same body without ``dry_run`` releases them, and each of its ``saga batch`` commands
-succeeds against that worker, cancelling the Berlin shipments."""
+succeeds against that worker, cancelling the Berlin shipments and re-running them."""
 
 from __future__ import annotations
 
@@ -91,6 +91,13 @@ async def test_the_batch_operations_example_runs(
         assert "cancel by olivia, completed, 4/4 (acted 4" in outputs[1]
         assert "2 operation(s)" in outputs[2]
         assert await _statuses(served, ids["ber-2"]) == ["cancelled"] * 4
+        assert "rerun by olivia, completed, 4/4 (acted 4" in outputs[3]
+        reruns = []
+        for saga_id in ids["ber-2"]:
+            original = (await http.get(f"/sagas/{saga_id}", headers=OPERATOR)).json()
+            [rerun] = original["reruns"]
+            reruns.append(rerun["saga_id"])
+        await poll_until(lambda: _all(served, reruns, "running"), timeout=30)
 
         # From code: two more Berlin shipments, cancelled by the client's operation.
         more = []
@@ -104,8 +111,9 @@ async def test_the_batch_operations_example_runs(
         exec_blocks([from_code], DOC, namespace)
         async with SagaClient(settings) as client:
             ended = await namespace["close_berlin"](client)
-        assert (ended["state"], ended["acted"], ended["principal"]) == ("completed", 2, "ops-bot")
-        assert await _statuses(served, more) == ["cancelled"] * 2
+        # The two late ones, and the four reruns (running again in Berlin).
+        assert (ended["state"], ended["acted"], ended["principal"]) == ("completed", 6, "ops-bot")
+        assert await _statuses(served, more + reruns) == ["cancelled"] * 6
 
 
 async def _all(served: ServedWorker, ids: list[str], status: str) -> bool:

@@ -32,7 +32,7 @@ __all__ = ["batch_app"]
 
 batch_app = typer.Typer(
     no_args_is_help=True,
-    help="Batch operations: cancel, signal, retry or resume every saga a filter matches.",
+    help="Batch operations: cancel, signal, retry, resume or rerun every saga a filter matches.",
 )
 
 IdArg = Annotated[str, typer.Argument(help="The operation's id.")]

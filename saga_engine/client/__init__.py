@@ -16,6 +16,13 @@ saga class. What it cannot know (a signal named only by a string) the engine che
 bad one is dead-lettered (``invalid_signal``) and the saga is untouched. Use the admin
 API (or ``saga signal``) to get the engine's answer back synchronously.
 
+An operator's actions: ``cancel`` and ``rerun`` go over Kafka; ``retry_step(saga_id,
+step, command=..., reason=...)`` (a parked step, with an edited command if given) and
+``skip_step(saga_id, step, result, reason=...)`` call an engine's admin API like
+``update`` (the client's ``admin_url`` and an operator's ``admin_token``), since only the
+engine knows the step's models: a command or result they refuse raises InvalidPayload
+and nothing is recorded (docs/redrive-and-pivots.md).
+
 ``publish_event(source, event)`` publishes a domain event on an ``EventSource``'s topic,
 as the service that owns the fact would: the sagas waiting for its key
 (``ctx.wait_event``) get it once (docs/domain-events.md).

@@ -1,21 +1,27 @@
-"""``SagaClient.update`` and ``SagaClient.query``, beside the client's Kafka path.
+"""``SagaClient.update``, ``.query``, ``.retry_step`` and ``.skip_step``, beside the
+client's Kafka path.
 
 An update is a request that wants its answer: the client checks its input against the
 update's model, then calls an engine's admin API (``POST /sagas/{id}/updates/{name}``),
 which records it through the engine's one path and answers with the recorded result. A
 refusal comes back as the error the engine raised (UpdateRefused, InvalidPayload,
 SagaNotFound...). A query needs no engine: the client replays the saga's history from
-the store with the saga's class and asks the replayed state; nothing is written.
+the store with the saga's class and asks the replayed state; nothing is written. An
+operator's retry or skip of a step goes through the admin API the same way
+(``POST /sagas/{id}/retry|skip``): the engine checks an edited command or a result against
+the step's models, which only the saga's run knows, and answers with the saga's status.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
+from urllib.parse import quote
 
 import httpx
 
 from saga_engine.core._definition import Saga, SagaDefinition
 from saga_engine.core._runtime import SagaRuntime
+from saga_engine.core._status import SagaStatus
 from saga_engine.core._update import declared, name_of
 from saga_engine.kernel._errors import (
     DefinitionError,
@@ -28,8 +34,11 @@ from saga_engine.kernel._errors import (
     UpdateFailed,
     UpdateRefused,
 )
-from saga_engine.kernel._serde import JsonDict
+from saga_engine.kernel._serde import JsonDict, check_storable
 from saga_engine.store._store import EventStore
+
+#: How long a retry or a skip may take: the engine records it and answers at once.
+_ACTION_TIMEOUT_S: Final = 30.0
 
 
 def saga_class(handler: Any, saga: type[Saga[Any, Any]] | None, kind: str) -> type[Saga[Any, Any]]:
@@ -65,11 +74,32 @@ async def post_update(
     url: str, token: str | None, saga_id: str, name: str, body: JsonDict, timeout_s: float
 ) -> Any:
     """Calls the update through the admin API at ``url``; its result, or the error."""
+    path = f"/sagas/{quote(saga_id, safe='')}/updates/{quote(name, safe='')}"
+    data = await _post(url, token, path, body, timeout_s, saga_id, f"update {name!r}")
+    if data.get("error") is not None:
+        raise UpdateFailed(data["update_id"], name, data["error"])
+    return data.get("result")
+
+
+async def post_action(
+    url: str, token: str | None, saga_id: str, action: str, body: JsonDict, what: str
+) -> SagaStatus:
+    """An operator's action on one saga (``retry``, ``skip``) through the admin API at
+    ``url``; the saga's status right after it, or the error the engine raised."""
+    check_storable(body, what)
+    path = f"/sagas/{quote(saga_id, safe='')}/{action}"
+    data = await _post(url, token, path, body, _ACTION_TIMEOUT_S, saga_id, what)
+    return SagaStatus(data["status"])
+
+
+async def _post(
+    url: str, token: str | None, path: str, body: JsonDict, timeout_s: float, saga_id: str,
+    what: str,
+) -> Any:  # fmt: skip
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    path = f"{url.rstrip('/')}/sagas/{saga_id}/updates/{name}"
     try:
         async with httpx.AsyncClient(timeout=timeout_s) as http:
-            response = await http.post(path, json=body, headers=headers)
+            response = await http.post(f"{url.rstrip('/')}{path}", json=body, headers=headers)
     except httpx.HTTPError as exc:
         raise TransientError(f"could not reach the admin API at {url}: {exc}") from None
     try:
@@ -77,13 +107,11 @@ async def post_update(
     except ValueError:
         data = {"detail": response.text}
     if response.status_code >= 400:
-        raise _error(response.status_code, data, saga_id, name)
-    if data.get("error") is not None:
-        raise UpdateFailed(data["update_id"], name, data["error"])
-    return data.get("result")
+        raise _error(response.status_code, data, saga_id, what)
+    return data
 
 
-def _error(status: int, data: Any, saga_id: str, name: str) -> SagaError:
+def _error(status: int, data: Any, saga_id: str, what: str) -> SagaError:
     detail = data.get("detail") if isinstance(data, dict) else data
     error = data.get("error") if isinstance(data, dict) else None
     if status == 404:
@@ -98,7 +126,7 @@ def _error(status: int, data: Any, saga_id: str, name: str) -> SagaError:
         problems = detail if isinstance(detail, list) else [
             {"loc": [], "msg": str(detail), "type": "invalid"}
         ]  # fmt: skip
-        return InvalidPayload(f"update {name!r}", problems)
+        return InvalidPayload(what, problems)
     if status in (502, 503, 504):
         return TransientError(f"the admin API answered {status}: {detail}")
     return PermanentError(f"the admin API answered {status}: {detail}")

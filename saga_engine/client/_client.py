@@ -63,8 +63,9 @@ class SagaClient:
         store :meth:`result` reads (the caller's to close); without it the client
         connects to ``settings.pg`` the first time it needs one. ``codec``: seals what
         it sends and opens what it reads; by default the one ``settings.codec`` describes.
-        ``admin_url`` and ``admin_token``: the engine's admin API that :meth:`update` calls
-        (by default where ``settings.admin`` makes it listen, without a token)."""
+        ``admin_url`` and ``admin_token``: the engine's admin API that :meth:`update`,
+        :meth:`retry_step` and :meth:`skip_step` call (by default where ``settings.admin``
+        makes it listen, without a token; an operator's token names the principal)."""
         self.settings = settings
         self.codec = (
             CodecChain.of(codec) if codec is not None else CodecChain.from_settings(settings.codec)
@@ -273,6 +274,45 @@ class SagaClient:
             )
         )
 
+    # ------------------------------------------------------------------ operator actions
+
+    async def retry_step(
+        self,
+        saga_id: str,
+        step: str,
+        *,
+        command: BaseModel | dict[str, Any] | None = None,
+        reason: str,
+    ) -> SagaStatus:
+        """Retries a step through the engine's admin API, as ``saga retry`` does; a parked
+        one with an edited ``command`` if given (InvalidPayload if its model refuses it,
+        nothing recorded). The saga's status after it; SagaNotFound, InvalidTransition."""
+        return await self._step_action(saga_id, "retry", step, reason, command=command)
+
+    async def skip_step(
+        self,
+        saga_id: str,
+        step: str,
+        result: BaseModel | dict[str, Any] | None,
+        *,
+        reason: str,
+    ) -> SagaStatus:
+        """Skips a step through the engine's admin API, as ``saga skip`` does: it goes on
+        with ``result`` (checked against its ``returns=`` model), or a stuck compensation
+        is done by hand (``result`` None). Returns and raises like :meth:`retry_step`."""
+        return await self._step_action(saga_id, "skip", step, reason, result=result)
+
+    async def _step_action(
+        self, saga_id: str, action: str, step: str, reason: str, **given: Any
+    ) -> SagaStatus:
+        from saga_engine.client._calls import post_action
+
+        body: dict[str, Any] = {"step": step, "reason": reason}
+        body.update({name: _payload(v) for name, v in given.items() if v is not None})
+        return await post_action(
+            self._admin_url, self._admin_token, saga_id, action, body, f"{action} of {step!r}"
+        )
+
     # ------------------------------------------------------------------ updates, queries
 
     async def update(
@@ -440,7 +480,8 @@ class SagaClient:
         (the saga list's filters: ``statuses``, ``attributes``, ``q``, ``created_after``...)
         and returns its id; the engines run it (docs/batch-operations.md). ``action``:
         cancel, signal (``signal`` and ``payload``, checked against the declared signal),
-        retry or resume. Bad input raises InvalidPayload and records nothing."""
+        retry, resume or rerun (a new saga, linked to each, as :meth:`rerun` starts). Bad
+        input raises InvalidPayload and records nothing."""
         spec = _batch_spec(saga, action, reason, where, signal, payload)
         check_spec(spec, SagaRegistry([saga]))
         total, _ = await count_matching(await self._result_store(), spec.filter)

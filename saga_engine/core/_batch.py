@@ -9,6 +9,10 @@ An operation acts on a saga at most once, across crashes and engines: every acti
 takes carries its id (the reason recorded in the saga's history starts with
 :func:`marker`, a signal's id is :func:`signal_id_for`), and before acting the runner
 reads the saga's history and skips a saga that already carries it (:func:`acted_on`).
+A rerun leaves the original's history alone: the new saga's id derives from the
+operation and the original (:func:`rerun_key_for`), so a repeat is the same start, and
+the reruns the operation started are passed over if its filter matches them
+(:func:`started_by`).
 """
 
 from __future__ import annotations
@@ -36,21 +40,26 @@ __all__ = [
     "check_batch_move",
     "check_spec",
     "marker",
+    "rerun_key_for",
     "signal_id_for",
+    "started_by",
 ]
 
 _NAMESPACE: Final = uuid.UUID("6f1d3c1e-5b1a-4d7e-9a53-0c7a3e0b7b11")
 
 
 class BatchAction(StrEnum):
-    """What an operation does to each saga. A new action (``rerun``, issue 26 §3) is a
-    member here and an entry in ``runner/_batches.ACTIONS``; nothing else changes."""
+    """What an operation does to each saga. A new action is a member here and an entry
+    in ``runner/_batches.ACTIONS``; nothing else changes."""
 
     CANCEL = "cancel"
     SIGNAL = "signal"
     #: Retries the saga's stuck step (a stuck compensation or a held reply).
     RETRY = "retry"
     RESUME = "resume"
+    #: Starts a new saga of the same type with the same input, linked to the original
+    #: (``rerun_of``), as ``POST /sagas/{id}/rerun`` does.
+    RERUN = "rerun"
 
 
 class BatchState(StrEnum):
@@ -131,6 +140,20 @@ def signal_id_for(operation_id: str, saga_id: str) -> str:
     """The id of the signal an operation sends a saga: the same on every attempt, so the
     engine's signal dedupe makes a repeat a no-op."""
     return str(uuid.uuid5(_NAMESPACE, f"{operation_id}/{saga_id}"))
+
+
+def rerun_key_for(operation_id: str, saga_id: str) -> str:
+    """The idempotency key of the rerun an operation starts for a saga: the same on every
+    attempt, so a repeat after a crash names the saga started the first time."""
+    return f"batch-rerun:{operation_id}:{saga_id}"
+
+
+def started_by(events: Iterable[Any], operation_id: str) -> bool:
+    """Whether the saga is a rerun the operation started (its ``saga_started`` links the
+    original with a reason that starts with the operation's :func:`marker`)."""
+    first = next(iter(events), None)
+    reason = getattr(getattr(first, "rerun_of", None), "reason", None)
+    return isinstance(reason, str) and reason.startswith(marker(operation_id))
 
 
 def acted_on(events: Iterable[Any], operation_id: str) -> bool:

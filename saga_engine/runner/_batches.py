@@ -6,11 +6,15 @@ Every worker runs one; the operation's lease (``_pgbatches``) gives it to one en
 time, and to another once an engine that crashed holding it has let its lease expire.
 
 **At most once per saga.** Each action goes through the engine's one path like an
-operator's (``Engine.cancel``, ``.signal``, ``.retry_step``, ``.resume``), carrying the
-operation's id in the reason it records (``core/_batch.marker``) and, for a signal, in
-its signal id. The progress (``cursor``) moves after the action is durable; a crash in
-between leaves the saga to be read again, and its history then shows the action
-(``acted_on``): it is counted as skipped, not acted on twice.
+operator's (``Engine.cancel``, ``.signal``, ``.retry_step``, ``.resume``, ``.start``
+for a rerun), carrying the operation's id in the reason it records
+(``core/_batch.marker``) and, for a signal, in its signal id. The progress (``cursor``)
+moves after the action is durable; a crash in between leaves the saga to be read again,
+and its history then shows the action (``acted_on``): it is counted as skipped, not
+acted on twice. A rerun leaves the original's history alone: its new saga's id derives
+from the operation and the original (``rerun_key_for``), so the repeat finds that saga
+and is counted as skipped; the reruns an operation started are passed over, uncounted,
+when its filter matches them (``started_by``).
 """
 
 from __future__ import annotations
@@ -21,9 +25,18 @@ import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
-from saga_engine.core._batch import BatchAction, acted_on, marker, signal_id_for
+from saga_engine.core._batch import (
+    BatchAction,
+    acted_on,
+    marker,
+    rerun_key_for,
+    signal_id_for,
+    started_by,
+)
+from saga_engine.core._decision import saga_id_for
+from saga_engine.core._events import RerunLink, SagaStarted
 from saga_engine.core._view import fold
-from saga_engine.kernel._errors import InvalidTransition, SagaError, TransientError
+from saga_engine.kernel._errors import InvalidTransition, SagaError, SagaNotFound, TransientError
 from saga_engine.kernel._retry import Backoff
 from saga_engine.kernel._settings import BatchSettings
 from saga_engine.runner._engine import Engine
@@ -31,7 +44,7 @@ from saga_engine.store._batch_store import BatchRow, BatchStore, Outcome
 from saga_engine.store._store import EventStore
 from saga_engine.telemetry._telemetry import detach_from_trace
 
-__all__ = ["ACTIONS", "CRASH_POINT", "BatchRunner"]
+__all__ = ["ACTIONS", "ALREADY_DONE", "CRASH_POINT", "BatchRunner"]
 
 log = logging.getLogger("saga_engine.batches")
 
@@ -68,14 +81,37 @@ async def _resume(engine: Engine, op: BatchRow, saga_id: str, _: list[object], w
     return await engine.resume(saga_id, principal=op.principal, reason=why)
 
 
-#: Each action's way to act on one saga. ``rerun`` (issue 26 §3) plugs in here: an entry
-#: that starts the new saga under an id derived from the operation and the saga (so a
-#: repeat is the same start), and a ``BatchAction`` member.
+#: What an action returns when the saga's history does not show the operation's action
+#: but the action was done already: a rerun's new saga exists (a crash in between).
+ALREADY_DONE = object()
+
+
+async def _rerun(
+    engine: Engine, op: BatchRow, saga_id: str, events: list[object], why: str
+) -> object:
+    started = events[0] if events else None
+    if not isinstance(started, SagaStarted):  # pragma: no cover - a history starts so
+        raise InvalidTransition(f"saga {saga_id} has no saga_started event")
+    key = rerun_key_for(op.operation_id, saga_id)
+    try:
+        await engine.get(saga_id_for(started.saga_type, key))
+        return ALREADY_DONE
+    except SagaNotFound:
+        pass
+    # The engine's start, as POST /sagas/{id}/rerun's: the original's input, the link to
+    # it, and a key of the operation's (the same start if this one is ever repeated).
+    link = RerunLink(saga_id=saga_id, principal=op.principal, reason=why)
+    return await engine.start(started.saga_type, started.input, idempotency_key=key, rerun_of=link)
+
+
+#: Each action's way to act on one saga (a new action: an entry here and a
+#: ``BatchAction`` member).
 ACTIONS: dict[BatchAction, Act] = {
     BatchAction.CANCEL: _cancel,
     BatchAction.SIGNAL: _signal,
     BatchAction.RETRY: _retry,
     BatchAction.RESUME: _resume,
+    BatchAction.RERUN: _rerun,
 }
 
 
@@ -194,15 +230,20 @@ class BatchRunner:
                     return
                 cursor = record.saga_id
 
-    async def _one(self, op: BatchRow, saga_id: str) -> tuple[Outcome, str | None]:
-        """Acts on one saga, unless its history shows the operation did already."""
+    async def _one(self, op: BatchRow, saga_id: str) -> tuple[Outcome | None, str | None]:
+        """Acts on one saga, unless its history shows the operation did already (None:
+        a saga the operation started itself, passed over)."""
         try:
             loaded = await self._sagas.load(saga_id)
             events: list[object] = [stored.event for stored in loaded.events]
+            if started_by(events, op.operation_id):
+                return None, None
             if acted_on(events, op.operation_id):
                 return Outcome.SKIPPED, None
             why = f"{marker(op.operation_id)} {op.spec.reason}".rstrip()
             decision = await ACTIONS[op.spec.action](self._engine, op, saga_id, events, why)
+            if decision is ALREADY_DONE:
+                return Outcome.SKIPPED, None
         except TransientError:
             raise  # the loop claims the operation again and goes on from this saga
         except Exception as exc:

@@ -212,6 +212,65 @@ async def test_a_signal_to_many_and_an_operation_cancelled_midway(
         assert final["done"] <= at_cancel + 1
 
 
+async def _reruns(pg: PgTarget) -> dict[str, list[dict[str, Any]]]:
+    """Per original saga, the ``saga_started`` of the sagas re-running it (with their id)."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for new_id, [started] in (await _events(pg, "saga_started")).items():
+        if started.get("rerun_of"):
+            found.setdefault(started["rerun_of"]["saga_id"], []).append({**started, "id": new_id})
+    return found
+
+
+async def test_a_rerun_operation_starts_one_linked_rerun_per_saga(
+    pg: PgTarget, kafka_bootstrap: str, unique_id: str
+) -> None:
+    settings = _settings(pg, kafka_bootstrap, unique_id, rate=50)
+    async with served_worker(settings, [Parked]) as served, SagaClient(settings) as client:
+        http = served.http
+        ids = await _start(served, 5, "eu")
+        by_cli = await _start(served, 2, "us")
+        by_client = await _start(served, 2, "asia")
+        body = {**BASE, "action": "rerun", "reason": "replay the lost orders"}
+        created = await http.post("/batch-operations", json=body, headers=OPERATOR)
+        assert created.status_code == 201, created.text
+        op_id = created.json()["id"]
+
+        async def finished() -> bool:
+            got = (await http.get(f"/batch-operations/{op_id}", headers=READER)).json()
+            return bool(got["state"] == "completed")
+
+        await poll_until(finished, timeout=60, interval=0.05)
+        done = (await http.get(f"/batch-operations/{op_id}", headers=READER)).json()
+        # The reruns match the filter too (running, eu): passed over, not re-run.
+        assert (done["acted"], done["skipped"], done["failed"], done["done"]) == (5, 0, 0, 5)
+        reruns = await _reruns(pg)
+        assert sorted(reruns) == sorted(ids)  # one each, none for the other regions
+        for saga_id in ids:
+            [started] = reruns[saga_id]
+            assert started["rerun_of"]["principal"] == "olivia"
+            assert started["rerun_of"]["reason"] == f"[batch {op_id}] replay the lost orders"
+            assert started["input"] == {"region": "eu"}
+            original = (await http.get(f"/sagas/{saga_id}", headers=READER)).json()
+            assert original["status"] == "running"  # the original is left alone
+            assert [r["saga_id"] for r in original["reruns"]] == [started["id"]]
+            rerun = (await http.get(f"/sagas/{started['id']}", headers=READER)).json()
+            assert rerun["rerun_of"]["saga_id"] == saga_id
+        page = await http.get(f"/ui/batch-operations/{op_id}", headers=READER)
+        assert '<dd id="batch-action">rerun</dd>' in page.text
+
+        # The CLI and the client take the action too.
+        ran = await cli("batch", "start", "--action", "rerun", "--reason", "again",
+                        "--type", "parked", "--attr", "region=us", url=served.url)  # fmt: skip
+        assert ran.exit_code == 0, ran.output
+        assert "rerun by olivia, completed, 2/2 (acted 2," in ran.stdout
+        where = {"attributes": {"region": "asia"}}
+        from_code = await client.start_batch(Parked, "rerun", reason="again", where=where)
+        assert (await client.wait_batch(from_code, timeout=30))["acted"] == 2
+        reruns = await _reruns(pg)
+        assert sorted(reruns) == sorted(ids + by_cli + by_client)
+        assert all(len(new) == 1 for new in reruns.values()), reruns
+
+
 async def _count_completed(served: ServedWorker, ids: list[str], at_least: int) -> bool:
     n = 0
     for saga_id in ids:
@@ -228,7 +287,7 @@ async def test_bad_input_is_refused_and_nothing_is_recorded(
         ok = {**BASE, "action": "cancel", "reason": "r"}
         for bad, where in [
             ({**ok, "action": "explode"}, ["body", "action"]),
-            ({**ok, "action": "rerun"}, ["body", "action"]),
+            ({**ok, "action": "rerun", "payload": {"speed": 1}}, ["body", "signal"]),
             ({**ok, "reason": ""}, ["body", "reason"]),
             ({**ok, "reason": "   "}, ["body", "reason"]),
             ({**ok, "filter": {"saga_type": "nope"}}, ["body", "filter", "saga_type"]),

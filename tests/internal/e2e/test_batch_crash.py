@@ -2,7 +2,8 @@
 a saga and the operation's progress recording it (crash point ``batch_after_action``);
 a restarted engine takes the operation over once the lease has expired, finishes it, and
 no saga was acted on twice: one cancel in each saga's history, and in the participants'
-own tables one apply and one revert per saga."""
+own tables one apply and one revert per saga. A rerun operation SIGKILLed the same way
+starts one rerun per saga, never two."""
 
 from __future__ import annotations
 
@@ -169,3 +170,66 @@ async def test_two_engines_one_holds_the_operation_and_the_other_takes_over_its_
     await cluster.check_effects(
         dict.fromkeys(ids, SagaStatus.CANCELLED), dict.fromkeys(ids, "beta")
     )
+
+
+async def _reruns(cluster: Cluster, op_id: str) -> dict[str, list[str]]:
+    """Per original, the sagas started as its reruns (each naming the operation)."""
+    conn = await asyncpg.connect(
+        cluster.database_dsn, server_settings={"search_path": cluster.schema}
+    )
+    try:
+        rows = await conn.fetch(
+            "SELECT saga_id, data->'rerun_of'->>'saga_id' AS original, "
+            "data->'rerun_of'->>'reason' AS reason FROM saga_events "
+            "WHERE data->>'kind' = 'saga_started' AND data ? 'rerun_of'"
+        )
+    finally:
+        await conn.close()
+    assert all(r["reason"] == f"{marker(op_id)} replay the day" for r in rows)
+    found: dict[str, list[str]] = {}
+    for r in rows:
+        found.setdefault(r["original"], []).append(r["saga_id"])
+    return found
+
+
+async def test_sigkill_after_a_rerun_starts_no_second_rerun(participants_up: Cluster) -> None:
+    cluster = participants_up
+    cluster._spawn(
+        "engine", APP, cluster.env(SAGA_CRASH_AT=f"batch_after_action:{CRASH_AT}", **BATCHES)
+    )
+    async with SagaClient(cluster.settings) as client:
+        ids = [await client.start(Transfer, TransferRequest(amount=1 + i)) for i in range(SAGAS)]
+    assert set((await cluster.wait_settled(ids)).values()) == {SagaStatus.COMPLETED}
+    pg = PostgresSettings(dsn=SecretStr(cluster.database_dsn), db_schema=cluster.schema)
+    store = await PostgresBatchStore.connect(pg)
+    op_id = str(uuid.uuid4())
+    # The reruns complete too, and then match the filter: the operation passes over them.
+    where = BatchFilter(saga_type="transfer", statuses=[SagaStatus.COMPLETED])
+    spec = BatchSpec(filter=where, action=BatchAction.RERUN, reason="replay the day")
+    await store.create(op_id, spec, "olivia", SAGAS, datetime.now(UTC))
+    try:
+        assert await cluster.wait_exit("engine") == -9, cluster.log_tail("engine")
+        crashed = await store.get(op_id)
+        assert (crashed.state, crashed.done) == (BatchState.RUNNING, CRASH_AT - 1)
+        assert sum(len(new) for new in (await _reruns(cluster, op_id)).values()) == CRASH_AT
+
+        cluster._spawn("engine", APP, cluster.env(**BATCHES))
+        deadline = time.monotonic() + 90
+
+        async def completed() -> bool:
+            assert time.monotonic() < deadline, cluster.log_tail("engine")
+            return (await store.get(op_id)).state is BatchState.COMPLETED
+
+        await poll_until(completed, timeout=90, interval=0.2)
+        done = await store.get(op_id)
+    finally:
+        await store.close()
+    # The rerun started just before the crash was found again, not started twice.
+    assert (done.acted, done.skipped, done.failed) == (SAGAS - 1, 1, 0)
+    reruns = await _reruns(cluster, op_id)
+    assert sorted(reruns) == sorted(ids)
+    assert all(len(new) == 1 for new in reruns.values()), reruns
+    new_ids = [new for [new] in reruns.values()]
+    assert set((await cluster.wait_settled(new_ids)).values()) == {SagaStatus.COMPLETED}
+    # In the participants' own tables: one apply per command, one per saga and step.
+    await cluster.check_effects(dict.fromkeys(ids + new_ids, SagaStatus.COMPLETED), {})

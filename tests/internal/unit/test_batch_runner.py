@@ -14,9 +14,16 @@ import pytest
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Signal
-from saga_engine.core._batch import BatchAction, BatchFilter, BatchSpec, BatchState, marker
+from saga_engine.core._batch import (
+    BatchAction,
+    BatchFilter,
+    BatchSpec,
+    BatchState,
+    marker,
+    rerun_key_for,
+)
 from saga_engine.core._decision import DropReason
-from saga_engine.core._events import CancelRequested, SignalReceived
+from saga_engine.core._events import CancelRequested, SagaStarted, SignalReceived
 from saga_engine.kernel._errors import StoreUnavailable
 from saga_engine.kernel._settings import BatchSettings
 from saga_engine.runner import _batches
@@ -49,6 +56,27 @@ class Waits(Saga[Job, Done]):
 
 class Crash(Exception):
     pass
+
+
+async def _crash_then_take_over(env: SagaTestEnv, store: InMemoryBatchStore, at: int) -> None:
+    """Runs operation ``op`` on an engine that crashes after its ``at``-th action (before
+    recording it), then on another that takes over once the lease has expired."""
+    hits = 0
+
+    def crash(point: str) -> None:
+        nonlocal hits
+        hits += 1
+        if hits == at:
+            raise Crash(point)
+
+    crashing = BatchRunner(env.engine, env.store, store, _settings(), owner="e1", crash_hook=crash)
+    with pytest.raises(Crash):
+        await crashing.run_once()
+    # The at-th saga was acted on, not recorded.
+    assert (await store.get("op")).done == at - 1
+    # Another engine takes over once the lease expired (here: at once).
+    store._rows["op"] = dataclasses.replace(store._rows["op"], lease_until=None)
+    await BatchRunner(env.engine, env.store, store, _settings(), owner="e2").run_once()
 
 
 def _settings(**kw: float) -> BatchSettings:
@@ -95,24 +123,8 @@ async def test_a_crash_between_an_action_and_its_progress_does_not_act_twice() -
     await store.create(
         "op", _spec(BatchAction.SIGNAL, signal="go", payload={"speed": 3}), "bo", 5, env.now()
     )
-    hits = 0
-
-    def crash_at_third(point: str) -> None:
-        nonlocal hits
-        hits += 1
-        if hits == 3:
-            raise Crash(point)
-
-    crashing = BatchRunner(
-        env.engine, env.store, store, _settings(), owner="e1", crash_hook=crash_at_third
-    )
-    with pytest.raises(Crash):
-        await crashing.run_once()
-    assert (await store.get("op")).done == 2  # the third saga was signalled, not recorded
-    # Another engine takes over once the lease expired (here: at once).
-    store._rows["op"] = dataclasses.replace(store._rows["op"], lease_until=None)
-    taking_over = BatchRunner(env.engine, env.store, store, _settings(), owner="e2")
-    await taking_over.run_once()
+    await _crash_then_take_over(env, store, at=3)
+    assert (await store.get("op")).done == 5
     await env.settle()
     row = await store.get("op")
     assert (row.state, row.acted, row.skipped, row.failed) == (BatchState.COMPLETED, 4, 1, 0)
@@ -212,3 +224,34 @@ async def test_an_input_the_saga_drops_is_counted_as_failed(
     row = await store.get("op")
     assert (row.acted, row.failed) == (0, 2)
     assert row.errors[0]["error"] == "the saga dropped it (parked)"
+
+
+async def _reruns_of(env: SagaTestEnv, saga_id: str) -> list[SagaStarted]:
+    """The sagas started as reruns of ``saga_id``, read from every history in the store."""
+    found = []
+    for record in await env.store.list_sagas(limit=1000):
+        started = (await env.engine.history(record.saga_id))[0]
+        assert isinstance(started, SagaStarted)
+        if started.rerun_of is not None and started.rerun_of.saga_id == saga_id:
+            found.append(started)
+    return found
+
+
+async def test_a_rerun_after_a_crash_starts_no_second_saga() -> None:
+    env, ids = await _world(4)
+    store = InMemoryBatchStore()
+    await store.create("op", _spec(BatchAction.RERUN), "bo", 4, env.now())
+    await _crash_then_take_over(env, store, at=2)  # the second rerun started, not recorded
+    row = await store.get("op")
+    # The reruns match the filter too (same type, same region, running): passed over,
+    # neither re-run nor counted.
+    assert (row.state, row.acted, row.skipped, row.failed) == (BatchState.COMPLETED, 3, 1, 0)
+    for saga_id in ids:
+        [rerun] = await _reruns_of(env, saga_id)
+        assert rerun.input == {"region": "eu"}
+        assert rerun.rerun_of is not None
+        assert rerun.rerun_of.principal == "bo"
+        assert rerun.rerun_of.reason == f"{marker('op')} clean up"
+        assert rerun.idempotency_key == rerun_key_for("op", saga_id)
+        assert (await env.engine.get(saga_id)).status is SagaStatus.RUNNING  # untouched
+    assert len(await env.store.list_sagas(limit=1000)) == 8
