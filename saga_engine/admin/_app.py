@@ -7,7 +7,8 @@ The routes live in routers by concern (``_meta``: health, saga types, metrics;
 ``_reads``: list, detail, history; ``_starts``: the start; ``_actions``: operator
 actions; ``_rollouts``: saga versions' rollouts; ``_flow``: flow control;
 ``_domain_events``: the domain events kept; ``_schedules``: durable schedules;
-``_batches``: batch operations; ``web``: the pages). They reach the
+``_batches``: batch operations; ``web``: the pages, ``_web_waits`` those of domain
+events and concurrency keys). They reach the
 engine, its collaborators (the store, the registry, the counters), the admin settings and
 the start function through the dependencies in ``_deps``, which read what this function
 stores on the app's state.
@@ -39,6 +40,7 @@ from saga_engine.admin._starts import starts_router
 from saga_engine.admin._web import SecurityHeadersMiddleware, web_router
 from saga_engine.admin._web_batches import batches_page_router
 from saga_engine.admin._web_schedules import schedules_page_router
+from saga_engine.admin._web_waits import waits_page_router
 from saga_engine.kernel._settings import AdminSettings, Settings
 from saga_engine.kernel._version import __version__
 from saga_engine.runner._engine import Engine
@@ -127,3 +129,4 @@ def _include_routers(app: FastAPI, parts: EngineParts, admin: AdminSettings) -> 
     app.include_router(_rollouts.ui_router(parts, admin))
     app.include_router(schedules_page_router())
     app.include_router(batches_page_router())
+    app.include_router(waits_page_router())

@@ -406,4 +406,5 @@ async def _saga_page(
         if _offers(view, "signal")
         else [],
         queries=await query_answers(parts, record.saga_id, record.saga_type),
+        urlencode=urlencode,  # the links to the domain events and key pages, filtered
     )

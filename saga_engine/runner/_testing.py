@@ -227,7 +227,7 @@ class SagaTestEnv:
         #: In memory by default; pass a PostgresEventStore to run the same tests on Postgres.
         self.store: EventStore = store or InMemoryEventStore()
         self.bus = InMemoryCommandBus()
-        self.domain_events = InMemoryDomainEventStore(self._open_histories)
+        self.domain_events = InMemoryDomainEventStore(self._open_histories, self._all_histories)
         #: What each engine of this environment was built from (``new_engine``).
         self._built: weakref.WeakKeyDictionary[Engine, tuple[EngineParts, ChildLinks]] = (
             weakref.WeakKeyDictionary()
@@ -279,6 +279,11 @@ class SagaTestEnv:
 
     async def _open_histories(self) -> dict[str, list[Any]]:
         loaded = await self.store.histories(await self.store.open_saga_ids())
+        return {h.record.saga_id: [e.event for e in h.events] for h in loaded}
+
+    async def _all_histories(self) -> dict[str, list[Any]]:
+        rows = await self.store.list_sagas(limit=1_000_000)
+        loaded = await self.store.histories([r.saga_id for r in rows])
         return {h.record.saga_id: [e.event for e in h.events] for h in loaded}
 
     async def publish_event(

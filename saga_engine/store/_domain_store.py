@@ -10,12 +10,12 @@ waits (its ``event_awaited`` events) and what it received: the store adds only t
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
 
-from saga_engine.core._events import EventAwaited
+from saga_engine.core._events import DomainEventReceived, EventAwaited
 from saga_engine.kernel._serde import JsonDict
 
 __all__ = ["DomainEventStore", "Expired", "InMemoryDomainEventStore", "StoredFact"]
@@ -72,6 +72,11 @@ class DomainEventStore(Protocol):
         """The facts kept, newest first (an operator's listing)."""
         ...
 
+    async def receivers(self, facts: Sequence[StoredFact]) -> dict[tuple[str, str], list[str]]:
+        """For each of ``facts`` some saga received, by (source, event id): the sagas whose
+        history recorded it (``domain_event_received``), sorted (the operator's page)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -81,10 +86,12 @@ OpenHistories = Callable[[], Awaitable[dict[str, list[Any]]]]
 
 class InMemoryDomainEventStore:
     """The facts in a dict; the waits read from the histories ``histories`` gives (the
-    open sagas of the in-memory event store)."""
+    open sagas of the in-memory event store), the receivers from those ``everyone`` gives
+    (every saga's; the open ones' when not given)."""
 
-    def __init__(self, histories: OpenHistories) -> None:
+    def __init__(self, histories: OpenHistories, everyone: OpenHistories | None = None) -> None:
         self._histories = histories
+        self._everyone = everyone or histories
         self._facts: dict[tuple[str, str], StoredFact] = {}
 
     async def record(self, fact: StoredFact) -> bool:
@@ -130,6 +137,17 @@ class InMemoryDomainEventStore:
         ]
         found.sort(key=lambda f: (f.received_at, f.event_id), reverse=True)
         return found[:limit]
+
+    async def receivers(self, facts: Sequence[StoredFact]) -> dict[tuple[str, str], list[str]]:
+        wanted = {(f.source, f.event_id) for f in facts if f.matched}
+        out: dict[tuple[str, str], list[str]] = {}
+        if not wanted:
+            return out
+        for saga_id, events in sorted((await self._everyone()).items()):
+            for e in events:
+                if isinstance(e, DomainEventReceived) and (e.source, e.event_id) in wanted:
+                    out.setdefault((e.source, e.event_id), []).append(saga_id)
+        return out
 
     async def close(self) -> None:
         return None

@@ -4,6 +4,7 @@ through the partial index ``saga_events_event_awaited_idx``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
 
@@ -117,6 +118,30 @@ class PostgresDomainEventStore:
                 source, unmatched, limit,
             )  # fmt: skip
         return [self._fact(r) for r in rows]
+
+    async def receivers(self, facts: Sequence[StoredFact]) -> dict[tuple[str, str], list[str]]:
+        matched = [f for f in facts if f.matched]
+        if not matched:
+            return {}
+        with _unavailable_as_transient():
+            # Through the partial index on event_awaited (a saga received only what it
+            # waited for), then each such saga's own events (its primary key): never a
+            # scan of saga_events by kind.
+            rows = await self._pool.fetch(
+                "SELECT DISTINCT f.source, f.event_id, r.saga_id "
+                "FROM unnest($1::text[], $2::text[], $3::text[]) AS f(source, key, event_id) "
+                "JOIN saga_events a ON a.kind = 'event_awaited' "
+                "AND a.data ->> 'source' = f.source AND a.data ->> 'key' = f.key "
+                "JOIN saga_events r ON r.saga_id = a.saga_id "
+                "AND r.kind = 'domain_event_received' AND r.data ->> 'source' = f.source "
+                "AND r.data ->> 'event_id' = f.event_id ORDER BY 1, 2, 3",
+                [f.source for f in matched], [f.key for f in matched],
+                [f.event_id for f in matched],
+            )  # fmt: skip
+        out: dict[tuple[str, str], list[str]] = {}
+        for source, event_id, saga_id in rows:
+            out.setdefault((source, event_id), []).append(saga_id)
+        return out
 
     def _fact(self, r: Any) -> StoredFact:
         payload = r["payload"]

@@ -1,7 +1,8 @@
 """The domain event store's contract, run against both adapters (in memory over the
 in-memory event store; Postgres, with and without a payload codec): facts kept once by
 id, the kept ones of a key oldest first until they expire, the open sagas whose history
-waits for a source and key, matched marks, expiry counts and the operator's listing."""
+waits for a source and key, matched marks, expiry counts, the operator's listing and
+which sagas received a fact."""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ from pydantic import SecretStr
 
 from saga_engine.core._codec import CodecChain, GzipCodec
 from saga_engine.core._decision import Projection
-from saga_engine.core._events import EventAwaited, SagaCompleted, SagaStarted
+from saga_engine.core._events import (
+    DomainEventReceived,
+    EventAwaited,
+    SagaCompleted,
+    SagaStarted,
+)
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._settings import PostgresSettings
 from saga_engine.store._domain_store import (
@@ -124,3 +130,22 @@ async def test_matched_marks_expiry_and_the_listing(stores: Stores) -> None:
     assert await facts.expire(T0 + HOUR + timedelta(minutes=1)) == Expired(2, 1)
     assert await facts.expire(T0 + HOUR + timedelta(minutes=1)) == Expired(0, 0)
     assert [f.event_id for f in await facts.recent()] == ["c"]
+
+
+async def test_the_sagas_that_received_a_fact(stores: Stores) -> None:
+    facts = stores.facts
+    for saga_id in ("s1", "s2", "s3"):
+        await _waiting_saga(stores.events, saga_id, "PaymentCaptured", "42")
+    for saga_id, event_id in (("s2", "a"), ("s1", "a"), ("s3", "b")):
+        got = DomainEventReceived(
+            at=T0, wait_id="event:PaymentCaptured:1", source="PaymentCaptured", key="42",
+            event_id=event_id, payload={"n": event_id},
+        )  # fmt: skip
+        await stores.events.append(Append(saga_id, 2, [got], Projection(SagaStatus.RUNNING)))
+    kept = [_fact("a", matched=True), _fact("b", matched=True), _fact("c"), _fact("d", key="7")]
+    assert await facts.receivers(kept) == {
+        ("PaymentCaptured", "a"): ["s1", "s2"],
+        ("PaymentCaptured", "b"): ["s3"],
+    }
+    assert await facts.receivers([_fact("c", matched=True)]) == {}
+    assert await facts.receivers([]) == {}
