@@ -56,7 +56,19 @@ async def test_a_redelivered_message_never_starts_a_second_saga(
         message = {"order_id": order_id, "customer": "dave", "items": [{"sku": "mug", "qty": 1}]}
         await demo.send_trigger(orjson.dumps(message), order_id)
 
+    paid: set[str] = set()
+
     async def all_done() -> bool:
+        # Each checkout waits for its order's payment-captured fact: the payment provider
+        # calls the orders service's webhook once the order exists (dave's checkouts run
+        # one at a time, so the orders appear one after the other).
+        for order_id in orders:
+            if order_id not in paid and await demo.order(order_id) is not None:
+                response = await demo.http.post(
+                    f"{demo.url('orders')}/orders/{order_id}/payment", json={"amount": 8}
+                )
+                assert response.status_code == 202, response.text
+                paid.add(order_id)
         n = await demo.db.fetchval(
             f"SELECT count(*) FROM {engine_sagas} "
             "WHERE saga_type = 'checkout' AND status = 'completed'"
