@@ -13,13 +13,14 @@ DOC = ROOT / "docs" / "redrive-and-pivots.md"
 
 async def test_the_python_examples_run() -> None:
     blocks = code_blocks(DOC, "python")
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     namespace: dict[str, Any] = {"__name__": "doc_redrive"}
     exec_blocks(blocks, DOC, namespace)
     tests = async_tests(namespace)
     assert [t.__name__ for t in tests] == [
         "test_a_parked_step_retried_with_an_edited_command",
         "test_past_the_pivot_the_saga_only_goes_forward",
+        "test_a_child_as_the_pivot",
     ]
     for test in tests:
         await test()
