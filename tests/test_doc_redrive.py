@@ -30,6 +30,7 @@ async def test_the_python_examples_run() -> None:
     assert [t.__name__ for t in tests] == [
         "test_a_parked_step_retried_with_an_edited_command",
         "test_past_the_pivot_the_saga_only_goes_forward",
+        "test_a_child_as_the_pivot",
     ]
     for test in tests:
         await test()

@@ -194,7 +194,8 @@ class SagaDetail(SagaSummary):
         description="The sagas an operator started as reruns of this one (the first 50).",
     )
     pivot_step: str | None = Field(
-        default=None, description="Its pivot step (ctx.step(pivot=True)), once issued."
+        default=None,
+        description="Its pivot step (pivot=True on a step, an HTTP step or a child), once issued.",
     )
     past_pivot: bool = Field(
         default=False,

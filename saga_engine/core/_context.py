@@ -104,6 +104,7 @@ class SagaDriver(Protocol):
         key: str | None,
         poll: timedelta | None,
         retry: RetryPolicy | None,
+        pivot: bool = False,
     ) -> Coroutine[Any, Any, JsonDict]: ...
 
     def op_sleep(self, delay: timedelta) -> Coroutine[Any, Any, None]: ...
@@ -252,6 +253,7 @@ class SagaContext:
         id: str | None = None,
         poll: Duration | None = DEFAULT_CHILD_POLL,
         retry: RetryPolicy | None = None,
+        pivot: bool = False,
     ) -> O:
         """Starts ``saga`` as a child of this saga and waits for its output.
 
@@ -269,9 +271,13 @@ class SagaContext:
           child also re-sends its end itself whenever it is loaded and after a send the
           broker refused, so the poll is a backstop. ``None``: asked again only when
           this saga is loaded. ``retry`` bounds how many times (default 10,000).
+        - ``pivot=True``: the child is this saga's pivot, as for ``ctx.step``; once it
+          has completed this saga only goes forward. A child past its own pivot refuses
+          its parent's undo (see docs/redrive-and-pivots.md): mark such a child as its
+          parent's pivot, so that the parent goes forward too.
         """
         payload = await self._driver.op_child(
-            saga, input, key=id, poll=as_timedelta(poll, "poll"), retry=retry
+            saga, input, key=id, poll=as_timedelta(poll, "poll"), retry=retry, pivot=pivot
         )
         output: O = self._driver.parse(
             saga.output_type, payload, f"the output of child saga {saga.name!r}"
@@ -291,6 +297,7 @@ class SagaContext:
         compensate: HttpRequest | None = None,
         retry: RetryPolicy | None = None,
         timeout: Duration | None = None,
+        pivot: bool = False,
     ) -> M: ...
 
     @overload
@@ -306,6 +313,7 @@ class SagaContext:
         compensate: HttpRequest | None = None,
         retry: RetryPolicy | None = None,
         timeout: Duration | None = None,
+        pivot: bool = False,
     ) -> JsonDict: ...
 
     async def http_step(
@@ -320,6 +328,7 @@ class SagaContext:
         compensate: HttpRequest | None = None,
         retry: RetryPolicy | None = None,
         timeout: Duration | None = None,
+        pivot: bool = False,
     ) -> M | JsonDict:
         """A step that calls an HTTP service instead of sending a Kafka command.
 
@@ -329,7 +338,8 @@ class SagaContext:
         is success (the JSON body is the result); another 4xx fails the step
         (``StepFailed``); connection errors, 408, 429 and 5xx are retried with the same
         key until the attempt's ``timeout`` (default 30 s), then re-sent per ``retry``.
-        It is recorded in the history like any step.
+        It is recorded in the history like any step. ``pivot=True`` marks it as the
+        saga's pivot, as for ``ctx.step``.
         """
         request = HttpRequest(method=method.upper(), path=path, body=json)
         step = StepRequest(
@@ -340,6 +350,7 @@ class SagaContext:
             retry=retry,
             timeout=as_timedelta(timeout, "timeout") or timedelta(seconds=30),
             returns=returns,
+            pivot=pivot,
         )
         payload = await self._driver.op_step(step)
         if returns is None:

@@ -249,6 +249,9 @@ class DropReason(StrEnum):
     #: An undo the child had already (the same command again), or a child that ended
     #: some other way (its end answers the undo: see ``SagaRuntime.parent_notices``).
     UNDO_ANSWERED = "undo_answered"
+    #: An undo of a child past its pivot: it cannot be undone, and refuses (the reply is
+    #: ``undo_refused``; the parent's compensation of the child fails, then is stuck).
+    UNDO_PAST_PIVOT = "undo_past_pivot"
     #: A domain event this saga received already.
     DUPLICATE_EVENT = "duplicate_event"
     #: A domain event the saga does not (or no longer) wait for.
@@ -313,3 +316,15 @@ def parent_reply(
         compensation=False,
         trace_context=trace_context or {},
     )
+
+
+def undo_refused(child_id: str, parent_id: str, command_id: str) -> OutboundCommand:
+    """A child past its pivot refuses its parent's undo (``DropReason.UNDO_PAST_PIVOT``):
+    the failure reply to the parent's compensation command ``command_id``."""
+    message = (
+        f"child saga {child_id} is past its pivot: it only goes forward and cannot be "
+        "undone; compensate it by hand and skip this compensation, or resume to ask again"
+    )
+    details = {"child_id": child_id, "past_pivot": True}
+    link = ParentLink(saga_id=parent_id, command_id=command_id)
+    return parent_reply(link, child_id, "failure", details, message)

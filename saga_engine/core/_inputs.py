@@ -227,6 +227,13 @@ def _domain_event(s: SagaState, inbound: EventInput) -> Event | DropReason:
 def _undo(s: SagaState, inbound: Undo) -> Event | DropReason:
     if inbound.command_id in s.undo_ids:
         return DropReason.UNDO_ANSWERED
+    if s.past_pivot:
+        # The one rule for a parent's compensation and a child's pivot: a child past its
+        # pivot cannot be undone (cancelled, or its steps compensated), so it refuses,
+        # recording nothing. The refusal fails the parent's compensation of the child,
+        # which ends compensation_stuck: the parent never compensates past the child's
+        # pivot (nor the steps before it) unless an operator skips that compensation.
+        return DropReason.UNDO_PAST_PIVOT
     _check_texts("undo", reason=inbound.reason, parent_id=inbound.parent_id)
     return UndoRequested(
         at=inbound.at, command_id=inbound.command_id, parent_id=inbound.parent_id,

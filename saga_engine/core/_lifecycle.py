@@ -253,7 +253,8 @@ async def _undo_when_asked(s: SagaState) -> None:
 
 def request_undo(s: SagaState, parent_id: str, reason: str) -> None:
     """The parent compensates: a running child is cancelled (it compensates and ends
-    cancelled); a completed one wakes to undo its steps; one already undoing goes on."""
+    cancelled); a completed one wakes to undo its steps; one already undoing goes on. A
+    child past its pivot never gets here: it refuses the undo (``_inputs._undo``)."""
     message = f"undone by parent saga {parent_id}" + (f": {reason}" if reason else "")
     if s.status == SagaStatus.COMPLETED:
         s.cancel_message = message

@@ -275,6 +275,7 @@ async def child(
     key: str | None,
     poll: timedelta | None,
     retry: RetryPolicy | None,
+    pivot: bool = False,
 ) -> JsonDict:
     """Starts a child saga and waits for its end: a step whose participant is the engine
     (see ``CHILD_PARTICIPANT``), so it is recorded, re-sent, compensated and cancelled
@@ -307,6 +308,7 @@ async def child(
             retry or CHILD_RETRY,
             poll,
             returns=saga.output_type,
+            pivot=pivot,
         ),
     )
 

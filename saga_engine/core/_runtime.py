@@ -328,8 +328,11 @@ class SagaRuntime:
         key: str | None,
         poll: timedelta | None,
         retry: RetryPolicy | None,
+        pivot: bool = False,
     ) -> Coroutine[Any, Any, JsonDict]:
-        return operations.child(self.state, saga, input, key=key, poll=poll, retry=retry)
+        return operations.child(
+            self.state, saga, input, key=key, poll=poll, retry=retry, pivot=pivot
+        )
 
     def op_sleep(self, delay: timedelta) -> Coroutine[Any, Any, None]:
         return operations.sleep(self.state, delay)

@@ -33,6 +33,7 @@ from saga_engine.core._decision import (
     OutboundCommand,
     Undo,
     parent_reply,
+    undo_refused,
 )
 from saga_engine.core._events import CommandIssued, Event, ParentLink
 from saga_engine.core._inputs import check_parent
@@ -171,6 +172,8 @@ class ChildLinks:
             return
         if decision.dropped is DropReason.UNDO_ANSWERED:
             await self.answer_again(saga_id, undo=command_id)
+        elif decision.dropped is DropReason.UNDO_PAST_PIVOT:
+            await self._send(undo_refused(saga_id, parent_id, command_id))
 
     async def answer_again(self, saga_id: str, *, undo: str | None = None) -> None:
         """Sends an ended child's answers to its parent again (nothing while it runs),

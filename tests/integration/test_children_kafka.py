@@ -1,5 +1,6 @@
 """Child sagas' failure paths through the real inbox: a child type no engine runs yet
-(a rolling deploy) and a child input its model refuses."""
+(a rolling deploy), a child input its model refuses, and a child past its own pivot that
+refuses its parent's undo."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import pytest
 from pydantic import BaseModel, Field
 
 from saga_engine import Saga, SagaContext, SagaStatus, StepFailed
+from saga_engine.core._decision import child_saga_id
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
-from tests.integration.kafka_helpers import poll_until, read_topic
+from tests.integration.kafka_helpers import fake_participant, poll_until, read_topic
 from tests.served_worker import real_settings
 
 pytestmark = pytest.mark.integration
@@ -93,3 +95,60 @@ async def test_a_child_input_its_model_refuses_fails_the_parents_step(
 
 async def _terminal(worker: SagaWorker, saga_id: str) -> bool:
     return (await _status(worker, saga_id)).is_terminal
+
+
+class Charge(BaseModel):
+    text: str
+
+
+class PaidPrinter(Saga[Label, Printed]):
+    """A child with a pivot of its own: once charged, it cannot be undone."""
+
+    name = "paid-printer"
+
+    async def run(self, ctx: SagaContext, label: Label) -> Printed:
+        await ctx.step("charge", to="alpha", command=Charge(text=label.text), pivot=True)
+        return Printed(text=label.text)
+
+
+class Order(Saga[Job, Printed]):
+    """Prints through the paid child, then fails: the parent compensates."""
+
+    name = "order-with-paid-child"
+
+    async def run(self, ctx: SagaContext, job: Job) -> Printed:
+        await ctx.child(PaidPrinter, {"text": job.text}, poll=1)
+        raise RuntimeError("the order fails after its child passed its pivot")
+
+
+async def test_a_child_past_its_pivot_refuses_its_parents_undo_over_kafka(
+    pg: PgTarget, kafka_bootstrap: str, unique_id: str
+) -> None:
+    settings = real_settings(pg, kafka_bootstrap, unique_id)
+    async with (
+        SagaWorker(settings, [Order, PaidPrinter]) as worker,
+        fake_participant(settings, "alpha"),
+    ):
+        engine = worker.engine
+        assert engine is not None
+        parent = await engine.start(Order, Job(text="x"))
+
+        async def refused() -> bool:
+            return any(
+                e.kind == "reply_received" and e.compensation and e.outcome == "failure"
+                for e in await engine.history(parent)
+            )
+
+        # The parent's undo of the child went through the inbox and came back refused.
+        await poll_until(refused, timeout=60)
+        reply = next(
+            e
+            for e in await engine.history(parent)
+            if e.kind == "reply_received" and e.compensation and e.outcome == "failure"
+        )
+        assert "past its pivot" in (reply.error or "")
+        child_id = child_saga_id(parent, "paid-printer")
+        assert await _status(worker, child_id) == SagaStatus.COMPLETED
+        kinds = [e.kind for e in await engine.history(child_id)]
+        assert "undo_requested" not in kinds
+        assert "compensation_started" not in kinds

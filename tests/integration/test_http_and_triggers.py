@@ -18,7 +18,7 @@ from fastapi import FastAPI, Header
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from saga_engine import Saga, SagaContext, SagaStatus, Settings, StepFailed
+from saga_engine import PastPivot, Saga, SagaContext, SagaStatus, Settings, StepFailed
 from saga_engine.events import SagaStarted
 from saga_engine.settings import AdminSettings, HttpSettings, KafkaSettings, PostgresSettings
 from saga_engine.triggers import KafkaTrigger
@@ -74,7 +74,14 @@ class FraudServer:
 
     def __init__(self) -> None:
         self.keys: Counter[str] = Counter()
+        self.blocked = {"bad", "caught"}
+        self.captures: Counter[str] = Counter()
         self.app = FastAPI()
+
+        @self.app.post("/capture")
+        async def capture(body: dict[str, Any], idempotency_key: str = Header()) -> Any:
+            self.captures[body["customer"]] += 1
+            return {"captured": True}
 
         @self.app.post("/check")
         async def check(body: dict[str, Any], idempotency_key: str = Header()) -> Any:
@@ -82,7 +89,7 @@ class FraudServer:
             customer = body["customer"]
             if customer == "flaky" and self.keys[idempotency_key] == 1:
                 return JSONResponse({"detail": "try later"}, status_code=503)
-            if customer in ("bad", "caught"):
+            if customer in self.blocked:
                 return JSONResponse({"detail": f"customer {customer} is blocked"}, status_code=422)
             return {"approved": True, "score": 7}
 
@@ -163,6 +170,57 @@ async def test_http_step_retries_with_the_same_key_and_refusals_compensate(
                 "approved": False,
                 "refused": "HTTP 422: customer caught is blocked",
             }
+
+
+class CaptureFirst(Saga[Order, Out]):
+    """hold, then capture over HTTP as the pivot, then the fraud check over HTTP."""
+
+    name = "capture-first"
+
+    async def run(self, ctx: SagaContext, order: Order) -> Out:
+        await ctx.step(
+            "hold", to="alpha", command=Hold(customer=order.customer),
+            compensate=Hold(customer="undo"),
+        )  # fmt: skip
+        await ctx.http_step(
+            "capture", endpoint="fraud", path="/capture", json={"customer": order.customer},
+            timeout=5, pivot=True,
+        )  # fmt: skip
+        verdict = await ctx.http_step(
+            "fraud", endpoint="fraud", path="/check", json={"customer": order.customer},
+            returns=Verdict, timeout=5,
+        )  # fmt: skip
+        return Out(approved=verdict.approved)
+
+
+async def test_past_an_http_pivot_a_refused_http_step_parks_and_a_cancel_is_refused(
+    pg: PgTarget, kafka_bootstrap: str, unique_id: str
+) -> None:
+    fraud = FraudServer()
+    fraud.blocked.add("late")
+    async with serve(fraud.app) as url:
+        settings = _settings(pg, kafka_bootstrap, unique_id, url)
+        async with (
+            SagaWorker(settings, [CaptureFirst]) as worker,
+            fake_participant(settings, "alpha") as alpha,
+        ):
+            engine = worker.engine
+            assert engine is not None
+            saga_id = await engine.start(CaptureFirst, Order(customer="late"))
+            # The 422 would compensate the hold; past the pivot it parks the saga.
+            await poll_until(lambda: _status(worker, saga_id, SagaStatus.STEP_STUCK))
+            kinds = [e.kind for e in await engine.history(saga_id)]
+            assert kinds.count("pivot_passed") == 1
+            assert "step_parked" in kinds
+            with pytest.raises(PastPivot, match="past its pivot"):
+                await engine.cancel(saga_id, "too late")
+            fraud.blocked.discard("late")
+            await engine.retry_step(saga_id, "fraud", reason="unblocked")
+            await poll_until(lambda: _status(worker, saga_id, SagaStatus.COMPLETED))
+            assert fraud.captures["late"] == 1
+            assert [c.subject for c in alpha if c.saga_id == saga_id] == ["Hold"]
+            kinds = [e.kind for e in await engine.history(saga_id)]
+            assert "compensation_started" not in kinds
 
 
 class OrderRequested(BaseModel):

@@ -59,13 +59,18 @@ class StepSpec:
     attempts: int
     timeout_s: float | None
     compensate_attempts: int = 2
+    #: It parks (``on_exhausted="park"``) rather than raising when it cannot succeed.
+    park: bool = False
+    #: The saga's pivot step.
+    pivot: bool = False
 
 
-def policy(attempts: int) -> RetryPolicy:
+def policy(attempts: int, park: bool = False) -> RetryPolicy:
     return RetryPolicy(
         max_attempts=attempts,
         initial_backoff=timedelta(seconds=1),
         max_backoff=timedelta(seconds=4),
+        on_exhausted="park" if park else "compensate",
     )
 
 
@@ -92,10 +97,11 @@ class PropertySaga(Saga[In, Out]):
             to=f"svc-{step}",
             command=Cmd(step=step, amount=amount),
             compensate=Undo(step=step, amount=amount) if spec.compensate else None,
-            retry=policy(spec.attempts),
+            retry=policy(spec.attempts, spec.park),
             timeout=spec.timeout_s,
             compensate_retry=policy(spec.compensate_attempts),
             returns=self.reply_model,
+            pivot=spec.pivot,
         )
         return name
 
@@ -187,6 +193,36 @@ class SignalSaga(PropertySaga):
         await ctx.wait_signal(self.release)
         done.append(await self.do(ctx, "settle", input.amount))
         return Out(done=done)
+
+
+class ParkSaga(PropertySaga):
+    """Steps in a row, all but one of which park when they cannot succeed (no pivot)."""
+
+    name = "prop-park"
+    steps = table(
+        StepSpec("reserve", compensate=True, attempts=2, timeout_s=10, park=True),
+        StepSpec("hold", compensate=True, attempts=1, timeout_s=10, park=True),
+        StepSpec("charge", compensate=True, attempts=1, timeout_s=10),
+        StepSpec("notify", compensate=False, attempts=1, timeout_s=10, park=True),
+        StepSpec("ship", compensate=True, attempts=2, timeout_s=10, park=True),
+    )
+
+    async def run(self, ctx: SagaContext, input: In) -> Out:
+        return Out(done=[await self.do(ctx, step, input.amount) for step in self.steps])
+
+
+class PivotSaga(ParkSaga):
+    """Parking steps before a pivot (which carries a compensation, owed while its
+    outcome is unknown), then steps past it that park whatever their policy."""
+
+    name = "prop-pivot"
+    steps = table(
+        StepSpec("reserve", compensate=True, attempts=2, timeout_s=10, park=True),
+        StepSpec("hold", compensate=True, attempts=1, timeout_s=10, park=True),
+        StepSpec("capture", compensate=True, attempts=2, timeout_s=10, pivot=True),
+        StepSpec("ship", compensate=True, attempts=2, timeout_s=10),
+        StepSpec("notify", compensate=False, attempts=1, timeout_s=10, park=True),
+    )
 
 
 # --------------------------------------------------------------------------- changed code

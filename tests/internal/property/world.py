@@ -144,6 +144,8 @@ class World:
     bad_reply_weight: int = 2
     #: Signals someone may send (none unless a test asks: the other sagas declare none).
     signals: tuple[str, ...] = ()
+    #: The outcomes a participant's reply is drawn from (success first, for shrinking).
+    outcomes: tuple[Outcome, ...] = tuple(OUTCOMES)
 
     @classmethod
     def begin(
@@ -300,6 +302,7 @@ class World:
         timers = self.sorted_timers()
         late = list(dict.fromkeys(c.command_id for c in self.sent if c.command_id not in out_ids))
         held = self.rt.held_steps()
+        parked = self.parked_steps()
         waiting = sorted({c.step for c in out if not c.compensation})
         backoffs = sorted(
             t.split(":")[1]
@@ -320,6 +323,8 @@ class World:
             kinds += ["skip_waiting"]
         if backoffs:
             kinds += ["retry_backoff"]
+        if parked:
+            kinds += ["retry_parked"] * 3 + ["skip_parked", "cancel"]
         if self.signals:
             kinds += ["signal"] * 3
         kind = data.draw(st.sampled_from(kinds), label="action")
@@ -343,6 +348,12 @@ class World:
             step = steps[data.draw(st.integers(0, len(steps) - 1), label="step to skip")]
             result = data.draw(st.sampled_from(INVALID_RESULTS), label="invalid result")
             self.deliver("skip_invalid", self._skip(step, result))
+        elif kind == "retry_parked":
+            step = parked[data.draw(st.integers(0, len(parked) - 1), label="parked step")]
+            self.deliver("retry_parked", RetryStep(step, self.tick(), "operator", "fixed"))
+        elif kind == "skip_parked":
+            step = parked[data.draw(st.integers(0, len(parked) - 1), label="parked step")]
+            self.deliver("skip_parked", self._skip(step, VALID_RESULT))
         elif kind == "retry_held":
             step = held[data.draw(st.integers(0, len(held) - 1), label="held step")]
             self.deliver("retry_held", RetryStep(step, self.tick(), "operator", "check again"))
@@ -354,7 +365,7 @@ class World:
             self.deliver("retry_backoff", RetryStep(step, self.tick(), "operator", "now"))
         elif kind == "reply":
             cmd = out[data.draw(st.integers(0, len(out) - 1), label="which command replies")]
-            outcome = data.draw(st.sampled_from(OUTCOMES), label="outcome")
+            outcome = data.draw(st.sampled_from(self.outcomes), label="outcome")
             reply = _reply(cmd.command_id, outcome, self.tick())
             self.deliver("reply", reply)
             if data.draw(st.booleans(), label="reply delivered twice"):
@@ -387,6 +398,11 @@ class World:
         else:
             self.deliver("resume", Resume(self.tick(), "operator", "try again"))
 
+    def parked_steps(self) -> list[str]:
+        """Steps parked after they could not succeed (``on_exhausted="park"``, or past
+        the pivot), waiting for an operator's retry or skip."""
+        return sorted(self.rt.state.parked_steps)
+
     def _skip(self, step: str, result: JsonDict) -> Skip:
         return Skip(step, self.tick(), dict(result), "operator", "answered by hand")
 
@@ -398,7 +414,8 @@ class World:
             timers = self.sorted_timers()
             stuck = self.rt.status == SagaStatus.COMPENSATION_STUCK
             held = self.rt.held_steps() if release_held else []
-            if not out and not timers and not held and not (stuck and resume_when_stuck):
+            parked = self.parked_steps() if release_held else []
+            if not (out or timers or held or parked or (stuck and resume_when_stuck)):
                 return
             if len(self.deliveries) >= MAX_INPUTS:
                 raise AssertionError(
@@ -410,6 +427,8 @@ class World:
                 self.deliver("drain_reply", _reply(out[0].command_id, "success", self.tick()))
             elif held:
                 self.deliver("drain_skip", self._skip(held[0], VALID_RESULT))
+            elif parked:
+                self.deliver("drain_retry", RetryStep(parked[0], self.tick(), "operator", "drain"))
             elif timers:
                 self.fire("drain_timer", *timers[0])
             else:
@@ -436,6 +455,7 @@ def simulate(
     snapshots: bool = True,
     bad_reply_weight: int = 2,
     signals: tuple[str, ...] = (),
+    outcomes: tuple[Outcome, ...] = tuple(OUTCOMES),
 ) -> Run:
     """Starts a saga and lets the world drive it to its end (terminal or parked)."""
     saga_id = f"saga-{data.draw(st.integers(0, 3), label='saga id')}"
@@ -447,6 +467,7 @@ def simulate(
     world = World.begin(saga, saga_id, deadline)
     world.bad_reply_weight = bad_reply_weight
     world.signals = signals
+    world.outcomes = outcomes
     for _ in range(budget):
         if len(world.deliveries) == snap_at and not world.snapshots:
             world.snapshot()
