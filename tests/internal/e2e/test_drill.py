@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -16,9 +17,20 @@ import pytest
 
 from saga_engine.cli._drill_checks import _compensations
 from tests.conftest import PgTarget
+from tests.doc_blocks import code_blocks
 
 ROOT = Path(__file__).resolve().parents[3]
 APP = "tests.internal.e2e.drill_app"
+OPERATIONS = ROOT / "docs" / "operations.md"
+
+
+def _doc_command() -> list[str]:
+    """The ``saga drill`` command of docs/operations.md's "Drills", as its arguments."""
+    (block,) = [
+        b for b in code_blocks(OPERATIONS, "bash", under="## Drills")
+        if b.first_line.startswith("saga drill ")
+    ]  # fmt: skip
+    return shlex.split(block.code)[2:]
 
 
 def _drill(
@@ -34,9 +46,15 @@ def _drill(
     if broken:
         env["DRILL_APP_BROKEN"] = "1"
     command = [
-        sys.executable, "-m", "saga_engine", "drill", "--sagas", APP, "--participants", APP,
-        "--namespace", namespace, "--json", *args,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "saga_engine",
+        "drill",
+        "--namespace",
+        namespace,
+        "--json",
+        *args,
+    ]
     return subprocess.run(
         command, cwd=tmp, env=env, capture_output=True, text=True, timeout=170, check=False
     )
@@ -50,14 +68,12 @@ def _report(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return report
 
 
-async def test_an_engine_kill_drill_of_a_healthy_app_passes(
+async def test_the_documented_engine_kill_drill_of_a_healthy_app_passes(
     pg: PgTarget, kafka_bootstrap: str, unique_id: str, tmp_path: Path
 ) -> None:
-    result = await asyncio.to_thread(
-        _drill, pg, kafka_bootstrap, f"t{unique_id}", tmp_path,
-        "--scenario", "engine-kill", "--duration", "15", "--sagas-per-second", "4",
-        "--fault-every", "5",
-    )  # fmt: skip
+    args = _doc_command()
+    assert args[:4] == ["--sagas", APP, "--participants", APP]
+    result = await asyncio.to_thread(_drill, pg, kafka_bootstrap, f"t{unique_id}", tmp_path, *args)
     report = _report(result)
     assert result.returncode == 0, report
     assert report["ok"] is True
@@ -81,7 +97,7 @@ async def test_a_participant_that_applies_a_command_twice_fails_the_drill(
 ) -> None:
     result = await asyncio.to_thread(
         _drill, pg, kafka_bootstrap, f"t{unique_id}", tmp_path,
-        "--scenario", "participant-kill", "--duration", "8", "--sagas-per-second", "2",
+        "--sagas", APP, "--participants", APP, "--scenario", "participant-kill", "--duration", "8", "--sagas-per-second", "2",
         "--fault-every", "4", broken=True,
     )  # fmt: skip
     report = _report(result)
@@ -96,8 +112,9 @@ def test_broker_restart_is_refused_when_the_drill_did_not_start_kafka(
     pg: PgTarget, tmp_path: Path
 ) -> None:
     result = _drill(
-        pg, "127.0.0.1:1", "tnokafka", tmp_path, "--scenario", "broker-restart", "--duration", "2"
-    )
+        pg, "127.0.0.1:1", "tnokafka", tmp_path,
+        "--sagas", APP, "--participants", APP, "--scenario", "broker-restart",
+    )  # fmt: skip
     assert result.returncode == 1
     assert "did not start and will not restart" in result.stdout + result.stderr
 
