@@ -34,7 +34,7 @@ class ProgressWatch:
     schema: str
     saga_ids: list[str] = field(default_factory=list)
     progress_at: list[float] = field(default_factory=list)  # monotonic times of progress
-    faults: list[tuple[str, float]] = field(default_factory=list)  # (kind, monotonic)
+    faults: list[tuple[str, float, float]] = field(default_factory=list)  # kind, monotonic, wall
     settled_at: float | None = None
     _events: int = -1
 
@@ -62,21 +62,25 @@ class ProgressWatch:
             self.settled_at = None
         return still_open
 
-    def timings(self) -> dict[str, float | None]:
-        def after(t: float) -> float | None:
-            later = [p for p in self.progress_at if p > t]
-            return round(later[0] - t, 2) if later else None
+    def timings(self, takeovers: list[float]) -> dict[str, float | None]:
+        """``takeovers``: the wall times at which an engine took partitions it did not
+        hold (its log says so): a kill's takeover is the first one after it."""
 
-        kills = [after(t) for kind, t in self.faults if kind in ("engine-kill", "engine-freeze")]
-        firsts = [after(t) for _, t in self.faults]
+        def after(t: float, times: list[float]) -> float | None:
+            later = [p for p in times if p > t]
+            return round(min(later) - t, 2) if later else None
+
+        kills = [after(w, takeovers) for kind, _, w in self.faults if kind.startswith("engine")]
+        firsts = [after(t, self.progress_at) for _, t, _ in self.faults]
         gaps = [b - a for a, b in zip(self.progress_at, self.progress_at[1:], strict=False)]
-        last_fault = max((t for _, t in self.faults), default=None)
+        last_fault = max((t for _, t, _ in self.faults), default=None)
         return {
             "takeover_s": _max(kills),
             "first_progress_after_fault_s": _max(firsts),
             "longest_stall_s": round(max(gaps), 2) if gaps else None,
             "drain_after_last_fault_s": (
-                round(self.settled_at - last_fault, 2)
+                # Sagas that settled while the last fault still ran drained in no time.
+                round(max(0.0, self.settled_at - last_fault), 2)
                 if self.settled_at is not None and last_fault is not None
                 else None
             ),

@@ -97,7 +97,7 @@ async def run_drill(stack: DrillStack, plan: DrillPlan) -> DrillReport:
         report.checks = await check_all(
             stack.settings, stack.engine_schema, ledgers, watch.saga_ids, plan.sagas
         )
-        report.timings = watch.timings()
+        report.timings = watch.timings(stack.takeovers())
     finally:
         stack.stop_all()
         if proxy is not None:
@@ -213,18 +213,18 @@ async def _inject(
     plan: DrillPlan,
 ) -> str:
     engines = [n for n in stack.procs if n.startswith("engine-") and stack.alive(n)]
-    now = time.monotonic()
+    now = (time.monotonic(), time.time())
     if kind in ("engine-kill", "engine-kill-slow"):
         victim = rng.choice(engines)
         stack.kill(victim)
-        watch.faults.append(("engine-kill", now))
+        watch.faults.append(("engine-kill", *now))
         if kind == "engine-kill":
             stack.start_engine(victim)  # a new process in its place, as an orchestrator does
         return f"SIGKILL {victim}"
     if kind == "engine-freeze":
         victim = rng.choice(engines)
         stack.signal(victim, signal.SIGSTOP)
-        watch.faults.append(("engine-freeze", now))
+        watch.faults.append(("engine-freeze", *now))
         # Past the session timeout: the group moves its partitions while it sleeps.
         await asyncio.sleep(SESSION_TIMEOUT_MS / 1000 + 4)
         stack.signal(victim, signal.SIGCONT)
@@ -232,12 +232,12 @@ async def _inject(
     if kind == "participant-kill":
         victim = rng.choice(list(stack.participants))
         stack.kill(f"participant-{victim}")
-        watch.faults.append(("participant-kill", now))
+        watch.faults.append(("participant-kill", *now))
         stack.start_participant(victim)
         return f"SIGKILL participant-{victim}"
     assert kind == "pg-cut"
     assert proxy is not None
-    watch.faults.append(("pg-cut", now))
+    watch.faults.append(("pg-cut", *now))
     with contextlib.suppress(asyncio.CancelledError):
         await proxy.cut(plan.stall_s)
     return f"Postgres link cut, stalled {plan.stall_s:.0f}s"

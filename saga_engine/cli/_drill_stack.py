@@ -14,12 +14,14 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from saga_engine.kernel._errors import CliError
@@ -27,6 +29,9 @@ from saga_engine.kernel._settings import Settings
 
 __all__ = ["DrillStack", "load_participants"]
 
+_TOOK = re.compile(
+    r"^(?P<at>\S+ \S+) .*took partitions \[(?P<took>[^\]]*)\] \(kept \[(?P<kept>[^\]]*)\]\)"
+)
 #: A killed engine's partitions move after the session timeout: the broker's minimum.
 SESSION_TIMEOUT_MS = 6000
 
@@ -132,6 +137,19 @@ class DrillStack:
     def died(self) -> list[str]:
         """The processes that exited unasked (a crash at start-up, say)."""
         return [n for n, p in self.procs.items() if p.poll() is not None]
+
+    def takeovers(self) -> list[float]:
+        """The wall times at which an engine took partitions it did not hold (from the
+        worker's log line "took partitions [...] (kept [...])")."""
+        times: list[float] = []
+        for path in self.logs.glob("engine-*.log"):
+            for line in path.read_text(errors="replace").splitlines():
+                found = _TOOK.match(line)
+                if found and set(found["took"].split(", ")) - set(found["kept"].split(", ")):
+                    # The worker's log stamps local time, as datetime's naive times are.
+                    stamp = datetime.strptime(found["at"], "%Y-%m-%d %H:%M:%S,%f")
+                    times.append(stamp.timestamp())
+        return times
 
     def log_tail(self, name: str, lines: int = 20) -> str:
         path = self.logs / f"{name}.log"
