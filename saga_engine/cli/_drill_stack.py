@@ -79,7 +79,9 @@ class DrillStack:
     def env(self, **extra: str) -> dict[str, str]:
         kafka = self.settings.kafka
         dsn = self.settings.pg.dsn.get_secret_value()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
+        # The user's other settings (codec keys, HTTP endpoints...) pass through; the
+        # drill's namespace and the stack's servers override theirs.
+        env = dict(os.environ)
         env.update(
             PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p),
             PYTHONUNBUFFERED="1",
