@@ -12,6 +12,7 @@ from saga_engine.cli import (
     _batch,
     _conformance,
     _dlq,
+    _drill,
     _events,
     _flow,
     _keys,
@@ -65,6 +66,7 @@ app.add_typer(_schedule.schedule_app, name="schedule")
 app.add_typer(_rollout.rollout_app, name="rollout")
 app.add_typer(_batch.batch_app, name="batch")
 app.add_typer(_conformance.commands)
+app.add_typer(_drill.commands)
 
 
 def main() -> None:

@@ -79,6 +79,9 @@ class ParticipantSettings(BaseModel):
     #: back-off and logging one line per attempt. Unset: for ever, as an orchestrator
     #: expects from a service whose dependencies start alongside it.
     startup_timeout_s: float | None = Field(default=None, gt=0)
+    #: Record each applied command in the ``drill_ledger`` table, in the transaction that
+    #: applies it (``saga drill`` sets it on the participants it starts).
+    drill_ledger: bool = False
 
 
 class EngineSettings(BaseModel):

@@ -38,6 +38,7 @@ from saga_engine.participant._handler import (
     Isolation,
     Transaction,
 )
+from saga_engine.participant._ledger import create_ledger
 from saga_engine.participant._relay import Relay
 from saga_engine.store._migrations import PARTICIPANT_MIGRATIONS, migrate
 from saga_engine.store._pgbase import POSTGRES
@@ -386,6 +387,9 @@ class Participant:
                 # schema.
                 server_settings={"search_path": self.db_schema},
             )
+            if self.settings.participant.drill_ledger:
+                async with self._pool.acquire() as conn:
+                    await create_ledger(conn)
         with reaching(KAFKA):
             self._producer = make_producer(kafka)
             await self._producer.start()

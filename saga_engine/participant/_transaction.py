@@ -41,6 +41,7 @@ from saga_engine.participant._handler import (
     answer_reply,
     json_payload,
 )
+from saga_engine.participant._ledger import record_applications
 from saga_engine.participant._reading import Item
 from saga_engine.participant._sql import (
     CLAIM,
@@ -115,7 +116,12 @@ async def transact(
                 await answer(ctx, conn, item, savepoints=savepoints)
         for group in groups.rest():
             await _handle(ctx, conn, group, savepoints=savepoints)
-        await _record(conn, [i for i in firsts if i.outgoing is not None and not i.duplicate])
+        fresh = [i for i in firsts if i.outgoing is not None and not i.duplicate]
+        await _record(conn, fresh)
+        if ctx.settings.participant.drill_ledger:
+            # In this transaction: a command's ledger row commits with its effects.
+            applied = [_cmd(i) for i in fresh if _out(i).reply.outcome == "success"]
+            await record_applications(conn, applied)
 
 
 async def _record(conn: Connection, fresh: list[Item]) -> None:

@@ -1,0 +1,214 @@
+"""The drill's verdict: invariants read back from the engine's tables and the
+participants' ledgers (``drill_ledger``, written by the kit in each applying transaction),
+and the timings the progress watch measured."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from saga_engine.core._codec import CodecChain
+from saga_engine.core._replay import HistoryExport, replay
+from saga_engine.core._status import SagaStatus
+from saga_engine.kernel._settings import PostgresSettings, Settings
+
+__all__ = ["Check", "ProgressWatch", "check_all"]
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class ProgressWatch:
+    """Samples the engine's ``sagas`` table: progress is any new history event."""
+
+    dsn: str
+    schema: str
+    saga_ids: list[str] = field(default_factory=list)
+    progress_at: list[float] = field(default_factory=list)  # monotonic times of progress
+    faults: list[tuple[str, float, float]] = field(default_factory=list)  # kind, monotonic, wall
+    settled_at: float | None = None
+    _events: int = -1
+
+    async def sample(self, conn: asyncpg.Connection) -> int:
+        """Records one sample; returns how many of the drill's sagas are still open."""
+        try:
+            row = await conn.fetchrow(
+                f"SELECT coalesce(sum(last_seq), 0) AS events, count(*) FILTER (WHERE status "
+                f"IN ('running', 'compensating')) AS open, count(*) AS known "
+                f'FROM "{self.schema}".sagas WHERE saga_id = ANY($1)',
+                self.saga_ids,
+            )
+        except asyncpg.UndefinedTableError:  # the engines have not migrated yet
+            return len(self.saga_ids)
+        assert row is not None
+        now = time.monotonic()
+        if row["events"] > self._events:
+            if self._events >= 0:  # the first sample is the baseline
+                self.progress_at.append(now)
+            self._events = row["events"]
+        still_open = int(row["open"]) + len(self.saga_ids) - int(row["known"])
+        if still_open == 0 and self.saga_ids and self.settled_at is None:
+            self.settled_at = now
+        elif still_open:
+            self.settled_at = None
+        return still_open
+
+    def timings(self, takeovers: list[float]) -> dict[str, float | None]:
+        """``takeovers``: the wall times at which an engine took partitions it did not
+        hold (its log says so): a kill's takeover is the first one after it."""
+
+        def after(t: float, times: list[float]) -> float | None:
+            later = [p for p in times if p > t]
+            return round(min(later) - t, 2) if later else None
+
+        kills = [after(w, takeovers) for kind, _, w in self.faults if kind.startswith("engine")]
+        firsts = [after(t, self.progress_at) for _, t, _ in self.faults]
+        gaps = [b - a for a, b in zip(self.progress_at, self.progress_at[1:], strict=False)]
+        last_fault = max((t for _, t, _ in self.faults), default=None)
+        return {
+            "takeover_s": _max(kills),
+            "first_progress_after_fault_s": _max(firsts),
+            "longest_stall_s": round(max(gaps), 2) if gaps else None,
+            "drain_after_last_fault_s": (
+                # Sagas that settled while the last fault still ran drained in no time.
+                round(max(0.0, self.settled_at - last_fault), 2)
+                if self.settled_at is not None and last_fault is not None
+                else None
+            ),
+        }
+
+
+def _max(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+async def check_all(
+    settings: Settings,
+    engine_schema: str,
+    ledgers: dict[str, str],
+    saga_ids: list[str],
+    sagas: list[Any],
+) -> list[Check]:
+    """Every invariant, one :class:`Check` each (``ledgers``: participant -> schema)."""
+    dsn = settings.pg.dsn.get_secret_value()
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            f'SELECT saga_id, status, error FROM "{engine_schema}".sagas WHERE saga_id = ANY($1)',
+            saga_ids,
+        )
+        applied: list[asyncpg.Record] = []
+        for schema in ledgers.values():
+            try:
+                applied += await conn.fetch(
+                    f"SELECT command_id, command_type, saga_id, step, compensation, at, seq "
+                    f'FROM "{schema}".drill_ledger'
+                )
+            except asyncpg.UndefinedTableError:  # a participant that never started
+                continue
+    finally:
+        await conn.close()
+    # One Postgres clock for every schema: the commit order across participants.
+    applied.sort(key=lambda r: (r["at"], r["seq"]))
+    checks = [_lost(saga_ids, rows), _twice(applied), _compensations(applied)]
+    checks.append(await _replays(settings, engine_schema, saga_ids, sagas))
+    return checks
+
+
+def _lost(saga_ids: list[str], rows: list[asyncpg.Record]) -> Check:
+    by_id = {r["saga_id"]: r for r in rows}
+    bad: list[str] = []
+    for saga_id in saga_ids:
+        row = by_id.get(saga_id)
+        if row is None:
+            bad.append(f"{saga_id}: never started")
+            continue
+        status = SagaStatus(row["status"])
+        if status.is_parked and row["error"] is None:
+            bad.append(f"{saga_id}: parked ({status.value}) without a reason")
+        elif not (status.is_terminal or status.is_parked):
+            bad.append(f"{saga_id}: still {status.value}")
+    statuses = Counter(r["status"] for r in rows)
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
+    return Check("no saga lost", not bad, "; ".join(bad[:5]) or summary or "no sagas")
+
+
+def _twice(applied: list[asyncpg.Record]) -> Check:
+    counts = Counter(r["command_id"] for r in applied)
+    twice = {c: n for c, n in counts.items() if n > 1}
+    types = {r["command_id"]: (r["command_type"], r["saga_id"]) for r in applied}
+    detail = "; ".join(
+        f"command {c} ({types[c][0]} of saga {types[c][1]}) applied {n} times"
+        for c, n in list(twice.items())[:5]
+    )
+    return Check(
+        "no effect applied twice",
+        not twice,
+        detail or f"{len(counts)} commands applied once each",
+    )
+
+
+def _compensations(applied: list[asyncpg.Record]) -> Check:
+    """A compensation only for an applied step, and the compensations of a saga in the
+    reverse order of its steps (the ledger's commit times, one Postgres clock)."""
+    per_saga: dict[str, list[asyncpg.Record]] = defaultdict(list)
+    for r in applied:
+        per_saga[r["saga_id"]].append(r)
+    bad: list[str] = []
+    compensated = 0
+    for saga_id, records in per_saga.items():
+        forward = [r["step"] for r in records if not r["compensation"]]
+        undone = list(dict.fromkeys(r["step"] for r in records if r["compensation"]))
+        compensated += bool(undone)
+        stray = [s for s in undone if s not in forward]
+        if stray:
+            bad.append(f"saga {saga_id}: compensated {stray} that never applied")
+            continue
+        order = [s for s in reversed(list(dict.fromkeys(forward))) if s in undone]
+        if undone != order:
+            bad.append(f"saga {saga_id}: compensated in the order {undone}, not {order}")
+    return Check(
+        "compensations only for applied steps, in reverse order",
+        not bad,
+        "; ".join(bad[:5]) or f"{compensated} sagas compensated",
+    )
+
+
+async def _replays(
+    settings: Settings, engine_schema: str, saga_ids: list[str], sagas: list[Any]
+) -> Check:
+    from saga_engine.store._pgstore import PostgresEventStore
+
+    pg = PostgresSettings(dsn=settings.pg.dsn, db_schema=engine_schema)
+    store = await PostgresEventStore.connect(pg, codec=CodecChain.from_settings(settings.codec))
+    bad: list[str] = []
+    try:
+        for saga_id in saga_ids:
+            try:
+                loaded = await store.load(saga_id)
+            except Exception as exc:  # a missing saga is the "lost" check's
+                bad.append(f"{saga_id}: cannot load ({type(exc).__name__})")
+                continue
+            history = HistoryExport(
+                saga_id, loaded.record.saga_type, [s.event for s in loaded.events]
+            )
+            result = replay(sagas, history)
+            if not result.deterministic:
+                bad.append(f"{saga_id}: {result.error}")
+    finally:
+        await store.close()
+    return Check(
+        "every history replays",
+        not bad,
+        "; ".join(bad[:5]) or f"{len(saga_ids)} histories replayed",
+    )

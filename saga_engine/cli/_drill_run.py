@@ -1,0 +1,243 @@
+"""One drill run: the processes up, sagas started at the asked rate, the scenario's faults
+injected, the drain awaited, then the checks (``_drill_checks``). Every loop here is
+bounded in count and in time."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import random
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from saga_engine.cli._drill_checks import Check, ProgressWatch, check_all
+from saga_engine.cli._drill_proxy import PgProxy
+from saga_engine.cli._drill_stack import SESSION_TIMEOUT_MS, DrillStack
+from saga_engine.kernel._errors import CliError
+from saga_engine.kernel._settings import Settings
+
+__all__ = ["SCENARIOS", "DrillPlan", "DrillReport", "run_drill"]
+
+SCENARIOS = (
+    "engine-kill", "engine-kill-slow", "engine-freeze", "pg-cut", "broker-restart",
+    "participant-kill", "mix",
+)  # fmt: skip
+#: The faults ``mix`` takes turns with.
+_MIX = ("engine-kill", "participant-kill", "pg-cut", "engine-freeze")
+
+
+@dataclass
+class DrillPlan:
+    scenario: str
+    saga_type: str
+    sagas: list[Any]  # the Saga classes, for the replay check
+    inputs: Iterator[Any]
+    rate: float  # sagas per second
+    duration_s: float
+    engines: int = 2
+    fault_every_s: float = 5.0
+    stall_s: float = 3.0  # how long pg-cut holds new connections
+    drain_timeout_s: float = 120.0
+
+
+@dataclass
+class DrillReport:
+    scenario: str
+    started: int
+    faults: list[str] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    timings: dict[str, float | None] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "ok": self.ok,
+            "sagas": self.started,
+            "faults": self.faults,
+            "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in self.checks],
+            "timings": self.timings,
+        }
+
+
+async def run_drill(stack: DrillStack, plan: DrillPlan) -> DrillReport:
+    if plan.scenario == "broker-restart":
+        raise CliError(
+            "broker-restart restarts a Kafka broker the drill started itself; this drill "
+            f"uses the broker at {stack.settings.kafka.bootstrap_servers} (SAGA_KAFKA__"
+            "BOOTSTRAP_SERVERS), which it did not start and will not restart"
+        )
+    proxy = await _proxy(stack) if plan.scenario in ("pg-cut", "mix") else None
+    watch = ProgressWatch(stack.settings.pg.dsn.get_secret_value(), stack.engine_schema)
+    report = DrillReport(plan.scenario, 0)
+    try:
+        for name in stack.participants:
+            stack.start_participant(name)
+        for i in range(plan.engines):
+            stack.start_engine(f"engine-{i}")
+        async with asyncio.TaskGroup() as tasks:
+            load = tasks.create_task(_load(stack, plan, watch))
+            watching = tasks.create_task(_watch(stack, watch, plan))
+            await _faults(stack, plan, proxy, watch, report)
+            await load
+            watching.cancel()
+        report.started = len(watch.saga_ids)
+        await _drain(stack, watch, plan.drain_timeout_s)
+        ledgers = {n: stack.participant_schema(n) for n in stack.participants}
+        report.checks = await check_all(
+            stack.settings, stack.engine_schema, ledgers, watch.saga_ids, plan.sagas
+        )
+        report.timings = watch.timings(stack.takeovers())
+    finally:
+        stack.stop_all()
+        if proxy is not None:
+            await proxy.close()
+    return report
+
+
+async def _proxy(stack: DrillStack) -> PgProxy:
+    """The engines reach Postgres through the drill's proxy (their DSN points at it)."""
+    dsn = stack.settings.pg.dsn.get_secret_value()
+    parts = urlsplit(dsn)
+    if not parts.hostname:
+        raise CliError("pg-cut needs SAGA_PG__DSN as a URL with a host (postgresql://...)")
+    proxy = PgProxy(parts.hostname, parts.port or 5432)
+    await proxy.start()
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = f"{userinfo}@127.0.0.1:{proxy.port}" if userinfo else f"127.0.0.1:{proxy.port}"
+    stack.pg_dsn = urlunsplit(parts._replace(netloc=netloc))
+    return proxy
+
+
+async def _load(stack: DrillStack, plan: DrillPlan, watch: ProgressWatch) -> None:
+    """Starts ``rate`` sagas a second for ``duration_s`` (fewer if the inputs run out)."""
+    from saga_engine.client._client import SagaClient
+    from saga_engine.transport._kafka import ensure_topics
+    from saga_engine.transport._topics import Topics
+
+    settings = _engine_settings(stack)
+    await ensure_topics(settings.kafka, [Topics(stack.namespace).inbox])
+    total = max(1, round(plan.rate * plan.duration_s))
+    begin = time.monotonic()
+    async with SagaClient(settings, source="/saga-drill") as client:
+        for i, item in zip(range(total), plan.inputs, strict=False):
+            await asyncio.sleep(max(0.0, begin + i / plan.rate - time.monotonic()))
+            saga_id = f"{stack.namespace}-{i:05d}"
+            watch.saga_ids.append(saga_id)
+            await client.start(plan.saga_type, item, saga_id=saga_id)
+
+
+def _engine_settings(stack: DrillStack) -> Settings:
+    s = stack.settings
+    kafka = s.kafka.model_copy(
+        update={"topic_prefix": stack.namespace, "group_id": f"{stack.namespace}-engines"}
+    )
+    pg = s.pg.model_copy(update={"db_schema": stack.engine_schema})
+    return s.model_copy(update={"kafka": kafka, "pg": pg})
+
+
+async def _watch(stack: DrillStack, watch: ProgressWatch, plan: DrillPlan) -> None:
+    conn = await asyncpg.connect(stack.settings.pg.dsn.get_secret_value())
+    try:
+        while True:  # cancelled when the load and the faults are done
+            await watch.sample(conn)
+            await asyncio.sleep(0.25)
+    finally:
+        await conn.close()
+
+
+async def _drain(stack: DrillStack, watch: ProgressWatch, timeout_s: float) -> None:
+    """Waits (at most ``timeout_s``) until every saga is terminal or parked; the checks
+    then name what is left."""
+    conn = await asyncpg.connect(stack.settings.pg.dsn.get_secret_value())
+    try:
+        deadline = time.monotonic() + timeout_s
+        # Polled: the open sagas are counted in another process's tables.
+        while await watch.sample(conn) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.25)
+    finally:
+        await conn.close()
+
+
+async def _faults(
+    stack: DrillStack,
+    plan: DrillPlan,
+    proxy: PgProxy | None,
+    watch: ProgressWatch,
+    report: DrillReport,
+) -> None:
+    """The scenario's faults, one every ``fault_every_s`` while the load runs (bounded:
+    at most duration / interval of them)."""
+    rng = random.Random()
+    if plan.scenario == "engine-kill-slow":
+        kinds: Iterator[str] = iter(["engine-kill-slow"])
+    elif plan.scenario == "mix":
+        kinds = itertools.cycle(_MIX)
+    else:
+        kinds = itertools.repeat(plan.scenario)
+    # The faults start once the engines make progress: start-up is not a fault's stall.
+    ready_by = time.monotonic() + 90
+    while not watch.progress_at and time.monotonic() < ready_by:  # noqa: ASYNC110
+        await asyncio.sleep(0.25)
+    if not watch.progress_at:
+        raise CliError(f"no progress in 90s; engine log:\n{stack.log_tail('engine-0')}")
+    begin = time.monotonic()
+    count = max(1, int(plan.duration_s // plan.fault_every_s))
+    for n, kind in zip(range(count), kinds, strict=False):
+        wait = begin + (n + 1) * plan.fault_every_s - time.monotonic()
+        if plan.scenario == "engine-kill-slow":
+            wait = begin + plan.duration_s / 3 - time.monotonic()
+        await asyncio.sleep(max(0.0, wait))
+        crashed = [n for n in stack.died() if n.startswith(("engine", "participant"))]
+        if crashed and not report.faults:
+            raise CliError(f"{crashed[0]} exited unasked:\n{stack.log_tail(crashed[0])}")
+        report.faults.append(await _inject(stack, kind, proxy, watch, rng, plan))
+
+
+async def _inject(
+    stack: DrillStack,
+    kind: str,
+    proxy: PgProxy | None,
+    watch: ProgressWatch,
+    rng: random.Random,
+    plan: DrillPlan,
+) -> str:
+    engines = [n for n in stack.procs if n.startswith("engine-") and stack.alive(n)]
+    now = (time.monotonic(), time.time())
+    if kind in ("engine-kill", "engine-kill-slow"):
+        victim = rng.choice(engines)
+        stack.kill(victim)
+        watch.faults.append(("engine-kill", *now))
+        if kind == "engine-kill":
+            stack.start_engine(victim)  # a new process in its place, as an orchestrator does
+        return f"SIGKILL {victim}"
+    if kind == "engine-freeze":
+        victim = rng.choice(engines)
+        stack.signal(victim, signal.SIGSTOP)
+        watch.faults.append(("engine-freeze", *now))
+        # Past the session timeout: the group moves its partitions while it sleeps.
+        await asyncio.sleep(SESSION_TIMEOUT_MS / 1000 + 4)
+        stack.signal(victim, signal.SIGCONT)
+        return f"SIGSTOP {victim} for {SESSION_TIMEOUT_MS / 1000 + 4:.0f}s, then SIGCONT"
+    if kind == "participant-kill":
+        victim = rng.choice(list(stack.participants))
+        stack.kill(f"participant-{victim}")
+        watch.faults.append(("participant-kill", *now))
+        stack.start_participant(victim)
+        return f"SIGKILL participant-{victim}"
+    assert kind == "pg-cut"
+    assert proxy is not None
+    watch.faults.append(("pg-cut", *now))
+    with contextlib.suppress(asyncio.CancelledError):
+        await proxy.cut(plan.stall_s)
+    return f"Postgres link cut, stalled {plan.stall_s:.0f}s"
