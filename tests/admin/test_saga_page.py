@@ -5,8 +5,11 @@ the re-send of a step waiting for its reply, audited."""
 
 from __future__ import annotations
 
+import logging
 import re
 from datetime import timedelta
+
+import pytest
 
 from saga_engine import SagaStatus
 from tests.admin.conftest import OPERATOR, READER, Admin
@@ -98,3 +101,43 @@ async def test_a_step_waiting_for_its_reply_is_re_sent_under_its_id(admin: Admin
     assert (retry["step"], retry["principal"], retry["reason"]) == (
         "credit", "olivia", "payee lost it",
     )  # fmt: skip
+
+
+async def test_the_schedules_page_shows_the_last_saga_and_acts_through_the_api(
+    admin: Admin, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = {"id": "nightly", "saga": "noop", "cron": "0 3 * * *", "input": {}}
+    assert (await admin.http.post("/schedules", json=body, headers=OPERATOR)).status_code == 201
+    page = (await admin.http.get("/ui/schedules", headers=READER)).text
+    for action in ("pause", "trigger", "delete"):
+        assert f'action="/ui/schedules/nightly/{action}"' in page, action
+    assert 'data-api="/schedules/nightly" data-method="DELETE"' in page
+    assert 'data-api="/schedules/nightly/trigger" data-method="POST"' in page
+    assert "<script>" not in page  # the buttons' script is admin.js (the CSP is unchanged)
+    # A reader may look, not act.
+    assert (
+        await admin.http.post("/ui/schedules/nightly/trigger", headers=READER)
+    ).status_code == 403
+    with caplog.at_level(logging.INFO, logger="saga_engine.admin.audit"):
+        fired = await admin.http.post("/ui/schedules/nightly/trigger", headers=OPERATOR)
+        assert fired.status_code == 303
+        await admin.env.settle()
+        saga_id = (await admin.http.get("/schedules/nightly", headers=READER)).json()[
+            "last_saga_id"
+        ]
+        page = (await admin.http.get("/ui/schedules", headers=READER)).text
+        assert re.search(
+            rf'href="/ui/sagas/{re.escape(saga_id)}"><span class="status s-completed">completed',
+            page,
+        )
+        assert (await admin.http.post("/ui/schedules/nightly/pause", headers=OPERATOR)).is_redirect
+        assert (
+            'action="/ui/schedules/nightly/resume"'
+            in (await admin.http.get("/ui/schedules", headers=READER)).text
+        )
+        assert (await admin.http.post("/ui/schedules/nightly/delete", headers=OPERATOR)).is_redirect
+    assert (await admin.http.get("/schedules/nightly", headers=READER)).status_code == 404
+    audited = [r.getMessage() for r in caplog.records if r.name == "saga_engine.admin.audit"]
+    assert any("nightly triggered by olivia" in line for line in audited), audited
+    assert any("nightly paused by olivia" in line for line in audited), audited
+    assert any("nightly deleted by olivia" in line for line in audited), audited
