@@ -25,18 +25,7 @@ from saga_engine.core._runtime import SagaRuntime
 from saga_engine.core._view import WaitKind, fold
 from saga_engine.kernel._errors import InvalidTransition, PastPivot
 from saga_engine.testing import SagaTestEnv
-
-
-class Cmd(BaseModel):
-    n: int
-
-
-class Undo(BaseModel):
-    n: int
-
-
-class In(BaseModel):
-    pass
+from tests.internal.unit.test_operator_actions import Cmd, In, Undo
 
 
 class Go(BaseModel):
