@@ -114,7 +114,8 @@ async def retry(
 ) -> ActionResult:
     """Retries a step now: one waiting out its back-off, a stuck compensation, or a step
     parked after it could not succeed (with an edited ``command`` if given: 422 if its
-    model refuses it, 409 if the step is not parked)."""
+    model refuses it, 409 if the step is not parked); or re-sends the command of a step
+    waiting for its reply, under the same command id (its participant deduplicates)."""
     await engine.retry_step(
         saga_ref(saga_id),
         body.step,

@@ -95,8 +95,25 @@ class WaitingFor(BaseModel):
     name: str | None = Field(
         default=None, description="The signal's name, the timer's id or the concurrency key."
     )
-    attempt: int | None = None
+    attempt: int | None = Field(
+        default=None, description="The attempt a reply or a back-off is about."
+    )
     compensation: bool = False
+    last_error: str | None = Field(
+        default=None, description="A back-off's cause: the error of the attempt it follows."
+    )
+
+
+class SagaAction(BaseModel):
+    """An operator action the saga accepts now (the engine would not refuse it)."""
+
+    name: str = Field(
+        description="signal, cancel, force-compensate, resume, retry (also re-sends a "
+        "command waiting for its reply, same id) or skip: the action's POST path."
+    )
+    steps: list[str] = Field(
+        default_factory=list, description="The steps it applies to (retry, skip)."
+    )
 
 
 class InFlightCommand(BaseModel):
@@ -173,6 +190,10 @@ class SagaDetail(SagaSummary):
         description="What the saga waits for now (empty once it has ended)."
     )
     in_flight: list[InFlightCommand]
+    actions: list[SagaAction] = Field(
+        default_factory=list,
+        description="What an operator can do now; the page shows the same buttons.",
+    )
     pending_compensations: list[PendingCompensation]
     deadline_at: datetime | None = None
     idempotency_key: str | None = None

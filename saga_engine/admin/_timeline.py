@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from saga_engine.core._view import Lane, SagaView, Segment
 
-__all__ = ["Bar", "Tick", "Timeline", "TimelineRow", "timeline"]
+__all__ = ["Bar", "Tick", "Timeline", "TimelineRow", "relative", "span_text", "timeline"]
 
 #: Rows in the order of what they are: the run, its waits, then what undoes it.
 _LANE_ORDER = {Lane.STEP: 0, Lane.WAIT: 0, Lane.COMPENSATION: 1, Lane.PARKED: 2}
@@ -151,3 +151,27 @@ def _short(delta: timedelta) -> str:
     if seconds < 172800:
         return f"{seconds / 3600:g} h"
     return f"{seconds / 86400:g} d"
+
+
+def span_text(delta: timedelta) -> str:
+    """A duration as an operator reads it at a glance: "45 s", "2 h 5 m", "3 d 4 h"."""
+    seconds = int(abs(delta.total_seconds()))
+    if seconds < 60:
+        return f"{seconds} s"
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes = rest // 60
+    if days:
+        return f"{days} d {hours} h" if hours else f"{days} d"
+    if hours:
+        return f"{hours} h {minutes} m" if minutes else f"{hours} h"
+    return f"{minutes} m"
+
+
+def relative(moment: datetime | None, now: datetime) -> str:
+    """``moment`` from ``now``: "2 h ago" or "in 1 h 50 m" (empty for None). Computed on
+    the server from the request's time, so a page (and its test) needs no script."""
+    if moment is None:
+        return ""
+    text = span_text(moment - now)
+    return f"in {text}" if moment > now else f"{text} ago"

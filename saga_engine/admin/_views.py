@@ -13,6 +13,7 @@ from saga_engine.admin._schemas import (
     ChildRef,
     InFlightCommand,
     PendingCompensation,
+    SagaAction,
     SagaDetail,
     SagaRef,
     SagaSummary,
@@ -104,6 +105,7 @@ def detail_of(
             )
             for f in view.in_flight
         ],
+        actions=[SagaAction(name=a.name, steps=list(a.steps)) for a in view.actions],
         pending_compensations=[
             PendingCompensation.model_validate(o, from_attributes=True) for o in view.owed
         ],

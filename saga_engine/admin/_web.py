@@ -50,7 +50,7 @@ from saga_engine.admin._auth import (
 from saga_engine.admin._flow import flow_gates
 from saga_engine.admin._lineage import children, reruns, tree
 from saga_engine.admin._listing import SagaFilter, attribute_filters, decode_cursor, list_page
-from saga_engine.admin._timeline import timeline
+from saga_engine.admin._timeline import relative, span_text, timeline
 from saga_engine.admin._views import awaited_signals, detail_of, summary, view_of
 from saga_engine.admin._web_updates import query_answers, update_forms
 from saga_engine.core._codec import Undecodable
@@ -94,7 +94,8 @@ ACTIONS = {
     "signal": ("Send signal", "signal"),
     "cancel": ("Cancel", ""),
     "resume": ("Resume", ""),
-    "retry": ("Retry step", "step"),
+    # Also re-sends a command waiting for its reply (same id; its participant dedupes).
+    "retry": ("Retry / re-send step", "step"),
     "skip": ("Skip step", "step result"),
     "force-compensate": ("Force compensate", ""),
 }
@@ -386,15 +387,21 @@ async def _saga_page(
     )  # fmt: skip
     root = _root(request)
     api = f"{root}/sagas/{quote(record.saga_id, safe='')}"
+    # The request's time: an open saga's timeline runs to it (a saga waiting four hours
+    # is drawn four hours long), and the waits read "waiting 2 h", "in 1 h 50 m".
+    now = parts.clock.now()
     return _render(
         "saga.html",
         root=root,
+        now=now,
+        since=lambda moment: span_text(now - moment),
+        relative=lambda moment: relative(moment, now),
         user=user,
         saga=info,
         lineage=await tree(parts.store, record.saga_id),
         api=api,
         history_url=f"{api}/history?download=1",
-        timeline=timeline(view, now=None if view.status.is_terminal else record.updated_at),
+        timeline=timeline(view, now=None if view.status.is_terminal else now),
         events=[
             (seq, event, gist(event), event.model_dump(mode="json", exclude={"at", "kind"}))
             for seq, event in enumerate(events, start=1)

@@ -273,7 +273,7 @@ def cancel(
 @commands.command()
 def retry(
     saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
-    step: Annotated[str, typer.Argument(help="The step to retry now.")],
+    step: Annotated[str, typer.Argument(help="The step to retry (or re-send) now.")],
     reason: ReasonOpt,
     command: Annotated[
         str | None,
@@ -287,7 +287,8 @@ def retry(
     as_json: JsonOpt = False,
 ) -> None:
     """Retry a step now (one waiting out its back-off, one whose reply is held, one
-    parked after it could not succeed, or a stuck compensation)."""
+    parked after it could not succeed, or a stuck compensation), or re-send the command
+    of a step waiting for its reply: same command id, so its participant applies it once."""
     body: dict[str, Any] = {"step": step, "reason": reason}
     if command is not None:
         body["command"] = run_sync(lambda: _json_object(command, "--command"))

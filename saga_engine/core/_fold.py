@@ -255,6 +255,11 @@ class Fold:
             None,
         )
 
+    def awaiting_reply(self, step: str) -> list[Sent]:
+        """The commands of ``step`` waiting for their reply: an operator's retry re-sends
+        them under the same ids. (A held reply is an answer: nothing to re-send.)"""
+        return [f for f in self.inflight.values() if f.event.step == step and f.held is None]
+
     def retry_timer(self, step: str) -> str | None:
         """The timer of ``step`` (or of its compensation) waiting out a back-off, if any."""
         prefixes = (f"retry:{step}:", f"retry:compensate:{step}:")

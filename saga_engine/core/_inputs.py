@@ -411,23 +411,21 @@ def _retry_event(s: SagaState, inbound: RetryStep) -> Event:
             f"parked steps: {sorted(s.parked_steps) or 'none'}"
         )
     held = s.waiting_forward(inbound.step)
+    stuck = s.status == SagaStatus.COMPENSATION_STUCK and s.stuck_step == inbound.step
     if held is not None and held.held is not None and s.cancel_reason is None:
         problem = _held_problem(held)
         if problem is not None:
             raise InvalidTransition(problem)
-        return RetryRequested(
-            at=inbound.at, step=inbound.step, principal=inbound.principal,
-            reason=inbound.reason,
-        )  # fmt: skip
-    waiting = s.status == SagaStatus.COMPENSATION_STUCK and s.stuck_step == inbound.step
-    if waiting or s.retry_timer(inbound.step) is not None:
-        return RetryRequested(
-            at=inbound.at, step=inbound.step, principal=inbound.principal,
-            reason=inbound.reason,
-        )  # fmt: skip
-    raise InvalidTransition(
-        f"step {inbound.step!r} of saga {s.saga_id} ({s.status.value}) is not waiting "
-        f"to retry; steps waiting for a reply: {s.steps_in_flight() or 'none'}"
+    # A command awaiting its reply is re-sent, same id (the runtime's decision carries it).
+    elif not (stuck or s.retry_timer(inbound.step) is not None or s.awaiting_reply(inbound.step)):
+        raise InvalidTransition(
+            f"step {inbound.step!r} of saga {s.saga_id} ({s.status.value}) can be neither "
+            "retried nor re-sent (not in a back-off, parked, stuck or waiting for a reply); "
+            f"retry or re-send one of {s.steps_in_flight() + sorted(s.parked_steps) or 'none'}"
+            ", or skip the step with its result, or cancel the saga"
+        )
+    return RetryRequested(
+        at=inbound.at, step=inbound.step, principal=inbound.principal, reason=inbound.reason
     )
 
 

@@ -54,6 +54,7 @@ from saga_engine.core._events import (
     CompensationIssued,
     Event,
     EventAwaited,
+    RetryRequested,
     SagaStarted,
     UndoRequested,
 )
@@ -415,6 +416,7 @@ class SagaRuntime:
         commands = [
             self._outbound(e) for e in s.new if isinstance(e, CommandIssued | CompensationIssued)
         ]
+        commands += self._resent(commands)
         terminal = s.status.is_terminal
         # A child's end (or an undo it answers) goes to its parent; a saga without a
         # parent pays one attribute read, once, when it ends.
@@ -433,6 +435,19 @@ class SagaRuntime:
             error=s.error.model_dump(mode="json") if s.error else None,
         )
         return Decision(events, commands, projection, dropped, s.nondeterminism)
+
+    def _resent(self, sending: list[OutboundCommand]) -> list[OutboundCommand]:
+        """An operator's retry of a step waiting for its reply: its command again, same
+        id (unless the code has just issued it anew, e.g. a parked step retried)."""
+        s = self.state
+        ids = {c.command_id for c in sending}
+        return [
+            self._outbound(f.event)
+            for e in s.new
+            if isinstance(e, RetryRequested)
+            for f in s.awaiting_reply(e.step)
+            if f.event.command_id not in ids
+        ]
 
     def parent_notices(self, undo: str | None = None) -> list[OutboundCommand]:
         """What an ended child tells its parent (nothing for a saga without one, or one

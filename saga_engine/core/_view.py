@@ -90,6 +90,8 @@ class Wait:
     name: str | None = None
     attempt: int | None = None
     compensation: bool = False
+    #: A back-off's cause: the error of the attempt it follows.
+    last_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +180,8 @@ class _Step:
     unknown: bool = False
     comp_attempts: int = 0
     last_error: str | None = None
+    #: The error of its last forward attempt (what a back-off waits out).
+    forward_error: str | None = None
     compensating: bool = False
     done: bool = False
     #: its success reply was held as invalid: the participant applied it
@@ -259,6 +263,7 @@ class _Walk:
             s.forward = "refused"
         else:  # retryable: the participant applied nothing
             s.forward, s.unknown = "waiting", False
+            s.forward_error = event.error or "retryable"
 
     def _held(self, event: InvalidReplyReceived, _: Settled) -> None:
         # Applied by the participant, but the saga's stack takes it only once an
@@ -271,7 +276,7 @@ class _Walk:
         if event.compensation:
             s.last_error = "timed out"
         else:
-            s.forward, s.unknown = "waiting", True
+            s.forward, s.unknown, s.forward_error = "waiting", True, "timed out"
             self.timed_out = event.step
 
     def _stop(self, event: Event, _: Settled) -> None:
@@ -428,25 +433,28 @@ def _owed_now(walk: _Walk) -> list[Owed]:
 
 
 def _actions(walk: _Walk) -> list[Action]:
-    """The operator actions the runtime would accept now (see its input checks)."""
+    """The operator actions the runtime would accept now (see its input checks in
+    ``_inputs``; ``tests/internal/unit/test_view_actions.py`` holds them to agree)."""
     f = walk.fold
     if f.status.is_terminal:
         return []
     if f.parked:
         return [Action("resume")]
-    out: list[Action] = [Action("signal")]
     forward = f.going_forward and not walk.stopping
+    # A run that is undoing its steps waits for no signal any more (``_signal`` refuses).
+    out: list[Action] = [Action("signal")] if forward else []
     if forward and not f.past_pivot:
         out += [Action("cancel"), Action("force-compensate")]
     held = [s.event.step for s in f.inflight.values() if s.held is not None]
     waiting = [s.event.step for s in f.inflight.values() if not s.compensation and s.held is None]
-    backoff = [retry_timer_step(t) for t, timer in f.timers.items()
-               if timer.purpose == "retry" and not t.startswith("retry:compensate:")]  # fmt: skip
+    # Any command awaiting its reply (a compensation's too) may be re-sent, same id.
+    resend = [s.event.step for s in f.inflight.values() if s.held is None]
+    backoff = [retry_timer_step(t) for t, timer in f.timers.items() if timer.purpose == "retry"]
     stuck = [f.stuck_step] if f.stuck_step else []
     if f.status == S.COMPENSATION_STUCK:
         out.append(Action("resume"))
     parked = list(f.parked_steps) if forward else []
-    retry = (held if forward else []) + parked + stuck + backoff
+    retry = (held if forward else []) + parked + stuck + backoff + resend
     skip = (held + waiting if forward else []) + parked + stuck
     if retry:
         out.append(Action("retry", tuple(dict.fromkeys(retry))))
@@ -496,7 +504,7 @@ def _waits(walk: _Walk, awaited_signals: Iterable[str], last_at: datetime | None
     for timer in f.timers.values():
         if timer.purpose == "signal_timeout":
             awaited.pop(signal_of(timer.timer_id) or timer.timer_id, None)
-        wait = _timer_wait(timer)
+        wait = _timer_wait(timer, walk.steps)
         if wait is not None:
             out.append(wait)
     out += [Wait(WaitKind.SIGNAL, f"signal {n!r} (no deadline)", since, name=n) for n in awaited]
@@ -534,7 +542,7 @@ def _command_wait(sent: Sent) -> Wait:
     )  # fmt: skip
 
 
-def _timer_wait(timer: Timer) -> Wait | None:
+def _timer_wait(timer: Timer, steps: dict[str, _Step]) -> Wait | None:
     """What waiting on ``timer`` is, to an operator (None: an attempt's timeout or the
     deadline, which its command or the saga as a whole stand for)."""
     if timer.purpose == "signal_timeout":
@@ -544,9 +552,14 @@ def _timer_wait(timer: Timer) -> Wait | None:
         name = retry_timer_step(timer.timer_id)
         comp = timer.timer_id.startswith("retry:compensate:")
         what = "compensation of step" if comp else "step"
+        ledger = steps.get(name, _Step())
+        # retry:[compensate:]<step>:<n>: the wait follows the step's attempt n.
+        attempt = timer.timer_id.rpartition(":")[2]
         return Wait(
             WaitKind.BACKOFF, f"the back-off before {what} {name!r} is retried",
             timer.since, timer.fire_at, step=name, name=timer.timer_id, compensation=comp,
+            attempt=int(attempt) if attempt.isdigit() else None,
+            last_error=ledger.last_error if comp else ledger.forward_error,
         )  # fmt: skip
     if timer.purpose == "sleep":
         return Wait(

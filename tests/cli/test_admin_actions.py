@@ -28,7 +28,28 @@ async def seed(env: SagaTestEnv) -> dict[str, str]:
         env.participant("ledger").on(Refund, reject="locked", times=2)
         ids[name] = await env.engine.start(Transfer, {"account": name, "amount": 1})
         await env.run_until_settled(SagaRun(env, ids[name], Transfer))
+    env.participant("payee").on(Credit, no_reply=True, times=1)  # its command is lost
+    ids["lost"] = await env.engine.start(Transfer, {"account": "lost", "amount": 1})
+    await env.settle()
     return ids
+
+
+def test_retry_re_sends_a_step_waiting_for_its_reply(served: Served) -> None:
+    ids, url = served.seeded, served.url
+    refused = one_line_error(
+        invoke(["retry", ids["lost"], "debit", "--reason", "r", "--admin-url", url], _env()), 4
+    )
+    # What is wrong, and what to do instead.
+    assert "can be neither retried nor re-sent" in refused
+    assert "re-send one of ['credit']" in refused
+    assert "skip the step" in refused
+    resent = as_json(
+        invoke(
+            ["retry", ids["lost"], "credit", "--reason", "lost", "--admin-url", url, "--json"],
+            _env(),
+        )
+    )
+    assert (resent["action"], resent["principal"]) == ("retry", "olivia")
 
 
 @pytest.fixture(scope="module")

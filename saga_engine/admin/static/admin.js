@@ -55,6 +55,23 @@ document.addEventListener("submit", async (event) => {
   showError(`${action} refused (${response.status}): ${detail}`);
 });
 
+// Schedule buttons: confirm, then the admin API's own route (its auth, its audit).
+document.addEventListener("submit", async (event) => {
+  const form = event.target.closest("form.schedule-action");
+  if (!form) return;
+  event.preventDefault();
+  if (!confirm(`${form.dataset.what}?`)) return;
+  const response = await fetch(form.dataset.api, {
+    method: form.dataset.method,
+    credentials: "same-origin",
+    headers: { Accept: "application/json" },
+  });
+  if (response.ok) { location.reload(); return; }
+  let detail = response.statusText;
+  try { const data = await response.json(); detail = typeof data.detail === "string" ? data.detail : JSON.stringify(data.detail); } catch (e) { /* not JSON */ }
+  showError(`${form.dataset.what}: refused (${response.status}): ${detail}`);
+});
+
 function showError(text) {
   const box = document.getElementById("action-error");
   box.textContent = text;

@@ -109,12 +109,28 @@ async def test_retry_now_cuts_the_back_off_short() -> None:
     env.participant("p1").on(Cmd, retryable="busy", times=1)
     run = await env.start(Three, In())
     assert len(env.commands("p1")) == 1  # waiting five minutes before the next attempt
-    with pytest.raises(InvalidTransition, match="is not waiting to retry"):
+    with pytest.raises(InvalidTransition, match=r"can be neither retried nor re-sent.*skip"):
         await env.engine.retry_step(run.saga_id, "s2")
     await env.engine.retry_step(run.saga_id, "s1", principal="cy")
     await env.settle()
     assert len(env.commands("p1")) == 2
     assert await run.status() == SagaStatus.COMPLETED
+    await _replays_cleanly(env, run.saga_id)
+
+
+async def test_retry_re_sends_a_step_waiting_for_its_reply_under_its_id() -> None:
+    env = SagaTestEnv([Three])
+    env.participant("p1").on(Cmd, no_reply=True, times=1)
+    run = await env.start(Three, In())
+    assert len(env.commands("p1")) == 1  # lost: the saga waits for its reply
+    await env.engine.retry_step(run.saga_id, "s1", principal="cy", reason="lost in transit")
+    await env.settle()
+    sent = env.commands("p1")
+    assert len(sent) == 2
+    assert sent[0].command_id == sent[1].command_id  # the participant deduplicates it
+    assert await run.status() == SagaStatus.COMPLETED
+    retried = [e for e in await run.history() if e.kind == "retry_requested"]
+    assert [(e.step, e.principal, e.reason) for e in retried] == [("s1", "cy", "lost in transit")]
     await _replays_cleanly(env, run.saga_id)
 
 
