@@ -21,6 +21,7 @@ from saga_engine.admin import (
     _batches,
     _domain_events,
     _flow,
+    _insights,
     _keys,
     _meta,
     _reads,
@@ -125,6 +126,7 @@ def _include_routers(app: FastAPI, parts: EngineParts, admin: AdminSettings) -> 
     app.include_router(_keys.router, dependencies=secured)
     app.include_router(_schedules.router, dependencies=secured)
     app.include_router(_batches.router, dependencies=secured)
+    app.include_router(_insights.router, dependencies=secured)
     app.include_router(web_router(parts, admin))
     app.include_router(_rollouts.ui_router(parts, admin))
     app.include_router(schedules_page_router())

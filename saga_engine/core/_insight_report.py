@@ -93,12 +93,19 @@ def build_report(
         "duration_ms": percentiles(durations.hist),
         "sla": _sla(durations.hist, runs, sla),
         "nodes": [_node(name, kind, c, runs, errors.get(name, {})) for name, (kind, c) in
-                  sorted(nodes.items(), key=lambda kv: (kv[1][1].offset_ms / max(kv[1][1].runs, 1), kv[0]))],
+                  sorted(nodes.items(), key=_order)],
         "parallel": [
             {"nodes": [a, b], "runs": n, "share": _rate(n, runs)}
             for (a, b), n in sorted(overlaps.items(), key=lambda kv: (-kv[1], kv[0]))
         ],
     }  # fmt: skip
+
+
+def _order(item: tuple[str, tuple[str, Counters]]) -> tuple[float, float, str]:
+    """Nodes in the order they start, on average (then their rank in their runs)."""
+    name, (_, c) = item
+    runs = max(c.runs, 1)
+    return (c.offset_ms / runs, c.rank_sum / runs, name)
 
 
 def _sla(hist: list[int], runs: int, sla: timedelta | None) -> JsonDict | None:
@@ -110,6 +117,7 @@ def _sla(hist: list[int], runs: int, sla: timedelta | None) -> JsonDict | None:
         "within": round(ok),
         "breached": runs - round(ok),
         "share_within": _rate(round(ok), runs),
+        "breaching_runs": [],
     }
 
 

@@ -249,6 +249,8 @@ class Counters:
     compensations: int = 0
     #: The sum of its runs' offsets from the saga's start (ms): the graph's order.
     offset_ms: int = 0
+    #: The sum of its runs' ranks among the run's nodes (0: first): the order's tie-break.
+    rank_sum: int = 0
     hist: list[int] = field(default_factory=lambda: [0] * BUCKETS)
 
     def add(self, other: Counters) -> None:
@@ -259,6 +261,7 @@ class Counters:
         self.timeouts += other.timeouts
         self.compensations += other.compensations
         self.offset_ms += other.offset_ms
+        self.rank_sum += other.rank_sum
         self.hist = [a + b for a, b in zip(self.hist, other.hist, strict=True)]
 
     def observe(self, ms: float) -> None:
@@ -283,9 +286,10 @@ def aggregate(summaries: Iterable[RunSummary]) -> dict[RowKey, Counters]:
         run = row((s.saga_type, bucket, "type", s.outcome, ""))
         run.runs += 1
         run.observe(s.duration_ms)
-        for name, n in s.nodes.items():
+        for rank, (name, n) in enumerate(s.nodes.items()):
             c = row((s.saga_type, bucket, "node", name, n.kind))
             c.runs += 1
+            c.rank_sum += rank
             c.attempts += n.attempts
             c.successes += n.successes
             c.refusals += n.refusals

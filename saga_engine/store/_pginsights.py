@@ -50,16 +50,17 @@ ORDER BY saga_id, seq
 # COMMITTED re-reads the row it waited for, so no addition is lost).
 _UPSERT: Final = """
 INSERT INTO saga_insights AS i (saga_type, bucket, facet, key, detail, runs, attempts,
-                                successes, refusals, timeouts, compensations, offset_ms, hist)
+                                successes, refusals, timeouts, compensations, offset_ms, rank_sum,
+                                hist)
 SELECT u.saga_type, u.bucket, u.facet, u.key, u.detail, u.runs, u.attempts, u.successes,
-       u.refusals, u.timeouts, u.compensations, u.offset_ms,
+       u.refusals, u.timeouts, u.compensations, u.offset_ms, u.rank_sum,
        (SELECT array_agg(x::bigint) FROM jsonb_array_elements_text(u.hist) AS x)
 FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::text[], $6::bigint[],
             $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[],
-            $12::bigint[], $13::jsonb[])
+            $12::bigint[], $13::bigint[], $14::jsonb[])
      WITH ORDINALITY
      AS u(saga_type, bucket, facet, key, detail, runs, attempts, successes, refusals,
-          timeouts, compensations, offset_ms, hist, n)
+          timeouts, compensations, offset_ms, rank_sum, hist, n)
 ORDER BY u.n
 ON CONFLICT (saga_type, bucket, facet, key, detail) DO UPDATE SET
     runs = i.runs + excluded.runs,
@@ -69,12 +70,13 @@ ON CONFLICT (saga_type, bucket, facet, key, detail) DO UPDATE SET
     timeouts = i.timeouts + excluded.timeouts,
     compensations = i.compensations + excluded.compensations,
     offset_ms = i.offset_ms + excluded.offset_ms,
+    rank_sum = i.rank_sum + excluded.rank_sum,
     hist = ARRAY(SELECT a + b FROM unnest(i.hist, excluded.hist) AS h(a, b))
 """
 
 _READ: Final = """
 SELECT facet, key, detail, runs, attempts, successes, refusals, timeouts, compensations,
-       offset_ms, hist
+       offset_ms, rank_sum, hist
 FROM saga_insights
 WHERE saga_type = $1 AND bucket >= $2 AND bucket < $3
 """
@@ -145,6 +147,7 @@ async def upsert(conn: _Conn, rows: dict[RowKey, Counters]) -> None:
         [c.timeouts for c in cs],
         [c.compensations for c in cs],
         [c.offset_ms for c in cs],
+        [c.rank_sum for c in cs],
         # Each histogram as one JSON array (a list of lists would be a 2-D array).
         [_EncodedJson(dumps(c.hist)) for c in cs],
     )
@@ -174,6 +177,7 @@ class PostgresInsights:
                     timeouts=r["timeouts"],
                     compensations=r["compensations"],
                     offset_ms=r["offset_ms"],
+                    rank_sum=r["rank_sum"],
                     hist=list(r["hist"]),
                 ),
             )

@@ -43,7 +43,7 @@ PINNED = {
     11: "f5fcd492645906cf20c0839810ca38a5dd9e6158b85076a4897e31bb32ed52f0",
     12: "e2682de323ca5b12e62cd6d8213e812f57bf372e07606b18337b6467f0934fbe",
     13: "6331cb93dd6c1cba6af455a573b8a494685d1c51b5a6ba3ba82fbf5ea70180d9",
-    14: "06ff6a0bf9893fdff1271635eee03ab9211c4e9a3c5960a0c29d6ab395970835",
+    14: "ba93ec13d9447d5acf59bc159e4d3aaa27ba7062cfb84801731a63dc7d2a9f38",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant/migrations).
 PINNED_PARTICIPANT = {

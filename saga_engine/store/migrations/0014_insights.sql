@@ -5,8 +5,8 @@
 -- commit in the same transaction as the terminal event of each run it counts, so a run
 -- is counted exactly once. Facets: 'type' (key: the outcome; runs and the duration
 -- histogram), 'node' (key: the node, detail: its kind; runs that took it, attempts,
--- successes, refusals, timeouts, compensations, the sum of its start offsets in ms
--- (the graph's order) and the latency histogram), 'error'
+-- successes, refusals, timeouts, compensations, the sums of its start offsets in ms
+-- and of its ranks in its runs (the graph's order) and the latency histogram), 'error'
 -- (key: the node, detail: the message; runs = how often), 'overlap' (key, detail: two
 -- nodes that ran at the same time in a run). hist: counts per fixed bucket
 -- (core/_insights.BOUNDS_MS). A read of a window reads the primary key's range: a week
@@ -24,6 +24,7 @@ CREATE TABLE saga_insights (
     timeouts      bigint NOT NULL DEFAULT 0,
     compensations bigint NOT NULL DEFAULT 0,
     offset_ms     bigint NOT NULL DEFAULT 0,
+    rank_sum      bigint NOT NULL DEFAULT 0,
     hist          bigint[] NOT NULL,
     PRIMARY KEY (saga_type, bucket, facet, key, detail)
 );
