@@ -4,22 +4,21 @@ clear 4xx."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
-from pydantic import SecretStr
 
 from saga_engine import DefinitionError, SagaStatus
 from saga_engine.admin import create_admin_app
-from saga_engine.settings import PostgresSettings
-from saga_engine.store import PostgresEventStore, migrate
+from saga_engine.store import PostgresEventStore
 from saga_engine.testing import SagaRun, SagaTestEnv
 from tests.admin.conftest import READER, admin_settings, make_client
 from tests.admin.sagas import Credit, Noop, Transfer
-from tests.conftest import PgTarget
+from tests.admin.test_postgres import pg_store
 
 pytestmark = pytest.mark.integration
+
+__all__ = ["pg_store"]  # the fixture, shared with the admin API's Postgres tests
 
 
 class TimedTransfer(Transfer):
@@ -27,16 +26,6 @@ class TimedTransfer(Transfer):
 
     name = "timed-transfer"
     sla = timedelta(minutes=1)
-
-
-@pytest.fixture
-async def pg_store(pg: PgTarget) -> AsyncIterator[PostgresEventStore]:
-    await migrate(pg.database_dsn, pg.schema)
-    store = await PostgresEventStore.connect(
-        PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
-    )
-    yield store
-    await store.close()
 
 
 async def test_insights_of_a_type_on_postgres(pg_store: PostgresEventStore) -> None:
