@@ -113,3 +113,36 @@ async def insights(
     percentiles, outcomes and, with an SLA, the share within it and the runs that
     breached it. Read from aggregates the engine keeps as runs end."""
     return InsightsBody.model_validate(await insights_report(parts, name, window))
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+async def prometheus_lines(parts: EngineParts) -> list[str]:
+    """The last hour's insights of every registered type as Prometheus gauges: runs,
+    per-node latency quantiles (ms, the histogram's bucket bounds) and, for a type with
+    an SLA, the runs that breached it. Cluster-wide (read from the aggregates): one
+    indexed read per type per scrape."""
+    if not isinstance(parts.store, InsightStore):
+        return []
+    reports = [await insights_report(parts, name, "1h") for name in sorted(parts.registry.names())]
+    runs = ["# HELP saga_insight_runs Runs that ended in the last hour, by type and outcome.",
+            "# TYPE saga_insight_runs gauge"]  # fmt: skip
+    latency = ["# HELP saga_insight_node_latency_ms Latency of each node in the last hour "
+               "(command to reply), by quantile.", "# TYPE saga_insight_node_latency_ms gauge"]  # fmt: skip
+    breaches = ["# HELP saga_insight_sla_breached Runs that ended in the last hour past their "
+                "type's SLA.", "# TYPE saga_insight_sla_breached gauge"]  # fmt: skip
+    for r in reports:
+        t = _label(r["saga_type"])
+        runs += [f'saga_insight_runs{{saga_type="{t}",outcome="{o}"}} {n}' for o, n in r["outcomes"].items()]  # fmt: skip
+        for node in r["nodes"]:
+            for q, v in node["latency_ms"].items():
+                if v is not None:
+                    latency.append(
+                        f'saga_insight_node_latency_ms{{saga_type="{t}",node="{_label(node["name"])}",'
+                        f'quantile="0.{q[1:]}"}} {v}'
+                    )
+        if r["sla"] is not None:
+            breaches.append(f'saga_insight_sla_breached{{saga_type="{t}"}} {r["sla"]["breached"]}')
+    return runs + latency + breaches

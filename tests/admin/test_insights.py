@@ -76,6 +76,17 @@ async def test_insights_of_a_type_on_postgres(pg_store: PostgresEventStore) -> N
         # A type without an SLA has none; another type's runs are not these.
         noop = (await http.get("/saga-types/noop/insights", headers=READER)).json()
         assert (noop["runs"], noop["sla"]) == (0, None)
+        # Prometheus: the last hour's runs, node latencies and SLA breaches, per type.
+        scrape = await http.get("/metrics", headers={**READER, "Accept": "text/plain"})
+        assert scrape.status_code == 200
+        lines = scrape.text.splitlines()
+        assert 'saga_insight_runs{saga_type="timed-transfer",outcome="completed"} 4' in lines
+        assert 'saga_insight_sla_breached{saga_type="timed-transfer"} 1' in lines
+        assert (
+            'saga_insight_node_latency_ms{saga_type="timed-transfer",node="signal:approve",'
+            'quantile="0.95"} 300000'
+        ) in lines
+        assert "# TYPE saga_insight_node_latency_ms gauge" in lines
         # Bad input: a clear 4xx.
         missing = await http.get("/saga-types/nope/insights", headers=READER)
         assert missing.status_code == 404
