@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from saga_engine.admin._deps import PartsDep
 from saga_engine.admin._shared import READ_ERRORS, errors
-from saga_engine.core._insight_report import build_report
+from saga_engine.core._insight_report import build_report, maybe_over
 from saga_engine.core._insights import GRAIN, WINDOWS, bucket_of
 from saga_engine.kernel._serde import JsonDict
 from saga_engine.runner._parts import EngineParts
@@ -90,8 +90,11 @@ async def insights_report(parts: EngineParts, name: str, window: str) -> JsonDic
     store = parts.store
     if not isinstance(store, InsightStore):
         return build_report(name, window, since, until, [], sla)
-    report = build_report(name, window, since, until, await store.insight_rows(name, since, until), sla)  # fmt: skip
-    if report["sla"] is not None and sla is not None:
+    rows = await store.insight_rows(name, since, until)
+    report = build_report(name, window, since, until, rows, sla)
+    # Only when some run may have breached it (by the histogram): the query walks the
+    # window's ended runs, latest first, until it has found enough.
+    if sla is not None and maybe_over(rows, sla):
         report["sla"]["breaching_runs"] = await store.sla_breaches(name, since, until, sla)
     return report
 

@@ -51,6 +51,19 @@ def within(hist: list[int], limit_ms: float) -> float:
     return count
 
 
+def maybe_over(rows: Iterable[tuple[str, str, str, Counters]], limit: timedelta) -> int:
+    """Runs (the "type" rows' durations) in buckets reaching above ``limit``: those that
+    may have taken longer."""
+    ms = limit.total_seconds() * 1000
+    return sum(
+        n
+        for facet, _, _, c in rows
+        if facet == "type"
+        for i, n in enumerate(c.hist)
+        if i >= len(BOUNDS_MS) or BOUNDS_MS[i] > ms
+    )
+
+
 def _rate(part: int, whole: int) -> float | None:
     return round(part / whole, 4) if whole else None
 

@@ -18,6 +18,7 @@ import asyncpg
 
 from saga_engine.core._events import TERMINAL_EVENTS, Event
 from saga_engine.core._insights import (
+    BUCKETS,
     MARK_KINDS,
     Counters,
     Mark,
@@ -74,11 +75,19 @@ ON CONFLICT (saga_type, bucket, facet, key, detail) DO UPDATE SET
     hist = ARRAY(SELECT a + b FROM unnest(i.hist, excluded.hist) AS h(a, b))
 """
 
-_READ: Final = """
-SELECT facet, key, detail, runs, attempts, successes, refusals, timeouts, compensations,
-       offset_ms, rank_sum, hist
+# The window's rows summed per (facet, key, detail) by Postgres, the histograms element
+# by element: a handful of rows reach Python however many buckets the window has (a
+# week: 2016 per row kind; summing them in Python took longer than the 200 ms budget).
+_READ: Final = f"""
+SELECT facet, key, detail, sum(runs)::bigint AS runs, sum(attempts)::bigint AS attempts,
+       sum(successes)::bigint AS successes, sum(refusals)::bigint AS refusals,
+       sum(timeouts)::bigint AS timeouts, sum(compensations)::bigint AS compensations,
+       sum(offset_ms)::bigint AS offset_ms, sum(rank_sum)::bigint AS rank_sum,
+       ARRAY[{", ".join(f"coalesce(sum(hist[{i}]), 0)" for i in range(1, BUCKETS + 1))}]::bigint[]
+           AS hist
 FROM saga_insights
 WHERE saga_type = $1 AND bucket >= $2 AND bucket < $3
+GROUP BY facet, key, detail
 """
 
 # The runs of a type that ended in the window and took longer than the SLA, latest
@@ -161,7 +170,8 @@ class PostgresInsights:
     async def insight_rows(
         self, saga_type: str, since: datetime, until: datetime
     ) -> list[tuple[str, str, str, Counters]]:
-        """(facet, key, detail, counters) of the type's buckets in [since, until)."""
+        """(facet, key, detail, counters) of the type's buckets in [since, until), summed
+        per (facet, key, detail)."""
         with _unavailable_as_transient():
             rows = await self._pool.fetch(_READ, saga_type, since, until)
         return [
