@@ -11,9 +11,6 @@ from pathlib import Path
 
 from saga_engine import SagaStatus
 from saga_engine.admin import create_admin_app
-from saga_engine.admin._insight_svg import columns, graph_svg
-from saga_engine.core._insight_report import build_report
-from saga_engine.core._insights import Counters
 from saga_engine.settings import AdminSettings, Settings
 from saga_engine.testing import SagaRun, SagaTestEnv
 from tests.admin.conftest import READER, admin_settings, make_client
@@ -65,28 +62,6 @@ async def test_the_page_shows_graph_figures_and_breaches() -> None:
         assert bad.status_code == 422
         empty = await http.get("/ui/saga-types/noop/insights", headers=READER)
         assert 'id="no-runs"' in empty.text
-
-
-def test_gather_branches_share_a_column() -> None:
-    def node(rank: int) -> Counters:
-        return Counters(runs=2, attempts=2, successes=2, rank_sum=2 * rank)
-
-    rows = [
-        ("type", "completed", "", Counters(runs=2)),
-        ("node", "reserve", "step", node(0)),
-        ("node", "pay", "step", node(1)),
-        ("node", "ship", "step", node(2)),
-        ("node", "notify", "step", node(3)),
-        ("overlap", "pay", "ship", Counters(runs=2)),
-    ]
-    now = SagaTestEnv([Noop]).now()
-    report = build_report("trip", "1h", now, now, rows)
-    assert [[n["name"] for n in c] for c in columns(report)] == [
-        ["reserve"], ["pay", "ship"], ["notify"],
-    ]  # fmt: skip
-    svg = graph_svg(report)
-    assert svg.count('class="edge"') == 4  # reserve to both branches, both to notify
-    assert graph_svg(build_report("trip", "1h", now, now, [])) == ""
 
 
 def test_the_insights_page_in_headless_chromium(tmp_path: Path) -> None:
