@@ -10,9 +10,10 @@ runtime.
 from typing import Annotated, Literal
 from urllib.parse import quote
 
-from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import HTMLResponse
+from fastapi import APIRouter, HTTPException, Path, Query, Request
+from fastapi.responses import HTMLResponse, Response
 
+from saga_engine.admin._auth import relative_redirect
 from saga_engine.admin._deps import _state, page_user
 from saga_engine.admin._insight_svg import NONE, fmt_ms, graph_svg
 from saga_engine.admin._insights import insights_report
@@ -28,6 +29,16 @@ def _pct(value: float | None) -> str:
 
 def insights_page_router() -> APIRouter:
     router = APIRouter(prefix="/ui", include_in_schema=False)
+
+    @router.get("/insights", name="ui_insights_index")
+    async def insights_index(request: Request) -> Response:
+        """The header's link: the first saga type's insights (the page links the others)."""
+        names = sorted(_state(request).parts.registry.names())
+        if not names:
+            raise HTTPException(404, "no saga type is registered")
+        return relative_redirect(
+            request.scope, f"/ui/saga-types/{quote(names[0], safe='')}/insights"
+        )
 
     @router.get("/saga-types/{name}/insights", name="ui_insights")
     async def insights_view(

@@ -60,6 +60,10 @@ async def test_the_page_shows_graph_figures_and_breaches() -> None:
         assert (await http.get("/ui/saga-types/nope/insights", headers=READER)).status_code == 404
         bad = await http.get("/ui/saga-types/noop/insights?window=5m", headers=READER)
         assert bad.status_code == 422
+        index = await http.get("/ui/insights", headers=READER)
+        assert index.status_code == 303
+        assert index.headers["location"] == "/ui/saga-types/noop/insights"
+        assert 'id="nav-insights"' in text
         empty = await http.get("/ui/saga-types/noop/insights", headers=READER)
         assert 'id="no-runs"' in empty.text
 
