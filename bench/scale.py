@@ -1,6 +1,6 @@
 """Scale: the store's queries over a million sagas, and one engine's memory with 100,000 waiting.
 
-    python -m bench.scale [--part queries|memory|both]
+    python -m bench.scale [--part queries|memory|both|insights]
     python -m bench.scale --part queries [--finished 1000000] [--open 10000] [--requests 100]
     python -m bench.scale --part memory [--sagas 100000] [--sleepers 5000] [--idle-evict-s 10]
 
@@ -58,6 +58,7 @@ from bench.e2e import (
     say,
 )
 from bench.failover import dist_s, target
+from bench.scale_insights import part_insights
 from saga_engine import SagaStatus, Settings
 from saga_engine.admin import create_admin_app
 from saga_engine.core._decision import OutboundCommand, StartSaga
@@ -649,7 +650,10 @@ class MemoryRun(EngineRun):
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n")[0])
-    ap.add_argument("--part", choices=["queries", "memory", "both"], default="both")
+    parts = ["queries", "memory", "both", "insights"]
+    ap.add_argument(
+        "--part", choices=parts, default="both", help="insights: bench/scale_insights.py"
+    )
     ap.add_argument("--finished", type=int, default=1_000_000, help="queries: finished sagas")
     ap.add_argument("--open", type=int, default=10_000, help="queries: open sagas (histories)")
     ap.add_argument("--parked", type=int, default=20, help="queries: open sagas made parked")
@@ -689,7 +693,9 @@ async def bench(args: argparse.Namespace, res: Resources, procs: Processes, logs
             await cleanup(res)
     if args.part in ("memory", "both"):
         out["memory"] = await MemoryRun(args, res, procs, logs, uuid.uuid4().hex[:8]).run()
-    parts = [out[p] for p in ("queries", "memory") if p in out]
+    if args.part == "insights":
+        out["insights"] = await part_insights(args, res)
+    parts = [out[p] for p in ("queries", "memory", "insights") if p in out]
     out["pass"] = all(p["pass"] for p in parts)
     out["settings"] = {k: v for k, v in vars(args).items() if k not in ("json_out", "keep")}
     return out

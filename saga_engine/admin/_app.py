@@ -21,6 +21,7 @@ from saga_engine.admin import (
     _batches,
     _domain_events,
     _flow,
+    _insights,
     _keys,
     _meta,
     _reads,
@@ -39,6 +40,7 @@ from saga_engine.admin._http_errors import (
 from saga_engine.admin._starts import starts_router
 from saga_engine.admin._web import SecurityHeadersMiddleware, web_router
 from saga_engine.admin._web_batches import batches_page_router
+from saga_engine.admin._web_insights import insights_page_router
 from saga_engine.admin._web_schedules import schedules_page_router
 from saga_engine.admin._web_waits import waits_page_router
 from saga_engine.kernel._settings import AdminSettings, Settings
@@ -125,8 +127,10 @@ def _include_routers(app: FastAPI, parts: EngineParts, admin: AdminSettings) -> 
     app.include_router(_keys.router, dependencies=secured)
     app.include_router(_schedules.router, dependencies=secured)
     app.include_router(_batches.router, dependencies=secured)
+    app.include_router(_insights.router, dependencies=secured)
     app.include_router(web_router(parts, admin))
     app.include_router(_rollouts.ui_router(parts, admin))
     app.include_router(schedules_page_router())
     app.include_router(batches_page_router())
     app.include_router(waits_page_router())
+    app.include_router(insights_page_router())

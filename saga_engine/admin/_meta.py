@@ -11,6 +11,7 @@ from fastapi.responses import PlainTextResponse, Response
 
 from saga_engine.admin import _metrics as metrics_mod
 from saga_engine.admin._deps import HealthDep, PartsDep
+from saga_engine.admin._insights import prometheus_lines
 from saga_engine.admin._schemas import Health, MetricsBody, SagaTypeInfo
 from saga_engine.admin._shared import READ_ERRORS, errors
 
@@ -72,7 +73,8 @@ async def metrics(
     """Open sagas by status, the oldest parked saga's age, dead letters, counters."""
     body = await metrics_mod.collect(parts)
     if metrics_mod.wants_text(accept):
-        return PlainTextResponse(
-            metrics_mod.render_prometheus(body), media_type=metrics_mod.PROMETHEUS_CONTENT_TYPE
+        text = metrics_mod.render_prometheus(body) + "".join(
+            f"{line}\n" for line in await prometheus_lines(parts)
         )
+        return PlainTextResponse(text, media_type=metrics_mod.PROMETHEUS_CONTENT_TYPE)
     return body

@@ -15,6 +15,7 @@ from saga_engine.cli import (
     _drill,
     _events,
     _flow,
+    _insights,
     _keys,
     _operator,
     _rollout,
@@ -61,6 +62,7 @@ app.add_typer(_updates.commands)
 app.add_typer(_flow.commands)
 app.add_typer(_events.commands)
 app.add_typer(_keys.commands)
+app.add_typer(_insights.commands)
 app.add_typer(_dlq.dlq_app, name="dlq")
 app.add_typer(_schedule.schedule_app, name="schedule")
 app.add_typer(_rollout.rollout_app, name="rollout")

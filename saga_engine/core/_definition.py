@@ -55,6 +55,9 @@ class Saga(Generic[InT, OutT]):
     name: ClassVar[str]
     #: An overall deadline; when it passes, the saga compensates. None means no deadline.
     deadline: ClassVar[timedelta | None] = None
+    #: How long a run should take, start to end: the insights report the share of runs
+    #: that ended within it and list those that did not. None: no SLA.
+    sla: ClassVar[timedelta | None] = None
 
     input_type: ClassVar[type[BaseModel]]
     output_type: ClassVar[type[BaseModel]]
@@ -115,6 +118,16 @@ def _check_model(cls_name: str, role: str, model: Any) -> type[BaseModel]:
     return model
 
 
+def _check_duration(cls: type[Saga[Any, Any]], attribute: str) -> None:
+    """``deadline`` and ``sla``: a positive timedelta or None."""
+    value = getattr(cls, attribute, None)
+    if value is not None and (not isinstance(value, timedelta) or value <= timedelta(0)):
+        raise DefinitionError(
+            f"{cls.__name__}: `{attribute}` must be a positive timedelta or None, e.g. "
+            f"`{attribute} = timedelta(minutes=5)`"
+        )
+
+
 def _validate(cls: type[Saga[Any, Any]]) -> None:
     name = cls.__dict__.get("name", getattr(cls, "name", None))
     if not isinstance(name, str) or not NAME.match(name):
@@ -145,9 +158,8 @@ def _validate(cls: type[Saga[Any, Any]]) -> None:
         )
     cls.input_type = _check_model(cls.__name__, "input", args[0])
     cls.output_type = _check_model(cls.__name__, "output", args[1])
-    deadline = cls.__dict__.get("deadline", getattr(cls, "deadline", None))
-    if deadline is not None and (not isinstance(deadline, timedelta) or deadline <= timedelta(0)):
-        raise DefinitionError(f"{cls.__name__}: `deadline` must be a positive timedelta or None")
+    for attribute in ("deadline", "sla"):
+        _check_duration(cls, attribute)
     declared = cls.__dict__.get("signals")
     if declared is not None and not isinstance(declared, MappingProxyType):
         raise DefinitionError(

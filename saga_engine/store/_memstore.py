@@ -26,6 +26,7 @@ from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._errors import ConcurrencyError, SagaNotFound, SerializationError
 from saga_engine.kernel._partitioning import partition_for
 from saga_engine.kernel._serde import dumps, loads, unstorable
+from saga_engine.store._meminsights import InMemoryInsights
 from saga_engine.store._memkeys import InMemoryKeySlots
 from saga_engine.store._store import (
     Append,
@@ -59,7 +60,7 @@ def _copy(
     return open_event(codec, loads(dumps(seal_event(codec, event_to_dict(event)))), undecodable)
 
 
-class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots):
+class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots, InMemoryInsights):
     def __init__(self, codec: PayloadCodec | CodecChain | None = None) -> None:
         self._rollouts = RolloutRows()
         self._codec = CodecChain.of(codec)
@@ -70,6 +71,7 @@ class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots):
         self._ended: dict[str, datetime] = {}
         #: (saga id, created at) -> gzipped export, as saga_archive's key.
         self._archive: dict[tuple[str, datetime], bytes] = {}
+        self._insights = {}
         # One lock makes each create/append atomic even if an adapter method awaits.
         self._lock = asyncio.Lock()
         self.closed = False
@@ -101,6 +103,7 @@ class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots):
                 len(events),
                 now,
             )
+            self._count_run(new.saga_id, self._events[new.saga_id])
             return True
 
     async def append(self, append: Append) -> int:
@@ -112,8 +115,10 @@ class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots):
                 raise ConcurrencyError(append.saga_id, append.expected_seq, record.last_seq)
             events = [_copy(e, self._codec) for e in append.events]
             stored = self._events[append.saga_id]
+            first = len(stored)
             for event in events:
                 stored.append(StoredEvent(len(stored) + 1, event))
+            self._count_run(append.saga_id, stored[first:])
             now = self._now(events) if events else record.updated_at
             self._records[append.saga_id] = self._ends(record, append.projection, len(stored), now)
             return len(stored)

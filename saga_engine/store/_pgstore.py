@@ -49,6 +49,7 @@ from saga_engine.store._pgbase import (
     _unavailable_as_transient,
     transient_cause,
 )
+from saga_engine.store._pginsights import PostgresInsights, add_insights
 from saga_engine.store._pgkeys import PostgresKeySlots
 from saga_engine.store._pgqueries import PostgresReads
 from saga_engine.store._pgretention import PostgresRetention
@@ -197,7 +198,9 @@ class _EventRows:
 # --------------------------------------------------------------------------- the store
 
 
-class PostgresEventStore(PostgresReads, PostgresRetention, PostgresRollouts, PostgresKeySlots):
+class PostgresEventStore(
+    PostgresReads, PostgresRetention, PostgresRollouts, PostgresKeySlots, PostgresInsights
+):
     """The EventStore port on Postgres. Open it with ``await PostgresEventStore.connect``."""
 
     def __init__(
@@ -426,6 +429,12 @@ class PostgresEventStore(PostgresReads, PostgresRetention, PostgresRollouts, Pos
             await self._write_creates(conn, creates, rows)
         if appends:
             await self._write_appends(conn, appends, rows)
+        # Before the new events are inserted: add_insights reads the histories so far.
+        await add_insights(
+            conn,
+            [(op.saga_id, op.new.events) for op in creates if op.outcome is True]
+            + [(op.saga_id, op.append.events) for op in appends if type(op.outcome) is int],
+        )
         if rows.saga_ids:
             await conn.execute(INSERT_EVENTS, rows.saga_ids, rows.seqs, rows.kinds, rows.data)
 

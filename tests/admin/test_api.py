@@ -636,6 +636,7 @@ async def test_openapi_describes_the_api(admin: Admin) -> None:
     assert set(spec["paths"]) == {
         "/health",
         "/saga-types",
+        "/saga-types/{name}/insights",
         "/sagas",
         "/sagas/{saga}",
         "/sagas/{saga_id}/history",

@@ -63,6 +63,7 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
             path = template.replace("{saga_id}", saga_id).replace("{schedule_id}", "auth-matrix")
             path = path.replace("{operation_id}", batch.json()["id"])
             name = "annotate" if "/updates/" in template else "kind"  # Transfer's
+            name = "transfer" if template.startswith("/saga-types/") else name
             path = path.replace("{name}", name)
             body: dict[str, Any] | None
             if method == "post" and template == "/sagas/{saga}":
@@ -72,8 +73,9 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
                 body = BODIES.get(path.rsplit("/", 1)[-1]) if method == "post" else None
                 body = BODIES["rollout"] if method == "put" else body
             out.append((method.upper(), path, body))
-    # GET /domain-events, the four batch-operations routes, GET /concurrency-keys, rerun
-    assert len(out) == 34
+    # GET /domain-events, the four batch-operations routes, GET /concurrency-keys, rerun,
+    # GET /saga-types/{name}/insights
+    assert len(out) == 35
     return out
 
 

@@ -31,6 +31,7 @@ OPERATIONS = {
     ("GET", "/domain-events", "domain_events_domain_events_get"),
     # Issue 26 §5: per-key concurrency's holders and queues.
     ("GET", "/concurrency-keys", "concurrency_keys_concurrency_keys_get"),
+    ("GET", "/saga-types/{name}/insights", "insights_saga_types__name__insights_get"),
     ("POST", "/sagas/{saga_id}/signal", "signal_sagas__saga_id__signal_post"),
     ("POST", "/sagas/{saga_id}/cancel", "cancel_sagas__saga_id__cancel_post"),
     ("POST", "/sagas/{saga_id}/resume", "resume_sagas__saga_id__resume_post"),
@@ -105,6 +106,7 @@ STATUS_CODES = {
     "flow_flow_get": ["200", "401", "422", "503"],
     "domain_events_domain_events_get": ["200", "401", "422", "503"],
     "concurrency_keys_concurrency_keys_get": ["200", "401", "422", "503"],
+    "insights_saga_types__name__insights_get": ["200", "401", "404", "422", "503"],
     "signal_sagas__saga_id__signal_post": _ACTION,
     "update_sagas__saga_id__updates__name__post": _ACTION,
     "query_sagas__saga_id__queries__name__get": _READ,

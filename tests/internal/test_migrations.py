@@ -43,6 +43,7 @@ PINNED = {
     11: "f5fcd492645906cf20c0839810ca38a5dd9e6158b85076a4897e31bb32ed52f0",
     12: "e2682de323ca5b12e62cd6d8213e812f57bf372e07606b18337b6467f0934fbe",
     13: "6331cb93dd6c1cba6af455a573b8a494685d1c51b5a6ba3ba82fbf5ea70180d9",
+    14: "ba93ec13d9447d5acf59bc159e4d3aaa27ba7062cfb84801731a63dc7d2a9f38",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant/migrations).
 PINNED_PARTICIPANT = {
@@ -133,6 +134,7 @@ async def test_migrate_applies_each_migration_once(pg: PgTarget) -> None:
         "saga_domain_events",  # 0011
         "saga_key_slots",  # 0012
         "saga_batch_operations",  # 0013
+        "saga_insights",  # 0014
     }
     assert await _recorded(pg.database_dsn, pg.schema) == [
         (m.version, m.name, m.sha256) for m in shipped_migrations()

@@ -1,0 +1,57 @@
+"""The insights page of a saga type: ``GET /ui/saga-types/{name}/insights?window=``,
+what the API's ``GET /saga-types/{name}/insights`` answers, with the observed graph as
+an SVG drawn here (``_insight_svg``), the per-node table and the SLA's breaching runs,
+each a link to its saga. Read only: a reader's session shows it.
+
+No ``from __future__ import annotations``: FastAPI reads the endpoints' annotations at
+runtime.
+"""
+
+from typing import Annotated, Literal
+from urllib.parse import quote
+
+from fastapi import APIRouter, HTTPException, Path, Query, Request
+from fastapi.responses import HTMLResponse, Response
+
+from saga_engine.admin._auth import relative_redirect
+from saga_engine.admin._deps import _state, page_user
+from saga_engine.admin._insight_svg import NONE, fmt_ms, graph_svg
+from saga_engine.admin._insights import insights_report
+from saga_engine.admin._web import _render, _root
+from saga_engine.core._insights import WINDOWS
+
+__all__ = ["insights_page_router"]
+
+
+def _pct(value: float | None) -> str:
+    return NONE if value is None else f"{value:.1%}"
+
+
+def insights_page_router() -> APIRouter:
+    router = APIRouter(prefix="/ui", include_in_schema=False)
+
+    @router.get("/insights", name="ui_insights_index")
+    async def insights_index(request: Request) -> Response:
+        """The header's link: the first saga type's insights (the page links the others)."""
+        names = sorted(_state(request).parts.registry.names())
+        if not names:
+            raise HTTPException(404, "no saga type is registered")
+        return relative_redirect(
+            request.scope, f"/ui/saga-types/{quote(names[0], safe='')}/insights"
+        )
+
+    @router.get("/saga-types/{name}/insights", name="ui_insights")
+    async def insights_view(
+        request: Request,
+        name: Annotated[str, Path(max_length=200)],
+        window: Annotated[Literal["1h", "1d", "7d"], Query()] = "1h",
+    ) -> HTMLResponse:
+        parts = _state(request).parts
+        report = await insights_report(parts, name, window)
+        return _render(
+            "insights.html", root=_root(request), user=page_user(request), r=report,
+            svg=graph_svg(report), types=sorted(parts.registry.names()), windows=list(WINDOWS),
+            quote=quote, ms=fmt_ms, pct=_pct,
+        )  # fmt: skip
+
+    return router

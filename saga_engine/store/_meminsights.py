@@ -1,0 +1,57 @@
+"""The in-memory store's insights: the same aggregates as the Postgres store's
+(``_pginsights``), added when a run's terminal event is stored."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from saga_engine.core._events import TERMINAL_EVENTS
+from saga_engine.core._insights import Counters, RowKey, aggregate, mark_of, summarize
+from saga_engine.store._store import SagaRecord, StoredEvent, as_utc
+
+
+class InMemoryInsights:
+    """Mixed into InMemoryEventStore."""
+
+    _records: dict[str, SagaRecord]
+    _events: dict[str, list[StoredEvent]]
+    _ended: dict[str, datetime]
+    _insights: dict[RowKey, Counters]
+
+    def _count_run(self, saga_id: str, new: Sequence[StoredEvent]) -> None:
+        """Adds the run to the aggregates if ``new`` (its events just stored) end it."""
+        if not any(isinstance(s.event, TERMINAL_EVENTS) for s in new):
+            return
+        summary = summarize([mark_of(s.event) for s in self._events[saga_id]])
+        if summary is None:
+            return
+        for key, counters in aggregate([summary]).items():
+            self._insights.setdefault(key, Counters()).add(counters)
+
+    async def insight_rows(
+        self, saga_type: str, since: datetime, until: datetime
+    ) -> list[tuple[str, str, str, Counters]]:
+        """(facet, key, detail, counters) of the type's buckets in [since, until)."""
+        since, until = as_utc(since), as_utc(until)
+        return [
+            (facet, key, detail, replace(c, hist=list(c.hist)))
+            for (t, bucket, facet, key, detail), c in sorted(self._insights.items())
+            if t == saga_type and since <= bucket < until
+        ]
+
+    async def sla_breaches(
+        self, saga_type: str, since: datetime, until: datetime, sla: timedelta, limit: int = 20
+    ) -> list[str]:
+        """Ids of the latest runs of the type that ended in [since, until) past ``sla``."""
+        since, until = as_utc(since), as_utc(until)
+        found = [
+            (ended, saga_id)
+            for saga_id, ended in self._ended.items()
+            if (r := self._records.get(saga_id)) is not None
+            and r.saga_type == saga_type
+            and since <= as_utc(ended) < until
+            and as_utc(ended) - as_utc(r.created_at) > sla
+        ]
+        return [saga_id for _, saga_id in sorted(found, reverse=True)[:limit]]

@@ -1,0 +1,154 @@
+"""The insight aggregates (``InsightStore``), against every adapter (memory and
+Postgres, with and without group commit and a payload codec): a run is counted once,
+when its terminal event is stored, with its nodes, latencies, errors and overlaps."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from saga_engine.core._events import (
+    CommandIssued,
+    CompensationIssued,
+    Event,
+    ReplyReceived,
+    SagaCompensated,
+    SagaCompleted,
+    SagaStarted,
+    SignalReceived,
+    TimerFired,
+    TimerStarted,
+)
+from saga_engine.core._insight_report import build_report
+from saga_engine.core._status import SagaStatus
+from saga_engine.store._insight_store import InsightStore
+from saga_engine.store._store import Append, EventStore, NewSaga, Projection
+from tests.internal.contract.test_event_store import backend, pg_store, store
+
+__all__ = ["backend", "pg_store", "store"]  # the fixtures, shared with the event store's
+
+T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=30)
+
+
+def _at(ms: int) -> datetime:
+    return T0 + timedelta(milliseconds=ms)
+
+
+def _cmd(ms: int, step: str, command_id: str, attempt: int = 1) -> CommandIssued:
+    return CommandIssued(
+        at=_at(ms), step=step, participant="svc", command_type=step, payload={"p": 1},
+        payload_hash="h", command_id=command_id, attempt=attempt,
+    )  # fmt: skip
+
+
+def _reply(ms: int, step: str, command_id: str, outcome: str = "success", error: str | None = None) -> ReplyReceived:  # fmt: skip
+    return ReplyReceived(
+        at=_at(ms), step=step, command_id=command_id, outcome=outcome,
+        payload={"ok": True}, error=error,
+    )  # fmt: skip
+
+
+def _happy(saga: str) -> list[Event]:
+    """reserve (retried once: busy), then pay and ship in parallel, a sleep, a signal."""
+    return [
+        SagaStarted(at=_at(0), saga_type="trip", input={"who": saga}),
+        _cmd(1, "reserve", f"{saga}-r1"),
+        _reply(11, "reserve", f"{saga}-r1", "retryable", "busy"),
+        _cmd(20, "reserve", f"{saga}-r2", 2),
+        _reply(60, "reserve", f"{saga}-r2"),
+        _cmd(61, "pay", f"{saga}-p"),
+        _cmd(61, "ship", f"{saga}-s"),
+        _reply(300, "pay", f"{saga}-p"),
+        _reply(900, "ship", f"{saga}-s"),
+        TimerStarted(at=_at(901), timer_id="sleep:1", purpose="sleep", fire_at=_at(2901)),
+        TimerFired(at=_at(2901), timer_id="sleep:1"),
+        SignalReceived(at=_at(4000), signal_id="g1", name="approve"),
+        SagaCompleted(at=_at(4001), output={"done": True}),
+    ]
+
+
+def _refused(saga: str) -> list[Event]:
+    return [
+        SagaStarted(at=_at(0), saga_type="trip", input={"who": saga}),
+        _cmd(1, "reserve", f"{saga}-r1"),
+        _reply(41, "reserve", f"{saga}-r1", "failure", "no rooms"),
+        CompensationIssued(
+            at=_at(42),
+            step="reserve",
+            participant="svc",
+            command_type="undo",
+            payload={},
+            payload_hash="h",
+            command_id=f"{saga}-u",
+            attempt=1,
+        ),
+        SagaCompensated(at=_at(50)),
+    ]
+
+
+async def _run(store: EventStore, saga: str, events: list[Event], status: SagaStatus) -> None:
+    """Writes the history as an engine does: created, then appended in two steps."""
+    await store.create(NewSaga(saga, "trip", events[:1], Projection(SagaStatus.RUNNING)))
+    await store.append(Append(saga, 1, events[1:-1], Projection(SagaStatus.RUNNING)))
+    await store.append(Append(saga, len(events) - 1, events[-1:], Projection(status)))
+
+
+async def _report(store: EventStore, sla: timedelta | None = None) -> dict:  # type: ignore[type-arg]
+    assert isinstance(store, InsightStore)
+    since, until = T0 - timedelta(hours=1), T0 + timedelta(hours=1)
+    rows = await store.insight_rows("trip", since, until)
+    return build_report("trip", "1h", since, until, rows, sla)
+
+
+async def test_a_run_counts_once_it_ends(store: EventStore) -> None:
+    events = _happy("a")
+    await store.create(NewSaga("a", "trip", events[:1], Projection(SagaStatus.RUNNING)))
+    await store.append(Append("a", 1, events[1:-1], Projection(SagaStatus.RUNNING)))
+    assert (await _report(store))["runs"] == 0  # still running: nothing counted yet
+    await store.append(Append("a", len(events) - 1, events[-1:], Projection(SagaStatus.COMPLETED)))
+    report = await _report(store)
+    assert report["runs"] == 1
+    assert report["outcomes"] == {"completed": 1}
+    assert report["duration_ms"] == {"p50": 5000, "p95": 5000, "p99": 5000}
+
+
+async def test_nodes_paths_errors_and_parallel_branches(store: EventStore) -> None:
+    await _run(store, "a", _happy("a"), SagaStatus.COMPLETED)
+    await _run(store, "b", _happy("b"), SagaStatus.COMPLETED)
+    await _run(store, "c", _refused("c"), SagaStatus.COMPENSATED)
+    report = await _report(store, sla=timedelta(seconds=1))
+    assert report["runs"] == 3
+    assert report["outcomes"] == {"compensated": 1, "completed": 2}
+    nodes = {n["name"]: n for n in report["nodes"]}
+    # The graph's order: by when the node starts in its runs.
+    assert [n["name"] for n in report["nodes"]] == ["reserve", "pay", "ship", "sleep:1", "signal:approve"]  # fmt: skip
+    reserve = nodes["reserve"]
+    assert (reserve["kind"], reserve["runs"], reserve["share"]) == ("step", 3, 1.0)
+    assert (reserve["attempts"], reserve["successes"]) == (5, 2)
+    assert reserve["attempts_per_success"] == 2.5
+    assert reserve["refusal_rate"] == 0.2
+    assert reserve["compensation_rate"] == round(1 / 3, 4)
+    assert reserve["latency_ms"] == {"p50": 50, "p95": 50, "p99": 50}
+    assert reserve["errors"] == [
+        {"message": "busy", "count": 2}, {"message": "no rooms", "count": 1},
+    ]  # fmt: skip
+    assert nodes["pay"]["share"] == round(2 / 3, 4)
+    assert nodes["ship"]["latency_ms"]["p50"] == 1000
+    assert (nodes["sleep:1"]["kind"], nodes["sleep:1"]["latency_ms"]["p50"]) == ("timer", 2000)
+    assert nodes["signal:approve"]["kind"] == "signal"
+    assert report["parallel"] == [{"nodes": ["pay", "ship"], "runs": 2, "share": round(2 / 3, 4)}]
+    # Two runs took 4 s against an SLA of 1 s; the refused one took 50 ms.
+    assert report["sla"] == {
+        "seconds": 1.0, "within": 1, "breached": 2, "share_within": 0.3333, "breaching_runs": [],
+    }  # fmt: skip
+    breaches = await store.sla_breaches(  # type: ignore[attr-defined]
+        "trip", T0 - timedelta(hours=1), T0 + timedelta(hours=1), timedelta(seconds=1)
+    )
+    assert sorted(breaches) == ["a", "b"]
+
+
+async def test_a_window_reads_only_its_buckets(store: EventStore) -> None:
+    await _run(store, "a", _happy("a"), SagaStatus.COMPLETED)
+    assert isinstance(store, InsightStore)
+    later = T0 + timedelta(hours=2)
+    assert await store.insight_rows("trip", later, later + timedelta(hours=1)) == []
+    assert await store.insight_rows("other", T0 - timedelta(hours=1), later) == []
