@@ -166,4 +166,6 @@ class EventMatcher:
                 log.warning("domain event for saga %s: %s", saga_id, outcome.error)
             elif outcome.decision is not None and outcome.decision.dropped is None:
                 self._stats.inc("domain_events_matched")
+                # Postgres marked it in the append's own transaction (store/_pgdomain's
+                # mark_received); this mark serves the adapters that cannot (in memory).
                 await self.store.mark_matched(inbound.source, inbound.event_id)

@@ -11,11 +11,12 @@ from typing import Any, Final
 import asyncpg
 
 from saga_engine.core._codec import CodecChain, is_marker
+from saga_engine.core._events import DomainEventReceived, Event
 from saga_engine.kernel._settings import PostgresSettings
 from saga_engine.store._domain_store import Expired, StoredFact
 from saga_engine.store._pgbase import _init_connection, _json, _unavailable_as_transient
 
-__all__ = ["PostgresDomainEventStore"]
+__all__ = ["PostgresDomainEventStore", "mark_received"]
 
 _COLUMNS: Final = (
     'source, key, event_id, payload, received_at, expires_at, topic, partition, "offset", matched'
@@ -152,3 +153,28 @@ class PostgresDomainEventStore:
             received_at=r["received_at"], expires_at=r["expires_at"], topic=r["topic"],
             partition=r["partition"], offset=r["offset"], matched=r["matched"],
         )  # fmt: skip
+
+
+# The facts that sagas' new events record as received, marked in the transaction that
+# appends those events: an engine killed after the append but before a separate mark
+# would leave a matched fact counted as unmatched when it expires. SKIP LOCKED, in one
+# order: a row another transaction is marking (another saga received the same fact) is
+# left to it, so two group commits never wait on each other here.
+_MARK_RECEIVED: Final = (
+    "UPDATE saga_domain_events d SET matched = true FROM ("
+    "SELECT source, event_id FROM saga_domain_events "
+    "WHERE (source, event_id) IN (SELECT * FROM unnest($1::text[], $2::text[])) "
+    "AND NOT matched ORDER BY source, event_id FOR UPDATE SKIP LOCKED) s "
+    "WHERE d.source = s.source AND d.event_id = s.event_id"
+)
+
+
+async def mark_received(conn: Any, events: Sequence[Event]) -> None:
+    """Marks the facts ``events`` record as received (none: no statement)."""
+    received = sorted(
+        {(e.source, e.event_id) for e in events if isinstance(e, DomainEventReceived)}
+    )
+    if received:
+        await conn.execute(
+            _MARK_RECEIVED, [source for source, _ in received], [eid for _, eid in received]
+        )

@@ -49,6 +49,7 @@ from saga_engine.store._pgbase import (
     _unavailable_as_transient,
     transient_cause,
 )
+from saga_engine.store._pgdomain import mark_received
 from saga_engine.store._pginsights import PostgresInsights, add_insights
 from saga_engine.store._pgkeys import PostgresKeySlots
 from saga_engine.store._pgqueries import PostgresReads
@@ -437,6 +438,9 @@ class PostgresEventStore(
         )
         if rows.saga_ids:
             await conn.execute(INSERT_EVENTS, rows.saga_ids, rows.seqs, rows.kinds, rows.data)
+        await mark_received(
+            conn, [e for op in appends if type(op.outcome) is int for e in op.append.events]
+        )
 
     @staticmethod
     async def _write_creates(conn: _Conn, ops: list[_CreateOp], rows: _EventRows) -> None:
