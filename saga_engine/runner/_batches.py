@@ -37,12 +37,11 @@ from saga_engine.core._decision import saga_id_for
 from saga_engine.core._events import RerunLink, SagaStarted
 from saga_engine.core._view import fold
 from saga_engine.kernel._errors import InvalidTransition, SagaError, SagaNotFound, TransientError
-from saga_engine.kernel._retry import Backoff
 from saga_engine.kernel._settings import BatchSettings
 from saga_engine.runner._engine import Engine
+from saga_engine.runner._polling import PollingLoop
 from saga_engine.store._batch_store import BatchRow, BatchStore, Outcome
 from saga_engine.store._store import EventStore
-from saga_engine.telemetry._telemetry import detach_from_trace
 
 __all__ = ["ACTIONS", "ALREADY_DONE", "CRASH_POINT", "BatchRunner"]
 
@@ -155,23 +154,22 @@ class BatchRunner:
         self._owner = f"{owner}/{uuid.uuid4().hex[:8]}"
         self._lease = timedelta(seconds=settings.lease_s)
         self._crash_hook = crash_hook
-        self._task: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
+        self._loop = PollingLoop(
+            "saga-batches", self._round, poll_s=settings.poll_s, what="batch operation",
+            log=log,
+        )  # fmt: skip
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="saga-batches")
+        self._loop.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            # Stopped mid-operation, the lease runs out and another engine goes on from
-            # the cursor (the saga in flight is checked against its history).
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        # Stopped mid-operation, the lease runs out and another engine goes on from the
+        # cursor (the saga in flight is checked against its history).
+        await self._loop.stop()
 
     def wake(self) -> None:
         """Look again now (an operation was created)."""
-        self._wake.set()
+        self._loop.wake()
 
     async def run_once(self) -> BatchRow | None:
         """Claims one operation and works on it until it ends or is lost; the operation as
@@ -181,30 +179,9 @@ class BatchRunner:
             await self._work(row)
         return row
 
-    async def _loop(self) -> None:
-        detach_from_trace()
-        backoff = Backoff(0.5, 10.0)
-        while True:
-            try:
-                row = await self.run_once()
-                backoff.reset()
-            except TransientError as exc:
-                delay = backoff.next_delay()
-                log.warning("batch operation paused (%s); retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
-                continue
-            except Exception:  # a bug must not end the loop: log it, and look again later
-                log.exception("unexpected error in a batch operation")
-                await asyncio.sleep(self._settings.poll_s)
-                continue
-            if row is not None:
-                continue  # another may be waiting
-            self._wake.clear()
-            try:
-                async with asyncio.timeout(self._settings.poll_s):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
+    async def _round(self) -> float:
+        """One operation worked on; at once again if there was one (another may wait)."""
+        return 0.0 if await self.run_once() is not None else self._settings.poll_s
 
     async def _work(self, op: BatchRow) -> None:
         log.info("batch operation %s (%s): from %s", op.operation_id, op.spec.action, op.cursor)

@@ -21,11 +21,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from saga_engine.core._schedule import Schedule
-from saga_engine.kernel._errors import TransientError
-from saga_engine.kernel._retry import Backoff
 from saga_engine.kernel._settings import ScheduleSettings
+from saga_engine.runner._polling import PollingLoop
 from saga_engine.store._schedule_store import Fire, FireResult, ScheduleStore
-from saga_engine.telemetry._telemetry import detach_from_trace
 
 __all__ = ["CRASH_POINT", "Scheduler", "load_schedules", "utc_now"]
 
@@ -60,25 +58,24 @@ class Scheduler:
         self._clock = clock
         self._crash_hook = crash_hook
         self._on_fired = on_fired
-        self._task: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
+        self._loop = PollingLoop(
+            "saga-schedules", self._round, poll_s=settings.poll_s, what="firing schedules",
+            log=log,
+        )  # fmt: skip
         self.fired = 0
         self.skipped = 0
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="saga-schedules")
+        self._loop.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            # Cancelled mid-claim, the transaction rolls back: the claimed ticks stay
-            # due for the next engine (their starts, if sent, are deduplicated).
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        # Cancelled mid-claim, the transaction rolls back: the claimed ticks stay due for
+        # the next engine (their starts, if sent, are deduplicated).
+        await self._loop.stop()
 
     def wake(self) -> None:
         """Look again now (a schedule was created or resumed)."""
-        self._wake.set()
+        self._loop.wake()
 
     async def run_due(self) -> int:
         """Claims and fires until no schedule is due now; the number of ticks fired.
@@ -119,34 +116,14 @@ class Scheduler:
         if self._crash_hook is not None:
             self._crash_hook(CRASH_POINT)
 
-    async def _loop(self) -> None:
-        detach_from_trace()
-        backoff = Backoff(0.5, 10.0)
-        poll = self._settings.poll_s
-        while True:
-            try:
-                await self.run_due()
-                earliest = await self._store.earliest_due()
-                backoff.reset()
-            except TransientError as exc:
-                delay = backoff.next_delay()
-                log.warning("firing schedules failed (%s); retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
-                continue
-            except Exception:  # a bug must not end the loop: log it, and look again later
-                log.exception("unexpected error firing schedules")
-                await asyncio.sleep(poll)
-                continue
-            delay = poll
-            if earliest is not None:
-                delay = min(poll, max(0.0, (earliest - self._clock()).total_seconds()))
-            delay = max(delay, self._settings.coalesce_s)
-            self._wake.clear()
-            try:
-                async with asyncio.timeout(delay):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
+    async def _round(self) -> float:
+        """Fires what is due; how long until the earliest next tick (at most poll_s)."""
+        await self.run_due()
+        earliest = await self._store.earliest_due()
+        delay = self._settings.poll_s
+        if earliest is not None:
+            delay = min(delay, max(0.0, (earliest - self._clock()).total_seconds()))
+        return max(delay, self._settings.coalesce_s)
 
 
 def load_schedules(spec: str) -> list[Schedule]:
