@@ -1,8 +1,9 @@
 """Insights per saga type: what one finished run contributes to its type's aggregates.
 
-A run is summarised once, from its whole history, by the store that writes its terminal
-event (in the same transaction: a run is counted exactly once, whatever crashes), and
-added into counters per (saga type, time bucket): per type (runs by outcome, a duration
+A run is summarised once, from its whole history, by the store's roll-up after its
+terminal event is stored (the store records the run in that event's transaction and the
+roll-up takes it off that record in its own: a run is counted exactly once, whatever
+crashes), and added into counters per (saga type, time bucket): per type (runs by outcome, a duration
 histogram), per node (steps, children, timers, signal and event waits: runs that took
 it, attempts, successes, refusals, timeouts, compensations, a latency histogram), the
 most frequent error messages per node, and the pairs of nodes that overlapped in a run
@@ -139,14 +140,17 @@ def mark_of(event: Event) -> Mark:
 
 
 def summarize(marks: Sequence[Mark]) -> RunSummary | None:
-    """A finished run's summary from its history's marks (None if it has not ended)."""
+    """A finished run's summary from its history's marks (None if it has not ended); what
+    the history recorded after its end does not count, so a roll-up's summary is the
+    same whenever it runs."""
     if not marks or marks[0].kind != "saga_started" or marks[0].saga_type is None:
         return None
-    end = next((m for m in marks if m.kind in _ENDS), None)
-    if end is None:
+    last = next((i for i, m in enumerate(marks) if m.kind in _ENDS), None)
+    if last is None:
         return None
+    end = marks[last]
     nodes: dict[str, NodeRun] = {}
-    _walk(marks, nodes)
+    _walk(marks[: last + 1], nodes)
     return RunSummary(
         saga_type=marks[0].saga_type,
         started_at=marks[0].at,

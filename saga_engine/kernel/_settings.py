@@ -127,6 +127,9 @@ class EngineSettings(BaseModel):
     #: How often housekeeping releases the key slots of sagas that ended without
     #: releasing them (an engine killed between a saga's end and its release).
     key_sweep_s: float = Field(default=10.0, gt=0, le=3600)
+    #: How often housekeeping adds the runs that ended since to the insights' aggregates
+    #: (migration 0015; a read of the insights adds them first anyway).
+    insights_rollup_s: float = Field(default=2.0, gt=0, le=3600)
 
 
 class ScheduleSettings(BaseModel):

@@ -7,6 +7,9 @@
   already due fires at once). That is how a timer of an evicted saga fires on time.
 - **Every ``engine.key_sweep_s``** (when a saga type declares ``concurrency``): release
   the key slots of sagas that ended without releasing them, and wake who gets them.
+- **Every ``engine.insights_rollup_s``**: add the runs that ended since to the insights'
+  aggregates (``InsightStore.roll_up_insights``), a batch at a time until none is left;
+  engines doing it at once take disjoint runs.
 - **Every ``retention.interval_s``** (when a retention period is set): archive and delete
   up to ten batches of the owned partitions' finished sagas past their period. A backlog
   (retention just turned on) drains over the following passes.
@@ -25,12 +28,16 @@ from saga_engine.runner._engine import Engine
 from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._retention import Retention
 from saga_engine.runner._rollouts import keep_rollouts_fresh, needs_rollouts
+from saga_engine.store._insight_store import InsightStore
 from saga_engine.telemetry._telemetry import detach_from_trace
 
 log = logging.getLogger("saga_engine.worker")
 
 #: Batches of ``retention.batch_size`` per background pass.
 _RETENTION_BATCHES = 10
+#: Runs per insights roll-up transaction, and roll-ups per period at most.
+_ROLLUP_BATCH = 2000
+_ROLLUP_BATCHES = 50
 #: Sagas woken per poll at most (soonest first), and how many load at once.
 _WAKE_BATCH = 2000
 #: Pages of due wake-ups read per poll at most, past the sagas already loaded ahead.
@@ -70,6 +77,9 @@ class Housekeeping:
             self._tasks.append(loop.create_task(rollouts, name="saga-rollouts"))
         if any(d.concurrency is not None for d in self._parts.registry):
             self._tasks.append(loop.create_task(self._key_sweep(), name="saga-key-sweep"))
+        if isinstance(self._store, InsightStore):
+            insights = self._roll_up_insights(self._store)
+            self._tasks.append(loop.create_task(insights, name="saga-insights-rollup"))
         retention = self._settings.retention
         if retention.days is not None or retention.per_type:
             self._tasks.append(loop.create_task(self._retention(), name="saga-retention"))
@@ -150,6 +160,18 @@ class Housekeeping:
             else:
                 if granted:
                     self._parts.stats.inc("key_swept", granted)
+
+    async def _roll_up_insights(self, store: InsightStore) -> None:
+        detach_from_trace()
+        while True:
+            await asyncio.sleep(self._settings.engine.insights_rollup_s)  # a period
+            try:
+                for _ in range(_ROLLUP_BATCHES):
+                    if await store.roll_up_insights(_ROLLUP_BATCH) < _ROLLUP_BATCH:
+                        break
+            except Exception as exc:  # an outage or a bug: the next period tries again
+                bug = not isinstance(exc, TransientError | OSError)
+                log.warning("rolling up insights failed: %s", exc, exc_info=bug)
 
     async def _retention(self) -> None:
         retention = Retention(self._settings.retention, self._store, self._codec)

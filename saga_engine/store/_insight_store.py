@@ -1,7 +1,9 @@
 """The insights port: the aggregates a store keeps of finished runs (``core/_insights``).
 
-Both event stores implement it (``_pginsights``, ``_meminsights``): a run is added when
-its terminal event is stored, in the same transaction, so each run counts once.
+Both event stores implement it (``_pginsights``, ``_meminsights``): a run is recorded in
+the transaction that stores its terminal event and added to the aggregates by a later
+roll-up that takes it off the record in its own transaction, so each run counts once.
+A read rolls up first; each engine's housekeeping rolls up in the background.
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ from saga_engine.core._insights import Counters
 
 @runtime_checkable
 class InsightStore(Protocol):
+    async def roll_up_insights(self, limit: int = 2000) -> int:
+        """Adds up to ``limit`` runs that ended since the last roll-up to the aggregates
+        (skipping those another roll-up holds); returns how many it added."""
+        ...
+
     async def insight_rows(
         self, saga_type: str, since: datetime, until: datetime
     ) -> list[tuple[str, str, str, Counters]]:

@@ -1,5 +1,6 @@
 """The in-memory store's insights: the same aggregates as the Postgres store's
-(``_pginsights``), added when a run's terminal event is stored."""
+(``_pginsights``): a run is recorded when its terminal event is stored and added to the
+aggregates by the next roll-up (a read rolls up first)."""
 
 from __future__ import annotations
 
@@ -19,21 +20,35 @@ class InMemoryInsights:
     _events: dict[str, list[StoredEvent]]
     _ended: dict[str, datetime]
     _insights: dict[RowKey, Counters]
+    _insights_pending: list[str]
 
     def _count_run(self, saga_id: str, new: Sequence[StoredEvent]) -> None:
-        """Adds the run to the aggregates if ``new`` (its events just stored) end it."""
-        if not any(isinstance(s.event, TERMINAL_EVENTS) for s in new):
-            return
-        summary = summarize([mark_of(s.event) for s in self._events[saga_id]])
-        if summary is None:
-            return
-        for key, counters in aggregate([summary]).items():
+        """Records the run for the roll-up if ``new`` (its events just stored) end it."""
+        if any(isinstance(s.event, TERMINAL_EVENTS) for s in new):
+            self._insights_pending.append(saga_id)
+
+    async def roll_up_insights(self, limit: int = 2000) -> int:
+        """Adds up to ``limit`` runs that ended since the last roll-up to the aggregates;
+        returns how many it added."""
+        taken, self._insights_pending = (
+            self._insights_pending[:limit],
+            self._insights_pending[limit:],
+        )
+        summaries = (
+            summarize([mark_of(s.event) for s in self._events.get(saga_id, [])])
+            for saga_id in taken
+        )
+        rows = aggregate(s for s in summaries if s is not None)
+        for key, counters in rows.items():
             self._insights.setdefault(key, Counters()).add(counters)
+        return len(taken)
 
     async def insight_rows(
         self, saga_type: str, since: datetime, until: datetime
     ) -> list[tuple[str, str, str, Counters]]:
-        """(facet, key, detail, counters) of the type's buckets in [since, until)."""
+        """(facet, key, detail, counters) of the type's buckets in [since, until); the
+        runs ended so far are rolled up first."""
+        await self.roll_up_insights(len(self._insights_pending))
         since, until = as_utc(since), as_utc(until)
         return [
             (facet, key, detail, replace(c, hist=list(c.hist)))

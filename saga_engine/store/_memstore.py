@@ -72,6 +72,7 @@ class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots, InMemoryInsights):
         #: (saga id, created at) -> gzipped export, as saga_archive's key.
         self._archive: dict[tuple[str, datetime], bytes] = {}
         self._insights = {}
+        self._insights_pending = []
         # One lock makes each create/append atomic even if an adapter method awaits.
         self._lock = asyncio.Lock()
         self.closed = False

@@ -1,11 +1,12 @@
-"""The Postgres store's insights (migration 0014): written by the group commit, read by
-the admin API.
+"""The Postgres store's insights (migrations 0014, 0015): recorded by the group commit,
+rolled up in the background, read by the admin API.
 
-Write: in the transaction that stores a run's terminal event, the run's earlier history
-is read as marks (a few plain fields selected by SQL, no payload decoded: the
-summary's cost is one index range read per ending saga) and the batch's runs are
-added into ``saga_insights`` by one upsert. Read: the window's rows of one type, by
-the primary key's range.
+Write: the transaction that stores a run's terminal event records only the run's id in
+``saga_insights_pending``. A roll-up (``roll_up_insights``: every engine's housekeeping,
+and each read first) takes a batch of those ids, reads their histories as marks (a few
+plain fields selected by SQL, no payload decoded), and adds their summaries into
+``saga_insights`` by one upsert, deleting the ids in the same transaction: each run is
+counted once. Read: the window's rows of one type, by the primary key's range.
 """
 
 from __future__ import annotations
@@ -24,14 +25,12 @@ from saga_engine.core._insights import (
     Mark,
     RowKey,
     aggregate,
-    mark_of,
     summarize,
 )
 from saga_engine.kernel._serde import dumps
 from saga_engine.store._pgbase import _Conn, _EncodedJson, _unavailable_as_transient
 
-# The marks of the ending sagas' histories so far (their new events come from the
-# batch). Only the kinds a summary reads; `error` only when it is a plain message (a
+# The marks of finished runs' histories. Only the kinds a summary reads; `error` only when it is a plain message (a
 # payload codec may have sealed it).
 _MARKS: Final = """
 SELECT saga_id, kind, (data->>'at')::timestamptz AS at, data->>'step' AS step,
@@ -44,6 +43,27 @@ FROM saga_events
 WHERE saga_id = ANY($1::text[]) AND kind = ANY($2::text[])
 ORDER BY saga_id, seq
 """
+
+_PENDING: Final = "INSERT INTO saga_insights_pending (saga_id) SELECT unnest($1::text[])"
+
+# Takes up to $1 runs waiting for the roll-up; the rows are deleted by the transaction
+# that adds their runs, so a crash before its commit leaves them waiting. In the
+# background, SKIP LOCKED: two engines rolling up at once take disjoint runs instead of
+# waiting on each other. Before a read, a plain FOR UPDATE: the read waits for a roll-up
+# in progress to commit (READ COMMITTED then skips the rows it deleted), so what the
+# read returns counts every run that ended before it began.
+_TAKE: Final = """
+DELETE FROM saga_insights_pending
+WHERE ctid = ANY(ARRAY(SELECT ctid FROM saga_insights_pending LIMIT $1 FOR UPDATE{}))
+RETURNING saga_id
+"""
+_TAKE_SKIPPING: Final = _TAKE.format(" SKIP LOCKED")
+_TAKE_WAITING: Final = _TAKE.format("")
+#: Runs added per roll-up transaction.
+ROLLUP_BATCH: Final = 2000
+#: A read rolls up at most this many batches first (a backlog past it is left to the
+#: background roll-ups, and the read is that far behind).
+_READ_ROLLUPS: Final = 20
 
 # Adds the batch's rows. The rows come sorted by key, and ON CONFLICT locks the rows it
 # updates in input order, so two engines adding to the same buckets lock them in the
@@ -105,35 +125,21 @@ def ending(events: Sequence[Event]) -> bool:
     return any(isinstance(e, TERMINAL_EVENTS) for e in events)
 
 
-async def add_insights(conn: _Conn, ended: Sequence[tuple[str, Sequence[Event]]]) -> None:
-    """Adds the runs ending in this transaction (saga id, the events it appends) to the
-    aggregates. The appends' guard rows are locked, so their histories are stable."""
-    ended = [(saga_id, events) for saga_id, events in ended if ending(events)]
-    if not ended:
-        return
-    rows = await conn.fetch(_MARKS, [saga_id for saga_id, _ in ended], list(MARK_KINDS))
+async def record_ended(conn: _Conn, saga_ids: list[str]) -> None:
+    """Records the runs ending in this transaction for the next roll-up."""
+    if saga_ids:
+        await conn.execute(_PENDING, saga_ids)
+
+
+async def add_insights(conn: _Conn, saga_ids: Sequence[str]) -> None:
+    """Adds the finished runs ``saga_ids`` to the aggregates (their histories are whole:
+    nothing is appended after a terminal event that a summary reads)."""
+    rows = await conn.fetch(_MARKS, list(saga_ids), list(MARK_KINDS))
     marks: dict[str, list[Mark]] = {}
     for r in rows:
-        marks.setdefault(r["saga_id"], []).append(
-            Mark(
-                kind=r["kind"],
-                at=r["at"],
-                step=r["step"],
-                command_id=r["command_id"],
-                outcome=r["outcome"],
-                compensation=r["compensation"],
-                error=r["error"],
-                purpose=r["purpose"],
-                wait_id=r["wait_id"],
-                name=r["name"],
-                saga_type=r["saga_type"],
-            )
-        )
-    summaries = []
-    for saga_id, events in ended:
-        summary = summarize(marks.get(saga_id, []) + [mark_of(e) for e in events])
-        if summary is not None:
-            summaries.append(summary)
+        # By position: _MARKS selects the saga id, then Mark's fields in their order.
+        marks.setdefault(r[0], []).append(Mark(*r[1:]))
+    summaries = [s for s in map(summarize, marks.values()) if s is not None]
     await upsert(conn, aggregate(summaries))
 
 
@@ -163,15 +169,33 @@ async def upsert(conn: _Conn, rows: dict[RowKey, Counters]) -> None:
 
 
 class PostgresInsights:
-    """Mixed into PostgresEventStore: the insight reads, over its pool."""
+    """Mixed into PostgresEventStore: the roll-up and the insight reads, over its pool."""
 
     _pool: asyncpg.Pool[asyncpg.Record]
+
+    async def roll_up_insights(self, limit: int = ROLLUP_BATCH) -> int:
+        """Adds up to ``limit`` runs that ended since the last roll-up to the aggregates,
+        skipping those another roll-up holds; returns how many it added."""
+        return await self._roll_up(_TAKE_SKIPPING, limit)
+
+    async def _roll_up(self, take: str, limit: int) -> int:
+        # READ COMMITTED (the server's default, said here): _TAKE_WAITING's re-check of a
+        # row another roll-up deleted relies on it.
+        with _unavailable_as_transient():
+            async with self._pool.acquire() as conn, conn.transaction(isolation="read_committed"):
+                ids = [r["saga_id"] for r in await conn.fetch(take, limit)]
+                if ids:
+                    await add_insights(conn, ids)
+        return len(ids)
 
     async def insight_rows(
         self, saga_type: str, since: datetime, until: datetime
     ) -> list[tuple[str, str, str, Counters]]:
         """(facet, key, detail, counters) of the type's buckets in [since, until), summed
-        per (facet, key, detail)."""
+        per (facet, key, detail); the runs ended so far are rolled up first."""
+        for _ in range(_READ_ROLLUPS):
+            if await self._roll_up(_TAKE_WAITING, ROLLUP_BATCH) < ROLLUP_BATCH:
+                break
         with _unavailable_as_transient():
             rows = await self._pool.fetch(_READ, saga_type, since, until)
         return [

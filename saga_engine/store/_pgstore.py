@@ -50,7 +50,7 @@ from saga_engine.store._pgbase import (
     transient_cause,
 )
 from saga_engine.store._pgdomain import mark_received
-from saga_engine.store._pginsights import PostgresInsights, add_insights
+from saga_engine.store._pginsights import PostgresInsights, ending, record_ended
 from saga_engine.store._pgkeys import PostgresKeySlots
 from saga_engine.store._pgqueries import PostgresReads
 from saga_engine.store._pgretention import PostgresRetention
@@ -430,11 +430,13 @@ class PostgresEventStore(
             await self._write_creates(conn, creates, rows)
         if appends:
             await self._write_appends(conn, appends, rows)
-        # Before the new events are inserted: add_insights reads the histories so far.
-        await add_insights(
+        # The runs this transaction ends wait for the insights' roll-up (migration 0015).
+        await record_ended(
             conn,
-            [(op.saga_id, op.new.events) for op in creates if op.outcome is True]
-            + [(op.saga_id, op.append.events) for op in appends if type(op.outcome) is int],
+            [op.saga_id for op in creates if op.outcome is True and ending(op.new.events)]
+            + [
+                op.saga_id for op in appends if type(op.outcome) is int and ending(op.append.events)
+            ],
         )
         if rows.saga_ids:
             await conn.execute(INSERT_EVENTS, rows.saga_ids, rows.seqs, rows.kinds, rows.data)

@@ -44,6 +44,7 @@ PINNED = {
     12: "e2682de323ca5b12e62cd6d8213e812f57bf372e07606b18337b6467f0934fbe",
     13: "6331cb93dd6c1cba6af455a573b8a494685d1c51b5a6ba3ba82fbf5ea70180d9",
     14: "ba93ec13d9447d5acf59bc159e4d3aaa27ba7062cfb84801731a63dc7d2a9f38",
+    15: "ad7b74fbb1eee375eaaf0d7728a2906d7409efaead7c6b06b7790cee8d3ce977",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant/migrations).
 PINNED_PARTICIPANT = {
@@ -135,6 +136,7 @@ async def test_migrate_applies_each_migration_once(pg: PgTarget) -> None:
         "saga_key_slots",  # 0012
         "saga_batch_operations",  # 0013
         "saga_insights",  # 0014
+        "saga_insights_pending",  # 0015
     }
     assert await _recorded(pg.database_dsn, pg.schema) == [
         (m.version, m.name, m.sha256) for m in shipped_migrations()

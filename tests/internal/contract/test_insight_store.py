@@ -4,6 +4,7 @@ when its terminal event is stored, with its nodes, latencies, errors and overlap
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 from saga_engine.core._events import (
@@ -21,6 +22,7 @@ from saga_engine.core._events import (
 from saga_engine.core._insight_report import build_report
 from saga_engine.core._status import SagaStatus
 from saga_engine.store._insight_store import InsightStore
+from saga_engine.store._pgstore import PostgresEventStore
 from saga_engine.store._store import Append, EventStore, NewSaga, Projection
 from tests.internal.contract.test_event_store import backend, pg_store, store
 
@@ -152,3 +154,30 @@ async def test_a_window_reads_only_its_buckets(store: EventStore) -> None:
     later = T0 + timedelta(hours=2)
     assert await store.insight_rows("trip", later, later + timedelta(hours=1)) == []
     assert await store.insight_rows("other", T0 - timedelta(hours=1), later) == []
+
+
+async def test_a_roll_up_adds_each_ended_run_once(store: EventStore) -> None:
+    assert isinstance(store, InsightStore)
+    await _run(store, "a", _happy("a"), SagaStatus.COMPLETED)
+    await _run(store, "b", _refused("b"), SagaStatus.COMPENSATED)
+    events = _happy("c")
+    await store.create(NewSaga("c", "trip", events[:1], Projection(SagaStatus.RUNNING)))
+    # Two ended runs wait; the running one is not recorded. A limit takes part of them.
+    assert await store.roll_up_insights(1) == 1
+    assert await store.roll_up_insights() == 1
+    assert await store.roll_up_insights() == 0
+    report = await _report(store)
+    assert report["outcomes"] == {"completed": 1, "compensated": 1}
+    # Rolled up again (and read again), nothing is added twice.
+    assert await store.roll_up_insights() == 0
+    assert (await _report(store))["runs"] == 2
+
+
+async def test_concurrent_roll_ups_take_disjoint_runs(pg_store: PostgresEventStore) -> None:
+    for i in range(40):
+        await _run(pg_store, f"r{i}", _happy(f"r{i}"), SagaStatus.COMPLETED)
+    taken = await asyncio.gather(*(pg_store.roll_up_insights(7) for _ in range(8)))
+    assert sum(taken) <= 40
+    # Whatever the concurrent roll-ups left, the read adds; each run counted once.
+    assert (await _report(pg_store))["outcomes"] == {"completed": 40}
+    assert await pg_store.roll_up_insights() == 0
