@@ -39,6 +39,7 @@ from saga_engine.kernel._startup import Dependency
 from saga_engine.transport._bus import SEND_TIMEOUT_S as SEND_TIMEOUT_S
 from saga_engine.transport._bus import delivered as delivered
 from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS, engine_envelope
+from saga_engine.transport._kafka_logs import quiet_retried_kafka_errors
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import Envelope, Headers, MessageType, encode, encode_fields
 
@@ -102,6 +103,7 @@ def make_producer(kafka: KafkaSettings, **overrides: Any) -> AIOKafkaProducer:
         "partitioner": key_partition,
     }
     options.update(overrides)
+    quiet_retried_kafka_errors()
     return AIOKafkaProducer(**options)
 
 
@@ -130,6 +132,7 @@ def make_consumer(
         "fetch_max_bytes": max(52_428_800, 2 * kafka.max_message_bytes),
     }
     options.update(overrides)
+    quiet_retried_kafka_errors()
     return AIOKafkaConsumer(*topics, **options)
 
 
