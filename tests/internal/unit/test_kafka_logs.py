@@ -55,6 +55,6 @@ def test_dropped_where_aiokafka_logs_only_warnings(caplog: pytest.LogCaptureFixt
             logger.error("Failed fetch messages from 1: [Error 7] RequestTimedOutError")
     finally:
         logger.setLevel(level)
-    assert [(r.levelno, r.getMessage()[-21:]) for r in caplog.records if r.name == "aiokafka"] == [
+    assert [(r.levelno, r.getMessage()[-20:]) for r in caplog.records if r.name == "aiokafka"] == [
         (logging.ERROR, "RequestTimedOutError")
     ]
