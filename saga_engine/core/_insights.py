@@ -64,18 +64,23 @@ class NodeRun:
     compensations: int = 0
     latencies_ms: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    first: datetime | None = None
-    last: datetime | None = None
+    #: When the node first started and last ended in the run (epoch ms).
+    first: float | None = None
+    last: float | None = None
 
-    def span(self, start: datetime, end: datetime) -> None:
-        self.first = start if self.first is None else min(self.first, start)
-        self.last = end if self.last is None else max(self.last, end)
+    def span(self, start: float, end: float) -> None:
+        # Comparisons, not min()/max(): the roll-up calls this for every reply it reads.
+        if self.first is None or start < self.first:
+            self.first = start
+        if self.last is None or end > self.last:
+            self.last = end
 
 
 @dataclass(frozen=True, slots=True)
 class RunSummary:
     saga_type: str
-    started_at: datetime
+    #: The run's start in epoch ms (what node offsets are measured from).
+    started_ms: float
     ended_at: datetime
     outcome: str
     duration_ms: float
@@ -90,10 +95,12 @@ def node_kind(step: str) -> NodeKind:
 @dataclass(frozen=True, slots=True)
 class Mark:
     """What a summary reads of one event: its kind, time and a few plain fields (the
-    Postgres store selects just these, so a run's summary decodes no payload)."""
+    Postgres store selects just these, so a run's summary decodes no payload). ``at`` is
+    in epoch milliseconds: a summary only subtracts times, and floats are cheaper to
+    read and subtract than datetimes (the roll-up reads every ended run's marks)."""
 
     kind: str
-    at: datetime
+    at: float
     step: str | None = None
     command_id: str | None = None
     outcome: str | None = None
@@ -126,7 +133,7 @@ def mark_of(event: Event) -> Mark:
     compensation = get("compensation")
     return Mark(
         kind=str(get("kind")),
-        at=event.at,
+        at=epoch_ms(event.at),
         step=get("step"),
         command_id=get("command_id"),
         outcome=get("outcome"),
@@ -153,8 +160,8 @@ def summarize(marks: Sequence[Mark]) -> RunSummary | None:
     _walk(marks[: last + 1], nodes)
     return RunSummary(
         saga_type=marks[0].saga_type,
-        started_at=marks[0].at,
-        ended_at=end.at,
+        started_ms=marks[0].at,
+        ended_at=datetime.fromtimestamp(end.at / 1000, UTC),
         outcome=_ENDS[end.kind],
         duration_ms=_ms(marks[0].at, end.at),
         nodes=nodes,
@@ -166,8 +173,8 @@ _WAITS: Final = {"timer_fired": "timer", "domain_event_received": "event"}
 
 
 def _walk(marks: Sequence[Mark], nodes: dict[str, NodeRun]) -> None:
-    sent: dict[str, tuple[str, datetime]] = {}
-    waits: dict[str, tuple[str, datetime]] = {}
+    sent: dict[str, tuple[str, float]] = {}
+    waits: dict[str, tuple[str, float]] = {}
     last_at = marks[0].at
     for m in marks:
         if m.kind == "compensation_issued" and m.step is not None:
@@ -194,7 +201,7 @@ def _walk(marks: Sequence[Mark], nodes: dict[str, NodeRun]) -> None:
         last_at = m.at
 
 
-def _replied(nodes: dict[str, NodeRun], sent: tuple[str, datetime], reply: Mark) -> None:
+def _replied(nodes: dict[str, NodeRun], sent: tuple[str, float], reply: Mark) -> None:
     step, at = sent
     node = nodes[step]
     node.span(at, reply.at)
@@ -208,9 +215,7 @@ def _replied(nodes: dict[str, NodeRun], sent: tuple[str, datetime], reply: Mark)
         node.errors.append(reply.error[:MESSAGE_CHARS])
 
 
-def _waited(
-    nodes: dict[str, NodeRun], kind: NodeKind, wait: tuple[str, datetime], at: datetime
-) -> None:
+def _waited(nodes: dict[str, NodeRun], kind: NodeKind, wait: tuple[str, float], at: float) -> None:
     name, since = wait
     node = nodes.setdefault(name, NodeRun(kind))
     node.attempts += 1
@@ -234,8 +239,13 @@ def _overlaps(nodes: dict[str, NodeRun]) -> list[tuple[str, str]]:
     return pairs
 
 
-def _ms(start: datetime, end: datetime) -> float:
-    return max(0.0, (end - start).total_seconds() * 1000)
+def _ms(start: float, end: float) -> float:
+    ms = end - start
+    return ms if ms > 0 else 0.0
+
+
+def epoch_ms(at: datetime) -> float:
+    return at.timestamp() * 1000
 
 
 # --------------------------------------------------------------------------- aggregates
@@ -300,7 +310,7 @@ def aggregate(summaries: Iterable[RunSummary]) -> dict[RowKey, Counters]:
             c.timeouts += n.timeouts
             c.compensations += n.compensations
             if n.first is not None:
-                c.offset_ms += int(_ms(s.started_at, n.first))
+                c.offset_ms += int(_ms(s.started_ms, n.first))
             for ms in n.latencies_ms:
                 c.observe(ms)
             for message in n.errors:

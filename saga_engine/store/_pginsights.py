@@ -33,7 +33,7 @@ from saga_engine.store._pgbase import _Conn, _EncodedJson, _unavailable_as_trans
 # The marks of finished runs' histories. Only the kinds a summary reads; `error` only when it is a plain message (a
 # payload codec may have sealed it).
 _MARKS: Final = """
-SELECT saga_id, kind, (data->>'at')::timestamptz AS at, data->>'step' AS step,
+SELECT saga_id, kind, extract(epoch FROM (data->>'at')::timestamptz)::float8 * 1000 AS at, data->>'step' AS step,
        data->>'command_id' AS command_id, data->>'outcome' AS outcome,
        coalesce(data->>'compensation' = 'true', false) AS compensation,
        CASE WHEN jsonb_typeof(data->'error') = 'string' THEN data->>'error' END AS error,

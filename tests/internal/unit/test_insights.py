@@ -3,11 +3,11 @@ aggregation of a run (``core/_insights``) without a store."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from saga_engine.admin._insight_svg import columns, graph_svg
 from saga_engine.core._insight_report import build_report, percentiles, within
-from saga_engine.core._insights import BUCKETS, Counters, Mark, aggregate, summarize
+from saga_engine.core._insights import BUCKETS, Counters, Mark, aggregate, epoch_ms, summarize
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 
@@ -35,21 +35,20 @@ def test_gather_branches_share_a_column() -> None:
 
 
 def test_a_run_not_ended_is_not_summarised() -> None:
-    started = Mark("saga_started", NOW, saga_type="t")
+    started = Mark("saga_started", epoch_ms(NOW), saga_type="t")
     assert summarize([started]) is None
     assert summarize([]) is None
 
 
 def test_a_timed_out_attempt_then_a_success() -> None:
-    at = NOW
+    at = epoch_ms(NOW)
     marks = [
         Mark("saga_started", at, saga_type="t"),
         Mark("command_issued", at, step="pay", command_id="c1"),
-        Mark("attempt_timed_out", at + timedelta(seconds=5), step="pay", command_id="c1"),
-        Mark("command_issued", at + timedelta(seconds=5), step="pay", command_id="c2"),
-        Mark("reply_received", at + timedelta(seconds=6), step="pay", command_id="c2",
-             outcome="success"),
-        Mark("saga_completed", at + timedelta(seconds=6)),
+        Mark("attempt_timed_out", at + 5000, step="pay", command_id="c1"),
+        Mark("command_issued", at + 5000, step="pay", command_id="c2"),
+        Mark("reply_received", at + 6000, step="pay", command_id="c2", outcome="success"),
+        Mark("saga_completed", at + 6000),
     ]  # fmt: skip
     summary = summarize(marks)
     assert summary is not None
