@@ -4,6 +4,8 @@ Usage (normally through the Makefile):
 
     python scripts/devstack.py up        # start both (idempotent), wait until they answer
     python scripts/devstack.py down      # stop what `up` started, by pid
+    python scripts/devstack.py restart-kafka   # stop this stack's broker and start it again,
+                                               # same data (what a drill's broker-restart runs)
     python scripts/devstack.py status
     python scripts/devstack.py env       # print the SAGA_* connection settings
     python scripts/devstack.py run -- CMD ...   # up, run CMD with the settings, stop what it started
@@ -514,6 +516,22 @@ def up() -> tuple[bool, bool]:
     return started_pg, started_kafka
 
 
+def restart_kafka() -> None:
+    """Stops this stack's broker (by pid) and starts it again on its data: a restart,
+    not a new cluster. Refused for a broker the stack did not start."""
+    if os.environ.get("SAGA_KAFKA__BOOTSTRAP_SERVERS"):
+        raise StackError(
+            "kafka: SAGA_KAFKA__BOOTSTRAP_SERVERS names an external broker; not restarting it"
+        )
+    state = State.load()
+    if not pid_alive(state.kafka_pid):
+        raise StackError(
+            f"kafka: no broker of this stack runs on 127.0.0.1:{KAFKA_PORT}; run `up` first"
+        )
+    stop_kafka(state)
+    start_kafka(state)
+
+
 def down(pg: bool = True, kafka: bool = True) -> None:
     state = State.load()
     if kafka:
@@ -548,6 +566,9 @@ def main(argv: list[str]) -> int:
         if cmd == "down":
             down()
             return 0
+        if cmd == "restart-kafka":
+            restart_kafka()
+            return 0
         if cmd == "status":
             return status()
         if cmd == "env":
@@ -575,7 +596,8 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         return 130
     print(
-        f"error: unknown command {cmd!r}; use up, down, status, env, run or tools", file=sys.stderr
+        f"error: unknown command {cmd!r}; use up, down, restart-kafka, status, env, run or tools",
+        file=sys.stderr,
     )
     return 2
 
