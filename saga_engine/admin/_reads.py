@@ -6,7 +6,7 @@ runtime.
 
 import re
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import Response
@@ -14,10 +14,10 @@ from pydantic import AfterValidator, BeforeValidator
 
 from saga_engine.admin._deps import PartsDep
 from saga_engine.admin._lineage import children, reruns, tree
-from saga_engine.admin._listing import SagaFilter, attribute_filters, decode_cursor, list_page
+from saga_engine.admin._listing import SagaFilter, attribute_filters, saga_page
 from saga_engine.admin._schemas import HistoryDocument, LineageNode, SagaDetail, SagaPage
 from saga_engine.admin._shared import NO_NUL, READ_ERRORS, errors, load, saga_ref
-from saga_engine.admin._views import awaited_signals, detail, summary
+from saga_engine.admin._views import awaited_signals, detail
 from saga_engine.core._replay import export_history
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._serde import storable_instant
@@ -68,12 +68,28 @@ async def list_sagas(
             description="A saga id, or its first characters; or an idempotency key.",
         ),
     ] = None,
+    roots: Annotated[
+        bool, Query(description="Only sagas no other saga started: children hidden.")
+    ] = False,
+    # Activity by default: an operator looks for what just moved or is stuck, newest on
+    # top (as Temporal's and Camunda's lists do); id order stays for scripts that walk
+    # every saga in a stable order.
+    sort: Annotated[
+        Literal["activity", "id"],
+        Query(
+            description="activity: last activity (end, or last change of an open saga), "
+            "newest first; id: saga id, ascending."
+        ),
+    ] = "activity",
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[
-        str | None, Query(max_length=2000, description="next_cursor of the previous page.")
+        str | None,
+        Query(max_length=2000, description="next_cursor of the previous page (same sort)."),
     ] = None,
 ) -> SagaPage:
-    """Sagas in id order, filtered; page through them with ``cursor``.
+    """Sagas by last activity (newest first) or by id, filtered, each with what it waits
+    for; page through them with ``cursor``. The first page also counts the sagas that
+    match every filter but ``status``, per status.
 
     Any other query parameter names a search attribute a saga type declares
     (``Saga.search_attributes``) and must match exactly, e.g. ``?order_id=o-42``; one no
@@ -93,14 +109,11 @@ async def list_sagas(
         updated_before=updated_before,
         q=q,
         attributes=_attributes(request, parts),
+        roots_only=roots,
     )
-    rows, next_cursor = await list_page(
-        parts.store,
-        where,
-        limit=limit,
-        after_id=decode_cursor(cursor) if cursor is not None else None,
+    return await saga_page(
+        parts.store, parts.registry, where, limit=limit, cursor=cursor, order=sort
     )
-    return SagaPage(items=[summary(r) for r in rows], next_cursor=next_cursor)
 
 
 def _attributes(request: Request, parts: EngineParts) -> tuple[tuple[str, str], ...]:

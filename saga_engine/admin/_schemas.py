@@ -50,13 +50,6 @@ class SagaSummary(BaseModel):
     )
 
 
-class SagaPage(BaseModel):
-    items: list[SagaSummary]
-    next_cursor: str | None = Field(
-        description="Pass as `cursor` for the next page; null when there is none."
-    )
-
-
 class PendingCompensation(BaseModel):
     step: str
     participant: str
@@ -101,6 +94,45 @@ class WaitingFor(BaseModel):
     compensation: bool = False
     last_error: str | None = Field(
         default=None, description="A back-off's cause: the error of the attempt it follows."
+    )
+
+
+class SagaListItem(SagaSummary):
+    """A saga as the list shows it: its summary, when it last moved, what it waits for,
+    its business keys and its parent."""
+
+    activity_at: datetime = Field(
+        description="Its last activity, the list's default order: when it ended, or for "
+        "an open saga when it last changed."
+    )
+    ended_at: datetime | None = None
+    waiting_for: list[WaitingFor] = Field(
+        default_factory=list,
+        description="What it waits for now, as on its own page (empty once it has ended).",
+    )
+    search_attributes: dict[str, str] = Field(
+        default_factory=dict, description="Its type's declared search attributes."
+    )
+    parent_id: str | None = Field(
+        default=None, description="The saga that started it with ctx.child, if one did."
+    )
+
+
+class StatusCount(BaseModel):
+    status: SagaStatus
+    count: int
+    at_least: bool = Field(description="The count stopped at its cap: there are this many or more.")
+
+
+class SagaPage(BaseModel):
+    items: list[SagaListItem]
+    next_cursor: str | None = Field(
+        description="Pass as `cursor` for the next page; null when there is none."
+    )
+    counts: list[StatusCount] | None = Field(
+        default=None,
+        description="How many sagas match every filter but `status`, per status (statuses "
+        "with none left out); on the first page only (no `cursor`).",
     )
 
 

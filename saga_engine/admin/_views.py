@@ -15,6 +15,7 @@ from saga_engine.admin._schemas import (
     PendingCompensation,
     SagaAction,
     SagaDetail,
+    SagaListItem,
     SagaRef,
     SagaSummary,
     WaitingFor,
@@ -22,7 +23,7 @@ from saga_engine.admin._schemas import (
 from saga_engine.core._definition import SagaRegistry
 from saga_engine.core._events import Event
 from saga_engine.core._runtime import SagaRuntime
-from saga_engine.core._view import SagaView, fold
+from saga_engine.core._view import SagaView, Wait, fold
 from saga_engine.kernel._errors import SagaError
 from saga_engine.store._store import SagaRecord
 
@@ -38,6 +39,18 @@ def summary(record: SagaRecord) -> SagaSummary:
         created_at=record.created_at,
         updated_at=record.updated_at,
         saga_version=record.saga_version,
+    )
+
+
+def list_item(record: SagaRecord, waits: Iterable[Wait] = ()) -> SagaListItem:
+    """A row of the list: ``waits`` are the fold's (``_listing.waits_of``)."""
+    return SagaListItem(
+        **summary(record).model_dump(),
+        activity_at=record.activity_at,
+        ended_at=record.ended_at,
+        waiting_for=[WaitingFor.model_validate(w, from_attributes=True) for w in waits],
+        search_attributes=record.search or {},
+        parent_id=record.parent_id,
     )
 
 

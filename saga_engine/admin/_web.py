@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import parse_qs, quote, urlencode
 
 import jinja2
@@ -49,9 +50,9 @@ from saga_engine.admin._auth import (
 )
 from saga_engine.admin._flow import flow_gates
 from saga_engine.admin._lineage import children, reruns, tree
-from saga_engine.admin._listing import SagaFilter, attribute_filters, decode_cursor, list_page
+from saga_engine.admin._listing import SagaFilter, attribute_filters, saga_page
 from saga_engine.admin._timeline import relative, span_text, timeline
-from saga_engine.admin._views import awaited_signals, detail_of, summary, view_of
+from saga_engine.admin._views import awaited_signals, detail_of, view_of
 from saga_engine.admin._web_updates import query_answers, update_forms
 from saga_engine.core._codec import Undecodable
 from saga_engine.core._definition import SagaRegistry
@@ -239,9 +240,12 @@ def web_router(parts: EngineParts, admin: AdminSettings) -> APIRouter:
         saga_type: Annotated[str | None, Query(alias="type", max_length=100)] = None,
         q: Annotated[str | None, Query(max_length=200)] = None,
         cursor: Annotated[str | None, Query(max_length=2000)] = None,
+        sort: Annotated[Literal["activity", "id"], Query()] = "activity",
+        roots: Annotated[bool, Query()] = False,
     ) -> HTMLResponse:
         status, saga_type, q, cursor = map(_blank, (status, saga_type, q, cursor))
-        return await _list_page(request, parts, user(request), status, saga_type, q, cursor)
+        shown = _Shown(status, saga_type, q, cursor, sort, roots)
+        return await _list_page(request, parts, user(request), shown)
 
     @router.get("/sagas/{saga_id}", name="ui_saga")
     async def saga_view(request: Request, saga_id: str) -> HTMLResponse:
@@ -324,15 +328,22 @@ def _static_routes(router: APIRouter) -> None:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _Shown:
+    """The list page's own query parameters (search attributes come on top)."""
+
+    status: str | None
+    saga_type: str | None
+    q: str | None
+    cursor: str | None
+    sort: Literal["activity", "id"]
+    roots: bool
+
+
 async def _list_page(
-    request: Request,
-    parts: EngineParts,
-    user: Principal | None,
-    status: str | None,
-    saga_type: str | None,
-    q: str | None,
-    cursor: str | None,
+    request: Request, parts: EngineParts, user: Principal | None, shown: _Shown
 ) -> HTMLResponse:
+    status, saga_type, q = shown.status, shown.saga_type, shown.q
     if status is not None and status not in {s.value for s in SagaStatus}:
         raise HTTPException(422, f"unknown status {status!r}")
     for text in (saga_type, q):
@@ -352,23 +363,30 @@ async def _list_page(
         saga_type=saga_type,
         q=q,
         attributes=attributes,
+        roots_only=shown.roots,
     )
-    rows, next_cursor = await list_page(
-        parts.store,
-        where,
-        limit=PAGE_SIZE,
-        after_id=decode_cursor(cursor) if cursor is not None else None,
-    )
-    filters = {"status": status, "type": saga_type, "q": q, **dict(attributes)}
+    page = await saga_page(
+        parts.store, parts.registry, where, limit=PAGE_SIZE, cursor=shown.cursor,
+        order=shown.sort,
+    )  # fmt: skip
+    filters: dict[str, str | None] = {
+        "status": status, "type": saga_type, "q": q, **dict(attributes),
+        "sort": None if shown.sort == "activity" else shown.sort,
+        "roots": "true" if shown.roots else None,
+    }  # fmt: skip
+    kept = {k: v for k, v in filters.items() if v}
     next_url = None
-    if next_cursor is not None:
-        kept = {k: v for k, v in filters.items() if v}
-        next_url = f"?{urlencode({**kept, 'cursor': next_cursor})}"
+    if page.next_cursor is not None:
+        next_url = f"?{urlencode({**kept, 'cursor': page.next_cursor})}"
+    # The status tabs link to the same filters with that status.
+    tab = {k: v for k, v in kept.items() if k != "status"}
     return _render(
-        "list.html", root=_root(request), user=user, sagas=[summary(r) for r in rows],
-        filters=filters, statuses=[s.value for s in SagaStatus],
-        types=sorted(parts.registry.names()), attribute_names=declared, next_url=next_url,
-        first_page=cursor is None, quote=quote,
+        "list.html", root=_root(request), user=user, sagas=page.items, counts=page.counts,
+        tab_url=lambda s: "?" + urlencode({**tab, **({"status": s} if s else {})}),
+        filters=filters, sort=shown.sort, roots=shown.roots,
+        statuses=[s.value for s in SagaStatus], types=sorted(parts.registry.names()),
+        attribute_names=declared, next_url=next_url, first_page=shown.cursor is None,
+        first_url="?" + urlencode(kept), quote=quote,
         flow=flow_gates(parts),  # flow control's queues (none when it is off)
     )  # fmt: skip
 

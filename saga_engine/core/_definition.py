@@ -188,7 +188,7 @@ def _validate(cls: type[Saga[Any, Any]]) -> None:
 #: these names (any other parameter of the list names a search attribute).
 LIST_PARAMETERS = frozenset(
     {"status", "type", "q", "limit", "cursor", "created_after", "created_before",
-     "updated_after", "updated_before"}
+     "updated_after", "updated_before", "sort", "roots"}
 )  # fmt: skip
 
 

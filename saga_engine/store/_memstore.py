@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -31,6 +31,7 @@ from saga_engine.store._memkeys import InMemoryKeySlots
 from saga_engine.store._store import (
     Append,
     ArchivedSaga,
+    ListOrder,
     LoadedSaga,
     NewSaga,
     OpenSummary,
@@ -128,10 +129,10 @@ class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots, InMemoryInsights):
         """The record with ``p`` applied, its end time kept while it stays ended."""
         record = self._apply(record, p, last_seq, now)
         if record.status.is_terminal:
-            self._ended.setdefault(record.saga_id, now)
-        else:
-            self._ended.pop(record.saga_id, None)
-        return record
+            ended = self._ended.setdefault(record.saga_id, now)
+            return replace(record, ended_at=ended)
+        self._ended.pop(record.saga_id, None)
+        return replace(record, ended_at=None)
 
     @staticmethod
     def _apply(record: SagaRecord, p: Projection, last_seq: int, now: datetime) -> SagaRecord:
@@ -182,25 +183,81 @@ class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots, InMemoryInsights):
         updated_before: datetime | None = None,
         search: str | None = None,
         attributes: Mapping[str, str] | None = None,
+        order: ListOrder = "id",
+        after_activity: tuple[datetime, str] | None = None,
+        roots_only: bool = False,
     ) -> list[SagaRecord]:
+        keep = self._matching(
+            saga_type, created_after, created_before, updated_after, updated_before,
+            search, attributes, roots_only,
+        )  # fmt: skip
+        rows = [
+            replace(r, parent_id=self._parent(r.saga_id))
+            for r in self._records.values()
+            if (statuses is None or r.status in statuses) and keep(r)
+        ]
+        if order == "activity":
+            rows.sort(key=lambda r: (as_utc(r.activity_at), r.saga_id), reverse=True)
+            if after_activity is not None:
+                bound = (as_utc(after_activity[0]), after_activity[1])
+                rows = [r for r in rows if (as_utc(r.activity_at), r.saga_id) < bound]
+            return rows[:limit]
+        rows.sort(key=lambda r: r.saga_id)
+        return [r for r in rows if after_id is None or r.saga_id > after_id][:limit]
+
+    async def count_by_status(
+        self,
+        *,
+        cap: int,
+        saga_type: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        updated_after: datetime | None = None,
+        updated_before: datetime | None = None,
+        search: str | None = None,
+        attributes: Mapping[str, str] | None = None,
+        roots_only: bool = False,
+    ) -> dict[SagaStatus, int]:
+        keep = self._matching(
+            saga_type, created_after, created_before, updated_after, updated_before,
+            search, attributes, roots_only,
+        )  # fmt: skip
+        counts = Counter(r.status for r in self._records.values() if keep(r))
+        return {status: min(n, cap) for status, n in counts.items()}
+
+    def _matching(
+        self,
+        saga_type: str | None,
+        created_after: datetime | None,
+        created_before: datetime | None,
+        updated_after: datetime | None,
+        updated_before: datetime | None,
+        search: str | None,
+        attributes: Mapping[str, str] | None,
+        roots_only: bool,
+    ) -> Callable[[SagaRecord], bool]:
         wanted = dict(attributes or {}).items()
 
         def keep(r: SagaRecord) -> bool:
             created, updated = as_utc(r.created_at), as_utc(r.updated_at)
             return (
-                (statuses is None or r.status in statuses)
-                and (saga_type is None or r.saga_type == saga_type)
-                and (after_id is None or r.saga_id > after_id)
+                (saga_type is None or r.saga_type == saga_type)
                 and (created_after is None or created >= as_utc(created_after))
                 and (created_before is None or created < as_utc(created_before))
                 and (updated_after is None or updated >= as_utc(updated_after))
                 and (updated_before is None or updated < as_utc(updated_before))
                 and (search is None or r.saga_id.startswith(search) or r.idempotency_key == search)
                 and (not wanted or wanted <= (r.search or {}).items())
+                and (not roots_only or self._parent(r.saga_id) is None)
             )
 
-        rows = sorted(self._records.values(), key=lambda r: r.saga_id)
-        return [r for r in rows if keep(r)][:limit]
+        return keep
+
+    def _parent(self, saga_id: str) -> str | None:
+        """The saga that started this one as a child (its first event says)."""
+        first = self._events[saga_id][0].event
+        parent = first.parent if isinstance(first, SagaStarted) else None
+        return parent.saga_id if parent is not None else None
 
     async def open_saga_ids(
         self, partitions: Collection[int] | None = None, partition_count: int = 0
@@ -269,9 +326,8 @@ class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots, InMemoryInsights):
 
     def _parent_kept(self, saga_id: str) -> bool:
         """A child stays while its parent does (see the Postgres store's retention)."""
-        first = self._events[saga_id][0].event
-        parent = first.parent if isinstance(first, SagaStarted) else None
-        return parent is not None and parent.saga_id in self._records
+        parent = self._parent(saga_id)
+        return parent is not None and parent in self._records
 
     async def histories(self, saga_ids: Collection[str]) -> list[LoadedSaga]:
         return [await self.load(i) for i in sorted(set(saga_ids)) if i in self._records]

@@ -159,7 +159,7 @@ def _stored_events(
 
 _RECORD_COLUMNS: Final = (
     "saga_id, saga_type, status, last_seq, created_at, updated_at, current_step, "
-    "next_wakeup, error, idempotency_key, search, saga_version"
+    "next_wakeup, error, idempotency_key, search, saga_version, ended_at"
 )
 
 _OPEN_STATUSES: Final = [s.value for s in SagaStatus if s.is_open]
@@ -182,6 +182,7 @@ def _record(row: asyncpg.Record, codec: CodecChain | None = None) -> SagaRecord:
         idempotency_key=row["idempotency_key"],
         search=row["search"],
         saga_version=row["saga_version"],
+        ended_at=row["ended_at"],
     )
 
 

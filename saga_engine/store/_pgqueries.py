@@ -6,7 +6,7 @@ never by reading rows into Python to filter them there.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from datetime import datetime
 from typing import Final
 
@@ -19,7 +19,6 @@ from saga_engine.kernel._partitioning import key_hash, partition_for
 from saga_engine.store._pgbase import (
     _OPEN_STATUSES,
     _RECORD_COLUMNS,
-    _json,
     _record,
     _stored_events,
     _unavailable_as_transient,
@@ -33,7 +32,6 @@ from saga_engine.store._store import (
     check_lookup,
 )
 
-_MAX_CHAR: Final = "\U0010ffff"
 _PARKED_STATUSES: Final = [s.value for s in SagaStatus if s.is_parked]
 
 
@@ -87,58 +85,6 @@ class PostgresReads:
         if row is None:
             raise SagaNotFound(saga_id)
         return _record(row, self._codec)
-
-    async def list_sagas(
-        self,
-        *,
-        statuses: Collection[SagaStatus] | None = None,
-        saga_type: str | None = None,
-        limit: int = 100,
-        after_id: str | None = None,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-        updated_after: datetime | None = None,
-        updated_before: datetime | None = None,
-        search: str | None = None,
-        attributes: Mapping[str, str] | None = None,
-    ) -> list[SagaRecord]:
-        # Only the filters given become predicates, so each combination gets a plan that
-        # can use the matching index (a catch-all "$1 IS NULL OR ..." query cannot).
-        clauses: list[str] = []
-        args: list[object] = []
-
-        def arg(value: object) -> str:
-            args.append(value)
-            return f"${len(args)}"
-
-        if statuses is not None:
-            clauses.append(f"status = ANY({arg([SagaStatus(s).value for s in statuses])}::text[])")
-        if saga_type is not None:
-            clauses.append(f"saga_type = {arg(saga_type)}")
-        if after_id is not None:
-            clauses.append(f"saga_id > {arg(after_id)}")
-        for column, op, value in (
-            ("created_at", ">=", created_after),
-            ("created_at", "<", created_before),
-            ("updated_at", ">=", updated_after),
-            ("updated_at", "<", updated_before),
-        ):
-            if value is not None:
-                clauses.append(f"{column} {op} {arg(as_utc(value))}::timestamptz")
-        if search is not None:
-            # An id prefix is a range of the primary key ("C" collation: byte order, and
-            # U+10FFFF sorts after every character); a key is its own index.
-            low, high = arg(search), arg(search + _MAX_CHAR)
-            key = arg(search)
-            clauses.append(f"((saga_id >= {low} AND saga_id < {high}) OR idempotency_key = {key})")
-        if attributes:
-            # Containment, which the GIN index on search answers (migration 0006).
-            clauses.append(f"search @> {arg(_json(dict(attributes)))}::jsonb")
-        where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
-        sql = f"SELECT {_RECORD_COLUMNS} FROM sagas {where}ORDER BY saga_id LIMIT {arg(limit)}"
-        with _unavailable_as_transient():
-            rows = await self._pool.fetch(sql, *args)
-        return [_record(r, self._codec) for r in rows]
 
     async def open_saga_ids(
         self, partitions: Collection[int] | None = None, partition_count: int = 0

@@ -52,6 +52,7 @@ from saga_engine.store._pgbase import (
 from saga_engine.store._pgdomain import mark_received
 from saga_engine.store._pginsights import PostgresInsights, ending, record_ended
 from saga_engine.store._pgkeys import PostgresKeySlots
+from saga_engine.store._pglisting import PostgresListing
 from saga_engine.store._pgqueries import PostgresReads
 from saga_engine.store._pgretention import PostgresRetention
 from saga_engine.store._pgrollouts import PostgresRollouts
@@ -200,7 +201,12 @@ class _EventRows:
 
 
 class PostgresEventStore(
-    PostgresReads, PostgresRetention, PostgresRollouts, PostgresKeySlots, PostgresInsights
+    PostgresReads,
+    PostgresListing,
+    PostgresRetention,
+    PostgresRollouts,
+    PostgresKeySlots,
+    PostgresInsights,
 ):
     """The EventStore port on Postgres. Open it with ``await PostgresEventStore.connect``."""
 

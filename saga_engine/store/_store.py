@@ -14,7 +14,7 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Final, Protocol, runtime_checkable
+from typing import Final, Literal, Protocol, runtime_checkable
 
 from saga_engine.core._codec import Undecodable
 from saga_engine.core._decision import Projection as Projection
@@ -81,6 +81,22 @@ class SagaRecord:
     search: dict[str, str] | None = None
     #: The version of its type it runs (``Saga.version``, chosen by the rollout).
     saga_version: int = 1
+    #: When it ended (set while it is in a terminal status, None otherwise).
+    ended_at: datetime | None = None
+    #: The saga that started it as a child: filled by ``list_sagas`` only (read from
+    #: its first event there), None elsewhere.
+    parent_id: str | None = None
+
+    @property
+    def activity_at(self) -> datetime:
+        """Its last activity, the listing's default order: when it ended, or for an
+        open saga when its row last changed."""
+        return self.ended_at if self.ended_at is not None else self.updated_at
+
+
+#: The listing's orders: ``id`` ascending, or ``activity`` (``activity_at``, then id)
+#: newest first.
+ListOrder = Literal["id", "activity"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,11 +198,36 @@ class EventStore(Protocol):
         updated_before: datetime | None = None,
         search: str | None = None,
         attributes: Mapping[str, str] | None = None,
+        order: ListOrder = "id",
+        after_activity: tuple[datetime, str] | None = None,
+        roots_only: bool = False,
     ) -> list[SagaRecord]:
         """Sagas ordered by id, filtered by every filter given; ``after_id`` is the page
         cursor. Time bounds: ``*_after`` inclusive, ``*_before`` exclusive (naive: UTC).
         ``search`` matches a saga whose id starts with it, or whose idempotency key is
-        it. ``attributes`` match search attributes exactly (all of them)."""
+        it. ``attributes`` match search attributes exactly (all of them).
+
+        ``order="activity"``: newest ``activity_at`` first, ties by id descending, paged
+        by ``after_activity`` (the last row's ``(activity_at, saga_id)``; ``after_id`` is
+        then ignored). ``roots_only``: no saga started as a child."""
+        ...
+
+    async def count_by_status(
+        self,
+        *,
+        cap: int,
+        saga_type: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        updated_after: datetime | None = None,
+        updated_before: datetime | None = None,
+        search: str | None = None,
+        attributes: Mapping[str, str] | None = None,
+        roots_only: bool = False,
+    ) -> dict[SagaStatus, int]:
+        """How many sagas match the filters (those of ``list_sagas``), per status, each
+        count stopping at ``cap`` (a count of ``cap`` means at least that many). A
+        status no saga has is missing."""
         ...
 
     async def open_saga_ids(

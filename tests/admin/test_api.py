@@ -368,7 +368,11 @@ async def test_list_pages_with_a_cursor(admin: Admin) -> None:
     cursor: str | None = None
     pages = 0
     while True:
-        params: dict[str, Any] = {"limit": 3, **({"cursor": cursor} if cursor else {})}
+        params: dict[str, Any] = {
+            "limit": 3,
+            "sort": "id",
+            **({"cursor": cursor} if cursor else {}),
+        }
         page = (await admin.http.get("/sagas", params=params, headers=READER)).json()
         seen += [i["saga_id"] for i in page["items"]]
         pages += 1
@@ -391,7 +395,11 @@ async def test_the_search_finds_by_id_prefix_or_idempotency_key_and_pages_exactl
         requests = 0
         cursor: str | None = None
         while True:
-            params: dict[str, Any] = {**query, **({"cursor": cursor} if cursor else {})}
+            params: dict[str, Any] = {
+                "sort": "id",
+                **query,
+                **({"cursor": cursor} if cursor else {}),
+            }
             page = (await admin.http.get("/sagas", params=params, headers=READER)).json()
             requests += 1
             found += [i["saga_id"] for i in page["items"]]

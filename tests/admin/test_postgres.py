@@ -60,7 +60,7 @@ async def test_listing_and_reading_on_postgres(pg_store: PostgresEventStore) -> 
             pages = 0
             cursor = None
             while True:
-                params = {**query, **({"cursor": cursor} if cursor else {})}
+                params = {"sort": "id", **query, **({"cursor": cursor} if cursor else {})}
                 response = await http.get("/sagas", params=params, headers=READER)
                 assert response.status_code == 200, response.text
                 page = response.json()
@@ -72,6 +72,10 @@ async def test_listing_and_reading_on_postgres(pg_store: PostgresEventStore) -> 
 
         everything = sorted([*noops, stuck])
         assert await all_pages(limit=50) == (everything, 3)
+        # By last activity: the stuck saga moved last; each saga once, newest first.
+        by_activity, _ = await all_pages(limit=50, sort="activity")
+        assert by_activity[0] == stuck
+        assert sorted(by_activity) == everything
         assert (await all_pages(status="compensation_stuck"))[0] == [stuck]
         assert (await all_pages(type="noop", limit=500))[0] == sorted(noops)
         later = (t0 + timedelta(minutes=30)).isoformat()

@@ -136,7 +136,7 @@ async def test_the_list_filters_and_pages(admin: Admin) -> None:
 
     for n in range(51):
         await admin.env.engine.start(Noop, {}, saga_id=f"zz-{n:03}")
-    first = await admin.http.get("/ui/sagas?type=noop", headers=READER)
+    first = await admin.http.get("/ui/sagas?type=noop&sort=id", headers=READER)
     assert "zz-000" in first.text
     assert "zz-050" not in first.text
     match = re.search(r'<a rel="next" href="([^"]+)"', first.text)
