@@ -5,6 +5,7 @@ audited where the API does it; the exit codes are in docs/operations.md."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Any
 
 import orjson
@@ -32,6 +33,11 @@ __all__ = ["commands"]
 commands = typer.Typer()
 
 
+class ListSort(StrEnum):
+    ACTIVITY = "activity"
+    ID = "id"
+
+
 @commands.command("list")
 def list_sagas(
     status: Annotated[
@@ -46,54 +52,74 @@ def list_sagas(
         list[str] | None,
         typer.Option("--where", help="A search attribute: name=value (repeat for several)."),
     ] = None,
+    sort: Annotated[
+        ListSort,
+        typer.Option(
+            "--sort", help="activity: last activity, newest first (ended, or last changed); id."
+        ),
+    ] = ListSort.ACTIVITY,
+    roots: Annotated[
+        bool, typer.Option("--roots", help="Only sagas no other saga started (no children).")
+    ] = False,
     limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
     wide: Annotated[
-        bool, typer.Option("--wide", help="Full ids, and the error of each saga.")
+        bool, typer.Option("--wide", help="Also version, step, next wake-up, parent, error.")
     ] = False,
     admin_url: AdminUrl = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List sagas (in id order), filtered, from an engine's admin API."""
-    params = [("limit", str(limit))] + [("status", s.value) for s in status or ()]
+    """List sagas (newest activity first, or in id order), filtered, from an engine's
+    admin API: counts per status, then one row per saga with what it waits for."""
+    params = [("limit", str(limit)), ("sort", sort.value)]
+    params += [("status", s.value) for s in status or ()]
     params += [("type", saga_type)] if saga_type else []
     params += [("q", search)] if search else []
+    params += [("roots", "true")] if roots else []
     for clause in where or ():
         name, sep, value = clause.partition("=")
         if not sep or not name.strip():
             raise typer.BadParameter("use name=value", param_hint="--where")
         params.append((name.strip(), value))
     page = admin_call(admin_url, lambda api: api.get("/sagas", params))
-    rows = page["items"]
     if as_json:
-        print_json(rows)
+        print_json(page["items"])
         return
-    table = Table(
-        title=f"{len(rows)} saga(s)" + (" (more: raise --limit)" if page.get("next_cursor") else "")
+    out.print(_list_table(page, wide))
+
+
+def _list_table(page: dict[str, Any], wide: bool) -> Table:
+    rows = page["items"]
+    counts = "  ".join(
+        f"{c['status']} {c['count']}{'+' if c['at_least'] else ''}"
+        for c in page.get("counts") or ()
     )
-    for column in ("id", "type", "version", "status", "step", "next wake-up", "updated"):
-        table.add_column(column, no_wrap=column == "id" and wide, overflow="fold")
-    if wide:
-        table.add_column("error", overflow="fold")
+    table = Table(
+        title=f"{len(rows)} saga(s)"
+        + (" (more: raise --limit)" if page.get("next_cursor") else ""),
+        caption=counts or None,
+    )
+    # Ids whole, on one line, at any terminal width: an operator copies them into
+    # `saga show`. The other columns fold instead.
+    longest = max((len(r["saga_id"]) for r in rows), default=2)
+    table.add_column("id", no_wrap=True, min_width=longest, overflow="ignore")
+    names = ["type", "status", "waiting for", "last activity"]
+    names += ["version", "step", "next wake-up", "parent", "error"] if wide else []
+    for column in names:
+        table.add_column(column, overflow="fold")
     for r in rows:
         error = r.get("error") or {}
-        cells = [
-            r["saga_id"] if wide else _short_id(r["saga_id"]),
-            r["saga_type"],
-            str(r.get("saga_version", 1)),
-            r["status"],
-            r.get("current_step") or "",
-            r.get("next_wakeup") or "",
-            r.get("updated_at") or "",
-        ]
+        waits = "; ".join(w["what"] for w in r.get("waiting_for") or ())
+        cells = [r["saga_id"], r["saga_type"], r["status"], waits, r.get("activity_at") or ""]
         if wide:
-            cells.append(f"{error.get('type', '')}: {error.get('message', '')}" if error else "")
+            cells += [
+                str(r.get("saga_version", 1)),
+                r.get("current_step") or "",
+                r.get("next_wakeup") or "",
+                r.get("parent_id") or "",
+                f"{error.get('type', '')}: {error.get('message', '')}" if error else "",
+            ]
         table.add_row(*cells)
-    out.print(table)
-
-
-def _short_id(saga_id: str) -> str:
-    """Ids are often uuids: the table shows their start (``--wide`` shows all)."""
-    return saga_id if len(saga_id) <= 20 else saga_id[:18] + "…"
+    return table
 
 
 @commands.command()
@@ -102,12 +128,14 @@ def show(
     admin_url: AdminUrl = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show a saga: status, what it waits for, commands in flight, owed compensations."""
+    """Show a saga: status, input, output or error, what it waits for, its children,
+    owed compensations."""
     saga = admin_call(admin_url, lambda api: api.get(_saga(saga_id)))
     if as_json:
         print_json(saga)
         return
     out.print(_fields(saga))
+    _print_payloads(saga)
     kids = saga.get("children") or []
     if kids:
         rows = [(c["step"], c["saga_type"], c["saga_id"], c.get("status") or "not started")
@@ -115,6 +143,15 @@ def show(
         out.print(make_table("child sagas", ("step", "type", "id", "status"), rows))
     _print_waits(saga)
     _print_owed(saga)
+
+
+def _print_payloads(saga: dict[str, Any]) -> None:
+    """Its input, and its output or its error (details included), as JSON."""
+    for name in ("input", "output", "error"):
+        value = saga.get(name)
+        if value is not None:
+            out.print(f"[bold]{name}[/bold]")
+            out.print_json(data=value)
 
 
 def _saga(saga_id: str, *rest: str) -> str:

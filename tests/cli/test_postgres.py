@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 from collections.abc import Iterator
 
 import pytest
@@ -70,7 +71,7 @@ def test_list_filters_by_status_and_type(seeded: tuple[dict[str, str], dict[str,
     assert len(as_json(invoke(["list", "--limit", "1", "--json"], env))) == 1
     table = invoke(["list"], env)
     assert table.exit_code == 0, table.output
-    assert ids["stuck"][:18] in table.stdout
+    assert ids["stuck"] in table.stdout
     assert "compensation_stuck" in table.stdout
     wide = invoke(["list", "--wide"], env)
     assert wide.exit_code == 0, wide.output
@@ -78,6 +79,47 @@ def test_list_filters_by_status_and_type(seeded: tuple[dict[str, str], dict[str,
     assert "CompensationStuck" in wide.stdout  # and its error
     bad = invoke(["list", "--status", "sleeping"], env)
     assert bad.exit_code == 2  # usage error from typer
+
+
+def test_list_by_activity_with_whole_ids_at_80_columns(
+    seeded: tuple[dict[str, str], dict[str, str]],
+) -> None:
+    ids, env = seeded
+    # Newest activity first by default (the test clock may give sagas the same time:
+    # ties go by id, descending).
+    listed = as_json(invoke(["list", "--json"], env))
+    newest = [s["saga_id"] for s in listed]
+    assert sorted(newest) == sorted(ids.values())
+    activity = {s["saga_id"]: datetime.fromisoformat(s["activity_at"]) for s in listed}
+    assert newest == sorted(newest, key=lambda i: (activity[i], i), reverse=True)
+    by_id = as_json(invoke(["list", "--sort", "id", "--json"], env))
+    assert [s["saga_id"] for s in by_id] == sorted(ids.values())
+    assert invoke(["list", "--sort", "age"], env).exit_code == 2
+    # An 80-column terminal: every id whole, on one line, newest first; the counts.
+    table = invoke(["list"], {**env, "COLUMNS": "80"})
+    assert table.exit_code == 0, table.output
+    lines = table.stdout.splitlines()
+    rows = [next(n for n, line in enumerate(lines) if i in line) for i in newest]
+    assert rows == sorted(rows)
+    assert max(len(line) for line in lines) <= 80
+    assert "compensation_stuck 1" in table.stdout
+    wide = invoke(["list"], env)
+    assert "signal 'approve'" in wide.stdout  # what the waiting saga waits for
+
+
+def test_show_prints_input_and_output(seeded: tuple[dict[str, str], dict[str, str]]) -> None:
+    ids, env = seeded
+    waiting = invoke(["show", ids["waiting"]], env)
+    assert waiting.exit_code == 0, waiting.output
+    assert '"account": "w"' in waiting.stdout
+    assert '"wait_for_approval": true' in waiting.stdout
+    done = as_json(invoke(["show", ids["done"], "--json"], env))
+    shown = invoke(["show", ids["done"]], env).stdout
+    assert "output" in shown
+    for key in done["output"]:
+        assert f'"{key}"' in shown
+    stuck = invoke(["show", ids["stuck"]], env).stdout
+    assert '"type": "CompensationStuck"' in stuck  # the error, details included
 
 
 def test_show_a_saga_with_owed_compensations(
