@@ -43,6 +43,18 @@ def _iso_only(value: Any) -> Any:
 IsoDatetime = Annotated[datetime, BeforeValidator(_iso_only), AfterValidator(storable_instant)]
 
 
+RootsQuery = Annotated[bool, Query(description="Only sagas no other saga started: no children.")]
+# Activity by default: an operator looks for what just moved or stuck, newest on top (as
+# Temporal's and Camunda's lists do); id order stays for scripts walking every saga.
+SortQuery = Annotated[
+    Literal["activity", "id"],
+    Query(
+        description="activity: last activity (end, or last change of an open saga), newest "
+        "first; id: saga id, ascending."
+    ),
+]
+
+
 @router.get("/sagas", response_model=SagaPage, responses=errors(400, *READ_ERRORS))
 async def list_sagas(
     request: Request,
@@ -68,19 +80,8 @@ async def list_sagas(
             description="A saga id, or its first characters; or an idempotency key.",
         ),
     ] = None,
-    roots: Annotated[
-        bool, Query(description="Only sagas no other saga started: children hidden.")
-    ] = False,
-    # Activity by default: an operator looks for what just moved or is stuck, newest on
-    # top (as Temporal's and Camunda's lists do); id order stays for scripts that walk
-    # every saga in a stable order.
-    sort: Annotated[
-        Literal["activity", "id"],
-        Query(
-            description="activity: last activity (end, or last change of an open saga), "
-            "newest first; id: saga id, ascending."
-        ),
-    ] = "activity",
+    roots: RootsQuery = False,
+    sort: SortQuery = "activity",
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[
         str | None,
@@ -94,12 +95,7 @@ async def list_sagas(
     Any other query parameter names a search attribute a saga type declares
     (``Saga.search_attributes``) and must match exactly, e.g. ``?order_id=o-42``; one no
     deployed type declares is a 422."""
-    for low, high, what in (
-        (created_after, created_before, "created"),
-        (updated_after, updated_before, "updated"),
-    ):
-        if low is not None and high is not None and as_utc(low) >= as_utc(high):
-            raise HTTPException(422, f"{what}_after must be earlier than {what}_before")
+    _check_ranges(created_after, created_before, updated_after, updated_before)
     where = SagaFilter(
         statuses=frozenset(status) if status else None,
         saga_type=saga_type,
@@ -114,6 +110,16 @@ async def list_sagas(
     return await saga_page(
         parts.store, parts.registry, where, limit=limit, cursor=cursor, order=sort
     )
+
+
+def _check_ranges(*bounds: datetime | None) -> None:
+    """(created_after, created_before, updated_after, updated_before): each pair in order."""
+    for low, high, what in (
+        (bounds[0], bounds[1], "created"),
+        (bounds[2], bounds[3], "updated"),
+    ):
+        if low is not None and high is not None and as_utc(low) >= as_utc(high):
+            raise HTTPException(422, f"{what}_after must be earlier than {what}_before")
 
 
 def _attributes(request: Request, parts: EngineParts) -> tuple[tuple[str, str], ...]:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
 from collections.abc import Iterator
+from datetime import datetime
 
 import pytest
 from pydantic import SecretStr
