@@ -165,14 +165,17 @@ class PostgresListing:
             updated_before=updated_before, search=search, attributes=attributes,
             roots_only=roots_only,
         )  # fmt: skip
-        # One capped count per status, each a range of (status, saga_id) (migration
-        # 0004) that stops after cap rows: bounded work however many sagas have ended,
-        # where a plain GROUP BY counts them all (measured in bench/README.md).
+        # One capped count per status, each its own branch with the status a literal
+        # (the planner then estimates each: a range of (status, saga_id), migration 0004,
+        # or of a filter's index), stopping after cap rows: bounded work however many
+        # sagas have ended, where a plain GROUP BY counts them all (bench/README.md).
+        # A correlated "status = outer.status" got one generic plan: a scan per status.
         extra = "".join(f" AND {c}" for c in clauses)
-        sql = (
-            "SELECT st.status, (SELECT count(*) FROM (SELECT 1 FROM sagas s "
-            f"WHERE s.status = st.status{extra} LIMIT {arg(cap)}) AS capped) AS n "
-            f"FROM unnest({arg([s.value for s in SagaStatus])}::text[]) AS st(status)"
+        limit = arg(cap)
+        sql = " UNION ALL ".join(
+            f"SELECT '{status.value}' AS status, (SELECT count(*) FROM (SELECT 1 FROM sagas s "
+            f"WHERE s.status = '{status.value}'{extra} LIMIT {limit}) AS capped) AS n"
+            for status in SagaStatus
         )
         with _unavailable_as_transient():
             rows = await self._pool.fetch(sql, *args)
