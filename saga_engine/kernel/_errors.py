@@ -5,6 +5,7 @@
     │   ├── ConcurrencyError       another writer appended first (reload, then retry)
     │   ├── StoreUnavailable       Postgres unreachable, or the connection broke
     │   ├── KafkaUnavailable       the broker unreachable, or did not acknowledge
+    │   │   └── DeadLetterTopicUnavailable  no dead-letter topic, or it did not answer
     │   ├── DependencyUnavailable  start-up gave up waiting for Kafka or Postgres
     │   ├── MigrationBusy          a migration's tables were locked; run it again
     │   └── ResultTimeout          SagaClient.result waited its timeout
@@ -46,6 +47,8 @@
         ├── ScheduleNotFound           no schedule has that id
         ├── ScheduleConflict           a schedule id taken by another definition
         ├── BatchNotFound              no batch operation has that id
+        ├── DeadLetterNotFound         no dead letter at that partition and offset
+        ├── DeadLetterNotReplayable    a dead letter with nowhere to go back to
         ├── AdminConfigError           admin settings that cannot work
         │   └── InsecureAdminBinding   beyond loopback without tokens
         └── CliError                   a command line error, one line on stderr
@@ -100,6 +103,10 @@ class StoreUnavailable(TransientError):
 
 class KafkaUnavailable(TransientError):
     """The broker could not be reached or did not acknowledge in time; retry later."""
+
+
+class DeadLetterTopicUnavailable(KafkaUnavailable):
+    """The dead-letter topic does not exist, or reading it took longer than allowed."""
 
 
 class DependencyUnavailable(TransientError):
@@ -469,6 +476,18 @@ class BatchNotFound(PermanentError):
     def __init__(self, operation_id: str) -> None:
         self.operation_id = operation_id
         super().__init__(f"no batch operation with id {operation_id!r}")
+
+
+class DeadLetterNotFound(PermanentError):
+    def __init__(self, topic: str, partition: int, offset: int) -> None:
+        self.partition = partition
+        self.offset = offset
+        super().__init__(f"no dead-lettered record at offset {offset} of {topic}[{partition}]")
+
+
+class DeadLetterNotReplayable(PermanentError):
+    """A dead letter that names no origin topic (replay it to a saga), or names the
+    dead-letter topic itself."""
 
 
 class AdminConfigError(PermanentError):
