@@ -11,7 +11,8 @@ import typer
 from saga_engine.cli._common import JsonOpt, make_table, out, print_json, run_async
 from saga_engine.kernel._errors import CliError
 from saga_engine.kernel._settings import Settings
-from saga_engine.transport._dlq import DeadLetter, DeadLetterTopic
+from saga_engine.transport._dead_letter import DeadLetter
+from saga_engine.transport._dlq import DeadLetterTopic
 
 __all__ = ["dlq_app"]
 

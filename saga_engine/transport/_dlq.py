@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,85 +24,11 @@ from saga_engine.kernel._errors import (
     DeadLetterTopicUnavailable,
 )
 from saga_engine.kernel._settings import KafkaSettings
+from saga_engine.transport._dead_letter import DeadLetter, Replayed
 from saga_engine.transport._kafka import make_consumer, make_producer
 from saga_engine.transport._topics import Topics
 
-__all__ = ["PREVIEW_CHARS", "DeadLetter", "DeadLetterTopic", "Replayed"]
-
-#: How much of a payload a list shows; :attr:`DeadLetter.payload` has all of it.
-PREVIEW_CHARS = 200
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """One record of the dead-letter topic, with what its ``dlq_*`` headers say."""
-
-    partition: int
-    offset: int
-    timestamp: datetime
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes], ...]
-
-    def header(self, name: str) -> str:
-        """The header's value as text ("" when absent)."""
-        for key, value in self.headers:
-            if key == name:
-                return value.decode(errors="replace")
-        return ""
-
-    @property
-    def reason(self) -> str:
-        return self.header("dlq_reason")
-
-    @property
-    def detail(self) -> str:
-        return self.header("dlq_detail")
-
-    @property
-    def origin_topic(self) -> str:
-        return self.header("dlq_topic")
-
-    @property
-    def origin_partition(self) -> str:
-        return self.header("dlq_partition")
-
-    @property
-    def origin_offset(self) -> str:
-        return self.header("dlq_offset")
-
-    @property
-    def saga_id(self) -> str:
-        return self.header("ce_sagaid")
-
-    @property
-    def payload(self) -> str:
-        """The whole value as text (undecodable bytes replaced)."""
-        return (self.value or b"").decode(errors="replace")
-
-    @property
-    def size(self) -> int:
-        return len(self.value or b"")
-
-    def preview(self, chars: int = PREVIEW_CHARS) -> str:
-        """The payload cut to ``chars`` characters (with an ellipsis when cut)."""
-        text = self.payload
-        return text if len(text) <= chars else text[:chars] + "…"
-
-    def text_headers(self) -> list[tuple[str, str]]:
-        return [(k, v.decode(errors="replace")) for k, v in self.headers]
-
-
-@dataclass(frozen=True, slots=True)
-class Replayed:
-    """Where a replayed dead letter went."""
-
-    partition_from: int
-    offset_from: int
-    topic: str
-    partition: int
-    offset: int
-    saga_id: str
+__all__ = ["DeadLetterTopic"]
 
 
 def _letter(record: Any) -> DeadLetter:
@@ -118,11 +43,16 @@ def _letter(record: Any) -> DeadLetter:
 
 
 class DeadLetterTopic:
-    """The dead-letter topic of ``kafka``'s prefix, for an operator's reads and replays."""
+    """The dead-letter topic of ``kafka``'s prefix, for an operator's reads and replays
+    (the Kafka adapter of the ``DeadLetters`` port)."""
 
     def __init__(self, kafka: KafkaSettings) -> None:
         self.kafka = kafka
-        self.topic = Topics.of(kafka).dlq
+        self._topic = Topics.of(kafka).dlq
+
+    @property
+    def topic(self) -> str:
+        return self._topic
 
     async def newest(
         self,
