@@ -6,7 +6,8 @@ form for operators.
 The form is a plain same-origin post (no script) to ``/ui/dead-letters/{p}/{o}/replay``,
 which checks its fields with the API's own body model and calls the API's own route
 function (``_dead_letters.replay_dead_letter``: the same replay, the same audit line),
-then shows the page again with where the record went, or why it was refused.
+then redirects to the record's page saying where it went (so that reloading it does
+not replay it again), or shows the page with why it was refused.
 AuthMiddleware has already refused a reader's post or a post from another origin.
 
 No ``from __future__ import annotations``: FastAPI reads the endpoints' annotations at
@@ -17,9 +18,10 @@ from typing import Annotated, Any
 from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 from pydantic import ValidationError
 
+from saga_engine.admin._auth import relative_redirect
 from saga_engine.admin._dead_letters import (
     READ_TIMEOUT_S,
     SCAN_PER_PARTITION,
@@ -36,6 +38,8 @@ from saga_engine.transport._dead_letter import DeadLetter, DeadLetters
 __all__ = ["dead_letters_page_router"]
 
 PAGE_SIZE = 200
+#: Where a replay went, as the redirect after it says (``topic[partition]@offset``).
+WENT_TO = r"^[A-Za-z0-9._\-]{1,249}\[\d+\]@\d+$"
 #: A replay form is two short fields: anything longer is not one.
 MAX_FORM_BYTES = 16 * 1024
 
@@ -81,15 +85,16 @@ def dead_letters_page_router() -> APIRouter:
         request: Request,
         partition: Annotated[int, Path(ge=0)],
         offset: Annotated[int, Path(ge=0)],
+        replayed: Annotated[str, Query(max_length=300, pattern=WENT_TO)] = "",
     ) -> HTMLResponse:
-        return await _detail(request, partition, offset)
+        return await _detail(request, partition, offset, replayed=replayed)
 
     @router.post("/dead-letters/{partition}/{offset}/replay")
     async def replay(
         request: Request,
         partition: Annotated[int, Path(ge=0)],
         offset: Annotated[int, Path(ge=0)],
-    ) -> HTMLResponse:
+    ) -> Response:
         topic = _state(request).dead_letters
         form = parse_qs((await request.body())[:MAX_FORM_BYTES].decode(errors="replace"))
         try:
@@ -107,8 +112,10 @@ def dead_letters_page_router() -> APIRouter:
             )
         except SagaError as exc:
             return await _detail(request, partition, offset, refused=(status_for(exc), str(exc)))
-        done = f"{sent.topic}[{sent.partition}]@{sent.offset}"
-        return await _detail(request, partition, offset, replayed=done)
+        done = quote(f"{sent.topic}[{sent.partition}]@{sent.offset}", safe="")
+        return relative_redirect(
+            request.scope, f"/ui/dead-letters/{partition}/{offset}?replayed={done}"
+        )
 
     return router
 
