@@ -75,8 +75,8 @@ def create_admin_app(
     ``SagaTestEnv.parts``). ``schedules``: the schedules' store (else the schedule
     routes answer 503). ``batches``: the batch operations' store (else those routes
     answer 503). ``dead_letters``: the dead-letter topic to list and replay (the
-    worker's, over its Kafka settings; else those routes answer 503). ``health``: what ``/health`` reports besides liveness (the
-    worker's board).
+    worker's; else those routes answer 503). ``health``: what ``/health`` reports
+    besides liveness (the worker's board).
 
     Raises InsecureAdminBinding (a PermanentError) when ``settings.admin.host`` is not a
     loopback address and no token is configured, and AdminConfigError for weak or
@@ -97,19 +97,11 @@ def create_admin_app(
         docs_url=None,
         redoc_url=None,
     )
-    install(
-        app,
-        AdminState(
-            engine,
-            parts,
-            admin,
-            start_saga or engine.start,
-            schedules,
-            health,
-            batches,
-            dead_letters,
-        ),
-    )
+    state = AdminState(
+        engine, parts, admin, start_saga or engine.start, schedules, health, batches,
+        dead_letters,
+    )  # fmt: skip
+    install(app, state)
     install_error_handlers(app)
     # Outermost last: SecurityHeaders(CatchAll(Auth(BodyLimit(app)))). Auth runs before
     # any body is read; every answer, a 401 or a 500 too, gets the anti-framing headers.

@@ -187,7 +187,7 @@ async def get_dead_letter(
 @router.post(
     "/dead-letters/{partition}/{offset}/replay",
     response_model=ReplayResult,
-    responses=errors(401, 403, 404, 409, 413, 422, 503),
+    responses=errors(400, 401, 403, 404, 409, 413, 422, 503),
 )
 async def replay_dead_letter(
     partition: Annotated[int, _PARTITION],

@@ -61,24 +61,7 @@ def dead_letters_page_router() -> APIRouter:
         request: Request,
         reason: Annotated[str, Query(max_length=100, pattern=NO_NUL)] = "",
     ) -> HTMLResponse:
-        topic = _state(request).dead_letters
-        letters: list[DeadLetter] = []
-        problem = ""
-        if topic is not None:
-            try:
-                letters = await topic.newest(
-                    PAGE_SIZE, READ_TIMEOUT_S,
-                    match=(lambda d: d.reason == reason) if reason else None,
-                    scan=SCAN_PER_PARTITION if reason else None,
-                )  # fmt: skip
-            except SagaError as exc:
-                problem = str(exc)
-        return _render(
-            "dead_letters.html", status_code=503 if problem else 200, root=_root(request),
-            user=page_user(request), served=topic is not None, problem=problem,
-            topic=topic.topic if topic is not None else "", letters=list(reversed(letters)),
-            reasons=[r.value for r in PoisonReason], reason=reason, quote=quote,
-        )  # fmt: skip
+        return await _listing(request, reason)
 
     @router.get("/dead-letters/{partition}/{offset}", name="ui_dead_letter")
     async def dead_letter_view(
@@ -95,29 +78,54 @@ def dead_letters_page_router() -> APIRouter:
         partition: Annotated[int, Path(ge=0)],
         offset: Annotated[int, Path(ge=0)],
     ) -> Response:
-        topic = _state(request).dead_letters
-        form = parse_qs((await request.body())[:MAX_FORM_BYTES].decode(errors="replace"))
-        try:
-            body = ReplayRequest(
-                reason=form.get("reason", [""])[0],
-                saga_id=form.get("saga_id", [""])[0].strip() or None,
-            )
-        except ValidationError as exc:
-            return await _detail(request, partition, offset, refused=(422, _refused(exc)))
-        if topic is None:
-            return await _detail(request, partition, offset)
-        try:
-            sent = await replay_dead_letter(
-                partition, offset, body, current_principal(request), topic
-            )
-        except SagaError as exc:
-            return await _detail(request, partition, offset, refused=(status_for(exc), str(exc)))
-        done = quote(f"{sent.topic}[{sent.partition}]@{sent.offset}", safe="")
-        return relative_redirect(
-            request.scope, f"/ui/dead-letters/{partition}/{offset}?replayed={done}"
-        )
+        return await _replay(request, partition, offset)
 
     return router
+
+
+async def _listing(request: Request, reason: str) -> HTMLResponse:
+    """The newest dead letters (of ``reason`` if given), newest first."""
+    topic = _state(request).dead_letters
+    letters: list[DeadLetter] = []
+    problem = ""
+    if topic is not None:
+        try:
+            letters = await topic.newest(
+                PAGE_SIZE, READ_TIMEOUT_S,
+                match=(lambda d: d.reason == reason) if reason else None,
+                scan=SCAN_PER_PARTITION if reason else None,
+            )  # fmt: skip
+        except SagaError as exc:
+            problem = str(exc)
+    return _render(
+        "dead_letters.html", status_code=503 if problem else 200, root=_root(request),
+        user=page_user(request), served=topic is not None, problem=problem,
+        topic=topic.topic if topic is not None else "", letters=list(reversed(letters)),
+        reasons=[r.value for r in PoisonReason], reason=reason, quote=quote,
+    )  # fmt: skip
+
+
+async def _replay(request: Request, partition: int, offset: int) -> Response:
+    """The form's fields checked by the API's body model, then the API's own route."""
+    topic = _state(request).dead_letters
+    form = parse_qs((await request.body())[:MAX_FORM_BYTES].decode(errors="replace"))
+    try:
+        body = ReplayRequest(
+            reason=form.get("reason", [""])[0],
+            saga_id=form.get("saga_id", [""])[0].strip() or None,
+        )
+    except ValidationError as exc:
+        return await _detail(request, partition, offset, refused=(422, _refused(exc)))
+    if topic is None:
+        return await _detail(request, partition, offset)
+    try:
+        sent = await replay_dead_letter(partition, offset, body, current_principal(request), topic)
+    except SagaError as exc:
+        return await _detail(request, partition, offset, refused=(status_for(exc), str(exc)))
+    done = quote(f"{sent.topic}[{sent.partition}]@{sent.offset}", safe="")
+    return relative_redirect(
+        request.scope, f"/ui/dead-letters/{partition}/{offset}?replayed={done}"
+    )
 
 
 async def _detail(request: Request, partition: int, offset: int, **outcome: Any) -> HTMLResponse:

@@ -164,6 +164,7 @@ STATUS_CODES = {
     "get_dead_letter_dead_letters__partition___offset__get": ["200", "401", "404", "422", "503"],
     "replay_dead_letter_dead_letters__partition___offset__replay_post": [
         "200",
+        "400",
         "401",
         "403",
         "404",
