@@ -55,7 +55,7 @@ FRONT_DOORS: dict[str, set[str]] = {
     },
     "saga_engine.client": {"SagaClient"},
     "saga_engine.conformance": {"CaseResult", "Report", "run_suite"},
-    "saga_engine.worker": {"SagaWorker"},
+    "saga_engine.worker": {"DeadLetterTopic", "SagaWorker"},
     "saga_engine.replay": {
         "FORMAT", "HistoryExport", "ReplayResult", "export_history", "load_history",
         "load_event_sources", "load_sagas", "load_triggers", "replay",
@@ -71,8 +71,9 @@ FRONT_DOORS: dict[str, set[str]] = {
     "saga_engine.triggers": {"KafkaTrigger"},
     "saga_engine.cli": {"AdminCallError", "CliError", "app", "main"},
     "saga_engine.admin": {
-        "AdminConfigError", "AdminServer", "InsecureAdminBinding", "Principal", "Role",
-        "StartSaga", "create_admin_app", "serve_admin",
+        "AdminConfigError", "AdminServer", "DeadLetter", "DeadLetters",
+        "InsecureAdminBinding", "Principal", "Role", "StartSaga", "create_admin_app",
+        "serve_admin",
     },
     "saga_engine.protocol": {
         "BODY_MODELS", "CE_SPECVERSION", "CODEC_HEADER", "CODEC_MARKER", "HEADERS", "REQUIRED_HEADERS", "SCHEMA_VERSION",

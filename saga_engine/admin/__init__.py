@@ -12,7 +12,10 @@
 Endpoints (OpenAPI at ``/openapi.json``): ``GET /health``; ``GET /saga-types``;
 ``GET /sagas`` (filters, cursor pages); ``GET /sagas/{id}``; ``GET /sagas/{id}/history``;
 ``POST /sagas/{type}`` (start); ``POST /sagas/{id}/signal|cancel|resume``;
-``GET /metrics`` (JSON or Prometheus text).
+``GET /metrics`` (JSON or Prometheus text); ``GET /dead-letters``,
+``GET /dead-letters/{partition}/{offset}`` and ``POST .../replay`` over the
+``DeadLetters`` given to ``create_admin_app`` (a worker gives its Kafka topic,
+``saga_engine.worker.DeadLetterTopic``; without one those routes answer 503).
 
 Bearer tokens come from ``settings.admin.readers`` and ``settings.admin.operators``
 (name -> token). Auth is off only on a loopback address with no token configured;
@@ -26,10 +29,13 @@ from saga_engine.admin._app import StartSaga, create_admin_app
 from saga_engine.admin._auth import Principal, Role
 from saga_engine.admin._server import AdminServer, serve_admin
 from saga_engine.kernel._errors import AdminConfigError, InsecureAdminBinding
+from saga_engine.transport._dead_letter import DeadLetter, DeadLetters
 
 __all__ = [
     "AdminConfigError",
     "AdminServer",
+    "DeadLetter",
+    "DeadLetters",
     "InsecureAdminBinding",
     "Principal",
     "Role",

@@ -7,7 +7,7 @@ The routes live in routers by concern (``_meta``: health, saga types, metrics;
 ``_reads``: list, detail, history; ``_starts``: the start; ``_actions``: operator
 actions; ``_rollouts``: saga versions' rollouts; ``_flow``: flow control;
 ``_domain_events``: the domain events kept; ``_schedules``: durable schedules;
-``_batches``: batch operations; ``web``: the pages, ``_web_waits`` those of domain
+``_batches``: batch operations; ``_dead_letters``: the dead-letter topic; ``web``: the pages, ``_web_waits`` those of domain
 events and concurrency keys). They reach the
 engine, its collaborators (the store, the registry, the counters), the admin settings and
 the start function through the dependencies in ``_deps``, which read what this function
@@ -19,6 +19,7 @@ from fastapi import Depends, FastAPI
 from saga_engine.admin import (
     _actions,
     _batches,
+    _dead_letters,
     _domain_events,
     _flow,
     _insights,
@@ -40,6 +41,7 @@ from saga_engine.admin._http_errors import (
 from saga_engine.admin._starts import starts_router
 from saga_engine.admin._web import SecurityHeadersMiddleware, web_router
 from saga_engine.admin._web_batches import batches_page_router
+from saga_engine.admin._web_dead_letters import dead_letters_page_router
 from saga_engine.admin._web_insights import insights_page_router
 from saga_engine.admin._web_schedules import schedules_page_router
 from saga_engine.admin._web_waits import waits_page_router
@@ -50,6 +52,7 @@ from saga_engine.runner._parts import EngineParts
 from saga_engine.store._batch_store import BatchStore
 from saga_engine.store._schedule_store import ScheduleStore
 from saga_engine.telemetry._health import HealthBoard
+from saga_engine.transport._dead_letter import DeadLetters
 
 __all__ = ["StartSaga", "create_admin_app"]
 
@@ -63,6 +66,7 @@ def create_admin_app(
     schedules: ScheduleStore | None = None,
     health: HealthBoard | None = None,
     batches: BatchStore | None = None,
+    dead_letters: DeadLetters | None = None,
 ) -> FastAPI:
     """The admin API for ``engine``, configured by ``settings.admin``.
 
@@ -70,8 +74,9 @@ def create_admin_app(
     control), as the composition root that built it holds them (``SagaWorker.parts``,
     ``SagaTestEnv.parts``). ``schedules``: the schedules' store (else the schedule
     routes answer 503). ``batches``: the batch operations' store (else those routes
-    answer 503). ``health``: what ``/health`` reports besides liveness (the
-    worker's board).
+    answer 503). ``dead_letters``: the dead-letter topic to list and replay (the
+    worker's; else those routes answer 503). ``health``: what ``/health`` reports
+    besides liveness (the worker's board).
 
     Raises InsecureAdminBinding (a PermanentError) when ``settings.admin.host`` is not a
     loopback address and no token is configured, and AdminConfigError for weak or
@@ -92,10 +97,11 @@ def create_admin_app(
         docs_url=None,
         redoc_url=None,
     )
-    install(
-        app,
-        AdminState(engine, parts, admin, start_saga or engine.start, schedules, health, batches),
-    )
+    state = AdminState(
+        engine, parts, admin, start_saga or engine.start, schedules, health, batches,
+        dead_letters,
+    )  # fmt: skip
+    install(app, state)
     install_error_handlers(app)
     # Outermost last: SecurityHeaders(CatchAll(Auth(BodyLimit(app)))). Auth runs before
     # any body is read; every answer, a 401 or a 500 too, gets the anti-framing headers.
@@ -128,9 +134,11 @@ def _include_routers(app: FastAPI, parts: EngineParts, admin: AdminSettings) -> 
     app.include_router(_schedules.router, dependencies=secured)
     app.include_router(_batches.router, dependencies=secured)
     app.include_router(_insights.router, dependencies=secured)
+    app.include_router(_dead_letters.router, dependencies=secured)
     app.include_router(web_router(parts, admin))
     app.include_router(_rollouts.ui_router(parts, admin))
     app.include_router(schedules_page_router())
     app.include_router(batches_page_router())
     app.include_router(waits_page_router())
     app.include_router(insights_page_router())
+    app.include_router(dead_letters_page_router())

@@ -22,6 +22,7 @@ from saga_engine.runner._parts import EngineParts
 from saga_engine.store._batch_store import BatchStore
 from saga_engine.store._schedule_store import ScheduleStore
 from saga_engine.telemetry._health import HealthBoard
+from saga_engine.transport._dead_letter import DeadLetters
 
 __all__ = [
     "AdminDep",
@@ -67,6 +68,8 @@ class AdminState:
     health: HealthBoard | None = None
     #: The batch operations' table (a worker's); None: those routes answer 503.
     batches: BatchStore | None = None
+    #: The dead-letter topic, read from Kafka; None: the dead-letter routes answer 503.
+    dead_letters: DeadLetters | None = None
 
 
 def install(app: FastAPI, state: AdminState) -> None:

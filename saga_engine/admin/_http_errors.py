@@ -1,12 +1,13 @@
 """Errors as HTTP: every bad input is a 4xx with a JSON ``detail``, never a 500.
 
-- saga_engine errors map by class: SagaNotFound, UnknownSagaType and ScheduleNotFound
-  404; InvalidTransition, IdempotencyConflict, ScheduleConflict, NewerVersionError (a saga
-  written by a newer engine: ``reason`` says ``newer_event`` or ``unknown_saga_version``)
-  and CodecError (an action on a saga whose history this process cannot decode) 409, PayloadTooLarge 413, SerializationError
-  422 (InvalidPayload with FastAPI's list of ``{"loc": ["body", ...], "msg", "type"}``, so
-  the answer names each wrong field), TransientError 503 (with Retry-After), any other
-  PermanentError 400;
+- saga_engine errors map by class: SagaNotFound, UnknownSagaType, ScheduleNotFound,
+  BatchNotFound and DeadLetterNotFound 404; InvalidTransition, IdempotencyConflict,
+  ScheduleConflict, NewerVersionError (a saga written by a newer engine: ``reason`` says
+  ``newer_event`` or ``unknown_saga_version``), CodecError (an action on a saga whose
+  history this process cannot decode) and DeadLetterNotReplayable 409, PayloadTooLarge
+  413, SerializationError 422 (InvalidPayload with FastAPI's list of
+  ``{"loc": ["body", ...], "msg", "type"}``, so the answer names each wrong field),
+  TransientError 503 (with Retry-After), any other PermanentError 400;
 - a client that goes away before it sent its whole body costs one WARNING line;
 - bodies above the configured size get 413 before they are read (Content-Length) or as
   soon as the streamed bytes pass the limit;
@@ -35,6 +36,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from saga_engine.kernel._errors import (
     BatchNotFound,
     CodecError,
+    DeadLetterNotFound,
+    DeadLetterNotReplayable,
     IdempotencyConflict,
     InvalidPayload,
     InvalidTransition,
@@ -65,11 +68,19 @@ class BodyTooLarge(HTTPException):
 
 
 def status_for(exc: SagaError) -> int:
-    if isinstance(exc, SagaNotFound | UnknownSagaType | ScheduleNotFound | BatchNotFound):
+    if isinstance(
+        exc,
+        SagaNotFound | UnknownSagaType | ScheduleNotFound | BatchNotFound | DeadLetterNotFound,
+    ):
         return 404
     if isinstance(
         exc,
-        InvalidTransition | IdempotencyConflict | ScheduleConflict | NewerVersionError | CodecError,
+        InvalidTransition
+        | IdempotencyConflict
+        | ScheduleConflict
+        | NewerVersionError
+        | CodecError
+        | DeadLetterNotReplayable,
     ):
         return 409
     if isinstance(exc, PayloadTooLarge):

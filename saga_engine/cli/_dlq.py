@@ -4,7 +4,6 @@ to the inbox, addressed to another saga)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Any
 
 import typer
@@ -12,9 +11,10 @@ import typer
 from saga_engine.cli._common import JsonOpt, make_table, out, print_json, run_async
 from saga_engine.kernel._errors import CliError
 from saga_engine.kernel._settings import Settings
-from saga_engine.transport._topics import Topics
+from saga_engine.transport._dead_letter import DeadLetter
+from saga_engine.transport._dlq import DeadLetterTopic
 
-__all__ = ["dlq_app", "read_dlq"]
+__all__ = ["dlq_app"]
 
 dlq_app = typer.Typer(
     no_args_is_help=True, help="Inspect and replay the dead-letter topic ({prefix}.dlq)."
@@ -33,8 +33,8 @@ def dlq_list(
 ) -> None:
     """List dead-lettered records: offset, reason, detail, origin and saga id."""
     settings = Settings()
-    records = run_async(lambda: read_dlq(settings, timeout))[-limit:]
-    rows = [_row(r) for r in records]
+    topic = DeadLetterTopic(settings.kafka)
+    rows = [_row(r) for r in run_async(lambda: topic.newest(limit, timeout))]
     if as_json:
         print_json(rows)
         return
@@ -43,7 +43,7 @@ def dlq_list(
          f"{r['origin_topic']}[{r['origin_partition']}]@{r['origin_offset']}", r["saga_id"])
         for r in rows
     ]  # fmt: skip
-    title = f"{Topics.of(settings.kafka).dlq}: {len(rows)} record(s)"
+    title = f"{topic.topic}: {len(rows)} record(s)"
     columns = ("partition", "offset", "reason", "detail", "origin", "saga")
     out.print(make_table(title, columns, cells, "ellipsis"))
 
@@ -64,11 +64,18 @@ def dlq_replay(
 ) -> None:
     """Re-publish a dead-lettered record (without its dlq_* headers) to its origin topic,
     or with --to-saga to the inbox with its key and ce_sagaid set to that saga."""
-    settings = Settings()
+    topic = DeadLetterTopic(Settings().kafka)
 
     async def go() -> dict[str, Any]:
-        record = await _find(settings, offset, partition, timeout)
-        return await _republish(settings, record, to_saga, timeout)
+        letter = await _find(topic, offset, partition, timeout)
+        sent = await topic.replay(letter, timeout, to_saga=to_saga)
+        return {
+            "from": {"partition": sent.partition_from, "offset": sent.offset_from},
+            "topic": sent.topic,
+            "partition": sent.partition,
+            "offset": sent.offset,
+            "saga_id": sent.saga_id,
+        }
 
     result = run_async(go)
     if as_json:
@@ -81,109 +88,29 @@ def dlq_replay(
         )
 
 
-async def _find(settings: Settings, offset: int, partition: int | None, seconds: float) -> Any:
+async def _find(
+    topic: DeadLetterTopic, offset: int, partition: int | None, seconds: float
+) -> DeadLetter:
     """The one dead letter at ``offset`` (in ``partition`` if given)."""
-    records = [
-        r
-        for r in await read_dlq(settings, seconds)
-        if r.offset == offset and (partition is None or r.partition == partition)
-    ]
-    if not records:
-        where = f" in partition {partition}" if partition is not None else ""
-        raise CliError(f"no dead-lettered record at offset {offset}{where}")
-    if len(records) > 1:
-        found = ", ".join(str(r.partition) for r in records)
+    if partition is not None:
+        return await topic.get(partition, offset, seconds)
+    letters = [d for d in await topic.newest(None, seconds) if d.offset == offset]
+    if not letters:
+        raise CliError(f"no dead-lettered record at offset {offset}")
+    if len(letters) > 1:
+        found = ", ".join(str(d.partition) for d in letters)
         raise CliError(f"offset {offset} is in partitions {found}: choose with --partition")
-    return records[0]
+    return letters[0]
 
 
-async def _republish(
-    settings: Settings, record: Any, to_saga: str | None, seconds: float
-) -> dict[str, Any]:
-    """Sends ``record`` again, without its ``dlq_*`` headers; says where it went."""
-    from saga_engine.transport._kafka import make_producer
-
-    headers = [(k, bytes(v)) for k, v in record.headers or () if not k.startswith("dlq_")]
-    key = record.key
-    if to_saga is not None:
-        topic = Topics.of(settings.kafka).inbox
-        key = to_saga.encode()
-        headers = [(k, v) for k, v in headers if k != "ce_sagaid"]
-        headers.append(("ce_sagaid", to_saga.encode()))
-    else:
-        topic = _header(record, "dlq_topic")
-        if not topic:
-            raise CliError("the record has no dlq_topic header: replay it with --to-saga")
-    producer = make_producer(settings.kafka)
-    await producer.start()
-    try:
-        sent = await asyncio.wait_for(
-            producer.send_and_wait(topic, record.value, key=key, headers=headers), seconds
-        )
-    finally:
-        await producer.stop()
+def _row(letter: DeadLetter) -> dict[str, Any]:
     return {
-        "from": {"partition": record.partition, "offset": record.offset},
-        "topic": topic,
-        "partition": sent.partition,
-        "offset": sent.offset,
-        "saga_id": to_saga or _header(record, "ce_sagaid"),
+        "partition": letter.partition,
+        "offset": letter.offset,
+        "reason": letter.reason,
+        "detail": letter.detail,
+        "origin_topic": letter.origin_topic,
+        "origin_partition": letter.origin_partition,
+        "origin_offset": letter.origin_offset,
+        "saga_id": letter.saga_id,
     }
-
-
-async def read_dlq(settings: Settings, seconds: float) -> list[Any]:
-    """Every record of the dead-letter topic up to its current end, without a group."""
-    from aiokafka import TopicPartition
-
-    from saga_engine.transport._kafka import make_consumer
-
-    topic = Topics.of(settings.kafka).dlq
-    # The size limits of every consumer: a dead letter is as large as the record it keeps.
-    consumer = make_consumer(settings.kafka, group_id=None, fetch_max_wait_ms=50)
-    await consumer.start()
-    try:
-        # aiokafka has no public call for one topic's partitions without subscribing.
-        cluster = await asyncio.wait_for(consumer._client.fetch_all_metadata(), seconds)
-        partitions = cluster.partitions_for_topic(topic)
-        if not partitions:
-            raise CliError(f"the dead-letter topic {topic} does not exist")
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        records: list[Any] = []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + seconds
-        remaining = {tp for tp in tps if ends[tp] > 0}
-        while remaining:
-            if loop.time() > deadline:
-                raise CliError(f"timed out reading {topic} after {seconds}s")
-            batch = await consumer.getmany(timeout_ms=200)
-            for tp, recs in batch.items():
-                records.extend(r for r in recs if r.offset < ends[tp])
-            for tp in list(remaining):
-                if await consumer.position(tp) >= ends[tp]:
-                    remaining.discard(tp)
-        return sorted(records, key=lambda r: (r.timestamp, r.partition, r.offset))
-    finally:
-        await consumer.stop()
-
-
-def _row(record: Any) -> dict[str, Any]:
-    return {
-        "partition": record.partition,
-        "offset": record.offset,
-        "reason": _header(record, "dlq_reason"),
-        "detail": _header(record, "dlq_detail"),
-        "origin_topic": _header(record, "dlq_topic"),
-        "origin_partition": _header(record, "dlq_partition"),
-        "origin_offset": _header(record, "dlq_offset"),
-        "saga_id": _header(record, "ce_sagaid"),
-    }
-
-
-def _header(record: Any, name: str) -> str:
-    for key, value in record.headers or ():
-        if key == name:
-            return bytes(value).decode(errors="replace")
-    return ""

@@ -5,6 +5,7 @@
     │   ├── ConcurrencyError       another writer appended first (reload, then retry)
     │   ├── StoreUnavailable       Postgres unreachable, or the connection broke
     │   ├── KafkaUnavailable       the broker unreachable, or did not acknowledge
+    │   │   └── DeadLetterTopicUnavailable  no dead-letter topic, or it did not answer
     │   ├── DependencyUnavailable  start-up gave up waiting for Kafka or Postgres
     │   ├── MigrationBusy          a migration's tables were locked; run it again
     │   └── ResultTimeout          SagaClient.result waited its timeout
@@ -46,6 +47,8 @@
         ├── ScheduleNotFound           no schedule has that id
         ├── ScheduleConflict           a schedule id taken by another definition
         ├── BatchNotFound              no batch operation has that id
+        ├── DeadLetterNotFound         no dead letter at that partition and offset
+        ├── DeadLetterNotReplayable    a dead letter with nowhere to go back to
         ├── AdminConfigError           admin settings that cannot work
         │   └── InsecureAdminBinding   beyond loopback without tokens
         └── CliError                   a command line error, one line on stderr
@@ -65,6 +68,9 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from enum import StrEnum
 from typing import Any
+
+# The dead-letter reasons live in their own module; PoisonMessage carries one.
+from saga_engine.kernel._poison import PoisonReason as PoisonReason
 
 
 class SagaError(Exception):
@@ -100,6 +106,10 @@ class StoreUnavailable(TransientError):
 
 class KafkaUnavailable(TransientError):
     """The broker could not be reached or did not acknowledge in time; retry later."""
+
+
+class DeadLetterTopicUnavailable(KafkaUnavailable):
+    """The dead-letter topic does not exist, or reading it took longer than allowed."""
 
 
 class DependencyUnavailable(TransientError):
@@ -471,6 +481,18 @@ class BatchNotFound(PermanentError):
         super().__init__(f"no batch operation with id {operation_id!r}")
 
 
+class DeadLetterNotFound(PermanentError):
+    def __init__(self, topic: str, partition: int, offset: int) -> None:
+        self.partition = partition
+        self.offset = offset
+        super().__init__(f"no dead-lettered record at offset {offset} of {topic}[{partition}]")
+
+
+class DeadLetterNotReplayable(PermanentError):
+    """A dead letter that names no origin topic (replay it to a saga), or names the
+    dead-letter topic itself."""
+
+
 class AdminConfigError(PermanentError):
     """The admin API's settings cannot work; the message says what to change."""
 
@@ -555,45 +577,3 @@ class PoisonMessage(PermanentError):
         self.envelope = envelope
         self.body_error = body_error
         super().__init__(f"{reason.value}: {detail}")
-
-
-class PoisonReason(StrEnum):
-    """Why a message went to the dead-letter topic (the ``dlq_reason`` header)."""
-
-    MALFORMED_JSON = "malformed_json"
-    MISSING_HEADER = "missing_header"
-    UNKNOWN_TYPE = "unknown_type"
-    WRONG_SCHEMA_VERSION = "wrong_schema_version"
-    OVERSIZED = "oversized"
-    INVALID_BODY = "invalid_body"
-    UNKNOWN_SAGA = "unknown_saga"
-    UNKNOWN_SAGA_TYPE = "unknown_saga_type"
-    UNKNOWN_COMMAND = "unknown_command"
-    REJECTED = "rejected"
-    KEY_MISMATCH = "key_mismatch"
-    #: A signal the saga does not declare, or whose payload its declared model refuses.
-    INVALID_SIGNAL = "invalid_signal"
-    #: A start whose input the saga's input model refuses.
-    INVALID_INPUT = "invalid_input"
-    #: A signal or cancel the saga cannot take in its state (ended, undoing its steps,
-    #: parked): ``dlq_detail`` names the state.
-    NOT_ACCEPTED = "not_accepted"
-    #: A value Postgres cannot store (a NUL character, an unpaired surrogate, a number
-    #: JSON cannot carry), in a start, a signal or a command.
-    UNSTORABLE_VALUE = "unstorable_value"
-    #: A start that reuses an idempotency key (or saga id) with a different input.
-    IDEMPOTENCY_CONFLICT = "idempotency_conflict"
-    #: A child's start or undo naming a parent the child was not started by.
-    NOT_PARENT = "not_parent"
-    #: A message for a saga written by a newer engine (an event or saga version this
-    #: engine does not have, during a rolling deploy): the saga is left untouched; once a
-    #: newer engine owns it, it re-sends what is in flight, and ``saga dlq replay``
-    #: re-drives a signal or cancel.
-    NEWER_VERSION = "newer_version"
-    #: An encoded value (a ``saga-codec`` header) this process cannot decode: no codec
-    #: configured, a key id it does not hold, or a tag that does not verify. Replay it
-    #: from the dead-letter topic once the key is configured.
-    UNDECODABLE = "undecodable"
-    #: Not the message's fault: the consumer failed on it for a reason of its own (a bug,
-    #: a saga that kept conflicting). ``saga dlq replay`` re-drives it.
-    ENGINE_ERROR = "engine_error"

@@ -50,6 +50,7 @@ from saga_engine.store._store import EventStore
 from saga_engine.telemetry._groupwatch import GroupWatch, watch_member
 from saga_engine.telemetry._health import HealthBoard
 from saga_engine.telemetry._telemetry import Telemetry, default_telemetry, detach_from_trace
+from saga_engine.transport._dlq import DeadLetterTopic
 from saga_engine.transport._fetch import GuardedFetch
 from saga_engine.transport._kafka import (
     KAFKA,
@@ -257,6 +258,7 @@ class SagaWorker:
             engine, self.settings, parts=parts, start_saga=self._start_through_inbox,
             schedules=self._schedules.store, health=self.health,
             batches=self._batches.store if self._batches is not None else None,
+            dead_letters=DeadLetterTopic(self.settings.kafka),
         )  # fmt: skip
 
     async def _start_triggers(self, telemetry: Telemetry) -> None:

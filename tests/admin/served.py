@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from saga_engine import Saga
-from saga_engine.admin import create_admin_app, serve_admin
+from saga_engine.admin import DeadLetters, create_admin_app, serve_admin
 from saga_engine.settings import Settings
 from saga_engine.store import EventStore
 from saga_engine.testing import SagaTestEnv
@@ -34,8 +34,10 @@ def served_in_thread(
     seed: Seed,
     store: StoreFactory | None = None,
     sagas: Sequence[type[Saga[Any, Any]]] = (Transfer, Noop),
+    dead_letters: DeadLetters | None = None,
 ) -> Iterator[Served]:
-    """Runs engine, participants and server on one loop in a thread; stops them after."""
+    """Runs engine, participants and server on one loop in a thread; stops them after.
+    ``dead_letters``: the dead-letter topic the app serves (none by default)."""
     served = Served()
     ready = threading.Event()
     failure: list[BaseException] = []
@@ -47,8 +49,9 @@ def served_in_thread(
         env = SagaTestEnv(list(sagas), settings=settings, store=opened)
         served.seeded = await seed(env)
         app = create_admin_app(
-            env.engine, settings, parts=env.parts, schedules=env.schedules, batches=env.batches
-        )
+            env.engine, settings, parts=env.parts, schedules=env.schedules,
+            batches=env.batches, dead_letters=dead_letters,
+        )  # fmt: skip
         server = await serve_admin(app, settings)
         served.url = server.url
         stopped = asyncio.Event()

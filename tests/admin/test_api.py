@@ -672,6 +672,9 @@ async def test_openapi_describes_the_api(admin: Admin) -> None:
         "/batch-operations",
         "/batch-operations/{operation_id}",
         "/batch-operations/{operation_id}/cancel",
+        "/dead-letters",
+        "/dead-letters/{partition}/{offset}",
+        "/dead-letters/{partition}/{offset}/replay",
     }
     assert set(spec["paths"]["/sagas/{saga}"]) == {"get", "post"}
     assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
+from aiokafka import AIOKafkaProducer
 from pydantic import SecretStr
 
 from saga_engine import PermanentError, SagaStatus
@@ -16,8 +18,9 @@ from saga_engine.admin import (
     create_admin_app,
     serve_admin,
 )
-from saga_engine.settings import AdminSettings, Settings
+from saga_engine.settings import AdminSettings, KafkaSettings, Settings
 from saga_engine.testing import SagaTestEnv
+from saga_engine.worker import DeadLetterTopic
 from tests.admin.conftest import (
     OPERATOR,
     OPERATOR_TOKEN,
@@ -29,6 +32,7 @@ from tests.admin.conftest import (
     make_client,
 )
 from tests.admin.sagas import Noop, Transfer
+from tests.conftest import TopicFactory
 
 BODIES: dict[str, dict[str, Any]] = {
     "signal": {"name": "approve", "payload": {"by": "x"}},
@@ -43,7 +47,31 @@ BODIES: dict[str, dict[str, Any]] = {
     "schedules": {"id": "auth-matrix-2", "saga": "noop", "every_s": 60},
     "batch-operations": {"filter": {"saga_type": "noop"}, "action": "cancel", "reason": "auth"},
     "annotate": {"input": {"text": "auth matrix"}},
+    "replay": {"reason": "auth matrix"},
 }
+
+
+@pytest.fixture
+async def admin_dlq(kafka_bootstrap: str, kafka_topic: TopicFactory) -> AsyncIterator[Admin]:
+    """The conftest's app, with a dead-letter topic on the real Kafka holding one record
+    (at partition 0, offset 0) whose origin is the topic's inbox."""
+    inbox = await kafka_topic("inbox")
+    dlq = await kafka_topic("dlq")
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    try:
+        headers = [("dlq_reason", b"malformed_json"), ("dlq_topic", inbox.encode())]
+        await producer.send_and_wait(dlq, b"{oops", key=b"s-1", headers=headers)
+    finally:
+        await producer.stop()
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=dlq.removesuffix(".dlq"))
+    env = SagaTestEnv([Transfer, Noop], settings=admin_settings())
+    app = create_admin_app(
+        env.engine, env.settings, parts=env.parts, schedules=env.schedules,
+        batches=env.batches, dead_letters=DeadLetterTopic(kafka),
+    )  # fmt: skip
+    async with make_client(app) as http:
+        yield Admin(env, app, http)
 
 
 async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]]:
@@ -62,6 +90,7 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
         for method in operations:
             path = template.replace("{saga_id}", saga_id).replace("{schedule_id}", "auth-matrix")
             path = path.replace("{operation_id}", batch.json()["id"])
+            path = path.replace("{partition}", "0").replace("{offset}", "0")
             name = "annotate" if "/updates/" in template else "kind"  # Transfer's
             name = "transfer" if template.startswith("/saga-types/") else name
             path = path.replace("{name}", name)
@@ -74,15 +103,17 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
                 body = BODIES["rollout"] if method == "put" else body
             out.append((method.upper(), path, body))
     # GET /domain-events, the four batch-operations routes, GET /concurrency-keys, rerun,
-    # GET /saga-types/{name}/insights
-    assert len(out) == 35
+    # GET /saga-types/{name}/insights, the three dead-letter routes
+    assert len(out) == 38
     return out
 
 
 PUBLIC = {"/health"}
 
 
-async def test_every_endpoint_needs_a_valid_token(admin: Admin) -> None:
+@pytest.mark.integration
+async def test_every_endpoint_needs_a_valid_token(admin_dlq: Admin) -> None:
+    admin = admin_dlq
     for method, path, body in await endpoints(admin):
         if path in PUBLIC:
             continue
@@ -99,7 +130,9 @@ async def test_every_endpoint_needs_a_valid_token(admin: Admin) -> None:
         assert 'error="invalid_token"' in wrong.headers["www-authenticate"]
 
 
-async def test_readers_may_read_but_not_act(admin: Admin) -> None:
+@pytest.mark.integration
+async def test_readers_may_read_but_not_act(admin_dlq: Admin) -> None:
+    admin = admin_dlq
     for method, path, body in await endpoints(admin):
         response = await admin.http.request(method, path, json=body, headers=READER)
         if method == "GET":
@@ -114,7 +147,9 @@ async def test_readers_may_read_but_not_act(admin: Admin) -> None:
     assert [i["status"] for i in listed] == ["running"]
 
 
-async def test_operators_may_do_everything(admin: Admin) -> None:
+@pytest.mark.integration
+async def test_operators_may_do_everything(admin_dlq: Admin) -> None:
+    admin = admin_dlq
     results = {}
     for method, path, body in await endpoints(admin):
         response = await admin.http.request(method, path, json=body, headers=OPERATOR)

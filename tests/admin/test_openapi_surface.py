@@ -76,6 +76,18 @@ OPERATIONS = {
         "/batch-operations/{operation_id}/cancel",
         "cancel_batch_batch_operations__operation_id__cancel_post",
     ),
+    # Issue 27 §1: the dead-letter topic (admin/_dead_letters.py).
+    ("GET", "/dead-letters", "list_dead_letters_dead_letters_get"),
+    (
+        "GET",
+        "/dead-letters/{partition}/{offset}",
+        "get_dead_letter_dead_letters__partition___offset__get",
+    ),
+    (
+        "POST",
+        "/dead-letters/{partition}/{offset}/replay",
+        "replay_dead_letter_dead_letters__partition___offset__replay_post",
+    ),
 }
 
 _READ = ["200", "401", "404", "409", "422", "503"]
@@ -148,6 +160,19 @@ STATUS_CODES = {
     "list_batches_batch_operations_get": ["200", "401", "422", "503"],
     "get_batch_batch_operations__operation_id__get": ["200", "401", "404", "422", "503"],
     "cancel_batch_batch_operations__operation_id__cancel_post": _SCHEDULE_STATE,
+    "list_dead_letters_dead_letters_get": ["200", "401", "422", "503"],
+    "get_dead_letter_dead_letters__partition___offset__get": ["200", "401", "404", "422", "503"],
+    "replay_dead_letter_dead_letters__partition___offset__replay_post": [
+        "200",
+        "400",
+        "401",
+        "403",
+        "404",
+        "409",
+        "413",
+        "422",
+        "503",
+    ],
     "trigger_schedule_schedules__schedule_id__trigger_post": [
         "200",
         "401",

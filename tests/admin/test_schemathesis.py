@@ -14,12 +14,15 @@ refused with a 4xx on purpose, so schemathesis' positive_data_acceptance is not 
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 import zlib
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import schemathesis
+from aiokafka import AIOKafkaProducer
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -31,10 +34,14 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from saga_engine.admin import create_admin_app
+from saga_engine.protocol import Topics
+from saga_engine.settings import KafkaSettings
 from saga_engine.testing import SagaRun, SagaTestEnv
+from saga_engine.worker import DeadLetterTopic
 from tests.admin.conftest import OPERATOR, admin_settings
 from tests.admin.sagas import Credit, Noop, Refund, Transfer
 from tests.admin.served import Served, served_in_thread
+from tests.integration.kafka_helpers import ensure_topics
 
 #: Examples per operation and generation mode; the whole run stays well under a minute.
 EXAMPLES = 100
@@ -62,9 +69,28 @@ async def seed(env: SagaTestEnv) -> dict[str, str]:
     return {"waiting": waiting, "done": done, "stuck": stuck}
 
 
+async def _dead_letter_topic(kafka: KafkaSettings) -> None:
+    """The module's own inbox and dead-letter topic, the latter holding one record (at
+    partition 0, offset 0) whose origin is the inbox: the dead-letter routes meet it."""
+    topics = Topics.of(kafka)
+    await ensure_topics(kafka, [topics.inbox, topics.dlq], partitions=1)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers)
+    await producer.start()
+    try:
+        headers = [("dlq_reason", b"malformed_json"), ("dlq_topic", topics.inbox.encode())]
+        await producer.send_and_wait(topics.dlq, b"{oops", key=b"s-1", headers=headers)
+    finally:
+        await producer.stop()
+
+
 @pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    with served_in_thread(admin_settings(port=0), seed) as running:
+def served(kafka_bootstrap: str) -> Iterator[Served]:
+    kafka = KafkaSettings(
+        bootstrap_servers=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:12]}"
+    )
+    asyncio.run(_dead_letter_topic(kafka))
+    dead_letters = DeadLetterTopic(kafka)
+    with served_in_thread(admin_settings(port=0), seed, dead_letters=dead_letters) as running:
         yield running
 
 
@@ -72,8 +98,9 @@ def _schema() -> Any:
     """The description the server publishes, read from an app built the same way."""
     env = SagaTestEnv([Transfer, Noop])
     spec = create_admin_app(
-        env.engine, admin_settings(), parts=env.parts, schedules=env.schedules, batches=env.batches
-    ).openapi()
+        env.engine, admin_settings(), parts=env.parts, schedules=env.schedules,
+        batches=env.batches, dead_letters=DeadLetterTopic(KafkaSettings()),
+    ).openapi()  # fmt: skip
     loaded = schemathesis.openapi.from_dict(spec)
     loaded.config.update(headers=OPERATOR)
     loaded.config.generation.update(max_examples=EXAMPLES, database="none")

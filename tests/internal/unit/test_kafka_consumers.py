@@ -11,9 +11,9 @@ import pytest
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, Settings
-from saga_engine.cli._dlq import read_dlq
 from saga_engine.settings import KafkaSettings
 from saga_engine.transport import _kafka as kafka_module
+from saga_engine.transport._dlq import DeadLetterTopic
 from saga_engine.transport._kafka import make_consumer, make_group_consumer
 from saga_engine.triggers import KafkaTrigger
 from saga_engine.worker._adapters import trigger_consumer
@@ -50,7 +50,7 @@ class FakeConsumer:
         return self
 
     def partitions_for_topic(self, topic: str) -> set[int]:
-        return set()  # no dead-letter topic: read_dlq stops right after making it
+        return set()  # no dead-letter topic: the dlq reader stops right after making it
 
 
 @pytest.fixture
@@ -113,7 +113,7 @@ async def test_the_group_and_cli_consumers_get_the_same_size_limits(
 ) -> None:
     make_group_consumer(settings().kafka, group_id="g", client_id="c", instance_name="i")
     with pytest.raises(Exception, match="does not exist"):
-        await read_dlq(settings(), 1.0)
+        await DeadLetterTopic(settings().kafka).newest(None, 1.0)
 
     assert len(made) == 2
     for _, options in made:
