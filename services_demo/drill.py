@@ -6,9 +6,9 @@ checkouts' inputs, and the payment captures they wait for::
 - ``drill_participants()``: the five services, each as ``make demo-up`` runs it (the
   Python ones under uvicorn, shipping as the Go binary built here once per drill), on a
   block of free ports (``SAGA_DEMO_BASE_PORT`` if set). The drill gives each its schema
-  and ``SAGA_PARTICIPANT__DRILL_LEDGER=1``: the participant kits of orders, payments and
-  inventory then record each command they apply in ``drill_ledger``. The Go kit has no
-  ledger: shipping's commands are driven, killed and checked for loss, not counted.
+  and ``SAGA_PARTICIPANT__DRILL_LEDGER=1``: the participant kits of orders, payments,
+  inventory and shipping (the Go kit's ``Config.DrillLedger``) then record each command
+  they apply in ``drill_ledger``.
   Fraud is an HTTP service (the engine calls it): a process the drill kills too.
 - ``drill_env()``: every process's ``SAGA_DEMO_BASE_PORT`` and the engines'
   ``SAGA_HTTP__ENDPOINTS`` (fraud, payments), as ``services_demo/run.py`` sets them.

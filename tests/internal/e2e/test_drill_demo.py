@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import asyncpg
+
 from tests.conftest import PgTarget
 from tests.internal.e2e.test_drill import _doc_command, _drill, _report
 
@@ -50,6 +52,17 @@ async def test_the_documented_mix_drill_of_the_demo_checkout_passes(
     assert int(twice.split()[0]) > report["sagas"], twice  # several steps of each
     assert "sagas compensated" in checks[CHECKS[2]]["detail"], checks[CHECKS[2]]
     assert checks[CHECKS[3]]["detail"] == f"{report['sagas']} histories replayed"
+    # Every Kafka participant's kit kept the ledger the count comes from, the Go kit's
+    # (shipping) too.
+    conn = await asyncpg.connect(pg.database_dsn)
+    try:
+        for service in ("orders", "payments", "inventory", "shipping"):
+            rows = await conn.fetchval(
+                f'SELECT count(*) FROM "t{unique_id}_{service}".drill_ledger'
+            )
+            assert rows > 0, service
+    finally:
+        await conn.close()
 
 
 async def test_a_demo_participant_that_reserves_credit_twice_fails_the_drill(
