@@ -11,7 +11,7 @@ Run it with ``uvicorn services_demo.payments:app --port 8102``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
@@ -79,22 +79,23 @@ def build_participant(settings: Settings) -> Participant:
         )  # fmt: skip
         return CreditReserved(order_id=cmd.order_id, amount=cmd.amount, balance=balance)
 
-    @payments.handles(ReleaseCredit)
-    async def release(cmd: ReleaseCredit, tx: Transaction) -> CreditReleased:
-        row = await tx.fetchrow(
-            "UPDATE reservations SET status = 'released', released_at = now() "
-            "WHERE order_id = $1 AND status = 'reserved' RETURNING customer_id, amount",
-            cmd.order_id,
-        )
-        if row is None:  # nothing reserved (refused, or released before): nothing to do
-            return CreditReleased(order_id=cmd.order_id, released=0)
-        await tx.execute(
-            "UPDATE customers SET balance = balance + $2 WHERE customer_id = $1",
-            row["customer_id"], row["amount"],
-        )  # fmt: skip
-        return CreditReleased(order_id=cmd.order_id, released=row["amount"])
-
+    payments.handles(ReleaseCredit)(release_credit)
     return payments
+
+
+async def release_credit(cmd: ReleaseCredit, tx: Transaction) -> CreditReleased:
+    row = await tx.fetchrow(
+        "UPDATE reservations SET status = 'released', released_at = now() "
+        "WHERE order_id = $1 AND status = 'reserved' RETURNING customer_id, amount",
+        cmd.order_id,
+    )
+    if row is None:  # nothing reserved (refused, or released before): nothing to do
+        return CreditReleased(order_id=cmd.order_id, released=0)
+    await tx.execute(
+        "UPDATE customers SET balance = balance + $2 WHERE customer_id = $1",
+        row["customer_id"], row["amount"],
+    )  # fmt: skip
+    return CreditReleased(order_id=cmd.order_id, released=row["amount"])
 
 
 class Reservation(BaseModel):
@@ -110,14 +111,16 @@ class Customer(BaseModel):
     reservations: list[Reservation]
 
 
-def create_app() -> FastAPI:
+def create_app(
+    participant: Callable[[Settings], Participant] = build_participant,
+) -> FastAPI:
+    """The service; ``participant`` builds its participant kit (another build: a variant
+    of its handlers, as a drill's deliberately broken one)."""
     holder = Holder()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with running_service(
-            "payments", ddl=DDL, seed=seed, participant=build_participant
-        ) as svc:
+        async with running_service("payments", ddl=DDL, seed=seed, participant=participant) as svc:
             holder.set(svc)
             try:
                 yield

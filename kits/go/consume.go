@@ -52,6 +52,11 @@ func (k *Kit) Run(ctx context.Context) error {
 	if err := k.store.migrate(ctx); err != nil {
 		return fmt.Errorf("kit: %w", err)
 	}
+	if k.cfg.DrillLedger {
+		if err := k.store.migrateLedger(ctx); err != nil {
+			return fmt.Errorf("kit: %w", err)
+		}
+	}
 	for _, topic := range []string{k.commandTopic(), k.dlqTopic()} {
 		if err := k.ensureTopic(ctx, topic); err != nil {
 			return fmt.Errorf("kit: topic %s: %w", topic, err)

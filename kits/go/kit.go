@@ -64,6 +64,11 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 	// KafkaOptions are added to both Kafka clients (TLS, SASL, ...).
 	KafkaOptions []kgo.Opt
+	// DrillLedger records each command a handler applied (a success reply) in
+	// a drill_ledger table of Schema, in the transaction that applies it, for
+	// `saga drill` to count (SAGA_PARTICIPANT__DRILL_LEDGER=1, as the Python
+	// kit does). Off in production.
+	DrillLedger bool
 }
 
 // HandlerFunc applies one command inside the kit's transaction. tx is a

@@ -124,6 +124,11 @@ func (k *Kit) attempt(ctx context.Context, v verdict) (*outboxRow, error) {
 		body = *v.answer
 	} else if body, err = k.runHandler(ctx, tx, v.handler, *cmd); err != nil {
 		return nil, err
+	} else if k.cfg.DrillLedger && body.Outcome == OutcomeSuccess {
+		// In this transaction: the ledger row commits with the handler's effects.
+		if err := k.store.recordApplication(ctx, tx, cmd); err != nil {
+			return nil, err
+		}
 	}
 	value, err := body.encode()
 	if err != nil {

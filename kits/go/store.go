@@ -15,6 +15,10 @@ import (
 const (
 	processedTable = "saga_go_processed_commands"
 	outboxTable    = "saga_go_reply_outbox"
+	// ledgerTable is the drill's ledger (Config.DrillLedger): the Python kit's
+	// table, same name and columns. No uniqueness on command_id: a second
+	// application must show as a second row.
+	ledgerTable = "drill_ledger"
 )
 
 // tombstoneError is the stored answer of a forward command whose compensation
@@ -27,6 +31,7 @@ type store struct {
 	schema    string
 	processed string // quoted schema.table
 	outbox    string
+	ledger    string
 }
 
 func newStore(pool *pgxpool.Pool, schema string) *store {
@@ -35,7 +40,33 @@ func newStore(pool *pgxpool.Pool, schema string) *store {
 		schema:    schema,
 		processed: pgx.Identifier{schema, processedTable}.Sanitize(),
 		outbox:    pgx.Identifier{schema, outboxTable}.Sanitize(),
+		ledger:    pgx.Identifier{schema, ledgerTable}.Sanitize(),
 	}
+}
+
+// migrateLedger creates the drill's ledger if absent.
+func (s *store) migrateLedger(ctx context.Context) error {
+	_, err := s.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+s.ledger+` (
+		command_id   text        NOT NULL,
+		command_type text        NOT NULL,
+		saga_id      text        NOT NULL,
+		step         text        NOT NULL,
+		compensation boolean     NOT NULL,
+		at           timestamptz NOT NULL DEFAULT clock_timestamp(),
+		seq          bigserial
+	)`)
+	if err != nil {
+		return fmt.Errorf("migrate the drill ledger: %w", err)
+	}
+	return nil
+}
+
+// recordApplication writes cmd's ledger row in tx, the transaction applying it.
+func (s *store) recordApplication(ctx context.Context, tx pgx.Tx, cmd *Command) error {
+	_, err := tx.Exec(ctx, `INSERT INTO `+s.ledger+
+		` (command_id, command_type, saga_id, step, compensation) VALUES ($1, $2, $3, $4, $5)`,
+		cmd.CommandID, cmd.Type, cmd.SagaID, cmd.Step, cmd.Compensation)
+	return err
 }
 
 // migrate creates the schema and tables if absent, under an advisory lock so

@@ -14,7 +14,6 @@ import importlib
 import os
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -51,6 +50,14 @@ def drill(
             "(default: drill_inputs of the --participants module).",
         ),
     ] = None,
+    events: Annotated[
+        str | None,
+        typer.Option(
+            "--events",
+            help="module:function(input) returning the (EventSource, fact) pairs to publish "
+            "after starting a saga (default: drill_events of the --participants module, if any).",
+        ),
+    ] = None,
     saga: Annotated[
         str | None, typer.Option("--saga", help="The saga type (default: the module's first).")
     ] = None,
@@ -69,7 +76,7 @@ def drill(
         raise typer.BadParameter(f"{scenario!r}: use one of {', '.join(SCENARIOS)}")
     stack, plan = run_sync(
         lambda: _prepare(sagas, participants, scenario, inputs or f"{participants}:drill_inputs",
-                         saga, namespace)
+                         events, saga, namespace)
     )  # fmt: skip
     plan.rate, plan.duration_s, plan.engines = rate, duration, engines
     plan.fault_every_s, plan.drain_timeout_s = fault_every, drain_timeout
@@ -84,10 +91,19 @@ def _prepare(
     participants: str,
     scenario: str,
     inputs: str,
+    events: str | None,
     saga: str | None,
     namespace: str | None,
 ) -> tuple[DrillStack, DrillPlan]:
     """The processes to run and the plan, from the options (errors: one line)."""
+    ns = namespace or f"drill_{uuid.uuid4().hex[:8]}"
+    # The user's modules are imported here as in the drill's processes: with the drill's
+    # namespace, so that what they derive from the settings at import (an EventSource's
+    # or a trigger's topic) names the drill's topics in both.
+    os.environ.update(SAGA_KAFKA__TOPIC_PREFIX=ns, SAGA_PG__DB_SCHEMA=f"{ns}_engine")
+    found = load_participants(participants)
+    # Their extra environment, for every process the drill starts (it inherits ours).
+    os.environ.update(found.env)
     classes = load_sagas(sagas)
     if not classes:
         raise CliError(f"--sagas {sagas}: no Saga classes there")
@@ -95,30 +111,39 @@ def _prepare(
     saga_type = saga or classes[0].name
     if saga_type not in by_name:
         raise CliError(f"--saga {saga_type}: not in {sorted(by_name)}")
-    ns = namespace or f"drill_{uuid.uuid4().hex[:8]}"
     stack = DrillStack(
         settings=Settings(),
         namespace=ns,
         sagas_module=sagas,
-        participants=load_participants(participants),
+        participants=found.args,
         logs=Path(".drill") / ns,
     )
     plan = DrillPlan(
-        scenario=scenario, saga_type=saga_type, sagas=list(classes), inputs=_inputs(inputs),
+        scenario=scenario, saga_type=saga_type, sagas=list(classes),
+        inputs=iter(_hook("--inputs", inputs, "drill_inputs")()),
+        events=_hook("--events", events or f"{participants}:drill_events", "drill_events",
+                     optional=events is None),
         rate=5.0, duration_s=30.0,
     )  # fmt: skip
     return stack, plan
 
 
-def _inputs(spec: str) -> Iterator[Any]:
+def _hook(option: str, spec: str, default: str, *, optional: bool = False) -> Any:
+    """``module:function`` (the function ``default`` when only a module is named); None
+    when ``optional`` and the module has no such function."""
     module_name, _, attr = spec.partition(":")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        fn = getattr(importlib.import_module(module_name), attr or "drill_inputs")
-    except (ImportError, AttributeError) as exc:
-        raise CliError(f"--inputs {spec}: {exc}") from exc
-    return iter(fn())
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CliError(f"{option} {spec}: {exc}") from exc
+    fn = getattr(module, attr or default, None)
+    if fn is None and optional:
+        return None
+    if not callable(fn):
+        raise CliError(f"{option} {spec}: {module_name} has no function {attr or default}")
+    return fn
 
 
 def _show(report: DrillReport, as_json: bool, logs: Path) -> None:

@@ -12,11 +12,13 @@ from typing import Any
 import asyncpg
 
 from saga_engine.core._codec import CodecChain
+from saga_engine.core._events import CompensationStuck, SagaParked, StepParked
 from saga_engine.core._replay import HistoryExport, replay
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._settings import PostgresSettings, Settings
+from saga_engine.store._store import LoadedSaga
 
-__all__ = ["Check", "ProgressWatch", "check_all"]
+__all__ = ["Check", "ProgressWatch", "check_all", "parked_reason"]
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ async def check_all(
     conn = await asyncpg.connect(dsn)
     try:
         rows = await conn.fetch(
-            f'SELECT saga_id, status, error FROM "{engine_schema}".sagas WHERE saga_id = ANY($1)',
+            f'SELECT saga_id, status FROM "{engine_schema}".sagas WHERE saga_id = ANY($1)',
             saga_ids,
         )
         applied: list[asyncpg.Record] = []
@@ -120,27 +122,49 @@ async def check_all(
         await conn.close()
     # One Postgres clock for every schema: the commit order across participants.
     applied.sort(key=lambda r: (r["at"], r["seq"]))
-    checks = [_lost(saga_ids, rows), _twice(applied), _compensations(applied)]
-    checks.append(await _replays(settings, engine_schema, saga_ids, sagas))
+    histories = await _histories(settings, engine_schema, saga_ids)
+    reasons = {i: parked_reason(h) for i, h in histories.items() if isinstance(h, LoadedSaga)}
+    statuses = {r["saga_id"]: SagaStatus(r["status"]) for r in rows}
+    checks = [_lost(saga_ids, statuses, reasons), _twice(applied), _compensations(applied)]
+    checks.append(_replays(histories, sagas))
     return checks
 
 
-def _lost(saga_ids: list[str], rows: list[asyncpg.Record]) -> Check:
-    by_id = {r["saga_id"]: r for r in rows}
+_PARKING = (SagaParked, CompensationStuck, StepParked)
+
+
+def parked_reason(loaded: LoadedSaga) -> str:
+    """Why a saga is parked: the message of the last parking event in its history (the
+    projection's error when the history has none), "" when neither says anything."""
+    for stored in reversed(loaded.events):
+        event = stored.event
+        if isinstance(event, _PARKING) and event.error.message.strip():
+            return f"{event.kind}: {event.error.message.strip()}"
+    error = loaded.record.error or {}
+    message = error.get("message")
+    return message.strip() if isinstance(message, str) else ""
+
+
+def _lost(saga_ids: list[str], statuses: dict[str, SagaStatus], reasons: dict[str, str]) -> Check:
+    """Every saga terminal, or parked with a non-empty reason (printed in the detail)."""
     bad: list[str] = []
+    parked: list[str] = []
     for saga_id in saga_ids:
-        row = by_id.get(saga_id)
-        if row is None:
+        status = statuses.get(saga_id)
+        if status is None:
             bad.append(f"{saga_id}: never started")
-            continue
-        status = SagaStatus(row["status"])
-        if status.is_parked and row["error"] is None:
-            bad.append(f"{saga_id}: parked ({status.value}) without a reason")
-        elif not (status.is_terminal or status.is_parked):
+        elif status.is_parked:
+            reason = reasons.get(saga_id, "").strip()
+            if reason:
+                parked.append(f"{saga_id} parked ({status.value}): {reason}")
+            else:
+                bad.append(f"{saga_id}: parked ({status.value}) without a reason")
+        elif not status.is_terminal:
             bad.append(f"{saga_id}: still {status.value}")
-    statuses = Counter(r["status"] for r in rows)
-    summary = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
-    return Check("no saga lost", not bad, "; ".join(bad[:5]) or summary or "no sagas")
+    counts = Counter(s.value for s in statuses.values())
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no sagas"
+    detail = "; ".join(bad[:5]) or "; ".join([summary, *parked[:5]])
+    return Check("no saga lost", not bad, detail)
 
 
 def _twice(applied: list[asyncpg.Record]) -> Check:
@@ -184,31 +208,38 @@ def _compensations(applied: list[asyncpg.Record]) -> Check:
     )
 
 
-async def _replays(
-    settings: Settings, engine_schema: str, saga_ids: list[str], sagas: list[Any]
-) -> Check:
+async def _histories(
+    settings: Settings, engine_schema: str, saga_ids: list[str]
+) -> dict[str, LoadedSaga | str]:
+    """Each saga's record and history, or why it cannot be loaded."""
     from saga_engine.store._pgstore import PostgresEventStore
 
     pg = PostgresSettings(dsn=settings.pg.dsn, db_schema=engine_schema)
     store = await PostgresEventStore.connect(pg, codec=CodecChain.from_settings(settings.codec))
-    bad: list[str] = []
+    found: dict[str, LoadedSaga | str] = {}
     try:
         for saga_id in saga_ids:
             try:
-                loaded = await store.load(saga_id)
+                found[saga_id] = await store.load(saga_id)
             except Exception as exc:  # a missing saga is the "lost" check's
-                bad.append(f"{saga_id}: cannot load ({type(exc).__name__})")
-                continue
-            history = HistoryExport(
-                saga_id, loaded.record.saga_type, [s.event for s in loaded.events]
-            )
-            result = replay(sagas, history)
-            if not result.deterministic:
-                bad.append(f"{saga_id}: {result.error}")
+                found[saga_id] = f"cannot load ({type(exc).__name__})"
     finally:
         await store.close()
+    return found
+
+
+def _replays(histories: dict[str, LoadedSaga | str], sagas: list[Any]) -> Check:
+    bad: list[str] = []
+    for saga_id, loaded in histories.items():
+        if isinstance(loaded, str):
+            bad.append(f"{saga_id}: {loaded}")
+            continue
+        history = HistoryExport(saga_id, loaded.record.saga_type, [s.event for s in loaded.events])
+        result = replay(sagas, history)
+        if not result.deterministic:
+            bad.append(f"{saga_id}: {result.error}")
     return Check(
         "every history replays",
         not bad,
-        "; ".join(bad[:5]) or f"{len(saga_ids)} histories replayed",
+        "; ".join(bad[:5]) or f"{len(histories)} histories replayed",
     )

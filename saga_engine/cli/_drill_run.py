@@ -10,7 +10,7 @@ import itertools
 import random
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -41,6 +41,8 @@ class DrillPlan:
     inputs: Iterator[Any]
     rate: float  # sagas per second
     duration_s: float
+    #: input -> the (EventSource, fact) pairs the outside world publishes for its saga.
+    events: Callable[[Any], Iterable[tuple[Any, Any]]] | None = None
     engines: int = 2
     fault_every_s: float = 5.0
     stall_s: float = 3.0  # how long pg-cut holds new connections
@@ -135,6 +137,10 @@ async def _load(stack: DrillStack, plan: DrillPlan, watch: ProgressWatch) -> Non
             saga_id = f"{stack.namespace}-{i:05d}"
             watch.saga_ids.append(saga_id)
             await client.start(plan.saga_type, item, saga_id=saga_id)
+            # The facts its saga waits for, as the services owning them would publish
+            # them (a payment provider's capture, say); ids per saga: kept once each.
+            for n, (source, fact) in enumerate(plan.events(item) if plan.events else ()):
+                await client.publish_event(source, fact, event_id=f"{saga_id}-event-{n}")
 
 
 def _engine_settings(stack: DrillStack) -> Settings:

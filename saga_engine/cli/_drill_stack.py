@@ -7,7 +7,10 @@ own (topic prefix ``{ns}``, engine schema ``{ns}_engine``, participant schemas
 participant's name to the arguments of a Python process that runs it, such as
 ``["-m", "myapp.services", "payments"]``. The drill runs it with the stack's ``SAGA_*``
 environment, ``SAGA_PARTICIPANT__DB_SCHEMA={ns}_{name}`` and
-``SAGA_PARTICIPANT__DRILL_LEDGER=1`` (the kit then records each applied command)."""
+``SAGA_PARTICIPANT__DRILL_LEDGER=1`` (the kit then records each applied command). An
+optional ``drill_env()`` in the same module returns more environment for every process
+the drill starts, engines and participants (a service's port, ``SAGA_HTTP__ENDPOINTS``
+pointing at it...)."""
 
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from pathlib import Path
 from saga_engine.kernel._errors import CliError
 from saga_engine.kernel._settings import Settings
 
-__all__ = ["DrillStack", "load_participants"]
+__all__ = ["DrillParticipants", "DrillStack", "load_participants"]
 
 _TOOK = re.compile(
     r"^(?P<at>\S+ \S+) .*took partitions \[(?P<took>[^\]]*)\] \(kept \[(?P<kept>[^\]]*)\]\)"
@@ -36,8 +39,14 @@ _TOOK = re.compile(
 SESSION_TIMEOUT_MS = 6000
 
 
-def load_participants(module_name: str) -> dict[str, list[str]]:
-    """``module.drill_participants()``: participant name -> Python arguments."""
+@dataclass(frozen=True)
+class DrillParticipants:
+    args: dict[str, list[str]]  # participant name -> Python arguments
+    env: dict[str, str]  # drill_env(): for every process
+
+
+def load_participants(module_name: str) -> DrillParticipants:
+    """``module.drill_participants()`` and ``module.drill_env()`` (optional)."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -55,7 +64,13 @@ def load_participants(module_name: str) -> dict[str, list[str]]:
         isinstance(v, list | tuple) and all(isinstance(a, str) for a in v) for v in found.values()
     ):
         raise CliError(f"{module_name}.drill_participants() must return {{name: [str, ...]}}")
-    return {str(k): list(v) for k, v in found.items()}
+    env_fn = getattr(module, "drill_env", None)
+    env = env_fn() if callable(env_fn) else {}
+    if not isinstance(env, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise CliError(f"{module_name}.drill_env() must return {{str: str}}")
+    return DrillParticipants({str(k): list(v) for k, v in found.items()}, dict(env))
 
 
 @dataclass

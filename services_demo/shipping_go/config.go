@@ -38,6 +38,7 @@ type config struct {
 	SessionTimeout    time.Duration
 	HeartbeatInterval time.Duration
 	InstanceID        string
+	DrillLedger       bool // SAGA_PARTICIPANT__DRILL_LEDGER=1: the kit records its applications for `saga drill`
 	Port              int
 	Unshippable       map[string]bool
 }
@@ -82,6 +83,7 @@ func loadConfig(lookup func(string) (string, bool)) (config, error) {
 		SessionTimeout:    time.Duration(integer("SAGA_KAFKA__SESSION_TIMEOUT_MS", 6000, 1000, 3_600_000)) * time.Millisecond,
 		HeartbeatInterval: time.Duration(integer("SAGA_KAFKA__HEARTBEAT_INTERVAL_MS", 1000, 100, 3_600_000)) * time.Millisecond,
 		InstanceID:        get("SAGA_KAFKA__GROUP_INSTANCE_ID", ""),
+		DrillLedger:       get("SAGA_PARTICIPANT__DRILL_LEDGER", "") == "1",
 		Port:              integer("SAGA_DEMO_BASE_PORT", defaultBasePort, 0, 65535-shippingOffset) + shippingOffset,
 	}
 	// Set but empty: nobody is unshippable (as in DemoSettings).

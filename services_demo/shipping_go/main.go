@@ -106,6 +106,7 @@ func run() int {
 		HeartbeatInterval: cfg.HeartbeatInterval,
 		InstanceID:        cfg.InstanceID,
 		HandlerAttempts:   cfg.HandlerAttempts,
+		DrillLedger:       cfg.DrillLedger,
 		Logger:            log,
 		TracerProvider:    tp,
 		// /health answers once the participant has joined its consumer group, as

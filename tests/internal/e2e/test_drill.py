@@ -24,11 +24,12 @@ APP = "tests.internal.e2e.drill_app"
 OPERATIONS = ROOT / "docs" / "operations.md"
 
 
-def _doc_command() -> list[str]:
-    """The ``saga drill`` command of docs/operations.md's "Drills", as its arguments."""
+def _doc_command(sagas: str = APP) -> list[str]:
+    """The ``saga drill`` command of docs/operations.md's "Drills" that drills ``sagas``,
+    as its arguments."""
     (block,) = [
         b for b in code_blocks(OPERATIONS, "bash", under="## Drills")
-        if b.first_line.startswith("saga drill ")
+        if b.first_line.startswith(f"saga drill --sagas {sagas} ")
     ]  # fmt: skip
     return shlex.split(block.code)[2:]
 
