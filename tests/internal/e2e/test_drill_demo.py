@@ -9,6 +9,7 @@ import asyncio
 from pathlib import Path
 
 import asyncpg
+import pytest
 
 from tests.conftest import PgTarget
 from tests.internal.e2e.test_drill import _doc_command, _drill, _report
@@ -24,6 +25,9 @@ CHECKS = (
 )
 
 
+# About 50 s; the limit leaves room for a first build of the Go shipping service when the
+# Go build cache is cold (a fresh CI machine).
+@pytest.mark.timeout(240)
 async def test_the_documented_mix_drill_of_the_demo_checkout_passes(
     pg: PgTarget, kafka_bootstrap: str, unique_id: str, tmp_path: Path
 ) -> None:
