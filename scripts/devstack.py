@@ -519,9 +519,11 @@ def up() -> tuple[bool, bool]:
 def restart_kafka() -> None:
     """Stops this stack's broker (by pid) and starts it again on its data: a restart,
     not a new cluster. Refused for a broker the stack did not start."""
-    if os.environ.get("SAGA_KAFKA__BOOTSTRAP_SERVERS"):
+    named = os.environ.get("SAGA_KAFKA__BOOTSTRAP_SERVERS")
+    if named and named != f"127.0.0.1:{KAFKA_PORT}":
         raise StackError(
-            "kafka: SAGA_KAFKA__BOOTSTRAP_SERVERS names an external broker; not restarting it"
+            f"kafka: SAGA_KAFKA__BOOTSTRAP_SERVERS names {named}, not this stack's broker "
+            f"(127.0.0.1:{KAFKA_PORT}); not restarting it"
         )
     state = State.load()
     if not pid_alive(state.kafka_pid):
@@ -529,6 +531,8 @@ def restart_kafka() -> None:
             f"kafka: no broker of this stack runs on 127.0.0.1:{KAFKA_PORT}; run `up` first"
         )
     stop_kafka(state)
+    # start_kafka waits for an external broker when the variable is set: this one is ours.
+    os.environ.pop("SAGA_KAFKA__BOOTSTRAP_SERVERS", None)
     start_kafka(state)
 
 

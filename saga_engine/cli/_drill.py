@@ -69,6 +69,14 @@ def drill(
     namespace: Annotated[
         str | None, typer.Option("--namespace", help="Topic prefix and schema prefix.")
     ] = None,
+    broker_restart: Annotated[
+        str | None,
+        typer.Option(
+            "--broker-restart",
+            help="A command that restarts your Kafka broker (e.g. 'docker restart kafka'): "
+            "what broker-restart runs at each fault, and mix after its other faults.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a fault drill against your sagas and participants; check the invariants."""
@@ -80,6 +88,7 @@ def drill(
     )  # fmt: skip
     plan.rate, plan.duration_s, plan.engines = rate, duration, engines
     plan.fault_every_s, plan.drain_timeout_s = fault_every, drain_timeout
+    plan.broker_restart = broker_restart
     report = run_async(lambda: run_drill(stack, plan))
     _show(report, as_json, stack.logs)
     if not report.ok:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import itertools
 import random
+import shlex
 import signal
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -29,8 +30,11 @@ SCENARIOS = (
     "engine-kill", "engine-kill-slow", "engine-freeze", "pg-cut", "broker-restart",
     "participant-kill", "mix",
 )  # fmt: skip
-#: The faults ``mix`` takes turns with.
+#: The faults ``mix`` takes turns with (and a broker restart after them, when the drill
+#: has a command for it).
 _MIX = ("engine-kill", "participant-kill", "pg-cut", "engine-freeze")
+#: How long a broker restart command may take.
+_RESTART_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -47,6 +51,9 @@ class DrillPlan:
     fault_every_s: float = 5.0
     stall_s: float = 3.0  # how long pg-cut holds new connections
     drain_timeout_s: float = 120.0
+    #: The command that restarts the user's Kafka broker (``--broker-restart``): the
+    #: drill cannot restart a broker it did not start, so the user says how.
+    broker_restart: str | None = None
 
 
 @dataclass
@@ -73,11 +80,11 @@ class DrillReport:
 
 
 async def run_drill(stack: DrillStack, plan: DrillPlan) -> DrillReport:
-    if plan.scenario == "broker-restart":
+    if plan.scenario == "broker-restart" and not plan.broker_restart:
         raise CliError(
-            "broker-restart restarts a Kafka broker the drill started itself; this drill "
-            f"uses the broker at {stack.settings.kafka.bootstrap_servers} (SAGA_KAFKA__"
-            "BOOTSTRAP_SERVERS), which it did not start and will not restart"
+            "broker-restart needs --broker-restart CMD, the command that restarts the broker "
+            f"at {stack.settings.kafka.bootstrap_servers} (e.g. 'docker restart kafka'): the "
+            "drill did not start that broker and does not know how to restart it"
         )
     proxy = await _proxy(stack) if plan.scenario in ("pg-cut", "mix") else None
     watch = ProgressWatch(stack.settings.pg.dsn.get_secret_value(), stack.engine_schema)
@@ -188,7 +195,7 @@ async def _faults(
     if plan.scenario == "engine-kill-slow":
         kinds: Iterator[str] = iter(["engine-kill-slow"])
     elif plan.scenario == "mix":
-        kinds = itertools.cycle(_MIX)
+        kinds = itertools.cycle(_MIX + (("broker-restart",) if plan.broker_restart else ()))
     else:
         kinds = itertools.repeat(plan.scenario)
     # The faults start once the engines make progress: start-up is not a fault's stall.
@@ -235,6 +242,10 @@ async def _inject(
         await asyncio.sleep(SESSION_TIMEOUT_MS / 1000 + 4)
         stack.signal(victim, signal.SIGCONT)
         return f"SIGSTOP {victim} for {SESSION_TIMEOUT_MS / 1000 + 4:.0f}s, then SIGCONT"
+    if kind == "broker-restart":
+        watch.faults.append(("broker-restart", *now))
+        took = await _restart_broker(plan.broker_restart or "")
+        return f"broker restarted by {plan.broker_restart!r} in {took:.1f}s"
     if kind == "participant-kill":
         victim = rng.choice(list(stack.participants))
         stack.kill(f"participant-{victim}")
@@ -247,3 +258,26 @@ async def _inject(
     with contextlib.suppress(asyncio.CancelledError):
         await proxy.cut(plan.stall_s)
     return f"Postgres link cut, stalled {plan.stall_s:.0f}s"
+
+
+async def _restart_broker(command: str) -> float:
+    """Runs the user's restart command (bounded); its failure ends the drill, saying why."""
+    begin = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        *shlex.split(command),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        async with asyncio.timeout(_RESTART_TIMEOUT_S):
+            output, _ = await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise CliError(
+            f"--broker-restart {command!r} did not finish in {_RESTART_TIMEOUT_S:.0f}s"
+        ) from None
+    if proc.returncode != 0:
+        tail = output.decode(errors="replace")[-2000:]
+        raise CliError(f"--broker-restart {command!r} exited {proc.returncode}:\n{tail}")
+    return time.monotonic() - begin
