@@ -14,6 +14,7 @@ import importlib
 import os
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,6 +30,23 @@ from saga_engine.kernel._settings import Settings
 __all__ = ["commands"]
 
 commands = typer.Typer()
+
+EventsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--events",
+        help="module:function(input) returning the (EventSource, fact) pairs to publish "
+        "after starting a saga (default: drill_events of the --participants module, if any).",
+    ),
+]
+BrokerRestartOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--broker-restart",
+        help="A command that restarts your Kafka broker (e.g. 'docker restart kafka'): "
+        "what broker-restart runs at each fault, and mix after its other faults.",
+    ),
+]
 
 
 @commands.command()
@@ -50,14 +68,7 @@ def drill(
             "(default: drill_inputs of the --participants module).",
         ),
     ] = None,
-    events: Annotated[
-        str | None,
-        typer.Option(
-            "--events",
-            help="module:function(input) returning the (EventSource, fact) pairs to publish "
-            "after starting a saga (default: drill_events of the --participants module, if any).",
-        ),
-    ] = None,
+    events: EventsOpt = None,
     saga: Annotated[
         str | None, typer.Option("--saga", help="The saga type (default: the module's first).")
     ] = None,
@@ -69,14 +80,7 @@ def drill(
     namespace: Annotated[
         str | None, typer.Option("--namespace", help="Topic prefix and schema prefix.")
     ] = None,
-    broker_restart: Annotated[
-        str | None,
-        typer.Option(
-            "--broker-restart",
-            help="A command that restarts your Kafka broker (e.g. 'docker restart kafka'): "
-            "what broker-restart runs at each fault, and mix after its other faults.",
-        ),
-    ] = None,
+    broker_restart: BrokerRestartOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a fault drill against your sagas and participants; check the invariants."""
@@ -86,9 +90,10 @@ def drill(
         lambda: _prepare(sagas, participants, scenario, inputs or f"{participants}:drill_inputs",
                          events, saga, namespace)
     )  # fmt: skip
-    plan.rate, plan.duration_s, plan.engines = rate, duration, engines
-    plan.fault_every_s, plan.drain_timeout_s = fault_every, drain_timeout
-    plan.broker_restart = broker_restart
+    plan = replace(
+        plan, rate=rate, duration_s=duration, engines=engines, fault_every_s=fault_every,
+        drain_timeout_s=drain_timeout, broker_restart=broker_restart,
+    )  # fmt: skip
     report = run_async(lambda: run_drill(stack, plan))
     _show(report, as_json, stack.logs)
     if not report.ok:
