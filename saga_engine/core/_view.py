@@ -20,7 +20,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from saga_engine.core._decision import DEADLINE_TIMER
+from saga_engine.core._decision import CHILD_PARTICIPANT, CHILD_STEP_PREFIX, DEADLINE_TIMER
 from saga_engine.core._events import (
     AttemptTimedOut,
     CancelRequested,
@@ -67,6 +67,7 @@ class WaitKind(StrEnum):
     BACKOFF = "backoff"  #: the pause before a step's (or compensation's) next attempt
     OPERATOR = "operator"  #: a human: a held reply, a stuck compensation, a parked saga
     KEY = "key"  #: its concurrency key, held by other sagas (queued, FIFO per key)
+    CHILD = "child"  #: a child saga's end (or its answer to an undo)
 
 
 class OwedState(StrEnum):
@@ -534,6 +535,11 @@ def _command_wait(sent: Sent) -> Wait:
             "(retry the step, skip it with a result, or cancel the saga)",
             e.at, step=e.step, attempt=e.attempt,
         )  # fmt: skip
+    if e.participant == CHILD_PARTICIPANT:  # name: the child's id
+        child = e.payload.get("saga_id") if isinstance(e.payload, dict) else None
+        which = f"child saga {e.step.removeprefix(CHILD_STEP_PREFIX)!r} ({child})"
+        what = f"{which} to answer its undo" if sent.compensation else f"{which} to end"
+        return Wait(WaitKind.CHILD, what, e.at, e.timeout_at, e.step, str(child), e.attempt, sent.compensation)  # fmt: skip
     what = "compensation of step" if sent.compensation else "step"
     return Wait(
         WaitKind.REPLY,
