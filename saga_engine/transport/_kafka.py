@@ -156,19 +156,28 @@ def make_group_consumer(
         group_id=group_id,
         client_id=client_id,
         group_instance_id=instance_name,
-        partition_assignment_strategy=GROUP_ASSIGNORS,
+        # Exactly one assignor, never more. aiokafka (0.14; upstream PR #1168 is still open)
+        # sends a JoinGroup per assignor offered, each with a longer protocol list (sticky,
+        # then sticky and round robin). The broker takes a known member's changed protocol
+        # list while the group awaits its SyncGroup as a reason for a new generation, so two
+        # members started together could keep failing each other's SyncGroup for ever
+        # (issue 22: thousands of generations, nothing consumed, start-up never done). With
+        # one assignor each rejoin is one JoinGroup with the same list. Members of the
+        # previous release offer sticky too, so a rolling upgrade still forms one group.
+        partition_assignment_strategy=(own_sticky_assignor(),),
     )
 
 
-#: Exactly one assignor, never more. aiokafka (0.14; upstream PR #1168 is still open)
-#: sends a JoinGroup per assignor offered, each with a longer protocol list (sticky,
-#: then sticky and round robin). The broker takes a known member's changed protocol
-#: list while the group awaits its SyncGroup as a reason for a new generation, so two
-#: members started together could keep failing each other's SyncGroup for ever
-#: (issue 22: thousands of generations, nothing consumed, start-up never done). With
-#: one assignor each rejoin is one JoinGroup with the same list. Members of the
-#: previous release offer sticky too, so a rolling upgrade still forms one group.
-GROUP_ASSIGNORS: tuple[type[StickyPartitionAssignor]] = (StickyPartitionAssignor,)
+def own_sticky_assignor() -> type[StickyPartitionAssignor]:
+    """aiokafka's sticky assignor with state of its own, for one consumer.
+
+    aiokafka (0.14, upstream issue #1175) keeps the sticky assignor's last assignment
+    on the class, so every consumer of the process shares it: two workers in one
+    process (the testing kit, a test, an app hosting two) each claimed the other's
+    partitions at the next rebalance. A subclass per consumer keeps each one's own; its
+    protocol name is still ``sticky``, so members of any release form one group.
+    """
+    return type("StickyPartitionAssignor", (StickyPartitionAssignor,), {})
 
 
 async def send(

@@ -109,7 +109,9 @@ async def test_facts_reach_the_waiting_sagas_through_their_owner(
             async def waiting(saga_id: str) -> bool:
                 return await _status(first, saga_id) == SagaStatus.RUNNING
 
-            for saga_id in [*ids.values(), twin]:
+            # Not the first order's saga: its fact is already kept, so it may run to its
+            # end between two polls (checked with the others below).
+            for saga_id in [*(ids[key] for key in range(2, 9)), twin]:
                 await poll_until(lambda s=saga_id: waiting(s))  # type: ignore[misc]
             # Bad records: dead-lettered with their reason; the consumer goes on.
             await _publish(producer, topic, b"{nope")

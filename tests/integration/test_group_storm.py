@@ -8,7 +8,7 @@ each size; the rounds run a few at a time, each with a group and topics of its o
 still starting its members at one instant.
 
 Before the fix (aiokafka sent one JoinGroup per assignor offered, see
-``_kafka.GROUP_ASSIGNORS``) a round stormed through generations every ~100 ms and never
+``_kafka.make_group_consumer``) a round stormed through generations every ~100 ms and never
 started, in about one round out of five.
 """
 
