@@ -138,7 +138,10 @@ def test_broker_restart_is_refused_when_the_drill_did_not_start_kafka(
         "--sagas", APP, "--participants", APP, "--scenario", "broker-restart",
     )  # fmt: skip
     assert result.returncode == 1
-    assert "did not start and will not restart" in result.stdout + result.stderr
+    said = result.stdout + result.stderr
+    # The error says what to do (pass the restart command) and why it is needed.
+    assert "broker-restart needs --broker-restart CMD" in said, said
+    assert "the drill did not start that broker" in said, said
 
 
 def test_compensations_out_of_reverse_order_or_of_unapplied_steps_break_the_check() -> None:
