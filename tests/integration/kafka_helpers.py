@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from saga_engine.protocol import Envelope, MessageType, ReplyBody, Topics, decode, encode
@@ -130,6 +130,36 @@ async def read_topic(
             batch = await consumer.getmany(timeout_ms=200)
             for recs in batch.values():
                 records.extend(recs)
+    finally:
+        await consumer.stop()
+    return records
+
+
+async def read_topic_to_end(kafka: KafkaSettings, topic: str, timeout: float = 30.0) -> list[Any]:
+    """Every record ``topic`` holds now: each partition read from its start to the end
+    offset it had when the read began. For records whose sends were acknowledged, this
+    proves that no other record came, without waiting to see whether one arrives."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+    await admin.start()
+    try:
+        (described,) = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    parts = [TopicPartition(topic, p["partition"]) for p in described["partitions"]]
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=kafka.bootstrap_servers, group_id=None, enable_auto_commit=False,
+        fetch_max_wait_ms=20,
+    )  # fmt: skip
+    await consumer.start()
+    records: list[Any] = []
+    try:
+        async with asyncio.timeout(timeout):
+            consumer.assign(parts)
+            await consumer.seek_to_beginning(*parts)
+            end = await consumer.end_offsets(parts)
+            while any([await consumer.position(tp) < end[tp] for tp in parts]):
+                batch = await consumer.getmany(*parts, timeout_ms=200)
+                records += [r for tp, recs in batch.items() for r in recs if r.offset < end[tp]]
     finally:
         await consumer.stop()
     return records
