@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+
+# The CLI's rich consoles are made at import and keep the COLUMNS they find then, and
+# pytest-xdist's workers start with COLUMNS=80: each CLI test passes its own width
+# (tests/cli/conftest.py), which only works if none was fixed at import.
+os.environ.pop("COLUMNS", None)
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
