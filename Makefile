@@ -12,7 +12,8 @@ DEVSTACK := $(PY) scripts/devstack.py
 PYTEST_ARGS ?=
 # The suite runs on two pytest-xdist workers: its tests mostly wait on the servers
 # (group joins, SIGKILLed processes recovering), so two share one Postgres and one Kafka
-# well; on the 2-core CI machine the suite went from 16 to 10.5 minutes. Each test has
+# well: on a 2-core machine four runs took 9.4 to 15.6 minutes (the multi-process tests
+# slow each other down when they run at the same moment), against 15.8 serially. Each test has
 # its own schema and topics (tests/conftest.py), so the workers never see each other.
 PYTEST_WORKERS ?= 2
 
