@@ -136,9 +136,9 @@ async def read_topic(
 
 
 async def read_topic_to_end(kafka: KafkaSettings, topic: str, timeout: float = 30.0) -> list[Any]:
-    """Every record ``topic`` holds now: each partition read from its start to the end
-    offset it had when the read began. For records whose sends were acknowledged, this
-    proves that no other record came, without waiting to see whether one arrives."""
+    """Every record ``topic`` holds now (see ``read_to_end``): for records whose sends
+    were acknowledged, this proves that no other record came, without waiting to see
+    whether one arrives."""
     admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
     await admin.start()
     try:
@@ -151,15 +151,21 @@ async def read_topic_to_end(kafka: KafkaSettings, topic: str, timeout: float = 3
         fetch_max_wait_ms=20,
     )  # fmt: skip
     await consumer.start()
-    records: list[Any] = []
     try:
         async with asyncio.timeout(timeout):
-            consumer.assign(parts)
-            await consumer.seek_to_beginning(*parts)
-            end = await consumer.end_offsets(parts)
-            while any([await consumer.position(tp) < end[tp] for tp in parts]):
-                batch = await consumer.getmany(*parts, timeout_ms=200)
-                records += [r for tp, recs in batch.items() for r in recs if r.offset < end[tp]]
+            return await read_to_end(consumer, parts)
     finally:
         await consumer.stop()
+
+
+async def read_to_end(consumer: AIOKafkaConsumer, parts: list[TopicPartition]) -> list[Any]:
+    """The records of ``parts``, each read from its start to the end offset it had when
+    the read began, with a started consumer of no group (the caller bounds the time)."""
+    consumer.assign(parts)
+    await consumer.seek_to_beginning(*parts)
+    end = await consumer.end_offsets(parts)
+    records: list[Any] = []
+    while any([await consumer.position(tp) < end[tp] for tp in parts]):
+        batch = await consumer.getmany(*parts, timeout_ms=200)
+        records += [r for tp, recs in batch.items() for r in recs if r.offset < end[tp]]
     return records

@@ -21,6 +21,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from saga_engine import SagaStatus, Settings
 from saga_engine.settings import EngineSettings, KafkaSettings, PostgresSettings
 from saga_engine.transport._topics import Topics
+from tests.integration.kafka_helpers import read_to_end
 from tests.internal.e2e.app import LEDGER_DDL, PARTICIPANTS
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -226,14 +227,7 @@ class Cluster:
                 if topic not in await consumer.topics():
                     return []
                 parts = [TopicPartition(topic, p) for p in range(self.partitions)]
-                consumer.assign(parts)
-                await consumer.seek_to_beginning(*parts)
-                end = await consumer.end_offsets(parts)
-                keys: list[str] = []
-                while any([await consumer.position(tp) < end[tp] for tp in parts]):
-                    batch = await consumer.getmany(*parts, timeout_ms=200)
-                    keys += [r.key.decode() for records in batch.values() for r in records]
-                return keys
+                return [r.key.decode() for r in await read_to_end(consumer, parts)]
         finally:
             await consumer.stop()
 

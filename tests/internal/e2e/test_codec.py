@@ -32,6 +32,7 @@ from saga_engine import AesGcmCodec, CodecError, SagaStatus, Settings
 from saga_engine.client import SagaClient
 from saga_engine.core._decision import child_saga_id
 from saga_engine.settings import CodecSettings
+from tests.integration.kafka_helpers import read_to_end
 from tests.internal.e2e.codec_app import (
     LEDGER_DDL,
     PARTICIPANT,
@@ -152,15 +153,8 @@ async def kafka_records(cluster: Cluster) -> list[tuple[str, bytes, list[tuple[s
                 for p in sorted(metadata.partitions_for_topic(t) or ())
             ]
             assert parts, f"no topics of {cluster.prefix}"
-            consumer.assign(parts)
-            await consumer.seek_to_beginning(*parts)
-            end = await consumer.end_offsets(parts)
-            out = []
-            while any([await consumer.position(tp) < end[tp] for tp in parts]):
-                batch = await consumer.getmany(*parts, timeout_ms=200)
-                for tp, records in batch.items():
-                    out += [(tp.topic, r.value or b"", list(r.headers or [])) for r in records]
-            return out
+            records = await read_to_end(consumer, parts)
+            return [(r.topic, r.value or b"", list(r.headers or [])) for r in records]
     finally:
         await consumer.stop()
 
