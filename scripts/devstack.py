@@ -9,6 +9,7 @@ Usage (normally through the Makefile):
     python scripts/devstack.py status
     python scripts/devstack.py env       # print the SAGA_* connection settings
     python scripts/devstack.py run -- CMD ...   # up, run CMD with the settings, stop what it started
+                                                # (a broker it starts begins with empty storage)
     python scripts/devstack.py tools     # install the test suite's tools when missing
 
 When SAGA_PG__DSN or SAGA_KAFKA__BOOTSTRAP_SERVERS is already set, that server is used
@@ -409,7 +410,9 @@ def wait_kafka(
     raise StackError(f"kafka: did not answer a metadata request at {bootstrap}: {last}")
 
 
-def start_kafka(state: State) -> bool:
+def start_kafka(state: State, *, fresh: bool = False) -> bool:
+    """Starts this stack's broker unless one is named or already up; ``fresh`` formats
+    its storage anew first (see ``run``)."""
     if os.environ.get("SAGA_KAFKA__BOOTSTRAP_SERVERS"):
         wait_kafka(os.environ["SAGA_KAFKA__BOOTSTRAP_SERVERS"], time.monotonic() + 20)
         say("kafka: using SAGA_KAFKA__BOOTSTRAP_SERVERS (external broker), nothing started")
@@ -449,7 +452,7 @@ def start_kafka(state: State) -> bool:
         "-cp",
         f"{libs}/*",
     ]
-    if not (logdir / "meta.properties").exists():
+    if fresh or not (logdir / "meta.properties").exists():
         if logdir.exists():
             shutil.rmtree(logdir)
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
@@ -500,7 +503,7 @@ def print_env() -> None:
         print(line, flush=True)
 
 
-def up() -> tuple[bool, bool]:
+def up(*, fresh_kafka: bool = False) -> tuple[bool, bool]:
     refuse_shared_ports(
         pg=not os.environ.get("SAGA_PG__DSN"),
         kafka=not os.environ.get("SAGA_KAFKA__BOOTSTRAP_SERVERS"),
@@ -508,7 +511,7 @@ def up() -> tuple[bool, bool]:
     state = State.load()
     started_pg = start_postgres(state)
     try:
-        started_kafka = start_kafka(state)
+        started_kafka = start_kafka(state, fresh=fresh_kafka)
     except BaseException:
         if started_pg:
             stop_postgres(state)
@@ -586,7 +589,10 @@ def main(argv: list[str]) -> int:
                 rest = rest[1:]
             if not rest:
                 raise StackError("run: give a command after --")
-            started_pg, started_kafka = up()
+            # A broker started for one command begins empty: the suite leaves thousands of
+            # topics behind, and a broker that kept every earlier run's (16,000 partitions
+            # after six runs) grew slower each run and ran out of its 512 MB heap.
+            started_pg, started_kafka = up(fresh_kafka=True)
             t0 = time.monotonic()
             try:
                 code = subprocess.call(rest, env={**os.environ, **settings_env()})

@@ -4,7 +4,8 @@ A copy of the scripts in a scratch checkout starts two real Postgres clusters on
 ports, side by side (Kafka is the session's, given as SAGA_KAFKA__BOOTSTRAP_SERVERS, so no
 broker is started); ``down`` of one leaves the other up, and a third stack that would
 share a port with a running one is refused with that stack named. Everything started is
-stopped, and the scratch checkout removed, whatever happens.
+stopped, and the scratch checkout removed, whatever happens. And ``run`` starts a broker
+with empty storage, so no run inherits the topics of the ones before.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import PgTarget
 
 pytestmark = pytest.mark.integration
 
@@ -47,6 +50,7 @@ def checkout() -> Iterator[Path]:
     (root / "scripts").mkdir()
     for script in SCRIPTS.glob("devstack*.py"):
         shutil.copy(script, root / "scripts" / script.name)
+    shutil.copytree(SCRIPTS / "kafka", root / "scripts" / "kafka")  # the broker's pom.xml
     try:
         yield root
     finally:
@@ -103,3 +107,46 @@ def test_two_stacks_of_one_checkout_start_and_stop_apart(
         for port in (second, first):
             _devstack(checkout, "down", port)
     assert not _accepts(first)
+
+
+_CREATE = """
+import asyncio, os
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+async def main():
+    admin = AIOKafkaAdminClient(bootstrap_servers=os.environ["SAGA_KAFKA__BOOTSTRAP_SERVERS"])
+    await admin.start()
+    try:
+        if {create}:
+            await admin.create_topics([NewTopic("left-behind", 1, 1)])
+        print("topics:", sorted(t for t in await admin.list_topics() if not t.startswith("__")))
+    finally:
+        await admin.close()
+asyncio.run(main())
+"""
+
+
+def test_a_broker_started_for_one_command_begins_empty(checkout: Path, pg: PgTarget) -> None:
+    """``run`` formats the storage of a broker it starts: the suite leaves thousands of
+    topics behind, and a broker that kept them all grew slower each run."""
+    kafka, controller = _free_port(), _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
+    env.update(
+        SAGA_PG__DSN=pg.database_dsn,  # the session's Postgres: only a broker is started
+        SAGA_DEV_PG_PORT=str(_free_port()),
+        SAGA_DEV_KAFKA_PORT=str(kafka),
+        SAGA_DEV_KAFKA_CONTROLLER_PORT=str(controller),
+    )
+    script = [sys.executable, str(checkout / "scripts" / "devstack.py"), "run", "--"]
+
+    def run(create: bool) -> str:
+        done = subprocess.run(
+            [*script, sys.executable, "-c", _CREATE.format(create=create)],
+            env=env, capture_output=True, text=True, timeout=180, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"kafka: started on 127.0.0.1:{kafka}" in done.stderr, done.stderr
+        return done.stdout
+
+    assert "topics: ['left-behind']" in run(create=True)
+    assert "topics: []" in run(create=False)
+    assert not _accepts(kafka)
