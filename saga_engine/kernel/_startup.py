@@ -6,7 +6,8 @@ up yet turns that into a restart loop (in a chaos run: 17 self-exits, one partic
 down for 35 s). So start-up retries with back-off, one log line per attempt, for
 ``startup_timeout_s`` (unset: for ever).
 
-Only unreachability is retried. Each dependency is opened inside ``reaching(KAFKA)`` or
+Only unreachability is retried (``kernel._retry.is_transient``, the one rule of what is
+transient, with what each client library says of its own errors). Each dependency is opened inside ``reaching(KAFKA)`` or
 ``reaching(POSTGRES)`` (the ``Dependency`` values of the transport and the store, each
 knowing its client library's errors), which turns the errors that mean "not there (yet)"
 into ``DependencyUnavailable``; anything else (a bad setting, a failed migration, a port
@@ -22,13 +23,10 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from saga_engine.kernel._errors import DependencyUnavailable, TransientError
-from saga_engine.kernel._retry import Backoff
+from saga_engine.kernel._errors import DependencyUnavailable
+from saga_engine.kernel._retry import STARTUP, is_transient
 
 log = logging.getLogger("saga_engine.startup")
-
-_FIRST_DELAY_S = 0.5
-_MAX_DELAY_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +40,14 @@ class Dependency:
 
 
 def _unreachable(dependency: Dependency, exc: BaseException) -> bool:
+    """The one rule of what is transient (``is_transient``: refused, no route, timed out,
+    Postgres starting or recovering, a broker electing a leader; not a certificate that
+    fails verification, a password, a record too large), and what the dependency's own
+    client library says of its errors."""
+    if is_transient(exc):
+        return True
     if isinstance(exc, ssl.SSLCertVerificationError):
         return False  # a TLS setting to fix, not a server still starting
-    if isinstance(exc, TransientError):  # KafkaUnavailable, StoreUnavailable, MigrationBusy
-        return True
-    if isinstance(exc, OSError | TimeoutError):  # refused, no route
-        return True
     return dependency.unreachable(exc)
 
 
@@ -71,12 +71,12 @@ async def start_with_retry(
     timeout_s: float | None,
 ) -> None:
     """Runs ``attempt`` until it succeeds; after each failure ``undo`` closes what it
-    opened. A ``DependencyUnavailable`` is retried with back-off (0.5 s doubling up to
-    10 s, jittered: ``saga_engine.kernel._retry``) until ``timeout_s`` has passed; any other
+    opened. A ``DependencyUnavailable`` is retried with the ``STARTUP`` back-off (0.5 s
+    doubling up to 10 s, jittered: ``saga_engine.kernel._retry``) until ``timeout_s`` has passed; any other
     error is raised at once."""
     loop = asyncio.get_running_loop()
     began = loop.time()
-    backoff = Backoff(_FIRST_DELAY_S, _MAX_DELAY_S)
+    backoff = STARTUP.backoff()
     attempts = 0
     while True:
         attempts += 1

@@ -36,8 +36,8 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from saga_engine.kernel._retry import Backoff, jittered
-from saga_engine.participant._context import Abandoned, ParticipantContext, is_transient, log
+from saga_engine.kernel._retry import OUTAGE, is_transient, jittered
+from saga_engine.participant._context import Abandoned, ParticipantContext, log
 from saga_engine.participant._handler import gave_up_reply
 from saga_engine.participant._reading import Item, Reader
 from saga_engine.participant._replies import send_replies
@@ -85,7 +85,7 @@ class BatchRunner:
         failure of a handler that raised (the transaction rolled back); raises what no
         command can be blamed for."""
         ctx = self._ctx
-        backoff = Backoff(0.1, 5.0)
+        backoff = OUTAGE.backoff()
         savepoints = False
         while True:
             _reset(run)

@@ -3,8 +3,8 @@
 The running participant's connections (the pool, the producer), its settings, handlers,
 stats and crash hook, and the acts every stage needs: building a reply, the command's
 span, dead-lettering a record, pausing (until the participant stops), passing a crash
-point. Also how failures are told apart: an outage (``is_transient``: the same work may
-succeed a moment later), the participant stopping (:class:`Abandoned`) and a simulated
+point. Also how failures are told apart: an outage (``kernel._retry.is_transient``, the
+one rule: the same work may succeed a moment later), the participant stopping (:class:`Abandoned`) and a simulated
 death (:class:`CrashPoint`).
 """
 
@@ -16,21 +16,22 @@ import contextlib
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeAlias
+from typing import Any, TypeAlias
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
 from opentelemetry.trace import Span
 
 from saga_engine.core._codec import CodecChain
 from saga_engine.kernel._crash import CrashHook
-from saga_engine.kernel._errors import PoisonReason, TransientError
-from saga_engine.kernel._retry import Backoff
+from saga_engine.kernel._dead_letter import dead_letter_detail
+from saga_engine.kernel._errors import PoisonReason
+from saga_engine.kernel._retry import HANDLER, OUTAGE
 from saga_engine.kernel._settings import Settings
 from saga_engine.participant._handler import HandlerSpec, trace_context
 from saga_engine.participant._sql import Outgoing, reply_record
 from saga_engine.telemetry._telemetry import Telemetry, carrier_of, default_telemetry
+from saga_engine.transport._dead_lettering import publish_dead_letter
 from saga_engine.transport._kafka import DeadLetters, ensure_topics
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import Envelope, ReplyBody
@@ -58,27 +59,6 @@ class CrashPoint(BaseException):
         super().__init__(f"crash hook raised at {point}: {original!r}")
 
 
-# The errors after which the same work may succeed a moment later: lost or refused
-# connections, a server shutting down or out of connections, serialization failures and
-# deadlocks (class 40), and Kafka being unreachable. Anything else is a bug or a broken
-# schema, and retrying it forever would stall the partition.
-_TRANSIENT: Final[tuple[type[BaseException], ...]] = (
-    TransientError,
-    KafkaError,
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.OperatorInterventionError,
-    asyncpg.exceptions.InsufficientResourcesError,
-    asyncpg.exceptions.TransactionRollbackError,
-)
-
-
-def is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, _TRANSIENT)
-
-
 @dataclass(eq=False)
 class ParticipantContext:
     """The running participant, as the stages of a batch see it (one per start)."""
@@ -95,7 +75,7 @@ class ParticipantContext:
     instance_id: str
     crash_hook: CrashHook | None = None
     #: A handler's retries: (first delay, cap), as ``kernel._retry.jittered`` takes them.
-    backoff: tuple[float, float] = (0.05, 2.0)
+    backoff: tuple[float, float] = (HANDLER.initial, HANDLER.maximum)
     telemetry: Telemetry = field(default_factory=default_telemetry)
     #: Opens the commands read, seals the replies sent and stored (None: as they are).
     codec: CodecChain | None = None
@@ -182,20 +162,15 @@ class ParticipantContext:
 
     async def dead_letter(self, record: Any, reason: str, detail: str) -> None:
         """Sends ``record`` to the dead-letter topic, retrying an outage."""
-        backoff = Backoff(0.1, 5.0)
-        while True:
-            try:
-                await self._dead.publish_record(
-                    record,
-                    reason=reason,
-                    detail=detail,
-                    consumer=f"participant:{self.name}:{self.instance_id}",
-                )
-                break
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                await self.pause(backoff.next_delay())
+        await publish_dead_letter(
+            self._dead,
+            record,
+            reason=reason,
+            detail=detail,
+            consumer=f"participant:{self.name}:{self.instance_id}",
+            pause=self.pause,
+            backoff=OUTAGE.backoff(),
+        )
         self.stats["dead_lettered"] += 1
         self.stats[f"dead_lettered_{reason}"] += 1
 
@@ -204,9 +179,7 @@ class ParticipantContext:
         reason that is no outage (a bug, a broken table), so that it never stalls its
         partition: ``engine_error`` is the contract's reason for "failed unexpectedly"."""
         log.error("participant %s: cannot process a record", self.name, exc_info=exc)
-        await self.dead_letter(
-            record, PoisonReason.ENGINE_ERROR.value, f"{type(exc).__name__}: {exc}"
-        )
+        await self.dead_letter(record, PoisonReason.ENGINE_ERROR.value, dead_letter_detail(exc))
 
     async def pause(self, delay: float) -> None:
         """Sleeps ``delay`` seconds; raises Abandoned if the participant stops meanwhile."""

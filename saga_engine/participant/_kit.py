@@ -25,7 +25,7 @@ from saga_engine.core._codec import CodecChain, PayloadCodec
 from saga_engine.kernel._crash import CrashHook
 from saga_engine.kernel._errors import DefinitionError, Rejected, Retryable
 from saga_engine.kernel._instance import InstanceName
-from saga_engine.kernel._retry import Backoff
+from saga_engine.kernel._retry import HANDLER, OUTAGE
 from saga_engine.kernel._settings import Settings
 from saga_engine.kernel._startup import reaching, start_with_retry
 from saga_engine.participant._batch import BatchRunner
@@ -137,8 +137,8 @@ class Participant:
         dsn: str | None = None,
         db_schema: str | None = None,
         crash_hook: CrashHook | None = None,
-        backoff_base_s: float = 0.05,
-        backoff_max_s: float = 2.0,
+        backoff_base_s: float = HANDLER.initial,
+        backoff_max_s: float = HANDLER.maximum,
         relay_interval_s: float = 1.0,
         relay_grace_s: float = 5.0,
         stop_timeout_s: float = 10.0,
@@ -463,7 +463,7 @@ class Participant:
         assert fetch is not None
         assert runner is not None
         assert committer is not None
-        backoff = Backoff(0.1, 5.0)
+        backoff = OUTAGE.backoff()
         while not self._stopping.is_set():
             try:
                 batches = await fetch.getmany(timeout_ms=200, max_records=_BATCH)

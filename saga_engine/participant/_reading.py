@@ -19,10 +19,11 @@ from typing import Any, Final
 from aiokafka import TopicPartition
 from pydantic import BaseModel, ValidationError
 
+from saga_engine.kernel._dead_letter import dead_letter_detail, dead_letter_reason
 from saga_engine.kernel._errors import InvalidPayload, PoisonMessage, PoisonReason, UnstorableValue
-from saga_engine.kernel._retry import Backoff
+from saga_engine.kernel._retry import OUTAGE, is_transient
 from saga_engine.kernel._serde import unstorable
-from saga_engine.participant._context import Abandoned, ParticipantContext, is_transient, log
+from saga_engine.participant._context import Abandoned, ParticipantContext, log
 from saga_engine.participant._handler import (
     HandlerAnswer,
     HandlerSpec,
@@ -104,7 +105,7 @@ class Reader:
     async def _recover(self, item: Item, exc: Exception) -> None:
         """Reads ``item`` again after each outage, until it can be read or the participant
         stops; dead-letters it for any other failure."""
-        backoff = Backoff(0.1, 5.0)
+        backoff = OUTAGE.backoff()
         while is_transient(exc):
             delay = backoff.next_delay()
             log.warning("transient failure (%r); retrying in %.2fs", exc, delay)
@@ -116,7 +117,11 @@ class Reader:
                 raise
             except Exception as again:
                 exc = again
-        await self._ctx.engine_error(item.record, exc)
+        reason = dead_letter_reason(exc)
+        if reason is None or reason is PoisonReason.ENGINE_ERROR:
+            await self._ctx.engine_error(item.record, exc)
+        else:
+            await self._ctx.dead_letter(item.record, reason.value, dead_letter_detail(exc))
         item.done = True
 
     async def _read(self, item: Item) -> None:
@@ -124,7 +129,7 @@ class Reader:
         try:
             command, refused = self._decode(item.record)
         except PoisonMessage as poison:
-            await ctx.dead_letter(item.record, poison.reason.value, poison.detail)
+            await ctx.dead_letter(item.record, poison.reason.value, dead_letter_detail(poison))
             item.done = True
             return
         item.command = command

@@ -16,7 +16,8 @@ import orjson
 from aiokafka import AIOKafkaProducer
 
 from saga_engine.kernel._errors import KafkaUnavailable
-from saga_engine.participant._context import Pool, is_transient, log
+from saga_engine.kernel._retry import is_transient
+from saga_engine.participant._context import Pool, log
 from saga_engine.participant._sql import MARK_PUBLISHED, RELAY_BATCH, publish
 from saga_engine.telemetry._telemetry import detach_from_trace
 from saga_engine.transport._wire import Headers

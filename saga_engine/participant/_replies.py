@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from saga_engine.kernel._retry import Backoff
-from saga_engine.participant._context import ParticipantContext, is_transient, log
+from saga_engine.kernel._retry import OUTAGE, is_transient
+from saga_engine.participant._context import ParticipantContext, log
 from saga_engine.participant._sql import INSERT_OUTBOX, Outgoing
 from saga_engine.transport._kafka import delivered, start_record
 
@@ -51,7 +51,7 @@ async def _to_relay(ctx: ParticipantContext, replies: list[Outgoing]) -> None:
     """Writes replies that did not go out to the outbox, retrying an outage until it
     lands or the participant stops (Abandoned: the offsets stay uncommitted, so the
     commands come back and their stored replies are sent then)."""
-    backoff = Backoff(0.1, 5.0)
+    backoff = OUTAGE.backoff()
     while True:
         try:
             await ctx.pool.execute(

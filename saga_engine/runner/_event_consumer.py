@@ -23,14 +23,14 @@ from aiokafka import AIOKafkaConsumer
 from pydantic import ValidationError
 
 from saga_engine.core._domain_events import EventSource
+from saga_engine.kernel._dead_letter import dead_letter_detail, dead_letter_reason
 from saga_engine.kernel._errors import (
     DefinitionError,
     PoisonReason,
-    SerializationError,
     TransientError,
     UnstorableValue,
 )
-from saga_engine.kernel._retry import Backoff
+from saga_engine.kernel._retry import OUTAGE
 from saga_engine.kernel._serde import check_storable, loads
 from saga_engine.runner._clock import Clock
 from saga_engine.runner._matcher import Nudge, take_fact
@@ -63,21 +63,20 @@ def read_fact(
     """The fact a record of ``source``'s topic is, or why it is none."""
     try:
         event = source.model.model_validate(loads(record.value or b""))
-    except UnstorableValue as exc:  # nested too deep to read
-        return PoisonReason.UNSTORABLE_VALUE, str(exc)
-    except SerializationError as exc:
-        return PoisonReason.MALFORMED_JSON, str(exc)
-    except ValidationError as exc:
-        return PoisonReason.INVALID_BODY, f"not a valid {source.model.__name__}: {exc}"
+    except Exception as exc:  # not JSON, nested too deep, or its model refuses it
+        detail = dead_letter_detail(exc)
+        if isinstance(exc, ValidationError):
+            detail = f"not a valid {source.model.__name__}: {detail}"
+        return _reason(exc, reading=True), detail
     try:
         key = source.key_of(event)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError) as exc:  # the body holds no usable key
         return PoisonReason.INVALID_BODY, f"its correlation key {source.key!r}: {exc}"
     payload = event.model_dump(mode="json")
     try:
         check_storable(payload, f"event {source.name}")
     except UnstorableValue as exc:
-        return PoisonReason.UNSTORABLE_VALUE, str(exc)
+        return _reason(exc, reading=True), dead_letter_detail(exc)
     headers = dict(record.headers or [])
     ce_id = headers.get("ce_id")
     event_id = (
@@ -90,6 +89,10 @@ def read_fact(
         received_at=now, expires_at=now + source.retention, topic=record.topic,
         partition=record.partition, offset=record.offset,
     )  # fmt: skip
+
+
+def _reason(exc: Exception, *, reading: bool) -> PoisonReason:
+    return dead_letter_reason(exc, reading=reading) or PoisonReason.ENGINE_ERROR
 
 
 class EventSourceConsumer(TriggerConsumer):
@@ -131,7 +134,7 @@ class EventSourceConsumer(TriggerConsumer):
         if isinstance(read, tuple):
             await self._dead_letter(record, read[0], read[1])
             return
-        backoff = Backoff(0.5, 0.5)
+        backoff = OUTAGE.backoff()
         while True:  # retried while Postgres or Kafka is away: the record must not be lost
             try:
                 waiting = await take_fact(self._store, read, self._nudge, self._crash_hook)

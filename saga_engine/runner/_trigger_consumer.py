@@ -14,21 +14,16 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import CommitFailedError, KafkaError
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from saga_engine.core._decision import saga_id_for
 from saga_engine.core._definition import SagaDefinition
 from saga_engine.core._events import TriggerOrigin
 from saga_engine.core._start import StartRequest
 from saga_engine.core._triggers import KafkaTrigger
-from saga_engine.kernel._errors import (
-    InvalidPayload,
-    PoisonReason,
-    SerializationError,
-    TransientError,
-    UnstorableValue,
-)
-from saga_engine.kernel._retry import Backoff
+from saga_engine.kernel._dead_letter import dead_letter_detail, dead_letter_reason
+from saga_engine.kernel._errors import PoisonReason, TransientError
+from saga_engine.kernel._retry import OUTAGE
 from saga_engine.kernel._serde import JsonDict, check_storable, loads
 from saga_engine.telemetry._groupwatch import GroupWatch, watch_member
 from saga_engine.telemetry._health import HealthBoard
@@ -39,6 +34,7 @@ from saga_engine.telemetry._telemetry import (
     detach_from_trace,
 )
 from saga_engine.transport._bus import DeadLetters
+from saga_engine.transport._dead_lettering import publish_dead_letter
 from saga_engine.transport._fetch import GuardedFetch
 from saga_engine.transport._wire import Envelope, start_envelope
 
@@ -111,7 +107,7 @@ class TriggerConsumer:
     async def _loop(self) -> None:
         assert self._fetch is not None
         detach_from_trace()
-        backoff = Backoff(0.5, 0.5)
+        backoff = OUTAGE.backoff()
         while self._running:
             try:
                 batch = await self._fetch.getmany(timeout_ms=200, max_records=200)
@@ -119,6 +115,7 @@ class TriggerConsumer:
                 log.warning("trigger fetch failed (%r)", exc)
                 await backoff.sleep()
                 continue
+            backoff.reset()
             offsets = {}
             for tp, records in batch.items():
                 for record in records:
@@ -140,7 +137,7 @@ class TriggerConsumer:
             await self._dead_letter(record, read[0], str(read[1]))
             return
         payload, key, flow = read
-        backoff = Backoff(0.5, 0.5)
+        backoff = OUTAGE.backoff()
         while True:
             try:
                 await self._publish(self._envelope(trigger, record, payload, key, flow))
@@ -174,17 +171,14 @@ class TriggerConsumer:
     async def _dead_letter(self, record: Any, reason: PoisonReason, detail: str) -> None:
         # Retried while Kafka is away, as the start requests are: an exception here
         # would end the trigger loop, and the record must not be skipped unrecorded.
-        backoff = Backoff(0.5, 0.5)
-        while True:
-            try:
-                await self._dead.publish_record(
-                    record, reason=reason.value, detail=detail, consumer=self._source
-                )
-                break
-            except TransientError:
-                if not self._running:
-                    raise
-                await backoff.sleep()
+        await publish_dead_letter(
+            self._dead,
+            record,
+            reason=reason.value,
+            detail=detail,
+            consumer=self._source,
+            running=lambda: self._running,
+        )
         self.dead_lettered += 1
         if self._on_dead_letter is not None:
             self._on_dead_letter(reason.value)
@@ -201,12 +195,8 @@ def _read(
     it makes none."""
     try:
         message = trigger.message.model_validate(loads(record.value or b""))
-    except UnstorableValue as exc:  # nested too deep to read (MAX_DEPTH)
-        return PoisonReason.UNSTORABLE_VALUE, str(exc)
-    except SerializationError as exc:
-        return PoisonReason.MALFORMED_JSON, str(exc)
-    except ValidationError as exc:
-        return PoisonReason.INVALID_BODY, str(exc)
+    except Exception as exc:  # not JSON, nested too deep, or its model refuses it
+        return _refusal(exc, reading=True)
     try:
         value = trigger.to_input(message)
         key = trigger.idempotency_key(message)
@@ -216,13 +206,16 @@ def _read(
         # topic (with the field named), not a start request made from it.
         check_storable(key, "the idempotency key")
         SagaDefinition.of(trigger.saga).validate_input(payload)
-    except UnstorableValue as exc:
-        return PoisonReason.UNSTORABLE_VALUE, str(exc)
-    except InvalidPayload as exc:
-        return PoisonReason.INVALID_INPUT, str(exc)
-    except Exception as exc:
-        return PoisonReason.REJECTED, f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # the trigger's mapping or the saga's input model refused it
+        return _refusal(exc, reading=False)
     return payload, key, flow
+
+
+def _refusal(exc: Exception, *, reading: bool) -> tuple[PoisonReason, str]:
+    """Why ``exc`` makes no start of a record: the trigger's own code raising for it is
+    the record's refusal (``rejected``), not the engine's error."""
+    reason = dead_letter_reason(exc, reading=reading, unexpected=PoisonReason.REJECTED)
+    return reason or PoisonReason.REJECTED, dead_letter_detail(exc)
 
 
 def _flow(trigger: KafkaTrigger[Any], message: BaseModel, payload: JsonDict) -> _Flow:

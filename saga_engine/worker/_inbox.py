@@ -24,28 +24,15 @@ from aiokafka import TopicPartition
 
 from saga_engine.core._codec import CodecChain
 from saga_engine.core._decision import Decision, DropReason
-from saga_engine.kernel._errors import (
-    CodecError,
-    ConcurrencyError,
-    IdempotencyConflict,
-    InvalidPayload,
-    InvalidTransition,
-    NewerVersionError,
-    NotParent,
-    PermanentError,
-    PoisonMessage,
-    PoisonReason,
-    SagaNotFound,
-    TransientError,
-    UnknownSagaType,
-    UnstorableValue,
-)
-from saga_engine.kernel._retry import Backoff
+from saga_engine.kernel._dead_letter import dead_letter_detail, dead_letter_reason
+from saga_engine.kernel._errors import ConcurrencyError, PoisonMessage, PoisonReason
+from saga_engine.kernel._retry import OUTAGE
 from saga_engine.kernel._settings import Settings
 from saga_engine.runner._children import ChildLinks
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._work import Deliver, Input, Outcome, Start
 from saga_engine.transport._bus import DeadLetters
+from saga_engine.transport._dead_lettering import publish_dead_letter
 from saga_engine.transport._wire import (
     CancelBody,
     Envelope,
@@ -61,21 +48,6 @@ from saga_engine.transport._wire import (
 log = logging.getLogger("saga_engine.worker")
 
 _Record = tuple[TopicPartition, Any, Envelope]
-
-#: Saga errors a message causes, and the dead-letter reason each is (checked in order:
-#: the first class that matches names it).
-_POISON: tuple[tuple[type[Exception], PoisonReason], ...] = (
-    (SagaNotFound, PoisonReason.UNKNOWN_SAGA),
-    (UnknownSagaType, PoisonReason.UNKNOWN_SAGA_TYPE),
-    (UnstorableValue, PoisonReason.UNSTORABLE_VALUE),
-    (IdempotencyConflict, PoisonReason.IDEMPOTENCY_CONFLICT),
-    # The saga is untouched: its own parent is unaffected.
-    (NotParent, PoisonReason.NOT_PARENT),
-    # Kept for `saga dlq replay` once a newer engine runs.
-    (NewerVersionError, PoisonReason.NEWER_VERSION),
-    # The saga's history: replayable once the key is here.
-    (CodecError, PoisonReason.UNDECODABLE),
-)
 
 
 class Inbox:
@@ -143,13 +115,11 @@ class Inbox:
                 max_bytes=self._settings.kafka.max_message_bytes,
                 codec=self._codec,
             )
-        except PoisonMessage as exc:
-            await self._dead_letter(record, exc.reason.value, exc.detail)
         except Exception as exc:  # a bug in reading must not stop the inbox either
-            log.exception("unexpected error reading a message; dead-lettering it")
-            await self._dead_letter(
-                record, PoisonReason.ENGINE_ERROR, f"{type(exc).__name__}: {exc}"
-            )
+            reason = dead_letter_reason(exc) or PoisonReason.ENGINE_ERROR
+            if reason is PoisonReason.ENGINE_ERROR:
+                log.exception("unexpected error reading a message; dead-lettering it")
+            await self._dead_letter(record, reason, dead_letter_detail(exc))
         return None
 
     def _split(self, readable: list[_Record]) -> tuple[list[tuple[_Record, Input]], list[_Record]]:
@@ -222,7 +192,7 @@ class Inbox:
     ) -> None:
         """Applies one record (``first``: the outcome of its first application, in a
         batch), until it is applied, dead-lettered or given up."""
-        backoff = Backoff(0.05, 5.0)
+        backoff = OUTAGE.backoff()
         while True:
             try:
                 if first is not None:
@@ -230,9 +200,6 @@ class Inbox:
                     _settled(envelope, outcome)
                 else:
                     await self._apply(envelope)
-                return
-            except PoisonMessage as exc:
-                await self._dead_letter(record, exc.reason.value, exc.detail)
                 return
             except ConcurrencyError as exc:
                 if not self._running() or tp not in self._owned():
@@ -247,7 +214,15 @@ class Inbox:
                     f"kept conflicting with another writer: {exc}",
                 )
                 return
-            except TransientError as exc:
+            except Exception as exc:
+                # A saga error the message caused makes it a poison message; a bug must
+                # not stop the inbox either: both are dead-lettered, never retried.
+                reason = dead_letter_reason(exc, message_type=envelope.message_type.value)
+                if reason is not None:
+                    if reason is PoisonReason.ENGINE_ERROR:
+                        log.exception("unexpected error processing a message; dead-lettering it")
+                    await self._dead_letter(record, reason, dead_letter_detail(exc))
+                    return
                 if not self._running() or tp not in self._owned():
                     if not self._running():
                         # Not applied: its batch's offsets must not be committed (the
@@ -257,21 +232,9 @@ class Inbox:
                 delay = backoff.next_delay()
                 log.warning("transient failure (%s); retrying in %.2fs", exc, delay)
                 await asyncio.sleep(delay)
-            except Exception as exc:  # a bug must not stop the inbox: park the message
-                log.exception("unexpected error processing a message; dead-lettering it")
-                await self._dead_letter(
-                    record, PoisonReason.ENGINE_ERROR, f"{type(exc).__name__}: {exc}"
-                )
-                return
 
     async def _apply(self, env: Envelope) -> None:
-        try:
-            decision = await self._route(env)
-        except Exception as exc:
-            poison = _poison_of(exc, env)
-            if poison is None or poison is exc:
-                raise
-            raise poison from exc
+        decision = await self._route(env)
         if _unknown_command(env, decision):
             raise _unknown(env)
 
@@ -297,52 +260,24 @@ class Inbox:
             )
         return None
 
-    async def _dead_letter(self, record: Any, reason: str, detail: str) -> None:
-        backoff = Backoff(0.5, 0.5)
-        while True:
-            try:
-                await self._dead.publish_record(
-                    record, reason=reason, detail=detail, consumer=self._instance_id
-                )
-                break
-            except TransientError:
-                if not self._running():
-                    raise
-                await backoff.sleep()
-        self._on_dead_letter(reason)
+    async def _dead_letter(self, record: Any, reason: PoisonReason, detail: str) -> None:
+        await publish_dead_letter(
+            self._dead,
+            record,
+            reason=reason.value,
+            detail=detail,
+            consumer=self._instance_id,
+            running=self._running,
+        )
+        self._on_dead_letter(reason.value)
 
 
 def _settled(env: Envelope, outcome: Outcome) -> None:
-    """Raises what ``outcome`` says went wrong (a poison message where it is one)."""
-    error = outcome.error
-    if error is not None:
-        poison = _poison_of(error, env)
-        raise error if poison is None else poison
+    """Raises what ``outcome`` says went wrong."""
+    if outcome.error is not None:
+        raise outcome.error
     if _unknown_command(env, outcome.decision):
         raise _unknown(env)
-
-
-def _poison_of(exc: Exception, env: Envelope) -> PoisonMessage | None:
-    """The dead-letter message ``exc`` makes of ``env``; None when it is not the
-    message's fault (retried, or let go)."""
-    if isinstance(exc, PoisonMessage):
-        return exc
-    for kind, reason in _POISON:
-        if isinstance(exc, kind):
-            return PoisonMessage(reason, str(exc))
-    if isinstance(exc, InvalidPayload):
-        signal = env.message_type is MessageType.SIGNAL
-        reason = PoisonReason.INVALID_SIGNAL if signal else PoisonReason.INVALID_INPUT
-        return PoisonMessage(reason, str(exc))
-    if isinstance(exc, InvalidTransition):
-        # A signal or cancel the saga's state refuses (ended, undoing its steps,
-        # parked): neither the saga nor the message is at fault, the timing is.
-        by_state = env.message_type in (MessageType.SIGNAL, MessageType.CANCEL)
-        reason = PoisonReason.NOT_ACCEPTED if by_state else PoisonReason.REJECTED
-        return PoisonMessage(reason, str(exc))
-    if isinstance(exc, PermanentError):
-        return PoisonMessage(PoisonReason.REJECTED, str(exc))
-    return None
 
 
 def _unknown_command(env: Envelope, decision: Decision | None) -> bool:
