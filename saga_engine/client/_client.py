@@ -401,13 +401,13 @@ class SagaClient:
         """
         from saga_engine.core._events import SagaCompleted
         from saga_engine.kernel._errors import ResultTimeout, SagaNotFound, SagaUnsuccessful
-        from saga_engine.kernel._retry import Backoff
+        from saga_engine.kernel._retry import POLL
 
         store = await self._result_store()
         limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         loop = asyncio.get_running_loop()
         deadline = None if limit is None else loop.time() + limit
-        backoff = Backoff(0.02, 1.0)
+        backoff = POLL.backoff()
         while True:
             try:
                 record: SagaRecord | None = await store.get(saga_id)
@@ -515,11 +515,11 @@ class SagaClient:
     ) -> JsonDict:
         """Waits until the operation has ended (completed or cancelled) and returns it;
         TimeoutError (the builtin) if ``timeout`` seconds pass first."""
-        from saga_engine.kernel._retry import Backoff
+        from saga_engine.kernel._retry import POLL
 
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        backoff = Backoff(0.05, 1.0)
+        backoff = POLL.backoff()
         while True:
             row = await self.batch(operation_id)
             if row["state"] != "running":

@@ -27,7 +27,7 @@ import contextlib
 
 from pydantic import BaseModel
 
-from saga_engine.kernel._errors import Rejected, Retryable
+from saga_engine.kernel._errors import PayloadTooLarge, Rejected, Retryable
 from saga_engine.kernel._serde import check_storable
 from saga_engine.participant._context import ParticipantContext
 from saga_engine.participant._groups import Groups, checked_results, grouped
@@ -242,13 +242,36 @@ async def _attempt(
 
 
 def _success(ctx: ParticipantContext, command: Envelope, item: Item, result: object) -> Outgoing:
-    """The success reply to ``command``; TypeError or a size error is the handler's bug."""
+    """The success reply to ``command``; TypeError or an unstorable value is the
+    handler's bug. A reply too large to send is refused once (Rejected)."""
     payload = json_payload(result)
-    # A reply Postgres cannot store, or one too large to send, is the handler's bug.
+    # A reply Postgres cannot store is the handler's bug.
     check_storable(payload, f"the reply of the {command.subject} handler")
     outgoing = ctx.reply(command, ReplyBody(outcome="success", payload=payload), item.topic)
-    check_size(outgoing, ctx.reply_limit)
+    try:
+        check_size(outgoing, ctx.reply_limit)
+    except PayloadTooLarge as exc:
+        # The handler would answer the same every time: running it again (handler
+        # attempts) or asking again (the engine's retry policy) cannot help. Answered
+        # once, as a refusal: its writes roll back, and the step fails now, naming the limit.
+        ctx.stats["reply_too_large"] += 1
+        raise Rejected(
+            _too_large(ctx, command, exc),
+            details={"size_bytes": exc.size, "limit_bytes": exc.limit},
+        ) from exc
     return outgoing
+
+
+def _too_large(ctx: ParticipantContext, command: Envelope, exc: PayloadTooLarge) -> str:
+    """Why the reply is refused, naming the limit and the setting it comes from (the
+    smaller of the engine's payload limit and the broker's message size)."""
+    by_engine = exc.limit == ctx.settings.engine.max_payload_bytes
+    setting = "SAGA_ENGINE__MAX_PAYLOAD_BYTES" if by_engine else "SAGA_KAFKA__MAX_MESSAGE_BYTES"
+    return (
+        f"the reply of the {command.subject} handler is {exc.size} bytes, over the limit of "
+        f"{exc.limit} bytes ({setting}): nothing was applied; return a smaller result "
+        "(a reference to the data rather than the data)"
+    )
 
 
 def _refuse(

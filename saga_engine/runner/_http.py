@@ -24,7 +24,7 @@ from opentelemetry import context as otel_context
 from saga_engine.core._context import HTTP_PREFIX, HttpRequest
 from saga_engine.core._decision import OutboundCommand
 from saga_engine.kernel._errors import SagaError
-from saga_engine.kernel._retry import Backoff
+from saga_engine.kernel._retry import HANDLER
 from saga_engine.kernel._settings import HttpSettings
 from saga_engine.telemetry._telemetry import Telemetry, extract
 from saga_engine.transport._bus import CommandSender, PipelinedSender, handed_over
@@ -89,7 +89,7 @@ class HttpCaller:
         otel_context.attach(extract(command.trace_context))
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self._settings.retry_window_s
-        backoff = Backoff(0.1, 2.0)
+        backoff = HANDLER.backoff()
         while True:
             try:
                 response = await self._client.request(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from saga_engine.kernel._errors import SagaError
-from saga_engine.kernel._retry import Backoff
+from saga_engine.kernel._retry import HANDLER
 from saga_engine.runner._observer import EngineStats
 from saga_engine.transport._bus import Ownership
 
@@ -40,7 +40,7 @@ class Owners:
     async def tell_owner(self, saga_id: str) -> None:
         """Asks the saga's owner to reload it (this engine changed its history)."""
         assert self._ownership is not None
-        backoff = Backoff(0.2, 0.4)
+        backoff = HANDLER.backoff()
         for attempt in (1, 2, 3):
             try:
                 await self._ownership.notify_owner(saga_id)

@@ -38,7 +38,7 @@ from saga_engine.core._runtime import SagaRuntime
 from saga_engine.core._start import PreparedStart, check_same_start, start_input, start_search
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._errors import ConcurrencyError, SagaError, TransientError
-from saga_engine.kernel._retry import Backoff
+from saga_engine.kernel._retry import CONFLICT
 from saga_engine.runner._cache import LiveSaga
 from saga_engine.runner._effects import Effects
 from saga_engine.runner._keys import KeyGate
@@ -58,11 +58,8 @@ from saga_engine.store._store import Append, NewSaga
 log = logging.getLogger("saga_engine.engine")
 
 #: Passes at an input whose write keeps conflicting with another writer (rebuilt from
-#: history between them), and the back-off before the third and later ones.
+#: history between them); the third and later ones wait the ``CONFLICT`` back-off.
 _CONFLICT_ATTEMPTS = 5
-_CONFLICT_BACKOFF_S = 0.05
-#: The longest wait between those passes: the first retry is at once, then 3 waits.
-_CONFLICT_BACKOFF_MAX_S = _CONFLICT_BACKOFF_S * 2 ** (_CONFLICT_ATTEMPTS - 3)
 
 
 class InputPath:
@@ -126,7 +123,7 @@ class InputPath:
 
     async def _passes(self, works: list[Work]) -> None:
         """Decide, write, send and settle, until no saga of the batch is to go again."""
-        backoff = Backoff(_CONFLICT_BACKOFF_S, _CONFLICT_BACKOFF_MAX_S)
+        backoff = CONFLICT.backoff()
         pending = works
         while pending:
             for work in pending:

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from saga_engine.kernel._errors import TransientError
-from saga_engine.kernel._retry import Backoff
+from saga_engine.kernel._retry import STARTUP
 from saga_engine.telemetry._telemetry import detach_from_trace
 
 __all__ = ["PollingLoop"]
@@ -52,7 +52,7 @@ class PollingLoop:
 
     async def _run(self) -> None:
         detach_from_trace()
-        backoff = Backoff(0.5, 10.0)
+        backoff = STARTUP.backoff()
         while True:
             try:
                 delay = await self._round()

@@ -34,7 +34,7 @@ from saga_engine.core._schedule import Schedule
 from saga_engine.core._triggers import KafkaTrigger
 from saga_engine.kernel._crash import CrashHook
 from saga_engine.kernel._instance import InstanceName
-from saga_engine.kernel._retry import Backoff
+from saga_engine.kernel._retry import OUTAGE
 from saga_engine.kernel._settings import Settings
 from saga_engine.kernel._startup import reaching, start_with_retry
 from saga_engine.runner._children import ChildLinks
@@ -422,7 +422,7 @@ class SagaWorker:
         assert self._fetch is not None
         assert self._inbox is not None
         detach_from_trace()
-        backoff = Backoff(0.1, 5.0)
+        backoff = OUTAGE.backoff()
         while self._running:
             try:
                 batch = await self._fetch.getmany(timeout_ms=200, max_records=500)

@@ -18,7 +18,7 @@ import asyncpg
 import pytest
 from pydantic import BaseModel, SecretStr
 
-from saga_engine.participant import Participant, Retryable, Transaction
+from saga_engine.participant import CommandBatch, Participant, Retryable, Transaction
 from saga_engine.protocol import Envelope, MessageType, ReplyBody, encode
 from saga_engine.settings import KafkaSettings, ParticipantSettings, Settings
 from tests.conftest import PgTarget
@@ -233,6 +233,73 @@ async def test_unknown_command_type_gets_a_failure_reply(world: World) -> None:
     stored = await world.processed(cmd.command_id)
     assert stored is not None
     assert stored["outcome"] == "failure"
+
+
+class Bulky(BaseModel):
+    size: int
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["handler", "batch_handler"])
+async def test_a_reply_over_the_size_limit_is_refused_once_not_retried(
+    world: World, batch: bool
+) -> None:
+    """PROTOCOL.md 7.3: a refusal the same handler would give every time is a ``failure``
+    (nothing applied), answered once: not a crash re-run ``handler_attempts`` times and
+    then answered ``retryable`` for the engine to send again (issue 39, 8.2)."""
+
+    def register(participant: Participant) -> None:
+        async def write(tx: Transaction) -> None:
+            world.effects.calls[tx.command_id] += 1
+            await tx.execute(
+                "INSERT INTO ledger (command_id, amount) VALUES ($1, 7)", tx.command_id
+            )
+
+        if batch:
+
+            @participant.handles_batch(Bulky)
+            async def bulky_batch(commands: CommandBatch[Bulky]) -> list[dict[str, str]]:
+                out = []
+                for one in commands:
+                    world.effects.calls[one.command_id] += 1
+                    await commands.execute(
+                        "INSERT INTO ledger (command_id, amount) VALUES ($1, 7)", one.command_id
+                    )
+                    out.append({"blob": "x" * one.command.size})
+                return out
+
+        else:
+
+            @participant.handles(Bulky)
+            async def bulky(cmd: Bulky, tx: Transaction) -> dict[str, str]:
+                await write(tx)
+                return {"blob": "x" * cmd.size}
+
+    participant = await start(world, register=register)
+    cmd = command("Bulky", {"size": 20_000})  # the world's limit is 8192 bytes
+
+    await world.bus.send(cmd)
+    [reply] = await world.bus.wait_replies(1)
+
+    body = body_of(reply)
+    assert body.outcome == "failure"
+    assert body.error is not None
+    assert "over the limit of 8192 bytes (SAGA_KAFKA__MAX_MESSAGE_BYTES)" in body.error
+    assert body.payload["limit_bytes"] == 8192
+    assert body.payload["size_bytes"] > 20_000
+    # Once, though handler_attempts is 3: the same result would be refused every time.
+    assert world.effects.calls[cmd.command_id] == 1
+    assert participant.stats["handler_errors"] == 0
+    assert participant.stats["reply_too_large"] == 1
+    assert await world.ledger() == []  # its write rolled back: a failure applies nothing
+    stored = await world.processed(cmd.command_id)
+    assert stored is not None
+    assert stored["outcome"] == "failure"
+
+    # Stored like any answer: a copy gets it again without the handler.
+    await world.bus.send(resent(cmd))
+    replies = await world.bus.wait_replies(2)
+    assert body_of(replies[1]) == body
+    assert world.effects.calls[cmd.command_id] == 1
 
 
 # --------------------------------------------------------------------------- crashes in handlers
