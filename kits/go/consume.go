@@ -49,7 +49,7 @@ func (k *Kit) Run(ctx context.Context) error {
 	defer producer.Close()
 	k.producer = producer
 
-	if err := k.store.migrate(ctx); err != nil {
+	if err := k.untilReachable(ctx, "Postgres", k.store.migrate); err != nil {
 		return fmt.Errorf("kit: %w", err)
 	}
 	if k.cfg.DrillLedger {

@@ -50,8 +50,9 @@ type Config struct {
 	// instance, distinct between instances. Default: {Name}-{host name}.
 	InstanceID string
 	// HandlerAttempts is how often a handler failing with an unexpected error
-	// runs before the command is answered retryable (default 3); RetryBackoff
-	// the first pause between attempts, doubled each time (default 200 ms).
+	// runs before the command is answered retryable (default 5, as the Python
+	// kit's handler_attempts); RetryBackoff the first pause between attempts,
+	// doubled each time up to 2 s, with equal jitter (default 50 ms).
 	HandlerAttempts int
 	RetryBackoff    time.Duration
 	// ShutdownTimeout bounds how long Run keeps finishing the batch in hand
@@ -148,10 +149,10 @@ func New(cfg Config) (*Kit, error) {
 		cfg.InstanceID = cfg.Name + "-" + host
 	}
 	if cfg.HandlerAttempts <= 0 {
-		cfg.HandlerAttempts = 3
+		cfg.HandlerAttempts = 5
 	}
 	if cfg.RetryBackoff <= 0 {
-		cfg.RetryBackoff = 200 * time.Millisecond
+		cfg.RetryBackoff = paceHandler.initial
 	}
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 30 * time.Second
@@ -243,14 +244,4 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
-}
-
-// backoff returns the pause before retry n (0-based), doubling from base up to
-// max.
-func backoff(base time.Duration, n int, max time.Duration) time.Duration {
-	d := base
-	for i := 0; i < n && d < max; i++ {
-		d *= 2
-	}
-	return min(d, max)
 }

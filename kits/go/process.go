@@ -70,7 +70,13 @@ func (k *Kit) process(ctx context.Context, v verdict) (*outboxRow, error) {
 		if failures >= k.cfg.HandlerAttempts {
 			break
 		}
-		if !sleep(ctx, backoff(k.cfg.RetryBackoff, retry, 5*time.Second)) {
+		// A handler's failure waits the handler pace; the database away, the
+		// outage pace.
+		d := paceOutage.delay(retry + 1)
+		if errors.As(err, &he) {
+			d = k.handlerDelay(failures)
+		}
+		if !sleep(ctx, d) {
 			return nil, ctx.Err()
 		}
 	}
@@ -91,7 +97,7 @@ func (k *Kit) process(ctx context.Context, v verdict) (*outboxRow, error) {
 			return nil, &engineError{err}
 		}
 		k.log.Warn("database unavailable; waiting", "command_id", cmd.CommandID, "error", err)
-		if !sleep(ctx, backoff(k.cfg.RetryBackoff, retry, 5*time.Second)) {
+		if !sleep(ctx, paceOutage.delay(retry+1)) {
 			return nil, ctx.Err()
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -39,7 +38,7 @@ func (k *Kit) produce(ctx context.Context, rec *kgo.Record) error {
 			return err
 		}
 		k.log.Warn("produce failed; retrying", "topic", rec.Topic, "error", err)
-		if !sleep(ctx, backoff(k.cfg.RetryBackoff, retry, 5*time.Second)) {
+		if !sleep(ctx, paceOutage.delay(retry+1)) {
 			return ctx.Err()
 		}
 		rec = &kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Headers: rec.Headers}
@@ -66,7 +65,7 @@ func (k *Kit) publishReply(ctx context.Context, row *outboxRow) error {
 			k.log.Warn("could not mark a reply published", "outbox_id", row.id, "error", err)
 			return nil
 		}
-		sleep(ctx, backoff(k.cfg.RetryBackoff, retry, 5*time.Second))
+		sleep(ctx, paceOutage.delay(retry+1))
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -41,7 +40,7 @@ func (k *Kit) ensureTopic(ctx context.Context, topic string) error {
 			return nil
 		}
 		k.log.Warn("could not create a topic; retrying", "topic", topic, "error", err)
-		if !sleep(ctx, backoff(k.cfg.RetryBackoff, retry, 5*time.Second)) {
+		if !sleep(ctx, paceOutage.delay(retry+1)) {
 			return ctx.Err()
 		}
 	}

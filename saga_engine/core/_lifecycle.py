@@ -38,6 +38,7 @@ from saga_engine.core._events import (
 from saga_engine.core._fold import Sent, with_id
 from saga_engine.core._intents import await_command, await_timer, emit
 from saga_engine.core._keys import key_value
+from saga_engine.core._policy import retry_after
 from saga_engine.core._state import Halt, OwedCompensation, SagaState
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._errors import (
@@ -337,4 +338,6 @@ async def _compensate(s: SagaState, owed: OwedCompensation) -> None:
             round_attempts = 0
             continue
         delay = spec.retry.backoff(attempt, seed=f"{s.saga_id}:compensate:{owed.step}")
+        if reply is not None and reply.outcome == "retryable":
+            delay = max(delay, retry_after(reply.payload))  # Retryable(after=...)
         await await_timer(s, f"retry:compensate:{owed.step}:{attempt}", "retry", delay)

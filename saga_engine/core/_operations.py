@@ -50,6 +50,7 @@ from saga_engine.core._policy import (
     DEFAULT_COMPENSATION_TIMEOUT,
     DEFAULT_STEP_RETRY,
     RetryPolicy,
+    retry_after,
 )
 from saga_engine.core._signal import Signal
 from saga_engine.core._state import Halt, SagaState
@@ -183,6 +184,8 @@ async def _attempts(
         try:
             check_open(s)
             delay = policy.backoff(attempt, seed=f"{s.saga_id}:{name}")
+            if reply is not None and reply.outcome == "retryable":
+                delay = max(delay, retry_after(reply.payload))  # Retryable(after=...)
             await await_timer(s, f"retry:{name}:{attempt}", "retry", delay)
         except asyncio.CancelledError:
             # Stopped while waiting to retry after a timeout: the last attempt may

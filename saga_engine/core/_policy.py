@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -49,6 +50,25 @@ class RetryPolicy(BaseModel):
         digest = hashlib.sha256(f"{seed}:{attempt}".encode()).digest()
         factor = 1.0 - self.jitter * random.Random(digest).random()
         return timedelta(seconds=round(capped * factor, 6))
+
+
+#: The longest ``retry_after_s`` a retryable reply is honoured for: a participant's hint
+#: must not park a step for ever (nor overflow a timedelta).
+MAX_RETRY_AFTER: Final = timedelta(days=1)
+
+
+def retry_after(payload: Any) -> timedelta:
+    """How long a ``retryable`` reply asks the engine to wait before the next attempt:
+    its payload's ``retry_after_s`` (what ``Retryable(after=...)`` sends; 0 when absent
+    or not a finite number >= 0), at most ``MAX_RETRY_AFTER``. The engine waits the
+    longer of this and its retry policy's back-off. Read from the recorded reply, so a
+    replay waits the same."""
+    value = payload.get("retry_after_s") if isinstance(payload, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return timedelta(0)
+    if not math.isfinite(value) or value <= 0:
+        return timedelta(0)
+    return timedelta(seconds=min(float(value), MAX_RETRY_AFTER.total_seconds()))
 
 
 #: Compensations must eventually succeed: they retry longer before the saga parks.

@@ -541,10 +541,10 @@ class Retryable(SagaError):
     attempt, after its retry policy's back-off; once the policy's attempts run out the
     step fails. Like every answer, it is stored: a copy of the command gets it again.
 
-    ``after`` (a timedelta or seconds) is a hint of when a retry may succeed. The reply
-    contract has no field for it, so it travels in the reply's ``error`` text ("... (retry
-    after 30s)") and as ``retry_after_s`` in its payload; the engine does not read it
-    today, so its step's ``retry=`` policy decides the actual wait.
+    ``after`` (a timedelta or seconds) is when a retry may succeed. It travels as
+    ``retry_after_s`` in the reply's payload (and in its ``error`` text, "... (retry
+    after 30s)"), and the engine waits the longer of it and its retry policy's back-off
+    before the next attempt (at most a day: ``core._policy.retry_after``).
     """
 
     def __init__(self, reason: str, *, after: timedelta | float | None = None) -> None:

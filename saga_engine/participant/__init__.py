@@ -33,9 +33,8 @@ model's class name):
 - **"Not now" is an answer too.** ``Retryable(reason, after=...)`` rolls the handler's
   writes back and stores a ``retryable`` reply at once, without the in-process retries
   below: the engine retries the step under a new command id and attempt, after its
-  retry policy's back-off. ``after`` (a timedelta or seconds) is only a hint: the reply
-  contract has no field for it, so it is carried in the reply's error text and as
-  ``retry_after_s`` in its payload, and the engine's retry policy decides the wait.
+  retry policy's back-off, or ``after`` (a timedelta or seconds, carried as
+  ``retry_after_s`` in the reply's payload) if that is longer.
 - **Crashes are not answers.** Any other exception rolls everything back, the claim
   included, and the handler is retried with capped exponential backoff and jitter, up to
   ``settings.participant.handler_attempts``. Then the reply is ``retryable``: nothing was
