@@ -28,6 +28,7 @@ from rich.table import Table
 
 from saga_engine.kernel._errors import AdminCallError, CliError, SagaError
 from saga_engine.kernel._mainloop import run
+from saga_engine.kernel._retry import is_transient
 from saga_engine.kernel._settings import AdminSettings, Settings
 
 T = TypeVar("T")
@@ -69,7 +70,9 @@ def run_async(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     except (SagaError, OSError, ValueError, CliError) as exc:
         if Debug.on:
             raise
-        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
+        # The one rule of what is transient (kernel._retry): say that trying again may do.
+        hint = " (transient: it may succeed if you try again)" if is_transient(exc) else ""
+        err.print(f"[red]error:[/red] {exc}{hint}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(getattr(exc, "exit_code", 1)) from None
     except Exception as exc:
         if Debug.on:

@@ -302,6 +302,43 @@ async def test_a_reply_over_the_size_limit_is_refused_once_not_retried(
     assert world.effects.calls[cmd.command_id] == 1
 
 
+async def test_a_participant_started_while_postgres_recovers_waits_for_it(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39, 8.6: Postgres restarting answers "the database system is not yet
+    accepting connections" (57P03) for a few seconds, or refuses connections outright;
+    a participant started meanwhile waits (the engine's start-up patience), not exit 1.
+    The connect is faked for its first three calls; the real server answers the rest."""
+    real = asyncpg.connect
+    failures: list[BaseException] = [
+        asyncpg.exceptions.CannotConnectNowError(
+            "the database system is not yet accepting connections"
+        ),
+        asyncpg.exceptions.CannotConnectNowError(
+            "the database system is not yet accepting connections"
+        ),
+        ConnectionRefusedError(111, "Connect call failed"),
+    ]
+    calls = 0
+
+    async def connect(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if failures:
+            raise failures.pop(0)
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(asyncpg, "connect", connect)
+    participant = await world.participant()
+
+    assert calls == 4, "three failed connects waited out, then the migration's own"
+    cmd = command("Reserve", {"amount": 5})
+    await world.bus.send(cmd)
+    [reply] = await world.bus.wait_replies(1)
+    assert body_of(reply).outcome == "success"
+    assert participant.stats["processed"] == 1
+
+
 # --------------------------------------------------------------------------- crashes in handlers
 
 
