@@ -98,12 +98,14 @@ def dead_letter_reason(
     return unexpected
 
 
-def dead_letter_detail(exc: BaseException) -> str:
+def dead_letter_detail(exc: BaseException, reason: PoisonReason | None = None) -> str:
     """The ``dlq_detail`` of a dead letter ``exc`` made: a poison message's own detail,
-    a saga error's or a model's refusal as it says it, or the class and message of
-    anything else (a bug)."""
+    a saga error's or a model's refusal as it says it, or, for anything else and for an
+    ``engine_error`` (not the message's fault), the class and message of ``exc``."""
     if isinstance(exc, PoisonMessage):
         return exc.detail
-    if isinstance(exc, PermanentError | ValidationError):
+    if reason is not PoisonReason.ENGINE_ERROR and isinstance(
+        exc, PermanentError | ValidationError
+    ):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"

@@ -179,7 +179,8 @@ class ParticipantContext:
         reason that is no outage (a bug, a broken table), so that it never stalls its
         partition: ``engine_error`` is the contract's reason for "failed unexpectedly"."""
         log.error("participant %s: cannot process a record", self.name, exc_info=exc)
-        await self.dead_letter(record, PoisonReason.ENGINE_ERROR.value, dead_letter_detail(exc))
+        reason = PoisonReason.ENGINE_ERROR
+        await self.dead_letter(record, reason.value, dead_letter_detail(exc, reason))
 
     async def pause(self, delay: float) -> None:
         """Sleeps ``delay`` seconds; raises Abandoned if the participant stops meanwhile."""

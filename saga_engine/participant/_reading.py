@@ -121,7 +121,7 @@ class Reader:
         if reason is None or reason is PoisonReason.ENGINE_ERROR:
             await self._ctx.engine_error(item.record, exc)
         else:
-            await self._ctx.dead_letter(item.record, reason.value, dead_letter_detail(exc))
+            await self._ctx.dead_letter(item.record, reason.value, dead_letter_detail(exc, reason))
         item.done = True
 
     async def _read(self, item: Item) -> None:

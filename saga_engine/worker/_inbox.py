@@ -119,7 +119,7 @@ class Inbox:
             reason = dead_letter_reason(exc) or PoisonReason.ENGINE_ERROR
             if reason is PoisonReason.ENGINE_ERROR:
                 log.exception("unexpected error reading a message; dead-lettering it")
-            await self._dead_letter(record, reason, dead_letter_detail(exc))
+            await self._dead_letter(record, reason, dead_letter_detail(exc, reason))
         return None
 
     def _split(self, readable: list[_Record]) -> tuple[list[tuple[_Record, Input]], list[_Record]]:
@@ -221,7 +221,7 @@ class Inbox:
                 if reason is not None:
                     if reason is PoisonReason.ENGINE_ERROR:
                         log.exception("unexpected error processing a message; dead-lettering it")
-                    await self._dead_letter(record, reason, dead_letter_detail(exc))
+                    await self._dead_letter(record, reason, dead_letter_detail(exc, reason))
                     return
                 if not self._running() or tp not in self._owned():
                     if not self._running():

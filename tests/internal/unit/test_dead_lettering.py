@@ -112,6 +112,9 @@ def test_the_detail_says_what_the_failure_says() -> None:
     assert dead_letter_detail(PoisonMessage(R.OVERSIZED, "2 MB over 1 MB")) == "2 MB over 1 MB"
     assert dead_letter_detail(SagaNotFound("s1")) == str(SagaNotFound("s1"))
     assert dead_letter_detail(ValueError("bug")) == "ValueError: bug"
+    # Not the message's fault: the class says what failed.
+    codec = CodecError(CodecFailure.NOT_CONFIGURED, "no codec")
+    assert dead_letter_detail(codec, R.ENGINE_ERROR) == f"CodecError: {codec}"
 
 
 # --------------------------------------------------------------------------- the publisher
