@@ -338,6 +338,5 @@ async def _compensate(s: SagaState, owed: OwedCompensation) -> None:
             round_attempts = 0
             continue
         delay = spec.retry.backoff(attempt, seed=f"{s.saga_id}:compensate:{owed.step}")
-        if reply is not None and reply.outcome == "retryable":
-            delay = max(delay, retry_after(reply.payload))  # Retryable(after=...)
+        delay = max(delay, retry_after(reply))  # at least a Retryable(after=...)'s wait
         await await_timer(s, f"retry:compensate:{owed.step}:{attempt}", "retry", delay)

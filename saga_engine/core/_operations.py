@@ -183,9 +183,7 @@ async def _attempts(
             continue
         try:
             check_open(s)
-            delay = policy.backoff(attempt, seed=f"{s.saga_id}:{name}")
-            if reply is not None and reply.outcome == "retryable":
-                delay = max(delay, retry_after(reply.payload))  # Retryable(after=...)
+            delay = max(policy.backoff(attempt, seed=f"{s.saga_id}:{name}"), retry_after(reply))
             await await_timer(s, f"retry:{name}:{attempt}", "retry", delay)
         except asyncio.CancelledError:
             # Stopped while waiting to retry after a timeout: the last attempt may

@@ -6,9 +6,12 @@ import hashlib
 import math
 import random
 from datetime import timedelta
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from saga_engine.core._events import ReplyReceived
 
 
 class RetryPolicy(BaseModel):
@@ -57,13 +60,15 @@ class RetryPolicy(BaseModel):
 MAX_RETRY_AFTER: Final = timedelta(days=1)
 
 
-def retry_after(payload: Any) -> timedelta:
+def retry_after(reply: ReplyReceived | None) -> timedelta:
     """How long a ``retryable`` reply asks the engine to wait before the next attempt:
-    its payload's ``retry_after_s`` (what ``Retryable(after=...)`` sends; 0 when absent
-    or not a finite number >= 0), at most ``MAX_RETRY_AFTER``. The engine waits the
-    longer of this and its retry policy's back-off. Read from the recorded reply, so a
-    replay waits the same."""
-    value = payload.get("retry_after_s") if isinstance(payload, dict) else None
+    its payload's ``retry_after_s`` (what ``Retryable(after=...)`` sends; 0 for another
+    reply, or when absent or not a finite number > 0), at most ``MAX_RETRY_AFTER``. The
+    engine waits the longer of this and its retry policy's back-off. Read from the
+    recorded reply, so a replay waits the same."""
+    if reply is None or reply.outcome != "retryable":
+        return timedelta(0)
+    value = reply.payload.get("retry_after_s") if isinstance(reply.payload, dict) else None
     if isinstance(value, bool) or not isinstance(value, int | float):
         return timedelta(0)
     if not math.isfinite(value) or value <= 0:

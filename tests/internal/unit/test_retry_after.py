@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from pydantic import BaseModel
 
 from saga_engine import RetryPolicy, Saga, SagaContext, SagaStatus
 from saga_engine.core._policy import MAX_RETRY_AFTER, retry_after
-from saga_engine.events import CommandIssued, TimerStarted
+from saga_engine.events import CommandIssued, ReplyReceived, TimerStarted
 from saga_engine.testing import SagaTestEnv
+
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
 
 
 class Cmd(BaseModel):
@@ -78,4 +80,14 @@ async def test_the_next_attempt_waits_at_least_retry_after() -> None:
     ],
 )
 def test_retry_after_reads_only_a_finite_delay_and_caps_it(payload: object, seconds: float) -> None:
-    assert retry_after(payload) == timedelta(seconds=seconds)
+    reply = ReplyReceived(
+        at=NOW, step="only", command_id="c", outcome="retryable", payload=payload or {}
+    )
+    assert retry_after(reply) == timedelta(seconds=seconds)
+
+
+def test_only_a_retryable_reply_asks_for_a_wait() -> None:
+    wait = {"retry_after_s": 30}
+    assert retry_after(None) == timedelta(0)
+    reply = ReplyReceived(at=NOW, step="only", command_id="c", outcome="failure", payload=wait)
+    assert retry_after(reply) == timedelta(0)
