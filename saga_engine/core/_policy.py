@@ -6,12 +6,9 @@ import hashlib
 import math
 import random
 from datetime import timedelta
-from typing import TYPE_CHECKING, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-if TYPE_CHECKING:
-    from saga_engine.core._events import ReplyReceived
 
 
 class RetryPolicy(BaseModel):
@@ -60,7 +57,18 @@ class RetryPolicy(BaseModel):
 MAX_RETRY_AFTER: Final = timedelta(days=1)
 
 
-def retry_after(reply: ReplyReceived | None) -> timedelta:
+class _Reply(Protocol):
+    """What ``retry_after`` reads of a reply (``ReplyReceived``, which imports this
+    module's ``RetryPolicy`` through its parts: named here, not imported)."""
+
+    @property
+    def outcome(self) -> str: ...
+
+    @property
+    def payload(self) -> Any: ...
+
+
+def retry_after(reply: _Reply | None) -> timedelta:
     """How long a ``retryable`` reply asks the engine to wait before the next attempt:
     its payload's ``retry_after_s`` (what ``Retryable(after=...)`` sends; 0 for another
     reply, or when absent or not a finite number > 0), at most ``MAX_RETRY_AFTER``. The
