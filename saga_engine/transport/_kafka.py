@@ -25,12 +25,14 @@ from aiokafka.errors import (
     KafkaConnectionError,
     KafkaError,
     MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
     TopicAlreadyExistsError,
 )
 
 from saga_engine.core._codec import CodecChain
 from saga_engine.core._decision import OutboundCommand
-from saga_engine.kernel._errors import KafkaUnavailable
+from saga_engine.kernel._errors import KafkaUnavailable, PermanentError
 from saga_engine.kernel._partitioning import key_partition
 from saga_engine.kernel._settings import KafkaSettings
 from saga_engine.kernel._startup import Dependency
@@ -41,7 +43,14 @@ from saga_engine.transport._bus import delivered as delivered
 from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS, engine_envelope
 from saga_engine.transport._kafka_logs import quiet_retried_kafka_errors
 from saga_engine.transport._topics import Topics
-from saga_engine.transport._wire import Envelope, Headers, MessageType, encode, encode_fields
+from saga_engine.transport._wire import (
+    Envelope,
+    Headers,
+    MessageType,
+    encode,
+    encode_fields,
+    record_size,
+)
 
 log = logging.getLogger("saga_engine.kafka")
 
@@ -215,39 +224,70 @@ async def start_record(
     except TimeoutError as exc:
         raise KafkaUnavailable(f"could not publish to {topic} within {SEND_TIMEOUT_S}s") from exc
     except KafkaError as exc:
-        raise KafkaUnavailable(f"could not publish to {topic}: {exc!r}") from exc
-    return delivery
+        raise publish_error(topic, exc, record_size(value, headers)) from exc
+    # The broker's refusal comes with the acknowledgement: it is said as the send's
+    # would be (a future and a callback, no task per record).
+    ack: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def settle(done: asyncio.Future[Any]) -> None:
+        if ack.done():
+            return
+        if done.cancelled():
+            ack.cancel()
+        elif (error := done.exception()) is not None:
+            if isinstance(error, KafkaError):
+                error = publish_error(topic, error, record_size(value, headers))
+            ack.set_exception(error)
+        else:
+            ack.set_result(done.result())
+
+    delivery.add_done_callback(settle)
+    return ack
 
 
-class KafkaCommandSender:
-    """Publishes each command to ``{prefix}.cmd.{participant}``, keyed by saga id."""
+#: What the producer or the broker refuses for good: no retry can send the record.
+_TOO_LARGE = (MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError)
 
-    def __init__(
-        self,
-        producer: AIOKafkaProducer,
-        topics: Topics,
-        source: str,
-        codec: CodecChain | None = None,
-    ) -> None:
-        self._producer = producer
+
+def publish_error(topic: str, exc: BaseException, size: int | None = None) -> Exception:
+    """What a failed publish to ``topic`` means: a record too large for the producer or
+    the broker is refused for good (PermanentError: retrying it would stall whoever
+    waits for it); anything else may pass (KafkaUnavailable, transient)."""
+    if isinstance(exc, _TOO_LARGE):
+        of = f" of {size:,} bytes" if size is not None else ""
+        return PermanentError(
+            f"could not publish to {topic}: the record{of} is too large for the producer or "
+            f"the broker ({exc!r}); no retry can send it. Commands above "
+            "SAGA_KAFKA__MAX_MESSAGE_BYTES fail their step before they are recorded: the "
+            "broker's and the topic's message.max.bytes must allow that limit plus 64 KiB"
+        )
+    if isinstance(exc, KafkaUnavailable):
+        return exc
+    return KafkaUnavailable(f"could not publish to {topic}: {exc!r}")
+
+
+class CommandRecords:
+    """The record each engine command is on the broker: its topic, key, value and
+    headers. ``size`` is what the one size rule measures (``check_message_size``)."""
+
+    def __init__(self, topics: Topics, source: str, codec: CodecChain | None = None) -> None:
         self._topics = topics
         self._source = source
         self._codec = codec
 
-    async def send_command(self, command: OutboundCommand) -> None:
-        [error] = await delivered([await self.start_command(command)])
-        if error is not None:
-            raise error
-
-    async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
+    def record(self, command: OutboundCommand) -> tuple[str, bytes, bytes, Headers]:
         if command.participant in ENGINE_PARTICIPANTS:
             # A child saga's start or undo, or a child's end for its parent: engines
             # answer these themselves, through the saga inbox (see _children).
             envelope = engine_envelope(command, self._source)
-            return await start_send(self._producer, self._topics.inbox, envelope, self._codec)
+            return (self._topics.inbox, *encode(envelope, self._codec))
         topic = self._topics.commands(command.participant)
-        key, value, headers = encode_fields(self._fields(command), command.payload, self._codec)
-        return await start_record(self._producer, topic, key, value, headers)
+        return (topic, *encode_fields(self._fields(command), command.payload, self._codec))
+
+    def size(self, command: OutboundCommand) -> int:
+        """The bytes of ``command``'s record: its value and every header name and value."""
+        _, _, value, headers = self.record(command)
+        return record_size(value, headers)
 
     def _fields(self, command: OutboundCommand) -> dict[str, Any]:
         """The command's envelope fields, from the decision (its values are the engine's
@@ -269,6 +309,29 @@ class KafkaCommandSender:
             "traceparent": trace.get("traceparent", ""),
             "tracestate": trace.get("tracestate", ""),
         }
+
+
+class KafkaCommandSender:
+    """Publishes each command to ``{prefix}.cmd.{participant}``, keyed by saga id."""
+
+    def __init__(
+        self,
+        producer: AIOKafkaProducer,
+        topics: Topics,
+        source: str,
+        codec: CodecChain | None = None,
+    ) -> None:
+        self._producer = producer
+        #: How each command is written (and measured, by the engine's size rule).
+        self.records = CommandRecords(topics, source, codec)
+
+    async def send_command(self, command: OutboundCommand) -> None:
+        [error] = await delivered([await self.start_command(command)])
+        if error is not None:
+            raise error
+
+    async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
+        return await start_record(self._producer, *self.records.record(command))
 
 
 class DeadLetters:
