@@ -13,6 +13,7 @@ reply, applied to the saga after the batch (``take_refused``), so its step fails
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
 from saga_engine.core._decision import OutboundCommand
@@ -25,6 +26,8 @@ from saga_engine.telemetry._spans import SendTime
 from saga_engine.transport._bus import PipelinedSender, delivered
 
 _Sending = tuple[Work, OutboundCommand, bool]
+
+log = logging.getLogger("saga_engine.engine")
 
 
 class Effects:
@@ -157,6 +160,7 @@ class Effects:
             # again, holding every other saga's records meanwhile). The copy is let go
             # and rebuilt from history soon, which re-sends what it owes, backing off
             # while the broker does not take it.
+            log.warning("saga %s: %s; sending it again shortly", work.saga_id, work.send_error)
             self.forget(work)
             self._reload_soon(work.saga_id, 0.5)
             return

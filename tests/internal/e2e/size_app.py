@@ -51,4 +51,15 @@ class Bulky(Saga[BulkyRequest, BulkyDone]):
         return BulkyDone()
 
 
-SAGAS = [Bulky, Transfer, Payout]
+class Lost(Saga[BulkyRequest, BulkyDone]):
+    """A step to a participant whose command topic cannot exist (its name is not a
+    topic name): every send of it fails, transiently as far as the engine can tell."""
+
+    name = "lost"
+
+    async def run(self, ctx: SagaContext, req: BulkyRequest) -> BulkyDone:
+        await ctx.step("nowhere", to="no such topic!", command=Apply(amount=req.size), timeout=1)
+        return BulkyDone()
+
+
+SAGAS = [Bulky, Lost, Transfer, Payout]

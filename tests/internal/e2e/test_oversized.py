@@ -9,13 +9,18 @@ retried a batch as transiently failing.
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import time
+
 import pytest
 
 from saga_engine import SagaStatus
 from saga_engine.client import SagaClient
 from tests.internal.e2e.app import Transfer, TransferRequest
 from tests.internal.e2e.harness import Cluster
-from tests.internal.e2e.size_app import Bulky, BulkyRequest
+from tests.internal.e2e.size_app import Bulky, BulkyRequest, Lost
 
 pytestmark = pytest.mark.integration
 
@@ -62,3 +67,31 @@ async def test_an_oversized_command_fails_its_step_and_stalls_no_other_saga(
     log = (cluster.logs / "engine.log").read_text(errors="replace")
     assert "transient failure" not in log
     assert "MessageSizeTooLarge" not in log
+
+
+async def _log_shows(cluster: Cluster, text: str, times: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    log = cluster.logs / "engine.log"
+    while not log.exists() or log.read_text(errors="replace").count(text) < times:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {text!r} x{times} in the log:\n{cluster.log_tail('engine')}")
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.timeout(300)
+async def test_a_worker_exits_on_sigterm_while_a_send_keeps_failing(
+    participants_up: Cluster,
+) -> None:
+    """A step to a participant whose topic cannot exist: every send fails, as far as the
+    engine can tell transiently, and is retried (by the inbox, by the step's timeout and
+    the wake-up poll). A SIGTERM still stops the worker."""
+    cluster = participants_up
+    start_worker(cluster)
+    async with SagaClient(cluster.settings) as client:
+        await client.start(Lost, BulkyRequest(size=1))
+    # Retried, past the step's 1 s timeout.
+    await _log_shows(cluster, "could not create topic", times=3, timeout=120)
+    os.killpg(cluster.procs["engine"].pid, signal.SIGTERM)
+    # Generous: a stop waits for the inbox's batch at most 30 s, then cancels it.
+    code = await cluster.wait_exit("engine", timeout=60)
+    assert code == 0, cluster.log_tail("engine")
