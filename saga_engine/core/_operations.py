@@ -360,10 +360,12 @@ async def child(
     poll: timedelta | None,
     retry: RetryPolicy | None,
     pivot: bool = False,
+    limit: CommandLimit | None = None,
 ) -> JsonDict:
     """Starts a child saga and waits for its end: a step whose participant is the engine
     (see ``CHILD_PARTICIPANT``), so it is recorded, re-sent, compensated and cancelled
-    like any step. Its id derives from this saga's id and ``key``."""
+    like any step (a start too large to send fails it, as ``step``'s command). Its id
+    derives from this saga's id and ``key``."""
     check_open(s)
     if not (isinstance(saga, type) and issubclass(saga, Saga)):
         s.definition_error(f"ctx.child needs a Saga class, got {saga!r}")
@@ -394,6 +396,7 @@ async def child(
             returns=saga.output_type,
             pivot=pivot,
         ),
+        limit,
     )
 
 

@@ -346,7 +346,14 @@ class SagaRuntime:
         pivot: bool = False,
     ) -> Coroutine[Any, Any, JsonDict]:
         return operations.child(
-            self.state, saga, input, key=key, poll=poll, retry=retry, pivot=pivot
+            self.state,
+            saga,
+            input,
+            key=key,
+            poll=poll,
+            retry=retry,
+            pivot=pivot,
+            limit=self.limit,
         )
 
     def op_sleep(self, delay: timedelta) -> Coroutine[Any, Any, None]:

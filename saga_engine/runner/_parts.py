@@ -31,7 +31,7 @@ from saga_engine.store._domain_store import DomainEventStore
 from saga_engine.store._store import EventStore
 from saga_engine.telemetry._telemetry import Telemetry, default_telemetry
 from saga_engine.transport._bus import CommandSender, Ownership
-from saga_engine.transport._kafka import CommandRecords
+from saga_engine.transport._command_records import CommandRecords
 from saga_engine.transport._topics import Topics
 
 

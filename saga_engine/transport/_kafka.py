@@ -40,15 +40,13 @@ from saga_engine.kernel._startup import Dependency
 # Re-exported: the acknowledgement wait moved to the sender port (the engine uses it too).
 from saga_engine.transport._bus import SEND_TIMEOUT_S as SEND_TIMEOUT_S
 from saga_engine.transport._bus import delivered as delivered
-from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS, engine_envelope
+from saga_engine.transport._command_records import CommandRecords
 from saga_engine.transport._kafka_logs import quiet_retried_kafka_errors
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import (
     Envelope,
     Headers,
-    MessageType,
     encode,
-    encode_fields,
     record_size,
 )
 
@@ -264,51 +262,6 @@ def publish_error(topic: str, exc: BaseException, size: int | None = None) -> Ex
     if isinstance(exc, KafkaUnavailable):
         return exc
     return KafkaUnavailable(f"could not publish to {topic}: {exc!r}")
-
-
-class CommandRecords:
-    """The record each engine command is on the broker: its topic, key, value and
-    headers. ``size`` is what the one size rule measures (``check_message_size``)."""
-
-    def __init__(self, topics: Topics, source: str, codec: CodecChain | None = None) -> None:
-        self._topics = topics
-        self._source = source
-        self._codec = codec
-
-    def record(self, command: OutboundCommand) -> tuple[str, bytes, bytes, Headers]:
-        if command.participant in ENGINE_PARTICIPANTS:
-            # A child saga's start or undo, or a child's end for its parent: engines
-            # answer these themselves, through the saga inbox (see _children).
-            envelope = engine_envelope(command, self._source)
-            return (self._topics.inbox, *encode(envelope, self._codec))
-        topic = self._topics.commands(command.participant)
-        return (topic, *encode_fields(self._fields(command), command.payload, self._codec))
-
-    def size(self, command: OutboundCommand) -> int:
-        """The bytes of ``command``'s record: its value and every header name and value."""
-        _, _, value, headers = self.record(command)
-        return record_size(value, headers)
-
-    def _fields(self, command: OutboundCommand) -> dict[str, Any]:
-        """The command's envelope fields, from the decision (its values are the engine's
-        own, checked when it decided: no ``Envelope`` is validated for them)."""
-        trace = command.trace_context
-        return {
-            "message_type": MessageType.COMMAND,
-            "source": self._source,
-            "subject": command.command_type,
-            "saga_id": command.saga_id,
-            "saga_type": command.saga_type,
-            "command_id": command.command_id,
-            "step": command.step,
-            "correlation_id": command.saga_id,
-            "causation_id": command.command_id,
-            "reply_to": self._topics.inbox,
-            "compensation": command.compensation,
-            "compensates": ",".join(command.compensates),
-            "traceparent": trace.get("traceparent", ""),
-            "tracestate": trace.get("tracestate", ""),
-        }
 
 
 class KafkaCommandSender:
