@@ -21,8 +21,11 @@ is a batch of one. A batch goes through:
 
 A write that conflicts with another engine's (an operator acted on the saga there) is
 decided again on the saga rebuilt from history, when this engine owns it, a few times
-with back-off. A write or a send that fails lets the saga go; its inputs answer with the
-error, and the caller applies them again (an input applied twice is deduplicated).
+with back-off. A write that fails lets the saga go; its inputs answer with the error, and
+the caller applies them again (an input applied twice is deduplicated). A send that fails
+after the write does not fail the inputs (they are recorded): the saga alone is rebuilt
+soon and sends what it owes again (``reload_soon``), so no other saga of the batch, or of
+the inbox, waits for it. A command the broker refuses for good is answered as refused.
 """
 
 from __future__ import annotations
