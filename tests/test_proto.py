@@ -498,5 +498,7 @@ def test_limits_quoted_in_protocol_match_the_code() -> None:
     from saga_engine.settings import EngineSettings, KafkaSettings
 
     assert f"({KafkaSettings().max_message_bytes:,} bytes)" in protocol()
-    assert f"({EngineSettings().max_payload_bytes:,} bytes)" in protocol()
+    # One size limit: no second, lower one for payloads.
+    assert "max_payload_bytes" not in EngineSettings.model_fields
+    assert "MAX_PAYLOAD_BYTES" not in protocol()
     assert "`ce_schemaversion: 1`" in protocol()

@@ -15,6 +15,7 @@ import inspect
 import random
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -26,6 +27,7 @@ from saga_engine.core._decision import (
     CHILD_STEP_PREFIX,
     ChildStart,
     ChildUndo,
+    OutboundCommand,
     child_saga_id,
     command_id_for,
 )
@@ -56,6 +58,7 @@ from saga_engine.core._signal import Signal
 from saga_engine.core._state import Halt, SagaState
 from saga_engine.kernel._errors import (
     InvalidPayload,
+    PayloadTooLarge,
     SignalTimeout,
     StepFailed,
     StepTimedOut,
@@ -69,14 +72,38 @@ from saga_engine.kernel._serde import (
     type_name,
     validate_payload,
 )
+from saga_engine.kernel._settings import check_message_size
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
 
-async def step(s: SagaState, request: StepRequest) -> JsonDict:
+@dataclass(frozen=True, slots=True)
+class CommandLimit:
+    """The one size rule (``check_message_size``) for the commands a saga's code issues:
+    ``measure`` gives the bytes a command is as the runner sends it (its value and
+    headers, sealed by its codec), ``limit`` is ``kafka.max_message_bytes``."""
+
+    limit: int
+    measure: Callable[[OutboundCommand], int]
+
+    def refusal(self, command: OutboundCommand, what: str) -> str | None:
+        """Why ``command`` cannot be sent (None: it fits)."""
+        try:
+            check_message_size(self.measure(command), self.limit, what)
+        except PayloadTooLarge as exc:
+            return str(exc)
+        return None
+
+
+#: The ``op_id`` of the record that a step's command was refused as too large.
+_TOO_LARGE = "too_large:"
+
+
+async def step(s: SagaState, request: StepRequest, limit: CommandLimit | None = None) -> JsonDict:
     """Sends the step's command until it is answered, per its retry policy; returns
-    the success reply's payload. Raises StepFailed or StepTimedOut."""
+    the success reply's payload. Raises StepFailed or StepTimedOut (a command, or its
+    compensation, above ``limit``: StepFailed before anything is sent)."""
     check_open(s)
     _check_step(s, request)
     s.step_names = with_id(s.step_names, request.name)
@@ -87,7 +114,9 @@ async def step(s: SagaState, request: StepRequest) -> JsonDict:
     payload = model_payload(request.command)
     if live:
         check_storable(payload, f"the command of step {request.name!r}")
-    result = await _attempts(s, request, payload, _compensation(request, live))
+    spec = _compensation(request, live)
+    _check_size(s, request, payload, spec, limit)
+    result = await _attempts(s, request, payload, spec)
     if request.pivot:
         emit(s, PivotPassed(at=s.now, step=request.name))
     return result
@@ -114,6 +143,61 @@ def _check_step(s: SagaState, request: StepRequest) -> None:
             f"step {name!r} is a second pivot of saga {s.saga_type!r} (the first is "
             f"{s.pivot_step!r}); a saga has one pivot step"
         )
+
+
+def _check_size(
+    s: SagaState,
+    request: StepRequest,
+    payload: JsonDict,
+    spec: CompensationSpec | None,
+    limit: CommandLimit | None,
+) -> None:
+    """A step whose command (or compensation) is too large for the broker fails before
+    its command is recorded: it could never be sent, and a send retried for ever would
+    hold the saga's inbox. The refusal is recorded (a ``side_effect_recorded`` whose
+    ``op_id`` is ``too_large:<step>``), so that a replay fails the step the same way
+    whatever limit the replaying process has, and a step recorded as issued is never
+    measured again."""
+    name = request.name
+    op_id = _TOO_LARGE + name
+    if s.cursor < len(s.history):
+        recorded = s.history[s.cursor]
+        if not (isinstance(recorded, SideEffectRecorded) and recorded.op_id == op_id):
+            return  # issued (or the code changed: _issue says so)
+        error = None
+    else:
+        if limit is None:
+            return  # a replay tool reading on past the history: nothing is sent
+        error = limit.refusal(_outbound(s, request, payload), f"the command of step {name!r}")
+        if error is None and spec is not None:
+            undo = replace(
+                _outbound(s, request, spec.payload),
+                compensation=True,
+                command_type=spec.command_type,
+                command_id=command_id_for(s.saga_id, name, 0, compensation=True),
+                compensates=(command_id_for(s.saga_id, name, 0, compensation=False),),
+            )
+            error = limit.refusal(undo, f"the compensation of step {name!r}")
+        if error is None:
+            return
+    event = emit(s, SideEffectRecorded(at=s.now, op_id=op_id, value={"error": error}))
+    raise StepFailed(name, str(event.value["error"]))
+
+
+def _outbound(s: SagaState, request: StepRequest, payload: JsonDict) -> OutboundCommand:
+    """The step's first command as the runner would send it."""
+    return OutboundCommand(
+        saga_id=s.saga_id,
+        saga_type=s.saga_type,
+        step=request.name,
+        participant=request.to,
+        command_type=type_name(request.command),
+        payload=payload,
+        command_id=command_id_for(s.saga_id, request.name, 0, compensation=False),
+        attempt=1,
+        compensation=False,
+        trace_context=s.trace_context,
+    )
 
 
 def _compensation(request: StepRequest, live: bool) -> CompensationSpec | None:
@@ -277,10 +361,12 @@ async def child(
     poll: timedelta | None,
     retry: RetryPolicy | None,
     pivot: bool = False,
+    limit: CommandLimit | None = None,
 ) -> JsonDict:
     """Starts a child saga and waits for its end: a step whose participant is the engine
     (see ``CHILD_PARTICIPANT``), so it is recorded, re-sent, compensated and cancelled
-    like any step. Its id derives from this saga's id and ``key``."""
+    like any step (a start too large to send fails it, as ``step``'s command). Its id
+    derives from this saga's id and ``key``."""
     check_open(s)
     if not (isinstance(saga, type) and issubclass(saga, Saga)):
         s.definition_error(f"ctx.child needs a Saga class, got {saga!r}")
@@ -311,6 +397,7 @@ async def child(
             returns=saga.output_type,
             pivot=pivot,
         ),
+        limit,
     )
 
 

@@ -60,6 +60,7 @@ from saga_engine.core._events import (
 )
 from saga_engine.core._inputs import check_parent, input_name, to_event, wake
 from saga_engine.core._keys import check_key, key_value
+from saga_engine.core._operations import CommandLimit
 from saga_engine.core._policy import RetryPolicy
 from saga_engine.core._signal import Signal
 from saga_engine.core._state import Halt, SagaState
@@ -77,17 +78,28 @@ T = TypeVar("T")
 class SagaRuntime:
     """One saga's code and state, driven by inputs. Pure: no clock, no I/O."""
 
-    __slots__ = ("state",)
+    __slots__ = ("limit", "state")
 
-    def __init__(self, definition: SagaDefinition, saga_id: str, clock: datetime) -> None:
+    def __init__(
+        self,
+        definition: SagaDefinition,
+        saga_id: str,
+        clock: datetime,
+        limit: CommandLimit | None = None,
+    ) -> None:
         #: Everything about the saga that changes while it runs (read it, do not change it).
         self.state = SagaState(definition, saga_id, SagaContext(self), clock)
+        #: The size a command may be (None: not measured, as a replay tool reads).
+        self.limit = limit
 
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def start(cls, definition: SagaDefinition, start: StartSaga) -> tuple[SagaRuntime, Decision]:
+    def start(
+        cls, definition: SagaDefinition, start: StartSaga, *, limit: CommandLimit | None = None
+    ) -> tuple[SagaRuntime, Decision]:
         """A brand-new saga: validates the input, records SagaStarted, runs to its first wait.
+        ``limit``: the size of the commands its steps may issue.
 
         Raises InvalidPayload (UnstorableValue) naming each wrong field; nothing is recorded.
         """
@@ -104,7 +116,7 @@ class SagaRuntime:
             },
             "the start",
         )
-        rt = cls(definition, start.saga_id, start.at)
+        rt = cls(definition, start.saga_id, start.at, limit)
         started = SagaStarted(
             at=start.at,
             saga_type=definition.name,
@@ -132,8 +144,10 @@ class SagaRuntime:
         history: list[Event],
         *,
         now: datetime | None = None,
+        limit: CommandLimit | None = None,
     ) -> tuple[SagaRuntime, Decision]:
         """Rebuilds a saga from its history. The decision holds anything owed past the end.
+        ``limit``: as ``start``'s, for the steps it issues past its history.
 
         ``now`` is the runner's clock: a saga parked while it is rebuilt (the code
         deployed no longer matches its history) is parked at that time, never before its
@@ -141,7 +155,7 @@ class SagaRuntime:
         """
         if not history or not isinstance(history[0], SagaStarted):
             raise SerializationError(f"saga {saga_id}: a history must begin with saga_started")
-        rt = cls(definition, saga_id, history[-1].at if now is None else now)
+        rt = cls(definition, saga_id, history[-1].at if now is None else now, limit)
         s = rt.state
         s.history = list(history)
         while s.cursor < len(s.history) and s.nondeterminism is None:
@@ -319,7 +333,7 @@ class SagaRuntime:
     # SagaContext calls these; each runs in the saga's code on its deterministic loop.
 
     def op_step(self, request: StepRequest) -> Coroutine[Any, Any, JsonDict]:
-        return operations.step(self.state, request)
+        return operations.step(self.state, request, self.limit)
 
     def op_child(
         self,
@@ -332,7 +346,14 @@ class SagaRuntime:
         pivot: bool = False,
     ) -> Coroutine[Any, Any, JsonDict]:
         return operations.child(
-            self.state, saga, input, key=key, poll=poll, retry=retry, pivot=pivot
+            self.state,
+            saga,
+            input,
+            key=key,
+            poll=poll,
+            retry=retry,
+            pivot=pivot,
+            limit=self.limit,
         )
 
     def op_sleep(self, delay: timedelta) -> Coroutine[Any, Any, None]:

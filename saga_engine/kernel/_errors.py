@@ -414,10 +414,18 @@ class IdempotencyConflict(PermanentError):
 
 
 class PayloadTooLarge(PermanentError):
-    def __init__(self, size: int, limit: int) -> None:
+    """A message, or what would become one, above the one size limit
+    (``SAGA_KAFKA__MAX_MESSAGE_BYTES``); raised by ``check_message_size``."""
+
+    def __init__(self, size: int, limit: int, what: str = "payload") -> None:
         self.size = size
         self.limit = limit
-        super().__init__(f"payload of {size} bytes exceeds the limit of {limit} bytes")
+        self.what = what
+        super().__init__(
+            f"{what} is {size:,} bytes, which exceeds the limit of {limit:,} bytes "
+            "(SAGA_KAFKA__MAX_MESSAGE_BYTES): send a reference to large data instead of "
+            "the data, or raise the limit together with the broker's message.max.bytes"
+        )
 
 
 class CodecFailure(StrEnum):

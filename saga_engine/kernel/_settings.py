@@ -4,10 +4,23 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from saga_engine.kernel._errors import PayloadTooLarge
+
+log = logging.getLogger("saga_engine.settings")
+
+
+def check_message_size(size: int, limit: int, what: str) -> None:
+    """The one size rule: ``what``, ``size`` bytes as it is (or would be) sent, must not
+    exceed ``limit`` (``KafkaSettings.max_message_bytes``). Raises PayloadTooLarge,
+    naming what, its size, the limit and the setting."""
+    if size > limit:
+        raise PayloadTooLarge(size, limit, what)
 
 
 class PostgresSettings(BaseModel):
@@ -36,6 +49,10 @@ class KafkaSettings(BaseModel):
     # aiokafka's default fetch_max_wait_ms is 500 ms, which puts half a second on every
     # reply hop; a saga engine is latency-bound, so we wait far less.
     fetch_max_wait_ms: int = Field(default=20, ge=0)
+    #: The one size limit (PROTOCOL.md section 12): every message the engine, a
+    #: participant or a client sends or reads, its value and every header name and
+    #: value in bytes; and every payload handed to the engine directly (a start's input,
+    #: a reply, a signal...), as compact JSON. ``check_message_size`` applies it.
     max_message_bytes: int = Field(default=1_000_000, ge=1024)
     #: How long a silent group member keeps its partitions: a crashed engine's sagas move
     #: to a survivor after this long. 6 s is the broker's smallest allowed value by
@@ -89,8 +106,20 @@ class EngineSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    #: Largest saga input, command, reply or signal payload accepted, in bytes of JSON.
-    max_payload_bytes: int = Field(default=256 * 1024, ge=1024)
+    @model_validator(mode="before")
+    @classmethod
+    def _no_payload_limit(cls, data: Any) -> Any:
+        """``max_payload_bytes`` was a second limit, below the message size: one payload
+        of 300 KB was refused while a command of as much was sent. It is gone; one
+        limit, ``kafka.max_message_bytes``, applies to both."""
+        if isinstance(data, dict) and "max_payload_bytes" in data:
+            log.warning(
+                "SAGA_ENGINE__MAX_PAYLOAD_BYTES is ignored: one limit, "
+                "SAGA_KAFKA__MAX_MESSAGE_BYTES, applies to every message and payload"
+            )
+            data = {k: v for k, v in data.items() if k != "max_payload_bytes"}
+        return data
+
     #: How long ``Engine.wait`` polls the store between checks when the saga is elsewhere.
     wait_poll_s: float = Field(default=0.2, gt=0)
     #: How often a saga held in memory that waits for a domain event looks for a stored

@@ -80,8 +80,8 @@ class ParticipantContext:
     #: Opens the commands read, seals the replies sent and stored (None: as they are).
     codec: CodecChain | None = None
     topics: Topics = field(init=False)
-    #: The engine refuses reply payloads above its own limit, which may be lower than
-    #: what Kafka carries: an answer it would refuse must not be recorded as given.
+    #: The one size limit (``kafka.max_message_bytes``): a reply record above it is
+    #: refused here, so that an answer no one can read is never recorded as given.
     reply_limit: int = field(init=False)
     _source: str = field(init=False)
     _dead: DeadLetters = field(init=False)
@@ -91,7 +91,7 @@ class ParticipantContext:
     def __post_init__(self) -> None:
         kafka = self.settings.kafka
         self.topics = Topics.of(kafka)
-        self.reply_limit = min(kafka.max_message_bytes, self.settings.engine.max_payload_bytes)
+        self.reply_limit = kafka.max_message_bytes
         self._source = f"/participants/{self.name}"
         self._dead = DeadLetters(self.producer, self.topics.dlq)
         self._reply_topics = {self.topics.inbox}

@@ -15,7 +15,8 @@ from asyncpg.pool import PoolConnectionProxy
 from pydantic import ValidationError
 
 from saga_engine.core._codec import MARKER, CodecChain, is_marker
-from saga_engine.kernel._errors import CodecError, CodecFailure, KafkaUnavailable, PayloadTooLarge
+from saga_engine.kernel._errors import CodecError, CodecFailure, KafkaUnavailable
+from saga_engine.kernel._settings import check_message_size
 from saga_engine.transport._wire import Envelope, Headers, MessageType, ReplyBody, encode_fields
 
 Connection: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
@@ -73,8 +74,7 @@ def reply_record(
 
 
 def check_size(outgoing: Outgoing, limit: int) -> None:
-    if outgoing.size > limit:
-        raise PayloadTooLarge(outgoing.size, limit)
+    check_message_size(outgoing.size, limit, "the reply")
 
 
 # --------------------------------------------------------------------------- SQL

@@ -3,16 +3,21 @@ saga's bookkeeping (the observer told what happened, flow control's permits, wai
 the saga armed for its next wake-up or let go).
 
 A command leaves only after the events that decided it are durable (the history is the
-outbox); a send that fails lets the saga go, and whoever loads it next sends it again
-under the same id.
+outbox). A send that fails does not fail the inputs (they are recorded): the saga is let
+go and rebuilt soon, on its own (``reload_soon``, backing off while the broker does not
+take it), which sends what it owes again under the same ids; the other sagas of the batch,
+and of the inbox, are not held. A send the broker refuses for good (a record too large for
+it) is answered as its participant would answer a command it refuses: a ``failure``
+reply, applied to the saga after the batch (``take_refused``), so its step fails.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
 from saga_engine.core._decision import OutboundCommand
-from saga_engine.kernel._errors import TransientError
+from saga_engine.kernel._errors import PermanentError
 from saga_engine.runner._cache import LiveSaga
 from saga_engine.runner._observer import Applied
 from saga_engine.runner._parts import EngineParts
@@ -21,6 +26,8 @@ from saga_engine.telemetry._spans import SendTime
 from saga_engine.transport._bus import PipelinedSender, delivered
 
 _Sending = tuple[Work, OutboundCommand, bool]
+
+log = logging.getLogger("saga_engine.engine")
 
 
 class Effects:
@@ -35,6 +42,8 @@ class Effects:
         self._crash_hook = parts.crash_hook
         self._reload_soon = reload_soon
         self._matcher = parts.matcher
+        #: Commands the broker refused for good, and why, to be answered as refused.
+        self._refused: list[tuple[OutboundCommand, Exception]] = []
 
     async def apply(self, works: list[Work]) -> None:
         """Sends what ``works`` decided and owe, then settles each of them."""
@@ -67,12 +76,15 @@ class Effects:
 
     async def drive(self, work: Work, live: LiveSaga) -> None:
         """Sends what ``live`` owes (this engine drives it from now on); a failed send
-        is ``work``'s answer, as its own would be."""
+        is re-sent by a reload, as ``work``'s own would be."""
         owed = Work(work.saga_id, live=live)
         owed.owes(live)
         await self.apply([owed])
-        if owed.send_error is not None:
-            self.fail(work, owed.send_error)
+
+    def take_refused(self) -> list[tuple[OutboundCommand, Exception]]:
+        """The commands refused for good since the last call (see the module's doc)."""
+        refused, self._refused = self._refused, []
+        return refused
 
     def fail(self, work: Work, error: Exception) -> None:
         """The saga is let go, its inputs answered with ``error``."""
@@ -98,13 +110,13 @@ class Effects:
                 try:
                     handed.append((one, await self._pipelined.start_command(one[1])))
                 except Exception as exc:
-                    self._not_sent(one[0], exc)
+                    self._not_sent(one, exc)
         errors = await delivered([ack for _, ack in handed])
         for (one, _), error in zip(handed, errors, strict=True):
             if error is not None:
                 # delivered() gives a TransientError for every acknowledgement not given.
                 assert isinstance(error, Exception)
-                self._not_sent(one[0], error)
+                self._not_sent(one, error)
             elif not one[2]:  # a crash point of the commands decided now, not of re-sends
                 self._crash("after_send")
 
@@ -114,14 +126,17 @@ class Effects:
                 try:
                     await self._sender.send_command(one[1])
                 except Exception as exc:
-                    self._not_sent(one[0], exc)
+                    self._not_sent(one, exc)
                 else:
                     if not one[2]:
                         self._crash("after_send")
 
-    @staticmethod
-    def _not_sent(work: Work, error: Exception) -> None:
-        # The command is recorded: whoever loads the saga next sends it again.
+    def _not_sent(self, one: _Sending, error: Exception) -> None:
+        work, command, _ = one
+        if isinstance(error, PermanentError):
+            self._refused.append((command, error))  # answered as refused, after the batch
+            return
+        # The command is recorded: the saga is rebuilt soon and sends it again.
         if work.send_error is None:
             work.send_error = error
 
@@ -141,12 +156,13 @@ class Effects:
             )
         )  # fmt: skip
         if work.send_error is not None:
-            self.fail(work, work.send_error)
-            if ended is not None and isinstance(work.send_error, TransientError):
-                # An open saga is woken by its next timeout, which re-sends; nothing
-                # wakes an ended one, so a child's answer to its parent is re-sent from
-                # history by a reload (until the broker takes it).
-                self._reload_soon(work.saga_id, 0.5)
+            # Its inputs are recorded: they are not failed (the inbox would apply them
+            # again, holding every other saga's records meanwhile). The copy is let go
+            # and rebuilt from history soon, which re-sends what it owes, backing off
+            # while the broker does not take it.
+            log.warning("saga %s: %s; sending it again shortly", work.saga_id, work.send_error)
+            self.forget(work)
+            self._reload_soon(work.saga_id, 0.5)
             return
         if self._flow is not None:
             self._flow.settle(work.saga_id, live.runtime)  # permits of attempts now over

@@ -47,14 +47,13 @@ from saga_engine.kernel._errors import (
     ConcurrencyError,
     InvalidPayload,
     InvalidTransition,
-    PayloadTooLarge,
     SagaError,
     SerializationError,
     TransientError,
     UpdateRefused,
 )
 from saga_engine.kernel._serde import JsonDict, check_storable, dumps, storable_copy
-from saga_engine.kernel._settings import Settings
+from saga_engine.kernel._settings import Settings, check_message_size
 from saga_engine.runner._clock import Clock
 from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._path import InputPath
@@ -511,5 +510,4 @@ class Engine:
                 check_storable(payload, what, *loc)  # names the value JSON cannot carry
                 raise
             size = len(dumps(storable_copy(payload)))
-        if size > self._settings.engine.max_payload_bytes:
-            raise PayloadTooLarge(size, self._settings.engine.max_payload_bytes)
+        check_message_size(size, self._settings.kafka.max_message_bytes, what)

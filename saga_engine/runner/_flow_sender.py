@@ -32,6 +32,7 @@ from saga_engine.core._decision import OutboundCommand
 from saga_engine.core._events import SagaStarted
 from saga_engine.core._flow import FlowQueue, Gate, GateKind, Waiting
 from saga_engine.core._runtime import SagaRuntime
+from saga_engine.kernel._errors import PermanentError
 from saga_engine.kernel._settings import LimitsSettings
 from saga_engine.runner._cache import LiveSagas
 from saga_engine.runner._clock import Clock
@@ -352,12 +353,20 @@ class FlowControl:
                 self.stats["sent"] += 1
             except Exception as exc:
                 failed.append((ticket, exc))
+        again: list[_Ticket] = []
         for ticket, error in failed:
             self.stats["send_failed"] += 1
+            if isinstance(error, PermanentError):
+                # Refused for good (too large for the broker): sending it again would
+                # hold its permit for ever. Its attempt times out, as an unanswered one.
+                log.error("sending command %s: %s", ticket.command.command_id, error)
+                self._release((ticket.command.command_id, ticket.command.attempt))
+                continue
             log.warning("sending command %s: %s; retrying", ticket.command.command_id, error)
-        if failed:
+            again.append(ticket)
+        if again:
             await asyncio.sleep(_RETRY_SEND_S)
-            for ticket, _ in failed:
+            for ticket in again:
                 self._requeue(ticket)
 
     def _requeue(self, ticket: _Ticket) -> None:

@@ -9,11 +9,13 @@ from the engine.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from saga_engine.core._decision import OutboundCommand
 from saga_engine.core._definition import Saga, SagaRegistry
+from saga_engine.core._operations import CommandLimit
 from saga_engine.core._rollout import RolloutTable
 from saga_engine.kernel._crash import CrashHook
 from saga_engine.kernel._settings import Settings
@@ -29,6 +31,8 @@ from saga_engine.store._domain_store import DomainEventStore
 from saga_engine.store._store import EventStore
 from saga_engine.telemetry._telemetry import Telemetry, default_telemetry
 from saga_engine.transport._bus import CommandSender, Ownership
+from saga_engine.transport._command_records import CommandRecords
+from saga_engine.transport._topics import Topics
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +59,9 @@ class EngineParts:
     crash_hook: CrashHook | None = None
     #: What a saga waiting for a domain event is owed (None: no domain events here).
     matcher: EventMatcher | None = None
+    #: The size rule for the commands sagas issue (a step whose command is larger fails
+    #: before the command is recorded). None: commands are not measured.
+    command_limit: CommandLimit | None = None
 
     @property
     def stats(self) -> EngineStats:
@@ -74,10 +81,16 @@ class EngineParts:
         telemetry: Telemetry | None = None,
         ownership: Ownership | None = None,
         domain_events: DomainEventStore | None = None,
+        command_size: Callable[[OutboundCommand], int] | None = None,
     ) -> EngineParts:
         """The collaborators of an engine driving ``sagas`` over ``store`` and ``sender``.
         ``telemetry``: the global OpenTelemetry providers unless one is given;
-        ``ownership``: which sagas it drives when several engines share them."""
+        ``ownership``: which sagas it drives when several engines share them;
+        ``command_size``: the bytes of a command's record as ``sender`` sends it (the
+        broker's sender's ``records.size``); unset, as the broker's sender would write
+        it without a codec."""
+        if command_size is None:
+            command_size = CommandRecords(Topics.of(settings.kafka), "/saga-engine").size
         clock = clock or SystemClock()
         observer = EngineObserver(telemetry or default_telemetry())
         live = LiveSagas(clock, on_evict=observer.evicted)
@@ -103,4 +116,5 @@ class EngineParts:
             waiters=Waiters(),
             crash_hook=crash_hook,
             matcher=matcher,
+            command_limit=CommandLimit(settings.kafka.max_message_bytes, command_size),
         )

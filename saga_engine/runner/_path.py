@@ -21,8 +21,11 @@ is a batch of one. A batch goes through:
 
 A write that conflicts with another engine's (an operator acted on the saga there) is
 decided again on the saga rebuilt from history, when this engine owns it, a few times
-with back-off. A write or a send that fails lets the saga go; its inputs answer with the
-error, and the caller applies them again (an input applied twice is deduplicated).
+with back-off. A write that fails lets the saga go; its inputs answer with the error, and
+the caller applies them again (an input applied twice is deduplicated). A send that fails
+after the write does not fail the inputs (they are recorded): the saga alone is rebuilt
+soon and sends what it owes again (``reload_soon``), so no other saga of the batch, or of
+the inbox, waits for it. A command the broker refuses for good is answered as refused.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from collections.abc import Awaitable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from saga_engine.core._decision import DropReason, Resume, TimerDue
+from saga_engine.core._decision import DropReason, Reply, Resume, TimerDue
 from saga_engine.core._runtime import SagaRuntime
 from saga_engine.core._start import PreparedStart, check_same_start, start_input, start_search
 from saga_engine.core._status import SagaStatus
@@ -70,13 +73,16 @@ class InputPath:
         self._live = parts.live
         self._owners = parts.owners
         self._stats = parts.stats
+        self._limit = parts.command_limit
         self._effects = Effects(parts, self.reload_soon)
         if parts.matcher is not None:
             parts.matcher.bind(self.apply)
         #: Per-key concurrency: what a limited saga owes for its key, after each batch.
         self.keys = KeyGate(parts, self.apply)
-        #: Sagas with a reload pending (``reload_soon``).
+        #: Sagas with a reload pending (``reload_soon``), and the delay of the reload in
+        #: progress of each (the next one, asked for by it, waits twice as long).
         self._reloading: set[str] = set()
+        self._reload_delays: dict[str, float] = {}
         self._closed = False
 
     def close(self) -> None:
@@ -119,7 +125,25 @@ class InputPath:
         # sagas whose pass went through: a copy whose write failed may be ahead of the
         # store (an end not recorded must not release the key).
         await self.keys.after([w for w in works.values() if w.settles])
+        await self._answer_refused()
         return outcomes
+
+    async def _answer_refused(self) -> None:
+        """Commands the broker refused for good (too large for it) are answered as their
+        participant answers a command it refuses: nothing was applied, the step fails
+        (a compensation that cannot be sent leaves the saga for an operator)."""
+        refused = self._effects.take_refused()
+        if not refused:
+            return
+        now = self._clock.now()
+        for command, error in refused:
+            log.error("command %s of saga %s: %s", command.command_id, command.saga_id, error)
+        await self.apply(
+            [
+                Deliver(c.saga_id, Reply(c.command_id, "failure", now, {}, str(e), None))
+                for c, e in refused
+            ]
+        )
 
     async def _passes(self, works: list[Work]) -> None:
         """Decide, write, send and settle, until no saga of the batch is to go again."""
@@ -234,7 +258,9 @@ class InputPath:
             )  # fmt: skip
             work.deduplicated += 1
             return
-        runtime, decision = SagaRuntime.start(start.definition, start_input(start))
+        runtime, decision = SagaRuntime.start(
+            start.definition, start_input(start), limit=self._limit
+        )
         work.live = LiveSaga(runtime, committed_seq=0, started_at=start.now)
         work.created = (index, start)
         outcome.decision = decision
@@ -284,7 +310,9 @@ class InputPath:
         events = [stored.event for stored in loaded.events]
         definition = self._registry.for_history(loaded.record.saga_type, events)
         # A saga the code deployed here cannot drive is parked now, not at its last event.
-        runtime, decision = SagaRuntime.replay(definition, saga_id, events, now=self._clock.now())
+        runtime, decision = SagaRuntime.replay(
+            definition, saga_id, events, now=self._clock.now(), limit=self._limit
+        )
         live = LiveSaga(
             runtime,
             committed_seq=loaded.record.last_seq,
@@ -408,13 +436,21 @@ class InputPath:
         by the send and by the timer), it is not started twice."""
         if saga_id in self._reloading:
             return
+        # Asked again by the reload itself (its re-send failed too): it backs off.
+        delay_s = min(max(delay_s, self._reload_delays.get(saga_id, 0.0) * 2), 30.0)
         self._reloading.add(saga_id)
 
         async def attempt() -> None:
             self._reloading.discard(saga_id)
             if self._closed or not self._owners.owns(saga_id):
+                self._reload_delays.pop(saga_id, None)
                 return
-            (outcome,) = await self.apply([Load(saga_id, LoadMode.RELOAD)])
+            self._reload_delays[saga_id] = delay_s
+            try:
+                (outcome,) = await self.apply([Load(saga_id, LoadMode.RELOAD)])
+            finally:
+                if saga_id not in self._reloading:  # went through: the next one starts over
+                    self._reload_delays.pop(saga_id, None)
             if isinstance(outcome.error, TransientError):
                 self.reload_soon(saga_id, min(delay_s * 2, 30.0))
             elif isinstance(outcome.error, SagaError):

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from saga_engine.core._decision import OutboundCommand
-from saga_engine.kernel._errors import KafkaUnavailable
+from saga_engine.kernel._errors import KafkaUnavailable, PermanentError
 
 #: Upper bound on one publish, metadata wait included: aiokafka can otherwise wait
 #: indefinitely for a topic's metadata (and forever once the producer is stopped).
@@ -75,7 +75,7 @@ async def delivered(deliveries: Sequence[Awaitable[Any]]) -> list[BaseException 
         None
         if not isinstance(r, BaseException)
         else r
-        if isinstance(r, KafkaUnavailable)
+        if isinstance(r, KafkaUnavailable | PermanentError)  # a refusal for good stays one
         else KafkaUnavailable(f"could not publish: {r!r}")
         for r in results
     ]

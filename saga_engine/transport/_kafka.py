@@ -25,12 +25,14 @@ from aiokafka.errors import (
     KafkaConnectionError,
     KafkaError,
     MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
     TopicAlreadyExistsError,
 )
 
 from saga_engine.core._codec import CodecChain
 from saga_engine.core._decision import OutboundCommand
-from saga_engine.kernel._errors import KafkaUnavailable
+from saga_engine.kernel._errors import KafkaUnavailable, PermanentError
 from saga_engine.kernel._partitioning import key_partition
 from saga_engine.kernel._settings import KafkaSettings
 from saga_engine.kernel._startup import Dependency
@@ -38,10 +40,15 @@ from saga_engine.kernel._startup import Dependency
 # Re-exported: the acknowledgement wait moved to the sender port (the engine uses it too).
 from saga_engine.transport._bus import SEND_TIMEOUT_S as SEND_TIMEOUT_S
 from saga_engine.transport._bus import delivered as delivered
-from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS, engine_envelope
+from saga_engine.transport._command_records import CommandRecords
 from saga_engine.transport._kafka_logs import quiet_retried_kafka_errors
 from saga_engine.transport._topics import Topics
-from saga_engine.transport._wire import Envelope, Headers, MessageType, encode, encode_fields
+from saga_engine.transport._wire import (
+    Envelope,
+    Headers,
+    encode,
+    record_size,
+)
 
 log = logging.getLogger("saga_engine.kafka")
 
@@ -215,8 +222,46 @@ async def start_record(
     except TimeoutError as exc:
         raise KafkaUnavailable(f"could not publish to {topic} within {SEND_TIMEOUT_S}s") from exc
     except KafkaError as exc:
-        raise KafkaUnavailable(f"could not publish to {topic}: {exc!r}") from exc
-    return delivery
+        raise publish_error(topic, exc, record_size(value, headers)) from exc
+    # The broker's refusal comes with the acknowledgement: it is said as the send's
+    # would be (a future and a callback, no task per record).
+    ack: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def settle(done: asyncio.Future[Any]) -> None:
+        if ack.done():
+            return
+        if done.cancelled():
+            ack.cancel()
+        elif (error := done.exception()) is not None:
+            if isinstance(error, KafkaError):
+                error = publish_error(topic, error, record_size(value, headers))
+            ack.set_exception(error)
+        else:
+            ack.set_result(done.result())
+
+    delivery.add_done_callback(settle)
+    return ack
+
+
+#: What the producer or the broker refuses for good: no retry can send the record.
+_TOO_LARGE = (MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError)
+
+
+def publish_error(topic: str, exc: BaseException, size: int | None = None) -> Exception:
+    """What a failed publish to ``topic`` means: a record too large for the producer or
+    the broker is refused for good (PermanentError: retrying it would stall whoever
+    waits for it); anything else may pass (KafkaUnavailable, transient)."""
+    if isinstance(exc, _TOO_LARGE):
+        of = f" of {size:,} bytes" if size is not None else ""
+        return PermanentError(
+            f"could not publish to {topic}: the record{of} is too large for the producer or "
+            f"the broker ({exc!r}); no retry can send it. Commands above "
+            "SAGA_KAFKA__MAX_MESSAGE_BYTES fail their step before they are recorded: the "
+            "broker's and the topic's message.max.bytes must allow that limit plus 64 KiB"
+        )
+    if isinstance(exc, KafkaUnavailable):
+        return exc
+    return KafkaUnavailable(f"could not publish to {topic}: {exc!r}")
 
 
 class KafkaCommandSender:
@@ -230,9 +275,8 @@ class KafkaCommandSender:
         codec: CodecChain | None = None,
     ) -> None:
         self._producer = producer
-        self._topics = topics
-        self._source = source
-        self._codec = codec
+        #: How each command is written (and measured, by the engine's size rule).
+        self.records = CommandRecords(topics, source, codec)
 
     async def send_command(self, command: OutboundCommand) -> None:
         [error] = await delivered([await self.start_command(command)])
@@ -240,35 +284,7 @@ class KafkaCommandSender:
             raise error
 
     async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
-        if command.participant in ENGINE_PARTICIPANTS:
-            # A child saga's start or undo, or a child's end for its parent: engines
-            # answer these themselves, through the saga inbox (see _children).
-            envelope = engine_envelope(command, self._source)
-            return await start_send(self._producer, self._topics.inbox, envelope, self._codec)
-        topic = self._topics.commands(command.participant)
-        key, value, headers = encode_fields(self._fields(command), command.payload, self._codec)
-        return await start_record(self._producer, topic, key, value, headers)
-
-    def _fields(self, command: OutboundCommand) -> dict[str, Any]:
-        """The command's envelope fields, from the decision (its values are the engine's
-        own, checked when it decided: no ``Envelope`` is validated for them)."""
-        trace = command.trace_context
-        return {
-            "message_type": MessageType.COMMAND,
-            "source": self._source,
-            "subject": command.command_type,
-            "saga_id": command.saga_id,
-            "saga_type": command.saga_type,
-            "command_id": command.command_id,
-            "step": command.step,
-            "correlation_id": command.saga_id,
-            "causation_id": command.command_id,
-            "reply_to": self._topics.inbox,
-            "compensation": command.compensation,
-            "compensates": ",".join(command.compensates),
-            "traceparent": trace.get("traceparent", ""),
-            "tracestate": trace.get("tracestate", ""),
-        }
+        return await start_record(self._producer, *self.records.record(command))
 
 
 class DeadLetters:

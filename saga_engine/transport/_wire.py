@@ -26,6 +26,7 @@ from saga_engine.core._events import ParentLink, RerunLink, TriggerOrigin
 from saga_engine.core._start import StartRequest
 from saga_engine.kernel._errors import (
     CodecError,
+    PayloadTooLarge,
     PoisonMessage,
     PoisonReason,
     SerializationError,
@@ -33,6 +34,7 @@ from saga_engine.kernel._errors import (
 )
 from saga_engine.kernel._ids import uuid4_text
 from saga_engine.kernel._serde import JsonDict, loads, too_deep, without_input
+from saga_engine.kernel._settings import check_message_size
 
 SCHEMA_VERSION = "1"
 #: The header that marks an encoded value, naming the codec chain (``zstd,aes-gcm``).
@@ -312,6 +314,13 @@ def encode_fields(
     return fields["saga_id"].encode(), value_bytes, headers
 
 
+def record_size(value: bytes | None, headers: Headers) -> int:
+    """A record's size as the size rule counts it (``check_message_size``): its value
+    and every header name and value, in bytes (``decode`` counts the same, in its pass
+    over the headers)."""
+    return (len(value) if value else 0) + sum(len(name) + len(raw) for name, raw in headers)
+
+
 _MESSAGE_TYPES = frozenset(t.value for t in MessageType)
 #: The messages that answer (or are answered as) a command: they name it.
 _NEED_COMMAND_ID = frozenset({MessageType.REPLY, MessageType.UNDO})
@@ -423,10 +432,10 @@ def _checked_headers(value: bytes | None, headers: Headers, max_bytes: int) -> d
             found[name] = raw.decode()
         except UnicodeDecodeError:
             not_utf8 = not_utf8 or name
-    if size > max_bytes:
-        raise PoisonMessage(
-            PoisonReason.OVERSIZED, f"{size} bytes exceeds the {max_bytes}-byte limit"
-        )
+    try:
+        check_message_size(size, max_bytes, "the record")
+    except PayloadTooLarge as exc:
+        raise PoisonMessage(PoisonReason.OVERSIZED, str(exc)) from None
     if not_utf8 is not None:
         raise PoisonMessage(PoisonReason.MISSING_HEADER, f"header {not_utf8} is not UTF-8")
     missing = [h for h in REQUIRED_HEADERS if not found.get(h)]

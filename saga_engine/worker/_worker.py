@@ -224,19 +224,17 @@ class SagaWorker:
 
     def _build_engine(self, store: EventStore, telemetry: Telemetry) -> tuple[Engine, EngineParts]:
         """The engine and its collaborators, and everything else built from the same."""
-        kafka_sender = LazyTopicSender(
-            KafkaCommandSender(
-                self._producer, self.topics, f"/saga-engine/{self.instance_id}", self.codec
-            ),
-            self.settings,
-            self.topics,
+        broker = KafkaCommandSender(
+            self._producer, self.topics, f"/saga-engine/{self.instance_id}", self.codec
         )
+        kafka_sender = LazyTopicSender(broker, self.settings, self.topics)
         self._http = HttpCaller(self.settings.http, telemetry=telemetry)
         self._parts = parts = EngineParts.build(
             self.settings, sagas=self.sagas, store=store,
             sender=RoutingSender(kafka_sender, self._http), crash_hook=self._crash_hook,
             telemetry=telemetry, ownership=self._ownership,
             domain_events=self._events.store if self._events is not None else None,
+            command_size=broker.records.size,
         )  # fmt: skip
         self.engine = engine = Engine(parts)
         self._http.bind(engine)

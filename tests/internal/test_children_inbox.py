@@ -20,7 +20,6 @@ from saga_engine.core._decision import child_saga_id
 from saga_engine.core._rollout import RolloutSpec
 from saga_engine.protocol import Envelope, MessageType, Topics
 from saga_engine.runner._rollouts import apply_rollout
-from saga_engine.settings import EngineSettings
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
 from tests.edge.conftest import dead_letters, produce
@@ -257,9 +256,9 @@ class Bulky(Saga[Box, Boxed]):
 async def test_a_child_input_over_the_size_limit_fails_the_parent_at_once(
     pg: PgTarget, kafka_bootstrap: str, unique_id: str
 ) -> None:
-    settings = real_settings(pg, kafka_bootstrap, unique_id).model_copy(
-        update={"engine": EngineSettings(max_payload_bytes=8192)}
-    )
+    settings = real_settings(pg, kafka_bootstrap, unique_id)
+    kafka = settings.kafka.model_copy(update={"max_message_bytes": 8192})
+    settings = settings.model_copy(update={"kafka": kafka})
     async with SagaWorker(settings, [Bulky, Fragile]) as worker:
         assert worker.engine is not None
         parent = await worker.engine.start(Bulky, Box(label="crate"))
@@ -267,7 +266,7 @@ async def test_a_child_input_over_the_size_limit_fails_the_parent_at_once(
         await _reaches(worker, parent, SagaStatus.FAILED, 30)
         record = await worker.engine.get(parent)
         assert record.error is not None
-        assert "8192" in record.error["message"]
+        assert "8,192" in record.error["message"]
 
 
 async def test_an_undo_or_end_from_a_saga_that_is_not_linked_is_dead_lettered(

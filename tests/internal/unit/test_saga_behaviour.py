@@ -9,8 +9,8 @@ from pydantic import BaseModel
 
 from saga_engine import (
     Engine,
-    EngineSettings,
     InvalidTransition,
+    KafkaSettings,
     PayloadTooLarge,
     RetryPolicy,
     Saga,
@@ -326,11 +326,11 @@ async def test_idempotent_start_gives_one_saga() -> None:
 async def test_bad_input_and_oversized_payload_are_refused_and_store_nothing() -> None:
     env = SagaTestEnv(
         [ThreeSteps],
-        settings=Settings(engine=EngineSettings(max_payload_bytes=1024)),
+        settings=Settings(kafka=KafkaSettings(max_message_bytes=1024)),
     )
     with pytest.raises(SerializationError, match="does not match Count"):
         await env.engine.start(ThreeSteps, {"steps": "many"})
-    with pytest.raises(PayloadTooLarge, match="exceeds the limit of 1024 bytes"):
+    with pytest.raises(PayloadTooLarge, match="exceeds the limit of 1,024 bytes"):
         await env.engine.start(ThreeSteps, {"steps": 1, "pad": "x" * 2000})
     assert await env.store.list_sagas() == []
 

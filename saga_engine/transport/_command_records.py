@@ -1,0 +1,61 @@
+"""The record each engine command is on the broker (pure: no I/O).
+
+The Kafka sender publishes these records; the engine measures them with the same code
+when a saga's step issues its command (the one size rule, ``check_message_size``), so a
+command is measured exactly as it would be sent: headers and sealed value included.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from saga_engine.core._codec import CodecChain
+from saga_engine.core._decision import OutboundCommand
+from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS, engine_envelope
+from saga_engine.transport._topics import Topics
+from saga_engine.transport._wire import Headers, MessageType, encode, encode_fields, record_size
+
+
+class CommandRecords:
+    """The record each engine command is on the broker: its topic, key, value and
+    headers. ``size`` is what the one size rule measures (``check_message_size``)."""
+
+    def __init__(self, topics: Topics, source: str, codec: CodecChain | None = None) -> None:
+        self._topics = topics
+        self._source = source
+        self._codec = codec
+
+    def record(self, command: OutboundCommand) -> tuple[str, bytes, bytes, Headers]:
+        if command.participant in ENGINE_PARTICIPANTS:
+            # A child saga's start or undo, or a child's end for its parent: engines
+            # answer these themselves, through the saga inbox (see _children).
+            envelope = engine_envelope(command, self._source)
+            return (self._topics.inbox, *encode(envelope, self._codec))
+        topic = self._topics.commands(command.participant)
+        return (topic, *encode_fields(self._fields(command), command.payload, self._codec))
+
+    def size(self, command: OutboundCommand) -> int:
+        """The bytes of ``command``'s record: its value and every header name and value."""
+        _, _, value, headers = self.record(command)
+        return record_size(value, headers)
+
+    def _fields(self, command: OutboundCommand) -> dict[str, Any]:
+        """The command's envelope fields, from the decision (its values are the engine's
+        own, checked when it decided: no ``Envelope`` is validated for them)."""
+        trace = command.trace_context
+        return {
+            "message_type": MessageType.COMMAND,
+            "source": self._source,
+            "subject": command.command_type,
+            "saga_id": command.saga_id,
+            "saga_type": command.saga_type,
+            "command_id": command.command_id,
+            "step": command.step,
+            "correlation_id": command.saga_id,
+            "causation_id": command.command_id,
+            "reply_to": self._topics.inbox,
+            "compensation": command.compensation,
+            "compensates": ",".join(command.compensates),
+            "traceparent": trace.get("traceparent", ""),
+            "tracestate": trace.get("tracestate", ""),
+        }
