@@ -14,6 +14,6 @@ Layer: beside ``client`` (it is a client of the protocol); may import ``kernel``
 ``transport`` and aiokafka, nothing above.
 """
 
-from saga_engine.conformance._suite import CaseResult, Report, run_suite
+from saga_engine.conformance._suite import CASE_NAMES, CaseResult, Report, run_suite
 
-__all__ = ["CaseResult", "Report", "run_suite"]
+__all__ = ["CASE_NAMES", "CaseResult", "Report", "run_suite"]
