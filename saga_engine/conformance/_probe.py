@@ -225,20 +225,23 @@ class Probe:
                 if loop.time() > deadline:
                     return None, f"topic {topic} was never created"
                 await asyncio.sleep(0.2)
-            producer = await self._producer("none")
-            parts = [TopicPartition(topic, p) for p in sorted(await producer.partitions_for(topic))]
-            reader.assign(parts)
-            await reader.seek_to_beginning(*parts)
-            while loop.time() <= deadline:
-                for records in (await reader.getmany(timeout_ms=100)).values():
-                    for r in records:
-                        reply = as_reply(r, len(parts))
-                        if reply.headers.get("ce_commandid") == command_id:
-                            return reply, ""
-            return None, f"no reply on {topic}"
+            try:
+                producer = await self._producer("none")
+                partitions = sorted(await producer.partitions_for(topic))
+                parts = [TopicPartition(topic, p) for p in partitions]
+                reader.assign(parts)
+                await reader.seek_to_beginning(*parts)
+                while loop.time() <= deadline:
+                    for records in (await reader.getmany(timeout_ms=100)).values():
+                        for r in records:
+                            reply = as_reply(r, len(parts))
+                            if reply.headers.get("ce_commandid") == command_id:
+                                return reply, ""
+                return None, f"no reply on {topic}"
+            finally:
+                await self._delete(topic)
         finally:
             await reader.stop()
-            await self._delete(topic)
 
     async def _delete(self, topic: str) -> None:
         admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap)
