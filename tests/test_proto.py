@@ -502,3 +502,76 @@ def test_limits_quoted_in_protocol_match_the_code() -> None:
     assert "max_payload_bytes" not in EngineSettings.model_fields
     assert "MAX_PAYLOAD_BYTES" not in protocol()
     assert "`ce_schemaversion: 1`" in protocol()
+
+
+# ----------------------------------------------------- (e) every MUST has a conformance row
+
+RULE_ID = r"M\d+(?:\.\d+)?-\d+"
+#: A MUST or MUST NOT, or the id that names the rule it states: ``[M7.5-1]``.
+MUST_OR_ID = re.compile(rf"\bMUST(?: NOT)?\b|\[({RULE_ID})\]")
+RULES_HEADING = "**Every MUST and what checks it.**"
+
+
+def _rules_text() -> str:
+    """PROTOCOL.md up to section 16's rules table, BCP 14's key-word paragraph blanked."""
+    text = protocol()
+    start = text.index("The key words MUST")
+    end = text.index("\n\n", start)
+    # Blanked, not cut: line numbers stay the file's.
+    text = text[:start] + "\n" * text.count("\n", start, end) + text[end:]
+    return text[: text.index(RULES_HEADING)]
+
+
+def _rules_table() -> dict[str, str]:
+    """Section 16's table: rule id to the cell naming its cases (or why none can)."""
+    rows = protocol().split("<!-- rules -->\n", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    table: dict[str, str] = {}
+    for row in rows:
+        rule, _what, checked_by = (c.strip() for c in row.strip("|").split(" | "))
+        assert rule not in table, f"{rule} has two rows"
+        table[rule] = checked_by
+    return table
+
+
+def _stated_rules() -> list[str]:
+    """The id of every MUST and MUST NOT, in order; fails at one without its own id."""
+    ids: list[str] = []
+    pending = 0  # the line of a MUST still waiting for its id
+    text = _rules_text()
+    for match in MUST_OR_ID.finditer(text):
+        line = text.count("\n", 0, match.start()) + 1
+        if match.group(1) is None:
+            assert not pending, f"the MUST at line {pending} has no [M…] id before the next"
+            pending = line
+            continue
+        assert pending, f"[{match.group(1)}] at line {line} follows no MUST"
+        ids.append(match.group(1))
+        pending = 0
+    assert not pending, f"the MUST at line {pending} has no [M…] id"
+    return ids
+
+
+def test_every_must_of_the_protocol_has_its_own_id() -> None:
+    ids = _stated_rules()
+    assert len(ids) >= 30
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+
+
+def test_section_16_maps_every_must_to_a_case_of_the_suite() -> None:
+    from saga_engine.conformance import CASE_NAMES
+
+    table = _rules_table()
+    assert sorted(table) == sorted(_stated_rules())
+    for rule, checked_by in table.items():
+        if checked_by.startswith("none: "):
+            assert len(checked_by) > 20, f"{rule}: say why no case can check it"
+            continue
+        cases = re.findall(r"`([^`]+)`", checked_by)
+        assert cases, f"{rule}: name a case, or say 'none: why'"
+        for case in cases:
+            matched = [
+                n
+                for n in CASE_NAMES
+                if n == case or (case.endswith("*") and n.startswith(case[:-1]))
+            ]
+            assert matched, f"{rule} names {case!r}, which the conformance suite does not have"

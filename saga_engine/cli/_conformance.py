@@ -29,7 +29,8 @@ def conformance(
 ) -> None:
     """Check a running participant, in any language, against proto/PROTOCOL.md: the
     checks of section 7.5 in order, reply headers, deduplication, every batch codec,
-    compensations. It must implement section 16's command types."""
+    optional headers, 64-bit integers, a new reply topic, compensations. It must
+    implement section 16's command types; it may run again against the same one."""
     settings = Settings()
     kafka = settings.kafka
     report = run_async(

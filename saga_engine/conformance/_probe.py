@@ -1,22 +1,29 @@
 """The suite's Kafka side: :class:`Probe` sends records to a participant's command topic
 and collects what comes back on the inbox and the dead-letter topic, from the moment it
-started; :class:`Reply` is one reply, with the checks of PROTOCOL.md 7.3-7.4 on it."""
+started, for its own run only; :class:`Reply` is one reply, with the checks of
+PROTOCOL.md 7.3-7.4 on it."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from datetime import datetime
+import json
+import re
+from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from saga_engine.conformance._cases import CASE_HEADER, TRACEPARENT, Headers
 from saga_engine.kernel._errors import SerializationError
+from saga_engine.kernel._partitioning import partition_for
 from saga_engine.kernel._serde import loads
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import Envelope
+
+#: Section 10's note on check 10: what a producer MUST send as ``ce_time``.
+RFC3339: Final = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
 
 #: What every reply carries (section 7.4), beside the values matched to its command.
 _FIXED = {
@@ -32,6 +39,12 @@ class Reply:
     key: bytes | None
     headers: dict[str, str]
     body: Any
+    #: Where it arrived, of how many partitions (section 2: murmur2 of the key).
+    partition: int = 0
+    partitions: int = 1
+    #: Header names in the order sent, and member names the value repeats (section 3).
+    names: list[str] = field(default_factory=list)
+    repeated_members: list[str] = field(default_factory=list)
 
     @property
     def outcome(self) -> str:
@@ -42,10 +55,14 @@ class Reply:
         payload = self.body.get("payload") if isinstance(self.body, dict) else None
         return payload if isinstance(payload, dict) else {}
 
-    def expect(self, outcome: str, **payload: int) -> list[str]:
+    def expect(self, outcome: str, *, or_empty: bool = False, **payload: int) -> list[str]:
+        """What is wrong with this reply's outcome and payload (``or_empty``: an empty
+        payload is right too, section 7.3's answer to a compensation of nothing)."""
         problems = (
             [] if self.outcome == outcome else [f"outcome {self.outcome!r}, want {outcome!r}"]
         )
+        if or_empty and not self.payload and isinstance(self.body, dict):
+            return problems
         for name, value in payload.items():
             if self.payload.get(name) != value:
                 problems.append(f"payload {name} = {self.payload.get(name)!r}, want {value}")
@@ -62,9 +79,17 @@ class Reply:
         problems += [f"{k} is missing" for k in ("ce_id", "ce_source", "ce_time") if not h.get(k)]
         if self.key != command.saga_id.encode():
             problems.append(f"key {self.key!r}, want the saga id")
-        try:
-            datetime.fromisoformat(h.get("ce_time", "").replace("Z", "+00:00"))
-        except ValueError:
+        want_partition = partition_for(command.saga_id, self.partitions)
+        if self.partition != want_partition:
+            problems.append(
+                f"partition {self.partition}, want {want_partition} (murmur2 of the key)"
+            )
+        twice = sorted({n for n in self.names if self.names.count(n) > 1})
+        if twice:
+            problems.append(f"header(s) sent twice: {twice}")
+        if self.repeated_members:
+            problems.append(f"member(s) named twice in the value: {self.repeated_members}")
+        if not RFC3339.match(h.get("ce_time", "")):
             problems.append(f"ce_time {h.get('ce_time')!r} is not RFC 3339")
         trace = h.get("traceparent", "").split("-")
         if len(trace) != 4 or trace[1] != TRACEPARENT.split("-")[1]:
@@ -75,9 +100,12 @@ class Reply:
 class Probe:
     """Producers to the command topic; readers of the inbox and the dead-letter topic."""
 
-    def __init__(self, bootstrap: str, prefix: str, participant: str, timeout_s: float) -> None:
+    def __init__(
+        self, bootstrap: str, prefix: str, participant: str, timeout_s: float, run: str
+    ) -> None:
         topics = Topics(prefix)
         self.participant = participant
+        self._run_tag = f"{run}/"
         self.command_topic = topics.commands(participant)
         self.inbox_topic = topics.inbox
         self._dlq_topic = topics.dlq
@@ -88,6 +116,7 @@ class Probe:
         self.replies: dict[str, list[Reply]] = {}
         self._by_saga: set[str] = set()
         self.dead_letters: dict[str, list[dict[str, str]]] = {}
+        self.partitions: dict[str, int] = {}
 
     async def __aenter__(self) -> Probe:
         await self._reader.start()
@@ -98,11 +127,9 @@ class Probe:
             await self._reader.stop()
             raise ValueError(f"topic(s) {', '.join(absent)} do not exist: create them first")
         producer = await self._producer("none")
-        parts = [
-            TopicPartition(topic, p)
-            for topic in wanted[:2]
-            for p in sorted(await producer.partitions_for(topic))
-        ]
+        for topic in wanted:
+            self.partitions[topic] = len(await producer.partitions_for(topic))
+        parts = [TopicPartition(t, p) for t in wanted[:2] for p in range(self.partitions[t])]
         # Only what arrives from now on: positions resolved before anything is sent.
         self._reader.assign(parts)
         await self._reader.seek_to_end(*parts)
@@ -167,16 +194,86 @@ class Probe:
         batches = await self._reader.getmany(timeout_ms=int(seconds * 1000))
         for tp, records in batches.items():
             for r in records:
-                headers = {k: v.decode(errors="replace") for k, v in r.headers or []}
                 if tp.topic == self._dlq_topic:
-                    case = headers.get(CASE_HEADER)
-                    if case:
-                        self.dead_letters.setdefault(case, []).append(headers)
-                    continue
-                try:
-                    body = loads(r.value or b"")
-                except SerializationError:
-                    body = None
-                reply = Reply(r.key, headers, body)
-                self.replies.setdefault(headers.get("ce_commandid", ""), []).append(reply)
-                self._by_saga.add(headers.get("ce_sagaid", ""))
+                    self._dead_letter(r)
+                else:
+                    self._reply(r, self.partitions[tp.topic])
+
+    def _dead_letter(self, record: Any) -> None:
+        """Kept if it is of this run: an earlier run's are not this run's cases."""
+        headers = {k: v.decode(errors="replace") for k, v in record.headers or []}
+        tag = headers.get(CASE_HEADER, "")
+        if tag.startswith(self._run_tag):
+            self.dead_letters.setdefault(tag.removeprefix(self._run_tag), []).append(headers)
+
+    def _reply(self, record: Any, partitions: int) -> Reply:
+        reply = as_reply(record, partitions)
+        self.replies.setdefault(reply.headers.get("ce_commandid", ""), []).append(reply)
+        self._by_saga.add(reply.headers.get("ce_sagaid", ""))
+        return reply
+
+    async def reply_on_new_topic(self, topic: str, command_id: str) -> tuple[Reply | None, str]:
+        """Waits for ``topic`` to exist (the participant creates it, section 1) and for the
+        reply to ``command_id`` on it, read from its start; then deletes the topic. The
+        reply, or None and what was missing."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout_s
+        reader = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None)
+        await reader.start()
+        try:
+            while topic not in await reader.topics():
+                if loop.time() > deadline:
+                    return None, f"topic {topic} was never created"
+                await asyncio.sleep(0.2)
+            try:
+                producer = await self._producer("none")
+                partitions = sorted(await producer.partitions_for(topic))
+                parts = [TopicPartition(topic, p) for p in partitions]
+                reader.assign(parts)
+                await reader.seek_to_beginning(*parts)
+                while loop.time() <= deadline:
+                    for records in (await reader.getmany(timeout_ms=100)).values():
+                        for r in records:
+                            reply = as_reply(r, len(parts))
+                            if reply.headers.get("ce_commandid") == command_id:
+                                return reply, ""
+                return None, f"no reply on {topic}"
+            finally:
+                await self._delete(topic)
+        finally:
+            await reader.stop()
+
+    async def _delete(self, topic: str) -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_topics([topic])
+        finally:
+            await admin.close()
+
+
+def as_reply(record: Any, partitions: int) -> Reply:
+    names = [k for k, _ in record.headers or []]
+    headers = {k: v.decode(errors="replace") for k, v in record.headers or []}
+    try:
+        body = loads(record.value or b"")
+    except SerializationError:
+        body = None
+    repeated = _repeated_members(record.value or b"")
+    return Reply(record.key, headers, body, record.partition, partitions, names, repeated)
+
+
+def _repeated_members(value: bytes) -> list[str]:
+    """Member names that an object of ``value`` holds twice (section 7.5's notes)."""
+    repeated: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        names = [k for k, _ in items]
+        repeated.extend(sorted({k for k in names if names.count(k) > 1}))
+        return dict(items)
+
+    try:
+        json.loads(value, object_pairs_hook=pairs)
+    except ValueError:
+        return []
+    return repeated

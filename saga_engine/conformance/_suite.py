@@ -2,7 +2,8 @@
 
 Each part sends its records, waits (polling, with a deadline) for the replies and dead
 letters it expects, and judges them; a part that waits in vain fails with what is
-missing. Parts run one after another, so a later one never races an earlier one."""
+missing. Parts run one after another, so a later one never races an earlier one. Every
+run gives the same rows, :data:`CASE_NAMES`, in that order."""
 
 from __future__ import annotations
 
@@ -25,6 +26,28 @@ from saga_engine.kernel._serde import dumps
 from saga_engine.transport._wire import encode
 
 CODECS = ("gzip", "snappy", "lz4", "zstd")
+#: Section 12: a participant MUST accept every integer from -2^63 to 2^64-1.
+INTEGERS = (-(2**63), 2**63, 2**64 - 1)
+NEW_TOPIC_CASE = "a reply to a topic that does not exist yet"
+
+#: Every row of a report, in its order: the same on every run, pass or fail.
+CASE_NAMES: tuple[str, ...] = (
+    *(f"dead letter: {c.name}" for c in DEAD_CASES),
+    *(f"answered: {a.name}" for a in ANSWERED_CASES),
+    "everything arrived",
+    "duplicate headers: last-subject-wins",
+    "duplicate headers: empty-last-subject",
+    "three copies applied once, answered alike",
+    "reply headers, each answering its copy",
+    "a refusal applies nothing",
+    *(f"a {codec} batch" for codec in CODECS),
+    "answered on the inbox without ce_replyto",
+    "answered without ce_step",
+    "integers from -2^63 to 2^64-1 accepted",
+    "a compensation before its forward command",
+    "a compensation after its forward command",
+    NEW_TOPIC_CASE,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,16 +88,20 @@ async def run_suite(
 ) -> Report:
     """Runs every part against ``participant`` (its command topic must exist and the
     participant be running); returns one result per case."""
-    async with Probe(bootstrap_servers, prefix, participant, timeout_s) as probe:
-        sender = Sender(f"conf-{uuid.uuid4().hex[:10]}", probe.inbox_topic)
+    run = f"conf-{uuid.uuid4().hex[:10]}"
+    async with Probe(bootstrap_servers, prefix, participant, timeout_s, run) as probe:
+        sender = Sender(run, probe.inbox_topic)
         report = Report(participant, probe.command_topic)
         parts: list[Callable[[Probe, Sender, int], Awaitable[list[CaseResult]]]] = [
-            _checks, _duplicate_headers, _applied_once, _refusal, _compressed,
+            _checks, _duplicate_headers, _applied_once, _refusal, _compressed, _accepted,
             _undo_never_applied, _undo_applied,
         ]  # fmt: skip
         for part in parts:
             report.results.extend(await part(probe, sender, max_message_bytes))
-        return report
+        report.results.append(await _new_reply_topic(probe, sender, f"{prefix}.{run}"))
+    names = tuple(r.name for r in report.results)
+    assert names == CASE_NAMES, f"the suite's rows {names} are not CASE_NAMES"
+    return report
 
 
 async def _checks(probe: Probe, sender: Sender, limit: int) -> list[CaseResult]:
@@ -105,8 +132,7 @@ async def _checks(probe: Probe, sender: Sender, limit: int) -> list[CaseResult]:
         if dead != want:
             problems.append(f"dead letters {dead}, want {want}")
         results.append(_result(f"answered: {a.name}", f"7.5 check {a.check}", problems))
-    if missing:
-        results.append(CaseResult("everything arrived", "7.5", False, f"missing: {missing}"))
+    results.append(_result("everything arrived", "7.5", [f"missing: {missing}"] if missing else []))
     return results
 
 
@@ -121,6 +147,8 @@ def _judge_dead(probe: Probe, sender: Sender, case: str, section: str, reason: s
             problems.append(f"dlq_consumer {consumer!r}, want 'participant:{probe.participant}:…'")
         if h.get("dlq_topic") != probe.command_topic:
             problems.append(f"dlq_topic {h.get('dlq_topic')!r}")
+        if "dlq_truncated" in h:
+            problems.append("truncated, though the dead-letter topic takes it whole (section 11)")
     if probe.answered(f"{sender.run}-{case}"):
         problems.append("it was answered; a record failing checks 1-15 gets no reply")
     return _result(f"dead letter: {case}", section, problems)
@@ -209,7 +237,8 @@ async def _undo_never_applied(probe: Probe, sender: Sender, _: int) -> list[Case
         compensates=(forward.command_id,),
     )
     check = sender.command("never-applied-check", APPLY, {"key": sender.key("never-applied")})
-    problems = await _exchange(probe, undo, "success", undone=0)
+    # Section 7.3: nothing was applied, so `{}` without running the handler is right too.
+    problems = await _exchange(probe, undo, "success", or_empty=True, undone=0)
     problems += await _exchange(probe, forward, "failure")
     problems += await _exchange(probe, check, "success", applied=1)
     return [_result("a compensation before its forward command", "7.2 step 3a, 7.3", problems)]
@@ -225,11 +254,57 @@ async def _undo_applied(probe: Probe, sender: Sender, _: int) -> list[CaseResult
     return [_result("a compensation after its forward command", "7.3", problems)]
 
 
-async def _exchange(probe: Probe, command: Any, outcome: str, **payload: int) -> list[str]:
+async def _accepted(probe: Probe, sender: Sender, _: int) -> list[CaseResult]:
+    """Section 7.5's notes: a command without ``ce_replyto`` is answered on the inbox,
+    one without ``ce_step`` is processed; section 12: every integer from -2^63 to
+    2^64-1 in a body is accepted."""
+    results = []
+    for name, case, header in (
+        ("answered on the inbox without ce_replyto", "no-reply-to", "ce_replyto"),
+        ("answered without ce_step", "no-step", "ce_step"),
+    ):
+        key, value, headers = sender.record(case)
+        await probe.send(key, value, edit(headers, {header: None}))
+        cid = sender.command(case, APPLY, {}).command_id
+        replies, missing = await probe.collect({cid}, set())
+        got = replies.get(cid, [])
+        problems = [f"no reply on the inbox ({missing})"] if not got else []
+        problems += got[0].expect("success", applied=1) if got else []
+        results.append(_result(name, "7.5 notes", problems))
+    problems = []
+    for n, amount in enumerate(INTEGERS):
+        case = f"integer-{n}"
+        command = sender.command(case, APPLY, {"key": sender.key(case), "amount": amount})
+        problems += [f"amount {amount}: {p}" for p in await _exchange(probe, command, "success")]
+    results.append(_result("integers from -2^63 to 2^64-1 accepted", "12", problems))
+    return results
+
+
+async def _new_reply_topic(probe: Probe, sender: Sender, topic: str) -> CaseResult:
+    """Section 1: a participant creates a ``ce_replyto`` topic it has not seen, with the
+    protocol's partition count, and goes on answering."""
+    command = sender.command("new-topic", APPLY, {"key": sender.key("new-topic")})
+    await probe.send(*encode(command.model_copy(update={"reply_to": topic})))
+    reply, missing = await probe.reply_on_new_topic(topic, command.command_id)
+    problems = [missing] if reply is None else reply.expect("success", applied=1)
+    if reply is not None and reply.partitions != probe.partitions[probe.inbox_topic]:
+        problems.append(
+            f"{topic} has {reply.partitions} partitions, want the inbox's "
+            f"{probe.partitions[probe.inbox_topic]}"
+        )
+    after = sender.command("after-new-topic", APPLY, {"key": sender.key("after-new-topic")})
+    problems += [f"afterwards: {p}" for p in await _exchange(probe, after, "success", applied=1)]
+    return _result(NEW_TOPIC_CASE, "1 (topic creation)", problems)
+
+
+async def _exchange(
+    probe: Probe, command: Any, outcome: str, *, or_empty: bool = False, **payload: int
+) -> list[str]:
     """Sends ``command``, waits for its reply; the problems with it."""
     await probe.send(*encode(command))
     replies, _ = await probe.collect({command.command_id}, set())
     got = replies.get(command.command_id, [])
     if not got:
         return [f"{command.subject} {command.command_id}: no reply"]
-    return [f"{command.subject}: {p}" for p in got[0].expect(outcome, **payload)]
+    problems = got[0].expect(outcome, or_empty=or_empty, **payload)
+    return [f"{command.subject}: {p}" for p in problems]

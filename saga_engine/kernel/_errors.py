@@ -569,7 +569,9 @@ class PoisonMessage(PermanentError):
 
     When only its body is refused (nested too deep to be read), ``envelope`` is the
     message as its headers make it (with an empty body) and ``body_error`` the refusal:
-    a participant still answers such a command, with a failure naming why. (It is the
+    a participant still answers such a command, with a failure naming why. A reply or
+    undo without ``ce_commandid`` carries its ``envelope`` too, without ``body_error``,
+    so that a participant's earlier check (not a command) decides. (It is the
     transport's ``Envelope``; typed ``object`` because the kernel imports no layer.)"""
 
     def __init__(

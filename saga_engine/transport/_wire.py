@@ -476,13 +476,17 @@ def _envelope(key: bytes | None, found: dict[str, str], body: Any) -> Envelope:
         envelope = Envelope.model_validate(fields)
     except ValidationError as exc:
         raise PoisonMessage(PoisonReason.MISSING_HEADER, f"bad header values: {exc}") from None
-    if envelope.message_type in _NEED_COMMAND_ID and not envelope.command_id:
-        raise PoisonMessage(
-            PoisonReason.MISSING_HEADER, f"a {envelope.message_type.value} needs ce_commandid"
-        )
     if key is not None and key.decode(errors="replace") != envelope.saga_id:
         raise PoisonMessage(
             PoisonReason.KEY_MISMATCH, "the record key must be the saga id (ce_sagaid)"
+        )
+    if envelope.message_type in _NEED_COMMAND_ID and not envelope.command_id:
+        # After checks 1-11 (PROTOCOL.md 7.5), with the envelope: a participant makes its
+        # check 12 (a reply is not a command) before this one.
+        raise PoisonMessage(
+            PoisonReason.MISSING_HEADER,
+            f"a {envelope.message_type.value} needs ce_commandid",
+            envelope=envelope,
         )
     return envelope
 

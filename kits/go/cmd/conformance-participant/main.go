@@ -19,6 +19,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -33,9 +34,16 @@ import (
 	kit "github.com/saga-engine/saga-engine/kits/go"
 )
 
-// keyBody is the body of the three command types.
+// keyBody is the body of ConformanceRefuse and ConformanceUndo.
 type keyBody struct {
 	Key string `json:"key"`
+}
+
+// applyBody is the body of ConformanceApply: an optional integer that may be
+// anything from -2^63 to 2^64-1 (section 12), which the handler ignores.
+type applyBody struct {
+	Key    string       `json:"key"`
+	Amount *json.Number `json:"amount"`
 }
 
 func env(name, def string) string {
@@ -92,7 +100,7 @@ func main() {
 		os.Exit(1)
 	}
 
-	kit.HandleTyped(k, "ConformanceApply", func(ctx context.Context, tx pgx.Tx, _ kit.Command, b keyBody) (any, error) {
+	kit.HandleTyped(k, "ConformanceApply", func(ctx context.Context, tx pgx.Tx, _ kit.Command, b applyBody) (any, error) {
 		if _, err := tx.Exec(ctx, `INSERT INTO `+effects+` (key) VALUES ($1)`, b.Key); err != nil {
 			return nil, err
 		}
