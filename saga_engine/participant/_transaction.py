@@ -256,21 +256,19 @@ def _success(ctx: ParticipantContext, command: Envelope, item: Item, result: obj
         # once, as a refusal: its writes roll back, and the step fails now, naming the limit.
         ctx.stats["reply_too_large"] += 1
         raise Rejected(
-            _too_large(ctx, command, exc),
+            _too_large(command, exc),
             details={"size_bytes": exc.size, "limit_bytes": exc.limit},
         ) from exc
     return outgoing
 
 
-def _too_large(ctx: ParticipantContext, command: Envelope, exc: PayloadTooLarge) -> str:
-    """Why the reply is refused, naming the limit and the setting it comes from (the
-    smaller of the engine's payload limit and the broker's message size)."""
-    by_engine = exc.limit == ctx.settings.engine.max_payload_bytes
-    setting = "SAGA_ENGINE__MAX_PAYLOAD_BYTES" if by_engine else "SAGA_KAFKA__MAX_MESSAGE_BYTES"
+def _too_large(command: Envelope, exc: PayloadTooLarge) -> str:
+    """Why the reply is refused, naming the limit and the setting it comes from (the one
+    size rule: the broker's message size)."""
     return (
         f"the reply of the {command.subject} handler is {exc.size} bytes, over the limit of "
-        f"{exc.limit} bytes ({setting}): nothing was applied; return a smaller result "
-        "(a reference to the data rather than the data)"
+        f"{exc.limit} bytes (SAGA_KAFKA__MAX_MESSAGE_BYTES): nothing was applied; return a "
+        "smaller result (a reference to the data rather than the data)"
     )
 
 

@@ -34,6 +34,7 @@ from saga_engine.core._codec import CodecChain
 from saga_engine.core._decision import OutboundCommand
 from saga_engine.kernel._errors import KafkaUnavailable, PermanentError
 from saga_engine.kernel._partitioning import key_partition
+from saga_engine.kernel._retry import is_transient
 from saga_engine.kernel._settings import KafkaSettings
 from saga_engine.kernel._startup import Dependency
 
@@ -243,15 +244,16 @@ async def start_record(
     return ack
 
 
-#: What the producer or the broker refuses for good: no retry can send the record.
-_TOO_LARGE = (MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError)
-
-
 def publish_error(topic: str, exc: BaseException, size: int | None = None) -> Exception:
-    """What a failed publish to ``topic`` means: a record too large for the producer or
-    the broker is refused for good (PermanentError: retrying it would stall whoever
-    waits for it); anything else may pass (KafkaUnavailable, transient)."""
-    if isinstance(exc, _TOO_LARGE):
+    """What a failed publish to ``topic`` means, by the one rule of what is transient
+    (``kernel._retry.is_transient``): a refusal no retry can pass (a record too large
+    for the producer or the broker, an authorization failure) is a PermanentError, so
+    whoever waits for it is answered at once; anything else may pass (KafkaUnavailable)."""
+    if isinstance(exc, KafkaUnavailable):
+        return exc
+    if is_transient(exc):
+        return KafkaUnavailable(f"could not publish to {topic}: {exc!r}")
+    if isinstance(exc, MessageSizeTooLargeError | RecordListTooLargeError | RecordTooLargeError):
         of = f" of {size:,} bytes" if size is not None else ""
         return PermanentError(
             f"could not publish to {topic}: the record{of} is too large for the producer or "
@@ -259,9 +261,7 @@ def publish_error(topic: str, exc: BaseException, size: int | None = None) -> Ex
             "SAGA_KAFKA__MAX_MESSAGE_BYTES fail their step before they are recorded: the "
             "broker's and the topic's message.max.bytes must allow that limit plus 64 KiB"
         )
-    if isinstance(exc, KafkaUnavailable):
-        return exc
-    return KafkaUnavailable(f"could not publish to {topic}: {exc!r}")
+    return PermanentError(f"could not publish to {topic}: {exc!r}; no retry can send it")
 
 
 class KafkaCommandSender:
