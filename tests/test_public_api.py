@@ -54,7 +54,7 @@ FRONT_DOORS: dict[str, set[str]] = {
         "Transaction",
     },
     "saga_engine.client": {"SagaClient"},
-    "saga_engine.conformance": {"CaseResult", "Report", "run_suite"},
+    "saga_engine.conformance": {"CASE_NAMES", "CaseResult", "Report", "run_suite"},
     "saga_engine.worker": {"DeadLetterTopic", "SagaWorker"},
     "saga_engine.replay": {
         "FORMAT", "HistoryExport", "ReplayResult", "export_history", "load_history",
