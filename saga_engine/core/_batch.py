@@ -21,14 +21,15 @@ import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Final
+from typing import Annotated, Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from saga_engine.core._definition import SagaRegistry
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._errors import InvalidPayload, InvalidTransition, UnknownSagaType
-from saga_engine.kernel._serde import NO_NUL, JsonDict
+from saga_engine.kernel._input_types import Instant, StorableText, Text, check_time_range
+from saga_engine.kernel._serde import JsonDict
 
 __all__ = [
     "BATCH_TRANSITIONS",
@@ -92,15 +93,24 @@ class BatchFilter(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     statuses: list[SagaStatus] | None = None
-    saga_type: str | None = Field(default=None, min_length=1, max_length=100, pattern=NO_NUL)
-    created_after: datetime | None = None
-    created_before: datetime | None = None
-    updated_after: datetime | None = None
-    updated_before: datetime | None = None
+    saga_type: Annotated[str, StorableText(min_length=1, max_length=100)] | None = None
+    created_after: Instant | None = None
+    created_before: Instant | None = None
+    updated_after: Instant | None = None
+    updated_before: Instant | None = None
     #: An id prefix, or an idempotency key.
-    q: str | None = Field(default=None, min_length=1, max_length=200, pattern=NO_NUL)
+    q: Annotated[str, StorableText(min_length=1, max_length=200)] | None = None
     #: Search attributes (``Saga.search_attributes``), all of which must match.
-    attributes: dict[str, str] = Field(default_factory=dict)
+    attributes: dict[Text, Text] = Field(default_factory=dict)
+
+    @field_validator("created_before", "updated_before")
+    @classmethod
+    def _after_first(cls, value: datetime | None, info: ValidationInfo) -> datetime | None:
+        what = str(info.field_name).removesuffix("_before")
+        problem = check_time_range(info.data.get(f"{what}_after"), value, what)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
     def list_arguments(self) -> dict[str, Any]:
         """The keyword arguments of ``EventStore.list_sagas`` this filter is."""
@@ -124,9 +134,9 @@ class BatchSpec(BaseModel):
     filter: BatchFilter
     action: BatchAction
     #: Required, and recorded in every saga's history after the operation's id.
-    reason: str = Field(min_length=1, max_length=1000, pattern=r"^[^\x00]*\S[^\x00]*$")
+    reason: Annotated[str, StorableText(strip=True, min_length=1, max_length=1000)]
     #: The signal's name and payload (``action`` signal only).
-    signal: str | None = None
+    signal: Text | None = None
     payload: JsonDict = Field(default_factory=dict)
 
 
