@@ -95,11 +95,11 @@ async def list_sagas(
 
 def _check_ranges(*bounds: datetime | None) -> None:
     """(created_after, created_before, updated_after, updated_before): each pair in order,
-    a 422 naming the ``*_before`` parameter."""
+    a 422 naming the ``*_after`` parameter (as a batch operation's filter does)."""
     for low, high, what in ((bounds[0], bounds[1], "created"), (bounds[2], bounds[3], "updated")):
         problem = check_time_range(low, high, what)
         if problem is not None:
-            loc = ("query", f"{what}_before")
+            loc = ("query", f"{what}_after")
             raise RequestValidationError([{"loc": loc, "msg": problem, "type": "time_range"}])
 
 

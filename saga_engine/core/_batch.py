@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from saga_engine.core._definition import SagaRegistry
 from saga_engine.core._status import SagaStatus
@@ -102,15 +101,6 @@ class BatchFilter(BaseModel):
     q: Annotated[str, StorableText(min_length=1, max_length=200)] | None = None
     #: Search attributes (``Saga.search_attributes``), all of which must match.
     attributes: dict[Text, Text] = Field(default_factory=dict)
-
-    @field_validator("created_before", "updated_before")
-    @classmethod
-    def _after_first(cls, value: datetime | None, info: ValidationInfo) -> datetime | None:
-        what = str(info.field_name).removesuffix("_before")
-        problem = check_time_range(info.data.get(f"{what}_after"), value, what)
-        if problem is not None:
-            raise ValueError(problem)
-        return value
 
     def list_arguments(self) -> dict[str, Any]:
         """The keyword arguments of ``EventStore.list_sagas`` this filter is."""
@@ -192,9 +182,9 @@ def check_spec(spec: BatchSpec, registry: SagaRegistry) -> None:
         (where.created_after, where.created_before, "created"),
         (where.updated_after, where.updated_before, "updated"),
     ):
-        if low is not None and high is not None and _utc(low) >= _utc(high):
-            msg = f"must be earlier than {what}_before"
-            raise _problem(["filter", f"{what}_after"], msg, "value_error")
+        problem = check_time_range(low, high, what)
+        if problem is not None:
+            raise _problem(["filter", f"{what}_after"], problem, "time_range")
     definition = None
     if where.saga_type is not None:
         try:
@@ -229,7 +219,3 @@ def check_spec(spec: BatchSpec, registry: SagaRegistry) -> None:
                 for e in exc.errors
             ],
         ) from None
-
-
-def _utc(value: datetime) -> datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)

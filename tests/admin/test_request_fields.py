@@ -342,7 +342,7 @@ async def test_a_422_names_the_field_as_the_request_spells_it(world: World) -> N
     assert await loc("GET", "/domain-events", source=NUL) == [["query", "source"]]
     inverted = {"created_after": "2030-01-02T00:00:00Z", "created_before": "2030-01-01T00:00:00Z"}
     batch = {"filter": inverted, "action": "cancel", "reason": "r", "dry_run": True}
-    assert await loc("POST", "/batch-operations", batch) == [["body", "filter", "created_before"]]
-    assert await loc("GET", "/sagas", **inverted) == [["query", "created_before"]]
+    assert await loc("POST", "/batch-operations", batch) == [["body", "filter", "created_after"]]
+    assert await loc("GET", "/sagas", **inverted) == [["query", "created_after"]]
     late = {**batch, "filter": {"updated_after": OUT_OF_RANGE[1]}}
     assert await loc("POST", "/batch-operations", late) == [["body", "filter", "updated_after"]]
