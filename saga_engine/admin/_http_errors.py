@@ -132,31 +132,16 @@ def invalid_detail(
     return detail
 
 
-class _SpelledInvalid(Exception):
-    """An InvalidPayload whose problems are named as the request names them."""
-
-    def __init__(self, cause: InvalidPayload, detail: list[dict[str, object]]) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-        self.detail = detail
-
-
 @contextlib.contextmanager
 def request_fields(under: tuple[str, ...] = ("body",), **fields: tuple[str, ...]) -> Iterator[None]:
     """Names the fields of an InvalidPayload raised inside as the request spells them
-    (see :func:`invalid_detail`): ``with request_fields(("body", "input")):`` for a value
-    the request carries as ``input``; ``payload=("body", "input")`` for one the engine
-    calls ``payload``."""
+    (see :func:`invalid_detail`), as FastAPI's own 422 does: ``with
+    request_fields(("body", "input")):`` for a value the request carries as ``input``;
+    ``payload=("body", "input")`` for one the engine calls ``payload``."""
     try:
         yield
     except InvalidPayload as exc:
-        raise _SpelledInvalid(exc, invalid_detail(exc, under, fields)) from None
-
-
-async def _spelled_invalid(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, _SpelledInvalid)
-    body = {"detail": exc.detail, "error": type(exc.cause).__name__, "message": str(exc.cause)}
-    return JSONResponse(body, status_code=422)
+        raise RequestValidationError(invalid_detail(exc, under, fields)) from None
 
 
 async def _request_invalid(request: Request, exc: Exception) -> Response:
@@ -209,7 +194,6 @@ def api_router() -> APIRouter:
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(SagaError, _saga_error)
     app.add_exception_handler(RequestValidationError, _request_invalid)
-    app.add_exception_handler(_SpelledInvalid, _spelled_invalid)
 
 
 class BodyLimitMiddleware:
