@@ -60,7 +60,7 @@ from saga_engine.core._gist import gist
 from saga_engine.core._status import SagaStatus
 from saga_engine.core._view import SagaView
 from saga_engine.kernel._errors import UnknownSagaType
-from saga_engine.kernel._input_types import StorableText
+from saga_engine.kernel._input_types import StorableText, Text
 from saga_engine.kernel._settings import AdminSettings
 from saga_engine.runner._parts import EngineParts
 
@@ -251,7 +251,7 @@ def web_router(parts: EngineParts, admin: AdminSettings) -> APIRouter:
         return await _list_page(request, parts, user(request), shown)
 
     @router.get("/sagas/{saga_id}", name="ui_saga")
-    async def saga_view(request: Request, saga_id: str) -> HTMLResponse:
+    async def saga_view(request: Request, saga_id: Text) -> HTMLResponse:
         return await _saga_page(request, parts, user(request), saga_id)
 
     return router

@@ -344,5 +344,9 @@ async def test_a_422_names_the_field_as_the_request_spells_it(world: World) -> N
     batch = {"filter": inverted, "action": "cancel", "reason": "r", "dry_run": True}
     assert await loc("POST", "/batch-operations", batch) == [["body", "filter", "created_after"]]
     assert await loc("GET", "/sagas", **inverted) == [["query", "created_after"]]
+    # The pages' paths too (they are not in the OpenAPI document).
+    for page in ("/ui/sagas/a%00b", "/ui/batch-operations/a%00b"):
+        answer = await http.get(page, headers=OPERATOR)
+        assert answer.status_code == 422, (page, answer.status_code, answer.text)
     late = {**batch, "filter": {"updated_after": OUT_OF_RANGE[1]}}
     assert await loc("POST", "/batch-operations", late) == [["body", "filter", "updated_after"]]
