@@ -24,7 +24,7 @@ from saga_engine.admin._schemas import (
     SignalRequest,
     SkipRequest,
 )
-from saga_engine.admin._shared import ACTION_ERRORS, errors, load, saga_ref
+from saga_engine.admin._shared import ACTION_ERRORS, SagaIdPath, errors, load, saga_ref
 from saga_engine.core._view import fold
 from saga_engine.runner._engine import Engine
 
@@ -56,7 +56,7 @@ async def _done(
     "/sagas/{saga_id}/signal", response_model=ActionResult, responses=errors(*ACTION_ERRORS)
 )
 async def signal(
-    saga_id: str, body: SignalRequest, caller: Caller, engine: EngineDep
+    saga_id: SagaIdPath, body: SignalRequest, caller: Caller, engine: EngineDep
 ) -> ActionResult:
     """Delivers a signal (the same ``signal_id`` twice is delivered once)."""
     signal_id = body.signal_id or str(uuid.uuid4())
@@ -85,7 +85,7 @@ async def signal(
     "/sagas/{saga_id}/cancel", response_model=ActionResult, responses=errors(*ACTION_ERRORS)
 )
 async def cancel(
-    saga_id: str, body: CancelRequest, caller: Caller, engine: EngineDep
+    saga_id: SagaIdPath, body: CancelRequest, caller: Caller, engine: EngineDep
 ) -> ActionResult:
     """Cancels a running saga: it compensates every step it owes, in reverse order."""
     await engine.cancel(saga_ref(saga_id), body.reason, principal=caller.name)
@@ -97,7 +97,7 @@ async def cancel(
     "/sagas/{saga_id}/resume", response_model=ActionResult, responses=errors(*ACTION_ERRORS)
 )
 async def resume(
-    saga_id: str, body: ResumeRequest, caller: Caller, engine: EngineDep
+    saga_id: SagaIdPath, body: ResumeRequest, caller: Caller, engine: EngineDep
 ) -> ActionResult:
     """Resumes a parked saga: retries its stuck compensation, or goes on with a
     nondeterministic one once the code deployed now replays its history."""
@@ -110,7 +110,7 @@ async def resume(
     "/sagas/{saga_id}/retry", response_model=ActionResult, responses=errors(*ACTION_ERRORS)
 )
 async def retry(
-    saga_id: str, body: RetryRequest, caller: Caller, engine: EngineDep
+    saga_id: SagaIdPath, body: RetryRequest, caller: Caller, engine: EngineDep
 ) -> ActionResult:
     """Retries a step now: one waiting out its back-off, a stuck compensation, or a step
     parked after it could not succeed (with an edited ``command`` if given: 422 if its
@@ -132,7 +132,7 @@ async def retry(
 
 @router.post("/sagas/{saga_id}/skip", response_model=ActionResult, responses=errors(*ACTION_ERRORS))
 async def skip(
-    saga_id: str, body: SkipRequest, caller: Caller, engine: EngineDep, parts: PartsDep
+    saga_id: SagaIdPath, body: SkipRequest, caller: Caller, engine: EngineDep, parts: PartsDep
 ) -> ActionResult:
     """Skips a step: answers a step awaiting its reply with ``result`` (it will not be
     compensated), or marks a stuck compensation as done by hand (no ``result``)."""
@@ -163,7 +163,7 @@ async def skip(
     responses=errors(*ACTION_ERRORS),
 )
 async def force_compensate(
-    saga_id: str, body: ForceCompensateRequest, caller: Caller, engine: EngineDep
+    saga_id: SagaIdPath, body: ForceCompensateRequest, caller: Caller, engine: EngineDep
 ) -> ActionResult:
     """Makes a running saga undo what it did so far, in reverse order; it ends
     compensated."""

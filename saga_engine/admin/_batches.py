@@ -25,7 +25,8 @@ from saga_engine.admin._deps import AdminState, Caller, PartsDep, _state
 from saga_engine.admin._http_errors import api_router
 from saga_engine.admin._shared import READ_ERRORS, errors
 from saga_engine.core._batch import BatchAction, BatchFilter, BatchSpec, BatchState, check_spec
-from saga_engine.kernel._serde import NO_NUL, JsonDict
+from saga_engine.kernel._input_types import StorableText
+from saga_engine.kernel._serde import JsonDict
 from saga_engine.store._batch_store import SAMPLE, BatchRow, BatchStore, count_matching
 
 __all__ = ["BatchOut", "BatchRequest", "DryRun", "router"]
@@ -34,7 +35,10 @@ audit = logging.getLogger("saga_engine.admin.audit")
 
 router = api_router()
 
-_ID = Path(min_length=1, max_length=64, pattern=NO_NUL, description="The operation's id.")
+OperationId = Annotated[
+    Annotated[str, StorableText(min_length=1, max_length=64)],
+    Path(description="The operation's id."),
+]
 
 
 class BatchRequest(BaseModel):
@@ -44,14 +48,11 @@ class BatchRequest(BaseModel):
 
     filter: BatchFilter = Field(description="The saga list's filters; all must match.")
     action: BatchAction
-    reason: str = Field(
-        min_length=1,
-        max_length=1000,
-        pattern=r"^[^\x00]*\S[^\x00]*$",
+    reason: Annotated[str, StorableText(strip=True, min_length=1, max_length=1000)] = Field(
         description="Recorded in every saga's history, after the operation's id.",
     )
-    signal: str | None = Field(
-        default=None, min_length=1, max_length=200, description="The signal (action signal)."
+    signal: Annotated[str, StorableText(min_length=1, max_length=200)] | None = Field(
+        default=None, description="The signal (action signal)."
     )
     payload: JsonDict = Field(default_factory=dict, description="The signal's payload.")
     dry_run: bool = Field(default=False, description="Only count the matching sagas.")
@@ -119,7 +120,7 @@ async def create_batch(
     """Creates a batch operation (or counts its sagas, ``dry_run``); the workers run it,
     at most ``batches.rate_per_s`` sagas a second, acting on each saga at most once."""
     spec = BatchSpec(
-        filter=body.filter, action=body.action, reason=body.reason.strip(),
+        filter=body.filter, action=body.action, reason=body.reason,
         signal=body.signal, payload=body.payload,
     )  # fmt: skip
     check_spec(spec, parts.registry)  # InvalidPayload: a 422 naming the field
@@ -147,7 +148,7 @@ async def list_batches(
     response_model=BatchOut,
     responses=errors(404, *READ_ERRORS),
 )
-async def get_batch(operation_id: Annotated[str, _ID], store: StoreDep) -> BatchOut:
+async def get_batch(operation_id: OperationId, store: StoreDep) -> BatchOut:
     """The operation and its progress."""
     return out(await store.get(operation_id))
 
@@ -157,9 +158,7 @@ async def get_batch(operation_id: Annotated[str, _ID], store: StoreDep) -> Batch
     response_model=BatchOut,
     responses=errors(401, 403, 404, 409, 422, 503),
 )
-async def cancel_batch(
-    operation_id: Annotated[str, _ID], caller: Caller, store: StoreDep
-) -> BatchOut:
+async def cancel_batch(operation_id: OperationId, caller: Caller, store: StoreDep) -> BatchOut:
     """Stops the operation: the sagas not reached yet are left alone (409 once it has
     ended)."""
     row = await store.cancel(operation_id, _now())

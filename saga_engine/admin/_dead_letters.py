@@ -18,13 +18,13 @@ from typing import Annotated
 from urllib.parse import quote
 
 from fastapi import Depends, HTTPException, Path, Query, Request
-from pydantic import BaseModel, Field, StringConstraints
+from pydantic import BaseModel, Field
 
 from saga_engine.admin._deps import Caller, _state
 from saga_engine.admin._http_errors import api_router
 from saga_engine.admin._schemas import Reason, _Body
 from saga_engine.admin._shared import READ_ERRORS, errors
-from saga_engine.kernel._serde import NO_NUL, STORABLE
+from saga_engine.kernel._input_types import StorableText
 from saga_engine.transport._dead_letter import DeadLetter, DeadLetters
 
 __all__ = ["DeadLetterDetail", "DeadLetterOut", "ReplayRequest", "ReplayResult", "router"]
@@ -74,8 +74,7 @@ class DeadLetterDetail(DeadLetterOut):
 
 SagaIdField = Annotated[
     str,
-    StringConstraints(min_length=1, max_length=200, pattern=NO_NUL),
-    STORABLE,
+    StorableText(min_length=1, max_length=200),
 ]
 
 
@@ -140,10 +139,12 @@ async def list_dead_letters(
     topic: TopicDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     reason: Annotated[
-        str | None, Query(max_length=100, pattern=NO_NUL, description="Only this dlq_reason.")
+        Annotated[str, StorableText(max_length=100)] | None,
+        Query(description="Only this dlq_reason."),
     ] = None,
     saga_id: Annotated[
-        str | None, Query(max_length=200, pattern=NO_NUL, description="Only this saga's.")
+        Annotated[str, StorableText(max_length=200)] | None,
+        Query(description="Only this saga's."),
     ] = None,
 ) -> list[DeadLetterOut]:
     """The newest dead letters, newest first (a filter searches each partition's newest

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from saga_engine.admin._deps import PartsDep
 from saga_engine.admin._shared import READ_ERRORS, errors
+from saga_engine.kernel._input_types import StorableText
 
 __all__ = ["router"]
 
@@ -44,7 +45,10 @@ class DomainEventsBody(BaseModel):
 )  # fmt: skip
 async def domain_events(
     parts: PartsDep,
-    source: Annotated[str | None, Query(max_length=200, description="One source only.")] = None,
+    source: Annotated[
+        Annotated[str, StorableText(max_length=200)] | None,
+        Query(description="One source only."),
+    ] = None,
     unmatched: Annotated[bool, Query(description="Only those no saga received.")] = False,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> DomainEventsBody:

@@ -18,9 +18,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any
 
 import fastapi
@@ -110,9 +111,37 @@ async def _saga_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def invalid_detail(exc: InvalidPayload) -> list[dict[str, object]]:
-    """FastAPI's shape for a 422: each problem under the request body's ``loc``."""
-    return [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors]
+def invalid_detail(
+    exc: InvalidPayload,
+    under: tuple[str, ...] = ("body",),
+    fields: Mapping[str, tuple[str, ...]] | None = None,
+) -> list[dict[str, object]]:
+    """FastAPI's shape for a 422: each problem under the request's ``loc``, spelled as the
+    request spells it: a problem whose first part is a key of ``fields`` (the engine's
+    name for a value, e.g. an update's ``payload``) goes under that field's place in the
+    request (``("body", "input")``); any other under ``under``."""
+    detail: list[dict[str, object]] = []
+    for e in exc.errors:
+        loc = e["loc"]
+        head = loc[0] if loc else None
+        if fields and isinstance(head, str) and head in fields:
+            spelled = [*fields[head], *loc[1:]]
+        else:
+            spelled = [*under, *loc]
+        detail.append({"loc": spelled, "msg": e["msg"], "type": e["type"]})
+    return detail
+
+
+@contextlib.contextmanager
+def request_fields(under: tuple[str, ...] = ("body",), **fields: tuple[str, ...]) -> Iterator[None]:
+    """Names the fields of an InvalidPayload raised inside as the request spells them
+    (see :func:`invalid_detail`), as FastAPI's own 422 does: ``with
+    request_fields(("body", "input")):`` for a value the request carries as ``input``;
+    ``payload=("body", "input")`` for one the engine calls ``payload``."""
+    try:
+        yield
+    except InvalidPayload as exc:
+        raise RequestValidationError(invalid_detail(exc, under, fields)) from None
 
 
 async def _request_invalid(request: Request, exc: Exception) -> Response:

@@ -17,6 +17,7 @@ from saga_engine.admin._deps import PartsDep
 from saga_engine.admin._shared import READ_ERRORS, errors
 from saga_engine.core._insight_report import build_report, maybe_over
 from saga_engine.core._insights import GRAIN, WINDOWS, bucket_of
+from saga_engine.kernel._input_types import StorableText
 from saga_engine.kernel._serde import JsonDict
 from saga_engine.runner._parts import EngineParts
 from saga_engine.store._insight_store import InsightStore
@@ -107,7 +108,7 @@ async def insights_report(parts: EngineParts, name: str, window: str) -> JsonDic
 )
 async def insights(
     parts: PartsDep,
-    name: Annotated[str, Path(max_length=200)],
+    name: Annotated[Annotated[str, StorableText(max_length=200)], Path()],
     window: Annotated[Window, Query(description="The last hour, day or week.")] = "1h",
 ) -> InsightsBody:
     """A saga type's observed graph over a window (by when runs ended): per node the

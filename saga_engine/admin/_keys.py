@@ -9,18 +9,18 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, Field, StringConstraints
+from pydantic import BaseModel, Field
 
 from saga_engine.admin._deps import PartsDep
 from saga_engine.admin._shared import READ_ERRORS, errors
-from saga_engine.kernel._serde import NO_NUL
+from saga_engine.kernel._input_types import StorableText
 from saga_engine.store._keyslots import KeySlotStore, with_positions
 
 __all__ = ["KeySlotView", "KeysBody", "router"]
 
 router = APIRouter()
 
-_Text = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=NO_NUL)]
+_Text = Annotated[str, StorableText(min_length=1, max_length=200)]
 
 
 class KeySlotView(BaseModel):

@@ -8,40 +8,26 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Path, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from pydantic import AfterValidator, BeforeValidator
 
 from saga_engine.admin._deps import PartsDep
 from saga_engine.admin._lineage import children, reruns, tree
 from saga_engine.admin._listing import SagaFilter, attribute_filters, saga_page
 from saga_engine.admin._schemas import HistoryDocument, LineageNode, SagaDetail, SagaPage
-from saga_engine.admin._shared import NO_NUL, READ_ERRORS, errors, load, saga_ref
+from saga_engine.admin._shared import READ_ERRORS, SagaIdPath, errors, load, saga_ref
 from saga_engine.admin._views import awaited_signals, detail
 from saga_engine.core._replay import export_history
 from saga_engine.core._status import SagaStatus
-from saga_engine.kernel._serde import storable_instant
+from saga_engine.kernel._input_types import Instant, StorableText, check_time_range
 from saga_engine.runner._parts import EngineParts
-from saga_engine.store._store import as_utc
 
 __all__ = ["router"]
 
 router = APIRouter()
 
 _FILENAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-_ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
-
-
-def _iso_only(value: Any) -> Any:
-    """Query strings must say ISO-8601: pydantic alone would also read "0.5" as a time."""
-    if isinstance(value, str) and not _ISO_DATE.match(value):
-        raise ValueError("use an ISO-8601 date-time, e.g. 2030-01-01T00:00:00Z")
-    return value
-
-
-#: An ISO-8601 instant with a time in UTC (``0001-01-01T00:00:00+14:00`` has none).
-IsoDatetime = Annotated[datetime, BeforeValidator(_iso_only), AfterValidator(storable_instant)]
-
 
 RootsQuery = Annotated[bool, Query(description="Only sagas no other saga started: no children.")]
 # Activity by default: an operator looks for what just moved or stuck, newest on top (as
@@ -63,29 +49,24 @@ async def list_sagas(
         list[SagaStatus] | None, Query(description="Repeat to match any of several.")
     ] = None,
     saga_type: Annotated[
-        str | None, Query(alias="type", min_length=1, max_length=100, pattern=NO_NUL)
+        Annotated[str, StorableText(min_length=1, max_length=100)] | None, Query(alias="type")
     ] = None,
     created_after: Annotated[
-        IsoDatetime | None, Query(description="ISO-8601; without an offset, UTC. Inclusive.")
+        Instant | None, Query(description="ISO-8601; without an offset, UTC. Inclusive.")
     ] = None,
-    created_before: Annotated[IsoDatetime | None, Query(description="Exclusive.")] = None,
-    updated_after: Annotated[IsoDatetime | None, Query(description="Inclusive.")] = None,
-    updated_before: Annotated[IsoDatetime | None, Query(description="Exclusive.")] = None,
+    created_before: Annotated[Instant | None, Query(description="Exclusive.")] = None,
+    updated_after: Annotated[Instant | None, Query(description="Inclusive.")] = None,
+    updated_before: Annotated[Instant | None, Query(description="Exclusive.")] = None,
     q: Annotated[
-        str | None,
-        Query(
-            min_length=1,
-            max_length=200,
-            pattern=NO_NUL,
-            description="A saga id, or its first characters; or an idempotency key.",
-        ),
+        Annotated[str, StorableText(min_length=1, max_length=200)] | None,
+        Query(description="A saga id, or its first characters; or an idempotency key."),
     ] = None,
     roots: RootsQuery = False,
     sort: SortQuery = "activity",
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[
-        str | None,
-        Query(max_length=2000, description="next_cursor of the previous page (same sort)."),
+        Annotated[str, StorableText(max_length=2000)] | None,
+        Query(description="next_cursor of the previous page (same sort)."),
     ] = None,
 ) -> SagaPage:
     """Sagas by last activity (newest first) or by id, filtered, each with what it waits
@@ -113,13 +94,13 @@ async def list_sagas(
 
 
 def _check_ranges(*bounds: datetime | None) -> None:
-    """(created_after, created_before, updated_after, updated_before): each pair in order."""
-    for low, high, what in (
-        (bounds[0], bounds[1], "created"),
-        (bounds[2], bounds[3], "updated"),
-    ):
-        if low is not None and high is not None and as_utc(low) >= as_utc(high):
-            raise HTTPException(422, f"{what}_after must be earlier than {what}_before")
+    """(created_after, created_before, updated_after, updated_before): each pair in order,
+    a 422 naming the ``*_after`` parameter (as a batch operation's filter does)."""
+    for low, high, what in ((bounds[0], bounds[1], "created"), (bounds[2], bounds[3], "updated")):
+        problem = check_time_range(low, high, what)
+        if problem is not None:
+            loc = ("query", f"{what}_after")
+            raise RequestValidationError([{"loc": loc, "msg": problem, "type": "time_range"}])
 
 
 def _attributes(request: Request, parts: EngineParts) -> tuple[tuple[str, str], ...]:
@@ -137,7 +118,7 @@ def _attributes(request: Request, parts: EngineParts) -> tuple[tuple[str, str], 
     responses=errors(404, 409, *READ_ERRORS),
 )
 async def get_saga(
-    saga: Annotated[str, Path(description="The saga's id.")],
+    saga: SagaIdPath,
     parts: PartsDep,
 ) -> SagaDetail:
     """Status, input, output or error, current step, what it waits for (``waiting_for``),
@@ -159,7 +140,7 @@ async def get_saga(
     responses=errors(404, 409, *READ_ERRORS),
 )
 async def lineage(
-    saga_id: Annotated[str, Path(description="The saga's id.")],
+    saga_id: SagaIdPath,
     parts: PartsDep,
 ) -> LineageNode:
     """The tree of parent and child sagas this saga belongs to, from its root: each saga
@@ -174,7 +155,7 @@ async def lineage(
     responses=errors(404, 409, *READ_ERRORS),
 )
 async def history(
-    saga_id: str,
+    saga_id: SagaIdPath,
     response: Response,
     parts: PartsDep,
     download: Annotated[

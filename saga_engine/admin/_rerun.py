@@ -17,9 +17,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from saga_engine.admin._deps import AdminDep, Caller, PartsDep, StarterDep
-from saga_engine.admin._http_errors import api_router
+from saga_engine.admin._http_errors import api_router, request_fields
 from saga_engine.admin._schemas import RerunAccepted, RerunRequest
-from saga_engine.admin._shared import ACTION_ERRORS, errors, load, saga_ref
+from saga_engine.admin._shared import ACTION_ERRORS, SagaIdPath, errors, load, saga_ref
 from saga_engine.admin._starts import _started, _status_url
 from saga_engine.core._events import RerunLink, SagaStarted
 from saga_engine.core._start import rerun_key
@@ -40,7 +40,7 @@ router = api_router()
     responses=errors(*ACTION_ERRORS),
 )
 async def rerun(
-    saga_id: str,
+    saga_id: SagaIdPath,
     body: RerunRequest,
     request: Request,
     caller: Caller,
@@ -57,8 +57,10 @@ async def rerun(
         raise InvalidTransition(f"saga {saga_id} has no saga_started event")
     definition = parts.registry.get(started.saga_type)
     given = started.input if body.input is None else body.input
-    # Checked here, before the start is sent: a 422 names each field the model refuses.
-    value = definition.validate_input(given)
+    # Checked here, before the start is sent: a 422 names each field the model refuses,
+    # under the request's ``input``.
+    with request_fields(("body", "input")):
+        value = definition.validate_input(given)
     key = body.idempotency_key or rerun_key(saga_id, model_payload(value))
     link = RerunLink(saga_id=saga_id, principal=caller.name, reason=body.reason)
     new_id, replayed = await _started(

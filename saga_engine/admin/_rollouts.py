@@ -14,7 +14,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
-from pydantic import BaseModel, Field, StringConstraints
+from pydantic import BaseModel, Field
 
 from saga_engine.admin._auth import PRINCIPAL_KEY, Principal, auth_required
 from saga_engine.admin._deps import Caller, PartsDep
@@ -31,7 +31,7 @@ from saga_engine.core._rollout import (
     spec_of,
 )
 from saga_engine.kernel._errors import InvalidPayload, InvalidTransition
-from saga_engine.kernel._serde import NO_NUL, STORABLE
+from saga_engine.kernel._input_types import StorableText
 from saga_engine.kernel._settings import AdminSettings
 from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._rollouts import apply_rollout
@@ -42,7 +42,7 @@ audit = logging.getLogger("saga_engine.admin.audit")
 
 router = api_router()
 
-TypeName = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=NO_NUL)]
+TypeName = Annotated[str, StorableText(min_length=1, max_length=100)]
 
 
 class RolloutRequest(_Body):
@@ -50,12 +50,10 @@ class RolloutRequest(_Body):
     percent: int = Field(
         ge=0, le=100, description="Share of new starts (by saga id bucket) that run it."
     )
-    predicate: Annotated[str, StringConstraints(min_length=1, max_length=200), STORABLE] | None = (
-        Field(
-            default=None,
-            description="A named predicate of the saga classes (`rollout_predicates`): starts "
-            "whose input it accepts run the version too.",
-        )
+    predicate: Annotated[str, StorableText(min_length=1, max_length=200)] | None = Field(
+        default=None,
+        description="A named predicate of the saga classes (`rollout_predicates`): starts "
+        "whose input it accepts run the version too.",
     )
     reason: Reason
 

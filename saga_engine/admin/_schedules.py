@@ -20,11 +20,11 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from saga_engine.admin._deps import AdminState, Caller, PartsDep, StarterDep, _state
-from saga_engine.admin._http_errors import api_router
+from saga_engine.admin._http_errors import api_router, request_fields
 from saga_engine.admin._shared import READ_ERRORS, errors
 from saga_engine.core._schedule import Schedule, ScheduleState
-from saga_engine.kernel._errors import InvalidPayload, UnknownSagaType
-from saga_engine.kernel._serde import NO_NUL
+from saga_engine.kernel._errors import UnknownSagaType
+from saga_engine.kernel._input_types import StorableText
 from saga_engine.store._schedule_store import Firing, ScheduleRow, ScheduleStore
 
 __all__ = ["ScheduleOut", "TriggerResult", "router"]
@@ -36,7 +36,10 @@ router = api_router()
 #: What an action on one schedule may answer besides its success (409: pause, resume).
 _ACT = (401, 403, 404, 422, 503)
 
-_ID = Path(min_length=1, max_length=120, pattern=NO_NUL, description="The schedule's id.")
+ScheduleId = Annotated[
+    Annotated[str, StorableText(min_length=1, max_length=120)],
+    Path(description="The schedule's id."),
+]
 
 
 class ScheduleOut(BaseModel):
@@ -123,17 +126,8 @@ async def create_schedule(
         raise HTTPException(
             422, [{"loc": ["body", "saga"], "msg": str(exc), "type": "unknown_saga_type"}]
         ) from None
-    try:
+    with request_fields(("body", "input")):  # the fields are the input's
         definition.validate_input(body.input)
-    except InvalidPayload as exc:
-        # The fields are the input's: named under body.input.
-        raise HTTPException(
-            422,
-            [
-                {"loc": ["body", "input", *e["loc"]], "msg": e["msg"], "type": e["type"]}
-                for e in exc.errors
-            ],
-        ) from None
     outcome = await store.upsert(body, _now(), origin="api")
     audit.info("schedule %s %s by %s (%s)", body.id, outcome, caller.name, body.spec.describe())
     found = out(request, await store.get(body.id))
@@ -148,7 +142,8 @@ async def list_schedules(
     store: StoreDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     after: Annotated[
-        str, Query(max_length=120, pattern=NO_NUL, description="The last id of the page before.")
+        Annotated[str, StorableText(max_length=120)],
+        Query(description="The last id of the page before."),
     ] = "",
 ) -> list[ScheduleOut]:
     """The schedules in id order, a page at a time."""
@@ -158,9 +153,7 @@ async def list_schedules(
 @router.get(
     "/schedules/{schedule_id}", response_model=ScheduleOut, responses=errors(404, *READ_ERRORS)
 )
-async def get_schedule(
-    schedule_id: Annotated[str, _ID], request: Request, store: StoreDep
-) -> ScheduleOut:
+async def get_schedule(schedule_id: ScheduleId, request: Request, store: StoreDep) -> ScheduleOut:
     return out(request, await store.get(schedule_id))
 
 
@@ -168,7 +161,7 @@ async def get_schedule(
     "/schedules/{schedule_id}/pause", response_model=ScheduleOut, responses=errors(*_ACT, 409)
 )
 async def pause_schedule(
-    schedule_id: Annotated[str, _ID], request: Request, caller: Caller, store: StoreDep
+    schedule_id: ScheduleId, request: Request, caller: Caller, store: StoreDep
 ) -> ScheduleOut:
     """Stops firing (409 if paused already)."""
     row = await store.set_state(schedule_id, ScheduleState.PAUSED, _now())
@@ -180,7 +173,7 @@ async def pause_schedule(
     "/schedules/{schedule_id}/resume", response_model=ScheduleOut, responses=errors(*_ACT, 409)
 )
 async def resume_schedule(
-    schedule_id: Annotated[str, _ID], request: Request, caller: Caller, store: StoreDep
+    schedule_id: ScheduleId, request: Request, caller: Caller, store: StoreDep
 ) -> ScheduleOut:
     """Fires again from the next tick after now; the ticks of the pause are not caught up
     (409 if active already)."""
@@ -190,9 +183,7 @@ async def resume_schedule(
 
 
 @router.delete("/schedules/{schedule_id}", status_code=204, responses=errors(*_ACT))
-async def delete_schedule(
-    schedule_id: Annotated[str, _ID], caller: Caller, store: StoreDep
-) -> Response:
+async def delete_schedule(schedule_id: ScheduleId, caller: Caller, store: StoreDep) -> Response:
     """Deletes the schedule (the sagas it started stay)."""
     await store.delete(schedule_id)
     audit.info("schedule %s deleted by %s", schedule_id, caller.name)
@@ -205,7 +196,7 @@ async def delete_schedule(
     responses=errors(*_ACT),
 )
 async def trigger_schedule(
-    schedule_id: Annotated[str, _ID],
+    schedule_id: ScheduleId,
     request: Request,
     caller: Caller,
     store: StoreDep,

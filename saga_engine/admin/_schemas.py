@@ -5,17 +5,21 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field
 
 from saga_engine.core._status import SagaStatus
 from saga_engine.core._view import OwedState, WaitKind
-from saga_engine.kernel._serde import NO_NUL, STORABLE
+from saga_engine.kernel._input_types import StorableText
+
+#: A name or an id a request gives (a signal's, an update's, an idempotency key).
+Name = Annotated[str, StorableText(min_length=1, max_length=200)]
+#: An optional reason (the empty text when none is given).
+OptionalReason = Annotated[str, StorableText(strip=True, max_length=2000)]
 
 #: A required, human reason for an operator action: it goes into the saga's history.
 Reason = Annotated[
     str,
-    StringConstraints(strip_whitespace=True, min_length=1, max_length=2000),
-    STORABLE,
+    StorableText(strip=True, min_length=1, max_length=2000),
     Field(description="Why the operator acts; recorded in the saga's history with the principal."),
 ]
 
@@ -286,12 +290,12 @@ class StartAccepted(BaseModel):
 
 
 class SignalRequest(_Body):
-    name: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    name: Name
     payload: dict[str, Any] = Field(default_factory=dict)
-    signal_id: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = Field(
+    signal_id: Name | None = Field(
         default=None, description="The same id twice is delivered once; generated if absent."
     )
-    reason: Annotated[str, StringConstraints(strip_whitespace=True, max_length=2000)] = Field(
+    reason: OptionalReason = Field(
         default="", description="Why the operator sends it (written to the audit log)."
     )
 
@@ -306,7 +310,7 @@ class ResumeRequest(_Body):
 
 StepName = Annotated[
     str,
-    StringConstraints(min_length=1, max_length=200, pattern=NO_NUL),
+    StorableText(min_length=1, max_length=200),
     Field(description="The step's name, as the saga's code gives it."),
 ]
 
@@ -339,9 +343,7 @@ class RerunRequest(_Body):
         description="The new saga's input (its input model's JSON; a 422 names each wrong "
         "field); absent: the original's input.",
     )
-    idempotency_key: (
-        Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=NO_NUL)] | None
-    ) = Field(
+    idempotency_key: Name | None = Field(
         default=None,
         description="The same key (and input) twice starts one saga; absent: derived from "
         "the original's id and the input, so the same rerun asked twice starts one saga.",

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
+
+from fastapi import Path
 
 from saga_engine.admin._schemas import ErrorBody
 from saga_engine.core._codec import Undecodable
 from saga_engine.core._events import Event
-from saga_engine.kernel._serde import NO_NUL
+from saga_engine.kernel._input_types import Text
 from saga_engine.store._store import EventStore, SagaRecord, check_lookup
 
-__all__ = ["ACTION_ERRORS", "NO_NUL", "READ_ERRORS", "errors", "load", "saga_ref"]
+__all__ = ["ACTION_ERRORS", "READ_ERRORS", "SagaIdPath", "errors", "load", "saga_ref"]
+
+#: A saga's id in a URL path (an id no store can hold is then a 404, ``saga_ref``).
+SagaIdPath = Annotated[Text, Path(description="The saga's id.")]
 
 _WORDS = {
     400: "Bad request (malformed JSON, invalid cursor, or an action the engine refuses)",

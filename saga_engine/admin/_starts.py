@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 
 from saga_engine.admin._deps import AdminDep, Caller, EngineDep, PartsDep, StarterDep, StartSaga
 from saga_engine.admin._schemas import ErrorBody, SagaDetail, StartAccepted
-from saga_engine.admin._shared import ACTION_ERRORS, NO_NUL, errors, load
+from saga_engine.admin._shared import ACTION_ERRORS, errors, load
 from saga_engine.admin._views import awaited_signals, detail
 from saga_engine.core._decision import saga_id_for
 from saga_engine.core._definition import SagaDefinition
@@ -32,6 +32,7 @@ from saga_engine.kernel._errors import (
     SerializationError,
     UnstorableValue,
 )
+from saga_engine.kernel._input_types import StorableText, Text
 from saga_engine.kernel._serde import loads
 from saga_engine.kernel._settings import AdminSettings
 from saga_engine.runner._engine import Engine
@@ -99,12 +100,9 @@ async def _recorded_start(store: EventStore, saga_id: str, wait: float = 0.0) ->
 
 
 IdempotencyKey = Annotated[
-    str | None,
+    Annotated[str, StorableText(min_length=1, max_length=200)] | None,
     Header(
         alias="Idempotency-Key",
-        min_length=1,
-        max_length=200,
-        pattern=NO_NUL,
         description="Starting twice with the same key and input starts one saga "
         "(same id; the answer carries `Idempotent-Replayed: true`); the same key with "
         "another input is a 409 naming the saga it started.",
@@ -120,11 +118,8 @@ Priority = Annotated[
     ),
 ]
 FairnessKey = Annotated[
-    str | None,
+    Annotated[str, StorableText(min_length=1, max_length=200)] | None,
     Query(
-        min_length=1,
-        max_length=200,
-        pattern=NO_NUL,
         description="Flow control: commands of different keys (tenants) take turns "
         "while a limit holds commands back.",
     ),
@@ -157,7 +152,7 @@ def starts_router(type_names: list[str], max_wait_s: float) -> APIRouter:
     )
     async def start(
         saga: Annotated[
-            str, Path(description="The saga type to start.", json_schema_extra=type_schema)
+            Text, Path(description="The saga type to start.", json_schema_extra=type_schema)
         ],
         request: Request,
         caller: Caller,

@@ -16,13 +16,16 @@ import uuid
 from typing import Annotated, Any
 
 from fastapi import Path, Request
-from pydantic import BaseModel, Field, StringConstraints
+from pydantic import BaseModel, Field
 
 from saga_engine.admin._deps import Caller, EngineDep
-from saga_engine.admin._http_errors import api_router
-from saga_engine.admin._shared import ACTION_ERRORS, READ_ERRORS, errors, saga_ref
+from saga_engine.admin._http_errors import api_router, request_fields
+from saga_engine.admin._schemas import Name as IdText
+from saga_engine.admin._schemas import OptionalReason
+from saga_engine.admin._shared import ACTION_ERRORS, READ_ERRORS, SagaIdPath, errors, saga_ref
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._errors import InvalidPayload, SerializationError
+from saga_engine.kernel._input_types import StorableText
 from saga_engine.kernel._serde import loads
 
 __all__ = ["router"]
@@ -31,7 +34,12 @@ audit = logging.getLogger("saga_engine.admin.audit")
 
 router = api_router()
 
-Name = Annotated[str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+Name = Annotated[
+    Annotated[
+        str, StorableText(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    ],
+    Path(description="The update's or query's name."),
+]
 
 
 class UpdateRequest(BaseModel):
@@ -40,12 +48,12 @@ class UpdateRequest(BaseModel):
     input: dict[str, Any] = Field(
         default_factory=dict, description="The update's input (its model's JSON)."
     )
-    update_id: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = Field(
+    update_id: IdText | None = Field(
         default=None,
         description="The same id twice is applied once (and answered the same); generated "
         "if absent.",
     )
-    reason: Annotated[str, StringConstraints(strip_whitespace=True, max_length=2000)] = Field(
+    reason: OptionalReason = Field(
         default="", description="Why the operator sends it (recorded and audited)."
     )
 
@@ -75,15 +83,22 @@ class QueryResult(BaseModel):
     responses=errors(*ACTION_ERRORS),
 )
 async def update(
-    saga_id: str, name: Name, body: UpdateRequest, caller: Caller, engine: EngineDep
+    saga_id: SagaIdPath, name: Name, body: UpdateRequest, caller: Caller, engine: EngineDep
 ) -> UpdateResult:
     """Calls the saga's update ``name`` and returns its result (or the error its
     handler raised). Refused by the saga's state: 409 with the reason, nothing recorded."""
     update_id = body.update_id or str(uuid.uuid4())
-    answer = await engine.update(
-        saga_ref(saga_id), name, body.input, update_id=update_id,
-        principal=caller.name, reason=body.reason,
-    )  # fmt: skip
+    # The engine names the update's input ``payload`` and its name ``name``: the request
+    # carries them as ``input`` and in the path.
+    with request_fields(payload=("body", "input"), name=("path", "name")):
+        answer = await engine.update(
+            saga_ref(saga_id),
+            name,
+            body.input,
+            update_id=update_id,
+            principal=caller.name,
+            reason=body.reason,
+        )
     audit.info("update %r (id %s) of saga %s by %s: %r", name, update_id, saga_id,
                caller.name, body.reason)  # fmt: skip
     record = await engine.get(saga_id)
@@ -99,11 +114,18 @@ async def update(
     response_model=QueryResult,
     responses=errors(*READ_ERRORS, 404, 409),
 )
-async def query(saga_id: str, name: Name, request: Request, engine: EngineDep) -> QueryResult:
+async def query(
+    saga_id: SagaIdPath, name: Name, request: Request, engine: EngineDep
+) -> QueryResult:
     """Answers the saga's query ``name`` from its replayed state (nothing is written).
     Its arguments: the query parameters, or ``args`` holding a JSON object."""
-    args = query_args(dict(request.query_params))
-    result = await engine.query(saga_ref(saga_id), name, args)
+    params = dict(request.query_params)
+    args = query_args(params)
+    # The engine names the arguments ``args``: the request carries them as the query
+    # parameters, or as the one parameter ``args``.
+    where = ("query", "args") if "args" in params else ("query",)
+    with request_fields(args=where, name=("path", "name")):
+        result = await engine.query(saga_ref(saga_id), name, args)
     return QueryResult(saga_id=saga_id, name=name, result=result)
 
 

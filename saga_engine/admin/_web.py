@@ -60,6 +60,7 @@ from saga_engine.core._gist import gist
 from saga_engine.core._status import SagaStatus
 from saga_engine.core._view import SagaView
 from saga_engine.kernel._errors import UnknownSagaType
+from saga_engine.kernel._input_types import StorableText, Text
 from saga_engine.kernel._settings import AdminSettings
 from saga_engine.runner._parts import EngineParts
 
@@ -236,10 +237,12 @@ def web_router(parts: EngineParts, admin: AdminSettings) -> APIRouter:
     @router.get("/sagas", name="ui_list")
     async def list_view(
         request: Request,
-        status: Annotated[str | None, Query(max_length=50)] = None,
-        saga_type: Annotated[str | None, Query(alias="type", max_length=100)] = None,
-        q: Annotated[str | None, Query(max_length=200)] = None,
-        cursor: Annotated[str | None, Query(max_length=2000)] = None,
+        status: Annotated[Annotated[str, StorableText(max_length=50)] | None, Query()] = None,
+        saga_type: Annotated[
+            Annotated[str, StorableText(max_length=100)] | None, Query(alias="type")
+        ] = None,
+        q: Annotated[Annotated[str, StorableText(max_length=200)] | None, Query()] = None,
+        cursor: Annotated[Annotated[str, StorableText(max_length=2000)] | None, Query()] = None,
         sort: Annotated[Literal["activity", "id"], Query()] = "activity",
         roots: Annotated[bool, Query()] = False,
     ) -> HTMLResponse:
@@ -248,7 +251,7 @@ def web_router(parts: EngineParts, admin: AdminSettings) -> APIRouter:
         return await _list_page(request, parts, user(request), shown)
 
     @router.get("/sagas/{saga_id}", name="ui_saga")
-    async def saga_view(request: Request, saga_id: str) -> HTMLResponse:
+    async def saga_view(request: Request, saga_id: Text) -> HTMLResponse:
         return await _saga_page(request, parts, user(request), saga_id)
 
     return router

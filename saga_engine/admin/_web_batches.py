@@ -23,6 +23,7 @@ from saga_engine.admin._auth import relative_redirect
 from saga_engine.admin._deps import _state, page_user
 from saga_engine.admin._web import _render, _root
 from saga_engine.kernel._errors import BatchNotFound, InvalidTransition
+from saga_engine.kernel._input_types import Text
 
 __all__ = ["batches_page_router"]
 
@@ -44,7 +45,7 @@ def batches_page_router() -> APIRouter:
         )  # fmt: skip
 
     @router.get("/batch-operations/{operation_id}", name="ui_batch")
-    async def batch_view(request: Request, operation_id: str) -> HTMLResponse:
+    async def batch_view(request: Request, operation_id: Text) -> HTMLResponse:
         store = _state(request).batches
         try:
             row = await store.get(operation_id) if store is not None else None
@@ -56,7 +57,7 @@ def batches_page_router() -> APIRouter:
         )  # fmt: skip
 
     @router.post("/batch-operations/{operation_id}/cancel")
-    async def cancel(request: Request, operation_id: str) -> Response:
+    async def cancel(request: Request, operation_id: Text) -> Response:
         store = _state(request).batches
         if store is not None:
             try:

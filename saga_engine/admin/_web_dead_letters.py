@@ -32,7 +32,7 @@ from saga_engine.admin._deps import _state, current_principal, page_user
 from saga_engine.admin._http_errors import status_for
 from saga_engine.admin._web import _render, _root
 from saga_engine.kernel._errors import PoisonReason, SagaError
-from saga_engine.kernel._serde import NO_NUL
+from saga_engine.kernel._input_types import StorableText
 from saga_engine.transport._dead_letter import DeadLetter, DeadLetters
 
 __all__ = ["dead_letters_page_router"]
@@ -59,7 +59,7 @@ def dead_letters_page_router() -> APIRouter:
     @router.get("/dead-letters", name="ui_dead_letters")
     async def dead_letters_view(
         request: Request,
-        reason: Annotated[str, Query(max_length=100, pattern=NO_NUL)] = "",
+        reason: Annotated[Annotated[str, StorableText(max_length=100)], Query()] = "",
     ) -> HTMLResponse:
         return await _listing(request, reason)
 

@@ -19,6 +19,7 @@ from saga_engine.admin._insight_svg import NONE, fmt_ms, graph_svg
 from saga_engine.admin._insights import insights_report
 from saga_engine.admin._web import _render, _root
 from saga_engine.core._insights import WINDOWS
+from saga_engine.kernel._input_types import StorableText
 
 __all__ = ["insights_page_router"]
 
@@ -43,7 +44,7 @@ def insights_page_router() -> APIRouter:
     @router.get("/saga-types/{name}/insights", name="ui_insights")
     async def insights_view(
         request: Request,
-        name: Annotated[str, Path(max_length=200)],
+        name: Annotated[Annotated[str, StorableText(max_length=200)], Path()],
         window: Annotated[Literal["1h", "1d", "7d"], Query()] = "1h",
     ) -> HTMLResponse:
         parts = _state(request).parts

@@ -31,6 +31,7 @@ from saga_engine.admin._schedules import (
 from saga_engine.admin._web import _render, _root
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._errors import SagaError
+from saga_engine.kernel._input_types import Text
 from saga_engine.runner._parts import EngineParts
 
 __all__ = ["schedules_page_router"]
@@ -69,7 +70,7 @@ def schedules_page_router() -> APIRouter:
     @router.post("/schedules/{schedule_id}/{action}")
     async def act(
         request: Request,
-        schedule_id: str,
+        schedule_id: Text,
         action: Literal["pause", "resume", "trigger", "delete"],
     ) -> Response:
         state = _state(request)

@@ -19,6 +19,7 @@ from fastapi.responses import HTMLResponse
 
 from saga_engine.admin._deps import _state, page_user
 from saga_engine.admin._web import _blank, _render, _root
+from saga_engine.kernel._input_types import StorableText
 from saga_engine.store._keyslots import KeySlotStore, with_positions
 
 __all__ = ["waits_page_router"]
@@ -26,7 +27,7 @@ __all__ = ["waits_page_router"]
 #: The newest facts shown (the API's own bound is 1000).
 PAGE_SIZE = 200
 
-_Filter = Annotated[str | None, Query(max_length=200)]
+_Filter = Annotated[Annotated[str, StorableText(max_length=200)] | None, Query()]
 
 
 def _no_nul(*texts: str | None) -> None:
@@ -57,7 +58,9 @@ def waits_page_router() -> APIRouter:
     @router.get("/concurrency-keys", name="ui_concurrency_keys")
     async def concurrency_keys_view(
         request: Request,
-        saga_type: Annotated[str | None, Query(alias="type", max_length=200)] = None,
+        saga_type: Annotated[
+            Annotated[str, StorableText(max_length=200)] | None, Query(alias="type")
+        ] = None,
         key: _Filter = None,
     ) -> HTMLResponse:
         saga_type, key = _blank(saga_type), _blank(key)

@@ -4,9 +4,10 @@ order ``saga --help`` lists them."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from saga_engine.cli import (
     _batch,
@@ -25,11 +26,31 @@ from saga_engine.cli import (
     _worker,
 )
 from saga_engine.cli._common import Debug, JsonOpt, out, print_json
+from saga_engine.kernel._input_types import text_problem
+from saga_engine.kernel._serde import escaped
 from saga_engine.kernel._version import __version__
 
 __all__ = ["app", "main"]
 
+
+class _TextArgs(TyperGroup):
+    """Every argument is text the engine may store or send (a saga type, a reason, an
+    id): one the admin API and Postgres would refuse (an unpaired surrogate, which is
+    what bytes that are not UTF-8 become in ``sys.argv``, or a NUL) is a usage error
+    naming it, by the one rule of ``kernel._input_types``, before any command runs."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        for arg in args:
+            problem = text_problem(arg)
+            if problem is not None:
+                # BadParameter is a usage error: exit code 2, one line, no traceback.
+                raise typer.BadParameter(f"{escaped(arg)!r} {problem}", ctx=ctx)
+        parsed: Any = super().parse_args(ctx, args)
+        return list(parsed)
+
+
 app = typer.Typer(
+    cls=_TextArgs,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -265,7 +265,12 @@ def _parse_duration(text: str) -> timedelta:
     match = _DURATION.match(text)
     if match is None:
         raise CliError(f"not a duration: {text!r} (write e.g. 30d, 12h, 90m, 3600s)")
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    try:
+        period = timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+        datetime.now(UTC) - period  # the cutoff: an instant Postgres and Python hold
+    except OverflowError:
+        raise CliError(f"{text!r} reaches before year 1: write a shorter duration") from None
+    return period
 
 
 async def _archive_now(

@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Final
+from typing import Annotated, Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from saga_engine.core._definition import SagaRegistry
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._errors import InvalidPayload, InvalidTransition, UnknownSagaType
-from saga_engine.kernel._serde import NO_NUL, JsonDict
+from saga_engine.kernel._input_types import Instant, StorableText, Text, check_time_range
+from saga_engine.kernel._serde import JsonDict
 
 __all__ = [
     "BATCH_TRANSITIONS",
@@ -92,15 +92,15 @@ class BatchFilter(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     statuses: list[SagaStatus] | None = None
-    saga_type: str | None = Field(default=None, min_length=1, max_length=100, pattern=NO_NUL)
-    created_after: datetime | None = None
-    created_before: datetime | None = None
-    updated_after: datetime | None = None
-    updated_before: datetime | None = None
+    saga_type: Annotated[str, StorableText(min_length=1, max_length=100)] | None = None
+    created_after: Instant | None = None
+    created_before: Instant | None = None
+    updated_after: Instant | None = None
+    updated_before: Instant | None = None
     #: An id prefix, or an idempotency key.
-    q: str | None = Field(default=None, min_length=1, max_length=200, pattern=NO_NUL)
+    q: Annotated[str, StorableText(min_length=1, max_length=200)] | None = None
     #: Search attributes (``Saga.search_attributes``), all of which must match.
-    attributes: dict[str, str] = Field(default_factory=dict)
+    attributes: dict[Text, Text] = Field(default_factory=dict)
 
     def list_arguments(self) -> dict[str, Any]:
         """The keyword arguments of ``EventStore.list_sagas`` this filter is."""
@@ -124,9 +124,9 @@ class BatchSpec(BaseModel):
     filter: BatchFilter
     action: BatchAction
     #: Required, and recorded in every saga's history after the operation's id.
-    reason: str = Field(min_length=1, max_length=1000, pattern=r"^[^\x00]*\S[^\x00]*$")
+    reason: Annotated[str, StorableText(strip=True, min_length=1, max_length=1000)]
     #: The signal's name and payload (``action`` signal only).
-    signal: str | None = None
+    signal: Text | None = None
     payload: JsonDict = Field(default_factory=dict)
 
 
@@ -182,9 +182,9 @@ def check_spec(spec: BatchSpec, registry: SagaRegistry) -> None:
         (where.created_after, where.created_before, "created"),
         (where.updated_after, where.updated_before, "updated"),
     ):
-        if low is not None and high is not None and _utc(low) >= _utc(high):
-            msg = f"must be earlier than {what}_before"
-            raise _problem(["filter", f"{what}_after"], msg, "value_error")
+        problem = check_time_range(low, high, what)
+        if problem is not None:
+            raise _problem(["filter", f"{what}_after"], problem, "time_range")
     definition = None
     if where.saga_type is not None:
         try:
@@ -219,7 +219,3 @@ def check_spec(spec: BatchSpec, registry: SagaRegistry) -> None:
                 for e in exc.errors
             ],
         ) from None
-
-
-def _utc(value: datetime) -> datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)

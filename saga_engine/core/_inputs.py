@@ -99,16 +99,12 @@ def input_name(inbound: Inbound) -> str:
 # --------------------------------------------------------------------------- input -> event
 
 
-def check_parent(saga_id: str, started: Event, parent_id: str, *, undo: bool) -> None:
+def check_parent(saga_id: str, started: Event, parent_id: str) -> None:
     """Only a child's own parent, as its first event records it, may undo it or start it
     again: anything else that can write to the inbox must not touch the saga."""
     assert isinstance(started, SagaStarted)
     recorded = started.parent.saga_id if started.parent is not None else None
-    if recorded is None and undo:
-        raise InvalidTransition(
-            f"saga {saga_id} was not started by another saga: only a child is "
-            "undone by its parent (cancel it instead)"
-        )
+    # A saga no parent started is no child of the sender either: not_parent (section 5a).
     if recorded != parent_id:
         raise NotParent(saga_id, parent_id, recorded)
 

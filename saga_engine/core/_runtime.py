@@ -281,7 +281,7 @@ class SagaRuntime:
         s.new = []
         s.clock = inbound.at
         if isinstance(inbound, Undo):
-            check_parent(s.saga_id, s.history[0], inbound.parent_id, undo=True)  # the link decides
+            check_parent(s.saga_id, s.history[0], inbound.parent_id)  # the link decides
         if s.status.is_terminal and not (
             isinstance(inbound, Undo) and s.status == SagaStatus.COMPLETED and not s.undo_ids
         ):

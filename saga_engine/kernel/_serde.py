@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import orjson
-from pydantic import AfterValidator, BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from saga_engine.kernel._errors import InvalidPayload, SerializationError, UnstorableValue
+from saga_engine.kernel._input_types import text_problem
 
 JsonDict = dict[str, Any]
 M = TypeVar("M", bound=BaseModel)
-T = TypeVar("T")
 
 
 def dumps(value: Any) -> bytes:
@@ -101,17 +100,6 @@ def escaped(text: str) -> str:
     return "".join(out)
 
 
-def _text_problem(text: str) -> str | None:
-    if "\x00" in text:
-        return "contains a NUL character (\\u0000), which Postgres cannot store"
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            return "contains an unpaired surrogate, which is not valid Unicode"
-    return None
-
-
 def unstorable(value: Any, loc: tuple[str | int, ...] = ()) -> list[dict[str, Any]]:
     """Where ``value`` holds something Postgres cannot store as JSON (jsonb), as a list
     of ``{"loc", "msg", "type": "unstorable"}``; empty when it can all be stored.
@@ -160,7 +148,7 @@ def _walk(value: Any, loc: tuple[str | int, ...], depth: int, out: list[dict[str
     if len(out) >= _MAX_PROBLEMS:
         return
     if isinstance(value, str):
-        text = _text_problem(value)
+        text = text_problem(value)
         if text is not None:
             _problem(out, loc, text)
     elif isinstance(value, bool) or value is None:
@@ -181,7 +169,7 @@ def _walk(value: Any, loc: tuple[str | int, ...], depth: int, out: list[dict[str
                     _problem(out, loc, f"has a key that is not a string ({key!r})")
                     continue
                 where = (*loc, escaped(key))
-                text = _text_problem(key)
+                text = text_problem(key)
                 if text is not None:
                     _problem(out, where, f"key {text}")
                 _walk(item, where, depth + 1, out)
@@ -195,7 +183,7 @@ def storable_copy(value: Any, depth: int = 0) -> Any:
     six characters ``\\u0000``, huge integers and NaN as strings): kept for the record
     when a value must be recorded but cannot be stored as it came."""
     if isinstance(value, str):
-        return escaped(value) if _text_problem(value) else value
+        return escaped(value) if text_problem(value) else value
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, int):
@@ -206,7 +194,7 @@ def storable_copy(value: Any, depth: int = 0) -> Any:
         return "(nested too deep)"
     if isinstance(value, dict):
         return {
-            escaped(str(k)) if not isinstance(k, str) or _text_problem(k) else k: storable_copy(
+            escaped(str(k)) if not isinstance(k, str) or text_problem(k) else k: storable_copy(
                 v, depth + 1
             )
             for k, v in value.items()
@@ -220,40 +208,6 @@ def too_deep(what: str = "the JSON value", *loc: str | int) -> UnstorableValue:
     """The refusal of a JSON text nested too deep to be read at all (past orjson's 1,024
     levels): where inside it is not known, so it names the whole value."""
     return UnstorableValue(what, [{"loc": list(loc), "msg": _TOO_DEEP, "type": "unstorable"}])
-
-
-def storable(value: T) -> T:
-    """``value`` when Postgres can store it, else ValueError saying why: the pydantic
-    validator :data:`STORABLE` (pydantic then names the field)."""
-    problems = unstorable(value)
-    if problems:
-        raise ValueError("; ".join(_where(p) for p in problems))
-    return value
-
-
-def _where(problem: dict[str, Any]) -> str:
-    loc = ".".join(str(p) for p in problem["loc"])
-    return f"{loc}: {problem['msg']}" if loc else str(problem["msg"])
-
-
-#: For the fields of request bodies that go to Postgres as they are, after their other
-#: constraints: ``Annotated[str, StringConstraints(...), STORABLE]``.
-STORABLE = AfterValidator(storable)
-#: The same rule as a regex, for URL paths, query strings and headers: there a NUL is the
-#: one thing that cannot be stored (percent-decoding never yields a lone surrogate), and
-#: OpenAPI shows clients the pattern.
-NO_NUL = r"^[^\x00]*$"
-
-
-def storable_instant(value: datetime) -> datetime:
-    """``value`` in UTC (a naive one taken as UTC), or ValueError when it has no UTC time
-    that Python and Postgres can hold (year 1 to 9999)."""
-    if value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    try:
-        return value.astimezone(UTC)
-    except OverflowError:
-        raise ValueError("is outside the representable range (years 1 to 9999 in UTC)") from None
 
 
 def check_storable(value: Any, what: str, *loc: str | int) -> None:

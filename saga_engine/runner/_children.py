@@ -151,7 +151,7 @@ class ChildLinks:
                 started = (await self._store.first_event(saga_id)).event
             except SagaNotFound:
                 return False
-        check_parent(saga_id, started, parent_id, undo=False)
+        check_parent(saga_id, started, parent_id)
         return True
 
     async def _history(self, saga_id: str) -> list[Event]:

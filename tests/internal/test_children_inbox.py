@@ -289,10 +289,15 @@ async def test_an_undo_or_end_from_a_saga_that_is_not_linked_is_dead_lettered(
             command_id=start.command_id, causation_id="intruder",
             body={"outcome": "success", "payload": {"label": "forged"}},
         )  # fmt: skip
+        # An undo of a saga no parent started (PROTOCOL.md section 5a): not_parent too.
+        root_undo = Envelope(
+            message_type=MessageType.UNDO, source="/intruder", saga_id=parent,
+            subject="patient", command_id="forged-root-undo", body={"parent_id": "intruder"},
+        )  # fmt: skip
         before = {s: await engine.history(s) for s in (parent, child)}
-        await produce(settings, Topics.of(settings.kafka).inbox, undo, end)
-        letters = await dead_letters(settings, 2)
-        assert sorted(d["dlq_reason"] for d in letters) == ["not_parent", "not_parent"]
+        await produce(settings, Topics.of(settings.kafka).inbox, undo, end, root_undo)
+        letters = await dead_letters(settings, 3)
+        assert sorted(d["dlq_reason"] for d in letters) == ["not_parent"] * 3
         for saga_id, history in before.items():
             assert await engine.history(saga_id) == history  # untouched, both
         # The real child still answers its real parent.

@@ -13,7 +13,7 @@ from saga_engine import Saga, SagaContext, SagaStatus, Settings
 from saga_engine.core._decision import CHILD_PARTICIPANT, PARENT_PARTICIPANT, child_saga_id
 from saga_engine.core._events import ParentLink
 from saga_engine.core._start import StartRequest
-from saga_engine.kernel._errors import InvalidTransition, NotParent, SagaNotFound
+from saga_engine.kernel._errors import NotParent, SagaNotFound
 from saga_engine.kernel._settings import KafkaSettings
 from saga_engine.testing import SagaTestEnv
 from tests.internal.unit.test_children import (
@@ -161,8 +161,8 @@ async def test_an_undo_from_a_saga_that_is_not_the_parent_is_refused() -> None:
         await env.children.undo_child(child_id, "forged", "intruder", "")
     assert await env.engine.history(child_id) == before
     assert (await env.engine.get(child_id)).status == SagaStatus.COMPLETED
-    # A saga no parent started is cancelled, never undone.
-    with pytest.raises(InvalidTransition, match="not started by another saga"):
+    # A saga no parent started is cancelled, never undone: no saga is its parent.
+    with pytest.raises(NotParent, match="started on its own"):
         await env.children.undo_child(run.saga_id, "forged", "intruder", "")
 
 
