@@ -58,6 +58,7 @@ from saga_engine.core._events import (
     SagaStarted,
     UndoRequested,
 )
+from saga_engine.core._fold import Awaited
 from saga_engine.core._inputs import check_parent, input_name, to_event, wake
 from saga_engine.core._keys import check_key, key_value
 from saga_engine.core._policy import RetryPolicy
@@ -231,8 +232,10 @@ class SagaRuntime:
         return self.state.held_steps()
 
     def owed_compensations(self) -> list[str]:
-        """The steps whose compensation is owed, in the order they would run."""
-        return [o.step for o in reversed(self.state.owed)]
+        """The steps whose compensation is owed, in the order they would run (none once
+        they cannot run: ``Fold.may_compensate``, the rule the view lists them by)."""
+        s = self.state
+        return [o.step for o in reversed(s.owed)] if s.may_compensate else []
 
     def event_waits(self) -> list[EventAwaited]:
         """The domain events the saga waits for now (none for most sagas)."""
@@ -252,6 +255,11 @@ class SagaRuntime:
     def awaited_signals(self) -> list[str]:
         """The signals the code waits for now, by name."""
         return sorted(self.state.signal_waiters)
+
+    def awaited(self) -> Awaited | None:
+        """What the code waits for now (see ``Awaited``); None once it is parked (dead):
+        its code holds nothing, and its history says what was open."""
+        return None if self.state.dead else self.state.awaited()
 
     def query(self, name: str, args: JsonDict | None = None) -> Any:
         """Asks the saga's ``@query`` method ``name`` (its answer as JSON); nothing is

@@ -40,7 +40,7 @@ from saga_engine.core._events import (
     Event,
     SagaParked,
 )
-from saga_engine.core._fold import END_STATUS, NO_IDS, Fold
+from saga_engine.core._fold import END_STATUS, NO_IDS, Awaited, Fold
 from saga_engine.core._loop import DeterministicLoop
 from saga_engine.kernel._errors import DefinitionError, NondeterminismError, PermanentError
 from saga_engine.kernel._serde import JsonDict
@@ -136,6 +136,11 @@ class SagaState(Fold):
     def dead(self) -> bool:
         """Parked as nondeterministic: the code cannot go on until a fixed deploy."""
         return self.nondeterminism is not None or self.parked
+
+    def awaited(self) -> Awaited:
+        """What the code waits for now: the fold's open waits it has not given up."""
+        held = frozenset([*self.inflight, *self.timers, *self.event_waits])
+        return Awaited(tuple(sorted(self.signal_waiters)), held)
 
     def describe_waiting(self) -> str:
         waits = [
