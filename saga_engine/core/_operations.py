@@ -52,7 +52,7 @@ from saga_engine.core._policy import (
     RetryPolicy,
 )
 from saga_engine.core._signal import Signal
-from saga_engine.core._state import Halt, SagaState
+from saga_engine.core._state import Halt, Poll, SagaState
 from saga_engine.kernel._errors import (
     InvalidPayload,
     SignalTimeout,
@@ -142,11 +142,15 @@ async def _attempts(
         issued = _issue(s, request, payload, generation, attempt, spec)
         if issued.command_id not in sent:
             sent.append(issued.command_id)
+        if request.poll is not None:
+            s.polls[issued.command_id] = Poll(request.poll, issued.at + request.poll)
         try:
             reply = await await_command(s, issued, request.returns)
         except asyncio.CancelledError:
             s.owe(name, spec, sent)  # cancelled in flight: it may or may not have been applied
             raise
+        finally:
+            s.polls.pop(issued.command_id, None)
         failed: StepFailed | StepTimedOut | None = None
         if reply is None:
             unknown, last_error = True, "timed out"
@@ -257,8 +261,9 @@ async def _park(
     return answer
 
 
-#: Asking again is not a failure: a child is waited for 10,000 polls (34 days at the
-#: default poll) before the step times out, one second apart.
+#: A child's start has no timeout: its poll asks again without recording an attempt (see
+#: ``StepRequest.poll``), so the child is waited for as long as it runs. Its attempts
+#: count only starts the engine answered "retryable", sent anew one second apart.
 CHILD_RETRY = RetryPolicy(
     max_attempts=10_000,
     initial_backoff=timedelta(seconds=1),
@@ -306,9 +311,9 @@ async def child(
             start,
             ChildUndo(saga_id=child_id, saga_type=saga.name),
             retry or CHILD_RETRY,
-            poll,
             returns=saga.output_type,
             pivot=pivot,
+            poll=poll,
         ),
     )
 
