@@ -36,7 +36,7 @@ from saga_engine.core._events import (
     StepSkipped,
 )
 from saga_engine.core._view import fold
-from saga_engine.kernel._errors import TransientError
+from saga_engine.kernel._errors import OutcomeUnknown, TransientError
 from saga_engine.runner._engine import Engine
 
 __all__ = ["router"]
@@ -47,11 +47,6 @@ router = api_router()
 
 T = TypeVar("T")
 Action = Literal["signal", "cancel", "resume", "retry", "skip", "force-compensate"]
-
-
-class OutcomeUnknown(TransientError):
-    """An action failed on a dependency after it may have been recorded, and its
-    history could not be read to tell: its outcome is unknown (503, error OutcomeUnknown)."""
 
 
 async def _carry_out(

@@ -142,15 +142,11 @@ async def _attempts(
         issued = _issue(s, request, payload, generation, attempt, spec)
         if issued.command_id not in sent:
             sent.append(issued.command_id)
-        if request.poll is not None:
-            s.polls[issued.command_id] = Poll(request.poll, issued.at + request.poll)
         try:
             reply = await await_command(s, issued, request.returns)
         except asyncio.CancelledError:
             s.owe(name, spec, sent)  # cancelled in flight: it may or may not have been applied
             raise
-        finally:
-            s.polls.pop(issued.command_id, None)
         failed: StepFailed | StepTimedOut | None = None
         if reply is None:
             unknown, last_error = True, "timed out"
@@ -204,9 +200,10 @@ def _issue(
     attempt: int,
     spec: CompensationSpec | None,
 ) -> CommandIssued:
-    """Records (or on replay matches) one attempt of a forward step's command."""
+    """Records (or on replay matches) one attempt of a forward step's command; a polled
+    one (``StepRequest.poll``) is sent again at its period until answered."""
     timeout = request.timeout
-    return emit(
+    issued = emit(
         s,
         CommandIssued(
             at=s.now, step=request.name, participant=request.to,
@@ -217,6 +214,9 @@ def _issue(
             compensation=spec, pivot=request.pivot,
         ),
     )  # fmt: skip
+    if request.poll is not None:
+        s.polls[issued.command_id] = Poll(request.poll, issued.at + request.poll)
+    return issued
 
 
 async def _park(

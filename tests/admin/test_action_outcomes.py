@@ -9,9 +9,7 @@ from typing import Any
 
 import pytest
 
-from saga_engine import SagaStatus
-from saga_engine.core._decision import OutboundCommand
-from saga_engine.kernel._errors import StoreUnavailable
+from saga_engine import OutboundCommand, SagaStatus, TransientError
 from tests.admin.conftest import OPERATOR, Admin
 from tests.admin.test_api import waiting_saga
 
@@ -64,7 +62,7 @@ async def test_a_failure_before_anything_is_recorded_says_send_it_again(
     saga_id = await waiting_saga(admin)
 
     async def down(*args: Any, **kwargs: Any) -> Any:
-        raise StoreUnavailable("postgres is away (test)")
+        raise TransientError("postgres is away (test)")
 
     monkeypatch.setattr(admin.env.engine, "cancel", down)
     response = await admin.http.post(
@@ -82,7 +80,7 @@ async def test_an_outcome_that_cannot_be_read_is_unknown(
     saga_id = await waiting_saga(admin)
 
     async def down(*args: Any, **kwargs: Any) -> Any:
-        raise StoreUnavailable("postgres is away (test)")
+        raise TransientError("postgres is away (test)")
 
     monkeypatch.setattr(admin.env.engine, "cancel", down)
     monkeypatch.setattr(admin.env.engine, "history", down)
