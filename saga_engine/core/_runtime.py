@@ -152,6 +152,9 @@ class SagaRuntime:
                 break
             s.cursor += 1
             rt._deliver(event)
+        if now is not None:  # loaded, it sends what it owes: its next poll is a period on
+            for poll in s.polls.values():
+                poll.due = max(poll.due, now + poll.every)
         return rt, rt._decision()
 
     # ------------------------------------------------------------------ the runner's API
