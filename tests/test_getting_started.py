@@ -333,6 +333,26 @@ def test_the_modules_extras_and_settings_the_guide_names_exist() -> None:
         assert field.lower() in model.model_fields, f"SAGA_{section}__{field}"
 
 
+def test_the_guide_installs_the_engine_from_a_checkout() -> None:
+    """saga-engine is on no package index: a bare ``pip install saga-engine[...]`` fails
+    with "No matching distribution found" (issue 39, 8.7)."""
+    installs = [
+        argv
+        for block in code_blocks(GUIDE, "sh")
+        for argv in shell_commands(block)
+        if argv[:2] == ["pip", "install"]
+    ]
+    named = [word for argv in installs for word in argv if "saga-engine" in word]
+    assert named, "the guide installs no saga-engine"
+    for word in named:
+        path, _, extras = word.partition("[")
+        assert "/" in path, f"{word!r} asks a package index, where saga-engine is not"
+        assert path.rstrip("/").endswith("saga-engine"), word
+        assert extras, f"{word!r}: the guide's install names the fast extra"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["name"] == "saga-engine"  # what a checkout installs
+
+
 def _slug(heading: str) -> str:
     """GitHub's anchor for a heading."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")

@@ -37,6 +37,8 @@ PUBLIC = {
     "EventSource", "EventTimeout",
     # Updates and queries (issue 26 section 2).
     "update", "query", "UpdateRefused", "UpdateFailed", "QueryFailed",
+    # An answer that says what happened (issue 39 section 8.4).
+    "OutcomeUnknown",
 }  # fmt: skip
 
 #: Every public module but the root, and exactly what it exports.

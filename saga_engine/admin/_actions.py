@@ -8,7 +8,8 @@ runtime.
 
 import logging
 import uuid
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, TypeVar
 
 from fastapi import HTTPException
 
@@ -25,7 +26,17 @@ from saga_engine.admin._schemas import (
     SkipRequest,
 )
 from saga_engine.admin._shared import ACTION_ERRORS, SagaIdPath, errors, load, saga_ref
+from saga_engine.core._events import (
+    CancelRequested,
+    CompensationForced,
+    Event,
+    RetryRequested,
+    SagaResumed,
+    SignalReceived,
+    StepSkipped,
+)
 from saga_engine.core._view import fold
+from saga_engine.kernel._errors import OutcomeUnknown, TransientError
 from saga_engine.runner._engine import Engine
 
 __all__ = ["router"]
@@ -34,11 +45,49 @@ audit = logging.getLogger("saga_engine.admin.audit")
 
 router = api_router()
 
+T = TypeVar("T")
+Action = Literal["signal", "cancel", "resume", "retry", "skip", "force-compensate"]
+
+
+async def _carry_out(
+    engine: Engine,
+    saga_id: str,
+    action: Action,
+    call: Callable[[], Awaitable[T]],
+    recorded: Callable[[Event], bool],
+) -> tuple[T | None, str | None]:
+    """Runs an action and says honestly what happened. A transient failure (the broker
+    did not take a command it decided, say) after the action was recorded is no failure
+    of the action: it is accepted, and what it decided is owed from the history and sent
+    when the broker takes it (the note says so). Recorded or not is read from the
+    history; when that cannot be read either, the outcome is unknown."""
+    before = (await engine.get(saga_ref(saga_id))).last_seq
+    try:
+        return await call(), None
+    except TransientError as exc:
+        failure = exc
+    try:
+        events = await engine.history(saga_id)
+    except TransientError as exc:
+        raise OutcomeUnknown(
+            f"the {action} may or may not be recorded: it failed ({failure}) and the saga's "
+            f"history cannot be read ({exc}); look at `saga history {saga_id}` before "
+            "sending it again"
+        ) from exc
+    if not any(recorded(e) for e in events[before:]):
+        raise TransientError(
+            f"the {action} is not recorded ({failure}); nothing changed: send it again"
+        ) from failure
+    return None, (
+        f"recorded; what it decided could not be sent yet ({failure}): it is owed from the "
+        "saga's history and sent when the broker takes it"
+    )
+
 
 async def _done(
     engine: Engine,
     saga_id: str,
-    action: Literal["signal", "cancel", "resume", "retry", "skip", "force-compensate"],
+    action: Action,
     caller: Principal,
     **extra: Any,
 ) -> ActionResult:
@@ -60,15 +109,23 @@ async def signal(
 ) -> ActionResult:
     """Delivers a signal (the same ``signal_id`` twice is delivered once)."""
     signal_id = body.signal_id or str(uuid.uuid4())
-    decision = await engine.signal(
-        saga_ref(saga_id),
-        body.name,
-        body.payload,
-        signal_id=signal_id,
-        principal=caller.name,
-        reason=body.reason,
+    decision, note = await _carry_out(
+        engine,
+        saga_id,
+        "signal",
+        lambda: engine.signal(
+            saga_ref(saga_id),
+            body.name,
+            body.payload,
+            signal_id=signal_id,
+            principal=caller.name,
+            reason=body.reason,
+        ),
+        lambda e: isinstance(e, SignalReceived) and e.signal_id == signal_id,
     )
-    dropped = decision.dropped.value if decision.dropped is not None else None
+    dropped = (
+        decision.dropped.value if decision is not None and decision.dropped is not None else None
+    )
     audit.info(
         "signal %r (id %s) to saga %s by %s: %r%s",
         body.name,
@@ -78,7 +135,9 @@ async def signal(
         body.reason,
         f" (dropped: {dropped})" if dropped else "",
     )
-    return await _done(engine, saga_id, "signal", caller, signal_id=signal_id, dropped=dropped)
+    return await _done(
+        engine, saga_id, "signal", caller, signal_id=signal_id, dropped=dropped, note=note
+    )
 
 
 @router.post(
@@ -88,9 +147,15 @@ async def cancel(
     saga_id: SagaIdPath, body: CancelRequest, caller: Caller, engine: EngineDep
 ) -> ActionResult:
     """Cancels a running saga: it compensates every step it owes, in reverse order."""
-    await engine.cancel(saga_ref(saga_id), body.reason, principal=caller.name)
+    _, note = await _carry_out(
+        engine,
+        saga_id,
+        "cancel",
+        lambda: engine.cancel(saga_ref(saga_id), body.reason, principal=caller.name),
+        lambda e: isinstance(e, CancelRequested),
+    )
     audit.info("cancel saga %s by %s: %r", saga_id, caller.name, body.reason)
-    return await _done(engine, saga_id, "cancel", caller)
+    return await _done(engine, saga_id, "cancel", caller, note=note)
 
 
 @router.post(
@@ -101,9 +166,15 @@ async def resume(
 ) -> ActionResult:
     """Resumes a parked saga: retries its stuck compensation, or goes on with a
     nondeterministic one once the code deployed now replays its history."""
-    await engine.resume(saga_ref(saga_id), principal=caller.name, reason=body.reason)
+    _, note = await _carry_out(
+        engine,
+        saga_id,
+        "resume",
+        lambda: engine.resume(saga_ref(saga_id), principal=caller.name, reason=body.reason),
+        lambda e: isinstance(e, SagaResumed),
+    )
     audit.info("resume saga %s by %s: %r", saga_id, caller.name, body.reason)
-    return await _done(engine, saga_id, "resume", caller)
+    return await _done(engine, saga_id, "resume", caller, note=note)
 
 
 @router.post(
@@ -116,18 +187,24 @@ async def retry(
     parked after it could not succeed (with an edited ``command`` if given: 422 if its
     model refuses it, 409 if the step is not parked); or re-sends the command of a step
     waiting for its reply, under the same command id (its participant deduplicates)."""
-    await engine.retry_step(
-        saga_ref(saga_id),
-        body.step,
-        reason=body.reason,
-        principal=caller.name,
-        command=body.command,
+    _, note = await _carry_out(
+        engine,
+        saga_id,
+        "retry",
+        lambda: engine.retry_step(
+            saga_ref(saga_id),
+            body.step,
+            reason=body.reason,
+            principal=caller.name,
+            command=body.command,
+        ),
+        lambda e: isinstance(e, RetryRequested) and e.step == body.step,
     )
     edited = " with an edited command" if body.command is not None else ""
     audit.info(
         "retry step %r%s of saga %s by %s: %r", body.step, edited, saga_id, caller.name, body.reason
     )
-    return await _done(engine, saga_id, "retry", caller)
+    return await _done(engine, saga_id, "retry", caller, note=note)
 
 
 @router.post("/sagas/{saga_id}/skip", response_model=ActionResult, responses=errors(*ACTION_ERRORS))
@@ -146,15 +223,17 @@ async def skip(
                 "only a stuck compensation is skipped without one"
                 + (f" (the stuck one is {stuck!r})" if stuck else ""),
             )
-    await engine.skip_step(
-        saga_ref(saga_id),
-        body.step,
-        body.result,
-        reason=body.reason,
-        principal=caller.name,
+    _, note = await _carry_out(
+        engine,
+        saga_id,
+        "skip",
+        lambda: engine.skip_step(
+            saga_ref(saga_id), body.step, body.result, reason=body.reason, principal=caller.name
+        ),
+        lambda e: isinstance(e, StepSkipped) and e.step == body.step,
     )
     audit.info("skip step %r of saga %s by %s: %r", body.step, saga_id, caller.name, body.reason)
-    return await _done(engine, saga_id, "skip", caller)
+    return await _done(engine, saga_id, "skip", caller, note=note)
 
 
 @router.post(
@@ -167,6 +246,12 @@ async def force_compensate(
 ) -> ActionResult:
     """Makes a running saga undo what it did so far, in reverse order; it ends
     compensated."""
-    await engine.force_compensate(saga_ref(saga_id), body.reason, principal=caller.name)
+    _, note = await _carry_out(
+        engine,
+        saga_id,
+        "force-compensate",
+        lambda: engine.force_compensate(saga_ref(saga_id), body.reason, principal=caller.name),
+        lambda e: isinstance(e, CompensationForced),
+    )
     audit.info("force-compensate saga %s by %s: %r", saga_id, caller.name, body.reason)
-    return await _done(engine, saga_id, "force-compensate", caller)
+    return await _done(engine, saga_id, "force-compensate", caller, note=note)

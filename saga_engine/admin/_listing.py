@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Final
 
 from saga_engine.admin._schemas import SagaPage, StatusCount
-from saga_engine.admin._views import awaited_signals, list_item, view_of
+from saga_engine.admin._views import awaited, list_item, view_of
 from saga_engine.core._definition import LIST_PARAMETERS, SagaRegistry
 from saga_engine.core._status import SagaStatus
 from saga_engine.core._view import Wait
@@ -159,8 +159,8 @@ async def waits_of(
     out: dict[str, tuple[Wait, ...]] = {}
     for saga in loaded:
         events = [stored.event for stored in saga.events]
-        signals = awaited_signals(registry, saga.record, events)
-        out[saga.record.saga_id] = view_of(saga.record, events, signals).waiting_for
+        still = awaited(registry, saga.record, events)
+        out[saga.record.saga_id] = view_of(saga.record, events, still).waiting_for
     return out
 
 

@@ -17,7 +17,7 @@ from saga_engine.admin._lineage import children, reruns, tree
 from saga_engine.admin._listing import SagaFilter, attribute_filters, saga_page
 from saga_engine.admin._schemas import HistoryDocument, LineageNode, SagaDetail, SagaPage
 from saga_engine.admin._shared import READ_ERRORS, SagaIdPath, errors, load, saga_ref
-from saga_engine.admin._views import awaited_signals, detail
+from saga_engine.admin._views import awaited, detail
 from saga_engine.core._replay import export_history
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._input_types import Instant, StorableText, check_time_range
@@ -127,7 +127,7 @@ async def get_saga(
     return detail(
         record,
         events,
-        awaited_signals(parts.registry, record, events),
+        awaited(parts.registry, record, events),
         await children(parts.store, record.saga_id, events),
         await reruns(parts.store, record.saga_id),
     )

@@ -370,6 +370,19 @@ class ActionResult(BaseModel):
         description="Why the engine ignored the input, e.g. duplicate_signal (a repeated "
         "signal_id); null when it was applied.",
     )
+    outcome: Literal["accepted"] = Field(
+        default="accepted",
+        description="What happened: accepted, the action is recorded in the saga's history "
+        "(a refusal is a 4xx naming the reason; a 503 says whether it was recorded: "
+        "error TransientError, nothing recorded, send it again; error OutcomeUnknown, "
+        "the history could not be read to tell).",
+    )
+    note: str | None = Field(
+        default=None,
+        description="Set when the action is recorded but what it decided (a compensation, "
+        "a step's command) could not be sent yet: it is owed from the history and sent "
+        "when the broker takes it.",
+    )
 
 
 class FlowGate(BaseModel):

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from saga_engine.admin._deps import AdminDep, Caller, EngineDep, PartsDep, StarterDep, StartSaga
 from saga_engine.admin._schemas import ErrorBody, SagaDetail, StartAccepted
 from saga_engine.admin._shared import ACTION_ERRORS, errors, load
-from saga_engine.admin._views import awaited_signals, detail
+from saga_engine.admin._views import awaited, detail
 from saga_engine.core._decision import saga_id_for
 from saga_engine.core._definition import SagaDefinition
 from saga_engine.core._events import SagaStarted
@@ -243,7 +243,7 @@ async def _answer(
         record = await _settled(engine, saga_id, wait)
         if record is not None:
             record, events = await load(parts.store, saga_id)
-            found = detail(record, events, awaited_signals(parts.registry, record, events))
+            found = detail(record, events, awaited(parts.registry, record, events))
             return JSONResponse(found.model_dump(mode="json"))
     status: SagaStatus | None
     try:

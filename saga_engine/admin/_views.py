@@ -22,6 +22,7 @@ from saga_engine.admin._schemas import (
 )
 from saga_engine.core._definition import SagaRegistry
 from saga_engine.core._events import Event
+from saga_engine.core._fold import Awaited
 from saga_engine.core._runtime import SagaRuntime
 from saga_engine.core._view import SagaView, Wait, fold
 from saga_engine.kernel._errors import SagaError
@@ -54,40 +55,39 @@ def list_item(record: SagaRecord, waits: Iterable[Wait] = ()) -> SagaListItem:
     )
 
 
-def awaited_signals(
-    registry: SagaRegistry, record: SagaRecord, events: Sequence[Event]
-) -> list[str]:
-    """The signals the saga's code waits for without a deadline, which its history does
-    not record: the history replayed under the code deployed here says. Empty for an
-    ended or parked saga, a type not deployed here, or a history the code cannot replay
-    (the view then names every other wait, and the status says why)."""
+def awaited(registry: SagaRegistry, record: SagaRecord, events: Sequence[Event]) -> Awaited:
+    """What the saga's code still waits for, which its history does not say (a wait for
+    a signal without a deadline; a wait the code gave up, the loser of a race): the
+    history replayed under the code deployed here says (``SagaRuntime.awaited``).
+    Unknown (every wait the history leaves open counts) for an ended or parked saga, a
+    type not deployed here, or a history the code cannot replay (the status says why)."""
     if not record.status.is_open or record.status.is_parked or not events:
-        return []
+        return Awaited()
     try:
         definition = registry.for_history(record.saga_type, events)
         runtime, _ = SagaRuntime.replay(definition, record.saga_id, list(events))
     except SagaError:
-        return []
+        return Awaited()
     try:
-        return [] if runtime.dead else runtime.awaited_signals()
+        return runtime.awaited() or Awaited()
     finally:
         runtime.close()
 
 
 def view_of(
-    record: SagaRecord, events: Sequence[Event], awaited_signals: Iterable[str] = ()
+    record: SagaRecord, events: Sequence[Event], awaited: Awaited | None = None
 ) -> SagaView:
-    return fold(events, saga_id=record.saga_id, awaited_signals=awaited_signals)
+    return fold(events, saga_id=record.saga_id, awaited=awaited or Awaited())
 
 
 def detail(
     record: SagaRecord,
     events: Sequence[Event],
-    awaited_signals: Iterable[str] = (),
+    awaited: Awaited | None = None,
     children: Sequence[ChildRef] = (),
     reruns: Sequence[SagaRef] = (),
 ) -> SagaDetail:
-    view = view_of(record, events, awaited_signals)
+    view = view_of(record, events, awaited)
     return detail_of(record, view, events, children, reruns)
 
 

@@ -52,7 +52,7 @@ from saga_engine.admin._flow import flow_gates
 from saga_engine.admin._lineage import children, reruns, tree
 from saga_engine.admin._listing import SagaFilter, attribute_filters, saga_page
 from saga_engine.admin._timeline import relative, span_text, timeline
-from saga_engine.admin._views import awaited_signals, detail_of, view_of
+from saga_engine.admin._views import awaited, detail_of, view_of
 from saga_engine.admin._web_updates import query_answers, update_forms
 from saga_engine.core._codec import Undecodable
 from saga_engine.core._definition import SagaRegistry
@@ -401,7 +401,7 @@ async def _saga_page(
     loaded = await parts.store.load(saga_id, undecodable=Undecodable.SHOW)
     events = [stored.event for stored in loaded.events]
     record = loaded.record
-    view = view_of(record, events, awaited_signals(parts.registry, record, events))
+    view = view_of(record, events, awaited(parts.registry, record, events))
     info = detail_of(
         record, view, events, await children(parts.store, record.saga_id, events),
         await reruns(parts.store, record.saga_id),

@@ -141,6 +141,9 @@ EXIT_CODES = {
 }
 #: The API could not be reached at all.
 UNREACHABLE = 7
+#: An action whose outcome cannot be known: it may or may not be recorded (the admin API
+#: answered 503 OutcomeUnknown, or sent no answer in time): read the saga's history.
+OUTCOME_UNKNOWN = 8
 #: Addresses a server listens on that a client cannot call.
 _ANY_ADDRESS = {"", "0.0.0.0", "::", "[::]"}
 
@@ -204,6 +207,18 @@ class AdminApi:
                 timeout=self._timeout,
             )  # fmt: skip
         except httpx.HTTPError as exc:
+            # Sent, and no answer came (a read timeout, a dropped connection): an action
+            # may or may not be recorded. Not sent at all: the API is not there.
+            sent = isinstance(
+                exc, httpx.ReadTimeout | httpx.WriteTimeout | httpx.RemoteProtocolError
+            )
+            if sent and method != "GET":
+                raise AdminCallError(
+                    f"outcome unknown: the admin API at {self.url} took the request and sent "
+                    f"no answer ({exc!r}); it may or may not be recorded: look at the saga "
+                    "(`saga show ID`, `saga history ID`) before sending it again",
+                    OUTCOME_UNKNOWN,
+                ) from None
             raise AdminCallError(
                 f"could not reach the admin API at {self.url} ({exc}); set --admin-url or "
                 "SAGA_ADMIN_URL (or SAGA_ADMIN__HOST / SAGA_ADMIN__PORT)",
@@ -215,7 +230,10 @@ class AdminApi:
             data = None
         if response.status_code >= 400:
             code = EXIT_CODES.get(response.status_code, 1)
-            raise AdminCallError(f"{response.status_code}: {_detail(data, response.text)}", code)
+            detail = _detail(data, response.text)
+            if isinstance(data, dict) and data.get("error") == "OutcomeUnknown":
+                raise AdminCallError(f"outcome unknown: {detail}", OUTCOME_UNKNOWN)
+            raise AdminCallError(f"{response.status_code}: {detail}", code)
         return data
 
 

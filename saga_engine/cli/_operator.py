@@ -259,9 +259,11 @@ def _act(
         print_json(result)
         return
     sent = f" (signal id {result['signal_id']})" if result.get("signal_id") else ""
+    note = f"; {result['note']}" if result.get("note") else ""
     out.print(
         f"{result.get('action', action)} {result.get('saga_id', saga_id)} by "
-        f"{result.get('principal', '?')}{sent}: status {result.get('status', '?')}",
+        f"{result.get('principal', '?')}{sent}: {result.get('outcome', 'accepted')}, "
+        f"status {result.get('status', '?')}{note}",
         highlight=False,
     )
 

@@ -13,8 +13,12 @@ What the client can check, it checks before sending, and raises InvalidPayload (
 UnstorableValue) naming the wrong field: a start's input when given the saga class, and
 a signal's payload when given the declared ``Signal`` (``PlaceOrder.approval``) or the
 saga class. What it cannot know (a signal named only by a string) the engine checks: a
-bad one is dead-lettered (``invalid_signal``) and the saga is untouched. Use the admin
-API (or ``saga signal``) to get the engine's answer back synchronously.
+bad one is dead-lettered (``invalid_signal``) and the saga is untouched. A signal or a
+cancel the saga's history says the engine would refuse (the saga ended, is undoing its
+steps, or is past its pivot) is refused before it is sent (InvalidTransition, PastPivot;
+the client reads the store); one the broker took without acknowledging it raises
+OutcomeUnknown. Use the admin API (or ``saga signal``) to get the engine's answer back
+synchronously, once it is recorded.
 
 An operator's actions: ``cancel`` and ``rerun`` go over Kafka; ``retry_step(saga_id,
 step, command=..., reason=...)`` (a parked step, with an edited command if given) and

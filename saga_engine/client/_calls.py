@@ -10,23 +10,34 @@ the store with the saga's class and asks the replayed state; nothing is written.
 operator's retry or skip of a step goes through the admin API the same way
 (``POST /sagas/{id}/retry|skip``): the engine checks an edited command or a result against
 the step's models, which only the saga's run knows, and answers with the saga's status.
+
+A cancel and a signal go over Kafka and say what happened as far as the client can
+know: refused at once, with the reason, when the saga's history says the engine would
+refuse it (:func:`refuse_early`); sent once the broker holds it; OutcomeUnknown when the
+broker took it and did not acknowledge it (:func:`publish`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 from urllib.parse import quote
 
 import httpx
 
+from saga_engine.core._codec import CodecChain
 from saga_engine.core._definition import Saga, SagaDefinition
 from saga_engine.core._runtime import SagaRuntime
 from saga_engine.core._status import SagaStatus
 from saga_engine.core._update import declared, name_of
+from saga_engine.core._view import fold
 from saga_engine.kernel._errors import (
     DefinitionError,
     InvalidPayload,
     InvalidTransition,
+    MigrationError,
+    OutcomeUnknown,
+    PastPivot,
     PermanentError,
     SagaError,
     SagaNotFound,
@@ -36,6 +47,9 @@ from saga_engine.kernel._errors import (
 )
 from saga_engine.kernel._serde import JsonDict, check_storable
 from saga_engine.store._store import EventStore
+from saga_engine.transport._bus import delivered
+from saga_engine.transport._kafka import start_send
+from saga_engine.transport._wire import Envelope
 
 #: How long a retry or a skip may take: the engine records it and answers at once.
 _ACTION_TIMEOUT_S: Final = 30.0
@@ -130,3 +144,46 @@ def _error(status: int, data: Any, saga_id: str, what: str) -> SagaError:
     if status in (502, 503, 504):
         return TransientError(f"the admin API answered {status}: {detail}")
     return PermanentError(f"the admin API answered {status}: {detail}")
+
+
+async def publish(producer: Any, topic: str, envelope: Envelope, codec: CodecChain | None) -> None:
+    """Publishes ``envelope`` and says what happened: returns once the broker holds it;
+    KafkaUnavailable when it was not handed over (nothing was sent: send it again);
+    OutcomeUnknown when the broker took it and its acknowledgement did not come (it may
+    or may not be in the topic)."""
+    delivery = await start_send(producer, topic, envelope, codec)
+    [error] = await delivered([delivery])
+    if error is not None:
+        what = f"{envelope.message_type.value} for saga {envelope.saga_id}"
+        raise OutcomeUnknown(
+            f"the {what} was handed to the broker and not acknowledged ({error}): it may or "
+            "may not be in the saga inbox; look at the saga (`saga show`) before sending "
+            "it again"
+        ) from error
+
+
+async def refuse_early(
+    store: Callable[[], Awaitable[EventStore]], saga_id: str, action: str
+) -> None:
+    """Raises now what the engine would refuse for certain, read from the saga's history
+    with the view's rule of the actions a saga accepts (``SagaView.actions``): an action
+    on a saga that ended, a signal or cancel to a saga undoing its steps, a cancel past
+    its pivot. A saga not in the store yet (started through the inbox a moment ago), one
+    parked by its code, or a store that cannot be read: the engine decides (a refusal
+    is then a dead letter saying why)."""
+    try:
+        loaded = await (await store()).load(saga_id)
+    except (SagaNotFound, TransientError, MigrationError):
+        return
+    view = fold([stored.event for stored in loaded.events], saga_id=saga_id)
+    if view.status is SagaStatus.NONDETERMINISTIC or action in {a.name for a in view.actions}:
+        return
+    if action == "cancel" and view.past_pivot and not view.status.is_terminal:
+        raise PastPivot(
+            f"saga {saga_id} is past its pivot (step {view.pivot_step!r} succeeded): it can "
+            "only go forward, so a cancel is refused; retry or skip a parked step instead"
+        )
+    raise InvalidTransition(
+        f"saga {saga_id} is {view.status.value}; it accepts no {action} now"
+        + ("" if view.status.is_terminal else " (it is undoing its steps)")
+    )

@@ -25,7 +25,7 @@ from saga_engine.kernel._settings import Settings
 from saga_engine.store._batch_store import BatchStore, count_matching
 from saga_engine.store._store import EventStore, SagaRecord
 from saga_engine.telemetry._telemetry import carrier_of_context
-from saga_engine.transport._kafka import SEND_TIMEOUT_S, ensure_topics, make_producer, send
+from saga_engine.transport._kafka import SEND_TIMEOUT_S, ensure_topics, make_producer
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import (
     CancelBody,
@@ -107,10 +107,16 @@ class SagaClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _send(self, envelope: Envelope) -> None:
+    async def _send(self, envelope: Envelope, refusal: str | None = None) -> None:
+        """Publishes to the saga inbox (``_calls.publish``); first, for an action, raises
+        what the saga's history says the engine would refuse (``_calls.refuse_early``)."""
+        from saga_engine.client._calls import publish, refuse_early
+
+        if refusal is not None:
+            await refuse_early(self._result_store, envelope.saga_id, refusal)
         if self._producer is None:
             raise RuntimeError("SagaClient is not started: use `async with SagaClient(...)`")
-        await send(self._producer, self.topics.inbox, envelope, self.codec)
+        await publish(self._producer, self.topics.inbox, envelope, self.codec)
 
     async def start(
         self,
@@ -197,7 +203,8 @@ class SagaClient:
         reason: str = "",
     ) -> str:
         """Sends a signal; the same ``signal_id`` twice is delivered once. ``principal``
-        and ``reason`` are recorded with it in the saga's history.
+        and ``reason`` are recorded with it in the saga's history. Returns its id once the
+        inbox holds it; refused at once and OutcomeUnknown as for :meth:`cancel`.
 
         ``signal`` is the saga's declared ``Signal`` (``PlaceOrder.approval``): the payload
         is checked against its model before it is sent. A name works too; with ``saga=``
@@ -230,7 +237,8 @@ class SagaClient:
                 correlation_id=saga_id,
                 # Optional fields only when set: an engine older than them still reads it.
                 body=body.model_dump(mode="json", exclude_defaults=True),
-            )
+            ),
+            refusal="signal",
         )
         return sid
 
@@ -263,6 +271,9 @@ class SagaClient:
         return eid
 
     async def cancel(self, saga_id: str, reason: str, *, principal: str = "system") -> None:
+        """Asks the saga's engine to cancel it; returns once the inbox holds it. Refused
+        at once when the saga's history says the engine would (``_calls.refuse_early``:
+        InvalidTransition, PastPivot); OutcomeUnknown if the broker took it unacknowledged."""
         body = CancelBody(reason=reason, principal=principal)
         await self._send(
             Envelope(
@@ -271,7 +282,8 @@ class SagaClient:
                 saga_id=saga_id,
                 correlation_id=saga_id,
                 body=body.model_dump(mode="json"),
-            )
+            ),
+            refusal="cancel",
         )
 
     # ------------------------------------------------------------------ operator actions

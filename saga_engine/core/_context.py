@@ -68,6 +68,9 @@ class StepRequest:
     returns: type[BaseModel] | None = None
     #: A pivot step (Richardson): once it succeeded the saga only goes forward.
     pivot: bool = False
+    #: Sent again this often while unanswered, under the same id, recording nothing (a
+    #: child's start: ``ctx.child(poll=)``); None: sent again only when the saga is loaded.
+    poll: timedelta | None = None
 
 
 class ChildSaga(Protocol[O_co]):
@@ -267,10 +270,13 @@ class SagaContext:
           saga's last-in-first-out order, as one step: a completed child compensates its
           applied steps (it ends ``compensated``), a running one is cancelled.
         - ``poll``: while waiting, the child is asked again this often (its start is
-          re-sent under the same command id; an ended child answers with its end). The
-          child also re-sends its end itself whenever it is loaded and after a send the
-          broker refused, so the poll is a backstop. ``None``: asked again only when
-          this saga is loaded. ``retry`` bounds how many times (default 10,000).
+          re-sent under the same command id; an ended child answers with its end). A
+          poll records nothing: a parent waits for its child for as long as it runs
+          without its history growing. The child also re-sends its end itself whenever
+          it is loaded and after a send the broker refused, so the poll is a backstop
+          (made while this saga is in memory; a saga loaded again sends what it owes).
+          ``None``: asked again only when this saga is loaded. ``retry``: how often a
+          start the engine answers "retryable" is sent anew (default 10,000 times).
         - ``pivot=True``: the child is this saga's pivot, as for ``ctx.step``; once it
           has completed this saga only goes forward. A child past its own pivot refuses
           its parent's undo (see docs/redrive-and-pivots.md): mark such a child as its

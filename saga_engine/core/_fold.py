@@ -122,6 +122,23 @@ class EventWait:
     future: asyncio.Future[Any] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Awaited:
+    """What a saga's code still waits for, as its runtime (live, or replayed from the
+    history) holds it. A history records when a wait begins but not when the code gives
+    it up (the loser of an ``asyncio.wait(..., FIRST_COMPLETED)`` race, cancelled), nor a
+    wait for a signal without a deadline: only the code knows those."""
+
+    #: The signals it waits for (with or without a deadline), by name.
+    signals: tuple[str, ...] = ()
+    #: The ids of the commands, timers and domain-event waits it still holds; None when
+    #: not known (no runtime at hand): then every one its history leaves open counts.
+    held: frozenset[str] | None = None
+
+    def holds(self, wait_id: str) -> bool:
+        return self.held is None or wait_id in self.held
+
+
 #: The open event waits of a saga that has none: shared, never written to (most sagas
 #: never wait for a domain event, and an empty dict each is memory for nothing).
 NO_WAITS: dict[str, EventWait] = {}
@@ -242,6 +259,13 @@ class Fold:
     def shown_status(self) -> SagaStatus:
         """The status as reported: nondeterministic while parked, else where it stands."""
         return S.NONDETERMINISTIC if self.parked else self.status
+
+    @property
+    def may_compensate(self) -> bool:
+        """Whether its compensations can still run: not once it ended, nor past its
+        pivot (from there it only goes forward: a cancel is refused, its deadline lifted,
+        a step that cannot succeed parks, its parent's undo is refused)."""
+        return not self.status.is_terminal and not self.past_pivot
 
     @property
     def going_forward(self) -> bool:

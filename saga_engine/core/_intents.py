@@ -72,6 +72,7 @@ async def await_command(
     finally:
         # Answered, or given up by the code (its task cancelled), which no event records.
         s.inflight.pop(event.command_id, None)
+        s.polls.pop(event.command_id, None)
         s.timers.pop(timeout_timer_id(event.command_id, event.attempt), None)
 
 

@@ -55,7 +55,7 @@ from saga_engine.core._policy import (
     retry_after,
 )
 from saga_engine.core._signal import Signal
-from saga_engine.core._state import Halt, SagaState
+from saga_engine.core._state import Halt, Poll, SagaState
 from saga_engine.kernel._errors import (
     InvalidPayload,
     PayloadTooLarge,
@@ -285,9 +285,10 @@ def _issue(
     attempt: int,
     spec: CompensationSpec | None,
 ) -> CommandIssued:
-    """Records (or on replay matches) one attempt of a forward step's command."""
+    """Records (or on replay matches) one attempt of a forward step's command; a polled
+    one (``StepRequest.poll``) is sent again at its period until answered."""
     timeout = request.timeout
-    return emit(
+    issued = emit(
         s,
         CommandIssued(
             at=s.now, step=request.name, participant=request.to,
@@ -298,6 +299,9 @@ def _issue(
             compensation=spec, pivot=request.pivot,
         ),
     )  # fmt: skip
+    if request.poll is not None:
+        s.polls[issued.command_id] = Poll(request.poll, issued.at + request.poll)
+    return issued
 
 
 async def _park(
@@ -342,8 +346,9 @@ async def _park(
     return answer
 
 
-#: Asking again is not a failure: a child is waited for 10,000 polls (34 days at the
-#: default poll) before the step times out, one second apart.
+#: A child's start has no timeout: its poll asks again without recording an attempt (see
+#: ``StepRequest.poll``), so the child is waited for as long as it runs. Its attempts
+#: count only starts the engine answered "retryable", sent anew one second apart.
 CHILD_RETRY = RetryPolicy(
     max_attempts=10_000,
     initial_backoff=timedelta(seconds=1),
@@ -393,9 +398,9 @@ async def child(
             start,
             ChildUndo(saga_id=child_id, saga_type=saga.name),
             retry or CHILD_RETRY,
-            poll,
             returns=saga.output_type,
             pivot=pivot,
+            poll=poll,
         ),
         limit,
     )

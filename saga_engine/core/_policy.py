@@ -10,12 +10,15 @@ from typing import Any, Final, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from saga_engine.kernel._retry import capped_exponential
+
 
 class RetryPolicy(BaseModel):
     """How often and how patiently to retry a step or a compensation.
 
     ``max_attempts`` counts every send, the first included. The delay before attempt
-    ``n + 1`` is ``min(initial_backoff * multiplier**(n-1), max_backoff)``, then scaled
+    ``n + 1`` is ``min(initial_backoff * multiplier**(n-1), max_backoff)`` (computed by
+    ``kernel._retry.capped_exponential``: finite at every attempt), then scaled
     by a random factor in ``[1 - jitter, 1]``. The random factor is derived from the saga
     id, the step and the attempt, so a replay computes exactly the same delay.
     """
@@ -45,8 +48,12 @@ class RetryPolicy(BaseModel):
 
     def backoff(self, attempt: int, seed: str) -> timedelta:
         """The delay after failed attempt number ``attempt`` (1-based)."""
-        base = self.initial_backoff.total_seconds() * self.multiplier ** max(0, attempt - 1)
-        capped = min(base, self.max_backoff.total_seconds())
+        capped = capped_exponential(
+            attempt,
+            self.initial_backoff.total_seconds(),
+            self.max_backoff.total_seconds(),
+            self.multiplier,
+        )
         digest = hashlib.sha256(f"{seed}:{attempt}".encode()).digest()
         factor = 1.0 - self.jitter * random.Random(digest).random()
         return timedelta(seconds=round(capped * factor, 6))

@@ -58,12 +58,13 @@ from saga_engine.core._events import (
     SagaStarted,
     UndoRequested,
 )
+from saga_engine.core._fold import Awaited
 from saga_engine.core._inputs import check_parent, input_name, to_event, wake
 from saga_engine.core._keys import check_key, key_value
 from saga_engine.core._operations import CommandLimit
 from saga_engine.core._policy import RetryPolicy
 from saga_engine.core._signal import Signal
-from saga_engine.core._state import Halt, SagaState
+from saga_engine.core._state import POLL_PREFIX, Halt, SagaState
 from saga_engine.core._status import SagaStatus
 from saga_engine.core._update import run_query
 from saga_engine.kernel._errors import InvalidTransition, SerializationError
@@ -165,6 +166,9 @@ class SagaRuntime:
                 break
             s.cursor += 1
             rt._deliver(event)
+        if now is not None:  # loaded, it sends what it owes: its next poll is a period on
+            for poll in s.polls.values():
+                poll.due = max(poll.due, now + poll.every)
         return rt, rt._decision()
 
     # ------------------------------------------------------------------ the runner's API
@@ -210,9 +214,19 @@ class SagaRuntime:
         return list(self.state.history)
 
     def pending_timers(self) -> dict[str, datetime]:
-        return {tid: t.fire_at for tid, t in self.state.timers.items()}
+        """Its timers by id, with when they are due: the recorded ones and its polls."""
+        s = self.state
+        timers = {tid: t.fire_at for tid, t in s.timers.items()}
+        timers.update((f"{POLL_PREFIX}{cid}", poll.due) for cid, poll in s.polls.items())
+        return timers
 
     def next_wakeup(self) -> datetime | None:
+        """When its next timer or poll is due (an engine holding it wakes it then)."""
+        return min(self.pending_timers().values(), default=None)
+
+    def recorded_wakeup(self) -> datetime | None:
+        """When its next recorded timer is due: the store's wake-up, which a poll, never
+        recorded, does not move (it would fall behind after the first one)."""
         return min((t.fire_at for t in self.state.timers.values()), default=None)
 
     @property
@@ -245,8 +259,10 @@ class SagaRuntime:
         return self.state.held_steps()
 
     def owed_compensations(self) -> list[str]:
-        """The steps whose compensation is owed, in the order they would run."""
-        return [o.step for o in reversed(self.state.owed)]
+        """The steps whose compensation is owed, in the order they would run (none once
+        they cannot run: ``Fold.may_compensate``, the rule the view lists them by)."""
+        s = self.state
+        return [o.step for o in reversed(s.owed)] if s.may_compensate else []
 
     def event_waits(self) -> list[EventAwaited]:
         """The domain events the saga waits for now (none for most sagas)."""
@@ -266,6 +282,11 @@ class SagaRuntime:
     def awaited_signals(self) -> list[str]:
         """The signals the code waits for now, by name."""
         return sorted(self.state.signal_waiters)
+
+    def awaited(self) -> Awaited | None:
+        """What the code waits for now (see ``Awaited``); None once it is parked (dead):
+        its code holds nothing, and its history says what was open."""
+        return None if self.state.dead else self.state.awaited()
 
     def query(self, name: str, args: JsonDict | None = None) -> Any:
         """Asks the saga's ``@query`` method ``name`` (its answer as JSON); nothing is
@@ -301,6 +322,8 @@ class SagaRuntime:
                 f"saga {s.saga_id} is {s.status.value}; it accepts no "
                 f"{input_name(inbound)} any more"
             )
+        if isinstance(inbound, TimerDue) and inbound.timer_id.startswith(POLL_PREFIX):
+            return self._poll(inbound)
         event = to_event(s, inbound)
         if isinstance(event, DropReason):
             return self._decision(dropped=event)
@@ -452,10 +475,22 @@ class SagaRuntime:
         projection = Projection(
             status=self.status,
             current_step=s.current_step,
-            next_wakeup=None if ended else self.next_wakeup(),
+            next_wakeup=None if ended else self.recorded_wakeup(),
             error=s.error.model_dump(mode="json") if s.error else None,
         )
         return Decision(events, commands, projection, dropped, s.nondeterminism)
+
+    def _poll(self, due: TimerDue) -> Decision:
+        """A poll is due: the command goes again under its id, and nothing is recorded."""
+        s = self.state
+        command_id = due.timer_id.removeprefix(POLL_PREFIX)
+        poll, sent = s.polls.get(command_id), s.inflight.get(command_id)
+        if poll is None or sent is None or sent.held is not None:
+            return self._decision(dropped=DropReason.STALE_TIMER)
+        poll.due = due.at + poll.every
+        decision = self._decision()
+        decision.commands.append(self._outbound(sent.event))
+        return decision
 
     def _resent(self, sending: list[OutboundCommand]) -> list[OutboundCommand]:
         """An operator's retry of a step waiting for its reply: its command again, same

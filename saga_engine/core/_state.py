@@ -27,7 +27,7 @@ import random
 from collections import deque
 from collections.abc import Set
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal, NoReturn
 
 from saga_engine.core._context import SagaContext
@@ -40,7 +40,7 @@ from saga_engine.core._events import (
     Event,
     SagaParked,
 )
-from saga_engine.core._fold import END_STATUS, NO_IDS, Fold
+from saga_engine.core._fold import END_STATUS, NO_IDS, Awaited, Fold
 from saga_engine.core._loop import DeterministicLoop
 from saga_engine.kernel._errors import DefinitionError, NondeterminismError, PermanentError
 from saga_engine.kernel._serde import JsonDict
@@ -59,6 +59,18 @@ class OwedCompensation:
     forward_ids: tuple[str, ...] = ()
 
 
+@dataclass(slots=True)
+class Poll:
+    """A command sent again every ``every`` while unanswered; next at ``due``."""
+
+    every: timedelta
+    due: datetime
+
+
+#: A poll's timer id: ``poll:<command id>`` (never recorded; see ``SagaState.polls``).
+POLL_PREFIX = "poll:"
+
+
 class SagaState(Fold):
     """Everything about one saga that changes while it runs. No I/O, no clock."""
 
@@ -67,8 +79,8 @@ class SagaState(Fold):
     __slots__ = (
         "cancel_message", "cancel_reason", "clock", "closing", "counters", "ctx", "cursor",
         "definition", "history", "key_waiter", "lifecycle", "loop", "new", "nondeterminism",
-        "now", "owed", "patches", "resume_waiter", "rng", "saga", "saga_id", "saga_type",
-        "signal_waiters", "signals",
+        "now", "owed", "patches", "polls", "resume_waiter", "rng", "saga", "saga_id",
+        "saga_type", "signal_waiters", "signals",
         "skipped_ids", "step_names", "trace_context", "undo_waiter", "user_task",
     )  # fmt: skip
 
@@ -125,6 +137,10 @@ class SagaState(Fold):
         self.saga: Any = None
         #: A run waiting for its concurrency key waits here (``KeyAcquired``).
         self.key_waiter: asyncio.Future[None] | None = None
+        #: Commands sent again at a period while unanswered, recording nothing (a child's
+        #: start, ``StepRequest.poll``), by command id. No event records a poll: a loaded
+        #: saga sends what it owes anyway, and then polls again from there.
+        self.polls: dict[str, Poll] = {}
 
     # ------------------------------------------------------------------ queries
 
@@ -136,6 +152,11 @@ class SagaState(Fold):
     def dead(self) -> bool:
         """Parked as nondeterministic: the code cannot go on until a fixed deploy."""
         return self.nondeterminism is not None or self.parked
+
+    def awaited(self) -> Awaited:
+        """What the code waits for now: the fold's open waits it has not given up."""
+        held = frozenset([*self.inflight, *self.timers, *self.event_waits])
+        return Awaited(tuple(sorted(self.signal_waiters)), held)
 
     def describe_waiting(self) -> str:
         waits = [
@@ -206,6 +227,7 @@ class SagaState(Fold):
         self.loop.discard()
         self.inflight.clear()
         self.timers.clear()
+        self.polls.clear()
         ended = next((e for e in reversed(self.history) if isinstance(e, TERMINAL_EVENTS)), None)
         if ended is not None:
             # The saga finished long ago under the old code: report the mismatch, but a

@@ -7,9 +7,12 @@ timers, the stuck compensation) is the one fold of history the decision core is 
 they stand (with the steps whose outcome is still unknown), the timeline's segments, the
 actions an operator may take, and what the saga waits for.
 
-One thing a history cannot say: a wait for a signal *without* a timeout records nothing
-(only a timed wait records its timer). The caller that knows (the live or replayed
-runtime) passes those names in ``awaited_signals``.
+One view rule: what is listed as awaited or owed is what can still happen
+(:func:`_ahead`). Two things a history cannot say: a wait for a signal *without* a
+timeout records nothing (only a timed wait records its timer), and a wait the code gave
+up (the loser of an ``asyncio.wait(..., FIRST_COMPLETED)`` race, cancelled) records no
+end. The caller that knows (the live or replayed runtime) passes them in ``awaited``
+(``SagaRuntime.awaited()``); without it every wait its history leaves open is listed.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 from saga_engine.core._decision import CHILD_PARTICIPANT, CHILD_STEP_PREFIX, DEADLINE_TIMER
@@ -30,7 +32,6 @@ from saga_engine.core._events import (
     CompensationIssued,
     CompensationSpec,
     CompensationStarted,
-    ErrorInfo,
     Event,
     InvalidReplyReceived,
     ReplyReceived,
@@ -42,6 +43,8 @@ from saga_engine.core._events import (
     UndoRequested,
 )
 from saga_engine.core._fold import (
+    Awaited,
+    EventWait,
     Fold,
     ParkedStep,
     Sent,
@@ -52,122 +55,18 @@ from saga_engine.core._fold import (
 )
 from saga_engine.core._segments import Lane, Segment, Timeline
 from saga_engine.core._status import SagaStatus
-from saga_engine.kernel._serde import JsonDict
+from saga_engine.core._view_model import (
+    Action,
+    InFlight,
+    Owed,
+    OwedState,
+    PendingTimer,
+    SagaView,
+    Wait,
+    WaitKind,
+)
 
 S = SagaStatus
-
-
-class WaitKind(StrEnum):
-    """What kind of thing a saga waits for."""
-
-    REPLY = "reply"  #: a participant's answer to a command sent
-    SIGNAL = "signal"  #: a named signal (with a deadline if the wait has a timeout)
-    EVENT = "event"  #: another service's domain event, by source and correlation key
-    TIMER = "timer"  #: a durable sleep
-    BACKOFF = "backoff"  #: the pause before a step's (or compensation's) next attempt
-    OPERATOR = "operator"  #: a human: a held reply, a stuck compensation, a parked saga
-    KEY = "key"  #: its concurrency key, held by other sagas (queued, FIFO per key)
-    CHILD = "child"  #: a child saga's end (or its answer to an undo)
-
-
-class OwedState(StrEnum):
-    OWED = "owed"  #: applied; undone if the saga fails or is cancelled
-    IN_DOUBT = "in_doubt"  #: outcome unknown (in flight or timed out): owed if it stops now
-    PENDING = "pending"  #: compensation begun, this one not sent yet
-    COMPENSATING = "compensating"  #: sent, awaiting its reply
-    STUCK = "stuck"  #: exhausted its retries: an operator retries, skips or resumes
-
-
-@dataclass(frozen=True, slots=True)
-class Wait:
-    kind: WaitKind
-    #: A sentence: "a reply to step 'charge' (attempt 2) from 'payments'".
-    what: str
-    since: datetime
-    #: When it ends on its own: the attempt's timeout, the signal's deadline, the timer.
-    until: datetime | None = None
-    step: str | None = None
-    #: The signal's name, or the timer's id.
-    name: str | None = None
-    attempt: int | None = None
-    compensation: bool = False
-    #: A back-off's cause: the error of the attempt it follows.
-    last_error: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class InFlight:
-    """A command sent and not answered (or answered with a reply held as invalid)."""
-
-    step: str
-    command_id: str
-    attempt: int
-    participant: str
-    command_type: str
-    compensation: bool
-    since: datetime
-    timeout_at: datetime | None
-    #: Its success reply did not match the step's model: it waits for an operator.
-    held: ErrorInfo | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class PendingTimer:
-    timer_id: str
-    #: sleep, retry, signal_timeout or deadline
-    purpose: str
-    fire_at: datetime
-    since: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class Owed:
-    step: str
-    participant: str
-    command_type: str
-    payload: JsonDict
-    state: OwedState
-    attempts: int = 0
-    last_error: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Action:
-    """An operator action the saga accepts now, and the steps it applies to (if any)."""
-
-    name: str  #: signal, cancel, force-compensate, resume, retry or skip
-    steps: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class SagaView:
-    saga_id: str
-    saga_type: str
-    status: SagaStatus
-    error: ErrorInfo | None
-    current_step: str | None
-    input: JsonDict
-    output: JsonDict | None
-    deadline_at: datetime | None
-    idempotency_key: str | None
-    in_flight: tuple[InFlight, ...]
-    timers: tuple[PendingTimer, ...]
-    owed: tuple[Owed, ...]
-    #: The compensation that exhausted its retries (while compensation_stuck).
-    stuck_step: str | None
-    waiting_for: tuple[Wait, ...]
-    segments: tuple[Segment, ...]
-    #: What an operator can do now (what the engine would not refuse as a 409).
-    actions: tuple[Action, ...]
-    events: int
-    started_at: datetime | None
-    last_at: datetime | None
-    #: The pivot step (once its command is issued), and whether it has succeeded: past
-    #: it the saga only goes forward (no cancel, a step that cannot succeed parks).
-    pivot_step: str | None = None
-    past_pivot: bool = False
-    #: Forward steps parked for an operator after they could not succeed.
-    parked_steps: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -348,14 +247,17 @@ _LEDGER: dict[type[Event], Callable[[_Walk, Any, Settled], None]] = {
 
 
 def fold(
-    events: Sequence[Event], *, saga_id: str = "", awaited_signals: Iterable[str] = ()
+    events: Sequence[Event], *, saga_id: str = "", awaited: Awaited | Iterable[str] = ()
 ) -> SagaView:
-    """The view of a saga from its history (oldest first)."""
+    """The view of a saga from its history (oldest first). ``awaited``: what its code
+    still waits for (``SagaRuntime.awaited()``), or only the names of the signals it
+    waits for without a deadline."""
     walk = _Walk()
     for seq, event in enumerate(events, start=1):
         walk.apply(seq, event)
     walk.after_timeout(None)
     f = walk.fold
+    ahead = _ahead(walk, awaited if isinstance(awaited, Awaited) else Awaited(tuple(awaited)))
     started = f.started
     last_at = events[-1].at if events else None
     return SagaView(
@@ -368,21 +270,56 @@ def fold(
         output=f.output,
         deadline_at=started.deadline_at if started else None,
         idempotency_key=started.idempotency_key if started else None,
-        in_flight=tuple(_in_flight(sent) for sent in f.inflight.values()),
-        timers=tuple(
-            PendingTimer(t.timer_id, t.purpose, t.fire_at, t.since) for t in f.timers.values()
-        ),
-        owed=tuple(_owed_now(walk)),
+        in_flight=tuple(_in_flight(sent) for sent in ahead.inflight),
+        timers=tuple(PendingTimer(t.timer_id, t.purpose, t.fire_at, t.since) for t in ahead.timers),
+        owed=tuple(ahead.owed),
         stuck_step=f.stuck_step if f.status == S.COMPENSATION_STUCK else None,
-        waiting_for=tuple(_waits(walk, awaited_signals, last_at)),
+        waiting_for=tuple(_waits(walk, ahead, last_at)),
         segments=tuple(walk.timeline.segments),
-        actions=tuple(_actions(walk)),
+        actions=tuple(_actions(walk, ahead)),
         events=len(events),
         started_at=events[0].at if events else None,
         last_at=last_at,
         pivot_step=f.pivot_step,
         past_pivot=f.past_pivot,
         parked_steps=tuple(f.parked_steps),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Ahead:
+    """What can still happen to a saga: all the view lists as awaited or owed."""
+
+    inflight: tuple[Sent, ...] = ()
+    timers: tuple[Timer, ...] = ()
+    event_waits: tuple[EventWait, ...] = ()
+    #: The signals waited for without a deadline (a timed wait is one of ``timers``).
+    signals: tuple[str, ...] = ()
+    owed: tuple[Owed, ...] = ()
+
+
+def _ahead(walk: _Walk, awaited: Awaited) -> _Ahead:
+    """The one view rule: what is listed as awaited or owed is what can still happen.
+
+    - An ended saga awaits and owes nothing.
+    - A command, a timer or a domain-event wait its history leaves open is awaited only
+      while the code still holds it: a wait the code gave up (the loser of a race) can
+      never end, so it is not listed, past its deadline or not.
+    - A saga past its pivot only goes forward (a cancel is refused, its deadline lifted,
+      a step that cannot succeed parks, an undo from its parent is refused): it owes no
+      compensation, since none of them can run.
+    """
+    f = walk.fold
+    if f.status.is_terminal:
+        return _Ahead()
+    timers = tuple(t for t in f.timers.values() if awaited.holds(t.timer_id))
+    timed = {signal_of(t.timer_id) or t.timer_id for t in timers if t.purpose == "signal_timeout"}
+    return _Ahead(
+        inflight=tuple(s for cid, s in f.inflight.items() if awaited.holds(cid)),
+        timers=timers,
+        event_waits=tuple(w for wid, w in f.event_waits.items() if awaited.holds(wid)),
+        signals=tuple(n for n in dict.fromkeys(awaited.signals) if n not in timed),
+        owed=tuple(_owed_now(walk)) if f.may_compensate else (),
     )
 
 
@@ -399,9 +336,8 @@ def _in_flight(sent: Sent) -> InFlight:
 
 
 def _owed_now(walk: _Walk) -> list[Owed]:
-    """Compensations still owed, in the order they would run (last in, first out)."""
-    if walk.fold.status.is_terminal:
-        return []
+    """Compensations owed by a saga that may still compensate (see ``_ahead``), in the
+    order they would run (last in, first out)."""
     steps = walk.steps
     if walk.owed_at_start is not None:
         out = []
@@ -433,7 +369,7 @@ def _owed_now(walk: _Walk) -> list[Owed]:
     return out
 
 
-def _actions(walk: _Walk) -> list[Action]:
+def _actions(walk: _Walk, ahead: _Ahead) -> list[Action]:
     """The operator actions the runtime would accept now (see its input checks in
     ``_inputs``; ``tests/internal/unit/test_view_actions.py`` holds them to agree)."""
     f = walk.fold
@@ -446,11 +382,11 @@ def _actions(walk: _Walk) -> list[Action]:
     out: list[Action] = [Action("signal")] if forward else []
     if forward and not f.past_pivot:
         out += [Action("cancel"), Action("force-compensate")]
-    held = [s.event.step for s in f.inflight.values() if s.held is not None]
-    waiting = [s.event.step for s in f.inflight.values() if not s.compensation and s.held is None]
+    held = [s.event.step for s in ahead.inflight if s.held is not None]
+    waiting = [s.event.step for s in ahead.inflight if not s.compensation and s.held is None]
     # Any command awaiting its reply (a compensation's too) may be re-sent, same id.
-    resend = [s.event.step for s in f.inflight.values() if s.held is None]
-    backoff = [retry_timer_step(t) for t, timer in f.timers.items() if timer.purpose == "retry"]
+    resend = [s.event.step for s in ahead.inflight if s.held is None]
+    backoff = [retry_timer_step(t.timer_id) for t in ahead.timers if t.purpose == "retry"]
     stuck = [f.stuck_step] if f.stuck_step else []
     if f.status == S.COMPENSATION_STUCK:
         out.append(Action("resume"))
@@ -464,7 +400,7 @@ def _actions(walk: _Walk) -> list[Action]:
     return out
 
 
-def _waits(walk: _Walk, awaited_signals: Iterable[str], last_at: datetime | None) -> list[Wait]:
+def _waits(walk: _Walk, ahead: _Ahead, last_at: datetime | None) -> list[Wait]:
     f = walk.fold
     since = last_at or datetime.min
     if f.shown_status.is_terminal:
@@ -491,7 +427,7 @@ def _waits(walk: _Walk, awaited_signals: Iterable[str], last_at: datetime | None
             )
         )  # fmt: skip
     out += [_parked_wait(parked) for parked in f.parked_steps.values()]
-    out += [_command_wait(sent) for sent in f.inflight.values()]
+    out += [_command_wait(sent) for sent in ahead.inflight]
     key = f.key
     if key is not None and not key.held and f.going_forward and not walk.stopping:
         segment = walk.timeline.timers.get(f"key:{key.key}")
@@ -501,15 +437,14 @@ def _waits(walk: _Walk, awaited_signals: Iterable[str], last_at: datetime | None
             f"(position {key.position})", segment.start if segment is not None else since,
             name=key.key,
         ))  # fmt: skip
-    awaited = dict.fromkeys(awaited_signals)
-    for timer in f.timers.values():
-        if timer.purpose == "signal_timeout":
-            awaited.pop(signal_of(timer.timer_id) or timer.timer_id, None)
+    for timer in ahead.timers:
         wait = _timer_wait(timer, walk.steps)
         if wait is not None:
             out.append(wait)
-    out += [Wait(WaitKind.SIGNAL, f"signal {n!r} (no deadline)", since, name=n) for n in awaited]
-    for w in f.event_waits.values():
+    out += [
+        Wait(WaitKind.SIGNAL, f"signal {n!r} (no deadline)", since, name=n) for n in ahead.signals
+    ]
+    for w in ahead.event_waits:
         e = w.event
         what = f"event {e.source} key={e.key}"
         out.append(Wait(WaitKind.EVENT, what, e.at, e.timeout_at, name=e.source))

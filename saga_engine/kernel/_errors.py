@@ -108,6 +108,14 @@ class KafkaUnavailable(TransientError):
     """The broker could not be reached or did not acknowledge in time; retry later."""
 
 
+class OutcomeUnknown(TransientError):
+    """A request was sent and its answer lost: it may or may not have taken effect (the
+    broker took a record and did not acknowledge it; an action failed and the saga's
+    history could not be read to tell). Look at the saga (``saga show``, its history)
+    before sending it again; again is safe where the request is idempotent (a start with
+    its idempotency key, a signal with its ``signal_id``)."""
+
+
 class DeadLetterTopicUnavailable(KafkaUnavailable):
     """The dead-letter topic does not exist, or reading it took longer than allowed."""
 

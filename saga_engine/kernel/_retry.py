@@ -23,22 +23,46 @@ start-up, the participant kit, the dead-letter publisher and the CLI all ask it.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import ssl
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
 from saga_engine.kernel._errors import PermanentError, TransientError
 
-#: Past this many doublings the ceiling is the maximum anyway; the cap keeps the float
-#: power finite however long a dependency stays away.
-_MAX_DOUBLINGS = 64
+#: Below this a float power of the exponent's size is finite.
+_LOG_FLOAT_MAX = math.log(sys.float_info.max)
+
+
+def capped_exponential(
+    failure: int, initial: float, maximum: float, multiplier: float = 2.0
+) -> float:
+    """``min(maximum, initial * multiplier**(failure-1))``, finite at every ``failure``.
+
+    The one exponential curve of every back-off (these loops' and the durable
+    ``RetryPolicy``'s): the power is compared with the cap in logarithms first, so it is
+    only computed while it stays below the cap, and a retry after any number of
+    failures (a child waited for days, a dependency away for weeks) gets the cap, never
+    an ``OverflowError``. ``failure`` is 1-based; below 1 counts as 1."""
+    steps = max(0, failure - 1)
+    if initial <= 0 or steps == 0 or multiplier <= 1.0:
+        return min(initial, maximum)
+    if initial >= maximum:
+        return maximum
+    exponent = steps * math.log(multiplier)
+    if exponent >= math.log(maximum) - math.log(initial):
+        return maximum
+    if exponent < _LOG_FLOAT_MAX:
+        return min(maximum, initial * multiplier**steps)  # exact: replays compare it
+    return min(maximum, math.exp(math.log(initial) + exponent))
 
 
 def jittered(failure: int, initial: float, maximum: float, rng: Callable[[], float]) -> float:
     """The delay after failure number ``failure`` (1-based); see the module docstring."""
-    ceiling = min(maximum, initial * 2.0 ** min(max(0, failure - 1), _MAX_DOUBLINGS))
+    ceiling = capped_exponential(failure, initial, maximum)
     return ceiling / 2 + rng() * ceiling / 2
 
 

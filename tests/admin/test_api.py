@@ -458,6 +458,8 @@ async def test_signal_is_delivered_once(admin: Admin) -> None:
         "status": "completed",
         "signal_id": "s-1",
         "dropped": None,
+        "outcome": "accepted",
+        "note": None,
     }
     assert await admin.settle(saga_id) == SagaStatus.COMPLETED
     detail = (await admin.http.get(f"/sagas/{saga_id}", headers=READER)).json()

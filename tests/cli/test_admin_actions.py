@@ -74,7 +74,7 @@ def test_retry_resume_and_skip_a_stuck_compensation(served: Served) -> None:
     assert retried["principal"] == "olivia"
     resumed = invoke(["resume", ids["stuck2"], "--reason", "unlocked", "--admin-url", url], _env())
     assert resumed.exit_code == 0, resumed.output
-    assert f"resume {ids['stuck2']} by olivia: status compensating" in resumed.stdout
+    assert f"resume {ids['stuck2']} by olivia: accepted, status compensating" in resumed.stdout
     skipped = as_json(
         invoke(
             [

@@ -23,9 +23,10 @@ from typing import Any
 import httpx
 import pytest
 
-from saga_engine import SagaStatus
+from saga_engine import PastPivot, SagaStatus
 from saga_engine.client import SagaClient
-from tests.edge.conftest import dead_letters
+from saga_engine.protocol import Envelope, MessageType, Topics
+from tests.edge.conftest import dead_letters, produce
 from tests.internal.e2e.harness import Cluster
 from tests.internal.e2e.redrive_app import Parking, Pivoted, RedriveRequest
 
@@ -127,9 +128,21 @@ async def test_parks_hold_across_sigkill_and_an_edited_retry_applies_once(
         cluster, port, f"/sagas/{pivoted}/cancel", {"reason": "too late"}, want=409
     )
     assert "past its pivot" in refused.text
-    # Sent over Kafka, the same refusal is a dead letter with its reason.
+    # The client says the same before sending anything: the history says it is past its
+    # pivot. A record that reaches the inbox anyway is a dead letter with its reason.
     async with SagaClient(cluster.settings) as client:
-        await client.cancel(pivoted, "too late, over Kafka")
+        with pytest.raises(PastPivot, match="past its pivot"):
+            await client.cancel(pivoted, "too late, over Kafka")
+    await produce(
+        cluster.settings,
+        Topics.of(cluster.settings.kafka).inbox,
+        Envelope(
+            message_type=MessageType.CANCEL,
+            source="/late",
+            saga_id=pivoted,
+            body={"reason": "too late, over Kafka", "principal": "system"},
+        ),
+    )
     [dead] = await dead_letters(cluster.settings, 1)
     assert dead["dlq_reason"] == "not_accepted"
     assert "past its pivot" in dead["dlq_detail"]

@@ -55,8 +55,8 @@ def _check(definition: SagaDefinition, saga_id: str, history: list[Event]) -> Sa
     """Replays ``history`` and checks the view of what the replay holds."""
     rt, _ = SagaRuntime.replay(definition, saga_id, history)
     full = rt.history  # with the park marker, if the code deployed cannot replay it
-    awaited = [] if rt.dead else rt.awaited_signals()
-    view = fold(full, saga_id=saga_id, awaited_signals=awaited)
+    still = rt.awaited()
+    view = fold(full, saga_id=saga_id, awaited=still or ())
     where = f"after {len(history)} events ({full[-1].describe()})"
     assert view.status == statuses_after_each(full)[-1], where
     held = held_after_each(full)[-1]
@@ -76,7 +76,7 @@ def _check(definition: SagaDefinition, saga_id: str, history: list[Event]) -> Sa
     waits = {(w.kind, w.step if w.kind == WaitKind.REPLY else w.name) for w in view.waiting_for}
     for command in rt.outstanding_commands():
         assert (WaitKind.REPLY, command.step) in waits, where
-    for name in awaited:
+    for name in still.signals if still is not None else ():
         assert (WaitKind.SIGNAL, name) in waits, where
     # An open saga always waits for something: a reply, a timer, a signal, a human.
     assert view.waiting_for, where

@@ -120,7 +120,7 @@ async def test_the_view_offers_what_the_runtime_accepts(state: str) -> None:
     saga_id = await SETUPS[state](env)
     await env.settle()
     history = await env.engine.history(saga_id)
-    view = fold(history, saga_id=saga_id, awaited_signals=["go"])
+    view = fold(history, saga_id=saga_id, awaited=["go"])
     offered = {(a.name, step) for a in view.actions for step in (a.steps or (None,))}
     definition = env.parts.registry.get("two-steps")
     accepted = set()
