@@ -279,10 +279,6 @@ class SagaRuntime:
         s = self.state
         return s.key_waiter is not None and not s.key_waiter.done() and not s.dead
 
-    def awaited_signals(self) -> list[str]:
-        """The signals the code waits for now, by name."""
-        return sorted(self.state.signal_waiters)
-
     def awaited(self) -> Awaited | None:
         """What the code waits for now (see ``Awaited``); None once it is parked (dead):
         its code holds nothing, and its history says what was open."""
