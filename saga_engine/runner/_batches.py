@@ -40,7 +40,7 @@ from saga_engine.kernel._errors import InvalidTransition, SagaError, SagaNotFoun
 from saga_engine.kernel._settings import BatchSettings
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._polling import PollingLoop
-from saga_engine.store._batch_store import BatchRow, BatchStore, Outcome
+from saga_engine.store._batch_store import BatchRow, BatchStore, Outcome, saga_filter
 from saga_engine.store._store import EventStore
 
 __all__ = ["ACTIONS", "ALREADY_DONE", "CRASH_POINT", "BatchRunner"]
@@ -187,10 +187,10 @@ class BatchRunner:
         log.info("batch operation %s (%s): from %s", op.operation_id, op.spec.action, op.cursor)
         pacer = _Pacer(self._settings.rate_per_s)
         cursor = op.cursor
-        where = op.spec.filter.list_arguments()
+        where = saga_filter(op.spec.filter)
         while True:
             page = await self._sagas.list_sagas(
-                **where, limit=self._settings.page_size, after_id=cursor
+                where, limit=self._settings.page_size, after_id=cursor
             )
             if not page:
                 if await self._store.finish(op.operation_id, self._owner, _utc_now()):

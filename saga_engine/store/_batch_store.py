@@ -15,9 +15,17 @@ from typing import Final, Protocol
 
 from saga_engine.core._batch import BatchFilter, BatchSpec, BatchState
 from saga_engine.kernel._serde import JsonDict
-from saga_engine.store._store import EventStore
+from saga_engine.store._store import EventStore, SagaFilter
 
-__all__ = ["MAX_ERRORS", "SAMPLE", "BatchRow", "BatchStore", "Outcome", "count_matching"]
+__all__ = [
+    "MAX_ERRORS",
+    "SAMPLE",
+    "BatchRow",
+    "BatchStore",
+    "Outcome",
+    "count_matching",
+    "saga_filter",
+]
 
 #: The sagas a count lists as a sample of what matches.
 SAMPLE: Final = 20
@@ -126,14 +134,28 @@ class BatchStore(Protocol):
     async def close(self) -> None: ...
 
 
+def saga_filter(where: BatchFilter) -> SagaFilter:
+    """The store's filter an operation's filter is."""
+    return SagaFilter(
+        statuses=frozenset(where.statuses) if where.statuses is not None else None,
+        saga_type=where.saga_type,
+        created_after=where.created_after,
+        created_before=where.created_before,
+        updated_after=where.updated_after,
+        updated_before=where.updated_before,
+        search=where.q,
+        attributes=where.attributes,
+    )
+
+
 async def count_matching(store: EventStore, where: BatchFilter) -> tuple[int, list[str]]:
     """How many sagas match now, and the first few ids (keyset pages of the list query,
     each answered by an index)."""
-    arguments = where.list_arguments()
+    matching = saga_filter(where)
     count, after = 0, None
     sample: list[str] = []
     while True:
-        page = await store.list_sagas(**arguments, limit=1000, after_id=after)
+        page = await store.list_sagas(matching, limit=1000, after_id=after)
         if not page:
             return count, sample
         count += len(page)
