@@ -22,6 +22,8 @@ __all__ = [
     "SAMPLE",
     "BatchRow",
     "BatchStore",
+    "Dealt",
+    "Lease",
     "Outcome",
     "count_matching",
     "saga_filter",
@@ -42,6 +44,41 @@ class Outcome(StrEnum):
     SKIPPED = "skipped"
     #: The engine refused the action (the saga's state does not allow it).
     FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """An engine's hold on an operation: ``owner`` holds it from ``now`` for ``length``."""
+
+    owner: str
+    now: datetime
+    length: timedelta
+
+    @property
+    def until(self) -> datetime:
+        return self.now + self.length
+
+
+@dataclass(frozen=True, slots=True)
+class Dealt:
+    """One saga an operation dealt with: what it did (None: passed over, a saga the
+    operation started itself), and why the action failed."""
+
+    saga_id: str
+    outcome: Outcome | None = None
+    error: str | None = None
+
+    def tallies(self) -> tuple[int, int, int]:
+        """What it adds to the operation's (acted, skipped, failed)."""
+        return (
+            int(self.outcome is Outcome.ACTED),
+            int(self.outcome is Outcome.SKIPPED),
+            int(self.outcome is Outcome.FAILED),
+        )
+
+    def error_entry(self) -> JsonDict | None:
+        """The entry it adds to the operation's errors (the first MAX_ERRORS are kept)."""
+        return None if self.error is None else {"saga_id": self.saga_id, "error": self.error}
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,25 +138,17 @@ class BatchStore(Protocol):
         """The newest operations first."""
         ...
 
-    async def claim(self, owner: str, now: datetime, lease: timedelta) -> BatchRow | None:
-        """A running operation no other engine holds (its lease expired, or ``owner``
-        holds it), now held by ``owner`` until ``now + lease``; None if there is none."""
+    async def claim(self, lease: Lease) -> BatchRow | None:
+        """A running operation no other engine holds (its lease expired, or the lease's
+        owner holds it), now held by that owner until ``lease.until``; None if there is
+        none."""
         ...
 
-    async def advance(
-        self,
-        operation_id: str,
-        owner: str,
-        now: datetime,
-        lease: timedelta,
-        *,
-        saga_id: str | None = None,
-        outcome: Outcome | None = None,
-        error: str | None = None,
-    ) -> bool:
-        """Records one saga dealt with (``saga_id`` becomes the cursor; no saga: the lease
-        is only renewed). False, recording nothing, when ``owner`` no longer holds the
-        running operation (cancelled, or taken over): stop working on it."""
+    async def advance(self, operation_id: str, lease: Lease, dealt: Dealt | None = None) -> bool:
+        """Records one saga dealt with (its id becomes the cursor; none: the lease is only
+        renewed), and renews the lease. False, recording nothing, when the lease's owner
+        no longer holds the running operation (cancelled, or taken over): stop working on
+        it."""
         ...
 
     async def finish(self, operation_id: str, owner: str, now: datetime) -> bool:
