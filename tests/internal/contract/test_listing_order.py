@@ -139,3 +139,7 @@ async def test_counts_per_status_follow_the_filters(store: EventStore) -> None: 
         S.RUNNING: 1, S.COMPENSATING: 1, S.CANCELLED: 1,
     }  # fmt: skip
     assert await store.count_by_status(SagaFilter(attributes={"region": "us"}), cap=100) == {}
+    # The statuses filter the counts too (the admin's tabs count without them).
+    some = SagaFilter(statuses=frozenset({S.RUNNING, S.FAILED}))
+    assert await store.count_by_status(some, cap=100) == {S.RUNNING: 3, S.FAILED: 1}
+    assert await store.count_by_status(SagaFilter(statuses=frozenset()), cap=100) == {}
