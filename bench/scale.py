@@ -69,7 +69,7 @@ from saga_engine.runner._parts import EngineParts
 from saga_engine.settings import EngineSettings, PostgresSettings
 from saga_engine.store._migrations import migrate
 from saga_engine.store._pgstore import PostgresEventStore
-from saga_engine.store._store import NewSaga
+from saga_engine.store._store import NewSaga, SagaFilter
 from saga_engine.transport._kafka import ensure_topics
 from saga_engine.transport._topics import Topics
 
@@ -314,14 +314,14 @@ async def measure_references(
         t0 = time.perf_counter()
         seen, after = 0, None
         while seen < limit_rows:
-            rows = await store.list_sagas(limit=1000, after_id=after, **filters)
+            rows = await store.list_sagas(SagaFilter(**filters), limit=1000, after_id=after)
             seen += len(rows)
             if len(rows) < 1000:
                 break
             after = rows[-1].saga_id
         return time.perf_counter() - t0, seen
 
-    open_s, open_rows = await page_through(200_000, statuses=[s for s in SagaStatus if s.is_open])
+    open_s, open_rows = await page_through(200_000, statuses={s for s in SagaStatus if s.is_open})
     cap_s, cap_rows = await page_through(200_000)
     return {
         "select_1_ms": select1,

@@ -47,8 +47,8 @@ FRONT_DOORS: dict[str, set[str]] = {
     "saga_engine.store": {
         "Append", "EventStore", "GroupCommitConfig", "InMemoryEventStore", "LoadedSaga",
         "MigrationBusy", "MigrationError", "NewSaga", "PostgresEventStore", "Projection",
-        "SagaRecord", "StoreUnavailable", "StoredEvent", "migrate", "migration_sql",
-        "shipped_migrations",
+        "SagaFilter", "SagaRecord", "StoreUnavailable", "StoredEvent", "migrate",
+        "migration_sql", "shipped_migrations",
     },
     "saga_engine.testing": {"InMemoryCommandBus", "SagaRun", "SagaTestEnv", "ScriptedParticipant"},
     "saga_engine.participant": {

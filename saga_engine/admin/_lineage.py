@@ -23,7 +23,7 @@ from saga_engine.core._decision import CHILD_PARTICIPANT, CHILD_STEP_PREFIX, chi
 from saga_engine.core._events import CommandIssued, Event, SagaStarted
 from saga_engine.core._start import RERUN_ATTRIBUTE
 from saga_engine.kernel._errors import CodecError, SagaNotFound
-from saga_engine.store._store import EventStore
+from saga_engine.store._store import EventStore, SagaFilter
 
 #: A tree is drawn with at most this many sagas, and this many levels above the saga.
 MAX_NODES = 100
@@ -90,7 +90,8 @@ async def children(store: EventStore, saga_id: str, events: Sequence[Event]) -> 
 
 async def reruns(store: EventStore, saga_id: str) -> list[SagaRef]:
     """The sagas re-run from this one (found by their search attribute, not a scan)."""
-    found = await store.list_sagas(attributes={RERUN_ATTRIBUTE: saga_id}, limit=MAX_RERUNS)
+    rerun = SagaFilter(attributes={RERUN_ATTRIBUTE: saga_id})
+    found = await store.list_sagas(rerun, limit=MAX_RERUNS)
     return [SagaRef(saga_id=r.saga_id, status=r.status) for r in found]
 
 

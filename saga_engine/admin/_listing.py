@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from datetime import datetime
 from typing import Final
 
@@ -24,7 +24,7 @@ from saga_engine.core._status import SagaStatus
 from saga_engine.core._view import Wait
 from saga_engine.kernel._errors import InvalidCursor, PermanentError, SagaError
 from saga_engine.kernel._serde import dumps, loads
-from saga_engine.store._store import EventStore, ListOrder, SagaRecord, as_utc
+from saga_engine.store._store import EventStore, ListOrder, SagaFilter, SagaRecord, as_utc
 
 #: Each status's count stops here: counting every ended saga of a large table is a
 #: scan of its index, and "10000+" tells an operator as much as the exact figure.
@@ -61,35 +61,6 @@ def decode_cursor(cursor: str, order: ListOrder = "id") -> str | tuple[datetime,
     )
 
 
-@dataclass(frozen=True, slots=True)
-class SagaFilter:
-    statuses: frozenset[SagaStatus] | None = None
-    saga_type: str | None = None
-    created_after: datetime | None = None
-    created_before: datetime | None = None
-    updated_after: datetime | None = None
-    updated_before: datetime | None = None
-    #: An id prefix, or an idempotency key.
-    q: str | None = None
-    #: Search attributes (``Saga.search_attributes``), all of which must match.
-    attributes: tuple[tuple[str, str], ...] = ()
-    #: Only sagas no other saga started (``ctx.child``): children hidden.
-    roots_only: bool = False
-
-    def common(self) -> dict[str, object]:
-        """Every filter but the status: the list's and the counts'."""
-        return {
-            "saga_type": self.saga_type,
-            "created_after": self.created_after,
-            "created_before": self.created_before,
-            "updated_after": self.updated_after,
-            "updated_before": self.updated_before,
-            "search": self.q,
-            "attributes": dict(self.attributes) or None,
-            "roots_only": self.roots_only,
-        }
-
-
 def attribute_filters(
     query: list[tuple[str, str]], declared: set[str]
 ) -> tuple[tuple[str, str], ...]:
@@ -124,12 +95,11 @@ async def list_page(
     """One page of matching sagas in ``order``, and the cursor of the next (or None)."""
     after = decode_cursor(cursor, order) if cursor is not None else None
     rows = await store.list_sagas(
-        statuses=where.statuses,
+        where,
         limit=limit + 1,
         after_id=after if isinstance(after, str) else None,
         order=order,
         after_activity=after if isinstance(after, tuple) else None,
-        **where.common(),  # type: ignore[arg-type]
     )
     if len(rows) > limit:
         return rows[:limit], encode_cursor(rows[limit - 1], order)
@@ -139,7 +109,7 @@ async def list_page(
 async def status_counts(store: EventStore, where: SagaFilter) -> dict[SagaStatus, int]:
     """How many sagas match every filter but the status, per status, each up to
     COUNT_CAP: what the status tabs above the list show."""
-    return await store.count_by_status(cap=COUNT_CAP, **where.common())  # type: ignore[arg-type]
+    return await store.count_by_status(replace(where, statuses=None), cap=COUNT_CAP)
 
 
 async def waits_of(

@@ -14,7 +14,7 @@ from fastapi.responses import Response
 
 from saga_engine.admin._deps import PartsDep
 from saga_engine.admin._lineage import children, reruns, tree
-from saga_engine.admin._listing import SagaFilter, attribute_filters, saga_page
+from saga_engine.admin._listing import attribute_filters, saga_page
 from saga_engine.admin._schemas import HistoryDocument, LineageNode, SagaDetail, SagaPage
 from saga_engine.admin._shared import READ_ERRORS, SagaIdPath, errors, load, saga_ref
 from saga_engine.admin._views import awaited, detail
@@ -22,6 +22,7 @@ from saga_engine.core._replay import export_history
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._input_types import Instant, StorableText, check_time_range
 from saga_engine.runner._parts import EngineParts
+from saga_engine.store._store import SagaFilter
 
 __all__ = ["router"]
 
@@ -84,8 +85,8 @@ async def list_sagas(
         created_before=created_before,
         updated_after=updated_after,
         updated_before=updated_before,
-        q=q,
-        attributes=_attributes(request, parts),
+        search=q,
+        attributes=dict(_attributes(request, parts)),
         roots_only=roots,
     )
     return await saga_page(

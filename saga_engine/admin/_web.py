@@ -50,7 +50,7 @@ from saga_engine.admin._auth import (
 )
 from saga_engine.admin._flow import flow_gates
 from saga_engine.admin._lineage import children, reruns, tree
-from saga_engine.admin._listing import SagaFilter, attribute_filters, saga_page
+from saga_engine.admin._listing import attribute_filters, saga_page
 from saga_engine.admin._timeline import relative, span_text, timeline
 from saga_engine.admin._views import awaited, detail_of, view_of
 from saga_engine.admin._web_updates import query_answers, update_forms
@@ -63,6 +63,7 @@ from saga_engine.kernel._errors import UnknownSagaType
 from saga_engine.kernel._input_types import StorableText, Text
 from saga_engine.kernel._settings import AdminSettings
 from saga_engine.runner._parts import EngineParts
+from saga_engine.store._store import SagaFilter
 
 __all__ = ["SecurityHeadersMiddleware", "web_router"]
 
@@ -364,8 +365,8 @@ async def _list_page(
     where = SagaFilter(
         statuses=frozenset({SagaStatus(status)}) if status else None,
         saga_type=saga_type,
-        q=q,
-        attributes=attributes,
+        search=q,
+        attributes=dict(attributes),
         roots_only=shown.roots,
     )
     page = await saga_page(

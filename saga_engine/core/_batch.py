@@ -102,19 +102,6 @@ class BatchFilter(BaseModel):
     #: Search attributes (``Saga.search_attributes``), all of which must match.
     attributes: dict[Text, Text] = Field(default_factory=dict)
 
-    def list_arguments(self) -> dict[str, Any]:
-        """The keyword arguments of ``EventStore.list_sagas`` this filter is."""
-        return {
-            "statuses": frozenset(self.statuses) if self.statuses is not None else None,
-            "saga_type": self.saga_type,
-            "created_after": self.created_after,
-            "created_before": self.created_before,
-            "updated_after": self.updated_after,
-            "updated_before": self.updated_before,
-            "search": self.q,
-            "attributes": dict(self.attributes) or None,
-        }
-
 
 class BatchSpec(BaseModel):
     """What an operation does: checked when it is created, stored with its row."""

@@ -40,7 +40,14 @@ from saga_engine.kernel._errors import InvalidTransition, SagaError, SagaNotFoun
 from saga_engine.kernel._settings import BatchSettings
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._polling import PollingLoop
-from saga_engine.store._batch_store import BatchRow, BatchStore, Outcome
+from saga_engine.store._batch_store import (
+    BatchRow,
+    BatchStore,
+    Dealt,
+    Lease,
+    Outcome,
+    saga_filter,
+)
 from saga_engine.store._store import EventStore
 
 __all__ = ["ACTIONS", "ALREADY_DONE", "CRASH_POINT", "BatchRunner"]
@@ -174,7 +181,7 @@ class BatchRunner:
     async def run_once(self) -> BatchRow | None:
         """Claims one operation and works on it until it ends or is lost; the operation as
         it was claimed, or None if there was none to claim."""
-        row = await self._store.claim(self._owner, _utc_now(), self._lease)
+        row = await self._store.claim(Lease(self._owner, _utc_now(), self._lease))
         if row is not None:
             await self._work(row)
         return row
@@ -187,10 +194,10 @@ class BatchRunner:
         log.info("batch operation %s (%s): from %s", op.operation_id, op.spec.action, op.cursor)
         pacer = _Pacer(self._settings.rate_per_s)
         cursor = op.cursor
-        where = op.spec.filter.list_arguments()
+        where = saga_filter(op.spec.filter)
         while True:
             page = await self._sagas.list_sagas(
-                **where, limit=self._settings.page_size, after_id=cursor
+                where, limit=self._settings.page_size, after_id=cursor
             )
             if not page:
                 if await self._store.finish(op.operation_id, self._owner, _utc_now()):
@@ -199,10 +206,9 @@ class BatchRunner:
             for record in page:
                 await pacer.wait()
                 outcome, error = await self._one(op, record.saga_id)
-                if not await self._store.advance(
-                    op.operation_id, self._owner, _utc_now(), self._lease,
-                    saga_id=record.saga_id, outcome=outcome, error=error,
-                ):  # fmt: skip
+                lease = Lease(self._owner, _utc_now(), self._lease)
+                dealt = Dealt(record.saga_id, outcome, error)
+                if not await self._store.advance(op.operation_id, lease, dealt):
                     log.info("batch operation %s: cancelled or taken over", op.operation_id)
                     return
                 cursor = record.saga_id

@@ -14,6 +14,7 @@ runs one on demand, for every partition.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gzip
 import logging
 import os
@@ -93,27 +94,20 @@ class Retention:
                 types = frozenset(saga_types) if types is None else types & frozenset(saga_types)
                 if not types:
                     continue
+            expired = functools.partial(
+                self.store.finished_before,
+                rule.cutoff,
+                saga_types=types,
+                other_than=rule.other_than,
+                partitions=partitions,
+                partition_count=partition_count,
+            )
             if dry_run:
                 # Nothing is deleted, so one query counts what the batches would take.
-                ids = await self.store.finished_before(
-                    rule.cutoff,
-                    saga_types=types,
-                    other_than=rule.other_than,
-                    partitions=partitions,
-                    partition_count=partition_count,
-                    limit=size * max_batches,
-                )
-                report.found += len(ids)
+                report.found += len(await expired(limit=size * max_batches))
                 continue
             for _ in range(max_batches):
-                ids = await self.store.finished_before(
-                    rule.cutoff,
-                    saga_types=types,
-                    other_than=rule.other_than,
-                    partitions=partitions,
-                    partition_count=partition_count,
-                    limit=size,
-                )
+                ids = await expired(limit=size)
                 if not ids:
                     break
                 report.found += len(ids)

@@ -16,6 +16,7 @@ from saga_engine.store._store import (
     LoadedSaga,
     NewSaga,
     Projection,
+    SagaFilter,
     SagaRecord,
     StoredEvent,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "NewSaga",
     "PostgresEventStore",
     "Projection",
+    "SagaFilter",
     "SagaRecord",
     "StoreUnavailable",
     "StoredEvent",

@@ -15,9 +15,19 @@ from typing import Final, Protocol
 
 from saga_engine.core._batch import BatchFilter, BatchSpec, BatchState
 from saga_engine.kernel._serde import JsonDict
-from saga_engine.store._store import EventStore
+from saga_engine.store._store import EventStore, SagaFilter
 
-__all__ = ["MAX_ERRORS", "SAMPLE", "BatchRow", "BatchStore", "Outcome", "count_matching"]
+__all__ = [
+    "MAX_ERRORS",
+    "SAMPLE",
+    "BatchRow",
+    "BatchStore",
+    "Dealt",
+    "Lease",
+    "Outcome",
+    "count_matching",
+    "saga_filter",
+]
 
 #: The sagas a count lists as a sample of what matches.
 SAMPLE: Final = 20
@@ -34,6 +44,41 @@ class Outcome(StrEnum):
     SKIPPED = "skipped"
     #: The engine refused the action (the saga's state does not allow it).
     FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """An engine's hold on an operation: ``owner`` holds it from ``now`` for ``length``."""
+
+    owner: str
+    now: datetime
+    length: timedelta
+
+    @property
+    def until(self) -> datetime:
+        return self.now + self.length
+
+
+@dataclass(frozen=True, slots=True)
+class Dealt:
+    """One saga an operation dealt with: what it did (None: passed over, a saga the
+    operation started itself), and why the action failed."""
+
+    saga_id: str
+    outcome: Outcome | None = None
+    error: str | None = None
+
+    def tallies(self) -> tuple[int, int, int]:
+        """What it adds to the operation's (acted, skipped, failed)."""
+        return (
+            int(self.outcome is Outcome.ACTED),
+            int(self.outcome is Outcome.SKIPPED),
+            int(self.outcome is Outcome.FAILED),
+        )
+
+    def error_entry(self) -> JsonDict | None:
+        """The entry it adds to the operation's errors (the first MAX_ERRORS are kept)."""
+        return None if self.error is None else {"saga_id": self.saga_id, "error": self.error}
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,25 +138,17 @@ class BatchStore(Protocol):
         """The newest operations first."""
         ...
 
-    async def claim(self, owner: str, now: datetime, lease: timedelta) -> BatchRow | None:
-        """A running operation no other engine holds (its lease expired, or ``owner``
-        holds it), now held by ``owner`` until ``now + lease``; None if there is none."""
+    async def claim(self, lease: Lease) -> BatchRow | None:
+        """A running operation no other engine holds (its lease expired, or the lease's
+        owner holds it), now held by that owner until ``lease.until``; None if there is
+        none."""
         ...
 
-    async def advance(
-        self,
-        operation_id: str,
-        owner: str,
-        now: datetime,
-        lease: timedelta,
-        *,
-        saga_id: str | None = None,
-        outcome: Outcome | None = None,
-        error: str | None = None,
-    ) -> bool:
-        """Records one saga dealt with (``saga_id`` becomes the cursor; no saga: the lease
-        is only renewed). False, recording nothing, when ``owner`` no longer holds the
-        running operation (cancelled, or taken over): stop working on it."""
+    async def advance(self, operation_id: str, lease: Lease, dealt: Dealt | None = None) -> bool:
+        """Records one saga dealt with (its id becomes the cursor; none: the lease is only
+        renewed), and renews the lease. False, recording nothing, when the lease's owner
+        no longer holds the running operation (cancelled, or taken over): stop working on
+        it."""
         ...
 
     async def finish(self, operation_id: str, owner: str, now: datetime) -> bool:
@@ -126,14 +163,28 @@ class BatchStore(Protocol):
     async def close(self) -> None: ...
 
 
+def saga_filter(where: BatchFilter) -> SagaFilter:
+    """The store's filter an operation's filter is."""
+    return SagaFilter(
+        statuses=frozenset(where.statuses) if where.statuses is not None else None,
+        saga_type=where.saga_type,
+        created_after=where.created_after,
+        created_before=where.created_before,
+        updated_after=where.updated_after,
+        updated_before=where.updated_before,
+        search=where.q,
+        attributes=where.attributes,
+    )
+
+
 async def count_matching(store: EventStore, where: BatchFilter) -> tuple[int, list[str]]:
     """How many sagas match now, and the first few ids (keyset pages of the list query,
     each answered by an index)."""
-    arguments = where.list_arguments()
+    matching = saga_filter(where)
     count, after = 0, None
     sample: list[str] = []
     while True:
-        page = await store.list_sagas(**arguments, limit=1000, after_id=after)
+        page = await store.list_sagas(matching, limit=1000, after_id=after)
         if not page:
             return count, sample
         count += len(page)

@@ -6,11 +6,11 @@ no longer holds the running operation records nothing."""
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from saga_engine.core._batch import BatchSpec, BatchState, check_batch_move
 from saga_engine.kernel._errors import BatchNotFound
-from saga_engine.store._batch_store import MAX_ERRORS, BatchRow, Outcome
+from saga_engine.store._batch_store import MAX_ERRORS, BatchRow, Dealt, Lease
 
 __all__ = ["InMemoryBatchStore"]
 
@@ -46,17 +46,19 @@ class InMemoryBatchStore:
         )
         return rows[:limit]
 
-    async def claim(self, owner: str, now: datetime, lease: timedelta) -> BatchRow | None:
+    async def claim(self, lease: Lease) -> BatchRow | None:
         free = [
             r
             for r in self._rows.values()
             if r.state is BatchState.RUNNING
-            and (r.lease_until is None or r.lease_until <= now or r.lease_owner == owner)
+            and (
+                r.lease_until is None or r.lease_until <= lease.now or r.lease_owner == lease.owner
+            )
         ]
         if not free:
             return None
         row = min(free, key=lambda r: (r.created_at, r.operation_id))
-        row = dataclasses.replace(row, lease_owner=owner, lease_until=now + lease)
+        row = dataclasses.replace(row, lease_owner=lease.owner, lease_until=lease.until)
         self._rows[row.operation_id] = row
         return row
 
@@ -66,32 +68,25 @@ class InMemoryBatchStore:
             return None
         return row
 
-    async def advance(
-        self,
-        operation_id: str,
-        owner: str,
-        now: datetime,
-        lease: timedelta,
-        *,
-        saga_id: str | None = None,
-        outcome: Outcome | None = None,
-        error: str | None = None,
-    ) -> bool:
-        row = self._held(operation_id, owner)
+    async def advance(self, operation_id: str, lease: Lease, dealt: Dealt | None = None) -> bool:
+        row = self._held(operation_id, lease.owner)
         if row is None:
             return False
-        errors = row.errors
-        if error is not None and saga_id is not None and len(errors) < MAX_ERRORS:
-            errors = [*errors, {"saga_id": saga_id, "error": error}]
+        if dealt is not None:
+            acted, skipped, failed = dealt.tallies()
+            entry = dealt.error_entry()
+            row = dataclasses.replace(
+                row,
+                acted=row.acted + acted,
+                skipped=row.skipped + skipped,
+                failed=row.failed + failed,
+                cursor=dealt.saga_id,
+                errors=[*row.errors, entry]
+                if entry is not None and len(row.errors) < MAX_ERRORS
+                else row.errors,
+            )
         self._rows[operation_id] = dataclasses.replace(
-            row,
-            acted=row.acted + (outcome is Outcome.ACTED),
-            skipped=row.skipped + (outcome is Outcome.SKIPPED),
-            failed=row.failed + (outcome is Outcome.FAILED),
-            cursor=saga_id if saga_id is not None else row.cursor,
-            errors=errors,
-            lease_until=now + lease,
-            updated_at=now,
+            row, lease_until=lease.until, updated_at=lease.now
         )
         return True
 

@@ -87,15 +87,7 @@ class InMemoryScheduleStore:
     async def set_state(self, schedule_id: str, state: ScheduleState, now: datetime) -> ScheduleRow:
         async with self._lock(schedule_id):
             row = await self.get(schedule_id)
-            new = row.state.to(state)
-            nxt = (
-                row.schedule.spec.next_after(now)
-                if new is ScheduleState.ACTIVE
-                else row.next_fire_at
-            )
-            self._rows[schedule_id] = dataclasses.replace(
-                row, state=new, next_fire_at=nxt, updated_at=now
-            )
+            self._rows[schedule_id] = row.moved_to(state, now)
             return self._rows[schedule_id]
 
     async def delete(self, schedule_id: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -29,6 +29,7 @@ from saga_engine.kernel._serde import dumps, loads, unstorable
 from saga_engine.store._meminsights import InMemoryInsights
 from saga_engine.store._memkeys import InMemoryKeySlots
 from saga_engine.store._store import (
+    EVERY_SAGA,
     Append,
     ArchivedSaga,
     ListOrder,
@@ -36,6 +37,7 @@ from saga_engine.store._store import (
     NewSaga,
     OpenSummary,
     Projection,
+    SagaFilter,
     SagaRecord,
     StoredEvent,
     as_utc,
@@ -172,30 +174,14 @@ class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots, InMemoryInsights):
 
     async def list_sagas(
         self,
+        where: SagaFilter = EVERY_SAGA,
         *,
-        statuses: Collection[SagaStatus] | None = None,
-        saga_type: str | None = None,
         limit: int = 100,
         after_id: str | None = None,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-        updated_after: datetime | None = None,
-        updated_before: datetime | None = None,
-        search: str | None = None,
-        attributes: Mapping[str, str] | None = None,
         order: ListOrder = "id",
         after_activity: tuple[datetime, str] | None = None,
-        roots_only: bool = False,
     ) -> list[SagaRecord]:
-        keep = self._matching(
-            saga_type, created_after, created_before, updated_after, updated_before,
-            search, attributes, roots_only,
-        )  # fmt: skip
-        rows = [
-            replace(r, parent_id=self._parent(r.saga_id))
-            for r in self._records.values()
-            if (statuses is None or r.status in statuses) and keep(r)
-        ]
+        rows = self._matching(where)
         if order == "activity":
             rows.sort(key=lambda r: (as_utc(r.activity_at), r.saga_id), reverse=True)
             if after_activity is not None:
@@ -206,52 +192,15 @@ class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots, InMemoryInsights):
         return [r for r in rows if after_id is None or r.saga_id > after_id][:limit]
 
     async def count_by_status(
-        self,
-        *,
-        cap: int,
-        saga_type: str | None = None,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-        updated_after: datetime | None = None,
-        updated_before: datetime | None = None,
-        search: str | None = None,
-        attributes: Mapping[str, str] | None = None,
-        roots_only: bool = False,
+        self, where: SagaFilter = EVERY_SAGA, *, cap: int
     ) -> dict[SagaStatus, int]:
-        keep = self._matching(
-            saga_type, created_after, created_before, updated_after, updated_before,
-            search, attributes, roots_only,
-        )  # fmt: skip
-        counts = Counter(r.status for r in self._records.values() if keep(r))
+        counts = Counter(r.status for r in self._matching(where))
         return {status: min(n, cap) for status, n in counts.items()}
 
-    def _matching(
-        self,
-        saga_type: str | None,
-        created_after: datetime | None,
-        created_before: datetime | None,
-        updated_after: datetime | None,
-        updated_before: datetime | None,
-        search: str | None,
-        attributes: Mapping[str, str] | None,
-        roots_only: bool,
-    ) -> Callable[[SagaRecord], bool]:
-        wanted = dict(attributes or {}).items()
-
-        def keep(r: SagaRecord) -> bool:
-            created, updated = as_utc(r.created_at), as_utc(r.updated_at)
-            return (
-                (saga_type is None or r.saga_type == saga_type)
-                and (created_after is None or created >= as_utc(created_after))
-                and (created_before is None or created < as_utc(created_before))
-                and (updated_after is None or updated >= as_utc(updated_after))
-                and (updated_before is None or updated < as_utc(updated_before))
-                and (search is None or r.saga_id.startswith(search) or r.idempotency_key == search)
-                and (not wanted or wanted <= (r.search or {}).items())
-                and (not roots_only or self._parent(r.saga_id) is None)
-            )
-
-        return keep
+    def _matching(self, where: SagaFilter) -> list[SagaRecord]:
+        """The records ``where`` matches, each with its parent filled in."""
+        rows = (replace(r, parent_id=self._parent(r.saga_id)) for r in self._records.values())
+        return [r for r in rows if where.matches(r)]
 
     def _parent(self, saga_id: str) -> str | None:
         """The saga that started this one as a child (its first event says)."""

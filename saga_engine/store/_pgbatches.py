@@ -9,7 +9,7 @@ an operator, or taken over after its lease expired) records nothing more and sto
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Final
 
 import asyncpg
@@ -17,7 +17,7 @@ import asyncpg
 from saga_engine.core._batch import BatchSpec, BatchState, check_batch_move
 from saga_engine.kernel._errors import BatchNotFound
 from saga_engine.kernel._settings import PostgresSettings
-from saga_engine.store._batch_store import MAX_ERRORS, BatchRow, Outcome
+from saga_engine.store._batch_store import MAX_ERRORS, BatchRow, Dealt, Lease
 from saga_engine.store._pgbase import _init_connection, _json, _unavailable_as_transient
 
 __all__ = ["PostgresBatchStore"]
@@ -143,33 +143,28 @@ class PostgresBatchStore:
             )
         return [_row(r) for r in rows]
 
-    async def claim(self, owner: str, now: datetime, lease: timedelta) -> BatchRow | None:
+    async def claim(self, lease: Lease) -> BatchRow | None:
         with _unavailable_as_transient():
-            r = await self._pool.fetchrow(_CLAIM, owner, now + lease, now)
+            r = await self._pool.fetchrow(_CLAIM, lease.owner, lease.until, lease.now)
         return None if r is None else _row(r)
 
-    async def advance(
-        self,
-        operation_id: str,
-        owner: str,
-        now: datetime,
-        lease: timedelta,
-        *,
-        saga_id: str | None = None,
-        outcome: Outcome | None = None,
-        error: str | None = None,
-    ) -> bool:
-        entry = (
-            _json([{"saga_id": saga_id, "error": error}])  # type: ignore[arg-type]
-            if error is not None and saga_id is not None
-            else None
-        )
+    async def advance(self, operation_id: str, lease: Lease, dealt: Dealt | None = None) -> bool:
+        entry = dealt.error_entry() if dealt is not None else None
+        acted, skipped, failed = dealt.tallies() if dealt is not None else (0, 0, 0)
         with _unavailable_as_transient():
             status = await self._pool.execute(
-                _ADVANCE, operation_id, owner, now, now + lease,
-                int(outcome is Outcome.ACTED), int(outcome is Outcome.SKIPPED),
-                int(outcome is Outcome.FAILED), saga_id, entry, MAX_ERRORS,
-            )  # fmt: skip
+                _ADVANCE,
+                operation_id,
+                lease.owner,
+                lease.now,
+                lease.until,
+                acted,
+                skipped,
+                failed,
+                dealt.saga_id if dealt is not None else None,
+                _json([entry]) if entry is not None else None,  # type: ignore[arg-type]
+                MAX_ERRORS,
+            )
         return bool(status == "UPDATE 1")
 
     async def finish(self, operation_id: str, owner: str, now: datetime) -> bool:

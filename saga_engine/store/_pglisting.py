@@ -12,7 +12,7 @@ index, walked backwards).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from typing import Final
@@ -28,7 +28,7 @@ from saga_engine.store._pgbase import (
     _record,
     _unavailable_as_transient,
 )
-from saga_engine.store._store import ListOrder, SagaRecord, as_utc
+from saga_engine.store._store import EVERY_SAGA, ListOrder, SagaFilter, SagaRecord, as_utc
 
 _MAX_CHAR: Final = "\U0010ffff"
 #: The saga that started this one (its first event names it, outside any codec): one
@@ -42,46 +42,49 @@ _PARENT: Final = (
 _OPEN_IN: Final = "status IN (" + ", ".join(f"'{s}'" for s in _OPEN_STATUSES) + ")"
 _COLUMNS: Final = ", ".join(f"s.{c.strip()}" for c in _RECORD_COLUMNS.split(","))
 
+
+class _Args:
+    """A query's parameters: ``arg(value)`` adds one and returns its placeholder."""
+
+    def __init__(self) -> None:
+        self.values: list[object] = []
+
+    def __call__(self, value: object) -> str:
+        self.values.append(value)
+        return f"${len(self.values)}"
+
+
 Arg = Callable[[object], str]
 
 
-def _filters(
-    arg: Arg,
-    *,
-    saga_type: str | None,
-    created_after: datetime | None,
-    created_before: datetime | None,
-    updated_after: datetime | None,
-    updated_before: datetime | None,
-    search: str | None,
-    attributes: Mapping[str, str] | None,
-    roots_only: bool,
-) -> list[str]:
+def _filters(arg: Arg, where: SagaFilter) -> list[str]:
+    """Every filter of ``where`` but its statuses (each query places those itself), as
+    predicates on ``sagas s``."""
     # Only the filters given become predicates, so each combination gets a plan that
     # can use the matching index (a catch-all "$1 IS NULL OR ..." query cannot).
     clauses: list[str] = []
-    if saga_type is not None:
-        clauses.append(f"s.saga_type = {arg(saga_type)}")
+    if where.saga_type is not None:
+        clauses.append(f"s.saga_type = {arg(where.saga_type)}")
     for column, op, value in (
-        ("created_at", ">=", created_after),
-        ("created_at", "<", created_before),
-        ("updated_at", ">=", updated_after),
-        ("updated_at", "<", updated_before),
+        ("created_at", ">=", where.created_after),
+        ("created_at", "<", where.created_before),
+        ("updated_at", ">=", where.updated_after),
+        ("updated_at", "<", where.updated_before),
     ):
         if value is not None:
             clauses.append(f"s.{column} {op} {arg(as_utc(value))}::timestamptz")
-    if search is not None:
+    if where.search is not None:
         # An id prefix is a range of the primary key ("C" collation: byte order, and
         # U+10FFFF sorts after every character); a key is its own index.
-        low, high = arg(search), arg(search + _MAX_CHAR)
-        key = arg(search)
+        low, high = arg(where.search), arg(where.search + _MAX_CHAR)
+        key = arg(where.search)
         clauses.append(
             f"((s.saga_id >= {low} AND s.saga_id < {high}) OR s.idempotency_key = {key})"
         )
-    if attributes:
+    if where.attributes:
         # Containment, which the GIN index on search answers (migration 0006).
-        clauses.append(f"s.search @> {arg(_json(dict(attributes)))}::jsonb")
-    if roots_only:
+        clauses.append(f"s.search @> {arg(_json(dict(where.attributes)))}::jsonb")
+    if where.roots_only:
         clauses.append(f"{_PARENT} IS NULL")
     return clauses
 
@@ -94,34 +97,16 @@ class PostgresListing:
 
     async def list_sagas(
         self,
+        where: SagaFilter = EVERY_SAGA,
         *,
-        statuses: Collection[SagaStatus] | None = None,
-        saga_type: str | None = None,
         limit: int = 100,
         after_id: str | None = None,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-        updated_after: datetime | None = None,
-        updated_before: datetime | None = None,
-        search: str | None = None,
-        attributes: Mapping[str, str] | None = None,
         order: ListOrder = "id",
         after_activity: tuple[datetime, str] | None = None,
-        roots_only: bool = False,
     ) -> list[SagaRecord]:
-        args: list[object] = []
-
-        def arg(value: object) -> str:
-            args.append(value)
-            return f"${len(args)}"
-
-        clauses = _filters(
-            arg, saga_type=saga_type, created_after=created_after,
-            created_before=created_before, updated_after=updated_after,
-            updated_before=updated_before, search=search, attributes=attributes,
-            roots_only=roots_only,
-        )  # fmt: skip
-        wanted = None if statuses is None else sorted({SagaStatus(s).value for s in statuses})
+        arg = _Args()
+        clauses = _filters(arg, where)
+        wanted = None if where.statuses is None else sorted(s.value for s in where.statuses)
         if order == "activity":
             sql = _by_activity(arg, clauses, wanted, limit, after_activity)
         else:
@@ -129,56 +114,38 @@ class PostgresListing:
                 clauses.append(f"s.status = ANY({arg(wanted)}::text[])")
             if after_id is not None:
                 clauses.append(f"s.saga_id > {arg(after_id)}")
-            where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
+            condition = f"WHERE {' AND '.join(clauses)} " if clauses else ""
             sql = (
-                f"SELECT {_COLUMNS}, {_PARENT} AS parent_id FROM sagas s {where}"
+                f"SELECT {_COLUMNS}, {_PARENT} AS parent_id FROM sagas s {condition}"
                 f"ORDER BY s.saga_id LIMIT {arg(limit)}"
             )
         if sql is None:
             return []
         with _unavailable_as_transient():
-            rows = await self._pool.fetch(sql, *args)
+            rows = await self._pool.fetch(sql, *arg.values)
         return [_listed(r, self._codec) for r in rows]
 
     async def count_by_status(
-        self,
-        *,
-        cap: int,
-        saga_type: str | None = None,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-        updated_after: datetime | None = None,
-        updated_before: datetime | None = None,
-        search: str | None = None,
-        attributes: Mapping[str, str] | None = None,
-        roots_only: bool = False,
+        self, where: SagaFilter = EVERY_SAGA, *, cap: int
     ) -> dict[SagaStatus, int]:
-        args: list[object] = []
-
-        def arg(value: object) -> str:
-            args.append(value)
-            return f"${len(args)}"
-
-        clauses = _filters(
-            arg, saga_type=saga_type, created_after=created_after,
-            created_before=created_before, updated_after=updated_after,
-            updated_before=updated_before, search=search, attributes=attributes,
-            roots_only=roots_only,
-        )  # fmt: skip
+        arg = _Args()
+        extra = "".join(f" AND {c}" for c in _filters(arg, where))
+        counted = [s for s in SagaStatus if where.statuses is None or s in where.statuses]
+        if not counted:
+            return {}
         # One capped count per status, each its own branch with the status a literal
         # (the planner then estimates each: a range of (status, saga_id), migration 0004,
         # or of a filter's index), stopping after cap rows: bounded work however many
         # sagas have ended, where a plain GROUP BY counts them all (bench/README.md).
         # A correlated "status = outer.status" got one generic plan: a scan per status.
-        extra = "".join(f" AND {c}" for c in clauses)
         limit = arg(cap)
         sql = " UNION ALL ".join(
             f"SELECT '{status.value}' AS status, (SELECT count(*) FROM (SELECT 1 FROM sagas s "
             f"WHERE s.status = '{status.value}'{extra} LIMIT {limit}) AS capped) AS n"
-            for status in SagaStatus
+            for status in counted
         )
         with _unavailable_as_transient():
-            rows = await self._pool.fetch(sql, *args)
+            rows = await self._pool.fetch(sql, *arg.values)
         return {SagaStatus(r["status"]): int(r["n"]) for r in rows if r["n"]}
 
 

@@ -74,6 +74,17 @@ def _sent(r: asyncpg.Record) -> list[datetime]:
     return list(r["sent"] or ())
 
 
+async def _locked(conn: Any, schedule_id: str) -> ScheduleRow:
+    """The schedule's row, locked (FOR UPDATE) until the transaction ends; raises
+    ScheduleNotFound."""
+    r = await conn.fetchrow(
+        f"SELECT {_COLUMNS} FROM saga_schedules WHERE schedule_id = $1 FOR UPDATE", schedule_id
+    )
+    if r is None:
+        raise ScheduleNotFound(schedule_id)
+    return _row(r)
+
+
 def _row(r: asyncpg.Record) -> ScheduleRow:
     return ScheduleRow(
         schedule=trusted(r["definition"]),
@@ -261,31 +272,18 @@ class PostgresScheduleStore:
         return [_row(r) for r in rows]
 
     async def set_state(self, schedule_id: str, state: ScheduleState, now: datetime) -> ScheduleRow:
-        """Pauses or resumes. A resumed schedule fires from its next tick after now: the
-        ticks of the pause are not caught up (pausing says "do not run these")."""
+        """Pauses or resumes (``ScheduleRow.moved_to``)."""
         with _unavailable_as_transient():
             async with self._pool.acquire() as conn, conn.transaction():
-                # FOR UPDATE: waits for a claim holding the row, so a resume's
-                # next_fire_at is not overwritten by that claim's commit.
-                r = await conn.fetchrow(
-                    f"SELECT {_COLUMNS} FROM saga_schedules WHERE schedule_id = $1 FOR UPDATE",
-                    schedule_id,
-                )
-                if r is None:
-                    raise ScheduleNotFound(schedule_id)
-                row = _row(r)
-                new = row.state.to(state)
-                next_fire_at = (
-                    row.schedule.spec.next_after(now)
-                    if new is ScheduleState.ACTIVE
-                    else row.next_fire_at
-                )
+                # Locked: waits for a claim holding the row, so a resume's next_fire_at
+                # is not overwritten by that claim's commit.
+                moved = (await _locked(conn, schedule_id)).moved_to(state, now)
                 await conn.execute(
                     "UPDATE saga_schedules SET state = $2, next_fire_at = $3, updated_at = $4 "
                     "WHERE schedule_id = $1",
                     schedule_id,
-                    new.value,
-                    next_fire_at,
+                    moved.state.value,
+                    moved.next_fire_at,
                     now,
                 )
         return await self.get(schedule_id)
@@ -380,15 +378,9 @@ class PostgresScheduleStore:
         overlap policy (an operator asked), under a saga id of its own."""
         with _unavailable_as_transient():
             async with self._pool.acquire() as conn, conn.transaction():
-                # FOR UPDATE: a claim firing this schedule finishes first (or waits for
-                # this), so their updates of the counts do not overwrite each other.
-                r = await conn.fetchrow(
-                    f"SELECT {_COLUMNS} FROM saga_schedules WHERE schedule_id = $1 FOR UPDATE",
-                    schedule_id,
-                )
-                if r is None:
-                    raise ScheduleNotFound(schedule_id)
-                schedule = _row(r).schedule
+                # Locked: a claim firing this schedule finishes first (or waits for this),
+                # so their updates of the counts do not overwrite each other.
+                schedule = (await _locked(conn, schedule_id)).schedule
                 fired = firing(schedule, trigger_key(schedule_id, now), now)
                 await fire([fired])
                 await conn.execute(

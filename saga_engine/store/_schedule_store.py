@@ -3,11 +3,12 @@ wherever schedules are kept, and the records they exchange.
 
 Two adapters: ``_pgschedules.PostgresScheduleStore`` (a worker's; migration 0007) and
 ``_memschedules.InMemoryScheduleStore`` (the testing kit's and unit tests'). One contract
-suite (``tests/internal/test_schedules_pg.py``) runs against both.
+suite (``tests/internal/contract/test_schedule_store.py``) runs against both.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -60,6 +61,16 @@ class ScheduleRow:
     skipped_count: int
     created_at: datetime
     updated_at: datetime
+
+    def moved_to(self, state: ScheduleState, now: datetime) -> ScheduleRow:
+        """The row paused or resumed at ``now`` (InvalidTransition for a move its state
+        does not allow). A resumed schedule fires from its next tick after now: the ticks
+        of the pause are not caught up (pausing says "do not run these")."""
+        new = self.state.to(state)
+        next_fire_at = (
+            self.schedule.spec.next_after(now) if new is ScheduleState.ACTIVE else self.next_fire_at
+        )
+        return dataclasses.replace(self, state=new, next_fire_at=next_fire_at, updated_at=now)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 from typing import Final, Literal, Protocol, runtime_checkable
 
 from saga_engine.core._codec import Undecodable
@@ -97,6 +98,59 @@ class SagaRecord:
 #: The listing's orders: ``id`` ascending, or ``activity`` (``activity_at``, then id)
 #: newest first.
 ListOrder = Literal["id", "activity"]
+
+
+@dataclass(frozen=True, slots=True)
+class SagaFilter:
+    """Which sagas a listing or a count takes (``EventStore.list_sagas``,
+    ``count_by_status``): every filter given must match. Time bounds: ``*_after``
+    inclusive, ``*_before`` exclusive (naive: UTC)."""
+
+    statuses: frozenset[SagaStatus] | None = None
+    saga_type: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    updated_after: datetime | None = None
+    updated_before: datetime | None = None
+    #: A saga whose id starts with it, or whose idempotency key is it.
+    search: str | None = None
+    #: Search attributes (``Saga.search_attributes``), each of which must match exactly.
+    attributes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: Only sagas no other saga started (``ctx.child``): children left out.
+    roots_only: bool = False
+
+    def __post_init__(self) -> None:
+        # Frozen all the way down: the caller's collections are copied, read-only.
+        if self.statuses is not None:
+            object.__setattr__(self, "statuses", frozenset(map(SagaStatus, self.statuses)))
+        object.__setattr__(self, "attributes", MappingProxyType(dict(self.attributes)))
+
+    def matches(self, record: SagaRecord) -> bool:
+        """The filter's rule, for a store that filters in Python (the in-memory one);
+        ``roots_only`` reads ``record.parent_id``, which the caller fills."""
+        created, updated = as_utc(record.created_at), as_utc(record.updated_at)
+        search = self.search
+        return (
+            (self.statuses is None or record.status in self.statuses)
+            and (self.saga_type is None or record.saga_type == self.saga_type)
+            and _within(created, self.created_after, self.created_before)
+            and _within(updated, self.updated_after, self.updated_before)
+            and (
+                search is None
+                or record.saga_id.startswith(search)
+                or record.idempotency_key == search
+            )
+            and self.attributes.items() <= (record.search or {}).items()
+            and (not self.roots_only or record.parent_id is None)
+        )
+
+
+def _within(at: datetime, after: datetime | None, before: datetime | None) -> bool:
+    return (after is None or at >= as_utc(after)) and (before is None or at < as_utc(before))
+
+
+#: The filter that matches every saga.
+EVERY_SAGA: Final = SagaFilter()
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,47 +241,25 @@ class EventStore(Protocol):
 
     async def list_sagas(
         self,
+        where: SagaFilter = EVERY_SAGA,
         *,
-        statuses: Collection[SagaStatus] | None = None,
-        saga_type: str | None = None,
         limit: int = 100,
         after_id: str | None = None,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-        updated_after: datetime | None = None,
-        updated_before: datetime | None = None,
-        search: str | None = None,
-        attributes: Mapping[str, str] | None = None,
         order: ListOrder = "id",
         after_activity: tuple[datetime, str] | None = None,
-        roots_only: bool = False,
     ) -> list[SagaRecord]:
-        """Sagas ordered by id, filtered by every filter given; ``after_id`` is the page
-        cursor. Time bounds: ``*_after`` inclusive, ``*_before`` exclusive (naive: UTC).
-        ``search`` matches a saga whose id starts with it, or whose idempotency key is
-        it. ``attributes`` match search attributes exactly (all of them).
+        """The sagas ``where`` matches, ordered by id; ``after_id`` is the page cursor.
 
         ``order="activity"``: newest ``activity_at`` first, ties by id descending, paged
         by ``after_activity`` (the last row's ``(activity_at, saga_id)``; ``after_id`` is
-        then ignored). ``roots_only``: no saga started as a child."""
+        then ignored)."""
         ...
 
     async def count_by_status(
-        self,
-        *,
-        cap: int,
-        saga_type: str | None = None,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-        updated_after: datetime | None = None,
-        updated_before: datetime | None = None,
-        search: str | None = None,
-        attributes: Mapping[str, str] | None = None,
-        roots_only: bool = False,
+        self, where: SagaFilter = EVERY_SAGA, *, cap: int
     ) -> dict[SagaStatus, int]:
-        """How many sagas match the filters (those of ``list_sagas``), per status, each
-        count stopping at ``cap`` (a count of ``cap`` means at least that many). A
-        status no saga has is missing."""
+        """How many sagas ``where`` matches, per status, each count stopping at ``cap`` (a
+        count of ``cap`` means at least that many). A status no saga has is missing."""
         ...
 
     async def open_saga_ids(

@@ -12,7 +12,8 @@ to another saga (key and ``ce_sagaid`` set to it).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -69,17 +70,8 @@ class DeadLetterTopic:
         shows. Raises DeadLetterTopicUnavailable when the topic does not exist or
         ``seconds`` pass first."""
         back = scan if scan is not None else limit
-        consumer = await self._consumer()
-        try:
-            async with asyncio.timeout(seconds):
-                tps = await self._partitions(consumer)
-                letters = await self._read(consumer, tps, back)
-        except TimeoutError:
-            raise DeadLetterTopicUnavailable(
-                f"timed out reading {self.topic} after {seconds}s"
-            ) from None
-        finally:
-            await consumer.stop()
+        async with self._reading(seconds) as (consumer, tps):
+            letters = await self._read(consumer, tps, back)
         if match is not None:
             letters = [d for d in letters if match(d)]
         letters.sort(key=lambda d: (d.timestamp, d.partition, d.offset))
@@ -87,26 +79,17 @@ class DeadLetterTopic:
 
     async def get(self, partition: int, offset: int, seconds: float) -> DeadLetter:
         """The dead letter at ``offset`` of ``partition``; DeadLetterNotFound if none."""
-        consumer = await self._consumer()
-        try:
-            async with asyncio.timeout(seconds):
-                tps = await self._partitions(consumer)
-                tp = TopicPartition(self.topic, partition)
-                if tp not in tps:
-                    raise DeadLetterNotFound(self.topic, partition, offset)
-                consumer.assign([tp])
-                first = (await consumer.beginning_offsets([tp]))[tp]
-                end = (await consumer.end_offsets([tp]))[tp]
-                if not first <= offset < end:
-                    raise DeadLetterNotFound(self.topic, partition, offset)
-                consumer.seek(tp, offset)
-                record = await consumer.getone(tp)
-        except TimeoutError:
-            raise DeadLetterTopicUnavailable(
-                f"timed out reading {self.topic} after {seconds}s"
-            ) from None
-        finally:
-            await consumer.stop()
+        async with self._reading(seconds) as (consumer, tps):
+            tp = TopicPartition(self.topic, partition)
+            if tp not in tps:
+                raise DeadLetterNotFound(self.topic, partition, offset)
+            consumer.assign([tp])
+            first = (await consumer.beginning_offsets([tp]))[tp]
+            end = (await consumer.end_offsets([tp]))[tp]
+            if not first <= offset < end:
+                raise DeadLetterNotFound(self.topic, partition, offset)
+            consumer.seek(tp, offset)
+            record = await consumer.getone(tp)
         # Offsets of transaction markers hold no record: the next one is another letter.
         if record.offset != offset:
             raise DeadLetterNotFound(self.topic, partition, offset)
@@ -152,11 +135,24 @@ class DeadLetterTopic:
             to_saga or letter.saga_id,
         )  # fmt: skip
 
-    async def _consumer(self) -> AIOKafkaConsumer:
+    @asynccontextmanager
+    async def _reading(
+        self, seconds: float
+    ) -> AsyncIterator[tuple[AIOKafkaConsumer, list[TopicPartition]]]:
+        """A started consumer of no group and the topic's partitions, for a read that must
+        end within ``seconds`` (DeadLetterTopicUnavailable if it does not)."""
         # The size limits of every consumer: a dead letter is as large as the record it keeps.
         consumer = make_consumer(self.kafka, group_id=None, fetch_max_wait_ms=50)
         await consumer.start()
-        return consumer
+        try:
+            async with asyncio.timeout(seconds):
+                yield consumer, await self._partitions(consumer)
+        except TimeoutError:
+            raise DeadLetterTopicUnavailable(
+                f"timed out reading {self.topic} after {seconds}s"
+            ) from None
+        finally:
+            await consumer.stop()
 
     async def _partitions(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
         # aiokafka has no public call for one topic's partitions without subscribing.

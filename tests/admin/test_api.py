@@ -694,7 +694,7 @@ async def test_openapi_describes_the_api(admin: Admin) -> None:
 async def test_an_unexpected_error_is_a_logged_generic_500(
     admin: Admin, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async def broken(**_: Any) -> Any:
+    async def broken(*_: Any, **__: Any) -> Any:
         raise RuntimeError("boom: internal detail")
 
     monkeypatch.setattr(admin.env.store, "list_sagas", broken)

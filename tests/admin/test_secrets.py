@@ -89,7 +89,7 @@ async def test_canary_secrets_never_leave_the_process(
         async with httpx.AsyncClient(base_url=server.url) as http:
             responses = await exercise(http, env)
 
-            async def broken(**_: Any) -> Any:
+            async def broken(*_: Any, **__: Any) -> Any:
                 raise RuntimeError(f"a bug that mentions {settings.admin!r} and {settings.pg!r}")
 
             monkeypatch.setattr(env.store, "list_sagas", broken)

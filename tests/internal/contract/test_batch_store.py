@@ -17,7 +17,7 @@ from saga_engine.core._batch import BatchAction, BatchFilter, BatchSpec, BatchSt
 from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._errors import BatchNotFound, InvalidTransition
 from saga_engine.kernel._settings import PostgresSettings
-from saga_engine.store._batch_store import MAX_ERRORS, BatchStore, Outcome
+from saga_engine.store._batch_store import MAX_ERRORS, BatchStore, Dealt, Lease, Outcome
 from saga_engine.store._membatches import InMemoryBatchStore
 from saga_engine.store._migrations import migrate
 from saga_engine.store._pgbatches import PostgresBatchStore
@@ -77,21 +77,21 @@ async def test_one_engine_holds_an_operation_until_its_lease_expires(
     stores: tuple[BatchStore, BatchStore],
 ) -> None:
     one, two = stores
-    assert await one.claim("a", T0, LEASE) is None
+    assert await one.claim(Lease("a", T0, LEASE)) is None
     await one.create("op", SPEC, "alice", 3, T0)
-    claimed = await one.claim("a", T0, LEASE)
+    claimed = await one.claim(Lease("a", T0, LEASE))
     assert claimed is not None
     assert claimed.lease_owner == "a"
     # The other engine finds nothing while the lease lasts; its holder may claim again.
-    assert await two.claim("b", T0 + timedelta(seconds=29), LEASE) is None
-    again = await one.claim("a", T0 + timedelta(seconds=1), LEASE)
+    assert await two.claim(Lease("b", T0 + timedelta(seconds=29), LEASE)) is None
+    again = await one.claim(Lease("a", T0 + timedelta(seconds=1), LEASE))
     assert again is not None
     assert again.operation_id == "op"
     # Expired (the holder crashed): the other takes it over, and the first is fenced.
-    taken = await two.claim("b", T0 + timedelta(seconds=32), LEASE)
+    taken = await two.claim(Lease("b", T0 + timedelta(seconds=32), LEASE))
     assert taken is not None
     assert taken.lease_owner == "b"
-    assert not await one.advance("op", "a", T0, LEASE, saga_id="s1", outcome=Outcome.ACTED)
+    assert not await one.advance("op", Lease("a", T0, LEASE), Dealt("s1", Outcome.ACTED))
     assert (await one.get("op")).done == 0
 
 
@@ -100,7 +100,7 @@ async def test_concurrent_claims_give_the_operation_to_one(
 ) -> None:
     one, two = stores
     await one.create("op", SPEC, "alice", 3, T0)
-    got = await asyncio.gather(one.claim("a", T0, LEASE), two.claim("b", T0, LEASE))
+    got = await asyncio.gather(one.claim(Lease("a", T0, LEASE)), two.claim(Lease("b", T0, LEASE)))
     assert sum(r is not None for r in got) == 1
 
 
@@ -109,15 +109,14 @@ async def test_progress_counts_moves_the_cursor_and_keeps_the_first_errors(
 ) -> None:
     store, _ = stores
     await store.create("op", SPEC, "alice", 3, T0)
-    assert await store.claim("a", T0, LEASE) is not None
+    assert await store.claim(Lease("a", T0, LEASE)) is not None
     at = T0 + timedelta(seconds=10)
-    assert await store.advance("op", "a", at, LEASE, saga_id="s1", outcome=Outcome.ACTED)
-    assert await store.advance("op", "a", at, LEASE, saga_id="s2", outcome=Outcome.SKIPPED)
+    assert await store.advance("op", Lease("a", at, LEASE), Dealt("s1", Outcome.ACTED))
+    assert await store.advance("op", Lease("a", at, LEASE), Dealt("s2", Outcome.SKIPPED))
     for i in range(MAX_ERRORS + 2):
-        assert await store.advance(
-            "op", "a", at, LEASE, saga_id=f"s3-{i:03d}", outcome=Outcome.FAILED, error="no"
-        )
-    assert await store.advance("op", "a", at, LEASE)  # a renewal alone
+        failed = Dealt(f"s3-{i:03d}", Outcome.FAILED, error="no")
+        assert await store.advance("op", Lease("a", at, LEASE), failed)
+    assert await store.advance("op", Lease("a", at, LEASE))  # a renewal alone
     row = await store.get("op")
     assert (row.acted, row.skipped, row.failed) == (1, 1, MAX_ERRORS + 2)
     assert row.cursor == f"s3-{MAX_ERRORS + 1:03d}"
@@ -128,9 +127,9 @@ async def test_progress_counts_moves_the_cursor_and_keeps_the_first_errors(
     done = await store.get("op")
     assert done.state is BatchState.COMPLETED
     assert done.finished_at == at
-    assert not await store.advance("op", "a", at, LEASE, saga_id="s9", outcome=Outcome.ACTED)
+    assert not await store.advance("op", Lease("a", at, LEASE), Dealt("s9", Outcome.ACTED))
     assert not await store.finish("op", "a", at)
-    assert await store.claim("a", at, LEASE) is None
+    assert await store.claim(Lease("a", at, LEASE)) is None
 
 
 async def test_cancel_stops_the_holder_and_only_a_running_operation(
@@ -138,14 +137,14 @@ async def test_cancel_stops_the_holder_and_only_a_running_operation(
 ) -> None:
     one, two = stores
     await one.create("op", SPEC, "alice", 3, T0)
-    assert await one.claim("a", T0, LEASE) is not None
+    assert await one.claim(Lease("a", T0, LEASE)) is not None
     cancelled = await two.cancel("op", T0 + timedelta(seconds=1))
     assert cancelled.state is BatchState.CANCELLED
     assert cancelled.lease_owner is None
-    assert not await one.advance("op", "a", T0, LEASE, saga_id="s1", outcome=Outcome.ACTED)
+    assert not await one.advance("op", Lease("a", T0, LEASE), Dealt("s1", Outcome.ACTED))
     assert not await one.finish("op", "a", T0)
     assert (await one.get("op")).state is BatchState.CANCELLED
-    assert await two.claim("b", T0 + timedelta(hours=1), LEASE) is None
+    assert await two.claim(Lease("b", T0 + timedelta(hours=1), LEASE)) is None
     with pytest.raises(InvalidTransition):
         await one.cancel("op", T0)
     with pytest.raises(BatchNotFound):

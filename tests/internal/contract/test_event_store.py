@@ -63,6 +63,7 @@ from saga_engine.store._store import (
     NewSaga,
     OpenSummary,
     Projection,
+    SagaFilter,
     SagaRecord,
     wake_slot,
 )
@@ -518,23 +519,25 @@ async def test_list_sagas_filters_and_paginates(store: EventStore) -> None:
 
     assert [r.saga_id for r in await store.list_sagas()] == every
 
-    running = await store.list_sagas(statuses=[SagaStatus.RUNNING])
+    running = await store.list_sagas(SagaFilter(statuses=frozenset({SagaStatus.RUNNING})))
     assert [r.saga_id for r in running] == sorted(k for k, v in sagas.items() if v[1] == "running")
     assert all(r.status is SagaStatus.RUNNING for r in running)
 
     stuck_or_failed = await store.list_sagas(
-        statuses={SagaStatus.COMPENSATION_STUCK, SagaStatus.FAILED}
+        SagaFilter(statuses=frozenset({SagaStatus.COMPENSATION_STUCK, SagaStatus.FAILED}))
     )
     assert [r.saga_id for r in stuck_or_failed] == ["_x", "b-3"]
 
-    payments = await store.list_sagas(saga_type="payment")
+    payments = await store.list_sagas(SagaFilter(saga_type="payment"))
     assert [r.saga_id for r in payments] == ["A-1", "_x", "a-10"]
 
-    both = await store.list_sagas(statuses=[SagaStatus.RUNNING], saga_type="order")
+    both = await store.list_sagas(
+        SagaFilter(statuses=frozenset({SagaStatus.RUNNING}), saga_type="order")
+    )
     assert [r.saga_id for r in both] == ["B-2", "ä-9"]
 
-    assert await store.list_sagas(statuses=[]) == []
-    assert await store.list_sagas(saga_type="nothing") == []
+    assert await store.list_sagas(SagaFilter(statuses=frozenset())) == []
+    assert await store.list_sagas(SagaFilter(saga_type="nothing")) == []
 
     # Page through with the cursor.
     pages: list[list[str]] = []
@@ -548,7 +551,7 @@ async def test_list_sagas_filters_and_paginates(store: EventStore) -> None:
     assert pages == [every[0:3], every[3:6], every[6:]]
 
     # The cursor combines with the filters.
-    orders = await store.list_sagas(saga_type="order", after_id="B-2", limit=2)
+    orders = await store.list_sagas(SagaFilter(saga_type="order"), after_id="B-2", limit=2)
     assert [r.saga_id for r in orders] == ["a-1", "b-3"]
 
     # The rows are the same records get() returns.
@@ -597,18 +600,28 @@ async def test_list_sagas_by_time_range_and_search(store: EventStore) -> None:
     def ids(rows: list[SagaRecord]) -> list[str]:
         return [r.saga_id for r in rows]
 
-    assert ids(await store.list_sagas(created_after=later)) == ["s-2", "s-3"]  # inclusive
-    assert ids(await store.list_sagas(created_before=later)) == ["s-0", "s-1"]  # exclusive
+    assert ids(await store.list_sagas(SagaFilter(created_after=later))) == [
+        "s-2",
+        "s-3",
+    ]  # inclusive
+    assert ids(await store.list_sagas(SagaFilter(created_before=later))) == [
+        "s-0",
+        "s-1",
+    ]  # exclusive
     # A naive bound is UTC.
     naive = later.replace(tzinfo=None)
-    assert ids(await store.list_sagas(updated_after=naive, updated_before=naive + HOUR)) == ["s-2"]
-    assert ids(await store.list_sagas(search="s-")) == ["s-0", "s-1", "s-2", "s-3"]
-    assert ids(await store.list_sagas(search="s-3")) == ["s-3"]
-    assert ids(await store.list_sagas(search="-3")) == []  # a prefix, not a substring
-    assert ids(await store.list_sagas(search="order-2")) == ["s-3"]  # the key, whole
-    assert ids(await store.list_sagas(search="order")) == []
-    assert ids(await store.list_sagas(search="s-", created_after=later, limit=1)) == ["s-2"]
-    assert ids(await store.list_sagas(search="s-", after_id="s-2")) == ["s-3"]
+    assert ids(
+        await store.list_sagas(SagaFilter(updated_after=naive, updated_before=naive + HOUR))
+    ) == ["s-2"]
+    assert ids(await store.list_sagas(SagaFilter(search="s-"))) == ["s-0", "s-1", "s-2", "s-3"]
+    assert ids(await store.list_sagas(SagaFilter(search="s-3"))) == ["s-3"]
+    assert ids(await store.list_sagas(SagaFilter(search="-3"))) == []  # a prefix, not a substring
+    assert ids(await store.list_sagas(SagaFilter(search="order-2"))) == ["s-3"]  # the key, whole
+    assert ids(await store.list_sagas(SagaFilter(search="order"))) == []
+    assert ids(await store.list_sagas(SagaFilter(search="s-", created_after=later), limit=1)) == [
+        "s-2"
+    ]
+    assert ids(await store.list_sagas(SagaFilter(search="s-"), after_id="s-2")) == ["s-3"]
 
 
 async def test_list_sagas_by_search_attributes(store: EventStore) -> None:
@@ -623,20 +636,22 @@ async def test_list_sagas_by_search_attributes(store: EventStore) -> None:
         assert await store.create(new)
 
     async def ids(**wanted: str) -> list[str]:
-        return [r.saga_id for r in await store.list_sagas(attributes=wanted)]
+        return [r.saga_id for r in await store.list_sagas(SagaFilter(attributes=wanted))]
 
     assert await ids(order_id="o-1") == ["a-0", "a-3"]
     assert await ids(order_id="o-1", tenant="acme") == ["a-0"]  # all of them must match
     assert await ids(tenant="acme") == ["a-0", "a-1"]
     assert await ids(order_id="o-9") == []
     assert await ids(order_id="O-1") == []  # exact, not case-folded
-    assert [r.saga_id for r in await store.list_sagas(attributes={})] == [
+    assert [r.saga_id for r in await store.list_sagas(SagaFilter(attributes={}))] == [
         "a-0", "a-1", "a-2", "a-3"
     ]  # fmt: skip
     # They are the saga record's, as written.
     assert (await store.get("a-3")).search == {"order_id": "o-1", "tenant": "globex"}
     assert (await store.get("a-2")).search is None
-    found = await store.list_sagas(attributes={"order_id": "o-1"}, statuses=[SagaStatus.RUNNING])
+    found = await store.list_sagas(
+        SagaFilter(attributes={"order_id": "o-1"}, statuses=frozenset({SagaStatus.RUNNING}))
+    )
     assert [r.saga_id for r in found] == ["a-0", "a-3"]
 
 

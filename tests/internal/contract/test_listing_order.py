@@ -4,11 +4,19 @@ order (ties included), the same pages, the same counts."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from saga_engine.core._event_parts import ParentLink
 from saga_engine.core._events import SagaStarted, TimerFired
 from saga_engine.core._status import SagaStatus
-from saga_engine.store._store import Append, EventStore, NewSaga, Projection, SagaRecord
+from saga_engine.store._store import (
+    Append,
+    EventStore,
+    NewSaga,
+    Projection,
+    SagaFilter,
+    SagaRecord,
+)
 from tests.internal.contract.test_event_store import backend, store  # noqa: F401
 
 T = datetime(2030, 1, 1, tzinfo=UTC)
@@ -90,8 +98,15 @@ async def test_activity_pages_cut_through_ties(store: EventStore) -> None:  # no
 async def test_activity_order_with_filters(store: EventStore) -> None:  # noqa: F811
     await _world(store)
 
-    async def ids(**filters: object) -> list[str]:
-        return _ids(await store.list_sagas(order="activity", **filters))  # type: ignore[arg-type]
+    async def ids(
+        limit: int = 100, after_activity: tuple[datetime, str] | None = None, **filters: Any
+    ) -> list[str]:
+        where = SagaFilter(**filters)
+        return _ids(
+            await store.list_sagas(
+                where, order="activity", limit=limit, after_activity=after_activity
+            )
+        )
 
     assert await ids(statuses=[S.RUNNING, S.COMPLETED]) == ["c-1", "t-a", "o-1", "e-1"]
     assert await ids(statuses=[S.CANCELLED]) == ["t-c"]  # the ended branch alone
@@ -115,9 +130,16 @@ async def test_counts_per_status_follow_the_filters(store: EventStore) -> None: 
              S.CANCELLED: 1}  # fmt: skip
     assert await store.count_by_status(cap=100) == every
     assert await store.count_by_status(cap=2) == {**every, S.RUNNING: 2}
-    assert await store.count_by_status(cap=100, roots_only=True) == {**every, S.RUNNING: 2}
-    assert await store.count_by_status(cap=100, saga_type="payment") == {S.FAILED: 1}
-    assert await store.count_by_status(cap=100, search="t-") == {
+    assert await store.count_by_status(SagaFilter(roots_only=True), cap=100) == {
+        **every,
+        S.RUNNING: 2,
+    }
+    assert await store.count_by_status(SagaFilter(saga_type="payment"), cap=100) == {S.FAILED: 1}
+    assert await store.count_by_status(SagaFilter(search="t-"), cap=100) == {
         S.RUNNING: 1, S.COMPENSATING: 1, S.CANCELLED: 1,
     }  # fmt: skip
-    assert await store.count_by_status(cap=100, attributes={"region": "us"}) == {}
+    assert await store.count_by_status(SagaFilter(attributes={"region": "us"}), cap=100) == {}
+    # The statuses filter the counts too (the admin's tabs count without them).
+    some = SagaFilter(statuses=frozenset({S.RUNNING, S.FAILED}))
+    assert await store.count_by_status(some, cap=100) == {S.RUNNING: 3, S.FAILED: 1}
+    assert await store.count_by_status(SagaFilter(statuses=frozenset()), cap=100) == {}

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from saga_engine.core._events import SagaStarted
 from saga_engine.core._rollout import RolloutSpec, RolloutStore
 from saga_engine.core._status import SagaStatus
-from saga_engine.store._store import EventStore, NewSaga, Projection
+from saga_engine.store._store import EventStore, NewSaga, Projection, SagaFilter
 from tests.internal.contract.test_event_store import backend, store
 
 __all__ = ["backend", "store"]  # the fixtures, shared with the event store's contract
@@ -63,7 +63,7 @@ async def test_a_saga_keeps_its_version_in_its_record(store: EventStore) -> None
         )
         assert created
     assert [(await store.get(i)).saga_version for i in ("s-1", "s-2", "s-3")] == [1, 2, 3]
-    listed = await store.list_sagas(saga_type="order")
+    listed = await store.list_sagas(SagaFilter(saga_type="order"))
     assert [r.saga_version for r in listed] == [1, 2, 3]
     loaded = await store.load("s-2")
     assert loaded.record.saga_version == 2
