@@ -33,8 +33,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from saga_engine import AesGcmCodec, CodecChain, GzipCodec, NoopCodec, ZstdCodec
-from saga_engine.core._codec import open_event, seal_event
-from saga_engine.core._events import SagaStarted, event_from_dict, event_to_dict
+from saga_engine.core.history._codec import open_event, seal_event
+from saga_engine.core.history._events import SagaStarted, event_from_dict, event_to_dict
 from saga_engine.kernel._serde import dumps, loads
 
 WORDS = [

@@ -335,10 +335,20 @@ async def measure_peer(
         res.schemas.extend([schema, f"{schema}_ledger"])
         say(f"peer: DBOS, {workflows} workflows, {concurrency} in flight")
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.peer_dbos", "--dsn", res.dsn, "--schema", schema,
-            "--workflows", str(workflows), "--concurrency", str(concurrency),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "bench.peer_dbos",
+            "--dsn",
+            res.dsn,
+            "--schema",
+            schema,
+            "--workflows",
+            str(workflows),
+            "--concurrency",
+            str(concurrency),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         try:
             out, err = await asyncio.wait_for(proc.communicate(), timeout=300)
         except TimeoutError:
@@ -759,9 +769,13 @@ class PipelineRun:
                 if cfg.warmup:
                     say(f"warm-up: {cfg.warmup} sagas")
                     await self._drive(
-                        conn, count=cfg.warmup, seconds=0, concurrency=cfg.warmup,
-                        timeout_s=cfg.start_timeout_s, poll_s=0.05,
-                    )  # fmt: skip
+                        conn,
+                        count=cfg.warmup,
+                        seconds=0,
+                        concurrency=cfg.warmup,
+                        timeout_s=cfg.start_timeout_s,
+                        poll_s=0.05,
+                    )
                 probe_sent: dict[str, float] = {}
                 if cfg.probe:
                     say(f"latency probe: {cfg.probe} sagas, one at a time")
@@ -775,9 +789,13 @@ class PipelineRun:
                 say(f"load: {cfg.load_s:g}s, {cfg.concurrency} in flight")
                 t0 = time.monotonic()
                 sent = await self._drive(
-                    conn, count=None, seconds=cfg.load_s, concurrency=cfg.concurrency,
-                    timeout_s=cfg.drain_timeout_s, poll_s=cfg.poll_s,
-                )  # fmt: skip
+                    conn,
+                    count=None,
+                    seconds=cfg.load_s,
+                    concurrency=cfg.concurrency,
+                    timeout_s=cfg.drain_timeout_s,
+                    poll_s=cfg.poll_s,
+                )
                 elapsed = time.monotonic() - t0
                 cpu1 = self._cpu()
                 stats1 = await self._stats()
@@ -1407,8 +1425,10 @@ async def bench(args: argparse.Namespace, res: Resources, procs: Processes, logs
     bare.count_kafka_requests()
     ceiling_schema = f"bench_{run_id}_ceiling"
     res.schemas.append(ceiling_schema)
-    say(f"ceiling: {args.ceiling_seconds:g}s sequential + {args.ceiling_seconds:g}s on "
-        f"{args.ceiling_connections} connections")  # fmt: skip
+    say(
+        f"ceiling: {args.ceiling_seconds:g}s sequential + {args.ceiling_seconds:g}s on "
+        f"{args.ceiling_connections} connections"
+    )
     ceiling = await measure_ceiling(
         res.dsn, ceiling_schema, args.ceiling_seconds, args.ceiling_connections
     )

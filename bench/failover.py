@@ -161,12 +161,22 @@ class FailoverRun(EngineRun):
         self, args: argparse.Namespace, res: Resources, procs: Processes, logs: Path, tag: str
     ) -> None:
         cfg = RunConfig(
-            concurrency=args.in_flight, load_s=0.0, warmup=args.warmup, probe=0,
-            partitions=args.partitions, fetch_max_wait_ms=args.fetch_max_wait_ms,
-            group_commit=True, uvloop=True, drain_timeout_s=args.drain_timeout,
-            start_timeout_s=args.start_timeout, poll_s=args.poll_ms / 1000, profile=None,
-            profile_clock="wall", profile_role="engine", idle_s=0.0,
-        )  # fmt: skip
+            concurrency=args.in_flight,
+            load_s=0.0,
+            warmup=args.warmup,
+            probe=0,
+            partitions=args.partitions,
+            fetch_max_wait_ms=args.fetch_max_wait_ms,
+            group_commit=True,
+            uvloop=True,
+            drain_timeout_s=args.drain_timeout,
+            start_timeout_s=args.start_timeout,
+            poll_s=args.poll_ms / 1000,
+            profile=None,
+            profile_clock="wall",
+            profile_role="engine",
+            idle_s=0.0,
+        )
         super().__init__(cfg, res, procs, logs, tag)
         self.args = args
         self.roles = [*ENGINES, *(f"participant-{p}" for p in PARTICIPANTS)]
@@ -555,8 +565,10 @@ class FailoverRun(EngineRun):
         )
         await ensure_topics(kafka, names)
         seconds, actions = self._actions()
-        say(f"failover {self.tag}: mode {self.args.mode}, {cfg.concurrency} in flight for {seconds:g}s, "
-            f"{cfg.partitions} partitions; {', '.join(f'{lbl} at {t:g}s' for t, lbl, _ in actions)}")  # fmt: skip
+        say(
+            f"failover {self.tag}: mode {self.args.mode}, {cfg.concurrency} in flight for {seconds:g}s, "
+            f"{cfg.partitions} partitions; {', '.join(f'{lbl} at {t:g}s' for t, lbl, _ in actions)}"
+        )
         self._spawn_all()
         await self._wait_files(
             [f"{r}.ready" for r in self.roles], cfg.start_timeout_s, "the processes to be ready"
@@ -572,9 +584,13 @@ class FailoverRun(EngineRun):
                 if cfg.warmup:
                     say(f"warm-up: {cfg.warmup} sagas")
                     await self._drive(
-                        conn, count=cfg.warmup, seconds=0, concurrency=cfg.warmup,
-                        timeout_s=cfg.start_timeout_s, poll_s=0.05,
-                    )  # fmt: skip
+                        conn,
+                        count=cfg.warmup,
+                        seconds=0,
+                        concurrency=cfg.warmup,
+                        timeout_s=cfg.start_timeout_s,
+                        poll_s=0.05,
+                    )
                 load = await self._load(conn, seconds, actions)
             finally:
                 await self.close_starter()
@@ -669,8 +685,10 @@ async def bench(args: argparse.Namespace, res: Resources, procs: Processes, logs
     host = machine()
     run = FailoverRun(args, res, procs, logs, uuid.uuid4().hex[:8])
     result = await run.run()
-    say(f"takeover {result['takeover_s']}, first progress {result['first_progress_s']}, "
-        f"lost {result['lost']}, duplicates {result['duplicates']}, pass {result['pass']}")  # fmt: skip
+    say(
+        f"takeover {result['takeover_s']}, first progress {result['first_progress_s']}, "
+        f"lost {result['lost']}, duplicates {result['duplicates']}, pass {result['pass']}"
+    )
     settings = {k: v for k, v in vars(args).items() if k not in ("json_out", "keep")}
     settings["group_instance_ids"] = [f"bench-{r}" for r in ENGINES]
     settings["owned_poll_ms"] = OWNED_POLL_MS

@@ -56,10 +56,10 @@ from bench.app import (
     TransferRequest,
 )
 from saga_engine import Saga, SagaContext
-from saga_engine.core._decision import Reply, StartSaga
-from saga_engine.core._definition import SagaDefinition
-from saga_engine.core._events import event_to_json, events_from_list
-from saga_engine.core._runtime import SagaRuntime
+from saga_engine.core.authoring._definition import SagaDefinition
+from saga_engine.core.history._decision import Reply, StartSaga
+from saga_engine.core.history._events import event_to_json, events_from_list
+from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.kernel._mainloop import GC_THRESHOLDS
 
 _STEPS = 3
@@ -108,23 +108,38 @@ def _straight_line(now: datetime) -> list[bytes]:
     saga_id = str(uuid.uuid4())
     req = TransferRequest.model_validate({"amount": 5})
     events: list[dict[str, Any]] = [
-        {"kind": "saga_started", "at": at, "saga_type": Transfer.name,
-         "input": req.model_dump(mode="json")},
-    ]  # fmt: skip
+        {
+            "kind": "saga_started",
+            "at": at,
+            "saga_type": Transfer.name,
+            "input": req.model_dump(mode="json"),
+        },
+    ]
     receipts = []
     for name in PARTICIPANTS:
         command, undo = Apply(amount=req.amount), Revert(amount=req.amount)
         cid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{saga_id}:apply-{name}:0"))
         events.append(
-            {"kind": "command_issued", "at": at, "step": f"apply-{name}", "participant": name,
-             "command_id": cid, "payload": command.model_dump(mode="json"),
-             "compensation": {"payload": undo.model_dump(mode="json")}}
-        )  # fmt: skip
+            {
+                "kind": "command_issued",
+                "at": at,
+                "step": f"apply-{name}",
+                "participant": name,
+                "command_id": cid,
+                "payload": command.model_dump(mode="json"),
+                "compensation": {"payload": undo.model_dump(mode="json")},
+            }
+        )
         reply = Applied.model_validate({"receipt": "p:1"})
         events.append(
-            {"kind": "reply_received", "at": at, "command_id": cid, "outcome": "success",
-             "payload": {"receipt": reply.receipt}}
-        )  # fmt: skip
+            {
+                "kind": "reply_received",
+                "at": at,
+                "command_id": cid,
+                "outcome": "success",
+                "payload": {"receipt": reply.receipt},
+            }
+        )
         receipts.append(reply.receipt)
     done = TransferDone(receipts=receipts)
     events.append({"kind": "saga_completed", "at": at, "output": done.model_dump(mode="json")})

@@ -32,8 +32,14 @@ import asyncpg
 from pydantic import SecretStr
 
 from saga_engine import Settings
-from saga_engine.core._events import CommandIssued, Event, ReplyReceived, SagaCompleted, SagaStarted
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._events import (
+    CommandIssued,
+    Event,
+    ReplyReceived,
+    SagaCompleted,
+    SagaStarted,
+)
+from saga_engine.core.history._status import SagaStatus
 from saga_engine.settings import PostgresSettings
 from saga_engine.store import _pginsights, _pgstore
 from saga_engine.store._migrations import migrate
@@ -46,9 +52,15 @@ RUNNING = Projection(SagaStatus.RUNNING)
 
 def _cmd(at: datetime, saga_id: str, step: str) -> CommandIssued:
     return CommandIssued(
-        at=at, step=step, participant=step, command_type="Apply", payload={"amount": 10},
-        payload_hash="h", command_id=f"{saga_id}/{step}", attempt=1,
-    )  # fmt: skip
+        at=at,
+        step=step,
+        participant=step,
+        command_type="Apply",
+        payload={"amount": 10},
+        payload_hash="h",
+        command_id=f"{saga_id}/{step}",
+        attempt=1,
+    )
 
 
 async def _one(store: PostgresEventStore, saga_id: str) -> None:
@@ -62,11 +74,16 @@ async def _one(store: PostgresEventStore, saga_id: str) -> None:
     for i, step in enumerate(STEPS):
         at += timedelta(milliseconds=3)
         reply = ReplyReceived(
-            at=at, step=step, command_id=f"{saga_id}/{step}", outcome="success",
+            at=at,
+            step=step,
+            command_id=f"{saga_id}/{step}",
+            outcome="success",
             payload={"receipt": "r"},
-        )  # fmt: skip
+        )
         last = i == len(STEPS) - 1
-        nxt: Event = SagaCompleted(at=at, output={"ok": True}) if last else _cmd(at, saga_id, STEPS[i + 1])  # fmt: skip
+        nxt: Event = (
+            SagaCompleted(at=at, output={"ok": True}) if last else _cmd(at, saga_id, STEPS[i + 1])
+        )
         status = Projection(SagaStatus.COMPLETED) if last else RUNNING
         seq = await store.append(Append(saga_id, seq, [reply, nxt], status))
 

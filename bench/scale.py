@@ -61,9 +61,9 @@ from bench.failover import dist_s, target
 from bench.scale_insights import part_insights
 from saga_engine import SagaStatus, Settings
 from saga_engine.admin import create_admin_app
-from saga_engine.core._decision import OutboundCommand, StartSaga
-from saga_engine.core._definition import SagaDefinition
-from saga_engine.core._runtime import SagaRuntime
+from saga_engine.core.authoring._definition import SagaDefinition
+from saga_engine.core.history._decision import OutboundCommand, StartSaga
+from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._parts import EngineParts
 from saga_engine.settings import EngineSettings, PostgresSettings
@@ -87,9 +87,13 @@ SAMPLE = ["t", "phase", "rss_mib", "live", "evicted", "woken", "blocks_k"]
 
 #: Finished sagas' types and statuses, with their shares (percent).
 TYPES = (
-    ("order-checkout", 40), ("payment-refund", 20), ("shipment", 15),
-    ("account-onboarding", 10), ("subscription-renewal", 10), (SAGA_NAME, 5),
-)  # fmt: skip
+    ("order-checkout", 40),
+    ("payment-refund", 20),
+    ("shipment", 15),
+    ("account-onboarding", 10),
+    ("subscription-renewal", 10),
+    (SAGA_NAME, 5),
+)
 STATUSES = (("completed", 96.5), ("failed", 1.5), ("compensated", 1.0), ("cancelled", 1.0))
 
 
@@ -188,11 +192,15 @@ async def seed(
     analyze_s = time.perf_counter() - t0
     size = await conn.fetchval("SELECT pg_total_relation_size('sagas')")
     events = await conn.fetchval("SELECT count(*) FROM saga_events")
-    return {"finished_s": round(finished_s, 2), "open_s": round(open_s, 2),
-            "analyze_s": round(analyze_s, 2), "open_events": events,
-            "finished_rows_per_s": round(args.finished / finished_s),
-            "open_sagas_per_s": round(args.open / open_s),
-            "sagas_table_with_indexes_mib": round(size / MIB, 1)}  # fmt: skip
+    return {
+        "finished_s": round(finished_s, 2),
+        "open_s": round(open_s, 2),
+        "analyze_s": round(analyze_s, 2),
+        "open_events": events,
+        "finished_rows_per_s": round(args.finished / finished_s),
+        "open_sagas_per_s": round(args.open / open_s),
+        "sagas_table_with_indexes_mib": round(size / MIB, 1),
+    }
 
 
 async def timed(call: Callable[[], Awaitable[Any]], n: int) -> tuple[dict[str, Any], Any]:
@@ -214,8 +222,12 @@ async def measure_api(
         return (now - timedelta(days=days)).isoformat()
 
     typ = TYPES[1][0]
-    combined = {"status": "failed", "type": TYPES[0][0], "created_after": iso(14),
-                "created_before": iso(7)}  # fmt: skip
+    combined = {
+        "status": "failed",
+        "type": TYPES[0][0],
+        "created_after": iso(14),
+        "created_before": iso(7),
+    }
     lists: dict[str, dict[str, Any]] = {
         "no_filter": {},
         "status_running": {"status": "running"},
@@ -245,12 +257,19 @@ async def measure_api(
             first = await getter("/sagas", params)()
             params = {**params, "cursor": first["next_cursor"]}
         ms, page = await timed(getter("/sagas", params), n)
-        out[name] = {"params": params, "items": len(page["items"]),
-                     "more": page["next_cursor"] is not None, **ms}  # fmt: skip
+        out[name] = {
+            "params": params,
+            "items": len(page["items"]),
+            "more": page["next_cursor"] is not None,
+            **ms,
+        }
         say(f"  /sagas {name}: p50 {ms['p50']} p99 {ms['p99']} ms, {len(page['items'])} items")
     ms, body = await timed(getter("/metrics", {}), n)
-    out["metrics"] = {"open_total": body["open_total"],
-                      "oldest_stuck_age_s": body["oldest_stuck_age_seconds"], **ms}  # fmt: skip
+    out["metrics"] = {
+        "open_total": body["open_total"],
+        "oldest_stuck_age_s": body["oldest_stuck_age_seconds"],
+        **ms,
+    }
     say(f"  /metrics: p50 {ms['p50']} p99 {ms['p99']} ms")
     return out
 
@@ -345,9 +364,12 @@ async def part_queries(args: argparse.Namespace, res: Resources) -> dict[str, An
     try:
         seeding = await seed(conn, store, args, now)
         say(f"seeded: {seeding}")
-        prefix = (await conn.fetchval(
-            "SELECT coalesce((SELECT min(saga_id) FROM sagas WHERE saga_id >= $1), min(saga_id)) FROM sagas",
-            f"{random.Random(7).getrandbits(32):08x}"))[:8]  # fmt: skip
+        prefix = (
+            await conn.fetchval(
+                "SELECT coalesce((SELECT min(saga_id) FROM sagas WHERE saga_id >= $1), min(saga_id)) FROM sagas",
+                f"{random.Random(7).getrandbits(32):08x}",
+            )
+        )[:8]
         key = f"order-{3 * (args.finished // 6)}"
         parts = EngineParts.build(
             settings, sagas=[Waiter, Transfer], store=store, sender=NoSender()
@@ -395,11 +417,22 @@ class MemoryRun(EngineRun):
         self, args: argparse.Namespace, res: Resources, procs: Processes, logs: Path, tag: str
     ) -> None:
         cfg = RunConfig(
-            concurrency=0, load_s=0.0, warmup=0, probe=0, partitions=args.partitions,
-            fetch_max_wait_ms=20, group_commit=True, uvloop=True, drain_timeout_s=0.0,
-            start_timeout_s=60.0, poll_s=1.0, profile=None, profile_clock="wall",
-            profile_role="engine", idle_s=0.0,
-        )  # fmt: skip
+            concurrency=0,
+            load_s=0.0,
+            warmup=0,
+            probe=0,
+            partitions=args.partitions,
+            fetch_max_wait_ms=20,
+            group_commit=True,
+            uvloop=True,
+            drain_timeout_s=0.0,
+            start_timeout_s=60.0,
+            poll_s=1.0,
+            profile=None,
+            profile_clock="wall",
+            profile_role="engine",
+            idle_s=0.0,
+        )
         super().__init__(cfg, res, procs, logs, tag)
         self.args = args
         self.roles = ["engine"]
@@ -434,12 +467,17 @@ class MemoryRun(EngineRun):
             stats = (await self._stats())["engine"]
         mem = memory_kib(self.pid)
         counts = stats.get("engine") or {}
-        row = {"t": round(time.time() - self.t0, 1), "phase": self.phase,
-               "rss_mib": round(mem.get("VmRSS", 0) / 1024, 1),
-               "hwm_mib": round(mem.get("VmHWM", 0) / 1024, 1),
-               "live": stats.get("live_sagas"), "locks": stats.get("live_locks"),
-               "evicted": counts.get("sagas_evicted", 0), "woken": counts.get("sagas_woken", 0),
-               "blocks_k": round((stats.get("allocated_blocks") or 0) / 1000)}  # fmt: skip
+        row = {
+            "t": round(time.time() - self.t0, 1),
+            "phase": self.phase,
+            "rss_mib": round(mem.get("VmRSS", 0) / 1024, 1),
+            "hwm_mib": round(mem.get("VmHWM", 0) / 1024, 1),
+            "live": stats.get("live_sagas"),
+            "locks": stats.get("live_locks"),
+            "evicted": counts.get("sagas_evicted", 0),
+            "woken": counts.get("sagas_woken", 0),
+            "blocks_k": round((stats.get("allocated_blocks") or 0) / 1000),
+        }
         self.samples.append(row)
         return row
 
@@ -603,13 +641,25 @@ class MemoryRun(EngineRun):
             "signalled_evicted_not_completed": target(a.signals - len(signalled), 0),
         }
         counts = final.get("engine") or {}
-        start = {"per_s": round(m["rate"], 1), "sent_s": round(m["sent_s"], 2),
-                 "recorded_s": round(m["t_recorded"] - m["t_first"], 2)}  # fmt: skip
+        start = {
+            "per_s": round(m["rate"], 1),
+            "sent_s": round(m["sent_s"], 2),
+            "recorded_s": round(m["t_recorded"] - m["t_first"], 2),
+        }
         # The engine's defaults (this checkout's EngineSettings), but for what the run set.
-        engine_settings = {**EngineSettings().model_dump(), "idle_evict_s": a.idle_evict_s,
-                           "collector": a.engine_gc}  # fmt: skip
-        at = {"idle_after_start": m["idle"], "before_load": m["before"], "cache_full": full,
-              "load_end": m["load_end"], "at_T": m["at_T"], "after_eviction": m["after"]}  # fmt: skip
+        engine_settings = {
+            **EngineSettings().model_dump(),
+            "idle_evict_s": a.idle_evict_s,
+            "collector": a.engine_gc,
+        }
+        at = {
+            "idle_after_start": m["idle"],
+            "before_load": m["before"],
+            "cache_full": full,
+            "load_end": m["load_end"],
+            "at_T": m["at_T"],
+            "after_eviction": m["after"],
+        }
         return {
             "sagas": {"signal": a.sagas - a.sleepers, "sleep": a.sleepers, "warmup": WARMUP},
             "rss_mib": {**{k: v["rss_mib"] for k, v in at.items()}, "peak": peak},

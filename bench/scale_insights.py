@@ -30,7 +30,7 @@ from bench.e2e import BenchError, Resources, say
 from bench.failover import target
 from saga_engine import Settings
 from saga_engine.admin import create_admin_app
-from saga_engine.core._insights import BOUNDS_MS
+from saga_engine.core.views._insights import BOUNDS_MS
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._parts import EngineParts
 from saga_engine.settings import PostgresSettings
@@ -140,15 +140,20 @@ async def _seed(conn: asyncpg.Connection[Any], runs: int, now: datetime) -> dict
     await conn.execute(SEED_OTHER_ROWS, Promised.name, buckets)
     await conn.execute(COPY_AGGREGATES, Promised.name, Rarely.name)
     await conn.execute("ANALYZE sagas; ANALYZE saga_insights")
-    rows = await conn.fetchval("SELECT count(*) FROM saga_insights WHERE saga_type = $1", Promised.name)  # fmt: skip
+    rows = await conn.fetchval(
+        "SELECT count(*) FROM saga_insights WHERE saga_type = $1", Promised.name
+    )
     counted = await conn.fetchval(
         "SELECT sum(runs) FROM saga_insights WHERE saga_type = $1 AND facet = 'type'",
         Promised.name,
     )
     if counted != runs:
         raise BenchError(f"the aggregates count {counted} runs, not {runs}")
-    return {"runs_s": round(runs_s, 2), "aggregates_s": round(time.perf_counter() - t0, 2),
-            "aggregate_rows_per_type": rows}  # fmt: skip
+    return {
+        "runs_s": round(runs_s, 2),
+        "aggregates_s": round(time.perf_counter() - t0, 2),
+        "aggregate_rows_per_type": rows,
+    }
 
 
 async def part_insights(args: argparse.Namespace, res: Resources) -> dict[str, Any]:
@@ -187,13 +192,23 @@ async def part_insights(args: argparse.Namespace, res: Resources) -> dict[str, A
 
                     ms, body = await timed(call, args.requests)
                     key = f"{name}.{window}"
-                    out[key] = {"runs": body["runs"], "nodes": len(body["nodes"]),
-                                "breached": body["sla"]["breached"], **ms}  # fmt: skip
+                    out[key] = {
+                        "runs": body["runs"],
+                        "nodes": len(body["nodes"]),
+                        "breached": body["sla"]["breached"],
+                        **ms,
+                    }
                     say(f"  {key}: {body['runs']:,} runs, p50 {ms['p50']} p99 {ms['p99']} ms")
         await engine.close()
     finally:
         await conn.close()
         await store.close()
     targets = {f"p99_ms.{k}": target(v["p99"], INSIGHTS_P99_MS) for k, v in out.items()}
-    return {"runs": args.finished, "seeding": seeding, "api_ms": out, "targets": targets,
-            "pass": all(t["pass"] for t in targets.values()), "schema": schema}  # fmt: skip
+    return {
+        "runs": args.finished,
+        "seeding": seeding,
+        "api_ms": out,
+        "targets": targets,
+        "pass": all(t["pass"] for t in targets.values()),
+        "schema": schema,
+    }

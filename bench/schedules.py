@@ -46,7 +46,7 @@ from typing import Any
 import asyncpg
 from aiokafka.admin import AIOKafkaAdminClient
 
-from saga_engine.core._schedule import CatchUp, Overlap, Schedule
+from saga_engine.core.planning._schedule import CatchUp, Overlap, Schedule
 from saga_engine.runner._scheduler import Scheduler
 from saga_engine.settings import KafkaSettings, PostgresSettings, ScheduleSettings
 from saga_engine.store._migrations import migrate
@@ -91,15 +91,29 @@ async def insert_schedules(
     rows = []
     for i in range(n):
         s = Schedule(
-            id=f"s{i:05d}", saga=SAGA_TYPE, every_s=60, offset_s=offset_of(i, n, aligned),
-            input={"n": i}, overlap=Overlap.ALLOW, catchup=CatchUp.LAST,
-        )  # fmt: skip
+            id=f"s{i:05d}",
+            saga=SAGA_TYPE,
+            every_s=60,
+            offset_s=offset_of(i, n, aligned),
+            input={"n": i},
+            overlap=Overlap.ALLOW,
+            catchup=CatchUp.LAST,
+        )
         spec = s.spec
-        rows.append((
-            s.id, s.saga, json.dumps(spec.model_dump(mode="json")), json.dumps(s.input),
-            s.catchup.value, s.catchup_max, s.overlap.value,
-            json.dumps(s.definition()), spec.next_after(now), now,
-        ))  # fmt: skip
+        rows.append(
+            (
+                s.id,
+                s.saga,
+                json.dumps(spec.model_dump(mode="json")),
+                json.dumps(s.input),
+                s.catchup.value,
+                s.catchup_max,
+                s.overlap.value,
+                json.dumps(s.definition()),
+                spec.next_after(now),
+                now,
+            )
+        )
     await conn.executemany(
         """
         INSERT INTO saga_schedules (schedule_id, saga_type, spec, input, catchup, catchup_max,
@@ -258,10 +272,22 @@ async def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
                 f"{mode}: {args.schedules} schedules inserted; {args.engines} engines for {args.seconds:g}s"
             )
             for i in range(args.engines):
-                procs.append(_spawn([
-                    "--engine", f"e{i}", "--schema", schema, "--topic", topic,
-                    "--work", tmp, "--seconds", str(args.seconds),
-                ]))  # fmt: skip
+                procs.append(
+                    _spawn(
+                        [
+                            "--engine",
+                            f"e{i}",
+                            "--schema",
+                            schema,
+                            "--topic",
+                            topic,
+                            "--work",
+                            tmp,
+                            "--seconds",
+                            str(args.seconds),
+                        ]
+                    )
+                )
             await wait_all(
                 work, [f"e{i}.ticks.json" for i in range(args.engines)], args.seconds + 60
             )

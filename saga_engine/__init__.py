@@ -24,7 +24,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from saga_engine.core._codec import (
+from saga_engine.core.authoring._context import HttpRequest, SagaContext
+from saga_engine.core.authoring._definition import Saga, SagaRegistry, Signal
+from saga_engine.core.authoring._domain_events import EventSource
+from saga_engine.core.authoring._update import query, update
+from saga_engine.core.history._codec import (
     AesGcmCodec,
     CodecChain,
     GzipCodec,
@@ -32,14 +36,10 @@ from saga_engine.core._codec import (
     PayloadCodec,
     ZstdCodec,
 )
-from saga_engine.core._context import HttpRequest, SagaContext
-from saga_engine.core._decision import OutboundCommand, saga_id_for
-from saga_engine.core._definition import Saga, SagaRegistry, Signal
-from saga_engine.core._domain_events import EventSource
-from saga_engine.core._keys import ConcurrencyLimit
-from saga_engine.core._policy import RetryPolicy
-from saga_engine.core._status import TRANSITIONS, SagaStatus
-from saga_engine.core._update import query, update
+from saga_engine.core.history._concurrency_keys import ConcurrencyLimit
+from saga_engine.core.history._decision import OutboundCommand, saga_id_for
+from saga_engine.core.history._policy import RetryPolicy
+from saga_engine.core.history._status import TRANSITIONS, SagaStatus
 from saga_engine.kernel._errors import (
     CodecError,
     CodecFailure,

@@ -1,6 +1,6 @@
 """The history event types, for reading histories (SQL, exports, the CLI)."""
 
-from saga_engine.core._events import (
+from saga_engine.core.history._events import (
     EVENT_TYPES,
     AttemptTimedOut,
     CancelRequested,

@@ -35,7 +35,7 @@ is its Python side, the one the engine, the kit and the client use:
     await producer.send_and_wait(command.reply_to, value, key=key, headers=headers)
 """
 
-from saga_engine.core._decision import command_id_for, saga_id_for
+from saga_engine.core.history._decision import command_id_for, saga_id_for
 from saga_engine.kernel._errors import PoisonMessage, PoisonReason
 from saga_engine.kernel._partitioning import key_hash, partition_for
 from saga_engine.transport._topics import Topics

@@ -10,7 +10,7 @@ or ``GET /sagas/{id}/history``), or through ``saga replay``::
         assert result.deterministic, result.error
 """
 
-from saga_engine.core._replay import (
+from saga_engine.core.planning._replay import (
     FORMAT,
     HistoryExport,
     ReplayResult,

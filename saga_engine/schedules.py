@@ -6,6 +6,6 @@ or updated at the worker's start), or create them through the admin API
 "Schedules".
 """
 
-from saga_engine.core._schedule import CatchUp, Overlap, Schedule, ScheduleState
+from saga_engine.core.planning._schedule import CatchUp, Overlap, Schedule, ScheduleState
 
 __all__ = ["CatchUp", "Overlap", "Schedule", "ScheduleState"]

@@ -17,6 +17,6 @@ message that is not JSON, does not match ``message``, or makes ``to_input`` or
 ``idempotency_key`` raise, is dead-lettered with its reason.
 """
 
-from saga_engine.core._triggers import KafkaTrigger
+from saga_engine.core.planning._triggers import KafkaTrigger
 
 __all__ = ["KafkaTrigger"]

@@ -46,8 +46,9 @@ MESSAGES: dict[MessageType, tuple[str, str | None, str]] = {
     MessageType.UNDO: ("Undo", "undo.schema.json", "A parent's request to undo a child saga."),
 }
 _FILE_NAMES = {f: name for name, f, _ in MESSAGES.values() if f} | {
-    "headers.schema.json": "Headers", "dlq-headers.schema.json": "DeadLetterHeaders",
-}  # fmt: skip
+    "headers.schema.json": "Headers",
+    "dlq-headers.schema.json": "DeadLetterHeaders",
+}
 
 
 def _embedded(schema: Schema, components: dict[str, Schema]) -> Schema:
@@ -78,9 +79,12 @@ def _message(kind: MessageType, name: str, summary: str) -> Schema:
     payload: Schema = (
         {"$ref": f"#/components/schemas/{name}"}
         if MESSAGES[kind][1]
-        else {"type": "object", "description": "The command's own JSON object, as its type's "
-              "model reads it (PROTOCOL.md section 5, saga.command)."}
-    )  # fmt: skip
+        else {
+            "type": "object",
+            "description": "The command's own JSON object, as its type's "
+            "model reads it (PROTOCOL.md section 5, saga.command).",
+        }
+    )
     return {
         "name": kind.value,
         "title": name,

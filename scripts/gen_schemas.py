@@ -234,7 +234,14 @@ DLQ_HEADERS: dict[str, Schema] = {
         "pattern": "^[0-9]+$",
     },
 }
-DLQ_REQUIRED = ["dlq_reason", "dlq_detail", "dlq_topic", "dlq_partition", "dlq_offset", "dlq_consumer"]  # fmt: skip
+DLQ_REQUIRED = [
+    "dlq_reason",
+    "dlq_detail",
+    "dlq_topic",
+    "dlq_partition",
+    "dlq_offset",
+    "dlq_consumer",
+]
 
 
 # --------------------------------------------------------------------------- building

@@ -80,16 +80,31 @@ def service_args(service: str, app: str = "") -> list[str]:
     app in its place, ``module:attribute``)."""
     port = str(_base_port() + PORT_OFFSETS[service])
     return [
-        "-m", "uvicorn", app or f"services_demo.{service}:app", "--host", "127.0.0.1",
-        "--port", port, "--log-level", "warning", "--no-access-log",
-    ]  # fmt: skip
+        "-m",
+        "uvicorn",
+        app or f"services_demo.{service}:app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        port,
+        "--log-level",
+        "warning",
+        "--no-access-log",
+    ]
 
 
 def drill_participants() -> dict[str, list[str]]:
     found = {s: service_args(s) for s in SERVICES if s != "shipping"}
     port = str(_base_port() + PORT_OFFSETS["shipping"])
-    found["shipping"] = ["-m", "services_demo.drill", str(_shipping_binary()), "--host",
-                         "127.0.0.1", "--port", port]  # fmt: skip
+    found["shipping"] = [
+        "-m",
+        "services_demo.drill",
+        str(_shipping_binary()),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        port,
+    ]
     return found
 
 
@@ -103,9 +118,14 @@ def _shipping_binary() -> Path:
     atexit.register(shutil.rmtree, build_dir, True)
     binary = build_dir / "shipping"
     done = subprocess.run(
-        [go, "build", "-o", str(binary), "."], cwd=SHIPPING_GO, capture_output=True,
-        text=True, env={**os.environ, "GOWORK": "off"}, timeout=900, check=False,
-    )  # fmt: skip
+        [go, "build", "-o", str(binary), "."],
+        cwd=SHIPPING_GO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "GOWORK": "off"},
+        timeout=900,
+        check=False,
+    )
     if done.returncode != 0:
         raise SystemExit(f"`go build` in {SHIPPING_GO} failed:\n{done.stdout}{done.stderr}")
     return binary
@@ -120,9 +140,12 @@ def drill_inputs() -> Iterator[CheckoutInput]:
     while True:
         customer, items, case = _CASES[n % len(_CASES)]
         yield CheckoutInput(
-            order_id=f"drill-{n:05d}", customer=customer, items=items,
-            approval_timeout_s=2.0 if case == "no approval" else 30.0, payment_timeout_s=60.0,
-        )  # fmt: skip
+            order_id=f"drill-{n:05d}",
+            customer=customer,
+            items=items,
+            approval_timeout_s=2.0 if case == "no approval" else 30.0,
+            payment_timeout_s=60.0,
+        )
         n += 1
 
 

@@ -93,8 +93,11 @@ def create_app() -> FastAPI:
             "ON CONFLICT (idempotency_key) DO UPDATE "
             "SET calls = checks.calls + 1, last_call_at = now() "
             "RETURNING status_code, response, calls",
-            idempotency_key, body.model_dump_json(), status, orjson.dumps(answer).decode(),
-        )  # fmt: skip
+            idempotency_key,
+            body.model_dump_json(),
+            status,
+            orjson.dumps(answer).decode(),
+        )
         assert row is not None
         if demo.fraud_flaky and row["calls"] == 1:
             return JSONResponse({"detail": "busy, try again"}, status_code=503)

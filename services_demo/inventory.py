@@ -107,13 +107,16 @@ def build_participant(settings: Settings) -> Participant:
                 "UPDATE stock AS s SET available = s.available - x.qty FROM (SELECT sku, "
                 "sum(qty) AS qty FROM unnest($1::text[], $2::int[]) AS t(sku, qty) GROUP BY sku)"
                 " AS x WHERE s.sku = x.sku",
-                skus, qtys,
-            )  # fmt: skip
+                skus,
+                qtys,
+            )
             await batch.execute(
                 "INSERT INTO reservations (order_id, sku, qty, status) SELECT o, s, q, "
                 "'reserved' FROM unnest($1::text[], $2::text[], $3::int[]) AS x(o, s, q)",
-                order_ids, skus, qtys,
-            )  # fmt: skip
+                order_ids,
+                skus,
+                qtys,
+            )
         return answers
 
     @inventory.handles(ReleaseStock)

@@ -106,8 +106,12 @@ def build_participant(settings: Settings) -> Participant:
         await tx.execute(
             "INSERT INTO orders (order_id, saga_id, customer, items, total, status, source) "
             "VALUES ($1, $2, $3, $4::jsonb, $5, 'pending', 'kafka')",
-            cmd.order_id, tx.saga_id, cmd.customer, _items_json(cmd.items), total,
-        )  # fmt: skip
+            cmd.order_id,
+            tx.saga_id,
+            cmd.customer,
+            _items_json(cmd.items),
+            total,
+        )
         return OrderCreated(order_id=cmd.order_id, total=total)
 
     @orders.handles(ConfirmOrder)
@@ -122,8 +126,9 @@ def build_participant(settings: Settings) -> Participant:
         await tx.execute(
             "UPDATE orders SET status = 'confirmed', shipment_id = $2, updated_at = now() "
             "WHERE order_id = $1",
-            cmd.order_id, cmd.shipment_id,
-        )  # fmt: skip
+            cmd.order_id,
+            cmd.shipment_id,
+        )
         return OrderState(order_id=cmd.order_id, status="confirmed")
 
     @orders.handles(RejectOrder)
@@ -136,8 +141,12 @@ def build_participant(settings: Settings) -> Participant:
             "ON CONFLICT (order_id) DO UPDATE SET status = 'rejected', reason = $5, "
             "updated_at = now() WHERE orders.status = 'pending' "
             "RETURNING status, reason",
-            cmd.order_id, tx.saga_id, cmd.customer, _items_json(cmd.items), cmd.reason,
-        )  # fmt: skip
+            cmd.order_id,
+            tx.saga_id,
+            cmd.customer,
+            _items_json(cmd.items),
+            cmd.reason,
+        )
         if row is None:
             row = await tx.fetchrow(
                 "SELECT status, reason FROM orders WHERE order_id = $1", cmd.order_id
@@ -276,9 +285,14 @@ def create_app() -> FastAPI:
             "idempotency_key, request_hash) "
             "VALUES ($1, $2, $3, $4::jsonb, $5, 'pending', 'http', $6, $7) "
             "ON CONFLICT (idempotency_key) DO NOTHING RETURNING order_id",
-            order_id, saga_id_of(order_id), order.customer, _items_json(order.items), total,
-            idempotency_key, request_hash,
-        )  # fmt: skip
+            order_id,
+            saga_id_of(order_id),
+            order.customer,
+            _items_json(order.items),
+            total,
+            idempotency_key,
+            request_hash,
+        )
         if row is None:  # a repeat of an earlier request with this Idempotency-Key
             existing = await pool.fetchrow(
                 "SELECT order_id, request_hash FROM orders WHERE idempotency_key = $1",
@@ -308,8 +322,9 @@ def create_app() -> FastAPI:
         rows = await holder.pool.fetch(
             "SELECT * FROM orders WHERE $1::text IS NULL OR customer = $1 "
             "ORDER BY created_at DESC LIMIT $2",
-            customer, min(max(limit, 1), 1000),
-        )  # fmt: skip
+            customer,
+            min(max(limit, 1), 1000),
+        )
         return [_view(r) for r in rows]
 
     @app.post("/orders/{order_id}/approval", status_code=202, tags=["orders"])
@@ -337,8 +352,9 @@ def create_app() -> FastAPI:
         row = await holder.pool.fetchrow(
             "UPDATE orders SET captured = coalesce(captured, $2), updated_at = now() "
             "WHERE order_id = $1 RETURNING captured",
-            order_id, payment.amount,
-        )  # fmt: skip
+            order_id,
+            payment.amount,
+        )
         if row is None:
             raise HTTPException(404, f"no order {order_id}")
         if row["captured"] != payment.amount:

@@ -70,13 +70,16 @@ def build_participant(settings: Settings) -> Participant:
             )
         balance = await tx.fetchval(
             "UPDATE customers SET balance = balance - $2 WHERE customer_id = $1 RETURNING balance",
-            cmd.customer, cmd.amount,
-        )  # fmt: skip
+            cmd.customer,
+            cmd.amount,
+        )
         await tx.execute(
             "INSERT INTO reservations (order_id, customer_id, amount, status) "
             "VALUES ($1, $2, $3, 'reserved')",
-            cmd.order_id, cmd.customer, cmd.amount,
-        )  # fmt: skip
+            cmd.order_id,
+            cmd.customer,
+            cmd.amount,
+        )
         return CreditReserved(order_id=cmd.order_id, amount=cmd.amount, balance=balance)
 
     payments.handles(ReleaseCredit)(release_credit)
@@ -93,8 +96,9 @@ async def release_credit(cmd: ReleaseCredit, tx: Transaction) -> CreditReleased:
         return CreditReleased(order_id=cmd.order_id, released=0)
     await tx.execute(
         "UPDATE customers SET balance = balance + $2 WHERE customer_id = $1",
-        row["customer_id"], row["amount"],
-    )  # fmt: skip
+        row["customer_id"],
+        row["amount"],
+    )
     return CreditReleased(order_id=cmd.order_id, released=row["amount"])
 
 

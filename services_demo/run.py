@@ -239,9 +239,14 @@ class DemoStack:
             raise StackError(f"{name} is already running (pid {old.pid})")
         with open(self.log_path(name), "ab") as log:
             self.procs[name] = subprocess.Popen(
-                argv, cwd=ROOT, env=env, stdout=log, stderr=log,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+                argv,
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     async def build_shipping(self) -> Path:
         """Builds the Go shipping service (``go build`` in ``services_demo/shipping_go``)
@@ -259,11 +264,17 @@ class DemoStack:
         binary = build_dir / "shipping"
         # GOWORK=off: the module's own go.mod (which points at ../../kits/go) decides.
         proc = await asyncio.create_subprocess_exec(
-            go, "build", "-o", str(binary), ".",
-            cwd=SHIPPING_GO, env={**os.environ, "GOWORK": "off"},
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            go,
+            "build",
+            "-o",
+            str(binary),
+            ".",
+            cwd=SHIPPING_GO,
+            env={**os.environ, "GOWORK": "off"},
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
+        )
         try:
             output, _ = await asyncio.wait_for(proc.communicate(), timeout=900)
         except TimeoutError:
@@ -289,9 +300,18 @@ class DemoStack:
             argv = [str(self._build_dir / "shipping"), "--host", host, "--port", port]
         else:
             argv = [
-                sys.executable, "-m", "uvicorn", f"services_demo.{service}:app",
-                "--host", host, "--port", port, "--log-level", "warning", "--no-access-log",
-            ]  # fmt: skip
+                sys.executable,
+                "-m",
+                "uvicorn",
+                f"services_demo.{service}:app",
+                "--host",
+                host,
+                "--port",
+                port,
+                "--log-level",
+                "warning",
+                "--no-access-log",
+            ]
         self._spawn(service, argv, self.config.env(service))
 
     def start_engine(self) -> int:
@@ -300,10 +320,17 @@ class DemoStack:
         offset = path.stat().st_size if path.exists() else 0
         self._spawn(
             "engine",
-            [sys.executable, "-m", "saga_engine", "worker", "services_demo.sagas",
-             "--log-level", "INFO"],
+            [
+                sys.executable,
+                "-m",
+                "saga_engine",
+                "worker",
+                "services_demo.sagas",
+                "--log-level",
+                "INFO",
+            ],
             self.config.env(None),
-        )  # fmt: skip
+        )
         return offset
 
     def kill_engine(self) -> None:
@@ -351,8 +378,9 @@ class DemoStack:
                     if (await client.get(url)).status_code == 200:
                         return
                 if time.monotonic() > deadline:
-                    raise StackError(f"{service} not healthy after {within_s:.0f}s:\n"
-                                     f"{self.log_tail(service)}")  # fmt: skip
+                    raise StackError(
+                        f"{service} not healthy after {within_s:.0f}s:\n{self.log_tail(service)}"
+                    )
                 await asyncio.sleep(0.1)
 
     async def wait_engine(self, offset: int = 0, within_s: float = 60.0) -> int:
@@ -365,8 +393,10 @@ class DemoStack:
             if found:
                 return int(found.group(1))
             if time.monotonic() > deadline:
-                raise StackError(f"the engine did not take its partitions in {within_s:.0f}s:\n"
-                                 f"{self.log_tail('engine')}")  # fmt: skip
+                raise StackError(
+                    f"the engine did not take its partitions in {within_s:.0f}s:\n"
+                    f"{self.log_tail('engine')}"
+                )
             await asyncio.sleep(0.1)
 
     async def start(self) -> None:
@@ -507,8 +537,10 @@ async def _serve(config: StackConfig) -> int:
                     raise StackError(f"the engine keeps exiting:\n{stack.log_tail('engine')}")
                 print(f"the engine exited (code {engine.returncode}); starting a new one...")
                 recovered = await stack.restart_engine()
-                print(f"engine back (pid {stack.pid('engine')}): it recovered {recovered} open "
-                      "saga(s) from their histories")  # fmt: skip
+                print(
+                    f"engine back (pid {stack.pid('engine')}): it recovered {recovered} open "
+                    "saga(s) from their histories"
+                )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
         return 0

@@ -110,10 +110,14 @@ class Shipment(Saga[ScheduleShipment, ShipmentScheduled]):
 
     async def run(self, ctx: SagaContext, shipment: ScheduleShipment) -> ShipmentScheduled:
         return await ctx.step(
-            "book-carrier", to="shipping", command=shipment,
+            "book-carrier",
+            to="shipping",
+            command=shipment,
             compensate=CancelShipment(order_id=shipment.order_id),
-            returns=ShipmentScheduled, timeout=STEP_TIMEOUT_S, retry=STEP_RETRY,
-        )  # fmt: skip
+            returns=ShipmentScheduled,
+            timeout=STEP_TIMEOUT_S,
+            retry=STEP_RETRY,
+        )
 
 
 class Checkout(Saga[CheckoutInput, CheckoutResult]):
@@ -127,30 +131,44 @@ class Checkout(Saga[CheckoutInput, CheckoutResult]):
         oid, customer, items = order.order_id, order.customer, order.items
         try:
             created = await ctx.step(
-                "create-order", to="orders",
+                "create-order",
+                to="orders",
                 command=CreateOrder(order_id=oid, customer=customer, items=items),
                 compensate=RejectOrder(
                     order_id=oid, customer=customer, items=items, reason="checkout cancelled"
                 ),
-                returns=OrderCreated, timeout=STEP_TIMEOUT_S, retry=STEP_RETRY,
-            )  # fmt: skip
+                returns=OrderCreated,
+                timeout=STEP_TIMEOUT_S,
+                retry=STEP_RETRY,
+            )
             await ctx.step(
-                "reserve-credit", to="payments",
+                "reserve-credit",
+                to="payments",
                 command=ReserveCredit(order_id=oid, customer=customer, amount=created.total),
                 compensate=ReleaseCredit(order_id=oid),
-                returns=CreditReserved, timeout=STEP_TIMEOUT_S, retry=STEP_RETRY,
-            )  # fmt: skip
+                returns=CreditReserved,
+                timeout=STEP_TIMEOUT_S,
+                retry=STEP_RETRY,
+            )
             await ctx.step(
-                "reserve-stock", to="inventory",
+                "reserve-stock",
+                to="inventory",
                 command=ReserveStock(order_id=oid, items=items),
                 compensate=ReleaseStock(order_id=oid),
-                returns=StockReserved, timeout=STEP_TIMEOUT_S, retry=STEP_RETRY,
-            )  # fmt: skip
+                returns=StockReserved,
+                timeout=STEP_TIMEOUT_S,
+                retry=STEP_RETRY,
+            )
             verdict = await ctx.http_step(
-                "fraud-check", endpoint="fraud", method="POST", path="/check",
+                "fraud-check",
+                endpoint="fraud",
+                method="POST",
+                path="/check",
                 json={"order_id": oid, "customer": customer, "total": created.total},
-                returns=FraudVerdict, retry=RetryPolicy(max_attempts=3), timeout=5,
-            )  # fmt: skip
+                returns=FraudVerdict,
+                retry=RetryPolicy(max_attempts=3),
+                timeout=5,
+            )
             if not verdict.approved:
                 raise CheckoutRejected(f"fraud-check: not approved (score {verdict.score})")
             approved_by = None
@@ -170,20 +188,24 @@ class Checkout(Saga[CheckoutInput, CheckoutResult]):
                 poll=60,
             )
             await ctx.step(
-                "confirm-order", to="orders",
+                "confirm-order",
+                to="orders",
                 command=ConfirmOrder(order_id=oid, shipment_id=shipment.shipment_id),
-                timeout=STEP_TIMEOUT_S, retry=STEP_RETRY,
-            )  # fmt: skip
+                timeout=STEP_TIMEOUT_S,
+                retry=STEP_RETRY,
+            )
         except (StepFailed, SignalTimeout, EventTimeout, CheckoutRejected) as exc:
             # The order shows why before the compensations run; then the engine undoes
             # the applied steps in reverse order.
             await ctx.step(
-                "reject-order", to="orders",
+                "reject-order",
+                to="orders",
                 command=RejectOrder(
                     order_id=oid, customer=customer, items=items, reason=_reason(exc)
                 ),
-                timeout=STEP_TIMEOUT_S, retry=RetryPolicy(max_attempts=10),
-            )  # fmt: skip
+                timeout=STEP_TIMEOUT_S,
+                retry=RetryPolicy(max_attempts=10),
+            )
             raise
         return CheckoutResult(
             order_id=oid,
@@ -241,9 +263,13 @@ class Reconciliation(Saga[ReconcileInput, ReconciliationReport]):
 
     async def run(self, ctx: SagaContext, job: ReconcileInput) -> ReconciliationReport:
         balances = await ctx.http_step(
-            "read-balances", endpoint=job.ledger, method="GET", path="/customers",
-            retry=RetryPolicy(max_attempts=3), timeout=5,
-        )  # fmt: skip
+            "read-balances",
+            endpoint=job.ledger,
+            method="GET",
+            path="/customers",
+            retry=RetryPolicy(max_attempts=3),
+            timeout=5,
+        )
         return ReconciliationReport(
             customers=len(balances), total_balance=sum(int(v) for v in balances.values())
         )

@@ -355,8 +355,10 @@ async def nightly_reconciliation(demo: Demo) -> str | None:
         return None
     schedule = (await demo.http.get(f"{admin}/schedules/nightly-reconciliation")).json()
     check(schedule.get("state") == "active", "the worker created the schedule it declares")
-    say(f"  schedule nightly-reconciliation: {schedule.get('spec')}, next run "
-        f"{schedule.get('next_fire_at')}")  # fmt: skip
+    say(
+        f"  schedule nightly-reconciliation: {schedule.get('spec')}, next run "
+        f"{schedule.get('next_fire_at')}"
+    )
     response = await demo.http.post(f"{admin}/schedules/nightly-reconciliation/trigger")
     check(response.status_code == 200, f"POST .../trigger answered {response.status_code}")
     saga_id: str = response.json()["saga_id"]
@@ -413,8 +415,10 @@ def where_to_look(demo: Demo) -> None:
         "--sagas services_demo.sagas (from Postgres; `saga history ID` asks a running engine)"
     )
     say(f"  the engine's tables SELECT saga_id, status, current_step FROM {t.engine_schema}.sagas;")
-    say(f"                      SELECT seq, kind, data FROM {t.engine_schema}.saga_events "
-        f"WHERE saga_id = '{example}' ORDER BY seq;")  # fmt: skip
+    say(
+        f"                      SELECT seq, kind, data FROM {t.engine_schema}.saga_events "
+        f"WHERE saga_id = '{example}' ORDER BY seq;"
+    )
     if t.service_schemas:
         say(f"  the services' data  schemas {', '.join(t.service_schemas)} (one per service)")
     say(f"  Kafka               {prefix}.inbox, {prefix}.cmd.*, {t.orders_topic}, {prefix}.dlq")
@@ -487,8 +491,10 @@ async def _main_local(keep: bool) -> int:
     stack = DemoStack(config)
     t0 = time.monotonic()
     say("saga-engine demo: a checkout saga across five services, over Kafka and HTTP")
-    say(f"  Postgres schemas {config.namespace}_*, Kafka topics {config.topic_prefix}.*, "
-        f"logs in {config.logs}/{config.namespace}-*.log")  # fmt: skip
+    say(
+        f"  Postgres schemas {config.namespace}_*, Kafka topics {config.topic_prefix}.*, "
+        f"logs in {config.logs}/{config.namespace}-*.log"
+    )
     ok = False
     try:
         await stack.start()
@@ -511,8 +517,10 @@ async def _main_local(keep: bool) -> int:
         await stack.drop_data()
     elif not ok or keep:
         say(f"\nkept: schemas {', '.join(config.schemas)} and topics {config.topic_prefix}.*")
-    say(f"\n{'every expectation held' if ok else 'the demo FAILED'} "
-        f"({time.monotonic() - t0:.0f}s); the engine and the services are stopped")  # fmt: skip
+    say(
+        f"\n{'every expectation held' if ok else 'the demo FAILED'} "
+        f"({time.monotonic() - t0:.0f}s); the engine and the services are stopped"
+    )
     return 0 if ok else 1
 
 

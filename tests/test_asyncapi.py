@@ -48,8 +48,10 @@ def parser() -> Path:
     if not (TOOL / "node_modules" / "@asyncapi" / "parser").is_dir():
         subprocess.run(
             [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=TOOL, check=True, timeout=600,
-        )  # fmt: skip
+            cwd=TOOL,
+            check=True,
+            timeout=600,
+        )
     return TOOL / "validate.mjs"
 
 

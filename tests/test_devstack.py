@@ -141,8 +141,12 @@ def test_a_broker_started_for_one_command_begins_empty(checkout: Path, pg: PgTar
     def run(create: bool) -> str:
         done = subprocess.run(
             [*script, sys.executable, "-c", _CREATE.format(create=create)],
-            env=env, capture_output=True, text=True, timeout=180, check=False,
-        )  # fmt: skip
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         assert f"kafka: started on 127.0.0.1:{kafka}" in done.stderr, done.stderr
         return done.stdout

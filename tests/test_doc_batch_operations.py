@@ -103,9 +103,10 @@ async def test_the_batch_operations_example_runs(
         more = []
         for i in range(2):
             started = await http.post(
-                "/sagas/shipment", json={"order_id": f"late-{i}", "warehouse": "ber-2"},
+                "/sagas/shipment",
+                json={"order_id": f"late-{i}", "warehouse": "ber-2"},
                 headers=OPERATOR,
-            )  # fmt: skip
+            )
             more.append(started.json()["saga_id"])
         await poll_until(lambda: _all(served, more, "running"), timeout=30)
         exec_blocks([from_code], DOC, namespace)

@@ -43,7 +43,10 @@ def test_the_trigger_refuses_a_key_for_an_unlimited_saga() -> None:
     namespace["Transfer"].concurrency = None  # this namespace's class only
     with pytest.raises(DefinitionError, match="declares no `concurrency`"):
         type(trigger)(
-            topic=trigger.topic, saga=namespace["Transfer"], message=trigger.message,
-            to_input=trigger.to_input, idempotency_key=trigger.idempotency_key,
+            topic=trigger.topic,
+            saga=namespace["Transfer"],
+            message=trigger.message,
+            to_input=trigger.to_input,
+            idempotency_key=trigger.idempotency_key,
             concurrency_key=trigger.concurrency_key,
-        )  # fmt: skip
+        )

@@ -43,10 +43,13 @@ async def test_the_replay_example_runs(pg: PgTarget, kafka_bootstrap: str, uniqu
     inbox = Topics.of(settings.kafka).inbox
     async with served_worker(settings, [Checkout]) as served:
         start = Envelope(
-            message_type=MessageType.START, source="/careless", saga_id="doc-1",
-            saga_type="edge-checkout", subject="edge-checkout",
+            message_type=MessageType.START,
+            source="/careless",
+            saga_id="doc-1",
+            saga_type="edge-checkout",
+            subject="edge-checkout",
             body=StartBody(input={"customer": "c"}).model_dump(mode="json"),
-        )  # fmt: skip
+        )
         key, _, headers = encode(start)
         producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
         await producer.start()

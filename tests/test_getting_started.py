@@ -91,10 +91,17 @@ def _env(**settings: str) -> dict[str, str]:
 async def test_the_guides_tests_pass(tmp_path: Path, pg_database: str) -> None:
     project = _write_project(tmp_path)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-        cwd=project, env=_env(SAGA_PG__DSN=pg_database),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        cwd=project,
+        env=_env(SAGA_PG__DSN=pg_database),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=100)
     report = out.decode()
     assert proc.returncode == 0, report
@@ -176,9 +183,18 @@ async def _dead_letters(env: dict[str, str], within_s: float) -> list[dict[str, 
     deadline = time.monotonic() + within_s
     while True:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "saga_engine", "dlq", "list", "--json", "--timeout", "10",
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "saga_engine",
+            "dlq",
+            "list",
+            "--json",
+            "--timeout",
+            "10",
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         out, err = await proc.communicate()
         assert proc.returncode == 0, err.decode()
         rows: list[dict[str, Any]] = orjson.loads(out)

@@ -72,7 +72,7 @@ def test_the_wheel_holds_every_module_and_its_data(wheel: zipfile.ZipFile) -> No
         p.relative_to(ROOT).as_posix() for p in source.rglob("*.py") if "__pycache__" not in p.parts
     }
     assert "saga_engine/cli/__init__.py" in modules
-    assert "saga_engine/core/_runtime.py" in modules
+    assert "saga_engine/core/runtime/_runtime.py" in modules
     assert modules <= names, sorted(modules - names)
     # Every package-data pattern of pyproject.toml matches files, and all of them shipped.
     data = PYPROJECT["tool"]["setuptools"]["package-data"]

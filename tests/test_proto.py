@@ -168,8 +168,11 @@ def test_header_schemas_follow_the_code() -> None:
     headers = committed()["headers.schema.json"]
     assert set(headers["required"]) == {*REQUIRED_HEADERS, "ce_specversion", "content-type"}
     assert set(headers["properties"]) == {
-        *HEADERS.values(), "ce_specversion", "content-type", CODEC_HEADER
-    }  # fmt: skip
+        *HEADERS.values(),
+        "ce_specversion",
+        "content-type",
+        CODEC_HEADER,
+    }
     assert headers["properties"]["ce_type"]["enum"] == [t.value for t in MessageType]
     dlq = committed()["dlq-headers.schema.json"]
     reasons = dlq["properties"]["dlq_reason"]["enum"]

@@ -28,14 +28,18 @@ async def test_an_update_changes_what_the_run_does_and_is_recorded() -> None:
     env.participant("alpha").on("Apply", reply={"receipt": "r-1"})
     saga_id = await _cart(env)
     assert await env.update(saga_id, Cart.add_item, AddItem(sku="tea", price=30)) == {
-        "items": 1, "total": 30,
-    }  # fmt: skip
+        "items": 1,
+        "total": 30,
+    }
     assert await env.update(saga_id, "add_item", {"sku": "jam", "price": 20}) == {
-        "items": 2, "total": 50,
-    }  # fmt: skip
+        "items": 2,
+        "total": 50,
+    }
     assert await env.query(saga_id, Cart.summary) == {
-        "items": ["tea", "jam"], "total": 50, "checked_out": False,
-    }  # fmt: skip
+        "items": ["tea", "jam"],
+        "total": 50,
+        "checked_out": False,
+    }
     assert await env.query(saga_id, "price_with", PriceWith(extra=5)) == 55
     await env.signal(saga_id, "checkout", Checkout())
     [charge] = env.commands("alpha")
@@ -76,8 +80,7 @@ async def test_the_same_update_id_is_applied_once_and_answered_the_same() -> Non
     # A handler that raises: the update is recorded as failed, and stays so.
     for _ in range(2):
         with pytest.raises(UpdateFailed, match="out of stock"):
-            await env.update(saga_id, Cart.add_item, AddItem(sku="boom", price=1),
-                             update_id="u-2")  # fmt: skip
+            await env.update(saga_id, Cart.add_item, AddItem(sku="boom", price=1), update_id="u-2")
     kinds = [e.kind for e in await env.engine.history(saga_id)]
     assert kinds.count("update_received") == 2
 
@@ -91,8 +94,7 @@ async def test_an_ended_saga_refuses_updates_but_answers_queries_and_repeats() -
     assert (await env.engine.get(saga_id)).status == SagaStatus.COMPLETED
     with pytest.raises(InvalidTransition, match="completed"):
         await env.update(saga_id, Cart.clear)
-    again = await env.update(saga_id, Cart.add_item, AddItem(sku="tea", price=30),
-                             update_id="u-1")  # fmt: skip
+    again = await env.update(saga_id, Cart.add_item, AddItem(sku="tea", price=30), update_id="u-1")
     assert again == {"items": 1, "total": 30}
     assert (await env.query(saga_id, Cart.summary))["checked_out"] is True
 
@@ -106,14 +108,17 @@ async def test_state_replays_and_queries_write_nothing_when_not_loaded() -> None
     history = await env.engine.history(saga_id)
     env.engine.evict(saga_id)
     assert await env.query(saga_id, Cart.summary) == {
-        "items": ["jam"], "total": 7, "checked_out": False,
-    }  # fmt: skip
+        "items": ["jam"],
+        "total": 7,
+        "checked_out": False,
+    }
     assert env.engine.runtime_of(saga_id) is None  # not loaded by the query
     assert await env.engine.history(saga_id) == history
     # Rebuilt by its next input, with the updates' effect replayed.
     assert await env.update(saga_id, Cart.add_item, AddItem(sku="oil", price=3)) == {
-        "items": 2, "total": 10,
-    }  # fmt: skip
+        "items": 2,
+        "total": 10,
+    }
 
 
 async def test_a_query_that_raises_is_a_query_failed() -> None:

@@ -14,7 +14,7 @@ Endpoints (OpenAPI at ``/openapi.json``): ``GET /health``; ``GET /saga-types``;
 ``POST /sagas/{type}`` (start); ``POST /sagas/{id}/signal|cancel|resume``;
 ``GET /metrics`` (JSON or Prometheus text); ``GET /dead-letters``,
 ``GET /dead-letters/{partition}/{offset}`` and ``POST .../replay`` over the
-``DeadLetters`` given to ``create_admin_app`` (a worker gives its Kafka topic,
+``DeadLetterReader`` given to ``create_admin_app`` (a worker gives its Kafka topic,
 ``saga_engine.worker.DeadLetterTopic``; without one those routes answer 503).
 
 Bearer tokens come from ``settings.admin.readers`` and ``settings.admin.operators``
@@ -29,13 +29,13 @@ from saga_engine.admin._app import StartSaga, create_admin_app
 from saga_engine.admin._auth import Principal, Role
 from saga_engine.admin._server import AdminServer, serve_admin
 from saga_engine.kernel._errors import AdminConfigError, InsecureAdminBinding
-from saga_engine.transport._dead_letter import DeadLetter, DeadLetters
+from saga_engine.transport._dead_letter import DeadLetter, DeadLetterReader
 
 __all__ = [
     "AdminConfigError",
     "AdminServer",
     "DeadLetter",
-    "DeadLetters",
+    "DeadLetterReader",
     "InsecureAdminBinding",
     "Principal",
     "Role",

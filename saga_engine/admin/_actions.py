@@ -16,6 +16,7 @@ from fastapi import HTTPException
 from saga_engine.admin._auth import Principal
 from saga_engine.admin._deps import Caller, EngineDep, PartsDep
 from saga_engine.admin._http_errors import api_router
+from saga_engine.admin._route_helpers import ACTION_ERRORS, SagaIdPath, errors, load, saga_ref
 from saga_engine.admin._schemas import (
     ActionResult,
     CancelRequest,
@@ -25,8 +26,7 @@ from saga_engine.admin._schemas import (
     SignalRequest,
     SkipRequest,
 )
-from saga_engine.admin._shared import ACTION_ERRORS, SagaIdPath, errors, load, saga_ref
-from saga_engine.core._events import (
+from saga_engine.core.history._events import (
     CancelRequested,
     CompensationForced,
     Event,
@@ -35,7 +35,7 @@ from saga_engine.core._events import (
     SignalReceived,
     StepSkipped,
 )
-from saga_engine.core._view import fold
+from saga_engine.core.views._view import fold
 from saga_engine.kernel._errors import OutcomeUnknown, TransientError
 from saga_engine.runner._engine import Engine
 

@@ -18,16 +18,16 @@ from fastapi import Depends, FastAPI
 
 from saga_engine.admin import (
     _actions,
-    _batches,
+    _batch_operations,
+    _concurrency_keys,
     _dead_letters,
     _domain_events,
+    _engine_info,
     _flow,
     _insights,
-    _keys,
-    _meta,
-    _reads,
     _rerun,
     _rollouts,
+    _saga_reads,
     _schedules,
     _updates,
 )
@@ -40,7 +40,7 @@ from saga_engine.admin._http_errors import (
 )
 from saga_engine.admin._starts import starts_router
 from saga_engine.admin._web import SecurityHeadersMiddleware, web_router
-from saga_engine.admin._web_batches import batches_page_router
+from saga_engine.admin._web_batch_operations import batches_page_router
 from saga_engine.admin._web_dead_letters import dead_letters_page_router
 from saga_engine.admin._web_insights import insights_page_router
 from saga_engine.admin._web_schedules import schedules_page_router
@@ -49,10 +49,10 @@ from saga_engine.kernel._settings import AdminSettings, Settings
 from saga_engine.kernel._version import __version__
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._parts import EngineParts
-from saga_engine.store._batch_store import BatchStore
+from saga_engine.store._batch_operation_store import BatchStore
 from saga_engine.store._schedule_store import ScheduleStore
 from saga_engine.telemetry._health import HealthBoard
-from saga_engine.transport._dead_letter import DeadLetters
+from saga_engine.transport._dead_letter import DeadLetterReader
 
 __all__ = ["StartSaga", "create_admin_app"]
 
@@ -66,7 +66,7 @@ def create_admin_app(
     schedules: ScheduleStore | None = None,
     health: HealthBoard | None = None,
     batches: BatchStore | None = None,
-    dead_letters: DeadLetters | None = None,
+    dead_letters: DeadLetterReader | None = None,
 ) -> FastAPI:
     """The admin API for ``engine``, configured by ``settings.admin``.
 
@@ -98,9 +98,15 @@ def create_admin_app(
         redoc_url=None,
     )
     state = AdminState(
-        engine, parts, admin, start_saga or engine.start, schedules, health, batches,
+        engine,
+        parts,
+        admin,
+        start_saga or engine.start,
+        schedules,
+        health,
+        batches,
         dead_letters,
-    )  # fmt: skip
+    )
     install(app, state)
     install_error_handlers(app)
     # Outermost last: SecurityHeaders(CatchAll(Auth(BodyLimit(app)))). Auth runs before
@@ -114,11 +120,11 @@ def create_admin_app(
 
 
 def _include_routers(app: FastAPI, parts: EngineParts, admin: AdminSettings) -> None:
-    app.include_router(_meta.public_router)
+    app.include_router(_engine_info.public_router)
     # Documents the bearer scheme on every API operation but /health (see _deps.bearer).
     secured = [Depends(bearer)]
-    app.include_router(_meta.router, dependencies=secured)
-    app.include_router(_reads.router, dependencies=secured)
+    app.include_router(_engine_info.router, dependencies=secured)
+    app.include_router(_saga_reads.router, dependencies=secured)
     # Built per app: the type enum and the bound on ``wait`` are this engine's and
     # settings' (see _starts).
     app.include_router(
@@ -130,9 +136,9 @@ def _include_routers(app: FastAPI, parts: EngineParts, admin: AdminSettings) -> 
     app.include_router(_rollouts.router, dependencies=secured)
     app.include_router(_flow.router, dependencies=secured)
     app.include_router(_domain_events.router, dependencies=secured)
-    app.include_router(_keys.router, dependencies=secured)
+    app.include_router(_concurrency_keys.router, dependencies=secured)
     app.include_router(_schedules.router, dependencies=secured)
-    app.include_router(_batches.router, dependencies=secured)
+    app.include_router(_batch_operations.router, dependencies=secured)
     app.include_router(_insights.router, dependencies=secured)
     app.include_router(_dead_letters.router, dependencies=secured)
     app.include_router(web_router(parts, admin))

@@ -3,7 +3,7 @@ participant could not process, listed newest first, shown whole, and replayed.
 
 They are read straight from Kafka (``transport._dlq``, as ``saga dlq`` reads them),
 without a consumer group and within :data:`READ_TIMEOUT_S`: an app made without a
-``DeadLetters`` (one over an in-memory engine) answers 503. An unknown partition or
+``DeadLetterReader`` (one over an in-memory engine) answers 503. An unknown partition or
 offset is a 404; a record with nowhere to go back to a 409. A replay is an operator's
 action: it needs a reason and is logged to ``saga_engine.admin.audit`` with the
 principal, like the other operator actions.
@@ -22,12 +22,12 @@ from pydantic import BaseModel, Field
 
 from saga_engine.admin._deps import Caller, _state
 from saga_engine.admin._http_errors import api_router
+from saga_engine.admin._route_helpers import READ_ERRORS, errors
 from saga_engine.admin._schemas import Reason, _Body
-from saga_engine.admin._shared import READ_ERRORS, errors
 from saga_engine.kernel._input_types import StorableText
-from saga_engine.transport._dead_letter import DeadLetter, DeadLetters
+from saga_engine.transport._dead_letter import DeadLetter, DeadLetterReader
 
-__all__ = ["DeadLetterDetail", "DeadLetterOut", "ReplayRequest", "ReplayResult", "router"]
+__all__ = ["DeadLetterDetail", "DeadLetterOut", "DeadLetterReplayResult", "ReplayRequest", "router"]
 
 audit = logging.getLogger("saga_engine.admin.audit")
 
@@ -87,7 +87,7 @@ class ReplayRequest(_Body):
     )
 
 
-class ReplayResult(BaseModel):
+class DeadLetterReplayResult(BaseModel):
     partition_from: int
     offset_from: int
     topic: str = Field(description="Where it was re-published.")
@@ -98,7 +98,7 @@ class ReplayResult(BaseModel):
     reason: str
 
 
-def _topic(request: Request) -> DeadLetters:
+def _topic(request: Request) -> DeadLetterReader:
     topic = _state(request).dead_letters
     if topic is None:
         raise HTTPException(
@@ -107,7 +107,7 @@ def _topic(request: Request) -> DeadLetters:
     return topic
 
 
-TopicDep = Annotated[DeadLetters, Depends(_topic)]
+TopicDep = Annotated[DeadLetterReader, Depends(_topic)]
 
 
 def _saga_url(request: Request, saga_id: str) -> str | None:
@@ -157,10 +157,11 @@ async def list_dead_letters(
 
     filtered = reason is not None or saga_id is not None
     letters = await topic.newest(
-        limit, READ_TIMEOUT_S,
+        limit,
+        READ_TIMEOUT_S,
         match=wanted if filtered else None,
         scan=SCAN_PER_PARTITION if filtered else None,
-    )  # fmt: skip
+    )
     return [out(request, letter) for letter in reversed(letters)]
 
 
@@ -187,7 +188,7 @@ async def get_dead_letter(
 
 @router.post(
     "/dead-letters/{partition}/{offset}/replay",
-    response_model=ReplayResult,
+    response_model=DeadLetterReplayResult,
     responses=errors(400, 401, 403, 404, 409, 413, 422, 503),
 )
 async def replay_dead_letter(
@@ -196,7 +197,7 @@ async def replay_dead_letter(
     body: ReplayRequest,
     caller: Caller,
     topic: TopicDep,
-) -> ReplayResult:
+) -> DeadLetterReplayResult:
     """Re-publishes the record, without its `dlq_*` headers, to its origin topic (409 if
     it names none), or with `saga_id` to the inbox addressed to that saga. The record
     stays in the dead-letter topic; replaying it twice sends it twice."""
@@ -204,10 +205,18 @@ async def replay_dead_letter(
     sent = await topic.replay(letter, READ_TIMEOUT_S, to_saga=body.saga_id)
     audit.info(
         "dead letter %s[%d]@%d (%s) replayed to %s[%d]@%d for saga %r by %s: %r",
-        topic.topic, partition, offset, letter.reason, sent.topic, sent.partition,
-        sent.offset, sent.saga_id, caller.name, body.reason,
-    )  # fmt: skip
-    return ReplayResult(
+        topic.topic,
+        partition,
+        offset,
+        letter.reason,
+        sent.topic,
+        sent.partition,
+        sent.offset,
+        sent.saga_id,
+        caller.name,
+        body.reason,
+    )
+    return DeadLetterReplayResult(
         partition_from=partition,
         offset_from=offset,
         topic=sent.topic,

@@ -19,10 +19,10 @@ from saga_engine.admin._auth import PRINCIPAL_KEY, Principal, auth_required
 from saga_engine.kernel._settings import AdminSettings
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._parts import EngineParts
-from saga_engine.store._batch_store import BatchStore
+from saga_engine.store._batch_operation_store import BatchStore
 from saga_engine.store._schedule_store import ScheduleStore
 from saga_engine.telemetry._health import HealthBoard
-from saga_engine.transport._dead_letter import DeadLetters
+from saga_engine.transport._dead_letter import DeadLetterReader
 
 __all__ = [
     "AdminDep",
@@ -69,7 +69,7 @@ class AdminState:
     #: The batch operations' table (a worker's); None: those routes answer 503.
     batches: BatchStore | None = None
     #: The dead-letter topic, read from Kafka; None: the dead-letter routes answer 503.
-    dead_letters: DeadLetters | None = None
+    dead_letters: DeadLetterReader | None = None
 
 
 def install(app: FastAPI, state: AdminState) -> None:

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from saga_engine.admin._deps import PartsDep
-from saga_engine.admin._shared import READ_ERRORS, errors
+from saga_engine.admin._route_helpers import READ_ERRORS, errors
 from saga_engine.kernel._input_types import StorableText
 
 __all__ = ["router"]
@@ -40,9 +40,11 @@ class DomainEventsBody(BaseModel):
 
 
 @router.get(
-    "/domain-events", response_model=DomainEventsBody, responses=errors(*READ_ERRORS),
+    "/domain-events",
+    response_model=DomainEventsBody,
+    responses=errors(*READ_ERRORS),
     tags=["events"],
-)  # fmt: skip
+)
 async def domain_events(
     parts: PartsDep,
     source: Annotated[

@@ -7,8 +7,8 @@ runtime.
 from fastapi import APIRouter
 
 from saga_engine.admin._deps import PartsDep
+from saga_engine.admin._route_helpers import READ_ERRORS, errors
 from saga_engine.admin._schemas import FlowBody, FlowGate
-from saga_engine.admin._shared import READ_ERRORS, errors
 from saga_engine.runner._parts import EngineParts
 
 __all__ = ["flow_body", "flow_gates", "router"]

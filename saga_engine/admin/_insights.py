@@ -1,6 +1,6 @@
 """The admin API's insights per saga type (``GET /saga-types/{name}/insights``): the
 observed graph, per-node and per-type figures and the SLA, from the aggregates the store
-keeps (``core/_insights``, migration 0014): a read of a window's buckets, never a scan
+keeps (``core/views/_insights``, migration 0014): a read of a window's buckets, never a scan
 of the events.
 
 No ``from __future__ import annotations``: FastAPI reads the endpoints' annotations at
@@ -14,9 +14,9 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, Field
 
 from saga_engine.admin._deps import PartsDep
-from saga_engine.admin._shared import READ_ERRORS, errors
-from saga_engine.core._insight_report import build_report, maybe_over
-from saga_engine.core._insights import GRAIN, WINDOWS, bucket_of
+from saga_engine.admin._route_helpers import READ_ERRORS, errors
+from saga_engine.core.views._insight_report import build_report, maybe_over
+from saga_engine.core.views._insights import GRAIN, WINDOWS, bucket_of
 from saga_engine.kernel._input_types import StorableText
 from saga_engine.kernel._serde import JsonDict
 from saga_engine.runner._parts import EngineParts
@@ -41,7 +41,9 @@ class NodeError(BaseModel):
 
 
 class NodeInsight(BaseModel):
-    name: str = Field(description="The step, `child:NAME`, `sleep:N`, `signal:NAME`, `event:SOURCE`.")  # fmt: skip
+    name: str = Field(
+        description="The step, `child:NAME`, `sleep:N`, `signal:NAME`, `event:SOURCE`."
+    )
     kind: Literal["step", "child", "timer", "signal", "event"]
     runs: int = Field(description="Runs that took this node.")
     share: float | None = Field(description="The share of the window's runs that took it.")
@@ -131,15 +133,25 @@ async def prometheus_lines(parts: EngineParts) -> list[str]:
     if not isinstance(parts.store, InsightStore):
         return []
     reports = [await insights_report(parts, name, "1h") for name in sorted(parts.registry.names())]
-    runs = ["# HELP saga_insight_runs Runs that ended in the last hour, by type and outcome.",
-            "# TYPE saga_insight_runs gauge"]  # fmt: skip
-    latency = ["# HELP saga_insight_node_latency_ms Latency of each node in the last hour "
-               "(command to reply), by quantile.", "# TYPE saga_insight_node_latency_ms gauge"]  # fmt: skip
-    breaches = ["# HELP saga_insight_sla_breached Runs that ended in the last hour past their "
-                "type's SLA.", "# TYPE saga_insight_sla_breached gauge"]  # fmt: skip
+    runs = [
+        "# HELP saga_insight_runs Runs that ended in the last hour, by type and outcome.",
+        "# TYPE saga_insight_runs gauge",
+    ]
+    latency = [
+        "# HELP saga_insight_node_latency_ms Latency of each node in the last hour "
+        "(command to reply), by quantile.",
+        "# TYPE saga_insight_node_latency_ms gauge",
+    ]
+    breaches = [
+        "# HELP saga_insight_sla_breached Runs that ended in the last hour past their type's SLA.",
+        "# TYPE saga_insight_sla_breached gauge",
+    ]
     for r in reports:
         t = _label(r["saga_type"])
-        runs += [f'saga_insight_runs{{saga_type="{t}",outcome="{o}"}} {n}' for o, n in r["outcomes"].items()]  # fmt: skip
+        runs += [
+            f'saga_insight_runs{{saga_type="{t}",outcome="{o}"}} {n}'
+            for o, n in r["outcomes"].items()
+        ]
         for node in r["nodes"]:
             for q, v in node["latency_ms"].items():
                 if v is not None:

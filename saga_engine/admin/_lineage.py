@@ -18,10 +18,10 @@ from saga_engine.admin._schemas import (
     SagaRef,
     TriggerRef,
 )
-from saga_engine.core._codec import Undecodable
-from saga_engine.core._decision import CHILD_PARTICIPANT, CHILD_STEP_PREFIX, child_saga_id
-from saga_engine.core._events import CommandIssued, Event, SagaStarted
-from saga_engine.core._start import RERUN_ATTRIBUTE
+from saga_engine.core.history._codec import Undecodable
+from saga_engine.core.history._decision import CHILD_PARTICIPANT, CHILD_STEP_PREFIX, child_saga_id
+from saga_engine.core.history._events import CommandIssued, Event, SagaStarted
+from saga_engine.core.runtime._start import RERUN_ATTRIBUTE
 from saga_engine.kernel._errors import CodecError, SagaNotFound
 from saga_engine.store._store import EventStore, SagaFilter
 
@@ -126,9 +126,12 @@ async def _node(store: EventStore, saga_id: str, step: str, budget: list[int]) -
     loaded = await store.load(saga_id, undecodable=Undecodable.SHOW)
     events = [stored.event for stored in loaded.events]
     node = LineageNode(
-        saga_id=saga_id, saga_type=loaded.record.saga_type, status=loaded.record.status,
-        step=step, children=[],
-    )  # fmt: skip
+        saga_id=saga_id,
+        saga_type=loaded.record.saga_type,
+        status=loaded.record.status,
+        step=step,
+        children=[],
+    )
     for child_id, child_type, child_step in children_of(saga_id, events):
         if budget[0] <= 0:
             node.truncated = True

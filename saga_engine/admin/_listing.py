@@ -19,9 +19,9 @@ from typing import Final
 
 from saga_engine.admin._schemas import SagaPage, StatusCount
 from saga_engine.admin._views import awaited, list_item, view_of
-from saga_engine.core._definition import LIST_PARAMETERS, SagaRegistry
-from saga_engine.core._status import SagaStatus
-from saga_engine.core._view import Wait
+from saga_engine.core.authoring._definition import LIST_PARAMETERS, SagaRegistry
+from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.views._view import Wait
 from saga_engine.kernel._errors import InvalidCursor, PermanentError, SagaError
 from saga_engine.kernel._serde import dumps, loads
 from saga_engine.store._store import EventStore, ListOrder, SagaFilter, SagaRecord, as_utc

@@ -10,7 +10,7 @@ import re
 
 from saga_engine.admin._flow import flow_gates
 from saga_engine.admin._schemas import MetricsBody
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._status import SagaStatus
 from saga_engine.runner._parts import EngineParts
 from saga_engine.store._store import as_utc
 
@@ -94,9 +94,12 @@ def _flow_lines(body: MetricsBody) -> list[str]:
     for metric, help_text, field in (
         ("saga_flow_in_flight", "Commands sent and not yet answered, per limit.", "in_flight"),
         ("saga_flow_waiting", "Commands recorded and held back, per limit.", "waiting"),
-        ("saga_flow_concurrency_limit", "This engine's share of the concurrency limit.",
-         "effective_concurrency"),
-    ):  # fmt: skip
+        (
+            "saga_flow_concurrency_limit",
+            "This engine's share of the concurrency limit.",
+            "effective_concurrency",
+        ),
+    ):
         lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
         for gate in body.flow:
             value = getattr(gate, field)

@@ -18,11 +18,11 @@ from fastapi.responses import JSONResponse
 
 from saga_engine.admin._deps import AdminDep, Caller, PartsDep, StarterDep
 from saga_engine.admin._http_errors import api_router, request_fields
+from saga_engine.admin._route_helpers import ACTION_ERRORS, SagaIdPath, errors, load, saga_ref
 from saga_engine.admin._schemas import RerunAccepted, RerunRequest
-from saga_engine.admin._shared import ACTION_ERRORS, SagaIdPath, errors, load, saga_ref
 from saga_engine.admin._starts import _started, _status_url
-from saga_engine.core._events import RerunLink, SagaStarted
-from saga_engine.core._start import rerun_key
+from saga_engine.core.history._events import RerunLink, SagaStarted
+from saga_engine.core.runtime._start import rerun_key
 from saga_engine.kernel._errors import InvalidTransition
 from saga_engine.kernel._serde import model_payload
 
@@ -68,8 +68,12 @@ async def rerun(
     )
     audit.info(
         "rerun saga %s as %s by %s (idempotency key %r): %r",
-        saga_id, new_id, caller.name, key, body.reason,
-    )  # fmt: skip
+        saga_id,
+        new_id,
+        caller.name,
+        key,
+        body.reason,
+    )
     status = None
     record = await parts.store.get(new_id) if replayed else None
     if record is not None:

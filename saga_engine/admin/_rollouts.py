@@ -19,10 +19,10 @@ from pydantic import BaseModel, Field
 from saga_engine.admin._auth import PRINCIPAL_KEY, Principal, auth_required
 from saga_engine.admin._deps import Caller, PartsDep
 from saga_engine.admin._http_errors import api_router
+from saga_engine.admin._route_helpers import ACTION_ERRORS, READ_ERRORS, errors
 from saga_engine.admin._schemas import Reason, _Body
-from saga_engine.admin._shared import ACTION_ERRORS, READ_ERRORS, errors
 from saga_engine.admin._web import _render, _root
-from saga_engine.core._rollout import (
+from saga_engine.core.planning._rollout import (
     Rollout,
     RolloutChange,
     RolloutSpec,
@@ -164,8 +164,12 @@ async def set_rollout(
     change = await apply_rollout(parts, saga_type, spec, principal=caller.name, reason=body.reason)
     audit.info(
         "rollout of %s by %s: %s -> %s: %r",
-        saga_type, caller.name, change.before, change.after, body.reason,
-    )  # fmt: skip
+        saga_type,
+        caller.name,
+        change.before,
+        change.after,
+        body.reason,
+    )
     return await rollout_view(parts, saga_type)
 
 

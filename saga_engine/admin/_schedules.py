@@ -21,8 +21,8 @@ from pydantic import BaseModel, Field
 
 from saga_engine.admin._deps import AdminState, Caller, PartsDep, StarterDep, _state
 from saga_engine.admin._http_errors import api_router, request_fields
-from saga_engine.admin._shared import READ_ERRORS, errors
-from saga_engine.core._schedule import Schedule, ScheduleState
+from saga_engine.admin._route_helpers import READ_ERRORS, errors
+from saga_engine.core.planning._schedule import Schedule, ScheduleState
 from saga_engine.kernel._errors import UnknownSagaType
 from saga_engine.kernel._input_types import StorableText
 from saga_engine.store._schedule_store import Firing, ScheduleRow, ScheduleStore

@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from saga_engine.core._status import SagaStatus
-from saga_engine.core._view import OwedState, WaitKind
+from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.views._view import OwedState, WaitKind
 from saga_engine.kernel._input_types import StorableText
 
 #: A name or an id a request gives (a signal's, an update's, an idempotency key).

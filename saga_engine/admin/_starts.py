@@ -19,13 +19,13 @@ from fastapi import APIRouter, Header, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from saga_engine.admin._deps import AdminDep, Caller, EngineDep, PartsDep, StarterDep, StartSaga
+from saga_engine.admin._route_helpers import ACTION_ERRORS, errors, load
 from saga_engine.admin._schemas import ErrorBody, SagaDetail, StartAccepted
-from saga_engine.admin._shared import ACTION_ERRORS, errors, load
 from saga_engine.admin._views import awaited, detail
-from saga_engine.core._decision import saga_id_for
-from saga_engine.core._definition import SagaDefinition
-from saga_engine.core._events import SagaStarted
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.authoring._definition import SagaDefinition
+from saga_engine.core.history._decision import saga_id_for
+from saga_engine.core.history._events import SagaStarted
+from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._errors import (
     IdempotencyConflict,
     SagaNotFound,
@@ -190,8 +190,11 @@ def starts_router(type_names: list[str], max_wait_s: float) -> APIRouter:
         )
         audit.info(
             "start %s saga %s by %s (idempotency key %r)",
-            definition.name, saga_id, caller.name, idempotency_key,
-        )  # fmt: skip
+            definition.name,
+            saga_id,
+            caller.name,
+            idempotency_key,
+        )
         return await _answer(request, engine, parts, saga_id, wait, replayed)
 
     return router

@@ -1,7 +1,7 @@
 """The web page's timeline: the fold's segments laid out on a time axis.
 
 What the segments are (attempts, back-offs, waits, parked periods, and how each ended)
-is :func:`saga_engine.core._view.fold`'s; this module only places them: one row per step,
+is :func:`saga_engine.core.views._view.fold`'s; this module only places them: one row per step,
 compensation, signal wait, sleep or park, and each bar's position and width in percent
 of the axis, with tick marks.
 """
@@ -11,16 +11,41 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from saga_engine.core._view import Lane, SagaView, Segment
+from saga_engine.core.views._view import Lane, SagaView, Segment
 
-__all__ = ["Bar", "Tick", "Timeline", "TimelineRow", "relative", "span_text", "timeline"]
+__all__ = ["Bar", "Tick", "TimelineChart", "TimelineRow", "relative", "span_text", "timeline"]
 
 #: Rows in the order of what they are: the run, its waits, then what undoes it.
 _LANE_ORDER = {Lane.STEP: 0, Lane.WAIT: 0, Lane.COMPENSATION: 1, Lane.PARKED: 2}
 _TICK_STEPS_S = (
-    0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900,
-    1800, 3600, 7200, 14400, 21600, 43200, 86400, 172800, 604800,
-)  # fmt: skip
+    0.001,
+    0.005,
+    0.01,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2,
+    5,
+    10,
+    15,
+    30,
+    60,
+    120,
+    300,
+    600,
+    900,
+    1800,
+    3600,
+    7200,
+    14400,
+    21600,
+    43200,
+    86400,
+    172800,
+    604800,
+)
 
 
 @dataclass(slots=True)
@@ -87,7 +112,7 @@ class Tick:
 
 
 @dataclass(slots=True)
-class Timeline:
+class TimelineChart:
     rows: list[TimelineRow]
     #: "time" when the events span some time; "sequence" when they share one instant.
     axis: str
@@ -96,7 +121,7 @@ class Timeline:
     ticks: list[Tick] = field(default_factory=list)
 
 
-def timeline(view: SagaView, *, now: datetime | None = None) -> Timeline:
+def timeline(view: SagaView, *, now: datetime | None = None) -> TimelineChart:
     """Lays out ``view``'s segments; open ones run to ``now`` (or the last event)."""
     rows: dict[tuple[Lane, str], TimelineRow] = {}
     for segment in view.segments:
@@ -125,7 +150,7 @@ def timeline(view: SagaView, *, now: datetime | None = None) -> Timeline:
         key=lambda r: (_LANE_ORDER[r.lane], min(b.segment.start_seq for b in r.bars), r.name),
     )
     ticks = _ticks(first_at, span) if axis == "time" and first_at is not None else []
-    return Timeline(ordered, axis, first_at, last_at, ticks)
+    return TimelineChart(ordered, axis, first_at, last_at, ticks)
 
 
 def _ticks(first_at: datetime, span: float) -> list[Tick]:

@@ -20,10 +20,16 @@ from pydantic import BaseModel, Field
 
 from saga_engine.admin._deps import Caller, EngineDep
 from saga_engine.admin._http_errors import api_router, request_fields
+from saga_engine.admin._route_helpers import (
+    ACTION_ERRORS,
+    READ_ERRORS,
+    SagaIdPath,
+    errors,
+    saga_ref,
+)
 from saga_engine.admin._schemas import Name as IdText
 from saga_engine.admin._schemas import OptionalReason
-from saga_engine.admin._shared import ACTION_ERRORS, READ_ERRORS, SagaIdPath, errors, saga_ref
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._errors import InvalidPayload, SerializationError
 from saga_engine.kernel._input_types import StorableText
 from saga_engine.kernel._serde import loads
@@ -99,14 +105,19 @@ async def update(
             principal=caller.name,
             reason=body.reason,
         )
-    audit.info("update %r (id %s) of saga %s by %s: %r", name, update_id, saga_id,
-               caller.name, body.reason)  # fmt: skip
+    audit.info(
+        "update %r (id %s) of saga %s by %s: %r", name, update_id, saga_id, caller.name, body.reason
+    )
     record = await engine.get(saga_id)
     return UpdateResult(
-        saga_id=saga_id, name=name, update_id=update_id, principal=caller.name,
-        status=record.status, result=answer.result,
+        saga_id=saga_id,
+        name=name,
+        update_id=update_id,
+        principal=caller.name,
+        status=record.status,
+        result=answer.result,
         error=answer.error.model_dump() if answer.error else None,
-    )  # fmt: skip
+    )
 
 
 @router.get(
@@ -140,7 +151,12 @@ def query_args(params: dict[str, str]) -> dict[str, Any]:
     if not isinstance(args, dict) or params:
         raise InvalidPayload(
             "the query's arguments",
-            [{"loc": ["query", "args"], "type": "json_object",
-              "msg": "args must be a JSON object, and the only parameter when given"}],
-        )  # fmt: skip
+            [
+                {
+                    "loc": ["query", "args"],
+                    "type": "json_object",
+                    "msg": "args must be a JSON object, and the only parameter when given",
+                }
+            ],
+        )
     return args

@@ -54,11 +54,11 @@ from saga_engine.admin._listing import attribute_filters, saga_page
 from saga_engine.admin._timeline import relative, span_text, timeline
 from saga_engine.admin._views import awaited, detail_of, view_of
 from saga_engine.admin._web_updates import query_answers, update_forms
-from saga_engine.core._codec import Undecodable
-from saga_engine.core._definition import SagaRegistry
-from saga_engine.core._gist import gist
-from saga_engine.core._status import SagaStatus
-from saga_engine.core._view import SagaView
+from saga_engine.core.authoring._definition import SagaRegistry
+from saga_engine.core.history._codec import Undecodable
+from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.views._event_lines import gist
+from saga_engine.core.views._view import SagaView
 from saga_engine.kernel._errors import UnknownSagaType
 from saga_engine.kernel._input_types import StorableText, Text
 from saga_engine.kernel._settings import AdminSettings
@@ -370,14 +370,21 @@ async def _list_page(
         roots_only=shown.roots,
     )
     page = await saga_page(
-        parts.store, parts.registry, where, limit=PAGE_SIZE, cursor=shown.cursor,
+        parts.store,
+        parts.registry,
+        where,
+        limit=PAGE_SIZE,
+        cursor=shown.cursor,
         order=shown.sort,
-    )  # fmt: skip
+    )
     filters: dict[str, str | None] = {
-        "status": status, "type": saga_type, "q": q, **dict(attributes),
+        "status": status,
+        "type": saga_type,
+        "q": q,
+        **dict(attributes),
         "sort": None if shown.sort == "activity" else shown.sort,
         "roots": "true" if shown.roots else None,
-    }  # fmt: skip
+    }
     kept = {k: v for k, v in filters.items() if v}
     next_url = None
     if page.next_cursor is not None:
@@ -385,14 +392,24 @@ async def _list_page(
     # The status tabs link to the same filters with that status.
     tab = {k: v for k, v in kept.items() if k != "status"}
     return _render(
-        "list.html", root=_root(request), user=user, sagas=page.items, counts=page.counts,
+        "list.html",
+        root=_root(request),
+        user=user,
+        sagas=page.items,
+        counts=page.counts,
         tab_url=lambda s: "?" + urlencode({**tab, **({"status": s} if s else {})}),
-        filters=filters, sort=shown.sort, roots=shown.roots,
-        statuses=[s.value for s in SagaStatus], types=sorted(parts.registry.names()),
-        attribute_names=declared, next_url=next_url, first_page=shown.cursor is None,
-        first_url="?" + urlencode(kept), quote=quote,
+        filters=filters,
+        sort=shown.sort,
+        roots=shown.roots,
+        statuses=[s.value for s in SagaStatus],
+        types=sorted(parts.registry.names()),
+        attribute_names=declared,
+        next_url=next_url,
+        first_page=shown.cursor is None,
+        first_url="?" + urlencode(kept),
+        quote=quote,
         flow=flow_gates(parts),  # flow control's queues (none when it is off)
-    )  # fmt: skip
+    )
 
 
 async def _saga_page(
@@ -404,9 +421,12 @@ async def _saga_page(
     record = loaded.record
     view = view_of(record, events, awaited(parts.registry, record, events))
     info = detail_of(
-        record, view, events, await children(parts.store, record.saga_id, events),
+        record,
+        view,
+        events,
+        await children(parts.store, record.saga_id, events),
         await reruns(parts.store, record.saga_id),
-    )  # fmt: skip
+    )
     root = _root(request)
     api = f"{root}/sagas/{quote(record.saga_id, safe='')}"
     # The request's time: an open saga's timeline runs to it (a saga waiting four hours

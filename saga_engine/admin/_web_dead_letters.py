@@ -33,7 +33,7 @@ from saga_engine.admin._http_errors import status_for
 from saga_engine.admin._web import _render, _root
 from saga_engine.kernel._errors import PoisonReason, SagaError
 from saga_engine.kernel._input_types import StorableText
-from saga_engine.transport._dead_letter import DeadLetter, DeadLetters
+from saga_engine.transport._dead_letter import DeadLetter, DeadLetterReader
 
 __all__ = ["dead_letters_page_router"]
 
@@ -91,18 +91,26 @@ async def _listing(request: Request, reason: str) -> HTMLResponse:
     if topic is not None:
         try:
             letters = await topic.newest(
-                PAGE_SIZE, READ_TIMEOUT_S,
+                PAGE_SIZE,
+                READ_TIMEOUT_S,
                 match=(lambda d: d.reason == reason) if reason else None,
                 scan=SCAN_PER_PARTITION if reason else None,
-            )  # fmt: skip
+            )
         except SagaError as exc:
             problem = str(exc)
     return _render(
-        "dead_letters.html", status_code=503 if problem else 200, root=_root(request),
-        user=page_user(request), served=topic is not None, problem=problem,
-        topic=topic.topic if topic is not None else "", letters=list(reversed(letters)),
-        reasons=[r.value for r in PoisonReason], reason=reason, quote=quote,
-    )  # fmt: skip
+        "dead_letters.html",
+        status_code=503 if problem else 200,
+        root=_root(request),
+        user=page_user(request),
+        served=topic is not None,
+        problem=problem,
+        topic=topic.topic if topic is not None else "",
+        letters=list(reversed(letters)),
+        reasons=[r.value for r in PoisonReason],
+        reason=reason,
+        quote=quote,
+    )
 
 
 async def _replay(request: Request, partition: int, offset: int) -> Response:
@@ -131,7 +139,7 @@ async def _replay(request: Request, partition: int, offset: int) -> Response:
 async def _detail(request: Request, partition: int, offset: int, **outcome: Any) -> HTMLResponse:
     """The page of one dead letter, with what a replay just did (``replayed``) or why it
     was refused (``refused``: status, words)."""
-    topic: DeadLetters | None = _state(request).dead_letters
+    topic: DeadLetterReader | None = _state(request).dead_letters
     letter: DeadLetter | None = None
     status, problem = 200, ""
     if topic is None:
@@ -143,8 +151,16 @@ async def _detail(request: Request, partition: int, offset: int, **outcome: Any)
             status, problem = status_for(exc), str(exc)
     refused = outcome.get("refused")
     return _render(
-        "dead_letter.html", status_code=refused[0] if refused else status, root=_root(request),
-        user=page_user(request), may_act=_may_act(request), letter=letter, problem=problem,
-        partition=partition, offset=offset, replayed=outcome.get("replayed", ""),
-        refused=refused[1] if refused else "", quote=quote,
-    )  # fmt: skip
+        "dead_letter.html",
+        status_code=refused[0] if refused else status,
+        root=_root(request),
+        user=page_user(request),
+        may_act=_may_act(request),
+        letter=letter,
+        problem=problem,
+        partition=partition,
+        offset=offset,
+        replayed=outcome.get("replayed", ""),
+        refused=refused[1] if refused else "",
+        quote=quote,
+    )

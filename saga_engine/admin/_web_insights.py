@@ -18,7 +18,7 @@ from saga_engine.admin._deps import _state, page_user
 from saga_engine.admin._insight_svg import NONE, fmt_ms, graph_svg
 from saga_engine.admin._insights import insights_report
 from saga_engine.admin._web import _render, _root
-from saga_engine.core._insights import WINDOWS
+from saga_engine.core.views._insights import WINDOWS
 from saga_engine.kernel._input_types import StorableText
 
 __all__ = ["insights_page_router"]
@@ -50,9 +50,16 @@ def insights_page_router() -> APIRouter:
         parts = _state(request).parts
         report = await insights_report(parts, name, window)
         return _render(
-            "insights.html", root=_root(request), user=page_user(request), r=report,
-            svg=graph_svg(report), types=sorted(parts.registry.names()), windows=list(WINDOWS),
-            quote=quote, ms=fmt_ms, pct=_pct,
-        )  # fmt: skip
+            "insights.html",
+            root=_root(request),
+            user=page_user(request),
+            r=report,
+            svg=graph_svg(report),
+            types=sorted(parts.registry.names()),
+            windows=list(WINDOWS),
+            quote=quote,
+            ms=fmt_ms,
+            pct=_pct,
+        )
 
     return router

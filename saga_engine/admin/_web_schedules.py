@@ -29,7 +29,7 @@ from saga_engine.admin._schedules import (
     trigger_schedule,
 )
 from saga_engine.admin._web import _render, _root
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._errors import SagaError
 from saga_engine.kernel._input_types import Text
 from saga_engine.runner._parts import EngineParts

@@ -8,8 +8,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from saga_engine.core._definition import SagaRegistry
-from saga_engine.core._update import queries_of, updates_of
+from saga_engine.core.authoring._definition import SagaRegistry
+from saga_engine.core.authoring._update import queries_of, updates_of
 from saga_engine.kernel._errors import SagaError, UnknownSagaType
 from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._updates import ask

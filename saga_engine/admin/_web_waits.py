@@ -50,10 +50,17 @@ def waits_page_router() -> APIRouter:
             facts = await matcher.store.recent(source=source, unmatched=unmatched, limit=PAGE_SIZE)
             receivers = await matcher.store.receivers(facts)
         return _render(
-            "domain_events.html", root=_root(request), user=page_user(request),
-            enabled=matcher is not None, facts=facts, receivers=receivers,
-            source=source or "", unmatched=unmatched, limit=PAGE_SIZE, quote=quote,
-        )  # fmt: skip
+            "domain_events.html",
+            root=_root(request),
+            user=page_user(request),
+            enabled=matcher is not None,
+            facts=facts,
+            receivers=receivers,
+            source=source or "",
+            unmatched=unmatched,
+            limit=PAGE_SIZE,
+            quote=quote,
+        )
 
     @router.get("/concurrency-keys", name="ui_concurrency_keys")
     async def concurrency_keys_view(
@@ -78,9 +85,15 @@ def waits_page_router() -> APIRouter:
             )
         ]
         return _render(
-            "concurrency_keys.html", root=_root(request), user=page_user(request),
-            enabled=keyed, groups=groups, saga_type=saga_type or "", key=key or "",
-            types=sorted(_state(request).parts.registry.names()), quote=quote,
-        )  # fmt: skip
+            "concurrency_keys.html",
+            root=_root(request),
+            user=page_user(request),
+            enabled=keyed,
+            groups=groups,
+            saga_type=saga_type or "",
+            key=key or "",
+            types=sorted(_state(request).parts.registry.names()),
+            quote=quote,
+        )
 
     return router

@@ -10,14 +10,14 @@ import typer
 from typer.core import TyperGroup
 
 from saga_engine.cli import (
-    _batch,
+    _batch_operations,
+    _concurrency_keys,
     _conformance,
     _dlq,
+    _domain_events,
     _drill,
-    _events,
     _flow,
     _insights,
-    _keys,
     _operator,
     _rollout,
     _schedule,
@@ -81,13 +81,13 @@ app.add_typer(_store.commands)
 app.add_typer(_operator.commands)
 app.add_typer(_updates.commands)
 app.add_typer(_flow.commands)
-app.add_typer(_events.commands)
-app.add_typer(_keys.commands)
+app.add_typer(_domain_events.commands)
+app.add_typer(_concurrency_keys.commands)
 app.add_typer(_insights.commands)
 app.add_typer(_dlq.dlq_app, name="dlq")
 app.add_typer(_schedule.schedule_app, name="schedule")
 app.add_typer(_rollout.rollout_app, name="rollout")
-app.add_typer(_batch.batch_app, name="batch")
+app.add_typer(_batch_operations.batch_app, name="batch")
 app.add_typer(_conformance.commands)
 app.add_typer(_drill.commands)
 

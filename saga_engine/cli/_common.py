@@ -202,10 +202,13 @@ class AdminApi:
     ) -> Any:
         try:
             response = httpx.request(
-                method, self.url + path, params=httpx.QueryParams(tuple(params or ())), json=body,
+                method,
+                self.url + path,
+                params=httpx.QueryParams(tuple(params or ())),
+                json=body,
                 headers=self._headers,
                 timeout=self._timeout,
-            )  # fmt: skip
+            )
         except httpx.HTTPError as exc:
             # Sent, and no answer came (a read timeout, a dropped connection): an action
             # may or may not be recorded. Not sent at all: the API is not there.

@@ -35,10 +35,13 @@ def conformance(
     kafka = settings.kafka
     report = run_async(
         lambda: run_suite(
-            kafka.bootstrap_servers, participant, prefix=kafka.topic_prefix,
-            max_message_bytes=kafka.max_message_bytes, timeout_s=timeout,
+            kafka.bootstrap_servers,
+            participant,
+            prefix=kafka.topic_prefix,
+            max_message_bytes=kafka.max_message_bytes,
+            timeout_s=timeout,
         )
-    )  # fmt: skip
+    )
     if as_json:
         print_json(report.as_dict())
     else:

@@ -39,10 +39,16 @@ def dlq_list(
         print_json(rows)
         return
     cells = [
-        (str(r["partition"]), str(r["offset"]), r["reason"], r["detail"],
-         f"{r['origin_topic']}[{r['origin_partition']}]@{r['origin_offset']}", r["saga_id"])
+        (
+            str(r["partition"]),
+            str(r["offset"]),
+            r["reason"],
+            r["detail"],
+            f"{r['origin_topic']}[{r['origin_partition']}]@{r['origin_offset']}",
+            r["saga_id"],
+        )
         for r in rows
-    ]  # fmt: skip
+    ]
     title = f"{topic.topic}: {len(rows)} record(s)"
     columns = ("partition", "offset", "reason", "detail", "origin", "saga")
     out.print(make_table(title, columns, cells, "ellipsis"))

@@ -23,7 +23,7 @@ import typer
 from saga_engine.cli._common import JsonOpt, make_table, out, print_json, run_async, run_sync
 from saga_engine.cli._drill_run import SCENARIOS, DrillPlan, DrillReport, run_drill
 from saga_engine.cli._drill_stack import DrillStack, load_participants
-from saga_engine.core._replay import load_sagas
+from saga_engine.core.planning._replay import load_sagas
 from saga_engine.kernel._errors import CliError
 from saga_engine.kernel._settings import Settings
 
@@ -87,13 +87,25 @@ def drill(
     if scenario not in SCENARIOS:
         raise typer.BadParameter(f"{scenario!r}: use one of {', '.join(SCENARIOS)}")
     stack, plan = run_sync(
-        lambda: _prepare(sagas, participants, scenario, inputs or f"{participants}:drill_inputs",
-                         events, saga, namespace)
-    )  # fmt: skip
+        lambda: _prepare(
+            sagas,
+            participants,
+            scenario,
+            inputs or f"{participants}:drill_inputs",
+            events,
+            saga,
+            namespace,
+        )
+    )
     plan = replace(
-        plan, rate=rate, duration_s=duration, engines=engines, fault_every_s=fault_every,
-        drain_timeout_s=drain_timeout, broker_restart=broker_restart,
-    )  # fmt: skip
+        plan,
+        rate=rate,
+        duration_s=duration,
+        engines=engines,
+        fault_every_s=fault_every,
+        drain_timeout_s=drain_timeout,
+        broker_restart=broker_restart,
+    )
     report = run_async(lambda: run_drill(stack, plan))
     _show(report, as_json, stack.logs)
     if not report.ok:
@@ -133,12 +145,19 @@ def _prepare(
         logs=Path(".drill") / ns,
     )
     plan = DrillPlan(
-        scenario=scenario, saga_type=saga_type, sagas=list(classes),
+        scenario=scenario,
+        saga_type=saga_type,
+        sagas=list(classes),
         inputs=iter(_hook("--inputs", inputs, "drill_inputs")()),
-        events=_hook("--events", events or f"{participants}:drill_events", "drill_events",
-                     optional=events is None),
-        rate=5.0, duration_s=30.0,
-    )  # fmt: skip
+        events=_hook(
+            "--events",
+            events or f"{participants}:drill_events",
+            "drill_events",
+            optional=events is None,
+        ),
+        rate=5.0,
+        duration_s=30.0,
+    )
     return stack, plan
 
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import asyncpg
 
-from saga_engine.core._codec import CodecChain
-from saga_engine.core._events import CompensationStuck, SagaParked, StepParked
-from saga_engine.core._replay import HistoryExport, replay
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._codec import CodecChain
+from saga_engine.core.history._events import CompensationStuck, SagaParked, StepParked
+from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.planning._replay import HistoryExport, replay
 from saga_engine.kernel._settings import PostgresSettings, Settings
 from saga_engine.store._store import LoadedSaga
 

@@ -27,9 +27,14 @@ from saga_engine.kernel._settings import Settings
 __all__ = ["SCENARIOS", "DrillPlan", "DrillReport", "run_drill"]
 
 SCENARIOS = (
-    "engine-kill", "engine-kill-slow", "engine-freeze", "pg-cut", "broker-restart",
-    "participant-kill", "mix",
-)  # fmt: skip
+    "engine-kill",
+    "engine-kill-slow",
+    "engine-freeze",
+    "pg-cut",
+    "broker-restart",
+    "participant-kill",
+    "mix",
+)
 #: The faults ``mix`` takes turns with (and a broker restart after them, when the drill
 #: has a command for it).
 _MIX = ("engine-kill", "participant-kill", "pg-cut", "engine-freeze")

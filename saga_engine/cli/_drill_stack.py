@@ -120,9 +120,13 @@ class DrillStack:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
         self.procs[name] = subprocess.Popen(
-            [sys.executable, *args], env=env, stdout=log, stderr=log,
-            stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+            [sys.executable, *args],
+            env=env,
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def start_engine(self, name: str) -> None:
         args = ["-m", "saga_engine", "worker", self.sagas_module, "--log-level", "INFO"]

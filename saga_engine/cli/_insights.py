@@ -62,16 +62,35 @@ def insights(
         )
     rows = [
         (
-            n["name"], n["kind"], str(n["runs"]), _pct(n["share"]),
-            _ms(n["latency_ms"]["p50"]), _ms(n["latency_ms"]["p95"]), _ms(n["latency_ms"]["p99"]),
-            str(n["attempts_per_success"] or "-"), _pct(n["refusal_rate"]),
-            _pct(n["timeout_rate"]), _pct(n["compensation_rate"]),
+            n["name"],
+            n["kind"],
+            str(n["runs"]),
+            _pct(n["share"]),
+            _ms(n["latency_ms"]["p50"]),
+            _ms(n["latency_ms"]["p95"]),
+            _ms(n["latency_ms"]["p99"]),
+            str(n["attempts_per_success"] or "-"),
+            _pct(n["refusal_rate"]),
+            _pct(n["timeout_rate"]),
+            _pct(n["compensation_rate"]),
             n["errors"][0]["message"] if n["errors"] else "",
         )
         for n in body["nodes"]
-    ]  # fmt: skip
-    columns = ("node", "kind", "runs", "share", "p50", "p95", "p99", "tries/ok", "refused",
-               "timed out", "compensated", "top error")  # fmt: skip
+    ]
+    columns = (
+        "node",
+        "kind",
+        "runs",
+        "share",
+        "p50",
+        "p95",
+        "p99",
+        "tries/ok",
+        "refused",
+        "timed out",
+        "compensated",
+        "top error",
+    )
     out.print(make_table("nodes, in the order they start", columns, rows, "ellipsis"))
     for p in body["parallel"]:
         out.print(f"parallel: {p['nodes'][0]} | {p['nodes'][1]} in {_pct(p['share'])} of runs")

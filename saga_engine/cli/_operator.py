@@ -24,7 +24,7 @@ from saga_engine.cli._common import (
     print_json,
     run_sync,
 )
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._errors import CliError
 
 __all__ = ["commands"]
@@ -138,8 +138,10 @@ def show(
     _print_payloads(saga)
     kids = saga.get("children") or []
     if kids:
-        rows = [(c["step"], c["saga_type"], c["saga_id"], c.get("status") or "not started")
-                for c in kids]  # fmt: skip
+        rows = [
+            (c["step"], c["saga_type"], c["saga_id"], c.get("status") or "not started")
+            for c in kids
+        ]
         out.print(make_table("child sagas", ("step", "type", "id", "status"), rows))
     _print_waits(saga)
     _print_owed(saga)
@@ -212,10 +214,16 @@ def _print_owed(saga: dict[str, Any]) -> None:
         return
     columns = ("step", "participant", "command", "state", "attempts", "last error")
     rows = [
-        (p["step"], p["participant"], p["command_type"], p["state"], str(p["attempts"]),
-         p.get("last_error") or "")
+        (
+            p["step"],
+            p["participant"],
+            p["command_type"],
+            p["state"],
+            str(p["attempts"]),
+            p.get("last_error") or "",
+        )
         for p in owed_rows
-    ]  # fmt: skip
+    ]
     out.print(make_table("compensations owed (undone newest first)", columns, rows, "ellipsis"))
 
 
@@ -227,8 +235,8 @@ def history(
 ) -> None:
     """Print a saga's history, one line per event with the gist of its payload (with
     --json: the export that `saga replay` reads)."""
-    from saga_engine.core._gist import gist
-    from saga_engine.core._replay import load_history
+    from saga_engine.core.planning._replay import load_history
+    from saga_engine.core.views._event_lines import gist
 
     exported = admin_call(admin_url, lambda api: api.get(_saga(saga_id, "history")))
     if as_json:

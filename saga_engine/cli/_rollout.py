@@ -50,8 +50,15 @@ def _print_view(view: dict[str, Any]) -> None:
     out.print(field_table(f"rollout of {view['saga_type']}", fields))
     audit = view.get("audit") or []
     if audit:
-        rows = [(c["at"], c["principal"], f"{_spec(c.get('before'))} -> {_spec(c.get('after'))}",
-                 c["reason"]) for c in audit]  # fmt: skip
+        rows = [
+            (
+                c["at"],
+                c["principal"],
+                f"{_spec(c.get('before'))} -> {_spec(c.get('after'))}",
+                c["reason"],
+            )
+            for c in audit
+        ]
         out.print(make_table("audit (newest first)", ("at", "principal", "change", "reason"), rows))
 
 

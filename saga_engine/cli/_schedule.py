@@ -20,7 +20,7 @@ from saga_engine.cli._common import (
     out,
     print_json,
 )
-from saga_engine.core._schedule import CatchUp, Overlap
+from saga_engine.core.planning._schedule import CatchUp, Overlap
 
 __all__ = ["schedule_app"]
 
@@ -75,9 +75,14 @@ def create(
     except orjson.JSONDecodeError as exc:
         raise typer.BadParameter(f"not JSON: {exc}", param_hint="--input") from None
     body: dict[str, Any] = {
-        "id": schedule_id, "saga": saga, "timezone": timezone, "input": payload,
-        "catchup": catchup.value, "catchup_max": catchup_max, "overlap": overlap.value,
-    }  # fmt: skip
+        "id": schedule_id,
+        "saga": saga,
+        "timezone": timezone,
+        "input": payload,
+        "catchup": catchup.value,
+        "catchup_max": catchup_max,
+        "overlap": overlap.value,
+    }
     if cron is not None:
         body["cron"] = cron
     if every is not None:
@@ -97,10 +102,18 @@ def list_schedules(
         print_json(rows)
         return
     cells = [
-        (r["id"], r["saga"], r["spec"], r["state"], r["next_fire_at"], r["last_tick"] or "",
-         r["last_saga_id"] or "", str(r["fired_count"]))
+        (
+            r["id"],
+            r["saga"],
+            r["spec"],
+            r["state"],
+            r["next_fire_at"],
+            r["last_tick"] or "",
+            r["last_saga_id"] or "",
+            str(r["fired_count"]),
+        )
         for r in rows
-    ]  # fmt: skip
+    ]
     columns = ("id", "saga", "spec", "state", "next", "last tick", "last saga", "fired")
     out.print(make_table(f"{len(rows)} schedule(s)", columns, cells, "ellipsis"))
 

@@ -25,9 +25,9 @@ from saga_engine.cli._common import (
     run_async,
     run_sync,
 )
-from saga_engine.core._codec import CodecChain, open_archive
-from saga_engine.core._replay import HistoryExport, ReplayResult, load_history, load_sagas
-from saga_engine.core._replay import replay as check
+from saga_engine.core.history._codec import CodecChain, open_archive
+from saga_engine.core.planning._replay import HistoryExport, ReplayResult, load_history, load_sagas
+from saga_engine.core.planning._replay import replay as check
 from saga_engine.kernel._errors import CliError, CodecError, SagaError, SagaNotFound
 from saga_engine.kernel._settings import Settings
 from saga_engine.runner._retention import Retention, RetentionReport
@@ -153,11 +153,16 @@ def _replay_directory(directory: Path, classes: Any, as_json: bool) -> None:
         print_json({"histories": rows, "diverged": len(diverged)})
     else:
         cells = [
-            (r["file"], r.get("saga_id", ""), str(r.get("events", "")),
-             "[green]deterministic[/green]" if r["deterministic"]
-             else f"[red]diverged[/red]: {r['error']}")
+            (
+                r["file"],
+                r.get("saga_id", ""),
+                str(r.get("events", "")),
+                "[green]deterministic[/green]"
+                if r["deterministic"]
+                else f"[red]diverged[/red]: {r['error']}",
+            )
             for r in rows
-        ]  # fmt: skip
+        ]
         columns = ("file", "saga", "events", "result")
         out.print(make_table(f"replay of {directory}", columns, cells, "ellipsis"))
         out.print(f"{len(rows) - len(diverged)} of {len(rows)} histories replay cleanly")

@@ -92,5 +92,6 @@ def query(
     if as_json:
         print_json(answer)
     else:
-        out.print(orjson.dumps(answer.get("result"), option=orjson.OPT_INDENT_2).decode(),
-                  highlight=False)  # fmt: skip
+        out.print(
+            orjson.dumps(answer.get("result"), option=orjson.OPT_INDENT_2).decode(), highlight=False
+        )

@@ -48,7 +48,7 @@ def worker(
 
 async def _serve(settings: Settings, app_spec: str, hook: CrashHook | None) -> None:
     """Starts the worker, then stops it on the first SIGTERM or SIGINT."""
-    from saga_engine.core._replay import load_event_sources, load_sagas, load_triggers
+    from saga_engine.core.planning._replay import load_event_sources, load_sagas, load_triggers
     from saga_engine.runner._scheduler import load_schedules
     from saga_engine.worker._worker import SagaWorker
 
@@ -56,9 +56,13 @@ async def _serve(settings: Settings, app_spec: str, hook: CrashHook | None) -> N
     triggers = load_triggers(app_spec)
     schedules = load_schedules(app_spec)
     engine = SagaWorker(
-        settings, sagas, crash_hook=hook, triggers=triggers, schedules=schedules,
+        settings,
+        sagas,
+        crash_hook=hook,
+        triggers=triggers,
+        schedules=schedules,
         event_sources=load_event_sources(app_spec),
-    )  # fmt: skip
+    )
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for sig in (signals.SIGTERM, signals.SIGINT):

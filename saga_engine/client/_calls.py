@@ -25,12 +25,12 @@ from urllib.parse import quote
 
 import httpx
 
-from saga_engine.core._codec import CodecChain
-from saga_engine.core._definition import Saga, SagaDefinition
-from saga_engine.core._runtime import SagaRuntime
-from saga_engine.core._status import SagaStatus
-from saga_engine.core._update import declared, name_of
-from saga_engine.core._view import fold
+from saga_engine.core.authoring._definition import Saga, SagaDefinition
+from saga_engine.core.authoring._update import declared, name_of
+from saga_engine.core.history._codec import CodecChain
+from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.runtime._runtime import SagaRuntime
+from saga_engine.core.views._view import fold
 from saga_engine.kernel._errors import (
     DefinitionError,
     InvalidPayload,
@@ -107,9 +107,14 @@ async def post_action(
 
 
 async def _post(
-    url: str, token: str | None, path: str, body: JsonDict, timeout_s: float, saga_id: str,
+    url: str,
+    token: str | None,
+    path: str,
+    body: JsonDict,
+    timeout_s: float,
+    saga_id: str,
     what: str,
-) -> Any:  # fmt: skip
+) -> Any:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         async with httpx.AsyncClient(timeout=timeout_s) as http:
@@ -137,9 +142,11 @@ def _error(status: int, data: Any, saga_id: str, what: str) -> SagaError:
             else InvalidTransition(str(detail))
         )
     if status == 422:
-        problems = detail if isinstance(detail, list) else [
-            {"loc": [], "msg": str(detail), "type": "invalid"}
-        ]  # fmt: skip
+        problems = (
+            detail
+            if isinstance(detail, list)
+            else [{"loc": [], "msg": str(detail), "type": "invalid"}]
+        )
         return InvalidPayload(what, problems)
     if status in (502, 503, 504):
         return TransientError(f"the admin API answered {status}: {detail}")

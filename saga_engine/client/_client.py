@@ -11,18 +11,18 @@ from typing import Any, TypeVar, overload
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ValidationError
 
-from saga_engine.core._batch import BatchSpec, check_spec
-from saga_engine.core._codec import CodecChain, PayloadCodec
-from saga_engine.core._definition import Saga, SagaDefinition, SagaRegistry, Signal
-from saga_engine.core._domain_events import EventSource
-from saga_engine.core._events import RerunLink
-from saga_engine.core._start import StartRequest
-from saga_engine.core._status import SagaStatus
-from saga_engine.core._update import name_of
+from saga_engine.core.authoring._definition import Saga, SagaDefinition, SagaRegistry, Signal
+from saga_engine.core.authoring._domain_events import EventSource
+from saga_engine.core.authoring._update import name_of
+from saga_engine.core.history._codec import CodecChain, PayloadCodec
+from saga_engine.core.history._events import RerunLink
+from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.planning._batch_operations import BatchSpec, check_spec
+from saga_engine.core.runtime._start import StartRequest
 from saga_engine.kernel._errors import InvalidPayload, KafkaUnavailable
 from saga_engine.kernel._serde import JsonDict, check_storable, dumps, model_payload
 from saga_engine.kernel._settings import Settings
-from saga_engine.store._batch_store import BatchStore, count_matching
+from saga_engine.store._batch_operation_store import BatchStore, count_matching
 from saga_engine.store._store import EventStore, SagaRecord
 from saga_engine.telemetry._telemetry import carrier_of_context
 from saga_engine.transport._kafka import SEND_TIMEOUT_S, ensure_topics, make_producer
@@ -171,8 +171,8 @@ class SagaClient:
         ``POST /sagas/{id}/rerun`` does; returns the new saga's id. Without a key, the
         same original and input start one saga. It reads the original's start in Postgres
         (the settings' ``pg``); InvalidTransition if ``saga`` is not its type."""
-        from saga_engine.core._events import SagaStarted
-        from saga_engine.core._start import rerun_key
+        from saga_engine.core.history._events import SagaStarted
+        from saga_engine.core.runtime._start import rerun_key
         from saga_engine.kernel._errors import InvalidTransition
 
         store = await self._result_store()
@@ -263,9 +263,11 @@ class SagaClient:
         try:
             async with asyncio.timeout(SEND_TIMEOUT_S):
                 await self._producer.send_and_wait(
-                    source.topic, dumps(payload), key=key.encode(),  # a key's facts in order
+                    source.topic,
+                    dumps(payload),
+                    key=key.encode(),  # a key's facts in order
                     headers=[("ce_id", eid.encode())],
-                )  # fmt: skip
+                )
         except (TimeoutError, KafkaError) as exc:
             raise KafkaUnavailable(f"could not publish to {source.topic}: {exc!r}") from exc
         return eid
@@ -349,8 +351,11 @@ class SagaClient:
         name = name_of(update)
         data = _payload(input)
         checked_update(saga_class(update, saga, "update"), name, data)
-        body: dict[str, Any] = {"input": data, "reason": reason,
-                                "update_id": update_id or str(uuid.uuid4())}  # fmt: skip
+        body: dict[str, Any] = {
+            "input": data,
+            "reason": reason,
+            "update_id": update_id or str(uuid.uuid4()),
+        }
         return await post_update(self._admin_url, self._admin_token, saga_id, name, body, timeout)
 
     async def query(
@@ -411,7 +416,7 @@ class SagaClient:
         back-off from 20 ms to 1 s: any process with the database's address can wait,
         not only the engine that owns the saga.
         """
-        from saga_engine.core._events import SagaCompleted
+        from saga_engine.core.history._events import SagaCompleted
         from saga_engine.kernel._errors import ResultTimeout, SagaNotFound, SagaUnsuccessful
         from saga_engine.kernel._retry import POLL
 
@@ -459,12 +464,16 @@ class SagaClient:
             return []
         return [
             {
-                "saga_id": slot.saga_id, "key": slot.key, "held": slot.held,
-                "position": position, "limit": slot.limit, "queued_at": slot.queued_at,
+                "saga_id": slot.saga_id,
+                "key": slot.key,
+                "held": slot.held,
+                "position": position,
+                "limit": slot.limit,
+                "queued_at": slot.queued_at,
                 "acquired_at": slot.acquired_at,
             }
             for slot, position in with_positions(await store.key_slots(name, key))
-        ]  # fmt: skip
+        ]
 
     async def _result_store(self) -> EventStore:
         if self._store is None:
@@ -545,7 +554,7 @@ class SagaClient:
 
     async def _batch_store(self) -> BatchStore:
         if self._batches is None:
-            from saga_engine.store._pgbatches import PostgresBatchStore
+            from saga_engine.store._pgbatch_operations import PostgresBatchStore
 
             self._batches = await PostgresBatchStore.connect(self.settings.pg)
         return self._batches

@@ -1,6 +1,6 @@
 """The suite's Kafka side: :class:`Probe` sends records to a participant's command topic
 and collects what comes back on the inbox and the dead-letter topic, from the moment it
-started, for its own run only; :class:`Reply` is one reply, with the checks of
+started, for its own run only; :class:`ProbeReply` is one reply, with the checks of
 PROTOCOL.md 7.3-7.4 on it."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ _FIXED = {
 
 
 @dataclass(frozen=True, slots=True)
-class Reply:
+class ProbeReply:
     key: bytes | None
     headers: dict[str, str]
     body: Any
@@ -72,9 +72,11 @@ class Reply:
         """Section 7.4: what is wrong with this reply's key and headers."""
         h = self.headers
         want = {
-            **_FIXED, "ce_sagaid": command.saga_id, "ce_commandid": command.command_id,
+            **_FIXED,
+            "ce_sagaid": command.saga_id,
+            "ce_commandid": command.command_id,
             "ce_correlationid": command.correlation_id,
-        }  # fmt: skip
+        }
         problems = [f"{k} = {h.get(k)!r}, want {v!r}" for k, v in want.items() if h.get(k) != v]
         problems += [f"{k} is missing" for k in ("ce_id", "ce_source", "ce_time") if not h.get(k)]
         if self.key != command.saga_id.encode():
@@ -113,7 +115,7 @@ class Probe:
         self._timeout_s = timeout_s
         self._producers: dict[str, AIOKafkaProducer] = {}
         self._reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
-        self.replies: dict[str, list[Reply]] = {}
+        self.replies: dict[str, list[ProbeReply]] = {}
         self._by_saga: set[str] = set()
         self.dead_letters: dict[str, list[dict[str, str]]] = {}
         self.partitions: dict[str, int] = {}
@@ -154,17 +156,18 @@ class Probe:
         producer = self._producers.get(compression)
         if producer is None:
             producer = AIOKafkaProducer(
-                bootstrap_servers=self._bootstrap, acks="all",
+                bootstrap_servers=self._bootstrap,
+                acks="all",
                 compression_type=None if compression == "none" else compression,
                 max_request_size=16 * 1024 * 1024,
-            )  # fmt: skip
+            )
             await producer.start()
             self._producers[compression] = producer
         return producer
 
     async def collect(
         self, command_ids: set[str], dead_cases: set[str], *, count: int = 1
-    ) -> tuple[dict[str, list[Reply]], list[str]]:
+    ) -> tuple[dict[str, list[ProbeReply]], list[str]]:
         """Reads until every command id has ``count`` replies and every case a dead
         letter, or the deadline; returns the replies to ``command_ids`` and what is
         missing."""
@@ -206,13 +209,15 @@ class Probe:
         if tag.startswith(self._run_tag):
             self.dead_letters.setdefault(tag.removeprefix(self._run_tag), []).append(headers)
 
-    def _reply(self, record: Any, partitions: int) -> Reply:
+    def _reply(self, record: Any, partitions: int) -> ProbeReply:
         reply = as_reply(record, partitions)
         self.replies.setdefault(reply.headers.get("ce_commandid", ""), []).append(reply)
         self._by_saga.add(reply.headers.get("ce_sagaid", ""))
         return reply
 
-    async def reply_on_new_topic(self, topic: str, command_id: str) -> tuple[Reply | None, str]:
+    async def reply_on_new_topic(
+        self, topic: str, command_id: str
+    ) -> tuple[ProbeReply | None, str]:
         """Waits for ``topic`` to exist (the participant creates it, section 1) and for the
         reply to ``command_id`` on it, read from its start; then deletes the topic. The
         reply, or None and what was missing."""
@@ -252,7 +257,7 @@ class Probe:
             await admin.close()
 
 
-def as_reply(record: Any, partitions: int) -> Reply:
+def as_reply(record: Any, partitions: int) -> ProbeReply:
     names = [k for k, _ in record.headers or []]
     headers = {k: v.decode(errors="replace") for k, v in record.headers or []}
     try:
@@ -260,7 +265,7 @@ def as_reply(record: Any, partitions: int) -> Reply:
     except SerializationError:
         body = None
     repeated = _repeated_members(record.value or b"")
-    return Reply(record.key, headers, body, record.partition, partitions, names, repeated)
+    return ProbeReply(record.key, headers, body, record.partition, partitions, names, repeated)
 
 
 def _repeated_members(value: bytes) -> list[str]:

@@ -93,9 +93,15 @@ async def run_suite(
         sender = Sender(run, probe.inbox_topic)
         report = Report(participant, probe.command_topic)
         parts: list[Callable[[Probe, Sender, int], Awaitable[list[CaseResult]]]] = [
-            _checks, _duplicate_headers, _applied_once, _refusal, _compressed, _accepted,
-            _undo_never_applied, _undo_applied,
-        ]  # fmt: skip
+            _checks,
+            _duplicate_headers,
+            _applied_once,
+            _refusal,
+            _compressed,
+            _accepted,
+            _undo_never_applied,
+            _undo_applied,
+        ]
         for part in parts:
             report.results.extend(await part(probe, sender, max_message_bytes))
         report.results.append(await _new_reply_topic(probe, sender, f"{prefix}.{run}"))

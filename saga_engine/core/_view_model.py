@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from saga_engine.core._events import ErrorInfo
-from saga_engine.core._segments import Segment
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._events import ErrorInfo
+from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.views._segments import Segment
 from saga_engine.kernel._serde import JsonDict
 
 

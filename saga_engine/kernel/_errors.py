@@ -560,7 +560,7 @@ class Retryable(SagaError):
     ``after`` (a timedelta or seconds) is when a retry may succeed. It travels as
     ``retry_after_s`` in the reply's payload (and in its ``error`` text, "... (retry
     after 30s)"), and the engine waits the longer of it and its retry policy's back-off
-    before the next attempt (at most a day: ``core._policy.retry_after``).
+    before the next attempt (at most a day: ``core.history._policy.retry_after``).
     """
 
     def __init__(self, reason: str, *, after: timedelta | float | None = None) -> None:

@@ -89,13 +89,18 @@ async def start_with_retry(
             if timeout_s is not None and waited + delay > timeout_s:
                 raise DependencyUnavailable(
                     exc.dependency,
-                    RuntimeError(f"still unreachable after {waited:.1f}s and {attempts} attempts "
-                                 f"(startup_timeout_s={timeout_s:g}): {exc.cause}"),
-                ) from exc  # fmt: skip
+                    RuntimeError(
+                        f"still unreachable after {waited:.1f}s and {attempts} attempts "
+                        f"(startup_timeout_s={timeout_s:g}): {exc.cause}"
+                    ),
+                ) from exc
             log.warning(
                 "%s: %s; attempt %d failed, trying again in %.1fs",
-                what, exc, attempts, delay,
-            )  # fmt: skip
+                what,
+                exc,
+                attempts,
+                delay,
+            )
             await asyncio.sleep(delay)
             continue
         except BaseException:

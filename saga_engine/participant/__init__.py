@@ -93,6 +93,11 @@ from saga_engine.participant._handler import BatchCommand, CommandBatch, Handler
 from saga_engine.participant._kit import Participant
 
 __all__ = [
-    "BatchCommand", "CommandBatch", "HandlerResult", "Participant", "Rejected", "Retryable",
+    "BatchCommand",
+    "CommandBatch",
+    "HandlerResult",
+    "Participant",
+    "Rejected",
+    "Retryable",
     "Transaction",
-]  # fmt: skip
+]

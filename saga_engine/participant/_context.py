@@ -22,17 +22,17 @@ import asyncpg
 from aiokafka import AIOKafkaProducer
 from opentelemetry.trace import Span
 
-from saga_engine.core._codec import CodecChain
+from saga_engine.core.history._codec import CodecChain
 from saga_engine.kernel._crash import CrashHook
-from saga_engine.kernel._dead_letter import dead_letter_detail
+from saga_engine.kernel._dead_letter_reason import dead_letter_detail
 from saga_engine.kernel._errors import PoisonReason
 from saga_engine.kernel._retry import HANDLER, OUTAGE
 from saga_engine.kernel._settings import Settings
 from saga_engine.participant._handler import HandlerSpec, trace_context
 from saga_engine.participant._sql import Outgoing, reply_record
 from saga_engine.telemetry._telemetry import Telemetry, carrier_of, default_telemetry
-from saga_engine.transport._dead_lettering import publish_dead_letter
-from saga_engine.transport._kafka import DeadLetters, ensure_topics
+from saga_engine.transport._dead_letter_sending import publish_dead_letter
+from saga_engine.transport._kafka import KafkaDeadLetterPublisher, ensure_topics
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import Envelope, ReplyBody
 
@@ -84,7 +84,7 @@ class ParticipantContext:
     #: refused here, so that an answer no one can read is never recorded as given.
     reply_limit: int = field(init=False)
     _source: str = field(init=False)
-    _dead: DeadLetters = field(init=False)
+    _dead: KafkaDeadLetterPublisher = field(init=False)
     #: Reply topics known to exist (the inbox is created at start).
     _reply_topics: set[str] = field(init=False)
 
@@ -93,7 +93,7 @@ class ParticipantContext:
         self.topics = Topics.of(kafka)
         self.reply_limit = kafka.max_message_bytes
         self._source = f"/participants/{self.name}"
-        self._dead = DeadLetters(self.producer, self.topics.dlq)
+        self._dead = KafkaDeadLetterPublisher(self.producer, self.topics.dlq)
         self._reply_topics = {self.topics.inbox}
 
     # ------------------------------------------------------------------ replies

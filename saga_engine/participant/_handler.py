@@ -122,9 +122,15 @@ class BatchCommand(Generic[M]):
     @classmethod
     def of(cls, model: M, command: Envelope, attempt: int) -> BatchCommand[M]:
         return cls(
-            model, command.command_id, command.saga_id, command.saga_type, command.step,
-            attempt, command.compensation, trace_context(command),
-        )  # fmt: skip
+            model,
+            command.command_id,
+            command.saga_id,
+            command.saga_type,
+            command.step,
+            attempt,
+            command.compensation,
+            trace_context(command),
+        )
 
 
 class CommandBatch(Statements, Sequence[BatchCommand[M]], Generic[M]):

@@ -21,14 +21,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel
 
-from saga_engine.core._codec import CodecChain, PayloadCodec
+from saga_engine.core.history._codec import CodecChain, PayloadCodec
 from saga_engine.kernel._crash import CrashHook
 from saga_engine.kernel._errors import DefinitionError, Rejected, Retryable
 from saga_engine.kernel._instance import InstanceName
 from saga_engine.kernel._retry import HANDLER, OUTAGE
 from saga_engine.kernel._settings import Settings
 from saga_engine.kernel._startup import reaching, start_with_retry
-from saga_engine.participant._batch import BatchRunner
 from saga_engine.participant._context import CrashPoint, ParticipantContext, Pool, log
 from saga_engine.participant._handler import (
     BatchCommand,
@@ -39,6 +38,7 @@ from saga_engine.participant._handler import (
     Transaction,
 )
 from saga_engine.participant._ledger import create_ledger
+from saga_engine.participant._record_batch import RecordBatchRunner
 from saga_engine.participant._relay import Relay
 from saga_engine.store._migrations import PARTICIPANT_MIGRATIONS, migrate
 from saga_engine.store._pgbase import POSTGRES
@@ -56,9 +56,14 @@ from saga_engine.transport._kafka import (
 from saga_engine.transport._topics import Topics
 
 __all__ = [
-    "BatchCommand", "CommandBatch", "HandlerResult", "Participant", "Rejected", "Retryable",
+    "BatchCommand",
+    "CommandBatch",
+    "HandlerResult",
+    "Participant",
+    "Rejected",
+    "Retryable",
     "Transaction",
-]  # fmt: skip
+]
 
 C = TypeVar("C", bound=BaseModel)
 R = TypeVar("R", bound=HandlerResult)
@@ -177,7 +182,7 @@ class Participant:
         self._member: InstanceName | None = None
         self._watch: GroupWatch | None = None
         self._fetch: GuardedFetch | None = None
-        self._batches: BatchRunner | None = None
+        self._batches: RecordBatchRunner | None = None
         self._relay: Relay | None = None
         self._committer: OffsetCommitter | None = None
         self._main: asyncio.Task[None] | None = None
@@ -356,11 +361,16 @@ class Participant:
             telemetry=self.telemetry,
             codec=self.codec,
         )
-        self._batches = BatchRunner(ctx)
+        self._batches = RecordBatchRunner(ctx)
         self._relay = Relay(
-            self.name, pool, producer, self.stats, self._stopping,
-            interval_s=self._relay_interval_s, grace_s=self._relay_grace_s,
-        )  # fmt: skip
+            self.name,
+            pool,
+            producer,
+            self.stats,
+            self._stopping,
+            interval_s=self._relay_interval_s,
+            grace_s=self._relay_grace_s,
+        )
         # Replies a previous process committed but did not get to publish. No grace
         # period here: a row written by a live instance may go out twice, which the engine
         # tolerates (it deduplicates replies); a row left by a dead one must not wait.
@@ -411,14 +421,19 @@ class Participant:
             self._consumer, lambda: self._assigned, flush_limit_s=self._stop_timeout_s
         )
         self._fetch = GuardedFetch(
-            self._consumer, name=f"participant {self.name}", health=self.health,
+            self._consumer,
+            name=f"participant {self.name}",
+            health=self.health,
             on_unreadable=self.telemetry.count_unreadable,
-        )  # fmt: skip
+        )
         # Watching from before the start: a group that does not settle holds start-up.
         self._watch = watch_member(
-            self._consumer, group=group, telemetry=self.telemetry, health=self.health,
+            self._consumer,
+            group=group,
+            telemetry=self.telemetry,
+            health=self.health,
             member=self._member.name or self.instance_id,
-        )  # fmt: skip
+        )
         with reaching(KAFKA):
             await self._consumer.start()
 

@@ -19,7 +19,7 @@ from typing import Any, Final
 from aiokafka import TopicPartition
 from pydantic import BaseModel, ValidationError
 
-from saga_engine.kernel._dead_letter import dead_letter_detail, dead_letter_reason
+from saga_engine.kernel._dead_letter_reason import dead_letter_detail, dead_letter_reason
 from saga_engine.kernel._errors import InvalidPayload, PoisonMessage, PoisonReason, UnstorableValue
 from saga_engine.kernel._retry import OUTAGE, is_transient
 from saga_engine.kernel._serde import unstorable
@@ -202,10 +202,12 @@ def _check_headers(command: Envelope) -> None:
             PoisonReason.MISSING_HEADER, f"ce_replyto {command.reply_to!r} is not a topic name"
         )
     ids = {
-        "ce_commandid": command.command_id, "ce_sagaid": command.saga_id,
-        "ce_step": command.step, "ce_subject": command.subject,
+        "ce_commandid": command.command_id,
+        "ce_sagaid": command.saga_id,
+        "ce_step": command.step,
+        "ce_subject": command.subject,
         "ce_compensates": command.compensates,
-    }  # fmt: skip
+    }
     problems = unstorable(ids)
     if problems:
         # These go into the deduplication table's text columns: with one that cannot be

@@ -14,7 +14,7 @@ from aiokafka.errors import KafkaError
 from asyncpg.pool import PoolConnectionProxy
 from pydantic import ValidationError
 
-from saga_engine.core._codec import MARKER, CodecChain, is_marker
+from saga_engine.core.history._codec import MARKER, CodecChain, is_marker
 from saga_engine.kernel._errors import CodecError, CodecFailure, KafkaUnavailable
 from saga_engine.kernel._settings import check_message_size
 from saga_engine.transport._wire import Envelope, Headers, MessageType, ReplyBody, encode_fields

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from saga_engine.core._runtime import SagaRuntime
+from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.runner._clock import Clock, TimerHandle
 
 log = logging.getLogger("saga_engine.engine")

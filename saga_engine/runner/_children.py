@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 
-from saga_engine.core._decision import (
+from saga_engine.core.history._decision import (
     CHILD_PARTICIPANT,
     PARENT_PARTICIPANT,
     ChildStart,
@@ -35,11 +35,11 @@ from saga_engine.core._decision import (
     parent_reply,
     undo_refused,
 )
-from saga_engine.core._events import CommandIssued, Event, ParentLink
-from saga_engine.core._inputs import check_parent
-from saga_engine.core._runtime import SagaRuntime
-from saga_engine.core._start import PreparedStart, StartRequest
-from saga_engine.core._view import fold
+from saga_engine.core.history._events import CommandIssued, Event, ParentLink
+from saga_engine.core.runtime._inputs import check_parent
+from saga_engine.core.runtime._runtime import SagaRuntime
+from saga_engine.core.runtime._start import PreparedStart, StartRequest
+from saga_engine.core.views._view import fold
 from saga_engine.kernel._errors import (
     InvalidPayload,
     NotParent,
@@ -49,7 +49,7 @@ from saga_engine.kernel._errors import (
 )
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._parts import EngineParts
-from saga_engine.runner._work import Start
+from saga_engine.runner._path_inputs import Start
 from saga_engine.transport._child_wire import parent_of
 
 log = logging.getLogger("saga_engine.children")
@@ -125,9 +125,11 @@ class ChildLinks:
             events = await self._history(parent.saga_id)
         except SagaNotFound:
             raise NotParent(
-                saga_id, parent.saga_id, None, f"no saga {parent.saga_id!r} exists to start "
-                f"child {saga_id}",
-            ) from None  # fmt: skip
+                saga_id,
+                parent.saga_id,
+                None,
+                f"no saga {parent.saga_id!r} exists to start child {saga_id}",
+            ) from None
         # The one fold of a history (the view's): the start is asked for while its command
         # is in flight, not once it was answered, skipped, compensated or the parent ended.
         asked = parent.command_id
@@ -135,9 +137,12 @@ class ChildLinks:
             return True
         if not any(isinstance(e, CommandIssued) and e.command_id == asked for e in events):
             raise NotParent(
-                saga_id, parent.saga_id, None, f"saga {parent.saga_id} never asked for child "
+                saga_id,
+                parent.saga_id,
+                None,
+                f"saga {parent.saga_id} never asked for child "
                 f"{saga_id} (no command {asked!r} in its history)",
-            )  # fmt: skip
+            )
         return False
 
     async def _exists(self, saga_id: str, parent_id: str) -> bool:
@@ -201,9 +206,13 @@ class ChildLinks:
         if command.participant == PARENT_PARTICIPANT:
             body = command.payload
             await self._engine.reply(
-                command.saga_id, command.command_id, body["outcome"], body.get("payload") or {},
-                body.get("error"), sender=str(body.get("child", "")),
-            )  # fmt: skip
+                command.saga_id,
+                command.command_id,
+                body["outcome"],
+                body.get("payload") or {},
+                body.get("error"),
+                sender=str(body.get("child", "")),
+            )
             return True
         if command.participant != CHILD_PARTICIPANT:
             return False
@@ -214,11 +223,15 @@ class ChildLinks:
             start = ChildStart.model_validate(command.payload)
             await self.start_child(
                 StartRequest(
-                    start.saga_type, start.input, start.saga_id, parent=parent_of(command),
-                    trace_context=command.trace_context, priority=start.priority,
+                    start.saga_type,
+                    start.input,
+                    start.saga_id,
+                    parent=parent_of(command),
+                    trace_context=command.trace_context,
+                    priority=start.priority,
                     fairness_key=start.fairness_key,
                 )
-            )  # fmt: skip
+            )
         return True
 
     async def _send(self, notice: OutboundCommand) -> None:

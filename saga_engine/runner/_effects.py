@@ -16,12 +16,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
-from saga_engine.core._decision import OutboundCommand
+from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.kernel._errors import PermanentError
 from saga_engine.runner._cache import LiveSaga
 from saga_engine.runner._observer import Applied
 from saga_engine.runner._parts import EngineParts
-from saga_engine.runner._work import Work
+from saga_engine.runner._path_inputs import Work
 from saga_engine.telemetry._spans import SendTime
 from saga_engine.transport._bus import PipelinedSender, delivered
 
@@ -148,13 +148,22 @@ class Effects:
         ended = last.status if last is not None and last.status.is_terminal else None
         self._observer.applied(
             Applied(
-                work.saga_id, live, work.events, work.held, work.commands, work.resent, at,
-                send_failed=work.send_error is not None, created=work.created is not None,
-                rebuilt=work.rebuilt, ended=ended,
+                work.saga_id,
+                live,
+                work.events,
+                work.held,
+                work.commands,
+                work.resent,
+                at,
+                send_failed=work.send_error is not None,
+                created=work.created is not None,
+                rebuilt=work.rebuilt,
+                ended=ended,
                 error=last.projection.error if last is not None else None,
-                dropped=work.dropped, deduplicated=work.deduplicated,
+                dropped=work.dropped,
+                deduplicated=work.deduplicated,
             )
-        )  # fmt: skip
+        )
         if work.send_error is not None:
             # Its inputs are recorded: they are not failed (the inbox would apply them
             # again, holding every other saga's records meanwhile). The copy is let go

@@ -26,7 +26,8 @@ from typing import Any, overload
 
 from pydantic import BaseModel
 
-from saga_engine.core._decision import (
+from saga_engine.core.authoring._definition import Saga
+from saga_engine.core.history._decision import (
     Cancel,
     Decision,
     ForceCompensate,
@@ -38,10 +39,15 @@ from saga_engine.core._decision import (
     Skip,
     UpdateInput,
 )
-from saga_engine.core._definition import Saga
-from saga_engine.core._events import Event, ParentLink, RerunLink, TriggerOrigin, UpdateCompleted
-from saga_engine.core._runtime import SagaRuntime
-from saga_engine.core._start import PreparedStart, StartRequest
+from saga_engine.core.history._events import (
+    Event,
+    ParentLink,
+    RerunLink,
+    TriggerOrigin,
+    UpdateCompleted,
+)
+from saga_engine.core.runtime._runtime import SagaRuntime
+from saga_engine.core.runtime._start import PreparedStart, StartRequest
 from saga_engine.kernel._crash import CrashHook
 from saga_engine.kernel._errors import (
     ConcurrencyError,
@@ -55,10 +61,18 @@ from saga_engine.kernel._errors import (
 from saga_engine.kernel._serde import JsonDict, check_storable, dumps, storable_copy
 from saga_engine.kernel._settings import Settings, check_message_size
 from saga_engine.runner._clock import Clock
+from saga_engine.runner._input_path import InputPath
 from saga_engine.runner._parts import EngineParts
-from saga_engine.runner._path import InputPath
+from saga_engine.runner._path_inputs import (
+    Deliver,
+    FireTimers,
+    Input,
+    InputOutcome,
+    Load,
+    LoadMode,
+    Start,
+)
 from saga_engine.runner._updates import answer_of, ask
-from saga_engine.runner._work import Deliver, FireTimers, Input, Load, LoadMode, Outcome, Start
 from saga_engine.store._store import EventStore, SagaRecord
 from saga_engine.telemetry._telemetry import Telemetry
 from saga_engine.transport._bus import CommandSender, Ownership
@@ -137,10 +151,19 @@ class Engine:
         )
         prepared = self.prepare(
             StartRequest(
-                definition.name, payload, saga_id, idempotency_key, deadline,
-                trace_context or {}, parent, trigger, priority, fairness_key, rerun_of,
+                definition.name,
+                payload,
+                saga_id,
+                idempotency_key,
+                deadline,
+                trace_context or {},
+                parent,
+                trigger,
+                priority,
+                fairness_key,
+                rerun_of,
             )
-        )  # fmt: skip
+        )
         await self._one(Start(prepared.saga_id, prepared))
         return prepared.saga_id
 
@@ -168,14 +191,23 @@ class Engine:
         # itself is emitted when the saga ends (SagaSpans.saga_finished).
         stored = self._observer.trace_context(definition.name, saga_id, request.trace_context)
         return PreparedStart(
-            definition, request.input, saga_id, now, deadline_at, request.idempotency_key,
-            stored, request.parent, request.trigger, request.priority, request.fairness_key,
+            definition,
+            request.input,
+            saga_id,
+            now,
+            deadline_at,
+            request.idempotency_key,
+            stored,
+            request.parent,
+            request.trigger,
+            request.priority,
+            request.fairness_key,
             request.rerun_of,
-        )  # fmt: skip
+        )
 
     # ------------------------------------------------------------------ inputs
 
-    async def apply(self, inputs: Sequence[Input]) -> list[Outcome]:
+    async def apply(self, inputs: Sequence[Input]) -> list[InputOutcome]:
         """Applies ``inputs`` as one batch (see ``_path``): one group-committed write,
         then every command sent and awaited together. Each input's outcome, in order: its
         decision, or the error that stopped it (the saga's other inputs go on)."""

@@ -22,8 +22,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 from pydantic import ValidationError
 
-from saga_engine.core._domain_events import EventSource
-from saga_engine.kernel._dead_letter import dead_letter_detail, dead_letter_reason
+from saga_engine.core.authoring._domain_events import EventSource
+from saga_engine.kernel._dead_letter_reason import dead_letter_detail, dead_letter_reason
 from saga_engine.kernel._errors import (
     DefinitionError,
     PoisonReason,
@@ -38,7 +38,7 @@ from saga_engine.runner._trigger_consumer import Publish, TriggerConsumer
 from saga_engine.store._domain_store import DomainEventStore, StoredFact
 from saga_engine.telemetry._health import HealthBoard
 from saga_engine.telemetry._telemetry import Telemetry
-from saga_engine.transport._bus import DeadLetters
+from saga_engine.transport._bus import DeadLetterPublisher
 
 log = logging.getLogger("saga_engine.events")
 
@@ -85,10 +85,16 @@ def read_fact(
         else f"{record.topic}/{record.partition}/{record.offset}"
     )
     return StoredFact(
-        source=source.name, key=key, event_id=event_id[:200], payload=payload,
-        received_at=now, expires_at=now + source.retention, topic=record.topic,
-        partition=record.partition, offset=record.offset,
-    )  # fmt: skip
+        source=source.name,
+        key=key,
+        event_id=event_id[:200],
+        payload=payload,
+        received_at=now,
+        expires_at=now + source.retention,
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+    )
 
 
 def _reason(exc: Exception, *, reading: bool) -> PoisonReason:
@@ -109,7 +115,7 @@ class EventSourceConsumer(TriggerConsumer):
         nudge: Nudge,
         clock: Clock,
         publish: Publish,
-        dead: DeadLetters,
+        dead: DeadLetterPublisher,
         source: str,
         on_dead_letter: Callable[[str], None] | None = None,
         health: HealthBoard | None = None,
@@ -117,9 +123,16 @@ class EventSourceConsumer(TriggerConsumer):
         crash_hook: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(
-            (), consumer, group=group, publish=publish, dead=dead, source=source,
-            on_dead_letter=on_dead_letter, health=health, telemetry=telemetry,
-        )  # fmt: skip
+            (),
+            consumer,
+            group=group,
+            publish=publish,
+            dead=dead,
+            source=source,
+            on_dead_letter=on_dead_letter,
+            health=health,
+            telemetry=telemetry,
+        )
         self._sources = by_topic(sources)
         self._store = store
         self._nudge = nudge

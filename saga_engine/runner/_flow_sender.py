@@ -28,10 +28,10 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from saga_engine.core._decision import OutboundCommand
-from saga_engine.core._events import SagaStarted
-from saga_engine.core._flow import FlowQueue, Gate, GateKind, Waiting
-from saga_engine.core._runtime import SagaRuntime
+from saga_engine.core.history._decision import OutboundCommand
+from saga_engine.core.history._events import SagaStarted
+from saga_engine.core.planning._flow import FlowQueue, Gate, GateKind, Waiting
+from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.kernel._errors import PermanentError
 from saga_engine.kernel._settings import LimitsSettings
 from saga_engine.runner._cache import LiveSagas

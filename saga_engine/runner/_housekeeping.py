@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from saga_engine.core._codec import CodecChain
+from saga_engine.core.history._codec import CodecChain
 from saga_engine.kernel._errors import NewerVersionError, SagaError, TransientError
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._parts import EngineParts

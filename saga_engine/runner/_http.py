@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from opentelemetry import context as otel_context
 
-from saga_engine.core._context import HTTP_PREFIX, HttpRequest
-from saga_engine.core._decision import OutboundCommand
+from saga_engine.core.authoring._context import HTTP_PREFIX, HttpRequest
+from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.kernel._errors import SagaError
 from saga_engine.kernel._retry import HANDLER
 from saga_engine.kernel._settings import HttpSettings

@@ -23,17 +23,17 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from saga_engine.core._decision import EventInput
+from saga_engine.core.history._decision import EventInput
 from saga_engine.kernel._errors import SagaError, TransientError
 from saga_engine.runner._cache import LiveSagas
 from saga_engine.runner._clock import Clock
 from saga_engine.runner._observer import EngineStats
-from saga_engine.runner._work import Deliver, Input, Outcome
+from saga_engine.runner._path_inputs import Deliver, Input, InputOutcome
 from saga_engine.store._domain_store import DomainEventStore, StoredFact
 
 log = logging.getLogger("saga_engine.events")
 
-Apply = Callable[[Sequence[Input]], Awaitable[list[Outcome]]]
+Apply = Callable[[Sequence[Input]], Awaitable[list[InputOutcome]]]
 #: Tells a saga's owner to look at it again (a reload through the inbox).
 Nudge = Callable[[str], Awaitable[None]]
 

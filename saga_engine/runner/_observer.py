@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from saga_engine.core._decision import DropReason, OutboundCommand
-from saga_engine.core._events import Event
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._decision import DropReason, OutboundCommand
+from saga_engine.core.history._events import Event
+from saga_engine.core.history._status import SagaStatus
 from saga_engine.telemetry._spans import SagaSpans, SendTime
 from saga_engine.telemetry._telemetry import Telemetry
 

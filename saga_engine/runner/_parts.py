@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from saga_engine.core._decision import OutboundCommand
-from saga_engine.core._definition import Saga, SagaRegistry
-from saga_engine.core._operations import CommandLimit
-from saga_engine.core._rollout import RolloutTable
+from saga_engine.core.authoring._definition import Saga, SagaRegistry
+from saga_engine.core.history._decision import OutboundCommand
+from saga_engine.core.planning._rollout import RolloutTable
+from saga_engine.core.runtime._operations import CommandLimit
 from saga_engine.kernel._crash import CrashHook
 from saga_engine.kernel._settings import Settings
 from saga_engine.runner._cache import LiveSagas
@@ -24,7 +24,7 @@ from saga_engine.runner._clock import Clock, SystemClock
 from saga_engine.runner._flow_sender import FlowControl, flow_control
 from saga_engine.runner._matcher import EventMatcher
 from saga_engine.runner._observer import EngineObserver, EngineStats
-from saga_engine.runner._owners import Owners
+from saga_engine.runner._saga_owner import Owners
 from saga_engine.runner._tracing import step_context_sender
 from saga_engine.runner._waiters import Waiters
 from saga_engine.store._domain_store import DomainEventStore

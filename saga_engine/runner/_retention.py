@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from saga_engine.core._codec import CodecChain, seal_archive
-from saga_engine.core._replay import export_history
+from saga_engine.core.history._codec import CodecChain, seal_archive
+from saga_engine.core.planning._replay import export_history
 from saga_engine.kernel._serde import dumps
 from saga_engine.kernel._settings import RetentionSettings
 from saga_engine.store._store import ArchivedSaga, EventStore, LoadedSaga
@@ -44,7 +44,7 @@ class RetentionReport:
 
 
 @dataclass(frozen=True, slots=True)
-class _Rule:
+class _RetentionRule:
     cutoff: datetime
     saga_types: frozenset[str] | None
     other_than: frozenset[str]
@@ -59,18 +59,20 @@ class Retention:
         #: Seals what is archived: the histories were read decoded (None: as they are).
         self.codec = codec
 
-    def rules(self, now: datetime, older_than: timedelta | None = None) -> list[_Rule]:
+    def rules(self, now: datetime, older_than: timedelta | None = None) -> list[_RetentionRule]:
         """One cutoff per period: each per-type period for its type, the default for
         every other type. ``older_than`` replaces them all (``saga archive``)."""
         if older_than is not None:
-            return [_Rule(now - older_than, None, frozenset())]
+            return [_RetentionRule(now - older_than, None, frozenset())]
         per_type = self.settings.per_type
         rules = [
-            _Rule(now - timedelta(days=days), frozenset({saga_type}), frozenset())
+            _RetentionRule(now - timedelta(days=days), frozenset({saga_type}), frozenset())
             for saga_type, days in sorted(per_type.items())
         ]
         if self.settings.days is not None:
-            rules.append(_Rule(now - timedelta(days=self.settings.days), None, frozenset(per_type)))
+            rules.append(
+                _RetentionRule(now - timedelta(days=self.settings.days), None, frozenset(per_type))
+            )
         return rules
 
     async def run(
@@ -147,7 +149,7 @@ def _export(saga: LoadedSaga) -> bytes:
 def _write_file(directory: Path, sagas: list[LoadedSaga], codec: CodecChain | None) -> Path:
     """One gzipped JSON-lines file per batch, one export per line, written whole before
     it gets its name (a crash leaves a ``.tmp``, never half a file). With a codec the
-    file is the gzipped lines sealed whole (``saga_engine.core._codec.seal_archive``)."""
+    file is the gzipped lines sealed whole (``saga_engine.core.history._codec.seal_archive``)."""
     directory.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().astimezone().strftime("%Y%m%dT%H%M%S%z")
     path = directory / f"sagas-{stamp}-{uuid.uuid4().hex[:8]}.jsonl.gz"

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from saga_engine.core._definition import SagaRegistry
-from saga_engine.core._rollout import Rollout, RolloutChange, RolloutSpec, RolloutStore
+from saga_engine.core.authoring._definition import SagaRegistry
+from saga_engine.core.planning._rollout import Rollout, RolloutChange, RolloutSpec, RolloutStore
 from saga_engine.kernel._errors import InvalidTransition, TransientError
 from saga_engine.runner._parts import EngineParts
 from saga_engine.telemetry._telemetry import detach_from_trace

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from saga_engine.core._schedule import Schedule
+from saga_engine.core.planning._schedule import Schedule
 from saga_engine.kernel._settings import ScheduleSettings
 from saga_engine.runner._polling import PollingLoop
 from saga_engine.store._schedule_store import Fire, FireResult, ScheduleStore
@@ -59,9 +59,12 @@ class Scheduler:
         self._crash_hook = crash_hook
         self._on_fired = on_fired
         self._loop = PollingLoop(
-            "saga-schedules", self._round, poll_s=settings.poll_s, what="firing schedules",
+            "saga-schedules",
+            self._round,
+            poll_s=settings.poll_s,
+            what="firing schedules",
             log=log,
-        )  # fmt: skip
+        )
         self.fired = 0
         self.skipped = 0
 

@@ -13,13 +13,13 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
 
-from saga_engine.core._decision import OutboundCommand
-from saga_engine.core._definition import Saga
-from saga_engine.core._domain_events import EventSource
-from saga_engine.core._events import Event
-from saga_engine.core._rollout import RolloutSpec
-from saga_engine.core._status import SagaStatus
-from saga_engine.core._update import name_of
+from saga_engine.core.authoring._definition import Saga
+from saga_engine.core.authoring._domain_events import EventSource
+from saga_engine.core.authoring._update import name_of
+from saga_engine.core.history._decision import OutboundCommand
+from saga_engine.core.history._events import Event
+from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.planning._rollout import RolloutSpec
 from saga_engine.kernel._errors import SagaError, SagaNotFound, TransientError, UpdateFailed
 from saga_engine.kernel._serde import JsonDict
 from saga_engine.kernel._settings import Settings
@@ -29,9 +29,9 @@ from saga_engine.runner._engine import Engine
 from saga_engine.runner._matcher import take_fact
 from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._rollouts import apply_rollout
-from saga_engine.store._batch_store import BatchStore
+from saga_engine.store._batch_operation_store import BatchStore
 from saga_engine.store._domain_store import InMemoryDomainEventStore, StoredFact
-from saga_engine.store._membatches import InMemoryBatchStore
+from saga_engine.store._membatch_operations import InMemoryBatchStore
 from saga_engine.store._memschedules import InMemoryScheduleStore
 from saga_engine.store._memstore import InMemoryEventStore
 from saga_engine.store._schedule_store import ScheduleStore
@@ -44,7 +44,7 @@ Outcome = Literal["success", "failure", "retryable"]
 
 
 @dataclass
-class _Rule:
+class _ScriptedReply:
     outcome: Outcome | None  # None: never reply (the attempt times out)
     payload: JsonDict = field(default_factory=dict)
     error: str | None = None
@@ -69,7 +69,7 @@ class ScriptedParticipant:
     def __init__(self, name: str) -> None:
         self.name = name
         self.received: list[OutboundCommand] = []
-        self._rules: dict[str, deque[_Rule]] = {}
+        self._rules: dict[str, deque[_ScriptedReply]] = {}
 
     def on(
         self,
@@ -102,7 +102,7 @@ class ScriptedParticipant:
         # Newest first: a per-test .on() after a fixture's default must win (the first
         # rule winning ignored such overrides silently).
         self._rules.setdefault(_type_name(command), deque()).appendleft(
-            _Rule(outcome, payload, reject or retryable, times, duplicate)
+            _ScriptedReply(outcome, payload, reject or retryable, times, duplicate)
         )
         return self
 
@@ -115,11 +115,11 @@ class ScriptedParticipant:
             self._rules.pop(_type_name(command), None)
         return self
 
-    def _answer(self, command: OutboundCommand) -> _Rule:
+    def _answer(self, command: OutboundCommand) -> _ScriptedReply:
         self.received.append(command)
         rules = self._rules.get(command.command_type)
         if not rules:
-            return _Rule("success")
+            return _ScriptedReply("success")
         rule = rules[0]
         if rule.times is not None:
             rule.times -= 1
@@ -306,9 +306,13 @@ class SagaTestEnv:
         self._facts += 1
         now = self.clock.now()
         fact = StoredFact(
-            source=source.name, key=source.key_of(event), event_id=event_id or f"test-{self._facts}",
-            payload=event.model_dump(mode="json"), received_at=now, expires_at=now + source.retention,
-        )  # fmt: skip
+            source=source.name,
+            key=source.key_of(event),
+            event_id=event_id or f"test-{self._facts}",
+            payload=event.model_dump(mode="json"),
+            received_at=now,
+            expires_at=now + source.retention,
+        )
         waiting = await take_fact(self.domain_events, fact, self.engine.reload)
         await self.settle()
         return waiting

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable
 
-from saga_engine.core._decision import PARENT_PARTICIPANT, OutboundCommand
+from saga_engine.core.history._decision import PARENT_PARTICIPANT, OutboundCommand
 from saga_engine.telemetry._spans import step_context
 from saga_engine.telemetry._telemetry import Telemetry
 from saga_engine.transport._bus import CommandSender, PipelinedSender

@@ -16,12 +16,12 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import CommitFailedError, KafkaError
 from pydantic import BaseModel
 
-from saga_engine.core._decision import saga_id_for
-from saga_engine.core._definition import SagaDefinition
-from saga_engine.core._events import TriggerOrigin
-from saga_engine.core._start import StartRequest
-from saga_engine.core._triggers import KafkaTrigger
-from saga_engine.kernel._dead_letter import dead_letter_detail, dead_letter_reason
+from saga_engine.core.authoring._definition import SagaDefinition
+from saga_engine.core.history._decision import saga_id_for
+from saga_engine.core.history._events import TriggerOrigin
+from saga_engine.core.planning._triggers import KafkaTrigger
+from saga_engine.core.runtime._start import StartRequest
+from saga_engine.kernel._dead_letter_reason import dead_letter_detail, dead_letter_reason
 from saga_engine.kernel._errors import PoisonReason, TransientError
 from saga_engine.kernel._retry import OUTAGE
 from saga_engine.kernel._serde import JsonDict, check_storable, loads
@@ -33,8 +33,8 @@ from saga_engine.telemetry._telemetry import (
     default_telemetry,
     detach_from_trace,
 )
-from saga_engine.transport._bus import DeadLetters
-from saga_engine.transport._dead_lettering import publish_dead_letter
+from saga_engine.transport._bus import DeadLetterPublisher
+from saga_engine.transport._dead_letter_sending import publish_dead_letter
 from saga_engine.transport._fetch import GuardedFetch
 from saga_engine.transport._wire import Envelope, start_envelope
 
@@ -58,7 +58,7 @@ class TriggerConsumer:
         *,
         group: str,
         publish: Publish,
-        dead: DeadLetters,
+        dead: DeadLetterPublisher,
         source: str,
         on_dead_letter: Callable[[str], None] | None = None,
         health: HealthBoard | None = None,
@@ -83,13 +83,18 @@ class TriggerConsumer:
     async def start(self) -> None:
         health = self._health or HealthBoard()
         self._fetch = GuardedFetch(
-            self._consumer, name=f"triggers {self._source}", health=health,
-            on_unreadable=self._telemetry.count_unreadable,
-        )  # fmt: skip
-        self._watch = watch_member(
-            self._consumer, group=self._group, member=self._source, telemetry=self._telemetry,
+            self._consumer,
+            name=f"triggers {self._source}",
             health=health,
-        )  # fmt: skip
+            on_unreadable=self._telemetry.count_unreadable,
+        )
+        self._watch = watch_member(
+            self._consumer,
+            group=self._group,
+            member=self._source,
+            telemetry=self._telemetry,
+            health=health,
+        )
         await self._consumer.start()
         self._running = True
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="saga-triggers")

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from saga_engine.core._definition import SagaRegistry
-from saga_engine.core._events import Event, UpdateCompleted
-from saga_engine.core._runtime import SagaRuntime
-from saga_engine.core._updating import recorded_answer
+from saga_engine.core.authoring._definition import SagaRegistry
+from saga_engine.core.history._events import Event, UpdateCompleted
+from saga_engine.core.runtime._runtime import SagaRuntime
+from saga_engine.core.runtime._updating import recorded_answer
 from saga_engine.kernel._serde import JsonDict
 from saga_engine.runner._cache import LiveSagas
 from saga_engine.runner._clock import Clock

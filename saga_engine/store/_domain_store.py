@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
 
-from saga_engine.core._events import DomainEventReceived, EventAwaited
+from saga_engine.core.history._events import DomainEventReceived, EventAwaited
 from saga_engine.kernel._serde import JsonDict
 
 __all__ = ["DomainEventStore", "Expired", "InMemoryDomainEventStore", "StoredFact"]

@@ -1,4 +1,4 @@
-"""The insights port: the aggregates a store keeps of finished runs (``core/_insights``).
+"""The insights port: the aggregates a store keeps of finished runs (``core/views/_insights``).
 
 Both event stores implement it (``_pginsights``, ``_meminsights``): a run is recorded in
 the transaction that stores its terminal event and added to the aggregates by a later
@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
-from saga_engine.core._insights import Counters
+from saga_engine.core.views._insights import Counters
 
 
 @runtime_checkable

@@ -5,7 +5,7 @@ and in memory (``_memkeys``), both mixed into their event store; one contract su
 
 Every method is idempotent: asking again for a saga's slot keeps its place, releasing
 a saga that holds nothing releases nothing. The runner derives what it asks from the
-saga's history (``runner/_keys.py``), so a call lost in a crash is simply made again.
+saga's history (``runner/_concurrency_keys.py``), so a call lost in a crash is simply made again.
 """
 
 from __future__ import annotations

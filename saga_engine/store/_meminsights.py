@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from saga_engine.core._events import TERMINAL_EVENTS
-from saga_engine.core._insights import Counters, RowKey, aggregate, mark_of, summarize
+from saga_engine.core.history._events import TERMINAL_EVENTS
+from saga_engine.core.views._insights import Counters, RowKey, aggregate, mark_of, summarize
 from saga_engine.store._store import SagaRecord, StoredEvent, as_utc
 
 

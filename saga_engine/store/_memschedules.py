@@ -14,7 +14,14 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 
-from saga_engine.core._schedule import Plan, Schedule, ScheduleState, plan, tick_key, trigger_key
+from saga_engine.core.planning._schedule import (
+    Plan,
+    Schedule,
+    ScheduleState,
+    plan,
+    tick_key,
+    trigger_key,
+)
 from saga_engine.kernel._errors import ScheduleConflict, ScheduleNotFound
 from saga_engine.store._schedule_store import (
     Fire,
@@ -56,11 +63,18 @@ class InMemoryScheduleStore:
             row = self._rows.get(schedule.id)
             if row is None:
                 self._rows[schedule.id] = ScheduleRow(
-                    schedule=schedule, state=ScheduleState.ACTIVE, origin=origin,
-                    next_fire_at=schedule.spec.next_after(now), last_fired_at=None,
-                    last_tick=None, last_saga_id=None, fired_count=0, skipped_count=0,
-                    created_at=now, updated_at=now,
-                )  # fmt: skip
+                    schedule=schedule,
+                    state=ScheduleState.ACTIVE,
+                    origin=origin,
+                    next_fire_at=schedule.spec.next_after(now),
+                    last_fired_at=None,
+                    last_tick=None,
+                    last_saga_id=None,
+                    fired_count=0,
+                    skipped_count=0,
+                    created_at=now,
+                    updated_at=now,
+                )
                 return "created"
             if row.schedule.definition() == schedule.definition() and row.origin == origin:
                 return "unchanged"
@@ -149,10 +163,16 @@ class InMemoryScheduleStore:
         saga_id, fired_at = previous_saga(row, sent, now)
         status = await self._status_of(saga_id) if saga_id else None
         return plan(
-            s.spec, row.next_fire_at, now, catchup=s.catchup, catchup_max=s.catchup_max,
-            overlap=s.overlap, grace=self._grace, sent=sent,
+            s.spec,
+            row.next_fire_at,
+            now,
+            catchup=s.catchup,
+            catchup_max=s.catchup_max,
+            overlap=s.overlap,
+            grace=self._grace,
+            sent=sent,
             previous_running=saga_id is not None and still_running(status, fired_at, now),
-        )  # fmt: skip
+        )
 
     def _advance(self, plans: Sequence[tuple[ScheduleRow, Plan]], durable_at: datetime) -> None:
         """The claim's commit: the rows move on, and their sent ticks are recorded."""
@@ -182,7 +202,10 @@ class InMemoryScheduleStore:
             fired = firing(row.schedule, trigger_key(schedule_id, now), now)
             await fire([fired])
             self._rows[schedule_id] = dataclasses.replace(
-                row, last_fired_at=now, last_saga_id=fired.saga_id,
-                fired_count=row.fired_count + 1, updated_at=now,
-            )  # fmt: skip
+                row,
+                last_fired_at=now,
+                last_saga_id=fired.saga_id,
+                fired_count=row.fired_count + 1,
+                updated_at=now,
+            )
             return fired

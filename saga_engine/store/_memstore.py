@@ -13,16 +13,22 @@ from collections.abc import Collection, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from saga_engine.core._codec import CodecChain, PayloadCodec, Undecodable, open_event, seal_event
-from saga_engine.core._events import (
+from saga_engine.core.history._codec import (
+    CodecChain,
+    PayloadCodec,
+    Undecodable,
+    open_event,
+    seal_event,
+)
+from saga_engine.core.history._events import (
     Event,
     SagaStarted,
     event_from_json,
     event_to_dict,
     event_to_json,
 )
-from saga_engine.core._rollout import InMemoryRollouts, RolloutRows
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.planning._rollout import InMemoryRollouts, RolloutRows
 from saga_engine.kernel._errors import ConcurrencyError, SagaNotFound, SerializationError
 from saga_engine.kernel._partitioning import partition_for
 from saga_engine.kernel._serde import dumps, loads, unstorable

@@ -15,9 +15,9 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 from pydantic import ValidationError
 
-from saga_engine.core._codec import CodecChain, Undecodable, open_error, open_event
-from saga_engine.core._events import event_from_dict
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._codec import CodecChain, Undecodable, open_error, open_event
+from saga_engine.core.history._events import event_from_dict
+from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._errors import SerializationError, StoreUnavailable
 from saga_engine.kernel._serde import JsonDict, dumps, loads
 from saga_engine.kernel._startup import Dependency

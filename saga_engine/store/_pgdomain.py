@@ -10,8 +10,8 @@ from typing import Any, Final
 
 import asyncpg
 
-from saga_engine.core._codec import CodecChain, is_marker
-from saga_engine.core._events import DomainEventReceived, Event
+from saga_engine.core.history._codec import CodecChain, is_marker
+from saga_engine.core.history._events import DomainEventReceived, Event
 from saga_engine.kernel._settings import PostgresSettings
 from saga_engine.store._domain_store import Expired, StoredFact
 from saga_engine.store._pgbase import _init_connection, _json, _unavailable_as_transient
@@ -64,9 +64,16 @@ class PostgresDomainEventStore:
                 f"INSERT INTO saga_domain_events ({_COLUMNS}) "
                 "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, false) "
                 "ON CONFLICT (source, event_id) DO NOTHING",
-                fact.source, fact.key, fact.event_id, _json(payload), fact.received_at,
-                fact.expires_at, fact.topic, fact.partition, fact.offset,
-            )  # fmt: skip
+                fact.source,
+                fact.key,
+                fact.event_id,
+                _json(payload),
+                fact.received_at,
+                fact.expires_at,
+                fact.topic,
+                fact.partition,
+                fact.offset,
+            )
         return status.endswith(" 1")
 
     async def waiting(self, source: str, key: str) -> list[str]:
@@ -85,8 +92,10 @@ class PostgresDomainEventStore:
             rows = await self._pool.fetch(
                 f"SELECT {_COLUMNS} FROM saga_domain_events WHERE source = $1 AND key = $2 "
                 "AND expires_at > $3 ORDER BY received_at, event_id",
-                source, key, now,
-            )  # fmt: skip
+                source,
+                key,
+                now,
+            )
         return [self._fact(r) for r in rows]
 
     async def mark_matched(self, source: str, event_id: str) -> None:
@@ -116,8 +125,10 @@ class PostgresDomainEventStore:
                 f"SELECT {_COLUMNS} FROM saga_domain_events "
                 "WHERE ($1::text IS NULL OR source = $1) AND NOT ($2 AND matched) "
                 "ORDER BY received_at DESC, event_id DESC LIMIT $3",
-                source, unmatched, limit,
-            )  # fmt: skip
+                source,
+                unmatched,
+                limit,
+            )
         return [self._fact(r) for r in rows]
 
     async def receivers(self, facts: Sequence[StoredFact]) -> dict[tuple[str, str], list[str]]:
@@ -136,9 +147,10 @@ class PostgresDomainEventStore:
                 "JOIN saga_events r ON r.saga_id = a.saga_id "
                 "AND r.kind = 'domain_event_received' AND r.data ->> 'source' = f.source "
                 "AND r.data ->> 'event_id' = f.event_id ORDER BY 1, 2, 3",
-                [f.source for f in matched], [f.key for f in matched],
+                [f.source for f in matched],
+                [f.key for f in matched],
                 [f.event_id for f in matched],
-            )  # fmt: skip
+            )
         out: dict[tuple[str, str], list[str]] = {}
         for source, event_id, saga_id in rows:
             out.setdefault((source, event_id), []).append(saga_id)
@@ -149,10 +161,17 @@ class PostgresDomainEventStore:
         if self._codec is not None and is_marker(payload):
             payload = self._codec.open(payload)
         return StoredFact(
-            source=r["source"], key=r["key"], event_id=r["event_id"], payload=payload,
-            received_at=r["received_at"], expires_at=r["expires_at"], topic=r["topic"],
-            partition=r["partition"], offset=r["offset"], matched=r["matched"],
-        )  # fmt: skip
+            source=r["source"],
+            key=r["key"],
+            event_id=r["event_id"],
+            payload=payload,
+            received_at=r["received_at"],
+            expires_at=r["expires_at"],
+            topic=r["topic"],
+            partition=r["partition"],
+            offset=r["offset"],
+            matched=r["matched"],
+        )
 
 
 # The facts that sagas' new events record as received, marked in the transaction that

@@ -17,8 +17,8 @@ from typing import Final
 
 import asyncpg
 
-from saga_engine.core._events import TERMINAL_EVENTS, Event
-from saga_engine.core._insights import (
+from saga_engine.core.history._events import TERMINAL_EVENTS, Event
+from saga_engine.core.views._insights import (
     BUCKETS,
     MARK_KINDS,
     Counters,

@@ -19,8 +19,8 @@ from typing import Final
 
 import asyncpg
 
-from saga_engine.core._codec import CodecChain
-from saga_engine.core._status import TERMINAL, SagaStatus
+from saga_engine.core.history._codec import CodecChain
+from saga_engine.core.history._status import TERMINAL, SagaStatus
 from saga_engine.store._pgbase import (
     _OPEN_STATUSES,
     _RECORD_COLUMNS,

@@ -12,8 +12,8 @@ from typing import Final
 
 import asyncpg
 
-from saga_engine.core._codec import CodecChain, Undecodable
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._codec import CodecChain, Undecodable
+from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._errors import SagaNotFound
 from saga_engine.kernel._partitioning import key_hash, partition_for
 from saga_engine.store._pgbase import (

@@ -10,8 +10,8 @@ from typing import Final
 
 import asyncpg
 
-from saga_engine.core._codec import CodecChain
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._codec import CodecChain
+from saga_engine.core.history._status import SagaStatus
 from saga_engine.store._pgbase import (
     _RECORD_COLUMNS,
     _record,

@@ -8,7 +8,7 @@ from typing import Final
 
 import asyncpg
 
-from saga_engine.core._rollout import Rollout, RolloutChange, RolloutSpec, spec_of
+from saga_engine.core.planning._rollout import Rollout, RolloutChange, RolloutSpec, spec_of
 from saga_engine.store._pgbase import _json, _unavailable_as_transient
 
 _ROLLOUT_COLUMNS: Final = "saga_type, version, percent, predicate, updated_at, updated_by"
@@ -73,8 +73,13 @@ class PostgresRollouts:
                         "ON CONFLICT (saga_type) DO UPDATE SET version = EXCLUDED.version, "
                         "percent = EXCLUDED.percent, predicate = EXCLUDED.predicate, "
                         "updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by",
-                        saga_type, spec.version, spec.percent, spec.predicate, at, principal,
-                    )  # fmt: skip
+                        saga_type,
+                        spec.version,
+                        spec.percent,
+                        spec.predicate,
+                        at,
+                        principal,
+                    )
                 before = spec_of(_rollout(old)) if old is not None else None
                 change = RolloutChange(
                     saga_type=saga_type,
@@ -87,10 +92,13 @@ class PostgresRollouts:
                 await conn.execute(
                     "INSERT INTO saga_rollout_audit (saga_type, at, principal, reason, before, "
                     "after) VALUES ($1, $2, $3, $4, $5, $6)",
-                    saga_type, at, principal, reason,
+                    saga_type,
+                    at,
+                    principal,
+                    reason,
                     _json(before.model_dump()) if before else None,
                     _json(spec.model_dump()) if spec else None,
-                )  # fmt: skip
+                )
         return change
 
     async def rollout_audit(

@@ -5,7 +5,7 @@ The claim (:meth:`PostgresScheduleStore.fire_due`) is the heart of "exactly once
 tick" with any number of engines:
 
 1. ``SELECT ... FOR UPDATE SKIP LOCKED`` takes up to ``limit`` due rows;
-2. the pure :func:`saga_engine.core._schedule.plan` picks the ticks each row fires;
+2. the pure :func:`saga_engine.core.planning._schedule.plan` picks the ticks each row fires;
 3. the ticks to fire are recorded in ``saga_schedule_sends`` (migration 0009), in a
    transaction of their own that commits at once;
 4. ``fire`` sends every tick's start request and returns once Kafka acknowledged all;
@@ -15,7 +15,7 @@ tick" with any number of engines:
 A row stays locked from 1 to 5, so no other engine fires the same tick meanwhile. A
 crash (or a failed send) before 5's commit leaves ``next_fire_at`` where it was and the
 ticks of 3 recorded: the next claim sends those ticks again, under the same saga ids
-(:func:`~saga_engine.core._schedule.tick_saga_id`), which the engine's start path
+(:func:`~saga_engine.core.planning._schedule.tick_saga_id`), which the engine's start path
 deduplicates, counts them as fired, and takes the newest one's saga as the one
 ``overlap=skip`` waits on (``plan``'s ``sent``): their sagas may run though no row names
 them. A tick is never lost (``next_fire_at`` moves only after the starts are
@@ -31,7 +31,7 @@ from typing import Any, Final, TypeAlias
 
 import asyncpg
 
-from saga_engine.core._schedule import (
+from saga_engine.core.planning._schedule import (
     Overlap,
     Plan,
     Schedule,
@@ -212,10 +212,18 @@ class PostgresScheduleStore:
                     ON CONFLICT (schedule_id) DO NOTHING
                     RETURNING true
                     """,
-                    schedule.id, schedule.saga, _json(spec.model_dump(mode="json")),
-                    _json(schedule.input), schedule.catchup.value, schedule.catchup_max,
-                    schedule.overlap.value, origin, _json(definition), spec.next_after(now), now,
-                )  # fmt: skip
+                    schedule.id,
+                    schedule.saga,
+                    _json(spec.model_dump(mode="json")),
+                    _json(schedule.input),
+                    schedule.catchup.value,
+                    schedule.catchup_max,
+                    schedule.overlap.value,
+                    origin,
+                    _json(definition),
+                    spec.next_after(now),
+                    now,
+                )
                 if created:
                     return "created"
                 row = await conn.fetchrow(
@@ -241,10 +249,17 @@ class PostgresScheduleStore:
                         next_fire_at = $9, updated_at = $10
                     WHERE schedule_id = $1
                     """,
-                    schedule.id, schedule.saga, _json(spec.model_dump(mode="json")),
-                    _json(schedule.input), schedule.catchup.value, schedule.catchup_max,
-                    schedule.overlap.value, _json(definition), spec.next_after(now), now,
-                )  # fmt: skip
+                    schedule.id,
+                    schedule.saga,
+                    _json(spec.model_dump(mode="json")),
+                    _json(schedule.input),
+                    schedule.catchup.value,
+                    schedule.catchup_max,
+                    schedule.overlap.value,
+                    _json(definition),
+                    spec.next_after(now),
+                    now,
+                )
                 # Ticks of the old definition a dead claim sent are not sent again under
                 # the new one (another saga type would give them other saga ids).
                 await conn.execute(
@@ -366,11 +381,22 @@ class PostgresScheduleStore:
         for row, sent in rows:
             s = row.schedule
             previous, _ = previous_saga(row, sent, now)
-            plans.append((row, plan(
-                s.spec, row.next_fire_at, now, catchup=s.catchup, catchup_max=s.catchup_max,
-                overlap=s.overlap, previous_running=previous in running, grace=self._grace,
-                sent=sent,
-            )))  # fmt: skip
+            plans.append(
+                (
+                    row,
+                    plan(
+                        s.spec,
+                        row.next_fire_at,
+                        now,
+                        catchup=s.catchup,
+                        catchup_max=s.catchup_max,
+                        overlap=s.overlap,
+                        previous_running=previous in running,
+                        grace=self._grace,
+                        sent=sent,
+                    ),
+                )
+            )
         return plans
 
     async def trigger(self, schedule_id: str, now: datetime, fire: Fire) -> Firing:

@@ -27,9 +27,9 @@ from typing import Generic, TypeAlias, TypeVar
 
 import asyncpg
 
-from saga_engine.core._codec import CodecChain, PayloadCodec, seal_error, seal_event
-from saga_engine.core._events import Event, event_to_dict, event_to_json
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._codec import CodecChain, PayloadCodec, seal_error, seal_event
+from saga_engine.core.history._events import Event, event_to_dict, event_to_json
+from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._errors import (
     ConcurrencyError,
     MigrationError,
@@ -49,9 +49,9 @@ from saga_engine.store._pgbase import (
     _unavailable_as_transient,
     transient_cause,
 )
+from saga_engine.store._pgconcurrency_keys import PostgresKeySlots
 from saga_engine.store._pgdomain import mark_received
 from saga_engine.store._pginsights import PostgresInsights, ending, record_ended
-from saga_engine.store._pgkeys import PostgresKeySlots
 from saga_engine.store._pglisting import PostgresListing
 from saga_engine.store._pgqueries import PostgresReads
 from saga_engine.store._pgretention import PostgresRetention

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final, Protocol
 
-from saga_engine.core._decision import saga_id_for
-from saga_engine.core._schedule import (
+from saga_engine.core.history._decision import saga_id_for
+from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.planning._schedule import (
     CatchUp,
     Overlap,
     Schedule,
@@ -23,7 +24,6 @@ from saga_engine.core._schedule import (
     tick_saga_id,
     to_resend,
 )
-from saga_engine.core._status import SagaStatus
 from saga_engine.kernel._serde import JsonDict
 
 __all__ = [

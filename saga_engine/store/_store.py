@@ -17,10 +17,10 @@ from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Final, Literal, Protocol, runtime_checkable
 
-from saga_engine.core._codec import Undecodable
-from saga_engine.core._decision import Projection as Projection
-from saga_engine.core._events import Event
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._codec import Undecodable
+from saga_engine.core.history._decision import Projection as Projection
+from saga_engine.core.history._events import Event
+from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._errors import InvalidSagaId, SagaNotFound
 from saga_engine.kernel._serde import JsonDict
 

@@ -134,9 +134,13 @@ class GroupWatch:
                 "consumer group %s does not settle: member %s (%s) rejoined %d times in the "
                 "last %.0fs (now generation %s); it consumes nothing while this lasts. "
                 "See 'Instances and consumer groups' in docs/operations.md",
-                self.group, self.member, member_id or "no member id", count,
-                self._window_s, generation,
-            )  # fmt: skip
+                self.group,
+                self.member,
+                member_id or "no member id",
+                count,
+                self._window_s,
+                generation,
+            )
         if self._health is not None:
             self._health.report(
                 self._key,

@@ -44,8 +44,8 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
-from saga_engine.core._decision import PARENT_PARTICIPANT
-from saga_engine.core._events import (
+from saga_engine.core.history._decision import PARENT_PARTICIPANT
+from saga_engine.core.history._events import (
     AttemptTimedOut,
     Event,
     InvalidReplyReceived,
@@ -61,7 +61,7 @@ from saga_engine.telemetry._telemetry import (
 )
 
 if TYPE_CHECKING:
-    from saga_engine.core._decision import OutboundCommand
+    from saga_engine.core.history._decision import OutboundCommand
 
 #: The trace-context key that marks a saga span owed at the end: the caller's span id
 #: (16 hex digits), or "" for a saga that is the root of its trace.

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from saga_engine.core._decision import OutboundCommand
+from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.kernel._errors import KafkaUnavailable, PermanentError
 
 #: Upper bound on one publish, metadata wait included: aiokafka can otherwise wait
@@ -81,7 +81,7 @@ async def delivered(deliveries: Sequence[Awaitable[Any]]) -> list[BaseException 
     ]
 
 
-class DeadLetters(Protocol):
+class DeadLetterPublisher(Protocol):
     """Where a record that can never be processed goes, with its reason."""
 
     async def publish_record(

@@ -5,15 +5,15 @@ and the flow-control sender read it without importing the engine's runner."""
 
 from __future__ import annotations
 
-from saga_engine.core._decision import (
+from saga_engine.core.history._decision import (
     CHILD_PARTICIPANT,
     PARENT_PARTICIPANT,
     ChildStart,
     ChildUndo,
     OutboundCommand,
 )
-from saga_engine.core._events import ParentLink
-from saga_engine.core._start import StartRequest
+from saga_engine.core.history._events import ParentLink
+from saga_engine.core.runtime._start import StartRequest
 from saga_engine.transport._wire import (
     Envelope,
     MessageType,
@@ -45,25 +45,36 @@ def engine_envelope(command: OutboundCommand, source: str) -> Envelope:
     if command.participant == PARENT_PARTICIPANT:
         body = command.payload
         return Envelope(
-            message_type=MessageType.REPLY, source=source, subject=command.command_type,
-            saga_id=command.saga_id, saga_type=command.saga_type,
-            command_id=command.command_id, step=command.step,
-            correlation_id=command.saga_id, causation_id=str(body.get("child", "")),
+            message_type=MessageType.REPLY,
+            source=source,
+            subject=command.command_type,
+            saga_id=command.saga_id,
+            saga_type=command.saga_type,
+            command_id=command.command_id,
+            step=command.step,
+            correlation_id=command.saga_id,
+            causation_id=str(body.get("child", "")),
             body=ReplyBody(
-                outcome=body["outcome"], payload=body.get("payload") or {},
+                outcome=body["outcome"],
+                payload=body.get("payload") or {},
                 error=body.get("error"),
             ).model_dump(mode="json"),
             **trace,
-        )  # fmt: skip
+        )
     if command.compensation:
         undo = ChildUndo.model_validate(command.payload)
         return Envelope(
-            message_type=MessageType.UNDO, source=source, subject=undo.saga_type,
-            saga_id=undo.saga_id, saga_type=undo.saga_type, command_id=command.command_id,
-            correlation_id=command.saga_id, causation_id=command.command_id,
+            message_type=MessageType.UNDO,
+            source=source,
+            subject=undo.saga_type,
+            saga_id=undo.saga_id,
+            saga_type=undo.saga_type,
+            command_id=command.command_id,
+            correlation_id=command.saga_id,
+            causation_id=command.command_id,
             body=UndoBody(parent_id=command.saga_id).model_dump(mode="json"),
             **trace,
-        )  # fmt: skip
+        )
     start = ChildStart.model_validate(command.payload)
     request = StartRequest(
         saga_type=start.saga_type,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from saga_engine.core._codec import CodecChain
-from saga_engine.core._decision import OutboundCommand
+from saga_engine.core.history._codec import CodecChain
+from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS, engine_envelope
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import Headers, MessageType, encode, encode_fields, record_size

@@ -1,5 +1,5 @@
 """A dead letter as an operator sees it, and the port the admin API reads them through
-(``DeadLetters``; the Kafka adapter is ``transport._dlq.DeadLetterTopic``, handed to the
+(``DeadLetterReader``; the Kafka adapter is ``transport._dlq.DeadLetterTopic``, handed to the
 admin app by the worker, as the other adapters are)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-__all__ = ["PREVIEW_CHARS", "DeadLetter", "DeadLetters", "Replayed"]
+__all__ = ["PREVIEW_CHARS", "DeadLetter", "DeadLetterReader", "Replayed"]
 
 #: How much of a payload a list shows; :attr:`DeadLetter.payload` has all of it.
 PREVIEW_CHARS = 200
@@ -87,7 +87,7 @@ class Replayed:
     saga_id: str
 
 
-class DeadLetters(Protocol):
+class DeadLetterReader(Protocol):
     """The dead-letter topic, for an operator's reads and replays (see ``DeadLetterTopic``
     for what each call does and raises)."""
 

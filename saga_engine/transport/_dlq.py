@@ -131,9 +131,13 @@ class DeadLetterTopic:
         finally:
             await producer.stop()
         return Replayed(
-            letter.partition, letter.offset, topic, sent.partition, sent.offset,
+            letter.partition,
+            letter.offset,
+            topic,
+            sent.partition,
+            sent.offset,
             to_saga or letter.saga_id,
-        )  # fmt: skip
+        )
 
     @asynccontextmanager
     async def _reading(

@@ -127,8 +127,10 @@ class GuardedFetch:
         if not culprit:
             log.warning(
                 "%s: a fetch failed for good (%r) but no partition failed alone yet; "
-                "looking again at the next fetch", self._name, exc,
-            )  # fmt: skip
+                "looking again at the next fetch",
+                self._name,
+                exc,
+            )
         self._note(found)
         return found
 
@@ -153,8 +155,13 @@ class GuardedFetch:
             "compression codec this process lacks, or a corrupt batch): the partition is "
             "paused, its records wait, the others go on; tried again every %.0fs. See "
             "'Compressed records' in docs/operations.md",
-            self._name, tp.topic, tp.partition, offset, exc, self._retry_s,
-        )  # fmt: skip
+            self._name,
+            tp.topic,
+            tp.partition,
+            offset,
+            exc,
+            self._retry_s,
+        )
         if self._on_unreadable is not None:
             self._on_unreadable(tp.topic, tp.partition)
         if self._health is not None:

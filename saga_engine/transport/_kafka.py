@@ -3,7 +3,7 @@
 - ``ensure_topics``: topics are created through the admin client with the partition
   count from settings; the project never relies on auto-creation.
 - ``KafkaCommandSender``: the engine's ``CommandSender`` adapter.
-- ``DeadLetters``: publishes unprocessable records to the dead-letter topic with the
+- ``KafkaDeadLetterPublisher``: publishes unprocessable records to the dead-letter topic with the
   reason in headers.
 - ``OffsetCommitter``: commits a consumer's offsets in the background.
 - ``make_consumer``: every consumer the project makes (the engine's inbox, the
@@ -30,8 +30,8 @@ from aiokafka.errors import (
     TopicAlreadyExistsError,
 )
 
-from saga_engine.core._codec import CodecChain
-from saga_engine.core._decision import OutboundCommand
+from saga_engine.core.history._codec import CodecChain
+from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.kernel._errors import KafkaUnavailable, PermanentError
 from saga_engine.kernel._partitioning import key_partition
 from saga_engine.kernel._retry import is_transient
@@ -287,7 +287,7 @@ class KafkaCommandSender:
         return await start_record(self._producer, *self.records.record(command))
 
 
-class DeadLetters:
+class KafkaDeadLetterPublisher:
     """Sends a record that cannot be processed to the dead-letter topic, once."""
 
     def __init__(self, producer: AIOKafkaProducer, topic: str) -> None:
@@ -346,8 +346,12 @@ class DeadLetters:
             raise KafkaUnavailable(f"could not dead-letter a record: {exc!r}") from exc
         log.warning(
             "dead-lettered %s[%d]@%d: %s (%s)",
-            origin_topic, origin_partition, origin_offset, reason, detail[:200],
-        )  # fmt: skip
+            origin_topic,
+            origin_partition,
+            origin_offset,
+            reason,
+            detail[:200],
+        )
 
 
 class OffsetCommitter:

@@ -21,9 +21,9 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from saga_engine.core._codec import HEADER, MARKER, CodecChain
-from saga_engine.core._events import ParentLink, RerunLink, TriggerOrigin
-from saga_engine.core._start import StartRequest
+from saga_engine.core.history._codec import HEADER, MARKER, CodecChain
+from saga_engine.core.history._events import ParentLink, RerunLink, TriggerOrigin
+from saga_engine.core.runtime._start import StartRequest
 from saga_engine.kernel._errors import (
     CodecError,
     PayloadTooLarge,

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from saga_engine.core._codec import CodecChain
-from saga_engine.core._decision import OutboundCommand
-from saga_engine.core._triggers import KafkaTrigger
+from saga_engine.core.history._codec import CodecChain
+from saga_engine.core.history._decision import OutboundCommand
+from saga_engine.core.planning._triggers import KafkaTrigger
 from saga_engine.kernel._settings import Settings
 from saga_engine.kernel._startup import reaching
 from saga_engine.runner._trigger_consumer import TriggerConsumer
@@ -18,8 +18,8 @@ from saga_engine.telemetry._health import HealthBoard
 from saga_engine.telemetry._telemetry import Telemetry
 from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS
 from saga_engine.transport._kafka import (
-    DeadLetters,
     KafkaCommandSender,
+    KafkaDeadLetterPublisher,
     ensure_topics,
     make_consumer,
     send,
@@ -69,7 +69,7 @@ def trigger_consumer(
     settings: Settings,
     triggers: Sequence[KafkaTrigger[Any]],
     producer: Any,
-    dead: DeadLetters,
+    dead: KafkaDeadLetterPublisher,
     source: str,
     *,
     on_dead_letter: Callable[[str], None] | None = None,
@@ -89,6 +89,11 @@ def trigger_consumer(
     return TriggerConsumer(
         triggers,
         make_consumer(kafka, *(t.topic for t in triggers), group_id=group),
-        group=group, publish=publish, dead=dead, source=source,
-        on_dead_letter=on_dead_letter, health=health, telemetry=telemetry,
-    )  # fmt: skip
+        group=group,
+        publish=publish,
+        dead=dead,
+        source=source,
+        on_dead_letter=on_dead_letter,
+        health=health,
+        telemetry=telemetry,
+    )

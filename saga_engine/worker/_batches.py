@@ -1,5 +1,5 @@
 """The batch operations' pieces a worker builds: the Postgres batch store (the admin API's
-too) and the loop that works through the operations (``runner/_batches``)."""
+too) and the loop that works through the operations (``runner/_batch_operations``)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 from saga_engine.kernel._errors import MigrationError
 from saga_engine.kernel._settings import Settings
-from saga_engine.runner._batches import BatchRunner
+from saga_engine.runner._batch_operations import BatchOperationRunner
 from saga_engine.runner._engine import Engine
-from saga_engine.store._pgbatches import PostgresBatchStore
+from saga_engine.store._pgbatch_operations import PostgresBatchStore
 from saga_engine.store._store import EventStore
 
 __all__ = ["WorkerBatches"]
@@ -18,7 +18,7 @@ __all__ = ["WorkerBatches"]
 class WorkerBatches:
     """The store, and the runner (unless ``batches.enabled`` is off)."""
 
-    def __init__(self, store: PostgresBatchStore, runner: BatchRunner | None) -> None:
+    def __init__(self, store: PostgresBatchStore, runner: BatchOperationRunner | None) -> None:
         self.store = store
         self.runner = runner
 
@@ -43,7 +43,7 @@ class WorkerBatches:
             raise
         runner = None
         if settings.batches.enabled:
-            runner = BatchRunner(
+            runner = BatchOperationRunner(
                 engine, sagas, store, settings.batches, owner=owner, crash_hook=crash_hook
             )
         return cls(store, runner)

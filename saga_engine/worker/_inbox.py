@@ -22,17 +22,17 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from saga_engine.core._codec import CodecChain
-from saga_engine.core._decision import Decision, DropReason
-from saga_engine.kernel._dead_letter import dead_letter_detail, dead_letter_reason
+from saga_engine.core.history._codec import CodecChain
+from saga_engine.core.history._decision import Decision, DropReason
+from saga_engine.kernel._dead_letter_reason import dead_letter_detail, dead_letter_reason
 from saga_engine.kernel._errors import ConcurrencyError, PoisonMessage, PoisonReason
 from saga_engine.kernel._retry import OUTAGE
 from saga_engine.kernel._settings import Settings
 from saga_engine.runner._children import ChildLinks
 from saga_engine.runner._engine import Engine
-from saga_engine.runner._work import Deliver, Input, Outcome, Start
-from saga_engine.transport._bus import DeadLetters
-from saga_engine.transport._dead_lettering import publish_dead_letter
+from saga_engine.runner._path_inputs import Deliver, Input, InputOutcome, Start
+from saga_engine.transport._bus import DeadLetterPublisher
+from saga_engine.transport._dead_letter_sending import publish_dead_letter
 from saga_engine.transport._wire import (
     CancelBody,
     Envelope,
@@ -58,7 +58,7 @@ class Inbox:
         children: ChildLinks,
         settings: Settings,
         codec: CodecChain | None,
-        dead: DeadLetters,
+        dead: DeadLetterPublisher,
         instance_id: str,
         owned: Callable[[], set[TopicPartition]],
         running: Callable[[], bool],
@@ -161,19 +161,25 @@ class Inbox:
             return Deliver(
                 env.saga_id,
                 engine.reply_input(
-                    env.command_id, reply.outcome, reply.payload, reply.error,
+                    env.command_id,
+                    reply.outcome,
+                    reply.payload,
+                    reply.error,
                     sender=env.causation_id,
                 ),
-            )  # fmt: skip
+            )
         if kind is MessageType.SIGNAL:
             sig: SignalBody = env.body_as(SignalBody)
             return Deliver(
                 env.saga_id,
                 engine.signal_input(
-                    sig.name, sig.payload, signal_id=sig.signal_id, principal=sig.principal,
+                    sig.name,
+                    sig.payload,
+                    signal_id=sig.signal_id,
+                    principal=sig.principal,
                     reason=sig.reason,
                 ),
-            )  # fmt: skip
+            )
         if kind is MessageType.CANCEL:
             cancel: CancelBody = env.body_as(CancelBody)
             return Deliver(
@@ -188,7 +194,7 @@ class Inbox:
         return Start(prepared.saga_id, prepared)
 
     async def _handle(
-        self, tp: TopicPartition, record: Any, envelope: Envelope, first: Outcome | None = None
+        self, tp: TopicPartition, record: Any, envelope: Envelope, first: InputOutcome | None = None
     ) -> None:
         """Applies one record (``first``: the outcome of its first application, in a
         batch), until it is applied, dead-lettered or given up."""
@@ -272,7 +278,7 @@ class Inbox:
         self._on_dead_letter(reason.value)
 
 
-def _settled(env: Envelope, outcome: Outcome) -> None:
+def _settled(env: Envelope, outcome: InputOutcome) -> None:
     """Raises what ``outcome`` says went wrong."""
     if outcome.error is not None:
         raise outcome.error

@@ -13,9 +13,9 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 
-from saga_engine.core._codec import CodecChain
-from saga_engine.core._definition import SagaRegistry
-from saga_engine.core._schedule import Schedule
+from saga_engine.core.authoring._definition import SagaRegistry
+from saga_engine.core.history._codec import CodecChain
+from saga_engine.core.planning._schedule import Schedule
 from saga_engine.kernel._errors import KafkaUnavailable, MigrationError
 from saga_engine.kernel._partitioning import partition_for
 from saga_engine.kernel._settings import Settings

@@ -27,11 +27,11 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from saga_engine.core._codec import CodecChain, PayloadCodec
-from saga_engine.core._definition import Saga
-from saga_engine.core._domain_events import EventSource
-from saga_engine.core._schedule import Schedule
-from saga_engine.core._triggers import KafkaTrigger
+from saga_engine.core.authoring._definition import Saga
+from saga_engine.core.authoring._domain_events import EventSource
+from saga_engine.core.history._codec import CodecChain, PayloadCodec
+from saga_engine.core.planning._schedule import Schedule
+from saga_engine.core.planning._triggers import KafkaTrigger
 from saga_engine.kernel._crash import CrashHook
 from saga_engine.kernel._instance import InstanceName
 from saga_engine.kernel._retry import OUTAGE
@@ -41,7 +41,7 @@ from saga_engine.runner._children import ChildLinks
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._housekeeping import Housekeeping
 from saga_engine.runner._http import HttpCaller, RoutingSender
-from saga_engine.runner._ownership import InboxOwnership
+from saga_engine.runner._partition_ownership import InboxOwnership
 from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._rollouts import needs_rollouts, refresh_rollouts
 from saga_engine.runner._trigger_consumer import TriggerConsumer
@@ -54,8 +54,8 @@ from saga_engine.transport._dlq import DeadLetterTopic
 from saga_engine.transport._fetch import GuardedFetch
 from saga_engine.transport._kafka import (
     KAFKA,
-    DeadLetters,
     KafkaCommandSender,
+    KafkaDeadLetterPublisher,
     OffsetCommitter,
     ensure_topics,
     make_group_consumer,
@@ -66,7 +66,7 @@ from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import Envelope, MessageType, ReloadBody
 from saga_engine.worker._adapters import LazyTopicSender, open_event_store, trigger_consumer
 from saga_engine.worker._batches import WorkerBatches
-from saga_engine.worker._events import WorkerEvents
+from saga_engine.worker._domain_events import WorkerEvents
 from saga_engine.worker._inbox import Inbox
 from saga_engine.worker._schedules import KafkaStarts, WorkerSchedules
 
@@ -154,7 +154,7 @@ class SagaWorker:
         self._watch: GroupWatch | None = None
         self._fetch: GuardedFetch | None = None
         self._producer: Any = None
-        self._dead: DeadLetters | None = None
+        self._dead: KafkaDeadLetterPublisher | None = None
         self._inbox: Inbox | None = None
         self._task: asyncio.Task[None] | None = None
         self._housekeeping: Housekeeping | None = None
@@ -180,7 +180,7 @@ class SagaWorker:
             await ensure_topics(self.settings.kafka, [self.topics.inbox, self.topics.dlq])
             self._producer = make_producer(self.settings.kafka)
             await self._producer.start()
-        self._dead = DeadLetters(self._producer, self.topics.dlq)
+        self._dead = KafkaDeadLetterPublisher(self._producer, self.topics.dlq)
         telemetry = self.telemetry or default_telemetry()
         self._events = await WorkerEvents.open(self.settings, self.codec, self.event_sources)
         engine, parts = self._build_engine(self._store, telemetry)
@@ -188,13 +188,17 @@ class SagaWorker:
             with reaching(POSTGRES):
                 await refresh_rollouts(parts)
         self._schedules = await WorkerSchedules.open(
-            self.settings, parts.registry, self.schedules,
+            self.settings,
+            parts.registry,
+            self.schedules,
             KafkaStarts(
-                self._producer, self.topics.inbox, f"/saga-engine/{self.instance_id}/schedules",
+                self._producer,
+                self.topics.inbox,
+                f"/saga-engine/{self.instance_id}/schedules",
                 self.codec,
             ),
             self._crash_hook,
-        )  # fmt: skip
+        )
         self._batches = await WorkerBatches.open(
             self.settings, engine, self._store, self.instance_id, self._crash_hook
         )
@@ -207,10 +211,16 @@ class SagaWorker:
             await self._start_triggers(telemetry)
         await self._start_inbox(engine, parts, telemetry)
         await self._events.start(
-            self.settings, parts, self._dead, self.notify_owner,
-            f"/saga-engine/{self.instance_id}/events", on_dead_letter=self._count_dead_letter,
-            health=self.health, telemetry=telemetry, crash_hook=self._crash_hook,
-        )  # fmt: skip
+            self.settings,
+            parts,
+            self._dead,
+            self.notify_owner,
+            f"/saga-engine/{self.instance_id}/events",
+            on_dead_letter=self._count_dead_letter,
+            health=self.health,
+            telemetry=telemetry,
+            crash_hook=self._crash_hook,
+        )
         self._housekeeping = Housekeeping(
             engine, parts, self._ownership.partitions, self.owns, codec=self.codec
         )
@@ -230,22 +240,31 @@ class SagaWorker:
         kafka_sender = LazyTopicSender(broker, self.settings, self.topics)
         self._http = HttpCaller(self.settings.http, telemetry=telemetry)
         self._parts = parts = EngineParts.build(
-            self.settings, sagas=self.sagas, store=store,
-            sender=RoutingSender(kafka_sender, self._http), crash_hook=self._crash_hook,
-            telemetry=telemetry, ownership=self._ownership,
+            self.settings,
+            sagas=self.sagas,
+            store=store,
+            sender=RoutingSender(kafka_sender, self._http),
+            crash_hook=self._crash_hook,
+            telemetry=telemetry,
+            ownership=self._ownership,
             domain_events=self._events.store if self._events is not None else None,
             command_size=broker.records.size,
-        )  # fmt: skip
+        )
         self.engine = engine = Engine(parts)
         self._http.bind(engine)
         self._ownership.attach(engine, parts)
         assert self._dead is not None
         self._inbox = Inbox(
-            engine=engine, children=ChildLinks(engine, parts), settings=self.settings,
-            codec=self.codec, dead=self._dead, instance_id=self.instance_id,
-            owned=lambda: self._ownership.owned, running=lambda: self._running,
+            engine=engine,
+            children=ChildLinks(engine, parts),
+            settings=self.settings,
+            codec=self.codec,
+            dead=self._dead,
+            instance_id=self.instance_id,
+            owned=lambda: self._ownership.owned,
+            running=lambda: self._running,
             on_dead_letter=self._count_dead_letter,
-        )  # fmt: skip
+        )
         return engine, parts
 
     def _build_admin(self, engine: Engine, parts: EngineParts) -> Any:
@@ -253,22 +272,31 @@ class SagaWorker:
 
         assert self._schedules is not None
         return create_admin_app(
-            engine, self.settings, parts=parts, start_saga=self._start_through_inbox,
-            schedules=self._schedules.store, health=self.health,
+            engine,
+            self.settings,
+            parts=parts,
+            start_saga=self._start_through_inbox,
+            schedules=self._schedules.store,
+            health=self.health,
             batches=self._batches.store if self._batches is not None else None,
             dead_letters=DeadLetterTopic(self.settings.kafka),
-        )  # fmt: skip
+        )
 
     async def _start_triggers(self, telemetry: Telemetry) -> None:
         assert self._dead is not None
         with reaching(KAFKA):
             await ensure_topics(self.settings.kafka, [t.topic for t in self.triggers])
             self._trigger_consumer = trigger_consumer(
-                self.settings, self.triggers, self._producer, self._dead,
+                self.settings,
+                self.triggers,
+                self._producer,
+                self._dead,
                 f"/saga-engine/{self.instance_id}/triggers",
-                on_dead_letter=self._count_dead_letter, codec=self.codec,
-                health=self.health, telemetry=telemetry,
-            )  # fmt: skip
+                on_dead_letter=self._count_dead_letter,
+                codec=self.codec,
+                health=self.health,
+                telemetry=telemetry,
+            )
             await self._trigger_consumer.start()
 
     async def _start_inbox(self, engine: Engine, parts: EngineParts, telemetry: Telemetry) -> None:
@@ -285,14 +313,19 @@ class SagaWorker:
             self._consumer, lambda: self._ownership.owned, flush_limit_s=_COMMIT_FLUSH_S
         )
         self._fetch = GuardedFetch(
-            self._consumer, name=f"engine {self.instance_id}", health=self.health,
+            self._consumer,
+            name=f"engine {self.instance_id}",
+            health=self.health,
             on_unreadable=telemetry.count_unreadable,
-        )  # fmt: skip
+        )
         # Watching from before the start: a group that does not settle holds start-up.
         self._watch = watch_member(
-            self._consumer, group=kafka.group_id, telemetry=telemetry, health=self.health,
+            self._consumer,
+            group=kafka.group_id,
+            telemetry=telemetry,
+            health=self.health,
             member=self._member.name or self.instance_id,
-        )  # fmt: skip
+        )
         with reaching(KAFKA):
             await self._consumer.start()
         self._running = True
@@ -300,8 +333,10 @@ class SagaWorker:
         self._task.add_done_callback(self._inbox_ended)
         log.info(
             "engine %s consuming %s as group member %s",
-            self.instance_id, self.topics.inbox, self._member.name or "(dynamic)",
-        )  # fmt: skip
+            self.instance_id,
+            self.topics.inbox,
+            self._member.name or "(dynamic)",
+        )
 
     async def stop(self) -> None:
         """Closes everything ``start`` opened (also after a failed attempt of it)."""
@@ -396,9 +431,11 @@ class SagaWorker:
         from saga_engine.client._client import SagaClient
 
         client = SagaClient(
-            self.settings, source=f"/saga-engine/{self.instance_id}/admin", producer=self._producer,
+            self.settings,
+            source=f"/saga-engine/{self.instance_id}/admin",
+            producer=self._producer,
             codec=self.codec,
-        )  # fmt: skip
+        )
         return await client.start(saga, input, **options)
 
     @property

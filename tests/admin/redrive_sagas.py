@@ -47,15 +47,22 @@ class Order(Saga[OrderIn, OrderOut]):
 
     async def run(self, ctx: SagaContext, o: OrderIn) -> OrderOut:
         await ctx.step(
-            "reserve", to="stock", command=Reserve(order=o.order),
+            "reserve",
+            to="stock",
+            command=Reserve(order=o.order),
             compensate=Release(order=o.order),
-        )  # fmt: skip
+        )
         await ctx.step(
-            "charge", to="payments", command=Charge(order=o.order, amount=o.amount),
+            "charge",
+            to="payments",
+            command=Charge(order=o.order, amount=o.amount),
             pivot=o.pivot,
-        )  # fmt: skip
+        )
         shipped = await ctx.step(
-            "ship", to="shipping", command=Ship(order=o.order, address="nowhere"),
-            returns=Shipped, retry=PARK,
-        )  # fmt: skip
+            "ship",
+            to="shipping",
+            command=Ship(order=o.order, address="nowhere"),
+            returns=Shipped,
+            retry=PARK,
+        )
         return OrderOut(shipped_to=shipped.to)

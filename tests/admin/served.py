@@ -49,9 +49,13 @@ def served_in_thread(
         env = SagaTestEnv(list(sagas), settings=settings, store=opened)
         served.seeded = await seed(env)
         app = create_admin_app(
-            env.engine, settings, parts=env.parts, schedules=env.schedules,
-            batches=env.batches, dead_letters=dead_letters,
-        )  # fmt: skip
+            env.engine,
+            settings,
+            parts=env.parts,
+            schedules=env.schedules,
+            batches=env.batches,
+            dead_letters=dead_letters,
+        )
         server = await serve_admin(app, settings)
         served.url = server.url
         stopped = asyncio.Event()

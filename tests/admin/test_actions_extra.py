@@ -133,9 +133,10 @@ async def test_a_signal_to_a_parked_saga_is_refused_naming_its_state(admin: Admi
     saga_id = await admin.start()
     assert await admin.settle(saga_id) == SagaStatus.COMPENSATION_STUCK
     response = await admin.http.post(
-        f"/sagas/{saga_id}/signal", json={"name": "approve", "payload": {"by": "x"}},
+        f"/sagas/{saga_id}/signal",
+        json={"name": "approve", "payload": {"by": "x"}},
         headers=OPERATOR,
-    )  # fmt: skip
+    )
     assert response.status_code == 409, response.text
     assert "is compensation_stuck" in response.json()["detail"]
     history = (await admin.http.get(f"/sagas/{saga_id}/history", headers=OPERATOR)).json()

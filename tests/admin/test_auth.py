@@ -67,9 +67,13 @@ async def admin_dlq(kafka_bootstrap: str, kafka_topic: TopicFactory) -> AsyncIte
     kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=dlq.removesuffix(".dlq"))
     env = SagaTestEnv([Transfer, Noop], settings=admin_settings())
     app = create_admin_app(
-        env.engine, env.settings, parts=env.parts, schedules=env.schedules,
-        batches=env.batches, dead_letters=DeadLetterTopic(kafka),
-    )  # fmt: skip
+        env.engine,
+        env.settings,
+        parts=env.parts,
+        schedules=env.schedules,
+        batches=env.batches,
+        dead_letters=DeadLetterTopic(kafka),
+    )
     async with make_client(app) as http:
         yield Admin(env, app, http)
 

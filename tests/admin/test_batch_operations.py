@@ -259,8 +259,19 @@ async def test_a_rerun_operation_starts_one_linked_rerun_per_saga(
         assert '<dd id="batch-action">rerun</dd>' in page.text
 
         # The CLI and the client take the action too.
-        ran = await cli("batch", "start", "--action", "rerun", "--reason", "again",
-                        "--type", "parked", "--attr", "region=us", url=served.url)  # fmt: skip
+        ran = await cli(
+            "batch",
+            "start",
+            "--action",
+            "rerun",
+            "--reason",
+            "again",
+            "--type",
+            "parked",
+            "--attr",
+            "region=us",
+            url=served.url,
+        )
         assert ran.exit_code == 0, ran.output
         assert "rerun by olivia, completed, 2/2 (acted 2," in ran.stdout
         where = {"attributes": {"region": "asia"}}
@@ -291,19 +302,34 @@ async def test_bad_input_is_refused_and_nothing_is_recorded(
             ({**ok, "reason": ""}, ["body", "reason"]),
             ({**ok, "reason": "   "}, ["body", "reason"]),
             ({**ok, "filter": {"saga_type": "nope"}}, ["body", "filter", "saga_type"]),
-            ({**ok, "filter": {"attributes": {"colour": "red"}}}, ["body", "filter", "attributes", "colour"]),
+            (
+                {**ok, "filter": {"attributes": {"colour": "red"}}},
+                ["body", "filter", "attributes", "colour"],
+            ),
             ({**ok, "filter": {"statuses": ["sleeping"]}}, ["body", "filter", "statuses", 0]),
             ({**ok, "filter": {"shape": "round"}}, ["body", "filter", "shape"]),
             (
-                {**ok, "filter": {"created_after": "2030-01-02T00:00:00Z", "created_before": "2030-01-01T00:00:00Z"}},
+                {
+                    **ok,
+                    "filter": {
+                        "created_after": "2030-01-02T00:00:00Z",
+                        "created_before": "2030-01-01T00:00:00Z",
+                    },
+                },
                 ["body", "filter", "created_after"],
             ),
             ({**ok, "signal": "go"}, ["body", "signal"]),
             ({**ok, "action": "signal"}, ["body", "signal"]),
             ({**ok, "action": "signal", "signal": "stop"}, ["body", "signal"]),
-            ({**ok, "action": "signal", "signal": "go", "payload": {"speed": "x"}}, ["body", "payload", "speed"]),
-            ({**ok, "filter": {}, "action": "signal", "signal": "go"}, ["body", "filter", "saga_type"]),
-        ]:  # fmt: skip
+            (
+                {**ok, "action": "signal", "signal": "go", "payload": {"speed": "x"}},
+                ["body", "payload", "speed"],
+            ),
+            (
+                {**ok, "filter": {}, "action": "signal", "signal": "go"},
+                ["body", "filter", "saga_type"],
+            ),
+        ]:
             refused = await http.post("/batch-operations", json=bad, headers=OPERATOR)
             assert refused.status_code == 422, (bad, refused.text)
             assert refused.json()["detail"][0]["loc"] == where, (bad, refused.text)
@@ -331,13 +357,33 @@ async def test_the_cli_starts_follows_lists_shows_and_cancels(
     async with served_worker(settings, [Parked]) as served:
         ids = await _start(served, 12, "eu")
         where = ["--type", "parked", "--attr", "region=eu", "--status", "running"]
-        dry = await cli("batch", "start", "--action", "cancel", "--reason", "r", *where,
-                        "--dry-run", url=served.url)  # fmt: skip
+        dry = await cli(
+            "batch",
+            "start",
+            "--action",
+            "cancel",
+            "--reason",
+            "r",
+            *where,
+            "--dry-run",
+            url=served.url,
+        )
         assert dry.exit_code == 0, dry.output
         assert dry.stdout.strip() == "12 saga(s) match"
-        started = await cli("batch", "start", "--action", "signal", "--signal", "go",
-                            "--payload", '{"speed": 2}', "--reason", "ship them", *where,
-                            url=served.url)  # fmt: skip
+        started = await cli(
+            "batch",
+            "start",
+            "--action",
+            "signal",
+            "--signal",
+            "go",
+            "--payload",
+            '{"speed": 2}',
+            "--reason",
+            "ship them",
+            *where,
+            url=served.url,
+        )
         assert started.exit_code == 0, started.output
         # The progress bar, then the operation as it ended.
         assert "12/12" in started.stdout
@@ -355,8 +401,17 @@ async def test_the_cli_starts_follows_lists_shows_and_cancels(
         assert "from completed to cancelled" in ended
         assert one_line_error(await cli("batch", "show", "nope", url=served.url), 3)
         # Cancelling completed sagas: each refused, counted, and listed on the page.
-        refusing = await cli("batch", "start", "--action", "cancel", "--reason", "too late",
-                             "--type", "parked", url=served.url)  # fmt: skip
+        refusing = await cli(
+            "batch",
+            "start",
+            "--action",
+            "cancel",
+            "--reason",
+            "too late",
+            "--type",
+            "parked",
+            url=served.url,
+        )
         assert "completed, 12/12 (acted 0, skipped 0, failed 12)" in refusing.stdout
         [newest, _] = as_json(await cli("batch", "list", "--json", url=served.url))
         listing = await served.http.get("/ui/batch-operations", headers=OPERATOR)
@@ -369,10 +424,20 @@ async def test_the_cli_starts_follows_lists_shows_and_cancels(
         missing = await served.http.get("/ui/batch-operations/nope", headers=OPERATOR)
         assert missing.status_code == 404
         refused = one_line_error(
-            await cli("batch", "start", "--action", "signal", "--signal", "stop",
-                      "--reason", "r", *where, url=served.url),
+            await cli(
+                "batch",
+                "start",
+                "--action",
+                "signal",
+                "--signal",
+                "stop",
+                "--reason",
+                "r",
+                *where,
+                url=served.url,
+            ),
             5,
-        )  # fmt: skip
+        )
         assert "declares no signal 'stop'" in refused
 
 
@@ -386,9 +451,14 @@ async def test_the_client_starts_waits_for_and_cancels_operations(
         where = {"statuses": ["running"], "attributes": {"region": "eu"}}
         assert await client.count_batch(Parked, where) == 6
         op_id = await client.start_batch(
-            Parked, "signal", signal="go", payload=Go(speed=9), reason="from code", where=where,
+            Parked,
+            "signal",
+            signal="go",
+            payload=Go(speed=9),
+            reason="from code",
+            where=where,
             principal="batch-bot",
-        )  # fmt: skip
+        )
         done = await client.wait_batch(op_id, timeout=30)
         assert (done["state"], done["acted"], done["principal"]) == ("completed", 6, "batch-bot")
         assert await _all_are(served, ids, "completed")

@@ -46,10 +46,13 @@ async def served(settings: Settings) -> AsyncIterator[ServedWorker]:
 
 def _start(saga_id: str, saga_type: str = "edge-checkout") -> Envelope:
     return Envelope(
-        message_type=MessageType.START, source="/careless", saga_id=saga_id,
-        saga_type=saga_type, subject=saga_type,
+        message_type=MessageType.START,
+        source="/careless",
+        saga_id=saga_id,
+        saga_type=saga_type,
+        subject=saga_type,
         body=StartBody(input={"customer": "c"}).model_dump(mode="json"),
-    )  # fmt: skip
+    )
 
 
 async def produce(
@@ -150,10 +153,11 @@ async def test_a_replay_goes_back_to_its_origin_or_to_another_saga_audited(
     assert (record.key, record.value) == (b"dl-broken", BROKEN)
     assert not [k for k, _ in record.headers if k.startswith("dlq_")]
     assert any(
-        "replayed to" in r.getMessage() and "olivia" in r.getMessage()
+        "replayed to" in r.getMessage()
+        and "olivia" in r.getMessage()
         and "fixed the producer" in r.getMessage()
         for r in caplog.records
-    )  # fmt: skip
+    )
     # The engine read it again: still not JSON, so dead-lettered once more.
     assert len(await listed(served, 2, "?reason=malformed_json")) == 2
 

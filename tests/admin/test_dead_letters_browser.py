@@ -39,12 +39,20 @@ def kafka(kafka_bootstrap: str, unique_id: str) -> Iterator[KafkaSettings]:
         producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
         await producer.start()
         try:
-            await producer.send_and_wait(topics.dlq, PAYLOAD, key=b"saga-7", headers=[
-                ("ce_sagaid", b"saga-7"), ("ce_type", b"saga.reply"),
-                ("dlq_reason", b"malformed_json"), ("dlq_detail", b"the body is not JSON"),
-                ("dlq_topic", topics.inbox.encode()), ("dlq_partition", b"0"),
-                ("dlq_offset", b"17"),
-            ])  # fmt: skip
+            await producer.send_and_wait(
+                topics.dlq,
+                PAYLOAD,
+                key=b"saga-7",
+                headers=[
+                    ("ce_sagaid", b"saga-7"),
+                    ("ce_type", b"saga.reply"),
+                    ("dlq_reason", b"malformed_json"),
+                    ("dlq_detail", b"the body is not JSON"),
+                    ("dlq_topic", topics.inbox.encode()),
+                    ("dlq_partition", b"0"),
+                    ("dlq_offset", b"17"),
+                ],
+            )
             await producer.send_and_wait(
                 topics.dlq, b"{}", key=b"k", headers=[("dlq_reason", b"rejected")]
             )

@@ -36,7 +36,9 @@ async def test_insights_of_a_type_on_postgres(pg_store: PostgresEventStore) -> N
     assert await env.run_until_settled(SagaRun(env, refused, TimedTransfer)) == (
         SagaStatus.COMPENSATED
     )
-    quick = [await env.engine.start(TimedTransfer, {"account": f"q{i}", "amount": 2}) for i in range(3)]  # fmt: skip
+    quick = [
+        await env.engine.start(TimedTransfer, {"account": f"q{i}", "amount": 2}) for i in range(3)
+    ]
     for saga_id in quick:
         assert await env.run_until_settled(SagaRun(env, saga_id, TimedTransfer)) == (
             SagaStatus.COMPLETED

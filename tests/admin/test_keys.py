@@ -70,8 +70,9 @@ async def test_the_api_and_the_page_say_behind_whom_a_saga_is_queued(
 
     slots = (await http.get("/concurrency-keys", headers=READER)).json()["slots"]
     assert [(s["saga_id"], s["held"], s["position"]) for s in slots] == [
-        (ids["first"], True, 0), (ids["second"], False, 1),
-    ]  # fmt: skip
+        (ids["first"], True, 0),
+        (ids["second"], False, 1),
+    ]
     none = await http.get("/concurrency-keys", params={"key": "other"}, headers=READER)
     assert none.json() == {"slots": []}
     assert (

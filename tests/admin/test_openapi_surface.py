@@ -67,7 +67,7 @@ OPERATIONS = {
         "/schedules/{schedule_id}/trigger",
         "trigger_schedule_schedules__schedule_id__trigger_post",
     ),
-    # Batch operations (admin/_batches.py, issue 26 §4).
+    # Batch operations (admin/_batch_operations.py, issue 26 §4).
     ("POST", "/batch-operations", "create_batch_batch_operations_post"),
     ("GET", "/batch-operations", "list_batches_batch_operations_get"),
     ("GET", "/batch-operations/{operation_id}", "get_batch_batch_operations__operation_id__get"),

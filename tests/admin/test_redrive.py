@@ -113,9 +113,10 @@ async def test_past_its_pivot_a_cancel_is_a_409_and_the_view_says_so(api: Api) -
 async def test_rerun_starts_a_linked_saga_once_per_request(api: Api) -> None:
     original = await api.parked(order="o-9")
     bad = await api.http.post(
-        f"/sagas/{original}/rerun", json={"reason": "again", "input": {"order": "o-9"}},
+        f"/sagas/{original}/rerun",
+        json={"reason": "again", "input": {"order": "o-9"}},
         headers=OPERATOR,
-    )  # fmt: skip
+    )
     assert bad.status_code == 422, bad.text
     assert "amount" in bad.text
     body = {"reason": "retry with a new amount", "input": {"order": "o-9", "amount": 7}}
@@ -129,8 +130,10 @@ async def test_rerun_starts_a_linked_saga_once_per_request(api: Api) -> None:
     assert await api.settle(rerun_id) == SagaStatus.COMPLETED
     detail = await api.detail(rerun_id)
     assert detail["rerun_of"] == {
-        "saga_id": original, "principal": "olivia", "reason": "retry with a new amount",
-    }  # fmt: skip
+        "saga_id": original,
+        "principal": "olivia",
+        "reason": "retry with a new amount",
+    }
     assert detail["input"] == {"order": "o-9", "amount": 7, "pivot": False}
     assert (await api.detail(original))["reruns"] == [{"saga_id": rerun_id, "status": "completed"}]
     original_page = await api.http.get(f"/ui/sagas/{original}", headers=READER)

@@ -43,8 +43,10 @@ async def test_an_open_saga_s_timeline_runs_to_now_with_relative_times(admin: Ad
     assert set(_forms(page)) == {"cancel", "force-compensate"}
     assert 'data-action="signal"' in page
     assert await _actions(admin, saga_id) == {
-        "signal": [], "cancel": [], "force-compensate": [],
-    }  # fmt: skip
+        "signal": [],
+        "cancel": [],
+        "force-compensate": [],
+    }
 
 
 async def test_a_compensation_back_off_offers_retry_and_no_signal(admin: Admin) -> None:
@@ -64,9 +66,10 @@ async def test_a_compensation_back_off_offers_retry_and_no_signal(admin: Admin) 
     [wait] = detail["waiting_for"]
     assert (wait["kind"], wait["attempt"], wait["last_error"]) == ("backoff", 1, "ledger busy")
     retried = await admin.http.post(
-        f"/sagas/{saga_id}/retry", json={"step": "debit", "reason": "ledger back"},
+        f"/sagas/{saga_id}/retry",
+        json={"step": "debit", "reason": "ledger back"},
         headers=OPERATOR,
-    )  # fmt: skip
+    )
     assert retried.status_code == 200, retried.text
     await admin.env.settle()
     assert (await admin.env.engine.get(saga_id)).status == SagaStatus.COMPENSATED
@@ -87,9 +90,10 @@ async def test_a_step_waiting_for_its_reply_is_re_sent_under_its_id(admin: Admin
     assert "can be neither retried nor re-sent" in refused.text
     assert "re-send one of [&#39;credit&#39;]" in refused.text or "['credit']" in refused.text
     resent = await admin.http.post(
-        f"/sagas/{saga_id}/retry", json={"step": "credit", "reason": "payee lost it"},
+        f"/sagas/{saga_id}/retry",
+        json={"step": "credit", "reason": "payee lost it"},
         headers=OPERATOR,
-    )  # fmt: skip
+    )
     assert resent.status_code == 200, resent.text
     await admin.env.settle()
     assert (await admin.env.engine.get(saga_id)).status == SagaStatus.COMPLETED
@@ -99,8 +103,10 @@ async def test_a_step_waiting_for_its_reply_is_re_sent_under_its_id(admin: Admin
     history = (await admin.http.get(f"/sagas/{saga_id}/history", headers=READER)).json()
     [retry] = [e for e in history["events"] if e["kind"] == "retry_requested"]
     assert (retry["step"], retry["principal"], retry["reason"]) == (
-        "credit", "olivia", "payee lost it",
-    )  # fmt: skip
+        "credit",
+        "olivia",
+        "payee lost it",
+    )
 
 
 async def test_the_schedules_page_shows_the_last_saga_and_acts_through_the_api(

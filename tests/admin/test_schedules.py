@@ -99,8 +99,13 @@ async def test_schedules_in_code_through_the_api_and_the_cli(
         await poll_until(lambda: _is(served, row["last_saga_id"], "completed"), timeout=30)
 
         # The API: create, the same again, another definition, bad input.
-        body = {"id": "nightly", "saga": "reconcile", "cron": "0 3 * * *",
-                "timezone": "Europe/Paris", "input": {"region": "fr"}}  # fmt: skip
+        body = {
+            "id": "nightly",
+            "saga": "reconcile",
+            "cron": "0 3 * * *",
+            "timezone": "Europe/Paris",
+            "input": {"region": "fr"},
+        }
         created = await http.post("/schedules", json=body, headers=OPERATOR)
         assert created.status_code == 201, created.text
         assert created.json()["spec"] == "cron 0 3 * * * (Europe/Paris)"
@@ -157,12 +162,24 @@ async def test_schedules_in_code_through_the_api_and_the_cli(
         # The CLI: the same through the API, with its exit codes.
         url = served.url
         made = as_json(
-            await cli("schedule", "create", "hourly", "--saga", "reconcile", "--cron", "0 * * * *",
-                      "--input", '{"region": "de"}', "--json", url=url)
-        )  # fmt: skip
+            await cli(
+                "schedule",
+                "create",
+                "hourly",
+                "--saga",
+                "reconcile",
+                "--cron",
+                "0 * * * *",
+                "--input",
+                '{"region": "de"}',
+                "--json",
+                url=url,
+            )
+        )
         assert made["state"] == "active"
-        bad_cron = await cli("schedule", "create", "x", "--saga", "reconcile", "--cron", "nope",
-                             url=url)  # fmt: skip
+        bad_cron = await cli(
+            "schedule", "create", "x", "--saga", "reconcile", "--cron", "nope", url=url
+        )
         assert "is not a cron expression" in one_line_error(bad_cron, 5)
         assert "nope" in one_line_error(await cli("schedule", "pause", "nope", url=url), 3)
         assert (await cli("schedule", "pause", "hourly", url=url)).exit_code == 0

@@ -98,9 +98,13 @@ def _schema() -> Any:
     """The description the server publishes, read from an app built the same way."""
     env = SagaTestEnv([Transfer, Noop])
     spec = create_admin_app(
-        env.engine, admin_settings(), parts=env.parts, schedules=env.schedules,
-        batches=env.batches, dead_letters=DeadLetterTopic(KafkaSettings()),
-    ).openapi()  # fmt: skip
+        env.engine,
+        admin_settings(),
+        parts=env.parts,
+        schedules=env.schedules,
+        batches=env.batches,
+        dead_letters=DeadLetterTopic(KafkaSettings()),
+    ).openapi()
     loaded = schemathesis.openapi.from_dict(spec)
     loaded.config.update(headers=OPERATOR)
     loaded.config.generation.update(max_examples=EXAMPLES, database="none")

@@ -39,8 +39,10 @@ async def test_an_update_returns_its_result_and_is_applied_once(
     answer = first.json()
     assert answer["result"] == {"items": 1, "total": 30}
     assert (answer["update_id"], answer["principal"], answer["status"]) == (
-        "u-1", "olivia", "running",
-    )  # fmt: skip
+        "u-1",
+        "olivia",
+        "running",
+    )
     again = await http.post(f"/sagas/{saga_id}/updates/add_item", json=body, headers=OPERATOR)
     assert again.json()["result"] == {"items": 1, "total": 30}
     summary = await http.get(f"/sagas/{saga_id}/queries/summary", headers=READER)
@@ -53,8 +55,9 @@ async def test_an_update_returns_its_result_and_is_applied_once(
     assert kinds.count("update_completed") == 1
     failed = await http.post(
         f"/sagas/{saga_id}/updates/add_item",
-        json={"input": {"sku": "boom", "price": 1}}, headers=OPERATOR,
-    )  # fmt: skip
+        json={"input": {"sku": "boom", "price": 1}},
+        headers=OPERATOR,
+    )
     assert failed.status_code == 200
     assert "out of stock" in failed.json()["error"]["message"]
 
@@ -86,16 +89,18 @@ async def test_refusals_and_bad_input_are_4xx_and_record_nothing(
     saga_id = await _cart(env, limit=40)
     before = len(await env.engine.history(saga_id))
     url = f"/sagas/{saga_id}/updates"
-    over = await http.post(f"{url}/add_item", json={"input": {"sku": "tv", "price": 90}},
-                           headers=OPERATOR)  # fmt: skip
+    over = await http.post(
+        f"{url}/add_item", json={"input": {"sku": "tv", "price": 90}}, headers=OPERATOR
+    )
     assert over.status_code == 409, over.text
     assert "limit is 40" in over.json()["detail"]
     assert over.json()["error"] == "UpdateRefused"
     unknown = await http.post(f"{url}/nope", json={}, headers=OPERATOR)
     assert unknown.status_code == 422
     assert "declares no update 'nope'" in unknown.text
-    invalid = await http.post(f"{url}/add_item", json={"input": {"sku": "x", "price": -1}},
-                              headers=OPERATOR)  # fmt: skip
+    invalid = await http.post(
+        f"{url}/add_item", json={"input": {"sku": "x", "price": -1}}, headers=OPERATOR
+    )
     assert invalid.status_code == 422, invalid.text
     missing = await http.post(f"/sagas/{'0' * 36}/updates/add_item", json={}, headers=OPERATOR)
     assert missing.status_code == 404
@@ -118,8 +123,13 @@ async def test_the_page_offers_the_updates_and_shows_the_queries(
 ) -> None:
     env, http = carts
     saga_id = await _cart(env)
-    await env.update(saga_id, Cart.add_item, {"sku": "<tea>", "price": 30},
-                     principal="olivia", reason="phone order")  # fmt: skip
+    await env.update(
+        saga_id,
+        Cart.add_item,
+        {"sku": "<tea>", "price": 30},
+        principal="olivia",
+        reason="phone order",
+    )
     page = (await http.get(f"/ui/sagas/{saga_id}", headers=READER)).text
     # The timeline has the update's bar; the gist names it, who sent it, what it returned.
     assert '<span class="tname">update add_item</span>' in page

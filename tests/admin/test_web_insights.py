@@ -50,8 +50,10 @@ async def test_the_page_shows_graph_figures_and_breaches() -> None:
         assert "Content-Security-Policy" in page.headers
         assert re.search(r'<svg [^>]*id="insight-graph"', text)
         assert re.findall(r'<g class="node[^"]*" data-node="([^"]+)"', text) == [
-            "debit", "credit", "signal:approve",
-        ]  # fmt: skip
+            "debit",
+            "credit",
+            "signal:approve",
+        ]
         assert '<g class="node hot" data-node="credit"' in text  # refused once
         assert '<strong id="insight-runs">3</strong>' in text
         assert re.search(r'id="insight-sla">SLA 60.0 s: <strong>66.7%</strong>', text)

@@ -49,10 +49,19 @@ def test_show_says_where_the_pivot_is_and_a_cancel_past_it_is_refused(served: Se
 def test_retry_with_an_edited_command(served: Served) -> None:
     ids, url = served.seeded, served.url
     bad = invoke(
-        ["retry", ids["parked"], "ship", "--reason", "fix", "--command", '{"order": "parked"}',
-         "--admin-url", url],
+        [
+            "retry",
+            ids["parked"],
+            "ship",
+            "--reason",
+            "fix",
+            "--command",
+            '{"order": "parked"}',
+            "--admin-url",
+            url,
+        ],
         ENV,
-    )  # fmt: skip
+    )
     assert "address" in one_line_error(bad, 5)
     not_json = invoke(
         ["retry", ids["parked"], "ship", "--reason", "fix", "--command", "{", "--admin-url", url],
@@ -84,8 +93,16 @@ def test_retry_with_an_edited_command(served: Served) -> None:
 
 def test_rerun_starts_a_linked_saga(served: Served) -> None:
     ids, url = served.seeded, served.url
-    args = ["rerun", ids["other"], "--reason", "once more", "--input",
-            '{"order": "other", "amount": 4}', "--admin-url", url]  # fmt: skip
+    args = [
+        "rerun",
+        ids["other"],
+        "--reason",
+        "once more",
+        "--input",
+        '{"order": "other", "amount": 4}',
+        "--admin-url",
+        url,
+    ]
     first = invoke(args, ENV)
     assert first.exit_code == 0, first.output
     again = as_json(invoke([*args, "--json"], ENV))
@@ -93,6 +110,8 @@ def test_rerun_starts_a_linked_saga(served: Served) -> None:
     shown = as_json(invoke(["show", again["saga_id"], "--admin-url", url, "--json"], ENV))
     assert shown["rerun_of"]["saga_id"] == ids["other"]
     assert shown["input"]["amount"] == 4
-    bad = invoke(["rerun", ids["other"], "--reason", "x", "--input", '{"order": "o"}',
-                  "--admin-url", url], ENV)  # fmt: skip
+    bad = invoke(
+        ["rerun", ids["other"], "--reason", "x", "--input", '{"order": "o"}', "--admin-url", url],
+        ENV,
+    )
     assert "amount" in one_line_error(bad, 5)

@@ -30,19 +30,42 @@ def _env(token: str = OPERATOR_TOKEN) -> dict[str, str]:
 def test_set_then_show_with_the_audit_trail(served: Served) -> None:
     url = served.url
     dark = invoke(
-        ["rollout", "set", "noop", "--version", "2", "--percent", "0",
-         "--reason", "deploy v2 dark", "--admin-url", url],
+        [
+            "rollout",
+            "set",
+            "noop",
+            "--version",
+            "2",
+            "--percent",
+            "0",
+            "--reason",
+            "deploy v2 dark",
+            "--admin-url",
+            url,
+        ],
         _env(),
-    )  # fmt: skip
+    )
     assert dark.exit_code == 0, dark.output
     assert "rollout of noop set: version 2 is not deployed on this engine" in dark.stdout
     view = as_json(
         invoke(
-            ["rollout", "set", "noop", "--version", "2", "--percent", "25",
-             "--reason", "canary", "--admin-url", url, "--json"],
+            [
+                "rollout",
+                "set",
+                "noop",
+                "--version",
+                "2",
+                "--percent",
+                "25",
+                "--reason",
+                "canary",
+                "--admin-url",
+                url,
+                "--json",
+            ],
             _env(),
         )
-    )  # fmt: skip
+    )
     assert view["rollout"] == {"version": 2, "percent": 25, "predicate": None}
     shown = invoke(["rollout", "show", "noop", "--admin-url", url], _env(READER_TOKEN))
     assert shown.exit_code == 0, shown.output
@@ -64,12 +87,22 @@ def test_refusals_are_one_line_with_their_exit_codes(served: Served) -> None:
     assert "percent" in invalid
     predicate = one_line_error(
         invoke(
-            ["rollout", "set", "transfer", "--version", "1", "--percent", "0",
-             "--predicate", "beta", *base],
+            [
+                "rollout",
+                "set",
+                "transfer",
+                "--version",
+                "1",
+                "--percent",
+                "0",
+                "--predicate",
+                "beta",
+                *base,
+            ],
             _env(),
         ),
         5,
-    )  # fmt: skip
+    )
     assert "declares a rollout predicate 'beta'" in predicate
     missing = one_line_error(
         invoke(["rollout", "set", "nope", "--version", "2", "--percent", "1", *base], _env()), 3

@@ -45,13 +45,15 @@ def test_update_then_query(served: Served) -> None:
 
 def test_refusals_are_one_line_errors(served: Served) -> None:
     cart = served.seeded["cart"]
-    over = invoke(["update", cart, "add_item", "--input", '{"sku": "tv", "price": 99}'],
-                  _env(served))  # fmt: skip
+    over = invoke(
+        ["update", cart, "add_item", "--input", '{"sku": "tv", "price": 99}'], _env(served)
+    )
     assert "limit is 50" in one_line_error(over, 4)
     unknown = invoke(["update", cart, "nope"], _env(served))
     assert "declares no update 'nope'" in one_line_error(unknown, 5)
-    failed = invoke(["update", cart, "add_item", "--input", '{"sku": "boom", "price": 1}'],
-                    _env(served))  # fmt: skip
+    failed = invoke(
+        ["update", cart, "add_item", "--input", '{"sku": "boom", "price": 1}'], _env(served)
+    )
     assert "out of stock" in one_line_error(failed, 1)
     bad = invoke(["query", cart, "summary", "--args", "[1]"], _env(served))
     assert "must be a JSON object" in one_line_error(bad, 1)

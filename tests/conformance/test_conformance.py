@@ -52,8 +52,9 @@ def conformance_participant(settings: Settings, *, empty_undo: bool = False) -> 
     async def apply(cmd: ConformanceApply, tx: Transaction) -> dict[str, object]:
         await tx.execute(
             "INSERT INTO conformance_effects (key, command_id) VALUES ($1, $2)",
-            cmd.key, tx.command_id,
-        )  # fmt: skip
+            cmd.key,
+            tx.command_id,
+        )
         n = await tx.fetchval("SELECT count(*) FROM conformance_effects WHERE key = $1", cmd.key)
         return {"key": cmd.key, "applied": n}
 
@@ -76,11 +77,13 @@ async def stack(pg: PgTarget, kafka_bootstrap: str, unique_id: str) -> AsyncIter
     prefix = f"c{unique_id}"
     settings = Settings(
         kafka=KafkaSettings(
-            bootstrap_servers=kafka_bootstrap, topic_prefix=prefix, partitions=2,
+            bootstrap_servers=kafka_bootstrap,
+            topic_prefix=prefix,
+            partitions=2,
             max_message_bytes=8192,
         ),
         participant=ParticipantSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema),
-    )  # fmt: skip
+    )
     conn = await asyncpg.connect(pg.dsn)
     try:
         await conn.execute(EFFECTS_DDL)
@@ -96,9 +99,12 @@ async def stack(pg: PgTarget, kafka_bootstrap: str, unique_id: str) -> AsyncIter
 
 async def _suite(settings: Settings) -> Report:
     return await run_suite(
-        settings.kafka.bootstrap_servers, NAME, prefix=settings.kafka.topic_prefix,
-        max_message_bytes=settings.kafka.max_message_bytes, timeout_s=20,
-    )  # fmt: skip
+        settings.kafka.bootstrap_servers,
+        NAME,
+        prefix=settings.kafka.topic_prefix,
+        max_message_bytes=settings.kafka.max_message_bytes,
+        timeout_s=20,
+    )
 
 
 async def test_the_python_kit_passes_every_case(stack: Settings) -> None:
@@ -132,9 +138,11 @@ async def _broken(settings: Settings, *, dedupe: bool, drop: str, stop: asyncio.
     (``dedupe`` off), and leaves the ``drop`` header out of its replies."""
     kafka = settings.kafka
     consumer = AIOKafkaConsumer(
-        f"{kafka.topic_prefix}.cmd.{NAME}", bootstrap_servers=kafka.bootstrap_servers,
-        group_id=f"{kafka.topic_prefix}.participant.{NAME}", auto_offset_reset="earliest",
-    )  # fmt: skip
+        f"{kafka.topic_prefix}.cmd.{NAME}",
+        bootstrap_servers=kafka.bootstrap_servers,
+        group_id=f"{kafka.topic_prefix}.participant.{NAME}",
+        auto_offset_reset="earliest",
+    )
     producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
     await consumer.start()
     await producer.start()
@@ -158,11 +166,15 @@ async def _broken(settings: Settings, *, dedupe: bool, drop: str, stop: asyncio.
                         )
                         answered[command.command_id] = body
                     reply = Envelope(
-                        message_type=MessageType.REPLY, source=f"/participants/{NAME}",
-                        saga_id=command.saga_id, command_id=command.command_id,
-                        correlation_id=command.correlation_id, causation_id=command.id,
-                        traceparent=command.traceparent, body=body.model_dump(mode="json"),
-                    )  # fmt: skip
+                        message_type=MessageType.REPLY,
+                        source=f"/participants/{NAME}",
+                        saga_id=command.saga_id,
+                        command_id=command.command_id,
+                        correlation_id=command.correlation_id,
+                        causation_id=command.id,
+                        traceparent=command.traceparent,
+                        body=body.model_dump(mode="json"),
+                    )
                     k, v, headers = encode(reply)
                     headers = [(h, x) for h, x in headers if h != drop]
                     await producer.send_and_wait(
@@ -200,9 +212,12 @@ async def test_a_broken_participant_fails_with_a_precise_message(
     task = asyncio.create_task(_broken(stack, dedupe=dedupe, drop=drop, stop=stop))
     try:
         report = await run_suite(
-            stack.kafka.bootstrap_servers, NAME, prefix=stack.kafka.topic_prefix,
-            max_message_bytes=8192, timeout_s=5,
-        )  # fmt: skip
+            stack.kafka.bootstrap_servers,
+            NAME,
+            prefix=stack.kafka.topic_prefix,
+            max_message_bytes=8192,
+            timeout_s=5,
+        )
     finally:
         stop.set()
         await task
@@ -226,10 +241,19 @@ async def test_saga_conformance_prints_json_and_exits_0_when_every_case_passes(
     }
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "saga_engine", "conformance", "--participant", NAME,
-            "--timeout", "20", "--json",
-            env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "saga_engine",
+            "conformance",
+            "--participant",
+            NAME,
+            "--timeout",
+            "20",
+            "--json",
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=120)
     finally:
         await participant.stop()
@@ -247,9 +271,16 @@ async def test_saga_conformance_says_which_topic_is_missing(stack: Settings) -> 
         "SAGA_KAFKA__TOPIC_PREFIX": stack.kafka.topic_prefix,
     }
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "saga_engine", "conformance", "--participant", "nobody",
-        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "saga_engine",
+        "conformance",
+        "--participant",
+        "nobody",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     _, stderr = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode == 1
     assert f"{stack.kafka.topic_prefix}.cmd.nobody do not exist" in stderr.decode()

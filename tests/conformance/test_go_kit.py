@@ -40,8 +40,12 @@ def test_go_test_runs_the_kit_s_unit_and_integration_tests(
     env = {**os.environ, "SAGA_TEST_KAFKA": kafka_bootstrap, "SAGA_TEST_PG_DSN": pg.database_dsn}
     done = subprocess.run(
         [_go(), "test", "-count=1", "-timeout", "5m", "-v", "./..."],
-        cwd=KIT, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        cwd=KIT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     passed = set(re.findall(r"--- PASS: (TestIntegration\w+)", done.stdout))
     skipped = re.findall(r"--- SKIP: (\w+)", done.stdout)
@@ -55,15 +59,23 @@ async def go_participant(
 ) -> AsyncIterator[KafkaSettings]:
     binary = tmp_path / "conformance-participant"
     build = await asyncio.create_subprocess_exec(
-        _go(), "build", "-o", str(binary), "./cmd/conformance-participant",
-        cwd=KIT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        _go(),
+        "build",
+        "-o",
+        str(binary),
+        "./cmd/conformance-participant",
+        cwd=KIT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     _, errors = await asyncio.wait_for(build.communicate(), timeout=900)
     assert build.returncode == 0, errors.decode()[-3000:]
     kafka = KafkaSettings(
-        bootstrap_servers=kafka_bootstrap, topic_prefix=f"g{unique_id}", partitions=2,
+        bootstrap_servers=kafka_bootstrap,
+        topic_prefix=f"g{unique_id}",
+        partitions=2,
         max_message_bytes=8192,
-    )  # fmt: skip
+    )
     await ensure_topics(
         kafka, [f"{kafka.topic_prefix}.{t}" for t in ("inbox", "dlq", f"cmd.{NAME}")], partitions=2
     )
@@ -94,9 +106,12 @@ async def test_the_go_kit_passes_every_conformance_case(go_participant: KafkaSet
     kafka = go_participant
     for _ in range(2):  # twice on one database: each run's effects are its own
         report = await run_suite(
-            kafka.bootstrap_servers, NAME, prefix=kafka.topic_prefix,
-            max_message_bytes=kafka.max_message_bytes, timeout_s=30,
-        )  # fmt: skip
+            kafka.bootstrap_servers,
+            NAME,
+            prefix=kafka.topic_prefix,
+            max_message_bytes=kafka.max_message_bytes,
+            timeout_s=30,
+        )
         failed = {r.name: r.detail for r in report.results if not r.passed}
         assert not failed, failed
         assert [r.name for r in report.results] == list(CASE_NAMES)

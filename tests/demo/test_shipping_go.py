@@ -96,9 +96,12 @@ async def test_schedule_refuse_and_cancel(shipping: DemoStack, bus: Bus) -> None
     )
     # After the compensation (one saga: one partition, in order): nothing left to cancel.
     again = command(
-        "CancelShipment", {"order_id": "o-1"}, saga_id=scheduled.saga_id,
-        command_id=f"{scheduled.saga_id}:undo-again:0", step="undo-again",
-    )  # fmt: skip
+        "CancelShipment",
+        {"order_id": "o-1"},
+        saga_id=scheduled.saga_id,
+        command_id=f"{scheduled.saga_id}:undo-again:0",
+        step="undo-again",
+    )
     never = command("CancelShipment", {"order_id": "o-404"})
     await bus.send(scheduled)
     await bus.send(resent(scheduled))  # a copy: the stored reply, the handler not run again

@@ -73,11 +73,13 @@ class Checkout(Saga[Order, Done]):
 
     async def run(self, ctx: SagaContext, order: Order) -> Done:
         charged = await ctx.step(
-            "charge", to="bank",
+            "charge",
+            to="bank",
             command=Charge(customer=order.customer, amount=order.amount),
             compensate=Refund(customer=order.customer, amount=order.amount),
-            returns=self.reply_model, timeout=timedelta(minutes=5),
-        )  # fmt: skip
+            returns=self.reply_model,
+            timeout=timedelta(minutes=5),
+        )
         decision = await ctx.wait_signal(self.go, timeout=timedelta(hours=1))
         return Done(ok=decision.ok, receipt=charged.receipt)
 

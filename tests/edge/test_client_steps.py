@@ -53,11 +53,14 @@ class Shipping(Saga[Order, Done]):
 
     async def run(self, ctx: SagaContext, order: Order) -> Done:
         shipped = await ctx.step(
-            "ship", to="shipping", returns=Shipped,
+            "ship",
+            to="shipping",
+            returns=Shipped,
             command=Ship(order_id=order.order_id, address=order.address),
-            retry=RetryPolicy(max_attempts=1, initial_backoff=timedelta(seconds=1),
-                              on_exhausted="park"),
-        )  # fmt: skip
+            retry=RetryPolicy(
+                max_attempts=1, initial_backoff=timedelta(seconds=1), on_exhausted="park"
+            ),
+        )
         return Done(tracking=shipped.tracking)
 
 
@@ -70,9 +73,10 @@ def _shipping(command: Envelope) -> ReplyBody:
 
 async def _parked(served: ServedWorker, order_id: str) -> str:
     response = await served.http.post(
-        "/sagas/client-shipping", json={"order_id": order_id, "address": "Nowhere"},
+        "/sagas/client-shipping",
+        json={"order_id": order_id, "address": "Nowhere"},
         headers=OPERATOR,
-    )  # fmt: skip
+    )
     assert response.status_code == 202, response.text
     saga_id: str = response.json()["saga_id"]
     await settled_on(served, saga_id, "step_stuck")
@@ -100,14 +104,17 @@ async def test_the_client_retries_a_parked_step_with_an_edited_command_and_skips
         assert "address" in str(wrong.value.errors)
         assert await events(served, saga_id) == before
         status = await client.retry_step(
-            saga_id, "ship", command=Ship(order_id="o-1", address="1 Main St"),
+            saga_id,
+            "ship",
+            command=Ship(order_id="o-1", address="1 Main St"),
             reason="address corrected with the customer",
-        )  # fmt: skip
+        )
         assert status in (SagaStatus.RUNNING, SagaStatus.COMPLETED)
         assert await _output(served, saga_id) == {"tracking": "T-o-1"}
         assert [c.body["address"] for c in received if c.saga_id == saga_id] == [
-            "Nowhere", "1 Main St",
-        ]  # fmt: skip
+            "Nowhere",
+            "1 Main St",
+        ]
         [retried] = [e for e in await events(served, saga_id) if e["kind"] == "retry_requested"]
         assert retried["principal"] == "olivia"
         assert retried["reason"] == "address corrected with the customer"

@@ -29,10 +29,13 @@ def nested(levels: int) -> bytes:
 
 def _start(saga_id: str, **body: Any) -> Envelope:
     return Envelope(
-        message_type=MessageType.START, source="/careless", saga_id=saga_id,
-        saga_type="edge-checkout", subject="edge-checkout",
+        message_type=MessageType.START,
+        source="/careless",
+        saga_id=saga_id,
+        saga_type="edge-checkout",
+        subject="edge-checkout",
         body=StartBody(input={"customer": "c"}).model_dump(mode="json") | body,
-    )  # fmt: skip
+    )
 
 
 async def produce_raw(settings: Settings, topic: str, envelope: Envelope, value: bytes) -> None:
@@ -75,9 +78,11 @@ async def test_a_fairness_key_postgres_cannot_store_is_dead_lettered_naming_it(
     """Before: dead-lettered ``rejected`` with Postgres's message about encodings."""
     inbox = Topics.of(settings.kafka).inbox
     await produce_raw(
-        settings, inbox, _start("fair-nul"),
+        settings,
+        inbox,
+        _start("fair-nul"),
         json.dumps(_start("x", fairness_key="tenant\u0000").body).encode(),
-    )  # fmt: skip
+    )
     [letter] = await dead_letters(settings, 1)
     assert letter["dlq_reason"] == "unstorable_value"
     assert "fairness_key: contains a NUL character" in letter["dlq_detail"]

@@ -204,9 +204,12 @@ class Forgetful(Saga[Order, Done]):
 
     async def run(self, ctx: SagaContext, order: Order) -> Done:
         charged = await ctx.step(
-            "charge", to="bank", command=Charge(customer=order.customer, amount=order.amount),
-            compensate=Refund(customer=order.customer, amount=order.amount), returns=Charged,
-        )  # fmt: skip
+            "charge",
+            to="bank",
+            command=Charge(customer=order.customer, amount=order.amount),
+            compensate=Refund(customer=order.customer, amount=order.amount),
+            returns=Charged,
+        )
         decision = await ctx.wait_signal("go", Go)
         return Done(ok=decision.ok, receipt=charged.receipt)
 
@@ -241,9 +244,10 @@ async def test_a_bug_in_the_code_parks_the_saga_until_a_fixed_deploy(settings: S
             )
             assert resumed.status_code == 200, resumed.text
             signal = await new.http.post(
-                f"/sagas/{saga_id}/signal", json={"name": "go", "payload": {"ok": True}},
+                f"/sagas/{saga_id}/signal",
+                json={"name": "go", "payload": {"ok": True}},
                 headers=OPERATOR,
-            )  # fmt: skip
+            )
             assert signal.status_code == 200, signal.text
             await settled_on(new, saga_id, "completed")
         # The charge was applied once and never refunded: nothing compensated for a bug.

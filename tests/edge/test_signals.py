@@ -146,10 +146,12 @@ async def test_the_inbox_dead_letters_a_bad_signal_and_the_client_refuses_to_sen
 
         def signal(name: str, payload: dict[str, object]) -> Envelope:
             return Envelope(
-                message_type=MessageType.SIGNAL, source="/buggy-producer", saga_id=saga_id,
+                message_type=MessageType.SIGNAL,
+                source="/buggy-producer",
+                saga_id=saga_id,
                 subject=name,
                 body={"name": name, "signal_id": str(uuid.uuid4()), "payload": payload},
-            )  # fmt: skip
+            )
 
         await produce(
             settings, inbox, signal("go", {"ok": "not-a-bool"}), signal("og", {"ok": True})
@@ -208,9 +210,12 @@ async def test_a_signal_no_wait_can_take_any_more_is_refused_at_every_edge(
 
         inbox = Topics.of(settings.kafka).inbox
         signal = Envelope(
-            message_type=MessageType.SIGNAL, source="/late-producer", saga_id=saga_id,
-            subject="go", body={"name": "go", "signal_id": "late", "payload": {"ok": True}},
-        )  # fmt: skip
+            message_type=MessageType.SIGNAL,
+            source="/late-producer",
+            saga_id=saga_id,
+            subject="go",
+            body={"name": "go", "signal_id": "late", "payload": {"ok": True}},
+        )
         await produce(settings, inbox, signal)
         [letter] = await dead_letters(settings, 1)
         assert letter["dlq_reason"] == "not_accepted"

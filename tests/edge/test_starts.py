@@ -77,21 +77,28 @@ async def test_a_start_postgres_cannot_store_is_refused_everywhere(
         settings,
         inbox,
         Envelope(
-            message_type=MessageType.START, source="/careless", saga_id=saga_id,
-            saga_type="edge-checkout", subject="edge-checkout",
+            message_type=MessageType.START,
+            source="/careless",
+            saga_id=saga_id,
+            saga_type="edge-checkout",
+            subject="edge-checkout",
             body=StartBody(input={"customer": "a\u0000b"}).model_dump(mode="json"),
         ),
-    )  # fmt: skip
+    )
     # A deadline no date can hold (it used to fail in the engine, as engine_error).
     far = StartBody(input={"customer": "c"}).model_dump(mode="json") | {"deadline_s": 1e12}
     await produce(
         settings,
         inbox,
         Envelope(
-            message_type=MessageType.START, source="/careless", saga_id="far-future",
-            saga_type="edge-checkout", subject="edge-checkout", body=far,
+            message_type=MessageType.START,
+            source="/careless",
+            saga_id="far-future",
+            saga_type="edge-checkout",
+            subject="edge-checkout",
+            body=far,
         ),
-    )  # fmt: skip
+    )
     # Keyed by different sagas, they may sit in different partitions: in any order.
     by_reason = {d["dlq_reason"]: d for d in await dead_letters(settings, 2)}
     letter, late = by_reason["unstorable_value"], by_reason["invalid_body"]

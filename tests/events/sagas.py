@@ -60,7 +60,10 @@ class AwaitPayment(Saga[Order, CheckoutResult]):
                 return CheckoutResult(amounts=amounts, timed_out=True)
             amounts.append(paid.amount)
         await ctx.step(
-            "ship", to="shipping", command=Ship(order_id=order.order_id, amount=sum(amounts)),
-            returns=Shipped, timeout=timedelta(seconds=10),
-        )  # fmt: skip
+            "ship",
+            to="shipping",
+            command=Ship(order_id=order.order_id, amount=sum(amounts)),
+            returns=Shipped,
+            timeout=timedelta(seconds=10),
+        )
         return CheckoutResult(amounts=amounts)

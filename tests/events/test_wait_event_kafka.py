@@ -72,9 +72,11 @@ async def test_facts_reach_the_waiting_sagas_through_their_owner(
     settings = _settings(pg, kafka_bootstrap, unique_id)
     topic = f"t{unique_id}.payments.captured"
     source = type(payment_captured)(
-        topic=topic, model=payment_captured.model, key="order_id",
+        topic=topic,
+        model=payment_captured.model,
+        key="order_id",
         retention=payment_captured.retention,
-    )  # fmt: skip
+    )
     shipped = ReplyBody(outcome="success", payload=Shipped(tracking="t").model_dump())
     # Only the second engine consumes the source: the sagas the first one owns get their
     # facts through the inbox (a nudge), from the store.
@@ -145,8 +147,10 @@ async def test_facts_reach_the_waiting_sagas_through_their_owner(
             await poll_until(lambda: len({c.saga_id for c in commands}) == 9)
             dlq = await read_topic(settings.kafka, f"t{unique_id}.dlq", 3)
             assert sorted(dict(r.headers)["dlq_reason"].decode() for r in dlq) == [
-                "invalid_body", "invalid_body", "malformed_json",
-            ]  # fmt: skip
+                "invalid_body",
+                "invalid_body",
+                "malformed_json",
+            ]
             assert {dict(r.headers)["dlq_topic"].decode() for r in dlq} == {topic}
     finally:
         await asyncio.gather(first.stop(), second.stop(), return_exceptions=True)

@@ -44,9 +44,15 @@ async def ensure_topics(
         missing = sorted(set(names) - set(await admin.list_topics()))
         if missing:  # a topic another client created meanwhile is an error code, ignored
             await admin.create_topics(
-                [NewTopic(name, num_partitions=partitions or kafka.partitions,
-                          replication_factor=kafka.replication_factor) for name in missing]
-            )  # fmt: skip
+                [
+                    NewTopic(
+                        name,
+                        num_partitions=partitions or kafka.partitions,
+                        replication_factor=kafka.replication_factor,
+                    )
+                    for name in missing
+                ]
+            )
         deadline = time.monotonic() + 15
         while not set(missing) <= set(await admin.list_topics()):
             assert time.monotonic() < deadline, f"topics {missing} did not appear"
@@ -119,9 +125,12 @@ async def read_topic(
 ) -> list[Any]:
     """Reads ``count`` records from the start of ``topic`` (no group)."""
     consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=kafka.bootstrap_servers, auto_offset_reset="earliest",
-        group_id=None, fetch_max_wait_ms=20,
-    )  # fmt: skip
+        topic,
+        bootstrap_servers=kafka.bootstrap_servers,
+        auto_offset_reset="earliest",
+        group_id=None,
+        fetch_max_wait_ms=20,
+    )
     await consumer.start()
     records: list[Any] = []
     try:
@@ -147,9 +156,11 @@ async def read_topic_to_end(kafka: KafkaSettings, topic: str, timeout: float = 3
         await admin.close()
     parts = [TopicPartition(topic, p["partition"]) for p in described["partitions"]]
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=kafka.bootstrap_servers, group_id=None, enable_auto_commit=False,
+        bootstrap_servers=kafka.bootstrap_servers,
+        group_id=None,
+        enable_auto_commit=False,
         fetch_max_wait_ms=20,
-    )  # fmt: skip
+    )
     await consumer.start()
     try:
         async with asyncio.timeout(timeout):

@@ -70,14 +70,14 @@ def _settings(pg: PgTarget, bootstrap: str, partitions: int = 2) -> Settings:
     return Settings(
         pg=PostgresSettings(dsn=pg.database_dsn, db_schema=pg.schema),
         kafka=KafkaSettings(
-            bootstrap_servers=bootstrap, topic_prefix=f"codec{tag}", group_id=f"codec-{tag}",
+            bootstrap_servers=bootstrap,
+            topic_prefix=f"codec{tag}",
+            group_id=f"codec-{tag}",
             partitions=partitions,
         ),
-        participant=ParticipantSettings(
-            dsn=SecretStr(pg.database_dsn), db_schema=f"{pg.schema}_p"
-        ),
+        participant=ParticipantSettings(dsn=SecretStr(pg.database_dsn), db_schema=f"{pg.schema}_p"),
         admin=AdminSettings(enabled=False, port=0),
-    )  # fmt: skip
+    )
 
 
 @contextlib.asynccontextmanager
@@ -95,9 +95,14 @@ async def compressing(bootstrap: str) -> AsyncIterator[dict[str, AIOKafkaProduce
 
 def _start_request(saga_id: str) -> Envelope:
     return Envelope(
-        message_type=MessageType.START, source="/another-team", subject=Instant.name,
-        saga_id=saga_id, saga_type=Instant.name, correlation_id=saga_id, body={"input": {}},
-    )  # fmt: skip
+        message_type=MessageType.START,
+        source="/another-team",
+        subject=Instant.name,
+        saga_id=saga_id,
+        saga_type=Instant.name,
+        correlation_id=saga_id,
+        body={"input": {}},
+    )
 
 
 def _seats(
@@ -119,9 +124,12 @@ async def test_every_codec_reads_through_the_inbox_and_a_trigger(
     topic = f"{settings.kafka.topic_prefix}.bookings"
     await ensure_topics(settings.kafka, [topic])
     trigger = KafkaTrigger(
-        topic=topic, saga=Instant, message=Booked, to_input=lambda m: Nothing(),
+        topic=topic,
+        saga=Instant,
+        message=Booked,
+        to_input=lambda m: Nothing(),
         idempotency_key=lambda m: m.key,
-    )  # fmt: skip
+    )
     inbox = Topics.of(settings.kafka).inbox
     async with (
         SagaWorker(settings, [Instant], triggers=[trigger]) as worker,
@@ -162,9 +170,11 @@ async def test_every_codec_reads_in_a_participant(pg: PgTarget, kafka_bootstrap:
 
 
 async def test_a_partition_no_fetch_can_read_is_reported_and_the_others_go_on(
-    pg: PgTarget, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch,
+    pg: PgTarget,
+    kafka_bootstrap: str,
+    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     settings = _settings(pg, kafka_bootstrap)
     topic = Topics.of(settings.kafka).commands("seats")
     await ensure_topics(settings.kafka, [topic])

@@ -120,11 +120,13 @@ async def _participant_round(pg: PgTarget, bootstrap: str, n: int, locks: Path) 
     prefix = f"storm{uuid.uuid4().hex[:10]}"
     settings = Settings(
         kafka=KafkaSettings(
-            bootstrap_servers=bootstrap, topic_prefix=prefix, partitions=PARTITIONS,
+            bootstrap_servers=bootstrap,
+            topic_prefix=prefix,
+            partitions=PARTITIONS,
             instance_lock_dir=str(locks),
         ),
         participant=ParticipantSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema),
-    )  # fmt: skip
+    )
     instances = [_seats(settings) for _ in range(n)]
     try:
         if not await _started([p.start() for p, _ in instances]):
@@ -170,11 +172,14 @@ async def _engine_round(pg: PgTarget, bootstrap: str, n: int, locks: Path) -> in
     settings = Settings(
         pg=PostgresSettings(dsn=pg.database_dsn, db_schema=pg.schema),
         kafka=KafkaSettings(
-            bootstrap_servers=bootstrap, topic_prefix=f"storm{tag}", group_id=f"engines-{tag}",
-            partitions=PARTITIONS, instance_lock_dir=str(locks),
+            bootstrap_servers=bootstrap,
+            topic_prefix=f"storm{tag}",
+            group_id=f"engines-{tag}",
+            partitions=PARTITIONS,
+            instance_lock_dir=str(locks),
         ),
         admin=AdminSettings(enabled=False, port=0),
-    )  # fmt: skip
+    )
     workers = [SagaWorker(settings, [Instant]) for _ in range(n)]
     client = SagaClient(settings)
     try:

@@ -59,9 +59,13 @@ class CheckFraud(Saga[Order, Out]):
         )
         try:
             verdict = await ctx.http_step(
-                "fraud", endpoint="fraud", path="/check", json={"customer": order.customer},
-                returns=Verdict, timeout=5,
-            )  # fmt: skip
+                "fraud",
+                endpoint="fraud",
+                path="/check",
+                json={"customer": order.customer},
+                returns=Verdict,
+                timeout=5,
+            )
         except StepFailed as exc:
             if order.customer == "caught":
                 return Out(approved=False, refused=exc.reason)
@@ -179,17 +183,27 @@ class CaptureFirst(Saga[Order, Out]):
 
     async def run(self, ctx: SagaContext, order: Order) -> Out:
         await ctx.step(
-            "hold", to="alpha", command=Hold(customer=order.customer),
+            "hold",
+            to="alpha",
+            command=Hold(customer=order.customer),
             compensate=Hold(customer="undo"),
-        )  # fmt: skip
+        )
         await ctx.http_step(
-            "capture", endpoint="fraud", path="/capture", json={"customer": order.customer},
-            timeout=5, pivot=True,
-        )  # fmt: skip
+            "capture",
+            endpoint="fraud",
+            path="/capture",
+            json={"customer": order.customer},
+            timeout=5,
+            pivot=True,
+        )
         verdict = await ctx.http_step(
-            "fraud", endpoint="fraud", path="/check", json={"customer": order.customer},
-            returns=Verdict, timeout=5,
-        )  # fmt: skip
+            "fraud",
+            endpoint="fraud",
+            path="/check",
+            json={"customer": order.customer},
+            returns=Verdict,
+            timeout=5,
+        )
         return Out(approved=verdict.approved)
 
 
@@ -245,9 +259,12 @@ async def test_trigger_starts_one_saga_per_message_even_when_redelivered(
         settings = _settings(pg, kafka_bootstrap, unique_id, url)
         topic = f"t{unique_id}.orders.requested"
         trigger = KafkaTrigger(
-            topic=topic, saga=requested.saga, message=requested.message,
-            to_input=requested.to_input, idempotency_key=requested.idempotency_key,
-        )  # fmt: skip
+            topic=topic,
+            saga=requested.saga,
+            message=requested.message,
+            to_input=requested.to_input,
+            idempotency_key=requested.idempotency_key,
+        )
         async with (
             SagaWorker(settings, [CheckFraud], triggers=[trigger]) as worker,
             fake_participant(settings, "alpha"),
@@ -283,8 +300,10 @@ async def test_trigger_starts_one_saga_per_message_even_when_redelivered(
             await poll_until(done)
             dlq = await read_topic(settings.kafka, f"t{unique_id}.dlq", 3)
             assert sorted(dict(r.headers)["dlq_reason"].decode() for r in dlq) == [
-                "invalid_body", "malformed_json", "unstorable_value",
-            ]  # fmt: skip
+                "invalid_body",
+                "malformed_json",
+                "unstorable_value",
+            ]
             assert {dict(r.headers)["dlq_topic"].decode() for r in dlq} == {topic}
             sagas = await parts.store.list_sagas()
             assert sorted(s.idempotency_key or "" for s in sagas) == ["order-1", "order-2"]
@@ -320,9 +339,12 @@ async def test_a_malformed_trigger_message_counts_in_the_metrics_dead_lettered(
     settings = _settings(pg, kafka_bootstrap, unique_id, "http://127.0.0.1:9")
     topic = f"t{unique_id}.orders.requested"
     trigger = KafkaTrigger(
-        topic=topic, saga=requested.saga, message=requested.message,
-        to_input=requested.to_input, idempotency_key=requested.idempotency_key,
-    )  # fmt: skip
+        topic=topic,
+        saga=requested.saga,
+        message=requested.message,
+        to_input=requested.to_input,
+        idempotency_key=requested.idempotency_key,
+    )
     async with SagaWorker(settings, [CheckFraud], triggers=[trigger]) as worker:
         assert worker.engine is not None
         assert worker.admin_url is not None

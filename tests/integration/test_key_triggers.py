@@ -96,9 +96,13 @@ def test_a_concurrency_key_needs_a_limited_saga() -> None:
 
     with pytest.raises(DefinitionError, match="declares no `concurrency`"):
         KafkaTrigger(
-            topic="t", saga=Free, message=PaymentRequested, to_input=lambda m: {},
-            idempotency_key=lambda m: m.request_id, concurrency_key=lambda m: m.account_no,
-        )  # fmt: skip
+            topic="t",
+            saga=Free,
+            message=PaymentRequested,
+            to_input=lambda m: {},
+            idempotency_key=lambda m: m.request_id,
+            concurrency_key=lambda m: m.account_no,
+        )
 
 
 async def test_a_trigger_maps_priority_fairness_and_concurrency_keys(
@@ -143,8 +147,10 @@ async def test_a_trigger_maps_priority_fairness_and_concurrency_keys(
     starts = [h[0] for h in histories]
     assert all(isinstance(s, SagaStarted) for s in starts)
     assert [(s.priority, s.fairness_key, s.input["account"]) for s in starts] == [  # type: ignore[union-attr]
-        (10, "acme", "A-1"), (0, "globex", "A-1"), (0, "acme", "A-1"),
-    ]  # fmt: skip
+        (10, "acme", "A-1"),
+        (0, "globex", "A-1"),
+        (0, "acme", "A-1"),
+    ]
     # One key: they ran one at a time, and at least the later ones queued for it.
     assert all(any(isinstance(e, KeyAcquired) for e in h) for h in histories)
     assert sum(any(isinstance(e, KeyQueued) for e in h) for h in histories) >= 1

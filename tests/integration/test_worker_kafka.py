@@ -166,9 +166,12 @@ async def test_poison_messages_go_to_the_dlq_and_the_partition_keeps_flowing(
     inbox = f"{settings.kafka.topic_prefix}.inbox"
     key = b"poison-key"  # every record on the same partition
     good = Envelope(
-        message_type=MessageType.START, source="/t", saga_id="poison-key", saga_type="two-steps",
+        message_type=MessageType.START,
+        source="/t",
+        saga_id="poison-key",
+        saga_type="two-steps",
         body={"input": {"n": 1}},
-    )  # fmt: skip
+    )
     _, good_value, good_headers = encode(good)
 
     def headers_with(**changes: str) -> list[tuple[str, bytes]]:
@@ -222,10 +225,16 @@ async def test_poison_messages_go_to_the_dlq_and_the_partition_keeps_flowing(
     reasons = sorted(dict(r.headers)["dlq_reason"].decode() for r in records)
     assert reasons == sorted(
         [
-            "malformed_json", "wrong_schema_version", "unknown_type", "oversized",
-            "invalid_input", "unknown_saga", "missing_header", "unknown_command",
+            "malformed_json",
+            "wrong_schema_version",
+            "unknown_type",
+            "oversized",
+            "invalid_input",
+            "unknown_saga",
+            "missing_header",
+            "unknown_command",
         ]
-    )  # fmt: skip
+    )
     for record in records:
         headers = dict(record.headers)
         assert headers["dlq_topic"].decode() == inbox

@@ -16,8 +16,8 @@ from aiokafka.errors import KafkaConnectionError
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Settings, Signal
-from saga_engine.core._decision import child_saga_id
-from saga_engine.core._rollout import RolloutSpec
+from saga_engine.core.history._decision import child_saga_id
+from saga_engine.core.planning._rollout import RolloutSpec
 from saga_engine.protocol import Envelope, MessageType, Topics
 from saga_engine.runner._rollouts import apply_rollout
 from saga_engine.worker import SagaWorker
@@ -141,16 +141,22 @@ async def _reaches(worker: SagaWorker, saga_id: str, wanted: SagaStatus, timeout
 
 def _signal(saga_id: str, ok: bool) -> Envelope:
     return Envelope(
-        message_type=MessageType.SIGNAL, source="/test", saga_id=saga_id, subject="go",
+        message_type=MessageType.SIGNAL,
+        source="/test",
+        saga_id=saga_id,
+        subject="go",
         body={"name": "go", "signal_id": str(uuid.uuid4()), "payload": {"ok": ok}},
-    )  # fmt: skip
+    )
 
 
 def _cancel(saga_id: str) -> Envelope:
     return Envelope(
-        message_type=MessageType.CANCEL, source="/test", saga_id=saga_id, subject="cancel",
+        message_type=MessageType.CANCEL,
+        source="/test",
+        saga_id=saga_id,
+        subject="cancel",
         body={"reason": "the customer changed their mind"},
-    )  # fmt: skip
+    )
 
 
 async def test_an_undo_reaching_a_child_that_failed_first_completes_the_parents_undo(
@@ -281,19 +287,30 @@ async def test_an_undo_or_end_from_a_saga_that_is_not_linked_is_dead_lettered(
         await _reaches(worker, child, SagaStatus.RUNNING, 30)
         start = next(e for e in await engine.history(parent) if e.kind == "command_issued")
         undo = Envelope(
-            message_type=MessageType.UNDO, source="/intruder", saga_id=child,
-            subject="fragile", command_id="forged-undo", body={"parent_id": "intruder"},
-        )  # fmt: skip
+            message_type=MessageType.UNDO,
+            source="/intruder",
+            saga_id=child,
+            subject="fragile",
+            command_id="forged-undo",
+            body={"parent_id": "intruder"},
+        )
         end = Envelope(
-            message_type=MessageType.REPLY, source="/intruder", saga_id=parent,
-            command_id=start.command_id, causation_id="intruder",
+            message_type=MessageType.REPLY,
+            source="/intruder",
+            saga_id=parent,
+            command_id=start.command_id,
+            causation_id="intruder",
             body={"outcome": "success", "payload": {"label": "forged"}},
-        )  # fmt: skip
+        )
         # An undo of a saga no parent started (PROTOCOL.md section 5a): not_parent too.
         root_undo = Envelope(
-            message_type=MessageType.UNDO, source="/intruder", saga_id=parent,
-            subject="patient", command_id="forged-root-undo", body={"parent_id": "intruder"},
-        )  # fmt: skip
+            message_type=MessageType.UNDO,
+            source="/intruder",
+            saga_id=parent,
+            subject="patient",
+            command_id="forged-root-undo",
+            body={"parent_id": "intruder"},
+        )
         before = {s: await engine.history(s) for s in (parent, child)}
         await produce(settings, Topics.of(settings.kafka).inbox, undo, end, root_undo)
         letters = await dead_letters(settings, 3)

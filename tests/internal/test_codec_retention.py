@@ -16,10 +16,10 @@ import pytest
 from pydantic import SecretStr
 
 from saga_engine.cli._store import archive_file_histories
-from saga_engine.core._codec import AesGcmCodec, CodecChain, open_archive
-from saga_engine.core._events import Event, SagaCompleted, SagaStarted
-from saga_engine.core._replay import load_history
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._codec import AesGcmCodec, CodecChain, open_archive
+from saga_engine.core.history._events import Event, SagaCompleted, SagaStarted
+from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.planning._replay import load_history
 from saga_engine.kernel._errors import CliError, CodecError
 from saga_engine.runner._retention import Retention
 from saga_engine.settings import PostgresSettings, RetentionSettings

@@ -1,4 +1,4 @@
-"""The engine's dead letters (``_kafka.DeadLetters``) carry the headers proto/PROTOCOL.md
+"""The engine's dead letters (``_kafka.KafkaDeadLetterPublisher``) carry the headers proto/PROTOCOL.md
 (section 11) and ``proto/schemas/dlq-headers.schema.json`` promise, also when a record is
 too large even for the dead-letter topic. (The rest of the wire contract is checked
 through the public names in tests/test_proto.py.)"""
@@ -9,12 +9,12 @@ import pytest
 from aiokafka.errors import MessageSizeTooLargeError
 
 from saga_engine.protocol import Headers, PoisonReason, encode
-from saga_engine.transport._kafka import DeadLetters
+from saga_engine.transport._kafka import KafkaDeadLetterPublisher
 from tests.test_proto import TOPICS, command, errors, header_dict
 
 
 class _Producer:
-    """Stands in for AIOKafkaProducer: records what DeadLetters sends."""
+    """Stands in for AIOKafkaProducer: records what KafkaDeadLetterPublisher sends."""
 
     def __init__(self, *, too_large_once: bool = False) -> None:
         self.sent: list[tuple[str, bytes | None, bytes | None, Headers]] = []
@@ -33,7 +33,7 @@ class _Producer:
 async def test_dead_letter_headers_validate(reason: str) -> None:
     producer = _Producer()
     key, value, headers = encode(command())
-    await DeadLetters(producer, TOPICS.dlq).publish(
+    await KafkaDeadLetterPublisher(producer, TOPICS.dlq).publish(
         key=key,
         value=value,
         headers=[*headers, ("dlq_reason", b"stale")],
@@ -53,7 +53,7 @@ async def test_dead_letter_headers_validate(reason: str) -> None:
 
 async def test_truncated_dead_letters_validate() -> None:
     producer = _Producer(too_large_once=True)
-    await DeadLetters(producer, TOPICS.dlq).publish(
+    await KafkaDeadLetterPublisher(producer, TOPICS.dlq).publish(
         key=b"k",
         value=b"x" * 100_000,
         headers=[],

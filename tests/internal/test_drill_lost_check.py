@@ -6,9 +6,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from saga_engine.cli._drill_checks import _lost, parked_reason
-from saga_engine.core._event_parts import ErrorInfo
-from saga_engine.core._events import CompensationStuck, Event, SagaParked, StepParked
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._events import (
+    CompensationStuck,
+    ErrorInfo,
+    Event,
+    SagaParked,
+    StepParked,
+)
+from saga_engine.core.history._status import SagaStatus
 from saga_engine.store._store import LoadedSaga, SagaRecord, StoredEvent
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -16,9 +21,14 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 def _loaded(status: SagaStatus, *events: Event, error: dict[str, str] | None = None) -> LoadedSaga:
     record = SagaRecord(
-        saga_id="s", saga_type="t", status=status, last_seq=len(events), created_at=T0,
-        updated_at=T0, error=error,
-    )  # fmt: skip
+        saga_id="s",
+        saga_type="t",
+        status=status,
+        last_seq=len(events),
+        created_at=T0,
+        updated_at=T0,
+        error=error,
+    )
     return LoadedSaga(record, [StoredEvent(i + 1, e) for i, e in enumerate(events)])
 
 

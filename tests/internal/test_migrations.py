@@ -404,7 +404,7 @@ async def test_0008_keeps_the_rollout_audit_append_only(pg: PgTarget) -> None:
     """The audit trail of rollouts cannot be rewritten, even by SQL (a trigger refuses it)."""
     from datetime import UTC, datetime
 
-    from saga_engine.core._rollout import RolloutSpec
+    from saga_engine.core.planning._rollout import RolloutSpec
 
     await migrate(pg.database_dsn, pg.schema)
     store = await PostgresEventStore.connect(
@@ -412,9 +412,12 @@ async def test_0008_keeps_the_rollout_audit_append_only(pg: PgTarget) -> None:
     )
     try:
         await store.set_rollout(
-            "order", RolloutSpec(version=2), principal="o", reason="r",
+            "order",
+            RolloutSpec(version=2),
+            principal="o",
+            reason="r",
             at=datetime(2026, 3, 1, tzinfo=UTC),
-        )  # fmt: skip
+        )
     finally:
         await store.close()
     conn = await asyncpg.connect(pg.dsn)

@@ -424,8 +424,11 @@ async def test_a_batch_handler_at_another_isolation_level_answers_its_run_at_it(
 
     assert levels == [("serializable", ids(s1, s2))]
     assert await world.ledger() == [
-        (before.command_id, 4), (s1.command_id, 1), (s2.command_id, 2), (after.command_id, 6),
-    ]  # fmt: skip
+        (before.command_id, 4),
+        (s1.command_id, 1),
+        (s2.command_id, 2),
+        (after.command_id, 6),
+    ]
     assert participant.stats["processed"] == 4
 
 

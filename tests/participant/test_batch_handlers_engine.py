@@ -56,9 +56,12 @@ class Checkout(Saga[Order, Done]):
 
     async def run(self, ctx: SagaContext, order: Order) -> Done:
         await ctx.step(
-            "hold", to="shop", command=Hold(amount=order.amount),
-            compensate=Unhold(amount=order.amount), timeout=30,
-        )  # fmt: skip
+            "hold",
+            to="shop",
+            command=Hold(amount=order.amount),
+            compensate=Unhold(amount=order.amount),
+            timeout=30,
+        )
         await ctx.step("charge", to="shop", command=Charge(amount=order.amount), timeout=30)
         return Done(amount=order.amount)
 
@@ -68,9 +71,12 @@ def shop(settings: Settings, sizes: list[int]) -> Participant:
 
     async def write(batch: CommandBatch[Hold] | CommandBatch[Unhold], kind: str) -> None:
         await batch.execute(
-            INSERT, [c.command_id for c in batch], [c.saga_id for c in batch], kind,
+            INSERT,
+            [c.command_id for c in batch],
+            [c.saga_id for c in batch],
+            kind,
             [c.command.amount for c in batch],
-        )  # fmt: skip
+        )
 
     @participant.handles_batch(Hold)
     async def hold(batch: CommandBatch[Hold]) -> list[None]:
@@ -87,9 +93,12 @@ def shop(settings: Settings, sizes: list[int]) -> Participant:
     async def charge(batch: CommandBatch[Charge]) -> list[Rejected | None]:
         ok = [c for c in batch if c.command.amount <= 100]
         await batch.execute(
-            INSERT, [c.command_id for c in ok], [c.saga_id for c in ok], "charge",
+            INSERT,
+            [c.command_id for c in ok],
+            [c.saga_id for c in ok],
+            "charge",
             [c.command.amount for c in ok],
-        )  # fmt: skip
+        )
         return [None if c.command.amount <= 100 else Rejected("over the limit") for c in batch]
 
     return participant

@@ -485,9 +485,11 @@ async def test_a_command_postgres_cannot_store_gets_a_failure_reply_saying_where
     participant = await world.participant()
     saga = "saga-nul"  # one key: one partition, in order
     nul = command(
-        "Reserve", {"amount": 3, "memo": "a\u0000b", "tags": ["ok", "\ud800"]},
-        saga_id=saga, command_id=f"{saga}:0",
-    )  # fmt: skip
+        "Reserve",
+        {"amount": 3, "memo": "a\u0000b", "tags": ["ok", "\ud800"]},
+        saga_id=saga,
+        command_id=f"{saga}:0",
+    )
     step_nul = command("Reserve", {"amount": 4}, saga_id=saga, command_id=f"{saga}:1")
     step_nul = step_nul.model_copy(update={"step": "reserve\u0000"})
     valid = command("Reserve", {"amount": 7}, saga_id=saga, command_id=f"{saga}:2")
@@ -722,8 +724,11 @@ async def test_an_outcome_stored_by_another_kit_meanwhile_rolls_the_batch_back_a
                 "INSERT INTO saga_processed_commands "
                 "(command_id, saga_id, command_type, step, outcome, reply) "
                 "VALUES ($1, $2, 'Gated', $3, 'success', $4::jsonb)",
-                tx.command_id, cmd_env.saga_id, cmd_env.step, foreign,
-            )  # fmt: skip
+                tx.command_id,
+                cmd_env.saga_id,
+                cmd_env.step,
+                foreign,
+            )
             return {"by": "this kit"}
 
     cmd_env = command("Gated", {})

@@ -145,8 +145,12 @@ def _spawn(
     with open(logs / f"{name}.log", "wb") as log:  # the child keeps its own descriptor
         return subprocess.Popen(
             [sys.executable, "-m", "tests.telemetry.traced_participant", name],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+        )
 
 
 async def _ready(proc: subprocess.Popen[bytes], log: Path) -> int:

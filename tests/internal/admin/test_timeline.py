@@ -9,17 +9,27 @@ def test_the_timeline_follows_timestamps_and_outcomes() -> None:
     from datetime import UTC, datetime, timedelta
 
     from saga_engine.admin._timeline import timeline
-    from saga_engine.core._events import AttemptTimedOut, CommandIssued, Event, ReplyReceived
-    from saga_engine.core._view import fold
+    from saga_engine.core.history._events import (
+        AttemptTimedOut,
+        CommandIssued,
+        Event,
+        ReplyReceived,
+    )
+    from saga_engine.core.views._view import fold
 
     t0 = datetime(2030, 1, 1, tzinfo=UTC)
 
     def issued(seconds: int, command_id: str, attempt: int) -> CommandIssued:
         return CommandIssued(
-            at=t0 + timedelta(seconds=seconds), step="pay", participant="bank",
-            command_type="Pay", payload={}, payload_hash="h", command_id=command_id,
+            at=t0 + timedelta(seconds=seconds),
+            step="pay",
+            participant="bank",
+            command_type="Pay",
+            payload={},
+            payload_hash="h",
+            command_id=command_id,
             attempt=attempt,
-        )  # fmt: skip
+        )
 
     events: list[Event] = [
         issued(0, "c1", 1),
@@ -45,7 +55,7 @@ def test_the_timeline_draws_back_offs_waits_and_parked_periods() -> None:
     from datetime import UTC, datetime, timedelta
 
     from saga_engine.admin._timeline import timeline
-    from saga_engine.core._events import (
+    from saga_engine.core.history._events import (
         CommandIssued,
         ErrorInfo,
         Event,
@@ -57,7 +67,7 @@ def test_the_timeline_draws_back_offs_waits_and_parked_periods() -> None:
         TimerFired,
         TimerStarted,
     )
-    from saga_engine.core._view import Lane, fold
+    from saga_engine.core.views._view import Lane, fold
 
     t0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -66,9 +76,15 @@ def test_the_timeline_draws_back_offs_waits_and_parked_periods() -> None:
 
     def issued(seconds: int, attempt: int) -> CommandIssued:
         return CommandIssued(
-            at=at(seconds), step="pay", participant="bank", command_type="Pay", payload={},
-            payload_hash="h", command_id=f"c{attempt}", attempt=attempt,
-        )  # fmt: skip
+            at=at(seconds),
+            step="pay",
+            participant="bank",
+            command_type="Pay",
+            payload={},
+            payload_hash="h",
+            command_id=f"c{attempt}",
+            attempt=attempt,
+        )
 
     events: list[Event] = [
         SagaStarted(at=t0, saga_type="t", input={}),

@@ -13,14 +13,25 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import SecretStr
 
-from saga_engine.core._batch import BatchAction, BatchFilter, BatchSpec, BatchState
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.planning._batch_operations import (
+    BatchAction,
+    BatchFilter,
+    BatchSpec,
+    BatchState,
+)
 from saga_engine.kernel._errors import BatchNotFound, InvalidTransition
 from saga_engine.kernel._settings import PostgresSettings
-from saga_engine.store._batch_store import MAX_ERRORS, BatchStore, Dealt, Lease, Outcome
-from saga_engine.store._membatches import InMemoryBatchStore
+from saga_engine.store._batch_operation_store import (
+    MAX_ERRORS,
+    BatchStore,
+    Dealt,
+    Lease,
+    SagaActionOutcome,
+)
+from saga_engine.store._membatch_operations import InMemoryBatchStore
 from saga_engine.store._migrations import migrate
-from saga_engine.store._pgbatches import PostgresBatchStore
+from saga_engine.store._pgbatch_operations import PostgresBatchStore
 from tests.conftest import PgTarget
 
 pytestmark = pytest.mark.integration
@@ -91,7 +102,7 @@ async def test_one_engine_holds_an_operation_until_its_lease_expires(
     taken = await two.claim(Lease("b", T0 + timedelta(seconds=32), LEASE))
     assert taken is not None
     assert taken.lease_owner == "b"
-    assert not await one.advance("op", Lease("a", T0, LEASE), Dealt("s1", Outcome.ACTED))
+    assert not await one.advance("op", Lease("a", T0, LEASE), Dealt("s1", SagaActionOutcome.ACTED))
     assert (await one.get("op")).done == 0
 
 
@@ -111,10 +122,10 @@ async def test_progress_counts_moves_the_cursor_and_keeps_the_first_errors(
     await store.create("op", SPEC, "alice", 3, T0)
     assert await store.claim(Lease("a", T0, LEASE)) is not None
     at = T0 + timedelta(seconds=10)
-    assert await store.advance("op", Lease("a", at, LEASE), Dealt("s1", Outcome.ACTED))
-    assert await store.advance("op", Lease("a", at, LEASE), Dealt("s2", Outcome.SKIPPED))
+    assert await store.advance("op", Lease("a", at, LEASE), Dealt("s1", SagaActionOutcome.ACTED))
+    assert await store.advance("op", Lease("a", at, LEASE), Dealt("s2", SagaActionOutcome.SKIPPED))
     for i in range(MAX_ERRORS + 2):
-        failed = Dealt(f"s3-{i:03d}", Outcome.FAILED, error="no")
+        failed = Dealt(f"s3-{i:03d}", SagaActionOutcome.FAILED, error="no")
         assert await store.advance("op", Lease("a", at, LEASE), failed)
     assert await store.advance("op", Lease("a", at, LEASE))  # a renewal alone
     row = await store.get("op")
@@ -127,7 +138,9 @@ async def test_progress_counts_moves_the_cursor_and_keeps_the_first_errors(
     done = await store.get("op")
     assert done.state is BatchState.COMPLETED
     assert done.finished_at == at
-    assert not await store.advance("op", Lease("a", at, LEASE), Dealt("s9", Outcome.ACTED))
+    assert not await store.advance(
+        "op", Lease("a", at, LEASE), Dealt("s9", SagaActionOutcome.ACTED)
+    )
     assert not await store.finish("op", "a", at)
     assert await store.claim(Lease("a", at, LEASE)) is None
 
@@ -141,7 +154,7 @@ async def test_cancel_stops_the_holder_and_only_a_running_operation(
     cancelled = await two.cancel("op", T0 + timedelta(seconds=1))
     assert cancelled.state is BatchState.CANCELLED
     assert cancelled.lease_owner is None
-    assert not await one.advance("op", Lease("a", T0, LEASE), Dealt("s1", Outcome.ACTED))
+    assert not await one.advance("op", Lease("a", T0, LEASE), Dealt("s1", SagaActionOutcome.ACTED))
     assert not await one.finish("op", "a", T0)
     assert (await one.get("op")).state is BatchState.CANCELLED
     assert await two.claim(Lease("b", T0 + timedelta(hours=1), LEASE)) is None

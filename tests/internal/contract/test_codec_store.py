@@ -11,8 +11,14 @@ import asyncpg
 import pytest
 from pydantic import SecretStr
 
-from saga_engine.core._codec import ENCRYPTED, AesGcmCodec, CodecChain, Undecodable, ZstdCodec
-from saga_engine.core._events import (
+from saga_engine.core.history._codec import (
+    ENCRYPTED,
+    AesGcmCodec,
+    CodecChain,
+    Undecodable,
+    ZstdCodec,
+)
+from saga_engine.core.history._events import (
     CompensationStarted,
     ErrorInfo,
     Event,
@@ -21,7 +27,7 @@ from saga_engine.core._events import (
     SagaStarted,
     SignalReceived,
 )
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._errors import CodecError, CodecFailure
 from saga_engine.settings import PostgresSettings
 from saga_engine.store._migrations import migrate

@@ -91,10 +91,17 @@ def _command(
     compensates: tuple[str, ...] = (),
 ) -> OutboundCommand:
     return OutboundCommand(
-        saga_id=saga_id, saga_type="demo", step=f"step-{n}", participant=participant,
-        command_type="Reserve", payload={"n": n, "text": "é✓"}, command_id=str(uuid.uuid4()),
-        attempt=0, compensation=compensation, compensates=compensates,
-    )  # fmt: skip
+        saga_id=saga_id,
+        saga_type="demo",
+        step=f"step-{n}",
+        participant=participant,
+        command_type="Reserve",
+        payload={"n": n, "text": "é✓"},
+        command_id=str(uuid.uuid4()),
+        attempt=0,
+        compensation=compensation,
+        compensates=compensates,
+    )
 
 
 def _essentials(c: OutboundCommand) -> tuple[object, ...]:

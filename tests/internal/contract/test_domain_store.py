@@ -13,15 +13,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import SecretStr
 
-from saga_engine.core._codec import CodecChain, GzipCodec
-from saga_engine.core._decision import Projection
-from saga_engine.core._events import (
+from saga_engine.core.history._codec import CodecChain, GzipCodec
+from saga_engine.core.history._decision import Projection
+from saga_engine.core.history._events import (
     DomainEventReceived,
     EventAwaited,
     SagaCompleted,
     SagaStarted,
 )
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._settings import PostgresSettings
 from saga_engine.store._domain_store import (
     DomainEventStore,
@@ -73,9 +73,17 @@ async def stores(request: pytest.FixtureRequest, pg: PgTarget) -> AsyncIterator[
 
 def _fact(event_id: str, key: str = "42", at: datetime = T0, **kw: object) -> StoredFact:
     return StoredFact(
-        source="PaymentCaptured", key=key, event_id=event_id, payload={"order_id": key, "n": event_id},
-        received_at=at, expires_at=at + HOUR, topic="t", partition=0, offset=1, **kw,  # type: ignore[arg-type]
-    )  # fmt: skip
+        source="PaymentCaptured",
+        key=key,
+        event_id=event_id,
+        payload={"order_id": key, "n": event_id},
+        received_at=at,
+        expires_at=at + HOUR,
+        topic="t",
+        partition=0,
+        offset=1,
+        **kw,  # type: ignore[arg-type]
+    )
 
 
 async def _waiting_saga(store: EventStore, saga_id: str, source: str, key: str) -> None:
@@ -138,9 +146,13 @@ async def test_the_sagas_that_received_a_fact(stores: Stores) -> None:
         await _waiting_saga(stores.events, saga_id, "PaymentCaptured", "42")
     for saga_id, event_id in (("s2", "a"), ("s1", "a"), ("s3", "b")):
         got = DomainEventReceived(
-            at=T0, wait_id="event:PaymentCaptured:1", source="PaymentCaptured", key="42",
-            event_id=event_id, payload={"n": event_id},
-        )  # fmt: skip
+            at=T0,
+            wait_id="event:PaymentCaptured:1",
+            source="PaymentCaptured",
+            key="42",
+            event_id=event_id,
+            payload={"n": event_id},
+        )
         await stores.events.append(Append(saga_id, 2, [got], Projection(SagaStatus.RUNNING)))
     kept = [_fact("a", matched=True), _fact("b", matched=True), _fact("c"), _fact("d", key="7")]
     assert await facts.receivers(kept) == {

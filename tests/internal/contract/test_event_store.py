@@ -25,8 +25,8 @@ import asyncpg
 import pytest
 from pydantic import SecretStr
 
-from saga_engine.core._codec import AesGcmCodec, CodecChain, ZstdCodec
-from saga_engine.core._events import (
+from saga_engine.core.history._codec import AesGcmCodec, CodecChain, ZstdCodec
+from saga_engine.core.history._events import (
     CommandIssued,
     CompensationStarted,
     ErrorInfo,
@@ -40,7 +40,7 @@ from saga_engine.core._events import (
     TimerFired,
     TimerStarted,
 )
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._errors import (
     ConcurrencyError,
     InvalidSagaId,
@@ -644,8 +644,11 @@ async def test_list_sagas_by_search_attributes(store: EventStore) -> None:
     assert await ids(order_id="o-9") == []
     assert await ids(order_id="O-1") == []  # exact, not case-folded
     assert [r.saga_id for r in await store.list_sagas(SagaFilter(attributes={}))] == [
-        "a-0", "a-1", "a-2", "a-3"
-    ]  # fmt: skip
+        "a-0",
+        "a-1",
+        "a-2",
+        "a-3",
+    ]
     # They are the saga record's, as written.
     assert (await store.get("a-3")).search == {"order_id": "o-1", "tenant": "globex"}
     assert (await store.get("a-2")).search is None
@@ -874,8 +877,17 @@ async def test_a_batch_guard_probes_the_primary_key_on_a_table_never_analyzed(
     conn = await asyncpg.connect(pg.database_dsn, server_settings={"search_path": pg.schema})
     try:
         n = 50
-        args = (ids[:n], [1] * n, [2] * n, ["running"] * n, [None] * n, [None] * n,
-                [None] * n, [None] * n, [None] * n)  # fmt: skip
+        args = (
+            ids[:n],
+            [1] * n,
+            [2] * n,
+            ["running"] * n,
+            [None] * n,
+            [None] * n,
+            [None] * n,
+            [None] * n,
+            [None] * n,
+        )
 
         async def plan() -> str:
             rows = await conn.fetch("EXPLAIN " + _pgwrites.UPDATE_GUARDS, *args)

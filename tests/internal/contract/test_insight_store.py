@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-from saga_engine.core._events import (
+from saga_engine.core.history._events import (
     CommandIssued,
     CompensationIssued,
     Event,
@@ -19,8 +19,8 @@ from saga_engine.core._events import (
     TimerFired,
     TimerStarted,
 )
-from saga_engine.core._insight_report import build_report
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.views._insight_report import build_report
 from saga_engine.store._insight_store import InsightStore
 from saga_engine.store._pgstore import PostgresEventStore
 from saga_engine.store._store import Append, EventStore, NewSaga, Projection
@@ -37,16 +37,28 @@ def _at(ms: int) -> datetime:
 
 def _cmd(ms: int, step: str, command_id: str, attempt: int = 1) -> CommandIssued:
     return CommandIssued(
-        at=_at(ms), step=step, participant="svc", command_type=step, payload={"p": 1},
-        payload_hash="h", command_id=command_id, attempt=attempt,
-    )  # fmt: skip
+        at=_at(ms),
+        step=step,
+        participant="svc",
+        command_type=step,
+        payload={"p": 1},
+        payload_hash="h",
+        command_id=command_id,
+        attempt=attempt,
+    )
 
 
-def _reply(ms: int, step: str, command_id: str, outcome: str = "success", error: str | None = None) -> ReplyReceived:  # fmt: skip
+def _reply(
+    ms: int, step: str, command_id: str, outcome: str = "success", error: str | None = None
+) -> ReplyReceived:
     return ReplyReceived(
-        at=_at(ms), step=step, command_id=command_id, outcome=outcome,
-        payload={"ok": True}, error=error,
-    )  # fmt: skip
+        at=_at(ms),
+        step=step,
+        command_id=command_id,
+        outcome=outcome,
+        payload={"ok": True},
+        error=error,
+    )
 
 
 def _happy(saga: str) -> list[Event]:
@@ -122,7 +134,13 @@ async def test_nodes_paths_errors_and_parallel_branches(store: EventStore) -> No
     assert report["outcomes"] == {"compensated": 1, "completed": 2}
     nodes = {n["name"]: n for n in report["nodes"]}
     # The graph's order: by when the node starts in its runs.
-    assert [n["name"] for n in report["nodes"]] == ["reserve", "pay", "ship", "sleep:1", "signal:approve"]  # fmt: skip
+    assert [n["name"] for n in report["nodes"]] == [
+        "reserve",
+        "pay",
+        "ship",
+        "sleep:1",
+        "signal:approve",
+    ]
     reserve = nodes["reserve"]
     assert (reserve["kind"], reserve["runs"], reserve["share"]) == ("step", 3, 1.0)
     assert (reserve["attempts"], reserve["successes"]) == (5, 2)
@@ -131,8 +149,9 @@ async def test_nodes_paths_errors_and_parallel_branches(store: EventStore) -> No
     assert reserve["compensation_rate"] == round(1 / 3, 4)
     assert reserve["latency_ms"] == {"p50": 50, "p95": 50, "p99": 50}
     assert reserve["errors"] == [
-        {"message": "busy", "count": 2}, {"message": "no rooms", "count": 1},
-    ]  # fmt: skip
+        {"message": "busy", "count": 2},
+        {"message": "no rooms", "count": 1},
+    ]
     assert nodes["pay"]["share"] == round(2 / 3, 4)
     assert nodes["ship"]["latency_ms"]["p50"] == 1000
     assert (nodes["sleep:1"]["kind"], nodes["sleep:1"]["latency_ms"]["p50"]) == ("timer", 2000)
@@ -140,8 +159,12 @@ async def test_nodes_paths_errors_and_parallel_branches(store: EventStore) -> No
     assert report["parallel"] == [{"nodes": ["pay", "ship"], "runs": 2, "share": round(2 / 3, 4)}]
     # Two runs took 4 s against an SLA of 1 s; the refused one took 50 ms.
     assert report["sla"] == {
-        "seconds": 1.0, "within": 1, "breached": 2, "share_within": 0.3333, "breaching_runs": [],
-    }  # fmt: skip
+        "seconds": 1.0,
+        "within": 1,
+        "breached": 2,
+        "share_within": 0.3333,
+        "breaching_runs": [],
+    }
     breaches = await store.sla_breaches(  # type: ignore[attr-defined]
         "trip", T0 - timedelta(hours=1), T0 + timedelta(hours=1), timedelta(seconds=1)
     )

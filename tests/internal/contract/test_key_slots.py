@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
-from saga_engine.core._events import SagaCancelled
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._events import SagaCancelled
+from saga_engine.core.history._status import SagaStatus
 from saga_engine.store._keyslots import KeySlotStore, KeyTurn
 from saga_engine.store._pgstore import PostgresEventStore
 from saga_engine.store._store import Append, EventStore, Projection
@@ -41,8 +41,10 @@ async def test_the_first_holds_the_others_queue_fifo(store: EventStore) -> None:
     )
     rows = await _slots(store).key_slots("transfer", "acct-1")
     assert [(r.saga_id, r.held, r.limit) for r in rows] == [
-        ("s-1", True, 1), ("s-2", False, 1), ("s-3", False, 1),
-    ]  # fmt: skip
+        ("s-1", True, 1),
+        ("s-2", False, 1),
+        ("s-3", False, 1),
+    ]
 
 
 async def test_a_release_grants_the_head_of_the_queue(store: EventStore) -> None:
@@ -75,13 +77,18 @@ async def test_the_sweep_releases_sagas_that_ended(store: EventStore) -> None:
     # s-1 ends (its engine died before releasing its slot): the sweep releases it.
     loaded = await store.load("s-1")
     await store.append(
-        Append("s-1", loaded.record.last_seq, [SagaCancelled(at=AT, reason="x")],
-               Projection(SagaStatus.CANCELLED))
-    )  # fmt: skip
+        Append(
+            "s-1",
+            loaded.record.last_seq,
+            [SagaCancelled(at=AT, reason="x")],
+            Projection(SagaStatus.CANCELLED),
+        )
+    )
     assert sorted(await slots.sweep_keys(AT)) == ["s-2"]
     assert [(r.saga_id, r.held) for r in await slots.key_slots()] == [
-        ("s-2", True), ("s-3", True),
-    ]  # fmt: skip
+        ("s-2", True),
+        ("s-3", True),
+    ]
 
 
 async def test_concurrent_asks_on_one_key_grant_one_slot(pg_store: PostgresEventStore) -> None:

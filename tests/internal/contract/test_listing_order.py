@@ -6,9 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from saga_engine.core._event_parts import ParentLink
-from saga_engine.core._events import SagaStarted, TimerFired
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._events import ParentLink, SagaStarted, TimerFired
+from saga_engine.core.history._status import SagaStatus
 from saga_engine.store._store import (
     Append,
     EventStore,
@@ -120,14 +119,22 @@ async def test_activity_order_with_filters(store: EventStore) -> None:  # noqa: 
     after = (_at(6), "t-b")
     assert await ids(after_activity=after, roots_only=True, limit=2) == ["t-a", "o-1"]
     assert await ids(after_activity=after, statuses=[S.FAILED, S.RUNNING]) == [
-        "t-a", "o-1", "e-2",
-    ]  # fmt: skip
+        "t-a",
+        "o-1",
+        "e-2",
+    ]
 
 
 async def test_counts_per_status_follow_the_filters(store: EventStore) -> None:  # noqa: F811
     await _world(store)
-    every = {S.RUNNING: 3, S.STEP_STUCK: 1, S.COMPENSATING: 1, S.COMPLETED: 1, S.FAILED: 1,
-             S.CANCELLED: 1}  # fmt: skip
+    every = {
+        S.RUNNING: 3,
+        S.STEP_STUCK: 1,
+        S.COMPENSATING: 1,
+        S.COMPLETED: 1,
+        S.FAILED: 1,
+        S.CANCELLED: 1,
+    }
     assert await store.count_by_status(cap=100) == every
     assert await store.count_by_status(cap=2) == {**every, S.RUNNING: 2}
     assert await store.count_by_status(SagaFilter(roots_only=True), cap=100) == {
@@ -136,8 +143,10 @@ async def test_counts_per_status_follow_the_filters(store: EventStore) -> None: 
     }
     assert await store.count_by_status(SagaFilter(saga_type="payment"), cap=100) == {S.FAILED: 1}
     assert await store.count_by_status(SagaFilter(search="t-"), cap=100) == {
-        S.RUNNING: 1, S.COMPENSATING: 1, S.CANCELLED: 1,
-    }  # fmt: skip
+        S.RUNNING: 1,
+        S.COMPENSATING: 1,
+        S.CANCELLED: 1,
+    }
     assert await store.count_by_status(SagaFilter(attributes={"region": "us"}), cap=100) == {}
     # The statuses filter the counts too (the admin's tabs count without them).
     some = SagaFilter(statuses=frozenset({S.RUNNING, S.FAILED}))

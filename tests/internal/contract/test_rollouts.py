@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from saga_engine.core._events import SagaStarted
-from saga_engine.core._rollout import RolloutSpec, RolloutStore
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._events import SagaStarted
+from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.planning._rollout import RolloutSpec, RolloutStore
 from saga_engine.store._store import EventStore, NewSaga, Projection, SagaFilter
 from tests.internal.contract.test_event_store import backend, store
 

@@ -19,7 +19,13 @@ import orjson
 import pytest
 from pydantic import SecretStr
 
-from saga_engine.core._schedule import CatchUp, Overlap, Schedule, ScheduleState, tick_saga_id
+from saga_engine.core.planning._schedule import (
+    CatchUp,
+    Overlap,
+    Schedule,
+    ScheduleState,
+    tick_saga_id,
+)
 from saga_engine.kernel._errors import ScheduleConflict, ScheduleNotFound
 from saga_engine.kernel._settings import KafkaSettings, PostgresSettings, ScheduleSettings
 from saga_engine.runner._scheduler import Scheduler
@@ -141,9 +147,15 @@ async def test_two_engines_racing_fire_each_tick_exactly_once(
     created = now - timedelta(minutes=5, seconds=30)
     for i in range(300):
         schedule = Schedule(
-            id=f"s{i:03d}", saga="report", every_s=60, offset_s=i % 60,
-            input={"n": i}, catchup=CatchUp.ALL, catchup_max=100, overlap=Overlap.ALLOW,
-        )  # fmt: skip
+            id=f"s{i:03d}",
+            saga="report",
+            every_s=60,
+            offset_s=i % 60,
+            input={"n": i},
+            catchup=CatchUp.ALL,
+            catchup_max=100,
+            overlap=Overlap.ALLOW,
+        )
         await a.upsert(schedule, created, origin="api")
     # Small batches, so the two engines' claims interleave many times.
     config = ScheduleSettings(batch_size=20)
@@ -209,9 +221,13 @@ async def test_catch_up_after_downtime(
     fire, topic, kafka = inbox
     t0 = floor_minute(datetime.now(UTC)) - timedelta(minutes=11)
     schedule = Schedule(
-        id="nightly", saga="report", every_s=60, catchup=catchup, catchup_max=cap,
+        id="nightly",
+        saga="report",
+        every_s=60,
+        catchup=catchup,
+        catchup_max=cap,
         overlap=Overlap.ALLOW,
-    )  # fmt: skip
+    )
     await store.upsert(schedule, t0, origin="code")
     now = t0 + timedelta(minutes=10, seconds=30)
     late = await adapter.make(20.0)
@@ -241,8 +257,9 @@ async def test_overlap_skip_waits_for_the_previous_saga_to_end(
     t0 = floor_minute(datetime.now(UTC))
     await store.upsert(
         Schedule(id="one-at-a-time", saga="report", every_s=60, overlap=Overlap.SKIP),
-        t0, origin="api",
-    )  # fmt: skip
+        t0,
+        origin="api",
+    )
     first = await store.fire_due(t0 + MINUTE, 500, fire, clock=fixed(t0 + MINUTE))
     [running] = [f.saga_id for f in first.fired]
     # Its start is on its way (no saga row yet): it counts as running.

@@ -91,9 +91,11 @@ class Payout(Saga[PayoutRequest, PayoutDone]):
         receipts: list[str] = []
         for i, amount in enumerate(req.amounts):
             done = await ctx.child(
-                Transfer, TransferRequest(amount=amount, pause_s=req.pause_s),
-                id=f"transfer-{i}", poll=5,
-            )  # fmt: skip
+                Transfer,
+                TransferRequest(amount=amount, pause_s=req.pause_s),
+                id=f"transfer-{i}",
+                poll=5,
+            )
             receipts += done.receipts
         if req.refuse_after:
             await ctx.step("settle", to="alpha", command=Apply(amount=0, refuse=True), timeout=5)
@@ -125,8 +127,10 @@ def build_participant(name: str, settings: Settings) -> Participant:
     async def apply(cmd: Apply, tx: Transaction) -> Applied:
         await tx.execute(
             "INSERT INTO ledger (command_id, saga_id, kind, amount) VALUES ($1, $2, 'apply', $3)",
-            tx.command_id, tx.saga_id, cmd.amount,
-        )  # fmt: skip
+            tx.command_id,
+            tx.saga_id,
+            cmd.amount,
+        )
         if cmd.refuse:
             raise Rejected(f"{name} refuses transfers today")
         return Applied(receipt=f"{name}:{tx.command_id[:8]}")
@@ -135,8 +139,10 @@ def build_participant(name: str, settings: Settings) -> Participant:
     async def revert(cmd: Revert, tx: Transaction) -> Applied:
         await tx.execute(
             "INSERT INTO ledger (command_id, saga_id, kind, amount) VALUES ($1, $2, 'revert', $3)",
-            tx.command_id, tx.saga_id, cmd.amount,
-        )  # fmt: skip
+            tx.command_id,
+            tx.saga_id,
+            cmd.amount,
+        )
         return Applied(receipt=f"{name}:revert")
 
     return participant
@@ -154,9 +160,12 @@ def _batch_handlers(participant: Participant, name: str) -> None:
         # A refused command is answered Rejected and gets no row: nothing written for it.
         ok = [c for c in batch if not c.command.refuse]
         await batch.execute(
-            _INSERT_MANY, [c.command_id for c in ok], [c.saga_id for c in ok], "apply",
+            _INSERT_MANY,
+            [c.command_id for c in ok],
+            [c.saga_id for c in ok],
+            "apply",
             [c.command.amount for c in ok],
-        )  # fmt: skip
+        )
         return [
             Rejected(f"{name} refuses transfers today")
             if c.command.refuse
@@ -167,9 +176,12 @@ def _batch_handlers(participant: Participant, name: str) -> None:
     @participant.handles_batch(Revert)
     async def revert(batch: CommandBatch[Revert]) -> list[Applied]:
         await batch.execute(
-            _INSERT_MANY, [c.command_id for c in batch], [c.saga_id for c in batch], "revert",
+            _INSERT_MANY,
+            [c.command_id for c in batch],
+            [c.saga_id for c in batch],
+            "revert",
             [c.command.amount for c in batch],
-        )  # fmt: skip
+        )
         return [Applied(receipt=f"{name}:revert") for _ in batch]
 
 

@@ -95,9 +95,11 @@ class Trustee(Saga[Trust, Deposited]):
     async def run(self, ctx: SagaContext, trust: Trust) -> Deposited:
         kept = await ctx.child(Vault, Deposit(secret=trust.secret), id="vault", poll=5)
         await ctx.step(
-            "seal", to=PARTICIPANT, command=Keep(secret=trust.secret, part=3, refuse=True),
+            "seal",
+            to=PARTICIPANT,
+            command=Keep(secret=trust.secret, part=3, refuse=True),
             timeout=5,
-        )  # fmt: skip
+        )
         return kept
 
 

@@ -38,7 +38,10 @@ class PayThenApply(Saga[Order, Done]):
     async def run(self, ctx: SagaContext, order: Order) -> Done:
         paid = await ctx.wait_event(captured, key=order.order_id)
         applied = await ctx.step(
-            "apply", to="alpha", command=Apply(amount=paid.amount), returns=Applied,
+            "apply",
+            to="alpha",
+            command=Apply(amount=paid.amount),
+            returns=Applied,
             timeout=timedelta(seconds=5),
-        )  # fmt: skip
+        )
         return Done(receipt=applied.receipt)

@@ -79,8 +79,9 @@ def build_participant(settings: Settings) -> Participant:
         await tx.execute(
             "INSERT INTO flow_ledger (command_id, saga_id, kind, txid) "
             "VALUES ($1, $2, 'apply', txid_current())",
-            tx.command_id, tx.saga_id,
-        )  # fmt: skip
+            tx.command_id,
+            tx.saga_id,
+        )
         if cmd.hold_s:
             await tx.execute("SELECT pg_sleep($1)", cmd.hold_s)
         return Ok()
@@ -90,8 +91,9 @@ def build_participant(settings: Settings) -> Participant:
         await tx.execute(
             "INSERT INTO flow_ledger (command_id, saga_id, kind, txid) "
             "VALUES ($1, $2, 'revert', txid_current())",
-            tx.command_id, tx.saga_id,
-        )  # fmt: skip
+            tx.command_id,
+            tx.saga_id,
+        )
         return Ok()
 
     return participant

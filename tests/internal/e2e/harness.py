@@ -104,18 +104,24 @@ class Cluster:
             raise RuntimeError(f"{name} is already running")
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
         proc = subprocess.Popen(
-            [sys.executable, *args], cwd=ROOT, env=env, stdout=log, stderr=log,
-            stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+            [sys.executable, *args],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.procs[name] = proc
         return proc
 
     def start_engine(self, name: str = "engine", crash_at: str | None = None) -> None:
         extra = {"SAGA_CRASH_AT": crash_at} if crash_at else {}
         self._spawn(
-            name, ["-m", "saga_engine", "worker", "tests.internal.e2e.app", "--log-level", "INFO"],
+            name,
+            ["-m", "saga_engine", "worker", "tests.internal.e2e.app", "--log-level", "INFO"],
             self.env(**extra),
-        )  # fmt: skip
+        )
 
     def start_participant(
         self,
@@ -300,6 +306,7 @@ async def participant_schema(cluster: Cluster, name: str, ddl: str) -> AsyncIter
 def spawn_participant(cluster: Cluster, name: str, schema: str, module: str) -> None:
     """``python -m module participant``: the participant ``name`` of a test application."""
     cluster._spawn(
-        f"participant-{name}", ["-m", module, "participant"],
+        f"participant-{name}",
+        ["-m", module, "participant"],
         cluster.env(SAGA_PARTICIPANT__DB_SCHEMA=schema),
-    )  # fmt: skip
+    )

@@ -92,8 +92,12 @@ def build_participant(settings: Settings) -> Participant:
         await tx.execute(
             "INSERT INTO key_ledger (command_id, saga_id, lane, account, kind) "
             "VALUES ($1, $2, $3, $4, $5)",
-            tx.command_id, tx.saga_id, lane, account, kind,
-        )  # fmt: skip
+            tx.command_id,
+            tx.saga_id,
+            lane,
+            account,
+            kind,
+        )
         return Ok()
 
     @participant.handles(Enter)

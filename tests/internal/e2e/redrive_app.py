@@ -33,11 +33,14 @@ class Pivoted(Saga[RedriveRequest, RedriveDone]):
         receipts = []
         for participant in ("alpha", "beta", "gamma"):
             reply = await ctx.step(
-                f"apply-{participant}", to=participant,
+                f"apply-{participant}",
+                to=participant,
                 command=Apply(amount=req.amount, refuse=req.refuse == participant),
-                compensate=Revert(amount=req.amount), timeout=5, returns=Applied,
+                compensate=Revert(amount=req.amount),
+                timeout=5,
+                returns=Applied,
                 pivot=participant == "beta",
-            )  # fmt: skip
+            )
             receipts.append(reply.receipt)
         return RedriveDone(receipts=receipts)
 
@@ -49,10 +52,13 @@ class Parking(Saga[RedriveRequest, RedriveDone]):
         receipts = []
         for participant in ("alpha", "beta"):
             reply = await ctx.step(
-                f"apply-{participant}", to=participant,
+                f"apply-{participant}",
+                to=participant,
                 command=Apply(amount=req.amount, refuse=req.refuse == participant),
-                compensate=Revert(amount=req.amount), timeout=5, returns=Applied,
+                compensate=Revert(amount=req.amount),
+                timeout=5,
+                returns=Applied,
                 retry=RetryPolicy(max_attempts=2, on_exhausted="park"),
-            )  # fmt: skip
+            )
             receipts.append(reply.receipt)
         return RedriveDone(receipts=receipts)

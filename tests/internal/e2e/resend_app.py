@@ -28,9 +28,13 @@ class Resent(Saga[Charge, Charged]):
 
     async def run(self, ctx: SagaContext, charge: Charge) -> Charged:
         reply = await ctx.step(
-            "charge", to="alpha", command=Apply(amount=charge.amount),
-            compensate=Revert(amount=charge.amount), timeout=3600, returns=Applied,
-        )  # fmt: skip
+            "charge",
+            to="alpha",
+            command=Apply(amount=charge.amount),
+            compensate=Revert(amount=charge.amount),
+            timeout=3600,
+            returns=Applied,
+        )
         return Charged(receipt=reply.receipt)
 
 

@@ -18,9 +18,15 @@ from pydantic import SecretStr
 
 from saga_engine import SagaStatus
 from saga_engine.client import SagaClient
-from saga_engine.core._batch import BatchAction, BatchFilter, BatchSpec, BatchState, marker
+from saga_engine.core.planning._batch_operations import (
+    BatchAction,
+    BatchFilter,
+    BatchSpec,
+    BatchState,
+    marker,
+)
 from saga_engine.kernel._settings import PostgresSettings
-from saga_engine.store._pgbatches import PostgresBatchStore
+from saga_engine.store._pgbatch_operations import PostgresBatchStore
 from tests.integration.kafka_helpers import poll_until
 from tests.internal.e2e.app import Transfer, TransferRequest
 from tests.internal.e2e.harness import Cluster

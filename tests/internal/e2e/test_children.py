@@ -12,7 +12,7 @@ import pytest
 
 from saga_engine import SagaStatus
 from saga_engine.client import SagaClient
-from saga_engine.core._decision import child_saga_id
+from saga_engine.core.history._decision import child_saga_id
 from saga_engine.kernel._partitioning import partition_for
 from tests.internal.e2e.app import PARTICIPANTS, Payout, PayoutRequest
 from tests.internal.e2e.harness import Cluster
@@ -48,8 +48,10 @@ async def test_children_survive_a_sigkill_and_undo_with_their_parent(
         if time.monotonic() > deadline:
             pytest.fail("both engines did not take partitions\n" + cluster.log_tail("engine-b"))
         await asyncio.sleep(0.1)
-    requests = [PayoutRequest(amounts=[10 + i, 20 + i], refuse_after=i % 2 == 1, pause_s=0.5)
-                for i in range(6)]  # fmt: skip
+    requests = [
+        PayoutRequest(amounts=[10 + i, 20 + i], refuse_after=i % 2 == 1, pause_s=0.5)
+        for i in range(6)
+    ]
     async with SagaClient(cluster.settings) as client:
         parents = [await client.start(Payout, r) for r in requests]
     await _until_some_children_run(cluster, parents, timeout=90)

@@ -30,7 +30,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from saga_engine import AesGcmCodec, CodecError, SagaStatus, Settings
 from saga_engine.client import SagaClient
-from saga_engine.core._decision import child_saga_id
+from saga_engine.core.history._decision import child_saga_id
 from saga_engine.settings import CodecSettings
 from tests.integration.kafka_helpers import read_to_end
 from tests.internal.e2e.codec_app import (

@@ -28,9 +28,10 @@ def _doc_command(sagas: str = APP) -> list[str]:
     """The ``saga drill`` command of docs/operations.md's "Drills" that drills ``sagas``,
     as its arguments."""
     (block,) = [
-        b for b in code_blocks(OPERATIONS, "bash", under="## Drills")
+        b
+        for b in code_blocks(OPERATIONS, "bash", under="## Drills")
         if b.first_line.startswith(f"saga drill --sagas {sagas} ")
-    ]  # fmt: skip
+    ]
     return shlex.split(block.code)[2:]
 
 
@@ -103,10 +104,24 @@ async def test_a_mixed_drill_cuts_postgres_freezes_and_kills_and_nothing_breaks(
     pg: PgTarget, kafka_bootstrap: str, unique_id: str, tmp_path: Path
 ) -> None:
     result = await asyncio.to_thread(
-        _drill, pg, kafka_bootstrap, f"t{unique_id}", tmp_path,
-        "--sagas", APP, "--participants", APP, "--scenario", "mix", "--duration", "17",
-        "--sagas-per-second", "3", "--fault-every", "4",
-    )  # fmt: skip
+        _drill,
+        pg,
+        kafka_bootstrap,
+        f"t{unique_id}",
+        tmp_path,
+        "--sagas",
+        APP,
+        "--participants",
+        APP,
+        "--scenario",
+        "mix",
+        "--duration",
+        "17",
+        "--sagas-per-second",
+        "3",
+        "--fault-every",
+        "4",
+    )
     report = _report(result)
     assert result.returncode == 0, report
     kinds = [f.split()[0] for f in report["faults"]]
@@ -118,10 +133,25 @@ async def test_a_participant_that_applies_a_command_twice_fails_the_drill(
     pg: PgTarget, kafka_bootstrap: str, unique_id: str, tmp_path: Path
 ) -> None:
     result = await asyncio.to_thread(
-        _drill, pg, kafka_bootstrap, f"t{unique_id}", tmp_path,
-        "--sagas", APP, "--participants", APP, "--scenario", "participant-kill", "--duration", "8", "--sagas-per-second", "2",
-        "--fault-every", "4", broken=True,
-    )  # fmt: skip
+        _drill,
+        pg,
+        kafka_bootstrap,
+        f"t{unique_id}",
+        tmp_path,
+        "--sagas",
+        APP,
+        "--participants",
+        APP,
+        "--scenario",
+        "participant-kill",
+        "--duration",
+        "8",
+        "--sagas-per-second",
+        "2",
+        "--fault-every",
+        "4",
+        broken=True,
+    )
     report = _report(result)
     assert result.returncode == 1, report
     twice = next(c for c in report["checks"] if c["name"] == "no effect applied twice")
@@ -134,9 +164,17 @@ def test_broker_restart_is_refused_when_the_drill_did_not_start_kafka(
     pg: PgTarget, tmp_path: Path
 ) -> None:
     result = _drill(
-        pg, "127.0.0.1:1", "tnokafka", tmp_path,
-        "--sagas", APP, "--participants", APP, "--scenario", "broker-restart",
-    )  # fmt: skip
+        pg,
+        "127.0.0.1:1",
+        "tnokafka",
+        tmp_path,
+        "--sagas",
+        APP,
+        "--participants",
+        APP,
+        "--scenario",
+        "broker-restart",
+    )
     assert result.returncode == 1
     said = result.stdout + result.stderr
     # The error says what to do (pass the restart command) and why it is needed.
@@ -148,8 +186,13 @@ def test_compensations_out_of_reverse_order_or_of_unapplied_steps_break_the_chec
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
 
     def row(i: int, step: str, compensation: bool) -> dict[str, Any]:
-        return {"saga_id": "s", "step": step, "compensation": compensation,
-                "at": t0 + timedelta(seconds=i), "seq": i}  # fmt: skip
+        return {
+            "saga_id": "s",
+            "step": step,
+            "compensation": compensation,
+            "at": t0 + timedelta(seconds=i),
+            "seq": i,
+        }
 
     good = [row(0, "a", False), row(1, "b", False), row(2, "b", True), row(3, "a", True)]
     assert _compensations(good).ok  # type: ignore[arg-type]

@@ -32,8 +32,12 @@ def _free_port() -> int:
 def _devstack(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "devstack.py"), *args],
-        env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 @pytest.fixture
@@ -52,11 +56,15 @@ def own_broker(pg: PgTarget) -> Iterator[tuple[str, str]]:
     assert up.returncode == 0, up.stderr
     restart = " ".join(
         [
-            "env", f"SAGA_DEV_PG_PORT={env['SAGA_DEV_PG_PORT']}",
-            f"SAGA_DEV_KAFKA_PORT={kafka}", f"SAGA_DEV_KAFKA_CONTROLLER_PORT={controller}",
-            sys.executable, str(ROOT / "scripts" / "devstack.py"), "restart-kafka",
+            "env",
+            f"SAGA_DEV_PG_PORT={env['SAGA_DEV_PG_PORT']}",
+            f"SAGA_DEV_KAFKA_PORT={kafka}",
+            f"SAGA_DEV_KAFKA_CONTROLLER_PORT={controller}",
+            sys.executable,
+            str(ROOT / "scripts" / "devstack.py"),
+            "restart-kafka",
         ]
-    )  # fmt: skip
+    )
     try:
         yield f"127.0.0.1:{kafka}", restart
     finally:
@@ -72,10 +80,23 @@ async def test_a_broker_restarted_under_load_loses_and_doubles_nothing(
 ) -> None:
     bootstrap, restart = own_broker
     args = [
-        "--sagas", APP, "--participants", APP, "--scenario", "broker-restart",
-        "--broker-restart", restart, "--sagas-per-second", "3", "--duration", "16",
-        "--fault-every", "8", "--drain-timeout", "90",
-    ]  # fmt: skip
+        "--sagas",
+        APP,
+        "--participants",
+        APP,
+        "--scenario",
+        "broker-restart",
+        "--broker-restart",
+        restart,
+        "--sagas-per-second",
+        "3",
+        "--duration",
+        "16",
+        "--fault-every",
+        "8",
+        "--drain-timeout",
+        "90",
+    ]
     result = await asyncio.to_thread(_drill, pg, bootstrap, f"t{unique_id}", tmp_path, *args)
     report = _report(result)
     assert result.returncode == 0, (report, result.stderr[-3000:])

@@ -73,11 +73,26 @@ async def test_a_demo_participant_that_reserves_credit_twice_fails_the_drill(
     pg: PgTarget, kafka_bootstrap: str, unique_id: str, tmp_path: Path
 ) -> None:
     result = await asyncio.to_thread(
-        _drill, pg, kafka_bootstrap, f"t{unique_id}", tmp_path,
-        "--sagas", SAGAS, "--participants", BROKEN, "--scenario", "engine-kill",
-        "--duration", "6", "--sagas-per-second", "2", "--fault-every", "6",
-        "--drain-timeout", "60",
-    )  # fmt: skip
+        _drill,
+        pg,
+        kafka_bootstrap,
+        f"t{unique_id}",
+        tmp_path,
+        "--sagas",
+        SAGAS,
+        "--participants",
+        BROKEN,
+        "--scenario",
+        "engine-kill",
+        "--duration",
+        "6",
+        "--sagas-per-second",
+        "2",
+        "--fault-every",
+        "6",
+        "--drain-timeout",
+        "60",
+    )
     report = _report(result)
     assert result.returncode == 1, report
     twice = next(c for c in report["checks"] if c["name"] == "no effect applied twice")

@@ -165,10 +165,11 @@ async def test_an_engine_killed_between_the_store_and_the_history_of_a_key_recov
         "engine",
         ["-m", "saga_engine", "worker", "tests.internal.e2e.keys_app", "--log-level", "INFO"],
         cluster.env(
-            SAGA_ENGINE__KEY_POLL_S="0.5", SAGA_ENGINE__KEY_SWEEP_S="1",
+            SAGA_ENGINE__KEY_POLL_S="0.5",
+            SAGA_ENGINE__KEY_SWEEP_S="1",
             SAGA_CRASH_AT=f"{point}:2",
         ),
-    )  # fmt: skip
+    )
     async with SagaClient(cluster.settings) as client:
         ids = [await client.start(Locked, Visit(account="acct-x")) for _ in range(4)]
     assert await cluster.wait_exit("engine") != 0  # it killed itself at the point

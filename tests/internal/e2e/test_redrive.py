@@ -153,9 +153,12 @@ async def test_parks_hold_across_sigkill_and_an_edited_retry_applies_once(
     assert sorted(await cluster.commands_in_topic("gamma")) == sent_before  # nothing re-sent
     # A command the step's model refuses is a 422, and nothing is recorded.
     bad = await _post(
-        cluster, port, f"/sagas/{pivoted}/retry",
-        {"step": "apply-gamma", "reason": "typo", "command": {"amount": "ten"}}, want=422,
-    )  # fmt: skip
+        cluster,
+        port,
+        f"/sagas/{pivoted}/retry",
+        {"step": "apply-gamma", "reason": "typo", "command": {"amount": "ten"}},
+        want=422,
+    )
     assert "amount" in bad.text
     # The edited retry is recorded; the engine dies before its command leaves.
     edited = {"amount": 11, "refuse": False}
@@ -171,9 +174,11 @@ async def test_parks_hold_across_sigkill_and_an_edited_retry_applies_once(
     _start_engine(cluster, port)
     await _wait_status(cluster, pivoted, SagaStatus.COMPLETED)
     await _post(
-        cluster, port, f"/sagas/{parking}/retry",
+        cluster,
+        port,
+        f"/sagas/{parking}/retry",
         {"step": "apply-beta", "reason": "limit raised", "command": {"amount": 21}},
-    )  # fmt: skip
+    )
     await _wait_status(cluster, parking, SagaStatus.COMPLETED)
 
     # Each effect once, in the participants' own tables; the edited amounts applied.

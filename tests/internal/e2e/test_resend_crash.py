@@ -23,8 +23,9 @@ APP = "tests.internal.e2e.resend_app:SAGAS"
 
 
 def _start_engine(cluster: Cluster) -> None:
-    cluster._spawn("engine", ["-m", "saga_engine", "worker", APP, "--log-level", "INFO"],
-                   cluster.env())  # fmt: skip
+    cluster._spawn(
+        "engine", ["-m", "saga_engine", "worker", APP, "--log-level", "INFO"], cluster.env()
+    )
 
 
 async def test_a_re_send_survives_a_sigkill_and_is_applied_once(cluster: Cluster) -> None:

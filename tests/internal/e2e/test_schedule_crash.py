@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from saga_engine.core._schedule import tick_key, tick_saga_id
+from saga_engine.core.planning._schedule import tick_key, tick_saga_id
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import decode
 from tests.integration.kafka_helpers import poll_until, read_topic
@@ -95,9 +95,13 @@ async def test_sigkill_between_the_start_and_the_claim_commit_fires_the_tick_onc
 
 
 OVERLAP_APP = [
-    "-m", "saga_engine", "worker", "tests.internal.e2e.schedule_overlap_app",
-    "--log-level", "INFO",
-]  # fmt: skip
+    "-m",
+    "saga_engine",
+    "worker",
+    "tests.internal.e2e.schedule_overlap_app",
+    "--log-level",
+    "INFO",
+]
 
 
 async def test_sigkill_between_the_start_and_the_claim_commit_keeps_overlap_skip(
@@ -148,8 +152,13 @@ def _utc_now() -> datetime:
 
 
 RACE_APP = [
-    "-m", "saga_engine", "worker", "tests.internal.e2e.schedule_race_app", "--log-level", "INFO",
-]  # fmt: skip
+    "-m",
+    "saga_engine",
+    "worker",
+    "tests.internal.e2e.schedule_race_app",
+    "--log-level",
+    "INFO",
+]
 
 
 async def test_two_engine_processes_racing_start_one_saga_per_tick(cluster: Cluster) -> None:

@@ -86,8 +86,9 @@ async def test_an_update_survives_a_sigkill_of_the_engine(cluster: Cluster) -> N
                 )
                 assert answer.status_code == 200, answer.text
             assert answer.json()["result"] == {"items": 2, "total": 50}
-            refused = await http.post(f"/sagas/{saga_id}/updates/add_item",
-                                      json={"input": {"sku": "tv", "price": 99}})  # fmt: skip
+            refused = await http.post(
+                f"/sagas/{saga_id}/updates/add_item", json={"input": {"sku": "tv", "price": 99}}
+            )
             assert refused.status_code == 409
             assert "limit is 100" in refused.text
 
@@ -100,12 +101,15 @@ async def test_an_update_survives_a_sigkill_of_the_engine(cluster: Cluster) -> N
             summary = await http.get(f"/sagas/{saga_id}/queries/summary")
             assert summary.status_code == 200, summary.text
             assert summary.json()["result"] == {
-                "items": ["tea", "jam"], "total": 50, "checked_out": False,
-            }  # fmt: skip
+                "items": ["tea", "jam"],
+                "total": 50,
+                "checked_out": False,
+            }
             assert await _event_count(cluster, saga_id) == before  # the query wrote nothing
-            again = await http.post(f"/sagas/{saga_id}/updates/add_item",
-                                    json={"input": {"sku": "tea", "price": 30},
-                                          "update_id": "u-1"})  # fmt: skip
+            again = await http.post(
+                f"/sagas/{saga_id}/updates/add_item",
+                json={"input": {"sku": "tea", "price": 30}, "update_id": "u-1"},
+            )
             assert again.status_code == 200, again.text
             assert again.json()["result"] == {"items": 1, "total": 30}  # as recorded
             assert await _event_count(cluster, saga_id) == before  # applied once
@@ -125,16 +129,23 @@ async def test_the_client_updates_and_queries_on_the_real_stack(cluster: Cluster
     async with SagaClient(cluster.settings, admin_url=url) as client:
         saga_id = await client.start(Cart, CartIn(customer="ada", limit=100))
         await _until_running(cluster, saga_id)
-        added = await client.update(saga_id, Cart.add_item, AddItem(sku="tea", price=30),
-                                    update_id="c-1")  # fmt: skip
+        added = await client.update(
+            saga_id, Cart.add_item, AddItem(sku="tea", price=30), update_id="c-1"
+        )
         assert added == {"items": 1, "total": 30}
-        assert await client.update(saga_id, Cart.add_item, {"sku": "tea", "price": 30},
-                                   update_id="c-1") == added  # fmt: skip
+        assert (
+            await client.update(
+                saga_id, Cart.add_item, {"sku": "tea", "price": 30}, update_id="c-1"
+            )
+            == added
+        )
         before = await _event_count(cluster, saga_id)
         # Replayed in this process from Postgres: no engine involved, nothing written.
         assert await client.query(saga_id, Cart.summary) == {
-            "items": ["tea"], "total": 30, "checked_out": False,
-        }  # fmt: skip
+            "items": ["tea"],
+            "total": 30,
+            "checked_out": False,
+        }
         assert await client.query(saga_id, "price_with", {"extra": 1}, saga=Cart) == 31
         with pytest.raises(UpdateRefused, match="limit is 100"):
             await client.update(saga_id, Cart.add_item, AddItem(sku="tv", price=99))

@@ -59,9 +59,13 @@ class Cart(Saga[CartIn, CartDone]):
         await ctx.wait_signal(self.checkout)
         self.checked_out = True
         reply = await ctx.step(
-            "charge", to="alpha", command=Apply(amount=self.total),
-            compensate=Revert(amount=self.total), timeout=5, returns=Applied,
-        )  # fmt: skip
+            "charge",
+            to="alpha",
+            command=Apply(amount=self.total),
+            compensate=Revert(amount=self.total),
+            timeout=5,
+            returns=Applied,
+        )
         return CartDone(items=self.items, total=self.total, receipt=reply.receipt)
 
     @update(AddItem)

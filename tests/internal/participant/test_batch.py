@@ -1,10 +1,10 @@
 """The participant's one path on the real Postgres and Kafka: several commands taken in
-ONE consumed batch (saga_engine/participant/_batch.py), and what each of them must still
+ONE consumed batch (saga_engine/participant/_record_batch.py), and what each of them must still
 get, as it would alone (a batch of one).
 
 Every test sends all of its commands to partition 0 of the command topic BEFORE the
 participant starts, so that its first fetch takes them together; the ``batches`` fixture
-records what each ``BatchRunner.run`` was given, and each test asserts that its commands
+records what each ``RecordBatchRunner.run`` was given, and each test asserts that its commands
 were in fact one batch (if a fetch ever split them, the test fails saying so instead of
 passing without testing anything).
 """
@@ -19,9 +19,9 @@ import pytest
 from aiokafka import TopicPartition
 from pydantic import BaseModel, field_validator
 
-from saga_engine.core._codec import AesGcmCodec, CodecChain, ZstdCodec
+from saga_engine.core.history._codec import AesGcmCodec, CodecChain, ZstdCodec
 from saga_engine.participant import Participant, Transaction
-from saga_engine.participant._batch import BatchRunner
+from saga_engine.participant._record_batch import RecordBatchRunner
 from saga_engine.transport._wire import ReplyBody
 from tests.participant import test_participant
 from tests.participant.helpers import (
@@ -59,17 +59,17 @@ class Picky(BaseModel):
 
 @pytest.fixture
 def batches(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """The command ids of each batch the participant's BatchRunner was given, in order."""
+    """The command ids of each batch the participant's RecordBatchRunner was given, in order."""
     seen: list[list[str]] = []
-    run = BatchRunner.run
+    run = RecordBatchRunner.run
 
     async def spy(
-        self: BatchRunner, records: Sequence[tuple[TopicPartition, Any]]
+        self: RecordBatchRunner, records: Sequence[tuple[TopicPartition, Any]]
     ) -> dict[TopicPartition, int]:
         seen.append([dict(r.headers)["ce_commandid"].decode() for _, r in records])
         return await run(self, records)
 
-    monkeypatch.setattr(BatchRunner, "run", spy)
+    monkeypatch.setattr(RecordBatchRunner, "run", spy)
     return seen
 
 

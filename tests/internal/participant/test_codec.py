@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from saga_engine.core._codec import HEADER, AesGcmCodec, CodecChain, ZstdCodec
+from saga_engine.core.history._codec import HEADER, AesGcmCodec, CodecChain, ZstdCodec
 from saga_engine.kernel._errors import KafkaUnavailable
 from saga_engine.participant import _replies
 from saga_engine.protocol import ReplyBody

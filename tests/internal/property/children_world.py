@@ -30,7 +30,11 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, Settings
-from saga_engine.core._decision import CHILD_PARTICIPANT, PARENT_PARTICIPANT, OutboundCommand
+from saga_engine.core.history._decision import (
+    CHILD_PARTICIPANT,
+    PARENT_PARTICIPANT,
+    OutboundCommand,
+)
 from saga_engine.kernel._errors import InvalidTransition, SagaError, TransientError
 from saga_engine.kernel._serde import JsonDict
 from saga_engine.runner._children import ChildLinks
@@ -72,9 +76,12 @@ class Done(BaseModel):
 
 def _step(ctx: SagaContext, name: str, to: str, order: str, fail: bool = False) -> Any:
     return ctx.step(
-        name, to=to, command=Act(order=order, fail=fail), compensate=Act(order=order),
+        name,
+        to=to,
+        command=Act(order=order, fail=fail),
+        compensate=Act(order=order),
         timeout=STEP_TIMEOUT,
-    )  # fmt: skip
+    )
 
 
 class Insurance(Saga[Item, Done]):

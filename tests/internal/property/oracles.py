@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from saga_engine.core._decision import DEADLINE_TIMER
-from saga_engine.core._events import (
+from saga_engine.core.history._decision import DEADLINE_TIMER
+from saga_engine.core.history._events import (
     AttemptTimedOut,
     CancelRequested,
     CommandIssued,
@@ -39,7 +39,7 @@ from saga_engine.core._events import (
     StepSkipped,
     TimerFired,
 )
-from saga_engine.core._status import TRANSITIONS, SagaStatus
+from saga_engine.core.history._status import TRANSITIONS, SagaStatus
 from tests.internal.property.sagas import StepSpec
 
 S = SagaStatus

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 
 from saga_engine import RetryPolicy, Saga, SagaContext, Signal, StepFailed
-from saga_engine.core._definition import SagaDefinition
+from saga_engine.core.authoring._definition import SagaDefinition
 
 
 class In(BaseModel):

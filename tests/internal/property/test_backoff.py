@@ -10,8 +10,8 @@ from datetime import timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from saga_engine.core._operations import CHILD_RETRY
-from saga_engine.core._policy import RetryPolicy
+from saga_engine.core.history._policy import RetryPolicy
+from saga_engine.core.runtime._operations import CHILD_RETRY
 from saga_engine.kernel._retry import Backoff, capped_exponential
 
 attempts = st.integers(min_value=1, max_value=10**6)

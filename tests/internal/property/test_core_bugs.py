@@ -13,7 +13,8 @@ from typing import Any, ClassVar
 from pydantic import BaseModel
 
 from saga_engine import RetryPolicy, Saga, SagaContext
-from saga_engine.core._decision import (
+from saga_engine.core.authoring._definition import SagaDefinition
+from saga_engine.core.history._decision import (
     Cancel,
     Decision,
     Reply,
@@ -22,8 +23,7 @@ from saga_engine.core._decision import (
     StartSaga,
     TimerDue,
 )
-from saga_engine.core._definition import SagaDefinition
-from saga_engine.core._events import (
+from saga_engine.core.history._events import (
     CompensationIssued,
     Event,
     SagaCancelled,
@@ -31,8 +31,8 @@ from saga_engine.core._events import (
     SagaFailed,
     SagaParked,
 )
-from saga_engine.core._runtime import SagaRuntime
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.runtime._runtime import SagaRuntime
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 S = SagaStatus

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from saga_engine.core._flow import FlowQueue, Waiting
+from saga_engine.core.planning._flow import FlowQueue, Waiting
 
 AGING_S = 2.0
 

@@ -25,8 +25,8 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from saga_engine.core._decision import Cancel, ForceCompensate
-from saga_engine.core._events import (
+from saga_engine.core.history._decision import Cancel, ForceCompensate
+from saga_engine.core.history._events import (
     AttemptTimedOut,
     CancelRequested,
     CommandIssued,
@@ -43,8 +43,8 @@ from saga_engine.core._events import (
     event_to_dict,
     events_from_list,
 )
-from saga_engine.core._runtime import SagaRuntime
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.kernel._errors import PastPivot
 from tests.internal.property.sagas import ParkSaga, PivotSaga, PropertySaga, StepSpec
 from tests.internal.property.test_runtime_properties import PROPERTY

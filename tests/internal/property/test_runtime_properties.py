@@ -27,7 +27,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from saga_engine.core._decision import (
+from saga_engine.core.authoring._definition import SagaDefinition
+from saga_engine.core.history._decision import (
     Cancel,
     DropReason,
     OutboundCommand,
@@ -37,8 +38,7 @@ from saga_engine.core._decision import (
     Skip,
     TimerDue,
 )
-from saga_engine.core._definition import SagaDefinition
-from saga_engine.core._events import (
+from saga_engine.core.history._events import (
     AttemptTimedOut,
     CancelRequested,
     CommandIssued,
@@ -55,8 +55,8 @@ from saga_engine.core._events import (
     event_to_dict,
     events_from_list,
 )
-from saga_engine.core._runtime import SagaRuntime
-from saga_engine.core._status import TRANSITIONS, SagaStatus
+from saga_engine.core.history._status import TRANSITIONS, SagaStatus
+from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.kernel._errors import InvalidPayload, InvalidTransition, NondeterminismError
 from saga_engine.kernel._serde import canonical_hash, storable_copy, unstorable
 from tests.internal.property.oracles import (

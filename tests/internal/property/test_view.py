@@ -1,4 +1,4 @@
-"""The operator's view of a history (``saga_engine.core._view.fold``), on generated sagas.
+"""The operator's view of a history (``saga_engine.core.views._view.fold``), on generated sagas.
 
 Where a saga stands (status, error, commands in flight, timers) is the one fold of history
 the decision core is made of, so the view cannot drift from the runtime there; what is
@@ -21,11 +21,11 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from saga_engine.core._definition import SagaDefinition
-from saga_engine.core._events import Event
-from saga_engine.core._runtime import SagaRuntime
-from saga_engine.core._status import SagaStatus
-from saga_engine.core._view import OwedState, SagaView, WaitKind, fold
+from saga_engine.core.authoring._definition import SagaDefinition
+from saga_engine.core.history._events import Event
+from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.runtime._runtime import SagaRuntime
+from saga_engine.core.views._view import OwedState, SagaView, WaitKind, fold
 from tests.internal.property.oracles import held_after_each, statuses_after_each
 from tests.internal.property.sagas import Case, SignalSaga, definition
 from tests.internal.property.test_runtime_properties import PROPERTY, cases

@@ -33,7 +33,8 @@ from typing import Literal
 
 from hypothesis import strategies as st
 
-from saga_engine.core._decision import (
+from saga_engine.core.authoring._definition import SagaDefinition
+from saga_engine.core.history._decision import (
     Cancel,
     Decision,
     DropReason,
@@ -48,10 +49,9 @@ from saga_engine.core._decision import (
     StartSaga,
     TimerDue,
 )
-from saga_engine.core._definition import SagaDefinition
-from saga_engine.core._events import CommandIssued, CompensationIssued, Event
-from saga_engine.core._runtime import SagaRuntime
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._events import CommandIssued, CompensationIssued, Event
+from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.kernel._errors import InvalidPayload, InvalidTransition
 from saga_engine.kernel._serde import JsonDict
 from tests.internal.property.sagas import In, PropertySaga

@@ -18,7 +18,7 @@ from opentelemetry.trace import NoOpTracerProvider
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Settings, TransientError
-from saga_engine.core._events import SagaStarted
+from saga_engine.core.history._events import SagaStarted
 from saga_engine.runner._clock import Clock, SystemClock, VirtualClock
 from saga_engine.runner._engine import Engine
 from saga_engine.store._memstore import InMemoryEventStore
@@ -344,9 +344,12 @@ async def test_a_sampled_out_saga_keeps_its_steps_in_its_trace() -> None:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     bus = InMemoryCommandBus()
     engine = Engine(
-        Settings(), sagas=[Three], store=InMemoryEventStore(), sender=bus,
+        Settings(),
+        sagas=[Three],
+        store=InMemoryEventStore(),
+        sender=bus,
         telemetry=Telemetry(provider),
-    )  # fmt: skip
+    )
     saga_id = await engine.start(Three, Order())
     started = (await engine.history(saga_id))[0]
     assert isinstance(started, SagaStarted)

@@ -80,9 +80,12 @@ class Gated(Saga[Order, Done]):
 
     async def run(self, ctx: SagaContext, order: Order) -> Done:
         charged = await ctx.step(
-            "charge", to="bank", command=Charge(n=order.n), compensate=Refund(n=order.n),
+            "charge",
+            to="bank",
+            command=Charge(n=order.n),
+            compensate=Refund(n=order.n),
             returns=self.reply_model,
-        )  # fmt: skip
+        )
         await ctx.step("ship", to="depot", command=Ship(n=order.n))
         decision = await ctx.wait_signal(self.go, timeout=timedelta(hours=1))
         return Done(charged=int(charged.amount), ok=decision.ok)

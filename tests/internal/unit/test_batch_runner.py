@@ -14,7 +14,9 @@ import pytest
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Signal
-from saga_engine.core._batch import (
+from saga_engine.core.history._decision import DropReason
+from saga_engine.core.history._events import CancelRequested, SagaStarted, SignalReceived
+from saga_engine.core.planning._batch_operations import (
     BatchAction,
     BatchFilter,
     BatchSpec,
@@ -22,13 +24,11 @@ from saga_engine.core._batch import (
     marker,
     rerun_key_for,
 )
-from saga_engine.core._decision import DropReason
-from saga_engine.core._events import CancelRequested, SagaStarted, SignalReceived
 from saga_engine.kernel._errors import StoreUnavailable
 from saga_engine.kernel._settings import BatchSettings
-from saga_engine.runner import _batches
-from saga_engine.runner._batches import BatchRunner
-from saga_engine.store._membatches import InMemoryBatchStore
+from saga_engine.runner import _batch_operations
+from saga_engine.runner._batch_operations import BatchOperationRunner
+from saga_engine.store._membatch_operations import InMemoryBatchStore
 from saga_engine.testing import SagaTestEnv
 
 
@@ -69,14 +69,16 @@ async def _crash_then_take_over(env: SagaTestEnv, store: InMemoryBatchStore, at:
         if hits == at:
             raise Crash(point)
 
-    crashing = BatchRunner(env.engine, env.store, store, _settings(), owner="e1", crash_hook=crash)
+    crashing = BatchOperationRunner(
+        env.engine, env.store, store, _settings(), owner="e1", crash_hook=crash
+    )
     with pytest.raises(Crash):
         await crashing.run_once()
     # The at-th saga was acted on, not recorded.
     assert (await store.get("op")).done == at - 1
     # Another engine takes over once the lease expired (here: at once).
     store._rows["op"] = dataclasses.replace(store._rows["op"], lease_until=None)
-    await BatchRunner(env.engine, env.store, store, _settings(), owner="e2").run_once()
+    await BatchOperationRunner(env.engine, env.store, store, _settings(), owner="e2").run_once()
 
 
 def _settings(**kw: float) -> BatchSettings:
@@ -103,7 +105,7 @@ async def test_cancel_acts_on_every_matching_saga_once_and_names_the_operation()
     other = (await env.start(Waits, Job(region="us"))).saga_id
     store = InMemoryBatchStore()
     await store.create("op-1", _spec(BatchAction.CANCEL), "alice", 7, env.now())
-    runner = BatchRunner(env.engine, env.store, store, _settings(), owner="e1")
+    runner = BatchOperationRunner(env.engine, env.store, store, _settings(), owner="e1")
     assert await runner.run_once() is not None
     row = await store.get("op-1")
     assert row.state is BatchState.COMPLETED
@@ -140,13 +142,13 @@ async def test_refused_actions_are_counted_with_their_reason() -> None:
     await env.cancel(ids[0])  # cancelled already: a resume, a retry or a cancel is refused
     store = InMemoryBatchStore()
     await store.create("op", _spec(BatchAction.RESUME), "alice", 3, env.now())
-    await BatchRunner(env.engine, env.store, store, _settings(), owner="e").run_once()
+    await BatchOperationRunner(env.engine, env.store, store, _settings(), owner="e").run_once()
     row = await store.get("op")
     assert (row.acted, row.failed) == (0, 3)
     assert {e["saga_id"] for e in row.errors} == set(ids)
     assert all(e["error"] for e in row.errors)
     await store.create("op-r", _spec(BatchAction.RETRY), "alice", 3, env.now())
-    await BatchRunner(env.engine, env.store, store, _settings(), owner="e").run_once()
+    await BatchOperationRunner(env.engine, env.store, store, _settings(), owner="e").run_once()
     assert "no stuck step to retry" in (await store.get("op-r")).errors[-1]["error"]
 
 
@@ -155,7 +157,9 @@ async def test_the_rate_limit_spaces_the_actions() -> None:
     store = InMemoryBatchStore()
     await store.create("op", _spec(BatchAction.CANCEL), "alice", 6, env.now())
     began = time.monotonic()
-    await BatchRunner(env.engine, env.store, store, _settings(rate_per_s=20), owner="e").run_once()
+    await BatchOperationRunner(
+        env.engine, env.store, store, _settings(rate_per_s=20), owner="e"
+    ).run_once()
     assert time.monotonic() - began >= 5 / 20 * 0.9
     assert (await store.get("op")).acted == 6
 
@@ -172,7 +176,7 @@ async def test_a_cancelled_operation_stops_at_its_next_saga() -> None:
         if hits == 2:
             store._rows["op"] = dataclasses.replace(store._rows["op"], state=BatchState.CANCELLED)
 
-    await BatchRunner(
+    await BatchOperationRunner(
         env.engine, env.store, store, _settings(), owner="e", crash_hook=cancel_after_two
     ).run_once()
     statuses = [(await env.engine.get(i)).status for i in sorted(ids)]
@@ -185,7 +189,7 @@ async def test_one_broken_saga_is_counted_and_an_outage_is_retried(
 ) -> None:
     env, ids = await _world(4)
     broken, flaky = sorted(ids)[1], sorted(ids)[2]
-    real = _batches.ACTIONS[BatchAction.CANCEL]
+    real = _batch_operations.ACTIONS[BatchAction.CANCEL]
     outages = [StoreUnavailable("postgres restarting")]
 
     async def act(engine: Any, op: Any, saga_id: str, events: Any, why: str) -> object:
@@ -195,10 +199,10 @@ async def test_one_broken_saga_is_counted_and_an_outage_is_retried(
             raise outages.pop()
         return await real(engine, op, saga_id, events, why)
 
-    monkeypatch.setitem(_batches.ACTIONS, BatchAction.CANCEL, act)
+    monkeypatch.setitem(_batch_operations.ACTIONS, BatchAction.CANCEL, act)
     store = InMemoryBatchStore()
     await store.create("op", _spec(BatchAction.CANCEL), "alice", 4, env.now())
-    runner = BatchRunner(env.engine, env.store, store, _settings(), owner="e")
+    runner = BatchOperationRunner(env.engine, env.store, store, _settings(), owner="e")
     with pytest.raises(StoreUnavailable):
         await runner.run_once()
     assert (await store.get("op")).done == 2  # the outage stopped it before the flaky one
@@ -217,10 +221,10 @@ async def test_an_input_the_saga_drops_is_counted_as_failed(
     async def dropped(engine: Any, op: Any, saga_id: str, events: Any, why: str) -> object:
         return SimpleNamespace(dropped=DropReason.PARKED)  # a decision that records nothing
 
-    monkeypatch.setitem(_batches.ACTIONS, BatchAction.CANCEL, dropped)
+    monkeypatch.setitem(_batch_operations.ACTIONS, BatchAction.CANCEL, dropped)
     store = InMemoryBatchStore()
     await store.create("op", _spec(BatchAction.CANCEL), "alice", 2, env.now())
-    await BatchRunner(env.engine, env.store, store, _settings(), owner="e").run_once()
+    await BatchOperationRunner(env.engine, env.store, store, _settings(), owner="e").run_once()
     row = await store.get("op")
     assert (row.acted, row.failed) == (0, 2)
     assert row.errors[0]["error"] == "the saga dropped it (parked)"

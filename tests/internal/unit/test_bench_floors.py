@@ -10,10 +10,10 @@ import orjson
 
 from bench.app import Transfer
 from bench.floors import _straight_line
-from saga_engine.core._decision import Reply, StartSaga
-from saga_engine.core._definition import SagaDefinition
-from saga_engine.core._events import event_to_dict
-from saga_engine.core._runtime import SagaRuntime
+from saga_engine.core.authoring._definition import SagaDefinition
+from saga_engine.core.history._decision import Reply, StartSaga
+from saga_engine.core.history._events import event_to_dict
+from saga_engine.core.runtime._runtime import SagaRuntime
 
 
 def _core_history() -> list[dict[str, object]]:

@@ -9,7 +9,7 @@ from datetime import timedelta
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus
-from saga_engine.core._decision import CHILD_PARTICIPANT, child_saga_id
+from saga_engine.core.history._decision import CHILD_PARTICIPANT, child_saga_id
 from saga_engine.testing import SagaTestEnv
 
 

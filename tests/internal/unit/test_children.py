@@ -7,8 +7,8 @@ from datetime import timedelta
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, StepFailed
-from saga_engine.core._decision import CHILD_PARTICIPANT, child_saga_id
-from saga_engine.core._view import fold
+from saga_engine.core.history._decision import CHILD_PARTICIPANT, child_saga_id
+from saga_engine.core.views._view import fold
 from saga_engine.events import SagaStarted
 from saga_engine.testing import SagaTestEnv
 
@@ -52,8 +52,12 @@ class Shipment(Saga[ShipIn, ShipOut]):
     name = "shipment"
 
     async def run(self, ctx: SagaContext, input: ShipIn) -> ShipOut:
-        await ctx.step("book", to="carrier", command=Book(order_id=input.order_id),
-                       compensate=Unbook(order_id=input.order_id))  # fmt: skip
+        await ctx.step(
+            "book",
+            to="carrier",
+            command=Book(order_id=input.order_id),
+            compensate=Unbook(order_id=input.order_id),
+        )
         if input.fail:
             await ctx.step("label", to="printer", command=Book(order_id=input.order_id))
         return ShipOut(tracking=f"T-{input.order_id}")
@@ -73,8 +77,12 @@ class Order(Saga[OrderIn, OrderOut]):
     name = "order"
 
     async def run(self, ctx: SagaContext, input: OrderIn) -> OrderOut:
-        await ctx.step("reserve", to="stock", command=Reserve(order_id=input.order_id),
-                       compensate=Release(order_id=input.order_id))  # fmt: skip
+        await ctx.step(
+            "reserve",
+            to="stock",
+            command=Reserve(order_id=input.order_id),
+            compensate=Release(order_id=input.order_id),
+        )
         shipped = await ctx.child(Shipment, ShipIn(order_id=input.order_id, fail=input.fail_child))
         if input.fail_after:
             await ctx.step("charge", to="payments", command=Book(order_id=input.order_id))

@@ -10,9 +10,9 @@ from datetime import timedelta
 import pytest
 
 from saga_engine import Saga, SagaContext, SagaStatus, Settings
-from saga_engine.core._decision import CHILD_PARTICIPANT, PARENT_PARTICIPANT, child_saga_id
-from saga_engine.core._events import ParentLink
-from saga_engine.core._start import StartRequest
+from saga_engine.core.history._decision import CHILD_PARTICIPANT, PARENT_PARTICIPANT, child_saga_id
+from saga_engine.core.history._events import ParentLink
+from saga_engine.core.runtime._start import StartRequest
 from saga_engine.kernel._errors import NotParent, SagaNotFound
 from saga_engine.kernel._settings import KafkaSettings
 from saga_engine.testing import SagaTestEnv
@@ -133,8 +133,12 @@ class BulkyOrder(Saga[OrderIn, OrderOut]):
     name = "bulky-order"
 
     async def run(self, ctx: SagaContext, input: OrderIn) -> OrderOut:
-        await ctx.step("reserve", to="stock", command=Reserve(order_id=input.order_id),
-                       compensate=Release(order_id=input.order_id))  # fmt: skip
+        await ctx.step(
+            "reserve",
+            to="stock",
+            command=Reserve(order_id=input.order_id),
+            compensate=Release(order_id=input.order_id),
+        )
         shipped = await ctx.child(Shipment, ShipIn(order_id=input.order_id * 4000))
         return OrderOut(tracking=shipped.tracking)
 
@@ -174,10 +178,12 @@ async def test_a_start_from_a_saga_that_is_not_the_parent_is_refused() -> None:
     with pytest.raises(NotParent):
         await env.children.start_child(
             StartRequest(
-                "shipment", {"order_id": "o8"}, child_id,
+                "shipment",
+                {"order_id": "o8"},
+                child_id,
                 parent=ParentLink(saga_id="intruder", command_id="c1", saga_type="order"),
             )
-        )  # fmt: skip
+        )
     assert env.bus.sent[before:] == []  # the intruder hears nothing of the child
 
 
@@ -251,7 +257,7 @@ async def test_an_end_refused_on_the_timer_path_is_reloaded_once() -> None:
 
 
 async def test_a_parent_waiting_for_its_child_says_so_by_the_childs_id() -> None:
-    from saga_engine.core._view import WaitKind, fold
+    from saga_engine.core.views._view import WaitKind, fold
 
     env = SagaTestEnv([Order, Shipment])
     env.participant("carrier").on(Book, no_reply=True)  # the child waits: so does its parent

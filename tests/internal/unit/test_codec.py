@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from saga_engine.core._codec import (
+from saga_engine.core.history._codec import (
     ENCRYPTED,
     HEADER,
     MARKER,
@@ -26,7 +26,7 @@ from saga_engine.core._codec import (
     open_event,
     seal_event,
 )
-from saga_engine.core._events import (
+from saga_engine.core.history._events import (
     CommandIssued,
     CompensationSpec,
     Event,
@@ -35,7 +35,7 @@ from saga_engine.core._events import (
     TimerFired,
     event_to_dict,
 )
-from saga_engine.core._policy import RetryPolicy
+from saga_engine.core.history._policy import RetryPolicy
 from saga_engine.kernel._errors import (
     CodecError,
     CodecFailure,

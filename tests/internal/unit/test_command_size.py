@@ -14,8 +14,8 @@ from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Settings
-from saga_engine.core._events import CommandIssued, SideEffectRecorded
-from saga_engine.core._runtime import SagaRuntime
+from saga_engine.core.history._events import CommandIssued, SideEffectRecorded
+from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.kernel._errors import KafkaUnavailable, PermanentError
 from saga_engine.kernel._settings import KafkaSettings
 from saga_engine.testing import SagaTestEnv

@@ -1,5 +1,5 @@
-"""One mapping of a failure to its dead-letter reason (``kernel._dead_letter``) and one
-publisher of dead letters with retries (``transport._dead_lettering``), used by the
+"""One mapping of a failure to its dead-letter reason (``kernel._dead_letter_reason``) and one
+publisher of dead letters with retries (``transport._dead_letter_sending``), used by the
 inbox, the trigger and event-source consumers and the participant kit (issue 39, 3)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
 from pydantic import BaseModel, ValidationError
 
-from saga_engine.kernel._dead_letter import dead_letter_detail, dead_letter_reason
+from saga_engine.kernel._dead_letter_reason import dead_letter_detail, dead_letter_reason
 from saga_engine.kernel._errors import (
     CodecError,
     CodecFailure,
@@ -31,7 +31,7 @@ from saga_engine.kernel._errors import (
     UnstorableValue,
 )
 from saga_engine.kernel._retry import OUTAGE, Backoff
-from saga_engine.transport._dead_lettering import publish_dead_letter
+from saga_engine.transport._dead_letter_sending import publish_dead_letter
 
 R = PoisonReason
 

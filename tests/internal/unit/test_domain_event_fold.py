@@ -8,8 +8,8 @@ from datetime import timedelta
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext
-from saga_engine.core._gist import gist
-from saga_engine.core._view import WaitKind, fold
+from saga_engine.core.views._event_lines import gist
+from saga_engine.core.views._view import WaitKind, fold
 from saga_engine.testing import SagaTestEnv
 from tests.events.sagas import AwaitPayment, Order, PaymentCaptured, payment_captured
 

@@ -8,13 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from saga_engine.core._decision import DropReason, OutboundCommand, Reply
-from saga_engine.core._start import StartRequest
+from saga_engine.core.history._decision import DropReason, OutboundCommand, Reply
+from saga_engine.core.runtime._start import StartRequest
 from saga_engine.kernel._errors import InvalidTransition
 from saga_engine.kernel._serde import JsonDict
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._parts import EngineParts
-from saga_engine.runner._work import Deliver, Input, Outcome, Start
+from saga_engine.runner._path_inputs import Deliver, Input, InputOutcome, Start
 from saga_engine.testing import SagaTestEnv
 from tests.sagas import OrderRequest, PlaceOrder
 
@@ -61,7 +61,7 @@ async def one_by_one(env: SagaTestEnv, items: Sequence[Begin | Answer]) -> None:
         outcome.result()
 
 
-async def as_one_batch(env: SagaTestEnv, items: Sequence[Begin | Answer]) -> list[Outcome]:
+async def as_one_batch(env: SagaTestEnv, items: Sequence[Begin | Answer]) -> list[InputOutcome]:
     outcomes = await env.engine.apply([as_input(env, item) for item in items])
     assert [o.error for o in outcomes] == [None] * len(items)
     return outcomes
@@ -172,9 +172,13 @@ class OwnsAll:
 def owning_engine(env: SagaTestEnv) -> tuple[Engine, EngineParts]:
     """Another engine on ``env``'s store and bus, driving its sagas as their owner."""
     parts = EngineParts.build(
-        env.settings, sagas=[PlaceOrder], store=env.store, sender=env.bus, clock=env.clock,
+        env.settings,
+        sagas=[PlaceOrder],
+        store=env.store,
+        sender=env.bus,
+        clock=env.clock,
         ownership=OwnsAll(),
-    )  # fmt: skip
+    )
     return Engine(parts), parts
 
 

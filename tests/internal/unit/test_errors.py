@@ -14,9 +14,14 @@ from saga_engine.kernel._errors import PermanentError, SagaError, TransientError
 #: Not errors of the API: control flow that never leaves its module (unwinding saga code,
 #: a participant's batch split or stop, a body cut off mid-stream inside the server).
 CONTROL_FLOW = {
-    "Halt", "HandlerFailed", "Abandoned", "CrashPoint", "Refused", "BodyTooLarge",
+    "Halt",
+    "HandlerFailed",
+    "Abandoned",
+    "CrashPoint",
+    "Refused",
+    "BodyTooLarge",
     "ClaimLost",
-}  # fmt: skip
+}
 
 
 def _all_modules() -> list[object]:

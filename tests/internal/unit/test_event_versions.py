@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from saga_engine.core._event_versions import UPCASTERS, VERSION_KEY, EventVersions
-from saga_engine.core._events import (
+from saga_engine.core.history._event_versions import UPCASTERS, VERSION_KEY, EventVersions
+from saga_engine.core.history._events import (
     EVENT_TYPES,
     VERSIONS,
     CancelRequested,
@@ -22,7 +22,7 @@ from saga_engine.core._events import (
     event_to_json,
     events_from_list,
 )
-from saga_engine.core._status import SagaStatus
+from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._errors import DefinitionError, NewerEventError
 from saga_engine.store._memstore import InMemoryEventStore
 from saga_engine.store._store import NewSaga, Projection

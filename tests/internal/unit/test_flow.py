@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Settings
-from saga_engine.core._flow import FlowQueue, Gate, GateKind, Waiting
+from saga_engine.core.planning._flow import FlowQueue, Gate, GateKind, Waiting
 from saga_engine.kernel._settings import FlowLimit, LimitsSettings
 from saga_engine.runner._flow_sender import FlowControl
 from saga_engine.testing import SagaTestEnv

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from saga_engine.core._decision import command_id_for
-from saga_engine.core._events import event_to_dict, event_to_json, events_from_list
+from saga_engine.core.history._decision import command_id_for
+from saga_engine.core.history._events import event_to_dict, event_to_json, events_from_list
 from saga_engine.kernel._ids import uuid4_text, uuid5_text
 
 HISTORIES = Path(__file__).resolve().parents[2] / "replay" / "histories"

@@ -1,13 +1,13 @@
 """The insights' pure parts: the graph's layout (gather branches share a column) and the
-aggregation of a run (``core/_insights``) without a store."""
+aggregation of a run (``core/views/_insights``) without a store."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
 from saga_engine.admin._insight_svg import columns, graph_svg
-from saga_engine.core._insight_report import build_report, percentiles, within
-from saga_engine.core._insights import BUCKETS, Counters, Mark, aggregate, epoch_ms, summarize
+from saga_engine.core.views._insight_report import build_report, percentiles, within
+from saga_engine.core.views._insights import BUCKETS, Counters, Mark, aggregate, epoch_ms, summarize
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 
@@ -27,8 +27,10 @@ def test_gather_branches_share_a_column() -> None:
     now = NOW
     report = build_report("trip", "1h", now, now, rows)
     assert [[n["name"] for n in c] for c in columns(report)] == [
-        ["reserve"], ["pay", "ship"], ["notify"],
-    ]  # fmt: skip
+        ["reserve"],
+        ["pay", "ship"],
+        ["notify"],
+    ]
     svg = graph_svg(report)
     assert svg.count('class="edge"') == 4  # reserve to both branches, both to notify
     assert graph_svg(build_report("trip", "1h", now, now, [])) == ""
@@ -49,7 +51,7 @@ def test_a_timed_out_attempt_then_a_success() -> None:
         Mark("command_issued", at + 5000, step="pay", command_id="c2"),
         Mark("reply_received", at + 6000, step="pay", command_id="c2", outcome="success"),
         Mark("saga_completed", at + 6000),
-    ]  # fmt: skip
+    ]
     summary = summarize(marks)
     assert summary is not None
     pay = summary.nodes["pay"]

@@ -10,10 +10,10 @@ import pytest
 from pydantic import BaseModel
 
 from saga_engine import ConcurrencyLimit, DefinitionError, Saga, SagaContext, SagaStatus
-from saga_engine.core._definition import SagaDefinition
-from saga_engine.core._gist import gist
-from saga_engine.core._runtime import SagaRuntime
-from saga_engine.core._view import WaitKind, fold
+from saga_engine.core.authoring._definition import SagaDefinition
+from saga_engine.core.runtime._runtime import SagaRuntime
+from saga_engine.core.views._event_lines import gist
+from saga_engine.core.views._view import WaitKind, fold
 from saga_engine.kernel._errors import InvalidPayload, StoreUnavailable
 from saga_engine.store._keyslots import KeySlotStore
 from saga_engine.testing import SagaTestEnv
@@ -44,9 +44,12 @@ class Transfer(Saga[TransferIn, TransferOut]):
     concurrency = ConcurrencyLimit(key="account_id", limit=1)
 
     async def run(self, ctx: SagaContext, input: TransferIn) -> TransferOut:
-        await ctx.step("debit", to="ledger", command=Debit(account_id=input.account_id,
-                       amount=input.amount), compensate=Credit(account_id=input.account_id,
-                       amount=input.amount))  # fmt: skip
+        await ctx.step(
+            "debit",
+            to="ledger",
+            command=Debit(account_id=input.account_id, amount=input.amount),
+            compensate=Credit(account_id=input.account_id, amount=input.amount),
+        )
         return TransferOut(ok=True)
 
 
@@ -55,8 +58,9 @@ class Pair(Saga[TransferIn, TransferOut]):
     concurrency = ConcurrencyLimit(key="account_id", limit=2)
 
     async def run(self, ctx: SagaContext, input: TransferIn) -> TransferOut:
-        await ctx.step("debit", to="ledger", command=Debit(account_id=input.account_id,
-                       amount=input.amount))  # fmt: skip
+        await ctx.step(
+            "debit", to="ledger", command=Debit(account_id=input.account_id, amount=input.amount)
+        )
         return TransferOut(ok=True)
 
 
@@ -74,8 +78,9 @@ async def test_one_runs_per_key_the_others_queue_fifo_and_follow() -> None:
     third = await env.start(Transfer, TransferIn(account_id="a", amount=3))
     other = await env.start(Transfer, TransferIn(account_id="b"))
     # Only the first of key "a" and the one of key "b" sent their step.
-    assert sorted(c.payload["account_id"] + str(c.payload["amount"])
-                  for c in env.commands("ledger")) == ["a1", "b1"]  # fmt: skip
+    assert sorted(
+        c.payload["account_id"] + str(c.payload["amount"]) for c in env.commands("ledger")
+    ) == ["a1", "b1"]
     kinds = [e.kind for e in await second.history()]
     assert kinds == ["saga_started", "key_queued"]
     view = fold(await second.history(), saga_id=second.saga_id)
@@ -123,8 +128,10 @@ async def test_a_limit_of_two_runs_two_and_a_cancel_while_queued_gives_its_place
     assert kinds == ["saga_started", "key_queued", "cancel_requested", "saga_cancelled"]
     slots = await _slots(env).key_slots("pair", "k")
     assert [(s.saga_id, s.held) for s in slots] == [
-        (runs[0].saga_id, True), (runs[1].saga_id, True), (runs[3].saga_id, False),
-    ]  # fmt: skip
+        (runs[0].saga_id, True),
+        (runs[1].saga_id, True),
+        (runs[3].saga_id, False),
+    ]
     env.participant("ledger").reset(Debit)
     [cmd] = [c for c in env.commands("ledger") if c.saga_id == runs[0].saga_id]
     await env.engine.reply(runs[0].saga_id, cmd.command_id, "success")

@@ -13,9 +13,9 @@ import pytest
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, Signal
-from saga_engine.core._loop import DeterministicLoop
-from saga_engine.core._runtime import SagaRuntime
-from saga_engine.core._state import SagaState
+from saga_engine.core.runtime._loop import DeterministicLoop
+from saga_engine.core.runtime._runtime import SagaRuntime
+from saga_engine.core.runtime._state import SagaState
 from saga_engine.runner._cache import KeyedLocks
 from saga_engine.testing import SagaTestEnv
 

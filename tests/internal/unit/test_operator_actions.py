@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel
 
 from saga_engine import InvalidTransition, RetryPolicy, Saga, SagaContext, SagaStatus
-from saga_engine.core._runtime import SagaRuntime
+from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.testing import SagaTestEnv
 
 
@@ -35,11 +35,18 @@ class Three(Saga[In, Out]):
         got = []
         for i in (1, 2, 3):
             reply = await ctx.step(
-                f"s{i}", to=f"p{i}", command=Cmd(n=i), compensate=Undo(n=i), timeout=10,
-                retry=RetryPolicy(max_attempts=3, initial_backoff=timedelta(minutes=5),
-                                  max_backoff=timedelta(minutes=5)),
+                f"s{i}",
+                to=f"p{i}",
+                command=Cmd(n=i),
+                compensate=Undo(n=i),
+                timeout=10,
+                retry=RetryPolicy(
+                    max_attempts=3,
+                    initial_backoff=timedelta(minutes=5),
+                    max_backoff=timedelta(minutes=5),
+                ),
                 compensate_retry=RetryPolicy(max_attempts=1),
-            )  # fmt: skip
+            )
             got.append(int(reply.get("n", 0)))
         return Out(got=got)
 

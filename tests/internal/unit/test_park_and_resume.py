@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 from pydantic import BaseModel
 
 from saga_engine import Engine, RetryPolicy, Saga, SagaContext, SagaStatus, Settings
-from saga_engine.core._decision import Decision, Reply, Resume, RetryStep, StartSaga
-from saga_engine.core._definition import SagaDefinition
-from saga_engine.core._events import Event, SagaParked
-from saga_engine.core._runtime import SagaRuntime
+from saga_engine.core.authoring._definition import SagaDefinition
+from saga_engine.core.history._decision import Decision, Reply, Resume, RetryStep, StartSaga
+from saga_engine.core.history._events import Event, SagaParked
+from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.testing import SagaTestEnv
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -37,9 +37,12 @@ class V1(Saga[In, Out]):
 
     async def run(self, ctx: SagaContext, input: In) -> Out:
         await ctx.step(
-            "a", to="p", command=Cmd(n=1), compensate=Undo(n=1),
+            "a",
+            to="p",
+            command=Cmd(n=1),
+            compensate=Undo(n=1),
             compensate_retry=RetryPolicy(max_attempts=1),
-        )  # fmt: skip
+        )
         await ctx.step("b", to="p", command=Cmd(n=2))
         return Out()
 

@@ -10,9 +10,9 @@ import pytest
 from pydantic import BaseModel
 
 from saga_engine import PastPivot, Saga, SagaContext, SagaStatus
-from saga_engine.core._decision import CHILD_PARTICIPANT, child_saga_id
-from saga_engine.core._runtime import SagaRuntime
-from saga_engine.core._view import fold
+from saga_engine.core.history._decision import CHILD_PARTICIPANT, child_saga_id
+from saga_engine.core.runtime._runtime import SagaRuntime
+from saga_engine.core.views._view import fold
 from saga_engine.testing import SagaTestEnv
 
 

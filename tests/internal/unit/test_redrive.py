@@ -18,8 +18,8 @@ from saga_engine import (
     SagaContext,
     SagaStatus,
 )
-from saga_engine.core._runtime import SagaRuntime
-from saga_engine.core._view import WaitKind, fold
+from saga_engine.core.runtime._runtime import SagaRuntime
+from saga_engine.core.views._view import WaitKind, fold
 from saga_engine.events import SagaParked
 from saga_engine.testing import SagaTestEnv
 
@@ -56,10 +56,14 @@ class Three(Saga[In, Out]):
         got = []
         for i in (1, 2, 3):
             reply = await ctx.step(
-                f"s{i}", to=f"p{i}", command=Cmd(n=i), compensate=Undo(n=i), returns=Reply,
+                f"s{i}",
+                to=f"p{i}",
+                command=Cmd(n=i),
+                compensate=Undo(n=i),
+                returns=Reply,
                 retry=PARK if i == 2 else RetryPolicy(max_attempts=1),
                 pivot=input.pivot and i == 2,
-            )  # fmt: skip
+            )
             got.append(reply.n)
             if input.fail_after and i == 2:
                 raise RuntimeError("a bug after the pivot")
@@ -217,9 +221,15 @@ class Timed(Saga[In, Out]):
         got = []
         for i in (1, 2, 3):
             reply = await ctx.step(
-                f"s{i}", to=f"p{i}", command=Cmd(n=i), compensate=Undo(n=i), returns=Reply,
-                timeout=10, retry=RetryPolicy(max_attempts=1), pivot=input.pivot and i == 2,
-            )  # fmt: skip
+                f"s{i}",
+                to=f"p{i}",
+                command=Cmd(n=i),
+                compensate=Undo(n=i),
+                returns=Reply,
+                timeout=10,
+                retry=RetryPolicy(max_attempts=1),
+                pivot=input.pivot and i == 2,
+            )
             got.append(reply.n)
         return Out(got=got)
 
@@ -267,7 +277,7 @@ async def test_a_second_pivot_is_a_definition_error() -> None:
 
 
 async def test_the_shared_empty_parked_steps_is_never_written() -> None:
-    from saga_engine.core._fold import NO_PARKED
+    from saga_engine.core.history._fold import NO_PARKED
 
     env = _env()
     env.participant("p2").on(Cmd, retryable="down")

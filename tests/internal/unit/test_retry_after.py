@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel
 
 from saga_engine import RetryPolicy, Saga, SagaContext, SagaStatus
-from saga_engine.core._policy import MAX_RETRY_AFTER, retry_after
+from saga_engine.core.history._policy import MAX_RETRY_AFTER, retry_after
 from saga_engine.events import CommandIssued, ReplyReceived, TimerStarted
 from saga_engine.testing import SagaTestEnv
 

@@ -18,8 +18,8 @@ from saga_engine import (
     UnknownSagaType,
     UnknownSagaVersion,
 )
-from saga_engine.core._rollout import Rollout, RolloutSpec, RolloutTable, bucket, pick
-from saga_engine.core._runtime import SagaRuntime
+from saga_engine.core.planning._rollout import Rollout, RolloutSpec, RolloutTable, bucket, pick
+from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.replay import export_history, load_history, replay
 from saga_engine.testing import SagaTestEnv
 
@@ -62,8 +62,17 @@ IDS = [f"id-{i}" for i in range(2000)]
 def test_the_bucket_is_a_stable_function_of_type_and_id() -> None:
     # Pinned: an engine of any version, in any process, buckets a saga id the same way.
     assert [bucket("transfer", f"id-{i}") for i in range(10)] == [
-        69, 0, 22, 27, 67, 21, 72, 52, 21, 24,
-    ]  # fmt: skip
+        69,
+        0,
+        22,
+        27,
+        67,
+        21,
+        72,
+        52,
+        21,
+        24,
+    ]
     # The type is part of the hash: one id is not in the same bucket for every type.
     assert [bucket("other", f"id-{i}") for i in range(10)] != [
         bucket("transfer", f"id-{i}") for i in range(10)

@@ -302,7 +302,7 @@ async def test_now_uuid_random_and_side_effects_survive_replay() -> None:
     assert isinstance(live, Done)
     # Replaying the whole history from scratch yields the very same values.
     env.engine.evict(run.saga_id)
-    from saga_engine.core._runtime import SagaRuntime
+    from saga_engine.core.runtime._runtime import SagaRuntime
 
     definition = env.parts.registry.get("deterministic")
     replayed, decision = SagaRuntime.replay(definition, run.saga_id, await run.history())

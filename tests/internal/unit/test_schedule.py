@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from saga_engine.core._schedule import (
+from saga_engine.core.planning._schedule import (
     CatchUp,
     Overlap,
     Plan,
@@ -88,9 +88,15 @@ def test_cron_ticks_follow_the_time_zone_across_daylight_saving() -> None:
 
 def test_a_tick_due_on_time_fires_once_and_the_schedule_moves_on() -> None:
     p = plan(
-        MINUTE, at(60), at(60.4), catchup=CatchUp.SKIP, catchup_max=10,
-        overlap=Overlap.ALLOW, previous_running=False, grace=GRACE,
-    )  # fmt: skip
+        MINUTE,
+        at(60),
+        at(60.4),
+        catchup=CatchUp.SKIP,
+        catchup_max=10,
+        overlap=Overlap.ALLOW,
+        previous_running=False,
+        grace=GRACE,
+    )
     assert p.fire == [at(60)]
     assert p.skipped == 0
     assert p.next_fire_at == at(120)
@@ -98,9 +104,15 @@ def test_a_tick_due_on_time_fires_once_and_the_schedule_moves_on() -> None:
 
 def test_nothing_fires_before_next_fire_at() -> None:
     p = plan(
-        MINUTE, at(60), at(59), catchup=CatchUp.ALL, catchup_max=10,
-        overlap=Overlap.ALLOW, previous_running=False, grace=GRACE,
-    )  # fmt: skip
+        MINUTE,
+        at(60),
+        at(59),
+        catchup=CatchUp.ALL,
+        catchup_max=10,
+        overlap=Overlap.ALLOW,
+        previous_running=False,
+        grace=GRACE,
+    )
     assert p.fire == []
     assert p.next_fire_at == at(60)
 
@@ -119,9 +131,15 @@ def test_catch_up_after_downtime(
     catchup: CatchUp, cap: int, fired: list[int], skipped: int
 ) -> None:
     p = plan(
-        MINUTE, at(60), at(630), catchup=catchup, catchup_max=cap,
-        overlap=Overlap.ALLOW, previous_running=False, grace=timedelta(seconds=20),
-    )  # fmt: skip
+        MINUTE,
+        at(60),
+        at(630),
+        catchup=catchup,
+        catchup_max=cap,
+        overlap=Overlap.ALLOW,
+        previous_running=False,
+        grace=timedelta(seconds=20),
+    )
     assert p.fire == [at(s) for s in fired]
     assert p.skipped == skipped
     assert p.next_fire_at == at(660)
@@ -149,9 +167,16 @@ def test_ticks_a_dead_claim_sent_fire_again_and_count_as_fired(
     skipped: int,
 ) -> None:
     p = plan(
-        MINUTE, at(60), at(210), catchup=catchup, catchup_max=10, overlap=overlap,
-        previous_running=running, grace=timedelta(seconds=20), sent=[at(s) for s in sent],
-    )  # fmt: skip
+        MINUTE,
+        at(60),
+        at(210),
+        catchup=catchup,
+        catchup_max=10,
+        overlap=overlap,
+        previous_running=running,
+        grace=timedelta(seconds=20),
+        sent=[at(s) for s in sent],
+    )
     assert p.fire == [at(s) for s in fired]
     assert p.skipped == skipped
     assert p.next_fire_at == at(240)
@@ -159,9 +184,15 @@ def test_ticks_a_dead_claim_sent_fire_again_and_count_as_fired(
 
 def test_catch_up_skip_still_fires_the_latest_tick_within_the_grace_period() -> None:
     p = plan(
-        MINUTE, at(60), at(610), catchup=CatchUp.SKIP, catchup_max=10,
-        overlap=Overlap.ALLOW, previous_running=False, grace=timedelta(seconds=20),
-    )  # fmt: skip
+        MINUTE,
+        at(60),
+        at(610),
+        catchup=CatchUp.SKIP,
+        catchup_max=10,
+        overlap=Overlap.ALLOW,
+        previous_running=False,
+        grace=timedelta(seconds=20),
+    )
     assert p.fire == [at(600)]
     assert p.skipped == 9
 
@@ -169,9 +200,15 @@ def test_catch_up_skip_still_fires_the_latest_tick_within_the_grace_period() -> 
 def test_overlap_skip_fires_nothing_while_the_previous_run_runs() -> None:
     def run(overlap: Overlap, running: bool) -> Plan:
         return plan(
-            MINUTE, at(60), at(200), catchup=CatchUp.ALL, catchup_max=10,
-            overlap=overlap, previous_running=running, grace=GRACE,
-        )  # fmt: skip
+            MINUTE,
+            at(60),
+            at(200),
+            catchup=CatchUp.ALL,
+            catchup_max=10,
+            overlap=overlap,
+            previous_running=running,
+            grace=GRACE,
+        )
 
     busy = run(Overlap.SKIP, True)
     assert busy.fire == []
@@ -187,9 +224,15 @@ def test_overlap_skip_fires_nothing_while_the_previous_run_runs() -> None:
 def test_a_cron_catch_up_counts_every_missed_tick() -> None:
     spec = ScheduleSpec(cron="* * * * *")
     p = plan(
-        spec, at(60), at(60 * 500 + 5), catchup=CatchUp.ALL, catchup_max=4,
-        overlap=Overlap.ALLOW, previous_running=False, grace=GRACE,
-    )  # fmt: skip
+        spec,
+        at(60),
+        at(60 * 500 + 5),
+        catchup=CatchUp.ALL,
+        catchup_max=4,
+        overlap=Overlap.ALLOW,
+        previous_running=False,
+        grace=GRACE,
+    )
     assert p.fire == [at(60 * i) for i in range(497, 501)]
     assert p.skipped == 496
 
@@ -229,9 +272,15 @@ def test_a_scheduler_polling_at_any_times_fires_every_tick_exactly_once(
     for step in steps:
         now += timedelta(seconds=step)
         p = plan(
-            spec, nxt, now, catchup=CatchUp.ALL, catchup_max=1000,
-            overlap=Overlap.ALLOW, previous_running=False, grace=GRACE,
-        )  # fmt: skip
+            spec,
+            nxt,
+            now,
+            catchup=CatchUp.ALL,
+            catchup_max=1000,
+            overlap=Overlap.ALLOW,
+            previous_running=False,
+            grace=GRACE,
+        )
         assert p.next_fire_at > now
         assert p.next_fire_at - now <= timedelta(seconds=every)
         if len(p.fire) + p.skipped:
@@ -264,9 +313,15 @@ def test_fired_plus_skipped_is_every_due_tick(
     nxt = MINUTE.next_after(now - timedelta(seconds=behind) - timedelta(microseconds=1))
     due = [t for t in (nxt + timedelta(seconds=60 * i) for i in range(200)) if t <= now]
     p = plan(
-        MINUTE, nxt, now, catchup=catchup, catchup_max=cap,
-        overlap=overlap, previous_running=running, grace=GRACE,
-    )  # fmt: skip
+        MINUTE,
+        nxt,
+        now,
+        catchup=catchup,
+        catchup_max=cap,
+        overlap=overlap,
+        previous_running=running,
+        grace=GRACE,
+    )
     assert len(p.fire) + p.skipped == len(due)
     assert set(p.fire) <= set(due)
     assert len(p.fire) <= (cap if catchup is CatchUp.ALL else 1)

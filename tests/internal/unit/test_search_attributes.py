@@ -6,7 +6,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from saga_engine import DefinitionError, Saga, SagaContext
-from saga_engine.core._definition import SagaDefinition
+from saga_engine.core.authoring._definition import SagaDefinition
 
 
 class Order(BaseModel):
@@ -39,8 +39,10 @@ def test_values_are_strings_of_the_declared_input_fields() -> None:
     ) == {"order_id": "o-1", "qty": "3", "vip": "true", "customer": "c-9"}
     # A field left empty is not stored (None would match nothing anyway).
     assert definition.search_values({"order_id": "o-2", "qty": 1, "vip": False}) == {
-        "order_id": "o-2", "qty": "1", "vip": "false",
-    }  # fmt: skip
+        "order_id": "o-2",
+        "qty": "1",
+        "vip": "false",
+    }
 
 
 def test_none_declared_stores_none() -> None:

@@ -12,7 +12,7 @@ import pytest
 from pydantic import BaseModel
 
 from saga_engine import RetryPolicy, Saga, SagaContext, SagaStatus, Signal
-from saga_engine.core._decision import (
+from saga_engine.core.history._decision import (
     Cancel,
     ForceCompensate,
     Inbound,
@@ -21,8 +21,8 @@ from saga_engine.core._decision import (
     SignalInput,
     Skip,
 )
-from saga_engine.core._runtime import SagaRuntime
-from saga_engine.core._view import WaitKind, fold
+from saga_engine.core.runtime._runtime import SagaRuntime
+from saga_engine.core.views._view import WaitKind, fold
 from saga_engine.kernel._errors import InvalidTransition, PastPivot
 from saga_engine.testing import SagaTestEnv
 from tests.internal.unit.test_operator_actions import Cmd, In, Undo
@@ -44,9 +44,14 @@ class Two(Saga[In, In]):
     async def run(self, ctx: SagaContext, input: In) -> In:
         for i in (1, 2):
             await ctx.step(
-                f"s{i}", to=f"p{i}", command=Cmd(n=i), compensate=Undo(n=i), timeout=600,
-                retry=_BACKOFF, compensate_retry=_BACKOFF,
-            )  # fmt: skip
+                f"s{i}",
+                to=f"p{i}",
+                command=Cmd(n=i),
+                compensate=Undo(n=i),
+                timeout=600,
+                retry=_BACKOFF,
+                compensate_retry=_BACKOFF,
+            )
         await ctx.wait_signal(self.go, timeout=timedelta(hours=1))
         return In()
 
@@ -156,5 +161,8 @@ async def test_a_step_back_off_shows_its_attempt_and_last_error() -> None:
     view = fold(await env.engine.history(saga_id), saga_id=saga_id)
     [wait] = view.waiting_for
     assert (wait.kind, wait.step, wait.attempt, wait.last_error) == (
-        WaitKind.BACKOFF, "s2", 1, "busy",
-    )  # fmt: skip
+        WaitKind.BACKOFF,
+        "s2",
+        1,
+        "busy",
+    )

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Signal
 from saga_engine.admin._views import awaited, view_of
-from saga_engine.core._view import WaitKind, fold
+from saga_engine.core.views._view import WaitKind, fold
 from saga_engine.testing import SagaTestEnv
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from saga_engine import SagaStatus
 from saga_engine.client import SagaClient
-from saga_engine.core._rollout import RolloutSpec, bucket
+from saga_engine.core.planning._rollout import RolloutSpec, bucket
 from saga_engine.store._migrations import migrate
 from saga_engine.store._pgstore import PostgresEventStore
 from tests.integration.kafka_helpers import poll_until
@@ -57,9 +57,12 @@ async def test_engine_killed_during_a_rollout_finishes_each_saga_on_its_version(
     store = await PostgresEventStore.connect(cluster.settings.pg)
     try:
         await store.set_rollout(
-            TYPE, RolloutSpec(version=2, percent=PERCENT), principal="test", reason="half",
+            TYPE,
+            RolloutSpec(version=2, percent=PERCENT),
+            principal="test",
+            reason="half",
             at=datetime.now(UTC),
-        )  # fmt: skip
+        )
     finally:
         await store.close()
     start_engine(cluster)

@@ -24,9 +24,9 @@ from pydantic import BaseModel, SecretStr
 from saga_engine import Saga, SagaContext, Settings, Signal
 from saga_engine.admin import create_admin_app
 from saga_engine.client import SagaClient
-from saga_engine.core import _events as events_module
-from saga_engine.core._events import VERSIONS, SagaCompleted
-from saga_engine.core._rollout import RolloutSpec, bucket
+from saga_engine.core.history import _events as events_module
+from saga_engine.core.history._events import VERSIONS, SagaCompleted
+from saga_engine.core.planning._rollout import RolloutSpec, bucket
 from saga_engine.settings import AdminSettings, EngineSettings, KafkaSettings, PostgresSettings
 from saga_engine.store._migrations import migrate
 from saga_engine.store._pgstore import PostgresEventStore
@@ -142,10 +142,13 @@ async def test_rollout_through_the_api_reaches_another_engine_and_rolls_back(
         await a.start()
         await b.start()
         await poll_until(
-            lambda: a.owned_partitions and b.owned_partitions
-            and sorted(a.owned_partitions | b.owned_partitions) == list(range(PARTITIONS)),
+            lambda: (
+                a.owned_partitions
+                and b.owned_partitions
+                and sorted(a.owned_partitions | b.owned_partitions) == list(range(PARTITIONS))
+            ),
             timeout=60,
-        )  # fmt: skip
+        )
         assert a.engine is not None
         assert b.engine is not None
         async with admin_of(a, settings) as http:
@@ -214,10 +217,14 @@ async def test_rollout_through_the_api_reaches_another_engine_and_rolls_back(
             # Audited: who, when, before -> after, why; newest first.
             view = (await http.get(f"/rollouts/{TYPE}", headers=OPERATOR)).json()
             trail = [
-                (c["principal"], c["reason"], (c["before"] or {}).get("percent"),
-                 c["after"]["percent"])
+                (
+                    c["principal"],
+                    c["reason"],
+                    (c["before"] or {}).get("percent"),
+                    c["after"]["percent"],
+                )
                 for c in view["audit"]
-            ]  # fmt: skip
+            ]
             assert trail == [
                 ("olivia", "rollback: errors in v2", 100, 0),
                 ("olivia", "all in", 30, 100),

@@ -1,0 +1,465 @@
+"""``SagaContext``: the only door from a saga's code to the outside world.
+
+Every method records what it does in the saga's history (or, on replay, is answered
+from it). This class is the documented API; it asks a :class:`SagaDriver` (the runtime
+that drives the saga, see ``_runtime``) for the rest. It sits below the definition (a
+saga's ``run`` takes it) and the runtime (which implements the driver), so it knows
+neither: a step is handed down as one :class:`StepRequest`, and a child saga is anything
+shaped like a saga class (:class:`ChildSaga`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, Protocol, TypeVar, overload
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from saga_engine.core.authoring._domain_events import EventSource, source_name
+from saga_engine.core.authoring._signal import Signal
+from saga_engine.core.history._policy import RetryPolicy
+from saga_engine.kernel._serde import JsonDict
+
+M = TypeVar("M", bound=BaseModel)
+O = TypeVar("O", bound=BaseModel)  # noqa: E741
+T = TypeVar("T")
+O_co = TypeVar("O_co", covariant=True)
+
+Duration = timedelta | float | int
+
+#: Steps addressed to "http:<endpoint>" are HTTP calls made by the engine itself.
+HTTP_PREFIX = "http:"
+
+
+class HttpRequest(BaseModel):
+    """An HTTP call made by the engine for an HTTP step (or its compensation)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    method: str = "POST"
+    path: str = Field(pattern=r"^/")
+    body: JsonDict | None = None
+
+
+#: A child is asked again (its start re-sent, same command id) this often by default: an
+#: ended child answers a repeated start with its end. It covers the one window where an
+#: end can be lost (its engine died after recording the end, before sending it).
+DEFAULT_CHILD_POLL = timedelta(minutes=5)
+
+
+@dataclass(frozen=True, slots=True)
+class StepRequest:
+    """One step as its saga's code asked for it (``ctx.step``, ``ctx.http_step``, or a
+    child's start): built once by the context, carried unchanged to the decision core."""
+
+    name: str
+    #: The participant (``http:<endpoint>`` for an HTTP step, the engine for a child).
+    to: str
+    command: BaseModel
+    compensate: BaseModel | None = None
+    retry: RetryPolicy | None = None
+    #: Each attempt's timeout; None: an attempt waits for its reply as long as it takes.
+    timeout: timedelta | None = None
+    compensate_retry: RetryPolicy | None = None
+    #: The reply's model: a success reply that does not match it is held for an operator.
+    returns: type[BaseModel] | None = None
+    #: A pivot step (Richardson): once it succeeded the saga only goes forward.
+    pivot: bool = False
+    #: Sent again this often while unanswered, under the same id, recording nothing (a
+    #: child's start: ``ctx.child(poll=)``); None: sent again only when the saga is loaded.
+    poll: timedelta | None = None
+
+
+class ChildSaga(Protocol[O_co]):
+    """What ``ctx.child`` needs of a saga class: its name, models, and a ``run`` whose
+    result is the child's output (so ``await ctx.child(Shipment, ...)`` is typed)."""
+
+    name: ClassVar[str]
+    input_type: ClassVar[type[BaseModel]]
+    output_type: ClassVar[type[BaseModel]]
+
+    def run(self, ctx: Any, input: Any, /) -> Coroutine[Any, Any, O_co]: ...
+
+
+class SagaDriver(Protocol):
+    """What a :class:`SagaContext` asks of the runtime driving its saga. Each operation
+    runs in the saga's code, on its deterministic loop."""
+
+    @property
+    def saga_id(self) -> str: ...
+
+    @property
+    def now(self) -> datetime: ...
+
+    @property
+    def replaying(self) -> bool: ...
+
+    def op_step(self, request: StepRequest) -> Coroutine[Any, Any, JsonDict]: ...
+
+    def op_child(
+        self,
+        saga: type[ChildSaga[Any]],
+        input: BaseModel | JsonDict,
+        *,
+        key: str | None,
+        poll: timedelta | None,
+        retry: RetryPolicy | None,
+        pivot: bool = False,
+    ) -> Coroutine[Any, Any, JsonDict]: ...
+
+    def op_sleep(self, delay: timedelta) -> Coroutine[Any, Any, None]: ...
+
+    def op_wait_signal(
+        self, name: str, timeout: timedelta | None
+    ) -> Coroutine[Any, Any, JsonDict]: ...
+
+    def op_wait_event(
+        self, source: str, key: Any, timeout: timedelta | None
+    ) -> Coroutine[Any, Any, JsonDict]: ...
+
+    def op_side_effect(self, fn: Callable[[], T]) -> Coroutine[Any, Any, T]: ...
+
+    def op_patched(self, patch_id: str) -> bool: ...
+
+    def parse(self, model: type[M], payload: JsonDict, what: str, step: str | None = None) -> M: ...
+
+    def declared_signal(
+        self, signal: Signal[Any] | str, model: type[BaseModel] | None
+    ) -> Signal[Any]: ...
+
+    def deterministic_uuid(self) -> uuid.UUID: ...
+
+    def deterministic_random(self) -> float: ...
+
+
+def as_timedelta(value: Duration | None, what: str) -> timedelta | None:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        result = value
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        result = timedelta(seconds=value)
+    else:
+        raise TypeError(f"{what} must be a timedelta or a number of seconds, got {value!r}")
+    if result <= timedelta(0):
+        raise ValueError(f"{what} must be positive, got {result}")
+    return result
+
+
+class SagaContext:
+    """Passed to ``Saga.run``. Use it for steps, timers, signals and anything random."""
+
+    __slots__ = ("_driver",)
+
+    def __init__(self, driver: SagaDriver) -> None:
+        self._driver = driver
+
+    def detach(self) -> None:
+        """The saga's runtime closed: the context no longer holds it (no cycle)."""
+        if hasattr(self, "_driver"):
+            del self._driver
+
+    @property
+    def saga_id(self) -> str:
+        return self._driver.saga_id
+
+    @overload
+    async def step(
+        self,
+        name: str,
+        *,
+        to: str,
+        command: BaseModel,
+        returns: type[M],
+        compensate: BaseModel | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: Duration | None = None,
+        compensate_retry: RetryPolicy | None = None,
+        pivot: bool = False,
+    ) -> M: ...
+
+    @overload
+    async def step(
+        self,
+        name: str,
+        *,
+        to: str,
+        command: BaseModel,
+        returns: None = None,
+        compensate: BaseModel | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: Duration | None = None,
+        compensate_retry: RetryPolicy | None = None,
+        pivot: bool = False,
+    ) -> JsonDict: ...
+
+    async def step(
+        self,
+        name: str,
+        *,
+        to: str,
+        command: BaseModel,
+        returns: type[M] | None = None,
+        compensate: BaseModel | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: Duration | None = None,
+        compensate_retry: RetryPolicy | None = None,
+        pivot: bool = False,
+    ) -> M | JsonDict:
+        """Sends ``command`` to participant ``to`` and waits for its reply.
+
+        - ``name`` identifies the step within this saga run; it must be unique
+          (use ``f"charge-{i}"`` in loops).
+        - ``compensate`` is sent to the same participant, in reverse order with the
+          other compensations, if the saga fails or is cancelled after this step was
+          applied (or when its outcome is unknown because every attempt timed out).
+        - ``retry`` governs re-sends after a per-attempt ``timeout`` (same command id,
+          so the participant deduplicates) and after a retryable error reply.
+        - ``returns`` parses the reply payload into a model; without it you get a dict.
+          A success reply that does not match it is not accepted: it is kept in the
+          history, the step waits, and the saga parks as ``step_stuck`` until an
+          operator retries the step (after a fix) or skips it with a valid result. The
+          engine never compensates because of a malformed reply.
+        - ``pivot=True`` marks the saga's pivot (go/no-go) step: once it has succeeded
+          the saga only goes forward. A cancel or forced compensation is refused ("past
+          its pivot"), the deadline no longer applies, and a later step that cannot
+          succeed parks the saga as step_stuck (whatever its retry policy says) instead
+          of raising into the run. See docs/redrive-and-pivots.md.
+
+        Raises ``StepFailed`` when the participant refuses, and ``StepTimedOut`` when
+        every attempt timed out (unless the step parks: ``RetryPolicy.on_exhausted``).
+        """
+        step = StepRequest(
+            name,
+            to,
+            command,
+            compensate=compensate,
+            retry=retry,
+            timeout=as_timedelta(timeout, "timeout"),
+            compensate_retry=compensate_retry,
+            returns=returns,
+            pivot=pivot,
+        )
+        payload = await self._driver.op_step(step)
+        if returns is None:
+            return payload
+        return self._driver.parse(returns, payload, f"the reply of step {name!r}", step=name)
+
+    async def child(
+        self,
+        saga: type[ChildSaga[O]],
+        input: BaseModel | JsonDict,
+        *,
+        id: str | None = None,
+        poll: Duration | None = DEFAULT_CHILD_POLL,
+        retry: RetryPolicy | None = None,
+        pivot: bool = False,
+    ) -> O:
+        """Starts ``saga`` as a child of this saga and waits for its output.
+
+        - The child's id derives from this saga's id and ``id`` (default: the child
+          saga's name; give one per call when starting the same type twice), so a
+          replay or a re-send never starts a second child. It may run on any engine.
+        - The child's end answers the step: its output when it completed; when it
+          failed, was compensated or cancelled, ``StepFailed`` is raised here, as for a
+          refused step (the child undid itself, so nothing is owed).
+        - When this saga compensates or is cancelled later, the child is undone, in this
+          saga's last-in-first-out order, as one step: a completed child compensates its
+          applied steps (it ends ``compensated``), a running one is cancelled.
+        - ``poll``: while waiting, the child is asked again this often (its start is
+          re-sent under the same command id; an ended child answers with its end). A
+          poll records nothing: a parent waits for its child for as long as it runs
+          without its history growing. The child also re-sends its end itself whenever
+          it is loaded and after a send the broker refused, so the poll is a backstop
+          (made while this saga is in memory; a saga loaded again sends what it owes).
+          ``None``: asked again only when this saga is loaded. ``retry``: how often a
+          start the engine answers "retryable" is sent anew (default 10,000 times).
+        - ``pivot=True``: the child is this saga's pivot, as for ``ctx.step``; once it
+          has completed this saga only goes forward. A child past its own pivot refuses
+          its parent's undo (see docs/redrive-and-pivots.md): mark such a child as its
+          parent's pivot, so that the parent goes forward too.
+        """
+        payload = await self._driver.op_child(
+            saga, input, key=id, poll=as_timedelta(poll, "poll"), retry=retry, pivot=pivot
+        )
+        output: O = self._driver.parse(
+            saga.output_type, payload, f"the output of child saga {saga.name!r}"
+        )  # type: ignore[assignment]
+        return output
+
+    @overload
+    async def http_step(
+        self,
+        name: str,
+        *,
+        endpoint: str,
+        path: str,
+        returns: type[M],
+        method: str = "POST",
+        json: JsonDict | None = None,
+        compensate: HttpRequest | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: Duration | None = None,
+        pivot: bool = False,
+    ) -> M: ...
+
+    @overload
+    async def http_step(
+        self,
+        name: str,
+        *,
+        endpoint: str,
+        path: str,
+        returns: None = None,
+        method: str = "POST",
+        json: JsonDict | None = None,
+        compensate: HttpRequest | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: Duration | None = None,
+        pivot: bool = False,
+    ) -> JsonDict: ...
+
+    async def http_step(
+        self,
+        name: str,
+        *,
+        endpoint: str,
+        path: str,
+        returns: type[M] | None = None,
+        method: str = "POST",
+        json: JsonDict | None = None,
+        compensate: HttpRequest | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: Duration | None = None,
+        pivot: bool = False,
+    ) -> M | JsonDict:
+        """A step that calls an HTTP service instead of sending a Kafka command.
+
+        The engine calls ``{base URL of endpoint}{path}`` (base URLs come from settings,
+        ``SAGA_HTTP__ENDPOINTS``) with an ``Idempotency-Key`` header equal to the step's
+        command id — the same on every re-send — so the service can deduplicate. 2xx
+        is success (the JSON body is the result); another 4xx fails the step
+        (``StepFailed``); connection errors, 408, 429 and 5xx are retried with the same
+        key until the attempt's ``timeout`` (default 30 s), then re-sent per ``retry``.
+        It is recorded in the history like any step. ``pivot=True`` marks it as the
+        saga's pivot, as for ``ctx.step``.
+        """
+        request = HttpRequest(method=method.upper(), path=path, body=json)
+        step = StepRequest(
+            name,
+            f"{HTTP_PREFIX}{endpoint}",
+            request,
+            compensate=compensate,
+            retry=retry,
+            timeout=as_timedelta(timeout, "timeout") or timedelta(seconds=30),
+            returns=returns,
+            pivot=pivot,
+        )
+        payload = await self._driver.op_step(step)
+        if returns is None:
+            return payload
+        return self._driver.parse(returns, payload, f"the response of step {name!r}", step=name)
+
+    async def sleep(self, duration: Duration) -> None:
+        """A durable timer: survives crashes and restarts."""
+        delta = as_timedelta(duration, "sleep duration")
+        assert delta is not None
+        await self._driver.op_sleep(delta)
+
+    @overload
+    async def wait_signal(self, signal: Signal[M], *, timeout: Duration | None = None) -> M: ...
+
+    @overload
+    async def wait_signal(
+        self, signal: str, model: type[M], *, timeout: Duration | None = None
+    ) -> M: ...
+
+    @overload
+    async def wait_signal(
+        self, signal: str, model: None = None, *, timeout: Duration | None = None
+    ) -> JsonDict: ...
+
+    async def wait_signal(
+        self,
+        signal: Signal[M] | str,
+        model: type[M] | None = None,
+        *,
+        timeout: Duration | None = None,
+    ) -> M | JsonDict:
+        """Waits for a signal the saga declares (or takes one that already arrived).
+
+        Pass the declared ``Signal`` (``self.approval``) to get its model back; a name
+        with its model works too, and a name alone gives the payload as a dict. A signal
+        the class does not declare raises DefinitionError: the engine refuses undeclared
+        signals, so it could never arrive.
+
+        Raises ``SignalTimeout`` when ``timeout`` passes first.
+        """
+        declared = self._driver.declared_signal(signal, model)
+        payload = await self._driver.op_wait_signal(
+            declared.name, as_timedelta(timeout, "signal timeout")
+        )
+        if model is None and isinstance(signal, str):
+            return payload
+        parsed: M = self._driver.parse(declared.model, payload, f"signal {declared.name!r}")
+        return parsed
+
+    async def wait_event(
+        self,
+        event: type[M] | EventSource[M],
+        *,
+        key: str | int | uuid.UUID,
+        timeout: Duration | None = None,
+    ) -> M:
+        """Waits for another service's domain event: the first fact of ``event`` (an
+        ``EventSource``, or its model) whose correlation key is ``key``. A fact that
+        arrived before the wait is matched too, if its source still keeps it (its
+        ``retention``). Recorded in history once; a fact answers a saga once.
+
+        Raises ``EventTimeout`` when ``timeout`` passes first.
+        """
+        model = event.model if isinstance(event, EventSource) else event
+        name = source_name(event)
+        payload = await self._driver.op_wait_event(
+            name, key, as_timedelta(timeout, "event timeout")
+        )
+        parsed: M = self._driver.parse(model, payload, f"event {name}")
+        return parsed
+
+    async def side_effect(self, fn: Callable[[], T]) -> T:
+        """Runs a local, non-deterministic computation once and records its result.
+
+        On replay the recorded value is returned and ``fn`` is not called. The value
+        must be JSON-serializable (or a pydantic model, returned as a dict on replay).
+        """
+        return await self._driver.op_side_effect(fn)
+
+    def now(self) -> datetime:
+        """The saga's deterministic time: when the event being handled happened."""
+        return self._driver.now
+
+    def uuid(self) -> uuid.UUID:
+        """A UUID that is the same on every replay."""
+        return self._driver.deterministic_uuid()
+
+    def random(self) -> float:
+        """A float in [0, 1) that is the same on every replay."""
+        return self._driver.deterministic_random()
+
+    def patched(self, patch_id: str) -> bool:
+        """Versioning: True for runs that reach this point with the new code.
+
+        Histories recorded before the patch replay with False, so old sagas keep
+        their old behaviour and new ones take the new path.
+        """
+        return self._driver.op_patched(patch_id)
+
+    def is_replaying(self) -> bool:
+        """True while the code is being re-run against recorded history (e.g. skip logs)."""
+        return self._driver.replaying
+
+    def __repr__(self) -> str:
+        return f"SagaContext(saga_id={self.saga_id!r})"

@@ -1,0 +1,703 @@
+"""History events: every fact about a saga, immutable, serialized with orjson.
+
+Events come in two families, and replay treats them differently:
+
+- **Intents** are what the saga's code (or the engine's own lifecycle code running
+  beside it) decided to do: issue a command, start a timer, record a side effect,
+  begin compensating, finish. On replay the code runs again and each intent it
+  produces is *matched* against the recorded one; a difference is nondeterminism.
+- **Inputs** are what happened to the saga from outside: it was started, a reply
+  arrived, a timer fired, a signal or a cancel request came in, an operator acted.
+  On replay they are *delivered* again, in their recorded order.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic_core import PydanticSerializationError
+
+from saga_engine.core.history._event_versions import UPCASTERS, VERSION_KEY, EventVersions
+from saga_engine.core.history._policy import RetryPolicy
+from saga_engine.kernel._errors import SerializationError
+from saga_engine.kernel._serde import JsonDict, dumps, loads
+
+# The models events carry: an error as it is stored, a step's compensation, and
+# the links a start records (its parent, the trigger record, the saga it re-runs).
+
+
+class ErrorInfo(BaseModel):
+    """An error as it is stored: enough to explain what happened, no traceback."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: str
+    message: str
+    step: str | None = None
+    details: JsonDict = Field(default_factory=dict)
+
+
+class CompensationSpec(BaseModel):
+    """The compensation a forward step carries, recorded with the step's command."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    participant: str
+    command_type: str
+    payload: JsonDict
+    retry: RetryPolicy
+    timeout_s: float | None = None
+
+
+class ParentLink(BaseModel):
+    """The parent of a child saga: which saga started it, with which command (the child's
+    end is that command's reply)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    saga_id: str
+    command_id: str
+    saga_type: str = ""
+
+
+class RerunLink(BaseModel):
+    """The saga an operator re-ran (``saga rerun``): a new saga of the same type, with
+    the same or an edited input, linked to the original for the lineage."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    saga_id: str
+    principal: str = "system"
+    reason: str = ""
+
+
+class TriggerOrigin(BaseModel):
+    """The Kafka record a trigger started the saga from, to trace it back to its cause."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: The shape's version: raise it when the stored shape changes, and register an
+    #: upcaster from the previous one in ``_event_versions.UPCASTERS``.
+    version: ClassVar[int] = 1
+
+    at: datetime
+
+    @property
+    def is_intent(self) -> bool:
+        return False
+
+    def signature(self) -> tuple[Any, ...]:
+        """What must be equal for a replayed intent to match the recorded one."""
+        return (self.kind,)  # type: ignore[attr-defined]
+
+    def describe(self) -> str:
+        """A short human description, used in nondeterminism errors and the CLI."""
+        return self.kind  # type: ignore[attr-defined, no-any-return]
+
+
+class _Intent(_Event):
+    @property
+    def is_intent(self) -> bool:
+        return True
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+class SagaStarted(_Event):
+    #: 2: records ``saga_version`` (version 1 starts are upcast to ``saga_version=1``).
+    version: ClassVar[int] = 2
+
+    kind: Literal["saga_started"] = "saga_started"
+    saga_type: str
+    #: As the input model read it, defaults filled in once (so a default_factory's value
+    #: is the same on every replay).
+    input: JsonDict
+    idempotency_key: str | None = None
+    deadline_at: datetime | None = None
+    #: W3C trace context of the caller, so a recovered saga continues the same trace.
+    trace_context: dict[str, str] = Field(default_factory=dict)
+    #: A digest of the start request as it was sent (the input fields given, as the model
+    #: reads them): a repeated start with the same key must match it. None in histories
+    #: recorded before it existed.
+    request_hash: str | None = None
+    #: Set when another saga started this one with ``ctx.child``: its end is the reply to
+    #: the parent's command. None for a saga started by a client, a trigger or the API.
+    parent: ParentLink | None = None
+    #: The trigger record that started it, when a trigger did.
+    trigger: TriggerOrigin | None = None
+    #: The version of its saga type the start chose (``Saga.version``, by the rollout):
+    #: the saga runs that class for its whole life, replay included.
+    saga_version: int = 1
+    #: Flow control (``_flow.py``): when a limit holds commands back, a higher priority
+    #: goes first (aging lifts a waiting one); the fairness key (a tenant) takes turns
+    #: with the others. Neither changes what the saga does, only when it is sent.
+    priority: int = 0
+    fairness_key: str | None = None
+    #: Set when an operator re-ran another saga (``saga rerun``): the saga re-run, for the
+    #: lineage. Left out of the stored shape when None (every other start).
+    rerun_of: RerunLink | None = Field(default=None, exclude_if=lambda v: v is None)
+
+
+class ReplyReceived(_Event):
+    kind: Literal["reply_received"] = "reply_received"
+    step: str
+    command_id: str
+    #: success: applied; failure: refused, nothing applied; retryable: not applied, try again.
+    outcome: Literal["success", "failure", "retryable"]
+    compensation: bool = False
+    payload: JsonDict = Field(default_factory=dict)
+    error: str | None = None
+
+    def describe(self) -> str:
+        what = "compensation reply" if self.compensation else "reply"
+        return f"{what} {self.outcome} for step {self.step!r}"
+
+
+class InvalidReplyReceived(_Event):
+    """A participant answered a forward step with success, but its payload does not match
+    the step's reply model (``returns=``), or holds a value Postgres cannot store.
+
+    The reply is kept here (``payload``; values Postgres cannot store written out as
+    escapes, with ``unstorable`` set), the step keeps waiting and the saga parks as
+    ``step_stuck``. Nothing is compensated because of it: an operator retries the step
+    (the held reply is checked again against the code deployed now), skips it with a
+    valid result, or cancels the saga (the step's compensation is then owed: the
+    participant did apply it).
+    """
+
+    kind: Literal["invalid_reply_received"] = "invalid_reply_received"
+    step: str
+    command_id: str
+    payload: JsonDict = Field(default_factory=dict)
+    #: The payload could not be stored as it came: ``payload`` is an escaped rendering,
+    #: so only a skip (with a corrected result) can answer the step.
+    unstorable: bool = False
+    #: Why the reply was not accepted: its validation errors are in ``details``.
+    error: ErrorInfo
+
+    def describe(self) -> str:
+        return f"invalid reply for step {self.step!r} held"
+
+
+class AttemptTimedOut(_Event):
+    kind: Literal["attempt_timed_out"] = "attempt_timed_out"
+    step: str
+    command_id: str
+    attempt: int
+    compensation: bool = False
+
+    def describe(self) -> str:
+        return f"attempt {self.attempt} of step {self.step!r} timed out"
+
+
+class TimerFired(_Event):
+    kind: Literal["timer_fired"] = "timer_fired"
+    timer_id: str
+
+    def describe(self) -> str:
+        return f"timer {self.timer_id!r} fired"
+
+
+class SignalReceived(_Event):
+    kind: Literal["signal_received"] = "signal_received"
+    signal_id: str
+    name: str
+    payload: JsonDict = Field(default_factory=dict)
+    #: Who sent it and why (an operator's signal is audited like the other actions).
+    principal: str = "system"
+    reason: str = ""
+
+    def describe(self) -> str:
+        return f"signal {self.name!r} received"
+
+
+class DomainEventReceived(_Event):
+    """A domain event another service published (an ``EventSource``'s fact) answered
+    the saga's wait ``wait_id`` for it; ``event_id`` keeps a fact from answering twice."""
+
+    kind: Literal["domain_event_received"] = "domain_event_received"
+    wait_id: str
+    source: str
+    key: str
+    event_id: str
+    payload: JsonDict = Field(default_factory=dict)
+
+    def describe(self) -> str:
+        return f"event {self.source} key={self.key} received"
+
+
+class UpdateReceived(_Event):
+    """An update (``@update``) accepted by its input model and its validator: its handler
+    runs on the saga's state right after it, and its result follows (``update_completed``)."""
+
+    kind: Literal["update_received"] = "update_received"
+    update_id: str
+    name: str
+    payload: JsonDict = Field(default_factory=dict)
+    principal: str = "system"
+    reason: str = ""
+
+    def describe(self) -> str:
+        return f"update {self.name!r} received"
+
+
+class CancelRequested(_Event):
+    kind: Literal["cancel_requested"] = "cancel_requested"
+    reason: str
+    principal: str = "system"
+
+
+class UndoRequested(_Event):
+    """The parent saga compensates: this child undoes what it did. A running child is
+    cancelled (it ends ``cancelled``); a completed one compensates its applied steps, last
+    first (it ends ``compensated``). Its end answers the parent's compensation command."""
+
+    kind: Literal["undo_requested"] = "undo_requested"
+    #: The parent's compensation command this undo answers.
+    command_id: str
+    parent_id: str
+    reason: str = ""
+
+    def describe(self) -> str:
+        return f"undo requested by parent saga {self.parent_id}"
+
+
+class CompensationForced(_Event):
+    """An operator made the saga undo what it did so far (it ends compensated)."""
+
+    kind: Literal["compensation_forced"] = "compensation_forced"
+    reason: str
+    principal: str = "system"
+
+
+class StepSkipped(_Event):
+    """An operator answered a step (or a stuck compensation) in the participant's place.
+
+    A skipped forward step returns ``payload`` to the saga and is not compensated later:
+    the operator took responsibility for its effect. A skipped compensation counts as done.
+    """
+
+    kind: Literal["step_skipped"] = "step_skipped"
+    step: str
+    compensation: bool = False
+    payload: JsonDict = Field(default_factory=dict)
+    principal: str = "system"
+    reason: str = ""
+
+    def describe(self) -> str:
+        what = "compensation of" if self.compensation else "step"
+        return f"{what} {self.step!r} skipped by {self.principal}"
+
+
+class RetryRequested(_Event):
+    """An operator asked a step waiting to retry (or a stuck compensation) to retry now."""
+
+    kind: Literal["retry_requested"] = "retry_requested"
+    step: str
+    principal: str = "system"
+    reason: str = ""
+    #: The operator's edited command for a parked step (checked against the step's
+    #: command model), sent in place of the original, which stays in its command_issued.
+    #: Left out of the stored shape when None.
+    command: JsonDict | None = Field(default=None, exclude_if=lambda v: v is None)
+
+    def describe(self) -> str:
+        edited = " with an edited command" if self.command is not None else ""
+        return f"retry of {self.step!r}{edited} requested by {self.principal}"
+
+
+class SagaParked(_Event):
+    """The engine stopped driving the saga because the code deployed cannot drive it: its
+    history no longer matches (``nondeterministic``), or the code hit a definition error
+    (``definition_error``: an undeclared signal, a step name used twice...). Either way
+    the saga waits, untouched, for a fixed deploy and a resume."""
+
+    kind: Literal["saga_parked"] = "saga_parked"
+    reason: Literal["nondeterministic", "definition_error"] = "nondeterministic"
+    error: ErrorInfo
+
+
+class SagaResumed(_Event):
+    """An operator asked a parked saga to go on (after a fix, or to retry a compensation)."""
+
+    kind: Literal["saga_resumed"] = "saga_resumed"
+    principal: str = "system"
+    reason: str = ""
+
+
+class KeyQueued(_Event):
+    """The saga's concurrency key (``Saga.concurrency``) was at its limit when it asked:
+    its run waits, FIFO per key, until the key is granted (docs/concurrency-keys.md)."""
+
+    kind: Literal["key_queued"] = "key_queued"
+    key: str
+    #: The sagas holding the key when it queued (what it is queued behind).
+    behind: list[str] = Field(default_factory=list)
+    #: Its place in the key's queue then (1: next to be granted).
+    position: int = 1
+
+    def describe(self) -> str:
+        return f"queued for concurrency key {self.key!r}"
+
+
+class KeyAcquired(_Event):
+    """The saga holds a slot of its concurrency key: its run begins now."""
+
+    kind: Literal["key_acquired"] = "key_acquired"
+    key: str
+
+    def describe(self) -> str:
+        return f"concurrency key {self.key!r} acquired"
+
+
+# --------------------------------------------------------------------------- intents
+
+
+class _CommandIntent(_Intent):
+    """A command for a participant: a forward step's or a compensation's."""
+
+    step: str
+    participant: str
+    command_type: str
+    payload: JsonDict
+    payload_hash: str
+    command_id: str
+    attempt: int
+    timeout_at: datetime | None = None
+
+    def signature(self) -> tuple[Any, ...]:
+        return (
+            self.kind,
+            self.step,
+            self.participant,
+            self.command_type,
+            self.payload_hash,  # type: ignore[attr-defined]
+            self.attempt,
+        )
+
+
+class CommandIssued(_CommandIntent):
+    """A forward step's command, committed before it is sent (the history is the outbox)."""
+
+    kind: Literal["command_issued"] = "command_issued"
+    compensation: CompensationSpec | None = None
+    #: The saga's pivot step (``ctx.step(..., pivot=True)``); left out when False.
+    pivot: bool = Field(default=False, exclude_if=lambda v: not v)
+
+    def describe(self) -> str:
+        return (
+            f"step {self.step!r} sending {self.command_type} to {self.participant!r} "
+            f"(attempt {self.attempt}, payload {self.payload_hash[:8]})"
+        )
+
+
+class TimerStarted(_Intent):
+    kind: Literal["timer_started"] = "timer_started"
+    timer_id: str
+    purpose: Literal["sleep", "retry", "signal_timeout"]
+    fire_at: datetime
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.timer_id, self.purpose)
+
+    def describe(self) -> str:
+        return f"{self.purpose} timer {self.timer_id!r}"
+
+
+class EventAwaited(_Intent):
+    """The code waits for a domain event of ``source`` whose correlation key is ``key``
+    (``ctx.wait_event``), until ``timeout_at`` if it has one."""
+
+    kind: Literal["event_awaited"] = "event_awaited"
+    wait_id: str
+    source: str
+    key: str
+    timeout_at: datetime | None = None
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.wait_id, self.source, self.key)
+
+    def describe(self) -> str:
+        return f"wait for event {self.source} key={self.key}"
+
+
+class SideEffectRecorded(_Intent):
+    kind: Literal["side_effect_recorded"] = "side_effect_recorded"
+    op_id: str
+    value: Any
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.op_id)
+
+    def describe(self) -> str:
+        return f"side effect {self.op_id!r}"
+
+
+class UpdateCompleted(_Intent):
+    """What an update's handler returned (``result``), or the error it raised: the answer
+    its caller gets, now and whenever it asks again with the same update id."""
+
+    kind: Literal["update_completed"] = "update_completed"
+    update_id: str
+    name: str
+    result: Any = None
+    error: ErrorInfo | None = None
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.update_id, self.name)
+
+    def describe(self) -> str:
+        return f"update {self.name!r} {'failed' if self.error else 'completed'}"
+
+
+class PatchMarked(_Intent):
+    kind: Literal["patch_marked"] = "patch_marked"
+    patch_id: str
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.patch_id)
+
+    def describe(self) -> str:
+        return f"patch marker {self.patch_id!r}"
+
+
+class CompensationStarted(_Intent):
+    kind: Literal["compensation_started"] = "compensation_started"
+    #: ``undo``: the parent saga compensates, and this (completed) child undoes its steps.
+    reason: Literal["failure", "cancel", "deadline", "operator", "undo"]
+    error: ErrorInfo | None = None
+    #: Steps owed a compensation, in the order they will be compensated.
+    owed: list[str] = Field(default_factory=list)
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.reason, tuple(self.owed))
+
+    def describe(self) -> str:
+        return f"compensation begun ({self.reason}) for {self.owed}"
+
+
+class CompensationIssued(_CommandIntent):
+    kind: Literal["compensation_issued"] = "compensation_issued"
+    #: The forward command ids this compensation undoes (sent as ce_compensates).
+    compensates: list[str] = Field(default_factory=list)
+
+    def describe(self) -> str:
+        return f"compensation of {self.step!r} sending {self.command_type} (attempt {self.attempt})"
+
+
+class CompensationCompleted(_Intent):
+    kind: Literal["compensation_completed"] = "compensation_completed"
+    step: str
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.step)
+
+    def describe(self) -> str:
+        return f"compensation of {self.step!r} completed"
+
+
+class CompensationStuck(_Intent):
+    """A compensation exhausted its retry policy: the saga parks until an operator acts."""
+
+    kind: Literal["compensation_stuck"] = "compensation_stuck"
+    step: str
+    error: ErrorInfo
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.step)
+
+    def describe(self) -> str:
+        return f"compensation of {self.step!r} stuck"
+
+
+class StepParked(_Intent):
+    """A forward step could not succeed (its attempts ran out, or its participant refused
+    it) and its retry policy says park, or the saga is past its pivot: the saga is
+    step_stuck, its compensation stack held, until an operator retries the step (maybe
+    with an edited command) or skips it with a result."""
+
+    kind: Literal["step_parked"] = "step_parked"
+    step: str
+    error: ErrorInfo
+    #: Its outcome is unknown (the last attempt timed out): it may have been applied.
+    in_doubt: bool = False
+    #: Parked because the saga is past its pivot (its policy alone would compensate).
+    past_pivot: bool = False
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.step)
+
+    def describe(self) -> str:
+        return f"step {self.step!r} parked for an operator"
+
+
+class PivotPassed(_Intent):
+    """The saga's pivot step succeeded: from here on it only goes forward."""
+
+    kind: Literal["pivot_passed"] = "pivot_passed"
+    step: str
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.step)
+
+    def describe(self) -> str:
+        return f"pivot {self.step!r} passed"
+
+
+class SagaCompleted(_Intent):
+    kind: Literal["saga_completed"] = "saga_completed"
+    output: JsonDict
+
+
+class SagaFailed(_Intent):
+    """The run ended in error (a failure, or its deadline passed) and nothing needed
+    undoing."""
+
+    kind: Literal["saga_failed"] = "saga_failed"
+    error: ErrorInfo
+
+
+class SagaCompensated(_Intent):
+    """The run ended in error (a failure, its deadline, an operator's forced
+    compensation) and every owed compensation completed."""
+
+    kind: Literal["saga_compensated"] = "saga_compensated"
+    error: ErrorInfo | None = None
+
+
+class SagaCancelled(_Intent):
+    """A cancel request ended the run, after every owed compensation completed (the
+    only end a cancel leads to: a cancelled saga never reads as failed or compensated)."""
+
+    kind: Literal["saga_cancelled"] = "saga_cancelled"
+    reason: str
+
+
+Event = Annotated[
+    SagaStarted
+    | ReplyReceived
+    | InvalidReplyReceived
+    | AttemptTimedOut
+    | TimerFired
+    | SignalReceived
+    | DomainEventReceived
+    | CancelRequested
+    | UndoRequested
+    | CompensationForced
+    | StepSkipped
+    | RetryRequested
+    | SagaParked
+    | SagaResumed
+    | KeyQueued
+    | KeyAcquired
+    | CommandIssued
+    | TimerStarted
+    | EventAwaited
+    | SideEffectRecorded
+    | PatchMarked
+    | CompensationStarted
+    | CompensationIssued
+    | CompensationCompleted
+    | CompensationStuck
+    | StepParked
+    | PivotPassed
+    | SagaCompleted
+    | SagaFailed
+    | SagaCompensated
+    | SagaCancelled
+    | UpdateReceived
+    | UpdateCompleted,
+    Field(discriminator="kind"),
+]
+
+EVENT_TYPES: tuple[type[_Event], ...] = (
+    SagaStarted,
+    ReplyReceived,
+    InvalidReplyReceived,
+    AttemptTimedOut,
+    TimerFired,
+    SignalReceived,
+    CancelRequested,
+    UndoRequested,
+    CompensationForced,
+    StepSkipped,
+    RetryRequested,
+    SagaParked,
+    SagaResumed,
+    KeyQueued,
+    KeyAcquired,
+    CommandIssued,
+    TimerStarted,
+    SideEffectRecorded,
+    PatchMarked,
+    CompensationStarted,
+    CompensationIssued,
+    CompensationCompleted,
+    CompensationStuck,
+    StepParked,
+    PivotPassed,
+    SagaCompleted,
+    SagaFailed,
+    SagaCompensated,
+    SagaCancelled,
+    EventAwaited,
+    DomainEventReceived,
+    UpdateReceived,
+    UpdateCompleted,
+)
+
+TERMINAL_EVENTS = (SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled)
+
+_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+_LIST_ADAPTER: TypeAdapter[list[Event]] = TypeAdapter(list[Event])
+
+#: Each kind's current version and the upcasters to it: what this engine reads.
+VERSIONS: EventVersions = EventVersions.of(
+    ((t.model_fields["kind"].default, t.version) for t in EVENT_TYPES), UPCASTERS
+)
+
+
+def event_to_dict(event: Event) -> JsonDict:
+    data = event.model_dump(mode="json")
+    # Only an event above version 1 carries its version: version 1 is stored as it
+    # always was (see _event_versions).
+    if type(event).version > 1:
+        data[VERSION_KEY] = type(event).version
+    return data
+
+
+def event_from_dict(data: JsonDict, versions: EventVersions | None = None) -> Event:
+    """A stored event in the current shape (upcast if older); NewerEventError if it was
+    written by a newer engine. ``versions``: what this engine reads (``VERSIONS``)."""
+    return _ADAPTER.validate_python((versions or VERSIONS).current_shape(data))
+
+
+def event_to_json(event: Event) -> bytes:
+    """``event_to_dict`` as JSON bytes: the same value, written by the model's own
+    serializer in one pass (no dict built first) unless it must carry its version."""
+    if type(event).version > 1:
+        return dumps(event_to_dict(event))
+    try:
+        return event.__pydantic_serializer__.to_json(event)
+    except PydanticSerializationError as exc:  # as dumps() says it
+        raise SerializationError(f"cannot serialize to JSON: {exc}") from exc
+
+
+def event_from_json(raw: bytes | str, versions: EventVersions | None = None) -> Event:
+    return _ADAPTER.validate_python((versions or VERSIONS).current_shape(loads(raw)))
+
+
+def events_from_list(items: list[JsonDict], versions: EventVersions | None = None) -> list[Event]:
+    shape = (versions or VERSIONS).current_shape
+    return _LIST_ADAPTER.validate_python([shape(item) for item in items])

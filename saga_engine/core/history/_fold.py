@@ -1,0 +1,553 @@
+"""The one fold of a saga's history: where the saga stands after each event.
+
+Pure: no I/O, no clock, no saga code. :meth:`Fold.apply` takes the events one at a time,
+recorded or new, and keeps what they say: the status and its error, the step the saga is
+at, its output, the commands sent and not answered yet (and the replies held as invalid),
+the timers armed, the compensation stuck for an operator, and the ids it has seen. Every
+rule about what an event does to where a saga stands is written here, once: which
+command a reply or a skip answers, which timer a retry cuts short, when a held reply
+stops holding the saga, what a compensation's start abandons.
+
+Two readers build on it and add only their own part:
+
+- the decision core: ``_state.SagaState`` *is* a fold. The saga's code hangs the futures
+  it awaits on the commands and timers the fold holds, and drops a wait its code gave up
+  (a cancelled task), which no event records;
+- the operator's view (``_view.fold``): adds what operators see, the compensations owed as
+  they stand, the timeline, the actions an operator may take, and what the saga waits for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Set
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from saga_engine.core.history._concurrency_keys import KeyHold
+from saga_engine.core.history._decision import DEADLINE_TIMER
+from saga_engine.core.history._events import (
+    AttemptTimedOut,
+    CommandIssued,
+    CompensationIssued,
+    CompensationStarted,
+    CompensationStuck,
+    DomainEventReceived,
+    ErrorInfo,
+    Event,
+    EventAwaited,
+    InvalidReplyReceived,
+    KeyAcquired,
+    KeyQueued,
+    PivotPassed,
+    ReplyReceived,
+    RetryRequested,
+    SagaCancelled,
+    SagaCompensated,
+    SagaCompleted,
+    SagaFailed,
+    SagaParked,
+    SagaResumed,
+    SagaStarted,
+    SignalReceived,
+    StepParked,
+    StepSkipped,
+    TimerFired,
+    TimerStarted,
+    UndoRequested,
+)
+from saga_engine.core.history._status import SagaStatus, check_transition
+from saga_engine.kernel._serde import JsonDict
+
+S = SagaStatus
+
+
+@dataclass(slots=True)
+class Sent:
+    """A command sent and not answered yet (or answered with a reply held as invalid)."""
+
+    event: CommandIssued | CompensationIssued
+    #: Its success reply did not match its step's model (or could not be stored): the
+    #: step waits for an operator's retry or skip, and the saga is step_stuck meanwhile.
+    held: InvalidReplyReceived | None = None
+    #: What the saga's code awaits; None in a fold without code (a view).
+    future: asyncio.Future[ReplyReceived | None] | None = None
+    #: The step's reply model (``returns=``), known to the code: a success reply must match.
+    returns: type[BaseModel] | None = None
+
+    @property
+    def compensation(self) -> bool:
+        return isinstance(self.event, CompensationIssued)
+
+
+@dataclass(slots=True)
+class ParkedStep:
+    """A forward step parked for an operator (``step_parked``): no command in flight, the
+    saga step_stuck until a retry (maybe with an edited command) or a skip answers it."""
+
+    event: StepParked
+    #: What the saga's code awaits: the operator's retry_requested or step_skipped.
+    future: asyncio.Future[RetryRequested | StepSkipped] | None = None
+    #: Known to the code: the step's command model (an edited command must match it)...
+    command_model: type[BaseModel] | None = None
+    #: ...and its reply model (a skip's result must match it).
+    returns: type[BaseModel] | None = None
+
+
+@dataclass(slots=True)
+class Timer:
+    """A timer armed and not fired yet."""
+
+    timer_id: str
+    #: sleep, retry, signal_timeout, timeout (an attempt's) or deadline
+    purpose: str
+    fire_at: datetime
+    since: datetime
+    #: An attempt's timeout: the command it times out.
+    command_id: str | None = None
+    #: What the saga's code awaits; None in a fold without code, and for the deadline.
+    future: asyncio.Future[None] | None = None
+
+
+@dataclass(slots=True)
+class EventWait:
+    """A wait for a domain event (``ctx.wait_event``), not answered yet."""
+
+    event: EventAwaited
+    #: What the saga's code awaits; None in a fold without code (a view).
+    future: asyncio.Future[Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Awaited:
+    """What a saga's code still waits for, as its runtime (live, or replayed from the
+    history) holds it. A history records when a wait begins but not when the code gives
+    it up (the loser of an ``asyncio.wait(..., FIRST_COMPLETED)`` race, cancelled), nor a
+    wait for a signal without a deadline: only the code knows those."""
+
+    #: The signals it waits for (with or without a deadline), by name.
+    signals: tuple[str, ...] = ()
+    #: The ids of the commands, timers and domain-event waits it still holds; None when
+    #: not known (no runtime at hand): then every one its history leaves open counts.
+    held: frozenset[str] | None = None
+
+    def holds(self, wait_id: str) -> bool:
+        return self.held is None or wait_id in self.held
+
+
+#: The open event waits of a saga that has none: shared, never written to (most sagas
+#: never wait for a domain event, and an empty dict each is memory for nothing).
+NO_WAITS: dict[str, EventWait] = {}
+
+
+class Unstuck(Enum):
+    """What :meth:`Fold.apply` returns for an operator's answer to a stuck compensation."""
+
+    COMPENSATION = "compensation"
+
+
+#: What an event settled, as :meth:`Fold.apply` returns it: the command it answered, the
+#: timer it fired or cut short, the stuck compensation or parked step it released,
+#: the event wait it answered, or nothing.
+Settled = Sent | Timer | Unstuck | ParkedStep | EventWait | None
+
+
+def timeout_timer_id(command_id: str, attempt: int) -> str:
+    return f"timeout:{command_id}:{attempt}"
+
+
+def retry_timer_step(timer_id: str) -> str:
+    """``retry:<step>:<n>`` or ``retry:compensate:<step>:<n>`` → the step."""
+    body = timer_id.removeprefix("retry:").removeprefix("compensate:")
+    return body.rpartition(":")[0]
+
+
+def signal_of(timer_id: str) -> str | None:
+    """``signal:<name>:<n>`` (a timed signal wait's timer) → the signal's name."""
+    if not timer_id.startswith("signal:"):
+        return None
+    return timer_id[len("signal:") :].rpartition(":")[0]
+
+
+#: The empty value of the id sets until their first id: four empty sets are most of a
+#: kilobyte per saga in memory, and many sagas never fill some of them.
+NO_IDS: frozenset[str] = frozenset()
+
+
+#: No step parked: shared by every fold until its first ``step_parked`` (an empty dict
+#: per saga would cost most sagas, which never park one, 64 bytes each). Never written:
+#: a fold that parks a step gets a dict of its own first.
+NO_PARKED: dict[str, ParkedStep] = {}
+
+
+def with_id(ids: Set[str], value: str) -> set[str]:
+    """``ids`` with ``value`` added: the set itself, or a new one in place of NO_IDS."""
+    out = ids if isinstance(ids, set) else set(ids)
+    out.add(value)
+    return out
+
+
+#: The status each of the saga's ends leaves it in.
+END_STATUS: dict[type[Event], SagaStatus] = {
+    SagaCompleted: S.COMPLETED,
+    SagaFailed: S.FAILED,
+    SagaCompensated: S.COMPENSATED,
+    SagaCancelled: S.CANCELLED,
+}
+
+
+class Fold:
+    """Where a saga stands, from its history."""
+
+    # Slots: the decision core keeps one per live saga (up to engine.cache_size).
+    __slots__ = (
+        "cause",
+        "current_step",
+        "error",
+        "event_waits",
+        "inflight",
+        "issued_ids",
+        "key",
+        "last_attempt",
+        "output",
+        "parked",
+        "parked_steps",
+        "past_pivot",
+        "pivot_step",
+        "seen_events",
+        "seen_signals",
+        "started",
+        "status",
+        "stuck_step",
+        "timers",
+        "undo_ids",
+    )
+
+    #: Whether a move of status is checked against TRANSITIONS. The decision core checks
+    #: every move it makes (a wrong one is a bug); a view shows a stored history as it is.
+    checked: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        #: The status the saga's own events reached; ``parked`` overlays it (a park for
+        #: nondeterminism stops the code without changing where the saga stands).
+        self.status = S.RUNNING
+        self.parked = False
+        self.error: ErrorInfo | None = None
+        #: Why it compensates: its compensation_started's error (a saga starts once).
+        self.cause: ErrorInfo | None = None
+        self.current_step: str | None = None
+        self.output: JsonDict | None = None
+        #: The compensation that exhausted its retries, while compensation_stuck.
+        self.stuck_step: str | None = None
+        self.started: SagaStarted | None = None
+        self.inflight: dict[str, Sent] = {}
+        self.timers: dict[str, Timer] = {}
+        self.issued_ids: Set[str] = NO_IDS
+        #: The parent's compensation commands this child was asked to undo by.
+        self.undo_ids: Set[str] = NO_IDS
+        self.seen_signals: Set[str] = NO_IDS
+        #: The last attempt sent per forward command id (for a compensation's span link).
+        self.last_attempt: dict[str, int] = {}
+        #: Forward steps parked for an operator (``step_parked``), by step.
+        self.parked_steps: dict[str, ParkedStep] = NO_PARKED
+        #: The pivot step, once its command is issued, and whether it has succeeded.
+        self.pivot_step: str | None = None
+        self.past_pivot = False
+        #: The domain events waited for and not answered yet, by wait id; the ids of the
+        #: domain events received (a fact answers a saga once).
+        self.event_waits: dict[str, EventWait] = NO_WAITS
+        self.seen_events: Set[str] = NO_IDS
+        #: Its concurrency key, once the history says it queued for it or holds it.
+        self.key: KeyHold | None = None
+
+    def apply(self, event: Event) -> Settled:
+        """Folds one event in; returns what it settled (see :data:`Settled`)."""
+        handler = _HANDLERS.get(type(event))
+        return handler(self, event) if handler is not None else None
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def shown_status(self) -> SagaStatus:
+        """The status as reported: nondeterministic while parked, else where it stands."""
+        return S.NONDETERMINISTIC if self.parked else self.status
+
+    @property
+    def may_compensate(self) -> bool:
+        """Whether its compensations can still run: not once it ended, nor past its
+        pivot (from there it only goes forward: a cancel is refused, its deadline lifted,
+        a step that cannot succeed parks, its parent's undo is refused)."""
+        return not self.status.is_terminal and not self.past_pivot
+
+    @property
+    def going_forward(self) -> bool:
+        """Still going forward: running, or running with a step held for an operator."""
+        return self.status in (S.RUNNING, S.STEP_STUCK)
+
+    def waiting_forward(self, step: str) -> Sent | None:
+        """The forward command of ``step`` waiting for its reply, if any."""
+        return next(
+            (f for f in self.inflight.values() if f.event.step == step and not f.compensation),
+            None,
+        )
+
+    def awaiting_reply(self, step: str) -> list[Sent]:
+        """The commands of ``step`` waiting for their reply: an operator's retry re-sends
+        them under the same ids. (A held reply is an answer: nothing to re-send.)"""
+        return [f for f in self.inflight.values() if f.event.step == step and f.held is None]
+
+    def retry_timer(self, step: str) -> str | None:
+        """The timer of ``step`` (or of its compensation) waiting out a back-off, if any."""
+        prefixes = (f"retry:{step}:", f"retry:compensate:{step}:")
+        return next((t for t in self.timers if t.startswith(prefixes)), None)
+
+    def steps_in_flight(self) -> list[str]:
+        return sorted({f.event.step for f in self.inflight.values()})
+
+    def held_steps(self) -> list[str]:
+        """Steps whose success reply was held as invalid, waiting for an operator."""
+        return sorted({f.event.step for f in self.inflight.values() if f.held is not None})
+
+    def operator_steps(self) -> list[str]:
+        """Forward steps waiting for an operator: a held reply's, or parked ones."""
+        return sorted({*self.held_steps(), *self.parked_steps})
+
+    # ------------------------------------------------------------------ shared moves
+
+    def settle_held(self) -> None:
+        """step_stuck lasts while a reply is held or a step is parked: when none is
+        (released by an operator, or its step ended another way), the saga is running
+        again. The one rule for "a step waits for an operator"."""
+        if self.status != S.STEP_STUCK:
+            return
+        for sent in self.inflight.values():
+            if sent.held is not None:
+                self.error = sent.held.error  # with several held, the first one's
+                return
+        for parked in self.parked_steps.values():
+            self.error = parked.event.error
+            return
+        self._move(S.RUNNING)
+        if self.error is not None and self.error.type in ("InvalidReply", "StepParked"):
+            self.error = None
+
+    def _move(self, new: SagaStatus) -> None:
+        if self.checked:
+            check_transition(self.status, new)
+        self.status = new
+
+    def _unstick(self, step: str) -> Unstuck | None:
+        """An operator answered the stuck compensation of ``step``: compensating again."""
+        if self.status != S.COMPENSATION_STUCK or self.stuck_step != step:
+            return None
+        self._move(S.COMPENSATING)
+        self.stuck_step, self.error = None, self.cause
+        return Unstuck.COMPENSATION
+
+    def _answered(self, command_id: str) -> Sent | None:
+        """The command ``command_id`` is answered: no longer in flight, nor timed."""
+        sent = self.inflight.pop(command_id, None)
+        if sent is not None and sent.event.timeout_at is not None:
+            self.timers.pop(timeout_timer_id(command_id, sent.event.attempt), None)
+        return sent
+
+    # ------------------------------------------------------------------ per event
+
+    def _on_started(self, event: SagaStarted) -> None:
+        self.started = event
+        if event.deadline_at is not None:
+            self.timers[DEADLINE_TIMER] = Timer(
+                DEADLINE_TIMER, "deadline", event.deadline_at, event.at
+            )
+
+    def _on_issued(self, event: CommandIssued | CompensationIssued) -> None:
+        command_id = event.command_id
+        self.current_step = event.step
+        self.issued_ids = with_id(self.issued_ids, command_id)
+        if type(event) is CommandIssued:
+            self.last_attempt[command_id] = event.attempt
+            if event.pivot:
+                self.pivot_step = event.step
+        self.inflight[command_id] = Sent(event)
+        if event.timeout_at is not None:
+            timer_id = timeout_timer_id(command_id, event.attempt)
+            self.timers[timer_id] = Timer(
+                timer_id, "timeout", event.timeout_at, event.at, command_id
+            )
+
+    def _on_reply(self, event: ReplyReceived | AttemptTimedOut) -> Sent | None:
+        return self._answered(event.command_id)
+
+    def _on_held(self, event: InvalidReplyReceived) -> Sent | None:
+        # The step keeps waiting, for an operator now: its attempt no longer times out
+        # (the participant did answer), and nothing re-sends it.
+        sent = self.inflight.get(event.command_id)
+        if sent is not None:
+            sent.held = event
+            if sent.event.timeout_at is not None:
+                self.timers.pop(timeout_timer_id(event.command_id, sent.event.attempt), None)
+        self._move(S.STEP_STUCK)
+        self.error = event.error
+        self.settle_held()
+        return sent
+
+    def _on_timer_started(self, event: TimerStarted) -> None:
+        self.timers[event.timer_id] = Timer(event.timer_id, event.purpose, event.fire_at, event.at)
+
+    def _on_timer_fired(self, event: TimerFired) -> Timer | None:
+        timer = self.timers.pop(event.timer_id, None)
+        if timer is not None and timer.purpose == "event_timeout":
+            self.event_waits.pop(event.timer_id, None)  # the wait is over, unanswered
+        return timer
+
+    def _on_event_awaited(self, event: EventAwaited) -> None:
+        if self.event_waits is NO_WAITS:
+            self.event_waits = {}
+        self.event_waits[event.wait_id] = EventWait(event)
+        if event.timeout_at is not None:
+            self.timers[event.wait_id] = Timer(
+                event.wait_id, "event_timeout", event.timeout_at, event.at
+            )
+
+    def _on_domain_event(self, event: DomainEventReceived) -> EventWait | None:
+        self.seen_events = with_id(self.seen_events, event.event_id)
+        self.timers.pop(event.wait_id, None)
+        return self.event_waits.pop(event.wait_id, None)
+
+    def _on_signal(self, event: SignalReceived) -> Timer | None:
+        self.seen_signals = with_id(self.seen_signals, event.signal_id)
+        # A timed wait for it is over (one wait per name at a time).
+        timer_id = next((t for t in self.timers if signal_of(t) == event.name), None)
+        return self.timers.pop(timer_id) if timer_id is not None else None
+
+    def _on_undo(self, event: UndoRequested) -> None:
+        self.undo_ids = with_id(self.undo_ids, event.command_id)
+
+    def _on_step_parked(self, event: StepParked) -> None:
+        if self.parked_steps is NO_PARKED:
+            self.parked_steps = {}
+        self.parked_steps[event.step] = ParkedStep(event)
+        self._move(S.STEP_STUCK)
+        self.error = event.error
+
+    def _on_pivot(self, event: PivotPassed) -> None:
+        # Past the pivot the saga only goes forward: its deadline no longer applies.
+        self.pivot_step, self.past_pivot = event.step, True
+        self.timers.pop(DEADLINE_TIMER, None)
+
+    def _unpark(self, step: str) -> ParkedStep | None:
+        """An operator answered the parked step ``step`` (a retry or a skip)."""
+        parked = self.parked_steps.pop(step, None)
+        if parked is not None:
+            self.settle_held()
+        return parked
+
+    def _on_skipped(self, event: StepSkipped) -> Settled:
+        if event.compensation:  # the stuck compensation, done by hand
+            return self._unstick(event.step)
+        if event.step in self.parked_steps:
+            return self._unpark(event.step)
+        sent = self.waiting_forward(event.step)
+        if sent is not None:  # the result stands in for its reply
+            self._answered(sent.event.command_id)
+            self.settle_held()
+        return sent
+
+    def _on_retry(self, event: RetryRequested) -> Settled:
+        if event.step in self.parked_steps:
+            return self._unpark(event.step)
+        sent = self.waiting_forward(event.step)
+        if sent is not None and sent.held is not None:  # its held reply is accepted now
+            del self.inflight[sent.event.command_id]
+            self.settle_held()
+            return sent
+        unstuck = self._unstick(event.step)
+        if unstuck is not None:
+            return unstuck
+        timer_id = self.retry_timer(event.step)  # a back-off cut short
+        return self.timers.pop(timer_id) if timer_id is not None else None
+
+    def _on_compensation_started(self, event: CompensationStarted) -> None:
+        self._move(S.COMPENSATING)
+        self.error = self.cause = event.error
+        # The run's forward work is abandoned: its commands (in doubt now) and its timers.
+        for command_id in [c for c, sent in self.inflight.items() if not sent.compensation]:
+            self._answered(command_id)
+        self.parked_steps = NO_PARKED
+        for timer_id in [
+            t for t in self.timers if not t.startswith(("timeout:", "retry:compensate:"))
+        ]:
+            del self.timers[timer_id]
+        self.event_waits = NO_WAITS
+
+    def _on_stuck(self, event: CompensationStuck) -> None:
+        self._move(S.COMPENSATION_STUCK)
+        self.error, self.stuck_step = event.error, event.step
+
+    def _on_parked(self, event: SagaParked) -> None:
+        self.parked, self.error = True, event.error
+
+    def _on_resumed(self, event: SagaResumed) -> None:
+        # One resume clears a nondeterminism park and retries a stuck compensation.
+        self.parked = False
+        if self.status == S.COMPENSATION_STUCK:
+            self._move(S.COMPENSATING)
+            self.stuck_step = None
+        # What parked it is over: the saga reports the error of where it goes back to
+        # (why it compensates, or a held reply's), until a new one.
+        self.error = self.cause if self.status == S.COMPENSATING else None
+        self.settle_held()
+
+    def _on_key_queued(self, event: KeyQueued) -> None:
+        self.key = KeyHold(event.key, behind=tuple(event.behind), position=event.position)
+
+    def _on_key_acquired(self, event: KeyAcquired) -> None:
+        self.key = KeyHold(event.key, held=True)
+
+    def _on_ended(
+        self, event: SagaCompleted | SagaFailed | SagaCompensated | SagaCancelled
+    ) -> None:
+        self._move(END_STATUS[type(event)])
+        if isinstance(event, SagaCompleted):
+            self.output, self.error = event.output, None
+        elif isinstance(event, SagaFailed):
+            self.error = event.error
+        # (compensated, cancelled: the error compensation began with stands)
+        self.inflight.clear()
+        self.timers.clear()
+        self.parked_steps = NO_PARKED
+        self.event_waits = NO_WAITS
+
+
+_HANDLERS: dict[type[Event], Callable[[Fold, Any], Settled]] = {
+    SagaStarted: Fold._on_started,
+    CommandIssued: Fold._on_issued,
+    CompensationIssued: Fold._on_issued,
+    ReplyReceived: Fold._on_reply,
+    AttemptTimedOut: Fold._on_reply,
+    InvalidReplyReceived: Fold._on_held,
+    TimerStarted: Fold._on_timer_started,
+    TimerFired: Fold._on_timer_fired,
+    SignalReceived: Fold._on_signal,
+    UndoRequested: Fold._on_undo,
+    StepSkipped: Fold._on_skipped,
+    RetryRequested: Fold._on_retry,
+    CompensationStarted: Fold._on_compensation_started,
+    CompensationStuck: Fold._on_stuck,
+    StepParked: Fold._on_step_parked,
+    PivotPassed: Fold._on_pivot,
+    SagaParked: Fold._on_parked,
+    SagaResumed: Fold._on_resumed,
+    KeyQueued: Fold._on_key_queued,
+    KeyAcquired: Fold._on_key_acquired,
+    SagaCompleted: Fold._on_ended,
+    SagaFailed: Fold._on_ended,
+    SagaCompensated: Fold._on_ended,
+    SagaCancelled: Fold._on_ended,
+    EventAwaited: Fold._on_event_awaited,
+    DomainEventReceived: Fold._on_domain_event,
+}

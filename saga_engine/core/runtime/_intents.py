@@ -1,0 +1,88 @@
+"""How the saga's code records what it intends, and waits for the answer.
+
+The primitives under ``_operations`` (what ``ctx`` does) and ``_lifecycle`` (the run and
+its compensations): an intent is recorded, or on replay matched against the recorded one
+(:func:`emit`); a command's reply and a timer's firing are awaited on the command or timer
+the fold holds (:func:`await_command`, :func:`await_timer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from datetime import timedelta
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel
+
+from saga_engine.core.history._events import (
+    CommandIssued,
+    CompensationIssued,
+    Event,
+    ReplyReceived,
+    TimerStarted,
+)
+from saga_engine.core.history._fold import timeout_timer_id
+from saga_engine.core.runtime._state import Halt, SagaState
+
+E = TypeVar("E", bound=Event)
+
+
+def emit(s: SagaState, event: E) -> E:
+    """Records an intent, or on replay matches it against the recorded one."""
+    if s.nondeterminism is not None:
+        raise Halt
+    if s.cursor < len(s.history):
+        recorded = s.history[s.cursor]
+        if recorded.is_intent and recorded.signature() == event.signature():
+            s.cursor += 1
+            s.apply(recorded)
+            return recorded  # type: ignore[return-value]
+        s.nondeterministic(s.cursor, recorded.describe(), event.describe())
+        raise Halt
+    s.history.append(event)
+    s.new.append(event)
+    s.cursor += 1
+    s.apply(event)
+    return event
+
+
+def next_id(s: SagaState, kind: str) -> int:
+    return next(s.counters.setdefault(kind, itertools.count(1)))
+
+
+def check_open(s: SagaState) -> None:
+    if s.nondeterminism is not None:
+        raise Halt
+    if s.closing or s.cancel_reason is not None:
+        # The run is over (failed, cancelled or finished): no new operations.
+        raise asyncio.CancelledError()
+
+
+async def await_command(
+    s: SagaState, event: CommandIssued | CompensationIssued, returns: type[BaseModel] | None = None
+) -> ReplyReceived | None:
+    """Waits for the answer to a command just emitted: its reply, or None when the
+    attempt timed out."""
+    future: asyncio.Future[ReplyReceived | None] = s.loop.create_future()
+    sent = s.inflight[event.command_id]
+    sent.future, sent.returns = future, returns
+    try:
+        return await future
+    finally:
+        # Answered, or given up by the code (its task cancelled), which no event records.
+        s.inflight.pop(event.command_id, None)
+        s.polls.pop(event.command_id, None)
+        s.timers.pop(timeout_timer_id(event.command_id, event.attempt), None)
+
+
+async def await_timer(
+    s: SagaState, timer_id: str, purpose: Literal["sleep", "retry"], delay: timedelta
+) -> None:
+    emit(s, TimerStarted(at=s.now, timer_id=timer_id, purpose=purpose, fire_at=s.now + delay))
+    future: asyncio.Future[None] = s.loop.create_future()
+    s.timers[timer_id].future = future
+    try:
+        await future
+    finally:
+        s.timers.pop(timer_id, None)

@@ -1,0 +1,342 @@
+"""The saga's run around the user's ``run``, and the compensation stack it unwinds.
+
+The lifecycle (:func:`run_lifecycle`) runs the user's code, then records how it ended:
+completed, or failed, cancelled or compensated. The compensation stack is pushed by the
+steps (``SagaState.owe``) as they are applied, and unwound here, last in first out, each
+compensation under its own retry policy; one that keeps failing parks the saga as
+compensation_stuck until an operator answers (:func:`unblock_compensation`). A completed
+child waits for its parent's undo (:func:`request_undo`). The rest is what an input does to
+a waiting run: a cancel (:func:`request_cancel`), a step answered by an operator
+(:func:`release`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from datetime import timedelta
+from typing import Any, Literal, NoReturn
+
+from pydantic import ValidationError
+
+from saga_engine.core.history._concurrency_keys import key_value
+from saga_engine.core.history._decision import DEADLINE_TIMER, command_id_for
+from saga_engine.core.history._events import (
+    CompensationCompleted,
+    CompensationIssued,
+    CompensationStarted,
+    CompensationStuck,
+    ErrorInfo,
+    KeyAcquired,
+    KeyQueued,
+    ReplyReceived,
+    SagaCancelled,
+    SagaCompensated,
+    SagaCompleted,
+    SagaFailed,
+    SagaStarted,
+)
+from saga_engine.core.history._fold import Sent, with_id
+from saga_engine.core.history._policy import retry_after
+from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.runtime._intents import await_command, await_timer, emit
+from saga_engine.core.runtime._state import Halt, OwedCompensation, SagaState
+from saga_engine.kernel._errors import (
+    DefinitionError,
+    InvalidPayload,
+    SagaError,
+    SerializationError,
+    SignalTimeout,
+    StepFailed,
+)
+from saga_engine.kernel._serde import JsonDict, canonical_hash, check_storable, model_payload
+
+
+def error_info(exc: BaseException, step: str | None = None) -> ErrorInfo:
+    if isinstance(exc, StepFailed):
+        return ErrorInfo(
+            type=type(exc).__name__, message=str(exc), step=exc.step, details=exc.details
+        )
+    if isinstance(exc, InvalidPayload):
+        # It names its own step (a step's reply), or none (a signal's payload): the
+        # step the saga last ran has nothing to do with it.
+        return ErrorInfo(
+            type=type(exc).__name__,
+            message=str(exc),
+            step=exc.step,
+            details={"errors": exc.errors},
+        )
+    return ErrorInfo(type=type(exc).__name__, message=str(exc) or type(exc).__name__, step=step)
+
+
+# --------------------------------------------------------------------------- operators
+
+
+def release(s: SagaState, sent: Sent, payload: JsonDict, *, by_operator: bool) -> None:
+    """Answers a waiting forward step with ``payload``: an operator's skip
+    (``by_operator``), or its held reply accepted on retry (the fold has let go of it,
+    and of step_stuck once nothing is held).
+
+    A step its participant never answered, done by hand, owes no compensation. One
+    whose reply was held did reach its participant, which applied it: its compensation
+    stays owed."""
+    if by_operator and sent.held is None:
+        s.skipped_ids = with_id(s.skipped_ids, sent.event.command_id)
+    sent.held = None
+    assert sent.future is not None
+    sent.future.set_result(
+        ReplyReceived(
+            at=s.now,
+            step=sent.event.step,
+            command_id=sent.event.command_id,
+            outcome="success",
+            payload=payload,
+        )
+    )
+
+
+def request_cancel(
+    s: SagaState, reason: Literal["cancel", "deadline", "forced"], message: str
+) -> None:
+    """Stops the user's run; the lifecycle then compensates what is owed."""
+    if s.cancel_reason is not None or s.closing:
+        return
+    s.cancel_reason = reason
+    s.cancel_message = message
+    if s.user_task is not None and not s.user_task.done():
+        s.user_task.cancel()
+
+
+def unblock_compensation(s: SagaState, action: Literal["retry", "skip"]) -> None:
+    """An operator's answer to the stuck compensation, if one waits: retry it, or count it
+    done by hand (its step_skipped)."""
+    if s.resume_waiter is not None and not s.resume_waiter.done():
+        s.resume_waiter.set_result(action)
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+
+async def _hold_key(s: SagaState) -> None:
+    """A limited saga's run begins once its history says it holds its key (a
+    ``key_acquired`` input: the runner records it when the store grants a slot)."""
+    if (s.key is not None and s.key.held) or _ran_without_key(s):
+        return
+    s.key_waiter = s.loop.create_future()
+    try:
+        await s.key_waiter
+    finally:
+        s.key_waiter = None
+
+
+def _ran_without_key(s: SagaState) -> bool:
+    """Its history shows its run under way before any key event: it was started before
+    its type declared ``concurrency``, and goes on as it began (unlimited), not parked
+    for a wait its history never recorded."""
+    for event in s.history[1:]:
+        if isinstance(event, KeyQueued | KeyAcquired):
+            return False
+        if event.is_intent:
+            return True
+    return False
+
+
+async def _run_user(s: SagaState, started: SagaStarted) -> Any:
+    saga = s.saga = s.definition.cls()
+    limit = s.definition.concurrency
+    if limit is not None and key_value(limit, started.input) is not None:
+        await _hold_key(s)
+    value = s.definition.input_type.model_validate(started.input)
+    return await saga.run(s.ctx, value)
+
+
+async def _finish_stragglers(s: SagaState) -> None:
+    """Stops the run's other tasks (a gather's siblings still in flight)."""
+    s.closing = True
+    s.timers.pop(DEADLINE_TIMER, None)  # the run is over; the deadline no longer applies
+    pending = [t for t in s.loop.tasks if t is not s.lifecycle and not t.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def run_lifecycle(s: SagaState, started: SagaStarted) -> None:
+    """The saga's whole run: the user's code, then completion, failure or compensation."""
+    s.user_task = s.loop.create_task(_run_user(s, started))
+    error: ErrorInfo | None = None
+    try:
+        result = await s.user_task
+    except asyncio.CancelledError:
+        pass
+    except (Halt, GeneratorExit):
+        raise  # nondeterminism, or the runtime is being discarded: no more code runs
+    except DefinitionError as exc:
+        # The code misused the engine somewhere ctx could not catch it (the asyncio
+        # clock, say): parked like the rest, not compensated.
+        s.definition_error(str(exc))
+    except BaseException as exc:  # the run failed: compensate
+        error = error_info(exc, None if isinstance(exc, SignalTimeout) else s.current_step)
+    else:
+        if s.cancel_reason is None:
+            try:
+                output = _serialize_output(s, result)
+            except SagaError as exc:
+                error = error_info(exc)
+            else:
+                await _finish_stragglers(s)
+                emit(s, SagaCompleted(at=s.now, output=output))
+                if started.parent is not None:
+                    await _undo_when_asked(s)
+                return
+    if error is not None and s.past_pivot and s.cancel_reason is None:
+        _failed_past_pivot(s, error)
+    await _finish_stragglers(s)
+    reason: Literal["failure", "cancel", "deadline", "operator"] = (
+        "operator" if s.cancel_reason == "forced" else s.cancel_reason or "failure"
+    )
+    if s.cancel_reason == "forced":
+        error = ErrorInfo(type="OperatorForcedCompensation", message=s.cancel_message)
+    elif s.cancel_reason == "deadline":
+        error = ErrorInfo(type="DeadlineExceeded", message=s.cancel_message)
+    elif s.cancel_reason == "cancel":
+        error = ErrorInfo(type="SagaCancelled", message=s.cancel_message)
+    assert error is not None
+    owed = list(reversed(s.owed))
+    if owed:
+        emit(
+            s,
+            CompensationStarted(at=s.now, reason=reason, error=error, owed=[o.step for o in owed]),
+        )
+        for entry in owed:
+            await _compensate(s, entry)
+    if reason == "cancel":
+        emit(s, SagaCancelled(at=s.now, reason=s.cancel_message))
+    elif owed:
+        emit(s, SagaCompensated(at=s.now, error=error))
+    else:
+        emit(s, SagaFailed(at=s.now, error=error))
+
+
+def _failed_past_pivot(s: SagaState, error: ErrorInfo) -> NoReturn:
+    """The run raised past its pivot. It must not compensate (the pivot cannot be
+    undone), and a step that cannot succeed parks at the step already: what remains is
+    an error in the code itself, parked like one (``definition_error``) until a fixed
+    deploy and a resume."""
+    message = (
+        f"the run failed past its pivot {s.pivot_step!r} ({error.type}: {error.message}); "
+        "it is not compensated: deploy a fix and resume the saga"
+    )
+    s.park(
+        DefinitionError(message),
+        "definition_error",
+        ErrorInfo(type="FailedPastPivot", message=message, step=error.step),
+    )
+    raise Halt
+
+
+async def _undo_when_asked(s: SagaState) -> None:
+    """A completed child waits for its parent's undo (an ``undo_requested`` input): then
+    it compensates its applied steps, last first, and ends compensated. With nothing to
+    undo it stays completed (its end still answers the undo)."""
+    s.undo_waiter = s.loop.create_future()
+    await s.undo_waiter
+    s.undo_waiter = None
+    owed = list(reversed(s.owed))
+    if not owed:
+        return
+    error = ErrorInfo(type="ParentCompensating", message=s.cancel_message)
+    emit(s, CompensationStarted(at=s.now, reason="undo", error=error, owed=[o.step for o in owed]))
+    for entry in owed:
+        await _compensate(s, entry)
+    emit(s, SagaCompensated(at=s.now, error=error))
+
+
+def request_undo(s: SagaState, parent_id: str, reason: str) -> None:
+    """The parent compensates: a running child is cancelled (it compensates and ends
+    cancelled); a completed one wakes to undo its steps; one already undoing goes on. A
+    child past its pivot never gets here: it refuses the undo (``_inputs._undo``)."""
+    message = f"undone by parent saga {parent_id}" + (f": {reason}" if reason else "")
+    if s.status == SagaStatus.COMPLETED:
+        s.cancel_message = message
+        if s.undo_waiter is not None and not s.undo_waiter.done():
+            s.undo_waiter.set_result(None)
+    elif s.going_forward:
+        request_cancel(s, "cancel", message)
+
+
+def _serialize_output(s: SagaState, result: Any) -> JsonDict:
+    model = s.definition.output_type
+    if not isinstance(result, model):
+        try:
+            result = model.model_validate(result)
+        except ValidationError as exc:
+            raise SerializationError(
+                f"{s.definition.cls.__name__}.run returned {type(result).__name__}, "
+                f"expected {model.__name__}: {exc}"
+            ) from exc
+    output = model_payload(result)
+    check_storable(output, f"the output of {s.definition.cls.__name__}.run")
+    return output
+
+
+async def _compensate(s: SagaState, owed: OwedCompensation) -> None:
+    spec = owed.spec
+    timeout = timedelta(seconds=spec.timeout_s) if spec.timeout_s else None
+    generation, round_attempts = 0, 0
+    for attempt in itertools.count(1):
+        round_attempts += 1
+        issued = emit(
+            s,
+            CompensationIssued(
+                at=s.now,
+                step=owed.step,
+                participant=spec.participant,
+                command_type=spec.command_type,
+                payload=spec.payload,
+                payload_hash=canonical_hash(spec.payload),
+                command_id=command_id_for(s.saga_id, owed.step, generation, compensation=True),
+                attempt=attempt,
+                timeout_at=s.now + timeout if timeout else None,
+                compensates=list(owed.forward_ids),
+            ),
+        )
+        reply = await await_command(s, issued)
+        if reply is not None and reply.outcome == "success":
+            emit(s, CompensationCompleted(at=s.now, step=owed.step))
+            s.owed.remove(owed)  # no longer owed
+            return
+        if reply is None:
+            last_error = "timed out"
+        else:
+            # A refused compensation is retried under a new id: the participant stored
+            # its refusal under the old one and would only repeat it.
+            generation += 1
+            last_error = reply.error or reply.outcome
+        if round_attempts >= spec.retry.max_attempts:
+            emit(
+                s,
+                CompensationStuck(
+                    at=s.now,
+                    step=owed.step,
+                    error=ErrorInfo(
+                        type="CompensationStuck",
+                        message=f"compensation of {owed.step!r} still failing after "
+                        f"{round_attempts} attempts: {last_error}",
+                        step=owed.step,
+                    ),
+                ),
+            )
+            # Parked until an operator answers (see unblock_compensation).
+            s.resume_waiter = s.loop.create_future()
+            action = await s.resume_waiter
+            s.resume_waiter = None
+            if action == "skip":
+                # An operator compensated it by hand (recorded as step_skipped).
+                s.owed.remove(owed)
+                return
+            round_attempts = 0
+            continue
+        delay = spec.retry.backoff(attempt, seed=f"{s.saga_id}:compensate:{owed.step}")
+        delay = max(delay, retry_after(reply))  # at least a Retryable(after=...)'s wait
+        await await_timer(s, f"retry:compensate:{owed.step}:{attempt}", "retry", delay)

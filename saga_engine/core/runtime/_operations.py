@@ -1,0 +1,543 @@
+"""What a saga's ``ctx`` does, as it runs on the deterministic loop.
+
+Functions over one :class:`~saga_engine.core.runtime._state.SagaState`, called through the
+runtime's side of the context's door (``SagaDriver``): steps (and children, which are
+steps), timers, signals, side effects, patches, deterministic ids and randomness. A step
+pushes its compensation on the saga's stack once it is (or may have been) applied; the
+stack is run by ``_lifecycle``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import random
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from saga_engine.core.authoring._context import ChildSaga, StepRequest
+from saga_engine.core.authoring._definition import Saga
+from saga_engine.core.authoring._signal import Signal
+from saga_engine.core.history._decision import (
+    CHILD_PARTICIPANT,
+    CHILD_STEP_PREFIX,
+    ChildStart,
+    ChildUndo,
+    OutboundCommand,
+    child_saga_id,
+    command_id_for,
+)
+from saga_engine.core.history._events import (
+    CommandIssued,
+    CompensationSpec,
+    ErrorInfo,
+    PatchMarked,
+    PivotPassed,
+    RetryRequested,
+    SagaStarted,
+    SideEffectRecorded,
+    StepParked,
+    StepSkipped,
+    TimerStarted,
+)
+from saga_engine.core.history._fold import with_id
+from saga_engine.core.history._policy import (
+    DEFAULT_COMPENSATION_RETRY,
+    DEFAULT_COMPENSATION_TIMEOUT,
+    DEFAULT_STEP_RETRY,
+    RetryPolicy,
+    retry_after,
+)
+from saga_engine.core.runtime._intents import await_command, await_timer, check_open, emit, next_id
+from saga_engine.core.runtime._state import Halt, Poll, SagaState
+from saga_engine.kernel._errors import (
+    InvalidPayload,
+    PayloadTooLarge,
+    SignalTimeout,
+    StepFailed,
+    StepTimedOut,
+)
+from saga_engine.kernel._serde import (
+    JsonDict,
+    canonical_hash,
+    check_storable,
+    dumps,
+    model_payload,
+    type_name,
+    validate_payload,
+)
+from saga_engine.kernel._settings import check_message_size
+
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class CommandLimit:
+    """The one size rule (``check_message_size``) for the commands a saga's code issues:
+    ``measure`` gives the bytes a command is as the runner sends it (its value and
+    headers, sealed by its codec), ``limit`` is ``kafka.max_message_bytes``."""
+
+    limit: int
+    measure: Callable[[OutboundCommand], int]
+
+    def refusal(self, command: OutboundCommand, what: str) -> str | None:
+        """Why ``command`` cannot be sent (None: it fits)."""
+        try:
+            check_message_size(self.measure(command), self.limit, what)
+        except PayloadTooLarge as exc:
+            return str(exc)
+        return None
+
+
+#: The ``op_id`` of the record that a step's command was refused as too large.
+_TOO_LARGE = "too_large:"
+
+
+async def step(s: SagaState, request: StepRequest, limit: CommandLimit | None = None) -> JsonDict:
+    """Sends the step's command until it is answered, per its retry policy; returns
+    the success reply's payload. Raises StepFailed or StepTimedOut (a command, or its
+    compensation, above ``limit``: StepFailed before anything is sent)."""
+    check_open(s)
+    _check_step(s, request)
+    s.step_names = with_id(s.step_names, request.name)
+    # Refused here, in the saga's code, rather than by Postgres when the command is
+    # appended (which would lose the input being handled). A replayed command was
+    # stored, so it is storable: no need to look again.
+    live = s.cursor >= len(s.history)
+    payload = model_payload(request.command)
+    if live:
+        check_storable(payload, f"the command of step {request.name!r}")
+    spec = _compensation(request, live)
+    _check_size(s, request, payload, spec, limit)
+    result = await _attempts(s, request, payload, spec)
+    if request.pivot:
+        emit(s, PivotPassed(at=s.now, step=request.name))
+    return result
+
+
+def _check_step(s: SagaState, request: StepRequest) -> None:
+    """The step as the code wrote it must be one the engine can record and replay."""
+    name = request.name
+    if not isinstance(name, str) or not name:
+        s.definition_error("a step needs a non-empty string name")
+    if name in s.step_names:
+        s.definition_error(
+            f"step name {name!r} is used twice in one run of saga {s.saga_type!r}; each "
+            f'step needs a stable, unique name (in a loop, use e.g. f"{name}-{{i}}")'
+        )
+    for what, value in (("command", request.command), ("compensate", request.compensate)):
+        if value is not None and not isinstance(value, BaseModel):
+            s.definition_error(f"step {name!r}: {what} must be a pydantic model, got {value!r}")
+    returns = request.returns
+    if returns is not None and not (isinstance(returns, type) and issubclass(returns, BaseModel)):
+        s.definition_error(f"step {name!r}: returns must be a pydantic model class")
+    if request.pivot and s.pivot_step not in (None, name):
+        s.definition_error(
+            f"step {name!r} is a second pivot of saga {s.saga_type!r} (the first is "
+            f"{s.pivot_step!r}); a saga has one pivot step"
+        )
+
+
+def _check_size(
+    s: SagaState,
+    request: StepRequest,
+    payload: JsonDict,
+    spec: CompensationSpec | None,
+    limit: CommandLimit | None,
+) -> None:
+    """A step whose command (or compensation) is too large for the broker fails before
+    its command is recorded: it could never be sent, and a send retried for ever would
+    hold the saga's inbox. The refusal is recorded (a ``side_effect_recorded`` whose
+    ``op_id`` is ``too_large:<step>``), so that a replay fails the step the same way
+    whatever limit the replaying process has, and a step recorded as issued is never
+    measured again."""
+    name = request.name
+    op_id = _TOO_LARGE + name
+    if s.cursor < len(s.history):
+        recorded = s.history[s.cursor]
+        if not (isinstance(recorded, SideEffectRecorded) and recorded.op_id == op_id):
+            return  # issued (or the code changed: _issue says so)
+        error = None
+    else:
+        if limit is None:
+            return  # a replay tool reading on past the history: nothing is sent
+        error = limit.refusal(_outbound(s, request, payload), f"the command of step {name!r}")
+        if error is None and spec is not None:
+            undo = replace(
+                _outbound(s, request, spec.payload),
+                compensation=True,
+                command_type=spec.command_type,
+                command_id=command_id_for(s.saga_id, name, 0, compensation=True),
+                compensates=(command_id_for(s.saga_id, name, 0, compensation=False),),
+            )
+            error = limit.refusal(undo, f"the compensation of step {name!r}")
+        if error is None:
+            return
+    event = emit(s, SideEffectRecorded(at=s.now, op_id=op_id, value={"error": error}))
+    raise StepFailed(name, str(event.value["error"]))
+
+
+def _outbound(s: SagaState, request: StepRequest, payload: JsonDict) -> OutboundCommand:
+    """The step's first command as the runner would send it."""
+    return OutboundCommand(
+        saga_id=s.saga_id,
+        saga_type=s.saga_type,
+        step=request.name,
+        participant=request.to,
+        command_type=type_name(request.command),
+        payload=payload,
+        command_id=command_id_for(s.saga_id, request.name, 0, compensation=False),
+        attempt=1,
+        compensation=False,
+        trace_context=s.trace_context,
+    )
+
+
+def _compensation(request: StepRequest, live: bool) -> CompensationSpec | None:
+    """What undoes the step, recorded with its command (None: nothing to undo)."""
+    if request.compensate is None:
+        return None
+    payload = model_payload(request.compensate)
+    if live:
+        check_storable(payload, f"the compensation of step {request.name!r}")
+    return CompensationSpec(
+        participant=request.to,
+        command_type=type_name(request.compensate),
+        payload=payload,
+        retry=request.compensate_retry or DEFAULT_COMPENSATION_RETRY,
+        timeout_s=(request.timeout or DEFAULT_COMPENSATION_TIMEOUT).total_seconds(),
+    )
+
+
+async def _attempts(
+    s: SagaState, request: StepRequest, payload: JsonDict, spec: CompensationSpec | None
+) -> JsonDict:
+    name, policy = request.name, request.retry or DEFAULT_STEP_RETRY
+    generation, attempt, rounds, unknown, last_error = 0, 0, 0, False, ""
+    sent: list[str] = []
+    while True:
+        attempt, rounds = attempt + 1, rounds + 1
+        issued = _issue(s, request, payload, generation, attempt, spec)
+        if issued.command_id not in sent:
+            sent.append(issued.command_id)
+        try:
+            reply = await await_command(s, issued, request.returns)
+        except asyncio.CancelledError:
+            s.owe(name, spec, sent)  # cancelled in flight: it may or may not have been applied
+            raise
+        failed: StepFailed | StepTimedOut | None = None
+        if reply is None:
+            unknown, last_error = True, "timed out"
+        elif reply.outcome == "success":
+            if issued.command_id not in s.skipped_ids:  # (see _lifecycle.release)
+                s.owe(name, spec, sent)
+            return reply.payload
+        elif reply.outcome == "failure":  # refused: nothing was applied under its id
+            unknown, last_error = False, reply.error or "refused by participant"
+            failed = StepFailed(name, last_error, details=reply.payload)
+        else:  # retryable: the participant says nothing was applied
+            generation, unknown, last_error = generation + 1, False, reply.error or "retryable"
+        if failed is None and rounds >= policy.max_attempts:
+            failed = (
+                StepTimedOut(name, attempt)
+                if unknown
+                else StepFailed(name, f"gave up after {attempt} attempts: {last_error}")
+            )
+        if failed is not None:
+            if not (s.past_pivot or policy.on_exhausted == "park"):
+                if unknown:
+                    s.owe(name, spec, sent)
+                raise failed
+            answer = await _park(s, request, failed, unknown, spec, sent)
+            if isinstance(answer, StepSkipped):
+                return answer.payload
+            if answer.command is not None or (reply is not None and reply.outcome == "failure"):
+                # An edited command, or one its participant refused (and stored its
+                # refusal under the old id), goes under a new id: the next generation.
+                generation += 1
+            payload = answer.command if answer.command is not None else payload
+            rounds = 0
+            continue
+        try:
+            check_open(s)
+            delay = max(policy.backoff(attempt, seed=f"{s.saga_id}:{name}"), retry_after(reply))
+            await await_timer(s, f"retry:{name}:{attempt}", "retry", delay)
+        except asyncio.CancelledError:
+            # Stopped while waiting to retry after a timeout: the last attempt may
+            # have been applied, so its compensation is owed.
+            if unknown:
+                s.owe(name, spec, sent)
+            raise
+
+
+def _issue(
+    s: SagaState,
+    request: StepRequest,
+    payload: JsonDict,
+    generation: int,
+    attempt: int,
+    spec: CompensationSpec | None,
+) -> CommandIssued:
+    """Records (or on replay matches) one attempt of a forward step's command; a polled
+    one (``StepRequest.poll``) is sent again at its period until answered."""
+    timeout = request.timeout
+    issued = emit(
+        s,
+        CommandIssued(
+            at=s.now,
+            step=request.name,
+            participant=request.to,
+            command_type=type_name(request.command),
+            payload=payload,
+            payload_hash=canonical_hash(payload),
+            command_id=command_id_for(s.saga_id, request.name, generation, compensation=False),
+            attempt=attempt,
+            timeout_at=s.now + timeout if timeout else None,
+            compensation=spec,
+            pivot=request.pivot,
+        ),
+    )
+    if request.poll is not None:
+        s.polls[issued.command_id] = Poll(request.poll, issued.at + request.poll)
+    return issued
+
+
+async def _park(
+    s: SagaState,
+    request: StepRequest,
+    failed: StepFailed | StepTimedOut,
+    unknown: bool,
+    spec: CompensationSpec | None,
+    sent: list[str],
+) -> RetryRequested | StepSkipped:
+    """The step cannot succeed by retrying, and it parks rather than compensating (its
+    policy says so, or the saga is past its pivot): the saga is step_stuck until an
+    operator retries the step or skips it. Returns the operator's answer."""
+    name = request.name
+    try:
+        check_open(s)
+        emit(
+            s,
+            StepParked(
+                at=s.now,
+                step=name,
+                in_doubt=unknown,
+                past_pivot=s.past_pivot,
+                error=ErrorInfo(
+                    type="StepParked",
+                    message=f"{failed}; the step waits for an operator: retry it (with an "
+                    "edited command if need be) or skip it with a result",
+                    step=name,
+                    details={"cause": type(failed).__name__, "past_pivot": s.past_pivot},
+                ),
+            ),
+        )
+        parked = s.parked_steps[name]
+        future: asyncio.Future[RetryRequested | StepSkipped] = s.loop.create_future()
+        parked.future, parked.returns = future, request.returns
+        parked.command_model = type(request.command)
+        answer = await future
+    except asyncio.CancelledError:
+        if unknown:  # stopped while parked: the last attempt may have been applied
+            s.owe(name, spec, sent)
+        raise
+    if isinstance(answer, StepSkipped) and unknown:
+        # Done by hand, but an attempt may have been applied too: its undo stays owed.
+        s.owe(name, spec, sent)
+    return answer
+
+
+#: A child's start has no timeout: its poll asks again without recording an attempt (see
+#: ``StepRequest.poll``), so the child is waited for as long as it runs. Its attempts
+#: count only starts the engine answered "retryable", sent anew one second apart.
+CHILD_RETRY = RetryPolicy(
+    max_attempts=10_000,
+    initial_backoff=timedelta(seconds=1),
+    max_backoff=timedelta(seconds=1),
+    jitter=0.0,
+)
+
+
+async def child(
+    s: SagaState,
+    saga: type[ChildSaga[Any]],
+    input: BaseModel | JsonDict,
+    *,
+    key: str | None,
+    poll: timedelta | None,
+    retry: RetryPolicy | None,
+    pivot: bool = False,
+    limit: CommandLimit | None = None,
+) -> JsonDict:
+    """Starts a child saga and waits for its end: a step whose participant is the engine
+    (see ``CHILD_PARTICIPANT``), so it is recorded, re-sent, compensated and cancelled
+    like any step (a start too large to send fails it, as ``step``'s command). Its id
+    derives from this saga's id and ``key``."""
+    check_open(s)
+    if not (isinstance(saga, type) and issubclass(saga, Saga)):
+        s.definition_error(f"ctx.child needs a Saga class, got {saga!r}")
+    name = key if key is not None else saga.name
+    if not isinstance(name, str) or not name:
+        s.definition_error("ctx.child needs a non-empty string id")
+    child_id = child_saga_id(s.saga_id, name)
+    started = s.history[0]
+    assert isinstance(started, SagaStarted)
+    raw = input.model_dump(mode="json", by_alias=True) if isinstance(input, BaseModel) else input
+    value = validate_payload(saga.input_type, raw, f"the input of child saga {name!r}")
+    start = ChildStart(
+        saga_id=child_id,
+        saga_type=saga.name,
+        input=model_payload(value),
+        priority=started.priority,
+        fairness_key=started.fairness_key,
+    )
+    return await step(
+        s,
+        StepRequest(
+            f"{CHILD_STEP_PREFIX}{name}",
+            CHILD_PARTICIPANT,
+            start,
+            ChildUndo(saga_id=child_id, saga_type=saga.name),
+            retry or CHILD_RETRY,
+            returns=saga.output_type,
+            pivot=pivot,
+            poll=poll,
+        ),
+        limit,
+    )
+
+
+async def sleep(s: SagaState, delay: timedelta) -> None:
+    check_open(s)
+    await await_timer(s, f"sleep:{next_id(s, 'sleep')}", "sleep", delay)
+
+
+async def wait_signal(s: SagaState, name: str, timeout: timedelta | None) -> JsonDict:
+    check_open(s)
+    buffered = s.signals.get(name)
+    if buffered:
+        return buffered.popleft()
+    if name in s.signal_waiters:
+        s.definition_error(f"two waits for signal {name!r} at once; wait for it in one place")
+    future: asyncio.Future[JsonDict | None] = s.loop.create_future()
+    s.signal_waiters[name] = future
+    timer_id = None
+    if timeout is not None:
+        timer_id = f"signal:{name}:{next_id(s, 'signal:' + name)}"
+        emit(
+            s,
+            TimerStarted(
+                at=s.now, timer_id=timer_id, purpose="signal_timeout", fire_at=s.now + timeout
+            ),
+        )
+        timer_future: asyncio.Future[None] = s.loop.create_future()
+        timer_future.add_done_callback(
+            lambda _: future.done() or future.set_result(None)  # type: ignore[func-returns-value]
+        )
+        s.timers[timer_id].future = timer_future
+    try:
+        payload = await future
+    finally:
+        s.signal_waiters.pop(name, None)
+        if timer_id is not None:
+            s.timers.pop(timer_id, None)
+    if payload is None:
+        raise SignalTimeout(name)
+    return payload
+
+
+async def side_effect(s: SagaState, fn: Callable[[], T]) -> T:
+    check_open(s)
+    op_id = f"side_effect:{next_id(s, 'side_effect')}"
+    if s.cursor < len(s.history):
+        recorded = s.history[s.cursor]
+        if isinstance(recorded, SideEffectRecorded) and recorded.op_id == op_id:
+            s.cursor += 1
+            return recorded.value  # type: ignore[no-any-return]
+        s.nondeterministic(s.cursor, recorded.describe(), f"side effect {op_id!r}")
+        raise Halt
+    value: Any = fn()
+    if inspect.isawaitable(value):
+        if inspect.iscoroutine(value):
+            value.close()  # never awaited, on purpose
+        s.definition_error(
+            "ctx.side_effect takes a plain function; do I/O in a step instead of awaiting here"
+        )
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
+    dumps(value)  # must be JSON, or SerializationError now rather than at append time
+    check_storable(value, f"the value of {op_id}")
+    emit(s, SideEffectRecorded(at=s.now, op_id=op_id, value=value))
+    return value  # type: ignore[no-any-return]
+
+
+def patched(s: SagaState, patch_id: str) -> bool:
+    if patch_id in s.patches:
+        return s.patches[patch_id]
+    if s.nondeterminism is not None:
+        raise Halt
+    if s.cursor < len(s.history):
+        recorded = s.history[s.cursor]
+        found = isinstance(recorded, PatchMarked) and recorded.patch_id == patch_id
+        if found:
+            s.cursor += 1
+    else:
+        emit(s, PatchMarked(at=s.now, patch_id=patch_id))
+        found = True
+    s.patches[patch_id] = found
+    return found
+
+
+def _rng(s: SagaState) -> random.Random:
+    # Seeded from the saga id on first use: most sagas never ask for randomness, and
+    # seeding costs more than the rest of a reply's bookkeeping.
+    if s.rng is None:
+        s.rng = random.Random(hashlib.sha256(s.saga_id.encode()).digest())
+    return s.rng
+
+
+def deterministic_uuid(s: SagaState) -> uuid.UUID:
+    return uuid.UUID(int=_rng(s).getrandbits(128), version=4)
+
+
+def deterministic_random(s: SagaState) -> float:
+    return _rng(s).random()
+
+
+def parse(model: type[M], payload: JsonDict, what: str, step: str | None = None) -> M:
+    try:
+        return validate_payload(model, payload, what)
+    except InvalidPayload as exc:
+        exc.step = step  # the saga's error names the step whose reply it was
+        raise
+
+
+def declared_signal(
+    s: SagaState, signal: Signal[Any] | str, model: type[BaseModel] | None
+) -> Signal[Any]:
+    """The saga's declaration of ``signal``; DefinitionError (raised in the saga's code)
+    when it declares no such signal, or declares it with another model."""
+    name = signal.name if isinstance(signal, Signal) else signal
+    declared = s.definition.signals.get(name) if isinstance(name, str) else None
+    cls_name = s.definition.cls.__name__
+    if declared is None:
+        hint = model.__name__ if model is not None else "MyPayload"
+        s.definition_error(
+            f"{cls_name} waits for signal {name!r} but does not declare it, so the engine "
+            f"would refuse it; add `{name} = Signal({hint})` to the class, deploy, and "
+            "resume the saga"
+        )
+    wanted = signal.model if isinstance(signal, Signal) else model
+    if wanted is not None and wanted is not declared.model:
+        s.definition_error(
+            f"{cls_name} waits for signal {name!r} as {wanted.__name__}, but declares it "
+            f"with {declared.model.__name__}; use the declared model, deploy, and resume"
+        )
+    return declared

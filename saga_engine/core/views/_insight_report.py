@@ -1,0 +1,154 @@
+"""A saga type's insights over a window, from its aggregate rows (``_insights``).
+
+Percentiles come from the fixed histograms: a percentile is the upper bound of the
+bucket it falls in (so "p95 <= 200 ms"), and the SLA share counts the buckets below the
+SLA whole and the bucket holding it pro rata. Pure: the store reads the rows, the admin
+API serves what this returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from saga_engine.core.views._insights import BOUNDS_MS, Counters
+from saga_engine.kernel._serde import JsonDict
+
+_QUANTILES: Final = (("p50", 0.50), ("p95", 0.95), ("p99", 0.99))
+#: The most frequent error messages shown per node.
+TOP_ERRORS: Final = 5
+
+
+def percentiles(hist: list[int]) -> dict[str, int | None]:
+    """p50/p95/p99 in ms: each the upper bound of its bucket (the top bucket: its lower
+    bound), None without observations."""
+    total = sum(hist)
+    out: dict[str, int | None] = {}
+    for label, q in _QUANTILES:
+        if total == 0:
+            out[label] = None
+            continue
+        target, seen = q * total, 0
+        for i, n in enumerate(hist):
+            seen += n
+            if seen >= target:
+                out[label] = BOUNDS_MS[min(i, len(BOUNDS_MS) - 1)]
+                break
+    return out
+
+
+def within(hist: list[int], limit_ms: float) -> float:
+    """How many observations were at most ``limit_ms`` (the bucket holding it pro rata)."""
+    count, lower = 0.0, 0.0
+    for i, n in enumerate(hist):
+        upper = float(BOUNDS_MS[i]) if i < len(BOUNDS_MS) else float("inf")
+        if upper <= limit_ms:
+            count += n
+        elif lower < limit_ms and upper != float("inf"):
+            count += n * (limit_ms - lower) / (upper - lower)
+        lower = upper
+    return count
+
+
+def maybe_over(rows: Iterable[tuple[str, str, str, Counters]], limit: timedelta) -> int:
+    """Runs (the "type" rows' durations) in buckets reaching above ``limit``: those that
+    may have taken longer."""
+    ms = limit.total_seconds() * 1000
+    return sum(
+        n
+        for facet, _, _, c in rows
+        if facet == "type"
+        for i, n in enumerate(c.hist)
+        if i >= len(BOUNDS_MS) or BOUNDS_MS[i] > ms
+    )
+
+
+def _rate(part: int, whole: int) -> float | None:
+    return round(part / whole, 4) if whole else None
+
+
+def build_report(
+    saga_type: str,
+    window: str,
+    since: datetime,
+    until: datetime,
+    rows: Iterable[tuple[str, str, str, Counters]],
+    sla: timedelta | None = None,
+) -> JsonDict:
+    """The insights document (see docs/operations.md, "Insights")."""
+    outcomes: dict[str, int] = {}
+    durations = Counters()
+    nodes: dict[str, tuple[str, Counters]] = {}
+    errors: dict[str, dict[str, int]] = {}
+    overlaps: dict[tuple[str, str], int] = {}
+    for facet, key, detail, c in rows:
+        if facet == "type":
+            outcomes[key] = outcomes.get(key, 0) + c.runs
+            durations.add(c)
+        elif facet == "node":
+            nodes.setdefault(key, (detail, Counters()))[1].add(c)
+        elif facet == "error":
+            mine = errors.setdefault(key, {})
+            mine[detail] = mine.get(detail, 0) + c.runs
+        elif facet == "overlap":
+            overlaps[(key, detail)] = overlaps.get((key, detail), 0) + c.runs
+    runs = durations.runs
+    minutes = max((until - since).total_seconds() / 60, 1e-9)
+    return {
+        "saga_type": saga_type,
+        "window": window,
+        "since": since.isoformat(),
+        "until": until.isoformat(),
+        "runs": runs,
+        "throughput_per_minute": round(runs / minutes, 3),
+        "outcomes": dict(sorted(outcomes.items())),
+        "duration_ms": percentiles(durations.hist),
+        "sla": _sla(durations.hist, runs, sla),
+        "nodes": [
+            _node(name, kind, c, runs, errors.get(name, {}))
+            for name, (kind, c) in sorted(nodes.items(), key=_order)
+        ],
+        "parallel": [
+            {"nodes": [a, b], "runs": n, "share": _rate(n, runs)}
+            for (a, b), n in sorted(overlaps.items(), key=lambda kv: (-kv[1], kv[0]))
+        ],
+    }
+
+
+def _order(item: tuple[str, tuple[str, Counters]]) -> tuple[float, float, str]:
+    """Nodes in the order they start, on average (then their rank in their runs)."""
+    name, (_, c) = item
+    runs = max(c.runs, 1)
+    return (c.offset_ms / runs, c.rank_sum / runs, name)
+
+
+def _sla(hist: list[int], runs: int, sla: timedelta | None) -> JsonDict | None:
+    if sla is None:
+        return None
+    ok = within(hist, sla.total_seconds() * 1000) if runs else 0.0
+    return {
+        "seconds": sla.total_seconds(),
+        "within": round(ok),
+        "breached": runs - round(ok),
+        "share_within": _rate(round(ok), runs),
+        "breaching_runs": [],
+    }
+
+
+def _node(name: str, kind: str, c: Counters, runs: int, errors: dict[str, int]) -> JsonDict:
+    top: list[Any] = sorted(errors.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_ERRORS]
+    return {
+        "name": name,
+        "kind": kind,
+        "runs": c.runs,
+        "share": _rate(c.runs, runs),
+        "attempts": c.attempts,
+        "successes": c.successes,
+        "attempts_per_success": _rate(c.attempts, c.successes),
+        "refusal_rate": _rate(c.refusals, c.attempts),
+        "timeout_rate": _rate(c.timeouts, c.attempts),
+        "compensation_rate": _rate(c.compensations, c.runs),
+        "latency_ms": percentiles(c.hist),
+        "errors": [{"message": m, "count": n} for m, n in top],
+    }

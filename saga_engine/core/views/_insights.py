@@ -1,0 +1,350 @@
+"""Insights per saga type: what one finished run contributes to its type's aggregates.
+
+A run is summarised once, from its whole history, by the store's roll-up after its
+terminal event is stored (the store records the run in that event's transaction and the
+roll-up takes it off that record in its own: a run is counted exactly once, whatever
+crashes), and added into counters per (saga type, time bucket): per type (runs by outcome, a duration
+histogram), per node (steps, children, timers, signal and event waits: runs that took
+it, attempts, successes, refusals, timeouts, compensations, a latency histogram), the
+most frequent error messages per node, and the pairs of nodes that overlapped in a run
+(parallel branches from ``gather``). Reads add up a window's buckets: never a scan of
+events. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Final, Literal
+
+from saga_engine.core.history._events import Event
+
+#: The histograms' upper bounds in milliseconds (the last bucket is everything above).
+BOUNDS_MS: Final[tuple[int, ...]] = (
+    1,
+    2,
+    5,
+    10,
+    20,
+    50,
+    100,
+    200,
+    500,
+    1_000,
+    2_000,
+    5_000,
+    10_000,
+    30_000,
+    60_000,
+    120_000,
+    300_000,
+    600_000,
+    1_800_000,
+    3_600_000,
+    21_600_000,
+    86_400_000,
+)
+BUCKETS: Final = len(BOUNDS_MS) + 1
+#: The aggregates' time grain: a run counts in the bucket its end falls in.
+GRAIN: Final = timedelta(minutes=5)
+#: An error message is kept to this many characters (so that one message, one row).
+MESSAGE_CHARS: Final = 200
+#: The windows a read may ask for.
+WINDOWS: Final[dict[str, timedelta]] = {
+    "1h": timedelta(hours=1),
+    "1d": timedelta(days=1),
+    "7d": timedelta(days=7),
+}
+
+NodeKind = Literal["step", "child", "timer", "signal", "event"]
+Facet = Literal["type", "node", "error", "overlap"]
+
+
+def bucket_of(at: datetime) -> datetime:
+    """``at`` rounded down to ``GRAIN`` (from the epoch)."""
+    grain = int(GRAIN.total_seconds())
+    return datetime.fromtimestamp(int(at.timestamp()) // grain * grain, UTC)
+
+
+def histogram_index(ms: float) -> int:
+    return bisect.bisect_left(BOUNDS_MS, ms)
+
+
+@dataclass(slots=True)
+class NodeRun:
+    """One node as one run took it."""
+
+    kind: NodeKind
+    attempts: int = 0
+    successes: int = 0
+    refusals: int = 0
+    timeouts: int = 0
+    compensations: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    #: When the node first started and last ended in the run (epoch ms).
+    first: float | None = None
+    last: float | None = None
+
+    def span(self, start: float, end: float) -> None:
+        # Comparisons, not min()/max(): the roll-up calls this for every reply it reads.
+        if self.first is None or start < self.first:
+            self.first = start
+        if self.last is None or end > self.last:
+            self.last = end
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    saga_type: str
+    #: The run's start in epoch ms (what node offsets are measured from).
+    started_ms: float
+    ended_at: datetime
+    outcome: str
+    duration_ms: float
+    nodes: dict[str, NodeRun]
+    overlaps: list[tuple[str, str]]
+
+
+def node_kind(step: str) -> NodeKind:
+    return "child" if step.startswith("child:") else "step"
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """What a summary reads of one event: its kind, time and a few plain fields (the
+    Postgres store selects just these, so a run's summary decodes no payload). ``at`` is
+    in epoch milliseconds: a summary only subtracts times, and floats are cheaper to
+    read and subtract than datetimes (the roll-up reads every ended run's marks)."""
+
+    kind: str
+    at: float
+    step: str | None = None
+    command_id: str | None = None
+    outcome: str | None = None
+    compensation: bool = False
+    error: str | None = None
+    purpose: str | None = None
+    wait_id: str | None = None
+    name: str | None = None
+    saga_type: str | None = None
+
+
+#: The kinds a summary reads (the others leave it as it is).
+MARK_KINDS: Final = (
+    "saga_started",
+    "command_issued",
+    "compensation_issued",
+    "reply_received",
+    "attempt_timed_out",
+    "timer_started",
+    "timer_fired",
+    "event_awaited",
+    "domain_event_received",
+    "signal_received",
+    "saga_completed",
+    "saga_failed",
+    "saga_compensated",
+    "saga_cancelled",
+)
+_ENDS: Final = {
+    "saga_completed": "completed",
+    "saga_failed": "failed",
+    "saga_compensated": "compensated",
+    "saga_cancelled": "cancelled",
+}
+
+
+def mark_of(event: Event) -> Mark:
+    get = event.__dict__.get
+    error = get("error")
+    compensation = get("compensation")
+    return Mark(
+        kind=str(get("kind")),
+        at=epoch_ms(event.at),
+        step=get("step"),
+        command_id=get("command_id"),
+        outcome=get("outcome"),
+        compensation=compensation is True,
+        error=error if isinstance(error, str) else None,
+        purpose=get("purpose"),
+        wait_id=get("timer_id") or get("wait_id"),
+        name=get("name") or get("source"),
+        saga_type=get("saga_type"),
+    )
+
+
+def summarize(marks: Sequence[Mark]) -> RunSummary | None:
+    """A finished run's summary from its history's marks (None if it has not ended); what
+    the history recorded after its end does not count, so a roll-up's summary is the
+    same whenever it runs."""
+    if not marks or marks[0].kind != "saga_started" or marks[0].saga_type is None:
+        return None
+    last = next((i for i, m in enumerate(marks) if m.kind in _ENDS), None)
+    if last is None:
+        return None
+    end = marks[last]
+    nodes: dict[str, NodeRun] = {}
+    _walk(marks[: last + 1], nodes)
+    return RunSummary(
+        saga_type=marks[0].saga_type,
+        started_ms=marks[0].at,
+        ended_at=datetime.fromtimestamp(end.at / 1000, UTC),
+        outcome=_ENDS[end.kind],
+        duration_ms=_ms(marks[0].at, end.at),
+        nodes=nodes,
+        overlaps=_overlaps(nodes),
+    )
+
+
+_WAITS: Final = {"timer_fired": "timer", "domain_event_received": "event"}
+
+
+def _walk(marks: Sequence[Mark], nodes: dict[str, NodeRun]) -> None:
+    sent: dict[str, tuple[str, float]] = {}
+    waits: dict[str, tuple[str, float]] = {}
+    last_at = marks[0].at
+    for m in marks:
+        if m.kind == "compensation_issued" and m.step is not None:
+            nodes.setdefault(m.step, NodeRun(node_kind(m.step))).compensations += 1
+        elif m.kind == "command_issued" and m.step is not None and m.command_id is not None:
+            nodes.setdefault(m.step, NodeRun(node_kind(m.step))).attempts += 1
+            sent[m.command_id] = (m.step, m.at)
+        elif m.kind == "reply_received" and not m.compensation and m.command_id in sent:
+            _replied(nodes, sent.pop(m.command_id), m)
+        elif m.kind == "attempt_timed_out" and not m.compensation and m.command_id in sent:
+            step, at = sent.pop(m.command_id)
+            nodes[step].timeouts += 1
+            nodes[step].span(at, m.at)
+        elif m.kind == "timer_started" and m.purpose == "sleep" and m.wait_id:
+            waits[m.wait_id] = (m.wait_id, m.at)
+        elif m.kind == "event_awaited" and m.wait_id:
+            waits[m.wait_id] = (f"event:{m.name}", m.at)
+        elif m.kind in _WAITS and m.wait_id in waits:
+            _waited(nodes, _WAITS[m.kind], waits.pop(m.wait_id), m.at)  # type: ignore[arg-type]
+        elif m.kind == "signal_received":
+            # A signal wait leaves no event of its own: it is taken to run from the
+            # history's previous event (when the saga last moved) to the signal.
+            _waited(nodes, "signal", (f"signal:{m.name}", last_at), m.at)
+        last_at = m.at
+
+
+def _replied(nodes: dict[str, NodeRun], sent: tuple[str, float], reply: Mark) -> None:
+    step, at = sent
+    node = nodes[step]
+    node.span(at, reply.at)
+    node.latencies_ms.append(_ms(at, reply.at))
+    if reply.outcome == "success":
+        node.successes += 1
+        return
+    if reply.outcome == "failure":
+        node.refusals += 1
+    if reply.error:
+        node.errors.append(reply.error[:MESSAGE_CHARS])
+
+
+def _waited(nodes: dict[str, NodeRun], kind: NodeKind, wait: tuple[str, float], at: float) -> None:
+    name, since = wait
+    node = nodes.setdefault(name, NodeRun(kind))
+    node.attempts += 1
+    node.successes += 1
+    node.latencies_ms.append(_ms(since, at))
+    node.span(since, at)
+
+
+def _overlaps(nodes: dict[str, NodeRun]) -> list[tuple[str, str]]:
+    spans = sorted(
+        (n.first, n.last, name)
+        for name, n in nodes.items()
+        if n.first is not None and n.last is not None
+    )
+    pairs: list[tuple[str, str]] = []
+    for i, (_, end_a, a) in enumerate(spans):
+        for start_b, _, b in spans[i + 1 :]:
+            if start_b >= end_a:
+                break
+            pairs.append((min(a, b), max(a, b)))
+    return pairs
+
+
+def _ms(start: float, end: float) -> float:
+    ms = end - start
+    return ms if ms > 0 else 0.0
+
+
+def epoch_ms(at: datetime) -> float:
+    return at.timestamp() * 1000
+
+
+# --------------------------------------------------------------------------- aggregates
+
+
+@dataclass(slots=True)
+class Counters:
+    """One aggregate row: what its runs added up to."""
+
+    runs: int = 0
+    attempts: int = 0
+    successes: int = 0
+    refusals: int = 0
+    timeouts: int = 0
+    compensations: int = 0
+    #: The sum of its runs' offsets from the saga's start (ms): the graph's order.
+    offset_ms: int = 0
+    #: The sum of its runs' ranks among the run's nodes (0: first): the order's tie-break.
+    rank_sum: int = 0
+    hist: list[int] = field(default_factory=lambda: [0] * BUCKETS)
+
+    def add(self, other: Counters) -> None:
+        self.runs += other.runs
+        self.attempts += other.attempts
+        self.successes += other.successes
+        self.refusals += other.refusals
+        self.timeouts += other.timeouts
+        self.compensations += other.compensations
+        self.offset_ms += other.offset_ms
+        self.rank_sum += other.rank_sum
+        self.hist = [a + b for a, b in zip(self.hist, other.hist, strict=True)]
+
+    def observe(self, ms: float) -> None:
+        self.hist[histogram_index(ms)] += 1
+
+
+#: An aggregate row's key: (saga type, bucket, facet, key, detail). Facets: "type"
+#: (key: the outcome), "node" (key: the node, detail: its kind), "error" (key: the node,
+#: detail: the message), "overlap" (key and detail: the two nodes).
+RowKey = tuple[str, datetime, str, str, str]
+
+
+def aggregate(summaries: Iterable[RunSummary]) -> dict[RowKey, Counters]:
+    """The rows a batch of finished runs adds, one per key (sorted by the caller)."""
+    rows: dict[RowKey, Counters] = {}
+
+    def row(key: RowKey) -> Counters:
+        return rows.setdefault(key, Counters())
+
+    for s in summaries:
+        bucket = bucket_of(s.ended_at)
+        run = row((s.saga_type, bucket, "type", s.outcome, ""))
+        run.runs += 1
+        run.observe(s.duration_ms)
+        for rank, (name, n) in enumerate(s.nodes.items()):
+            c = row((s.saga_type, bucket, "node", name, n.kind))
+            c.runs += 1
+            c.rank_sum += rank
+            c.attempts += n.attempts
+            c.successes += n.successes
+            c.refusals += n.refusals
+            c.timeouts += n.timeouts
+            c.compensations += n.compensations
+            if n.first is not None:
+                c.offset_ms += int(_ms(s.started_ms, n.first))
+            for ms in n.latencies_ms:
+                c.observe(ms)
+            for message in n.errors:
+                row((s.saga_type, bucket, "error", name, message)).runs += 1
+        for a, b in s.overlaps:
+            row((s.saga_type, bucket, "overlap", a, b)).runs += 1
+    return rows
