@@ -25,6 +25,9 @@ An edge: it is handed the engine and its collaborators by the worker (it names n
 concrete adapter). May import ``saga_engine.runner`` and every layer below it.
 """
 
+import warnings
+from typing import Any
+
 from saga_engine.admin._app import StartSaga, create_admin_app
 from saga_engine.admin._auth import Principal, Role
 from saga_engine.admin._server import AdminServer, serve_admin
@@ -43,3 +46,19 @@ __all__ = [
     "create_admin_app",
     "serve_admin",
 ]
+
+#: Names this module had before, and what to import instead.
+_RENAMED = {"DeadLetters": "DeadLetterReader"}
+
+
+def __getattr__(name: str) -> Any:
+    """The old name of a renamed class still imports, with a DeprecationWarning."""
+    if name in _RENAMED:
+        new = _RENAMED[name]
+        warnings.warn(
+            f"saga_engine.admin.{name} is renamed {new}; import {new} instead",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return globals()[new]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from saga_engine import Saga
-from saga_engine.admin import DeadLetters, create_admin_app, serve_admin
+from saga_engine.admin import DeadLetterReader, create_admin_app, serve_admin
 from saga_engine.settings import Settings
 from saga_engine.store import EventStore
 from saga_engine.testing import SagaTestEnv
@@ -34,7 +34,7 @@ def served_in_thread(
     seed: Seed,
     store: StoreFactory | None = None,
     sagas: Sequence[type[Saga[Any, Any]]] = (Transfer, Noop),
-    dead_letters: DeadLetters | None = None,
+    dead_letters: DeadLetterReader | None = None,
 ) -> Iterator[Served]:
     """Runs engine, participants and server on one loop in a thread; stops them after.
     ``dead_letters``: the dead-letter topic the app serves (none by default)."""

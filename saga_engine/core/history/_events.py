@@ -378,11 +378,11 @@ class _CommandIntent(_Intent):
 
     def signature(self) -> tuple[Any, ...]:
         return (
-            self.kind,
+            self.kind,  # type: ignore[attr-defined]
             self.step,
             self.participant,
             self.command_type,
-            self.payload_hash,  # type: ignore[attr-defined]
+            self.payload_hash,
             self.attempt,
         )
 
