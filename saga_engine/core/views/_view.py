@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from saga_engine.core._view_model import (
+from saga_engine.core.views._view_model import (
     Action,
     InFlight,
     Owed,
