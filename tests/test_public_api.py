@@ -273,7 +273,7 @@ def _deprecation_alias(node: ast.stmt) -> bool:
         return [a.name for a in node.names] == ["warnings"]
     if isinstance(node, ast.ImportFrom):
         return node.module == "typing"
-    targets = [node.target] if isinstance(node, ast.AnnAssign) else []
+    targets: list[ast.expr] = [node.target] if isinstance(node, ast.AnnAssign) else []
     targets += node.targets if isinstance(node, ast.Assign) else []
     return [t.id for t in targets if isinstance(t, ast.Name)] == ["_RENAMED"]
 
@@ -299,9 +299,7 @@ def _check_re_exports_only(name: str, path: Path) -> list[str]:
         ):
             assert node.value is not None
             listed = set(ast.literal_eval(node.value))
-        elif name == "saga_engine" and _lazy_machinery(node):
-            continue
-        elif _deprecation_alias(node):
+        elif (name == "saga_engine" and _lazy_machinery(node)) or _deprecation_alias(node):
             continue
         else:
             problems.append(f"line {node.lineno}: code, not a re-export from a private module")
