@@ -52,7 +52,7 @@ from saga_engine.settings import KafkaSettings, PostgresSettings, ScheduleSettin
 from saga_engine.store._migrations import migrate
 from saga_engine.store._pgschedules import PostgresScheduleStore
 from saga_engine.store._schedule_store import FireResult, Firing
-from saga_engine.transport._kafka import delivered, ensure_topics, make_producer, start_record
+from saga_engine.transport._kafka import await_acks, ensure_topics, make_producer, start_record
 from saga_engine.transport._wire import encode
 from saga_engine.worker._schedules import KafkaStarts
 
@@ -163,7 +163,7 @@ async def raw_drain(pool: asyncpg.Pool[Any], producer: Any, topic: str, batch: i
             if not ids:
                 return done
             deliveries = [await start_record(producer, topic, key, record, headers) for _ in ids]
-            errors = [e for e in await delivered(deliveries) if e is not None]
+            errors = [e for e in await await_acks(deliveries) if e is not None]
             if errors:
                 raise errors[0]
             await conn.execute(

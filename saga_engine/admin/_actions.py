@@ -35,7 +35,7 @@ from saga_engine.core.history._events import (
     SignalReceived,
     StepSkipped,
 )
-from saga_engine.core.views._view import fold
+from saga_engine.core.views._view import saga_view_of
 from saga_engine.kernel._errors import OutcomeUnknown, TransientError
 from saga_engine.runner._engine import Engine
 
@@ -215,7 +215,7 @@ async def skip(
     compensated), or marks a stuck compensation as done by hand (no ``result``)."""
     if body.result is None:
         record, events = await load(parts.store, saga_id)
-        stuck = fold(events, saga_id=record.saga_id).stuck_step
+        stuck = saga_view_of(events, saga_id=record.saga_id).stuck_step
         if stuck != body.step:
             raise HTTPException(
                 422,

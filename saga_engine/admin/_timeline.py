@@ -1,7 +1,7 @@
 """The web page's timeline: the fold's segments laid out on a time axis.
 
 What the segments are (attempts, back-offs, waits, parked periods, and how each ended)
-is :func:`saga_engine.core.views._view.fold`'s; this module only places them: one row per step,
+is :func:`saga_engine.core.views._view.saga_view_of`'s; this module only places them: one row per step,
 compensation, signal wait, sleep or park, and each bar's position and width in percent
 of the axis, with tick marks.
 """

@@ -1,7 +1,7 @@
 """What the API shows about a saga: its record, and the fold of its history.
 
 Every fact beyond the stored record (what it waits for, what is in flight, what is owed)
-comes from :func:`saga_engine.core.views._view.fold`, the one fold the web page and the CLI use too.
+comes from :func:`saga_engine.core.views._view.saga_view_of`, the one fold the web page and the CLI use too.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from saga_engine.core.authoring._definition import SagaRegistry
 from saga_engine.core.history._events import Event
 from saga_engine.core.history._fold import Awaited
 from saga_engine.core.runtime._runtime import SagaRuntime
-from saga_engine.core.views._view import SagaView, Wait, fold
+from saga_engine.core.views._view import SagaView, Wait, saga_view_of
 from saga_engine.kernel._errors import SagaError
 from saga_engine.store._store import SagaRecord
 
@@ -77,7 +77,7 @@ def awaited(registry: SagaRegistry, record: SagaRecord, events: Sequence[Event])
 def view_of(
     record: SagaRecord, events: Sequence[Event], awaited: Awaited | None = None
 ) -> SagaView:
-    return fold(events, saga_id=record.saga_id, awaited=awaited or Awaited())
+    return saga_view_of(events, saga_id=record.saga_id, awaited=awaited or Awaited())
 
 
 def detail(

@@ -57,7 +57,7 @@ from saga_engine.admin._web_updates import query_answers, update_forms
 from saga_engine.core.authoring._definition import SagaRegistry
 from saga_engine.core.history._codec import Undecodable
 from saga_engine.core.history._status import SagaStatus
-from saga_engine.core.views._event_lines import gist
+from saga_engine.core.views._event_lines import event_line
 from saga_engine.core.views._view import SagaView
 from saga_engine.kernel._errors import UnknownSagaType
 from saga_engine.kernel._input_types import StorableText, Text
@@ -445,7 +445,7 @@ async def _saga_page(
         history_url=f"{api}/history?download=1",
         timeline=timeline(view, now=None if view.status.is_terminal else now),
         events=[
-            (seq, event, gist(event), event.model_dump(mode="json", exclude={"at", "kind"}))
+            (seq, event, event_line(event), event.model_dump(mode="json", exclude={"at", "kind"}))
             for seq, event in enumerate(events, start=1)
         ],
         actions=_actions(view),

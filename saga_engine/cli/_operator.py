@@ -236,14 +236,14 @@ def history(
     """Print a saga's history, one line per event with the gist of its payload (with
     --json: the export that `saga replay` reads)."""
     from saga_engine.core.planning._replay import load_history
-    from saga_engine.core.views._event_lines import gist
+    from saga_engine.core.views._event_lines import event_line
 
     exported = admin_call(admin_url, lambda api: api.get(_saga(saga_id, "history")))
     if as_json:
         print_json(exported)
         return
     events = run_sync(lambda: load_history(exported).events)
-    rows = [(str(seq), e.at.isoformat(), e.kind, gist(e)) for seq, e in enumerate(events, 1)]
+    rows = [(str(seq), e.at.isoformat(), e.kind, event_line(e)) for seq, e in enumerate(events, 1)]
     title = f"{exported['saga_type']} {exported['saga_id']}"
     out.print(make_table(title, ("#", "at", "event", "gist"), rows))
 

@@ -30,7 +30,7 @@ from saga_engine.core.authoring._update import declared, name_of
 from saga_engine.core.history._codec import CodecChain
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.runtime._runtime import SagaRuntime
-from saga_engine.core.views._view import fold
+from saga_engine.core.views._view import saga_view_of
 from saga_engine.kernel._errors import (
     DefinitionError,
     InvalidPayload,
@@ -47,7 +47,7 @@ from saga_engine.kernel._errors import (
 )
 from saga_engine.kernel._serde import JsonDict, check_storable
 from saga_engine.store._store import EventStore
-from saga_engine.transport._bus import delivered
+from saga_engine.transport._bus import await_acks
 from saga_engine.transport._kafka import start_send
 from saga_engine.transport._wire import Envelope
 
@@ -159,7 +159,7 @@ async def publish(producer: Any, topic: str, envelope: Envelope, codec: CodecCha
     OutcomeUnknown when the broker took it and its acknowledgement did not come (it may
     or may not be in the topic)."""
     delivery = await start_send(producer, topic, envelope, codec)
-    [error] = await delivered([delivery])
+    [error] = await await_acks([delivery])
     if error is not None:
         what = f"{envelope.message_type.value} for saga {envelope.saga_id}"
         raise OutcomeUnknown(
@@ -182,7 +182,7 @@ async def refuse_early(
         loaded = await (await store()).load(saga_id)
     except (SagaNotFound, TransientError, MigrationError):
         return
-    view = fold([stored.event for stored in loaded.events], saga_id=saga_id)
+    view = saga_view_of([stored.event for stored in loaded.events], saga_id=saga_id)
     if view.status is SagaStatus.NONDETERMINISTIC or action in {a.name for a in view.actions}:
         return
     if action == "cancel" and view.past_pivot and not view.status.is_terminal:

@@ -7,8 +7,8 @@ down for 35 s). So start-up retries with back-off, one log line per attempt, for
 ``startup_timeout_s`` (unset: for ever).
 
 Only unreachability is retried (``kernel._retry.is_transient``, the one rule of what is
-transient, with what each client library says of its own errors). Each dependency is opened inside ``reaching(KAFKA)`` or
-``reaching(POSTGRES)`` (the ``Dependency`` values of the transport and the store, each
+transient, with what each client library says of its own errors). Each dependency is opened inside ``unreachable_as_unavailable(KAFKA)`` or
+``unreachable_as_unavailable(POSTGRES)`` (the ``Dependency`` values of the transport and the store, each
 knowing its client library's errors), which turns the errors that mean "not there (yet)"
 into ``DependencyUnavailable``; anything else (a bad setting, a failed migration, a port
 in use) fails the start at once with its own message.
@@ -52,7 +52,7 @@ def _unreachable(dependency: Dependency, exc: BaseException) -> bool:
 
 
 @contextmanager
-def reaching(dependency: Dependency) -> Iterator[None]:
+def unreachable_as_unavailable(dependency: Dependency) -> Iterator[None]:
     """Marks the errors of opening ``dependency`` that mean it is not reachable."""
     try:
         yield

@@ -27,7 +27,7 @@ from saga_engine.kernel._errors import DefinitionError, Rejected, Retryable
 from saga_engine.kernel._instance import InstanceName
 from saga_engine.kernel._retry import HANDLER, OUTAGE
 from saga_engine.kernel._settings import Settings
-from saga_engine.kernel._startup import reaching, start_with_retry
+from saga_engine.kernel._startup import start_with_retry, unreachable_as_unavailable
 from saga_engine.participant._context import CrashPoint, ParticipantContext, Pool, log
 from saga_engine.participant._handler import (
     BatchCommand,
@@ -385,9 +385,9 @@ class Participant:
         kafka = self.settings.kafka
         # The participant's own topic, the dead-letter topic, and the default reply topic.
         wanted = [self.topics.commands(self.name), self.topics.dlq, self.topics.inbox]
-        with reaching(KAFKA):
+        with unreachable_as_unavailable(KAFKA):
             await ensure_topics(kafka, wanted)
-        with reaching(POSTGRES):
+        with unreachable_as_unavailable(POSTGRES):
             await migrate(self.dsn, self.db_schema, package=PARTICIPANT_MIGRATIONS)
             self._pool = await asyncpg.create_pool(
                 self.dsn,
@@ -400,7 +400,7 @@ class Participant:
             if self.settings.participant.drill_ledger:
                 async with self._pool.acquire() as conn:
                     await create_ledger(conn)
-        with reaching(KAFKA):
+        with unreachable_as_unavailable(KAFKA):
             self._producer = make_producer(kafka)
             await self._producer.start()
         return self._pool, self._producer
@@ -434,7 +434,7 @@ class Participant:
             health=self.health,
             member=self._member.name or self.instance_id,
         )
-        with reaching(KAFKA):
+        with unreachable_as_unavailable(KAFKA):
             await self._consumer.start()
 
     async def _close(self, *, graceful: bool) -> None:

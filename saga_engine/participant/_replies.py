@@ -18,7 +18,7 @@ from typing import Any
 from saga_engine.kernel._retry import OUTAGE, is_transient
 from saga_engine.participant._context import ParticipantContext, log
 from saga_engine.participant._sql import INSERT_OUTBOX, Outgoing
-from saga_engine.transport._kafka import delivered, start_record
+from saga_engine.transport._kafka import await_acks, start_record
 
 
 async def send_replies(ctx: ParticipantContext, replies: list[Outgoing]) -> None:
@@ -38,7 +38,7 @@ async def send_replies(ctx: ParticipantContext, replies: list[Outgoing]) -> None
         except Exception as exc:
             log.warning("reply %s not published (%r); the relay will", out.command_id, exc)
             unsent.append(out)
-    for out, error in zip(sent, await delivered(futures), strict=True):
+    for out, error in zip(sent, await await_acks(futures), strict=True):
         if error is not None:
             log.warning("reply %s not published (%r); the relay will", out.command_id, error)
             unsent.append(out)

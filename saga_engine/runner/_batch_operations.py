@@ -8,7 +8,7 @@ time, and to another once an engine that crashed holding it has let its lease ex
 **At most once per saga.** Each action goes through the engine's one path like an
 operator's (``Engine.cancel``, ``.signal``, ``.retry_step``, ``.resume``, ``.start``
 for a rerun), carrying the operation's id in the reason it records
-(``core/planning/_batch_operations.marker``) and, for a signal, in its signal id. The progress (``cursor``)
+(``core/planning/_batch_operations.reason_prefix``) and, for a signal, in its signal id. The progress (``cursor``)
 moves after the action is durable; a crash in between leaves the saga to be read again,
 and its history then shows the action (``acted_on``): it is counted as skipped, not
 acted on twice. A rerun leaves the original's history alone: its new saga's id derives
@@ -30,12 +30,12 @@ from saga_engine.core.history._events import RerunLink, SagaStarted
 from saga_engine.core.planning._batch_operations import (
     BatchAction,
     acted_on,
-    marker,
+    reason_prefix,
     rerun_key_for,
     signal_id_for,
     started_by,
 )
-from saga_engine.core.views._view import fold
+from saga_engine.core.views._view import saga_view_of
 from saga_engine.kernel._errors import InvalidTransition, SagaError, SagaNotFound, TransientError
 from saga_engine.kernel._settings import BatchSettings
 from saga_engine.runner._engine import Engine
@@ -81,7 +81,7 @@ async def _signal(engine: Engine, op: BatchRow, saga_id: str, _: list[object], w
 async def _retry(
     engine: Engine, op: BatchRow, saga_id: str, events: list[object], why: str
 ) -> object:
-    step = fold(events, saga_id=saga_id).stuck_step  # type: ignore[arg-type]
+    step = saga_view_of(events, saga_id=saga_id).stuck_step  # type: ignore[arg-type]
     if step is None:
         raise InvalidTransition(f"saga {saga_id} has no stuck step to retry")
     return await engine.retry_step(saga_id, step, reason=why, principal=op.principal)
@@ -181,9 +181,9 @@ class BatchOperationRunner:
         # cursor (the saga in flight is checked against its history).
         await self._loop.stop()
 
-    def wake(self) -> None:
+    def poll_now(self) -> None:
         """Look again now (an operation was created)."""
-        self._loop.wake()
+        self._loop.poll_now()
 
     async def run_once(self) -> BatchRow | None:
         """Claims one operation and works on it until it ends or is lost; the operation as
@@ -230,7 +230,7 @@ class BatchOperationRunner:
                 return None, None
             if acted_on(events, op.operation_id):
                 return SagaActionOutcome.SKIPPED, None
-            why = f"{marker(op.operation_id)} {op.spec.reason}".rstrip()
+            why = f"{reason_prefix(op.operation_id)} {op.spec.reason}".rstrip()
             decision = await ACTIONS[op.spec.action](self._engine, op, saga_id, events, why)
             if decision is ALREADY_DONE:
                 return SagaActionOutcome.SKIPPED, None

@@ -14,7 +14,7 @@ Every message here may come twice (a re-send after a timeout, a recovery, a poll
 idempotent: a child's id and its parent's command ids are deterministic, a repeated start
 of an ended child is answered with its end again, and a parent drops a second reply to
 the same command. Every one of them is owed from history until answered (see
-``SagaRuntime.owed``): the parent's start and undo are its commands, re-sent at each poll
+``SagaRuntime.messages_to_resend``): the parent's start and undo are its commands, re-sent at each poll
 and by whoever loads the parent; the child's end is re-sent by whoever loads the child,
 and a repeated start or undo is answered again. Each is checked against the link the
 child's first event records (``NotParent``).
@@ -39,7 +39,7 @@ from saga_engine.core.history._events import CommandIssued, Event, ParentLink
 from saga_engine.core.runtime._inputs import check_parent
 from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.core.runtime._start import PreparedStart, StartRequest
-from saga_engine.core.views._view import fold
+from saga_engine.core.views._view import saga_view_of
 from saga_engine.kernel._errors import (
     InvalidPayload,
     NotParent,
@@ -133,7 +133,7 @@ class ChildLinks:
         # The one fold of a history (the view's): the start is asked for while its command
         # is in flight, not once it was answered, skipped, compensated or the parent ended.
         asked = parent.command_id
-        if any(f.command_id == asked for f in fold(events).in_flight if not f.compensation):
+        if any(f.command_id == asked for f in saga_view_of(events).in_flight if not f.compensation):
             return True
         if not any(isinstance(e, CommandIssued) and e.command_id == asked for e in events):
             raise NotParent(

@@ -54,7 +54,7 @@ class KeyGate:
         self._asking: set[str] = set()
         #: Sagas with a poll armed.
         self._polling: set[str] = set()
-        #: Wake-ups applied inline, one inside the other (see ``_wake``).
+        #: Wake-ups applied inline, one inside the other (see ``_load_granted``).
         self._depth = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -86,7 +86,7 @@ class KeyGate:
             granted = await self._store.release_key(saga_id, self._clock.now())
             self._stats.inc("key_released")
             for other in granted:
-                await self._wake(other)
+                await self._load_granted(other)
         elif runtime.awaits_key and saga_id not in self._asking and self._owners.owns(saga_id):
             await self._ask(saga_id, runtime, key)
 
@@ -133,11 +133,11 @@ class KeyGate:
         async def again() -> None:
             self._polling.discard(saga_id)
             if not self._closed and self._owners.owns(saga_id):
-                await self._apply([Load(saga_id, LoadMode.WAKE)])
+                await self._apply([Load(saga_id, LoadMode.WAKE_UP_DUE)])
 
         self._clock.call_at(self._clock.now() + timedelta(seconds=self._poll_s), again)
 
-    async def _wake(self, saga_id: str) -> None:
+    async def _load_granted(self, saga_id: str) -> None:
         """A saga granted a slot by a release: its owner applies the grant."""
         if not self._owners.owns(saga_id):
             await self._owners.tell_owner(saga_id)
@@ -145,18 +145,18 @@ class KeyGate:
             # Inline: the release's caller sees the next saga under way when it returns.
             self._depth += 1
             try:
-                await self._apply([Load(saga_id, LoadMode.WAKE)])
+                await self._apply([Load(saga_id, LoadMode.WAKE_UP_DUE)])
             finally:
                 self._depth -= 1
         else:
             # A chain of sagas that end as soon as they get the key (each release wakes
             # the next) goes on in a task of its own, not ever deeper in this one.
-            task = asyncio.get_running_loop().create_task(self._wake_later(saga_id))
+            task = asyncio.get_running_loop().create_task(self._load_granted_later(saga_id))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _wake_later(self, saga_id: str) -> None:
-        await self._apply([Load(saga_id, LoadMode.WAKE)])
+    async def _load_granted_later(self, saga_id: str) -> None:
+        await self._apply([Load(saga_id, LoadMode.WAKE_UP_DUE)])
 
     def _crash(self, point: str) -> None:
         if self._crash_hook is not None:
@@ -169,5 +169,5 @@ class KeyGate:
             return 0
         granted = await self._store.sweep_keys(self._clock.now())
         for saga_id in granted:
-            await self._wake(saga_id)
+            await self._load_granted(saga_id)
         return len(granted)

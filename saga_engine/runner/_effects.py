@@ -23,7 +23,7 @@ from saga_engine.runner._observer import Applied
 from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._path_inputs import Work
 from saga_engine.telemetry._spans import SendTime
-from saga_engine.transport._bus import PipelinedSender, delivered
+from saga_engine.transport._bus import PipelinedSender, await_acks
 
 _Sending = tuple[Work, OutboundCommand, bool]
 
@@ -62,8 +62,8 @@ class Effects:
             self._crash("after_batch_append")
         sending: list[_Sending] = []
         for work in works:
-            if work.owed:
-                work.resent = work.owed_again()
+            if work.to_resend:
+                work.resent = work.to_resend_now()
                 sending += [(work, command, True) for command in work.resent]
             sending += [(work, command, False) for command in work.commands]
         at = SendTime.now() if sending else None
@@ -77,9 +77,9 @@ class Effects:
     async def drive(self, work: Work, live: LiveSaga) -> None:
         """Sends what ``live`` owes (this engine drives it from now on); a failed send
         is re-sent by a reload, as ``work``'s own would be."""
-        owed = Work(work.saga_id, live=live)
-        owed.owes(live)
-        await self.apply([owed])
+        resending = Work(work.saga_id, live=live)
+        resending.resend_owed(live)
+        await self.apply([resending])
 
     def take_refused(self) -> list[tuple[OutboundCommand, Exception]]:
         """The commands refused for good since the last call (see the module's doc)."""
@@ -111,10 +111,10 @@ class Effects:
                     handed.append((one, await self._pipelined.start_command(one[1])))
                 except Exception as exc:
                     self._not_sent(one, exc)
-        errors = await delivered([ack for _, ack in handed])
+        errors = await await_acks([ack for _, ack in handed])
         for (one, _), error in zip(handed, errors, strict=True):
             if error is not None:
-                # delivered() gives a TransientError for every acknowledgement not given.
+                # await_acks() gives a TransientError for every acknowledgement not given.
                 assert isinstance(error, Exception)
                 self._not_sent(one, error)
             elif not one[2]:  # a crash point of the commands decided now, not of re-sends
@@ -183,7 +183,7 @@ class Effects:
             self._live.arm(work.saga_id, live)
             # Committed: a saga that waits for a domain event is owed the facts kept.
             if self._matcher is not None and live.runtime.state.event_waits:
-                self._matcher.owed(work.saga_id)
+                self._matcher.wait_committed(work.saga_id)
 
     def _crash(self, point: str) -> None:
         if self._crash_hook is not None:

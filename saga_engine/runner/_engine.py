@@ -490,10 +490,10 @@ class Engine:
             self._observer.stats.inc("sagas_evicted", evicted)
         return evicted
 
-    async def wake(self, saga_id: str) -> None:
+    async def load_due(self, saga_id: str) -> None:
         """Loads a saga whose wake-up is due (the store says so) and is not in memory:
         loading arms its timers, and a due one fires at once."""
-        await self._one(Load(saga_id, LoadMode.WAKE))
+        await self._one(Load(saga_id, LoadMode.WAKE_UP_DUE))
 
     async def sweep_keys(self) -> int:
         """Releases the concurrency-key slots of sagas that ended without releasing

@@ -107,7 +107,7 @@ class Housekeeping:
             try:
                 waking = await self._due(horizon, mine, count)
                 if waking:
-                    await self._wake(waking)
+                    await self._load_due(waking)
             except TransientError as exc:
                 log.warning("polling due wake-ups failed (%s); trying again", exc)
             except Exception:
@@ -130,13 +130,13 @@ class Housekeeping:
             after = (page[-1][1], page[-1][0])
         return waking[:_WAKE_BATCH]
 
-    async def _wake(self, saga_ids: list[str]) -> None:
+    async def _load_due(self, saga_ids: list[str]) -> None:
         limit = asyncio.Semaphore(_WAKE_CONCURRENCY)
 
         async def one(saga_id: str) -> None:
             async with limit:
                 try:
-                    await self._engine.wake(saga_id)
+                    await self._engine.load_due(saga_id)
                 except NewerVersionError as exc:  # said once by recovery, not every poll
                     log.debug("saga %s waits for a newer engine: %s", saga_id, exc)
                 except SagaError as exc:  # the next poll tries again

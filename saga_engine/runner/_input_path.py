@@ -250,7 +250,7 @@ class InputPath:
         outcome.decision = decision = work.live.runtime.handle(inbound)
         work.take(decision)
         if was_parked and self._owners.owns(work.saga_id):
-            work.owes(work.live)
+            work.resend_owed(work.live)
 
     async def _start(self, work: Work, index: int, item: Start, outcome: InputOutcome) -> None:
         start = item.start if isinstance(item.start, PreparedStart) else await item.start()
@@ -303,7 +303,7 @@ class InputPath:
             item.mode is LoadMode.RECOVER or self._owners.owns(work.saga_id)
         ):
             await self._load(work)
-            if item.mode is LoadMode.WAKE:
+            if item.mode is LoadMode.WAKE_UP_DUE:
                 self._stats.inc("sagas_woken")
         else:
             return  # held already, or (a wake-up) its partition moved away

@@ -80,7 +80,7 @@ class EventMatcher:
         """The engine's one path, which the facts go through."""
         self._apply = apply
 
-    def owed(self, saga_id: str) -> None:
+    def wait_committed(self, saga_id: str) -> None:
         """``saga_id`` waits for a domain event, and its wait is committed."""
         self._owed.add(saga_id)
         self._waiting.add(saga_id)

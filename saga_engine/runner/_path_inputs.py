@@ -45,7 +45,7 @@ class LoadMode(enum.Enum):
     #: Recovery: unless held already.
     RECOVER = "recover"
     #: A wake-up due from the store: unless held already, or not this engine's.
-    WAKE = "wake"
+    WAKE_UP_DUE = "wake_up_due"
     #: Rebuilt from history in place of the copy held (another engine changed it).
     RELOAD = "reload"
 
@@ -103,7 +103,7 @@ class Work:
     #: Rebuilt over a stale copy: the commands in flight then (their spans go on).
     rebuilt: frozenset[str] | None = None
     #: What it owed when loaded to be driven (or resumed from a park): sent again.
-    owed: Sequence[OutboundCommand] = ()
+    to_resend: Sequence[OutboundCommand] = ()
     #: Its timers were looked at: armed again for the next one.
     rearm: bool = False
     #: The events decided, and for each the steps holding an invalid reply at the time.
@@ -115,7 +115,7 @@ class Work:
     deduplicated: int = 0
     conflict: Exception | None = None
     failure: Exception | None = None
-    #: What of ``owed`` was sent again (the decided ``commands`` are sent too).
+    #: What of ``to_resend`` was sent again (the decided ``commands`` are sent too).
     resent: Sequence[OutboundCommand] = ()
     send_error: Exception | None = None
 
@@ -138,7 +138,7 @@ class Work:
         self.fresh_copy = self.rearm = False
         self.rebuilt = None
         self.events, self.held, self.commands = [], [], []
-        self.dropped = self.owed = self.resent = ()
+        self.dropped = self.to_resend = self.resent = ()
         self.deduplicated = 0
         for _, outcome in self.items[self.first :]:
             outcome.decision = outcome.error = None
@@ -150,13 +150,13 @@ class Work:
         if replayed.events:
             self.take(replayed)
         if live.driven:
-            self.owes(live)
+            self.resend_owed(live)
 
-    def owes(self, live: LiveSaga) -> None:
+    def resend_owed(self, live: LiveSaga) -> None:
         """What ``live`` owes now (its commands in flight, its answers to its parent) is
         sent again under the same ids: whoever had sent it may have died since."""
         if not live.runtime.dead:
-            self.owed = live.runtime.owed()
+            self.to_resend = live.runtime.messages_to_resend()
 
     def take(self, decision: Decision) -> None:
         if decision.dropped is not None:
@@ -194,12 +194,12 @@ class Work:
             and not self.again
         )
 
-    def owed_again(self) -> list[OutboundCommand]:
+    def to_resend_now(self) -> list[OutboundCommand]:
         """What it owed from history and is sent again (not decided anew in this pass)."""
-        if not self.owed:
+        if not self.to_resend:
             return []
         new = {(c.command_id, c.attempt) for c in self.commands}
-        return [c for c in self.owed if (c.command_id, c.attempt) not in new]
+        return [c for c in self.to_resend if (c.command_id, c.attempt) not in new]
 
     def fail_inputs(self, error: Exception) -> None:
         """Its inputs not answered otherwise answer with ``error``."""

@@ -3,7 +3,7 @@ the shape of the scheduler's and the batch runner's loops, written once.
 
 A round returns how long to wait before the next (0: at once). A ``TransientError`` is
 retried with a back-off (Postgres or Kafka away); any other error is logged and the loop
-looks again after ``poll_s``, so a bug never ends it. ``wake`` cuts the wait short.
+looks again after ``poll_s``, so a bug never ends it. ``poll_now`` cuts the wait short.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class PollingLoop:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
-    def wake(self) -> None:
+    def poll_now(self) -> None:
         self._wake.set()
 
     async def _run(self) -> None:

@@ -76,9 +76,9 @@ class Scheduler:
         # the next engine (their starts, if sent, are deduplicated).
         await self._loop.stop()
 
-    def wake(self) -> None:
+    def poll_now(self) -> None:
         """Look again now (a schedule was created or resumed)."""
-        self._loop.wake()
+        self._loop.poll_now()
 
     async def run_due(self) -> int:
         """Claims and fires until no schedule is due now; the number of ticks fired.

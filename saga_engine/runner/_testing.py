@@ -237,7 +237,7 @@ class SagaTestEnv:
         self._batches: InMemoryBatchStore | None = None
         self._participants: dict[str, ScriptedParticipant] = {}
         self._hold: Callable[[OutboundCommand], bool] | None = None
-        self._wakes: set[tuple[str, datetime]] = set()
+        self._due_loads_armed: set[tuple[str, datetime]] = set()
         #: Commands kept in flight by ``hold``, in the order they were sent.
         self.held: list[OutboundCommand] = []
 
@@ -426,14 +426,16 @@ class SagaTestEnv:
         """The clock's next due callback, once the wake-ups of sagas not in memory due by
         ``until`` are on it."""
         for saga_id, at in await self.store.due_wakeups(until):
-            if (saga_id, at) not in self._wakes and not self.parts.live.holds_timer(saga_id):
-                self._wakes.add((saga_id, at))
-                self.clock.call_at(at, functools.partial(self._wake, saga_id))
+            if (saga_id, at) not in self._due_loads_armed and not self.parts.live.holds_timer(
+                saga_id
+            ):
+                self._due_loads_armed.add((saga_id, at))
+                self.clock.call_at(at, functools.partial(self._load_due, saga_id))
         return self.clock.next_due()
 
-    async def _wake(self, saga_id: str) -> None:
+    async def _load_due(self, saga_id: str) -> None:
         with contextlib.suppress(SagaError):  # it says why in its log; the next wake retries
-            await self.engine.wake(saga_id)
+            await self.engine.load_due(saga_id)
 
     async def run_until_settled(
         self, run: SagaRun, *, max_time: timedelta = timedelta(days=30)

@@ -28,7 +28,7 @@ from saga_engine.store._schedule_store import (
     FireResult,
     Firing,
     ScheduleRow,
-    firing,
+    firing_for,
     previous_saga,
     still_running,
 )
@@ -140,7 +140,7 @@ class InMemoryScheduleStore:
         try:
             plans = [(row, await self._plan(row, now)) for row in due]
             firings = [
-                firing(row.schedule, tick_key(row.schedule.id, t), t)
+                firing_for(row.schedule, tick_key(row.schedule.id, t), t)
                 for row, p in plans
                 for t in p.fire
             ]
@@ -187,7 +187,7 @@ class InMemoryScheduleStore:
                 last_fired_at=durable_at if last else row.last_fired_at,
                 last_tick=last or row.last_tick,
                 last_saga_id=(
-                    firing(row.schedule, tick_key(row.schedule.id, last), last).saga_id
+                    firing_for(row.schedule, tick_key(row.schedule.id, last), last).saga_id
                     if last
                     else row.last_saga_id
                 ),
@@ -199,7 +199,7 @@ class InMemoryScheduleStore:
     async def trigger(self, schedule_id: str, now: datetime, fire: Fire) -> Firing:
         async with self._lock(schedule_id):
             row = await self.get(schedule_id)
-            fired = firing(row.schedule, trigger_key(schedule_id, now), now)
+            fired = firing_for(row.schedule, trigger_key(schedule_id, now), now)
             await fire([fired])
             self._rows[schedule_id] = dataclasses.replace(
                 row,

@@ -120,7 +120,7 @@ LIMIT $5
 """
 
 
-def ending(events: Sequence[Event]) -> bool:
+def ends_saga(events: Sequence[Event]) -> bool:
     """Whether an append's events end its saga (its run is then summarised)."""
     return any(isinstance(e, TERMINAL_EVENTS) for e in events)
 

@@ -48,10 +48,10 @@ from saga_engine.store._schedule_store import (
     FireResult,
     Firing,
     ScheduleRow,
-    firing,
+    firing_for,
     previous_saga,
     still_running,
-    trusted,
+    stored_schedule,
 )
 
 __all__ = ["PostgresScheduleStore"]
@@ -87,7 +87,7 @@ async def _locked(conn: Any, schedule_id: str) -> ScheduleRow:
 
 def _row(r: asyncpg.Record) -> ScheduleRow:
     return ScheduleRow(
-        schedule=trusted(r["definition"]),
+        schedule=stored_schedule(r["definition"]),
         state=ScheduleState(r["state"]),
         origin=r["origin"],
         next_fire_at=r["next_fire_at"],
@@ -349,7 +349,7 @@ class PostgresScheduleStore:
                 rows = [(_row(r), _sent(r)) for r in claimed]
                 plans = await self._plans(conn, rows, now)
                 firings = [
-                    firing(row.schedule, tick_key(row.schedule.id, tick), tick)
+                    firing_for(row.schedule, tick_key(row.schedule.id, tick), tick)
                     for row, p in plans
                     for tick in p.fire
                 ]
@@ -407,7 +407,7 @@ class PostgresScheduleStore:
                 # Locked: a claim firing this schedule finishes first (or waits for this),
                 # so their updates of the counts do not overwrite each other.
                 schedule = (await _locked(conn, schedule_id)).schedule
-                fired = firing(schedule, trigger_key(schedule_id, now), now)
+                fired = firing_for(schedule, trigger_key(schedule_id, now), now)
                 await fire([fired])
                 await conn.execute(
                     "UPDATE saga_schedules SET last_fired_at = $2, last_saga_id = $3, "

@@ -51,7 +51,7 @@ from saga_engine.store._pgbase import (
 )
 from saga_engine.store._pgconcurrency_keys import PostgresKeySlots
 from saga_engine.store._pgdomain import mark_received
-from saga_engine.store._pginsights import PostgresInsights, ending, record_ended
+from saga_engine.store._pginsights import PostgresInsights, ends_saga, record_ended
 from saga_engine.store._pglisting import PostgresListing
 from saga_engine.store._pgqueries import PostgresReads
 from saga_engine.store._pgretention import PostgresRetention
@@ -439,9 +439,11 @@ class PostgresEventStore(
         # The runs this transaction ends wait for the insights' roll-up (migration 0015).
         await record_ended(
             conn,
-            [op.saga_id for op in creates if op.outcome is True and ending(op.new.events)]
+            [op.saga_id for op in creates if op.outcome is True and ends_saga(op.new.events)]
             + [
-                op.saga_id for op in appends if type(op.outcome) is int and ending(op.append.events)
+                op.saga_id
+                for op in appends
+                if type(op.outcome) is int and ends_saga(op.append.events)
             ],
         )
         if rows.saga_ids:

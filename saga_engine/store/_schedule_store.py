@@ -33,10 +33,10 @@ __all__ = [
     "Firing",
     "ScheduleRow",
     "ScheduleStore",
-    "firing",
+    "firing_for",
     "previous_saga",
     "still_running",
-    "trusted",
+    "stored_schedule",
 ]
 
 #: A start sent for a previous tick whose saga does not exist after this long was
@@ -126,7 +126,7 @@ class ScheduleStore(Protocol):
     async def close(self) -> None: ...
 
 
-def firing(schedule: Schedule, key: str, tick: datetime) -> Firing:
+def firing_for(schedule: Schedule, key: str, tick: datetime) -> Firing:
     return Firing(
         schedule_id=schedule.id,
         saga_type=schedule.saga,
@@ -160,7 +160,7 @@ def still_running(status: str | None, fired_at: datetime | None, now: datetime) 
     return fired_at is not None and now - fired_at < START_LANDS_WITHIN
 
 
-def trusted(definition: JsonDict) -> Schedule:
+def stored_schedule(definition: JsonDict) -> Schedule:
     """A stored definition, validated when it was written: rebuilt without validating it
     again (a claim reads up to batch_size of them per transaction)."""
     fields = dict(definition)

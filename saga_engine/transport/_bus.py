@@ -56,7 +56,7 @@ def handed_over() -> asyncio.Future[None]:
     return future
 
 
-async def delivered(deliveries: Sequence[Awaitable[Any]]) -> list[BaseException | None]:
+async def await_acks(deliveries: Sequence[Awaitable[Any]]) -> list[BaseException | None]:
     """Awaits acknowledgements together (at most SEND_TIMEOUT_S); each one's error or None."""
     if not deliveries:
         return []

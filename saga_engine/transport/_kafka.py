@@ -40,7 +40,7 @@ from saga_engine.kernel._startup import Dependency
 
 # Re-exported: the acknowledgement wait moved to the sender port (the engine uses it too).
 from saga_engine.transport._bus import SEND_TIMEOUT_S as SEND_TIMEOUT_S
-from saga_engine.transport._bus import delivered as delivered
+from saga_engine.transport._bus import await_acks as await_acks
 from saga_engine.transport._command_records import CommandRecords
 from saga_engine.transport._kafka_logs import quiet_retried_kafka_errors
 from saga_engine.transport._topics import Topics
@@ -193,7 +193,7 @@ async def send(
 ) -> None:
     """Publishes ``envelope`` (its body sealed by ``codec``, if any) and waits for the
     broker's acknowledgement."""
-    [error] = await delivered([await start_send(producer, topic, envelope, codec)])
+    [error] = await await_acks([await start_send(producer, topic, envelope, codec)])
     if error is not None:
         raise error
 
@@ -279,7 +279,7 @@ class KafkaCommandSender:
         self.records = CommandRecords(topics, source, codec)
 
     async def send_command(self, command: OutboundCommand) -> None:
-        [error] = await delivered([await self.start_command(command)])
+        [error] = await await_acks([await self.start_command(command)])
         if error is not None:
             raise error
 

@@ -10,7 +10,7 @@ from saga_engine.core.history._codec import CodecChain
 from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.core.planning._triggers import KafkaTrigger
 from saga_engine.kernel._settings import Settings
-from saga_engine.kernel._startup import reaching
+from saga_engine.kernel._startup import unreachable_as_unavailable
 from saga_engine.runner._trigger_consumer import TriggerConsumer
 from saga_engine.store._pgbase import POSTGRES
 from saga_engine.store._store import EventStore
@@ -59,7 +59,7 @@ async def open_event_store(settings: Settings, codec: CodecChain | None) -> Even
     from saga_engine.store._migrations import migrate
     from saga_engine.store._pgstore import PostgresEventStore
 
-    with reaching(POSTGRES):
+    with unreachable_as_unavailable(POSTGRES):
         if settings.engine.auto_migrate:
             await migrate(settings.pg.dsn.get_secret_value(), settings.pg.db_schema)
         return await PostgresEventStore.connect(settings.pg, codec=codec)

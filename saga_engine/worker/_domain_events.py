@@ -10,7 +10,7 @@ from typing import Any
 from saga_engine.core.authoring._domain_events import EventSource
 from saga_engine.core.history._codec import CodecChain
 from saga_engine.kernel._settings import Settings
-from saga_engine.kernel._startup import reaching
+from saga_engine.kernel._startup import unreachable_as_unavailable
 from saga_engine.runner._event_consumer import EventSourceConsumer, by_topic
 from saga_engine.runner._matcher import Nudge
 from saga_engine.runner._parts import EngineParts
@@ -40,7 +40,7 @@ class WorkerEvents:
     async def open(
         cls, settings: Settings, codec: CodecChain | None, sources: Sequence[EventSource[Any]]
     ) -> WorkerEvents:
-        with reaching(POSTGRES):
+        with unreachable_as_unavailable(POSTGRES):
             store = await PostgresDomainEventStore.connect(settings.pg, codec)
         return cls(store, sources)
 
@@ -70,7 +70,7 @@ class WorkerEvents:
         async def no_starts(_: Any) -> None:
             raise AssertionError("the event sources' consumer starts no saga")
 
-        with reaching(KAFKA):
+        with unreachable_as_unavailable(KAFKA):
             await ensure_topics(kafka, topics)
             self.consumer = EventSourceConsumer(
                 self.sources,

@@ -22,7 +22,7 @@ from saga_engine.kernel._settings import Settings
 from saga_engine.runner._scheduler import Scheduler, utc_now
 from saga_engine.store._pgschedules import PostgresScheduleStore
 from saga_engine.store._schedule_store import Fire, Firing
-from saga_engine.transport._kafka import SEND_TIMEOUT_S, delivered
+from saga_engine.transport._kafka import SEND_TIMEOUT_S, await_acks
 from saga_engine.transport._wire import Envelope, MessageType, encode
 
 __all__ = ["KafkaStarts", "WorkerSchedules", "start_body"]
@@ -73,7 +73,7 @@ class KafkaStarts:
                 batch.append(key=key, value=value, timestamp=None, headers=headers)
         for partition, batch in batches.items():
             deliveries.append(await self._send(batch, partition))
-        for error in await delivered(deliveries):
+        for error in await await_acks(deliveries):
             if error is not None:
                 raise error
 

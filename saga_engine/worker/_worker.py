@@ -36,7 +36,7 @@ from saga_engine.kernel._crash import CrashHook
 from saga_engine.kernel._instance import InstanceName
 from saga_engine.kernel._retry import OUTAGE
 from saga_engine.kernel._settings import Settings
-from saga_engine.kernel._startup import reaching, start_with_retry
+from saga_engine.kernel._startup import start_with_retry, unreachable_as_unavailable
 from saga_engine.runner._children import ChildLinks
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._housekeeping import Housekeeping
@@ -176,7 +176,7 @@ class SagaWorker:
     async def _start(self) -> None:
         if self._store is None:
             self._store = await open_event_store(self.settings, self.codec)
-        with reaching(KAFKA):
+        with unreachable_as_unavailable(KAFKA):
             await ensure_topics(self.settings.kafka, [self.topics.inbox, self.topics.dlq])
             self._producer = make_producer(self.settings.kafka)
             await self._producer.start()
@@ -185,7 +185,7 @@ class SagaWorker:
         self._events = await WorkerEvents.open(self.settings, self.codec, self.event_sources)
         engine, parts = self._build_engine(self._store, telemetry)
         if needs_rollouts(parts.registry):  # before the inbox: no start outruns a rollout
-            with reaching(POSTGRES):
+            with unreachable_as_unavailable(POSTGRES):
                 await refresh_rollouts(parts)
         self._schedules = await WorkerSchedules.open(
             self.settings,
@@ -284,7 +284,7 @@ class SagaWorker:
 
     async def _start_triggers(self, telemetry: Telemetry) -> None:
         assert self._dead is not None
-        with reaching(KAFKA):
+        with unreachable_as_unavailable(KAFKA):
             await ensure_topics(self.settings.kafka, [t.topic for t in self.triggers])
             self._trigger_consumer = trigger_consumer(
                 self.settings,
@@ -326,7 +326,7 @@ class SagaWorker:
             health=self.health,
             member=self._member.name or self.instance_id,
         )
-        with reaching(KAFKA):
+        with unreachable_as_unavailable(KAFKA):
             await self._consumer.start()
         self._running = True
         self._task = asyncio.get_running_loop().create_task(self._consume(), name="saga-inbox")

@@ -13,7 +13,7 @@ Two readers build on it and add only their own part:
 - the decision core: ``_state.SagaState`` *is* a fold. The saga's code hangs the futures
   it awaits on the commands and timers the fold holds, and drops a wait its code gave up
   (a cancelled task), which no event records;
-- the operator's view (``_view.fold``): adds what operators see, the compensations owed as
+- the operator's view (``_view.saga_view_of``): adds what operators see, the compensations owed as
   they stand, the timeline, the actions an operator may take, and what the saga waits for.
 """
 

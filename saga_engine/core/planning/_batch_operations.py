@@ -7,7 +7,7 @@ the operation's row (``store/_batch_operation_store``), the runner works through
 
 An operation acts on a saga at most once, across crashes and engines: every action it
 takes carries its id (the reason recorded in the saga's history starts with
-:func:`marker`, a signal's id is :func:`signal_id_for`), and before acting the runner
+:func:`reason_prefix`, a signal's id is :func:`signal_id_for`), and before acting the runner
 reads the saga's history and skips a saga that already carries it (:func:`acted_on`).
 A rerun leaves the original's history alone: the new saga's id derives from the
 operation and the original (:func:`rerun_key_for`), so a repeat is the same start, and
@@ -39,7 +39,7 @@ __all__ = [
     "acted_on",
     "check_batch_move",
     "check_spec",
-    "marker",
+    "reason_prefix",
     "rerun_key_for",
     "signal_id_for",
     "started_by",
@@ -117,7 +117,7 @@ class BatchSpec(BaseModel):
     payload: JsonDict = Field(default_factory=dict)
 
 
-def marker(operation_id: str) -> str:
+def reason_prefix(operation_id: str) -> str:
     """What starts the reason of every action the operation takes (``[batch <id>] ...``):
     the saga's history names the operation that acted on it."""
     return f"[batch {operation_id}]"
@@ -137,16 +137,16 @@ def rerun_key_for(operation_id: str, saga_id: str) -> str:
 
 def started_by(events: Iterable[Any], operation_id: str) -> bool:
     """Whether the saga is a rerun the operation started (its ``saga_started`` links the
-    original with a reason that starts with the operation's :func:`marker`)."""
+    original with a reason that starts with the operation's :func:`reason_prefix`)."""
     first = next(iter(events), None)
     reason = getattr(getattr(first, "rerun_of", None), "reason", None)
-    return isinstance(reason, str) and reason.startswith(marker(operation_id))
+    return isinstance(reason, str) and reason.startswith(reason_prefix(operation_id))
 
 
 def acted_on(events: Iterable[Any], operation_id: str) -> bool:
     """Whether a history holds an action of the operation (an operator event whose
-    reason starts with its :func:`marker`, or its signal)."""
-    tag = marker(operation_id)
+    reason starts with its :func:`reason_prefix`, or its signal)."""
+    tag = reason_prefix(operation_id)
     for event in events:
         reason = getattr(event, "reason", None)
         principal = getattr(event, "principal", None)

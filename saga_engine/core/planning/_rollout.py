@@ -193,10 +193,10 @@ class RolloutTable:
         versions = registry.versions(definition.name)
         if len(versions) < 2:
             return definition  # one version: nothing to choose (the common case)
-        return pick(versions, self._rows.get(definition.name), saga_id, payload)
+        return choose_version(versions, self._rows.get(definition.name), saga_id, payload)
 
 
-def pick(
+def choose_version(
     versions: Mapping[int, SagaDefinition],
     rollout: Rollout | RolloutSpec | None,
     saga_id: str,

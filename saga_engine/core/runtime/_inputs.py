@@ -5,7 +5,7 @@ that holds what the saga cannot accept, raises (``InvalidTransition``,
 ``InvalidPayload``) before anything is recorded; one that changes nothing (a duplicate
 reply, a stale timer) is dropped with its reason; anything else becomes the event to
 record. Once recorded (or replayed) the event is folded into the saga's state, and
-:func:`wake` resolves what the saga's code waits on: the reply or timer the event
+:func:`pass_to_code` resolves what the saga's code waits on: the reply or timer the event
 settled, a signal, a cancel, an operator's skip or retry. The caller (``SagaRuntime``)
 then runs the code until it waits.
 """
@@ -60,14 +60,14 @@ from saga_engine.core.history._events import (
 from saga_engine.core.history._fold import EventWait, ParkedStep, Sent, Settled, Timer, Unstuck
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.runtime._lifecycle import (
-    release,
+    answer_waiting_step,
     request_cancel,
     request_undo,
     run_lifecycle,
     unblock_compensation,
 )
 from saga_engine.core.runtime._state import Halt, SagaState
-from saga_engine.core.runtime._updating import update_event, wake_update
+from saga_engine.core.runtime._updating import update_event, update_to_code
 from saga_engine.kernel._errors import (
     InvalidPayload,
     InvalidTransition,
@@ -519,21 +519,21 @@ _TO_EVENT: dict[type, Callable[[SagaState, Any], Event | DropReason]] = {
 # --------------------------------------------------------------------------- event -> code
 
 
-def wake(s: SagaState, event: Event, settled: Settled) -> None:
+def pass_to_code(s: SagaState, event: Event, settled: Settled) -> None:
     """What a recorded input (live or replayed), folded already, does to the saga's code:
     ``settled`` is what the fold says it answered. Raises Halt when the code deployed
     cannot take it (the saga is parked)."""
-    waker = _WAKERS.get(type(event))
-    if waker is not None:
-        waker(s, event, settled)
+    to_code = _TO_CODE.get(type(event))
+    if to_code is not None:
+        to_code(s, event, settled)
 
 
-def _wake_started(s: SagaState, event: SagaStarted, settled: Settled) -> None:
+def _started_to_code(s: SagaState, event: SagaStarted, settled: Settled) -> None:
     s.trace_context = dict(event.trace_context)
     s.lifecycle = s.loop.create_task(run_lifecycle(s, event))
 
 
-def _wake_answer(
+def _answer_to_code(
     s: SagaState, event: ReplyReceived | AttemptTimedOut | InvalidReplyReceived, settled: Settled
 ) -> None:
     if not isinstance(settled, Sent) or settled.future is None or settled.future.done():
@@ -548,7 +548,7 @@ def _wake_answer(
         settled.future.set_result(event if isinstance(event, ReplyReceived) else None)
 
 
-def _wake_timer(s: SagaState, event: TimerFired, settled: Settled) -> None:
+def _timer_to_code(s: SagaState, event: TimerFired, settled: Settled) -> None:
     if event.timer_id == DEADLINE_TIMER:
         request_cancel(s, "deadline", "the saga's deadline passed")
     else:
@@ -560,7 +560,7 @@ def _fire(settled: Settled) -> None:
         settled.future.set_result(None)
 
 
-def _wake_signal(s: SagaState, event: SignalReceived, settled: Settled) -> None:
+def _signal_to_code(s: SagaState, event: SignalReceived, settled: Settled) -> None:
     waiter = s.signal_waiters.get(event.name)
     if waiter is not None and not waiter.done():
         waiter.set_result(event.payload)
@@ -568,7 +568,7 @@ def _wake_signal(s: SagaState, event: SignalReceived, settled: Settled) -> None:
         s.signals.setdefault(event.name, deque()).append(event.payload)
 
 
-def _wake_event(s: SagaState, event: DomainEventReceived, settled: Settled) -> None:
+def _event_to_code(s: SagaState, event: DomainEventReceived, settled: Settled) -> None:
     if not isinstance(settled, EventWait) or settled.future is None or settled.future.done():
         s.nondeterministic(
             s.cursor - 1, event.describe(), f"no wait for it ({s.describe_waiting()})"
@@ -577,13 +577,13 @@ def _wake_event(s: SagaState, event: DomainEventReceived, settled: Settled) -> N
     settled.future.set_result(event.payload)
 
 
-def _wake_skip(s: SagaState, event: StepSkipped, settled: Settled) -> None:
+def _skip_to_code(s: SagaState, event: StepSkipped, settled: Settled) -> None:
     if isinstance(settled, ParkedStep):
         _answer_parked(settled, event)
     elif event.compensation:
         unblock_compensation(s, "skip")
     elif isinstance(settled, Sent) and settled.future is not None and not settled.future.done():
-        release(s, settled, event.payload, by_operator=True)
+        answer_waiting_step(s, settled, event.payload, by_operator=True)
 
 
 def _answer_parked(parked: ParkedStep, event: RetryRequested | StepSkipped) -> None:
@@ -592,7 +592,7 @@ def _answer_parked(parked: ParkedStep, event: RetryRequested | StepSkipped) -> N
         parked.future.set_result(event)
 
 
-def _wake_retry(s: SagaState, event: RetryRequested, settled: Settled) -> None:
+def _retry_to_code(s: SagaState, event: RetryRequested, settled: Settled) -> None:
     if isinstance(settled, ParkedStep):
         _answer_parked(settled, event)
     elif isinstance(settled, Sent) and settled.held is not None:
@@ -605,34 +605,34 @@ def _wake_retry(s: SagaState, event: RetryRequested, settled: Settled) -> None:
                 s.cursor - 1, f"{event.describe()}, accepting its held reply", problem
             )
             raise Halt
-        release(s, settled, settled.held.payload, by_operator=False)
+        answer_waiting_step(s, settled, settled.held.payload, by_operator=False)
     elif settled is Unstuck.COMPENSATION:
         unblock_compensation(s, "retry")
     else:
         _fire(settled)
 
 
-_WAKERS: dict[type[Event], Callable[[SagaState, Any, Settled], None]] = {
-    SagaStarted: _wake_started,
-    ReplyReceived: _wake_answer,
-    AttemptTimedOut: _wake_answer,
-    InvalidReplyReceived: _wake_answer,
-    TimerFired: _wake_timer,
-    SignalReceived: _wake_signal,
-    DomainEventReceived: _wake_event,
+_TO_CODE: dict[type[Event], Callable[[SagaState, Any, Settled], None]] = {
+    SagaStarted: _started_to_code,
+    ReplyReceived: _answer_to_code,
+    AttemptTimedOut: _answer_to_code,
+    InvalidReplyReceived: _answer_to_code,
+    TimerFired: _timer_to_code,
+    SignalReceived: _signal_to_code,
+    DomainEventReceived: _event_to_code,
     CancelRequested: lambda s, e, _: request_cancel(s, "cancel", e.reason),
     UndoRequested: lambda s, e, _: request_undo(s, e.parent_id, e.reason),
     CompensationForced: lambda s, e, _: request_cancel(
         s, "forced", f"forced by {e.principal}: {e.reason}"
     ),
-    StepSkipped: _wake_skip,
-    RetryRequested: _wake_retry,
+    StepSkipped: _skip_to_code,
+    RetryRequested: _retry_to_code,
     SagaResumed: lambda s, e, _: unblock_compensation(s, "retry"),
-    UpdateReceived: wake_update,
-    KeyAcquired: lambda s, e, _: _wake_key(s),
+    UpdateReceived: update_to_code,
+    KeyAcquired: lambda s, e, _: _key_to_code(s),
 }
 
 
-def _wake_key(s: SagaState) -> None:
+def _key_to_code(s: SagaState) -> None:
     if s.key_waiter is not None and not s.key_waiter.done():
         s.key_waiter.set_result(None)

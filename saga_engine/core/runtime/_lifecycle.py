@@ -7,7 +7,7 @@ compensation under its own retry policy; one that keeps failing parks the saga a
 compensation_stuck until an operator answers (:func:`unblock_compensation`). A completed
 child waits for its parent's undo (:func:`request_undo`). The rest is what an input does to
 a waiting run: a cancel (:func:`request_cancel`), a step answered by an operator
-(:func:`release`).
+(:func:`answer_waiting_step`).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def error_info(exc: BaseException, step: str | None = None) -> ErrorInfo:
 # --------------------------------------------------------------------------- operators
 
 
-def release(s: SagaState, sent: Sent, payload: JsonDict, *, by_operator: bool) -> None:
+def answer_waiting_step(s: SagaState, sent: Sent, payload: JsonDict, *, by_operator: bool) -> None:
     """Answers a waiting forward step with ``payload``: an operator's skip
     (``by_operator``), or its held reply accepted on retry (the fold has let go of it,
     and of step_stuck once nothing is held).

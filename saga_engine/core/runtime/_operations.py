@@ -236,7 +236,7 @@ async def _attempts(
         if reply is None:
             unknown, last_error = True, "timed out"
         elif reply.outcome == "success":
-            if issued.command_id not in s.skipped_ids:  # (see _lifecycle.release)
+            if issued.command_id not in s.skipped_ids:  # (see _lifecycle.answer_waiting_step)
                 s.owe(name, spec, sent)
             return reply.payload
         elif reply.outcome == "failure":  # refused: nothing was applied under its id

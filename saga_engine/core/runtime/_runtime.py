@@ -64,7 +64,7 @@ from saga_engine.core.history._policy import RetryPolicy
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.runtime import _awaits as awaits
 from saga_engine.core.runtime import _operations as operations
-from saga_engine.core.runtime._inputs import check_parent, input_name, to_event, wake
+from saga_engine.core.runtime._inputs import check_parent, input_name, pass_to_code, to_event
 from saga_engine.core.runtime._operations import CommandLimit
 from saga_engine.core.runtime._state import POLL_PREFIX, Halt, SagaState
 from saga_engine.kernel._errors import InvalidTransition, SerializationError
@@ -239,7 +239,7 @@ class SagaRuntime:
         (A step whose reply is held as invalid was answered: it is not sent again.)"""
         return [self._outbound(f.event) for f in self.state.inflight.values() if f.held is None]
 
-    def owed(self) -> list[OutboundCommand]:
+    def messages_to_resend(self) -> list[OutboundCommand]:
         """Everything this saga owes others, derived from its history alone: its commands
         not answered yet (a step's, a child's start or undo) and, once a child has ended,
         its answers to its parent. Whoever loads the saga to drive it (recovery, a reload,
@@ -431,7 +431,7 @@ class SagaRuntime:
         s.now = event.at
         settled = s.apply(event)
         try:
-            wake(s, event, settled)
+            pass_to_code(s, event, settled)
         except Halt:
             return
         self._run()

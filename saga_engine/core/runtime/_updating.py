@@ -4,7 +4,7 @@ result recorded (the ``_inputs`` rules for the ``UpdateInput`` input).
 Checked before anything is recorded: the update id already recorded (dropped: its
 recorded result is the answer), a saga that is undoing its steps (refused), the update's
 name and input model, then its validator on the saga's state (refused with its reason).
-Once ``update_received`` is recorded (or replayed), :func:`wake_update` runs the handler
+Once ``update_received`` is recorded (or replayed), :func:`update_to_code` runs the handler
 on the saga object and records its result (``update_completed``, an intent: a replay
 runs the handler again and matches it).
 """
@@ -64,7 +64,7 @@ def update_event(s: SagaState, inbound: UpdateInput) -> Event | DropReason:
     )
 
 
-def wake_update(s: SagaState, event: UpdateReceived, settled: Any) -> None:
+def update_to_code(s: SagaState, event: UpdateReceived, settled: Any) -> None:
     """Runs the update's handler on the saga's state and records what it returned (or
     raised). Parks the saga if the code deployed no longer takes the recorded update."""
     handler = updates_of(s.definition.cls).get(event.name)

@@ -37,13 +37,13 @@ from saga_engine.core.history._events import (
     UpdateReceived,
 )
 
-__all__ = ["gist", "gist_value"]
+__all__ = ["event_line", "short_value"]
 
 #: Longest rendering of a payload in a gist line.
 WIDTH = 120
 
 
-def gist(event: Event) -> str:
+def event_line(event: Event) -> str:
     """``event.describe()``, followed by the gist of what it carries."""
     parts = [event.describe()] + [p for p in _details(event) if p]
     return "; ".join(parts)
@@ -123,7 +123,7 @@ def _payload(payload: dict[str, Any]) -> str:
     return f"payload {_short(payload)}" if payload else ""
 
 
-def gist_value(value: Any) -> str:
+def short_value(value: Any) -> str:
     """A value as a gist shows it: compact JSON, cut at :data:`WIDTH`."""
     return _short(value)
 

@@ -38,7 +38,7 @@ def percentiles(hist: list[int]) -> dict[str, int | None]:
     return out
 
 
-def within(hist: list[int], limit_ms: float) -> float:
+def count_within_limit(hist: list[int], limit_ms: float) -> float:
     """How many observations were at most ``limit_ms`` (the bucket holding it pro rata)."""
     count, lower = 0.0, 0.0
     for i, n in enumerate(hist):
@@ -126,7 +126,7 @@ def _order(item: tuple[str, tuple[str, Counters]]) -> tuple[float, float, str]:
 def _sla(hist: list[int], runs: int, sla: timedelta | None) -> JsonDict | None:
     if sla is None:
         return None
-    ok = within(hist, sla.total_seconds() * 1000) if runs else 0.0
+    ok = count_within_limit(hist, sla.total_seconds() * 1000) if runs else 0.0
     return {
         "seconds": sla.total_seconds(),
         "within": round(ok),

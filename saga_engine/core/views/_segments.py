@@ -5,7 +5,7 @@ timer, and each parked period is a :class:`Segment`, opened by the event that be
 and closed by the one that ended it, with how it ended. :class:`Timeline` follows the one
 fold of history (``_fold.Fold``) and asks it what each event settled, so which command a
 reply answers or which timer a retry cuts short is decided there, not here. The view
-(``_view.fold``) carries the segments; the admin's web page lays them out.
+(``_view.saga_view_of``) carries the segments; the admin's web page lays them out.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from saga_engine.core.history._fold import (
     retry_timer_step,
     signal_of,
 )
-from saga_engine.core.views._event_lines import gist_value
+from saga_engine.core.views._event_lines import short_value
 
 
 class Lane(StrEnum):
@@ -310,7 +310,7 @@ def _update_received(self: Timeline, seq: int, event: UpdateReceived, _: Settled
 
 def _update_completed(self: Timeline, seq: int, event: UpdateCompleted, _: Settled) -> None:
     outcome = "failed" if event.error else "success"
-    why = event.error.message if event.error else f"result {gist_value(event.result)}"
+    why = event.error.message if event.error else f"result {short_value(event.result)}"
     self._close(self.sent, f"update:{event.update_id}", outcome, event, seq, why)
 
 

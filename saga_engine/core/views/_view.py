@@ -22,16 +22,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from saga_engine.core.views._view_model import (
-    Action,
-    InFlight,
-    Owed,
-    OwedState,
-    PendingTimer,
-    SagaView,
-    Wait,
-    WaitKind,
-)
 from saga_engine.core.history._decision import CHILD_PARTICIPANT, CHILD_STEP_PREFIX, DEADLINE_TIMER
 from saga_engine.core.history._events import (
     AttemptTimedOut,
@@ -65,6 +55,16 @@ from saga_engine.core.history._fold import (
 )
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.views._segments import Lane, Segment, Timeline
+from saga_engine.core.views._view_model import (
+    Action,
+    InFlight,
+    Owed,
+    OwedState,
+    PendingTimer,
+    SagaView,
+    Wait,
+    WaitKind,
+)
 
 S = SagaStatus
 
@@ -246,7 +246,7 @@ _LEDGER: dict[type[Event], Callable[[_Walk, Any, Settled], None]] = {
 # --------------------------------------------------------------------------- the result
 
 
-def fold(
+def saga_view_of(
     events: Sequence[Event], *, saga_id: str = "", awaited: Awaited | Iterable[str] = ()
 ) -> SagaView:
     """The view of a saga from its history (oldest first). ``awaited``: what its code
@@ -575,5 +575,5 @@ __all__ = [
     "Segment",
     "Wait",
     "WaitKind",
-    "fold",
+    "saga_view_of",
 ]

@@ -1,5 +1,5 @@
 """The shape of a saga's view (:class:`SagaView`): what the admin API, the web page and
-the CLI show of a saga, and the parts it is made of. Built by ``_view.fold`` from the
+the CLI show of a saga, and the parts it is made of. Built by ``_view.saga_view_of`` from the
 history; the admin API's schemas mirror these fields.
 """
 

@@ -1,4 +1,4 @@
-"""The web page's timeline (admin/_timeline.py) over the history's one fold (_view.fold):
+"""The web page's timeline (admin/_timeline.py) over the history's one fold (_view.saga_view_of):
 where its bars go in time, and how attempts, back-offs, waits and parked periods are
 drawn. (The rendered page is tested in tests/admin/test_web.py.)"""
 
@@ -15,7 +15,7 @@ def test_the_timeline_follows_timestamps_and_outcomes() -> None:
         Event,
         ReplyReceived,
     )
-    from saga_engine.core.views._view import fold
+    from saga_engine.core.views._view import saga_view_of
 
     t0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -40,7 +40,7 @@ def test_the_timeline_follows_timestamps_and_outcomes() -> None:
         ),
         issued(60, "c3", 3),  # still awaiting its reply at t0 + 100s
     ]
-    line = timeline(fold(events), now=t0 + timedelta(seconds=100))
+    line = timeline(saga_view_of(events), now=t0 + timedelta(seconds=100))
     assert line.axis == "time"
     [row] = line.rows
     assert [(b.outcome, b.x, b.width) for b in row.bars] == [
@@ -67,7 +67,7 @@ def test_the_timeline_draws_back_offs_waits_and_parked_periods() -> None:
         TimerFired,
         TimerStarted,
     )
-    from saga_engine.core.views._view import Lane, fold
+    from saga_engine.core.views._view import Lane, saga_view_of
 
     t0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -101,7 +101,7 @@ def test_the_timeline_draws_back_offs_waits_and_parked_periods() -> None:
         SagaParked(at=at(60), error=ErrorInfo(type="NondeterminismError", message="changed")),
         SagaResumed(at=at(80), principal="ann", reason="fixed"),
     ]
-    line = timeline(fold(events), now=at(100))
+    line = timeline(saga_view_of(events), now=at(100))
     rows = {(r.lane, r.name): [(b.outcome, b.x, b.width) for b in r.bars] for r in line.rows}
     assert rows[(Lane.STEP, "pay")] == [
         ("retryable", 0.0, 10.0),

@@ -23,7 +23,7 @@ from saga_engine.core.planning._batch_operations import (
     BatchFilter,
     BatchSpec,
     BatchState,
-    marker,
+    reason_prefix,
 )
 from saga_engine.kernel._settings import PostgresSettings
 from saga_engine.store._pgbatch_operations import PostgresBatchStore
@@ -57,7 +57,7 @@ async def _cancels(cluster: Cluster, op_id: str) -> Counter[str]:
         )
     finally:
         await conn.close()
-    assert all(r["reason"] == f"{marker(op_id)} the whole batch is void" for r in rows)
+    assert all(r["reason"] == f"{reason_prefix(op_id)} the whole batch is void" for r in rows)
     return Counter(r["saga_id"] for r in rows)
 
 
@@ -191,7 +191,7 @@ async def _reruns(cluster: Cluster, op_id: str) -> dict[str, list[str]]:
         )
     finally:
         await conn.close()
-    assert all(r["reason"] == f"{marker(op_id)} replay the day" for r in rows)
+    assert all(r["reason"] == f"{reason_prefix(op_id)} replay the day" for r in rows)
     found: dict[str, list[str]] = {}
     for r in rows:
         found.setdefault(r["original"], []).append(r["saga_id"])

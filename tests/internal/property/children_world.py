@@ -261,7 +261,7 @@ class World:
         await self.clock.advance(delta, settle=self._deliver_all if draining else _nothing)
         for saga_id, _ in await self.store.due_wakeups(self.clock.now()):
             if not self.parts.live.holds_timer(saga_id):
-                await self._quietly(self.engine.wake(saga_id))
+                await self._quietly(self.engine.load_due(saga_id))
 
     async def deliver(self, message: Message) -> None:
         """One record applied, as the inbox or a participant would: refused sends put it

@@ -1,4 +1,4 @@
-"""The operator's view of a history (``saga_engine.core.views._view.fold``), on generated sagas.
+"""The operator's view of a history (``saga_engine.core.views._view.saga_view_of``), on generated sagas.
 
 Where a saga stands (status, error, commands in flight, timers) is the one fold of history
 the decision core is made of, so the view cannot drift from the runtime there; what is
@@ -25,7 +25,7 @@ from saga_engine.core.authoring._definition import SagaDefinition
 from saga_engine.core.history._events import Event
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.runtime._runtime import SagaRuntime
-from saga_engine.core.views._view import OwedState, SagaView, WaitKind, fold
+from saga_engine.core.views._view import OwedState, SagaView, WaitKind, saga_view_of
 from tests.internal.property.oracles import held_after_each, statuses_after_each
 from tests.internal.property.sagas import Case, SignalSaga, definition
 from tests.internal.property.test_runtime_properties import PROPERTY, cases
@@ -56,7 +56,7 @@ def _check(definition: SagaDefinition, saga_id: str, history: list[Event]) -> Sa
     rt, _ = SagaRuntime.replay(definition, saga_id, history)
     full = rt.history  # with the park marker, if the code deployed cannot replay it
     still = rt.awaited()
-    view = fold(full, saga_id=saga_id, awaited=still or ())
+    view = saga_view_of(full, saga_id=saga_id, awaited=still or ())
     where = f"after {len(history)} events ({full[-1].describe()})"
     assert view.status == statuses_after_each(full)[-1], where
     held = held_after_each(full)[-1]

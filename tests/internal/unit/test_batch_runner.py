@@ -21,7 +21,7 @@ from saga_engine.core.planning._batch_operations import (
     BatchFilter,
     BatchSpec,
     BatchState,
-    marker,
+    reason_prefix,
     rerun_key_for,
 )
 from saga_engine.kernel._errors import StoreUnavailable
@@ -114,7 +114,7 @@ async def test_cancel_acts_on_every_matching_saga_once_and_names_the_operation()
         assert (await env.engine.get(saga_id)).status is SagaStatus.CANCELLED
         [cancel] = [e for e in await env.engine.history(saga_id) if isinstance(e, CancelRequested)]
         assert cancel.principal == "alice"
-        assert cancel.reason == f"{marker('op-1')} clean up"
+        assert cancel.reason == f"{reason_prefix('op-1')} clean up"
     assert (await env.engine.get(other)).status is SagaStatus.RUNNING  # not matched
     assert await runner.run_once() is None  # nothing left to claim
 
@@ -134,7 +134,7 @@ async def test_a_crash_between_an_action_and_its_progress_does_not_act_twice() -
         assert (await _kinds(env, saga_id))["SignalReceived"] == 1
         assert (await env.engine.get(saga_id)).status is SagaStatus.COMPLETED
         [signal] = [e for e in await env.engine.history(saga_id) if isinstance(e, SignalReceived)]
-        assert signal.reason.startswith(marker("op"))
+        assert signal.reason.startswith(reason_prefix("op"))
 
 
 async def test_refused_actions_are_counted_with_their_reason() -> None:
@@ -255,7 +255,7 @@ async def test_a_rerun_after_a_crash_starts_no_second_saga() -> None:
         assert rerun.input == {"region": "eu"}
         assert rerun.rerun_of is not None
         assert rerun.rerun_of.principal == "bo"
-        assert rerun.rerun_of.reason == f"{marker('op')} clean up"
+        assert rerun.rerun_of.reason == f"{reason_prefix('op')} clean up"
         assert rerun.idempotency_key == rerun_key_for("op", saga_id)
         assert (await env.engine.get(saga_id)).status is SagaStatus.RUNNING  # untouched
     assert len(await env.store.list_sagas(limit=1000)) == 8

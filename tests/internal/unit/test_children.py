@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, StepFailed
 from saga_engine.core.history._decision import CHILD_PARTICIPANT, child_saga_id
-from saga_engine.core.views._view import fold
+from saga_engine.core.views._view import saga_view_of
 from saga_engine.events import SagaStarted
 from saga_engine.testing import SagaTestEnv
 
@@ -16,7 +16,7 @@ from saga_engine.testing import SagaTestEnv
 async def _views_agree(env: SagaTestEnv) -> None:
     """The fold every view uses reads each saga's history as the runtime drove it."""
     for record in await env.parts.store.list_sagas():
-        view = fold(await env.engine.history(record.saga_id), saga_id=record.saga_id)
+        view = saga_view_of(await env.engine.history(record.saga_id), saga_id=record.saga_id)
         assert view.status == record.status, record.saga_id
         runtime = env.engine.runtime_of(record.saga_id)
         if runtime is not None:

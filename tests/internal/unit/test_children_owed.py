@@ -257,13 +257,13 @@ async def test_an_end_refused_on_the_timer_path_is_reloaded_once() -> None:
 
 
 async def test_a_parent_waiting_for_its_child_says_so_by_the_childs_id() -> None:
-    from saga_engine.core.views._view import WaitKind, fold
+    from saga_engine.core.views._view import WaitKind, saga_view_of
 
     env = SagaTestEnv([Order, Shipment])
     env.participant("carrier").on(Book, no_reply=True)  # the child waits: so does its parent
     run = await env.start(Order, OrderIn(order_id="o2"))
     child_id = child_saga_id(run.saga_id, "shipment")
-    view = fold(await run.history(), saga_id=run.saga_id)
+    view = saga_view_of(await run.history(), saga_id=run.saga_id)
     [wait] = [w for w in view.waiting_for if w.step == "child:shipment"]
     assert (wait.kind, wait.name) == (WaitKind.CHILD, child_id)
     assert wait.what == f"child saga 'shipment' ({child_id}) to end"

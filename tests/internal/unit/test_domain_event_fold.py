@@ -8,8 +8,8 @@ from datetime import timedelta
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext
-from saga_engine.core.views._event_lines import gist
-from saga_engine.core.views._view import WaitKind, fold
+from saga_engine.core.views._event_lines import event_line
+from saga_engine.core.views._view import WaitKind, saga_view_of
 from saga_engine.testing import SagaTestEnv
 from tests.events.sagas import AwaitPayment, Order, PaymentCaptured, payment_captured
 
@@ -19,7 +19,7 @@ async def test_received_and_timed_out_waits_in_the_gist_the_timeline_and_the_vie
     env.participant("shipping").on("Ship", no_reply=True)
     paid = await env.start(AwaitPayment, Order(order_id=1, timeout_s=60), idempotency_key="p")
     late = await env.start(AwaitPayment, Order(order_id=2, timeout_s=60), idempotency_key="l")
-    view = fold(await late.history(), saga_id=late.saga_id)
+    view = saga_view_of(await late.history(), saga_id=late.saga_id)
     [wait] = view.waiting_for
     assert (wait.kind, wait.what, wait.name) == (
         WaitKind.EVENT,
@@ -31,18 +31,18 @@ async def test_received_and_timed_out_waits_in_the_gist_the_timeline_and_the_vie
     await env.advance(timedelta(seconds=61))
 
     history = await paid.history()
-    lines = [gist(e) for e in history]
+    lines = [event_line(e) for e in history]
     assert lines[1].startswith("wait for event PaymentCaptured key=1; until ")
     assert (
         lines[2]
         == 'event PaymentCaptured key=1 received; id e-1; payload {"amount":9,"order_id":1}'
     )
-    received = fold(history, saga_id=paid.saga_id)
+    received = saga_view_of(history, saga_id=paid.saga_id)
     assert [(s.label, s.outcome, s.detail) for s in received.segments[:1]] == [
         ("wait for PaymentCaptured key=1", "received", "e-1")
     ]
 
-    timed_out = fold(await late.history(), saga_id=late.saga_id)
+    timed_out = saga_view_of(await late.history(), saga_id=late.saga_id)
     assert [(s.label, s.outcome) for s in timed_out.segments] == [
         ("wait for PaymentCaptured key=2", "timed_out")
     ]

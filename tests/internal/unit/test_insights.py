@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from saga_engine.admin._insight_svg import columns, graph_svg
-from saga_engine.core.views._insight_report import build_report, percentiles, within
+from saga_engine.core.views._insight_report import build_report, count_within_limit, percentiles
 from saga_engine.core.views._insights import BUCKETS, Counters, Mark, aggregate, epoch_ms, summarize
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
@@ -67,6 +67,6 @@ def test_percentiles_and_the_sla_share_from_a_histogram() -> None:
     hist[9] = 90  # up to 1 s
     hist[12] = 10  # 5-10 s
     assert percentiles(hist) == {"p50": 1000, "p95": 10000, "p99": 10000}
-    assert within(hist, 1000) == 90
-    assert within(hist, 7500) == 95  # half of the 5-10 s bucket, pro rata
+    assert count_within_limit(hist, 1000) == 90
+    assert count_within_limit(hist, 7500) == 95  # half of the 5-10 s bucket, pro rata
     assert percentiles([0] * BUCKETS) == {"p50": None, "p95": None, "p99": None}

@@ -12,8 +12,8 @@ from pydantic import BaseModel
 from saga_engine import ConcurrencyLimit, DefinitionError, Saga, SagaContext, SagaStatus
 from saga_engine.core.authoring._definition import SagaDefinition
 from saga_engine.core.runtime._runtime import SagaRuntime
-from saga_engine.core.views._event_lines import gist
-from saga_engine.core.views._view import WaitKind, fold
+from saga_engine.core.views._event_lines import event_line
+from saga_engine.core.views._view import WaitKind, saga_view_of
 from saga_engine.kernel._errors import InvalidPayload, StoreUnavailable
 from saga_engine.store._keyslots import KeySlotStore
 from saga_engine.testing import SagaTestEnv
@@ -83,14 +83,14 @@ async def test_one_runs_per_key_the_others_queue_fifo_and_follow() -> None:
     ) == ["a1", "b1"]
     kinds = [e.kind for e in await second.history()]
     assert kinds == ["saga_started", "key_queued"]
-    view = fold(await second.history(), saga_id=second.saga_id)
+    view = saga_view_of(await second.history(), saga_id=second.saga_id)
     assert view.status == SagaStatus.RUNNING
     [wait] = view.waiting_for
     assert wait.kind == WaitKind.KEY
     assert f"queued behind saga {first.saga_id}" in wait.what
     assert any(s.row == "concurrency key" and s.outcome == "waiting" for s in view.segments)
-    assert f"behind saga {first.saga_id}" in gist((await second.history())[1])
-    third_view = fold(await third.history(), saga_id=third.saga_id)
+    assert f"behind saga {first.saga_id}" in event_line((await second.history())[1])
+    third_view = saga_view_of(await third.history(), saga_id=third.saga_id)
     assert "position 2" in third_view.waiting_for[0].what
 
     # The holder ends: the next in line (FIFO) gets the key at once, the third waits.
@@ -108,7 +108,7 @@ async def test_one_runs_per_key_the_others_queue_fifo_and_follow() -> None:
     assert amounts == [1, 2, 3]
     history = await second.history()
     assert [e.kind for e in history][:3] == ["saga_started", "key_queued", "key_acquired"]
-    timeline = fold(history, saga_id=second.saga_id).segments
+    timeline = saga_view_of(history, saga_id=second.saga_id).segments
     assert any(s.row == "concurrency key" and s.outcome == "acquired" for s in timeline)
     # No slot is left held by a saga that ended.
     left = {s.saga_id for s in await _slots(env).key_slots("transfer", "a")}

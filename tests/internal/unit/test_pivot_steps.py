@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from saga_engine import PastPivot, Saga, SagaContext, SagaStatus
 from saga_engine.core.history._decision import CHILD_PARTICIPANT, child_saga_id
 from saga_engine.core.runtime._runtime import SagaRuntime
-from saga_engine.core.views._view import fold
+from saga_engine.core.views._view import saga_view_of
 from saga_engine.testing import SagaTestEnv
 
 
@@ -105,7 +105,7 @@ async def test_an_http_pivot_refuses_a_cancel_lifts_the_deadline_and_parks_a_lat
     assert [e.step for e in passed] == ["capture"]
     parked = next(e for e in history if e.kind == "step_parked")
     assert (parked.step, parked.past_pivot) == ("ship", True)
-    view = fold(history, saga_id=run.saga_id)
+    view = saga_view_of(history, saga_id=run.saga_id)
     assert (view.pivot_step, view.past_pivot) == ("capture", True)
     await _refuses_stops(env, run.saga_id)
     await env.advance(timedelta(minutes=5))  # well past the deadline: still parked

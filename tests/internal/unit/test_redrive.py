@@ -19,7 +19,7 @@ from saga_engine import (
     SagaStatus,
 )
 from saga_engine.core.runtime._runtime import SagaRuntime
-from saga_engine.core.views._view import WaitKind, fold
+from saga_engine.core.views._view import WaitKind, saga_view_of
 from saga_engine.events import SagaParked
 from saga_engine.testing import SagaTestEnv
 
@@ -100,7 +100,7 @@ async def test_exhausted_step_parks_holding_its_stack_and_a_retry_sends_an_edite
     assert parked.error.type == "StepParked"
     assert "gave up after 2 attempts: address unknown" in parked.error.message
     assert env.compensated_steps() == []  # held, not compensated
-    view = fold(history, saga_id=run.saga_id)
+    view = saga_view_of(history, saga_id=run.saga_id)
     assert [w.kind for w in view.waiting_for] == [WaitKind.OPERATOR]
     assert "parked" in view.waiting_for[0].what
     actions = {a.name: a.steps for a in view.actions}
@@ -174,7 +174,7 @@ async def test_past_the_pivot_a_cancel_is_refused_and_a_refused_step_parks() -> 
     assert _kinds(history).count("pivot_passed") == 1
     parked = next(e for e in history if e.kind == "step_parked")
     assert (parked.step, parked.past_pivot) == ("s3", True)
-    view = fold(history, saga_id=run.saga_id)
+    view = saga_view_of(history, saga_id=run.saga_id)
     assert (view.pivot_step, view.past_pivot) == ("s2", True)
     assert "cancel" not in {a.name for a in view.actions}
     with pytest.raises(PastPivot, match="past its pivot"):
@@ -193,7 +193,7 @@ async def test_before_the_pivot_passes_it_compensates_as_usual() -> None:
     env = _env()
     env.participant("p2").on(Cmd, no_reply=True)
     run = await env.start(Three, In(pivot=True))
-    view = fold(await run.history(), saga_id=run.saga_id)
+    view = saga_view_of(await run.history(), saga_id=run.saga_id)
     assert (view.pivot_step, view.past_pivot) == ("s2", False)
     await env.engine.cancel(run.saga_id, "changed my mind")
     await env.settle()
@@ -248,7 +248,7 @@ async def test_past_the_pivot_the_deadline_no_longer_applies_and_the_timeline_sh
     assert "cancel_requested" not in _kinds(history)
     parked = next(e for e in history if e.kind == "step_parked")
     assert parked.in_doubt
-    view = fold(history, saga_id=run.saga_id)
+    view = saga_view_of(history, saga_id=run.saga_id)
     labels = {(seg.label, seg.outcome) for seg in view.segments}
     assert ("pivot s2", "pivot") in labels
     assert ("s3 parked", "parked") in labels

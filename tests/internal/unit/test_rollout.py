@@ -18,7 +18,13 @@ from saga_engine import (
     UnknownSagaType,
     UnknownSagaVersion,
 )
-from saga_engine.core.planning._rollout import Rollout, RolloutSpec, RolloutTable, bucket, pick
+from saga_engine.core.planning._rollout import (
+    Rollout,
+    RolloutSpec,
+    RolloutTable,
+    bucket,
+    choose_version,
+)
 from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.replay import export_history, load_history, replay
 from saga_engine.testing import SagaTestEnv
@@ -120,36 +126,42 @@ def _versions(*classes: type[Saga[Any, Any]]) -> Any:
 
 def test_no_rollout_row_runs_the_highest_version() -> None:
     versions = _versions(OrderV1, OrderV2)
-    assert {pick(versions, None, i, {}).version for i in IDS} == {2}
+    assert {choose_version(versions, None, i, {}).version for i in IDS} == {2}
 
 
 def test_a_percentage_picks_exactly_the_ids_whose_bucket_is_below_it() -> None:
     versions = _versions(OrderV1, OrderV2)
     spec = RolloutSpec(version=2, percent=30)
-    on_v2 = {i for i in IDS if pick(versions, spec, i, {}).version == 2}
+    on_v2 = {i for i in IDS if choose_version(versions, spec, i, {}).version == 2}
     assert on_v2 == {i for i in IDS if bucket("order", i) < 30}
     assert 0.25 < len(on_v2) / len(IDS) < 0.35
     # Raising the share keeps every id already on the new version there.
     wider = {
-        i for i in IDS if pick(versions, RolloutSpec(version=2, percent=50), i, {}).version == 2
+        i
+        for i in IDS
+        if choose_version(versions, RolloutSpec(version=2, percent=50), i, {}).version == 2
     }
     assert on_v2 < wider
 
 
 def test_zero_percent_is_dark_and_a_rollback_and_100_is_everyone() -> None:
     versions = _versions(OrderV1, OrderV2)
-    assert {pick(versions, RolloutSpec(version=2, percent=0), i, {}).version for i in IDS} == {1}
-    assert {pick(versions, RolloutSpec(version=2, percent=100), i, {}).version for i in IDS} == {2}
+    assert {
+        choose_version(versions, RolloutSpec(version=2, percent=0), i, {}).version for i in IDS
+    } == {1}
+    assert {
+        choose_version(versions, RolloutSpec(version=2, percent=100), i, {}).version for i in IDS
+    } == {2}
 
 
 def test_a_predicate_selects_by_input() -> None:
     versions = _versions(OrderV1, OrderV2)
     spec = RolloutSpec(version=2, percent=0, predicate="beta")
-    assert pick(versions, spec, "x", {"tenant": "beta-1"}).version == 2
-    assert pick(versions, spec, "x", {"tenant": "acme"}).version == 1
+    assert choose_version(versions, spec, "x", {"tenant": "beta-1"}).version == 2
+    assert choose_version(versions, spec, "x", {"tenant": "acme"}).version == 1
     # A predicate this engine does not know (a newer deploy's) selects nobody here.
     unknown = RolloutSpec(version=2, percent=0, predicate="gamma")
-    assert pick(versions, unknown, "x", {"tenant": "beta-1"}).version == 1
+    assert choose_version(versions, unknown, "x", {"tenant": "beta-1"}).version == 1
 
 
 def test_a_failing_predicate_keeps_the_start_on_the_stable_version() -> None:
@@ -162,14 +174,19 @@ def test_a_failing_predicate_keeps_the_start_on_the_stable_version() -> None:
             return Done(version=2)
 
     versions = _versions(OrderV1, Raising)
-    assert pick(versions, RolloutSpec(version=2, predicate="boom"), "x", {}).version == 1
+    assert choose_version(versions, RolloutSpec(version=2, predicate="boom"), "x", {}).version == 1
 
 
 def test_a_version_not_deployed_here_leaves_starts_below_it() -> None:
-    assert pick(_versions(OrderV1), RolloutSpec(version=2, percent=100), "x", {}).version == 1
+    assert (
+        choose_version(_versions(OrderV1), RolloutSpec(version=2, percent=100), "x", {}).version
+        == 1
+    )
     # Rolling v2 out while v3 is deployed too: v2 against v1, v3 gets nothing.
     versions = _versions(OrderV1, OrderV2, OrderV3)
-    picked = {pick(versions, RolloutSpec(version=2, percent=50), i, {}).version for i in IDS}
+    picked = {
+        choose_version(versions, RolloutSpec(version=2, percent=50), i, {}).version for i in IDS
+    }
     assert picked == {1, 2}
 
 

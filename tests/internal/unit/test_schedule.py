@@ -332,12 +332,12 @@ def test_fired_plus_skipped_is_every_due_tick(
 
 
 def test_the_fast_start_envelope_is_what_the_validated_one_would_be() -> None:
-    from saga_engine.store._schedule_store import firing
+    from saga_engine.store._schedule_store import firing_for
     from saga_engine.transport._wire import Envelope, StartBody, decode, encode
     from saga_engine.worker._schedules import KafkaStarts, start_body
 
     schedule = Schedule(id="s", saga="report", every_s=60, input={"region": "eu", "n": [1, 2]})
-    f = firing(schedule, tick_key("s", at(60)), at(60))
+    f = firing_for(schedule, tick_key("s", at(60)), at(60))
     validated = StartBody(input=f.input, idempotency_key=f.idempotency_key)
     # The fast body leaves out the optional fields a schedule never sets (their defaults).
     assert StartBody.model_validate(start_body(f)) == validated

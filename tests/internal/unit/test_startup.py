@@ -16,7 +16,7 @@ import pytest
 from saga_engine import Settings
 from saga_engine.kernel._errors import DependencyUnavailable, KafkaUnavailable
 from saga_engine.kernel._instance import InstanceName
-from saga_engine.kernel._startup import reaching, start_with_retry
+from saga_engine.kernel._startup import start_with_retry, unreachable_as_unavailable
 from saga_engine.settings import KafkaSettings, ParticipantSettings, PostgresSettings
 from saga_engine.store._pgbase import POSTGRES
 from saga_engine.transport._kafka import KAFKA
@@ -80,7 +80,7 @@ async def test_retries_an_unreachable_dependency_then_starts(
     async def attempt() -> None:
         attempts.append(1)
         if len(attempts) < 3:
-            with reaching(KAFKA):
+            with unreachable_as_unavailable(KAFKA):
                 raise KafkaUnavailable("no broker at 127.0.0.1:1")
 
     async def undo() -> None:
@@ -97,7 +97,7 @@ async def test_retries_an_unreachable_dependency_then_starts(
 
 async def test_gives_up_after_the_startup_timeout_saying_how_long_it_waited() -> None:
     async def attempt() -> None:
-        with reaching(POSTGRES):
+        with unreachable_as_unavailable(POSTGRES):
             raise ConnectionRefusedError(111, "Connection refused")
 
     async def undo() -> None:
@@ -116,7 +116,7 @@ async def test_anything_but_unreachability_fails_at_once() -> None:
 
     async def attempt() -> None:
         attempts.append(1)
-        with reaching(POSTGRES):
+        with unreachable_as_unavailable(POSTGRES):
             raise ValueError("relation 'sagas' has a column we do not know")
 
     async def undo() -> None:
@@ -130,7 +130,7 @@ async def test_anything_but_unreachability_fails_at_once() -> None:
 
 async def test_a_certificate_that_fails_verification_is_not_waited_for() -> None:
     async def attempt() -> None:
-        with reaching(POSTGRES):
+        with unreachable_as_unavailable(POSTGRES):
             raise ssl.SSLCertVerificationError(1, "certificate verify failed")
 
     async def undo() -> None:

@@ -22,7 +22,7 @@ from saga_engine.core.history._decision import (
     Skip,
 )
 from saga_engine.core.runtime._runtime import SagaRuntime
-from saga_engine.core.views._view import WaitKind, fold
+from saga_engine.core.views._view import WaitKind, saga_view_of
 from saga_engine.kernel._errors import InvalidTransition, PastPivot
 from saga_engine.testing import SagaTestEnv
 from tests.internal.unit.test_operator_actions import Cmd, In, Undo
@@ -125,7 +125,7 @@ async def test_the_view_offers_what_the_runtime_accepts(state: str) -> None:
     saga_id = await SETUPS[state](env)
     await env.settle()
     history = await env.engine.history(saga_id)
-    view = fold(history, saga_id=saga_id, awaited=["go"])
+    view = saga_view_of(history, saga_id=saga_id, awaited=["go"])
     offered = {(a.name, step) for a in view.actions for step in (a.steps or (None,))}
     definition = env.parts.registry.get("two-steps")
     accepted = set()
@@ -145,7 +145,7 @@ async def test_a_compensation_back_off_offers_retry_and_no_signal() -> None:
     env = SagaTestEnv([Two])
     saga_id = await _compensation_backoff(env)
     await env.settle()
-    view = fold(await env.engine.history(saga_id), saga_id=saga_id)
+    view = saga_view_of(await env.engine.history(saga_id), saga_id=saga_id)
     assert view.status == SagaStatus.COMPENSATING
     assert {a.name: a.steps for a in view.actions} == {"retry": ("s1",)}
     [wait] = view.waiting_for
@@ -158,7 +158,7 @@ async def test_a_step_back_off_shows_its_attempt_and_last_error() -> None:
     env = SagaTestEnv([Two])
     saga_id = await _backoff(env)
     await env.settle()
-    view = fold(await env.engine.history(saga_id), saga_id=saga_id)
+    view = saga_view_of(await env.engine.history(saga_id), saga_id=saga_id)
     [wait] = view.waiting_for
     assert (wait.kind, wait.step, wait.attempt, wait.last_error) == (
         WaitKind.BACKOFF,

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Signal
 from saga_engine.admin._views import awaited, view_of
-from saga_engine.core.views._view import WaitKind, fold
+from saga_engine.core.views._view import WaitKind, saga_view_of
 from saga_engine.testing import SagaTestEnv
 
 
@@ -93,7 +93,7 @@ async def test_a_saga_past_its_pivot_owes_no_compensation() -> None:
     env.participant("shipping").on(Step, no_reply=True)
     run = await env.start(Pivoting, Empty())
     assert await run.status() == SagaStatus.RUNNING
-    view = fold(await run.history(), saga_id=run.saga_id)
+    view = saga_view_of(await run.history(), saga_id=run.saga_id)
     assert view.past_pivot
     assert view.owed == ()  # reserve can never be refunded, nor ship
     runtime = env.engine.runtime_of(run.saga_id)
@@ -105,6 +105,6 @@ async def test_before_its_pivot_a_saga_owes_its_compensations() -> None:
     env = SagaTestEnv([Pivoting])
     env.participant("payments").on(Step, no_reply=True)
     run = await env.start(Pivoting, Empty())
-    view = fold(await run.history(), saga_id=run.saga_id)
+    view = saga_view_of(await run.history(), saga_id=run.saga_id)
     assert not view.past_pivot
     assert [o.step for o in view.owed] == ["reserve"]
