@@ -8,7 +8,9 @@
     │   │   └── DeadLetterTopicUnavailable  no dead-letter topic, or it did not answer
     │   ├── DependencyUnavailable  start-up gave up waiting for Kafka or Postgres
     │   ├── MigrationBusy          a migration's tables were locked; run it again
-    │   └── ResultTimeout          SagaClient.result waited its timeout
+    │   ├── ResultTimeout          SagaClient.result waited its timeout
+    │   └── OutcomeUnknown         sent, but whether it was recorded is unknown: look
+    │                              at the saga's history before sending it again
     ├── StepFailed                 a step did not succeed: the saga compensates
     │   └── StepTimedOut           (unless its code catches it)
     ├── SignalTimeout              ctx.wait_signal's timeout passed: the same
