@@ -36,6 +36,7 @@ from saga_engine.kernel._errors import (
     InvalidPayload,
     InvalidTransition,
     MigrationError,
+    NewerVersionError,
     OutcomeUnknown,
     PastPivot,
     PermanentError,
@@ -176,11 +177,12 @@ async def refuse_early(
     with the view's rule of the actions a saga accepts (``SagaView.actions``): an action
     on a saga that ended, a signal or cancel to a saga undoing its steps, a cancel past
     its pivot. A saga not in the store yet (started through the inbox a moment ago), one
-    parked by its code, or a store that cannot be read: the engine decides (a refusal
-    is then a dead letter saying why)."""
+    parked by its code, a store that cannot be read, or a history written by a newer
+    engine than this client reads: the engine decides (a refusal is then a dead letter
+    saying why)."""
     try:
         loaded = await (await store()).load(saga_id)
-    except (SagaNotFound, TransientError, MigrationError):
+    except (SagaNotFound, TransientError, MigrationError, NewerVersionError):
         return
     view = saga_view_of([stored.event for stored in loaded.events], saga_id=saga_id)
     if view.status is SagaStatus.NONDETERMINISTIC or action in {a.name for a in view.actions}:
