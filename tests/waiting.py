@@ -17,7 +17,7 @@ import inspect
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 __all__ = ["DEFAULT_TIMEOUT_S", "TIME_SCALE", "eventually", "eventually_sync", "scaled"]
 
@@ -61,31 +61,83 @@ def _describe(probe: Callable[..., Any]) -> str:
     return getattr(probe, "__qualname__", repr(probe))
 
 
-def _failure(what: str, seconds: float, last: object) -> AssertionError:
-    return AssertionError(f"waited {seconds:.0f}s for {what}; last seen: {last!r}")
+def _failure(
+    what: str, seconds: float, last: object, context: Callable[[], str] | None
+) -> AssertionError:
+    message = f"waited {seconds:.0f}s for {what}; last seen: {last!r}"
+    return AssertionError(f"{message}\n{context()}" if context is not None else message)
+
+
+@overload
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]],
+    *,
+    what: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    interval: float = 0.05,
+    context: Callable[[], str] | None = None,
+) -> T: ...
+
+
+@overload
+async def eventually(
+    probe: Callable[[], Awaitable[T]],
+    *,
+    what: str | None = None,
+    until: Callable[[T], object],
+    timeout: float = DEFAULT_TIMEOUT_S,
+    interval: float = 0.05,
+    context: Callable[[], str] | None = None,
+) -> T: ...
+
+
+@overload
+async def eventually(
+    probe: Callable[[], T | None],
+    *,
+    what: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    interval: float = 0.05,
+    context: Callable[[], str] | None = None,
+) -> T: ...
+
+
+@overload
+async def eventually(
+    probe: Callable[[], T],
+    *,
+    what: str | None = None,
+    until: Callable[[T], object],
+    timeout: float = DEFAULT_TIMEOUT_S,
+    interval: float = 0.05,
+    context: Callable[[], str] | None = None,
+) -> T: ...
 
 
 async def eventually(
-    probe: Callable[[], T | Awaitable[T]],
+    probe: Callable[[], Any],
     *,
     what: str | None = None,
-    until: Callable[[T], object] = bool,
+    until: Callable[[Any], object] = bool,
     timeout: float = DEFAULT_TIMEOUT_S,
     interval: float = 0.05,
-) -> T:
+    context: Callable[[], str] | None = None,
+) -> Any:
     """Calls ``probe`` (sync or async) every ``interval`` seconds until ``until`` holds
     for its value (by default: until it is truthy) and returns that value. Fails with an
     ``AssertionError`` naming ``what`` and the last value once ``timeout`` seconds
-    (scaled by ``SAGA_TEST_TIME_SCALE``) have passed."""
+    (scaled by ``SAGA_TEST_TIME_SCALE``) have passed, followed by what ``context``
+    returns then (a process's log, say)."""
     seconds = scaled(timeout)
     deadline = time.monotonic() + seconds
     while True:
-        result = probe()
-        value: T = await result if inspect.isawaitable(result) else result
+        value = probe()
+        if inspect.isawaitable(value):
+            value = await value
         if until(value):
             return value
         if time.monotonic() > deadline:
-            raise _failure(what or _describe(probe), seconds, value)
+            raise _failure(what or _describe(probe), seconds, value, context)
         await asyncio.sleep(interval)
 
 
@@ -96,6 +148,7 @@ def eventually_sync(
     until: Callable[[T], object] = bool,
     timeout: float = DEFAULT_TIMEOUT_S,
     interval: float = 0.05,
+    context: Callable[[], str] | None = None,
 ) -> T:
     """:func:`eventually` for a test that is not async (it blocks its thread)."""
     seconds = scaled(timeout)
@@ -105,5 +158,5 @@ def eventually_sync(
         if until(value):
             return value
         if time.monotonic() > deadline:
-            raise _failure(what or _describe(probe), seconds, value)
+            raise _failure(what or _describe(probe), seconds, value, context)
         time.sleep(interval)

@@ -13,24 +13,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from saga_engine.protocol import Envelope, MessageType, ReplyBody, Topics, decode, encode
 from saga_engine.settings import KafkaSettings, Settings
+from tests.waiting import eventually
 
 Script = Callable[[Envelope], ReplyBody | None]
-
-
-async def poll_until(
-    predicate: Callable[[], Any], *, timeout: float = 30.0, interval: float = 0.05
-) -> Any:
-    """Polls a (sync or async) predicate until it is truthy or the deadline passes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met before the deadline")
-        await asyncio.sleep(interval)
 
 
 async def ensure_topics(
@@ -47,10 +32,11 @@ async def ensure_topics(
                 [NewTopic(name, num_partitions=partitions or kafka.partitions,
                           replication_factor=kafka.replication_factor) for name in missing]
             )  # fmt: skip
-        deadline = time.monotonic() + 15
-        while not set(missing) <= set(await admin.list_topics()):
-            assert time.monotonic() < deadline, f"topics {missing} did not appear"
-            await asyncio.sleep(0.05)
+        await eventually(
+            admin.list_topics,
+            until=lambda listed: set(missing) <= set(listed),
+            what=f"topics {missing} to be listed",
+        )
     finally:
         await admin.close()
 

@@ -38,8 +38,8 @@ from saga_engine.settings import (
 )
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
-from tests.integration.kafka_helpers import poll_until
 from tests.participant.helpers import command
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -146,7 +146,7 @@ async def _participant_round(pg: PgTarget, bootstrap: str, n: int, locks: Path) 
             done = sorted(x for _, handled in instances for x in handled)
             return done == list(range(PARTITIONS)) and all(h for _, h in instances)
 
-        await poll_until(each_handled, timeout=SETTLE_S)
+        await eventually(each_handled, timeout=SETTLE_S)
         return max(_generation(p) for p, _ in instances)
     finally:
         await _stop_all([p for p, _ in instances])
@@ -194,7 +194,7 @@ async def _engine_round(pg: PgTarget, bootstrap: str, n: int, locks: Path) -> in
                 w.engine is not None and w.parts.stats.counts["sagas_started"] > 0 for w in workers
             )
 
-        await poll_until(each_started, timeout=SETTLE_S)
+        await eventually(each_started, timeout=SETTLE_S)
         return max(_generation(w) for w in workers)
     finally:
         with contextlib.suppress(Exception):

@@ -24,8 +24,9 @@ import pytest
 from saga_engine.core._schedule import tick_key, tick_saga_id
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import decode
-from tests.integration.kafka_helpers import poll_until, read_topic
+from tests.integration.kafka_helpers import read_topic
 from tests.internal.e2e.harness import Cluster
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +68,7 @@ async def test_sigkill_between_the_start_and_the_claim_commit_fires_the_tick_onc
         open_ = await cluster.query("SELECT 1 FROM sagas WHERE status <> 'completed'")
         return not open_
 
-    await poll_until(caught_up, timeout=90, interval=0.2)
+    await eventually(caught_up, timeout=90, interval=0.2)
     [row] = await cluster.query("SELECT * FROM saga_schedules")
     per_key = Counter(
         {
@@ -113,7 +114,7 @@ async def test_sigkill_between_the_start_and_the_claim_commit_keeps_overlap_skip
     assert (await _inbox_ids(cluster, 1))[crashed_id] == 1
 
     # Back once the next tick is due, the crashed tick's saga not even started yet.
-    await poll_until(lambda: _utc_now() > crashed + timedelta(seconds=1.5), timeout=10)
+    await eventually(lambda: _utc_now() > crashed + timedelta(seconds=1.5), timeout=10)
     cluster._spawn("engine", OVERLAP_APP, cluster.env())
     deadline = time.monotonic() + 90
 
@@ -122,7 +123,7 @@ async def test_sigkill_between_the_start_and_the_claim_commit_keeps_overlap_skip
         done = await cluster.query("SELECT 1 FROM sagas WHERE status = 'completed'")
         return len(done) >= 2
 
-    await poll_until(two_ran, timeout=90, interval=0.2)
+    await eventually(two_ran, timeout=90, interval=0.2)
     cluster.stop_all()
     sagas = await cluster.query(
         "SELECT saga_id, idempotency_key, status, created_at, updated_at FROM sagas "
@@ -166,7 +167,7 @@ async def test_two_engine_processes_racing_start_one_saga_per_tick(cluster: Clus
         rows = await cluster.query("SELECT fired_count FROM saga_schedules")
         return len(rows) == COUNT and min(r["fired_count"] for r in rows) >= 5
 
-    await poll_until(enough, timeout=90, interval=0.2)
+    await eventually(enough, timeout=90, interval=0.2)
     cluster.stop_all()
     rows = await cluster.query("SELECT schedule_id, last_tick, fired_count FROM saga_schedules")
     fired = sum(r["fired_count"] for r in rows)
@@ -177,7 +178,7 @@ async def test_two_engine_processes_racing_start_one_saga_per_tick(cluster: Clus
 
     # The engines stopped: the starts they sent are applied when one runs again.
     cluster._spawn("engine-a", RACE_APP, cluster.env(SAGA_SCHEDULES__ENABLED="false"))
-    await poll_until(all_started, timeout=90, interval=0.2)
+    await eventually(all_started, timeout=90, interval=0.2)
     per_key = {
         r["idempotency_key"]: r["n"]
         for r in await cluster.query(
