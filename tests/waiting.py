@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import reprlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, overload
@@ -64,7 +65,7 @@ def _describe(probe: Callable[..., Any]) -> str:
 def _failure(
     what: str, seconds: float, last: object, context: Callable[[], str] | None
 ) -> AssertionError:
-    message = f"waited {seconds:.0f}s for {what}; last seen: {last!r}"
+    message = f"waited {seconds:.0f}s for {what}; last seen: {reprlib.repr(last)}"
     return AssertionError(f"{message}\n{context()}" if context is not None else message)
 
 

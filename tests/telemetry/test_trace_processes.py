@@ -240,9 +240,7 @@ async def test_one_saga_is_one_connected_trace_across_processes(
                     } <= names and any(s.service == "stock" and _is_query(s) for s in spans)
 
                 # The participants export in the background: wait for their spans.
-                spans: list[ExportedSpan] = await eventually(
-                    lambda: (got := collected()) and complete(got) and got
-                )
+                spans = await eventually(collected, until=complete, what="every service's spans")
             finally:
                 await worker.stop()
 

@@ -169,7 +169,7 @@ class Cluster:
         """Waits until each of ``engines`` logged taking partitions (two processes
         starting on a busy machine take a while)."""
         await eventually(
-            lambda: [e for e in engines if "took partitions" not in self.log_tail(e, 200)],
+            lambda: [e for e in engines if "took partitions" not in self.log_tail(e, 300)],
             until=lambda waiting: not waiting,
             timeout=timeout,
             interval=0.1,
