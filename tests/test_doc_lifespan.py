@@ -192,7 +192,10 @@ async def test_the_fastapi_lifespan_starts_and_stops_the_participant(
                         await send(second)
                         await eventually(lambda: _waiting_on_a_lock(db), timeout=20)
                         server.should_exit = True
-                        await asyncio.sleep(1.0)  # the shutdown is under way: stop() waits
+                        # The shutdown is under way: stop() waits for the handler.
+                        await eventually(
+                            lambda: accounts._stopping.is_set(), what="the participant's stop()"
+                        )
                     # The lock is released here; the handler goes on.
                 finally:
                     await lock.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -110,15 +109,22 @@ async def read_topic(
     )  # fmt: skip
     await consumer.start()
     records: list[Any] = []
+
+    async def more() -> list[Any]:
+        for recs in (await consumer.getmany(timeout_ms=200)).values():
+            records.extend(recs)
+        return records
+
     try:
-        deadline = time.monotonic() + timeout
-        while len(records) < count and time.monotonic() < deadline:
-            batch = await consumer.getmany(timeout_ms=200)
-            for recs in batch.values():
-                records.extend(recs)
+        return await eventually(
+            more,
+            until=lambda got: len(got) >= count,
+            timeout=timeout,
+            interval=0,
+            what=f"{count} records in {topic}",
+        )
     finally:
         await consumer.stop()
-    return records
 
 
 async def read_topic_to_end(kafka: KafkaSettings, topic: str, timeout: float = 30.0) -> list[Any]:
