@@ -23,7 +23,23 @@ import asyncpg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from tests.waiting import eventually
+from tests.waiting import TIME_SCALE, eventually, scaled
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``SAGA_TEST_TIME_SCALE`` (tests/waiting.py) stretches each test's time limit (its
+    ``timeout`` mark, else the configured one) as it stretches the waits' deadlines."""
+    if TIME_SCALE == 1:
+        return
+    default = float(config.getoption("timeout", None) or config.getini("timeout") or 0)
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        kwargs = dict(marker.kwargs) if marker is not None else {}
+        seconds = float(marker.args[0]) if marker is not None and marker.args else None
+        seconds = float(kwargs.get("timeout", seconds if seconds is not None else default))
+        if seconds > 0:
+            kwargs["timeout"] = scaled(seconds)
+            item.add_marker(pytest.mark.timeout(**kwargs), append=False)
 
 
 def _required_env(name: str) -> str:

@@ -54,7 +54,7 @@ def go_built() -> str:
 # The clock covers the tests only (func_only: the build above is outside it); their
 # integration tests take about a minute on a busy two-core machine, and go test's own
 # -timeout below is the inner bound.
-@pytest.mark.timeout(scaled(420), func_only=True)
+@pytest.mark.timeout(420, func_only=True)
 def test_go_test_runs_the_kit_s_unit_and_integration_tests(
     go_built: str, pg: PgTarget, kafka_bootstrap: str
 ) -> None:
@@ -113,7 +113,7 @@ async def go_participant(
 
 # Two runs of the suite, each of up to a few of its 30 s case deadlines; the builds in the
 # fixtures are outside the clock (bounded on their own).
-@pytest.mark.timeout(scaled(300), func_only=True)
+@pytest.mark.timeout(300, func_only=True)
 async def test_the_go_kit_passes_every_conformance_case(go_participant: KafkaSettings) -> None:
     kafka = go_participant
     for _ in range(2):  # twice on one database: each run's effects are its own
