@@ -72,7 +72,23 @@ async def test_sigkill_between_the_start_and_the_claim_commit_fires_the_tick_onc
         what="the ticks to catch up, every saga completed",
         context=lambda: cluster.log_tail("engine"),
     )
+    # The engine ticks on: stop it, then let an engine that fires nothing apply the starts
+    # already sent, so that the schedule's row and the sagas are read as of one moment.
+    cluster.stop_all()
     [row] = await cluster.query("SELECT * FROM saga_schedules")
+    cluster._spawn("engine", APP, cluster.env(SAGA_SCHEDULES__ENABLED="false"))
+
+    async def sagas() -> int:
+        return int((await cluster.query("SELECT count(*) AS n FROM sagas"))[0]["n"])
+
+    await eventually(
+        sagas,
+        until=lambda n: n >= row["fired_count"],
+        timeout=90,
+        interval=0.2,
+        what="a saga for every tick fired",
+        context=lambda: cluster.log_tail("engine"),
+    )
     per_key = Counter(
         {
             r["idempotency_key"]: r["n"]
