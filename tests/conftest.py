@@ -8,14 +8,12 @@ tests never see each other's data. Unit tests of pure logic use none of these.
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 # The CLI's rich consoles are made at import and keep the COLUMNS they find then, and
 # pytest-xdist's workers start with COLUMNS=80: each CLI test passes its own width
 # (tests/cli/conftest.py), which only works if none was fixed at import.
 os.environ.pop("COLUMNS", None)
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -24,6 +22,24 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from tests.waiting import TIME_SCALE, eventually, scaled
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``SAGA_TEST_TIME_SCALE`` (tests/waiting.py) stretches each test's time limit (its
+    ``timeout`` mark, else the configured one) as it stretches the waits' deadlines."""
+    if TIME_SCALE == 1:
+        return
+    default = float(config.getoption("timeout", None) or config.getini("timeout") or 0)
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        kwargs = dict(marker.kwargs) if marker is not None else {}
+        seconds = float(marker.args[0]) if marker is not None and marker.args else None
+        seconds = float(kwargs.get("timeout", seconds if seconds is not None else default))
+        if seconds > 0:
+            kwargs["timeout"] = scaled(seconds)
+            item.add_marker(pytest.mark.timeout(**kwargs), append=False)
 
 
 def _required_env(name: str) -> str:
@@ -121,10 +137,9 @@ async def kafka_topic(kafka_bootstrap: str) -> AsyncIterator[TopicFactory]:
         created.append(name)
         # Created is not yet listed: a client asking for metadata right away (the CLI's
         # `dlq list`, say) may not see the topic. Wait until the broker lists it.
-        deadline = time.monotonic() + 15
-        while name not in await admin.list_topics():
-            assert time.monotonic() < deadline, f"topic {name} did not appear"
-            await asyncio.sleep(0.05)
+        await eventually(
+            admin.list_topics, until=lambda listed: name in listed, what=f"topic {name} listed"
+        )
         return name
 
     try:

@@ -19,7 +19,7 @@ from saga_engine import Saga, Settings
 from saga_engine.settings import AdminSettings, EngineSettings, KafkaSettings, PostgresSettings
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
-from tests.integration.kafka_helpers import poll_until
+from tests.waiting import eventually
 
 OPERATOR_TOKEN = "operator-token-0123456789-abcdef"
 READER_TOKEN = "reader-token-0123456789-abcdefgh"
@@ -68,7 +68,7 @@ async def served_worker(
     worker = SagaWorker(settings, sagas, **options)
     await worker.start()
     try:
-        await poll_until(lambda: len(worker.owned_partitions) == settings.kafka.partitions)
+        await eventually(lambda: len(worker.owned_partitions) == settings.kafka.partitions)
         assert worker.admin_url is not None
         async with httpx.AsyncClient(base_url=worker.admin_url, timeout=30.0) as http:
             yield ServedWorker(worker, http)

@@ -16,8 +16,8 @@ from saga_engine.settings import BatchSettings
 from tests.cli.conftest import invoke
 from tests.conftest import PgTarget
 from tests.doc_blocks import ROOT, code_blocks, exec_blocks, shell_commands
-from tests.integration.kafka_helpers import poll_until
 from tests.served_worker import OPERATOR_TOKEN, ServedWorker, real_settings, served_worker
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +61,7 @@ async def test_the_batch_operations_example_runs(
                 assert started.status_code == 202, started.text
                 sagas.append(started.json()["saga_id"])
         everyone = ids["ams-1"] + ids["ber-2"]
-        await poll_until(lambda: _all(served, everyone, "running"), timeout=30)
+        await eventually(lambda: _all(served, everyone, "running"), timeout=30)
 
         # The dry run counts; the same body without dry_run releases them.
         request = orjson.loads(body.code)
@@ -72,7 +72,7 @@ async def test_the_batch_operations_example_runs(
             "/batch-operations", json={**request, "dry_run": False}, headers=OPERATOR
         )
         assert real.status_code == 201, real.text
-        await poll_until(lambda: _all(served, ids["ams-1"], "completed"), timeout=30)
+        await eventually(lambda: _all(served, ids["ams-1"], "completed"), timeout=30)
         shipped = await http.get(f"/sagas/{ids['ams-1'][0]}", headers=OPERATOR)
         assert shipped.json()["output"] == {"gate": 4}
 
@@ -97,7 +97,7 @@ async def test_the_batch_operations_example_runs(
             original = (await http.get(f"/sagas/{saga_id}", headers=OPERATOR)).json()
             [rerun] = original["reruns"]
             reruns.append(rerun["saga_id"])
-        await poll_until(lambda: _all(served, reruns, "running"), timeout=30)
+        await eventually(lambda: _all(served, reruns, "running"), timeout=30)
 
         # From code: two more Berlin shipments, cancelled by the client's operation.
         more = []
@@ -108,7 +108,7 @@ async def test_the_batch_operations_example_runs(
                 headers=OPERATOR,
             )
             more.append(started.json()["saga_id"])
-        await poll_until(lambda: _all(served, more, "running"), timeout=30)
+        await eventually(lambda: _all(served, more, "running"), timeout=30)
         exec_blocks([from_code], DOC, namespace)
         async with SagaClient(settings) as client:
             ended = await namespace["close_berlin"](client)

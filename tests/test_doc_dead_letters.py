@@ -15,8 +15,8 @@ from tests.cli.conftest import invoke
 from tests.conftest import PgTarget
 from tests.doc_blocks import ROOT, code_blocks, exec_blocks, shell_commands
 from tests.edge.conftest import Checkout
-from tests.integration.kafka_helpers import poll_until
 from tests.served_worker import OPERATOR_TOKEN, real_settings, served_worker
+from tests.waiting import eventually
 
 DOC = ROOT / "docs" / "operations.md"
 SECTION = "## Dead letters"
@@ -62,7 +62,7 @@ async def test_the_replay_example_runs(pg: PgTarget, kafka_bootstrap: str, uniqu
             answer = await served.http.get("/dead-letters", headers=OPERATOR)
             return bool(answer.json())
 
-        await poll_until(listed)
+        await eventually(listed)
         async with httpx.AsyncClient(base_url=served.url, headers=OPERATOR) as admin:
             replayed = await namespace["replay_malformed"](admin, "the producer is fixed")
     assert [(r["topic"], r["saga_id"], r["principal"]) for r in replayed] == [

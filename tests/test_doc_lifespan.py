@@ -32,7 +32,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from saga_engine.protocol import Envelope, ReplyBody, Topics, decode, encode
 from saga_engine.settings import KafkaSettings
 from tests.doc_blocks import ROOT, code_blocks
-from tests.participant.helpers import command, delete_topics, poll_until
+from tests.participant.helpers import command, delete_topics
+from tests.waiting import eventually
 
 GUIDE = ROOT / "docs" / "getting-started.md"
 _FILE = re.compile(r"# ([\w./-]+\.py)")
@@ -108,7 +109,7 @@ class _Replies:
                     self.by_command[reply.command_id] = reply
             return command_id in self.by_command
 
-        await poll_until(answered, timeout=timeout, interval=0)
+        await eventually(answered, timeout=timeout, interval=0)
         return ReplyBody.model_validate(self.by_command[command_id].body)
 
 
@@ -156,7 +157,7 @@ async def test_the_fastapi_lifespan_starts_and_stops_the_participant(
 
             # Startup: uvicorn runs the lifespan's start before it serves.
             task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
-            await poll_until(lambda: _started(server, task), timeout=60)
+            await eventually(lambda: _started(server, task), timeout=60)
             async with _admin(kafka_bootstrap) as admin:
                 described = {t["topic"]: t for t in await admin.describe_topics(ours)}
             assert sorted(described) == ours
@@ -189,9 +190,12 @@ async def test_the_fastapi_lifespan_starts_and_stops_the_participant(
                             "Withdraw", {"account": "alice", "amount": 20}, step="withdraw"
                         )
                         await send(second)
-                        await poll_until(lambda: _waiting_on_a_lock(db), timeout=20)
+                        await eventually(lambda: _waiting_on_a_lock(db), timeout=20)
                         server.should_exit = True
-                        await asyncio.sleep(1.0)  # the shutdown is under way: stop() waits
+                        # The shutdown is under way: stop() waits for the handler.
+                        await eventually(
+                            lambda: accounts._stopping.is_set(), what="the participant's stop()"
+                        )
                     # The lock is released here; the handler goes on.
                 finally:
                     await lock.close()

@@ -14,8 +14,9 @@ from saga_engine.protocol import Envelope, ReplyBody
 from tests.cli.conftest import invoke
 from tests.conftest import PgTarget
 from tests.doc_blocks import ROOT, async_tests, code_blocks, exec_blocks, shell_commands
-from tests.integration.kafka_helpers import fake_participant, poll_until
+from tests.integration.kafka_helpers import fake_participant
 from tests.served_worker import OPERATOR_TOKEN, ServedWorker, real_settings, served_worker
+from tests.waiting import eventually
 
 DOC = ROOT / "docs" / "redrive-and-pivots.md"
 OPERATOR = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
@@ -68,7 +69,7 @@ async def _parked(served: ServedWorker, order_id: str) -> str:
     async def parked() -> bool:
         return bool((await _saga(served, saga_id)).get("status") == "step_stuck")
 
-    await poll_until(parked, timeout=30)
+    await eventually(parked, timeout=30)
     return saga_id
 
 
@@ -76,7 +77,7 @@ async def _completed(served: ServedWorker, saga_id: str) -> Any:
     async def done() -> bool:
         return bool((await _saga(served, saga_id)).get("status") == "completed")
 
-    await poll_until(done, timeout=30)
+    await eventually(done, timeout=30)
     return (await _saga(served, saga_id))["output"]
 
 

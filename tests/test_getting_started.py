@@ -22,7 +22,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import tomllib
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -41,6 +40,7 @@ from typer.testing import CliRunner
 from saga_engine import Settings, saga_id_for
 from saga_engine.cli import app
 from tests.doc_blocks import ROOT, CodeBlock, code_blocks, shell_commands
+from tests.waiting import eventually
 
 GUIDE = ROOT / "docs" / "getting-started.md"
 _FILE = re.compile(r"# ([\w./-]+\.(?:py|toml))")
@@ -180,8 +180,8 @@ async def _topics_removed(bootstrap: str, prefix: str) -> AsyncIterator[None]:
 
 async def _dead_letters(env: dict[str, str], within_s: float) -> list[dict[str, Any]]:
     """``saga dlq list --json`` (the guide's way to see them), once it lists something."""
-    deadline = time.monotonic() + within_s
-    while True:
+
+    async def listed() -> list[dict[str, Any]]:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -198,9 +198,9 @@ async def _dead_letters(env: dict[str, str], within_s: float) -> list[dict[str, 
         out, err = await proc.communicate()
         assert proc.returncode == 0, err.decode()
         rows: list[dict[str, Any]] = orjson.loads(out)
-        if rows or time.monotonic() > deadline:
-            return rows
-        await asyncio.sleep(0.5)
+        return rows
+
+    return await eventually(listed, timeout=within_s, interval=0.5, what="a dead letter listed")
 
 
 @pytest.mark.integration
@@ -254,16 +254,22 @@ async def test_the_guides_project_runs_on_postgres_and_kafka(
             by_trigger = saga_id_for("transfer", "transfer-t-3")
 
             sagas = f'"engine_{uid}".sagas'
-            deadline = time.monotonic() + 120
-            statuses: dict[str, str] = {}
-            while statuses != dict.fromkeys((small, big, by_trigger), "completed"):
+
+            async def statuses() -> dict[str, str]:
                 processes.check_alive()
-                if time.monotonic() > deadline:
-                    pytest.fail(f"sagas not completed: {statuses}\n{processes.logs()}")
-                await asyncio.sleep(0.3)
                 with contextlib.suppress(asyncpg.UndefinedTableError):
                     rows = await db.fetch(f"SELECT saga_id, status FROM {sagas}")
-                    statuses = {r["saga_id"]: r["status"] for r in rows}
+                    return {r["saga_id"]: r["status"] for r in rows}
+                return {}
+
+            await eventually(
+                statuses,
+                until=lambda found: found == dict.fromkeys((small, big, by_trigger), "completed"),
+                timeout=120,
+                interval=0.3,
+                what="the three sagas completed",
+                context=processes.logs,
+            )
 
             rows = await db.fetch(f'SELECT id, balance FROM "accounts_{uid}".accounts')
             balances = {r["id"]: r["balance"] for r in rows}

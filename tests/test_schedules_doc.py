@@ -13,8 +13,8 @@ import pytest
 from tests.cli.conftest import invoke
 from tests.conftest import PgTarget
 from tests.doc_blocks import ROOT, code_blocks, exec_blocks, shell_commands
-from tests.integration.kafka_helpers import poll_until
 from tests.served_worker import OPERATOR_TOKEN, real_settings, served_worker
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -67,4 +67,4 @@ async def test_the_schedules_example_runs(
             answer = await http.get(f"/sagas/{triggered}", headers=OPERATOR)
             return answer.status_code == 200 and answer.json()["status"] == "completed"
 
-        await poll_until(completed, timeout=30)
+        await eventually(completed, timeout=30)

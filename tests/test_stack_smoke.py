@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import asyncpg
@@ -12,6 +11,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from tests.conftest import PgTarget, TopicFactory
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -21,12 +21,19 @@ async def _consume_exactly(
 ) -> list[Any]:
     """Polls until `count` records arrived or the deadline passed (no fixed sleeps)."""
     records: list[Any] = []
-    deadline = time.monotonic() + deadline_s
-    while len(records) < count and time.monotonic() < deadline:
-        batch = await consumer.getmany(timeout_ms=500)
-        for recs in batch.values():
+
+    async def more() -> list[Any]:
+        for recs in (await consumer.getmany(timeout_ms=500)).values():
             records.extend(recs)
-    return records
+        return records
+
+    return await eventually(
+        more,
+        until=lambda got: len(got) >= count,
+        timeout=deadline_s,
+        interval=0,
+        what=f"{count} records",
+    )
 
 
 def _consumer(bootstrap: str, topic: str, group: str) -> AIOKafkaConsumer:

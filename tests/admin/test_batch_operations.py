@@ -18,7 +18,6 @@ from saga_engine.client import SagaClient
 from saga_engine.settings import BatchSettings
 from tests.cli.conftest import as_json, invoke, one_line_error
 from tests.conftest import PgTarget
-from tests.integration.kafka_helpers import poll_until
 from tests.served_worker import (
     OPERATOR_TOKEN,
     READER_TOKEN,
@@ -26,6 +25,7 @@ from tests.served_worker import (
     real_settings,
     served_worker,
 )
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +72,7 @@ async def _start(served: ServedWorker, n: int, region: str) -> list[str]:
         )
         assert response.status_code == 202, response.text
         ids.append(response.json()["saga_id"])
-    await poll_until(lambda: _all_are(served, ids, "running"), timeout=30)
+    await eventually(lambda: _all_are(served, ids, "running"), timeout=30)
     return ids
 
 
@@ -134,14 +134,14 @@ async def test_an_operation_cancels_every_matching_saga_once_with_progress(
             seen.append(now["done"])
             return bool(now["state"] == "completed")
 
-        await poll_until(finished, timeout=60, interval=0.05)
+        await eventually(finished, timeout=60, interval=0.05)
         # Rate-limited to 40/s: the progress was seen moving, not only at 0 and 40.
         assert any(0 < d < 40 for d in seen), seen
         assert seen == sorted(seen)
         done = (await http.get(f"/batch-operations/{op['id']}", headers=READER)).json()
         assert (done["acted"], done["skipped"], done["failed"], done["done"]) == (40, 0, 0, 40)
         assert done["finished_at"] is not None
-        await poll_until(lambda: _all_are(served, ids, "cancelled"), timeout=30)
+        await eventually(lambda: _all_are(served, ids, "cancelled"), timeout=30)
         for saga_id in others:
             assert await _status_is(served, saga_id, "running")
         # One cancel per saga, naming the operation and its creator.
@@ -183,7 +183,7 @@ async def test_a_signal_to_many_and_an_operation_cancelled_midway(
             got = (await http.get(f"/batch-operations/{op_id}", headers=OPERATOR)).json()
             return bool(got["done"] >= 3)
 
-        await poll_until(some_done, timeout=30, interval=0.05)
+        await eventually(some_done, timeout=30, interval=0.05)
         # The page of a running operation: its progress, and a cancel button that works.
         page = await http.get(f"/ui/batch-operations/{op_id}", headers=OPERATOR)
         assert page.status_code == 200, page.text
@@ -199,7 +199,7 @@ async def test_a_signal_to_many_and_an_operation_cancelled_midway(
         assert 'http-equiv="refresh"' not in page.text
         assert "batch-cancel" not in page.text
         # Stopped: nothing more is acted on (the worker gives up at its next saga).
-        await poll_until(lambda: _count_completed(served, ids, at_least=at_cancel), timeout=30)
+        await eventually(lambda: _count_completed(served, ids, at_least=at_cancel), timeout=30)
         signals = await _events(pg, "signal_received")
         assert at_cancel <= len(signals) <= at_cancel + 1
         assert len(signals) < 30
@@ -239,7 +239,7 @@ async def test_a_rerun_operation_starts_one_linked_rerun_per_saga(
             got = (await http.get(f"/batch-operations/{op_id}", headers=READER)).json()
             return bool(got["state"] == "completed")
 
-        await poll_until(finished, timeout=60, interval=0.05)
+        await eventually(finished, timeout=60, interval=0.05)
         done = (await http.get(f"/batch-operations/{op_id}", headers=READER)).json()
         # The reruns match the filter too (running, eu): passed over, not re-run.
         assert (done["acted"], done["skipped"], done["failed"], done["done"]) == (5, 0, 0, 5)
@@ -390,7 +390,7 @@ async def test_the_cli_starts_follows_lists_shows_and_cancels(
         last = started.stdout.strip().splitlines()[-1]
         assert "signal by olivia, completed, 12/12 (acted 12, skipped 0, failed 0)" in last
         op_id = last.split(":")[0]
-        await poll_until(lambda: _all_are(served, ids, "completed"), timeout=30)
+        await eventually(lambda: _all_are(served, ids, "completed"), timeout=30)
 
         listed = as_json(await cli("batch", "list", "--json", url=served.url))
         assert [o["id"] for o in listed] == [op_id]

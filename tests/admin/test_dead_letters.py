@@ -16,7 +16,6 @@ from saga_engine import Settings
 from saga_engine.protocol import Envelope, MessageType, StartBody, Topics, encode
 from tests.conftest import PgTarget
 from tests.edge.conftest import Checkout
-from tests.integration.kafka_helpers import poll_until
 from tests.served_worker import (
     OPERATOR_TOKEN,
     READER_TOKEN,
@@ -24,6 +23,7 @@ from tests.served_worker import (
     real_settings,
     served_worker,
 )
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -83,7 +83,7 @@ async def listed(served: ServedWorker, count: int, query: str = "") -> list[dict
         rows: list[dict[str, Any]] = response.json()
         return rows if len(rows) >= count else None
 
-    rows: list[dict[str, Any]] = await poll_until(enough)
+    rows: list[dict[str, Any]] = await eventually(enough)
     return rows
 
 

@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +16,7 @@ from tests.admin.conftest import OPERATOR, READER, READER_TOKEN, admin_settings,
 from tests.admin.sagas import Debit, Noop, Transfer
 from tests.admin.served import Served, served_in_thread
 from tests.cli.conftest import as_json, invoke
+from tests.waiting import eventually
 
 LIMITS = LimitsSettings(participants={"ledger": FlowLimit(concurrency=1, rate=100)}, aging_s=5)
 
@@ -48,10 +47,9 @@ async def test_flow_is_visible_in_the_api_metrics_and_page() -> None:
                 headers=OPERATOR,
             )
             assert response.status_code == 202, response.text
-        deadline = time.monotonic() + 5
-        while (found := await gates(http))[0]["waiting"] != 2:
-            assert time.monotonic() < deadline, found
-            await asyncio.sleep(0.01)
+        found = await eventually(
+            lambda: gates(http), until=lambda found: found[0]["waiting"] == 2, interval=0.01
+        )
         assert found == [
             {
                 "kind": "participant",

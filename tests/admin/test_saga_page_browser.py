@@ -6,7 +6,6 @@ in ``$SAGA_TEST_SHOTS`` (default: the test's tmp_path) to look at."""
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 from saga_engine import SagaStatus
@@ -14,7 +13,7 @@ from saga_engine.settings import AdminSettings, Settings
 from saga_engine.testing import SagaTestEnv
 from tests.admin.sagas import Credit, Refund, Transfer
 from tests.admin.served import served_in_thread
-from tests.admin.test_web import PNG_MAGIC, _chromium
+from tests.admin.test_web import PNG_MAGIC, _chromium, until_shown
 
 
 async def _seed(env: SagaTestEnv) -> dict[str, str]:
@@ -31,14 +30,7 @@ async def _seed(env: SagaTestEnv) -> dict[str, str]:
 
 
 def _until_status(page: object, want: str) -> None:
-    from playwright.sync_api import Page
-
-    assert isinstance(page, Page)
-    deadline = time.monotonic() + 20
-    while page.locator("#saga-status").inner_text() != want:
-        assert time.monotonic() < deadline, f"the saga never showed as {want}"
-        page.wait_for_timeout(200)
-        page.reload()
+    until_shown(page, "#saga-status", want)
 
 
 def test_the_saga_and_schedules_pages_act_in_headless_chromium(tmp_path: Path) -> None:
@@ -94,13 +86,7 @@ def test_the_saga_and_schedules_pages_act_in_headless_chromium(tmp_path: Path) -
             page.goto(f"{served.url}/ui/schedules")
             with page.expect_navigation():
                 page.locator("tr[data-id=nightly] button.trigger").click()
-            deadline = time.monotonic() + 20
-            while page.locator("tr[data-id=nightly] .saga-link .status").count() == 0 or (
-                page.locator("tr[data-id=nightly] .saga-link .status").inner_text() != "completed"
-            ):
-                assert time.monotonic() < deadline, "the triggered saga never showed"
-                page.wait_for_timeout(200)
-                page.reload()
+            until_shown(page, "tr[data-id=nightly] .saga-link .status", "completed")
             with page.expect_navigation():
                 page.locator("tr[data-id=nightly] button.pause").click()
             expect(page.locator("tr[data-id=nightly] button.resume")).to_have_count(1)

@@ -15,8 +15,8 @@ from saga_engine import Saga, SagaContext, Signal
 from saga_engine.schedules import Overlap, Schedule
 from tests.cli.conftest import as_json, invoke, one_line_error
 from tests.conftest import PgTarget
-from tests.integration.kafka_helpers import poll_until
 from tests.served_worker import OPERATOR_TOKEN, ServedWorker, real_settings, served_worker
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -92,11 +92,11 @@ async def test_schedules_in_code_through_the_api_and_the_cli(
     async with served_worker(settings, [Reconcile], schedules=[declared]) as served:
         http = served.http
         # Declared in code: it fires every second, and its sagas complete.
-        row = await poll_until(lambda: _fired(served, "every-second", 2), timeout=30, interval=0.2)
+        row = await eventually(lambda: _fired(served, "every-second", 2), timeout=30, interval=0.2)
         assert row["origin"] == "code"
         assert row["spec"] == "every 1s"
         assert row["last_saga_url"] == f"/sagas/{row['last_saga_id']}"
-        await poll_until(lambda: _is(served, row["last_saga_id"], "completed"), timeout=30)
+        await eventually(lambda: _is(served, row["last_saga_id"], "completed"), timeout=30)
 
         # The API: create, the same again, another definition, bad input.
         body = {
@@ -135,7 +135,7 @@ async def test_schedules_in_code_through_the_api_and_the_cli(
         triggered = await http.post("/schedules/nightly/trigger", headers=OPERATOR)
         assert triggered.status_code == 200, triggered.text
         saga_id = triggered.json()["saga_id"]
-        await poll_until(lambda: _is(served, saga_id, "completed"), timeout=30)
+        await eventually(lambda: _is(served, saga_id, "completed"), timeout=30)
         assert (await _schedule(served, "nightly"))["last_saga_id"] == saga_id
         listed = (await http.get("/schedules", headers=OPERATOR)).json()
         assert [s["id"] for s in listed] == ["every-second", "nightly"]
@@ -189,7 +189,7 @@ async def test_schedules_in_code_through_the_api_and_the_cli(
         assert (await cli("schedule", "resume", "hourly", url=url)).exit_code == 0
         fired = await cli("schedule", "trigger", "hourly", url=url)
         assert fired.exit_code == 0, fired.output
-        await poll_until(lambda: _is(served, fired.stdout.strip(), "completed"), timeout=30)
+        await eventually(lambda: _is(served, fired.stdout.strip(), "completed"), timeout=30)
         table = await cli("schedule", "list", url=url)
         assert "hourly" in table.stdout
         assert "every-second" in table.stdout
@@ -216,11 +216,11 @@ async def test_overlap_skip_while_the_previous_saga_runs(
     settings = real_settings(pg, kafka_bootstrap, unique_id)
     declared = Schedule(id="long", saga=LongReport, every_s=1, overlap=Overlap.SKIP)
     async with served_worker(settings, [LongReport], schedules=[declared]) as served:
-        first = await poll_until(lambda: _fired(served, "long", 1), timeout=30, interval=0.2)
+        first = await eventually(lambda: _fired(served, "long", 1), timeout=30, interval=0.2)
         saga_id = first["last_saga_id"]
-        await poll_until(lambda: _is(served, saga_id, "running"), timeout=30)
+        await eventually(lambda: _is(served, saga_id, "running"), timeout=30)
         # Ticks come and are skipped while it runs.
-        row = await poll_until(lambda: _skipped(served, "long", 2), timeout=30, interval=0.2)
+        row = await eventually(lambda: _skipped(served, "long", 2), timeout=30, interval=0.2)
         assert row["fired_count"] == 1
         assert row["last_saga_id"] == saga_id
         signalled = await served.http.post(
@@ -229,9 +229,9 @@ async def test_overlap_skip_while_the_previous_saga_runs(
             headers=OPERATOR,
         )
         assert signalled.status_code == 200, signalled.text
-        await poll_until(lambda: _is(served, saga_id, "completed"), timeout=30)
+        await eventually(lambda: _is(served, saga_id, "completed"), timeout=30)
         # Ended: the next tick fires again.
-        after = await poll_until(lambda: _fired(served, "long", 2), timeout=30, interval=0.2)
+        after = await eventually(lambda: _fired(served, "long", 2), timeout=30, interval=0.2)
         assert after["last_saga_id"] != saga_id
 
 

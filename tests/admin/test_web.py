@@ -31,6 +31,7 @@ from tests.admin.conftest import (
 )
 from tests.admin.sagas import Credit, Noop, Transfer
 from tests.admin.served import served_in_thread
+from tests.waiting import eventually_sync
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Playwright
@@ -229,6 +230,29 @@ async def _seed(env: SagaTestEnv) -> dict[str, str]:
     }
 
 
+def until_shown(page: object, selector: str, want: str) -> None:
+    """Reloads ``page`` until ``selector`` shows ``want`` (the server's work goes on after
+    the page's action returned)."""
+    from playwright.sync_api import Page
+
+    assert isinstance(page, Page)
+
+    def shown() -> str | None:
+        found = page.locator(selector)
+        text = found.inner_text() if found.count() else None
+        if text != want:
+            page.reload()
+        return text
+
+    eventually_sync(
+        shown,
+        until=lambda text: text == want,
+        timeout=20,
+        interval=0.2,
+        what=f"{selector} to show {want!r}",
+    )
+
+
 def _chromium(pw: Playwright) -> Browser:
     """Debian's Chromium, headless; the test fails (never skips) without it."""
     from playwright.sync_api import Error
@@ -287,11 +311,7 @@ def test_the_page_in_headless_chromium(tmp_path: Path) -> None:
             with page.expect_navigation():
                 page.locator("#action-cancel").click()
             # The cancel's compensations finish a moment after the action returns.
-            deadline = time.monotonic() + 20
-            while page.locator("#saga-status").inner_text() != "cancelled":
-                assert time.monotonic() < deadline, "the saga never showed as cancelled"
-                page.wait_for_timeout(200)
-                page.reload()
+            until_shown(page, "#saga-status", "cancelled")
             assert dialogs == ["prompt", "confirm"]
             expect(page.locator("#events")).to_contain_text("cancel_requested")
             expect(page.locator("#events")).to_contain_text("customer called")
@@ -315,11 +335,7 @@ def test_the_page_in_headless_chromium(tmp_path: Path) -> None:
             page.fill("#signal-payload", '{"by": "ann"}')
             with page.expect_navigation():
                 page.locator("#action-signal").click()
-            deadline = time.monotonic() + 20
-            while page.locator("#saga-status").inner_text() != "completed":
-                assert time.monotonic() < deadline, "the signalled saga never completed"
-                page.wait_for_timeout(200)
-                page.reload()
+            until_shown(page, "#saga-status", "completed")
             expect(page.locator("#events")).to_contain_text("signal_received")
             expect(page.locator("#waiting-for")).to_contain_text("Nothing")
         finally:

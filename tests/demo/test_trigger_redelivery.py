@@ -7,8 +7,6 @@ message again.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Awaitable, Callable
 
 import orjson
@@ -18,6 +16,7 @@ from aiokafka import AIOKafkaConsumer
 from saga_engine import saga_id_for
 from services_demo.demo_kit import Demo, topic_partitions
 from services_demo.run import DemoStack
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -25,12 +24,13 @@ pytestmark = pytest.mark.integration
 async def _until(
     stack: DemoStack, what: str, probe: Callable[[], Awaitable[bool]], within_s: float = 60.0
 ) -> None:
-    deadline = time.monotonic() + within_s
-    while not await probe():
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {n}\n{stack.log_tail(n)}" for n in stack.procs)
-            pytest.fail(f"timed out waiting for {what}\n{logs}")
-        await asyncio.sleep(0.1)
+    await eventually(
+        probe,
+        timeout=within_s,
+        interval=0.1,
+        what=what,
+        context=lambda: "\n".join(f"--- {n}\n{stack.log_tail(n)}" for n in stack.procs),
+    )
 
 
 async def _rewind(bootstrap: str, topic: str, group: str) -> None:

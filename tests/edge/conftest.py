@@ -20,8 +20,9 @@ from pydantic import BaseModel, Field
 from saga_engine import Saga, SagaContext, Settings, Signal
 from saga_engine.protocol import Envelope, Topics, encode
 from tests.conftest import PgTarget
-from tests.integration.kafka_helpers import poll_until, read_topic
+from tests.integration.kafka_helpers import read_topic
 from tests.served_worker import OPERATOR_TOKEN, ServedWorker, real_settings, served_worker
+from tests.waiting import eventually
 
 OPERATOR = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 
@@ -123,7 +124,7 @@ async def settled_on(served: ServedWorker, saga_id: str, wanted: str) -> None:
     async def reached() -> bool:
         return await status(served, saga_id) == wanted
 
-    await poll_until(reached)
+    await eventually(reached)
 
 
 async def start(served: ServedWorker, customer: str = "c-1", **headers: str) -> str:

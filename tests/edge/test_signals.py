@@ -27,8 +27,9 @@ from tests.edge.conftest import (
     status,
     topic_size,
 )
-from tests.integration.kafka_helpers import fake_participant, poll_until
+from tests.integration.kafka_helpers import fake_participant
 from tests.served_worker import OPERATOR_TOKEN, ServedWorker
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +46,7 @@ async def _waiting_for_go(served: ServedWorker) -> str:
             return False  # started through the inbox: not recorded yet
         return any(e["kind"] == "reply_received" for e in await events(served, saga_id))
 
-    await poll_until(charged)
+    await eventually(charged)
     assert await status(served, saga_id) == "running"
     return saga_id
 

@@ -26,8 +26,8 @@ from tests.edge.conftest import (
     status,
     topic_size,
 )
-from tests.integration.kafka_helpers import poll_until
 from tests.served_worker import OPERATOR_TOKEN, ServedWorker
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -183,7 +183,7 @@ async def test_a_start_reusing_a_key_on_the_inbox_is_dead_lettered(
     inbox = Topics.of(settings.kafka).inbox
     async with SagaClient(settings) as client:
         saga_id = await client.start(Checkout, {"customer": "c-1"}, idempotency_key="k-1")
-        await poll_until(lambda: status(served, saga_id))
+        await eventually(lambda: status(served, saga_id))
         assert await client.start(Checkout, {"customer": "c-1"}, idempotency_key="k-1") == saga_id
         assert await client.start(Checkout, {"customer": "c-9"}, idempotency_key="k-1") == saga_id
     [letter] = await dead_letters(settings, 1)
@@ -216,7 +216,7 @@ async def test_a_client_gone_mid_body_is_one_warning_line(
     def warned() -> list[logging.LogRecord]:
         return [r for r in caplog.records if "went away" in r.getMessage()]
 
-    [warning] = await poll_until(warned)
+    [warning] = await eventually(warned)
     assert warning.levelno == logging.WARNING
     assert warning.exc_info is None
     assert "POST /sagas/edge-checkout" in warning.getMessage()

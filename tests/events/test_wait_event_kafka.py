@@ -24,7 +24,8 @@ from saga_engine.settings import AdminSettings, EngineSettings, KafkaSettings, P
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
 from tests.events.sagas import AwaitPayment, Order, PaymentCaptured, Shipped, payment_captured
-from tests.integration.kafka_helpers import fake_participant, poll_until, read_topic
+from tests.integration.kafka_helpers import fake_participant, read_topic
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -90,7 +91,7 @@ async def test_facts_reach_the_waiting_sagas_through_their_owner(
             SagaClient(settings) as client,
             _producer(kafka_bootstrap) as producer,
         ):
-            await poll_until(lambda: bool(first.owned_partitions and second.owned_partitions))
+            await eventually(lambda: bool(first.owned_partitions and second.owned_partitions))
             # A fact before any saga waits for it (kept for the source's retention).
             await _publish(producer, topic, {"order_id": 1, "amount": 10}, ce_id="early")
             pool = await asyncpg.create_pool(pg.dsn, min_size=1, max_size=2)
@@ -99,7 +100,7 @@ async def test_facts_reach_the_waiting_sagas_through_their_owner(
             async def kept(n: int) -> bool:
                 return bool(await pool.fetchval("SELECT count(*) FROM saga_domain_events") == n)
 
-            await poll_until(lambda: kept(1))
+            await eventually(lambda: kept(1))
             ids = {
                 key: await client.start(
                     AwaitPayment, Order(order_id=key), idempotency_key=f"o{key}"
@@ -114,7 +115,7 @@ async def test_facts_reach_the_waiting_sagas_through_their_owner(
             # Not the first order's saga: its fact is already kept, so it may run to its
             # end between two polls (checked with the others below).
             for saga_id in [*(ids[key] for key in range(2, 9)), twin]:
-                await poll_until(lambda s=saga_id: waiting(s))  # type: ignore[misc]
+                await eventually(lambda s=saga_id: waiting(s))  # type: ignore[misc]
             # Bad records: dead-lettered with their reason; the consumer goes on.
             await _publish(producer, topic, b"{nope")
             await _publish(producer, topic, {"order_id": "x", "amount": 1})
@@ -129,7 +130,7 @@ async def test_facts_reach_the_waiting_sagas_through_their_owner(
                 got = await asyncio.gather(*(_status(first, s) for s in [*ids.values(), twin]))
                 return all(s == SagaStatus.COMPLETED for s in got)
 
-            await poll_until(all_done, timeout=60)
+            await eventually(all_done, timeout=60)
             assert first.engine is not None
             owners = {first.owns(s) for s in ids.values()}
             assert owners == {True, False}, "both engines own some of the sagas"
@@ -144,7 +145,7 @@ async def test_facts_reach_the_waiting_sagas_through_their_owner(
                 == 0
             )
             await pool.close()
-            await poll_until(lambda: len({c.saga_id for c in commands}) == 9)
+            await eventually(lambda: len({c.saga_id for c in commands}) == 9)
             dlq = await read_topic(settings.kafka, f"t{unique_id}.dlq", 3)
             assert sorted(dict(r.headers)["dlq_reason"].decode() for r in dlq) == [
                 "invalid_body",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -13,24 +12,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from saga_engine.protocol import Envelope, MessageType, ReplyBody, Topics, decode, encode
 from saga_engine.settings import KafkaSettings, Settings
+from tests.waiting import eventually
 
 Script = Callable[[Envelope], ReplyBody | None]
-
-
-async def poll_until(
-    predicate: Callable[[], Any], *, timeout: float = 30.0, interval: float = 0.05
-) -> Any:
-    """Polls a (sync or async) predicate until it is truthy or the deadline passes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met before the deadline")
-        await asyncio.sleep(interval)
 
 
 async def ensure_topics(
@@ -53,10 +37,11 @@ async def ensure_topics(
                     for name in missing
                 ]
             )
-        deadline = time.monotonic() + 15
-        while not set(missing) <= set(await admin.list_topics()):
-            assert time.monotonic() < deadline, f"topics {missing} did not appear"
-            await asyncio.sleep(0.05)
+        await eventually(
+            admin.list_topics,
+            until=lambda listed: set(missing) <= set(listed),
+            what=f"topics {missing} to be listed",
+        )
     finally:
         await admin.close()
 
@@ -133,15 +118,22 @@ async def read_topic(
     )
     await consumer.start()
     records: list[Any] = []
+
+    async def more() -> list[Any]:
+        for recs in (await consumer.getmany(timeout_ms=200)).values():
+            records.extend(recs)
+        return records
+
     try:
-        deadline = time.monotonic() + timeout
-        while len(records) < count and time.monotonic() < deadline:
-            batch = await consumer.getmany(timeout_ms=200)
-            for recs in batch.values():
-                records.extend(recs)
+        return await eventually(
+            more,
+            until=lambda got: len(got) >= count,
+            timeout=timeout,
+            interval=0,
+            what=f"{count} records in {topic}",
+        )
     finally:
         await consumer.stop()
-    return records
 
 
 async def read_topic_to_end(kafka: KafkaSettings, topic: str, timeout: float = 30.0) -> list[Any]:

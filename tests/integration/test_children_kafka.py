@@ -10,8 +10,9 @@ from pydantic import BaseModel, Field
 from saga_engine import Saga, SagaContext, SagaStatus, StepFailed
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
-from tests.integration.kafka_helpers import fake_participant, poll_until, read_topic
+from tests.integration.kafka_helpers import fake_participant, read_topic
 from tests.served_worker import real_settings
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -66,7 +67,7 @@ async def test_a_child_type_no_engine_runs_yet_is_dead_lettered_and_started_late
         assert await _status(old, parent) == SagaStatus.RUNNING
     async with SagaWorker(settings, [Parcel, Printer]) as new:  # the newer deploy
         # It recovers the parent, which asks again: the child starts and answers.
-        await poll_until(lambda: _done(new, parent), timeout=60)
+        await eventually(lambda: _done(new, parent), timeout=60)
         assert new.engine is not None
         output = [e for e in await new.engine.history(parent) if e.kind == "saga_completed"]
         assert output[0].output == {"text": "FRAGILE"}
@@ -85,7 +86,7 @@ async def test_a_child_input_its_model_refuses_fails_the_parents_step(
         # The parent checks the input first, so an empty text never leaves it as a start:
         # the step fails in the parent's own code, with the field named.
         parent = await worker.engine.start(Parcel, Job(text=""))
-        await poll_until(lambda: _terminal(worker, parent), timeout=30)
+        await eventually(lambda: _terminal(worker, parent), timeout=30)
         assert await _status(worker, parent) == SagaStatus.FAILED
         record = await worker.engine.get(parent)
         assert record.error is not None
@@ -139,7 +140,7 @@ async def test_a_child_past_its_pivot_refuses_its_parents_undo_over_kafka(
             )
 
         # The parent's undo of the child went through the inbox and came back refused.
-        await poll_until(refused, timeout=60)
+        await eventually(refused, timeout=60)
         reply = next(
             e
             for e in await engine.history(parent)

@@ -38,8 +38,9 @@ from saga_engine.telemetry import Telemetry
 from saga_engine.triggers import KafkaTrigger
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
-from tests.integration.kafka_helpers import ensure_topics, poll_until
+from tests.integration.kafka_helpers import ensure_topics
 from tests.participant.helpers import command
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -153,7 +154,7 @@ async def test_every_codec_reads_through_the_inbox_and_a_trigger(
         async def all_completed() -> bool:
             return all([await status(i) == SagaStatus.COMPLETED for i in ids])
 
-        await poll_until(all_completed, timeout=30)
+        await eventually(all_completed, timeout=30)
         assert worker.health.status == "ok"
 
 
@@ -165,7 +166,7 @@ async def test_every_codec_reads_in_a_participant(pg: PgTarget, kafka_bootstrap:
         for n, producer in enumerate(producers.values()):
             key, value, headers = encode(command("Seat", {"n": n}))
             await producer.send_and_wait(topic, value, key=key, headers=headers)
-        await poll_until(lambda: sorted(handled) == list(range(len(CODECS))), timeout=30)
+        await eventually(lambda: sorted(handled) == list(range(len(CODECS))), timeout=30)
         assert participant.health.status == "ok"
 
 
@@ -194,9 +195,9 @@ async def test_a_partition_no_fetch_can_read_is_reported_and_the_others_go_on(
     handled: list[int] = []
     caplog.set_level(logging.ERROR, logger="saga_engine.kafka")
     async with _seats(settings, handled, telemetry=telemetry) as participant:
-        await poll_until(lambda: participant.health.status == "degraded", timeout=30)
+        await eventually(lambda: participant.health.status == "degraded", timeout=30)
         # The readable partition's records are all handled, none lost to the failed fetch.
-        await poll_until(lambda: sorted(handled) == [100, 101, 102], timeout=30)
+        await eventually(lambda: sorted(handled) == [100, 101, 102], timeout=30)
         producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
         await producer.start()
         try:
@@ -204,7 +205,7 @@ async def test_a_partition_no_fetch_can_read_is_reported_and_the_others_go_on(
             await producer.send_and_wait(topic, value, key=key, headers=headers, partition=1)
         finally:
             await producer.stop()
-        await poll_until(lambda: 103 in handled, timeout=30)
+        await eventually(lambda: 103 in handled, timeout=30)
         assert 0 not in handled
         [problem] = participant.health.problems
         assert f"{topic}[0] at offset 0" in problem

@@ -12,8 +12,8 @@ from saga_engine.events import TimerFired, TimerStarted
 from saga_engine.settings import EngineSettings
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
-from tests.integration.kafka_helpers import poll_until
 from tests.integration.test_failover import Go, Order, Parked, make_settings, owned, running, status
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ async def test_waiting_sagas_leave_memory_and_still_wake_and_take_signals(
     worker = SagaWorker(settings, [Parked])
     async with running(worker), SagaClient(settings) as client:
         await worker.start()
-        await poll_until(owned(worker))
+        await eventually(owned(worker))
         assert worker.engine is not None
         engine, parts = worker.engine, worker.parts
         waiting = [await client.start(Parked, Order()) for _ in range(20)]
@@ -43,9 +43,9 @@ async def test_waiting_sagas_leave_memory_and_still_wake_and_take_signals(
         async def recorded() -> bool:
             return all([await status(worker, i) is SagaStatus.RUNNING for i in waiting + napping])
 
-        await poll_until(recorded, timeout=30)
+        await eventually(recorded, timeout=30)
         # Idle past idle_evict_s: evicted, down to none at all (none has a command out).
-        await poll_until(lambda: not engine.live_saga_ids(), timeout=30)
+        await eventually(lambda: not engine.live_saga_ids(), timeout=30)
         assert parts.stats.counts["sagas_evicted"] >= 30
 
         # The naps end while their sagas are out of memory: the store says they are due,
@@ -53,16 +53,16 @@ async def test_waiting_sagas_leave_memory_and_still_wake_and_take_signals(
         async def all_done(ids: list[str]) -> bool:
             return all([await status(worker, i) is SagaStatus.COMPLETED for i in ids])
 
-        await poll_until(lambda: all_done(napping), timeout=30)
+        await eventually(lambda: all_done(napping), timeout=30)
         assert parts.stats.counts["sagas_woken"] >= len(napping)
 
         # A signal to an evicted saga reloads it from history and it goes on.
         for saga_id in waiting:
             await client.signal(saga_id, "go", Go())
-        await poll_until(lambda: all_done(waiting), timeout=30)
+        await eventually(lambda: all_done(waiting), timeout=30)
 
         # Nothing per saga is left behind.
-        await poll_until(lambda: not engine.live_saga_ids(), timeout=30)
+        await eventually(lambda: not engine.live_saga_ids(), timeout=30)
         assert len(parts.live.locks) == 0
         assert not parts.waiters
 
@@ -75,7 +75,7 @@ async def test_the_cache_bound_holds_while_sagas_are_busy(settings: Settings) ->
     worker = SagaWorker(busy, [Parked])
     async with running(worker), SagaClient(busy) as client:
         await worker.start()
-        await poll_until(owned(worker))
+        await eventually(owned(worker))
         assert worker.engine is not None
         engine = worker.engine
         ids = [await client.start(Parked, Order()) for _ in range(3 * CACHE)]
@@ -83,15 +83,15 @@ async def test_the_cache_bound_holds_while_sagas_are_busy(settings: Settings) ->
         async def recorded() -> bool:
             return all([await status(worker, i) is SagaStatus.RUNNING for i in ids])
 
-        await poll_until(recorded, timeout=30)
-        await poll_until(lambda: len(engine.live_saga_ids()) <= CACHE, timeout=30)
+        await eventually(recorded, timeout=30)
+        await eventually(lambda: len(engine.live_saga_ids()) <= CACHE, timeout=30)
         for saga_id in ids:
             await client.signal(saga_id, "go", Go())
 
         async def done() -> bool:
             return all([await status(worker, i) is SagaStatus.COMPLETED for i in ids])
 
-        await poll_until(done, timeout=30)
+        await eventually(done, timeout=30)
 
 
 async def test_wake_ups_due_soon_are_loaded_ahead_and_fire_on_time(settings: Settings) -> None:
@@ -105,7 +105,7 @@ async def test_wake_ups_due_soon_are_loaded_ahead_and_fire_on_time(settings: Set
     worker = SagaWorker(ahead, [Parked])
     async with running(worker), SagaClient(ahead) as client:
         await worker.start()
-        await poll_until(owned(worker))
+        await eventually(owned(worker))
         assert worker.engine is not None
         engine, parts = worker.engine, worker.parts
         napping = [await client.start(Parked, Order(nap_s=4)) for _ in range(6)]
@@ -113,7 +113,7 @@ async def test_wake_ups_due_soon_are_loaded_ahead_and_fire_on_time(settings: Set
         async def all_done() -> bool:
             return all([await status(worker, i) is SagaStatus.COMPLETED for i in napping])
 
-        await poll_until(all_done, timeout=30)
+        await eventually(all_done, timeout=30)
         # Evicted while idle, then loaded again ahead of their wake-up by the poller.
         assert parts.stats.counts["sagas_evicted"] >= len(napping)
         assert parts.stats.counts["sagas_woken"] >= len(napping)

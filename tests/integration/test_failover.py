@@ -38,7 +38,7 @@ from saga_engine.settings import (
 )
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
-from tests.integration.kafka_helpers import poll_until
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -123,16 +123,16 @@ async def test_a_rebalance_keeps_the_sagas_whose_partitions_stay(settings: Setti
     second = SagaWorker(settings, [Parked])
     async with running(first, second), SagaClient(settings) as client:
         await first.start()
-        await poll_until(owned(first))
+        await eventually(owned(first))
         waiting = [await client.start(Parked, Order()) for _ in range(16)]
         napping = [await client.start(Parked, Order(nap_s=4)) for _ in range(8)]
         assert first.engine is not None
         engine, parts = first.engine, first.parts
-        await poll_until(lambda: set(waiting + napping) <= set(engine.live_saga_ids()))
+        await eventually(lambda: set(waiting + napping) <= set(engine.live_saga_ids()))
         before = {i: engine.runtime_of(i) for i in waiting + napping}
 
         await second.start()  # the group rebalances: sticky, so first keeps a share
-        await poll_until(owned(first, second), timeout=30)
+        await eventually(owned(first, second), timeout=30)
         kept = first.owned_partitions
         moved = second.owned_partitions
         assert kept
@@ -149,7 +149,7 @@ async def test_a_rebalance_keeps_the_sagas_whose_partitions_stay(settings: Setti
                 assert engine.runtime_of(saga_id) is before[saga_id]
             else:
                 assert engine.runtime_of(saga_id) is None
-        await poll_until(
+        await eventually(
             lambda: all(other.runtime_of(i) is not None for i in waiting if part(i) in moved)
         )
         assert parts.stats.counts["sagas_kept_across_rebalance"] > 0
@@ -169,7 +169,7 @@ async def _is(worker: SagaWorker, saga_id: str, want: SagaStatus) -> bool:
 
 
 async def _until_completed(worker: SagaWorker, saga_id: str) -> None:
-    await poll_until(lambda: _is(worker, saga_id, SagaStatus.COMPLETED), timeout=30)
+    await eventually(lambda: _is(worker, saga_id, SagaStatus.COMPLETED), timeout=30)
 
 
 async def test_a_member_back_under_its_name_gets_its_partitions_without_a_rebalance(
@@ -185,7 +185,7 @@ async def test_a_member_back_under_its_name_gets_its_partitions_without_a_rebala
     async with running(a, b, again):
         await a.start()
         await b.start()
-        await poll_until(owned(a, b), timeout=30)
+        await eventually(owned(a, b), timeout=30)
         a_had, b_had = a.owned_partitions, b.owned_partitions
         assert b.engine is not None
         revoked_before = b.parts.stats.counts["partitions_revoked"]
@@ -195,7 +195,7 @@ async def test_a_member_back_under_its_name_gets_its_partitions_without_a_rebala
         await again.start()
         # Its name's partitions come straight back, well inside the session timeout
         # (after which the group would have rebalanced them onto b).
-        await poll_until(lambda: again.owned_partitions == a_had, timeout=5)
+        await eventually(lambda: again.owned_partitions == a_had, timeout=5)
         assert b.owned_partitions == b_had
         assert b.parts.stats.counts["partitions_revoked"] == revoked_before
 
@@ -271,14 +271,14 @@ async def test_the_engine_waits_for_postgres_that_comes_up_late(
     caplog.set_level(logging.WARNING, logger="saga_engine.startup")
     starting = asyncio.get_running_loop().create_task(worker.start())
     try:
-        await poll_until(lambda: _failed_attempts(caplog, "Postgres is not reachable") >= 1)
+        await eventually(lambda: _failed_attempts(caplog, "Postgres is not reachable") >= 1)
         assert not starting.done()
         await proxy.open()
         await asyncio.wait_for(starting, 30)
-        await poll_until(owned(worker), timeout=30)
+        await eventually(owned(worker), timeout=30)
         async with SagaClient(settings) as client:
             saga_id = await client.start(Parked, Order(nap_s=0.5))
-            await poll_until(lambda: _is(worker, saga_id, SagaStatus.COMPLETED), timeout=30)
+            await eventually(lambda: _is(worker, saga_id, SagaStatus.COMPLETED), timeout=30)
     finally:
         if not starting.done():
             starting.cancel()
@@ -313,11 +313,11 @@ async def test_a_participant_waits_for_kafka_that_comes_up_late(
     caplog.set_level(logging.WARNING, logger="saga_engine.startup")
     starting = asyncio.get_running_loop().create_task(participant.start())
     try:
-        await poll_until(lambda: _failed_attempts(caplog, "Kafka is not reachable") >= 1)
+        await eventually(lambda: _failed_attempts(caplog, "Kafka is not reachable") >= 1)
         assert not starting.done()
         await proxy.open()  # bootstrap through it; the broker's own address after that
         await asyncio.wait_for(starting, 30)
-        await poll_until(lambda: bool(participant.assignment), timeout=30)
+        await eventually(lambda: bool(participant.assignment), timeout=30)
     finally:
         if not starting.done():
             starting.cancel()

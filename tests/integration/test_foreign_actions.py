@@ -15,7 +15,8 @@ from saga_engine.client import SagaClient
 from saga_engine.settings import AdminSettings, EngineSettings, KafkaSettings, PostgresSettings
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
-from tests.integration.kafka_helpers import fake_participant, poll_until
+from tests.integration.kafka_helpers import fake_participant
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +92,7 @@ async def instances(settings: Settings) -> AsyncIterator[tuple[SagaWorker, SagaW
     await workers[0].start()
     await workers[1].start()
     try:
-        owners = await poll_until(
+        owners = await eventually(
             lambda: (
                 [w for w in workers if w.owned_partitions == {0}]
                 if sum(len(w.owned_partitions) for w in workers) == 1
@@ -131,13 +132,13 @@ async def test_a_signal_through_the_other_instance_reaches_the_owners_timers(
         SagaClient(settings) as client,
     ):
         saga_id = await client.start(Gated, Order(n=2))
-        await poll_until(lambda: _waiting_for_go(owner, saga_id))
+        await eventually(lambda: _waiting_for_go(owner, saga_id))
         # What the other instance's admin API does: act through its own engine.
         await other.engine.signal(saga_id, "go", principal="olivia", reason="approved")
         assert saga_id not in other.engine.live_saga_ids()  # it does not drive the saga
         # The go was followed by a durable sleep: only the owner can fire it, and it
         # knows of it only by reloading the saga (the other engine's saga.reload).
-        await poll_until(lambda: _is_completed(owner, saga_id), timeout=30)
+        await eventually(lambda: _is_completed(owner, saga_id), timeout=30)
         assert [c.subject for c in beta] == ["Cmd"]
     assert owner.parts.stats.counts["reloaded"] >= 1
     [received] = [e for e in await owner.engine.history(saga_id) if e.kind == "signal_received"]
@@ -171,12 +172,12 @@ async def test_a_reply_the_stale_owner_does_not_know_is_checked_against_history(
         SagaClient(settings) as client,
     ):
         saga_id = await client.start(Gated, Order(n=1))
-        await poll_until(lambda: _waiting_for_go(owner, saga_id))
+        await eventually(lambda: _waiting_for_go(owner, saga_id))
         # The other engine appends the go and sends the second step itself; beta's reply
         # reaches the owner, whose copy (still waiting for the go) never issued that
         # command: before dead-lettering it as unknown, it reloads the saga from history.
         await other.engine.signal(saga_id, "go")
-        await poll_until(lambda: _is_completed(owner, saga_id), timeout=30)
+        await eventually(lambda: _is_completed(owner, saga_id), timeout=30)
     assert owner.parts.stats.counts["reloaded_stale_copy"] >= 1
     assert owner.parts.stats.counts["dropped_unknown_command"] == 0
     assert other.parts.stats.counts["reload_notice_lost"] == 1  # after its retries
@@ -197,7 +198,7 @@ async def test_the_owner_reloads_a_saga_changed_elsewhere_when_its_write_conflic
         SagaClient(settings) as client,
     ):
         saga_id = await client.start(Gated, Order(n=3))
-        await poll_until(lambda: _waiting_for_go(owner, saga_id))
+        await eventually(lambda: _waiting_for_go(owner, saga_id))
         await other.engine.signal(saga_id, "go")
         # The owner's copy still waits for the go; applying the first "ship" to it, its
         # write conflicts with the go appended elsewhere. Still owning the partition, it
@@ -205,7 +206,7 @@ async def test_the_owner_reloads_a_saga_changed_elsewhere_when_its_write_conflic
         # sent right behind it (one saga's messages keep their order).
         await client.signal(saga_id, "ship", {"n": 7})
         await client.signal(saga_id, "ship", {"n": 8})
-        await poll_until(lambda: _is_completed(owner, saga_id), timeout=30)
+        await eventually(lambda: _is_completed(owner, saga_id), timeout=30)
         assert [c.body for c in beta] == [{"n": 7}]
     assert owner.parts.stats.counts["stale_owner"] >= 1
     assert owner.parts.stats.counts["reloaded_after_conflict"] >= 1
@@ -226,11 +227,11 @@ async def test_a_timer_of_a_stale_copy_rebuilds_the_saga(
         SagaClient(settings) as client,
     ):
         saga_id = await client.start(Gated, Order(n=4))
-        await poll_until(lambda: _waiting_for_go(owner, saga_id))
+        await eventually(lambda: _waiting_for_go(owner, saga_id))
         # During the owner's sleep the go is appended elsewhere (buffered for the wait).
         # When the sleep ends, the owner's write of it conflicts; no message will come
         # for this saga, so the timer path itself rebuilds it, re-arming the sleep.
         await other.engine.signal(saga_id, "go")
-        await poll_until(lambda: _is_completed(owner, saga_id), timeout=30)
+        await eventually(lambda: _is_completed(owner, saga_id), timeout=30)
         assert [c.body for c in beta] == [{"n": 4}]
     assert owner.parts.stats.counts["reloaded_after_conflict"] >= 1

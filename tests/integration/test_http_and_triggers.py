@@ -24,7 +24,8 @@ from saga_engine.settings import AdminSettings, HttpSettings, KafkaSettings, Pos
 from saga_engine.triggers import KafkaTrigger
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
-from tests.integration.kafka_helpers import fake_participant, poll_until, read_topic
+from tests.integration.kafka_helpers import fake_participant, read_topic
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -106,7 +107,7 @@ async def serve(app: FastAPI) -> AsyncIterator[str]:
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
-    await poll_until(lambda: server.started, timeout=10)
+    await eventually(lambda: server.started, timeout=10)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -151,9 +152,9 @@ async def test_http_step_retries_with_the_same_key_and_refusals_compensate(
             ok = await worker.engine.start(CheckFraud, Order(customer="flaky"))
             bad = await worker.engine.start(CheckFraud, Order(customer="bad"))
             caught = await worker.engine.start(CheckFraud, Order(customer="caught"))
-            await poll_until(lambda: _status(worker, ok, SagaStatus.COMPLETED))
-            await poll_until(lambda: _status(worker, bad, SagaStatus.COMPENSATED))
-            await poll_until(lambda: _status(worker, caught, SagaStatus.COMPLETED))
+            await eventually(lambda: _status(worker, ok, SagaStatus.COMPLETED))
+            await eventually(lambda: _status(worker, bad, SagaStatus.COMPENSATED))
+            await eventually(lambda: _status(worker, caught, SagaStatus.COMPLETED))
             history = await worker.engine.history(ok)
             issued = [e for e in history if e.kind == "command_issued" and e.step == "fraud"]
             assert len(issued) == 1
@@ -222,7 +223,7 @@ async def test_past_an_http_pivot_a_refused_http_step_parks_and_a_cancel_is_refu
             assert engine is not None
             saga_id = await engine.start(CaptureFirst, Order(customer="late"))
             # The 422 would compensate the hold; past the pivot it parks the saga.
-            await poll_until(lambda: _status(worker, saga_id, SagaStatus.STEP_STUCK))
+            await eventually(lambda: _status(worker, saga_id, SagaStatus.STEP_STUCK))
             kinds = [e.kind for e in await engine.history(saga_id)]
             assert kinds.count("pivot_passed") == 1
             assert "step_parked" in kinds
@@ -230,7 +231,7 @@ async def test_past_an_http_pivot_a_refused_http_step_parks_and_a_cancel_is_refu
                 await engine.cancel(saga_id, "too late")
             fraud.blocked.discard("late")
             await engine.retry_step(saga_id, "fraud", reason="unblocked")
-            await poll_until(lambda: _status(worker, saga_id, SagaStatus.COMPLETED))
+            await eventually(lambda: _status(worker, saga_id, SagaStatus.COMPLETED))
             assert fraud.captures["late"] == 1
             assert [c.subject for c in alpha if c.saga_id == saga_id] == ["Hold"]
             kinds = [e.kind for e in await engine.history(saga_id)]
@@ -297,7 +298,7 @@ async def test_trigger_starts_one_saga_per_message_even_when_redelivered(
                 sagas = await parts.store.list_sagas()
                 return len(sagas) == 2 and all(s.status == SagaStatus.COMPLETED for s in sagas)
 
-            await poll_until(done)
+            await eventually(done)
             dlq = await read_topic(settings.kafka, f"t{unique_id}.dlq", 3)
             assert sorted(dict(r.headers)["dlq_reason"].decode() for r in dlq) == [
                 "invalid_body",
@@ -308,7 +309,7 @@ async def test_trigger_starts_one_saga_per_message_even_when_redelivered(
             sagas = await parts.store.list_sagas()
             assert sorted(s.idempotency_key or "" for s in sagas) == ["order-1", "order-2"]
             # The last duplicates may still be in flight when both sagas are done.
-            await poll_until(lambda: parts.stats.counts["start_deduplicated"] == 3)
+            await eventually(lambda: parts.stats.counts["start_deduplicated"] == 3)
             # The saga joined the trace of the message that started it (a garbled
             # traceparent is ignored, not an error).
             contexts = {}
@@ -367,7 +368,7 @@ async def test_a_malformed_trigger_message_counts_in_the_metrics_dead_lettered(
             async def counted() -> bool:
                 return bool((await metrics())["dead_lettered"] == before + 1)
 
-            await poll_until(counted)
+            await eventually(counted)
             body = await metrics()
         assert body["counters"]["dead_lettered_malformed_json"] == 1
         [dead] = await read_topic(settings.kafka, f"t{unique_id}.dlq", 1)

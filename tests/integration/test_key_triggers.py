@@ -29,7 +29,8 @@ from saga_engine.store import PostgresEventStore, StoreUnavailable
 from saga_engine.triggers import KafkaTrigger
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
-from tests.integration.kafka_helpers import poll_until, read_topic
+from tests.integration.kafka_helpers import read_topic
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -138,7 +139,7 @@ async def test_a_trigger_maps_priority_fairness_and_concurrency_keys(
                 return False
             return all(r.status == SagaStatus.COMPLETED for r in records)
 
-        await poll_until(all_done, timeout=60)
+        await eventually(all_done, timeout=60)
         histories = [await engine.history(i) for i in saga_ids]
         [dead] = await read_topic(settings.kafka, f"t{unique_id}.dlq", 1)
         assert dict(dead.headers)["dlq_topic"].decode() == topic
@@ -184,12 +185,12 @@ async def test_the_client_sees_holders_and_queue_and_a_release_moves_it(
             rows = await client.concurrency_slots(Locked, "A-9")
             return [(r["saga_id"], r["held"], r["position"]) for r in rows]
 
-        await poll_until(lambda: _is(queue, [(first, True, 0), (second, False, 1)]))
+        await eventually(lambda: _is(queue, [(first, True, 0), (second, False, 1)]))
         await client.signal(first, "go", Go())
-        await poll_until(lambda: _is(queue, [(second, True, 0)]))
+        await eventually(lambda: _is(queue, [(second, True, 0)]))
         await client.signal(second, "go", Go())
         assert await client.result(second, timeout=30) == {"ok": True}
-        await poll_until(lambda: _is(queue, []))
+        await eventually(lambda: _is(queue, []))
 
 
 async def _is(read: Any, want: Any) -> bool:
@@ -210,7 +211,7 @@ async def test_housekeeping_sweeps_the_slot_of_a_saga_whose_release_was_lost(
             rows = await client.concurrency_slots(Locked, "A-7")
             return [(r["saga_id"], r["held"], r["position"]) for r in rows]
 
-        await poll_until(lambda: _is(queue, [(first, True, 0), (second, False, 1)]))
+        await eventually(lambda: _is(queue, [(first, True, 0), (second, False, 1)]))
         release = store.release_key
         lost: list[str] = []
 
@@ -225,9 +226,9 @@ async def test_housekeeping_sweeps_the_slot_of_a_saga_whose_release_was_lost(
         assert await client.result(first, timeout=30) == {"ok": True}
         assert lost == [first]
         # The sweep finds the ended saga's slot, releases it and wakes the second.
-        await poll_until(lambda: _is(queue, [(second, True, 0)]), timeout=30)
+        await eventually(lambda: _is(queue, [(second, True, 0)]), timeout=30)
         # Counted once the sweep has woken the saga it granted, after the grant is visible.
-        await poll_until(lambda: worker.parts.stats.counts["key_swept"] >= 1)
+        await eventually(lambda: worker.parts.stats.counts["key_swept"] >= 1)
         await client.signal(second, "go", Go())
         assert await client.result(second, timeout=30) == {"ok": True}
-        await poll_until(lambda: _is(queue, []))
+        await eventually(lambda: _is(queue, []))

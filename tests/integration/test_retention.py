@@ -14,8 +14,8 @@ from saga_engine.replay import load_history
 from saga_engine.settings import RetentionSettings
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
-from tests.integration.kafka_helpers import poll_until
 from tests.integration.test_failover import Order, Parked, make_settings, owned, running, status
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +32,7 @@ async def test_the_owner_archives_finished_sagas_past_their_period(
     worker = SagaWorker(settings, [Parked])
     async with running(worker), SagaClient(settings) as client:
         await worker.start()
-        await poll_until(owned(worker))
+        await eventually(owned(worker))
         assert worker.engine is not None
         store = worker.parts.store
         finished = [await client.start(Parked, Order(nap_s=0.1)) for _ in range(5)]
@@ -49,7 +49,7 @@ async def test_the_owner_archives_finished_sagas_past_their_period(
                     pass
             return True
 
-        await poll_until(archived, timeout=30)
+        await eventually(archived, timeout=30)
         for saga_id in finished:
             blob = await store.archived_history(saga_id)
             assert blob is not None
@@ -75,17 +75,17 @@ async def test_a_per_type_period_keeps_that_type(
     worker = SagaWorker(settings, [Parked])
     async with running(worker), SagaClient(settings) as client:
         await worker.start()
-        await poll_until(owned(worker))
+        await eventually(owned(worker))
         assert worker.engine is not None
         saga_id = await client.start(Parked, Order(nap_s=0.1))
 
         async def completed() -> bool:
             return await status(worker, saga_id) is SagaStatus.COMPLETED
 
-        await poll_until(completed, timeout=30)
+        await eventually(completed, timeout=30)
         # Several passes later (each 0.2 s) it is still there: its type keeps 30 days.
         first = _passes(worker)
-        await poll_until(lambda: _passes(worker) >= first + 5)
+        await eventually(lambda: _passes(worker) >= first + 5)
         assert await status(worker, saga_id) is SagaStatus.COMPLETED
         assert await worker.parts.store.archived_history(saga_id) is None
 

@@ -25,7 +25,8 @@ from saga_engine.settings import AdminSettings, EngineSettings, KafkaSettings, P
 from saga_engine.store import NewSaga, PostgresEventStore, StoreUnavailable
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
-from tests.integration.kafka_helpers import fake_participant, poll_until, read_topic
+from tests.integration.kafka_helpers import fake_participant, read_topic
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -97,7 +98,7 @@ async def test_saga_started_through_the_inbox_completes(
         saga_id = await client.start(Two, Order(n=7), idempotency_key="order-7")
         again = await client.start(Two, Order(n=7), idempotency_key="order-7")
         assert again == saga_id
-        await poll_until(lambda: _is(worker, saga_id, SagaStatus.COMPLETED))
+        await eventually(lambda: _is(worker, saga_id, SagaStatus.COMPLETED))
         assert [c.body for c in alpha] == [{"n": 7}]
         assert len(beta) == 1
         command = alpha[0]
@@ -123,7 +124,7 @@ async def test_refusal_compensates_over_kafka(settings: Settings, worker: SagaWo
         SagaClient(settings) as client,
     ):
         saga_id = await client.start(Two, Order(n=3))
-        await poll_until(lambda: _is(worker, saga_id, SagaStatus.COMPENSATED))
+        await eventually(lambda: _is(worker, saga_id, SagaStatus.COMPENSATED))
         assert [(c.subject, c.compensation) for c in alpha] == [("Cmd", False), ("Undo", True)]
 
 
@@ -207,7 +208,7 @@ async def test_poison_messages_go_to_the_dlq_and_the_partition_keeps_flowing(
             await producer.send_and_wait(inbox, v, key=k, headers=h)
         async with fake_participant(settings, "alpha"), fake_participant(settings, "beta"):
             await producer.send_and_wait(inbox, good_value, key=key, headers=good_headers)
-            await poll_until(lambda: _is(worker, "poison-key", SagaStatus.COMPLETED))
+            await eventually(lambda: _is(worker, "poison-key", SagaStatus.COMPLETED))
             # A reply for a command the saga never issued, after it exists.
             stray = encode(
                 Envelope(
@@ -261,7 +262,7 @@ async def test_a_start_left_unapplied_at_stop_is_read_again_by_the_next_worker(
         async with SagaClient(settings) as client:
             saga_id = await client.start(Two, Order(n=5))
         # The batch path and then the single path try to create it, and keep retrying.
-        await poll_until(lambda: len(attempts) >= 2)
+        await eventually(lambda: len(attempts) >= 2)
     finally:
         await first.stop()
     assert set(attempts) == {saga_id}
@@ -274,6 +275,6 @@ async def test_a_start_left_unapplied_at_stop_is_read_again_by_the_next_worker(
             fake_participant(settings, "alpha"),
             fake_participant(settings, "beta"),
         ):
-            await poll_until(lambda: _is(second, saga_id, SagaStatus.COMPLETED))
+            await eventually(lambda: _is(second, saga_id, SagaStatus.COMPLETED))
     finally:
         await second.stop()

@@ -23,8 +23,9 @@ from saga_engine.runner._rollouts import apply_rollout
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
 from tests.edge.conftest import dead_letters, produce
-from tests.integration.kafka_helpers import fake_participant, poll_until
+from tests.integration.kafka_helpers import fake_participant
 from tests.served_worker import real_settings
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -128,15 +129,12 @@ async def _status(worker: SagaWorker, saga_id: str) -> SagaStatus | None:
 
 
 async def _reaches(worker: SagaWorker, saga_id: str, wanted: SagaStatus, timeout: float) -> None:
-    async def reached() -> bool:
-        return await _status(worker, saga_id) == wanted
-
-    try:
-        await poll_until(reached, timeout=timeout)
-    except TimeoutError:
-        raise AssertionError(
-            f"saga {saga_id} is {await _status(worker, saga_id)}, not {wanted.value}"
-        ) from None
+    await eventually(
+        lambda: _status(worker, saga_id),
+        until=lambda status: status == wanted,
+        timeout=timeout,
+        what=f"saga {saga_id} to be {wanted.value}",
+    )
 
 
 def _signal(saga_id: str, ok: bool) -> Envelope:
@@ -202,7 +200,7 @@ async def test_a_repeated_start_after_a_rollout_change_is_answered_by_the_child(
         engine.evict(child)
         repeated = parts.stats.counts["child_start_repeated"]
         # The parent asks again (every second): the child, not today's rollout, answers.
-        await poll_until(lambda: parts.stats.counts["child_start_repeated"] >= repeated + 2)
+        await eventually(lambda: parts.stats.counts["child_start_repeated"] >= repeated + 2)
         assert await _status(worker, parent) == SagaStatus.RUNNING
         await produce(settings, Topics.of(settings.kafka).inbox, _signal(child, ok=True))
         await _reaches(worker, parent, SagaStatus.COMPLETED, 30)

@@ -9,8 +9,8 @@ import pytest
 
 from tests.conftest import PgTarget
 from tests.edge.conftest import Checkout, start
-from tests.integration.kafka_helpers import poll_until
 from tests.served_worker import real_settings, served_worker
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +33,7 @@ async def test_a_dead_inbox_consumer_fails_health(
         async def failing() -> bool:
             return (await served.http.get("/health")).status_code == 503
 
-        await poll_until(failing)
+        await eventually(failing)
         body = (await served.http.get("/health")).json()
         assert body["status"] == "failing"
         assert (

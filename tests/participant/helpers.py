@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +26,7 @@ from saga_engine.settings import (
     PostgresSettings,
     Settings,
 )
+from tests.waiting import eventually
 
 if TYPE_CHECKING:
     from tests.conftest import PgTarget
@@ -157,20 +157,6 @@ async def query(dsn: str, sql: str, *args: Any) -> list[asyncpg.Record]:
 # --------------------------------------------------------------------------- the wire
 
 
-async def poll_until(
-    predicate: Callable[[], Awaitable[Any]], *, timeout: float = 20.0, interval: float = 0.05
-) -> Any:
-    """Polls an async predicate until it is truthy; fails at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s (last: {value!r})")
-        await asyncio.sleep(interval)
-
-
 class Bus:
     """Sends commands to the participant's topic; collects its replies and dead letters
     from the start of the inbox and dead-letter topics (no consumer group)."""
@@ -232,7 +218,7 @@ class Bus:
                     self.reply_headers.append({k: v.decode() for k, v in headers})
             return len(self.replies) >= count
 
-        await poll_until(enough, timeout=timeout, interval=0)
+        await eventually(enough, timeout=timeout, interval=0, what=f"{count} replies")
         return list(self.replies)
 
     async def wait_dead_letters(self, count: int, *, timeout: float = 20.0) -> list[Any]:
@@ -241,7 +227,7 @@ class Bus:
                 self.dead.extend(records)
             return len(self.dead) >= count
 
-        await poll_until(enough, timeout=timeout, interval=0)
+        await eventually(enough, timeout=timeout, interval=0, what=f"{count} dead letters")
         return list(self.dead)
 
 

@@ -15,7 +15,8 @@ from saga_engine.client import SagaClient
 from saga_engine.participant import CommandBatch, Participant, Rejected
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
-from tests.participant.helpers import engine_settings, poll_until, query
+from tests.participant.helpers import engine_settings, query
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -134,7 +135,7 @@ async def test_a_refused_command_compensates_its_saga_and_its_neighbours_complet
                     return None  # not started yet
             return found if all(s.is_terminal for s in found.values()) else None
 
-        ended = await poll_until(statuses, timeout=60)
+        ended = await eventually(statuses, timeout=60)
     finally:
         await participant.stop()
         await worker.stop()

@@ -32,11 +32,11 @@ from tests.participant.helpers import (
     create_ledger,
     delete_topics,
     ledger_participant,
-    poll_until,
     query,
     resent,
     start,
 )
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -146,7 +146,7 @@ async def test_a_command_is_applied_once_and_replied_success(world: World) -> No
     assert stored is not None
     assert stored["outcome"] == "success"
     assert ReplyBody.model_validate_json(stored["reply"]) == body_of(reply)
-    assert await poll_until(world.all_published)
+    assert await eventually(world.all_published)
     assert participant.stats["processed"] == 1
 
     # The offset was committed after the transaction: a new instance does not see the
@@ -586,7 +586,7 @@ async def test_a_reply_left_by_a_crash_after_commit_is_sent_when_the_command_com
 
     # The command comes again: it is a duplicate, and gets the stored reply without the
     # handler running again.
-    await poll_until(lambda: _stat(successor, "duplicates", 1))
+    await eventually(lambda: _stat(successor, "duplicates", 1))
     assert body_of(replies[0]) == ReplyBody(
         outcome="success", payload={"reservation": f"r-{cmd.command_id}", "amount": 30}
     )
@@ -612,7 +612,7 @@ async def test_two_instances_share_partitions_without_duplicate_effects(world: W
             first.assignment & second.assignment
         )
 
-    await poll_until(split)
+    await eventually(split)
 
     commands = [command("Reserve", {"amount": i, "delay_s": 0.05}) for i in range(1, 13)]
     sent = 0
@@ -677,14 +677,14 @@ async def test_a_copy_claimed_on_another_instance_meanwhile_waits_and_never_runs
             first.assignment & second.assignment
         )
 
-    await poll_until(split)
+    await eventually(split)
     cmd = command("Gated", {})
     await world.bus.send(cmd, partition=0)
 
     async def entered() -> bool:
         return world.effects.calls[cmd.command_id] == 1
 
-    await poll_until(entered)
+    await eventually(entered)
     await world.bus.send(resent(cmd), partition=1)
 
     async def waiting_on_the_claim() -> bool:
@@ -696,7 +696,7 @@ async def test_a_copy_claimed_on_another_instance_meanwhile_waits_and_never_runs
         )
         return int(rows[0]["n"]) >= 1
 
-    await poll_until(waiting_on_the_claim)
+    await eventually(waiting_on_the_claim)
     gate.set()
     replies = await world.bus.wait_replies(2)
 

@@ -18,8 +18,9 @@ from saga_engine.events import CommandIssued, RetryRequested
 from saga_engine.participant import Participant, Transaction
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
-from tests.participant.helpers import engine_settings, poll_until
+from tests.participant.helpers import engine_settings
 from tests.participant.test_retryable_engine import Book, Booked, Trip
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +72,7 @@ async def test_an_operator_re_sends_a_step_and_the_participant_applies_it_once(
                 return False  # not started yet
             return any(isinstance(e, CommandIssued) for e in history)
 
-        await poll_until(issued, timeout=60)
+        await eventually(issued, timeout=60)
         # Only a step the saga waits on can be re-sent; the error says what can.
         with pytest.raises(InvalidTransition, match=r"re-send one of \['book'\]"):
             await engine.retry_step(saga_id, "ship", principal="ops")
@@ -81,12 +82,12 @@ async def test_an_operator_re_sends_a_step_and_the_participant_applies_it_once(
         async def completed() -> bool:
             return (await engine.get(saga_id)).status is SagaStatus.COMPLETED
 
-        await poll_until(completed, timeout=60)
+        await eventually(completed, timeout=60)
 
         async def deduplicated() -> bool:  # the second copy reached it, and did nothing
             return hotel.stats["duplicates"] >= 1
 
-        await poll_until(deduplicated, timeout=30)
+        await eventually(deduplicated, timeout=30)
         history = await engine.history(saga_id)
     finally:
         await hotel.stop()

@@ -18,7 +18,8 @@ from saga_engine.events import CommandIssued, ReplyReceived
 from saga_engine.participant import Participant, Retryable, Transaction
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
-from tests.participant.helpers import engine_settings, poll_until
+from tests.participant.helpers import engine_settings
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -86,7 +87,7 @@ async def test_a_retryable_answer_makes_the_engine_retry_the_step_under_a_new_at
             except Exception:
                 return False  # not started yet
 
-        await poll_until(completed, timeout=60)
+        await eventually(completed, timeout=60)
         history = await engine.history(saga_id)
     finally:
         await hotel.stop()

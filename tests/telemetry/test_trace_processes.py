@@ -42,10 +42,10 @@ from saga_engine.settings import (
 from saga_engine.telemetry import Telemetry, instrument_asyncpg
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
-from tests.integration.kafka_helpers import poll_until
 from tests.integration.test_http_and_triggers import serve
 from tests.telemetry.otlp_sink import ExportedSpan, OtlpSink
 from tests.telemetry.traced_participant import Charge, Reserve
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -244,9 +244,7 @@ async def test_one_saga_is_one_connected_trace_across_processes(
                     } <= names and any(s.service == "stock" and _is_query(s) for s in spans)
 
                 # The participants export in the background: wait for their spans.
-                spans: list[ExportedSpan] = await poll_until(
-                    lambda: (got := collected()) and complete(got) and got
-                )
+                spans = await eventually(collected, until=complete, what="every service's spans")
             finally:
                 await worker.stop()
 

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from saga_engine import Settings
 from saga_engine.participant import Participant, Transaction
 from saga_engine.telemetry import configure_from_env, default_telemetry
+from tests.waiting import eventually
 
 
 class Reserve(BaseModel):
@@ -85,10 +86,9 @@ async def main(name: str) -> None:
             port = sock.getsockname()[1]
             server = uvicorn.Server(uvicorn.Config(risk_app(), log_level="warning", lifespan="off"))
             serving = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
-            for _ in range(1000):  # up to 10 s
-                if server.started:
-                    break
-                await asyncio.sleep(0.01)
+            await eventually(
+                lambda: server.started, timeout=10, interval=0.01, what="the risk server to start"
+            )
         print(f"ready {port}", flush=True)
         await stop.wait()
         if server is not None and serving is not None:

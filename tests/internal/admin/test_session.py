@@ -28,8 +28,8 @@ from saga_engine.settings import AdminSettings, Settings
 from saga_engine.testing import SagaTestEnv
 from tests.admin.sagas import Noop
 from tests.conftest import PgTarget
-from tests.integration.kafka_helpers import poll_until
 from tests.served_worker import OPERATOR_TOKEN, READER_TOKEN, real_settings, served_worker
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -264,7 +264,7 @@ async def test_an_unused_session_expires(
 
         # The requests re-issue the cookie as it ages (ignored here): using a stale
         # value again does not extend it.
-        await poll_until(expired, timeout=10)
+        await eventually(expired, timeout=10)
         gone = time.monotonic()
         assert gone - signed_in > 0.5  # not refused for some other reason right away
         assert await sent_to_sign_in(http, value)
@@ -289,7 +289,7 @@ async def test_using_a_session_extends_it(
 
         # Re-issued once the cookie is old enough: here after a second (half the idle
         # timeout, in whole seconds); a minute with the default 8 hours.
-        await poll_until(reissued, timeout=10)
+        await eventually(reissued, timeout=10)
         later = renewed[0]
         assert later != first
         assert payload(later)["s"] == payload(first)["s"]  # the same session, signed later
@@ -297,7 +297,7 @@ async def test_using_a_session_extends_it(
         async def first_expired() -> bool:
             return not await is_session(http, first)
 
-        await poll_until(first_expired, timeout=10)
+        await eventually(first_expired, timeout=10)
         # Signed a second or more later, the re-issued cookie outlives the first.
         assert await is_session(http, later)
 

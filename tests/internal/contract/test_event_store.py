@@ -16,7 +16,6 @@ connection loss and closing.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -68,6 +67,7 @@ from saga_engine.store._store import (
     wake_slot,
 )
 from tests.conftest import PgTarget
+from tests.waiting import eventually
 
 RUNNING = Projection(SagaStatus.RUNNING)
 HOUR = timedelta(hours=1)
@@ -958,17 +958,11 @@ async def test_saga_id_longer_than_the_column_allows_is_refused(store: EventStor
     assert await store.create(_new("x" * 200))
 
 
-async def _wait_for(
-    conn: asyncpg.Connection, sql: str, *args: object, deadline_s: float = 10.0
-) -> object:
+async def _wait_for(conn: asyncpg.Connection, sql: str, *args: object) -> object:
     """Polls ``sql`` until it returns a non-null value (a real condition, not a sleep)."""
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        value = await conn.fetchval(sql, *args)
-        if value is not None:
-            return value
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"condition not met within {deadline_s}s: {sql}")
+    return await eventually(
+        lambda: conn.fetchval(sql, *args), until=lambda v: v is not None, interval=0.01, what=sql
+    )
 
 
 async def test_a_batch_whose_connection_dies_fails_every_operation_retryably(
@@ -1081,8 +1075,8 @@ async def test_a_running_sagas_row_is_updated_without_index_entries(
             assert await pg_store.append(Append(saga_id, step, [_fired(str(step))], projection))
     conn = await asyncpg.connect(pg.database_dsn)
     try:
-        deadline = time.monotonic() + 10
-        while True:  # the backends publish their counts within about a second
+
+        async def counts() -> asyncpg.Record:
             await conn.execute("SELECT pg_stat_clear_snapshot()")
             row = await conn.fetchrow(
                 "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
@@ -1090,9 +1084,15 @@ async def test_a_running_sagas_row_is_updated_without_index_entries(
                 pg.schema,
             )
             assert row is not None
-            if row["n_tup_upd"] >= 3 * len(ids) or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.1)
+            return row
+
+        # The backends publish their counts within about a second.
+        row = await eventually(
+            counts,
+            until=lambda row: row["n_tup_upd"] >= 3 * len(ids),
+            interval=0.1,
+            what="the sagas table's update counts",
+        )
         assert row["n_tup_upd"] == 3 * len(ids)
         assert row["n_tup_hot_upd"] == row["n_tup_upd"]
     finally:

@@ -23,6 +23,7 @@ from saga_engine.settings import EngineSettings, KafkaSettings, PostgresSettings
 from saga_engine.transport._topics import Topics
 from tests.integration.kafka_helpers import read_to_end
 from tests.internal.e2e.app import LEDGER_DDL, PARTICIPANTS
+from tests.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -152,12 +153,15 @@ class Cluster:
 
     async def wait_exit(self, name: str, timeout: float = 90.0) -> int:
         proc = self.procs[name]
-        deadline = time.monotonic() + timeout
-        while proc.poll() is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{name} did not exit; log:\n{self.log_tail(name)}")
-            await asyncio.sleep(0.1)
-        return proc.returncode
+        returncode = await eventually(
+            proc.poll,
+            until=lambda code: code is not None,
+            timeout=timeout,
+            what=f"{name} to exit",
+            context=lambda: f"log:\n{self.log_tail(name)}",
+        )
+        assert returncode is not None
+        return returncode
 
     def log_tail(self, name: str, lines: int = 40) -> str:
         path = self.logs / f"{name}.log"
@@ -166,6 +170,22 @@ class Cluster:
             if path.exists()
             else ""
         )
+
+    async def wait_partitions_taken(self, *engines: str, timeout: float = 60.0) -> None:
+        """Waits until each of ``engines`` logged taking partitions (two processes
+        starting on a busy machine take a while)."""
+        await eventually(
+            lambda: [e for e in engines if "took partitions" not in self.log_tail(e, 300)],
+            until=lambda waiting: not waiting,
+            timeout=timeout,
+            interval=0.1,
+            what=f"{', '.join(engines)} to take partitions",
+            context=self.logs_tail,
+        )
+
+    def logs_tail(self) -> str:
+        """The end of every process's log."""
+        return "\n".join(f"--- {n}\n{self.log_tail(n)}" for n in self.procs)
 
     def stop_all(self) -> None:
         for proc in self.procs.values():
@@ -209,17 +229,17 @@ class Cluster:
     async def wait_settled(
         self, saga_ids: list[str], timeout: float = 120.0
     ) -> dict[str, SagaStatus]:
-        deadline = time.monotonic() + timeout
-        while True:
-            found = await self.statuses(saga_ids)
-            if len(found) == len(saga_ids) and all(
-                s.is_terminal or s.is_parked for s in found.values()
-            ):
-                return found
-            if time.monotonic() > deadline:
-                logs = "\n".join(f"--- {n}\n{self.log_tail(n)}" for n in self.procs)
-                raise TimeoutError(f"sagas still open: {found}\n{logs}")
-            await asyncio.sleep(0.2)
+        found: dict[str, SagaStatus] = await eventually(
+            lambda: self.statuses(saga_ids),
+            until=lambda found: (
+                len(found) == len(saga_ids)
+                and all(s.is_terminal or s.is_parked for s in found.values())
+            ),
+            timeout=timeout,
+            what="every saga terminal or parked",
+            context=self.logs_tail,
+        )
+        return found
 
     async def commands_in_topic(self, participant: str) -> list[str]:
         """The saga id of every record now in the participant's command topic, read from
@@ -241,15 +261,17 @@ class Cluster:
         self, participant: str, saga_ids: list[str], timeout: float = 30.0
     ) -> None:
         """Waits until a command of each of ``saga_ids`` is in the participant's topic."""
-        deadline = time.monotonic() + timeout
-        while True:
-            missing = set(saga_ids) - set(await self.commands_in_topic(participant))
-            if not missing:
-                return
-            if time.monotonic() > deadline:
-                logs = "\n".join(f"--- {n}\n{self.log_tail(n)}" for n in self.procs)
-                raise TimeoutError(f"no command for {participant} of {sorted(missing)}\n{logs}")
-            await asyncio.sleep(0.2)
+
+        async def missing() -> list[str]:
+            return sorted(set(saga_ids) - set(await self.commands_in_topic(participant)))
+
+        await eventually(
+            missing,
+            until=lambda left: not left,
+            timeout=timeout,
+            what=f"a command for {participant} of each saga",
+            context=self.logs_tail,
+        )
 
     async def ledger(self, participant: str) -> list[dict[str, Any]]:
         conn = await asyncpg.connect(self.database_dsn)

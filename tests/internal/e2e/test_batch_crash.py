@@ -7,7 +7,6 @@ starts one rerun per saga, never two."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections import Counter
 from datetime import UTC, datetime
@@ -27,9 +26,9 @@ from saga_engine.core.planning._batch_operations import (
 )
 from saga_engine.kernel._settings import PostgresSettings
 from saga_engine.store._pgbatch_operations import PostgresBatchStore
-from tests.integration.kafka_helpers import poll_until
 from tests.internal.e2e.app import Transfer, TransferRequest
 from tests.internal.e2e.harness import Cluster
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +72,7 @@ async def _applied_transfers(cluster: Cluster, count: int) -> list[str]:
         rows = await cluster.ledger("alpha")
         return {r["saga_id"] for r in rows if r["kind"] == "apply"} == set(ids)
 
-    await poll_until(alpha_applied, timeout=90, interval=0.2)
+    await eventually(alpha_applied, timeout=90, interval=0.2)
     return ids
 
 
@@ -110,14 +109,14 @@ async def test_sigkill_between_an_action_and_its_progress_acts_on_each_saga_once
         assert sum((await _cancels(cluster, op_id)).values()) == CRASH_AT
 
         cluster._spawn("engine", APP, cluster.env(**BATCHES))
-        deadline = time.monotonic() + 90
-
-        async def completed() -> bool:
-            assert time.monotonic() < deadline, cluster.log_tail("engine")
-            return (await store.get(op_id)).state is BatchState.COMPLETED
-
-        await poll_until(completed, timeout=90, interval=0.2)
-        done = await store.get(op_id)
+        done = await eventually(
+            lambda: store.get(op_id),
+            until=lambda op: op.state is BatchState.COMPLETED,
+            timeout=90,
+            interval=0.2,
+            what=f"batch operation {op_id} completed",
+            context=lambda: cluster.log_tail("engine"),
+        )
     finally:
         await store.close()
     # The saga in flight at the crash was read again and skipped: its history had the cancel.
@@ -149,21 +148,21 @@ async def test_two_engines_one_holds_the_operation_and_the_other_takes_over_its_
         async def under_way() -> bool:
             return (await store.get(op_id)).done >= 5
 
-        await poll_until(under_way, timeout=60, interval=0.1)
+        await eventually(under_way, timeout=60, interval=0.1)
         # The engine whose log shows the claim holds it; the other waits.
         holders = [n for n in ("engine-1", "engine-2") if op_id in cluster.log_tail(n, 400)]
         assert len(holders) == 1, holders
         [holder] = holders
         [other] = {"engine-1", "engine-2"} - {holder}
         cluster.kill(holder)
-        deadline = time.monotonic() + 90
-
-        async def completed() -> bool:
-            assert time.monotonic() < deadline, cluster.log_tail(other)
-            return (await store.get(op_id)).state is BatchState.COMPLETED
-
-        await poll_until(completed, timeout=90, interval=0.2)
-        done = await store.get(op_id)
+        done = await eventually(
+            lambda: store.get(op_id),
+            until=lambda op: op.state is BatchState.COMPLETED,
+            timeout=90,
+            interval=0.2,
+            what=f"batch operation {op_id} completed",
+            context=lambda: cluster.log_tail(other),
+        )
     finally:
         await store.close()
     assert op_id in cluster.log_tail(other, 400)  # it took the operation over
@@ -220,14 +219,14 @@ async def test_sigkill_after_a_rerun_starts_no_second_rerun(participants_up: Clu
         assert sum(len(new) for new in (await _reruns(cluster, op_id)).values()) == CRASH_AT
 
         cluster._spawn("engine", APP, cluster.env(**BATCHES))
-        deadline = time.monotonic() + 90
-
-        async def completed() -> bool:
-            assert time.monotonic() < deadline, cluster.log_tail("engine")
-            return (await store.get(op_id)).state is BatchState.COMPLETED
-
-        await poll_until(completed, timeout=90, interval=0.2)
-        done = await store.get(op_id)
+        done = await eventually(
+            lambda: store.get(op_id),
+            until=lambda op: op.state is BatchState.COMPLETED,
+            timeout=90,
+            interval=0.2,
+            what=f"batch operation {op_id} completed",
+            context=lambda: cluster.log_tail("engine"),
+        )
     finally:
         await store.close()
     # The rerun started just before the crash was found again, not started twice.

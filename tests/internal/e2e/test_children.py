@@ -3,9 +3,7 @@ SIGKILLed while children run, and a parent's compensation undoing completed chil
 
 from __future__ import annotations
 
-import asyncio
 import re
-import time
 from collections import Counter
 
 import pytest
@@ -16,6 +14,7 @@ from saga_engine.core.history._decision import child_saga_id
 from saga_engine.kernel._partitioning import partition_for
 from tests.internal.e2e.app import PARTICIPANTS, Payout, PayoutRequest
 from tests.internal.e2e.harness import Cluster
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -24,14 +23,14 @@ CHILDREN = 2
 
 async def _until_some_children_run(cluster: Cluster, parents: list[str], timeout: float) -> None:
     children = [child_saga_id(p, f"transfer-{i}") for p in parents for i in range(CHILDREN)]
-    deadline = time.monotonic() + timeout
-    while True:
-        statuses = await cluster.statuses(children)
-        if any(s == SagaStatus.RUNNING for s in statuses.values()):
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"no child saga ran within {timeout:g}s\n{cluster.log_tail('engine-a')}")
-        await asyncio.sleep(0.1)
+    await eventually(
+        lambda: cluster.statuses(children),
+        until=lambda statuses: SagaStatus.RUNNING in statuses.values(),
+        timeout=timeout,
+        interval=0.1,
+        what="a child saga running",
+        context=lambda: cluster.log_tail("engine-a"),
+    )
 
 
 async def test_children_survive_a_sigkill_and_undo_with_their_parent(
@@ -43,11 +42,7 @@ async def test_children_survive_a_sigkill_and_undo_with_their_parent(
     # Both own partitions before the sagas start, so parents and children spread over both.
     # (Killing an engine during its very first group join is another matter: see the
     # closing note of issue 14.)
-    deadline = time.monotonic() + 60
-    while not all("took partitions" in cluster.log_tail(e, 200) for e in ("engine-a", "engine-b")):
-        if time.monotonic() > deadline:
-            pytest.fail("both engines did not take partitions\n" + cluster.log_tail("engine-b"))
-        await asyncio.sleep(0.1)
+    await cluster.wait_partitions_taken("engine-a", "engine-b")
     requests = [
         PayoutRequest(amounts=[10 + i, 20 + i], refuse_after=i % 2 == 1, pause_s=0.5)
         for i in range(6)
@@ -111,13 +106,17 @@ async def test_cancelling_a_parent_cancels_its_running_child(participants_up: Cl
         # The child sleeps between its transfers: it is cancelled part way through.
         parent = await client.start(Payout, PayoutRequest(amounts=[5], pause_s=30))
         child = child_saga_id(parent, "transfer-0")
-        deadline = time.monotonic() + 60
-        while not [r for r in await cluster.ledger("alpha") if r["saga_id"] == child]:
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"the child never applied its first step\n{cluster.log_tail('engine-a')}"
-                )
-            await asyncio.sleep(0.1)
+
+        async def child_applied() -> list[dict[str, object]]:
+            return [r for r in await cluster.ledger("alpha") if r["saga_id"] == child]
+
+        await eventually(
+            child_applied,
+            timeout=60,
+            interval=0.1,
+            what="the child to apply its first step",
+            context=lambda: cluster.log_tail("engine-a"),
+        )
         await client.cancel(parent, "the customer changed their mind", principal="support:ann")
     statuses = await cluster.wait_settled([parent, child], timeout=60)
     assert statuses == {parent: SagaStatus.CANCELLED, child: SagaStatus.CANCELLED}

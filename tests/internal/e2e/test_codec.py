@@ -19,8 +19,7 @@ import json
 import os
 import re
 import signal
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import TypeVar
 
 import asyncpg
@@ -43,6 +42,7 @@ from tests.internal.e2e.codec_app import (
     Vault,
 )
 from tests.internal.e2e.harness import Cluster, participant_schema
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")
@@ -99,20 +99,6 @@ def start_participant(cluster: Cluster, current: str, *key_ids: str) -> None:
             **codec_env(current, *key_ids),
         ),
     )
-
-
-async def poll(
-    what: str, check: Callable[[], Awaitable[T | None]], cluster: Cluster, timeout: float = 60.0
-) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {n}\n{cluster.log_tail(n)}" for n in cluster.procs)
-            raise TimeoutError(f"{what}\n{logs}")
-        await asyncio.sleep(0.2)
 
 
 # --------------------------------------------------------------------------- scans
@@ -191,7 +177,13 @@ async def test_no_clear_canary_in_postgres_or_kafka_and_the_admin_decodes(
         async def child_exists() -> bool | None:
             return bool(await cluster.statuses([child])) or None
 
-        await poll("the trustee's child vault", child_exists, cluster)
+        await eventually(
+            child_exists,
+            timeout=60,
+            interval=0.2,
+            what="the trustee's child vault",
+            context=cluster.logs_tail,
+        )
         await client.signal(child, Vault.approval, Approval(note=f"child {CANARY}"))
         statuses = await cluster.wait_settled([saga_id, refused, trustee, child])
         assert statuses == {
@@ -233,7 +225,9 @@ async def test_no_clear_canary_in_postgres_or_kafka_and_the_admin_decodes(
     async def address() -> str | None:
         return admin_url(cluster)
 
-    url = await poll("the admin API's address", address, cluster)
+    url = await eventually(
+        address, timeout=60, interval=0.2, what="the admin API's address", context=cluster.logs_tail
+    )
     async with httpx.AsyncClient(base_url=url, timeout=10) as http:
         detail = (await http.get(f"/sagas/{saga_id}")).json()
         history = (await http.get(f"/sagas/{saga_id}/history")).text
@@ -290,7 +284,9 @@ async def test_an_engine_killed_mid_saga_recovers_it_under_a_rotated_key_set(
         return "timer_started" in {r["kind"] for r in kinds}
 
     # In flight: its first step answered, its durable sleep begun.
-    await poll("the saga's sleep", sleeping, cluster)
+    await eventually(
+        sleeping, timeout=60, interval=0.2, what="the saga's sleep", context=cluster.logs_tail
+    )
     assert await _key_ids_in_history(cluster, saga_id) == {"k1"}
     cluster.kill("engine")
     assert cluster.procs["engine"].returncode == -signal.SIGKILL

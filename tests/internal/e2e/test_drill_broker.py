@@ -109,7 +109,15 @@ async def test_a_broker_restarted_under_load_loses_and_doubles_nothing(
         "every history replays": True,
     }, report["checks"]
     assert report["sagas"] == 48
-    assert report["timings"]["first_progress_after_fault_s"] is not None, report["timings"]
+    # The faults start once the engines make progress, the load when the drill starts: on
+    # a slow start-up every saga can settle before the first restart, and then no progress
+    # follows a fault and its timing is rightly absent. A saga still open at the last
+    # restart (it settled after it) is progress after every restart, which must be timed.
+    timings = report["timings"]
+    if timings["drain_after_last_fault_s"]:
+        assert timings["first_progress_after_fault_s"] is not None, timings
+    else:
+        assert timings["drain_after_last_fault_s"] == 0.0, timings
 
 
 async def test_broker_restart_without_a_command_is_refused(

@@ -18,8 +18,8 @@ from aiokafka import AIOKafkaProducer
 
 from saga_engine import SagaStatus, saga_id_for
 from saga_engine.client import SagaClient
-from tests.integration.kafka_helpers import poll_until
 from tests.internal.e2e.harness import Cluster
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +45,7 @@ async def _start_waiting(cluster: Cluster, orders: range) -> list[str]:
                 return False
         return True
 
-    await poll_until(all_waiting, timeout=60)
+    await eventually(all_waiting, timeout=60)
     return ids
 
 

@@ -27,6 +27,7 @@ from saga_engine import SagaStatus
 from saga_engine.client import SagaClient
 from tests.internal.e2e.flow_app import LEDGER_DDL, PARTICIPANT, Flowed, FlowJob
 from tests.internal.e2e.harness import Cluster, participant_schema, spawn_participant
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -66,15 +67,13 @@ async def rows(cluster: Cluster) -> list[dict[str, Any]]:
 
 
 async def wait_rows(cluster: Cluster, n: int, timeout: float = 60.0) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await rows(cluster)
-        if len(found) >= n:
-            return found
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {p}\n{cluster.log_tail(p)}" for p in cluster.procs)
-            raise TimeoutError(f"{len(found)} of {n} commands handled\n{logs}")
-        await asyncio.sleep(0.05)
+    return await eventually(
+        lambda: rows(cluster),
+        until=lambda found: len(found) >= n,
+        timeout=timeout,
+        what=f"{n} commands handled",
+        context=cluster.logs_tail,
+    )
 
 
 async def start_all(cluster: Cluster, jobs: list[dict[str, Any]]) -> list[str]:
@@ -105,11 +104,14 @@ def order_of(found: list[dict[str, Any]]) -> list[str]:
 
 
 async def wait_log(cluster: Cluster, name: str, text: str, count: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while cluster.log_tail(name, 10_000).count(text) < count:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{name}: {text!r} x{count} not logged\n{cluster.log_tail(name)}")
-        await asyncio.sleep(0.1)
+    await eventually(
+        lambda: cluster.log_tail(name, 10_000).count(text),
+        until=lambda logged: logged >= count,
+        timeout=timeout,
+        interval=0.1,
+        what=f"{name} to log {text!r} {count} times",
+        context=lambda: cluster.log_tail(name),
+    )
 
 
 # --------------------------------------------------------------------------- limits

@@ -6,9 +6,7 @@ outcomes, the runs that took each step, the compensations."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
-import time
 from collections import Counter
 
 import pytest
@@ -17,6 +15,7 @@ from saga_engine import SagaStatus
 from tests.internal.e2e.app import PARTICIPANTS
 from tests.internal.e2e.harness import Cluster
 from tests.internal.e2e.test_crash import _expected, _start_sagas
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -45,12 +44,18 @@ async def test_each_run_counts_once_across_an_engine_crash(
     statuses = await cluster.wait_settled(ids)
     assert statuses == _expected(ids, failing)
 
-    # The engine's housekeeping rolls the ended runs up every 2 s: poll with a deadline
-    # until it has taken every one off the record, then count.
-    deadline = time.monotonic() + 30
-    while (await cluster.query("SELECT count(*) AS n FROM saga_insights_pending"))[0]["n"]:
-        assert time.monotonic() < deadline, "the roll-up left runs pending for 30 s"
-        await asyncio.sleep(0.2)
+    # The engine's housekeeping rolls the ended runs up every 2 s: wait until it has
+    # taken every one off the record, then count.
+    async def pending() -> int:
+        return int((await cluster.query("SELECT count(*) AS n FROM saga_insights_pending"))[0]["n"])
+
+    await eventually(
+        pending,
+        until=lambda n: n == 0,
+        interval=0.2,
+        what="the roll-up to take every ended run off the record",
+        context=lambda: cluster.log_tail("engine"),
+    )
     outcomes, nodes, comps = await _aggregates(cluster)
     assert outcomes == Counter(s.value for s in statuses.values())
     # A saga took each step up to the one refused (included).

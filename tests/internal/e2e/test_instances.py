@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import pytest
 
@@ -13,6 +11,7 @@ from saga_engine import SagaStatus
 from saga_engine.client import SagaClient
 from tests.internal.e2e.app import Transfer, TransferRequest
 from tests.internal.e2e.harness import Cluster
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -31,22 +30,6 @@ async def _running_somewhere(cluster: Cluster, ids: list[str]) -> bool:
     return len(statuses) == len(ids) and any(s == SagaStatus.RUNNING for s in statuses.values())
 
 
-async def _until(
-    condition: Callable[[], Awaitable[bool]],
-    what: str,
-    explain: Callable[[], str],
-    *,
-    timeout: float = 30.0,
-) -> None:
-    """Polls ``condition`` until it holds; fails saying ``what`` did not happen, with
-    ``explain()`` (the engines' logs), rather than carrying on as if it had."""
-    deadline = time.monotonic() + timeout
-    while not await condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} within {timeout:g}s\n{explain()}")
-        await asyncio.sleep(0.1)
-
-
 def _logs(cluster: Cluster, *engines: str) -> Callable[[], str]:
     return lambda: "\n".join(f"--- {e}:\n{cluster.log_tail(e, 40)}" for e in engines)
 
@@ -56,23 +39,15 @@ async def test_survivor_takes_over_the_sagas_of_a_killed_instance(participants_u
     cluster.start_engine("engine-a")
     cluster.start_engine("engine-b")
     # Both must own partitions before the sagas start, so each drives some of them.
-
-    async def both_own_partitions() -> bool:
-        return all("took partitions" in cluster.log_tail(e, 200) for e in ("engine-a", "engine-b"))
-
-    await _until(
-        both_own_partitions,
-        "both engines did not take partitions",
-        _logs(cluster, "engine-a", "engine-b"),
-        timeout=60,  # two processes starting, on a busy machine
-    )
+    await cluster.wait_partitions_taken("engine-a", "engine-b")
     ids = await _start(cluster, 16, pause_s=1.5)
     # Wait until every saga exists and is under way, then kill one engine while it
     # drives some of them.
-    await _until(
+    await eventually(
         lambda: _running_somewhere(cluster, ids),
-        "the sagas did not all start and run",
-        _logs(cluster, "engine-a", "engine-b"),
+        interval=0.1,
+        what="every saga to exist and some to run",
+        context=_logs(cluster, "engine-a", "engine-b"),
     )
     cluster.kill("engine-a")
     statuses = await cluster.wait_settled(ids, timeout=120)
@@ -90,15 +65,18 @@ async def test_a_new_instance_mid_run_rebalances_without_duplicates(
 ) -> None:
     cluster = participants_up
     cluster.start_engine("engine-a")
-    ids = await _start(cluster, 16, pause_s=1.0)
+    # Long pauses, so that the sagas are still under way when engine-b (a process starting
+    # on a busy machine) joins.
+    ids = await _start(cluster, 16, pause_s=3.0)
     # engine-b must join mid-run, while sagas are under way.
-    await _until(
+    await eventually(
         lambda: _running_somewhere(cluster, ids),
-        "the sagas did not all start and run",
-        _logs(cluster, "engine-a"),
+        interval=0.1,
+        what="every saga to exist and some to run",
+        context=_logs(cluster, "engine-a"),
     )
     cluster.start_engine("engine-b")
+    await cluster.wait_partitions_taken("engine-b")
     statuses = await cluster.wait_settled(ids, timeout=120)
     assert set(statuses.values()) == {SagaStatus.COMPLETED}
     await cluster.check_effects(statuses, {})
-    assert "took partitions" in cluster.log_tail("engine-b", 200)

@@ -9,8 +9,6 @@ each effect is applied once, and no slot is left held.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -25,6 +23,7 @@ from saga_engine.events import KeyAcquired, SagaCompleted
 from saga_engine.store import PostgresEventStore
 from tests.internal.e2e.harness import Cluster, participant_schema, spawn_participant
 from tests.internal.e2e.keys_app import LEDGER_DDL, PARTICIPANT, Locked, Paired, Visit
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -64,18 +63,6 @@ async def ledger(cluster: Cluster) -> list[dict[str, Any]]:
     )
 
 
-async def _until(cluster: Cluster, check: Any, what: str, timeout: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {n}\n{cluster.log_tail(n)}" for n in cluster.procs)
-            pytest.fail(f"{what} within {timeout:g}s\n{logs}")
-        await asyncio.sleep(0.2)
-
-
 def most_at_once(intervals: list[tuple[datetime, datetime]]) -> int:
     """The most intervals open at one instant (an end before a start at a tie)."""
     points = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])
@@ -92,11 +79,7 @@ async def test_a_key_never_has_more_holders_than_its_limit_across_engines_and_a_
     cluster = keys
     start_engine(cluster, "engine-a")
     start_engine(cluster, "engine-b")
-
-    async def both_own() -> bool:
-        return all("took partitions" in cluster.log_tail(e, 200) for e in ("engine-a", "engine-b"))
-
-    await _until(cluster, both_own, "both engines did not take partitions", timeout=60)
+    await cluster.wait_partitions_taken("engine-a", "engine-b")
     plan = [(Locked, f"acct-{i % 4}") for i in range(80)] + [
         (Paired, f"pair-{i % 2}") for i in range(20)
     ]
@@ -108,7 +91,13 @@ async def test_a_key_never_has_more_holders_than_its_limit_across_engines_and_a_
         left = [r for r in rows if r["kind"] == "leave"]
         return len(left) >= 15
 
-    await _until(cluster, some_left, "fifteen sagas did not get through")
+    await eventually(
+        some_left,
+        timeout=90,
+        interval=0.2,
+        what="fifteen sagas to get through",
+        context=cluster.logs_tail,
+    )
     cluster.kill("engine-a")  # mid-run: it holds keys, queued sagas and grants owed
     statuses = await cluster.wait_settled(list(ids), timeout=240)
     assert set(statuses.values()) == {SagaStatus.COMPLETED}, Counter(statuses.values())
@@ -148,7 +137,9 @@ async def test_a_key_never_has_more_holders_than_its_limit_across_engines_and_a_
         async def no_slot_left() -> bool:
             return await store.key_slots() == []
 
-        await _until(cluster, no_slot_left, "slots were left held", timeout=30)
+        await eventually(
+            no_slot_left, interval=0.2, what="every key slot released", context=cluster.logs_tail
+        )
     finally:
         await store.close()
 
@@ -189,6 +180,8 @@ async def test_an_engine_killed_between_the_store_and_the_history_of_a_key_recov
         async def no_slot_left() -> bool:
             return await store.key_slots() == []
 
-        await _until(cluster, no_slot_left, "slots were left held", timeout=30)
+        await eventually(
+            no_slot_left, interval=0.2, what="every key slot released", context=cluster.logs_tail
+        )
     finally:
         await store.close()

@@ -13,10 +13,8 @@ linked saga once, which the original's detail lists.
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import socket
-import time
 from collections import Counter
 from typing import Any
 
@@ -29,6 +27,7 @@ from saga_engine.protocol import Envelope, MessageType, Topics
 from tests.edge.conftest import dead_letters, produce
 from tests.internal.e2e.harness import Cluster
 from tests.internal.e2e.redrive_app import Parking, Pivoted, RedriveRequest
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -55,29 +54,35 @@ async def _post(
 ) -> httpx.Response:
     """POSTs to the engine's admin API until it answers ``want`` (it may still be starting,
     or not own the saga's partition yet), within a deadline."""
-    deadline = time.monotonic() + 60
-    last: object = None
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
-        while time.monotonic() < deadline:
+
+        async def post() -> httpx.Response | str:
             try:
-                answer = await http.post(path, json=body)
+                return await http.post(path, json=body)
             except httpx.TransportError as exc:
-                last = exc
-            else:
-                if answer.status_code == want:
-                    return answer
-                last = f"{answer.status_code} {answer.text}"
-            await asyncio.sleep(0.3)
-    raise TimeoutError(f"POST {path}: {last}\n{cluster.log_tail('engine')}")
+                return repr(exc)
+
+        answer = await eventually(
+            post,
+            until=lambda got: isinstance(got, httpx.Response) and got.status_code == want,
+            timeout=60,
+            interval=0.3,
+            what=f"POST {path} to answer {want}",
+            context=lambda: cluster.log_tail("engine"),
+        )
+    assert isinstance(answer, httpx.Response)
+    return answer
 
 
 async def _wait_status(cluster: Cluster, saga_id: str, status: SagaStatus) -> None:
-    deadline = time.monotonic() + 90
-    while (await cluster.statuses([saga_id])).get(saga_id) != status:
-        if time.monotonic() > deadline:
-            found = await cluster.statuses([saga_id])
-            raise TimeoutError(f"{saga_id}: {found}, not {status}\n{cluster.log_tail('engine')}")
-        await asyncio.sleep(0.2)
+    await eventually(
+        lambda: cluster.statuses([saga_id]),
+        until=lambda found: found.get(saga_id) == status,
+        timeout=90,
+        interval=0.2,
+        what=f"{saga_id} to be {status.value}",
+        context=lambda: cluster.log_tail("engine"),
+    )
 
 
 async def _applied(cluster: Cluster, participant: str, saga_id: str) -> list[tuple[str, int]]:

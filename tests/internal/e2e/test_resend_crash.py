@@ -5,9 +5,6 @@ comes up: it receives every copy and applies the command once, in its own table.
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import httpx
 import pytest
 
@@ -16,6 +13,7 @@ from saga_engine.client import SagaClient
 from tests.internal.e2e.harness import Cluster
 from tests.internal.e2e.resend_app import Charge, Resent
 from tests.internal.e2e.test_updates_crash import _admin_url, _charges
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -34,14 +32,18 @@ async def test_a_re_send_survives_a_sigkill_and_is_applied_once(cluster: Cluster
     async with SagaClient(cluster.settings) as client:
         saga_id = await client.start(Resent, Charge(amount=42))
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-            deadline = time.monotonic() + 60
-            while True:
-                detail = await http.get(f"/sagas/{saga_id}")
-                actions = {a["name"]: a["steps"] for a in detail.json().get("actions", [])}
-                if actions.get("retry") == ["charge"]:
-                    break
-                assert time.monotonic() < deadline, detail.text
-                await asyncio.sleep(0.1)
+
+            async def actions() -> dict[str, list[str]]:
+                detail = (await http.get(f"/sagas/{saga_id}")).json()
+                return {a["name"]: a["steps"] for a in detail.get("actions", [])}
+
+            await eventually(
+                actions,
+                until=lambda offered: offered.get("retry") == ["charge"],
+                timeout=60,
+                interval=0.1,
+                what="a retry of charge offered",
+            )
             resent = await http.post(
                 f"/sagas/{saga_id}/retry", json={"step": "charge", "reason": "alpha was down"}
             )

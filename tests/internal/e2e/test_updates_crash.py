@@ -5,9 +5,7 @@ result; a query answered from the replayed state without writing."""
 
 from __future__ import annotations
 
-import asyncio
 import re
-import time
 
 import asyncpg
 import httpx
@@ -17,6 +15,7 @@ from saga_engine import InvalidPayload, SagaStatus, UpdateFailed, UpdateRefused
 from saga_engine.client import SagaClient
 from tests.internal.e2e.harness import Cluster
 from tests.internal.e2e.update_app import AddItem, Cart, CartIn, Checkout
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -29,22 +28,26 @@ def _start_engine(cluster: Cluster, name: str = "engine") -> None:
 
 async def _admin_url(cluster: Cluster, after: int, name: str = "engine") -> str:
     """The address the engine's admin API announced, the ``after``-th announcement on."""
-    deadline = time.monotonic() + 90
-    while True:
-        found = re.findall(r"admin API on (http://\S+)", cluster.log_tail(name, 2000))
-        if len(found) > after:
-            return str(found[-1])
-        if time.monotonic() > deadline:
-            pytest.fail(f"the engine's admin API did not start\n{cluster.log_tail('engine')}")
-        await asyncio.sleep(0.1)
+    found = await eventually(
+        lambda: re.findall(r"admin API on (http://\S+)", cluster.log_tail(name, 2000)),
+        until=lambda found: len(found) > after,
+        timeout=90,
+        interval=0.1,
+        what=f"{name}'s admin API to start",
+        context=lambda: cluster.log_tail(name),
+    )
+    return str(found[-1])
 
 
 async def _until_running(cluster: Cluster, saga_id: str) -> None:
-    deadline = time.monotonic() + 60
-    while (await cluster.statuses([saga_id])).get(saga_id) != SagaStatus.RUNNING:
-        if time.monotonic() > deadline:
-            pytest.fail(f"saga {saga_id} did not start\n{cluster.log_tail('engine')}")
-        await asyncio.sleep(0.1)
+    await eventually(
+        lambda: cluster.statuses([saga_id]),
+        until=lambda found: found.get(saga_id) == SagaStatus.RUNNING,
+        timeout=60,
+        interval=0.1,
+        what=f"saga {saga_id} to run",
+        context=lambda: cluster.log_tail("engine"),
+    )
 
 
 async def _charges(cluster: Cluster, saga_id: str) -> list[tuple[str, int]]:
@@ -164,11 +167,7 @@ async def test_updates_and_queries_through_either_of_two_engines(cluster: Cluste
     cluster.start_participant("alpha")
     for name in ("engine-a", "engine-b"):
         _start_engine(cluster, name)
-    deadline = time.monotonic() + 60
-    while not all("took partitions" in cluster.log_tail(e, 300) for e in ("engine-a", "engine-b")):
-        if time.monotonic() > deadline:
-            pytest.fail("both engines did not take partitions\n" + cluster.log_tail("engine-b"))
-        await asyncio.sleep(0.1)
+    await cluster.wait_partitions_taken("engine-a", "engine-b")
     urls = [await _admin_url(cluster, 0, name) for name in ("engine-a", "engine-b")]
     async with SagaClient(cluster.settings) as client:
         carts = [await client.start(Cart, CartIn(customer=f"c{i}", limit=100)) for i in range(4)]

@@ -28,12 +28,12 @@ from tests.participant.helpers import (
     by_id,
     command,
     compensation_of,
-    poll_until,
     resent,
     send_first,
     start,
 )
 from tests.participant.test_participant import World, _stat, body_of
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -334,7 +334,7 @@ async def test_a_batch_that_fails_for_no_commands_fault_answers_the_others_one_a
     await send_first(world, sealed)
     codec = CodecChain(ZstdCodec(threshold=16), AesGcmCodec({"k1": os.urandom(32)}, "k1"))
     keyed = await start(world, codec=codec)
-    await poll_until(lambda: _stat(keyed, "processed", 1))
+    await eventually(lambda: _stat(keyed, "processed", 1))
     await keyed.stop()
     world.running.clear()
 

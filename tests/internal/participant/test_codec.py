@@ -18,8 +18,9 @@ from saga_engine.protocol import ReplyBody
 from saga_engine.transport._kafka import start_record
 from saga_engine.transport._wire import Envelope, decode, encode
 from tests.participant import test_participant
-from tests.participant.helpers import command, poll_until, query
+from tests.participant.helpers import command, query
 from tests.participant.test_participant import World, _stat
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +40,7 @@ async def _raw_replies(world: World, count: int) -> list[Any]:
             found.extend(records)
         return len(found) >= count
 
-    assert await poll_until(enough, timeout=20, interval=0)
+    assert await eventually(enough, timeout=20, interval=0)
     return found
 
 
@@ -73,7 +74,7 @@ async def test_sealed_commands_and_replies_through_the_outbox(
     expected = ReplyBody.model_validate(_opened(reply).body)
     assert expected.outcome == "failure"
     assert expected.payload["requested"] == AMOUNT
-    assert await poll_until(lambda: _stat(participant, "outbox_relayed", 1))
+    assert await eventually(lambda: _stat(participant, "outbox_relayed", 1))
 
     rows = await query(
         world.pg.dsn,

@@ -13,8 +13,9 @@ from saga_engine.participant import _replies
 from saga_engine.protocol import ReplyBody
 from saga_engine.transport._kafka import start_record
 from tests.participant import test_participant
-from tests.participant.helpers import command, poll_until
+from tests.participant.helpers import command
 from tests.participant.test_participant import World, _stat, body_of
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +50,7 @@ async def test_the_relay_publishes_a_reply_that_could_not_be_sent(
         outcome="success", payload={"reservation": f"r-{cmd.command_id}", "amount": 12}
     )
     assert participant.stats["replies_to_relay"] == 1
-    assert await poll_until(lambda: _stat(participant, "outbox_relayed", 1))
-    assert await poll_until(world.all_published)
+    assert await eventually(lambda: _stat(participant, "outbox_relayed", 1))
+    assert await eventually(world.all_published)
     assert world.effects.calls[cmd.command_id] == 1
     assert participant.stats["duplicates"] == 0

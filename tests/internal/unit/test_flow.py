@@ -5,9 +5,6 @@ queue. The real-server proofs are in ``tests/internal/e2e/test_flow.py``."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -18,6 +15,7 @@ from saga_engine.core.planning._flow import FlowQueue, Gate, GateKind, Waiting
 from saga_engine.kernel._settings import FlowLimit, LimitsSettings
 from saga_engine.runner._flow_sender import FlowControl
 from saga_engine.testing import SagaTestEnv
+from tests.waiting import eventually
 
 
 class Job(BaseModel):
@@ -56,15 +54,6 @@ def limited(concurrency: int | None = None, rate: float | None = None, **kw: obj
             participants={"worker": FlowLimit(concurrency=concurrency, rate=rate)}, **kw
         )
     )
-
-
-async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Polls ``check`` (the queue runs in a task of its own) until true or the deadline."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.001)
 
 
 async def nothing() -> None:
@@ -133,14 +122,19 @@ async def test_a_concurrency_limit_holds_commands_until_replies_release_them() -
     # Every command is recorded (durable), only two are sent.
     for saga_id in ids:
         assert any(e.kind == "command_issued" for e in await env.engine.history(saga_id))
-    await until(lambda: len(env.bus.sent) == 2)
-    await asyncio.sleep(0.01)
+    # Every command reached the queue: two hold the permits, three wait for one. Only a
+    # permit sends a command, so no third send is still to come.
+    flow = env.parts.flow
+    assert flow is not None
+    await eventually(
+        lambda: (flow.snapshot()[0]["in_flight"], flow.snapshot()[0]["waiting"]) == (2, 3)
+    )
     assert len(env.bus.sent) == 2
     await reply_first(env)
-    await until(lambda: len(env.bus.sent) == 3)
+    await eventually(lambda: len(env.bus.sent) == 3)
     while env.bus.pending:
         await reply_first(env)
-        await until(lambda: bool(env.bus.pending) or len(env.bus.sent) == 5)
+        await eventually(lambda: bool(env.bus.pending) or len(env.bus.sent) == 5)
     for saga_id in ids:
         assert (await env.engine.get(saga_id)).status is SagaStatus.COMPLETED
     assert env.parts.flow is not None
@@ -151,12 +145,12 @@ async def test_a_concurrency_limit_holds_commands_until_replies_release_them() -
 async def test_higher_priority_goes_first_then_fifo() -> None:
     env = SagaTestEnv([OneStep], settings=limited(concurrency=1))
     first = await env.engine.start(OneStep, Job(n=0))
-    await until(lambda: len(env.bus.sent) == 1)
+    await eventually(lambda: len(env.bus.sent) == 1)
     low = [await env.engine.start(OneStep, Job(n=i), priority=0) for i in range(1, 4)]
     high = [await env.engine.start(OneStep, Job(n=i), priority=5) for i in range(4, 7)]
     order = [await reply_first(env)]
     while len(order) < 7:
-        await until(lambda: bool(env.bus.pending))
+        await eventually(lambda: bool(env.bus.pending))
         order.append(await reply_first(env))
     assert order == [first, *high, *low]
 
@@ -164,12 +158,12 @@ async def test_higher_priority_goes_first_then_fifo() -> None:
 async def test_fairness_keys_take_turns() -> None:
     env = SagaTestEnv([OneStep], settings=limited(concurrency=1))
     first = await env.engine.start(OneStep, Job(n=0))
-    await until(lambda: len(env.bus.sent) == 1)
+    await eventually(lambda: len(env.bus.sent) == 1)
     big = [await env.engine.start(OneStep, Job(n=i), fairness_key="big") for i in range(6)]
     small = [await env.engine.start(OneStep, Job(n=i), fairness_key="small") for i in range(2)]
     order = [await reply_first(env)]
     while len(order) < 9:
-        await until(lambda: bool(env.bus.pending))
+        await eventually(lambda: bool(env.bus.pending))
         order.append(await reply_first(env))
     assert order[0] == first
     # big arrived first, then the keys alternate while both wait.
@@ -180,18 +174,18 @@ async def test_fairness_keys_take_turns() -> None:
 async def test_compensations_go_before_forward_work() -> None:
     env = SagaTestEnv([OneStep], settings=limited(concurrency=1))
     first = await env.engine.start(OneStep, Job(n=0))
-    await until(lambda: len(env.bus.sent) == 1)
+    await eventually(lambda: len(env.bus.sent) == 1)
     waiting = await env.engine.start(OneStep, Job(n=1), priority=100)
     # The first saga is cancelled while its command is out: its compensation waits for
     # the permit, and gets it before the waiting forward command, whatever its priority.
     await env.engine.cancel(first, "test")
     command = env.bus.pending.popleft()
     await env.engine.reply(command.saga_id, command.command_id, "success", {})
-    await until(lambda: len(env.bus.sent) == 2)
+    await eventually(lambda: len(env.bus.sent) == 2)
     assert env.bus.sent[1].compensation
     assert env.bus.sent[1].saga_id == first
     await reply_first(env)
-    await until(lambda: len(env.bus.sent) == 3)
+    await eventually(lambda: len(env.bus.sent) == 3)
     assert env.bus.sent[2].saga_id == waiting
     assert (await env.engine.get(first)).status is SagaStatus.CANCELLED
 
@@ -200,16 +194,16 @@ async def test_a_held_attempts_timeout_counts_from_its_send() -> None:
     env = SagaTestEnv([OneStep], settings=limited(concurrency=1))
     first = await env.engine.start(OneStep, Job(n=0))
     second = await env.engine.start(OneStep, Job(n=1))
-    await until(lambda: len(env.bus.sent) == 1)
+    await eventually(lambda: len(env.bus.sent) == 1)
     # Four seconds of the 5 s timeout pass with the second command still queued.
     await env.clock.advance(timedelta(seconds=4), settle=nothing)
     await reply_first(env)  # the first completes; the second is sent now
-    await until(lambda: len(env.bus.sent) == 2)
+    await eventually(lambda: len(env.bus.sent) == 2)
     await env.clock.advance(timedelta(seconds=4), settle=nothing)
     history = await env.engine.history(second)
     assert not any(e.kind == "attempt_timed_out" for e in history)  # 8 s after issue
     await env.clock.advance(timedelta(seconds=2), settle=nothing)  # 6 s after its send: times out
-    await until(lambda: len(env.bus.sent) == 3)
+    await eventually(lambda: len(env.bus.sent) == 3)
     history = await env.engine.history(second)
     assert [e.kind for e in history].count("attempt_timed_out") == 1
     assert (await env.engine.get(first)).status is SagaStatus.COMPLETED
@@ -219,12 +213,12 @@ async def test_a_timeout_releases_the_permit() -> None:
     env = SagaTestEnv([OneStep], settings=limited(concurrency=1))
     await env.engine.start(OneStep, Job(n=0))
     second = await env.engine.start(OneStep, Job(n=1))
-    await until(lambda: len(env.bus.sent) == 1)
+    await eventually(lambda: len(env.bus.sent) == 1)
     env.bus.pending.clear()  # the reply never comes
     await env.clock.advance(timedelta(seconds=6), settle=nothing)
     # The timed-out attempt gave its permit back; the second saga's command got it (the
     # first's re-send, attempt 2, waits behind it).
-    await until(lambda: len(env.bus.sent) == 2)
+    await eventually(lambda: len(env.bus.sent) == 2)
     assert env.bus.sent[1].saga_id == second
 
 
@@ -232,7 +226,7 @@ async def test_a_cancelled_saga_leaves_the_queue() -> None:
     env = SagaTestEnv([OneStep], settings=limited(concurrency=1))
     await env.engine.start(OneStep, Job(n=0))
     queued = await env.engine.start(OneStep, Job(n=1))
-    await until(lambda: len(env.bus.sent) == 1)
+    await eventually(lambda: len(env.bus.sent) == 1)
     flow = env.parts.flow
     assert flow is not None
     assert flow.snapshot()[0]["waiting"] == 1
@@ -241,28 +235,33 @@ async def test_a_cancelled_saga_leaves_the_queue() -> None:
     # (owed: the outcome of a recorded command is unknown) queues instead.
     assert flow.snapshot()[0]["waiting"] == 1
     await reply_first(env)
-    await until(lambda: len(env.bus.sent) == 2)
+    await eventually(lambda: len(env.bus.sent) == 2)
     assert env.bus.sent[1].compensation
     assert env.bus.sent[1].saga_id == queued
     await reply_first(env)
-    await until(lambda: flow.snapshot()[0]["in_flight"] == 0)
+    await eventually(lambda: flow.snapshot()[0]["in_flight"] == 0)
     assert (await env.engine.get(queued)).status is SagaStatus.CANCELLED
 
 
 async def test_a_restarted_engine_sends_the_outstanding_commands_through_the_limit() -> None:
     env = SagaTestEnv([OneStep], settings=limited(concurrency=2))
     ids = [await env.engine.start(OneStep, Job(n=i)) for i in range(4)]
-    await until(lambda: len(env.bus.sent) == 2)
+    await eventually(lambda: len(env.bus.sent) == 2)
     await env.engine.close()  # the queue dies with the process
     env.bus.pending.clear()
     env.engine = env.new_engine()
     await env.engine.recover()
-    await until(lambda: len(env.bus.sent) == 4)
-    await asyncio.sleep(0.01)
+    await eventually(lambda: len(env.bus.sent) == 4)
+    # The new engine's queue holds all four: two sent with the permits, two waiting.
+    flow = env.parts.flow
+    assert flow is not None
+    await eventually(
+        lambda: (flow.snapshot()[0]["in_flight"], flow.snapshot()[0]["waiting"]) == (2, 2)
+    )
     assert len(env.bus.sent) == 4  # two again, not four
     done = 0
     while done < 4:
-        await until(lambda: bool(env.bus.pending))
+        await eventually(lambda: bool(env.bus.pending))
         await reply_first(env)
         done += 1
     for saga_id in ids:
@@ -282,7 +281,7 @@ async def test_a_failed_send_keeps_its_place() -> None:
     env.bus.fail(lambda command: True)  # the broker refuses the first send
     a = await env.engine.start(OneStep, Job(n=0))  # held by the limit: the start is done
     # The queue sends it again after its pause, in its place.
-    await until(lambda: [c.saga_id for c in env.bus.sent] == [a], timeout=3)
+    await eventually(lambda: [c.saga_id for c in env.bus.sent] == [a], timeout=3)
     flow = env.parts.flow
     assert flow is not None
     assert flow.stats["send_failed"] == 1
@@ -304,13 +303,13 @@ async def test_an_evicted_saga_keeps_its_permit_until_its_reply() -> None:
     env = SagaTestEnv([OneStep], settings=limited(concurrency=1))
     first = await env.engine.start(OneStep, Job(n=0))
     await env.engine.start(OneStep, Job(n=1))
-    await until(lambda: len(env.bus.sent) == 1)
+    await eventually(lambda: len(env.bus.sent) == 1)
     env.engine.evict(first)  # out of memory; its command is still out
     flow = env.parts.flow
     assert flow is not None
     assert (flow.snapshot()[0]["in_flight"], flow.snapshot()[0]["waiting"]) == (1, 1)
     await reply_first(env)  # reloads it (the re-send keeps the permit), then completes
-    await until(lambda: len(env.bus.sent) >= 3)
+    await eventually(lambda: len(env.bus.sent) >= 3)
     assert env.bus.sent[1].saga_id == first  # the reload's re-send, same id
     assert env.bus.sent[1].command_id == env.bus.sent[0].command_id
     assert (await env.engine.get(first)).status is SagaStatus.COMPLETED
@@ -328,12 +327,12 @@ async def test_a_held_reply_releases_the_permit() -> None:
     env = SagaTestEnv([Strict], settings=limited(concurrency=1))
     held = await env.engine.start(Strict, Job(n=0))
     other = await env.engine.start(Strict, Job(n=1))
-    await until(lambda: len(env.bus.sent) == 1)
+    await eventually(lambda: len(env.bus.sent) == 1)
     command = env.bus.pending.popleft()
     # A success its returns= model refuses: held for an operator, the saga step_stuck.
     await env.engine.reply(held, command.command_id, "success", {"ok": "not a bool"})
     assert (await env.engine.get(held)).status is SagaStatus.STEP_STUCK
-    await until(lambda: len(env.bus.sent) == 2)
+    await eventually(lambda: len(env.bus.sent) == 2)
     assert env.bus.sent[1].saga_id == other
 
 
@@ -342,7 +341,7 @@ async def test_a_saga_type_limit_holds_its_commands() -> None:
     env = SagaTestEnv([OneStep], settings=settings)
     for i in range(3):
         await env.engine.start(OneStep, Job(n=i))
-    await until(lambda: len(env.bus.sent) == 1)
+    await eventually(lambda: len(env.bus.sent) == 1)
     assert env.parts.flow is not None
     (gate,) = env.parts.flow.snapshot()
     assert (gate["kind"], gate["name"], gate["in_flight"], gate["waiting"]) == (

@@ -3,7 +3,6 @@ FIFO, queued sagas visible, released at the end, a cancel while queued, definiti
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime, timedelta
 
 import pytest
@@ -17,6 +16,7 @@ from saga_engine.core.views._view import WaitKind, saga_view_of
 from saga_engine.kernel._errors import InvalidPayload, StoreUnavailable
 from saga_engine.store._keyslots import KeySlotStore
 from saga_engine.testing import SagaTestEnv
+from tests.waiting import eventually
 
 
 class TransferIn(BaseModel):
@@ -253,10 +253,10 @@ async def test_a_long_queue_of_sagas_that_end_at_once_drains_without_deep_recurs
     # chained, applied inline a few deep and then in tasks, never 299 frames deep.
     [debit] = env.commands("ledger")
     await env.engine.reply(runs[0].saga_id, debit.command_id, "success")
-    for _ in range(100):
-        if await _slots(env).key_slots() == []:
-            break
-        await asyncio.sleep(0.01)  # the tasks the chain went on in
+    # The tasks the chain went on in release the last slots.
+    await eventually(
+        _slots(env).key_slots, until=lambda held: held == [], interval=0.01, what="no slot held"
+    )
     assert {await r.status() for r in runs} == {SagaStatus.COMPLETED}
     assert await _slots(env).key_slots() == []
 

@@ -16,10 +16,10 @@ from saga_engine.client import SagaClient
 from saga_engine.core.planning._rollout import RolloutSpec, bucket
 from saga_engine.store._migrations import migrate
 from saga_engine.store._pgstore import PostgresEventStore
-from tests.integration.kafka_helpers import poll_until
 from tests.internal.e2e.app import PARTICIPANTS
 from tests.internal.e2e.harness import Cluster
 from tests.internal.versions.app import TYPE, Request
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +80,7 @@ async def test_engine_killed_during_a_rollout_finishes_each_saga_on_its_version(
         applied = {r["saga_id"] for r in await cluster.ledger("alpha")}
         return len(versions) == COUNT and applied >= set(ids)
 
-    await poll_until(in_flight, timeout=60, interval=0.1)
+    await eventually(in_flight, timeout=60, interval=0.1)
     statuses = await cluster.statuses(ids)
     running = {expected[i] for i, s in statuses.items() if s is SagaStatus.RUNNING}
     assert running == {1, 2}, statuses  # sagas of both versions are in flight

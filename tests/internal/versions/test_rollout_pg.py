@@ -32,7 +32,7 @@ from saga_engine.store._migrations import migrate
 from saga_engine.store._pgstore import PostgresEventStore
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
-from tests.integration.kafka_helpers import poll_until
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -141,7 +141,7 @@ async def test_rollout_through_the_api_reaches_another_engine_and_rolls_back(
     async with running(a, b), SagaClient(settings) as client:
         await a.start()
         await b.start()
-        await poll_until(
+        await eventually(
             lambda: (
                 a.owned_partitions
                 and b.owned_partitions
@@ -166,13 +166,13 @@ async def test_rollout_through_the_api_reaches_another_engine_and_rolls_back(
                 row = parts_b.rollouts.get(TYPE)
                 return row is not None and row.percent == percent
 
-            await poll_until(lambda: b_applies(30), timeout=10)
+            await eventually(lambda: b_applies(30), timeout=10)
             assert time.monotonic() - changed_at < REFRESH_S + 2.0
 
             ids = [f"canary-{i}" for i in range(40)]
             for saga_id in ids:
                 await client.start(TYPE, Order(), saga_id=saga_id)
-            await poll_until(lambda: _all_completed(pg, ids), timeout=60)
+            await eventually(lambda: _all_completed(pg, ids), timeout=60)
             found = await _versions_and_outputs(pg, ids)
             for saga_id in ids:
                 want = 2 if bucket(TYPE, saga_id) < 30 else 1
@@ -186,7 +186,7 @@ async def test_rollout_through_the_api_reaches_another_engine_and_rolls_back(
                 json={"version": 2, "percent": 100, "reason": "all in"},
                 headers=OPERATOR,
             )
-            await poll_until(lambda: b_applies(100), timeout=10)
+            await eventually(lambda: b_applies(100), timeout=10)
             long = [f"long-{i}" for i in range(8)]
             for saga_id in long:
                 await client.start(TYPE, Order(nap_s=4), saga_id=saga_id)
@@ -195,7 +195,7 @@ async def test_rollout_through_the_api_reaches_another_engine_and_rolls_back(
                 found = await _versions_and_outputs(pg, long)
                 return len(found) == len(long)
 
-            await poll_until(long_started, timeout=30)
+            await eventually(long_started, timeout=30)
             assert {v for _, v, _ in (await _versions_and_outputs(pg, long)).values()} == {2}
             back = await http.put(
                 f"/rollouts/{TYPE}",
@@ -204,11 +204,11 @@ async def test_rollout_through_the_api_reaches_another_engine_and_rolls_back(
             )
             assert back.status_code == 200
             assert "0% of new starts" in back.json()["summary"]
-            await poll_until(lambda: b_applies(0), timeout=10)
+            await eventually(lambda: b_applies(0), timeout=10)
             after = [f"after-{i}" for i in range(12)]
             for saga_id in after:
                 await client.start(TYPE, Order(), saga_id=saga_id)
-            await poll_until(lambda: _all_completed(pg, after + long), timeout=60)
+            await eventually(lambda: _all_completed(pg, after + long), timeout=60)
             found = await _versions_and_outputs(pg, after + long)
             # No new start on v2; the running v2 sagas finished on v2.
             assert {found[i] for i in after} == {("completed", 1, 1)}
@@ -254,7 +254,7 @@ async def test_a_saga_version_an_engine_lacks_waits_for_an_engine_that_has_it(
     async with running(new), SagaClient(settings) as client:
         await new.start()
         saga_id = await client.start(TYPE, Order(nap_s=6), saga_id="v2-saga")
-        await poll_until(lambda: _pg_row(pg, "SELECT 1 FROM sagas WHERE saga_id = $1", saga_id))
+        await eventually(lambda: _pg_row(pg, "SELECT 1 FROM sagas WHERE saga_id = $1", saga_id))
     before = await _pg_row(pg, "SELECT status, last_seq, saga_version FROM sagas")
     assert [tuple(r) for r in before] == [("running", 2, 2)]
 
@@ -265,7 +265,7 @@ async def test_a_saga_version_an_engine_lacks_waits_for_an_engine_that_has_it(
     async with running(old):
         await old.start()
         parts = old.parts
-        await poll_until(lambda: parts.stats.counts["recovery_failed"] >= 1, timeout=30)
+        await eventually(lambda: parts.stats.counts["recovery_failed"] >= 1, timeout=30)
         assert "version 2 is not deployed on this engine" in caplog.text
         after = await _pg_row(pg, "SELECT status, last_seq, saga_version FROM sagas")
         assert [tuple(r) for r in after] == [("running", 2, 2)]
@@ -274,7 +274,7 @@ async def test_a_saga_version_an_engine_lacks_waits_for_an_engine_that_has_it(
     again = SagaWorker(settings, [OrderV1, OrderV2])
     async with running(again):
         await again.start()
-        await poll_until(lambda: _all_completed(pg, [saga_id]), timeout=30)
+        await eventually(lambda: _all_completed(pg, [saga_id]), timeout=30)
     assert (await _versions_and_outputs(pg, [saga_id]))[saga_id] == ("completed", 2, 2)
 
 
@@ -289,7 +289,7 @@ async def test_an_event_written_by_a_newer_engine_is_left_untouched_and_reported
     async with running(first), SagaClient(settings) as client:
         await first.start()
         saga_id = await client.start(TYPE, Order(nap_s=5), saga_id="newer-event")
-        await poll_until(lambda: _pg_row(pg, "SELECT 1 FROM sagas WHERE saga_id = $1", saga_id))
+        await eventually(lambda: _pg_row(pg, "SELECT 1 FROM sagas WHERE saga_id = $1", saga_id))
     # As a newer engine would have written it: its sleep's timer_started at version 2.
     await _pg_row(
         pg,
@@ -306,7 +306,7 @@ async def test_an_event_written_by_a_newer_engine_is_left_untouched_and_reported
     async with running(old), SagaClient(settings) as client:
         await old.start()
         parts = old.parts
-        await poll_until(lambda: parts.stats.counts["recovery_failed"] >= 1, timeout=30)
+        await eventually(lambda: parts.stats.counts["recovery_failed"] >= 1, timeout=30)
         async with admin_of(old, settings) as http:
             shown = await http.get(f"/sagas/{saga_id}", headers=OPERATOR)
             assert shown.status_code == 409
@@ -314,7 +314,7 @@ async def test_an_event_written_by_a_newer_engine_is_left_untouched_and_reported
             assert "'timer_started' at version 2" in shown.json()["detail"]
         # A signal for it is dead-lettered as newer_version, not lost in a crash.
         await client.signal(saga_id, "go", Go(), saga=OrderV1)
-        await poll_until(lambda: old.stats_dead_lettered >= 1, timeout=30)
+        await eventually(lambda: old.stats_dead_lettered >= 1, timeout=30)
         assert parts.stats.counts["dead_lettered_newer_version"] == 1
         rows = await _pg_row(pg, "SELECT status, last_seq FROM sagas WHERE saga_id = $1", saga_id)
         assert [tuple(r) for r in rows] == [("running", 2)]
@@ -329,7 +329,7 @@ async def test_an_event_written_by_a_newer_engine_is_left_untouched_and_reported
     newer = SagaWorker(settings, [OrderV1])
     async with running(newer):
         await newer.start()
-        await poll_until(lambda: _all_completed(pg, [saga_id]), timeout=30)
+        await eventually(lambda: _all_completed(pg, [saga_id]), timeout=30)
     stored = await _pg_row(
         pg, "SELECT data->>'_v' AS v FROM saga_events WHERE saga_id = $1 AND seq = 2", saga_id
     )
