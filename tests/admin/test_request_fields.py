@@ -30,8 +30,8 @@ from pydantic import BaseModel, Field
 
 from saga_engine import Saga, SagaContext, Signal, query, update
 from tests.conftest import PgTarget
-from tests.integration.kafka_helpers import poll_until
 from tests.served_worker import OPERATOR_TOKEN, ServedWorker, real_settings, served_worker
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -97,7 +97,7 @@ async def world(pg: PgTarget, kafka_bootstrap: str, unique_id: str) -> AsyncIter
             got = await served.http.get(f"/sagas/{saga_id}", headers=OPERATOR)
             return got.status_code == 200 and got.json()["status"] == "running"
 
-        await poll_until(running, timeout=60)
+        await eventually(running, timeout=60, what=f"saga {saga_id} to be running")
         yield World(served, pg, saga_id)
 
 
