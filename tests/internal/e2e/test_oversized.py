@@ -9,10 +9,8 @@ retried a batch as transiently failing.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import time
 
 import pytest
 
@@ -21,6 +19,7 @@ from saga_engine.client import SagaClient
 from tests.internal.e2e.app import Transfer, TransferRequest
 from tests.internal.e2e.harness import Cluster
 from tests.internal.e2e.size_app import Bulky, BulkyRequest, Lost
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -70,12 +69,12 @@ async def test_an_oversized_command_fails_its_step_and_stalls_no_other_saga(
 
 
 async def _log_shows(cluster: Cluster, text: str, times: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
     log = cluster.logs / "engine.log"
-    while not log.exists() or log.read_text(errors="replace").count(text) < times:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {text!r} x{times} in the log:\n{cluster.log_tail('engine')}")
-        await asyncio.sleep(0.2)
+    await eventually(
+        lambda: log.exists() and log.read_text(errors="replace").count(text) >= times,
+        timeout=timeout,
+        what=f"{text!r} x{times} in the engine's log",
+    )
 
 
 @pytest.mark.timeout(300)
