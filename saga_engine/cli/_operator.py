@@ -287,7 +287,7 @@ def signal(
         str | None,
         typer.Option("--signal-id", help="Sending the same id twice delivers it once."),
     ] = None,
-    reason: Annotated[str, typer.Option("--reason", help="Why; recorded in its history.")] = "",
+    reason: ReasonOpt = "",
     admin_url: AdminUrl = None,
     as_json: JsonOpt = False,
 ) -> None:

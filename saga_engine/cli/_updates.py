@@ -14,6 +14,7 @@ from saga_engine.cli._common import (
     AdminApi,
     AdminUrl,
     JsonOpt,
+    ReasonOpt,
     admin_call,
     fail,
     out,
@@ -49,7 +50,7 @@ def update(
         str | None,
         typer.Option("--update-id", help="Sending the same id twice applies it once."),
     ] = None,
-    reason: Annotated[str, typer.Option("--reason", help="Why; recorded in its history.")] = "",
+    reason: ReasonOpt = "",
     admin_url: AdminUrl = None,
     as_json: JsonOpt = False,
 ) -> None:

@@ -181,10 +181,6 @@ class BatchOperationRunner:
         # cursor (the saga in flight is checked against its history).
         await self._loop.stop()
 
-    def poll_now(self) -> None:
-        """Look again now (an operation was created)."""
-        self._loop.poll_now()
-
     async def run_once(self) -> BatchRow | None:
         """Claims one operation and works on it until it ends or is lost; the operation as
         it was claimed, or None if there was none to claim."""

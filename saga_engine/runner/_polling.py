@@ -36,7 +36,6 @@ class PollingLoop:
         self._what = what
         self._log = log
         self._task: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=self._name)
@@ -46,9 +45,6 @@ class PollingLoop:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-
-    def poll_now(self) -> None:
-        self._wake.set()
 
     async def _run(self) -> None:
         detach_from_trace()
@@ -66,11 +62,5 @@ class PollingLoop:
                 self._log.exception("unexpected error %s", self._what)
                 await asyncio.sleep(self._poll_s)
                 continue
-            if delay <= 0:
-                continue
-            self._wake.clear()
-            try:
-                async with asyncio.timeout(delay):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
+            if delay > 0:
+                await asyncio.sleep(delay)  # the next round is due then: nothing asks sooner

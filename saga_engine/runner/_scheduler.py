@@ -76,10 +76,6 @@ class Scheduler:
         # the next engine (their starts, if sent, are deduplicated).
         await self._loop.stop()
 
-    def poll_now(self) -> None:
-        """Look again now (a schedule was created or resumed)."""
-        self._loop.poll_now()
-
     async def run_due(self) -> int:
         """Claims and fires until no schedule is due now; the number of ticks fired.
 
