@@ -70,6 +70,7 @@ def _report(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return report
 
 
+@pytest.mark.timeout(240)  # the drill's own bound (170 s) and the test's set-up around it
 async def test_the_documented_engine_kill_drill_of_a_healthy_app_passes(
     pg: PgTarget, kafka_bootstrap: str, unique_id: str, tmp_path: Path
 ) -> None:

@@ -4,7 +4,6 @@ the open connections, holds new ones unanswered for the stall, then forwards aga
 from __future__ import annotations
 
 import asyncio
-import time
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -12,6 +11,7 @@ import pytest
 
 from saga_engine.cli._drill_proxy import PgProxy
 from tests.conftest import PgTarget
+from tests.waiting import scaled
 
 
 async def test_a_cut_drops_connections_and_stalls_new_ones(pg: PgTarget) -> None:
@@ -24,7 +24,8 @@ async def test_a_cut_drops_connections_and_stalls_new_ones(pg: PgTarget) -> None
     try:
         conn = await asyncpg.connect(via)
         assert await conn.fetchval("SELECT 1") == 1
-        cut = asyncio.create_task(proxy.cut(2.0))
+        # Long enough that the probe below meets the stall on a busy machine too.
+        cut = asyncio.create_task(proxy.cut(10.0))
         await asyncio.sleep(0)  # the cut drops the connections at once
         with pytest.raises((asyncpg.PostgresConnectionError, ConnectionError, OSError)):
             await conn.fetchval("SELECT 1")
@@ -33,10 +34,9 @@ async def test_a_cut_drops_connections_and_stalls_new_ones(pg: PgTarget) -> None
         with pytest.raises(TimeoutError):
             await asyncpg.connect(via, timeout=0.5)
         await cut
-        began = time.monotonic()
-        again = await asyncpg.connect(via, timeout=5)
+        # After the stall the proxy carries connections again (a deadline, not a timing).
+        again = await asyncpg.connect(via, timeout=scaled(30))
         assert await again.fetchval("SELECT 2") == 2
-        assert time.monotonic() - began < 5
         await again.close()
         assert proxy.cuts == 1
     finally:
