@@ -6,7 +6,7 @@
 -- after its saga_started is committed and deleted once its history ends; a sweep deletes
 -- the rows of sagas that ended (or were deleted) without it. Granting and promoting run
 -- under a transaction-scoped advisory lock on the (saga_type, key) pair, so two engines
--- never both see a free slot (store/_pgconcurrency_keys.py).
+-- never both see a free slot (store/_pgkeys.py).
 CREATE TABLE saga_key_slots (
     saga_id     text PRIMARY KEY,
     saga_type   text NOT NULL,

@@ -1,4 +1,4 @@
--- 0013_batch_operations: bulk actions by filter (saga_engine/store/_pgbatch_operations.py).
+-- 0013_batch_operations: bulk actions by filter (saga_engine/store/_pgbatches.py).
 --
 -- One row per operation: what it does (spec: the filter, the action, the reason), its
 -- state and its progress. The progress moves saga by saga in saga-id order (cursor: the

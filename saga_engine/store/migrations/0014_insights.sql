@@ -1,5 +1,5 @@
 -- 0014_insights: the aggregates behind GET /saga-types/{name}/insights
--- (saga_engine/core/views/_insights.py, saga_engine/store/_pginsights.py).
+-- (saga_engine/core/_insights.py, saga_engine/store/_pginsights.py).
 --
 -- One row per (saga type, five-minute bucket, facet, key, detail), added to by the group
 -- commit in the same transaction as the terminal event of each run it counts, so a run
@@ -9,7 +9,7 @@
 -- and of its ranks in its runs (the graph's order) and the latency histogram), 'error'
 -- (key: the node, detail: the message; runs = how often), 'overlap' (key, detail: two
 -- nodes that ran at the same time in a run). hist: counts per fixed bucket
--- (core/views/_insights.BOUNDS_MS). A read of a window reads the primary key's range: a week
+-- (core/_insights.BOUNDS_MS). A read of a window reads the primary key's range: a week
 -- is 2016 buckets per row kind, however many runs they count.
 CREATE TABLE saga_insights (
     saga_type     text COLLATE "C" NOT NULL,
