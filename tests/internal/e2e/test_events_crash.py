@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaProducer
 
 from saga_engine import SagaStatus, saga_id_for
 from saga_engine.client import SagaClient
+from tests.integration.kafka_helpers import ensure_topics
 from tests.internal.e2e.harness import Cluster
 from tests.waiting import eventually
 
@@ -50,6 +51,9 @@ async def _start_waiting(cluster: Cluster, orders: range) -> list[str]:
 
 
 async def _publish(cluster: Cluster, orders: range) -> None:
+    # The source's topic is the publishing system's: it exists before anything is
+    # published, whether or not the engine came far enough to create it before its kill.
+    await ensure_topics(cluster.settings.kafka, [f"{cluster.prefix}.captured"])
     producer = AIOKafkaProducer(bootstrap_servers=cluster.bootstrap, acks="all")
     await producer.start()
     try:
