@@ -50,6 +50,7 @@ from starlette.requests import cookie_parser
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from saga_engine.admin._http_errors import HttpMiddleware
 from saga_engine.kernel._errors import AdminConfigError, InsecureAdminBinding
 from saga_engine.kernel._settings import AdminSettings
 
@@ -395,17 +396,14 @@ def _is_page(path: str) -> bool:
     return path == "/ui" or path.startswith("/ui/")
 
 
-class AuthMiddleware:
+class AuthMiddleware(HttpMiddleware):
     """Authenticates every request but the public ones and enforces the role by method."""
 
     def __init__(self, app: ASGIApp, tokens: TokenTable | None) -> None:
-        self.app = app
+        super().__init__(app)
         self.tokens = tokens
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = route_path(scope), scope["method"]
         headers = Headers(scope=scope)
         state: dict[str, Any] = scope.setdefault("state", {})

@@ -196,18 +196,32 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _request_invalid)
 
 
-class BodyLimitMiddleware:
-    """413 for bodies over ``limit`` bytes: up front from Content-Length, else while
-    streaming (the counting ``receive`` raises BodyTooLarge)."""
+class HttpMiddleware:
+    """A pure ASGI middleware that acts on HTTP requests only: lifespan and websocket
+    scopes pass through untouched, and :meth:`http` gets each HTTP request."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.limit = limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        await self.http(scope, receive, send)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+class BodyLimitMiddleware(HttpMiddleware):
+    """413 for bodies over ``limit`` bytes: up front from Content-Length, else while
+    streaming (the counting ``receive`` raises BodyTooLarge)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        super().__init__(app)
+        self.limit = limit
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         declared = Headers(scope=scope).get("content-length")
         if declared is not None:
             try:
@@ -238,20 +252,14 @@ class BodyLimitMiddleware:
         await self.app(scope, limited, send)
 
 
-class CatchAllMiddleware:
+class CatchAllMiddleware(HttpMiddleware):
     """The last line: an unexpected exception becomes a logged, generic 500.
 
     (Starlette's own handler for ``Exception`` re-raises after answering; this one does
     not, so a bug in one request stays in that request.)
     """
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
 
         async def tracking(message: Message) -> None:

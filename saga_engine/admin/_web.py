@@ -33,7 +33,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from starlette.datastructures import MutableHeaders
 from starlette.requests import cookie_parser
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from saga_engine.admin._auth import (
     COOKIE,
@@ -49,6 +49,7 @@ from saga_engine.admin._auth import (
     session_cookie,
 )
 from saga_engine.admin._flow import flow_gates
+from saga_engine.admin._http_errors import HttpMiddleware
 from saga_engine.admin._lineage import children, reruns, tree
 from saga_engine.admin._listing import attribute_filters, saga_page
 from saga_engine.admin._timeline import relative, span_text, timeline
@@ -191,19 +192,12 @@ def _login_page(request: Request, error: str = "", status_code: int = 200) -> HT
     return _render("login.html", status_code, root=_root(request), user=None, error=error)
 
 
-class SecurityHeadersMiddleware:
+class SecurityHeadersMiddleware(HttpMiddleware):
     """Adds ``X-Frame-Options: DENY`` and ``X-Content-Type-Options: nosniff`` to every
     response of the admin app (JSON errors and redirects included), and a CSP forbidding
     framing to any HTML response whose CSP does not already (clickjacking)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def sending(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = MutableHeaders(scope=message)

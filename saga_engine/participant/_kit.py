@@ -30,7 +30,6 @@ from saga_engine.kernel._settings import Settings
 from saga_engine.kernel._startup import start_with_retry, unreachable_as_unavailable
 from saga_engine.participant._context import CrashPoint, ParticipantContext, Pool, log
 from saga_engine.participant._handler import (
-    BatchCommand,
     CommandBatch,
     HandlerResult,
     HandlerSpec,
@@ -55,15 +54,7 @@ from saga_engine.transport._kafka import (
 )
 from saga_engine.transport._topics import Topics
 
-__all__ = [
-    "BatchCommand",
-    "CommandBatch",
-    "HandlerResult",
-    "Participant",
-    "Rejected",
-    "Retryable",
-    "Transaction",
-]
+__all__ = ["Participant"]
 
 C = TypeVar("C", bound=BaseModel)
 R = TypeVar("R", bound=HandlerResult)
