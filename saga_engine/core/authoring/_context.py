@@ -71,6 +71,10 @@ class StepRequest:
     #: Sent again this often while unanswered, under the same id, recording nothing (a
     #: child's start: ``ctx.child(poll=)``); None: sent again only when the saga is loaded.
     poll: timedelta | None = None
+    #: The steps it depends on, as a graph saga declared them (``saga_engine.graph``):
+    #: it is undone before them. None (a step of ``run``): the order the steps ran in
+    #: says what depends on what.
+    after: frozenset[str] | None = None
 
 
 class ChildSaga(Protocol[O_co]):
@@ -123,6 +127,8 @@ class SagaDriver(Protocol):
     def op_side_effect(self, fn: Callable[[], T]) -> Coroutine[Any, Any, T]: ...
 
     def op_patched(self, patch_id: str) -> bool: ...
+
+    def op_skip_node(self, node: str) -> None: ...
 
     def parse(self, model: type[M], payload: JsonDict, what: str, step: str | None = None) -> M: ...
 
@@ -362,6 +368,20 @@ class SagaContext:
         if returns is None:
             return payload
         return self._driver.parse(returns, payload, f"the response of step {name!r}", step=name)
+
+    async def graph_step(self, request: StepRequest) -> Any:
+        """A graph saga's node as a step, built by the graph (``saga_engine.graph``) with
+        the steps it depends on in ``request.after``; its reply parsed by
+        ``request.returns`` if it has one. Code written in ``run`` uses :meth:`step`."""
+        payload = await self._driver.op_step(request)
+        if request.returns is None:
+            return payload
+        what = f"the reply of step {request.name!r}"
+        return self._driver.parse(request.returns, payload, what, step=request.name)
+
+    def graph_skip(self, node: str) -> None:
+        """Records that a graph saga's node did not run (its ``when`` was false)."""
+        self._driver.op_skip_node(node)
 
     async def sleep(self, duration: Duration) -> None:
         """A durable timer: survives crashes and restarts."""

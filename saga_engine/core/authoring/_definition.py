@@ -96,9 +96,12 @@ class Saga(Generic[InT, OutT]):
 def _model_args(cls: type[Saga[Any, Any]]) -> tuple[Any, Any] | None:
     for klass in cls.__mro__:
         for base in getattr(klass, "__orig_bases__", ()):
-            if typing.get_origin(base) is Saga:
+            origin = typing.get_origin(base)
+            if isinstance(origin, type) and issubclass(origin, Saga):
                 args = typing.get_args(base)
-                if len(args) == 2:
+                # Saga[In, Out], or a generic subclass's (GraphSaga[In, Out]): not its own
+                # parameters (GraphSaga's base is Saga[InT, OutT]).
+                if len(args) == 2 and not any(isinstance(a, TypeVar) for a in args):
                     return args[0], args[1]
     return None
 

@@ -472,13 +472,32 @@ class PatchMarked(_Intent):
         return f"patch marker {self.patch_id!r}"
 
 
+class NodeSkipped(_Intent):
+    """A graph saga's node did not run: its ``when`` was false once the nodes it depends
+    on were done. It owes nothing, and counts as done for the nodes that depend on it."""
+
+    kind: Literal["node_skipped"] = "node_skipped"
+    node: str
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.node)
+
+    def describe(self) -> str:
+        return f"node {self.node!r} skipped (its condition was false)"
+
+
 class CompensationStarted(_Intent):
     kind: Literal["compensation_started"] = "compensation_started"
     #: ``undo``: the parent saga compensates, and this (completed) child undoes its steps.
     reason: Literal["failure", "cancel", "deadline", "operator", "undo"]
     error: ErrorInfo | None = None
-    #: Steps owed a compensation, in the order they will be compensated.
+    #: Steps owed a compensation, in an order they may be compensated one by one.
     owed: list[str] = Field(default_factory=list)
+    #: Per owed step, the owed steps whose compensations complete before its own
+    #: begins (the steps that came after it: that ran after it was applied, or that a
+    #: graph declares depend on it); steps that wait for none of each other are undone
+    #: in parallel. None (a history from before it): one at a time, in ``owed``'s order.
+    after: dict[str, list[str]] | None = Field(default=None, exclude_if=lambda v: v is None)
 
     def signature(self) -> tuple[Any, ...]:
         return (self.kind, self.reason, tuple(self.owed))
@@ -606,6 +625,7 @@ Event = Annotated[
     | EventAwaited
     | SideEffectRecorded
     | PatchMarked
+    | NodeSkipped
     | CompensationStarted
     | CompensationIssued
     | CompensationCompleted
@@ -641,6 +661,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     TimerStarted,
     SideEffectRecorded,
     PatchMarked,
+    NodeSkipped,
     CompensationStarted,
     CompensationIssued,
     CompensationCompleted,

@@ -222,7 +222,7 @@ class Fold:
         "seen_signals",
         "started",
         "status",
-        "stuck_step",
+        "stuck_steps",
         "timers",
         "undo_ids",
     )
@@ -241,8 +241,10 @@ class Fold:
         self.cause: ErrorInfo | None = None
         self.current_step: str | None = None
         self.output: JsonDict | None = None
-        #: The compensation that exhausted its retries, while compensation_stuck.
-        self.stuck_step: str | None = None
+        #: The compensations that exhausted their retries, while compensation_stuck, in
+        #: the order they got stuck (several when independent steps are undone in
+        #: parallel: each waits for its own operator's answer).
+        self.stuck_steps: tuple[str, ...] = ()
         self.started: SagaStarted | None = None
         self.inflight: dict[str, Sent] = {}
         self.timers: dict[str, Timer] = {}
@@ -340,12 +342,20 @@ class Fold:
             check_transition(self.status, new)
         self.status = new
 
+    @property
+    def stuck_step(self) -> str | None:
+        """The first stuck compensation (the one an operator is asked about first)."""
+        return self.stuck_steps[0] if self.stuck_steps else None
+
     def _unstick(self, step: str) -> Unstuck | None:
-        """An operator answered the stuck compensation of ``step``: compensating again."""
-        if self.status != S.COMPENSATION_STUCK or self.stuck_step != step:
+        """An operator answered the stuck compensation of ``step``: compensating again
+        once no other compensation is stuck."""
+        if self.status != S.COMPENSATION_STUCK or step not in self.stuck_steps:
             return None
-        self._move(S.COMPENSATING)
-        self.stuck_step, self.error = None, self.cause
+        self.stuck_steps = tuple(s for s in self.stuck_steps if s != step)
+        if not self.stuck_steps:
+            self._move(S.COMPENSATING)
+            self.error = self.cause
         return Unstuck.COMPENSATION
 
     def _answered(self, command_id: str) -> Sent | None:
@@ -485,8 +495,11 @@ class Fold:
         self.event_waits = NO_WAITS
 
     def _on_stuck(self, event: CompensationStuck) -> None:
-        self._move(S.COMPENSATION_STUCK)
-        self.error, self.stuck_step = event.error, event.step
+        if self.status != S.COMPENSATION_STUCK:
+            self._move(S.COMPENSATION_STUCK)
+        self.error = event.error
+        if event.step not in self.stuck_steps:
+            self.stuck_steps = (*self.stuck_steps, event.step)
 
     def _on_parked(self, event: SagaParked) -> None:
         self.parked, self.error = True, event.error
@@ -496,7 +509,7 @@ class Fold:
         self.parked = False
         if self.status == S.COMPENSATION_STUCK:
             self._move(S.COMPENSATING)
-            self.stuck_step = None
+            self.stuck_steps = ()
         # What parked it is over: the saga reports the error of where it goes back to
         # (why it compensates, or a held reply's), until a new one.
         self.error = self.cause if self.status == S.COMPENSATING else None

@@ -64,9 +64,9 @@ from saga_engine.core.runtime._lifecycle import (
     request_cancel,
     request_undo,
     run_lifecycle,
-    unblock_compensation,
 )
 from saga_engine.core.runtime._state import Halt, SagaState
+from saga_engine.core.runtime._undo import unblock_compensation
 from saga_engine.core.runtime._updating import update_event, update_to_code
 from saga_engine.kernel._errors import (
     InvalidPayload,
@@ -394,7 +394,7 @@ def _skip_event(s: SagaState, inbound: Skip) -> Event:
     _check_texts("skip", step=inbound.step, principal=inbound.principal, reason=inbound.reason)
     what = f"the result for step {inbound.step!r}"
     check_storable(inbound.payload, what, "result")
-    if s.status == SagaStatus.COMPENSATION_STUCK and s.stuck_step == inbound.step:
+    if s.status == SagaStatus.COMPENSATION_STUCK and inbound.step in s.stuck_steps:
         return StepSkipped(
             at=inbound.at,
             step=inbound.step,
@@ -419,7 +419,9 @@ def _skip_event(s: SagaState, inbound: Skip) -> Event:
             principal=inbound.principal,
             reason=inbound.reason,
         )
-    stuck = f"; the stuck compensation is {s.stuck_step!r}" if s.stuck_step else ""
+    stuck = ", ".join(map(repr, s.stuck_steps))
+    if stuck:
+        stuck = f"; the stuck compensation{'s are' if len(s.stuck_steps) > 1 else ' is'} {stuck}"
     raise InvalidTransition(
         f"step {inbound.step!r} of saga {s.saga_id} ({s.status.value}) is neither "
         f"waiting for a reply nor a stuck compensation; steps waiting for a reply: "
@@ -445,7 +447,7 @@ def _retry_event(s: SagaState, inbound: RetryStep) -> Event:
             f"parked steps: {sorted(s.parked_steps) or 'none'}"
         )
     held = s.waiting_forward(inbound.step)
-    stuck = s.status == SagaStatus.COMPENSATION_STUCK and s.stuck_step == inbound.step
+    stuck = s.status == SagaStatus.COMPENSATION_STUCK and inbound.step in s.stuck_steps
     if held is not None and held.held is not None and s.cancel_reason is None:
         problem = _held_problem(held)
         if problem is not None:
@@ -581,7 +583,7 @@ def _skip_to_code(s: SagaState, event: StepSkipped, settled: Settled) -> None:
     if isinstance(settled, ParkedStep):
         _answer_parked(settled, event)
     elif event.compensation:
-        unblock_compensation(s, "skip")
+        unblock_compensation(s, "skip", event.step)
     elif isinstance(settled, Sent) and settled.future is not None and not settled.future.done():
         answer_waiting_step(s, settled, event.payload, by_operator=True)
 
@@ -607,7 +609,7 @@ def _retry_to_code(s: SagaState, event: RetryRequested, settled: Settled) -> Non
             raise Halt
         answer_waiting_step(s, settled, settled.held.payload, by_operator=False)
     elif settled is Unstuck.COMPENSATION:
-        unblock_compensation(s, "retry")
+        unblock_compensation(s, "retry", event.step)
     else:
         _fire(settled)
 

@@ -2,30 +2,22 @@
 
 The lifecycle (:func:`run_lifecycle`) runs the user's code, then records how it ended:
 completed, or failed, cancelled or compensated. The compensation stack is pushed by the
-steps (``SagaState.owe``) as they are applied, and unwound here, last in first out, each
-compensation under its own retry policy; one that keeps failing parks the saga as
-compensation_stuck until an operator answers (:func:`unblock_compensation`). A completed
-child waits for its parent's undo (:func:`request_undo`). The rest is what an input does to
-a waiting run: a cancel (:func:`request_cancel`), a step answered by an operator
-(:func:`answer_waiting_step`).
+steps (``SagaState.owe``) as they are applied, and unwound by ``_undo`` (in what order,
+and what at once). A completed child waits for its parent's undo (:func:`request_undo`).
+The rest is what an input does to a waiting run: a cancel (:func:`request_cancel`), a
+step answered by an operator (:func:`answer_waiting_step`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-from datetime import timedelta
 from typing import Any, Literal, NoReturn
 
 from pydantic import ValidationError
 
 from saga_engine.core.history._concurrency_keys import key_value
-from saga_engine.core.history._decision import DEADLINE_TIMER, command_id_for
+from saga_engine.core.history._decision import DEADLINE_TIMER
 from saga_engine.core.history._events import (
-    CompensationCompleted,
-    CompensationIssued,
-    CompensationStarted,
-    CompensationStuck,
     ErrorInfo,
     KeyAcquired,
     KeyQueued,
@@ -37,10 +29,10 @@ from saga_engine.core.history._events import (
     SagaStarted,
 )
 from saga_engine.core.history._fold import Sent, with_id
-from saga_engine.core.history._policy import retry_after
 from saga_engine.core.history._status import SagaStatus
-from saga_engine.core.runtime._intents import await_command, await_timer, emit
-from saga_engine.core.runtime._state import Halt, OwedCompensation, SagaState
+from saga_engine.core.runtime._intents import emit
+from saga_engine.core.runtime._state import Halt, SagaState
+from saga_engine.core.runtime._undo import unwind
 from saga_engine.kernel._errors import (
     DefinitionError,
     InvalidPayload,
@@ -49,7 +41,7 @@ from saga_engine.kernel._errors import (
     SignalTimeout,
     StepFailed,
 )
-from saga_engine.kernel._serde import JsonDict, canonical_hash, check_storable, model_payload
+from saga_engine.kernel._serde import JsonDict, check_storable, model_payload
 
 
 def error_info(exc: BaseException, step: str | None = None) -> ErrorInfo:
@@ -105,13 +97,6 @@ def request_cancel(
     s.cancel_message = message
     if s.user_task is not None and not s.user_task.done():
         s.user_task.cancel()
-
-
-def unblock_compensation(s: SagaState, action: Literal["retry", "skip"]) -> None:
-    """An operator's answer to the stuck compensation, if one waits: retry it, or count it
-    done by hand (its step_skipped)."""
-    if s.resume_waiter is not None and not s.resume_waiter.done():
-        s.resume_waiter.set_result(action)
 
 
 # --------------------------------------------------------------------------- lifecycle
@@ -202,14 +187,7 @@ async def run_lifecycle(s: SagaState, started: SagaStarted) -> None:
     elif s.cancel_reason == "cancel":
         error = ErrorInfo(type="SagaCancelled", message=s.cancel_message)
     assert error is not None
-    owed = list(reversed(s.owed))
-    if owed:
-        emit(
-            s,
-            CompensationStarted(at=s.now, reason=reason, error=error, owed=[o.step for o in owed]),
-        )
-        for entry in owed:
-            await _compensate(s, entry)
+    owed = await unwind(s, reason, error)
     if reason == "cancel":
         emit(s, SagaCancelled(at=s.now, reason=s.cancel_message))
     elif owed:
@@ -242,14 +220,9 @@ async def _undo_when_asked(s: SagaState) -> None:
     s.undo_waiter = s.loop.create_future()
     await s.undo_waiter
     s.undo_waiter = None
-    owed = list(reversed(s.owed))
-    if not owed:
-        return
     error = ErrorInfo(type="ParentCompensating", message=s.cancel_message)
-    emit(s, CompensationStarted(at=s.now, reason="undo", error=error, owed=[o.step for o in owed]))
-    for entry in owed:
-        await _compensate(s, entry)
-    emit(s, SagaCompensated(at=s.now, error=error))
+    if await unwind(s, "undo", error):
+        emit(s, SagaCompensated(at=s.now, error=error))
 
 
 def request_undo(s: SagaState, parent_id: str, reason: str) -> None:
@@ -278,65 +251,3 @@ def _serialize_output(s: SagaState, result: Any) -> JsonDict:
     output = model_payload(result)
     check_storable(output, f"the output of {s.definition.cls.__name__}.run")
     return output
-
-
-async def _compensate(s: SagaState, owed: OwedCompensation) -> None:
-    spec = owed.spec
-    timeout = timedelta(seconds=spec.timeout_s) if spec.timeout_s else None
-    generation, round_attempts = 0, 0
-    for attempt in itertools.count(1):
-        round_attempts += 1
-        issued = emit(
-            s,
-            CompensationIssued(
-                at=s.now,
-                step=owed.step,
-                participant=spec.participant,
-                command_type=spec.command_type,
-                payload=spec.payload,
-                payload_hash=canonical_hash(spec.payload),
-                command_id=command_id_for(s.saga_id, owed.step, generation, compensation=True),
-                attempt=attempt,
-                timeout_at=s.now + timeout if timeout else None,
-                compensates=list(owed.forward_ids),
-            ),
-        )
-        reply = await await_command(s, issued)
-        if reply is not None and reply.outcome == "success":
-            emit(s, CompensationCompleted(at=s.now, step=owed.step))
-            s.owed.remove(owed)  # no longer owed
-            return
-        if reply is None:
-            last_error = "timed out"
-        else:
-            # A refused compensation is retried under a new id: the participant stored
-            # its refusal under the old one and would only repeat it.
-            generation += 1
-            last_error = reply.error or reply.outcome
-        if round_attempts >= spec.retry.max_attempts:
-            emit(
-                s,
-                CompensationStuck(
-                    at=s.now,
-                    step=owed.step,
-                    error=ErrorInfo(
-                        type="CompensationStuck",
-                        message=f"compensation of {owed.step!r} still failing after "
-                        f"{round_attempts} attempts: {last_error}",
-                        step=owed.step,
-                    ),
-                ),
-            )
-            # Parked until an operator answers (see unblock_compensation).
-            s.resume_waiter = s.loop.create_future()
-            action = await s.resume_waiter
-            s.resume_waiter = None
-            if action == "skip":
-                # An operator compensated it by hand (recorded as step_skipped).
-                s.owed.remove(owed)
-                return
-            round_attempts = 0
-            continue
-        delay = spec.retry.backoff(attempt, seed=f"{s.saga_id}:compensate:{owed.step}")
-        delay = max(delay, retry_after(reply))  # at least a Retryable(after=...)'s wait
-        await await_timer(s, f"retry:compensate:{owed.step}:{attempt}", "retry", delay)

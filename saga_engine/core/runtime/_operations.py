@@ -37,6 +37,7 @@ from saga_engine.core.history._events import (
     CommandIssued,
     CompensationSpec,
     ErrorInfo,
+    NodeSkipped,
     PatchMarked,
     PivotPassed,
     RetryRequested,
@@ -107,6 +108,8 @@ async def step(s: SagaState, request: StepRequest, limit: CommandLimit | None = 
     check_open(s)
     _check_step(s, request)
     s.step_names = with_id(s.step_names, request.name)
+    if request.after is not None:
+        s.declared_after[request.name] = request.after
     # Refused here, in the saga's code, rather than by Postgres when the command is
     # appended (which would lose the input being handled). A replayed command was
     # stored, so it is storable: no need to look again.
@@ -222,6 +225,7 @@ async def _attempts(
     name, policy = request.name, request.retry or DEFAULT_STEP_RETRY
     generation, attempt, rounds, unknown, last_error = 0, 0, 0, False, ""
     sent: list[str] = []
+    began = s.tick()
     while True:
         attempt, rounds = attempt + 1, rounds + 1
         issued = _issue(s, request, payload, generation, attempt, spec)
@@ -230,14 +234,16 @@ async def _attempts(
         try:
             reply = await await_command(s, issued, request.returns)
         except asyncio.CancelledError:
-            s.owe(name, spec, sent)  # cancelled in flight: it may or may not have been applied
+            s.owe(
+                name, spec, sent, began
+            )  # cancelled in flight: it may or may not have been applied
             raise
         failed: StepFailed | StepTimedOut | None = None
         if reply is None:
             unknown, last_error = True, "timed out"
         elif reply.outcome == "success":
             if issued.command_id not in s.skipped_ids:  # (see _lifecycle.answer_waiting_step)
-                s.owe(name, spec, sent)
+                s.owe(name, spec, sent, began)
             return reply.payload
         elif reply.outcome == "failure":  # refused: nothing was applied under its id
             unknown, last_error = False, reply.error or "refused by participant"
@@ -253,9 +259,9 @@ async def _attempts(
         if failed is not None:
             if not (s.past_pivot or policy.on_exhausted == "park"):
                 if unknown:
-                    s.owe(name, spec, sent)
+                    s.owe(name, spec, sent, began)
                 raise failed
-            answer = await _park(s, request, failed, unknown, spec, sent)
+            answer = await _park(s, request, failed, unknown, spec, sent, began)
             if isinstance(answer, StepSkipped):
                 return answer.payload
             if answer.command is not None or (reply is not None and reply.outcome == "failure"):
@@ -273,7 +279,7 @@ async def _attempts(
             # Stopped while waiting to retry after a timeout: the last attempt may
             # have been applied, so its compensation is owed.
             if unknown:
-                s.owe(name, spec, sent)
+                s.owe(name, spec, sent, began)
             raise
 
 
@@ -316,6 +322,7 @@ async def _park(
     unknown: bool,
     spec: CompensationSpec | None,
     sent: list[str],
+    began: int,
 ) -> RetryRequested | StepSkipped:
     """The step cannot succeed by retrying, and it parks rather than compensating (its
     policy says so, or the saga is past its pivot): the saga is step_stuck until an
@@ -346,11 +353,11 @@ async def _park(
         answer = await future
     except asyncio.CancelledError:
         if unknown:  # stopped while parked: the last attempt may have been applied
-            s.owe(name, spec, sent)
+            s.owe(name, spec, sent, began)
         raise
     if isinstance(answer, StepSkipped) and unknown:
         # Done by hand, but an attempt may have been applied too: its undo stays owed.
-        s.owe(name, spec, sent)
+        s.owe(name, spec, sent, began)
     return answer
 
 
@@ -493,6 +500,13 @@ def patched(s: SagaState, patch_id: str) -> bool:
         found = True
     s.patches[patch_id] = found
     return found
+
+
+def skip_node(s: SagaState, node: str) -> None:
+    """A graph saga's node whose ``when`` was false: recorded, owing nothing."""
+    check_open(s)
+    s.step_names = with_id(s.step_names, node)
+    emit(s, NodeSkipped(at=s.now, node=node))
 
 
 def _rng(s: SagaState) -> random.Random:

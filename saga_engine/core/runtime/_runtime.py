@@ -340,7 +340,7 @@ class SagaRuntime:
         s.closing = True
         s.loop.discard()
         s.signal_waiters.clear()
-        s.resume_waiter = None
+        s.resume_waiters.clear()
         s.undo_waiter = None
         s.lifecycle = None
         s.user_task = None
@@ -395,6 +395,9 @@ class SagaRuntime:
 
     def op_patched(self, patch_id: str) -> bool:
         return operations.patched(self.state, patch_id)
+
+    def op_skip_node(self, node: str) -> None:
+        operations.skip_node(self.state, node)
 
     def parse(self, model: type[M], payload: JsonDict, what: str, step: str | None = None) -> M:
         return operations.parse(model, payload, what, step)

@@ -57,6 +57,14 @@ class OwedCompensation:
     #: The forward command ids the step issued: the compensation names them, so a
     #: participant can refuse a forward command that arrives after its compensation.
     forward_ids: tuple[str, ...] = ()
+    #: When the step began (its first command) and when it was owed (applied, or given
+    #: up in doubt), on the saga's own count of these moments (``SagaState.tick``): a
+    #: step owed before another began came before it, and is undone after it.
+    began: int = 0
+    owed_at: int = 0
+    #: The steps it was declared to depend on (a graph saga's node), or None: then the
+    #: moments above alone order its undo.
+    after: frozenset[str] | None = None
 
 
 @dataclass(slots=True)
@@ -84,6 +92,7 @@ class SagaState(Fold):
         "counters",
         "ctx",
         "cursor",
+        "declared_after",
         "definition",
         "history",
         "key_waiter",
@@ -95,7 +104,7 @@ class SagaState(Fold):
         "owed",
         "patches",
         "polls",
-        "resume_waiter",
+        "resume_waiters",
         "rng",
         "saga",
         "saga_id",
@@ -104,6 +113,7 @@ class SagaState(Fold):
         "signals",
         "skipped_ids",
         "step_names",
+        "ticks",
         "trace_context",
         "undo_waiter",
         "user_task",
@@ -152,8 +162,13 @@ class SagaState(Fold):
         self.cancel_reason: Literal["cancel", "deadline", "forced"] | None = None
         self.cancel_message = ""
         self.closing = False
-        #: While a compensation is stuck: what the operator decides ("retry" or "skip").
-        self.resume_waiter: asyncio.Future[str] | None = None
+        #: While compensations are stuck: what the operator decides ("retry" or "skip"),
+        #: per step.
+        self.resume_waiters: dict[str, asyncio.Future[str]] = {}
+        #: The dependencies each graph node's step declared (``StepRequest.after``).
+        self.declared_after: dict[str, frozenset[str]] = {}
+        #: The saga's count of the moments that order its undo (``tick``).
+        self.ticks = 0
         #: Forward commands an operator answered by hand: they owe no compensation.
         self.skipped_ids: Set[str] = NO_IDS
         #: A completed child waits here for its parent's undo (``UndoRequested``).
@@ -207,11 +222,23 @@ class SagaState(Fold):
         if self.nondeterminism is None:
             super().settle_held()
 
-    def owe(self, step: str, spec: CompensationSpec | None, sent: list[str]) -> None:
+    def tick(self) -> int:
+        """The next moment on the saga's own count: a step's beginning or its being owed.
+        The code runs the same way on replay, so the count does too."""
+        self.ticks += 1
+        return self.ticks
+
+    def owe(
+        self, step: str, spec: CompensationSpec | None, sent: list[str], began: int = 0
+    ) -> None:
         """``step`` was (or may have been) applied: its compensation, if it has one, is
-        owed. The stack is the code's: it decides the order compensation_started records."""
+        owed. The stack is the code's: it decides the order compensation_started records;
+        ``_undo.undo_plan`` decides what may be undone at once."""
         if spec is not None:
-            self.owed.append(OwedCompensation(step, spec, tuple(sent)))
+            owed = OwedCompensation(
+                step, spec, tuple(sent), began, self.tick(), self.declared_after.get(step)
+            )
+            self.owed.append(owed)
 
     # ------------------------------------------------------------------ parking
 

@@ -354,7 +354,7 @@ def _owed_now(walk: _Walk) -> list[Owed]:
                 continue
             state = (
                 OwedState.STUCK
-                if walk.fold.stuck_step == name
+                if name in walk.fold.stuck_steps
                 else OwedState.COMPENSATING
                 if s.compensating
                 else OwedState.PENDING

@@ -152,6 +152,8 @@ class _Forward:
     held: bool = False
     finished: bool = False
     outcome: str = ""
+    #: Where it was owed (applied, or given up in doubt, or stopped with the run).
+    owed_at: int | None = None
 
 
 @dataclass
@@ -159,10 +161,17 @@ class CompensationReport:
     """What the oracle found; ``problems`` is empty when the history is right."""
 
     problems: list[str] = field(default_factory=list)
-    #: Owed compensations, in the order they must run (None: compensation never began).
+    #: Owed compensations, last owed first, as compensation_started lists them (None:
+    #: compensation never began).
     expected_owed: list[str] | None = None
     #: The steps whose compensation was sent, first attempt only, in order.
     compensated: list[str] = field(default_factory=list)
+    #: Per owed step, the owed steps that came after it (began after it was owed): the
+    #: compensations that must complete before its own is sent.
+    undo_after: dict[str, set[str]] = field(default_factory=dict)
+    #: Where each step's compensation was first sent, and where it completed.
+    undo_sent_at: dict[str, int] = field(default_factory=dict)
+    undo_done_at: dict[str, int] = field(default_factory=dict)
     refused_steps: list[str] = field(default_factory=list)
     #: Steps whose reply was held, and those an operator (or a retry) then released.
     held_steps: list[str] = field(default_factory=list)
@@ -183,7 +192,8 @@ _CAUSE_ERRORS = {
 
 
 def check_compensations(history: list[Event], steps: dict[str, StepSpec]) -> CompensationReport:
-    """Compensations run only for (possibly) applied steps, last applied first.
+    """Compensations run only for (possibly) applied steps, each after the compensations
+    of every step that began after it was applied (``core/runtime/_undo``).
 
     A forward step is owed its compensation (if it has one) when it got a success
     reply, when its last attempt timed out (outcome unknown), or when the run stopped
@@ -228,6 +238,7 @@ def check_compensations(history: list[Event], steps: dict[str, StepSpec]) -> Com
         report.released_steps.append(event.step)
         if steps[event.step].compensate:
             applied.append(event.step)
+            f.owed_at = i
 
     def stopped_together() -> list[str]:
         open_steps = [
@@ -277,10 +288,12 @@ def check_compensations(history: list[Event], steps: dict[str, StepSpec]) -> Com
                     f.finished, f.outcome = True, "timed_out"
                     if steps[event.step].compensate:
                         applied.append(event.step)
+                        f.owed_at = i
             elif event.outcome == "success":
                 f.finished, f.outcome = True, "success"
                 if steps[event.step].compensate:
                     applied.append(event.step)
+                    f.owed_at = i
             elif event.outcome == "failure":
                 f.finished, f.outcome = True, "failure"
                 report.refused_steps.append(event.step)
@@ -304,8 +317,16 @@ def check_compensations(history: list[Event], steps: dict[str, StepSpec]) -> Com
                 check_failure(i, "compensation_started", event.error)
             elif event.error is None or event.error.type != _CAUSE_ERRORS[cause]:
                 problems.append(f"#{i + 1}: compensation for {event.error} after {cause}")
+            for name in stopped_together():
+                forward[name].owed_at = i
             owed = applied + stopped_together()
             report.expected_owed = list(reversed(owed))
+            report.undo_after = {
+                x: {
+                    y for y in owed if y != x and (forward[x].owed_at or 0) < forward[y].first_issue
+                }
+                for x in owed
+            }
             if event.owed != report.expected_owed:
                 problems.append(
                     f"#{i + 1}: compensation_started owes {event.owed}, expected "
@@ -321,6 +342,11 @@ def check_compensations(history: list[Event], steps: dict[str, StepSpec]) -> Com
                 problems.append(f"#{i + 1}: compensation of {event.step!r} before compensating")
             if event.attempt == 1:
                 report.compensated.append(event.step)
+                report.undo_sent_at.setdefault(event.step, i)
+        elif isinstance(event, CompensationCompleted) or (
+            isinstance(event, StepSkipped) and event.compensation
+        ):
+            report.undo_done_at.setdefault(event.step, i)
         elif isinstance(event, SagaCompleted):
             ended_run = True
             if any(f.held for f in forward.values()):
@@ -342,15 +368,22 @@ def check_compensations(history: list[Event], steps: dict[str, StepSpec]) -> Com
                     )
             if isinstance(event, SagaCancelled) != (cause == "cancel"):
                 problems.append(f"#{i + 1}: {event.kind} after a run ended by {cause}")
-            if isinstance(event, SagaCompensated) and report.compensated != report.expected_owed:
+            if isinstance(event, SagaCompensated) and sorted(report.compensated) != sorted(
+                report.expected_owed or []
+            ):
                 problems.append(
                     f"#{i + 1}: saga_compensated after compensating {report.compensated}, "
                     f"owed {report.expected_owed}"
                 )
 
-    owed_order = report.expected_owed or []
-    if report.compensated != owed_order[: len(report.compensated)]:
-        problems.append(f"compensations sent for {report.compensated}, expected order {owed_order}")
+    for step, sent_at in report.undo_sent_at.items():
+        for later in report.undo_after.get(step, ()):
+            done = report.undo_done_at.get(later)
+            if done is None or done > sent_at:
+                problems.append(
+                    f"compensation of {step!r} sent before that of {later!r} (which began "
+                    f"after {step!r} was applied) completed"
+                )
     for step in report.compensated:
         if not steps[step].compensate:
             problems.append(f"step {step!r} has no compensation but was compensated")
@@ -359,6 +392,6 @@ def check_compensations(history: list[Event], steps: dict[str, StepSpec]) -> Com
         if step in report.skipped_steps:
             problems.append(f"step {step!r} was skipped unanswered but was compensated")
     completed = [e.step for e in history if isinstance(e, CompensationCompleted)]
-    if completed != report.compensated[: len(completed)]:
+    if len(set(completed)) != len(completed) or not set(completed) <= set(report.compensated):
         problems.append(f"compensations completed {completed}, sent {report.compensated}")
     return report

@@ -1,0 +1,204 @@
+"""The compensation stack: in what order what is owed is undone, and its unwinding.
+
+One rule, for every saga (``docs/graphs.md``, "Undo by the graph"): a step is undone
+only after every step that came after it has been undone, and steps that did not come
+after one another are undone in parallel. A step *came after* another when
+
+- both are a graph saga's nodes and it depends on the other, directly or through other
+  nodes (``StepRequest.after``: the declared graph, whatever order they happened to
+  run in); or otherwise
+- it began (its first command) after the other was owed (applied, or given up in doubt):
+  the order a saga's ``run`` ran its steps in, so a sequence is undone last first, and a
+  ``gather``'s branches, which ran at once, are undone at once, still after everything
+  that began after them.
+
+:func:`undo_plan` states the rule; :func:`unwind` records the plan in
+``compensation_started`` and runs it, each compensation under its own retry policy. One
+that keeps failing is stuck (``compensation_stuck``) until an operator answers
+(:func:`unblock_compensation`); the others go on meanwhile. A history recorded before the
+plan existed (its ``compensation_started`` carries none) is undone as it was then: one at
+a time, in ``owed``'s order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Literal
+
+from saga_engine.core.history._decision import command_id_for
+from saga_engine.core.history._events import (
+    CompensationCompleted,
+    CompensationIssued,
+    CompensationStarted,
+    CompensationStuck,
+    ErrorInfo,
+)
+from saga_engine.core.history._policy import retry_after
+from saga_engine.core.runtime._intents import await_command, await_timer, emit
+from saga_engine.core.runtime._state import OwedCompensation, SagaState
+from saga_engine.kernel._serde import canonical_hash
+
+UndoReason = Literal["failure", "cancel", "deadline", "operator", "undo"]
+
+
+def _ancestors(declared: Mapping[str, frozenset[str]]) -> dict[str, frozenset[str]]:
+    """Every step each declared step depends on, directly or not."""
+    found: dict[str, frozenset[str]] = {}
+
+    def visit(step: str, path: frozenset[str]) -> frozenset[str]:
+        known = found.get(step)
+        if known is not None:
+            return known
+        direct = declared.get(step, frozenset())
+        every = set(direct)
+        for dep in direct:
+            if dep not in path:  # a definition refuses cycles; never loop on one
+                every |= visit(dep, path | {dep})
+        found[step] = frozenset(every)
+        return found[step]
+
+    for step in declared:
+        visit(step, frozenset({step}))
+    return found
+
+
+def _came_after(
+    first: OwedCompensation, then: OwedCompensation, ancestors: Mapping[str, frozenset[str]]
+) -> bool:
+    if first.after is not None and then.after is not None:
+        return first.step in ancestors.get(then.step, frozenset())
+    return first.owed_at < then.began
+
+
+def undo_plan(
+    owed: Sequence[OwedCompensation], declared: Mapping[str, frozenset[str]]
+) -> dict[str, list[str]]:
+    """Per owed step (``owed`` in the order ``compensation_started`` records, last owed
+    first), the owed steps whose compensations complete before its own begins: those
+    that came after it, without the ones already implied through another."""
+    ancestors = _ancestors(declared)
+    later = {
+        x.step: [y.step for y in owed if y is not x and _came_after(x, y, ancestors)] for x in owed
+    }
+    implied = {step: set(steps) for step, steps in later.items()}
+    return {
+        step: [y for y in steps if not any(y in implied[z] for z in steps if z != y)]
+        for step, steps in later.items()
+    }
+
+
+async def unwind(s: SagaState, reason: UndoReason, error: ErrorInfo | None) -> bool:
+    """Undoes everything owed (the stack as the steps pushed it, ``SagaState.owe``);
+    False when nothing was owed (then nothing is recorded)."""
+    owed = list(reversed(s.owed))
+    if not owed:
+        return False
+    started = emit(
+        s,
+        CompensationStarted(
+            at=s.now,
+            reason=reason,
+            error=error,
+            owed=[o.step for o in owed],
+            after=undo_plan(owed, s.declared_after),
+        ),
+    )
+    if started.after is None:  # recorded before plans: one at a time, as it began
+        for entry in owed:
+            await _compensate(s, entry)
+        return True
+    tasks: dict[str, asyncio.Task[None]] = {}
+    for entry in owed:
+        waits = [tasks[step] for step in started.after.get(entry.step, ()) if step in tasks]
+        tasks[entry.step] = s.loop.create_task(_compensate_after(s, entry, waits))
+    await asyncio.gather(*tasks.values())
+    return True
+
+
+async def _compensate_after(
+    s: SagaState, owed: OwedCompensation, waits: list[asyncio.Task[None]]
+) -> None:
+    for task in waits:
+        await task
+    await _compensate(s, owed)
+
+
+def unblock_compensation(
+    s: SagaState, action: Literal["retry", "skip"], step: str | None = None
+) -> None:
+    """An operator's answer to the stuck compensation of ``step`` (every stuck one when
+    None: a resume): retry it, or count it done by hand (its step_skipped)."""
+    for stuck, waiter in list(s.resume_waiters.items()):
+        if (step is None or stuck == step) and not waiter.done():
+            waiter.set_result(action)
+
+
+async def _compensate(s: SagaState, owed: OwedCompensation) -> None:
+    spec = owed.spec
+    timeout = timedelta(seconds=spec.timeout_s) if spec.timeout_s else None
+    generation, round_attempts = 0, 0
+    for attempt in itertools.count(1):
+        round_attempts += 1
+        issued = emit(
+            s,
+            CompensationIssued(
+                at=s.now,
+                step=owed.step,
+                participant=spec.participant,
+                command_type=spec.command_type,
+                payload=spec.payload,
+                payload_hash=canonical_hash(spec.payload),
+                command_id=command_id_for(s.saga_id, owed.step, generation, compensation=True),
+                attempt=attempt,
+                timeout_at=s.now + timeout if timeout else None,
+                compensates=list(owed.forward_ids),
+            ),
+        )
+        reply = await await_command(s, issued)
+        if reply is not None and reply.outcome == "success":
+            emit(s, CompensationCompleted(at=s.now, step=owed.step))
+            s.owed.remove(owed)  # no longer owed
+            return
+        if reply is None:
+            last_error = "timed out"
+        else:
+            # A refused compensation is retried under a new id: the participant stored
+            # its refusal under the old one and would only repeat it.
+            generation += 1
+            last_error = reply.error or reply.outcome
+        if round_attempts >= spec.retry.max_attempts:
+            if await _stuck(s, owed, round_attempts, last_error) == "skip":
+                # An operator compensated it by hand (recorded as step_skipped).
+                s.owed.remove(owed)
+                return
+            round_attempts = 0
+            continue
+        delay = spec.retry.backoff(attempt, seed=f"{s.saga_id}:compensate:{owed.step}")
+        delay = max(delay, retry_after(reply))  # at least a Retryable(after=...)'s wait
+        await await_timer(s, f"retry:compensate:{owed.step}:{attempt}", "retry", delay)
+
+
+async def _stuck(s: SagaState, owed: OwedCompensation, attempts: int, last_error: str) -> str:
+    """Records the compensation as stuck and waits for an operator's answer."""
+    emit(
+        s,
+        CompensationStuck(
+            at=s.now,
+            step=owed.step,
+            error=ErrorInfo(
+                type="CompensationStuck",
+                message=f"compensation of {owed.step!r} still failing after "
+                f"{attempts} attempts: {last_error}",
+                step=owed.step,
+            ),
+        ),
+    )
+    waiter: asyncio.Future[str] = s.loop.create_future()
+    s.resume_waiters[owed.step] = waiter
+    try:
+        return await waiter
+    finally:
+        s.resume_waiters.pop(owed.step, None)
