@@ -91,7 +91,9 @@ async def test_a_history_recorded_before_the_plan_is_undone_one_at_a_time() -> N
     assert sorted(c.step for c in decision.commands if c.compensation) == ["left", "right"]
 
     # As an older engine recorded it (no plan): one at a time, in owed's order.
-    old = history[started].model_copy(update={"after": None})
+    plan = history[started]
+    assert isinstance(plan, CompensationStarted)
+    old = plan.model_copy(update={"after": None})
     runtime, decision = SagaRuntime.replay(definition, run.saga_id, [*history[:started], old])
     issued = [e for e in decision.events if isinstance(e, CompensationIssued)]
     assert [e.step for e in issued] == [old.owed[0]]
