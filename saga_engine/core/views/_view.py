@@ -394,7 +394,7 @@ def _actions(walk: _Walk, ahead: _Ahead) -> list[Action]:
     # Any command awaiting its reply (a compensation's too) may be re-sent, same id.
     resend = [s.event.step for s in ahead.inflight if s.held is None]
     backoff = [retry_timer_step(t.timer_id) for t in ahead.timers if t.purpose == "retry"]
-    stuck = [f.stuck_step] if f.stuck_step else []
+    stuck = list(f.stuck_steps)
     if f.status == S.COMPENSATION_STUCK:
         out.append(Action("resume"))
     parked = list(f.parked_steps) if forward else []
@@ -424,17 +424,18 @@ def _waits(walk: _Walk, ahead: _Ahead, last_at: datetime | None) -> list[Wait]:
             )
         ]
     out: list[Wait] = []
-    if f.status == S.COMPENSATION_STUCK and f.stuck_step is not None:
-        out.append(
+    if f.status == S.COMPENSATION_STUCK:
+        out += [
             Wait(
                 WaitKind.OPERATOR,
-                f"an operator: the compensation of step {f.stuck_step!r} is stuck "
+                f"an operator: the compensation of step {stuck!r} is stuck "
                 "(retry it, skip it, or resume the saga)",
                 since,
-                step=f.stuck_step,
+                step=stuck,
                 compensation=True,
             )
-        )
+            for stuck in f.stuck_steps
+        ]
     out += [_parked_wait(parked) for parked in f.parked_steps.values()]
     out += [_command_wait(sent) for sent in ahead.inflight]
     key = f.key
