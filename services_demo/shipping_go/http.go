@@ -52,12 +52,14 @@ func (s *service) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", s.health)
 	mux.HandleFunc("GET /shipments/{order_id}", s.shipment)
+	mux.HandleFunc("GET /labels/{order_id}", s.label)
 	notAllowed := func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", "GET")
 		writeJSON(w, http.StatusMethodNotAllowed, detail("Method Not Allowed"))
 	}
 	mux.HandleFunc("/health", notAllowed)
 	mux.HandleFunc("/shipments/{order_id}", notAllowed)
+	mux.HandleFunc("/labels/{order_id}", notAllowed)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, detail("Not Found"))
 	})
