@@ -37,7 +37,14 @@ from pydantic import BaseModel, Field
 from saga_engine import Settings, TransientError, saga_id_for
 from saga_engine.client import SagaClient
 from saga_engine.participant import Participant, Rejected, Transaction
-from services_demo._service import Holder, add_health, observe, running_service
+from services_demo._service import (
+    Holder,
+    add_health,
+    answer_once,
+    answers_ddl,
+    observe,
+    running_service,
+)
 from services_demo.config import APPROVAL_THRESHOLD, PRICES
 from services_demo.contracts import (
     NAME_PATTERN,
@@ -73,16 +80,7 @@ CREATE TABLE IF NOT EXISTS orders (
 );
 -- Added with the payment-captured fact: a stack that ran an older demo gets it too.
 ALTER TABLE orders ADD COLUMN IF NOT EXISTS captured int;
-CREATE TABLE IF NOT EXISTS notifications (
-    idempotency_key text PRIMARY KEY,
-    order_id        text NOT NULL,
-    customer        text NOT NULL,
-    status_code     int NOT NULL,
-    response        jsonb NOT NULL,
-    calls           int NOT NULL DEFAULT 1,
-    created_at      timestamptz NOT NULL DEFAULT now()
-);
-"""
+""" + answers_ddl("notifications")
 
 
 class PriceError(ValueError):
@@ -410,18 +408,10 @@ def create_app() -> FastAPI:
             code, answer = 422, {"detail": f"order {body.order_id} is {status or 'unknown'}"}
         elif body.customer in holder.service.demo.unreachable_customers:
             code, answer = 422, {"detail": f"no contact address for {body.customer}"}
-        row = await holder.pool.fetchrow(
-            "INSERT INTO notifications (idempotency_key, order_id, customer, status_code, "
-            "response) VALUES ($1, $2, $3, $4, $5::jsonb) ON CONFLICT (idempotency_key) "
-            "DO UPDATE SET calls = notifications.calls + 1 RETURNING status_code, response",
-            idempotency_key,
-            body.order_id,
-            body.customer,
-            code,
-            orjson.dumps(answer).decode(),
+        stored, response, _ = await answer_once(
+            holder.pool, "notifications", idempotency_key, body, code, answer
         )
-        assert row is not None
-        return JSONResponse(orjson.loads(row["response"]), status_code=row["status_code"])
+        return JSONResponse(response, status_code=stored)
 
     return app
 

@@ -37,6 +37,7 @@ label first, then the parcel and the invoice together, the wrapping, the picked 
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 
 from saga_engine import (
@@ -277,6 +278,10 @@ def fulfilment_key(order_id: str) -> str:
     return f"fulfil-{order_id}"
 
 
+#: A fulfilment's step to a participant over Kafka: the checkout's timeout and retries.
+kafka_step = functools.partial(step, timeout=STEP_TIMEOUT_S, retry=STEP_RETRY)
+
+
 def _lines(order: FulfilmentInput) -> list[PickLine]:
     return [
         PickLine(order_id=order.order_id, line=n, sku=item.sku, qty=item.qty)
@@ -301,13 +306,11 @@ class Fulfilment(GraphSaga[FulfilmentInput, Fulfilled]):
     pick = node(
         each(
             _lines,
-            step(
+            kafka_step(
                 "inventory",
                 lambda order, item: item,
                 compensate=lambda order, item: PutBackLine(order_id=order.order_id, line=item.line),
                 returns=LinePicked,
-                timeout=STEP_TIMEOUT_S,
-                retry=STEP_RETRY,
             ),
             max_items=50,
             concurrency=4,
@@ -315,48 +318,42 @@ class Fulfilment(GraphSaga[FulfilmentInput, Fulfilled]):
     )
     #: Renders the invoice's PDF: the heavy step, in parallel with the picking.
     invoice = node(
-        step(
+        kafka_step(
             "payments",
             lambda order: IssueInvoice(
                 order_id=order.order_id, customer=order.customer, amount=order.total
             ),
             compensate=lambda order: VoidInvoice(order_id=order.order_id),
             returns=InvoiceIssued,
-            timeout=STEP_TIMEOUT_S,
-            retry=STEP_RETRY,
             # cost: declared once flow control has costs (issue 40 part 2)
         )
     )
     #: Only for a gift (``when``): skipped otherwise, and the packing goes on.
     gift_wrap = node(
-        step(
+        kafka_step(
             "inventory",
             lambda order, pick: WrapGift(
                 order_id=order.order_id, units=sum(line.qty for line in pick)
             ),
             compensate=lambda order: UnwrapGift(order_id=order.order_id),
             returns=GiftWrapped,
-            timeout=STEP_TIMEOUT_S,
-            retry=STEP_RETRY,
         ),
         after=[pick],
         when=lambda order: order.gift,
     )
     pack = node(
-        step(
+        kafka_step(
             "inventory",
             lambda order, pick: PackParcel(
                 order_id=order.order_id, units=sum(line.qty for line in pick), gift=order.gift
             ),
             compensate=lambda order: UnpackParcel(order_id=order.order_id),
             returns=ParcelPacked,
-            timeout=STEP_TIMEOUT_S,
-            retry=STEP_RETRY,
         ),
         after=[pick, gift_wrap],
     )
     label = node(
-        step(
+        kafka_step(
             "shipping",
             lambda order, pack, invoice: PrintLabel(
                 order_id=order.order_id,
@@ -366,8 +363,6 @@ class Fulfilment(GraphSaga[FulfilmentInput, Fulfilled]):
             ),
             compensate=lambda order: VoidLabel(order_id=order.order_id),
             returns=LabelPrinted,
-            timeout=STEP_TIMEOUT_S,
-            retry=STEP_RETRY,
         ),
         after=[pack, invoice],
     )

@@ -70,6 +70,19 @@ async def _picked_units(tx: Transaction, order_id: str) -> int:
     return units
 
 
+async def _undo(tx: Transaction, table: str, order_id: str, done: str, undone: str) -> bool:
+    """An order's row of ``table`` (one of ours) from ``done`` to ``undone``: False, and
+    nothing changed, when it is not ``done`` (never done, refused, or undone before)."""
+    changed = await tx.fetchval(
+        f"UPDATE {table} SET status = $3, updated_at = now() "
+        "WHERE order_id = $1 AND status = $2 RETURNING order_id",
+        order_id,
+        done,
+        undone,
+    )
+    return changed is not None
+
+
 async def pick_line(cmd: PickLine, tx: Transaction) -> LinePicked:
     picked = LinePicked(order_id=cmd.order_id, line=cmd.line, sku=cmd.sku, qty=cmd.qty)
     row = await tx.fetchrow(
@@ -144,12 +157,8 @@ async def wrap_gift(cmd: WrapGift, tx: Transaction) -> GiftWrapped:
 
 
 async def unwrap_gift(cmd: UnwrapGift, tx: Transaction) -> GiftUnwrapped:
-    done = await tx.fetchval(
-        "UPDATE gift_wraps SET status = 'unwrapped', updated_at = now() "
-        "WHERE order_id = $1 AND status = 'wrapped' RETURNING order_id",
-        cmd.order_id,
-    )
-    return GiftUnwrapped(order_id=cmd.order_id, unwrapped=done is not None)
+    unwrapped = await _undo(tx, "gift_wraps", cmd.order_id, "wrapped", "unwrapped")
+    return GiftUnwrapped(order_id=cmd.order_id, unwrapped=unwrapped)
 
 
 async def pack_parcel(cmd: PackParcel, tx: Transaction) -> ParcelPacked:
@@ -178,12 +187,8 @@ async def pack_parcel(cmd: PackParcel, tx: Transaction) -> ParcelPacked:
 
 
 async def unpack_parcel(cmd: UnpackParcel, tx: Transaction) -> ParcelUnpacked:
-    done = await tx.fetchval(
-        "UPDATE parcels SET status = 'unpacked', updated_at = now() "
-        "WHERE order_id = $1 AND status = 'packed' RETURNING order_id",
-        cmd.order_id,
-    )
-    return ParcelUnpacked(order_id=cmd.order_id, unpacked=done is not None)
+    unpacked = await _undo(tx, "parcels", cmd.order_id, "packed", "unpacked")
+    return ParcelUnpacked(order_id=cmd.order_id, unpacked=unpacked)
 
 
 def register(participant: Participant) -> None:

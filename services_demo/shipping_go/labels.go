@@ -3,9 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
-	"log/slog"
 	"net/http"
 
 	"github.com/jackc/pgx/v5"
@@ -129,13 +126,5 @@ func (s *service) label(w http.ResponseWriter, r *http.Request) {
 		"SELECT order_id, tracking, customer, parcel_id, invoice_id, status FROM labels WHERE order_id = $1",
 		orderID,
 	).Scan(&row.OrderID, &row.Tracking, &row.Customer, &row.ParcelID, &row.InvoiceID, &row.Status)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		writeJSON(w, http.StatusNotFound, detail(fmt.Sprintf("no label for order %s", orderID)))
-	case err != nil:
-		slog.Error("GET /labels", "order_id", orderID, "error", err)
-		writeJSON(w, http.StatusInternalServerError, detail("Internal Server Error"))
-	default:
-		writeJSON(w, http.StatusOK, row)
-	}
+	writeFound(w, "label", orderID, row, err)
 }

@@ -68,6 +68,14 @@ def body_of(reply: Envelope) -> ReplyBody:
     return ReplyBody.model_validate(reply.body)
 
 
+async def replies_by_command(bus: Bus, count: int) -> dict[str, list[ReplyBody]]:
+    """The next ``count`` replies, by the command each answers."""
+    by_command: dict[str, list[ReplyBody]] = {}
+    for reply in await bus.wait_replies(count):
+        by_command.setdefault(reply.command_id, []).append(body_of(reply))
+    return by_command
+
+
 async def test_health_and_shipments_answer_as_the_python_service_did(
     shipping: DemoStack,
 ) -> None:
@@ -109,10 +117,7 @@ async def test_schedule_refuse_and_cancel(shipping: DemoStack, bus: Bus) -> None
     for envelope in (erin, bad, cancel, again, never):
         await bus.send(envelope)
 
-    replies = await bus.wait_replies(7)
-    by_command: dict[str, list[ReplyBody]] = {}
-    for reply in replies:
-        by_command.setdefault(reply.command_id, []).append(body_of(reply))
+    by_command = await replies_by_command(bus, 7)
     shipment_id = f"shp-{scheduled.command_id[:12]}"
     assert by_command[scheduled.command_id] == 2 * [
         ReplyBody(outcome="success", payload={"order_id": "o-1", "shipment_id": shipment_id})
@@ -171,10 +176,7 @@ async def test_print_and_void_a_label(shipping: DemoStack, bus: Bus) -> None:
     for envelope in (void, again, bad):
         await bus.send(envelope)
 
-    replies = await bus.wait_replies(5)
-    by_command: dict[str, list[ReplyBody]] = {}
-    for reply in replies:
-        by_command.setdefault(reply.command_id, []).append(body_of(reply))
+    by_command = await replies_by_command(bus, 5)
     tracking = f"trk-{printed.command_id[:12]}"
     assert by_command[printed.command_id] == 2 * [
         ReplyBody(outcome="success", payload={"order_id": "o-7", "tracking": tracking})
