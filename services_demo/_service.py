@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import asyncpg
+import orjson
 from fastapi import FastAPI
+from pydantic import BaseModel
 
 from saga_engine import Settings
 from saga_engine.client import SagaClient
@@ -116,6 +118,42 @@ async def running_service(
         if service.participant is not None:
             await service.participant.stop()
         await pool.close()
+
+
+def answers_ddl(table: str) -> str:
+    """A table of answers kept per ``Idempotency-Key`` (see :func:`answer_once`)."""
+    return f"""
+CREATE TABLE IF NOT EXISTS {table} (
+    idempotency_key text PRIMARY KEY,
+    request         jsonb NOT NULL,
+    status_code     int NOT NULL,
+    response        jsonb NOT NULL,
+    calls           int NOT NULL DEFAULT 1,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    last_call_at    timestamptz NOT NULL DEFAULT now()
+);
+"""
+
+
+async def answer_once(
+    pool: Pool, table: str, key: str, request: BaseModel, status: int, answer: dict[str, Any]
+) -> tuple[int, dict[str, Any], int]:
+    """How a service answers a call the engine makes (an HTTP step, which it sends again
+    under the same ``Idempotency-Key`` after a timeout or a 5xx): the first call's answer
+    (``status``, ``answer``) is stored in ``table`` (:func:`answers_ddl`), and every call
+    with the key gets it. Returns the stored status, body, and the calls so far."""
+    row = await pool.fetchrow(
+        f"INSERT INTO {table} (idempotency_key, request, status_code, response) "
+        "VALUES ($1, $2::jsonb, $3, $4::jsonb) ON CONFLICT (idempotency_key) DO UPDATE "
+        f"SET calls = {table}.calls + 1, last_call_at = now() "
+        "RETURNING status_code, response, calls",
+        key,
+        request.model_dump_json(),
+        status,
+        orjson.dumps(answer).decode(),
+    )
+    assert row is not None
+    return row["status_code"], orjson.loads(row["response"]), row["calls"]
 
 
 def observe(app: FastAPI, name: str) -> None:

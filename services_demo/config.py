@@ -6,6 +6,7 @@ The engine and participant settings are the engine's (``SAGA_*``, see
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -14,6 +15,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 PORT_OFFSETS: Final = {"orders": 1, "payments": 2, "inventory": 3, "fraud": 4, "shipping": 5}
 SERVICES: Final = tuple(PORT_OFFSETS)
 DEFAULT_BASE_PORT: Final = 8100
+
+#: The services the engine calls over HTTP itself (``SAGA_HTTP__ENDPOINTS``): the fraud
+#: check, the orders service's notifications (the fulfilment's ``notify``), the payments'
+#: balances (the nightly reconciliation).
+HTTP_SERVICES: Final = ("fraud", "orders", "payments")
 
 #: Orders at or above this total wait for a manual approval (the "approval" signal).
 APPROVAL_THRESHOLD: Final = 1000
@@ -27,7 +33,7 @@ CUSTOMERS: Final = {
     "alice": 10_000,
     "bob": 30,  # too little for almost anything: the insufficient-credit path
     "carol": 100_000,  # buys large orders, which need an approval
-    "dave": 10_000,  # orders through Kafka
+    "dave": 10_000,  # orders through Kafka; cannot be notified (SAGA_DEMO_UNREACHABLE)
     "erin": 10_000,  # lives outside the delivery area (SAGA_DEMO_UNSHIPPABLE)
     "mallory": 10_000,  # on the fraud service's block list (SAGA_DEMO_BLOCKED)
     "grace": 100_000,  # places a large order that nobody approves
@@ -36,6 +42,11 @@ CUSTOMERS: Final = {
 
 #: Seeded once in the inventory service: SKU -> units in stock.
 STOCK: Final = {"book": 1_000, "mug": 500, "lamp": 200, "chair": 100, "tv": 100}
+
+
+def http_endpoints(url: Callable[[str], str]) -> dict[str, str]:
+    """The engine's ``SAGA_HTTP__ENDPOINTS``: each of ``HTTP_SERVICES`` at ``url(name)``."""
+    return {name: url(name) for name in HTTP_SERVICES}
 
 
 def _names(value: str) -> frozenset[str]:
@@ -54,6 +65,9 @@ class DemoSettings(BaseSettings):
     unshippable: str = "erin"
     #: Customers the fraud service blocks (comma-separated).
     blocked: str = "mallory"
+    #: Customers the orders service cannot notify (no contact address on file): their
+    #: fulfilment fails at its last node, ``notify``, and is undone.
+    unreachable: str = "dave"
     #: The fraud service answers 503 to the first call of every Idempotency-Key, so
     #: the engine's retry under the same key shows in its table.
     fraud_flaky: bool = True
@@ -74,6 +88,10 @@ class DemoSettings(BaseSettings):
     @property
     def blocked_customers(self) -> frozenset[str]:
         return _names(self.blocked)
+
+    @property
+    def unreachable_customers(self) -> frozenset[str]:
+        return _names(self.unreachable)
 
 
 def payments_topic(topic_prefix: str, demo: DemoSettings) -> str:

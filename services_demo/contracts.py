@@ -203,3 +203,170 @@ class PaymentCaptured(BaseModel):
 
     order_id: str = Field(pattern=ORDER_ID_PATTERN)
     amount: int = Field(gt=0)
+
+
+# --------------------------------------------------------------------------- fulfilment (a graph)
+
+
+class FulfilmentInput(BaseModel):
+    """The ``fulfilment`` graph saga's input: a confirmed order to pick, invoice, pack,
+    label and announce (``gift``: wrap it first)."""
+
+    order_id: str = Field(pattern=ORDER_ID_PATTERN)
+    customer: str = Field(pattern=NAME_PATTERN)
+    items: Items = Field(min_length=1, max_length=50)
+    total: int = Field(ge=0)
+    gift: bool = False
+
+
+class PickLine(BaseModel):
+    """Takes one line of an order off the shelf (inventory); the order's stock must be
+    reserved (its checkout did that). One pick per ``(order_id, line)``."""
+
+    order_id: str
+    line: int = Field(ge=0)
+    sku: str
+    qty: int = Field(ge=1)
+
+
+class LinePicked(BaseModel):
+    order_id: str
+    line: int
+    sku: str
+    qty: int
+
+
+class PutBackLine(BaseModel):
+    """Undoes ``PickLine``: the line goes back on the shelf (a no-op if it was not picked)."""
+
+    order_id: str
+    line: int
+
+
+class LinePutBack(BaseModel):
+    order_id: str
+    line: int
+    put_back: bool
+
+
+class IssueInvoice(BaseModel):
+    """Issues the order's invoice and renders its PDF (payments): the heavy step."""
+
+    order_id: str
+    customer: str
+    amount: int = Field(ge=0)
+
+
+class InvoiceIssued(BaseModel):
+    order_id: str
+    invoice_id: str
+    amount: int
+    #: The rendered PDF's digest (the demo keeps no file).
+    pdf_sha256: str
+
+
+class VoidInvoice(BaseModel):
+    """Undoes ``IssueInvoice``: the invoice is voided (a no-op if none was issued)."""
+
+    order_id: str
+
+
+class InvoiceVoided(BaseModel):
+    order_id: str
+    voided: bool
+
+
+class WrapGift(BaseModel):
+    """Gift-wraps an order's picked units (inventory); only for a gift."""
+
+    order_id: str
+    units: int = Field(ge=1)
+
+
+class GiftWrapped(BaseModel):
+    order_id: str
+    units: int
+
+
+class UnwrapGift(BaseModel):
+    order_id: str
+
+
+class GiftUnwrapped(BaseModel):
+    order_id: str
+    unwrapped: bool
+
+
+class PackParcel(BaseModel):
+    """Packs an order's picked units into one parcel (inventory)."""
+
+    order_id: str
+    units: int = Field(ge=1)
+    gift: bool = False
+
+
+class ParcelPacked(BaseModel):
+    order_id: str
+    parcel_id: str
+    units: int
+
+
+class UnpackParcel(BaseModel):
+    order_id: str
+
+
+class ParcelUnpacked(BaseModel):
+    order_id: str
+    unpacked: bool
+
+
+class PrintLabel(BaseModel):
+    """Prints the parcel's shipping label (shipping, the Go service); the invoice goes
+    with it."""
+
+    order_id: str
+    customer: str
+    parcel_id: str
+    invoice_id: str
+
+
+class LabelPrinted(BaseModel):
+    order_id: str
+    tracking: str
+
+
+class VoidLabel(BaseModel):
+    order_id: str
+
+
+class LabelVoided(BaseModel):
+    order_id: str
+    voided: bool
+
+
+class Notify(BaseModel):
+    """The body of ``POST /notifications`` on the orders service (an HTTP node): tells
+    the customer their parcel is on its way."""
+
+    order_id: str
+    customer: str
+    tracking: str
+    invoice_id: str
+
+
+class Notified(BaseModel):
+    order_id: str
+    notification_id: str
+    channel: str
+
+
+class Fulfilled(BaseModel):
+    """The ``fulfilment`` saga's output: each node's result, by the node's name (a
+    skipped node's is None)."""
+
+    pick: list[LinePicked]
+    invoice: InvoiceIssued
+    gift_wrap: GiftWrapped | None = None
+    pack: ParcelPacked
+    label: LabelPrinted
+    notify: Notified

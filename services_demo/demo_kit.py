@@ -27,6 +27,7 @@ from saga_engine.events import (
     CompensationCompleted,
     CompensationStarted,
     Event,
+    NodeSkipped,
     ReplyReceived,
     SagaCancelled,
     SagaCompensated,
@@ -184,6 +185,8 @@ class Demo:
         self.approval_timeout_s = approval_timeout_s
         self.run_id = uuid.uuid4().hex[:8]
         self.placed: list[Placed] = []
+        #: The fulfilments started by the scenario: the order's label -> saga id.
+        self.fulfilments: dict[str, str] = {}
         self._stack = contextlib.AsyncExitStack()
         self.http: httpx.AsyncClient
         self.db: asyncpg.Connection[asyncpg.Record]
@@ -224,6 +227,17 @@ class Demo:
 
     def url(self, service: str) -> str:
         return self.target.urls[service]
+
+    async def get_json(self, service: str, path: str) -> dict[str, Any]:
+        """``GET path`` on a service; anything but a 200 fails the demo."""
+        response = await self.http.get(f"{self.url(service)}{path}")
+        check(
+            response.status_code == 200,
+            f"GET {path} on {service} answered {response.status_code}: {response.text}",
+            quiet=True,
+        )
+        body: dict[str, Any] = response.json()
+        return body
 
     # ------------------------------------------------------------------ orders
 
@@ -370,6 +384,7 @@ class Demo:
             balances=dict(balances),
             available={s["sku"]: s["available"] for s in stock},
             reserved={s["sku"]: s["reserved"] for s in stock},
+            picked={s["sku"]: s["picked"] for s in stock},
         )
 
     async def reservations(self, customer: str) -> dict[str, dict[str, Any]]:
@@ -414,6 +429,8 @@ class Snapshot:
     balances: dict[str, int]
     available: dict[str, int]
     reserved: dict[str, int]
+    #: Reserved units taken off the shelf by fulfilments.
+    picked: dict[str, int]
 
 
 async def topic_partitions(bootstrap: str, topic: str) -> list[TopicPartition]:
@@ -493,6 +510,8 @@ def summarize(events: list[Event]) -> str:
             parts.append(f"{e.step}{via} {mark}")
         elif isinstance(e, AttemptTimedOut):
             parts.append(f"{e.step} attempt {e.attempt} timed out")
+        elif isinstance(e, NodeSkipped):
+            parts.append(f"{e.node} skipped")
         elif isinstance(e, TimerStarted) and e.purpose == "signal_timeout":
             parts.append("waiting for approval")
         elif isinstance(e, SignalReceived):

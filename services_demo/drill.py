@@ -11,7 +11,7 @@ checkouts' inputs, and the payment captures they wait for::
   they apply in ``drill_ledger``.
   Fraud is an HTTP service (the engine calls it): a process the drill kills too.
 - ``drill_env()``: every process's ``SAGA_DEMO_BASE_PORT`` and the engines'
-  ``SAGA_HTTP__ENDPOINTS`` (fraud, payments), as ``services_demo/run.py`` sets them.
+  ``SAGA_HTTP__ENDPOINTS`` (fraud, orders, payments), as ``services_demo/run.py`` sets them.
 - ``drill_inputs()``: checkouts of the seeded customers, most of which complete; some
   compensate: bob's credit is short, erin is outside the delivery area (the shipment
   child refuses), mallory is on the fraud block list, one order in ten is paid the wrong
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from services_demo.config import PORT_OFFSETS, PRICES, SERVICES
+from services_demo.config import PORT_OFFSETS, PRICES, SERVICES, http_endpoints
 from services_demo.contracts import CheckoutInput, Item, PaymentCaptured
 from services_demo.run import SHIPPING_GO, free_base_port
 from services_demo.sagas import payment_captured
@@ -70,7 +70,7 @@ def _url(service: str) -> str:
 def drill_env() -> dict[str, str]:
     return {
         "SAGA_DEMO_BASE_PORT": str(_base_port()),
-        "SAGA_HTTP__ENDPOINTS": json.dumps({"fraud": _url("fraud"), "payments": _url("payments")}),
+        "SAGA_HTTP__ENDPOINTS": json.dumps(http_endpoints(_url)),
         "SAGA_HTTP__RETRY_WINDOW_S": "4",
     }
 

@@ -22,20 +22,17 @@ from fastapi import FastAPI, Header, HTTPException
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from services_demo._service import Holder, add_health, observe, running_service
+from services_demo._service import (
+    Holder,
+    add_health,
+    answer_once,
+    answers_ddl,
+    observe,
+    running_service,
+)
 from services_demo.contracts import FraudCheck, FraudVerdict
 
-DDL = """
-CREATE TABLE IF NOT EXISTS checks (
-    idempotency_key text PRIMARY KEY,
-    request         jsonb NOT NULL,
-    status_code     int NOT NULL,
-    response        jsonb NOT NULL,
-    calls           int NOT NULL DEFAULT 1,
-    created_at      timestamptz NOT NULL DEFAULT now(),
-    last_call_at    timestamptz NOT NULL DEFAULT now()
-);
-"""
+DDL = answers_ddl("checks")
 
 
 def score_of(check: FraudCheck) -> int:
@@ -87,21 +84,12 @@ def create_app() -> FastAPI:
             status, answer = 422, {"detail": f"customer {body.customer} is blocked"}
         else:
             status, answer = 200, FraudVerdict(approved=True, score=score_of(body)).model_dump()
-        row = await holder.pool.fetchrow(
-            "INSERT INTO checks (idempotency_key, request, status_code, response) "
-            "VALUES ($1, $2::jsonb, $3, $4::jsonb) "
-            "ON CONFLICT (idempotency_key) DO UPDATE "
-            "SET calls = checks.calls + 1, last_call_at = now() "
-            "RETURNING status_code, response, calls",
-            idempotency_key,
-            body.model_dump_json(),
-            status,
-            orjson.dumps(answer).decode(),
+        stored, response, calls = await answer_once(
+            holder.pool, "checks", idempotency_key, body, status, answer
         )
-        assert row is not None
-        if demo.fraud_flaky and row["calls"] == 1:
+        if demo.fraud_flaky and calls == 1:
             return JSONResponse({"detail": "busy, try again"}, status_code=503)
-        return JSONResponse(orjson.loads(row["response"]), status_code=row["status_code"])
+        return JSONResponse(response, status_code=stored)
 
     @app.get("/checks/{idempotency_key}", response_model=StoredCheck, tags=["fraud"])
     async def get_check(idempotency_key: str) -> StoredCheck:

@@ -4,7 +4,11 @@
 refuses the whole order (nothing is taken): a batch handler decides the orders of a
 consumed batch together, in order; ``ReleaseStock`` puts an order's reserved
 units back and is a no-op when nothing is reserved for it. ``GET /stock/{sku}`` shows
-what is available and reserved.
+what is available, reserved and picked.
+
+It also runs the warehouse floor for the ``fulfilment`` saga (``warehouse.py``: picking an
+order's lines, gift wrapping, packing, and their undoing); ``GET /fulfilments/{order_id}``
+shows an order there.
 
 Run it with ``uvicorn services_demo.inventory:app --port 8103``.
 """
@@ -20,11 +24,13 @@ from pydantic import BaseModel
 
 from saga_engine import Settings
 from saga_engine.participant import CommandBatch, Participant, Rejected, Transaction
+from services_demo import warehouse
 from services_demo._service import Connection, Holder, add_health, observe, running_service
 from services_demo.config import STOCK
 from services_demo.contracts import Item, ReleaseStock, ReserveStock, StockReleased, StockReserved
 
-DDL = """
+DDL = (
+    """
 CREATE TABLE IF NOT EXISTS stock (
     sku       text PRIMARY KEY,
     available int NOT NULL CHECK (available >= 0)
@@ -40,6 +46,8 @@ CREATE TABLE IF NOT EXISTS reservations (
 );
 CREATE INDEX IF NOT EXISTS reservations_sku_idx ON reservations (sku);
 """
+    + warehouse.DDL
+)
 
 
 async def seed(conn: Connection) -> None:
@@ -134,6 +142,7 @@ def build_participant(settings: Settings) -> Participant:
         items = [Item(sku=r["sku"], qty=r["qty"]) for r in rows]
         return StockReleased(order_id=cmd.order_id, items=items)
 
+    warehouse.register(inventory)
     return inventory
 
 
@@ -141,6 +150,8 @@ class StockLevel(BaseModel):
     sku: str
     available: int
     reserved: int
+    #: Reserved units taken off the shelf by fulfilments (``PickLine``), not put back.
+    picked: int
 
 
 def create_app() -> FastAPI:
@@ -167,7 +178,9 @@ def create_app() -> FastAPI:
 
     query = (
         "SELECT s.sku, s.available, COALESCE(SUM(r.qty) FILTER (WHERE r.status = 'reserved'), 0)"
-        " AS reserved FROM stock s LEFT JOIN reservations r ON r.sku = s.sku"
+        " AS reserved, (SELECT coalesce(sum(p.qty), 0) FROM picks p WHERE p.sku = s.sku"
+        " AND p.status = 'picked') AS picked"
+        " FROM stock s LEFT JOIN reservations r ON r.sku = s.sku"
     )
 
     @app.get("/stock/{sku}", response_model=StockLevel, tags=["inventory"])
@@ -181,6 +194,11 @@ def create_app() -> FastAPI:
     async def list_stock() -> list[StockLevel]:
         rows = await holder.pool.fetch(f"{query} GROUP BY s.sku ORDER BY s.sku")
         return [StockLevel(**dict(r)) for r in rows]
+
+    @app.get("/fulfilments/{order_id}", response_model=warehouse.OnTheFloor, tags=["warehouse"])
+    async def get_fulfilment(order_id: str) -> warehouse.OnTheFloor:
+        """An order on the warehouse floor: its picked lines, its wrapping, its parcel."""
+        return await warehouse.on_the_floor(holder.pool, order_id)
 
     return app
 

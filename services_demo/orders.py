@@ -9,6 +9,10 @@
 - ``POST /orders/{id}/payment`` is the payment provider's webhook: it records the captured
   amount and publishes the ``payment-captured`` fact (``SagaClient.publish_event``, the id
   ``capture-{order_id}``, so a repeated webhook is kept once); the checkout waits for it.
+- ``POST /notifications`` is called by the engine (the ``fulfilment`` saga's HTTP node
+  ``notify``): it tells the customer their parcel is on its way, once per
+  ``Idempotency-Key``, and refuses (422) an order that is not confirmed or a customer it
+  cannot reach (``SAGA_DEMO_UNREACHABLE``, default ``dave``).
 - As a participant it handles ``CreateOrder`` (the saga's first step: it prices the
   order, and creates it when it came from Kafka rather than HTTP), ``ConfirmOrder`` and
   ``RejectOrder``.
@@ -27,12 +31,20 @@ from typing import Annotated, Any
 import asyncpg
 import orjson
 from fastapi import FastAPI, Header, HTTPException, Response
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from saga_engine import Settings, TransientError, saga_id_for
 from saga_engine.client import SagaClient
 from saga_engine.participant import Participant, Rejected, Transaction
-from services_demo._service import Holder, add_health, observe, running_service
+from services_demo._service import (
+    Holder,
+    add_health,
+    answer_once,
+    answers_ddl,
+    observe,
+    running_service,
+)
 from services_demo.config import APPROVAL_THRESHOLD, PRICES
 from services_demo.contracts import (
     NAME_PATTERN,
@@ -41,6 +53,8 @@ from services_demo.contracts import (
     ConfirmOrder,
     CreateOrder,
     Item,
+    Notified,
+    Notify,
     OrderCreated,
     OrderState,
     PaymentCaptured,
@@ -66,7 +80,7 @@ CREATE TABLE IF NOT EXISTS orders (
 );
 -- Added with the payment-captured fact: a stack that ran an older demo gets it too.
 ALTER TABLE orders ADD COLUMN IF NOT EXISTS captured int;
-"""
+""" + answers_ddl("notifications")
 
 
 class PriceError(ValueError):
@@ -367,6 +381,37 @@ def create_app() -> FastAPI:
         except TransientError as exc:
             raise HTTPException(503, f"the capture could not be published ({exc}); retry") from exc
         return {"order_id": order_id, "event_id": event_id}
+
+    @app.post(
+        "/notifications",
+        response_model=Notified,
+        responses={422: {"description": "not confirmed, or the customer cannot be reached"}},
+        tags=["notifications"],
+    )
+    async def notify(
+        body: Notify, idempotency_key: Annotated[str, Header(min_length=1, max_length=200)]
+    ) -> JSONResponse:
+        """Tells the customer their parcel is on its way (called by the engine for the
+        fulfilment's ``notify`` node); the same ``Idempotency-Key`` gets the same answer."""
+        status = await holder.pool.fetchval(
+            "SELECT status FROM orders WHERE order_id = $1", body.order_id
+        )
+        code, answer = (
+            200,
+            Notified(
+                order_id=body.order_id,
+                notification_id=f"ntf-{idempotency_key[:12]}",
+                channel="email",
+            ).model_dump(),
+        )
+        if status != "confirmed":
+            code, answer = 422, {"detail": f"order {body.order_id} is {status or 'unknown'}"}
+        elif body.customer in holder.service.demo.unreachable_customers:
+            code, answer = 422, {"detail": f"no contact address for {body.customer}"}
+        stored, response, _ = await answer_once(
+            holder.pool, "notifications", idempotency_key, body, code, answer
+        )
+        return JSONResponse(response, status_code=stored)
 
     return app
 

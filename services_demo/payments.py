@@ -5,12 +5,19 @@ or refuses (``Rejected``) when the balance is short; ``ReleaseCredit`` gives a r
 amount back and is a no-op when nothing is reserved for the order. ``GET /customers/{id}``
 shows the balance and the reservations.
 
+For the ``fulfilment`` saga it issues invoices: ``IssueInvoice`` renders the invoice's PDF
+(the demo's heavy step: a bounded CPU loop in a worker thread stands for the rendering)
+and records it, once per order; ``VoidInvoice`` voids it (a no-op when none is issued).
+``GET /invoices/{order_id}`` shows one.
+
 Run it with ``uvicorn services_demo.payments:app --port 8102``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import hashlib
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI, HTTPException
@@ -20,7 +27,16 @@ from saga_engine import Settings
 from saga_engine.participant import Participant, Rejected, Transaction
 from services_demo._service import Connection, Holder, add_health, observe, running_service
 from services_demo.config import CUSTOMERS
-from services_demo.contracts import CreditReleased, CreditReserved, ReleaseCredit, ReserveCredit
+from services_demo.contracts import (
+    CreditReleased,
+    CreditReserved,
+    InvoiceIssued,
+    InvoiceVoided,
+    IssueInvoice,
+    ReleaseCredit,
+    ReserveCredit,
+    VoidInvoice,
+)
 
 DDL = """
 CREATE TABLE IF NOT EXISTS customers (
@@ -36,7 +52,26 @@ CREATE TABLE IF NOT EXISTS reservations (
     released_at timestamptz
 );
 CREATE INDEX IF NOT EXISTS reservations_customer_idx ON reservations (customer_id);
+CREATE TABLE IF NOT EXISTS invoices (
+    order_id    text PRIMARY KEY,
+    invoice_id  text NOT NULL UNIQUE,
+    customer_id text NOT NULL REFERENCES customers,
+    amount      int NOT NULL CHECK (amount >= 0),
+    pdf_sha256  text NOT NULL,
+    status      text NOT NULL CHECK (status IN ('issued', 'void')),
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    voided_at   timestamptz
+);
 """
+
+#: How much work rendering one invoice's PDF takes: about 0.2 s of one CPU.
+RENDER_ROUNDS = 1_000_000
+
+
+def render_pdf(invoice_id: str, customer: str, amount: int) -> str:
+    """Stands for rendering the invoice's PDF: a bounded CPU loop; returns its digest."""
+    text = f"invoice {invoice_id} for {customer}: {amount} credits".encode()
+    return hashlib.pbkdf2_hmac("sha256", text, invoice_id.encode(), RENDER_ROUNDS).hex()
 
 
 async def seed(conn: Connection) -> None:
@@ -83,7 +118,58 @@ def build_participant(settings: Settings) -> Participant:
         return CreditReserved(order_id=cmd.order_id, amount=cmd.amount, balance=balance)
 
     payments.handles(ReleaseCredit)(release_credit)
+    payments.handles(IssueInvoice)(issue_invoice)
+    payments.handles(VoidInvoice)(void_invoice)
     return payments
+
+
+async def issue_invoice(cmd: IssueInvoice, tx: Transaction) -> InvoiceIssued:
+    row = await tx.fetchrow(
+        "SELECT invoice_id, amount, pdf_sha256 FROM invoices WHERE order_id = $1 FOR UPDATE",
+        cmd.order_id,
+    )
+    if row is not None:  # the business key: one invoice per order (issued again if voided)
+        if row["amount"] != cmd.amount:
+            raise Rejected(
+                f"order {cmd.order_id} was invoiced for {row['amount']}, not {cmd.amount}"
+            )
+        await tx.execute(
+            "UPDATE invoices SET status = 'issued', voided_at = NULL WHERE order_id = $1",
+            cmd.order_id,
+        )
+        return InvoiceIssued(
+            order_id=cmd.order_id,
+            invoice_id=row["invoice_id"],
+            amount=row["amount"],
+            pdf_sha256=row["pdf_sha256"],
+        )
+    if await tx.fetchval("SELECT 1 FROM customers WHERE customer_id = $1", cmd.customer) is None:
+        raise Rejected(f"unknown customer {cmd.customer}")
+    invoice_id = f"inv-{tx.command_id[:12]}"
+    # The heavy part, off the event loop: the participant's other commands go on.
+    pdf = await asyncio.to_thread(render_pdf, invoice_id, cmd.customer, cmd.amount)
+    await tx.execute(
+        "INSERT INTO invoices (order_id, invoice_id, customer_id, amount, pdf_sha256, status) "
+        "VALUES ($1, $2, $3, $4, $5, 'issued')",
+        cmd.order_id,
+        invoice_id,
+        cmd.customer,
+        cmd.amount,
+        pdf,
+    )
+    return InvoiceIssued(
+        order_id=cmd.order_id, invoice_id=invoice_id, amount=cmd.amount, pdf_sha256=pdf
+    )
+
+
+async def void_invoice(cmd: VoidInvoice, tx: Transaction) -> InvoiceVoided:
+    done = await tx.fetchval(
+        "UPDATE invoices SET status = 'void', voided_at = now() "
+        "WHERE order_id = $1 AND status = 'issued' RETURNING order_id",
+        cmd.order_id,
+    )
+    # Nothing issued (refused, or voided before): nothing to do.
+    return InvoiceVoided(order_id=cmd.order_id, voided=done is not None)
 
 
 async def release_credit(cmd: ReleaseCredit, tx: Transaction) -> CreditReleased:
@@ -105,6 +191,15 @@ async def release_credit(cmd: ReleaseCredit, tx: Transaction) -> CreditReleased:
 class Reservation(BaseModel):
     order_id: str
     amount: int
+    status: str
+
+
+class Invoice(BaseModel):
+    order_id: str
+    invoice_id: str
+    customer_id: str
+    amount: int
+    pdf_sha256: str
     status: str
 
 
@@ -164,6 +259,17 @@ def create_app(
         if found is None:
             raise HTTPException(404, f"no customer {customer_id}")
         return found
+
+    @app.get("/invoices/{order_id}", response_model=Invoice, tags=["invoices"])
+    async def get_invoice(order_id: str) -> Invoice:
+        row = await holder.pool.fetchrow(
+            "SELECT order_id, invoice_id, customer_id, amount, pdf_sha256, status "
+            "FROM invoices WHERE order_id = $1",
+            order_id,
+        )
+        if row is None:
+            raise HTTPException(404, f"no invoice for order {order_id}")
+        return Invoice(**dict(row))
 
     @app.get("/customers", tags=["payments"])
     async def list_customers() -> dict[str, int]:

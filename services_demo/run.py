@@ -6,7 +6,7 @@ Settings come from the ``SAGA_*`` environment that ``scripts/devstack.py`` print
 (``SAGA_PG__DSN``, ``SAGA_KAFKA__BOOTSTRAP_SERVERS``). Every process gets them, plus:
 
 - the engine: ``SAGA_PG__DB_SCHEMA={namespace}_engine`` and ``SAGA_HTTP__ENDPOINTS``
-  pointing the ``fraud`` endpoint at the fraud service;
+  pointing the ``fraud``, ``orders`` and ``payments`` endpoints at those services;
 - each service: ``SAGA_PARTICIPANT__DB_SCHEMA={namespace}_{service}``, its own schema for
   its tables and the participant kit's;
 - all of them: the topic prefix ``{namespace}`` (``demo.inbox``, ``demo.cmd.payments``,
@@ -48,7 +48,13 @@ from aiokafka.errors import KafkaError
 
 from saga_engine import Settings, run
 from saga_engine.settings import KafkaSettings
-from services_demo.config import DEFAULT_BASE_PORT, PORT_OFFSETS, SERVICES, DemoSettings
+from services_demo.config import (
+    DEFAULT_BASE_PORT,
+    PORT_OFFSETS,
+    SERVICES,
+    DemoSettings,
+    http_endpoints,
+)
 from services_demo.create_topics import create_topics, demo_topics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,9 +165,7 @@ class StackConfig:
             SAGA_KAFKA__SESSION_TIMEOUT_MS="6000",
             SAGA_KAFKA__HEARTBEAT_INTERVAL_MS="500",
             SAGA_PARTICIPANT__DSN=self.dsn,
-            SAGA_HTTP__ENDPOINTS=json.dumps(
-                {"fraud": self.url("fraud"), "payments": self.url("payments")}
-            ),
+            SAGA_HTTP__ENDPOINTS=json.dumps(http_endpoints(self.url)),
             SAGA_HTTP__RETRY_WINDOW_S="4",
             # The engine's admin API, once the worker serves it: the base port itself.
             SAGA_ADMIN__HOST="127.0.0.1",

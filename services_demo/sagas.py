@@ -1,5 +1,6 @@
-"""The ``checkout`` saga and the Kafka trigger that starts it, and the nightly
-``reconciliation`` saga and its schedule: ``saga worker services_demo.sagas``.
+"""The ``checkout`` saga and the Kafka trigger that starts it, the ``fulfilment`` graph
+saga that ships a confirmed order, and the nightly ``reconciliation`` saga and its
+schedule: ``saga worker services_demo.sagas``.
 
 1. ``create-order``: the orders service prices the order and records it (a no-op when
    ``POST /orders`` created it already; orders that come from Kafka are created here);
@@ -25,10 +26,18 @@ release the stock, release the credit. A shipment the carrier refused undid itse
 checkout's step fails and nothing is owed for it.
 ``create-order``'s own compensation rejects the order if nothing else did (a cancelled
 saga never reaches the ``except`` below); after ``reject-order`` it is a no-op.
+
+``fulfilment`` is declared as a graph (``saga_engine.graph``, see docs/graphs.md): ``pick``
+(one inventory step per line) and ``invoice`` (payments, which renders the PDF: the heavy
+step) start together; ``gift_wrap`` (only for a gift) after the picking, ``pack`` after
+both, ``label`` (the Go shipping service) after the packing and the invoice, ``notify``
+(an HTTP call to the orders service) last. A failure undoes the graph in reverse: the
+label first, then the parcel and the invoice together, the wrapping, the picked lines.
 """
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 
 from saga_engine import (
@@ -43,6 +52,7 @@ from saga_engine import (
     SignalTimeout,
     StepFailed,
 )
+from saga_engine.graph import GraphSaga, each, http, node, step
 from saga_engine.schedules import CatchUp, Overlap, Schedule
 from saga_engine.triggers import KafkaTrigger
 from services_demo.config import APPROVAL_THRESHOLD, DemoSettings, orders_topic, payments_topic
@@ -55,9 +65,23 @@ from services_demo.contracts import (
     CreateOrder,
     CreditReserved,
     FraudVerdict,
+    Fulfilled,
+    FulfilmentInput,
+    GiftWrapped,
+    InvoiceIssued,
+    IssueInvoice,
+    LabelPrinted,
+    LinePicked,
+    Notified,
+    Notify,
     OrderCreated,
     OrderRequested,
+    PackParcel,
+    ParcelPacked,
     PaymentCaptured,
+    PickLine,
+    PrintLabel,
+    PutBackLine,
     ReconcileInput,
     ReconciliationReport,
     RejectOrder,
@@ -68,6 +92,11 @@ from services_demo.contracts import (
     ScheduleShipment,
     ShipmentScheduled,
     StockReserved,
+    UnpackParcel,
+    UnwrapGift,
+    VoidInvoice,
+    VoidLabel,
+    WrapGift,
 )
 
 #: Per-attempt timeout of the Kafka steps, and how often they are re-sent.
@@ -243,11 +272,127 @@ orders_requested = KafkaTrigger(
     idempotency_key=lambda m: order_key(m.order_id),
 )
 
+
+def fulfilment_key(order_id: str) -> str:
+    """The idempotency key of an order's fulfilment: one fulfilment per order."""
+    return f"fulfil-{order_id}"
+
+
+#: A fulfilment's step to a participant over Kafka: the checkout's timeout and retries.
+kafka_step = functools.partial(step, timeout=STEP_TIMEOUT_S, retry=STEP_RETRY)
+
+
+def _lines(order: FulfilmentInput) -> list[PickLine]:
+    return [
+        PickLine(order_id=order.order_id, line=n, sku=item.sku, qty=item.qty)
+        for n, item in enumerate(order.items)
+    ]
+
+
+class Fulfilment(GraphSaga[FulfilmentInput, Fulfilled]):
+    """Ships a confirmed order, declared as a graph: the engine runs each node once the
+    nodes it names in ``after`` are done, and undoes the graph in reverse on a failure.
+
+    ::
+
+        pick[0..n] ─┬─ gift_wrap (a gift only) ─┐
+                    └───────────────────────────┴─ pack ─┐
+        invoice ─────────────────────────────────────────┴─ label ── notify (HTTP)
+    """
+
+    name = "fulfilment"
+
+    #: One step per line of the order, four at a time; each put back if the rest fails.
+    pick = node(
+        each(
+            _lines,
+            kafka_step(
+                "inventory",
+                lambda order, item: item,
+                compensate=lambda order, item: PutBackLine(order_id=order.order_id, line=item.line),
+                returns=LinePicked,
+            ),
+            max_items=50,
+            concurrency=4,
+        )
+    )
+    #: Renders the invoice's PDF: the heavy step, in parallel with the picking.
+    invoice = node(
+        kafka_step(
+            "payments",
+            lambda order: IssueInvoice(
+                order_id=order.order_id, customer=order.customer, amount=order.total
+            ),
+            compensate=lambda order: VoidInvoice(order_id=order.order_id),
+            returns=InvoiceIssued,
+            # cost: declared once flow control has costs (issue 40 part 2)
+        )
+    )
+    #: Only for a gift (``when``): skipped otherwise, and the packing goes on.
+    gift_wrap = node(
+        kafka_step(
+            "inventory",
+            lambda order, pick: WrapGift(
+                order_id=order.order_id, units=sum(line.qty for line in pick)
+            ),
+            compensate=lambda order: UnwrapGift(order_id=order.order_id),
+            returns=GiftWrapped,
+        ),
+        after=[pick],
+        when=lambda order: order.gift,
+    )
+    pack = node(
+        kafka_step(
+            "inventory",
+            lambda order, pick: PackParcel(
+                order_id=order.order_id, units=sum(line.qty for line in pick), gift=order.gift
+            ),
+            compensate=lambda order: UnpackParcel(order_id=order.order_id),
+            returns=ParcelPacked,
+        ),
+        after=[pick, gift_wrap],
+    )
+    label = node(
+        kafka_step(
+            "shipping",
+            lambda order, pack, invoice: PrintLabel(
+                order_id=order.order_id,
+                customer=order.customer,
+                parcel_id=pack.parcel_id,
+                invoice_id=invoice.invoice_id,
+            ),
+            compensate=lambda order: VoidLabel(order_id=order.order_id),
+            returns=LabelPrinted,
+        ),
+        after=[pack, invoice],
+    )
+    #: The engine calls the orders service, which tells the customer; it refuses a
+    #: customer it cannot reach (``SAGA_DEMO_UNREACHABLE``), and the graph is undone.
+    notify = node(
+        http(
+            "orders",
+            "/notifications",
+            lambda order, label, invoice: Notify(
+                order_id=order.order_id,
+                customer=order.customer,
+                tracking=label.tracking,
+                invoice_id=invoice.invoice_id,
+            ).model_dump(),
+            returns=Notified,
+            retry=RetryPolicy(max_attempts=3),
+            timeout=5,
+        ),
+        after=[label],
+    )
+
+
 __all__ = [
     "Checkout",
     "CheckoutRejected",
+    "Fulfilment",
     "Shipment",
     "checkout_input",
+    "fulfilment_key",
     "order_key",
     "orders_requested",
     "payment_captured",

@@ -18,7 +18,11 @@ It places orders over HTTP and through Kafka and prints what happens and where t
 8. a large order nobody approves: rejected when its approval times out;
 9. one checkout per customer at a time: a customer's second order waits for the first;
 10. the nightly reconciliation, a saga its schedule starts every night at 02:00, triggered
-   now through the engine's admin API: it reads the balances over HTTP and completes.
+   now through the engine's admin API: it reads the balances over HTTP and completes;
+11. a graph saga: the fulfilment of the first order (its lines picked and its invoice
+   rendered at once, packed, labelled by the Go service, the customer notified over HTTP);
+12. a fulfilment refused at its last node (the customer cannot be notified): the graph
+   is undone in reverse, and the stock, invoice, parcel and label are as they were.
 
 Then each saga's final status and history summary, and the balances and stock before
 and after, checked to the unit: nothing leaked, nothing was applied twice. Every
@@ -34,21 +38,26 @@ import sys
 import time
 import uuid
 from collections import Counter
+from typing import Any
 
 import httpx
 import orjson
 
-from saga_engine import Settings, saga_id_for
+from saga_engine import SagaUnsuccessful, Settings, saga_id_for
 from saga_engine.events import (
     CommandIssued,
     CompensationCompleted,
+    CompensationStarted,
     DomainEventReceived,
+    Event,
     KeyAcquired,
     KeyQueued,
+    NodeSkipped,
+    ReplyReceived,
     SagaCompleted,
 )
 from services_demo.config import PORT_OFFSETS, SERVICES
-from services_demo.contracts import Approval
+from services_demo.contracts import Approval, FulfilmentInput
 from services_demo.demo_kit import (
     FINISHED,
     CommandEngine,
@@ -60,9 +69,10 @@ from services_demo.demo_kit import (
     check,
     items,
     say,
+    summarize,
 )
 from services_demo.run import DemoStack, StackConfig, StackError, free_base_port
-from services_demo.sagas import Checkout
+from services_demo.sagas import Checkout, Fulfilment, fulfilment_key
 
 
 def heading(number: str, title: str) -> None:
@@ -384,20 +394,195 @@ async def nightly_reconciliation(demo: Demo) -> str | None:
     return saga_id
 
 
+#: How long a fulfilment may take, start to end, before the demo gives up on it.
+FULFILMENT_WITHIN_S = 60.0
+
+
+def describe_graph() -> None:
+    """The fulfilment's declared graph, one line per node (the console draws it)."""
+    for n in Fulfilment.graph.nodes:
+        what = [f"one step per line (at most {n.max_items})"] if n.kind == "each" else []
+        what += ["an HTTP call"] if n.kind == "http" else []
+        what.append(f"after {', '.join(n.after)}" if n.after else "at the start")
+        what += ["only for a gift"] if n.conditional else []
+        what += ["nothing to undo"] if not n.compensable else []
+        say(f"    {n.name:<10} {n.to:<10} {', '.join(what)}")
+
+
+async def start_fulfilment(demo: Demo, placed: Placed, *, gift: bool) -> str:
+    order = FulfilmentInput(
+        order_id=placed.order_id,
+        customer=placed.customer,
+        items=placed.items,
+        total=placed.total,
+        gift=gift,
+    )
+    saga_id = await demo.client.start(
+        Fulfilment, order, idempotency_key=fulfilment_key(placed.order_id)
+    )
+    demo.fulfilments[placed.label] = saga_id
+    say(
+        f"  SagaClient.start(Fulfilment, order {placed.order_id} of {placed.customer}) -> saga {saga_id}"
+    )
+    admin = demo.target.admin_url
+    if admin is not None:
+        say(f"    look: {admin}/ui/sagas/{saga_id} (the graph, each node's state)")
+    return saga_id
+
+
+def _started_together(events: list[Event]) -> set[str]:
+    """The steps sent before the first reply arrived."""
+    sent: set[str] = set()
+    for e in events:
+        if isinstance(e, ReplyReceived):
+            break
+        if isinstance(e, CommandIssued):
+            sent.add(e.step)
+    return sent
+
+
+async def fulfilment_completes(demo: Demo, placed: Placed) -> str:
+    heading("11", f"A graph saga: the fulfilment of {placed.customer}'s order")
+    say("  fulfilment is declared as a graph (saga_engine.graph.GraphSaga); its nodes:")
+    describe_graph()
+    before = await demo.snapshot()
+    saga_id = await start_fulfilment(demo, placed, gift=False)
+    output = await demo.client.result(saga_id, timeout=FULFILMENT_WITHIN_S, saga=Fulfilment)
+    events = await demo.history(saga_id)
+    say(f"    saga completed: {summarize(events)}")
+    together = _started_together(events)
+    check(
+        {"invoice", "pick[0]"} <= together,
+        f"the lines' picking and the invoice started together: {', '.join(sorted(together))}",
+    )
+    check(
+        [e.node for e in events if isinstance(e, NodeSkipped)] == ["gift_wrap"],
+        "not a gift: gift_wrap was skipped, and the packing went on",
+    )
+    invoice = output.invoice
+    took = _step_seconds(events, "invoice")
+    say(
+        f"    invoice {invoice.invoice_id}: {took:.2f}s from command to reply, its PDF rendered "
+        "in the handler (the heavy step); the picking went on meanwhile"
+    )
+    check(
+        (await _invoice(demo, placed))["status"] == "issued",
+        f"payments: invoice {invoice.invoice_id} issued",
+    )
+    floor = await _floor(demo, placed)
+    check(
+        [line["status"] for line in floor["lines"]] == ["picked"] * len(placed.items)
+        and (floor["parcel"] or {}).get("status") == "packed",
+        f"inventory: {len(placed.items)} line(s) picked, parcel {output.pack.parcel_id} packed",
+    )
+    label = await _label(demo, placed)
+    check(
+        label["status"] == "printed" and label["tracking"] == output.label.tracking,
+        f"shipping (Go): label {output.label.tracking} printed",
+    )
+    check(
+        output.notify.channel == "email",
+        f"orders: {placed.customer} notified by {output.notify.channel} (an HTTP node)",
+    )
+    after = await demo.snapshot()
+    for line in placed.items:
+        sku = line["sku"]
+        check(
+            after.picked[sku] - before.picked[sku] == line["qty"]
+            and after.available[sku] == before.available[sku],
+            f"{sku}: {line['qty']} reserved unit(s) picked off the shelf",
+            quiet=True,
+        )
+    return saga_id
+
+
+async def fulfilment_undone(demo: Demo, placed: Placed) -> str:
+    heading("12", "A fulfilment refused at its last node, undone by the graph")
+    before = await demo.snapshot()
+    saga_id = await start_fulfilment(demo, placed, gift=True)
+    try:
+        await demo.client.result(saga_id, timeout=FULFILMENT_WITHIN_S, saga=Fulfilment)
+        ended = "completed"
+    except SagaUnsuccessful as exc:
+        ended = exc.status
+    events = await demo.history(saga_id)
+    say(f"    saga {ended}: {summarize(events)}")
+    check(ended == "compensated", f"the fulfilment ended {ended} (expected compensated)")
+    refused = [
+        e
+        for e in events
+        if isinstance(e, ReplyReceived) and e.step == "notify" and not e.compensation
+    ]
+    check(
+        bool(refused) and refused[-1].outcome == "failure",
+        f"notify (HTTP) refused: {refused[-1].error if refused else '?'}",
+    )
+    [plan] = [e for e in events if isinstance(e, CompensationStarted)]
+    say("  the undo plan recorded in compensation_started (each undone after the steps named):")
+    for step in plan.owed:
+        first = (plan.after or {}).get(step, [])
+        say(f"    {step:<10} after {', '.join(first) or 'nothing: first'}")
+    undone = [e.step for e in events if isinstance(e, CompensationCompleted)]
+    picks = [s for s in undone if s.startswith("pick[")]
+    check(
+        len(picks) == len(placed.items)
+        and undone.index("label") < min(undone.index("pack"), undone.index("invoice"))
+        and undone.index("pack") < undone.index("gift_wrap") < min(map(undone.index, picks)),
+        f"undone in the graph's reverse: {', '.join(undone)} (the invoice beside the parcel)",
+    )
+    invoice = await _invoice(demo, placed)
+    check(invoice["status"] == "void", f"payments: invoice {invoice['invoice_id']} voided")
+    floor = await _floor(demo, placed)
+    check(
+        {line["status"] for line in floor["lines"]} == {"put_back"}
+        and (floor["gift_wrap"] or {}).get("status") == "unwrapped"
+        and (floor["parcel"] or {}).get("status") == "unpacked",
+        "inventory: every line put back, the gift unwrapped, the parcel unpacked",
+    )
+    check((await _label(demo, placed))["status"] == "void", "shipping (Go): the label voided")
+    after = await demo.snapshot()
+    check(
+        (after.available, after.reserved, after.picked)
+        == (before.available, before.reserved, before.picked),
+        "the stock is where it was: available, reserved and picked, SKU by SKU",
+    )
+    return saga_id
+
+
+def _step_seconds(events: list[Event], step: str) -> float:
+    sent = next(e.at for e in events if isinstance(e, CommandIssued) and e.step == step)
+    got = next(e.at for e in events if isinstance(e, ReplyReceived) and e.step == step)
+    return (got - sent).total_seconds()
+
+
+async def _invoice(demo: Demo, placed: Placed) -> dict[str, Any]:
+    return await demo.get_json("payments", f"/invoices/{placed.order_id}")
+
+
+async def _floor(demo: Demo, placed: Placed) -> dict[str, Any]:
+    return await demo.get_json("inventory", f"/fulfilments/{placed.order_id}")
+
+
+async def _label(demo: Demo, placed: Placed) -> dict[str, Any]:
+    return await demo.get_json("shipping", f"/labels/{placed.order_id}")
+
+
 async def run_scenarios(demo: Demo) -> list[Placed]:
     """Every scenario in order, then the books: returns the orders placed, all checked."""
     before = await demo.snapshot()
     unapproved = await start_unapproved(demo)
-    await order_succeeds(demo)
+    succeeded = await order_succeeds(demo)
     await insufficient_credit(demo)
     await shipping_fails(demo)
     await fraud_refuses(demo)
-    await kafka_trigger(demo)
+    by_kafka = await kafka_trigger(demo)
     await approved_by_signal(demo)
     await crash_and_recover(demo)
     await one_checkout_per_customer(demo)
     await finish_unapproved(demo, unapproved)
     await nightly_reconciliation(demo)
+    await fulfilment_completes(demo, succeeded)
+    await fulfilment_undone(demo, by_kafka)
     after = await demo.snapshot()
     report(demo, before, after)
     await check_books(demo, before, after)
@@ -440,7 +625,8 @@ def report(demo: Demo, before: Snapshot, after: Snapshot) -> None:
     for sku in sorted(before.available):
         say(
             f"  {sku:<8} in stock {before.available[sku]:>6} -> {after.available[sku]:>6}  "
-            f"reserved {before.reserved[sku]} -> {after.reserved[sku]}"
+            f"reserved {before.reserved[sku]} -> {after.reserved[sku]}  "
+            f"picked {before.picked[sku]} -> {after.picked[sku]}"
         )
 
 

@@ -52,12 +52,14 @@ func (s *service) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", s.health)
 	mux.HandleFunc("GET /shipments/{order_id}", s.shipment)
+	mux.HandleFunc("GET /labels/{order_id}", s.label)
 	notAllowed := func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", "GET")
 		writeJSON(w, http.StatusMethodNotAllowed, detail("Method Not Allowed"))
 	}
 	mux.HandleFunc("/health", notAllowed)
 	mux.HandleFunc("/shipments/{order_id}", notAllowed)
+	mux.HandleFunc("/labels/{order_id}", notAllowed)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, detail("Not Found"))
 	})
@@ -97,11 +99,17 @@ type shipmentRow struct {
 func (s *service) shipment(w http.ResponseWriter, r *http.Request) {
 	orderID := r.PathValue("order_id")
 	row, err := s.lookup(r.Context(), orderID)
+	writeFound(w, "shipment", orderID, row, err)
+}
+
+// writeFound answers a GET of an order's row: the row, 404 naming what is not
+// there, or 500 (logged) when the database failed.
+func writeFound(w http.ResponseWriter, what, orderID string, row any, err error) {
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		writeJSON(w, http.StatusNotFound, detail(fmt.Sprintf("no shipment for order %s", orderID)))
+		writeJSON(w, http.StatusNotFound, detail(fmt.Sprintf("no %s for order %s", what, orderID)))
 	case err != nil:
-		slog.Error("GET /shipments", "order_id", orderID, "error", err)
+		slog.Error("GET "+what, "order_id", orderID, "error", err)
 		writeJSON(w, http.StatusInternalServerError, detail("Internal Server Error"))
 	default:
 		writeJSON(w, http.StatusOK, row)

@@ -1,12 +1,14 @@
 // Command shipping is the checkout demo's shipping service (port base+5),
 // written in Go with the participant kit of kits/go: it schedules shipments
-// and is a participant only.
+// and prints parcels' labels, and is a participant only.
 //
 // ScheduleShipment refuses customers outside the delivery area
 // (SAGA_DEMO_UNSHIPPABLE, default erin), which is how the demo fails a
 // checkout at its last business step; CancelShipment (the compensation) is a
-// no-op when nothing was scheduled. HTTP: GET /health and
-// GET /shipments/{order_id}, for a look.
+// no-op when nothing was scheduled. PrintLabel prints a parcel's label once
+// per order (the fulfilment saga's label node); VoidLabel voids it, a no-op
+// when none is printed. HTTP: GET /health, GET /shipments/{order_id} and
+// GET /labels/{order_id}, for a look.
 //
 // Configuration, from the SAGA_* environment the demo gives every service
 // (services_demo/run.py):

@@ -78,6 +78,7 @@ func prepareSchema(ctx context.Context, dsn, schema string) error {
 			"CREATE SCHEMA IF NOT EXISTS " + quoted,
 			"SET LOCAL search_path TO " + quoted,
 			ddl,
+			labelsDDL,
 		} {
 			if _, err := tx.Exec(ctx, stmt); err != nil {
 				return err
@@ -100,7 +101,10 @@ func shipmentID(commandID string) string {
 func (s *service) register(k *kit.Kit) {
 	k.Handle("ScheduleShipment", s.schedule, kit.WithModel(validateScheduleShipment))
 	k.Handle("CancelShipment", s.cancel, kit.WithModel(validateCancelShipment))
-	s.commands = []string{"CancelShipment", "ScheduleShipment"} // sorted, as the Python kit lists them
+	k.Handle("PrintLabel", s.printLabel, kit.WithModel(validatePrintLabel))
+	k.Handle("VoidLabel", s.voidLabel, kit.WithModel(validateVoidLabel))
+	// Sorted, as the Python kit lists them.
+	s.commands = []string{"CancelShipment", "PrintLabel", "ScheduleShipment", "VoidLabel"}
 }
 
 func (s *service) schedule(ctx context.Context, tx pgx.Tx, cmd kit.Command) (any, error) {

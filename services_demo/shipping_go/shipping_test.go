@@ -85,6 +85,12 @@ func TestShipmentID(t *testing.T) {
 	}
 }
 
+func TestTrackingNumber(t *testing.T) {
+	if got := trackingNumber("0123456789abcdef"); got != "trk-0123456789ab" {
+		t.Fatal(got)
+	}
+}
+
 func TestBodies(t *testing.T) {
 	ok := []string{
 		`{"order_id": "o1", "customer": "alice", "items": [{"sku": "book", "qty": 2}]}`,
@@ -113,6 +119,17 @@ func TestBodies(t *testing.T) {
 			t.Errorf("%s: got %v, want %s", body, err, want)
 		}
 	}
+	label := `{"order_id": "o1", "customer": "alice", "parcel_id": "pcl-1", "invoice_id": "inv-1"}`
+	if err := validatePrintLabel(json.RawMessage(label)); err != nil {
+		t.Error(err)
+	}
+	if err := validatePrintLabel(json.RawMessage(`{"order_id": "o1", "customer": "alice", "parcel_id": 1}`)); err == nil ||
+		!strings.Contains(err.Error(), `field "invoice_id": required`) || !strings.Contains(err.Error(), `field "parcel_id": expected a string`) {
+		t.Errorf("PrintLabel: %v", err)
+	}
+	if err := validateVoidLabel(json.RawMessage(`{}`)); err == nil {
+		t.Error("VoidLabel without order_id accepted")
+	}
 	if err := validateCancelShipment(json.RawMessage(`{"order_id": "o1"}`)); err != nil {
 		t.Error(err)
 	}
@@ -132,6 +149,7 @@ func TestHealthWaitsForTheGroupAndUnknownRoutesAnswerAsFastAPI(t *testing.T) {
 		{"GET", "/health", 503, "the participant has not joined its group yet"},
 		{"POST", "/health", 405, "Method Not Allowed"},
 		{"DELETE", "/shipments/o1", 405, "Method Not Allowed"},
+		{"POST", "/labels/o1", 405, "Method Not Allowed"},
 		{"GET", "/nothing", 404, "Not Found"},
 	} {
 		rec := httptest.NewRecorder()

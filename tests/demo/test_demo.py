@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from saga_engine.events import CommandIssued, CompensationCompleted, ReplyReceived
+from saga_engine.events import (
+    CommandIssued,
+    CompensationCompleted,
+    CompensationStarted,
+    NodeSkipped,
+    ReplyReceived,
+)
 from services_demo.config import CUSTOMERS, STOCK
 from services_demo.demo_kit import Demo
 from services_demo.scenario import run_scenarios
@@ -62,20 +68,56 @@ async def test_every_scenario_ends_as_expected_and_nothing_leaks(demo: Demo) -> 
     assert balances == {c: b - spent.get(c, 0) for c, b in CUSTOMERS.items()}
     stock = {s["sku"]: s for s in (await demo.http.get(f"{demo.url('inventory')}/stock")).json()}
     taken = {"book": 2 + 3 + 1, "lamp": 1, "tv": 1 + 2 + 1, "chair": 1 + 1}
+    picked = {"book": 2, "lamp": 1}  # alice's fulfilled order; dave's put back
     for sku, seeded in STOCK.items():
         assert stock[sku]["available"] == seeded - taken.get(sku, 0), sku
         assert stock[sku]["reserved"] == taken.get(sku, 0), sku
+        assert stock[sku]["picked"] == picked.get(sku, 0), sku
+    await _fulfilment_checks(demo)
 
     statuses = await demo.db.fetch(
         f'SELECT saga_type, status, count(*) AS n FROM "{demo.target.engine_schema}".sagas '
         "GROUP BY saga_type, status"
     )
     # The checkouts, their shipments (child sagas: one per checkout that got that far; the
-    # carrier refused one), and the nightly reconciliation its schedule's trigger started.
+    # carrier refused one), the nightly reconciliation its schedule's trigger started, and
+    # the two fulfilments (graph sagas).
     assert {(r["saga_type"], r["status"]): r["n"] for r in statuses} == {
         ("checkout", "completed"): 6,
         ("checkout", "compensated"): 4,
         ("shipment", "completed"): 6,
         ("shipment", "failed"): 1,
         ("reconciliation", "completed"): 1,
+        ("fulfilment", "completed"): 1,
+        ("fulfilment", "compensated"): 1,
     }
+
+
+async def _fulfilment_checks(demo: Demo) -> None:
+    """alice's order fulfilled (no gift: the wrapping skipped), dave's undone by the graph
+    after the orders service refused to notify him; the books of both."""
+    done = await demo.history(demo.fulfilments["succeeds"])
+    assert [e.node for e in done if isinstance(e, NodeSkipped)] == ["gift_wrap"]
+    applied = {e.step for e in done if isinstance(e, ReplyReceived) and e.outcome == "success"}
+    assert applied == {"pick[0]", "pick[1]", "invoice", "pack", "label", "notify"}
+    undone = await demo.history(demo.fulfilments["Kafka trigger"])
+    [plan] = [e for e in undone if isinstance(e, CompensationStarted)]
+    assert plan.after == {
+        "label": [],
+        "invoice": ["label"],
+        "pack": ["label"],
+        "gift_wrap": ["pack"],
+        "pick[0]": ["gift_wrap"],
+    }
+    [refused] = [e for e in undone if isinstance(e, ReplyReceived) and e.step == "notify"]
+    assert refused.outcome == "failure"
+    assert "no contact address for dave" in (refused.error or "")
+    for label, invoice, label_status in (
+        ("succeeds", "issued", "printed"),
+        ("Kafka trigger", "void", "void"),
+    ):
+        order_id = next(p.order_id for p in demo.placed if p.label == label)
+        got = (await demo.http.get(f"{demo.url('payments')}/invoices/{order_id}")).json()
+        assert got["status"] == invoice, label
+        got = (await demo.http.get(f"{demo.url('shipping')}/labels/{order_id}")).json()
+        assert got["status"] == label_status, label

@@ -1,6 +1,7 @@
 """The demo's shipping service, written in Go (services_demo/shipping_go), on the real
 servers: built and started as the demo does, it answers its commands over Kafka and its
-HTTP endpoints as the Python service it replaced did, and stops cleanly on SIGTERM."""
+HTTP endpoints as the Python service it replaced did, prints and voids the fulfilment's
+labels, and stops cleanly on SIGTERM."""
 
 from __future__ import annotations
 
@@ -67,6 +68,14 @@ def body_of(reply: Envelope) -> ReplyBody:
     return ReplyBody.model_validate(reply.body)
 
 
+async def replies_by_command(bus: Bus, count: int) -> dict[str, list[ReplyBody]]:
+    """The next ``count`` replies, by the command each answers."""
+    by_command: dict[str, list[ReplyBody]] = {}
+    for reply in await bus.wait_replies(count):
+        by_command.setdefault(reply.command_id, []).append(body_of(reply))
+    return by_command
+
+
 async def test_health_and_shipments_answer_as_the_python_service_did(
     shipping: DemoStack,
 ) -> None:
@@ -78,7 +87,7 @@ async def test_health_and_shipments_answer_as_the_python_service_did(
             "service": "shipping",
             "status": "ok",
             "schema": shipping.config.schema("shipping"),
-            "commands": ["CancelShipment", "ScheduleShipment"],
+            "commands": ["CancelShipment", "PrintLabel", "ScheduleShipment", "VoidLabel"],
         }
         missing = await http.get(f"{url}/shipments/nothing-here")
         assert missing.status_code == 404
@@ -108,10 +117,7 @@ async def test_schedule_refuse_and_cancel(shipping: DemoStack, bus: Bus) -> None
     for envelope in (erin, bad, cancel, again, never):
         await bus.send(envelope)
 
-    replies = await bus.wait_replies(7)
-    by_command: dict[str, list[ReplyBody]] = {}
-    for reply in replies:
-        by_command.setdefault(reply.command_id, []).append(body_of(reply))
+    by_command = await replies_by_command(bus, 7)
     shipment_id = f"shp-{scheduled.command_id[:12]}"
     assert by_command[scheduled.command_id] == 2 * [
         ReplyBody(outcome="success", payload={"order_id": "o-1", "shipment_id": shipment_id})
@@ -151,3 +157,45 @@ async def test_schedule_refuse_and_cancel(shipping: DemoStack, bus: Bus) -> None
     finally:
         await conn.close()
     assert [tuple(r) for r in rows] == [("o-1", "cancelled")]  # nothing for erin nor o-3
+
+
+async def test_print_and_void_a_label(shipping: DemoStack, bus: Bus) -> None:
+    label = {"order_id": "o-7", "customer": "alice", "parcel_id": "pcl-1", "invoice_id": "inv-1"}
+    printed = command("PrintLabel", label, step="label")
+    void = compensation_of(printed, "VoidLabel", {"order_id": "o-7"}, f"{printed.saga_id}:undo:0")
+    again = command(
+        "VoidLabel",
+        {"order_id": "o-7"},
+        saga_id=printed.saga_id,
+        command_id=f"{printed.saga_id}:undo-again:0",
+        step="undo-again",
+    )
+    bad = command("PrintLabel", {"order_id": "o-8", "customer": "alice"})
+    await bus.send(printed)
+    await bus.send(resent(printed))  # a copy: the stored reply, the handler not run again
+    for envelope in (void, again, bad):
+        await bus.send(envelope)
+
+    by_command = await replies_by_command(bus, 5)
+    tracking = f"trk-{printed.command_id[:12]}"
+    assert by_command[printed.command_id] == 2 * [
+        ReplyBody(outcome="success", payload={"order_id": "o-7", "tracking": tracking})
+    ]
+    assert by_command[void.command_id] == [
+        ReplyBody(outcome="success", payload={"order_id": "o-7", "voided": True})
+    ]
+    assert by_command[again.command_id] == [
+        ReplyBody(outcome="success", payload={"order_id": "o-7", "voided": False})
+    ]
+    [refused] = by_command[bad.command_id]
+    assert refused.outcome == "failure"
+    assert "invoice_id" in (refused.error or "")
+    assert "parcel_id" in (refused.error or "")
+
+    async with httpx.AsyncClient(timeout=5.0) as http:
+        got = await http.get(f"{shipping.config.url('shipping')}/labels/o-7")
+        missing = await http.get(f"{shipping.config.url('shipping')}/labels/o-8")
+    assert got.status_code == 200
+    assert got.json() == {**label, "tracking": tracking, "status": "void"}
+    assert missing.status_code == 404
+    assert missing.json() == {"detail": "no label for order o-8"}
