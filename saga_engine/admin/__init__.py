@@ -10,7 +10,9 @@
     await server.stop()
 
 Endpoints (OpenAPI at ``/openapi.json``): ``GET /health``; ``GET /saga-types``;
+``GET /saga-types/{name}`` (with a graph saga's declared graph);
 ``GET /sagas`` (filters, cursor pages); ``GET /sagas/{id}``; ``GET /sagas/{id}/history``;
+``GET /sagas/{id}/graph`` (a graph saga's nodes' states);
 ``POST /sagas/{type}`` (start); ``POST /sagas/{id}/signal|cancel|resume``;
 ``GET /metrics`` (JSON or Prometheus text); ``GET /dead-letters``,
 ``GET /dead-letters/{partition}/{offset}`` and ``POST .../replay`` over the

@@ -6,14 +6,22 @@ runtime.
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Path
 from fastapi.responses import PlainTextResponse, Response
 
 from saga_engine.admin import _metrics as metrics_mod
 from saga_engine.admin._deps import HealthDep, PartsDep
 from saga_engine.admin._insights import prometheus_lines
 from saga_engine.admin._route_helpers import READ_ERRORS, errors
-from saga_engine.admin._schemas import Health, MetricsBody, SagaTypeInfo
+from saga_engine.admin._schemas import (
+    GraphInfo,
+    Health,
+    MetricsBody,
+    SagaTypeDetail,
+    SagaTypeInfo,
+)
+from saga_engine.core.views._graph_view import declared_graph
+from saga_engine.kernel._input_types import StorableText
 
 __all__ = ["public_router", "router"]
 
@@ -53,6 +61,34 @@ async def saga_types(parts: PartsDep) -> list[SagaTypeInfo]:
         )
         for d in sorted(parts.registry, key=lambda d: d.name)
     ]
+
+
+@router.get(
+    "/saga-types/{name}",
+    response_model=SagaTypeDetail,
+    responses=errors(404, 401, 422),
+    tags=["saga types"],
+)
+async def saga_type(
+    parts: PartsDep,
+    name: Annotated[Annotated[str, StorableText(max_length=200)], Path()],
+) -> SagaTypeDetail:
+    """One saga type this engine can start (its highest version): its input and output
+    schemas, its versions, signals and search attributes, and a graph saga's declared
+    graph (its nodes and edges; null for a saga written as code). An unknown type is a
+    404 naming the known ones."""
+    definition = parts.registry.get(name)  # UnknownSagaType: 404
+    graph = declared_graph(definition)
+    return SagaTypeDetail(
+        name=definition.name,
+        input_schema=definition.input_type.model_json_schema(),
+        output_schema=definition.output_type.model_json_schema(),
+        version=definition.version,
+        versions=sorted(parts.registry.versions(name)),
+        signals=sorted(definition.signals),
+        search_attributes=list(definition.search_attributes),
+        graph=None if graph is None else GraphInfo.model_validate(graph.as_dict()),
+    )
 
 
 @router.get(

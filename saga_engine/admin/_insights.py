@@ -15,6 +15,8 @@ from pydantic import BaseModel, Field
 
 from saga_engine.admin._deps import PartsDep
 from saga_engine.admin._route_helpers import READ_ERRORS, errors
+from saga_engine.admin._schemas import Edge, GraphNodeInfo
+from saga_engine.core.views._graph_view import declared_graph, graph_insight
 from saga_engine.core.views._insight_report import build_report, maybe_over
 from saga_engine.core.views._insights import GRAIN, WINDOWS, bucket_of
 from saga_engine.kernel._input_types import StorableText
@@ -71,6 +73,17 @@ class SlaInsight(BaseModel):
     breaching_runs: list[str] = Field(description="The latest runs that breached it.")
 
 
+class GraphNodeInsight(GraphNodeInfo):
+    attempts: int = Field(description="The commands it sent in the window (a fan-out: its items').")
+    successes: int
+    latency_ms: Percentiles = Field(description="From command to reply (a fan-out: each item's).")
+
+
+class GraphInsight(BaseModel):
+    nodes: list[GraphNodeInsight] = Field(description="The declared graph, in its order.")
+    edges: list[Edge] = Field(description="Each [dependency, dependent].")
+
+
 class InsightsBody(BaseModel):
     saga_type: str
     window: Window
@@ -83,18 +96,27 @@ class InsightsBody(BaseModel):
     sla: SlaInsight | None = Field(description="With `sla = timedelta(...)` on the class.")
     nodes: list[NodeInsight] = Field(description="The observed graph, in the order nodes start.")
     parallel: list[Parallel]
+    graph: GraphInsight | None = Field(
+        default=None,
+        description="A graph saga's declared graph, each node's figures over the window; "
+        "null for a saga written as code.",
+    )
 
 
 async def insights_report(parts: EngineParts, name: str, window: str) -> JsonDict:
-    """The insights document of saga type ``name`` over ``window`` (UnknownSagaType: 404)."""
-    sla = parts.registry.get(name).cls.sla
+    """The insights document of saga type ``name`` over ``window`` (UnknownSagaType: 404):
+    a graph saga's with its declared graph, each node's latency from its rows."""
+    definition = parts.registry.get(name)
+    sla = definition.cls.sla
     until = bucket_of(parts.clock.now()) + GRAIN
     since = until - WINDOWS[window]
     store = parts.store
-    if not isinstance(store, InsightStore):
-        return build_report(name, window, since, until, [], sla)
-    rows = await store.insight_rows(name, since, until)
+    rows = await store.insight_rows(name, since, until) if isinstance(store, InsightStore) else []
     report = build_report(name, window, since, until, rows, sla)
+    graph = declared_graph(definition)
+    report["graph"] = None if graph is None else graph_insight(graph, rows)
+    if not isinstance(store, InsightStore):
+        return report
     # Only when some run may have breached it (by the histogram): the query walks the
     # window's ended runs, latest first, until it has found enough.
     if sla is not None and maybe_over(rows, sla):

@@ -16,8 +16,14 @@ from saga_engine.admin._deps import PartsDep
 from saga_engine.admin._lineage import children, reruns, tree
 from saga_engine.admin._listing import attribute_filters, saga_page
 from saga_engine.admin._route_helpers import READ_ERRORS, SagaIdPath, errors, load, saga_ref
-from saga_engine.admin._schemas import HistoryDocument, LineageNode, SagaDetail, SagaPage
-from saga_engine.admin._views import awaited, detail
+from saga_engine.admin._schemas import (
+    HistoryDocument,
+    LineageNode,
+    SagaDetail,
+    SagaGraph,
+    SagaPage,
+)
+from saga_engine.admin._views import awaited, detail, graph_of, view_of
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.planning._replay import export_history
 from saga_engine.kernel._input_types import Instant, StorableText, check_time_range
@@ -148,6 +154,34 @@ async def lineage(
     with its status and the children it started (at most 100 sagas)."""
     await load(parts.store, saga_id)  # 404 for an unknown saga, as the other reads
     return await tree(parts.store, saga_ref(saga_id))
+
+
+@router.get(
+    "/sagas/{saga_id}/graph",
+    response_model=SagaGraph,
+    name="get_saga_graph",
+    responses=errors(404, 409, *READ_ERRORS),
+)
+async def saga_graph(saga_id: SagaIdPath, parts: PartsDep) -> SagaGraph:
+    """A graph saga's declared graph (of the version it runs) with each node's state
+    (pending, running, done, skipped, failed, stopped, stuck, undoing, undone; a
+    fan-out's over its items, with counts) and latency, from its history. A saga written
+    as code, or of a type not deployed here, is a 404 saying so."""
+    record, events = await load(parts.store, saga_id)
+    state = graph_of(parts.registry, record, view_of(record, events), events)
+    if state is None:
+        raise HTTPException(
+            404,
+            f"saga {record.saga_id!r} is a {record.saga_type!r}, which is written as code and "
+            "declares no graph; its steps are in GET /sagas/{id}",
+        )
+    return SagaGraph(
+        saga_id=record.saga_id,
+        saga_type=record.saga_type,
+        saga_version=record.saga_version,
+        status=record.status,
+        **state.as_dict(),
+    )
 
 
 @router.get(

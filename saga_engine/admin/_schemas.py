@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.views._graph_view import NodeState
 from saga_engine.core.views._view import OwedState, WaitKind
 from saga_engine.kernel._input_types import StorableText
 
@@ -270,6 +271,68 @@ class SagaTypeInfo(BaseModel):
     name: str
     input_schema: dict[str, Any]
     output_schema: dict[str, Any]
+
+
+class GraphNodeInfo(BaseModel):
+    """A node of a graph saga's declared graph (``saga_engine.graph``)."""
+
+    name: str
+    kind: Literal["step", "http", "each"] = Field(
+        description="A command to a participant, an HTTP call, or a fan-out (one step per item)."
+    )
+    to: str = Field(description="The participant, or the HTTP endpoint.")
+    after: list[str] = Field(description="The nodes it runs after.")
+    conditional: bool = Field(description="It runs only if its `when` holds (else: skipped).")
+    compensable: bool = Field(description="It declares what undoes it.")
+    max_items: int | None = Field(description="A fan-out's bound on its items.")
+    pivot: bool
+
+
+#: An edge of a graph: (the node depended on, the node that depends on it).
+Edge = tuple[str, str]
+
+
+class GraphInfo(BaseModel):
+    nodes: list[GraphNodeInfo] = Field(
+        description="In an order that runs each node after the nodes it depends on."
+    )
+    edges: list[Edge] = Field(description="Each [dependency, dependent].")
+
+
+class SagaTypeDetail(SagaTypeInfo):
+    version: int = Field(description="The highest version registered here.")
+    versions: list[int] = Field(description="Every version registered here.")
+    signals: list[str] = Field(description="The signals it accepts.")
+    search_attributes: list[str]
+    graph: GraphInfo | None = Field(
+        description="A graph saga's declared graph (of its highest version); null for a "
+        "saga written as code."
+    )
+
+
+class GraphNodeState(GraphNodeInfo):
+    state: NodeState = Field(
+        description="pending, running, done, skipped (its `when` was false), failed, "
+        "stopped (the saga stopped while it was under way), stuck (an operator is "
+        "needed), undoing or undone."
+    )
+    items: dict[str, int] = Field(description="A fan-out: how many items are in each state.")
+    started_at: datetime | None = Field(description="Its first command.")
+    ended_at: datetime | None = Field(description="Its last reply (null while under way).")
+    latency_ms: float | None = Field(
+        description="From its first command to the reply that ended it (retries included), "
+        "once it succeeded or failed."
+    )
+    attempts: int = Field(description="The commands it sent (every attempt, every item).")
+
+
+class SagaGraph(BaseModel):
+    saga_id: str
+    saga_type: str
+    saga_version: int
+    status: SagaStatus
+    nodes: list[GraphNodeState] = Field(description="The declared graph, each node's state.")
+    edges: list[Edge] = Field(description="Each [dependency, dependent].")
 
 
 class HistoryDocument(BaseModel):

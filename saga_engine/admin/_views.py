@@ -24,6 +24,7 @@ from saga_engine.core.authoring._definition import SagaRegistry
 from saga_engine.core.history._events import Event
 from saga_engine.core.history._fold import Awaited
 from saga_engine.core.runtime._runtime import SagaRuntime
+from saga_engine.core.views._graph_view import GraphState, declared_graph, graph_state
 from saga_engine.core.views._view import SagaView, Wait, saga_view_of
 from saga_engine.kernel._errors import SagaError
 from saga_engine.store._store import SagaRecord
@@ -134,3 +135,12 @@ def detail_of(
         past_pivot=view.past_pivot,
         parked_steps=list(view.parked_steps),
     )
+
+
+def graph_of(
+    registry: SagaRegistry, record: SagaRecord, view: SagaView, events: Sequence[Event]
+) -> GraphState | None:
+    """A graph saga's declared graph (of the version it runs) with each node's state;
+    None for a saga written as code (UnknownSagaType for a type not deployed here)."""
+    graph = declared_graph(registry.for_history(record.saga_type, events))
+    return None if graph is None else graph_state(graph, view, events)

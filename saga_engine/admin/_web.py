@@ -49,22 +49,25 @@ from saga_engine.admin._auth import (
     session_cookie,
 )
 from saga_engine.admin._flow import flow_gates
+from saga_engine.admin._graph_svg import declared_svg
 from saga_engine.admin._http_errors import HttpMiddleware
 from saga_engine.admin._lineage import children, reruns, tree
 from saga_engine.admin._listing import attribute_filters, saga_page
 from saga_engine.admin._timeline import relative, span_text, timeline
-from saga_engine.admin._views import awaited, detail_of, view_of
+from saga_engine.admin._views import awaited, detail_of, graph_of, view_of
 from saga_engine.admin._web_updates import query_answers, update_forms
 from saga_engine.core.authoring._definition import SagaRegistry
 from saga_engine.core.history._codec import Undecodable
+from saga_engine.core.history._events import Event
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.views._event_lines import event_line
+from saga_engine.core.views._graph_view import NodeState
 from saga_engine.core.views._view import SagaView
-from saga_engine.kernel._errors import UnknownSagaType
+from saga_engine.kernel._errors import SagaError, UnknownSagaType
 from saga_engine.kernel._input_types import StorableText, Text
 from saga_engine.kernel._settings import AdminSettings
 from saga_engine.runner._parts import EngineParts
-from saga_engine.store._store import SagaFilter
+from saga_engine.store._store import SagaFilter, SagaRecord
 
 __all__ = ["SecurityHeadersMiddleware", "web_router"]
 
@@ -450,4 +453,25 @@ async def _saga_page(
         else [],
         queries=await query_answers(parts, record.saga_id, record.saga_type),
         urlencode=urlencode,  # the links to the domain events and key pages, filtered
+        **_graph_drawing(parts, record, view, events),
     )
+
+
+def _graph_drawing(
+    parts: EngineParts, record: SagaRecord, view: SagaView, events: list[Event]
+) -> dict[str, Any]:
+    """A graph saga's declared graph drawn with each node's state, and the states it
+    shows (for the legend); nothing for a saga written as code, or of a type or version
+    not deployed here."""
+    try:
+        state = graph_of(parts.registry, record, view, events)
+    except SagaError:
+        state = None
+    if state is None:
+        return {"graph_svg": "", "graph_states": []}
+    label = f"the declared graph of {record.saga_type}, each node's state"
+    shown = {n.state for n in state.nodes}
+    return {
+        "graph_svg": declared_svg(state.as_dict(), "saga-graph", label),
+        "graph_states": [s.value for s in NodeState if s in shown],
+    }

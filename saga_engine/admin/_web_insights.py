@@ -1,6 +1,7 @@
 """The insights page of a saga type: ``GET /ui/saga-types/{name}/insights?window=``,
 what the API's ``GET /saga-types/{name}/insights`` answers, with the observed graph as
-an SVG drawn here (``_insight_svg``), the per-node table and the SLA's breaching runs,
+an SVG drawn here (``_graph_svg``; a graph saga's declared graph beside it, each node's
+latency), the per-node table and the SLA's breaching runs,
 each a link to its saga. Read only: a reader's session shows it.
 
 No ``from __future__ import annotations``: FastAPI reads the endpoints' annotations at
@@ -15,7 +16,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from saga_engine.admin._auth import relative_redirect
 from saga_engine.admin._deps import _state, page_user
-from saga_engine.admin._insight_svg import NONE, fmt_ms, graph_svg
+from saga_engine.admin._graph_svg import NONE, declared_svg, fmt_ms, graph_svg
 from saga_engine.admin._insights import insights_report
 from saga_engine.admin._web import _render, _root
 from saga_engine.core.views._insights import WINDOWS
@@ -55,6 +56,11 @@ def insights_page_router() -> APIRouter:
             user=page_user(request),
             r=report,
             svg=graph_svg(report),
+            declared=declared_svg(
+                report["graph"], "declared-graph", f"the declared graph of {name}"
+            )
+            if report["graph"]
+            else "",
             types=sorted(parts.registry.names()),
             windows=list(WINDOWS),
             quote=quote,

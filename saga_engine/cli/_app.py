@@ -17,6 +17,7 @@ from saga_engine.cli import (
     _domain_events,
     _drill,
     _flow,
+    _graph,
     _insights,
     _operator,
     _rollout,
@@ -84,6 +85,7 @@ app.add_typer(_flow.commands)
 app.add_typer(_domain_events.commands)
 app.add_typer(_concurrency_keys.commands)
 app.add_typer(_insights.commands)
+app.add_typer(_graph.commands)
 app.add_typer(_dlq.dlq_app, name="dlq")
 app.add_typer(_schedule.schedule_app, name="schedule")
 app.add_typer(_rollout.rollout_app, name="rollout")

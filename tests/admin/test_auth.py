@@ -31,6 +31,7 @@ from tests.admin.conftest import (
     bearer,
     make_client,
 )
+from tests.admin.graph_sagas import Fulfil
 from tests.admin.sagas import Noop, Transfer
 from tests.conftest import TopicFactory
 
@@ -65,7 +66,7 @@ async def admin_dlq(kafka_bootstrap: str, kafka_topic: TopicFactory) -> AsyncIte
     finally:
         await producer.stop()
     kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=dlq.removesuffix(".dlq"))
-    env = SagaTestEnv([Transfer, Noop], settings=admin_settings())
+    env = SagaTestEnv([Transfer, Noop, Fulfil], settings=admin_settings())
     app = create_admin_app(
         env.engine,
         env.settings,
@@ -82,6 +83,8 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
     """Every operation in the OpenAPI description, with its path filled in."""
     saga_id = await admin.start(wait_for_approval=True)
     await admin.settle(saga_id)
+    graph_id = await admin.env.engine.start(Fulfil, {"order": "o-auth"})  # for /graph
+    await admin.env.settle()
     schedule = {"id": "auth-matrix", "saga": "noop", "every_s": 60}
     assert (await admin.http.post("/schedules", json=schedule, headers=OPERATOR)).is_success
     batch = await admin.http.post(
@@ -92,7 +95,8 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
     out: list[tuple[str, str, dict[str, Any] | None]] = []
     for template, operations in spec["paths"].items():
         for method in operations:
-            path = template.replace("{saga_id}", saga_id).replace("{schedule_id}", "auth-matrix")
+            saga = graph_id if template.endswith("/graph") else saga_id
+            path = template.replace("{saga_id}", saga).replace("{schedule_id}", "auth-matrix")
             path = path.replace("{operation_id}", batch.json()["id"])
             path = path.replace("{partition}", "0").replace("{offset}", "0")
             name = "annotate" if "/updates/" in template else "kind"  # Transfer's
@@ -107,8 +111,9 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
                 body = BODIES["rollout"] if method == "put" else body
             out.append((method.upper(), path, body))
     # GET /domain-events, the four batch-operations routes, GET /concurrency-keys, rerun,
-    # GET /saga-types/{name}/insights, the three dead-letter routes
-    assert len(out) == 38
+    # GET /saga-types/{name}/insights, the three dead-letter routes, GET /saga-types/{name}
+    # and GET /sagas/{saga_id}/graph
+    assert len(out) == 40
     return out
 
 
@@ -147,7 +152,7 @@ async def test_readers_may_read_but_not_act(admin_dlq: Admin) -> None:
                 "detail": "'rita' has the reader role; this action needs an operator"
             }
     # Nothing happened: the reader's actions were refused before reaching the engine.
-    listed = (await admin.http.get("/sagas", headers=READER)).json()["items"]
+    listed = (await admin.http.get("/sagas?type=transfer", headers=READER)).json()["items"]
     assert [i["status"] for i in listed] == ["running"]
 
 

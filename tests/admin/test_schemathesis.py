@@ -39,10 +39,12 @@ from saga_engine.settings import KafkaSettings
 from saga_engine.testing import SagaRun, SagaTestEnv
 from saga_engine.worker import DeadLetterTopic
 from tests.admin.conftest import OPERATOR, admin_settings
+from tests.admin.graph_sagas import Fulfil
 from tests.admin.sagas import Credit, Noop, Refund, Transfer
 from tests.admin.served import Served, served_in_thread
 from tests.integration.kafka_helpers import ensure_topics
 
+SAGAS = (Transfer, Noop, Fulfil)
 #: Examples per operation and generation mode; the whole run stays well under a minute.
 EXAMPLES = 100
 CHECKS = [
@@ -66,7 +68,10 @@ async def seed(env: SagaTestEnv) -> dict[str, str]:
     env.participant("ledger").on(Refund, reject="locked", times=2)
     stuck = await env.engine.start(Transfer, {"account": "s", "amount": 1})
     await env.run_until_settled(SagaRun(env, stuck, Transfer))
-    return {"waiting": waiting, "done": done, "stuck": stuck}
+    # A graph saga, so that GET /sagas/{id}/graph meets one (the others are 404s there).
+    graph = await env.engine.start(Fulfil, {"order": "o-1", "gift": True})
+    await env.run_until_settled(SagaRun(env, graph, Fulfil))
+    return {"waiting": waiting, "done": done, "stuck": stuck, "graph": graph}
 
 
 async def _dead_letter_topic(kafka: KafkaSettings) -> None:
@@ -90,13 +95,15 @@ def served(kafka_bootstrap: str) -> Iterator[Served]:
     )
     asyncio.run(_dead_letter_topic(kafka))
     dead_letters = DeadLetterTopic(kafka)
-    with served_in_thread(admin_settings(port=0), seed, dead_letters=dead_letters) as running:
+    with served_in_thread(
+        admin_settings(port=0), seed, sagas=SAGAS, dead_letters=dead_letters
+    ) as running:
         yield running
 
 
 def _schema() -> Any:
     """The description the server publishes, read from an app built the same way."""
-    env = SagaTestEnv([Transfer, Noop])
+    env = SagaTestEnv(list(SAGAS))
     spec = create_admin_app(
         env.engine,
         admin_settings(),

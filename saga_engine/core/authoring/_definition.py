@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import MappingProxyType
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel
 
@@ -248,6 +248,19 @@ def _collect_signals(cls: type[Saga[Any, Any]]) -> dict[str, Signal[Any]]:
     return found
 
 
+@runtime_checkable
+class DeclaredGraph(Protocol):
+    """The graph a saga declares (a ``GraphSaga``'s checked ``graph``,
+    ``core/authoring/_graph.Graph``): its nodes in a topological order, and its JSON.
+    A protocol here because ``_graph`` builds on this module; the read models narrow it
+    to ``Graph`` (``core/views/_graph_view.declared_graph``)."""
+
+    @property
+    def nodes(self) -> tuple[Any, ...]: ...
+
+    def as_dict(self) -> JsonDict: ...
+
+
 @dataclass(frozen=True, slots=True)
 class SagaDefinition:
     """A validated saga class, as the engine sees it."""
@@ -265,6 +278,8 @@ class SagaDefinition:
     version: int = 1
     #: ``Saga.concurrency``: at most N running per key, or None.
     concurrency: ConcurrencyLimit | None = None
+    #: A graph saga's declared graph (``GraphSaga.graph``); None for a saga written as code.
+    graph: DeclaredGraph | None = None
 
     def search_values(self, input: JsonDict) -> dict[str, str] | None:
         """The saga's search attributes from its recorded input: each declared field's
@@ -360,9 +375,15 @@ class SagaDefinition:
             search_attributes=tuple(saga_cls.search_attributes),
             version=saga_cls.version,
             concurrency=saga_cls.concurrency,
+            graph=_declared_graph(saga_cls),
         )
         saga_cls._saga_definition = definition
         return definition
+
+
+def _declared_graph(saga_cls: type[Saga[Any, Any]]) -> DeclaredGraph | None:
+    graph = getattr(saga_cls, "graph", None)
+    return graph if isinstance(graph, DeclaredGraph) else None
 
 
 class SagaRegistry:

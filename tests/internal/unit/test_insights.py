@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from saga_engine.admin._insight_svg import columns, graph_svg
+from saga_engine.admin._graph_svg import columns, graph_svg
 from saga_engine.core.views._insight_report import build_report, count_within_limit, percentiles
 from saga_engine.core.views._insights import BUCKETS, Counters, Mark, aggregate, epoch_ms, summarize
 
