@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -47,6 +48,19 @@ MAX_FAN_OUT = 10_000
 MAX_NODES = 500
 
 Builder = Callable[..., Any]
+
+_ITEM_STEP = re.compile(r"(?P<node>.+)\[(?P<index>\d+)\]")
+
+
+def item_step(node: str, index: int) -> str:
+    """The step name of a fan-out's item: ``lines[3]``."""
+    return f"{node}[{index}]"
+
+
+def fan_out_item(step: str) -> tuple[str, int] | None:
+    """A fan-out item's step name (``lines[3]``) as (node, index); None for any other."""
+    found = _ITEM_STEP.fullmatch(step)
+    return (found["node"], int(found["index"])) if found else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -558,7 +572,7 @@ class GraphRun:
                 f"fan-out {name!r} has {len(items)} items, more than its bound of "
                 f"{work.max_items} (each(..., max_items=))",
             )
-        names = [f"{name}[{i}]" for i in range(len(items))]
+        names = [item_step(name, i) for i in range(len(items))]
         gate = asyncio.Semaphore(work.concurrency or max(1, len(items)))
 
         async def one(step_name: str, item: Any) -> Any:

@@ -18,7 +18,6 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -26,7 +25,7 @@ from enum import StrEnum
 from typing import Final
 
 from saga_engine.core.authoring._definition import SagaDefinition
-from saga_engine.core.authoring._graph import Graph, GraphNode
+from saga_engine.core.authoring._graph import Graph, GraphNode, fan_out_item
 from saga_engine.core.history._events import Event, NodeSkipped
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.views._insight_report import percentiles
@@ -59,7 +58,6 @@ _FIRST: Final = (
     NodeState.STOPPED,
 )
 #: ...else undone (undoing while some item is still done), else done.
-_ITEM: Final = re.compile(r"(?P<node>.+)\[(?P<index>\d+)\]")
 
 #: How the last stretch of a step's forward work ended, as a state.
 _ENDED: Final[Mapping[str, NodeState]] = {
@@ -75,12 +73,6 @@ _ENDED: Final[Mapping[str, NodeState]] = {
     "cancelled": NodeState.STOPPED,
     "retried": NodeState.RUNNING,  # a parked step retried: its next attempt follows
 }
-
-
-def fan_out_item(step: str) -> tuple[str, int] | None:
-    """A fan-out item's step name (``lines[3]``) as (node, index); None for any other."""
-    found = _ITEM.fullmatch(step)
-    return (found["node"], int(found["index"])) if found else None
 
 
 def declared_graph(definition: SagaDefinition) -> Graph | None:

@@ -11,10 +11,10 @@ from pydantic import BaseModel
 
 from saga_engine import RetryPolicy, SagaStatus
 from saga_engine.core.authoring._definition import SagaDefinition
+from saga_engine.core.authoring._graph import fan_out_item
 from saga_engine.core.views._graph_view import (
     NodeState,
     declared_graph,
-    fan_out_item,
     graph_insight,
     graph_state,
 )
