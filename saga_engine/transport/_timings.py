@@ -71,6 +71,12 @@ def _cpu(text: str) -> float | None:
     return value if math.isfinite(value) and 0 <= value <= _MAX_CPU_MS else None
 
 
+def echoed_time(text: str) -> str:
+    """A command's ``ce_senttime`` as its reply copies it: as it came if well-formed,
+    else left out (what a reply sends must be well-formed, PROTOCOL.md 7.4a)."""
+    return text if _time(text) is not None else ""
+
+
 def reply_timings(envelope: Envelope) -> ReplyTimings | None:
     """What a reply's timing headers say, the well-formed ones only; None if none is."""
     fields = envelope.__dict__
