@@ -6,10 +6,11 @@ PROTOCOL.md 7.3-7.4 on it."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
-from datetime import datetime
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Final
 
@@ -29,7 +30,12 @@ RFC3339: Final = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-
 #: Section 7.4a: ``ce_handlercpums``, a non-negative decimal number of milliseconds.
 CPU_MS: Final = re.compile(r"^[0-9]+(\.[0-9]+)?$")
 #: Section 7.4a's times, in the order a reply's must be (one host's clock).
-TIMING_ORDER: Final = ("ce_receivedtime", "ce_handlerstarttime", "ce_handlerendtime", "ce_committime")
+TIMING_ORDER: Final = (
+    "ce_receivedtime",
+    "ce_handlerstarttime",
+    "ce_handlerendtime",
+    "ce_committime",
+)
 
 #: What every reply carries (section 7.4), beside the values matched to its command.
 _FIXED = {
@@ -104,7 +110,6 @@ class ProbeReply:
             problems.append(f"traceparent {h.get('traceparent')!r} does not continue the trace")
         return problems
 
-
     def timing_problems(self, command: Envelope) -> list[str]:
         """Section 7.4a: what is wrong with the timing headers this reply sends (none
         sent is right too): each well-formed, ``ce_senttime`` the command's, the times
@@ -122,7 +127,7 @@ class ProbeReply:
         if problems:
             return problems
         times = [(n, datetime.fromisoformat(h[n])) for n in TIMING_ORDER if n in h]
-        for (a, at), (b, bt) in zip(times, times[1:], strict=False):
+        for (a, at), (b, bt) in itertools.pairwise(times):
             if bt < at:
                 problems.append(f"{b} is before {a}")
         return problems
