@@ -391,5 +391,6 @@ async def test_a_command_held_by_flow_control_gets_a_flow_held_event(world: Worl
     assert [e.name for e in spans[first].events] == []
     (held,) = spans[second].events
     assert held.name == "flow.held"
-    assert held.attributes is not None and held.attributes["flow.held_ms"] >= 0
+    assert held.attributes is not None
+    assert held.attributes["flow.held_ms"] >= 0
     await engine.close()
