@@ -9,7 +9,7 @@ suspension), so the time other tasks run while it awaits its database is not cou
 from __future__ import annotations
 
 import time
-from collections.abc import Coroutine, Generator
+from collections.abc import Awaitable, Generator
 from typing import Any, Generic, TypeVar
 
 from saga_engine.participant._reading import Item
@@ -19,19 +19,20 @@ T = TypeVar("T")
 
 
 class CpuTimed(Generic[T]):
-    """Awaits ``coro`` as it is, measuring the wall-clock span and the CPU time of its
-    own steps (``started``, ``ended``: seconds since the epoch; ``cpu_s``)."""
+    """Awaits ``awaitable`` (a handler's coroutine) as it is, measuring the wall-clock
+    span and the CPU time of its own steps (``started``, ``ended``: seconds since the
+    epoch; ``cpu_s``)."""
 
-    __slots__ = ("_coro", "cpu_s", "ended", "started")
+    __slots__ = ("_awaitable", "cpu_s", "ended", "started")
 
-    def __init__(self, coro: Coroutine[Any, Any, T]) -> None:
-        self._coro = coro
+    def __init__(self, awaitable: Awaitable[T]) -> None:
+        self._awaitable = awaitable
         self.cpu_s = 0.0
         self.started = 0.0
         self.ended = 0.0
 
     def __await__(self) -> Generator[Any, Any, T]:
-        coro, cpu = self._coro, time.thread_time
+        coro, cpu = self._awaitable.__await__(), time.thread_time
         self.started = time.time()
         sent: Any = None
         thrown: BaseException | None = None

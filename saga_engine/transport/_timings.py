@@ -88,7 +88,7 @@ def reply_timings(envelope: Envelope) -> ReplyTimings | None:
     cpu = _cpu(fields["handler_cpu_ms"])
     if cpu is not None:
         found["handler_cpu_ms"] = cpu
-    return ReplyTimings(**found) if found else None  # type: ignore[arg-type]
+    return ReplyTimings.model_validate(found) if found else None
 
 
 def timing_headers(values: Mapping[str, str]) -> Headers:

@@ -392,5 +392,5 @@ async def test_a_command_held_by_flow_control_gets_a_flow_held_event(world: Worl
     (held,) = spans[second].events
     assert held.name == "flow.held"
     assert held.attributes is not None
-    assert held.attributes["flow.held_ms"] >= 0
+    assert isinstance(held.attributes["flow.held_ms"], float)
     await engine.close()
