@@ -11,7 +11,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
-from saga_engine.core.views._insight_report import LearnedCost
+# Re-exported: what ``learned_costs`` returns (the store's front door names it).
+from saga_engine.core.views._insight_report import LearnedCost as LearnedCost
 from saga_engine.core.views._insights import Counters
 
 
