@@ -281,8 +281,7 @@ def _replied(nodes: dict[str, NodeRun], sent: tuple[str, float], reply: Mark) ->
     node = nodes[step]
     node.span(at, reply.at)
     node.latencies_ms.append(_ms(at, reply.at))
-    if reply.sent is not None or reply.received is not None or reply.recorded is not None:
-        _phases(node, at, reply)
+    _phases(node, at, reply)
     if reply.outcome == "success":
         node.successes += 1
         return
