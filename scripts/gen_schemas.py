@@ -186,6 +186,7 @@ HEADER_EXAMPLES: list[dict[str, str]] = [
         "ce_replyto": "saga.inbox",
         "ce_schemaversion": SCHEMA_VERSION,
         "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "ce_senttime": "2025-01-31T12:00:00.124012Z",
     },
     {
         "ce_specversion": CE_SPECVERSION,
@@ -200,6 +201,12 @@ HEADER_EXAMPLES: list[dict[str, str]] = [
         "ce_causationid": _COMMAND_CE_ID,
         "ce_schemaversion": SCHEMA_VERSION,
         "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01",
+        "ce_senttime": "2025-01-31T12:00:00.124012Z",
+        "ce_receivedtime": "2025-01-31T12:00:00.126530Z",
+        "ce_handlerstarttime": "2025-01-31T12:00:00.127104Z",
+        "ce_handlerendtime": "2025-01-31T12:00:00.131877Z",
+        "ce_committime": "2025-01-31T12:00:00.133260Z",
+        "ce_handlercpums": "1.842",
     },
 ]
 
@@ -341,8 +348,10 @@ def _header_property(field: str, header: str, field_schema: Schema) -> Schema:
         prop["const"] = SCHEMA_VERSION
     elif field == "compensation":
         prop["enum"] = ["true", "false"]
-    elif field == "time":
+    elif header.endswith("time"):  # ce_time and the timing headers (PROTOCOL.md 7.4a)
         prop["format"] = "date-time"
+    elif header == "ce_handlercpums":
+        prop["pattern"] = "^[0-9]+(\\.[0-9]+)?$"
     for key in ("minLength", "maxLength"):
         if key in field_schema:
             prop[key] = field_schema[key]

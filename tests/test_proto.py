@@ -207,12 +207,14 @@ def command(*, compensation: bool = False) -> Envelope:
         ),
         traceparent=TRACEPARENT,
         tracestate="congo=t61rcWkgMzE",
+        sent_time="2025-01-31T12:00:00.124012Z",
         body={"order_id": "o-42", "sku": "A-1", "quantity": 2},
     )
 
 
 def reply_to(cmd: Envelope, body: ReplyBody) -> Envelope:
-    """A reply as PROTOCOL.md section 7.4 says to build it."""
+    """A reply as PROTOCOL.md section 7.4 says to build it, with the timing headers of
+    section 7.4a."""
     return Envelope(
         message_type=MessageType.REPLY,
         source="/participants/inventory",
@@ -221,6 +223,12 @@ def reply_to(cmd: Envelope, body: ReplyBody) -> Envelope:
         causation_id=cmd.id,
         correlation_id=cmd.correlation_id,
         traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01",
+        sent_time=cmd.sent_time,
+        received_time="2025-01-31T12:00:00.126530Z",
+        handler_start_time="2025-01-31T12:00:00.127104Z",
+        handler_end_time="2025-01-31T12:00:00.131877Z",
+        commit_time="2025-01-31T12:00:00.133260Z",
+        handler_cpu_ms="1.842",
         body=body.model_dump(mode="json"),
     )
 

@@ -92,6 +92,7 @@ FRONT_DOORS: dict[str, set[str]] = {
         "EventStore",
         "GroupCommitConfig",
         "InMemoryEventStore",
+        "LearnedCost",
         "LoadedSaga",
         "MigrationBusy",
         "MigrationError",

@@ -230,6 +230,7 @@ func (c *checker) command(rec *Record, hs map[string]string) *Command {
 		CorrelationID: hs[hCorrelationID],
 		CausationID:   hs[hCausationID],
 		ReplyTo:       hs[hReplyTo],
+		SentTime:      hs[hSentTime],
 		Compensation:  hs[hCompensation] == "true",
 		Compensates:   splitIDs(hs[hCompensates]),
 		Body:          rec.Value,

@@ -21,6 +21,10 @@ type Command struct {
 	CausationID   string // ce_causationid
 	ReplyTo       string // ce_replyto, or {prefix}.inbox when absent
 	Time          time.Time
+	// SentTime is ce_senttime, when the engine sent it (section 7.4a), as sent.
+	SentTime string
+	// Received is when the kit read the command (its fetch).
+	Received time.Time
 	// Compensation is true on a compensating command (ce_compensation: true).
 	Compensation bool
 	// Compensates lists the forward command ids of ce_compensates.

@@ -119,6 +119,7 @@ func recordPartitioner() kgo.Partitioner { return kgo.StickyKeyPartitioner(nil) 
 // done (section 7.2 step 8).
 func (k *Kit) processBatch(ctx context.Context, consumer *kgo.Client, chk *checker, fetches kgo.Fetches) {
 	var wg sync.WaitGroup
+	fetched := time.Now() // ce_receivedtime of the batch's commands (section 7.4a)
 	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 		if len(p.Records) == 0 {
 			return
@@ -126,7 +127,7 @@ func (k *Kit) processBatch(ctx context.Context, consumer *kgo.Client, chk *check
 		wg.Go(func() {
 			var done *kgo.Record
 			for _, r := range p.Records {
-				if err := k.handleRecord(ctx, chk, r); err != nil {
+				if err := k.handleRecord(ctx, chk, r, fetched); err != nil {
 					k.log.Warn("stopped before a record was done; it will be delivered again",
 						"partition", r.Partition, "offset", r.Offset, "error", err)
 					break
@@ -146,7 +147,7 @@ func (k *Kit) processBatch(ctx context.Context, consumer *kgo.Client, chk *check
 // handleRecord makes the checks of section 7.5 on one record, then dead-letters
 // it, or processes it and publishes its reply. It returns an error only when
 // ctx ended before the record was done.
-func (k *Kit) handleRecord(ctx context.Context, chk *checker, r *kgo.Record) (err error) {
+func (k *Kit) handleRecord(ctx context.Context, chk *checker, r *kgo.Record, fetched time.Time) (err error) {
 	rec := &Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value}
 	for _, h := range r.Headers {
 		rec.Headers = append(rec.Headers, Header{Key: h.Key, Value: h.Value})
@@ -161,6 +162,7 @@ func (k *Kit) handleRecord(ctx context.Context, chk *checker, r *kgo.Record) (er
 	if v.kind == verdictDeadLetter {
 		return k.finishDeadLetter(ctx, rec, v.reason, v.detail)
 	}
+	v.cmd.Received = fetched
 	row, err := k.process(ctx, v)
 	var ee *engineError
 	if errors.As(err, &ee) {

@@ -37,6 +37,17 @@ const (
 	hCodec         = "saga-codec"
 )
 
+// The timing headers of PROTOCOL.md section 7.4a: optional, each well-formed
+// when sent. The Go kit sends all but ce_handlercpums (Go cannot attribute
+// CPU time to one goroutine).
+const (
+	hSentTime         = "ce_senttime"
+	hReceivedTime     = "ce_receivedtime"
+	hHandlerStartTime = "ce_handlerstarttime"
+	hHandlerEndTime   = "ce_handlerendtime"
+	hCommitTime       = "ce_committime"
+)
+
 // lastHeaders maps each header name to its last occurrence (section 3,
 // "Duplicate headers"); a name whose last occurrence is empty is left out,
 // since an empty value counts as absent.
@@ -85,12 +96,43 @@ func replyHeaders(source string, cmd *Command, now time.Time, traceparent, trace
 		{hSchemaVersion, "1"},
 		{hTraceparent, traceparent},
 		{hTracestate, tracestate},
+		// Echoed from the command (section 7.4a), only when well-formed.
+		{hSentTime, wellFormedTime(cmd.SentTime)},
 	}
 	out := make([]Header, 0, len(pairs))
 	for _, p := range pairs {
 		if p[1] != "" {
 			out = append(out, Header{Key: p[0], Value: []byte(p[1])})
 		}
+	}
+	return out
+}
+
+// wellFormedTime returns v when it is an RFC 3339 time with its offset, else "".
+func wellFormedTime(v string) string {
+	if _, err := time.Parse(time.RFC3339Nano, v); err != nil {
+		return ""
+	}
+	return v
+}
+
+// handlerTimes is when a command's handler started and ended (zero: it did
+// not run in the transaction that committed).
+type handlerTimes struct{ start, end time.Time }
+
+// timingHeaders are the timing headers a reply gets once its transaction
+// committed (section 7.4a): when the command was read, when its handler ran
+// (if it did) and when the transaction committed.
+func timingHeaders(cmd *Command, ran handlerTimes, committed time.Time) []Header {
+	pairs := [][2]string{{hReceivedTime, formatTime(cmd.Received)}}
+	if !ran.start.IsZero() {
+		pairs = append(pairs, [2]string{hHandlerStartTime, formatTime(ran.start)},
+			[2]string{hHandlerEndTime, formatTime(ran.end)})
+	}
+	pairs = append(pairs, [2]string{hCommitTime, formatTime(committed)})
+	out := make([]Header, 0, len(pairs))
+	for _, p := range pairs {
+		out = append(out, Header{Key: p[0], Value: []byte(p[1])})
 	}
 	return out
 }

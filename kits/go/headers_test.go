@@ -70,3 +70,53 @@ func TestSplitIDsAndTruncate(t *testing.T) {
 		t.Fatalf("%q", s)
 	}
 }
+
+func TestTimingHeaders(t *testing.T) {
+	sent := "2025-01-31T12:00:00.124012Z"
+	cmd := &Command{ID: "c", CommandID: "cmd-1", SagaID: "s", SentTime: sent,
+		Received: time.Date(2025, 1, 31, 12, 0, 0, 126530000, time.UTC)}
+	now := time.Date(2025, 1, 31, 12, 0, 0, 0, time.UTC)
+	echoed := ""
+	for _, h := range replyHeaders("/participants/p", cmd, now, "", "") {
+		if h.Key == "ce_senttime" {
+			echoed = string(h.Value)
+		}
+	}
+	if echoed != sent {
+		t.Errorf("ce_senttime %q, want the command's %q", echoed, sent)
+	}
+	// A command's ce_senttime that is not RFC 3339 is not echoed (section 7.4a:
+	// what a reply sends is well-formed).
+	cmd.SentTime = "yesterday"
+	for _, h := range replyHeaders("/participants/p", cmd, now, "", "") {
+		if h.Key == "ce_senttime" {
+			t.Errorf("a malformed ce_senttime is echoed: %q", h.Value)
+		}
+	}
+	ran := handlerTimes{start: cmd.Received.Add(time.Millisecond), end: cmd.Received.Add(3 * time.Millisecond)}
+	committed := cmd.Received.Add(4 * time.Millisecond)
+	got := map[string]string{}
+	for _, h := range timingHeaders(cmd, ran, committed) {
+		got[h.Key] = string(h.Value)
+	}
+	want := map[string]string{
+		"ce_receivedtime":     "2025-01-31T12:00:00.126530Z",
+		"ce_handlerstarttime": "2025-01-31T12:00:00.127530Z",
+		"ce_handlerendtime":   "2025-01-31T12:00:00.129530Z",
+		"ce_committime":       "2025-01-31T12:00:00.130530Z",
+	}
+	if len(got) != len(want) {
+		t.Errorf("timing headers %v", got)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+	// A duplicate ran no handler: no handler times.
+	for _, h := range timingHeaders(cmd, handlerTimes{}, committed) {
+		if h.Key == "ce_handlerstarttime" || h.Key == "ce_handlerendtime" {
+			t.Errorf("%s sent for a handler that did not run", h.Key)
+		}
+	}
+}

@@ -120,15 +120,18 @@ func (k *Kit) attempt(ctx context.Context, v verdict) (*outboxRow, error) {
 		if err := tx.Commit(ctx); err != nil {
 			return nil, err
 		}
-		return k.replyRow(ctx, cmd, stored), nil
+		row := k.replyRow(ctx, cmd, stored)
+		row.headers = append(row.headers, timingHeaders(cmd, handlerTimes{}, time.Now())...)
+		return row, nil
 	}
 	if cmd.ForwardApplied, err = k.store.tombstones(ctx, tx, cmd); err != nil {
 		return nil, err
 	}
 	var body replyBody
+	var ran handlerTimes
 	if v.answer != nil {
 		body = *v.answer
-	} else if body, err = k.runHandler(ctx, tx, v.handler, *cmd); err != nil {
+	} else if body, err = k.runHandler(ctx, tx, v.handler, *cmd, &ran); err != nil {
 		return nil, err
 	} else if k.cfg.DrillLedger && body.Outcome == OutcomeSuccess {
 		// In this transaction: the ledger row commits with the handler's effects.
@@ -150,6 +153,8 @@ func (k *Kit) attempt(ctx context.Context, v verdict) (*outboxRow, error) {
 		// duplicate next time).
 		return nil, &handlerError{fmt.Errorf("commit: %w", err)}
 	}
+	// After the commit, for the reply sent now (the outbox row stored has none).
+	row.headers = append(row.headers, timingHeaders(cmd, ran, time.Now())...)
 	return row, nil
 }
 
@@ -162,12 +167,14 @@ func (k *Kit) attemptAnswer(ctx context.Context, cmd *Command, body replyBody) (
 // runHandler runs h in a savepoint of tx (section 7.2 step 5). A *Rejected
 // rolls back to the savepoint and gives a failure reply; any other error (or
 // a panic) is a *handlerError, after which the caller rolls everything back.
-func (k *Kit) runHandler(ctx context.Context, tx pgx.Tx, h *handler, cmd Command) (replyBody, error) {
+func (k *Kit) runHandler(ctx context.Context, tx pgx.Tx, h *handler, cmd Command, ran *handlerTimes) (replyBody, error) {
 	sp, err := tx.Begin(ctx)
 	if err != nil {
 		return replyBody{}, err
 	}
+	ran.start = time.Now()
 	payload, herr := callHandler(ctx, h.fn, sp, cmd)
+	ran.end = time.Now()
 	if herr != nil {
 		var rej *Rejected
 		if errors.As(herr, &rej) {

@@ -42,6 +42,22 @@ class NodeError(BaseModel):
     count: int
 
 
+class PhaseTiming(BaseModel):
+    samples: int = Field(description="Replies that measured this phase.")
+    mean_ms: float | None
+    p50: int | None = Field(description="ms; the upper bound of the histogram bucket.")
+    p95: int | None
+    p99: int | None
+
+
+class LearnedCostBody(BaseModel):
+    samples: int = Field(description="Replies that reported the handler's times.")
+    handler_ms: float = Field(description="The handler's mean wall-clock time.")
+    handler_p95_ms: int | None
+    cpu_ms: float | None = Field(description="The handler's mean CPU time (the Python kit's).")
+    cpu_samples: int
+
+
 class NodeInsight(BaseModel):
     name: str = Field(
         description="The step, `child:NAME`, `sleep:N`, `signal:NAME`, `event:SOURCE`."
@@ -57,6 +73,19 @@ class NodeInsight(BaseModel):
     compensation_rate: float | None = Field(description="Compensations per run that took it.")
     latency_ms: Percentiles = Field(description="From command to reply (waits: to the input).")
     errors: list[NodeError] = Field(description="The most frequent error messages.")
+    timings_ms: dict[str, PhaseTiming] = Field(
+        default_factory=dict,
+        description="Where a step's time went, from its replies' timing headers (PROTOCOL.md "
+        "7.4a), by phase in order: held (by flow control: issued to sent), to_participant "
+        "(sent to received), waiting (received to the handler's start), handler, commit (the "
+        "handler's end to its transaction's commit), back (committed to the engine reading the "
+        "reply), apply (read to its event stored); and cpu (the handler's CPU time). A phase "
+        "no reply measured is absent.",
+    )
+    learned_cost: LearnedCostBody | None = Field(
+        default=None,
+        description="What the step costs its participant, learnt from its handler's times.",
+    )
 
 
 class Parallel(BaseModel):

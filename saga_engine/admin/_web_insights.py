@@ -19,7 +19,7 @@ from saga_engine.admin._deps import _state, page_user
 from saga_engine.admin._graph_svg import NONE, declared_svg, fmt_ms, graph_svg
 from saga_engine.admin._insights import insights_report
 from saga_engine.admin._web import _render, _root
-from saga_engine.core.views._insights import WINDOWS
+from saga_engine.core.views._insights import CPU, PHASES, WINDOWS
 from saga_engine.kernel._input_types import StorableText
 
 __all__ = ["insights_page_router"]
@@ -27,6 +27,26 @@ __all__ = ["insights_page_router"]
 
 def _pct(value: float | None) -> str:
     return NONE if value is None else f"{value:.1%}"
+
+
+def _mean(value: float | None) -> str:
+    """A mean time for people: `0.412 ms`, `1.5 s`, `n/a` without one."""
+    if value is None:
+        return NONE
+    return f"{value / 1000:.3g} s" if value >= 1000 else f"{value:.3g} ms"
+
+
+#: The columns of the page's "where the time goes" table, by phase.
+_PHASE_NAMES = {
+    "held": "Held",
+    "to_participant": "To participant",
+    "waiting": "Waiting",
+    "handler": "Handler",
+    "commit": "Commit",
+    "back": "Back",
+    "apply": "Apply",
+    CPU: "CPU",
+}
 
 
 def insights_page_router() -> APIRouter:
@@ -66,6 +86,10 @@ def insights_page_router() -> APIRouter:
             quote=quote,
             ms=fmt_ms,
             pct=_pct,
+            mean=_mean,
+            none=NONE,
+            phases=(*PHASES, CPU),
+            phase_names=_PHASE_NAMES,
         )
 
     return router

@@ -92,5 +92,42 @@ def insights(
         "top error",
     )
     out.print(make_table("nodes, in the order they start", columns, rows, "ellipsis"))
+    _timings(body["nodes"])
     for p in body["parallel"]:
         out.print(f"parallel: {p['nodes'][0]} | {p['nodes'][1]} in {_pct(p['share'])} of runs")
+
+
+#: The phases of a step's time, in order (PROTOCOL.md 7.4a), and the handler's CPU time.
+_PHASES = ("held", "to_participant", "waiting", "handler", "commit", "back", "apply", "cpu")
+
+
+def _mean(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value / 1000:.3g}s" if value >= 1000 else f"{value:.3g}ms"
+
+
+def _timings(nodes: list[dict[str, Any]]) -> None:
+    """Where each step's time went (the means of its replies' timing headers) and its
+    learned cost: only for nodes whose replies reported timings."""
+    timed = [n for n in nodes if n.get("timings_ms")]
+    if not timed:
+        return
+    rows = []
+    for n in timed:
+        cost = n.get("learned_cost")
+        learned = "-"
+        if cost is not None:
+            learned = _mean(cost["handler_ms"])
+            if cost["cpu_ms"] is not None:
+                learned += f" (cpu {_mean(cost['cpu_ms'])})"
+        phases = n["timings_ms"]
+        rows.append(
+            (
+                n["name"],
+                *(_mean(phases[p]["mean_ms"]) if p in phases else "-" for p in _PHASES),
+                learned,
+            )
+        )
+    columns = ("node", *(p.replace("_", " ") for p in _PHASES), "learned cost")
+    out.print(make_table("where the time goes (mean per reply)", columns, rows, "ellipsis"))

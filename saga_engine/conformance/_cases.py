@@ -4,10 +4,12 @@ decide). Pure: bytes in, bytes out, no I/O."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
+from saga_engine.transport._timings import wire_time
 from saga_engine.transport._wire import Envelope, MessageType, encode
 
 Headers = list[tuple[str, bytes]]
@@ -27,6 +29,9 @@ class Sender:
 
     run: str
     reply_to: str
+    #: ``ce_senttime`` on its commands, as the engine stamps it (PROTOCOL.md 7.4a): the
+    #: run's start (a reply echoes it).
+    sent_time: str = field(default_factory=lambda: wire_time(time.time()))
 
     def command(
         self, case: str, subject: str, body: object, *, compensates: tuple[str, ...] = ()
@@ -45,6 +50,8 @@ class Sender:
             traceparent=TRACEPARENT,
             compensation=bool(compensates),
             compensates=",".join(compensates),
+            # As the engine stamps it (PROTOCOL.md 7.4a): a reply echoes it.
+            sent_time=self.sent_time,
             body=body,
         )
 

@@ -6,9 +6,11 @@ PROTOCOL.md 7.3-7.4 on it."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Final
 
@@ -24,6 +26,16 @@ from saga_engine.transport._wire import Envelope
 
 #: Section 10's note on check 10: what a producer MUST send as ``ce_time``.
 RFC3339: Final = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
+
+#: Section 7.4a: ``ce_handlercpums``, a non-negative decimal number of milliseconds.
+CPU_MS: Final = re.compile(r"^[0-9]+(\.[0-9]+)?$")
+#: Section 7.4a's times, in the order a reply's must be (one host's clock).
+TIMING_ORDER: Final = (
+    "ce_receivedtime",
+    "ce_handlerstarttime",
+    "ce_handlerendtime",
+    "ce_committime",
+)
 
 #: What every reply carries (section 7.4), beside the values matched to its command.
 _FIXED = {
@@ -96,6 +108,28 @@ class ProbeReply:
         trace = h.get("traceparent", "").split("-")
         if len(trace) != 4 or trace[1] != TRACEPARENT.split("-")[1]:
             problems.append(f"traceparent {h.get('traceparent')!r} does not continue the trace")
+        return problems
+
+    def timing_problems(self, command: Envelope) -> list[str]:
+        """Section 7.4a: what is wrong with the timing headers this reply sends (none
+        sent is right too): each well-formed, ``ce_senttime`` the command's, the times
+        in order."""
+        h = self.headers
+        problems = [
+            f"{name} {h[name]!r} is not RFC 3339"
+            for name in ("ce_senttime", *TIMING_ORDER)
+            if name in h and not RFC3339.match(h[name])
+        ]
+        if "ce_handlercpums" in h and not CPU_MS.match(h["ce_handlercpums"]):
+            problems.append(f"ce_handlercpums {h['ce_handlercpums']!r} is not a decimal number")
+        if "ce_senttime" in h and h["ce_senttime"] != command.sent_time:
+            problems.append(f"ce_senttime {h['ce_senttime']!r}, want the command's")
+        if problems:
+            return problems
+        times = [(n, datetime.fromisoformat(h[n])) for n in TIMING_ORDER if n in h]
+        for (a, at), (b, bt) in itertools.pairwise(times):
+            if bt < at:
+                problems.append(f"{b} is before {a}")
         return problems
 
 

@@ -39,6 +39,7 @@ CASE_NAMES: tuple[str, ...] = (
     "duplicate headers: empty-last-subject",
     "three copies applied once, answered alike",
     "reply headers, each answering its copy",
+    "timing headers, if sent, well-formed",
     "a refusal applies nothing",
     *(f"a {codec} batch" for codec in CODECS),
     "answered on the inbox without ce_replyto",
@@ -205,6 +206,10 @@ async def _applied_once(probe: Probe, sender: Sender, _: int) -> list[CaseResult
     if causes != sorted(c.id for c in copies):
         header_problems.append(f"ce_causationid {causes}, want each copy's ce_id")
     results.append(_result("reply headers, each answering its copy", "7.4", header_problems))
+    timing_problems = [p for r in got for p in r.timing_problems(first)]
+    if missing:
+        timing_problems.append(f"missing: {missing}")
+    results.append(_result("timing headers, if sent, well-formed", "7.4a", timing_problems))
     return results
 
 

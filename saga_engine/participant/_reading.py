@@ -48,6 +48,8 @@ class Item:
 
     tp: TopicPartition
     record: Any
+    #: When the batch holding it was read (seconds since the epoch): ``ce_receivedtime``.
+    received: float = 0.0
     command: Envelope | None = None
     topic: str = ""
     handler: HandlerSpec | None = None
@@ -72,6 +74,9 @@ class Item:
     solo: bool = False
     #: Its record needs nothing more (dead-lettered, or answered).
     done: bool = False
+    #: When its handler started and ended (seconds since the epoch) and its CPU time
+    #: (seconds), in the pass that ran it: the reply's timing headers.
+    handler_times: tuple[float, float, float] | None = None
 
     @property
     def alone(self) -> bool:

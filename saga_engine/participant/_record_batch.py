@@ -31,6 +31,7 @@ splits the run into runs of one; a run of one that fails so is dead-lettered as
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -39,6 +40,7 @@ from aiokafka import TopicPartition
 from saga_engine.kernel._retry import OUTAGE, is_transient, jittered
 from saga_engine.participant._context import Abandoned, ParticipantContext, log
 from saga_engine.participant._handler import gave_up_reply
+from saga_engine.participant._handler_timing import stamp_timings
 from saga_engine.participant._reading import Item, Reader
 from saga_engine.participant._replies import send_replies
 from saga_engine.participant._sql import Outgoing
@@ -57,7 +59,8 @@ class RecordBatchRunner:
         partition, the offset to commit: past every record answered. If the participant
         stops meanwhile, what was done is reported by the offsets of the items done
         before."""
-        items = [Item(tp, record) for tp, record in records]
+        received = time.time()
+        items = [Item(tp, record, received) for tp, record in records]
         try:
             for run in _runs(await self._reader.prepare(items)):
                 await self._answer(run)
@@ -113,6 +116,7 @@ class RecordBatchRunner:
 
     async def _after_commit(self, run: list[Item]) -> None:
         ctx = self._ctx
+        committed = time.time()
         ctx.checkpoint("after_commit")
         if len(run) > 1:
             ctx.checkpoint("after_batch_commit")
@@ -126,6 +130,7 @@ class RecordBatchRunner:
                 item.outgoing = ctx.reply(item.command, first.outgoing.reply, item.topic)
             if item.outgoing is not None:
                 self._count(item)
+                stamp_timings(item, committed)
                 replies.append(item.outgoing)
         await send_replies(ctx, replies)
         for item in run:
@@ -244,6 +249,8 @@ def _reset(run: list[Item]) -> None:
         item.duplicate = False
         item.answered = ""
         item.same_as = None
+        if item.refused is None:
+            item.handler_times = None
 
 
 def _runs(items: list[Item]) -> Iterator[list[Item]]:

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from saga_engine.core.history._codec import MARKER, CodecChain, is_marker
 from saga_engine.kernel._errors import CodecError, CodecFailure, KafkaUnavailable
 from saga_engine.kernel._settings import check_message_size
+from saga_engine.transport._timings import TIMING_BYTES, echoed_time
 from saga_engine.transport._wire import Envelope, Headers, MessageType, ReplyBody, encode_fields
 
 Connection: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
@@ -44,7 +45,8 @@ class Outgoing:
 
     @property
     def size(self) -> int:
-        return len(self.value) + sum([len(k) + len(v) for k, v in self.headers])
+        """Its bytes as sent: the timing headers it gets after the commit counted in."""
+        return len(self.value) + sum([len(k) + len(v) for k, v in self.headers]) + TIMING_BYTES
 
 
 def reply_record(
@@ -68,6 +70,9 @@ def reply_record(
         "compensation": command.compensation,
         "traceparent": command.traceparent,
         "tracestate": command.tracestate,
+        # Echoed: the engine reads the command's whole journey off its reply. The other
+        # timing headers are added once the reply's transaction committed (_handler_timing).
+        "sent_time": echoed_time(command.sent_time),
     }
     key, value, headers = encode_fields(fields, reply.model_dump(mode="json"), codec)
     return Outgoing(command.command_id, command.saga_id, topic, key, value, headers, reply)

@@ -41,6 +41,7 @@ from saga_engine.participant._handler import (
     answer_reply,
     json_payload,
 )
+from saga_engine.participant._handler_timing import CpuTimed, record_handler_times
 from saga_engine.participant._ledger import record_applications
 from saga_engine.participant._reading import Item
 from saga_engine.participant._sql import (
@@ -225,13 +226,23 @@ async def _attempt(
     assert spec is not None
     if not spec.batch:
         tx = Transaction(conn, commands[0], participant=ctx.name, attempt=items[0].attempt)
-        return [_success(ctx, commands[0], items[0], await spec.fn(items[0].model, tx))]
+        timed = CpuTimed(spec.fn(items[0].model, tx))
+        try:
+            result = await timed
+        finally:  # a refusal is an answer too: its handler's times are reported
+            record_handler_times(items, timed)
+        return [_success(ctx, commands[0], items[0], result)]
     batch = CommandBatch(
         conn,
         [BatchCommand.of(_model(i), c, i.attempt) for i, c in zip(items, commands, strict=True)],
         participant=ctx.name,
     )
-    results = checked_results(spec, await spec.fn(batch), len(items))
+    timed = CpuTimed(spec.fn(batch))
+    try:
+        returned = await timed
+    finally:
+        record_handler_times(items, timed)
+    results = checked_results(spec, returned, len(items))
     answers = [
         r if isinstance(r, Rejected | Retryable) else _success(ctx, c, i, r)
         for i, c, r in zip(items, commands, results, strict=True)

@@ -42,6 +42,7 @@ from saga_engine.core.history._decision import (
 from saga_engine.core.history._events import (
     Event,
     ParentLink,
+    ReplyTimings,
     RerunLink,
     TriggerOrigin,
     UpdateCompleted,
@@ -247,8 +248,10 @@ class Engine:
         error: str | None = None,
         *,
         sender: str | None = None,
+        timings: ReplyTimings | None = None,
     ) -> Reply:
-        """A reply as the engine takes it (``reply``'s checks, no I/O)."""
+        """A reply as the engine takes it (``reply``'s checks, no I/O); ``timings``: what
+        its timing headers said, recorded on its event."""
         if outcome not in ("success", "failure", "retryable"):
             raise ValueError(
                 f"reply outcome must be success, failure or retryable, not {outcome!r}"
@@ -257,7 +260,7 @@ class Engine:
         # A reply the store cannot hold as it came is still taken in: the runtime keeps
         # an escaped copy and holds it for an operator (it is the participant's answer).
         self._check_size(body, "the reply", exact=False)
-        return Reply(command_id, outcome, self._clock.now(), body, error, sender)  # type: ignore[arg-type]
+        return Reply(command_id, outcome, self._clock.now(), body, error, sender, timings)  # type: ignore[arg-type]
 
     async def signal(
         self,

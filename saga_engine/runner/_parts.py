@@ -96,7 +96,7 @@ class EngineParts:
         live = LiveSagas(clock, on_evict=observer.evicted)
         observer.telemetry.watch(live)  # the saga.open gauge
         owners = Owners(ownership, observer.stats)
-        traced = step_context_sender(sender, observer.telemetry)
+        traced = step_context_sender(sender, observer.spans)
         flow = flow_control(settings.limits, traced, live, clock, owners.owns)
         matcher = None
         if domain_events is not None:

@@ -6,6 +6,10 @@ that span's child. The span itself is opened by the observer once the engine rep
 send: both derive it from the command, so tracing changes neither what the engine decides
 nor when it sends. With no SDK nothing records, and the command keeps the context its
 saga stored (the caller's).
+
+Flow control sends through this sender too (it stands in front of it), so a command
+passes here when it actually leaves: one that flow control held finds its span open
+already, and the span gets a ``flow.held`` event (``SagaSpans.leaving``).
 """
 
 from __future__ import annotations
@@ -14,8 +18,7 @@ import dataclasses
 from collections.abc import Awaitable
 
 from saga_engine.core.history._decision import PARENT_PARTICIPANT, OutboundCommand
-from saga_engine.telemetry._spans import step_context
-from saga_engine.telemetry._telemetry import Telemetry
+from saga_engine.telemetry._spans import SagaSpans, step_context
 from saga_engine.transport._bus import CommandSender, PipelinedSender
 
 
@@ -23,15 +26,17 @@ class StepContextSender:
     """A CommandSender in front of the broker's that puts the step span's context on
     each command (``step_context_sender`` builds it pipelined when the broker's is)."""
 
-    def __init__(self, inner: CommandSender, telemetry: Telemetry) -> None:
+    def __init__(self, inner: CommandSender, spans: SagaSpans) -> None:
         self._inner = inner
-        self._telemetry = telemetry
+        self._spans = spans
+        self._telemetry = spans.telemetry
 
     def _traced(self, command: OutboundCommand) -> OutboundCommand:
         # A child's answer to its parent is the parent's step's reply, not a step of its
         # own: it keeps the context it has, as its parent's step span covers it.
         if command.participant == PARENT_PARTICIPANT or not self._telemetry.records:
             return command
+        self._spans.leaving(command)
         return dataclasses.replace(command, trace_context=step_context(command))
 
     async def send_command(self, command: OutboundCommand) -> None:
@@ -39,8 +44,8 @@ class StepContextSender:
 
 
 class _PipelinedStepContextSender(StepContextSender):
-    def __init__(self, inner: CommandSender, telemetry: Telemetry) -> None:
-        super().__init__(inner, telemetry)
+    def __init__(self, inner: CommandSender, spans: SagaSpans) -> None:
+        super().__init__(inner, spans)
         assert isinstance(inner, PipelinedSender)
         self._pipelined = inner
 
@@ -48,9 +53,10 @@ class _PipelinedStepContextSender(StepContextSender):
         return await self._pipelined.start_command(self._traced(command))
 
 
-def step_context_sender(inner: CommandSender, telemetry: Telemetry) -> StepContextSender:
-    """``inner`` behind the step span's context, pipelined if ``inner`` is (a sender
-    that is not would hand over acknowledgements already given, for nothing)."""
+def step_context_sender(inner: CommandSender, spans: SagaSpans) -> StepContextSender:
+    """``inner`` behind the step span's context (of ``spans``, the observer's), pipelined
+    if ``inner`` is (a sender that is not would hand over acknowledgements already
+    given, for nothing)."""
     if isinstance(inner, PipelinedSender):
-        return _PipelinedStepContextSender(inner, telemetry)
-    return StepContextSender(inner, telemetry)
+        return _PipelinedStepContextSender(inner, spans)
+    return StepContextSender(inner, spans)

@@ -7,6 +7,7 @@ transport.
 """
 
 from saga_engine.kernel._errors import MigrationBusy, MigrationError, StoreUnavailable
+from saga_engine.store._insight_store import LearnedCost
 from saga_engine.store._memstore import InMemoryEventStore
 from saga_engine.store._migrations import migrate, migration_sql, shipped_migrations
 from saga_engine.store._pgstore import GroupCommitConfig, PostgresEventStore
@@ -26,6 +27,7 @@ __all__ = [
     "EventStore",
     "GroupCommitConfig",
     "InMemoryEventStore",
+    "LearnedCost",
     "LoadedSaga",
     "MigrationBusy",
     "MigrationError",

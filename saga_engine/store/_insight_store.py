@@ -11,6 +11,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
+# Re-exported: what ``learned_costs`` returns (the store's front door names it).
+from saga_engine.core.views._insight_report import LearnedCost as LearnedCost
 from saga_engine.core.views._insights import Counters
 
 
@@ -31,4 +33,12 @@ class InsightStore(Protocol):
         self, saga_type: str, since: datetime, until: datetime, sla: timedelta, limit: int = 20
     ) -> list[str]:
         """Ids of the latest runs of the type that ended in [since, until) past ``sla``."""
+        ...
+
+    async def learned_costs(
+        self, saga_type: str, since: datetime, until: datetime
+    ) -> dict[str, LearnedCost]:
+        """What each step of the type costs its participant, learnt from the handler times
+        (and CPU times) its replies reported in [since, until), by step; a step no reply
+        reported them for has none. (For a scheduler's ``cost="learned"``.)"""
         ...

@@ -9,6 +9,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from saga_engine.core.history._events import TERMINAL_EVENTS
+from saga_engine.core.views._insight_report import LearnedCost, learned_costs
 from saga_engine.core.views._insights import Counters, RowKey, aggregate, mark_of, summarize
 from saga_engine.store._store import SagaRecord, StoredEvent, as_utc
 
@@ -55,6 +56,12 @@ class InMemoryInsights:
             for (t, bucket, facet, key, detail), c in sorted(self._insights.items())
             if t == saga_type and since <= bucket < until
         ]
+
+    async def learned_costs(
+        self, saga_type: str, since: datetime, until: datetime
+    ) -> dict[str, LearnedCost]:
+        """Each step's learned cost in [since, until), by step (``learned_costs``)."""
+        return learned_costs(saga_type, await self.insight_rows(saga_type, since, until))
 
     async def sla_breaches(
         self, saga_type: str, since: datetime, until: datetime, sla: timedelta, limit: int = 20

@@ -1,4 +1,4 @@
-"""The Postgres store's insights (migrations 0014, 0015): recorded by the group commit,
+"""The Postgres store's insights (migrations 0014-0016): recorded by the group commit,
 rolled up in the background, read by the admin API.
 
 Write: the transaction that stores a run's terminal event records only the run's id in
@@ -18,6 +18,7 @@ from typing import Final
 import asyncpg
 
 from saga_engine.core.history._events import TERMINAL_EVENTS, Event
+from saga_engine.core.views._insight_report import LearnedCost, learned_costs
 from saga_engine.core.views._insights import (
     BUCKETS,
     MARK_KINDS,
@@ -31,14 +32,27 @@ from saga_engine.kernel._serde import dumps
 from saga_engine.store._pgbase import _Conn, _EncodedJson, _unavailable_as_transient
 
 # The marks of finished runs' histories. Only the kinds a summary reads; `error` only when it is a plain message (a
-# payload codec may have sealed it).
+# payload codec may have sealed it). A reply's timings (written by the engine from a validated model, never a
+# participant's raw text) and, for a reply, when its row was stored: the apply phase's end.
 _MARKS: Final = """
 SELECT saga_id, kind, extract(epoch FROM (data->>'at')::timestamptz)::float8 * 1000 AS at, data->>'step' AS step,
        data->>'command_id' AS command_id, data->>'outcome' AS outcome,
        coalesce(data->>'compensation' = 'true', false) AS compensation,
        CASE WHEN jsonb_typeof(data->'error') = 'string' THEN data->>'error' END AS error,
        data->>'purpose' AS purpose, coalesce(data->>'timer_id', data->>'wait_id') AS wait_id,
-       coalesce(data->>'name', data->>'source') AS name, data->>'saga_type' AS saga_type
+       coalesce(data->>'name', data->>'source') AS name, data->>'saga_type' AS saga_type,
+       extract(epoch FROM (data->'timings'->>'sent_at')::timestamptz)::float8 * 1000 AS sent,
+       extract(epoch FROM (data->'timings'->>'received_at')::timestamptz)::float8 * 1000
+           AS received,
+       extract(epoch FROM (data->'timings'->>'handler_started_at')::timestamptz)::float8 * 1000
+           AS handler_start,
+       extract(epoch FROM (data->'timings'->>'handler_ended_at')::timestamptz)::float8 * 1000
+           AS handler_end,
+       extract(epoch FROM (data->'timings'->>'committed_at')::timestamptz)::float8 * 1000
+           AS committed,
+       (data->'timings'->>'handler_cpu_ms')::float8 AS cpu_ms,
+       CASE WHEN kind = 'reply_received'
+            THEN extract(epoch FROM recorded_at)::float8 * 1000 END AS recorded
 FROM saga_events
 WHERE saga_id = ANY($1::text[]) AND kind = ANY($2::text[])
 ORDER BY saga_id, seq
@@ -72,16 +86,16 @@ _READ_ROLLUPS: Final = 20
 _UPSERT: Final = """
 INSERT INTO saga_insights AS i (saga_type, bucket, facet, key, detail, runs, attempts,
                                 successes, refusals, timeouts, compensations, offset_ms, rank_sum,
-                                hist)
+                                hist, total_us)
 SELECT u.saga_type, u.bucket, u.facet, u.key, u.detail, u.runs, u.attempts, u.successes,
        u.refusals, u.timeouts, u.compensations, u.offset_ms, u.rank_sum,
-       (SELECT array_agg(x::bigint) FROM jsonb_array_elements_text(u.hist) AS x)
+       (SELECT array_agg(x::bigint) FROM jsonb_array_elements_text(u.hist) AS x), u.total_us
 FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::text[], $6::bigint[],
             $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[],
-            $12::bigint[], $13::bigint[], $14::jsonb[])
+            $12::bigint[], $13::bigint[], $14::jsonb[], $15::bigint[])
      WITH ORDINALITY
      AS u(saga_type, bucket, facet, key, detail, runs, attempts, successes, refusals,
-          timeouts, compensations, offset_ms, rank_sum, hist, n)
+          timeouts, compensations, offset_ms, rank_sum, hist, total_us, n)
 ORDER BY u.n
 ON CONFLICT (saga_type, bucket, facet, key, detail) DO UPDATE SET
     runs = i.runs + excluded.runs,
@@ -92,7 +106,8 @@ ON CONFLICT (saga_type, bucket, facet, key, detail) DO UPDATE SET
     compensations = i.compensations + excluded.compensations,
     offset_ms = i.offset_ms + excluded.offset_ms,
     rank_sum = i.rank_sum + excluded.rank_sum,
-    hist = ARRAY(SELECT a + b FROM unnest(i.hist, excluded.hist) AS h(a, b))
+    hist = ARRAY(SELECT a + b FROM unnest(i.hist, excluded.hist) AS h(a, b)),
+    total_us = i.total_us + excluded.total_us
 """
 
 # The window's rows summed per (facet, key, detail) by Postgres, the histograms element
@@ -103,6 +118,7 @@ SELECT facet, key, detail, sum(runs)::bigint AS runs, sum(attempts)::bigint AS a
        sum(successes)::bigint AS successes, sum(refusals)::bigint AS refusals,
        sum(timeouts)::bigint AS timeouts, sum(compensations)::bigint AS compensations,
        sum(offset_ms)::bigint AS offset_ms, sum(rank_sum)::bigint AS rank_sum,
+       sum(total_us)::bigint AS total_us,
        ARRAY[{", ".join(f"coalesce(sum(hist[{i}]), 0)" for i in range(1, BUCKETS + 1))}]::bigint[]
            AS hist
 FROM saga_insights
@@ -165,6 +181,7 @@ async def upsert(conn: _Conn, rows: dict[RowKey, Counters]) -> None:
         [c.rank_sum for c in cs],
         # Each histogram as one JSON array (a list of lists would be a 2-D array).
         [_EncodedJson(dumps(c.hist)) for c in cs],
+        [c.total_us for c in cs],
     )
 
 
@@ -213,10 +230,17 @@ class PostgresInsights:
                     offset_ms=r["offset_ms"],
                     rank_sum=r["rank_sum"],
                     hist=list(r["hist"]),
+                    total_us=r["total_us"],
                 ),
             )
             for r in rows
         ]
+
+    async def learned_costs(
+        self, saga_type: str, since: datetime, until: datetime
+    ) -> dict[str, LearnedCost]:
+        """Each step's learned cost in [since, until), by step (``learned_costs``)."""
+        return learned_costs(saga_type, await self.insight_rows(saga_type, since, until))
 
     async def sla_breaches(
         self, saga_type: str, since: datetime, until: datetime, sla: timedelta, limit: int = 20

@@ -156,6 +156,8 @@ class _Open:
     step: str
     attempt: int
     compensation: bool
+    #: Its ``flow.held`` event is recorded (once per span).
+    held: bool = False
 
 
 class SagaSpans:
@@ -283,6 +285,19 @@ class SagaSpans:
             command.attempt,
             command.compensation,
         )
+
+    def leaving(self, command: OutboundCommand) -> None:
+        """``command`` leaves the engine now (its sender publishes it). A command sent at
+        once is handed to the sender before its span opens (the engine reports its sends
+        once they are done); one whose span is open already was held by flow control
+        after its send was reported: its span gets a ``flow.held`` event, now, saying
+        for how long (``flow.held_ms``)."""
+        opened = self._open.get(command.command_id)
+        if opened is None or opened.attempt != command.attempt or opened.held:
+            return
+        opened.held = True
+        held_ms = (time.perf_counter() - opened.started) * 1000
+        opened.span.add_event("flow.held", {"flow.held_ms": round(held_ms, 3)})
 
     def applied(self, saga_id: str, events: Iterable[Event]) -> None:
         """Ends the spans that the committed events answer."""

@@ -1,17 +1,25 @@
-"""The record each engine command is on the broker (pure: no I/O).
+"""The record each engine command is on the broker (pure but for the clock it stamps).
 
 The Kafka sender publishes these records; the engine measures them with the same code
 when a saga's step issues its command (the one size rule, ``check_message_size``), so a
 command is measured exactly as it would be sent: headers and sealed value included.
+
+A participant's command is stamped ``ce_senttime`` when its record is made, which is
+when the sender publishes it: flow control holds a command *before* this sender, so the
+stamp is when it left the engine, after any hold (PROTOCOL.md 7.4a). The stamp always
+has the same length, so the size measured when the step issued it is the size sent.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from saga_engine.core.history._codec import CodecChain
 from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS, engine_envelope
+from saga_engine.transport._timings import wire_time
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import Headers, MessageType, encode, encode_fields, record_size
 
@@ -20,10 +28,18 @@ class CommandRecords:
     """The record each engine command is on the broker: its topic, key, value and
     headers. ``size`` is what the one size rule measures (``check_message_size``)."""
 
-    def __init__(self, topics: Topics, source: str, codec: CodecChain | None = None) -> None:
+    def __init__(
+        self,
+        topics: Topics,
+        source: str,
+        codec: CodecChain | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._topics = topics
         self._source = source
         self._codec = codec
+        #: The wall clock ``ce_senttime`` reads (seconds since the epoch).
+        self._clock = clock
 
     def record(self, command: OutboundCommand) -> tuple[str, bytes, bytes, Headers]:
         if command.participant in ENGINE_PARTICIPANTS:
@@ -58,4 +74,5 @@ class CommandRecords:
             "compensates": ",".join(command.compensates),
             "traceparent": trace.get("traceparent", ""),
             "tracestate": trace.get("tracestate", ""),
+            "sent_time": wire_time(self._clock()),
         }

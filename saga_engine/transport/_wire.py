@@ -221,6 +221,31 @@ class Envelope(BaseModel):
     )
     traceparent: str = Field(default="", description="W3C traceparent header")
     tracestate: str = Field(default="", description="W3C tracestate header")
+    # The timing headers (PROTOCOL.md 7.4a): optional, kept as the text that came (a
+    # value that is not well-formed is ignored by ``reply_timings``, never refused).
+    sent_time: str = Field(
+        default="",
+        description="ce_senttime: on a command, when it left the engine (after any hold by "
+        "flow control); a reply copies it from its command",
+    )
+    received_time: str = Field(
+        default="", description="ce_receivedtime: on a reply, when the participant read the command"
+    )
+    handler_start_time: str = Field(
+        default="", description="ce_handlerstarttime: on a reply, when its handler started"
+    )
+    handler_end_time: str = Field(
+        default="", description="ce_handlerendtime: on a reply, when its handler ended"
+    )
+    commit_time: str = Field(
+        default="",
+        description="ce_committime: on a reply, when the transaction that recorded it committed",
+    )
+    handler_cpu_ms: str = Field(
+        default="",
+        description="ce_handlercpums: on a reply, the CPU time its handler used, in "
+        "milliseconds (a decimal number)",
+    )
     body: Any = Field(default_factory=dict, description="the JSON body (the Kafka value)")
 
     def body_as(self, model: type[BaseModel]) -> Any:
@@ -253,7 +278,22 @@ HEADERS: dict[str, str] = {
     "compensates": "ce_compensates",
     "traceparent": "traceparent",
     "tracestate": "tracestate",
+    "sent_time": "ce_senttime",
+    "received_time": "ce_receivedtime",
+    "handler_start_time": "ce_handlerstarttime",
+    "handler_end_time": "ce_handlerendtime",
+    "commit_time": "ce_committime",
+    "handler_cpu_ms": "ce_handlercpums",
 }
+#: The timing headers (PROTOCOL.md 7.4a), by Envelope field: the times, then the CPU.
+TIMING_TIMES = (
+    "sent_time",
+    "received_time",
+    "handler_start_time",
+    "handler_end_time",
+    "commit_time",
+)
+TIMING_HEADERS: dict[str, str] = {f: HEADERS[f] for f in (*TIMING_TIMES, "handler_cpu_ms")}
 REQUIRED_HEADERS = ("ce_id", "ce_type", "ce_source", "ce_sagaid", "ce_schemaversion")
 
 

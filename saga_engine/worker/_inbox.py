@@ -33,6 +33,7 @@ from saga_engine.runner._engine import Engine
 from saga_engine.runner._path_inputs import Deliver, Input, InputOutcome, Start
 from saga_engine.transport._bus import DeadLetterPublisher
 from saga_engine.transport._dead_letter_sending import publish_dead_letter
+from saga_engine.transport._timings import reply_timings
 from saga_engine.transport._wire import (
     CancelBody,
     Envelope,
@@ -166,6 +167,7 @@ class Inbox:
                     reply.payload,
                     reply.error,
                     sender=env.causation_id,
+                    timings=reply_timings(env),
                 ),
             )
         if kind is MessageType.SIGNAL:

@@ -45,6 +45,7 @@ PINNED = {
     13: "6331cb93dd6c1cba6af455a573b8a494685d1c51b5a6ba3ba82fbf5ea70180d9",
     14: "ba93ec13d9447d5acf59bc159e4d3aaa27ba7062cfb84801731a63dc7d2a9f38",
     15: "ad7b74fbb1eee375eaaf0d7728a2906d7409efaead7c6b06b7790cee8d3ce977",
+    16: "0fccc5716ec2b7f420ac5e1be4ae3e45da4a4a3baba273fab189036150c4f03c",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant/migrations).
 PINNED_PARTICIPANT = {

@@ -10,7 +10,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from saga_engine.core.history._events import Event, ParentLink, RerunLink, TriggerOrigin
+from saga_engine.core.history._events import (
+    Event,
+    ParentLink,
+    ReplyTimings,
+    RerunLink,
+    TriggerOrigin,
+)
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._errors import PermanentError
 from saga_engine.kernel._ids import uuid5_text
@@ -110,6 +116,8 @@ class Reply:
     #: ``ce_causationid``): checked against the child the step started. None: not
     #: checked (a reply given through the API, or a participant's).
     sender: str | None = None
+    #: The reply's timing headers, recorded on its event for insights (None: it had none).
+    timings: ReplyTimings | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,6 +83,31 @@ class TriggerOrigin(BaseModel):
     offset: int
 
 
+def _absent(value: object) -> bool:
+    return value is None
+
+
+class ReplyTimings(BaseModel):
+    """When a reply's command left the engine and what the participant did with it, as
+    the reply's timing headers said (PROTOCOL.md section 7.4a): each figure optional (a
+    kit may send none), each left out of the stored shape when absent. The engine's own
+    figure is ``sent_at`` (echoed back); the others are the participant's clock."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: The command left the engine (after any hold by flow control): ``ce_senttime``.
+    sent_at: datetime | None = Field(default=None, exclude_if=_absent)
+    #: The participant read the command: ``ce_receivedtime``.
+    received_at: datetime | None = Field(default=None, exclude_if=_absent)
+    #: Its handler started and ended: ``ce_handlerstarttime``, ``ce_handlerendtime``.
+    handler_started_at: datetime | None = Field(default=None, exclude_if=_absent)
+    handler_ended_at: datetime | None = Field(default=None, exclude_if=_absent)
+    #: Its transaction committed: ``ce_committime``.
+    committed_at: datetime | None = Field(default=None, exclude_if=_absent)
+    #: The handler's CPU time in milliseconds: ``ce_handlercpums``.
+    handler_cpu_ms: float | None = Field(default=None, exclude_if=_absent)
+
+
 class _Event(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -158,6 +183,9 @@ class ReplyReceived(_Event):
     compensation: bool = False
     payload: JsonDict = Field(default_factory=dict)
     error: str | None = None
+    #: The reply's timing headers (the participant's figures, and when its command left
+    #: the engine), for insights; left out of the stored shape when it had none.
+    timings: ReplyTimings | None = Field(default=None, exclude_if=_absent)
 
     def describe(self) -> str:
         what = "compensation reply" if self.compensation else "reply"

@@ -359,6 +359,7 @@ def _reply_event(inbound: Reply, inflight: Sent) -> Event:
             compensation=compensation,
             payload=storable_copy(inbound.payload),
             error=error,
+            timings=inbound.timings,
         )
     what = f"the reply of step {step!r}"
     try:
@@ -387,6 +388,7 @@ def _reply_event(inbound: Reply, inflight: Sent) -> Event:
         outcome="success",
         payload=inbound.payload,
         error=error,
+        timings=inbound.timings,
     )
 
 

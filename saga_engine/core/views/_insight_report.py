@@ -9,10 +9,11 @@ API serves what this returns.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from saga_engine.core.views._insights import BOUNDS_MS, Counters
+from saga_engine.core.views._insights import BOUNDS_MS, CPU, PHASES, Counters
 from saga_engine.kernel._serde import JsonDict
 
 _QUANTILES: Final = (("p50", 0.50), ("p95", 0.95), ("p99", 0.99))
@@ -64,6 +65,70 @@ def maybe_over(rows: Iterable[tuple[str, str, str, Counters]], limit: timedelta)
     )
 
 
+@dataclass(frozen=True, slots=True)
+class LearnedCost:
+    """What one step of a saga type costs its participant, learnt from the handler
+    times its replies reported (PROTOCOL.md 7.4a) over a window: the estimate a
+    scheduler may use where the step declares no cost."""
+
+    saga_type: str
+    step: str
+    #: The replies that reported the handler's times.
+    samples: int
+    #: The handler's mean wall-clock time, and its 95th percentile (the histogram's
+    #: bucket bound), in ms.
+    handler_ms: float
+    handler_p95_ms: int | None
+    #: The handler's mean CPU time in ms (None: no reply reported it; the Go kit does not).
+    cpu_ms: float | None = None
+    cpu_samples: int = 0
+
+    def as_dict(self) -> JsonDict:
+        return {
+            "samples": self.samples,
+            "handler_ms": self.handler_ms,
+            "handler_p95_ms": self.handler_p95_ms,
+            "cpu_ms": self.cpu_ms,
+            "cpu_samples": self.cpu_samples,
+        }
+
+
+def _mean_ms(c: Counters) -> float | None:
+    return round(c.total_us / c.runs / 1000, 3) if c.runs else None
+
+
+def learned_costs(
+    saga_type: str, rows: Iterable[tuple[str, str, str, Counters]]
+) -> dict[str, LearnedCost]:
+    """Each step's learned cost from a window's rows (``InsightStore.insight_rows``), by
+    step; a step none of whose replies reported its handler's times has none."""
+    handler: dict[str, Counters] = {}
+    cpu: dict[str, Counters] = {}
+    for facet, key, detail, c in rows:
+        if facet == "phase" and detail in ("handler", CPU):
+            (handler if detail == "handler" else cpu).setdefault(key, Counters()).add(c)
+    out: dict[str, LearnedCost] = {}
+    for step, h in sorted(handler.items()):
+        mean = _mean_ms(h)
+        if mean is None:
+            continue
+        used = cpu.get(step)
+        out[step] = LearnedCost(
+            saga_type,
+            step,
+            h.runs,
+            mean,
+            percentiles(h.hist)["p95"],
+            _mean_ms(used) if used is not None else None,
+            used.runs if used is not None else 0,
+        )
+    return out
+
+
+def _phase_figures(c: Counters) -> JsonDict:
+    return {"samples": c.runs, "mean_ms": _mean_ms(c), **percentiles(c.hist)}
+
+
 def _rate(part: int, whole: int) -> float | None:
     return round(part / whole, 4) if whole else None
 
@@ -82,6 +147,8 @@ def build_report(
     nodes: dict[str, tuple[str, Counters]] = {}
     errors: dict[str, dict[str, int]] = {}
     overlaps: dict[tuple[str, str], int] = {}
+    phases: dict[str, dict[str, Counters]] = {}
+    rows = list(rows)
     for facet, key, detail, c in rows:
         if facet == "type":
             outcomes[key] = outcomes.get(key, 0) + c.runs
@@ -93,7 +160,10 @@ def build_report(
             mine[detail] = mine.get(detail, 0) + c.runs
         elif facet == "overlap":
             overlaps[(key, detail)] = overlaps.get((key, detail), 0) + c.runs
+        elif facet == "phase":
+            phases.setdefault(key, {}).setdefault(detail, Counters()).add(c)
     runs = durations.runs
+    costs = learned_costs(saga_type, rows)
     minutes = max((until - since).total_seconds() / 60, 1e-9)
     return {
         "saga_type": saga_type,
@@ -106,7 +176,15 @@ def build_report(
         "duration_ms": percentiles(durations.hist),
         "sla": _sla(durations.hist, runs, sla),
         "nodes": [
-            _node(name, kind, c, runs, errors.get(name, {}))
+            {
+                **_node(name, kind, c, runs, errors.get(name, {})),
+                "timings_ms": {
+                    phase: _phase_figures(p)
+                    for phase in (*PHASES, CPU)
+                    if (p := phases.get(name, {}).get(phase)) is not None
+                },
+                "learned_cost": costs[name].as_dict() if name in costs else None,
+            }
             for name, (kind, c) in sorted(nodes.items(), key=_order)
         ],
         "parallel": [

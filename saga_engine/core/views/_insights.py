@@ -59,7 +59,16 @@ WINDOWS: Final[dict[str, timedelta]] = {
 }
 
 NodeKind = Literal["step", "child", "timer", "signal", "event"]
-Facet = Literal["type", "node", "error", "overlap"]
+Facet = Literal["type", "node", "error", "overlap", "phase"]
+
+#: Where a step's time goes, from its command's issue to its reply's event stored, in
+#: order (each from the previous mark to its own; PROTOCOL.md 7.4a): held by flow control
+#: (issued -> sent), on the way to the participant (-> received), waiting there (->
+#: handler started), the handler (-> ended), its commit (-> committed), on the way back
+#: (-> the engine read the reply), and applying it (-> its event stored).
+PHASES: Final = ("held", "to_participant", "waiting", "handler", "commit", "back", "apply")
+#: The handler's CPU time (the Python kit's ``ce_handlercpums``): a "phase" row of its own.
+CPU: Final = "cpu"
 
 
 def bucket_of(at: datetime) -> datetime:
@@ -87,6 +96,14 @@ class NodeRun:
     #: When the node first started and last ended in the run (epoch ms).
     first: float | None = None
     last: float | None = None
+    #: Its replies' phases (``PHASES``, and ``CPU``): ms each, by phase; None until a
+    #: reply with timings comes (most histories' replies have none).
+    phases: dict[str, list[float]] | None = None
+
+    def observe_phase(self, phase: str, ms: float) -> None:
+        if self.phases is None:
+            self.phases = {}
+        self.phases.setdefault(phase, []).append(ms)
 
     def span(self, start: float, end: float) -> None:
         # Comparisons, not min()/max(): the roll-up calls this for every reply it reads.
@@ -130,6 +147,16 @@ class Mark:
     wait_id: str | None = None
     name: str | None = None
     saga_type: str | None = None
+    #: A reply's timings (``ReplyTimings``), epoch ms: when its command was sent, read by
+    #: the participant, handled (start, end) and committed; the handler's CPU ms; and when
+    #: its event was stored (the Postgres row's ``recorded_at``; None in memory).
+    sent: float | None = None
+    received: float | None = None
+    handler_start: float | None = None
+    handler_end: float | None = None
+    committed: float | None = None
+    cpu_ms: float | None = None
+    recorded: float | None = None
 
 
 #: The kinds a summary reads (the others leave it as it is).
@@ -157,10 +184,27 @@ _ENDS: Final = {
 }
 
 
+def _epoch(at: datetime | None) -> float | None:
+    return None if at is None else epoch_ms(at)
+
+
 def mark_of(event: Event) -> Mark:
     get = event.__dict__.get
     error = get("error")
     compensation = get("compensation")
+    t = get("timings")
+    timed: dict[str, float | None] = (
+        {}
+        if t is None
+        else {
+            "sent": _epoch(t.sent_at),
+            "received": _epoch(t.received_at),
+            "handler_start": _epoch(t.handler_started_at),
+            "handler_end": _epoch(t.handler_ended_at),
+            "committed": _epoch(t.committed_at),
+            "cpu_ms": t.handler_cpu_ms,
+        }
+    )
     return Mark(
         kind=str(get("kind")),
         at=epoch_ms(event.at),
@@ -173,6 +217,7 @@ def mark_of(event: Event) -> Mark:
         wait_id=get("timer_id") or get("wait_id"),
         name=get("name") or get("source"),
         saga_type=get("saga_type"),
+        **timed,
     )
 
 
@@ -236,6 +281,7 @@ def _replied(nodes: dict[str, NodeRun], sent: tuple[str, float], reply: Mark) ->
     node = nodes[step]
     node.span(at, reply.at)
     node.latencies_ms.append(_ms(at, reply.at))
+    _phases(node, at, reply)
     if reply.outcome == "success":
         node.successes += 1
         return
@@ -243,6 +289,29 @@ def _replied(nodes: dict[str, NodeRun], sent: tuple[str, float], reply: Mark) ->
         node.refusals += 1
     if reply.error:
         node.errors.append(reply.error[:MESSAGE_CHARS])
+
+
+def _phases(node: NodeRun, issued: float, reply: Mark) -> None:
+    """The phases a reply's timings measure: each between two known marks of the chain
+    issued -> sent -> received -> handler start -> end -> committed -> read -> stored, a
+    phase whose either end is unknown left out (a duplicate's reply ran no handler; a kit
+    may send none). The participant's marks are on its clock, the others the engine's
+    (and the store's): a difference across clocks below 0 counts as 0."""
+    chain = (
+        issued,
+        reply.sent,
+        reply.received,
+        reply.handler_start,
+        reply.handler_end,
+        reply.committed,
+        reply.at,
+        reply.recorded,
+    )
+    for phase, start, end in zip(PHASES, chain, chain[1:], strict=False):
+        if start is not None and end is not None:
+            node.observe_phase(phase, _ms(start, end))
+    if reply.cpu_ms is not None:
+        node.observe_phase(CPU, reply.cpu_ms)
 
 
 def _waited(nodes: dict[str, NodeRun], kind: NodeKind, wait: tuple[str, float], at: float) -> None:
@@ -296,6 +365,9 @@ class Counters:
     #: The sum of its runs' ranks among the run's nodes (0: first): the order's tie-break.
     rank_sum: int = 0
     hist: list[int] = field(default_factory=lambda: [0] * BUCKETS)
+    #: A "phase" row's sum of its observations in microseconds (its mean: the histogram
+    #: gives bounds, a learned cost needs the figure); 0 on the other rows.
+    total_us: int = 0
 
     def add(self, other: Counters) -> None:
         self.runs += other.runs
@@ -306,6 +378,7 @@ class Counters:
         self.compensations += other.compensations
         self.offset_ms += other.offset_ms
         self.rank_sum += other.rank_sum
+        self.total_us += other.total_us
         self.hist = [a + b for a, b in zip(self.hist, other.hist, strict=True)]
 
     def observe(self, ms: float) -> None:
@@ -314,7 +387,9 @@ class Counters:
 
 #: An aggregate row's key: (saga type, bucket, facet, key, detail). Facets: "type"
 #: (key: the outcome), "node" (key: the node, detail: its kind), "error" (key: the node,
-#: detail: the message), "overlap" (key and detail: the two nodes).
+#: detail: the message), "overlap" (key and detail: the two nodes), "phase" (key: the
+#: node, detail: one of ``PHASES`` or ``CPU``; runs: its observations, ``total_us``
+#: their sum, the histogram theirs).
 RowKey = tuple[str, datetime, str, str, str]
 
 
@@ -345,6 +420,12 @@ def aggregate(summaries: Iterable[RunSummary]) -> dict[RowKey, Counters]:
                 c.observe(ms)
             for message in n.errors:
                 row((s.saga_type, bucket, "error", name, message)).runs += 1
+            for phase, values in (n.phases or {}).items():
+                p = row((s.saga_type, bucket, "phase", name, phase))
+                p.runs += len(values)
+                for ms in values:
+                    p.total_us += round(ms * 1000)
+                    p.observe(ms)
         for a, b in s.overlaps:
             row((s.saga_type, bucket, "overlap", a, b)).runs += 1
     return rows

@@ -12,6 +12,7 @@ from saga_engine.core.history._events import (
     CompensationIssued,
     Event,
     ReplyReceived,
+    ReplyTimings,
     SagaCompensated,
     SagaCompleted,
     SagaStarted,
@@ -204,3 +205,71 @@ async def test_concurrent_roll_ups_take_disjoint_runs(pg_store: PostgresEventSto
     # Whatever the concurrent roll-ups left, the read adds; each run counted once.
     assert (await _report(pg_store))["outcomes"] == {"completed": 40}
     assert await pg_store.roll_up_insights() == 0
+
+
+def _timed(saga: str, cpu: float | None) -> list[Event]:
+    """One step whose reply carries the timing headers: sent 5 ms after its issue,
+    received 2 ms later, handled from 8 to 18 ms, committed at 20, read at 25."""
+    reply = _reply(25, "book", f"{saga}-b")
+    timings = ReplyTimings(
+        sent_at=_at(6),
+        received_at=_at(8),
+        handler_started_at=_at(10),
+        handler_ended_at=_at(20),
+        committed_at=_at(22),
+        handler_cpu_ms=cpu,
+    )
+    return [
+        SagaStarted(at=_at(0), saga_type="trip", input={"who": saga}),
+        _cmd(1, "book", f"{saga}-b"),
+        reply.model_copy(update={"timings": timings}),
+        SagaCompleted(at=_at(30), output={}),
+    ]
+
+
+async def test_reply_timings_make_phases_and_a_learned_cost(store: EventStore) -> None:
+    await _run(store, "a", _timed("a", 4.0), SagaStatus.COMPLETED)
+    await _run(store, "b", _timed("b", 2.0), SagaStatus.COMPLETED)
+    await _run(store, "c", _timed("c", None), SagaStatus.COMPLETED)  # the Go kit: no CPU
+    await _run(store, "d", _happy("d"), SagaStatus.COMPLETED)  # no timings at all
+    report = await _report(store)
+    nodes = {n["name"]: n for n in report["nodes"]}
+    timings = nodes["book"]["timings_ms"]
+    # apply ends when the reply's event was stored: Postgres's recorded_at (here long
+    # after these made-up times), which the in-memory store does not keep.
+    apply = {"apply"} if isinstance(store, PostgresEventStore) else set()
+    assert (
+        set(timings)
+        == {"held", "to_participant", "waiting", "handler", "commit", "back", "cpu"} | apply
+    )
+    figures = {
+        phase: (t["samples"], t["mean_ms"]) for phase, t in timings.items() if phase != "apply"
+    }
+    assert figures == {
+        "held": (3, 5.0),
+        "to_participant": (3, 2.0),
+        "waiting": (3, 2.0),
+        "handler": (3, 10.0),
+        "commit": (3, 2.0),
+        "back": (3, 3.0),
+        "cpu": (2, 3.0),
+    }
+    assert timings["handler"]["p50"] == 10
+    assert nodes["book"]["learned_cost"] == {
+        "samples": 3,
+        "handler_ms": 10.0,
+        "handler_p95_ms": 10,
+        "cpu_ms": 3.0,
+        "cpu_samples": 2,
+    }
+    # Steps whose replies had no timing headers: no learned cost, and no phase but the
+    # engine's own, apply (where the store keeps when the reply's event was stored).
+    assert set(nodes["reserve"]["timings_ms"]) == apply
+    assert nodes["reserve"]["learned_cost"] is None
+    assert isinstance(store, InsightStore)
+    costs = await store.learned_costs("trip", T0 - timedelta(hours=1), T0 + timedelta(hours=1))
+    assert list(costs) == ["book"]
+    assert (costs["book"].handler_ms, costs["book"].cpu_ms, costs["book"].samples) == (10.0, 3.0, 3)
+    assert (
+        await store.learned_costs("other", T0 - timedelta(hours=1), T0 + timedelta(hours=1)) == {}
+    )

@@ -19,11 +19,13 @@ from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Settings
 from saga_engine.core.history._events import SagaStarted
+from saga_engine.kernel._settings import FlowLimit, LimitsSettings
 from saga_engine.runner._clock import Clock, SystemClock, VirtualClock
 from saga_engine.runner._engine import Engine
 from saga_engine.store._memstore import InMemoryEventStore
 from saga_engine.telemetry._telemetry import Telemetry
 from saga_engine.testing import InMemoryCommandBus
+from tests.waiting import eventually
 
 
 class Order(BaseModel):
@@ -361,3 +363,34 @@ async def test_a_sampled_out_saga_keeps_its_steps_in_its_trace() -> None:
     # The step continues the saga's trace, unsampled, instead of starting one of its own.
     assert sent.trace_context["traceparent"].split("-")[1] == stored.split("-")[1]
     assert exporter.get_finished_spans() == ()
+
+
+async def test_a_command_held_by_flow_control_gets_a_flow_held_event(world: World) -> None:
+    """The second saga's first command waits for the first's permit (concurrency 1 at
+    "alpha"): its span opens when the engine reports the send and gets a ``flow.held``
+    event when it actually leaves; the first one's, sent at once, gets none."""
+    settings = Settings(limits=LimitsSettings(participants={"alpha": FlowLimit(concurrency=1)}))
+    engine = Engine(
+        settings,
+        sagas=[Three],
+        store=world.store,
+        sender=world.bus,
+        clock=world.clock,
+        telemetry=world.telemetry,
+    )
+    first = await engine.start(Three, Order(n=1))
+    second = await engine.start(Three, Order(n=2))
+    await eventually(lambda: [c.saga_id for c in world.bus.sent] == [first])
+    await world.answer(engine, "a")  # the first's "a": its permit is given back
+    await eventually(
+        lambda: [c.saga_id for c in world.bus.sent if c.step == "a"] == [first, second]
+    )
+    command = next(c for c in world.bus.sent if c.saga_id == second)
+    await engine.reply(second, command.command_id, "success", {})
+    spans = {s.attributes["saga.id"]: s for s in world.spans("step a") if s.attributes}
+    assert [e.name for e in spans[first].events] == []
+    (held,) = spans[second].events
+    assert held.name == "flow.held"
+    assert held.attributes is not None
+    assert isinstance(held.attributes["flow.held_ms"], float)
+    await engine.close()

@@ -70,3 +70,69 @@ def test_percentiles_and_the_sla_share_from_a_histogram() -> None:
     assert count_within_limit(hist, 1000) == 90
     assert count_within_limit(hist, 7500) == 95  # half of the 5-10 s bucket, pro rata
     assert percentiles([0] * BUCKETS) == {"p50": None, "p95": None, "p99": None}
+
+
+def _timed_run(reply: Mark) -> list[Mark]:
+    return [
+        Mark("saga_started", 0.0, saga_type="t"),
+        Mark("command_issued", 10.0, step="a", command_id="c"),
+        reply,
+        Mark("saga_completed", 200.0),
+    ]
+
+
+def test_a_replys_timings_fold_into_phases_each_between_two_known_marks() -> None:
+    reply = Mark(
+        "reply_received",
+        100.0,
+        step="a",
+        command_id="c",
+        outcome="success",
+        sent=15.0,
+        received=12.0,  # the participant's clock is behind: counted as 0, not negative
+        handler_start=20.0,
+        handler_end=50.0,
+        committed=55.0,
+        cpu_ms=7.25,
+        recorded=104.0,
+    )
+    summary = summarize(_timed_run(reply))
+    assert summary is not None
+    assert summary.nodes["a"].phases == {
+        "held": [5.0],
+        "to_participant": [0.0],
+        "waiting": [8.0],
+        "handler": [30.0],
+        "commit": [5.0],
+        "back": [45.0],
+        "apply": [4.0],
+        "cpu": [7.25],
+    }
+    rows = aggregate([summary])
+    phase = {k[4]: c for k, c in rows.items() if k[2] == "phase"}
+    assert (phase["handler"].runs, phase["handler"].total_us) == (1, 30_000)
+    assert phase["cpu"].total_us == 7_250
+
+
+def test_a_duplicates_reply_and_a_reply_without_headers_measure_what_they_can() -> None:
+    duplicate = Mark(
+        "reply_received",
+        100.0,
+        step="a",
+        command_id="c",
+        outcome="success",
+        sent=15.0,
+        received=20.0,
+        committed=30.0,
+    )
+    summary = summarize(_timed_run(duplicate))
+    assert summary is not None
+    phases = summary.nodes["a"].phases
+    assert phases is not None
+    # No handler ran: neither waiting, handler nor commit (their ends are unknown).
+    assert set(phases) == {"held", "to_participant", "back"}
+    bare = Mark("reply_received", 100.0, step="a", command_id="c", outcome="success")
+    summary = summarize(_timed_run(bare))
+    assert summary is not None
+    assert summary.nodes["a"].phases is None
+    assert not [k for k in aggregate([summary]) if k[2] == "phase"]
