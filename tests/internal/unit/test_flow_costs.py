@@ -77,7 +77,7 @@ def settings(
             participants={"renderer": FlowLimit(budget=budget)} if budget else {},
             saga_types={"render": FlowLimit(budget=saga_budget)} if saga_budget else {},
             cost_classes=classes or {},
-            **limits,  # type: ignore[arg-type]
+            **limits,
         )
     )
 
@@ -93,7 +93,7 @@ def test_a_cost_is_named_amounts() -> None:
     assert Cost(cpu=0) == Cost()  # nothing of a resource is not holding it
     assert repr(cost) == "Cost(cpu=4, memory_mb=512)"
     with pytest.raises(AttributeError):
-        cost.x = 1  # type: ignore[attr-defined]
+        cost.x = 1
 
 
 @pytest.mark.parametrize(
@@ -200,7 +200,8 @@ async def test_an_unknown_cost_class_parks_the_saga_naming_the_known_ones() -> N
         "SAGA_LIMITS__COST_CLASSES (LimitsSettings.cost_classes) or give a Cost(...)"
     )
     parked = (await run.history())[-1]
-    assert isinstance(parked, SagaParked) and parked.reason == "definition_error"
+    assert isinstance(parked, SagaParked)
+    assert parked.reason == "definition_error"
     assert env.commands("renderer") == []
 
 
