@@ -74,7 +74,7 @@ class World:
         return entry
 
     def dispatch(self) -> list[Waiting]:
-        sent = []
+        sent: list[Waiting] = []
         while True:
             entry = self.queue.pop(self.now, lambda lane: self.gate.admits(self.now), self.budgets)
             if entry is None:
