@@ -37,6 +37,7 @@ from saga_engine.core.history._codec import (
     ZstdCodec,
 )
 from saga_engine.core.history._concurrency_keys import ConcurrencyLimit
+from saga_engine.core.history._cost import Cost
 from saga_engine.core.history._decision import OutboundCommand, saga_id_for
 from saga_engine.core.history._policy import RetryPolicy
 from saga_engine.core.history._status import TRANSITIONS, SagaStatus
@@ -92,6 +93,7 @@ __all__ = [
     "CodecSettings",
     "ConcurrencyError",
     "ConcurrencyLimit",
+    "Cost",
     "DefinitionError",
     "DependencyUnavailable",
     "Engine",

@@ -59,6 +59,8 @@ PUBLIC = {
     "UnknownSagaVersion",
     # Per-key concurrency (issue 26 section 5).
     "ConcurrencyLimit",
+    # Step costs (issue 40 section 2).
+    "Cost",
     # Pivot steps (issue 26 section 6).
     "PastPivot",
     # Payload codecs (issue 14 section 4).

@@ -1,4 +1,5 @@
-"""The admin API's flow-control view: each limit, in flight and waiting (``GET /flow``).
+"""The admin API's flow-control view: each limit, in flight, waiting and budget in use
+(``GET /flow``).
 
 No ``from __future__ import annotations``: FastAPI reads the endpoints' annotations at
 runtime.
@@ -27,6 +28,7 @@ def flow_body(parts: EngineParts) -> FlowBody:
     return FlowBody(
         enabled=parts.flow is not None,
         aging_s=parts.settings.limits.aging_s,
+        fairness_weights=parts.settings.limits.fairness_weights,
         gates=flow_gates(parts),
     )
 
@@ -34,6 +36,7 @@ def flow_body(parts: EngineParts) -> FlowBody:
 @router.get("/flow", response_model=FlowBody, responses=errors(*READ_ERRORS), tags=["flow"])
 async def flow(parts: PartsDep) -> FlowBody:
     """Flow control on this engine: per participant and saga type limit, the configured
-    figures, this engine's partition share of them, and the commands in flight and
-    waiting. Each engine answers for itself; the cluster's figures are the sums."""
+    figures, this engine's partition share of them, the commands in flight and waiting,
+    what those in flight hold of a budget, and the fairness keys' weights. Each engine
+    answers for itself; the cluster's figures are the sums."""
     return flow_body(parts)

@@ -104,6 +104,34 @@ def _flow_lines(body: MetricsBody) -> list[str]:
         for gate in body.flow:
             value = getattr(gate, field)
             if value is not None:
-                label = gate.name.replace("\\", "\\\\").replace('"', '\\"')
+                label = _label(gate.name)
                 lines.append(f'{metric}{{kind="{gate.kind}",name="{label}"}} {value}')
+    for metric, help_text, field in (
+        (
+            "saga_flow_budget_in_use",
+            "What the commands in flight hold of a budget (the sum of their costs), per "
+            "limit and resource.",
+            "budget_in_use",
+        ),
+        (
+            "saga_flow_budget",
+            "This engine's share of a budget, per limit and resource.",
+            "effective_budget",
+        ),
+    ):
+        budgeted = [gate for gate in body.flow if getattr(gate, field)]
+        if not budgeted:
+            continue
+        lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
+        for gate in budgeted:
+            label = _label(gate.name)
+            for resource, amount in sorted(getattr(gate, field).items()):
+                lines.append(
+                    f'{metric}{{kind="{gate.kind}",name="{label}",resource="{resource}"}} {amount}'
+                )
     return lines
+
+
+def _label(value: str) -> str:
+    """A Prometheus label's value, escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')

@@ -461,11 +461,25 @@ class FlowGate(BaseModel):
     in_flight: int = Field(description="Commands sent and not yet answered, timed out or ended.")
     waiting: int = Field(description="Commands recorded and held back by this limit.")
     sent: int = Field(description="Commands sent through this limit since the engine started.")
+    budget: dict[str, float] | None = Field(
+        default=None, description="The configured cluster-wide budget, per resource."
+    )
+    effective_budget: dict[str, float] | None = Field(
+        default=None, description="This engine's share of the budget: amount x share."
+    )
+    budget_in_use: dict[str, float] | None = Field(
+        default=None,
+        description="What the commands in flight hold of the budget: the sum of their costs.",
+    )
 
 
 class FlowBody(BaseModel):
     enabled: bool = Field(description="A limit is configured (SAGA_LIMITS__...).")
     aging_s: float | None = Field(description="Seconds per priority level a waiting command gains.")
+    fairness_weights: dict[str, float] = Field(
+        default_factory=dict,
+        description='Each fairness key\'s weight under contention ("*": the others; default 1).',
+    )
     gates: list[FlowGate]
 
 

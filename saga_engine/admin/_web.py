@@ -388,6 +388,7 @@ async def _list_page(
         next_url = f"?{urlencode({**kept, 'cursor': page.next_cursor})}"
     # The status tabs link to the same filters with that status.
     tab = {k: v for k, v in kept.items() if k != "status"}
+    flow = flow_gates(parts)
     return _render(
         "list.html",
         root=_root(request),
@@ -405,7 +406,9 @@ async def _list_page(
         first_page=shown.cursor is None,
         first_url="?" + urlencode(kept),
         quote=quote,
-        flow=flow_gates(parts),  # flow control's queues (none when it is off)
+        flow=flow,  # flow control's queues (none when it is off)
+        flow_budgets=any(g.budget for g in flow),
+        flow_weights=parts.settings.limits.fairness_weights if flow else {},
     )
 
 

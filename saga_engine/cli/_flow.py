@@ -1,5 +1,6 @@
 """``saga flow``: flow control on an engine, through its admin API (``GET /flow``):
-each limit with its configured figures, this engine's share, in flight and waiting."""
+each limit with its configured figures, this engine's share, in flight and waiting, the
+budget its commands in flight hold, and the fairness keys' weights."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ commands = typer.Typer()
 
 @commands.command("flow")
 def flow(admin_url: AdminUrl = None, as_json: JsonOpt = False) -> None:
-    """Flow control: per participant and saga type limit, in flight and waiting."""
+    """Flow control: per participant and saga type limit, in flight, waiting and budget
+    in use; the fairness keys' weights."""
     body: dict[str, Any] = admin_call(admin_url, lambda api: api.get("/flow"))
     if as_json:
         print_json(body)
@@ -25,6 +27,7 @@ def flow(admin_url: AdminUrl = None, as_json: JsonOpt = False) -> None:
     if not body["enabled"]:
         out.print("flow control is off: no limit is configured (SAGA_LIMITS__...)")
         return
+    budgets = any(gate.get("budget") for gate in body["gates"])
     rows = [
         (
             gate["kind"],
@@ -34,12 +37,30 @@ def flow(admin_url: AdminUrl = None, as_json: JsonOpt = False) -> None:
             f"{gate['share']:.2f}",
             str(gate["in_flight"]),
             str(gate["waiting"]),
+            *((_budget(gate),) if budgets else ()),
         )
         for gate in body["gates"]
     ]
-    title = f"flow control (aging: {body['aging_s'] or 'off'} s per level)"
-    columns = ("kind", "name", "concurrency", "rate/s", "share", "in flight", "waiting")
-    out.print(make_table(title, columns, rows, "ellipsis"))
+    title = f"flow control (aging: {body['aging_s'] or 'off'} s per level"
+    weights = body.get("fairness_weights") or {}
+    if weights:
+        title += "; fairness weights: " + ", ".join(f"{k}={w:g}" for k, w in weights.items())
+    columns: tuple[str, ...] = ("kind", "name", "concurrency", "rate/s", "share", "in flight")
+    columns += ("waiting", "budget in use") if budgets else ("waiting",)
+    out.print(make_table(title + ")", columns, rows, "ellipsis"))
+
+
+def _budget(gate: dict[str, Any]) -> str:
+    """Per resource, what the commands in flight hold of this engine's share of the
+    budget, and the cluster-wide figure: ``cpu 12/16 of 32``."""
+    budget = gate.get("budget")
+    if not budget:
+        return "-"
+    mine = gate.get("effective_budget") or {}
+    used = gate.get("budget_in_use") or {}
+    return ", ".join(
+        f"{r} {used.get(r, 0):g}/{mine.get(r, 0):g} of {amount:g}" for r, amount in budget.items()
+    )
 
 
 def _limit(mine: float | None, configured: float | None) -> str:

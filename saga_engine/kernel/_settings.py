@@ -5,6 +5,9 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import math
+import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -21,6 +24,34 @@ def check_message_size(size: int, limit: int, what: str) -> None:
     naming what, its size, the limit and the setting."""
     if size > limit:
         raise PayloadTooLarge(size, limit, what)
+
+
+_RESOURCE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+def resource_amounts(amounts: Mapping[str, Any], what: str, *, positive: bool) -> dict[str, float]:
+    """The one rule of resource amounts (a step's ``Cost``, a ``FlowLimit``'s budget, a
+    cost class): each resource is named like an identifier (letters, digits and ``_``,
+    at most 64) and its amount is a finite number, at least 0 (``positive``: above 0, as
+    a budget must be). Returns them as floats; raises ValueError naming ``what``, the
+    resource and the value."""
+    if not isinstance(amounts, Mapping):
+        raise ValueError(f"{what} must map resource names to amounts, got {amounts!r}")
+    out: dict[str, float] = {}
+    for name, amount in amounts.items():
+        if not isinstance(name, str) or not _RESOURCE.match(name):
+            raise ValueError(
+                f"{what}: resource name {name!r} must be letters, digits and _ (at most 64, "
+                "not starting with a digit), e.g. cpu or memory_mb"
+            )
+        if isinstance(amount, bool) or not isinstance(amount, int | float):
+            raise ValueError(f"{what}: {name} must be a number, got {amount!r}")
+        value = float(amount)
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            bound = "above 0" if positive else "at least 0"
+            raise ValueError(f"{what}: {name} must be a finite number {bound}, got {amount!r}")
+        out[name] = value
+    return out
 
 
 class PostgresSettings(BaseModel):
@@ -349,6 +380,21 @@ class FlowLimit(BaseModel):
     concurrency: int | None = Field(default=None, ge=1)
     #: Commands sent per second (a token bucket holding a tenth of a second's worth).
     rate: float | None = Field(default=None, gt=0)
+    #: The resources its commands may hold at once, summed over the costs in flight
+    #: (``ctx.step(cost=...)``): ``{"cpu": 32, "memory_mb": 8192}``. A command with no
+    #: cost (or none of a resource) costs nothing of it.
+    budget: dict[str, float] | None = None
+
+    @field_validator("budget")
+    @classmethod
+    def _budget_amounts(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if not value:
+            return None
+        return resource_amounts(value, "budget", positive=True)
+
+    @property
+    def limits_anything(self) -> bool:
+        return self.concurrency is not None or self.rate is not None or self.budget is not None
 
 
 class LimitsSettings(BaseModel):
@@ -364,6 +410,36 @@ class LimitsSettings(BaseModel):
     #: so a low priority is served under a constant stream of higher ones. None: no aging
     #: (strict priority; a low priority may then wait for as long as higher ones come).
     aging_s: float | None = Field(default=10.0, gt=0)
+    #: Named costs a step may declare by name (``ctx.step(cost="heavy")``):
+    #: ``{"heavy": {"cpu": 8, "memory_mb": 2048}}``.
+    cost_classes: dict[str, dict[str, float]] = Field(default_factory=dict)
+    #: Each fairness key's weight under contention (``"*"``: every other key, and starts
+    #: without one; default 1): ``{"gold": 3, "*": 1}`` gives gold three times the share.
+    fairness_weights: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("cost_classes")
+    @classmethod
+    def _class_amounts(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        return {
+            name: resource_amounts(amounts, f"cost class {name!r}", positive=False)
+            for name, amounts in value.items()
+        }
+
+    @field_validator("fairness_weights")
+    @classmethod
+    def _weights(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, weight in value.items():
+            if isinstance(weight, bool) or not math.isfinite(weight) or weight <= 0:
+                raise ValueError(
+                    f"fairness weight of {key!r} must be a finite number above 0, got {weight!r}"
+                )
+        return value
+
+    def weight_of(self, fairness_key: str) -> float:
+        """A fairness key's weight: its own, else ``"*"``'s, else 1."""
+        weights = self.fairness_weights
+        found = weights.get(fairness_key)
+        return found if found is not None else weights.get("*", 1.0)
 
     @field_validator("aging_s", mode="before")
     @classmethod
@@ -377,7 +453,7 @@ class LimitsSettings(BaseModel):
     @property
     def enabled(self) -> bool:
         return any(
-            limit.concurrency is not None or limit.rate is not None
+            limit.limits_anything
             for limit in (*self.participants.values(), *self.saga_types.values())
         )
 

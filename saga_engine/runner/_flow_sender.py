@@ -30,7 +30,14 @@ from datetime import datetime, timedelta
 
 from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.core.history._events import SagaStarted
-from saga_engine.core.planning._flow import FlowQueue, Gate, GateKind, Waiting
+from saga_engine.core.planning._flow import (
+    FlowQueue,
+    Gate,
+    GateBudgets,
+    GateKind,
+    Waiting,
+    charge_of,
+)
 from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.kernel._errors import PermanentError
 from saga_engine.kernel._settings import LimitsSettings
@@ -94,9 +101,14 @@ class FlowControl:
             (GateKind.SAGA_TYPE, settings.saga_types),
         ):
             for name, limit in table.items():
-                if limit.concurrency is not None or limit.rate is not None:
+                if limit.limits_anything:
                     self._gates[(kind, name)] = Gate(kind, name, limit)
-        self._queue = FlowQueue(aging_s=settings.aging_s)
+        self._queue = FlowQueue(aging_s=settings.aging_s, weight_of=settings.weight_of)
+        #: Costs are looked at only where a budget is configured.
+        self._budgets = (
+            GateBudgets(self._gates) if any(g.limit.budget for g in self._gates.values()) else None
+        )
+        self._weights = dict(settings.fairness_weights)
         self._tickets: dict[_Key, _Ticket] = {}
         self._by_saga: dict[str, set[_Key]] = {}
         self._seq = 0
@@ -183,8 +195,13 @@ class FlowControl:
 
     # ------------------------------------------------------------------ reading
 
+    @property
+    def fairness_weights(self) -> dict[str, float]:
+        return self._weights
+
     def snapshot(self) -> list[dict[str, object]]:
-        """Per gate: its limits, this engine's share, in flight and waiting."""
+        """Per gate: its limits, this engine's share, in flight and waiting, and what
+        the commands in flight hold of its budget."""
         return [
             {
                 "kind": gate.kind.value,
@@ -197,6 +214,13 @@ class FlowControl:
                 "in_flight": gate.in_flight,
                 "waiting": gate.waiting,
                 "sent": gate.sent,
+                "budget": gate.limit.budget,
+                "effective_budget": gate.budget,
+                "budget_in_use": (
+                    {r: gate.in_use.get(r, 0.0) for r in gate.limit.budget}
+                    if gate.limit.budget
+                    else None
+                ),
             }
             for gate in self._gates.values()
         ]
@@ -242,7 +266,21 @@ class FlowControl:
         key = (started.fairness_key if started is not None else None) or ""
         self._seq += 1
         lane = tuple((g.kind, g.name) for g in gates)
-        entry = Waiting(self._seq, self._now(), priority, key, lane, command.compensation, None)
+        # A cost counts only against a budget (a command with none costs nothing of one).
+        cost = command.cost if self._budgets is not None else None
+        if cost is not None and not any(g.limit.budget for g in gates):
+            cost = None
+        entry = Waiting(
+            self._seq,
+            self._now(),
+            priority,
+            key,
+            lane,
+            command.compensation,
+            None,
+            cost,
+            charge_of(cost, gates),
+        )
         ticket = _Ticket(command, gates, entry)
         entry.item = ticket
         k = (command.command_id, command.attempt)
@@ -269,7 +307,7 @@ class FlowControl:
                     gate.waiting -= 1
         else:
             for gate in ticket.gates:
-                gate.give_back()
+                gate.give_back(ticket.entry.cost)
         self.stats["released"] += 1
         self._kick()
 
@@ -314,12 +352,12 @@ class FlowControl:
         admits = self._lane_admits(tick)
         batch: list[_Ticket] = []
         while True:
-            entry = self._queue.pop(now, admits)
+            entry = self._queue.pop(now, admits, self._budgets)
             if entry is None:
                 break
             ticket: _Ticket = entry.item
             for gate in ticket.gates:
-                gate.take(tick)
+                gate.take(tick, entry.cost)
                 gate.waiting -= 1
             ticket.state = TicketState.SENT
             ticket.held_s = now - entry.arrived
@@ -374,7 +412,7 @@ class FlowControl:
         if self._tickets.get(key) is not ticket or ticket.state is not TicketState.SENT:
             return  # released meanwhile (answered, ended, moved away)
         for gate in ticket.gates:
-            gate.give_back()
+            gate.give_back(ticket.entry.cost)
             gate.waiting += 1
         ticket.state = TicketState.QUEUED
         self._queue.push(ticket.entry, front=True)  # it keeps its place: first again

@@ -116,5 +116,7 @@ class EngineParts:
             waiters=Waiters(),
             crash_hook=crash_hook,
             matcher=matcher,
-            command_limit=CommandLimit(settings.kafka.max_message_bytes, command_size),
+            command_limit=CommandLimit(
+                settings.kafka.max_message_bytes, command_size, settings.limits
+            ),
         )

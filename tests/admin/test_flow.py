@@ -1,6 +1,7 @@
 """Flow control seen by an operator: ``GET /flow``, the flow series of ``/metrics``
-(JSON and Prometheus), the table of the web page, ``saga flow``; and the start's
-``priority`` and ``fairness_key``, recorded in ``saga_started`` or refused with a 422."""
+(JSON and Prometheus), the table of the web page, ``saga flow``, with a budget's use and
+the fairness keys' weights; and the start's ``priority`` and ``fairness_key``, recorded
+in ``saga_started`` or refused with a 422."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
+from saga_engine import Cost, Saga, SagaContext
 from saga_engine.admin import create_admin_app
 from saga_engine.settings import FlowLimit, LimitsSettings, Settings
 from saga_engine.testing import SagaTestEnv
@@ -62,6 +65,9 @@ async def test_flow_is_visible_in_the_api_metrics_and_page() -> None:
                 "in_flight": 1,
                 "waiting": 2,
                 "sent": 1,
+                "budget": None,
+                "effective_budget": None,
+                "budget_in_use": None,
             }
         ]
         metrics = (await http.get("/metrics", headers=READER)).json()
@@ -89,7 +95,7 @@ async def test_without_limits_flow_is_off_and_the_page_has_no_table() -> None:
         metrics = (await http.get("/metrics", headers=READER)).json()
         text = (await http.get("/metrics", headers={**READER, "Accept": "text/plain"})).text
         page = (await http.get("/ui/sagas", headers=READER)).text
-    assert body == {"enabled": False, "aging_s": 10.0, "gates": []}
+    assert body == {"enabled": False, "aging_s": 10.0, "fairness_weights": {}, "gates": []}
     assert metrics["flow"] == []
     assert "saga_flow" not in text
     assert 'class="flow"' not in page
@@ -143,3 +149,83 @@ def test_saga_flow_prints_the_limits(served: Served) -> None:
     assert table.exit_code == 0, table.output
     assert "ledger" in table.stdout
     assert "1 of 1" in table.stdout
+
+
+# --------------------------------------------------------------------------- budgets
+
+
+class Frame(BaseModel):
+    n: int = 0
+
+
+class Rendered(BaseModel):
+    ok: bool = True
+
+
+class Draw(BaseModel):
+    n: int
+
+
+class Render(Saga[Frame, Rendered]):
+    name = "render"
+
+    async def run(self, ctx: SagaContext, frame: Frame) -> Rendered:
+        await ctx.step(
+            "draw", to="renderer", command=Draw(n=frame.n), cost=Cost(cpu=4, gpu=1), timeout=60
+        )
+        return Rendered()
+
+
+def budgeted(**admin: Any) -> Settings:
+    limits = LimitsSettings(
+        participants={"renderer": FlowLimit(budget={"cpu": 8, "gpu": 4})},
+        fairness_weights={"gold": 3, "*": 1},
+    )
+    return admin_settings(**admin).model_copy(update={"limits": limits})
+
+
+async def _three_frames(env: SagaTestEnv) -> dict[str, str]:
+    env.participant("renderer").on(Draw, no_reply=True)
+    return {str(n): await env.engine.start(Render, Frame(n=n)) for n in range(3)}
+
+
+async def test_a_budget_in_use_and_the_weights_are_visible() -> None:
+    env = SagaTestEnv([Render], settings=budgeted())
+    app = create_admin_app(env.engine, env.settings, parts=env.parts, schedules=env.schedules)
+    async with make_client(app) as http:
+        await _three_frames(env)
+        # cpu 8: two frames of 4 in flight, the third held.
+        (gate,) = await eventually(
+            lambda: _gates_of(http), until=lambda found: found[0]["in_flight"] == 2
+        )
+        assert gate["waiting"] == 1
+        assert gate["budget"] == {"cpu": 8.0, "gpu": 4.0}
+        assert gate["effective_budget"] == {"cpu": 8.0, "gpu": 4.0}
+        assert gate["budget_in_use"] == {"cpu": 8.0, "gpu": 2.0}
+        body = (await http.get("/flow", headers=READER)).json()
+        assert body["fairness_weights"] == {"gold": 3.0, "*": 1.0}
+        text = (await http.get("/metrics", headers={**READER, "Accept": "text/plain"})).text
+        series = 'kind="participant",name="renderer",resource="cpu"'
+        assert f"saga_flow_budget_in_use{{{series}}} 8.0" in text
+        assert f"saga_flow_budget{{{series}}} 8.0" in text
+        page = (await http.get("/ui/sagas", headers=READER)).text
+        assert 'data-resource="cpu">cpu 8/8 of 8</span>' in page
+        assert '<span class="weight">gold = 3</span>' in page
+
+
+async def _gates_of(http: Any) -> list[dict[str, Any]]:
+    body: dict[str, Any] = (await http.get("/flow", headers=READER)).json()
+    found: list[dict[str, Any]] = body["gates"]
+    return found
+
+
+def test_saga_flow_prints_the_budget_in_use_and_the_weights() -> None:
+    with served_in_thread(budgeted(port=0), _three_frames, sagas=(Render,)) as running:
+        env = {"SAGA_ADMIN_TOKEN": READER_TOKEN, "SAGA_ADMIN_URL": running.url}
+        body = as_json(invoke(["flow", "--json"], env))
+        assert body["gates"][0]["budget"] == {"cpu": 8.0, "gpu": 4.0}
+        table = invoke(["flow"], env)
+    assert table.exit_code == 0, table.output
+    assert "budget in use" in table.stdout
+    assert "of 8" in table.stdout
+    assert "gold=3" in table.stdout

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from saga_engine.core.authoring._domain_events import EventSource, source_name
 from saga_engine.core.authoring._signal import Signal
+from saga_engine.core.history._cost import Cost
 from saga_engine.core.history._policy import RetryPolicy
 from saga_engine.kernel._serde import JsonDict
 
@@ -75,6 +76,9 @@ class StepRequest:
     #: it is undone before them. None (a step of ``run``): the order the steps ran in
     #: says what depends on what.
     after: frozenset[str] | None = None
+    #: What its command costs its participant while in flight (flow control's budgets):
+    #: a ``Cost``, the name of a cost class (``LimitsSettings.cost_classes``), or None.
+    cost: Cost | str | None = None
 
 
 class ChildSaga(Protocol[O_co]):
@@ -185,6 +189,7 @@ class SagaContext:
         timeout: Duration | None = None,
         compensate_retry: RetryPolicy | None = None,
         pivot: bool = False,
+        cost: Cost | str | None = None,
     ) -> M: ...
 
     @overload
@@ -200,6 +205,7 @@ class SagaContext:
         timeout: Duration | None = None,
         compensate_retry: RetryPolicy | None = None,
         pivot: bool = False,
+        cost: Cost | str | None = None,
     ) -> JsonDict: ...
 
     async def step(
@@ -214,6 +220,7 @@ class SagaContext:
         timeout: Duration | None = None,
         compensate_retry: RetryPolicy | None = None,
         pivot: bool = False,
+        cost: Cost | str | None = None,
     ) -> M | JsonDict:
         """Sends ``command`` to participant ``to`` and waits for its reply.
 
@@ -234,6 +241,11 @@ class SagaContext:
           its pivot"), the deadline no longer applies, and a later step that cannot
           succeed parks the saga as step_stuck (whatever its retry policy says) instead
           of raising into the run. See docs/redrive-and-pivots.md.
+        - ``cost`` is what the command holds of its participant's budget while in
+          flight (``Cost(cpu=4)``, or a class named in ``LimitsSettings.cost_classes``):
+          flow control sends it only while the costs in flight fit every budget of its
+          gates (docs/operations.md, "Costs and budgets"). A cost above a whole budget
+          fails the step before anything is sent. Its compensation costs nothing.
 
         Raises ``StepFailed`` when the participant refuses, and ``StepTimedOut`` when
         every attempt timed out (unless the step parks: ``RetryPolicy.on_exhausted``).
@@ -248,6 +260,7 @@ class SagaContext:
             compensate_retry=compensate_retry,
             returns=returns,
             pivot=pivot,
+            cost=cost,
         )
         payload = await self._driver.op_step(step)
         if returns is None:
@@ -310,6 +323,7 @@ class SagaContext:
         retry: RetryPolicy | None = None,
         timeout: Duration | None = None,
         pivot: bool = False,
+        cost: Cost | str | None = None,
     ) -> M: ...
 
     @overload
@@ -326,6 +340,7 @@ class SagaContext:
         retry: RetryPolicy | None = None,
         timeout: Duration | None = None,
         pivot: bool = False,
+        cost: Cost | str | None = None,
     ) -> JsonDict: ...
 
     async def http_step(
@@ -341,6 +356,7 @@ class SagaContext:
         retry: RetryPolicy | None = None,
         timeout: Duration | None = None,
         pivot: bool = False,
+        cost: Cost | str | None = None,
     ) -> M | JsonDict:
         """A step that calls an HTTP service instead of sending a Kafka command.
 
@@ -351,7 +367,7 @@ class SagaContext:
         (``StepFailed``); connection errors, 408, 429 and 5xx are retried with the same
         key until the attempt's ``timeout`` (default 30 s), then re-sent per ``retry``.
         It is recorded in the history like any step. ``pivot=True`` marks it as the
-        saga's pivot, as for ``ctx.step``.
+        saga's pivot, and ``cost`` its cost, as for ``ctx.step``.
         """
         request = HttpRequest(method=method.upper(), path=path, body=json)
         step = StepRequest(
@@ -363,6 +379,7 @@ class SagaContext:
             timeout=as_timedelta(timeout, "timeout") or timedelta(seconds=30),
             returns=returns,
             pivot=pivot,
+            cost=cost,
         )
         payload = await self._driver.op_step(step)
         if returns is None:

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from saga_engine.core.history._cost import Cost
 from saga_engine.core.history._events import (
     Event,
     ParentLink,
@@ -285,6 +286,8 @@ class OutboundCommand:
     compensates: tuple[str, ...] = ()
     #: ...and the last attempt of each (their spans' ids derive from id and attempt).
     compensates_attempts: tuple[int, ...] = ()
+    #: What it holds of its participant's budget while in flight (flow control).
+    cost: Cost | None = None
 
 
 @dataclass(slots=True)

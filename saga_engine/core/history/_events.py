@@ -422,6 +422,9 @@ class CommandIssued(_CommandIntent):
     compensation: CompensationSpec | None = None
     #: The saga's pivot step (``ctx.step(..., pivot=True)``); left out when False.
     pivot: bool = Field(default=False, exclude_if=lambda v: not v)
+    #: What the command holds of its participant's budget while in flight (``Cost``'s
+    #: amounts, a named class resolved); left out when it declares none.
+    cost: dict[str, float] | None = Field(default=None, exclude_if=lambda v: v is None)
 
     def describe(self) -> str:
         return (

@@ -1,9 +1,10 @@
-"""Flow control's pure core: the gates (a concurrency limit and a token bucket per
-participant or saga type) and the queue of commands waiting for them.
+"""Flow control's pure core: the gates (a concurrency limit, a token bucket and a budget
+of resources per participant or saga type) and the queue of commands waiting for them.
 
 No I/O and no clock: every method takes ``now`` (monotonic seconds), so the order the
 queue serves in is a function of what was pushed and when, and property tests check it
-(``tests/internal/property/test_flow_queue.py``). ``_flow_sender.py`` drives it.
+(``tests/internal/property/test_flow_queue.py``, ``test_flow_budgets.py``).
+``_flow_sender.py`` drives it.
 
 The order, when a gate is closed (docs/operations.md, "Flow control"):
 
@@ -11,9 +12,25 @@ The order, when a gate is closed (docs/operations.md, "Flow control"):
    a permit, so the participant is protected from it too);
 2. **the highest level**, where a command's level is its saga's priority plus one for
    every ``aging_s`` seconds it has waited (aging: a low priority is never starved);
-3. **fairness** among equal levels: the fairness key (a tenant) served least recently
-   goes next, so keys take turns whatever their backlog (round-robin);
-4. **FIFO** by arrival among the rest (within one key and priority, always).
+3. **weighted fairness** among equal levels: in each lane (the gates a command needs),
+   the fairness key that has been charged least for what it was sent goes next
+   (start-time fair queuing). A key is charged, per command sent, the command's charge
+   over the key's weight (``LimitsSettings.fairness_weights``), the charge being the
+   command's largest share of its gates (its cost over a budget, one over a concurrency
+   limit; one when neither applies): by cost where costs and budgets are declared, by
+   count otherwise. A key that comes back after its backlog emptied starts level with
+   the lane (it neither banks credit nor pays for its past). Under backlog each key
+   gets its weight's share; between two turns of a backlogged key *k* another key *j* is
+   served at most ``(w_j / c_j) x (c_k / w_k) + 1`` times (the starvation bound);
+4. **FIFO** by arrival among the rest (within one key and priority, always; a command
+   with no cost may pass one waiting for a budget).
+
+**Budgets**: a command with a cost is sent only while it fits every budget of its gates
+(in use plus its cost within this engine's share; alone on a resource it always fits,
+so a share never holds a command that fits the whole budget for ever). The order above
+is kept under budgets: a command that does not fit holds what it needs of its gates'
+budgets, so nothing ranked after it that costs any of those resources is sent before it
+(small commands never starve a large one); commands that cost none of them go past it.
 """
 
 from __future__ import annotations
@@ -21,11 +38,15 @@ from __future__ import annotations
 import enum
 import math
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Container, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from saga_engine.core.history._cost import Cost
 from saga_engine.kernel._settings import FlowLimit
+
+#: Sums of float costs drift: an amount this close to a budget (or to 0) is on it.
+_EPSILON = 1e-9
 
 
 class GateKind(enum.Enum):
@@ -48,6 +69,9 @@ class Gate:
     refilled_at: float | None = None
     waiting: int = 0
     sent: int = 0
+    #: What the commands in flight hold of its budget: the sum of their costs, per
+    #: resource of the budget (a resource at 0 is left out).
+    in_use: dict[str, float] = field(default_factory=dict)
 
     @property
     def concurrency(self) -> int | None:
@@ -63,6 +87,13 @@ class Gate:
         if self.limit.rate is None:
             return None
         return self.limit.rate * self.share
+
+    @property
+    def budget(self) -> dict[str, float] | None:
+        """The budget this engine may use: each amount x share."""
+        if self.limit.budget is None:
+            return None
+        return {r: amount * self.share for r, amount in self.limit.budget.items()}
 
     def _capacity(self, rate: float) -> float:
         # A tenth of a second's worth, at least one command: a burst after a quiet spell
@@ -82,6 +113,8 @@ class Gate:
 
     def admits(self, now: float) -> bool:
         """A permit is free (concurrency) and a token is there (rate)."""
+        if self.share <= 0:
+            return False
         limit = self.concurrency
         if limit is not None and self.in_flight >= limit:
             return False
@@ -92,15 +125,55 @@ class Gate:
             return self.tokens >= 1.0
         return True
 
-    def take(self, now: float) -> None:
+    def fits(self, cost: Cost, held: Container[Hashable] = ()) -> bool:
+        """``cost`` fits its budget now: for each resource of both, in use plus the cost
+        within this engine's share (or nothing of it in use), and not ``held`` for a
+        command ranked before it (``(kind, name, resource)``)."""
+        budget = self.limit.budget
+        if budget is None:
+            return True
+        for resource, amount in cost.items():
+            whole = budget.get(resource)
+            if whole is None:
+                continue
+            if held and (self.kind, self.name, resource) in held:
+                return False
+            used = self.in_use.get(resource)
+            if used is not None and used + amount > whole * self.share + _EPSILON:
+                return False
+        return True
+
+    def hold(self, cost: Cost, held: set[Hashable]) -> None:
+        """Marks what ``cost`` needs of the budget as ``held`` for it."""
+        budget = self.limit.budget
+        if budget is not None:
+            held.update((self.kind, self.name, r) for r in cost if r in budget)
+
+    def take(self, now: float, cost: Cost | None = None) -> None:
         self.in_flight += 1
         self.sent += 1
         if self.rate is not None:
             self._refill(now)
             self.tokens -= 1.0
+        budget = self.limit.budget
+        if cost is not None and budget is not None:
+            in_use = self.in_use
+            for resource, amount in cost.items():
+                if resource in budget:
+                    in_use[resource] = in_use.get(resource, 0.0) + amount
 
-    def give_back(self) -> None:
+    def give_back(self, cost: Cost | None = None) -> None:
         self.in_flight = max(0, self.in_flight - 1)
+        if cost is not None and self.limit.budget is not None:
+            in_use = self.in_use
+            for resource, amount in cost.items():
+                used = in_use.get(resource)
+                if used is None:
+                    continue
+                if used - amount > _EPSILON:
+                    in_use[resource] = used - amount
+                else:
+                    del in_use[resource]
 
     def next_token_in(self, now: float) -> float | None:
         """Seconds until the bucket holds a token; None when concurrency is what blocks
@@ -115,6 +188,50 @@ class Gate:
         return max(0.0, (1.0 - self.tokens) / rate)
 
 
+def charge_of(cost: Cost | None, gates: Iterable[Gate]) -> float:
+    """What sending a command costs its fairness key (weighted fairness, by cost where
+    costs and budgets are declared, by count otherwise): its largest share of its
+    gates' whole limits (its cost over each budget, one over a concurrency limit); 1
+    when neither applies."""
+    charge = 0.0
+    for gate in gates:
+        limit = gate.limit
+        if limit.concurrency is not None:
+            charge = max(charge, 1 / limit.concurrency)
+        budget = limit.budget
+        if cost is not None and budget is not None:
+            for resource, amount in cost.items():
+                whole = budget.get(resource)
+                if whole is not None:
+                    charge = max(charge, amount / whole)
+    return charge or 1.0
+
+
+class Budgets(Protocol):
+    """What the queue asks of the gates of a lane about a command's cost."""
+
+    def fits(self, lane: Hashable, cost: Cost, held: Container[Hashable]) -> bool: ...
+
+    def hold(self, lane: Hashable, cost: Cost, held: set[Hashable]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GateBudgets:
+    """``Budgets`` over gates by id, a lane being the tuple of its gates' ids."""
+
+    gates: Mapping[Any, Gate]
+
+    def fits(self, lane: Hashable, cost: Cost, held: Container[Hashable]) -> bool:
+        assert isinstance(lane, tuple)
+        gates = self.gates
+        return all(gates[g].fits(cost, held) for g in lane)
+
+    def hold(self, lane: Hashable, cost: Cost, held: set[Hashable]) -> None:
+        assert isinstance(lane, tuple)
+        for g in lane:
+            self.gates[g].hold(cost, held)
+
+
 @dataclass(slots=True)
 class Waiting:
     """A command waiting for its gates. ``lane`` names the gates it needs."""
@@ -126,24 +243,40 @@ class Waiting:
     lane: Hashable
     urgent: bool = False
     item: Any = None
+    #: What it holds of its gates' budgets once sent (None: nothing).
+    cost: Cost | None = None
+    #: What sending it charges its fairness key (``charge_of``).
+    charge: float = 1.0
 
 
-_Deque = tuple[Hashable, str, int, bool]
+@dataclass(slots=True)
+class _Turns:
+    """Weighted fairness in one lane (start-time fair queuing): each key's pass, the
+    charges it was sent over its weight, and the lane's virtual time, the pass of the
+    last key served. Kept while the lane has entries waiting."""
+
+    vtime: float = 0.0
+    passes: dict[str, float] = field(default_factory=dict)
+    waiting: dict[str, int] = field(default_factory=dict)
+
+    def lag(self, key: str) -> float:
+        return self.passes[key] - self.vtime
+
+
+_Fifo = tuple[Hashable, str, int, bool, bool]
+_Rank = tuple[bool, int, float, int]
 
 
 @dataclass(slots=True)
 class FlowQueue:
-    """Waiting commands, by lane, fairness key, priority and urgency; FIFO in each."""
+    """Waiting commands, by lane, fairness key, priority, urgency and whether they cost
+    anything; FIFO in each."""
 
     aging_s: float | None = None
-    _fifos: dict[_Deque, deque[Waiting]] = field(default_factory=dict)
-    #: The pop count at which each fairness key was last served (round-robin's memory),
-    #: kept while the key has entries waiting: a key that comes back after its backlog
-    #: emptied counts as never served (it was not hogging), and memory stays bounded by
-    #: the keys waiting, however many keys there are.
-    _served: dict[str, int] = field(default_factory=dict)
-    _waiting_per_key: dict[str, int] = field(default_factory=dict)
-    _pops: int = 0
+    #: A fairness key's weight (``LimitsSettings.weight_of``).
+    weight_of: Callable[[str], float] = lambda key: 1.0
+    _fifos: dict[_Fifo, deque[Waiting]] = field(default_factory=dict)
+    _turns: dict[Hashable, _Turns] = field(default_factory=dict)
     _len: int = 0
 
     def __len__(self) -> int:
@@ -151,7 +284,7 @@ class FlowQueue:
 
     def push(self, entry: Waiting, *, front: bool = False) -> None:
         """Queues ``entry`` last in its FIFO (``front``: first, for one put back)."""
-        slot = (entry.lane, entry.key, entry.priority, entry.urgent)
+        slot = (entry.lane, entry.key, entry.priority, entry.urgent, entry.cost is not None)
         fifo = self._fifos.get(slot)
         if fifo is None:
             fifo = self._fifos[slot] = deque()
@@ -160,10 +293,17 @@ class FlowQueue:
         else:
             fifo.append(entry)
         self._len += 1
-        self._waiting_per_key[entry.key] = self._waiting_per_key.get(entry.key, 0) + 1
+        turns = self._turns.get(entry.lane)
+        if turns is None:
+            turns = self._turns[entry.lane] = _Turns()
+        key = entry.key
+        waiting = turns.waiting.get(key, 0)
+        if not waiting:  # (back) in the lane: level with it, or behind for its past
+            turns.passes[key] = max(turns.passes.get(key, turns.vtime), turns.vtime)
+        turns.waiting[key] = waiting + 1
 
     def remove(self, entry: Waiting) -> bool:
-        slot = (entry.lane, entry.key, entry.priority, entry.urgent)
+        slot = (entry.lane, entry.key, entry.priority, entry.urgent, entry.cost is not None)
         fifo = self._fifos.get(slot)
         if fifo is None:
             return False
@@ -174,13 +314,28 @@ class FlowQueue:
         if not fifo:
             del self._fifos[slot]
         self._len -= 1
-        left = self._waiting_per_key[entry.key] - 1
-        if left:
-            self._waiting_per_key[entry.key] = left
-        else:
-            del self._waiting_per_key[entry.key]
-            self._served.pop(entry.key, None)
+        self._left(entry)
         return True
+
+    def _left(self, entry: Waiting) -> None:
+        turns = self._turns[entry.lane]
+        key = entry.key
+        left = turns.waiting[key] - 1
+        if left:
+            turns.waiting[key] = left
+            return
+        del turns.waiting[key]
+        if not turns.waiting:
+            del self._turns[entry.lane]  # nothing waits in the lane: nobody owes anything
+            return
+        if turns.passes[key] <= turns.vtime:
+            del turns.passes[key]
+        if len(turns.passes) > 2 * len(turns.waiting) + 16:
+            # Keys gone idle that are not ahead of the lane would start level anyway.
+            vtime = turns.vtime
+            turns.passes = {
+                k: p for k, p in turns.passes.items() if k in turns.waiting or p > vtime
+            }
 
     def level(self, entry: Waiting, now: float) -> tuple[bool, int]:
         """(urgent, priority + aging): the larger goes first."""
@@ -189,28 +344,62 @@ class FlowQueue:
             aged = int(max(0.0, now - entry.arrived) // self.aging_s)
         return entry.urgent, entry.priority + aged
 
-    def pop(self, now: float, admits: Callable[[Hashable], bool]) -> Waiting | None:
-        """The entry to serve now among the lanes ``admits`` opens, removed; or None."""
+    def rank(self, entry: Waiting, now: float) -> _Rank:
+        """Larger is served first: urgency, level, the key least charged in its lane
+        (its lag behind the lane's virtual time), the earliest arrival."""
+        urgent, level = self.level(entry, now)
+        return urgent, level, -self._turns[entry.lane].lag(entry.key), -entry.seq
+
+    def pop(
+        self, now: float, admits: Callable[[Hashable], bool], budgets: Budgets | None = None
+    ) -> Waiting | None:
+        """The entry to serve now among the lanes ``admits`` opens (and, for an entry
+        with a cost, whose ``budgets`` it fits), removed; or None."""
         best: Waiting | None = None
-        best_rank: tuple[bool, int, int, int] | None = None
+        best_rank: _Rank | None = None
+        blocked: list[_Rank] = []
         opened: dict[Hashable, bool] = {}
-        for (lane, key, _, _), fifo in self._fifos.items():
+        for slot, fifo in self._fifos.items():
+            lane = slot[0]
             is_open = opened.get(lane)
             if is_open is None:
                 is_open = opened[lane] = admits(lane)
             if not is_open:
                 continue
             head = fifo[0]
-            urgent, level = self.level(head, now)
-            # Larger is better: urgency, then level, then the key served longest ago,
-            # then the earliest arrival.
-            rank = (urgent, level, -self._served.get(key, -1), -head.seq)
-            if best_rank is None or rank > best_rank:
-                best, best_rank = head, rank
+            rank = self.rank(head, now)
+            if best_rank is not None and rank <= best_rank:
+                continue
+            cost = head.cost
+            if budgets is not None and cost is not None and not budgets.fits(lane, cost, ()):
+                blocked.append(rank)
+                continue
+            best, best_rank = head, rank
+        if budgets is not None and any(best_rank is None or r > best_rank for r in blocked):
+            # A command ranked before the best does not fit: it holds what it needs.
+            best = self._in_rank_order(now, opened, budgets)
         if best is None:
             return None
-        self.remove(best)
-        self._pops += 1
-        if best.key in self._waiting_per_key:
-            self._served[best.key] = self._pops
+        self._serve(best)
         return best
+
+    def _in_rank_order(
+        self, now: float, opened: dict[Hashable, bool], budgets: Budgets
+    ) -> Waiting | None:
+        """The first entry in rank order that fits, each one before it that does not
+        holding what it needs of its budgets."""
+        heads = [fifo[0] for slot, fifo in self._fifos.items() if opened.get(slot[0])]
+        heads.sort(key=lambda head: self.rank(head, now), reverse=True)
+        held: set[Hashable] = set()
+        for head in heads:
+            if head.cost is None or budgets.fits(head.lane, head.cost, held):
+                return head
+            budgets.hold(head.lane, head.cost, held)
+        return None
+
+    def _serve(self, entry: Waiting) -> None:
+        turns = self._turns[entry.lane]
+        start = turns.passes[entry.key]
+        turns.vtime = max(turns.vtime, start)
+        turns.passes[entry.key] = start + entry.charge / self.weight_of(entry.key)
+        self.remove(entry)

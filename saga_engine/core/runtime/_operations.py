@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from saga_engine.core.authoring._context import ChildSaga, StepRequest
 from saga_engine.core.authoring._definition import Saga
 from saga_engine.core.authoring._signal import Signal
+from saga_engine.core.history._cost import Cost, cost_class, cost_refusal
 from saga_engine.core.history._decision import (
     CHILD_PARTICIPANT,
     CHILD_STEP_PREFIX,
@@ -73,7 +74,7 @@ from saga_engine.kernel._serde import (
     type_name,
     validate_payload,
 )
-from saga_engine.kernel._settings import check_message_size
+from saga_engine.kernel._settings import LimitsSettings, check_message_size
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -87,6 +88,9 @@ class CommandLimit:
 
     limit: int
     measure: Callable[[OutboundCommand], int]
+    #: Flow control's settings: the cost classes a step may name and the budgets no
+    #: cost may exceed (None: costs are recorded as declared, unchecked).
+    limits: LimitsSettings | None = None
 
     def refusal(self, command: OutboundCommand, what: str) -> str | None:
         """Why ``command`` cannot be sent (None: it fits)."""
@@ -119,6 +123,7 @@ async def step(s: SagaState, request: StepRequest, limit: CommandLimit | None = 
         check_storable(payload, f"the command of step {request.name!r}")
     spec = _compensation(request, live)
     _check_size(s, request, payload, spec, limit)
+    request = _priced(s, request, limit)
     result = await _attempts(s, request, payload, spec)
     if request.pivot:
         emit(s, PivotPassed(at=s.now, step=request.name))
@@ -185,6 +190,63 @@ def _check_size(
             return
     event = emit(s, SideEffectRecorded(at=s.now, op_id=op_id, value={"error": error}))
     raise StepFailed(name, str(event.value["error"]))
+
+
+#: The ``op_id`` of the record that a step's cost was refused: above a whole budget.
+_OVER_BUDGET = "over_budget:"
+
+
+def _priced(s: SagaState, request: StepRequest, limit: CommandLimit | None) -> StepRequest:
+    """The step with its cost as amounts (a named class resolved from the settings).
+
+    A cost above a whole budget of its gates fails the step before its command is
+    recorded, as a command too large does (``_check_size``): it could never be sent. The
+    refusal is recorded (``op_id`` ``over_budget:<step>``) so that a replay fails it the
+    same way whatever the settings then; a command recorded as issued is never checked
+    again (its recorded cost is the one it is sent with)."""
+    if request.cost is None:
+        return request
+    name = request.name
+    op_id = _OVER_BUDGET + name
+    replaying = s.cursor < len(s.history)
+    if replaying:
+        recorded = s.history[s.cursor]
+        if not (isinstance(recorded, SideEffectRecorded) and recorded.op_id == op_id):
+            return _resolved(s, request, limit, replaying)  # issued (or the code changed)
+        error = None
+    else:
+        request = _resolved(s, request, limit, replaying)
+        limits = limit.limits if limit is not None else None
+        if limits is None or not isinstance(request.cost, Cost):
+            return request
+        what = f"the command of step {name!r}"
+        error = cost_refusal(request.cost, limits, request.to, s.saga_type, what)
+        if error is None:
+            return request
+    event = emit(s, SideEffectRecorded(at=s.now, op_id=op_id, value={"error": error}))
+    raise StepFailed(name, str(event.value["error"]))
+
+
+def _resolved(
+    s: SagaState, request: StepRequest, limit: CommandLimit | None, replaying: bool
+) -> StepRequest:
+    """The step with its cost a ``Cost``: a class's name looked up in the settings. An
+    unknown name, or a cost of another type, is a definition error (the saga parks until
+    the settings or the code are fixed); replayed, its recorded command carries the cost
+    it was sent with, and a replay tool (no settings) sends nothing."""
+    cost = request.cost
+    if isinstance(cost, Cost):
+        return request
+    if not isinstance(cost, str):
+        s.definition_error(
+            f"step {request.name!r}: cost must be a Cost, the name of a cost class or None, "
+            f"got {cost!r}"
+        )
+    limits = limit.limits if limit is not None else None
+    found = cost_class(cost, limits) if limits is not None else None
+    if isinstance(found, str) and not replaying:
+        s.definition_error(f"step {request.name!r}: {found}")
+    return replace(request, cost=found if isinstance(found, Cost) else None)
 
 
 def _outbound(s: SagaState, request: StepRequest, payload: JsonDict) -> OutboundCommand:
@@ -308,6 +370,7 @@ def _issue(
             timeout_at=s.now + timeout if timeout else None,
             compensation=spec,
             pivot=request.pivot,
+            cost=request.cost.as_dict() if isinstance(request.cost, Cost) else None,
         ),
     )
     if request.poll is not None:

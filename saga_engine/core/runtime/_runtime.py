@@ -35,6 +35,7 @@ from saga_engine.core.authoring._domain_events import key_text
 from saga_engine.core.authoring._signal import Signal
 from saga_engine.core.authoring._update import run_query
 from saga_engine.core.history._concurrency_keys import check_key, key_value
+from saga_engine.core.history._cost import Cost
 from saga_engine.core.history._decision import (
     Decision,
     DropReason,
@@ -558,4 +559,5 @@ class SagaRuntime:
                 if isinstance(event, CompensationIssued)
                 else ()
             ),
+            cost=Cost(event.cost) if isinstance(event, CommandIssued) and event.cost else None,
         )

@@ -15,7 +15,7 @@ import sys
 
 from pydantic import BaseModel
 
-from saga_engine import Saga, SagaContext, Settings, run
+from saga_engine import Cost, Saga, SagaContext, Settings, run
 from saga_engine.participant import Participant, Transaction
 from tests.internal.e2e.participant_main import serve_participant
 
@@ -24,6 +24,8 @@ PARTICIPANT = "slow"
 
 class FlowJob(BaseModel):
     hold_s: float = 0.0
+    #: The step's cost in cpu (none: it costs nothing of a budget).
+    cpu: float | None = None
 
 
 class FlowDone(BaseModel):
@@ -53,6 +55,7 @@ class Flowed(Saga[FlowJob, FlowDone]):
             compensate=Release(),
             timeout=10,
             returns=Ok,
+            cost=Cost(cpu=job.cpu) if job.cpu else None,
         )
         return FlowDone()
 

@@ -7,6 +7,7 @@ of its transaction (``flow_app.py``): the rows of one transaction were held at o
 - a rate limit holds (commands per one-second window);
 - under a limit of 1, higher priorities go first, and fairness keys take turns;
 - aging serves a low priority under a constant stream of higher ones;
+- a budget holds heavy commands (within it) while commands with no cost flow past;
 - a SIGKILL of the engine while commands are queued loses and doubles nothing.
 """
 
@@ -43,7 +44,7 @@ def start_engine(
     cluster: Cluster, name: str = "engine", *, concurrency: int | None = None, **limits: Any
 ) -> None:
     limit: dict[str, Any] = {} if concurrency is None else {"concurrency": concurrency}
-    limit.update({k: v for k, v in limits.items() if k == "rate"})
+    limit.update({k: v for k, v in limits.items() if k in ("rate", "budget")})
     env = {"SAGA_LIMITS__PARTICIPANTS": json.dumps({PARTICIPANT: limit})}
     if "aging_s" in limits:
         env["SAGA_LIMITS__AGING_S"] = str(limits["aging_s"])
@@ -79,7 +80,9 @@ async def wait_rows(cluster: Cluster, n: int, timeout: float = 60.0) -> list[dic
 async def start_all(cluster: Cluster, jobs: list[dict[str, Any]]) -> list[str]:
     async with SagaClient(cluster.settings) as client:
         return [
-            await client.start(Flowed, FlowJob(hold_s=j.get("hold_s", 0.0)), **j.get("opts", {}))
+            await client.start(
+                Flowed, FlowJob(hold_s=j.get("hold_s", 0.0), cpu=j.get("cpu")), **j.get("opts", {})
+            )
             for j in jobs
         ]
 
@@ -207,6 +210,27 @@ async def test_aging_serves_a_low_priority_under_a_stream_of_higher_ones(flow: C
     # for the way through Kafka).
     assert len(before) < len(highs) // 2, (len(before), len(highs))
     assert all(highs[h] - low_at <= 2.0 for h in before), sorted(highs[h] - low_at for h in before)
+
+
+# --------------------------------------------------------------------------- budgets
+
+
+async def test_a_budget_holds_heavy_commands_while_light_ones_flow(flow: Cluster) -> None:
+    # cpu 16: two heavy commands of 8 at once; the light ones cost nothing of it.
+    start_engine(flow, budget={"cpu": 16})
+    heavy = await start_all(flow, [{"hold_s": 1.0, "cpu": 8}] * 6)
+    light = await start_all(flow, [{}] * 10)
+    await all_completed(flow, heavy + light)
+    found = await rows(flow)
+    exactly_once(found, heavy + light)
+    applied = [r for r in found if r["kind"] == "apply"]
+    # Never more than two heavy held by the participant at once...
+    in_one = Counter(r["txid"] for r in applied if r["saga_id"] in heavy)
+    assert max(in_one.values()) <= 2, in_one
+    # ...and the light ones, started after all six heavy, did not wait behind them: each
+    # was handled before the last heavy one (held three rounds of 1 s by the budget).
+    last_heavy = max(r["id"] for r in applied if r["saga_id"] in heavy)
+    assert all(r["id"] < last_heavy for r in applied if r["saga_id"] in light), applied
 
 
 # --------------------------------------------------------------------------- crash

@@ -4,8 +4,9 @@ order it serves in is the documented one (docs/operations.md, "Flow control").
 After every pop, against the entries still waiting:
 - urgent (compensations) first;
 - the highest level (priority + one per ``aging_s`` waited) first;
-- among equal levels, the fairness key served least recently (a key whose backlog
-  emptied counts as never served);
+- among equal levels, the fairness key charged least for what it was sent, over its
+  weight (start-time fair queuing: a key coming back after its backlog emptied starts
+  level with the lane, and nothing is owed once the lane is empty), kept by an oracle;
 - FIFO within one key and priority;
 - the aging bound: nothing that arrived more than ``(p_x - p_y + 1) * aging_s`` after
   a waiting entry y is served before it (so a low priority is never starved by a
@@ -52,18 +53,42 @@ ops = st.lists(
 )
 
 
+WEIGHTS = {"a": 1.0, "b": 2.0, "c": 3.0}
+
+
+class Turns:
+    """The oracle of weighted fairness: each key's pass and the lane's virtual time."""
+
+    def __init__(self) -> None:
+        self.vtime = 0.0
+        self.passes: dict[str, float] = {}
+
+    def joined(self, key: str) -> None:
+        self.passes[key] = max(self.passes.get(key, self.vtime), self.vtime)
+
+    def served(self, key: str, waiting_keys: set[str]) -> None:
+        start = self.passes[key]
+        self.vtime = max(self.vtime, start)
+        self.passes[key] = start + 1 / WEIGHTS[key]
+        if not waiting_keys:
+            self.vtime, self.passes = 0.0, {}
+        elif key not in waiting_keys and self.passes[key] <= self.vtime:
+            del self.passes[key]
+
+
 def run(steps: list[Push | Pop], aging_s: float | None) -> None:
-    queue = FlowQueue(aging_s=aging_s)
+    queue = FlowQueue(aging_s=aging_s, weight_of=WEIGHTS.__getitem__)
     waiting: list[Waiting] = []
     now = 0.0
     seq = 0
-    served_at: dict[str, int] = {}
-    pops = 0
+    turns = Turns()
     for step in [*steps, *[Pop(0.0)] * 70]:
         now += step.dt
         if isinstance(step, Push):
             seq += 1
             entry = Waiting(seq, now, step.priority, step.key, "lane", step.urgent)
+            if not any(w.key == step.key for w in waiting):
+                turns.joined(step.key)
             queue.push(entry)
             waiting.append(entry)
             continue
@@ -73,16 +98,14 @@ def run(steps: list[Push | Pop], aging_s: float | None) -> None:
             continue
         assert got is not None
         waiting.remove(got)
-        pops += 1
         mine = queue.level(got, now)
         for other in waiting:
             theirs = queue.level(other, now)
             assert theirs <= mine, (got, other)
             if theirs == mine:
-                # Fairness: the key served longest ago went; then FIFO.
-                if other.key != got.key:
-                    assert served_at.get(other.key, -1) >= served_at.get(got.key, -1)
-                else:
+                # Fairness: the key charged least went; then FIFO.
+                assert turns.passes[other.key] >= turns.passes[got.key]
+                if turns.passes[other.key] == turns.passes[got.key]:
                     assert other.seq > got.seq
             same_class = (other.key, other.priority, other.urgent) == (
                 got.key,
@@ -95,11 +118,7 @@ def run(steps: list[Push | Pop], aging_s: float | None) -> None:
                 # The aging bound.
                 window = (got.priority - other.priority + 1) * aging_s
                 assert not got.arrived - other.arrived > window, (got, other)
-        # A key whose backlog emptied counts as never served when it comes back.
-        if any(w.key == got.key for w in waiting):
-            served_at[got.key] = pops
-        else:
-            served_at.pop(got.key, None)
+        turns.served(got.key, {w.key for w in waiting})
     assert len(queue) == 0
 
 
