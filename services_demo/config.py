@@ -44,6 +44,13 @@ CUSTOMERS: Final = {
 STOCK: Final = {"book": 1_000, "mug": 500, "lamp": 200, "chair": 100, "tv": 100}
 
 
+#: Flow control of the demo's engine (``SAGA_LIMITS__PARTICIPANTS``): the payments
+#: service renders invoices (the fulfilment's heavy ``invoice`` node, ``Cost(cpu=4)``)
+#: on a budget of 8 CPUs: two at once, while its other commands, which declare no cost,
+#: are never held by it.
+ENGINE_LIMITS: Final = {"payments": {"budget": {"cpu": 8}}}
+
+
 def http_endpoints(url: Callable[[str], str]) -> dict[str, str]:
     """The engine's ``SAGA_HTTP__ENDPOINTS``: each of ``HTTP_SERVICES`` at ``url(name)``."""
     return {name: url(name) for name in HTTP_SERVICES}

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from services_demo.config import PORT_OFFSETS, PRICES, SERVICES, http_endpoints
+from services_demo.config import ENGINE_LIMITS, PORT_OFFSETS, PRICES, SERVICES, http_endpoints
 from services_demo.contracts import CheckoutInput, Item, PaymentCaptured
 from services_demo.run import SHIPPING_GO, free_base_port
 from services_demo.sagas import payment_captured
@@ -71,6 +71,7 @@ def drill_env() -> dict[str, str]:
     return {
         "SAGA_DEMO_BASE_PORT": str(_base_port()),
         "SAGA_HTTP__ENDPOINTS": json.dumps(http_endpoints(_url)),
+        "SAGA_LIMITS__PARTICIPANTS": json.dumps(ENGINE_LIMITS),
         "SAGA_HTTP__RETRY_WINDOW_S": "4",
     }
 

@@ -50,6 +50,7 @@ from saga_engine import Settings, run
 from saga_engine.settings import KafkaSettings
 from services_demo.config import (
     DEFAULT_BASE_PORT,
+    ENGINE_LIMITS,
     PORT_OFFSETS,
     SERVICES,
     DemoSettings,
@@ -166,6 +167,7 @@ class StackConfig:
             SAGA_KAFKA__HEARTBEAT_INTERVAL_MS="500",
             SAGA_PARTICIPANT__DSN=self.dsn,
             SAGA_HTTP__ENDPOINTS=json.dumps(http_endpoints(self.url)),
+            SAGA_LIMITS__PARTICIPANTS=json.dumps(ENGINE_LIMITS),
             SAGA_HTTP__RETRY_WINDOW_S="4",
             # The engine's admin API, once the worker serves it: the base port itself.
             SAGA_ADMIN__HOST="127.0.0.1",

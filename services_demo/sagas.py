@@ -42,6 +42,7 @@ from datetime import timedelta
 
 from saga_engine import (
     ConcurrencyLimit,
+    Cost,
     EventSource,
     EventTimeout,
     RetryPolicy,
@@ -325,7 +326,8 @@ class Fulfilment(GraphSaga[FulfilmentInput, Fulfilled]):
             ),
             compensate=lambda order: VoidInvoice(order_id=order.order_id),
             returns=InvoiceIssued,
-            # cost: declared once flow control has costs (issue 40 part 2)
+            # Rendering the PDF holds 4 of the payments service's 8 CPUs (ENGINE_LIMITS).
+            cost=Cost(cpu=4),
         )
     )
     #: Only for a gift (``when``): skipped otherwise, and the packing goes on.

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from saga_engine import DefinitionError, Saga, SagaContext, SagaStatus
+from saga_engine import Cost, DefinitionError, Saga, SagaContext, SagaStatus
 from saga_engine.graph import GraphSaga, each, http, node, step
 from saga_engine.replay import HistoryExport, replay
+from saga_engine.settings import FlowLimit, LimitsSettings, Settings
 from saga_engine.testing import SagaTestEnv
 
 
@@ -397,3 +398,66 @@ async def test_a_gathers_branches_are_undone_in_parallel_after_what_began_after_
     assert order.index(("compensation_issued", "right")) < order.index(
         ("compensation_completed", "left")
     )
+
+
+# --------------------------------------------------------------------------- costs
+
+
+class Heavy(GraphSaga[In, Out]):
+    name = "heavy"
+    light = node(step("p", lambda i: Do(what="light"), cost=Cost(cpu=1)))
+    render = node(
+        each(
+            lambda i: i.items,
+            step("render", lambda i, item: Do(what=item), cost="heavy"),
+            max_items=5,
+        ),
+        after=[light],
+    )
+
+
+def limits(budget: float, classes: dict[str, dict[str, float]] | None = None) -> Settings:
+    return Settings(
+        limits=LimitsSettings(
+            participants={"render": FlowLimit(budget={"cpu": budget})},
+            cost_classes={"heavy": {"cpu": 8}} if classes is None else classes,
+        )
+    )
+
+
+def test_a_nodes_cost_is_part_of_the_declared_graph() -> None:
+    shapes = {n.name: n for n in Heavy.graph.nodes}
+    assert shapes["light"].cost == {"cpu": 1.0}
+    assert shapes["render"].cost == "heavy"
+    assert Heavy.graph.as_dict()["nodes"][1]["cost"] == "heavy"
+
+
+def test_an_engine_refuses_a_graph_whose_cost_no_budget_can_hold() -> None:
+    with refused(
+        r"node 'render' of saga 'heavy' costs cpu=8, above the whole budget of participant "
+        r"'render' \(cpu=4\)"
+    ):
+        SagaTestEnv([Heavy], settings=limits(4))
+
+
+def test_an_engine_refuses_a_graph_naming_an_unknown_cost_class() -> None:
+    with refused(r"node 'render' of saga 'heavy': cost class 'heavy' is not configured"):
+        SagaTestEnv([Heavy], settings=limits(16, classes={}))
+
+
+async def test_a_nodes_cost_travels_with_its_command() -> None:
+    env = SagaTestEnv([Heavy], settings=limits(16))
+    env.participant("p").on(Do, reply={})
+    env.participant("render").on(Do, reply={})
+    run = await env.start(Heavy, In(items=["a", "b"]))
+    assert await env.run_until_settled(run) == SagaStatus.COMPLETED
+    costs = {e.step: e.cost for e in await run.history() if e.kind == "command_issued"}
+    assert costs == {"light": {"cpu": 1.0}, "render[0]": {"cpu": 8.0}, "render[1]": {"cpu": 8.0}}
+
+
+def test_a_node_cost_of_the_wrong_type_is_refused_at_definition() -> None:
+    with refused(r"node 'a' has cost=5; give a Cost\(...\), the name of a cost class, or None"):
+
+        class Bad(GraphSaga[In, Out]):
+            name = "bad-cost"
+            a = node(step("p", lambda i: Do(what="a"), cost=5))  # type: ignore[arg-type]

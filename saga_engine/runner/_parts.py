@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from saga_engine.core.authoring._definition import Saga, SagaRegistry
+from saga_engine.core.authoring._graph import Graph
 from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.core.planning._rollout import RolloutTable
 from saga_engine.core.runtime._operations import CommandLimit
 from saga_engine.kernel._crash import CrashHook
-from saga_engine.kernel._settings import Settings
+from saga_engine.kernel._errors import DefinitionError
+from saga_engine.kernel._settings import LimitsSettings, Settings
 from saga_engine.runner._cache import LiveSagas
 from saga_engine.runner._clock import Clock, SystemClock
 from saga_engine.runner._flow_sender import FlowControl, flow_control
@@ -102,9 +104,11 @@ class EngineParts:
         if domain_events is not None:
             poll_s = settings.engine.event_poll_s
             matcher = EventMatcher(domain_events, live, clock, observer.stats, poll_s)
+        registry = SagaRegistry(sagas)
+        check_declared_costs(registry, settings.limits)
         return cls(
             settings=settings,
-            registry=SagaRegistry(sagas),
+            registry=registry,
             rollouts=RolloutTable(),
             store=store,
             sender=flow or traced,
@@ -120,3 +124,19 @@ class EngineParts:
                 settings.kafka.max_message_bytes, command_size, settings.limits
             ),
         )
+
+
+def check_declared_costs(registry: SagaRegistry, limits: LimitsSettings) -> None:
+    """Refuses to start an engine whose graph sagas declare a cost no budget could hold
+    (or name a cost class the settings lack): DefinitionError, with every such node and
+    the numbers, before any saga runs. A step written in ``run`` is checked when it is
+    issued (its step fails, recorded)."""
+    refusals = [
+        refusal
+        for name in registry.names()
+        for definition in registry.versions(name).values()
+        if isinstance(definition.graph, Graph)
+        for refusal in definition.graph.cost_refusals(name, limits)
+    ]
+    if refusals:
+        raise DefinitionError("; ".join(refusals))

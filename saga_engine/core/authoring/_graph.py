@@ -33,9 +33,11 @@ from saga_engine.core.authoring._context import (
     as_timedelta,
 )
 from saga_engine.core.authoring._definition import Saga
+from saga_engine.core.history._cost import Cost, check_cost_fits
 from saga_engine.core.history._policy import RetryPolicy
 from saga_engine.kernel._errors import DefinitionError, StepFailed
 from saga_engine.kernel._serde import JsonDict
+from saga_engine.kernel._settings import LimitsSettings
 
 InT = TypeVar("InT", bound=BaseModel)
 OutT = TypeVar("OutT", bound=BaseModel)
@@ -83,6 +85,8 @@ class StepWork:
     #: ``http``: the path and method called.
     path: str = ""
     method: str = "POST"
+    #: What its command costs its participant while in flight (``ctx.step``'s ``cost``).
+    cost: Cost | str | None = None
 
     def request(
         self, name: str, input: Any, args: Mapping[str, Any], after: frozenset[str]
@@ -102,6 +106,7 @@ class StepWork:
                 returns=self.returns,
                 pivot=self.pivot,
                 after=after,
+                cost=self.cost,
             )
         return StepRequest(
             name,
@@ -114,7 +119,13 @@ class StepWork:
             returns=self.returns,
             pivot=self.pivot,
             after=after,
+            cost=self.cost,
         )
+
+    @property
+    def participant(self) -> str:
+        """Where its command goes, as flow control names it."""
+        return f"{HTTP_PREFIX}{self.to}" if self.kind == "http" else self.to
 
     def builders(self) -> list[tuple[str, Builder]]:
         found = [("command", self.command)]
@@ -147,10 +158,13 @@ def step(
     timeout: Duration | None = None,
     compensate_retry: RetryPolicy | None = None,
     pivot: bool = False,
+    cost: Cost | str | None = None,
 ) -> StepWork:
     """A command to participant ``to``: ``command`` builds it from the saga's input (its
     first parameter) and the results of the nodes it names by the rest; ``compensate``
-    builds what undoes it, the same way. The options are ``ctx.step``'s."""
+    builds what undoes it, the same way. The options are ``ctx.step``'s (``cost``: what
+    the command holds of its participant's budget while in flight, checked against the
+    budgets when an engine starts)."""
     return StepWork(
         "step",
         to,
@@ -161,6 +175,7 @@ def step(
         timeout=as_timedelta(timeout, "timeout"),
         compensate_retry=compensate_retry,
         pivot=pivot,
+        cost=cost,
     )
 
 
@@ -175,6 +190,7 @@ def http(
     retry: RetryPolicy | None = None,
     timeout: Duration | None = None,
     pivot: bool = False,
+    cost: Cost | str | None = None,
 ) -> StepWork:
     """An HTTP call the engine makes (``ctx.http_step``): ``body`` builds its JSON body
     from the input and the results it names; ``compensate`` builds an ``HttpRequest``."""
@@ -189,6 +205,7 @@ def http(
         pivot=pivot,
         path=path,
         method=method.upper(),
+        cost=cost,
     )
 
 
@@ -254,6 +271,8 @@ class GraphNode:
     compensable: bool
     max_items: int | None = None
     pivot: bool = False
+    #: Its declared cost: amounts, a cost class's name, or None.
+    cost: dict[str, float] | str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,11 +296,26 @@ class Graph:
                     "compensable": n.compensable,
                     "max_items": n.max_items,
                     "pivot": n.pivot,
+                    "cost": n.cost,
                 }
                 for n in self.nodes
             ],
             "edges": [[dep, n.name] for n in self.nodes for dep in n.after],
         }
+
+    def cost_refusals(self, saga_type: str, limits: LimitsSettings) -> list[str]:
+        """Why nodes' declared costs could never be sent under ``limits`` (an unknown
+        cost class, or an amount above a whole budget): checked when an engine starts,
+        so such a graph never begins a run. Empty: every declared cost can fit."""
+        refusals = []
+        for n in self.nodes:
+            work = self.declared[n.name].work
+            step_work = work.work if isinstance(work, FanOut) else work
+            what = f"node {n.name!r} of saga {saga_type!r}"
+            found = check_cost_fits(step_work.cost, limits, step_work.participant, saga_type, what)
+            if found is not None:
+                refusals.append(found)
+        return refusals
 
 
 @functools.lru_cache(maxsize=4096)
@@ -340,15 +374,30 @@ def _work_of(owner: str, name: str, work: Any) -> GraphNode:
                 "or None (every item at once)"
             )
         inner = _work_of(owner, name, work.work)
-        return GraphNode(name, "each", inner.to, (), False, inner.compensable, bound)
+        return GraphNode(
+            name, "each", inner.to, (), False, inner.compensable, bound, cost=inner.cost
+        )
     if not isinstance(work, StepWork):
         raise DefinitionError(
             f"{owner}: node {name!r} must wrap step(...), http(...) or each(...), got {work!r}"
         )
     if not isinstance(work.to, str) or not work.to:
         raise DefinitionError(f"{owner}: node {name!r} needs a participant (a non-empty name)")
+    cost = work.cost
+    if cost is not None and not isinstance(cost, Cost | str):
+        raise DefinitionError(
+            f"{owner}: node {name!r} has cost={cost!r}; give a Cost(...), the name of a cost "
+            "class, or None"
+        )
     return GraphNode(
-        name, work.kind, work.to, (), False, work.compensate is not None, pivot=work.pivot
+        name,
+        work.kind,
+        work.to,
+        (),
+        False,
+        work.compensate is not None,
+        pivot=work.pivot,
+        cost=cost.as_dict() if isinstance(cost, Cost) else cost,
     )
 
 
@@ -472,6 +521,7 @@ def check_graph(owner: str, namespace: Mapping[str, Any]) -> Graph:
                 shape.compensable,
                 shape.max_items,
                 shape.pivot,
+                shape.cost,
             )
         )
     return Graph(tuple(nodes), declared)
