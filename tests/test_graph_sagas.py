@@ -461,3 +461,26 @@ def test_a_node_cost_of_the_wrong_type_is_refused_at_definition() -> None:
         class Bad(GraphSaga[In, Out]):
             name = "bad-cost"
             a = node(step("p", lambda i: Do(what="a"), cost=5))  # type: ignore[arg-type]
+
+
+class EmptyFan(GraphSaga[In, Out]):
+    name = "empty-fan"
+    first = node(work("p", "first"))
+    lines = node(
+        each(lambda i: i.items, step("w", lambda i, item: Do(what=item)), max_items=3),
+        after=[first],
+    )
+    last = node(work("p", "last"), after=[lines])
+    fails = node(work("q", "fails"), after=[last])
+
+
+async def test_an_empty_fan_out_passes_its_dependencies_on() -> None:
+    env = scripted(EmptyFan, participants=("p", "q"))
+    env.participant("q").on(Do, reject="no")
+    run = await env.start(EmptyFan, In(items=[]))
+    assert await env.run_until_settled(run) == SagaStatus.COMPENSATED
+    history: list[Any] = await run.history()
+    assert started(history) == ["first", "last", "fails"]
+    [plan] = [e for e in history if e.kind == "compensation_started"]
+    # last depends on first through the empty fan-out: undone before it.
+    assert plan.after == {"last": [], "first": ["last"]}

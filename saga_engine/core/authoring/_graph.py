@@ -633,4 +633,5 @@ class GraphRun:
         self.results[name] = list(
             await asyncio.gather(*(one(n, item) for n, item in zip(names, items, strict=True)))
         )
-        self.steps[name] = frozenset(names)
+        # An empty fan-out passes its dependencies on, as a skipped node does.
+        self.steps[name] = frozenset(names) or after
