@@ -4,8 +4,9 @@ Hypothesis draws a graph (``graphs.py``: up to 30 nodes, conditional nodes, boun
 fan-outs, nodes without compensation) and what happens to it: which participant
 refuses its node, replies in any order (sometimes twice, sometimes retryable),
 compensations that fail for a while, timers firing (attempt timeouts, back-offs, a
-deadline) and a cancel at some point. The oracles read only the declared graph and the
-history, never the runtime's bookkeeping, and check:
+deadline) and a cancel (or an operator forcing compensation) at some point. The oracles
+read only the declared graph and the history, never the runtime's bookkeeping, and
+check:
 
 1. every node's first command (or its skip) comes after every node it depends on is
    done (a skipped node counts as done; an empty fan-out is done with its dependencies);
@@ -33,7 +34,7 @@ import pytest
 from hypothesis import event, given, settings, target
 from hypothesis import strategies as st
 
-from saga_engine.core.history._decision import Cancel, Reply, Resume, StartSaga
+from saga_engine.core.history._decision import Cancel, ForceCompensate, Reply, Resume, StartSaga
 from saga_engine.core.history._events import (
     CommandIssued,
     CompensationCompleted,
@@ -84,6 +85,8 @@ class Script:
     troubled_undo: bool
     #: After how many random inputs someone cancels (None: nobody).
     cancel_after: int | None
+    #: The operator forces compensation instead of cancelling.
+    force: bool = False
 
 
 def _outcome(world: World, data: st.DataObject, script: Script, cmd_step: str, comp: bool) -> str:
@@ -165,6 +168,7 @@ def simulate_graph(shape: GraphShape, data: st.DataObject, *, snapshots: bool) -
         refused=data.draw(st.sampled_from([None, *names]), label="refused node"),
         troubled_undo=data.draw(st.booleans(), label="compensations fail for a while"),
         cancel_after=data.draw(st.sampled_from([None, None, 0, 3, 10, 25]), label="cancel after"),
+        force=data.draw(st.sampled_from([False, False, True]), label="force instead of cancel"),
     )
     world = begin_graph(shape, data.draw(st.sampled_from(DEADLINES), label="deadline"))
     budget = data.draw(st.integers(0, 150), label="random inputs")
@@ -172,7 +176,9 @@ def simulate_graph(shape: GraphShape, data: st.DataObject, *, snapshots: bool) -
     for i in range(budget):
         if snapshots and len(world.deliveries) >= snap_at and not world.snapshots:
             world.snapshot()
-        if i == script.cancel_after:
+        if i == script.cancel_after and script.force:
+            world.deliver("force", ForceCompensate("undo it all", world.tick(), "operator"))
+        elif i == script.cancel_after:
             world.deliver("cancel", Cancel("the world changed its mind", world.tick(), "tester"))
         if not _random_step(world, data, script):
             break
@@ -452,6 +458,8 @@ def test_random_graphs_run_in_order_undo_in_reverse_and_replay() -> None:
             seen["a node skipped"] += 1
         if any(e.kind == "attempt_timed_out" for e in rt.history):
             seen["an attempt timed out"] += 1
+        if any(e.kind == "compensation_forced" for e in rt.history):
+            seen["compensation forced"] += 1
         target(float(report.overlaps), label="compensations in flight at once")
         rt.close()
 
@@ -463,6 +471,7 @@ def test_random_graphs_run_in_order_undo_in_reverse_and_replay() -> None:
         "compensations overlapped",
         "a node skipped",
         "an attempt timed out",
+        "compensation forced",
     ):
         assert seen[what] > 0, f"no example {what}: {dict(seen)}"
 
