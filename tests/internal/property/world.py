@@ -146,6 +146,8 @@ class World:
     signals: tuple[str, ...] = ()
     #: The outcomes a participant's reply is drawn from (success first, for shrinking).
     outcomes: tuple[Outcome, ...] = tuple(OUTCOMES)
+    #: The most inputs a run may take before ``drain`` calls it stranded.
+    max_inputs: int = MAX_INPUTS
 
     @classmethod
     def begin(
@@ -417,9 +419,9 @@ class World:
             parked = self.parked_steps() if release_held else []
             if not (out or timers or held or parked or (stuck and resume_when_stuck)):
                 return
-            if len(self.deliveries) >= MAX_INPUTS:
+            if len(self.deliveries) >= self.max_inputs:
                 raise AssertionError(
-                    f"saga still {self.rt.status.value} after {MAX_INPUTS} inputs, with "
+                    f"saga still {self.rt.status.value} after {self.max_inputs} inputs, with "
                     f"{len(out)} command(s), {len(held)} held step(s) and {len(timers)} "
                     "timer(s) still deliverable"
                 )
