@@ -30,7 +30,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-import pytest
 from hypothesis import event, given, settings, target
 from hypothesis import strategies as st
 
@@ -436,10 +435,8 @@ def test_random_graphs_run_in_order_undo_in_reverse_and_replay() -> None:
     cancelled, failed with nothing to undo, refused nodes, timeouts)."""
     seen: Counter[str] = Counter()
 
-    # Empty fan-outs left out until the engine undoes through them (the xfail below):
-    # with the fix, empty_fan_outs=True passes too.
     @GRAPH_PROPERTY
-    @given(shape=graph_shapes(empty_fan_outs=False), data=st.data())
+    @given(shape=graph_shapes(empty_fan_outs=True), data=st.data())
     def run(shape: GraphShape, data: st.DataObject) -> None:
         world = simulate_graph(shape, data, snapshots=True)
         rt = world.rt
@@ -476,13 +473,6 @@ def test_random_graphs_run_in_order_undo_in_reverse_and_replay() -> None:
         assert seen[what] > 0, f"no example {what}: {dict(seen)}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug (core/authoring/_graph.py GraphRun._fan_out): a fan-out that gets no "
-    "items stands for no steps in its dependents' `after` (self.steps[name] = frozenset() "
-    "instead of its own dependencies'), so a node after it is undone in parallel with, "
-    "not before, the nodes the fan-out depends on",
-)
 def test_a_node_after_an_empty_fan_out_is_undone_before_the_fan_outs_dependencies() -> None:
     """reserve -> lines (each, no items) -> label -> ship (refused): label's compensation
     must complete before reserve's is sent, as if the empty fan-out were any done node."""
