@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from saga_engine.core.history._codec import CodecChain
 from saga_engine.kernel._errors import NewerVersionError, SagaError, TransientError
 from saga_engine.runner._engine import Engine
+from saga_engine.runner._learned_costs import keep_learned_costs_fresh
 from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._retention import Retention
 from saga_engine.runner._rollouts import keep_rollouts_fresh, needs_rollouts
@@ -80,6 +81,10 @@ class Housekeeping:
         if isinstance(self._store, InsightStore):
             insights = self._roll_up_insights(self._store)
             self._tasks.append(loop.create_task(insights, name="saga-insights-rollup"))
+            learned = keep_learned_costs_fresh(
+                self._parts.learned, self._store, self._parts.registry.names(), self._clock.now
+            )
+            self._tasks.append(loop.create_task(learned, name="saga-learned-costs"))
         retention = self._settings.retention
         if retention.days is not None or retention.per_type:
             self._tasks.append(loop.create_task(self._retention(), name="saga-retention"))

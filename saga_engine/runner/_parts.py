@@ -10,7 +10,7 @@ from the engine.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from saga_engine.core.authoring._definition import Saga, SagaRegistry
@@ -24,6 +24,7 @@ from saga_engine.kernel._settings import LimitsSettings, Settings
 from saga_engine.runner._cache import LiveSagas
 from saga_engine.runner._clock import Clock, SystemClock
 from saga_engine.runner._flow_sender import FlowControl, flow_control
+from saga_engine.runner._learned_costs import LearnedCosts
 from saga_engine.runner._matcher import EventMatcher
 from saga_engine.runner._observer import EngineObserver, EngineStats
 from saga_engine.runner._saga_owner import Owners
@@ -64,6 +65,8 @@ class EngineParts:
     #: The size rule for the commands sagas issue (a step whose command is larger fails
     #: before the command is recorded). None: commands are not measured.
     command_limit: CommandLimit | None = None
+    #: What steps were measured to cost (``cost="learned"``), kept fresh by housekeeping.
+    learned: LearnedCosts = field(default_factory=LearnedCosts)
 
     @property
     def stats(self) -> EngineStats:
@@ -106,6 +109,7 @@ class EngineParts:
             matcher = EventMatcher(domain_events, live, clock, observer.stats, poll_s)
         registry = SagaRegistry(sagas)
         check_declared_costs(registry, settings.limits)
+        learned = LearnedCosts()
         return cls(
             settings=settings,
             registry=registry,
@@ -121,8 +125,9 @@ class EngineParts:
             crash_hook=crash_hook,
             matcher=matcher,
             command_limit=CommandLimit(
-                settings.kafka.max_message_bytes, command_size, settings.limits
+                settings.kafka.max_message_bytes, command_size, settings.limits, learned.cost
             ),
+            learned=learned,
         )
 
 

@@ -58,6 +58,28 @@ class Cost(Mapping[str, float]):
         return dict(self._amounts)
 
 
+#: The cost a step declares to be sent with what its participant was measured to spend on
+#: it (``cost="learned"``): its replies' handler and CPU times (PROTOCOL.md 7.4a), kept by
+#: the insights and turned into amounts by :func:`learned_cost`.
+LEARNED = "learned"
+#: A learned cost needs this many replies that reported their times; before, the step
+#: costs nothing of a budget (as a step that declares no cost).
+LEARNED_MIN_SAMPLES = 20
+
+
+def learned_cost(samples: int, handler_ms: float, cpu_ms: float | None) -> Cost | None:
+    """A step's learned cost from the means its replies reported: ``handler_s`` (seconds
+    of handler time it holds) and, when CPU time was reported (the Python kit), ``cpu``
+    (the cores it keeps busy while it runs: CPU time over handler time). None: too few
+    samples to go by."""
+    if samples < LEARNED_MIN_SAMPLES or handler_ms <= 0:
+        return None
+    amounts = {"handler_s": round(handler_ms / 1000, 6)}
+    if cpu_ms is not None:
+        amounts["cpu"] = round(cpu_ms / handler_ms, 3)
+    return Cost(amounts)
+
+
 def cost_class(name: str, limits: LimitsSettings) -> Cost | str:
     """The cost named ``name`` in ``limits.cost_classes``; or, for a name not there, why
     not (naming the classes there are and the setting)."""
@@ -111,7 +133,7 @@ def check_cost_fits(
 ) -> str | None:
     """For a cost declared ahead of a run (a graph node's, at engine start): why it could
     never be sent (an unknown class, or an amount above a whole budget), or None."""
-    if cost is None:
+    if cost is None or cost == LEARNED:  # a learned cost is what it was: it ran
         return None
     if isinstance(cost, str):
         found = cost_class(cost, limits)

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from saga_engine.core.authoring._context import ChildSaga, StepRequest
 from saga_engine.core.authoring._definition import Saga
 from saga_engine.core.authoring._signal import Signal
-from saga_engine.core.history._cost import Cost, cost_class, cost_refusal
+from saga_engine.core.history._cost import LEARNED, Cost, cost_class, cost_refusal
 from saga_engine.core.history._decision import (
     CHILD_PARTICIPANT,
     CHILD_STEP_PREFIX,
@@ -91,6 +91,9 @@ class CommandLimit:
     #: Flow control's settings: the cost classes a step may name and the budgets no
     #: cost may exceed (None: costs are recorded as declared, unchecked).
     limits: LimitsSettings | None = None
+    #: What a step of a saga type was measured to cost (``cost="learned"``): the
+    #: runner's table of learned costs (None: a learned cost costs nothing).
+    learned: Callable[[str, str], Cost | None] | None = None
 
     def refusal(self, command: OutboundCommand, what: str) -> str | None:
         """Why ``command`` cannot be sent (None: it fits)."""
@@ -237,6 +240,10 @@ def _resolved(
     cost = request.cost
     if isinstance(cost, Cost):
         return request
+    if cost == LEARNED:  # what it was measured to cost; nothing until it has been
+        learned = limit.learned if limit is not None else None
+        measured = learned(s.saga_type, request.name) if learned is not None else None
+        return replace(request, cost=measured)
     if not isinstance(cost, str):
         s.definition_error(
             f"step {request.name!r}: cost must be a Cost, the name of a cost class or None, "
