@@ -81,8 +81,9 @@ class _Reader:
 
     def skip_tags(self) -> None:
         for _ in range(self.uvarint()):
-            self.uvarint()
-            self.at += self.uvarint()
+            self.uvarint()  # the tag
+            size = self.uvarint()  # read before ``at`` is: it moves ``at``
+            self.at += size
 
 
 def _address_at(r: _Reader) -> _Span:

@@ -11,7 +11,7 @@ import random
 import shlex
 import signal
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -23,6 +23,7 @@ from saga_engine.cli._drill_kafka import KafkaLinkProxy
 from saga_engine.cli._drill_proxy import LinkProxy, PgProxy
 from saga_engine.cli._drill_stack import SESSION_TIMEOUT_MS, DrillStack
 from saga_engine.kernel._errors import CliError
+from saga_engine.kernel._retry import OUTAGE, is_transient
 from saga_engine.kernel._settings import Settings
 
 __all__ = ["SCENARIOS", "DrillPlan", "DrillReport", "run_drill"]
@@ -54,6 +55,8 @@ _MIX = (
 _KAFKA_LINKS = ("engine-link-cut", "participant-link-cut", "slow-link", "mix")
 #: How long the engines may take to make their first progress.
 _START_S = 90.0
+#: How long the drill's own client tries a start or an event while the broker is away.
+_SEND_FOR_S = 90.0
 #: How long a broker restart command may take.
 _RESTART_TIMEOUT_S = 120.0
 
@@ -225,11 +228,38 @@ async def _load(stack: DrillStack, plan: DrillPlan, watch: ProgressWatch) -> Non
             await asyncio.sleep(max(0.0, begin + i / plan.rate - time.monotonic()))
             saga_id = f"{stack.namespace}-{i:05d}"
             watch.saga_ids.append(saga_id)
-            await client.start(plan.saga_type, item, saga_id=saga_id)
+            await _sent(
+                f"the start of {saga_id}",
+                lambda: client.start(plan.saga_type, item, saga_id=saga_id),  # noqa: B023
+            )
             # The facts its saga waits for, as the services owning them would publish
             # them (a payment provider's capture, say); ids per saga: kept once each.
             for n, (source, fact) in enumerate(plan.events(item) if plan.events else ()):
-                await client.publish_event(source, fact, event_id=f"{saga_id}-event-{n}")
+                event_id = f"{saga_id}-event-{n}"
+                await _sent(
+                    f"event {event_id}",
+                    lambda: client.publish_event(source, fact, event_id=event_id),  # noqa: B023
+                )
+
+
+async def _sent(what: str, send: Callable[[], Awaitable[object]]) -> None:
+    """``send()``, again while it fails transiently (a broker restarting under the load),
+    for at most ``_SEND_FOR_S``: a start with its saga id and an event with its id are
+    kept once, however often they are sent."""
+    backoff = OUTAGE.backoff()
+    give_up = time.monotonic() + _SEND_FOR_S
+    while True:
+        try:
+            await send()
+            return
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            if time.monotonic() > give_up:
+                raise CliError(
+                    f"the drill could not send {what} in {_SEND_FOR_S:.0f}s: {exc}"
+                ) from exc
+            await backoff.sleep()
 
 
 async def _started(watch: ProgressWatch) -> bool:
