@@ -185,6 +185,11 @@ def _show(report: DrillReport, as_json: bool, logs: Path) -> None:
         return
     rows = [(c.name, "ok" if c.ok else "BROKEN", c.detail) for c in report.checks]
     rows += [(k, "", "-" if v is None else f"{v:.2f}s") for k, v in report.timings.items()]
+    # What the drill's link proxies counted: the faults were felt, the links came back.
+    rows += [
+        (f"link {name}", "", ", ".join(f"{k} {v}" for k, v in stats.items()))
+        for name, stats in report.links.items()
+    ]
     title = f"drill {report.scenario}: {report.started} sagas, {len(report.faults)} faults"
     out.print(make_table(title, ["check", "result", "detail"], rows))
     out.print(f"logs: {logs}")

@@ -38,6 +38,7 @@ class ProgressWatch:
     progress_at: list[float] = field(default_factory=list)  # monotonic times of progress
     faults: list[tuple[str, float, float]] = field(default_factory=list)  # kind, monotonic, wall
     settled_at: float | None = None
+    open: int = 0  # the drill's sagas not yet terminal or parked, at the last sample
     _events: int = -1
 
     async def sample(self, conn: asyncpg.Connection) -> int:
@@ -58,6 +59,7 @@ class ProgressWatch:
                 self.progress_at.append(now)
             self._events = row["events"]
         still_open = int(row["open"]) + len(self.saga_ids) - int(row["known"])
+        self.open = still_open
         if still_open == 0 and self.saga_ids and self.settled_at is None:
             self.settled_at = now
         elif still_open:
@@ -72,7 +74,11 @@ class ProgressWatch:
             later = [p for p in times if p > t]
             return round(min(later) - t, 2) if later else None
 
-        kills = [after(w, takeovers) for kind, _, w in self.faults if kind.startswith("engine")]
+        kills = [
+            after(w, takeovers)
+            for kind, _, w in self.faults
+            if kind in ("engine-kill", "engine-freeze")
+        ]
         firsts = [after(t, self.progress_at) for _, t, _ in self.faults]
         gaps = [b - a for a, b in zip(self.progress_at, self.progress_at[1:], strict=False)]
         last_fault = max((t for _, t, _ in self.faults), default=None)

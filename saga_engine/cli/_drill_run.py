@@ -11,7 +11,7 @@ import random
 import shlex
 import signal
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -19,9 +19,11 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from saga_engine.cli._drill_checks import Check, ProgressWatch, check_all
-from saga_engine.cli._drill_proxy import PgProxy
+from saga_engine.cli._drill_kafka import KafkaLinkProxy
+from saga_engine.cli._drill_proxy import LinkProxy, PgProxy
 from saga_engine.cli._drill_stack import SESSION_TIMEOUT_MS, DrillStack
 from saga_engine.kernel._errors import CliError
+from saga_engine.kernel._retry import OUTAGE, is_transient
 from saga_engine.kernel._settings import Settings
 
 __all__ = ["SCENARIOS", "DrillPlan", "DrillReport", "run_drill"]
@@ -33,11 +35,28 @@ SCENARIOS = (
     "pg-cut",
     "broker-restart",
     "participant-kill",
+    "engine-link-cut",
+    "participant-link-cut",
+    "slow-link",
     "mix",
 )
 #: The faults ``mix`` takes turns with (and a broker restart after them, when the drill
 #: has a command for it).
-_MIX = ("engine-kill", "participant-kill", "pg-cut", "engine-freeze")
+_MIX = (
+    "engine-kill",
+    "participant-kill",
+    "pg-cut",
+    "engine-freeze",
+    "engine-link-cut",
+    "participant-link-cut",
+    "slow-link",
+)
+#: The scenarios whose processes reach Kafka through the drill's link proxies.
+_KAFKA_LINKS = ("engine-link-cut", "participant-link-cut", "slow-link", "mix")
+#: How long the engines may take to make their first progress.
+_START_S = 90.0
+#: How long the drill's own client tries a start or an event while the broker is away.
+_SEND_FOR_S = 90.0
 #: How long a broker restart command may take.
 _RESTART_TIMEOUT_S = 120.0
 
@@ -55,6 +74,10 @@ class DrillPlan:
     engines: int = 2
     fault_every_s: float = 5.0
     stall_s: float = 3.0  # how long pg-cut holds new connections
+    #: How long a Kafka link cut holds new connections, and a slow link stays slow: past
+    #: the session timeout, so the cut processes' groups move their partitions.
+    link_fault_s: float = SESSION_TIMEOUT_MS / 1000 + 2
+    link_latency_s: float = 0.3  # what a slow link adds, each way
     drain_timeout_s: float = 120.0
     #: The command that restarts the user's Kafka broker (``--broker-restart``): the
     #: drill cannot restart a broker it did not start, so the user says how.
@@ -68,6 +91,8 @@ class DrillReport:
     faults: list[str] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
     timings: dict[str, float | None] = field(default_factory=dict)
+    #: What each of the drill's link proxies counted (``LinkStats``), by link.
+    links: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -81,7 +106,36 @@ class DrillReport:
             "faults": self.faults,
             "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in self.checks],
             "timings": self.timings,
+            "links": self.links,
         }
+
+
+@dataclass
+class _Links:
+    """The drill's link proxies: the engines' to Postgres, and each group's to Kafka."""
+
+    pg: PgProxy | None = None
+    engines: KafkaLinkProxy | None = None
+    participants: KafkaLinkProxy | None = None
+
+    def named(self) -> dict[str, LinkProxy]:
+        found: dict[str, LinkProxy | None] = {
+            "engines-postgres": self.pg,
+            "engines-kafka": self.engines,
+            "participants-kafka": self.participants,
+        }
+        return {name: proxy for name, proxy in found.items() if proxy is not None}
+
+    async def close(self) -> None:
+        for proxy in self.named().values():
+            await proxy.close()
+
+    def problem(self) -> str | None:
+        """The first Kafka answer a proxy could not read, naming the link."""
+        for name, proxy in (("engines", self.engines), ("participants", self.participants)):
+            if proxy is not None and proxy.problem:
+                return f"the {name}' Kafka link proxy: {proxy.problem}"
+        return None
 
 
 async def run_drill(stack: DrillStack, plan: DrillPlan) -> DrillReport:
@@ -91,10 +145,14 @@ async def run_drill(stack: DrillStack, plan: DrillPlan) -> DrillReport:
             f"at {stack.settings.kafka.bootstrap_servers} (e.g. 'docker restart kafka'): the "
             "drill did not start that broker and does not know how to restart it"
         )
-    proxy = await _proxy(stack) if plan.scenario in ("pg-cut", "mix") else None
+    links = _Links()
     watch = ProgressWatch(stack.settings.pg.dsn.get_secret_value(), stack.engine_schema)
     report = DrillReport(plan.scenario, 0)
     try:
+        if plan.scenario in ("pg-cut", "mix"):
+            links.pg = await _proxy(stack)
+        if plan.scenario in _KAFKA_LINKS:
+            links.engines, links.participants = await _kafka_links(stack)
         for name in stack.participants:
             stack.start_participant(name)
         for i in range(plan.engines):
@@ -102,7 +160,7 @@ async def run_drill(stack: DrillStack, plan: DrillPlan) -> DrillReport:
         async with asyncio.TaskGroup() as tasks:
             load = tasks.create_task(_load(stack, plan, watch))
             watching = tasks.create_task(_watch(stack, watch, plan))
-            await _faults(stack, plan, proxy, watch, report)
+            await _faults(stack, plan, links, watch, report)
             await load
             watching.cancel()
         report.started = len(watch.saga_ids)
@@ -112,10 +170,14 @@ async def run_drill(stack: DrillStack, plan: DrillPlan) -> DrillReport:
             stack.settings, stack.engine_schema, ledgers, watch.saga_ids, plan.sagas
         )
         report.timings = watch.timings(stack.takeovers())
+        report.links = {name: p.stats.as_json() for name, p in links.named().items()}
     finally:
         stack.stop_all()
-        if proxy is not None:
-            await proxy.close()
+        await links.close()
+    if problem := links.problem():
+        # The connection ended there, so nothing went around the proxy; but the drill
+        # did not test what it says it did.
+        raise CliError(f"{problem}; the drill's Kafka faults need a client it can carry")
     return report
 
 
@@ -133,8 +195,23 @@ async def _proxy(stack: DrillStack) -> PgProxy:
     return proxy
 
 
+async def _kafka_links(stack: DrillStack) -> tuple[KafkaLinkProxy, KafkaLinkProxy]:
+    """The engines and the participants reach Kafka each through a proxy of their own
+    (their bootstrap address is its listener's)."""
+    bootstrap = stack.settings.kafka.bootstrap_servers
+    engines, participants = KafkaLinkProxy(bootstrap), KafkaLinkProxy(bootstrap)
+    for proxy in (engines, participants):
+        await proxy.start()
+    stack.kafka_engines = engines.bootstrap_servers
+    stack.kafka_participants = participants.bootstrap_servers
+    return engines, participants
+
+
 async def _load(stack: DrillStack, plan: DrillPlan, watch: ProgressWatch) -> None:
-    """Starts ``rate`` sagas a second for ``duration_s`` (fewer if the inputs run out)."""
+    """Starts ``rate`` sagas a second for ``duration_s`` (fewer if the inputs run out).
+    The first saga starts at once; the others are paced from the engines' first progress,
+    the faults' clock too, so that a slow start-up cannot eat the load before the first
+    fault."""
     from saga_engine.client._client import SagaClient
     from saga_engine.transport._kafka import ensure_topics
     from saga_engine.transport._topics import Topics
@@ -145,14 +222,52 @@ async def _load(stack: DrillStack, plan: DrillPlan, watch: ProgressWatch) -> Non
     begin = time.monotonic()
     async with SagaClient(settings, source="/saga-drill") as client:
         for i, item in zip(range(total), plan.inputs, strict=False):
+            if i == 1:
+                await _started(watch)  # bounded; without progress the faults end the drill
+                begin = time.monotonic() - 1 / plan.rate
             await asyncio.sleep(max(0.0, begin + i / plan.rate - time.monotonic()))
             saga_id = f"{stack.namespace}-{i:05d}"
             watch.saga_ids.append(saga_id)
-            await client.start(plan.saga_type, item, saga_id=saga_id)
+            await _sent(
+                f"the start of {saga_id}",
+                lambda: client.start(plan.saga_type, item, saga_id=saga_id),  # noqa: B023
+            )
             # The facts its saga waits for, as the services owning them would publish
             # them (a payment provider's capture, say); ids per saga: kept once each.
             for n, (source, fact) in enumerate(plan.events(item) if plan.events else ()):
-                await client.publish_event(source, fact, event_id=f"{saga_id}-event-{n}")
+                event_id = f"{saga_id}-event-{n}"
+                await _sent(
+                    f"event {event_id}",
+                    lambda: client.publish_event(source, fact, event_id=event_id),  # noqa: B023
+                )
+
+
+async def _sent(what: str, send: Callable[[], Awaitable[object]]) -> None:
+    """``send()``, again while it fails transiently (a broker restarting under the load),
+    for at most ``_SEND_FOR_S``: a start with its saga id and an event with its id are
+    kept once, however often they are sent."""
+    backoff = OUTAGE.backoff()
+    give_up = time.monotonic() + _SEND_FOR_S
+    while True:
+        try:
+            await send()
+            return
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            if time.monotonic() > give_up:
+                raise CliError(
+                    f"the drill could not send {what} in {_SEND_FOR_S:.0f}s: {exc}"
+                ) from exc
+            await backoff.sleep()
+
+
+async def _started(watch: ProgressWatch) -> bool:
+    """Waits (at most ``_START_S``) for the engines' first progress; whether it came."""
+    ready_by = time.monotonic() + _START_S
+    while not watch.progress_at and time.monotonic() < ready_by:  # noqa: ASYNC110
+        await asyncio.sleep(0.25)
+    return bool(watch.progress_at)
 
 
 def _engine_settings(stack: DrillStack) -> Settings:
@@ -190,7 +305,7 @@ async def _drain(stack: DrillStack, watch: ProgressWatch, timeout_s: float) -> N
 async def _faults(
     stack: DrillStack,
     plan: DrillPlan,
-    proxy: PgProxy | None,
+    links: _Links,
     watch: ProgressWatch,
     report: DrillReport,
 ) -> None:
@@ -204,11 +319,8 @@ async def _faults(
     else:
         kinds = itertools.repeat(plan.scenario)
     # The faults start once the engines make progress: start-up is not a fault's stall.
-    ready_by = time.monotonic() + 90
-    while not watch.progress_at and time.monotonic() < ready_by:  # noqa: ASYNC110
-        await asyncio.sleep(0.25)
-    if not watch.progress_at:
-        raise CliError(f"no progress in 90s; engine log:\n{stack.log_tail('engine-0')}")
+    if not await _started(watch):
+        raise CliError(f"no progress in {_START_S:.0f}s; engine log:\n{stack.log_tail('engine-0')}")
     begin = time.monotonic()
     count = max(1, int(plan.duration_s // plan.fault_every_s))
     for n, kind in zip(range(count), kinds, strict=False):
@@ -219,17 +331,19 @@ async def _faults(
         crashed = [n for n in stack.died() if n.startswith(("engine", "participant"))]
         if crashed and not report.faults:
             raise CliError(f"{crashed[0]} exited unasked:\n{stack.log_tail(crashed[0])}")
-        report.faults.append(await _inject(stack, kind, proxy, watch, rng, plan))
+        report.faults.append(await _inject(stack, kind, links, watch, rng, plan))
 
 
 async def _inject(
     stack: DrillStack,
     kind: str,
-    proxy: PgProxy | None,
+    links: _Links,
     watch: ProgressWatch,
     rng: random.Random,
     plan: DrillPlan,
 ) -> str:
+    if kind in ("engine-link-cut", "participant-link-cut", "slow-link"):
+        return await _link_fault(kind, links, watch, plan)
     engines = [n for n in stack.procs if n.startswith("engine-") and stack.alive(n)]
     now = (time.monotonic(), time.time())
     if kind in ("engine-kill", "engine-kill-slow"):
@@ -258,11 +372,40 @@ async def _inject(
         stack.start_participant(victim)
         return f"SIGKILL participant-{victim}"
     assert kind == "pg-cut"
-    assert proxy is not None
+    assert links.pg is not None
     watch.faults.append(("pg-cut", *now))
     with contextlib.suppress(asyncio.CancelledError):
-        await proxy.cut(plan.stall_s)
+        await links.pg.cut(plan.stall_s)
     return f"Postgres link cut, stalled {plan.stall_s:.0f}s"
+
+
+async def _link_fault(kind: str, links: _Links, watch: ProgressWatch, plan: DrillPlan) -> str:
+    """A Kafka link fault: one group's link cut (the other's carries on), or both slow.
+    The line says what the proxies counted while it lasted."""
+    assert links.engines is not None
+    assert links.participants is not None
+    watch.faults.append((kind, time.monotonic(), time.time()))
+    if kind == "slow-link":
+        before = links.engines.stats.delayed + links.participants.stats.delayed
+        await asyncio.gather(
+            links.engines.slow(plan.link_latency_s, plan.link_fault_s),
+            links.participants.slow(plan.link_latency_s, plan.link_fault_s),
+        )
+        delayed = links.engines.stats.delayed + links.participants.stats.delayed - before
+        return (
+            f"Kafka links slowed by {plan.link_latency_s * 1000:.0f} ms each way for "
+            f"{plan.link_fault_s:.0f}s: {delayed} frames delayed, "
+            f"{watch.open} sagas open when it ended"
+        )
+    group = "engine" if kind == "engine-link-cut" else "participant"
+    proxy = links.engines if group == "engine" else links.participants
+    dropped, held = proxy.stats.dropped, proxy.stats.held
+    await proxy.cut(plan.link_fault_s)
+    return (
+        f"{group} Kafka link cut, stalled {plan.link_fault_s:.0f}s: "
+        f"{proxy.stats.dropped - dropped} connections dropped, "
+        f"{proxy.stats.held - held} held until it ended, {watch.open} sagas open then"
+    )
 
 
 async def _restart_broker(command: str) -> float:

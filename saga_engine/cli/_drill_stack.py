@@ -81,6 +81,10 @@ class DrillStack:
     participants: dict[str, list[str]]
     logs: Path
     pg_dsn: str = ""  # the engines' DSN: the proxy's, for pg-cut
+    #: The engines' and the participants' Kafka bootstrap: their link proxies', for the
+    #: Kafka link faults (the stack's own when empty).
+    kafka_engines: str = ""
+    kafka_participants: str = ""
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     frozen: set[str] = field(default_factory=set)
 
@@ -130,10 +134,13 @@ class DrillStack:
 
     def start_engine(self, name: str) -> None:
         args = ["-m", "saga_engine", "worker", self.sagas_module, "--log-level", "INFO"]
-        self._spawn(name, args, self.env())
+        self._spawn(name, args, self.env(**_bootstrap(self.kafka_engines)))
 
     def start_participant(self, name: str) -> None:
-        env = self.env(SAGA_PARTICIPANT__DB_SCHEMA=self.participant_schema(name))
+        env = self.env(
+            SAGA_PARTICIPANT__DB_SCHEMA=self.participant_schema(name),
+            **_bootstrap(self.kafka_participants),
+        )
         self._spawn(f"participant-{name}", self.participants[name], env)
 
     def alive(self, name: str) -> bool:
@@ -193,3 +200,7 @@ class DrillStack:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
+
+
+def _bootstrap(servers: str) -> dict[str, str]:
+    return {"SAGA_KAFKA__BOOTSTRAP_SERVERS": servers} if servers else {}
