@@ -24,6 +24,11 @@ from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import Headers, MessageType, encode, encode_fields, record_size
 
 
+#: ``ce_senttime`` when a record is only measured: a time's length (``wire_time`` always
+#: writes microseconds), so the size measured is the size sent.
+SENT_TIME_PLACEHOLDER = wire_time(0.0)
+
+
 class CommandRecords:
     """The record each engine command is on the broker: its topic, key, value and
     headers. ``size`` is what the one size rule measures (``check_message_size``)."""
@@ -41,21 +46,26 @@ class CommandRecords:
         #: The wall clock ``ce_senttime`` reads (seconds since the epoch).
         self._clock = clock
 
-    def record(self, command: OutboundCommand) -> tuple[str, bytes, bytes, Headers]:
+    def record(
+        self, command: OutboundCommand, *, measuring: bool = False
+    ) -> tuple[str, bytes, bytes, Headers]:
+        """The command's record: topic, key, value and headers. ``measuring``: for its
+        size only (its ``ce_senttime`` is a placeholder of the same length)."""
         if command.participant in ENGINE_PARTICIPANTS:
             # A child saga's start or undo, or a child's end for its parent: engines
             # answer these themselves, through the saga inbox (see _children).
             envelope = engine_envelope(command, self._source)
             return (self._topics.inbox, *encode(envelope, self._codec))
         topic = self._topics.commands(command.participant)
-        return (topic, *encode_fields(self._fields(command), command.payload, self._codec))
+        fields = self._fields(command, measuring)
+        return (topic, *encode_fields(fields, command.payload, self._codec))
 
     def size(self, command: OutboundCommand) -> int:
         """The bytes of ``command``'s record: its value and every header name and value."""
-        _, _, value, headers = self.record(command)
+        _, _, value, headers = self.record(command, measuring=True)
         return record_size(value, headers)
 
-    def _fields(self, command: OutboundCommand) -> dict[str, Any]:
+    def _fields(self, command: OutboundCommand, measuring: bool = False) -> dict[str, Any]:
         """The command's envelope fields, from the decision (its values are the engine's
         own, checked when it decided: no ``Envelope`` is validated for them)."""
         trace = command.trace_context
@@ -74,5 +84,5 @@ class CommandRecords:
             "compensates": ",".join(command.compensates),
             "traceparent": trace.get("traceparent", ""),
             "tracestate": trace.get("tracestate", ""),
-            "sent_time": wire_time(self._clock()),
+            "sent_time": SENT_TIME_PLACEHOLDER if measuring else wire_time(self._clock()),
         }

@@ -106,7 +106,9 @@ async def unwind(s: SagaState, reason: UndoReason, error: ErrorInfo | None) -> b
             after=undo_plan(owed, s.declared_after),
         ),
     )
-    if started.after is None:  # recorded before plans: one at a time, as it began
+    if started.after is None or _one_by_one(owed, started.after):
+        # Recorded before plans (undone as it began), or a sequence: one at a time, in
+        # owed's order (no task needed when nothing runs beside it).
         for entry in owed:
             await _compensate(s, entry)
         return True
@@ -115,6 +117,17 @@ async def unwind(s: SagaState, reason: UndoReason, error: ErrorInfo | None) -> b
         waits = [tasks[step] for step in started.after.get(entry.step, ()) if step in tasks]
         tasks[entry.step] = s.loop.create_task(_compensate_after(s, entry, waits))
     await asyncio.gather(*tasks.values())
+    return True
+
+
+def _one_by_one(owed: list[OwedCompensation], after: Mapping[str, list[str]]) -> bool:
+    """Whether the plan is a chain: each owed step waits for the one before it, so they
+    run one at a time in ``owed``'s order (a saga whose steps ran one after another)."""
+    previous: list[str] = []
+    for entry in owed:
+        if after.get(entry.step, []) != previous:
+            return False
+        previous = [entry.step]
     return True
 
 
