@@ -68,6 +68,7 @@ async def test_flow_is_visible_in_the_api_metrics_and_page() -> None:
                 "budget": None,
                 "effective_budget": None,
                 "budget_in_use": None,
+                "adaptive": None,
             }
         ]
         metrics = (await http.get("/metrics", headers=READER)).json()
@@ -229,3 +230,52 @@ def test_saga_flow_prints_the_budget_in_use_and_the_weights() -> None:
     assert "budget in use" in table.stdout
     assert "of 8" in table.stdout
     assert "gold=3" in table.stdout
+
+
+# --------------------------------------------------------------------------- adaptive
+
+
+def adaptive(**admin: Any) -> Settings:
+    limits = LimitsSettings(
+        participants={
+            "renderer": FlowLimit(concurrency="adaptive", min_concurrency=2, max_concurrency=20)
+        }
+    )
+    return admin_settings(**admin).model_copy(update={"limits": limits})
+
+
+async def test_an_adaptive_limit_and_why_it_moved_are_visible() -> None:
+    env = SagaTestEnv([Render], settings=adaptive())
+    app = create_admin_app(env.engine, env.settings, parts=env.parts, schedules=env.schedules)
+    async with make_client(app) as http:
+        await _three_frames(env)
+        (gate,) = await eventually(
+            lambda: _gates_of(http), until=lambda found: found[0]["in_flight"] == 2
+        )
+        assert gate["concurrency_limit"] == "adaptive"
+        assert gate["effective_concurrency"] == 2
+        assert gate["adaptive"] == {
+            "limit": 2,
+            "min": 2,
+            "max": 20,
+            "cause": "start",
+            "reason": "starting at the minimum",
+            "baseline_ms": None,
+            "recent_ms": None,
+            "replies": 0,
+            "timeouts": 0,
+        }
+        text = (await http.get("/metrics", headers={**READER, "Accept": "text/plain"})).text
+        assert (
+            'saga_flow_adaptive_limit{kind="participant",name="renderer",cause="start"} 2' in text
+        )
+        page = (await http.get("/ui/sagas", headers=READER)).text
+        assert "adaptive: 2 (2-20), start" in page
+
+
+def test_saga_flow_prints_an_adaptive_limit() -> None:
+    with served_in_thread(adaptive(port=0), _three_frames, sagas=(Render,)) as running:
+        env = {"SAGA_ADMIN_TOKEN": READER_TOKEN, "SAGA_ADMIN_URL": running.url}
+        table = invoke(["flow"], env)
+    assert table.exit_code == 0, table.output
+    assert "adaptive 2 (2-20)" in table.stdout

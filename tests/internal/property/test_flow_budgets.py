@@ -17,7 +17,7 @@ import random
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from saga_engine.core.history._cost import Cost
@@ -180,12 +180,12 @@ def backlogged(
     return world, {n: w / total for n, (w, _) in zip(names, keys, strict=True)}
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(keys=backlogs, by_cost=st.booleans(), seed=st.integers(0, 2**16))
 def test_under_backlog_each_key_gets_its_weighted_share(
     keys: list[tuple[int, int | None]], by_cost: bool, seed: int
 ) -> None:
-    services = 2000
+    services = 1000
     world, expected = backlogged(keys, by_cost, seed, services)
     sent = world.served[:services]
     # By cost where there are budgets (a command's charge is its share of the budget),
@@ -198,7 +198,7 @@ def test_under_backlog_each_key_gets_its_weighted_share(
         assert abs(got.get(name, 0.0) / total - share) <= 0.1 * share, (name, got, expected)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(keys=backlogs, by_cost=st.booleans(), seed=st.integers(0, 2**16))
 def test_a_backlogged_key_waits_a_bounded_number_of_turns(
     keys: list[tuple[int, int | None]], by_cost: bool, seed: int
