@@ -5,7 +5,8 @@ in ``saga_started`` or refused with a 422."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -190,15 +191,22 @@ async def _three_frames(env: SagaTestEnv) -> dict[str, str]:
     return {str(n): await env.engine.start(Render, Frame(n=n)) for n in range(3)}
 
 
-async def test_a_budget_in_use_and_the_weights_are_visible() -> None:
-    env = SagaTestEnv([Render], settings=budgeted())
+@contextlib.asynccontextmanager
+async def two_frames_out(settings: Settings) -> AsyncIterator[tuple[Any, dict[str, Any]]]:
+    """Three frames started, two of them sent: the admin API's client, and its gate."""
+    env = SagaTestEnv([Render], settings=settings)
     app = create_admin_app(env.engine, env.settings, parts=env.parts, schedules=env.schedules)
     async with make_client(app) as http:
         await _three_frames(env)
-        # cpu 8: two frames of 4 in flight, the third held.
         (gate,) = await eventually(
             lambda: _gates_of(http), until=lambda found: found[0]["in_flight"] == 2
         )
+        yield http, gate
+
+
+async def test_a_budget_in_use_and_the_weights_are_visible() -> None:
+    # cpu 8: two frames of 4 in flight, the third held.
+    async with two_frames_out(budgeted()) as (http, gate):
         assert gate["waiting"] == 1
         assert gate["budget"] == {"cpu": 8.0, "gpu": 4.0}
         assert gate["effective_budget"] == {"cpu": 8.0, "gpu": 4.0}
@@ -245,13 +253,8 @@ def adaptive(**admin: Any) -> Settings:
 
 
 async def test_an_adaptive_limit_and_why_it_moved_are_visible() -> None:
-    env = SagaTestEnv([Render], settings=adaptive())
-    app = create_admin_app(env.engine, env.settings, parts=env.parts, schedules=env.schedules)
-    async with make_client(app) as http:
-        await _three_frames(env)
-        (gate,) = await eventually(
-            lambda: _gates_of(http), until=lambda found: found[0]["in_flight"] == 2
-        )
+    # It starts at its minimum, 2: the third frame is held.
+    async with two_frames_out(adaptive()) as (http, gate):
         assert gate["concurrency_limit"] == "adaptive"
         assert gate["effective_concurrency"] == 2
         assert gate["adaptive"] == {
