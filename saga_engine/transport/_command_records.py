@@ -23,7 +23,6 @@ from saga_engine.transport._timings import wire_time
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import Headers, MessageType, encode, encode_fields, record_size
 
-
 #: ``ce_senttime`` when a record is only measured: a time's length (``wire_time`` always
 #: writes microseconds), so the size measured is the size sent.
 SENT_TIME_PLACEHOLDER = wire_time(0.0)
