@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from saga_engine.cli._drill_proxy import LinkProxy
+from saga_engine.kernel._errors import KafkaProtocolError
 
 __all__ = ["KafkaLinkProxy", "KafkaProtocolError", "broker_addresses", "cap_versions", "rewrite"]
 
@@ -31,11 +32,8 @@ CAPS = {METADATA: 8, FIND_COORDINATOR: 2}
 #: A frame larger than this is not Kafka talking (the broker's own default bound).
 _MAX_FRAME = 100 * 1024 * 1024
 
+
 Address = tuple[str, int]
-
-
-class KafkaProtocolError(ValueError):
-    """An answer the proxy cannot read (a version above its caps, a truncated frame)."""
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,8 @@
         ├── AdminConfigError           admin settings that cannot work
         │   └── InsecureAdminBinding   beyond loopback without tokens
         └── CliError                   a command line error, one line on stderr
-            └── AdminCallError         the admin API refused (exit code by status)
+            ├── AdminCallError         the admin API refused (exit code by status)
+            └── KafkaProtocolError     a broker's answer the drill's link proxy cannot read
 
 Every error class lives here, so one look tells how to react to any of them. The
 modules that raise them import them from here (and re-export them where they were
@@ -532,6 +533,11 @@ class AdminCallError(CliError):
 
 
 # --------------------------------------------------------------------------- answers
+
+
+class KafkaProtocolError(CliError):
+    """An answer the drill's Kafka link proxy cannot read (a version above its caps, a
+    truncated frame): the proxy closes that connection and the drill fails, saying why."""
 
 
 class Rejected(SagaError):
