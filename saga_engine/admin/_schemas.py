@@ -286,6 +286,11 @@ class GraphNodeInfo(BaseModel):
     compensable: bool = Field(description="It declares what undoes it.")
     max_items: int | None = Field(description="A fan-out's bound on its items.")
     pivot: bool
+    cost: dict[str, float] | str | None = Field(
+        default=None,
+        description="What its command costs its participant while in flight: amounts, the "
+        "name of a cost class (or `learned`), or null (docs/graphs.md).",
+    )
 
 
 #: An edge of a graph: (the node depended on, the node that depends on it).

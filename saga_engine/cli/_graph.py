@@ -35,7 +35,7 @@ __all__ = ["commands", "dot", "table_rows"]
 #: Added to the ``saga`` app without a name: ``saga graph``.
 commands = typer.Typer()
 
-COLUMNS = ("node", "kind", "participant", "after", "condition / bound", "compensable")
+COLUMNS = ("node", "kind", "participant", "after", "condition / bound", "compensable", "cost")
 
 
 @commands.command("graph")
@@ -97,6 +97,13 @@ def _condition(node: JsonDict) -> str:
     return ", ".join(parts) or "-"
 
 
+def _cost(cost: object) -> str:
+    """A declared cost: ``cpu=4, memory_mb=512``, a class's name, or ``-``."""
+    if isinstance(cost, dict):
+        return ", ".join(f"{k}={v:g}" for k, v in cost.items())
+    return str(cost) if cost else "-"
+
+
 def table_rows(declared: JsonDict) -> list[tuple[str, ...]]:
     """One row per node, in the graph's order (``COLUMNS``)."""
     return [
@@ -107,6 +114,7 @@ def table_rows(declared: JsonDict) -> list[tuple[str, ...]]:
             ", ".join(n["after"]) or "-",
             _condition(n),
             "yes" if n["compensable"] else "no",
+            _cost(n.get("cost")),
         )
         for n in declared["nodes"]
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from saga_engine import Cost
 from saga_engine.graph import GraphSaga, each, node, step
 
 
@@ -32,7 +33,12 @@ class Fulfil(GraphSaga[OrderIn, OrderOut]):
         step("inventory", lambda o: Do(what="reserve"), compensate=lambda o: Undo(what="reserve"))
     )
     charge = node(
-        step("payments", lambda o: Do(what="charge"), compensate=lambda o: Undo(what="charge"))
+        step(
+            "payments",
+            lambda o: Do(what="charge"),
+            compensate=lambda o: Undo(what="charge"),
+            cost=Cost(cpu=2),
+        )
     )
     label = node(
         step("shipping", lambda o: Do(what="label"), compensate=lambda o: Undo(what="label")),

@@ -61,7 +61,9 @@ async def test_a_saga_type_with_its_declared_graph(admin: Admin) -> None:
         "compensable": True,
         "max_items": 5,
         "pivot": False,
+        "cost": None,
     }
+    assert nodes["charge"]["cost"] == {"cpu": 2.0}
     assert nodes["notify"]["compensable"] is False
     assert sorted(map(tuple, graph["edges"])) == [
         ("charge", "label"),

@@ -56,10 +56,11 @@ def test_the_graph_as_a_table(served: Served) -> None:
         if line.startswith("│") and "node" not in line
     }
     assert list(rows) == ["reserve", "charge", "label", "gift", "lines", "notify"]
-    assert rows["label"] == ["step", "shipping", "reserve, charge", "-", "yes"]
-    assert rows["gift"] == ["step", "wrapping", "reserve", "when", "no"]
-    assert rows["lines"] == ["each", "warehouse", "reserve", "≤ 5 items", "yes"]
-    assert rows["reserve"] == ["step", "inventory", "-", "-", "yes"]
+    assert rows["label"] == ["step", "shipping", "reserve, charge", "-", "yes", "-"]
+    assert rows["gift"] == ["step", "wrapping", "reserve", "when", "no", "-"]
+    assert rows["lines"] == ["each", "warehouse", "reserve", "≤ 5 items", "yes", "-"]
+    assert rows["reserve"] == ["step", "inventory", "-", "-", "yes", "-"]
+    assert rows["charge"] == ["step", "payments", "-", "-", "yes", "cpu=2"]
 
 
 def test_the_graph_as_dot_and_json_from_the_api_and_from_the_classes(served: Served) -> None:
