@@ -49,6 +49,7 @@ def test_the_flow_control_environment_is_what_settings_read(
     assert limits.participants == {
         "payments": FlowLimit(concurrency=20, rate=50),
         "encoder": FlowLimit(budget={"cpu": 32, "memory_mb": 8192}),
+        "inventory": FlowLimit(concurrency="adaptive", min_concurrency=2, max_concurrency=64),
     }
     assert limits.saga_types == {"checkout": FlowLimit(concurrency=100)}
     assert limits.aging_s == 10

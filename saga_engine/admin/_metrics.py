@@ -129,6 +129,27 @@ def _flow_lines(body: MetricsBody) -> list[str]:
                 lines.append(
                     f'{metric}{{kind="{gate.kind}",name="{label}",resource="{resource}"}} {amount}'
                 )
+    return lines + _adaptive_lines(body)
+
+
+def _adaptive_lines(body: MetricsBody) -> list[str]:
+    """An adaptive limit's value, labelled with why it last moved."""
+    adaptive = [gate for gate in body.flow if gate.adaptive is not None]
+    if not adaptive:
+        return []
+    metric = "saga_flow_adaptive_limit"
+    lines = [
+        f"# HELP {metric} An adaptive concurrency limit's value now, per limit; cause: why "
+        "it last moved (start, latency_held, latency_rose, timeout, probe, bounds).",
+        f"# TYPE {metric} gauge",
+    ]
+    for gate in adaptive:
+        assert gate.adaptive is not None
+        label = _label(gate.name)
+        lines.append(
+            f'{metric}{{kind="{gate.kind}",name="{label}",cause="{gate.adaptive.cause}"}} '
+            f"{gate.adaptive.limit}"
+        )
     return lines
 
 

@@ -448,15 +448,35 @@ class ActionResult(BaseModel):
     )
 
 
+class FlowAdaptive(BaseModel):
+    """An adaptive concurrency limit as this engine has found it."""
+
+    limit: int = Field(description="The commands it lets be in flight now.")
+    min: int = Field(description="This engine's share of min_concurrency.")
+    max: int = Field(description="This engine's share of max_concurrency.")
+    cause: Literal["start", "latency_held", "latency_rose", "timeout", "probe", "bounds"] = Field(
+        description="Why it last moved."
+    )
+    reason: str = Field(description="Why it last moved, with the figures.")
+    baseline_ms: float | None = Field(description="A reply's latency with no queue.")
+    recent_ms: float | None = Field(description="The recent replies' average latency.")
+    replies: int = Field(description="Replies it learnt from since the engine started.")
+    timeouts: int = Field(description="Timeouts it learnt from since the engine started.")
+
+
 class FlowGate(BaseModel):
     """One flow-control limit as this engine applies it (``GET /flow``)."""
 
     kind: Literal["participant", "saga_type"]
     name: str
-    concurrency_limit: int | None = Field(description="The configured cluster-wide limit.")
+    concurrency_limit: int | Literal["adaptive"] | None = Field(
+        description='The configured cluster-wide limit ("adaptive": found from latency).'
+    )
     rate_limit: float | None = Field(description="The configured commands per second.")
     share: float = Field(description="This engine's share: owned inbox partitions / all.")
-    effective_concurrency: int | None = Field(description="ceil(limit x share)")
+    effective_concurrency: int | None = Field(
+        description="ceil(limit x share); an adaptive limit's current value"
+    )
     effective_rate: float | None = Field(description="rate x share")
     in_flight: int = Field(description="Commands sent and not yet answered, timed out or ended.")
     waiting: int = Field(description="Commands recorded and held back by this limit.")
@@ -470,6 +490,9 @@ class FlowGate(BaseModel):
     budget_in_use: dict[str, float] | None = Field(
         default=None,
         description="What the commands in flight hold of the budget: the sum of their costs.",
+    )
+    adaptive: FlowAdaptive | None = Field(
+        default=None, description="The adaptive concurrency limit (null: not adaptive)."
     )
 
 

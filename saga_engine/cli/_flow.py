@@ -32,7 +32,7 @@ def flow(admin_url: AdminUrl = None, as_json: JsonOpt = False) -> None:
         (
             gate["kind"],
             gate["name"],
-            _limit(gate["effective_concurrency"], gate["concurrency_limit"]),
+            _concurrency(gate),
             _limit(gate["effective_rate"], gate["rate_limit"]),
             f"{gate['share']:.2f}",
             str(gate["in_flight"]),
@@ -60,6 +60,16 @@ def _budget(gate: dict[str, Any]) -> str:
     used = gate.get("budget_in_use") or {}
     return ", ".join(
         f"{r} {used.get(r, 0):g}/{mine.get(r, 0):g} of {amount:g}" for r, amount in budget.items()
+    )
+
+
+def _concurrency(gate: dict[str, Any]) -> str:
+    """A fixed limit as ``_limit``; an adaptive one as its value now and why it moved."""
+    adaptive = gate.get("adaptive")
+    if adaptive is None:
+        return _limit(gate["effective_concurrency"], gate["concurrency_limit"])
+    return (
+        f"adaptive {adaptive['limit']} ({adaptive['min']}-{adaptive['max']}): {adaptive['reason']}"
     )
 
 

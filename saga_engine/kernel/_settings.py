@@ -8,7 +8,7 @@ import logging
 import math
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -376,14 +376,38 @@ class FlowLimit(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    #: Commands in flight at once (sent, not yet answered, timed out or ended).
-    concurrency: int | None = Field(default=None, ge=1)
+    #: Commands in flight at once (sent, not yet answered, timed out or ended); or
+    #: ``"adaptive"``: found from the latency flow control observes, within
+    #: ``min_concurrency`` and ``max_concurrency`` (``core/planning/_adaptive_limit``).
+    concurrency: Annotated[int, Field(ge=1)] | Literal["adaptive"] | None = None
+    #: An adaptive limit's bounds (cluster-wide, as the others): default 1 and 1000.
+    min_concurrency: int | None = Field(default=None, ge=1)
+    max_concurrency: int | None = Field(default=None, ge=1)
     #: Commands sent per second (a token bucket holding a tenth of a second's worth).
     rate: float | None = Field(default=None, gt=0)
     #: The resources its commands may hold at once, summed over the costs in flight
     #: (``ctx.step(cost=...)``): ``{"cpu": 32, "memory_mb": 8192}``. A command with no
     #: cost (or none of a resource) costs nothing of it.
     budget: dict[str, float] | None = None
+
+    @model_validator(mode="after")
+    def _adaptive_bounds(self) -> FlowLimit:
+        if self.concurrency != "adaptive":
+            if self.min_concurrency is not None or self.max_concurrency is not None:
+                raise ValueError(
+                    "min_concurrency and max_concurrency bound an adaptive limit: set "
+                    'concurrency="adaptive" (or drop them)'
+                )
+            return self
+        low, high = self.adaptive_bounds
+        if low > high:
+            raise ValueError(f"min_concurrency ({low}) is above max_concurrency ({high})")
+        return self
+
+    @property
+    def adaptive_bounds(self) -> tuple[int, int]:
+        """An adaptive limit's (min, max), defaults filled in."""
+        return self.min_concurrency or 1, self.max_concurrency or 1000
 
     @field_validator("budget")
     @classmethod

@@ -174,7 +174,8 @@ class Effects:
             self._reload_soon(work.saga_id, 0.5)
             return
         if self._flow is not None:
-            self._flow.settle(work.saga_id, live.runtime)  # permits of attempts now over
+            # Permits of attempts now over (an adaptive limit learns how they ended).
+            self._flow.settle(work.saga_id, live.runtime, work.events)
         if last is not None and (last.status.is_terminal or last.status.is_parked):
             self._waiters.notify(work.saga_id)
         if ended is not None:

@@ -24,12 +24,12 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from saga_engine.core.history._decision import OutboundCommand
-from saga_engine.core.history._events import SagaStarted
+from saga_engine.core.history._events import AttemptTimedOut, Event, ReplyReceived, SagaStarted
 from saga_engine.core.planning._flow import (
     FlowQueue,
     Gate,
@@ -70,6 +70,8 @@ class _Ticket:
     state: TicketState = TicketState.QUEUED
     #: Seconds it waited in the queue: its timeout is moved back by as much.
     held_s: float = 0.0
+    #: When it was sent (monotonic seconds): its reply's latency counts from there.
+    sent_at: float = 0.0
 
 
 class FlowControl:
@@ -109,6 +111,8 @@ class FlowControl:
             GateBudgets(self._gates) if any(g.limit.budget for g in self._gates.values()) else None
         )
         self._weights = dict(settings.fairness_weights)
+        #: Adaptive limits are told of replies and timeouts only where there is one.
+        self._adaptive = any(g.adaptive is not None for g in self._gates.values())
         self._tickets: dict[_Key, _Ticket] = {}
         self._by_saga: dict[str, set[_Key]] = {}
         self._seq = 0
@@ -144,8 +148,10 @@ class FlowControl:
 
     # ------------------------------------------------------------------ engine hooks
 
-    def settle(self, saga_id: str, runtime: SagaRuntime) -> None:
-        """Releases the permits (or queue places) of the saga's attempts that are over."""
+    def settle(self, saga_id: str, runtime: SagaRuntime, events: Sequence[Event] = ()) -> None:
+        """Releases the permits (or queue places) of the saga's attempts that are over;
+        ``events``, those just recorded, tell an adaptive limit a reply's latency or a
+        timeout."""
         keys = self._by_saga.get(saga_id)
         if not keys:
             return
@@ -156,7 +162,10 @@ class FlowControl:
             live: set[_Key] = set()
         else:
             live = {(c.command_id, c.attempt) for c in runtime.outstanding_commands()}
-        for key in [k for k in keys if k not in live]:
+        over = [k for k in keys if k not in live]
+        if self._adaptive and events and over:
+            self._observe(over, events)
+        for key in over:
             self._release(key)
 
     def drop_unowned(self, owns: Callable[[str], bool]) -> None:
@@ -169,7 +178,7 @@ class FlowControl:
         """This engine's share of every limit: owned inbox partitions / all of them."""
         share = owned / total if total > 0 else 1.0
         for gate in self._gates.values():
-            gate.share = share
+            gate.set_share(share)
         self._kick()
 
     def timers(self, saga_id: str, runtime: SagaRuntime) -> dict[str, datetime]:
@@ -221,6 +230,7 @@ class FlowControl:
                     if gate.limit.budget
                     else None
                 ),
+                "adaptive": _adaptive_view(gate),
             }
             for gate in self._gates.values()
         ]
@@ -292,6 +302,25 @@ class FlowControl:
         self.stats["queued"] += 1
         self._kick()
 
+    def _observe(self, over: list[_Key], events: Sequence[Event]) -> None:
+        """Tells the adaptive limits of the attempts now over how they ended: answered
+        (the reply's latency from the send) or timed out (ended otherwise: nothing)."""
+        replied = {e.command_id for e in events if isinstance(e, ReplyReceived)}
+        timed_out = {(e.command_id, e.attempt) for e in events if isinstance(e, AttemptTimedOut)}
+        tick = time.monotonic()
+        for command_id, attempt in over:
+            ticket = self._tickets.get((command_id, attempt))
+            if ticket is None or ticket.state is not TicketState.SENT:
+                continue
+            for gate in ticket.gates:
+                adaptive = gate.adaptive
+                if adaptive is None:
+                    continue
+                if (command_id, attempt) in timed_out:
+                    adaptive.timed_out(tick)
+                elif command_id in replied:
+                    adaptive.observe(tick - ticket.sent_at, gate.in_flight, tick)
+
     def _release(self, key: _Key) -> None:
         ticket = self._tickets.pop(key, None)
         if ticket is None:
@@ -361,6 +390,7 @@ class FlowControl:
                 gate.waiting -= 1
             ticket.state = TicketState.SENT
             ticket.held_s = now - entry.arrived
+            ticket.sent_at = tick
             batch.append(ticket)
             self._on_sent(ticket.command.saga_id)
         if batch:
@@ -417,6 +447,24 @@ class FlowControl:
         ticket.state = TicketState.QUEUED
         self._queue.push(ticket.entry, front=True)  # it keeps its place: first again
         self._kick()
+
+
+def _adaptive_view(gate: Gate) -> dict[str, object] | None:
+    """An adaptive limit as an operator reads it (None: the gate's is not adaptive)."""
+    adaptive = gate.adaptive
+    if adaptive is None:
+        return None
+    return {
+        "limit": adaptive.value,
+        "min": adaptive.min_limit,
+        "max": adaptive.max_limit,
+        "cause": adaptive.cause,
+        "reason": adaptive.reason,
+        "baseline_ms": None if adaptive.baseline is None else round(adaptive.baseline * 1000, 3),
+        "recent_ms": None if adaptive.recent is None else round(adaptive.recent * 1000, 3),
+        "replies": adaptive.replies,
+        "timeouts": adaptive.timeouts,
+    }
 
 
 def flow_control(

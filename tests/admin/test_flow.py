@@ -5,7 +5,8 @@ in ``saga_started`` or refused with a 422."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -68,6 +69,7 @@ async def test_flow_is_visible_in_the_api_metrics_and_page() -> None:
                 "budget": None,
                 "effective_budget": None,
                 "budget_in_use": None,
+                "adaptive": None,
             }
         ]
         metrics = (await http.get("/metrics", headers=READER)).json()
@@ -189,15 +191,22 @@ async def _three_frames(env: SagaTestEnv) -> dict[str, str]:
     return {str(n): await env.engine.start(Render, Frame(n=n)) for n in range(3)}
 
 
-async def test_a_budget_in_use_and_the_weights_are_visible() -> None:
-    env = SagaTestEnv([Render], settings=budgeted())
+@contextlib.asynccontextmanager
+async def two_frames_out(settings: Settings) -> AsyncIterator[tuple[Any, dict[str, Any]]]:
+    """Three frames started, two of them sent: the admin API's client, and its gate."""
+    env = SagaTestEnv([Render], settings=settings)
     app = create_admin_app(env.engine, env.settings, parts=env.parts, schedules=env.schedules)
     async with make_client(app) as http:
         await _three_frames(env)
-        # cpu 8: two frames of 4 in flight, the third held.
         (gate,) = await eventually(
             lambda: _gates_of(http), until=lambda found: found[0]["in_flight"] == 2
         )
+        yield http, gate
+
+
+async def test_a_budget_in_use_and_the_weights_are_visible() -> None:
+    # cpu 8: two frames of 4 in flight, the third held.
+    async with two_frames_out(budgeted()) as (http, gate):
         assert gate["waiting"] == 1
         assert gate["budget"] == {"cpu": 8.0, "gpu": 4.0}
         assert gate["effective_budget"] == {"cpu": 8.0, "gpu": 4.0}
@@ -229,3 +238,47 @@ def test_saga_flow_prints_the_budget_in_use_and_the_weights() -> None:
     assert "budget in use" in table.stdout
     assert "of 8" in table.stdout
     assert "gold=3" in table.stdout
+
+
+# --------------------------------------------------------------------------- adaptive
+
+
+def adaptive(**admin: Any) -> Settings:
+    limits = LimitsSettings(
+        participants={
+            "renderer": FlowLimit(concurrency="adaptive", min_concurrency=2, max_concurrency=20)
+        }
+    )
+    return admin_settings(**admin).model_copy(update={"limits": limits})
+
+
+async def test_an_adaptive_limit_and_why_it_moved_are_visible() -> None:
+    # It starts at its minimum, 2: the third frame is held.
+    async with two_frames_out(adaptive()) as (http, gate):
+        assert gate["concurrency_limit"] == "adaptive"
+        assert gate["effective_concurrency"] == 2
+        assert gate["adaptive"] == {
+            "limit": 2,
+            "min": 2,
+            "max": 20,
+            "cause": "start",
+            "reason": "starting at the minimum",
+            "baseline_ms": None,
+            "recent_ms": None,
+            "replies": 0,
+            "timeouts": 0,
+        }
+        text = (await http.get("/metrics", headers={**READER, "Accept": "text/plain"})).text
+        assert (
+            'saga_flow_adaptive_limit{kind="participant",name="renderer",cause="start"} 2' in text
+        )
+        page = (await http.get("/ui/sagas", headers=READER)).text
+        assert "adaptive: 2 (2-20), start" in page
+
+
+def test_saga_flow_prints_an_adaptive_limit() -> None:
+    with served_in_thread(adaptive(port=0), _three_frames, sagas=(Render,)) as running:
+        env = {"SAGA_ADMIN_TOKEN": READER_TOKEN, "SAGA_ADMIN_URL": running.url}
+        table = invoke(["flow"], env)
+    assert table.exit_code == 0, table.output
+    assert "adaptive 2 (2-20)" in table.stdout

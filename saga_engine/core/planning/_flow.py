@@ -1,5 +1,6 @@
-"""Flow control's pure core: the gates (a concurrency limit, a token bucket and a budget
-of resources per participant or saga type) and the queue of commands waiting for them.
+"""Flow control's pure core: the gates (a concurrency limit, fixed or adaptive
+(``_adaptive_limit``), a token bucket and a budget of resources per participant or saga
+type) and the queue of commands waiting for them.
 
 No I/O and no clock: every method takes ``now`` (monotonic seconds), so the order the
 queue serves in is a function of what was pushed and when, and property tests check it
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from saga_engine.core.history._cost import Cost
+from saga_engine.core.planning._adaptive_limit import AdaptiveLimit
 from saga_engine.kernel._settings import FlowLimit
 
 #: Sums of float costs drift: an amount this close to a budget (or to 0) is on it.
@@ -72,15 +74,38 @@ class Gate:
     #: What the commands in flight hold of its budget: the sum of their costs, per
     #: resource of the budget (a resource at 0 is left out).
     in_use: dict[str, float] = field(default_factory=dict)
+    #: Its concurrency when it adapts (``concurrency="adaptive"``), else None.
+    adaptive: AdaptiveLimit | None = None
+
+    def __post_init__(self) -> None:
+        if self.limit.concurrency == "adaptive" and self.adaptive is None:
+            low, high = self._adaptive_bounds()
+            self.adaptive = AdaptiveLimit(low, high)
+
+    def _adaptive_bounds(self) -> tuple[int, int]:
+        low, high = self.limit.adaptive_bounds
+        share = max(self.share, 0.0)
+        return max(1, math.ceil(low * share)), max(1, math.ceil(high * share))
+
+    def set_share(self, share: float) -> None:
+        """This engine's share of the limits (an adaptive one's bounds follow)."""
+        self.share = share
+        if self.adaptive is not None:
+            self.adaptive.bound(*self._adaptive_bounds())
 
     @property
     def concurrency(self) -> int | None:
-        """The concurrency this engine may use: ceil(limit x share), 0 with no share."""
-        if self.limit.concurrency is None:
+        """The concurrency this engine may use: ceil(limit x share), 0 with no share; an
+        adaptive limit's current value."""
+        concurrency = self.limit.concurrency
+        if concurrency is None:
             return None
         if self.share <= 0:
             return 0
-        return max(1, math.ceil(self.limit.concurrency * self.share))
+        if self.adaptive is not None:
+            return self.adaptive.value
+        assert isinstance(concurrency, int)
+        return max(1, math.ceil(concurrency * self.share))
 
     @property
     def rate(self) -> float | None:
@@ -196,8 +221,11 @@ def charge_of(cost: Cost | None, gates: Iterable[Gate]) -> float:
     charge = 0.0
     for gate in gates:
         limit = gate.limit
-        if limit.concurrency is not None:
-            charge = max(charge, 1 / limit.concurrency)
+        concurrency = limit.concurrency
+        if concurrency == "adaptive":
+            charge = max(charge, 1 / limit.adaptive_bounds[1])
+        elif concurrency is not None:
+            charge = max(charge, 1 / concurrency)
         budget = limit.budget
         if cost is not None and budget is not None:
             for resource, amount in cost.items():

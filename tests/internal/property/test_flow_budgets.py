@@ -17,7 +17,7 @@ import random
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from saga_engine.core.history._cost import Cost
@@ -112,20 +112,46 @@ costs = st.one_of(
 )
 
 
+@dataclass(frozen=True)
+class Push:
+    key: str
+    cost: Cost | None
+    priority: int
+
+
+@dataclass(frozen=True)
+class Answer:
+    index: int
+
+
+ops = st.lists(
+    st.one_of(
+        st.builds(Push, st.sampled_from(["a", "b", "c"]), costs, st.integers(0, 3)),
+        st.builds(Answer, st.integers(0, 50)),
+    ),
+    max_size=80,
+)
+
+
+def apply(world: World, op: Push | Answer) -> Waiting | None:
+    """One generated step, half a second after the last: a push (the entry), or the
+    answer of a command in flight."""
+    world.now += 0.5
+    if isinstance(op, Push):
+        return world.push(op.key, op.cost, op.priority)
+    if world.in_flight:
+        world.answer(op.index)
+    return None
+
+
 @settings(max_examples=200, deadline=None)
 @given(
-    ops=st.lists(
-        st.one_of(
-            st.tuples(st.just("push"), st.sampled_from(["a", "b", "c"]), costs, st.integers(0, 2)),
-            st.tuples(st.just("answer"), st.integers(0, 50)),
-        ),
-        max_size=80,
-    ),
+    steps=ops,
     share=st.sampled_from([1.0, 0.5, 0.25]),
     concurrency=st.one_of(st.none(), st.integers(1, 6)),
 )
 def test_the_costs_in_flight_never_exceed_a_budget(
-    ops: list[tuple[object, ...]], share: float, concurrency: int | None
+    steps: list[Push | Answer], share: float, concurrency: int | None
 ) -> None:
     world = World(
         FlowLimit(budget={"cpu": 16, "memory_mb": 2048}, concurrency=concurrency),
@@ -133,21 +159,14 @@ def test_the_costs_in_flight_never_exceed_a_budget(
         aging_s=2.0,
         share=share,
     )
-    for op in ops:
-        world.now += 0.5
-        if op[0] == "push":
-            _, key, cost, priority = op
-            assert isinstance(key, str)
-            assert isinstance(priority, int)
-            world.push(key, cost if isinstance(cost, Cost) else None, priority)
-        elif world.in_flight:
-            world.answer(int(op[1]))  # type: ignore[call-overload]
+    for op in steps:
+        apply(world, op)
         world.dispatch()
     while len(world.queue) or world.in_flight:  # everything is sent in the end
         if world.in_flight:
             world.answer(0)
         world.dispatch()
-    assert len(world.served) == sum(1 for op in ops if op[0] == "push")
+    assert len(world.served) == sum(1 for op in steps if isinstance(op, Push))
 
 
 # --------------------------------------------------------------------------- shares
@@ -180,12 +199,12 @@ def backlogged(
     return world, {n: w / total for n, (w, _) in zip(names, keys, strict=True)}
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(keys=backlogs, by_cost=st.booleans(), seed=st.integers(0, 2**16))
 def test_under_backlog_each_key_gets_its_weighted_share(
     keys: list[tuple[int, int | None]], by_cost: bool, seed: int
 ) -> None:
-    services = 2000
+    services = 1000
     world, expected = backlogged(keys, by_cost, seed, services)
     sent = world.served[:services]
     # By cost where there are budgets (a command's charge is its share of the budget),
@@ -198,7 +217,7 @@ def test_under_backlog_each_key_gets_its_weighted_share(
         assert abs(got.get(name, 0.0) / total - share) <= 0.1 * share, (name, got, expected)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(keys=backlogs, by_cost=st.booleans(), seed=st.integers(0, 2**16))
 def test_a_backlogged_key_waits_a_bounded_number_of_turns(
     keys: list[tuple[int, int | None]], by_cost: bool, seed: int
@@ -229,30 +248,17 @@ def shares_a_resource(a: Cost, b: Cost, budget: dict[str, float]) -> bool:
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    ops=st.lists(
-        st.one_of(
-            st.tuples(st.just("push"), st.sampled_from(["a", "b", "c"]), costs, st.integers(0, 3)),
-            st.tuples(st.just("answer"), st.integers(0, 50)),
-        ),
-        max_size=80,
-    )
-)
+@given(steps=ops)
 def test_nothing_ranked_after_a_command_waiting_for_a_budget_takes_what_it_waits_for(
-    ops: list[tuple[object, ...]],
+    steps: list[Push | Answer],
 ) -> None:
     world = World(FlowLimit(budget={"cpu": 16, "memory_mb": 2048}), aging_s=3.0)
     budget = world.limit.budget or {}
     waiting: list[Waiting] = []
-    for op in ops:
-        world.now += 0.5
-        if op[0] == "push":
-            _, key, cost, priority = op
-            assert isinstance(key, str)
-            assert isinstance(priority, int)
-            waiting.append(world.push(key, cost if isinstance(cost, Cost) else None, priority))
-        elif world.in_flight:
-            world.answer(int(op[1]))  # type: ignore[call-overload]
+    for op in steps:
+        pushed = apply(world, op)
+        if pushed is not None:
+            waiting.append(pushed)
         while True:
             ranks = {e.seq: world.queue.rank(e, world.now) for e in waiting}
             sent = world.queue.pop(world.now, lambda lane: True, world.budgets)
