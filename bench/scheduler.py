@@ -46,23 +46,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import math
-import os
-import platform
 import random
 import statistics
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
+from bench.e2e import loadavg, machine
 from saga_engine import Cost, Saga, SagaContext
 from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.core.history._events import CommandIssued, ReplyReceived
@@ -151,9 +151,13 @@ class SharedCpu:
     ``work_ms``; while the commands running ask for more cores than there are, each
     gets its threads x cores / asked. ``done`` is called with each finished command."""
 
-    def __init__(self, cores: float, done: Callable[[Served], None]) -> None:
+    def __init__(self, cores: float, done: Callable[[Served], None], pool: bool = False) -> None:
         self.cores = cores
         self._done = done
+        #: A worker pool instead: as many commands run at once as their threads fit in
+        #: the cores, each at full speed; the others wait, first come first served.
+        self.pool = pool
+        self._queued: deque[_Running] = deque()
         self._running: dict[str, _Running] = {}
         self._at = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -171,17 +175,34 @@ class SharedCpu:
         self._advance(loop.time())
         threads = int(command.payload["threads"])
         work = float(command.payload["work_ms"]) / 1000 * threads
-        self._running[command.command_id] = _Running(command, threads, work, time.time())
+        job = _Running(command, threads, work, time.time())
         self.received += 1
+        if self.pool:
+            self._queued.append(job)
+            self._admit()
+        else:
+            self._running[command.command_id] = job
         self._schedule(loop)
+
+    def _admit(self) -> None:
+        """The worker pool's waiting commands that fit now, in order."""
+        busy = sum(r.threads for r in self._running.values())
+        while self._queued and (busy + self._queued[0].threads <= self.cores or not busy):
+            job = self._queued.popleft()
+            self._running[job.command.command_id] = job
+            busy += job.threads
 
     def set_cores(self, cores: float) -> None:
         loop = asyncio.get_running_loop()
         self._advance(loop.time())
         self.cores = cores
+        if self.pool:
+            self._admit()
         self._schedule(loop)
 
     def _speed(self) -> float:
+        if self.pool:
+            return 1.0
         asked = sum(r.threads for r in self._running.values())
         return 1.0 if asked <= self.cores else self.cores / asked
 
@@ -217,6 +238,8 @@ class SharedCpu:
             job = self._running.pop(key)
             c = job.command
             self._done(Served(c.saga_id, c.command_id, job.received, wall))
+        if self.pool:
+            self._admit()
         self._schedule(loop)
 
 
@@ -244,7 +267,9 @@ class ReplyPump:
             batch = [await self._queue.get()]
             while not self._queue.empty():
                 batch.append(self._queue.get_nowait())
-            inputs = [Deliver(s.saga_id, engine.reply_input(s.command_id, "success")) for s in batch]
+            inputs = [
+                Deliver(s.saga_id, engine.reply_input(s.command_id, "success")) for s in batch
+            ]
             for outcome in await engine.apply(inputs):
                 outcome.result()  # raises what went wrong: a bench must not hide it
             for s in batch:
@@ -255,10 +280,8 @@ class ReplyPump:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
 
 
 @dataclass
@@ -272,9 +295,9 @@ class Rig:
     started: list[tuple[str, str]] = field(default_factory=list)  # (kind, saga id)
 
     @classmethod
-    def build(cls, limits: LimitsSettings, cores: float) -> Rig:
+    def build(cls, limits: LimitsSettings, cores: float, pool: bool = False) -> Rig:
         holder: list[ReplyPump] = []
-        cpu = SharedCpu(cores, lambda served: holder[0].done(served))
+        cpu = SharedCpu(cores, lambda served: holder[0].done(served), pool)
         parts = EngineParts.build(
             Settings(limits=limits),
             sagas=[Thumbnail, Transcode],
@@ -301,10 +324,8 @@ class Rig:
                     f"{self.pump.applied} of {expected} replies applied after {timeout_s} s"
                 )
             self.pump.applied_event.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.pump.applied_event.wait(), min(left, 1.0))
-            except TimeoutError:
-                pass
 
     async def close(self) -> None:
         await self.pump.close()
@@ -331,22 +352,6 @@ def percentiles(values: list[float]) -> dict[str, Any]:
         "p99": round(at(0.99), 2),
         "max": round(ordered[-1], 2),
         "mean": round(statistics.fmean(ordered), 2),
-    }
-
-
-def loadavg() -> list[float]:
-    try:
-        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
-    except OSError:
-        return []
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "cpu_count": os.cpu_count(),
-        "loadavg_at_start": loadavg(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
     }
 
 
@@ -385,7 +390,11 @@ def phases(cores: int, headroom: int) -> list[Phase]:
         Phase("mix_no_budget", both, LimitsSettings()),
         Phase("mix_budget", both, LimitsSettings(participants=budget), declare_cost=True),
         Phase(
-            "mix_budget_fair", both, LimitsSettings(participants=budget), declare_cost=True, fair=True
+            "mix_budget_fair",
+            both,
+            LimitsSettings(participants=budget),
+            declare_cost=True,
+            fair=True,
         ),
         Phase("mix_budget_headroom", both, with_headroom, declare_cost=True),
     ]
@@ -513,7 +522,9 @@ def adaptive_limit(args: argparse.Namespace) -> FlowLimit | str:
         )
     except ValueError as exc:
         first = str(exc).splitlines()[:3]
-        return "pending: this build's FlowLimit has no adaptive concurrency (" + " ".join(first) + ")"
+        return (
+            "pending: this build's FlowLimit has no adaptive concurrency (" + " ".join(first) + ")"
+        )
 
 
 def sample_of(rig: Rig, t: float) -> dict[str, Any] | None:
@@ -550,7 +561,7 @@ def converged_after(
         if after[-1]["t"] < s["t"] + hold_s:
             return None  # not enough run left to say it stays
         if all(low <= w["limit"] <= high for w in window):
-            return round(s["t"] - since, 2)
+            return round(float(s["t"]) - since, 2)
     return None
 
 
@@ -561,14 +572,12 @@ async def _keep_in_flight(rig: Rig, job: EncodeJob, in_flight: int, until: float
         if missing > 0:
             await asyncio.gather(*(rig.start("light", job) for _ in range(missing)))
         rig.pump.applied_event.clear()
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(rig.pump.applied_event.wait(), max(0.0, until - loop.time()))
-        except TimeoutError:
-            pass
 
 
 def _settled(samples: list[dict[str, Any]], start: float, end: float) -> float | None:
-    values = [s["limit"] for s in samples if start <= s["t"] < end and s["cause"] != "probe"]
+    values = [float(s["limit"]) for s in samples if start <= s["t"] < end and s["cause"] != "probe"]
     return statistics.median(values) if values else None
 
 
@@ -577,7 +586,8 @@ async def adaptive(args: argparse.Namespace) -> dict[str, Any]:
     if isinstance(limit, str):
         print(f"adaptive: {limit}", file=sys.stderr)
         return {"status": limit}
-    rig = Rig.build(LimitsSettings(participants={PARTICIPANT: limit}), args.adaptive_cores)
+    pool = args.adaptive_participant == "pool"
+    rig = Rig.build(LimitsSettings(participants={PARTICIPANT: limit}), args.adaptive_cores, pool)
     loop = asyncio.get_running_loop()
     job = EncodeJob(work_ms=args.adaptive_ms, threads=1)
     t0 = loop.time()
@@ -665,6 +675,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--adaptive-change-at", type=float, default=30.0)
     ap.add_argument("--adaptive-cores", type=int, default=16)
     ap.add_argument("--adaptive-ms", type=float, default=200.0)
+    ap.add_argument(
+        "--adaptive-participant",
+        choices=["pool", "shared"],
+        default="pool",
+        help="a worker pool (one command per core, the others wait) or shared cores",
+    )
     ap.add_argument("--adaptive-in-flight", type=int, default=120)
     ap.add_argument("--adaptive-max", type=int, default=1000)
     ap.add_argument("--sample-ms", type=float, default=250.0)
@@ -694,7 +710,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         result["budgets"] = await budgets(args)
     if args.part in ("adaptive", "both"):
         result["adaptive"] = await adaptive(args)
-    result["settings"] = {k: v for k, v in vars(args).items()}
+    result["settings"] = dict(vars(args))
     return result
 
 
