@@ -576,9 +576,20 @@ async def _keep_in_flight(rig: Rig, job: EncodeJob, in_flight: int, until: float
             await asyncio.wait_for(rig.pump.applied_event.wait(), max(0.0, until - loop.time()))
 
 
-def _settled(samples: list[dict[str, Any]], start: float, end: float) -> float | None:
-    values = [float(s["limit"]) for s in samples if start <= s["t"] < end and s["cause"] != "probe"]
-    return statistics.median(values) if values else None
+def _settled(samples: list[dict[str, Any]], start: float, end: float) -> dict[str, Any]:
+    """The limit's spread over [start, end) (a probe's dip aside): p10, median, p90."""
+    values = sorted(
+        float(s["limit"]) for s in samples if start <= s["t"] < end and s["cause"] != "probe"
+    )
+    if not values:
+        return {"n": 0}
+    n = len(values)
+    return {
+        "n": n,
+        "p10": values[n // 10],
+        "median": statistics.median(values),
+        "p90": values[min(n - 1, (9 * n) // 10)],
+    }
 
 
 async def adaptive(args: argparse.Namespace) -> dict[str, Any]:
@@ -628,9 +639,9 @@ async def adaptive(args: argparse.Namespace) -> dict[str, Any]:
         "completed": completed,
         "best_concurrency": {"before": before, "after": after},
         "design_point": {"before": round(design(before), 1), "after": round(design(after), 1)},
-        "settled_limit": {
-            "before": _settled(samples, change - 10, change),
-            "after": _settled(samples, args.adaptive_seconds - 10, args.adaptive_seconds),
+        "limit_spread": {
+            "last_10s_before": _settled(samples, change - 10, change),
+            "last_20s": _settled(samples, args.adaptive_seconds - 20, args.adaptive_seconds),
         },
         "converged_after_change_s": {
             "to_best_concurrency": converged_after(samples, change, after, args.hold_s),
