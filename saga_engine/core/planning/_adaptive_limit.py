@@ -13,10 +13,14 @@ function of what it was told (``tests/internal/property/test_adaptive_limit.py``
 - **Recent**: an exponential average of the last replies' latencies.
 - **Gradient**: ``TOLERANCE x baseline / recent``, within [0.5, 1]: 1 while latency
   holds (within 1.5 x the baseline, which absorbs jitter), smaller as a queue builds.
-- **Each reply** moves the limit a fifth of the way to ``limit x gradient +
-  sqrt(limit)``: it grows (by about the square root of itself) while latency holds and
-  the limit is used (at least half of it in flight), and shrinks in proportion to the
-  latency's rise. On a participant that serves *C* at once with a steady service time,
+- **Each reply** moves the limit ``1 / (5 x limit)`` of the way to ``limit x gradient +
+  sqrt(limit)``: a whole limit's worth of replies (about one round trip) moves it a
+  fifth of the way, so it reacts to the latency of what it sent, not to the replies
+  already on their way back (moved a fifth per reply, it overshot by a round trip's
+  replies and swung between a few and many times the participant's capacity:
+  ``bench/scheduler.py``). It grows (by about the square root of itself per round trip)
+  while latency holds and the limit is used (at least half of it in flight), and
+  shrinks in proportion to the latency's rise. On a participant that serves *C* at once with a steady service time,
   it settles near ``1.5 x C + sqrt(1.5 x C)``.
 - **Each timeout** cuts it by a tenth (multiplicative decrease): an unanswered attempt is
   the strongest sign of overload.
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 
 #: How far above the baseline latency may be and still count as holding.
 TOLERANCE = 1.5
-#: The share of the way to its target a reply moves the limit.
+#: The share of the way to its target a round trip's replies (the limit's worth) move it.
 SMOOTHING = 0.2
 #: The weight of a reply in the recent latency (about the last ten replies).
 RECENT_WEIGHT = 0.1
@@ -117,7 +121,7 @@ class AdaptiveLimit:
         if gradient >= 1.0 and in_flight < limit / 2:
             return  # not using what it has: no sign it could use more
         target = limit * gradient + math.sqrt(limit)
-        moved = limit + SMOOTHING * (target - limit)
+        moved = limit + SMOOTHING / math.sqrt(max(1.0, limit)) * (target - limit)
         grew = moved > limit
         why = (
             f"{'grew' if grew else 'shrank'}: replies take {recent * 1000:.1f} ms, "
