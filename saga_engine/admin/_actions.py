@@ -215,13 +215,13 @@ async def skip(
     compensated), or marks a stuck compensation as done by hand (no ``result``)."""
     if body.result is None:
         record, events = await load(parts.store, saga_id)
-        stuck = saga_view_of(events, saga_id=record.saga_id).stuck_step
-        if stuck != body.step:
+        stuck = saga_view_of(events, saga_id=record.saga_id).stuck_steps
+        if body.step not in stuck:
             raise HTTPException(
                 422,
                 f"skipping step {body.step!r} needs a result (the reply its code gets); "
                 "only a stuck compensation is skipped without one"
-                + (f" (the stuck one is {stuck!r})" if stuck else ""),
+                + (f" (stuck: {', '.join(map(repr, stuck))})" if stuck else ""),
             )
     _, note = await _carry_out(
         engine,

@@ -141,9 +141,7 @@ def _actions(view: SagaView) -> list[tuple[str, str, str, tuple[str, ...]]]:
     out = []
     for action in view.actions:
         label, asks = ACTIONS[action.name]
-        if action.name == "skip" and action.steps == (
-            (view.stuck_step,) if view.stuck_step else ()
-        ):
+        if action.name == "skip" and action.steps and set(action.steps) <= set(view.stuck_steps):
             asks = "step"
         out.append((action.name, label, asks, action.steps))
     return out

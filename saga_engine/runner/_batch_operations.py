@@ -81,10 +81,14 @@ async def _signal(engine: Engine, op: BatchRow, saga_id: str, _: list[object], w
 async def _retry(
     engine: Engine, op: BatchRow, saga_id: str, events: list[object], why: str
 ) -> object:
-    step = saga_view_of(events, saga_id=saga_id).stuck_step  # type: ignore[arg-type]
-    if step is None:
+    stuck = saga_view_of(events, saga_id=saga_id).stuck_steps  # type: ignore[arg-type]
+    if not stuck:
         raise InvalidTransition(f"saga {saga_id} has no stuck step to retry")
-    return await engine.retry_step(saga_id, step, reason=why, principal=op.principal)
+    # Every stuck compensation (independent steps undone in parallel may be stuck at once).
+    done: object = None
+    for step in stuck:
+        done = await engine.retry_step(saga_id, step, reason=why, principal=op.principal)
+    return done
 
 
 async def _resume(engine: Engine, op: BatchRow, saga_id: str, _: list[object], why: str) -> object:

@@ -283,6 +283,7 @@ def saga_view_of(
         pivot_step=f.pivot_step,
         past_pivot=f.past_pivot,
         parked_steps=tuple(f.parked_steps),
+        stuck_steps=f.stuck_steps if f.status == S.COMPENSATION_STUCK else (),
     )
 
 

@@ -111,7 +111,8 @@ class SagaView:
     in_flight: tuple[InFlight, ...]
     timers: tuple[PendingTimer, ...]
     owed: tuple[Owed, ...]
-    #: The compensation that exhausted its retries (while compensation_stuck).
+    #: The compensation that exhausted its retries (while compensation_stuck): the first,
+    #: when independent steps undone in parallel are stuck at once (all: ``stuck_steps``).
     stuck_step: str | None
     waiting_for: tuple[Wait, ...]
     segments: tuple[Segment, ...]
@@ -126,3 +127,5 @@ class SagaView:
     past_pivot: bool = False
     #: Forward steps parked for an operator after they could not succeed.
     parked_steps: tuple[str, ...] = ()
+    #: Every stuck compensation, in the order they got stuck (while compensation_stuck).
+    stuck_steps: tuple[str, ...] = ()

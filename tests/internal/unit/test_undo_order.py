@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -17,6 +19,7 @@ from saga_engine.core.history._policy import DEFAULT_COMPENSATION_RETRY
 from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.core.runtime._state import OwedCompensation
 from saga_engine.core.runtime._undo import undo_plan
+from saga_engine.core.views._view import saga_view_of
 from saga_engine.testing import SagaTestEnv
 
 
@@ -98,3 +101,57 @@ async def test_a_history_recorded_before_the_plan_is_undone_one_at_a_time() -> N
     issued = [e for e in decision.events if isinstance(e, CompensationIssued)]
     assert [e.step for e in issued] == [old.owed[0]]
     assert runtime.status == SagaStatus.COMPENSATING
+
+
+class Undone(Saga[In, Out]):
+    """first; then two branches at once; then a refused step: the branches are undone in
+    parallel, and both their compensations refused (stuck at once)."""
+
+    name = "undone"
+
+    async def run(self, ctx: SagaContext, input: In) -> Out:
+        async def one(name: str, to: str) -> None:
+            await ctx.step(name, to=to, command=Do(what=name), compensate=Undo(what=name))
+
+        await one("first", "p")
+        await asyncio.gather(one("left", "l"), one("right", "r"))
+        await ctx.step("last", to="q", command=Do(what="last"))
+        return Out()
+
+
+async def test_two_stuck_compensations_are_each_answered_on_their_own() -> None:
+    env = SagaTestEnv([Undone])
+    for name in ("p", "l", "r"):
+        env.participant(name).on(Do, reply={}).on(Undo, reply={})
+    env.participant("q").on(Do, reject="no")
+    env.participant("l").on(Undo, reject="ledger locked")
+    env.participant("r").on(Undo, reject="ledger locked")
+    run = await env.start(Undone, In())
+    assert await env.run_until_settled(run) == SagaStatus.COMPENSATION_STUCK
+    view = saga_view_of(await run.history(), saga_id=run.saga_id)
+    for _ in range(50):  # the other one may still be in its back-off: its timers fire
+        if len(view.stuck_steps) == 2:
+            break
+        await env.advance(timedelta(minutes=10))
+        view = saga_view_of(await run.history(), saga_id=run.saga_id)
+    assert sorted(view.stuck_steps) == ["left", "right"]
+    assert {w.step for w in view.waiting_for if w.compensation} == {"left", "right"}
+    # The second stuck one is answered first: skipped by hand; the other stays stuck.
+    second = view.stuck_steps[1]
+    await env.engine.skip_step(run.saga_id, second, reason="undone by hand")
+    await env.settle()
+    view = saga_view_of(await run.history(), saga_id=run.saga_id)
+    assert view.status == SagaStatus.COMPENSATION_STUCK
+    assert view.stuck_steps == (view.stuck_steps[0],) != (second,)
+    assert env.compensated_steps().count("first") == 0  # still waits for both branches
+    # The other is retried once its participant is back: then first, and the end.
+    other = view.stuck_steps[0]
+    env.participant(other[0]).on(Undo, reply={})
+    await env.engine.retry_step(run.saga_id, other, reason="ledger unlocked")
+    await env.settle()
+    assert await run.status() == SagaStatus.COMPENSATED
+    history: list[Any] = await run.history()
+    done = [e.step for e in history if e.kind == "compensation_completed"]
+    assert done == [other, "first"]
+    runtime, _ = SagaRuntime.replay(SagaDefinition.of(Undone), run.saga_id, history)
+    assert runtime.status == SagaStatus.COMPENSATED
