@@ -3,8 +3,13 @@ search attributes filter, and a stuck compensation skipped without a result."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from saga_engine import SagaStatus
-from tests.admin.conftest import OPERATOR, READER, Admin
+from saga_engine.admin import create_admin_app
+from saga_engine.testing import SagaTestEnv
+from tests.admin.conftest import OPERATOR, READER, Admin, admin_settings, make_client
+from tests.admin.graph_sagas import Do, Fulfil, OrderIn, Undo
 from tests.admin.sagas import Credit, Refund
 
 
@@ -76,3 +81,35 @@ async def test_a_stuck_compensation_is_skipped_without_a_result(admin: Admin) ->
     )
     assert skipped.status_code == 200, skipped.text
     assert skipped.json()["status"] == "compensated"
+
+
+async def test_two_compensations_stuck_at_once_are_each_skipped_without_a_result() -> None:
+    """A graph's independent steps are undone in parallel: both refused, both stuck; an
+    operator skips each, in any order, without a result."""
+    env = SagaTestEnv([Fulfil], settings=admin_settings())
+    for name in ("inventory", "payments", "warehouse", "mailer"):
+        env.participant(name).on(Do, reply={}).on(Undo, reply={})
+    env.participant("shipping").on(Do, reject="no carrier")
+    env.participant("inventory").on(Undo, reject="locked")
+    env.participant("payments").on(Undo, reject="locked")
+    app = create_admin_app(env.engine, env.settings, parts=env.parts)
+    async with make_client(app) as http:
+        run = await env.start(Fulfil, OrderIn(order="o-1", lines=[]))
+        await env.run_until_settled(run)
+        for _ in range(50):  # the other may still be in its back-off: its timers fire
+            body = (await http.get(f"/sagas/{run.saga_id}", headers=READER)).json()
+            stuck = [w["step"] for w in body["waiting_for"] if w["kind"] == "operator"]
+            if len(stuck) == 2:
+                break
+            await env.advance(timedelta(minutes=10))
+        assert body["status"] == "compensation_stuck"
+        assert sorted(stuck) == ["charge", "reserve"]
+        for step, status in ((stuck[1], "compensation_stuck"), (stuck[0], "compensated")):
+            skipped = await http.post(
+                f"/sagas/{run.saga_id}/skip",
+                json={"step": step, "reason": "undone by hand"},
+                headers=OPERATOR,
+            )
+            assert skipped.status_code == 200, skipped.text
+            await env.settle()
+            assert (await run.status()).value == status
