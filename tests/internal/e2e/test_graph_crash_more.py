@@ -253,13 +253,6 @@ async def test_two_stuck_compensations_are_retried_one_at_a_time(guarded: Cluste
     await _replays(cluster, GraphStuckUndo, saga_id, SagaStatus.COMPENSATED)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: POST /sagas/{id}/skip without a result checks the step against "
-    "SagaView.stuck_step, the first stuck compensation only, so the second of two stuck "
-    "ones is refused with 422 'needs a result' (the engine itself would accept it: "
-    "_skip_event checks stuck_steps)",
-)
 async def test_the_second_of_two_stuck_compensations_is_skipped(guarded: Cluster) -> None:
     cluster = guarded
     port, saga_id = await _both_stuck(cluster, 4)
