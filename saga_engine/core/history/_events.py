@@ -84,6 +84,7 @@ class TriggerOrigin(BaseModel):
 
 
 def _absent(value: object) -> bool:
+    """A field left out of the stored shape when it holds nothing (``exclude_if``)."""
     return value is None
 
 
@@ -171,7 +172,7 @@ class SagaStarted(_Event):
     fairness_key: str | None = None
     #: Set when an operator re-ran another saga (``saga rerun``): the saga re-run, for the
     #: lineage. Left out of the stored shape when None (every other start).
-    rerun_of: RerunLink | None = Field(default=None, exclude_if=lambda v: v is None)
+    rerun_of: RerunLink | None = Field(default=None, exclude_if=_absent)
 
 
 class ReplyReceived(_Event):
@@ -338,7 +339,7 @@ class RetryRequested(_Event):
     #: The operator's edited command for a parked step (checked against the step's
     #: command model), sent in place of the original, which stays in its command_issued.
     #: Left out of the stored shape when None.
-    command: JsonDict | None = Field(default=None, exclude_if=lambda v: v is None)
+    command: JsonDict | None = Field(default=None, exclude_if=_absent)
 
     def describe(self) -> str:
         edited = " with an edited command" if self.command is not None else ""
@@ -424,7 +425,7 @@ class CommandIssued(_CommandIntent):
     pivot: bool = Field(default=False, exclude_if=lambda v: not v)
     #: What the command holds of its participant's budget while in flight (``Cost``'s
     #: amounts, a named class resolved); left out when it declares none.
-    cost: dict[str, float] | None = Field(default=None, exclude_if=lambda v: v is None)
+    cost: dict[str, float] | None = Field(default=None, exclude_if=_absent)
 
     def describe(self) -> str:
         return (
@@ -528,7 +529,7 @@ class CompensationStarted(_Intent):
     #: begins (the steps that came after it: that ran after it was applied, or that a
     #: graph declares depend on it); steps that wait for none of each other are undone
     #: in parallel. None (a history from before it): one at a time, in ``owed``'s order.
-    after: dict[str, list[str]] | None = Field(default=None, exclude_if=lambda v: v is None)
+    after: dict[str, list[str]] | None = Field(default=None, exclude_if=_absent)
 
     def signature(self) -> tuple[Any, ...]:
         return (self.kind, self.reason, tuple(self.owed))
