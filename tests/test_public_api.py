@@ -152,6 +152,7 @@ FRONT_DOORS: dict[str, set[str]] = {
         "ScheduleSettings",
         "Settings",
         "FlowLimit",
+        "FlowPolicy",
         "LimitsSettings",
         "BatchSettings",
     },

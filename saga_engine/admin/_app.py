@@ -24,6 +24,7 @@ from saga_engine.admin import (
     _domain_events,
     _engine_info,
     _flow,
+    _flow_policies,
     _insights,
     _rerun,
     _rollouts,
@@ -135,6 +136,7 @@ def _include_routers(app: FastAPI, parts: EngineParts, admin: AdminSettings) -> 
     app.include_router(_updates.router, dependencies=secured)
     app.include_router(_rollouts.router, dependencies=secured)
     app.include_router(_flow.router, dependencies=secured)
+    app.include_router(_flow_policies.router, dependencies=secured)
     app.include_router(_domain_events.router, dependencies=secured)
     app.include_router(_concurrency_keys.router, dependencies=secured)
     app.include_router(_schedules.router, dependencies=secured)

@@ -27,6 +27,7 @@ from saga_engine.core.planning._rollout import (
     RolloutChange,
     RolloutSpec,
     RolloutStore,
+    flow_policy_subject,
     predicate_named,
     spec_of,
 )
@@ -76,6 +77,13 @@ def _store(parts: EngineParts) -> RolloutStore:
     return store
 
 
+def _version_rollout_names(parts: EngineParts, rows: list[Rollout]) -> list[str]:
+    """Every saga type deployed here or with a stored rollout (the flow policies' rows
+    are not saga types': ``/flow/policies`` shows them)."""
+    stored = {r.saga_type for r in rows if flow_policy_subject(r.saga_type) is None}
+    return sorted(set(parts.registry.names()) | stored)
+
+
 def describe(versions: list[int], spec: RolloutSpec | None) -> str:
     if not versions:
         return "not deployed on this engine"
@@ -116,7 +124,7 @@ async def rollout_view(parts: EngineParts, saga_type: str, limit: int = 20) -> R
 async def list_rollouts(parts: PartsDep) -> list[RolloutView]:
     """Every saga type deployed here or with a stored rollout, with its latest changes."""
     rows = await _store(parts).rollouts()
-    names = sorted(set(parts.registry.names()) | {r.saga_type for r in rows})
+    names = _version_rollout_names(parts, rows)
     return [await rollout_view(parts, name, limit=5) for name in names]
 
 
@@ -183,7 +191,7 @@ def ui_router(parts: EngineParts, admin: AdminSettings) -> APIRouter:
     async def rollouts_page(request: Request) -> HTMLResponse:
         principal = request.scope.get("state", {}).get(PRINCIPAL_KEY)
         rows = await _store(parts).rollouts()
-        names = sorted(set(parts.registry.names()) | {r.saga_type for r in rows})
+        names = _version_rollout_names(parts, rows)
         return _render(
             "rollouts.html",
             root=_root(request),

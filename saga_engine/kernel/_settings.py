@@ -383,6 +383,10 @@ class FlowLimit(BaseModel):
     #: An adaptive limit's bounds (cluster-wide, as the others): default 1 and 1000.
     min_concurrency: int | None = Field(default=None, ge=1)
     max_concurrency: int | None = Field(default=None, ge=1)
+    #: How an adaptive limit moves (``core/planning/_adaptive_limit``): ``"gradient"``
+    #: (the default: in proportion to the latency's rise) or ``"aimd"`` (one more per
+    #: round trip while latency holds, a tenth less when it doubles or a reply times out).
+    algorithm: Literal["gradient", "aimd"] | None = None
     #: Commands sent per second (a token bucket holding a tenth of a second's worth).
     rate: float | None = Field(default=None, gt=0)
     #: The resources its commands may hold at once, summed over the costs in flight
@@ -397,6 +401,11 @@ class FlowLimit(BaseModel):
                 raise ValueError(
                     "min_concurrency and max_concurrency bound an adaptive limit: set "
                     'concurrency="adaptive" (or drop them)'
+                )
+            if self.algorithm is not None:
+                raise ValueError(
+                    'algorithm chooses how an adaptive limit moves: set concurrency="adaptive" '
+                    "(or drop it)"
                 )
             return self
         low, high = self.adaptive_bounds
@@ -421,33 +430,24 @@ class FlowLimit(BaseModel):
         return self.concurrency is not None or self.rate is not None or self.budget is not None
 
 
-class LimitsSettings(BaseModel):
-    """Flow control: concurrency and rate limits on the commands the engine sends, per
-    participant and per saga type. None configured (the default): commands go straight
-    to the broker, as if this section did not exist."""
+class FlowPolicy(BaseModel):
+    """One version of flow control's heuristics: the limits per participant and saga
+    type, the fairness keys' weights, and whether ``cost="learned"`` prices a step.
+
+    ``LimitsSettings`` is version 1 (its own fields); ``LimitsSettings.policies`` holds
+    the others, each rolled out to a share of new sagas like a saga version
+    (docs/operations.md, "Trying a flow policy on a share of sagas")."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     participants: dict[str, FlowLimit] = Field(default_factory=dict)
     saga_types: dict[str, FlowLimit] = Field(default_factory=dict)
-    #: A waiting command's priority rises by one for every this many seconds it waits,
-    #: so a low priority is served under a constant stream of higher ones. None: no aging
-    #: (strict priority; a low priority may then wait for as long as higher ones come).
-    aging_s: float | None = Field(default=10.0, gt=0)
-    #: Named costs a step may declare by name (``ctx.step(cost="heavy")``):
-    #: ``{"heavy": {"cpu": 8, "memory_mb": 2048}}``.
-    cost_classes: dict[str, dict[str, float]] = Field(default_factory=dict)
     #: Each fairness key's weight under contention (``"*"``: every other key, and starts
     #: without one; default 1): ``{"gold": 3, "*": 1}`` gives gold three times the share.
     fairness_weights: dict[str, float] = Field(default_factory=dict)
-
-    @field_validator("cost_classes")
-    @classmethod
-    def _class_amounts(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
-        return {
-            name: resource_amounts(amounts, f"cost class {name!r}", positive=False)
-            for name, amounts in value.items()
-        }
+    #: Whether a step declared ``cost="learned"`` is priced by what it was measured to
+    #: cost (False: it costs nothing, as if it declared no cost).
+    learned_costs: bool = True
 
     @field_validator("fairness_weights")
     @classmethod
@@ -465,6 +465,59 @@ class LimitsSettings(BaseModel):
         found = weights.get(fairness_key)
         return found if found is not None else weights.get("*", 1.0)
 
+    @property
+    def limits_anything(self) -> bool:
+        return any(
+            limit.limits_anything
+            for limit in (*self.participants.values(), *self.saga_types.values())
+        )
+
+
+#: The versions a flow policy may have (1 is ``LimitsSettings``'s own fields).
+POLICY_VERSIONS = range(1, 10_001)
+
+
+class LimitsSettings(FlowPolicy):
+    """Flow control: concurrency and rate limits on the commands the engine sends, per
+    participant and per saga type, as flow policy version 1 (``FlowPolicy``'s fields)
+    and, in ``policies``, the other versions a rollout may give new sagas. None
+    configured (the default): commands go straight to the broker, as if this section did
+    not exist."""
+
+    #: A waiting command's priority rises by one for every this many seconds it waits,
+    #: so a low priority is served under a constant stream of higher ones. None: no aging
+    #: (strict priority; a low priority may then wait for as long as higher ones come).
+    aging_s: float | None = Field(default=10.0, gt=0)
+    #: Named costs a step may declare by name (``ctx.step(cost="heavy")``):
+    #: ``{"heavy": {"cpu": 8, "memory_mb": 2048}}``.
+    cost_classes: dict[str, dict[str, float]] = Field(default_factory=dict)
+    #: Flow policies by version (2 and up), each a whole ``FlowPolicy`` (nothing is
+    #: inherited from version 1): ``SAGA_LIMITS__POLICIES='{"2": {"participants":
+    #: {"payments": {"concurrency": "adaptive"}}}}'``. A version takes no saga until a
+    #: flow-policy rollout gives it a share (``saga flow rollout``).
+    policies: dict[int, FlowPolicy] = Field(default_factory=dict)
+
+    @field_validator("cost_classes")
+    @classmethod
+    def _class_amounts(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        return {
+            name: resource_amounts(amounts, f"cost class {name!r}", positive=False)
+            for name, amounts in value.items()
+        }
+
+    @field_validator("policies")
+    @classmethod
+    def _policy_versions(cls, value: dict[int, FlowPolicy]) -> dict[int, FlowPolicy]:
+        for version in value:
+            if version == 1:
+                raise ValueError(
+                    "flow policy 1 is SAGA_LIMITS__'s own fields (participants, saga_types, "
+                    "fairness_weights, learned_costs): number the others from 2"
+                )
+            if version not in POLICY_VERSIONS:
+                raise ValueError(f"a flow policy's version is 2 to 10000, got {version}")
+        return dict(sorted(value.items()))
+
     @field_validator("aging_s", mode="before")
     @classmethod
     def _no_aging(cls, value: Any) -> Any:
@@ -475,11 +528,28 @@ class LimitsSettings(BaseModel):
         return value
 
     @property
+    def versions(self) -> list[int]:
+        """The flow policies configured, by version (1 always)."""
+        return [1, *self.policies]
+
+    def policy(self, version: int | None) -> FlowPolicy:
+        """The policy a saga recorded as on ``version`` (None: 1) runs under: that one, or
+        the highest configured below it when it is not configured here (any more)."""
+        resolved = self.resolve(version)
+        return self if resolved == 1 else self.policies[resolved]
+
+    def resolve(self, version: int | None) -> int:
+        """The version ``policy(version)`` is."""
+        if version is None or version <= 1:
+            return 1
+        if version in self.policies:
+            return version
+        below = [v for v in self.policies if v < version]
+        return max(below) if below else 1
+
+    @property
     def enabled(self) -> bool:
-        return any(
-            limit.limits_anything
-            for limit in (*self.participants.values(), *self.saga_types.values())
-        )
+        return self.limits_anything or any(p.limits_anything for p in self.policies.values())
 
 
 class Settings(BaseSettings):

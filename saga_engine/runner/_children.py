@@ -230,6 +230,7 @@ class ChildLinks:
                     trace_context=command.trace_context,
                     priority=start.priority,
                     fairness_key=start.fairness_key,
+                    flow_policy=start.flow_policy,
                 )
             )
         return True

@@ -113,6 +113,8 @@ class Engine:
         self._settings = parts.settings
         self._registry = parts.registry
         self._rollouts = parts.rollouts
+        #: The flow policies configured (1 first): a start chooses among them.
+        self._policies = parts.settings.limits.versions
         self._store = parts.store
         self._clock = parts.clock
         self._live = parts.live
@@ -177,6 +179,11 @@ class Engine:
         saga_id = request.with_saga_id().saga_id
         assert saga_id is not None
         definition = self._rollouts.choose(self._registry, definition, saga_id, request.input)
+        flow_policy = request.flow_policy
+        if flow_policy is None:
+            flow_policy = self._rollouts.flow_policy(
+                self._registry, definition, self._policies, saga_id, request.input
+            )
         now = self._clock.now()
         limit = request.deadline or definition.deadline
         try:
@@ -204,6 +211,7 @@ class Engine:
             request.priority,
             request.fairness_key,
             request.rerun_of,
+            flow_policy,
         )
 
     # ------------------------------------------------------------------ inputs

@@ -72,7 +72,7 @@ class Housekeeping:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._timers(), name="saga-timers"))
-        if needs_rollouts(self._parts.registry):
+        if needs_rollouts(self._parts.registry, self._parts.settings.limits):
             every = self._settings.engine.rollout_refresh_s
             rollouts = keep_rollouts_fresh(self._parts, every)
             self._tasks.append(loop.create_task(rollouts, name="saga-rollouts"))

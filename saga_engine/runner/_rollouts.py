@@ -4,7 +4,8 @@ Every engine reads the rollout rows when its worker starts (before its inbox: a 
 never runs on a version a stored rollout holds back, say a dark deploy at 0 %) and then
 every ``engine.rollout_refresh_s``: a change made through another engine's admin API
 applies here within that delay (the engine that took the change applies it at once).
-An engine with one version of each saga type never reads them (nothing to choose).
+An engine with one version of each saga type and one flow policy never reads them
+(nothing to choose).
 """
 
 from __future__ import annotations
@@ -15,14 +16,18 @@ import logging
 from saga_engine.core.authoring._definition import SagaRegistry
 from saga_engine.core.planning._rollout import Rollout, RolloutChange, RolloutSpec, RolloutStore
 from saga_engine.kernel._errors import InvalidTransition, TransientError
+from saga_engine.kernel._settings import LimitsSettings
 from saga_engine.runner._parts import EngineParts
 from saga_engine.telemetry._telemetry import detach_from_trace
 
 log = logging.getLogger("saga_engine.rollout")
 
 
-def needs_rollouts(registry: SagaRegistry) -> bool:
-    """Whether some saga type has several versions deployed (in ``registry``)."""
+def needs_rollouts(registry: SagaRegistry, limits: LimitsSettings) -> bool:
+    """Whether some saga type has several versions deployed (in ``registry``), or
+    several flow policies are configured (in ``limits``): a start then chooses."""
+    if len(limits.versions) > 1:
+        return True
     return any(len(registry.versions(name)) > 1 for name in registry.names())
 
 
@@ -49,6 +54,21 @@ async def apply_rollout(
         saga_type,
         Rollout(saga_type=saga_type, updated_at=at, updated_by=principal, **spec.model_dump()),
     )
+    return change
+
+
+async def remove_rollout(
+    parts: EngineParts, key: str, *, principal: str, reason: str
+) -> RolloutChange:
+    """Removes a rollout row (a flow policy's: ``flow_policy_key``) with its audit row,
+    on this engine at once (the others at their next refresh)."""
+    store = parts.store
+    if not isinstance(store, RolloutStore):
+        raise InvalidTransition("this engine's store keeps no rollouts")
+    change = await store.set_rollout(
+        key, None, principal=principal, reason=reason, at=parts.clock.now()
+    )
+    parts.rollouts.put(key, None)
     return change
 
 

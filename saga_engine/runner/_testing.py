@@ -19,7 +19,7 @@ from saga_engine.core.authoring._update import name_of
 from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.core.history._events import Event
 from saga_engine.core.history._status import SagaStatus
-from saga_engine.core.planning._rollout import RolloutSpec
+from saga_engine.core.planning._rollout import RolloutSpec, flow_policy_key
 from saga_engine.kernel._errors import SagaError, SagaNotFound, TransientError, UpdateFailed
 from saga_engine.kernel._serde import JsonDict
 from saga_engine.kernel._settings import Settings
@@ -344,6 +344,22 @@ class SagaTestEnv:
         stored with its audit row (principal ``test``) and applied on ``env.engine`` now."""
         spec = RolloutSpec(version=version, percent=percent, predicate=predicate)
         await apply_rollout(self.parts, saga_type, spec, principal="test", reason=reason)
+
+    async def set_flow_rollout(
+        self,
+        version: int,
+        percent: int = 0,
+        *,
+        saga_type: str | None = None,
+        predicate: str | None = None,
+        reason: str = "set by a test",
+    ) -> None:
+        """Sets which flow policy new sagas (of ``saga_type``, or of every type) run
+        under, as ``PUT /flow/policies/rollout`` does (``Settings.limits.policies``
+        configures the versions)."""
+        spec = RolloutSpec(version=version, percent=percent, predicate=predicate)
+        key = flow_policy_key(saga_type)
+        await apply_rollout(self.parts, key, spec, principal="test", reason=reason)
 
     def participant(self, name: str) -> ScriptedParticipant:
         if name not in self._participants:

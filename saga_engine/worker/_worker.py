@@ -184,7 +184,9 @@ class SagaWorker:
         telemetry = self.telemetry or default_telemetry()
         self._events = await WorkerEvents.open(self.settings, self.codec, self.event_sources)
         engine, parts = self._build_engine(self._store, telemetry)
-        if needs_rollouts(parts.registry):  # before the inbox: no start outruns a rollout
+        if needs_rollouts(
+            parts.registry, parts.settings.limits
+        ):  # before the inbox: no start outruns a rollout
             with unreachable_as_unavailable(POSTGRES):
                 await refresh_rollouts(parts)
         self._schedules = await WorkerSchedules.open(

@@ -8,7 +8,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from saga_engine.core.history._cost import Cost
 from saga_engine.core.history._events import (
@@ -17,6 +17,7 @@ from saga_engine.core.history._events import (
     ReplyTimings,
     RerunLink,
     TriggerOrigin,
+    absent,
 )
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._errors import PermanentError
@@ -76,6 +77,8 @@ class ChildStart(BaseModel):
     #: the tenant's turns, and an urgent parent's children are urgent too.
     priority: int = 0
     fairness_key: str | None = None
+    #: The parent's flow policy: a child runs under its parent's (None: version 1).
+    flow_policy: int | None = Field(default=None, exclude_if=absent)
 
 
 class ChildUndo(BaseModel):
@@ -104,6 +107,7 @@ class StartSaga:
     priority: int = 0
     fairness_key: str | None = None
     rerun_of: RerunLink | None = None
+    flow_policy: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

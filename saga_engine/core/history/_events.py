@@ -83,7 +83,7 @@ class TriggerOrigin(BaseModel):
     offset: int
 
 
-def _absent(value: object) -> bool:
+def absent(value: object) -> bool:
     """A field left out of the stored shape when it holds nothing (``exclude_if``)."""
     return value is None
 
@@ -97,16 +97,16 @@ class ReplyTimings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     #: The command left the engine (after any hold by flow control): ``ce_senttime``.
-    sent_at: datetime | None = Field(default=None, exclude_if=_absent)
+    sent_at: datetime | None = Field(default=None, exclude_if=absent)
     #: The participant read the command: ``ce_receivedtime``.
-    received_at: datetime | None = Field(default=None, exclude_if=_absent)
+    received_at: datetime | None = Field(default=None, exclude_if=absent)
     #: Its handler started and ended: ``ce_handlerstarttime``, ``ce_handlerendtime``.
-    handler_started_at: datetime | None = Field(default=None, exclude_if=_absent)
-    handler_ended_at: datetime | None = Field(default=None, exclude_if=_absent)
+    handler_started_at: datetime | None = Field(default=None, exclude_if=absent)
+    handler_ended_at: datetime | None = Field(default=None, exclude_if=absent)
     #: Its transaction committed: ``ce_committime``.
-    committed_at: datetime | None = Field(default=None, exclude_if=_absent)
+    committed_at: datetime | None = Field(default=None, exclude_if=absent)
     #: The handler's CPU time in milliseconds: ``ce_handlercpums``.
-    handler_cpu_ms: float | None = Field(default=None, exclude_if=_absent)
+    handler_cpu_ms: float | None = Field(default=None, exclude_if=absent)
 
 
 class _Event(BaseModel):
@@ -172,7 +172,12 @@ class SagaStarted(_Event):
     fairness_key: str | None = None
     #: Set when an operator re-ran another saga (``saga rerun``): the saga re-run, for the
     #: lineage. Left out of the stored shape when None (every other start).
-    rerun_of: RerunLink | None = Field(default=None, exclude_if=_absent)
+    rerun_of: RerunLink | None = Field(default=None, exclude_if=absent)
+    #: The flow policy its commands are sent under (``LimitsSettings.policies``), chosen
+    #: at start by the flow-policy rollout; None: version 1 (and left out of the stored
+    #: shape, as in every history before policies). Like priority, it changes only when
+    #: a command is sent, never what the saga does.
+    flow_policy: int | None = Field(default=None, exclude_if=absent)
 
 
 class ReplyReceived(_Event):
@@ -186,7 +191,7 @@ class ReplyReceived(_Event):
     error: str | None = None
     #: The reply's timing headers (the participant's figures, and when its command left
     #: the engine), for insights; left out of the stored shape when it had none.
-    timings: ReplyTimings | None = Field(default=None, exclude_if=_absent)
+    timings: ReplyTimings | None = Field(default=None, exclude_if=absent)
 
     def describe(self) -> str:
         what = "compensation reply" if self.compensation else "reply"
@@ -339,7 +344,7 @@ class RetryRequested(_Event):
     #: The operator's edited command for a parked step (checked against the step's
     #: command model), sent in place of the original, which stays in its command_issued.
     #: Left out of the stored shape when None.
-    command: JsonDict | None = Field(default=None, exclude_if=_absent)
+    command: JsonDict | None = Field(default=None, exclude_if=absent)
 
     def describe(self) -> str:
         edited = " with an edited command" if self.command is not None else ""
@@ -425,7 +430,7 @@ class CommandIssued(_CommandIntent):
     pivot: bool = Field(default=False, exclude_if=lambda v: not v)
     #: What the command holds of its participant's budget while in flight (``Cost``'s
     #: amounts, a named class resolved); left out when it declares none.
-    cost: dict[str, float] | None = Field(default=None, exclude_if=_absent)
+    cost: dict[str, float] | None = Field(default=None, exclude_if=absent)
 
     def describe(self) -> str:
         return (
@@ -529,7 +534,7 @@ class CompensationStarted(_Intent):
     #: begins (the steps that came after it: that ran after it was applied, or that a
     #: graph declares depend on it); steps that wait for none of each other are undone
     #: in parallel. None (a history from before it): one at a time, in ``owed``'s order.
-    after: dict[str, list[str]] | None = Field(default=None, exclude_if=_absent)
+    after: dict[str, list[str]] | None = Field(default=None, exclude_if=absent)
 
     def signature(self) -> tuple[Any, ...]:
         return (self.kind, self.reason, tuple(self.owed))

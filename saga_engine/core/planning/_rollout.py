@@ -15,17 +15,27 @@ included (``SagaRegistry.for_history``).
 - A row naming a version this engine does not have (set before a deploy) leaves its
   starts on the highest version below it, until the version is deployed.
 
+**Flow policies** (``LimitsSettings.policies``) are rolled out by the same rows, under
+keys no saga type can have (a type's name has no ``:``): ``flow:*`` for every saga type
+and ``flow:<type>`` for one (which wins over ``flow:*``). The rule is the one above, with
+two differences: no row means version 1 (a policy is configured dark and takes no saga
+until a rollout gives it some), and the bucket is salted (``flow_bucket``), so the
+starts a flow policy takes are not the ones a saga version's rollout at the same
+percent takes: two experiments at once do not confound each other. ``saga_started``
+records the choice (``flow_policy``, left out when 1); a child takes its parent's.
+
 Nothing here does I/O: the rows live in Postgres (migration 0008) or the in-memory
 store, behind the ``RolloutStore`` port; every engine reads them every
 ``engine.rollout_refresh_s`` (``_rollout_runner``). A type with a single version
-registered never looks at them: the start path's cost is one dict lookup.
+registered, with one flow policy configured, never looks at them: the start path's cost
+is one dict lookup.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -44,6 +54,30 @@ def bucket(saga_type: str, saga_id: str) -> int:
     process computes it (sha256, not Python's salted ``hash``)."""
     digest = hashlib.sha256(f"{saga_type}\x00{saga_id}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % 100
+
+
+#: Where a flow policy's rollout rows are kept: ``flow:*`` (every saga type) and
+#: ``flow:<saga type>`` (one type, winning over ``flow:*``).
+FLOW_POLICY_PREFIX = "flow:"
+#: The key of the flow-policy rollout of every saga type.
+EVERY_TYPE = "*"
+
+
+def flow_policy_key(saga_type: str | None) -> str:
+    """The rollout row of the flow policy of ``saga_type`` (None: of every type)."""
+    return FLOW_POLICY_PREFIX + (EVERY_TYPE if saga_type is None else saga_type)
+
+
+def flow_policy_subject(key: str) -> str | None:
+    """The saga type a flow-policy row is for (``EVERY_TYPE``: all), or None if ``key``
+    is a saga type's own row."""
+    return key[len(FLOW_POLICY_PREFIX) :] if key.startswith(FLOW_POLICY_PREFIX) else None
+
+
+def flow_bucket(saga_type: str, saga_id: str) -> int:
+    """A start's bucket for flow policies, 0 to 99: salted, so independent of its saga
+    version bucket (``bucket``)."""
+    return bucket(f"flow\x00{saga_type}", saga_id)
 
 
 class RolloutSpec(BaseModel):
@@ -194,6 +228,54 @@ class RolloutTable:
         if len(versions) < 2:
             return definition  # one version: nothing to choose (the common case)
         return choose_version(versions, self._rows.get(definition.name), saga_id, payload)
+
+    def flow_rollout(self, saga_type: str) -> Rollout | None:
+        """The flow-policy rollout that applies to a saga type's new starts."""
+        rows = self._rows
+        return rows.get(flow_policy_key(saga_type)) or rows.get(flow_policy_key(None))
+
+    def flow_policy(
+        self,
+        registry: SagaRegistry,
+        definition: SagaDefinition,
+        policies: Sequence[int],
+        saga_id: str,
+        payload: JsonDict,
+    ) -> int | None:
+        """The flow policy a new saga runs under, among the versions configured
+        (``policies``, 1 first); None: version 1."""
+        if len(policies) < 2:
+            return None  # one policy: nothing to choose (the common case)
+        rollout = self.flow_rollout(definition.name)
+        if rollout is None:
+            return None
+        chosen = choose_flow_policy(
+            policies,
+            rollout,
+            flow_bucket(definition.name, saga_id),
+            lambda name: _accepts(registry.versions(definition.name), name, payload),
+        )
+        return None if chosen == 1 else chosen
+
+
+def choose_flow_policy(
+    policies: Sequence[int],
+    rollout: Rollout | RolloutSpec,
+    flow_bucket: int,
+    accepts: Callable[[str], bool],
+) -> int:
+    """The module docstring's rule for flow policies: the rolled-out version for a start
+    whose bucket is below the percent or whose input the predicate accepts (if that
+    version is configured here), else the highest configured below it (1 at least)."""
+    below = [v for v in policies if v < rollout.version]
+    stable = max(below) if below else 1
+    if rollout.version not in policies:
+        return stable  # not configured here (yet)
+    if flow_bucket < rollout.percent:
+        return rollout.version
+    if rollout.predicate is not None and accepts(rollout.predicate):
+        return rollout.version
+    return stable
 
 
 def choose_version(

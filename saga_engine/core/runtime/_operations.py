@@ -474,6 +474,7 @@ async def child(
         input=model_payload(value),
         priority=started.priority,
         fairness_key=started.fairness_key,
+        flow_policy=started.flow_policy,
     )
     return await step(
         s,

@@ -134,6 +134,7 @@ class SagaRuntime:
             priority=start.priority,
             fairness_key=start.fairness_key,
             rerun_of=start.rerun_of,
+            flow_policy=start.flow_policy,
         )
         rt._record(started)
         return rt, rt._decision()

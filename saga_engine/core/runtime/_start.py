@@ -48,6 +48,9 @@ class StartRequest:
     fairness_key: str | None = None
     #: The saga an operator re-ran as this one (``saga rerun``).
     rerun_of: RerunLink | None = None
+    #: The flow policy it runs under, given (a child takes its parent's); None: the
+    #: flow-policy rollout chooses (``RolloutTable.flow_policy``).
+    flow_policy: int | None = None
 
     def with_saga_id(self) -> StartRequest:
         """This request with its saga id decided: the one given, the one its idempotency
@@ -122,6 +125,8 @@ class PreparedStart(NamedTuple):
     fairness_key: str | None = None
     #: The saga an operator re-ran as this one (``saga rerun``).
     rerun_of: RerunLink | None = None
+    #: The flow policy it runs under (None: version 1).
+    flow_policy: int | None = None
 
 
 def start_input(start: PreparedStart) -> StartSaga:
@@ -139,4 +144,5 @@ def start_input(start: PreparedStart) -> StartSaga:
         priority=start.priority,
         fairness_key=start.fairness_key,
         rerun_of=start.rerun_of,
+        flow_policy=start.flow_policy,
     )
