@@ -41,7 +41,7 @@ async def test_the_flow_control_examples_run(index: int, expected: str) -> None:
 def test_the_flow_control_environment_is_what_settings_read(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    (block,) = code_blocks(OPERATIONS, "bash", under=SECTION)
+    (block, _) = code_blocks(OPERATIONS, "bash", under=SECTION)
     for line in block.code.splitlines():
         name, _, value = line.removeprefix("export ").partition("=")
         monkeypatch.setenv(name, shlex.split(value)[0])
@@ -56,3 +56,21 @@ def test_the_flow_control_environment_is_what_settings_read(
     assert limits.cost_classes == {"heavy": {"cpu": 8, "memory_mb": 2048}}
     assert limits.fairness_weights == {"gold": 3, "*": 1}
     assert limits.enabled
+
+
+def test_the_flow_policy_environment_is_what_settings_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (block,) = code_blocks(OPERATIONS, "bash", under="### Trying a flow policy on a share of sagas")
+    for line in block.code.splitlines():
+        name, _, value = line.removeprefix("export ").partition("=")
+        monkeypatch.setenv(name, shlex.split(value)[0])
+    limits = Settings().limits
+    assert limits.versions == [1, 2]
+    assert limits.policy(1).participants == {"payments": FlowLimit(concurrency=20)}
+    two = limits.policy(2)
+    assert two.participants == {
+        "payments": FlowLimit(concurrency="adaptive", algorithm="aimd", max_concurrency=40)
+    }
+    assert two.learned_costs is False
+    assert limits.policy(1).learned_costs is True
