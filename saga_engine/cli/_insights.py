@@ -1,7 +1,9 @@
 """``saga insights NAME``: a saga type's insights, through its engine's admin API (``GET
 /saga-types/{name}/insights``): throughput, outcomes, durations, the SLA, and per node of
 the observed graph its share of runs, latency percentiles, retries, refusals, timeouts,
-compensations and most frequent error."""
+compensations and most frequent error. ``--flow-policy N``: one flow policy's runs;
+``--by-policy``: every flow policy's figures side by side (``GET
+/saga-types/{name}/insights/policies``)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,16 @@ from urllib.parse import quote
 
 import typer
 
-from saga_engine.cli._common import AdminUrl, JsonOpt, admin_call, make_table, out, print_json
+from saga_engine.cli._common import (
+    AdminUrl,
+    JsonOpt,
+    admin_call,
+    fail,
+    make_table,
+    out,
+    print_json,
+)
+from saga_engine.core.views._insight_report import nodes_by_policy
 
 __all__ = ["commands"]
 
@@ -34,26 +45,52 @@ def insights(
     window: Annotated[
         str, typer.Option("--window", help="The last 1h, 1d or 7d (by when runs ended).")
     ] = "1h",
+    flow_policy: Annotated[
+        int | None,
+        typer.Option("--flow-policy", help="Only the runs started under this flow policy."),
+    ] = None,
+    by_policy: Annotated[
+        bool, typer.Option("--by-policy", help="Each flow policy's figures side by side.")
+    ] = False,
     admin_url: AdminUrl = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """A saga type's observed graph and figures over a window."""
-    body: dict[str, Any] = admin_call(
-        admin_url,
-        lambda api: api.get(
-            f"/saga-types/{quote(name, safe='')}/insights", params=[("window", window)]
-        ),
-    )
+    """A saga type's observed graph and figures over a window (of every flow policy's
+    runs, of one, or each policy's side by side)."""
+    if by_policy and flow_policy is not None:
+        fail("--by-policy compares every flow policy: leave out --flow-policy")
+    path = f"/saga-types/{quote(name, safe='')}/insights"
+    params = [("window", window)]
+    if by_policy:
+        path += "/policies"
+    elif flow_policy is not None:
+        params.append(("flow_policy", str(flow_policy)))
+    body: dict[str, Any] = admin_call(admin_url, lambda api: api.get(path, params=params))
     if as_json:
         print_json(body)
-        return
+    elif by_policy:
+        _comparison(body)
+    else:
+        _report(body)
+
+
+def _outcomes(outcomes: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in outcomes.items()) or "none"
+
+
+def _report(body: dict[str, Any]) -> None:
     d = body["duration_ms"]
-    outcomes = ", ".join(f"{k} {v}" for k, v in body["outcomes"].items()) or "none"
+    policy = body.get("flow_policy")
+    under = "" if policy is None else f" under flow policy {policy}"
     out.print(
-        f"{body['saga_type']}: {body['runs']} runs ended in the last {body['window']} "
-        f"({body['throughput_per_minute']}/min); {outcomes}; "
+        f"{body['saga_type']}: {body['runs']} runs{under} ended in the last {body['window']} "
+        f"({body['throughput_per_minute']}/min); {_outcomes(body['outcomes'])}; "
         f"duration p50 {_ms(d['p50'])} p95 {_ms(d['p95'])} p99 {_ms(d['p99'])}"
     )
+    policies = body.get("flow_policies") or []
+    if len(policies) > 1 or (policies and policy is not None):
+        ran = ", ".join(f"{p['version']}: {p['runs']} runs" for p in policies)
+        out.print(f"flow policies in the window: {ran} (compare them: --by-policy)")
     sla = body["sla"]
     if sla is not None:
         out.print(
@@ -131,3 +168,48 @@ def _timings(nodes: list[dict[str, Any]]) -> None:
         )
     columns = ("node", *(p.replace("_", " ") for p in _PHASES), "learned cost")
     out.print(make_table("where the time goes (mean per reply)", columns, rows, "ellipsis"))
+
+
+def _comparison(body: dict[str, Any]) -> None:
+    """Each flow policy's figures, then each node's p99 latency and held p99 per policy."""
+    policies = body["policies"]
+    out.print(
+        f"{body['saga_type']}: {body['runs']} runs ended in the last {body['window']}, "
+        f"by flow policy"
+    )
+    if not policies:
+        return
+    rows = [
+        (
+            str(p["version"]),
+            str(p["runs"]),
+            _pct(p["share"]),
+            _outcomes(p["outcomes"]),
+            _ms(p["duration_ms"]["p50"]),
+            _ms(p["duration_ms"]["p95"]),
+            _ms(p["duration_ms"]["p99"]),
+            _pct(p["sla_share_within"]),
+        )
+        for p in policies
+    ]
+    columns = ("policy", "runs", "share", "outcomes", "p50", "p95", "p99", "within SLA")
+    out.print(make_table("flow policies", columns, rows, "ellipsis"))
+    node_rows = [
+        (
+            name,
+            *(
+                cell
+                for n in lines
+                for cell in (
+                    _ms(n["latency_ms"]["p99"]) if n else "-",
+                    _ms(n["held_ms"]["p99"]) if n and n["held_ms"] else "-",
+                )
+            ),
+        )
+        for name, lines in nodes_by_policy(body)
+    ]
+    node_columns = (
+        "node",
+        *(c for p in policies for c in (f"p99 ({p['version']})", f"held p99 ({p['version']})")),
+    )
+    out.print(make_table("nodes: p99 latency and time held, by policy", node_columns, node_rows))

@@ -1,4 +1,4 @@
-"""The Postgres store's insights (migrations 0014-0016): recorded by the group commit,
+"""The Postgres store's insights (migrations 0014-0017): recorded by the group commit,
 rolled up in the background, read by the admin API.
 
 Write: the transaction that stores a run's terminal event records only the run's id in
@@ -6,7 +6,9 @@ Write: the transaction that stores a run's terminal event records only the run's
 and each read first) takes a batch of those ids, reads their histories as marks (a few
 plain fields selected by SQL, no payload decoded), and adds their summaries into
 ``saga_insights`` by one upsert, deleting the ids in the same transaction: each run is
-counted once. Read: the window's rows of one type, by the primary key's range.
+counted once. Each row is of one flow policy (the one its runs were started under,
+migration 0017). Read: the window's rows of one type, by the primary key's range, summed
+over every policy or of one.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from saga_engine.core.views._insights import (
     BUCKETS,
     MARK_KINDS,
     Counters,
+    InsightRow,
     Mark,
     RowKey,
     aggregate,
@@ -33,7 +36,8 @@ from saga_engine.store._pgbase import _Conn, _EncodedJson, _unavailable_as_trans
 
 # The marks of finished runs' histories. Only the kinds a summary reads; `error` only when it is a plain message (a
 # payload codec may have sealed it). A reply's timings (written by the engine from a validated model, never a
-# participant's raw text) and, for a reply, when its row was stored: the apply phase's end.
+# participant's raw text) and, for a reply, when its row was stored: the apply phase's end; for a
+# start, its flow policy (absent: 1).
 _MARKS: Final = """
 SELECT saga_id, kind, extract(epoch FROM (data->>'at')::timestamptz)::float8 * 1000 AS at, data->>'step' AS step,
        data->>'command_id' AS command_id, data->>'outcome' AS outcome,
@@ -52,7 +56,8 @@ SELECT saga_id, kind, extract(epoch FROM (data->>'at')::timestamptz)::float8 * 1
            AS committed,
        (data->'timings'->>'handler_cpu_ms')::float8 AS cpu_ms,
        CASE WHEN kind = 'reply_received'
-            THEN extract(epoch FROM recorded_at)::float8 * 1000 END AS recorded
+            THEN extract(epoch FROM recorded_at)::float8 * 1000 END AS recorded,
+       CASE WHEN kind = 'saga_started' THEN (data->>'flow_policy')::int END AS flow_policy
 FROM saga_events
 WHERE saga_id = ANY($1::text[]) AND kind = ANY($2::text[])
 ORDER BY saga_id, seq
@@ -84,20 +89,20 @@ _READ_ROLLUPS: Final = 20
 # same order and cannot deadlock; the row lock serialises their additions (READ
 # COMMITTED re-reads the row it waited for, so no addition is lost).
 _UPSERT: Final = """
-INSERT INTO saga_insights AS i (saga_type, bucket, facet, key, detail, runs, attempts,
-                                successes, refusals, timeouts, compensations, offset_ms, rank_sum,
-                                hist, total_us)
-SELECT u.saga_type, u.bucket, u.facet, u.key, u.detail, u.runs, u.attempts, u.successes,
-       u.refusals, u.timeouts, u.compensations, u.offset_ms, u.rank_sum,
+INSERT INTO saga_insights AS i (saga_type, bucket, facet, key, detail, flow_policy, runs,
+                                attempts, successes, refusals, timeouts, compensations,
+                                offset_ms, rank_sum, hist, total_us)
+SELECT u.saga_type, u.bucket, u.facet, u.key, u.detail, u.flow_policy, u.runs, u.attempts,
+       u.successes, u.refusals, u.timeouts, u.compensations, u.offset_ms, u.rank_sum,
        (SELECT array_agg(x::bigint) FROM jsonb_array_elements_text(u.hist) AS x), u.total_us
-FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::text[], $6::bigint[],
+FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::text[], $6::int[],
             $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[],
-            $12::bigint[], $13::bigint[], $14::jsonb[], $15::bigint[])
+            $12::bigint[], $13::bigint[], $14::bigint[], $15::jsonb[], $16::bigint[])
      WITH ORDINALITY
-     AS u(saga_type, bucket, facet, key, detail, runs, attempts, successes, refusals,
-          timeouts, compensations, offset_ms, rank_sum, hist, total_us, n)
+     AS u(saga_type, bucket, facet, key, detail, flow_policy, runs, attempts, successes,
+          refusals, timeouts, compensations, offset_ms, rank_sum, hist, total_us, n)
 ORDER BY u.n
-ON CONFLICT (saga_type, bucket, facet, key, detail) DO UPDATE SET
+ON CONFLICT (saga_type, bucket, facet, key, detail, flow_policy) DO UPDATE SET
     runs = i.runs + excluded.runs,
     attempts = i.attempts + excluded.attempts,
     successes = i.successes + excluded.successes,
@@ -113,6 +118,7 @@ ON CONFLICT (saga_type, bucket, facet, key, detail) DO UPDATE SET
 # The window's rows summed per (facet, key, detail) by Postgres, the histograms element
 # by element: a handful of rows reach Python however many buckets the window has (a
 # week: 2016 per row kind; summing them in Python took longer than the 200 ms budget).
+# Over every flow policy ($4 null) or of one.
 _READ: Final = f"""
 SELECT facet, key, detail, sum(runs)::bigint AS runs, sum(attempts)::bigint AS attempts,
        sum(successes)::bigint AS successes, sum(refusals)::bigint AS refusals,
@@ -123,15 +129,30 @@ SELECT facet, key, detail, sum(runs)::bigint AS runs, sum(attempts)::bigint AS a
            AS hist
 FROM saga_insights
 WHERE saga_type = $1 AND bucket >= $2 AND bucket < $3
+  AND ($4::int IS NULL OR flow_policy = $4)
 GROUP BY facet, key, detail
 """
 
+# The flow policies whose runs ended in the window, with their runs (the 'type' rows).
+_POLICIES: Final = """
+SELECT flow_policy, sum(runs)::bigint AS runs
+FROM saga_insights
+WHERE saga_type = $1 AND bucket >= $2 AND bucket < $3 AND facet = 'type'
+GROUP BY flow_policy
+ORDER BY flow_policy
+"""
+
 # The runs of a type that ended in the window and took longer than the SLA, latest
-# first: the ended_at index (migration 0010) walked backwards, each row checked.
+# first: the ended_at index (migration 0010) walked backwards, each row checked; of one
+# flow policy ($6; null: any), read off the run's first event (its start).
 _BREACHES: Final = """
-SELECT saga_id FROM sagas
-WHERE ended_at >= $2 AND ended_at < $3 AND saga_type = $1 AND ended_at - created_at > $4
-ORDER BY ended_at DESC
+SELECT s.saga_id FROM sagas s
+WHERE s.ended_at >= $2 AND s.ended_at < $3 AND s.saga_type = $1
+  AND s.ended_at - s.created_at > $4
+  AND ($6::int IS NULL OR $6 = coalesce(
+      (SELECT (e.data->>'flow_policy')::int FROM saga_events e
+       WHERE e.saga_id = s.saga_id AND e.seq = 1), 1))
+ORDER BY s.ended_at DESC
 LIMIT $5
 """
 
@@ -171,6 +192,7 @@ async def upsert(conn: _Conn, rows: dict[RowKey, Counters]) -> None:
         [k[2] for k in keys],
         [k[3] for k in keys],
         [k[4] for k in keys],
+        [k[5] for k in keys],
         [c.runs for c in cs],
         [c.attempts for c in cs],
         [c.successes for c in cs],
@@ -205,16 +227,21 @@ class PostgresInsights:
                     await add_insights(conn, ids)
         return len(ids)
 
-    async def insight_rows(
-        self, saga_type: str, since: datetime, until: datetime
-    ) -> list[tuple[str, str, str, Counters]]:
-        """(facet, key, detail, counters) of the type's buckets in [since, until), summed
-        per (facet, key, detail); the runs ended so far are rolled up first."""
+    async def _caught_up(self) -> None:
+        """Rolls up the runs ended so far before a read (up to ``_READ_ROLLUPS`` batches)."""
         for _ in range(_READ_ROLLUPS):
             if await self._roll_up(_TAKE_WAITING, ROLLUP_BATCH) < ROLLUP_BATCH:
                 break
+
+    async def insight_rows(
+        self, saga_type: str, since: datetime, until: datetime, flow_policy: int | None = None
+    ) -> list[InsightRow]:
+        """(facet, key, detail, counters) of the type's buckets in [since, until), summed
+        per (facet, key, detail): over every flow policy (None), or of one; the runs
+        ended so far are rolled up first."""
+        await self._caught_up()
         with _unavailable_as_transient():
-            rows = await self._pool.fetch(_READ, saga_type, since, until)
+            rows = await self._pool.fetch(_READ, saga_type, since, until, flow_policy)
         return [
             (
                 r["facet"],
@@ -236,6 +263,16 @@ class PostgresInsights:
             for r in rows
         ]
 
+    async def insight_policies(
+        self, saga_type: str, since: datetime, until: datetime
+    ) -> dict[int, int]:
+        """The flow policies of the type's runs that ended in [since, until), with how
+        many each, by version; the runs ended so far are rolled up first."""
+        await self._caught_up()
+        with _unavailable_as_transient():
+            rows = await self._pool.fetch(_POLICIES, saga_type, since, until)
+        return {r["flow_policy"]: r["runs"] for r in rows}
+
     async def learned_costs(
         self, saga_type: str, since: datetime, until: datetime
     ) -> dict[str, LearnedCost]:
@@ -243,9 +280,18 @@ class PostgresInsights:
         return learned_costs(saga_type, await self.insight_rows(saga_type, since, until))
 
     async def sla_breaches(
-        self, saga_type: str, since: datetime, until: datetime, sla: timedelta, limit: int = 20
+        self,
+        saga_type: str,
+        since: datetime,
+        until: datetime,
+        sla: timedelta,
+        limit: int = 20,
+        flow_policy: int | None = None,
     ) -> list[str]:
-        """Ids of the latest runs of the type that ended in [since, until) past ``sla``."""
+        """Ids of the latest runs of the type that ended in [since, until) past ``sla``
+        (of one flow policy, or of any: None)."""
         with _unavailable_as_transient():
-            rows = await self._pool.fetch(_BREACHES, saga_type, since, until, sla, limit)
+            rows = await self._pool.fetch(
+                _BREACHES, saga_type, since, until, sla, limit, flow_policy
+            )
         return [r["saga_id"] for r in rows]

@@ -650,6 +650,7 @@ async def test_openapi_describes_the_api(admin: Admin) -> None:
         "/health",
         "/saga-types",
         "/saga-types/{name}/insights",
+        "/saga-types/{name}/insights/policies",
         "/saga-types/{name}",
         "/sagas",
         "/sagas/{saga}",

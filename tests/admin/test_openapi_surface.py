@@ -32,6 +32,12 @@ OPERATIONS = {
     # Issue 26 §5: per-key concurrency's holders and queues.
     ("GET", "/concurrency-keys", "concurrency_keys_concurrency_keys_get"),
     ("GET", "/saga-types/{name}/insights", "insights_saga_types__name__insights_get"),
+    # Issue 40 §2: insights by flow policy, side by side.
+    (
+        "GET",
+        "/saga-types/{name}/insights/policies",
+        "insights_by_policy_saga_types__name__insights_policies_get",
+    ),
     # Issue 40 §1: a saga type with its declared graph; a graph saga's nodes' states.
     ("GET", "/saga-types/{name}", "saga_type_saga_types__name__get"),
     ("GET", "/sagas/{saga_id}/graph", "get_saga_graph_sagas__saga_id__graph_get"),
@@ -122,6 +128,13 @@ STATUS_CODES = {
     "domain_events_domain_events_get": ["200", "401", "422", "503"],
     "concurrency_keys_concurrency_keys_get": ["200", "401", "422", "503"],
     "insights_saga_types__name__insights_get": ["200", "401", "404", "422", "503"],
+    "insights_by_policy_saga_types__name__insights_policies_get": [
+        "200",
+        "401",
+        "404",
+        "422",
+        "503",
+    ],
     "saga_type_saga_types__name__get": ["200", "401", "404", "422"],
     "get_saga_graph_sagas__saga_id__graph_get": _READ,
     "signal_sagas__saga_id__signal_post": _ACTION,

@@ -46,6 +46,7 @@ PINNED = {
     14: "ba93ec13d9447d5acf59bc159e4d3aaa27ba7062cfb84801731a63dc7d2a9f38",
     15: "ad7b74fbb1eee375eaaf0d7728a2906d7409efaead7c6b06b7790cee8d3ce977",
     16: "0fccc5716ec2b7f420ac5e1be4ae3e45da4a4a3baba273fab189036150c4f03c",
+    17: "5166a02f524ebddb451138b96ff775ab6c922e1c8ecd0d0124d3714351603745",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant/migrations).
 PINNED_PARTICIPANT = {
@@ -393,6 +394,48 @@ async def test_0004_finds_open_sagas_created_before_it_by_partition(
     finally:
         await conn.close()
     assert hashes == {i: key_hash(i) for i in ids}  # the open ones, and only them
+
+
+async def test_0017_makes_the_insights_from_before_flow_policy_1s(
+    pg: PgTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Aggregates written at 0016 (no flow policies yet) are policy 1's after 0017; the
+    same row of another policy is a row of its own, and the store reads them apart."""
+    from datetime import UTC, datetime, timedelta
+
+    from saga_engine.core.views._insights import BUCKETS
+
+    upto16 = [m for m in shipped_migrations() if m.version <= 16]
+    monkeypatch.setattr(_migrations, "shipped_migrations", lambda: upto16)
+    assert await migrate(pg.database_dsn, pg.schema) == list(range(1, 17))
+    monkeypatch.undo()
+    bucket = datetime.now(UTC).replace(second=0, microsecond=0)
+    row = (
+        "INSERT INTO saga_insights (saga_type, bucket, facet, key, detail, runs, hist{}) "
+        "VALUES ('t', $1, 'type', 'completed', '', $2, $3{})"
+    )
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        await conn.execute(row.format("", ""), bucket, 5, [0] * BUCKETS)
+        assert await migrate(pg.database_dsn, pg.schema) == [17]
+        assert await conn.fetchval("SELECT flow_policy FROM saga_insights") == 1
+        await conn.execute(row.format(", flow_policy", ", 2"), bucket, 3, [0] * BUCKETS)
+        with pytest.raises(asyncpg.exceptions.UniqueViolationError):
+            await conn.execute(row.format(", flow_policy", ", 1"), bucket, 1, [0] * BUCKETS)
+    finally:
+        await conn.close()
+    store = await PostgresEventStore.connect(
+        PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
+    )
+    try:
+        since, until = bucket - timedelta(hours=1), bucket + timedelta(hours=1)
+        assert await store.insight_policies("t", since, until) == {1: 5, 2: 3}
+        [(_, _, _, old)] = await store.insight_rows("t", since, until, flow_policy=1)
+        assert old.runs == 5
+        [(_, _, _, every)] = await store.insight_rows("t", since, until)
+        assert every.runs == 8
+    finally:
+        await store.close()
 
 
 async def test_the_store_refuses_an_unmigrated_schema(pg: PgTarget) -> None:

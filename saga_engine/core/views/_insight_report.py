@@ -2,13 +2,14 @@
 
 Percentiles come from the fixed histograms: a percentile is the upper bound of the
 bucket it falls in (so "p95 <= 200 ms"), and the SLA share counts the buckets below the
-SLA whole and the bucket holding it pro rata. Pure: the store reads the rows, the admin
-API serves what this returns.
+SLA whole and the bucket holding it pro rata. A report is of every flow policy's runs or
+of one policy's; a comparison puts each policy's figures side by side (``compare_policies``).
+Pure: the store reads the rows, the admin API serves what this returns.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -230,3 +231,75 @@ def _node(name: str, kind: str, c: Counters, runs: int, errors: dict[str, int]) 
         "latency_ms": percentiles(c.hist),
         "errors": [{"message": m, "count": n} for m, n in top],
     }
+
+
+# ------------------------------------------------------------------ flow policies
+
+
+def policy_runs(policies: Mapping[int, int]) -> list[JsonDict]:
+    """The flow policies a window's runs were started under (``insight_policies``), each
+    with its runs and their share of the window's, by version."""
+    total = sum(policies.values())
+    return [
+        {"version": v, "runs": n, "share": _rate(n, total)} for v, n in sorted(policies.items())
+    ]
+
+
+def compare_policies(
+    saga_type: str,
+    window: str,
+    since: datetime,
+    until: datetime,
+    reports: Mapping[int, JsonDict],
+) -> JsonDict:
+    """Each flow policy's figures side by side, from its report (``build_report`` of that
+    policy's rows), by version: its runs and their share, outcomes, durations, the SLA's
+    share and, per node, its latency and the time flow control held its commands."""
+    total = sum(r["runs"] for r in reports.values())
+    return {
+        "saga_type": saga_type,
+        "window": window,
+        "since": since.isoformat(),
+        "until": until.isoformat(),
+        "runs": total,
+        "policies": [_policy_line(v, r, total) for v, r in sorted(reports.items())],
+    }
+
+
+def _policy_line(version: int, report: JsonDict, total: int) -> JsonDict:
+    sla = report["sla"]
+    return {
+        "version": version,
+        "runs": report["runs"],
+        "share": _rate(report["runs"], total),
+        "throughput_per_minute": report["throughput_per_minute"],
+        "outcomes": report["outcomes"],
+        "duration_ms": report["duration_ms"],
+        "sla_share_within": None if sla is None else sla["share_within"],
+        "nodes": [
+            {
+                "name": n["name"],
+                "kind": n["kind"],
+                "runs": n["runs"],
+                "share": n["share"],
+                "attempts_per_success": n["attempts_per_success"],
+                "refusal_rate": n["refusal_rate"],
+                "timeout_rate": n["timeout_rate"],
+                "latency_ms": n["latency_ms"],
+                "held_ms": n["timings_ms"].get("held"),
+            }
+            for n in report["nodes"]
+        ],
+    }
+
+
+def nodes_by_policy(comparison: JsonDict) -> list[tuple[str, list[JsonDict | None]]]:
+    """A comparison's nodes, each with its line per policy (in the comparison's order;
+    None where that policy's runs never took it): the nodes in the order the first
+    policy's start, then those only later policies took."""
+    lines: dict[str, list[JsonDict | None]] = {}
+    policies = comparison["policies"]
+    for i, p in enumerate(policies):
+        for n in p["nodes"]:
+            lines.setdefault(n["name"], [None] * len(policies))[i] = n
+    return list(lines.items())

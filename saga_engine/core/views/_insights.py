@@ -3,12 +3,12 @@
 A run is summarised once, from its whole history, by the store's roll-up after its
 terminal event is stored (the store records the run in that event's transaction and the
 roll-up takes it off that record in its own: a run is counted exactly once, whatever
-crashes), and added into counters per (saga type, time bucket): per type (runs by outcome, a duration
+crashes), and added into counters per (saga type, time bucket, flow policy): per type (runs by outcome, a duration
 histogram), per node (steps, children, timers, signal and event waits: runs that took
 it, attempts, successes, refusals, timeouts, compensations, a latency histogram), the
 most frequent error messages per node, and the pairs of nodes that overlapped in a run
-(parallel branches from ``gather``). Reads add up a window's buckets: never a scan of
-events. Pure: no I/O.
+(parallel branches from ``gather``). Reads add up a window's buckets (of one flow policy,
+or of all): never a scan of events. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -123,6 +123,9 @@ class RunSummary:
     duration_ms: float
     nodes: dict[str, NodeRun]
     overlaps: list[tuple[str, str]]
+    #: The flow policy the run was started under (``SagaStarted.flow_policy``; 1 when
+    #: its start recorded none).
+    flow_policy: int = 1
 
 
 def node_kind(step: str) -> NodeKind:
@@ -157,6 +160,8 @@ class Mark:
     committed: float | None = None
     cpu_ms: float | None = None
     recorded: float | None = None
+    #: A start's flow policy (``SagaStarted.flow_policy``; None: 1).
+    flow_policy: int | None = None
 
 
 #: The kinds a summary reads (the others leave it as it is).
@@ -217,6 +222,7 @@ def mark_of(event: Event) -> Mark:
         wait_id=get("timer_id") or get("wait_id"),
         name=get("name") or get("source"),
         saga_type=get("saga_type"),
+        flow_policy=get("flow_policy"),
         **timed,
     )
 
@@ -241,6 +247,7 @@ def summarize(marks: Sequence[Mark]) -> RunSummary | None:
         duration_ms=_ms(marks[0].at, end.at),
         nodes=nodes,
         overlaps=_overlaps(nodes),
+        flow_policy=marks[0].flow_policy or 1,
     )
 
 
@@ -385,47 +392,54 @@ class Counters:
         self.hist[histogram_index(ms)] += 1
 
 
-#: An aggregate row's key: (saga type, bucket, facet, key, detail). Facets: "type"
-#: (key: the outcome), "node" (key: the node, detail: its kind), "error" (key: the node,
-#: detail: the message), "overlap" (key and detail: the two nodes), "phase" (key: the
-#: node, detail: one of ``PHASES`` or ``CPU``; runs: its observations, ``total_us``
-#: their sum, the histogram theirs).
-RowKey = tuple[str, datetime, str, str, str]
+#: An aggregate row's key: (saga type, bucket, facet, key, detail, flow policy). Facets:
+#: "type" (key: the outcome), "node" (key: the node, detail: its kind), "error" (key: the
+#: node, detail: the message), "overlap" (key and detail: the two nodes), "phase" (key:
+#: the node, detail: one of ``PHASES`` or ``CPU``; runs: its observations, ``total_us``
+#: their sum, the histogram theirs). The flow policy: the runs' (``RunSummary``).
+RowKey = tuple[str, datetime, str, str, str, int]
+#: A window's row as a store reads it (summed over its buckets): (facet, key, detail,
+#: counters).
+InsightRow = tuple[str, str, str, Counters]
 
 
 def aggregate(summaries: Iterable[RunSummary]) -> dict[RowKey, Counters]:
     """The rows a batch of finished runs adds, one per key (sorted by the caller)."""
     rows: dict[RowKey, Counters] = {}
-
-    def row(key: RowKey) -> Counters:
-        return rows.setdefault(key, Counters())
-
     for s in summaries:
-        bucket = bucket_of(s.ended_at)
-        run = row((s.saga_type, bucket, "type", s.outcome, ""))
-        run.runs += 1
-        run.observe(s.duration_ms)
-        for rank, (name, n) in enumerate(s.nodes.items()):
-            c = row((s.saga_type, bucket, "node", name, n.kind))
-            c.runs += 1
-            c.rank_sum += rank
-            c.attempts += n.attempts
-            c.successes += n.successes
-            c.refusals += n.refusals
-            c.timeouts += n.timeouts
-            c.compensations += n.compensations
-            if n.first is not None:
-                c.offset_ms += int(_ms(s.started_ms, n.first))
-            for ms in n.latencies_ms:
-                c.observe(ms)
-            for message in n.errors:
-                row((s.saga_type, bucket, "error", name, message)).runs += 1
-            for phase, values in (n.phases or {}).items():
-                p = row((s.saga_type, bucket, "phase", name, phase))
-                p.runs += len(values)
-                for ms in values:
-                    p.total_us += round(ms * 1000)
-                    p.observe(ms)
-        for a, b in s.overlaps:
-            row((s.saga_type, bucket, "overlap", a, b)).runs += 1
+        _add_run(rows, s)
     return rows
+
+
+def _add_run(rows: dict[RowKey, Counters], s: RunSummary) -> None:
+    bucket = bucket_of(s.ended_at)
+
+    def row(facet: str, key: str, detail: str) -> Counters:
+        return rows.setdefault((s.saga_type, bucket, facet, key, detail, s.flow_policy), Counters())
+
+    run = row("type", s.outcome, "")
+    run.runs += 1
+    run.observe(s.duration_ms)
+    for rank, (name, n) in enumerate(s.nodes.items()):
+        c = row("node", name, n.kind)
+        c.runs += 1
+        c.rank_sum += rank
+        c.attempts += n.attempts
+        c.successes += n.successes
+        c.refusals += n.refusals
+        c.timeouts += n.timeouts
+        c.compensations += n.compensations
+        if n.first is not None:
+            c.offset_ms += int(_ms(s.started_ms, n.first))
+        for ms in n.latencies_ms:
+            c.observe(ms)
+        for message in n.errors:
+            row("error", name, message).runs += 1
+        for phase, values in (n.phases or {}).items():
+            p = row("phase", name, phase)
+            p.runs += len(values)
+            for ms in values:
+                p.total_us += round(ms * 1000)
+                p.observe(ms)
+    for a, b in s.overlaps:
+        row("overlap", a, b).runs += 1

@@ -1,6 +1,7 @@
 """The insight aggregates (``InsightStore``), against every adapter (memory and
 Postgres, with and without group commit and a payload codec): a run is counted once,
-when its terminal event is stored, with its nodes, latencies, errors and overlaps."""
+when its terminal event is stored, with its nodes, latencies, errors and overlaps, in
+the rows of the flow policy it was started under."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from saga_engine.core.history._events import (
 )
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.views._insight_report import build_report
+from saga_engine.core.views._insights import Counters
 from saga_engine.store._insight_store import InsightStore
 from saga_engine.store._pgstore import PostgresEventStore
 from saga_engine.store._store import Append, EventStore, NewSaga, Projection
@@ -273,3 +275,71 @@ async def test_reply_timings_make_phases_and_a_learned_cost(store: EventStore) -
     assert (
         await store.learned_costs("other", T0 - timedelta(hours=1), T0 + timedelta(hours=1)) == {}
     )
+
+
+# ------------------------------------------------------------------ flow policies
+
+
+def _under(flow_policy: int | None, events: list[Event]) -> list[Event]:
+    """The history with its start recorded under ``flow_policy`` (None: none recorded)."""
+    return [events[0].model_copy(update={"flow_policy": flow_policy}), *events[1:]]
+
+
+def _sorted(rows: list[tuple[str, str, str, Counters]]) -> list[tuple[str, str, str, Counters]]:
+    return sorted(rows, key=lambda r: r[:3])
+
+
+WINDOW = (T0 - timedelta(hours=1), T0 + timedelta(hours=1))
+
+
+async def test_runs_are_split_by_their_flow_policy(store: EventStore) -> None:
+    assert isinstance(store, InsightStore)
+    await _run(store, "a", _happy("a"), SagaStatus.COMPLETED)  # no policy recorded: 1
+    await _run(store, "b", _under(1, _happy("b")), SagaStatus.COMPLETED)
+    policy_1 = _sorted(await store.insight_rows("trip", *WINDOW, flow_policy=1))
+    await _run(store, "c", _under(2, _happy("c")), SagaStatus.COMPLETED)
+    await _run(store, "d", _under(2, _refused("d")), SagaStatus.COMPENSATED)
+    assert await store.insight_policies("trip", *WINDOW) == {1: 2, 2: 2}
+    # Policy 2's runs changed none of policy 1's figures.
+    assert _sorted(await store.insight_rows("trip", *WINDOW, flow_policy=1)) == policy_1
+    since, until = WINDOW
+    one = build_report("trip", "1h", since, until, policy_1)
+    two = build_report(
+        "trip", "1h", since, until, await store.insight_rows("trip", *WINDOW, flow_policy=2)
+    )
+    every = await _report(store)
+    assert (one["runs"], one["outcomes"]) == (2, {"completed": 2})
+    assert (two["runs"], two["outcomes"]) == (2, {"compensated": 1, "completed": 1})
+    assert (every["runs"], every["outcomes"]) == (4, {"compensated": 1, "completed": 3})
+    reserve = {v: {n["name"]: n for n in r["nodes"]}["reserve"] for v, r in ((1, one), (2, two))}
+    assert (reserve[1]["attempts"], reserve[2]["attempts"]) == (4, 3)  # 2 + 2; 2 + 1
+    assert (reserve[1]["refusal_rate"], reserve[2]["refusal_rate"]) == (0.0, round(1 / 3, 4))
+    # Summed over every policy: each (facet, key, detail) once, the two policies added.
+    assert len({r[:3] for r in await store.insight_rows("trip", *WINDOW)}) == len(
+        await store.insight_rows("trip", *WINDOW)
+    )
+    # A policy no run was started under, another type, another window: nothing.
+    assert await store.insight_rows("trip", *WINDOW, flow_policy=3) == []
+    assert await store.insight_policies("other", *WINDOW) == {}
+    later = T0 + timedelta(hours=2)
+    assert await store.insight_policies("trip", later, later + timedelta(hours=1)) == {}
+
+
+async def test_sla_breaches_of_one_flow_policy(store: EventStore) -> None:
+    assert isinstance(store, InsightStore)
+    await _run(store, "a", _happy("a"), SagaStatus.COMPLETED)
+    await _run(store, "b", _under(2, _happy("b")), SagaStatus.COMPLETED)
+    await _run(store, "c", _under(2, _refused("c")), SagaStatus.COMPENSATED)
+    sla = timedelta(seconds=1)
+    assert sorted(await store.sla_breaches("trip", *WINDOW, sla)) == ["a", "b"]
+    assert await store.sla_breaches("trip", *WINDOW, sla, flow_policy=1) == ["a"]
+    assert await store.sla_breaches("trip", *WINDOW, sla, flow_policy=2) == ["b"]
+    assert await store.sla_breaches("trip", *WINDOW, sla, flow_policy=3) == []
+
+
+async def test_learned_costs_are_over_every_flow_policy(store: EventStore) -> None:
+    assert isinstance(store, InsightStore)
+    await _run(store, "a", _timed("a", 4.0), SagaStatus.COMPLETED)
+    await _run(store, "b", _under(2, _timed("b", 2.0)), SagaStatus.COMPLETED)
+    costs = await store.learned_costs("trip", *WINDOW)
+    assert (costs["book"].samples, costs["book"].cpu_ms) == (2, 3.0)
