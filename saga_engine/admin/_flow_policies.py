@@ -214,7 +214,7 @@ async def clear_flow_rollout(
     caller: Caller,
     parts: PartsDep,
     reason: Annotated[str, StorableText(strip=True, min_length=1, max_length=2000), Query()],
-    saga_type: Annotated[str | None, Query(max_length=100)] = None,
+    saga_type: Annotated[TypeName | None, Query()] = None,
 ) -> FlowPoliciesView:
     """Removes a flow-policy rollout: new sagas of the type go back to the rollout of
     every type; without a type, new sagas go back to policy 1 (where no type's own

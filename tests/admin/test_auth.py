@@ -112,8 +112,9 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
             out.append((method.upper(), path, body))
     # GET /domain-events, the four batch-operations routes, GET /concurrency-keys, rerun,
     # GET /saga-types/{name}/insights, the three dead-letter routes, GET /saga-types/{name}
-    # and GET /sagas/{saga_id}/graph; GET /saga-types/{name}/insights/policies
-    assert len(out) == 41
+    # and GET /sagas/{saga_id}/graph; GET /saga-types/{name}/insights/policies; GET
+    # /flow/policies, PUT and DELETE /flow/policies/rollout
+    assert len(out) == 44
     return out
 
 
