@@ -658,6 +658,8 @@ async def test_openapi_describes_the_api(admin: Admin) -> None:
         "/sagas/{saga_id}/graph",
         "/metrics",
         "/flow",
+        "/flow/policies",
+        "/flow/policies/rollout",
         "/domain-events",
         "/concurrency-keys",
         "/sagas/{saga_id}/signal",

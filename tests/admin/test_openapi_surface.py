@@ -54,6 +54,10 @@ OPERATIONS = {
     ("GET", "/rollouts", "list_rollouts_rollouts_get"),
     ("GET", "/rollouts/{saga_type}", "get_rollout_rollouts__saga_type__get"),
     ("PUT", "/rollouts/{saga_type}", "set_rollout_rollouts__saga_type__put"),
+    # Issue 40 §2: flow policies and their rollout.
+    ("GET", "/flow/policies", "get_flow_policies_flow_policies_get"),
+    ("PUT", "/flow/policies/rollout", "set_flow_rollout_flow_policies_rollout_put"),
+    ("DELETE", "/flow/policies/rollout", "clear_flow_rollout_flow_policies_rollout_delete"),
     # Durable schedules (admin/_schedules.py).
     ("POST", "/schedules", "create_schedule_schedules_post"),
     ("GET", "/schedules", "list_schedules_schedules_get"),
@@ -136,6 +140,9 @@ STATUS_CODES = {
     "list_rollouts_rollouts_get": ["200", "401", "422", "503"],
     "get_rollout_rollouts__saga_type__get": ["200", "401", "404", "422", "503"],
     "set_rollout_rollouts__saga_type__put": _ACTION,
+    "get_flow_policies_flow_policies_get": ["200", "401", "422", "503"],
+    "set_flow_rollout_flow_policies_rollout_put": _ACTION,
+    "clear_flow_rollout_flow_policies_rollout_delete": _ACTION,
     "create_schedule_schedules_post": [
         "200",
         "201",
