@@ -29,14 +29,16 @@ def flow_body(parts: EngineParts) -> FlowBody:
         enabled=parts.flow is not None,
         aging_s=parts.settings.limits.aging_s,
         fairness_weights=parts.settings.limits.fairness_weights,
+        policies=parts.settings.limits.versions,
         gates=flow_gates(parts),
     )
 
 
 @router.get("/flow", response_model=FlowBody, responses=errors(*READ_ERRORS), tags=["flow"])
 async def flow(parts: PartsDep) -> FlowBody:
-    """Flow control on this engine: per participant and saga type limit, the configured
-    figures, this engine's partition share of them, the commands in flight and waiting,
-    what those in flight hold of a budget, and the fairness keys' weights. Each engine
+    """Flow control on this engine: per flow policy, participant and saga type limit,
+    the configured figures, this engine's partition share of them (and the policy's,
+    where several policies limit one name), the commands in flight and waiting, what
+    those in flight hold of a budget, and the fairness keys' weights. Each engine
     answers for itself; the cluster's figures are the sums."""
     return flow_body(parts)

@@ -109,6 +109,8 @@ def describe_flow_rollout(versions: list[int], spec: RolloutSpec) -> str:
 
 
 async def flow_policies_view(parts: EngineParts, limit: int = 20) -> FlowPoliciesView:
+    """The versions, the rollouts, and the ``limit`` latest changes (0: none, and the
+    audit is not read)."""
     store = _store(parts)
     limits = parts.settings.limits
     rollouts: list[FlowRollout] = []
@@ -129,7 +131,10 @@ async def flow_policies_view(parts: EngineParts, limit: int = 20) -> FlowPolicie
             )
         )
     rollouts.sort(key=lambda r: (r.saga_type is not None, r.saga_type or ""))
-    changes = [c for c in await store.rollout_audit(None, 500) if flow_policy_subject(c.saga_type)]
+    changes = []
+    if limit > 0:
+        audited = await store.rollout_audit(None, 500)
+        changes = [c for c in audited if flow_policy_subject(c.saga_type)]
     return FlowPoliciesView(
         versions=limits.versions,
         policies={v: limits.policy(v) for v in limits.versions},

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from saga_engine.admin._flow import flow_gates
-from saga_engine.admin._schemas import MetricsBody
+from saga_engine.admin._schemas import FlowGate, MetricsBody
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.runner._parts import EngineParts
 from saga_engine.store._store import as_utc
@@ -86,6 +86,11 @@ def render_prometheus(body: MetricsBody) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _gate_labels(gate: FlowGate) -> str:
+    """The labels of a limit's series: its kind, name and flow policy."""
+    return f'kind="{gate.kind}",name="{_label(gate.name)}",policy="{gate.policy}"'
+
+
 def _flow_lines(body: MetricsBody) -> list[str]:
     """Flow control's gauges, one series per limit (none when flow control is off)."""
     if not body.flow:
@@ -99,13 +104,17 @@ def _flow_lines(body: MetricsBody) -> list[str]:
             "This engine's share of the concurrency limit.",
             "effective_concurrency",
         ),
+        (
+            "saga_flow_policy_share",
+            "The flow policy's share of the limit (1 where no other policy limits its name).",
+            "policy_share",
+        ),
     ):
         lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
         for gate in body.flow:
             value = getattr(gate, field)
             if value is not None:
-                label = _label(gate.name)
-                lines.append(f'{metric}{{kind="{gate.kind}",name="{label}"}} {value}')
+                lines.append(f"{metric}{{{_gate_labels(gate)}}} {value}")
     for metric, help_text, field in (
         (
             "saga_flow_budget_in_use",
@@ -124,11 +133,9 @@ def _flow_lines(body: MetricsBody) -> list[str]:
             continue
         lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
         for gate in budgeted:
-            label = _label(gate.name)
+            labels = _gate_labels(gate)
             for resource, amount in sorted(getattr(gate, field).items()):
-                lines.append(
-                    f'{metric}{{kind="{gate.kind}",name="{label}",resource="{resource}"}} {amount}'
-                )
+                lines.append(f'{metric}{{{labels},resource="{resource}"}} {amount}')
     return lines + _adaptive_lines(body)
 
 
@@ -145,10 +152,8 @@ def _adaptive_lines(body: MetricsBody) -> list[str]:
     ]
     for gate in adaptive:
         assert gate.adaptive is not None
-        label = _label(gate.name)
         lines.append(
-            f'{metric}{{kind="{gate.kind}",name="{label}",cause="{gate.adaptive.cause}"}} '
-            f"{gate.adaptive.limit}"
+            f'{metric}{{{_gate_labels(gate)},cause="{gate.adaptive.cause}"}} {gate.adaptive.limit}'
         )
     return lines
 

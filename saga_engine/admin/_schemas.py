@@ -456,6 +456,10 @@ class ActionResult(BaseModel):
 class FlowAdaptive(BaseModel):
     """An adaptive concurrency limit as this engine has found it."""
 
+    algorithm: Literal["gradient", "aimd"] = Field(
+        description="How it moves (FlowLimit.algorithm): in proportion to the latency's "
+        "rise, or one more per round trip and a tenth less when latency doubles."
+    )
     limit: int = Field(description="The commands it lets be in flight now.")
     min: int = Field(description="This engine's share of min_concurrency.")
     max: int = Field(description="This engine's share of max_concurrency.")
@@ -474,15 +478,23 @@ class FlowGate(BaseModel):
 
     kind: Literal["participant", "saga_type"]
     name: str
+    policy: int = Field(
+        description="The flow policy whose limit it is (1: SAGA_LIMITS__'s own fields; "
+        "others: SAGA_LIMITS__POLICIES). Its sagas' commands go through it."
+    )
     concurrency_limit: int | Literal["adaptive"] | None = Field(
         description='The configured cluster-wide limit ("adaptive": found from latency).'
     )
     rate_limit: float | None = Field(description="The configured commands per second.")
     share: float = Field(description="This engine's share: owned inbox partitions / all.")
-    effective_concurrency: int | None = Field(
-        description="ceil(limit x share); an adaptive limit's current value"
+    policy_share: float = Field(
+        description="The policy's share of the limit where several policies limit the same "
+        "name (its share of their recent commands); 1 where it alone does."
     )
-    effective_rate: float | None = Field(description="rate x share")
+    effective_concurrency: int | None = Field(
+        description="ceil(limit x share x policy_share); an adaptive limit's current value"
+    )
+    effective_rate: float | None = Field(description="rate x share x policy_share")
     in_flight: int = Field(description="Commands sent and not yet answered, timed out or ended.")
     waiting: int = Field(description="Commands recorded and held back by this limit.")
     sent: int = Field(description="Commands sent through this limit since the engine started.")
@@ -490,7 +502,8 @@ class FlowGate(BaseModel):
         default=None, description="The configured cluster-wide budget, per resource."
     )
     effective_budget: dict[str, float] | None = Field(
-        default=None, description="This engine's share of the budget: amount x share."
+        default=None,
+        description="This engine's share of the budget: amount x share x policy_share.",
     )
     budget_in_use: dict[str, float] | None = Field(
         default=None,
@@ -506,7 +519,12 @@ class FlowBody(BaseModel):
     aging_s: float | None = Field(description="Seconds per priority level a waiting command gains.")
     fairness_weights: dict[str, float] = Field(
         default_factory=dict,
-        description='Each fairness key\'s weight under contention ("*": the others; default 1).',
+        description='Each fairness key\'s weight under contention ("*": the others; default 1), '
+        "in flow policy 1 (GET /flow/policies: every policy's).",
+    )
+    policies: list[int] = Field(
+        default_factory=lambda: [1],
+        description="The flow policies configured on this engine (1 always).",
     )
     gates: list[FlowGate]
 

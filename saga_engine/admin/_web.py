@@ -49,6 +49,7 @@ from saga_engine.admin._auth import (
     session_cookie,
 )
 from saga_engine.admin._flow import flow_gates
+from saga_engine.admin._flow_policies import FlowPoliciesView, flow_policies_view
 from saga_engine.admin._graph_svg import declared_svg
 from saga_engine.admin._http_errors import HttpMiddleware
 from saga_engine.admin._lineage import children, reruns, tree
@@ -63,7 +64,7 @@ from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.views._event_lines import event_line
 from saga_engine.core.views._graph_view import NodeState
 from saga_engine.core.views._view import SagaView
-from saga_engine.kernel._errors import SagaError, UnknownSagaType
+from saga_engine.kernel._errors import InvalidTransition, SagaError, UnknownSagaType
 from saga_engine.kernel._input_types import StorableText, Text
 from saga_engine.kernel._settings import AdminSettings
 from saga_engine.runner._parts import EngineParts
@@ -387,6 +388,7 @@ async def _list_page(
     # The status tabs link to the same filters with that status.
     tab = {k: v for k, v in kept.items() if k != "status"}
     flow = flow_gates(parts)
+    policies = await _flow_policies(parts)
     return _render(
         "list.html",
         root=_root(request),
@@ -407,7 +409,21 @@ async def _list_page(
         flow=flow,  # flow control's queues (none when it is off)
         flow_budgets=any(g.budget for g in flow),
         flow_weights=parts.settings.limits.fairness_weights if flow else {},
+        # Several flow policies: a column of the table, and their versions and rollouts.
+        flow_policies=len(parts.settings.limits.versions) > 1,
+        flow_policy_view=policies,
     )
+
+
+async def _flow_policies(parts: EngineParts) -> FlowPoliciesView | None:
+    """The flow policies and their rollouts, when several are configured and the store
+    keeps rollouts (None: one policy, or a store without rollouts)."""
+    if len(parts.settings.limits.versions) < 2:
+        return None
+    try:
+        return await flow_policies_view(parts, limit=0)  # no audit: the page's table
+    except InvalidTransition:  # this engine's store keeps no rollouts
+        return None
 
 
 async def _saga_page(

@@ -17,6 +17,7 @@ from saga_engine.cli import (
     _domain_events,
     _drill,
     _flow,
+    _flow_policy,
     _graph,
     _insights,
     _operator,
@@ -89,6 +90,7 @@ app.add_typer(_graph.commands)
 app.add_typer(_dlq.dlq_app, name="dlq")
 app.add_typer(_schedule.schedule_app, name="schedule")
 app.add_typer(_rollout.rollout_app, name="rollout")
+app.add_typer(_flow_policy.flow_policy_app, name="flow-policy")
 app.add_typer(_batch_operations.batch_app, name="batch")
 app.add_typer(_conformance.commands)
 app.add_typer(_drill.commands)

@@ -1,6 +1,8 @@
 """``saga flow``: flow control on an engine, through its admin API (``GET /flow``):
 each limit with its configured figures, this engine's share, in flight and waiting, the
-budget its commands in flight hold, and the fairness keys' weights."""
+budget its commands in flight hold, and the fairness keys' weights; with several flow
+policies, the policy of each limit (``saga flow-policy``: the policies and their
+rollouts)."""
 
 from __future__ import annotations
 
@@ -28,8 +30,11 @@ def flow(admin_url: AdminUrl = None, as_json: JsonOpt = False) -> None:
         out.print("flow control is off: no limit is configured (SAGA_LIMITS__...)")
         return
     budgets = any(gate.get("budget") for gate in body["gates"])
+    # Several flow policies: which one each limit is of, and its share where it shares.
+    policies = len(body.get("policies") or [1]) > 1
     rows = [
         (
+            *((_policy(gate),) if policies else ()),
             gate["kind"],
             gate["name"],
             _concurrency(gate),
@@ -45,9 +50,17 @@ def flow(admin_url: AdminUrl = None, as_json: JsonOpt = False) -> None:
     weights = body.get("fairness_weights") or {}
     if weights:
         title += "; fairness weights: " + ", ".join(f"{k}={w:g}" for k, w in weights.items())
-    columns: tuple[str, ...] = ("kind", "name", "concurrency", "rate/s", "share", "in flight")
+    columns: tuple[str, ...] = ("policy",) if policies else ()
+    columns += ("kind", "name", "concurrency", "rate/s", "share", "in flight")
     columns += ("waiting", "budget in use") if budgets else ("waiting",)
     out.print(make_table(title + ")", columns, rows, "ellipsis"))
+
+
+def _policy(gate: dict[str, Any]) -> str:
+    """A limit's flow policy, with its share of the limit where another policy limits
+    the same name: ``2 (25%)``."""
+    share = gate.get("policy_share", 1.0)
+    return str(gate["policy"]) + (f" ({share:.0%})" if share < 1 else "")
 
 
 def _budget(gate: dict[str, Any]) -> str:

@@ -494,7 +494,7 @@ class LimitsSettings(FlowPolicy):
     #: Flow policies by version (2 and up), each a whole ``FlowPolicy`` (nothing is
     #: inherited from version 1): ``SAGA_LIMITS__POLICIES='{"2": {"participants":
     #: {"payments": {"concurrency": "adaptive"}}}}'``. A version takes no saga until a
-    #: flow-policy rollout gives it a share (``saga flow rollout``).
+    #: flow-policy rollout gives it a share (``saga flow-policy rollout``).
     policies: dict[int, FlowPolicy] = Field(default_factory=dict)
 
     @field_validator("cost_classes")

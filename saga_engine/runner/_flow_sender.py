@@ -15,6 +15,12 @@ directly, and the hot path is what it was.
   saga's partition moving to another engine (``drop_unowned``).
 - **Timeouts count from the send.** A queued attempt's timeout is not due (``timers``
   leaves it out); a sent one's is moved back by the time it waited in the queue.
+- **Flow policies.** A command goes through the gates of its saga's flow policy
+  (``saga_started.flow_policy``, resolved by ``LimitsSettings.resolve``): gates are per
+  (policy, kind, name), and where several policies limit one name each gate enforces its
+  policy's share (``_policy_shares``, recomputed at most every second by the pump). With
+  one policy configured nothing of this is on the path: no saga is looked up before its
+  command is known to be limited, and no share is computed.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -38,6 +44,7 @@ from saga_engine.core.planning._flow import (
     Waiting,
     charge_of,
 )
+from saga_engine.core.planning._policy_shares import SHARES_EVERY_S, PolicyShares
 from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.kernel._errors import PermanentError
 from saga_engine.kernel._settings import LimitsSettings
@@ -53,6 +60,7 @@ log = logging.getLogger("saga_engine.flow")
 _RETRY_SEND_S = 0.5
 
 _Key = tuple[str, int]  # (command id, attempt)
+_GateKey = tuple[int, GateKind, str]  # (flow policy, kind, name)
 
 
 class TicketState(enum.Enum):
@@ -85,11 +93,14 @@ class FlowControl:
         now: Callable[[], float] = time.time,
         on_sent: Callable[[str], None] = lambda saga_id: None,
         owns: Callable[[str], bool] = lambda saga_id: True,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._inner = inner
         #: Seconds, from the engine's clock: a queued attempt's timeout is moved back by
         #: its wait measured on the clock that arms the timeout.
         self._now = now
+        #: The process's monotonic seconds: token buckets, latencies, policy shares.
+        self._monotonic = monotonic
         #: Told of each saga whose held command was sent: its timeout is due now.
         self._on_sent = on_sent
         #: Whether this engine drives the saga (its partition is here).
@@ -97,20 +108,34 @@ class FlowControl:
         # Checked once: a runtime protocol check costs microseconds on every command.
         self._pipelined = inner if isinstance(inner, PipelinedSender) else None
         self._started = started
-        self._gates: dict[tuple[GateKind, str], Gate] = {}
-        for kind, table in (
-            (GateKind.PARTICIPANT, settings.participants),
-            (GateKind.SAGA_TYPE, settings.saga_types),
-        ):
-            for name, limit in table.items():
-                if limit.limits_anything:
-                    self._gates[(kind, name)] = Gate(kind, name, limit)
-        self._queue = FlowQueue(aging_s=settings.aging_s, weight_of=settings.weight_of)
+        self._limits = settings
+        versions = settings.versions
+        self._gates: dict[_GateKey, Gate] = {}
+        for version in versions:
+            policy = settings.policy(version)
+            for kind, table in (
+                (GateKind.PARTICIPANT, policy.participants),
+                (GateKind.SAGA_TYPE, policy.saga_types),
+            ):
+                for name, limit in table.items():
+                    if limit.limits_anything:
+                        self._gates[(version, kind, name)] = Gate(kind, name, limit, policy=version)
+        #: Several policies: a command's saga is looked up to know its gates.
+        self._several = len(versions) > 1
+        #: A recorded policy -> the one configured here it runs under.
+        self._resolved: dict[int | None, int] = {None: 1, **{v: v for v in versions}}
+        self._weight_of = {v: settings.policy(v).weight_of for v in versions}
+        self._queue = FlowQueue(aging_s=settings.aging_s)
         #: Costs are looked at only where a budget is configured.
         self._budgets = (
             GateBudgets(self._gates) if any(g.limit.budget for g in self._gates.values()) else None
         )
-        self._weights = dict(settings.fairness_weights)
+        #: This engine's partition share of every limit.
+        self._share = 1.0
+        #: The names several policies limit: their gates share them by arrivals.
+        self._splits = _splits(self._gates.values())
+        self._shares_at: float | None = None
+        self._shares_due = False
         #: Adaptive limits are told of replies and timeouts only where there is one.
         self._adaptive = any(g.adaptive is not None for g in self._gates.values())
         self._tickets: dict[_Key, _Ticket] = {}
@@ -124,7 +149,24 @@ class FlowControl:
     # ------------------------------------------------------------------ CommandSender
 
     async def send_command(self, command: OutboundCommand) -> None:
-        gates = self._gates_of(command)
+        await self._through(command, *self._route(command))
+
+    async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
+        """The batch path's pipelined send: a held command is done as far as the batch
+        is concerned (its event is durable; the queue sends it)."""
+        pipelined = self._pipelined
+        if pipelined is None:
+            await self.send_command(command)
+            return handed_over()
+        started, gates = self._route(command)
+        if gates:
+            await self._through(command, started, gates)
+            return handed_over()
+        return await pipelined.start_command(command)
+
+    async def _through(
+        self, command: OutboundCommand, started: SagaStarted | None, gates: tuple[Gate, ...]
+    ) -> None:
         if not gates or not self._owns(command.saga_id):
             # Not limited; or an input applied here to a saga another engine drives (an
             # admin action): this engine lets go of it at once and its owner re-sends
@@ -133,18 +175,10 @@ class FlowControl:
             return
         ticket = self._tickets.get((command.command_id, command.attempt))
         if ticket is None:
-            self._enqueue(command, gates)
+            self._enqueue(command, gates, started)
         elif ticket.state is TicketState.SENT:
             # A re-send after a reload: the attempt still holds its permit.
             await self._inner.send_command(command)
-
-    async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
-        """The batch path's pipelined send: a held command is done as far as the batch
-        is concerned (its event is durable; the queue sends it)."""
-        if self._pipelined is None or self._gates_of(command):
-            await self.send_command(command)
-            return handed_over()
-        return await self._pipelined.start_command(command)
 
     # ------------------------------------------------------------------ engine hooks
 
@@ -176,7 +210,7 @@ class FlowControl:
 
     def set_share(self, owned: int, total: int) -> None:
         """This engine's share of every limit: owned inbox partitions / all of them."""
-        share = owned / total if total > 0 else 1.0
+        share = self._share = owned / total if total > 0 else 1.0
         for gate in self._gates.values():
             gate.set_share(share)
         self._kick()
@@ -204,20 +238,18 @@ class FlowControl:
 
     # ------------------------------------------------------------------ reading
 
-    @property
-    def fairness_weights(self) -> dict[str, float]:
-        return self._weights
-
     def snapshot(self) -> list[dict[str, object]]:
-        """Per gate: its limits, this engine's share, in flight and waiting, and what
-        the commands in flight hold of its budget."""
+        """Per gate: its policy, its limits, this engine's share and the policy's, in
+        flight and waiting, and what the commands in flight hold of its budget."""
         return [
             {
                 "kind": gate.kind.value,
                 "name": gate.name,
+                "policy": gate.policy,
                 "concurrency_limit": gate.limit.concurrency,
                 "rate_limit": gate.limit.rate,
-                "share": round(gate.share, 4),
+                "share": round(self._share, 4),
+                "policy_share": round(gate.policy_share, 4),
                 "effective_concurrency": gate.concurrency,
                 "effective_rate": gate.rate,
                 "in_flight": gate.in_flight,
@@ -245,7 +277,26 @@ class FlowControl:
 
     # ------------------------------------------------------------------ internals
 
-    def _gates_of(self, command: OutboundCommand) -> tuple[Gate, ...]:
+    def _route(self, command: OutboundCommand) -> tuple[SagaStarted | None, tuple[Gate, ...]]:
+        """The command's gates, those of its saga's flow policy; and its saga's start,
+        when several policies made it needed to find them (else None: looked up only
+        once the command is known to queue)."""
+        if not self._several:
+            return None, self._gates_of(command, 1)
+        if not self._gates or command.participant in ENGINE_PARTICIPANTS:
+            return None, ()
+        started = self._started(command.saga_id)
+        return started, self._gates_of(command, self._policy_of(started))
+
+    def _policy_of(self, started: SagaStarted | None) -> int:
+        """The flow policy configured here that the saga runs under."""
+        version = started.flow_policy if started is not None else None
+        resolved = self._resolved.get(version)
+        if resolved is None:
+            resolved = self._resolved[version] = self._limits.resolve(version)
+        return resolved
+
+    def _gates_of(self, command: OutboundCommand, policy: int) -> tuple[Gate, ...]:
         gates = self._gates
         if not gates or command.participant in ENGINE_PARTICIPANTS:
             # A child saga's start or undo, or a child's end sent to its parent: the engine
@@ -253,10 +304,10 @@ class FlowControl:
             # permit of its parent's type; the child's own commands are limited as theirs.
             return ()
         found = []
-        gate = gates.get((GateKind.PARTICIPANT, command.participant))
+        gate = gates.get((policy, GateKind.PARTICIPANT, command.participant))
         if gate is not None:
             found.append(gate)
-        gate = gates.get((GateKind.SAGA_TYPE, command.saga_type))
+        gate = gates.get((policy, GateKind.SAGA_TYPE, command.saga_type))
         if gate is not None:
             found.append(gate)
         return tuple(found)
@@ -270,12 +321,15 @@ class FlowControl:
         except ValueError:
             return None
 
-    def _enqueue(self, command: OutboundCommand, gates: tuple[Gate, ...]) -> None:
-        started = self._started(command.saga_id)
+    def _enqueue(
+        self, command: OutboundCommand, gates: tuple[Gate, ...], started: SagaStarted | None
+    ) -> None:
+        if started is None and not self._several:
+            started = self._started(command.saga_id)
         priority = started.priority if started is not None else 0
         key = (started.fairness_key if started is not None else None) or ""
         self._seq += 1
-        lane = tuple((g.kind, g.name) for g in gates)
+        lane = tuple((g.policy, g.kind, g.name) for g in gates)
         # A cost counts only against a budget (a command with none costs nothing of one).
         cost = command.cost if self._budgets is not None else None
         if cost is not None and not any(g.limit.budget for g in gates):
@@ -290,6 +344,7 @@ class FlowControl:
             None,
             cost,
             charge_of(cost, gates),
+            self._weight_of[gates[0].policy](key),
         )
         ticket = _Ticket(command, gates, entry)
         entry.item = ticket
@@ -299,6 +354,8 @@ class FlowControl:
         self._queue.push(entry)
         for gate in gates:
             gate.waiting += 1
+        if self._splits:
+            self._arrived(gates)
         self.stats["queued"] += 1
         self._kick()
 
@@ -307,7 +364,7 @@ class FlowControl:
         (the reply's latency from the send) or timed out (ended otherwise: nothing)."""
         replied = {e.command_id for e in events if isinstance(e, ReplyReceived)}
         timed_out = {(e.command_id, e.attempt) for e in events if isinstance(e, AttemptTimedOut)}
-        tick = time.monotonic()
+        tick = self._monotonic()
         for command_id, attempt in over:
             ticket = self._tickets.get((command_id, attempt))
             if ticket is None or ticket.state is not TicketState.SENT:
@@ -377,7 +434,11 @@ class FlowControl:
         now = self._now()
         # Token buckets refill on the process's monotonic clock (the queue waits for a
         # token in real time), aging and timeouts go by the engine's clock.
-        tick = time.monotonic()
+        tick = self._monotonic()
+        if self._splits and (
+            self._shares_due or self._shares_at is None or tick - self._shares_at >= SHARES_EVERY_S
+        ):
+            self._share_out(tick)
         admits = self._lane_admits(tick)
         batch: list[_Ticket] = []
         while True:
@@ -400,7 +461,27 @@ class FlowControl:
         if not len(self._queue):
             return None
         waits = [w for w in (g.next_token_in(tick) for g in self._gates.values()) if w]
+        if self._splits:  # commands wait: the shares move on meanwhile
+            waits.append(SHARES_EVERY_S)
         return min(waits) + 0.001 if waits else None
+
+    def _arrived(self, gates: tuple[Gate, ...]) -> None:
+        """Counts a command's arrival at its gates, for the policies' shares."""
+        for gate in gates:
+            gate.arrived += 1
+            if gate.policy_share <= 0:
+                self._shares_due = True  # a policy's first command in a while: room for it
+
+    def _share_out(self, tick: float) -> None:
+        """Each shared name's gates: their policy's share of its recent arrivals."""
+        self._shares_at, self._shares_due = tick, False
+        share = self._share
+        for split, gates in self._splits:
+            split.arrived({g.policy: g.arrived for g in gates}, tick)
+            shares = split.shares({g.policy for g in gates if g.waiting or g.in_flight})
+            for gate in gates:
+                gate.arrived = 0
+                gate.set_share(share, shares[gate.policy])
 
     async def _send(self, batch: list[_Ticket]) -> None:
         inner, pipelined = self._inner, self._pipelined
@@ -455,6 +536,7 @@ def _adaptive_view(gate: Gate) -> dict[str, object] | None:
     if adaptive is None:
         return None
     return {
+        "algorithm": adaptive.algorithm,
         "limit": adaptive.value,
         "min": adaptive.min_limit,
         "max": adaptive.max_limit,
@@ -465,6 +547,23 @@ def _adaptive_view(gate: Gate) -> dict[str, object] | None:
         "replies": adaptive.replies,
         "timeouts": adaptive.timeouts,
     }
+
+
+def _splits(gates: Iterable[Gate]) -> list[tuple[PolicyShares, tuple[Gate, ...]]]:
+    """The names several policies limit, with their gates, shared equally until the
+    first arrivals."""
+    by_name: dict[tuple[GateKind, str], list[Gate]] = {}
+    for gate in gates:
+        by_name.setdefault((gate.kind, gate.name), []).append(gate)
+    splits = []
+    for shared in by_name.values():
+        if len(shared) > 1:
+            split = PolicyShares([g.policy for g in shared])
+            shares = split.shares()
+            for gate in shared:
+                gate.set_share(gate.share, shares[gate.policy])
+            splits.append((split, tuple(shared)))
+    return splits
 
 
 def flow_control(

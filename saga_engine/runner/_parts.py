@@ -132,10 +132,12 @@ class EngineParts:
 
 
 def check_declared_costs(registry: SagaRegistry, limits: LimitsSettings) -> None:
-    """Refuses to start an engine whose graph sagas declare a cost no budget could hold
-    (or name a cost class the settings lack): DefinitionError, with every such node and
-    the numbers, before any saga runs. A step written in ``run`` is checked when it is
-    issued (its step fails, recorded)."""
+    """Refuses to start an engine whose graph sagas declare a cost no budget could hold,
+    in any flow policy configured (a saga may run under any of them; the reason names
+    the policy when there are several), or name a cost class the settings lack:
+    DefinitionError, with every such node and the numbers, before any saga runs. A step
+    written in ``run`` is checked when it is issued, by its saga's policy (its step
+    fails, recorded)."""
     refusals = [
         refusal
         for name in registry.names()

@@ -109,6 +109,8 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
                 path = path.replace("{saga}", saga_id).replace("{saga_type}", "transfer")
                 body = BODIES.get(path.rsplit("/", 1)[-1]) if method == "post" else None
                 body = BODIES["rollout"] if method == "put" else body
+            if method == "delete" and template == "/flow/policies/rollout":
+                path += "?reason=auth+matrix"
             out.append((method.upper(), path, body))
     # GET /domain-events, the four batch-operations routes, GET /concurrency-keys, rerun,
     # GET /saga-types/{name}/insights, the three dead-letter routes, GET /saga-types/{name}

@@ -58,9 +58,11 @@ async def test_flow_is_visible_in_the_api_metrics_and_page() -> None:
             {
                 "kind": "participant",
                 "name": "ledger",
+                "policy": 1,
                 "concurrency_limit": 1,
                 "rate_limit": 100.0,
                 "share": 1.0,
+                "policy_share": 1.0,
                 "effective_concurrency": 1,
                 "effective_rate": 100.0,
                 "in_flight": 1,
@@ -75,8 +77,9 @@ async def test_flow_is_visible_in_the_api_metrics_and_page() -> None:
         metrics = (await http.get("/metrics", headers=READER)).json()
         assert metrics["flow"] == found
         text = (await http.get("/metrics", headers={**READER, "Accept": "text/plain"})).text
-        assert 'saga_flow_waiting{kind="participant",name="ledger"} 2' in text
-        assert 'saga_flow_in_flight{kind="participant",name="ledger"} 1' in text
+        assert 'saga_flow_waiting{kind="participant",name="ledger",policy="1"} 2' in text
+        assert 'saga_flow_in_flight{kind="participant",name="ledger",policy="1"} 1' in text
+        assert 'saga_flow_policy_share{kind="participant",name="ledger",policy="1"} 1.0' in text
         page = await http.get("/ui/sagas", headers=READER)
         assert page.status_code == 200
         assert '<td class="waiting">2</td>' in page.text
@@ -97,7 +100,13 @@ async def test_without_limits_flow_is_off_and_the_page_has_no_table() -> None:
         metrics = (await http.get("/metrics", headers=READER)).json()
         text = (await http.get("/metrics", headers={**READER, "Accept": "text/plain"})).text
         page = (await http.get("/ui/sagas", headers=READER)).text
-    assert body == {"enabled": False, "aging_s": 10.0, "fairness_weights": {}, "gates": []}
+    assert body == {
+        "enabled": False,
+        "aging_s": 10.0,
+        "fairness_weights": {},
+        "policies": [1],
+        "gates": [],
+    }
     assert metrics["flow"] == []
     assert "saga_flow" not in text
     assert 'class="flow"' not in page
@@ -214,7 +223,7 @@ async def test_a_budget_in_use_and_the_weights_are_visible() -> None:
         body = (await http.get("/flow", headers=READER)).json()
         assert body["fairness_weights"] == {"gold": 3.0, "*": 1.0}
         text = (await http.get("/metrics", headers={**READER, "Accept": "text/plain"})).text
-        series = 'kind="participant",name="renderer",resource="cpu"'
+        series = 'kind="participant",name="renderer",policy="1",resource="cpu"'
         assert f"saga_flow_budget_in_use{{{series}}} 8.0" in text
         assert f"saga_flow_budget{{{series}}} 8.0" in text
         page = (await http.get("/ui/sagas", headers=READER)).text
@@ -258,6 +267,7 @@ async def test_an_adaptive_limit_and_why_it_moved_are_visible() -> None:
         assert gate["concurrency_limit"] == "adaptive"
         assert gate["effective_concurrency"] == 2
         assert gate["adaptive"] == {
+            "algorithm": "gradient",
             "limit": 2,
             "min": 2,
             "max": 20,
@@ -270,7 +280,8 @@ async def test_an_adaptive_limit_and_why_it_moved_are_visible() -> None:
         }
         text = (await http.get("/metrics", headers={**READER, "Accept": "text/plain"})).text
         assert (
-            'saga_flow_adaptive_limit{kind="participant",name="renderer",cause="start"} 2' in text
+            'saga_flow_adaptive_limit{kind="participant",name="renderer",policy="1",cause="start"} 2'
+            in text
         )
         page = (await http.get("/ui/sagas", headers=READER)).text
         assert "adaptive: 2 (2-20), start" in page

@@ -1,5 +1,6 @@
 """What a step's command costs its participant (``Cost``), and the rule that refuses a
-cost no budget could ever hold (``cost_refusal``, ``check_cost_fits``).
+cost no budget could ever hold (``cost_refusal``, ``check_cost_fits``): at step time by
+the budgets of the saga's flow policy, ahead of a run by those of every policy.
 
 A cost is held by its command from its send until its attempt is over, and flow control
 sends a command only while the sum of the costs in flight stays within every budget of
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from saga_engine.kernel._settings import FlowLimit, LimitsSettings, resource_amounts
+from saga_engine.kernel._settings import FlowLimit, FlowPolicy, LimitsSettings, resource_amounts
 
 
 class Cost(Mapping[str, float]):
@@ -93,12 +94,10 @@ def cost_class(name: str, limits: LimitsSettings) -> Cost | str:
     )
 
 
-def _gates(
-    limits: LimitsSettings, participant: str, saga_type: str
-) -> Iterator[tuple[str, FlowLimit]]:
+def _gates(policy: FlowPolicy, participant: str, saga_type: str) -> Iterator[tuple[str, FlowLimit]]:
     for what, name, table in (
-        ("participant", participant, limits.participants),
-        ("saga type", saga_type, limits.saga_types),
+        ("participant", participant, policy.participants),
+        ("saga type", saga_type, policy.saga_types),
     ):
         limit = table.get(name)
         if limit is not None and limit.budget:
@@ -106,20 +105,33 @@ def _gates(
 
 
 def cost_refusal(
-    cost: Cost, limits: LimitsSettings, participant: str, saga_type: str, what: str
+    cost: Cost,
+    policy: FlowPolicy,
+    participant: str,
+    saga_type: str,
+    what: str,
+    version: int | None = None,
 ) -> str | None:
     """Why ``what`` (a command of ``cost`` to ``participant``, in a saga of ``saga_type``)
-    could never be sent: an amount above a whole budget of one of its gates (the
-    cluster's figure: nothing in flight elsewhere could make room). None: it fits."""
-    for gate, limit in _gates(limits, participant, saga_type):
+    could never be sent under flow ``policy``: an amount above a whole budget of one of
+    its gates (the cluster's figure: nothing in flight elsewhere could make room). None:
+    it fits. ``version``: the policy's, named in the reason (None: not named, as with
+    one policy configured)."""
+    for gate, limit in _gates(policy, participant, saga_type):
         assert limit.budget is not None
         over = {r: a for r, a in cost.items() if r in limit.budget and a > limit.budget[r]}
         if over:
             needs = ", ".join(f"{r}={a:g}" for r, a in over.items())
             has = ", ".join(f"{r}={limit.budget[r]:g}" for r in over)
+            where = gate if version is None else f"{gate} in flow policy {version}"
+            setting = (
+                "SAGA_LIMITS__POLICIES"
+                if version is not None and version > 1
+                else ("SAGA_LIMITS__...")
+            )
             return (
-                f"{what} costs {needs}, above the whole budget of {gate} ({has}): it could "
-                "never be sent; lower its cost or raise the budget (SAGA_LIMITS__...)"
+                f"{what} costs {needs}, above the whole budget of {where} ({has}): it could "
+                f"never be sent; lower its cost or raise the budget ({setting})"
             )
     return None
 
@@ -132,7 +144,8 @@ def check_cost_fits(
     what: str = "the command",
 ) -> str | None:
     """For a cost declared ahead of a run (a graph node's, at engine start): why it could
-    never be sent (an unknown class, or an amount above a whole budget), or None."""
+    never be sent (an unknown class, or an amount above a whole budget of any flow
+    policy configured: a saga may run under any of them), or None."""
     if cost is None or cost == LEARNED:  # a learned cost is what it was: it ran
         return None
     if isinstance(cost, str):
@@ -140,4 +153,10 @@ def check_cost_fits(
         if isinstance(found, str):
             return f"{what}: {found}"
         cost = found
-    return cost_refusal(cost, limits, participant, saga_type, what)
+    versions = limits.versions
+    for version in versions:
+        named = version if len(versions) > 1 else None
+        refusal = cost_refusal(cost, limits.policy(version), participant, saga_type, what, named)
+        if refusal is not None:
+            return refusal
+    return None

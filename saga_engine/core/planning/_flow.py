@@ -1,6 +1,11 @@
 """Flow control's pure core: the gates (a concurrency limit, fixed or adaptive
 (``_adaptive_limit``), a token bucket and a budget of resources per participant or saga
-type) and the queue of commands waiting for them.
+type, in each flow policy) and the queue of commands waiting for them.
+
+A command goes through the gates of its saga's flow policy (``LimitsSettings.policy``),
+so its lane (the gates it needs) is of that policy, and fairness is per policy lane.
+Where several policies limit the same participant or saga type, each gate enforces its
+policy's share of the limits (``Gate.policy_share``, ``_policy_shares``).
 
 No I/O and no clock: every method takes ``now`` (monotonic seconds), so the order the
 queue serves in is a function of what was pushed and when, and property tests check it
@@ -16,10 +21,10 @@ The order, when a gate is closed (docs/operations.md, "Flow control"):
 3. **weighted fairness** among equal levels: in each lane (the gates a command needs),
    the fairness key that has been charged least for what it was sent goes next
    (start-time fair queuing). A key is charged, per command sent, the command's charge
-   over the key's weight (``LimitsSettings.fairness_weights``), the charge being the
-   command's largest share of its gates (its cost over a budget, one over a concurrency
-   limit; one when neither applies): by cost where costs and budgets are declared, by
-   count otherwise. A key that comes back after its backlog emptied starts level with
+   over the key's weight (``Waiting.weight``: its flow policy's ``fairness_weights``),
+   the charge being the command's largest share of its gates (its cost over a budget,
+   one over a concurrency limit; one when neither applies): by cost where costs and
+   budgets are declared, by count otherwise. A key that comes back after its backlog emptied starts level with
    the lane (it neither banks credit nor pays for its past). Under backlog each key
    gets its weight's share; between two turns of a backlogged key *k* another key *j* is
    served at most ``(w_j / c_j) x (c_k / w_k) + 1`` times (the starvation bound);
@@ -44,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from saga_engine.core.history._cost import Cost
-from saga_engine.core.planning._adaptive_limit import AdaptiveLimit
+from saga_engine.core.planning._adaptive_limit import LatencyLimit, latency_limit
 from saga_engine.kernel._settings import FlowLimit
 
 #: Sums of float costs drift: an amount this close to a budget (or to 0) is on it.
@@ -58,13 +63,15 @@ class GateKind(enum.Enum):
 
 @dataclass(slots=True)
 class Gate:
-    """One participant's (or saga type's) limits as this engine enforces them: its share
-    of the configured figures, what it has in flight, and its token bucket."""
+    """One participant's (or saga type's) limits in one flow policy as this engine
+    enforces them: its share of the configured figures, what it has in flight, and its
+    token bucket."""
 
     kind: GateKind
     name: str
     limit: FlowLimit
-    #: This engine's share of the cluster's limits: owned inbox partitions / all of them.
+    #: This engine's share of the cluster's limits: owned inbox partitions / all of them,
+    #: times ``policy_share``.
     share: float = 1.0
     in_flight: int = 0
     tokens: float = 0.0
@@ -74,24 +81,38 @@ class Gate:
     #: What the commands in flight hold of its budget: the sum of their costs, per
     #: resource of the budget (a resource at 0 is left out).
     in_use: dict[str, float] = field(default_factory=dict)
-    #: Its concurrency when it adapts (``concurrency="adaptive"``), else None.
-    adaptive: AdaptiveLimit | None = None
+    #: Its concurrency when it adapts (``concurrency="adaptive"``, by the limit's
+    #: ``algorithm``), else None.
+    adaptive: LatencyLimit | None = None
+    #: The flow policy (``LimitsSettings.policies``) whose limits these are.
+    policy: int = 1
+    #: The policy's share of the limits where several policies limit the same name (its
+    #: share of their recent arrivals, ``_policy_shares``); 1 where it alone does.
+    policy_share: float = 1.0
+    #: Commands that came to it since ``_policy_shares`` last counted them.
+    arrived: int = 0
 
     def __post_init__(self) -> None:
         if self.limit.concurrency == "adaptive" and self.adaptive is None:
             low, high = self._adaptive_bounds()
-            self.adaptive = AdaptiveLimit(low, high)
+            self.adaptive = latency_limit(self.limit.algorithm, low, high)
 
     def _adaptive_bounds(self) -> tuple[int, int]:
         low, high = self.limit.adaptive_bounds
         share = max(self.share, 0.0)
         return max(1, math.ceil(low * share)), max(1, math.ceil(high * share))
 
-    def set_share(self, share: float) -> None:
-        """This engine's share of the limits (an adaptive one's bounds follow)."""
-        self.share = share
-        if self.adaptive is not None:
-            self.adaptive.bound(*self._adaptive_bounds())
+    def set_share(self, share: float, policy_share: float | None = None) -> None:
+        """This engine's partition share of the limits, and its policy's share of them
+        (None: as it was); an adaptive limit's bounds follow."""
+        if policy_share is not None:
+            self.policy_share = policy_share
+        self.share = share * self.policy_share
+        adaptive = self.adaptive
+        if adaptive is not None:
+            low, high = self._adaptive_bounds()
+            if (low, high) != (adaptive.min_limit, adaptive.max_limit):
+                adaptive.bound(low, high)
 
     @property
     def concurrency(self) -> int | None:
@@ -153,7 +174,7 @@ class Gate:
     def fits(self, cost: Cost, held: Container[Hashable] = ()) -> bool:
         """``cost`` fits its budget now: for each resource of both, in use plus the cost
         within this engine's share (or nothing of it in use), and not ``held`` for a
-        command ranked before it (``(kind, name, resource)``)."""
+        command ranked before it (``(policy, kind, name, resource)``)."""
         budget = self.limit.budget
         if budget is None:
             return True
@@ -161,7 +182,7 @@ class Gate:
             whole = budget.get(resource)
             if whole is None:
                 continue
-            if held and (self.kind, self.name, resource) in held:
+            if held and (self.policy, self.kind, self.name, resource) in held:
                 return False
             used = self.in_use.get(resource)
             if used is not None and used + amount > whole * self.share + _EPSILON:
@@ -172,7 +193,7 @@ class Gate:
         """Marks what ``cost`` needs of the budget as ``held`` for it."""
         budget = self.limit.budget
         if budget is not None:
-            held.update((self.kind, self.name, r) for r in cost if r in budget)
+            held.update((self.policy, self.kind, self.name, r) for r in cost if r in budget)
 
     def take(self, now: float, cost: Cost | None = None) -> None:
         self.in_flight += 1
@@ -275,6 +296,8 @@ class Waiting:
     cost: Cost | None = None
     #: What sending it charges its fairness key (``charge_of``).
     charge: float = 1.0
+    #: Its fairness key's weight in its flow policy (``FlowPolicy.weight_of``).
+    weight: float = 1.0
 
 
 @dataclass(slots=True)
@@ -301,8 +324,6 @@ class FlowQueue:
     anything; FIFO in each."""
 
     aging_s: float | None = None
-    #: A fairness key's weight (``LimitsSettings.weight_of``).
-    weight_of: Callable[[str], float] = lambda key: 1.0
     _fifos: dict[_Fifo, deque[Waiting]] = field(default_factory=dict)
     _turns: dict[Hashable, _Turns] = field(default_factory=dict)
     _len: int = 0
@@ -429,5 +450,5 @@ class FlowQueue:
         turns = self._turns[entry.lane]
         start = turns.passes[entry.key]
         turns.vtime = max(turns.vtime, start)
-        turns.passes[entry.key] = start + entry.charge / self.weight_of(entry.key)
+        turns.passes[entry.key] = start + entry.charge / entry.weight
         self.remove(entry)

@@ -202,8 +202,9 @@ _OVER_BUDGET = "over_budget:"
 def _priced(s: SagaState, request: StepRequest, limit: CommandLimit | None) -> StepRequest:
     """The step with its cost as amounts (a named class resolved from the settings).
 
-    A cost above a whole budget of its gates fails the step before its command is
-    recorded, as a command too large does (``_check_size``): it could never be sent. The
+    A cost above a whole budget of its gates (in the saga's flow policy) fails the step
+    before its command is recorded, as a command too large does (``_check_size``): it
+    could never be sent. The
     refusal is recorded (``op_id`` ``over_budget:<step>``) so that a replay fails it the
     same way whatever the settings then; a command recorded as issued is never checked
     again (its recorded cost is the one it is sent with)."""
@@ -223,7 +224,10 @@ def _priced(s: SagaState, request: StepRequest, limit: CommandLimit | None) -> S
         if limits is None or not isinstance(request.cost, Cost):
             return request
         what = f"the command of step {name!r}"
-        error = cost_refusal(request.cost, limits, request.to, s.saga_type, what)
+        version = _flow_policy(s)
+        named = limits.resolve(version) if len(limits.versions) > 1 else None
+        policy = limits.policy(version)
+        error = cost_refusal(request.cost, policy, request.to, s.saga_type, what, named)
         if error is None:
             return request
     event = emit(s, SideEffectRecorded(at=s.now, op_id=op_id, value={"error": error}))
@@ -242,6 +246,9 @@ def _resolved(
         return request
     if cost == LEARNED:  # what it was measured to cost; nothing until it has been
         learned = limit.learned if limit is not None else None
+        limits = limit.limits if limit is not None else None
+        if limits is not None and not limits.policy(_flow_policy(s)).learned_costs:
+            learned = None  # the saga's flow policy prices no step by what it measured
         measured = learned(s.saga_type, request.name) if learned is not None else None
         return replace(request, cost=measured)
     if not isinstance(cost, str):
@@ -254,6 +261,12 @@ def _resolved(
     if isinstance(found, str) and not replaying:
         s.definition_error(f"step {request.name!r}: {found}")
     return replace(request, cost=found if isinstance(found, Cost) else None)
+
+
+def _flow_policy(s: SagaState) -> int | None:
+    """The flow policy the saga's start recorded (None: 1)."""
+    started = s.history[0] if s.history else None
+    return started.flow_policy if isinstance(started, SagaStarted) else None
 
 
 def _outbound(s: SagaState, request: StepRequest, payload: JsonDict) -> OutboundCommand:

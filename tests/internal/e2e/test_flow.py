@@ -8,13 +8,16 @@ of its transaction (``flow_app.py``): the rows of one transaction were held at o
 - under a limit of 1, higher priorities go first, and fairness keys take turns;
 - aging serves a low priority under a constant stream of higher ones;
 - a budget holds heavy commands (within it) while commands with no cost flow past;
-- a SIGKILL of the engine while commands are queued loses and doubles nothing.
+- a SIGKILL of the engine while commands are queued loses and doubles nothing;
+- two flow policies rolled out at 50 % each send their sagas' commands through their
+  own gates (``GET /flow``), and every saga completes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -22,6 +25,7 @@ from datetime import timedelta
 from typing import Any
 
 import asyncpg
+import httpx
 import pytest
 
 from saga_engine import SagaStatus
@@ -48,6 +52,8 @@ def start_engine(
     env = {"SAGA_LIMITS__PARTICIPANTS": json.dumps({PARTICIPANT: limit})}
     if "aging_s" in limits:
         env["SAGA_LIMITS__AGING_S"] = str(limits["aging_s"])
+    if "policies" in limits:
+        env["SAGA_LIMITS__POLICIES"] = json.dumps(limits["policies"])
     cluster._spawn(
         name,
         ["-m", "saga_engine", "worker", "tests.internal.e2e.flow_app", "--log-level", "INFO"],
@@ -249,3 +255,58 @@ async def test_a_sigkill_while_commands_are_queued_loses_and_doubles_nothing(
     found = await rows(flow)
     exactly_once(found, ids)
     assert max_held(found) <= 2
+
+
+# --------------------------------------------------------------------------- policies
+
+
+async def admin_url(cluster: Cluster, name: str = "engine") -> str:
+    """The address the engine's admin API announced (auth is off on loopback)."""
+    found = await eventually(
+        lambda: re.findall(r"admin API on (http://\S+)", cluster.log_tail(name, 2000)),
+        timeout=90,
+        interval=0.1,
+        what=f"{name}'s admin API to start",
+        context=lambda: cluster.log_tail(name),
+    )
+    return str(found[-1])
+
+
+async def test_two_policies_at_half_each_send_through_their_own_gates(flow: Cluster) -> None:
+    # Policy 1: two at a time; policy 2: an AIMD limit of 1 to 3. Half of the new sagas
+    # each (the salted bucket of their id), every saga's commands through its policy's.
+    aimd = {"concurrency": "adaptive", "algorithm": "aimd", "max_concurrency": 3}
+    start_engine(flow, concurrency=2, policies={"2": {"participants": {PARTICIPANT: aimd}}})
+    await wait_log(flow, "engine", "took partitions", 1)
+    async with httpx.AsyncClient(base_url=await admin_url(flow), timeout=30) as http:
+        put = await http.put(
+            "/flow/policies/rollout",
+            json={"version": 2, "percent": 50, "reason": "try aimd on half"},
+        )
+        assert put.status_code == 200, put.text
+        ids = await start_all(flow, [{"hold_s": 0.02}] * 40)
+        await all_completed(flow, ids)
+        body = (await http.get("/flow")).json()
+        policies = (await http.get("/flow/policies")).json()
+    assert body["policies"] == [1, 2]
+    gates = {(g["policy"], g["name"]): g for g in body["gates"]}
+    one, two = gates[(1, PARTICIPANT)], gates[(2, PARTICIPANT)]
+    # Each policy's gate sent its sagas' commands; together, one per saga.
+    assert one["sent"] > 0, gates
+    assert two["sent"] > 0, gates
+    assert one["sent"] + two["sent"] == len(ids)
+    assert (one["in_flight"], two["in_flight"], one["waiting"], two["waiting"]) == (0, 0, 0, 0)
+    assert two["adaptive"]["algorithm"] == "aimd"
+    assert [r["rollout"]["percent"] for r in policies["rollouts"]] == [50]
+    found = await rows(flow)
+    exactly_once(found, ids)
+    recorded = {
+        r["saga_id"]: r["flow_policy"]
+        for r in await flow.query(
+            f"SELECT saga_id, (data->>'flow_policy')::int AS flow_policy "
+            f"FROM \"{flow.schema}\".saga_events WHERE kind = 'saga_started'"
+        )
+    }
+    # The start recorded each saga's policy: as many sent through each gate.
+    assert sum(1 for p in recorded.values() if p == 2) == two["sent"]
+    assert sum(1 for p in recorded.values() if p is None) == one["sent"]

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from saga_engine.core.planning._adaptive_limit import AdaptiveLimit
+from saga_engine.core.planning._adaptive_limit import AdaptiveLimit, AimdLimit
 
 
 def model_latency(rng: random.Random, in_flight: int, capacity: int, base_s: float) -> float:
@@ -26,17 +27,22 @@ def model_latency(rng: random.Random, in_flight: int, capacity: int, base_s: flo
 
 
 def drive(
-    limit: AdaptiveLimit, rng: random.Random, capacity: int, base_s: float, replies: int
+    limit: AdaptiveLimit | AimdLimit,
+    rng: random.Random,
+    capacity: int,
+    base_s: float,
+    replies: int,
 ) -> list[int | None]:
     """Replies from the model participant with as many in flight as the limit allows
     (while a probe drains, what was in flight answers first); the limit after each, None
-    while it probes."""
+    while it probes (the gradient's)."""
     seen: list[int | None] = []
     in_flight = limit.value
     for i in range(replies):
         limit.observe(model_latency(rng, in_flight, capacity, base_s), in_flight, float(i))
         in_flight = max(limit.value, in_flight - 1)
-        seen.append(None if limit.probing is not None else limit.value)
+        probing = isinstance(limit, AdaptiveLimit) and limit.probing is not None
+        seen.append(None if probing else limit.value)
     return seen
 
 
@@ -60,11 +66,15 @@ bounds = st.tuples(st.integers(1, 50), st.integers(0, 500)).map(lambda t: (t[0],
         max_size=200,
     ),
 )
+@pytest.mark.parametrize("algorithm", [AdaptiveLimit, AimdLimit])
 def test_it_stays_within_its_bounds(
-    bounds: tuple[int, int], signals: list[tuple[float, int] | str]
+    algorithm: type[AdaptiveLimit | AimdLimit],
+    bounds: tuple[int, int],
+    signals: list[tuple[float, int] | str],
 ) -> None:
+    """Either algorithm (the AIMD limit's own properties: ``test_aimd_limit.py``)."""
     low, high = bounds
-    limit = AdaptiveLimit(low, high)
+    limit = algorithm(low, high)
     for now, signal in enumerate(signals):
         before = limit.value
         if signal == "timeout":

@@ -53,7 +53,7 @@ class World:
         self.gate = Gate(GateKind.PARTICIPANT, "p", self.limit, share=self.share)
         self.gates = {GATE: self.gate}
         self.budgets = GateBudgets(self.gates) if self.limit.budget else None
-        self.queue = FlowQueue(aging_s=self.aging_s, weight_of=self.weight)
+        self.queue = FlowQueue(aging_s=self.aging_s)
 
     def weight(self, key: str) -> float:
         return self.weights.get(key, 1.0)
@@ -69,6 +69,7 @@ class World:
             LANE,
             cost=counted,
             charge=charge_of(counted, [self.gate]),
+            weight=self.weight(key),
         )
         self.queue.push(entry)
         return entry
@@ -315,6 +316,6 @@ def test_a_charge_is_the_largest_share_and_a_hold_names_the_budgeted_resources()
     assert charge_of(None, [budgeted]) == 0.25
     held: set[Hashable] = set()
     budgeted.hold(Cost(cpu=1, gpu=1), held)
-    assert held == {(GateKind.PARTICIPANT, "q", "cpu")}
+    assert held == {(1, GateKind.PARTICIPANT, "q", "cpu")}  # (policy, kind, name, resource)
     assert not budgeted.fits(Cost(cpu=1), held)
     assert budgeted.fits(Cost(gpu=1), held)

@@ -5,7 +5,7 @@ After every pop, against the entries still waiting:
 - urgent (compensations) first;
 - the highest level (priority + one per ``aging_s`` waited) first;
 - among equal levels, the fairness key charged least for what it was sent, over its
-  weight (start-time fair queuing: a key coming back after its backlog emptied starts
+  weight (each entry's, given at its push: ``Waiting.weight``; start-time fair queuing: a key coming back after its backlog emptied starts
   level with the lane, and nothing is owed once the lane is empty), kept by an oracle;
 - FIFO within one key and priority;
 - the aging bound: nothing that arrived more than ``(p_x - p_y + 1) * aging_s`` after
@@ -77,7 +77,7 @@ class Turns:
 
 
 def run(steps: list[Push | Pop], aging_s: float | None) -> None:
-    queue = FlowQueue(aging_s=aging_s, weight_of=WEIGHTS.__getitem__)
+    queue = FlowQueue(aging_s=aging_s)
     waiting: list[Waiting] = []
     now = 0.0
     seq = 0
@@ -86,7 +86,9 @@ def run(steps: list[Push | Pop], aging_s: float | None) -> None:
         now += step.dt
         if isinstance(step, Push):
             seq += 1
-            entry = Waiting(seq, now, step.priority, step.key, "lane", step.urgent)
+            entry = Waiting(
+                seq, now, step.priority, step.key, "lane", step.urgent, weight=WEIGHTS[step.key]
+            )
             if not any(w.key == step.key for w in waiting):
                 turns.joined(step.key)
             queue.push(entry)

@@ -104,7 +104,7 @@ def test_an_algorithm_is_for_an_adaptive_limit() -> None:
     with pytest.raises(ValidationError, match='concurrency="adaptive"'):
         FlowLimit(concurrency=3, algorithm="aimd")
     with pytest.raises(ValidationError):
-        FlowLimit(concurrency="adaptive", algorithm="vegas")
+        FlowLimit.model_validate({"concurrency": "adaptive", "algorithm": "vegas"})
 
 
 def test_policies_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -148,8 +148,8 @@ def test_no_row_is_version_1_and_a_type_s_row_wins_over_every_type_s() -> None:
     parent = registry.get("parent")
     table = RolloutTable()
 
-    def pick(definition: Any, saga_id: str, payload: dict[str, Any] | None = None) -> int | None:
-        return table.flow_policy(registry, definition, [1, 2, 3], saga_id, payload or {})
+    def pick(definition: Any, saga_id: str, input: dict[str, Any] | None = None) -> int | None:
+        return table.flow_policy(registry, definition, [1, 2, 3], saga_id, input or {})
 
     assert pick(parent, "x") is None  # configured dark: no saga until rolled out
     table.put(flow_policy_key(None), _row(flow_policy_key(None), 2, 100))
@@ -191,9 +191,9 @@ async def test_a_start_records_its_policy_and_replay_reads_it() -> None:
         chosen[saga_id] = started.flow_policy
         # Through the stored JSON shape, as recovery and `saga replay` read it.
         export = load_history(export_history(saga_id, "parent", history))
-        loaded = export.events[0]
-        assert isinstance(loaded, SagaStarted)
-        assert loaded.flow_policy == want
+        exported = export.events[0]
+        assert isinstance(exported, SagaStarted)
+        assert exported.flow_policy == want
         assert replay([Parent, Leaf], export).deterministic
     assert set(chosen.values()) == {2, 3}
 
