@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 from saga_engine.admin._deps import Caller, PartsDep
 from saga_engine.admin._http_errors import api_router
 from saga_engine.admin._route_helpers import ACTION_ERRORS, READ_ERRORS, errors
-from saga_engine.admin._schemas import Reason, _Body
+from saga_engine.admin._schemas import RolloutRequest, TypeName
 from saga_engine.core.planning._rollout import (
     EVERY_TYPE,
     RolloutChange,
@@ -29,14 +29,13 @@ from saga_engine.core.planning._rollout import (
     RolloutStore,
     flow_policy_key,
     flow_policy_subject,
-    predicate_named,
     spec_of,
 )
-from saga_engine.kernel._errors import InvalidPayload, InvalidTransition
+from saga_engine.kernel._errors import InvalidTransition
 from saga_engine.kernel._input_types import StorableText
 from saga_engine.kernel._settings import FlowPolicy
 from saga_engine.runner._parts import EngineParts
-from saga_engine.runner._rollouts import apply_rollout, remove_rollout
+from saga_engine.runner._rollouts import apply_rollout, check_predicate, remove_rollout
 
 __all__ = ["FlowPoliciesView", "flow_policies_view", "router"]
 
@@ -44,25 +43,15 @@ audit = logging.getLogger("saga_engine.admin.audit")
 
 router = api_router()
 
-TypeName = Annotated[str, StorableText(min_length=1, max_length=100)]
 
+class FlowRolloutRequest(RolloutRequest):
+    """A saga version's rollout request, of a flow policy, and for one saga type or all."""
 
-class FlowRolloutRequest(_Body):
-    version: int = Field(ge=1, le=10_000, description="The flow policy rolled out.")
-    percent: int = Field(
-        ge=0, le=100, description="Share of new sagas (by a salted bucket of their id) on it."
-    )
     saga_type: TypeName | None = Field(
         default=None,
         description="One saga type's rollout (it wins over the one of every type); "
         "null: every saga type's.",
     )
-    predicate: Annotated[str, StorableText(min_length=1, max_length=200)] | None = Field(
-        default=None,
-        description="A named predicate of the saga classes (`rollout_predicates`): starts "
-        "whose input it accepts run under the policy too.",
-    )
-    reason: Reason
 
 
 class FlowRollout(BaseModel):
@@ -157,29 +146,6 @@ async def get_flow_policies(
     return await flow_policies_view(parts, limit)
 
 
-def _check_predicate(parts: EngineParts, saga_type: str | None, predicate: str) -> None:
-    names = [saga_type] if saga_type is not None else parts.registry.names()
-    declared = {
-        n
-        for name in names
-        for d in parts.registry.versions(name).values()
-        for n in d.cls.rollout_predicates
-    }
-    if any(predicate_named(parts.registry.versions(name), predicate) for name in names):
-        return
-    raise InvalidPayload(
-        "the flow-policy rollout",
-        [
-            {
-                "loc": ["predicate"],  # under the body: invalid_detail adds it
-                "msg": f"no saga class declares a rollout predicate {predicate!r} "
-                f"(declared: {', '.join(sorted(declared)) or 'none'})",
-                "type": "unknown_predicate",
-            }
-        ],
-    )
-
-
 @router.put(
     "/flow/policies/rollout",
     response_model=FlowPoliciesView,
@@ -194,7 +160,8 @@ async def set_flow_rollout(
     if body.saga_type is not None:
         parts.registry.get(body.saga_type)  # a type deployed here, else 404
     if body.predicate is not None:
-        _check_predicate(parts, body.saga_type, body.predicate)
+        names = [body.saga_type] if body.saga_type is not None else parts.registry.names()
+        check_predicate(parts.registry, names, body.predicate, "the flow-policy rollout")
     spec = RolloutSpec(version=body.version, percent=body.percent, predicate=body.predicate)
     key = flow_policy_key(body.saga_type)
     change = await apply_rollout(parts, key, spec, principal=caller.name, reason=body.reason)

@@ -20,7 +20,7 @@ from saga_engine.admin._auth import PRINCIPAL_KEY, Principal, auth_required
 from saga_engine.admin._deps import Caller, PartsDep
 from saga_engine.admin._http_errors import api_router
 from saga_engine.admin._route_helpers import ACTION_ERRORS, READ_ERRORS, errors
-from saga_engine.admin._schemas import Reason, _Body
+from saga_engine.admin._schemas import RolloutRequest, TypeName
 from saga_engine.admin._web import _render, _root
 from saga_engine.core.planning._rollout import (
     Rollout,
@@ -28,35 +28,18 @@ from saga_engine.core.planning._rollout import (
     RolloutSpec,
     RolloutStore,
     flow_policy_subject,
-    predicate_named,
     spec_of,
 )
-from saga_engine.kernel._errors import InvalidPayload, InvalidTransition
-from saga_engine.kernel._input_types import StorableText
+from saga_engine.kernel._errors import InvalidTransition
 from saga_engine.kernel._settings import AdminSettings
 from saga_engine.runner._parts import EngineParts
-from saga_engine.runner._rollouts import apply_rollout
+from saga_engine.runner._rollouts import apply_rollout, check_predicate
 
 __all__ = ["RolloutView", "rollout_view", "router", "ui_router"]
 
 audit = logging.getLogger("saga_engine.admin.audit")
 
 router = api_router()
-
-TypeName = Annotated[str, StorableText(min_length=1, max_length=100)]
-
-
-class RolloutRequest(_Body):
-    version: int = Field(ge=1, le=10_000, description="The version rolled out.")
-    percent: int = Field(
-        ge=0, le=100, description="Share of new starts (by saga id bucket) that run it."
-    )
-    predicate: Annotated[str, StorableText(min_length=1, max_length=200)] | None = Field(
-        default=None,
-        description="A named predicate of the saga classes (`rollout_predicates`): starts "
-        "whose input it accepts run the version too.",
-    )
-    reason: Reason
 
 
 class RolloutView(BaseModel):
@@ -150,22 +133,9 @@ async def set_rollout(
     """Sets which version new starts of the type run. Running sagas keep theirs."""
     parts.registry.get(saga_type)  # a type deployed here, else 404
     versions = parts.registry.versions(saga_type)
-    if (
-        body.predicate is not None
-        and body.version in versions
-        and predicate_named(versions, body.predicate) is None
-    ):
-        known = sorted({n for d in versions.values() for n in d.cls.rollout_predicates})
-        raise InvalidPayload(
-            f"the rollout of {saga_type!r}",
-            [
-                {
-                    "loc": ["predicate"],  # under the body: invalid_detail adds it
-                    "msg": f"no version of {saga_type!r} declares a rollout predicate "
-                    f"{body.predicate!r} (declared: {', '.join(known) or 'none'})",
-                    "type": "unknown_predicate",
-                }
-            ],
+    if body.predicate is not None and body.version in versions:
+        check_predicate(
+            parts.registry, [saga_type], body.predicate, f"the rollout of {saga_type!r}"
         )
     spec = RolloutSpec(version=body.version, percent=body.percent, predicate=body.predicate)
     # This engine applies it now; the others at their next refresh.

@@ -542,3 +542,20 @@ class MetricsBody(BaseModel):
         default_factory=list,
         description="Flow control: in flight and waiting per limit (empty with no limit).",
     )
+
+
+#: A saga type named in a path or a query.
+TypeName = Annotated[str, StorableText(min_length=1, max_length=100)]
+
+
+class RolloutRequest(_Body):
+    version: int = Field(ge=1, le=10_000, description="The version rolled out.")
+    percent: int = Field(
+        ge=0, le=100, description="Share of new starts (by a bucket of their saga id) that get it."
+    )
+    predicate: Annotated[str, StorableText(min_length=1, max_length=200)] | None = Field(
+        default=None,
+        description="A named predicate of the saga classes (`rollout_predicates`): starts "
+        "whose input it accepts get the version too.",
+    )
+    reason: Reason

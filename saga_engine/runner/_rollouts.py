@@ -14,8 +14,14 @@ import asyncio
 import logging
 
 from saga_engine.core.authoring._definition import SagaRegistry
-from saga_engine.core.planning._rollout import Rollout, RolloutChange, RolloutSpec, RolloutStore
-from saga_engine.kernel._errors import InvalidTransition, TransientError
+from saga_engine.core.planning._rollout import (
+    Rollout,
+    RolloutChange,
+    RolloutSpec,
+    RolloutStore,
+    predicate_named,
+)
+from saga_engine.kernel._errors import InvalidPayload, InvalidTransition, TransientError
 from saga_engine.kernel._settings import LimitsSettings
 from saga_engine.runner._parts import EngineParts
 from saga_engine.telemetry._telemetry import detach_from_trace
@@ -83,3 +89,29 @@ async def keep_rollouts_fresh(parts: EngineParts, interval_s: float) -> None:
             log.warning("reading the rollouts failed (%s); keeping the last ones", exc)
         except Exception:
             log.exception("reading the rollouts failed; keeping the last ones")
+
+
+def check_predicate(registry: SagaRegistry, names: list[str], predicate: str, what: str) -> None:
+    """A rollout's predicate must be declared (``rollout_predicates``) by some version of
+    one of the saga types ``names``: else InvalidPayload on the body's ``predicate``,
+    listing those declared."""
+    if any(predicate_named(registry.versions(name), predicate) for name in names):
+        return
+    declared = {
+        n
+        for name in names
+        for d in registry.versions(name).values()
+        for n in d.cls.rollout_predicates
+    }
+    raise InvalidPayload(
+        what,
+        [
+            {
+                "loc": ["predicate"],  # under the body: invalid_detail adds it
+                "msg": f"no version of {' or '.join(repr(n) for n in names) or 'any saga type'} "
+                f"declares a rollout predicate {predicate!r} "
+                f"(declared: {', '.join(sorted(declared)) or 'none'})",
+                "type": "unknown_predicate",
+            }
+        ],
+    )
