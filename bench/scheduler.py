@@ -35,7 +35,10 @@ new one started as one ends), each one command of 1 core for ``--adaptive-ms``, 
 participant of ``--adaptive-cores`` cores under ``FlowLimit(concurrency="adaptive")``;
 at ``--adaptive-change-at`` seconds its cores are halved. The limit is sampled every
 ``--sample-ms``; the figure is the time from the change until the limit is within
-±20 % of the new capacity's best concurrency and stays there (5 s, probe dips aside).
+±20 % of the new capacity's best concurrency (or of the algorithm's design point) and
+stays there (5 s, probe dips aside). ``--adaptive-algorithm`` runs the gradient limit,
+the AIMD one (``FlowLimit(algorithm="aimd")``), or both one after the other, side by
+side in the JSON: what an operator would compare before rolling a flow policy out.
 
     python -m bench.scheduler [--phase-seconds 20] [--adaptive-seconds 75] [--part budgets|adaptive|both]
 
@@ -514,11 +517,15 @@ async def budgets(args: argparse.Namespace) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- adaptive
 
 
-def adaptive_limit(args: argparse.Namespace) -> FlowLimit | str:
+def adaptive_limit(args: argparse.Namespace, algorithm: str) -> FlowLimit | str:
     """The adaptive limit, or why this build has none."""
     try:
         return FlowLimit.model_validate(
-            {"concurrency": "adaptive", "max_concurrency": args.adaptive_max}
+            {
+                "concurrency": "adaptive",
+                "max_concurrency": args.adaptive_max,
+                "algorithm": algorithm,
+            }
         )
     except ValueError as exc:
         first = str(exc).splitlines()[:3]
@@ -592,8 +599,22 @@ def _settled(samples: list[dict[str, Any]], start: float, end: float) -> dict[st
     }
 
 
-async def adaptive(args: argparse.Namespace) -> dict[str, Any]:
-    limit = adaptive_limit(args)
+#: Where each algorithm is designed to settle on a participant serving ``cores`` at once:
+#: the gradient near ``1.5 C + sqrt(1.5 C)``, AIMD between 1.5 and 2 x C.
+def _gradient_design(cores: float) -> float:
+    return 1.5 * cores + math.sqrt(1.5 * cores)
+
+
+def _aimd_design(cores: float) -> float:
+    return 1.75 * cores
+
+
+DESIGN: dict[str, Callable[[float], float]] = {"gradient": _gradient_design, "aimd": _aimd_design}
+
+
+async def adaptive(args: argparse.Namespace, algorithm: str) -> dict[str, Any]:
+    print(f"adaptive ({algorithm}):", file=sys.stderr)
+    limit = adaptive_limit(args, algorithm)
     if isinstance(limit, str):
         print(f"adaptive: {limit}", file=sys.stderr)
         return {"status": limit}
@@ -628,11 +649,10 @@ async def adaptive(args: argparse.Namespace) -> dict[str, Any]:
     change = args.adaptive_change_at
     before, after = args.adaptive_cores, args.adaptive_cores / 2
 
-    def design(cores: float) -> float:
-        return 1.5 * cores + math.sqrt(1.5 * cores)
-
+    design = DESIGN[algorithm]
     return {
         "status": "ran",
+        "algorithm": algorithm,
         "participant": {"cores_before": before, "cores_after": after, "work_ms": args.adaptive_ms},
         "change_at_s": change,
         "sagas_in_flight": args.adaptive_in_flight,
@@ -693,6 +713,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="a worker pool (one command per core, the others wait) or shared cores",
     )
     ap.add_argument("--adaptive-in-flight", type=int, default=120)
+    ap.add_argument("--adaptive-algorithm", choices=["gradient", "aimd", "both"], default="both")
     ap.add_argument("--adaptive-max", type=int, default=1000)
     ap.add_argument("--sample-ms", type=float, default=250.0)
     ap.add_argument("--hold-s", type=float, default=5.0, help="how long 'converged' must last")
@@ -720,7 +741,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     if args.part in ("budgets", "both"):
         result["budgets"] = await budgets(args)
     if args.part in ("adaptive", "both"):
-        result["adaptive"] = await adaptive(args)
+        algorithms = (
+            ["gradient", "aimd"] if args.adaptive_algorithm == "both" else [args.adaptive_algorithm]
+        )
+        runs = {a: await adaptive(args, a) for a in algorithms}
+        result["adaptive"] = runs if len(runs) > 1 else runs[algorithms[0]]
     result["settings"] = dict(vars(args))
     return result
 

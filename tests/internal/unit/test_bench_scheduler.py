@@ -57,13 +57,16 @@ def test_the_bench_prints_every_phase_and_the_limit_over_time(
     config = budgets["phases"]["mix_budget_headroom"]["config"]
     assert config["limits"]["participants"]["encoder"]["budget"] == {"cpu": 4}
     assert config["limits"]["saga_types"]["transcode"]["budget"] == {"cpu": 2}
-    adaptive = printed["adaptive"]
-    assert adaptive["status"] == "ran"
-    assert adaptive["best_concurrency"] == {"before": 4, "after": 2}
-    cores = [c for _, _, c in adaptive["limit_each_second"]]
-    assert cores[0] == 4  # halved mid-run
-    assert cores[-1] == 2
-    assert all(1 <= limit <= 1000 for _, limit, _, _ in adaptive["samples"])
+    # Both algorithms, side by side.
+    assert list(printed["adaptive"]) == ["gradient", "aimd"]
+    for algorithm, adaptive in printed["adaptive"].items():
+        assert adaptive["status"] == "ran"
+        assert adaptive["algorithm"] == algorithm
+        assert adaptive["best_concurrency"] == {"before": 4, "after": 2}
+        cores = [c for _, _, c in adaptive["limit_each_second"]]
+        assert cores[0] == 4  # halved mid-run
+        assert cores[-1] == 2
+        assert all(1 <= limit <= 1000 for _, limit, _, _ in adaptive["samples"])
 
 
 def _samples(limits: list[int], causes: dict[int, str] | None = None) -> list[dict[str, object]]:
