@@ -23,13 +23,14 @@ is the context's driver (``_context.SagaDriver``): ``ctx`` calls come in through
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from saga_engine.core.authoring._context import ChildSaga, SagaContext, StepRequest
+from saga_engine.core.authoring._context import ChildSaga, SagaContext, StepRequest, Winner
 from saga_engine.core.authoring._definition import SagaDefinition
 from saga_engine.core.authoring._domain_events import key_text
 from saga_engine.core.authoring._signal import Signal
@@ -65,6 +66,7 @@ from saga_engine.core.history._policy import RetryPolicy
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.runtime import _awaits as awaits
 from saga_engine.core.runtime import _operations as operations
+from saga_engine.core.runtime import _races as races
 from saga_engine.core.runtime._inputs import check_parent, input_name, pass_to_code, to_event
 from saga_engine.core.runtime._operations import CommandLimit
 from saga_engine.core.runtime._state import POLL_PREFIX, Halt, SagaState
@@ -394,6 +396,12 @@ class SagaRuntime:
 
     def op_side_effect(self, fn: Callable[[], T]) -> Coroutine[Any, Any, T]:
         return operations.side_effect(self.state, fn)
+
+    def op_first(self, racers: Mapping[str, object]) -> Coroutine[Any, Any, Winner[Any]]:
+        return races.first(self.state, racers)
+
+    def op_timeout(self, delta: timedelta) -> AbstractAsyncContextManager[None]:
+        return races.TimeoutScope(self.state, delta)
 
     def op_patched(self, patch_id: str) -> bool:
         return operations.patched(self.state, patch_id)

@@ -116,6 +116,8 @@ class SagaState(Fold):
         "ticks",
         "trace_context",
         "undo_waiter",
+        "undoing",
+        "unwinding",
         "user_task",
     )
 
@@ -162,6 +164,13 @@ class SagaState(Fold):
         self.cancel_reason: Literal["cancel", "deadline", "forced"] | None = None
         self.cancel_message = ""
         self.closing = False
+        #: The run failed and its lifecycle stops what still runs: a step stopped now
+        #: joins the compensation stack (``_undo.give_up``), it is not given up alone.
+        self.unwinding = False
+        #: The compensations of steps the code gave up while going forward, running now
+        #: (``_undo.give_up``): the saga ends only once they have. A tuple: most sagas
+        #: never give a step up, and the empty one is shared.
+        self.undoing: tuple[asyncio.Task[None], ...] = ()
         #: While compensations are stuck: what the operator decides ("retry" or "skip"),
         #: per step.
         self.resume_waiters: dict[str, asyncio.Future[str]] = {}

@@ -36,6 +36,7 @@ from saga_engine.core.history._events import (
     InvalidReplyReceived,
     ReplyReceived,
     RetryRequested,
+    StepAbandoned,
     StepParked,
     StepSkipped,
     TimerFired,
@@ -43,6 +44,7 @@ from saga_engine.core.history._events import (
     UndoRequested,
 )
 from saga_engine.core.history._fold import (
+    SCOPE_PREFIX,
     Awaited,
     EventWait,
     Fold,
@@ -74,7 +76,8 @@ class _Step:
     """What the view knows of one step, for the compensations it may owe."""
 
     spec: CompensationSpec | None = None
-    #: in_flight, waiting (to retry), held, applied, gave_up, refused, skipped or parked
+    #: in_flight, waiting (to retry), held, applied, gave_up, refused, skipped, parked or
+    #: abandoned (given up by the code going forward: undone at once if in doubt)
     forward: str = "in_flight"
     #: an attempt timed out since the last retryable reply: it may have been applied
     unknown: bool = False
@@ -213,6 +216,12 @@ class _Walk:
         if isinstance(settled, Sent):  # the held reply is accepted now
             self._release(self.step(event.step), event.step)
 
+    def _abandoned(self, event: StepAbandoned, _: Settled) -> None:
+        # Off the stack: undone now (its compensation follows) if it may have applied.
+        self.timed_out = None
+        s = self.step(event.step)
+        s.forward, s.unknown, s.held = "abandoned", event.in_doubt, False
+
     def _compensating(self, event: CompensationStarted, _: Settled) -> None:
         self.owed_at_start = list(event.owed)
 
@@ -238,6 +247,7 @@ _LEDGER: dict[type[Event], Callable[[_Walk, Any, Settled], None]] = {
     StepSkipped: _Walk._skipped,
     RetryRequested: _Walk._retried,
     StepParked: _Walk._parked,
+    StepAbandoned: _Walk._abandoned,
     CompensationStarted: _Walk._compensating,
     CompensationCompleted: _Walk._compensated,
 }
@@ -273,7 +283,7 @@ def saga_view_of(
         in_flight=tuple(_in_flight(sent) for sent in ahead.inflight),
         timers=tuple(PendingTimer(t.timer_id, t.purpose, t.fire_at, t.since) for t in ahead.timers),
         owed=tuple(ahead.owed),
-        stuck_step=f.stuck_step if f.status == S.COMPENSATION_STUCK else None,
+        stuck_step=f.stuck_step,
         waiting_for=tuple(_waits(walk, ahead, last_at)),
         segments=tuple(walk.timeline.segments),
         actions=tuple(_actions(walk, ahead)),
@@ -283,7 +293,7 @@ def saga_view_of(
         pivot_step=f.pivot_step,
         past_pivot=f.past_pivot,
         parked_steps=tuple(f.parked_steps),
-        stuck_steps=f.stuck_steps if f.status == S.COMPENSATION_STUCK else (),
+        stuck_steps=f.stuck_steps,
     )
 
 
@@ -345,27 +355,24 @@ def _in_flight(sent: Sent) -> InFlight:
 
 def _owed_now(walk: _Walk) -> list[Owed]:
     """Compensations owed by a saga that may still compensate (see ``_ahead``), in the
-    order they would run (last in, first out)."""
+    order they would run (last in, first out): first those of the steps its code gave up,
+    under way already."""
     steps = walk.steps
+    out = [
+        _owed(name, s, _undo_state(walk, name, s))
+        for name, s in steps.items()
+        if s.forward == "abandoned" and s.unknown and s.spec is not None and not s.done
+    ]
     if walk.owed_at_start is not None:
-        out = []
         for name in walk.owed_at_start:
             s = steps.get(name, _Step())
-            if s.done:
-                continue
-            state = (
-                OwedState.STUCK
-                if name in walk.fold.stuck_steps
-                else OwedState.COMPENSATING
-                if s.compensating
-                else OwedState.PENDING
-            )
-            out.append(_owed(name, s, state))
+            if not s.done:
+                out.append(_owed(name, s, _undo_state(walk, name, s)))
         return out
     # Steps whose outcome is unknown, and held ones (applied, not yet released),
     # join the stack only if the run stops now: they would be undone first.
     doubtful = [n for n, s in steps.items() if s.spec is not None and (s.in_doubt or s.held)]
-    out = [
+    out += [
         _owed(n, steps[n], OwedState.OWED if steps[n].held else OwedState.IN_DOUBT)
         for n in reversed(doubtful)
     ]
@@ -375,6 +382,12 @@ def _owed_now(walk: _Walk) -> list[Owed]:
         if steps[n].spec is not None and steps[n].forward in ("applied", "gave_up")
     )
     return out
+
+
+def _undo_state(walk: _Walk, name: str, step: _Step) -> OwedState:
+    if name in walk.fold.stuck_steps:
+        return OwedState.STUCK
+    return OwedState.COMPENSATING if step.compensating else OwedState.PENDING
 
 
 def _actions(walk: _Walk, ahead: _Ahead) -> list[Action]:
@@ -425,12 +438,14 @@ def _waits(walk: _Walk, ahead: _Ahead, last_at: datetime | None) -> list[Wait]:
             )
         ]
     out: list[Wait] = []
-    if f.status == S.COMPENSATION_STUCK:
+    if f.stuck_steps:
+        how = "retry it, skip it, or resume the saga"
+        if f.status != S.COMPENSATION_STUCK:  # a step the code gave up, going forward
+            how = "its code gave the step up; retry it, or skip it once undone by hand"
         out += [
             Wait(
                 WaitKind.OPERATOR,
-                f"an operator: the compensation of step {stuck!r} is stuck "
-                "(retry it, skip it, or resume the saga)",
+                f"an operator: the compensation of step {stuck!r} is stuck ({how})",
                 since,
                 step=stuck,
                 compensation=True,
@@ -540,9 +555,12 @@ def _timer_wait(timer: Timer, steps: dict[str, _Step]) -> Wait | None:
             last_error=ledger.last_error if comp else ledger.forward_error,
         )
     if timer.purpose == "sleep":
+        scope = timer.timer_id.startswith(SCOPE_PREFIX)
         return Wait(
             WaitKind.TIMER,
-            f"timer {timer.timer_id!r}",
+            f"the deadline of a ctx.timeout block ({timer.timer_id})"
+            if scope
+            else f"timer {timer.timer_id!r}",
             timer.since,
             timer.fire_at,
             name=timer.timer_id,
