@@ -171,6 +171,15 @@ def retry_timer_step(timer_id: str) -> str:
 SCOPE_PREFIX = "scope:"
 
 
+def forward_backoff_of(timer_id: str, step: str) -> bool:
+    """Whether ``timer_id`` is the back-off of forward step ``step`` (``retry:<step>:<n>``)."""
+    return (
+        timer_id.startswith("retry:")
+        and not timer_id.startswith("retry:compensate:")
+        and retry_timer_step(timer_id) == step
+    )
+
+
 def signal_of(timer_id: str) -> str | None:
     """``signal:<name>:<n>`` (a timed signal wait's timer) → the signal's name."""
     if not timer_id.startswith("signal:"):
@@ -505,13 +514,7 @@ class Fold:
             sent = self.inflight.get(command_id)
             if sent is not None and not sent.compensation:
                 self._answered(command_id)
-        for timer_id in [
-            t
-            for t in self.timers
-            if t.startswith("retry:")
-            and not t.startswith("retry:compensate:")
-            and retry_timer_step(t) == event.step
-        ]:
+        for timer_id in [t for t in self.timers if forward_backoff_of(t, event.step)]:
             del self.timers[timer_id]
         if event.step in self.parked_steps:
             del self.parked_steps[event.step]

@@ -143,7 +143,7 @@ async def _finish_stragglers(s: SagaState, *, unwinding: bool) -> None:
     s.closing = True
     s.unwinding = unwinding
     s.timers.pop(DEADLINE_TIMER, None)  # the run is over; the deadline no longer applies
-    undoing = set(s.undoing)  # compensations of steps given up go on
+    undoing = {task for _, task in s.given_up}  # compensations of steps given up go on
     pending = [
         t for t in s.loop.tasks if t is not s.lifecycle and not t.done() and t not in undoing
     ]

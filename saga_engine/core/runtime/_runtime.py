@@ -264,9 +264,13 @@ class SagaRuntime:
 
     def owed_compensations(self) -> list[str]:
         """The steps whose compensation is owed, in the order they would run (none once
-        they cannot run: ``Fold.may_compensate``, the rule the view lists them by)."""
+        they cannot run: ``Fold.may_compensate``, the rule the view lists them by): first
+        those of the steps its code gave up, under way already, then its stack's."""
         s = self.state
-        return [o.step for o in reversed(s.owed)] if s.may_compensate else []
+        if not s.may_compensate:
+            return []
+        undoing = [o.step for o, task in s.given_up if not task.done()]
+        return undoing + [o.step for o in reversed(s.owed)]
 
     def event_waits(self) -> list[EventAwaited]:
         """The domain events the saga waits for now (none for most sagas)."""
@@ -346,6 +350,7 @@ class SagaRuntime:
         s.signal_waiters.clear()
         s.resume_waiters.clear()
         s.undo_waiter = None
+        s.given_up = ()
         s.lifecycle = None
         s.user_task = None
         s.saga = None  # the user's object may hold the context (a cycle through it)

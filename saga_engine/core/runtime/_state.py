@@ -94,6 +94,7 @@ class SagaState(Fold):
         "cursor",
         "declared_after",
         "definition",
+        "given_up",
         "history",
         "key_waiter",
         "lifecycle",
@@ -116,7 +117,6 @@ class SagaState(Fold):
         "ticks",
         "trace_context",
         "undo_waiter",
-        "undoing",
         "unwinding",
         "user_task",
     )
@@ -167,10 +167,11 @@ class SagaState(Fold):
         #: The run failed and its lifecycle stops what still runs: a step stopped now
         #: joins the compensation stack (``_undo.give_up``), it is not given up alone.
         self.unwinding = False
-        #: The compensations of steps the code gave up while going forward, running now
-        #: (``_undo.give_up``): the saga ends only once they have. A tuple: most sagas
-        #: never give a step up, and the empty one is shared.
-        self.undoing: tuple[asyncio.Task[None], ...] = ()
+        #: The steps the code gave up while going forward whose compensations were
+        #: started at once (``_undo.give_up``), each with the task undoing it: the saga
+        #: ends only once they are done. A tuple: most sagas never give a step up, and
+        #: the empty one is shared.
+        self.given_up: tuple[tuple[OwedCompensation, asyncio.Task[None]], ...] = ()
         #: While compensations are stuck: what the operator decides ("retry" or "skip"),
         #: per step.
         self.resume_waiters: dict[str, asyncio.Future[str]] = {}

@@ -136,13 +136,13 @@ def give_up(
         owed = OwedCompensation(
             step, spec, tuple(sent), began, s.tick(), s.declared_after.get(step)
         )
-        s.undoing = (*s.undoing, s.loop.create_task(_compensate(s, owed)))
+        s.given_up = (*s.given_up, (owed, s.loop.create_task(_compensate(s, owed))))
 
 
 async def finish_given_up(s: SagaState) -> None:
     """Waits until every step the code gave up is undone (no wait when none is: a saga
     that never gave one up runs exactly as it did before steps could be)."""
-    while pending := [task for task in s.undoing if not task.done()]:
+    while pending := [task for _, task in s.given_up if not task.done()]:
         await asyncio.gather(*pending)
 
 

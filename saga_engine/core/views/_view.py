@@ -112,6 +112,9 @@ class _Walk:
         self.timed_out: str | None = None
         #: A cancel, a forced compensation, an undo or the deadline stopped the run.
         self.stopping = False
+        #: The steps the code gave up in doubt (``step_abandoned``), in that order: each
+        #: compensated at once.
+        self.given_up: list[str] = []
 
     def apply(self, seq: int, event: Event) -> None:
         if self.timed_out is not None:
@@ -221,6 +224,8 @@ class _Walk:
         self.timed_out = None
         s = self.step(event.step)
         s.forward, s.unknown, s.held = "abandoned", event.in_doubt, False
+        if event.in_doubt and s.spec is not None:
+            self.given_up.append(event.step)
 
     def _compensating(self, event: CompensationStarted, _: Settled) -> None:
         self.owed_at_start = list(event.owed)
@@ -359,9 +364,9 @@ def _owed_now(walk: _Walk) -> list[Owed]:
     under way already."""
     steps = walk.steps
     out = [
-        _owed(name, s, _undo_state(walk, name, s))
-        for name, s in steps.items()
-        if s.forward == "abandoned" and s.unknown and s.spec is not None and not s.done
+        _owed(name, steps[name], _undo_state(walk, name, steps[name]))
+        for name in walk.given_up
+        if not steps[name].done
     ]
     if walk.owed_at_start is not None:
         for name in walk.owed_at_start:
