@@ -486,7 +486,7 @@ class SagaContext:
         parsed: M = self._driver.parse(model, payload, f"event {name}")
         return parsed
 
-    async def first(self, **racers: Awaitable[T]) -> Winner[T]:
+    async def first(self, **racers: Awaitable[object]) -> Winner[object]:
         """Waits for the first of several ctx operations to finish, gives up the others,
         and returns which one won and its value (a :class:`Winner`)::
 
@@ -510,6 +510,8 @@ class SagaContext:
           nothing. A loser's late reply is dropped.
         - A winner that raised (``StepFailed``, ``SignalTimeout``...) raises here, after
           the losers are given up.
+        - ``value`` is typed ``object``: the racers' types differ, so match on its class
+          (``case Winner("paid", Captured() as captured):``) or on the name alone.
         """
         return await self._driver.op_first(racers)
 
