@@ -339,8 +339,11 @@ async def test_a_loser_left_running_when_run_returns_is_given_up_and_refunded() 
 
 
 class StuckUndo(Saga[Empty, Out]):
+    """A charge loses to a signal (its refund may get stuck); the run goes on."""
+
     name = "stuck-undo"
     go = Signal(Empty)
+    close = Signal(Empty)
 
     async def run(self, ctx: SagaContext, input: Empty) -> Out:
         won = await ctx.first(
@@ -353,7 +356,8 @@ class StuckUndo(Saga[Empty, Out]):
             ),
             go=ctx.wait_signal(self.go),
         )
-        await ctx.step("ship", to="shipping", command=Hold())
+        await ctx.step("ship", to="shipping", command=Hold(), compensate=Release())
+        await ctx.wait_signal(self.close)
         return Out(outcome=won.name)
 
 
@@ -377,6 +381,8 @@ async def test_a_stuck_undo_of_a_given_up_step_waits_for_an_operator(answer: str
     else:
         await env.engine.skip_step(run.saga_id, "charge")
     await env.settle()
+    assert await run.status() == SagaStatus.RUNNING
+    await env.signal(run, "close", Empty())
     assert await run.status() == SagaStatus.COMPLETED
     assert (await run.output()).outcome == "go"  # type: ignore[attr-defined]
     refunds = len(env.commands("payments", compensation=True))

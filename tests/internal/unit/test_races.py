@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import BaseModel
 
-from saga_engine import RetryPolicy, Saga, SagaContext, SagaStatus, Signal, Winner
+from saga_engine import Saga, SagaContext, SagaStatus, Signal, Winner
 from saga_engine.core.authoring._definition import SagaDefinition
 from saga_engine.core.history._decision import (
     Cancel,
@@ -37,23 +37,12 @@ from saga_engine.core.history._events import (
 from saga_engine.core.history._fold import Awaited
 from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.core.views._view import OwedState, saga_view_of
-from saga_engine.kernel._errors import InvalidTransition, PastPivot
 from saga_engine.runner._path_inputs import Deliver
 from saga_engine.testing import SagaTestEnv
+from tests.internal.unit.test_view_actions import accepted_inputs, offered
+from tests.test_races import Charge, Empty, Refund, StuckUndo
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
-
-
-class Empty(BaseModel):
-    pass
-
-
-class Charge(BaseModel):
-    amount: int = 5
-
-
-class Refund(BaseModel):
-    amount: int = 5
 
 
 class Stop(BaseModel):
@@ -278,37 +267,14 @@ async def test_both_in_one_batch_the_first_recorded_wins(first: str, second: str
 # --------------------------------------------------------------------------- the view
 
 
-class Refunding(Saga[Empty, Won]):
-    """A charge loses to a signal; a second step follows; its refund is scripted per test."""
-
-    name = "refunding"
-    stop = Signal(Stop)
-    close = Signal(Empty)
-
-    async def run(self, ctx: SagaContext, input: Empty) -> Won:
-        won = await ctx.first(
-            charged=ctx.step(
-                "charge",
-                to="payments",
-                command=Charge(),
-                compensate=Refund(),
-                compensate_retry=RetryPolicy(max_attempts=2),
-            ),
-            stopped=ctx.wait_signal(self.stop),
-        )
-        await ctx.step("notify", to="mail", command=Charge(), compensate=Refund())
-        await ctx.wait_signal(self.close)
-        return Won(won=won.name)
-
-
 def _operator_inputs(at: datetime) -> dict[tuple[str, str | None], Inbound]:
     out: dict[tuple[str, str | None], Inbound] = {
-        ("signal", None): SignalInput("sig-9", "close", at),
+        ("signal", None): SignalInput("sig-9", "close", at, {}),
         ("cancel", None): Cancel("no longer wanted", at),
         ("force-compensate", None): ForceCompensate("by hand", at),
         ("resume", None): Resume(at),
     }
-    for step in ("charge", "notify"):
+    for step in ("charge", "ship"):
         out["retry", step] = RetryStep(step, at)
         out["skip", step] = Skip(step, at)
     return out
@@ -316,25 +282,29 @@ def _operator_inputs(at: datetime) -> dict[tuple[str, str | None], Inbound]:
 
 async def _given_up(env: SagaTestEnv, refund: str) -> str:
     env.participant("payments").on(Charge, no_reply=True)
-    if refund == "in flight":
+    if refund in ("in flight", "in flight, the run returned"):
         env.participant("payments").on(Refund, no_reply=True)
     else:
         env.participant("payments").on(Refund, reject="ledger closed")
-    run = await env.start(Refunding, Empty())
-    await env.signal(run, "stop", Stop())
-    if refund != "in flight":
+    run = await env.start(StuckUndo, Empty())
+    await env.signal(run, "go", Empty())
+    if refund.startswith("stuck"):
         await env.advance(timedelta(minutes=5))  # its back-off, then its second refusal
     if refund == "stuck, then cancelled":
         await env.cancel(run)
+    if refund == "in flight, the run returned":
+        await env.signal(run, "close", Empty())
     return run.saga_id
 
 
-@pytest.mark.parametrize("refund", ["in flight", "stuck", "stuck, then cancelled"])
+@pytest.mark.parametrize(
+    "refund", ["in flight", "in flight, the run returned", "stuck", "stuck, then cancelled"]
+)
 async def test_the_view_of_a_given_up_step_agrees_with_its_runtime(refund: str) -> None:
-    env = SagaTestEnv([Refunding])
+    env = SagaTestEnv([StuckUndo])
     saga_id = await _given_up(env, refund)
     history = await env.engine.history(saga_id)
-    definition = env.parts.registry.get("refunding")
+    definition = env.parts.registry.get("stuck-undo")
     runtime, _ = SagaRuntime.replay(definition, saga_id, history)
     view = saga_view_of(history, saga_id=saga_id, awaited=runtime.awaited() or Awaited())
     # What is owed, in the order it would run: the refund under way first, then the stack.
@@ -342,24 +312,16 @@ async def test_the_view_of_a_given_up_step_agrees_with_its_runtime(refund: str) 
     assert view.owed[0].step == "charge"
     expected = {
         "in flight": (SagaStatus.RUNNING, OwedState.COMPENSATING),
+        "in flight, the run returned": (SagaStatus.RUNNING, OwedState.COMPENSATING),
         "stuck": (SagaStatus.STEP_STUCK, OwedState.STUCK),
         "stuck, then cancelled": (SagaStatus.COMPENSATION_STUCK, OwedState.STUCK),
     }[refund]
     assert (view.status, view.owed[0].state) == expected
-    if refund != "in flight":
+    if refund.startswith("stuck"):
         assert view.stuck_steps == ("charge",)
         assert any(w.step == "charge" and w.compensation for w in view.waiting_for)
     runtime.close()
     # The actions the view offers are exactly the inputs the runtime accepts.
-    offered = {(a.name, step) for a in view.actions for step in (a.steps or (None,))}
-    accepted = set()
-    for key, inbound in _operator_inputs(history[-1].at).items():
-        runtime, _ = SagaRuntime.replay(definition, saga_id, history)
-        try:
-            runtime.handle(inbound)
-        except (InvalidTransition, PastPivot):
-            continue
-        finally:
-            runtime.close()
-        accepted.add(key)
-    assert offered == accepted, refund
+    inputs = _operator_inputs(history[-1].at)
+    assert offered(view) == accepted_inputs(definition, saga_id, history, inputs), refund
+    assert (("cancel", None) in offered(view)) == (refund in ("in flight", "stuck"))
