@@ -5,27 +5,12 @@ under drill gave a step up."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from saga_engine.cli._drill_checks import _given_up
 from saga_engine.core.history._events import CompensationCompleted, Event, StepAbandoned
 from saga_engine.core.history._status import SagaStatus
-from saga_engine.store._store import LoadedSaga, SagaRecord, StoredEvent
-
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def _loaded(status: SagaStatus, *events: Event) -> LoadedSaga:
-    record = SagaRecord(
-        saga_id="s",
-        saga_type="t",
-        status=status,
-        last_seq=len(events),
-        created_at=T0,
-        updated_at=T0,
-    )
-    return LoadedSaga(record, [StoredEvent(i + 1, e) for i, e in enumerate(events)])
+from tests.internal.test_drill_lost_check import T0, _loaded
 
 
 def _row(step: str, compensation: bool) -> dict[str, Any]:

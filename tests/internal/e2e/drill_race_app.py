@@ -10,7 +10,6 @@ about half the captures lose: given up while in flight, applied late, and refund
 from __future__ import annotations
 
 import asyncio
-import signal
 import sys
 from collections.abc import Iterator
 from datetime import timedelta
@@ -19,6 +18,7 @@ from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, Settings, run
 from saga_engine.participant import Participant, Transaction
+from tests.internal.e2e.participant_main import serve_participant
 
 PARTICIPANTS = ("payments", "mail")
 #: How long a capture has before the timer wins.
@@ -104,20 +104,7 @@ def build_participant(name: str, settings: Settings) -> Participant:
     return participant
 
 
-async def _run_participant(name: str) -> None:
-    participant = build_participant(name, Settings())
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await participant.start()
-    try:
-        await stop.wait()
-    finally:
-        await participant.stop()
-
-
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] != "participant":
         sys.exit("usage: python -m tests.internal.e2e.drill_race_app participant NAME")
-    run(_run_participant(sys.argv[2]))
+    run(serve_participant(lambda settings: build_participant(sys.argv[2], settings)))

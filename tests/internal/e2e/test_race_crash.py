@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import signal
 from collections import Counter
-from typing import Any
 
 import pytest
 
@@ -30,9 +29,9 @@ from saga_engine.client import SagaClient
 from saga_engine.events import CompensationIssued, ReplyReceived, StepAbandoned, TimerFired
 from saga_engine.protocol import command_id_for
 from saga_engine.replay import HistoryExport, replay
-from saga_engine.store import PostgresEventStore
 from tests.internal.e2e.harness import Cluster
 from tests.internal.e2e.race_app import RaceOrder, RaceTransfer
+from tests.internal.e2e.test_graph_crash import _history
 
 pytestmark = pytest.mark.integration
 
@@ -44,15 +43,6 @@ def _start_engine(cluster: Cluster, crash_at: str | None = None) -> None:
     cluster._spawn(
         "engine", ["-m", "saga_engine", "worker", APP, "--log-level", "INFO"], cluster.env(**extra)
     )
-
-
-async def _history(cluster: Cluster, saga_id: str) -> list[Any]:
-    store = await PostgresEventStore.connect(cluster.settings.pg)
-    try:
-        loaded = await store.load(saga_id)
-    finally:
-        await store.close()
-    return [stored.event for stored in loaded.events]
 
 
 @pytest.mark.parametrize(
