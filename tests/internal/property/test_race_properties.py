@@ -1,7 +1,8 @@
 """Races over any order of inputs (issue 41): whatever comes, in whatever order, with
-duplicates and answers to what was never asked, the winner of ``ctx.first`` is the first
-racer's input in history, a replay of the stored JSON agrees, and a step that lost after
-its command was sent owes exactly one compensation, completed at most once."""
+duplicates and answers to what was never asked, the winner of ``ctx.first`` (and of a
+``ctx.timeout`` scope against its block) is the first racer's input in history, a replay
+of the stored JSON agrees, and a step that lost after its command was sent owes exactly
+one compensation, completed at most once."""
 
 from __future__ import annotations
 
@@ -10,16 +11,30 @@ from datetime import timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from saga_engine.core.history._decision import Inbound, Reply, SignalInput, command_id_for
+from saga_engine import Saga, SagaContext, SagaTimeout, Signal
+from saga_engine.core.authoring._definition import SagaDefinition
+from saga_engine.core.history._decision import (
+    Inbound,
+    Reply,
+    SignalInput,
+    StartSaga,
+    TimerDue,
+    command_id_for,
+)
 from saga_engine.core.history._events import CompensationCompleted, CompensationIssued
+from saga_engine.core.runtime._runtime import SagaRuntime
 from tests.internal.unit.test_races import (
     RACERS,
     T0,
+    Won,
+    command_of,
     input_of,
     replays_the_same,
+    round_trip,
     start,
     status_of,
 )
+from tests.test_races import Charge, Empty, Refund
 
 #: What may reach the saga: each racer's input, the refund's answer (perhaps before the
 #: refund is sent: an unknown command then), a second copy of any of them.
@@ -57,4 +72,61 @@ def test_the_first_racer_in_history_wins_and_a_lost_step_is_undone_once(
     assert len(issued) == (0 if winner == "charged" else 1)
     assert len(completed) == len(issued)
     replays_the_same(rt)
+    rt.close()
+
+
+class ScopedCharge(Saga[Empty, Won]):
+    """The charge under a five-minute ``ctx.timeout``: the block or its timer wins."""
+
+    name = "scoped-charge"
+    close = Signal(Empty)
+
+    async def run(self, ctx: SagaContext, input: Empty) -> Won:
+        try:
+            async with ctx.timeout(timedelta(minutes=5)):
+                await ctx.step("charge", to="payments", command=Charge(), compensate=Refund())
+            won = "charged"
+        except SagaTimeout:
+            won = "expired"
+        await ctx.wait_signal(self.close)
+        return Won(won=won)
+
+
+SCOPED = SagaDefinition.of(ScopedCharge)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    items=st.lists(
+        st.sampled_from(["charged", "expired", "refund"]), min_size=1, max_size=6
+    ).filter(lambda items: "charged" in items or "expired" in items)
+)
+def test_a_timeout_scope_is_decided_by_history_and_undoes_its_step_once(
+    items: list[str],
+) -> None:
+    rt, _ = SagaRuntime.start(
+        SCOPED, StartSaga(saga_id="scoped-1", saga_type=ScopedCharge.name, input={}, at=T0)
+    )
+    winner = next(i for i in items if i != "refund")
+    charge = command_of(rt.history, "charge")
+    for n, item in enumerate(items, start=1):
+        at = T0 + timedelta(seconds=n)
+        if item == "charged":
+            rt.handle(Reply(charge, "success", at, {}))
+        elif item == "expired":
+            rt.handle(TimerDue("scope:1", at))
+        else:
+            rt.handle(_refund_answer(rt.saga_id, at))
+    end = T0 + timedelta(minutes=1)
+    rt.handle(_refund_answer(rt.saga_id, end))
+    rt.handle(SignalInput(signal_id="close", name="close", at=end))
+    assert status_of(rt).is_terminal
+    assert rt.output == {"won": winner, "value": ""}
+    issued = [e for e in rt.history if isinstance(e, CompensationIssued)]
+    assert len(issued) == (0 if winner == "charged" else 1)
+    again, decision = SagaRuntime.replay(SCOPED, rt.saga_id, round_trip(rt.history))
+    assert decision.nondeterminism is None
+    assert decision.events == []
+    assert again.output == rt.output
+    again.close()
     rt.close()
