@@ -461,3 +461,27 @@ async def test_misuse_parks_the_saga_with_a_clear_error(case: str, message: str)
     assert error["type"] == "DefinitionError"
     assert message in error["message"]
     assert env.commands(compensation=True) == []
+
+
+class QuotesPastPivot(Saga[Empty, Out]):
+    """A pivot, then two quotes race: the slower one is released even past the pivot."""
+
+    name = "race-past-pivot"
+
+    async def run(self, ctx: SagaContext, input: Empty) -> Out:
+        await ctx.step("capture", to="payments", command=Charge(), pivot=True)
+        won = await ctx.first(
+            fast=ctx.step("quote-a", to="carrier-a", command=Hold(), compensate=Release()),
+            slow=ctx.step("quote-b", to="carrier-b", command=Hold(), compensate=Release()),
+        )
+        return Out(outcome=won.name)
+
+
+async def test_past_its_pivot_a_saga_still_undoes_the_step_it_gave_up() -> None:
+    env = SagaTestEnv([QuotesPastPivot])
+    env.participant("carrier-b").on(Hold, no_reply=True)
+    run = await env.start(QuotesPastPivot, Empty())
+    assert (await run.output()).outcome == "fast"  # type: ignore[attr-defined]
+    # quote-b was sent and may have been applied: released, although no cancel or
+    # failure could undo anything of this saga any more.
+    assert env.compensated_steps() == ["quote-b"]

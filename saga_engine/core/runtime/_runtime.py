@@ -263,14 +263,13 @@ class SagaRuntime:
         return self.state.held_steps()
 
     def owed_compensations(self) -> list[str]:
-        """The steps whose compensation is owed, in the order they would run (none once
-        they cannot run: ``Fold.may_compensate``, the rule the view lists them by): first
-        those of the steps its code gave up, under way already, then its stack's."""
+        """The steps whose compensation is owed, in the order they would run: first those
+        of the steps its code gave up, under way already (even past the pivot: a path
+        not taken is undone), then its stack's (none once they cannot run:
+        ``Fold.may_compensate``, the rule the view lists them by)."""
         s = self.state
-        if not s.may_compensate:
-            return []
         undoing = [o.step for o, task in s.given_up if not task.done()]
-        return undoing + [o.step for o in reversed(s.owed)]
+        return undoing + ([o.step for o in reversed(s.owed)] if s.may_compensate else [])
 
     def event_waits(self) -> list[EventAwaited]:
         """The domain events the saga waits for now (none for most sagas)."""

@@ -324,8 +324,9 @@ def _ahead(walk: _Walk, awaited: Awaited) -> _Ahead:
       while the code still holds it: a wait the code gave up (the loser of a race) can
       never end, so it is not listed, past its deadline or not.
     - A saga past its pivot only goes forward (a cancel is refused, its deadline lifted,
-      a step that cannot succeed parks, an undo from its parent is refused): it owes no
-      compensation, since none of them can run.
+      a step that cannot succeed parks, an undo from its parent is refused): its stack
+      owes no compensation, since none of them can run. A step its code gave up is
+      undone all the same (a path not taken), and listed while it is.
     """
     f = walk.fold
     if f.status.is_terminal:
@@ -337,7 +338,7 @@ def _ahead(walk: _Walk, awaited: Awaited) -> _Ahead:
         timers=timers,
         event_waits=tuple(w for wid, w in f.event_waits.items() if awaited.holds(wid)),
         signals=tuple(n for n in dict.fromkeys(awaited.signals) if n not in timed),
-        owed=tuple(_owed_now(walk)) if f.may_compensate else (),
+        owed=tuple(_owed_now(walk, stack=f.may_compensate)),
         returned=awaited.returned,
     )
 
@@ -361,16 +362,19 @@ def _in_flight(sent: Sent) -> InFlight:
     )
 
 
-def _owed_now(walk: _Walk) -> list[Owed]:
-    """Compensations owed by a saga that may still compensate (see ``_ahead``), in the
-    order they would run (last in, first out): first those of the steps its code gave up,
-    under way already."""
+def _owed_now(walk: _Walk, *, stack: bool) -> list[Owed]:
+    """Compensations owed by a saga still open, in the order they would run (last in,
+    first out): first those of the steps its code gave up, under way already (past the
+    pivot too: a path not taken is undone), then its stack's if it may still compensate
+    (``stack``: see ``_ahead``)."""
     steps = walk.steps
     out = [
         _owed(name, steps[name], _undo_state(walk, name, steps[name]))
         for name in walk.given_up
         if not steps[name].done
     ]
+    if not stack:
+        return out
     if walk.owed_at_start is not None:
         for name in walk.owed_at_start:
             s = steps.get(name, _Step())
