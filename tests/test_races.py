@@ -327,7 +327,7 @@ async def test_a_loser_left_running_when_run_returns_is_given_up_and_refunded() 
     await env.signal(run, "go", Empty())
     # The run returned; the saga completes once the charge it left is refunded.
     assert await run.status() == SagaStatus.RUNNING
-    with pytest.raises(InvalidTransition, match="run has returned"):
+    with pytest.raises(InvalidTransition, match="run has ended"):
         await env.cancel(run)
     await env.advance(timedelta(minutes=1))
     assert await run.status() == SagaStatus.COMPLETED
@@ -485,3 +485,19 @@ async def test_past_its_pivot_a_saga_still_undoes_the_step_it_gave_up() -> None:
     # quote-b was sent and may have been applied: released, although no cancel or
     # failure could undo anything of this saga any more.
     assert env.compensated_steps() == ["quote-b"]
+
+
+async def test_a_run_that_fails_with_nothing_owed_ends_once_its_loser_is_undone() -> None:
+    env = SagaTestEnv([StuckUndo])
+    env.participant("payments").on(Charge, no_reply=True)
+    env.participant("payments").on(Refund, no_reply=True, times=1)
+    env.participant("shipping").on(Hold, reject="no route")
+    run = await env.start(StuckUndo, Empty())
+    await env.signal(run, "go", Empty())
+    # The ship step was refused; nothing is on the stack, but the charge's refund runs.
+    assert await run.status() == SagaStatus.RUNNING
+    with pytest.raises(InvalidTransition, match="run has ended"):
+        await env.cancel(run)
+    await env.advance(timedelta(minutes=1))  # the refund's attempt timed out, sent again
+    assert await run.status() == SagaStatus.FAILED
+    assert kinds(await run.history(), "charge").count("compensation_completed") == 1

@@ -135,9 +135,10 @@ class Awaited:
     #: The ids of the commands, timers and domain-event waits it still holds; None when
     #: not known (no runtime at hand): then every one its history leaves open counts.
     held: frozenset[str] | None = None
-    #: Its ``run`` has returned, and it completes once the steps its code gave up are
-    #: undone: nothing is left to cancel (nor to compensate by force).
-    returned: bool = False
+    #: Its ``run`` has ended (returned, or failed with nothing on its stack), and the
+    #: saga ends once the steps its code gave up are undone: nothing is left to cancel
+    #: (nor to compensate by force).
+    run_ended: bool = False
 
     def holds(self, wait_id: str) -> bool:
         return self.held is None or wait_id in self.held

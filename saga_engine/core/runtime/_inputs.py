@@ -263,9 +263,9 @@ def _stop(s: SagaState, inbound: Cancel | ForceCompensate) -> Event:
             f"steps, so there is nothing to {what}"
         )
     if s.closing:
-        # Its run returned: it completes once the steps its code gave up are undone.
+        # Its run ended: the saga ends once the steps its code gave up are undone.
         raise InvalidTransition(
-            f"saga {s.saga_id}'s run has returned; it completes as soon as the "
+            f"saga {s.saga_id}'s run has ended; the saga ends as soon as the "
             "compensations of the steps its code gave up are done, so there is nothing "
             f"left to {'cancel' if isinstance(inbound, Cancel) else 'force'}"
         )

@@ -206,8 +206,7 @@ class SagaState(Fold):
     def awaited(self) -> Awaited:
         """What the code waits for now: the fold's open waits it has not given up."""
         held = frozenset([*self.inflight, *self.timers, *self.event_waits])
-        returned = self.closing and not self.unwinding and self.cancel_reason is None
-        return Awaited(tuple(sorted(self.signal_waiters)), held, returned)
+        return Awaited(tuple(sorted(self.signal_waiters)), held, run_ended=self.closing)
 
     def describe_waiting(self) -> str:
         waits = [

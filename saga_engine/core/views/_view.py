@@ -312,8 +312,8 @@ class _Ahead:
     #: The signals waited for without a deadline (a timed wait is one of ``timers``).
     signals: tuple[str, ...] = ()
     owed: tuple[Owed, ...] = ()
-    #: Its run has returned (``Awaited.returned``): no cancel, no forced compensation.
-    returned: bool = False
+    #: Its run has ended (``Awaited.run_ended``): no cancel, no forced compensation.
+    run_ended: bool = False
 
 
 def _ahead(walk: _Walk, awaited: Awaited) -> _Ahead:
@@ -339,7 +339,7 @@ def _ahead(walk: _Walk, awaited: Awaited) -> _Ahead:
         event_waits=tuple(w for wid, w in f.event_waits.items() if awaited.holds(wid)),
         signals=tuple(n for n in dict.fromkeys(awaited.signals) if n not in timed),
         owed=tuple(_owed_now(walk, stack=f.may_compensate)),
-        returned=awaited.returned,
+        run_ended=awaited.run_ended,
     )
 
 
@@ -413,7 +413,7 @@ def _actions(walk: _Walk, ahead: _Ahead) -> list[Action]:
     forward = f.going_forward and not walk.stopping
     # A run that is undoing its steps waits for no signal any more (``_signal`` refuses).
     out: list[Action] = [Action("signal")] if forward else []
-    if forward and not f.past_pivot and not ahead.returned:
+    if forward and not f.past_pivot and not ahead.run_ended:
         out += [Action("cancel"), Action("force-compensate")]
     held = [s.event.step for s in ahead.inflight if s.held is not None]
     waiting = [s.event.step for s in ahead.inflight if not s.compensation and s.held is None]

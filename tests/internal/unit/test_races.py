@@ -40,7 +40,7 @@ from saga_engine.core.views._view import OwedState, saga_view_of
 from saga_engine.runner._path_inputs import Deliver
 from saga_engine.testing import SagaTestEnv
 from tests.internal.unit.test_view_actions import accepted_inputs, offered
-from tests.test_races import Charge, Empty, Refund, StuckUndo
+from tests.test_races import Charge, Empty, Hold, Refund, StuckUndo
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -282,10 +282,12 @@ def _operator_inputs(at: datetime) -> dict[tuple[str, str | None], Inbound]:
 
 async def _given_up(env: SagaTestEnv, refund: str) -> str:
     env.participant("payments").on(Charge, no_reply=True)
-    if refund in ("in flight", "in flight, the run returned"):
+    if refund.startswith("in flight"):
         env.participant("payments").on(Refund, no_reply=True)
     else:
         env.participant("payments").on(Refund, reject="ledger closed")
+    if refund == "in flight, the run failed":  # and nothing on its stack
+        env.participant("shipping").on(Hold, reject="no route")
     run = await env.start(StuckUndo, Empty())
     await env.signal(run, "go", Empty())
     if refund.startswith("stuck"):
@@ -298,7 +300,14 @@ async def _given_up(env: SagaTestEnv, refund: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "refund", ["in flight", "in flight, the run returned", "stuck", "stuck, then cancelled"]
+    "refund",
+    [
+        "in flight",
+        "in flight, the run returned",
+        "in flight, the run failed",
+        "stuck",
+        "stuck, then cancelled",
+    ],
 )
 async def test_the_view_of_a_given_up_step_agrees_with_its_runtime(refund: str) -> None:
     env = SagaTestEnv([StuckUndo])
@@ -313,6 +322,7 @@ async def test_the_view_of_a_given_up_step_agrees_with_its_runtime(refund: str) 
     expected = {
         "in flight": (SagaStatus.RUNNING, OwedState.COMPENSATING),
         "in flight, the run returned": (SagaStatus.RUNNING, OwedState.COMPENSATING),
+        "in flight, the run failed": (SagaStatus.RUNNING, OwedState.COMPENSATING),
         "stuck": (SagaStatus.STEP_STUCK, OwedState.STUCK),
         "stuck, then cancelled": (SagaStatus.COMPENSATION_STUCK, OwedState.STUCK),
     }[refund]
