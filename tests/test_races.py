@@ -21,8 +21,12 @@ from saga_engine import (
     SagaTimeout,
     Signal,
     StepFailed,
+    UpdateFailed,
+    Winner,
+    update,
 )
 from saga_engine.events import Event, StepAbandoned
+from saga_engine.replay import HistoryExport, replay
 from saga_engine.testing import SagaTestEnv
 
 
@@ -430,6 +434,8 @@ class Misuse(Saga[Case, Out]):
                     await ctx.sleep(1)
             case "wait with a timeout":
                 await asyncio.wait([asyncio.ensure_future(ctx.sleep(1))], timeout=5)
+            case "unknown update":
+                await ctx.first(a=ctx.wait_update("no-such-update"))
         return Out()
 
     async def mine(self, ctx: SagaContext) -> None:
@@ -449,6 +455,7 @@ class Misuse(Saga[Case, Out]):
         ("wait_for", "`async with ctx.timeout(delay):`"),
         ("asyncio.timeout", "ctx.first(done=..., expired=ctx.sleep(delay))"),
         ("wait with a timeout", "asyncio.wait with a timeout"),
+        ("unknown update", "waits for update 'no-such-update' but declares no such @update"),
     ],
 )
 async def test_misuse_parks_the_saga_with_a_clear_error(case: str, message: str) -> None:
@@ -501,3 +508,51 @@ async def test_a_run_that_fails_with_nothing_owed_ends_once_its_loser_is_undone(
     await env.advance(timedelta(minutes=1))  # the refund's attempt timed out, sent again
     assert await run.status() == SagaStatus.FAILED
     assert kinds(await run.history(), "charge").count("compensation_completed") == 1
+
+
+class Address(BaseModel):
+    street: str
+
+
+class Delivery(Saga[Empty, Out]):
+    """Waits up to a day for the customer to give an address (an update), else ships to
+    the pick-up point."""
+
+    name = "delivery"
+
+    def __init__(self) -> None:
+        self.address = ""
+
+    async def run(self, ctx: SagaContext, input: Empty) -> Out:
+        won = await ctx.first(
+            given=ctx.wait_update(Delivery.set_address), expired=ctx.sleep(timedelta(days=1))
+        )
+        match won:
+            case Winner("given", Address() as address):
+                return Out(outcome=f"to {address.street} ({self.address})")
+            case _:
+                return Out(outcome="to the pick-up point")
+
+    @update(Address)
+    def set_address(self, address: Address) -> str:
+        if not address.street:
+            raise ValueError("an empty street")
+        self.address = address.street
+        return "noted"
+
+
+async def test_an_update_can_win_a_race_once_its_handler_accepted_it() -> None:
+    env = SagaTestEnv([Delivery])
+    run = await env.start(Delivery, Empty())
+    # An update whose handler raises is recorded (its caller gets the error): no winner.
+    with pytest.raises(UpdateFailed):
+        await env.update(run, Delivery.set_address, Address(street=""))
+    assert await run.status() == SagaStatus.RUNNING
+    assert await env.update(run, Delivery.set_address, Address(street="Main St 1")) == "noted"
+    assert (await run.output()).outcome == "to Main St 1 (Main St 1)"  # type: ignore[attr-defined]
+    history = await run.history()
+    assert replay([Delivery], HistoryExport(run.saga_id, Delivery.name, history)).deterministic
+
+    late = await env.start(Delivery, Empty())
+    await env.advance(timedelta(days=1, minutes=1))
+    assert (await late.output()).outcome == "to the pick-up point"  # type: ignore[attr-defined]

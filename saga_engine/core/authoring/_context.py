@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from saga_engine.core.authoring._domain_events import EventSource, source_name
 from saga_engine.core.authoring._signal import Signal
+from saga_engine.core.authoring._update import name_of
 from saga_engine.core.history._cost import Cost
 from saga_engine.core.history._policy import RetryPolicy
 from saga_engine.kernel._serde import JsonDict
@@ -145,6 +146,8 @@ class SagaDriver(Protocol):
     ) -> Coroutine[Any, Any, JsonDict]: ...
 
     def op_side_effect(self, fn: Callable[[], T]) -> Coroutine[Any, Any, T]: ...
+
+    def op_wait_update(self, name: str) -> Coroutine[Any, Any, Any]: ...
 
     def op_first(self, racers: Mapping[str, object]) -> Coroutine[Any, Any, Winner[Any]]: ...
 
@@ -486,6 +489,15 @@ class SagaContext:
         parsed: M = self._driver.parse(model, payload, f"event {name}")
         return parsed
 
+    async def wait_update(self, update: Any) -> Any:
+        """Waits for the next call of one of this saga's ``@update`` methods (the method,
+        ``Cart.checkout``, or its name) that its handler accepted and ran without raising,
+        and returns the update's input (its model, or None for an update without one).
+        Its handler has run by then: what it changed on the saga is there. Updates made
+        before the wait are not kept (their effect is on the saga's state: look there
+        first). Bound it with ``ctx.first`` or ``ctx.timeout``."""
+        return await self._driver.op_wait_update(name_of(update))
+
     async def first(self, **racers: Awaitable[object]) -> Winner[object]:
         """Waits for the first of several ctx operations to finish, gives up the others,
         and returns which one won and its value (a :class:`Winner`)::
@@ -497,8 +509,9 @@ class SagaContext:
             )
 
         - Each racer is a ctx operation as you call it (``ctx.step``, ``ctx.http_step``,
-          ``ctx.child``, ``ctx.sleep``, ``ctx.wait_signal``, ``ctx.wait_event``, or another
-          ``ctx.first``); anything else is a definition error. To race several steps,
+          ``ctx.child``, ``ctx.sleep``, ``ctx.wait_signal``, ``ctx.wait_event``,
+          ``ctx.wait_update``, or another ``ctx.first``); anything else is a definition
+          error. To race several steps,
           race a child saga that runs them, or bound them with :meth:`timeout`.
         - The winner is the racer whose input comes first in the saga's history (a reply,
           a timer, a signal, a domain event), so a replay picks the same one. They are
@@ -581,6 +594,7 @@ RACEABLE: dict[Any, str] = {
         ("sleep", SagaContext.sleep),
         ("wait_signal", SagaContext.wait_signal),
         ("wait_event", SagaContext.wait_event),
+        ("wait_update", SagaContext.wait_update),
         ("first", SagaContext.first),
     )
 }

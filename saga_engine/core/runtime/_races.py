@@ -112,7 +112,7 @@ def _problem(s: SagaState, racers: Mapping[str, object]) -> str | None:
             return (
                 f"{what} got a call of {racer.cr_code.co_qualname}, which is not a ctx "
                 "operation: race ctx.step, ctx.http_step, ctx.child, ctx.sleep, "
-                "ctx.wait_signal, ctx.wait_event or ctx.first itself; to race several "
+                "ctx.wait_signal, ctx.wait_event, ctx.wait_update or ctx.first itself; to race several "
                 "steps, race a ctx.child saga that runs them, or bound them with "
                 "`async with ctx.timeout(...)`"
             )

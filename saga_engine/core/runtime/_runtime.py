@@ -67,6 +67,7 @@ from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.runtime import _awaits as awaits
 from saga_engine.core.runtime import _operations as operations
 from saga_engine.core.runtime import _races as races
+from saga_engine.core.runtime import _updating as updating
 from saga_engine.core.runtime._inputs import check_parent, input_name, pass_to_code, to_event
 from saga_engine.core.runtime._operations import CommandLimit
 from saga_engine.core.runtime._state import POLL_PREFIX, Halt, SagaState
@@ -400,6 +401,9 @@ class SagaRuntime:
 
     def op_side_effect(self, fn: Callable[[], T]) -> Coroutine[Any, Any, T]:
         return operations.side_effect(self.state, fn)
+
+    def op_wait_update(self, name: str) -> Coroutine[Any, Any, Any]:
+        return updating.wait_update(self.state, name)
 
     def op_first(self, racers: Mapping[str, object]) -> Coroutine[Any, Any, Winner[Any]]:
         return races.first(self.state, racers)

@@ -118,6 +118,7 @@ class SagaState(Fold):
         "trace_context",
         "undo_waiter",
         "unwinding",
+        "update_waiters",
         "user_task",
     )
 
@@ -152,6 +153,9 @@ class SagaState(Fold):
         #: Signals received before the code waited for them, per name.
         self.signals: dict[str, deque[JsonDict]] = {}
         self.signal_waiters: dict[str, asyncio.Future[JsonDict | None]] = {}
+        #: ``ctx.wait_update`` waits, by update name (None until the first: most sagas
+        #: never wait for an update).
+        self.update_waiters: dict[str, asyncio.Future[Any]] | None = None
         #: The compensations owed, in the order their steps were applied.
         self.owed: list[OwedCompensation] = []
         self.step_names: Set[str] = NO_IDS
@@ -218,6 +222,7 @@ class SagaState(Fold):
         waits += [f"an operator for step {step!r} (it is parked)" for step in self.parked_steps]
         waits += [f"timer {tid!r}" for tid in self.timers if tid != DEADLINE_TIMER]
         waits += [f"signal {name!r}" for name in self.signal_waiters]
+        waits += [f"update {name!r}" for name in self.update_waiters or ()]
         waits += [f"event {w.event.source} key={w.event.key}" for w in self.event_waits.values()]
         if self.key_waiter is not None:
             waits.append("its concurrency key")
