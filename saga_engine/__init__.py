@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from saga_engine.core.authoring._context import HttpRequest, SagaContext
+from saga_engine.core.authoring._context import HttpRequest, SagaContext, Winner
 from saga_engine.core.authoring._definition import Saga, SagaRegistry, Signal
 from saga_engine.core.authoring._domain_events import EventSource
 from saga_engine.core.authoring._update import query, update
@@ -63,6 +63,7 @@ from saga_engine.kernel._errors import (
     ResultTimeout,
     SagaError,
     SagaNotFound,
+    SagaTimeout,
     SagaUnsuccessful,
     SerializationError,
     SignalTimeout,
@@ -127,6 +128,7 @@ __all__ = [
     "SagaNotFound",
     "SagaRegistry",
     "SagaStatus",
+    "SagaTimeout",
     "SagaUnsuccessful",
     "SerializationError",
     "Settings",
@@ -140,6 +142,7 @@ __all__ = [
     "UnstorableValue",
     "UpdateFailed",
     "UpdateRefused",
+    "Winner",
     "ZstdCodec",
     "query",
     "run",

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from pydantic import BaseModel
 
-from saga_engine import RetryPolicy, Saga, SagaContext, Signal, StepFailed
+from saga_engine import RetryPolicy, Saga, SagaContext, Signal, StepFailed, Winner
 
 
 class OrderRequest(BaseModel):
@@ -93,3 +93,94 @@ class PlaceOrder(Saga[OrderRequest, OrderResult]):
         return OrderResult(
             status="confirmed", stock_reservation=stock.reservation, shipping_quote=quote.price
         )
+
+
+# --------------------------------------------------------------------------- races (issue 41)
+
+
+class CheckoutRequest(BaseModel):
+    order: str
+    amount: int
+
+
+class Capture(BaseModel):
+    order: str
+    amount: int
+
+
+class Refund(BaseModel):
+    order: str
+    amount: int
+
+
+class Captured(BaseModel):
+    receipt: str
+
+
+class CancelOrder(BaseModel):
+    reason: str = ""
+
+
+class Notify(BaseModel):
+    order: str
+    outcome: str
+
+
+class CheckoutResult(BaseModel):
+    outcome: str
+    receipt: str = ""
+
+
+def _capture(req: CheckoutRequest) -> tuple[Capture, Refund]:
+    return Capture(order=req.order, amount=req.amount), Refund(order=req.order, amount=req.amount)
+
+
+class RaceCheckout(Saga[CheckoutRequest, CheckoutResult]):
+    """Captures the payment, unless the customer cancels or fifteen minutes pass first
+    (a capture given up may have been applied: it is refunded at once); then tells the
+    customer how it ended."""
+
+    name = "race-checkout"
+    cancel = Signal(CancelOrder)
+
+    async def run(self, ctx: SagaContext, req: CheckoutRequest) -> CheckoutResult:
+        capture, refund = _capture(req)
+        won = await ctx.first(
+            paid=ctx.step(
+                "capture", to="payments", command=capture, compensate=refund, returns=Captured
+            ),
+            cancelled=ctx.wait_signal(self.cancel),
+            expired=ctx.sleep(timedelta(minutes=15)),
+        )
+        match won:
+            case Winner("paid", Captured() as captured):
+                outcome, receipt = "paid", captured.receipt
+            case Winner(name):
+                outcome, receipt = name, ""
+        await ctx.step("notify", to="mail", command=Notify(order=req.order, outcome=outcome))
+        return CheckoutResult(outcome=outcome, receipt=receipt)
+
+
+class WaitCheckout(Saga[CheckoutRequest, CheckoutResult]):
+    """The same race written with ``asyncio.wait(..., FIRST_COMPLETED)``, its losers
+    cancelled by the code (as sagas did before ``ctx.first``)."""
+
+    name = "wait-checkout"
+    cancel = Signal(CancelOrder)
+
+    async def run(self, ctx: SagaContext, req: CheckoutRequest) -> CheckoutResult:
+        capture, refund = _capture(req)
+        racers = {
+            "paid": asyncio.ensure_future(
+                ctx.step("capture", to="payments", command=capture, compensate=refund)
+            ),
+            "cancelled": asyncio.ensure_future(ctx.wait_signal(self.cancel)),
+            "expired": asyncio.ensure_future(ctx.sleep(timedelta(minutes=15))),
+        }
+        done, pending = await asyncio.wait(racers.values(), return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        outcome = next(name for name, task in racers.items() if task in done)
+        await ctx.step("notify", to="mail", command=Notify(order=req.order, outcome=outcome))
+        return CheckoutResult(outcome=outcome)

@@ -84,6 +84,9 @@ PUBLIC = {
     "QueryFailed",
     # An answer that says what happened (issue 39 section 8.4).
     "OutcomeUnknown",
+    # Races and timeout scopes (issue 41 section 1).
+    "SagaTimeout",
+    "Winner",
 }
 
 #: Every public module but the root, and exactly what it exports.
@@ -230,7 +233,7 @@ def test_the_front_doors_export_their_documented_names() -> None:
         assert len(module.__all__) == len(exported), f"{name}: a name listed twice"
         for attribute in exported:
             assert getattr(module, attribute) is not None, f"{name}.{attribute}"
-    assert len(saga_engine.events.EVENT_TYPES) == 34
+    assert len(saga_engine.events.EVENT_TYPES) == 35
 
 
 def _module_name(path: Path) -> str:

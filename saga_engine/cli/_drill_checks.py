@@ -12,7 +12,13 @@ from typing import Any
 import asyncpg
 
 from saga_engine.core.history._codec import CodecChain
-from saga_engine.core.history._events import CompensationStuck, SagaParked, StepParked
+from saga_engine.core.history._events import (
+    CompensationCompleted,
+    CompensationStuck,
+    SagaParked,
+    StepAbandoned,
+    StepParked,
+)
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.planning._replay import HistoryExport, replay
 from saga_engine.kernel._settings import PostgresSettings, Settings
@@ -133,6 +139,9 @@ async def check_all(
     statuses = {r["saga_id"]: SagaStatus(r["status"]) for r in rows}
     checks = [_lost(saga_ids, statuses, reasons), _twice(applied), _compensations(applied)]
     checks.append(_replays(histories, sagas))
+    given_up = _given_up(histories, applied)
+    if given_up is not None:
+        checks.append(given_up)
     return checks
 
 
@@ -211,6 +220,42 @@ def _compensations(applied: list[asyncpg.Record]) -> Check:
         "compensations only for applied steps, in reverse order",
         not bad,
         "; ".join(bad[:5]) or f"{compensated} sagas compensated",
+    )
+
+
+def _given_up(
+    histories: dict[str, LoadedSaga | str], applied: list[asyncpg.Record]
+) -> Check | None:
+    """A step its saga's code gave up in doubt (``step_abandoned``: a race's loser, a
+    timeout scope's) is undone exactly once: once its saga ended, its compensation
+    completed once in history, and the participant applied it at most once, and exactly
+    once when it applied the step. None when no saga under drill gave a step up."""
+    rows = Counter((r["saga_id"], r["step"], r["compensation"]) for r in applied)
+    given_up = applied_too = 0
+    bad: list[str] = []
+    for saga_id, loaded in histories.items():
+        if isinstance(loaded, str):
+            continue  # the replay check says why
+        events = [s.event for s in loaded.events]
+        for step in {e.step for e in events if isinstance(e, StepAbandoned) and e.in_doubt}:
+            given_up += 1
+            done = sum(isinstance(e, CompensationCompleted) and e.step == step for e in events)
+            forward, undone = rows[saga_id, step, False], rows[saga_id, step, True]
+            applied_too += forward > 0
+            ended = loaded.record.status.is_terminal
+            # (Undone though never applied is allowed: a compensation is safe for that.)
+            if undone > 1 or done > 1 or (ended and (done != 1 or (forward and not undone))):
+                bad.append(
+                    f"saga {saga_id}: step {step!r} given up, applied {forward} time(s), "
+                    f"undone {undone} time(s), its compensation completed {done} time(s)"
+                )
+    if not given_up:
+        return None
+    return Check(
+        "a step given up is undone once",
+        not bad,
+        "; ".join(bad[:5])
+        or f"{given_up} steps given up in doubt ({applied_too} applied), each undone once",
     )
 
 

@@ -15,6 +15,7 @@
     │   └── StepTimedOut           (unless its code catches it)
     ├── SignalTimeout              ctx.wait_signal's timeout passed: the same
     ├── EventTimeout               ctx.wait_event's timeout passed
+    ├── SagaTimeout                ctx.timeout's block outlived its durable timer
     ├── Rejected                   a participant's handler refuses a command
     ├── Retryable                  a participant's handler says "not now"
     ├── NewerVersionError          written by a newer engine: leave it for one
@@ -202,6 +203,24 @@ class EventTimeout(SagaError):
         self.source = source
         self.key = key
         super().__init__(f"event {source} key={key} did not arrive before its timeout")
+
+
+class SagaTimeout(SagaError):
+    """The durable timer of ``async with ctx.timeout(delta):`` fired before its block
+    finished. Raised where the block stood, after everything the block was waiting on was
+    given up: a step whose command was sent is compensated at once (it may have been
+    applied), a child saga is undone, waits for signals and events end. Catch it around
+    the ``async with`` to take another path; uncaught, the saga compensates like any
+    failure. ``scope`` names the timer (``scope:<n>``, as the history records it)."""
+
+    def __init__(self, delta: timedelta, scope: str) -> None:
+        self.delta = delta
+        self.scope = scope
+        super().__init__(
+            f"the block under ctx.timeout({delta}) did not finish before its timer "
+            f"({scope}) fired; what it waited on was given up and any step it had sent "
+            "is compensated"
+        )
 
 
 # --------------------------------------------------------------------------- newer

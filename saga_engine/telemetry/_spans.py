@@ -50,6 +50,7 @@ from saga_engine.core.history._events import (
     Event,
     InvalidReplyReceived,
     ReplyReceived,
+    StepAbandoned,
     StepSkipped,
 )
 from saga_engine.telemetry._telemetry import (
@@ -309,6 +310,11 @@ class SagaSpans:
             elif isinstance(event, InvalidReplyReceived):
                 # The send is over (answered); what follows is an operator's, not the step's.
                 self._finish(event.command_id, "invalid_reply", error=True)
+            elif isinstance(event, StepAbandoned):
+                # Given up by the saga's code (a race lost, a timeout scope): no reply
+                # will be waited for; its compensation, if any, is a span of its own.
+                for command_id in event.command_ids:
+                    self._finish(command_id, "abandoned")
             elif isinstance(event, StepSkipped):
                 for command_id, opened in list(self._open.items()):
                     if (

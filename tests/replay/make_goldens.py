@@ -1,6 +1,7 @@
 """Regenerates the golden histories in tests/replay/histories/ from the current code.
 
-    .venv/bin/python -m tests.replay.make_goldens
+    .venv/bin/python -m tests.replay.make_goldens          # all of them
+    .venv/bin/python -m tests.replay.make_goldens races    # the races' only (issue 41)
 
 Run it only when a change of history format is intended: the point of the golden
 files is that histories recorded by older code keep replaying. Never regenerate the
@@ -12,6 +13,7 @@ that a golden stays for every version of every versioned kind).
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 import orjson
@@ -20,20 +22,26 @@ from saga_engine.replay import export_history
 from saga_engine.testing import SagaRun, SagaTestEnv
 from tests.sagas import (
     Approval,
+    Capture,
+    CheckoutRequest,
     OrderRequest,
     PlaceOrder,
     QuoteShipping,
+    RaceCheckout,
     ReleaseStock,
     ReserveStock,
     ShippingQuote,
     StockReserved,
+    WaitCheckout,
 )
 
 OUT = Path(__file__).parent / "histories"
 
 
-async def _export(env: SagaTestEnv, run: SagaRun, name: str) -> dict[str, object]:
-    doc = export_history(run.saga_id, "place-order", await run.history())
+async def _export(
+    env: SagaTestEnv, run: SagaRun, name: str, saga_type: str = "place-order"
+) -> dict[str, object]:
+    doc = export_history(run.saga_id, saga_type, await run.history())
     (OUT / f"{name}.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
     return doc
 
@@ -96,5 +104,34 @@ async def main() -> None:
     )
 
 
+async def races() -> None:
+    """Races (issue 41): the capture loses to the timer in ``ctx.first`` and in
+    ``asyncio.wait`` (given up, refunded at once), and the same ``asyncio.wait`` race as
+    an engine recorded it before a step could be given up (no ``step_abandoned``: the
+    capture was left owed, never refunded, as the saga completed)."""
+    for saga, name in ((RaceCheckout, "race-checkout"), (WaitCheckout, "wait-checkout")):
+        env = SagaTestEnv([saga])
+        env.participant("payments").on(Capture, no_reply=True)
+        run = await env.start(
+            saga, CheckoutRequest(order="o-1", amount=30), saga_id=f"golden-{name}"
+        )
+        await env.run_until_settled(run)
+        doc = await _export(env, run, f"{name}-expired", name)
+    events = [
+        e
+        for e in doc["events"]  # type: ignore[attr-defined]
+        if (e["kind"] != "step_abandoned" and e.get("step") != "capture")
+        or e["kind"] == "command_issued"
+    ]
+    for seq, event in enumerate(events, start=1):
+        event["seq"] = seq
+    legacy = {**doc, "saga_id": "golden-wait-checkout-legacy", "events": events}
+    (OUT / "wait-checkout-before-step-abandoned.json").write_bytes(
+        orjson.dumps(legacy, option=orjson.OPT_INDENT_2) + b"\n"
+    )
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    if sys.argv[1:] != ["races"]:
+        asyncio.run(main())
+    asyncio.run(races())

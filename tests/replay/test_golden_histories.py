@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 from typer.testing import CliRunner
 
-from saga_engine import NondeterminismError, SagaStatus, SerializationError
+from saga_engine import NondeterminismError, Saga, SagaStatus, SerializationError
 from saga_engine.cli import app
 from saga_engine.events import EVENT_TYPES, SagaStarted
 from saga_engine.replay import export_history, load_history, replay
-from tests.sagas import PlaceOrder
+from tests.sagas import PlaceOrder, RaceCheckout, WaitCheckout
 
 HISTORIES = Path(__file__).parent / "histories"
 GOOD = sorted(p for p in HISTORIES.glob("*.json") if not p.name.endswith(".BAD.json"))
 BAD = sorted(HISTORIES.glob("*.BAD.json"))
+#: The sagas the goldens were recorded by.
+SAGAS: list[type[Saga[Any, Any]]] = [PlaceOrder, RaceCheckout, WaitCheckout]
 
 
 def test_the_goldens_cover_both_ends_a_signal_and_a_timer() -> None:
@@ -27,12 +30,14 @@ def test_the_goldens_cover_both_ends_a_signal_and_a_timer() -> None:
     ends = {load_history(path).events[-1].kind for path in GOOD}
     assert {"saga_completed", "saga_compensated"} <= ends
     assert {"signal_received", "timer_fired", "compensation_completed"} <= kinds
+    # A race's loser given up and refunded (issue 41).
+    assert "step_abandoned" in kinds
 
 
 @pytest.mark.parametrize("path", GOOD, ids=lambda p: p.stem)
 def test_golden_history_replays_deterministically(path: Path) -> None:
     history = load_history(path)
-    result = replay([PlaceOrder], history)
+    result = replay(SAGAS, history)
     assert result.deterministic, result.error
     assert result.status.is_terminal
     # The recorded terminal event agrees with the replayed status.
@@ -111,3 +116,30 @@ def test_cli_errors_are_one_line() -> None:
     assert result.exit_code == 1
     assert "cannot import saga module 'no_such_module'" in result.stderr
     assert "Traceback" not in result.output + result.stderr
+
+
+def test_a_race_replays_to_the_same_winner_and_one_refund() -> None:
+    """The winner is the first input in history (the timer): the replay from the stored
+    JSON gives the same output, and the capture it gave up is refunded exactly once."""
+    for name in ("race-checkout-expired", "wait-checkout-expired"):
+        history = load_history(HISTORIES / f"{name}.json")
+        result = replay(SAGAS, history)
+        assert result.deterministic, result.error
+        assert result.status == SagaStatus.COMPLETED
+        done = history.events[-1]
+        assert done.output["outcome"] == "expired"  # type: ignore[union-attr]
+        kinds = [(e.kind, getattr(e, "step", None)) for e in history.events]
+        assert kinds.count(("compensation_issued", "capture")) == 1
+        assert kinds.count(("compensation_completed", "capture")) == 1
+        assert kinds.index(("step_abandoned", "capture")) == 1 + kinds.index(("timer_fired", None))
+
+
+def test_a_race_recorded_before_steps_were_given_up_replays_as_it_ran() -> None:
+    """An ``asyncio.wait`` race an older engine recorded: its cancelled capture left owed
+    (no ``step_abandoned``, no refund). Today's code replays it as it ran, recording
+    nothing new: a history is never rewritten by an upgrade."""
+    history = load_history(HISTORIES / "wait-checkout-before-step-abandoned.json")
+    assert not any(e.kind == "step_abandoned" for e in history.events)
+    result = replay(SAGAS, history)
+    assert result.deterministic, result.error
+    assert result.status == SagaStatus.COMPLETED

@@ -11,15 +11,17 @@ shaped like a saga class (:class:`ChildSaga`).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, Protocol, TypeVar, overload
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from saga_engine.core.authoring._domain_events import EventSource, source_name
 from saga_engine.core.authoring._signal import Signal
+from saga_engine.core.authoring._update import name_of
 from saga_engine.core.history._cost import Cost
 from saga_engine.core.history._policy import RetryPolicy
 from saga_engine.kernel._serde import JsonDict
@@ -81,6 +83,21 @@ class StepRequest:
     cost: Cost | str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Winner(Generic[T]):
+    """What ``ctx.first`` returns: the keyword of the awaitable that finished first, and
+    what it returned. Match on it::
+
+        match await ctx.first(paid=..., cancelled=..., expired=ctx.sleep(...)):
+            case Winner("paid", Payment() as payment): ...
+            case Winner("cancelled"): ...
+            case Winner("expired"): ...
+    """
+
+    name: str
+    value: T
+
+
 class ChildSaga(Protocol[O_co]):
     """What ``ctx.child`` needs of a saga class: its name, models, and a ``run`` whose
     result is the child's output (so ``await ctx.child(Shipment, ...)`` is typed)."""
@@ -129,6 +146,12 @@ class SagaDriver(Protocol):
     ) -> Coroutine[Any, Any, JsonDict]: ...
 
     def op_side_effect(self, fn: Callable[[], T]) -> Coroutine[Any, Any, T]: ...
+
+    def op_wait_update(self, name: str) -> Coroutine[Any, Any, Any]: ...
+
+    def op_first(self, racers: Mapping[str, object]) -> Coroutine[Any, Any, Winner[Any]]: ...
+
+    def op_timeout(self, delta: timedelta) -> AbstractAsyncContextManager[None]: ...
 
     def op_patched(self, patch_id: str) -> bool: ...
 
@@ -466,6 +489,64 @@ class SagaContext:
         parsed: M = self._driver.parse(model, payload, f"event {name}")
         return parsed
 
+    async def wait_update(self, update: Any) -> Any:
+        """Waits for the next call of one of this saga's ``@update`` methods (the method,
+        ``Cart.checkout``, or its name) that its handler accepted and ran without raising,
+        and returns the update's input (its model, or None for an update without one).
+        Its handler has run by then: what it changed on the saga is there. Updates made
+        before the wait are not kept (their effect is on the saga's state: look there
+        first). Bound it with ``ctx.first`` or ``ctx.timeout``."""
+        return await self._driver.op_wait_update(name_of(update))
+
+    async def first(self, **racers: Awaitable[object]) -> Winner[object]:
+        """Waits for the first of several ctx operations to finish, gives up the others,
+        and returns which one won and its value (a :class:`Winner`)::
+
+            won = await ctx.first(
+                paid=ctx.wait_event(PaymentCaptured, key=order.id),
+                cancelled=ctx.wait_signal(self.cancel),
+                expired=ctx.sleep(timedelta(minutes=15)),
+            )
+
+        - Each racer is a ctx operation as you call it (``ctx.step``, ``ctx.http_step``,
+          ``ctx.child``, ``ctx.sleep``, ``ctx.wait_signal``, ``ctx.wait_event``,
+          ``ctx.wait_update``, or another ``ctx.first``); anything else is a definition
+          error. To race several steps,
+          race a child saga that runs them, or bound them with :meth:`timeout`.
+        - The winner is the racer whose input comes first in the saga's history (a reply,
+          a timer, a signal, a domain event), so a replay picks the same one. They are
+          started in the order given, and one that can finish at once (a signal already
+          buffered) wins before the later ones are even started.
+        - The losers are given up before this returns: their waits end, and a step whose
+          command was sent is compensated at once (it may have been applied), under its
+          compensation's retry policy; a child saga is undone. A step never sent owes
+          nothing. A loser's late reply is dropped.
+        - A winner that raised (``StepFailed``, ``SignalTimeout``...) raises here, after
+          the losers are given up.
+        - ``value`` is typed ``object``: the racers' types differ, so match on its class
+          (``case Winner("paid", Captured() as captured):``) or on the name alone.
+        """
+        return await self._driver.op_first(racers)
+
+    def timeout(self, delta: Duration) -> AbstractAsyncContextManager[None]:
+        """A durable deadline on a block of saga code::
+
+            async with ctx.timeout(timedelta(minutes=15)):
+                await ctx.step("reserve", ...)
+                await ctx.wait_signal(self.confirmed)
+
+        Its timer is recorded when the block begins. When it fires first, whatever the
+        block waits on is given up, as a loser of :meth:`first` (a step whose command was
+        sent is compensated at once), and ``SagaTimeout`` is raised where the block stood;
+        catch it around the ``async with`` to take another path. A block that finishes
+        first drops the timer. Nested scopes each raise for their own timer only: an
+        inner scope's ``SagaTimeout`` passes through the outer one as any exception, and
+        the outer one's firing gives up the inner block too.
+        """
+        delta_ = as_timedelta(delta, "ctx.timeout duration")
+        assert delta_ is not None
+        return self._driver.op_timeout(delta_)
+
     async def side_effect(self, fn: Callable[[], T]) -> T:
         """Runs a local, non-deterministic computation once and records its result.
 
@@ -500,3 +581,20 @@ class SagaContext:
 
     def __repr__(self) -> str:
         return f"SagaContext(saga_id={self.saga_id!r})"
+
+
+#: The ctx operations ``ctx.first`` may race: the code of each, as a call's coroutine
+#: carries it (``coroutine.cr_code``).
+RACEABLE: dict[Any, str] = {
+    method.__code__: f"ctx.{name}"
+    for name, method in (
+        ("step", SagaContext.step),
+        ("http_step", SagaContext.http_step),
+        ("child", SagaContext.child),
+        ("sleep", SagaContext.sleep),
+        ("wait_signal", SagaContext.wait_signal),
+        ("wait_event", SagaContext.wait_event),
+        ("wait_update", SagaContext.wait_update),
+        ("first", SagaContext.first),
+    )
+}

@@ -523,6 +523,32 @@ class NodeSkipped(_Intent):
         return f"node {self.node!r} skipped (its condition was false)"
 
 
+class StepAbandoned(_Intent):
+    """The saga's code gave up a forward step while going forward: the loser of
+    ``ctx.first``, a step inside a ``ctx.timeout`` block whose timer fired, a task the code
+    cancelled, or a step still running when ``run`` returned. Its commands are no longer
+    waited for (a late reply is dropped). ``in_doubt``: a command was sent and may have
+    been applied, so its compensation, if it has one, is issued at once (once, under its
+    own retry policy); otherwise it owes nothing. A saga that is stopping (a failure, a
+    cancel, its deadline) records none: its steps in flight join the compensation stack."""
+
+    kind: Literal["step_abandoned"] = "step_abandoned"
+    step: str
+    #: The forward command ids the step issued (what its compensation names).
+    command_ids: list[str] = Field(default_factory=list)
+    in_doubt: bool = False
+    #: Why the code gave it up, as the canceller said (``lost to 'paid'``), or "".
+    reason: str = ""
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.step)
+
+    def describe(self) -> str:
+        why = f" ({self.reason})" if self.reason else ""
+        undo = ", compensated" if self.in_doubt else ""
+        return f"step {self.step!r} given up by the code{why}{undo}"
+
+
 class CompensationStarted(_Intent):
     kind: Literal["compensation_started"] = "compensation_started"
     #: ``undo``: the parent saga compensates, and this (completed) child undoes its steps.
@@ -663,6 +689,7 @@ Event = Annotated[
     | SideEffectRecorded
     | PatchMarked
     | NodeSkipped
+    | StepAbandoned
     | CompensationStarted
     | CompensationIssued
     | CompensationCompleted
@@ -713,6 +740,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     DomainEventReceived,
     UpdateReceived,
     UpdateCompleted,
+    StepAbandoned,
 )
 
 TERMINAL_EVENTS = (SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled)

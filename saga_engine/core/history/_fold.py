@@ -54,6 +54,7 @@ from saga_engine.core.history._events import (
     SagaResumed,
     SagaStarted,
     SignalReceived,
+    StepAbandoned,
     StepParked,
     StepSkipped,
     TimerFired,
@@ -134,6 +135,10 @@ class Awaited:
     #: The ids of the commands, timers and domain-event waits it still holds; None when
     #: not known (no runtime at hand): then every one its history leaves open counts.
     held: frozenset[str] | None = None
+    #: Its ``run`` has ended (returned, or failed with nothing on its stack), and the
+    #: saga ends once the steps its code gave up are undone: nothing is left to cancel
+    #: (nor to compensate by force).
+    run_ended: bool = False
 
     def holds(self, wait_id: str) -> bool:
         return self.held is None or wait_id in self.held
@@ -164,6 +169,19 @@ def retry_timer_step(timer_id: str) -> str:
     """``retry:<step>:<n>`` or ``retry:compensate:<step>:<n>`` → the step."""
     body = timer_id.removeprefix("retry:").removeprefix("compensate:")
     return body.rpartition(":")[0]
+
+
+#: A ``ctx.timeout`` block's timer id: ``scope:<n>`` (a ``sleep`` timer in history).
+SCOPE_PREFIX = "scope:"
+
+
+def forward_backoff_of(timer_id: str, step: str) -> bool:
+    """Whether ``timer_id`` is the back-off of forward step ``step`` (``retry:<step>:<n>``)."""
+    return (
+        timer_id.startswith("retry:")
+        and not timer_id.startswith("retry:compensate:")
+        and retry_timer_step(timer_id) == step
+    )
 
 
 def signal_of(timer_id: str) -> str | None:
@@ -324,8 +342,8 @@ class Fold:
         """step_stuck lasts while a reply is held or a step is parked: when none is
         (released by an operator, or its step ended another way), the saga is running
         again. The one rule for "a step waits for an operator"."""
-        if self.status != S.STEP_STUCK:
-            return
+        if self.status != S.STEP_STUCK or self.stuck_steps:
+            return  # (a compensation stuck while going forward: see _on_stuck)
         for sent in self.inflight.values():
             if sent.held is not None:
                 self.error = sent.held.error  # with several held, the first one's
@@ -334,7 +352,11 @@ class Fold:
             self.error = parked.event.error
             return
         self._move(S.RUNNING)
-        if self.error is not None and self.error.type in ("InvalidReply", "StepParked"):
+        if self.error is not None and self.error.type in (
+            "InvalidReply",
+            "StepParked",
+            "CompensationStuck",
+        ):
             self.error = None
 
     def _move(self, new: SagaStatus) -> None:
@@ -349,11 +371,18 @@ class Fold:
 
     def _unstick(self, step: str) -> Unstuck | None:
         """An operator answered the stuck compensation of ``step``: compensating again
-        once no other compensation is stuck."""
-        if self.status != S.COMPENSATION_STUCK or step not in self.stuck_steps:
+        once no other compensation is stuck (or, stuck while the run went forward, the
+        compensation of a step its code gave up: running again once nothing waits for
+        an operator)."""
+        if step not in self.stuck_steps or self.status not in (
+            S.COMPENSATION_STUCK,
+            S.STEP_STUCK,
+        ):
             return None
         self.stuck_steps = tuple(s for s in self.stuck_steps if s != step)
-        if not self.stuck_steps:
+        if self.status == S.STEP_STUCK:
+            self.settle_held()
+        elif not self.stuck_steps:
             self._move(S.COMPENSATING)
             self.error = self.cause
         return Unstuck.COMPENSATION
@@ -481,6 +510,20 @@ class Fold:
         timer_id = self.retry_timer(event.step)  # a back-off cut short
         return self.timers.pop(timer_id) if timer_id is not None else None
 
+    def _on_abandoned(self, event: StepAbandoned) -> None:
+        """The code gave the step up: none of its commands is waited for any more (a late
+        reply is a duplicate), nor its back-off, nor an operator for it if it was parked.
+        Its compensation, if owed, follows as its own commands."""
+        for command_id in event.command_ids:
+            sent = self.inflight.get(command_id)
+            if sent is not None and not sent.compensation:
+                self._answered(command_id)
+        for timer_id in [t for t in self.timers if forward_backoff_of(t, event.step)]:
+            del self.timers[timer_id]
+        if event.step in self.parked_steps:
+            del self.parked_steps[event.step]
+        self.settle_held()
+
     def _on_compensation_started(self, event: CompensationStarted) -> None:
         self._move(S.COMPENSATING)
         self.error = self.cause = event.error
@@ -493,9 +536,15 @@ class Fold:
         ]:
             del self.timers[timer_id]
         self.event_waits = NO_WAITS
+        if self.stuck_steps:  # a given-up step's compensation is stuck: still waits
+            self._move(S.COMPENSATION_STUCK)
 
     def _on_stuck(self, event: CompensationStuck) -> None:
-        if self.status != S.COMPENSATION_STUCK:
+        if self.going_forward:
+            # The compensation of a step the code gave up (step_abandoned), stuck while
+            # the run goes forward: the saga waits for an operator's retry or skip of it.
+            self._move(S.STEP_STUCK)
+        elif self.status != S.COMPENSATION_STUCK:
             self._move(S.COMPENSATION_STUCK)
         self.error = event.error
         if event.step not in self.stuck_steps:
@@ -552,6 +601,7 @@ _HANDLERS: dict[type[Event], Callable[[Fold, Any], Settled]] = {
     CompensationStarted: Fold._on_compensation_started,
     CompensationStuck: Fold._on_stuck,
     StepParked: Fold._on_step_parked,
+    StepAbandoned: Fold._on_abandoned,
     PivotPassed: Fold._on_pivot,
     SagaParked: Fold._on_parked,
     SagaResumed: Fold._on_resumed,

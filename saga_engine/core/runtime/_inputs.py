@@ -262,6 +262,13 @@ def _stop(s: SagaState, inbound: Cancel | ForceCompensate) -> Event:
             f"saga {s.saga_id} is {s.status.value}: it is already undoing its "
             f"steps, so there is nothing to {what}"
         )
+    if s.closing:
+        # Its run ended: the saga ends once the steps its code gave up are undone.
+        raise InvalidTransition(
+            f"saga {s.saga_id}'s run has ended; the saga ends as soon as the "
+            "compensations of the steps its code gave up are done, so there is nothing "
+            f"left to {'cancel' if isinstance(inbound, Cancel) else 'force'}"
+        )
     if s.past_pivot:
         what = "cancel" if isinstance(inbound, Cancel) else "forced compensation"
         raise PastPivot(
@@ -275,6 +282,12 @@ def _stop(s: SagaState, inbound: Cancel | ForceCompensate) -> Event:
 
 
 def _resume(s: SagaState, inbound: Resume) -> Event:
+    if s.status == SagaStatus.STEP_STUCK and s.stuck_steps:
+        raise InvalidTransition(
+            f"saga {s.saga_id} is step_stuck: the compensation of step(s) "
+            f"{', '.join(map(repr, s.stuck_steps))}, which its code gave up, is stuck; "
+            "retry it, or skip it once you have undone the step by hand"
+        )
     if s.status == SagaStatus.STEP_STUCK and s.parked_steps:
         raise InvalidTransition(
             f"saga {s.saga_id} is step_stuck: step(s) "
@@ -396,7 +409,7 @@ def _skip_event(s: SagaState, inbound: Skip) -> Event:
     _check_texts("skip", step=inbound.step, principal=inbound.principal, reason=inbound.reason)
     what = f"the result for step {inbound.step!r}"
     check_storable(inbound.payload, what, "result")
-    if s.status == SagaStatus.COMPENSATION_STUCK and inbound.step in s.stuck_steps:
+    if inbound.step in s.stuck_steps:  # (compensation_stuck, or a given-up step's)
         return StepSkipped(
             at=inbound.at,
             step=inbound.step,
@@ -449,7 +462,7 @@ def _retry_event(s: SagaState, inbound: RetryStep) -> Event:
             f"parked steps: {sorted(s.parked_steps) or 'none'}"
         )
     held = s.waiting_forward(inbound.step)
-    stuck = s.status == SagaStatus.COMPENSATION_STUCK and inbound.step in s.stuck_steps
+    stuck = inbound.step in s.stuck_steps  # (compensation_stuck, or a given-up step's)
     if held is not None and held.held is not None and s.cancel_reason is None:
         problem = _held_problem(held)
         if problem is not None:

@@ -32,7 +32,7 @@ from saga_engine.core.history._fold import Sent, with_id
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.runtime._intents import emit
 from saga_engine.core.runtime._state import Halt, SagaState
-from saga_engine.core.runtime._undo import unwind
+from saga_engine.core.runtime._undo import finish_given_up, unwind
 from saga_engine.kernel._errors import (
     DefinitionError,
     InvalidPayload,
@@ -135,13 +135,20 @@ async def _run_user(s: SagaState, started: SagaStarted) -> Any:
     return await saga.run(s.ctx, value)
 
 
-async def _finish_stragglers(s: SagaState) -> None:
-    """Stops the run's other tasks (a gather's siblings still in flight)."""
+async def _finish_stragglers(s: SagaState, *, unwinding: bool) -> None:
+    """Stops the run's other tasks (a gather's siblings still in flight). ``unwinding``:
+    the run failed or was stopped, and what they had in flight joins the compensation
+    stack; otherwise the run returned without them, and they are given up (a step that
+    may have been applied is undone now: ``_undo.give_up``)."""
     s.closing = True
+    s.unwinding = unwinding
     s.timers.pop(DEADLINE_TIMER, None)  # the run is over; the deadline no longer applies
-    pending = [t for t in s.loop.tasks if t is not s.lifecycle and not t.done()]
+    undoing = {task for _, task in s.given_up}  # compensations of steps given up go on
+    pending = [
+        t for t in s.loop.tasks if t is not s.lifecycle and not t.done() and t not in undoing
+    ]
     for task in pending:
-        task.cancel()
+        task.cancel("the run returned without it" if not unwinding else None)
     if pending:
         await asyncio.gather(*pending, return_exceptions=True)
 
@@ -169,14 +176,15 @@ async def run_lifecycle(s: SagaState, started: SagaStarted) -> None:
             except SagaError as exc:
                 error = error_info(exc)
             else:
-                await _finish_stragglers(s)
+                await _finish_stragglers(s, unwinding=False)
+                await finish_given_up(s)  # (a cancel is refused once the run returned)
                 emit(s, SagaCompleted(at=s.now, output=output))
                 if started.parent is not None:
                     await _undo_when_asked(s)
                 return
     if error is not None and s.past_pivot and s.cancel_reason is None:
         _failed_past_pivot(s, error)
-    await _finish_stragglers(s)
+    await _finish_stragglers(s, unwinding=True)
     reason: Literal["failure", "cancel", "deadline", "operator"] = (
         "operator" if s.cancel_reason == "forced" else s.cancel_reason or "failure"
     )

@@ -8,8 +8,12 @@ the same inputs in the same order always produce the same operations in the same
 order. That is what makes replay exact, and ``asyncio.gather`` safe to use.
 
 Anything that would need a real clock (``asyncio.sleep(n)``, ``asyncio.wait_for``,
-``asyncio.timeout``) fails loudly: durable time goes through ``ctx.sleep`` and step
-timeouts.
+``asyncio.timeout``, ``asyncio.wait`` with a timeout) fails loudly, naming its durable
+replacement: ``ctx.sleep``, ``ctx.timeout`` (a deadline on a block), ``ctx.first`` (a
+race, with ``ctx.sleep`` as a racer) and step timeouts. ``asyncio.wait(...,
+FIRST_COMPLETED)`` without a timeout needs no clock and works: a loser the code then
+cancels is given up as ``ctx.first``'s are, and one still running when ``run`` returns is
+given up then.
 """
 
 from __future__ import annotations
@@ -27,8 +31,12 @@ _T = TypeVar("_T")
 _Ts = TypeVarTuple("_Ts")
 
 _NO_CLOCK = (
-    "saga code cannot use the asyncio clock (asyncio.sleep with a delay, wait_for, timeout): "
-    "it would not survive a crash or replay; use `await ctx.sleep(...)` or a step timeout"
+    "saga code cannot use the asyncio clock (asyncio.sleep with a delay, asyncio.wait_for, "
+    "asyncio.timeout, asyncio.wait with a timeout): it would not survive a crash or a "
+    "replay. Use the durable ones: `await ctx.sleep(delay)` to wait, `async with "
+    "ctx.timeout(delay):` for a deadline on a block (it raises SagaTimeout), `await "
+    "ctx.first(done=..., expired=ctx.sleep(delay))` to race an operation against a timer, "
+    "or a step's timeout="
 )
 
 

@@ -58,6 +58,7 @@ from saga_engine.core.history._policy import (
 )
 from saga_engine.core.runtime._intents import await_command, await_timer, check_open, emit, next_id
 from saga_engine.core.runtime._state import Halt, Poll, SagaState
+from saga_engine.core.runtime._undo import give_up
 from saga_engine.kernel._errors import (
     InvalidPayload,
     PayloadTooLarge,
@@ -315,10 +316,9 @@ async def _attempts(
             sent.append(issued.command_id)
         try:
             reply = await await_command(s, issued, request.returns)
-        except asyncio.CancelledError:
-            s.owe(
-                name, spec, sent, began
-            )  # cancelled in flight: it may or may not have been applied
+        except asyncio.CancelledError as cancelled:
+            # Stopped in flight: it may or may not have been applied.
+            give_up(s, name, spec, sent, began, in_doubt=True, cancelled=cancelled)
             raise
         failed: StepFailed | StepTimedOut | None = None
         if reply is None:
@@ -357,11 +357,10 @@ async def _attempts(
             check_open(s)
             delay = max(policy.backoff(attempt, seed=f"{s.saga_id}:{name}"), retry_after(reply))
             await await_timer(s, f"retry:{name}:{attempt}", "retry", delay)
-        except asyncio.CancelledError:
-            # Stopped while waiting to retry after a timeout: the last attempt may
-            # have been applied, so its compensation is owed.
-            if unknown:
-                s.owe(name, spec, sent, began)
+        except asyncio.CancelledError as cancelled:
+            # Stopped while waiting to retry: after a timeout the last attempt may have
+            # been applied, so its compensation is owed.
+            give_up(s, name, spec, sent, began, in_doubt=unknown, cancelled=cancelled)
             raise
 
 
@@ -434,9 +433,9 @@ async def _park(
         parked.future, parked.returns = future, request.returns
         parked.command_model = type(request.command)
         answer = await future
-    except asyncio.CancelledError:
-        if unknown:  # stopped while parked: the last attempt may have been applied
-            s.owe(name, spec, sent, began)
+    except asyncio.CancelledError as cancelled:
+        # Stopped while parked: the last attempt may have been applied (unknown).
+        give_up(s, name, spec, sent, began, in_doubt=unknown, cancelled=cancelled)
         raise
     if isinstance(answer, StepSkipped) and unknown:
         # Done by hand, but an attempt may have been applied too: its undo stays owed.

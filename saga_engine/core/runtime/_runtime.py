@@ -23,13 +23,14 @@ is the context's driver (``_context.SagaDriver``): ``ctx`` calls come in through
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from saga_engine.core.authoring._context import ChildSaga, SagaContext, StepRequest
+from saga_engine.core.authoring._context import ChildSaga, SagaContext, StepRequest, Winner
 from saga_engine.core.authoring._definition import SagaDefinition
 from saga_engine.core.authoring._domain_events import key_text
 from saga_engine.core.authoring._signal import Signal
@@ -65,6 +66,8 @@ from saga_engine.core.history._policy import RetryPolicy
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.runtime import _awaits as awaits
 from saga_engine.core.runtime import _operations as operations
+from saga_engine.core.runtime import _races as races
+from saga_engine.core.runtime import _updating as updating
 from saga_engine.core.runtime._inputs import check_parent, input_name, pass_to_code, to_event
 from saga_engine.core.runtime._operations import CommandLimit
 from saga_engine.core.runtime._state import POLL_PREFIX, Halt, SagaState
@@ -261,10 +264,13 @@ class SagaRuntime:
         return self.state.held_steps()
 
     def owed_compensations(self) -> list[str]:
-        """The steps whose compensation is owed, in the order they would run (none once
-        they cannot run: ``Fold.may_compensate``, the rule the view lists them by)."""
+        """The steps whose compensation is owed, in the order they would run: first those
+        of the steps its code gave up, under way already (even past the pivot: a path
+        not taken is undone), then its stack's (none once they cannot run:
+        ``Fold.may_compensate``, the rule the view lists them by)."""
         s = self.state
-        return [o.step for o in reversed(s.owed)] if s.may_compensate else []
+        undoing = [o.step for o, task in s.given_up if not task.done()]
+        return undoing + ([o.step for o in reversed(s.owed)] if s.may_compensate else [])
 
     def event_waits(self) -> list[EventAwaited]:
         """The domain events the saga waits for now (none for most sagas)."""
@@ -344,6 +350,7 @@ class SagaRuntime:
         s.signal_waiters.clear()
         s.resume_waiters.clear()
         s.undo_waiter = None
+        s.given_up = ()
         s.lifecycle = None
         s.user_task = None
         s.saga = None  # the user's object may hold the context (a cycle through it)
@@ -394,6 +401,15 @@ class SagaRuntime:
 
     def op_side_effect(self, fn: Callable[[], T]) -> Coroutine[Any, Any, T]:
         return operations.side_effect(self.state, fn)
+
+    def op_wait_update(self, name: str) -> Coroutine[Any, Any, Any]:
+        return updating.wait_update(self.state, name)
+
+    def op_first(self, racers: Mapping[str, object]) -> Coroutine[Any, Any, Winner[Any]]:
+        return races.first(self.state, racers)
+
+    def op_timeout(self, delta: timedelta) -> AbstractAsyncContextManager[None]:
+        return races.TimeoutScope(self.state, delta)
 
     def op_patched(self, patch_id: str) -> bool:
         return operations.patched(self.state, patch_id)

@@ -94,6 +94,7 @@ class SagaState(Fold):
         "cursor",
         "declared_after",
         "definition",
+        "given_up",
         "history",
         "key_waiter",
         "lifecycle",
@@ -116,6 +117,8 @@ class SagaState(Fold):
         "ticks",
         "trace_context",
         "undo_waiter",
+        "unwinding",
+        "update_waiters",
         "user_task",
     )
 
@@ -150,6 +153,9 @@ class SagaState(Fold):
         #: Signals received before the code waited for them, per name.
         self.signals: dict[str, deque[JsonDict]] = {}
         self.signal_waiters: dict[str, asyncio.Future[JsonDict | None]] = {}
+        #: ``ctx.wait_update`` waits, by update name (None until the first: most sagas
+        #: never wait for an update).
+        self.update_waiters: dict[str, asyncio.Future[Any]] | None = None
         #: The compensations owed, in the order their steps were applied.
         self.owed: list[OwedCompensation] = []
         self.step_names: Set[str] = NO_IDS
@@ -162,6 +168,14 @@ class SagaState(Fold):
         self.cancel_reason: Literal["cancel", "deadline", "forced"] | None = None
         self.cancel_message = ""
         self.closing = False
+        #: The run failed and its lifecycle stops what still runs: a step stopped now
+        #: joins the compensation stack (``_undo.give_up``), it is not given up alone.
+        self.unwinding = False
+        #: The steps the code gave up while going forward whose compensations were
+        #: started at once (``_undo.give_up``), each with the task undoing it: the saga
+        #: ends only once they are done. A tuple: most sagas never give a step up, and
+        #: the empty one is shared.
+        self.given_up: tuple[tuple[OwedCompensation, asyncio.Task[None]], ...] = ()
         #: While compensations are stuck: what the operator decides ("retry" or "skip"),
         #: per step.
         self.resume_waiters: dict[str, asyncio.Future[str]] = {}
@@ -196,7 +210,7 @@ class SagaState(Fold):
     def awaited(self) -> Awaited:
         """What the code waits for now: the fold's open waits it has not given up."""
         held = frozenset([*self.inflight, *self.timers, *self.event_waits])
-        return Awaited(tuple(sorted(self.signal_waiters)), held)
+        return Awaited(tuple(sorted(self.signal_waiters)), held, run_ended=self.closing)
 
     def describe_waiting(self) -> str:
         waits = [
@@ -208,6 +222,7 @@ class SagaState(Fold):
         waits += [f"an operator for step {step!r} (it is parked)" for step in self.parked_steps]
         waits += [f"timer {tid!r}" for tid in self.timers if tid != DEADLINE_TIMER]
         waits += [f"signal {name!r}" for name in self.signal_waiters]
+        waits += [f"update {name!r}" for name in self.update_waiters or ()]
         waits += [f"event {w.event.source} key={w.event.key}" for w in self.event_waits.values()]
         if self.key_waiter is not None:
             waits.append("its concurrency key")

@@ -18,6 +18,15 @@ that keeps failing is stuck (``compensation_stuck``) until an operator answers
 (:func:`unblock_compensation`); the others go on meanwhile. A history recorded before the
 plan existed (its ``compensation_started`` carries none) is undone as it was then: one at
 a time, in ``owed``'s order.
+
+A step the code gives up while the saga goes forward (the loser of ``ctx.first``, a step
+in a ``ctx.timeout`` block whose timer fired, a task the code cancelled, a step still
+running when ``run`` returned) is not left on the stack for an unwind that may never come:
+:func:`give_up` records it (``step_abandoned``) and, when its command may have been
+applied, issues its compensation at once, under the same retry policy, stuck and
+operator rules as any (:func:`_compensate`). It came after every step owed before it, so
+it is undone before any of them: an unwind that follows waits for it first
+(:func:`finish_given_up`), and the saga ends only once it is undone.
 """
 
 from __future__ import annotations
@@ -32,9 +41,11 @@ from saga_engine.core.history._decision import command_id_for
 from saga_engine.core.history._events import (
     CompensationCompleted,
     CompensationIssued,
+    CompensationSpec,
     CompensationStarted,
     CompensationStuck,
     ErrorInfo,
+    StepAbandoned,
 )
 from saga_engine.core.history._policy import retry_after
 from saga_engine.core.runtime._intents import await_command, await_timer, emit
@@ -90,11 +101,58 @@ def undo_plan(
     }
 
 
+def give_up(
+    s: SagaState,
+    step: str,
+    spec: CompensationSpec | None,
+    sent: list[str],
+    began: int,
+    *,
+    in_doubt: bool,
+    cancelled: asyncio.CancelledError,
+) -> None:
+    """The forward step ``step`` was stopped (its task cancelled) after issuing the
+    commands ``sent``; ``in_doubt``: the last of them may have been applied.
+
+    While the saga stops (its run failed, a cancel, its deadline) the step joins the
+    stack, and the unwind undoes it in the rule's order. While it goes forward, the code
+    gave the step up: recorded, and an in-doubt step's compensation starts now (the saga
+    ends only once it has completed). A history recorded before steps were given up
+    this way has no ``step_abandoned`` here: it replays as it ran (the step owed)."""
+    stopping = s.cancel_reason is not None or s.unwinding or s.nondeterminism is not None
+    legacy = s.replaying and not (
+        isinstance(recorded := s.history[s.cursor], StepAbandoned) and recorded.step == step
+    )
+    if stopping or legacy:
+        if in_doubt:
+            s.owe(step, spec, sent, began)
+        return
+    why = cancelled.args[0] if cancelled.args and isinstance(cancelled.args[0], str) else ""
+    emit(
+        s,
+        StepAbandoned(at=s.now, step=step, command_ids=list(sent), in_doubt=in_doubt, reason=why),
+    )
+    if in_doubt and spec is not None:
+        owed = OwedCompensation(
+            step, spec, tuple(sent), began, s.tick(), s.declared_after.get(step)
+        )
+        s.given_up = (*s.given_up, (owed, s.loop.create_task(_compensate(s, owed))))
+
+
+async def finish_given_up(s: SagaState) -> None:
+    """Waits until every step the code gave up is undone (no wait when none is: a saga
+    that never gave one up runs exactly as it did before steps could be)."""
+    while pending := [task for _, task in s.given_up if not task.done()]:
+        await asyncio.gather(*pending)
+
+
 async def unwind(s: SagaState, reason: UndoReason, error: ErrorInfo | None) -> bool:
     """Undoes everything owed (the stack as the steps pushed it, ``SagaState.owe``);
-    False when nothing was owed (then nothing is recorded)."""
+    False when nothing was owed (then nothing is recorded). The steps the code gave up
+    are undone first (they came after everything on the stack)."""
     owed = list(reversed(s.owed))
     if not owed:
+        await finish_given_up(s)
         return False
     started = emit(
         s,
@@ -106,6 +164,7 @@ async def unwind(s: SagaState, reason: UndoReason, error: ErrorInfo | None) -> b
             after=undo_plan(owed, s.declared_after),
         ),
     )
+    await finish_given_up(s)
     if started.after is None or _one_by_one(owed, started.after):
         # Recorded before plans (undone as it began), or a sequence: one at a time, in
         # owed's order (no task needed when nothing runs beside it).
@@ -173,7 +232,7 @@ async def _compensate(s: SagaState, owed: OwedCompensation) -> None:
         reply = await await_command(s, issued)
         if reply is not None and reply.outcome == "success":
             emit(s, CompensationCompleted(at=s.now, step=owed.step))
-            s.owed.remove(owed)  # no longer owed
+            _discharge(s, owed)
             return
         if reply is None:
             last_error = "timed out"
@@ -185,13 +244,19 @@ async def _compensate(s: SagaState, owed: OwedCompensation) -> None:
         if round_attempts >= spec.retry.max_attempts:
             if await _stuck(s, owed, round_attempts, last_error) == "skip":
                 # An operator compensated it by hand (recorded as step_skipped).
-                s.owed.remove(owed)
+                _discharge(s, owed)
                 return
             round_attempts = 0
             continue
         delay = spec.retry.backoff(attempt, seed=f"{s.saga_id}:compensate:{owed.step}")
         delay = max(delay, retry_after(reply))  # at least a Retryable(after=...)'s wait
         await await_timer(s, f"retry:compensate:{owed.step}:{attempt}", "retry", delay)
+
+
+def _discharge(s: SagaState, owed: OwedCompensation) -> None:
+    """No longer owed (a step given up was never on the stack)."""
+    if owed in s.owed:
+        s.owed.remove(owed)
 
 
 async def _stuck(s: SagaState, owed: OwedCompensation, attempts: int, last_error: str) -> str:

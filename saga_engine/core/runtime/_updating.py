@@ -6,18 +6,20 @@ recorded result is the answer), a saga that is undoing its steps (refused), the 
 name and input model, then its validator on the saga's state (refused with its reason).
 Once ``update_received`` is recorded (or replayed), :func:`update_to_code` runs the handler
 on the saga object and records its result (``update_completed``, an intent: a replay
-runs the handler again and matches it).
+runs the handler again and matches it), then wakes the code's ``ctx.wait_update`` for
+it, if the handler did not raise (:func:`wait_update`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import Any
 
 from saga_engine.core.authoring._update import as_json, declared, updates_of
 from saga_engine.core.history._decision import DropReason, UpdateInput
 from saga_engine.core.history._events import ErrorInfo, Event, UpdateCompleted, UpdateReceived
-from saga_engine.core.runtime._intents import emit
+from saga_engine.core.runtime._intents import check_open, emit
 from saga_engine.core.runtime._state import Halt, SagaState
 from saga_engine.kernel._errors import SagaError, UpdateRefused
 from saga_engine.kernel._serde import check_storable
@@ -87,3 +89,28 @@ def update_to_code(s: SagaState, event: UpdateReceived, settled: Any) -> None:
             at=s.now, update_id=event.update_id, name=event.name, result=result, error=error
         ),
     )
+    waiter = s.update_waiters.get(event.name) if s.update_waiters else None
+    if error is None and waiter is not None and not waiter.done():
+        waiter.set_result(value)
+
+
+async def wait_update(s: SagaState, name: str) -> Any:
+    """``ctx.wait_update``: the input of the next update ``name`` recorded from now on
+    whose handler did not raise (its effect is on the saga's state by then). Nothing is
+    recorded for the wait: an update is an input, delivered again on replay."""
+    check_open(s)
+    if name not in updates_of(s.definition.cls):
+        s.definition_error(
+            f"{s.definition.cls.__name__} waits for update {name!r} but declares no such "
+            "@update method; declare it, deploy, and resume the saga"
+        )
+    if s.update_waiters is None:
+        s.update_waiters = {}
+    if name in s.update_waiters:
+        s.definition_error(f"two waits for update {name!r} at once; wait for it in one place")
+    future: asyncio.Future[Any] = s.loop.create_future()
+    s.update_waiters[name] = future
+    try:
+        return await future
+    finally:
+        s.update_waiters.pop(name, None)

@@ -29,6 +29,7 @@ from saga_engine.core.history._events import (
     SagaStarted,
     SideEffectRecorded,
     SignalReceived,
+    StepAbandoned,
     StepParked,
     StepSkipped,
     TimerStarted,
@@ -91,6 +92,8 @@ def _details(event: Event) -> list[str]:
         return [edited, _who(event.principal, event.reason)]
     if isinstance(event, SagaResumed):
         return [_who(event.principal, event.reason)]
+    if isinstance(event, StepAbandoned):
+        return [f"commands {', '.join(event.command_ids)}" if event.command_ids else ""]
     if isinstance(event, StepParked):
         return [_error(event.error), "in doubt" if event.in_doubt else ""]
     if isinstance(event, SagaParked):

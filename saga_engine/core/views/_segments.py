@@ -37,6 +37,7 @@ from saga_engine.core.history._events import (
     SagaParked,
     SagaResumed,
     SignalReceived,
+    StepAbandoned,
     StepParked,
     StepSkipped,
     TimerFired,
@@ -50,6 +51,7 @@ from saga_engine.core.history._fold import (
     Sent,
     Settled,
     Timer,
+    forward_backoff_of,
     retry_timer_step,
     signal_of,
 )
@@ -263,6 +265,18 @@ class Timeline:
             why = f"retried now by {event.principal}"
             self._close(self.timers, settled.timer_id, "backoff", event, seq, why)
 
+    def _abandoned(self, seq: int, event: StepAbandoned, _: Settled) -> None:
+        # Given up by its code: its sends end (in doubt: its undo follows), its back-off
+        # and its park with it.
+        why = event.reason or "given up by the saga's code"
+        for key in event.command_ids:
+            self._close(
+                self.sent, key, "in_doubt" if event.in_doubt else "cancelled", event, seq, why
+            )
+        for key in [k for k in self.timers if forward_backoff_of(k, event.step)]:
+            self._close(self.timers, key, "cancelled", event, seq, why)
+        self._close(self.parked_steps, event.step, "cancelled", event, seq, why)
+
     def _compensating(self, seq: int, event: CompensationStarted, _: Settled) -> None:
         # The run's forward work is abandoned (the fold let go of it): its commands are
         # in doubt, its timers cancelled.
@@ -334,6 +348,7 @@ _HANDLERS: dict[type[Event], Callable[[Timeline, int, Any, Settled], None]] = {
     CompensationStarted: Timeline._compensating,
     SagaParked: Timeline._parked,
     StepParked: Timeline._step_parked,
+    StepAbandoned: Timeline._abandoned,
     PivotPassed: Timeline._pivot,
     SagaResumed: Timeline._resumed,
     SagaCompleted: Timeline._ended,

@@ -36,6 +36,7 @@ from saga_engine.core.history._events import (
     InvalidReplyReceived,
     ReplyReceived,
     RetryRequested,
+    StepAbandoned,
     StepParked,
     StepSkipped,
     TimerFired,
@@ -43,6 +44,7 @@ from saga_engine.core.history._events import (
     UndoRequested,
 )
 from saga_engine.core.history._fold import (
+    SCOPE_PREFIX,
     Awaited,
     EventWait,
     Fold,
@@ -74,7 +76,8 @@ class _Step:
     """What the view knows of one step, for the compensations it may owe."""
 
     spec: CompensationSpec | None = None
-    #: in_flight, waiting (to retry), held, applied, gave_up, refused, skipped or parked
+    #: in_flight, waiting (to retry), held, applied, gave_up, refused, skipped, parked or
+    #: abandoned (given up by the code going forward: undone at once if in doubt)
     forward: str = "in_flight"
     #: an attempt timed out since the last retryable reply: it may have been applied
     unknown: bool = False
@@ -109,6 +112,9 @@ class _Walk:
         self.timed_out: str | None = None
         #: A cancel, a forced compensation, an undo or the deadline stopped the run.
         self.stopping = False
+        #: The steps the code gave up in doubt (``step_abandoned``), in that order: each
+        #: compensated at once.
+        self.given_up: list[str] = []
 
     def apply(self, seq: int, event: Event) -> None:
         if self.timed_out is not None:
@@ -213,6 +219,14 @@ class _Walk:
         if isinstance(settled, Sent):  # the held reply is accepted now
             self._release(self.step(event.step), event.step)
 
+    def _abandoned(self, event: StepAbandoned, _: Settled) -> None:
+        # Off the stack: undone now (its compensation follows) if it may have applied.
+        self.timed_out = None
+        s = self.step(event.step)
+        s.forward, s.unknown, s.held = "abandoned", event.in_doubt, False
+        if event.in_doubt and s.spec is not None:
+            self.given_up.append(event.step)
+
     def _compensating(self, event: CompensationStarted, _: Settled) -> None:
         self.owed_at_start = list(event.owed)
 
@@ -238,6 +252,7 @@ _LEDGER: dict[type[Event], Callable[[_Walk, Any, Settled], None]] = {
     StepSkipped: _Walk._skipped,
     RetryRequested: _Walk._retried,
     StepParked: _Walk._parked,
+    StepAbandoned: _Walk._abandoned,
     CompensationStarted: _Walk._compensating,
     CompensationCompleted: _Walk._compensated,
 }
@@ -273,7 +288,7 @@ def saga_view_of(
         in_flight=tuple(_in_flight(sent) for sent in ahead.inflight),
         timers=tuple(PendingTimer(t.timer_id, t.purpose, t.fire_at, t.since) for t in ahead.timers),
         owed=tuple(ahead.owed),
-        stuck_step=f.stuck_step if f.status == S.COMPENSATION_STUCK else None,
+        stuck_step=f.stuck_step,
         waiting_for=tuple(_waits(walk, ahead, last_at)),
         segments=tuple(walk.timeline.segments),
         actions=tuple(_actions(walk, ahead)),
@@ -283,7 +298,7 @@ def saga_view_of(
         pivot_step=f.pivot_step,
         past_pivot=f.past_pivot,
         parked_steps=tuple(f.parked_steps),
-        stuck_steps=f.stuck_steps if f.status == S.COMPENSATION_STUCK else (),
+        stuck_steps=f.stuck_steps,
     )
 
 
@@ -297,6 +312,8 @@ class _Ahead:
     #: The signals waited for without a deadline (a timed wait is one of ``timers``).
     signals: tuple[str, ...] = ()
     owed: tuple[Owed, ...] = ()
+    #: Its run has ended (``Awaited.run_ended``): no cancel, no forced compensation.
+    run_ended: bool = False
 
 
 def _ahead(walk: _Walk, awaited: Awaited) -> _Ahead:
@@ -307,8 +324,9 @@ def _ahead(walk: _Walk, awaited: Awaited) -> _Ahead:
       while the code still holds it: a wait the code gave up (the loser of a race) can
       never end, so it is not listed, past its deadline or not.
     - A saga past its pivot only goes forward (a cancel is refused, its deadline lifted,
-      a step that cannot succeed parks, an undo from its parent is refused): it owes no
-      compensation, since none of them can run.
+      a step that cannot succeed parks, an undo from its parent is refused): its stack
+      owes no compensation, since none of them can run. A step its code gave up is
+      undone all the same (a path not taken), and listed while it is.
     """
     f = walk.fold
     if f.status.is_terminal:
@@ -320,7 +338,8 @@ def _ahead(walk: _Walk, awaited: Awaited) -> _Ahead:
         timers=timers,
         event_waits=tuple(w for wid, w in f.event_waits.items() if awaited.holds(wid)),
         signals=tuple(n for n in dict.fromkeys(awaited.signals) if n not in timed),
-        owed=tuple(_owed_now(walk)) if f.may_compensate else (),
+        owed=tuple(_owed_now(walk, stack=f.may_compensate)),
+        run_ended=awaited.run_ended,
     )
 
 
@@ -343,29 +362,29 @@ def _in_flight(sent: Sent) -> InFlight:
     )
 
 
-def _owed_now(walk: _Walk) -> list[Owed]:
-    """Compensations owed by a saga that may still compensate (see ``_ahead``), in the
-    order they would run (last in, first out)."""
+def _owed_now(walk: _Walk, *, stack: bool) -> list[Owed]:
+    """Compensations owed by a saga still open, in the order they would run (last in,
+    first out): first those of the steps its code gave up, under way already (past the
+    pivot too: a path not taken is undone), then its stack's if it may still compensate
+    (``stack``: see ``_ahead``)."""
     steps = walk.steps
+    out = [
+        _owed(name, steps[name], _undo_state(walk, name, steps[name]))
+        for name in walk.given_up
+        if not steps[name].done
+    ]
+    if not stack:
+        return out
     if walk.owed_at_start is not None:
-        out = []
         for name in walk.owed_at_start:
             s = steps.get(name, _Step())
-            if s.done:
-                continue
-            state = (
-                OwedState.STUCK
-                if name in walk.fold.stuck_steps
-                else OwedState.COMPENSATING
-                if s.compensating
-                else OwedState.PENDING
-            )
-            out.append(_owed(name, s, state))
+            if not s.done:
+                out.append(_owed(name, s, _undo_state(walk, name, s)))
         return out
     # Steps whose outcome is unknown, and held ones (applied, not yet released),
     # join the stack only if the run stops now: they would be undone first.
     doubtful = [n for n, s in steps.items() if s.spec is not None and (s.in_doubt or s.held)]
-    out = [
+    out += [
         _owed(n, steps[n], OwedState.OWED if steps[n].held else OwedState.IN_DOUBT)
         for n in reversed(doubtful)
     ]
@@ -375,6 +394,12 @@ def _owed_now(walk: _Walk) -> list[Owed]:
         if steps[n].spec is not None and steps[n].forward in ("applied", "gave_up")
     )
     return out
+
+
+def _undo_state(walk: _Walk, name: str, step: _Step) -> OwedState:
+    if name in walk.fold.stuck_steps:
+        return OwedState.STUCK
+    return OwedState.COMPENSATING if step.compensating else OwedState.PENDING
 
 
 def _actions(walk: _Walk, ahead: _Ahead) -> list[Action]:
@@ -388,7 +413,7 @@ def _actions(walk: _Walk, ahead: _Ahead) -> list[Action]:
     forward = f.going_forward and not walk.stopping
     # A run that is undoing its steps waits for no signal any more (``_signal`` refuses).
     out: list[Action] = [Action("signal")] if forward else []
-    if forward and not f.past_pivot:
+    if forward and not f.past_pivot and not ahead.run_ended:
         out += [Action("cancel"), Action("force-compensate")]
     held = [s.event.step for s in ahead.inflight if s.held is not None]
     waiting = [s.event.step for s in ahead.inflight if not s.compensation and s.held is None]
@@ -425,12 +450,14 @@ def _waits(walk: _Walk, ahead: _Ahead, last_at: datetime | None) -> list[Wait]:
             )
         ]
     out: list[Wait] = []
-    if f.status == S.COMPENSATION_STUCK:
+    if f.stuck_steps:
+        how = "retry it, skip it, or resume the saga"
+        if f.status != S.COMPENSATION_STUCK:  # a step the code gave up, going forward
+            how = "its code gave the step up; retry it, or skip it once undone by hand"
         out += [
             Wait(
                 WaitKind.OPERATOR,
-                f"an operator: the compensation of step {stuck!r} is stuck "
-                "(retry it, skip it, or resume the saga)",
+                f"an operator: the compensation of step {stuck!r} is stuck ({how})",
                 since,
                 step=stuck,
                 compensation=True,
@@ -540,9 +567,12 @@ def _timer_wait(timer: Timer, steps: dict[str, _Step]) -> Wait | None:
             last_error=ledger.last_error if comp else ledger.forward_error,
         )
     if timer.purpose == "sleep":
+        scope = timer.timer_id.startswith(SCOPE_PREFIX)
         return Wait(
             WaitKind.TIMER,
-            f"timer {timer.timer_id!r}",
+            f"the deadline of a ctx.timeout block ({timer.timer_id})"
+            if scope
+            else f"timer {timer.timer_id!r}",
             timer.since,
             timer.fire_at,
             name=timer.timer_id,

@@ -166,4 +166,7 @@ async def test_asyncio_clock_in_saga_code_parks_with_advice() -> None:
     assert await run.status() == SagaStatus.NONDETERMINISTIC
     error = await run.error()
     assert error is not None
-    assert "use `await ctx.sleep(...)`" in error["message"]
+    # It names the durable replacements: a sleep, a deadline on a block, a race.
+    assert "`await ctx.sleep(delay)`" in error["message"]
+    assert "`async with ctx.timeout(delay):`" in error["message"]
+    assert "ctx.first(" in error["message"]

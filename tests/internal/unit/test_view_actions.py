@@ -12,6 +12,7 @@ import pytest
 from pydantic import BaseModel
 
 from saga_engine import RetryPolicy, Saga, SagaContext, SagaStatus, Signal
+from saga_engine.core.authoring._definition import SagaDefinition
 from saga_engine.core.history._decision import (
     Cancel,
     ForceCompensate,
@@ -21,8 +22,9 @@ from saga_engine.core.history._decision import (
     SignalInput,
     Skip,
 )
+from saga_engine.core.history._events import Event
 from saga_engine.core.runtime._runtime import SagaRuntime
-from saga_engine.core.views._view import WaitKind, saga_view_of
+from saga_engine.core.views._view import SagaView, WaitKind, saga_view_of
 from saga_engine.kernel._errors import InvalidTransition, PastPivot
 from saga_engine.testing import SagaTestEnv
 from tests.internal.unit.test_operator_actions import Cmd, In, Undo
@@ -126,10 +128,29 @@ async def test_the_view_offers_what_the_runtime_accepts(state: str) -> None:
     await env.settle()
     history = await env.engine.history(saga_id)
     view = saga_view_of(history, saga_id=saga_id, awaited=["go"])
-    offered = {(a.name, step) for a in view.actions for step in (a.steps or (None,))}
     definition = env.parts.registry.get("two-steps")
+    accepted = accepted_inputs(definition, saga_id, history, _inputs(history[-1].at))
+    assert offered(view) == accepted, state
+
+
+Action_ = tuple[str, str | None]
+
+
+def offered(view: SagaView) -> set[Action_]:
+    """The actions a view offers, each with one of its steps (or none)."""
+    return {(a.name, step) for a in view.actions for step in (a.steps or (None,))}
+
+
+def accepted_inputs(
+    definition: SagaDefinition,
+    saga_id: str,
+    history: list[Event],
+    inputs: dict[Action_, Inbound],
+) -> set[Action_]:
+    """The ``inputs`` the saga's runtime, replayed from ``history``, accepts (each tried
+    on a replay of its own)."""
     accepted = set()
-    for key, inbound in _inputs(history[-1].at).items():
+    for key, inbound in inputs.items():
         runtime, _ = SagaRuntime.replay(definition, saga_id, history)
         try:
             runtime.handle(inbound)
@@ -138,7 +159,7 @@ async def test_the_view_offers_what_the_runtime_accepts(state: str) -> None:
         finally:
             runtime.close()
         accepted.add(key)
-    assert offered == accepted, state
+    return accepted
 
 
 async def test_a_compensation_back_off_offers_retry_and_no_signal() -> None:

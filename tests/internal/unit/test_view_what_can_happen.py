@@ -1,6 +1,7 @@
 """One view rule: what a saga's view lists as awaited or owed is what can still happen
 (issue 39, 8.5). The loser of an ``asyncio.wait(..., FIRST_COMPLETED)`` race, which the
-code gave up, is no longer awaited (its history records the wait, not its end); a saga
+code gave up, is no longer awaited (its history records the wait, not its end; a step
+given up is recorded, and refunded at once: issue 41); a saga
 past its pivot owes no compensation, since it only goes forward from there."""
 
 from __future__ import annotations
@@ -65,8 +66,11 @@ async def test_the_losers_of_a_race_are_not_listed_as_awaited() -> None:
     assert [(w.kind, w.name) for w in view.waiting_for] == [(WaitKind.SIGNAL, "close")]
     assert view.in_flight == ()
     assert view.timers == ()
-    # The charge may have been applied (no answer came): its refund is owed, in doubt.
-    assert [o.step for o in view.owed] == ["charge"]
+    # The charge may have been applied (no answer came): given up, it was refunded at
+    # once (issue 41), not left owed to an unwind that may never come.
+    assert view.owed == ()
+    assert [c.step for c in env.commands("payments", compensation=True)] == ["charge"]
+    assert [e.kind for e in events if e.kind == "step_abandoned"] == ["step_abandoned"]
     # Across a restart: the history replayed says the same.
     env.engine = env.new_engine([Race])
     await env.engine.recover()
