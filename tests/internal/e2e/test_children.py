@@ -33,6 +33,30 @@ async def _until_some_children_run(cluster: Cluster, parents: list[str], timeout
     )
 
 
+def _partitions_taken(cluster: Cluster, engine: str) -> set[int]:
+    """The inbox partitions ``engine`` last logged taking."""
+    taken = re.findall(r"took partitions \[([\d, ]*)\]", cluster.log_tail(engine, 500))
+    return {int(p) for p in taken[-1].split(",") if p.strip()} if taken else set()
+
+
+async def _until_engine_holds_open_sagas(
+    cluster: Cluster, engine: str, parents: list[str], timeout: float
+) -> None:
+    sagas = parents + [child_saga_id(p, f"transfer-{i}") for p in parents for i in range(CHILDREN)]
+    owned = _partitions_taken(cluster, engine)
+    await eventually(
+        lambda: cluster.statuses(sagas),
+        until=lambda statuses: any(
+            status is SagaStatus.RUNNING and partition_for(saga, cluster.partitions) in owned
+            for saga, status in statuses.items()
+        ),
+        timeout=timeout,
+        interval=0.1,
+        what=f"a saga running in a partition of {engine} ({sorted(owned)})",
+        context=lambda: cluster.log_tail(engine),
+    )
+
+
 async def test_children_survive_a_sigkill_and_undo_with_their_parent(
     participants_up: Cluster,
 ) -> None:
@@ -50,6 +74,9 @@ async def test_children_survive_a_sigkill_and_undo_with_their_parent(
     async with SagaClient(cluster.settings) as client:
         parents = [await client.start(Payout, r) for r in requests]
     await _until_some_children_run(cluster, parents, timeout=90)
+    # ...and the engine about to die drives some of them: an open saga is stored in one of
+    # its partitions (on a busy machine it may not have read its first starts yet).
+    await _until_engine_holds_open_sagas(cluster, "engine-a", parents, timeout=90)
     # An engine dies while children run: its parents and children are recovered by the
     # survivor (or by itself, restarted), and nothing is lost or done twice.
     cluster.kill("engine-a")
