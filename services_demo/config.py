@@ -38,6 +38,7 @@ CUSTOMERS: Final = {
     "mallory": 10_000,  # on the fraud service's block list (SAGA_DEMO_BLOCKED)
     "grace": 100_000,  # places a large order that nobody approves
     "heidi": 100_000,  # places two orders at once: the second waits for the first
+    "ivan": 10_000,  # cancels a checkout while it waits for the payment (a race)
 }
 
 #: Seeded once in the inventory service: SKU -> units in stock.

@@ -60,6 +60,13 @@ class Approval(BaseModel):
     note: str = ""
 
 
+class CancelCheckout(BaseModel):
+    """The payload of the ``cancel`` signal: the customer cancels while the checkout
+    waits for the payment."""
+
+    reason: str = Field(default="", max_length=500)
+
+
 # --------------------------------------------------------------------------- orders
 
 

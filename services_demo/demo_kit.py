@@ -250,6 +250,7 @@ class Demo:
         expect: str,
         reason: str = "",
         idempotency_key: str | None = None,
+        pay: bool = True,
     ) -> Placed:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         response = await self.http.post(
@@ -267,8 +268,29 @@ class Demo:
         self.placed.append(placed)
         say(f"  POST /orders  {customer}: {show_items(lines)}")
         say(f"    -> 202 order {placed.order_id}, saga {placed.saga_id}")
-        await self.pay(placed)
+        if pay:
+            await self.pay(placed)
         return placed
+
+    async def cancel(self, placed: Placed, reason: str) -> None:
+        """The customer cancels: the orders service sends the saga its ``cancel`` signal."""
+        response = await self.http.post(
+            f"{self.url('orders')}/orders/{placed.order_id}/cancel", json={"reason": reason}
+        )
+        check(
+            response.status_code == 202, f"the cancel answered {response.status_code}", quiet=True
+        )
+
+    async def waiting_for_payment(self, placed: Placed) -> None:
+        """Until the checkout races the payment against a cancel and its timeout."""
+
+        async def waiting() -> bool:
+            return any(
+                isinstance(e, TimerStarted) and e.purpose == "sleep"
+                for e in await self.history(placed.saga_id)
+            )
+
+        await self.wait_for(f"saga {placed.saga_id} to wait for its payment", waiting)
 
     async def pay(self, placed: Placed) -> None:
         """The payment provider's webhook for the order's full price: the orders service

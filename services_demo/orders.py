@@ -6,6 +6,8 @@
 - ``GET /orders/{id}`` shows the order as the saga moves it: pending, then confirmed or
   rejected with the reason. ``GET /orders`` lists them.
 - ``POST /orders/{id}/approval`` sends the ``approval`` signal to a large order's saga.
+- ``POST /orders/{id}/cancel`` sends the ``cancel`` signal: the checkout races it against
+  the payment and the payment timeout.
 - ``POST /orders/{id}/payment`` is the payment provider's webhook: it records the captured
   amount and publishes the ``payment-captured`` fact (``SagaClient.publish_event``, the id
   ``capture-{order_id}``, so a repeated webhook is kept once); the checkout waits for it.
@@ -49,6 +51,7 @@ from services_demo.config import APPROVAL_THRESHOLD, PRICES
 from services_demo.contracts import (
     NAME_PATTERN,
     Approval,
+    CancelCheckout,
     CheckoutInput,
     ConfirmOrder,
     CreateOrder,
@@ -356,6 +359,23 @@ def create_app() -> FastAPI:
             signal_id = await saga_client().signal(row["saga_id"], Checkout.approval, signal)
         except TransientError as exc:
             raise HTTPException(503, f"the approval could not be sent ({exc}); retry") from exc
+        return {"order_id": order_id, "saga_id": row["saga_id"], "signal_id": signal_id}
+
+    @app.post("/orders/{order_id}/cancel", status_code=202, tags=["orders"])
+    async def cancel(order_id: str, request: CancelCheckout) -> dict[str, Any]:
+        """Sends the ``cancel`` signal to the order's saga: the customer cancels while it
+        waits for the payment (before that, the saga takes it once it waits)."""
+        row = await holder.pool.fetchrow(
+            "SELECT saga_id, status FROM orders WHERE order_id = $1", order_id
+        )
+        if row is None:
+            raise HTTPException(404, f"no order {order_id}")
+        if row["status"] != "pending":
+            raise HTTPException(409, f"order {order_id} is {row['status']} already")
+        try:
+            signal_id = await saga_client().signal(row["saga_id"], Checkout.cancel, request)
+        except TransientError as exc:
+            raise HTTPException(503, f"the cancel could not be sent ({exc}); retry") from exc
         return {"order_id": order_id, "saga_id": row["saga_id"], "signal_id": signal_id}
 
     @app.post("/orders/{order_id}/payment", status_code=202, tags=["orders"])

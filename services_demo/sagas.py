@@ -8,10 +8,11 @@ schedule: ``saga worker services_demo.sagas``.
 4. ``fraud-check``: an HTTP step, the engine calls ``POST /check`` on the fraud service;
 5. orders of ``APPROVAL_THRESHOLD`` or more wait for the ``approval`` signal (a timeout
    rejects them);
-6. the checkout waits for the orders service's ``payment-captured`` fact for its order
-   (``ctx.wait_event``, correlated by ``order_id``): a capture published before the
-   checkout got here is matched too; none within ``payment_timeout_s`` rejects the order,
-   and so does a capture of another amount than the order's total;
+6. the checkout races the orders service's ``payment-captured`` fact for its order
+   (``ctx.wait_event``, correlated by ``order_id``) against the customer's ``cancel``
+   signal and ``payment_timeout_s`` (``ctx.first``, docs/races.md): a capture published
+   before the checkout got here is matched too; a cancel, or no capture in time, rejects
+   the order, and so does a capture of another amount than the order's total;
 7. ``child:shipment``: a child saga, ``shipment``, books the carrier (shipping); its id
    derives from the checkout's, and ``GET /sagas/{id}`` shows the one from the other;
 8. ``confirm-order`` (orders).
@@ -44,7 +45,6 @@ from saga_engine import (
     ConcurrencyLimit,
     Cost,
     EventSource,
-    EventTimeout,
     RetryPolicy,
     Saga,
     SagaContext,
@@ -52,6 +52,7 @@ from saga_engine import (
     Signal,
     SignalTimeout,
     StepFailed,
+    Winner,
 )
 from saga_engine.graph import GraphSaga, each, http, node, step
 from saga_engine.schedules import CatchUp, Overlap, Schedule
@@ -59,6 +60,7 @@ from saga_engine.triggers import KafkaTrigger
 from services_demo.config import APPROVAL_THRESHOLD, DemoSettings, orders_topic, payments_topic
 from services_demo.contracts import (
     Approval,
+    CancelCheckout,
     CancelShipment,
     CheckoutInput,
     CheckoutResult,
@@ -114,8 +116,6 @@ def _reason(exc: Exception) -> str:
         return f"{exc.step}: {exc.reason}"
     if isinstance(exc, SignalTimeout):
         return "approval: no decision before the approval timeout"
-    if isinstance(exc, EventTimeout):
-        return "payment: not captured before the payment timeout"
     return str(exc)
 
 
@@ -156,6 +156,8 @@ class Checkout(Saga[CheckoutInput, CheckoutResult]):
     concurrency = ConcurrencyLimit(key="customer", limit=1)
     #: Large orders wait for it; the engine refuses any other signal, or a bad payload.
     approval = Signal(Approval)
+    #: The customer's cancel, raced against the payment and its timeout.
+    cancel = Signal(CancelCheckout)
 
     async def run(self, ctx: SagaContext, order: CheckoutInput) -> CheckoutResult:
         oid, customer, items = order.order_id, order.customer, order.items
@@ -207,7 +209,20 @@ class Checkout(Saga[CheckoutInput, CheckoutResult]):
                 if not approval.approved:
                     raise CheckoutRejected(f"approval: refused by {approval.by} {approval.note}")
                 approved_by = approval.by
-            paid = await ctx.wait_event(payment_captured, key=oid, timeout=order.payment_timeout_s)
+            # A race: the payment, the customer's cancel or the timeout, whichever
+            # history records first (docs/races.md).
+            won = await ctx.first(
+                paid=ctx.wait_event(payment_captured, key=oid),
+                cancelled=ctx.wait_signal(self.cancel),
+                expired=ctx.sleep(order.payment_timeout_s),
+            )
+            match won:
+                case Winner("paid", PaymentCaptured() as paid):
+                    pass
+                case Winner("cancelled", CancelCheckout() as cancel):
+                    raise CheckoutRejected(f"payment: cancelled by the customer {cancel.reason}")
+                case _:
+                    raise CheckoutRejected("payment: not captured before the payment timeout")
             if paid.amount != created.total:
                 raise CheckoutRejected(
                     f"payment: captured {paid.amount}, order total {created.total}"
@@ -224,7 +239,7 @@ class Checkout(Saga[CheckoutInput, CheckoutResult]):
                 timeout=STEP_TIMEOUT_S,
                 retry=STEP_RETRY,
             )
-        except (StepFailed, SignalTimeout, EventTimeout, CheckoutRejected) as exc:
+        except (StepFailed, SignalTimeout, CheckoutRejected) as exc:
             # The order shows why before the compensations run; then the engine undoes
             # the applied steps in reverse order.
             await ctx.step(

@@ -355,6 +355,37 @@ async def one_checkout_per_customer(demo: Demo) -> list[Placed]:
     return [first, second]
 
 
+async def cancelled_while_waiting_for_payment(demo: Demo) -> Placed:
+    heading("13", "A race: the customer cancels while the checkout waits for the payment")
+    placed = await demo.place(
+        "cancelled before payment",
+        "ivan",
+        items(lamp=1),
+        expect="rejected",
+        reason="cancelled by the customer",
+        pay=False,
+    )
+    await demo.waiting_for_payment(placed)
+    say(
+        "  the checkout races payment-captured, the customer's cancel and the payment "
+        "timeout (ctx.first)"
+    )
+    await demo.cancel(placed, reason="changed my mind")
+    say(f"  POST /orders/{placed.order_id}/cancel: the orders service signals the saga")
+    await demo.settle(placed)
+    winner = [e for e in placed.events if e.kind in ("signal_received", "timer_fired")]
+    check(
+        [e.kind for e in winner] == ["signal_received"],
+        "the cancel won the race: the payment timer never fired",
+    )
+    held = await demo.reservations("ivan")
+    check(
+        held.get(placed.order_id, {}).get("status") == "released",
+        "its credit (and stock) were released",
+    )
+    return placed
+
+
 async def nightly_reconciliation(demo: Demo) -> str | None:
     """The schedule declared next to the saga, fired now by an operator: one saga, which
     reads every balance from the payments service and completes. Returns its id."""
@@ -579,6 +610,7 @@ async def run_scenarios(demo: Demo) -> list[Placed]:
     await approved_by_signal(demo)
     await crash_and_recover(demo)
     await one_checkout_per_customer(demo)
+    await cancelled_while_waiting_for_payment(demo)
     await finish_unapproved(demo, unapproved)
     await nightly_reconciliation(demo)
     await fulfilment_completes(demo, succeeded)
