@@ -21,14 +21,19 @@ async def test_the_progress_examples_run() -> None:
     assert "client.stream(saga_id" in blocks[1].code
     namespace: dict[str, Any] = {"__name__": "doc_progress"}
     exec_blocks(blocks, DOC, namespace)
-    first, following = async_tests(namespace)
-    await first()
+    tests = async_tests(namespace)
+    assert [t.__name__ for t in tests] == [
+        "test_each_item_is_numbered_once",
+        "test_the_client_follows_the_saga_to_its_end",
+    ]
+    await tests[0]()
+    following = namespace["test_the_client_follows_the_saga_to_its_end"]
     saga, order = namespace["PlaceOrder"], namespace["Order"]
 
     async def seed(env: SagaTestEnv) -> dict[str, str]:
         return {"saga_id": (await env.start(saga, order(order_id="o-2"))).saga_id}
 
-    settings = admin_settings()
+    settings = admin_settings(port=0)
     with served_in_thread(settings, seed, sagas=[saga]) as served:
         client = SagaClient(settings, admin_url=served.url, admin_token=READER_TOKEN)
         await following(client, served.seeded["saga_id"])

@@ -34,6 +34,17 @@ __all__ = ["StreamTiming", "router", "sse_frames"]
 
 router = APIRouter()
 
+#: One server-sent event of the stream, as its fields (``data`` is JSON).
+_EVENT_SCHEMA: Final = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "description": "The item's number."},
+        "event": {"type": "string", "enum": ["message", "end"]},
+        "data": {"type": "string", "description": "JSON: {number, topic, payload, at}"},
+    },
+    "required": ["data"],
+}
+
 #: At most this many topics in one ``?topics=``.
 _MAX_TOPICS: Final = 20
 
@@ -94,7 +105,9 @@ async def sse_frames(
     while True:
         record = await store.get(saga_id)
         if record.last_seq != seen_seq:
-            page = await progress_after(store, saga_id, sent, topics, Undecodable.SHOW)
+            page = await progress_after(
+                store, saga_id, sent, topics, Undecodable.SHOW, after_seq=max(seen_seq, 0)
+            )
             seen_seq, poll = page.last_seq, StreamTiming.poll_min
             for item in page.items:
                 yield b"id: %d\ndata: %s\n\n" % (item.number, dumps(item.as_json()))
@@ -119,7 +132,7 @@ async def sse_frames(
     response_class=StreamingResponse,
     responses={
         200: {
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": {"text/event-stream": {"schema": _EVENT_SCHEMA}},
             "description": "Server-sent events: one per progress item (`id`: its number, "
             "`data`: {number, topic, payload, at}), then `end` ({status, last_number}) "
             "once the saga ended.",

@@ -10,13 +10,15 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from saga_engine.core.history._codec import Undecodable
 from saga_engine.core.history._events import Event, ProgressEmitted
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._serde import JsonDict
 from saga_engine.store._store import EventStore
+
+_KIND: Final = ProgressEmitted.model_fields["kind"].default
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +67,13 @@ async def progress_after(
     after: int = 0,
     topics: Collection[str] | None = None,
     undecodable: Undecodable = Undecodable.RAISE,
+    *,
+    after_seq: int = 0,
 ) -> ProgressPage:
-    """The saga's items numbered above ``after``. Raises SagaNotFound."""
-    loaded = await store.load(saga_id, undecodable=undecodable)
+    """The saga's items numbered above ``after``, among its events after ``after_seq``
+    (a reader passes the ``last_seq`` of its previous page: only new rows are read).
+    Raises SagaNotFound."""
+    loaded = await store.load_after(saga_id, after_seq, kinds=(_KIND,), undecodable=undecodable)
     events = [stored.event for stored in loaded.events]
     record = loaded.record
     return ProgressPage(progress_items(events, after, topics), record.last_seq, record.status)

@@ -24,7 +24,7 @@ def numbers(items: list[ProgressItem]) -> list[int]:
 
 
 async def test_the_client_follows_a_running_saga_to_its_end() -> None:
-    settings = admin_settings()
+    settings = admin_settings(port=0)
     with served_in_thread(settings, seed, sagas=[Tracked]) as served:
         saga_id = served.seeded["held"]
         client = SagaClient(settings, admin_url=served.url, admin_token=READER_TOKEN)

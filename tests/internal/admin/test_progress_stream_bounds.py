@@ -41,7 +41,7 @@ async def seed(env: SagaTestEnv) -> dict[str, str]:
 
 @pytest.mark.usefixtures("short_lived")
 async def test_the_client_reconnects_after_a_close_and_resumes_after_its_last_item() -> None:
-    settings = admin_settings()
+    settings = admin_settings(port=0)
     with served_in_thread(settings, seed, sagas=[Tracked]) as served:
         saga_id = served.seeded["held"]
         client = SagaClient(settings, admin_url=served.url, admin_token=READER_TOKEN)
