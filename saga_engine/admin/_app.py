@@ -26,6 +26,7 @@ from saga_engine.admin import (
     _flow,
     _flow_policies,
     _insights,
+    _progress_stream,
     _rerun,
     _rollouts,
     _saga_reads,
@@ -126,6 +127,7 @@ def _include_routers(app: FastAPI, parts: EngineParts, admin: AdminSettings) -> 
     secured = [Depends(bearer)]
     app.include_router(_engine_info.router, dependencies=secured)
     app.include_router(_saga_reads.router, dependencies=secured)
+    app.include_router(_progress_stream.router, dependencies=secured)
     # Built per app: the type enum and the bound on ``wait`` are this engine's and
     # settings' (see _starts).
     app.include_router(

@@ -59,7 +59,7 @@ from saga_engine.admin._views import awaited, detail_of, graph_of, view_of
 from saga_engine.admin._web_updates import query_answers, update_forms
 from saga_engine.core.authoring._definition import SagaRegistry
 from saga_engine.core.history._codec import Undecodable
-from saga_engine.core.history._events import Event
+from saga_engine.core.history._events import Event, ProgressEmitted
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.views._event_lines import event_line
 from saga_engine.core.views._graph_view import NodeState
@@ -457,6 +457,10 @@ async def _saga_page(
         lineage=await tree(parts.store, record.saga_id),
         api=api,
         history_url=f"{api}/history?download=1",
+        # Its progress items (ctx.emit), live from the stream: shown once it has some, or
+        # while it runs (it may emit).
+        progress_shown=not view.status.is_terminal
+        or any(isinstance(event, ProgressEmitted) for event in events),
         timeline=timeline(view, now=None if view.status.is_terminal else now),
         events=[
             (seq, event, event_line(event), event.model_dump(mode="json", exclude={"at", "kind"}))

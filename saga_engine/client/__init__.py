@@ -36,10 +36,15 @@ Batch operations (docs/batch-operations.md) are rows in Postgres that the engine
 and records one and returns its id; ``count_batch``, ``batch``, ``wait_batch`` and
 ``cancel_batch`` count, read, wait for and stop them.
 
+``stream(saga_id, after=..., topics=...)`` follows a saga's progress items
+(``ctx.emit``) as they are committed, each a ``ProgressItem``, through the admin API's
+stream; it reconnects and resumes after a dropped connection (docs/progress.md).
+
 An edge: it composes the store (to read results) and the Kafka transport. May import
 ``saga_engine.runner`` and every layer below it.
 """
 
 from saga_engine.client._client import SagaClient
+from saga_engine.store._progress import ProgressItem
 
-__all__ = ["SagaClient"]
+__all__ = ["ProgressItem", "SagaClient"]

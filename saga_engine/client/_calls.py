@@ -122,13 +122,18 @@ async def _post(
             response = await http.post(f"{url.rstrip('/')}{path}", json=body, headers=headers)
     except httpx.HTTPError as exc:
         raise TransientError(f"could not reach the admin API at {url}: {exc}") from None
+    if response.status_code >= 400:
+        raise error_of(response, saga_id, what)
+    return response.json()
+
+
+def error_of(response: httpx.Response, saga_id: str, what: str) -> SagaError:
+    """The error an admin API's answer of 400 or above stands for (its body read)."""
     try:
         data = response.json()
     except ValueError:
         data = {"detail": response.text}
-    if response.status_code >= 400:
-        raise _error(response.status_code, data, saga_id, what)
-    return data
+    return _error(response.status_code, data, saga_id, what)
 
 
 def _error(status: int, data: Any, saga_id: str, what: str) -> SagaError:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, overload
 
@@ -23,6 +23,7 @@ from saga_engine.kernel._errors import InvalidPayload, KafkaUnavailable
 from saga_engine.kernel._serde import JsonDict, check_storable, dumps, model_payload
 from saga_engine.kernel._settings import Settings
 from saga_engine.store._batch_operation_store import BatchStore, count_matching
+from saga_engine.store._progress import ProgressItem
 from saga_engine.store._store import EventStore, SagaRecord
 from saga_engine.telemetry._telemetry import carrier_of_context
 from saga_engine.transport._kafka import SEND_TIMEOUT_S, ensure_topics, make_producer
@@ -374,6 +375,37 @@ class SagaClient:
         store = await self._result_store()
         cls = saga_class(query, saga, "query")
         return await replayed_query(store, cls, saga_id, name_of(query), _payload(args))
+
+    def stream(
+        self,
+        saga_id: str,
+        *,
+        after: int = 0,
+        topics: Collection[str] | None = None,
+        reconnect_delay: float = 0.5,
+        max_reconnects: int = 20,
+    ) -> AsyncIterator[ProgressItem]:
+        """The saga's progress items (``ctx.emit``) numbered above ``after``, as they are
+        committed, until the saga ends::
+
+            async for item in client.stream(saga_id, topics=["status"]):
+                print(item.number, item.topic, item.payload)
+
+        Read from the engine's admin API (``GET /sagas/{id}/stream``; a reader's token is
+        enough). A dropped connection is reconnected after the last item yielded, so each
+        item comes once, in order; ``max_reconnects`` failures in a row raise
+        TransientError. SagaNotFound for an unknown saga. See docs/progress.md."""
+        from saga_engine.client._stream import stream_items
+
+        return stream_items(
+            self._admin_url,
+            self._admin_token,
+            saga_id,
+            after=after,
+            topics=topics,
+            reconnect_delay=reconnect_delay,
+            max_reconnects=max_reconnects,
+        )
 
     # ------------------------------------------------------------------ results
 

@@ -166,6 +166,24 @@ class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots, InMemoryInsights):
             ],
         )
 
+    async def load_after(
+        self,
+        saga_id: str,
+        after_seq: int,
+        *,
+        kinds: Collection[str] | None = None,
+        undecodable: Undecodable = Undecodable.RAISE,
+    ) -> LoadedSaga:
+        record = await self.get(saga_id)
+        return LoadedSaga(
+            record,
+            [
+                StoredEvent(s.seq, _copy(s.event, self._codec, undecodable))
+                for s in self._events[saga_id][after_seq:]
+                if kinds is None or s.event.kind in kinds
+            ],
+        )
+
     async def first_event(self, saga_id: str) -> StoredEvent:
         await self.get(saga_id)
         first = self._events[saga_id][0]

@@ -65,6 +65,35 @@ class PostgresReads:
                 )
         return LoadedSaga(record, _stored_events(event_rows, self._codec, undecodable))
 
+    async def load_after(
+        self,
+        saga_id: str,
+        after_seq: int,
+        *,
+        kinds: Collection[str] | None = None,
+        undecodable: Undecodable = Undecodable.RAISE,
+    ) -> LoadedSaga:
+        check_lookup(saga_id)
+        with _unavailable_as_transient():
+            async with self._pool.acquire() as conn:
+                row = await conn.fetchrow(
+                    f"SELECT {_RECORD_COLUMNS} FROM sagas WHERE saga_id = $1", saga_id
+                )
+                if row is None:
+                    raise SagaNotFound(saga_id)
+                record = _record(row, self._codec)
+                # The primary key (saga_id, seq) bounds the scan to the new rows; consistent
+                # as ``load`` is (history is append-only, read up to the record's last_seq).
+                event_rows = await conn.fetch(
+                    "SELECT seq, data FROM saga_events WHERE saga_id = $1 AND seq > $2 "
+                    "AND seq <= $3 AND ($4::text[] IS NULL OR kind = ANY($4)) ORDER BY seq",
+                    saga_id,
+                    after_seq,
+                    record.last_seq,
+                    None if kinds is None else list(kinds),
+                )
+        return LoadedSaga(record, _stored_events(event_rows, self._codec, undecodable))
+
     async def first_event(self, saga_id: str) -> StoredEvent:
         check_lookup(saga_id)
         with _unavailable_as_transient():

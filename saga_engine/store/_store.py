@@ -232,6 +232,19 @@ class EventStore(Protocol):
         ``{"$encrypted": {...}}``."""
         ...
 
+    async def load_after(
+        self,
+        saga_id: str,
+        after_seq: int,
+        *,
+        kinds: Collection[str] | None = None,
+        undecodable: Undecodable = Undecodable.RAISE,
+    ) -> LoadedSaga:
+        """The saga's record and the events after ``after_seq`` up to its ``last_seq``, of
+        ``kinds`` only when given (the same read as ``load``, from a point on: a reader
+        following a saga reads what is new, not its whole history again)."""
+        ...
+
     async def first_event(self, saga_id: str) -> StoredEvent:
         """The saga's first event (its ``saga_started``), without reading the rest of the
         history. Raises SagaNotFound if the saga does not exist."""

@@ -656,6 +656,7 @@ async def test_openapi_describes_the_api(admin: Admin) -> None:
         "/sagas/{saga}",
         "/sagas/{saga_id}/history",
         "/sagas/{saga_id}/lineage",
+        "/sagas/{saga_id}/stream",
         "/sagas/{saga_id}/graph",
         "/metrics",
         "/flow",

@@ -111,12 +111,14 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
                 body = BODIES["rollout"] if method == "put" else body
             if method == "delete" and template == "/flow/policies/rollout":
                 path += "?reason=auth+matrix"
+            if template.endswith("/stream"):
+                path += "?follow=false"  # the items so far: the saga here stays open
             out.append((method.upper(), path, body))
     # GET /domain-events, the four batch-operations routes, GET /concurrency-keys, rerun,
     # GET /saga-types/{name}/insights, the three dead-letter routes, GET /saga-types/{name}
     # and GET /sagas/{saga_id}/graph; GET /saga-types/{name}/insights/policies; GET
-    # /flow/policies, PUT and DELETE /flow/policies/rollout
-    assert len(out) == 44
+    # /flow/policies, PUT and DELETE /flow/policies/rollout; GET /sagas/{saga_id}/stream
+    assert len(out) == 45
     return out
 
 

@@ -25,6 +25,8 @@ OPERATIONS = {
     ("POST", "/sagas/{saga}", "start_sagas__saga__post"),
     ("GET", "/sagas/{saga_id}/history", "history_sagas__saga_id__history_get"),
     ("GET", "/sagas/{saga_id}/lineage", "get_lineage_sagas__saga_id__lineage_get"),
+    # Issue 41 §5: a saga's progress items as server-sent events.
+    ("GET", "/sagas/{saga_id}/stream", "stream_progress_sagas__saga_id__stream_get"),
     ("GET", "/metrics", "metrics_metrics_get"),
     ("GET", "/flow", "flow_flow_get"),
     # Issue 26 §1: the domain events kept for sagas that wait for them.
@@ -127,6 +129,7 @@ STATUS_CODES = {
     ],
     "history_sagas__saga_id__history_get": _READ,
     "get_lineage_sagas__saga_id__lineage_get": _READ,
+    "stream_progress_sagas__saga_id__stream_get": ["200", "401", "404", "422", "503"],
     "metrics_metrics_get": ["200", "401", "422", "503"],
     "flow_flow_get": ["200", "401", "422", "503"],
     "domain_events_domain_events_get": ["200", "401", "422", "503"],

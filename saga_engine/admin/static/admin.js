@@ -88,6 +88,7 @@ document.addEventListener("DOMContentLoaded", () => {
   if (update) update.addEventListener("change", () => {
     document.getElementById("update-input").value = update.selectedOptions[0].dataset.example || "{}";
   });
+  followProgress(document.getElementById("progress"));
   // Tick labels sit at their percent of the axis (set here: the CSP forbids inline styles).
   for (const tick of document.querySelectorAll(".tick[data-x]")) tick.style.left = `${tick.dataset.x}%`;
   const auto = document.getElementById("auto-refresh");
@@ -99,3 +100,37 @@ document.addEventListener("DOMContentLoaded", () => {
     arm();
   }
 });
+
+// The saga's progress items (ctx.emit), live: the server-sent events of its stream. The
+// browser reconnects by itself with Last-Event-ID (no gap, no duplicate); "end" closes.
+function followProgress(list) {
+  if (!list || !window.EventSource) return;
+  const state = document.getElementById("progress-state");
+  const source = new EventSource(list.dataset.stream);
+  const count = () => `${list.children.length} item${list.children.length === 1 ? "" : "s"}`;
+  source.onmessage = (event) => {
+    const item = JSON.parse(event.data);
+    if (list.querySelector(`li[data-number="${item.number}"]`)) return;
+    const li = document.createElement("li");
+    li.value = item.number;
+    li.dataset.number = item.number;
+    const topic = document.createElement("span");
+    topic.className = "topic";
+    topic.textContent = item.topic;
+    const payload = document.createElement("code");
+    payload.textContent = JSON.stringify(item.payload);
+    const when = document.createElement("span");
+    when.className = "when";
+    when.textContent = item.at;
+    li.append(topic, " ", payload, when);
+    list.append(li);
+    state.textContent = `${count()}, live`;
+  };
+  source.addEventListener("end", (event) => {
+    source.close();
+    const end = JSON.parse(event.data);
+    state.textContent = list.children.length
+      ? `${count()}; the saga ended ${end.status}`
+      : `No progress items; the saga ended ${end.status}.`;
+  });
+}

@@ -147,6 +147,8 @@ class SagaDriver(Protocol):
 
     def op_side_effect(self, fn: Callable[[], T]) -> Coroutine[Any, Any, T]: ...
 
+    def op_emit(self, topic: str, payload: Any) -> Coroutine[Any, Any, int]: ...
+
     def op_wait_update(self, name: str) -> Coroutine[Any, Any, Any]: ...
 
     def op_first(self, racers: Mapping[str, object]) -> Coroutine[Any, Any, Winner[Any]]: ...
@@ -554,6 +556,20 @@ class SagaContext:
         must be JSON-serializable (or a pydantic model, returned as a dict on replay).
         """
         return await self._driver.op_side_effect(fn)
+
+    async def emit(self, topic: str, payload: BaseModel | Any) -> int:
+        """Records a progress item on ``topic`` (e.g. ``"status"``) and returns its
+        number: the saga's items are numbered from 1, with no gap, across topics::
+
+            await ctx.emit("status", Status(stage="reserving"))
+
+        The item is durable and visible once the decision that made it is committed
+        (``GET /sagas/{id}/stream``, ``SagaClient.stream``); replay never records it
+        again. ``payload`` is a pydantic model or a JSON value that can be stored, at
+        most ``kafka.max_message_bytes`` as JSON (else the error is raised here and
+        nothing is recorded). See docs/progress.md.
+        """
+        return await self._driver.op_emit(topic, payload)
 
     def now(self) -> datetime:
         """The saga's deterministic time: when the event being handled happened."""

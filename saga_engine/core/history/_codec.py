@@ -60,6 +60,7 @@ PAYLOAD_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
     "command_issued": ("payload", "compensation.payload"),
     "compensation_issued": ("payload",),
     "side_effect_recorded": ("value",),
+    "progress_emitted": ("payload",),
     "saga_completed": ("output",),
     # An error's details can hold a payload: a refused step's reply payload becomes the
     # StepFailed's details, and so the saga's error.

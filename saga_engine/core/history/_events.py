@@ -498,6 +498,24 @@ class UpdateCompleted(_Intent):
         return f"update {self.name!r} {'failed' if self.error else 'completed'}"
 
 
+class ProgressEmitted(_Intent):
+    """A progress item the saga's code emitted (``ctx.emit``): ``number`` counts the
+    saga's items from 1 with no gap, ``topic`` names the stream it belongs to and
+    ``payload`` is what a client following the saga reads. Visible once committed;
+    replay matches it and never records or publishes it again."""
+
+    kind: Literal["progress_emitted"] = "progress_emitted"
+    number: int
+    topic: str
+    payload: Any
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.number, self.topic)
+
+    def describe(self) -> str:
+        return f"progress #{self.number} on {self.topic!r}"
+
+
 class PatchMarked(_Intent):
     kind: Literal["patch_marked"] = "patch_marked"
     patch_id: str
@@ -701,7 +719,8 @@ Event = Annotated[
     | SagaCompensated
     | SagaCancelled
     | UpdateReceived
-    | UpdateCompleted,
+    | UpdateCompleted
+    | ProgressEmitted,
     Field(discriminator="kind"),
 ]
 
@@ -741,6 +760,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     UpdateReceived,
     UpdateCompleted,
     StepAbandoned,
+    ProgressEmitted,
 )
 
 TERMINAL_EVENTS = (SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled)

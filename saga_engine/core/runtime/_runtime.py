@@ -66,6 +66,7 @@ from saga_engine.core.history._policy import RetryPolicy
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.runtime import _awaits as awaits
 from saga_engine.core.runtime import _operations as operations
+from saga_engine.core.runtime import _progress as progress
 from saga_engine.core.runtime import _races as races
 from saga_engine.core.runtime import _updating as updating
 from saga_engine.core.runtime._inputs import check_parent, input_name, pass_to_code, to_event
@@ -401,6 +402,11 @@ class SagaRuntime:
 
     def op_side_effect(self, fn: Callable[[], T]) -> Coroutine[Any, Any, T]:
         return operations.side_effect(self.state, fn)
+
+    def op_emit(self, topic: str, payload: Any) -> Coroutine[Any, Any, int]:
+        if self.limit is None:
+            return progress.emit_progress(self.state, topic, payload)
+        return progress.emit_progress(self.state, topic, payload, self.limit.limit)
 
     def op_wait_update(self, name: str) -> Coroutine[Any, Any, Any]:
         return updating.wait_update(self.state, name)

@@ -18,6 +18,7 @@ from saga_engine.core.history._events import (
     EventAwaited,
     InvalidReplyReceived,
     KeyQueued,
+    ProgressEmitted,
     ReplyReceived,
     RetryRequested,
     SagaCancelled,
@@ -92,6 +93,11 @@ def _details(event: Event) -> list[str]:
         return [edited, _who(event.principal, event.reason)]
     if isinstance(event, SagaResumed):
         return [_who(event.principal, event.reason)]
+    return _decided(event)
+
+
+def _decided(event: Event) -> list[str]:
+    """The gist of what the saga's code (or the engine for it) decided and recorded."""
     if isinstance(event, StepAbandoned):
         return [f"commands {', '.join(event.command_ids)}" if event.command_ids else ""]
     if isinstance(event, StepParked):
@@ -105,6 +111,8 @@ def _details(event: Event) -> list[str]:
         return [f"fires {event.fire_at.isoformat()}"]
     if isinstance(event, SideEffectRecorded):
         return [f"value {_short(event.value)}"]
+    if isinstance(event, ProgressEmitted):
+        return [f"#{event.number} {event.topic}", _short(event.payload)]
     if isinstance(event, CompensationStarted | CompensationStuck | SagaFailed | SagaCompensated):
         return [_error(event.error)]
     if isinstance(event, SagaCompleted):

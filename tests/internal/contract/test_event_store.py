@@ -31,6 +31,7 @@ from saga_engine.core.history._events import (
     ErrorInfo,
     Event,
     ParentLink,
+    ProgressEmitted,
     ReplyReceived,
     SagaCompleted,
     SagaStarted,
@@ -238,6 +239,23 @@ async def test_first_event_reads_the_start_alone(store: EventStore) -> None:
     assert first.seq == 1
     assert first.event == (await store.load("f")).events[0].event
     assert isinstance(first.event, SagaStarted)
+
+
+async def test_load_after_reads_the_new_events_of_the_kinds_asked(store: EventStore) -> None:
+    assert await store.create(_new("la"))
+    item = ProgressEmitted(at=_now(), number=1, topic="status", payload={"stage": "ä"})
+    await store.append(_append("la", 1, _fired("t1"), item, _fired("t2")))
+    whole = [s.event for s in (await store.load("la")).events]
+    after = await store.load_after("la", 1)
+    assert [s.seq for s in after.events] == [2, 3, 4]
+    assert [s.event for s in after.events] == whole[1:]
+    assert after.record == await store.get("la")
+    only = await store.load_after("la", 0, kinds=["progress_emitted"])
+    assert [(s.seq, s.event) for s in only.events] == [(3, item)]
+    assert (await store.load_after("la", 3, kinds=["progress_emitted"])).events == []
+    assert (await store.load_after("la", 4)).events == []
+    with pytest.raises(SagaNotFound):
+        await store.load_after("nope", 0)
 
 
 async def test_create_with_existing_id_returns_false_and_changes_nothing(
