@@ -5,6 +5,7 @@ neither), readers resolve references, a missing or altered blob is a clear Codec
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -22,9 +23,11 @@ from saga_engine.kernel._errors import CodecError, CodecFailure
 from saga_engine.settings import PostgresSettings
 from saga_engine.store._blobs import BlobStore, DirectoryBlobStore
 from saga_engine.store._migrations import migrate
+from saga_engine.store._pgblobs import write_blobs
 from saga_engine.store._pgstore import GroupCommitConfig, PostgresEventStore
 from saga_engine.store._store import Append, NewSaga, Projection
 from tests.conftest import PgTarget
+from tests.waiting import eventually
 
 MAC = b"k" * 32
 THRESHOLD = 4096
@@ -212,3 +215,39 @@ async def test_retention_drops_references_and_the_sweeper_the_blobs(
     assert await store.sweep_blobs(timedelta(hours=1)) == 0
     assert await store.sweep_blobs(timedelta(hours=1), now=later) == 1
     assert (await store.load("open")).events[0].event.input == {"pdf": shared}  # type: ignore[union-attr]
+
+
+async def test_a_sweep_racing_a_write_that_references_an_old_blob_keeps_it(
+    pg: PgTarget, opener: Opener
+) -> None:
+    # The blob of a removed saga, past its grace: the sweeper's to delete...
+    store = await opener()
+    doc = document("again")
+    await create(store, "old", started(doc))
+    await execute(pg, "UPDATE sagas SET status = 'completed'")
+    assert await store.remove_finished(["old"]) == 1
+    await execute(pg, "UPDATE saga_blobs SET written_at = written_at - interval '2 hours'")
+    [row] = await fetch(pg, "SELECT digest, data FROM saga_blobs")
+    # ...until a saga's write references it again, in a transaction not yet committed.
+    writer = await asyncpg.connect(pg.dsn)
+    try:
+        tx = writer.transaction()
+        await tx.start()
+        await write_blobs(writer, [("new", row["digest"])], {row["digest"]: row["data"]})
+        sweep = asyncio.create_task(store.sweep_blobs(timedelta(hours=1)))
+
+        async def sweep_waits_for_the_writer() -> bool:
+            rows = await fetch(
+                pg,
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE 'DELETE FROM saga_blobs%'",
+            )
+            return bool(rows) or sweep.done()
+
+        await eventually(sweep_waits_for_the_writer)
+        assert not sweep.done(), "the sweep deleted a blob a transaction was referencing"
+        await tx.commit()
+        assert await sweep == 0
+    finally:
+        await writer.close()
+    assert len(await fetch(pg, "SELECT * FROM saga_blobs")) == 1
