@@ -352,8 +352,10 @@ class BlobSettings(BaseModel):
     event that references it) or ``directory`` (``directory``, a volume every process
     reading the payloads mounts). ``mac_key``: base64 of at least 16 bytes, the key of
     the references' MAC (every process of a deployment needs it). ``grace_s``: how long
-    an unreferenced blob is kept before the sweeper deletes it. ``max_bytes``: the
-    largest payload taken by reference.
+    an unreferenced blob is kept before the sweeper deletes it (it must outlast a write:
+    a blob is written or touched before the reference to it commits), and
+    ``sweep_interval_s`` how often an engine worker sweeps. ``max_bytes``: the largest
+    payload taken by reference.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -363,6 +365,8 @@ class BlobSettings(BaseModel):
     directory: str | None = None
     mac_key: SecretStr | None = None
     grace_s: float = Field(default=3600.0, ge=0)
+    #: How often each engine worker sweeps (every engine may: a sweep is idempotent).
+    sweep_interval_s: float = Field(default=600.0, gt=0)
     max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
 
     @model_validator(mode="after")

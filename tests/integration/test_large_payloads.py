@@ -57,9 +57,16 @@ class FileInvoice(Saga[Document, Filed]):
         return Filed(size=len(input.pdf), sha256=digest)
 
 
-def settings_for(pg: PgTarget, bootstrap: str, *, by_reference: bool) -> Settings:
+def settings_for(
+    pg: PgTarget, bootstrap: str, *, by_reference: bool, sweep_interval_s: float = 600
+) -> Settings:
     tag = uuid.uuid4().hex[:10]
-    blobs = BlobSettings(threshold_bytes=64 * 1024, mac_key=SecretStr(MAC))
+    blobs = BlobSettings(
+        threshold_bytes=64 * 1024,
+        mac_key=SecretStr(MAC),
+        grace_s=0,
+        sweep_interval_s=sweep_interval_s,
+    )
     return Settings(
         pg=PostgresSettings(dsn=pg.database_dsn, db_schema=pg.schema),
         kafka=KafkaSettings(
@@ -145,6 +152,34 @@ async def test_without_payloads_by_reference_a_large_input_is_refused_with_the_w
         assert engine is not None
         with pytest.raises(PayloadTooLarge, match="SAGA_CODEC__BLOBS__THRESHOLD_BYTES"):
             await engine.start(FileInvoice, Document(pdf=document(1.5)))
+
+
+async def test_the_worker_sweeps_unreferenced_blobs_and_keeps_the_others(
+    pg: PgTarget, kafka_bootstrap: str
+) -> None:
+    settings = settings_for(pg, kafka_bootstrap, by_reference=True, sweep_interval_s=0.05)
+    async with SagaWorker(settings, [FileInvoice]) as worker:
+        engine = worker.engine
+        assert engine is not None
+        saga_id = await engine.start(FileInvoice, Document(pdf=document(0.5)))
+        conn = await asyncpg.connect(pg.dsn)
+        try:
+            orphan = b"a blob whose saga was removed"
+            await conn.execute(
+                "INSERT INTO saga_blobs (digest, data, size) VALUES ($1, $2, $3)",
+                hashlib.sha256(orphan).hexdigest(),
+                orphan,
+                len(orphan),
+            )
+
+            async def blobs() -> int:
+                return int(await conn.fetchval("SELECT count(*) FROM saga_blobs"))
+
+            await eventually(blobs, until=lambda n: n == 1)
+        finally:
+            await conn.close()
+        engine.evict(saga_id)
+        assert (await engine.history(saga_id))[0].input["pdf"]  # type: ignore[attr-defined]
 
 
 async def _status(worker: SagaWorker, saga_id: str, status: SagaStatus) -> bool:
