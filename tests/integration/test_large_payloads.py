@@ -15,6 +15,7 @@ import pytest
 from pydantic import BaseModel, SecretStr
 
 from saga_engine import PayloadTooLarge, Saga, SagaContext, SagaStatus, Settings, Signal
+from saga_engine.events import SagaStarted
 from saga_engine.protocol import Envelope, MessageType, Topics
 from saga_engine.settings import (
     AdminSettings,
@@ -116,7 +117,9 @@ async def test_a_document_over_the_message_size_runs_by_reference(
         await produce(settings, Topics.of(settings.kafka).inbox, approve(saga_id))
         record = await engine.wait(saga_id, timeout=30)
         assert record.status is SagaStatus.COMPLETED
-        assert (await engine.history(saga_id))[0].input == {"pdf": pdf}  # type: ignore[attr-defined]
+        first = (await engine.history(saga_id))[0]
+        assert isinstance(first, SagaStarted)
+        assert first.input == {"pdf": pdf}
 
 
 async def test_a_missing_blob_dead_letters_the_record_and_the_saga_is_not_driven(
@@ -179,7 +182,9 @@ async def test_the_worker_sweeps_unreferenced_blobs_and_keeps_the_others(
         finally:
             await conn.close()
         engine.evict(saga_id)
-        assert (await engine.history(saga_id))[0].input["pdf"]  # type: ignore[attr-defined]
+        first = (await engine.history(saga_id))[0]
+        assert isinstance(first, SagaStarted)
+        assert first.input["pdf"]
 
 
 async def _status(worker: SagaWorker, saga_id: str, status: SagaStatus) -> bool:

@@ -10,6 +10,7 @@ import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any, cast
 
 import asyncpg
 import pytest
@@ -233,7 +234,7 @@ async def test_a_sweep_racing_a_write_that_references_an_old_blob_keeps_it(
     try:
         tx = writer.transaction()
         await tx.start()
-        await write_blobs(writer, [("new", row["digest"])], {row["digest"]: row["data"]})
+        await write_blobs(cast(Any, writer), [("new", row["digest"])], {row["digest"]: row["data"]})
         sweep = asyncio.create_task(store.sweep_blobs(timedelta(hours=1)))
 
         async def sweep_waits_for_the_writer() -> bool:
