@@ -140,6 +140,8 @@ async def test_migrate_applies_each_migration_once(pg: PgTarget) -> None:
         "saga_batch_operations",  # 0013
         "saga_insights",  # 0014
         "saga_insights_pending",  # 0015
+        "saga_blobs",  # 0018
+        "saga_blob_refs",  # 0018
     }
     assert await _recorded(pg.database_dsn, pg.schema) == [
         (m.version, m.name, m.sha256) for m in shipped_migrations()
@@ -418,7 +420,7 @@ async def test_0017_makes_the_insights_from_before_flow_policy_1s(
     conn = await asyncpg.connect(pg.dsn)
     try:
         await conn.execute(row.format("", ""), bucket, 5, [0] * BUCKETS)
-        assert await migrate(pg.database_dsn, pg.schema) == [17]
+        assert await migrate(pg.database_dsn, pg.schema) == [17, 18]
         assert await conn.fetchval("SELECT flow_policy FROM saga_insights") == 1
         await conn.execute(row.format(", flow_policy", ", 2"), bucket, 3, [0] * BUCKETS)
         with pytest.raises(asyncpg.exceptions.UniqueViolationError):
