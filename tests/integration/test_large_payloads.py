@@ -28,6 +28,7 @@ from saga_engine.settings import (
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
 from tests.edge.conftest import dead_letters, produce
+from tests.served_worker import READER_TOKEN, real_settings, served_worker
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -191,3 +192,30 @@ async def _status(worker: SagaWorker, saga_id: str, status: SagaStatus) -> bool:
     engine = worker.engine
     assert engine is not None
     return (await engine.get(saga_id)).status is status
+
+
+async def test_the_admin_api_shows_the_document_and_a_missing_blob_as_such(
+    pg: PgTarget, kafka_bootstrap: str, unique_id: str
+) -> None:
+    base = real_settings(pg, kafka_bootstrap, unique_id)
+    blobs = BlobSettings(threshold_bytes=64 * 1024, mac_key=SecretStr(MAC))
+    settings = base.model_copy(update={"codec": CodecSettings(blobs=blobs)})
+    pdf = document(0.5)
+    reader = {"Authorization": f"Bearer {READER_TOKEN}"}
+    async with served_worker(settings, [FileInvoice]) as served:
+        engine = served.worker.engine
+        assert engine is not None
+        saga_id = await engine.start(FileInvoice, Document(pdf=pdf))
+        shown = await served.http.get(f"/sagas/{saga_id}/history", headers=reader)
+        assert shown.status_code == 200, shown.text
+        assert pdf in shown.text
+        conn = await asyncpg.connect(pg.dsn)
+        try:
+            await conn.execute("DELETE FROM saga_blobs")
+        finally:
+            await conn.close()
+        engine.evict(saga_id)
+        gone = await served.http.get(f"/sagas/{saga_id}/history", headers=reader)
+        assert gone.status_code == 200, gone.text
+        assert pdf not in gone.text
+        assert "blob_missing" in gone.text
