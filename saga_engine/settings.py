@@ -8,6 +8,7 @@ program (the CLI, a test fixture, the user's ``main``). Nested fields use ``__``
 from saga_engine.kernel._settings import (
     AdminSettings,
     BatchSettings,
+    BlobSettings,
     CodecSettings,
     EngineSettings,
     FlowLimit,
@@ -25,6 +26,7 @@ from saga_engine.kernel._settings import (
 __all__ = [
     "AdminSettings",
     "BatchSettings",
+    "BlobSettings",
     "CodecSettings",
     "EngineSettings",
     "FlowLimit",

@@ -158,6 +158,7 @@ FRONT_DOORS: dict[str, set[str]] = {
         "FlowPolicy",
         "LimitsSettings",
         "BatchSettings",
+        "BlobSettings",
     },
     "saga_engine.schedules": {"CatchUp", "Overlap", "Schedule", "ScheduleState"},
     "saga_engine.triggers": {"KafkaTrigger"},

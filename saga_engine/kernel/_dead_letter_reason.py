@@ -13,6 +13,8 @@ dead-letter it) or gives a reason (the ``dlq_reason`` header, ``PoisonReason``):
   timing is at fault, not the message), else ``rejected``;
 - while a record's body is read (``reading``): text that is not JSON is
   ``malformed_json``, a body its pydantic model refuses ``invalid_body``;
+- a payload stored by reference whose blob is missing or altered is ``blob_missing`` or
+  ``blob_tampered`` (a ``CodecError`` of that failure);
 - any other ``PermanentError`` is ``rejected``;
 - anything else is not the message's fault (a bug, a broken table): ``unexpected``,
   ``engine_error`` unless the caller says otherwise (a trigger whose mapping code raised
@@ -58,6 +60,13 @@ _BY_CLASS: Final[tuple[tuple[type[BaseException], PoisonReason], ...]] = (
     (CodecError, PoisonReason.UNDECODABLE),
 )
 
+#: A payload stored by reference that cannot be resolved (docs/large-payloads.md): its
+#: own reasons, so an operator knows to restore a blob, not to configure a key.
+_BLOB_REASONS: Final = {
+    PoisonReason.BLOB_MISSING.value: PoisonReason.BLOB_MISSING,
+    PoisonReason.BLOB_TAMPERED.value: PoisonReason.BLOB_TAMPERED,
+}
+
 #: The ``ce_type`` of the messages whose refusal by the saga's state is ``not_accepted``.
 _BY_STATE: Final = frozenset({"saga.signal", "saga.cancel"})
 
@@ -80,6 +89,8 @@ def dead_letter_reason(
         return exc.reason
     if is_transient(exc):
         return None
+    if isinstance(exc, CodecError) and exc.failure.value in _BLOB_REASONS:
+        return _BLOB_REASONS[exc.failure.value]
     for kind, reason in _BY_CLASS:
         if isinstance(exc, kind):
             return reason

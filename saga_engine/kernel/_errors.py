@@ -453,8 +453,10 @@ class PayloadTooLarge(PermanentError):
         self.what = what
         super().__init__(
             f"{what} is {size:,} bytes, which exceeds the limit of {limit:,} bytes "
-            "(SAGA_KAFKA__MAX_MESSAGE_BYTES): send a reference to large data instead of "
-            "the data, or raise the limit together with the broker's message.max.bytes"
+            "(SAGA_KAFKA__MAX_MESSAGE_BYTES): turn on payloads by reference "
+            "(SAGA_CODEC__BLOBS__THRESHOLD_BYTES, docs/large-payloads.md), send a reference "
+            "to large data instead of the data, or raise the limit together with the "
+            "broker's message.max.bytes"
         )
 
 
@@ -473,6 +475,12 @@ class CodecFailure(StrEnum):
     MALFORMED = "malformed"
     #: The codec's own configuration cannot work (a key of the wrong length).
     BAD_CONFIG = "bad_config"
+    #: A payload stored by reference whose blob is not in the blob store (deleted, or
+    #: written to a store this process does not read).
+    BLOB_MISSING = "blob_missing"
+    #: A reference whose MAC does not verify, or a blob whose bytes do not hash to the
+    #: content hash its reference names: altered in the store or on the way.
+    BLOB_TAMPERED = "blob_tampered"
 
 
 class CodecError(PermanentError):

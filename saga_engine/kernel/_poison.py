@@ -45,6 +45,13 @@ class PoisonReason(StrEnum):
     #: configured, a key id it does not hold, or a tag that does not verify. Replay it
     #: from the dead-letter topic once the key is configured.
     UNDECODABLE = "undecodable"
+    #: A payload stored by reference (docs/large-payloads.md) whose blob is gone from
+    #: the blob store: the saga is not driven. Restore the blob (its content hash is in
+    #: ``dlq_detail``) and replay the record.
+    BLOB_MISSING = "blob_missing"
+    #: A payload stored by reference whose reference MAC or blob content hash does not
+    #: verify: altered in the store or on the way. The saga is not driven.
+    BLOB_TAMPERED = "blob_tampered"
     #: Not the message's fault: the consumer failed on it for a reason of its own (a bug,
     #: a saga that kept conflicting). ``saga dlq replay`` re-drives it.
     ENGINE_ERROR = "engine_error"

@@ -26,6 +26,14 @@ def check_message_size(size: int, limit: int, what: str) -> None:
         raise PayloadTooLarge(size, limit, what)
 
 
+def payload_limit(settings: Settings) -> int:
+    """The largest payload handed to the engine directly (a start's input, a signal, a
+    reply taken in): the message size, or with payloads stored by reference
+    (``codec.blobs``) the largest blob, since the store keeps a reference in its place."""
+    blobs = settings.codec.blobs
+    return blobs.max_bytes if blobs.enabled else settings.kafka.max_message_bytes
+
+
 _RESOURCE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
@@ -334,6 +342,54 @@ class AdminSettings(BaseModel):
     session_secret: SecretStr | None = None
 
 
+class BlobSettings(BaseModel):
+    """Payloads stored by reference (docs/large-payloads.md): the ``ref`` codec at the
+    end of the codec chain keeps any encoded payload of ``threshold_bytes`` or more in a
+    blob store and puts a reference (content hash, size, store, MAC) in its place.
+
+    Unset ``threshold_bytes``: off, every payload travels inline (the default). ``store``:
+    ``postgres`` (the ``saga_blobs`` table, each blob written in the transaction of the
+    event that references it) or ``directory`` (``directory``, a volume every process
+    reading the payloads mounts). ``mac_key``: base64 of at least 16 bytes, the key of
+    the references' MAC (every process of a deployment needs it). ``grace_s``: how long
+    an unreferenced blob is kept before the sweeper deletes it (it must outlast a write:
+    a blob is written or touched before the reference to it commits), and
+    ``sweep_interval_s`` how often an engine worker sweeps. ``max_bytes``: the largest
+    payload taken by reference.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    threshold_bytes: int | None = Field(default=None, ge=1)
+    store: Literal["postgres", "directory"] = "postgres"
+    directory: str | None = None
+    mac_key: SecretStr | None = None
+    grace_s: float = Field(default=3600.0, ge=0)
+    #: How often each engine worker sweeps (every engine may: a sweep is idempotent).
+    sweep_interval_s: float = Field(default=600.0, gt=0)
+    max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+
+    @model_validator(mode="after")
+    def _complete(self) -> BlobSettings:
+        if self.threshold_bytes is None:
+            return self
+        if self.mac_key is None:
+            raise ValueError("threshold_bytes is set: set mac_key too (base64, 16 bytes or more)")
+        try:
+            size = len(base64.b64decode(self.mac_key.get_secret_value(), validate=True))
+        except (binascii.Error, ValueError):
+            raise ValueError("mac_key is not base64") from None
+        if size < 16:
+            raise ValueError(f"mac_key is {size} bytes; a MAC key needs 16 or more")
+        if self.store == "directory" and not self.directory:
+            raise ValueError("store is 'directory': name it in directory")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.threshold_bytes is not None
+
+
 class CodecSettings(BaseModel):
     """Payload encryption and compression (docs/operations.md, "Encrypting payloads").
 
@@ -353,6 +409,8 @@ class CodecSettings(BaseModel):
     current_key: str | None = None
     compression: Literal["none", "zstd", "gzip"] = "none"
     compress_threshold: int = Field(default=1024, ge=0)
+    #: Payloads stored by reference (``SAGA_CODEC__BLOBS__THRESHOLD_BYTES``, ...).
+    blobs: BlobSettings = BlobSettings()
 
     @model_validator(mode="after")
     def _current_key_given(self) -> CodecSettings:

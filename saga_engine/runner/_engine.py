@@ -60,7 +60,7 @@ from saga_engine.kernel._errors import (
     UpdateRefused,
 )
 from saga_engine.kernel._serde import JsonDict, check_storable, dumps, storable_copy
-from saga_engine.kernel._settings import Settings, check_message_size
+from saga_engine.kernel._settings import Settings, check_message_size, payload_limit
 from saga_engine.runner._clock import Clock
 from saga_engine.runner._input_path import InputPath
 from saga_engine.runner._parts import EngineParts
@@ -553,4 +553,4 @@ class Engine:
                 check_storable(payload, what, *loc)  # names the value JSON cannot carry
                 raise
             size = len(dumps(storable_copy(payload)))
-        check_message_size(size, self._settings.kafka.max_message_bytes, what)
+        check_message_size(size, payload_limit(self._settings), what)

@@ -13,13 +13,16 @@
 - **Every ``retention.interval_s``** (when a retention period is set): archive and delete
   up to ten batches of the owned partitions' finished sagas past their period. A backlog
   (retention just turned on) drains over the following passes.
+- **Every ``codec.blobs.sweep_interval_s``** (when payloads go by reference): delete the
+  blobs no saga references any more, past ``codec.blobs.grace_s`` (the store's
+  ``sweep_blobs``; docs/large-payloads.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
 from saga_engine.core.history._codec import CodecChain
@@ -88,6 +91,9 @@ class Housekeeping:
         retention = self._settings.retention
         if retention.days is not None or retention.per_type:
             self._tasks.append(loop.create_task(self._retention(), name="saga-retention"))
+        sweeper = getattr(self._store, "sweep_blobs", None)
+        if self._settings.codec.blobs.enabled and sweeper is not None:
+            self._tasks.append(loop.create_task(self._sweep_blobs(sweeper), name="saga-blob-sweep"))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -118,6 +124,22 @@ class Housekeeping:
             except Exception:
                 # A bug must not end the poller: every evicted saga's timers hang on it.
                 log.exception("polling due wake-ups failed; trying again")
+
+    async def _sweep_blobs(self, sweep: Callable[[timedelta], Awaitable[int]]) -> None:
+        blobs = self._settings.codec.blobs
+        detach_from_trace()
+        while True:
+            await asyncio.sleep(blobs.sweep_interval_s)  # a period, not a synchronisation
+            try:
+                deleted = await sweep(timedelta(seconds=blobs.grace_s))
+            except TransientError as exc:
+                log.warning("sweeping unreferenced blobs failed (%s); trying again", exc)
+                continue
+            except Exception:
+                log.exception("sweeping unreferenced blobs failed; trying again")
+                continue
+            if deleted:
+                log.info("deleted %d unreferenced blob(s)", deleted)
 
     async def _due(self, horizon: datetime, mine: frozenset[int], count: int) -> list[str]:
         """Up to _WAKE_BATCH sagas due before ``horizon`` and not in memory with a timer,

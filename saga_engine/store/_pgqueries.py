@@ -16,13 +16,14 @@ from saga_engine.core.history._codec import CodecChain, Undecodable
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._errors import SagaNotFound
 from saga_engine.kernel._partitioning import key_hash, partition_for
+from saga_engine.store._blobs import BlobStore
 from saga_engine.store._pgbase import (
     _OPEN_STATUSES,
     _RECORD_COLUMNS,
     _record,
-    _stored_events,
     _unavailable_as_transient,
 )
+from saga_engine.store._pgblobs import stored_events_of
 from saga_engine.store._store import (
     LoadedSaga,
     OpenSummary,
@@ -40,6 +41,7 @@ class PostgresReads:
 
     _pool: asyncpg.Pool[asyncpg.Record]
     _codec: CodecChain | None
+    _blob_store: BlobStore | None
 
     async def load(
         self, saga_id: str, *, undecodable: Undecodable = Undecodable.RAISE
@@ -63,7 +65,10 @@ class PostgresReads:
                     saga_id,
                     record.last_seq,
                 )
-        return LoadedSaga(record, _stored_events(event_rows, self._codec, undecodable))
+                events = await stored_events_of(
+                    conn, event_rows, [saga_id], self._codec, self._blob_store, undecodable
+                )
+        return LoadedSaga(record, events)
 
     async def load_after(
         self,
@@ -97,13 +102,17 @@ class PostgresReads:
     async def first_event(self, saga_id: str) -> StoredEvent:
         check_lookup(saga_id)
         with _unavailable_as_transient():
-            # The primary key (saga_id, seq) finds the one row.
-            row = await self._pool.fetchrow(
-                "SELECT seq, data FROM saga_events WHERE saga_id = $1 AND seq = 1", saga_id
-            )
-        if row is None:
-            raise SagaNotFound(saga_id)
-        return _stored_events([row], self._codec)[0]
+            async with self._pool.acquire() as conn:
+                # The primary key (saga_id, seq) finds the one row.
+                row = await conn.fetchrow(
+                    "SELECT seq, data FROM saga_events WHERE saga_id = $1 AND seq = 1", saga_id
+                )
+                if row is None:
+                    raise SagaNotFound(saga_id)
+                found = await stored_events_of(
+                    conn, [row], [saga_id], self._codec, self._blob_store
+                )
+        return found[0]
 
     async def get(self, saga_id: str) -> SagaRecord:
         check_lookup(saga_id)

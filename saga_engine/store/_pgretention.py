@@ -12,12 +12,13 @@ import asyncpg
 
 from saga_engine.core.history._codec import CodecChain
 from saga_engine.core.history._status import SagaStatus
+from saga_engine.store._blobs import BlobStore
 from saga_engine.store._pgbase import (
     _RECORD_COLUMNS,
     _record,
-    _stored_events,
     _unavailable_as_transient,
 )
+from saga_engine.store._pgblobs import drop_references, stored_events_of
 from saga_engine.store._store import ArchivedSaga, LoadedSaga, StoredEvent
 
 _TERMINAL: Final = [s.value for s in SagaStatus if s.is_terminal]
@@ -28,6 +29,7 @@ class PostgresRetention:
 
     _pool: asyncpg.Pool[asyncpg.Record]
     _codec: CodecChain | None
+    _blob_store: BlobStore | None
 
     async def finished_before(
         self,
@@ -88,9 +90,12 @@ class PostgresRetention:
                     "ORDER BY saga_id, seq",
                     ids,
                 )
+                # Archived histories hold the payloads, not references to them: the
+                # blobs go once the saga's references are dropped with it.
+                stored = await stored_events_of(conn, events, ids, self._codec, self._blob_store)
         by_saga: defaultdict[str, list[StoredEvent]] = defaultdict(list)
-        for row, stored in zip(events, _stored_events(events, self._codec), strict=True):
-            by_saga[row["saga_id"]].append(stored)
+        for row, stored_event in zip(events, stored, strict=True):
+            by_saga[row["saga_id"]].append(stored_event)
         out = []
         for row in records:
             record = _record(row, self._codec)
@@ -136,6 +141,7 @@ class PostgresRetention:
                     await conn.execute(
                         "DELETE FROM saga_events WHERE saga_id = ANY($1::text[])", gone
                     )
+                    await drop_references(conn, gone)
         return len(gone)
 
     async def archived_history(self, saga_id: str) -> bytes | None:

@@ -22,11 +22,12 @@ import asyncio
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Generic, TypeAlias, TypeVar
 
 import asyncpg
 
+from saga_engine.core.history._blobref import collecting
 from saga_engine.core.history._codec import CodecChain, PayloadCodec, seal_error, seal_event
 from saga_engine.core.history._events import Event, event_to_dict, event_to_json
 from saga_engine.core.history._status import SagaStatus
@@ -39,6 +40,7 @@ from saga_engine.kernel._errors import (
 from saga_engine.kernel._partitioning import key_hash
 from saga_engine.kernel._serde import JsonDict, dumps
 from saga_engine.kernel._settings import PostgresSettings
+from saga_engine.store._blobs import BlobStore
 from saga_engine.store._pgbase import (
     _Conn,
     _connection_lost,
@@ -49,6 +51,7 @@ from saga_engine.store._pgbase import (
     _unavailable_as_transient,
     transient_cause,
 )
+from saga_engine.store._pgblobs import sweep_blobs, write_blobs
 from saga_engine.store._pgconcurrency_keys import PostgresKeySlots
 from saga_engine.store._pgdomain import mark_received
 from saga_engine.store._pginsights import PostgresInsights, ends_saga, record_ended
@@ -108,15 +111,21 @@ class _PreparedEvents:
 
     kinds: list[str]
     data: list[_EncodedJson]
+    #: The blobs of the payloads stored by reference (content hash -> bytes).
+    blobs: dict[str, bytes] = field(default_factory=dict)
 
     @classmethod
     def of(cls, events: Sequence[Event], codec: CodecChain | None) -> _PreparedEvents:
-        if codec is not None:
+        if codec is None:
+            return cls([e.kind for e in events], [_EncodedJson(event_to_json(e)) for e in events])
+        if codec.reference is None:
             return cls(
                 [e.kind for e in events],
                 [_EncodedJson(dumps(seal_event(codec, event_to_dict(e)))) for e in events],
             )
-        return cls([e.kind for e in events], [_EncodedJson(event_to_json(e)) for e in events])
+        with collecting() as blobs:
+            data = [_EncodedJson(dumps(seal_event(codec, event_to_dict(e)))) for e in events]
+        return cls([e.kind for e in events], data, blobs)
 
 
 def _error_json(error: JsonDict | None, codec: CodecChain | None) -> _EncodedJson | None:
@@ -188,6 +197,9 @@ class _EventRows:
     seqs: list[int] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
     data: list[_EncodedJson] = field(default_factory=list)
+    #: (saga id, content hash) of every blob the events reference, and the blobs.
+    references: list[tuple[str, str]] = field(default_factory=list)
+    blobs: dict[str, bytes] = field(default_factory=dict)
 
     def add(self, saga_id: str, first_seq: int, events: _PreparedEvents) -> None:
         n = len(events.kinds)
@@ -195,6 +207,9 @@ class _EventRows:
         self.seqs.extend(range(first_seq, first_seq + n))
         self.kinds.extend(events.kinds)
         self.data.extend(events.data)
+        if events.blobs:
+            self.references.extend((saga_id, digest) for digest in events.blobs)
+            self.blobs.update(events.blobs)
 
 
 # --------------------------------------------------------------------------- the store
@@ -215,11 +230,15 @@ class PostgresEventStore(
         pool: asyncpg.Pool[asyncpg.Record],
         group_commit: GroupCommitConfig | None = None,
         codec: PayloadCodec | CodecChain | None = None,
+        blob_store: BlobStore | None = None,
     ) -> None:
         self._pool = pool
         #: Seals the payloads of the events written, opens those read (None: stored as
         #: they are, and the write path is the one it always was).
         self._codec = CodecChain.of(codec)
+        #: Where the blobs of payloads stored by reference live when not in this
+        #: database's ``saga_blobs`` (None: there, written in the events' transaction).
+        self._blob_store = blob_store
         self._config = group_commit or GroupCommitConfig()
         self._queue: deque[_Op] = deque()
         self._wakeup = asyncio.Event()
@@ -234,9 +253,11 @@ class PostgresEventStore(
         *,
         group_commit: GroupCommitConfig | None = None,
         codec: PayloadCodec | CodecChain | None = None,
+        blob_store: BlobStore | None = None,
     ) -> PostgresEventStore:
         """Opens a connection pool on ``settings.db_schema``, which must be migrated.
-        ``codec``: seal the payloads of stored events (``CodecChain.from_settings``)."""
+        ``codec``: seal the payloads of stored events (``CodecChain.from_settings``);
+        ``blob_store``: where a ``ref`` codec's blobs live, if not in ``saga_blobs``."""
         with _unavailable_as_transient():
             pool = await asyncpg.create_pool(
                 settings.dsn.get_secret_value(),
@@ -273,7 +294,7 @@ class PostgresEventStore(
                 f"schema {settings.db_schema!r} has no saga tables: run `saga migrate` "
                 "(or saga_engine.store._migrations.migrate) before starting the engine"
             )
-        return cls(pool, group_commit, codec)
+        return cls(pool, group_commit, codec, blob_store)
 
     @property
     def stats(self) -> GroupCommitStats:
@@ -296,6 +317,7 @@ class PostgresEventStore(
             at=events[-1].at if events else datetime.now(UTC),
             future=asyncio.get_running_loop().create_future(),
         )
+        await self._put_blobs(op.events)
         await self._submit(op)
         return await op.future
 
@@ -309,8 +331,15 @@ class PostgresEventStore(
             at=events[-1].at if events else None,
             future=asyncio.get_running_loop().create_future(),
         )
+        await self._put_blobs(op.events)
         await self._submit(op)
         return await op.future
+
+    async def _put_blobs(self, events: _PreparedEvents) -> None:
+        # Another store's blobs go before the events that reference them; saga_blobs'
+        # go in the events' transaction (_write).
+        if events.blobs and self._blob_store is not None:
+            await self._blob_store.put(events.blobs)
 
     async def _submit(self, op: _Op) -> None:
         if self._closed:
@@ -448,6 +477,9 @@ class PostgresEventStore(
         )
         if rows.saga_ids:
             await conn.execute(INSERT_EVENTS, rows.saga_ids, rows.seqs, rows.kinds, rows.data)
+        if rows.references:
+            own = rows.blobs if self._blob_store is None else None
+            await write_blobs(conn, rows.references, own)
         await mark_received(
             conn, [e for op in appends if type(op.outcome) is int for e in op.append.events]
         )
@@ -545,6 +577,13 @@ class PostgresEventStore(
                 if actual is None
                 else ConcurrencyError(op.saga_id, expected, actual)
             )
+
+    # ----------------------------------------------------------------------- blobs
+
+    async def sweep_blobs(self, grace: timedelta, *, now: datetime | None = None) -> int:
+        """Deletes the blobs of payloads stored by reference that no saga references any
+        more, last written before ``now`` less ``grace``; returns how many."""
+        return await sweep_blobs(self._pool, self._blob_store, grace, now=now)
 
     # ----------------------------------------------------------------------- lifecycle
 

@@ -12,6 +12,7 @@ from saga_engine.core.planning._triggers import KafkaTrigger
 from saga_engine.kernel._settings import Settings
 from saga_engine.kernel._startup import unreachable_as_unavailable
 from saga_engine.runner._trigger_consumer import TriggerConsumer
+from saga_engine.store._blobs import BlobStore
 from saga_engine.store._pgbase import POSTGRES
 from saga_engine.store._store import EventStore
 from saga_engine.telemetry._health import HealthBoard
@@ -62,7 +63,20 @@ async def open_event_store(settings: Settings, codec: CodecChain | None) -> Even
     with unreachable_as_unavailable(POSTGRES):
         if settings.engine.auto_migrate:
             await migrate(settings.pg.dsn.get_secret_value(), settings.pg.db_schema)
-        return await PostgresEventStore.connect(settings.pg, codec=codec)
+        return await PostgresEventStore.connect(
+            settings.pg, codec=codec, blob_store=blob_store(settings)
+        )
+
+
+def blob_store(settings: Settings) -> BlobStore | None:
+    """The blob store of payloads stored by reference that is not the event store's own
+    ``saga_blobs`` (``SAGA_CODEC__BLOBS__STORE=directory``); None otherwise."""
+    from saga_engine.store._blobs import DirectoryBlobStore
+
+    blobs = settings.codec.blobs
+    if blobs.enabled and blobs.store == "directory" and blobs.directory:
+        return DirectoryBlobStore(blobs.directory)
+    return None
 
 
 def trigger_consumer(

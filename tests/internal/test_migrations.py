@@ -47,6 +47,7 @@ PINNED = {
     15: "ad7b74fbb1eee375eaaf0d7728a2906d7409efaead7c6b06b7790cee8d3ce977",
     16: "0fccc5716ec2b7f420ac5e1be4ae3e45da4a4a3baba273fab189036150c4f03c",
     17: "5166a02f524ebddb451138b96ff775ab6c922e1c8ecd0d0124d3714351603745",
+    18: "ba7b4430241495b812c4397d3e74bc6230662aaaba8bb8c3d82e476805c3d52f",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant/migrations).
 PINNED_PARTICIPANT = {
@@ -139,6 +140,8 @@ async def test_migrate_applies_each_migration_once(pg: PgTarget) -> None:
         "saga_batch_operations",  # 0013
         "saga_insights",  # 0014
         "saga_insights_pending",  # 0015
+        "saga_blobs",  # 0018
+        "saga_blob_refs",  # 0018
     }
     assert await _recorded(pg.database_dsn, pg.schema) == [
         (m.version, m.name, m.sha256) for m in shipped_migrations()
@@ -417,7 +420,7 @@ async def test_0017_makes_the_insights_from_before_flow_policy_1s(
     conn = await asyncpg.connect(pg.dsn)
     try:
         await conn.execute(row.format("", ""), bucket, 5, [0] * BUCKETS)
-        assert await migrate(pg.database_dsn, pg.schema) == [17]
+        assert await migrate(pg.database_dsn, pg.schema) == [17, 18]
         assert await conn.fetchval("SELECT flow_policy FROM saga_insights") == 1
         await conn.execute(row.format(", flow_policy", ", 2"), bucket, 3, [0] * BUCKETS)
         with pytest.raises(asyncpg.exceptions.UniqueViolationError):

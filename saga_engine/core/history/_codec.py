@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
+from saga_engine.core.history._blobref import ReferenceCodec
 from saga_engine.core.history._events import Event, event_from_dict
 from saga_engine.kernel._errors import CodecError, CodecFailure, SerializationError
 from saga_engine.kernel._serde import JsonDict, dumps, loads
@@ -333,6 +334,14 @@ class CodecChain:
         #: The ``saga-codec`` header's value.
         self.header = self.name.encode()
         self._by_name = dict(zip(names, codecs, strict=True))
+        last = codecs[-1]
+        if any(isinstance(c, ReferenceCodec) for c in codecs[:-1]):
+            raise CodecError(
+                CodecFailure.BAD_CONFIG, f"the ref codec must come last in a chain: {names}"
+            )
+        #: The codec storing payloads by reference (docs/large-payloads.md), when it is
+        #: the chain's last: writers collect blobs and readers resolve them only then.
+        self.reference = last if isinstance(last, ReferenceCodec) else None
 
     @classmethod
     def from_settings(cls, settings: CodecSettings) -> CodecChain | None:
@@ -350,6 +359,13 @@ class CodecChain:
             }
             current = settings.current_key or (next(iter(keys)) if len(keys) == 1 else "")
             codecs.append(AesGcmCodec(keys, current))
+        blobs = settings.blobs
+        if blobs.threshold_bytes is not None and blobs.mac_key is not None:
+            # Last: the blob is what compression and encryption made of the payload.
+            mac_key = decode_key("blobs.mac_key", blobs.mac_key.get_secret_value())
+            codecs.append(
+                ReferenceCodec(blobs.threshold_bytes, mac_key, blobs.store, blobs.max_bytes)
+            )
         return cls(*codecs) if codecs else None
 
     @classmethod
