@@ -97,7 +97,10 @@ class PostgresReads:
                     record.last_seq,
                     None if kinds is None else list(kinds),
                 )
-        return LoadedSaga(record, _stored_events(event_rows, self._codec, undecodable))
+                events = await stored_events_of(
+                    conn, event_rows, [saga_id], self._codec, self._blob_store, undecodable
+                )
+        return LoadedSaga(record, events)
 
     async def first_event(self, saga_id: str) -> StoredEvent:
         check_lookup(saga_id)
