@@ -8,6 +8,7 @@ program (the CLI, a test fixture, the user's ``main``). Nested fields use ``__``
 from saga_engine.kernel._settings import (
     AdminSettings,
     BatchSettings,
+    CallbackSettings,
     CodecSettings,
     EngineSettings,
     FlowLimit,
@@ -25,6 +26,7 @@ from saga_engine.kernel._settings import (
 __all__ = [
     "AdminSettings",
     "BatchSettings",
+    "CallbackSettings",
     "CodecSettings",
     "EngineSettings",
     "FlowLimit",
