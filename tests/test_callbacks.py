@@ -20,12 +20,14 @@ from saga_engine import (
     CallbackSettings,
     CallbackTimeout,
     CallbackTokenInvalid,
+    HttpRequest,
     InvalidPayload,
     PayloadTooLarge,
     Saga,
     SagaContext,
     SagaStatus,
     Settings,
+    StepFailed,
     Winner,
 )
 from saga_engine.events import CallbackAwaited, CallbackReceived, event_to_json
@@ -346,3 +348,67 @@ async def test_callback_awaited_records_the_key_and_base_url() -> None:
         env.settings.callbacks.base_url,
     )
     assert awaited.expires_at == awaited.at + timedelta(days=2)
+
+
+# --------------------------------------------------------------------------- http_step
+
+
+class Score(BaseModel):
+    score: int
+
+
+class Fraud(Saga[Empty, Out]):
+    """A fraud check that answers 202 and posts its score later."""
+
+    name = "fraud"
+
+    async def run(self, ctx: SagaContext, input: Empty) -> Out:
+        try:
+            score = await ctx.http_step(
+                "fraud-check",
+                endpoint="fraud",
+                path="/checks",
+                json={"order": "o-1"},
+                returns=Score,
+                completion="callback",
+                callback_timeout=timedelta(hours=2),
+            )
+        except StepFailed as failed:
+            return Out(outcome=f"step failed: {failed.reason}")
+        plain = await ctx.http_step("plain", endpoint="fraud", path="/plain")
+        return Out(outcome=f"score {score.score}, plain {plain}")
+
+
+async def test_an_http_step_completed_by_callback_returns_what_the_service_posts() -> None:
+    env = SagaTestEnv([Fraud])
+    env.participant("http:fraud").on(HttpRequest, reply={"accepted": True})
+    run = await env.start(Fraud, Empty())
+    [check] = env.commands("http:fraud")
+    url = check.payload["callback_url"]
+    assert check.payload["body"] == {"order": "o-1"}
+    assert await run.status() == SagaStatus.RUNNING  # accepted (202), waiting for its call
+    kinds = [e.kind for e in await run.history()]
+    assert kinds.index("callback_awaited") < kinds.index("command_issued")
+    with pytest.raises(InvalidPayload):
+        await env.callback(url, {"score": "high"})
+    await env.callback(url, {"score": 12})
+    assert outcome(await run.output()) == "score 12, plain {'accepted': True}"
+    # An ordinary HTTP step's request is stored as it always was (no callback_url).
+    plain = env.commands("http:fraud")[-1]
+    assert "callback_url" not in plain.payload
+    history = HistoryExport(run.saga_id, Fraud.name, await run.history())
+    assert replay([Fraud], history, callbacks=env.settings.callbacks).deterministic
+
+
+async def test_an_http_steps_posted_failure_or_silence_fails_the_step() -> None:
+    env = SagaTestEnv([Fraud])
+    env.participant("http:fraud").on(HttpRequest, reply={})
+    run = await env.start(Fraud, Empty())
+    url = env.commands("http:fraud")[0].payload["callback_url"]
+    await env.callback(f"{url}/fail", {"error": "card blocked"})
+    assert outcome(await run.output()) == (
+        "step failed: the service reported a failure: card blocked"
+    )
+    silent = await env.start(Fraud, Empty())
+    await env.advance(timedelta(hours=2, seconds=1))
+    assert "was not called before its timeout" in outcome(await silent.output())

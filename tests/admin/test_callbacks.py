@@ -116,6 +116,18 @@ async def test_a_valid_call_needs_no_token_wins_once_and_its_repeat_gets_the_sam
     assert await vendor.events(saga_id) == recorded
 
 
+async def test_the_saga_page_lists_the_wait_until_it_is_answered(vendor: Vendor) -> None:
+    saga_id, path = await vendor.start()
+    view = (await vendor.http.get(f"/sagas/{saga_id}", headers=READER)).json()
+    [wait] = view["waiting_for"]
+    assert (wait["kind"], wait["name"]) == ("callback", "callback:kyc-verdict:1")
+    assert wait["what"] == "callback 'kyc-verdict': a call of its URL"
+    assert wait["until"] == "2030-01-01T01:00:00Z"
+    await vendor.post(path, {"approved": True})
+    view = (await vendor.http.get(f"/sagas/{saga_id}", headers=READER)).json()
+    assert view["waiting_for"] == []
+
+
 async def test_the_fail_url_fails_the_wait(vendor: Vendor) -> None:
     saga_id, path = await vendor.start()
     response = await vendor.post(path + "/fail", {"error": "document unreadable"})

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, Generic, Protocol, TypeVar, overload
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -25,6 +25,7 @@ from saga_engine.core.authoring._update import name_of
 from saga_engine.core.history._cost import Cost
 from saga_engine.core.history._events import CallbackAwaited, CallbackReceived
 from saga_engine.core.history._policy import RetryPolicy
+from saga_engine.kernel._errors import CallbackFailed, CallbackTimeout, StepFailed
 from saga_engine.kernel._serde import JsonDict
 
 M = TypeVar("M", bound=BaseModel)
@@ -33,6 +34,9 @@ T = TypeVar("T")
 O_co = TypeVar("O_co", covariant=True)
 
 Duration = timedelta | float | int
+
+#: How long ``http_step(..., completion="callback")`` waits for its service's call.
+DEFAULT_CALLBACK_TIMEOUT = timedelta(days=1)
 
 #: Steps addressed to "http:<endpoint>" are HTTP calls made by the engine itself.
 HTTP_PREFIX = "http:"
@@ -46,6 +50,10 @@ class HttpRequest(BaseModel):
     method: str = "POST"
     path: str = Field(pattern=r"^/")
     body: JsonDict | None = None
+    #: ``ctx.http_step(..., completion="callback")``: the URL the service POSTs its
+    #: result to later, sent as the ``Saga-Callback-Url`` header (left out of the stored
+    #: command when None, so the commands of HTTP steps recorded before it replay).
+    callback_url: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 #: A child is asked again (its start re-sent, same command id) this often by default: an
@@ -157,6 +165,19 @@ class Callback(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Callback({self._event.name!r}, wait_id={self._event.wait_id!r})"
+
+
+async def _called_back(step: str, cb: Callback[T]) -> T:
+    """The result an HTTP step's service posted to its callback URL; its failure, or no
+    call before the timeout, fails the step."""
+    try:
+        return await cb
+    except CallbackFailed as exc:
+        raise StepFailed(
+            step, f"the service reported a failure: {exc.error}", details=exc.details
+        ) from exc
+    except CallbackTimeout as exc:
+        raise StepFailed(step, str(exc)) from exc
 
 
 class ChildSaga(Protocol[O_co]):
@@ -416,6 +437,8 @@ class SagaContext:
         timeout: Duration | None = None,
         pivot: bool = False,
         cost: Cost | str | None = None,
+        completion: Literal["response", "callback"] = "response",
+        callback_timeout: Duration = DEFAULT_CALLBACK_TIMEOUT,
     ) -> M: ...
 
     @overload
@@ -433,6 +456,8 @@ class SagaContext:
         timeout: Duration | None = None,
         pivot: bool = False,
         cost: Cost | str | None = None,
+        completion: Literal["response", "callback"] = "response",
+        callback_timeout: Duration = DEFAULT_CALLBACK_TIMEOUT,
     ) -> JsonDict: ...
 
     async def http_step(
@@ -449,6 +474,8 @@ class SagaContext:
         timeout: Duration | None = None,
         pivot: bool = False,
         cost: Cost | str | None = None,
+        completion: Literal["response", "callback"] = "response",
+        callback_timeout: Duration = DEFAULT_CALLBACK_TIMEOUT,
     ) -> M | JsonDict:
         """A step that calls an HTTP service instead of sending a Kafka command.
 
@@ -460,8 +487,22 @@ class SagaContext:
         key until the attempt's ``timeout`` (default 30 s), then re-sent per ``retry``.
         It is recorded in the history like any step. ``pivot=True`` marks it as the
         saga's pivot, and ``cost`` its cost, as for ``ctx.step``.
+
+        ``completion="callback"``: the service accepts the request now (a 2xx, typically
+        202) and POSTs the result later to the URL sent in the ``Saga-Callback-Url``
+        header (its failure to that URL + ``/fail``); the step returns that result,
+        read by ``returns``. A failure posted, or no call within ``callback_timeout``
+        (default a day), fails the step (``StepFailed``); the request was accepted, so
+        its ``compensate`` is owed like any applied step's (docs/callbacks.md).
         """
         request = HttpRequest(method=method.upper(), path=path, body=json)
+        cb: Callback[Any] | None = None
+        if completion == "callback":
+            # The wait first: it is recorded before the request that carries its URL.
+            cb = self.callback(name, model=returns, timeout=callback_timeout)
+            request = request.model_copy(update={"callback_url": cb.url})
+        elif completion != "response":
+            raise ValueError(f"completion must be 'response' or 'callback', not {completion!r}")
         step = StepRequest(
             name,
             f"{HTTP_PREFIX}{endpoint}",
@@ -469,11 +510,13 @@ class SagaContext:
             compensate=compensate,
             retry=retry,
             timeout=as_timedelta(timeout, "timeout") or timedelta(seconds=30),
-            returns=returns,
+            returns=None if cb is not None else returns,
             pivot=pivot,
             cost=cost,
         )
         payload = await self._driver.op_step(step)
+        if cb is not None:
+            return await _called_back(name, cb)
         if returns is None:
             return payload
         return self._driver.parse(returns, payload, f"the response of step {name!r}", step=name)

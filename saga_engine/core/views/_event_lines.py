@@ -9,6 +9,8 @@ from typing import Any
 import orjson
 
 from saga_engine.core.history._events import (
+    CallbackAwaited,
+    CallbackReceived,
     CancelRequested,
     CompensationForced,
     CompensationStarted,
@@ -73,6 +75,10 @@ def _details(event: Event) -> list[str]:
         return [f"until {event.timeout_at.isoformat()}" if event.timeout_at else ""]
     if isinstance(event, DomainEventReceived):
         return [f"id {event.event_id}", _payload(event.payload)]
+    if isinstance(event, CallbackAwaited):
+        return [f"until {event.expires_at.isoformat()}", f"key {event.key_id}"]
+    if isinstance(event, CallbackReceived):
+        return ["failed" if event.failed else "", _payload(event.payload)]
     if isinstance(event, UpdateReceived):
         return [
             f"id {event.update_id}",
