@@ -47,9 +47,14 @@ def _b64(data: bytes) -> str:
 
 
 def _unb64(text: str) -> bytes:
+    """The bytes of canonical base64url only: text that decodes leniently (other
+    characters, unused bits set) is refused, so a token has one spelling."""
     if not text or not text.isascii():
         raise ValueError("empty or not ASCII")
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    if _b64(data) != text:
+        raise ValueError("not canonical base64url")
+    return data
 
 
 def _mac(settings: CallbackSettings, key_id: str, claims: str) -> bytes:

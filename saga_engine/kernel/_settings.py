@@ -334,6 +334,16 @@ class AdminSettings(BaseModel):
     session_secret: SecretStr | None = None
 
 
+def check_current_key(keys: Mapping[str, object], current_key: str | None, use: str) -> None:
+    """Keys that rotate (the codec's, the callbacks'): several may be configured, and all
+    of them read; ``current_key`` names the one new values use, and must when there are
+    several."""
+    if current_key is not None and current_key not in keys:
+        raise ValueError(f"current_key {current_key!r} is not among the keys")
+    if current_key is None and len(keys) > 1:
+        raise ValueError(f"several keys: name the one to {use} with in current_key")
+
+
 class CodecSettings(BaseModel):
     """Payload encryption and compression (docs/operations.md, "Encrypting payloads").
 
@@ -356,10 +366,7 @@ class CodecSettings(BaseModel):
 
     @model_validator(mode="after")
     def _current_key_given(self) -> CodecSettings:
-        if self.current_key is not None and self.current_key not in self.keys:
-            raise ValueError(f"current_key {self.current_key!r} is not among the keys")
-        if self.current_key is None and len(self.keys) > 1:
-            raise ValueError("several keys: name the one to encrypt with in current_key")
+        check_current_key(self.keys, self.current_key, "encrypt")
         for key_id, key in self.keys.items():
             try:
                 size = len(base64.b64decode(key.get_secret_value(), validate=True))
@@ -391,10 +398,7 @@ class CallbackSettings(BaseModel):
 
     @model_validator(mode="after")
     def _current_key_given(self) -> CallbackSettings:
-        if self.current_key is not None and self.current_key not in self.keys:
-            raise ValueError(f"current_key {self.current_key!r} is not among the keys")
-        if self.current_key is None and len(self.keys) > 1:
-            raise ValueError("several keys: name the one to sign with in current_key")
+        check_current_key(self.keys, self.current_key, "sign")
         for key_id, key in self.keys.items():
             if not key_id or len(key_id) > 64 or not key_id.isprintable():
                 raise ValueError(f"key id {key_id!r}: 1 to 64 printable characters")

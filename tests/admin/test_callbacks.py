@@ -13,29 +13,12 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus
 from saga_engine.admin import create_admin_app
 from saga_engine.testing import SagaTestEnv
 from tests.admin.conftest import OPERATOR, READER, admin_settings, make_client
-
-
-class Empty(BaseModel):
-    pass
-
-
-class Verdict(BaseModel):
-    approved: bool
-    score: int = 0
-
-
-class Check(BaseModel):
-    callback_url: str
-
-
-class Out(BaseModel):
-    outcome: str = ""
+from tests.test_callbacks import Check, Empty, Out, Verdict
 
 
 class Kyc(Saga[Empty, Out]):

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from saga_engine.core.history._decision import CallbackInput, DropReason
 from saga_engine.core.history._events import CallbackAwaited, CallbackReceived, Event
 from saga_engine.core.history._fold import CallbackWait, Settled
-from saga_engine.core.runtime._intents import check_open, emit, next_id
+from saga_engine.core.runtime._intents import check_open, emit, end_with_timer, next_id
 from saga_engine.core.runtime._state import Halt, SagaState
 from saga_engine.kernel._callback_tokens import CallbackClaims, callback_url, sign
 from saga_engine.kernel._errors import (
@@ -84,13 +84,7 @@ def make_callback(
 
 def _future(s: SagaState, wait_id: str) -> asyncio.Future[CallbackReceived | None]:
     future: asyncio.Future[CallbackReceived | None] = s.loop.create_future()
-    timer = s.timers.get(wait_id)
-    if timer is not None:
-        timer_future: asyncio.Future[None] = s.loop.create_future()
-        timer_future.add_done_callback(
-            lambda _: future.done() or future.set_result(None)  # type: ignore[func-returns-value]
-        )
-        timer.future = timer_future
+    end_with_timer(s, wait_id, future)
     return future
 
 
