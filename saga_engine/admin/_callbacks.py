@@ -5,7 +5,8 @@ The token is the credential: signed by this deployment (``callbacks.keys``), bou
 wait of one saga, and valid until the wait's expiry. Everything is checked before
 anything is recorded (``Engine.callback``), and every refusal is a 4xx that changes
 nothing: 403 a token not signed here, 410 one expired or whose wait is over, 409 a body
-other than the first answer's, 415 a body that is not JSON, 422 a body the wait's model
+other than the first answer's, 415 a body that is not ``application/json``, 400 one
+that is not valid JSON, 422 a body the wait's model
 refuses (naming each field), 413 one too large. The first valid body is recorded; the
 same body again gets the same answer.
 
@@ -41,6 +42,7 @@ TokenPath = Annotated[
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": words}
     for code, words in {
+        400: "The body is not valid JSON",
         403: "The token was not signed by this deployment (forged, or its key is retired)",
         409: "The wait was answered already with another body: the first answer stands",
         410: "The URL expired, or its wait is over (timed out, given up, the saga ended)",

@@ -214,7 +214,8 @@ class SagaTestEnv:
 
     It is the composition root of a test: it builds the engine's collaborators
     (``parts``: the store, the live sagas, the counters in ``parts.stats``...) and the
-    child-saga links beside it."""
+    child-saga links beside it. Callback URLs (``ctx.callback``) are signed with a fixed
+    test key unless ``settings.callbacks`` has keys; ``callback(url, body)`` calls one."""
 
     def __init__(
         self,

@@ -116,7 +116,7 @@ async def endpoints(admin: Admin) -> list[tuple[str, str, dict[str, Any] | None]
     # GET /saga-types/{name}/insights, the three dead-letter routes, GET /saga-types/{name}
     # and GET /sagas/{saga_id}/graph; GET /saga-types/{name}/insights/policies; GET
     # /flow/policies, PUT and DELETE /flow/policies/rollout
-    assert len(out) == 44
+    assert len(out) == 46
     return out
 
 

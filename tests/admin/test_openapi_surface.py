@@ -110,7 +110,7 @@ _READ = ["200", "401", "404", "409", "422", "503"]
 _ACTION = ["200", "400", "401", "403", "404", "409", "413", "422", "503"]
 _SCHEDULE_STATE = ["200", "401", "403", "404", "409", "422", "503"]
 #: operationId -> the documented status codes, as generated before the split.
-_CALLBACK = ["200", "403", "409", "410", "413", "415", "422", "503"]
+_CALLBACK = ["200", "400", "403", "409", "410", "413", "415", "422", "503"]
 STATUS_CODES = {
     "health_health_get": ["200", "503"],
     "complete_callback_callbacks__token__post": _CALLBACK,

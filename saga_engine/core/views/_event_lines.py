@@ -52,17 +52,21 @@ def event_line(event: Event) -> str:
     return "; ".join(parts)
 
 
+def _started(event: SagaStarted) -> list[str]:
+    key = f"key {event.idempotency_key!r}" if event.idempotency_key else ""
+    deadline = f"deadline {event.deadline_at.isoformat()}" if event.deadline_at else ""
+    parent = f"child of {event.parent.saga_id}" if event.parent else ""
+    origin = event.trigger
+    trigger = (
+        f"from {origin.topic}[{origin.partition}]@{origin.offset}" if origin is not None else ""
+    )
+    rerun = f"rerun of {event.rerun_of.saga_id}" if event.rerun_of else ""
+    return [f"input {_short(event.input)}", key, deadline, parent, trigger, rerun]
+
+
 def _details(event: Event) -> list[str]:
     if isinstance(event, SagaStarted):
-        key = f"key {event.idempotency_key!r}" if event.idempotency_key else ""
-        deadline = f"deadline {event.deadline_at.isoformat()}" if event.deadline_at else ""
-        parent = f"child of {event.parent.saga_id}" if event.parent else ""
-        origin = event.trigger
-        trigger = (
-            f"from {origin.topic}[{origin.partition}]@{origin.offset}" if origin is not None else ""
-        )
-        rerun = f"rerun of {event.rerun_of.saga_id}" if event.rerun_of else ""
-        return [f"input {_short(event.input)}", key, deadline, parent, trigger, rerun]
+        return _started(event)
     if isinstance(event, UndoRequested):
         return [f"reason {event.reason!r}" if event.reason else ""]
     if isinstance(event, ReplyReceived):
