@@ -150,7 +150,7 @@ async def test_engine_killed_between_the_202_and_the_callback(cluster: Cluster) 
         {"approved": True, "score": 42}
     ]
     beta = [r for r in await cluster.ledger("beta") if r["saga_id"] == saga_id]
-    assert [(r["kind"], r["amount"]) for r in beta] == [("apply", 42)]
+    assert [r["kind"] for r in beta] == ["apply"]
     assert history[-1].output == {"approved": True, "score": 42}
     keys = CallbackSettings.model_validate({"keys": KEYS})
     result = replay([KycCheck], HistoryExport(saga_id, KycCheck.name, history), callbacks=keys)
