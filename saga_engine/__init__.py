@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from saga_engine.core.authoring._context import HttpRequest, SagaContext, Winner
+from saga_engine.core.authoring._context import Callback, HttpRequest, SagaContext, Winner
 from saga_engine.core.authoring._definition import Saga, SagaRegistry, Signal
 from saga_engine.core.authoring._domain_events import EventSource
 from saga_engine.core.authoring._update import query, update
@@ -42,6 +42,11 @@ from saga_engine.core.history._decision import OutboundCommand, saga_id_for
 from saga_engine.core.history._policy import RetryPolicy
 from saga_engine.core.history._status import TRANSITIONS, SagaStatus
 from saga_engine.kernel._errors import (
+    CallbackConflict,
+    CallbackFailed,
+    CallbackGone,
+    CallbackTimeout,
+    CallbackTokenInvalid,
     CodecError,
     CodecFailure,
     ConcurrencyError,
@@ -77,6 +82,7 @@ from saga_engine.kernel._errors import (
     UpdateRefused,
 )
 from saga_engine.kernel._settings import (
+    CallbackSettings,
     CodecSettings,
     EngineSettings,
     KafkaSettings,
@@ -88,6 +94,13 @@ from saga_engine.kernel._version import __version__ as __version__
 __all__ = [
     "TRANSITIONS",
     "AesGcmCodec",
+    "Callback",
+    "CallbackConflict",
+    "CallbackFailed",
+    "CallbackGone",
+    "CallbackSettings",
+    "CallbackTimeout",
+    "CallbackTokenInvalid",
     "CodecChain",
     "CodecError",
     "CodecFailure",

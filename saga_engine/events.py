@@ -3,6 +3,8 @@
 from saga_engine.core.history._events import (
     EVENT_TYPES,
     AttemptTimedOut,
+    CallbackAwaited,
+    CallbackReceived,
     CancelRequested,
     CommandIssued,
     CompensationCompleted,
@@ -54,6 +56,8 @@ from saga_engine.core.history._events import (
 __all__ = [
     "EVENT_TYPES",
     "AttemptTimedOut",
+    "CallbackAwaited",
+    "CallbackReceived",
     "CancelRequested",
     "CommandIssued",
     "CompensationCompleted",

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from pydantic import BaseModel
 
-from saga_engine import RetryPolicy, Saga, SagaContext, Signal, StepFailed, Winner
+from saga_engine import CallbackTimeout, RetryPolicy, Saga, SagaContext, Signal, StepFailed, Winner
 
 
 class OrderRequest(BaseModel):
@@ -184,3 +184,41 @@ class WaitCheckout(Saga[CheckoutRequest, CheckoutResult]):
         outcome = next(name for name, task in racers.items() if task in done)
         await ctx.step("notify", to="mail", command=Notify(order=req.order, outcome=outcome))
         return CheckoutResult(outcome=outcome)
+
+
+# --------------------------------------------------------------------------- callbacks
+
+
+class KycRequest(BaseModel):
+    applicant: str
+
+
+class AskKyc(BaseModel):
+    applicant: str
+    callback_url: str
+
+
+class KycVerdict(BaseModel):
+    approved: bool
+    score: int
+
+
+class KycResult(BaseModel):
+    outcome: str
+
+
+class KycCheck(Saga[KycRequest, KycResult]):
+    """Issue 41 section 2: a vendor's verdict on a callback URL, within two days."""
+
+    name = "kyc-check"
+
+    async def run(self, ctx: SagaContext, req: KycRequest) -> KycResult:
+        cb = ctx.callback("kyc-verdict", model=KycVerdict, timeout=timedelta(days=2))
+        await ctx.step(
+            "ask", to="kyc", command=AskKyc(applicant=req.applicant, callback_url=cb.url)
+        )
+        try:
+            verdict = await cb
+        except CallbackTimeout:
+            return KycResult(outcome="timed out")
+        return KycResult(outcome=f"approved={verdict.approved} score={verdict.score}")

@@ -87,6 +87,14 @@ PUBLIC = {
     # Races and timeout scopes (issue 41 section 1).
     "SagaTimeout",
     "Winner",
+    # Callbacks: a webhook completes a wait (issue 41 section 2).
+    "Callback",
+    "CallbackConflict",
+    "CallbackFailed",
+    "CallbackGone",
+    "CallbackSettings",
+    "CallbackTimeout",
+    "CallbackTokenInvalid",
 }
 
 #: Every public module but the root, and exactly what it exports.
@@ -145,6 +153,7 @@ FRONT_DOORS: dict[str, set[str]] = {
     },
     "saga_engine.settings": {
         "AdminSettings",
+        "CallbackSettings",
         "CodecSettings",
         "EngineSettings",
         "HttpSettings",
@@ -234,7 +243,7 @@ def test_the_front_doors_export_their_documented_names() -> None:
         assert len(module.__all__) == len(exported), f"{name}: a name listed twice"
         for attribute in exported:
             assert getattr(module, attribute) is not None, f"{name}.{attribute}"
-    assert len(saga_engine.events.EVENT_TYPES) == 36
+    assert len(saga_engine.events.EVENT_TYPES) == 38
 
 
 def _module_name(path: Path) -> str:

@@ -19,6 +19,7 @@ from fastapi import Depends, FastAPI
 from saga_engine.admin import (
     _actions,
     _batch_operations,
+    _callbacks,
     _concurrency_keys,
     _dead_letters,
     _domain_events,
@@ -123,6 +124,7 @@ def create_admin_app(
 
 def _include_routers(app: FastAPI, parts: EngineParts, admin: AdminSettings) -> None:
     app.include_router(_engine_info.public_router)
+    app.include_router(_callbacks.router)  # its signed token is its credential
     # Documents the bearer scheme on every API operation but /health (see _deps.bearer).
     secured = [Depends(bearer)]
     app.include_router(_engine_info.router, dependencies=secured)

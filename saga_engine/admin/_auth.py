@@ -55,9 +55,10 @@ from saga_engine.kernel._errors import AdminConfigError, InsecureAdminBinding
 from saga_engine.kernel._settings import AdminSettings
 
 #: Paths anyone may use: liveness, the API description, signing in and out, and the
-#: page's CSS and script (none of them holds a secret; the sign-in form needs the CSS).
+#: page's CSS and script (none of them holds a secret; the sign-in form needs the CSS);
+#: and callback URLs, whose signed token is their credential (``_callbacks``).
 PUBLIC_PATHS = frozenset({"/health", "/openapi.json", "/ui/login", "/ui/logout"})
-PUBLIC_PREFIXES = ("/ui/static/",)
+PUBLIC_PREFIXES = ("/ui/static/", "/callbacks/")
 #: Sign-in and sign-out change the browser's session: same-origin only, like actions.
 SESSION_PATHS = frozenset({"/ui/login", "/ui/logout"})
 #: The web page's session cookie (a signed session, never the token).

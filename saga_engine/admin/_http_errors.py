@@ -1,7 +1,8 @@
 """Errors as HTTP: every bad input is a 4xx with a JSON ``detail``, never a 500.
 
 - saga_engine errors map by class: SagaNotFound, UnknownSagaType, ScheduleNotFound,
-  BatchNotFound and DeadLetterNotFound 404; InvalidTransition, IdempotencyConflict,
+  BatchNotFound and DeadLetterNotFound 404; CallbackTokenInvalid 403; CallbackGone 410
+  (CallbackConflict, its subclass, 409); InvalidTransition, IdempotencyConflict,
   ScheduleConflict, NewerVersionError (a saga written by a newer engine: ``reason`` says
   ``newer_event`` or ``unknown_saga_version``), CodecError (an action on a saga whose
   history this process cannot decode) and DeadLetterNotReplayable 409, PayloadTooLarge
@@ -36,6 +37,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from saga_engine.kernel._errors import (
     BatchNotFound,
+    CallbackConflict,
+    CallbackGone,
+    CallbackTokenInvalid,
     CodecError,
     DeadLetterNotFound,
     DeadLetterNotReplayable,
@@ -69,6 +73,10 @@ class BodyTooLarge(HTTPException):
 
 
 def status_for(exc: SagaError) -> int:
+    if isinstance(exc, CallbackTokenInvalid):
+        return 403
+    if isinstance(exc, CallbackGone) and not isinstance(exc, CallbackConflict):
+        return 410
     if isinstance(
         exc,
         SagaNotFound | UnknownSagaType | ScheduleNotFound | BatchNotFound | DeadLetterNotFound,

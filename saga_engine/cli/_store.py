@@ -107,7 +107,9 @@ def replay(
         history: HistoryExport = run_sync(lambda: load_history(path))
     else:
         history = run_async(lambda: _load_saga_or_archived(target))  # live, or archived
-    result = run_sync(lambda: check(classes, history))
+    # The callback keys of this deployment: code that reads a callback's URL needs them.
+    keys = Settings().callbacks
+    result = run_sync(lambda: check(classes, history, callbacks=keys))
     if as_json:
         print_json(_replay_json(result))
     elif result.deterministic:
@@ -177,7 +179,11 @@ def _replay_file(file: Path, classes: Any) -> list[dict[str, Any]]:
             if file.name.endswith(".jsonl.gz")
             else [load_history(file)]
         )
-        return [{"file": file.name, **_replay_json(check(classes, h))} for h in histories]
+        keys = Settings().callbacks
+        return [
+            {"file": file.name, **_replay_json(check(classes, h, callbacks=keys))}
+            for h in histories
+        ]
     except (SagaError, OSError, ValueError, CliError) as exc:
         if Debug.on:
             raise

@@ -16,6 +16,8 @@
     ├── SignalTimeout              ctx.wait_signal's timeout passed: the same
     ├── EventTimeout               ctx.wait_event's timeout passed
     ├── SagaTimeout                ctx.timeout's block outlived its durable timer
+    ├── CallbackTimeout            ctx.callback's URL was not called before its timeout
+    ├── CallbackFailed             ctx.callback's caller posted to its ``/fail`` URL
     ├── Rejected                   a participant's handler refuses a command
     ├── Retryable                  a participant's handler says "not now"
     ├── NewerVersionError          written by a newer engine: leave it for one
@@ -29,10 +31,14 @@
         ├── InvalidTransition          the action does not apply to the saga's state
         │   ├── PastPivot              a cancel of a saga past its pivot step
         │   ├── UpdateRefused          an update's validator (or the saga's state) refuses it
+        │   ├── CallbackGone           a callback whose wait is over (expired, answered
+        │   │                          differently, given up, or its saga ended)
+        │   │   └── CallbackConflict   answered already with another body (409)
         │   └── QueryFailed            a query method raised, or the saga has no state yet
         ├── UpdateFailed               an update was recorded and its handler raised
         ├── NotParent                  a child's message that does not match its link
         ├── InvalidSagaId              an id that cannot be stored
+        ├── CallbackTokenInvalid       a callback URL this deployment did not sign (403)
         ├── SerializationError         a value that cannot be (de)serialised
         │   └── InvalidPayload         a payload its model refuses (names each field)
         │       └── UnstorableValue    a value Postgres cannot store
@@ -223,6 +229,30 @@ class SagaTimeout(SagaError):
         )
 
 
+class CallbackTimeout(SagaError):
+    """``ctx.callback``'s URL was not called before its timeout (a durable timer)."""
+
+    def __init__(self, name: str, wait_id: str) -> None:
+        self.name = name
+        self.wait_id = wait_id
+        super().__init__(
+            f"callback {name!r} ({wait_id}) was not called before its timeout; its URL "
+            "no longer works"
+        )
+
+
+class CallbackFailed(SagaError):
+    """The third party answered ``ctx.callback``'s wait on its ``/fail`` URL: ``error``
+    is what it said (its body's ``error`` field), ``details`` the rest of its body. Catch
+    it to take another path; uncaught, the saga compensates like any failure."""
+
+    def __init__(self, name: str, error: str, details: Mapping[str, Any] | None = None) -> None:
+        self.name = name
+        self.error = error
+        self.details = dict(details or {})
+        super().__init__(f"callback {name!r} reported a failure: {error}")
+
+
 # --------------------------------------------------------------------------- newer
 
 
@@ -347,6 +377,17 @@ class UpdateRefused(InvalidTransition):
         super().__init__(reason)
 
 
+class CallbackGone(InvalidTransition):
+    """A callback that can no longer be taken: its URL expired, its wait timed out or was
+    given up, or its saga ended or undoes its steps. Nothing was recorded (a 410 from the
+    admin API): the caller should stop retrying."""
+
+
+class CallbackConflict(CallbackGone):
+    """A callback answered already with another body (or the other of success and
+    failure): the first answer stands, nothing was recorded (a 409 from the admin API)."""
+
+
 class QueryFailed(InvalidTransition):
     """A query could not be answered: its method raised, or the saga's code holds no
     state to ask (a 409 from the admin API). Nothing was written."""
@@ -383,6 +424,12 @@ class NotParent(PermanentError):
 
 class InvalidSagaId(PermanentError):
     """A saga id must be 1 to 200 characters long."""
+
+
+class CallbackTokenInvalid(PermanentError):
+    """A callback URL's token this deployment did not sign: malformed, a key id not
+    configured (``callbacks.keys``), or a signature that does not match. Nothing was
+    recorded (a 403 from the admin API)."""
 
 
 class SerializationError(PermanentError):

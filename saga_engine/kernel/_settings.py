@@ -390,6 +390,16 @@ class BlobSettings(BaseModel):
         return self.threshold_bytes is not None
 
 
+def check_current_key(keys: Mapping[str, object], current_key: str | None, use: str) -> None:
+    """Keys that rotate (the codec's, the callbacks'): several may be configured, and all
+    of them read; ``current_key`` names the one new values use, and must when there are
+    several."""
+    if current_key is not None and current_key not in keys:
+        raise ValueError(f"current_key {current_key!r} is not among the keys")
+    if current_key is None and len(keys) > 1:
+        raise ValueError(f"several keys: name the one to {use} with in current_key")
+
+
 class CodecSettings(BaseModel):
     """Payload encryption and compression (docs/operations.md, "Encrypting payloads").
 
@@ -414,10 +424,7 @@ class CodecSettings(BaseModel):
 
     @model_validator(mode="after")
     def _current_key_given(self) -> CodecSettings:
-        if self.current_key is not None and self.current_key not in self.keys:
-            raise ValueError(f"current_key {self.current_key!r} is not among the keys")
-        if self.current_key is None and len(self.keys) > 1:
-            raise ValueError("several keys: name the one to encrypt with in current_key")
+        check_current_key(self.keys, self.current_key, "encrypt")
         for key_id, key in self.keys.items():
             try:
                 size = len(base64.b64decode(key.get_secret_value(), validate=True))
@@ -426,6 +433,43 @@ class CodecSettings(BaseModel):
             if size not in (16, 24, 32):
                 raise ValueError(f"key {key_id!r} is {size} bytes; AES-GCM takes 16, 24 or 32")
         return self
+
+
+class CallbackSettings(BaseModel):
+    """Callback URLs (``ctx.callback``, docs/callbacks.md): signed with HMAC-SHA256, so a
+    third party completes a saga's wait with no token of its own.
+
+    ``keys``: key id -> a secret of at least 32 characters, e.g.
+    ``SAGA_CALLBACKS__KEYS='{"cb-2026": "..."}'``; ``current_key`` names the one new URLs
+    are signed with (required when there are several); every key still verifies the URLs
+    it signed, so a key is rotated by adding the new one as ``current_key`` and removing
+    the old one once its URLs have expired. ``base_url``: where the third party reaches
+    the admin API (``https://saga.example.com``); the URL is ``{base_url}/callbacks/{token}``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    # Secrets: settings are printed in logs and errors.
+    keys: dict[str, SecretStr] = Field(default_factory=dict)
+    current_key: str | None = None
+    base_url: str = "http://127.0.0.1:8080"
+
+    @model_validator(mode="after")
+    def _current_key_given(self) -> CallbackSettings:
+        check_current_key(self.keys, self.current_key, "sign")
+        for key_id, key in self.keys.items():
+            if not key_id or len(key_id) > 64 or not key_id.isprintable():
+                raise ValueError(f"key id {key_id!r}: 1 to 64 printable characters")
+            if len(key.get_secret_value()) < 32:
+                raise ValueError(f"key {key_id!r} is shorter than 32 characters")
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url {self.base_url!r} must start with http:// or https://")
+        return self
+
+    @property
+    def signing_key(self) -> str | None:
+        """The id of the key new URLs are signed with (None: no keys configured)."""
+        return self.current_key or next(iter(self.keys), None)
 
 
 class FlowLimit(BaseModel):
@@ -630,6 +674,7 @@ class Settings(BaseSettings):
     admin: AdminSettings = AdminSettings()
     retention: RetentionSettings = RetentionSettings()
     codec: CodecSettings = CodecSettings()
+    callbacks: CallbackSettings = CallbackSettings()
     limits: LimitsSettings = LimitsSettings()
     schedules: ScheduleSettings = ScheduleSettings()
     batches: BatchSettings = BatchSettings()

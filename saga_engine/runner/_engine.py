@@ -21,6 +21,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, overload
 
@@ -28,6 +29,7 @@ from pydantic import BaseModel
 
 from saga_engine.core.authoring._definition import Saga
 from saga_engine.core.history._decision import (
+    CallbackInput,
     Cancel,
     Decision,
     ForceCompensate,
@@ -47,14 +49,18 @@ from saga_engine.core.history._events import (
     TriggerOrigin,
     UpdateCompleted,
 )
+from saga_engine.core.runtime._callbacks import body_digest
 from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.core.runtime._start import PreparedStart, StartRequest
+from saga_engine.kernel._callback_tokens import verify
 from saga_engine.kernel._crash import CrashHook
 from saga_engine.kernel._errors import (
+    CallbackGone,
     ConcurrencyError,
     InvalidPayload,
     InvalidTransition,
     SagaError,
+    SagaNotFound,
     SerializationError,
     TransientError,
     UpdateRefused,
@@ -82,6 +88,15 @@ log = logging.getLogger("saga_engine.engine")
 
 #: How far recovery lets the cache run past its size before evicting back down to it.
 _EVICT_SLACK = 256
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackAnswer:
+    """What a callback's call completed (the same for a repeat of it)."""
+
+    saga_id: str
+    wait_id: str
+    failed: bool
 
 
 class Engine:
@@ -305,6 +320,30 @@ class Engine:
         self._check_size(body, f"signal {name!r}", "payload")
         sid = signal_id or str(uuid.uuid4())
         return SignalInput(sid, name, self._clock.now(), body, principal, reason)
+
+    async def callback(
+        self, token: str, payload: JsonDict, *, failed: bool = False
+    ) -> CallbackAnswer:
+        """Completes the wait a callback URL's ``token`` names (``ctx.callback``) with
+        ``payload`` (its ``/fail`` URL: ``failed``). The one write path a third party takes
+        without an operator's token, so everything is checked before anything is
+        recorded: CallbackTokenInvalid (a token not signed here), CallbackGone (expired,
+        the wait over, the saga gone), CallbackConflict (answered with another body),
+        InvalidPayload (naming each field its model refuses), PayloadTooLarge. The same
+        body again gets the same answer and records nothing."""
+        now = self._clock.now()
+        claims = verify(self._settings.callbacks, token, now)
+        self._check_size(payload, "the callback", "body")
+        inbound = CallbackInput(
+            claims.wait_id, now, dict(payload), failed, body_digest(payload, failed)
+        )
+        try:
+            await self.deliver(claims.saga_id, inbound)
+        except SagaNotFound:
+            raise CallbackGone(
+                f"the saga of this callback ({claims.saga_id}) no longer exists"
+            ) from None
+        return CallbackAnswer(claims.saga_id, claims.wait_id, failed)
 
     async def update(
         self,

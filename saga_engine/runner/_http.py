@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("saga_engine.http")
 
 _RETRY_STATUS = {408, 429}
+#: Where ``http_step(..., completion="callback")`` tells its service to POST its result.
+CALLBACK_HEADER = "Saga-Callback-Url"
 
 
 class HttpCaller:
@@ -79,6 +81,8 @@ class HttpCaller:
         request = HttpRequest.model_validate(command.payload)
         url = base_url.rstrip("/") + request.path
         headers = {"Idempotency-Key": command.command_id, "X-Saga-Id": command.saga_id}
+        if request.callback_url is not None:  # completion="callback": it answers there
+            headers[CALLBACK_HEADER] = request.callback_url
         # The step span's W3C context: the service's server span becomes its child (or,
         # with the httpx instrumentation, the child of the client span made current
         # below, which replaces these headers with its own context).

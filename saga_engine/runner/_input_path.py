@@ -79,6 +79,7 @@ class InputPath:
         self._owners = parts.owners
         self._stats = parts.stats
         self._limit = parts.command_limit
+        self._callbacks = parts.settings.callbacks
         self._effects = Effects(parts, self.reload_soon)
         if parts.matcher is not None:
             parts.matcher.bind(self.apply)
@@ -268,7 +269,7 @@ class InputPath:
             work.deduplicated += 1
             return
         runtime, decision = SagaRuntime.start(
-            start.definition, start_input(start), limit=self._limit
+            start.definition, start_input(start), limit=self._limit, callbacks=self._callbacks
         )
         work.live = LiveSaga(runtime, committed_seq=0, started_at=start.now)
         work.created = (index, start)
@@ -320,7 +321,12 @@ class InputPath:
         definition = self._registry.for_history(loaded.record.saga_type, events)
         # A saga the code deployed here cannot drive is parked now, not at its last event.
         runtime, decision = SagaRuntime.replay(
-            definition, saga_id, events, now=self._clock.now(), limit=self._limit
+            definition,
+            saga_id,
+            events,
+            now=self._clock.now(),
+            limit=self._limit,
+            callbacks=self._callbacks,
         )
         live = LiveSaga(
             runtime,

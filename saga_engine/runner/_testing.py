@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 
 from saga_engine.core.authoring._definition import Saga
 from saga_engine.core.authoring._domain_events import EventSource
@@ -20,9 +20,10 @@ from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.core.history._events import Event
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.planning._rollout import RolloutSpec, flow_policy_key
+from saga_engine.kernel._callback_tokens import token_of
 from saga_engine.kernel._errors import SagaError, SagaNotFound, TransientError, UpdateFailed
 from saga_engine.kernel._serde import JsonDict
-from saga_engine.kernel._settings import Settings
+from saga_engine.kernel._settings import CallbackSettings, Settings
 from saga_engine.runner._children import ChildLinks
 from saga_engine.runner._clock import VirtualClock
 from saga_engine.runner._engine import Engine
@@ -197,12 +198,24 @@ class SagaRun:
         return f"SagaRun({self.saga_id!r})"
 
 
+#: The key a test environment signs callback URLs with when its settings have none.
+TEST_CALLBACK_KEY = "test-callback-key-" + "0" * 32
+
+
+def _with_callback_key(settings: Settings) -> Settings:
+    if settings.callbacks.keys:
+        return settings
+    keys = CallbackSettings(keys={"test": SecretStr(TEST_CALLBACK_KEY)})
+    return settings.model_copy(update={"callbacks": keys})
+
+
 class SagaTestEnv:
     """The real engine on in-memory adapters and a virtual clock.
 
     It is the composition root of a test: it builds the engine's collaborators
     (``parts``: the store, the live sagas, the counters in ``parts.stats``...) and the
-    child-saga links beside it."""
+    child-saga links beside it. Callback URLs (``ctx.callback``) are signed with a fixed
+    test key unless ``settings.callbacks`` has keys; ``callback(url, body)`` calls one."""
 
     def __init__(
         self,
@@ -217,7 +230,7 @@ class SagaTestEnv:
         #: The domain events ``publish_event`` takes (``ctx.wait_event``), kept in memory.
         self.event_sources = list(event_sources or [])
         self._facts = 0
-        self.settings = settings or Settings()
+        self.settings = _with_callback_key(settings or Settings())
         # UTC and timezone-aware, whatever is given (a naive time is taken as UTC, as the
         # stores read one): the saga's ctx.now() is this clock's time, and must read the
         # same on the Postgres store, which gives back UTC.
@@ -472,6 +485,14 @@ class SagaTestEnv:
         self, run: SagaRun | str, name: str, payload: BaseModel | JsonDict | None = None, **kw: Any
     ) -> None:
         await self.engine.signal(run if isinstance(run, str) else run.saga_id, name, payload, **kw)
+        await self.settle()
+
+    async def callback(self, url: str, body: BaseModel | JsonDict | None = None) -> None:
+        """Posts ``body`` to a callback URL (``cb.url``, or ``cb.fail_url``) as the admin
+        API's ``POST /callbacks/{token}`` does, with the same checks and refusals."""
+        token, failed = token_of(url)
+        payload = body.model_dump(mode="json") if isinstance(body, BaseModel) else body or {}
+        await self.engine.callback(token, payload, failed=failed)
         await self.settle()
 
     async def update(

@@ -648,6 +648,8 @@ async def test_openapi_describes_the_api(admin: Admin) -> None:
     spec = (await admin.http.get("/openapi.json")).json()
     assert set(spec["paths"]) == {
         "/health",
+        "/callbacks/{token}",
+        "/callbacks/{token}/fail",
         "/saga-types",
         "/saga-types/{name}/insights",
         "/saga-types/{name}/insights/policies",

@@ -19,6 +19,9 @@ from tests.admin.sagas import Noop, Transfer
 #: (method, path, operationId) of every operation, as generated before the split.
 OPERATIONS = {
     ("GET", "/health", "health_health_get"),
+    # Issue 41 §2: callback URLs, whose signed token is their credential.
+    ("POST", "/callbacks/{token}", "complete_callback_callbacks__token__post"),
+    ("POST", "/callbacks/{token}/fail", "fail_callback_callbacks__token__fail_post"),
     ("GET", "/saga-types", "saga_types_saga_types_get"),
     ("GET", "/sagas", "list_sagas_sagas_get"),
     ("GET", "/sagas/{saga}", "get_saga_sagas__saga__get"),
@@ -109,8 +112,11 @@ _READ = ["200", "401", "404", "409", "422", "503"]
 _ACTION = ["200", "400", "401", "403", "404", "409", "413", "422", "503"]
 _SCHEDULE_STATE = ["200", "401", "403", "404", "409", "422", "503"]
 #: operationId -> the documented status codes, as generated before the split.
+_CALLBACK = ["200", "400", "403", "409", "410", "413", "415", "422", "503"]
 STATUS_CODES = {
     "health_health_get": ["200", "503"],
+    "complete_callback_callbacks__token__post": _CALLBACK,
+    "fail_callback_callbacks__token__fail_post": _CALLBACK,
     "saga_types_saga_types_get": ["200", "401"],
     "list_sagas_sagas_get": ["200", "400", "401", "422", "503"],
     "get_saga_sagas__saga__get": _READ,
@@ -231,9 +237,10 @@ def test_the_operations_are_pinned() -> None:
     operations = _operations(_spec([Transfer, Noop], admin_settings()))
     assert set(operations) == OPERATIONS
     assert {op: sorted(o["responses"]) for (_, _, op), o in operations.items()} == STATUS_CODES
-    # Every operation but /health documents the bearer scheme.
+    # Every operation but /health and the callbacks' documents the bearer scheme.
     secured = {path for (_, path, _), o in operations.items() if "security" in o}
-    assert secured == {path for _, path, _ in OPERATIONS} - {"/health"}
+    public = {"/health", "/callbacks/{token}", "/callbacks/{token}/fail"}
+    assert secured == {path for _, path, _ in OPERATIONS} - public
     assert "security" not in operations[("GET", "/health", "health_health_get")]
 
 

@@ -6,12 +6,22 @@ import shutil
 from pathlib import Path
 
 import orjson
+import pytest
 
+from saga_engine.testing import SagaTestEnv
 from tests.cli.conftest import as_json, invoke, one_line_error
 
 HISTORIES = Path(__file__).parent.parent / "replay" / "histories"
 GOOD = sorted(p for p in HISTORIES.glob("*.json") if ".BAD." not in p.name)
 BAD = sorted(HISTORIES.glob("*.BAD.json"))
+
+
+@pytest.fixture(autouse=True)
+def _callback_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The callbacks' goldens were signed with the testing kit's key: the CLI reads it
+    from the settings, as a deployment's replay would read its own."""
+    secret = SagaTestEnv([]).settings.callbacks.keys["test"].get_secret_value()
+    monkeypatch.setenv("SAGA_CALLBACKS__KEYS", orjson.dumps({"test": secret}).decode())
 
 
 def test_a_directory_of_good_histories_replays_cleanly(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m tests.replay.make_goldens          # all of them
     .venv/bin/python -m tests.replay.make_goldens races    # the races' only (issue 41)
+    .venv/bin/python -m tests.replay.make_goldens callbacks  # the callbacks' only (issue 41)
 
 Run it only when a change of history format is intended: the point of the golden
 files is that histories recorded by older code keep replaying. Never regenerate the
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import orjson
@@ -24,6 +26,8 @@ from tests.sagas import (
     Approval,
     Capture,
     CheckoutRequest,
+    KycCheck,
+    KycRequest,
     OrderRequest,
     PlaceOrder,
     QuoteShipping,
@@ -131,7 +135,24 @@ async def races() -> None:
     )
 
 
+async def callbacks() -> None:
+    """Callbacks (issue 41 section 2), signed with the testing kit's key: a verdict
+    posted to the URL, and none before the timeout."""
+    env = SagaTestEnv([KycCheck])
+    run = await env.start(KycCheck, KycRequest(applicant="ada"), saga_id="golden-kyc-answered")
+    url = env.commands("kyc")[-1].payload["callback_url"]
+    await env.callback(url, {"approved": True, "score": 91})
+    await _export(env, run, "callback-kyc-answered", KycCheck.name)
+    run = await env.start(KycCheck, KycRequest(applicant="bo"), saga_id="golden-kyc-timed-out")
+    await env.advance(timedelta(days=2, seconds=1))
+    await _export(env, run, "callback-kyc-timed-out", KycCheck.name)
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] != ["races"]:
-        asyncio.run(main())
-    asyncio.run(races())
+    if sys.argv[1:] == ["callbacks"]:
+        asyncio.run(callbacks())
+    else:
+        if sys.argv[1:] != ["races"]:
+            asyncio.run(main())
+        asyncio.run(races())
+        asyncio.run(callbacks())

@@ -13,13 +13,17 @@ from saga_engine import NondeterminismError, Saga, SagaStatus, SerializationErro
 from saga_engine.cli import app
 from saga_engine.events import EVENT_TYPES, SagaStarted
 from saga_engine.replay import export_history, load_history, replay
-from tests.sagas import PlaceOrder, RaceCheckout, WaitCheckout
+from saga_engine.testing import SagaTestEnv
+from tests.sagas import KycCheck, PlaceOrder, RaceCheckout, WaitCheckout
 
 HISTORIES = Path(__file__).parent / "histories"
 GOOD = sorted(p for p in HISTORIES.glob("*.json") if not p.name.endswith(".BAD.json"))
 BAD = sorted(HISTORIES.glob("*.BAD.json"))
 #: The sagas the goldens were recorded by.
-SAGAS: list[type[Saga[Any, Any]]] = [PlaceOrder, RaceCheckout, WaitCheckout]
+SAGAS: list[type[Saga[Any, Any]]] = [PlaceOrder, RaceCheckout, WaitCheckout, KycCheck]
+#: The callbacks' goldens were signed with the testing kit's key (their URLs, carried by
+#: a step's command, must derive the same on replay).
+CALLBACK_KEYS = SagaTestEnv([]).settings.callbacks
 
 
 def test_the_goldens_cover_both_ends_a_signal_and_a_timer() -> None:
@@ -30,14 +34,14 @@ def test_the_goldens_cover_both_ends_a_signal_and_a_timer() -> None:
     ends = {load_history(path).events[-1].kind for path in GOOD}
     assert {"saga_completed", "saga_compensated"} <= ends
     assert {"signal_received", "timer_fired", "compensation_completed"} <= kinds
-    # A race's loser given up and refunded (issue 41).
-    assert "step_abandoned" in kinds
+    # A race's loser given up and refunded (issue 41), a callback answered.
+    assert {"step_abandoned", "callback_awaited", "callback_received"} <= kinds
 
 
 @pytest.mark.parametrize("path", GOOD, ids=lambda p: p.stem)
 def test_golden_history_replays_deterministically(path: Path) -> None:
     history = load_history(path)
-    result = replay(SAGAS, history)
+    result = replay(SAGAS, history, callbacks=CALLBACK_KEYS)
     assert result.deterministic, result.error
     assert result.status.is_terminal
     # The recorded terminal event agrees with the replayed status.
@@ -98,9 +102,20 @@ runner = CliRunner()
 
 
 def test_cli_replay_reports_deterministic() -> None:
-    result = runner.invoke(app, ["replay", str(GOOD[0]), "--sagas", "tests.sagas"])
+    result = runner.invoke(app, ["replay", str(GOOD[-1]), "--sagas", "tests.sagas"])
     assert result.exit_code == 0, result.output
     assert "deterministic" in result.output
+
+
+def test_cli_replay_reads_the_callback_keys_from_the_settings() -> None:
+    answered = str(HISTORIES / "callback-kyc-answered.json")
+    secret = CALLBACK_KEYS.keys["test"].get_secret_value()
+    keys = {"SAGA_CALLBACKS__KEYS": orjson.dumps({"test": secret}).decode()}
+    result = runner.invoke(app, ["replay", answered, "--sagas", "tests.sagas"], env=keys)
+    assert result.exit_code == 0, result.output
+    unsigned = runner.invoke(app, ["replay", answered, "--sagas", "tests.sagas"])
+    assert unsigned.exit_code == 1
+    assert "callback key 'test' is not configured here" in " ".join(unsigned.output.split())
 
 
 def test_cli_replay_reports_the_first_divergence_and_exits_1() -> None:

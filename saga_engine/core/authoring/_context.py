@@ -11,11 +11,11 @@ shaped like a saga class (:class:`ChildSaga`).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, Generic, Protocol, TypeVar, overload
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,7 +23,9 @@ from saga_engine.core.authoring._domain_events import EventSource, source_name
 from saga_engine.core.authoring._signal import Signal
 from saga_engine.core.authoring._update import name_of
 from saga_engine.core.history._cost import Cost
+from saga_engine.core.history._events import CallbackAwaited, CallbackReceived
 from saga_engine.core.history._policy import RetryPolicy
+from saga_engine.kernel._errors import CallbackFailed, CallbackTimeout, StepFailed
 from saga_engine.kernel._serde import JsonDict
 
 M = TypeVar("M", bound=BaseModel)
@@ -32,6 +34,9 @@ T = TypeVar("T")
 O_co = TypeVar("O_co", covariant=True)
 
 Duration = timedelta | float | int
+
+#: How long ``http_step(..., completion="callback")`` waits for its service's call.
+DEFAULT_CALLBACK_TIMEOUT = timedelta(days=1)
 
 #: Steps addressed to "http:<endpoint>" are HTTP calls made by the engine itself.
 HTTP_PREFIX = "http:"
@@ -45,6 +50,10 @@ class HttpRequest(BaseModel):
     method: str = "POST"
     path: str = Field(pattern=r"^/")
     body: JsonDict | None = None
+    #: ``ctx.http_step(..., completion="callback")``: the URL the service POSTs its
+    #: result to later, sent as the ``Saga-Callback-Url`` header (left out of the stored
+    #: command when None, so the commands of HTTP steps recorded before it replay).
+    callback_url: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 #: A child is asked again (its start re-sent, same command id) this often by default: an
@@ -98,6 +107,79 @@ class Winner(Generic[T]):
     value: T
 
 
+class Callback(Generic[T]):
+    """A signed URL a third party calls, with no token, to complete one wait of this
+    saga (``ctx.callback``): ``POST`` the body to :attr:`url`, or to :attr:`fail_url` to
+    report a failure. ``await cb`` (or ``await cb.wait()``, which ``ctx.first`` races)
+    returns the body as the model reads it; raises ``CallbackTimeout`` when its timeout
+    passed first and ``CallbackFailed`` after a call of :attr:`fail_url`."""
+
+    __slots__ = ("_driver", "_event", "_model", "context")
+
+    def __init__(
+        self, context: SagaContext, event: CallbackAwaited, model: type[BaseModel] | None
+    ) -> None:
+        #: The context that made it (``ctx.first`` races only its own saga's waits).
+        self.context = context
+        self._driver = context._driver
+        self._event = event
+        self._model = model
+
+    @property
+    def name(self) -> str:
+        return self._event.name
+
+    @property
+    def wait_id(self) -> str:
+        """The wait's id in the history (``callback:<name>:<n>``)."""
+        return self._event.wait_id
+
+    @property
+    def expires_at(self) -> datetime:
+        return self._event.expires_at
+
+    @property
+    def url(self) -> str:
+        """The URL to POST the result to: signed, bound to this saga and this wait, single
+        use, valid until :attr:`expires_at`. The same on every replay."""
+        return self._driver.callback_url(self._event)
+
+    @property
+    def fail_url(self) -> str:
+        """The URL to POST a failure to (``{"error": "..."}``): ``await`` raises
+        ``CallbackFailed``."""
+        return f"{self.url}/fail"
+
+    async def wait(self) -> T:
+        """The body the third party posted, as the model reads it (a dict without one)."""
+        received = await self._driver.op_wait_callback(self._event)
+        if self._model is None:
+            return dict(received.payload)  # type: ignore[return-value]
+        parsed: T = self._driver.parse(
+            self._model, received.payload, f"callback {self._event.name!r}"
+        )  # type: ignore[assignment]
+        return parsed
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self.wait().__await__()
+
+    def __repr__(self) -> str:
+        return f"Callback({self._event.name!r}, wait_id={self._event.wait_id!r})"
+
+
+async def _called_back(step: str, cb: Callback[T]) -> T:
+    """The result an HTTP step's service posted to its callback URL; its failure, or no
+    call before the timeout, fails the step."""
+    try:
+        return await cb
+    except CallbackFailed as exc:
+        raise StepFailed(
+            step, f"the service reported a failure: {exc.error}", details=exc.details
+        ) from exc
+    except CallbackTimeout as exc:
+        raise StepFailed(step, str(exc)) from exc
+
+
 class ChildSaga(Protocol[O_co]):
     """What ``ctx.child`` needs of a saga class: its name, models, and a ``run`` whose
     result is the child's output (so ``await ctx.child(Shipment, ...)`` is typed)."""
@@ -144,6 +226,14 @@ class SagaDriver(Protocol):
     def op_wait_event(
         self, source: str, key: Any, timeout: timedelta | None
     ) -> Coroutine[Any, Any, JsonDict]: ...
+
+    def op_callback(
+        self, name: str, model: type[BaseModel] | None, timeout: timedelta
+    ) -> CallbackAwaited: ...
+
+    def callback_url(self, event: CallbackAwaited) -> str: ...
+
+    def op_wait_callback(self, event: CallbackAwaited) -> Coroutine[Any, Any, CallbackReceived]: ...
 
     def op_side_effect(self, fn: Callable[[], T]) -> Coroutine[Any, Any, T]: ...
 
@@ -349,6 +439,8 @@ class SagaContext:
         timeout: Duration | None = None,
         pivot: bool = False,
         cost: Cost | str | None = None,
+        completion: Literal["response", "callback"] = "response",
+        callback_timeout: Duration = DEFAULT_CALLBACK_TIMEOUT,
     ) -> M: ...
 
     @overload
@@ -366,6 +458,8 @@ class SagaContext:
         timeout: Duration | None = None,
         pivot: bool = False,
         cost: Cost | str | None = None,
+        completion: Literal["response", "callback"] = "response",
+        callback_timeout: Duration = DEFAULT_CALLBACK_TIMEOUT,
     ) -> JsonDict: ...
 
     async def http_step(
@@ -382,6 +476,8 @@ class SagaContext:
         timeout: Duration | None = None,
         pivot: bool = False,
         cost: Cost | str | None = None,
+        completion: Literal["response", "callback"] = "response",
+        callback_timeout: Duration = DEFAULT_CALLBACK_TIMEOUT,
     ) -> M | JsonDict:
         """A step that calls an HTTP service instead of sending a Kafka command.
 
@@ -393,8 +489,22 @@ class SagaContext:
         key until the attempt's ``timeout`` (default 30 s), then re-sent per ``retry``.
         It is recorded in the history like any step. ``pivot=True`` marks it as the
         saga's pivot, and ``cost`` its cost, as for ``ctx.step``.
+
+        ``completion="callback"``: the service accepts the request now (a 2xx, typically
+        202) and POSTs the result later to the URL sent in the ``Saga-Callback-Url``
+        header (its failure to that URL + ``/fail``); the step returns that result,
+        read by ``returns``. A failure posted, or no call within ``callback_timeout``
+        (default a day), fails the step (``StepFailed``); the request was accepted, so
+        its ``compensate`` is owed like any applied step's (docs/callbacks.md).
         """
         request = HttpRequest(method=method.upper(), path=path, body=json)
+        cb: Callback[Any] | None = None
+        if completion == "callback":
+            # The wait first: it is recorded before the request that carries its URL.
+            cb = self.callback(name, model=returns, timeout=callback_timeout)
+            request = request.model_copy(update={"callback_url": cb.url})
+        elif completion != "response":
+            raise ValueError(f"completion must be 'response' or 'callback', not {completion!r}")
         step = StepRequest(
             name,
             f"{HTTP_PREFIX}{endpoint}",
@@ -402,11 +512,13 @@ class SagaContext:
             compensate=compensate,
             retry=retry,
             timeout=as_timedelta(timeout, "timeout") or timedelta(seconds=30),
-            returns=returns,
+            returns=None if cb is not None else returns,
             pivot=pivot,
             cost=cost,
         )
         payload = await self._driver.op_step(step)
+        if cb is not None:
+            return await _called_back(name, cb)
         if returns is None:
             return payload
         return self._driver.parse(returns, payload, f"the response of step {name!r}", step=name)
@@ -490,6 +602,36 @@ class SagaContext:
         )
         parsed: M = self._driver.parse(model, payload, f"event {name}")
         return parsed
+
+    @overload
+    def callback(self, name: str, *, model: type[M], timeout: Duration) -> Callback[M]: ...
+
+    @overload
+    def callback(
+        self, name: str, *, model: None = None, timeout: Duration
+    ) -> Callback[JsonDict]: ...
+
+    def callback(
+        self, name: str, *, model: type[BaseModel] | None = None, timeout: Duration
+    ) -> Callback[Any]:
+        """A URL a third party calls, with no token, to complete a wait (docs/callbacks.md)::
+
+            cb = ctx.callback("kyc-verdict", model=Verdict, timeout=timedelta(days=2))
+            await ctx.step("kyc", to="kyc", command=Check(callback_url=cb.url))
+            verdict = await cb
+
+        The wait is recorded here, before the code can read ``cb.url``, so the URL leaves
+        the engine only once it can be answered. The URL is signed (``callbacks.keys``),
+        bound to this saga and this wait, single use, and valid until ``timeout``
+        passes (a durable timer: ``await cb`` raises ``CallbackTimeout``). A body its
+        ``model`` refuses gets a 422 naming the field and changes nothing; the first
+        valid body wins, the same body again gets the same answer, another one a 409.
+        A call of ``cb.fail_url`` makes ``await cb`` raise ``CallbackFailed``.
+        """
+        delta = as_timedelta(timeout, "callback timeout")
+        assert delta is not None
+        event = self._driver.op_callback(name, model, delta)
+        return Callback(self, event, model)
 
     async def wait_update(self, update: Any) -> Any:
         """Waits for the next call of one of this saga's ``@update`` methods (the method,
@@ -614,3 +756,4 @@ RACEABLE: dict[Any, str] = {
         ("first", SagaContext.first),
     )
 }
+RACEABLE[Callback.wait.__code__] = "a callback's wait()"

@@ -57,6 +57,7 @@ PAYLOAD_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
     "reply_received": ("payload",),
     "signal_received": ("payload",),
     "domain_event_received": ("payload",),
+    "callback_received": ("payload",),
     "step_skipped": ("payload",),
     "command_issued": ("payload", "compensation.payload"),
     "compensation_issued": ("payload",),

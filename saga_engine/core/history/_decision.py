@@ -142,6 +142,18 @@ class SignalInput:
 
 
 @dataclass(frozen=True, slots=True)
+class CallbackInput:
+    """A call of a callback URL whose token checked out (``runner/_engine``): it answers
+    the wait ``wait_id``; ``digest`` tells a repeat from a conflict."""
+
+    wait_id: str
+    at: datetime
+    payload: JsonDict
+    failed: bool
+    digest: str
+
+
+@dataclass(frozen=True, slots=True)
 class UpdateInput:
     """A call of a saga's ``@update`` method (see ``core/authoring/_update``)."""
 
@@ -245,6 +257,7 @@ Inbound = (
     | RetryStep
     | Undo
     | EventInput
+    | CallbackInput
     | UpdateInput
     | KeyQueue
     | KeyGrant
@@ -272,6 +285,8 @@ class DropReason(StrEnum):
     #: A concurrency key's grant (or queueing) the history records already, or that
     #: comes after the saga stopped waiting for its key.
     KEY_SETTLED = "key_settled"
+    #: A callback answered already with the same body: the first answer stands.
+    DUPLICATE_CALLBACK = "duplicate_callback"
 
 
 @dataclass(frozen=True, slots=True)

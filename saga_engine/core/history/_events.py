@@ -271,6 +271,22 @@ class DomainEventReceived(_Event):
         return f"event {self.source} key={self.key} received"
 
 
+class CallbackReceived(_Event):
+    """A third party answered the callback wait ``wait_id`` on its signed URL
+    (``ctx.callback``): ``payload`` is its body, checked by the wait's model; ``failed``:
+    it posted to the ``/fail`` URL. ``digest`` is the body's (and ``failed``'s) hash: the
+    same call again gets the same answer, another one a conflict."""
+
+    kind: Literal["callback_received"] = "callback_received"
+    wait_id: str
+    payload: JsonDict = Field(default_factory=dict)
+    failed: bool = False
+    digest: str
+
+    def describe(self) -> str:
+        return f"callback {self.wait_id!r} {'failed' if self.failed else 'received'}"
+
+
 class UpdateReceived(_Event):
     """An update (``@update``) accepted by its input model and its validator: its handler
     runs on the saga's state right after it, and its result follows (``update_completed``)."""
@@ -467,6 +483,26 @@ class EventAwaited(_Intent):
 
     def describe(self) -> str:
         return f"wait for event {self.source} key={self.key}"
+
+
+class CallbackAwaited(_Intent):
+    """The code made a callback URL (``ctx.callback``) and waits on it until
+    ``expires_at`` (a durable timer named after the wait). ``key_id`` and ``base_url``
+    are what the URL was signed with and where it points, recorded so that a replay
+    derives the same URL; the URL's signature itself is never stored."""
+
+    kind: Literal["callback_awaited"] = "callback_awaited"
+    wait_id: str
+    name: str
+    expires_at: datetime
+    key_id: str
+    base_url: str
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.wait_id, self.name)
+
+    def describe(self) -> str:
+        return f"wait for callback {self.name!r}"
 
 
 class SideEffectRecorded(_Intent):
@@ -692,6 +728,7 @@ Event = Annotated[
     | TimerFired
     | SignalReceived
     | DomainEventReceived
+    | CallbackReceived
     | CancelRequested
     | UndoRequested
     | CompensationForced
@@ -704,6 +741,7 @@ Event = Annotated[
     | CommandIssued
     | TimerStarted
     | EventAwaited
+    | CallbackAwaited
     | SideEffectRecorded
     | PatchMarked
     | NodeSkipped
@@ -761,6 +799,8 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     UpdateCompleted,
     StepAbandoned,
     ProgressEmitted,
+    CallbackAwaited,
+    CallbackReceived,
 )
 
 TERMINAL_EVENTS = (SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled)

@@ -32,6 +32,8 @@ from saga_engine.core.history._concurrency_keys import KeyHold
 from saga_engine.core.history._decision import DEADLINE_TIMER
 from saga_engine.core.history._events import (
     AttemptTimedOut,
+    CallbackAwaited,
+    CallbackReceived,
     CommandIssued,
     CompensationIssued,
     CompensationStarted,
@@ -123,6 +125,19 @@ class EventWait:
     future: asyncio.Future[Any] | None = None
 
 
+@dataclass(slots=True)
+class CallbackWait:
+    """A callback URL's wait (``ctx.callback``), not answered yet."""
+
+    event: CallbackAwaited
+    #: What the saga's code awaits (the answer, or None when the wait's timer fired);
+    #: None in a fold without code (a view).
+    future: asyncio.Future[CallbackReceived | None] | None = None
+    #: The model the code reads the body with (a body it refuses is a 422, recorded
+    #: nowhere); None for a plain JSON object, or in a fold without code.
+    model: type[BaseModel] | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Awaited:
     """What a saga's code still waits for, as its runtime (live, or replayed from the
@@ -147,6 +162,9 @@ class Awaited:
 #: The open event waits of a saga that has none: shared, never written to (most sagas
 #: never wait for a domain event, and an empty dict each is memory for nothing).
 NO_WAITS: dict[str, EventWait] = {}
+#: The same for callback waits, and for the callbacks received (wait id -> digest).
+NO_CALLBACK_WAITS: dict[str, CallbackWait] = {}
+NO_CALLBACKS: dict[str, str] = {}
 
 
 class Unstuck(Enum):
@@ -158,7 +176,7 @@ class Unstuck(Enum):
 #: What an event settled, as :meth:`Fold.apply` returns it: the command it answered, the
 #: timer it fired or cut short, the stuck compensation or parked step it released,
 #: the event wait it answered, or nothing.
-Settled = Sent | Timer | Unstuck | ParkedStep | EventWait | None
+Settled = Sent | Timer | Unstuck | ParkedStep | EventWait | CallbackWait | None
 
 
 def timeout_timer_id(command_id: str, attempt: int) -> str:
@@ -223,6 +241,8 @@ class Fold:
 
     # Slots: the decision core keeps one per live saga (up to engine.cache_size).
     __slots__ = (
+        "callback_waits",
+        "callbacks_received",
         "cause",
         "current_step",
         "error",
@@ -281,6 +301,10 @@ class Fold:
         #: domain events received (a fact answers a saga once).
         self.event_waits: dict[str, EventWait] = NO_WAITS
         self.seen_events: Set[str] = NO_IDS
+        #: The callback waits not answered yet, by wait id; the digest of each callback
+        #: received, by wait id (a repeat gets the same answer, another body a conflict).
+        self.callback_waits: dict[str, CallbackWait] = NO_CALLBACK_WAITS
+        self.callbacks_received: dict[str, str] = NO_CALLBACKS
         #: Its concurrency key, once the history says it queued for it or holds it.
         self.key: KeyHold | None = None
 
@@ -441,7 +465,24 @@ class Fold:
         timer = self.timers.pop(event.timer_id, None)
         if timer is not None and timer.purpose == "event_timeout":
             self.event_waits.pop(event.timer_id, None)  # the wait is over, unanswered
+        elif timer is not None and timer.purpose == "callback_timeout":
+            self.callback_waits.pop(event.timer_id, None)
         return timer
+
+    def _on_callback_awaited(self, event: CallbackAwaited) -> None:
+        if self.callback_waits is NO_CALLBACK_WAITS:
+            self.callback_waits = {}
+        self.callback_waits[event.wait_id] = CallbackWait(event)
+        self.timers[event.wait_id] = Timer(
+            event.wait_id, "callback_timeout", event.expires_at, event.at
+        )
+
+    def _on_callback(self, event: CallbackReceived) -> CallbackWait | None:
+        if self.callbacks_received is NO_CALLBACKS:
+            self.callbacks_received = {}
+        self.callbacks_received[event.wait_id] = event.digest
+        self.timers.pop(event.wait_id, None)
+        return self.callback_waits.pop(event.wait_id, None)
 
     def _on_event_awaited(self, event: EventAwaited) -> None:
         if self.event_waits is NO_WAITS:
@@ -613,4 +654,6 @@ _HANDLERS: dict[type[Event], Callable[[Fold, Any], Settled]] = {
     SagaCancelled: Fold._on_ended,
     EventAwaited: Fold._on_event_awaited,
     DomainEventReceived: Fold._on_domain_event,
+    CallbackAwaited: Fold._on_callback_awaited,
+    CallbackReceived: Fold._on_callback,
 }

@@ -17,6 +17,7 @@ from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.kernel._errors import DefinitionError, PermanentError, SerializationError
 from saga_engine.kernel._serde import JsonDict, loads
+from saga_engine.kernel._settings import CallbackSettings
 
 __all__ = [
     "FORMAT",
@@ -89,13 +90,20 @@ def load_history(source: JsonDict | str | bytes | Path) -> HistoryExport:
 
 
 def replay(
-    sagas: Iterable[type[Saga[Any, Any]]] | SagaRegistry, history: HistoryExport
+    sagas: Iterable[type[Saga[Any, Any]]] | SagaRegistry,
+    history: HistoryExport,
+    *,
+    callbacks: CallbackSettings | None = None,
 ) -> ReplayResult:
-    """Re-runs the saga's current code against the history; reports the first divergence."""
+    """Re-runs the saga's current code against the history; reports the first divergence.
+    ``callbacks``: the keys its callback URLs were signed with (``Settings.callbacks``),
+    for code that reads a URL (``cb.url``); without them, that code cannot run."""
     registry = sagas if isinstance(sagas, SagaRegistry) else SagaRegistry(sagas)
     # The class of the version the history's start recorded, not the newest deployed.
     definition = registry.for_history(history.saga_type, history.events)
-    runtime, decision = SagaRuntime.replay(definition, history.saga_id, history.events)
+    runtime, decision = SagaRuntime.replay(
+        definition, history.saga_id, history.events, callbacks=callbacks
+    )
     try:
         return ReplayResult(
             saga_id=history.saga_id,

@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from saga_engine.core.history._events import EventAwaited
-from saga_engine.core.runtime._intents import check_open, emit, next_id
+from saga_engine.core.runtime._intents import check_open, emit, end_with_timer, next_id
 from saga_engine.core.runtime._state import SagaState
 from saga_engine.kernel._errors import EventTimeout
 from saga_engine.kernel._serde import JsonDict
@@ -36,13 +36,7 @@ async def wait_event(s: SagaState, source: str, key: str, limit: timedelta | Non
     )
     future: asyncio.Future[Any] = s.loop.create_future()
     s.event_waits[wait_id].future = future
-    timer = s.timers.get(wait_id)
-    if timer is not None:
-        timer_future: asyncio.Future[None] = s.loop.create_future()
-        timer_future.add_done_callback(
-            lambda _: future.done() or future.set_result(None)  # type: ignore[func-returns-value]
-        )
-        timer.future = timer_future
+    end_with_timer(s, wait_id, future)
     try:
         payload: JsonDict | None = await future
     finally:

@@ -19,6 +19,7 @@ from typing import Any
 from saga_engine.core.history._decision import (
     CHILD_PARTICIPANT,
     DEADLINE_TIMER,
+    CallbackInput,
     Cancel,
     DropReason,
     EventInput,
@@ -37,6 +38,7 @@ from saga_engine.core.history._decision import (
 )
 from saga_engine.core.history._events import (
     AttemptTimedOut,
+    CallbackReceived,
     CancelRequested,
     CommandIssued,
     CompensationForced,
@@ -59,6 +61,7 @@ from saga_engine.core.history._events import (
 )
 from saga_engine.core.history._fold import EventWait, ParkedStep, Sent, Settled, Timer, Unstuck
 from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.runtime._callbacks import callback_event, callback_to_code
 from saga_engine.core.runtime._lifecycle import (
     answer_waiting_step,
     request_cancel,
@@ -73,6 +76,7 @@ from saga_engine.kernel._errors import (
     InvalidTransition,
     NotParent,
     PastPivot,
+    TransientError,
     UnstorableValue,
 )
 from saga_engine.kernel._serde import (
@@ -94,6 +98,7 @@ _INPUT_NAMES = {
     TimerDue: "timer",
     Undo: "undo",
     EventInput: "event",
+    CallbackInput: "callback",
     UpdateInput: "update",
     KeyQueue: "key-queue",
     KeyGrant: "key-grant",
@@ -141,6 +146,13 @@ def _while_parked(s: SagaState, inbound: Inbound) -> Event | DropReason:
             )
         _check_texts("resume", principal=inbound.principal, reason=inbound.reason)
         return SagaResumed(at=inbound.at, principal=inbound.principal, reason=inbound.reason)
+    if isinstance(inbound, CallbackInput):
+        # The caller is a third party's webhook, which retries on a 5xx: the saga takes
+        # the callback once an operator has deployed a fix and resumed it.
+        raise TransientError(
+            f"saga {s.saga_id} is parked for an operator; the callback is not recorded, "
+            "send it again later"
+        )
     if isinstance(inbound, SignalInput | Cancel | ForceCompensate | Skip | RetryStep | UpdateInput):
         raise InvalidTransition(
             f"saga {s.saga_id} is parked as nondeterministic; resume it after "
@@ -527,6 +539,7 @@ _TO_EVENT: dict[type, Callable[[SagaState, Any], Event | DropReason]] = {
     RetryStep: _retry_event,
     Resume: _resume,
     EventInput: _domain_event,
+    CallbackInput: callback_event,
     UpdateInput: update_event,
     KeyQueue: _key_queue,
     KeyGrant: _key_grant,
@@ -637,6 +650,7 @@ _TO_CODE: dict[type[Event], Callable[[SagaState, Any, Settled], None]] = {
     TimerFired: _timer_to_code,
     SignalReceived: _signal_to_code,
     DomainEventReceived: _event_to_code,
+    CallbackReceived: callback_to_code,
     CancelRequested: lambda s, e, _: request_cancel(s, "cancel", e.reason),
     UndoRequested: lambda s, e, _: request_undo(s, e.parent_id, e.reason),
     CompensationForced: lambda s, e, _: request_cancel(

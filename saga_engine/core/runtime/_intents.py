@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from datetime import timedelta
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
 
@@ -45,6 +45,18 @@ def emit(s: SagaState, event: E) -> E:
     s.cursor += 1
     s.apply(event)
     return event
+
+
+def end_with_timer(s: SagaState, timer_id: str, future: asyncio.Future[Any]) -> None:
+    """A wait with a timeout: when the fold's timer ``timer_id`` fires, ``future`` gets
+    None (unless its answer came first)."""
+    timer = s.timers.get(timer_id)
+    if timer is not None:
+        timer_future: asyncio.Future[None] = s.loop.create_future()
+        timer_future.add_done_callback(
+            lambda _: future.done() or future.set_result(None)  # type: ignore[func-returns-value]
+        )
+        timer.future = timer_future
 
 
 def next_id(s: SagaState, kind: str) -> int:

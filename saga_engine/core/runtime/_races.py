@@ -22,7 +22,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, NoReturn
 
-from saga_engine.core.authoring._context import RACEABLE, Winner
+from saga_engine.core.authoring._context import RACEABLE, Callback, Winner
 from saga_engine.core.history._events import TimerStarted
 from saga_engine.core.history._fold import SCOPE_PREFIX
 from saga_engine.core.runtime._intents import check_open, emit, next_id
@@ -112,13 +112,14 @@ def _problem(s: SagaState, racers: Mapping[str, object]) -> str | None:
             return (
                 f"{what} got a call of {racer.cr_code.co_qualname}, which is not a ctx "
                 "operation: race ctx.step, ctx.http_step, ctx.child, ctx.sleep, "
-                "ctx.wait_signal, ctx.wait_event, ctx.wait_update or ctx.first itself; to race several "
+                "ctx.wait_signal, ctx.wait_event, ctx.wait_update, a callback's wait() or ctx.first itself; to race several "
                 "steps, race a ctx.child saga that runs them, or bound them with "
                 "`async with ctx.timeout(...)`"
             )
         if inspect.getcoroutinestate(racer) != inspect.CORO_CREATED or id(racer) in seen:
             return f"{what}: that {op}(...) call is already awaited (or raced twice)"
-        if racer.cr_frame is not None and racer.cr_frame.f_locals.get("self") is not s.ctx:
+        owner = racer.cr_frame.f_locals.get("self") if racer.cr_frame is not None else s.ctx
+        if (owner.context if isinstance(owner, Callback) else owner) is not s.ctx:
             return f"{what}: that {op}(...) call is another saga's context's"
         seen.add(id(racer))
     return None

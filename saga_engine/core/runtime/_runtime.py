@@ -38,6 +38,7 @@ from saga_engine.core.authoring._update import run_query
 from saga_engine.core.history._concurrency_keys import check_key, key_value
 from saga_engine.core.history._cost import Cost
 from saga_engine.core.history._decision import (
+    CallbackInput,
     Decision,
     DropReason,
     Inbound,
@@ -53,6 +54,8 @@ from saga_engine.core.history._decision import (
 )
 from saga_engine.core.history._events import (
     TERMINAL_EVENTS,
+    CallbackAwaited,
+    CallbackReceived,
     CommandIssued,
     CompensationIssued,
     Event,
@@ -65,6 +68,7 @@ from saga_engine.core.history._fold import Awaited
 from saga_engine.core.history._policy import RetryPolicy
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.runtime import _awaits as awaits
+from saga_engine.core.runtime import _callbacks as callback_ops
 from saga_engine.core.runtime import _operations as operations
 from saga_engine.core.runtime import _progress as progress
 from saga_engine.core.runtime import _races as races
@@ -74,6 +78,7 @@ from saga_engine.core.runtime._operations import CommandLimit
 from saga_engine.core.runtime._state import POLL_PREFIX, Halt, SagaState
 from saga_engine.kernel._errors import InvalidTransition, SerializationError
 from saga_engine.kernel._serde import JsonDict, check_storable, unstorable
+from saga_engine.kernel._settings import CallbackSettings
 
 M = TypeVar("M", bound=BaseModel)
 #: The events after which an ended child answers its parent.
@@ -92,9 +97,11 @@ class SagaRuntime:
         saga_id: str,
         clock: datetime,
         limit: CommandLimit | None = None,
+        callbacks: CallbackSettings | None = None,
     ) -> None:
         #: Everything about the saga that changes while it runs (read it, do not change it).
         self.state = SagaState(definition, saga_id, SagaContext(self), clock)
+        self.state.callback_keys = callbacks
         #: The size a command may be (None: not measured, as a replay tool reads).
         self.limit = limit
 
@@ -102,10 +109,16 @@ class SagaRuntime:
 
     @classmethod
     def start(
-        cls, definition: SagaDefinition, start: StartSaga, *, limit: CommandLimit | None = None
+        cls,
+        definition: SagaDefinition,
+        start: StartSaga,
+        *,
+        limit: CommandLimit | None = None,
+        callbacks: CallbackSettings | None = None,
     ) -> tuple[SagaRuntime, Decision]:
         """A brand-new saga: validates the input, records SagaStarted, runs to its first wait.
-        ``limit``: the size of the commands its steps may issue.
+        ``limit``: the size of the commands its steps may issue; ``callbacks``: the keys
+        its callback URLs are signed with.
 
         Raises InvalidPayload (UnstorableValue) naming each wrong field; nothing is recorded.
         """
@@ -122,7 +135,7 @@ class SagaRuntime:
             },
             "the start",
         )
-        rt = cls(definition, start.saga_id, start.at, limit)
+        rt = cls(definition, start.saga_id, start.at, limit, callbacks)
         started = SagaStarted(
             at=start.at,
             saga_type=definition.name,
@@ -152,9 +165,11 @@ class SagaRuntime:
         *,
         now: datetime | None = None,
         limit: CommandLimit | None = None,
+        callbacks: CallbackSettings | None = None,
     ) -> tuple[SagaRuntime, Decision]:
         """Rebuilds a saga from its history. The decision holds anything owed past the end.
-        ``limit``: as ``start``'s, for the steps it issues past its history.
+        ``limit`` and ``callbacks``: as ``start``'s, for what it does past its history
+        (without ``callbacks``, code that reads a callback's URL parks the saga).
 
         ``now`` is the runner's clock: a saga parked while it is rebuilt (the code
         deployed no longer matches its history) is parked at that time, never before its
@@ -162,7 +177,7 @@ class SagaRuntime:
         """
         if not history or not isinstance(history[0], SagaStarted):
             raise SerializationError(f"saga {saga_id}: a history must begin with saga_started")
-        rt = cls(definition, saga_id, history[-1].at if now is None else now, limit)
+        rt = cls(definition, saga_id, history[-1].at if now is None else now, limit, callbacks)
         s = rt.state
         s.history = list(history)
         while s.cursor < len(s.history) and s.nondeterminism is None:
@@ -323,6 +338,9 @@ class SagaRuntime:
                 return self._decision(dropped=DropReason.STALE_TIMER)
             if isinstance(inbound, KeyQueue | KeyGrant):
                 return self._decision(dropped=DropReason.KEY_SETTLED)
+            if isinstance(inbound, CallbackInput):
+                # A repeat still gets its answer; anything else is gone with the saga.
+                return self._decision(dropped=callback_ops.after_the_end(s, inbound))
             raise InvalidTransition(
                 f"saga {s.saga_id} is {s.status.value}; it accepts no "
                 f"{input_name(inbound)} any more"
@@ -399,6 +417,17 @@ class SagaRuntime:
         except (TypeError, ValueError) as exc:
             self.state.definition_error(f"ctx.wait_event({source}): {exc}")
         return awaits.wait_event(self.state, source, text, timeout)
+
+    def op_callback(
+        self, name: str, model: type[BaseModel] | None, timeout: timedelta
+    ) -> CallbackAwaited:
+        return callback_ops.make_callback(self.state, name, model, timeout)
+
+    def callback_url(self, event: CallbackAwaited) -> str:
+        return callback_ops.url_of(self.state, event)
+
+    def op_wait_callback(self, event: CallbackAwaited) -> Coroutine[Any, Any, CallbackReceived]:
+        return callback_ops.wait_callback(self.state, event)
 
     def op_side_effect(self, fn: Callable[[], T]) -> Coroutine[Any, Any, T]:
         return operations.side_effect(self.state, fn)

@@ -44,6 +44,7 @@ from saga_engine.core.history._fold import END_STATUS, NO_IDS, Awaited, Fold
 from saga_engine.core.runtime._loop import DeterministicLoop
 from saga_engine.kernel._errors import DefinitionError, NondeterminismError, PermanentError
 from saga_engine.kernel._serde import JsonDict
+from saga_engine.kernel._settings import CallbackSettings
 
 
 class Halt(BaseException):
@@ -85,6 +86,7 @@ class SagaState(Fold):
     # Slots, not an instance dict: an engine holds up to engine.cache_size of these, and
     # a dict of three dozen attributes is a kilobyte and a half of each.
     __slots__ = (
+        "callback_keys",
         "cancel_message",
         "cancel_reason",
         "clock",
@@ -146,6 +148,9 @@ class SagaState(Fold):
         self.new: list[Event] = []
         #: Why the code deployed cannot drive the saga, once it cannot (it is parked).
         self.nondeterminism: PermanentError | None = None
+        #: The keys callback URLs are signed with (None: none configured, as in a replay
+        #: check, where a URL the code reads parks the saga).
+        self.callback_keys: CallbackSettings | None = None
         self._init_code()
 
     def _init_code(self) -> None:
@@ -209,7 +214,7 @@ class SagaState(Fold):
 
     def awaited(self) -> Awaited:
         """What the code waits for now: the fold's open waits it has not given up."""
-        held = frozenset([*self.inflight, *self.timers, *self.event_waits])
+        held = frozenset([*self.inflight, *self.timers, *self.event_waits, *self.callback_waits])
         return Awaited(tuple(sorted(self.signal_waiters)), held, run_ended=self.closing)
 
     def describe_waiting(self) -> str:
@@ -224,6 +229,7 @@ class SagaState(Fold):
         waits += [f"signal {name!r}" for name in self.signal_waiters]
         waits += [f"update {name!r}" for name in self.update_waiters or ()]
         waits += [f"event {w.event.source} key={w.event.key}" for w in self.event_waits.values()]
+        waits += [f"callback {w.event.name!r}" for w in self.callback_waits.values()]
         if self.key_waiter is not None:
             waits.append("its concurrency key")
         if self.status.is_terminal:

@@ -9,6 +9,8 @@ from typing import Any
 import orjson
 
 from saga_engine.core.history._events import (
+    CallbackAwaited,
+    CallbackReceived,
     CancelRequested,
     CompensationForced,
     CompensationStarted,
@@ -51,17 +53,21 @@ def event_line(event: Event) -> str:
     return "; ".join(parts)
 
 
+def _started(event: SagaStarted) -> list[str]:
+    key = f"key {event.idempotency_key!r}" if event.idempotency_key else ""
+    deadline = f"deadline {event.deadline_at.isoformat()}" if event.deadline_at else ""
+    parent = f"child of {event.parent.saga_id}" if event.parent else ""
+    origin = event.trigger
+    trigger = (
+        f"from {origin.topic}[{origin.partition}]@{origin.offset}" if origin is not None else ""
+    )
+    rerun = f"rerun of {event.rerun_of.saga_id}" if event.rerun_of else ""
+    return [f"input {_short(event.input)}", key, deadline, parent, trigger, rerun]
+
+
 def _details(event: Event) -> list[str]:
     if isinstance(event, SagaStarted):
-        key = f"key {event.idempotency_key!r}" if event.idempotency_key else ""
-        deadline = f"deadline {event.deadline_at.isoformat()}" if event.deadline_at else ""
-        parent = f"child of {event.parent.saga_id}" if event.parent else ""
-        origin = event.trigger
-        trigger = (
-            f"from {origin.topic}[{origin.partition}]@{origin.offset}" if origin is not None else ""
-        )
-        rerun = f"rerun of {event.rerun_of.saga_id}" if event.rerun_of else ""
-        return [f"input {_short(event.input)}", key, deadline, parent, trigger, rerun]
+        return _started(event)
     if isinstance(event, UndoRequested):
         return [f"reason {event.reason!r}" if event.reason else ""]
     if isinstance(event, ReplyReceived):
@@ -74,6 +80,10 @@ def _details(event: Event) -> list[str]:
         return [f"until {event.timeout_at.isoformat()}" if event.timeout_at else ""]
     if isinstance(event, DomainEventReceived):
         return [f"id {event.event_id}", _payload(event.payload)]
+    if isinstance(event, CallbackAwaited):
+        return [f"until {event.expires_at.isoformat()}", f"key {event.key_id}"]
+    if isinstance(event, CallbackReceived):
+        return ["failed" if event.failed else "", _payload(event.payload)]
     if isinstance(event, UpdateReceived):
         return [
             f"id {event.update_id}",

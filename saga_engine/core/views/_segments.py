@@ -18,6 +18,8 @@ from typing import Any
 
 from saga_engine.core.history._events import (
     AttemptTimedOut,
+    CallbackAwaited,
+    CallbackReceived,
     CommandIssued,
     CompensationIssued,
     CompensationStarted,
@@ -230,6 +232,22 @@ class Timeline:
     def _event_received(self, seq: int, event: DomainEventReceived, _: Settled) -> None:
         self._close(self.timers, event.wait_id, "received", event, seq, event.event_id)
 
+    def _callback_awaited(self, seq: int, event: CallbackAwaited, _: Settled) -> None:
+        segment = Segment(
+            f"callback {event.name}",
+            Lane.WAIT,
+            f"wait for callback {event.name!r}",
+            event.at,
+            seq,
+            "waiting",
+            detail=f"until {event.expires_at.isoformat()}",
+        )
+        self._open(self.timers, event.wait_id, segment)
+
+    def _callback_received(self, seq: int, event: CallbackReceived, _: Settled) -> None:
+        outcome = "failed" if event.failed else "received"
+        self._close(self.timers, event.wait_id, outcome, event, seq, event.wait_id)
+
     def _key_queued(self, seq: int, event: KeyQueued, _: Settled) -> None:
         behind = ", ".join(event.behind) or "nobody"
         detail = f"position {event.position}, behind {behind}"
@@ -341,6 +359,8 @@ _HANDLERS: dict[type[Event], Callable[[Timeline, int, Any, Settled], None]] = {
     SignalReceived: Timeline._signal,
     EventAwaited: Timeline._event_awaited,
     DomainEventReceived: Timeline._event_received,
+    CallbackAwaited: Timeline._callback_awaited,
+    CallbackReceived: Timeline._callback_received,
     KeyQueued: Timeline._key_queued,
     KeyAcquired: Timeline._key_acquired,
     StepSkipped: Timeline._skipped,

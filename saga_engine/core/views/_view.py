@@ -566,6 +566,16 @@ def _timer_wait(timer: Timer, steps: dict[str, _Step]) -> Wait | None:
             attempt=int(attempt) if attempt.isdigit() else None,
             last_error=ledger.last_error if comp else ledger.forward_error,
         )
+    if timer.purpose == "callback_timeout":
+        # callback:<name>:<n>, its wait's id
+        name = timer.timer_id.removeprefix("callback:").rpartition(":")[0]
+        return Wait(
+            WaitKind.CALLBACK,
+            f"callback {name!r}: a call of its URL",
+            timer.since,
+            timer.fire_at,
+            name=timer.timer_id,
+        )
     if timer.purpose == "sleep":
         scope = timer.timer_id.startswith(SCOPE_PREFIX)
         return Wait(

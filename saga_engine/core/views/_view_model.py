@@ -26,6 +26,7 @@ class WaitKind(StrEnum):
     OPERATOR = "operator"  #: a human: a held reply, a stuck compensation, a parked saga
     KEY = "key"  #: its concurrency key, held by other sagas (queued, FIFO per key)
     CHILD = "child"  #: a child saga's end (or its answer to an undo)
+    CALLBACK = "callback"  #: a third party's call of a callback URL (``ctx.callback``)
 
 
 class OwedState(StrEnum):
