@@ -36,6 +36,17 @@ from saga_engine.store._store import (
 _PARKED_STATUSES: Final = [s.value for s in SagaStatus if s.is_parked]
 
 
+#: A saga's whole history, up to its record's last_seq ($2).
+_WHOLE_HISTORY: Final = (
+    "SELECT seq, data FROM saga_events WHERE saga_id = $1 AND seq <= $2 ORDER BY seq"
+)
+#: Its events after a seq ($2), of some kinds ($3, null: all), up to last_seq ($4).
+_HISTORY_AFTER: Final = (
+    "SELECT seq, data FROM saga_events WHERE saga_id = $1 AND seq > $2 AND seq <= $4 "
+    "AND ($3::text[] IS NULL OR kind = ANY($3)) ORDER BY seq"
+)
+
+
 class PostgresReads:
     """Mixed into PostgresEventStore: the reads, over its pool."""
 
@@ -46,6 +57,25 @@ class PostgresReads:
     async def load(
         self, saga_id: str, *, undecodable: Undecodable = Undecodable.RAISE
     ) -> LoadedSaga:
+        return await self._load(saga_id, _WHOLE_HISTORY, (saga_id,), undecodable)
+
+    async def load_after(
+        self,
+        saga_id: str,
+        after_seq: int,
+        *,
+        kinds: Collection[str] | None = None,
+        undecodable: Undecodable = Undecodable.RAISE,
+    ) -> LoadedSaga:
+        # The primary key (saga_id, seq) bounds the scan to the new rows.
+        args = (saga_id, after_seq, None if kinds is None else list(kinds))
+        return await self._load(saga_id, _HISTORY_AFTER, args, undecodable)
+
+    async def _load(
+        self, saga_id: str, events_sql: str, args: tuple[object, ...], undecodable: Undecodable
+    ) -> LoadedSaga:
+        """The saga's record and its events that ``events_sql`` selects (its last
+        parameter: the record's last_seq)."""
         check_lookup(saga_id)
         with _unavailable_as_transient():
             async with self._pool.acquire() as conn:
@@ -59,44 +89,7 @@ class PostgresReads:
                 # committed with (or before) the row version just read, and history is
                 # append-only, so this returns exactly the history the record describes,
                 # ignoring any event appended since.
-                event_rows = await conn.fetch(
-                    "SELECT seq, data FROM saga_events WHERE saga_id = $1 AND seq <= $2 "
-                    "ORDER BY seq",
-                    saga_id,
-                    record.last_seq,
-                )
-                events = await stored_events_of(
-                    conn, event_rows, [saga_id], self._codec, self._blob_store, undecodable
-                )
-        return LoadedSaga(record, events)
-
-    async def load_after(
-        self,
-        saga_id: str,
-        after_seq: int,
-        *,
-        kinds: Collection[str] | None = None,
-        undecodable: Undecodable = Undecodable.RAISE,
-    ) -> LoadedSaga:
-        check_lookup(saga_id)
-        with _unavailable_as_transient():
-            async with self._pool.acquire() as conn:
-                row = await conn.fetchrow(
-                    f"SELECT {_RECORD_COLUMNS} FROM sagas WHERE saga_id = $1", saga_id
-                )
-                if row is None:
-                    raise SagaNotFound(saga_id)
-                record = _record(row, self._codec)
-                # The primary key (saga_id, seq) bounds the scan to the new rows; consistent
-                # as ``load`` is (history is append-only, read up to the record's last_seq).
-                event_rows = await conn.fetch(
-                    "SELECT seq, data FROM saga_events WHERE saga_id = $1 AND seq > $2 "
-                    "AND seq <= $3 AND ($4::text[] IS NULL OR kind = ANY($4)) ORDER BY seq",
-                    saga_id,
-                    after_seq,
-                    record.last_seq,
-                    None if kinds is None else list(kinds),
-                )
+                event_rows = await conn.fetch(events_sql, *args, record.last_seq)
                 events = await stored_events_of(
                     conn, event_rows, [saga_id], self._codec, self._blob_store, undecodable
                 )
