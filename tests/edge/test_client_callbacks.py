@@ -6,6 +6,8 @@ wait that is over raise the engine's error, and change nothing (issue 41, sectio
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -32,6 +34,20 @@ pytestmark = pytest.mark.integration
 KEYS = CallbackSettings(keys={"edge": SecretStr("edge-callback-key-" + "5" * 32)})
 
 
+@contextlib.asynccontextmanager
+async def vendor(
+    settings: Settings,
+) -> AsyncIterator[tuple[ServedWorker, list[Envelope], SagaClient]]:
+    """A worker signing callback URLs, the KYC vendor it asks, and a trusted client."""
+    settings = settings.model_copy(update={"callbacks": KEYS})
+    async with (
+        served_worker(settings, [Kyc]) as served,
+        fake_participant(settings, "kyc") as received,
+        SagaClient(settings, admin_url=served.url) as client,
+    ):
+        yield served, received, client
+
+
 async def _waiting(served: ServedWorker, received: list[Envelope]) -> tuple[str, str]:
     """Starts a ``kyc`` saga; its id and the callback URL its step sent the vendor."""
     response = await served.http.post("/sagas/kyc", json={}, headers=OPERATOR)
@@ -50,12 +66,7 @@ async def _output(served: ServedWorker, saga_id: str) -> Any:
 async def test_a_trusted_party_completes_and_fails_callbacks_by_url_or_token(
     settings: Settings,
 ) -> None:
-    settings = settings.model_copy(update={"callbacks": KEYS})
-    async with (
-        served_worker(settings, [Kyc]) as served,
-        fake_participant(settings, "kyc") as received,
-        SagaClient(settings, admin_url=served.url) as client,
-    ):
+    async with vendor(settings) as (served, received, client):
         saga_id, url = await _waiting(served, received)
         answer = await client.complete_callback(url, Verdict(approved=True, score=9))
         assert answer == CallbackAnswer(saga_id, "callback:kyc-verdict:1", failed=False)
@@ -85,12 +96,7 @@ async def test_a_trusted_party_completes_and_fails_callbacks_by_url_or_token(
 
 
 async def test_hostile_urls_and_tokens_are_refused_and_change_nothing(settings: Settings) -> None:
-    settings = settings.model_copy(update={"callbacks": KEYS})
-    async with (
-        served_worker(settings, [Kyc]) as served,
-        fake_participant(settings, "kyc") as received,
-        SagaClient(settings, admin_url=served.url) as client,
-    ):
+    async with vendor(settings) as (served, received, client):
         saga_id, url = await _waiting(served, received)
         before = await events(served, saga_id)
         text, _, mac = url.partition("/callbacks/")[2].partition(".")
