@@ -34,7 +34,10 @@ async def test_the_client_example_answers_a_served_wait() -> None:
     exec_blocks([blocks[0]], DOC, kyc)
     client_example: dict[str, Any] = {"__name__": "doc_callbacks_client"}
     exec_blocks([blocks[3]], DOC, client_example)
-    [test] = async_tests(client_example)
+    assert [t.__name__ for t in async_tests(client_example)] == [
+        "test_the_back_office_answers_the_kyc_wait"
+    ]
+    test = client_example["test_the_back_office_answers_the_kyc_wait"]
     onboard, applicant = kyc["Onboard"], kyc["Applicant"]
 
     async def seed(env: SagaTestEnv) -> dict[str, str]:
