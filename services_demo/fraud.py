@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
+import asyncpg
 import httpx
 import orjson
 from fastapi import FastAPI, Header, HTTPException
@@ -67,6 +69,7 @@ CREATE TABLE IF NOT EXISTS verdicts (
 #: two attempts of a delivery that found the engine down.
 POST_AFTER_S = 0.2
 MAX_RETRY_S = 5.0
+POLL_S = 0.1
 
 
 def score_of(check: FraudCheck) -> int:
@@ -103,15 +106,17 @@ def verdict_of(check: FraudCheck, blocked: frozenset[str]) -> tuple[bool, dict[s
 
 
 class VerdictSender:
-    """Posts the verdicts not delivered yet to their callback URLs: woken by a new one,
-    and every second for those whose retry is due. A 2xx, 409 (the first answer stands)
+    """Posts the verdicts not delivered yet to their callback URLs: every ``POLL_S``,
+    those that are due (a new one ``POST_AFTER_S`` after its 202; a retry after its
+    back-off). A 2xx, 409 (the first answer stands)
     or another 4xx ends a delivery; a 5xx or no answer (the engine restarting) is tried
     again later."""
 
     def __init__(self, holder: Holder) -> None:
         self.holder = holder
-        self.wake = asyncio.Event()
         self.http = httpx.AsyncClient(timeout=5.0)
+        #: The deliveries under way, by key (one at a time per verdict).
+        self.sending: dict[str, asyncio.Task[None]] = {}
 
     async def run(self) -> None:
         while True:
@@ -119,43 +124,54 @@ class VerdictSender:
                 await self.send_due()
             except Exception:  # the database away: the next round tries again
                 log.exception("delivering verdicts failed; trying again")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=1.0)
-            self.wake.clear()
+            await asyncio.sleep(POLL_S)
 
     async def send_due(self) -> None:
-        pool = self.holder.pool
-        rows = await pool.fetch(
+        """Starts a delivery of every verdict due and not under way: an engine that does
+        not answer (frozen, or restarting) holds up only the verdicts whose URLs name it."""
+        rows = await self.holder.pool.fetch(
             "SELECT idempotency_key, callback_url, failed, body, attempts FROM verdicts "
             "WHERE delivered_at IS NULL AND due_at <= now() ORDER BY due_at LIMIT 50"
         )
         for row in rows:
-            url = row["callback_url"] + ("/fail" if row["failed"] else "")
-            try:
-                response = await self.http.post(
-                    url, content=row["body"], headers={"content-type": "application/json"}
-                )
-                status: int | None = response.status_code
-            except httpx.HTTPError as exc:
-                log.info("verdict %s not delivered (%s): trying again", row[0], exc)
-                status = None
-            if status is not None and status < 500:
-                if status >= 300:
-                    log.warning("the engine refused verdict %s: %s", row[0], response.text)
+            key = row["idempotency_key"]
+            if key not in self.sending:
+                self.sending[key] = asyncio.create_task(self.deliver(row))
+                self.sending[key].add_done_callback(functools.partial(self.done, key))
+
+    def done(self, key: str, task: asyncio.Task[None]) -> None:
+        self.sending.pop(key, None)
+        if not task.cancelled() and task.exception() is not None:
+            # Not recorded as delivered: a later round posts it again (the same answer).
+            log.warning("delivering verdict %s failed: %r", key, task.exception())
+
+    async def deliver(self, row: asyncpg.Record) -> None:
+        pool, key = self.holder.pool, row["idempotency_key"]
+        url = row["callback_url"] + ("/fail" if row["failed"] else "")
+        try:
+            response = await self.http.post(
+                url, content=row["body"], headers={"content-type": "application/json"}
+            )
+        except httpx.HTTPError as exc:
+            log.info("verdict %s not delivered (%s): trying again", key, exc)
+        else:
+            if response.status_code < 500:
+                if response.status_code >= 300:
+                    log.warning("the engine refused verdict %s: %s", key, response.text)
                 await pool.execute(
                     "UPDATE verdicts SET attempts = attempts + 1, answer = $2, "
                     "delivered_at = now() WHERE idempotency_key = $1",
-                    row["idempotency_key"],
-                    status,
+                    key,
+                    response.status_code,
                 )
-                continue
-            retry_s = min(MAX_RETRY_S, 0.25 * 2 ** row["attempts"])
-            await pool.execute(
-                "UPDATE verdicts SET attempts = attempts + 1, "
-                "due_at = now() + make_interval(secs => $2) WHERE idempotency_key = $1",
-                row["idempotency_key"],
-                retry_s,
-            )
+                return
+        retry_s = min(MAX_RETRY_S, 0.25 * 2 ** row["attempts"])
+        await pool.execute(
+            "UPDATE verdicts SET attempts = attempts + 1, "
+            "due_at = now() + make_interval(secs => $2) WHERE idempotency_key = $1",
+            key,
+            retry_s,
+        )
 
     async def accept(self, key: str, callback_url: str, failed: bool, body: dict[str, Any]) -> None:
         """Records the verdict to post for an accepted check (once per key)."""
@@ -169,7 +185,6 @@ class VerdictSender:
             orjson.dumps(body).decode(),
             POST_AFTER_S,
         )
-        self.wake.set()
 
 
 def create_app() -> FastAPI:
@@ -185,9 +200,10 @@ def create_app() -> FastAPI:
             try:
                 yield
             finally:
-                sending.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sending
+                tasks = [sending, *sender.sending.values()]
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
                 await sender.http.aclose()
                 holder.set(None)
 
