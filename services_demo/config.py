@@ -6,6 +6,7 @@ The engine and participant settings are the engine's (``SAGA_*``, see
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Final
 
@@ -55,6 +56,15 @@ ENGINE_LIMITS: Final = {"payments": {"budget": {"cpu": 8}}}
 def http_endpoints(url: Callable[[str], str]) -> dict[str, str]:
     """The engine's ``SAGA_HTTP__ENDPOINTS``: each of ``HTTP_SERVICES`` at ``url(name)``."""
     return {name: url(name) for name in HTTP_SERVICES}
+
+
+def callback_env(key: str, base_url: str) -> dict[str, str]:
+    """The engine's callback settings (docs/callbacks.md): ``key`` signs its callback URLs
+    (the fraud check's), which name its admin API at ``base_url``."""
+    return {
+        "SAGA_CALLBACKS__KEYS": json.dumps({"demo": key}),
+        "SAGA_CALLBACKS__BASE_URL": base_url,
+    }
 
 
 def _names(value: str) -> frozenset[str]:

@@ -11,7 +11,10 @@ checkouts' inputs, and the payment captures they wait for::
   they apply in ``drill_ledger``.
   Fraud is an HTTP service (the engine calls it): a process the drill kills too.
 - ``drill_env()``: every process's ``SAGA_DEMO_BASE_PORT`` and the engines'
-  ``SAGA_HTTP__ENDPOINTS`` (fraud, orders, payments), as ``services_demo/run.py`` sets them.
+  ``SAGA_HTTP__ENDPOINTS`` (fraud, orders, payments), as ``services_demo/run.py`` sets them,
+  and ``SAGA_CALLBACKS__KEYS``, a key made for the drill: the fraud service answers 202
+  and posts its verdict to the check's callback URL, which names the admin API of the
+  engine that handed it out (the drill gives each engine its own, kept across restarts).
 - ``drill_inputs()``: checkouts of the seeded customers, most of which complete; some
   compensate: bob's credit is short, erin is outside the delivery area (the shipment
   child refuses), mallory is on the fraud block list, one order in ten is paid the wrong
@@ -27,6 +30,7 @@ import atexit
 import functools
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -36,7 +40,14 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from services_demo.config import ENGINE_LIMITS, PORT_OFFSETS, PRICES, SERVICES, http_endpoints
+from services_demo.config import (
+    ENGINE_LIMITS,
+    PORT_OFFSETS,
+    PRICES,
+    SERVICES,
+    callback_env,
+    http_endpoints,
+)
 from services_demo.contracts import CheckoutInput, Item, PaymentCaptured
 from services_demo.run import SHIPPING_GO, free_base_port
 from services_demo.sagas import payment_captured
@@ -67,12 +78,21 @@ def _url(service: str) -> str:
     return f"http://127.0.0.1:{_base_port() + PORT_OFFSETS[service]}"
 
 
+@functools.cache
+def _callback_key() -> str:
+    return secrets.token_urlsafe(32)
+
+
 def drill_env() -> dict[str, str]:
+    # The callback key signs the fraud check's URLs (the drill's replay check reads it
+    # too); the drill points each engine's URLs at its own admin API.
+    keys = callback_env(_callback_key(), "http://127.0.0.1")
     return {
         "SAGA_DEMO_BASE_PORT": str(_base_port()),
         "SAGA_HTTP__ENDPOINTS": json.dumps(http_endpoints(_url)),
         "SAGA_LIMITS__PARTICIPANTS": json.dumps(ENGINE_LIMITS),
         "SAGA_HTTP__RETRY_WINDOW_S": "4",
+        "SAGA_CALLBACKS__KEYS": keys["SAGA_CALLBACKS__KEYS"],
     }
 
 

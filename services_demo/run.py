@@ -5,8 +5,10 @@
 Settings come from the ``SAGA_*`` environment that ``scripts/devstack.py`` prints
 (``SAGA_PG__DSN``, ``SAGA_KAFKA__BOOTSTRAP_SERVERS``). Every process gets them, plus:
 
-- the engine: ``SAGA_PG__DB_SCHEMA={namespace}_engine`` and ``SAGA_HTTP__ENDPOINTS``
-  pointing the ``fraud``, ``orders`` and ``payments`` endpoints at those services;
+- the engine: ``SAGA_PG__DB_SCHEMA={namespace}_engine``, ``SAGA_HTTP__ENDPOINTS``
+  pointing the ``fraud``, ``orders`` and ``payments`` endpoints at those services, and
+  the callback settings (``SAGA_CALLBACKS__KEYS``: a key made for the stack;
+  ``SAGA_CALLBACKS__BASE_URL``: its admin API, where the fraud service posts verdicts);
 - each service: ``SAGA_PARTICIPANT__DB_SCHEMA={namespace}_{service}``, its own schema for
   its tables and the participant kit's;
 - all of them: the topic prefix ``{namespace}`` (``demo.inbox``, ``demo.cmd.payments``,
@@ -31,6 +33,7 @@ import json
 import os
 import random
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -54,6 +57,7 @@ from services_demo.config import (
     PORT_OFFSETS,
     SERVICES,
     DemoSettings,
+    callback_env,
     http_endpoints,
 )
 from services_demo.create_topics import create_topics, demo_topics
@@ -82,6 +86,9 @@ class StackConfig:
     partitions: int = 4
     logs: Path = field(default_factory=lambda: ROOT / ".dev" / "demo-logs")
     extra_env: tuple[tuple[str, str], ...] = ()
+    #: The key the engine signs its callback URLs with (``SAGA_CALLBACKS__KEYS``): a new
+    #: one per stack, kept across the engine's restarts (its URLs must still verify).
+    callback_key: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z][a-z0-9_]{0,40}", self.namespace):
@@ -178,6 +185,8 @@ class StackConfig:
         )
         if service is not None:
             env["SAGA_PARTICIPANT__DB_SCHEMA"] = self.schema(service)
+        else:
+            env.update(callback_env(self.callback_key, self.admin_url))
         env.update(dict(self.extra_env))
         return env
 

@@ -5,7 +5,9 @@ schedule: ``saga worker services_demo.sagas``.
 1. ``create-order``: the orders service prices the order and records it (a no-op when
    ``POST /orders`` created it already; orders that come from Kafka are created here);
 2. ``reserve-credit`` (payments), 3. ``reserve-stock`` (inventory);
-4. ``fraud-check``: an HTTP step, the engine calls ``POST /check`` on the fraud service;
+4. ``fraud-check``: an HTTP step, the engine calls ``POST /check`` on the fraud service,
+   which answers 202 and posts its verdict to the step's callback URL later
+   (``completion="callback"``, docs/callbacks.md);
 5. orders of ``APPROVAL_THRESHOLD`` or more wait for the ``approval`` signal (a timeout
    rejects them);
 6. the checkout races the orders service's ``payment-captured`` fact for its order
@@ -105,6 +107,8 @@ from services_demo.contracts import (
 #: Per-attempt timeout of the Kafka steps, and how often they are re-sent.
 STEP_TIMEOUT_S = 10
 STEP_RETRY = RetryPolicy(max_attempts=3)
+#: How long the fraud check waits for the fraud service's verdict on its callback URL.
+FRAUD_CALLBACK_TIMEOUT = timedelta(minutes=2)
 
 
 class CheckoutRejected(Exception):
@@ -200,6 +204,10 @@ class Checkout(Saga[CheckoutInput, CheckoutResult]):
                 returns=FraudVerdict,
                 retry=RetryPolicy(max_attempts=3),
                 timeout=5,
+                # The service answers 202 and posts its verdict to the step's callback
+                # URL later (its failure, a blocked customer, to the URL + /fail).
+                completion="callback",
+                callback_timeout=FRAUD_CALLBACK_TIMEOUT,
             )
             if not verdict.approved:
                 raise CheckoutRejected(f"fraud-check: not approved (score {verdict.score})")

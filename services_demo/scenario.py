@@ -10,7 +10,8 @@ It places orders over HTTP and through Kafka and prints what happens and where t
    checkout waits for the orders service's ``payment-captured`` fact;
 2. one rejected for insufficient credit;
 3. one that fails at shipping: its stock and credit are released;
-4. one the fraud service refuses over HTTP (the engine's HTTP step);
+4. one the fraud service refuses: its HTTP step is answered 202 and the refusal posted to
+   the step's callback URL later (the fraud check of every order answers so);
 5. one started by a Kafka message, sent twice: one saga; malformed ones are dead-lettered;
 6. a large order approved by a signal;
 7. a crash: the engine is SIGKILLed while a large order waits for its approval, restarted,
@@ -45,6 +46,7 @@ import orjson
 
 from saga_engine import SagaUnsuccessful, Settings, saga_id_for
 from saga_engine.events import (
+    CallbackReceived,
     CommandIssued,
     CompensationCompleted,
     CompensationStarted,
@@ -113,6 +115,12 @@ async def order_succeeds(demo: Demo) -> Placed:
             "the fraud service answered 503 first; the engine retried with the same "
             "Idempotency-Key (2 calls, 1 stored answer)",
         )
+    verdicts = [e for e in placed.events if isinstance(e, CallbackReceived)]
+    check(
+        len(verdicts) == 1 and not verdicts[0].failed,
+        "the fraud service answered 202 and posted its verdict to the step's callback URL "
+        "later (Saga-Callback-Url): recorded once, as callback_received",
+    )
     say(f"    look: GET {demo.url('orders')}/orders/{placed.order_id}")
     await shipment_child(demo, placed, "completed")
     return placed
@@ -176,7 +184,7 @@ async def shipping_fails(demo: Demo) -> Placed:
 
 
 async def fraud_refuses(demo: Demo) -> Placed:
-    heading("4", "Refused by the fraud check, an HTTP step (422)")
+    heading("4", "Refused by the fraud check, an HTTP step answered by callback")
     placed = await demo.place(
         "fraud check refuses", "mallory", items(tv=1), expect="rejected", reason="blocked"
     )
@@ -185,6 +193,12 @@ async def fraud_refuses(demo: Demo) -> Placed:
     check(
         len(issued) == 1 and issued[0].participant == "http:fraud",
         "the history records the HTTP call as a step: endpoint 'fraud', path /check",
+    )
+    refusals = [e for e in placed.events if isinstance(e, CallbackReceived)]
+    check(
+        len(refusals) == 1 and refusals[0].failed,
+        "it answered 202, then posted the refusal to the callback URL + /fail: the step "
+        "failed with the service's reason",
     )
     return placed
 

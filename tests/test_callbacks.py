@@ -26,6 +26,7 @@ from saga_engine import (
     Saga,
     SagaContext,
     SagaStatus,
+    SagaTimeout,
     Settings,
     StepFailed,
     Winner,
@@ -412,3 +413,109 @@ async def test_an_http_steps_posted_failure_or_silence_fails_the_step() -> None:
     silent = await env.start(Fraud, Empty())
     await env.advance(timedelta(hours=2, seconds=1))
     assert "was not called before its timeout" in outcome(await silent.output())
+
+
+# --------------------------------------------------------------------------- races
+
+
+class Race(BaseModel):
+    scope: bool = False
+
+
+class RacedFraud(Saga[Race, Out]):
+    """The fraud check, answered by callback, races 15 minutes (or runs in a 15-minute
+    ``ctx.timeout`` scope); a check given up is withdrawn (``DELETE``)."""
+
+    name = "raced-fraud"
+
+    async def run(self, ctx: SagaContext, input: Race) -> Out:
+        check = ctx.http_step(
+            "fraud-check",
+            endpoint="fraud",
+            path="/checks",
+            returns=Score,
+            compensate=HttpRequest(method="DELETE", path="/checks/o-1"),
+            completion="callback",
+            callback_timeout=timedelta(hours=2),
+        )
+        if input.scope:
+            try:
+                async with ctx.timeout(timedelta(minutes=15)):
+                    return Out(outcome=f"score {(await check).score}")
+            except SagaTimeout:
+                return Out(outcome="expired")
+        match await ctx.first(scored=check, expired=ctx.sleep(timedelta(minutes=15))):
+            case Winner("scored", Score() as score):
+                return Out(outcome=f"score {score.score}")
+            case _:
+                return Out(outcome="expired")
+
+
+@pytest.mark.parametrize("scope", [False, True], ids=["ctx.first", "ctx.timeout"])
+async def test_an_http_step_by_callback_that_loses_is_undone_at_once(scope: bool) -> None:
+    env = SagaTestEnv([RacedFraud])
+    env.participant("http:fraud").on(HttpRequest, reply={})  # the 202, and the DELETE
+    run = await env.start(RacedFraud, Race(scope=scope))
+    url = env.commands("http:fraud")[0].payload["callback_url"]
+    assert await run.status() == SagaStatus.RUNNING  # accepted, waiting for its call
+    await env.advance(timedelta(minutes=15, seconds=1))
+    assert outcome(await run.output()) == "expired"
+    history = await run.history()
+    # Accepted (applied), then given up while it waited: undone at once, as a Kafka
+    # step that loses is, and once.
+    assert [e.kind for e in history if getattr(e, "step", None) == "fraud-check"] == [
+        "command_issued",
+        "reply_received",
+        "step_abandoned",
+        "compensation_issued",
+        "reply_received",
+        "compensation_completed",
+    ]
+    assert "compensation_started" not in [e.kind for e in history]
+    assert env.compensated_steps() == ["fraud-check"]
+    [undo] = env.commands("http:fraud", compensation=True)
+    assert undo.payload["method"] == "DELETE"
+    # Its URL is closed: the service's late call changes nothing.
+    with pytest.raises(CallbackGone):
+        await env.callback(url, {"score": 3})
+    assert len(await run.history()) == len(history)
+    export = HistoryExport(run.saga_id, RacedFraud.name, history)
+    assert replay([RacedFraud], export, callbacks=env.settings.callbacks).deterministic
+
+
+async def test_an_http_step_by_callback_that_wins_owes_nothing_at_once() -> None:
+    env = SagaTestEnv([RacedFraud])
+    run = await env.start(RacedFraud, Race())
+    await env.callback(env.commands("http:fraud")[0].payload["callback_url"], {"score": 4})
+    assert outcome(await run.output()) == "score 4"
+    assert env.commands("http:fraud", compensation=True) == []
+
+
+class Refused(Saga[Empty, Out]):
+    """A fraud check refused at once (a 4xx), then a day of something else."""
+
+    name = "refused-fraud"
+
+    async def run(self, ctx: SagaContext, input: Empty) -> Out:
+        try:
+            await ctx.http_step(
+                "fraud-check", endpoint="fraud", path="/checks", completion="callback"
+            )
+        except StepFailed as failed:
+            await ctx.sleep(timedelta(days=1))
+            return Out(outcome=f"refused: {failed.reason}")
+        return Out(outcome="checked")
+
+
+async def test_an_http_step_by_callback_refused_at_once_closes_its_url() -> None:
+    env = SagaTestEnv([Refused])
+    env.participant("http:fraud").on(HttpRequest, reject="customer blocked")
+    run = await env.start(Refused, Empty())
+    url = env.commands("http:fraud")[0].payload["callback_url"]
+    assert await run.status() == SagaStatus.RUNNING
+    before = len(await run.history())
+    with pytest.raises(CallbackGone, match="no longer waits"):
+        await env.callback(url, {"score": 1})
+    assert len(await run.history()) == before
+    await env.advance(timedelta(days=1, seconds=1))
+    assert outcome(await run.output()) == "refused: customer blocked"

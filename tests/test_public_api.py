@@ -131,7 +131,7 @@ FRONT_DOORS: dict[str, set[str]] = {
         "Retryable",
         "Transaction",
     },
-    "saga_engine.client": {"SagaClient", "ProgressItem"},
+    "saga_engine.client": {"SagaClient", "ProgressItem", "CallbackAnswer"},
     "saga_engine.conformance": {"CASE_NAMES", "CaseResult", "Report", "run_suite"},
     "saga_engine.worker": {"DeadLetterTopic", "SagaWorker"},
     "saga_engine.replay": {

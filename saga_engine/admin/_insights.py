@@ -87,9 +87,10 @@ class LearnedCostBody(BaseModel):
 
 class NodeInsight(BaseModel):
     name: str = Field(
-        description="The step, `child:NAME`, `sleep:N`, `signal:NAME`, `event:SOURCE`."
+        description="The step, `child:NAME`, `sleep:N`, `signal:NAME`, `event:SOURCE`, "
+        "`callback:NAME`."
     )
-    kind: Literal["step", "child", "timer", "signal", "event"]
+    kind: Literal["step", "child", "timer", "signal", "event", "callback"]
     runs: int = Field(description="Runs that took this node.")
     share: float | None = Field(description="The share of the window's runs that took it.")
     attempts: int
@@ -177,7 +178,7 @@ class InsightsBody(BaseModel):
 
 class PolicyNode(BaseModel):
     name: str
-    kind: Literal["step", "child", "timer", "signal", "event"]
+    kind: Literal["step", "child", "timer", "signal", "event", "callback"]
     runs: int = Field(description="Runs of this policy that took this node.")
     share: float | None
     attempts_per_success: float | None

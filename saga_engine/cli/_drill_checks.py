@@ -21,7 +21,7 @@ from saga_engine.core.history._events import (
 )
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.planning._replay import HistoryExport, replay
-from saga_engine.kernel._settings import PostgresSettings, Settings
+from saga_engine.kernel._settings import CallbackSettings, PostgresSettings, Settings
 from saga_engine.store._store import LoadedSaga
 
 __all__ = ["Check", "ProgressWatch", "check_all", "parked_reason"]
@@ -138,7 +138,7 @@ async def check_all(
     reasons = {i: parked_reason(h) for i, h in histories.items() if isinstance(h, LoadedSaga)}
     statuses = {r["saga_id"]: SagaStatus(r["status"]) for r in rows}
     checks = [_lost(saga_ids, statuses, reasons), _twice(applied), _compensations(applied)]
-    checks.append(_replays(histories, sagas))
+    checks.append(_replays(histories, sagas, settings.callbacks))
     given_up = _given_up(histories, applied)
     if given_up is not None:
         checks.append(given_up)
@@ -279,14 +279,18 @@ async def _histories(
     return found
 
 
-def _replays(histories: dict[str, LoadedSaga | str], sagas: list[Any]) -> Check:
+def _replays(
+    histories: dict[str, LoadedSaga | str], sagas: list[Any], callbacks: CallbackSettings
+) -> Check:
+    """Every history replays against the code, with the deployment's callback keys (the
+    engines' ``callbacks``: code that reads a callback's URL derives it on replay)."""
     bad: list[str] = []
     for saga_id, loaded in histories.items():
         if isinstance(loaded, str):
             bad.append(f"{saga_id}: {loaded}")
             continue
         history = HistoryExport(saga_id, loaded.record.saga_type, [s.event for s in loaded.events])
-        result = replay(sagas, history)
+        result = replay(sagas, history, callbacks=callbacks)
         if not result.deterministic:
             bad.append(f"{saga_id}: {result.error}")
     return Check(

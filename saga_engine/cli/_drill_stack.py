@@ -10,7 +10,9 @@ environment, ``SAGA_PARTICIPANT__DB_SCHEMA={ns}_{name}`` and
 ``SAGA_PARTICIPANT__DRILL_LEDGER=1`` (the kit then records each applied command). An
 optional ``drill_env()`` in the same module returns more environment for every process
 the drill starts, engines and participants (a service's port, ``SAGA_HTTP__ENDPOINTS``
-pointing at it...)."""
+pointing at it, the callback keys...). Each engine serves its admin API on a port of its
+own, kept across its restarts, and its callback URLs name it
+(``SAGA_CALLBACKS__BASE_URL``)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import importlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -87,6 +90,10 @@ class DrillStack:
     kafka_participants: str = ""
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     frozen: set[str] = field(default_factory=set)
+    #: Each engine's admin port, kept across its restarts: the callback URLs it hands
+    #: out name its admin API (``SAGA_CALLBACKS__BASE_URL``), so they work again once a
+    #: killed engine is back.
+    admin_ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def engine_schema(self) -> str:
@@ -114,7 +121,8 @@ class DrillStack:
             SAGA_KAFKA__HEARTBEAT_INTERVAL_MS="500",
             SAGA_PARTICIPANT__DSN=dsn,
             SAGA_PARTICIPANT__DRILL_LEDGER="1",
-            # Several engines run at once: each serves its admin API on a free port.
+            # Several engines run at once: each serves its admin API on a port of its own
+            # (an engine's: ``start_engine``; nothing else serves one).
             SAGA_ADMIN__PORT="0",
         )
         env.update(extra)
@@ -134,7 +142,12 @@ class DrillStack:
 
     def start_engine(self, name: str) -> None:
         args = ["-m", "saga_engine", "worker", self.sagas_module, "--log-level", "INFO"]
-        self._spawn(name, args, self.env(**_bootstrap(self.kafka_engines)))
+        port = self.admin_ports.setdefault(name, _free_port())
+        admin = {
+            "SAGA_ADMIN__PORT": str(port),
+            "SAGA_CALLBACKS__BASE_URL": f"http://127.0.0.1:{port}",
+        }
+        self._spawn(name, args, self.env(**_bootstrap(self.kafka_engines), **admin))
 
     def start_participant(self, name: str) -> None:
         env = self.env(
@@ -200,6 +213,13 @@ class DrillStack:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
 
 
 def _bootstrap(servers: str) -> dict[str, str]:

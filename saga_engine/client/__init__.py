@@ -40,11 +40,17 @@ and records one and returns its id; ``count_batch``, ``batch``, ``wait_batch`` a
 (``ctx.emit``) as they are committed, each a ``ProgressItem``, through the admin API's
 stream; it reconnects and resumes after a dropped connection (docs/progress.md).
 
+``complete_callback(url, body)`` and ``fail_callback(url, error)`` answer a saga's
+callback wait (``ctx.callback``, or an HTTP step completed by callback) by its URL or
+token, through the admin API's callback route, for a trusted party of your own that
+holds the URL (docs/callbacks.md); each returns a ``CallbackAnswer``.
+
 An edge: it composes the store (to read results) and the Kafka transport. May import
 ``saga_engine.runner`` and every layer below it.
 """
 
 from saga_engine.client._client import SagaClient
+from saga_engine.runner._engine import CallbackAnswer
 from saga_engine.store._progress import ProgressItem
 
-__all__ = ["ProgressItem", "SagaClient"]
+__all__ = ["CallbackAnswer", "ProgressItem", "SagaClient"]

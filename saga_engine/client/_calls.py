@@ -9,7 +9,10 @@ SagaNotFound...). A query needs no engine: the client replays the saga's history
 the store with the saga's class and asks the replayed state; nothing is written. An
 operator's retry or skip of a step goes through the admin API the same way
 (``POST /sagas/{id}/retry|skip``): the engine checks an edited command or a result against
-the step's models, which only the saga's run knows, and answers with the saga's status.
+the step's models, which only the saga's run knows, and answers with the saga's status. A
+trusted party's answer to a callback (``complete_callback``, ``fail_callback``) is a call
+of the admin API's callback route with the URL's token (``POST /callbacks/{token}``), as
+the third party's own call would be: the token is the credential.
 
 A cancel and a signal go over Kafka and say what happened as far as the client can
 know: refused at once, with the reason, when the saga's history says the engine would
@@ -31,7 +34,11 @@ from saga_engine.core.history._codec import CodecChain
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.core.views._view import saga_view_of
+from saga_engine.kernel._callback_tokens import MAX_TOKEN_CHARS, token_of
 from saga_engine.kernel._errors import (
+    CallbackConflict,
+    CallbackGone,
+    CallbackTokenInvalid,
     DefinitionError,
     InvalidPayload,
     InvalidTransition,
@@ -47,6 +54,7 @@ from saga_engine.kernel._errors import (
     UpdateRefused,
 )
 from saga_engine.kernel._serde import JsonDict, check_storable
+from saga_engine.runner._engine import CallbackAnswer
 from saga_engine.store._store import EventStore
 from saga_engine.transport._bus import await_acks
 from saga_engine.transport._kafka import start_send
@@ -54,6 +62,11 @@ from saga_engine.transport._wire import Envelope
 
 #: How long a retry or a skip may take: the engine records it and answers at once.
 _ACTION_TIMEOUT_S: Final = 30.0
+
+#: The errors the admin API names that the client raises as they are (their message).
+_BY_NAME: Final[dict[str, type[SagaError]]] = {
+    e.__name__: e for e in (CallbackTokenInvalid, CallbackGone, CallbackConflict)
+}
 
 
 def saga_class(handler: Any, saga: type[Saga[Any, Any]] | None, kind: str) -> type[Saga[Any, Any]]:
@@ -107,6 +120,30 @@ async def post_action(
     return SagaStatus(data["status"])
 
 
+def callback_token(url_or_token: str) -> str:
+    """The token of a callback URL (``cb.url`` or ``cb.fail_url``), or the token itself;
+    CallbackTokenInvalid for anything else (nothing is sent)."""
+    if not isinstance(url_or_token, str) or not url_or_token.strip():
+        raise CallbackTokenInvalid("a callback URL or token is needed, got nothing")
+    if "/" in url_or_token:
+        token, _ = token_of(url_or_token)
+    else:
+        token = url_or_token
+    if len(token) > MAX_TOKEN_CHARS or token.count(".") != 1 or not token.isprintable():
+        raise CallbackTokenInvalid(f"{url_or_token[:80]!r} is not a callback URL or token")
+    return token
+
+
+async def post_callback(url: str, token: str, body: JsonDict, failed: bool) -> CallbackAnswer:
+    """Completes (``failed``: fails) the wait a callback token names through the admin
+    API at ``url`` (``POST /callbacks/{token}``, ``/fail``): what it completed, or the
+    error the engine raised (nothing recorded then)."""
+    check_storable(body, "the callback's body")
+    path = f"/callbacks/{quote(token, safe='')}" + ("/fail" if failed else "")
+    data = await _post(url, None, path, body, _ACTION_TIMEOUT_S, "", "the callback's body")
+    return CallbackAnswer(data["saga_id"], data["wait_id"], data["outcome"] == "failed")
+
+
 async def _post(
     url: str,
     token: str | None,
@@ -139,6 +176,9 @@ def error_of(response: httpx.Response, saga_id: str, what: str) -> SagaError:
 def _error(status: int, data: Any, saga_id: str, what: str) -> SagaError:
     detail = data.get("detail") if isinstance(data, dict) else data
     error = data.get("error") if isinstance(data, dict) else None
+    named = _BY_NAME.get(error) if isinstance(error, str) else None
+    if named is not None:
+        return named(str(detail))
     if status == 404:
         return SagaNotFound(saga_id)
     if status == 409:

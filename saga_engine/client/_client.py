@@ -22,6 +22,7 @@ from saga_engine.core.runtime._start import StartRequest
 from saga_engine.kernel._errors import InvalidPayload, KafkaUnavailable
 from saga_engine.kernel._serde import JsonDict, check_storable, dumps, model_payload
 from saga_engine.kernel._settings import Settings
+from saga_engine.runner._engine import CallbackAnswer
 from saga_engine.store._batch_operation_store import BatchStore, count_matching
 from saga_engine.store._progress import ProgressItem
 from saga_engine.store._store import EventStore, SagaRecord
@@ -327,6 +328,42 @@ class SagaClient:
         return await post_action(
             self._admin_url, self._admin_token, saga_id, action, body, f"{action} of {step!r}"
         )
+
+    # ------------------------------------------------------------------ callbacks
+
+    async def complete_callback(
+        self, url: str, body: BaseModel | dict[str, Any] | None = None
+    ) -> CallbackAnswer:
+        """Completes a saga's callback wait (``ctx.callback``, or an HTTP step completed
+        by callback) with ``body``, as its third party's ``POST`` to the URL would, for a
+        party that has the URL (``cb.url``) or its token: the call goes to this client's
+        admin API (``POST /callbacks/{token}``; no operator token, the URL's is the
+        credential). Returns what it completed; the same body again gets the same answer.
+        Raises, with nothing recorded: CallbackTokenInvalid (a URL this deployment did not
+        sign), CallbackGone (expired, the wait over), CallbackConflict (answered already
+        with another body), InvalidPayload (the wait's model refuses it, naming each field),
+        TransientError (the engine cannot record it now: call again)."""
+        from saga_engine.client._calls import callback_token, post_callback
+
+        token = callback_token(url)
+        return await post_callback(self._admin_url, token, _payload(body), failed=False)
+
+    async def fail_callback(
+        self, url: str, error: str, details: dict[str, Any] | None = None
+    ) -> CallbackAnswer:
+        """Fails a saga's callback wait (``await cb`` raises ``CallbackFailed`` with
+        ``error`` and ``details``; an HTTP step completed by callback fails with
+        ``StepFailed``), as a ``POST`` to its ``/fail`` URL would. ``url``: the wait's URL,
+        its fail URL or its token. Returns and raises as :meth:`complete_callback`."""
+        from saga_engine.client._calls import callback_token, post_callback
+
+        if not isinstance(error, str) or not error.strip():
+            raise InvalidPayload(
+                "the callback's failure",
+                [{"loc": ["error"], "msg": "a failure needs its reason", "type": "missing"}],
+            )
+        body = {**(details or {}), "error": error}
+        return await post_callback(self._admin_url, callback_token(url), body, failed=True)
 
     # ------------------------------------------------------------------ updates, queries
 

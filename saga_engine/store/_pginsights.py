@@ -57,7 +57,8 @@ SELECT saga_id, kind, extract(epoch FROM (data->>'at')::timestamptz)::float8 * 1
        (data->'timings'->>'handler_cpu_ms')::float8 AS cpu_ms,
        CASE WHEN kind = 'reply_received'
             THEN extract(epoch FROM recorded_at)::float8 * 1000 END AS recorded,
-       CASE WHEN kind = 'saga_started' THEN (data->>'flow_policy')::int END AS flow_policy
+       CASE WHEN kind = 'saga_started' THEN (data->>'flow_policy')::int END AS flow_policy,
+       coalesce(kind = 'callback_received' AND data->>'failed' = 'true', false) AS failed
 FROM saga_events
 WHERE saga_id = ANY($1::text[]) AND kind = ANY($2::text[])
 ORDER BY saga_id, seq

@@ -23,7 +23,12 @@ EXPECTED = {
     "succeeds": ("confirmed", "completed", ""),
     "insufficient credit": ("rejected", "compensated", "insufficient credit"),
     "fails at shipping": ("rejected", "compensated", "cannot ship to erin"),
-    "fraud check refuses": ("rejected", "compensated", "HTTP 422: customer mallory is blocked"),
+    "fraud check refuses": (
+        "rejected",
+        "compensated",
+        # Posted to the fraud check's callback URL + /fail, after its 202.
+        "the service reported a failure: customer mallory is blocked",
+    ),
     "Kafka trigger": ("confirmed", "completed", ""),
     "approved by signal": ("confirmed", "completed", ""),
     "survives a crash": ("confirmed", "completed", ""),

@@ -152,7 +152,10 @@ class Callback(Generic[T]):
 
     async def wait(self) -> T:
         """The body the third party posted, as the model reads it (a dict without one)."""
-        received = await self._driver.op_wait_callback(self._event)
+        return self._read(await self._driver.op_wait_callback(self._event))
+
+    def _read(self, received: CallbackReceived) -> T:
+        """An answer's body as the model reads it (a dict without one)."""
         if self._model is None:
             return dict(received.payload)  # type: ignore[return-value]
         parsed: T = self._driver.parse(
@@ -167,11 +170,13 @@ class Callback(Generic[T]):
         return f"Callback({self._event.name!r}, wait_id={self._event.wait_id!r})"
 
 
-async def _called_back(step: str, cb: Callback[T]) -> T:
-    """The result an HTTP step's service posted to its callback URL; its failure, or no
-    call before the timeout, fails the step."""
+async def _called_back(
+    step: str, cb: Callback[T], answered: Coroutine[Any, Any, CallbackReceived]
+) -> T:
+    """The result an HTTP step's service posted to its callback URL (``answered``: the
+    step, then its wait); its failure, or no call before the timeout, fails the step."""
     try:
-        return await cb
+        return cb._read(await answered)
     except CallbackFailed as exc:
         raise StepFailed(
             step, f"the service reported a failure: {exc.error}", details=exc.details
@@ -234,6 +239,10 @@ class SagaDriver(Protocol):
     def callback_url(self, event: CallbackAwaited) -> str: ...
 
     def op_wait_callback(self, event: CallbackAwaited) -> Coroutine[Any, Any, CallbackReceived]: ...
+
+    def op_callback_step(
+        self, request: StepRequest, event: CallbackAwaited
+    ) -> Coroutine[Any, Any, CallbackReceived]: ...
 
     def op_side_effect(self, fn: Callable[[], T]) -> Coroutine[Any, Any, T]: ...
 
@@ -516,9 +525,9 @@ class SagaContext:
             pivot=pivot,
             cost=cost,
         )
-        payload = await self._driver.op_step(step)
         if cb is not None:
-            return await _called_back(name, cb)
+            return await _called_back(name, cb, self._driver.op_callback_step(step, cb._event))
+        payload = await self._driver.op_step(step)
         if returns is None:
             return payload
         return self._driver.parse(returns, payload, f"the response of step {name!r}", step=name)

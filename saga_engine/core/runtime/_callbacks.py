@@ -22,11 +22,14 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
+from saga_engine.core.authoring._context import StepRequest
 from saga_engine.core.history._decision import CallbackInput, DropReason
 from saga_engine.core.history._events import CallbackAwaited, CallbackReceived, Event
 from saga_engine.core.history._fold import CallbackWait, Settled
 from saga_engine.core.runtime._intents import check_open, emit, end_with_timer, next_id
+from saga_engine.core.runtime._operations import CommandLimit, step
 from saga_engine.core.runtime._state import Halt, SagaState
+from saga_engine.core.runtime._undo import give_up_applied
 from saga_engine.kernel._callback_tokens import CallbackClaims, callback_url, sign
 from saga_engine.kernel._errors import (
     CallbackConflict,
@@ -118,12 +121,39 @@ async def wait_callback(s: SagaState, event: CallbackAwaited) -> CallbackReceive
         answer = await future
     except asyncio.CancelledError:
         # Given up by the code (a race lost, a scope's timer): the URL answers 410 now.
-        s.callback_waits.pop(event.wait_id, None)
-        s.timers.pop(event.wait_id, None)
+        close_wait(s, event.wait_id)
         raise
     if answer is None:
         raise CallbackTimeout(event.name, event.wait_id)
     return _answer(event, answer)
+
+
+def close_wait(s: SagaState, wait_id: str) -> None:
+    """The code no longer waits for callback ``wait_id``: its URL answers 410 from now on
+    and its timer no longer wakes the saga (nothing is recorded: a replay of the same
+    code closes it at the same point)."""
+    s.callback_waits.pop(wait_id, None)
+    s.timers.pop(wait_id, None)
+
+
+async def callback_step(
+    s: SagaState, request: StepRequest, event: CallbackAwaited, limit: CommandLimit | None
+) -> CallbackReceived:
+    """``http_step(completion="callback")``: the request (a step, owed once its service
+    accepted it), then the wait for the service's call (``event``, recorded first). A
+    request that fails, or is given up, closes the wait; the code giving the step up
+    while it waits for the call gives up an applied step (``_undo.give_up_applied``:
+    recorded, and its compensation issued at once), as a Kafka step in flight is."""
+    try:
+        await step(s, request, limit)
+    except BaseException:
+        close_wait(s, event.wait_id)
+        raise
+    try:
+        return await wait_callback(s, event)
+    except asyncio.CancelledError as cancelled:
+        give_up_applied(s, request.name, cancelled)
+        raise
 
 
 def _received(s: SagaState, wait_id: str) -> CallbackReceived | None:

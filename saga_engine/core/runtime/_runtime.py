@@ -429,6 +429,11 @@ class SagaRuntime:
     def op_wait_callback(self, event: CallbackAwaited) -> Coroutine[Any, Any, CallbackReceived]:
         return callback_ops.wait_callback(self.state, event)
 
+    def op_callback_step(
+        self, request: StepRequest, event: CallbackAwaited
+    ) -> Coroutine[Any, Any, CallbackReceived]:
+        return callback_ops.callback_step(self.state, request, event, self.limit)
+
     def op_side_effect(self, fn: Callable[[], T]) -> Coroutine[Any, Any, T]:
         return operations.side_effect(self.state, fn)
 

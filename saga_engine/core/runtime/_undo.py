@@ -26,7 +26,10 @@ running when ``run`` returned) is not left on the stack for an unwind that may n
 applied, issues its compensation at once, under the same retry policy, stuck and
 operator rules as any (:func:`_compensate`). It came after every step owed before it, so
 it is undone before any of them: an unwind that follows waits for it first
-(:func:`finish_given_up`), and the saga ends only once it is undone.
+(:func:`finish_given_up`), and the saga ends only once it is undone. A step applied
+already whose result the code still awaited (an HTTP step completed by callback, waiting
+for its service's call) is given up by the same rule (:func:`give_up_applied`): it leaves
+the stack and is undone at once.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import Literal
 
 from saga_engine.core.history._decision import command_id_for
 from saga_engine.core.history._events import (
+    CommandIssued,
     CompensationCompleted,
     CompensationIssued,
     CompensationSpec,
@@ -119,23 +123,59 @@ def give_up(
     gave the step up: recorded, and an in-doubt step's compensation starts now (the saga
     ends only once it has completed). A history recorded before steps were given up
     this way has no ``step_abandoned`` here: it replays as it ran (the step owed)."""
+    if _joins_the_stack(s, step):
+        if in_doubt:
+            s.owe(step, spec, sent, began)
+        return
+    owed = None
+    if in_doubt and spec is not None:
+        owed = OwedCompensation(
+            step, spec, tuple(sent), began, s.tick(), s.declared_after.get(step)
+        )
+    _abandon(s, step, sent, in_doubt, cancelled, owed)
+
+
+def give_up_applied(s: SagaState, step: str, cancelled: asyncio.CancelledError) -> None:
+    """The step ``step`` was applied (it is on the stack, if it has a compensation) but
+    its code still waited for its result (``http_step(completion="callback")``, waiting
+    for its service's call) when it was stopped: :func:`give_up`'s rule, for a step
+    applied for sure. While the saga stops it stays on the stack; while it goes forward
+    it leaves the stack, recorded as given up, and its compensation starts now."""
+    if _joins_the_stack(s, step):
+        return
+    owed = next((o for o in reversed(s.owed) if o.step == step), None)
+    if owed is not None:
+        s.owed.remove(owed)
+    sent = [e.command_id for e in s.history if isinstance(e, CommandIssued) and e.step == step]
+    _abandon(s, step, list(dict.fromkeys(sent)), True, cancelled, owed)
+
+
+def _joins_the_stack(s: SagaState, step: str) -> bool:
+    """Whether a step stopped now joins (or stays on) the stack for the unwind, rather
+    than being given up alone: the saga stops, or replays a history recorded before
+    steps were given up (no ``step_abandoned`` where it would stand)."""
     stopping = s.cancel_reason is not None or s.unwinding or s.nondeterminism is not None
     legacy = s.replaying and not (
         isinstance(recorded := s.history[s.cursor], StepAbandoned) and recorded.step == step
     )
-    if stopping or legacy:
-        if in_doubt:
-            s.owe(step, spec, sent, began)
-        return
+    return stopping or legacy
+
+
+def _abandon(
+    s: SagaState,
+    step: str,
+    sent: list[str],
+    in_doubt: bool,
+    cancelled: asyncio.CancelledError,
+    owed: OwedCompensation | None,
+) -> None:
+    """Records the step given up; what it owes (``owed``) is undone at once."""
     why = cancelled.args[0] if cancelled.args and isinstance(cancelled.args[0], str) else ""
     emit(
         s,
         StepAbandoned(at=s.now, step=step, command_ids=list(sent), in_doubt=in_doubt, reason=why),
     )
-    if in_doubt and spec is not None:
-        owed = OwedCompensation(
-            step, spec, tuple(sent), began, s.tick(), s.declared_after.get(step)
-        )
+    if owed is not None:
         s.given_up = (*s.given_up, (owed, s.loop.create_task(_compensate(s, owed))))
 
 

@@ -4,7 +4,7 @@ A run is summarised once, from its whole history, by the store's roll-up after i
 terminal event is stored (the store records the run in that event's transaction and the
 roll-up takes it off that record in its own: a run is counted exactly once, whatever
 crashes), and added into counters per (saga type, time bucket, flow policy): per type (runs by outcome, a duration
-histogram), per node (steps, children, timers, signal and event waits: runs that took
+histogram), per node (steps, children, timers, signal, event and callback waits: runs that took
 it, attempts, successes, refusals, timeouts, compensations, a latency histogram), the
 most frequent error messages per node, and the pairs of nodes that overlapped in a run
 (parallel branches from ``gather``). Reads add up a window's buckets (of one flow policy,
@@ -58,7 +58,7 @@ WINDOWS: Final[dict[str, timedelta]] = {
     "7d": timedelta(days=7),
 }
 
-NodeKind = Literal["step", "child", "timer", "signal", "event"]
+NodeKind = Literal["step", "child", "timer", "signal", "event", "callback"]
 Facet = Literal["type", "node", "error", "overlap", "phase"]
 
 #: Where a step's time goes, from its command's issue to its reply's event stored, in
@@ -162,6 +162,8 @@ class Mark:
     recorded: float | None = None
     #: A start's flow policy (``SagaStarted.flow_policy``; None: 1).
     flow_policy: int | None = None
+    #: A callback's answer posted to its ``/fail`` URL (``CallbackReceived.failed``).
+    failed: bool = False
 
 
 #: The kinds a summary reads (the others leave it as it is).
@@ -176,6 +178,8 @@ MARK_KINDS: Final = (
     "event_awaited",
     "domain_event_received",
     "signal_received",
+    "callback_awaited",
+    "callback_received",
     "saga_completed",
     "saga_failed",
     "saga_compensated",
@@ -223,6 +227,7 @@ def mark_of(event: Event) -> Mark:
         name=get("name") or get("source"),
         saga_type=get("saga_type"),
         flow_policy=get("flow_policy"),
+        failed=get("failed") is True,
         **timed,
     )
 
@@ -251,12 +256,12 @@ def summarize(marks: Sequence[Mark]) -> RunSummary | None:
     )
 
 
-_WAITS: Final = {"timer_fired": "timer", "domain_event_received": "event"}
+_WAITS: Final = ("timer_fired", "domain_event_received", "callback_received")
 
 
 def _walk(marks: Sequence[Mark], nodes: dict[str, NodeRun]) -> None:
     sent: dict[str, tuple[str, float]] = {}
-    waits: dict[str, tuple[str, float]] = {}
+    waits: dict[str, tuple[str, float, NodeKind]] = {}
     last_at = marks[0].at
     for m in marks:
         if m.kind == "compensation_issued" and m.step is not None:
@@ -271,15 +276,17 @@ def _walk(marks: Sequence[Mark], nodes: dict[str, NodeRun]) -> None:
             nodes[step].timeouts += 1
             nodes[step].span(at, m.at)
         elif m.kind == "timer_started" and m.purpose == "sleep" and m.wait_id:
-            waits[m.wait_id] = (m.wait_id, m.at)
+            waits[m.wait_id] = (m.wait_id, m.at, "timer")
         elif m.kind == "event_awaited" and m.wait_id:
-            waits[m.wait_id] = (f"event:{m.name}", m.at)
+            waits[m.wait_id] = (f"event:{m.name}", m.at, "event")
+        elif m.kind == "callback_awaited" and m.wait_id:
+            waits[m.wait_id] = (f"callback:{m.name}", m.at, "callback")
         elif m.kind in _WAITS and m.wait_id in waits:
-            _waited(nodes, _WAITS[m.kind], waits.pop(m.wait_id), m.at)  # type: ignore[arg-type]
+            _waited(nodes, waits.pop(m.wait_id), m)
         elif m.kind == "signal_received":
             # A signal wait leaves no event of its own: it is taken to run from the
             # history's previous event (when the saga last moved) to the signal.
-            _waited(nodes, "signal", (f"signal:{m.name}", last_at), m.at)
+            _waited(nodes, (f"signal:{m.name}", last_at, "signal"), m)
         last_at = m.at
 
 
@@ -321,13 +328,21 @@ def _phases(node: NodeRun, issued: float, reply: Mark) -> None:
         node.observe_phase(CPU, reply.cpu_ms)
 
 
-def _waited(nodes: dict[str, NodeRun], kind: NodeKind, wait: tuple[str, float], at: float) -> None:
-    name, since = wait
+def _waited(nodes: dict[str, NodeRun], wait: tuple[str, float, NodeKind], end: Mark) -> None:
+    """A wait from ``wait``'s start to ``end``: answered (a callback posted to its fail
+    URL is a refusal), or timed out (a callback's timer, whose id is its wait's)."""
+    name, since, kind = wait
     node = nodes.setdefault(name, NodeRun(kind))
     node.attempts += 1
-    node.successes += 1
-    node.latencies_ms.append(_ms(since, at))
-    node.span(since, at)
+    node.span(since, end.at)
+    if kind == "callback" and end.kind == "timer_fired":
+        node.timeouts += 1
+        return
+    node.latencies_ms.append(_ms(since, end.at))
+    if end.failed:
+        node.refusals += 1
+    else:
+        node.successes += 1
 
 
 def _overlaps(nodes: dict[str, NodeRun]) -> list[tuple[str, str]]:

@@ -9,6 +9,8 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 from saga_engine.core.history._events import (
+    CallbackAwaited,
+    CallbackReceived,
     CommandIssued,
     CompensationIssued,
     Event,
@@ -343,3 +345,50 @@ async def test_learned_costs_are_over_every_flow_policy(store: EventStore) -> No
     await _run(store, "b", _under(2, _timed("b", 2.0)), SagaStatus.COMPLETED)
     costs = await store.learned_costs("trip", *WINDOW)
     assert (costs["book"].samples, costs["book"].cpu_ms) == (2, 3.0)
+
+
+def _kyc(saga: str, answer: str) -> list[Event]:
+    """A callback wait: answered after 5 s (or by its fail URL), or timed out at 10 s."""
+    wait = "callback:kyc-verdict:1"
+    awaited = CallbackAwaited(
+        at=_at(1000),
+        wait_id=wait,
+        name="kyc-verdict",
+        expires_at=_at(11_000),
+        key_id="k",
+        base_url="https://saga.example.com",
+    )
+    end: Event = (
+        TimerFired(at=_at(11_000), timer_id=wait)
+        if answer == "timed out"
+        else CallbackReceived(
+            at=_at(6000),
+            wait_id=wait,
+            payload={"error": "unreadable"} if answer == "failed" else {"ok": True},
+            failed=answer == "failed",
+            digest=answer,
+        )
+    )
+    return [
+        SagaStarted(at=_at(0), saga_type="trip", input={"who": saga}),
+        awaited,
+        end,
+        SagaCompleted(at=_at(12_000), output={"done": True}),
+    ]
+
+
+async def test_callback_waits_count_their_time_failures_and_timeouts(store: EventStore) -> None:
+    for saga, answer in [("a", "answered"), ("b", "answered"), ("c", "failed"), ("d", "timed out")]:
+        await _run(store, saga, _kyc(saga, answer), SagaStatus.COMPLETED)
+    report = await _report(store)
+    [node] = report["nodes"]
+    assert (node["name"], node["kind"], node["runs"], node["attempts"]) == (
+        "callback:kyc-verdict",
+        "callback",
+        4,
+        4,
+    )
+    assert (node["successes"], node["refusal_rate"], node["timeout_rate"]) == (2, 0.25, 0.25)
+    # The time waiting on the callback: 5 s from the wait to each answer (the timed-out
+    # wait is a timeout, not a latency: 10 s would show in p99).
+    assert node["latency_ms"] == {"p50": 5000, "p95": 5000, "p99": 5000}
