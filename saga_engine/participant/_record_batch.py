@@ -127,7 +127,9 @@ class RecordBatchRunner:
                 # A copy of a command earlier in this run: the same answer, to its own
                 # message.
                 assert item.command is not None
-                item.outgoing = ctx.reply(item.command, first.outgoing.reply, item.topic)
+                item.outgoing = copy = ctx.reply(item.command, first.outgoing.reply, item.topic)
+                if copy.blobs:  # by reference: the first's value, whose blob was kept
+                    copy.value, copy.blobs = first.outgoing.value, {}
             if item.outgoing is not None:
                 self._count(item)
                 stamp_timings(item, committed)
