@@ -143,6 +143,13 @@ func (k *Kit) attempt(ctx context.Context, v verdict) (*outboxRow, error) {
 	if err != nil {
 		return nil, &handlerError{err}
 	}
+	if k.blobs != nil {
+		// A large reply by reference: its blob kept before this transaction
+		// commits, so the reply stored and sent never names a missing blob.
+		if value, _, err = k.blobs.seal(ctx, cmd.SagaID, value); err != nil {
+			return nil, err
+		}
+	}
 	row := k.replyRow(ctx, cmd, value)
 	if err := k.store.answer(ctx, tx, cmd, body.Outcome, row); err != nil {
 		return nil, err
@@ -208,10 +215,14 @@ func callHandler(ctx context.Context, fn HandlerFunc, tx pgx.Tx, cmd Command) (p
 // ce_replyto, key the saga id, headers of section 7.4.
 func (k *Kit) replyRow(ctx context.Context, cmd *Command, value []byte) *outboxRow {
 	traceparent, tracestate := traceHeaders(ctx)
+	headers := replyHeaders(k.source, cmd, time.Now(), traceparent, tracestate)
+	if isRefValue(value) {
+		headers = append(headers, Header{Key: hCodec, Value: []byte(refCodec)})
+	}
 	return &outboxRow{
 		topic:   cmd.ReplyTo,
 		key:     []byte(cmd.SagaID),
-		headers: replyHeaders(k.source, cmd, time.Now(), traceparent, tracestate),
+		headers: headers,
 		value:   value,
 	}
 }
