@@ -360,7 +360,7 @@ def encode_fields(
         if text:
             headers.append((header, text.encode()))
     value_bytes = orjson.dumps(body, option=orjson.OPT_UTC_Z)
-    if codec is not None:
+    if codec is not None and not _goes_clear(codec, value_bytes, blobs):
         if blobs is not None and codec.reference is not None:
             with collecting(blobs):
                 value_bytes = codec.seal_json(value_bytes)
@@ -368,6 +368,16 @@ def encode_fields(
             value_bytes = codec.seal_json(value_bytes)
         headers.append((CODEC_HEADER, codec.header))
     return fields["saga_id"].encode(), value_bytes, headers
+
+
+def _goes_clear(codec: CodecChain, value: bytes, blobs: dict[str, bytes] | None) -> bool:
+    """A chain of the ``ref`` codec alone leaves a record clear (no marker, no
+    ``saga-codec`` header) unless it goes by reference: a reader without a blob store
+    (a participant that never gets a large command) reads it as any record."""
+    ref = codec.reference
+    if ref is None or len(codec.codecs) > 1:
+        return False
+    return blobs is None or len(value) < ref.threshold
 
 
 def record_size(value: bytes | None, headers: Headers) -> int:

@@ -13,7 +13,7 @@ import pytest
 from pydantic import SecretStr, ValidationError
 
 from saga_engine.core.history._blobref import ReferenceCodec, collecting, resolving
-from saga_engine.core.history._codec import CodecChain
+from saga_engine.core.history._codec import CodecChain, GzipCodec
 from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.kernel._errors import CodecError, CodecFailure, PoisonMessage
 from saga_engine.kernel._poison import PoisonReason
@@ -84,6 +84,9 @@ async def test_a_small_record_stays_inline_and_nothing_is_fetched() -> None:
     codec = chain()
     key, value, headers, blobs = encoded(codec, {"small": True})
     assert blobs == {}
+    # The ref codec alone leaves a small record clear: any reader takes it.
+    assert "saga-codec" not in dict(headers)
+    assert value == b'{"outcome":"success","payload":{"small":true}}'
     store = Blobs({})
     assert await fetch_record_blobs(value, headers, codec, store) == {}
     assert store.asked == []
@@ -96,7 +99,16 @@ def test_without_blobs_to_collect_into_a_record_stays_inline() -> None:
     codec = chain()
     _, value, headers = encode(reply(BIG), codec)
     assert record_reference(value, headers, codec) is None
+    assert "saga-codec" not in dict(headers)
     assert len(value) > 4096
+
+
+def test_a_chain_with_other_codecs_seals_every_record() -> None:
+    codec = CodecChain(GzipCodec(), ReferenceCodec(1024, NEW, "postgres"))
+    _, value, headers, blobs = encoded(codec, {"small": True})
+    assert dict(headers)["saga-codec"] == b"gzip,ref"
+    assert blobs == {}
+    assert record_reference(value, headers, codec) is None
 
 
 async def test_a_missing_blob_is_blob_missing() -> None:
