@@ -11,6 +11,7 @@ import base64
 import hashlib
 import hmac
 import uuid
+from datetime import timedelta
 
 import asyncpg
 import orjson
@@ -30,6 +31,7 @@ from saga_engine.settings import (
     ParticipantSettings,
     PostgresSettings,
 )
+from saga_engine.store import PostgresEventStore
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
 from tests.edge.conftest import dead_letters
@@ -65,13 +67,13 @@ class ArchiveDocument(Saga[Document, Receipt]):
     name = "archive-document"
 
     async def run(self, ctx: SagaContext, input: Document) -> Receipt:
-        archived = await ctx.step(
-            "archive", to="archive", command=Archive(pdf=input.pdf), returns=Archived
-        )
+        # Upper case: the command's blob is not the input's (each is kept for itself).
+        command = Archive(pdf=input.pdf.upper())
+        archived = await ctx.step("archive", to="archive", command=command, returns=Archived)
         return Receipt(size=len(archived.pdf), sha256=archived.sha256)
 
 
-def settings_for(pg: PgTarget, bootstrap: str) -> Settings:
+def settings_for(pg: PgTarget, bootstrap: str, *, encrypted: bool = False) -> Settings:
     tag = uuid.uuid4().hex[:10]
     blobs = BlobSettings(
         threshold_bytes=THRESHOLD, mac_keys={"k1": SecretStr(base64.b64encode(MAC_KEY).decode())}
@@ -83,7 +85,10 @@ def settings_for(pg: PgTarget, bootstrap: str) -> Settings:
         ),
         participant=ParticipantSettings(dsn=SecretStr(pg.database_dsn), db_schema=f"{pg.schema}_p"),
         admin=AdminSettings(enabled=False, port=0),
-        codec=CodecSettings(blobs=blobs),
+        # Encrypted: each payload's blob is its own (a fresh nonce), not shared by content.
+        codec=CodecSettings(keys={"k1": SecretStr(base64.b64encode(MAC_KEY).decode())}, blobs=blobs)
+        if encrypted
+        else CodecSettings(blobs=blobs),
     )
 
 
@@ -134,7 +139,7 @@ async def test_a_command_and_a_reply_over_the_message_size_go_by_reference(
         saga_id = await engine.start(ArchiveDocument, Document(pdf=pdf))
         record = await engine.wait(saga_id, timeout=60)
         assert record.status is SagaStatus.COMPLETED, record.error
-        expected = hashlib.sha256(pdf[::-1].encode()).hexdigest()
+        expected = hashlib.sha256(pdf.upper()[::-1].encode()).hexdigest()
         completed = (await engine.history(saga_id))[-1]
         assert isinstance(completed, SagaCompleted)
         assert completed.output == {"size": len(pdf), "sha256": expected}
@@ -254,3 +259,38 @@ async def test_a_blob_missing_from_a_reply_leaves_the_saga_waiting_not_compensat
         assert letter["dlq_reason"] == "blob_missing"
         after = await engine.get(saga_id)
         assert (after.status, after.last_seq) == (SagaStatus.RUNNING, before.last_seq)
+
+
+async def test_a_command_in_flight_keeps_its_blob_through_a_sweep(
+    pg: PgTarget, kafka_bootstrap: str
+) -> None:
+    """The participant is down while the command by reference waits in its partition;
+    a sweep with no grace at all deletes nothing the record needs, and the participant,
+    started later, resolves it. Encrypted, so that no event of the saga shares the
+    command's blob: only the record's own reference keeps it."""
+    settings = settings_for(pg, kafka_bootstrap, encrypted=True)
+    pdf = document(0.5)
+    handled: list[int] = []
+    async with SagaWorker(settings, [ArchiveDocument]) as worker:
+        engine = worker.engine
+        assert engine is not None
+        saga_id = await engine.start(ArchiveDocument, Document(pdf=pdf))
+        topics = Topics.of(settings.kafka)
+        [command] = await read_topic(settings.kafka, topics.commands("archive"), 1)
+        data = base64.b64decode(orjson.loads(command.value)["data"])
+        digest = orjson.loads(data[1:])["sha256"]
+        store = await PostgresEventStore.connect(settings.pg)
+        try:
+            await store.sweep_blobs(timedelta(0))
+        finally:
+            await store.close()
+        conn = await asyncpg.connect(pg.dsn)
+        try:
+            kept = await conn.fetchval("SELECT count(*) FROM saga_blobs WHERE digest = $1", digest)
+        finally:
+            await conn.close()
+        assert kept == 1
+        async with archive(settings, handled):
+            record = await engine.wait(saga_id, timeout=60)
+        assert record.status is SagaStatus.COMPLETED, record.error
+        assert handled == [len(pdf)]
