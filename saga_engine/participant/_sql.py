@@ -91,8 +91,12 @@ def reply_record(
     )
 
 
-def check_size(outgoing: Outgoing, limit: int) -> None:
+def check_size(outgoing: Outgoing, limit: int, blob_limit: int) -> None:
+    """The reply's record within the message size, and a reply by reference within the
+    largest blob a reference may name (``codec.blobs.max_bytes``)."""
     check_message_size(outgoing.size, limit, "the reply")
+    for blob in outgoing.blobs.values():
+        check_message_size(len(blob), blob_limit, "the reply")
 
 
 # --------------------------------------------------------------------------- SQL

@@ -288,25 +288,26 @@ def _success(ctx: ParticipantContext, command: Envelope, item: Item, result: obj
     check_storable(payload, f"the reply of the {command.subject} handler")
     outgoing = ctx.reply(command, ReplyBody(outcome="success", payload=payload), item.topic)
     try:
-        check_size(outgoing, ctx.reply_limit)
+        check_size(outgoing, ctx.reply_limit, ctx.settings.codec.blobs.max_bytes)
     except PayloadTooLarge as exc:
         # The handler would answer the same every time: running it again (handler
         # attempts) or asking again (the engine's retry policy) cannot help. Answered
         # once, as a refusal: its writes roll back, and the step fails now, naming the limit.
         ctx.stats["reply_too_large"] += 1
         raise Rejected(
-            _too_large(command, exc),
+            _too_large(command, exc, bool(outgoing.blobs)),
             details={"size_bytes": exc.size, "limit_bytes": exc.limit},
         ) from exc
     return outgoing
 
 
-def _too_large(command: Envelope, exc: PayloadTooLarge) -> str:
+def _too_large(command: Envelope, exc: PayloadTooLarge, by_reference: bool) -> str:
     """Why the reply is refused, naming the limit and the setting it comes from (the one
-    size rule: the broker's message size)."""
+    size rule: the broker's message size; for a reply by reference, the largest blob)."""
+    setting = "SAGA_CODEC__BLOBS__MAX_BYTES" if by_reference else "SAGA_KAFKA__MAX_MESSAGE_BYTES"
     return (
         f"the reply of the {command.subject} handler is {exc.size} bytes, over the limit of "
-        f"{exc.limit} bytes (SAGA_KAFKA__MAX_MESSAGE_BYTES): nothing was applied; return a "
+        f"{exc.limit} bytes ({setting}): nothing was applied; return a "
         "smaller result (a reference to the data rather than the data)"
     )
 

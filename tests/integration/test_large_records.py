@@ -73,10 +73,14 @@ class ArchiveDocument(Saga[Document, Receipt]):
         return Receipt(size=len(archived.pdf), sha256=archived.sha256)
 
 
-def settings_for(pg: PgTarget, bootstrap: str, *, encrypted: bool = False) -> Settings:
+def settings_for(
+    pg: PgTarget, bootstrap: str, *, encrypted: bool = False, max_bytes: int = 64 << 20
+) -> Settings:
     tag = uuid.uuid4().hex[:10]
     blobs = BlobSettings(
-        threshold_bytes=THRESHOLD, mac_keys={"k1": SecretStr(base64.b64encode(MAC_KEY).decode())}
+        threshold_bytes=THRESHOLD,
+        mac_keys={"k1": SecretStr(base64.b64encode(MAC_KEY).decode())},
+        max_bytes=max_bytes,
     )
     return Settings(
         pg=PostgresSettings(dsn=pg.database_dsn, db_schema=pg.schema),
@@ -294,3 +298,25 @@ async def test_a_command_in_flight_keeps_its_blob_through_a_sweep(
             record = await engine.wait(saga_id, timeout=60)
         assert record.status is SagaStatus.COMPLETED, record.error
         assert handled == [len(pdf)]
+
+
+async def test_a_reply_over_the_largest_blob_is_refused_once_naming_the_setting(
+    pg: PgTarget, kafka_bootstrap: str
+) -> None:
+    settings = settings_for(pg, kafka_bootstrap, max_bytes=128 * 1024)
+    participant = Participant("archive", settings, stop_timeout_s=2.0)
+    calls: list[int] = []
+
+    @participant.handles(Archive)
+    async def swell(cmd: Archive, tx: Transaction) -> Archived:
+        calls.append(1)
+        return Archived(pdf="x" * 200 * 1024, sha256="")  # by reference, over max_bytes
+
+    async with SagaWorker(settings, [ArchiveDocument]) as worker, participant:
+        engine = worker.engine
+        assert engine is not None
+        saga_id = await engine.start(ArchiveDocument, Document(pdf="small"))
+        record = await engine.wait(saga_id, timeout=60)
+    assert record.status is not SagaStatus.COMPLETED
+    assert "SAGA_CODEC__BLOBS__MAX_BYTES" in str(record.error)
+    assert calls == [1]
