@@ -31,7 +31,7 @@ from saga_engine.settings import (
     ParticipantSettings,
     PostgresSettings,
 )
-from saga_engine.store import PostgresEventStore
+from saga_engine.store import PostgresEventStore, migrate
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
 from tests.edge.conftest import dead_letters
@@ -320,3 +320,56 @@ async def test_a_reply_over_the_largest_blob_is_refused_once_naming_the_setting(
     assert record.status is not SagaStatus.COMPLETED
     assert "SAGA_CODEC__BLOBS__MAX_BYTES" in str(record.error)
     assert calls == [1]
+
+
+async def test_a_duplicate_command_gets_the_stored_reply_by_reference_again(
+    pg: PgTarget, kafka_bootstrap: str
+) -> None:
+    """A command by reference delivered twice is applied once; the copy is answered with
+    the stored reply, itself a reference, resolved and sent again."""
+    settings = settings_for(pg, kafka_bootstrap)
+    topics = Topics.of(settings.kafka)
+    body = orjson.dumps({"pdf": document(0.2)})
+    digest = hashlib.sha256(body).hexdigest()
+    await migrate(pg.database_dsn, pg.schema)  # the engine's tables: its blob store
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        await conn.execute(
+            "INSERT INTO saga_blobs (digest, data, size) VALUES ($1, $2, $3)",
+            digest,
+            body,
+            len(body),
+        )
+        command = Envelope(
+            message_type=MessageType.COMMAND,
+            source="/saga-engine",
+            subject="Archive",
+            saga_id="saga-dup",
+            command_id=str(uuid.uuid4()),
+            step="archive",
+            reply_to=topics.inbox,
+            body={},
+        )
+        handled: list[int] = []
+        async with archive(settings, handled):
+            for _ in range(2):
+                await send_raw(
+                    settings,
+                    topics.commands("archive"),
+                    command,
+                    reference_value(digest, len(body)),
+                )
+            replies = await read_topic(settings.kafka, topics.inbox, 2)
+        assert handled == [len(body) - len('{"pdf":""}')]
+        payloads = []
+        for reply in replies:
+            data = base64.b64decode(orjson.loads(reply.value)["data"])
+            ref = orjson.loads(data[1:])
+            blob = await conn.fetchval(
+                "SELECT data FROM saga_blobs WHERE digest = $1", ref["sha256"]
+            )
+            payloads.append(orjson.loads(blob)["payload"])
+        assert payloads[0] == payloads[1]
+        assert len(payloads[0]["pdf"]) == handled[0]
+    finally:
+        await conn.close()
