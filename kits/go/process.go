@@ -196,6 +196,15 @@ func (k *Kit) runHandler(ctx context.Context, tx pgx.Tx, h *handler, cmd Command
 	if err != nil {
 		return replyBody{}, &handlerError{err}
 	}
+	if k.blobs != nil && len(obj) > k.blobs.cfg.MaxBytes {
+		// A reply by reference larger than any reference may name: refused once,
+		// the handler's writes undone, as a Rejected (the Python kit's rule).
+		if err := sp.Rollback(ctx); err != nil {
+			return replyBody{}, err
+		}
+		msg := fmt.Sprintf("the reply of the %s handler is %d bytes, over the limit of %d bytes (SAGA_CODEC__BLOBS__MAX_BYTES): nothing was applied; return a smaller result", cmd.Type, len(obj), k.blobs.cfg.MaxBytes)
+		return failureBody(msg, map[string]any{"size_bytes": len(obj), "limit_bytes": k.blobs.cfg.MaxBytes}), nil
+	}
 	if err := sp.Commit(ctx); err != nil { // RELEASE SAVEPOINT
 		return replyBody{}, &handlerError{fmt.Errorf("release the handler's savepoint: %w", err)}
 	}

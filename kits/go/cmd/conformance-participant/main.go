@@ -21,6 +21,7 @@
 //	SAGA_CODEC__BLOBS__CURRENT_MAC_KEY the key id replies are signed with
 //	SAGA_CODEC__BLOBS__MAC_KEY         the unnamed key (base64)
 //	SAGA_CODEC__BLOBS__DIRECTORY       the directory store's volume
+//	SAGA_CODEC__BLOBS__MAX_BYTES       the largest blob (default 64 MiB)
 //	SAGA_PG__DB_SCHEMA                 the engine's schema (default saga_engine)
 //
 // It also handles ConformanceEcho, which answers {"text": its body's text
@@ -195,6 +196,7 @@ func blobConfig(dsn string) (*kit.BlobConfig, error) {
 		MACKeys:    keys,
 		CurrentKey: current,
 		Threshold:  envInt("SAGA_CODEC__BLOBS__THRESHOLD_BYTES", 0),
+		MaxBytes:   envInt("SAGA_CODEC__BLOBS__MAX_BYTES", 0),
 	}, nil
 }
 
