@@ -136,9 +136,10 @@ class Reader:
         record = item.record
         # A command by reference: its blob first. A reference that does not verify, or
         # a blob missing or altered, is dead-lettered (``_recover``), never answered.
-        blobs = await fetch_record_blobs(
-            record.value, list(record.headers or []), ctx.codec, ctx.blobs
-        )
+        blobs: dict[str, bytes] = {}
+        if ctx.blobs is not None:
+            headers = list(record.headers or [])
+            blobs = await fetch_record_blobs(record.value, headers, ctx.codec, ctx.blobs)
         try:
             with resolving(blobs):
                 command, refused = self._decode(record)

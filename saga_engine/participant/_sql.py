@@ -4,7 +4,9 @@ it (and as its outbox row), and the SQL of the deduplication table
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Final, TypeAlias
 
 import asyncpg
@@ -21,6 +23,9 @@ from saga_engine.transport._timings import TIMING_BYTES, echoed_time
 from saga_engine.transport._wire import Envelope, Headers, MessageType, ReplyBody, encode_fields
 
 Connection: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
+
+#: The blobs of a reply that went inline: none.
+NO_BLOBS: Final[Mapping[str, bytes]] = MappingProxyType({})
 
 
 # --------------------------------------------------------------------------- replies
@@ -39,7 +44,7 @@ class Outgoing:
     reply: ReplyBody
     #: The blob of a reply by reference (content hash -> bytes): kept before the
     #: transaction that records the reply commits, so before the record is sent.
-    blobs: dict[str, bytes] = field(default_factory=dict)
+    blobs: Mapping[str, bytes] = field(default_factory=lambda: NO_BLOBS)
 
     @property
     def headers_json(self) -> str:
@@ -87,7 +92,7 @@ def reply_record(
     blobs: dict[str, bytes] | None = {} if by_reference else None
     key, value, headers = encode_fields(fields, reply.model_dump(mode="json"), codec, blobs=blobs)
     return Outgoing(
-        command.command_id, command.saga_id, topic, key, value, headers, reply, blobs or {}
+        command.command_id, command.saga_id, topic, key, value, headers, reply, blobs or NO_BLOBS
     )
 
 

@@ -116,25 +116,30 @@ class Inbox:
     async def _read(self, record: Any) -> Envelope | None:
         headers = list(record.headers or [])
         try:
+            if self._blobs is None:  # no records by reference: the path as it was
+                return self._decode(record, headers)
             # A record by reference: its blob first (a reference that does not verify is
             # dead-lettered as blob_tampered before anything is fetched).
             blobs = await self._blobs_of(record.value, headers)
             if blobs is None:
                 return None
             with resolving(blobs):
-                return decode(
-                    record.key,
-                    record.value,
-                    headers,
-                    max_bytes=self._settings.kafka.max_message_bytes,
-                    codec=self._codec,
-                )
+                return self._decode(record, headers)
         except Exception as exc:  # a bug in reading must not stop the inbox either
             reason = dead_letter_reason(exc) or PoisonReason.ENGINE_ERROR
             if reason is PoisonReason.ENGINE_ERROR:
                 log.exception("unexpected error reading a message; dead-lettering it")
             await self._dead_letter(record, reason, dead_letter_detail(exc, reason))
         return None
+
+    def _decode(self, record: Any, headers: Headers) -> Envelope:
+        return decode(
+            record.key,
+            record.value,
+            headers,
+            max_bytes=self._settings.kafka.max_message_bytes,
+            codec=self._codec,
+        )
 
     async def _blobs_of(self, value: bytes | None, headers: Headers) -> dict[str, bytes] | None:
         """The blob a record by reference names; an outage of the blob store is waited
