@@ -70,8 +70,8 @@ def record_reference(
         data = base64.b64decode(marker["data"], validate=True)
         ref = ReferenceCodec.reference(data) if marker.get(MARKER) else None
     except (SerializationError, CodecError, binascii.Error, LookupError, TypeError, ValueError):
-        return None
-    except AttributeError:  # a value that is JSON but not an object
+        return None  # decoding says what is wrong with it
+    except AttributeError:  # JSON, but not an object
         return None
     if ref is not None:
         codec.reference.verify(ref)
