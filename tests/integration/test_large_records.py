@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import asyncpg
 import orjson
@@ -35,7 +36,7 @@ from saga_engine.store import PostgresEventStore, migrate
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
 from tests.edge.conftest import dead_letters
-from tests.integration.kafka_helpers import read_topic
+from tests.integration.kafka_helpers import read_topic, read_topic_to_end
 from tests.integration.test_large_payloads import document
 from tests.waiting import eventually
 
@@ -373,3 +374,48 @@ async def test_a_duplicate_command_gets_the_stored_reply_by_reference_again(
         assert len(payloads[0]["pdf"]) == handled[0]
     finally:
         await conn.close()
+
+
+async def test_a_saga_by_reference_finishes_after_the_mac_key_is_rotated(
+    pg: PgTarget, kafka_bootstrap: str
+) -> None:
+    """The input and the command are referenced under key k1; the engine restarts with
+    k2 current and k1 kept, the participant too: the command made under k1 resolves, the
+    reply goes under k2, and the saga completes."""
+    before = settings_for(pg, kafka_bootstrap)
+    rotated_blobs = before.codec.blobs.model_copy(
+        update={
+            "mac_keys": {
+                "k1": SecretStr(base64.b64encode(MAC_KEY).decode()),
+                "k2": SecretStr(base64.b64encode(b"the next MAC key, 32 bytes long!").decode()),
+            },
+            "current_mac_key": "k2",
+        }
+    )
+    after = before.model_copy(update={"codec": CodecSettings(blobs=rotated_blobs)})
+    pdf = document(0.2)
+    async with SagaWorker(before, [ArchiveDocument]) as worker:
+        engine = worker.engine
+        assert engine is not None
+        saga_id = await engine.start(ArchiveDocument, Document(pdf=pdf))
+        topics = Topics.of(before.kafka)
+        [command] = await read_topic(before.kafka, topics.commands("archive"), 1)
+    handled: list[int] = []
+    async with SagaWorker(after, [ArchiveDocument]) as worker, archive(after, handled):
+        engine = worker.engine
+        assert engine is not None
+        record = await engine.wait(saga_id, timeout=60)
+        assert record.status is SagaStatus.COMPLETED, record.error
+        inbox = await read_topic_to_end(after.kafka, topics.inbox)
+    # The new engine re-sends the command in flight: each copy is answered (the second
+    # with the stored reply), every answer under k2.
+    replies = [r for r in inbox if dict(r.headers).get("ce_type") == b"saga.reply"]
+    assert replies
+
+    def kid(sent: Any) -> str:
+        data = base64.b64decode(orjson.loads(sent.value)["data"])
+        return str(orjson.loads(data[1:])["kid"])
+
+    assert kid(command) == "k1"
+    assert {kid(r) for r in replies} == {"k2"}
+    assert handled == [len(pdf)]
