@@ -3,8 +3,10 @@ against the same saga with a small one.
 
     python -m bench.blobs                         # the default, ~1 min
     python -m bench.blobs --large-mb 10 --large-sagas 10 --small-sagas 200
+    python -m bench.blobs --kafka                 # and the Kafka path, ~1 min more
 
-Needs Postgres (``SAGA_PG__DSN``, as ``make up`` prints it); no Kafka. One fresh schema
+Needs Postgres (``SAGA_PG__DSN``, as ``make up`` prints it); Kafka only with ``--kafka``
+(``SAGA_KAFKA__BOOTSTRAP_SERVERS``). One fresh schema
 per run. The saga files an invoice: it takes the document as its input and completes
 with a small result, in the start's one transaction. Per case, sagas one after another
 through a real ``Engine`` on ``PostgresEventStore``:
@@ -22,6 +24,12 @@ feature costs sagas that do not use it), ``large_ref_postgres`` and
 (10 MB stored inline, the message size raised to let it in: the ceiling of what a
 reference saves or costs). Each figure is the median and the best of its sagas (the
 machine is shared). Prints one JSON object on stdout; progress goes to stderr.
+
+With ``--kafka``, the Kafka path: a saga whose one step sends the document to a Python
+participant, which sends it back (``round_trip_ms``: ``engine.start`` to the completed
+saga, through a real ``SagaWorker`` and ``Participant``): ``kafka_small`` (1 KB each way,
+no codec: the baseline) and ``kafka_ref`` (the large document each way, the command and
+the reply by reference, in the Postgres store).
 """
 
 from __future__ import annotations
@@ -68,6 +76,24 @@ class FileInvoice(Saga[Invoice, Filed]):
 
     async def run(self, ctx: SagaContext, input: Invoice) -> Filed:
         return Filed(number=input.number, chars=len(input.pdf))
+
+
+class Archive(BaseModel):
+    pdf: str
+
+
+class Archived(BaseModel):
+    pdf: str
+
+
+class ArchiveInvoice(Saga[Invoice, Filed]):
+    name = "bench-archive-invoice"
+
+    async def run(self, ctx: SagaContext, input: Invoice) -> Filed:
+        back = await ctx.step(
+            "archive", to="bench-archive", command=Archive(pdf=input.pdf), returns=Archived
+        )
+        return Filed(number=input.number, chars=len(back.pdf))
 
 
 class NoSender:
@@ -144,6 +170,50 @@ async def run_case(
     }
 
 
+async def run_kafka_case(
+    dsn: str, bootstrap: str, name: str, *, size: int, sagas: int, ref: bool
+) -> dict[str, Any]:
+    """A saga through a participant and back, ``size`` characters each way."""
+    from saga_engine.participant import Participant, Transaction
+    from saga_engine.settings import ParticipantSettings
+    from saga_engine.worker import SagaWorker
+
+    schema = f"bench_blobs_{uuid.uuid4().hex[:10]}"
+    base = settings_for(dsn, schema, ref="postgres" if ref else None, max_message=1_000_000)
+    tag = uuid.uuid4().hex[:8]
+    settings = base.model_copy(
+        update={
+            "kafka": KafkaSettings(
+                bootstrap_servers=bootstrap, topic_prefix=f"bench{tag}", group_id=f"bench-{tag}"
+            ),
+            "participant": ParticipantSettings(dsn=SecretStr(dsn), db_schema=f"{schema}_p"),
+        }
+    )
+    participant = Participant("bench-archive", settings)
+
+    @participant.handles(Archive)
+    async def archive(cmd: Archive, tx: Transaction) -> Archived:
+        return Archived(pdf=cmd.pdf)
+
+    trips: list[float] = []
+    try:
+        async with SagaWorker(settings, [ArchiveInvoice]) as worker, participant:
+            engine = worker.engine
+            assert engine is not None
+            for i in range(sagas):
+                pdf = document(size)
+                began = time.perf_counter()
+                saga_id = await engine.start(ArchiveInvoice, Invoice(number=f"INV-{i}", pdf=pdf))
+                record = await engine.wait(saga_id, timeout=120)
+                trips.append(time.perf_counter() - began)
+                assert record.status.value == "completed", record
+    finally:
+        await _drop(dsn, schema)
+        await _drop(dsn, f"{schema}_p")
+    say(f"{name}: {sagas} sagas, median round trip {statistics.median(trips) * 1000:.1f} ms")
+    return {"document_bytes": size, "sagas": sagas, "round_trip_ms": _figures(trips)}
+
+
 def _figures(seconds: list[float]) -> dict[str, float]:
     return {
         "median": round(statistics.median(seconds) * 1000, 2),
@@ -169,7 +239,7 @@ async def _stored_bytes(dsn: str, schema: str, blob_store: DirectoryBlobStore | 
 async def _drop(dsn: str, schema: str) -> None:
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     finally:
         await conn.close()
 
@@ -194,6 +264,17 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             results[name] = await run_case(
                 dsn, name, size=size, sagas=sagas, ref=ref, directory=Path(tmp)
             )
+        if args.kafka:
+            bootstrap = os.environ.get("SAGA_KAFKA__BOOTSTRAP_SERVERS")
+            if not bootstrap:
+                raise SystemExit("--kafka: SAGA_KAFKA__BOOTSTRAP_SERVERS is not set")
+            for name, size, sagas, by_ref in (
+                ("kafka_small", 1024, args.small_sagas // 4, False),
+                ("kafka_ref", large, args.large_sagas, True),
+            ):
+                results[name] = await run_kafka_case(
+                    dsn, bootstrap, name, size=size, sagas=sagas, ref=by_ref
+                )
     small = results["small"]["start_ms"]["median"]
     return {
         "bench": "blobs",
@@ -204,7 +285,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "per_saga_vs_small": {
             name: round(case["start_ms"]["median"] / small, 1)
             for name, case in results.items()
-            if name != "small"
+            if name != "small" and "start_ms" in case
         },
     }
 
@@ -214,6 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--large-mb", type=float, default=10.0)
     parser.add_argument("--large-sagas", type=int, default=10)
     parser.add_argument("--small-sagas", type=int, default=200)
+    parser.add_argument("--kafka", action="store_true", help="also the Kafka path")
     args = parser.parse_args(argv)
     print(json.dumps(asyncio.run(main_async(args)), indent=2))
 

@@ -53,6 +53,14 @@ STOCK: Final = {"book": 1_000, "mug": 500, "lamp": 200, "chair": 100, "tv": 100}
 ENGINE_LIMITS: Final = {"payments": {"budget": {"cpu": 8}}}
 
 
+#: Payloads by reference (docs/large-payloads.md): one of this many bytes or more goes
+#: through Kafka and into the sagas' histories as a reference to a blob (``saga_blobs``).
+BLOB_THRESHOLD_BYTES: Final = 256 * 1024
+#: The invoice's document (``InvoiceIssued.pdf``): over the threshold, so the invoice
+#: node's reply goes by reference.
+INVOICE_PDF_BYTES: Final = 300 * 1024
+
+
 def http_endpoints(url: Callable[[str], str]) -> dict[str, str]:
     """The engine's ``SAGA_HTTP__ENDPOINTS``: each of ``HTTP_SERVICES`` at ``url(name)``."""
     return {name: url(name) for name in HTTP_SERVICES}

@@ -270,6 +270,9 @@ class InvoiceIssued(BaseModel):
     amount: int
     #: The rendered PDF's digest (the demo keeps no file).
     pdf_sha256: str
+    #: The invoice's document, base64: over 256 KiB, so the reply carrying it goes by
+    #: reference (docs/large-payloads.md), and so does the saga's history.
+    pdf: str = ""
 
 
 class VoidInvoice(BaseModel):

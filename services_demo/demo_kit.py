@@ -19,7 +19,7 @@ import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from saga_engine import SagaStatus, Settings
+from saga_engine import CodecChain, SagaNotFound, SagaStatus, Settings
 from saga_engine.client import SagaClient
 from saga_engine.events import (
     AttemptTimedOut,
@@ -36,9 +36,9 @@ from saga_engine.events import (
     SignalReceived,
     TimerFired,
     TimerStarted,
-    event_from_json,
 )
-from saga_engine.settings import KafkaSettings, PostgresSettings
+from saga_engine.settings import CodecSettings, KafkaSettings, PostgresSettings
+from saga_engine.store import PostgresEventStore
 from services_demo.config import PRICES, SERVICES
 from services_demo.run import DemoStack
 
@@ -132,6 +132,8 @@ class Target:
     service_schemas: tuple[str, ...] = ()
     #: The engine's admin API (schedules are triggered there); None: not reachable.
     admin_url: str | None = None
+    #: The stack's payload codec (payloads by reference): to read its histories.
+    codec: CodecSettings = field(default_factory=CodecSettings)
 
     @property
     def trigger_group(self) -> str:
@@ -149,6 +151,7 @@ class Target:
             engine=LocalEngine(stack),
             service_schemas=tuple(c.schema(s) for s in SERVICES),
             admin_url=c.admin_url,
+            codec=c.codec,
         )
 
 
@@ -191,6 +194,7 @@ class Demo:
         self.http: httpx.AsyncClient
         self.db: asyncpg.Connection[asyncpg.Record]
         self.client: SagaClient
+        self.store: PostgresEventStore
         self.producer: AIOKafkaProducer
         self.fraud_flaky = False
 
@@ -210,7 +214,14 @@ class Demo:
         settings = Settings(
             pg=PostgresSettings(dsn=self.target.engine_dsn, db_schema=self.target.engine_schema),
             kafka=self.target.kafka,
+            codec=self.target.codec,
         )
+        # Histories read as the engine wrote them: payloads by reference resolved.
+        self.store = await PostgresEventStore.connect(
+            settings.pg.model_copy(update={"pool_min_size": 1, "pool_max_size": 2}),
+            codec=CodecChain.from_settings(settings.codec),
+        )
+        s.push_async_callback(self.store.close)
         self.client = await s.enter_async_context(
             SagaClient(settings, source="/services-demo/scenario")
         )
@@ -332,12 +343,11 @@ class Demo:
         )
 
     async def history(self, saga_id: str) -> list[Event]:
-        rows = await self.db.fetch(
-            f'SELECT data FROM "{self.target.engine_schema}".saga_events '
-            "WHERE saga_id = $1 ORDER BY seq",
-            saga_id,
-        )
-        return [event_from_json(r["data"]) for r in rows]
+        try:
+            loaded = await self.store.load(saga_id)
+        except SagaNotFound:
+            return []
+        return [stored.event for stored in loaded.events]
 
     async def wait_for(
         self, what: str, probe: Callable[[], Awaitable[bool]], within_s: float = 30.0

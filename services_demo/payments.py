@@ -16,6 +16,7 @@ Run it with ``uvicorn services_demo.payments:app --port 8102``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 from collections.abc import AsyncIterator, Callable
@@ -26,7 +27,7 @@ from pydantic import BaseModel
 from saga_engine import Settings
 from saga_engine.participant import Participant, Rejected, Transaction
 from services_demo._service import Connection, Holder, add_health, observe, running_service
-from services_demo.config import CUSTOMERS
+from services_demo.config import CUSTOMERS, INVOICE_PDF_BYTES
 from services_demo.contracts import (
     CreditReleased,
     CreditReserved,
@@ -72,6 +73,15 @@ def render_pdf(invoice_id: str, customer: str, amount: int) -> str:
     """Stands for rendering the invoice's PDF: a bounded CPU loop; returns its digest."""
     text = f"invoice {invoice_id} for {customer}: {amount} credits".encode()
     return hashlib.pbkdf2_hmac("sha256", text, invoice_id.encode(), RENDER_ROUNDS).hex()
+
+
+def invoice_pdf(invoice_id: str, customer: str, amount: int, digest: str) -> str:
+    """The invoice's document as the reply carries it (base64), made again the same from
+    its rendered digest: ``INVOICE_PDF_BYTES``, over the 256 KiB from which the reply
+    goes by reference (docs/large-payloads.md)."""
+    head = f"%PDF-1.7 invoice {invoice_id} for {customer}: {amount} credits\n".encode()
+    body = hashlib.shake_256(digest.encode()).digest(INVOICE_PDF_BYTES - len(head))
+    return base64.b64encode(head + body).decode()
 
 
 async def seed(conn: Connection) -> None:
@@ -142,6 +152,7 @@ async def issue_invoice(cmd: IssueInvoice, tx: Transaction) -> InvoiceIssued:
             invoice_id=row["invoice_id"],
             amount=row["amount"],
             pdf_sha256=row["pdf_sha256"],
+            pdf=invoice_pdf(row["invoice_id"], cmd.customer, row["amount"], row["pdf_sha256"]),
         )
     if await tx.fetchval("SELECT 1 FROM customers WHERE customer_id = $1", cmd.customer) is None:
         raise Rejected(f"unknown customer {cmd.customer}")
@@ -158,7 +169,11 @@ async def issue_invoice(cmd: IssueInvoice, tx: Transaction) -> InvoiceIssued:
         pdf,
     )
     return InvoiceIssued(
-        order_id=cmd.order_id, invoice_id=invoice_id, amount=cmd.amount, pdf_sha256=pdf
+        order_id=cmd.order_id,
+        invoice_id=invoice_id,
+        amount=cmd.amount,
+        pdf_sha256=pdf,
+        pdf=invoice_pdf(invoice_id, cmd.customer, cmd.amount, pdf),
     )
 
 

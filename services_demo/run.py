@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -48,10 +49,12 @@ import asyncpg
 import httpx
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
+from pydantic import SecretStr
 
 from saga_engine import Settings, run
-from saga_engine.settings import KafkaSettings
+from saga_engine.settings import BlobSettings, CodecSettings, KafkaSettings
 from services_demo.config import (
+    BLOB_THRESHOLD_BYTES,
     DEFAULT_BASE_PORT,
     ENGINE_LIMITS,
     PORT_OFFSETS,
@@ -89,6 +92,10 @@ class StackConfig:
     #: The key the engine signs its callback URLs with (``SAGA_CALLBACKS__KEYS``): a new
     #: one per stack, kept across the engine's restarts (its URLs must still verify).
     callback_key: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
+    #: The MAC key of payloads by reference, made for this stack (every process gets it).
+    blob_mac_key: str = field(
+        default_factory=lambda: base64.b64encode(os.urandom(32)).decode(), repr=False
+    )
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z][a-z0-9_]{0,40}", self.namespace):
@@ -149,6 +156,15 @@ class StackConfig:
         )
 
     @property
+    def codec(self) -> CodecSettings:
+        """Payloads by reference, as every process of the stack has them."""
+        blobs = BlobSettings(
+            threshold_bytes=BLOB_THRESHOLD_BYTES,
+            mac_keys={"demo-1": SecretStr(self.blob_mac_key)},
+        )
+        return CodecSettings(blobs=blobs)
+
+    @property
     def demo(self) -> DemoSettings:
         return DemoSettings(orders_topic=self.orders_topic)
 
@@ -182,6 +198,8 @@ class StackConfig:
             SAGA_DEMO_BASE_PORT=str(self.base_port),
             SAGA_DEMO_APPROVAL_TIMEOUT_S=str(self.approval_timeout_s),
             SAGA_DEMO_ORDERS_TOPIC=self.orders_topic,
+            SAGA_CODEC__BLOBS__THRESHOLD_BYTES=str(BLOB_THRESHOLD_BYTES),
+            SAGA_CODEC__BLOBS__MAC_KEYS=json.dumps({"demo-1": self.blob_mac_key}),
         )
         if service is not None:
             env["SAGA_PARTICIPANT__DB_SCHEMA"] = self.schema(service)

@@ -22,6 +22,7 @@ It places orders over HTTP and through Kafka and prints what happens and where t
    now through the engine's admin API: it reads the balances over HTTP and completes;
 11. a graph saga: the fulfilment of the first order (its lines picked and its invoice
    rendered at once, packed, labelled by the Go service, the customer notified over HTTP);
+   the invoice's PDF, over 256 KiB, comes back from payments by reference;
 12. a fulfilment refused at its last node (the customer cannot be notified): the graph
    is undone in reverse, and the stock, invoice, parcel and label are as they were.
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import os
 import sys
 import time
@@ -58,7 +60,7 @@ from saga_engine.events import (
     ReplyReceived,
     SagaCompleted,
 )
-from services_demo.config import PORT_OFFSETS, SERVICES
+from services_demo.config import BLOB_THRESHOLD_BYTES, PORT_OFFSETS, SERVICES
 from services_demo.contracts import Approval, FulfilmentInput
 from services_demo.demo_kit import (
     FINISHED,
@@ -514,6 +516,7 @@ async def fulfilment_completes(demo: Demo, placed: Placed) -> str:
         (await _invoice(demo, placed))["status"] == "issued",
         f"payments: invoice {invoice.invoice_id} issued",
     )
+    await invoice_by_reference(demo, saga_id, invoice.invoice_id, invoice.pdf)
     floor = await _floor(demo, placed)
     check(
         [line["status"] for line in floor["lines"]] == ["picked"] * len(placed.items)
@@ -592,6 +595,31 @@ async def fulfilment_undone(demo: Demo, placed: Placed) -> str:
         "the stock is where it was: available, reserved and picked, SKU by SKU",
     )
     return saga_id
+
+
+async def invoice_by_reference(demo: Demo, saga_id: str, invoice_id: str, pdf: str) -> None:
+    """The invoice's document (over 256 KiB) came back from payments by reference: the
+    saga holds it whole, its reply and its history hold references to one blob."""
+    document = base64.b64decode(pdf)
+    check(
+        len(document) > BLOB_THRESHOLD_BYTES
+        and document.startswith(b"%PDF")
+        and invoice_id.encode() in document[:200],
+        f"the invoice's PDF ({len(document) // 1024} KiB) reached the saga whole",
+    )
+    engine = demo.target.engine_schema
+    refs = await demo.db.fetchval(
+        f'SELECT count(*) FROM "{engine}".saga_blob_refs WHERE saga_id = $1', saga_id
+    )
+    longest = await demo.db.fetchval(
+        f'SELECT max(length(data::text)) FROM "{engine}".saga_events WHERE saga_id = $1',
+        saga_id,
+    )
+    check(
+        refs >= 1 and longest < BLOB_THRESHOLD_BYTES,
+        f"  by reference: the reply and the history hold references to {refs} blob(s), "
+        f"the longest event is {longest:,} bytes (docs/large-payloads.md)",
+    )
 
 
 def _step_seconds(events: list[Event], step: str) -> float:
@@ -770,6 +798,7 @@ async def _main_external(kill_cmd: str | None, start_cmd: str | None) -> int:
         orders_topic=health["orders_topic"],
         engine=CommandEngine(kill_cmd, start_cmd) if kill_cmd and start_cmd else None,
         admin_url=os.environ.get("SAGA_ADMIN_URL"),
+        codec=settings.codec,
     )
     try:
         async with Demo(target, approval_timeout_s=float(health["approval_timeout_s"])) as demo:

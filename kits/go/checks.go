@@ -32,6 +32,9 @@ type Record struct {
 	Key       []byte
 	Value     []byte
 	Headers   []Header
+	// wireSize is the record's size as consumed, when Value was resolved from
+	// a reference (0: Value and Headers are as consumed).
+	wireSize int
 }
 
 type verdictKind int
@@ -86,10 +89,7 @@ func dead(check int, reason, format string, args ...any) verdict {
 
 func (c *checker) check(rec *Record) verdict {
 	// 1. the size: value + every header's name and value.
-	size := len(rec.Value)
-	for _, h := range rec.Headers {
-		size += len(h.Key) + len(h.Value)
-	}
+	size := recordSize(rec)
 	if size > c.maxBytes {
 		return dead(1, ReasonOversized, "the record's value and headers are %d bytes, above the message size limit of %d", size, c.maxBytes)
 	}

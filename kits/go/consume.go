@@ -158,7 +158,15 @@ func (k *Kit) handleRecord(ctx context.Context, chk *checker, r *kgo.Record, fet
 			err = k.finishDeadLetter(ctx, rec, ReasonEngineError, fmt.Sprintf("participant error: %v", p))
 		}
 	}()
-	v := chk.check(rec)
+	work, err := k.resolveRecord(ctx, rec)
+	var be *blobError
+	if errors.As(err, &be) {
+		return k.finishDeadLetter(ctx, rec, be.reason, be.detail)
+	}
+	if err != nil {
+		return err
+	}
+	v := chk.check(work)
 	if v.kind == verdictDeadLetter {
 		return k.finishDeadLetter(ctx, rec, v.reason, v.detail)
 	}
@@ -184,6 +192,26 @@ func (k *Kit) handleRecord(ctx context.Context, chk *checker, r *kgo.Record, fet
 		return k.finishDeadLetter(ctx, rec, v.reason, v.detail)
 	}
 	return nil
+}
+
+// resolveRecord resolves a record by reference (blobs.resolve), waiting out
+// an unreachable blob store; it returns a *blobError for a reference that
+// cannot be resolved, or ctx's error.
+func (k *Kit) resolveRecord(ctx context.Context, rec *Record) (*Record, error) {
+	if k.blobs == nil {
+		return rec, nil
+	}
+	for retry := 0; ; retry++ {
+		out, err := k.blobs.resolve(ctx, rec)
+		var be *blobError
+		if err == nil || errors.As(err, &be) {
+			return out, err
+		}
+		k.log.Warn("blob store unavailable; waiting", "offset", rec.Offset, "error", err)
+		if !sleep(ctx, paceOutage.delay(retry+1)) {
+			return nil, ctx.Err()
+		}
+	}
 }
 
 // finishDeadLetter dead-letters rec; a record too large even when truncated

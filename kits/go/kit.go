@@ -70,6 +70,9 @@ type Config struct {
 	// `saga drill` to count (SAGA_PARTICIPANT__DRILL_LEDGER=1, as the Python
 	// kit does). Off in production.
 	DrillLedger bool
+	// Blobs turns on commands and replies by reference (BlobConfig); nil, a
+	// record by reference is dead-lettered undecodable (check 8).
+	Blobs *BlobConfig
 }
 
 // HandlerFunc applies one command inside the kit's transaction. tx is a
@@ -91,6 +94,7 @@ type Kit struct {
 	pool     *pgxpool.Pool
 	ownsPool bool
 	store    *store
+	blobs    *blobs // nil: records by reference are not read
 	source   string // ce_source of replies
 	consumer string // dlq_consumer
 
@@ -186,6 +190,14 @@ func New(cfg Config) (*Kit, error) {
 		k.pool, k.ownsPool = pool, true
 	}
 	k.store = newStore(k.pool, cfg.Schema)
+	if cfg.Blobs != nil {
+		b, err := newBlobs(*cfg.Blobs)
+		if err != nil {
+			k.Close()
+			return nil, err
+		}
+		k.blobs = b
+	}
 	return k, nil
 }
 
@@ -226,6 +238,9 @@ func HandleTyped[T any](k *Kit, commandType string, fn func(ctx context.Context,
 func (k *Kit) Close() {
 	if k.ownsPool {
 		k.pool.Close()
+	}
+	if k.blobs != nil {
+		k.blobs.close()
 	}
 }
 

@@ -143,6 +143,13 @@ func (k *Kit) attempt(ctx context.Context, v verdict) (*outboxRow, error) {
 	if err != nil {
 		return nil, &handlerError{err}
 	}
+	if k.blobs != nil {
+		// A large reply by reference: its blob kept before this transaction
+		// commits, so the reply stored and sent never names a missing blob.
+		if value, _, err = k.blobs.seal(ctx, cmd.SagaID, value); err != nil {
+			return nil, err
+		}
+	}
 	row := k.replyRow(ctx, cmd, value)
 	if err := k.store.answer(ctx, tx, cmd, body.Outcome, row); err != nil {
 		return nil, err
@@ -189,6 +196,15 @@ func (k *Kit) runHandler(ctx context.Context, tx pgx.Tx, h *handler, cmd Command
 	if err != nil {
 		return replyBody{}, &handlerError{err}
 	}
+	if k.blobs != nil && len(obj) > k.blobs.cfg.MaxBytes {
+		// A reply by reference larger than any reference may name: refused once,
+		// the handler's writes undone, as a Rejected (the Python kit's rule).
+		if err := sp.Rollback(ctx); err != nil {
+			return replyBody{}, err
+		}
+		msg := fmt.Sprintf("the reply of the %s handler is %d bytes, over the limit of %d bytes (SAGA_CODEC__BLOBS__MAX_BYTES): nothing was applied; return a smaller result", cmd.Type, len(obj), k.blobs.cfg.MaxBytes)
+		return failureBody(msg, map[string]any{"size_bytes": len(obj), "limit_bytes": k.blobs.cfg.MaxBytes}), nil
+	}
 	if err := sp.Commit(ctx); err != nil { // RELEASE SAVEPOINT
 		return replyBody{}, &handlerError{fmt.Errorf("release the handler's savepoint: %w", err)}
 	}
@@ -208,10 +224,14 @@ func callHandler(ctx context.Context, fn HandlerFunc, tx pgx.Tx, cmd Command) (p
 // ce_replyto, key the saga id, headers of section 7.4.
 func (k *Kit) replyRow(ctx context.Context, cmd *Command, value []byte) *outboxRow {
 	traceparent, tracestate := traceHeaders(ctx)
+	headers := replyHeaders(k.source, cmd, time.Now(), traceparent, tracestate)
+	if isRefValue(value) {
+		headers = append(headers, Header{Key: hCodec, Value: []byte(refCodec)})
+	}
 	return &outboxRow{
 		topic:   cmd.ReplyTo,
 		key:     []byte(cmd.SagaID),
-		headers: replyHeaders(k.source, cmd, time.Now(), traceparent, tracestate),
+		headers: headers,
 		value:   value,
 	}
 }

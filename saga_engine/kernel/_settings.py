@@ -350,8 +350,12 @@ class BlobSettings(BaseModel):
     Unset ``threshold_bytes``: off, every payload travels inline (the default). ``store``:
     ``postgres`` (the ``saga_blobs`` table, each blob written in the transaction of the
     event that references it) or ``directory`` (``directory``, a volume every process
-    reading the payloads mounts). ``mac_key``: base64 of at least 16 bytes, the key of
-    the references' MAC (every process of a deployment needs it). ``grace_s``: how long
+    reading the payloads mounts). ``mac_keys``: key id -> base64 of at least 16 bytes,
+    the keys of the references' MAC (every process of a deployment needs them); each
+    reference names its key's id, so a rotation adds a key, makes it ``current_mac_key``
+    and keeps the old ones for as long as references made under them are kept.
+    ``mac_key``: one unnamed key, as before key ids (its references carry no id; given
+    with ``mac_keys`` it still verifies them). ``grace_s``: how long
     an unreferenced blob is kept before the sweeper deletes it (it must outlast a write:
     a blob is written or touched before the reference to it commits), and
     ``sweep_interval_s`` how often an engine worker sweeps. ``max_bytes``: the largest
@@ -364,6 +368,8 @@ class BlobSettings(BaseModel):
     store: Literal["postgres", "directory"] = "postgres"
     directory: str | None = None
     mac_key: SecretStr | None = None
+    mac_keys: dict[str, SecretStr] = Field(default_factory=dict)
+    current_mac_key: str | None = None
     grace_s: float = Field(default=3600.0, ge=0)
     #: How often each engine worker sweeps (every engine may: a sweep is idempotent).
     sweep_interval_s: float = Field(default=600.0, gt=0)
@@ -371,16 +377,21 @@ class BlobSettings(BaseModel):
 
     @model_validator(mode="after")
     def _complete(self) -> BlobSettings:
+        check_current_key(self.mac_keys, self.current_mac_key, "sign references")
         if self.threshold_bytes is None:
             return self
-        if self.mac_key is None:
-            raise ValueError("threshold_bytes is set: set mac_key too (base64, 16 bytes or more)")
-        try:
-            size = len(base64.b64decode(self.mac_key.get_secret_value(), validate=True))
-        except (binascii.Error, ValueError):
-            raise ValueError("mac_key is not base64") from None
-        if size < 16:
-            raise ValueError(f"mac_key is {size} bytes; a MAC key needs 16 or more")
+        if self.mac_key is None and not self.mac_keys:
+            raise ValueError(
+                "threshold_bytes is set: set mac_keys (or mac_key) too (base64, 16 bytes or more)"
+            )
+        for key_id, key in self.mac_key_texts().items():
+            what = f"mac_keys[{key_id!r}]" if key_id else "mac_key"
+            try:
+                size = len(base64.b64decode(key, validate=True))
+            except (binascii.Error, ValueError):
+                raise ValueError(f"{what} is not base64") from None
+            if size < 16:
+                raise ValueError(f"{what} is {size} bytes; a MAC key needs 16 or more")
         if self.store == "directory" and not self.directory:
             raise ValueError("store is 'directory': name it in directory")
         return self
@@ -388,6 +399,20 @@ class BlobSettings(BaseModel):
     @property
     def enabled(self) -> bool:
         return self.threshold_bytes is not None
+
+    def mac_key_texts(self) -> dict[str, str]:
+        """Every MAC key (base64) by id; "" is the unnamed ``mac_key``."""
+        keys = {key_id: k.get_secret_value() for key_id, k in self.mac_keys.items()}
+        if self.mac_key is not None:
+            keys[""] = self.mac_key.get_secret_value()
+        return keys
+
+    @property
+    def current_mac_key_id(self) -> str:
+        """The id of the key new references are made under ("": the unnamed one)."""
+        if self.current_mac_key is not None:
+            return self.current_mac_key
+        return next(iter(self.mac_keys)) if len(self.mac_keys) == 1 else ""
 
 
 def check_current_key(keys: Mapping[str, object], current_key: str | None, use: str) -> None:

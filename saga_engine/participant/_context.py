@@ -33,6 +33,7 @@ from saga_engine.participant._sql import Outgoing, reply_record
 from saga_engine.telemetry._telemetry import Telemetry, carrier_of, default_telemetry
 from saga_engine.transport._dead_letter_sending import publish_dead_letter
 from saga_engine.transport._kafka import KafkaDeadLetterPublisher, ensure_topics
+from saga_engine.transport._record_blobs import RecordBlobs
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import Envelope, ReplyBody
 
@@ -79,6 +80,9 @@ class ParticipantContext:
     telemetry: Telemetry = field(default_factory=default_telemetry)
     #: Opens the commands read, seals the replies sent and stored (None: as they are).
     codec: CodecChain | None = None
+    #: Where commands and replies by reference keep and read their blobs (the engine's
+    #: database; None: records travel inline).
+    blobs: RecordBlobs | None = None
     topics: Topics = field(init=False)
     #: The one size limit (``kafka.max_message_bytes``): a reply record above it is
     #: refused here, so that an answer no one can read is never recorded as given.
@@ -109,7 +113,14 @@ class ParticipantContext:
         return topic
 
     def reply(self, command: Envelope, body: ReplyBody, topic: str) -> Outgoing:
-        return reply_record(command, body, source=self._source, topic=topic, codec=self.codec)
+        return reply_record(
+            command,
+            body,
+            source=self._source,
+            topic=topic,
+            codec=self.codec,
+            by_reference=self.blobs is not None,
+        )
 
     def fitted(self, command: Envelope, body: ReplyBody, topic: str) -> Outgoing:
         """A failure or retryable reply, shrunk to fit the size limit rather than not

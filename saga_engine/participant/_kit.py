@@ -39,8 +39,10 @@ from saga_engine.participant._handler import (
 from saga_engine.participant._ledger import create_ledger
 from saga_engine.participant._record_batch import RecordBatchRunner
 from saga_engine.participant._relay import Relay
+from saga_engine.store._blobs import DirectoryBlobStore
 from saga_engine.store._migrations import PARTICIPANT_MIGRATIONS, migrate
 from saga_engine.store._pgbase import POSTGRES
+from saga_engine.store._pgblobs import PostgresRecordBlobs
 from saga_engine.telemetry._groupwatch import GroupWatch, watch_member
 from saga_engine.telemetry._health import HealthBoard
 from saga_engine.telemetry._telemetry import Telemetry, default_telemetry, detach_from_trace
@@ -168,6 +170,8 @@ class Participant:
         self.health = HealthBoard()
         # What start opens and stop closes.
         self._pool: Pool | None = None
+        #: The engine's database, for the blobs of records by reference.
+        self._blob_pool: Pool | None = None
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._member: InstanceName | None = None
@@ -351,6 +355,7 @@ class Participant:
             backoff=self._backoff,
             telemetry=self.telemetry,
             codec=self.codec,
+            blobs=await self._record_blobs(),
         )
         self._batches = RecordBatchRunner(ctx)
         self._relay = Relay(
@@ -395,6 +400,25 @@ class Participant:
             self._producer = make_producer(kafka)
             await self._producer.start()
         return self._pool, self._producer
+
+    async def _record_blobs(self) -> PostgresRecordBlobs | None:
+        """Where commands and replies by reference keep and read their blobs, when the
+        codec stores payloads by reference: the engine's database (``settings.pg``),
+        whose references keep them, and its blob store (``codec.blobs.store``)."""
+        if self.codec is None or self.codec.reference is None:
+            return None
+        pg, blobs = self.settings.pg, self.settings.codec.blobs
+        with unreachable_as_unavailable(POSTGRES):
+            self._blob_pool = await asyncpg.create_pool(
+                pg.dsn.get_secret_value(),
+                min_size=1,
+                max_size=2,
+                server_settings={"search_path": pg.db_schema},
+            )
+        store = None
+        if blobs.store == "directory" and blobs.directory:
+            store = DirectoryBlobStore(blobs.directory)
+        return PostgresRecordBlobs(self._blob_pool, store)
 
     async def _join_group(self) -> None:
         """Starts the consumer of the command topic, in the participant's group."""
@@ -454,12 +478,13 @@ class Participant:
         producer, self._producer = self._producer, None
         if producer is not None:
             await producer.stop()
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            try:
-                await asyncio.wait_for(pool.close(), timeout=self._stop_timeout_s)
-            except TimeoutError:
-                pool.terminate()
+        for pool in (self._pool, self._blob_pool):
+            if pool is not None:
+                try:
+                    await asyncio.wait_for(pool.close(), timeout=self._stop_timeout_s)
+                except TimeoutError:
+                    pool.terminate()
+        self._pool = self._blob_pool = None
 
     # ------------------------------------------------------------------ consuming
 

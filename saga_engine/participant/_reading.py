@@ -19,6 +19,7 @@ from typing import Any, Final
 from aiokafka import TopicPartition
 from pydantic import BaseModel, ValidationError
 
+from saga_engine.core.history._blobref import resolving
 from saga_engine.kernel._dead_letter_reason import dead_letter_detail, dead_letter_reason
 from saga_engine.kernel._errors import InvalidPayload, PoisonMessage, PoisonReason, UnstorableValue
 from saga_engine.kernel._retry import OUTAGE, is_transient
@@ -34,6 +35,7 @@ from saga_engine.participant._handler import (
     unstorable_body,
 )
 from saga_engine.participant._sql import Outgoing
+from saga_engine.transport._record_blobs import fetch_record_blobs
 from saga_engine.transport._wire import Envelope, MessageType, ReplyBody, decode
 
 #: A topic name Kafka accepts (a reply_to header is checked against it before use).
@@ -131,8 +133,16 @@ class Reader:
 
     async def _read(self, item: Item) -> None:
         ctx = self._ctx
+        record = item.record
+        # A command by reference: its blob first. A reference that does not verify, or
+        # a blob missing or altered, is dead-lettered (``_recover``), never answered.
+        blobs: dict[str, bytes] = {}
+        if ctx.blobs is not None:
+            headers = list(record.headers or [])
+            blobs = await fetch_record_blobs(record.value, headers, ctx.codec, ctx.blobs)
         try:
-            command, refused = self._decode(item.record)
+            with resolving(blobs):
+                command, refused = self._decode(record)
         except PoisonMessage as poison:
             await ctx.dead_letter(item.record, poison.reason.value, dead_letter_detail(poison))
             item.done = True

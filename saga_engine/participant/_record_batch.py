@@ -43,7 +43,7 @@ from saga_engine.participant._handler import gave_up_reply
 from saga_engine.participant._handler_timing import stamp_timings
 from saga_engine.participant._reading import Item, Reader
 from saga_engine.participant._replies import send_replies
-from saga_engine.participant._sql import Outgoing
+from saga_engine.participant._sql import NO_BLOBS, Outgoing
 from saga_engine.participant._transaction import ClaimLost, HandlerFailed, Refused, transact
 
 
@@ -127,7 +127,9 @@ class RecordBatchRunner:
                 # A copy of a command earlier in this run: the same answer, to its own
                 # message.
                 assert item.command is not None
-                item.outgoing = ctx.reply(item.command, first.outgoing.reply, item.topic)
+                item.outgoing = copy = ctx.reply(item.command, first.outgoing.reply, item.topic)
+                if copy.blobs:  # by reference: the first's value, whose blob was kept
+                    copy.value, copy.blobs = first.outgoing.value, NO_BLOBS
             if item.outgoing is not None:
                 self._count(item)
                 stamp_timings(item, committed)

@@ -4,7 +4,9 @@ it (and as its outbox row), and the SQL of the deduplication table
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Final, TypeAlias
 
 import asyncpg
@@ -22,6 +24,9 @@ from saga_engine.transport._wire import Envelope, Headers, MessageType, ReplyBod
 
 Connection: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
 
+#: The blobs of a reply that went inline: none.
+NO_BLOBS: Final[Mapping[str, bytes]] = MappingProxyType({})
+
 
 # --------------------------------------------------------------------------- replies
 
@@ -37,6 +42,9 @@ class Outgoing:
     value: bytes
     headers: Headers
     reply: ReplyBody
+    #: The blob of a reply by reference (content hash -> bytes): kept before the
+    #: transaction that records the reply commits, so before the record is sent.
+    blobs: Mapping[str, bytes] = field(default_factory=lambda: NO_BLOBS)
 
     @property
     def headers_json(self) -> str:
@@ -50,11 +58,18 @@ class Outgoing:
 
 
 def reply_record(
-    command: Envelope, reply: ReplyBody, *, source: str, topic: str, codec: CodecChain | None
+    command: Envelope,
+    reply: ReplyBody,
+    *,
+    source: str,
+    topic: str,
+    codec: CodecChain | None,
+    by_reference: bool = False,
 ) -> Outgoing:
     """The reply to ``command``: keyed by saga id, answering the command's own message id,
     with its trace context, so the saga's trace continues through the participant. With a
-    codec its value is sealed, and so are the outbox row and the stored reply made of it."""
+    codec its value is sealed, and so are the outbox row and the stored reply made of it;
+    ``by_reference``: a large one goes by reference (``Outgoing.blobs``)."""
     # The command was decoded and checked, so its values need no second validation: the
     # reply's fields go to the encoder as they are.
     fields = {
@@ -74,12 +89,19 @@ def reply_record(
         # timing headers are added once the reply's transaction committed (_handler_timing).
         "sent_time": echoed_time(command.sent_time),
     }
-    key, value, headers = encode_fields(fields, reply.model_dump(mode="json"), codec)
-    return Outgoing(command.command_id, command.saga_id, topic, key, value, headers, reply)
+    blobs: dict[str, bytes] | None = {} if by_reference else None
+    key, value, headers = encode_fields(fields, reply.model_dump(mode="json"), codec, blobs=blobs)
+    return Outgoing(
+        command.command_id, command.saga_id, topic, key, value, headers, reply, blobs or NO_BLOBS
+    )
 
 
-def check_size(outgoing: Outgoing, limit: int) -> None:
+def check_size(outgoing: Outgoing, limit: int, blob_limit: int) -> None:
+    """The reply's record within the message size, and a reply by reference within the
+    largest blob a reference may name (``codec.blobs.max_bytes``)."""
     check_message_size(outgoing.size, limit, "the reply")
+    for blob in outgoing.blobs.values():
+        check_message_size(len(blob), blob_limit, "the reply")
 
 
 # --------------------------------------------------------------------------- SQL

@@ -27,6 +27,7 @@ import contextlib
 
 from pydantic import BaseModel
 
+from saga_engine.core.history._blobref import resolving
 from saga_engine.kernel._errors import PayloadTooLarge, Rejected, Retryable
 from saga_engine.kernel._serde import check_storable
 from saga_engine.participant._context import ParticipantContext
@@ -55,7 +56,8 @@ from saga_engine.participant._sql import (
     check_size,
     stored_reply,
 )
-from saga_engine.transport._wire import Envelope, ReplyBody
+from saga_engine.transport._record_blobs import fetch_record_blobs
+from saga_engine.transport._wire import CODEC_HEADER, Envelope, ReplyBody
 
 
 class HandlerFailed(Exception):
@@ -98,6 +100,7 @@ async def transact(
         await _claim(conn, firsts)
         await _tombstone(conn, firsts)
         stored = await _stored(conn, firsts)
+        blobs = await _stored_blobs(ctx, stored)
         groups = Groups()
         for item in firsts:
             command = _cmd(item)
@@ -106,7 +109,9 @@ async def transact(
                 # Processed before (and committed, or the claim would still be waiting):
                 # the same answer again, without running the handler.
                 item.duplicate = True
-                item.outgoing = ctx.reply(command, stored_reply(reply_text, ctx.codec), item.topic)
+                with resolving(blobs):
+                    body = stored_reply(reply_text, ctx.codec)
+                item.outgoing = ctx.reply(command, body, item.topic)
                 continue
             group = groups.before(item)
             if group is not None:  # an earlier command of its saga is applied first
@@ -119,10 +124,33 @@ async def transact(
             await _handle(ctx, conn, group, savepoints=savepoints)
         fresh = [i for i in firsts if i.outgoing is not None and not i.duplicate]
         await _record(conn, fresh)
+        await _keep_blobs(ctx, firsts)
         if ctx.settings.participant.drill_ledger:
             # In this transaction: a command's ledger row commits with its effects.
             applied = [_cmd(i) for i in fresh if _out(i).reply.outcome == "success"]
             await record_applications(conn, applied)
+
+
+async def _stored_blobs(ctx: ParticipantContext, stored: dict[str, str]) -> dict[str, bytes]:
+    """The blobs of the stored replies that went by reference (sent again as they were)."""
+    found: dict[str, bytes] = {}
+    if ctx.blobs is None:
+        return found
+    header = [(CODEC_HEADER, ctx.codec.header)] if ctx.codec is not None else []
+    for text in stored.values():
+        found.update(await fetch_record_blobs(text.encode(), header, ctx.codec, ctx.blobs))
+    return found
+
+
+async def _keep_blobs(ctx: ParticipantContext, items: list[Item]) -> None:
+    """Before the transaction commits: the blobs of its replies by reference, with a
+    reference from each reply's saga, so a reply recorded never names a missing blob."""
+    if ctx.blobs is None:
+        return
+    for item in items:
+        out = item.outgoing
+        if out is not None and out.blobs:
+            await ctx.blobs.keep(out.saga_id, out.blobs)
 
 
 async def _record(conn: Connection, fresh: list[Item]) -> None:
@@ -260,25 +288,26 @@ def _success(ctx: ParticipantContext, command: Envelope, item: Item, result: obj
     check_storable(payload, f"the reply of the {command.subject} handler")
     outgoing = ctx.reply(command, ReplyBody(outcome="success", payload=payload), item.topic)
     try:
-        check_size(outgoing, ctx.reply_limit)
+        check_size(outgoing, ctx.reply_limit, ctx.settings.codec.blobs.max_bytes)
     except PayloadTooLarge as exc:
         # The handler would answer the same every time: running it again (handler
         # attempts) or asking again (the engine's retry policy) cannot help. Answered
         # once, as a refusal: its writes roll back, and the step fails now, naming the limit.
         ctx.stats["reply_too_large"] += 1
         raise Rejected(
-            _too_large(command, exc),
+            _too_large(command, exc, bool(outgoing.blobs)),
             details={"size_bytes": exc.size, "limit_bytes": exc.limit},
         ) from exc
     return outgoing
 
 
-def _too_large(command: Envelope, exc: PayloadTooLarge) -> str:
+def _too_large(command: Envelope, exc: PayloadTooLarge, by_reference: bool) -> str:
     """Why the reply is refused, naming the limit and the setting it comes from (the one
-    size rule: the broker's message size)."""
+    size rule: the broker's message size; for a reply by reference, the largest blob)."""
+    setting = "SAGA_CODEC__BLOBS__MAX_BYTES" if by_reference else "SAGA_KAFKA__MAX_MESSAGE_BYTES"
     return (
         f"the reply of the {command.subject} handler is {exc.size} bytes, over the limit of "
-        f"{exc.limit} bytes (SAGA_KAFKA__MAX_MESSAGE_BYTES): nothing was applied; return a "
+        f"{exc.limit} bytes ({setting}): nothing was applied; return a "
         "smaller result (a reference to the data rather than the data)"
     )
 

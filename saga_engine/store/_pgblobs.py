@@ -27,6 +27,7 @@ from saga_engine.store._store import StoredEvent
 
 __all__ = [
     "PostgresBlobStore",
+    "PostgresRecordBlobs",
     "blobs_of",
     "drop_references",
     "stored_events_of",
@@ -85,6 +86,35 @@ class PostgresBlobStore:
                 written_before,
             )
         return len(done)
+
+
+class PostgresRecordBlobs:
+    """The blobs of Kafka records by reference (``transport/_record_blobs.RecordBlobs``)
+    on the engine's database: ``keep`` writes the blobs (to ``saga_blobs`` when ``store``
+    is None, in the transaction of their references; else to ``store`` first) and a
+    reference to each from the record's saga, so the sweeper keeps them as long as the
+    saga is kept; ``fetch`` reads them back. The engine uses one for its commands and
+    their replies; a participant kit one on the engine's database for both."""
+
+    def __init__(self, pool: asyncpg.Pool[asyncpg.Record], store: BlobStore | None = None) -> None:
+        self._pool = pool
+        self._store = store
+
+    async def keep(self, saga_id: str, blobs: Mapping[str, bytes]) -> None:
+        if not blobs:
+            return
+        if self._store is not None:
+            await self._store.put(blobs)
+        references = [(saga_id, digest) for digest in blobs]
+        own = dict(blobs) if self._store is None else None
+        with _unavailable_as_transient():
+            async with self._pool.acquire() as conn, conn.transaction():
+                await write_blobs(conn, references, own)
+
+    async def fetch(self, digests: Collection[str]) -> dict[str, bytes]:
+        if self._store is not None:
+            return await self._store.get(digests)
+        return await PostgresBlobStore(self._pool).get(digests)
 
 
 async def _put(conn: _Conn, blobs: Mapping[str, bytes]) -> None:

@@ -51,7 +51,7 @@ from saga_engine.store._pgbase import (
     _unavailable_as_transient,
     transient_cause,
 )
-from saga_engine.store._pgblobs import sweep_blobs, write_blobs
+from saga_engine.store._pgblobs import PostgresRecordBlobs, sweep_blobs, write_blobs
 from saga_engine.store._pgconcurrency_keys import PostgresKeySlots
 from saga_engine.store._pgdomain import mark_received
 from saga_engine.store._pginsights import PostgresInsights, ends_saga, record_ended
@@ -579,6 +579,11 @@ class PostgresEventStore(
             )
 
     # ----------------------------------------------------------------------- blobs
+
+    def record_blobs(self) -> PostgresRecordBlobs:
+        """Where the blobs of Kafka records by reference are kept and read: this
+        database's references, and this store's blob store."""
+        return PostgresRecordBlobs(self._pool, self._blob_store)
 
     async def sweep_blobs(self, grace: timedelta, *, now: datetime | None = None) -> int:
         """Deletes the blobs of payloads stored by reference that no saga references any

@@ -38,18 +38,30 @@ class CommandRecords:
         source: str,
         codec: CodecChain | None = None,
         clock: Callable[[], float] = time.time,
+        *,
+        by_reference: bool = False,
     ) -> None:
         self._topics = topics
         self._source = source
         self._codec = codec
         #: The wall clock ``ce_senttime`` reads (seconds since the epoch).
         self._clock = clock
+        #: Commands go by reference when large (a ``ref`` codec and a place to keep its
+        #: blobs): measured as sent, by reference; else inline.
+        self._by_reference = by_reference and codec is not None and codec.reference is not None
 
     def record(
-        self, command: OutboundCommand, *, measuring: bool = False
+        self,
+        command: OutboundCommand,
+        *,
+        measuring: bool = False,
+        blobs: dict[str, bytes] | None = None,
     ) -> tuple[str, bytes, bytes, Headers]:
         """The command's record: topic, key, value and headers. ``measuring``: for its
-        size only (its ``ce_senttime`` is a placeholder of the same length)."""
+        size only (its ``ce_senttime`` is a placeholder of the same length). A
+        participant's command whose payload the chain's ``ref`` codec takes goes by
+        reference, its blob put in ``blobs`` (to keep before the record is sent,
+        ``_record_blobs``); measured, it is measured as it will be sent."""
         if command.participant in ENGINE_PARTICIPANTS:
             # A child saga's start or undo, or a child's end for its parent: engines
             # answer these themselves, through the saga inbox (see _children).
@@ -57,7 +69,11 @@ class CommandRecords:
             return (self._topics.inbox, *encode(envelope, self._codec))
         topic = self._topics.commands(command.participant)
         fields = self._fields(command, measuring)
-        return (topic, *encode_fields(fields, command.payload, self._codec))
+        if not self._by_reference:
+            blobs = None
+        elif measuring and blobs is None:
+            blobs = {}
+        return (topic, *encode_fields(fields, command.payload, self._codec, blobs=blobs))
 
     def size(self, command: OutboundCommand) -> int:
         """The bytes of ``command``'s record: its value and every header name and value."""

@@ -43,6 +43,7 @@ from saga_engine.transport._bus import SEND_TIMEOUT_S as SEND_TIMEOUT_S
 from saga_engine.transport._bus import await_acks as await_acks
 from saga_engine.transport._command_records import CommandRecords
 from saga_engine.transport._kafka_logs import quiet_retried_kafka_errors
+from saga_engine.transport._record_blobs import RecordBlobs
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import (
     Envelope,
@@ -265,7 +266,10 @@ def publish_error(topic: str, exc: BaseException, size: int | None = None) -> Ex
 
 
 class KafkaCommandSender:
-    """Publishes each command to ``{prefix}.cmd.{participant}``, keyed by saga id."""
+    """Publishes each command to ``{prefix}.cmd.{participant}``, keyed by saga id.
+
+    ``blobs``: where a command by reference keeps its blob before it is sent (with a
+    ``ref`` codec: without, such a command goes inline)."""
 
     def __init__(
         self,
@@ -273,10 +277,12 @@ class KafkaCommandSender:
         topics: Topics,
         source: str,
         codec: CodecChain | None = None,
+        blobs: RecordBlobs | None = None,
     ) -> None:
         self._producer = producer
+        self._blobs = blobs
         #: How each command is written (and measured, by the engine's size rule).
-        self.records = CommandRecords(topics, source, codec)
+        self.records = CommandRecords(topics, source, codec, by_reference=blobs is not None)
 
     async def send_command(self, command: OutboundCommand) -> None:
         [error] = await await_acks([await self.start_command(command)])
@@ -284,7 +290,13 @@ class KafkaCommandSender:
             raise error
 
     async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
-        return await start_record(self._producer, *self.records.record(command))
+        if self._blobs is None:
+            return await start_record(self._producer, *self.records.record(command))
+        blobs: dict[str, bytes] = {}
+        record = self.records.record(command, blobs=blobs)
+        if blobs:  # before the record: a reference on the broker never dangles
+            await self._blobs.keep(command.saga_id, blobs)
+        return await start_record(self._producer, *record)
 
 
 class KafkaDeadLetterPublisher:

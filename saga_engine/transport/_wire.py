@@ -21,9 +21,11 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from saga_engine.core.history._blobref import collecting
 from saga_engine.core.history._codec import HEADER, MARKER, CodecChain
 from saga_engine.core.history._events import ParentLink, RerunLink, TriggerOrigin
 from saga_engine.core.runtime._start import StartRequest
+from saga_engine.kernel._dead_letter_reason import dead_letter_reason
 from saga_engine.kernel._errors import (
     CodecError,
     PayloadTooLarge,
@@ -312,21 +314,31 @@ _FIXED_HEADERS: Headers = [
 ]
 
 
-def encode(envelope: Envelope, codec: CodecChain | None = None) -> tuple[bytes, bytes, Headers]:
+def encode(
+    envelope: Envelope, codec: CodecChain | None = None, *, blobs: dict[str, bytes] | None = None
+) -> tuple[bytes, bytes, Headers]:
     """The Kafka key, value and headers of an envelope; with a codec, the value is the
     body sealed in its marker and the ``saga-codec`` header names the chain."""
     # read once per field, without pydantic's attribute hooks
-    return encode_fields(envelope.__dict__, envelope.body, codec)
+    return encode_fields(envelope.__dict__, envelope.body, codec, blobs=blobs)
 
 
 def encode_fields(
-    fields: dict[str, Any], body: Any, codec: CodecChain | None = None
+    fields: dict[str, Any],
+    body: Any,
+    codec: CodecChain | None = None,
+    *,
+    blobs: dict[str, bytes] | None = None,
 ) -> tuple[bytes, bytes, Headers]:
     """``encode`` for a message the engine or the kit builds itself from values it has
     checked already (a command from its decision, a reply to a decoded command): the
     envelope's fields by name, without an ``Envelope`` validated for the purpose. A field
     left out takes the envelope's default: a new ``id``, ``time`` now, the schema
-    version; empty otherwise."""
+    version; empty otherwise.
+
+    ``blobs``: a body the chain's ``ref`` codec takes goes by reference, its blob put in
+    ``blobs`` for the caller to keep before the record is sent (``_record_blobs``);
+    None: the body goes inline, whatever its size."""
     if not fields.keys() >= _FIELD_NAMES:  # an Envelope's fields are all there
         fields = {**_DEFAULTS, "id": uuid4_text(), "time": datetime.now(UTC), **fields}
     headers: Headers = list(_FIXED_HEADERS)
@@ -348,10 +360,24 @@ def encode_fields(
         if text:
             headers.append((header, text.encode()))
     value_bytes = orjson.dumps(body, option=orjson.OPT_UTC_Z)
-    if codec is not None:
-        value_bytes = codec.seal_json(value_bytes)
+    if codec is not None and not _goes_clear(codec, value_bytes, blobs):
+        if blobs is not None and codec.reference is not None:
+            with collecting(blobs):
+                value_bytes = codec.seal_json(value_bytes)
+        else:
+            value_bytes = codec.seal_json(value_bytes)
         headers.append((CODEC_HEADER, codec.header))
     return fields["saga_id"].encode(), value_bytes, headers
+
+
+def _goes_clear(codec: CodecChain, value: bytes, blobs: dict[str, bytes] | None) -> bool:
+    """A chain of the ``ref`` codec alone leaves a record clear (no marker, no
+    ``saga-codec`` header) unless it goes by reference: a reader without a blob store
+    (a participant that never gets a large command) reads it as any record."""
+    ref = codec.reference
+    if ref is None or len(codec.codecs) > 1:
+        return False
+    return blobs is None or len(value) < ref.threshold
 
 
 def record_size(value: bytes | None, headers: Headers) -> int:
@@ -541,6 +567,8 @@ def _unsealed(value: bytes | None, chain_name: str, codec: CodecChain | None) ->
     try:
         return codec.open_raw(loads(value or b""))
     except (CodecError, SerializationError) as exc:
+        # A reference whose blob is missing or altered has its own reasons (one home).
+        reason = dead_letter_reason(exc) if isinstance(exc, CodecError) else None
         raise PoisonMessage(
-            PoisonReason.UNDECODABLE, f"{CODEC_HEADER}: {chain_name}: {exc}"
+            reason or PoisonReason.UNDECODABLE, f"{CODEC_HEADER}: {chain_name}: {exc}"
         ) from None

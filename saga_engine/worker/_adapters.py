@@ -25,6 +25,7 @@ from saga_engine.transport._kafka import (
     make_consumer,
     send,
 )
+from saga_engine.transport._record_blobs import RecordBlobs
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import Envelope
 
@@ -66,6 +67,16 @@ async def open_event_store(settings: Settings, codec: CodecChain | None) -> Even
         return await PostgresEventStore.connect(
             settings.pg, codec=codec, blob_store=blob_store(settings)
         )
+
+
+def record_blobs(store: EventStore, codec: CodecChain | None) -> RecordBlobs | None:
+    """Where commands and replies by reference keep and read their blobs: the event
+    store's (its database's references, its blob store), when the codec stores payloads
+    by reference; None otherwise (records travel inline)."""
+    if codec is None or codec.reference is None:
+        return None
+    make: Callable[[], RecordBlobs] | None = getattr(store, "record_blobs", None)
+    return make() if make is not None else None
 
 
 def blob_store(settings: Settings) -> BlobStore | None:

@@ -22,21 +22,24 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
+from saga_engine.core.history._blobref import resolving
 from saga_engine.core.history._codec import CodecChain
 from saga_engine.core.history._decision import Decision, DropReason
 from saga_engine.kernel._dead_letter_reason import dead_letter_detail, dead_letter_reason
 from saga_engine.kernel._errors import ConcurrencyError, PoisonMessage, PoisonReason
-from saga_engine.kernel._retry import OUTAGE
+from saga_engine.kernel._retry import OUTAGE, is_transient
 from saga_engine.kernel._settings import Settings
 from saga_engine.runner._children import ChildLinks
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._path_inputs import Deliver, Input, InputOutcome, Start
 from saga_engine.transport._bus import DeadLetterPublisher
 from saga_engine.transport._dead_letter_sending import publish_dead_letter
+from saga_engine.transport._record_blobs import RecordBlobs, fetch_record_blobs
 from saga_engine.transport._timings import reply_timings
 from saga_engine.transport._wire import (
     CancelBody,
     Envelope,
+    Headers,
     MessageType,
     ReloadBody,
     ReplyBody,
@@ -60,6 +63,7 @@ class Inbox:
         settings: Settings,
         codec: CodecChain | None,
         dead: DeadLetterPublisher,
+        blobs: RecordBlobs | None = None,
         instance_id: str,
         owned: Callable[[], set[TopicPartition]],
         running: Callable[[], bool],
@@ -69,6 +73,8 @@ class Inbox:
         self._children = children
         self._settings = settings
         self._codec = codec
+        #: Where a reply by reference's blob is read (None: records are read inline).
+        self._blobs = blobs
         self._dead = dead
         self._instance_id = instance_id
         self._owned = owned
@@ -108,20 +114,51 @@ class Inbox:
         return {} if self._abandoned else offsets
 
     async def _read(self, record: Any) -> Envelope | None:
+        headers = list(record.headers or [])
         try:
-            return decode(
-                record.key,
-                record.value,
-                list(record.headers or []),
-                max_bytes=self._settings.kafka.max_message_bytes,
-                codec=self._codec,
-            )
+            if self._blobs is None:  # no records by reference: the path as it was
+                return self._decode(record, headers)
+            # A record by reference: its blob first (a reference that does not verify is
+            # dead-lettered as blob_tampered before anything is fetched).
+            blobs = await self._blobs_of(record.value, headers)
+            if blobs is None:
+                return None
+            with resolving(blobs):
+                return self._decode(record, headers)
         except Exception as exc:  # a bug in reading must not stop the inbox either
             reason = dead_letter_reason(exc) or PoisonReason.ENGINE_ERROR
             if reason is PoisonReason.ENGINE_ERROR:
                 log.exception("unexpected error reading a message; dead-lettering it")
             await self._dead_letter(record, reason, dead_letter_detail(exc, reason))
         return None
+
+    def _decode(self, record: Any, headers: Headers) -> Envelope:
+        return decode(
+            record.key,
+            record.value,
+            headers,
+            max_bytes=self._settings.kafka.max_message_bytes,
+            codec=self._codec,
+        )
+
+    async def _blobs_of(self, value: bytes | None, headers: Headers) -> dict[str, bytes] | None:
+        """The blob a record by reference names; an outage of the blob store is waited
+        out while the inbox runs (the record is not the one at fault). None: the inbox
+        stopped meanwhile, the record is given up (its batch read again by the next
+        owner)."""
+        backoff = OUTAGE.backoff()
+        while True:
+            try:
+                return await fetch_record_blobs(value, headers, self._codec, self._blobs)
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                if not self._running():
+                    self._abandoned = True
+                    return None
+                delay = backoff.next_delay()
+                log.warning("reading a record's blob failed (%r); retrying in %.2fs", exc, delay)
+                await asyncio.sleep(delay)  # a back-off, not a synchronisation
 
     def _split(self, readable: list[_Record]) -> tuple[list[tuple[_Record, Input]], list[_Record]]:
         """The records taken as one batch (with their inputs), and those applied one at

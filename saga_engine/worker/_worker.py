@@ -64,7 +64,12 @@ from saga_engine.transport._kafka import (
 )
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import Envelope, MessageType, ReloadBody
-from saga_engine.worker._adapters import LazyTopicSender, open_event_store, trigger_consumer
+from saga_engine.worker._adapters import (
+    LazyTopicSender,
+    open_event_store,
+    record_blobs,
+    trigger_consumer,
+)
 from saga_engine.worker._batches import WorkerBatches
 from saga_engine.worker._domain_events import WorkerEvents
 from saga_engine.worker._inbox import Inbox
@@ -237,7 +242,11 @@ class SagaWorker:
     def _build_engine(self, store: EventStore, telemetry: Telemetry) -> tuple[Engine, EngineParts]:
         """The engine and its collaborators, and everything else built from the same."""
         broker = KafkaCommandSender(
-            self._producer, self.topics, f"/saga-engine/{self.instance_id}", self.codec
+            self._producer,
+            self.topics,
+            f"/saga-engine/{self.instance_id}",
+            self.codec,
+            blobs=(blobs := record_blobs(store, self.codec)),
         )
         kafka_sender = LazyTopicSender(broker, self.settings, self.topics)
         self._http = HttpCaller(self.settings.http, telemetry=telemetry)
@@ -261,6 +270,7 @@ class SagaWorker:
             children=ChildLinks(engine, parts),
             settings=self.settings,
             codec=self.codec,
+            blobs=blobs,
             dead=self._dead,
             instance_id=self.instance_id,
             owned=lambda: self._ownership.owned,

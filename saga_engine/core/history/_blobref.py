@@ -5,10 +5,17 @@ A payload whose encoded bytes (compressed, encrypted: the chain's output so far)
 codec's output is a reference in its place::
 
     b"\\x01" + {"sha256": "<hex of the blob>", "size": 10485760, "store": "postgres",
-                "mac": "<hex of HMAC-SHA256(mac key, sha256:size:store)>"}
+                "kid": "mac-2026", "mac": "<hex of HMAC-SHA256(key kid, kid:sha256:size:store)>"}
 
-A smaller payload, or one encoded where nothing collects blobs (a Kafka record, today),
-follows a ``0`` byte as it was. The writer stores the collected blobs with the events
+``kid`` names the MAC key (keys rotate: every key configured verifies, the current one
+signs). A reference made under the single, unnamed key (``SAGA_CODEC__BLOBS__MAC_KEY``)
+has no ``kid`` and its MAC is over ``sha256:size:store``: references written before key
+ids existed verify as they did.
+
+A smaller payload, or one encoded where nothing collects blobs, follows a ``0`` byte as
+it was. Stored events collect (``store/_pgstore.py``), and so do the Kafka records of
+commands and replies (``transport/_record_blobs.py``): their blobs are kept, with a
+reference from the record's saga, before the record is sent. The writer stores the collected blobs with the events
 that reference them (``store/_pgblobs.py``: in the same transaction on Postgres). A
 reader fetches the blobs a saga references, and decodes under :func:`resolving`; the
 codec verifies the reference's MAC (a forged reference cannot point at another blob),
@@ -25,15 +32,18 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import re
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Final
 
 from saga_engine.kernel._errors import CodecError, CodecFailure, SerializationError
-from saga_engine.kernel._serde import dumps, loads
+from saga_engine.kernel._serde import JsonDict, dumps, loads
 
-__all__ = ["BlobRef", "ReferenceCodec", "collecting", "resolving"]
+__all__ = ["BlobRef", "ReferenceCodec", "collecting", "reference_json", "resolving"]
+
+_KID: Final = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 _INLINE: Final = 0
 _REFERENCE: Final = 1
@@ -46,10 +56,11 @@ _RESOLVED: ContextVar[Mapping[str, bytes] | None] = ContextVar("saga_blobs_resol
 
 
 @contextlib.contextmanager
-def collecting() -> Iterator[dict[str, bytes]]:
-    """Payloads encoded inside go by reference when large; the yielded dict receives
-    their blobs (content hash -> bytes), for the caller to store with the events."""
-    blobs: dict[str, bytes] = {}
+def collecting(into: dict[str, bytes] | None = None) -> Iterator[dict[str, bytes]]:
+    """Payloads encoded inside go by reference when large; the yielded dict (``into``, or
+    a new one) receives their blobs (content hash -> bytes), for the caller to store with
+    the events or before the record that references them."""
+    blobs: dict[str, bytes] = {} if into is None else into
     token = _COLLECTED.set(blobs)
     try:
         yield blobs
@@ -70,12 +81,23 @@ def resolving(blobs: Mapping[str, bytes]) -> Iterator[None]:
 @dataclass(frozen=True, slots=True)
 class BlobRef:
     """What a reference names: the blob's content hash (SHA-256, hex), its size, the
-    store it was written to, and the MAC over the three."""
+    store it was written to, the id of the MAC key ("" for the unnamed key) and the MAC
+    over the others."""
 
     sha256: str
     size: int
     store: str
     mac: str
+    kid: str = ""
+
+
+def reference_json(ref: BlobRef) -> JsonDict:
+    """A reference as the codec writes it (``kid`` only when the key has an id)."""
+    out: JsonDict = {"sha256": ref.sha256, "size": ref.size, "store": ref.store}
+    if ref.kid:
+        out["kid"] = ref.kid
+    out["mac"] = ref.mac
+    return out
 
 
 def digest_of(data: bytes) -> str:
@@ -86,46 +108,76 @@ def digest_of(data: bytes) -> str:
 class ReferenceCodec:
     """Stores payloads of ``threshold`` bytes or more by reference (module docstring).
 
-    ``mac_key``: at least 16 bytes, the same in every process of a deployment;
-    ``store``: the name written into references (``postgres``, ``directory``, or a
-    store of the user's); ``max_bytes``: the largest blob a reference may name.
+    ``mac_key``: the MAC key, at least 16 bytes, the same in every process of a
+    deployment; or the keys by id (rotation: every key verifies the references made
+    under it, ``current`` names the one new references are made under; the id ""
+    is the unnamed key of ``SAGA_CODEC__BLOBS__MAC_KEY``, whose references carry no
+    ``kid``). ``store``: the name written into references (``postgres``,
+    ``directory``, or a store of the user's); ``max_bytes``: the largest blob a
+    reference may name.
     """
 
     name = "ref"
 
     def __init__(
-        self, threshold: int, mac_key: bytes, store: str, max_bytes: int = 64 * 1024 * 1024
+        self,
+        threshold: int,
+        mac_key: bytes | Mapping[str, bytes],
+        store: str,
+        max_bytes: int = 64 * 1024 * 1024,
+        *,
+        current: str = "",
     ) -> None:
         if threshold < 1:
             raise CodecError(CodecFailure.BAD_CONFIG, f"ref: threshold {threshold} is below 1")
-        if len(mac_key) < 16:
+        keys = {"": mac_key} if isinstance(mac_key, bytes) else dict(mac_key)
+        if current not in keys:
             raise CodecError(
-                CodecFailure.BAD_CONFIG, f"ref: the MAC key is {len(mac_key)} bytes; 16 or more"
+                CodecFailure.BAD_CONFIG, f"ref: the current MAC key id {current!r} is not a key"
             )
+        for key_id, key in keys.items():
+            if key_id and not _KID.match(key_id):
+                raise CodecError(
+                    CodecFailure.BAD_CONFIG,
+                    f"ref: MAC key id {key_id!r}: 1 to 64 characters of A-Z a-z 0-9 . _ -",
+                )
+            if len(key) < 16:
+                raise CodecError(
+                    CodecFailure.BAD_CONFIG,
+                    f"ref: the MAC key {key_id!r} is {len(key)} bytes; 16 or more",
+                )
         if not store:
             raise CodecError(CodecFailure.BAD_CONFIG, "ref: the store needs a name")
         self.threshold = threshold
         self.store = store
         self.max_bytes = max_bytes
-        self._key = mac_key
+        self.current = current
+        self._keys = keys
 
-    def _mac(self, sha256: str, size: int, store: str) -> str:
-        message = f"{sha256}:{size}:{store}".encode()
-        return hmac.new(self._key, message, hashlib.sha256).hexdigest()
+    def mac(self, ref: BlobRef) -> str | None:
+        """The MAC ``ref`` must carry (None: its key id is not among the keys)."""
+        key = self._keys.get(ref.kid)
+        if key is None:
+            return None
+        message = f"{ref.sha256}:{ref.size}:{ref.store}"
+        if ref.kid:
+            message = f"{ref.kid}:{message}"
+        return hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
+
+    def make_reference(self, data: bytes) -> BlobRef:
+        """The reference to ``data`` under the current key."""
+        unsigned = BlobRef(digest_of(data), len(data), self.store, "", self.current)
+        mac = self.mac(unsigned)
+        assert mac is not None
+        return BlobRef(unsigned.sha256, unsigned.size, self.store, mac, self.current)
 
     def encode(self, data: bytes) -> bytes:
         collected = _COLLECTED.get()
         if collected is None or len(data) < self.threshold:
             return b"\x00" + data
-        sha256 = digest_of(data)
-        collected[sha256] = data
-        ref = {
-            "sha256": sha256,
-            "size": len(data),
-            "store": self.store,
-            "mac": self._mac(sha256, len(data), self.store),
-        }
-        return b"\x01" + dumps(ref)
+        ref = self.make_reference(data)
+        collected[ref.sha256] = data
+        return b"\x01" + dumps(reference_json(ref))
 
     def decode(self, data: bytes) -> bytes:
         flag = data[0] if data else -1
@@ -134,13 +186,7 @@ class ReferenceCodec:
         ref = self.reference(data)
         if ref is None:
             raise CodecError(CodecFailure.MALFORMED, f"ref: unknown flag byte {flag}")
-        expected = self._mac(ref.sha256, ref.size, ref.store)
-        if not hmac.compare_digest(expected, ref.mac):
-            raise CodecError(
-                CodecFailure.BLOB_TAMPERED,
-                f"the reference to blob sha256:{ref.sha256} does not verify under this MAC "
-                "key: the reference was altered, or SAGA_CODEC__BLOBS__MAC_KEY differs here",
-            )
+        self.verify(ref)
         blob = (_RESOLVED.get() or {}).get(ref.sha256)
         if blob is None:
             raise CodecError(
@@ -156,6 +202,31 @@ class ReferenceCodec:
             )
         return blob
 
+    def verify(self, ref: BlobRef) -> None:
+        """Raises CodecError ``blob_tampered`` unless ``ref``'s MAC verifies (its key id
+        among the keys) and its size is within ``max_bytes``: a reader checks this before
+        it fetches the blob."""
+        expected = self.mac(ref)
+        if expected is None:
+            raise CodecError(
+                CodecFailure.BLOB_TAMPERED,
+                f"the reference to blob sha256:{ref.sha256} names MAC key {ref.kid!r}, which "
+                "this process does not hold (SAGA_CODEC__BLOBS__MAC_KEYS): keep a rotated "
+                "key for as long as references made under it are kept",
+            )
+        if not hmac.compare_digest(expected, ref.mac):
+            raise CodecError(
+                CodecFailure.BLOB_TAMPERED,
+                f"the reference to blob sha256:{ref.sha256} does not verify under MAC key "
+                f"{ref.kid or '(unnamed)'!r}: the reference was altered, or the key differs here",
+            )
+        if ref.size > self.max_bytes:
+            raise CodecError(
+                CodecFailure.BLOB_TAMPERED,
+                f"the reference to blob sha256:{ref.sha256} names {ref.size:,} bytes, over "
+                f"SAGA_CODEC__BLOBS__MAX_BYTES ({self.max_bytes:,})",
+            )
+
     @staticmethod
     def reference(data: bytes) -> BlobRef | None:
         """The reference ``data`` (this codec's output) holds; None for an inline
@@ -164,8 +235,9 @@ class ReferenceCodec:
             return None
         try:
             raw = loads(data[1:])
-            ref = BlobRef(raw["sha256"], raw["size"], raw["store"], raw["mac"])
-        except (SerializationError, KeyError, TypeError):
+            kid = raw.get("kid", "")
+            ref = BlobRef(raw["sha256"], raw["size"], raw["store"], raw["mac"], kid)
+        except (SerializationError, KeyError, TypeError, AttributeError):
             raise CodecError(CodecFailure.MALFORMED, "ref: the reference is unreadable") from None
         fields_ok = (
             isinstance(ref.sha256, str)
@@ -174,6 +246,7 @@ class ReferenceCodec:
             and ref.size >= 0
             and isinstance(ref.store, str)
             and isinstance(ref.mac, str)
+            and isinstance(ref.kid, str)
         )
         if not fields_ok:
             raise CodecError(CodecFailure.MALFORMED, "ref: the reference is unreadable")

@@ -361,11 +361,20 @@ class CodecChain:
             current = settings.current_key or (next(iter(keys)) if len(keys) == 1 else "")
             codecs.append(AesGcmCodec(keys, current))
         blobs = settings.blobs
-        if blobs.threshold_bytes is not None and blobs.mac_key is not None:
+        if blobs.threshold_bytes is not None:
             # Last: the blob is what compression and encryption made of the payload.
-            mac_key = decode_key("blobs.mac_key", blobs.mac_key.get_secret_value())
+            mac_keys = {
+                key_id: decode_key(f"blobs.mac_keys[{key_id!r}]" if key_id else "blobs.mac_key", k)
+                for key_id, k in blobs.mac_key_texts().items()
+            }
             codecs.append(
-                ReferenceCodec(blobs.threshold_bytes, mac_key, blobs.store, blobs.max_bytes)
+                ReferenceCodec(
+                    blobs.threshold_bytes,
+                    mac_keys,
+                    blobs.store,
+                    blobs.max_bytes,
+                    current=blobs.current_mac_key_id,
+                )
             )
         return cls(*codecs) if codecs else None
 

@@ -14,11 +14,25 @@
 //	SAGA_PARTICIPANT__SCHEMA        Postgres schema (default saga_go_conformance)
 //	SAGA_PARTICIPANT__INSTANCE_ID   group.instance.id (default: the kit's)
 //
+// Commands and replies by reference (docs/large-payloads.md), when
+// SAGA_CODEC__BLOBS__THRESHOLD_BYTES is set, as the engine's settings say:
+//
+//	SAGA_CODEC__BLOBS__MAC_KEYS        {"key id": "base64 key", ...}
+//	SAGA_CODEC__BLOBS__CURRENT_MAC_KEY the key id replies are signed with
+//	SAGA_CODEC__BLOBS__MAC_KEY         the unnamed key (base64)
+//	SAGA_CODEC__BLOBS__DIRECTORY       the directory store's volume
+//	SAGA_CODEC__BLOBS__MAX_BYTES       the largest blob (default 64 MiB)
+//	SAGA_PG__DB_SCHEMA                 the engine's schema (default saga_engine)
+//
+// It also handles ConformanceEcho, which answers {"text": its body's text
+// reversed}: a large text goes both ways by reference.
+//
 // It stops on SIGINT or SIGTERM after finishing the batch in hand.
 package main
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -73,6 +87,11 @@ func main() {
 	tp := sdktrace.NewTracerProvider() // real span ids; no exporter
 	defer func() { _ = tp.Shutdown(context.Background()) }()
 
+	blobs, err := blobConfig(dsn)
+	if err != nil {
+		log.Error("configuration", "error", err)
+		os.Exit(2)
+	}
 	k, err := kit.New(kit.Config{
 		Name:            env("SAGA_PARTICIPANT__NAME", "conformance-go"),
 		Brokers:         strings.Split(brokers, ","),
@@ -84,6 +103,7 @@ func main() {
 		InstanceID:      os.Getenv("SAGA_PARTICIPANT__INSTANCE_ID"),
 		Logger:          log,
 		TracerProvider:  tp,
+		Blobs:           blobs,
 	})
 	if err != nil {
 		log.Error("configuration", "error", err)
@@ -121,10 +141,63 @@ func main() {
 		return map[string]any{"key": b.Key, "undone": tag.RowsAffected()}, nil
 	})
 
+	kit.HandleTyped(k, "ConformanceEcho", func(ctx context.Context, tx pgx.Tx, _ kit.Command, b echoBody) (any, error) {
+		runes := []rune(b.Text)
+		for i, j := 0, len(runes)-1; i < j; i, j = i+1, j-1 {
+			runes[i], runes[j] = runes[j], runes[i]
+		}
+		return map[string]any{"text": string(runes)}, nil
+	})
+
 	if err := k.Run(ctx); err != nil {
 		log.Error("run", "error", err)
 		os.Exit(1)
 	}
+}
+
+// echoBody is the body of ConformanceEcho.
+type echoBody struct {
+	Text string `json:"text"`
+}
+
+// blobConfig is the kit's BlobConfig from SAGA_CODEC__BLOBS__*; nil when
+// THRESHOLD_BYTES is unset.
+func blobConfig(dsn string) (*kit.BlobConfig, error) {
+	if os.Getenv("SAGA_CODEC__BLOBS__THRESHOLD_BYTES") == "" {
+		return nil, nil
+	}
+	keys := map[string][]byte{}
+	texts := map[string]string{}
+	if raw := os.Getenv("SAGA_CODEC__BLOBS__MAC_KEYS"); raw != "" {
+		if err := json.Unmarshal([]byte(raw), &texts); err != nil {
+			return nil, fmt.Errorf("SAGA_CODEC__BLOBS__MAC_KEYS: %w", err)
+		}
+	}
+	if v := os.Getenv("SAGA_CODEC__BLOBS__MAC_KEY"); v != "" {
+		texts[""] = v
+	}
+	for id, text := range texts {
+		key, err := base64.StdEncoding.DecodeString(text)
+		if err != nil {
+			return nil, fmt.Errorf("MAC key %q is not base64: %w", id, err)
+		}
+		keys[id] = key
+	}
+	current := os.Getenv("SAGA_CODEC__BLOBS__CURRENT_MAC_KEY")
+	if current == "" && len(keys) == 1 {
+		for id := range keys {
+			current = id
+		}
+	}
+	return &kit.BlobConfig{
+		DSN:        dsn,
+		Schema:     env("SAGA_PG__DB_SCHEMA", "saga_engine"),
+		Directory:  os.Getenv("SAGA_CODEC__BLOBS__DIRECTORY"),
+		MACKeys:    keys,
+		CurrentKey: current,
+		Threshold:  envInt("SAGA_CODEC__BLOBS__THRESHOLD_BYTES", 0),
+		MaxBytes:   envInt("SAGA_CODEC__BLOBS__MAX_BYTES", 0),
+	}, nil
 }
 
 func createEffects(ctx context.Context, dsn, schema, table string) error {
