@@ -55,7 +55,7 @@ from saga_engine.admin._http_errors import HttpMiddleware
 from saga_engine.admin._lineage import children, reruns, tree
 from saga_engine.admin._listing import attribute_filters, saga_page
 from saga_engine.admin._timeline import relative, span_text, timeline
-from saga_engine.admin._views import awaited, detail_of, graph_of, view_of
+from saga_engine.admin._views import awaited, detail_of, graph_of, view_of, with_runs
 from saga_engine.admin._web_updates import query_answers, update_forms
 from saga_engine.core.authoring._definition import SagaRegistry
 from saga_engine.core.history._codec import Undecodable
@@ -430,16 +430,21 @@ async def _saga_page(
     request: Request, parts: EngineParts, user: Principal | None, saga_id: str
 ) -> HTMLResponse:
     # An impossible id is not found there; what cannot be decoded shows as encrypted.
-    loaded = await parts.store.load(saga_id, undecodable=Undecodable.SHOW)
+    # Its current run only (a saga that continued as new shows its chain of runs).
+    loaded = await parts.store.load_run(saga_id, undecodable=Undecodable.SHOW)
     events = [stored.event for stored in loaded.events]
     record = loaded.record
     view = view_of(record, events, awaited(parts.registry, record, events))
-    info = detail_of(
-        record,
-        view,
-        events,
-        await children(parts.store, record.saga_id, events),
-        await reruns(parts.store, record.saga_id),
+    info = await with_runs(
+        parts.store,
+        detail_of(
+            record,
+            view,
+            events,
+            await children(parts.store, record.saga_id, events),
+            await reruns(parts.store, record.saga_id),
+        ),
+        parts.settings.engine.continue_as_new_after,
     )
     root = _root(request)
     api = f"{root}/sagas/{quote(record.saga_id, safe='')}"

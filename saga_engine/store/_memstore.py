@@ -43,12 +43,14 @@ from saga_engine.store._store import (
     NewSaga,
     OpenSummary,
     Projection,
+    RunSpan,
     SagaFilter,
     SagaRecord,
     StoredEvent,
     as_utc,
     check_lookup,
     check_new_saga_id,
+    run_spans,
     wake_slot,
 )
 
@@ -165,6 +167,24 @@ class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots, InMemoryInsights):
                 for s in self._events[saga_id]
             ],
         )
+
+    async def load_run(
+        self, saga_id: str, *, undecodable: Undecodable = Undecodable.RAISE
+    ) -> LoadedSaga:
+        record = await self.get(saga_id)
+        stored = self._events[saga_id]
+        begins = self._run_starts(saga_id)[-1]
+        picked = stored[:1] + stored[max(begins, 2) - 1 :]
+        return LoadedSaga(
+            record, [StoredEvent(s.seq, _copy(s.event, self._codec, undecodable)) for s in picked]
+        )
+
+    def _run_starts(self, saga_id: str) -> list[int]:
+        return [1] + [s.seq for s in self._events[saga_id] if s.event.kind == "run_continued"]
+
+    async def runs(self, saga_id: str) -> list[RunSpan]:
+        record = await self.get(saga_id)
+        return run_spans(self._run_starts(saga_id)[1:], record.last_seq)
 
     async def load_after(
         self,
