@@ -54,7 +54,7 @@ class Subscription(Saga[Billing, Billed]):
         if billing.period + 1 >= billing.until:
             return Billed(periods=billing.period + 1)
         await ctx.sleep(timedelta(days=30))
-        await ctx.continue_as_new(
+        return await ctx.continue_as_new(
             billing.model_copy(update={"period": billing.period + 1}),
             carry_compensations=billing.carry,
         )
@@ -201,7 +201,9 @@ class Bounded(Saga[Billing, Billed]):
         while not ctx.should_continue_as_new():
             await ctx.sleep(timedelta(minutes=1))
         if billing.period + 1 < billing.until:
-            await ctx.continue_as_new(billing.model_copy(update={"period": billing.period + 1}))
+            return await ctx.continue_as_new(
+                billing.model_copy(update={"period": billing.period + 1})
+            )
         return Billed(periods=billing.period + 1)
 
 

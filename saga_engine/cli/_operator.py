@@ -259,9 +259,7 @@ def history(
             starts.append(seq)
         numbered.append((seq, run, e))
     shown = numbered if all_runs else [n for n in numbered if n[0] == 1 or n[1] == run]
-    rows = [
-        (str(seq), str(r), e.at.isoformat(), e.kind, event_line(e)) for seq, r, e in shown
-    ]
+    rows = [(str(seq), str(r), e.at.isoformat(), e.kind, event_line(e)) for seq, r, e in shown]
     title = f"{exported['saga_type']} {exported['saga_id']}"
     out.print(make_table(title, ("#", "run", "at", "event", "gist"), rows))
     if run > 1:

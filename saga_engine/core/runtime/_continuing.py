@@ -64,9 +64,7 @@ def in_flight(s: SagaState) -> list[str]:
     busy += [f"the compensation of given-up step {o.step!r}" for o, t in s.given_up if not t.done()]
     busy += [f"update {name!r}" for name in s.update_waiters or ()]
     current = asyncio.current_task(s.loop)
-    others = [
-        t for t in s.loop.tasks if not t.done() and t is not current and t is not s.lifecycle
-    ]
+    others = [t for t in s.loop.tasks if not t.done() and t is not current and t is not s.lifecycle]
     if others:
         busy.append(
             f"{len(others)} other task(s) of the run (a gather's branches, ctx.first's "
@@ -138,9 +136,7 @@ async def continue_as_new(s: SagaState, state: BaseModel | JsonDict, *, carry: b
         ticks=s.ticks,
         counters=_counters(s),
         signals={name: list(queue) for name, queue in sorted(s.signals.items()) if queue},
-        seen_signals=sorted(
-            {e.signal_id for e in s.history if isinstance(e, SignalReceived)}
-        ),
+        seen_signals=sorted({e.signal_id for e in s.history if isinstance(e, SignalReceived)}),
         pivot_step=s.pivot_step if s.past_pivot else None,
         key=s.key.key if s.key is not None and s.key.held else None,
     )

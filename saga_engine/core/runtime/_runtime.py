@@ -514,7 +514,8 @@ class SagaRuntime:
         after it, go with it)."""
         old = self.state
         continued, started = old.continued, old.history[0]
-        assert continued is not None and isinstance(started, SagaStarted)
+        assert continued is not None
+        assert isinstance(started, SagaStarted)
         s = self.state = SagaState(old.definition, old.saga_id, SagaContext(self), old.clock)
         s.callback_keys = old.callback_keys
         s.history = [started, continued, *old.history[old.cursor :]]
