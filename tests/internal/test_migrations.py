@@ -421,7 +421,7 @@ async def test_0017_makes_the_insights_from_before_flow_policy_1s(
     conn = await asyncpg.connect(pg.dsn)
     try:
         await conn.execute(row.format("", ""), bucket, 5, [0] * BUCKETS)
-        assert await migrate(pg.database_dsn, pg.schema) == [17, 18]
+        assert await migrate(pg.database_dsn, pg.schema) == [17, 18, 19]
         assert await conn.fetchval("SELECT flow_policy FROM saga_insights") == 1
         await conn.execute(row.format(", flow_policy", ", 2"), bucket, 3, [0] * BUCKETS)
         with pytest.raises(asyncpg.exceptions.UniqueViolationError):
