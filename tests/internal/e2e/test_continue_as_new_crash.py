@@ -24,7 +24,7 @@ from saga_engine.client import SagaClient
 from saga_engine.events import CommandIssued, CompensationIssued, RunContinued
 from saga_engine.replay import HistoryExport, replay
 from saga_engine.store import PostgresEventStore
-from tests.internal.e2e.continue_app import LoopRequest, Looper
+from tests.internal.e2e.continue_app import Looper, LoopRequest
 from tests.internal.e2e.harness import Cluster
 from tests.internal.e2e.test_graph_crash import _history
 
@@ -69,9 +69,7 @@ async def test_engine_killed_between_runs_loses_and_doubles_nothing(
     # Hit 1 is the start's command; hit 2 the append that continues into run 2.
     _start_engine(cluster, crash_at=point)
     async with SagaClient(cluster.settings) as client:
-        saga_id = await client.start(
-            Looper, LoopRequest(until=RUNS, refuse_close=refuse_close)
-        )
+        saga_id = await client.start(Looper, LoopRequest(until=RUNS, refuse_close=refuse_close))
     code = await cluster.wait_exit("engine")
     log = cluster.log_tail("engine")
     assert code == -signal.SIGKILL, log

@@ -85,7 +85,8 @@ LOOPING = SagaDefinition.of(Looping)
 
 def _start(definition: SagaDefinition, loop: Loop) -> SagaRuntime:
     rt, _ = SagaRuntime.start(
-        definition, StartSaga(saga_id="s-1", saga_type=definition.name, input=loop.model_dump(), at=T0)
+        definition,
+        StartSaga(saga_id="s-1", saga_type=definition.name, input=loop.model_dump(), at=T0),
     )
     return rt
 
