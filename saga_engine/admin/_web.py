@@ -68,7 +68,7 @@ from saga_engine.kernel._errors import InvalidTransition, SagaError, UnknownSaga
 from saga_engine.kernel._input_types import StorableText, Text
 from saga_engine.kernel._settings import AdminSettings
 from saga_engine.runner._parts import EngineParts
-from saga_engine.store._store import SagaFilter, SagaRecord
+from saga_engine.store._store import SagaFilter, SagaRecord, StoredEvent
 
 __all__ = ["SecurityHeadersMiddleware", "web_router"]
 
@@ -467,10 +467,7 @@ async def _saga_page(
         progress_shown=not view.status.is_terminal
         or any(isinstance(event, ProgressEmitted) for event in events),
         timeline=timeline(view, now=None if view.status.is_terminal else now),
-        events=[
-            (seq, event, event_line(event), event.model_dump(mode="json", exclude={"at", "kind"}))
-            for seq, event in enumerate(events, start=1)
-        ],
+        **_history_page(request, loaded.events),
         actions=_actions(view),
         signals=_signals(parts.registry, record.saga_type) if _offers(view, "signal") else [],
         # Updates go where signals go: to a saga still going forward.
@@ -481,6 +478,33 @@ async def _saga_page(
         urlencode=urlencode,  # the links to the domain events and key pages, filtered
         **_graph_drawing(parts, record, view, events),
     )
+
+
+#: The history table shows this many events at a time: a saga with a long run (one that
+#: never continued as new) keeps a page of a bounded size.
+HISTORY_PAGE = 200
+
+
+def _history_page(request: Request, stored: list[StoredEvent]) -> dict[str, Any]:
+    """One page of the run's events for the history table (``?events_page=N``, from 1;
+    the last page, the newest events, by default), numbered as the store numbers them."""
+    pages = max(1, -(-len(stored) // HISTORY_PAGE))
+    asked = request.query_params.get("events_page", "")
+    page = min(max(int(asked), 1), pages) if asked.isdigit() else pages
+    shown = stored[(page - 1) * HISTORY_PAGE : page * HISTORY_PAGE]
+    return {
+        "events": [
+            (
+                s.seq,
+                s.event,
+                event_line(s.event),
+                s.event.model_dump(mode="json", exclude={"at", "kind"}),
+            )
+            for s in shown
+        ],
+        "events_page": page,
+        "events_pages": pages,
+    }
 
 
 def _graph_drawing(
