@@ -203,3 +203,62 @@ def test_a_timer_of_the_old_run_never_reaches_the_new_one() -> None:
     decision = rt.handle(TimerDue("sleep:1", T0 + timedelta(days=3)))
     assert decision.dropped is not None
     assert decision.events == []
+
+
+class Wrong(Saga[Loop, Done]):
+    """Continues with an input its own model refuses."""
+
+    name = "wrong"
+    nudge = Signal(Nudge)
+
+    async def run(self, ctx: SagaContext, loop: Loop) -> Done:
+        await ctx.wait_signal(self.nudge)
+        return await ctx.continue_as_new({"n": "not a number", "until": 3})
+
+
+def test_a_next_input_the_model_refuses_parks_naming_the_field() -> None:
+    rt = _start(SagaDefinition.of(Wrong), Loop())
+    decision = rt.handle(SignalInput(signal_id="n", name="nudge", at=T0))
+    assert [e.kind for e in decision.events] == ["signal_received", "saga_parked"]
+    message = decision.events[-1].error.message  # type: ignore[union-attr]
+    assert "the next run's input is refused" in message
+    assert "n" in message
+    assert rt.run == 1
+
+
+def test_a_signal_received_before_the_continue_is_waited_for_by_the_next_run() -> None:
+    rt = _start(LOOPING, Loop())
+    at = T0 + timedelta(days=1)
+    rt.handle(Reply(_charge_id(rt), "success", at))
+    # Two nudges in a row: the first ends run 1; the second waits for run 2's code.
+    rt.handle(SignalInput(signal_id="n-1", name="nudge", at=at))
+    rt.handle(SignalInput(signal_id="n-2", name="nudge", at=at))
+    assert rt.run == 2
+    continued = rt.history[1]
+    assert isinstance(continued, RunContinued)
+    assert continued.seen_signals == ["n-1"]
+    # Run 2's charge answered: it finds n-2 buffered and continues at once.
+    decision = rt.handle(Reply(_charge_id(rt), "success", at))
+    assert [e.kind for e in decision.events][:2] == ["reply_received", "run_continued"]
+    assert rt.run == 3
+    # A late copy of a signal the ended run took is still recognised.
+    again = rt.handle(SignalInput(signal_id="n-2", name="nudge", at=at))
+    assert again.dropped is not None
+
+
+def test_a_signal_not_yet_waited_for_is_carried_into_the_next_run() -> None:
+    rt = _start(LOOPING, Loop(until=9))
+    at = T0 + timedelta(days=1)
+    for sid in ("n-1", "n-2"):  # both come while run 1 waits for its charge
+        rt.handle(SignalInput(signal_id=sid, name="nudge", at=at))
+    rt.handle(Reply(_charge_id(rt), "success", at))  # takes n-1, continues
+    continued = rt.history[1]
+    assert isinstance(continued, RunContinued)
+    assert continued.signals == {"nudge": [{}]}  # n-2, not lost at the boundary
+    decision = rt.handle(Reply(_charge_id(rt), "success", at))  # run 2 takes n-2
+    assert "run_continued" in [e.kind for e in decision.events]
+    assert rt.run == 3
+    replayed, check = SagaRuntime.replay(LOOPING, "s-1", _json(rt.history))
+    assert check.nondeterminism is None
+    assert check.events == []
+    replayed.close()
