@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from importlib import resources
 from typing import Annotated, Any, Literal
@@ -54,7 +54,7 @@ from saga_engine.admin._graph_svg import declared_svg
 from saga_engine.admin._http_errors import HttpMiddleware
 from saga_engine.admin._lineage import children, reruns, tree
 from saga_engine.admin._listing import attribute_filters, saga_page
-from saga_engine.admin._timeline import relative, span_text, timeline
+from saga_engine.admin._timeline import TimelineChart, relative, span_text, timeline
 from saga_engine.admin._views import awaited, detail_of, graph_of, view_of, with_runs
 from saga_engine.admin._web_updates import query_answers, update_forms
 from saga_engine.core.authoring._definition import SagaRegistry
@@ -466,7 +466,7 @@ async def _saga_page(
         # while it runs (it may emit).
         progress_shown=not view.status.is_terminal
         or any(isinstance(event, ProgressEmitted) for event in events),
-        timeline=timeline(view, now=None if view.status.is_terminal else now),
+        **_timeline_page(request, timeline(view, now=None if view.status.is_terminal else now)),
         **_history_page(request, loaded.events),
         actions=_actions(view),
         signals=_signals(parts.registry, record.saga_type) if _offers(view, "signal") else [],
@@ -483,6 +483,24 @@ async def _saga_page(
 #: The history table shows this many events at a time: a saga with a long run (one that
 #: never continued as new) keeps a page of a bounded size.
 HISTORY_PAGE = 200
+
+
+#: The timeline shows this many rows (steps, waits) at a time.
+TIMELINE_PAGE = 100
+
+
+def _timeline_page(request: Request, chart: TimelineChart) -> dict[str, Any]:
+    """One page of the timeline's rows (``?timeline_page=N``, from 1; the last, the
+    newest rows, by default): a long run's page stays small, its axis the run's."""
+    pages = max(1, -(-len(chart.rows) // TIMELINE_PAGE))
+    asked = request.query_params.get("timeline_page", "")
+    page = min(max(int(asked), 1), pages) if asked.isdigit() else pages
+    rows = chart.rows[(page - 1) * TIMELINE_PAGE : page * TIMELINE_PAGE]
+    return {
+        "timeline": replace(chart, rows=rows),
+        "timeline_page": page,
+        "timeline_pages": pages,
+    }
 
 
 def _history_page(request: Request, stored: list[StoredEvent]) -> dict[str, Any]:

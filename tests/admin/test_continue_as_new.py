@@ -87,6 +87,7 @@ async def test_a_long_run_without_continuing_is_flagged_and_paged(
     page = (await looping.http.get(f"/ui/sagas/{run.saga_id}", headers=READER)).text
     assert 'id="history-warning"' in page
     assert 'id="events-pages"' in page
+    assert 'id="timeline-pages"' in page  # its 240 rows, 100 at a time
     rows = re.findall(r'<tr class="k-[a-z_]+">\s*<td>(\d+)</td>', page)
     assert 0 < len(rows) <= 200
     assert int(rows[-1]) == detail["events"]  # the newest page by default
