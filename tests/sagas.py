@@ -222,3 +222,42 @@ class KycCheck(Saga[KycRequest, KycResult]):
         except CallbackTimeout:
             return KycResult(outcome="timed out")
         return KycResult(outcome=f"approved={verdict.approved} score={verdict.score}")
+
+
+class BillingPeriod(BaseModel):
+    customer: str
+    period: int = 0
+    periods: int = 3
+
+
+class ChargePeriod(BaseModel):
+    customer: str
+    period: int
+
+
+class RefundPeriod(BaseModel):
+    customer: str
+    period: int
+
+
+class BillingDone(BaseModel):
+    periods: int
+
+
+class MonthlyBilling(Saga[BillingPeriod, BillingDone]):
+    """Issue 41 section 4: one charge a run, a month's wait, then continue as new (the
+    compensations carried); a refused charge undoes every run's, last first."""
+
+    name = "monthly-billing"
+
+    async def run(self, ctx: SagaContext, billing: BillingPeriod) -> BillingDone:
+        await ctx.step(
+            "charge",
+            to="payments",
+            command=ChargePeriod(customer=billing.customer, period=billing.period),
+            compensate=RefundPeriod(customer=billing.customer, period=billing.period),
+        )
+        if billing.period + 1 >= billing.periods:
+            return BillingDone(periods=billing.periods)
+        await ctx.sleep(timedelta(days=30))
+        return await ctx.continue_as_new(billing.model_copy(update={"period": billing.period + 1}))

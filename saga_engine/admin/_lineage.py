@@ -20,8 +20,9 @@ from saga_engine.admin._schemas import (
 )
 from saga_engine.core.history._codec import Undecodable
 from saga_engine.core.history._decision import CHILD_PARTICIPANT, CHILD_STEP_PREFIX, child_saga_id
-from saga_engine.core.history._events import CommandIssued, Event, SagaStarted
+from saga_engine.core.history._events import CommandIssued, Event, RunContinued, SagaStarted
 from saga_engine.core.runtime._start import RERUN_ATTRIBUTE
+from saga_engine.core.runtime._state import id_scope
 from saga_engine.kernel._errors import CodecError, SagaNotFound
 from saga_engine.store._store import EventStore, SagaFilter
 
@@ -38,9 +39,12 @@ def children_of(saga_id: str, events: Sequence[Event]) -> list[tuple[str, str, s
     payload is encrypted and this process lacks the key (the type is then read from the
     child's own record)."""
     seen: dict[str, tuple[str, str, str]] = {}
+    scope = saga_id
     for event in events:
+        if isinstance(event, RunContinued):  # a later run's children derive from it
+            scope = id_scope(saga_id, event.run)
         if isinstance(event, CommandIssued) and event.participant == CHILD_PARTICIPANT:
-            child_id = child_saga_id(saga_id, event.step.removeprefix(CHILD_STEP_PREFIX))
+            child_id = child_saga_id(scope, event.step.removeprefix(CHILD_STEP_PREFIX))
             if child_id not in seen:
                 saga_type = event.payload.get("saga_type")
                 seen[child_id] = (
@@ -123,7 +127,9 @@ async def _started(store: EventStore, saga_id: str) -> Event:
 async def _node(store: EventStore, saga_id: str, step: str, budget: list[int]) -> LineageNode:
     budget[0] -= 1
     # Read as an operator reads: a payload this process cannot decode is shown as such.
-    loaded = await store.load(saga_id, undecodable=Undecodable.SHOW)
+    # Its current run only (the children it started in runs before are not listed): a
+    # saga that loops for years keeps its lineage as small as one run.
+    loaded = await store.load_run(saga_id, undecodable=Undecodable.SHOW)
     events = [stored.event for stored in loaded.events]
     node = LineageNode(
         saga_id=saga_id,

@@ -50,3 +50,10 @@ async def load(store: EventStore, saga_id: str) -> tuple[SagaRecord, list[Event]
     # (with its key id), not a 500 (docs/operations.md, "Encrypting payloads").
     loaded = await store.load(saga_ref(saga_id), undecodable=Undecodable.SHOW)
     return loaded.record, [stored.event for stored in loaded.events]
+
+
+async def load_run(store: EventStore, saga_id: str) -> tuple[SagaRecord, list[Event]]:
+    """As ``load``, the current run only (``EventStore.load_run``): what an operator's
+    view of one saga reads, whatever the length of its life."""
+    loaded = await store.load_run(saga_ref(saga_id), undecodable=Undecodable.SHOW)
+    return loaded.record, [stored.event for stored in loaded.events]

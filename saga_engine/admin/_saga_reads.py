@@ -15,7 +15,14 @@ from fastapi.responses import Response
 from saga_engine.admin._deps import PartsDep
 from saga_engine.admin._lineage import children, reruns, tree
 from saga_engine.admin._listing import attribute_filters, saga_page
-from saga_engine.admin._route_helpers import READ_ERRORS, SagaIdPath, errors, load, saga_ref
+from saga_engine.admin._route_helpers import (
+    READ_ERRORS,
+    SagaIdPath,
+    errors,
+    load,
+    load_run,
+    saga_ref,
+)
 from saga_engine.admin._schemas import (
     HistoryDocument,
     LineageNode,
@@ -23,7 +30,7 @@ from saga_engine.admin._schemas import (
     SagaGraph,
     SagaPage,
 )
-from saga_engine.admin._views import awaited, detail, graph_of, view_of
+from saga_engine.admin._views import awaited, detail, graph_of, view_of, with_runs
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.planning._replay import export_history
 from saga_engine.kernel._input_types import Instant, StorableText, check_time_range
@@ -130,14 +137,15 @@ async def get_saga(
 ) -> SagaDetail:
     """Status, input, output or error, current step, what it waits for (``waiting_for``),
     the commands in flight, pending compensations, next wake-up."""
-    record, events = await load(parts.store, saga)
-    return detail(
+    record, events = await load_run(parts.store, saga)  # its current run: flat
+    found = detail(
         record,
         events,
         awaited(parts.registry, record, events),
         await children(parts.store, record.saga_id, events),
         await reruns(parts.store, record.saga_id),
     )
+    return await with_runs(parts.store, found, parts.settings.engine.continue_as_new_after)
 
 
 @router.get(

@@ -220,6 +220,14 @@ class LineageNode(BaseModel):
     )
 
 
+class RunInfo(BaseModel):
+    """One run of a saga (``ctx.continue_as_new`` begins the next)."""
+
+    run: int = Field(description="Its number: the saga's first run is 1.")
+    first_seq: int = Field(description="The sequence number of its first event.")
+    events: int = Field(description="How many events it has.")
+
+
 class SagaDetail(SagaSummary):
     input: dict[str, Any]
     output: dict[str, Any] | None = None
@@ -264,6 +272,21 @@ class SagaDetail(SagaSummary):
         default_factory=list,
         description="Forward steps parked for an operator (retry, maybe with an edited "
         "command, or skip).",
+    )
+    run: int = Field(
+        default=1,
+        description="The run shown (ctx.continue_as_new began it): `events` are its own, "
+        "after its saga_started.",
+    )
+    runs: list[RunInfo] = Field(
+        default_factory=list,
+        description="The saga's chain of runs, first to current (one for a saga that never "
+        "continued as new).",
+    )
+    history_warning: str | None = Field(
+        default=None,
+        description="Set when its current run's history has passed "
+        "engine.continue_as_new_after events without continuing as new.",
     )
 
 

@@ -13,6 +13,7 @@ from saga_engine.admin._schemas import (
     ChildRef,
     InFlightCommand,
     PendingCompensation,
+    RunInfo,
     SagaAction,
     SagaDetail,
     SagaListItem,
@@ -27,7 +28,7 @@ from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.core.views._graph_view import GraphState, declared_graph, graph_state
 from saga_engine.core.views._view import SagaView, Wait, saga_view_of
 from saga_engine.kernel._errors import SagaError
-from saga_engine.store._store import SagaRecord
+from saga_engine.store._store import EventStore, SagaRecord
 
 
 def summary(record: SagaRecord) -> SagaSummary:
@@ -133,6 +134,7 @@ def detail_of(
         reruns=list(reruns),
         pivot_step=view.pivot_step,
         past_pivot=view.past_pivot,
+        run=view.run,
         parked_steps=list(view.parked_steps),
     )
 
@@ -144,3 +146,23 @@ def graph_of(
     None for a saga written as code (UnknownSagaType for a type not deployed here)."""
     graph = declared_graph(registry.for_history(record.saga_type, events))
     return None if graph is None else graph_state(graph, view, events)
+
+
+async def with_runs(store: EventStore, detail: SagaDetail, bound: int) -> SagaDetail:
+    """``detail`` with the saga's chain of runs, and a warning when its current run has
+    passed ``bound`` events (``engine.continue_as_new_after``) without continuing."""
+    runs = await store.runs(detail.saga_id)
+    current = runs[-1].events if runs else detail.events
+    warning = (
+        f"its run {len(runs)} has {current} events, past engine.continue_as_new_after="
+        f"{bound}: its memory and replay time grow with it; its code should call "
+        "ctx.continue_as_new when ctx.should_continue_as_new() (docs/continue-as-new.md)"
+        if current >= bound and not detail.status.is_terminal
+        else None
+    )
+    return detail.model_copy(
+        update={
+            "runs": [RunInfo(run=r.run, first_seq=r.first_seq, events=r.events) for r in runs],
+            "history_warning": warning,
+        }
+    )

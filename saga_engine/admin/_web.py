@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from importlib import resources
 from typing import Annotated, Any, Literal
@@ -54,8 +54,8 @@ from saga_engine.admin._graph_svg import declared_svg
 from saga_engine.admin._http_errors import HttpMiddleware
 from saga_engine.admin._lineage import children, reruns, tree
 from saga_engine.admin._listing import attribute_filters, saga_page
-from saga_engine.admin._timeline import relative, span_text, timeline
-from saga_engine.admin._views import awaited, detail_of, graph_of, view_of
+from saga_engine.admin._timeline import TimelineChart, relative, span_text, timeline
+from saga_engine.admin._views import awaited, detail_of, graph_of, view_of, with_runs
 from saga_engine.admin._web_updates import query_answers, update_forms
 from saga_engine.core.authoring._definition import SagaRegistry
 from saga_engine.core.history._codec import Undecodable
@@ -68,7 +68,7 @@ from saga_engine.kernel._errors import InvalidTransition, SagaError, UnknownSaga
 from saga_engine.kernel._input_types import StorableText, Text
 from saga_engine.kernel._settings import AdminSettings
 from saga_engine.runner._parts import EngineParts
-from saga_engine.store._store import SagaFilter, SagaRecord
+from saga_engine.store._store import SagaFilter, SagaRecord, StoredEvent
 
 __all__ = ["SecurityHeadersMiddleware", "web_router"]
 
@@ -430,16 +430,21 @@ async def _saga_page(
     request: Request, parts: EngineParts, user: Principal | None, saga_id: str
 ) -> HTMLResponse:
     # An impossible id is not found there; what cannot be decoded shows as encrypted.
-    loaded = await parts.store.load(saga_id, undecodable=Undecodable.SHOW)
+    # Its current run only (a saga that continued as new shows its chain of runs).
+    loaded = await parts.store.load_run(saga_id, undecodable=Undecodable.SHOW)
     events = [stored.event for stored in loaded.events]
     record = loaded.record
     view = view_of(record, events, awaited(parts.registry, record, events))
-    info = detail_of(
-        record,
-        view,
-        events,
-        await children(parts.store, record.saga_id, events),
-        await reruns(parts.store, record.saga_id),
+    info = await with_runs(
+        parts.store,
+        detail_of(
+            record,
+            view,
+            events,
+            await children(parts.store, record.saga_id, events),
+            await reruns(parts.store, record.saga_id),
+        ),
+        parts.settings.engine.continue_as_new_after,
     )
     root = _root(request)
     api = f"{root}/sagas/{quote(record.saga_id, safe='')}"
@@ -461,11 +466,8 @@ async def _saga_page(
         # while it runs (it may emit).
         progress_shown=not view.status.is_terminal
         or any(isinstance(event, ProgressEmitted) for event in events),
-        timeline=timeline(view, now=None if view.status.is_terminal else now),
-        events=[
-            (seq, event, event_line(event), event.model_dump(mode="json", exclude={"at", "kind"}))
-            for seq, event in enumerate(events, start=1)
-        ],
+        **_timeline_page(request, timeline(view, now=None if view.status.is_terminal else now)),
+        **_history_page(request, loaded.events),
         actions=_actions(view),
         signals=_signals(parts.registry, record.saga_type) if _offers(view, "signal") else [],
         # Updates go where signals go: to a saga still going forward.
@@ -476,6 +478,51 @@ async def _saga_page(
         urlencode=urlencode,  # the links to the domain events and key pages, filtered
         **_graph_drawing(parts, record, view, events),
     )
+
+
+#: The history table shows this many events at a time: a saga with a long run (one that
+#: never continued as new) keeps a page of a bounded size.
+HISTORY_PAGE = 200
+
+
+#: The timeline shows this many rows (steps, waits) at a time.
+TIMELINE_PAGE = 100
+
+
+def _timeline_page(request: Request, chart: TimelineChart) -> dict[str, Any]:
+    """One page of the timeline's rows (``?timeline_page=N``, from 1; the last, the
+    newest rows, by default): a long run's page stays small, its axis the run's."""
+    pages = max(1, -(-len(chart.rows) // TIMELINE_PAGE))
+    asked = request.query_params.get("timeline_page", "")
+    page = min(max(int(asked), 1), pages) if asked.isdigit() else pages
+    rows = chart.rows[(page - 1) * TIMELINE_PAGE : page * TIMELINE_PAGE]
+    return {
+        "timeline": replace(chart, rows=rows),
+        "timeline_page": page,
+        "timeline_pages": pages,
+    }
+
+
+def _history_page(request: Request, stored: list[StoredEvent]) -> dict[str, Any]:
+    """One page of the run's events for the history table (``?events_page=N``, from 1;
+    the last page, the newest events, by default), numbered as the store numbers them."""
+    pages = max(1, -(-len(stored) // HISTORY_PAGE))
+    asked = request.query_params.get("events_page", "")
+    page = min(max(int(asked), 1), pages) if asked.isdigit() else pages
+    shown = stored[(page - 1) * HISTORY_PAGE : page * HISTORY_PAGE]
+    return {
+        "events": [
+            (
+                s.seq,
+                s.event,
+                event_line(s.event),
+                s.event.model_dump(mode="json", exclude={"at", "kind"}),
+            )
+            for s in shown
+        ],
+        "events_page": page,
+        "events_pages": pages,
+    }
 
 
 def _graph_drawing(

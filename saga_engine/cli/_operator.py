@@ -232,9 +232,18 @@ def history(
     saga_id: Annotated[str, typer.Argument(help="The saga's id.")],
     admin_url: AdminUrl = None,
     as_json: JsonOpt = False,
+    all_runs: Annotated[
+        bool,
+        typer.Option(
+            "--all-runs",
+            help="Every run of a saga that continued as new, with its run number (else "
+            "its saga_started and its current run).",
+        ),
+    ] = False,
 ) -> None:
     """Print a saga's history, one line per event with the gist of its payload (with
-    --json: the export that `saga replay` reads)."""
+    --json: the export that `saga replay` reads). A saga that continued as new shows its
+    current run, and the chain of its runs; --all-runs shows every run."""
     from saga_engine.core.planning._replay import load_history
     from saga_engine.core.views._event_lines import event_line
 
@@ -243,9 +252,24 @@ def history(
         print_json(exported)
         return
     events = run_sync(lambda: load_history(exported).events)
-    rows = [(str(seq), e.at.isoformat(), e.kind, event_line(e)) for seq, e in enumerate(events, 1)]
+    numbered, run, starts = [], 1, [1]
+    for seq, e in enumerate(events, 1):
+        if e.kind == "run_continued":
+            run += 1
+            starts.append(seq)
+        numbered.append((seq, run, e))
+    shown = numbered if all_runs else [n for n in numbered if n[0] == 1 or n[1] == run]
+    rows = [(str(seq), str(r), e.at.isoformat(), e.kind, event_line(e)) for seq, r, e in shown]
     title = f"{exported['saga_type']} {exported['saga_id']}"
-    out.print(make_table(title, ("#", "at", "event", "gist"), rows))
+    out.print(make_table(title, ("#", "run", "at", "event", "gist"), rows))
+    if run > 1:
+        ends = [*(seq - 1 for seq in starts[1:]), len(events)]
+        chain = ", ".join(
+            f"run {i} ({end - start + 1} events from #{start})"
+            for i, (start, end) in enumerate(zip(starts, ends, strict=True), 1)
+        )
+        hint = "" if all_runs else "; --all-runs shows every run"
+        out.print(f"runs: {chain}{hint}")
 
 
 def _json_object(text: str, what: str) -> dict[str, Any]:

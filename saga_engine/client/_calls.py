@@ -84,7 +84,7 @@ async def replayed_query(
     store: EventStore, saga_cls: type[Saga[Any, Any]], saga_id: str, name: str, args: JsonDict
 ) -> Any:
     """The query's answer from the saga's history, replayed here with ``saga_cls``."""
-    loaded = await store.load(saga_id)
+    loaded = await store.load_run(saga_id)
     events = [stored.event for stored in loaded.events]
     runtime, _ = SagaRuntime.replay(SagaDefinition.of(saga_cls), saga_id, events)
     try:
@@ -226,7 +226,7 @@ async def refuse_early(
     engine than this client reads: the engine decides (a refusal is then a dead letter
     saying why)."""
     try:
-        loaded = await (await store()).load(saga_id)
+        loaded = await (await store()).load_run(saga_id)
     except (SagaNotFound, TransientError, MigrationError, NewerVersionError):
         return
     view = saga_view_of([stored.event for stored in loaded.events], saga_id=saga_id)

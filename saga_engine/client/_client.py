@@ -511,7 +511,7 @@ class SagaClient:
             await asyncio.sleep(delay)
         if record.status != SagaStatus.COMPLETED:
             raise SagaUnsuccessful(saga_id, record.status.value, record.error)
-        loaded = await store.load(saga_id)
+        loaded = await store.load_run(saga_id)
         ended = loaded.events[-1].event
         output = ended.output if isinstance(ended, SagaCompleted) else {}
         if saga is None:

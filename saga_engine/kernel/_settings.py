@@ -198,6 +198,11 @@ class EngineSettings(BaseModel):
     #: How often housekeeping adds the runs that ended since to the insights' aggregates
     #: (migration 0015; a read of the insights adds them first anyway).
     insights_rollup_s: float = Field(default=2.0, gt=0, le=3600)
+    #: The events in one run of a saga past which ``ctx.should_continue_as_new()`` says
+    #: True, and past which the engine warns (a log line, and the saga's admin view and
+    #: page) that the saga's history grows without continuing as new
+    #: (docs/continue-as-new.md).
+    continue_as_new_after: int = Field(default=10_000, ge=10)
 
 
 class ScheduleSettings(BaseModel):

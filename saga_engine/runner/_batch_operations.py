@@ -224,7 +224,7 @@ class BatchOperationRunner:
         """Acts on one saga, unless its history shows the operation did already (None:
         a saga the operation started itself, passed over)."""
         try:
-            loaded = await self._sagas.load(saga_id)
+            loaded = await self._sagas.load_run(saga_id)
             events: list[object] = [stored.event for stored in loaded.events]
             if started_by(events, op.operation_id):
                 return None, None

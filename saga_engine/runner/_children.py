@@ -160,7 +160,7 @@ class ChildLinks:
         return True
 
     async def _history(self, saga_id: str) -> list[Event]:
-        loaded = await self._store.load(saga_id)
+        loaded = await self._store.load_run(saga_id)
         return [stored.event for stored in loaded.events]
 
     async def undo_child(self, saga_id: str, command_id: str, parent_id: str, reason: str) -> None:

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from saga_engine.core.history._decision import OutboundCommand
+from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.kernel._errors import PermanentError
 from saga_engine.runner._cache import LiveSaga
 from saga_engine.runner._observer import Applied
@@ -173,6 +174,7 @@ class Effects:
             self.forget(work)
             self._reload_soon(work.saga_id, 0.5)
             return
+        _warn_long_run(work.saga_id, live.runtime, len(work.events))
         if self._flow is not None:
             # Permits of attempts now over (an adaptive limit learns how they ended).
             self._flow.settle(work.saga_id, live.runtime, work.events)
@@ -189,3 +191,24 @@ class Effects:
     def _crash(self, point: str) -> None:
         if self._crash_hook is not None:
             self._crash_hook(point)
+
+
+def _warn_long_run(saga_id: str, runtime: SagaRuntime, added: int) -> None:
+    """Warns once, as a run's history passes the bound (``engine.continue_as_new_after``)
+    without the saga continuing as new: its memory and replay time grow with it. The
+    saga's admin view and page say so too (``history_warning``)."""
+    bound = runtime.limit.run_events if runtime.limit is not None else None
+    if bound is None or not added:
+        return
+    events = runtime.run_events
+    if events - added < bound <= events and events > added:
+        log.warning(
+            "saga %s (%s): run %d has %d events, past engine.continue_as_new_after=%d: its "
+            "memory and replay time grow with it; have its code call ctx.continue_as_new "
+            "when ctx.should_continue_as_new() (docs/continue-as-new.md)",
+            saga_id,
+            runtime.saga_type,
+            runtime.run,
+            events,
+            bound,
+        )

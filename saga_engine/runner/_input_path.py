@@ -316,7 +316,7 @@ class InputPath:
         """Rebuilds the saga from its history and holds it (``rebuild``: in place of the
         copy held, whose spans of commands still in flight carry on)."""
         saga_id = work.saga_id
-        loaded = await self._store.load(saga_id)
+        loaded = await self._store.load_run(saga_id)
         events = [stored.event for stored in loaded.events]
         definition = self._registry.for_history(loaded.record.saga_type, events)
         # A saga the code deployed here cannot drive is parked now, not at its last event.

@@ -125,7 +125,11 @@ class EngineParts:
             crash_hook=crash_hook,
             matcher=matcher,
             command_limit=CommandLimit(
-                settings.kafka.max_message_bytes, command_size, settings.limits, learned.cost
+                settings.kafka.max_message_bytes,
+                command_size,
+                settings.limits,
+                learned.cost,
+                settings.engine.continue_as_new_after,
             ),
             learned=learned,
         )

@@ -29,7 +29,7 @@ async def answer_of(
     found = recorded_answer(events, update_id)
     if found is not None:
         return found
-    loaded = await store.load(saga_id)
+    loaded = await store.load_run(saga_id)
     return recorded_answer((stored.event for stored in loaded.events), update_id)
 
 
@@ -51,7 +51,7 @@ async def ask(
             record = await store.get(saga_id)
             if record.last_seq == held.committed_seq == held.runtime.last_seq:
                 return held.runtime.query(name, args)
-    loaded = await store.load(saga_id)
+    loaded = await store.load_run(saga_id)
     events = [stored.event for stored in loaded.events]
     definition = registry.for_history(loaded.record.saga_type, events)
     # A copy: what its replay would record (a park) is dropped, never written.

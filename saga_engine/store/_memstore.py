@@ -43,12 +43,14 @@ from saga_engine.store._store import (
     NewSaga,
     OpenSummary,
     Projection,
+    RunSpan,
     SagaFilter,
     SagaRecord,
     StoredEvent,
     as_utc,
     check_lookup,
     check_new_saga_id,
+    run_spans,
     wake_slot,
 )
 
@@ -76,6 +78,8 @@ class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots, InMemoryInsights):
         self._records: dict[str, SagaRecord] = {}
         self._key_rows = {}
         self._events: dict[str, list[StoredEvent]] = {}
+        #: Where each saga's runs after its first begin (its run_continued events).
+        self._runs: dict[str, list[int]] = {}
         #: When each ended saga ended (the Postgres store's ended_at): retention's order.
         self._ended: dict[str, datetime] = {}
         #: (saga id, created at) -> gzipped export, as saga_archive's key.
@@ -114,6 +118,7 @@ class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots, InMemoryInsights):
                 now,
             )
             self._count_run(new.saga_id, self._events[new.saga_id])
+            self._note_runs(new.saga_id, self._events[new.saga_id])
             return True
 
     async def append(self, append: Append) -> int:
@@ -129,6 +134,7 @@ class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots, InMemoryInsights):
             for event in events:
                 stored.append(StoredEvent(len(stored) + 1, event))
             self._count_run(append.saga_id, stored[first:])
+            self._note_runs(append.saga_id, stored[first:])
             now = self._now(events) if events else record.updated_at
             self._records[append.saga_id] = self._ends(record, append.projection, len(stored), now)
             return len(stored)
@@ -165,6 +171,30 @@ class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots, InMemoryInsights):
                 for s in self._events[saga_id]
             ],
         )
+
+    async def load_run(
+        self, saga_id: str, *, undecodable: Undecodable = Undecodable.RAISE
+    ) -> LoadedSaga:
+        record = await self.get(saga_id)
+        stored = self._events[saga_id]
+        begins = self._run_starts(saga_id)[-1]
+        picked = stored[:1] + stored[max(begins, 2) - 1 :]
+        return LoadedSaga(
+            record, [StoredEvent(s.seq, _copy(s.event, self._codec, undecodable)) for s in picked]
+        )
+
+    def _run_starts(self, saga_id: str) -> list[int]:
+        """Where its runs begin (kept as events are stored, as Postgres keeps an index)."""
+        return [1, *self._runs.get(saga_id, ())]
+
+    def _note_runs(self, saga_id: str, stored: list[StoredEvent]) -> None:
+        begun = [s.seq for s in stored if s.event.kind == "run_continued"]
+        if begun:
+            self._runs.setdefault(saga_id, []).extend(begun)
+
+    async def runs(self, saga_id: str) -> list[RunSpan]:
+        record = await self.get(saga_id)
+        return run_spans(self._run_starts(saga_id)[1:], record.last_seq)
 
     async def load_after(
         self,
@@ -317,6 +347,7 @@ class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots, InMemoryInsights):
         for saga_id in gone:
             del self._records[saga_id]
             self._events.pop(saga_id, None)
+            self._runs.pop(saga_id, None)
             self._ended.pop(saga_id, None)
         return len(gone)
 

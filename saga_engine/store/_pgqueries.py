@@ -27,10 +27,12 @@ from saga_engine.store._pgblobs import stored_events_of
 from saga_engine.store._store import (
     LoadedSaga,
     OpenSummary,
+    RunSpan,
     SagaRecord,
     StoredEvent,
     as_utc,
     check_lookup,
+    run_spans,
 )
 
 _PARKED_STATUSES: Final = [s.value for s in SagaStatus if s.is_parked]
@@ -46,6 +48,20 @@ _HISTORY_AFTER: Final = (
     "AND ($3::text[] IS NULL OR kind = ANY($3)) ORDER BY seq"
 )
 
+#: Its current run: seq 1 (its saga_started) and the events from its latest
+#: run_continued on (migration 0019's partial index finds it), up to last_seq ($2).
+_CURRENT_RUN: Final = """
+SELECT seq, data FROM saga_events
+WHERE saga_id = $1 AND seq <= $2 AND (seq = 1 OR seq >= coalesce((
+    SELECT max(seq) FROM saga_events
+    WHERE saga_id = $1 AND kind = 'run_continued' AND seq <= $2), 1))
+ORDER BY seq
+"""
+#: Where its runs begin (migration 0019's partial index).
+_RUN_STARTS: Final = (
+    "SELECT seq FROM saga_events WHERE saga_id = $1 AND kind = 'run_continued' ORDER BY seq"
+)
+
 
 class PostgresReads:
     """Mixed into PostgresEventStore: the reads, over its pool."""
@@ -58,6 +74,21 @@ class PostgresReads:
         self, saga_id: str, *, undecodable: Undecodable = Undecodable.RAISE
     ) -> LoadedSaga:
         return await self._load(saga_id, _WHOLE_HISTORY, (saga_id,), undecodable)
+
+    async def load_run(
+        self, saga_id: str, *, undecodable: Undecodable = Undecodable.RAISE
+    ) -> LoadedSaga:
+        return await self._load(saga_id, _CURRENT_RUN, (saga_id,), undecodable)
+
+    async def runs(self, saga_id: str) -> list[RunSpan]:
+        check_lookup(saga_id)
+        with _unavailable_as_transient():
+            async with self._pool.acquire() as conn:
+                row = await conn.fetchrow("SELECT last_seq FROM sagas WHERE saga_id = $1", saga_id)
+                if row is None:
+                    raise SagaNotFound(saga_id)
+                starts = await conn.fetch(_RUN_STARTS, saga_id)
+        return run_spans([r["seq"] for r in starts if r["seq"] <= row["last_seq"]], row["last_seq"])
 
     async def load_after(
         self,

@@ -203,6 +203,24 @@ class Append:
 
 
 @dataclass(frozen=True, slots=True)
+class RunSpan:
+    """One run of a saga (``ctx.continue_as_new``): its number (the first is 1), the
+    sequence number of its first event, and how many events it has."""
+
+    run: int
+    first_seq: int
+    events: int
+
+
+def run_spans(continued_seqs: Sequence[int], last_seq: int) -> list[RunSpan]:
+    """The runs of a saga whose ``run_continued`` events are at ``continued_seqs`` (in
+    order), its history ending at ``last_seq``."""
+    starts = [1, *continued_seqs]
+    ends = [*(seq - 1 for seq in continued_seqs), last_seq]
+    return [RunSpan(i + 1, a, b - a + 1) for i, (a, b) in enumerate(zip(starts, ends, strict=True))]
+
+
+@dataclass(frozen=True, slots=True)
 class LoadedSaga:
     record: SagaRecord
     events: list[StoredEvent] = field(default_factory=list)
@@ -230,6 +248,20 @@ class EventStore(Protocol):
         A payload sealed by a codec is decoded; one the store cannot decode raises
         CodecError, or with ``Undecodable.SHOW`` (operators' reads) is shown as
         ``{"$encrypted": {...}}``."""
+        ...
+
+    async def load_run(
+        self, saga_id: str, *, undecodable: Undecodable = Undecodable.RAISE
+    ) -> LoadedSaga:
+        """The saga's record and its current run: its ``saga_started``, then its events
+        from its latest ``run_continued`` on (the whole history for a saga that never
+        continued as new). What the engine drives a saga from: one run, however long the
+        saga has lived (``ctx.continue_as_new``)."""
+        ...
+
+    async def runs(self, saga_id: str) -> list[RunSpan]:
+        """The saga's runs, first to current: where each begins and how many events it
+        has. Raises SagaNotFound."""
         ...
 
     async def load_after(

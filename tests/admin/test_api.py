@@ -720,6 +720,7 @@ async def test_an_unavailable_store_is_503_with_retry_after(
         raise TransientError("Postgres is unavailable")
 
     monkeypatch.setattr(admin.env.store, "load", away)
+    monkeypatch.setattr(admin.env.store, "load_run", away)  # (a saga's view reads its run)
     response = await admin.http.get("/sagas/x", headers=READER)
     assert response.status_code == 503
     assert response.headers["retry-after"] == "2"

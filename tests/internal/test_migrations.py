@@ -48,6 +48,7 @@ PINNED = {
     16: "0fccc5716ec2b7f420ac5e1be4ae3e45da4a4a3baba273fab189036150c4f03c",
     17: "5166a02f524ebddb451138b96ff775ab6c922e1c8ecd0d0124d3714351603745",
     18: "ba7b4430241495b812c4397d3e74bc6230662aaaba8bb8c3d82e476805c3d52f",
+    19: "4862f475c7a0469b588a77d0b9354e8a99d4818ce3f2842e858aa015411eec55",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant/migrations).
 PINNED_PARTICIPANT = {
@@ -420,7 +421,7 @@ async def test_0017_makes_the_insights_from_before_flow_policy_1s(
     conn = await asyncpg.connect(pg.dsn)
     try:
         await conn.execute(row.format("", ""), bucket, 5, [0] * BUCKETS)
-        assert await migrate(pg.database_dsn, pg.schema) == [17, 18]
+        assert await migrate(pg.database_dsn, pg.schema) == [17, 18, 19]
         assert await conn.fetchval("SELECT flow_policy FROM saga_insights") == 1
         await conn.execute(row.format(", flow_policy", ", 2"), bucket, 3, [0] * BUCKETS)
         with pytest.raises(asyncpg.exceptions.UniqueViolationError):

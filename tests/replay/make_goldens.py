@@ -3,6 +3,7 @@
     .venv/bin/python -m tests.replay.make_goldens          # all of them
     .venv/bin/python -m tests.replay.make_goldens races    # the races' only (issue 41)
     .venv/bin/python -m tests.replay.make_goldens callbacks  # the callbacks' only (issue 41)
+    .venv/bin/python -m tests.replay.make_goldens continued  # continue-as-new's only (issue 41)
 
 Run it only when a change of history format is intended: the point of the golden
 files is that histories recorded by older code keep replaying. Never regenerate the
@@ -24,14 +25,18 @@ from saga_engine.replay import export_history
 from saga_engine.testing import SagaRun, SagaTestEnv
 from tests.sagas import (
     Approval,
+    BillingPeriod,
     Capture,
+    ChargePeriod,
     CheckoutRequest,
     KycCheck,
     KycRequest,
+    MonthlyBilling,
     OrderRequest,
     PlaceOrder,
     QuoteShipping,
     RaceCheckout,
+    RefundPeriod,
     ReleaseStock,
     ReserveStock,
     ShippingQuote,
@@ -148,11 +153,34 @@ async def callbacks() -> None:
     await _export(env, run, "callback-kyc-timed-out", KycCheck.name)
 
 
+async def continued() -> None:
+    """Continue-as-new (issue 41 section 4): three runs that complete, and three whose
+    last charge is refused (the runs before refunded, last first)."""
+    for name, refused in (
+        ("continued-billing-completed", False),
+        ("continued-billing-compensated", True),
+    ):
+        env = SagaTestEnv([MonthlyBilling])
+        payments = env.participant("payments").on(ChargePeriod, reply={}).on(RefundPeriod, reply={})
+        if refused:
+            payments.on(ChargePeriod, reject="card expired", times=1)
+            payments.on(ChargePeriod, reply={}, times=2)
+        run = await env.start(
+            MonthlyBilling, BillingPeriod(customer="c-1"), saga_id=f"golden-{name}"
+        )
+        for _ in range(3):
+            await env.advance(timedelta(days=30))
+        await _export(env, run, name, MonthlyBilling.name)
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["callbacks"]:
         asyncio.run(callbacks())
+    elif sys.argv[1:] == ["continued"]:
+        asyncio.run(continued())
     else:
         if sys.argv[1:] != ["races"]:
             asyncio.run(main())
         asyncio.run(races())
         asyncio.run(callbacks())
+        asyncio.run(continued())

@@ -14,13 +14,19 @@ from saga_engine.cli import app
 from saga_engine.events import EVENT_TYPES, SagaStarted
 from saga_engine.replay import export_history, load_history, replay
 from saga_engine.testing import SagaTestEnv
-from tests.sagas import KycCheck, PlaceOrder, RaceCheckout, WaitCheckout
+from tests.sagas import KycCheck, MonthlyBilling, PlaceOrder, RaceCheckout, WaitCheckout
 
 HISTORIES = Path(__file__).parent / "histories"
 GOOD = sorted(p for p in HISTORIES.glob("*.json") if not p.name.endswith(".BAD.json"))
 BAD = sorted(HISTORIES.glob("*.BAD.json"))
 #: The sagas the goldens were recorded by.
-SAGAS: list[type[Saga[Any, Any]]] = [PlaceOrder, RaceCheckout, WaitCheckout, KycCheck]
+SAGAS: list[type[Saga[Any, Any]]] = [
+    PlaceOrder,
+    RaceCheckout,
+    WaitCheckout,
+    KycCheck,
+    MonthlyBilling,
+]
 #: The callbacks' goldens were signed with the testing kit's key (their URLs, carried by
 #: a step's command, must derive the same on replay).
 CALLBACK_KEYS = SagaTestEnv([]).settings.callbacks
@@ -36,6 +42,8 @@ def test_the_goldens_cover_both_ends_a_signal_and_a_timer() -> None:
     assert {"signal_received", "timer_fired", "compensation_completed"} <= kinds
     # A race's loser given up and refunded (issue 41), a callback answered.
     assert {"step_abandoned", "callback_awaited", "callback_received"} <= kinds
+    # A saga that continued as new, its compensations carried across runs (issue 41).
+    assert "run_continued" in kinds
 
 
 @pytest.mark.parametrize("path", GOOD, ids=lambda p: p.stem)

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, overload
+from typing import Any, ClassVar, Generic, Literal, NoReturn, Protocol, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -253,6 +253,12 @@ class SagaDriver(Protocol):
     def op_first(self, racers: Mapping[str, object]) -> Coroutine[Any, Any, Winner[Any]]: ...
 
     def op_timeout(self, delta: timedelta) -> AbstractAsyncContextManager[None]: ...
+
+    def op_continue_as_new(
+        self, state: BaseModel | JsonDict, carry: bool
+    ) -> Coroutine[Any, Any, NoReturn]: ...
+
+    def op_should_continue_as_new(self) -> bool: ...
 
     def op_patched(self, patch_id: str) -> bool: ...
 
@@ -721,6 +727,32 @@ class SagaContext:
         nothing is recorded). See docs/progress.md.
         """
         return await self._driver.op_emit(topic, payload)
+
+    async def continue_as_new(
+        self, state: BaseModel | JsonDict, *, carry_compensations: bool = True
+    ) -> NoReturn:
+        """Ends this run and starts the saga's next run, same saga id, with ``state`` as
+        its input (checked by the saga's input model). Never returns: ``run`` starts
+        again from the top with ``state``, and the history is read from here on (a saga
+        that loops for years keeps its memory and replay time to one run)::
+
+            if ctx.should_continue_as_new():
+                await ctx.continue_as_new(Billing(period=period + 1))
+
+        Signals, queries, updates, children's links, the idempotency key and the
+        concurrency slot stay with the saga id. The compensations owed so far are carried
+        into the next run and undone, if it unwinds, in the order one long run would
+        have; ``carry_compensations=False`` drops them (an explicit commit point, like a
+        pivot). Refused while steps, children, timers, waits, updates or other tasks are
+        in flight: that parks the saga (``definition_error``) naming them. See
+        docs/continue-as-new.md.
+        """
+        await self._driver.op_continue_as_new(state, carry_compensations)
+
+    def should_continue_as_new(self) -> bool:
+        """True once this run's history has ``engine.continue_as_new_after`` events (10,000
+        by default): time to ``continue_as_new``."""
+        return self._driver.op_should_continue_as_new()
 
     def now(self) -> datetime:
         """The saga's deterministic time: when the event being handled happened."""

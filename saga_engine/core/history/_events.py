@@ -22,7 +22,7 @@ from pydantic_core import PydanticSerializationError
 from saga_engine.core.history._event_versions import UPCASTERS, VERSION_KEY, EventVersions
 from saga_engine.core.history._policy import RetryPolicy
 from saga_engine.kernel._errors import SerializationError
-from saga_engine.kernel._serde import JsonDict, dumps, loads
+from saga_engine.kernel._serde import JsonDict, canonical_hash, dumps, loads
 
 # The models events carry: an error as it is stored, a step's compensation, and
 # the links a start records (its parent, the trigger record, the saga it re-runs).
@@ -691,6 +691,67 @@ class PivotPassed(_Intent):
         return f"pivot {self.step!r} passed"
 
 
+class CarriedCompensation(BaseModel):
+    """A compensation a run owed when it continued as new (``run_continued``), carried
+    into the next run: undone, when the saga unwinds, in the order one long run would
+    have undone it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: The step, named with the run that applied it (``charge@run1``), so a later run
+    #: may use the same step name again.
+    step: str
+    spec: CompensationSpec
+    #: The forward command ids the step issued (its compensation names them).
+    forward_ids: list[str] = Field(default_factory=list)
+    #: When it began and was owed, on the saga's count of these moments (kept across
+    #: runs: ``run_continued.ticks``), which orders its undo.
+    began: int = 0
+    owed_at: int = 0
+    #: The steps a graph node declared it depends on (None: not a graph node).
+    after: list[str] | None = None
+    #: The run that applied it: its compensation's command ids are that run's.
+    run: int = 1
+
+
+class RunContinued(_Intent):
+    """The run ended by continuing as new (``ctx.continue_as_new``): this event closes
+    it and opens the saga's next run, ``run``, whose code starts again with ``input``.
+    It is the new run's first event: loading and replay read the saga from here (and its
+    ``saga_started``), never the runs before. What the new run inherits is recorded
+    here, once: the compensations still owed (``carried``; none with
+    ``carry_compensations=False``, a commit point), the saga's counters (progress
+    numbers, timer ids), signals received and not yet waited for, a passed pivot and a
+    held concurrency key."""
+
+    kind: Literal["run_continued"] = "run_continued"
+    #: The number of the run that begins here (the saga's first run is 1).
+    run: int
+    #: The sequence number of this event in the saga's history.
+    first_seq: int
+    input: JsonDict
+    carry_compensations: bool = True
+    carried: list[CarriedCompensation] = Field(default_factory=list)
+    #: The saga's count of undo moments (``SagaState.ticks``) and its counters by kind.
+    ticks: int = 0
+    counters: dict[str, int] = Field(default_factory=dict)
+    #: Signals received and not waited for yet, by name; the ids of the signals the
+    #: ended run received (a late copy of one is still recognised).
+    signals: dict[str, list[JsonDict]] = Field(default_factory=dict)
+    seen_signals: list[str] = Field(default_factory=list)
+    #: The pivot the saga passed (from there it only goes forward), if any.
+    pivot_step: str | None = None
+    #: The concurrency key the saga holds, if any.
+    key: str | None = None
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kind, self.run, canonical_hash(self.input), self.carry_compensations)
+
+    def describe(self) -> str:
+        carried = f", carrying {len(self.carried)} compensation(s)" if self.carried else ""
+        return f"continued as new: run {self.run}{carried}"
+
+
 class SagaCompleted(_Intent):
     kind: Literal["saga_completed"] = "saga_completed"
     output: JsonDict
@@ -758,7 +819,8 @@ Event = Annotated[
     | SagaCancelled
     | UpdateReceived
     | UpdateCompleted
-    | ProgressEmitted,
+    | ProgressEmitted
+    | RunContinued,
     Field(discriminator="kind"),
 ]
 
@@ -801,6 +863,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     ProgressEmitted,
     CallbackAwaited,
     CallbackReceived,
+    RunContinued,
 )
 
 TERMINAL_EVENTS = (SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled)

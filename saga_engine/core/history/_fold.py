@@ -48,6 +48,7 @@ from saga_engine.core.history._events import (
     PivotPassed,
     ReplyReceived,
     RetryRequested,
+    RunContinued,
     SagaCancelled,
     SagaCompensated,
     SagaCompleted,
@@ -256,6 +257,7 @@ class Fold:
         "parked_steps",
         "past_pivot",
         "pivot_step",
+        "run",
         "seen_events",
         "seen_signals",
         "started",
@@ -307,6 +309,8 @@ class Fold:
         self.callbacks_received: dict[str, str] = NO_CALLBACKS
         #: Its concurrency key, once the history says it queued for it or holds it.
         self.key: KeyHold | None = None
+        #: The run it is in (``run_continued`` begins the next; the first is 1).
+        self.run = 1
 
     def apply(self, event: Event) -> Settled:
         """Folds one event in; returns what it settled (see :data:`Settled`)."""
@@ -608,6 +612,22 @@ class Fold:
     def _on_key_queued(self, event: KeyQueued) -> None:
         self.key = KeyHold(event.key, behind=tuple(event.behind), position=event.position)
 
+    def _on_continued(self, event: RunContinued) -> None:
+        """The run ended by continuing as new: the next begins with nothing in flight
+        (``continue_as_new`` is refused while anything is), the deadline, a passed pivot
+        and a held key kept, and what a reader of one run needs from the runs before."""
+        self.run = event.run
+        self.current_step = None
+        self.inflight = {}
+        self.timers = {k: t for k, t in self.timers.items() if k == DEADLINE_TIMER}
+        self.issued_ids = NO_IDS
+        self.seen_signals = frozenset(event.seen_signals)
+        if event.pivot_step is not None:
+            self.pivot_step, self.past_pivot = event.pivot_step, True
+            self.timers.pop(DEADLINE_TIMER, None)
+        if event.key is not None:
+            self.key = KeyHold(event.key, held=True)
+
     def _on_key_acquired(self, event: KeyAcquired) -> None:
         self.key = KeyHold(event.key, held=True)
 
@@ -656,4 +676,5 @@ _HANDLERS: dict[type[Event], Callable[[Fold, Any], Settled]] = {
     DomainEventReceived: Fold._on_domain_event,
     CallbackAwaited: Fold._on_callback_awaited,
     CallbackReceived: Fold._on_callback,
+    RunContinued: Fold._on_continued,
 }

@@ -131,7 +131,10 @@ async def _run_user(s: SagaState, started: SagaStarted) -> Any:
     limit = s.definition.concurrency
     if limit is not None and key_value(limit, started.input) is not None:
         await _hold_key(s)
-    value = s.definition.input_type.model_validate(started.input)
+    # A run that continued as new starts from the input it was given (``_continuing``).
+    value = s.definition.input_type.model_validate(
+        started.input if s.run_input is None else s.run_input
+    )
     return await saga.run(s.ctx, value)
 
 

@@ -95,6 +95,9 @@ class CommandLimit:
     #: What a step of a saga type was measured to cost (``cost="learned"``): the
     #: runner's table of learned costs (None: a learned cost costs nothing).
     learned: Callable[[str, str], Cost | None] | None = None
+    #: The events in one run past which ``ctx.should_continue_as_new()`` says True
+    #: (``engine.continue_as_new_after``; None: ``_continuing.DEFAULT_RUN_EVENTS``).
+    run_events: int | None = None
 
     def refusal(self, command: OutboundCommand, what: str) -> str | None:
         """Why ``command`` cannot be sent (None: it fits)."""
@@ -186,8 +189,8 @@ def _check_size(
                 _outbound(s, request, spec.payload),
                 compensation=True,
                 command_type=spec.command_type,
-                command_id=command_id_for(s.saga_id, name, 0, compensation=True),
-                compensates=(command_id_for(s.saga_id, name, 0, compensation=False),),
+                command_id=command_id_for(s.scope, name, 0, compensation=True),
+                compensates=(command_id_for(s.scope, name, 0, compensation=False),),
             )
             error = limit.refusal(undo, f"the compensation of step {name!r}")
         if error is None:
@@ -279,7 +282,7 @@ def _outbound(s: SagaState, request: StepRequest, payload: JsonDict) -> Outbound
         participant=request.to,
         command_type=type_name(request.command),
         payload=payload,
-        command_id=command_id_for(s.saga_id, request.name, 0, compensation=False),
+        command_id=command_id_for(s.scope, request.name, 0, compensation=False),
         attempt=1,
         compensation=False,
         trace_context=s.trace_context,
@@ -384,7 +387,7 @@ def _issue(
             command_type=type_name(request.command),
             payload=payload,
             payload_hash=canonical_hash(payload),
-            command_id=command_id_for(s.saga_id, request.name, generation, compensation=False),
+            command_id=command_id_for(s.scope, request.name, generation, compensation=False),
             attempt=attempt,
             timeout_at=s.now + timeout if timeout else None,
             compensation=spec,
@@ -475,7 +478,7 @@ async def child(
     name = key if key is not None else saga.name
     if not isinstance(name, str) or not name:
         s.definition_error("ctx.child needs a non-empty string id")
-    child_id = child_saga_id(s.saga_id, name)
+    child_id = child_saga_id(s.scope, name)
     started = s.history[0]
     assert isinstance(started, SagaStarted)
     raw = input.model_dump(mode="json", by_alias=True) if isinstance(input, BaseModel) else input

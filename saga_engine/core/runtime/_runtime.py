@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from pydantic import BaseModel
 
@@ -61,6 +61,7 @@ from saga_engine.core.history._events import (
     Event,
     EventAwaited,
     RetryRequested,
+    RunContinued,
     SagaStarted,
     UndoRequested,
 )
@@ -69,6 +70,7 @@ from saga_engine.core.history._policy import RetryPolicy
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.runtime import _awaits as awaits
 from saga_engine.core.runtime import _callbacks as callback_ops
+from saga_engine.core.runtime import _continuing as continuing
 from saga_engine.core.runtime import _operations as operations
 from saga_engine.core.runtime import _progress as progress
 from saga_engine.core.runtime import _races as races
@@ -180,7 +182,11 @@ class SagaRuntime:
         rt = cls(definition, saga_id, history[-1].at if now is None else now, limit, callbacks)
         s = rt.state
         s.history = list(history)
-        while s.cursor < len(s.history) and s.nondeterminism is None:
+        if len(history) > 1 and isinstance(history[1], RunContinued):
+            # A run that continued as new: it is read from its own beginning.
+            s.cursor, s.continued = 2, history[1]
+            rt._next_run()
+        while (s := rt.state).cursor < len(s.history) and s.nondeterminism is None:
             event = s.history[s.cursor]
             if event.is_intent:
                 s.nondeterministic(s.cursor, event.describe(), s.describe_waiting())
@@ -219,7 +225,17 @@ class SagaRuntime:
     @property
     def last_seq(self) -> int:
         """The sequence number of the newest event, committed or not."""
-        return len(self.state.history)
+        return len(self.state.history) + self.state.offset
+
+    @property
+    def run(self) -> int:
+        """The run the saga is in: 1, and one more each time it continued as new."""
+        return self.state.run
+
+    @property
+    def run_events(self) -> int:
+        """How many events its current run has recorded."""
+        return continuing.run_events(self.state)
 
     @property
     def replaying(self) -> bool:
@@ -361,19 +377,7 @@ class SagaRuntime:
         when its last reference goes rather than at the next full garbage collection,
         which a tuned service runs rarely: the engine's memory then follows its cache
         size, not the number of sagas it has evicted."""
-        s = self.state
-        if s.loop.is_closed():
-            return  # closed already (the batch path may drop a saga twice)
-        s.closing = True
-        s.loop.discard()
-        s.signal_waiters.clear()
-        s.resume_waiters.clear()
-        s.undo_waiter = None
-        s.given_up = ()
-        s.lifecycle = None
-        s.user_task = None
-        s.saga = None  # the user's object may hold the context (a cycle through it)
-        s.ctx.detach()
+        _release(self.state)
 
     # ------------------------------------------------------------------ the context's door
 
@@ -451,6 +455,15 @@ class SagaRuntime:
     def op_timeout(self, delta: timedelta) -> AbstractAsyncContextManager[None]:
         return races.TimeoutScope(self.state, delta)
 
+    def op_continue_as_new(
+        self, state: BaseModel | JsonDict, carry: bool
+    ) -> Coroutine[Any, Any, NoReturn]:
+        return continuing.continue_as_new(self.state, state, carry=carry)
+
+    def op_should_continue_as_new(self) -> bool:
+        bound = None if self.limit is None else self.limit.run_events
+        return continuing.should_continue(self.state, bound)
+
     def op_patched(self, patch_id: str) -> bool:
         return operations.patched(self.state, patch_id)
 
@@ -497,6 +510,28 @@ class SagaRuntime:
             return
         self._run()
         s.settle_held()
+        if s.continued is not None:
+            self._next_run()
+
+    def _next_run(self) -> None:
+        """The run continued as new: its state is dropped and the next run's begins, from
+        the ``run_continued`` event (the events of this decision so far, and any recorded
+        after it, go with it)."""
+        old = self.state
+        continued, started = old.continued, old.history[0]
+        assert continued is not None
+        assert isinstance(started, SagaStarted)
+        s = self.state = SagaState(old.definition, old.saga_id, SagaContext(self), old.clock)
+        s.callback_keys = old.callback_keys
+        s.history = [started, continued, *old.history[old.cursor :]]
+        s.cursor = 2
+        s.new = old.new
+        _release(old)
+        continuing.begin_run(s, started, continued)
+        self._run()
+        s.settle_held()
+        if s.continued is not None:
+            self._next_run()
 
     def _run(self) -> None:
         s = self.state
@@ -618,3 +653,19 @@ class SagaRuntime:
             ),
             cost=Cost(event.cost) if isinstance(event, CommandIssued) and event.cost else None,
         )
+
+
+def _release(s: SagaState) -> None:
+    """Releases a state's code (see ``SagaRuntime.close``)."""
+    if s.loop.is_closed():
+        return  # closed already (the batch path may drop a saga twice)
+    s.closing = True
+    s.loop.discard()
+    s.signal_waiters.clear()
+    s.resume_waiters.clear()
+    s.undo_waiter = None
+    s.given_up = ()
+    s.lifecycle = None
+    s.user_task = None
+    s.saga = None  # the user's object may hold the context (a cycle through it)
+    s.ctx.detach()

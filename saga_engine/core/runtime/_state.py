@@ -38,6 +38,7 @@ from saga_engine.core.history._events import (
     CompensationSpec,
     ErrorInfo,
     Event,
+    RunContinued,
     SagaParked,
 )
 from saga_engine.core.history._fold import END_STATUS, NO_IDS, Awaited, Fold
@@ -66,6 +67,16 @@ class OwedCompensation:
     #: The steps it was declared to depend on (a graph saga's node), or None: then the
     #: moments above alone order its undo.
     after: frozenset[str] | None = None
+    #: The run that applied the step (``ctx.continue_as_new``): its compensation's
+    #: command ids are that run's (``id_scope``).
+    run: int = 1
+
+
+def id_scope(saga_id: str, run: int) -> str:
+    """What a run's command and child ids derive from: the saga's id in its first run,
+    and the id with the run's number in a later one, so a run that continued as new may
+    use its step names again without meeting the commands of the runs before."""
+    return saga_id if run == 1 else f"{saga_id}#run{run}"
 
 
 @dataclass(slots=True)
@@ -91,6 +102,7 @@ class SagaState(Fold):
         "cancel_reason",
         "clock",
         "closing",
+        "continued",
         "counters",
         "ctx",
         "cursor",
@@ -104,11 +116,13 @@ class SagaState(Fold):
         "new",
         "nondeterminism",
         "now",
+        "offset",
         "owed",
         "patches",
         "polls",
         "resume_waiters",
         "rng",
+        "run_input",
         "saga",
         "saga_id",
         "saga_type",
@@ -151,6 +165,14 @@ class SagaState(Fold):
         #: The keys callback URLs are signed with (None: none configured, as in a replay
         #: check, where a URL the code reads parks the saga).
         self.callback_keys: CallbackSettings | None = None
+        #: The events of the history not held (the runs before this one, past its
+        #: ``saga_started``): ``history[i]``'s sequence number is ``i + 1 + offset``
+        #: for ``i >= 1``.
+        self.offset = 0
+        #: The input of a run that continued as new (None: ``saga_started``'s).
+        self.run_input: JsonDict | None = None
+        #: The code continued as new: the run ends, its next begins (``_continuing``).
+        self.continued: RunContinued | None = None
         self._init_code()
 
     def _init_code(self) -> None:
@@ -236,6 +258,15 @@ class SagaState(Fold):
             return f"nothing (the saga already ended {self.status.value})"
         return "nothing more; the code waits for " + (", ".join(waits) or "nothing")
 
+    def seq_of(self, index: int) -> int:
+        """The sequence number of ``history[index]``."""
+        return index + 1 + (self.offset if index >= 1 else 0)
+
+    @property
+    def scope(self) -> str:
+        """What this run's command and child ids derive from (``id_scope``)."""
+        return id_scope(self.saga_id, self.run)
+
     # ------------------------------------------------------------------ the fold, with code
 
     def settle_held(self) -> None:
@@ -257,7 +288,13 @@ class SagaState(Fold):
         ``_undo.undo_plan`` decides what may be undone at once."""
         if spec is not None:
             owed = OwedCompensation(
-                step, spec, tuple(sent), began, self.tick(), self.declared_after.get(step)
+                step,
+                spec,
+                tuple(sent),
+                began,
+                self.tick(),
+                self.declared_after.get(step),
+                self.run,
             )
             self.owed.append(owed)
 
@@ -265,7 +302,7 @@ class SagaState(Fold):
 
     def nondeterministic(self, index: int | None, expected: str, actual: str) -> None:
         """The code no longer matches the history at ``index``: the saga is parked."""
-        seq = index + 1 if index is not None and index < len(self.history) else None
+        seq = self.seq_of(index) if index is not None and index < len(self.history) else None
         nd = NondeterminismError(self.saga_id, seq, expected, actual)
         self.park(
             nd,

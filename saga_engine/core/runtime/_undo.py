@@ -53,7 +53,7 @@ from saga_engine.core.history._events import (
 )
 from saga_engine.core.history._policy import retry_after
 from saga_engine.core.runtime._intents import await_command, await_timer, emit
-from saga_engine.core.runtime._state import OwedCompensation, SagaState
+from saga_engine.core.runtime._state import OwedCompensation, SagaState, id_scope
 from saga_engine.kernel._serde import canonical_hash
 
 UndoReason = Literal["failure", "cancel", "deadline", "operator", "undo"]
@@ -130,7 +130,7 @@ def give_up(
     owed = None
     if in_doubt and spec is not None:
         owed = OwedCompensation(
-            step, spec, tuple(sent), began, s.tick(), s.declared_after.get(step)
+            step, spec, tuple(sent), began, s.tick(), s.declared_after.get(step), s.run
         )
     _abandon(s, step, sent, in_doubt, cancelled, owed)
 
@@ -263,7 +263,9 @@ async def _compensate(s: SagaState, owed: OwedCompensation) -> None:
                 command_type=spec.command_type,
                 payload=spec.payload,
                 payload_hash=canonical_hash(spec.payload),
-                command_id=command_id_for(s.saga_id, owed.step, generation, compensation=True),
+                command_id=command_id_for(
+                    id_scope(s.saga_id, owed.run), owed.step, generation, compensation=True
+                ),
                 attempt=attempt,
                 timeout_at=s.now + timeout if timeout else None,
                 compensates=list(owed.forward_ids),

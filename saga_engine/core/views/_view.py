@@ -36,6 +36,7 @@ from saga_engine.core.history._events import (
     InvalidReplyReceived,
     ReplyReceived,
     RetryRequested,
+    RunContinued,
     StepAbandoned,
     StepParked,
     StepSkipped,
@@ -230,6 +231,13 @@ class _Walk:
     def _compensating(self, event: CompensationStarted, _: Settled) -> None:
         self.owed_at_start = list(event.owed)
 
+    def _continued(self, event: RunContinued, _: Settled) -> None:
+        """A new run begins: the steps of the runs before are gone, but for the
+        compensations it carries (applied, in the order they were)."""
+        self.steps = {c.step: _Step(spec=c.spec, forward="applied") for c in event.carried}
+        self.applied = [c.step for c in event.carried]
+        self.given_up, self.owed_at_start, self.timed_out = [], None, None
+
     def _compensated(self, event: CompensationCompleted, _: Settled) -> None:
         self.step(event.step).done = True
 
@@ -255,6 +263,7 @@ _LEDGER: dict[type[Event], Callable[[_Walk, Any, Settled], None]] = {
     StepAbandoned: _Walk._abandoned,
     CompensationStarted: _Walk._compensating,
     CompensationCompleted: _Walk._compensated,
+    RunContinued: _Walk._continued,
 }
 
 
@@ -268,7 +277,11 @@ def saga_view_of(
     still waits for (``SagaRuntime.awaited()``), or only the names of the signals it
     waits for without a deadline."""
     walk = _Walk()
-    for seq, event in enumerate(events, start=1):
+    seq = 0
+    for event in events:
+        # A run that continued as new is read from its run_continued: its number says
+        # where it stands in the history.
+        seq = event.first_seq if isinstance(event, RunContinued) else seq + 1
         walk.apply(seq, event)
     walk.after_timeout(None)
     f = walk.fold
@@ -299,6 +312,7 @@ def saga_view_of(
         past_pivot=f.past_pivot,
         parked_steps=tuple(f.parked_steps),
         stuck_steps=f.stuck_steps,
+        run=f.run,
     )
 
 

@@ -130,3 +130,6 @@ class SagaView:
     parked_steps: tuple[str, ...] = ()
     #: Every stuck compensation, in the order they got stuck (while compensation_stuck).
     stuck_steps: tuple[str, ...] = ()
+    #: The run the view shows (``ctx.continue_as_new`` began it; the first is 1): its
+    #: ``events`` are that run's, after the saga's ``saga_started``.
+    run: int = 1

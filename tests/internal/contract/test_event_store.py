@@ -33,6 +33,7 @@ from saga_engine.core.history._events import (
     ParentLink,
     ProgressEmitted,
     ReplyReceived,
+    RunContinued,
     SagaCompleted,
     SagaStarted,
     SideEffectRecorded,
@@ -63,6 +64,7 @@ from saga_engine.store._store import (
     NewSaga,
     OpenSummary,
     Projection,
+    RunSpan,
     SagaFilter,
     SagaRecord,
     wake_slot,
@@ -256,6 +258,32 @@ async def test_load_after_reads_the_new_events_of_the_kinds_asked(store: EventSt
     assert (await store.load_after("la", 4)).events == []
     with pytest.raises(SagaNotFound):
         await store.load_after("nope", 0)
+
+
+def _continued(run: int, first_seq: int) -> RunContinued:
+    return RunContinued(at=_now(), run=run, first_seq=first_seq, input={"n": run})
+
+
+async def test_load_run_reads_the_start_and_the_current_run_only(store: EventStore) -> None:
+    assert await store.create(_new("runs"))
+    assert (await store.runs("runs")) == [RunSpan(1, 1, 1)]
+    assert [s.seq for s in (await store.load_run("runs")).events] == [1]
+    await store.append(_append("runs", 1, _fired("a"), _fired("b")))
+    assert [s.seq for s in (await store.load_run("runs")).events] == [1, 2, 3]
+    await store.append(_append("runs", 3, _continued(2, 4), _fired("c")))
+    await store.append(_append("runs", 5, _fired("d"), _continued(3, 7), _fired("e")))
+    loaded = await store.load_run("runs")
+    assert [s.seq for s in loaded.events] == [1, 7, 8]
+    opened = loaded.events[1].event
+    assert isinstance(opened, RunContinued)
+    assert opened.run == 3
+    assert loaded.record == await store.get("runs")
+    assert await store.runs("runs") == [RunSpan(1, 1, 3), RunSpan(2, 4, 3), RunSpan(3, 7, 2)]
+    assert len((await store.load("runs")).events) == 8  # the whole history stays readable
+    with pytest.raises(SagaNotFound):
+        await store.load_run("nope")
+    with pytest.raises(SagaNotFound):
+        await store.runs("nope")
 
 
 async def test_create_with_existing_id_returns_false_and_changes_nothing(
