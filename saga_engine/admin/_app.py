@@ -112,7 +112,7 @@ def create_admin_app(
         health,
         batches,
         dead_letters,
-        step_progress or StepProgressBoard.of(admin),
+        step_progress if step_progress is not None else StepProgressBoard.of(admin),
         StreamSlots(admin.max_streams),
     )
     install(app, state)

@@ -125,6 +125,11 @@ class _StepMarks:
                 out.append(b"event: step_progress\ndata: %s\n\n" % dumps(report.as_json()))
         return out
 
+    def forget(self) -> None:
+        """The saga ended: none of its commands runs."""
+        if self.board is not None:
+            self.board.retain(self.saga_id, ())
+
     async def wait(self, seconds: float) -> None:
         if self.board is None:
             await asyncio.sleep(seconds)
@@ -167,6 +172,7 @@ async def sse_frames(
                     yield b"id: %d\ndata: %s\n\n" % (item.number, dumps(item.as_json()))
                     sent, last_write = item.number, time.monotonic()
                 if page.status.is_terminal:
+                    marks.forget()
                     end = {"status": page.status.value, "last_number": sent}
                     yield b"event: end\ndata: %s\n\n" % dumps(end)
                     return
