@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from saga_engine.kernel._settings import KafkaSettings
@@ -91,7 +90,10 @@ class StepProgressFeed:
     async def _run(self) -> None:
         topic = Topics.of(self._kafka).progress
         while True:
-            consumer: Any = make_consumer(self._kafka, group_id=None, auto_offset_reset="latest")
+            # No group: a subscription assigns every partition.
+            consumer: Any = make_consumer(
+                self._kafka, topic, group_id=None, auto_offset_reset="latest"
+            )
             try:
                 await consumer.start()
                 await _from_the_end(consumer, topic)
@@ -109,13 +111,10 @@ class StepProgressFeed:
 
 
 async def _from_the_end(consumer: Any, topic: str) -> None:
-    """Assigns every partition of ``topic`` and positions each at its end now."""
-    await consumer.topics()  # fetches the metadata
-    partitions = consumer.partitions_for_topic(topic) or set()
-    if not partitions:
+    """Positions every partition of ``topic`` (all assigned: no group) at its end now."""
+    assigned = sorted(consumer.assignment(), key=lambda tp: tp.partition)
+    if not assigned:
         raise KafkaError(f"topic {topic} has no partitions yet")
-    assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
-    consumer.assign(assigned)
     await consumer.seek_to_end(*assigned)
     for tp in assigned:
         await consumer.position(tp)

@@ -59,7 +59,8 @@ def test_it_keeps_the_latest_items_per_step_in_order() -> None:
 
 def test_a_duplicate_or_older_report_is_stale_and_a_new_attempt_starts_afresh() -> None:
     board = StepProgressBoard()
-    assert board.add(rec(1)) and board.add(rec(2))
+    assert board.add(rec(1))
+    assert board.add(rec(2))
     assert not board.add(rec(2))  # the same again
     assert not board.add(rec(1))  # out of order
     assert board.add(rec(1, attempt=2))  # the handler ran again: its reports replace
@@ -178,7 +179,11 @@ GOOD: dict[str, Any] = {
         (orjson.dumps({**GOOD, "saga_id": ""}), "malformed", "saga_id"),
         (orjson.dumps({**GOOD, "saga_id": "s" * 201}), "malformed", "saga_id"),
         (orjson.dumps({**GOOD, "at": "yesterday"}), "malformed", "at"),
-        (orjson.dumps({k: v for k, v in GOOD.items() if k != "command_id"}), "malformed", "command_id"),
+        (
+            orjson.dumps({k: v for k, v in GOOD.items() if k != "command_id"}),
+            "malformed",
+            "command_id",
+        ),
         (b" " * (STEP_PROGRESS_MAX_BYTES + 1), "oversized", "over 8192"),
         (orjson.dumps({**GOOD, "body": "x" * STEP_PROGRESS_MAX_BYTES}), "oversized", "bytes"),
     ],
