@@ -112,4 +112,3 @@ async def test_streams_beyond_max_streams_get_a_503_with_retry_after_until_one_c
         client = SagaClient(settings, admin_url=served.url, admin_token=READER_TOKEN)
         items = client.stream(served.seeded["held"])
         assert (await anext(items)).number == 1
-        await items.aclose()
