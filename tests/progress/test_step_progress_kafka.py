@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -88,6 +88,61 @@ def sse(block: str) -> dict[str, Any]:
     }
 
 
+async def follow(
+    http: httpx.AsyncClient, saga_id: str, on_step: Callable[[], object]
+) -> list[dict[str, Any]]:
+    """The saga's stream with its steps' reports, read to its end; ``on_step`` is called
+    on each ``step_progress`` event as it arrives."""
+    got: list[dict[str, Any]] = []
+    async with http.stream("GET", f"/sagas/{saga_id}/stream?steps=true") as stream:
+        assert stream.status_code == 200
+        block: list[str] = []
+        async for line in stream.aiter_lines():
+            if line:
+                block.append(line)
+                continue
+            if block and not block[0].startswith(":"):
+                got.append(sse("\n".join(block)))
+                if got[-1]["event"] == "step_progress":
+                    on_step()
+            block = []
+    return got
+
+
+async def reported(http: httpx.AsyncClient, saga_id: str) -> list[dict[str, Any]]:
+    """The reports ``GET /sagas/{id}`` shows on the command in flight, once it shows some."""
+
+    async def probe() -> list[dict[str, Any]] | None:
+        shown = await http.get(f"/sagas/{saga_id}")
+        if shown.status_code == 404:
+            return None  # its start is on its way through the inbox
+        flying = shown.json()["in_flight"]
+        return flying[0]["progress"] if flying and flying[0]["progress"] else None
+
+    return await eventually(probe, what="a report on the running step")
+
+
+async def check_followed(http: httpx.AsyncClient, saga_id: str, got: list[dict[str, Any]]) -> None:
+    """Two numbered items around the step, its reports between them without an id, and
+    none once its reply is in the history."""
+    numbered = [f for f in got if f["event"] == "message"]
+    steps = [f for f in got if f["event"] == "step_progress"]
+    assert [f["id"] for f in numbered] == ["1", "2"]
+    assert [f["data"]["payload"]["stage"] for f in numbered] == ["packing", "packed"]
+    assert steps
+    assert all(f["id"] is None for f in steps)
+    assert {f["data"]["step"] for f in steps} == {"pack"}
+    assert got[-1]["event"] == "end"
+    assert got[-1]["data"] == {"status": SagaStatus.COMPLETED.value, "last_number": 2}
+    # The step's reports came before its reply made item 2, and none after it.
+    assert got.index(steps[-1]) < got.index(numbered[1])
+    done = (await http.get(f"/sagas/{saga_id}")).json()
+    assert done["status"] == "completed"
+    assert done["in_flight"] == []
+    again = (await http.get(f"/sagas/{saga_id}/stream?steps=true&follow=false")).text
+    assert "step_progress" not in again
+
+
 async def test_a_participants_reports_show_while_its_step_runs_and_go_with_its_reply(
     settings: Settings,
 ) -> None:
@@ -117,48 +172,13 @@ async def test_a_participants_reports_show_while_its_step_runs_and_go_with_its_r
             saga_id = await client.start(Packing, Parcel(items=3))
             await hostile(settings, saga_id)
 
-            async def reported() -> list[dict[str, Any]] | None:
-                shown = (await http.get(f"/sagas/{saga_id}")).json()
-                flying = shown["in_flight"]
-                return flying[0]["progress"] if flying and flying[0]["progress"] else None
-
-            progress = await eventually(reported, what="a report on the running step")
+            progress = await reported(http, saga_id)
             assert progress[-1]["attempt"] == 1
             assert progress[-1]["body"]["of"] == 3
             assert [p["seq"] for p in progress] == sorted(p["seq"] for p in progress)
             assert len(progress) <= settings.admin.step_progress_items
-
-            async with http.stream("GET", f"/sagas/{saga_id}/stream?steps=true") as stream:
-                assert stream.status_code == 200
-                got: list[dict[str, Any]] = []
-                block: list[str] = []
-                async for line in stream.aiter_lines():
-                    if line:
-                        block.append(line)
-                        continue
-                    if block and not block[0].startswith(":"):
-                        got.append(sse("\n".join(block)))
-                        if got[-1]["event"] == "step_progress":
-                            release.set()  # seen live: let the handler finish
-                    block = []
-            numbered = [f for f in got if f["event"] == "message"]
-            steps = [f for f in got if f["event"] == "step_progress"]
-            assert [f["id"] for f in numbered] == ["1", "2"]
-            assert [f["data"]["payload"]["stage"] for f in numbered] == ["packing", "packed"]
-            assert steps
-            assert all(f["id"] is None for f in steps)
-            assert {f["data"]["step"] for f in steps} == {"pack"}
-            assert got[-1]["event"] == "end"
-            assert got[-1]["data"]["last_number"] == 2
-            # The step's reports came before its reply made item 2, and none after it.
-            assert got.index(steps[-1]) < got.index(numbered[1])
-
-            assert got[-1]["data"]["status"] == SagaStatus.COMPLETED.value
-            done = (await http.get(f"/sagas/{saga_id}")).json()
-            assert done["status"] == "completed"
-            assert done["in_flight"] == []
-            again = (await http.get(f"/sagas/{saga_id}/stream?steps=true&follow=false")).text
-            assert "step_progress" not in again
+            # Seen live on the stream: then the handler may finish.
+            await check_followed(http, saga_id, await follow(http, saga_id, release.set))
             assert (await http.get("/health")).status_code == 200
         assert warehouse.stats["step_progress_dropped"] >= 2
         assert warehouse.stats["step_progress_sent"] >= 1
