@@ -12,8 +12,9 @@ alive; a connection is closed after ``LIFETIME_S`` without ``end`` (a reader rec
 With ``?steps=true`` the stream also carries participants' reports on the commands in
 flight (``tx.progress``, from the process's ``StepProgressBoard``) as ``step_progress``
 events with no ``id``: they are not numbered, so ``Last-Event-ID`` stays the last item's
-and resuming is unchanged; a command's reports stop once its reply is in the history.
-A process serves at most ``admin.max_streams`` streams at once: one more is a 503 with
+and resuming is unchanged; a command's reports stop once its reply is in the history,
+and a ``step_ended`` event (no ``id`` either) says so for a command whose reports were
+sent. A process serves at most ``admin.max_streams`` streams at once: one more is a 503 with
 ``Retry-After``.
 
 No ``from __future__ import annotations``: FastAPI reads the endpoint's annotations at
@@ -49,11 +50,15 @@ _EVENT_SCHEMA: Final = {
     "type": "object",
     "properties": {
         "id": {"type": "string", "description": "The item's number."},
-        "event": {"type": "string", "enum": ["message", "end", "step_progress"]},
+        "event": {
+            "type": "string",
+            "enum": ["message", "end", "step_progress", "step_ended"],
+        },
         "data": {
             "type": "string",
             "description": "JSON: message {number, topic, payload, at}; end {status, "
-            "last_number}; step_progress {command_id, step, attempt, seq, at, body}",
+            "last_number}; step_progress {command_id, step, attempt, seq, at, body}; "
+            "step_ended {command_id}",
         },
     },
     "required": ["data"],
@@ -114,10 +119,15 @@ class _StepMarks:
         self.ended: set[str] = set()
 
     def frames(self) -> list[bytes]:
+        """``step_progress`` for each report not sent yet, and ``step_ended`` for each
+        command reported on that ended since."""
         if self.board is None:
             return []
         self.board.drop(self.saga_id, self.ended)
         out = []
+        for command_id in sorted({c for c, _ in self.sent} & self.ended):
+            out.append(b"event: step_ended\ndata: %s\n\n" % dumps({"command_id": command_id}))
+            self.sent = {mark: seq for mark, seq in self.sent.items() if mark[0] != command_id}
         for report in self.board.reports(self.saga_id):
             mark = (report.command_id, report.attempt)
             if report.seq > self.sent.get(mark, 0):

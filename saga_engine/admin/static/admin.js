@@ -126,6 +126,7 @@ function followProgress(list) {
     list.append(li);
     state.textContent = `${count()}, live`;
   };
+  followSteps(source, document.getElementById("step-progress"));
   source.addEventListener("end", (event) => {
     source.close();
     const end = JSON.parse(event.data);
@@ -133,4 +134,37 @@ function followProgress(list) {
       ? `${count()}; the saga ended ${end.status}`
       : `No progress items; the saga ended ${end.status}.`;
   });
+}
+
+// Participants' reports on the steps running now (tx.progress), from the same stream: the
+// latest one per command, replaced as the next arrives, gone when the command ends.
+function followSteps(source, list) {
+  if (!list) return;
+  const rowOf = (id) => [...list.children].find((li) => li.dataset.command === id);
+  source.addEventListener("step_progress", (event) => {
+    const report = JSON.parse(event.data);
+    let li = rowOf(report.command_id);
+    if (!li) {
+      li = document.createElement("li");
+      li.dataset.command = report.command_id;
+      list.append(li);
+    }
+    const step = document.createElement("span");
+    step.className = "topic";
+    step.textContent = `${report.step} (attempt ${report.attempt}) #${report.seq}`;
+    const body = document.createElement("code");
+    body.textContent = JSON.stringify(report.body);
+    const when = document.createElement("span");
+    when.className = "when";
+    when.textContent = report.at;
+    li.replaceChildren(step, " ", body, when);
+    list.hidden = false;
+  });
+  const clear = (id) => {
+    const li = rowOf(id);
+    if (li) li.remove();
+    list.hidden = list.children.length === 0;
+  };
+  source.addEventListener("step_ended", (event) => clear(JSON.parse(event.data).command_id));
+  source.addEventListener("end", () => { list.replaceChildren(); list.hidden = true; });
 }
