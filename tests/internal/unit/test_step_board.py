@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -218,3 +219,15 @@ def test_the_feed_drops_and_counts_hostile_records_and_keeps_reading(
     failing = StepProgressFeed(KafkaSettings(), broken)
     failing.take(orjson.dumps(GOOD))
     assert failing.stats == {"step_progress_dropped_sink": 1}
+
+
+def test_the_protocols_example_record_is_read_and_its_limit_is_the_codes() -> None:
+    text = (Path(__file__).resolve().parents[3] / "proto" / "PROTOCOL.md").read_text()
+    example = text.split("<!-- progress-record -->\n```json\n", 1)[1].split("\n```", 1)[0]
+    record = decode_step_progress(example.encode())
+    assert (record.attempt, record.seq, record.body) == (1, 3, {"reserved": 12, "of": 40})
+    assert f"**{STEP_PROGRESS_MAX_BYTES} bytes**" in text
+    assert (
+        "const ProgressMaxBytes = 8192"
+        in (Path(__file__).resolve().parents[3] / "kits" / "go" / "progress.go").read_text()
+    )
