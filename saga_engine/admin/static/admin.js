@@ -114,15 +114,7 @@ function followProgress(list) {
     const li = document.createElement("li");
     li.value = item.number;
     li.dataset.number = item.number;
-    const topic = document.createElement("span");
-    topic.className = "topic";
-    topic.textContent = item.topic;
-    const payload = document.createElement("code");
-    payload.textContent = JSON.stringify(item.payload);
-    const when = document.createElement("span");
-    when.className = "when";
-    when.textContent = item.at;
-    li.append(topic, " ", payload, when);
+    li.append(...progressLine(item.topic, item.payload, item.at));
     list.append(li);
     state.textContent = `${count()}, live`;
   };
@@ -149,15 +141,8 @@ function followSteps(source, list) {
       li.dataset.command = report.command_id;
       list.append(li);
     }
-    const step = document.createElement("span");
-    step.className = "topic";
-    step.textContent = `${report.step} (attempt ${report.attempt}) #${report.seq}`;
-    const body = document.createElement("code");
-    body.textContent = JSON.stringify(report.body);
-    const when = document.createElement("span");
-    when.className = "when";
-    when.textContent = report.at;
-    li.replaceChildren(step, " ", body, when);
+    const label = `${report.step} (attempt ${report.attempt}) #${report.seq}`;
+    li.replaceChildren(...progressLine(label, report.body, report.at));
     list.hidden = false;
   });
   const clear = (id) => {
@@ -167,4 +152,17 @@ function followSteps(source, list) {
   };
   source.addEventListener("step_ended", (event) => clear(JSON.parse(event.data).command_id));
   source.addEventListener("end", () => { list.replaceChildren(); list.hidden = true; });
+}
+
+// One line of the progress section: its label, its JSON value, when.
+function progressLine(label, value, at) {
+  const name = document.createElement("span");
+  name.className = "topic";
+  name.textContent = label;
+  const json = document.createElement("code");
+  json.textContent = JSON.stringify(value);
+  const when = document.createElement("span");
+  when.className = "when";
+  when.textContent = at;
+  return [name, " ", json, when];
 }

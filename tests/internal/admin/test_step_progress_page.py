@@ -5,17 +5,15 @@ once the command's reply is in the history; no console errors."""
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
-from typing import Any
 
 import httpx
 
 from saga_engine.admin._step_board import StepProgressBoard
 from saga_engine.settings import AdminSettings, Settings
 from saga_engine.testing import SagaTestEnv
-from saga_engine.transport._step_progress import StepProgressRecord
 from tests.admin.served import served_in_thread
 from tests.admin.test_web import _chromium
+from tests.internal.admin.test_step_progress_api import report
 from tests.progress.sagas import Order, Tracked
 
 
@@ -40,17 +38,8 @@ def test_the_saga_page_shows_a_running_steps_reports_live_in_headless_chromium()
         saga_id = served.seeded["held"]
         command_id = httpx.get(f"{served.url}/sagas/{saga_id}").json()["in_flight"][0]["command_id"]
 
-        def report(seq: int, body: Any) -> None:
-            record = StepProgressRecord(
-                saga_id=saga_id,
-                command_id=command_id,
-                step="reserve",
-                attempt=1,
-                seq=seq,
-                at=datetime(2026, 1, 1, tzinfo=UTC),
-                body=body,
-            )
-            loop.call_soon_threadsafe(board.add, record)
+        def reported(seq: int) -> None:
+            loop.call_soon_threadsafe(board.add, report(saga_id, command_id, seq))
 
         browser = _chromium(pw)
         try:
@@ -62,11 +51,11 @@ def test_the_saga_page_shows_a_running_steps_reports_live_in_headless_chromium()
             expect(page.locator("#progress li")).to_have_count(1)
             steps = page.locator("#step-progress li")
             expect(steps).to_have_count(0)
-            report(1, {"reserved": 1, "of": 3})
+            reported(1)
             expect(steps).to_have_count(1)
-            expect(steps.nth(0)).to_contain_text('reserve (attempt 1) #1 {"reserved":1,"of":3}')
-            report(2, {"reserved": 2, "of": 3})
-            expect(steps.nth(0)).to_contain_text('#2 {"reserved":2,"of":3}')
+            expect(steps.nth(0)).to_contain_text('reserve (attempt 1) #1 {"pct":10}')
+            reported(2)
+            expect(steps.nth(0)).to_contain_text('#2 {"pct":20}')
             expect(steps).to_have_count(1)
             # The participant answers: the step's line goes; the saga waits for a signal.
             done = asyncio.run_coroutine_threadsafe(envs[0].release(), loop)
