@@ -112,7 +112,9 @@ def create_admin_app(
         health,
         batches,
         dead_letters,
-        step_progress if step_progress is not None else StepProgressBoard.of(admin),
+        step_progress
+        if step_progress is not None
+        else StepProgressBoard.of(admin, parts.stats.counts),
         StreamSlots(admin.max_streams),
     )
     install(app, state)

@@ -68,6 +68,7 @@ class StepProgressBoard:
         steps_per_saga: int = 32,
         ttl_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
+        stats: collections.Counter[str] | None = None,
     ) -> None:
         if min(items_per_step, max_sagas, steps_per_saga) < 1 or ttl_s <= 0:
             msg = "a board's bounds are at least 1 (and its ttl_s above 0)"
@@ -83,15 +84,20 @@ class StepProgressBoard:
         )
         #: saga id -> (the event its readers wait on, how many wait).
         self._waiters: dict[str, tuple[asyncio.Event, int]] = {}
-        self.stats: collections.Counter[str] = collections.Counter()
+        #: ``step_progress_stale`` and ``step_progress_evicted`` (the engine's counters,
+        #: in a worker: they show on ``/metrics``).
+        self.stats: collections.Counter[str] = stats if stats is not None else collections.Counter()
 
     @classmethod
-    def of(cls, admin: AdminSettings) -> StepProgressBoard:
-        """A board with ``admin``'s bounds."""
+    def of(
+        cls, admin: AdminSettings, stats: collections.Counter[str] | None = None
+    ) -> StepProgressBoard:
+        """A board with ``admin``'s bounds, counting in ``stats``."""
         return cls(
             items_per_step=admin.step_progress_items,
             max_sagas=admin.step_progress_sagas,
             ttl_s=admin.step_progress_ttl_s,
+            stats=stats,
         )
 
     def add(self, record: StepProgressRecord) -> bool:

@@ -60,6 +60,15 @@ class StepProgressFeed:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="step-progress-feed")
 
+    async def positioned(self, seconds: float) -> bool:
+        """Waits (at most ``seconds``) until the reader is at the end of every partition:
+        a report sent after that is read. False if it is not yet (it goes on trying)."""
+        try:
+            await asyncio.wait_for(self.ready.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()

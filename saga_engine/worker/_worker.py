@@ -238,6 +238,9 @@ class SagaWorker:
 
             if self._step_feed is not None:
                 self._step_feed.start()
+                # Reports sent once the worker has started are shown (not waited for ever).
+                if not await self._step_feed.positioned(10.0):
+                    log.warning("the step progress reader is not reading yet; it goes on trying")
             self._admin = await serve_admin(self._admin_app, self.settings)
             log.info("admin API on %s", self._admin.url)
 
@@ -282,8 +285,9 @@ class SagaWorker:
 
         assert self._schedules is not None
         # Participants' step reports (tx.progress), read from Kafka by this process.
-        board = StepProgressBoard.of(self.settings.admin)
-        self._step_feed = StepProgressFeed(self.settings.kafka, board.add)
+        # Their counters (read, dropped by reason, stale, evicted) are the engine's: /metrics.
+        board = StepProgressBoard.of(self.settings.admin, parts.stats.counts)
+        self._step_feed = StepProgressFeed(self.settings.kafka, board.add, parts.stats.counts)
         return create_admin_app(
             engine,
             self.settings,

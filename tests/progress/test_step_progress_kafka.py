@@ -180,6 +180,19 @@ async def test_a_participants_reports_show_while_its_step_runs_and_go_with_its_r
             # Seen live on the stream: then the handler may finish.
             await check_followed(http, saga_id, await follow(http, saga_id, release.set))
             assert (await http.get("/health")).status_code == 200
+
+            async def dropped() -> dict[str, int] | None:
+                counters = (await http.get("/metrics")).json()["counters"]
+                wanted = {k: v for k, v in counters.items() if "step_progress_dropped" in k}
+                return wanted if sum(wanted.values()) >= 4 else None
+
+            # The hostile records were dropped, counted by reason on /metrics (no value,
+            # not JSON, the wrong shape; too large). The unknown saga's record is
+            # well-formed: kept, never shown, forgotten after its TTL.
+            assert await eventually(dropped, what="the hostile records counted") == {
+                "step_progress_dropped_malformed": 3,
+                "step_progress_dropped_oversized": 1,
+            }
         assert warehouse.stats["step_progress_dropped"] == 2  # too large, not JSON
         assert warehouse.stats["step_progress_sent"] >= 1
     finally:
