@@ -25,15 +25,17 @@ __all__ = ["StepReporter"]
 
 log = logging.getLogger("saga_engine.participant")
 
-#: At most this many reports on their way at once; more are dropped.
+#: At most this many reports waiting to be handed to the producer; more are dropped.
 _MAX_IN_FLIGHT: Final = 256
-#: How long one report may take to be acknowledged before it counts as dropped.
+#: How long handing one report to the producer may take (it waits for the topic's
+#: metadata while Kafka is away) before it counts as dropped.
 _SEND_TIMEOUT_S: Final = 10.0
 _LOG_EVERY_S: Final = 60.0
 
 
 class StepReporter:
-    """Sends reports on ``topic`` with ``producer``; counts in ``stats``."""
+    """Sends reports on ``topic`` with ``producer``, one after another in the order they
+    were made (one saga's reports stay in order on its partition); counts in ``stats``."""
 
     def __init__(
         self, producer: AIOKafkaProducer, topic: str, stats: collections.Counter[str]
@@ -41,11 +43,12 @@ class StepReporter:
         self._producer = producer
         self._topic = topic
         self._stats = stats
-        self._in_flight: set[asyncio.Task[None]] = set()
+        self._queue: asyncio.Queue[tuple[bytes, bytes]] = asyncio.Queue(_MAX_IN_FLIGHT)
+        self._pump: asyncio.Task[None] | None = None
         self._logged = -_LOG_EVERY_S
 
     def report(self, command: Envelope, attempt: int, seq: int, body: Any) -> None:
-        """Sends one report in the background; never raises."""
+        """Queues one report to be sent in the background; never raises."""
         try:
             value = encode_step_progress(
                 saga_id=command.saga_id,
@@ -55,31 +58,37 @@ class StepReporter:
                 seq=seq,
                 body=body.model_dump(mode="json") if isinstance(body, BaseModel) else body,
             )
+            self._queue.put_nowait((command.saga_id.encode(), value))
+            if self._pump is None or self._pump.done():
+                self._pump = asyncio.get_running_loop().create_task(self._send_queued())
+        except asyncio.QueueFull:
+            self._dropped(f"{_MAX_IN_FLIGHT} progress reports are waiting to be sent already")
         except Exception as exc:  # not JSON, too large, a model that cannot dump: never raise
             self._dropped(f"a progress report of {command.command_id} cannot be sent: {exc}")
-            return
-        if len(self._in_flight) >= _MAX_IN_FLIGHT:
-            self._dropped(f"{_MAX_IN_FLIGHT} progress reports are on their way already")
-            return
-        key = command.saga_id.encode()
-        task = asyncio.get_running_loop().create_task(self._send(key, value))
-        self._in_flight.add(task)
-        task.add_done_callback(self._in_flight.discard)
 
-    async def _send(self, key: bytes, value: bytes) -> None:
+    async def _send_queued(self) -> None:
         headers = [
             ("ce_type", STEP_PROGRESS_TYPE.encode()),
             ("content-type", b"application/json"),
         ]
-        try:
-            await asyncio.wait_for(
-                self._producer.send_and_wait(self._topic, value, key=key, headers=headers),
-                _SEND_TIMEOUT_S,
-            )
-        except Exception as exc:  # fire and forget: a lost report is only counted
-            self._dropped(f"a progress report was not sent: {exc!r}")
-            return
-        self._stats["step_progress_sent"] += 1
+        while not self._queue.empty():
+            key, value = self._queue.get_nowait()
+            try:
+                # In order: each is in the producer's batch before the next is added.
+                sent = await asyncio.wait_for(
+                    self._producer.send(self._topic, value, key=key, headers=headers),
+                    _SEND_TIMEOUT_S,
+                )
+            except Exception as exc:  # fire and forget: a lost report is only counted
+                self._dropped(f"a progress report was not sent: {exc!r}")
+                continue
+            sent.add_done_callback(self._acknowledged)
+
+    def _acknowledged(self, sent: asyncio.Future[Any]) -> None:
+        if sent.cancelled() or sent.exception() is not None:
+            self._dropped(f"a progress report was not sent: {sent!r}")
+        else:
+            self._stats["step_progress_sent"] += 1
 
     def _dropped(self, why: str) -> None:
         self._stats["step_progress_dropped"] += 1
