@@ -140,6 +140,7 @@ def test_the_expected_schema_files_are_committed() -> None:
             "headers.schema.json",
             "dlq-headers.schema.json",
             "encoded-value.schema.json",
+            "progress.schema.json",
             *BODY_FILES.values(),
         ]
     )

@@ -223,7 +223,9 @@ def test_the_feed_drops_and_counts_hostile_records_and_keeps_reading(
 
 def test_the_protocols_example_record_is_read_and_its_limit_is_the_codes() -> None:
     text = (Path(__file__).resolve().parents[3] / "proto" / "PROTOCOL.md").read_text()
-    example = text.split("<!-- progress-record -->\n```json\n", 1)[1].split("\n```", 1)[0]
+    example = text.split("<!-- schema: progress.schema.json -->\n```json\n", 1)[1].split(
+        "\n```", 1
+    )[0]
     record = decode_step_progress(example.encode())
     assert (record.attempt, record.seq, record.body) == (1, 3, {"reserved": 12, "of": 40})
     assert f"**{STEP_PROGRESS_MAX_BYTES} bytes**" in text
