@@ -123,17 +123,23 @@ class _StepMarks:
         command reported on that ended since."""
         if self.board is None:
             return []
-        self.board.drop(self.saga_id, self.ended)
         out = []
         for command_id in sorted({c for c, _ in self.sent} & self.ended):
             out.append(b"event: step_ended\ndata: %s\n\n" % dumps({"command_id": command_id}))
             self.sent = {mark: seq for mark, seq in self.sent.items() if mark[0] != command_id}
         for report in self.board.reports(self.saga_id):
             mark = (report.command_id, report.attempt)
-            if report.seq > self.sent.get(mark, 0):
+            if report.command_id not in self.ended and report.seq > self.sent.get(mark, 0):
                 self.sent[mark] = report.seq
                 out.append(b"event: step_progress\ndata: %s\n\n" % dumps(report.as_json()))
         return out
+
+    def end(self, command_ids: frozenset[str]) -> None:
+        """These commands ended (their reply is in the history): no more reports."""
+        fresh = command_ids - self.ended
+        self.ended |= fresh
+        if self.board is not None and fresh:
+            self.board.drop(self.saga_id, fresh)
 
     def forget(self) -> None:
         """The saga ended: none of its commands runs."""
@@ -174,10 +180,12 @@ async def sse_frames(
                     topics,
                     Undecodable.SHOW,
                     after_seq=max(seen_seq, 0),
+                    # With steps: the replies too (the first page reads them from the
+                    # start, as the saga's page does, once per connection).
                     ended=steps is not None,
                 )
                 seen_seq, poll = page.last_seq, StreamTiming.poll_min
-                marks.ended |= page.ended_commands
+                marks.end(page.ended_commands)
                 for item in page.items:
                     yield b"id: %d\ndata: %s\n\n" % (item.number, dumps(item.as_json()))
                     sent, last_write = item.number, time.monotonic()

@@ -4,9 +4,9 @@ progress on the steps they are handling (``tx.progress``; the record in
 
 Per saga, per command: the latest ``items_per_step`` reports of its latest attempt. A
 report of an older attempt, or one whose ``seq`` is not above the last one kept, is
-stale and dropped. Bounds: at most ``max_sagas`` sagas (the least recently reported
-one goes first), ``steps_per_saga`` commands per saga (the oldest goes first), and a
-command not reported on for ``ttl_s`` seconds is gone. Readers drop what no longer runs:
+stale and dropped. Bounds: at most ``max_sagas`` sagas and ``max_bytes`` of reports
+(the least recently reported saga goes first), ``steps_per_saga`` commands per saga (the
+oldest goes first), and a command not reported on for ``ttl_s`` seconds is gone. Readers drop what no longer runs:
 ``retain`` keeps only the commands a saga's history still has in flight. Nothing here
 is durable: a process that starts again starts empty.
 """
@@ -20,6 +20,8 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+import orjson
 
 from saga_engine.kernel._serde import JsonDict
 from saga_engine.kernel._settings import AdminSettings
@@ -38,6 +40,8 @@ class StepReport:
     seq: int
     at: datetime
     body: Any
+    #: About how many bytes it holds (its body as JSON, and the rest), for the budget.
+    size: int = 0
 
     def as_json(self) -> JsonDict:
         return {
@@ -55,10 +59,13 @@ class _Command:
     attempt: int
     touched: float
     reports: collections.deque[StepReport] = field(default_factory=collections.deque)
+    #: The sum of its reports' sizes.
+    size: int = 0
 
 
 class StepProgressBoard:
-    """The latest reports per running step, bounded in sagas, steps, items and age."""
+    """The latest reports per running step, bounded in sagas, steps, items, bytes and
+    age."""
 
     def __init__(
         self,
@@ -66,22 +73,26 @@ class StepProgressBoard:
         items_per_step: int = 10,
         max_sagas: int = 10_000,
         steps_per_saga: int = 32,
+        max_bytes: int = 64 * 1024 * 1024,
         ttl_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
         stats: collections.Counter[str] | None = None,
     ) -> None:
-        if min(items_per_step, max_sagas, steps_per_saga) < 1 or ttl_s <= 0:
+        if min(items_per_step, max_sagas, steps_per_saga, max_bytes) < 1 or ttl_s <= 0:
             msg = "a board's bounds are at least 1 (and its ttl_s above 0)"
             raise ValueError(msg)
         self.items_per_step = items_per_step
         self.max_sagas = max_sagas
         self.steps_per_saga = steps_per_saga
+        self.max_bytes = max_bytes
         self.ttl_s = ttl_s
         self._clock = clock
         #: saga id -> command id -> its reports; both least recently reported first.
         self._sagas: collections.OrderedDict[str, collections.OrderedDict[str, _Command]] = (
             collections.OrderedDict()
         )
+        #: The sizes of every report kept, summed.
+        self.bytes = 0
         #: saga id -> (the event its readers wait on, how many wait).
         self._waiters: dict[str, tuple[asyncio.Event, int]] = {}
         #: ``step_progress_stale`` and ``step_progress_evicted`` (the engine's counters,
@@ -96,6 +107,7 @@ class StepProgressBoard:
         return cls(
             items_per_step=admin.step_progress_items,
             max_sagas=admin.step_progress_sagas,
+            max_bytes=admin.step_progress_max_bytes,
             ttl_s=admin.step_progress_ttl_s,
             stats=stats,
         )
@@ -108,9 +120,9 @@ class StepProgressBoard:
             commands = self._sagas[record.saga_id] = collections.OrderedDict()
         self._sagas.move_to_end(record.saga_id)
         entry = commands.get(record.command_id)
-        if entry is not None and self._expired(entry, now):
-            entry = None
-        if entry is None or record.attempt > entry.attempt:
+        if entry is None or self._expired(entry, now) or record.attempt > entry.attempt:
+            if entry is not None:
+                self.bytes -= entry.size
             entry = commands[record.command_id] = _Command(record.attempt, now)
         elif record.attempt < entry.attempt or (
             entry.reports and record.seq <= entry.reports[-1].seq
@@ -119,10 +131,15 @@ class StepProgressBoard:
             return False
         entry.touched = now
         commands.move_to_end(record.command_id)
-        entry.reports.append(_report(record))
+        report = _report(record)
+        entry.reports.append(report)
+        entry.size += report.size
+        self.bytes += report.size
         while len(entry.reports) > self.items_per_step:
-            entry.reports.popleft()
-        self._bound(commands)
+            gone = entry.reports.popleft()
+            entry.size -= gone.size
+            self.bytes -= gone.size
+        self._bound(record.saga_id, commands)
         self._wake(record.saga_id)
         return True
 
@@ -133,37 +150,34 @@ class StepProgressBoard:
         if commands is None:
             return []
         now = self._clock()
-        for command_id in [c for c, e in commands.items() if self._expired(e, now)]:
-            del commands[command_id]
+        self._remove(saga_id, [c for c, e in commands.items() if self._expired(e, now)])
         wanted = None if command_ids is None else set(command_ids)
-        out = [
+        return [
             report
             for command_id, entry in commands.items()
             if wanted is None or command_id in wanted
             for report in entry.reports
         ]
-        if not commands:
-            del self._sagas[saga_id]
-        return out
 
     def retain(self, saga_id: str, running: Collection[str]) -> None:
         """Drops the saga's reports on commands not in ``running`` (their reply, or
         their timeout, is in the history now)."""
         commands = self._sagas.get(saga_id)
-        if commands is None:
-            return
-        for command_id in [c for c in commands if c not in running]:
-            del commands[command_id]
-        if not commands:
-            del self._sagas[saga_id]
+        if commands is not None:
+            self._remove(saga_id, [c for c in commands if c not in running])
 
     def drop(self, saga_id: str, command_ids: Iterable[str]) -> None:
         """Drops the saga's reports on ``command_ids`` (those that ended)."""
+        self._remove(saga_id, command_ids)
+
+    def _remove(self, saga_id: str, command_ids: Iterable[str]) -> None:
         commands = self._sagas.get(saga_id)
         if commands is None:
             return
         for command_id in command_ids:
-            commands.pop(command_id, None)
+            entry = commands.pop(command_id, None)
+            if entry is not None:
+                self.bytes -= entry.size
         if not commands:
             del self._sagas[saga_id]
 
@@ -197,16 +211,19 @@ class StepProgressBoard:
     def _expired(self, entry: _Command, now: float) -> bool:
         return now - entry.touched > self.ttl_s
 
-    def _bound(self, commands: collections.OrderedDict[str, _Command]) -> None:
+    def _bound(self, saga_id: str, commands: collections.OrderedDict[str, _Command]) -> None:
         while len(commands) > self.steps_per_saga:
-            commands.popitem(last=False)
+            self._remove(saga_id, [next(iter(commands))])
             self.stats["step_progress_evicted"] += 1
-        while len(self._sagas) > self.max_sagas:
-            self._sagas.popitem(last=False)
+        while self._sagas and (len(self._sagas) > self.max_sagas or self.bytes > self.max_bytes):
+            _, gone = self._sagas.popitem(last=False)
+            self.bytes -= sum(entry.size for entry in gone.values())
             self.stats["step_progress_evicted"] += 1
 
 
 def _report(record: StepProgressRecord) -> StepReport:
+    # The body as JSON, and about what its ids, numbers and time take besides.
+    size = len(orjson.dumps(record.body)) + 256
     return StepReport(
-        record.command_id, record.step, record.attempt, record.seq, record.at, record.body
+        record.command_id, record.step, record.attempt, record.seq, record.at, record.body, size
     )

@@ -348,6 +348,9 @@ class AdminSettings(BaseModel):
     #: sagas, each gone after ``step_progress_ttl_s`` seconds without a report.
     step_progress_items: int = Field(default=10, ge=1, le=1000)
     step_progress_sagas: int = Field(default=10_000, ge=1, le=1_000_000)
+    #: ... and at most this many bytes of them (about: each report's body as JSON, plus
+    #: 256), the least recently reported saga's going first.
+    step_progress_max_bytes: int = Field(default=64 * 1024 * 1024, ge=65_536)
     step_progress_ttl_s: float = Field(default=600.0, gt=0)
 
 

@@ -233,3 +233,35 @@ def test_the_protocols_example_record_is_read_and_its_limit_is_the_codes() -> No
         "const ProgressMaxBytes = 8192"
         in (Path(__file__).resolve().parents[3] / "kits" / "go" / "progress.go").read_text()
     )
+
+
+def test_the_bytes_kept_are_bounded_and_counted_back_as_reports_go() -> None:
+    board = StepProgressBoard(max_bytes=4000, items_per_step=2)
+    big = "x" * 1000  # about 1,258 bytes a report
+    board.add(rec(1, saga="old", body=big))
+    board.add(rec(1, saga="s-1", body=big))
+    board.add(rec(2, saga="s-1", body=big))
+    assert len(board) == 2
+    board.add(rec(1, saga="new", body=big))  # over the budget: the oldest saga goes
+    assert board.reports("old") == []
+    assert len(board) == 2
+    board.add(rec(3, saga="s-1", body="small"))  # its first report leaves (2 a step)
+    board.add(rec(1, saga="s-1", command="c-2", body="small"))
+    before = board.bytes
+    board.drop("s-1", ["c-2"])
+    assert board.bytes < before
+    board.retain("s-1", set())
+    board.retain("new", set())
+    assert (len(board), board.bytes) == (0, 0)  # every byte counted back
+
+
+def test_a_new_attempt_and_an_expired_step_give_their_bytes_back() -> None:
+    clock = Clock()
+    board = StepProgressBoard(ttl_s=10, clock=clock)
+    board.add(rec(1, body="x" * 500))
+    board.add(rec(1, attempt=2, body="y"))
+    clock.now = 30
+    board.add(rec(1, attempt=2, command="c-2", body="z"))  # c-1 expired meanwhile
+    assert [c for c, _, _ in seqs(board)] == ["c-2"]
+    board.retain("s-1", set())
+    assert board.bytes == 0
