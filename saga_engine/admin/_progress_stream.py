@@ -23,7 +23,7 @@ runtime.
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncGenerator, AsyncIterator, Collection
 from typing import Annotated, Final
 
 from fastapi import APIRouter, Header, Query
@@ -110,12 +110,14 @@ def _resume_point(after: int, last_event_id: str | None) -> int:
 
 
 class _StepMarks:
-    """What a stream sent of participants' step reports: the last ``seq`` per command
-    and attempt, and the commands that ended (their reports are sent no more)."""
+    """What a stream sent of participants' step reports: the board's serial of the last
+    one, the commands it sent reports of, and the commands that ended (their reports
+    are sent no more)."""
 
     def __init__(self, board: StepProgressBoard | None, saga_id: str) -> None:
         self.board, self.saga_id = board, saga_id
-        self.sent: dict[tuple[str, int], int] = {}
+        self.last = 0
+        self.reported: set[str] = set()
         self.ended: set[str] = set()
 
     def frames(self) -> list[bytes]:
@@ -124,14 +126,14 @@ class _StepMarks:
         if self.board is None:
             return []
         out = []
-        for command_id in sorted({c for c, _ in self.sent} & self.ended):
+        for command_id in sorted(self.reported & self.ended):
             out.append(b"event: step_ended\ndata: %s\n\n" % dumps({"command_id": command_id}))
-            self.sent = {mark: seq for mark, seq in self.sent.items() if mark[0] != command_id}
+            self.reported.discard(command_id)
         for report in self.board.reports(self.saga_id):
-            mark = (report.command_id, report.attempt)
-            if report.command_id not in self.ended and report.seq > self.sent.get(mark, 0):
-                self.sent[mark] = report.seq
+            if report.serial > self.last and report.command_id not in self.ended:
+                self.reported.add(report.command_id)
                 out.append(b"event: step_progress\ndata: %s\n\n" % dumps(report.as_json()))
+        self.last = self.board.serial
         return out
 
     def end(self, command_ids: frozenset[str]) -> None:
@@ -160,7 +162,7 @@ async def sse_frames(
     topics: Collection[str] | None,
     follow: bool = True,
     steps: StepProgressBoard | None = None,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes]:
     """The stream's frames: items after ``after``, then ``end`` once the saga ended (with
     ``follow=False``, the items there are now, and ``end`` only if it ended). With
     ``steps``, participants' reports on the commands in flight too, as ``step_progress``

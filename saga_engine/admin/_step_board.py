@@ -2,9 +2,9 @@
 progress on the steps they are handling (``tx.progress``; the record in
 ``transport._step_progress``).
 
-Per saga, per command: the latest ``items_per_step`` reports of its latest attempt. A
-report of an older attempt, or one whose ``seq`` is not above the last one kept, is
-stale and dropped. Bounds: at most ``max_sagas`` sagas and ``max_bytes`` of reports
+Per saga, per command: the latest ``items_per_step`` reports of its latest run. A report
+numbered 1, or of a later attempt, starts a new run (the handler ran again); one of an
+older attempt, or whose ``seq`` is not above the last one kept, is stale and dropped. Bounds: at most ``max_sagas`` sagas and ``max_bytes`` of reports
 (the least recently reported saga goes first), ``steps_per_saga`` commands per saga (the
 oldest goes first), and a command not reported on for ``ttl_s`` seconds is gone. Readers drop what no longer runs:
 ``retain`` keeps only the commands a saga's history still has in flight. Nothing here
@@ -42,6 +42,9 @@ class StepReport:
     body: Any
     #: About how many bytes it holds (its body as JSON, and the rest), for the budget.
     size: int = 0
+    #: Its place among every report this board kept, from 1: a reader that saw up to n
+    #: has every later one to see.
+    serial: int = 0
 
     def as_json(self) -> JsonDict:
         return {
@@ -93,6 +96,8 @@ class StepProgressBoard:
         )
         #: The sizes of every report kept, summed.
         self.bytes = 0
+        #: The serial of the last report kept.
+        self.serial = 0
         #: saga id -> (the event its readers wait on, how many wait).
         self._waiters: dict[str, tuple[asyncio.Event, int]] = {}
         #: ``step_progress_stale`` and ``step_progress_evicted`` (the engine's counters,
@@ -120,7 +125,14 @@ class StepProgressBoard:
             commands = self._sagas[record.saga_id] = collections.OrderedDict()
         self._sagas.move_to_end(record.saga_id)
         entry = commands.get(record.command_id)
-        if entry is None or self._expired(entry, now) or record.attempt > entry.attempt:
+        # seq 1 starts a run of the handler: a new one, or the same attempt run again (an
+        # outage retried, a crash redelivered elsewhere: the numbers start again).
+        if (
+            entry is None
+            or record.seq == 1
+            or record.attempt > entry.attempt
+            or self._expired(entry, now)
+        ):
             if entry is not None:
                 self.bytes -= entry.size
             entry = commands[record.command_id] = _Command(record.attempt, now)
@@ -131,7 +143,8 @@ class StepProgressBoard:
             return False
         entry.touched = now
         commands.move_to_end(record.command_id)
-        report = _report(record)
+        self.serial += 1
+        report = _report(record, self.serial)
         entry.reports.append(report)
         entry.size += report.size
         self.bytes += report.size
@@ -221,9 +234,16 @@ class StepProgressBoard:
             self.stats["step_progress_evicted"] += 1
 
 
-def _report(record: StepProgressRecord) -> StepReport:
+def _report(record: StepProgressRecord, serial: int) -> StepReport:
     # The body as JSON, and about what its ids, numbers and time take besides.
     size = len(orjson.dumps(record.body)) + 256
     return StepReport(
-        record.command_id, record.step, record.attempt, record.seq, record.at, record.body, size
+        record.command_id,
+        record.step,
+        record.attempt,
+        record.seq,
+        record.at,
+        record.body,
+        size,
+        serial,
     )

@@ -12,6 +12,7 @@ import pytest
 
 from saga_engine import SagaStatus
 from saga_engine.admin import create_admin_app
+from saga_engine.admin._progress_stream import sse_frames
 from saga_engine.admin._step_board import StepProgressBoard
 from saga_engine.client import SagaClient
 from saga_engine.testing import SagaTestEnv
@@ -112,3 +113,30 @@ async def test_streams_beyond_max_streams_get_a_503_with_retry_after_until_one_c
         client = SagaClient(settings, admin_url=served.url, admin_token=READER_TOKEN)
         items = client.stream(served.seeded["held"])
         assert (await anext(items)).number == 1
+
+
+async def test_a_stream_sends_each_report_once_a_new_run_too_and_says_when_the_step_ended() -> None:
+    env = SagaTestEnv([Tracked], settings=admin_settings())
+    env.hold(lambda command: command.step == "reserve")
+    run = await env.start(Tracked, Order(hold=True))
+    (command_id,) = [c.command_id for c in env.commands() if c.step == "reserve"]
+    board = StepProgressBoard()
+    frames_of = sse_frames(env.parts.store, run.saga_id, 0, None, True, board)
+
+    async def next_frame() -> str:
+        frame = (await anext(frames_of)).decode()
+        return frame if not frame.startswith(":") else await next_frame()
+
+    assert (await next_frame()).startswith("id: 1\n")
+    for seq in (1, 2):
+        board.add(report(run.saga_id, command_id, seq))
+        assert f'"seq":{seq},' in await next_frame()
+    board.add(report(run.saga_id, command_id, 2))  # the same again: stale, not sent
+    board.add(report(run.saga_id, command_id, 1))  # the handler ran again: sent
+    again = await next_frame()
+    assert again.startswith("event: step_progress\n")
+    assert '"seq":1,' in again
+    await env.release()
+    assert (await next_frame()).startswith("id: 2\n")
+    assert await next_frame() == (f'event: step_ended\ndata: {{"command_id":"{command_id}"}}\n\n')
+    await frames_of.aclose()

@@ -58,15 +58,21 @@ def test_it_keeps_the_latest_items_per_step_in_order() -> None:
     assert board.reports("s-1")[-1].body == {"done": 5}
 
 
-def test_a_duplicate_or_older_report_is_stale_and_a_new_attempt_starts_afresh() -> None:
+def test_a_duplicate_or_older_report_is_stale_and_a_new_run_starts_afresh() -> None:
     board = StepProgressBoard()
     assert board.add(rec(1))
     assert board.add(rec(2))
-    assert not board.add(rec(2))  # the same again
-    assert not board.add(rec(1))  # out of order
+    assert board.add(rec(3))
+    assert not board.add(rec(3))  # the same again
+    assert not board.add(rec(2))  # an earlier one
     assert board.add(rec(1, attempt=2))  # the handler ran again: its reports replace
     assert not board.add(rec(9, attempt=1))  # a late report of the earlier attempt
     assert seqs(board) == [("c-1", 2, 1)]
+    assert board.add(rec(2, attempt=2))
+    # Numbered from 1 again: the same attempt run again (a crash, an outage retried; a
+    # redelivery elsewhere counts attempts from 1 again): a new run.
+    assert board.add(rec(1, attempt=1))
+    assert seqs(board) == [("c-1", 1, 1)]
     assert board.stats["step_progress_stale"] == 3
 
 
