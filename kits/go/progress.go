@@ -37,7 +37,7 @@ func (k *Kit) ProgressStats() (sent, dropped uint64) {
 	return k.progressSent.Load(), k.progressDropped.Load()
 }
 
-// stepProgress numbers one handler attempt's reports.
+// stepProgress numbers the reports of one run of a handler (one transaction).
 type stepProgress struct {
 	k       *Kit
 	attempt int

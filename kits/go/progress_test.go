@@ -53,7 +53,7 @@ func TestProgressNeverFailsNorPanics(t *testing.T) {
 }
 
 // Section 5b: a handler's reports go to {prefix}.progress keyed by the saga
-// id, numbered per attempt; reports that cannot be sent are dropped and
+// id, numbered per run of the handler; reports that cannot be sent are dropped and
 // counted, and never fail the handler.
 func TestIntegrationProgressReports(t *testing.T) {
 	h := newHarness(t, nil)

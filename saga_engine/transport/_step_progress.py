@@ -35,9 +35,9 @@ STEP_PROGRESS_TYPE: Final = "saga.progress"
 
 
 class StepProgressRecord(BaseModel):
-    """One report: which saga, command and attempt it is about, its number among that
-    attempt's reports (``seq``, from 1), when it was made and what it says (``body``: any
-    JSON value)."""
+    """One report: which saga, command and attempt it is about, its number among the
+    reports of that run of the handler (``seq``, from 1: a handler run again numbers from
+    1 again), when it was made and what it says (``body``: any JSON value)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
