@@ -4,7 +4,7 @@
 is its Python side, the one the engine, the kit and the client use:
 
 - topics: ``Topics`` (``{prefix}.inbox``, ``{prefix}.cmd.{participant}``,
-  ``{prefix}.dlq``) and the partition a key goes to (``key_hash``, ``partition_for``);
+  ``{prefix}.dlq``, ``{prefix}.progress``) and the partition a key goes to (``key_hash``, ``partition_for``);
 - messages: ``Envelope`` (the ``ce_*`` headers and the JSON body; ``HEADERS`` maps its
   fields to header names, ``REQUIRED_HEADERS`` must be present), ``MessageType`` (the
   ``ce_type``), the bodies (``ReplyBody``, ``StartBody``, ``SignalBody``, ``CancelBody``,
@@ -15,7 +15,9 @@ is its Python side, the one the engine, the kit and the client use:
   the JSON marker ``{CODEC_MARKER: "<chain>", "data": "<base64>"}`` with the
   ``CODEC_HEADER`` header naming the chain; ``encode``/``decode`` take ``codec=``;
 - ids (PROTOCOL.md section 6): ``command_id_for`` and ``saga_id_for``, both derived
-  deterministically.
+  deterministically;
+- a participant's progress report on ``{prefix}.progress`` (PROTOCOL.md section 5b):
+  ``StepProgressRecord``, its value at most ``STEP_PROGRESS_MAX_BYTES``.
 
 ::
 
@@ -38,6 +40,7 @@ is its Python side, the one the engine, the kit and the client use:
 from saga_engine.core.history._decision import command_id_for, saga_id_for
 from saga_engine.kernel._errors import PoisonMessage, PoisonReason
 from saga_engine.kernel._partitioning import key_hash, partition_for
+from saga_engine.transport._step_progress import STEP_PROGRESS_MAX_BYTES, StepProgressRecord
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import (
     BODY_MODELS,
@@ -68,6 +71,7 @@ __all__ = [
     "HEADERS",
     "REQUIRED_HEADERS",
     "SCHEMA_VERSION",
+    "STEP_PROGRESS_MAX_BYTES",
     "CancelBody",
     "Envelope",
     "Headers",
@@ -78,6 +82,7 @@ __all__ = [
     "ReplyBody",
     "SignalBody",
     "StartBody",
+    "StepProgressRecord",
     "Topics",
     "UndoBody",
     "command_id_for",

@@ -9,7 +9,7 @@ Usage::
 The document is written from a participant's and a client's side: they receive commands
 on ``{prefix}.cmd.{participant}`` and reply on ``{prefix}.inbox`` (the operation's
 ``reply``), send starts, signals and cancels to the inbox, and send what they cannot
-process to ``{prefix}.dlq``. The schemas are the JSON Schema files' content, embedded
+process to ``{prefix}.dlq``, and may report their progress on ``{prefix}.progress``. The schemas are the JSON Schema files' content, embedded
 (AsyncAPI's default schema format is a superset of JSON Schema draft 7: the files'
 ``$defs`` become component schemas and their ``$ref``s point there). PROTOCOL.md stays
 the specification; this document is for tools (code generators, browsers).
@@ -48,6 +48,7 @@ MESSAGES: dict[MessageType, tuple[str, str | None, str]] = {
 _FILE_NAMES = {f: name for name, f, _ in MESSAGES.values() if f} | {
     "headers.schema.json": "Headers",
     "dlq-headers.schema.json": "DeadLetterHeaders",
+    "progress.schema.json": "StepProgress",
 }
 
 
@@ -132,6 +133,13 @@ def _channels() -> Schema:
             "parameters": {"prefix": prefix},
             "messages": {"deadLetter": {"$ref": "#/components/messages/DeadLetter"}},
         },
+        "progress": {
+            "address": "{prefix}.progress",
+            "description": "Participants' reports on the commands they handle, not durable "
+            "(section 5b).",
+            "parameters": {"prefix": prefix},
+            "messages": {"progress": {"$ref": "#/components/messages/Progress"}},
+        },
     }
 
 
@@ -158,6 +166,11 @@ def _operations() -> Schema:
             **send("deadLetters", "deadLetter"),
             "summary": "A participant dead-letters a command it cannot answer (section 7.5).",
         },
+        "reportProgress": {
+            **send("progress", "progress"),
+            "summary": "A participant reports how far it got on a command, fire and forget "
+            "(optional; section 5b).",
+        },
     }
 
 
@@ -174,6 +187,19 @@ def build() -> Schema:
         "title": "DeadLetter",
         "summary": "The original record (key, value, headers) plus the dlq_* headers.",
         "headers": {"$ref": "#/components/schemas/DeadLetterHeaders"},
+    }
+    messages["Progress"] = {
+        "name": "saga.progress",
+        "title": "Progress",
+        "summary": "A participant's report on the command it is handling.",
+        "contentType": "application/json",
+        "payload": {"$ref": "#/components/schemas/StepProgress"},
+        "bindings": {
+            "kafka": {
+                "key": {"type": "string", "description": "The saga id."},
+                "bindingVersion": "0.5.0",
+            }
+        },
     }
     return {
         "asyncapi": "3.0.0",

@@ -37,6 +37,7 @@ from saga_engine.protocol import (  # noqa: E402
     HEADERS,
     REQUIRED_HEADERS,
     SCHEMA_VERSION,
+    STEP_PROGRESS_MAX_BYTES,
     CancelBody,
     Envelope,
     MessageType,
@@ -45,6 +46,7 @@ from saga_engine.protocol import (  # noqa: E402
     ReplyBody,
     SignalBody,
     StartBody,
+    StepProgressRecord,
     UndoBody,
     command_id_for,
     saga_id_for,
@@ -485,6 +487,32 @@ def encoded_value_schema() -> Schema:
     return _frame("encoded-value.schema.json", "EncodedValue", description, schema)
 
 
+def progress_schema() -> Schema:
+    """The value of a progress record on ``{prefix}.progress`` (PROTOCOL.md section 5b)."""
+    generated = StepProgressRecord.model_json_schema()
+    generated.pop("title", None)
+    generated.pop("description", None)
+    generated["examples"] = [
+        {
+            "saga_id": saga_id_for("checkout", "order-42"),
+            "command_id": command_id_for(
+                saga_id_for("checkout", "order-42"), "reserve-stock", 0, compensation=False
+            ),
+            "step": "reserve-stock",
+            "attempt": 1,
+            "seq": 3,
+            "at": "2025-01-31T12:00:01.500000Z",
+            "body": {"reserved": 12, "of": 40},
+        }
+    ]
+    description = (
+        "A participant's report on the command it is handling (saga.progress on "
+        f"{{prefix}}.progress, keyed by the saga id): not durable; at most "
+        f"{STEP_PROGRESS_MAX_BYTES} bytes of JSON, body included."
+    )
+    return _frame("progress.schema.json", "StepProgress", description, generated)
+
+
 def build() -> dict[str, Schema]:
     """Every schema file, by file name."""
     schemas: dict[str, Schema] = {
@@ -492,6 +520,7 @@ def build() -> dict[str, Schema]:
         "headers.schema.json": headers_schema(),
         "dlq-headers.schema.json": dlq_headers_schema(),
         "encoded-value.schema.json": encoded_value_schema(),
+        "progress.schema.json": progress_schema(),
     }
     for name in BODY_SCHEMAS:
         schemas[name] = body_schema(name)

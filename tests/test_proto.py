@@ -140,6 +140,7 @@ def test_the_expected_schema_files_are_committed() -> None:
             "headers.schema.json",
             "dlq-headers.schema.json",
             "encoded-value.schema.json",
+            "progress.schema.json",
             *BODY_FILES.values(),
         ]
     )
@@ -446,7 +447,7 @@ def test_protocol_mentions_every_schema_file() -> None:
 
 def test_protocol_names_the_topics_the_code_uses() -> None:
     topics = Topics("{prefix}")
-    for name in (topics.inbox, topics.dlq, topics.commands("{participant}")):
+    for name in (topics.inbox, topics.dlq, topics.progress, topics.commands("{participant}")):
         assert f"`{name}`" in protocol(), name
     assert f"`{topics.participant_group('{participant}')}`" in protocol()
 

@@ -54,6 +54,7 @@ type verdict struct {
 	cmd     *Command // set for verdictProcess and verdictAnswer
 	answer  *replyBody
 	handler *handler
+	attempt int // the handler's attempt at it, from 1 (set by process)
 }
 
 // messageTypes are the seven ce_type values of section 5.

@@ -41,6 +41,9 @@ type Command struct {
 	Topic     string
 	Partition int32
 	Offset    int64
+
+	// progress sends the handler's reports (Progress); nil outside a handler.
+	progress *stepProgress
 }
 
 // Decode unmarshals the command's body into v.

@@ -57,7 +57,7 @@ func (k *Kit) Run(ctx context.Context) error {
 			return fmt.Errorf("kit: %w", err)
 		}
 	}
-	for _, topic := range []string{k.commandTopic(), k.dlqTopic()} {
+	for _, topic := range []string{k.commandTopic(), k.dlqTopic(), k.progressTopic()} {
 		if err := k.ensureTopic(ctx, topic); err != nil {
 			return fmt.Errorf("kit: topic %s: %w", topic, err)
 		}

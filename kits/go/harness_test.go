@@ -63,7 +63,7 @@ func newHarness(t *testing.T, configure func(*Config)) *harness {
 	h.exec(`CREATE TABLE ` + h.table("effects") + ` (id bigserial PRIMARY KEY, key text NOT NULL)`)
 
 	h.client, err = kgo.NewClient(kgo.SeedBrokers(brokers),
-		kgo.ConsumeTopics(h.prefix+".inbox", h.prefix+".dlq", h.prefix+".other"),
+		kgo.ConsumeTopics(h.prefix+".inbox", h.prefix+".dlq", h.prefix+".other", h.prefix+".progress"),
 		kgo.ConsumeStartOffset(kgo.NewOffset().AtStart()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.MetadataMinAge(250*time.Millisecond),
@@ -72,7 +72,7 @@ func newHarness(t *testing.T, configure func(*Config)) *harness {
 		t.Fatal(err)
 	}
 	adm := kadm.NewClient(h.client)
-	topics := []string{h.prefix + ".inbox", h.prefix + ".dlq", h.prefix + ".cmd." + h.name}
+	topics := []string{h.prefix + ".inbox", h.prefix + ".dlq", h.prefix + ".cmd." + h.name, h.prefix + ".progress"}
 	if _, err := adm.CreateTopics(ctx, testPartitions, 1, nil, topics...); err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func (h *harness) send(recs ...*kgo.Record) {
 	}
 }
 
-// await waits up to 30 s for n records on topic (suffix inbox, dlq, other)
+// await waits up to 30 s for n records on topic (suffix inbox, dlq, other, progress)
 // that match, and returns them.
 func (h *harness) await(suffix string, n int, match func(*kgo.Record) bool) []*kgo.Record {
 	h.t.Helper()

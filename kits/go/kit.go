@@ -11,6 +11,7 @@ import (
 	"os"
 	"regexp"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -105,6 +106,10 @@ type Kit struct {
 	producer *kgo.Client
 	topicsMu sync.Mutex
 	topics   map[string]bool // topics known to exist
+
+	// Progress reports sent and dropped, and when a drop was last logged.
+	progressSent, progressDropped atomic.Uint64
+	progressLogged                atomic.Int64
 }
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)

@@ -42,6 +42,7 @@ func (k *Kit) process(ctx context.Context, v verdict) (*outboxRow, error) {
 	var lastErr error
 	failures := 0
 	for retry := 0; ; retry++ {
+		v.attempt = failures + 1
 		row, err := k.attempt(spanCtx, v)
 		if err == nil {
 			if v.kind == verdictAnswer {
@@ -131,7 +132,7 @@ func (k *Kit) attempt(ctx context.Context, v verdict) (*outboxRow, error) {
 	var ran handlerTimes
 	if v.answer != nil {
 		body = *v.answer
-	} else if body, err = k.runHandler(ctx, tx, v.handler, *cmd, &ran); err != nil {
+	} else if body, err = k.runHandler(ctx, tx, v.handler, k.withProgress(*cmd, v.attempt), &ran); err != nil {
 		return nil, err
 	} else if k.cfg.DrillLedger && body.Outcome == OutcomeSuccess {
 		// In this transaction: the ledger row commits with the handler's effects.

@@ -35,13 +35,14 @@ from saga_engine.admin import (
     _updates,
 )
 from saga_engine.admin._auth import AuthMiddleware, auth_required
-from saga_engine.admin._deps import AdminState, StartSaga, bearer, install
+from saga_engine.admin._deps import AdminState, StartSaga, StreamSlots, bearer, install
 from saga_engine.admin._http_errors import (
     BodyLimitMiddleware,
     CatchAllMiddleware,
     install_error_handlers,
 )
 from saga_engine.admin._starts import starts_router
+from saga_engine.admin._step_board import StepProgressBoard
 from saga_engine.admin._web import SecurityHeadersMiddleware, web_router
 from saga_engine.admin._web_batch_operations import batches_page_router
 from saga_engine.admin._web_dead_letters import dead_letters_page_router
@@ -70,6 +71,7 @@ def create_admin_app(
     health: HealthBoard | None = None,
     batches: BatchStore | None = None,
     dead_letters: DeadLetterReader | None = None,
+    step_progress: StepProgressBoard | None = None,
 ) -> FastAPI:
     """The admin API for ``engine``, configured by ``settings.admin``.
 
@@ -78,7 +80,8 @@ def create_admin_app(
     ``SagaTestEnv.parts``). ``schedules``: the schedules' store (else the schedule
     routes answer 503). ``batches``: the batch operations' store (else those routes
     answer 503). ``dead_letters``: the dead-letter topic to list and replay (the
-    worker's; else those routes answer 503). ``health``: what ``/health`` reports
+    worker's; else those routes answer 503). ``step_progress``: the participants' step
+    reports as the worker reads them from Kafka (else none are shown). ``health``: what ``/health`` reports
     besides liveness (the worker's board).
 
     Raises InsecureAdminBinding (a PermanentError) when ``settings.admin.host`` is not a
@@ -109,6 +112,10 @@ def create_admin_app(
         health,
         batches,
         dead_letters,
+        step_progress
+        if step_progress is not None
+        else StepProgressBoard.of(admin, parts.stats.counts),
+        StreamSlots(admin.max_streams),
     )
     install(app, state)
     install_error_handlers(app)

@@ -9,13 +9,14 @@ No ``from __future__ import annotations``: FastAPI reads the providers' annotati
 """
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.security import HTTPBearer
 
 from saga_engine.admin._auth import PRINCIPAL_KEY, Principal, auth_required
+from saga_engine.admin._step_board import StepProgressBoard
 from saga_engine.kernel._settings import AdminSettings
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._parts import EngineParts
@@ -33,6 +34,9 @@ __all__ = [
     "PartsDep",
     "StartSaga",
     "StarterDep",
+    "StepBoardDep",
+    "StreamSlots",
+    "StreamSlotsDep",
     "bearer",
     "current_principal",
     "install",
@@ -50,6 +54,27 @@ bearer = HTTPBearer(
     auto_error=False,
     description="A token from SAGA_ADMIN__READERS or SAGA_ADMIN__OPERATORS.",
 )
+
+
+class StreamSlots:
+    """How many progress streams are open in this process, against ``limit``
+    (``admin.max_streams``)."""
+
+    __slots__ = ("limit", "open")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+
+    def take(self) -> bool:
+        """One more stream, if the limit allows: False when it does not."""
+        if self.open >= self.limit:
+            return False
+        self.open += 1
+        return True
+
+    def give(self) -> None:
+        self.open = max(0, self.open - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +95,11 @@ class AdminState:
     batches: BatchStore | None = None
     #: The dead-letter topic, read from Kafka; None: the dead-letter routes answer 503.
     dead_letters: DeadLetterReader | None = None
+    #: Participants' reports on the steps they handle (``tx.progress``), as this
+    #: process read them (the worker feeds it from Kafka; else it stays empty).
+    step_progress: StepProgressBoard = field(default_factory=StepProgressBoard)
+    #: The progress streams open now, against ``admin.max_streams``.
+    streams: StreamSlots = field(default_factory=lambda: StreamSlots(200))
 
 
 def install(app: FastAPI, state: AdminState) -> None:
@@ -103,6 +133,14 @@ def _health(request: Request) -> HealthBoard | None:
     return _state(request).health
 
 
+def _step_progress(request: Request) -> StepProgressBoard:
+    return _state(request).step_progress
+
+
+def _streams(request: Request) -> StreamSlots:
+    return _state(request).streams
+
+
 HealthDep = Annotated[HealthBoard | None, Depends(_health)]
 
 
@@ -125,3 +163,5 @@ PartsDep = Annotated[EngineParts, Depends(_parts)]
 AdminDep = Annotated[AdminSettings, Depends(_admin)]
 StarterDep = Annotated[StartSaga, Depends(_starter)]
 Caller = Annotated[Principal, Depends(current_principal)]
+StepBoardDep = Annotated[StepProgressBoard, Depends(_step_progress)]
+StreamSlotsDep = Annotated[StreamSlots, Depends(_streams)]

@@ -12,7 +12,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
-from saga_engine.admin._deps import PartsDep
+from saga_engine.admin._deps import PartsDep, StepBoardDep
 from saga_engine.admin._lineage import children, reruns, tree
 from saga_engine.admin._listing import attribute_filters, saga_page
 from saga_engine.admin._route_helpers import (
@@ -30,7 +30,7 @@ from saga_engine.admin._schemas import (
     SagaGraph,
     SagaPage,
 )
-from saga_engine.admin._views import awaited, detail, graph_of, view_of, with_runs
+from saga_engine.admin._views import awaited, detail_of, graph_of, view_of, with_runs
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.planning._replay import export_history
 from saga_engine.kernel._input_types import Instant, StorableText, check_time_range
@@ -134,16 +134,22 @@ def _attributes(request: Request, parts: EngineParts) -> tuple[tuple[str, str], 
 async def get_saga(
     saga: SagaIdPath,
     parts: PartsDep,
+    board: StepBoardDep,
 ) -> SagaDetail:
     """Status, input, output or error, current step, what it waits for (``waiting_for``),
-    the commands in flight, pending compensations, next wake-up."""
+    the commands in flight (each with its participant's latest reports, ``progress``),
+    pending compensations, next wake-up."""
     record, events = await load_run(parts.store, saga)  # its current run: flat
-    found = detail(
+    view = view_of(record, events, awaited(parts.registry, record, events))
+    # What no longer runs (its reply is in the history) shows no reports, nor keeps them.
+    board.retain(record.saga_id, {f.command_id for f in view.in_flight})
+    found = detail_of(
         record,
+        view,
         events,
-        awaited(parts.registry, record, events),
         await children(parts.store, record.saga_id, events),
         await reruns(parts.store, record.saga_id),
+        board.reports(record.saga_id),
     )
     return await with_runs(parts.store, found, parts.settings.engine.continue_as_new_after)
 

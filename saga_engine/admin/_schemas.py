@@ -153,6 +153,16 @@ class SagaAction(BaseModel):
     )
 
 
+class StepProgress(BaseModel):
+    """A participant's report on the command it is handling (``tx.progress``): not
+    durable, kept in this process's memory while the command runs."""
+
+    attempt: int = Field(description="The participant's attempt at the command, from 1.")
+    seq: int = Field(description="The report's number within that attempt, from 1.")
+    at: datetime = Field(description="When the participant made it.")
+    body: Any = Field(description="What it says: any JSON value.")
+
+
 class InFlightCommand(BaseModel):
     """A command sent and not answered (or answered by a reply held as invalid)."""
 
@@ -166,6 +176,10 @@ class InFlightCommand(BaseModel):
     timeout_at: datetime | None = None
     held: str | None = Field(
         default=None, description="Why its success reply is held, waiting for an operator."
+    )
+    progress: list[StepProgress] = Field(
+        default_factory=list,
+        description="The participant's latest reports on it, oldest first (docs/progress.md).",
     )
 
 

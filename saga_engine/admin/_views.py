@@ -19,8 +19,10 @@ from saga_engine.admin._schemas import (
     SagaListItem,
     SagaRef,
     SagaSummary,
+    StepProgress,
     WaitingFor,
 )
+from saga_engine.admin._step_board import StepReport
 from saga_engine.core.authoring._definition import SagaRegistry
 from saga_engine.core.history._events import Event
 from saga_engine.core.history._fold import Awaited
@@ -88,9 +90,10 @@ def detail(
     awaited: Awaited | None = None,
     children: Sequence[ChildRef] = (),
     reruns: Sequence[SagaRef] = (),
+    reports: Sequence[StepReport] = (),
 ) -> SagaDetail:
     view = view_of(record, events, awaited)
-    return detail_of(record, view, events, children, reruns)
+    return detail_of(record, view, events, children, reruns, reports)
 
 
 def detail_of(
@@ -99,7 +102,9 @@ def detail_of(
     events: Sequence[Event] = (),
     children: Sequence[ChildRef] = (),
     reruns: Sequence[SagaRef] = (),
+    reports: Sequence[StepReport] = (),
 ) -> SagaDetail:
+    """``reports``: participants' reports on the commands in flight (``tx.progress``)."""
     return SagaDetail(
         **summary(record).model_dump(),
         input=view.input,
@@ -117,6 +122,11 @@ def detail_of(
                 since=f.since,
                 timeout_at=f.timeout_at,
                 held=f.held.message if f.held is not None else None,
+                progress=[
+                    StepProgress(attempt=r.attempt, seq=r.seq, at=r.at, body=r.body)
+                    for r in reports
+                    if r.command_id == f.command_id
+                ],
             )
             for f in view.in_flight
         ],

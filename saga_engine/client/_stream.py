@@ -99,6 +99,8 @@ async def stream_items(
                         for frame in frames:
                             if frame.event == "end":
                                 return
+                            if frame.event != "message":
+                                continue  # an event type this client does not know
                             item = _item(frame)
                             if item.number > last:
                                 last, failures = item.number, 0

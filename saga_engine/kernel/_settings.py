@@ -345,6 +345,18 @@ class AdminSettings(BaseModel):
     #: derived from all the configured tokens, so instances configured with the same
     #: tokens accept each other's sessions, and changing any token ends every session.
     session_secret: SecretStr | None = None
+    #: At most this many progress streams (``GET /sagas/{id}/stream``) open at once in
+    #: this process; one more is answered 503 with ``Retry-After`` (docs/progress.md).
+    max_streams: int = Field(default=200, ge=1, le=100_000)
+    #: Participants' step reports (``tx.progress``) kept in memory: the latest
+    #: ``step_progress_items`` per running step, of at most ``step_progress_sagas``
+    #: sagas, each gone after ``step_progress_ttl_s`` seconds without a report.
+    step_progress_items: int = Field(default=10, ge=1, le=1000)
+    step_progress_sagas: int = Field(default=10_000, ge=1, le=1_000_000)
+    #: ... and at most this many bytes of them (about: each report's body as JSON, plus
+    #: 256), the least recently reported saga's going first.
+    step_progress_max_bytes: int = Field(default=64 * 1024 * 1024, ge=65_536)
+    step_progress_ttl_s: float = Field(default=600.0, gt=0)
 
 
 class BlobSettings(BaseModel):

@@ -30,6 +30,7 @@ from saga_engine.kernel._retry import HANDLER, OUTAGE
 from saga_engine.kernel._settings import Settings
 from saga_engine.participant._handler import HandlerSpec, trace_context
 from saga_engine.participant._sql import Outgoing, reply_record
+from saga_engine.participant._step_reports import StepReporter
 from saga_engine.telemetry._telemetry import Telemetry, carrier_of, default_telemetry
 from saga_engine.transport._dead_letter_sending import publish_dead_letter
 from saga_engine.transport._kafka import KafkaDeadLetterPublisher, ensure_topics
@@ -91,6 +92,8 @@ class ParticipantContext:
     _dead: KafkaDeadLetterPublisher = field(init=False)
     #: Reply topics known to exist (the inbox is created at start).
     _reply_topics: set[str] = field(init=False)
+    #: Sends handlers' reports on their steps (``tx.progress``), fire and forget.
+    step_reports: StepReporter = field(init=False)
 
     def __post_init__(self) -> None:
         kafka = self.settings.kafka
@@ -99,6 +102,7 @@ class ParticipantContext:
         self._source = f"/participants/{self.name}"
         self._dead = KafkaDeadLetterPublisher(self.producer, self.topics.dlq)
         self._reply_topics = {self.topics.inbox}
+        self.step_reports = StepReporter(self.producer, self.topics.progress, self.stats)
 
     # ------------------------------------------------------------------ replies
 

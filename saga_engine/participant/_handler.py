@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from saga_engine.kernel._errors import InvalidPayload, Rejected, Retryable, UnstorableValue
 from saga_engine.kernel._serde import JsonDict, storable_copy, unstorable, without_input
 from saga_engine.participant._sql import Connection
+from saga_engine.participant._step_reports import StepReporter
 from saga_engine.transport._wire import Envelope, ReplyBody
 
 Isolation = Literal["read_committed", "repeatable_read", "serializable"]
@@ -67,10 +68,14 @@ class Transaction(Statements):
 
     ``connection`` is the asyncpg connection (see :class:`Statements`);
     ``execute``/``fetch``/``fetchrow``/``fetchval`` delegate to it. ``attempt`` counts
-    from 1; it grows when a previous attempt raised.
+    from 1; it grows when a previous attempt raised. ``progress(...)`` reports how far
+    the handler got, shown on the step while it runs (docs/progress.md).
     """
 
     __slots__ = (
+        "_command",
+        "_reports",
+        "_seq",
         "attempt",
         "command_id",
         "command_type",
@@ -83,9 +88,18 @@ class Transaction(Statements):
     )
 
     def __init__(
-        self, connection: Connection, command: Envelope, *, participant: str, attempt: int
+        self,
+        connection: Connection,
+        command: Envelope,
+        *,
+        participant: str,
+        attempt: int,
+        reports: StepReporter | None = None,
     ) -> None:
         super().__init__(connection)
+        self._command = command
+        self._reports = reports
+        self._seq = 0
         self.participant = participant
         self.attempt = attempt
         self.command_id = command.command_id
@@ -95,6 +109,17 @@ class Transaction(Statements):
         self.step = command.step
         self.compensation = command.compensation
         self.trace_context = trace_context(command)
+
+    def progress(self, body: BaseModel | Any) -> None:
+        """Reports how far the handler got on this step (a model or any JSON value, at
+        most 8 KiB as JSON), shown on the step while it runs: on ``GET /sagas/{id}``,
+        the stream (``?steps=true``) and the saga's page. Not durable, sent in the
+        background, and never raises: a report that cannot be sent is dropped and
+        counted (``Participant.stats["step_progress_dropped"]``)."""
+        if self._reports is None:
+            return
+        self._seq += 1
+        self._reports.report(self._command, self.attempt, self._seq, body)
 
     def __repr__(self) -> str:
         return (

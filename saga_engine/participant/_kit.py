@@ -379,8 +379,14 @@ class Participant:
     async def _connect(self) -> tuple[Pool, AIOKafkaProducer]:
         """Creates the topics, migrates the schema, opens the pool and the producer."""
         kafka = self.settings.kafka
-        # The participant's own topic, the dead-letter topic, and the default reply topic.
-        wanted = [self.topics.commands(self.name), self.topics.dlq, self.topics.inbox]
+        # The participant's own topic, the dead-letter topic, the default reply topic, and
+        # the topic of its handlers' step reports (tx.progress).
+        wanted = [
+            self.topics.commands(self.name),
+            self.topics.dlq,
+            self.topics.inbox,
+            self.topics.progress,
+        ]
         with unreachable_as_unavailable(KAFKA):
             await ensure_topics(kafka, wanted)
         with unreachable_as_unavailable(POSTGRES):

@@ -253,7 +253,13 @@ async def _attempt(
     spec = items[0].handler
     assert spec is not None
     if not spec.batch:
-        tx = Transaction(conn, commands[0], participant=ctx.name, attempt=items[0].attempt)
+        tx = Transaction(
+            conn,
+            commands[0],
+            participant=ctx.name,
+            attempt=items[0].attempt,
+            reports=ctx.step_reports,
+        )
         timed = CpuTimed(spec.fn(items[0].model, tx))
         try:
             result = await timed

@@ -13,12 +13,22 @@ from datetime import datetime
 from typing import Any, Final
 
 from saga_engine.core.history._codec import Undecodable
-from saga_engine.core.history._events import Event, ProgressEmitted
+from saga_engine.core.history._events import (
+    AttemptTimedOut,
+    Event,
+    ProgressEmitted,
+    ReplyReceived,
+    StepAbandoned,
+)
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._serde import JsonDict
 from saga_engine.store._store import EventStore
 
 _KIND: Final = ProgressEmitted.model_fields["kind"].default
+#: The events that end a command: no participant reports on it any longer.
+_ENDING: Final = tuple(
+    e.model_fields["kind"].default for e in (ReplyReceived, AttemptTimedOut, StepAbandoned)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +56,9 @@ class ProgressPage:
     items: list[ProgressItem]
     last_seq: int
     status: SagaStatus
+    #: The commands whose reply (or timeout, or abandonment) is among the events read,
+    #: when asked for (``ended=True``).
+    ended_commands: frozenset[str] = frozenset()
 
 
 def progress_items(
@@ -69,11 +82,30 @@ async def progress_after(
     undecodable: Undecodable = Undecodable.RAISE,
     *,
     after_seq: int = 0,
+    ended: bool = False,
 ) -> ProgressPage:
     """The saga's items numbered above ``after``, among its events after ``after_seq``
-    (a reader passes the ``last_seq`` of its previous page: only new rows are read).
-    Raises SagaNotFound."""
-    loaded = await store.load_after(saga_id, after_seq, kinds=(_KIND,), undecodable=undecodable)
+    (a reader passes the ``last_seq`` of its previous page: only new rows are read);
+    with ``ended``, also the commands that ended among those events. Raises
+    SagaNotFound."""
+    kinds = (_KIND, *_ENDING) if ended else (_KIND,)
+    loaded = await store.load_after(saga_id, after_seq, kinds=kinds, undecodable=undecodable)
     events = [stored.event for stored in loaded.events]
     record = loaded.record
-    return ProgressPage(progress_items(events, after, topics), record.last_seq, record.status)
+    return ProgressPage(
+        progress_items(events, after, topics),
+        record.last_seq,
+        record.status,
+        ended_commands(events) if ended else frozenset(),
+    )
+
+
+def ended_commands(events: Sequence[Event]) -> frozenset[str]:
+    """The command ids that ``events`` answer, time out or abandon."""
+    ids: set[str] = set()
+    for e in events:
+        if isinstance(e, ReplyReceived | AttemptTimedOut):
+            ids.add(e.command_id)
+        elif isinstance(e, StepAbandoned):
+            ids.update(e.command_ids)
+    return frozenset(ids)

@@ -11,7 +11,9 @@ from saga_engine.kernel._settings import KafkaSettings
 class Topics:
     """``{prefix}.inbox`` carries replies, start requests, signals and cancels for the
     engines; ``{prefix}.cmd.{participant}`` carries each participant's commands;
-    ``{prefix}.dlq`` receives what cannot be processed, with the reason in a header."""
+    ``{prefix}.dlq`` receives what cannot be processed, with the reason in a header;
+    ``{prefix}.progress`` carries participants' reports on the steps they handle (not
+    durable: each admin process reads it from its end)."""
 
     prefix: str
 
@@ -26,6 +28,10 @@ class Topics:
     @property
     def dlq(self) -> str:
         return f"{self.prefix}.dlq"
+
+    @property
+    def progress(self) -> str:
+        return f"{self.prefix}.progress"
 
     def commands(self, participant: str) -> str:
         return f"{self.prefix}.cmd.{participant}"

@@ -62,6 +62,7 @@ from saga_engine.transport._kafka import (
     make_producer,
     send,
 )
+from saga_engine.transport._step_progress_feed import StepProgressFeed
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import Envelope, MessageType, ReloadBody
 from saga_engine.worker._adapters import (
@@ -153,6 +154,8 @@ class SagaWorker:
         self._events: WorkerEvents | None = None
         self._admin_app: Any = None
         self._admin: Any = None
+        #: Reads participants' step reports into the admin's board (with the admin).
+        self._step_feed: StepProgressFeed | None = None
         self._http: HttpCaller | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._member: InstanceName | None = None
@@ -182,7 +185,9 @@ class SagaWorker:
         if self._store is None:
             self._store = await open_event_store(self.settings, self.codec)
         with unreachable_as_unavailable(KAFKA):
-            await ensure_topics(self.settings.kafka, [self.topics.inbox, self.topics.dlq])
+            await ensure_topics(
+                self.settings.kafka, [self.topics.inbox, self.topics.dlq, self.topics.progress]
+            )
             self._producer = make_producer(self.settings.kafka)
             await self._producer.start()
         self._dead = KafkaDeadLetterPublisher(self._producer, self.topics.dlq)
@@ -236,6 +241,11 @@ class SagaWorker:
         if self._admin_app is not None:
             from saga_engine.admin._server import serve_admin
 
+            if self._step_feed is not None:
+                self._step_feed.start()
+                # Reports sent once the worker has started are shown (not waited for ever).
+                if not await self._step_feed.positioned(10.0):
+                    log.warning("the step progress reader is not reading yet; it goes on trying")
             self._admin = await serve_admin(self._admin_app, self.settings)
             log.info("admin API on %s", self._admin.url)
 
@@ -281,8 +291,13 @@ class SagaWorker:
 
     def _build_admin(self, engine: Engine, parts: EngineParts) -> Any:
         from saga_engine.admin._app import create_admin_app
+        from saga_engine.admin._step_board import StepProgressBoard
 
         assert self._schedules is not None
+        # Participants' step reports (tx.progress), read from Kafka by this process.
+        # Their counters (read, dropped by reason, stale, evicted) are the engine's: /metrics.
+        board = StepProgressBoard.of(self.settings.admin, parts.stats.counts)
+        self._step_feed = StepProgressFeed(self.settings.kafka, board.add, parts.stats.counts)
         return create_admin_app(
             engine,
             self.settings,
@@ -292,6 +307,7 @@ class SagaWorker:
             health=self.health,
             batches=self._batches.store if self._batches is not None else None,
             dead_letters=DeadLetterTopic(self.settings.kafka),
+            step_progress=board,
         )
 
     async def _start_triggers(self, telemetry: Telemetry) -> None:
@@ -356,6 +372,9 @@ class SagaWorker:
         if self._admin is not None:
             await self._admin.stop()
             self._admin = None
+        step_feed, self._step_feed = self._step_feed, None
+        if step_feed is not None:
+            await step_feed.stop()
         housekeeping, self._housekeeping = self._housekeeping, None
         if housekeeping is not None:
             await housekeeping.stop()

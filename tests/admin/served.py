@@ -26,6 +26,8 @@ class Served:
     url: str = ""
     #: Whatever the seed function returned (e.g. ids of sagas in known states).
     seeded: dict[str, str] = field(default_factory=dict)
+    #: The loop the engine and the server run on (to call into them thread-safely).
+    loop: asyncio.AbstractEventLoop | None = None
 
 
 @contextmanager
@@ -35,9 +37,11 @@ def served_in_thread(
     store: StoreFactory | None = None,
     sagas: Sequence[type[Saga[Any, Any]]] = (Transfer, Noop),
     dead_letters: DeadLetterReader | None = None,
+    step_progress: Any = None,
 ) -> Iterator[Served]:
     """Runs engine, participants and server on one loop in a thread; stops them after.
-    ``dead_letters``: the dead-letter topic the app serves (none by default)."""
+    ``dead_letters``: the dead-letter topic the app serves (none by default);
+    ``step_progress``: the board of participants' step reports it shows (an empty one)."""
     served = Served()
     ready = threading.Event()
     failure: list[BaseException] = []
@@ -55,12 +59,14 @@ def served_in_thread(
             schedules=env.schedules,
             batches=env.batches,
             dead_letters=dead_letters,
+            step_progress=step_progress,
         )
         server = await serve_admin(app, settings)
         served.url = server.url
         stopped = asyncio.Event()
         stop.append(stopped)
         loops.append(asyncio.get_running_loop())
+        served.loop = loops[0]
         ready.set()
         try:
             while not stopped.is_set():  # the participants answer whatever the API started

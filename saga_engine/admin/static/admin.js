@@ -114,18 +114,11 @@ function followProgress(list) {
     const li = document.createElement("li");
     li.value = item.number;
     li.dataset.number = item.number;
-    const topic = document.createElement("span");
-    topic.className = "topic";
-    topic.textContent = item.topic;
-    const payload = document.createElement("code");
-    payload.textContent = JSON.stringify(item.payload);
-    const when = document.createElement("span");
-    when.className = "when";
-    when.textContent = item.at;
-    li.append(topic, " ", payload, when);
+    li.append(...progressLine(item.topic, item.payload, item.at));
     list.append(li);
     state.textContent = `${count()}, live`;
   };
+  followSteps(source, document.getElementById("step-progress"));
   source.addEventListener("end", (event) => {
     source.close();
     const end = JSON.parse(event.data);
@@ -133,4 +126,43 @@ function followProgress(list) {
       ? `${count()}; the saga ended ${end.status}`
       : `No progress items; the saga ended ${end.status}.`;
   });
+}
+
+// Participants' reports on the steps running now (tx.progress), from the same stream: the
+// latest one per command, replaced as the next arrives, gone when the command ends.
+function followSteps(source, list) {
+  if (!list) return;
+  const rowOf = (id) => [...list.children].find((li) => li.dataset.command === id);
+  source.addEventListener("step_progress", (event) => {
+    const report = JSON.parse(event.data);
+    let li = rowOf(report.command_id);
+    if (!li) {
+      li = document.createElement("li");
+      li.dataset.command = report.command_id;
+      list.append(li);
+    }
+    const label = `${report.step} (attempt ${report.attempt}) #${report.seq}`;
+    li.replaceChildren(...progressLine(label, report.body, report.at));
+    list.hidden = false;
+  });
+  const clear = (id) => {
+    const li = rowOf(id);
+    if (li) li.remove();
+    list.hidden = list.children.length === 0;
+  };
+  source.addEventListener("step_ended", (event) => clear(JSON.parse(event.data).command_id));
+  source.addEventListener("end", () => { list.replaceChildren(); list.hidden = true; });
+}
+
+// One line of the progress section: its label, its JSON value, when.
+function progressLine(label, value, at) {
+  const name = document.createElement("span");
+  name.className = "topic";
+  name.textContent = label;
+  const json = document.createElement("code");
+  json.textContent = JSON.stringify(value);
+  const when = document.createElement("span");
+  when.className = "when";
+  when.textContent = at;
+  return [name, " ", json, when];
 }

@@ -1,0 +1,89 @@
+"""The Go kit's step reports end to end (issue 41 §5, PROTOCOL.md 5b): a participant
+built with kits/go (``cmd/progress-participant``) calls ``cmd.Progress`` while its
+handler works; the engine worker's admin API shows the reports on the command in flight
+and on the stream, and none once the reply is in the history."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from saga_engine import Settings
+from saga_engine.client import SagaClient
+from saga_engine.worker import SagaWorker
+from tests.conformance.test_go_kit import KIT, go_built  # noqa: F401  (the build fixture)
+from tests.progress.test_step_progress_kafka import (
+    Packing,
+    Parcel,
+    check_followed,
+    follow,
+    reported,
+    settings,  # noqa: F401  (the settings fixture)
+)
+from tests.waiting import scaled
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def go_warehouse(
+    go_built: str,  # noqa: F811
+    settings: Settings,  # noqa: F811
+    tmp_path: Path,
+) -> AsyncIterator[Path]:
+    """The Go participant ``warehouse`` running; the folder where a file named after a
+    saga id lets its handler finish."""
+    binary, released = tmp_path / "progress-participant", tmp_path / "released"
+    released.mkdir()
+    build = await asyncio.create_subprocess_exec(
+        go_built, "build", "-o", str(binary), "./cmd/progress-participant", cwd=KIT
+    )
+    assert await asyncio.wait_for(build.wait(), timeout=scaled(900)) == 0
+    env = {
+        **os.environ,
+        "SAGA_KAFKA__BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
+        "SAGA_KAFKA__TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "SAGA_KAFKA__PARTITIONS": str(settings.kafka.partitions),
+        "SAGA_PG__DSN": settings.participant.dsn.get_secret_value(),
+        "SAGA_PARTICIPANT__NAME": "warehouse",
+        "SAGA_PARTICIPANT__SCHEMA": settings.participant.db_schema,
+        "PROGRESS_RELEASE_DIR": str(released),
+    }
+    proc = await asyncio.create_subprocess_exec(str(binary), env=env)
+    try:
+        yield released
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), timeout=scaled(60))
+
+
+async def test_a_go_participants_reports_show_while_its_step_runs_and_go_with_its_reply(
+    settings: Settings,  # noqa: F811
+    go_warehouse: Path,
+) -> None:
+    worker = SagaWorker(settings, [Packing])
+    await worker.start()
+    try:
+        assert worker.admin_url is not None
+        async with (
+            SagaClient(settings) as client,
+            httpx.AsyncClient(base_url=worker.admin_url) as http,
+        ):
+            saga_id = await client.start(Packing, Parcel(items=3))
+            progress = await reported(http, saga_id)
+            assert progress[-1]["attempt"] == 1
+            assert progress[-1]["body"]["of"] == 3
+            assert [p["seq"] for p in progress] == sorted(p["seq"] for p in progress)
+
+            def release() -> None:
+                (go_warehouse / saga_id).touch()
+
+            await check_followed(http, saga_id, await follow(http, saga_id, release))
+    finally:
+        await worker.stop()
