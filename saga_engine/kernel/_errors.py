@@ -50,6 +50,8 @@
         ├── SagaUnsuccessful           SagaClient.result: it ended failed, compensated
         │                              or cancelled
         ├── PoisonMessage              a message that can never be processed (DLQ)
+        ├── UnreadableProgress         a participant's step report a reader drops
+        │                              (oversized or malformed; counted)
         ├── MigrationError             the schema cannot be migrated
         ├── UnknownEndpoint            an ``http:`` step's endpoint is not configured
         ├── InvalidCursor              a list cursor the admin API did not hand out
@@ -652,6 +654,15 @@ class Retryable(SagaError):
         self.reason = reason
         self.after = None if seconds is None else timedelta(seconds=seconds)
         super().__init__(reason)
+
+
+class UnreadableProgress(PermanentError):
+    """A participant's step report (``{prefix}.progress``) a reader drops: ``reason`` is
+    ``oversized`` or ``malformed``. Reports are not durable; the reader counts them."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
 
 
 class PoisonMessage(PermanentError):

@@ -18,6 +18,8 @@ from typing import Any, Final
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from saga_engine.kernel._errors import UnreadableProgress
+
 __all__ = [
     "STEP_PROGRESS_MAX_BYTES",
     "STEP_PROGRESS_TYPE",
@@ -48,14 +50,6 @@ class StepProgressRecord(BaseModel):
     seq: int = Field(ge=1, le=2**53)
     at: datetime
     body: Any = None
-
-
-class UnreadableProgress(ValueError):
-    """A progress record a reader drops: ``reason`` is ``oversized`` or ``malformed``."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
 
 
 def encode_step_progress(
