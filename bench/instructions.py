@@ -32,6 +32,7 @@ passwordless sudo) when missing. Prints one JSON object on stdout; progress on s
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -81,12 +82,13 @@ def ensure_valgrind() -> str:
     found = shutil.which("valgrind")
     if found:
         return found
+    # scripts/devstack_base.py's apt_install, the one way the project installs Debian's
+    # packages (scripts/ is a directory of scripts, not a package: imported by path).
     sys.path.insert(0, str(ROOT / "scripts"))
-    from devstack_base import AptError, apt_install
-
+    base = importlib.import_module("devstack_base")
     try:
-        apt_install(["valgrind"], "valgrind", sudo=True)
-    except AptError as exc:
+        base.apt_install(["valgrind"], "valgrind", sudo=True)
+    except base.AptError as exc:
         raise SystemExit(
             f"valgrind is not installed and cannot be ({exc.reason}): "
             "install Debian's valgrind package (apt-get install valgrind)"

@@ -19,8 +19,10 @@ async def drive(n: int) -> int:
     env.participant("q").on(Do, reject="refused")
     for k in range(n):
         run = await env.start(saga_of(k), Order(n=k))
-        await env.run_until_settled(run)
-        if (status := await run.status()) not in (SagaStatus.COMPLETED, SagaStatus.COMPENSATED):
+        if (status := await env.run_until_settled(run)) not in (
+            SagaStatus.COMPLETED,
+            SagaStatus.COMPENSATED,
+        ):
             raise RuntimeError(f"saga {k} ended {status.value}")
     return n
 
