@@ -7,6 +7,7 @@ complete, half fail at their third step and compensate), run in a fresh process 
 ``valgrind --tool=callgrind`` twice, at ``N`` and at ``3N`` units of work. The difference
 of the two runs' instruction totals over the difference of their units is the figure:
 the interpreter's start, the imports and whatever a run does once cancel out.
+The cyclic collector is off in the workloads (``bench/ir/__main__.py`` says why).
 
 - ``decision_core_instructions_per_saga``: ``SagaRuntime`` alone (``bench/ir/decision_core.py``);
 - ``engine_path_instructions_per_saga``: ``SagaTestEnv`` driving the real ``Engine`` on
@@ -32,6 +33,7 @@ passwordless sudo) when missing. Prints one JSON object on stdout; progress on s
 from __future__ import annotations
 
 import argparse
+import compileall
 import importlib
 import json
 import os
@@ -176,6 +178,10 @@ def measure(args: argparse.Namespace, valgrind: str, out_dir: Path) -> dict[str,
     from bench.ir import fixtures
 
     fixture = fixtures.write(out_dir / "fixture.json", 3 * max(sizes.values(), default=1))
+    # Every module compiled before any run: a run that compiled one (a source changed
+    # since its .pyc) would count the parser, and its pair would not.
+    compileall.compile_dir(ROOT / "bench", quiet=1)
+    compileall.compile_dir(ROOT / "saga_engine", quiet=1)
     runs = [(f.workload, n) for f in figures for n in (sizes[f.workload], 3 * sizes[f.workload])]
     # The longest first, so that the last to finish is a short one.
     runs.sort(key=lambda r: -r[1] * (4 if r[0] == "engine_path" else 1))
