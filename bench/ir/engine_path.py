@@ -7,18 +7,19 @@ Unit: a saga."""
 
 from __future__ import annotations
 
-from bench.ir.shape import SAGAS, Do, Order, Undo, saga_of
+from bench.ir.shape import AT, SAGAS, Do, Order, Undo, saga_id, saga_of
 from saga_engine import SagaStatus
 from saga_engine.kernel._mainloop import run as run_loop
 from saga_engine.testing import SagaTestEnv
 
 
 async def drive(n: int) -> int:
-    env = SagaTestEnv(list(SAGAS))
+    # A fixed start and fixed ids: the same strings, so the same hashes, in every run.
+    env = SagaTestEnv(list(SAGAS), start_time=AT)
     env.participant("p").on(Do, reply={}).on(Undo, reply={})
     env.participant("q").on(Do, reject="refused")
     for k in range(n):
-        run = await env.start(saga_of(k), Order(n=k))
+        run = await env.start(saga_of(k), Order(n=k), saga_id=saga_id(k))
         if (status := await env.run_until_settled(run)) not in (
             SagaStatus.COMPLETED,
             SagaStatus.COMPENSATED,
