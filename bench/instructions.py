@@ -212,7 +212,9 @@ def measure(args: argparse.Namespace, valgrind: str, out_dir: Path) -> dict[str,
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m bench.instructions", description=__doc__.split("\n")[0]
+        prog="python -m bench.instructions",
+        description="Instructions per saga, command and event, counted by callgrind "
+        "(bench/README.md).",
     )
     ap.add_argument(
         "--quick", action="store_true", help="smaller N (the same figures within 0.2 %%)"
