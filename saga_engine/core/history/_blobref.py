@@ -68,9 +68,20 @@ def collecting(into: dict[str, bytes] | None = None) -> Iterator[dict[str, bytes
         _COLLECTED.reset(token)
 
 
+def resolving(blobs: Mapping[str, bytes]) -> contextlib.AbstractContextManager[None]:
+    """References decoded inside are resolved from ``blobs`` (content hash -> bytes).
+    With no blobs (every record without a reference) it is one shared no-op: nothing is
+    built per record (a generator context manager per record cost the participant 8,900
+    instructions per command, 1.4 %: 620,838 -> 611,940, bench/instructions.py)."""
+    return _resolving(blobs) if blobs else _NOTHING_TO_RESOLVE
+
+
+#: What ``resolving`` returns when there is nothing to resolve (reusable: it holds nothing).
+_NOTHING_TO_RESOLVE: Final = contextlib.nullcontext()
+
+
 @contextlib.contextmanager
-def resolving(blobs: Mapping[str, bytes]) -> Iterator[None]:
-    """References decoded inside are resolved from ``blobs`` (content hash -> bytes)."""
+def _resolving(blobs: Mapping[str, bytes]) -> Iterator[None]:
     token = _RESOLVED.set(blobs)
     try:
         yield
