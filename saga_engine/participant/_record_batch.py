@@ -44,7 +44,13 @@ from saga_engine.participant._handler_timing import stamp_timings
 from saga_engine.participant._reading import Item, Reader
 from saga_engine.participant._replies import send_replies
 from saga_engine.participant._sql import NO_BLOBS, Outgoing
-from saga_engine.participant._transaction import ClaimLost, HandlerFailed, Refused, transact
+from saga_engine.participant._transaction import (
+    ClaimLost,
+    HandlerFailed,
+    Refused,
+    optimistic,
+    transact,
+)
 
 
 class RecordBatchRunner:
@@ -86,15 +92,23 @@ class RecordBatchRunner:
     async def _commit(self, run: list[Item]) -> HandlerFailed | None:
         """Runs the run's transaction until it commits, waiting out outages. Returns the
         failure of a handler that raised (the transaction rolled back); raises what no
-        command can be blamed for."""
+        command can be blamed for.
+
+        The first pass is optimistic when it may be (``_transaction.optimistic``). One
+        that fails in any way (a copy's outcome found stored, a refusal, a handler or a
+        statement raising) proves nothing yet, as the command may be a copy whose reply
+        is stored: the run goes again the locked way, which answers a copy from its
+        stored reply, and then acts on a failure as today. No attempt is counted for it.
+        """
         ctx = self._ctx
         backoff = OUTAGE.backoff()
         savepoints = False
+        lucky = optimistic(run)
         while True:
             _reset(run)
             try:
                 async with ctx.pool.acquire() as conn:
-                    await transact(ctx, conn, run, savepoints=savepoints)
+                    await transact(ctx, conn, run, savepoints=savepoints, optimistic=lucky)
                 return None
             except Refused:
                 savepoints = True
@@ -103,16 +117,21 @@ class RecordBatchRunner:
                 ctx.stats["claims_lost"] += 1
             except HandlerFailed as failed:
                 ctx.stats["batch_replays"] += 1
-                return failed
+                if not lucky:
+                    return failed
             except Exception as exc:
-                if not is_transient(exc):
+                if is_transient(exc):
+                    savepoints = False
+                    for item in run:
+                        item.refused = None  # a pass cut short by an outage proved nothing
+                    delay = backoff.next_delay()
+                    log.warning("transient failure (%r); retrying the batch in %.2fs", exc, delay)
+                    await ctx.pause(delay)
+                elif not lucky:
                     raise
-                savepoints = False
-                for item in run:
-                    item.refused = None  # a pass cut short by an outage proved nothing
-                delay = backoff.next_delay()
-                log.warning("transient failure (%r); retrying the batch in %.2fs", exc, delay)
-                await ctx.pause(delay)
+                # Else an optimistic pass's statement failed (say, a deadlock with a copy
+                # on another instance): the locked way tells whether it was the copy.
+            lucky = False
 
     async def _after_commit(self, run: list[Item]) -> None:
         ctx = self._ctx
