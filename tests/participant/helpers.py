@@ -103,7 +103,7 @@ class Effects:
 #: transaction: they are registered so (``effects="outside"``), which keeps them on the
 #: locked claim, where a copy whose reply is stored never runs its handler, and the
 #: tests can count calls. The optimistic claim (every effect in the transaction) is
-#: tested with handlers that write to the ledger alone (test_optimistic_claim.py).
+#: tested with handlers that write to the ledger alone (tests/internal/participant/test_optimistic_claim.py).
 OUTSIDE: Final = "outside"
 
 

@@ -665,7 +665,7 @@ async def test_a_copy_claimed_on_another_instance_meanwhile_waits_and_never_runs
 
     def gated(participant: Participant) -> None:
         # Its calls are counted in memory: an effect outside its transaction, which
-        # keeps it on the locked claim (the optimistic one: test_optimistic_claim.py).
+        # keeps it on the locked claim (the optimistic one: tests/internal/participant/test_optimistic_claim.py).
         @participant.handles(Gated, effects=OUTSIDE)
         async def handle(cmd: Gated, tx: Transaction) -> dict[str, str]:
             await _apply_seven(world, tx)
