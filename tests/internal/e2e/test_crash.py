@@ -11,6 +11,7 @@ import random
 import signal
 from collections import Counter
 
+import asyncpg
 import pytest
 
 from saga_engine import SagaStatus, saga_id_for
@@ -129,16 +130,20 @@ def _spread_keys(tag: str, partitions: int, per_partition: int = PER_PARTITION) 
     return keys
 
 
-async def _start_spread_sagas(cluster: Cluster, tag: str) -> tuple[list[str], dict[str, str]]:
+async def _start_spread_sagas(
+    cluster: Cluster, tag: str, *, alpha_refuses: bool = True
+) -> tuple[list[str], dict[str, str]]:
     """A third complete, a third are refused by alpha (the first step: in the
     participant's batch, a refusal makes it run again with a savepoint per command) and a
-    third by beta or gamma, so they compensate alpha's step."""
+    third by beta or gamma, so they compensate alpha's step. Without ``alpha_refuses``,
+    the second third complete too."""
     later = PARTICIPANTS[1:]
+    first = PARTICIPANTS[0] if alpha_refuses else None
     ids: list[str] = []
     failing: dict[str, str] = {}
     async with SagaClient(cluster.settings) as client:
         for i, key in enumerate(_spread_keys(tag, cluster.partitions)):
-            fail_at = [None, PARTICIPANTS[0], later[i // 3 % len(later)]][i % 3]
+            fail_at = [None, first, later[i // 3 % len(later)]][i % 3]
             saga_id = await client.start(
                 Transfer, TransferRequest(amount=10 + i, fail_at=fail_at), idempotency_key=key
             )
@@ -177,10 +182,51 @@ async def test_participant_killed_after_a_batch_commit_before_its_replies_recove
     await cluster.check_effects(statuses, failing)
 
 
+async def test_participant_killed_between_its_optimistic_insert_and_commit_recovers(
+    cluster: Cluster,
+) -> None:
+    # alpha's handlers keep every effect in their transaction: its first batch (the first
+    # command of every saga, none refused) is claimed by the outcomes' insert alone. It
+    # dies after that insert, before COMMIT: its writes and its outcome rows roll back.
+    for name in PARTICIPANTS[1:]:
+        cluster.start_participant(name)
+    cluster.start_engine("engine")
+    ids, failing = await _start_spread_sagas(cluster, "optimistic", alpha_refuses=False)
+    await cluster.wait_commands("alpha", ids)
+    cluster.start_participant("alpha", crash_at="after_optimistic_insert:1")
+    code = await cluster.wait_exit("participant-alpha")
+    log = cluster.log_tail("participant-alpha")
+    assert code == -signal.SIGKILL, log
+    assert "crash point after_optimistic_insert reached" in log
+    assert await cluster.ledger("alpha") == []
+    assert await _outcomes_stored(cluster, "alpha") == 0
+    assert await cluster.commands_in_topic("beta") == []
+
+    cluster.start_participant("alpha")
+    statuses = await cluster.wait_settled(ids)
+    assert statuses == _expected(ids, failing)
+    # In alpha's own table: one apply per command, none lost, none twice.
+    await cluster.check_effects(statuses, failing)
+    assert await _outcomes_stored(cluster, "alpha") >= len(ids)
+
+
+async def _outcomes_stored(cluster: Cluster, participant: str) -> int:
+    conn = await asyncpg.connect(cluster.database_dsn)
+    try:
+        schema = cluster.participant_schema(participant)
+        count = await conn.fetchval(f'SELECT count(*) FROM "{schema}".saga_processed_commands')
+    finally:
+        await conn.close()
+    return int(count)
+
+
 @pytest.mark.parametrize(
     "point",
     [
         "in_batch_handler",  # a batch handler returned, its transaction not committed
+        # The same, past the optimistic insert of the outcomes (a batch handler's
+        # refusals are returned, not raised: the first pass stays optimistic).
+        "after_optimistic_insert",
         "after_batch_commit",  # the transaction committed, none of its replies sent
         "after_commit",  # the same point, as every transaction passes it
     ],
@@ -202,7 +248,7 @@ async def test_participant_with_batch_handlers_killed_in_a_batch_recovers(
     assert code == -signal.SIGKILL, log
     assert f"crash point {point} reached" in log
     applied = await cluster.ledger("alpha")
-    if point == "in_batch_handler":
+    if point in ("in_batch_handler", "after_optimistic_insert"):
         assert applied == []  # died inside the transaction: all of it rolled back
     else:
         assert applied
