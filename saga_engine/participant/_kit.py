@@ -116,8 +116,10 @@ class Participant:
 
     ``crash_hook`` is a test seam: it is called with ``"after_commit"`` (a transaction
     committed, its replies not yet published), ``"after_batch_commit"`` (the same, for a
-    transaction of two commands or more), ``"after_publish"`` and ``"in_batch_handler"``
-    (a batch handler returned, its transaction not yet committed). If it raises, the
+    transaction of two commands or more), ``"after_publish"``, ``"in_batch_handler"``
+    (a batch handler returned, its transaction not yet committed) and
+    ``"after_optimistic_insert"`` (the outcomes of an optimistic pass inserted, its
+    transaction not yet committed). If it raises, the
     participant behaves as if the process died there: it stops at once, commits no
     offset, and ``run`` raises the hook's exception.
 
