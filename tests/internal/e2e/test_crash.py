@@ -153,22 +153,34 @@ async def _start_spread_sagas(
     return ids, failing
 
 
+async def _alpha_killed_in_its_first_batch(
+    cluster: Cluster, tag: str, point: str, *, alpha_refuses: bool = True, batch: bool = False
+) -> tuple[list[str], dict[str, str]]:
+    """Sagas spread over every partition, their first commands all waiting in alpha's
+    topic before alpha starts (its first fetch takes them as one batch), and alpha
+    SIGKILLed at ``point`` in that batch; the other participants and the engine run."""
+    for name in PARTICIPANTS[1:]:
+        cluster.start_participant(name, batch_handlers=batch)
+    cluster.start_engine("engine")
+    ids, failing = await _start_spread_sagas(cluster, tag, alpha_refuses=alpha_refuses)
+    await cluster.wait_commands("alpha", ids)
+    cluster.start_participant("alpha", crash_at=f"{point}:1", batch_handlers=batch)
+    code = await cluster.wait_exit("participant-alpha")
+    log = cluster.log_tail("participant-alpha")
+    assert code == -signal.SIGKILL, log
+    assert f"crash point {point} reached" in log
+    return ids, failing
+
+
 async def test_participant_killed_after_a_batch_commit_before_its_replies_recovers(
     cluster: Cluster,
 ) -> None:
     # alpha (every saga's first step) stays down until the engine has sent it the first
     # command of every saga: its first fetch takes them as one batch. That wait is short
     # next to the step's 5 s timeout (and a re-sent command would be deduplicated).
-    for name in PARTICIPANTS[1:]:
-        cluster.start_participant(name)
-    cluster.start_engine("engine")
-    ids, failing = await _start_spread_sagas(cluster, "participant-batch")
-    await cluster.wait_commands("alpha", ids)
-    cluster.start_participant("alpha", crash_at="after_batch_commit:1")
-    code = await cluster.wait_exit("participant-alpha")
-    log = cluster.log_tail("participant-alpha")
-    assert code == -signal.SIGKILL, log
-    assert "crash point after_batch_commit reached" in log
+    ids, failing = await _alpha_killed_in_its_first_batch(
+        cluster, "participant-batch", "after_batch_commit"
+    )
     # The batch's transaction committed its effects, but no reply went out: the engine
     # sent nothing to the next step.
     applied = await cluster.ledger("alpha")
@@ -188,16 +200,9 @@ async def test_participant_killed_between_its_optimistic_insert_and_commit_recov
     # alpha's handlers keep every effect in their transaction: its first batch (the first
     # command of every saga, none refused) is claimed by the outcomes' insert alone. It
     # dies after that insert, before COMMIT: its writes and its outcome rows roll back.
-    for name in PARTICIPANTS[1:]:
-        cluster.start_participant(name)
-    cluster.start_engine("engine")
-    ids, failing = await _start_spread_sagas(cluster, "optimistic", alpha_refuses=False)
-    await cluster.wait_commands("alpha", ids)
-    cluster.start_participant("alpha", crash_at="after_optimistic_insert:1")
-    code = await cluster.wait_exit("participant-alpha")
-    log = cluster.log_tail("participant-alpha")
-    assert code == -signal.SIGKILL, log
-    assert "crash point after_optimistic_insert reached" in log
+    ids, failing = await _alpha_killed_in_its_first_batch(
+        cluster, "optimistic", "after_optimistic_insert", alpha_refuses=False
+    )
     assert await cluster.ledger("alpha") == []
     assert await _outcomes_stored(cluster, "alpha") == 0
     assert await cluster.commands_in_topic("beta") == []
@@ -237,16 +242,9 @@ async def test_participant_with_batch_handlers_killed_in_a_batch_recovers(
     # As above, with every participant answering through batch handlers: alpha's first
     # fetch holds the first command of every saga, and one call of its Apply handler
     # answers them (refusing a third: those get no ledger row).
-    for name in PARTICIPANTS[1:]:
-        cluster.start_participant(name, batch_handlers=True)
-    cluster.start_engine("engine")
-    ids, failing = await _start_spread_sagas(cluster, f"batch-handlers-{point}")
-    await cluster.wait_commands("alpha", ids)
-    cluster.start_participant("alpha", crash_at=f"{point}:1", batch_handlers=True)
-    code = await cluster.wait_exit("participant-alpha")
-    log = cluster.log_tail("participant-alpha")
-    assert code == -signal.SIGKILL, log
-    assert f"crash point {point} reached" in log
+    ids, failing = await _alpha_killed_in_its_first_batch(
+        cluster, f"batch-handlers-{point}", point, batch=True
+    )
     applied = await cluster.ledger("alpha")
     if point in ("in_batch_handler", "after_optimistic_insert"):
         assert applied == []  # died inside the transaction: all of it rolled back
