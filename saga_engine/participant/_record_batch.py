@@ -98,17 +98,18 @@ class RecordBatchRunner:
         that fails in any way (a copy's outcome found stored, a refusal, a handler or a
         statement raising) proves nothing yet, as the command may be a copy whose reply
         is stored: the run goes again the locked way, which answers a copy from its
-        stored reply, and then acts on a failure as today. No attempt is counted for it.
+        stored reply, and acts on a failure as if there had been no optimistic pass. No
+        attempt is counted for it.
         """
         ctx = self._ctx
         backoff = OUTAGE.backoff()
         savepoints = False
-        lucky = optimistic(run)
+        by_insert = optimistic(run)  # this pass is claimed by its outcomes' insert
         while True:
             _reset(run)
             try:
                 async with ctx.pool.acquire() as conn:
-                    await transact(ctx, conn, run, savepoints=savepoints, optimistic=lucky)
+                    await transact(ctx, conn, run, savepoints=savepoints, optimistic=by_insert)
                 return None
             except Refused:
                 savepoints = True
@@ -117,7 +118,7 @@ class RecordBatchRunner:
                 ctx.stats["claims_lost"] += 1
             except HandlerFailed as failed:
                 ctx.stats["batch_replays"] += 1
-                if not lucky:
+                if not by_insert:
                     return failed
             except Exception as exc:
                 if is_transient(exc):
@@ -127,11 +128,11 @@ class RecordBatchRunner:
                     delay = backoff.next_delay()
                     log.warning("transient failure (%r); retrying the batch in %.2fs", exc, delay)
                     await ctx.pause(delay)
-                elif not lucky:
+                elif not by_insert:
                     raise
                 # Else an optimistic pass's statement failed (say, a deadlock with a copy
                 # on another instance): the locked way tells whether it was the copy.
-            lucky = False
+            by_insert = False  # every pass after a failed one goes the locked way
 
     async def _after_commit(self, run: list[Item]) -> None:
         ctx = self._ctx

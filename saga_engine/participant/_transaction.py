@@ -208,6 +208,10 @@ async def _record(conn: Connection, fresh: list[Item]) -> None:
     """Stores the fresh outcomes with their replies, in one statement."""
     if not fresh:
         return
+    # In command id order: two optimistic transactions holding copies of the same
+    # commands (on two instances, after a rebalance) insert them in the same order, so
+    # one waits for the other instead of deadlocking on the unique index.
+    fresh = sorted(fresh, key=lambda i: _cmd(i).command_id)
     rows = await conn.fetch(
         RECORD_OUTCOMES,
         [_cmd(i).command_id for i in fresh],
