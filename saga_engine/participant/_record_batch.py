@@ -8,7 +8,9 @@ For the records one ``getmany`` returned (every partition), :class:`RecordBatchR
 2. cuts the commands into runs, in record order: a command whose handler asks for
    another isolation level than READ COMMITTED is a run of its own;
 3. answers each run in ONE transaction (``_transaction``), then sends its replies
-   together (``_replies``);
+   together (``_replies``). Its first pass is claimed by its outcomes' insert alone
+   (optimistic) when its handlers keep their effects in their transaction; a pass that
+   fails so goes again the locked way, which then decides as described below;
 4. returns, per partition, the offset past the records answered: the caller commits it.
 
 A handler that refuses or raises must not undo its neighbours. The first pass runs the
