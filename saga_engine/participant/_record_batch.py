@@ -50,6 +50,7 @@ from saga_engine.participant._transaction import (
     ClaimLost,
     HandlerFailed,
     Refused,
+    any_stored,
     optimistic,
     transact,
 )
@@ -97,11 +98,12 @@ class RecordBatchRunner:
         command can be blamed for.
 
         The first pass is optimistic when it may be (``_transaction.optimistic``). One
-        that fails in any way (a copy's outcome found stored, a refusal, a handler or a
-        statement raising) proves nothing yet, as the command may be a copy whose reply
-        is stored: the run goes again the locked way, which answers a copy from its
-        stored reply, and acts on a failure as if there had been no optimistic pass. No
-        attempt is counted for it.
+        that fails (a copy's outcome found stored, a refusal, a statement raising) goes
+        again the locked way, which answers a copy from its stored reply, and acts on a
+        refusal as if there had been no optimistic pass (the refusal is not asked for
+        twice). A handler that raised on it failed as on the locked way (its attempt
+        counted, the handler not run again at once), unless an outcome of the run is
+        stored: it may have raised for being a copy, and the locked way tells.
         """
         ctx = self._ctx
         backoff = OUTAGE.backoff()
@@ -120,7 +122,9 @@ class RecordBatchRunner:
                 ctx.stats["claims_lost"] += 1
             except HandlerFailed as failed:
                 ctx.stats["batch_replays"] += 1
-                if not by_insert:
+                # A handler that raised on the optimistic pass failed, unless the run
+                # holds a copy whose outcome is stored: then the locked way answers it.
+                if not (by_insert and await any_stored(ctx, run)):
                     return failed
             except Exception as exc:
                 if is_transient(exc):

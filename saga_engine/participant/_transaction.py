@@ -44,7 +44,7 @@ from pydantic import BaseModel
 from saga_engine.core.history._blobref import resolving
 from saga_engine.kernel._errors import PayloadTooLarge, Rejected, Retryable
 from saga_engine.kernel._serde import check_storable
-from saga_engine.participant._context import ParticipantContext
+from saga_engine.participant._context import ParticipantContext, log
 from saga_engine.participant._groups import Groups, checked_results, grouped
 from saga_engine.participant._handler import (
     BatchCommand,
@@ -416,6 +416,18 @@ async def _stored(conn: Connection, firsts: list[Item]) -> dict[str, str]:
     before, and the forward commands tombstoned just now."""
     rows = await conn.fetch(STORED_REPLIES, [_cmd(i).command_id for i in firsts])
     return {r["command_id"]: r["reply"] for r in rows}
+
+
+async def any_stored(ctx: ParticipantContext, run: list[Item]) -> bool:
+    """Whether an outcome of ``run`` is stored (committed): after an optimistic pass
+    whose handler raised, whether it may have raised for a copy (a business row the
+    first one wrote, say) rather than failed. A read that fails proves nothing: True."""
+    try:
+        async with ctx.pool.acquire() as conn:
+            return bool(await _stored(conn, run))
+    except Exception as exc:
+        log.debug("participant %s: the stored outcomes unread (%r)", ctx.name, exc)
+        return True
 
 
 def _undone(command: Envelope) -> list[str]:

@@ -20,7 +20,15 @@ from pydantic import BaseModel
 
 from saga_engine.participant import Participant, Transaction
 from tests.participant import test_participant
-from tests.participant.helpers import by_id, command, compensation_of, resent, send_first, start
+from tests.participant.helpers import (
+    by_id,
+    command,
+    compensation_of,
+    query,
+    resent,
+    send_first,
+    start,
+)
 from tests.participant.test_participant import World, body_of
 from tests.waiting import eventually
 
@@ -143,6 +151,40 @@ async def test_a_forward_command_after_its_compensation_finds_the_tombstone(
     )
     assert await world.ledger() == [("undo-1", -30)]
     assert participant.stats["claims_lost"] == 1
+
+
+class Seat(BaseModel):
+    seat: str
+
+
+async def test_a_copy_whose_handler_raises_on_the_first_ones_row_is_answered_not_retried(
+    world: World,
+) -> None:
+    """A handler that inserts a business key with no ON CONFLICT: on a copy, run in the
+    optimistic pass, it raises a unique violation on the row the first one committed.
+    That is no failure: the run holds a copy whose outcome is stored, so the locked way
+    answers it from the stored reply, with no attempt counted."""
+    await query(world.pg.dsn, "CREATE TABLE seats (seat text PRIMARY KEY, command_id text)")
+
+    def register(participant: Participant) -> None:
+        @participant.handles(Seat)
+        async def take(cmd: Seat, tx: Transaction) -> dict[str, str]:
+            await tx.execute("INSERT INTO seats VALUES ($1, $2)", cmd.seat, tx.command_id)
+            return {"seat": cmd.seat}
+
+    participant = await start(world, register=register)
+    cmd = command("Seat", {"seat": "12A"})
+    await world.bus.send(cmd)
+    await world.bus.wait_replies(1)
+    await world.bus.send(resent(cmd))
+    first, second = await world.bus.wait_replies(2)
+
+    assert body_of(first) == body_of(second)
+    assert body_of(second).outcome == "success"
+    rows = await query(world.pg.dsn, "SELECT seat, command_id FROM seats")
+    assert [(r["seat"], r["command_id"]) for r in rows] == [("12A", cmd.command_id)]
+    assert participant.stats["handler_errors"] == 0
+    assert (participant.stats["processed"], participant.stats["duplicates"]) == (1, 1)
 
 
 # --------------------------------------------------------------------------- round trips
