@@ -15,7 +15,7 @@ from saga_engine.participant import Participant, Transaction
 from saga_engine.participant._handler import HandlerSpec
 from saga_engine.participant._reading import Item
 from saga_engine.participant._transaction import optimistic
-from saga_engine.transport._wire import Envelope, MessageType
+from tests.participant.helpers import command
 
 
 class Book(BaseModel):
@@ -30,18 +30,9 @@ IN_TX = HandlerSpec("Book", Book, _book, "read_committed")
 OUTSIDE = HandlerSpec("Call", Book, _book, "read_committed", effects="outside")
 
 
-def _item(handler: HandlerSpec | None = IN_TX, **command: Any) -> Item:
-    envelope = Envelope(
-        message_type=MessageType.COMMAND,
-        source="/test",
-        subject="Book",
-        saga_id="saga-1",
-        saga_type="Trip",
-        command_id=command.pop("command_id", "saga-1:book:0"),
-        step="book",
-        body={"amount": 1},
-        **command,
-    )
+def _item(handler: HandlerSpec | None = IN_TX, **command_fields: Any) -> Item:
+    envelope = command("Book", {"amount": 1}, saga_id="saga-1", command_id="saga-1:book:0")
+    envelope = envelope.model_copy(update=command_fields)
     return Item(TopicPartition("t", 0), None, command=envelope, handler=handler)
 
 
