@@ -15,7 +15,8 @@ from its stored reply. Two statements fewer than the locked way, and no lock.
 
 **Locked** (every other pass: a run with a handler whose effects are outside its
 transaction, with a compensation, with a command retried after its handler raised, or a
-run going again after an optimistic pass failed in any way):
+run going again after its optimistic pass failed: a copy found stored, a refusal, a
+statement raising, a handler raising while an outcome of the run is stored):
 
 1. the claim of every command id, and of every forward id its compensations undo, in
    one statement (``_sql.CLAIM``, an advisory lock each): a concurrent transaction of
@@ -91,8 +92,10 @@ class Refused(Exception):
 
 
 class ClaimLost(Exception):
-    """An outcome's row was stored by another transaction after the claim (one not of
-    this kit's claim): the pass is rolled back and runs again, and finds it stored."""
+    """An outcome's row was stored by another transaction: on an optimistic pass, a
+    copy answered before or meanwhile; on a locked one, after the claim (by a kit that
+    does not take this kit's lock). The pass is rolled back and runs again the locked
+    way, and finds it stored."""
 
 
 async def transact(
