@@ -26,8 +26,13 @@ What it guarantees, per command (matched to a handler by its ``ce_subject``, the
 model's class name):
 
 - **Once.** The command id is recorded in ``saga_processed_commands`` in the same
-  transaction as the handler's writes. A redelivered command does not run the handler
-  again: it gets the stored reply, whatever instance receives it.
+  transaction as the handler's writes. A redelivered command is not applied again: it
+  gets the stored reply, whatever instance receives it. By default a handler's effects
+  are its writes in ``tx``, and the outcome's insert at the end of the transaction is
+  the claim (no lock): a copy may run the handler in a transaction that is then rolled
+  back, nothing of it kept, before the stored reply is sent. A handler that also acts
+  outside ``tx`` (an HTTP call, a message) is registered with ``effects="outside"``: its
+  commands are claimed with a lock before it runs, and a copy never runs it.
 - **Refusals are answers.** ``Rejected`` rolls the handler's writes back (a savepoint)
   and stores a ``failure`` reply; the saga compensates.
 - **"Not now" is an answer too.** ``Retryable(reason, after=...)`` rolls the handler's
@@ -72,7 +77,8 @@ model's class name):
   commit). A wrong number of entries or an entry of another type counts as raising. A
   call for several commands that raises is made again for each command alone, and the
   one that raises alone is retried as above. A saga's commands are still applied in
-  record order; duplicates and tombstoned commands never reach the handler.
+  record order; duplicates and tombstoned commands are never applied (with
+  ``effects="outside"``, they never reach the handler).
 
 Inside, in the order a batch meets them: ``_kit`` (``Participant``: registration,
 lifecycle, the consumer loop, rebalancing), ``_batch`` (the one path, from a fetched

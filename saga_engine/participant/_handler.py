@@ -25,6 +25,10 @@ from saga_engine.participant._step_reports import StepReporter
 from saga_engine.transport._wire import Envelope, ReplyBody
 
 Isolation = Literal["read_committed", "repeatable_read", "serializable"]
+#: Where a handler's effects are: all in the transaction it is given ("transaction", the
+#: default), or some outside it too ("outside": an HTTP call, a message, a file), which
+#: keeps its commands on the locked claim (``Participant.handles``).
+Effects = Literal["transaction", "outside"]
 #: What a handler may return: its reply payload.
 HandlerResult: TypeAlias = BaseModel | Mapping[str, Any] | None
 #: What a handler raises to answer rather than crash: its writes roll back and the
@@ -209,6 +213,7 @@ class HandlerSpec:
     isolation: Isolation
     #: Registered with ``handles_batch``: it answers a group of commands in one call.
     batch: bool = False
+    effects: Effects = "transaction"
 
 
 def json_payload(result: object) -> JsonDict:

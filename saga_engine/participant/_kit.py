@@ -14,7 +14,7 @@ import random
 import re
 import socket
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, get_args
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -31,6 +31,7 @@ from saga_engine.kernel._startup import start_with_retry, unreachable_as_unavail
 from saga_engine.participant._context import CrashPoint, ParticipantContext, Pool, log
 from saga_engine.participant._handler import (
     CommandBatch,
+    Effects,
     HandlerResult,
     HandlerSpec,
     Isolation,
@@ -115,8 +116,10 @@ class Participant:
 
     ``crash_hook`` is a test seam: it is called with ``"after_commit"`` (a transaction
     committed, its replies not yet published), ``"after_batch_commit"`` (the same, for a
-    transaction of two commands or more), ``"after_publish"`` and ``"in_batch_handler"``
-    (a batch handler returned, its transaction not yet committed). If it raises, the
+    transaction of two commands or more), ``"after_publish"``, ``"in_batch_handler"``
+    (a batch handler returned, its transaction not yet committed) and
+    ``"after_optimistic_insert"`` (the outcomes of an optimistic pass inserted, its
+    transaction not yet committed). If it raises, the
     participant behaves as if the process died there: it stops at once, commits no
     offset, and ``run`` raises the hook's exception.
 
@@ -198,6 +201,7 @@ class Participant:
         *,
         name: str | None = None,
         isolation: Isolation = "read_committed",
+        effects: Effects = "transaction",
     ) -> Callable[
         [Callable[[C, Transaction], Awaitable[R]]], Callable[[C, Transaction], Awaitable[R]]
     ]:
@@ -209,8 +213,17 @@ class Participant:
         ``failure`` reply) or :class:`Retryable` (a ``retryable`` reply at once).
         ``isolation`` is the transaction's isolation level; serialization failures are
         retried like any other failed attempt.
+
+        ``effects`` says where the handler's effects are. ``"transaction"`` (the
+        default): all of them are writes in ``tx``. The kit then claims the command by
+        inserting its outcome at the end of the transaction, and a copy of a command
+        another transaction is answering or has answered may run the handler in a
+        transaction that is rolled back before the stored reply is sent: nothing it
+        wrote remains. ``"outside"``: the handler also acts outside ``tx`` (an HTTP call,
+        a message, a file, a counter in memory). Its commands are claimed with a lock
+        before the handler runs, so a copy whose reply is stored never runs it.
         """
-        return self._register(command, name, isolation, batch=False)
+        return self._register(command, name, isolation, effects, batch=False)
 
     def handles_batch(
         self,
@@ -218,6 +231,7 @@ class Participant:
         *,
         name: str | None = None,
         isolation: Isolation = "read_committed",
+        effects: Effects = "transaction",
     ) -> Callable[
         [Callable[[CommandBatch[C]], Awaitable[S]]], Callable[[CommandBatch[C]], Awaitable[S]]
     ]:
@@ -232,17 +246,29 @@ class Participant:
         counts as the handler raising. A handler that raises for several commands is
         called again for each alone, so that one bad command is retried (and finally
         answered ``retryable``) on its own. A saga's commands are still applied in
-        record order; ``name`` and ``isolation`` are as for ``handles``.
+        record order; ``name``, ``isolation`` and ``effects`` are as for ``handles``.
         """
-        return self._register(command, name, isolation, batch=True)
+        return self._register(command, name, isolation, effects, batch=True)
 
     def _register(
-        self, command: type[BaseModel], name: str | None, isolation: Isolation, *, batch: bool
+        self,
+        command: type[BaseModel],
+        name: str | None,
+        isolation: Isolation,
+        effects: Effects,
+        *,
+        batch: bool,
     ) -> Callable[[F], F]:
         how = "handles_batch" if batch else "handles"
         if not (isinstance(command, type) and issubclass(command, BaseModel)):
             raise DefinitionError(
                 f"{how}() takes the command's pydantic model class, not {command!r}"
+            )
+        if effects not in get_args(Effects):
+            raise DefinitionError(
+                f"{how}(effects={effects!r}) is not a place for effects: use "
+                '"transaction" (every effect is a write in the handler\'s transaction) or '
+                '"outside" (it also acts outside it: an HTTP call, a message)'
             )
         command_type = name or command.__name__
 
@@ -259,7 +285,9 @@ class Participant:
                     f"participant {self.name!r} already has a handler for {command_type}; "
                     "register one handler per command type"
                 )
-            self._handlers[command_type] = HandlerSpec(command_type, command, fn, isolation, batch)
+            self._handlers[command_type] = HandlerSpec(
+                command_type, command, fn, isolation, batch, effects
+            )
             return registered
 
         return register

@@ -8,7 +8,9 @@ For the records one ``getmany`` returned (every partition), :class:`RecordBatchR
 2. cuts the commands into runs, in record order: a command whose handler asks for
    another isolation level than READ COMMITTED is a run of its own;
 3. answers each run in ONE transaction (``_transaction``), then sends its replies
-   together (``_replies``);
+   together (``_replies``). Its first pass is claimed by its outcomes' insert alone
+   (optimistic) when its handlers keep their effects in their transaction; a pass that
+   fails so goes again the locked way, which then decides as described below;
 4. returns, per partition, the offset past the records answered: the caller commits it.
 
 A handler that refuses or raises must not undo its neighbours. The first pass runs the
@@ -44,7 +46,14 @@ from saga_engine.participant._handler_timing import stamp_timings
 from saga_engine.participant._reading import Item, Reader
 from saga_engine.participant._replies import send_replies
 from saga_engine.participant._sql import NO_BLOBS, Outgoing
-from saga_engine.participant._transaction import ClaimLost, HandlerFailed, Refused, transact
+from saga_engine.participant._transaction import (
+    ClaimLost,
+    HandlerFailed,
+    Refused,
+    any_stored,
+    optimistic,
+    transact,
+)
 
 
 class RecordBatchRunner:
@@ -86,15 +95,25 @@ class RecordBatchRunner:
     async def _commit(self, run: list[Item]) -> HandlerFailed | None:
         """Runs the run's transaction until it commits, waiting out outages. Returns the
         failure of a handler that raised (the transaction rolled back); raises what no
-        command can be blamed for."""
+        command can be blamed for.
+
+        The first pass is optimistic when it may be (``_transaction.optimistic``). One
+        that fails (a copy's outcome found stored, a refusal, a statement raising) goes
+        again the locked way, which answers a copy from its stored reply, and acts on a
+        refusal as if there had been no optimistic pass (the refusal is not asked for
+        twice). A handler that raised on it failed as on the locked way (its attempt
+        counted, the handler not run again at once), unless an outcome of the run is
+        stored: it may have raised for being a copy, and the locked way tells.
+        """
         ctx = self._ctx
         backoff = OUTAGE.backoff()
         savepoints = False
+        by_insert = optimistic(run)  # this pass is claimed by its outcomes' insert
         while True:
             _reset(run)
             try:
                 async with ctx.pool.acquire() as conn:
-                    await transact(ctx, conn, run, savepoints=savepoints)
+                    await transact(ctx, conn, run, savepoints=savepoints, optimistic=by_insert)
                 return None
             except Refused:
                 savepoints = True
@@ -103,16 +122,23 @@ class RecordBatchRunner:
                 ctx.stats["claims_lost"] += 1
             except HandlerFailed as failed:
                 ctx.stats["batch_replays"] += 1
-                return failed
+                # A handler that raised on the optimistic pass failed, unless the run
+                # holds a copy whose outcome is stored: then the locked way answers it.
+                if not (by_insert and await any_stored(ctx, run)):
+                    return failed
             except Exception as exc:
-                if not is_transient(exc):
+                if is_transient(exc):
+                    savepoints = False
+                    for item in run:
+                        item.refused = None  # a pass cut short by an outage proved nothing
+                    delay = backoff.next_delay()
+                    log.warning("transient failure (%r); retrying the batch in %.2fs", exc, delay)
+                    await ctx.pause(delay)
+                elif not by_insert:
                     raise
-                savepoints = False
-                for item in run:
-                    item.refused = None  # a pass cut short by an outage proved nothing
-                delay = backoff.next_delay()
-                log.warning("transient failure (%r); retrying the batch in %.2fs", exc, delay)
-                await ctx.pause(delay)
+                # Else an optimistic pass's statement failed (say, a deadlock with a copy
+                # on another instance): the locked way tells whether it was the copy.
+            by_insert = False  # every pass after a failed one goes the locked way
 
     async def _after_commit(self, run: list[Item]) -> None:
         ctx = self._ctx

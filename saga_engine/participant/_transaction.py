@@ -1,7 +1,22 @@
 """The transaction of a batch: every command's claim, answer and stored outcome, together.
 
 One transaction on one connection, for a run of commands (a single command is a run of
-one):
+one). A run goes one of two ways.
+
+**Optimistic** (the first pass of a run whose handlers keep every effect in the
+transaction, ``optimistic=True``): BEGIN, every command answered (step 4 below), every
+outcome inserted with its reply in one statement (step 5), COMMIT. The insert is the
+claim: its ``ON CONFLICT DO NOTHING RETURNING`` returns a row for each command it stored,
+and a command id that another transaction stored first (a copy answered before, or one
+answered on another instance meanwhile: the unique index makes the insert wait for that
+transaction) returns none. Then the whole transaction is rolled back (ClaimLost), the
+handlers' writes with it, and the run goes again the locked way, which answers the copy
+from its stored reply. Two statements fewer than the locked way, and no lock.
+
+**Locked** (every other pass: a run with a handler whose effects are outside its
+transaction, with a compensation, with a command retried after its handler raised, or a
+run going again after its optimistic pass failed: a copy found stored, a refusal, a
+statement raising, a handler raising while an outcome of the run is stored):
 
 1. the claim of every command id, and of every forward id its compensations undo, in
    one statement (``_sql.CLAIM``, an advisory lock each): a concurrent transaction of
@@ -30,7 +45,7 @@ from pydantic import BaseModel
 from saga_engine.core.history._blobref import resolving
 from saga_engine.kernel._errors import PayloadTooLarge, Rejected, Retryable
 from saga_engine.kernel._serde import check_storable
-from saga_engine.participant._context import ParticipantContext
+from saga_engine.participant._context import ParticipantContext, log
 from saga_engine.participant._groups import Groups, checked_results, grouped
 from saga_engine.participant._handler import (
     BatchCommand,
@@ -77,18 +92,27 @@ class Refused(Exception):
 
 
 class ClaimLost(Exception):
-    """An outcome's row was stored by another transaction after the claim (one not of
-    this kit's claim): the pass is rolled back and runs again, and finds it stored."""
+    """An outcome's row was stored by another transaction: on an optimistic pass, a
+    copy answered before or meanwhile; on a locked one, after the claim (by a kit that
+    does not take this kit's lock). The pass is rolled back and runs again the locked
+    way, and finds it stored."""
 
 
 async def transact(
-    ctx: ParticipantContext, conn: Connection, run: list[Item], *, savepoints: bool
+    ctx: ParticipantContext,
+    conn: Connection,
+    run: list[Item],
+    *,
+    savepoints: bool,
+    optimistic: bool = False,
 ) -> None:
     """Answers ``run`` in one transaction on ``conn`` (see the module docstring).
 
     ``savepoints``: each handler call runs in a savepoint, so that a refusal undoes its
     writes alone. Without (a savepoint costs two more round trips per command, measured
     at about 2.5x the cost of a one-statement handler), a refusal raises Refused.
+    ``optimistic``: the run is claimed by its outcomes' insert alone (no lock, no read
+    of the stored replies); the caller decides it (``_batch``).
     """
     # READ COMMITTED explicitly, whatever the server's default, unless the handler asks
     # for another level: the claim's reasoning (a concurrent duplicate waits on its lock,
@@ -97,22 +121,11 @@ async def transact(
     # to serialize, and the retried transaction finds the row.
     async with conn.transaction(isolation=_isolation(run)):
         firsts = _dedupe(run)
-        await _claim(conn, firsts)
-        await _tombstone(conn, firsts)
-        stored = await _stored(conn, firsts)
-        blobs = await _stored_blobs(ctx, stored)
+        stored = {} if optimistic else await _claimed(ctx, conn, firsts)
         groups = Groups()
         for item in firsts:
-            command = _cmd(item)
-            reply_text = stored.get(command.command_id)
-            if reply_text is not None:
-                # Processed before (and committed, or the claim would still be waiting):
-                # the same answer again, without running the handler.
-                item.duplicate = True
-                with resolving(blobs):
-                    body = stored_reply(reply_text, ctx.codec)
-                item.outgoing = ctx.reply(command, body, item.topic)
-                continue
+            if stored.get(_cmd(item).command_id) is not None:
+                continue  # answered with its stored reply
             group = groups.before(item)
             if group is not None:  # an earlier command of its saga is applied first
                 await _handle(ctx, conn, group, savepoints=savepoints)
@@ -124,11 +137,52 @@ async def transact(
             await _handle(ctx, conn, group, savepoints=savepoints)
         fresh = [i for i in firsts if i.outgoing is not None and not i.duplicate]
         await _record(conn, fresh)
+        if optimistic:
+            # The run's rows are inserted, not committed: a death here must undo them
+            # and every handler's writes, and a copy then finds nothing stored.
+            ctx.checkpoint("after_optimistic_insert")
         await _keep_blobs(ctx, firsts)
         if ctx.settings.participant.drill_ledger:
             # In this transaction: a command's ledger row commits with its effects.
             applied = [_cmd(i) for i in fresh if _out(i).reply.outcome == "success"]
             await record_applications(conn, applied)
+
+
+async def _claimed(ctx: ParticipantContext, conn: Connection, firsts: list[Item]) -> dict[str, str]:
+    """The locked claim (the module docstring's steps 1-3): the run's ids locked, its
+    tombstones written, and its duplicates answered with their stored replies, which
+    are returned by command id."""
+    await _claim(conn, firsts)
+    await _tombstone(conn, firsts)
+    stored = await _stored(conn, firsts)
+    blobs = await _stored_blobs(ctx, stored)
+    for item in firsts:
+        command = _cmd(item)
+        reply_text = stored.get(command.command_id)
+        if reply_text is not None:
+            # Processed before (and committed, or the claim would still be waiting):
+            # the same answer again, without running the handler.
+            item.duplicate = True
+            with resolving(blobs):
+                body = stored_reply(reply_text, ctx.codec)
+            item.outgoing = ctx.reply(command, body, item.topic)
+    return stored
+
+
+def optimistic(run: list[Item]) -> bool:
+    """Whether a first pass of ``run`` may go the optimistic way (module docstring): no
+    handler of it acts outside its transaction (it would have acted for a copy before
+    the insert finds the copy), no command is a compensation (its tombstones are claimed
+    under the lock, before any handler runs, as a late forward command claims itself),
+    and no command is retried after its handler raised (it would run twice per attempt
+    if it raised again: the optimistic pass and the locked one)."""
+    for item in run:
+        command = _cmd(item)
+        if command.compensation or item.attempt > 1:
+            return False
+        if item.handler is not None and item.handler.effects == "outside":
+            return False
+    return True
 
 
 async def _stored_blobs(ctx: ParticipantContext, stored: dict[str, str]) -> dict[str, bytes]:
@@ -157,6 +211,10 @@ async def _record(conn: Connection, fresh: list[Item]) -> None:
     """Stores the fresh outcomes with their replies, in one statement."""
     if not fresh:
         return
+    # In command id order: two optimistic transactions holding copies of the same
+    # commands (on two instances, after a rebalance) insert them in the same order, so
+    # one waits for the other instead of deadlocking on the unique index.
+    fresh = sorted(fresh, key=lambda i: _cmd(i).command_id)
     rows = await conn.fetch(
         RECORD_OUTCOMES,
         [_cmd(i).command_id for i in fresh],
@@ -361,6 +419,18 @@ async def _stored(conn: Connection, firsts: list[Item]) -> dict[str, str]:
     before, and the forward commands tombstoned just now."""
     rows = await conn.fetch(STORED_REPLIES, [_cmd(i).command_id for i in firsts])
     return {r["command_id"]: r["reply"] for r in rows}
+
+
+async def any_stored(ctx: ParticipantContext, run: list[Item]) -> bool:
+    """Whether an outcome of ``run`` is stored (committed): after an optimistic pass
+    whose handler raised, whether it may have raised for a copy (a business row the
+    first one wrote, say) rather than failed. A read that fails proves nothing: True."""
+    try:
+        async with ctx.pool.acquire() as conn:
+            return bool(await _stored(conn, run))
+    except Exception as exc:
+        log.debug("participant %s: the stored outcomes unread (%r)", ctx.name, exc)
+        return True
 
 
 def _undone(command: Envelope) -> list[str]:

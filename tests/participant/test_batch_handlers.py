@@ -22,6 +22,7 @@ from saga_engine.participant import CommandBatch, Participant, Rejected, Retryab
 from saga_engine.protocol import Envelope, ReplyBody
 from tests.participant import test_participant
 from tests.participant.helpers import (
+    OUTSIDE,
     TRACEPARENT,
     by_id,
     command,
@@ -62,10 +63,11 @@ Calls = list[tuple[str, list[str]]]
 
 
 def batch_handlers(world: World, calls: Calls) -> Callable[[Participant], None]:
-    """Registers the batch handlers, which record each call's type and command ids."""
+    """Registers the batch handlers, which record each call's type and command ids (in
+    memory, outside their transaction: ``effects=OUTSIDE``)."""
 
     def register(participant: Participant) -> None:
-        @participant.handles_batch(Apply)
+        @participant.handles_batch(Apply, effects=OUTSIDE)
         async def apply(batch: CommandBatch[Apply]) -> list[dict[str, Any] | Rejected | Retryable]:
             calls.append(("Apply", [c.command_id for c in batch]))
             for c in batch:
@@ -83,7 +85,7 @@ def batch_handlers(world: World, calls: Calls) -> Callable[[Participant], None]:
                 for c in batch
             ]
 
-        @participant.handles_batch(Revert)
+        @participant.handles_batch(Revert, effects=OUTSIDE)
         async def revert(batch: CommandBatch[Revert]) -> list[None]:
             calls.append(("Revert", [c.command_id for c in batch]))
             await batch.execute(
@@ -91,7 +93,7 @@ def batch_handlers(world: World, calls: Calls) -> Callable[[Participant], None]:
             )
             return [None] * len(batch)
 
-        @participant.handles_batch(Short)
+        @participant.handles_batch(Short, effects=OUTSIDE)
         async def short(batch: CommandBatch[Short]) -> list[None]:
             calls.append(("Short", [c.command_id for c in batch]))
             await batch.execute(INSERT, [c.command_id for c in batch], [0] * len(batch))

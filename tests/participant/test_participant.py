@@ -24,6 +24,7 @@ from saga_engine.settings import KafkaSettings, ParticipantSettings, Settings
 from tests.conftest import PgTarget
 from tests.integration.kafka_helpers import ensure_topics
 from tests.participant.helpers import (
+    OUTSIDE,
     PARTICIPANT,
     TRACEPARENT,
     Bus,
@@ -256,7 +257,7 @@ async def test_a_reply_over_the_size_limit_is_refused_once_not_retried(
 
         if batch:
 
-            @participant.handles_batch(Bulky)
+            @participant.handles_batch(Bulky, effects=OUTSIDE)
             async def bulky_batch(commands: CommandBatch[Bulky]) -> list[dict[str, str]]:
                 out = []
                 for one in commands:
@@ -269,7 +270,7 @@ async def test_a_reply_over_the_size_limit_is_refused_once_not_retried(
 
         else:
 
-            @participant.handles(Bulky)
+            @participant.handles(Bulky, effects=OUTSIDE)
             async def bulky(cmd: Bulky, tx: Transaction) -> dict[str, str]:
                 await write(tx)
                 return {"blob": "x" * cmd.size}
@@ -663,7 +664,9 @@ async def test_a_copy_claimed_on_another_instance_meanwhile_waits_and_never_runs
     gate = asyncio.Event()
 
     def gated(participant: Participant) -> None:
-        @participant.handles(Gated)
+        # Its calls are counted in memory: an effect outside its transaction, which
+        # keeps it on the locked claim (the optimistic one: tests/internal/participant/test_optimistic_claim.py).
+        @participant.handles(Gated, effects=OUTSIDE)
         async def handle(cmd: Gated, tx: Transaction) -> dict[str, str]:
             await _apply_seven(world, tx)
             await gate.wait()

@@ -11,6 +11,7 @@ import random
 import signal
 from collections import Counter
 
+import asyncpg
 import pytest
 
 from saga_engine import SagaStatus, saga_id_for
@@ -129,16 +130,20 @@ def _spread_keys(tag: str, partitions: int, per_partition: int = PER_PARTITION) 
     return keys
 
 
-async def _start_spread_sagas(cluster: Cluster, tag: str) -> tuple[list[str], dict[str, str]]:
+async def _start_spread_sagas(
+    cluster: Cluster, tag: str, *, alpha_refuses: bool = True
+) -> tuple[list[str], dict[str, str]]:
     """A third complete, a third are refused by alpha (the first step: in the
     participant's batch, a refusal makes it run again with a savepoint per command) and a
-    third by beta or gamma, so they compensate alpha's step."""
+    third by beta or gamma, so they compensate alpha's step. Without ``alpha_refuses``,
+    the second third complete too."""
     later = PARTICIPANTS[1:]
+    first = PARTICIPANTS[0] if alpha_refuses else None
     ids: list[str] = []
     failing: dict[str, str] = {}
     async with SagaClient(cluster.settings) as client:
         for i, key in enumerate(_spread_keys(tag, cluster.partitions)):
-            fail_at = [None, PARTICIPANTS[0], later[i // 3 % len(later)]][i % 3]
+            fail_at = [None, first, later[i // 3 % len(later)]][i % 3]
             saga_id = await client.start(
                 Transfer, TransferRequest(amount=10 + i, fail_at=fail_at), idempotency_key=key
             )
@@ -148,22 +153,34 @@ async def _start_spread_sagas(cluster: Cluster, tag: str) -> tuple[list[str], di
     return ids, failing
 
 
+async def _alpha_killed_in_its_first_batch(
+    cluster: Cluster, tag: str, point: str, *, alpha_refuses: bool = True, batch: bool = False
+) -> tuple[list[str], dict[str, str]]:
+    """Sagas spread over every partition, their first commands all waiting in alpha's
+    topic before alpha starts (its first fetch takes them as one batch), and alpha
+    SIGKILLed at ``point`` in that batch; the other participants and the engine run."""
+    for name in PARTICIPANTS[1:]:
+        cluster.start_participant(name, batch_handlers=batch)
+    cluster.start_engine("engine")
+    ids, failing = await _start_spread_sagas(cluster, tag, alpha_refuses=alpha_refuses)
+    await cluster.wait_commands("alpha", ids)
+    cluster.start_participant("alpha", crash_at=f"{point}:1", batch_handlers=batch)
+    code = await cluster.wait_exit("participant-alpha")
+    log = cluster.log_tail("participant-alpha")
+    assert code == -signal.SIGKILL, log
+    assert f"crash point {point} reached" in log
+    return ids, failing
+
+
 async def test_participant_killed_after_a_batch_commit_before_its_replies_recovers(
     cluster: Cluster,
 ) -> None:
     # alpha (every saga's first step) stays down until the engine has sent it the first
     # command of every saga: its first fetch takes them as one batch. That wait is short
     # next to the step's 5 s timeout (and a re-sent command would be deduplicated).
-    for name in PARTICIPANTS[1:]:
-        cluster.start_participant(name)
-    cluster.start_engine("engine")
-    ids, failing = await _start_spread_sagas(cluster, "participant-batch")
-    await cluster.wait_commands("alpha", ids)
-    cluster.start_participant("alpha", crash_at="after_batch_commit:1")
-    code = await cluster.wait_exit("participant-alpha")
-    log = cluster.log_tail("participant-alpha")
-    assert code == -signal.SIGKILL, log
-    assert "crash point after_batch_commit reached" in log
+    ids, failing = await _alpha_killed_in_its_first_batch(
+        cluster, "participant-batch", "after_batch_commit"
+    )
     # The batch's transaction committed its effects, but no reply went out: the engine
     # sent nothing to the next step.
     applied = await cluster.ledger("alpha")
@@ -177,10 +194,44 @@ async def test_participant_killed_after_a_batch_commit_before_its_replies_recove
     await cluster.check_effects(statuses, failing)
 
 
+async def test_participant_killed_between_its_optimistic_insert_and_commit_recovers(
+    cluster: Cluster,
+) -> None:
+    # alpha's handlers keep every effect in their transaction: its first batch (the first
+    # command of every saga, none refused) is claimed by the outcomes' insert alone. It
+    # dies after that insert, before COMMIT: its writes and its outcome rows roll back.
+    ids, failing = await _alpha_killed_in_its_first_batch(
+        cluster, "optimistic", "after_optimistic_insert", alpha_refuses=False
+    )
+    assert await cluster.ledger("alpha") == []
+    assert await _outcomes_stored(cluster, "alpha") == 0
+    assert await cluster.commands_in_topic("beta") == []
+
+    cluster.start_participant("alpha")
+    statuses = await cluster.wait_settled(ids)
+    assert statuses == _expected(ids, failing)
+    # In alpha's own table: one apply per command, none lost, none twice.
+    await cluster.check_effects(statuses, failing)
+    assert await _outcomes_stored(cluster, "alpha") >= len(ids)
+
+
+async def _outcomes_stored(cluster: Cluster, participant: str) -> int:
+    conn = await asyncpg.connect(cluster.database_dsn)
+    try:
+        schema = cluster.participant_schema(participant)
+        count = await conn.fetchval(f'SELECT count(*) FROM "{schema}".saga_processed_commands')
+    finally:
+        await conn.close()
+    return int(count)
+
+
 @pytest.mark.parametrize(
     "point",
     [
         "in_batch_handler",  # a batch handler returned, its transaction not committed
+        # The same, past the optimistic insert of the outcomes (a batch handler's
+        # refusals are returned, not raised: the first pass stays optimistic).
+        "after_optimistic_insert",
         "after_batch_commit",  # the transaction committed, none of its replies sent
         "after_commit",  # the same point, as every transaction passes it
     ],
@@ -191,18 +242,11 @@ async def test_participant_with_batch_handlers_killed_in_a_batch_recovers(
     # As above, with every participant answering through batch handlers: alpha's first
     # fetch holds the first command of every saga, and one call of its Apply handler
     # answers them (refusing a third: those get no ledger row).
-    for name in PARTICIPANTS[1:]:
-        cluster.start_participant(name, batch_handlers=True)
-    cluster.start_engine("engine")
-    ids, failing = await _start_spread_sagas(cluster, f"batch-handlers-{point}")
-    await cluster.wait_commands("alpha", ids)
-    cluster.start_participant("alpha", crash_at=f"{point}:1", batch_handlers=True)
-    code = await cluster.wait_exit("participant-alpha")
-    log = cluster.log_tail("participant-alpha")
-    assert code == -signal.SIGKILL, log
-    assert f"crash point {point} reached" in log
+    ids, failing = await _alpha_killed_in_its_first_batch(
+        cluster, f"batch-handlers-{point}", point, batch=True
+    )
     applied = await cluster.ledger("alpha")
-    if point == "in_batch_handler":
+    if point in ("in_batch_handler", "after_optimistic_insert"):
         assert applied == []  # died inside the transaction: all of it rolled back
     else:
         assert applied

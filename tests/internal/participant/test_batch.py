@@ -25,6 +25,7 @@ from saga_engine.participant._record_batch import RecordBatchRunner
 from saga_engine.transport._wire import ReplyBody
 from tests.participant import test_participant
 from tests.participant.helpers import (
+    OUTSIDE,
     by_id,
     command,
     compensation_of,
@@ -155,7 +156,7 @@ async def test_a_handler_at_another_isolation_level_runs_alone_at_it_on_every_at
     levels: list[tuple[str, int]] = []
 
     def register(participant: Participant) -> None:
-        @participant.handles(Audit, isolation="serializable")
+        @participant.handles(Audit, isolation="serializable", effects=OUTSIDE)
         async def audit(cmd: Audit, tx: Transaction) -> dict[str, int]:
             world.effects.calls[tx.command_id] += 1
             levels.append((await tx.fetchval("SHOW transaction_isolation"), tx.attempt))
@@ -357,8 +358,9 @@ async def test_a_batch_that_fails_for_no_commands_fault_answers_the_others_one_a
         (first.command_id, 10),
         (last.command_id, 20),
     ]
-    # ``first`` ran in the pass that failed too; its writes rolled back with it.
-    assert world.effects.calls == {sealed.command_id: 1, first.command_id: 2, last.command_id: 1}
+    # The stored replies are opened before any handler runs: the pass failed before
+    # ``first``'s handler ran, so each handler ran once.
+    assert world.effects.calls == {sealed.command_id: 1, first.command_id: 1, last.command_id: 1}
     assert participant.stats["batch_fallbacks"] == 1
     assert participant.stats["processed"] == 2
     assert participant.stats["dead_lettered_engine_error"] == 1
