@@ -100,7 +100,8 @@ def settings_for(
 def archive(settings: Settings, handled: list[int]) -> Participant:
     participant = Participant("archive", settings, stop_timeout_s=2.0)
 
-    @participant.handles(Archive)
+    # Counted in memory, outside its transaction: a copy must not run it (the lock path).
+    @participant.handles(Archive, effects="outside")
     async def keep(cmd: Archive, tx: Transaction) -> Archived:
         handled.append(len(cmd.pdf))
         # The reply is the document again, marked: as large as the command.
