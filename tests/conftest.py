@@ -23,6 +23,7 @@ import asyncpg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from tests.go_kit import go_built  # noqa: F401  (the Go kit's build, a session fixture)
 from tests.waiting import TIME_SCALE, eventually, scaled
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import signal
 import subprocess
 import uuid
@@ -19,36 +18,14 @@ import pytest
 from saga_engine.conformance import CASE_NAMES, run_suite
 from saga_engine.settings import KafkaSettings
 from tests.conftest import PgTarget
+from tests.go_kit import KIT, build_binary
 from tests.integration.kafka_helpers import ensure_topics
 from tests.participant.helpers import delete_topics
 from tests.waiting import scaled
 
 pytestmark = pytest.mark.integration
 
-KIT = Path(__file__).resolve().parents[2] / "kits" / "go"
 NAME = "conformance-go"
-
-
-def _go() -> str:
-    go = shutil.which("go")
-    assert go, "Go is needed for kits/go (Go 1.26 is on the machine list)"
-    return go
-
-
-@pytest.fixture(scope="session")
-def go_built() -> str:
-    """The kit and its test binaries compiled (modules fetched on first use), before any
-    test's clock starts: a cold build on a busy machine takes minutes, and is bounded
-    here on its own."""
-    go = _go()
-    for step in (["build", "./..."], ["test", "-count=1", "-run", "^$", "./..."]):
-        done = subprocess.run(
-            [go, *step], cwd=KIT, capture_output=True, text=True, timeout=scaled(900)
-        )
-        assert done.returncode == 0, (
-            f"go {' '.join(step)}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
-        )
-    return go
 
 
 # The clock covers the tests only (func_only: the build above is outside it); their
@@ -78,19 +55,9 @@ def test_go_test_runs_the_kit_s_unit_and_integration_tests(
 async def go_participant(
     go_built: str, pg: PgTarget, kafka_bootstrap: str, unique_id: str, tmp_path: Path
 ) -> AsyncIterator[KafkaSettings]:
-    binary = tmp_path / "conformance-participant"
-    build = await asyncio.create_subprocess_exec(
-        go_built,
-        "build",
-        "-o",
-        str(binary),
-        "./cmd/conformance-participant",
-        cwd=KIT,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    binary = await build_binary(
+        go_built, "./cmd/conformance-participant", tmp_path / "conformance-participant"
     )
-    _, errors = await asyncio.wait_for(build.communicate(), timeout=scaled(900))
-    assert build.returncode == 0, errors.decode()[-3000:]
     kafka = KafkaSettings(
         bootstrap_servers=kafka_bootstrap,
         topic_prefix=f"g{unique_id}",

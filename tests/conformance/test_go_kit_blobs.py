@@ -31,6 +31,7 @@ from saga_engine.settings import (
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
 from tests.edge.conftest import dead_letters
+from tests.go_kit import build_binary
 from tests.integration.test_large_payloads import document
 from tests.integration.test_large_records import reference_value, send_raw
 from tests.participant.helpers import delete_topics
@@ -38,7 +39,6 @@ from tests.waiting import scaled
 
 pytestmark = pytest.mark.integration
 
-KIT = Path(__file__).resolve().parents[2] / "kits" / "go"
 NAME = "echo-go"
 MAC_KEY = b"a MAC key of 32 bytes, for tests"
 
@@ -82,22 +82,15 @@ def settings_for(pg: PgTarget, bootstrap: str) -> Settings:
 
 @pytest.fixture
 async def go_echo(
-    pg: PgTarget, kafka_bootstrap: str, unique_id: str, tmp_path: Path
+    go_built: str,
+    pg: PgTarget,
+    kafka_bootstrap: str,
+    unique_id: str,
+    tmp_path: Path,
 ) -> AsyncIterator[Settings]:
-    go = os.environ.get("GO", "go")
-    binary = tmp_path / "conformance-participant"
-    build = await asyncio.create_subprocess_exec(
-        go,
-        "build",
-        "-o",
-        str(binary),
-        "./cmd/conformance-participant",
-        cwd=KIT,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    binary = await build_binary(
+        go_built, "./cmd/conformance-participant", tmp_path / "conformance-participant"
     )
-    _, errors = await asyncio.wait_for(build.communicate(), timeout=scaled(900))
-    assert build.returncode == 0, errors.decode()[-3000:]
     settings = settings_for(pg, kafka_bootstrap)
     env = {
         **os.environ,

@@ -17,7 +17,7 @@ import pytest
 from saga_engine import Settings
 from saga_engine.client import SagaClient
 from saga_engine.worker import SagaWorker
-from tests.conformance.test_go_kit import KIT, go_built  # noqa: F401  (the build fixture)
+from tests.go_kit import build_binary
 from tests.progress.test_step_progress_kafka import (
     Packing,
     Parcel,
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def go_warehouse(
-    go_built: str,  # noqa: F811
+    go_built: str,
     settings: Settings,  # noqa: F811
     tmp_path: Path,
 ) -> AsyncIterator[Path]:
@@ -41,10 +41,7 @@ async def go_warehouse(
     saga id lets its handler finish."""
     binary, released = tmp_path / "progress-participant", tmp_path / "released"
     released.mkdir()
-    build = await asyncio.create_subprocess_exec(
-        go_built, "build", "-o", str(binary), "./cmd/progress-participant", cwd=KIT
-    )
-    assert await asyncio.wait_for(build.wait(), timeout=scaled(900)) == 0
+    await build_binary(go_built, "./cmd/progress-participant", binary)
     env = {
         **os.environ,
         "SAGA_KAFKA__BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
@@ -63,6 +60,8 @@ async def go_warehouse(
         await asyncio.wait_for(proc.wait(), timeout=scaled(60))
 
 
+# The clock covers the test only: the kit's build (``go_built``) is bounded on its own.
+@pytest.mark.timeout(120, func_only=True)
 async def test_a_go_participants_reports_show_while_its_step_runs_and_go_with_its_reply(
     settings: Settings,  # noqa: F811
     go_warehouse: Path,
