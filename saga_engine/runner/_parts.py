@@ -9,13 +9,12 @@ from the engine.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from saga_engine.core.authoring._definition import Saga, SagaRegistry
 from saga_engine.core.authoring._graph import Graph
-from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.core.planning._rollout import RolloutTable
 from saga_engine.core.runtime._operations import CommandLimit
 from saga_engine.kernel._crash import CrashHook
@@ -86,16 +85,16 @@ class EngineParts:
         telemetry: Telemetry | None = None,
         ownership: Ownership | None = None,
         domain_events: DomainEventStore | None = None,
-        command_size: Callable[[OutboundCommand], int] | None = None,
+        command_records: CommandRecords | None = None,
     ) -> EngineParts:
         """The collaborators of an engine driving ``sagas`` over ``store`` and ``sender``.
         ``telemetry``: the global OpenTelemetry providers unless one is given;
         ``ownership``: which sagas it drives when several engines share them;
-        ``command_size``: the bytes of a command's record as ``sender`` sends it (the
-        broker's sender's ``records.size``); unset, as the broker's sender would write
-        it without a codec."""
-        if command_size is None:
-            command_size = CommandRecords(Topics.of(settings.kafka), "/saga-engine").size
+        ``command_records``: the records ``sender`` sends commands as (the broker's
+        sender's ``records``), which the size rule measures; unset, as the broker's
+        sender would write them without a codec."""
+        if command_records is None:
+            command_records = CommandRecords(Topics.of(settings.kafka), "/saga-engine")
         clock = clock or SystemClock()
         observer = EngineObserver(telemetry or default_telemetry())
         live = LiveSagas(clock, on_evict=observer.evicted)
@@ -126,10 +125,11 @@ class EngineParts:
             matcher=matcher,
             command_limit=CommandLimit(
                 settings.kafka.max_message_bytes,
-                command_size,
+                command_records.size,
                 settings.limits,
                 learned.cost,
                 settings.engine.continue_as_new_after,
+                command_records.bound,
             ),
             learned=learned,
         )

@@ -16,16 +16,32 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
 from saga_engine.core.history._codec import CodecChain
 from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS, engine_envelope
 from saga_engine.transport._timings import wire_time
 from saga_engine.transport._topics import Topics
-from saga_engine.transport._wire import Headers, MessageType, encode, encode_fields, record_size
+from saga_engine.transport._wire import (
+    HEADERS,
+    Headers,
+    MessageType,
+    encode,
+    encode_fields,
+    fixed_headers_size,
+    record_size,
+)
 
 #: ``ce_senttime`` when a record is only measured: a time's length (``wire_time`` always
 #: writes microseconds), so the size measured is the size sent.
 SENT_TIME_PLACEHOLDER = wire_time(0.0)
+
+#: What a command record's headers hold besides its text (``bound``): every header's
+#: name, the fixed headers, and room for the values whose length the engine sets (an id
+#: and a time ``encode_fields`` makes, the message type, the schema version, ``true``,
+#: ``ce_senttime``): 256 bytes where they take about 120.
+_HEADER_ROOM = fixed_headers_size() + sum(len(name) for name in HEADERS.values()) + 256
 
 
 class CommandRecords:
@@ -79,6 +95,30 @@ class CommandRecords:
         """The bytes of ``command``'s record: its value and every header name and value."""
         _, _, value, headers = self.record(command, measuring=True)
         return record_size(value, headers)
+
+    def bound(self, command: OutboundCommand) -> int | None:
+        """At least ``size(command)``, computed without building the record (no header
+        list, no envelope defaults): the body's JSON bytes, the headers' room, and four
+        bytes for every character of the command's text (UTF-8 takes at most four). The
+        size rule asks for the exact size only when this bound does not fit. None when
+        there is no cheap bound: a codec seals the body (a compression, an encryption or
+        a reference changes its length), or the command goes to an engine."""
+        if self._codec is not None or command.participant in ENGINE_PARTICIPANTS:
+            return None
+        trace = command.trace_context
+        text = (
+            len(self._source)
+            + len(command.command_type)
+            + 2 * len(command.saga_id)  # ce_sagaid and ce_correlationid
+            + len(command.saga_type)
+            + 2 * len(command.command_id)  # ce_commandid and ce_causationid
+            + len(command.step)
+            + len(self._topics.inbox)
+            + sum(len(c) + 1 for c in command.compensates)
+            + len(trace.get("traceparent", ""))
+            + len(trace.get("tracestate", ""))
+        )
+        return len(orjson.dumps(command.payload, option=orjson.OPT_UTC_Z)) + _HEADER_ROOM + 4 * text
 
     def _fields(self, command: OutboundCommand, measuring: bool = False) -> dict[str, Any]:
         """The command's envelope fields, from the decision (its values are the engine's

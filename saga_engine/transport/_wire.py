@@ -380,6 +380,12 @@ def _goes_clear(codec: CodecChain, value: bytes, blobs: dict[str, bytes] | None)
     return blobs is None or len(value) < ref.threshold
 
 
+def fixed_headers_size() -> int:
+    """The bytes of the headers every record ``encode_fields`` writes carries, whatever
+    its fields (their names and values)."""
+    return record_size(None, _FIXED_HEADERS)
+
+
 def record_size(value: bytes | None, headers: Headers) -> int:
     """A record's size as the size rule counts it (``check_message_size``): its value
     and every header name and value, in bytes (``decode`` counts the same, in its pass

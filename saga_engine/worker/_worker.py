@@ -269,7 +269,7 @@ class SagaWorker:
             telemetry=telemetry,
             ownership=self._ownership,
             domain_events=self._events.store if self._events is not None else None,
-            command_size=broker.records.size,
+            command_records=broker.records,
         )
         self.engine = engine = Engine(parts)
         self._http.bind(engine)
