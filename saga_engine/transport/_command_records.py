@@ -114,7 +114,8 @@ class CommandRecords:
             + 2 * len(command.command_id)  # ce_commandid and ce_causationid
             + len(command.step)
             + len(self._topics.inbox)
-            + sum(len(c) + 1 for c in command.compensates)
+            + sum(map(len, command.compensates))
+            + len(command.compensates)  # the commas
             + len(trace.get("traceparent", ""))
             + len(trace.get("tracestate", ""))
         )

@@ -195,12 +195,17 @@ def _check_size(
         forward = _outbound(s, request, payload)
         error = limit.refusal(forward, f"the command of step {name!r}")
         if error is None and spec is not None:
-            undo = replace(
-                forward,
-                payload=spec.payload,
-                compensation=True,
+            undo = OutboundCommand(
+                saga_id=s.saga_id,
+                saga_type=s.saga_type,
+                step=name,
+                participant=request.to,
                 command_type=spec.command_type,
+                payload=spec.payload,
                 command_id=command_id_for(s.scope, name, 0, compensation=True),
+                attempt=1,
+                compensation=True,
+                trace_context=s.trace_context,
                 compensates=(forward.command_id,),
             )
             error = limit.refusal(undo, f"the compensation of step {name!r}")
