@@ -149,7 +149,7 @@ func TestIntegrationCompensationTombstones(t *testing.T) {
 	}
 	h.send(h.command("Apply", "saga-c", "fwd-1", `{"key":"c"}`))
 	r = h.await("inbox", 1, byCommand("fwd-1"))[0]
-	applied := h.count(`SELECT count(*) FROM `+h.table("effects")+` WHERE key = 'c'`)
+	applied := h.count(`SELECT count(*) FROM ` + h.table("effects") + ` WHERE key = 'c'`)
 	if outcome, _, msg := replyOf(t, r); outcome != OutcomeFailure || msg != tombstoneError || applied != 0 {
 		t.Errorf("forward after its compensation answered %s (applied %d times)", r.Value, applied)
 	}
