@@ -21,18 +21,23 @@ type keyCmd struct {
 // registerApply registers Apply (records one effect, answers the count) and
 // Undo (removes them, answers how many), and returns how often Apply ran.
 func registerApply(h *harness) *atomic.Int64 {
+	return registerApplyOn(h.kit, h.table("effects"))
+}
+
+// registerApplyOn registers Apply and Undo on k, their effects in table.
+func registerApplyOn(k *Kit, table string) *atomic.Int64 {
 	var calls atomic.Int64
-	HandleTyped(h.kit, "Apply", func(ctx context.Context, tx pgx.Tx, cmd Command, b keyCmd) (any, error) {
+	HandleTyped(k, "Apply", func(ctx context.Context, tx pgx.Tx, cmd Command, b keyCmd) (any, error) {
 		calls.Add(1)
-		if _, err := tx.Exec(ctx, `INSERT INTO `+h.table("effects")+` (key) VALUES ($1)`, b.Key); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (key) VALUES ($1)`, b.Key); err != nil {
 			return nil, err
 		}
 		var n int64
-		err := tx.QueryRow(ctx, `SELECT count(*) FROM `+h.table("effects")+` WHERE key = $1`, b.Key).Scan(&n)
+		err := tx.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE key = $1`, b.Key).Scan(&n)
 		return map[string]any{"key": b.Key, "applied": n}, err
 	})
-	HandleTyped(h.kit, "Undo", func(ctx context.Context, tx pgx.Tx, cmd Command, b keyCmd) (any, error) {
-		tag, err := tx.Exec(ctx, `DELETE FROM `+h.table("effects")+` WHERE key = $1`, b.Key)
+	HandleTyped(k, "Undo", func(ctx context.Context, tx pgx.Tx, cmd Command, b keyCmd) (any, error) {
+		tag, err := tx.Exec(ctx, `DELETE FROM `+table+` WHERE key = $1`, b.Key)
 		return map[string]any{"undone": tag.RowsAffected(), "forward_applied": cmd.ForwardApplied}, err
 	})
 	return &calls
