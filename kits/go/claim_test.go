@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // The optimistic claim on the real Postgres and Kafka: a handler whose every
@@ -143,36 +142,63 @@ func TestIntegrationEffectsOutsideTakesTheLock(t *testing.T) {
 	}
 }
 
-// The statements the kit sends per command, counted by a tracer on its pool:
-// BEGIN, the handler's own, the outcome's insert (the claim and the outbox
-// row in one statement), COMMIT, then the outbox row marked published.
+// The statements the kit sends per command, counted by a tracer on its pool.
+// Optimistic: BEGIN, the handler's own, the outcome's insert (the claim and
+// the outbox row in one statement), COMMIT, then the outbox row marked
+// published. Locked (the same handler, WithEffects(EffectsOutside)): BEGIN,
+// the claim, SAVEPOINT, the handler's own, RELEASE, the reply stored with its
+// outbox row, COMMIT, the outbox row marked published.
 func TestIntegrationStatementsPerCommand(t *testing.T) {
 	h := newHarness(t, nil)
-	registerApply(h) // Apply: two statements of its own
-	h.start()
-	published := func(n int64) func() bool {
-		return func() bool {
-			return h.count(`SELECT count(*) FROM `+h.kit.store.outbox+` WHERE published_at IS NOT NULL`) == n
+	table := h.table("effects")
+	apply := func(ctx context.Context, tx pgx.Tx, cmd Command, b keyCmd) (any, error) {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (key) VALUES ($1)`, b.Key); err != nil {
+			return nil, err
 		}
+		var n int64
+		err := tx.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE key = $1`, b.Key).Scan(&n)
+		return map[string]any{"applied": n}, err
 	}
-	// A warm-up: the pool's connections open, the kit's statements prepared.
-	h.send(h.command("Apply", "saga-w", "cmd-w", `{"key":"w"}`))
-	h.await("inbox", 1, byCommand("cmd-w"))
-	h.eventually("the warm-up's reply marked published", published(1))
-
-	const n = 10
-	h.statements.start()
-	for i := range n {
-		h.send(h.command("Apply", fmt.Sprintf("saga-rt-%d", i), fmt.Sprintf("cmd-rt-%d", i), `{"key":"rt"}`))
+	HandleTyped(h.kit, "Apply", apply)
+	HandleTyped(h.kit, "Call", apply, WithEffects(EffectsOutside))
+	h.start()
+	sent := int64(0)
+	perCommand := func(typ string) (int, string) {
+		// A warm-up: the pool's connections open, the kit's statements prepared.
+		const n = 10
+		for i := range n + 1 {
+			if i == 1 {
+				h.eventually("the warm-up's reply marked published", h.published(sent+1))
+				h.statements.start()
+			}
+			id := fmt.Sprintf("%s-%d", typ, i)
+			h.send(h.command(typ, "saga-"+id, id, `{"key":"rt"}`))
+			h.await("inbox", 1, byCommand(id))
+		}
+		sent += n + 1
+		h.eventually("every reply marked published", h.published(sent))
+		sql := h.statements.stop()
+		t.Logf("%s: %d statements for %d commands: %s", typ, len(sql), n, statementKinds(sql))
+		if len(sql)%n != 0 {
+			t.Errorf("%s: %d statements for %d commands: %s", typ, len(sql), n, statementKinds(sql))
+		}
+		return len(sql) / n, statementKinds(sql)
 	}
-	h.await("inbox", n, func(r *kgo.Record) bool { return strings.HasPrefix(header(r, hCommandID), "cmd-rt-") })
-	h.eventually("every reply marked published", published(n+1))
-	sql := h.statements.stop()
 	// Apply's two, BEGIN, the outcome's insert, COMMIT; the mark published.
-	const want = 2 + 3 + 1
-	t.Logf("%d statements for %d commands: %s", len(sql), n, statementKinds(sql))
-	if len(sql) != want*n {
-		t.Errorf("%d statements for %d commands, want %d per command: %s", len(sql), n, want, statementKinds(sql))
+	if got, kinds := perCommand("Apply"); got != 2+3+1 {
+		t.Errorf("optimistic: %d statements per command, want 6: %s", got, kinds)
+	}
+	// Call's two, BEGIN, the claim, SAVEPOINT, RELEASE, the reply stored,
+	// COMMIT; the mark published.
+	if got, kinds := perCommand("Call"); got != 2+6+1 {
+		t.Errorf("locked: %d statements per command, want 9: %s", got, kinds)
+	}
+}
+
+// published reports whether n outbox rows are marked published.
+func (h *harness) published(n int64) func() bool {
+	return func() bool {
+		return h.count(`SELECT count(*) FROM `+h.kit.store.outbox+` WHERE published_at IS NOT NULL`) == n
 	}
 }
 

@@ -205,19 +205,20 @@ type outboxRow struct {
 }
 
 // answer stores the reply in the claimed row and writes the outbox row, in
-// tx (step 6).
+// tx (step 6), in one statement.
 func (s *store) answer(ctx context.Context, tx pgx.Tx, cmd *Command, outcome string, row *outboxRow) error {
-	_, err := tx.Exec(ctx, `UPDATE `+s.processed+` SET outcome = $2, reply = $3, answered_at = now()
-		WHERE command_id = $1`, cmd.CommandID, outcome, row.value)
-	if err != nil {
-		return fmt.Errorf("store the reply: %w", err)
-	}
 	names, values := headerColumns(row.headers)
-	err = tx.QueryRow(ctx, `INSERT INTO `+s.outbox+` (command_id, topic, key, header_names, header_values, value)
-		VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
-		cmd.CommandID, row.topic, row.key, names, values, row.value).Scan(&row.id)
+	err := tx.QueryRow(ctx, `WITH answered AS (
+			UPDATE `+s.processed+` SET outcome = $2, reply = $3, answered_at = now()
+			WHERE command_id = $1 RETURNING command_id)
+		INSERT INTO `+s.outbox+` (command_id, topic, key, header_names, header_values, value)
+		SELECT command_id, $4, $5, $6, $7, $3 FROM answered RETURNING id`,
+		cmd.CommandID, outcome, row.value, row.topic, row.key, names, values).Scan(&row.id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("store the reply: command %s is not claimed", cmd.CommandID)
+	}
 	if err != nil {
-		return fmt.Errorf("write the reply outbox: %w", err)
+		return fmt.Errorf("store the reply and its outbox row: %w", err)
 	}
 	return nil
 }
