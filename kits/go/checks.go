@@ -55,6 +55,9 @@ type verdict struct {
 	answer  *replyBody
 	handler *handler
 	attempt int // the handler's attempt at it, from 1 (set by process)
+	// refused is the refusal the handler gave on an optimistic pass, answered
+	// on the locked one without asking the handler again (set by process).
+	refused *refusal
 }
 
 // messageTypes are the seven ce_type values of section 5.

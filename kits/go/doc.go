@@ -19,6 +19,12 @@
 //	}, kit.WithBody[ReserveStock]())
 //	err = k.Run(ctx) // returns once ctx is cancelled and the batch in hand is done
 //
+// A handler's effects are writes through tx by default: its command is then
+// claimed by the insert of its outcome at the end of the transaction, and a
+// copy may run the handler in a transaction that is rolled back. Register a
+// handler that also acts outside tx (an HTTP call, a message) with
+// kit.WithEffects(kit.EffectsOutside): its command is claimed before it runs.
+//
 // Session timeout: the kit uses 6 s by default (Config.SessionTimeout). Size
 // your steps' per-attempt timeouts above three times that (section 7.6).
 package kit

@@ -21,13 +21,17 @@ import (
 // SAGA_TEST_KAFKA and SAGA_TEST_PG_DSN, on a topic prefix and a schema of
 // its own, and reads what it writes to {prefix}.inbox and {prefix}.dlq.
 type harness struct {
-	t      *testing.T
-	prefix string
-	schema string
-	name   string
-	pool   *pgxpool.Pool
-	kit    *Kit
-	client *kgo.Client // produces commands, reads the inbox and the dead letters
+	t            *testing.T
+	prefix       string
+	schema       string
+	name         string
+	brokers, dsn string
+	pool         *pgxpool.Pool // the test's own queries
+	kit          *Kit
+	// statements counts what the kit sends Postgres (its pool is its own).
+	statements *statementCounter
+	kitPools   []*pgxpool.Pool
+	client     *kgo.Client // produces commands, reads the inbox and the dead letters
 
 	mu      sync.Mutex
 	records map[string][]*kgo.Record // by topic
@@ -58,7 +62,8 @@ func newHarness(t *testing.T, configure func(*Config)) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.pool = pool
+	h.pool, h.brokers, h.dsn = pool, brokers, dsn
+	h.statements = &statementCounter{}
 	h.exec(`CREATE SCHEMA ` + pgx.Identifier{h.schema}.Sanitize())
 	h.exec(`CREATE TABLE ` + h.table("effects") + ` (id bigserial PRIMARY KEY, key text NOT NULL)`)
 
@@ -78,6 +83,9 @@ func newHarness(t *testing.T, configure func(*Config)) *harness {
 	}
 	t.Cleanup(func() {
 		h.stop()
+		for _, p := range h.kitPools {
+			p.Close()
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		_, _ = adm.DeleteTopics(ctx, append(topics, h.prefix+".other")...)
@@ -88,12 +96,7 @@ func newHarness(t *testing.T, configure func(*Config)) *harness {
 	})
 	go h.read()
 
-	cfg := Config{
-		Name: h.name, Brokers: []string{brokers}, TopicPrefix: h.prefix, Partitions: testPartitions,
-		Pool: pool, Schema: h.schema, InstanceID: "test-" + randomHex(3),
-		HandlerAttempts: 2, RetryBackoff: 10 * time.Millisecond, ShutdownTimeout: 20 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
-	}
+	cfg := h.config(brokers, h.kitPool(dsn, h.statements), "test-"+randomHex(3))
 	if configure != nil {
 		configure(&cfg)
 	}
@@ -102,6 +105,82 @@ func newHarness(t *testing.T, configure func(*Config)) *harness {
 		t.Fatal(err)
 	}
 	return h
+}
+
+// config is the harness kit's configuration on pool.
+func (h *harness) config(brokers string, pool *pgxpool.Pool, instance string) Config {
+	return Config{
+		Name: h.name, Brokers: []string{brokers}, TopicPrefix: h.prefix, Partitions: testPartitions,
+		Pool: pool, Schema: h.schema, InstanceID: instance,
+		HandlerAttempts: 2, RetryBackoff: 10 * time.Millisecond, ShutdownTimeout: 20 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+	}
+}
+
+// kitPool is a pool of the kit's own, whose statements counter counts (nil:
+// none), closed at the test's end.
+func (h *harness) kitPool(dsn string, counter *statementCounter) *pgxpool.Pool {
+	h.t.Helper()
+	pc, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if counter != nil {
+		pc.ConnConfig.Tracer = counter
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.kitPools = append(h.kitPools, pool)
+	return pool
+}
+
+// statementCounter is a pgx tracer that keeps the SQL of every statement its
+// pool sends while it is on: each is one round trip once the connection has
+// the statement prepared (pgx caches them per connection).
+type statementCounter struct {
+	mu  sync.Mutex
+	on  bool
+	sql []string
+}
+
+func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.on {
+		c.sql = append(c.sql, d.SQL)
+	}
+	return ctx
+}
+
+func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// start begins counting from zero.
+func (c *statementCounter) start() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.on, c.sql = true, nil
+}
+
+// stop ends counting and returns the statements seen.
+func (c *statementCounter) stop() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.on = false
+	return c.sql
+}
+
+// eventually polls cond for up to 30 s.
+func (h *harness) eventually(what string, cond func() bool) {
+	h.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("not after 30 s: %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func (h *harness) table(name string) string { return pgx.Identifier{h.schema, name}.Sanitize() }

@@ -74,10 +74,18 @@ type Config struct {
 	// Blobs turns on commands and replies by reference (BlobConfig); nil, a
 	// record by reference is dead-lettered undecodable (check 8).
 	Blobs *BlobConfig
+	// CrashHook is a test seam: the kit calls it with the name of each crash
+	// point it passes ("after_optimistic_insert": an optimistic pass's outcome
+	// inserted, its transaction not committed; "after_commit": a command's
+	// transaction committed, its reply not sent). CrashAt makes the hook
+	// SAGA_CRASH_AT names. nil: none.
+	CrashHook func(point string)
 }
 
-// HandlerFunc applies one command inside the kit's transaction. tx is a
-// savepoint of that transaction: do not commit or roll it back. Return the
+// HandlerFunc applies one command inside the kit's transaction, through tx:
+// do not commit or roll it back (the kit does; both return an error). Its
+// writes commit with the command's stored reply, or not at all; a handler
+// that also acts outside tx is registered WithEffects(EffectsOutside). Return the
 // reply payload (nil, a map or a struct that encodes to a JSON object), a
 // *Rejected to refuse the command, or any other error to have it retried.
 type HandlerFunc func(ctx context.Context, tx pgx.Tx, cmd Command) (payload any, err error)
@@ -85,6 +93,7 @@ type HandlerFunc func(ctx context.Context, tx pgx.Tx, cmd Command) (payload any,
 type handler struct {
 	fn       HandlerFunc
 	validate func(json.RawMessage) error
+	effects  Effects
 }
 
 // Kit is a participant. Make one with New, register handlers, then Run.
@@ -106,6 +115,10 @@ type Kit struct {
 	producer *kgo.Client
 	topicsMu sync.Mutex
 	topics   map[string]bool // topics known to exist
+
+	// claimsLost counts the optimistic passes whose outcome's insert found
+	// the command stored (ClaimsLost).
+	claimsLost atomic.Uint64
 
 	// Progress reports sent and dropped, and when a drop was last logged.
 	progressSent, progressDropped atomic.Uint64
@@ -219,6 +232,9 @@ func (k *Kit) Handle(commandType string, fn HandlerFunc, opts ...HandlerOption) 
 	for _, o := range opts {
 		o(h)
 	}
+	if h.effects != EffectsTransaction && h.effects != EffectsOutside {
+		panic(fmt.Sprintf("kit: Handle(%q): WithEffects(%v): give kit.EffectsTransaction or kit.EffectsOutside", commandType, h.effects))
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.running {
@@ -228,15 +244,15 @@ func (k *Kit) Handle(commandType string, fn HandlerFunc, opts ...HandlerOption) 
 }
 
 // HandleTyped registers a handler whose body is decoded into T, which is also
-// the body's model (WithBody[T]).
-func HandleTyped[T any](k *Kit, commandType string, fn func(ctx context.Context, tx pgx.Tx, cmd Command, body T) (any, error)) {
+// the body's model (WithBody[T]); opts as for Handle (WithEffects).
+func HandleTyped[T any](k *Kit, commandType string, fn func(ctx context.Context, tx pgx.Tx, cmd Command, body T) (any, error), opts ...HandlerOption) {
 	k.Handle(commandType, func(ctx context.Context, tx pgx.Tx, cmd Command) (any, error) {
 		var body T
 		if err := cmd.Decode(&body); err != nil {
 			return nil, err
 		}
 		return fn(ctx, tx, cmd, body)
-	}, WithBody[T]())
+	}, append([]HandlerOption{WithBody[T]()}, opts...)...)
 }
 
 // Close releases the pool if the kit opened it. Call it after Run returned.
@@ -248,6 +264,11 @@ func (k *Kit) Close() {
 		k.blobs.close()
 	}
 }
+
+// ClaimsLost returns how many optimistic passes found their command's outcome
+// stored (a copy answered before, or meanwhile on another instance) and went
+// the locked way, since the kit was made.
+func (k *Kit) ClaimsLost() uint64 { return k.claimsLost.Load() }
 
 // Topic names of section 1.
 func (k *Kit) commandTopic() string { return k.cfg.TopicPrefix + ".cmd." + k.cfg.Name }

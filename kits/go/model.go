@@ -35,6 +35,40 @@ func WithBody[T any]() HandlerOption {
 	return WithModel(func(body json.RawMessage) error { return validateModel[T](body) })
 }
 
+// Effects says where a handler's effects are: all in the kit's transaction
+// (EffectsTransaction, the default), or some outside it (EffectsOutside).
+type Effects int
+
+const (
+	// EffectsTransaction: every effect of the handler is a write through its
+	// tx. Its command is claimed by the insert of its outcome, at the end of
+	// its transaction: a copy answered before, or meanwhile on another
+	// instance, may thus run the handler in a transaction that is then rolled
+	// back (its writes with it), and is answered from the stored reply.
+	EffectsTransaction Effects = iota
+	// EffectsOutside: the handler acts outside its transaction too (an HTTP
+	// call, a message, a file). Its command is claimed before it runs, under
+	// a lock a copy waits on: a copy answered before never runs it.
+	EffectsOutside
+)
+
+func (e Effects) String() string {
+	switch e {
+	case EffectsTransaction:
+		return "transaction"
+	case EffectsOutside:
+		return "outside"
+	}
+	return fmt.Sprintf("Effects(%d)", int(e))
+}
+
+// WithEffects says where the handler's effects are (EffectsTransaction when
+// not given). Register a handler that calls another service, sends a message
+// or writes a file WithEffects(EffectsOutside).
+func WithEffects(e Effects) HandlerOption {
+	return func(h *handler) { h.effects = e }
+}
+
 type modelField struct {
 	name     string
 	required bool

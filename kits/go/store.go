@@ -131,6 +131,39 @@ func (s *store) claim(ctx context.Context, tx pgx.Tx, cmd *Command) (claimed boo
 	return false, stored, nil
 }
 
+// record inserts the outcome of cmd with its reply, and the reply's outbox
+// row, in one statement: the claim of an optimistic pass (process.go). It
+// reports false, having written nothing, when the command id is stored
+// already: a copy answered before, or meanwhile by another transaction (the
+// primary key makes the insert wait for that transaction to end).
+func (s *store) record(ctx context.Context, tx pgx.Tx, cmd *Command, outcome string, row *outboxRow) (bool, error) {
+	names, values := headerColumns(row.headers)
+	err := tx.QueryRow(ctx, `WITH claimed AS (
+			INSERT INTO `+s.processed+` (command_id, saga_id, step, command_type, outcome, reply, answered_at)
+			VALUES ($1, $2, $3, $4, $5, $6, now()) ON CONFLICT (command_id) DO NOTHING
+			RETURNING command_id)
+		INSERT INTO `+s.outbox+` (command_id, topic, key, header_names, header_values, value)
+		SELECT command_id, $7, $8, $9, $10, $6 FROM claimed RETURNING id`,
+		cmd.CommandID, cmd.SagaID, cmd.Step, cmd.Type, outcome, row.value,
+		row.topic, row.key, names, values).Scan(&row.id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("store the reply: %w", err)
+	}
+	return true, nil
+}
+
+// stored reports whether cmd's outcome is stored (committed). A read that
+// fails proves nothing: true.
+func (s *store) stored(ctx context.Context, cmd *Command) bool {
+	var found bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+s.processed+` WHERE command_id = $1)`,
+		cmd.CommandID).Scan(&found)
+	return err != nil || found
+}
+
 // tombstones records the forward command ids a compensation undoes as
 // answered with a failure (step 3a), then reports whether one of them has a
 // stored success (section 7.3).
@@ -172,25 +205,32 @@ type outboxRow struct {
 }
 
 // answer stores the reply in the claimed row and writes the outbox row, in
-// tx (step 6).
+// tx (step 6), in one statement.
 func (s *store) answer(ctx context.Context, tx pgx.Tx, cmd *Command, outcome string, row *outboxRow) error {
-	_, err := tx.Exec(ctx, `UPDATE `+s.processed+` SET outcome = $2, reply = $3, answered_at = now()
-		WHERE command_id = $1`, cmd.CommandID, outcome, row.value)
-	if err != nil {
-		return fmt.Errorf("store the reply: %w", err)
+	names, values := headerColumns(row.headers)
+	err := tx.QueryRow(ctx, `WITH answered AS (
+			UPDATE `+s.processed+` SET outcome = $2, reply = $3, answered_at = now()
+			WHERE command_id = $1 RETURNING command_id)
+		INSERT INTO `+s.outbox+` (command_id, topic, key, header_names, header_values, value)
+		SELECT command_id, $4, $5, $6, $7, $3 FROM answered RETURNING id`,
+		cmd.CommandID, outcome, row.value, row.topic, row.key, names, values).Scan(&row.id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("store the reply: command %s is not claimed", cmd.CommandID)
 	}
-	names := make([]string, len(row.headers))
-	values := make([][]byte, len(row.headers))
-	for i, h := range row.headers {
-		names[i], values[i] = h.Key, h.Value
-	}
-	err = tx.QueryRow(ctx, `INSERT INTO `+s.outbox+` (command_id, topic, key, header_names, header_values, value)
-		VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
-		cmd.CommandID, row.topic, row.key, names, values, row.value).Scan(&row.id)
 	if err != nil {
-		return fmt.Errorf("write the reply outbox: %w", err)
+		return fmt.Errorf("store the reply and its outbox row: %w", err)
 	}
 	return nil
+}
+
+// headerColumns splits headers into the outbox's name and value columns.
+func headerColumns(headers []Header) (names []string, values [][]byte) {
+	names = make([]string, len(headers))
+	values = make([][]byte, len(headers))
+	for i, h := range headers {
+		names[i], values[i] = h.Key, h.Value
+	}
+	return names, values
 }
 
 // unpublished returns the outbox rows not marked published, oldest first.

@@ -13,6 +13,8 @@
 //	SAGA_PARTICIPANT__NAME          participant name (default conformance-go)
 //	SAGA_PARTICIPANT__SCHEMA        Postgres schema (default saga_go_conformance)
 //	SAGA_PARTICIPANT__INSTANCE_ID   group.instance.id (default: the kit's)
+//	SAGA_CRASH_AT                   crash points, point[:count],... (kit.CrashAt;
+//	                                fault-injection tests only)
 //
 // Commands and replies by reference (docs/large-payloads.md), when
 // SAGA_CODEC__BLOBS__THRESHOLD_BYTES is set, as the engine's settings say:
@@ -92,6 +94,11 @@ func main() {
 		log.Error("configuration", "error", err)
 		os.Exit(2)
 	}
+	crash, err := kit.CrashAt(os.Getenv("SAGA_CRASH_AT"))
+	if err != nil {
+		log.Error("configuration: SAGA_CRASH_AT", "error", err)
+		os.Exit(2)
+	}
 	k, err := kit.New(kit.Config{
 		Name:            env("SAGA_PARTICIPANT__NAME", "conformance-go"),
 		Brokers:         strings.Split(brokers, ","),
@@ -104,6 +111,7 @@ func main() {
 		Logger:          log,
 		TracerProvider:  tp,
 		Blobs:           blobs,
+		CrashHook:       crash,
 	})
 	if err != nil {
 		log.Error("configuration", "error", err)
