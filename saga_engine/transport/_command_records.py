@@ -2,7 +2,10 @@
 
 The Kafka sender publishes these records; the engine measures them with the same code
 when a saga's step issues its command (the one size rule, ``check_message_size``), so a
-command is measured exactly as it would be sent: headers and sealed value included.
+command is measured exactly as it would be sent: headers and sealed value included. A
+command is measured only when a cheap upper bound of its size (``bound``: its body's JSON
+and its text, without building the record) does not fit; the bound never undercounts
+(``tests/internal/property/test_record_bound.py``), so no refusal changes.
 
 A participant's command is stamped ``ce_senttime`` when its record is made, which is
 when the sender publishes it: flow control holds a command *before* this sender, so the
