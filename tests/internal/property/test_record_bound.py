@@ -97,4 +97,5 @@ def test_the_bound_counts_four_bytes_a_character() -> None:
     )
     records = CommandRecords(Topics.of(KafkaSettings()), wide)
     bound = records.bound(command)
-    assert bound is not None and bound >= records.size(command)
+    assert bound is not None
+    assert bound >= records.size(command)
