@@ -20,7 +20,7 @@ from saga_engine.transport._topics import Topics
 # Any text a saga can name a step, a type or an id with: every plane of Unicode (so
 # characters of one to four UTF-8 bytes), but no lone surrogate (refused before this).
 _TEXT = st.text(
-    st.characters(exclude_categories=("Cs",)) | st.characters(min_codepoint=0x1F300),
+    st.characters(exclude_categories=["Cs"]) | st.characters(min_codepoint=0x1F300),
     max_size=60,
 )
 _JSON: st.SearchStrategy[Any] = st.recursive(
