@@ -1,8 +1,8 @@
 """The Postgres store's insights (migrations 0014-0017): recorded by the group commit,
 rolled up in the background, read by the admin API.
 
-Write: the transaction that stores a run's terminal event records only the run's id in
-``saga_insights_pending``. A roll-up (``roll_up_insights``: every engine's housekeeping,
+Write: the transaction that stores runs' terminal events records only the runs' ids, as
+one row of ``saga_insights_ended`` (migration 0021). A roll-up (``roll_up_insights``: every engine's housekeeping,
 and each read first) takes a batch of those ids, reads their histories as marks (a few
 plain fields selected by SQL, no payload decoded), and adds their summaries into
 ``saga_insights`` by one upsert, deleting the ids in the same transaction: each run is
@@ -64,18 +64,42 @@ WHERE saga_id = ANY($1::text[]) AND kind = ANY($2::text[])
 ORDER BY saga_id, seq
 """
 
-_PENDING: Final = "INSERT INTO saga_insights_pending (saga_id) SELECT unnest($1::text[])"
+# The runs a transaction ends, as one row (migration 0021): one insert, however many.
+_ENDED: Final = "INSERT INTO saga_insights_ended (saga_ids) VALUES ($1::text[])"
 
-# Takes up to $1 runs waiting for the roll-up; the rows are deleted by the transaction
-# that adds their runs, so a crash before its commit leaves them waiting. In the
-# background, SKIP LOCKED: two engines rolling up at once take disjoint runs instead of
-# waiting on each other. Before a read, a plain FOR UPDATE: the read waits for a roll-up
-# in progress to commit (READ COMMITTED then skips the rows it deleted), so what the
-# read returns counts every run that ended before it began.
+# Takes the runs waiting for the roll-up: the rows of saga_insights_ended (each the runs
+# one transaction ended) until about $1 runs, the last row whole, and up to $1 rows of
+# saga_insights_pending (one run each, recorded by an engine of an older release,
+# migration 0015). The rows are deleted by the transaction that adds their runs, so a
+# crash before its commit leaves them waiting. In the background, SKIP LOCKED: two
+# engines rolling up at once take disjoint runs instead of waiting on each other. Before
+# a read, a plain FOR UPDATE: the read waits for a roll-up in progress to commit (READ
+# COMMITTED then skips the rows it deleted), so what the read returns counts every run
+# that ended before it began. The tables hold seconds' worth of rows: read whole.
 _TAKE: Final = """
-DELETE FROM saga_insights_pending
-WHERE ctid = ANY(ARRAY(SELECT ctid FROM saga_insights_pending LIMIT $1 FOR UPDATE{}))
-RETURNING saga_id
+WITH ended AS (
+    DELETE FROM saga_insights_ended
+    WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM saga_insights_ended
+        WHERE ctid = ANY(ARRAY(
+            SELECT ctid FROM (
+                SELECT ctid, sum(cardinality(saga_ids)) OVER (ORDER BY ctid)
+                             - cardinality(saga_ids) AS before
+                FROM saga_insights_ended
+            ) AS w
+            WHERE w.before < $1
+        ))
+        FOR UPDATE{0}
+    ))
+    RETURNING saga_ids
+), legacy AS (
+    DELETE FROM saga_insights_pending
+    WHERE ctid = ANY(ARRAY(SELECT ctid FROM saga_insights_pending LIMIT $1 FOR UPDATE{0}))
+    RETURNING saga_id
+)
+SELECT unnest(saga_ids) AS saga_id FROM ended
+UNION ALL
+SELECT saga_id FROM legacy
 """
 _TAKE_SKIPPING: Final = _TAKE.format(" SKIP LOCKED")
 _TAKE_WAITING: Final = _TAKE.format("")
@@ -164,9 +188,9 @@ def ends_saga(events: Sequence[Event]) -> bool:
 
 
 async def record_ended(conn: _Conn, saga_ids: list[str]) -> None:
-    """Records the runs ending in this transaction for the next roll-up."""
+    """Records the runs ending in this transaction for the next roll-up (one row)."""
     if saga_ids:
-        await conn.execute(_PENDING, saga_ids)
+        await conn.execute(_ENDED, saga_ids)
 
 
 async def add_insights(conn: _Conn, saga_ids: Sequence[str]) -> None:
@@ -214,7 +238,8 @@ class PostgresInsights:
     _pool: asyncpg.Pool[asyncpg.Record]
 
     async def roll_up_insights(self, limit: int = ROLLUP_BATCH) -> int:
-        """Adds up to ``limit`` runs that ended since the last roll-up to the aggregates,
+        """Adds about ``limit`` runs that ended since the last roll-up to the aggregates
+        (up to ``limit``, and the rest of the transaction that ended the last one),
         skipping those another roll-up holds; returns how many it added."""
         return await self._roll_up(_TAKE_SKIPPING, limit)
 
