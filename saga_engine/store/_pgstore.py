@@ -65,6 +65,7 @@ from saga_engine.store._pgwrites import (
     INSERT_SAGAS,
     LOCK_SAGAS,
     PLAN_GUARDS,
+    SAGAS_KEY,
     SET_SAGA_VERSIONS,
     UPDATE_GUARDS,
 )
@@ -443,7 +444,11 @@ class PostgresEventStore(
                 ) from exc
             if len(ops) > 1:
                 return False
-            ops[0].fail(_translate(exc))
+            if _lost_create(ops[0], exc):
+                ops[0].outcome = False
+                ops[0].resolve()
+            else:
+                ops[0].fail(_translate(exc))
             return True
         # Only now, after COMMIT returned, may a caller learn that its write is durable.
         for op in ops:
@@ -605,3 +610,14 @@ class PostgresEventStore(
 
 def _by_id(op: _Op) -> str:
     return op.saga_id
+
+
+def _lost_create(op: _Op, exc: Exception) -> bool:
+    """Whether ``exc`` says a create lost to another transaction's create of its id,
+    committed while it waited (INSERT_SAGAS): the answer "not created", as for an id that
+    existed before."""
+    return (
+        isinstance(op, _CreateOp)
+        and isinstance(exc, asyncpg.UniqueViolationError)
+        and exc.constraint_name == SAGAS_KEY
+    )

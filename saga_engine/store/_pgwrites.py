@@ -17,12 +17,17 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::times
             $12::timestamptz[])
      AS u(saga_id, saga_type, status, last_seq, idempotency_key, at, current_step,
           next_wakeup, error, key_hash, search, wake_at)
--- An id that already exists is not an error but the answer "not created" (False). DO
--- NOTHING skips just that row, so one duplicate does not fail the other creates in the
--- batch; if another transaction is inserting the same id right now, Postgres waits for
--- it to finish and then skips (it committed) or inserts (it rolled back). RETURNING lists
--- only the rows actually inserted: those are the creates that won.
-ON CONFLICT (saga_id) DO NOTHING
+-- An id that already exists is not an error but the answer "not created" (False): the
+-- row is skipped, so one duplicate does not fail the other creates in the batch, and
+-- RETURNING lists only the rows actually inserted: the creates that won. Not ON
+-- CONFLICT DO NOTHING: its speculative insertion writes a second WAL record (a
+-- confirmation) for every saga created, 1 of the ~34 a three-step saga costs
+-- (bench/store_rows.py). An id another transaction is inserting right now is not
+-- visible here: the insert waits for it on the primary key, then goes on (it rolled
+-- back) or fails with a unique violation (it committed), which the group commit answers
+-- by writing each operation alone, where this check then sees the row
+-- (PostgresEventStore._attempt; lost_create).
+WHERE NOT EXISTS (SELECT 1 FROM sagas AS x WHERE x.saga_id = u.saga_id COLLATE "C")
 RETURNING saga_id
 """
 
@@ -48,6 +53,9 @@ CROSS JOIN LATERAL (
 # While a saga runs, its appends change no indexed column (wake_at moves by whole
 # slots, ended_at stays NULL): the update is HOT (migration 0010). ended_at is the time
 # of the append that ended it, kept by later appends that leave it ended.
+#: The primary key a create that lost to a concurrent create of its id violates.
+SAGAS_KEY: Final = "sagas_pkey"
+
 UPDATE_GUARDS: Final = """
 UPDATE sagas AS s
 SET last_seq = u.new_seq,
