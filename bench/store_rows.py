@@ -100,7 +100,83 @@ async def _drive(env: SagaTestEnv, offset: int, sagas: int, batch: int | None = 
                 outcome.result()
 
 
-async def measure(dsn: str, sagas: int, batch: int) -> dict[str, Any]:
+#: The prototype of one history row per decision (``--decision-rows``): the events one
+#: append wrote, as one jsonb array, beside a copy of today's one row per event, each
+#: with its table's indexes (the primary key; the partial indexes of migrations 0011 and
+#: 0019, which no event of these sagas enters).
+_PROTOTYPE = """
+CREATE TABLE proto_event_rows (LIKE saga_events INCLUDING DEFAULTS, PRIMARY KEY (saga_id, seq));
+CREATE INDEX ON proto_event_rows (saga_id, seq) WHERE kind = 'run_continued';
+CREATE INDEX ON proto_event_rows ((data ->> 'source'), (data ->> 'key'))
+    WHERE kind = 'event_awaited';
+CREATE TABLE proto_decision_rows (
+    saga_id text COLLATE "C" NOT NULL, seq int NOT NULL, last_seq int NOT NULL,
+    kinds text[] NOT NULL, events jsonb NOT NULL, recorded_at timestamptz NOT NULL,
+    PRIMARY KEY (saga_id, seq));
+CREATE INDEX ON proto_decision_rows (saga_id, seq) WHERE 'run_continued' = ANY (kinds);
+"""
+#: The history as the store wrote it: one group per transaction (its recorded_at).
+_WRITTEN = """
+SELECT recorded_at, array_agg(saga_id ORDER BY saga_id, seq) AS ids,
+       array_agg(seq ORDER BY saga_id, seq) AS seqs, array_agg(kind ORDER BY saga_id, seq) AS kinds,
+       array_agg(data::text ORDER BY saga_id, seq) AS data
+FROM saga_events GROUP BY recorded_at ORDER BY recorded_at
+"""
+_COPY_EVENTS = """
+INSERT INTO proto_event_rows (saga_id, seq, kind, data, recorded_at)
+SELECT u.saga_id, u.seq, u.kind, u.data::jsonb, $5
+FROM unnest($1::text[], $2::int[], $3::text[], $4::text[]) AS u(saga_id, seq, kind, data)
+"""
+_COPY_DECISIONS = """
+INSERT INTO proto_decision_rows (saga_id, seq, last_seq, kinds, events, recorded_at)
+SELECT u.saga_id, min(u.seq), max(u.seq), array_agg(u.kind ORDER BY u.seq),
+       jsonb_agg(u.data::jsonb ORDER BY u.seq), $5
+FROM unnest($1::text[], $2::int[], $3::text[], $4::text[]) AS u(saga_id, seq, kind, data)
+GROUP BY u.saga_id
+"""
+
+
+async def _decision_rows(conn: asyncpg.Connection[Any], schema: str, sagas: int) -> dict[str, Any]:
+    """WAL records and bytes per saga of the measured sagas' histories written again, one
+    statement per transaction the store wrote, as one row per event and as one row per
+    decision (prototype tables in the schema)."""
+    await conn.execute(f'SET search_path = "{schema}", public')
+    await conn.execute(_PROTOTYPE)
+    relations = await _relations(conn, schema)
+    groups = await conn.fetch(_WRITTEN)
+    out: dict[str, Any] = {}
+    for name, statement, table in (
+        ("one_row_per_event", _COPY_EVENTS, "proto_event_rows"),
+        ("one_row_per_decision", _COPY_DECISIONS, "proto_decision_rows"),
+    ):
+        lsn0 = await _lsn(conn)
+        for g in groups:
+            await conn.execute(
+                statement, g["ids"], g["seqs"], g["kinds"], g["data"], g["recorded_at"]
+            )
+        records = await conn.fetch(
+            "SELECT block_ref, record_length FROM "
+            "pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn)",
+            lsn0,
+            await _lsn(conn),
+        )
+        mine = [
+            r
+            for r in records
+            if any(
+                relations.get(n, "").startswith(table)
+                for n in _BLOCK_REF.findall(r["block_ref"] or "")
+            )
+        ]
+        out[name] = {
+            "rows_per_saga": round(await conn.fetchval(f"SELECT count(*) FROM {table}") / sagas, 2),
+            "wal_records_per_saga": round(len(mine) / sagas, 2),
+            "wal_bytes_per_saga": round(sum(r["record_length"] for r in mine) / sagas),
+        }
+    return out
+
+
+async def measure(dsn: str, sagas: int, batch: int, decision_rows: bool = False) -> dict[str, Any]:
     schema = f"bench_rows_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(dsn)
     try:
@@ -123,6 +199,7 @@ async def measure(dsn: str, sagas: int, batch: int) -> dict[str, Any]:
         env = SagaTestEnv([Transfer], settings=settings, store=store)
         try:
             await _drive(env, sagas, min(batch, 8))  # warm the statement caches
+            await admin.execute(f'DELETE FROM "{schema}".saga_events')  # the prototype's input
             statements.clear()
             await admin.execute("CHECKPOINT")
             # A temporary slot keeps the window's WAL until it is read, however much
@@ -139,6 +216,7 @@ async def measure(dsn: str, sagas: int, batch: int) -> dict[str, Any]:
                 f"SELECT count(*) FROM \"{schema}\".sagas WHERE status = 'completed'"
             )
             relations = await _relations(admin, schema)
+            prototype = await _decision_rows(admin, schema, sagas) if decision_rows else None
             records = await admin.fetch(
                 "SELECT resource_manager || '/' || split_part(record_type, ' ', 1) AS kind, "
                 "block_ref, record_length AS size, xid::text::int8 AS xid FROM "
@@ -152,7 +230,10 @@ async def measure(dsn: str, sagas: int, batch: int) -> dict[str, Any]:
     finally:
         await admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         await admin.close()
-    return _report(sagas, batch, completed - min(batch, 8), records, relations, statements)
+    report = _report(sagas, batch, completed - min(batch, 8), records, relations, statements)
+    if prototype is not None:
+        report["decision_rows_prototype"] = prototype
+    return report
 
 
 def _report(
@@ -205,9 +286,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sagas", type=int, default=512)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--dsn", default=None, help="default: SAGA_PG__DSN")
+    parser.add_argument(
+        "--decision-rows",
+        action="store_true",
+        help="also write the measured histories again as one row per event and as one row "
+        "per decision (prototype tables) and count each one's WAL",
+    )
     args = parser.parse_args(argv)
     dsn = args.dsn or Settings().pg.dsn.get_secret_value()
-    report = asyncio.run(measure(dsn, args.sagas, args.batch))
+    report = asyncio.run(measure(dsn, args.sagas, args.batch, args.decision_rows))
     sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
