@@ -67,30 +67,20 @@ ORDER BY saga_id, seq
 # The runs a transaction ends, as one row (migration 0021): one insert, however many.
 _ENDED: Final = "INSERT INTO saga_insights_ended (saga_ids) VALUES ($1::text[])"
 
-# Takes the runs waiting for the roll-up: the rows of saga_insights_ended (each the runs
-# one transaction ended) until about $1 runs, the last row whole, and up to $1 rows of
-# saga_insights_pending (one run each, recorded by an engine of an older release,
-# migration 0015). The rows are deleted by the transaction that adds their runs, so a
-# crash before its commit leaves them waiting. In the background, SKIP LOCKED: two
-# engines rolling up at once take disjoint runs instead of waiting on each other. Before
-# a read, a plain FOR UPDATE: the read waits for a roll-up in progress to commit (READ
-# COMMITTED then skips the rows it deleted), so what the read returns counts every run
-# that ended before it began. The tables hold seconds' worth of rows: read whole.
+# Takes the runs waiting for the roll-up: up to $1 rows of saga_insights_ended (each the
+# runs one transaction ended, at least one) and up to $1 rows of saga_insights_pending
+# (one run each, recorded by an engine of an older release, migration 0015): at least $1
+# runs when there are that many, so a take that returns fewer took every row it could.
+# The rows are deleted by the transaction that adds their runs, so a crash before its
+# commit leaves them waiting. In the background, SKIP LOCKED: two engines rolling up at
+# once take disjoint runs instead of waiting on each other. Before a read, a plain FOR
+# UPDATE: the read waits for a roll-up in progress to commit (READ COMMITTED then skips
+# the rows it deleted, and LIMIT counts only the rows locked), so what the read returns
+# counts every run that ended before it began.
 _TAKE: Final = """
 WITH ended AS (
     DELETE FROM saga_insights_ended
-    WHERE ctid = ANY(ARRAY(
-        SELECT ctid FROM saga_insights_ended
-        WHERE ctid = ANY(ARRAY(
-            SELECT ctid FROM (
-                SELECT ctid, sum(cardinality(saga_ids)) OVER (ORDER BY ctid)
-                             - cardinality(saga_ids) AS before
-                FROM saga_insights_ended
-            ) AS w
-            WHERE w.before < $1
-        ))
-        FOR UPDATE{0}
-    ))
+    WHERE ctid = ANY(ARRAY(SELECT ctid FROM saga_insights_ended LIMIT $1 FOR UPDATE{0}))
     RETURNING saga_ids
 ), legacy AS (
     DELETE FROM saga_insights_pending
@@ -238,9 +228,9 @@ class PostgresInsights:
     _pool: asyncpg.Pool[asyncpg.Record]
 
     async def roll_up_insights(self, limit: int = ROLLUP_BATCH) -> int:
-        """Adds about ``limit`` runs that ended since the last roll-up to the aggregates
-        (up to ``limit``, and the rest of the transaction that ended the last one),
-        skipping those another roll-up holds; returns how many it added."""
+        """Adds the runs that ended since the last roll-up to the aggregates, those of up
+        to ``limit`` transactions that ended runs (at least ``limit`` runs when there are
+        that many), skipping those another roll-up holds; returns how many it added."""
         return await self._roll_up(_TAKE_SKIPPING, limit)
 
     async def _roll_up(self, take: str, limit: int) -> int:
@@ -249,8 +239,9 @@ class PostgresInsights:
         with _unavailable_as_transient():
             async with self._pool.acquire() as conn, conn.transaction(isolation="read_committed"):
                 ids = [r["saga_id"] for r in await conn.fetch(take, limit)]
-                if ids:
-                    await add_insights(conn, ids)
+                # A row holds the runs of one transaction: read in batches of a take's size.
+                for first in range(0, len(ids), limit):
+                    await add_insights(conn, ids[first : first + limit])
         return len(ids)
 
     async def _caught_up(self) -> None:

@@ -497,7 +497,7 @@ async def test_0020_filters_sagas_created_before_it_by_creation_time(
 async def test_0021_rolls_up_the_runs_an_older_engine_recorded_once(pg: PgTarget) -> None:
     """Runs recorded one row each in 0015's table (an engine of the release before 0021,
     running while it is deployed) are rolled up beside those 0021's table records a
-    transaction at a time, each run once."""
+    transaction at a time (a transaction's runs together), each run once."""
     from tests.internal.contract.test_insight_store import _happy, _report, _run
 
     await migrate(pg.database_dsn, pg.schema)
@@ -508,10 +508,12 @@ async def test_0021_rolls_up_the_runs_an_older_engine_recorded_once(pg: PgTarget
     try:
         for saga in ("a", "b", "c"):
             await _run(store, saga, _happy(saga), SagaStatus.COMPLETED)
-        # "c" as the older engine recorded it.
-        await conn.execute("DELETE FROM saga_insights_ended WHERE saga_ids = ARRAY['c']")
+        # "a" and "b" ended by one transaction; "c" as the older engine recorded it.
+        await conn.execute("DELETE FROM saga_insights_ended")
+        await conn.execute("INSERT INTO saga_insights_ended (saga_ids) VALUES (ARRAY['a', 'b'])")
         await conn.execute("INSERT INTO saga_insights_pending (saga_id) VALUES ('c')")
-        assert await store.roll_up_insights() == 3
+        # One row of each table: a transaction's runs are taken together.
+        assert await store.roll_up_insights(1) == 3
         assert await store.roll_up_insights() == 0
         assert (await _report(store))["outcomes"] == {"completed": 3}
         left = await conn.fetchval(
