@@ -1,8 +1,8 @@
 """The Postgres store's insights (migrations 0014-0017): recorded by the group commit,
 rolled up in the background, read by the admin API.
 
-Write: the transaction that stores a run's terminal event records only the run's id in
-``saga_insights_pending``. A roll-up (``roll_up_insights``: every engine's housekeeping,
+Write: the transaction that stores runs' terminal events records only the runs' ids, as
+one row of ``saga_insights_ended`` (migration 0021). A roll-up (``roll_up_insights``: every engine's housekeeping,
 and each read first) takes a batch of those ids, reads their histories as marks (a few
 plain fields selected by SQL, no payload decoded), and adds their summaries into
 ``saga_insights`` by one upsert, deleting the ids in the same transaction: each run is
@@ -64,18 +64,32 @@ WHERE saga_id = ANY($1::text[]) AND kind = ANY($2::text[])
 ORDER BY saga_id, seq
 """
 
-_PENDING: Final = "INSERT INTO saga_insights_pending (saga_id) SELECT unnest($1::text[])"
+# The runs a transaction ends, as one row (migration 0021): one insert, however many.
+_ENDED: Final = "INSERT INTO saga_insights_ended (saga_ids) VALUES ($1::text[])"
 
-# Takes up to $1 runs waiting for the roll-up; the rows are deleted by the transaction
-# that adds their runs, so a crash before its commit leaves them waiting. In the
-# background, SKIP LOCKED: two engines rolling up at once take disjoint runs instead of
-# waiting on each other. Before a read, a plain FOR UPDATE: the read waits for a roll-up
-# in progress to commit (READ COMMITTED then skips the rows it deleted), so what the
-# read returns counts every run that ended before it began.
+# Takes the runs waiting for the roll-up: up to $1 rows of saga_insights_ended (each the
+# runs one transaction ended, at least one) and up to $1 rows of saga_insights_pending
+# (one run each, recorded by an engine of an older release, migration 0015): at least $1
+# runs when there are that many, so a take that returns fewer took every row it could.
+# The rows are deleted by the transaction that adds their runs, so a crash before its
+# commit leaves them waiting. In the background, SKIP LOCKED: two engines rolling up at
+# once take disjoint runs instead of waiting on each other. Before a read, a plain FOR
+# UPDATE: the read waits for a roll-up in progress to commit (READ COMMITTED then skips
+# the rows it deleted, and LIMIT counts only the rows locked), so what the read returns
+# counts every run that ended before it began.
 _TAKE: Final = """
-DELETE FROM saga_insights_pending
-WHERE ctid = ANY(ARRAY(SELECT ctid FROM saga_insights_pending LIMIT $1 FOR UPDATE{}))
-RETURNING saga_id
+WITH ended AS (
+    DELETE FROM saga_insights_ended
+    WHERE ctid = ANY(ARRAY(SELECT ctid FROM saga_insights_ended LIMIT $1 FOR UPDATE{0}))
+    RETURNING saga_ids
+), legacy AS (
+    DELETE FROM saga_insights_pending
+    WHERE ctid = ANY(ARRAY(SELECT ctid FROM saga_insights_pending LIMIT $1 FOR UPDATE{0}))
+    RETURNING saga_id
+)
+SELECT unnest(saga_ids) AS saga_id FROM ended
+UNION ALL
+SELECT saga_id FROM legacy
 """
 _TAKE_SKIPPING: Final = _TAKE.format(" SKIP LOCKED")
 _TAKE_WAITING: Final = _TAKE.format("")
@@ -164,9 +178,9 @@ def ends_saga(events: Sequence[Event]) -> bool:
 
 
 async def record_ended(conn: _Conn, saga_ids: list[str]) -> None:
-    """Records the runs ending in this transaction for the next roll-up."""
+    """Records the runs ending in this transaction for the next roll-up (one row)."""
     if saga_ids:
-        await conn.execute(_PENDING, saga_ids)
+        await conn.execute(_ENDED, saga_ids)
 
 
 async def add_insights(conn: _Conn, saga_ids: Sequence[str]) -> None:
@@ -214,8 +228,9 @@ class PostgresInsights:
     _pool: asyncpg.Pool[asyncpg.Record]
 
     async def roll_up_insights(self, limit: int = ROLLUP_BATCH) -> int:
-        """Adds up to ``limit`` runs that ended since the last roll-up to the aggregates,
-        skipping those another roll-up holds; returns how many it added."""
+        """Adds the runs that ended since the last roll-up to the aggregates, those of up
+        to ``limit`` transactions that ended runs (at least ``limit`` runs when there are
+        that many), skipping those another roll-up holds; returns how many it added."""
         return await self._roll_up(_TAKE_SKIPPING, limit)
 
     async def _roll_up(self, take: str, limit: int) -> int:
@@ -224,8 +239,9 @@ class PostgresInsights:
         with _unavailable_as_transient():
             async with self._pool.acquire() as conn, conn.transaction(isolation="read_committed"):
                 ids = [r["saga_id"] for r in await conn.fetch(take, limit)]
-                if ids:
-                    await add_insights(conn, ids)
+                # A row holds the runs of one transaction: read in batches of a take's size.
+                for first in range(0, len(ids), limit):
+                    await add_insights(conn, ids[first : first + limit])
         return len(ids)
 
     async def _caught_up(self) -> None:

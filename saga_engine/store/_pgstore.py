@@ -63,8 +63,8 @@ from saga_engine.store._pgwrites import (
     CURRENT_SEQS,
     INSERT_EVENTS,
     INSERT_SAGAS,
-    LOCK_SAGAS,
     PLAN_GUARDS,
+    SAGAS_KEY,
     SET_SAGA_VERSIONS,
     UPDATE_GUARDS,
 )
@@ -443,7 +443,11 @@ class PostgresEventStore(
                 ) from exc
             if len(ops) > 1:
                 return False
-            ops[0].fail(_translate(exc))
+            if _lost_create(ops[0], exc):
+                ops[0].outcome = False
+                ops[0].resolve()
+            else:
+                ops[0].fail(_translate(exc))
             return True
         # Only now, after COMMIT returned, may a caller learn that its write is durable.
         for op in ops:
@@ -524,15 +528,10 @@ class PostgresEventStore(
     @staticmethod
     async def _write_appends(conn: _Conn, ops: list[_AppendOp], rows: _EventRows) -> None:
         ids = [op.saga_id for op in ops]
-        current: dict[str, int] | None = None
         if len(ops) > 1:
-            # Lock every row of the batch up front, in saga_id order. Two transactions
-            # that lock overlapping rows in the same order cannot deadlock; the UPDATE
-            # below could lock them in any order (its join order is the planner's
-            # choice), and another engine's batch may hold some of the same sagas, e.g.
-            # a stale owner still writing. A single row needs no ordering.
-            locked = await conn.fetch(LOCK_SAGAS, ids)
-            current = {r["saga_id"]: r["last_seq"] for r in locked}
+            # The guard locks the batch's rows in saga_id order (see PLAN_GUARDS), so that
+            # two engines' batches holding some of the same sagas cannot deadlock. A
+            # single row needs no ordering.
             await conn.execute(PLAN_GUARDS)
         # The guard. Isolation is READ COMMITTED (Postgres's default), and that is enough:
         # the UPDATE takes the row lock, so a concurrent writer of the same saga blocks on
@@ -561,7 +560,8 @@ class PostgresEventStore(
             ops[i].saga_id: ops[i].append.expected_seq + len(ops[i].events.kinds) for i in winners
         }
         losers = [op for i, op in enumerate(ops) if i not in winners]
-        if losers and current is None:
+        current: dict[str, int] | None = None
+        if losers:
             # Same transaction, fresh snapshot (READ COMMITTED): the latest committed seq.
             found = await conn.fetch(CURRENT_SEQS, [op.saga_id for op in losers])
             current = {r["saga_id"]: r["last_seq"] for r in found}
@@ -605,3 +605,14 @@ class PostgresEventStore(
 
 def _by_id(op: _Op) -> str:
     return op.saga_id
+
+
+def _lost_create(op: _Op, exc: Exception) -> bool:
+    """Whether ``exc`` says a create lost to another transaction's create of its id,
+    committed while it waited (INSERT_SAGAS): the answer "not created", as for an id that
+    existed before."""
+    return (
+        isinstance(op, _CreateOp)
+        and isinstance(exc, asyncpg.UniqueViolationError)
+        and exc.constraint_name == SAGAS_KEY
+    )

@@ -17,29 +17,22 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::times
             $12::timestamptz[])
      AS u(saga_id, saga_type, status, last_seq, idempotency_key, at, current_step,
           next_wakeup, error, key_hash, search, wake_at)
--- An id that already exists is not an error but the answer "not created" (False). DO
--- NOTHING skips just that row, so one duplicate does not fail the other creates in the
--- batch; if another transaction is inserting the same id right now, Postgres waits for
--- it to finish and then skips (it committed) or inserts (it rolled back). RETURNING lists
--- only the rows actually inserted: those are the creates that won.
-ON CONFLICT (saga_id) DO NOTHING
+-- An id that already exists is not an error but the answer "not created" (False): the
+-- row is skipped, so one duplicate does not fail the other creates in the batch, and
+-- RETURNING lists only the rows actually inserted: the creates that won. Not ON
+-- CONFLICT DO NOTHING: its speculative insertion writes a second WAL record (a
+-- confirmation) for every saga created, 1 of the ~34 a three-step saga costs
+-- (bench/store_rows.py). An id another transaction is inserting right now is not
+-- visible here: the insert waits for it on the primary key, then goes on (it rolled
+-- back) or fails with a unique violation (it committed), which the group commit answers
+-- by writing each operation alone, where this check then sees the row
+-- (PostgresEventStore._attempt; lost_create).
+WHERE NOT EXISTS (SELECT 1 FROM sagas AS x WHERE x.saga_id = u.saga_id COLLATE "C")
 RETURNING saga_id
 """
 
-# Locks the batch's rows in saga_id order before updating them (see PostgresEventStore._write_appends). The
-# caller sorts the ids; the LATERAL subquery refers to the outer row, so the only plan is
-# a nested loop that takes the ids in array order and locks each row through the primary
-# key as it goes: the lock order is the array's, and the cost stays one index probe per
-# id however large the table grows (a plain "= ANY ... ORDER BY" may scan and sort).
-LOCK_SAGAS: Final = """
-SELECT s.saga_id, s.last_seq
-FROM unnest($1::text[]) AS u(saga_id)
-CROSS JOIN LATERAL (
-    SELECT saga_id, last_seq FROM sagas
-    WHERE saga_id = u.saga_id COLLATE "C"  -- the column's collation, so its key is used
-    FOR NO KEY UPDATE
-) AS s
-"""
+#: The primary key a create that lost to a concurrent create of its id violates.
+SAGAS_KEY: Final = "sagas_pkey"
 
 # The optimistic-concurrency guard, for a whole batch in one statement. A row is updated
 # only if its last_seq is still the one the caller expected. RETURNING names the winning
@@ -68,13 +61,28 @@ WHERE s.saga_id = u.saga_id AND s.last_seq = u.expected_seq
 RETURNING u.op
 """
 
-# The guard above must probe the primary key row by row, whatever the statistics say.
-# Until a table's first ANALYZE (a fresh schema: the first minute of a deployment, every
-# benchmark) the planner takes `sagas` for a few pages and joins a batch of many sagas
-# by hashing a sequential scan of the whole table, once per batch; with these two off it
-# can only nest the loop, one index probe per saga (one and two rows it nests anyway).
+# The plan of the guard above for a batch of several sagas: a nested loop that takes the
+# rows through the primary key, one probe per saga, whatever the statistics say, so that
+# it locks them in saga_id order. Two engines' batches that lock overlapping rows (a
+# stale owner still writing, say) in one order cannot deadlock. Turned off, every other
+# way of reading `sagas` (a sequential or bitmap scan: the heap's order; a hash or merge
+# join) costs more than any plan left, and the plans left visit the rows in saga_id
+# order: the batch's array outer (the caller sorts it, by code point: the "C" order of
+# the column) and a probe of the primary key per saga, or, on a table of a few rows, the
+# primary key read whole, in its order (narrower than the two other indexes that could be
+# read whole, (saga_type, saga_id) and (status, saga_id), so never dearer). Until a
+# table's first ANALYZE (a fresh schema: the first minute of a deployment, every
+# benchmark) the planner would otherwise take `sagas` for a few pages and hash a
+# sequential scan of the whole table, once per batch. Before, a statement of its own
+# locked the rows in order first (SELECT ... FOR NO KEY UPDATE): a WAL record per saga
+# per append, 3 of the 33 a three-step saga cost (bench/store_rows.py). Should a plan
+# ever lock out of order, the cost is Postgres's deadlock detection: one of the two
+# batches fails as a whole with a retryable error, the fencing (last_seq) intact.
 # LOCAL: they end with the transaction, so reads on the pooled connection keep their plans.
-PLAN_GUARDS: Final = "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off"
+PLAN_GUARDS: Final = (
+    "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off; "
+    "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off"
+)
 
 SET_SAGA_VERSIONS: Final = """
 UPDATE sagas AS s SET saga_version = u.version

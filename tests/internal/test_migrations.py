@@ -11,6 +11,7 @@ import asyncpg
 import pytest
 from pydantic import SecretStr
 
+from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._errors import MigrationBusy, MigrationError, PermanentError
 from saga_engine.kernel._partitioning import key_hash, partition_for
 from saga_engine.settings import PostgresSettings
@@ -49,6 +50,8 @@ PINNED = {
     17: "5166a02f524ebddb451138b96ff775ab6c922e1c8ecd0d0124d3714351603745",
     18: "ba7b4430241495b812c4397d3e74bc6230662aaaba8bb8c3d82e476805c3d52f",
     19: "4862f475c7a0469b588a77d0b9354e8a99d4818ce3f2842e858aa015411eec55",
+    20: "8cd4505a3277431854688359a1d02d45fa358bc31c9cd126e32cc4d62cb80154",
+    21: "8de84bb35d40889e047ec0f8a1cbfad9b1da54290ba4d2d7b840f8a1eb723e9b",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant/migrations).
 PINNED_PARTICIPANT = {
@@ -141,6 +144,7 @@ async def test_migrate_applies_each_migration_once(pg: PgTarget) -> None:
         "saga_batch_operations",  # 0013
         "saga_insights",  # 0014
         "saga_insights_pending",  # 0015
+        "saga_insights_ended",  # 0021
         "saga_blobs",  # 0018
         "saga_blob_refs",  # 0018
     }
@@ -421,7 +425,7 @@ async def test_0017_makes_the_insights_from_before_flow_policy_1s(
     conn = await asyncpg.connect(pg.dsn)
     try:
         await conn.execute(row.format("", ""), bucket, 5, [0] * BUCKETS)
-        assert await migrate(pg.database_dsn, pg.schema) == [17, 18, 19]
+        assert await migrate(pg.database_dsn, pg.schema) == [17, 18, 19, 20, 21]
         assert await conn.fetchval("SELECT flow_policy FROM saga_insights") == 1
         await conn.execute(row.format(", flow_policy", ", 2"), bucket, 3, [0] * BUCKETS)
         with pytest.raises(asyncpg.exceptions.UniqueViolationError):
@@ -440,6 +444,86 @@ async def test_0017_makes_the_insights_from_before_flow_policy_1s(
         assert every.runs == 8
     finally:
         await store.close()
+
+
+async def test_0020_filters_sagas_created_before_it_by_creation_time(
+    pg: PgTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sagas created at 0019 are listed by a creation-time range through the BRIN index
+    0020 builds in place of the btree, as are those created after it."""
+    from datetime import UTC, datetime, timedelta
+
+    from saga_engine.store._store import SagaFilter
+
+    upto19 = [m for m in shipped_migrations() if m.version <= 19]
+    monkeypatch.setattr(_migrations, "shipped_migrations", lambda: upto19)
+    assert await migrate(pg.database_dsn, pg.schema) == list(range(1, 20))
+    monkeypatch.undo()
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    insert = (
+        "INSERT INTO sagas (saga_id, saga_type, status, last_seq, created_at, updated_at) "
+        "VALUES ($1, 't', 'running', 0, $2, $2)"
+    )
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        for n in range(6):
+            await conn.execute(insert, f"old-{n}", t0 + timedelta(hours=n))
+        assert await migrate(pg.database_dsn, pg.schema) == [20, 21]
+        for n in range(6, 9):
+            await conn.execute(insert, f"new-{n}", t0 + timedelta(hours=n))
+        indexes = await conn.fetch(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = $1 AND tablename = 'sagas' "
+            "AND indexdef LIKE '%(created_at)%'",
+            pg.schema,
+        )
+    finally:
+        await conn.close()
+    assert [(r["indexname"], "USING brin" in r["indexdef"]) for r in indexes] == [
+        ("sagas_created_at_brin", True)
+    ]
+    store = await PostgresEventStore.connect(
+        PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
+    )
+    try:
+        where = SagaFilter(
+            created_after=t0 + timedelta(hours=2), created_before=t0 + timedelta(hours=7)
+        )
+        listed = [r.saga_id for r in await store.list_sagas(where)]
+    finally:
+        await store.close()
+    assert listed == ["new-6", "old-2", "old-3", "old-4", "old-5"]
+
+
+async def test_0021_rolls_up_the_runs_an_older_engine_recorded_once(pg: PgTarget) -> None:
+    """Runs recorded one row each in 0015's table (an engine of the release before 0021,
+    running while it is deployed) are rolled up beside those 0021's table records a
+    transaction at a time (a transaction's runs together), each run once."""
+    from tests.internal.contract.test_insight_store import _happy, _report, _run
+
+    await migrate(pg.database_dsn, pg.schema)
+    store = await PostgresEventStore.connect(
+        PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
+    )
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        for saga in ("a", "b", "c"):
+            await _run(store, saga, _happy(saga), SagaStatus.COMPLETED)
+        # "a" and "b" ended by one transaction; "c" as the older engine recorded it.
+        await conn.execute("DELETE FROM saga_insights_ended")
+        await conn.execute("INSERT INTO saga_insights_ended (saga_ids) VALUES (ARRAY['a', 'b'])")
+        await conn.execute("INSERT INTO saga_insights_pending (saga_id) VALUES ('c')")
+        # One row of each table: a transaction's runs are taken together.
+        assert await store.roll_up_insights(1) == 3
+        assert await store.roll_up_insights() == 0
+        assert (await _report(store))["outcomes"] == {"completed": 3}
+        left = await conn.fetchval(
+            "SELECT (SELECT count(*) FROM saga_insights_ended) "
+            "+ (SELECT count(*) FROM saga_insights_pending)"
+        )
+    finally:
+        await conn.close()
+        await store.close()
+    assert left == 0
 
 
 async def test_the_store_refuses_an_unmigrated_schema(pg: PgTarget) -> None:

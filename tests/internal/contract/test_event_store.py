@@ -978,6 +978,48 @@ async def test_two_group_commit_stores_contending_on_the_same_sagas(pg: PgTarget
             await s.close()
 
 
+@pytest.mark.parametrize("alone", [False, True], ids=["in-a-batch", "alone"])
+async def test_a_create_that_waited_on_a_committed_create_of_its_id_is_not_created(
+    pg: PgTarget, alone: bool
+) -> None:
+    """Another transaction inserts the id while a batch of creates holding it is written:
+    the batch waits on the primary key, finds the id taken once the other commits, and
+    that create answers "not created" (no error), the others of the batch created. Alone
+    in its transaction, the unique violation is that answer."""
+    ids = ("taken",) if alone else ("free-1", "taken", "free-2")
+    store = await _open_pg(pg)
+    conn = await asyncpg.connect(pg.database_dsn)
+    try:
+        tx = conn.transaction()
+        await tx.start()
+        await conn.execute(
+            f'INSERT INTO "{pg.schema}".sagas (saga_id, saga_type, status, last_seq, '
+            "created_at, updated_at) VALUES ('taken', 'other', 'running', 0, now(), now())"
+        )
+        creates = asyncio.gather(*(store.create(_new(i)) for i in ids))
+
+        async def waiting() -> int:
+            found: int = await store._pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%INSERT INTO sagas%'"
+            )
+            return found
+
+        await eventually(waiting, until=lambda n: n > 0, what="the create to wait on the key")
+        await tx.commit()
+        assert await creates == [i != "taken" for i in ids]
+    finally:
+        await conn.close()
+        await store.close()
+    loaded = await _open_pg(pg)
+    try:
+        assert (await loaded.get("taken")).saga_type == "other"
+        assert await _seqs(loaded, "taken") == []
+        assert [await _seqs(loaded, i) for i in ids] == [[1] if i != "taken" else [] for i in ids]
+    finally:
+        await loaded.close()
+
+
 async def test_an_unstorable_value_fails_only_its_own_operation(store: EventStore) -> None:
     pg_store = store
     for saga_id in ("good-1", "bad", "good-2"):

@@ -47,7 +47,8 @@ async def test_each_run_counts_once_across_an_engine_crash(
     # The engine's housekeeping rolls the ended runs up every 2 s: wait until it has
     # taken every one off the record, then count.
     async def pending() -> int:
-        return int((await cluster.query("SELECT count(*) AS n FROM saga_insights_pending"))[0]["n"])
+        rows = await cluster.query("SELECT count(*) AS n FROM saga_insights_ended")
+        return int(rows[0]["n"])
 
     await eventually(
         pending,
