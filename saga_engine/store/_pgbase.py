@@ -132,6 +132,18 @@ async def _init_connection(conn: asyncpg.Connection[asyncpg.Record]) -> None:
     )
 
 
+async def _keep_session(conn: asyncpg.Connection[asyncpg.Record]) -> None:
+    """The reset of a connection the engine gives back to its pool: nothing to send.
+
+    asyncpg's default reset sends ``SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN
+    *; RESET ALL`` on every release: one round trip per group commit and per read. The
+    engine's statements leave no session state to clear: its advisory locks and settings
+    are transaction-scoped (``pg_advisory_xact_lock``, ``SET LOCAL``), it opens no cursor
+    past a transaction and listens to nothing. An open transaction is still rolled back
+    on release (asyncpg does that before calling this). The participant kit keeps the
+    default: its handlers run the user's SQL."""
+
+
 def _json(value: JsonDict | None) -> _EncodedJson | None:
     return None if value is None else _EncodedJson(dumps(value))
 

@@ -18,7 +18,12 @@ from saga_engine.core.planning._batch_operations import BatchSpec, BatchState, c
 from saga_engine.kernel._errors import BatchNotFound
 from saga_engine.kernel._settings import PostgresSettings
 from saga_engine.store._batch_operation_store import MAX_ERRORS, BatchRow, Dealt, Lease
-from saga_engine.store._pgbase import _init_connection, _json, _unavailable_as_transient
+from saga_engine.store._pgbase import (
+    _init_connection,
+    _json,
+    _keep_session,
+    _unavailable_as_transient,
+)
 
 __all__ = ["PostgresBatchStore"]
 
@@ -94,6 +99,7 @@ class PostgresBatchStore:
                 command_timeout=settings.command_timeout_s,
                 server_settings={"search_path": settings.db_schema},
                 init=_init_connection,
+                reset=_keep_session,
             )
         return cls(pool)
 

@@ -14,7 +14,12 @@ from saga_engine.core.history._codec import CodecChain, is_marker
 from saga_engine.core.history._events import DomainEventReceived, Event
 from saga_engine.kernel._settings import PostgresSettings
 from saga_engine.store._domain_store import Expired, StoredFact
-from saga_engine.store._pgbase import _init_connection, _json, _unavailable_as_transient
+from saga_engine.store._pgbase import (
+    _init_connection,
+    _json,
+    _keep_session,
+    _unavailable_as_transient,
+)
 
 __all__ = ["PostgresDomainEventStore", "mark_received"]
 
@@ -42,6 +47,7 @@ class PostgresDomainEventStore:
                 command_timeout=settings.command_timeout_s,
                 server_settings={"search_path": settings.db_schema},
                 init=_init_connection,
+                reset=_keep_session,
             )
         return cls(pool, codec)
 

@@ -42,7 +42,12 @@ from saga_engine.core.planning._schedule import (
 )
 from saga_engine.kernel._errors import ScheduleConflict, ScheduleNotFound
 from saga_engine.kernel._settings import PostgresSettings
-from saga_engine.store._pgbase import _init_connection, _json, _unavailable_as_transient
+from saga_engine.store._pgbase import (
+    _init_connection,
+    _json,
+    _keep_session,
+    _unavailable_as_transient,
+)
 from saga_engine.store._schedule_store import (
     Fire,
     FireResult,
@@ -176,6 +181,7 @@ class PostgresScheduleStore:
                 command_timeout=settings.command_timeout_s,
                 server_settings={"search_path": settings.db_schema},
                 init=_init_connection,
+                reset=_keep_session,
             )
         return cls(pool, grace=grace)
 

@@ -47,6 +47,7 @@ from saga_engine.store._pgbase import (
     _EncodedJson,
     _init_connection,
     _json,
+    _keep_session,
     _translate,
     _unavailable_as_transient,
     transient_cause,
@@ -279,6 +280,7 @@ class PostgresEventStore(
                     "plan_cache_mode": "force_custom_plan",
                 },
                 init=_init_connection,
+                reset=_keep_session,
             )
         try:
             with _unavailable_as_transient():
