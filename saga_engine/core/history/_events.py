@@ -38,7 +38,7 @@ from saga_engine.kernel._serde import JsonDict, canonical_hash, loads
 # pydantic models: the wire's ``StartBody`` carries and validates them too.
 
 
-class ErrorInfo(Record, kw_only=True):
+class ErrorInfo(Record, frozen=True, kw_only=True):
     """An error as it is stored: enough to explain what happened, no traceback."""
 
     type: str
@@ -47,7 +47,7 @@ class ErrorInfo(Record, kw_only=True):
     details: JsonDict = msgspec.field(default_factory=dict)
 
 
-class CompensationSpec(Record, kw_only=True):
+class CompensationSpec(Record, frozen=True, kw_only=True):
     """The compensation a forward step carries, recorded with the step's command."""
 
     participant: str
@@ -94,7 +94,7 @@ def absent(value: object) -> bool:
     return value is None
 
 
-class ReplyTimings(Record, kw_only=True, omit_defaults=True):
+class ReplyTimings(Record, frozen=True, kw_only=True, omit_defaults=True):
     """When a reply's command left the engine and what the participant did with it, as
     the reply's timing headers said (PROTOCOL.md section 7.4a): each figure optional (a
     kit may send none), each left out of the stored shape when absent. The engine's own
@@ -113,9 +113,9 @@ class ReplyTimings(Record, kw_only=True, omit_defaults=True):
     handler_cpu_ms: float | None = None
 
 
-class _Event(Record, kw_only=True, tag_field="kind"):
-    """An event: a record whose kind (``kind``, msgspec's tag, written first) is its
-    class's ``tag``, and a class attribute (set below for every type)."""
+class _Event(Record, frozen=True, kw_only=True, tag_field="kind"):
+    """An event: a record whose kind is its type's tag (``tag=``, written first, under
+    ``"kind"``), which its ``kind`` class attribute says again for readers and mypy."""
 
     kind: ClassVar[str]
     #: The shape's version: raise it when the stored shape changes, and register an
@@ -137,7 +137,7 @@ class _Event(Record, kw_only=True, tag_field="kind"):
         return self.kind
 
 
-class _Intent(_Event, kw_only=True):
+class _Intent(_Event, frozen=True, kw_only=True):
     @property
     def is_intent(self) -> bool:
         return True
@@ -146,10 +146,11 @@ class _Intent(_Event, kw_only=True):
 # --------------------------------------------------------------------------- inputs
 
 
-class SagaStarted(_Event, kw_only=True, tag="saga_started", omit_defaults=True):
+class SagaStarted(_Event, frozen=True, kw_only=True, tag="saga_started", omit_defaults=True):
     #: 2: records ``saga_version`` (version 1 starts are upcast to ``saga_version=1``).
     version: ClassVar[int] = 2
 
+    kind: ClassVar[Literal["saga_started"]] = "saga_started"
     saga_type: str
     #: As the input model read it, defaults filled in once (so a default_factory's value
     #: is the same on every replay).
@@ -185,7 +186,8 @@ class SagaStarted(_Event, kw_only=True, tag="saga_started", omit_defaults=True):
     flow_policy: int | None = None
 
 
-class ReplyReceived(_Event, kw_only=True, tag="reply_received", omit_defaults=True):
+class ReplyReceived(_Event, frozen=True, kw_only=True, tag="reply_received", omit_defaults=True):
+    kind: ClassVar[Literal["reply_received"]] = "reply_received"
     step: str
     command_id: str
     #: success: applied; failure: refused, nothing applied; retryable: not applied, try again.
@@ -202,7 +204,7 @@ class ReplyReceived(_Event, kw_only=True, tag="reply_received", omit_defaults=Tr
         return f"{what} {self.outcome} for step {self.step!r}"
 
 
-class InvalidReplyReceived(_Event, kw_only=True, tag="invalid_reply_received"):
+class InvalidReplyReceived(_Event, frozen=True, kw_only=True, tag="invalid_reply_received"):
     """A participant answered a forward step with success, but its payload does not match
     the step's reply model (``returns=``), or holds a value Postgres cannot store.
 
@@ -214,6 +216,7 @@ class InvalidReplyReceived(_Event, kw_only=True, tag="invalid_reply_received"):
     participant did apply it).
     """
 
+    kind: ClassVar[Literal["invalid_reply_received"]] = "invalid_reply_received"
     step: str
     command_id: str
     payload: JsonDict = msgspec.field(default_factory=dict)
@@ -227,7 +230,8 @@ class InvalidReplyReceived(_Event, kw_only=True, tag="invalid_reply_received"):
         return f"invalid reply for step {self.step!r} held"
 
 
-class AttemptTimedOut(_Event, kw_only=True, tag="attempt_timed_out"):
+class AttemptTimedOut(_Event, frozen=True, kw_only=True, tag="attempt_timed_out"):
+    kind: ClassVar[Literal["attempt_timed_out"]] = "attempt_timed_out"
     step: str
     command_id: str
     attempt: int
@@ -237,14 +241,16 @@ class AttemptTimedOut(_Event, kw_only=True, tag="attempt_timed_out"):
         return f"attempt {self.attempt} of step {self.step!r} timed out"
 
 
-class TimerFired(_Event, kw_only=True, tag="timer_fired"):
+class TimerFired(_Event, frozen=True, kw_only=True, tag="timer_fired"):
+    kind: ClassVar[Literal["timer_fired"]] = "timer_fired"
     timer_id: str
 
     def describe(self) -> str:
         return f"timer {self.timer_id!r} fired"
 
 
-class SignalReceived(_Event, kw_only=True, tag="signal_received"):
+class SignalReceived(_Event, frozen=True, kw_only=True, tag="signal_received"):
+    kind: ClassVar[Literal["signal_received"]] = "signal_received"
     signal_id: str
     name: str
     payload: JsonDict = msgspec.field(default_factory=dict)
@@ -256,10 +262,11 @@ class SignalReceived(_Event, kw_only=True, tag="signal_received"):
         return f"signal {self.name!r} received"
 
 
-class DomainEventReceived(_Event, kw_only=True, tag="domain_event_received"):
+class DomainEventReceived(_Event, frozen=True, kw_only=True, tag="domain_event_received"):
     """A domain event another service published (an ``EventSource``'s fact) answered
     the saga's wait ``wait_id`` for it; ``event_id`` keeps a fact from answering twice."""
 
+    kind: ClassVar[Literal["domain_event_received"]] = "domain_event_received"
     wait_id: str
     source: str
     key: str
@@ -270,12 +277,13 @@ class DomainEventReceived(_Event, kw_only=True, tag="domain_event_received"):
         return f"event {self.source} key={self.key} received"
 
 
-class CallbackReceived(_Event, kw_only=True, tag="callback_received"):
+class CallbackReceived(_Event, frozen=True, kw_only=True, tag="callback_received"):
     """A third party answered the callback wait ``wait_id`` on its signed URL
     (``ctx.callback``): ``payload`` is its body, checked by the wait's model; ``failed``:
     it posted to the ``/fail`` URL. ``digest`` is the body's (and ``failed``'s) hash: the
     same call again gets the same answer, another one a conflict."""
 
+    kind: ClassVar[Literal["callback_received"]] = "callback_received"
     wait_id: str
     payload: JsonDict = msgspec.field(default_factory=dict)
     failed: bool = False
@@ -285,10 +293,11 @@ class CallbackReceived(_Event, kw_only=True, tag="callback_received"):
         return f"callback {self.wait_id!r} {'failed' if self.failed else 'received'}"
 
 
-class UpdateReceived(_Event, kw_only=True, tag="update_received"):
+class UpdateReceived(_Event, frozen=True, kw_only=True, tag="update_received"):
     """An update (``@update``) accepted by its input model and its validator: its handler
     runs on the saga's state right after it, and its result follows (``update_completed``)."""
 
+    kind: ClassVar[Literal["update_received"]] = "update_received"
     update_id: str
     name: str
     payload: JsonDict = msgspec.field(default_factory=dict)
@@ -299,16 +308,18 @@ class UpdateReceived(_Event, kw_only=True, tag="update_received"):
         return f"update {self.name!r} received"
 
 
-class CancelRequested(_Event, kw_only=True, tag="cancel_requested"):
+class CancelRequested(_Event, frozen=True, kw_only=True, tag="cancel_requested"):
+    kind: ClassVar[Literal["cancel_requested"]] = "cancel_requested"
     reason: str
     principal: str = "system"
 
 
-class UndoRequested(_Event, kw_only=True, tag="undo_requested"):
+class UndoRequested(_Event, frozen=True, kw_only=True, tag="undo_requested"):
     """The parent saga compensates: this child undoes what it did. A running child is
     cancelled (it ends ``cancelled``); a completed one compensates its applied steps, last
     first (it ends ``compensated``). Its end answers the parent's compensation command."""
 
+    kind: ClassVar[Literal["undo_requested"]] = "undo_requested"
     #: The parent's compensation command this undo answers.
     command_id: str
     parent_id: str
@@ -318,20 +329,22 @@ class UndoRequested(_Event, kw_only=True, tag="undo_requested"):
         return f"undo requested by parent saga {self.parent_id}"
 
 
-class CompensationForced(_Event, kw_only=True, tag="compensation_forced"):
+class CompensationForced(_Event, frozen=True, kw_only=True, tag="compensation_forced"):
     """An operator made the saga undo what it did so far (it ends compensated)."""
 
+    kind: ClassVar[Literal["compensation_forced"]] = "compensation_forced"
     reason: str
     principal: str = "system"
 
 
-class StepSkipped(_Event, kw_only=True, tag="step_skipped"):
+class StepSkipped(_Event, frozen=True, kw_only=True, tag="step_skipped"):
     """An operator answered a step (or a stuck compensation) in the participant's place.
 
     A skipped forward step returns ``payload`` to the saga and is not compensated later:
     the operator took responsibility for its effect. A skipped compensation counts as done.
     """
 
+    kind: ClassVar[Literal["step_skipped"]] = "step_skipped"
     step: str
     compensation: bool = False
     payload: JsonDict = msgspec.field(default_factory=dict)
@@ -343,9 +356,10 @@ class StepSkipped(_Event, kw_only=True, tag="step_skipped"):
         return f"{what} {self.step!r} skipped by {self.principal}"
 
 
-class RetryRequested(_Event, kw_only=True, tag="retry_requested", omit_defaults=True):
+class RetryRequested(_Event, frozen=True, kw_only=True, tag="retry_requested", omit_defaults=True):
     """An operator asked a step waiting to retry (or a stuck compensation) to retry now."""
 
+    kind: ClassVar[Literal["retry_requested"]] = "retry_requested"
     step: str
     principal: str = written("system")
     reason: str = written("")
@@ -359,27 +373,30 @@ class RetryRequested(_Event, kw_only=True, tag="retry_requested", omit_defaults=
         return f"retry of {self.step!r}{edited} requested by {self.principal}"
 
 
-class SagaParked(_Event, kw_only=True, tag="saga_parked"):
+class SagaParked(_Event, frozen=True, kw_only=True, tag="saga_parked"):
     """The engine stopped driving the saga because the code deployed cannot drive it: its
     history no longer matches (``nondeterministic``), or the code hit a definition error
     (``definition_error``: an undeclared signal, a step name used twice...). Either way
     the saga waits, untouched, for a fixed deploy and a resume."""
 
+    kind: ClassVar[Literal["saga_parked"]] = "saga_parked"
     reason: Literal["nondeterministic", "definition_error"] = "nondeterministic"
     error: ErrorInfo
 
 
-class SagaResumed(_Event, kw_only=True, tag="saga_resumed"):
+class SagaResumed(_Event, frozen=True, kw_only=True, tag="saga_resumed"):
     """An operator asked a parked saga to go on (after a fix, or to retry a compensation)."""
 
+    kind: ClassVar[Literal["saga_resumed"]] = "saga_resumed"
     principal: str = "system"
     reason: str = ""
 
 
-class KeyQueued(_Event, kw_only=True, tag="key_queued"):
+class KeyQueued(_Event, frozen=True, kw_only=True, tag="key_queued"):
     """The saga's concurrency key (``Saga.concurrency``) was at its limit when it asked:
     its run waits, FIFO per key, until the key is granted (docs/concurrency-keys.md)."""
 
+    kind: ClassVar[Literal["key_queued"]] = "key_queued"
     key: str
     #: The sagas holding the key when it queued (what it is queued behind).
     behind: list[str] = msgspec.field(default_factory=list)
@@ -390,9 +407,10 @@ class KeyQueued(_Event, kw_only=True, tag="key_queued"):
         return f"queued for concurrency key {self.key!r}"
 
 
-class KeyAcquired(_Event, kw_only=True, tag="key_acquired"):
+class KeyAcquired(_Event, frozen=True, kw_only=True, tag="key_acquired"):
     """The saga holds a slot of its concurrency key: its run begins now."""
 
+    kind: ClassVar[Literal["key_acquired"]] = "key_acquired"
     key: str
 
     def describe(self) -> str:
@@ -402,7 +420,7 @@ class KeyAcquired(_Event, kw_only=True, tag="key_acquired"):
 # --------------------------------------------------------------------------- intents
 
 
-class _CommandIntent(_Intent, kw_only=True):
+class _CommandIntent(_Intent, frozen=True, kw_only=True):
     """A command for a participant: a forward step's or a compensation's."""
 
     step: str
@@ -427,9 +445,12 @@ class _CommandIntent(_Intent, kw_only=True):
         )
 
 
-class CommandIssued(_CommandIntent, kw_only=True, tag="command_issued", omit_defaults=True):
+class CommandIssued(
+    _CommandIntent, frozen=True, kw_only=True, tag="command_issued", omit_defaults=True
+):
     """A forward step's command, committed before it is sent (the history is the outbox)."""
 
+    kind: ClassVar[Literal["command_issued"]] = "command_issued"
     compensation: CompensationSpec | None = written(None)
     #: The saga's pivot step (``ctx.step(..., pivot=True)``); left out when False.
     pivot: bool = False
@@ -444,7 +465,8 @@ class CommandIssued(_CommandIntent, kw_only=True, tag="command_issued", omit_def
         )
 
 
-class TimerStarted(_Intent, kw_only=True, tag="timer_started"):
+class TimerStarted(_Intent, frozen=True, kw_only=True, tag="timer_started"):
+    kind: ClassVar[Literal["timer_started"]] = "timer_started"
     timer_id: str
     purpose: Literal["sleep", "retry", "signal_timeout"]
     fire_at: datetime
@@ -456,10 +478,11 @@ class TimerStarted(_Intent, kw_only=True, tag="timer_started"):
         return f"{self.purpose} timer {self.timer_id!r}"
 
 
-class EventAwaited(_Intent, kw_only=True, tag="event_awaited"):
+class EventAwaited(_Intent, frozen=True, kw_only=True, tag="event_awaited"):
     """The code waits for a domain event of ``source`` whose correlation key is ``key``
     (``ctx.wait_event``), until ``timeout_at`` if it has one."""
 
+    kind: ClassVar[Literal["event_awaited"]] = "event_awaited"
     wait_id: str
     source: str
     key: str
@@ -472,12 +495,13 @@ class EventAwaited(_Intent, kw_only=True, tag="event_awaited"):
         return f"wait for event {self.source} key={self.key}"
 
 
-class CallbackAwaited(_Intent, kw_only=True, tag="callback_awaited"):
+class CallbackAwaited(_Intent, frozen=True, kw_only=True, tag="callback_awaited"):
     """The code made a callback URL (``ctx.callback``) and waits on it until
     ``expires_at`` (a durable timer named after the wait). ``key_id`` and ``base_url``
     are what the URL was signed with and where it points, recorded so that a replay
     derives the same URL; the URL's signature itself is never stored."""
 
+    kind: ClassVar[Literal["callback_awaited"]] = "callback_awaited"
     wait_id: str
     name: str
     expires_at: datetime
@@ -491,7 +515,8 @@ class CallbackAwaited(_Intent, kw_only=True, tag="callback_awaited"):
         return f"wait for callback {self.name!r}"
 
 
-class SideEffectRecorded(_Intent, kw_only=True, tag="side_effect_recorded"):
+class SideEffectRecorded(_Intent, frozen=True, kw_only=True, tag="side_effect_recorded"):
+    kind: ClassVar[Literal["side_effect_recorded"]] = "side_effect_recorded"
     op_id: str
     value: Any
 
@@ -502,10 +527,11 @@ class SideEffectRecorded(_Intent, kw_only=True, tag="side_effect_recorded"):
         return f"side effect {self.op_id!r}"
 
 
-class UpdateCompleted(_Intent, kw_only=True, tag="update_completed"):
+class UpdateCompleted(_Intent, frozen=True, kw_only=True, tag="update_completed"):
     """What an update's handler returned (``result``), or the error it raised: the answer
     its caller gets, now and whenever it asks again with the same update id."""
 
+    kind: ClassVar[Literal["update_completed"]] = "update_completed"
     update_id: str
     name: str
     result: Any = None
@@ -518,12 +544,13 @@ class UpdateCompleted(_Intent, kw_only=True, tag="update_completed"):
         return f"update {self.name!r} {'failed' if self.error else 'completed'}"
 
 
-class ProgressEmitted(_Intent, kw_only=True, tag="progress_emitted"):
+class ProgressEmitted(_Intent, frozen=True, kw_only=True, tag="progress_emitted"):
     """A progress item the saga's code emitted (``ctx.emit``): ``number`` counts the
     saga's items from 1 with no gap, ``topic`` names the stream it belongs to and
     ``payload`` is what a client following the saga reads. Visible once committed;
     replay matches it and never records or publishes it again."""
 
+    kind: ClassVar[Literal["progress_emitted"]] = "progress_emitted"
     number: int
     topic: str
     payload: Any
@@ -535,7 +562,8 @@ class ProgressEmitted(_Intent, kw_only=True, tag="progress_emitted"):
         return f"progress #{self.number} on {self.topic!r}"
 
 
-class PatchMarked(_Intent, kw_only=True, tag="patch_marked"):
+class PatchMarked(_Intent, frozen=True, kw_only=True, tag="patch_marked"):
+    kind: ClassVar[Literal["patch_marked"]] = "patch_marked"
     patch_id: str
 
     def signature(self) -> tuple[Any, ...]:
@@ -545,10 +573,11 @@ class PatchMarked(_Intent, kw_only=True, tag="patch_marked"):
         return f"patch marker {self.patch_id!r}"
 
 
-class NodeSkipped(_Intent, kw_only=True, tag="node_skipped"):
+class NodeSkipped(_Intent, frozen=True, kw_only=True, tag="node_skipped"):
     """A graph saga's node did not run: its ``when`` was false once the nodes it depends
     on were done. It owes nothing, and counts as done for the nodes that depend on it."""
 
+    kind: ClassVar[Literal["node_skipped"]] = "node_skipped"
     node: str
 
     def signature(self) -> tuple[Any, ...]:
@@ -558,7 +587,7 @@ class NodeSkipped(_Intent, kw_only=True, tag="node_skipped"):
         return f"node {self.node!r} skipped (its condition was false)"
 
 
-class StepAbandoned(_Intent, kw_only=True, tag="step_abandoned"):
+class StepAbandoned(_Intent, frozen=True, kw_only=True, tag="step_abandoned"):
     """The saga's code gave up a forward step while going forward: the loser of
     ``ctx.first``, a step inside a ``ctx.timeout`` block whose timer fired, a task the code
     cancelled, or a step still running when ``run`` returned. Its commands are no longer
@@ -567,6 +596,7 @@ class StepAbandoned(_Intent, kw_only=True, tag="step_abandoned"):
     own retry policy); otherwise it owes nothing. A saga that is stopping (a failure, a
     cancel, its deadline) records none: its steps in flight join the compensation stack."""
 
+    kind: ClassVar[Literal["step_abandoned"]] = "step_abandoned"
     step: str
     #: The forward command ids the step issued (what its compensation names).
     command_ids: list[str] = msgspec.field(default_factory=list)
@@ -584,8 +614,9 @@ class StepAbandoned(_Intent, kw_only=True, tag="step_abandoned"):
 
 
 class CompensationStarted(
-    _Intent, kw_only=True, tag="compensation_started", omit_defaults=True
+    _Intent, frozen=True, kw_only=True, tag="compensation_started", omit_defaults=True
 ):
+    kind: ClassVar[Literal["compensation_started"]] = "compensation_started"
     #: ``undo``: the parent saga compensates, and this (completed) child undoes its steps.
     reason: Literal["failure", "cancel", "deadline", "operator", "undo"]
     error: ErrorInfo | None = written(None)
@@ -604,7 +635,8 @@ class CompensationStarted(
         return f"compensation begun ({self.reason}) for {self.owed}"
 
 
-class CompensationIssued(_CommandIntent, kw_only=True, tag="compensation_issued"):
+class CompensationIssued(_CommandIntent, frozen=True, kw_only=True, tag="compensation_issued"):
+    kind: ClassVar[Literal["compensation_issued"]] = "compensation_issued"
     #: The forward command ids this compensation undoes (sent as ce_compensates).
     compensates: list[str] = msgspec.field(default_factory=list)
 
@@ -612,7 +644,8 @@ class CompensationIssued(_CommandIntent, kw_only=True, tag="compensation_issued"
         return f"compensation of {self.step!r} sending {self.command_type} (attempt {self.attempt})"
 
 
-class CompensationCompleted(_Intent, kw_only=True, tag="compensation_completed"):
+class CompensationCompleted(_Intent, frozen=True, kw_only=True, tag="compensation_completed"):
+    kind: ClassVar[Literal["compensation_completed"]] = "compensation_completed"
     step: str
 
     def signature(self) -> tuple[Any, ...]:
@@ -622,9 +655,10 @@ class CompensationCompleted(_Intent, kw_only=True, tag="compensation_completed")
         return f"compensation of {self.step!r} completed"
 
 
-class CompensationStuck(_Intent, kw_only=True, tag="compensation_stuck"):
+class CompensationStuck(_Intent, frozen=True, kw_only=True, tag="compensation_stuck"):
     """A compensation exhausted its retry policy: the saga parks until an operator acts."""
 
+    kind: ClassVar[Literal["compensation_stuck"]] = "compensation_stuck"
     step: str
     error: ErrorInfo
 
@@ -635,12 +669,13 @@ class CompensationStuck(_Intent, kw_only=True, tag="compensation_stuck"):
         return f"compensation of {self.step!r} stuck"
 
 
-class StepParked(_Intent, kw_only=True, tag="step_parked"):
+class StepParked(_Intent, frozen=True, kw_only=True, tag="step_parked"):
     """A forward step could not succeed (its attempts ran out, or its participant refused
     it) and its retry policy says park, or the saga is past its pivot: the saga is
     step_stuck, its compensation stack held, until an operator retries the step (maybe
     with an edited command) or skips it with a result."""
 
+    kind: ClassVar[Literal["step_parked"]] = "step_parked"
     step: str
     error: ErrorInfo
     #: Its outcome is unknown (the last attempt timed out): it may have been applied.
@@ -655,9 +690,10 @@ class StepParked(_Intent, kw_only=True, tag="step_parked"):
         return f"step {self.step!r} parked for an operator"
 
 
-class PivotPassed(_Intent, kw_only=True, tag="pivot_passed"):
+class PivotPassed(_Intent, frozen=True, kw_only=True, tag="pivot_passed"):
     """The saga's pivot step succeeded: from here on it only goes forward."""
 
+    kind: ClassVar[Literal["pivot_passed"]] = "pivot_passed"
     step: str
 
     def signature(self) -> tuple[Any, ...]:
@@ -667,7 +703,7 @@ class PivotPassed(_Intent, kw_only=True, tag="pivot_passed"):
         return f"pivot {self.step!r} passed"
 
 
-class CarriedCompensation(Record, kw_only=True):
+class CarriedCompensation(Record, frozen=True, kw_only=True):
     """A compensation a run owed when it continued as new (``run_continued``), carried
     into the next run: undone, when the saga unwinds, in the order one long run would
     have undone it."""
@@ -688,7 +724,7 @@ class CarriedCompensation(Record, kw_only=True):
     run: int = 1
 
 
-class RunContinued(_Intent, kw_only=True, tag="run_continued"):
+class RunContinued(_Intent, frozen=True, kw_only=True, tag="run_continued"):
     """The run ended by continuing as new (``ctx.continue_as_new``): this event closes
     it and opens the saga's next run, ``run``, whose code starts again with ``input``.
     It is the new run's first event: loading and replay read the saga from here (and its
@@ -698,6 +734,7 @@ class RunContinued(_Intent, kw_only=True, tag="run_continued"):
     numbers, timer ids), signals received and not yet waited for, a passed pivot and a
     held concurrency key."""
 
+    kind: ClassVar[Literal["run_continued"]] = "run_continued"
     #: The number of the run that begins here (the saga's first run is 1).
     run: int
     #: The sequence number of this event in the saga's history.
@@ -725,28 +762,32 @@ class RunContinued(_Intent, kw_only=True, tag="run_continued"):
         return f"continued as new: run {self.run}{carried}"
 
 
-class SagaCompleted(_Intent, kw_only=True, tag="saga_completed"):
+class SagaCompleted(_Intent, frozen=True, kw_only=True, tag="saga_completed"):
+    kind: ClassVar[Literal["saga_completed"]] = "saga_completed"
     output: JsonDict
 
 
-class SagaFailed(_Intent, kw_only=True, tag="saga_failed"):
+class SagaFailed(_Intent, frozen=True, kw_only=True, tag="saga_failed"):
     """The run ended in error (a failure, or its deadline passed) and nothing needed
     undoing."""
 
+    kind: ClassVar[Literal["saga_failed"]] = "saga_failed"
     error: ErrorInfo
 
 
-class SagaCompensated(_Intent, kw_only=True, tag="saga_compensated"):
+class SagaCompensated(_Intent, frozen=True, kw_only=True, tag="saga_compensated"):
     """The run ended in error (a failure, its deadline, an operator's forced
     compensation) and every owed compensation completed."""
 
+    kind: ClassVar[Literal["saga_compensated"]] = "saga_compensated"
     error: ErrorInfo | None = None
 
 
-class SagaCancelled(_Intent, kw_only=True, tag="saga_cancelled"):
+class SagaCancelled(_Intent, frozen=True, kw_only=True, tag="saga_cancelled"):
     """A cancel request ended the run, after every owed compensation completed (the
     only end a cancel leads to: a cancelled saga never reads as failed or compensated)."""
 
+    kind: ClassVar[Literal["saga_cancelled"]] = "saga_cancelled"
     reason: str
 
 
@@ -836,13 +877,14 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
 
 TERMINAL_EVENTS = (SagaCompleted, SagaFailed, SagaCompensated, SagaCancelled)
 
-#: Every type by its kind (its tag); each type's ``kind`` is its tag, as a class attribute.
+#: Every type by its kind: its tag, which its ``kind`` class attribute says too.
 _BY_KIND: Final[dict[str, type[Event]]] = {}
 for _type in EVENT_TYPES:
     _kind = _type.__struct_config__.tag
     if not isinstance(_kind, str) or _kind in _BY_KIND:
         raise DefinitionError(f"event type {_type.__name__} needs a tag of its own, not {_kind!r}")
-    _type.kind = _kind
+    if _type.kind != _kind:
+        raise DefinitionError(f"event type {_type.__name__}'s kind is not its tag {_kind!r}")
     _BY_KIND[_kind] = _type  # type: ignore[assignment]
 
 _DECODER: Final[msgspec.json.Decoder[Event]] = decoder(Event)
@@ -868,7 +910,9 @@ def event_from_dict(data: JsonDict, versions: EventVersions | None = None) -> Ev
     # Converted to its own type (found by its kind) rather than to the union ``Event``,
     # which msgspec.convert would build its lookup for on every call.
     kind = data.get("kind") if isinstance(data, dict) else None
-    return from_data(_BY_KIND.get(kind, Event) if isinstance(kind, str) else Event, data)
+    target: Any = _BY_KIND.get(kind, Event) if isinstance(kind, str) else Event
+    event: Event = from_data(target, data)
+    return event
 
 
 def event_to_json(event: Event) -> bytes:
@@ -876,7 +920,7 @@ def event_to_json(event: Event) -> bytes:
     built first), its version appended when it carries one."""
     raw = encode(event)
     if type(event).version > 1:  # every event has a field: raw ends with "...}"
-        return b"%s,\"%s\":%d}" % (raw[:-1], VERSION_KEY.encode(), type(event).version)
+        return b'%s,"%s":%d}' % (raw[:-1], VERSION_KEY.encode(), type(event).version)
     return raw
 
 
@@ -897,4 +941,3 @@ def event_from_json(raw: bytes | str, versions: EventVersions | None = None) -> 
 
 def events_from_list(items: list[JsonDict], versions: EventVersions | None = None) -> list[Event]:
     return [event_from_dict(item, versions) for item in items]
-

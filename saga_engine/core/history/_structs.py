@@ -37,8 +37,9 @@ InvalidRecord: Final = msgspec.ValidationError
 class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """A record the engine writes: immutable, keyword-built, strict when read back.
 
-    Every subclass says ``kw_only=True`` again (msgspec does not inherit it): without it,
-    its fields would go before the inherited ones, and be written in another order."""
+    Every subclass says ``frozen=True, kw_only=True`` again: mypy does not inherit the
+    first, msgspec not the second (without it, a subclass's fields would go before the
+    inherited ones, and be written in another order)."""
 
 
 def written(default: T) -> T:
@@ -96,6 +97,11 @@ def decoder(kind: type[T] | Any) -> msgspec.json.Decoder[T]:
 def replace(record: S, **changes: Any) -> S:
     """A copy of ``record`` with ``changes`` (not validated, like any construction)."""
     return msgspec.structs.replace(record, **changes)
+
+
+def field_values(record: msgspec.Struct) -> dict[str, Any]:
+    """A record's fields by name, as they are (nothing converted; a tag is not a field)."""
+    return msgspec.structs.asdict(record)
 
 
 def field_names(kind: type[msgspec.Struct]) -> tuple[str, ...]:

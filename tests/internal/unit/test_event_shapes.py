@@ -338,7 +338,9 @@ def test_every_kind_has_a_recorded_shape() -> None:
     assert kinds == {event_type.kind for event_type in EVENT_TYPES}
 
 
-@pytest.mark.parametrize(("name", "event"), _samples(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    ("name", "event"), _samples(), ids=lambda v: v if isinstance(v, str) else ""
+)
 def test_an_event_is_written_as_before(name: str, event: Event) -> None:
     recorded = _recorded()[name]
     written = event_to_json(event).decode()
@@ -349,7 +351,9 @@ def test_an_event_is_written_as_before(name: str, event: Event) -> None:
     assert event_to_dict(event) == orjson.loads(recorded)
 
 
-@pytest.mark.parametrize(("name", "event"), _samples(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    ("name", "event"), _samples(), ids=lambda v: v if isinstance(v, str) else ""
+)
 def test_an_event_written_before_reads_back_equal(name: str, event: Event) -> None:
     recorded = _recorded()[name]
     assert event_from_json(recorded) == event
