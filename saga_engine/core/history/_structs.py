@@ -53,16 +53,48 @@ def written_empty(factory: Callable[[], T]) -> T:
     return msgspec.field(default_factory=lambda: factory())
 
 
+#: The frozen models written and read lately, by identity and by their data: a step's
+#: retry policy is one of a few, written with each command that carries a compensation and
+#: read with each one replayed. Without these, pydantic's dump and validation of it cost
+#: 110 k more instructions per saga on the in-memory engine path (4.73 M against 4.84 M,
+#: ``python -m bench.instructions``) and 3.5 k more per replayed event (112 k against 115 k).
+_WRITTEN: dict[int, tuple[BaseModel, Any]] = {}
+_READ: dict[tuple[type, tuple[tuple[str, Any, type], ...]], BaseModel] = {}
+_LATELY: Final = 256
+
+
 def _enc_hook(value: Any) -> Any:
-    if isinstance(value, BaseModel):
+    if not isinstance(value, BaseModel):
+        raise TypeError(f"{type(value).__name__} is not JSON serializable")
+    if not value.model_config.get("frozen"):
         return value.model_dump(mode="json")
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+    seen = _WRITTEN.get(id(value))
+    if seen is not None and seen[0] is value:
+        return seen[1]  # msgspec only reads it (to_builtins copies it)
+    data = value.model_dump(mode="json")
+    if len(_WRITTEN) >= _LATELY:
+        _WRITTEN.clear()
+    _WRITTEN[id(value)] = (value, data)  # the model held, so its id is not reused
+    return data
 
 
 def _dec_hook(kind: type, value: Any) -> Any:
-    if isinstance(kind, type) and issubclass(kind, BaseModel):
+    if not (isinstance(kind, type) and issubclass(kind, BaseModel)):
+        raise NotImplementedError(f"cannot read a {kind!r}")  # as msgspec's InvalidRecord
+    if not (kind.model_config.get("frozen") and type(value) is dict):
         return kind.model_validate(value)  # its ValidationError is a ValueError: re-raised
-    raise NotImplementedError(f"cannot read a {kind!r}")  # as msgspec's InvalidRecord
+    try:
+        # Types in the key: 1, 1.0 and True are equal, and a model may read them apart.
+        key = (kind, tuple([(k, v, type(v)) for k, v in value.items()]))
+        seen = _READ.get(key)
+    except TypeError:  # a value that is not hashable (a list): not kept
+        return kind.model_validate(value)
+    if seen is None:
+        seen = kind.model_validate(value)
+        if len(_READ) >= _LATELY:
+            _READ.clear()
+        _READ[key] = seen
+    return seen
 
 
 _ENCODER: Final = msgspec.json.Encoder(enc_hook=_enc_hook)

@@ -68,6 +68,8 @@ from saga_engine.core.history._events import (
     event_to_json,
 )
 from saga_engine.core.history._policy import RetryPolicy
+from saga_engine.core.history._structs import InvalidRecord, to_data
+from saga_engine.kernel._errors import NewerEventError, SerializationError
 
 SHAPES = Path(__file__).with_name("event_shapes.json")
 
@@ -363,6 +365,47 @@ def test_an_event_written_before_reads_back_equal(name: str, event: Event) -> No
 def _ordered(text: str) -> list[str]:
     """The keys of an event's JSON in their order, ``kind`` left out."""
     return [key for key in orjson.loads(text) if key != "kind"]
+
+
+def test_a_stored_event_that_does_not_fit_its_type_is_refused_with_where() -> None:
+    written = orjson.loads(_recorded()["15:command_issued:full"])
+    with pytest.raises(InvalidRecord, match=r"Expected `int`, got `str` - at `\$.attempt`"):
+        event_from_dict({**written, "attempt": "2"})
+    with pytest.raises(InvalidRecord, match="unknown field `extra`"):
+        event_from_json(orjson.dumps({**written, "extra": 1}))
+    policy = {**written["compensation"]["retry"], "max_attempts": 0}
+    bad = {**written, "compensation": {**written["compensation"], "retry": policy}}
+    with pytest.raises(InvalidRecord, match=r"max_attempts(.|\n)*at `\$.compensation.retry`"):
+        event_from_json(orjson.dumps(bad))
+    with pytest.raises(NewerEventError):
+        event_from_json(orjson.dumps({**written, "kind": "command_teleported"}))
+    with pytest.raises(SerializationError, match="malformed JSON"):
+        event_from_json(b'{"kind": "command_issued",')
+
+
+def test_a_value_json_cannot_hold_is_refused_when_written() -> None:
+    with pytest.raises(SerializationError, match="cannot serialize to JSON"):
+        event_to_json(SideEffectRecorded(at=AT, op_id="o", value={"x": object()}))
+    with pytest.raises(SerializationError, match="cannot serialize to JSON"):
+        event_to_dict(SideEffectRecorded(at=AT, op_id="o", value={"x": object()}))
+
+
+def test_a_retry_policy_read_again_is_the_same_one_and_written_as_its_model_writes_it() -> None:
+    recorded = _recorded()["15:command_issued:full"]
+    first, again = event_from_json(recorded), event_from_json(recorded)
+    assert isinstance(first, CommandIssued)
+    assert isinstance(again, CommandIssued)
+    assert first.compensation is not None
+    assert again.compensation is not None
+    assert first.compensation.retry is again.compensation.retry
+    assert first.compensation.retry == POLICY
+    # The same data with another type is read (and checked) on its own.
+    data = orjson.loads(recorded)
+    data["compensation"]["retry"]["max_attempts"] = 5.5
+    with pytest.raises(InvalidRecord, match="max_attempts"):
+        event_from_dict(data)
+    assert to_data(SPEC)["retry"] == POLICY.model_dump(mode="json")
+    assert to_data(SPEC)["retry"] is not to_data(SPEC)["retry"]  # each its own copy
 
 
 if __name__ == "__main__":  # how event_shapes.json was written (by the pydantic events)
