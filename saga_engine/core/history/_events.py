@@ -1,4 +1,4 @@
-"""History events: every fact about a saga, immutable, serialized with orjson.
+"""History events: every fact about a saga, immutable msgspec structs (``_structs``).
 
 Events come in two families, and replay treats them differently:
 
