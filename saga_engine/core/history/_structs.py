@@ -135,7 +135,3 @@ def field_values(record: msgspec.Struct) -> dict[str, Any]:
     """A record's fields by name, as they are (nothing converted; a tag is not a field)."""
     return msgspec.structs.asdict(record)
 
-
-def field_names(kind: type[msgspec.Struct]) -> tuple[str, ...]:
-    """A record type's fields, in the order they are written (a tag is not a field)."""
-    return kind.__struct_fields__
