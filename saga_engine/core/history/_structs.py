@@ -134,4 +134,3 @@ def replace(record: S, **changes: Any) -> S:
 def field_values(record: msgspec.Struct) -> dict[str, Any]:
     """A record's fields by name, as they are (nothing converted; a tag is not a field)."""
     return msgspec.structs.asdict(record)
-
