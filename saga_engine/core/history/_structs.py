@@ -34,12 +34,18 @@ S = TypeVar("S", bound=msgspec.Struct)
 InvalidRecord: Final = msgspec.ValidationError
 
 
-class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, gc=False):
     """A record the engine writes: immutable, keyword-built, strict when read back.
 
     Every subclass says ``frozen=True, kw_only=True`` again: mypy does not inherit the
     first, msgspec not the second (without it, a subclass's fields would go before the
-    inherited ones, and be written in another order)."""
+    inherited ones, and be written in another order).
+
+    Not tracked by the cyclic collector (``gc=False``): a record holds other records,
+    models and values checked as JSON where they entered (orjson refuses a cycle and any
+    object of the engine's), never anything that leads back to it, so it is never part of
+    a cycle; the collector then never walks the resident sagas' histories, and each record
+    is 16 bytes smaller (-24 k instructions per saga on the in-memory engine path)."""
 
 
 def written(default: T) -> T:
