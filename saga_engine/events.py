@@ -1,4 +1,8 @@
-"""The history event types, for reading histories (SQL, exports, the CLI)."""
+"""The history event types, for reading histories (SQL, exports, the CLI).
+
+Events are immutable msgspec structs, not pydantic models: ``event_to_dict`` and
+``event_to_json`` give an event as it is stored, ``event_from_dict`` and
+``event_from_json`` read one back (checked against its type)."""
 
 from saga_engine.core.history._events import (
     EVENT_TYPES,

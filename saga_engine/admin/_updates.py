@@ -30,6 +30,7 @@ from saga_engine.admin._route_helpers import (
 from saga_engine.admin._schemas import Name as IdText
 from saga_engine.admin._schemas import OptionalReason
 from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.history._structs import to_data
 from saga_engine.kernel._errors import InvalidPayload, SerializationError
 from saga_engine.kernel._input_types import StorableText
 from saga_engine.kernel._serde import loads
@@ -116,7 +117,7 @@ async def update(
         principal=caller.name,
         status=record.status,
         result=answer.result,
-        error=answer.error.model_dump() if answer.error else None,
+        error=to_data(answer.error) if answer.error else None,
     )
 
 

@@ -61,6 +61,7 @@ from saga_engine.core.authoring._definition import SagaRegistry
 from saga_engine.core.history._codec import Undecodable
 from saga_engine.core.history._events import Event, ProgressEmitted
 from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.history._structs import to_data
 from saga_engine.core.views._event_lines import event_line
 from saga_engine.core.views._graph_view import NodeState
 from saga_engine.core.views._view import SagaView
@@ -516,7 +517,7 @@ def _history_page(request: Request, stored: list[StoredEvent]) -> dict[str, Any]
                 s.seq,
                 s.event,
                 event_line(s.event),
-                s.event.model_dump(mode="json", exclude={"at", "kind"}),
+                {k: v for k, v in to_data(s.event).items() if k not in ("at", "kind")},
             )
             for s in shown
         ],

@@ -19,6 +19,7 @@ from saga_engine.core.authoring._update import name_of
 from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.core.history._events import Event
 from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.history._structs import to_data
 from saga_engine.core.planning._rollout import RolloutSpec, flow_policy_key
 from saga_engine.kernel._callback_tokens import token_of
 from saga_engine.kernel._errors import SagaError, SagaNotFound, TransientError, UpdateFailed
@@ -508,7 +509,7 @@ class SagaTestEnv:
         answer = await self.engine.update(saga_id, name_of(update), payload, **kw)
         await self.settle()
         if answer.error is not None:
-            raise UpdateFailed(answer.update_id, answer.name, answer.error.model_dump())
+            raise UpdateFailed(answer.update_id, answer.name, to_data(answer.error))
         return answer.result
 
     async def query(

@@ -28,6 +28,7 @@ from saga_engine.core.history._events import (
     event_to_json,
 )
 from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.history._structs import to_data
 from saga_engine.core.planning._rollout import InMemoryRollouts, RolloutRows
 from saga_engine.kernel._errors import ConcurrencyError, SagaNotFound, SerializationError
 from saga_engine.kernel._partitioning import partition_for
@@ -60,7 +61,7 @@ def _copy(
 ) -> Event:
     # Fail where Postgres fails: its text and jsonb refuse NUL characters and unpaired
     # surrogates, and orjson numbers JSON cannot carry.
-    problems = unstorable(event.model_dump(mode="json"))
+    problems = unstorable(to_data(event))
     if problems:
         raise SerializationError(
             f"Postgres cannot store this value: {problems[0]['msg']} (at {problems[0]['loc']})"

@@ -13,11 +13,11 @@ from typing import Any, Final, TypeAlias
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
-from pydantic import ValidationError
 
 from saga_engine.core.history._codec import CodecChain, Undecodable, open_error, open_event
 from saga_engine.core.history._events import event_from_dict
 from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.history._structs import InvalidRecord
 from saga_engine.kernel._errors import SerializationError, StoreUnavailable
 from saga_engine.kernel._serde import JsonDict, dumps, loads
 from saga_engine.kernel._startup import Dependency
@@ -162,7 +162,7 @@ def _stored_events(
     if codec is None and undecodable is Undecodable.RAISE:
         try:
             return [StoredEvent(r["seq"], event_from_dict(r["data"])) for r in rows]
-        except ValidationError:
+        except InvalidRecord:
             for r in rows:
                 open_event(None, r["data"])
             raise

@@ -24,11 +24,9 @@ from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._serde import JsonDict
 from saga_engine.store._store import EventStore
 
-_KIND: Final = ProgressEmitted.model_fields["kind"].default
+_KIND: Final = ProgressEmitted.kind
 #: The events that end a command: no participant reports on it any longer.
-_ENDING: Final = tuple(
-    e.model_fields["kind"].default for e in (ReplyReceived, AttemptTimedOut, StepAbandoned)
-)
+_ENDING: Final = (ReplyReceived.kind, AttemptTimedOut.kind, StepAbandoned.kind)
 
 
 @dataclass(frozen=True, slots=True)

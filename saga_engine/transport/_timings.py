@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final
 
 from saga_engine.core.history._events import ReplyTimings
 from saga_engine.transport._wire import TIMING_HEADERS, Envelope, Headers
@@ -80,7 +80,7 @@ def echoed_time(text: str) -> str:
 def reply_timings(envelope: Envelope) -> ReplyTimings | None:
     """What a reply's timing headers say, the well-formed ones only; None if none is."""
     fields = envelope.__dict__
-    found: dict[str, object] = {}
+    found: dict[str, Any] = {}
     for field, name in _TIME_FIELDS.items():
         value = _time(fields[field])
         if value is not None:
@@ -88,7 +88,7 @@ def reply_timings(envelope: Envelope) -> ReplyTimings | None:
     cpu = _cpu(fields["handler_cpu_ms"])
     if cpu is not None:
         found["handler_cpu_ms"] = cpu
-    return ReplyTimings.model_validate(found) if found else None
+    return ReplyTimings(**found) if found else None
 
 
 def timing_headers(values: Mapping[str, str]) -> Headers:

@@ -7,6 +7,7 @@ import logging
 import pytest
 
 from saga_engine import SagaStatus
+from saga_engine.events import event_to_dict
 from saga_engine.replay import load_history
 from tests.admin.conftest import OPERATOR, READER, Admin
 from tests.admin.sagas import Credit, Refund
@@ -17,7 +18,7 @@ async def _events(admin: Admin, saga_id: str, kind: str) -> list[dict[str, objec
     history = load_history(
         (await admin.http.get(f"/sagas/{saga_id}/history", headers=READER)).content
     )
-    return [e.model_dump(mode="json") for e in history.events if e.kind == kind]
+    return [event_to_dict(e) for e in history.events if e.kind == kind]
 
 
 async def test_retry_retries_a_stuck_compensation(

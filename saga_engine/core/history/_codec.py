@@ -32,10 +32,9 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
-from pydantic import ValidationError
-
 from saga_engine.core.history._blobref import ReferenceCodec
 from saga_engine.core.history._events import Event, event_from_dict
+from saga_engine.core.history._structs import InvalidRecord
 from saga_engine.kernel._errors import CodecError, CodecFailure, SerializationError
 from saga_engine.kernel._serde import JsonDict, dumps, loads
 
@@ -507,7 +506,7 @@ def open_event(
     if chain is None and undecodable is Undecodable.RAISE:
         try:
             return event_from_dict(data)
-        except ValidationError:
+        except InvalidRecord:
             if MARKER in data:
                 raise CodecError(
                     CodecFailure.NOT_CONFIGURED,

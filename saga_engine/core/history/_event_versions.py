@@ -5,10 +5,10 @@ class says otherwise). A stored event carries its version under the ``_v`` key o
 data **only when it is above 1**: a version-1 event is stored exactly as before, so
 the events INSERT (the hot path) writes the same bytes it always did, and every
 history recorded before versions existed is version 1 by construction. (``_v`` can
-never be a field name: pydantic models have no public fields starting with ``_``.)
+never be a field name: no event has a field starting with ``_``.)
 
 On load, ``EventVersions.current_shape`` turns a stored dict into the current
-version's dict before pydantic reads it: the upcasters registered for
+version's dict before it is read as its event type: the upcasters registered for
 ``(kind, from_version)`` run in a chain (v1 -> v2 -> v3). An event of a kind this engine
 does not know, or of a version above the one it reads, raises ``NewerEventError``
 (written by a newer engine during a rolling deploy): it is never guessed at, dropped or
@@ -84,7 +84,7 @@ class EventVersions:
     def current_shape(self, data: Any) -> Any:
         """A stored event's data in the current version's shape (``data`` itself when it
         already is: the common case costs two dict lookups). Not a dict, or without a
-        ``kind``: returned as it is, for pydantic to refuse with its own message."""
+        ``kind``: returned as it is, for the reader (``_events``) to refuse with its own message."""
         if not isinstance(data, dict):
             return data
         kind = data.get("kind")
@@ -102,7 +102,7 @@ class EventVersions:
             version = stored
             data = {k: v for k, v in data.items() if k != VERSION_KEY}
         else:
-            return data  # a malformed version: pydantic names the extra key
+            return data  # a malformed version: the reader names the extra key
         if version > current:
             raise NewerEventError(kind, version, current)
         while version < current:

@@ -68,6 +68,7 @@ from saga_engine.core.history._events import (
 from saga_engine.core.history._fold import Awaited
 from saga_engine.core.history._policy import RetryPolicy
 from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.history._structs import to_data
 from saga_engine.core.runtime import _awaits as awaits
 from saga_engine.core.runtime import _callbacks as callback_ops
 from saga_engine.core.runtime import _continuing as continuing
@@ -568,7 +569,7 @@ class SagaRuntime:
             status=self.status,
             current_step=s.current_step,
             next_wakeup=None if ended else self.recorded_wakeup(),
-            error=s.error.model_dump(mode="json") if s.error else None,
+            error=to_data(s.error) if s.error else None,
         )
         return Decision(events, commands, projection, dropped, s.nondeterminism)
 

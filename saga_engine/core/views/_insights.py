@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Final, Literal
 
 from saga_engine.core.history._events import Event
+from saga_engine.core.history._structs import field_values
 
 #: The histograms' upper bounds in milliseconds (the last bucket is everything above).
 BOUNDS_MS: Final[tuple[int, ...]] = (
@@ -198,7 +199,7 @@ def _epoch(at: datetime | None) -> float | None:
 
 
 def mark_of(event: Event) -> Mark:
-    get = event.__dict__.get
+    get = field_values(event).get
     error = get("error")
     compensation = get("compensation")
     t = get("timings")
@@ -215,7 +216,7 @@ def mark_of(event: Event) -> Mark:
         }
     )
     return Mark(
-        kind=str(get("kind")),
+        kind=event.kind,
         at=epoch_ms(event.at),
         step=get("step"),
         command_id=get("command_id"),

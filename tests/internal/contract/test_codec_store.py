@@ -28,6 +28,7 @@ from saga_engine.core.history._events import (
     SignalReceived,
 )
 from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.history._structs import to_data
 from saga_engine.kernel._errors import CodecError, CodecFailure
 from saga_engine.settings import PostgresSettings
 from saga_engine.store._migrations import migrate
@@ -85,16 +86,16 @@ async def test_a_refused_steps_payload_in_an_error_is_sealed_too(
         SagaStarted(at=at, saga_type="order", input={}),
         CompensationStarted(at=at, reason="failure", error=error, owed=["s"]),
     ]
-    failing = Projection(SagaStatus.COMPENSATING, error=error.model_dump(mode="json"))
+    failing = Projection(SagaStatus.COMPENSATING, error=to_data(error))
     assert await store.create(NewSaga("s-3", "order", events, failing))
     text = await _rows_text(pg)
     assert CANARY not in text
     assert "StepFailed" in text  # the error's type and message stay clear for listings
     loaded = await store.load("s-3")
     assert [e.event for e in loaded.events] == events
-    assert loaded.record.error == error.model_dump(mode="json")
+    assert loaded.record.error == to_data(error)
     [listed] = await store.list_sagas()
-    assert listed.error == error.model_dump(mode="json")
+    assert listed.error == to_data(error)
     blind = await opener(None)
     record = await blind.get("s-3")
     assert record.error is not None

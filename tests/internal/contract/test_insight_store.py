@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import Literal
 
 from saga_engine.core.history._events import (
     CallbackAwaited,
@@ -24,6 +25,7 @@ from saga_engine.core.history._events import (
     TimerStarted,
 )
 from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.history._structs import replace
 from saga_engine.core.views._insight_report import build_report
 from saga_engine.core.views._insights import Counters
 from saga_engine.store._insight_store import InsightStore
@@ -54,7 +56,11 @@ def _cmd(ms: int, step: str, command_id: str, attempt: int = 1) -> CommandIssued
 
 
 def _reply(
-    ms: int, step: str, command_id: str, outcome: str = "success", error: str | None = None
+    ms: int,
+    step: str,
+    command_id: str,
+    outcome: Literal["success", "failure", "retryable"] = "success",
+    error: str | None = None,
 ) -> ReplyReceived:
     return ReplyReceived(
         at=_at(ms),
@@ -226,7 +232,7 @@ def _timed(saga: str, cpu: float | None) -> list[Event]:
     return [
         SagaStarted(at=_at(0), saga_type="trip", input={"who": saga}),
         _cmd(1, "book", f"{saga}-b"),
-        reply.model_copy(update={"timings": timings}),
+        replace(reply, timings=timings),
         SagaCompleted(at=_at(30), output={}),
     ]
 
@@ -284,7 +290,7 @@ async def test_reply_timings_make_phases_and_a_learned_cost(store: EventStore) -
 
 def _under(flow_policy: int | None, events: list[Event]) -> list[Event]:
     """The history with its start recorded under ``flow_policy`` (None: none recorded)."""
-    return [events[0].model_copy(update={"flow_policy": flow_policy}), *events[1:]]
+    return [replace(events[0], flow_policy=flow_policy), *events[1:]]
 
 
 def _sorted(rows: list[tuple[str, str, str, Counters]]) -> list[tuple[str, str, str, Counters]]:

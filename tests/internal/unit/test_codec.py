@@ -36,6 +36,7 @@ from saga_engine.core.history._events import (
     event_to_dict,
 )
 from saga_engine.core.history._policy import RetryPolicy
+from saga_engine.core.history._structs import InvalidRecord
 from saga_engine.kernel._errors import (
     CodecError,
     CodecFailure,
@@ -299,7 +300,7 @@ def test_a_sealed_event_without_its_key_fails_clearly_or_shows_encrypted() -> No
 
 
 def test_a_clear_event_that_is_invalid_still_raises_its_validation_error() -> None:
-    with pytest.raises(ValidationError):
+    with pytest.raises(InvalidRecord, match="missing required field `at`"):
         open_event(None, {"kind": "saga_started"})
 
 

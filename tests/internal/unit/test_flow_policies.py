@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from saga_engine import Cost, DefinitionError, Saga, SagaContext, SagaStatus, Settings
 from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.core.history._events import CommandIssued, SagaStarted
+from saga_engine.core.history._structs import from_data
 from saga_engine.core.planning._policy_shares import MIN_SHARE
 from saga_engine.core.views._insight_report import LearnedCost
 from saga_engine.graph import GraphSaga, node, step
@@ -210,8 +211,9 @@ def command(saga_id: str, participant: str, n: int = 0) -> OutboundCommand:
 
 
 def started(policy: int | None) -> SagaStarted:
-    return SagaStarted.model_validate(
-        {"at": "2026-01-01T00:00:00Z", "saga_type": "plain", "input": {}, "flow_policy": policy}
+    return from_data(
+        SagaStarted,
+        {"at": "2026-01-01T00:00:00Z", "saga_type": "plain", "input": {}, "flow_policy": policy},
     )
 
 

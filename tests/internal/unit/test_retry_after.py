@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 
 import pytest
 from pydantic import BaseModel
@@ -81,7 +82,7 @@ async def test_the_next_attempt_waits_at_least_retry_after() -> None:
 )
 def test_retry_after_reads_only_a_finite_delay_and_caps_it(payload: object, seconds: float) -> None:
     reply = ReplyReceived(
-        at=NOW, step="only", command_id="c", outcome="retryable", payload=payload or {}
+        at=NOW, step="only", command_id="c", outcome="retryable", payload=cast(Any, payload or {})
     )
     assert retry_after(reply) == timedelta(seconds=seconds)
 

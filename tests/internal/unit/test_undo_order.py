@@ -16,6 +16,7 @@ from saga_engine.core.history._events import (
     CompensationStarted,
 )
 from saga_engine.core.history._policy import DEFAULT_COMPENSATION_RETRY
+from saga_engine.core.history._structs import replace
 from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.core.runtime._state import OwedCompensation
 from saga_engine.core.runtime._undo import undo_plan
@@ -96,7 +97,7 @@ async def test_a_history_recorded_before_the_plan_is_undone_one_at_a_time() -> N
     # As an older engine recorded it (no plan): one at a time, in owed's order.
     plan = history[started]
     assert isinstance(plan, CompensationStarted)
-    old = plan.model_copy(update={"after": None})
+    old = replace(plan, after=None)
     runtime, decision = SagaRuntime.replay(definition, run.saga_id, [*history[:started], old])
     issued = [e for e in decision.events if isinstance(e, CompensationIssued)]
     assert [e.step for e in issued] == [old.owed[0]]
