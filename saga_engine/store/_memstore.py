@@ -59,17 +59,31 @@ from saga_engine.store._store import (
 def _copy(
     event: Event, codec: CodecChain | None, undecodable: Undecodable = Undecodable.RAISE
 ) -> Event:
-    # Fail where Postgres fails: its text and jsonb refuse NUL characters and unpaired
-    # surrogates, and orjson numbers JSON cannot carry.
+    """``event`` as the Postgres store writes it and reads it back: encoded once, as that
+    store encodes it (``event_to_json``), refused where Postgres refuses it, decoded."""
+    try:
+        raw = event_to_json(event)
+    except ValueError as exc:  # a string UTF-8 cannot carry (an unpaired surrogate)
+        _refuse_unstorable(event)
+        raise SerializationError(f"cannot serialize to JSON: {exc}") from exc
+    if b"\\u0000" in raw:
+        # Postgres's text and jsonb refuse a NUL character, which JSON writes \u0000.
+        # The bytes only hint at it (an escaped backslash before "u0000" reads the
+        # same): the walk decides.
+        _refuse_unstorable(event)
+    if codec is None:
+        return event_from_json(raw)
+    # Through the row a Postgres store writes, sealed, and back: the same codec path.
+    return open_event(codec, loads(dumps(seal_event(codec, event_to_dict(event)))), undecodable)
+
+
+def _refuse_unstorable(event: Event) -> None:
+    """SerializationError naming the first place of ``event`` Postgres cannot store."""
     problems = unstorable(to_data(event))
     if problems:
         raise SerializationError(
             f"Postgres cannot store this value: {problems[0]['msg']} (at {problems[0]['loc']})"
         )
-    if codec is None:
-        return event_from_json(event_to_json(event))
-    # Through the row a Postgres store writes, sealed, and back: the same codec path.
-    return open_event(codec, loads(dumps(seal_event(codec, event_to_dict(event)))), undecodable)
 
 
 class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots, InMemoryInsights):
@@ -142,15 +156,11 @@ class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots, InMemoryInsights):
 
     def _ends(self, record: SagaRecord, p: Projection, last_seq: int, now: datetime) -> SagaRecord:
         """The record with ``p`` applied, its end time kept while it stays ended."""
-        record = self._apply(record, p, last_seq, now)
-        if record.status.is_terminal:
-            ended = self._ended.setdefault(record.saga_id, now)
-            return replace(record, ended_at=ended)
-        self._ended.pop(record.saga_id, None)
-        return replace(record, ended_at=None)
-
-    @staticmethod
-    def _apply(record: SagaRecord, p: Projection, last_seq: int, now: datetime) -> SagaRecord:
+        if p.status.is_terminal:
+            ended: datetime | None = self._ended.setdefault(record.saga_id, now)
+        else:
+            self._ended.pop(record.saga_id, None)
+            ended = None
         return replace(
             record,
             status=p.status,
@@ -159,6 +169,7 @@ class InMemoryEventStore(InMemoryRollouts, InMemoryKeySlots, InMemoryInsights):
             error=p.error,
             last_seq=last_seq,
             updated_at=now,
+            ended_at=ended,
         )
 
     async def load(

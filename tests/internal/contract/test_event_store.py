@@ -1040,6 +1040,18 @@ async def test_an_unstorable_value_fails_only_its_own_operation(store: EventStor
     assert await _seqs(pg_store, "good-2") == [1, 2]
 
 
+async def test_a_backslash_before_u0000_is_text_not_a_nul(store: EventStore) -> None:
+    """A string holding a backslash and then "u0000" is stored as it is: its JSON (an
+    escaped backslash) contains the bytes of a NUL's escape, which only a walk tells
+    apart (the in-memory store looks at the bytes first)."""
+    assert await store.create(_new("backslash"))
+    text = "C:\\u0000\\dir"
+    assert await store.append(_append("backslash", 1, _fired(text))) == 2
+    [_, fired] = (await store.load("backslash")).events
+    assert isinstance(fired.event, TimerFired)
+    assert fired.event.timer_id == text
+
+
 async def test_saga_id_longer_than_the_column_allows_is_refused(store: EventStore) -> None:
     with pytest.raises(InvalidSagaId, match="1 to 200"):
         await store.create(_new("x" * 201))
