@@ -133,12 +133,15 @@ def node_kind(step: str) -> NodeKind:
     return "child" if step.startswith("child:") else "step"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Mark:
     """What a summary reads of one event: its kind, time and a few plain fields (the
     Postgres store selects just these, so a run's summary decodes no payload). ``at`` is
     in epoch milliseconds: a summary only subtracts times, and floats are cheaper to
-    read and subtract than datetimes (the roll-up reads every ended run's marks)."""
+    read and subtract than datetimes (the roll-up reads every ended run's marks). Not
+    frozen, though nothing changes one: a frozen dataclass sets each of its 22 fields
+    through ``object.__setattr__``, 7 times the cost of making one (1.4 against 0.2 us),
+    and one is made for every event of every run that ends."""
 
     kind: str
     at: float
