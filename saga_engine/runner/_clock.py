@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -25,6 +26,11 @@ class TimerHandle(Protocol):
 class Clock(Protocol):
     def now(self) -> datetime: ...
 
+    def monotonic(self) -> float:
+        """Seconds that never go back, for intervals (flow control's token buckets and
+        latencies): the process's monotonic clock, or virtual time."""
+        ...
+
     def call_at(self, when: datetime, callback: Callback) -> TimerHandle:
         """Runs ``callback`` (a coroutine function) at ``when`` or as soon as possible after."""
         ...
@@ -38,6 +44,9 @@ class SystemClock:
 
     def now(self) -> datetime:
         return datetime.now(UTC)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
 
     def call_at(self, when: datetime, callback: Callback) -> TimerHandle:
         loop = asyncio.get_running_loop()
@@ -77,6 +86,12 @@ class VirtualClock:
 
     def now(self) -> datetime:
         return self._now
+
+    def monotonic(self) -> float:
+        """Virtual seconds: an interval is as long as the time the test moved on, so
+        what flow control measures (a reply's latency, a bucket's refill) does not
+        depend on how fast the machine runs the test."""
+        return self._now.timestamp()
 
     def call_at(self, when: datetime, callback: Callback) -> TimerHandle:
         handle = _VirtualHandle()

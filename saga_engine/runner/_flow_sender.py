@@ -78,7 +78,8 @@ class _Ticket:
     state: TicketState = TicketState.QUEUED
     #: Seconds it waited in the queue: its timeout is moved back by as much.
     held_s: float = 0.0
-    #: When it was sent (monotonic seconds): its reply's latency counts from there.
+    #: When it was sent (the latency clock's seconds): its reply's latency counts from
+    #: there.
     sent_at: float = 0.0
 
 
@@ -94,6 +95,7 @@ class FlowControl:
         on_sent: Callable[[str], None] = lambda saga_id: None,
         owns: Callable[[str], bool] = lambda saga_id: True,
         monotonic: Callable[[], float] = time.monotonic,
+        latency_clock: Callable[[], float] | None = None,
     ) -> None:
         self._inner = inner
         #: Seconds, from the engine's clock: a queued attempt's timeout is moved back by
@@ -101,6 +103,10 @@ class FlowControl:
         self._now = now
         #: The process's monotonic seconds: token buckets, latencies, policy shares.
         self._monotonic = monotonic
+        #: Seconds an adaptive limit measures a reply's latency and its moves by: the
+        #: engine clock's ``monotonic`` (virtual time in the testing kit, so what a test
+        #: sees does not depend on how fast the machine runs it); unset, ``monotonic``.
+        self._latency_clock = latency_clock or monotonic
         #: Told of each saga whose held command was sent: its timeout is due now.
         self._on_sent = on_sent
         #: Whether this engine drives the saga (its partition is here).
@@ -364,7 +370,7 @@ class FlowControl:
         (the reply's latency from the send) or timed out (ended otherwise: nothing)."""
         replied = {e.command_id for e in events if isinstance(e, ReplyReceived)}
         timed_out = {(e.command_id, e.attempt) for e in events if isinstance(e, AttemptTimedOut)}
-        tick = self._monotonic()
+        tick = self._latency_clock()
         for command_id, attempt in over:
             ticket = self._tickets.get((command_id, attempt))
             if ticket is None or ticket.state is not TicketState.SENT:
@@ -440,6 +446,7 @@ class FlowControl:
         ):
             self._share_out(tick)
         admits = self._lane_admits(tick)
+        sent_at = self._latency_clock()
         batch: list[_Ticket] = []
         while True:
             entry = self._queue.pop(now, admits, self._budgets)
@@ -451,7 +458,7 @@ class FlowControl:
                 gate.waiting -= 1
             ticket.state = TicketState.SENT
             ticket.held_s = now - entry.arrived
-            ticket.sent_at = tick
+            ticket.sent_at = sent_at
             batch.append(ticket)
             self._on_sent(ticket.command.saga_id)
         if batch:
@@ -588,6 +595,14 @@ def flow_control(
         if owns(saga_id):
             live.rearm(saga_id)
 
-    flow = FlowControl(limits, sender, started, lambda: clock.now().timestamp(), sent, owns)
+    flow = FlowControl(
+        limits,
+        sender,
+        started,
+        lambda: clock.now().timestamp(),
+        sent,
+        owns,
+        latency_clock=clock.monotonic,
+    )
     live.flow = flow
     return flow

@@ -5,6 +5,7 @@ and follow this engine's share."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -108,3 +109,27 @@ async def test_it_learns_from_replies_and_shrinks_on_a_timeout() -> None:
     assert isinstance(limit, int)
     assert limit < grown
     assert len(ids) == 30
+
+
+async def test_what_it_learns_in_the_testing_kit_does_not_depend_on_the_machine() -> None:
+    """In the testing kit a reply's latency is virtual time: a machine slow enough that
+    later replies take longer in real time (here, the test itself pausing more and more
+    before it answers) leaves the limit as a fast one would (before, it measured real
+    time, and a busy machine made the limit see "latency rose" and not grow)."""
+    env = SagaTestEnv([Steady], settings=adaptive())
+    for i in range(30):
+        await env.engine.start(Steady, Job(n=i))
+    flow = env.parts.flow
+    assert flow is not None
+    await eventually(lambda: len(env.bus.sent) == 2)
+    for answered in range(20):
+        command = env.bus.pending.popleft()
+        time.sleep(0.002 * answered)  # noqa: ASYNC251 - a busier and busier machine, loop and all
+        await env.engine.reply(command.saga_id, command.command_id, "success", {})
+        await eventually(lambda: bool(env.bus.pending))
+    learnt = flow.snapshot()[0]["adaptive"]
+    assert isinstance(learnt, dict)
+    assert learnt["replies"] == 20
+    assert learnt["cause"] == "latency_held"
+    assert isinstance(learnt["limit"], int)
+    assert learnt["limit"] > 2
