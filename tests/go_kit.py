@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import signal
 import subprocess
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -54,3 +57,21 @@ async def build_binary(go: str, package: str, out: Path) -> Path:
     _, errors = await asyncio.wait_for(build.communicate(), timeout=scaled(900))
     assert build.returncode == 0, errors.decode()[-3000:]
     return out
+
+
+@asynccontextmanager
+async def running(binary: Path, env: Mapping[str, str]) -> AsyncIterator[None]:
+    """``binary`` (a Go participant) running with ``env`` for the block; stopped with
+    SIGTERM after it, which it must take cleanly (exit 0; its stderr's end says why not)."""
+    proc = await asyncio.create_subprocess_exec(
+        str(binary),
+        env=dict(env),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.wait_for(proc.communicate(), timeout=scaled(60))
+    assert proc.returncode == 0, stderr.decode()[-3000:]

@@ -4,10 +4,8 @@ integration tests on the real servers, and its conformance participant passing
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
-import signal
 import subprocess
 import uuid
 from collections.abc import AsyncIterator
@@ -18,7 +16,7 @@ import pytest
 from saga_engine.conformance import CASE_NAMES, run_suite
 from saga_engine.settings import KafkaSettings
 from tests.conftest import PgTarget
-from tests.go_kit import KIT, build_binary
+from tests.go_kit import KIT, build_binary, running
 from tests.integration.kafka_helpers import ensure_topics
 from tests.participant.helpers import delete_topics
 from tests.waiting import scaled
@@ -78,16 +76,11 @@ async def go_participant(
         "SAGA_PARTICIPANT__SCHEMA": f"go_{uuid.uuid4().hex[:10]}",
         "SAGA_PARTICIPANT__INSTANCE_ID": f"{NAME}-{unique_id}",
     }
-    proc = await asyncio.create_subprocess_exec(
-        str(binary), env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
-    )
     try:
-        yield kafka
+        async with running(binary, env):
+            yield kafka
     finally:
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = await asyncio.wait_for(proc.communicate(), timeout=30)
         await delete_topics(kafka_bootstrap, kafka.topic_prefix)
-    assert proc.returncode == 0, stderr.decode()[-3000:]
 
 
 # Two runs of the suite, each of up to a few of its 30 s case deadlines; the builds in the

@@ -6,11 +6,9 @@ forged reference and a reference to a missing blob are dead-lettered by the Go k
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import os
-import signal
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -31,7 +29,7 @@ from saga_engine.settings import (
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
 from tests.edge.conftest import dead_letters
-from tests.go_kit import build_binary
+from tests.go_kit import build_binary, running
 from tests.integration.test_large_payloads import document
 from tests.integration.test_large_records import reference_value, send_raw
 from tests.participant.helpers import delete_topics
@@ -104,16 +102,11 @@ async def go_echo(
         "SAGA_CODEC__BLOBS__THRESHOLD_BYTES": "65536",
         "SAGA_CODEC__BLOBS__MAC_KEYS": f'{{"k1": "{base64.b64encode(MAC_KEY).decode()}"}}',
     }
-    proc = await asyncio.create_subprocess_exec(
-        str(binary), env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
-    )
     try:
-        yield settings
+        async with running(binary, env):
+            yield settings
     finally:
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = await asyncio.wait_for(proc.communicate(), timeout=30)
         await delete_topics(kafka_bootstrap, settings.kafka.topic_prefix)
-    assert proc.returncode == 0, stderr.decode()[-3000:]
 
 
 def _command(topics: Topics) -> Envelope:

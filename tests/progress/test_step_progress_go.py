@@ -5,9 +5,7 @@ and on the stream, and none once the reply is in the history."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import pytest
 from saga_engine import Settings
 from saga_engine.client import SagaClient
 from saga_engine.worker import SagaWorker
-from tests.go_kit import build_binary
+from tests.go_kit import build_binary, running
 from tests.progress.test_step_progress_kafka import (
     Packing,
     Parcel,
@@ -26,7 +24,6 @@ from tests.progress.test_step_progress_kafka import (
     reported,
     settings,  # noqa: F401  (the settings fixture)
 )
-from tests.waiting import scaled
 
 pytestmark = pytest.mark.integration
 
@@ -52,12 +49,8 @@ async def go_warehouse(
         "SAGA_PARTICIPANT__SCHEMA": settings.participant.db_schema,
         "PROGRESS_RELEASE_DIR": str(released),
     }
-    proc = await asyncio.create_subprocess_exec(str(binary), env=env)
-    try:
+    async with running(binary, env):
         yield released
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(proc.wait(), timeout=scaled(60))
 
 
 # The clock covers the test only: the kit's build (``go_built``) is bounded on its own.
