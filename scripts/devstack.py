@@ -30,7 +30,6 @@ stderr saying why and what that costs, and it still exits 0 so the tests run.
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import logging
 import os
@@ -38,7 +37,6 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 from devstack_base import (
@@ -57,6 +55,7 @@ from devstack_base import (
     apt_install,
     is_root,
     kill_and_wait,
+    kraft_cluster_id,
     pid_alive,
     port_open,
     refuse_shared_ports,
@@ -455,7 +454,7 @@ def start_kafka(state: State, *, fresh: bool = False) -> bool:
     if fresh or not (logdir / "meta.properties").exists():
         if logdir.exists():
             shutil.rmtree(logdir)
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = kraft_cluster_id()
         run_quiet(
             [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)],
             "kafka: formatting the KRaft storage failed",

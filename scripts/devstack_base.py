@@ -4,6 +4,7 @@ process and apt-get helpers."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,18 @@ KAFKA_HOME = DEV / keyed("kafka", KAFKA_PORT, defaults=(DEFAULT_KAFKA_PORT,))
 
 class StackError(Exception):
     """A component could not be started or reached; the message is the one line we print."""
+
+
+def kraft_cluster_id(raw: bytes | None = None) -> str:
+    """A KRaft cluster id: 16 random bytes (``raw``, else drawn) in URL-safe base64, as
+    Kafka's ``Uuid.randomUuid`` makes one, and like it never starting with "-": the
+    storage tool reads such an id as an option ("--cluster-id: expected one argument"),
+    which failed one ``make up`` in 64."""
+    while True:
+        text = base64.urlsafe_b64encode(raw or uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
+        raw = None  # drawn again
 
 
 def say(msg: str) -> None:
