@@ -4,6 +4,7 @@
     ├── TransientError             retry later: nothing is wrong with the request
     │   ├── ConcurrencyError       another writer appended first (reload, then retry)
     │   ├── StoreUnavailable       Postgres unreachable, or the connection broke
+    │   │   └── ShardUnavailable   one shard of a sharded store (``shard`` names it)
     │   ├── KafkaUnavailable       the broker unreachable, or did not acknowledge
     │   │   └── DeadLetterTopicUnavailable  no dead-letter topic, or it did not answer
     │   ├── DependencyUnavailable  start-up gave up waiting for Kafka or Postgres
@@ -53,6 +54,7 @@
         ├── UnreadableProgress         a participant's step report a reader drops
         │                              (oversized or malformed; counted)
         ├── MigrationError             the schema cannot be migrated
+        ├── ShardMapError              a shard map that cannot work (names the part)
         ├── UnknownEndpoint            an ``http:`` step's endpoint is not configured
         ├── InvalidCursor              a list cursor the admin API did not hand out
         ├── ScheduleNotFound           no schedule has that id
@@ -114,6 +116,15 @@ class StoreUnavailable(TransientError):
     commit's acknowledgement. Retrying an append with the same ``expected_seq`` is safe:
     if the first attempt did commit, the retry fails with ConcurrencyError.
     """
+
+
+class ShardUnavailable(StoreUnavailable):
+    """One shard of a sharded store could not be reached (``shard`` names it); the
+    sagas of its partitions wait, the other shards' go on. Retry later."""
+
+    def __init__(self, shard: str, reason: str) -> None:
+        self.shard = shard
+        super().__init__(f"shard {shard!r} is unavailable: {reason}")
 
 
 class KafkaUnavailable(TransientError):
@@ -549,6 +560,11 @@ class CodecError(PermanentError):
 
 class MigrationError(PermanentError):
     """The database schema cannot be brought in line with this version's migrations."""
+
+
+class ShardMapError(PermanentError):
+    """A shard map (``SAGA_PG__SHARDS``, a stored map, or a move) that cannot work: the
+    message names the shard, partition or range at fault."""
 
 
 class UnknownEndpoint(PermanentError):

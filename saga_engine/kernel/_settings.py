@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from saga_engine.kernel._errors import PayloadTooLarge
+from saga_engine.kernel._errors import PayloadTooLarge, ShardMapError
+from saga_engine.kernel._shards import SHARD_NAME, ShardMap
 
 log = logging.getLogger("saga_engine.settings")
 
@@ -62,6 +63,18 @@ def resource_amounts(amounts: Mapping[str, Any], what: str, *, positive: bool) -
     return out
 
 
+class ShardSettings(BaseModel):
+    """One shard of the event store: a Postgres cluster and the inbox partitions (as
+    text: ``"0-31"``, ``"0-31,40"``, ``""`` for none yet) whose sagas it holds."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(pattern=SHARD_NAME.pattern)
+    partitions: str = ""
+    # A secret, as PostgresSettings.dsn is.
+    dsn: SecretStr
+
+
 class PostgresSettings(BaseModel):
     """Where the event store lives."""
 
@@ -73,6 +86,21 @@ class PostgresSettings(BaseModel):
     pool_min_size: int = Field(default=2, ge=1)
     pool_max_size: int = Field(default=10, ge=1)
     command_timeout_s: float = Field(default=30.0, gt=0)
+    #: Past one database (docs/operations.md, "Past one database"): the shards, each a
+    #: Postgres cluster holding the sagas of a range of inbox partitions. Empty (the
+    #: default): one database, ``dsn``, holds everything and there is no shard map.
+    #: ``SAGA_PG__SHARDS='[{"name":"a","partitions":"0-3","dsn":"postgresql://..."}, ...]'``
+    shards: tuple[ShardSettings, ...] = ()
+    #: With shards: the database of what is not per saga (schedules, rollouts, batch
+    #: operations, flow policies, the shard map and its epoch). Required with shards.
+    control_dsn: SecretStr | None = None
+
+    def shard_dsn(self, name: str) -> str:
+        """The address of the shard called ``name`` (``ShardMapError`` when none is)."""
+        for shard in self.shards:
+            if shard.name == name:
+                return shard.dsn.get_secret_value()
+        raise ShardMapError(f"no shard is named {name!r} in SAGA_PG__SHARDS")
 
 
 class KafkaSettings(BaseModel):
@@ -720,6 +748,35 @@ class Settings(BaseSettings):
     limits: LimitsSettings = LimitsSettings()
     schedules: ScheduleSettings = ScheduleSettings()
     batches: BatchSettings = BatchSettings()
+
+    @model_validator(mode="after")
+    def _shards_make_a_map(self) -> Settings:
+        """Shards must name a control database and divide every inbox partition."""
+        if self.pg.shards:
+            if self.pg.control_dsn is None:
+                raise ValueError(
+                    "SAGA_PG__SHARDS needs SAGA_PG__CONTROL_DSN: the database of what is "
+                    "not per saga (schedules, rollouts, batch operations, the shard map)"
+                )
+            names = [shard.name for shard in self.pg.shards]
+            if len(set(names)) != len(names):
+                raise ValueError(f"SAGA_PG__SHARDS names a shard twice: {', '.join(names)}")
+            try:
+                self.shard_map()
+            except ShardMapError as exc:
+                raise ValueError(f"SAGA_PG__SHARDS: {exc}") from None
+        return self
+
+    def shard_map(self) -> ShardMap | None:
+        """The shard map the settings describe (epoch 1), or None for one database.
+
+        The map in force is the control database's (a move bumps its epoch); these
+        settings seed it and name the shards' addresses."""
+        if not self.pg.shards:
+            return None
+        return ShardMap.build(
+            {shard.name: shard.partitions for shard in self.pg.shards}, self.kafka.partitions
+        )
 
     @model_validator(mode="before")
     @classmethod
