@@ -17,13 +17,14 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Final
 
-from saga_engine.admin._schemas import SagaPage, StatusCount
+from saga_engine.admin._schemas import MissingShard, SagaPage, StatusCount
 from saga_engine.admin._views import awaited, list_item, view_of
 from saga_engine.core.authoring._definition import LIST_PARAMETERS, SagaRegistry
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.views._view import Wait
 from saga_engine.kernel._errors import InvalidCursor, PermanentError, SagaError
 from saga_engine.kernel._serde import dumps, loads
+from saga_engine.store._coverage import coverage
 from saga_engine.store._store import EventStore, ListOrder, SagaFilter, SagaRecord, as_utc
 
 #: Each status's count stops here: counting every ended saga of a large table is a
@@ -143,20 +144,25 @@ async def saga_page(
     cursor: str | None,
     order: ListOrder,
 ) -> SagaPage:
-    """The API's page (the web page's too): the rows, what the open ones wait for, and
-    on the first page the counts per status."""
-    rows, next_cursor = await list_page(store, where, limit=limit, cursor=cursor, order=order)
-    waits = await waits_of(store, registry, rows)
-    counts = None
-    if cursor is None:
-        by_status = await status_counts(store, where)
-        counts = [
-            StatusCount(status=s, count=by_status[s], at_least=by_status[s] >= COUNT_CAP)
-            for s in SagaStatus
-            if by_status.get(s)
-        ]
+    """The API's page (the web page's too): the rows, what the open ones wait for, on
+    the first page the counts per status, and the shards (of a sharded store) that did
+    not answer: a partial page, never an error, while one shard is down."""
+    with coverage() as seen:
+        rows, next_cursor = await list_page(store, where, limit=limit, cursor=cursor, order=order)
+        waits = await waits_of(store, registry, rows)
+        counts = None
+        if cursor is None:
+            by_status = await status_counts(store, where)
+            counts = [
+                StatusCount(status=s, count=by_status[s], at_least=by_status[s] >= COUNT_CAP)
+                for s in SagaStatus
+                if by_status.get(s)
+            ]
     return SagaPage(
         items=[list_item(r, waits.get(r.saga_id, ())) for r in rows],
         next_cursor=next_cursor,
         counts=counts,
+        missing_shards=[
+            MissingShard(shard=name, reason=reason) for name, reason in sorted(seen.missing.items())
+        ],
     )

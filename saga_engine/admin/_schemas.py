@@ -129,6 +129,14 @@ class StatusCount(BaseModel):
     at_least: bool = Field(description="The count stopped at its cap: there are this many or more.")
 
 
+class MissingShard(BaseModel):
+    """A shard of a sharded store that a read could not reach: the answer lacks its
+    sagas (``docs/operations.md``, "Past one database")."""
+
+    shard: str = Field(description="The shard's name (SAGA_PG__SHARDS).")
+    reason: str = Field(description="Why it could not be read.")
+
+
 class SagaPage(BaseModel):
     items: list[SagaListItem]
     next_cursor: str | None = Field(
@@ -138,6 +146,11 @@ class SagaPage(BaseModel):
         default=None,
         description="How many sagas match every filter but `status`, per status (statuses "
         "with none left out); on the first page only (no `cursor`).",
+    )
+    missing_shards: list[MissingShard] = Field(
+        default_factory=list,
+        description="Sharded stores only: shards that did not answer. When not empty the "
+        "page is partial: it lacks their sagas, and the counts lack theirs.",
     )
 
 

@@ -396,6 +396,7 @@ async def _list_page(
         user=user,
         sagas=page.items,
         counts=page.counts,
+        missing_shards=page.missing_shards,
         tab_url=lambda s: "?" + urlencode({**tab, **({"status": s} if s else {})}),
         filters=filters,
         sort=shown.sort,
