@@ -625,7 +625,7 @@ class SagaClient:
         if self._batches is None:
             from saga_engine.store._pgbatch_operations import PostgresBatchStore
 
-            self._batches = await PostgresBatchStore.connect(self.settings.pg)
+            self._batches = await PostgresBatchStore.connect(self.settings.pg.control())
         return self._batches
 
 

@@ -95,6 +95,20 @@ class PostgresSettings(BaseModel):
     #: operations, flow policies, the shard map and its epoch). Required with shards.
     control_dsn: SecretStr | None = None
 
+    def control(self) -> PostgresSettings:
+        """Where what is not per saga lives (schedules, batch operations, rollouts, flow
+        policies, the shard map): the control database with shards, this one without."""
+        if not self.shards or self.control_dsn is None:
+            return self
+        return self.model_copy(update={"dsn": self.control_dsn, "shards": ()})
+
+    def of_shard(self, name: str) -> PostgresSettings:
+        """These settings pointed at the shard called ``name`` (its own pool, schema and
+        timeouts as configured here)."""
+        return self.model_copy(
+            update={"dsn": SecretStr(self.shard_dsn(name)), "shards": (), "control_dsn": None}
+        )
+
     def shard_dsn(self, name: str) -> str:
         """The address of the shard called ``name`` (``ShardMapError`` when none is)."""
         for shard in self.shards:

@@ -31,7 +31,7 @@ class WorkerBatches:
         owner: str,
         crash_hook: Callable[[str], None] | None,
     ) -> WorkerBatches:
-        store = await PostgresBatchStore.connect(settings.pg)
+        store = await PostgresBatchStore.connect(settings.pg.control())
         try:
             if not await store.migrated():
                 raise MigrationError(

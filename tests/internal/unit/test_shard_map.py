@@ -161,3 +161,18 @@ def test_settings_that_cannot_make_a_map_are_refused(
         monkeypatch.delenv("SAGA_PG__CONTROL_DSN", raising=False)
     with pytest.raises(ValidationError, match=says):
         Settings()
+
+
+def test_settings_point_at_the_control_database_and_at_each_shard(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert Settings().pg.control() == Settings().pg  # one database: the same settings
+    monkeypatch.setenv("SAGA_PG__SHARDS", _shards(("a", "0-3"), ("b", "4-7")))
+    monkeypatch.setenv("SAGA_PG__CONTROL_DSN", "postgresql://db/control")
+    monkeypatch.setenv("SAGA_PG__POOL_MAX_SIZE", "7")
+    pg = Settings().pg
+    control, shard_b = pg.control(), pg.of_shard("b")
+    assert control.dsn.get_secret_value() == "postgresql://db/control"
+    assert shard_b.dsn.get_secret_value() == "postgresql://db/b"
+    assert control.shards == shard_b.shards == ()
+    assert control.pool_max_size == shard_b.pool_max_size == 7
