@@ -10,6 +10,9 @@ the interpreter's start, the imports and whatever a run does once cancel out.
 The cyclic collector is off in the workloads (``bench/ir/__main__.py`` says why).
 
 - ``decision_core_instructions_per_saga``: ``SagaRuntime`` alone (``bench/ir/decision_core.py``);
+- ``coroutine_floor_instructions_per_saga``: the same saga as a bare coroutine on the
+  runtime's loop with its models and nothing of the runtime (``bench/ir/coroutine_floor.py``):
+  the floor the decision core is compared with;
 - ``engine_path_instructions_per_saga``: ``SagaTestEnv`` driving the real ``Engine`` on
   its in-memory store and bus (``bench/ir/engine_path.py``);
 - ``participant_instructions_per_command``: the participant kit's batch path against an
@@ -66,6 +69,8 @@ class Figure:
 # waves at n and 3n.
 FIGURES = (
     Figure("decision_core", "decision_core_instructions_per_saga", "saga", 100, 40),
+    # The decision core's floor, a ceiling measured in the same run (bench/ir/coroutine_floor).
+    Figure("coroutine_floor", "coroutine_floor_instructions_per_saga", "saga", 100, 40),
     Figure("engine_path", "engine_path_instructions_per_saga", "saga", 60, 20),
     Figure("participant", "participant_instructions_per_command", "command", 64, 32),
     Figure("read", "replay_read_instructions_per_event", "event", 100, 40),

@@ -14,6 +14,7 @@ from typing import Any
 #: (``bench.ir.fixtures``). Imported only when run, so that a process measures its own.
 WORKLOADS: dict[str, tuple[str, str, bool]] = {
     "decision_core": ("bench.ir.decision_core", "run", False),
+    "coroutine_floor": ("bench.ir.coroutine_floor", "run", False),
     "engine_path": ("bench.ir.engine_path", "run", False),
     "participant": ("bench.ir.participant", "run", True),
     "read": ("bench.ir.replay", "read", True),

@@ -26,7 +26,7 @@ def test_every_figure_has_a_workload() -> None:
     assert {f.workload for f in FIGURES} | {"memory"} == set(WORKLOADS)
 
 
-@pytest.mark.parametrize("name", ["decision_core", "engine_path"])
+@pytest.mark.parametrize("name", ["decision_core", "coroutine_floor", "engine_path"])
 def test_the_saga_workloads_drive_each_saga_to_its_end(name: str) -> None:
     # Each raises if a saga does not end completed or compensated.
     assert run_workload(name, 3) == {"units": 3}
