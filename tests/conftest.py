@@ -124,8 +124,8 @@ async def pg_shard_databases() -> AsyncIterator[tuple[str, ...]]:
             await _drop_database(server, database)
 
 
-async def _schema_in(database_dsn: str) -> PgTarget:
-    schema = f"s_{uuid.uuid4().hex[:12]}"
+async def _schema_in(database_dsn: str, schema: str | None = None) -> PgTarget:
+    schema = schema or f"s_{uuid.uuid4().hex[:12]}"
     conn = await asyncpg.connect(database_dsn)
     try:
         await conn.execute(f'CREATE SCHEMA "{schema}"')
@@ -165,14 +165,17 @@ async def pg(pg_database: str) -> AsyncIterator[PgTarget]:
 
 
 @pytest.fixture
-async def pg_shards(pg_shard_databases: tuple[str, ...]) -> AsyncIterator[tuple[PgTarget, ...]]:
+async def pg_shards(
+    pg: PgTarget, pg_shard_databases: tuple[str, ...]
+) -> AsyncIterator[tuple[PgTarget, ...]]:
     """A fresh schema per test on each cluster past the first (``pg_shard_databases``),
-    as ``pg`` gives one on the first. A test that stops a cluster (``scripts/devstack.py
-    pg-stop N``) must start it again before it ends."""
+    named as the test's ``pg`` schema on the first, which is the shards' control
+    database: one ``SAGA_PG__DB_SCHEMA`` serves them all. A test that stops a cluster
+    (``scripts/devstack.py pg-stop N``) must start it again before it ends."""
     targets: list[PgTarget] = []
     try:
         for database in pg_shard_databases:
-            targets.append(await _schema_in(database))
+            targets.append(await _schema_in(database, pg.schema))
         yield tuple(targets)
     finally:
         for target in targets:

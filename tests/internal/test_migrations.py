@@ -52,6 +52,7 @@ PINNED = {
     19: "4862f475c7a0469b588a77d0b9354e8a99d4818ce3f2842e858aa015411eec55",
     20: "8cd4505a3277431854688359a1d02d45fa358bc31c9cd126e32cc4d62cb80154",
     21: "8de84bb35d40889e047ec0f8a1cbfad9b1da54290ba4d2d7b840f8a1eb723e9b",
+    23: "8038ecc5f7aa29164dfd4330621ff42b78283b7bcf1c40df9197db810141f96d",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant/migrations).
 PINNED_PARTICIPANT = {
@@ -145,6 +146,7 @@ async def test_migrate_applies_each_migration_once(pg: PgTarget) -> None:
         "saga_insights",  # 0014
         "saga_insights_pending",  # 0015
         "saga_insights_ended",  # 0021
+        "shard_map",  # 0023
         "saga_blobs",  # 0018
         "saga_blob_refs",  # 0018
     }
