@@ -43,6 +43,7 @@ _DEFAULTS = (DEFAULT_PG_PORT, DEFAULT_KAFKA_PORT, DEFAULT_KAFKA_CONTROLLER_PORT)
 STATE_FILE = DEV / f"{keyed('state', *_PORTS, defaults=_DEFAULTS)}.json"
 ENV_FILE = DEV / keyed("env", *_PORTS, defaults=_DEFAULTS)
 PG_DIR = keyed("pg", PG_PORT, defaults=(DEFAULT_PG_PORT,))
+KAFKA_HOME = DEV / keyed("kafka", KAFKA_PORT, defaults=(DEFAULT_KAFKA_PORT,))
 #: Between the ports of a stack's Postgres clusters past the first (SAGA_DEV_PG_CLUSTERS).
 CLUSTER_PORT_STEP = 10
 
@@ -71,7 +72,6 @@ def pg_cluster_dir(port: int) -> str:
     """The name of a cluster's directory under .dev/: keyed by its port, the first
     cluster's as it always was."""
     return keyed("pg", port, defaults=(DEFAULT_PG_PORT,))
-KAFKA_HOME = DEV / keyed("kafka", KAFKA_PORT, defaults=(DEFAULT_KAFKA_PORT,))
 
 
 class StackError(Exception):

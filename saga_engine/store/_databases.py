@@ -201,6 +201,7 @@ async def database_status(database: Database, schema: str) -> DatabaseStatus:
             f"AS open FROM {sagas}",
             _OPEN_STATUSES,
         )
+        assert row is not None  # an aggregate has one row
         return DatabaseStatus(
             database.name, database.role, True, None, version, row["total"], row["open"]
         )

@@ -119,7 +119,8 @@ async def test_advance_is_a_compare_and_set_of_the_epoch(
     )
     won = [r for r in results if isinstance(r, ShardMap)]
     lost = [r for r in results if isinstance(r, ShardMapError)]
-    assert len(won) == 1 and len(lost) == 1
+    assert len(won) == 1
+    assert len(lost) == 1
     assert "the shard map is at epoch 2, not 1: another writer changed it" in str(lost[0])
     assert await maps.load() == won[0]
     assert await _rows(pg) == [1, 2]
