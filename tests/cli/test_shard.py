@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from datetime import UTC, datetime
+from pathlib import Path
 
 import asyncpg
 import orjson
@@ -22,10 +23,12 @@ from saga_engine.settings import PostgresSettings
 from saga_engine.store import NewSaga, PostgresEventStore, Projection, migrate, shipped_migrations
 from tests.cli.conftest import as_json, invoke
 from tests.conftest import PgTarget
+from tests.doc_blocks import code_blocks
 
 pytestmark = pytest.mark.integration
 
 LATEST = shipped_migrations()[-1].version
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
 def _dead_dsn() -> str:
@@ -205,3 +208,31 @@ def test_a_control_database_that_does_not_answer_leaves_the_settings_map(
     assert status["map"]["epoch"] is None
     assert status["map"]["source"].startswith("settings (the control database's map: ")
     assert [s["answers"] for s in status["shards"]] == [True, True]
+
+
+def test_the_operations_guide_runs_as_written(
+    pg: PgTarget, pg_shards: tuple[PgTarget, ...]
+) -> None:
+    """docs/operations.md, "Past one database": its settings make a map of two shards,
+    and its commands run on the shards of this test (their addresses in place of the
+    example's)."""
+    settings, commands = code_blocks(OPERATIONS, "sh", under="## Past one database")
+    written = dict(
+        line.split("=", 1) for line in settings.code.replace("\n  ", "").splitlines() if line
+    )
+    shards = orjson.loads(written["SAGA_PG__SHARDS"].strip("'"))
+    assert [(s["name"], s["partitions"]) for s in shards] == [("a", "0-31"), ("b", "32-63")]
+    a, b = pg_shards
+    shards[0]["dsn"], shards[1]["dsn"] = a.database_dsn, b.database_dsn
+    env = {
+        **written,
+        "SAGA_PG__SHARDS": orjson.dumps(shards).decode(),
+        "SAGA_PG__CONTROL_DSN": pg.database_dsn,
+        "SAGA_PG__DB_SCHEMA": pg.schema,
+    }
+    for line in commands.code.splitlines():
+        args = line.split("#", 1)[0].split()
+        assert args[0] == "saga", line
+        done = invoke(args[1:], env)
+        assert done.exit_code == 0, (line, done.output)
+    assert orjson.loads(done.stdout)["partitions"] == 64
