@@ -214,7 +214,9 @@ async def test_a_failing_migration_rolls_back_alone(
 ) -> None:
     good = shipped_migrations()
     bad_sql = "CREATE TABLE half_done (x int);\nSELECT * FROM no_such_table;\n"
-    bad = Migration(len(good) + 1, "broken", bad_sql, hashlib.sha256(bad_sql.encode()).hexdigest())
+    bad = Migration(
+        good[-1].version + 1, "broken", bad_sql, hashlib.sha256(bad_sql.encode()).hexdigest()
+    )
     monkeypatch.setattr(_migrations, "shipped_migrations", lambda: [*good, bad])
 
     with pytest.raises(asyncpg.exceptions.UndefinedTableError):
@@ -427,7 +429,7 @@ async def test_0017_makes_the_insights_from_before_flow_policy_1s(
     conn = await asyncpg.connect(pg.dsn)
     try:
         await conn.execute(row.format("", ""), bucket, 5, [0] * BUCKETS)
-        assert await migrate(pg.database_dsn, pg.schema) == [17, 18, 19, 20, 21]
+        assert await migrate(pg.database_dsn, pg.schema) == [v for v in ALL if v >= 17]
         assert await conn.fetchval("SELECT flow_policy FROM saga_insights") == 1
         await conn.execute(row.format(", flow_policy", ", 2"), bucket, 3, [0] * BUCKETS)
         with pytest.raises(asyncpg.exceptions.UniqueViolationError):
@@ -470,7 +472,7 @@ async def test_0020_filters_sagas_created_before_it_by_creation_time(
     try:
         for n in range(6):
             await conn.execute(insert, f"old-{n}", t0 + timedelta(hours=n))
-        assert await migrate(pg.database_dsn, pg.schema) == [20, 21]
+        assert await migrate(pg.database_dsn, pg.schema) == [v for v in ALL if v >= 20]
         for n in range(6, 9):
             await conn.execute(insert, f"new-{n}", t0 + timedelta(hours=n))
         indexes = await conn.fetch(
