@@ -232,3 +232,38 @@ def test_cluster_commands_say_what_is_wrong(checkout: Path) -> None:
     unknown = _devstack(checkout, "pg-stop 4", _free_port())
     assert unknown.returncode == 1
     assert "this stack has no cluster 4" in unknown.stderr
+
+
+def test_run_starts_the_clusters_past_the_first_and_stops_them(
+    checkout: Path, kafka_bootstrap: str, pg: PgTarget
+) -> None:
+    """What ``make test`` does (``SAGA_DEV_PG_CLUSTERS=3 devstack.py run -- pytest``): the
+    command sees SAGA_DEV_PG_SHARD_DSNS, and the clusters ``run`` started are stopped
+    after it. Here the first is the session's (SAGA_PG__DSN) and the broker too."""
+    second, third = _free_port(), _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_DEV_")}
+    env.update(
+        SAGA_PG__DSN=pg.database_dsn,
+        SAGA_DEV_PG_PORT=str(_free_port()),
+        SAGA_DEV_PG_CLUSTERS="3",
+        SAGA_DEV_PG_EXTRA_PORTS=f"{second},{third}",
+    )
+    show = "import os; print('shards:', os.environ['SAGA_DEV_PG_SHARD_DSNS'])"
+    script = [sys.executable, str(checkout / "scripts" / "devstack.py"), "run", "--"]
+    done = subprocess.run(
+        [*script, sys.executable, "-c", show],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        f"shards: postgresql://postgres@127.0.0.1:{second}/saga,"
+        f"postgresql://postgres@127.0.0.1:{third}/saga"
+    ) in done.stdout
+    assert f"postgres 3: started on 127.0.0.1:{third}" in done.stderr
+    assert "postgres 3: stopped" in done.stderr
+    assert not _accepts(second)
+    assert not _accepts(third)
