@@ -236,3 +236,20 @@ def test_the_operations_guide_runs_as_written(
         done = invoke(args[1:], env)
         assert done.exit_code == 0, (line, done.output)
     assert orjson.loads(done.stdout)["partitions"] == 64
+
+
+def test_a_shard_of_the_stored_map_the_settings_lack_is_a_row_saying_so(
+    pg: PgTarget, pg_shards: tuple[PgTarget, ...]
+) -> None:
+    a, b = pg_shards
+    env = _sharded_env(pg, a.database_dsn, b.database_dsn)
+    as_json(invoke(["migrate", "--json"], env))
+    stored = {"epoch": 3, "partitions": 8, "shards": {"a": "0-3", "b": "4-5", "c": "6-7"}}
+    asyncio.run(_write_map(pg.dsn, stored))
+
+    lacking = invoke(["shard", "status", "--json"], env)
+    assert lacking.exit_code == 1, lacking.output
+    rows = {s["name"]: s for s in orjson.loads(lacking.stdout)["shards"]}
+    assert (rows["c"]["answers"], rows["c"]["partitions"]) == (False, "6-7")
+    assert rows["c"]["reason"] == "no DSN in SAGA_PG__SHARDS"
+    assert rows["b"]["partitions"] == "4-5"
