@@ -59,14 +59,15 @@ async def _status(settings: Settings) -> dict[str, Any]:
     assert settings_map is not None  # shards are configured
     stored = await _stored_map(databases[0], schema) if control.answers else control.reason
     in_force: ShardMap = stored.map if isinstance(stored, StoredShardMap) else settings_map
+    rows = _shard_rows(in_force, shards)
     return {
         "sharded": True,
         "schema": schema,
         "partitions": in_force.partitions,
         "map": _map_data(in_force, stored),
         "control": control.to_data(),
-        "shards": _shard_rows(in_force, shards),
-        "all_answer": control.answers and all(s.answers for s in shards),
+        "shards": rows,
+        "all_answer": control.answers and all(row["answers"] for row in rows),
     }
 
 
