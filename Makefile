@@ -15,6 +15,11 @@ PYTEST_ARGS ?=
 # well: on a 2-core machine the suite took 9.4 minutes against 15.8 serially. Each test
 # has its own schema and topics (tests/conftest.py), so the workers never see each other.
 PYTEST_WORKERS ?= 2
+# The tests of a sharded store need Postgres clusters of their own (tests/conftest.py,
+# pg_shard_databases): the suite runs with three, the first as always (each session's
+# control database and single-store tests) and two for the shards, on ports 10 and 20
+# above SAGA_DEV_PG_PORT (scripts/devstack.py). `make up`, `make demo` start one.
+TEST_PG_CLUSTERS ?= 3
 
 .PHONY: help venv up down status env tools test lint typecheck pytest demo demo-up bench clean distclean
 
@@ -64,11 +69,11 @@ typecheck: venv
 
 test: venv lint typecheck
 	@$(DEVSTACK) tools
-	@$(DEVSTACK) run -- $(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	@SAGA_DEV_PG_CLUSTERS=$(TEST_PG_CLUSTERS) $(DEVSTACK) run -- $(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 pytest: venv
 	@$(DEVSTACK) tools
-	@$(DEVSTACK) run -- $(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	@SAGA_DEV_PG_CLUSTERS=$(TEST_PG_CLUSTERS) $(DEVSTACK) run -- $(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The narrated checkout scenario: starts the stack if needed, the engine and the five
 # services, runs every scenario, stops what it started; exits 0 only if all held.

@@ -6,15 +6,23 @@ Usage (normally through the Makefile):
     python scripts/devstack.py down      # stop what `up` started, by pid
     python scripts/devstack.py restart-kafka   # stop this stack's broker and start it again,
                                                # same data (what a drill's broker-restart runs)
+    python scripts/devstack.py pg-stop 2     # stop the stack's second Postgres cluster
+    python scripts/devstack.py pg-start 2    # and start it again on its data (chaos tests)
     python scripts/devstack.py status
     python scripts/devstack.py env       # print the SAGA_* connection settings
     python scripts/devstack.py run -- CMD ...   # up, run CMD with the settings, stop what it started
                                                 # (a broker it starts begins with empty storage)
     python scripts/devstack.py tools     # install the test suite's tools when missing
 
+More Postgres clusters (for a sharded store's tests): SAGA_DEV_PG_CLUSTERS=3 starts two
+more, on ports 10 and 20 above the first (or SAGA_DEV_PG_EXTRA_PORTS=p2,p3), each with its
+own data directory under .dev/ and its entry in the state file; `env` then also prints
+SAGA_DEV_PG_SHARD_DSNS, their `saga` databases' addresses, comma-separated. `status` and
+`down` cover every cluster the stack started. One cluster is the default.
+
 When SAGA_PG__DSN or SAGA_KAFKA__BOOTSTRAP_SERVERS is already set, that server is used
 as it is and nothing is started for it: this is how the project is pointed at existing
-infrastructure.
+infrastructure (SAGA_DEV_PG_SHARD_DSNS likewise for the clusters past the first).
 
 The ports are SAGA_DEV_PG_PORT, SAGA_DEV_KAFKA_PORT and SAGA_DEV_KAFKA_CONTROLLER_PORT
 (54329, 19092, 19093). Each set of ports is a stack of its own in this checkout, with its
@@ -37,6 +45,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from devstack_base import (
@@ -46,7 +55,6 @@ from devstack_base import (
     KAFKA_HOME,
     KAFKA_POM,
     KAFKA_PORT,
-    PG_DIR,
     PG_PORT,
     ROOT,
     AptError,
@@ -56,6 +64,8 @@ from devstack_base import (
     is_root,
     kill_and_wait,
     kraft_cluster_id,
+    pg_cluster_dir,
+    pg_cluster_ports,
     pid_alive,
     port_open,
     refuse_shared_ports,
@@ -106,9 +116,61 @@ def postgres_bindir() -> Path:
     return bindir
 
 
-def postgres_datadir() -> Path:
+@dataclass(frozen=True)
+class Cluster:
+    """One Postgres cluster of this stack: the first (index 1, SAGA_DEV_PG_PORT, what the
+    stack always ran) or one past it (SAGA_DEV_PG_CLUSTERS), each with its own port and
+    data directory."""
+
+    index: int
+    port: int
+
+    def dsn(self, database: str = PG_DATABASE) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def record(self, state: State) -> tuple[int | None, str | None]:
+        """The pid and data directory the state file has for this cluster."""
+        if self.index == 1:
+            return state.postgres_pid, state.postgres_datadir
+        for extra in state.extra_postgres:
+            if extra.get("index") == self.index:
+                return extra.get("pid"), extra.get("datadir")
+        return None, None
+
+    def remember(self, state: State, pid: int | None, datadir: str | None) -> None:
+        if self.index == 1:
+            state.postgres_pid, state.postgres_datadir = pid, datadir
+        else:
+            state.extra_postgres = [
+                e for e in state.extra_postgres if e.get("index") != self.index
+            ] + [{"index": self.index, "port": self.port, "pid": pid, "datadir": datadir}]
+            state.extra_postgres.sort(key=lambda e: int(e["index"]))
+        state.save()
+
+
+def clusters() -> list[Cluster]:
+    """This stack's clusters as SAGA_DEV_PG_CLUSTERS asks (one by default)."""
+    return [Cluster(i + 1, port) for i, port in enumerate(pg_cluster_ports())]
+
+
+def known_cluster(state: State, index: int) -> Cluster:
+    """Cluster ``index`` (1 = the first) as the settings or the state file know it."""
+    for cluster in clusters():
+        if cluster.index == index:
+            return cluster
+    for extra in state.extra_postgres:
+        if extra.get("index") == index:
+            return Cluster(index, int(extra["port"]))
+    raise StackError(
+        f"postgres: this stack has no cluster {index} "
+        "(SAGA_DEV_PG_CLUSTERS says how many it runs; the first is 1)"
+    )
+
+
+def postgres_datadir(cluster: Cluster) -> Path:
     """The cluster lives under .dev/ unless the postgres user cannot reach the checkout."""
-    base = DEV / PG_DIR
+    name = pg_cluster_dir(cluster.port)
+    base = DEV / name
     if not is_root():
         return base
     probe = subprocess.run(
@@ -117,11 +179,11 @@ def postgres_datadir() -> Path:
     if probe.returncode == 0:
         return base
     digest = hashlib.sha1(str(ROOT).encode()).hexdigest()[:10]
-    return Path(f"/var/tmp/saga-engine-dev-{digest}/{PG_DIR}")
+    return Path(f"/var/tmp/saga-engine-dev-{digest}/{name}")
 
 
 def pg_dsn(database: str = PG_DATABASE) -> str:
-    return f"postgresql://postgres@127.0.0.1:{PG_PORT}/{database}"
+    return Cluster(1, PG_PORT).dsn(database)
 
 
 async def _pg_ready(dsn: str, create_db: bool) -> None:
@@ -160,41 +222,51 @@ def postmaster_pid(datadir: Path) -> int | None:
         return None
 
 
+def _named(cluster: Cluster) -> str:
+    return "postgres" if cluster.index == 1 else f"postgres {cluster.index}"
+
+
 def start_postgres(state: State) -> bool:
-    """Returns True when this call started the server."""
+    """Starts the first cluster unless SAGA_PG__DSN names a server; True when this call
+    started it."""
     if os.environ.get("SAGA_PG__DSN"):
         dsn = os.environ["SAGA_PG__DSN"]
         wait_postgres(dsn, create_db=False, deadline=time.monotonic() + 15)
         say("postgres: using SAGA_PG__DSN (external server), nothing started")
         return False
-    if pid_alive(state.postgres_pid):
-        wait_postgres(pg_dsn(), create_db=True, deadline=time.monotonic() + 15)
-        say(f"postgres: already up on 127.0.0.1:{PG_PORT} (pid {state.postgres_pid})")
+    return start_cluster(state, Cluster(1, PG_PORT))
+
+
+def start_cluster(state: State, cluster: Cluster) -> bool:
+    """Starts one cluster of this stack on its data (made the first time); True when this
+    call started it, False when it was up already."""
+    name = _named(cluster)
+    pid, _ = cluster.record(state)
+    if pid_alive(pid):
+        wait_postgres(cluster.dsn(), create_db=True, deadline=time.monotonic() + 15)
+        say(f"{name}: already up on 127.0.0.1:{cluster.port} (pid {pid})")
         return False
 
     t0 = time.monotonic()
     bindir = postgres_bindir()
-    base = postgres_datadir()
+    base = postgres_datadir(cluster)
     data = base / "data"
     sock = base / "run"
+    base.mkdir(parents=True, exist_ok=True)
     if is_root():
-        base.mkdir(parents=True, exist_ok=True)
         shutil.chown(base, "postgres", "postgres")
         os.chmod(base, 0o700)
-    else:
-        base.mkdir(parents=True, exist_ok=True)
     leftover = postmaster_pid(base)
     if leftover and pid_alive(leftover):
         # A server of ours from an earlier run whose state file was lost: adopt it.
-        state.postgres_pid, state.postgres_datadir = leftover, str(base)
-        state.save()
-        wait_postgres(pg_dsn(), create_db=True, deadline=time.monotonic() + 15)
-        say(f"postgres: already up on 127.0.0.1:{PG_PORT} (pid {leftover})")
+        cluster.remember(state, leftover, str(base))
+        wait_postgres(cluster.dsn(), create_db=True, deadline=time.monotonic() + 15)
+        say(f"{name}: already up on 127.0.0.1:{cluster.port} (pid {leftover})")
         return False
-    if port_open(PG_PORT):
+    if port_open(cluster.port):
         raise StackError(
-            f"postgres: port {PG_PORT} on 127.0.0.1 is taken by another process; "
-            "stop it or set SAGA_DEV_PG_PORT"
+            f"{name}: port {cluster.port} on 127.0.0.1 is taken by another process; stop it "
+            "or set SAGA_DEV_PG_PORT (and SAGA_DEV_PG_EXTRA_PORTS for the clusters past the first)"
         )
     if not (data / "PG_VERSION").exists():
         run_quiet(
@@ -213,13 +285,13 @@ def start_postgres(state: State) -> bool:
                     "--auth=trust",
                 ]
             ),
-            "postgres: initdb failed",
+            f"{name}: initdb failed",
         )
     sock.mkdir(exist_ok=True)
     if is_root():
         shutil.chown(sock, "postgres", "postgres")
     opts = (
-        f"-p {PG_PORT} -k {sock} -c listen_addresses=127.0.0.1 -c max_connections=300 "
+        f"-p {cluster.port} -k {sock} -c listen_addresses=127.0.0.1 -c max_connections=300 "
         "-c shared_buffers=128MB"
     )
     run_quiet(
@@ -238,24 +310,23 @@ def start_postgres(state: State) -> bool:
                 "start",
             ]
         ),
-        f"postgres: pg_ctl start failed (see {base / 'postgres.log'})",
+        f"{name}: pg_ctl start failed (see {base / 'postgres.log'})",
     )
-    state.postgres_pid = postmaster_pid(base)
-    state.postgres_datadir = str(base)
-    state.save()
-    wait_postgres(pg_dsn(), create_db=True, deadline=time.monotonic() + START_TIMEOUT_S)
+    cluster.remember(state, postmaster_pid(base), str(base))
+    wait_postgres(cluster.dsn(), create_db=True, deadline=time.monotonic() + START_TIMEOUT_S)
     say(
-        f"postgres: started on 127.0.0.1:{PG_PORT} (pid {state.postgres_pid}) "
+        f"{name}: started on 127.0.0.1:{cluster.port} (pid {cluster.record(state)[0]}) "
         f"in {time.monotonic() - t0:.1f}s"
     )
     return True
 
 
-def stop_postgres(state: State) -> None:
-    if not state.postgres_pid or not state.postgres_datadir:
+def stop_cluster(state: State, cluster: Cluster) -> None:
+    pid, datadir = cluster.record(state)
+    if not pid or not datadir:
         return
-    base = Path(state.postgres_datadir)
-    if pid_alive(state.postgres_pid):
+    base = Path(datadir)
+    if pid_alive(pid):
         bindir = Path(f"/usr/lib/postgresql/{PG_VERSION}/bin")
         subprocess.run(
             as_postgres(
@@ -274,10 +345,46 @@ def stop_postgres(state: State) -> None:
             capture_output=True,
             check=False,
         )
-        kill_and_wait(state.postgres_pid, 10)
-        say(f"postgres: stopped (pid {state.postgres_pid})")
-    state.postgres_pid = None
-    state.save()
+        kill_and_wait(pid, 10)
+        say(f"{_named(cluster)}: stopped (pid {pid})")
+    cluster.remember(state, None, datadir)
+
+
+def stop_postgres(state: State) -> None:
+    """Stops every cluster of this stack the state file names (the first and the rest)."""
+    for extra in list(state.extra_postgres):
+        stop_cluster(state, Cluster(int(extra["index"]), int(extra["port"])))
+    stop_cluster(state, Cluster(1, PG_PORT))
+
+
+def start_extra_clusters(state: State) -> list[Cluster]:
+    """The clusters past the first that SAGA_DEV_PG_CLUSTERS asks for, started unless
+    SAGA_DEV_PG_SHARD_DSNS names servers already; the ones this call started."""
+    extra = clusters()[1:]
+    if not extra:
+        return []
+    if os.environ.get("SAGA_DEV_PG_SHARD_DSNS"):
+        say("postgres: using SAGA_DEV_PG_SHARD_DSNS (external servers), no more started")
+        return []
+    started: list[Cluster] = []
+    try:
+        for cluster in extra:
+            if start_cluster(state, cluster):
+                started.append(cluster)
+    except BaseException:
+        for cluster in started:
+            stop_cluster(state, cluster)
+        raise
+    return started
+
+
+def shard_dsns() -> str | None:
+    """SAGA_DEV_PG_SHARD_DSNS: the clusters past the first, for the sharded tests."""
+    given = os.environ.get("SAGA_DEV_PG_SHARD_DSNS")
+    if given:
+        return given
+    extra = clusters()[1:]
+    return ",".join(cluster.dsn() for cluster in extra) if extra else None
 
 
 # --------------------------------------------------------------------------- kafka
@@ -487,11 +594,15 @@ def stop_kafka(state: State) -> None:
 
 
 def settings_env() -> dict[str, str]:
-    return {
+    env = {
         "SAGA_PG__DSN": os.environ.get("SAGA_PG__DSN") or pg_dsn(),
         "SAGA_KAFKA__BOOTSTRAP_SERVERS": os.environ.get("SAGA_KAFKA__BOOTSTRAP_SERVERS")
         or f"127.0.0.1:{KAFKA_PORT}",
     }
+    shards = shard_dsns()
+    if shards:
+        env["SAGA_DEV_PG_SHARD_DSNS"] = shards
+    return env
 
 
 def print_env() -> None:
@@ -502,20 +613,33 @@ def print_env() -> None:
         print(line, flush=True)
 
 
-def up(*, fresh_kafka: bool = False) -> tuple[bool, bool]:
+@dataclass
+class Started:
+    """What one `up` started (and a `run` then stops): the clusters by index, the broker."""
+
+    clusters: list[Cluster]
+    kafka: bool
+
+
+def up(*, fresh_kafka: bool = False) -> Started:
+    extra = () if os.environ.get("SAGA_DEV_PG_SHARD_DSNS") else pg_cluster_ports()[1:]
     refuse_shared_ports(
         pg=not os.environ.get("SAGA_PG__DSN"),
         kafka=not os.environ.get("SAGA_KAFKA__BOOTSTRAP_SERVERS"),
+        pg_extra=extra,
     )
     state = State.load()
-    started_pg = start_postgres(state)
+    started: list[Cluster] = []
     try:
+        if start_postgres(state):
+            started.append(Cluster(1, PG_PORT))
+        started += start_extra_clusters(state)
         started_kafka = start_kafka(state, fresh=fresh_kafka)
     except BaseException:
-        if started_pg:
-            stop_postgres(state)
+        for cluster in started:
+            stop_cluster(state, cluster)
         raise
-    return started_pg, started_kafka
+    return Started(started, started_kafka)
 
 
 def restart_kafka() -> None:
@@ -538,25 +662,79 @@ def restart_kafka() -> None:
     start_kafka(state)
 
 
-def down(pg: bool = True, kafka: bool = True) -> None:
+def _cluster_index(rest: list[str], cmd: str) -> int:
+    if len(rest) != 1 or not rest[0].isdigit() or int(rest[0]) < 1:
+        raise StackError(f"{cmd}: give the cluster's number (1 is the first), e.g. `{cmd} 2`")
+    return int(rest[0])
+
+
+def pg_stop(index: int) -> None:
+    """Stops cluster ``index`` of this stack (a chaos test's "this shard is down"); its
+    data stays for `pg-start`. Refused for a cluster the stack does not run."""
     state = State.load()
-    if kafka:
+    cluster = known_cluster(state, index)
+    pid, _ = cluster.record(state)
+    if not pid_alive(pid):
+        raise StackError(
+            f"{_named(cluster)}: no cluster of this stack runs on 127.0.0.1:{cluster.port}; "
+            "run `up` first (with SAGA_DEV_PG_CLUSTERS for the clusters past the first)"
+        )
+    stop_cluster(state, cluster)
+
+
+def pg_start(index: int) -> None:
+    """Starts cluster ``index`` of this stack again, on the data it had."""
+    state = State.load()
+    start_cluster(state, known_cluster(state, index))
+
+
+def down(started: Started | None = None) -> None:
+    """Stops what ``started`` names, or everything of this stack (the broker, then every
+    cluster the state file names)."""
+    state = State.load()
+    if started is None:
         stop_kafka(state)
-    if pg:
         stop_postgres(state)
+        return
+    if started.kafka:
+        stop_kafka(state)
+    for cluster in started.clusters:
+        stop_cluster(State.load(), cluster)  # re-read: a test may have restarted it
 
 
 def status() -> int:
     state = State.load()
     ok = True
-    for name, pid, port in (
-        ("postgres", state.postgres_pid, PG_PORT),
-        ("kafka", state.kafka_pid, KAFKA_PORT),
-    ):
+    wanted = {c.index: c for c in clusters()}
+    for extra in state.extra_postgres:
+        wanted.setdefault(int(extra["index"]), Cluster(int(extra["index"]), int(extra["port"])))
+    for cluster in sorted(wanted.values(), key=lambda c: c.index):
+        pid, _ = cluster.record(state)
         alive = pid_alive(pid)
         ok &= alive
-        say(f"{name}: up on 127.0.0.1:{port} (pid {pid})" if alive else f"{name}: down")
+        name = _named(cluster)
+        say(f"{name}: up on 127.0.0.1:{cluster.port} (pid {pid})" if alive else f"{name}: down")
+    alive = pid_alive(state.kafka_pid)
+    ok &= alive
+    say(f"kafka: up on 127.0.0.1:{KAFKA_PORT} (pid {state.kafka_pid})" if alive else "kafka: down")
     return 0 if ok else 1
+
+
+def _run(rest: list[str]) -> int:
+    if rest[:1] == ["--"]:
+        rest = rest[1:]
+    if not rest:
+        raise StackError("run: give a command after --")
+    # A broker started for one command begins empty: the suite leaves thousands of
+    # topics behind, and a broker that kept every earlier run's (16,000 partitions
+    # after six runs) grew slower each run and ran out of its 512 MB heap.
+    started = up(fresh_kafka=True)
+    t0 = time.monotonic()
+    try:
+        return subprocess.call(rest, env={**os.environ, **settings_env()})
+    finally:
+        say(f"devstack: command finished in {time.monotonic() - t0:.1f}s")
+        down(started)
 
 
 def main(argv: list[str]) -> int:
@@ -575,6 +753,12 @@ def main(argv: list[str]) -> int:
         if cmd == "restart-kafka":
             restart_kafka()
             return 0
+        if cmd == "pg-stop":
+            pg_stop(_cluster_index(rest, cmd))
+            return 0
+        if cmd == "pg-start":
+            pg_start(_cluster_index(rest, cmd))
+            return 0
         if cmd == "status":
             return status()
         if cmd == "env":
@@ -584,28 +768,15 @@ def main(argv: list[str]) -> int:
             tools()
             return 0
         if cmd == "run":
-            if rest[:1] == ["--"]:
-                rest = rest[1:]
-            if not rest:
-                raise StackError("run: give a command after --")
-            # A broker started for one command begins empty: the suite leaves thousands of
-            # topics behind, and a broker that kept every earlier run's (16,000 partitions
-            # after six runs) grew slower each run and ran out of its 512 MB heap.
-            started_pg, started_kafka = up(fresh_kafka=True)
-            t0 = time.monotonic()
-            try:
-                code = subprocess.call(rest, env={**os.environ, **settings_env()})
-            finally:
-                say(f"devstack: command finished in {time.monotonic() - t0:.1f}s")
-                down(pg=started_pg, kafka=started_kafka)
-            return code
+            return _run(rest)
     except StackError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:
         return 130
     print(
-        f"error: unknown command {cmd!r}; use up, down, restart-kafka, status, env, run or tools",
+        f"error: unknown command {cmd!r}; use up, down, restart-kafka, pg-stop, pg-start, "
+        "status, env, run or tools",
         file=sys.stderr,
     )
     return 2

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,34 @@ STATE_FILE = DEV / f"{keyed('state', *_PORTS, defaults=_DEFAULTS)}.json"
 ENV_FILE = DEV / keyed("env", *_PORTS, defaults=_DEFAULTS)
 PG_DIR = keyed("pg", PG_PORT, defaults=(DEFAULT_PG_PORT,))
 KAFKA_HOME = DEV / keyed("kafka", KAFKA_PORT, defaults=(DEFAULT_KAFKA_PORT,))
+#: Between the ports of a stack's Postgres clusters past the first (SAGA_DEV_PG_CLUSTERS).
+CLUSTER_PORT_STEP = 10
+
+
+def pg_cluster_ports() -> tuple[int, ...]:
+    """The ports of this stack's Postgres clusters: SAGA_DEV_PG_PORT, then (with
+    ``SAGA_DEV_PG_CLUSTERS=N``) one more per cluster, SAGA_DEV_PG_EXTRA_PORTS if given,
+    else 10 apart from the first (54339, 54349, ... for the default port)."""
+    raw = os.environ.get("SAGA_DEV_PG_CLUSTERS", "1").strip() or "1"
+    if not raw.isdigit() or not 1 <= int(raw) <= 9:
+        raise StackError(f"postgres: SAGA_DEV_PG_CLUSTERS={raw!r} is not a number from 1 to 9")
+    count = int(raw)
+    given = os.environ.get("SAGA_DEV_PG_EXTRA_PORTS", "").strip()
+    if not given:
+        return tuple(PG_PORT + CLUSTER_PORT_STEP * i for i in range(count))
+    parts = [p.strip() for p in given.split(",")]
+    if not all(p.isdigit() for p in parts) or len(parts) < count - 1:
+        raise StackError(
+            f"postgres: SAGA_DEV_PG_EXTRA_PORTS={given!r} must list {count - 1} port(s), "
+            "separated by commas (one per cluster past the first, SAGA_DEV_PG_CLUSTERS)"
+        )
+    return (PG_PORT, *(int(p) for p in parts[: count - 1]))
+
+
+def pg_cluster_dir(port: int) -> str:
+    """The name of a cluster's directory under .dev/: keyed by its port, the first
+    cluster's as it always was."""
+    return keyed("pg", port, defaults=(DEFAULT_PG_PORT,))
 
 
 class StackError(Exception):
@@ -82,6 +110,9 @@ class State:
     pg_port: int = DEFAULT_PG_PORT
     kafka_port: int = DEFAULT_KAFKA_PORT
     kafka_controller_port: int = DEFAULT_KAFKA_CONTROLLER_PORT
+    #: The clusters past the first (SAGA_DEV_PG_CLUSTERS): ``{"index": 2, "port": ...,
+    #: "pid": ..., "datadir": ...}`` each, the index counting the first as 1.
+    extra_postgres: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def load(cls, path: Path = STATE_FILE) -> State:
@@ -104,6 +135,9 @@ class State:
         up: dict[str, tuple[int, ...]] = {}
         if pid_alive(self.postgres_pid):
             up["postgres"] = (self.pg_port,)
+        for extra in self.extra_postgres:
+            if pid_alive(extra.get("pid")):
+                up[f"postgres {extra['index']}"] = (int(extra["port"]),)
         if pid_alive(self.kafka_pid):
             up["kafka"] = (self.kafka_port, self.kafka_controller_port)
         return up
@@ -113,13 +147,14 @@ class State:
         return ", ".join(parts) or "nothing running"
 
 
-def refuse_shared_ports(pg: bool, kafka: bool) -> None:
+def refuse_shared_ports(pg: bool, kafka: bool, pg_extra: tuple[int, ...] = ()) -> None:
     """Refuses to start a server on a port another stack of this checkout runs one on:
-    its data directory would be that stack's, and this stack's `down` would stop it."""
+    its data directory would be that stack's, and this stack's `down` would stop it.
+    ``pg_extra``: the ports of the clusters past the first this stack will start."""
     mine = {"postgres": (PG_PORT,), "kafka": (KAFKA_PORT, KAFKA_CONTROLLER_PORT)}
     wanted = {
         p for name, ports in mine.items() if {"postgres": pg, "kafka": kafka}[name] for p in ports
-    }
+    } | set(pg_extra)
     for path in sorted(DEV.glob("state*.json")):
         if path == STATE_FILE:
             continue

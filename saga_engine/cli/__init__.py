@@ -11,9 +11,11 @@ Layout: ``_app`` assembles the typer app from one module per command group (``_w
 ``_store``: migrate, replay, archive; ``_operator``: list, show, history and the
 operator actions; ``_updates``: update and query; ``_flow``; ``_insights``; ``_graph``:
 a graph saga's declared graph; ``_events``: the domain events kept; ``_dlq``;
-``_schedule``; ``_rollout``; ``_flow_policy``: flow policies' rollouts; ``_batch``;
-``_conformance``: the protocol conformance suite against a participant), which share ``_common`` (options, consoles, errors,
-output, the admin API client) and never import each other.
+``_schedule``; ``_rollout``; ``_shard``: the shards past one database, read from
+Postgres directly; ``_flow_policy``: flow policies' rollouts; ``_batch``;
+``_conformance``: the protocol conformance suite against a participant), which share
+``_common`` (options, consoles, errors, output, the admin API client) and never import
+each other.
 
 May import every layer below it: ``saga_engine.worker`` and everything the worker may.
 """

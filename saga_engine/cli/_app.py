@@ -23,6 +23,7 @@ from saga_engine.cli import (
     _operator,
     _rollout,
     _schedule,
+    _shard,
     _store,
     _updates,
     _worker,
@@ -92,6 +93,7 @@ app.add_typer(_schedule.schedule_app, name="schedule")
 app.add_typer(_rollout.rollout_app, name="rollout")
 app.add_typer(_flow_policy.flow_policy_app, name="flow-policy")
 app.add_typer(_batch_operations.batch_app, name="batch")
+app.add_typer(_shard.shard_app, name="shard")
 app.add_typer(_conformance.commands)
 app.add_typer(_drill.commands)
 

@@ -45,7 +45,8 @@ def migrate(
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Apply the shipped schema migrations to SAGA_PG__DSN / SAGA_PG__DB_SCHEMA."""
+    """Apply the shipped schema migrations to SAGA_PG__DSN / SAGA_PG__DB_SCHEMA (with
+    SAGA_PG__SHARDS: to the control database and every shard, reporting each)."""
     from saga_engine.store._migrations import migrate as apply
     from saga_engine.store._migrations import migration_sql, shipped_migrations
 
@@ -53,6 +54,9 @@ def migrate(
         sys.stdout.write(migration_sql())
         return
     settings = Settings()
+    if settings.pg.shards:
+        _migrate_shards(settings, as_json)
+        return
     total = len(shipped_migrations())
 
     async def go() -> list[int]:
@@ -74,6 +78,43 @@ def migrate(
         out.print(f"applied migrations {applied} to schema {settings.pg.db_schema}")
     else:
         out.print(f"schema {settings.pg.db_schema} is up to date")
+
+
+def _migrate_shards(settings: Settings, as_json: bool) -> None:
+    """``saga migrate`` past one database: every database at once, one row each; exit 1
+    when one failed (the others are migrated all the same)."""
+    from saga_engine.store._databases import migrate_all
+
+    with err.status("migrating the control database and every shard", spinner="dots"):
+        reports = run_async(lambda: migrate_all(settings))
+    failed = [r for r in reports if not r.ok]
+    if as_json:
+        print_json({"schema": settings.pg.db_schema, "databases": [r.to_data() for r in reports]})
+    else:
+
+        def result(data: dict[str, Any]) -> str:
+            if data["error"]:
+                return f"[red]failed[/red]: {data['error']}"
+            applied = data["applied"]
+            if not applied:
+                return "up to date"
+            return f"applied {len(applied)}: {applied[0]:04d} to {applied[-1]:04d}"
+
+        rows = [
+            (d["name"], d["role"], str(d["before"] or "none"), str(d["after"] or ""), result(d))
+            for d in (r.to_data() for r in reports)
+        ]
+        columns = ("database", "role", "version before", "version after", "result")
+        out.print(make_table(f"migrations of schema {settings.pg.db_schema}", columns, rows))
+    if failed:
+        err.print(
+            f"[red]error:[/red] {len(failed)} of {len(reports)} databases failed to migrate: "
+            f"{', '.join(r.name for r in failed)}; the others are migrated. Fix them and run "
+            "`saga migrate` again",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)
 
 
 # ---------------------------------------------------------------------- replay

@@ -57,13 +57,14 @@ class LazyTopicSender:
 
 
 async def open_event_store(settings: Settings, codec: CodecChain | None) -> EventStore:
-    """The Postgres event store (its schema migrated first, unless turned off)."""
-    from saga_engine.store._migrations import migrate
+    """The Postgres event store (its schema migrated first, unless turned off: on the one
+    database, or past one on the control database and every shard)."""
+    from saga_engine.store._databases import migrate_everywhere
     from saga_engine.store._pgstore import PostgresEventStore
 
     with unreachable_as_unavailable(POSTGRES):
         if settings.engine.auto_migrate:
-            await migrate(settings.pg.dsn.get_secret_value(), settings.pg.db_schema)
+            await migrate_everywhere(settings)
         return await PostgresEventStore.connect(
             settings.pg, codec=codec, blob_store=blob_store(settings)
         )
