@@ -54,9 +54,11 @@ from saga_engine.store._store import (
 
 __all__ = ["ShardedEventStore"]
 
-#: Retention's candidates of a shard are read again, with a larger limit, at most this
-#: many times when children whose parent lives on another shard fill the batch.
-_RETENTION_ROUNDS: Final = 4
+#: Retention's candidates of a shard are read again, with twice the limit each time,
+#: while children whose parent lives on another shard (kept) fill the batch: at most
+#: this many reads, up to 64 times the limit. Past that, the pass takes fewer than
+#: ``limit`` (a shard's SQL keeps only children of its own sagas' parents).
+_RETENTION_ROUNDS: Final = 7
 #: Per-saga reads a merge makes at a time (retention's end times and parents).
 _LOOKUPS: Final = 16
 

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from saga_engine.core.history._events import ParentLink, SagaStarted, TimerFired
 from saga_engine.core.history._status import SagaStatus
+from saga_engine.kernel._partitioning import partition_for
 from saga_engine.kernel._shards import ShardMap
 from saga_engine.store._memstore import InMemoryEventStore
 from saga_engine.store._shard_router import ShardOpener
@@ -47,6 +48,8 @@ class Planned:
     started: int
     moved: int | None
     parent: int | None  # index of an earlier saga that started it
+    #: Minutes after T0 of its next wake-up, if it has one.
+    wake: int | None = None
 
 
 # Ids from a small alphabet (ties of prefixes, upper before lower, a non-ASCII letter)
@@ -71,6 +74,7 @@ def worlds(draw: st.DrawFn) -> list[Planned]:
                 started,
                 moved,
                 parent,
+                draw(st.none() | st.integers(0, 8)),
             )
         )
     return out
@@ -106,12 +110,14 @@ async def _fill(store: EventStore, world: Sequence[Planned]) -> None:
         parent = world[saga.parent].saga_id if saga.parent is not None else None
         link = ParentLink(saga_id=parent, command_id="c") if parent is not None else None
         started = SagaStarted(at=_at(saga.started), saga_type=saga.saga_type, input={}, parent=link)
+        wake = _at(saga.wake) if saga.wake is not None else None
         first = SagaStatus.RUNNING if saga.moved is not None else saga.status
-        new = NewSaga(saga.saga_id, saga.saga_type, [started], Projection(first))
+        new = NewSaga(saga.saga_id, saga.saga_type, [started], Projection(first, next_wakeup=wake))
         assert await store.create(new)
         if saga.moved is not None:
             fired = TimerFired(at=_at(saga.moved), timer_id="t")
-            await store.append(Append(saga.saga_id, 1, [fired], Projection(saga.status)))
+            last = Projection(saga.status, next_wakeup=wake)
+            await store.append(Append(saga.saga_id, 1, [fired], last))
 
 
 def _sharded(shard_map: ShardMap) -> ShardedEventStore:
@@ -178,3 +184,58 @@ async def _compare(
         assert all(shard_map.shard_of_saga(r.saga_id) == name for r in rows)
         held += len(rows)
     assert held == len(world)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    worlds(),
+    shard_maps(),
+    st.none() | st.frozensets(st.integers(0, PARTITIONS - 1)),
+    st.integers(1, 8),
+    st.integers(0, 9),
+)
+def test_reads_by_partition_equal_one_stores(
+    world: list[Planned],
+    shard_map: ShardMap,
+    partitions: frozenset[int] | None,
+    limit: int,
+    minutes: int,
+) -> None:
+    """Recovery's open sagas, the timer poller's wake-ups (paged) and retention's
+    candidates (a child kept while its parent exists, on whichever shard): the same."""
+    asyncio.run(_compare_partitions(world, shard_map, partitions, limit, _at(minutes)))
+
+
+async def _compare_partitions(
+    world: list[Planned],
+    shard_map: ShardMap,
+    partitions: frozenset[int] | None,
+    limit: int,
+    until: datetime,
+) -> None:
+    one = InMemoryEventStore()
+    sharded = _sharded(shard_map)
+    await _fill(one, world)
+    await _fill(sharded, world)
+    stores: tuple[EventStore, EventStore] = (one, sharded)
+    open_ids = [await s.open_saga_ids(partitions, PARTITIONS) for s in stores]
+    assert open_ids[0] == open_ids[1]
+    candidates = [
+        await s.finished_before(
+            until, partitions=partitions, partition_count=PARTITIONS, limit=limit
+        )
+        for s in stores
+    ]
+    assert candidates[0] == candidates[1]
+    for s in stores:  # paged as the poller pages
+        after: tuple[datetime, str] | None = None
+        pages = []
+        while page := await s.due_wakeups(until, partitions, PARTITIONS, limit=limit, after=after):
+            pages.append(page)
+            after = (page[-1][1], page[-1][0])
+        if s is one:
+            expected = pages
+        else:
+            assert pages == expected
+    if partitions is not None:
+        assert all(partition_for(i, PARTITIONS) in partitions for i in open_ids[1])
