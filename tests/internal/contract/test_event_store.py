@@ -9,6 +9,10 @@ rather than in the group-commit queue. The Postgres variants need the real serve
 ``memory-codec`` and ``postgres-codec`` are the same stores with a payload codec
 (zstd then AES-GCM) sealing every stored payload: the contract must not change.
 
+``sharded-memory`` and ``sharded-postgres`` are the sharded store (``ShardedEventStore``)
+over two stores, in memory or on two Postgres databases (``pg_shards``), its inbox's
+partitions split between them unevenly: one store's contract, kept across shards.
+
 The tests at the end are Postgres-only: batching, failure isolation inside a batch,
 connection loss and closing.
 """
@@ -16,6 +20,7 @@ connection loss and closing.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -51,11 +56,14 @@ from saga_engine.kernel._errors import (
     TransientError,
 )
 from saga_engine.kernel._partitioning import partition_for
+from saga_engine.kernel._shards import ShardMap
 from saga_engine.settings import PostgresSettings
 from saga_engine.store import _pgwrites
 from saga_engine.store._memstore import InMemoryEventStore
 from saga_engine.store._migrations import migrate
 from saga_engine.store._pgstore import GroupCommitConfig, PostgresEventStore
+from saga_engine.store._shard_router import ShardOpener
+from saga_engine.store._sharded import ShardedEventStore
 from saga_engine.store._store import (
     WAKE_GRID,
     Append,
@@ -81,19 +89,44 @@ class Backend:
     name: str
     pg: PgTarget | None
     codec: CodecChain | None = None
+    #: The shards' databases of ``sharded-postgres``.
+    shards: tuple[PgTarget, ...] = ()
 
 
 def contract_codec() -> CodecChain:
     return CodecChain(ZstdCodec(threshold=64), AesGcmCodec({"k1": bytes(range(32))}, "k1"))
 
 
-@pytest.fixture(
-    params=["memory", "postgres", "postgres-unbatched", "memory-codec", "postgres-codec"]
+#: The sharded variants' map: eight inbox partitions, split unevenly between two shards.
+CONTRACT_SHARDS = ShardMap.build({"a": "0-2,5", "b": "3-4,6-7"}, 8)
+
+
+#: Every adapter the contract runs against (see the module's docstring).
+BACKENDS = (
+    "memory",
+    "postgres",
+    "postgres-unbatched",
+    "memory-codec",
+    "postgres-codec",
+    "sharded-memory",
+    "sharded-postgres",
 )
+
+
+@pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> Backend:
+    return backend_of(request)
+
+
+def backend_of(request: pytest.FixtureRequest) -> Backend:
+    """The backend named by ``request.param`` (a suite that narrows ``BACKENDS`` makes
+    its own ``backend`` fixture with this)."""
     codec = contract_codec() if request.param.endswith("-codec") else None
-    if request.param.startswith("memory"):
+    if request.param in ("memory", "memory-codec", "sharded-memory"):
         return Backend(request.param, None, codec)
+    if request.param == "sharded-postgres":
+        shards: tuple[PgTarget, ...] = request.getfixturevalue("pg_shards")
+        return Backend(request.param, shards[0], shards=shards)
     # Requested only here, so the in-memory variant needs no server.
     pg: PgTarget = request.getfixturevalue("pg")
     return Backend(request.param, pg, codec)
@@ -115,7 +148,12 @@ async def _open_pg(
 @pytest.fixture
 async def store(backend: Backend) -> AsyncIterator[EventStore]:
     s: EventStore
-    if backend.pg is None:
+    if backend.name == "sharded-memory":
+        s = _sharded([_memory_opener() for _ in CONTRACT_SHARDS.names])
+    elif backend.name == "sharded-postgres":
+        # Each shard's store opens when first used, as an engine's do.
+        s = _sharded([functools.partial(_open_pg, pg) for pg in backend.shards])
+    elif backend.pg is None:
         s = InMemoryEventStore(codec=backend.codec)
     else:
         s = await _open_pg(
@@ -126,6 +164,22 @@ async def store(backend: Backend) -> AsyncIterator[EventStore]:
         yield s
     finally:
         await s.close()
+
+
+def _sharded(openers: Sequence[ShardOpener]) -> ShardedEventStore:
+    """``CONTRACT_SHARDS`` over the stores ``openers`` open (one per shard, in order)."""
+    return ShardedEventStore(
+        CONTRACT_SHARDS, dict(zip(CONTRACT_SHARDS.names, openers, strict=True))
+    )
+
+
+def _memory_opener() -> ShardOpener:
+    store = InMemoryEventStore()
+
+    async def opened() -> EventStore:
+        return store
+
+    return opened
 
 
 @pytest.fixture
