@@ -243,11 +243,11 @@ def archive_file_histories(path: Path) -> list[HistoryExport]:
 
 async def _load_saga_or_archived(saga_id: str) -> HistoryExport:
     """A saga's history from the live tables, or else from ``saga_archive``."""
-    from saga_engine.store._pgstore import PostgresEventStore
+    from saga_engine.store._connect import connect_event_store
 
     settings = Settings()
     codec = CodecChain.from_settings(settings.codec)
-    store = await PostgresEventStore.connect(settings.pg, codec=codec)
+    store = await connect_event_store(settings, codec=codec)
     try:
         try:
             loaded = await store.load(saga_id)
@@ -330,10 +330,10 @@ async def _archive_now(
 ) -> RetentionReport:
     """One retention pass over every partition, with ``older_than`` as the period of
     every type, archiving as ``SAGA_RETENTION__ARCHIVE`` says."""
-    from saga_engine.store._pgstore import PostgresEventStore
+    from saga_engine.store._connect import connect_event_store
 
     codec = CodecChain.from_settings(settings.codec)
-    store = await PostgresEventStore.connect(settings.pg, codec=codec)
+    store = await connect_event_store(settings, codec=codec)
     try:
         return await Retention(settings.retention, store, codec).run(
             datetime.now(UTC), older_than=older_than, saga_types=saga_types, dry_run=dry_run

@@ -546,11 +546,11 @@ class SagaClient:
 
     async def _result_store(self) -> EventStore:
         if self._store is None:
-            from saga_engine.store._pgstore import PostgresEventStore
+            from saga_engine.store._connect import connect_event_store
 
             # A small pool: a client waits on results, it does not drive sagas.
             pg = self.settings.pg.model_copy(update={"pool_min_size": 1, "pool_max_size": 2})
-            self._store = await PostgresEventStore.connect(pg, codec=self.codec)
+            self._store = await connect_event_store(self.settings, pg=pg, codec=self.codec)
         return self._store
 
     # ------------------------------------------------------------------ batch operations

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
-from saga_engine.kernel._errors import TransientError
+from saga_engine.kernel._errors import ShardUnavailable, TransientError
 from saga_engine.kernel._partitioning import partition_for
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._parts import EngineParts
@@ -69,6 +69,8 @@ class InboxOwnership(ConsumerRebalanceListener):  # type: ignore[misc]
         self._suspended: set[int] = set()
         #: Set once an assignment's recovery is done.
         self.assigned_event = asyncio.Event()
+        #: Recoveries of partitions whose shard did not answer (``_recover_or_defer``).
+        self._late_recoveries: set[asyncio.Task[None]] = set()
 
     def attach(self, engine: Engine, parts: EngineParts) -> None:
         """Drives ``engine``'s sagas, with the collaborators it was built from."""
@@ -165,7 +167,7 @@ class InboxOwnership(ConsumerRebalanceListener):  # type: ignore[misc]
                 sorted(lost),
             )
         if mine:
-            recovered = await self._recover(engine, parts.store, mine - kept, count)
+            recovered = await self._recover_or_defer(engine, parts.store, mine - kept, count)
             log.info(
                 "engine %s took partitions %s (kept %s) and recovered %d sagas",
                 self._instance_id,
@@ -174,6 +176,54 @@ class InboxOwnership(ConsumerRebalanceListener):  # type: ignore[misc]
                 recovered,
             )
         self.assigned_event.set()
+
+    async def _recover_or_defer(
+        self, engine: Engine, store: EventStore, new: set[int], count: int
+    ) -> int:
+        """Recovers the new partitions, as ``_recover``; past one database, when a shard
+        does not answer, partition by partition: the partitions whose shard answers are
+        recovered now, and the others' recovery goes on in the background until their
+        shard is back (or they are no longer this engine's), so that one shard down does
+        not stop the sagas of every other shard."""
+        if not new:
+            return 0
+        try:
+            return await self._recover(engine, store, new, count)
+        except ShardUnavailable as exc:
+            log.warning("recovery of partitions %s: %s; by partition", sorted(new), exc)
+        recovered, waiting = 0, set()
+        for partition in sorted(new):
+            try:
+                recovered += await engine.recover(await store.open_saga_ids({partition}, count))
+            except TransientError:
+                waiting.add(partition)
+        if waiting:
+            task = asyncio.create_task(self._recover_later(engine, store, waiting, count))
+            self._late_recoveries.add(task)
+            task.add_done_callback(self._late_recoveries.discard)
+        return recovered
+
+    async def _recover_later(
+        self, engine: Engine, store: EventStore, waiting: set[int], count: int
+    ) -> None:
+        delay = 0.1
+        while waiting := waiting & self._mine:
+            try:
+                recovered = await engine.recover(await store.open_saga_ids(waiting, count))
+            except TransientError as exc:
+                log.warning("recovery of partitions %s waits (%s)", sorted(waiting), exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            log.info("recovered %d sagas of partitions %s", recovered, sorted(waiting))
+            return
+
+    async def close(self) -> None:
+        """Stops the recoveries still waiting for a shard (the engine is stopping)."""
+        tasks = list(self._late_recoveries)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     @staticmethod
     async def _recover(engine: Engine, store: EventStore, new: set[int], count: int) -> int:
@@ -187,6 +237,8 @@ class InboxOwnership(ConsumerRebalanceListener):  # type: ignore[misc]
             try:
                 return await engine.recover(await store.open_saga_ids(new, count))
             except TransientError as exc:
+                if isinstance(exc, ShardUnavailable):
+                    raise  # the caller recovers the other shards' partitions first
                 log.warning("recovery failed (%s); retrying", exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)

@@ -59,15 +59,13 @@ class LazyTopicSender:
 async def open_event_store(settings: Settings, codec: CodecChain | None) -> EventStore:
     """The Postgres event store (its schema migrated first, unless turned off: on the one
     database, or past one on the control database and every shard)."""
+    from saga_engine.store._connect import connect_event_store
     from saga_engine.store._databases import migrate_everywhere
-    from saga_engine.store._pgstore import PostgresEventStore
 
     with unreachable_as_unavailable(POSTGRES):
         if settings.engine.auto_migrate:
             await migrate_everywhere(settings)
-        return await PostgresEventStore.connect(
-            settings.pg, codec=codec, blob_store=blob_store(settings)
-        )
+        return await connect_event_store(settings, codec=codec, blob_store=blob_store(settings))
 
 
 def record_blobs(store: EventStore, codec: CodecChain | None) -> RecordBlobs | None:

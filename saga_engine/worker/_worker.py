@@ -399,6 +399,7 @@ class SagaWorker:
         if watch is not None:
             await watch.stop()
         await self._stop_consumer()
+        await self._ownership.close()
         if self.engine is not None:
             # Kept: its counters are read after a stop (a retried start builds a new one).
             await self.engine.close()
