@@ -17,6 +17,7 @@ from saga_engine.store._pgstore import PostgresEventStore
 from saga_engine.store._shard_router import ShardOpener
 from saga_engine.store._sharded import ShardedEventStore
 from saga_engine.store._store import EventStore
+from saga_engine.telemetry._health import HealthBoard
 
 __all__ = ["connect_event_store"]
 
@@ -27,11 +28,13 @@ async def connect_event_store(
     pg: PostgresSettings | None = None,
     codec: PayloadCodec | CodecChain | None = None,
     blob_store: BlobStore | None = None,
+    health: HealthBoard | None = None,
 ) -> EventStore:
     """The event store of ``settings`` (``pg``: the same Postgres settings with another
-    pool size or schema). With shards, the map in force is read from the control database
-    (written there from the settings on the first start), and each shard's store opens on
-    first use: an engine connects to the shards of the partitions it owns."""
+        pool size or schema). With shards, the map in force is read from the control database
+        (written there from the settings on the first start), and each shard's store opens on
+        first use: an engine connects to the shards of the partitions it owns. ``health``: where
+    a shard that does not answer shows (``/health``)."""
     pg = pg or settings.pg
     settings_map = settings.shard_map()
     if settings_map is None or not pg.shards:
@@ -50,4 +53,6 @@ async def connect_event_store(
 
         return open_shard
 
-    return ShardedEventStore(shard_map, {name: opener(name) for name in shard_map.names})
+    return ShardedEventStore(
+        shard_map, {name: opener(name) for name in shard_map.names}, health=health
+    )

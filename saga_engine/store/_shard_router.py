@@ -19,6 +19,7 @@ from saga_engine.kernel._shards import ShardMap
 from saga_engine.store._coverage import missed
 from saga_engine.store._pgbase import transient_cause
 from saga_engine.store._store import EventStore
+from saga_engine.telemetry._health import HealthBoard
 
 __all__ = ["ShardOpener", "ShardRouter"]
 
@@ -36,7 +37,13 @@ class ShardRouter:
     """The shards of a sharded store: ``openers`` maps each shard the map names to what
     opens its store; none is opened before a call needs it."""
 
-    def __init__(self, shard_map: ShardMap, openers: Mapping[str, ShardOpener]) -> None:
+    def __init__(
+        self,
+        shard_map: ShardMap,
+        openers: Mapping[str, ShardOpener],
+        *,
+        health: HealthBoard | None = None,
+    ) -> None:
         missing = [n for n in shard_map.names if n not in openers]
         unknown = sorted(n for n in openers if n not in shard_map.names)
         if missing or unknown:
@@ -56,6 +63,9 @@ class ShardRouter:
         self._opened: dict[str, EventStore] = {}
         self._opening = {name: asyncio.Lock() for name in shard_map.names}
         self._closed = False
+        #: Where a shard that does not answer shows (``/health``: degraded, naming it),
+        #: until a call to it succeeds again.
+        self._health = health
 
     @property
     def shard_map(self) -> ShardMap:
@@ -88,13 +98,23 @@ class ShardRouter:
         """``call`` on the shard's store; its connection trouble (or its opener's) is
         ``ShardUnavailable`` naming it, any other error passes unchanged."""
         try:
-            return await call(await self.shard(name))
-        except ShardUnavailable:
+            result = await call(await self.shard(name))
+        except ShardUnavailable as exc:
+            self._down(name, exc)
             raise
         except Exception as exc:
             if transient_cause(exc) is None:
                 raise
-            raise ShardUnavailable(name, _reason(exc)) from exc
+            down = ShardUnavailable(name, _reason(exc))
+            self._down(name, down)
+            raise down from exc
+        if self._health is not None:
+            self._health.clear(f"shard:{name}")
+        return result
+
+    def _down(self, name: str, exc: ShardUnavailable) -> None:
+        if self._health is not None:
+            self._health.report(f"shard:{name}", f"{exc}; its sagas wait, the others go on")
 
     async def on_saga(self, saga_id: str, call: Callable[[EventStore], Awaitable[T]]) -> T:
         """``call`` on the store of the saga's shard (its inbox partition's)."""

@@ -51,6 +51,7 @@ from saga_engine.store._store import (
     StoredEvent,
     as_utc,
 )
+from saga_engine.telemetry._health import HealthBoard
 
 __all__ = ["ShardedEventStore"]
 
@@ -67,8 +68,14 @@ class ShardedEventStore(ShardedInsights, ShardedKeySlots):
     """The ``EventStore`` port over one store per shard (``openers``: shard name -> what
     opens its store, called on first use), routed by ``shard_map``."""
 
-    def __init__(self, shard_map: ShardMap, openers: Mapping[str, ShardOpener]) -> None:
-        super().__init__(shard_map, openers)
+    def __init__(
+        self,
+        shard_map: ShardMap,
+        openers: Mapping[str, ShardOpener],
+        *,
+        health: HealthBoard | None = None,
+    ) -> None:
+        super().__init__(shard_map, openers, health=health)
 
     # ----------------------------------------------------------------- one saga
 

@@ -56,7 +56,9 @@ class LazyTopicSender:
             self._ready.add(topic)
 
 
-async def open_event_store(settings: Settings, codec: CodecChain | None) -> EventStore:
+async def open_event_store(
+    settings: Settings, codec: CodecChain | None, health: HealthBoard | None = None
+) -> EventStore:
     """The Postgres event store (its schema migrated first, unless turned off: on the one
     database, or past one on the control database and every shard)."""
     from saga_engine.store._connect import connect_event_store
@@ -65,7 +67,9 @@ async def open_event_store(settings: Settings, codec: CodecChain | None) -> Even
     with unreachable_as_unavailable(POSTGRES):
         if settings.engine.auto_migrate:
             await migrate_everywhere(settings)
-        return await connect_event_store(settings, codec=codec, blob_store=blob_store(settings))
+        return await connect_event_store(
+            settings, codec=codec, blob_store=blob_store(settings), health=health
+        )
 
 
 def record_blobs(store: EventStore, codec: CodecChain | None) -> RecordBlobs | None:

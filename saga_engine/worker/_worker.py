@@ -183,7 +183,7 @@ class SagaWorker:
 
     async def _start(self) -> None:
         if self._store is None:
-            self._store = await open_event_store(self.settings, self.codec)
+            self._store = await open_event_store(self.settings, self.codec, self.health)
         with unreachable_as_unavailable(KAFKA):
             await ensure_topics(
                 self.settings.kafka, [self.topics.inbox, self.topics.dlq, self.topics.progress]

@@ -148,10 +148,14 @@ async def test_while_a_shard_does_not_answer_the_others_sagas_complete_and_lists
             assert worker.admin_url is not None
             async with httpx.AsyncClient(base_url=worker.admin_url, timeout=30) as http:
                 response = await http.get("/sagas", params={"sort": "id"})
+                health = (await http.get("/health")).json()
         assert response.status_code == 200
         page = response.json()
         assert sorted(item["saga_id"] for item in page["items"]) == sorted(on_a[:5])
         assert [m["shard"] for m in page["missing_shards"]] == ["b"]
+        # /health: degraded (a restart would not cure it), naming the shard.
+        assert health["status"] == "degraded"
+        assert [p for p in health["problems"] if "shard 'b'" in p]
     finally:
         await worker.stop()
     # The dead shard's address never shows in an answer.

@@ -25,6 +25,7 @@ from saga_engine.store._memstore import InMemoryEventStore
 from saga_engine.store._shard_router import ShardOpener
 from saga_engine.store._sharded import ShardedEventStore
 from saga_engine.store._store import Append, EventStore, NewSaga, Projection, SagaFilter
+from saga_engine.telemetry._health import HealthBoard
 
 MAP = ShardMap.build({"a": "0-3", "b": "4-7"}, 8)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -134,14 +135,21 @@ async def test_a_shard_that_cannot_be_opened_is_unavailable_then_opened_when_it_
             raise StoreUnavailable("Postgres is unavailable: ConnectionRefusedError")
         return shards.stores["b"]
 
-    store = ShardedEventStore(MAP, {"a": shards.opener("a"), "b": flaky})
+    health = HealthBoard()
+    store = ShardedEventStore(MAP, {"a": shards.opener("a"), "b": flaky}, health=health)
     [saga] = ids_of("b", 1)
     with pytest.raises(ShardUnavailable) as refused:
         await store.create(new(saga))
     assert refused.value.shard == "b"
     assert "ConnectionRefusedError" in str(refused.value)
+    # /health is degraded, naming the shard, until a call to it succeeds.
+    assert health.status == "degraded"
+    assert ["shard 'b'" in p for p in health.problems] == [True]
+    await store.create(new(ids_of("a", 1)[0]))
+    assert health.status == "degraded"
     assert await store.create(new(saga))
     assert tries == 2
+    assert health.status == "ok"
 
 
 async def test_a_shard_down_fails_its_sagas_and_leaves_the_rest_of_a_read() -> None:
