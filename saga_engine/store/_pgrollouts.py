@@ -12,12 +12,7 @@ import asyncpg
 
 from saga_engine.core.planning._rollout import Rollout, RolloutChange, RolloutSpec, spec_of
 from saga_engine.kernel._settings import PostgresSettings
-from saga_engine.store._pgbase import (
-    _init_connection,
-    _json,
-    _keep_session,
-    _unavailable_as_transient,
-)
+from saga_engine.store._pgbase import _json, _unavailable_as_transient, side_pool
 
 __all__ = ["PostgresRolloutStore", "PostgresRollouts"]
 
@@ -137,17 +132,7 @@ class PostgresRolloutStore(PostgresRollouts):
 
     @classmethod
     async def connect(cls, settings: PostgresSettings) -> PostgresRolloutStore:
-        with _unavailable_as_transient():
-            pool = await asyncpg.create_pool(
-                settings.dsn.get_secret_value(),
-                min_size=1,
-                max_size=2,
-                command_timeout=settings.command_timeout_s,
-                server_settings={"search_path": settings.db_schema},
-                init=_init_connection,
-                reset=_keep_session,
-            )
-        return cls(pool)
+        return cls(await side_pool(settings, max_size=2))
 
     async def close(self) -> None:
         await self._pool.close()

@@ -43,12 +43,7 @@ from saga_engine.core.planning._schedule import (
 )
 from saga_engine.kernel._errors import ScheduleConflict, ScheduleNotFound
 from saga_engine.kernel._settings import PostgresSettings
-from saga_engine.store._pgbase import (
-    _init_connection,
-    _json,
-    _keep_session,
-    _unavailable_as_transient,
-)
+from saga_engine.store._pgbase import _json, _unavailable_as_transient, side_pool
 from saga_engine.store._schedule_store import (
     Fire,
     FireResult,
@@ -188,20 +183,11 @@ class PostgresScheduleStore:
         claims_in_flight: int = 3,
         status_of: SagaStatusOf | None = None,
     ) -> PostgresScheduleStore:
-        with _unavailable_as_transient():
-            pool = await asyncpg.create_pool(
-                settings.dsn.get_secret_value(),
-                min_size=1,
-                # Two per claim of a burst (its transaction, and the sends it records
-                # before sending, committed apart), and two more: the loop's probe and
-                # the admin API. With one per claim, claims holding every connection
-                # would wait for a second one forever.
-                max_size=2 * claims_in_flight + 2,
-                command_timeout=settings.command_timeout_s,
-                server_settings={"search_path": settings.db_schema},
-                init=_init_connection,
-                reset=_keep_session,
-            )
+        # Two per claim of a burst (its transaction, and the sends it records before
+        # sending, committed apart), and two more: the loop's probe and the admin API.
+        # With one per claim, claims holding every connection would wait for a second
+        # one forever.
+        pool = await side_pool(settings, max_size=2 * claims_in_flight + 2)
         return cls(pool, grace=grace, status_of=status_of)
 
     async def close(self) -> None:

@@ -8,6 +8,7 @@ clusters: the control database on the first, the two shards on the others."""
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 from collections.abc import Sequence
 from typing import Any
@@ -144,6 +145,13 @@ async def _status(worker: SagaWorker, saga_id: str) -> SagaStatus | None:
         return None
 
 
+async def _all_running(worker: SagaWorker, ids: Sequence[str]) -> None:
+    async def running() -> bool:
+        return [await _status(worker, i) for i in ids] == [SagaStatus.RUNNING] * len(ids)
+
+    await eventually(running)
+
+
 async def test_a_rollout_set_through_the_api_lives_in_the_control_database_and_new_sagas_run_it(
     pg: PgTarget, pg_shards: tuple[PgTarget, ...], kafka_bootstrap: str, unique_id: str
 ) -> None:
@@ -227,10 +235,7 @@ async def test_a_batch_operation_reaches_the_sagas_of_every_shard(
     async with SagaWorker(settings, [Waits]) as worker, SagaClient(settings) as client:
         for saga_id in ids:
             await client.start(Waits, Order(), saga_id=saga_id)
-        for saga_id in ids:
-            await eventually(
-                lambda i=saga_id: _status(worker, i), until=lambda s: s is SagaStatus.RUNNING
-            )
+        await _all_running(worker, ids)
         operation = await client.start_batch(Waits, "signal", reason="release", signal="go")
         done = await client.wait_batch(operation, timeout=60)
         results = [await client.result(saga_id, timeout=30) for saga_id in ids]
@@ -284,10 +289,7 @@ async def test_blobs_live_in_their_sagas_shard_and_go_only_after_the_saga_is_pru
     async with SagaWorker(settings, [Waits]) as worker, SagaClient(settings) as client:
         for n, saga_id in enumerate(ids):
             await client.start(Waits, Order(pdf=_document(64 + n)), saga_id=saga_id)
-        for saga_id in ids:
-            await eventually(
-                lambda i=saga_id: _status(worker, i), until=lambda s: s is SagaStatus.RUNNING
-            )
+        await _all_running(worker, ids)
         # Each saga's blob is in its own shard, referenced from there; the sweep runs
         # every 0.1 s with no grace and keeps both while their sagas are kept.
         for shard, saga_id in zip(pg_shards, ids, strict=True):
@@ -299,7 +301,7 @@ async def test_blobs_live_in_their_sagas_shard_and_go_only_after_the_saga_is_pru
         for shard in pg_shards:
             await _orphan(shard)
         for shard in pg_shards:
-            await eventually(lambda s=shard: _count(s, "saga_blobs"), until=lambda n: n == 1)
+            await eventually(functools.partial(_count, shard, "saga_blobs"), until=lambda n: n == 1)
         # The second saga ends; pruned, its blob goes. The first's stays.
         await client.signal(ids[1], Waits.go, Go())
         await client.result(ids[1], timeout=30)

@@ -61,9 +61,9 @@ from saga_engine.settings import PostgresSettings
 from saga_engine.store import _pgwrites
 from saga_engine.store._memstore import InMemoryEventStore
 from saga_engine.store._migrations import migrate
+from saga_engine.store._pgrollouts import PostgresRolloutStore
 from saga_engine.store._pgstore import GroupCommitConfig, PostgresEventStore
 from saga_engine.store._shard_router import ShardOpener
-from saga_engine.store._pgrollouts import PostgresRolloutStore
 from saga_engine.store._sharded import ShardedEventStore
 from saga_engine.store._sharded_control import ControlOpener, ControlStore
 from saga_engine.store._store import (

@@ -69,7 +69,6 @@ async def adapter(request: pytest.FixtureRequest, pg: PgTarget) -> AsyncIterator
         statuses[saga_id] = status
 
     if request.param == "memory":
-
         # Every store of one test shares the rows and locks (one "database").
         first = InMemoryScheduleStore(status_of)
 
