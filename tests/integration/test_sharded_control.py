@@ -29,6 +29,7 @@ from saga_engine.settings import (
     CodecSettings,
     EngineSettings,
     KafkaSettings,
+    ParticipantSettings,
     PostgresSettings,
     RetentionSettings,
     ScheduleSettings,
@@ -309,3 +310,44 @@ async def test_blobs_live_in_their_sagas_shard_and_go_only_after_the_saga_is_pru
         assert await _count(pg_shards[1], "sagas") == 0
         assert await _count(pg_shards[0], "saga_blobs") == 1
         assert await _status(worker, ids[0]) is SagaStatus.RUNNING
+
+
+async def test_a_command_and_a_reply_by_reference_keep_their_blobs_in_their_sagas_shard(
+    pg: PgTarget, pg_shards: tuple[PgTarget, ...], kafka_bootstrap: str, unique_id: str
+) -> None:
+    """The engine's command and the participant kit's reply, each over the message size:
+    their blobs go to the saga's shard, referenced from there (the kit opens the shards
+    as the engine does), and the saga completes."""
+    from tests.integration.test_large_payloads import document
+    from tests.integration.test_large_records import THRESHOLD, ArchiveDocument, Document, archive
+
+    settings = _settings(
+        pg,
+        pg_shards,
+        kafka_bootstrap,
+        unique_id,
+        participant=ParticipantSettings(dsn=SecretStr(pg.database_dsn), db_schema=f"{pg.schema}_p"),
+        codec=CodecSettings(blobs=BlobSettings(threshold_bytes=THRESHOLD, mac_key=SecretStr(MAC))),
+    )
+    pdf = document(0.5)  # sent inline by the client; by reference past the threshold
+    ids = _on_each_shard("archived", 1)
+    handled: list[int] = []
+    async with (
+        SagaWorker(settings, [ArchiveDocument]),
+        archive(settings, handled),
+        SagaClient(settings) as client,
+    ):
+        for saga_id in ids:
+            await client.start(ArchiveDocument, Document(pdf=pdf), saga_id=saga_id)
+        results = [await client.result(saga_id, timeout=60) for saga_id in ids]
+    assert [r["size"] for r in results] == [len(pdf)] * 2
+    assert handled == [len(pdf)] * 2
+    for shard, saga_id in zip(pg_shards, ids, strict=True):
+        refs = await _fetch(shard, "SELECT saga_id, digest FROM saga_blob_refs")
+        # The input's, the command's, the reply's (and the stored events' of them): all
+        # this saga's, in its shard.
+        assert {r["saga_id"] for r in refs} == {saga_id}
+        blobs = await _fetch(shard, "SELECT digest FROM saga_blobs")
+        assert {r["digest"] for r in blobs} == {r["digest"] for r in refs}
+        assert len(blobs) >= 3
+    assert await _count(pg, "saga_blobs") == 0
