@@ -41,9 +41,11 @@ from saga_engine.participant._ledger import create_ledger
 from saga_engine.participant._record_batch import RecordBatchRunner
 from saga_engine.participant._relay import Relay
 from saga_engine.store._blobs import DirectoryBlobStore
+from saga_engine.store._connect import connect_event_store
 from saga_engine.store._migrations import PARTICIPANT_MIGRATIONS, migrate
 from saga_engine.store._pgbase import POSTGRES
 from saga_engine.store._pgblobs import PostgresRecordBlobs
+from saga_engine.store._sharded import ShardedEventStore
 from saga_engine.telemetry._groupwatch import GroupWatch, watch_member
 from saga_engine.telemetry._health import HealthBoard
 from saga_engine.telemetry._telemetry import Telemetry, default_telemetry, detach_from_trace
@@ -55,6 +57,7 @@ from saga_engine.transport._kafka import (
     make_group_consumer,
     make_producer,
 )
+from saga_engine.transport._record_blobs import RecordBlobs
 from saga_engine.transport._topics import Topics
 
 __all__ = ["Participant"]
@@ -175,6 +178,8 @@ class Participant:
         self._pool: Pool | None = None
         #: The engine's database, for the blobs of records by reference.
         self._blob_pool: Pool | None = None
+        #: Past one database: the shards, for the blobs of records by reference.
+        self._blob_shards: ShardedEventStore | None = None
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._member: InstanceName | None = None
@@ -435,13 +440,26 @@ class Participant:
             await self._producer.start()
         return self._pool, self._producer
 
-    async def _record_blobs(self) -> PostgresRecordBlobs | None:
+    async def _record_blobs(self) -> RecordBlobs | None:
         """Where commands and replies by reference keep and read their blobs, when the
-        codec stores payloads by reference: the engine's database (``settings.pg``),
-        whose references keep them, and its blob store (``codec.blobs.store``)."""
+        codec stores payloads by reference: the engine's database (``settings.pg``; past
+        one database, the shard of each record's saga), whose references keep them, and
+        its blob store (``codec.blobs.store``)."""
         if self.codec is None or self.codec.reference is None:
             return None
         pg, blobs = self.settings.pg, self.settings.codec.blobs
+        store = None
+        if blobs.store == "directory" and blobs.directory:
+            store = DirectoryBlobStore(blobs.directory)
+        if pg.shards:
+            small = pg.model_copy(update={"pool_min_size": 1, "pool_max_size": 2})
+            with unreachable_as_unavailable(POSTGRES):
+                shards = await connect_event_store(
+                    self.settings, pg=small, codec=self.codec, blob_store=store
+                )
+            assert isinstance(shards, ShardedEventStore)
+            self._blob_shards = shards
+            return shards.record_blobs()
         with unreachable_as_unavailable(POSTGRES):
             self._blob_pool = await asyncpg.create_pool(
                 pg.dsn.get_secret_value(),
@@ -449,9 +467,6 @@ class Participant:
                 max_size=2,
                 server_settings={"search_path": pg.db_schema},
             )
-        store = None
-        if blobs.store == "directory" and blobs.directory:
-            store = DirectoryBlobStore(blobs.directory)
         return PostgresRecordBlobs(self._blob_pool, store)
 
     async def _join_group(self) -> None:
@@ -519,6 +534,9 @@ class Participant:
                 except TimeoutError:
                     pool.terminate()
         self._pool = self._blob_pool = None
+        shards, self._blob_shards = self._blob_shards, None
+        if shards is not None:
+            await shards.close()
 
     # ------------------------------------------------------------------ consuming
 

@@ -36,7 +36,13 @@ from saga_engine.core.planning._batch_operations import (
     started_by,
 )
 from saga_engine.core.views._view import saga_view_of
-from saga_engine.kernel._errors import InvalidTransition, SagaError, SagaNotFound, TransientError
+from saga_engine.kernel._errors import (
+    InvalidTransition,
+    SagaError,
+    SagaNotFound,
+    ShardUnavailable,
+    TransientError,
+)
 from saga_engine.kernel._settings import BatchSettings
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._polling import PollingLoop
@@ -48,7 +54,8 @@ from saga_engine.store._batch_operation_store import (
     SagaActionOutcome,
     saga_filter,
 )
-from saga_engine.store._store import EventStore
+from saga_engine.store._coverage import coverage
+from saga_engine.store._store import EventStore, SagaFilter, SagaRecord
 
 __all__ = ["ACTIONS", "ALREADY_DONE", "CRASH_POINT", "BatchOperationRunner"]
 
@@ -203,9 +210,7 @@ class BatchOperationRunner:
         cursor = op.cursor
         where = saga_filter(op.spec.filter)
         while True:
-            page = await self._sagas.list_sagas(
-                where, limit=self._settings.page_size, after_id=cursor
-            )
+            page = await self._page(where, cursor)
             if not page:
                 if await self._store.finish(op.operation_id, self._owner, _utc_now()):
                     log.info("batch operation %s completed", op.operation_id)
@@ -219,6 +224,19 @@ class BatchOperationRunner:
                     log.info("batch operation %s: cancelled or taken over", op.operation_id)
                     return
                 cursor = record.saga_id
+
+    async def _page(self, where: SagaFilter, cursor: str | None) -> list[SagaRecord]:
+        """The next page of the filter's sagas after ``cursor``, from every shard: a page
+        a shard was missing from would move the cursor past its sagas for good, so a shard
+        that does not answer fails the page (``ShardUnavailable``, transient: the loop
+        claims the operation again and goes on from the cursor once it answers)."""
+        with coverage() as seen:
+            page = await self._sagas.list_sagas(
+                where, limit=self._settings.page_size, after_id=cursor
+            )
+        if seen.partial:
+            raise ShardUnavailable(", ".join(seen.missing), "; ".join(seen.missing.values()))
+        return page
 
     async def _one(self, op: BatchRow, saga_id: str) -> tuple[SagaActionOutcome | None, str | None]:
         """Acts on one saga, unless its history shows the operation did already (None:

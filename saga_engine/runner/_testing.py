@@ -22,7 +22,7 @@ from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.history._structs import to_data
 from saga_engine.core.planning._rollout import RolloutSpec, flow_policy_key
 from saga_engine.kernel._callback_tokens import token_of
-from saga_engine.kernel._errors import SagaError, SagaNotFound, TransientError, UpdateFailed
+from saga_engine.kernel._errors import SagaError, TransientError, UpdateFailed
 from saga_engine.kernel._serde import JsonDict
 from saga_engine.kernel._settings import CallbackSettings, Settings
 from saga_engine.runner._children import ChildLinks
@@ -36,7 +36,7 @@ from saga_engine.store._domain_store import InMemoryDomainEventStore, StoredFact
 from saga_engine.store._membatch_operations import InMemoryBatchStore
 from saga_engine.store._memschedules import InMemoryScheduleStore
 from saga_engine.store._memstore import InMemoryEventStore
-from saga_engine.store._schedule_store import ScheduleStore
+from saga_engine.store._schedule_store import ScheduleStore, saga_status_of
 from saga_engine.store._store import EventStore, SagaRecord, as_utc
 
 __all__ = ["InMemoryCommandBus", "SagaRun", "SagaTestEnv", "ScriptedParticipant"]
@@ -288,7 +288,7 @@ class SagaTestEnv:
         """Durable schedules kept in memory beside the store (the admin API's, for a test
         that serves it: ``create_admin_app(..., schedules=env.schedules)``)."""
         if self._schedules is None:
-            self._schedules = InMemoryScheduleStore(self._status_of)
+            self._schedules = InMemoryScheduleStore(saga_status_of(self.store))
         return self._schedules
 
     async def _open_histories(self) -> dict[str, list[Any]]:
@@ -338,12 +338,6 @@ class SagaTestEnv:
         if self._batches is None:
             self._batches = InMemoryBatchStore()
         return self._batches
-
-    async def _status_of(self, saga_id: str) -> str | None:
-        try:
-            return (await self.store.get(saga_id)).status.value
-        except SagaNotFound:
-            return None
 
     async def set_rollout(
         self,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from saga_engine.core.history._codec import CodecChain, PayloadCodec
 from saga_engine.kernel._settings import PostgresSettings, Settings
 from saga_engine.store._blobs import BlobStore
+from saga_engine.store._pgrollouts import PostgresRolloutStore
 from saga_engine.store._pgshard_map import PostgresShardMapStore
 from saga_engine.store._pgstore import PostgresEventStore
 from saga_engine.store._shard_router import ShardOpener
@@ -31,10 +32,11 @@ async def connect_event_store(
     health: HealthBoard | None = None,
 ) -> EventStore:
     """The event store of ``settings`` (``pg``: the same Postgres settings with another
-        pool size or schema). With shards, the map in force is read from the control database
-        (written there from the settings on the first start), and each shard's store opens on
-        first use: an engine connects to the shards of the partitions it owns. ``health``: where
-    a shard that does not answer shows (``/health``)."""
+    pool size or schema). With shards, the map in force is read from the control database
+    (written there from the settings on the first start), and each shard's store opens on
+    first use: an engine connects to the shards of the partitions it owns; the rollouts
+    and flow policies are the control database's. ``health``: where a shard that does
+    not answer shows (``/health``)."""
     pg = pg or settings.pg
     settings_map = settings.shard_map()
     if settings_map is None or not pg.shards:
@@ -53,6 +55,13 @@ async def connect_event_store(
 
         return open_shard
 
+    async def open_control() -> PostgresRolloutStore:
+        return await PostgresRolloutStore.connect(control)
+
     return ShardedEventStore(
-        shard_map, {name: opener(name) for name in shard_map.names}, health=health
+        shard_map,
+        {name: opener(name) for name in shard_map.names},
+        control=open_control,
+        blob_store=blob_store,
+        health=health,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from saga_engine.core.planning._schedule import (
@@ -27,16 +27,14 @@ from saga_engine.store._schedule_store import (
     Fire,
     FireResult,
     Firing,
+    SagaStatusOf,
     ScheduleRow,
     firing_for,
     previous_saga,
     still_running,
 )
 
-__all__ = ["InMemoryScheduleStore", "SagaStatusOf"]
-
-#: The status of a saga by id (None: no such saga), for the overlap policy.
-SagaStatusOf = Callable[[str], Awaitable[str | None]]
+__all__ = ["InMemoryScheduleStore"]
 
 
 async def _no_sagas(saga_id: str) -> None:

@@ -20,6 +20,7 @@ from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.history._structs import InvalidRecord
 from saga_engine.kernel._errors import SerializationError, StoreUnavailable
 from saga_engine.kernel._serde import JsonDict, dumps, loads
+from saga_engine.kernel._settings import PostgresSettings
 from saga_engine.kernel._startup import Dependency
 from saga_engine.store._store import SagaRecord, StoredEvent
 
@@ -142,6 +143,22 @@ async def _keep_session(conn: asyncpg.Connection[asyncpg.Record]) -> None:
     past a transaction and listens to nothing. An open transaction is still rolled back
     on release (asyncpg does that before calling this). The participant kit keeps the
     default: its handlers run the user's SQL."""
+
+
+async def side_pool(settings: PostgresSettings, max_size: int) -> asyncpg.Pool[asyncpg.Record]:
+    """A small pool of its own on ``settings``' database and schema, for a store beside
+    the event store (schedules, batch operations, rollouts past one database): the
+    event store's writer keeps its pool for the hot path."""
+    with _unavailable_as_transient():
+        return await asyncpg.create_pool(
+            settings.dsn.get_secret_value(),
+            min_size=1,
+            max_size=max_size,
+            command_timeout=settings.command_timeout_s,
+            server_settings={"search_path": settings.db_schema},
+            init=_init_connection,
+            reset=_keep_session,
+        )
 
 
 def _json(value: JsonDict | None) -> _EncodedJson | None:

@@ -18,12 +18,7 @@ from saga_engine.core.planning._batch_operations import BatchSpec, BatchState, c
 from saga_engine.kernel._errors import BatchNotFound
 from saga_engine.kernel._settings import PostgresSettings
 from saga_engine.store._batch_operation_store import MAX_ERRORS, BatchRow, Dealt, Lease
-from saga_engine.store._pgbase import (
-    _init_connection,
-    _json,
-    _keep_session,
-    _unavailable_as_transient,
-)
+from saga_engine.store._pgbase import _json, _unavailable_as_transient, side_pool
 
 __all__ = ["PostgresBatchStore"]
 
@@ -90,18 +85,8 @@ class PostgresBatchStore:
 
     @classmethod
     async def connect(cls, settings: PostgresSettings) -> PostgresBatchStore:
-        with _unavailable_as_transient():
-            pool = await asyncpg.create_pool(
-                settings.dsn.get_secret_value(),
-                min_size=1,
-                # The runner's writes and the admin API's reads.
-                max_size=3,
-                command_timeout=settings.command_timeout_s,
-                server_settings={"search_path": settings.db_schema},
-                init=_init_connection,
-                reset=_keep_session,
-            )
-        return cls(pool)
+        # The runner's writes and the admin API's reads.
+        return cls(await side_pool(settings, max_size=3))
 
     async def close(self) -> None:
         await self._pool.close()

@@ -116,11 +116,26 @@ class PostgresRecordBlobs:
             return await self._store.get(digests)
         return await PostgresBlobStore(self._pool).get(digests)
 
+    async def referenced(self, digests: Collection[str]) -> set[str]:
+        """Those of ``digests`` some saga of this database references (the sweep of a
+        blob store several databases share asks each: ``_sharded_blobs``)."""
+        with _unavailable_as_transient():
+            return await _referenced(self._pool, digests)
+
 
 async def _put(conn: _Conn, blobs: Mapping[str, bytes]) -> None:
     # Content hash order: two transactions touching the same blobs lock them in one order.
     ordered = sorted(check_digest(d) for d in blobs)
     await conn.execute(_PUT, ordered, [blobs[d] for d in ordered])
+
+
+async def _referenced(
+    conn: _Conn | asyncpg.Pool[asyncpg.Record], digests: Collection[str]
+) -> set[str]:
+    rows = await conn.fetch(
+        "SELECT DISTINCT digest FROM saga_blob_refs WHERE digest = ANY($1::text[])", list(digests)
+    )
+    return {r["digest"] for r in rows}
 
 
 async def write_blobs(
@@ -198,8 +213,5 @@ async def sweep_blobs(
         old = await store.written_before(cutoff)
         if not old:
             return 0
-        kept = await pool.fetch(
-            "SELECT DISTINCT digest FROM saga_blob_refs WHERE digest = ANY($1::text[])", old
-        )
-    referenced = {r["digest"] for r in kept}
+        referenced = await _referenced(pool, old)
     return await store.delete([d for d in old if d not in referenced], written_before=cutoff)

@@ -1,5 +1,7 @@
 """The Postgres store's rollouts (migration 0008): the rows every engine applies, and
-their append-only audit trail."""
+their append-only audit trail. Mixed into the event store of one database; past one
+database they live in the control database (``PostgresRolloutStore``, on a pool of its
+own), and the sharded store hands its rollout calls there."""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ from typing import Final
 import asyncpg
 
 from saga_engine.core.planning._rollout import Rollout, RolloutChange, RolloutSpec, spec_of
-from saga_engine.store._pgbase import _json, _unavailable_as_transient
+from saga_engine.kernel._settings import PostgresSettings
+from saga_engine.store._pgbase import _json, _unavailable_as_transient, side_pool
+
+__all__ = ["PostgresRolloutStore", "PostgresRollouts"]
 
 _ROLLOUT_COLUMNS: Final = "saga_type, version, percent, predicate, updated_at, updated_by"
 
@@ -114,3 +119,20 @@ class PostgresRollouts:
                     limit,
                 )
         return [_change(r) for r in rows]
+
+
+class PostgresRolloutStore(PostgresRollouts):
+    """``RolloutStore`` on a database of its own: past one database, the control
+    database's rollouts and flow policies (``saga_rollouts``), which every shard's
+    engines apply. Open it with :meth:`connect` (a small pool: read every
+    ``engine.rollout_refresh_s``, written by an operator)."""
+
+    def __init__(self, pool: asyncpg.Pool[asyncpg.Record]) -> None:
+        self._pool = pool
+
+    @classmethod
+    async def connect(cls, settings: PostgresSettings) -> PostgresRolloutStore:
+        return cls(await side_pool(settings, max_size=2))
+
+    async def close(self) -> None:
+        await self._pool.close()

@@ -25,7 +25,8 @@ is never taken for skipped.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final, TypeAlias
 
@@ -42,16 +43,12 @@ from saga_engine.core.planning._schedule import (
 )
 from saga_engine.kernel._errors import ScheduleConflict, ScheduleNotFound
 from saga_engine.kernel._settings import PostgresSettings
-from saga_engine.store._pgbase import (
-    _init_connection,
-    _json,
-    _keep_session,
-    _unavailable_as_transient,
-)
+from saga_engine.store._pgbase import _json, _unavailable_as_transient, side_pool
 from saga_engine.store._schedule_store import (
     Fire,
     FireResult,
     Firing,
+    SagaStatusOf,
     ScheduleRow,
     firing_for,
     previous_saga,
@@ -153,13 +150,29 @@ WHERE s.schedule_id = u.schedule_id
 """
 
 
+#: The previous sagas' statuses a claim reads at a time through ``status_of``.
+_STATUS_READS: Final = 16
+
+
 class PostgresScheduleStore:
     """The ``saga_schedules`` table. Open it with :meth:`connect` (a small pool of its
-    own: the event store's writer keeps its pool for the hot path)."""
+    own: the event store's writer keeps its pool for the hot path).
 
-    def __init__(self, pool: asyncpg.Pool[asyncpg.Record], *, grace: timedelta) -> None:
+    ``status_of``: where ``overlap=skip`` reads its previous sagas' statuses when they
+    are not in this database (past one database: the schedules live in the control
+    database, the sagas in the shards; the sharded event store's, ``saga_status_of``).
+    None: the ``sagas`` table of this database, in the claim's transaction."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool[asyncpg.Record],
+        *,
+        grace: timedelta,
+        status_of: SagaStatusOf | None = None,
+    ) -> None:
         self._pool = pool
         self._grace = grace
+        self._status_of = status_of
 
     @classmethod
     async def connect(
@@ -168,22 +181,14 @@ class PostgresScheduleStore:
         *,
         grace: timedelta = timedelta(seconds=60),
         claims_in_flight: int = 3,
+        status_of: SagaStatusOf | None = None,
     ) -> PostgresScheduleStore:
-        with _unavailable_as_transient():
-            pool = await asyncpg.create_pool(
-                settings.dsn.get_secret_value(),
-                min_size=1,
-                # Two per claim of a burst (its transaction, and the sends it records
-                # before sending, committed apart), and two more: the loop's probe and
-                # the admin API. With one per claim, claims holding every connection
-                # would wait for a second one forever.
-                max_size=2 * claims_in_flight + 2,
-                command_timeout=settings.command_timeout_s,
-                server_settings={"search_path": settings.db_schema},
-                init=_init_connection,
-                reset=_keep_session,
-            )
-        return cls(pool, grace=grace)
+        # Two per claim of a burst (its transaction, and the sends it records before
+        # sending, committed apart), and two more: the loop's probe and the admin API.
+        # With one per claim, claims holding every connection would wait for a second
+        # one forever.
+        pool = await side_pool(settings, max_size=2 * claims_in_flight + 2)
+        return cls(pool, grace=grace, status_of=status_of)
 
     async def close(self) -> None:
         await self._pool.close()
@@ -424,8 +429,7 @@ class PostgresScheduleStore:
                 )
         return fired
 
-    @staticmethod
-    async def _running(conn: Any, rows: _Claimed, now: datetime) -> set[str]:
+    async def _running(self, conn: Any, rows: _Claimed, now: datetime) -> set[str]:
         """The previous sagas (``previous_saga``) of ``rows`` (overlap=skip ones) that
         have not ended."""
         wanted: dict[str, datetime | None] = {}
@@ -435,10 +439,22 @@ class PostgresScheduleStore:
                 wanted[saga_id] = fired_at
         if not wanted:
             return set()
-        found = {
-            rec["saga_id"]: rec["status"]
-            for rec in await conn.fetch(
-                "SELECT saga_id, status FROM sagas WHERE saga_id = ANY($1::text[])", list(wanted)
-            )
-        }
+        found = await self._statuses(conn, list(wanted))
         return {i for i, at in wanted.items() if still_running(found.get(i), at, now)}
+
+    async def _statuses(self, conn: Any, saga_ids: Sequence[str]) -> Mapping[str, str | None]:
+        """The sagas' statuses (a saga not found: absent or None)."""
+        status_of = self._status_of
+        if status_of is None:
+            rows = await conn.fetch(
+                "SELECT saga_id, status FROM sagas WHERE saga_id = ANY($1::text[])", saga_ids
+            )
+            return {rec["saga_id"]: rec["status"] for rec in rows}
+        gate = asyncio.Semaphore(_STATUS_READS)
+
+        async def one(saga_id: str) -> str | None:
+            async with gate:
+                return await status_of(saga_id)
+
+        found = await asyncio.gather(*(one(i) for i in saga_ids))
+        return dict(zip(saga_ids, found, strict=True))

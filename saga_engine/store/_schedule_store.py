@@ -24,17 +24,21 @@ from saga_engine.core.planning._schedule import (
     tick_saga_id,
     to_resend,
 )
+from saga_engine.kernel._errors import SagaNotFound, ShardUnavailable
 from saga_engine.kernel._serde import JsonDict
+from saga_engine.store._store import EventStore
 
 __all__ = [
     "START_LANDS_WITHIN",
     "Fire",
     "FireResult",
     "Firing",
+    "SagaStatusOf",
     "ScheduleRow",
     "ScheduleStore",
     "firing_for",
     "previous_saga",
+    "saga_status_of",
     "still_running",
     "stored_schedule",
 ]
@@ -150,6 +154,28 @@ def previous_saga(
     if live:
         return tick_saga_id(row.schedule.saga, row.schedule.id, live[-1]), now
     return row.last_saga_id, row.last_fired_at
+
+
+#: The status of a saga by id (None: no such saga), for the overlap policy: where a
+#: schedule store that does not keep the sagas asks (the in-memory one; Postgres past one
+#: database, its schedules in the control database and its sagas in the shards).
+SagaStatusOf = Callable[[str], Awaitable[str | None]]
+
+
+def saga_status_of(store: EventStore) -> SagaStatusOf:
+    """``SagaStatusOf`` read from an event store. A saga whose shard does not answer is
+    taken as running: ``overlap=skip`` skips its schedule's tick rather than risk two of
+    its sagas at once (the next tick asks again)."""
+
+    async def status_of(saga_id: str) -> str | None:
+        try:
+            return (await store.get(saga_id)).status.value
+        except SagaNotFound:
+            return None
+        except ShardUnavailable:
+            return SagaStatus.RUNNING.value
+
+    return status_of
 
 
 def still_running(status: str | None, fired_at: datetime | None, now: datetime) -> bool:

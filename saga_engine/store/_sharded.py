@@ -15,8 +15,10 @@ one store per shard (issue 43), routed by a ``ShardMap``.
   (``ShardUnavailable``) only when no shard answered.
 
 Each shard's store is opened on first use: an engine that owns some partitions connects
-to their shards only, until a read fans out. What is not per saga (rollouts, schedules,
-batch operations, record blobs) lives in the control database, not here.
+to their shards only, until a read fans out. What is not per saga lives in the control
+database: the rollouts and flow policies, handed there (``_sharded_control``), and the
+schedules and batch operations, whose stores the worker opens there. Blobs of payloads by
+reference live with their sagas, in their shard (``_sharded_blobs``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,10 @@ from saga_engine.core.history._events import SagaStarted
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._errors import SagaNotFound, ShardUnavailable
 from saga_engine.kernel._shards import ShardMap
+from saga_engine.store._blobs import BlobStore
 from saga_engine.store._shard_router import ShardOpener
+from saga_engine.store._sharded_blobs import ShardedBlobs
+from saga_engine.store._sharded_control import ControlOpener, ShardedControl
 from saga_engine.store._sharded_extras import ShardedInsights, ShardedKeySlots
 from saga_engine.store._store import (
     EVERY_SAGA,
@@ -64,18 +69,24 @@ _RETENTION_ROUNDS: Final = 7
 _LOOKUPS: Final = 16
 
 
-class ShardedEventStore(ShardedInsights, ShardedKeySlots):
+class ShardedEventStore(ShardedInsights, ShardedKeySlots, ShardedControl, ShardedBlobs):
     """The ``EventStore`` port over one store per shard (``openers``: shard name -> what
-    opens its store, called on first use), routed by ``shard_map``."""
+    opens its store, called on first use), routed by ``shard_map``. ``control``: opens the
+    control database's store, where rollouts and flow policies live (``RolloutStore``);
+    ``blob_store``: the blob store the shards share, if not their own ``saga_blobs``."""
 
     def __init__(
         self,
         shard_map: ShardMap,
         openers: Mapping[str, ShardOpener],
         *,
+        control: ControlOpener | None = None,
+        blob_store: BlobStore | None = None,
         health: HealthBoard | None = None,
     ) -> None:
         super().__init__(shard_map, openers, health=health)
+        self.attach_control(control)
+        self.attach_blob_store(blob_store)
 
     # ----------------------------------------------------------------- one saga
 

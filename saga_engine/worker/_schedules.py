@@ -21,7 +21,8 @@ from saga_engine.kernel._partitioning import partition_for
 from saga_engine.kernel._settings import Settings
 from saga_engine.runner._scheduler import Scheduler, utc_now
 from saga_engine.store._pgschedules import PostgresScheduleStore
-from saga_engine.store._schedule_store import Fire, Firing
+from saga_engine.store._schedule_store import Fire, Firing, saga_status_of
+from saga_engine.store._store import EventStore
 from saga_engine.transport._kafka import SEND_TIMEOUT_S, await_acks
 from saga_engine.transport._wire import Envelope, MessageType, encode
 
@@ -124,15 +125,20 @@ class WorkerSchedules:
         declared: Sequence[Schedule],
         fire: Fire,
         crash_hook: Callable[[str], None] | None,
+        sagas: EventStore,
     ) -> WorkerSchedules:
+        """``sagas``: the event store, where ``overlap=skip`` reads the previous sagas'
+        statuses past one database (the schedules live in the control database, the
+        sagas in the shards); on one database the claim reads them itself."""
         # Checked before anything is written: a declaration naming an unknown saga type,
         # or an input its model refuses, fails the worker's start with the reason.
         for schedule in declared:
             registry.get(schedule.saga).validate_input(schedule.input)
         store = await PostgresScheduleStore.connect(
-            settings.pg,
+            settings.pg.control(),
             grace=timedelta(seconds=settings.schedules.grace_s),
             claims_in_flight=settings.schedules.claims_in_flight,
+            status_of=saga_status_of(sagas) if settings.pg.shards else None,
         )
         try:
             if not await store.migrated():

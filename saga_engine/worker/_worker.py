@@ -210,6 +210,7 @@ class SagaWorker:
                 self.codec,
             ),
             self._crash_hook,
+            self._store,
         )
         self._batches = await WorkerBatches.open(
             self.settings, engine, self._store, self.instance_id, self._crash_hook

@@ -61,9 +61,11 @@ from saga_engine.settings import PostgresSettings
 from saga_engine.store import _pgwrites
 from saga_engine.store._memstore import InMemoryEventStore
 from saga_engine.store._migrations import migrate
+from saga_engine.store._pgrollouts import PostgresRolloutStore
 from saga_engine.store._pgstore import GroupCommitConfig, PostgresEventStore
 from saga_engine.store._shard_router import ShardOpener
 from saga_engine.store._sharded import ShardedEventStore
+from saga_engine.store._sharded_control import ControlOpener, ControlStore
 from saga_engine.store._store import (
     WAKE_GRID,
     Append,
@@ -91,6 +93,8 @@ class Backend:
     codec: CodecChain | None = None
     #: The shards' databases of ``sharded-postgres``.
     shards: tuple[PgTarget, ...] = ()
+    #: Its control database (rollouts and flow policies).
+    control: PgTarget | None = None
 
 
 def contract_codec() -> CodecChain:
@@ -126,7 +130,8 @@ def backend_of(request: pytest.FixtureRequest) -> Backend:
         return Backend(request.param, None, codec)
     if request.param == "sharded-postgres":
         shards: tuple[PgTarget, ...] = request.getfixturevalue("pg_shards")
-        return Backend(request.param, shards[0], shards=shards)
+        control: PgTarget = request.getfixturevalue("pg")
+        return Backend(request.param, shards[0], shards=shards, control=control)
     # Requested only here, so the in-memory variant needs no server.
     pg: PgTarget = request.getfixturevalue("pg")
     return Backend(request.param, pg, codec)
@@ -149,10 +154,14 @@ async def _open_pg(
 async def store(backend: Backend) -> AsyncIterator[EventStore]:
     s: EventStore
     if backend.name == "sharded-memory":
-        s = _sharded([_memory_opener() for _ in CONTRACT_SHARDS.names])
+        s = _sharded([_memory_opener() for _ in CONTRACT_SHARDS.names], _memory_control)
     elif backend.name == "sharded-postgres":
         # Each shard's store opens when first used, as an engine's do.
-        s = _sharded([functools.partial(_open_pg, pg) for pg in backend.shards])
+        assert backend.control is not None
+        s = _sharded(
+            [functools.partial(_open_pg, pg) for pg in backend.shards],
+            functools.partial(_open_control, backend.control),
+        )
     elif backend.pg is None:
         s = InMemoryEventStore(codec=backend.codec)
     else:
@@ -166,11 +175,23 @@ async def store(backend: Backend) -> AsyncIterator[EventStore]:
         await s.close()
 
 
-def _sharded(openers: Sequence[ShardOpener]) -> ShardedEventStore:
-    """``CONTRACT_SHARDS`` over the stores ``openers`` open (one per shard, in order)."""
+def _sharded(openers: Sequence[ShardOpener], control: ControlOpener) -> ShardedEventStore:
+    """``CONTRACT_SHARDS`` over the stores ``openers`` open (one per shard, in order),
+    with the control database's store ``control`` opens."""
     return ShardedEventStore(
-        CONTRACT_SHARDS, dict(zip(CONTRACT_SHARDS.names, openers, strict=True))
+        CONTRACT_SHARDS,
+        dict(zip(CONTRACT_SHARDS.names, openers, strict=True)),
+        control=control,
     )
+
+
+async def _memory_control() -> ControlStore:
+    return InMemoryEventStore()
+
+
+async def _open_control(pg: PgTarget) -> ControlStore:
+    await migrate(pg.database_dsn, pg.schema)
+    return await PostgresRolloutStore.connect(_settings(pg))
 
 
 def _memory_opener() -> ShardOpener:

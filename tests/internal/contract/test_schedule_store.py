@@ -1,7 +1,9 @@
 """The schedule-store contract, run against both adapters, with real Kafka sends.
 
 ``postgres``: two stores on two pools stand for two engines; their claims meet only in
-Postgres (row locks). ``memory``: one in-memory store that both "engines" share. Their
+Postgres (row locks). ``postgres-status-of``: the same, with the previous sagas' statuses
+asked of a collaborator instead of read from ``sagas`` (past one database: the schedules
+in the control database, the sagas in the shards). ``memory``: one in-memory store that both "engines" share. Their
 start requests go to a real Kafka topic, read back and counted.
 """
 
@@ -56,14 +58,17 @@ class Adapter:
     set_status: Callable[[str, str], Awaitable[None]]
 
 
-@pytest.fixture(params=["memory", "postgres"])
+@pytest.fixture(params=["memory", "postgres", "postgres-status-of"])
 async def adapter(request: pytest.FixtureRequest, pg: PgTarget) -> AsyncIterator[Adapter]:
+    statuses: dict[str, str] = {}
+
+    async def status_of(saga_id: str) -> str | None:
+        return statuses.get(saga_id)
+
+    async def set_status(saga_id: str, status: str) -> None:
+        statuses[saga_id] = status
+
     if request.param == "memory":
-        statuses: dict[str, str] = {}
-
-        async def status_of(saga_id: str) -> str | None:
-            return statuses.get(saga_id)
-
         # Every store of one test shares the rows and locks (one "database").
         first = InMemoryScheduleStore(status_of)
 
@@ -72,17 +77,18 @@ async def adapter(request: pytest.FixtureRequest, pg: PgTarget) -> AsyncIterator
             store._rows, store._locks, store._sent = first._rows, first._locks, first._sent
             return store
 
-        async def set_memory(saga_id: str, status: str) -> None:
-            statuses[saga_id] = status
-
-        yield Adapter(make_memory, set_memory)
+        yield Adapter(make_memory, set_status)
         return
     await migrate(pg.database_dsn, pg.schema)
     settings = PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
     opened: list[ScheduleStore] = []
 
+    asked = status_of if request.param == "postgres-status-of" else None
+
     async def make_pg(grace_s: float) -> ScheduleStore:
-        store = await PostgresScheduleStore.connect(settings, grace=timedelta(seconds=grace_s))
+        store = await PostgresScheduleStore.connect(
+            settings, grace=timedelta(seconds=grace_s), status_of=asked
+        )
         opened.append(store)
         return store
 
@@ -101,7 +107,7 @@ async def adapter(request: pytest.FixtureRequest, pg: PgTarget) -> AsyncIterator
             await conn.close()
 
     try:
-        yield Adapter(make_pg, set_pg)
+        yield Adapter(make_pg, set_pg if asked is None else set_status)
     finally:
         for store in opened:
             await store.close()

@@ -259,3 +259,50 @@ async def test_a_rerun_after_a_crash_starts_no_second_saga() -> None:
         assert rerun.idempotency_key == rerun_key_for("op", saga_id)
         assert (await env.engine.get(saga_id)).status is SagaStatus.RUNNING  # untouched
     assert len(await env.store.list_sagas(limit=1000)) == 8
+
+
+async def test_a_shard_that_does_not_answer_holds_the_operation_rather_than_skip_its_sagas() -> (
+    None
+):
+    """Past one database the listing is merged across shards; one that does not answer
+    would leave its sagas out of the page and the cursor would pass them for good: the
+    page fails instead, and the operation goes on from its cursor once the shard is back."""
+    from saga_engine.kernel._errors import ShardUnavailable
+    from saga_engine.kernel._shards import ShardMap
+    from saga_engine.store._memstore import InMemoryEventStore
+    from saga_engine.store._sharded import ShardedEventStore
+    from saga_engine.store._store import EventStore
+
+    class Flaky(InMemoryEventStore):
+        down = False
+
+        async def list_sagas(self, *args: Any, **kwargs: Any) -> Any:
+            if self.down:
+                raise ShardUnavailable("b", "connection refused")
+            return await super().list_sagas(*args, **kwargs)
+
+    a, b = InMemoryEventStore(), Flaky()
+
+    async def open_a() -> EventStore:
+        return a
+
+    async def open_b() -> EventStore:
+        return b
+
+    shard_map = ShardMap.build({"a": "0-3", "b": "4-7"}, 8)
+    env = SagaTestEnv([Waits], store=ShardedEventStore(shard_map, {"a": open_a, "b": open_b}))
+    ids = [(await env.start(Waits, Job(region="eu"))).saga_id for _ in range(12)]
+    assert {shard_map.shard_of_saga(i) for i in ids} == {"a", "b"}
+    b.down = True
+    store = InMemoryBatchStore()
+    await store.create("op", _spec(BatchAction.CANCEL), "alice", 12, env.now())
+    runner = BatchOperationRunner(env.engine, env.store, store, _settings(), owner="e1")
+    with pytest.raises(ShardUnavailable, match="'b'"):
+        await runner.run_once()
+    row = await store.get("op")
+    assert (row.state, row.done, row.cursor) == (BatchState.RUNNING, 0, None)
+    b.down = False
+    store._rows["op"] = dataclasses.replace(store._rows["op"], lease_until=None)
+    await runner.run_once()
+    row = await store.get("op")
+    assert (row.state, row.acted) == (BatchState.COMPLETED, 12)

@@ -366,6 +366,7 @@ async def test_a_worker_refuses_a_declared_schedule_it_cannot_start(
 ) -> None:
     """Refused before anything is opened or written: the worker's start fails with why."""
     from saga_engine import SagaRegistry, Settings
+    from saga_engine.store._memstore import InMemoryEventStore
     from saga_engine.worker._schedules import WorkerSchedules
     from tests.sagas import PlaceOrder
 
@@ -376,7 +377,9 @@ async def test_a_worker_refuses_a_declared_schedule_it_cannot_start(
     # A DSN nothing listens on: reaching it would fail differently.
     settings = Settings(pg={"dsn": "postgresql://nobody@127.0.0.1:1/none"})
     with pytest.raises(PermanentError, match=re.escape(says)) as caught:
-        await WorkerSchedules.open(settings, registry, [schedule], never, None)
+        await WorkerSchedules.open(
+            settings, registry, [schedule], never, None, InMemoryEventStore()
+        )
     assert type(caught.value).__name__ == error
 
 
