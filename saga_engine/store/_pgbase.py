@@ -169,6 +169,29 @@ def _stored_events(
     return [StoredEvent(r["seq"], open_event(codec, r["data"], undecodable)) for r in rows]
 
 
+def history_sql(where: str) -> str:
+    """A query of the events of the history rows ``where`` selects (a condition on
+    ``d``, a row of ``saga_decisions``, migration 0022: one row per decision, its events
+    an array), one row per event, with the columns of the view ``saga_events``:
+    ``saga_id, seq, kind, data, recorded_at``. The event at position ``n`` (1-based) of a
+    row is the saga's event ``d.seq + n - 1``."""
+    return (
+        "SELECT d.saga_id, d.seq + e.n::int - 1 AS seq, d.kinds[e.n::int] AS kind, e.data, "
+        "d.recorded_at FROM saga_decisions AS d CROSS JOIN LATERAL "
+        f"jsonb_array_elements(d.events) WITH ORDINALITY AS e (data, n) WHERE {where}"
+    )
+
+
+def first_event_sql(path: str, saga_id: str = "s.saga_id") -> str:
+    """A scalar subquery: ``path`` (``-> 'parent' ->> 'saga_id'``, say) of the first event
+    (its start: the first element of its first history row, one probe of the primary
+    key) of the saga ``saga_id`` (an SQL expression)."""
+    return (
+        f"(SELECT d.events -> 0 {path} FROM saga_decisions AS d "
+        f"WHERE d.saga_id = {saga_id} AND d.seq = 1)"
+    )
+
+
 _RECORD_COLUMNS: Final = (
     "saga_id, saga_type, status, last_seq, created_at, updated_at, current_step, "
     "next_wakeup, error, idempotency_key, search, saga_version, ended_at"

@@ -22,6 +22,7 @@ from saga_engine.store._pgbase import (
     _RECORD_COLUMNS,
     _record,
     _unavailable_as_transient,
+    history_sql,
 )
 from saga_engine.store._pgblobs import stored_events_of
 from saga_engine.store._store import (
@@ -38,29 +39,53 @@ from saga_engine.store._store import (
 _PARKED_STATUSES: Final = [s.value for s in SagaStatus if s.is_parked]
 
 
+# The history is one row per decision (migration 0022): each query reads the rows that
+# hold the events it wants, by the primary key (saga_id, seq), and unnests them.
+
 #: A saga's whole history, up to its record's last_seq ($2).
 _WHOLE_HISTORY: Final = (
-    "SELECT seq, data FROM saga_events WHERE saga_id = $1 AND seq <= $2 ORDER BY seq"
+    f"SELECT seq, data FROM ({history_sql('d.saga_id = $1 AND d.seq <= $2')}) AS h "
+    "WHERE seq <= $2 ORDER BY seq"
 )
-#: Its events after a seq ($2), of some kinds ($3, null: all), up to last_seq ($4).
-_HISTORY_AFTER: Final = (
-    "SELECT seq, data FROM saga_events WHERE saga_id = $1 AND seq > $2 AND seq <= $4 "
-    "AND ($3::text[] IS NULL OR kind = ANY($3)) ORDER BY seq"
-)
+#: Its events after a seq ($2), of some kinds ($3, null: all), up to last_seq ($4): the
+#: rows from the one holding event $2 + 1 on (one backward probe finds where it starts).
+_HISTORY_AFTER: Final = f"""
+SELECT seq, data FROM ({
+    history_sql(
+        "d.saga_id = $1 AND d.seq <= $4 AND d.seq >= (SELECT coalesce(max(x.seq), 1) "
+        "FROM saga_decisions AS x WHERE x.saga_id = $1 AND x.seq <= $2 + 1)"
+    )
+}) AS h
+WHERE seq > $2 AND seq <= $4 AND ($3::text[] IS NULL OR kind = ANY($3)) ORDER BY seq
+"""
 
 #: Its current run: seq 1 (its saga_started) and the events from its latest
-#: run_continued on (migration 0019's partial index finds it), up to last_seq ($2).
-_CURRENT_RUN: Final = """
-SELECT seq, data FROM saga_events
-WHERE saga_id = $1 AND seq <= $2 AND (seq = 1 OR seq >= coalesce((
-    SELECT max(seq) FROM saga_events
-    WHERE saga_id = $1 AND kind = 'run_continued' AND seq <= $2), 1))
-ORDER BY seq
-"""
-#: Where its runs begin (migration 0019's partial index).
-_RUN_STARTS: Final = (
-    "SELECT seq FROM saga_events WHERE saga_id = $1 AND kind = 'run_continued' ORDER BY seq"
+#: run_continued on, up to last_seq ($2). The latest row holding a run_continued is one
+#: probe of migration 0022's partial index; the run starts at its last run_continued.
+_CURRENT_RUN: Final = f"""
+WITH latest AS (
+    SELECT r.seq, r.kinds FROM saga_decisions AS r
+    WHERE r.saga_id = $1 AND 'run_continued' = ANY (r.kinds) AND r.seq <= $2
+    ORDER BY r.seq DESC LIMIT 1
+), run AS (
+    SELECT coalesce(max(l.seq), 1) AS first_row,
+           coalesce(max(l.seq + k.n::int - 1) FILTER (WHERE k.kind = 'run_continued'), 1)
+               AS start
+    FROM latest AS l CROSS JOIN LATERAL unnest(l.kinds) WITH ORDINALITY AS k (kind, n)
 )
+SELECT h.seq, h.data FROM run CROSS JOIN LATERAL ({
+    history_sql("d.saga_id = $1 AND d.seq <= $2 AND (d.seq = 1 OR d.seq >= run.first_row)")
+}) AS h
+WHERE h.seq <= $2 AND (h.seq = 1 OR h.seq >= run.start)
+ORDER BY h.seq
+"""
+#: Where its runs begin (migration 0022's partial index).
+_RUN_STARTS: Final = """
+SELECT r.seq + k.n::int - 1 AS seq
+FROM saga_decisions AS r CROSS JOIN LATERAL unnest(r.kinds) WITH ORDINALITY AS k (kind, n)
+WHERE r.saga_id = $1 AND 'run_continued' = ANY (r.kinds) AND k.kind = 'run_continued'
+ORDER BY 1
+"""
 
 
 class PostgresReads:
@@ -132,7 +157,9 @@ class PostgresReads:
             async with self._pool.acquire() as conn:
                 # The primary key (saga_id, seq) finds the one row.
                 row = await conn.fetchrow(
-                    "SELECT seq, data FROM saga_events WHERE saga_id = $1 AND seq = 1", saga_id
+                    "SELECT 1 AS seq, events -> 0 AS data FROM saga_decisions "
+                    "WHERE saga_id = $1 AND seq = 1",
+                    saga_id,
                 )
                 if row is None:
                     raise SagaNotFound(saga_id)
