@@ -126,7 +126,7 @@ class _PreparedEvents:
 
     @classmethod
     def of(cls, events: Sequence[Event], codec: CodecChain | None) -> _PreparedEvents:
-        kinds = [e.kind for e in events]
+        kinds: list[str] = [e.kind for e in events]
         if codec is None:
             out = cls(kinds, [_EncodedJson(event_to_json(e)) for e in events])
         elif codec.reference is None:
@@ -145,7 +145,7 @@ class _PreparedEvents:
         return out
 
 
-def _json_list(values: list[JsonDict]) -> _EncodedJson:
+def _json_list(values: Sequence[JsonDict]) -> _EncodedJson:
     return _EncodedJson(dumps(values))
 
 

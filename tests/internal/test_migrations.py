@@ -576,7 +576,9 @@ async def test_0008_keeps_the_rollout_audit_append_only(pg: PgTarget) -> None:
         await conn.close()
 
 
-async def _write_at_0021(conn: asyncpg.Connection, saga_id: str, appends: list[list[Event]]) -> None:  # type: ignore[type-arg]
+async def _write_at_0021(
+    conn: asyncpg.Connection[asyncpg.Record], saga_id: str, appends: list[list[Event]]
+) -> None:
     """A saga's history as the store of 0021 wrote it: one row per event, each append's
     events in one transaction (one recorded_at), and the saga row's last_seq."""
     await conn.execute(
