@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
+import orjson
 import pytest
 from pydantic import SecretStr
 
@@ -22,6 +23,7 @@ from saga_engine.core.history._events import (
     event_to_json,
 )
 from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.planning._replay import HistoryExport, load_history, replay
 from saga_engine.kernel._errors import MigrationBusy, MigrationError, PermanentError
 from saga_engine.kernel._partitioning import key_hash, partition_for
 from saga_engine.settings import PostgresSettings
@@ -35,7 +37,7 @@ from saga_engine.store._migrations import (
 )
 from saga_engine.store._pgdomain import PostgresDomainEventStore
 from saga_engine.store._pgstore import PostgresEventStore
-from saga_engine.store._store import Append, Projection, RunSpan, SagaFilter
+from saga_engine.store._store import Append, NewSaga, Projection, RunSpan, SagaFilter
 from tests.conftest import PgTarget
 
 # A released migration must never change: a database that applied the old text would no
@@ -697,3 +699,97 @@ async def test_0022_moves_the_histories_into_one_row_per_decision(
     finally:
         await domain.close()
         await store.close()
+
+
+async def test_0022_golden_histories_replay_from_both_shapes(
+    pg: PgTarget, fresh_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The golden histories, stored as they were recorded (older event versions
+    included) one row per event at 0021 and moved by 0022, and written again by today's
+    store as decision rows (another schema: a callback's URL derives from the saga's id),
+    load back as the goldens' events and replay."""
+    from tests.replay.test_golden_histories import CALLBACK_KEYS, GOOD, SAGAS
+
+    upto21 = [m for m in shipped_migrations() if m.version <= 21]
+    monkeypatch.setattr(_migrations, "shipped_migrations", lambda: upto21)
+    assert await migrate(pg.database_dsn, pg.schema) == list(range(1, 22))
+    monkeypatch.undo()
+    goldens = {path: load_history(path) for path in GOOD}
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        for path, golden in goldens.items():
+            stored = orjson.loads(path.read_bytes())["events"]
+            await conn.execute(
+                "INSERT INTO sagas (saga_id, saga_type, status, last_seq, created_at, "
+                "updated_at) VALUES ($1, $2, 'running', $3, now(), now())",
+                golden.saga_id,
+                golden.saga_type,
+                len(stored),
+            )
+            for first in range(0, len(stored), 3):  # three events a transaction
+                async with conn.transaction():
+                    for event in stored[first : first + 3]:
+                        await conn.execute(
+                            "INSERT INTO saga_events (saga_id, seq, kind, data) "
+                            "VALUES ($1, $2, $3, $4)",
+                            golden.saga_id,
+                            event.pop("seq"),
+                            event["kind"],
+                            orjson.dumps(event).decode(),
+                        )
+    finally:
+        await conn.close()
+    assert await migrate(pg.database_dsn, pg.schema) == ALL[21:]
+    assert await migrate(pg.database_dsn, fresh_schema) == ALL
+    old, new = [
+        await PostgresEventStore.connect(
+            PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=schema)
+        )
+        for schema in (pg.schema, fresh_schema)
+    ]
+    try:
+        for golden in goldens.values():
+            events = golden.events
+            running = Projection(SagaStatus.RUNNING)
+            assert await new.create(NewSaga(golden.saga_id, golden.saga_type, events[:1], running))
+            for first in range(1, len(events), 2):  # two events an append
+                await new.append(Append(golden.saga_id, first, events[first : first + 2], running))
+            for store in (old, new):
+                loaded = [s.event for s in (await store.load(golden.saga_id)).events]
+                assert loaded == events
+                history = HistoryExport(golden.saga_id, golden.saga_type, loaded)
+                result = replay(SAGAS, history, callbacks=CALLBACK_KEYS)
+                assert result.deterministic, result.error
+                assert result.status.is_terminal
+    finally:
+        await old.close()
+        await new.close()
+
+
+async def test_0022_gives_up_on_a_held_lock_changing_nothing_and_applies_later(
+    pg: PgTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a long transaction reads the history, 0022 waits for its lock at most its
+    lock_timeout, then fails with MigrationBusy, leaving the schema at 0021 and its
+    history one row per event; run again once the reader is done, it moves it."""
+    upto21 = [m for m in shipped_migrations() if m.version <= 21]
+    monkeypatch.setattr(_migrations, "shipped_migrations", lambda: upto21)
+    assert await migrate(pg.database_dsn, pg.schema) == list(range(1, 22))
+    monkeypatch.undo()
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    reader = await asyncpg.connect(pg.dsn)
+    try:
+        await _write_at_0021(reader, "s", [[SagaStarted(at=at, saga_type="t", input={})]])
+        long_tx = reader.transaction()
+        await long_tx.start()
+        await reader.fetch("SELECT count(*) FROM saga_events")  # holds ACCESS SHARE
+        with pytest.raises(MigrationBusy, match="0022_decision_rows"):
+            await migrate(pg.database_dsn, pg.schema)
+        assert [v for v, _, _ in await _recorded(pg.database_dsn, pg.schema)] == ALL[:21]
+        await long_tx.rollback()
+        assert await reader.fetchval("SELECT to_regclass('saga_decisions')") is None
+        assert await migrate(pg.database_dsn, pg.schema) == [22]
+        moved = await reader.fetch("SELECT saga_id, seq, kind FROM saga_events")
+    finally:
+        await reader.close()
+    assert [tuple(r) for r in moved] == [("s", 1, "saga_started")]
