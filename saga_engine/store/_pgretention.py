@@ -18,7 +18,7 @@ from saga_engine.store._pgbase import (
     _record,
     _unavailable_as_transient,
     first_event_sql,
-    history_sql,
+    unnest_rows,
 )
 from saga_engine.store._pgblobs import drop_references, stored_events_of
 from saga_engine.store._store import ArchivedSaga, LoadedSaga, StoredEvent
@@ -85,17 +85,20 @@ class PostgresRetention:
                     "ORDER BY saga_id",
                     ids,
                 )
-                events = await conn.fetch(
-                    f"SELECT saga_id, seq, data FROM ({history_sql('d.saga_id = ANY($1::text[])')}) "
-                    "AS h ORDER BY saga_id, seq",
+                rows = await conn.fetch(
+                    "SELECT saga_id, seq, events FROM saga_decisions "
+                    "WHERE saga_id = ANY($1::text[]) ORDER BY saga_id, seq",
                     ids,
                 )
+                owners = [r["saga_id"] for r in rows for _ in r["events"]]
                 # Archived histories hold the payloads, not references to them: the
                 # blobs go once the saga's references are dropped with it.
-                stored = await stored_events_of(conn, events, ids, self._codec, self._blob_store)
+                stored = await stored_events_of(
+                    conn, unnest_rows(rows), ids, self._codec, self._blob_store
+                )
         by_saga: defaultdict[str, list[StoredEvent]] = defaultdict(list)
-        for row, stored_event in zip(events, stored, strict=True):
-            by_saga[row["saga_id"]].append(stored_event)
+        for owner, stored_event in zip(owners, stored, strict=True):
+            by_saga[owner].append(stored_event)
         out = []
         for row in records:
             record = _record(row, self._codec)
