@@ -440,7 +440,7 @@ async def test_0017_makes_the_insights_from_before_flow_policy_1s(
     conn = await asyncpg.connect(pg.dsn)
     try:
         await conn.execute(row.format("", ""), bucket, 5, [0] * BUCKETS)
-        assert await migrate(pg.database_dsn, pg.schema) == [17, 18, 19, 20, 21, 22]
+        assert await migrate(pg.database_dsn, pg.schema) == [v for v in ALL if v >= 17]
         assert await conn.fetchval("SELECT flow_policy FROM saga_insights") == 1
         await conn.execute(row.format(", flow_policy", ", 2"), bucket, 3, [0] * BUCKETS)
         with pytest.raises(asyncpg.exceptions.UniqueViolationError):
@@ -483,7 +483,7 @@ async def test_0020_filters_sagas_created_before_it_by_creation_time(
     try:
         for n in range(6):
             await conn.execute(insert, f"old-{n}", t0 + timedelta(hours=n))
-        assert await migrate(pg.database_dsn, pg.schema) == [20, 21, 22]
+        assert await migrate(pg.database_dsn, pg.schema) == [v for v in ALL if v >= 20]
         for n in range(6, 9):
             await conn.execute(insert, f"new-{n}", t0 + timedelta(hours=n))
         indexes = await conn.fetch(
@@ -788,7 +788,7 @@ async def test_0022_gives_up_on_a_held_lock_changing_nothing_and_applies_later(
         assert [v for v, _, _ in await _recorded(pg.database_dsn, pg.schema)] == ALL[:21]
         await long_tx.rollback()
         assert await reader.fetchval("SELECT to_regclass('saga_decisions')") is None
-        assert await migrate(pg.database_dsn, pg.schema) == [22]
+        assert await migrate(pg.database_dsn, pg.schema) == ALL[21:]
         moved = await reader.fetch("SELECT saga_id, seq, kind FROM saga_events")
     finally:
         await reader.close()
