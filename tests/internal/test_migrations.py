@@ -76,6 +76,8 @@ PINNED_PARTICIPANT = {
 
 #: Every shipped engine migration's version: what a fresh schema gets.
 ALL = sorted(PINNED)
+#: The shipped migrations, read before any test replaces the function.
+_ALL_SHIPPED = shipped_migrations()
 
 
 def test_shipped_migrations_are_pinned() -> None:
@@ -793,3 +795,38 @@ async def test_0022_gives_up_on_a_held_lock_changing_nothing_and_applies_later(
     finally:
         await reader.close()
     assert [tuple(r) for r in moved] == [("s", 1, "saga_started")]
+
+
+async def test_0022_interrupted_after_the_move_leaves_0021_as_it_was(
+    pg: PgTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0022 is one transaction: failing after it moved the histories and dropped the old
+    table (as a crash there would), it leaves the schema at 0021, the history one row
+    per event in its table; run again, it moves it."""
+    upto21 = [m for m in shipped_migrations() if m.version <= 21]
+    monkeypatch.setattr(_migrations, "shipped_migrations", lambda: upto21)
+    assert await migrate(pg.database_dsn, pg.schema) == list(range(1, 22))
+    shipped = next(m for m in _ALL_SHIPPED if m.version == 22)
+    broken_sql = shipped.sql + "\nSELECT 1 / 0;\n"
+    broken = Migration(
+        22, shipped.name, broken_sql, hashlib.sha256(broken_sql.encode()).hexdigest()
+    )
+    monkeypatch.setattr(_migrations, "shipped_migrations", lambda: [*upto21, broken])
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    started = SagaStarted(at=at, saga_type="t", input={})
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        await _write_at_0021(conn, "s", [[started, TimerFired(at=at, timer_id="a")]])
+        with pytest.raises(asyncpg.exceptions.DivisionByZeroError):
+            await migrate(pg.database_dsn, pg.schema)
+        kind = await conn.fetchval(
+            "SELECT relkind::text FROM pg_class WHERE oid = to_regclass('saga_events')"
+        )
+        assert kind == "r"  # still the table
+        assert await conn.fetchval("SELECT to_regclass('saga_decisions')") is None
+        monkeypatch.undo()
+        assert await migrate(pg.database_dsn, pg.schema) == ALL[21:]
+        moved = await conn.fetch("SELECT saga_id, seq, last_seq, kinds FROM saga_decisions")
+    finally:
+        await conn.close()
+    assert [tuple(r) for r in moved] == [("s", 1, 2, ["saga_started", "timer_fired"])]
