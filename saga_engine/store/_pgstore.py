@@ -139,14 +139,16 @@ class _PreparedEvents:
             out = cls(kinds, data, blobs)
         if "event_awaited" in kinds:
             # Source and key are outside any codec (a wait is found by them).
-            out.awaits = _json_list(
-                [{"source": e.source, "key": e.key} for e in events if isinstance(e, EventAwaited)]
+            out.awaits = _EncodedJson(
+                dumps(
+                    [
+                        {"source": e.source, "key": e.key}
+                        for e in events
+                        if isinstance(e, EventAwaited)
+                    ]
+                )
             )
         return out
-
-
-def _json_list(values: Sequence[JsonDict]) -> _EncodedJson:
-    return _EncodedJson(dumps(values))
 
 
 def _error_json(error: JsonDict | None, codec: CodecChain | None) -> _EncodedJson | None:
@@ -321,8 +323,9 @@ class PostgresEventStore(
         if not migrated:
             await pool.close()
             raise MigrationError(
-                f"schema {settings.db_schema!r} has no saga tables (or not this release's): run `saga migrate` "
-                "(or saga_engine.store._migrations.migrate) before starting the engine"
+                f"schema {settings.db_schema!r} has no saga tables (or not this release's): "
+                "run `saga migrate` (or saga_engine.store._migrations.migrate) before "
+                "starting the engine"
             )
         return cls(pool, group_commit, codec, blob_store)
 
@@ -578,8 +581,9 @@ class PostgresEventStore(
         # expected, so it updates nothing and learns it lost. Exactly one writer per
         # expected_seq wins, without SERIALIZABLE and without retries. The events are
         # inserted only for the winners, after their guard row is locked and updated, so
-        # sequences stay dense; the (saga_id, seq) primary key would reject a duplicate
-        # even from a writer that bypassed the guard.
+        # sequences stay dense; the (saga_id, seq) primary key (a history row's first
+        # event) would reject a second append at one position even from a writer that
+        # bypassed the guard.
         won = await conn.fetch(
             UPDATE_GUARDS,
             ids,
