@@ -380,7 +380,13 @@ async def pg_info(conn: asyncpg.Connection[Any]) -> dict[str, Any]:
 
 #: The pipeline's tables whose row writes each point reports (``pg_rows_per_saga``): the
 #: engine's history and saga rows, the participants' claims, outbox and business rows.
-_COUNTED_TABLES = ("sagas", "saga_events", "saga_processed_commands", "saga_reply_outbox", "ledger")
+_COUNTED_TABLES = (
+    "sagas",
+    "saga_decisions",
+    "saga_processed_commands",
+    "saga_reply_outbox",
+    "ledger",
+)
 
 
 async def pg_counters(conn: asyncpg.Connection[Any], schema: str | None = None) -> dict[str, int]:

@@ -199,7 +199,7 @@ async def measure(dsn: str, sagas: int, batch: int, decision_rows: bool = False)
         env = SagaTestEnv([Transfer], settings=settings, store=store)
         try:
             await _drive(env, sagas, min(batch, 8))  # warm the statement caches
-            await admin.execute(f'DELETE FROM "{schema}".saga_events')  # the prototype's input
+            await admin.execute(f'DELETE FROM "{schema}".saga_decisions')  # the prototype's input
             statements.clear()
             await admin.execute("CHECKPOINT")
             # A temporary slot keeps the window's WAL until it is read, however much

@@ -9,9 +9,7 @@ does the first only and ``replay`` both, so rebuild is their difference. Unit: a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, cast
-
-import asyncpg
+from typing import Any
 
 from bench.ir import fixtures
 from bench.ir.shape import definitions, saga_id
@@ -28,8 +26,8 @@ def rows(fixture: dict[str, Any], n: int) -> list[list[tuple[int, bytes]]]:
 
 
 def _read(raw: list[tuple[int, bytes]]) -> list[Any]:
-    records = [{"seq": seq, "data": _decode_jsonb(data)} for seq, data in raw]
-    return [s.event for s in _stored_events(cast(list[asyncpg.Record], records), None)]
+    pairs = [(seq, _decode_jsonb(data)) for seq, data in raw]
+    return [s.event for s in _stored_events(pairs, None)]
 
 
 def read(n: int, fixture_path: Path) -> int:

@@ -7,7 +7,7 @@ Postgres cannot store becomes ``SerializationError``. Everything else passes unc
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, TypeAlias
 
@@ -165,12 +165,33 @@ def _json(value: JsonDict | None) -> _EncodedJson | None:
     return None if value is None else _EncodedJson(dumps(value))
 
 
+#: An event as read from the history: its sequence number and its stored JSON.
+EventRow: TypeAlias = tuple[int, Any]
+
+
+def unnest_rows(
+    rows: Iterable[asyncpg.Record], keep: Callable[[int, str], bool] | None = None
+) -> list[EventRow]:
+    """The events of history rows (``seq, kinds, events`` of ``saga_decisions``,
+    migration 0022: one row per decision, its events an array, decoded once per row),
+    in the rows' order, the event at position ``i`` numbered ``seq + i``; only those
+    ``keep(seq, kind)`` accepts (None: all)."""
+    if keep is None:
+        return [(r["seq"] + i, data) for r in rows for i, data in enumerate(r["events"])]
+    return [
+        (r["seq"] + i, data)
+        for r in rows
+        for i, (kind, data) in enumerate(zip(r["kinds"], r["events"], strict=True))
+        if keep(r["seq"] + i, kind)
+    ]
+
+
 def _stored_events(
-    rows: list[asyncpg.Record],
+    rows: Sequence[EventRow],
     codec: CodecChain | None,
     undecodable: Undecodable = Undecodable.RAISE,
 ) -> list[StoredEvent]:
-    """``(seq, data)`` rows as events, their sealed payloads opened.
+    """``(seq, data)`` pairs as events, their sealed payloads opened.
 
     Without a codec this is the loop it always was: nothing per event for the feature.
     A sealed event then fails validation, and only then does ``open_event`` look at the
@@ -178,12 +199,35 @@ def _stored_events(
     """
     if codec is None and undecodable is Undecodable.RAISE:
         try:
-            return [StoredEvent(r["seq"], event_from_dict(r["data"])) for r in rows]
+            return [StoredEvent(seq, event_from_dict(data)) for seq, data in rows]
         except InvalidRecord:
-            for r in rows:
-                open_event(None, r["data"])
+            for _, data in rows:
+                open_event(None, data)
             raise
-    return [StoredEvent(r["seq"], open_event(codec, r["data"], undecodable)) for r in rows]
+    return [StoredEvent(seq, open_event(codec, data, undecodable)) for seq, data in rows]
+
+
+def history_sql(where: str) -> str:
+    """A query of the events of the history rows ``where`` selects (a condition on
+    ``d``, a row of ``saga_decisions``, migration 0022: one row per decision, its events
+    an array), one row per event, with the columns of the view ``saga_events``:
+    ``saga_id, seq, kind, data, recorded_at``. The event at position ``n`` (1-based) of a
+    row is the saga's event ``d.seq + n - 1``."""
+    return (
+        "SELECT d.saga_id, d.seq + e.n::int - 1 AS seq, d.kinds[e.n::int] AS kind, e.data, "
+        "d.recorded_at FROM saga_decisions AS d CROSS JOIN LATERAL "
+        f"jsonb_array_elements(d.events) WITH ORDINALITY AS e (data, n) WHERE {where}"
+    )
+
+
+def first_event_sql(path: str, saga_id: str = "s.saga_id") -> str:
+    """A scalar subquery: ``path`` (``-> 'parent' ->> 'saga_id'``, say) of the first event
+    (its start: the first element of its first history row, one probe of the primary
+    key) of the saga ``saga_id`` (an SQL expression)."""
+    return (
+        f"(SELECT d.events -> 0 {path} FROM saga_decisions AS d "
+        f"WHERE d.saga_id = {saga_id} AND d.seq = 1)"
+    )
 
 
 _RECORD_COLUMNS: Final = (

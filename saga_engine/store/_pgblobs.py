@@ -13,7 +13,7 @@ to reference is never old enough to go.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
@@ -22,7 +22,12 @@ import asyncpg
 from saga_engine.core.history._blobref import resolving
 from saga_engine.core.history._codec import CodecChain, Undecodable
 from saga_engine.store._blobs import BlobStore, check_digest
-from saga_engine.store._pgbase import _Conn, _stored_events, _unavailable_as_transient
+from saga_engine.store._pgbase import (
+    EventRow,
+    _Conn,
+    _stored_events,
+    _unavailable_as_transient,
+)
 from saga_engine.store._store import StoredEvent
 
 __all__ = [
@@ -172,7 +177,7 @@ async def blobs_of(
 
 async def stored_events_of(
     conn: _Conn,
-    rows: list[asyncpg.Record],
+    rows: Sequence[EventRow],
     saga_ids: Collection[str],
     codec: CodecChain | None,
     store: BlobStore | None,

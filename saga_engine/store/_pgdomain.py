@@ -1,6 +1,7 @@
 """The domain events sagas wait for, in Postgres (migration 0011): the facts in
-``saga_domain_events``; the waits read from the histories (``event_awaited`` events,
-through the partial index ``saga_events_event_awaited_idx``)."""
+``saga_domain_events``; the waits read from the histories: the ``awaits`` of their
+rows (each ``event_awaited`` event's source and key, migration 0022), through the
+partial GIN index ``saga_decisions_awaits``."""
 
 from __future__ import annotations
 
@@ -19,12 +20,24 @@ from saga_engine.store._pgbase import (
     _json,
     _keep_session,
     _unavailable_as_transient,
+    history_sql,
 )
 
 __all__ = ["PostgresDomainEventStore", "mark_received"]
 
 _COLUMNS: Final = (
     'source, key, event_id, payload, received_at, expires_at, topic, partition, "offset", matched'
+)
+
+
+#: The value of a history row's ``awaits`` that a wait for source {0} and key {1} (SQL
+#: expressions) is contained in (migration 0022).
+_AWAITS: Final = "jsonb_build_array(jsonb_build_object('source', {0}, 'key', {1}))"
+#: Whether saga ``a``'s history received fact ``f``.
+_RECEIVED: Final = history_sql(
+    "d.saga_id = a.saga_id AND 'domain_event_received' = ANY (d.kinds) "
+    "AND d.kinds[e.n::int] = 'domain_event_received' AND e.data ->> 'source' = f.source "
+    "AND e.data ->> 'event_id' = f.event_id"
 )
 
 
@@ -85,9 +98,9 @@ class PostgresDomainEventStore:
     async def waiting(self, source: str, key: str) -> list[str]:
         with _unavailable_as_transient():
             rows = await self._pool.fetch(
-                "SELECT DISTINCT e.saga_id FROM saga_events e JOIN sagas s USING (saga_id) "
-                "WHERE e.kind = 'event_awaited' AND e.data ->> 'source' = $1 "
-                "AND e.data ->> 'key' = $2 AND s.ended_at IS NULL ORDER BY 1",
+                "SELECT DISTINCT d.saga_id FROM saga_decisions d JOIN sagas s USING (saga_id) "
+                f"WHERE d.awaits @> {_AWAITS.format('$1::text', '$2::text')} "
+                "AND s.ended_at IS NULL ORDER BY 1",
                 source,
                 key,
             )
@@ -142,17 +155,14 @@ class PostgresDomainEventStore:
         if not matched:
             return {}
         with _unavailable_as_transient():
-            # Through the partial index on event_awaited (a saga received only what it
-            # waited for), then each such saga's own events (its primary key): never a
-            # scan of saga_events by kind.
+            # Through the partial index of the waits (a saga received only what it
+            # waited for), then each such saga's own history rows that received a domain
+            # event (its primary key): never a scan of the histories by kind.
             rows = await self._pool.fetch(
-                "SELECT DISTINCT f.source, f.event_id, r.saga_id "
+                "SELECT DISTINCT f.source, f.event_id, a.saga_id "
                 "FROM unnest($1::text[], $2::text[], $3::text[]) AS f(source, key, event_id) "
-                "JOIN saga_events a ON a.kind = 'event_awaited' "
-                "AND a.data ->> 'source' = f.source AND a.data ->> 'key' = f.key "
-                "JOIN saga_events r ON r.saga_id = a.saga_id "
-                "AND r.kind = 'domain_event_received' AND r.data ->> 'source' = f.source "
-                "AND r.data ->> 'event_id' = f.event_id ORDER BY 1, 2, 3",
+                f"JOIN saga_decisions a ON a.awaits @> {_AWAITS.format('f.source', 'f.key')} "
+                f"WHERE EXISTS ({_RECEIVED}) ORDER BY 1, 2, 3",
                 [f.source for f in matched],
                 [f.key for f in matched],
                 [f.event_id for f in matched],

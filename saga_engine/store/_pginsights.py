@@ -32,13 +32,19 @@ from saga_engine.core.views._insights import (
     summarize,
 )
 from saga_engine.kernel._serde import dumps
-from saga_engine.store._pgbase import _Conn, _EncodedJson, _unavailable_as_transient
+from saga_engine.store._pgbase import (
+    _Conn,
+    _EncodedJson,
+    _unavailable_as_transient,
+    first_event_sql,
+    history_sql,
+)
 
 # The marks of finished runs' histories. Only the kinds a summary reads; `error` only when it is a plain message (a
 # payload codec may have sealed it). A reply's timings (written by the engine from a validated model, never a
 # participant's raw text) and, for a reply, when its row was stored: the apply phase's end; for a
 # start, its flow policy (absent: 1).
-_MARKS: Final = """
+_MARKS: Final = f"""
 SELECT saga_id, kind, extract(epoch FROM (data->>'at')::timestamptz)::float8 * 1000 AS at, data->>'step' AS step,
        data->>'command_id' AS command_id, data->>'outcome' AS outcome,
        coalesce(data->>'compensation' = 'true', false) AS compensation,
@@ -59,8 +65,8 @@ SELECT saga_id, kind, extract(epoch FROM (data->>'at')::timestamptz)::float8 * 1
             THEN extract(epoch FROM recorded_at)::float8 * 1000 END AS recorded,
        CASE WHEN kind = 'saga_started' THEN (data->>'flow_policy')::int END AS flow_policy,
        coalesce(kind = 'callback_received' AND data->>'failed' = 'true', false) AS failed
-FROM saga_events
-WHERE saga_id = ANY($1::text[]) AND kind = ANY($2::text[])
+FROM ({history_sql("d.saga_id = ANY($1::text[]) AND d.kinds && $2::text[]")}) AS h
+WHERE kind = ANY($2::text[])
 ORDER BY saga_id, seq
 """
 
@@ -160,13 +166,12 @@ ORDER BY flow_policy
 # The runs of a type that ended in the window and took longer than the SLA, latest
 # first: the ended_at index (migration 0010) walked backwards, each row checked; of one
 # flow policy ($6; null: any), read off the run's first event (its start).
-_BREACHES: Final = """
+_BREACHES: Final = f"""
 SELECT s.saga_id FROM sagas s
 WHERE s.ended_at >= $2 AND s.ended_at < $3 AND s.saga_type = $1
   AND s.ended_at - s.created_at > $4
   AND ($6::int IS NULL OR $6 = coalesce(
-      (SELECT (e.data->>'flow_policy')::int FROM saga_events e
-       WHERE e.saga_id = s.saga_id AND e.seq = 1), 1))
+      ({first_event_sql("->> 'flow_policy'")})::int, 1))
 ORDER BY s.ended_at DESC
 LIMIT $5
 """

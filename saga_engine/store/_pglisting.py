@@ -27,16 +27,14 @@ from saga_engine.store._pgbase import (
     _json,
     _record,
     _unavailable_as_transient,
+    first_event_sql,
 )
 from saga_engine.store._store import EVERY_SAGA, ListOrder, SagaFilter, SagaRecord, as_utc
 
 _MAX_CHAR: Final = "\U0010ffff"
 #: The saga that started this one (its first event names it, outside any codec): one
 #: primary-key lookup per row it is asked of.
-_PARENT: Final = (
-    "(SELECT e.data -> 'parent' ->> 'saga_id' FROM saga_events e "
-    "WHERE e.saga_id = s.saga_id AND e.seq = 1)"
-)
+_PARENT: Final = first_event_sql("-> 'parent' ->> 'saga_id'")
 #: Literal, not a parameter: the planner proves the partial index's predicate
 #: (sagas_open_key_hash_idx, migration 0004) only from the same literal list.
 _OPEN_IN: Final = "status IN (" + ", ".join(f"'{s}'" for s in _OPEN_STATUSES) + ")"

@@ -6,9 +6,9 @@ never by reading rows into Python to filter them there.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from datetime import datetime
-from typing import Final
+from typing import Final, TypeAlias
 
 import asyncpg
 
@@ -20,8 +20,10 @@ from saga_engine.store._blobs import BlobStore
 from saga_engine.store._pgbase import (
     _OPEN_STATUSES,
     _RECORD_COLUMNS,
+    EventRow,
     _record,
     _unavailable_as_transient,
+    unnest_rows,
 )
 from saga_engine.store._pgblobs import stored_events_of
 from saga_engine.store._store import (
@@ -38,29 +40,58 @@ from saga_engine.store._store import (
 _PARKED_STATUSES: Final = [s.value for s in SagaStatus if s.is_parked]
 
 
+# The history is one row per decision (migration 0022): each query reads the rows that
+# hold the events it wants, by the primary key (saga_id, seq), and Python unnests them
+# (``unnest_rows``: one JSON decode per row), keeping the events the read asks for.
+
 #: A saga's whole history, up to its record's last_seq ($2).
 _WHOLE_HISTORY: Final = (
-    "SELECT seq, data FROM saga_events WHERE saga_id = $1 AND seq <= $2 ORDER BY seq"
+    "SELECT seq, kinds, events FROM saga_decisions WHERE saga_id = $1 AND seq <= $2 ORDER BY seq"
 )
-#: Its events after a seq ($2), of some kinds ($3, null: all), up to last_seq ($4).
-_HISTORY_AFTER: Final = (
-    "SELECT seq, data FROM saga_events WHERE saga_id = $1 AND seq > $2 AND seq <= $4 "
-    "AND ($3::text[] IS NULL OR kind = ANY($3)) ORDER BY seq"
-)
-
-#: Its current run: seq 1 (its saga_started) and the events from its latest
-#: run_continued on (migration 0019's partial index finds it), up to last_seq ($2).
-_CURRENT_RUN: Final = """
-SELECT seq, data FROM saga_events
-WHERE saga_id = $1 AND seq <= $2 AND (seq = 1 OR seq >= coalesce((
-    SELECT max(seq) FROM saga_events
-    WHERE saga_id = $1 AND kind = 'run_continued' AND seq <= $2), 1))
+#: Its rows holding events after a seq ($2), of some kinds ($3, null: all), up to
+#: last_seq ($4): from the row holding event $2 + 1 on (one backward probe of the primary
+#: key finds where it starts).
+_HISTORY_AFTER: Final = """
+SELECT seq, kinds, events FROM saga_decisions
+WHERE saga_id = $1 AND seq <= $4 AND seq >= (
+    SELECT coalesce(max(x.seq), 1) FROM saga_decisions AS x WHERE x.saga_id = $1 AND x.seq <= $2 + 1)
+  AND ($3::text[] IS NULL OR kinds && $3)
 ORDER BY seq
 """
-#: Where its runs begin (migration 0019's partial index).
-_RUN_STARTS: Final = (
-    "SELECT seq FROM saga_events WHERE saga_id = $1 AND kind = 'run_continued' ORDER BY seq"
-)
+#: Its current run, up to last_seq ($2): the row of seq 1 (its saga_started) and the rows
+#: from the latest holding a run_continued on (migration 0022's partial index finds it;
+#: the run starts at its last run_continued, ``_current_run``).
+_CURRENT_RUN: Final = """
+SELECT seq, kinds, events FROM saga_decisions
+WHERE saga_id = $1 AND seq <= $2 AND (seq = 1 OR seq >= coalesce((
+    SELECT max(r.seq) FROM saga_decisions AS r
+    WHERE r.saga_id = $1 AND 'run_continued' = ANY (r.kinds) AND r.seq <= $2), 1))
+ORDER BY seq
+"""
+#: Where its runs begin (migration 0022's partial index).
+_RUN_STARTS: Final = """
+SELECT r.seq + k.n::int - 1 AS seq
+FROM saga_decisions AS r CROSS JOIN LATERAL unnest(r.kinds) WITH ORDINALITY AS k (kind, n)
+WHERE r.saga_id = $1 AND 'run_continued' = ANY (r.kinds) AND k.kind = 'run_continued'
+ORDER BY 1
+"""
+
+#: Picks the events a read returns from the history rows it read and the record's last_seq.
+_Pick: TypeAlias = Callable[[list[asyncpg.Record], int], list[EventRow]]
+
+
+def _whole(rows: list[asyncpg.Record], last_seq: int) -> list[EventRow]:
+    return unnest_rows(rows, lambda seq, _kind: seq <= last_seq)
+
+
+def _current_run(rows: list[asyncpg.Record], last_seq: int) -> list[EventRow]:
+    """Event 1 and the events from the last run_continued on."""
+    start = 1
+    for r in rows:
+        for i, kind in enumerate(r["kinds"]):
+            if kind == "run_continued" and r["seq"] + i <= last_seq:
+                start = r["seq"] + i
+    return unnest_rows(rows, lambda seq, _kind: seq <= last_seq and (seq == 1 or seq >= start))
 
 
 class PostgresReads:
@@ -73,12 +104,12 @@ class PostgresReads:
     async def load(
         self, saga_id: str, *, undecodable: Undecodable = Undecodable.RAISE
     ) -> LoadedSaga:
-        return await self._load(saga_id, _WHOLE_HISTORY, (saga_id,), undecodable)
+        return await self._load(saga_id, _WHOLE_HISTORY, (saga_id,), _whole, undecodable)
 
     async def load_run(
         self, saga_id: str, *, undecodable: Undecodable = Undecodable.RAISE
     ) -> LoadedSaga:
-        return await self._load(saga_id, _CURRENT_RUN, (saga_id,), undecodable)
+        return await self._load(saga_id, _CURRENT_RUN, (saga_id,), _current_run, undecodable)
 
     async def runs(self, saga_id: str) -> list[RunSpan]:
         check_lookup(saga_id)
@@ -99,14 +130,29 @@ class PostgresReads:
         undecodable: Undecodable = Undecodable.RAISE,
     ) -> LoadedSaga:
         # The primary key (saga_id, seq) bounds the scan to the new rows.
-        args = (saga_id, after_seq, None if kinds is None else list(kinds))
-        return await self._load(saga_id, _HISTORY_AFTER, args, undecodable)
+        wanted = None if kinds is None else list(kinds)
+
+        def pick(rows: list[asyncpg.Record], last_seq: int) -> list[EventRow]:
+            return unnest_rows(
+                rows,
+                lambda seq, kind: (
+                    after_seq < seq <= last_seq and (wanted is None or kind in wanted)
+                ),
+            )
+
+        args = (saga_id, after_seq, wanted)
+        return await self._load(saga_id, _HISTORY_AFTER, args, pick, undecodable)
 
     async def _load(
-        self, saga_id: str, events_sql: str, args: tuple[object, ...], undecodable: Undecodable
+        self,
+        saga_id: str,
+        rows_sql: str,
+        args: tuple[object, ...],
+        pick: _Pick,
+        undecodable: Undecodable,
     ) -> LoadedSaga:
-        """The saga's record and its events that ``events_sql`` selects (its last
-        parameter: the record's last_seq)."""
+        """The saga's record and the events ``pick`` keeps of the history rows
+        ``rows_sql`` selects (its last parameter: the record's last_seq)."""
         check_lookup(saga_id)
         with _unavailable_as_transient():
             async with self._pool.acquire() as conn:
@@ -120,9 +166,14 @@ class PostgresReads:
                 # committed with (or before) the row version just read, and history is
                 # append-only, so this returns exactly the history the record describes,
                 # ignoring any event appended since.
-                event_rows = await conn.fetch(events_sql, *args, record.last_seq)
+                rows = await conn.fetch(rows_sql, *args, record.last_seq)
                 events = await stored_events_of(
-                    conn, event_rows, [saga_id], self._codec, self._blob_store, undecodable
+                    conn,
+                    pick(rows, record.last_seq),
+                    [saga_id],
+                    self._codec,
+                    self._blob_store,
+                    undecodable,
                 )
         return LoadedSaga(record, events)
 
@@ -131,13 +182,14 @@ class PostgresReads:
         with _unavailable_as_transient():
             async with self._pool.acquire() as conn:
                 # The primary key (saga_id, seq) finds the one row.
-                row = await conn.fetchrow(
-                    "SELECT seq, data FROM saga_events WHERE saga_id = $1 AND seq = 1", saga_id
+                data = await conn.fetchval(
+                    "SELECT events -> 0 FROM saga_decisions WHERE saga_id = $1 AND seq = 1",
+                    saga_id,
                 )
-                if row is None:
+                if data is None:
                     raise SagaNotFound(saga_id)
                 found = await stored_events_of(
-                    conn, [row], [saga_id], self._codec, self._blob_store
+                    conn, [(1, data)], [saga_id], self._codec, self._blob_store
                 )
         return found[0]
 

@@ -17,11 +17,15 @@ from saga_engine.store._pgbase import (
     _RECORD_COLUMNS,
     _record,
     _unavailable_as_transient,
+    first_event_sql,
+    unnest_rows,
 )
 from saga_engine.store._pgblobs import drop_references, stored_events_of
 from saga_engine.store._store import ArchivedSaga, LoadedSaga, StoredEvent
 
 _TERMINAL: Final = [s.value for s in SagaStatus if s.is_terminal]
+#: The saga that started saga ``s`` (its first event names it, outside any codec).
+_PARENT: Final = first_event_sql("-> 'parent' ->> 'saga_id'")
 
 
 class PostgresRetention:
@@ -62,11 +66,7 @@ class PostgresRetention:
         # A child saga stays while its parent's row does: the parent may still compensate
         # and undo it (an undo that found no child would answer "nothing to undo"), or
         # re-send its start. Its parent is named in its first event, outside any codec.
-        clauses.append(
-            "NOT EXISTS (SELECT 1 FROM saga_events e JOIN sagas p "
-            "ON p.saga_id = e.data->'parent'->>'saga_id' "
-            "WHERE e.saga_id = s.saga_id AND e.seq = 1)"
-        )
+        clauses.append(f"NOT EXISTS (SELECT 1 FROM sagas p WHERE p.saga_id = {_PARENT})")
         # The ended_at index, oldest first: a bounded batch per call.
         sql = (
             f"SELECT saga_id FROM sagas s WHERE {' AND '.join(clauses)} "
@@ -85,17 +85,20 @@ class PostgresRetention:
                     "ORDER BY saga_id",
                     ids,
                 )
-                events = await conn.fetch(
-                    "SELECT saga_id, seq, data FROM saga_events WHERE saga_id = ANY($1::text[]) "
-                    "ORDER BY saga_id, seq",
+                rows = await conn.fetch(
+                    "SELECT saga_id, seq, events FROM saga_decisions "
+                    "WHERE saga_id = ANY($1::text[]) ORDER BY saga_id, seq",
                     ids,
                 )
+                owners = [r["saga_id"] for r in rows for _ in r["events"]]
                 # Archived histories hold the payloads, not references to them: the
                 # blobs go once the saga's references are dropped with it.
-                stored = await stored_events_of(conn, events, ids, self._codec, self._blob_store)
+                stored = await stored_events_of(
+                    conn, unnest_rows(rows), ids, self._codec, self._blob_store
+                )
         by_saga: defaultdict[str, list[StoredEvent]] = defaultdict(list)
-        for row, stored_event in zip(events, stored, strict=True):
-            by_saga[row["saga_id"]].append(stored_event)
+        for owner, stored_event in zip(owners, stored, strict=True):
+            by_saga[owner].append(stored_event)
         out = []
         for row in records:
             record = _record(row, self._codec)
@@ -139,7 +142,7 @@ class PostgresRetention:
                 gone = [r["saga_id"] for r in deleted]
                 if gone:
                     await conn.execute(
-                        "DELETE FROM saga_events WHERE saga_id = ANY($1::text[])", gone
+                        "DELETE FROM saga_decisions WHERE saga_id = ANY($1::text[])", gone
                     )
                     await drop_references(conn, gone)
         return len(gone)

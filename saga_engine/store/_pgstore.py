@@ -1,8 +1,10 @@
 """The Postgres event store (asyncpg), with group commit.
 
 Tables (see migrations/0001_initial.sql): ``sagas`` holds one row per saga, both the
-listing projection and the optimistic-concurrency guard ``last_seq``; ``saga_events``
-holds the history, one row per event, keyed by (saga_id, seq).
+listing projection and the optimistic-concurrency guard ``last_seq``; ``saga_decisions``
+holds the history (migration 0022), one row per append (a decision: its events as one
+array), keyed by (saga_id, seq) of its first event; sequences are per event, a row
+spans ``seq..last_seq``. ``saga_events`` is a view of it, one row per event.
 
 Writes are conditional. An append names the sequence it expects to be the saga's last;
 it is applied only if the ``sagas`` row still says so, and otherwise fails with
@@ -29,7 +31,12 @@ import asyncpg
 
 from saga_engine.core.history._blobref import collecting
 from saga_engine.core.history._codec import CodecChain, PayloadCodec, seal_error, seal_event
-from saga_engine.core.history._events import Event, event_to_dict, event_to_json
+from saga_engine.core.history._events import (
+    Event,
+    EventAwaited,
+    event_to_dict,
+    event_to_json,
+)
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._errors import (
     ConcurrencyError,
@@ -62,7 +69,7 @@ from saga_engine.store._pgretention import PostgresRetention
 from saga_engine.store._pgrollouts import PostgresRollouts
 from saga_engine.store._pgwrites import (
     CURRENT_SEQS,
-    INSERT_EVENTS,
+    INSERT_DECISIONS,
     INSERT_SAGAS,
     PLAN_GUARDS,
     SAGAS_KEY,
@@ -114,19 +121,34 @@ class _PreparedEvents:
     data: list[_EncodedJson]
     #: The blobs of the payloads stored by reference (content hash -> bytes).
     blobs: dict[str, bytes] = field(default_factory=dict)
+    #: What its event_awaited events wait for (the history row's ``awaits``), or None.
+    awaits: _EncodedJson | None = None
 
     @classmethod
     def of(cls, events: Sequence[Event], codec: CodecChain | None) -> _PreparedEvents:
+        kinds: list[str] = [e.kind for e in events]
         if codec is None:
-            return cls([e.kind for e in events], [_EncodedJson(event_to_json(e)) for e in events])
-        if codec.reference is None:
-            return cls(
-                [e.kind for e in events],
-                [_EncodedJson(dumps(seal_event(codec, event_to_dict(e)))) for e in events],
+            out = cls(kinds, [_EncodedJson(event_to_json(e)) for e in events])
+        elif codec.reference is None:
+            out = cls(
+                kinds, [_EncodedJson(dumps(seal_event(codec, event_to_dict(e)))) for e in events]
             )
-        with collecting() as blobs:
-            data = [_EncodedJson(dumps(seal_event(codec, event_to_dict(e)))) for e in events]
-        return cls([e.kind for e in events], data, blobs)
+        else:
+            with collecting() as blobs:
+                data = [_EncodedJson(dumps(seal_event(codec, event_to_dict(e)))) for e in events]
+            out = cls(kinds, data, blobs)
+        if "event_awaited" in kinds:
+            # Source and key are outside any codec (a wait is found by them).
+            out.awaits = _EncodedJson(
+                dumps(
+                    [
+                        {"source": e.source, "key": e.key}
+                        for e in events
+                        if isinstance(e, EventAwaited)
+                    ]
+                )
+            )
+        return out
 
 
 def _error_json(error: JsonDict | None, codec: CodecChain | None) -> _EncodedJson | None:
@@ -192,22 +214,29 @@ _Op: TypeAlias = "_CreateOp | _AppendOp"
 
 @dataclass(slots=True)
 class _EventRows:
-    """Columns of the events INSERT, one entry per event."""
+    """Columns of the history INSERT, one entry per operation written (a decision:
+    migration 0022)."""
 
     saga_ids: list[str] = field(default_factory=list)
     seqs: list[int] = field(default_factory=list)
+    last_seqs: list[int] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
-    data: list[_EncodedJson] = field(default_factory=list)
+    events: list[_EncodedJson] = field(default_factory=list)
+    awaits: list[_EncodedJson | None] = field(default_factory=list)
     #: (saga id, content hash) of every blob the events reference, and the blobs.
     references: list[tuple[str, str]] = field(default_factory=list)
     blobs: dict[str, bytes] = field(default_factory=dict)
 
     def add(self, saga_id: str, first_seq: int, events: _PreparedEvents) -> None:
         n = len(events.kinds)
-        self.saga_ids.extend([saga_id] * n)
-        self.seqs.extend(range(first_seq, first_seq + n))
-        self.kinds.extend(events.kinds)
-        self.data.extend(events.data)
+        if not n:
+            return  # an append of no events: its guard only
+        self.saga_ids.append(saga_id)
+        self.seqs.append(first_seq)
+        self.last_seqs.append(first_seq + n - 1)
+        self.kinds.append(",".join(events.kinds))
+        self.events.append(_EncodedJson(b"[" + b",".join(events.data) + b"]"))
+        self.awaits.append(events.awaits)
         if events.blobs:
             self.references.extend((saga_id, digest) for digest in events.blobs)
             self.blobs.update(events.blobs)
@@ -285,7 +314,8 @@ class PostgresEventStore(
         try:
             with _unavailable_as_transient():
                 migrated = await pool.fetchval(
-                    "SELECT to_regclass('sagas') IS NOT NULL AND to_regclass('saga_events') IS NOT NULL"
+                    "SELECT to_regclass('sagas') IS NOT NULL "
+                    "AND to_regclass('saga_decisions') IS NOT NULL"
                 )
         except BaseException:
             await pool.close()
@@ -293,8 +323,9 @@ class PostgresEventStore(
         if not migrated:
             await pool.close()
             raise MigrationError(
-                f"schema {settings.db_schema!r} has no saga tables: run `saga migrate` "
-                "(or saga_engine.store._migrations.migrate) before starting the engine"
+                f"schema {settings.db_schema!r} has no saga tables (or not this release's): "
+                "run `saga migrate` (or saga_engine.store._migrations.migrate) before "
+                "starting the engine"
             )
         return cls(pool, group_commit, codec, blob_store)
 
@@ -482,7 +513,15 @@ class PostgresEventStore(
             ],
         )
         if rows.saga_ids:
-            await conn.execute(INSERT_EVENTS, rows.saga_ids, rows.seqs, rows.kinds, rows.data)
+            await conn.execute(
+                INSERT_DECISIONS,
+                rows.saga_ids,
+                rows.seqs,
+                rows.last_seqs,
+                rows.kinds,
+                rows.events,
+                rows.awaits,
+            )
         if rows.references:
             own = rows.blobs if self._blob_store is None else None
             await write_blobs(conn, rows.references, own)
@@ -542,8 +581,9 @@ class PostgresEventStore(
         # expected, so it updates nothing and learns it lost. Exactly one writer per
         # expected_seq wins, without SERIALIZABLE and without retries. The events are
         # inserted only for the winners, after their guard row is locked and updated, so
-        # sequences stay dense; the (saga_id, seq) primary key would reject a duplicate
-        # even from a writer that bypassed the guard.
+        # sequences stay dense; the (saga_id, seq) primary key (a history row's first
+        # event) would reject a second append at one position even from a writer that
+        # bypassed the guard.
         won = await conn.fetch(
             UPDATE_GUARDS,
             ids,

@@ -92,7 +92,13 @@ WHERE s.saga_id = u.saga_id
 
 CURRENT_SEQS: Final = "SELECT saga_id, last_seq FROM sagas WHERE saga_id = ANY($1::text[])"
 
-INSERT_EVENTS: Final = """
-INSERT INTO saga_events (saga_id, seq, kind, data)
-SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::jsonb[])
+# The history: one row per winning operation (migration 0022), its events one jsonb
+# array, spanning seq..last_seq. A row's kinds come comma-separated (an event kind is a
+# snake_case name): a text[] per row cannot be a parameter (Postgres's arrays of arrays
+# are rectangular, and unnest flattens them).
+INSERT_DECISIONS: Final = """
+INSERT INTO saga_decisions (saga_id, seq, last_seq, kinds, events, awaits)
+SELECT u.saga_id, u.seq, u.last_seq, string_to_array(u.kinds, ','), u.events, u.awaits
+FROM unnest($1::text[], $2::int[], $3::int[], $4::text[], $5::jsonb[], $6::jsonb[])
+     AS u(saga_id, seq, last_seq, kinds, events, awaits)
 """

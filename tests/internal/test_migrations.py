@@ -6,12 +6,24 @@ import asyncio
 import hashlib
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
+import orjson
 import pytest
 from pydantic import SecretStr
 
+from saga_engine.core.history._events import (
+    Event,
+    EventAwaited,
+    ParentLink,
+    RunContinued,
+    SagaStarted,
+    TimerFired,
+    event_to_json,
+)
 from saga_engine.core.history._status import SagaStatus
+from saga_engine.core.planning._replay import HistoryExport, load_history, replay
 from saga_engine.kernel._errors import MigrationBusy, MigrationError, PermanentError
 from saga_engine.kernel._partitioning import key_hash, partition_for
 from saga_engine.settings import PostgresSettings
@@ -23,7 +35,9 @@ from saga_engine.store._migrations import (
     migration_sql,
     shipped_migrations,
 )
+from saga_engine.store._pgdomain import PostgresDomainEventStore
 from saga_engine.store._pgstore import PostgresEventStore
+from saga_engine.store._store import Append, NewSaga, Projection, RunSpan, SagaFilter
 from tests.conftest import PgTarget
 
 # A released migration must never change: a database that applied the old text would no
@@ -52,6 +66,7 @@ PINNED = {
     19: "4862f475c7a0469b588a77d0b9354e8a99d4818ce3f2842e858aa015411eec55",
     20: "8cd4505a3277431854688359a1d02d45fa358bc31c9cd126e32cc4d62cb80154",
     21: "8de84bb35d40889e047ec0f8a1cbfad9b1da54290ba4d2d7b840f8a1eb723e9b",
+    22: "75c37b60e3a4f87e3cd3835f6360c930bade8aef90afc12ff6ed5a4e5016045c",
     23: "8038ecc5f7aa29164dfd4330621ff42b78283b7bcf1c40df9197db810141f96d",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant/migrations).
@@ -62,6 +77,8 @@ PINNED_PARTICIPANT = {
 
 #: Every shipped engine migration's version: what a fresh schema gets.
 ALL = sorted(PINNED)
+#: The shipped migrations, read before any test replaces the function.
+_ALL_SHIPPED = shipped_migrations()
 
 
 def test_shipped_migrations_are_pinned() -> None:
@@ -136,7 +153,7 @@ async def test_migrate_applies_each_migration_once(pg: PgTarget) -> None:
         "saga_archive",
         "saga_schedules",
         "sagas",
-        "saga_events",
+        "saga_decisions",  # 0022 (saga_events: a view of it)
         "saga_rollouts",  # 0008
         "saga_rollout_audit",  # 0008
         "saga_schedule_sends",  # 0009
@@ -164,7 +181,7 @@ async def test_migrate_applies_each_migration_once(pg: PgTarget) -> None:
 async def test_migrate_creates_a_missing_schema(pg_database: str, fresh_schema: str) -> None:
     assert await _tables(pg_database, fresh_schema) == set()
     assert await migrate(pg_database, fresh_schema) == ALL
-    assert {"sagas", "saga_events"} <= await _tables(pg_database, fresh_schema)
+    assert {"sagas", "saga_decisions"} <= await _tables(pg_database, fresh_schema)
 
 
 async def test_concurrent_migrate_applies_each_migration_once(
@@ -565,3 +582,255 @@ async def test_0008_keeps_the_rollout_audit_append_only(pg: PgTarget) -> None:
         assert await conn.fetchval("SELECT reason FROM saga_rollout_audit") == "r"
     finally:
         await conn.close()
+
+
+async def _write_at_0021(
+    conn: asyncpg.Connection[asyncpg.Record], saga_id: str, appends: list[list[Event]]
+) -> None:
+    """A saga's history as the store of 0021 wrote it: one row per event, each append's
+    events in one transaction (one recorded_at), and the saga row's last_seq."""
+    await conn.execute(
+        "INSERT INTO sagas (saga_id, saga_type, status, last_seq, created_at, updated_at) "
+        "VALUES ($1, 't', 'running', 0, now(), now())",
+        saga_id,
+    )
+    seq = 0
+    for events in appends:
+        async with conn.transaction():
+            for event in events:
+                seq += 1
+                await conn.execute(
+                    "INSERT INTO saga_events (saga_id, seq, kind, data) VALUES ($1, $2, $3, $4)",
+                    saga_id,
+                    seq,
+                    event.kind,
+                    event_to_json(event).decode(),
+                )
+            await conn.execute("UPDATE sagas SET last_seq = $2 WHERE saga_id = $1", saga_id, seq)
+
+
+async def test_0022_moves_the_histories_into_one_row_per_decision(
+    pg: PgTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Histories written at 0021 (one row per event) are one row per transaction's run
+    of events after 0022, and read the same through every read of the store: whole,
+    after a seq, by kind, the current run and the runs, the first event, the listing's
+    parent, the waits for domain events; the store appends after them, and an engine of
+    the release before, writing one row per event through the view, is read too."""
+    upto21 = [m for m in shipped_migrations() if m.version <= 21]
+    monkeypatch.setattr(_migrations, "shipped_migrations", lambda: upto21)
+    assert await migrate(pg.database_dsn, pg.schema) == list(range(1, 22))
+    monkeypatch.undo()
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    start = SagaStarted(at=at, saga_type="t", input={})
+    child = SagaStarted(
+        at=at, saga_type="t", input={}, parent=ParentLink(saga_id="p", command_id="x")
+    )
+    fired = [TimerFired(at=at, timer_id=f"t{n}") for n in range(6)]
+    histories: dict[str, list[list[Event]]] = {
+        "p": [[start, fired[0]], [fired[1], fired[2], fired[3]], [fired[4]]],
+        "c": [[child], [fired[0], fired[1]]],
+        "runs": [
+            [start, fired[0]],
+            [RunContinued(at=at, run=2, first_seq=3, input={}), fired[1]],
+            [fired[2], RunContinued(at=at, run=3, first_seq=6, input={})],
+            [fired[3]],
+        ],
+        "waits": [[start, EventAwaited(at=at, wait_id="w", source="orders", key="o-1")]],
+    }
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        for saga_id, appends in histories.items():
+            await _write_at_0021(conn, saga_id, appends)
+        # Per event, each in a transaction of its own: one row per event after 0022.
+        await _write_at_0021(conn, "single", [[start], [fired[0]], [fired[1]]])
+        histories["single"] = [[start], [fired[0]], [fired[1]]]
+        assert await migrate(pg.database_dsn, pg.schema) == ALL[21:]
+        spans = await conn.fetch("SELECT saga_id, seq, last_seq FROM saga_decisions ORDER BY 1, 2")
+        # An engine of 0021 still running: its one row per event, through the view.
+        await conn.execute(
+            "INSERT INTO saga_events (saga_id, seq, kind, data) VALUES ('single', 4, $1, $2)",
+            fired[2].kind,
+            event_to_json(fired[2]).decode(),
+        )
+        await conn.execute("UPDATE sagas SET last_seq = 4 WHERE saga_id = 'single'")
+    finally:
+        await conn.close()
+    assert [(r["saga_id"], r["seq"], r["last_seq"]) for r in spans] == [
+        ("c", 1, 1),
+        ("c", 2, 3),
+        ("p", 1, 2),
+        ("p", 3, 5),
+        ("p", 6, 6),
+        ("runs", 1, 2),
+        ("runs", 3, 4),
+        ("runs", 5, 6),
+        ("runs", 7, 7),
+        ("single", 1, 1),
+        ("single", 2, 2),
+        ("single", 3, 3),
+        ("waits", 1, 2),
+    ]
+    histories["single"].append([fired[2]])
+    store = await PostgresEventStore.connect(
+        PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
+    )
+    domain = await PostgresDomainEventStore.connect(
+        PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
+    )
+    try:
+        for saga_id, appends in histories.items():
+            written = [e for events in appends for e in events]
+            loaded = await store.load(saga_id)
+            assert [(s.seq, s.event) for s in loaded.events] == list(enumerate(written, 1))
+            after = await store.load_after(saga_id, 2)
+            assert [(s.seq, s.event) for s in after.events] == list(enumerate(written, 1))[2:]
+            assert (await store.first_event(saga_id)).event == written[0]
+        fired_only = await store.load_after("p", 1, kinds=["timer_fired"])
+        assert [s.seq for s in fired_only.events] == [2, 3, 4, 5, 6]
+        assert [s.seq for s in (await store.load_run("runs")).events] == [1, 6, 7]
+        assert await store.runs("runs") == [RunSpan(1, 1, 2), RunSpan(2, 3, 3), RunSpan(3, 6, 2)]
+        assert await domain.waiting("orders", "o-1") == ["waits"]
+        assert await domain.waiting("orders", "o-2") == []
+        roots = [r.saga_id for r in await store.list_sagas(SagaFilter(roots_only=True))]
+        assert roots == ["p", "runs", "single", "waits"]
+        # Ended; the parent keeps its child from retention (its first event names it).
+        await store._pool.execute(
+            "UPDATE sagas SET status = 'completed', ended_at = $1 WHERE saga_id IN ('c', 'single')",
+            at,
+        )
+        assert await store.finished_before(at + timedelta(days=1)) == ["single"]
+        assert await store.append(Append("p", 6, [fired[5]], Projection(SagaStatus.RUNNING))) == 7
+        assert [s.seq for s in (await store.load("p")).events] == [1, 2, 3, 4, 5, 6, 7]
+    finally:
+        await domain.close()
+        await store.close()
+
+
+async def test_0022_golden_histories_replay_from_both_shapes(
+    pg: PgTarget, fresh_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The golden histories, stored as they were recorded (older event versions
+    included) one row per event at 0021 and moved by 0022, and written again by today's
+    store as decision rows (another schema: a callback's URL derives from the saga's id),
+    load back as the goldens' events and replay."""
+    from tests.replay.test_golden_histories import CALLBACK_KEYS, GOOD, SAGAS
+
+    upto21 = [m for m in shipped_migrations() if m.version <= 21]
+    monkeypatch.setattr(_migrations, "shipped_migrations", lambda: upto21)
+    assert await migrate(pg.database_dsn, pg.schema) == list(range(1, 22))
+    monkeypatch.undo()
+    goldens = {path: load_history(path) for path in GOOD}
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        for path, golden in goldens.items():
+            stored = orjson.loads(path.read_bytes())["events"]
+            await conn.execute(
+                "INSERT INTO sagas (saga_id, saga_type, status, last_seq, created_at, "
+                "updated_at) VALUES ($1, $2, 'running', $3, now(), now())",
+                golden.saga_id,
+                golden.saga_type,
+                len(stored),
+            )
+            for first in range(0, len(stored), 3):  # three events a transaction
+                async with conn.transaction():
+                    for event in stored[first : first + 3]:
+                        await conn.execute(
+                            "INSERT INTO saga_events (saga_id, seq, kind, data) "
+                            "VALUES ($1, $2, $3, $4)",
+                            golden.saga_id,
+                            event.pop("seq"),
+                            event["kind"],
+                            orjson.dumps(event).decode(),
+                        )
+    finally:
+        await conn.close()
+    assert await migrate(pg.database_dsn, pg.schema) == ALL[21:]
+    assert await migrate(pg.database_dsn, fresh_schema) == ALL
+    old, new = [
+        await PostgresEventStore.connect(
+            PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=schema)
+        )
+        for schema in (pg.schema, fresh_schema)
+    ]
+    try:
+        for golden in goldens.values():
+            events = golden.events
+            running = Projection(SagaStatus.RUNNING)
+            assert await new.create(NewSaga(golden.saga_id, golden.saga_type, events[:1], running))
+            for first in range(1, len(events), 2):  # two events an append
+                await new.append(Append(golden.saga_id, first, events[first : first + 2], running))
+            for store in (old, new):
+                loaded = [s.event for s in (await store.load(golden.saga_id)).events]
+                assert loaded == events
+                history = HistoryExport(golden.saga_id, golden.saga_type, loaded)
+                result = replay(SAGAS, history, callbacks=CALLBACK_KEYS)
+                assert result.deterministic, result.error
+                assert result.status.is_terminal
+    finally:
+        await old.close()
+        await new.close()
+
+
+async def test_0022_gives_up_on_a_held_lock_changing_nothing_and_applies_later(
+    pg: PgTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a long transaction reads the history, 0022 waits for its lock at most its
+    lock_timeout, then fails with MigrationBusy, leaving the schema at 0021 and its
+    history one row per event; run again once the reader is done, it moves it."""
+    upto21 = [m for m in shipped_migrations() if m.version <= 21]
+    monkeypatch.setattr(_migrations, "shipped_migrations", lambda: upto21)
+    assert await migrate(pg.database_dsn, pg.schema) == list(range(1, 22))
+    monkeypatch.undo()
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    reader = await asyncpg.connect(pg.dsn)
+    try:
+        await _write_at_0021(reader, "s", [[SagaStarted(at=at, saga_type="t", input={})]])
+        long_tx = reader.transaction()
+        await long_tx.start()
+        await reader.fetch("SELECT count(*) FROM saga_events")  # holds ACCESS SHARE
+        with pytest.raises(MigrationBusy, match="0022_decision_rows"):
+            await migrate(pg.database_dsn, pg.schema)
+        assert [v for v, _, _ in await _recorded(pg.database_dsn, pg.schema)] == ALL[:21]
+        await long_tx.rollback()
+        assert await reader.fetchval("SELECT to_regclass('saga_decisions')") is None
+        assert await migrate(pg.database_dsn, pg.schema) == ALL[21:]
+        moved = await reader.fetch("SELECT saga_id, seq, kind FROM saga_events")
+    finally:
+        await reader.close()
+    assert [tuple(r) for r in moved] == [("s", 1, "saga_started")]
+
+
+async def test_0022_interrupted_after_the_move_leaves_0021_as_it_was(
+    pg: PgTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0022 is one transaction: failing after it moved the histories and dropped the old
+    table (as a crash there would), it leaves the schema at 0021, the history one row
+    per event in its table; run again, it moves it."""
+    upto21 = [m for m in shipped_migrations() if m.version <= 21]
+    monkeypatch.setattr(_migrations, "shipped_migrations", lambda: upto21)
+    assert await migrate(pg.database_dsn, pg.schema) == list(range(1, 22))
+    shipped = next(m for m in _ALL_SHIPPED if m.version == 22)
+    broken_sql = shipped.sql + "\nSELECT 1 / 0;\n"
+    broken = Migration(
+        22, shipped.name, broken_sql, hashlib.sha256(broken_sql.encode()).hexdigest()
+    )
+    monkeypatch.setattr(_migrations, "shipped_migrations", lambda: [*upto21, broken])
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    started = SagaStarted(at=at, saga_type="t", input={})
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        await _write_at_0021(conn, "s", [[started, TimerFired(at=at, timer_id="a")]])
+        with pytest.raises(asyncpg.exceptions.DivisionByZeroError):
+            await migrate(pg.database_dsn, pg.schema)
+        kind = await conn.fetchval(
+            "SELECT relkind::text FROM pg_class WHERE oid = to_regclass('saga_events')"
+        )
+        assert kind == "r"  # still the table
+        assert await conn.fetchval("SELECT to_regclass('saga_decisions')") is None
+        monkeypatch.undo()
+        assert await migrate(pg.database_dsn, pg.schema) == ALL[21:]
+        moved = await conn.fetch("SELECT saga_id, seq, last_seq, kinds FROM saga_decisions")
+    finally:
+        await conn.close()
+    assert [tuple(r) for r in moved] == [("s", 1, 2, ["saga_started", "timer_fired"])]

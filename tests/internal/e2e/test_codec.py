@@ -105,13 +105,13 @@ def start_participant(cluster: Cluster, current: str, *key_ids: str) -> None:
 
 
 async def postgres_rows(cluster: Cluster) -> dict[str, list[str]]:
-    """Every row of every table in the test's schemas, as text, by table."""
+    """Every row of every table and view in the test's schemas, as text, by table."""
     schemas = [cluster.schema, cluster.participant_schema(PARTICIPANT)]
     conn = await asyncpg.connect(cluster.database_dsn)
     try:
         tables = await conn.fetch(
             "SELECT table_schema, table_name FROM information_schema.tables "
-            "WHERE table_schema = ANY($1::text[]) AND table_type = 'BASE TABLE'",
+            "WHERE table_schema = ANY($1::text[]) AND table_type IN ('BASE TABLE', 'VIEW')",
             schemas,
         )
         out: dict[str, list[str]] = {}

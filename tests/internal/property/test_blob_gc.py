@@ -171,7 +171,7 @@ class World:
 async def _run(pg: PgTarget, steps: list[object], on_directory: bool) -> None:
     conn = await asyncpg.connect(pg.dsn)
     try:
-        await conn.execute("TRUNCATE sagas, saga_events, saga_blobs, saga_blob_refs")
+        await conn.execute("TRUNCATE sagas, saga_decisions, saga_blobs, saga_blob_refs")
     finally:
         await conn.close()
     with tempfile.TemporaryDirectory() as tmp:
