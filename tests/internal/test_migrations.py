@@ -68,6 +68,7 @@ PINNED = {
     21: "8de84bb35d40889e047ec0f8a1cbfad9b1da54290ba4d2d7b840f8a1eb723e9b",
     22: "75c37b60e3a4f87e3cd3835f6360c930bade8aef90afc12ff6ed5a4e5016045c",
     23: "8038ecc5f7aa29164dfd4330621ff42b78283b7bcf1c40df9197db810141f96d",
+    24: "207b366aa75a818b9823833757e4a2863349b4c85564e07f5581e077a027d42c",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant/migrations).
 PINNED_PARTICIPANT = {
@@ -164,6 +165,7 @@ async def test_migrate_applies_each_migration_once(pg: PgTarget) -> None:
         "saga_insights_pending",  # 0015
         "saga_insights_ended",  # 0021
         "shard_map",  # 0023
+        "shard_partitions",  # 0024
         "saga_blobs",  # 0018
         "saga_blob_refs",  # 0018
     }
