@@ -81,6 +81,10 @@ def drill(
         str | None, typer.Option("--namespace", help="Topic prefix and schema prefix.")
     ] = None,
     broker_restart: BrokerRestartOpt = None,
+    down_for: Annotated[
+        float,
+        typer.Option("--down-for", min=1, help="shard-down: seconds a shard stays down."),
+    ] = 10.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a fault drill against your sagas and participants; check the invariants."""
@@ -105,6 +109,7 @@ def drill(
         fault_every_s=fault_every,
         drain_timeout_s=drain_timeout,
         broker_restart=broker_restart,
+        shard_down_s=down_for,
     )
     report = run_async(lambda: run_drill(stack, plan))
     _show(report, as_json, stack.logs)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
+from pydantic import SecretStr
 
 from saga_engine.core.history._codec import CodecChain
 from saga_engine.core.history._events import (
@@ -24,7 +25,7 @@ from saga_engine.core.planning._replay import HistoryExport, replay
 from saga_engine.kernel._settings import CallbackSettings, PostgresSettings, Settings
 from saga_engine.store._store import LoadedSaga
 
-__all__ = ["Check", "ProgressWatch", "check_all", "parked_reason"]
+__all__ = ["Check", "ProgressWatch", "check_all", "parked_reason", "saga_databases"]
 
 
 @dataclass(frozen=True)
@@ -34,37 +35,56 @@ class Check:
     detail: str
 
 
+def saga_databases(settings: Settings) -> dict[str, str]:
+    """Where the sagas' rows are: each shard's DSN by its name, or the one database's
+    (named "")."""
+    pg = settings.pg
+    if not pg.shards:
+        return {"": pg.dsn.get_secret_value()}
+    return {s.name: s.dsn.get_secret_value() for s in pg.shards}
+
+
 @dataclass
 class ProgressWatch:
-    """Samples the engine's ``sagas`` table: progress is any new history event."""
+    """Samples the engine's ``sagas`` table (each shard's, past one database): progress
+    is any new history event."""
 
     dsn: str
     schema: str
     saga_ids: list[str] = field(default_factory=list)
+    #: The databases of the sagas' rows (``saga_databases``); ``dsn`` alone when empty.
+    databases: list[str] = field(default_factory=list)
+    #: When the drill sent each saga's start (wall time).
+    sent_at: dict[str, float] = field(default_factory=dict)
     progress_at: list[float] = field(default_factory=list)  # monotonic times of progress
     faults: list[tuple[str, float, float]] = field(default_factory=list)  # kind, monotonic, wall
     settled_at: float | None = None
     open: int = 0  # the drill's sagas not yet terminal or parked, at the last sample
     _events: int = -1
 
-    async def sample(self, conn: asyncpg.Connection) -> int:
-        """Records one sample; returns how many of the drill's sagas are still open."""
-        try:
-            row = await conn.fetchrow(
-                f"SELECT coalesce(sum(last_seq), 0) AS events, count(*) FILTER (WHERE status "
-                f"IN ('running', 'compensating')) AS open, count(*) AS known "
-                f'FROM "{self.schema}".sagas WHERE saga_id = ANY($1)',
-                self.saga_ids,
-            )
-        except asyncpg.UndefinedTableError:  # the engines have not migrated yet
-            return len(self.saga_ids)
-        assert row is not None
+    async def sample(self, conns: list[asyncpg.Connection]) -> int:
+        """Records one sample (``conns``: one to each of ``databases``); returns how many
+        of the drill's sagas are still open."""
+        events = opened = known = 0
+        for conn in conns:
+            try:
+                row = await conn.fetchrow(
+                    f"SELECT coalesce(sum(last_seq), 0) AS events, count(*) FILTER (WHERE "
+                    f"status IN ('running', 'compensating')) AS open, count(*) AS known "
+                    f'FROM "{self.schema}".sagas WHERE saga_id = ANY($1)',
+                    self.saga_ids,
+                )
+            except asyncpg.UndefinedTableError:  # the engines have not migrated yet
+                return len(self.saga_ids)
+            assert row is not None
+            events, opened = events + row["events"], opened + int(row["open"])
+            known += int(row["known"])
         now = time.monotonic()
-        if row["events"] > self._events:
+        if events > self._events:
             if self._events >= 0:  # the first sample is the baseline
                 self.progress_at.append(now)
-            self._events = row["events"]
-        still_open = int(row["open"]) + len(self.saga_ids) - int(row["known"])
+            self._events = events
+        still_open = opened + len(self.saga_ids) - known
         self.open = still_open
         if still_open == 0 and self.saga_ids and self.settled_at is None:
             self.settled_at = now
@@ -114,13 +134,21 @@ async def check_all(
     sagas: list[Any],
 ) -> list[Check]:
     """Every invariant, one :class:`Check` each (``ledgers``: participant -> schema)."""
-    dsn = settings.pg.dsn.get_secret_value()
-    conn = await asyncpg.connect(dsn)
+    where: dict[str, str] = {}  # saga id -> the database of its rows
+    rows: list[asyncpg.Record] = []
+    for dsn in saga_databases(settings).values():
+        conn = await asyncpg.connect(dsn)
+        try:
+            found = await conn.fetch(
+                f'SELECT saga_id, status FROM "{engine_schema}".sagas WHERE saga_id = ANY($1)',
+                saga_ids,
+            )
+        finally:
+            await conn.close()
+        rows += found
+        where.update((r["saga_id"], dsn) for r in found)
+    conn = await asyncpg.connect(settings.pg.dsn.get_secret_value())
     try:
-        rows = await conn.fetch(
-            f'SELECT saga_id, status FROM "{engine_schema}".sagas WHERE saga_id = ANY($1)',
-            saga_ids,
-        )
         applied: list[asyncpg.Record] = []
         for schema in ledgers.values():
             try:
@@ -134,7 +162,7 @@ async def check_all(
         await conn.close()
     # One Postgres clock for every schema: the commit order across participants.
     applied.sort(key=lambda r: (r["at"], r["seq"]))
-    histories = await _histories(settings, engine_schema, saga_ids)
+    histories = await _histories(settings, engine_schema, saga_ids, where)
     reasons = {i: parked_reason(h) for i, h in histories.items() if isinstance(h, LoadedSaga)}
     statuses = {r["saga_id"]: SagaStatus(r["status"]) for r in rows}
     checks = [_lost(saga_ids, statuses, reasons), _twice(applied), _compensations(applied)]
@@ -260,23 +288,28 @@ def _given_up(
 
 
 async def _histories(
-    settings: Settings, engine_schema: str, saga_ids: list[str]
+    settings: Settings, engine_schema: str, saga_ids: list[str], where: dict[str, str]
 ) -> dict[str, LoadedSaga | str]:
-    """Each saga's record and history, or why it cannot be loaded."""
+    """Each saga's record and history, or why it cannot be loaded (``where``: the
+    database of each saga's rows; one not found anywhere is looked for in the first)."""
     from saga_engine.store._pgstore import PostgresEventStore
 
-    pg = PostgresSettings(dsn=settings.pg.dsn, db_schema=engine_schema)
-    store = await PostgresEventStore.connect(pg, codec=CodecChain.from_settings(settings.codec))
+    databases = list(saga_databases(settings).values())
     found: dict[str, LoadedSaga | str] = {}
-    try:
-        for saga_id in saga_ids:
-            try:
-                found[saga_id] = await store.load(saga_id)
-            except Exception as exc:  # a missing saga is the "lost" check's
-                found[saga_id] = f"cannot load ({type(exc).__name__})"
-    finally:
-        await store.close()
-    return found
+    for dsn in databases:
+        mine = [i for i in saga_ids if where.get(i, databases[0]) == dsn]
+        pg = PostgresSettings(dsn=SecretStr(dsn), db_schema=engine_schema)
+        codec = CodecChain.from_settings(settings.codec)
+        store = await PostgresEventStore.connect(pg, codec=codec)
+        try:
+            for saga_id in mine:
+                try:
+                    found[saga_id] = await store.load(saga_id)
+                except Exception as exc:  # a missing saga is the "lost" check's
+                    found[saga_id] = f"cannot load ({type(exc).__name__})"
+        finally:
+            await store.close()
+    return {i: found[i] for i in saga_ids}
 
 
 def _replays(

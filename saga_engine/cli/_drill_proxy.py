@@ -2,10 +2,13 @@
 group of processes' connections to their servers (one listener per server) and injects
 the link faults: :meth:`LinkProxy.cut` drops every open connection and, for the stall,
 holds new ones unanswered (neither refused nor forwarded), as a network partition does,
-then forwards them again; :meth:`LinkProxy.slow` delivers everything late, in order.
+then forwards them again; :meth:`LinkProxy.stop` drops them and closes new ones at once,
+as the port of a server that stopped does; :meth:`LinkProxy.slow` delivers everything
+late, in order.
 
-:class:`PgProxy` is the engines' link to Postgres (scenario ``pg-cut``); the Kafka links
-(``_drill_kafka``) are link proxies that read the protocol's frames."""
+:class:`PgProxy` is the engines' link to Postgres (scenario ``pg-cut``) or to one shard
+(``shard-down``); the Kafka links (``_drill_kafka``) are link proxies that read the
+protocol's frames."""
 
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ class LinkStats:
     cuts: int = 0
     dropped: int = 0  # open connections a cut dropped
     held: int = 0  # connections that arrived during a stall (answered only after it)
+    refused: int = 0  # connections closed at once while the server was away (``stop``)
     forwarded_after_cut: int = 0  # connections carried to the server after the last stall
     delayed: int = 0  # chunks (Kafka: frames) a slow link delivered late
 
@@ -47,6 +51,7 @@ class LinkProxy:
         self._serving: set[asyncio.Task[None]] = set()
         self._open = asyncio.Event()
         self._open.set()
+        self._refusing = False
 
     async def listen(self, host: str, port: int) -> int:
         """A listener on loopback whose connections go to ``host:port``; its port."""
@@ -67,6 +72,7 @@ class LinkProxy:
 
     async def close(self) -> None:
         self._open.set()
+        self._refusing = False
         self.latency_s = 0.0
         for server in self._servers:
             server.close()
@@ -88,6 +94,18 @@ class LinkProxy:
         finally:
             self.stats.forwarded_after_cut = 0
             self._open.set()
+
+    async def stop(self, for_s: float) -> None:
+        """Drops every connection, then closes new ones at once for ``for_s`` seconds (a
+        stopped server: its clients fail fast and try again), then forwards again."""
+        self.stats.cuts += 1
+        self._refusing = True
+        self.stats.dropped += self._drop()
+        try:
+            await asyncio.sleep(for_s)
+        finally:
+            self.stats.forwarded_after_cut = 0
+            self._refusing = False
 
     async def slow(self, latency_s: float, for_s: float) -> None:
         """Delivers every chunk ``latency_s`` late, each way, for ``for_s`` seconds."""
@@ -112,6 +130,10 @@ class LinkProxy:
         upstream: tuple[str, int],
     ) -> None:
         self.stats.connections += 1
+        if self._refusing:
+            self.stats.refused += 1
+            writer.transport.abort()
+            return
         self._writers.add(writer)
         self._clients.add(writer)
         try:

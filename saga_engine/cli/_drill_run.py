@@ -11,16 +11,17 @@ import random
 import shlex
 import signal
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from saga_engine.cli._drill_checks import Check, ProgressWatch, check_all
+from saga_engine.cli._drill_checks import Check, ProgressWatch, check_all, saga_databases
 from saga_engine.cli._drill_kafka import KafkaLinkProxy
 from saga_engine.cli._drill_proxy import LinkProxy, PgProxy
+from saga_engine.cli._drill_shards import ShardOutage, shard_check, shard_down, shard_proxies
 from saga_engine.cli._drill_stack import SESSION_TIMEOUT_MS, DrillStack
 from saga_engine.kernel._errors import CliError
 from saga_engine.kernel._retry import OUTAGE, is_transient
@@ -38,6 +39,7 @@ SCENARIOS = (
     "engine-link-cut",
     "participant-link-cut",
     "slow-link",
+    "shard-down",
     "mix",
 )
 #: The faults ``mix`` takes turns with (and a broker restart after them, when the drill
@@ -78,6 +80,8 @@ class DrillPlan:
     #: the session timeout, so the cut processes' groups move their partitions.
     link_fault_s: float = SESSION_TIMEOUT_MS / 1000 + 2
     link_latency_s: float = 0.3  # what a slow link adds, each way
+    #: How long shard-down keeps a shard away from the engines.
+    shard_down_s: float = 10.0
     drain_timeout_s: float = 120.0
     #: The command that restarts the user's Kafka broker (``--broker-restart``): the
     #: drill cannot restart a broker it did not start, so the user says how.
@@ -112,17 +116,21 @@ class DrillReport:
 
 @dataclass
 class _Links:
-    """The drill's link proxies: the engines' to Postgres, and each group's to Kafka."""
+    """The drill's link proxies: the engines' to Postgres (or to each shard), and each
+    group's to Kafka; and the shards stopped for the engines (``shard-down``)."""
 
     pg: PgProxy | None = None
     engines: KafkaLinkProxy | None = None
     participants: KafkaLinkProxy | None = None
+    shards: dict[str, PgProxy] = field(default_factory=dict)
+    outages: list[ShardOutage] = field(default_factory=list)
 
     def named(self) -> dict[str, LinkProxy]:
         found: dict[str, LinkProxy | None] = {
             "engines-postgres": self.pg,
             "engines-kafka": self.engines,
             "participants-kafka": self.participants,
+            **{f"engines-shard-{name}": proxy for name, proxy in self.shards.items()},
         }
         return {name: proxy for name, proxy in found.items() if proxy is not None}
 
@@ -146,9 +154,15 @@ async def run_drill(stack: DrillStack, plan: DrillPlan) -> DrillReport:
             "drill did not start that broker and does not know how to restart it"
         )
     links = _Links()
-    watch = ProgressWatch(stack.settings.pg.dsn.get_secret_value(), stack.engine_schema)
+    watch = ProgressWatch(
+        stack.settings.pg.dsn.get_secret_value(),
+        stack.engine_schema,
+        databases=list(saga_databases(stack.settings).values()),
+    )
     report = DrillReport(plan.scenario, 0)
     try:
+        if plan.scenario == "shard-down":
+            links.shards = await shard_proxies(stack)
         if plan.scenario in ("pg-cut", "mix"):
             links.pg = await _proxy(stack)
         if plan.scenario in _KAFKA_LINKS:
@@ -169,6 +183,16 @@ async def run_drill(stack: DrillStack, plan: DrillPlan) -> DrillReport:
         report.checks = await check_all(
             stack.settings, stack.engine_schema, ledgers, watch.saga_ids, plan.sagas
         )
+        if links.outages:
+            report.checks.append(
+                await shard_check(
+                    stack.settings,
+                    stack.engine_schema,
+                    watch.saga_ids,
+                    watch.sent_at,
+                    links.outages,
+                )
+            )
         report.timings = watch.timings(stack.takeovers())
         report.links = {name: p.stats.as_json() for name, p in links.named().items()}
     finally:
@@ -228,6 +252,7 @@ async def _load(stack: DrillStack, plan: DrillPlan, watch: ProgressWatch) -> Non
             await asyncio.sleep(max(0.0, begin + i / plan.rate - time.monotonic()))
             saga_id = f"{stack.namespace}-{i:05d}"
             watch.saga_ids.append(saga_id)
+            watch.sent_at[saga_id] = time.time()
             await _sent(
                 f"the start of {saga_id}",
                 lambda: client.start(plan.saga_type, item, saga_id=saga_id),  # noqa: B023
@@ -279,27 +304,34 @@ def _engine_settings(stack: DrillStack) -> Settings:
     return s.model_copy(update={"kafka": kafka, "pg": pg})
 
 
-async def _watch(stack: DrillStack, watch: ProgressWatch, plan: DrillPlan) -> None:
-    conn = await asyncpg.connect(stack.settings.pg.dsn.get_secret_value())
+@contextlib.asynccontextmanager
+async def _sagas_tables(watch: ProgressWatch) -> AsyncIterator[list[asyncpg.Connection]]:
+    """A connection to each database of the sagas' rows (every shard's, past one)."""
+    conns: list[asyncpg.Connection] = []
     try:
-        while True:  # cancelled when the load and the faults are done
-            await watch.sample(conn)
-            await asyncio.sleep(0.25)
+        for dsn in watch.databases or [watch.dsn]:
+            conns.append(await asyncpg.connect(dsn))
+        yield conns
     finally:
-        await conn.close()
+        for conn in conns:
+            await conn.close()
+
+
+async def _watch(stack: DrillStack, watch: ProgressWatch, plan: DrillPlan) -> None:
+    async with _sagas_tables(watch) as conns:
+        while True:  # cancelled when the load and the faults are done
+            await watch.sample(conns)
+            await asyncio.sleep(0.25)
 
 
 async def _drain(stack: DrillStack, watch: ProgressWatch, timeout_s: float) -> None:
     """Waits (at most ``timeout_s``) until every saga is terminal or parked; the checks
     then name what is left."""
-    conn = await asyncpg.connect(stack.settings.pg.dsn.get_secret_value())
-    try:
+    async with _sagas_tables(watch) as conns:
         deadline = time.monotonic() + timeout_s
         # Polled: the open sagas are counted in another process's tables.
-        while await watch.sample(conn) and time.monotonic() < deadline:  # noqa: ASYNC110
+        while await watch.sample(conns) and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.25)
-    finally:
-        await conn.close()
 
 
 async def _faults(
@@ -344,6 +376,9 @@ async def _inject(
 ) -> str:
     if kind in ("engine-link-cut", "participant-link-cut", "slow-link"):
         return await _link_fault(kind, links, watch, plan)
+    if kind == "shard-down":
+        turn = len(links.outages)
+        return await shard_down(stack, links.shards, turn, plan.shard_down_s, watch, links.outages)
     engines = [n for n in stack.procs if n.startswith("engine-") and stack.alive(n)]
     now = (time.monotonic(), time.time())
     if kind in ("engine-kill", "engine-kill-slow"):

@@ -84,6 +84,8 @@ class DrillStack:
     participants: dict[str, list[str]]
     logs: Path
     pg_dsn: str = ""  # the engines' DSN: the proxy's, for pg-cut
+    #: The engines' SAGA_PG__SHARDS (JSON): each shard through its proxy, for shard-down.
+    pg_shards: str = ""
     #: The engines' and the participants' Kafka bootstrap: their link proxies', for the
     #: Kafka link faults (the stack's own when empty).
     kafka_engines: str = ""
@@ -112,6 +114,7 @@ class DrillStack:
             PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p),
             PYTHONUNBUFFERED="1",
             SAGA_PG__DSN=self.pg_dsn or dsn,
+            **({"SAGA_PG__SHARDS": self.pg_shards} if self.pg_shards else {}),
             SAGA_PG__DB_SCHEMA=self.engine_schema,
             SAGA_KAFKA__BOOTSTRAP_SERVERS=kafka.bootstrap_servers,
             SAGA_KAFKA__TOPIC_PREFIX=self.namespace,

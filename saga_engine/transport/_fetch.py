@@ -15,6 +15,11 @@ naming the topic, partition and offset, the ``saga.kafka.fetch.unreadable`` metr
 line on the health board. The others go on. A paused partition is tried again every
 ``retry_s`` (an operator may have installed the codec meanwhile) and reported again if
 it still fails; its report is cleared once it reads.
+
+``hold`` is the other reason to pause a partition: its records wait for something that
+comes back by itself (past one database, their shard). It is read again from the given
+record after ``retry_s``, with nothing reported here (the shard's trouble is on the
+health board already).
 """
 
 from __future__ import annotations
@@ -75,12 +80,26 @@ class GuardedFetch:
         self._paused: dict[TopicPartition, float] = {}
         #: Partitions tried again whose report stands until they read.
         self._retrying: set[TopicPartition] = set()
+        #: Partitions held by the caller (``hold``), with when to read them again.
+        self._held: dict[TopicPartition, float] = {}
 
     @property
     def paused(self) -> set[TopicPartition]:
         return set(self._paused)
 
+    def hold(self, tp: TopicPartition, offset: int, retry_s: float) -> None:
+        """Reads ``tp`` again from ``offset``, not before ``retry_s`` from now; the other
+        partitions go on meanwhile. Nothing for a partition no longer assigned."""
+        if tp not in self._consumer.assignment():
+            return
+        self._consumer.seek(tp, offset)
+        self._consumer.pause(tp)
+        self._next[tp] = offset
+        self._held[tp] = self._clock() + retry_s
+
     async def getmany(self, *, timeout_ms: int, max_records: int) -> Records:
+        if self._held:
+            self._resume_held()
         if self._paused:
             self._retry_due()
         try:
@@ -184,10 +203,21 @@ class GuardedFetch:
                 self._retrying.add(tp)
                 self._consumer.resume(tp)
 
+    def _resume_held(self) -> None:
+        now = self._clock()
+        assigned = self._consumer.assignment()
+        for tp, due in list(self._held.items()):
+            if tp not in assigned:
+                del self._held[tp]  # revoked: its next owner reads it from the commit
+            elif due <= now:
+                del self._held[tp]
+                self._consumer.resume(tp)
+
     def forget(self, revoked: Iterable[TopicPartition]) -> None:
         """Drops what is known of partitions given up (their next owner reports them)."""
         for tp in revoked:
             self._next.pop(tp, None)
+            self._held.pop(tp, None)
             self._paused.pop(tp, None)
             self._retrying.discard(tp)
             self._clear(tp)

@@ -10,7 +10,9 @@ An input that did not go through is answered by its outcome: a saga error the me
 caused makes it a poison message (dead-lettered with its reason, never retried); a
 transient error is retried with back-off (the input, applied again, is deduplicated); a
 write that kept conflicting with another engine's is dead-lettered while the partition is
-still ours.
+still ours. Past one database, an input whose saga's shard does not answer holds its
+partition: the batch's other partitions go on, and that one is read again from that record
+a moment later (``held``), so that one shard down does not stop every other shard's sagas.
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ from saga_engine.core.history._blobref import resolving
 from saga_engine.core.history._codec import CodecChain
 from saga_engine.core.history._decision import Decision, DropReason
 from saga_engine.kernel._dead_letter_reason import dead_letter_detail, dead_letter_reason
-from saga_engine.kernel._errors import ConcurrencyError, PoisonMessage, PoisonReason
+from saga_engine.kernel._errors import (
+    ConcurrencyError,
+    PoisonMessage,
+    PoisonReason,
+    ShardUnavailable,
+)
 from saga_engine.kernel._retry import OUTAGE, is_transient
 from saga_engine.kernel._settings import Settings
 from saga_engine.runner._children import ChildLinks
@@ -82,12 +89,24 @@ class Inbox:
         self._on_dead_letter = on_dead_letter
         #: A record of the batch in hand was given up (stopping, or no longer ours).
         self._abandoned = False
+        #: The partitions of the batch in hand whose records wait for their shard: the
+        #: offset of the first record not applied (read again from there).
+        self._held: dict[TopicPartition, int] = {}
+        #: Partitions held by an earlier batch, until one of theirs goes through.
+        self._waiting: set[TopicPartition] = set()
+
+    @property
+    def held(self) -> dict[TopicPartition, int]:
+        """The last batch's partitions whose shard did not answer, each with the offset
+        to read it again from (its offset to commit, too)."""
+        return dict(self._held)
 
     async def process(self, batch: dict[TopicPartition, list[Any]]) -> dict[TopicPartition, int]:
         """Applies a fetched batch. Returns the offsets to commit once it is durable: none
         when a record of it was given up (stopping in an outage), so that the next owner
         reads the batch again."""
         self._abandoned = False
+        self._held = {}
         offsets: dict[TopicPartition, int] = {}
         readable: list[_Record] = []
         owned = self._owned()
@@ -111,7 +130,27 @@ class Inbox:
                     await self._handle(*one, first=outcome)
         if tasks:
             await asyncio.gather(*tasks)
+        offsets.update(self._held)
+        self._note_waiting(offsets)
         return {} if self._abandoned else offsets
+
+    def _note_waiting(self, offsets: dict[TopicPartition, int]) -> None:
+        for tp in set(offsets) & self._waiting - set(self._held):
+            self._waiting.discard(tp)
+            log.info("partition %d goes on: its shard answers again", tp.partition)
+        self._waiting |= set(self._held)
+
+    def _hold(self, tp: TopicPartition, offset: int, exc: ShardUnavailable) -> None:
+        """The record at ``offset`` of ``tp`` waits for its shard, and so does every
+        later record of ``tp`` (one partition, one shard): read again from it."""
+        if tp not in self._held and tp not in self._waiting:
+            log.warning(
+                "partition %d waits (%s); its records are read again in a moment, "
+                "the other partitions go on",
+                tp.partition,
+                exc,
+            )
+        self._held[tp] = min(offset, self._held.get(tp, offset))
 
     async def _read(self, record: Any) -> Envelope | None:
         headers = list(record.headers or [])
@@ -239,6 +278,8 @@ class Inbox:
         batch), until it is applied, dead-lettered or given up."""
         backoff = OUTAGE.backoff()
         while True:
+            if self._held.get(tp, record.offset) < record.offset:
+                return  # an earlier record of its partition waits for the shard: so does it
             try:
                 if first is not None:
                     outcome, first = first, None
@@ -273,6 +314,9 @@ class Inbox:
                         # Not applied: its batch's offsets must not be committed (the
                         # offsets of a partition no longer ours are not committed anyway).
                         self._abandoned = True
+                    return
+                if isinstance(exc, ShardUnavailable):
+                    self._hold(tp, record.offset, exc)
                     return
                 delay = backoff.next_delay()
                 log.warning("transient failure (%s); retrying in %.2fs", exc, delay)

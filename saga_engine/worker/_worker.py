@@ -81,6 +81,8 @@ log = logging.getLogger("saga_engine.worker")
 #: How long a revocation or a stop waits for offset commits in flight: with the group
 #: coordinator away aiokafka retries them until the consumer stops.
 _COMMIT_FLUSH_S = 10.0
+#: How long a partition whose shard did not answer waits before it is read again.
+_HOLD_S = 1.0
 
 
 class SagaWorker:
@@ -508,6 +510,10 @@ class SagaWorker:
                 # was applied or dead-lettered: a batch cut short by a stop (cancelled,
                 # or a record left unapplied in an outage) must be read again.
                 self._pending_offsets.update(await self._inbox.process(batch))
+                # Partitions whose shard did not answer: read again from their first
+                # record not applied, a moment later; the others go on.
+                for tp, offset in self._inbox.held.items():
+                    self._fetch.hold(tp, offset, _HOLD_S)
             finally:
                 self._idle.set()
             self._checkpoint("before_offset_commit")

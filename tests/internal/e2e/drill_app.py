@@ -52,16 +52,21 @@ class DrillOrder(Saga[OrderInput, OrderDone]):
     name = "drill-order"
 
     async def run(self, ctx: SagaContext, req: OrderInput) -> OrderDone:
-        for participant in PARTICIPANTS:
-            await ctx.step(
-                f"do-{participant}",
-                to=participant,
-                command=Do(order=req.order, refuse=req.refuse and participant == "mail"),
-                compensate=Undo(order=req.order),
-                timeout=5,
-                returns=Done,
-            )
-        return OrderDone(steps=len(PARTICIPANTS))
+        return await order_steps(ctx, req, timeout=5)
+
+
+async def order_steps(ctx: SagaContext, req: OrderInput, *, timeout: float | None) -> OrderDone:
+    """The order's three steps, each with ``timeout`` (seconds, or none)."""
+    for participant in PARTICIPANTS:
+        await ctx.step(
+            f"do-{participant}",
+            to=participant,
+            command=Do(order=req.order, refuse=req.refuse and participant == "mail"),
+            compensate=Undo(order=req.order),
+            timeout=timeout,
+            returns=Done,
+        )
+    return OrderDone(steps=len(PARTICIPANTS))
 
 
 def drill_participants() -> dict[str, list[str]]:

@@ -24,19 +24,28 @@ APP = "tests.internal.e2e.drill_app"
 OPERATIONS = ROOT / "docs" / "operations.md"
 
 
-def _doc_command(sagas: str = APP) -> list[str]:
-    """The ``saga drill`` command of docs/operations.md's "Drills" that drills ``sagas``,
-    as its arguments."""
-    (block,) = [
+def _doc_command(sagas: str = APP, scenario: str = "engine-kill") -> list[str]:
+    """The ``saga drill`` command of docs/operations.md's "Drills" that drills ``sagas``
+    (with ``scenario``, when the section has several for them), as its arguments."""
+    found = [
         b
         for b in code_blocks(OPERATIONS, "bash", under="## Drills")
         if b.first_line.startswith(f"saga drill --sagas {sagas} ")
     ]
+    if len(found) > 1:
+        found = [b for b in found if f" --scenario {scenario} " in b.first_line]
+    (block,) = found
     return shlex.split(block.code)[2:]
 
 
 def _drill(
-    pg: PgTarget, bootstrap: str, namespace: str, tmp: Path, *args: str, broken: bool = False
+    pg: PgTarget,
+    bootstrap: str,
+    namespace: str,
+    tmp: Path,
+    *args: str,
+    broken: bool = False,
+    env_extra: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
     env.update(
@@ -44,6 +53,7 @@ def _drill(
         SAGA_PG__DSN=pg.database_dsn,
         SAGA_KAFKA__BOOTSTRAP_SERVERS=bootstrap,
         SAGA_KAFKA__PARTITIONS="4",
+        **(env_extra or {}),
     )
     if broken:
         env["DRILL_APP_BROKEN"] = "1"

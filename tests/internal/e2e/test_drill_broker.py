@@ -1,7 +1,7 @@
 """``saga drill --scenario broker-restart`` on a broker of the test's own (the project's
 devstack on free ports, so the session's broker is never restarted): the drill runs the
 given restart command while sagas flow, and every invariant holds. Without a command the
-scenario is refused, saying what to give."""
+scenario is refused, saying what to give (as shard-down is without shards)."""
 
 from __future__ import annotations
 
@@ -120,10 +120,18 @@ async def test_a_broker_restarted_under_load_loses_and_doubles_nothing(
         assert timings["drain_after_last_fault_s"] == 0.0, timings
 
 
-async def test_broker_restart_without_a_command_is_refused(
-    pg: PgTarget, kafka_bootstrap: str, unique_id: str, tmp_path: Path
+@pytest.mark.parametrize(
+    ("scenario", "refusal"),
+    [
+        ("broker-restart", "broker-restart needs --broker-restart CMD"),
+        # On one database: the scenario stops a shard, and there is none.
+        ("shard-down", "shard-down needs a sharded deployment of two shards or more"),
+    ],
+)
+async def test_a_scenario_without_what_it_needs_is_refused(
+    pg: PgTarget, kafka_bootstrap: str, unique_id: str, tmp_path: Path, scenario: str, refusal: str
 ) -> None:
-    args = ["--sagas", APP, "--participants", APP, "--scenario", "broker-restart"]
+    args = ["--sagas", APP, "--participants", APP, "--scenario", scenario]
     result = await asyncio.to_thread(_drill, pg, kafka_bootstrap, f"t{unique_id}", tmp_path, *args)
     assert result.returncode != 0
-    assert "broker-restart needs --broker-restart CMD" in result.stdout + result.stderr
+    assert refusal in result.stdout + result.stderr
