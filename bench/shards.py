@@ -50,6 +50,7 @@ from bench.e2e import (
     machine,
     pg_counters,
     postgres_cpu_by_cluster,
+    postgres_processes,
     ratio,
     run_bench,
     run_pipeline,
@@ -101,6 +102,43 @@ class Shard:
         return f"{self.partitions.start}-{self.partitions.stop - 1}"
 
 
+#: Postgres's own processes, by the start of their title (``postgres: checkpointer``);
+#: any other child of the postmaster is a client's backend.
+BACKGROUND = (
+    "checkpointer",
+    "background writer",
+    "walwriter",
+    "autovacuum",
+    "logical replication",
+    "archiver",
+    "stats collector",
+)
+
+
+def process_kind(pid: int, postmaster: int) -> str:
+    """``postmaster``, ``backends`` or the background process's kind (``autovacuum``...)."""
+    if pid == postmaster:
+        return "postmaster"
+    try:
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return "backends"
+    rest = title.removeprefix("postgres: ")
+    return next((kind for kind in BACKGROUND if rest.startswith(kind)), "backends")
+
+
+def postgres_cpu_by_kind(clusters: Sequence[Cluster]) -> dict[str, float]:
+    """CPU seconds of each cluster's processes by kind: ``<cluster>.<kind>``."""
+    of_pid = {c.postmaster: c for c in clusters}
+    out: dict[str, float] = {}
+    for pid, ppid, cpu in postgres_processes():
+        cluster = of_pid.get(pid) or of_pid.get(ppid)
+        if cluster is not None:
+            key = f"{cluster.name}.{process_kind(pid, cluster.postmaster)}"
+            out[key] = out.get(key, 0.0) + cpu
+    return out
+
+
 def with_database(dsn: str, database: str) -> str:
     """``dsn`` pointed at another database of the same server."""
     parts = urlsplit(dsn)
@@ -117,16 +155,17 @@ async def find_cluster(name: str, dsn: str) -> Cluster:
     benchmark runs on the machine of its servers, as bench/e2e.py's CPU figures need)."""
     conn = await asyncpg.connect(dsn, timeout=10)
     try:
-        backend = await conn.fetchval("SELECT pg_backend_pid()")
-    finally:
-        await conn.close()
-    try:
-        return Cluster(name, dsn, parent_pid(int(backend)))
+        backend = int(await conn.fetchval("SELECT pg_backend_pid()"))
+        # Read while the backend lives: it exits when the connection closes.
+        postmaster = parent_pid(backend)
     except OSError:
         raise BenchError(
             f"cluster {name}'s processes are not on this machine (backend pid {backend} is "
             "not in /proc): the benchmark measures its servers' CPU and needs them local"
         ) from None
+    finally:
+        await conn.close()
+    return Cluster(name, dsn, postmaster)
 
 
 class ClusterRun(EngineRun):
@@ -200,6 +239,8 @@ class ClusterRun(EngineRun):
         postmasters = {c.name: c.postmaster for c in self.clusters}
         for name, cpu in postgres_cpu_by_cluster(postmasters).items():
             out[f"postgres.{name}"] = cpu
+        for key, cpu in postgres_cpu_by_kind(self.clusters).items():
+            out[f"postgres_kind.{key}"] = cpu
         return out
 
     def _report(
@@ -234,6 +275,15 @@ class ClusterRun(EngineRun):
         report["postgres_cpu_ms_per_saga_machine"] = report["postgres_cpu_ms_per_saga"]
         report["postgres_cpu_ms_per_saga"] = per_saga(sum(cpu.values()))
         report["postgres_cpu_ms_per_saga_by_cluster"] = {k: per_saga(v) for k, v in cpu.items()}
+        kinds = sorted({k for k in [*cpu0, *cpu1] if k.startswith("postgres_kind.")})
+        # A process that ended within the load (an autovacuum worker) is not in cpu1: the
+        # kinds show where the clusters' CPU went, the sums above are what it was.
+        report["postgres_cpu_ms_per_saga_by_kind"] = {
+            k.removeprefix("postgres_kind."): per_saga(
+                (cpu1.get(k) or 0) - (cpu0.get(k) or 0) if k in cpu1 else 0
+            )
+            for k in kinds
+        }
         wal = "cluster_{}.wal_records".format
         report["pg_wal_records_per_saga_by_cluster"] = {
             c.name: per_saga(pg1[wal(c.name)] - pg0[wal(c.name)], scale=1, digits=1)
