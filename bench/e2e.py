@@ -534,6 +534,32 @@ class RunConfig:
     idle_s: float
 
 
+def engine_config(
+    args: argparse.Namespace, *, load_s: float, probe: int, idle_s: float
+) -> RunConfig:
+    """An engine pipeline's run from the options of a benchmark of it alone
+    (bench/failover.py, bench/shards.py): ``--in-flight``, ``--warmup``, ``--partitions``,
+    ``--fetch-max-wait-ms``, ``--drain-timeout``, ``--start-timeout``, ``--poll-ms``;
+    group commit and uvloop on, no profile."""
+    return RunConfig(
+        concurrency=args.in_flight,
+        load_s=load_s,
+        warmup=args.warmup,
+        probe=probe,
+        partitions=args.partitions,
+        fetch_max_wait_ms=args.fetch_max_wait_ms,
+        group_commit=True,
+        uvloop=True,
+        drain_timeout_s=args.drain_timeout,
+        start_timeout_s=args.start_timeout,
+        poll_s=args.poll_ms / 1000,
+        profile=None,
+        profile_clock="wall",
+        profile_role="engine",
+        idle_s=idle_s,
+    )
+
+
 class PipelineRun:
     """One pipeline (an engine and three participants) on a fresh schema and topic
     prefix: spawned, warmed up, probed, loaded, measured, stopped. Subclasses say how
@@ -610,6 +636,17 @@ class PipelineRun:
         final: dict[str, dict[str, Any] | None],
     ) -> dict[str, Any]:
         return {"counters": {role: stats1[role].get("counters") for role in self.roles}}
+
+    def load_report(
+        self,
+        n: int,
+        cpu: Callable[[str], float | None],
+        pg_delta: dict[str, int],
+    ) -> dict[str, Any]:
+        """More figures of the load (none here), over any of the report's: ``n`` sagas
+        completed, ``cpu(key)`` the delta of a ``_cpu`` figure, ``pg_delta`` of the
+        ``_pg_counters``."""
+        return {}
 
     # ----------------------------------------------------------------- processes
 
@@ -1010,6 +1047,7 @@ class PipelineRun:
                 f"{PG_STATS_FLUSH_S:g}s after it; other clients of the server count too",
             },
             **self.extra_report(n, wall, stats0, stats1, final),
+            **self.load_report(n, cpu_delta, pg_delta),
         }
 
 

@@ -29,7 +29,7 @@ import statistics
 import sys
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,6 +47,7 @@ from bench.e2e import (
     Processes,
     Resources,
     RunConfig,
+    engine_config,
     machine,
     pg_counters,
     postgres_cpu_by_cluster,
@@ -190,6 +191,8 @@ class ClusterRun(EngineRun):
         self._admin: dict[str, asyncpg.Connection[Any]] = {}
         #: The shards' databases (none here), each on its own connection.
         self._shard_conns: dict[str, asyncpg.Connection[Any]] = {}
+        #: Every ``postgres_kind.*`` figure ``_cpu`` has read.
+        self._kinds: set[str] = set()
 
     def layout(self) -> dict[str, Any]:
         return {
@@ -207,6 +210,8 @@ class ClusterRun(EngineRun):
                     with_database(c.dsn, "postgres"), timeout=10
                 )
             await self._open_shards()
+            # The first counter read's statements in each database it reads.
+            self.counter_read_transactions = 2 * (1 + len(self._shard_conns))
             report = await super().run()
         finally:
             for conn in [*self._admin.values(), *self._shard_conns.values()]:
@@ -241,55 +246,38 @@ class ClusterRun(EngineRun):
             out[f"postgres.{name}"] = cpu
         for key, cpu in postgres_cpu_by_kind(self.clusters).items():
             out[f"postgres_kind.{key}"] = cpu
+            self._kinds.add(f"postgres_kind.{key}")
         return out
 
-    def _report(
+    def load_report(
         self,
-        timings: dict[str, Any],
-        probe: dict[str, Any] | None,
-        statuses: dict[str, int],
-        cpu0: dict[str, float | None],
-        cpu1: dict[str, float | None],
-        stats0: dict[str, dict[str, Any]],
-        stats1: dict[str, dict[str, Any]],
-        final: dict[str, dict[str, Any] | None],
-        pg0: dict[str, int],
-        pg1: dict[str, int],
-        driver_xacts: int,
+        n: int,
+        cpu: Callable[[str], float | None],
+        pg_delta: dict[str, int],
     ) -> dict[str, Any]:
-        """bench/e2e.py's report; ``postgres_cpu_ms_per_saga`` is this run's clusters'
-        (e2e's, every postgres process on the machine: ``..._machine``), also per cluster,
-        and the WAL per cluster."""
-        report = super()._report(
-            timings, probe, statuses, cpu0, cpu1, stats0, stats1, final, pg0, pg1, driver_xacts
-        )
-        n = report["sagas"]
+        """``postgres_cpu_ms_per_saga`` is this run's clusters' (bench/e2e.py's, every
+        postgres process on the machine, is ``..._machine``), also per cluster and per
+        process kind; the WAL per cluster."""
 
-        def per_saga(delta: float, scale: float = 1000, digits: int = 3) -> float | None:
-            return round(scale * delta / n, digits) if n else None
+        def per_saga(delta: float | None, scale: float = 1000, digits: int = 3) -> float | None:
+            return round(scale * delta / n, digits) if n and delta is not None else None
 
-        def delta(key: str) -> float:
-            return (cpu1[key] or 0) - (cpu0[key] or 0)
-
-        cpu = {c.name: delta(f"postgres.{c.name}") for c in self.clusters}
-        report["postgres_cpu_ms_per_saga_machine"] = report["postgres_cpu_ms_per_saga"]
-        report["postgres_cpu_ms_per_saga"] = per_saga(sum(cpu.values()))
-        report["postgres_cpu_ms_per_saga_by_cluster"] = {k: per_saga(v) for k, v in cpu.items()}
-        kinds = sorted({k for k in [*cpu0, *cpu1] if k.startswith("postgres_kind.")})
-        # A process that ended within the load (an autovacuum worker) is not in cpu1: the
-        # kinds show where the clusters' CPU went, the sums above are what it was.
-        report["postgres_cpu_ms_per_saga_by_kind"] = {
-            k.removeprefix("postgres_kind."): per_saga(
-                (cpu1.get(k) or 0) - (cpu0.get(k) or 0) if k in cpu1 else 0
-            )
-            for k in kinds
+        by_cluster = {c.name: cpu(f"postgres.{c.name}") or 0.0 for c in self.clusters}
+        # A process that ended within the load (an autovacuum worker) is in neither read:
+        # the kinds show where the clusters' CPU went, the sums above are what it was.
+        kinds = sorted(k for k in self._kinds if k.startswith("postgres_kind."))
+        return {
+            "postgres_cpu_ms_per_saga": per_saga(sum(by_cluster.values())),
+            "postgres_cpu_ms_per_saga_machine": per_saga(cpu("postgres_all")),
+            "postgres_cpu_ms_per_saga_by_cluster": {k: per_saga(v) for k, v in by_cluster.items()},
+            "postgres_cpu_ms_per_saga_by_kind": {
+                k.removeprefix("postgres_kind."): per_saga(cpu(k) or 0.0) for k in kinds
+            },
+            "pg_wal_records_per_saga_by_cluster": {
+                c.name: per_saga(pg_delta[f"cluster_{c.name}.wal_records"], scale=1, digits=1)
+                for c in self.clusters
+            },
         }
-        wal = "cluster_{}.wal_records".format
-        report["pg_wal_records_per_saga_by_cluster"] = {
-            c.name: per_saga(pg1[wal(c.name)] - pg0[wal(c.name)], scale=1, digits=1)
-            for c in self.clusters
-        }
-        return report
 
 
 class ShardedRun(ClusterRun):
@@ -300,24 +288,20 @@ class ShardedRun(ClusterRun):
 
     mode = "two"
 
-    def __init__(
-        self,
-        cfg: RunConfig,
-        res: Resources,
-        procs: Processes,
-        logs: Path,
-        tag: str,
-        clusters: Sequence[Cluster],
-    ) -> None:
-        super().__init__(cfg, res, procs, logs, tag, clusters)
-        half = cfg.partitions // 2
-        self.shards = {
+    @property
+    def shards(self) -> dict[str, Shard]:
+        """Shard ``a``: the first half of the partitions, on the first cluster; ``b``
+        the rest, on the second."""
+        half = self.cfg.partitions // 2
+        return {
             "a": Shard("a", self.clusters[0], range(0, half)),
-            "b": Shard("b", self.clusters[1], range(half, cfg.partitions)),
+            "b": Shard("b", self.clusters[1], range(half, self.cfg.partitions)),
         }
-        #: The shards' databases: one name, on each shard's cluster.
-        self.database = self.schema
-        self.counter_read_transactions = 2 * (1 + len(self.shards))
+
+    @property
+    def database(self) -> str:
+        """The shards' databases' name (on each shard's cluster): the run's schema's."""
+        return self.schema
 
     def layout(self) -> dict[str, Any]:
         return {
@@ -445,23 +429,7 @@ def summarize(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
 
 
 def run_config(args: argparse.Namespace) -> RunConfig:
-    return RunConfig(
-        concurrency=args.in_flight,
-        load_s=args.load_seconds,
-        warmup=args.warmup,
-        probe=args.probe,
-        partitions=args.partitions,
-        fetch_max_wait_ms=args.fetch_max_wait_ms,
-        group_commit=True,
-        uvloop=True,
-        drain_timeout_s=args.drain_timeout,
-        start_timeout_s=args.start_timeout,
-        poll_s=args.poll_ms / 1000,
-        profile=None,
-        profile_clock="wall",
-        profile_role="engine",
-        idle_s=args.idle_seconds,
-    )
+    return engine_config(args, load_s=args.load_seconds, probe=args.probe, idle_s=args.idle_seconds)
 
 
 def second_cluster(args: argparse.Namespace) -> str:
