@@ -179,18 +179,6 @@ def postgres_cpu_s() -> float:
     return sum(cpu for _, _, cpu in postgres_processes())
 
 
-def postgres_cpu_by_cluster(postmasters: dict[str, int]) -> dict[str, float]:
-    """CPU seconds of each cluster (name -> its postmaster's pid): the postmaster and its
-    children; other clusters' processes are left out."""
-    of_pid = {pid: name for name, pid in postmasters.items()}
-    out = dict.fromkeys(postmasters, 0.0)
-    for pid, ppid, cpu in postgres_processes():
-        name = of_pid.get(pid, of_pid.get(ppid))
-        if name is not None:
-            out[name] += cpu
-    return out
-
-
 def kafka_pid(bootstrap: str) -> int | None:
     """The broker's pid, from the state file of the dev stack whose broker listens on
     ``bootstrap``'s port (each stack of the checkout has its own, keyed by its ports:
@@ -640,12 +628,13 @@ class PipelineRun:
     def load_report(
         self,
         n: int,
-        cpu: Callable[[str], float | None],
+        cpu0: dict[str, float | None],
+        cpu1: dict[str, float | None],
         pg_delta: dict[str, int],
     ) -> dict[str, Any]:
         """More figures of the load (none here), over any of the report's: ``n`` sagas
-        completed, ``cpu(key)`` the delta of a ``_cpu`` figure, ``pg_delta`` of the
-        ``_pg_counters``."""
+        completed, ``cpu0`` and ``cpu1`` the ``_cpu`` reads at its start and end,
+        ``pg_delta`` of the ``_pg_counters``."""
         return {}
 
     # ----------------------------------------------------------------- processes
@@ -1047,7 +1036,7 @@ class PipelineRun:
                 f"{PG_STATS_FLUSH_S:g}s after it; other clients of the server count too",
             },
             **self.extra_report(n, wall, stats0, stats1, final),
-            **self.load_report(n, cpu_delta, pg_delta),
+            **self.load_report(n, cpu0, cpu1, pg_delta),
         }
 
 

@@ -50,7 +50,6 @@ from bench.e2e import (
     engine_config,
     machine,
     pg_counters,
-    postgres_cpu_by_cluster,
     postgres_processes,
     ratio,
     run_bench,
@@ -66,6 +65,7 @@ FIGURES = (
     "engine_cpu_ms_per_saga",
     "participant_cpu_ms_per_saga",
     "postgres_cpu_ms_per_saga",
+    "postgres_cpu_ms_per_saga_without_driver",
     "postgres_cpu_ms_per_saga_machine",
     "kafka_cpu_ms_per_saga",
     "cpu_total_ms_per_saga",
@@ -75,8 +75,12 @@ FIGURES = (
     "latency_p50_ms",
     "machine_cpu_busy_fraction",
 )
-#: The figures given per cluster too.
-BY_CLUSTER = ("postgres_cpu_ms_per_saga_by_cluster", "pg_wal_records_per_saga_by_cluster")
+#: The figures given per cluster, or per role, too.
+SPLITS = (
+    "postgres_cpu_ms_per_saga_by_cluster",
+    "postgres_cpu_ms_per_saga_by_role",
+    "pg_wal_records_per_saga_by_cluster",
+)
 #: What --quick changes (unless given).
 QUICK = {"load_seconds": 5.0, "rounds": 1, "probe": 5}
 DEFAULTS = {"load_seconds": 30.0, "rounds": 2, "probe": 20}
@@ -128,15 +132,23 @@ def process_kind(pid: int, postmaster: int) -> str:
     return next((kind for kind in BACKGROUND if rest.startswith(kind)), "backends")
 
 
-def postgres_cpu_by_kind(clusters: Sequence[Cluster]) -> dict[str, float]:
-    """CPU seconds of each cluster's processes by kind: ``<cluster>.<kind>``."""
+def cluster_processes(clusters: Sequence[Cluster]) -> dict[str, float]:
+    """CPU seconds of the clusters' processes (their postmasters and those ones'
+    children; other clusters on the machine are left out), in one walk of /proc: per
+    cluster (``postgres.<cluster>``), per process kind (``postgres_kind.<cluster>.<kind>``)
+    and per client backend (``pgpid.<cluster>.<pid>``)."""
     of_pid = {c.postmaster: c for c in clusters}
-    out: dict[str, float] = {}
+    out = {f"postgres.{c.name}": 0.0 for c in clusters}
     for pid, ppid, cpu in postgres_processes():
         cluster = of_pid.get(pid) or of_pid.get(ppid)
-        if cluster is not None:
-            key = f"{cluster.name}.{process_kind(pid, cluster.postmaster)}"
-            out[key] = out.get(key, 0.0) + cpu
+        if cluster is None:
+            continue
+        kind = process_kind(pid, cluster.postmaster)
+        out[f"postgres.{cluster.name}"] += cpu
+        key = f"postgres_kind.{cluster.name}.{kind}"
+        out[key] = out.get(key, 0.0) + cpu
+        if kind == "backends":
+            out[f"pgpid.{cluster.name}.{pid}"] = cpu
     return out
 
 
@@ -144,6 +156,24 @@ def with_database(dsn: str, database: str) -> str:
     """``dsn`` pointed at another database of the same server."""
     parts = urlsplit(dsn)
     return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+def with_application(dsn: str, name: str) -> str:
+    """``dsn`` whose connections are called ``name`` (``application_name``, which
+    ``pg_stat_activity`` shows: whose backend is whose)."""
+    parts = urlsplit(dsn)
+    query = "&".join(q for q in (parts.query, f"application_name={name}") if q)
+    return urlunsplit(parts._replace(query=query))
+
+
+#: The ``application_name`` of the connections of the engine, of the participants and
+#: of the driver (the benchmark itself: completion polls, counters).
+APPLICATIONS = {"engine": "bench-engine", "participants": "bench-participants"}
+DRIVER = "bench-driver"
+#: Whose the clusters' CPU is: each client's backends (``gone``: ended before the load's
+#: last counter read, whoever's they were), and ``background``: the postmasters and
+#: Postgres's own processes (checkpointer, WAL writer, autovacuum...).
+ROLES = ("engine", "participants", "driver", "gone", "background")
 
 
 def parent_pid(pid: int) -> int:
@@ -191,8 +221,8 @@ class ClusterRun(EngineRun):
         self._admin: dict[str, asyncpg.Connection[Any]] = {}
         #: The shards' databases (none here), each on its own connection.
         self._shard_conns: dict[str, asyncpg.Connection[Any]] = {}
-        #: Every ``postgres_kind.*`` figure ``_cpu`` has read.
-        self._kinds: set[str] = set()
+        #: Whose each backend is: (cluster, pid) -> the client's application_name.
+        self._clients: dict[tuple[str, int], str] = {}
 
     def layout(self) -> dict[str, Any]:
         return {
@@ -207,7 +237,9 @@ class ClusterRun(EngineRun):
         try:
             for c in self.clusters:
                 self._admin[c.name] = await asyncpg.connect(
-                    with_database(c.dsn, "postgres"), timeout=10
+                    with_database(c.dsn, "postgres"),
+                    timeout=10,
+                    server_settings={"application_name": DRIVER},
                 )
             await self._open_shards()
             # The first counter read's statements in each database it reads.
@@ -232,6 +264,11 @@ class ClusterRun(EngineRun):
         for kind in ("wal_records", "wal_bytes", "wal_sync"):
             out[kind] = 0
         for name, admin in self._admin.items():
+            for r in await admin.fetch(
+                "SELECT pid, application_name FROM pg_stat_activity "
+                "WHERE backend_type = 'client backend'"
+            ):
+                self._clients[name, int(r["pid"])] = r["application_name"] or DRIVER
             wal = await admin.fetchrow("SELECT wal_records, wal_bytes, wal_sync FROM pg_stat_wal")
             assert wal is not None
             for kind in ("wal_records", "wal_bytes", "wal_sync"):
@@ -239,39 +276,73 @@ class ClusterRun(EngineRun):
                 out[kind] += int(wal[kind])
         return out
 
+    def _env(self, **extra: str) -> dict[str, str]:
+        """bench/e2e.py's, each process's connections named (``APPLICATIONS``)."""
+        return super()._env(
+            **{
+                "SAGA_PG__DSN": with_application(self.res.dsn, APPLICATIONS["engine"]),
+                "SAGA_PARTICIPANT__DSN": with_application(
+                    self.res.dsn, APPLICATIONS["participants"]
+                ),
+                **extra,
+            }
+        )
+
     def _cpu(self) -> dict[str, float | None]:
         out = super()._cpu()
-        postmasters = {c.name: c.postmaster for c in self.clusters}
-        for name, cpu in postgres_cpu_by_cluster(postmasters).items():
-            out[f"postgres.{name}"] = cpu
-        for key, cpu in postgres_cpu_by_kind(self.clusters).items():
-            out[f"postgres_kind.{key}"] = cpu
-            self._kinds.add(f"postgres_kind.{key}")
+        out.update(cluster_processes(self.clusters))
         return out
 
     def load_report(
         self,
         n: int,
-        cpu: Callable[[str], float | None],
+        cpu0: dict[str, float | None],
+        cpu1: dict[str, float | None],
         pg_delta: dict[str, int],
     ) -> dict[str, Any]:
         """``postgres_cpu_ms_per_saga`` is this run's clusters' (bench/e2e.py's, every
-        postgres process on the machine, is ``..._machine``), also per cluster and per
-        process kind; the WAL per cluster."""
+        postgres process on the machine, is ``..._machine``), also per cluster, per
+        process kind and per client; the WAL per cluster."""
 
         def per_saga(delta: float | None, scale: float = 1000, digits: int = 3) -> float | None:
             return round(scale * delta / n, digits) if n and delta is not None else None
 
-        by_cluster = {c.name: cpu(f"postgres.{c.name}") or 0.0 for c in self.clusters}
-        # A process that ended within the load (an autovacuum worker) is in neither read:
-        # the kinds show where the clusters' CPU went, the sums above are what it was.
-        kinds = sorted(k for k in self._kinds if k.startswith("postgres_kind."))
+        def delta(key: str) -> float:
+            """The key's growth over the load; a process that started within it counts
+            from zero, one that ended within it not at all (an autovacuum worker: the
+            sums per cluster are what the CPU was, the rest shows where it went)."""
+            return (cpu1.get(key) or 0.0) - (cpu0.get(key) or 0.0) if key in cpu1 else 0.0
+
+        def grouped(prefix: str, name: Callable[[str], str]) -> dict[str, float]:
+            out: dict[str, float] = {}
+            for key in cpu1:
+                if key.startswith(prefix):
+                    group = name(key.removeprefix(prefix))
+                    out[group] = out.get(group, 0.0) + delta(key)
+            return dict(sorted(out.items()))
+
+        def client(cluster_pid: str) -> str:
+            cluster, pid = cluster_pid.split(".")
+            app = self._clients.get((cluster, int(pid)), "gone")
+            return f"{cluster}.{app.removeprefix('bench-')}"
+
+        by_cluster = {c.name: delta(f"postgres.{c.name}") for c in self.clusters}
+        by_client = grouped("pgpid.", client)
+        by_role = dict.fromkeys(ROLES, 0.0)
+        for key, seconds in by_client.items():
+            by_role[key.split(".", 1)[1]] += seconds
+        by_role["background"] = sum(by_cluster.values()) - sum(by_client.values())
         return {
             "postgres_cpu_ms_per_saga": per_saga(sum(by_cluster.values())),
-            "postgres_cpu_ms_per_saga_machine": per_saga(cpu("postgres_all")),
+            "postgres_cpu_ms_per_saga_without_driver": per_saga(
+                sum(by_cluster.values()) - by_role["driver"]
+            ),
+            "postgres_cpu_ms_per_saga_machine": per_saga(delta("postgres_all")),
             "postgres_cpu_ms_per_saga_by_cluster": {k: per_saga(v) for k, v in by_cluster.items()},
+            "postgres_cpu_ms_per_saga_by_role": {k: per_saga(v) for k, v in by_role.items()},
+            "postgres_cpu_ms_per_saga_by_client": {k: per_saga(v) for k, v in by_client.items()},
             "postgres_cpu_ms_per_saga_by_kind": {
-                k.removeprefix("postgres_kind."): per_saga(cpu(k) or 0.0) for k in kinds
+                k: per_saga(v) for k, v in grouped("postgres_kind.", str).items()
             },
             "pg_wal_records_per_saga_by_cluster": {
                 c.name: per_saga(pg_delta[f"cluster_{c.name}.wal_records"], scale=1, digits=1)
@@ -329,16 +400,25 @@ class ShardedRun(ClusterRun):
                 await conn.close()
             self.res.databases.append((shard.cluster.dsn, self.database))
             self._shard_conns[shard.name] = await asyncpg.connect(
-                self._shard_dsn(shard), timeout=10, server_settings={"search_path": self.schema}
+                self._shard_dsn(shard),
+                timeout=10,
+                server_settings={"search_path": self.schema, "application_name": DRIVER},
             )
 
     def _env(self, **extra: str) -> dict[str, str]:
+        engine = APPLICATIONS["engine"]
         shards = [
-            {"name": s.name, "partitions": s.ranges, "dsn": self._shard_dsn(s)}
+            {
+                "name": s.name,
+                "partitions": s.ranges,
+                "dsn": with_application(self._shard_dsn(s), engine),
+            }
             for s in self.shards.values()
         ]
         return super()._env(
-            SAGA_PG__SHARDS=json.dumps(shards), SAGA_PG__CONTROL_DSN=self.res.dsn, **extra
+            SAGA_PG__SHARDS=json.dumps(shards),
+            SAGA_PG__CONTROL_DSN=with_application(self.res.dsn, engine),
+            **extra,
         )
 
     def _by_shard(self, ids: Iterable[str]) -> dict[str, list[str]]:
@@ -390,7 +470,7 @@ def figures(run: dict[str, Any]) -> dict[str, Any]:
     out = {k: run.get(k) for k in FIGURES if k != "latency_p50_ms"}
     out["latency_p50_ms"] = (run.get("latency_ms") or {}).get("p50")
     out["sagas"] = run.get("sagas")
-    for key in BY_CLUSTER:
+    for key in SPLITS:
         out[key] = run.get(key)
     return out
 
@@ -401,18 +481,25 @@ def _median(values: list[Any]) -> float | None:
 
 
 def mode_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """A mode's figures over its rounds: the median of each (per cluster too)."""
+    """A mode's figures over its rounds: the median of each (each part of a split too)."""
     out: dict[str, Any] = {k: _median([r.get(k) for r in rounds]) for k in FIGURES}
     out["sagas"] = sum(r.get("sagas") or 0 for r in rounds)
-    for key in BY_CLUSTER:
-        clusters = sorted({c for r in rounds for c in (r.get(key) or {})})
-        out[key] = {c: _median([(r.get(key) or {}).get(c) for r in rounds]) for c in clusters}
+    for key in SPLITS:
+        parts = dict.fromkeys(part for r in rounds for part in (r.get(key) or {}))
+        out[key] = {p: _median([(r.get(key) or {}).get(p) for r in rounds]) for p in parts}
     return out
 
 
-def ratios(two: dict[str, Any], one: dict[str, Any]) -> dict[str, float | None]:
-    """Each figure of ``two`` over the same of ``one``."""
-    return {k: ratio(two.get(k), one.get(k)) for k in FIGURES}
+#: The split whose parts have ratios too (the clusters' have none: one has no second).
+ROLE_SPLIT = "postgres_cpu_ms_per_saga_by_role"
+
+
+def ratios(two: dict[str, Any], one: dict[str, Any]) -> dict[str, Any]:
+    """Each figure of ``two`` over the same of ``one``; per role too."""
+    out: dict[str, Any] = {k: ratio(two.get(k), one.get(k)) for k in FIGURES}
+    roles_two, roles_one = two.get(ROLE_SPLIT) or {}, one.get(ROLE_SPLIT) or {}
+    out[ROLE_SPLIT] = {r: ratio(roles_two.get(r), roles_one.get(r)) for r in roles_two}
+    return out
 
 
 def summarize(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:

@@ -10,14 +10,15 @@ import pytest
 
 from bench.e2e import Processes, Resources
 from bench.shards import (
-    BY_CLUSTER,
     FIGURES,
+    SPLITS,
     Cluster,
     ShardedRun,
     figures,
     parse_args,
     run_config,
     summarize,
+    with_application,
     with_database,
 )
 from saga_engine import Settings
@@ -68,10 +69,15 @@ def test_the_engine_s_settings_shard_the_store_as_the_driver_routes(
     settings = Settings()
     shards = {s.name: s for s in settings.pg.shards}
     assert {n: s.partitions for n, s in shards.items()} == {"a": "0-2", "b": "3-5"}
-    assert shards["a"].dsn.get_secret_value() == "postgresql://u@h1:5432/bench_t1"
-    assert shards["b"].dsn.get_secret_value() == "postgresql://u@h2:5433/bench_t1"
+    # Each process's connections named, so that each backend's CPU says whose it is.
+    engine, participants = "application_name=bench-engine", "application_name=bench-participants"
+    assert shards["a"].dsn.get_secret_value() == f"postgresql://u@h1:5432/bench_t1?{engine}"
+    assert shards["b"].dsn.get_secret_value() == f"postgresql://u@h2:5433/bench_t1?{engine}"
     assert settings.pg.control_dsn is not None
-    assert settings.pg.control_dsn.get_secret_value() == "postgresql://u@h1:5432/saga"
+    assert settings.pg.control_dsn.get_secret_value() == f"postgresql://u@h1:5432/saga?{engine}"
+    assert (
+        settings.participant.dsn.get_secret_value() == f"postgresql://u@h1:5432/saga?{participants}"
+    )
     shard_map = settings.shard_map()
     assert shard_map is not None
     ids = [f"saga-{i}" for i in range(200)]
@@ -83,21 +89,25 @@ def test_the_engine_s_settings_shard_the_store_as_the_driver_routes(
             assert partition_for(saga_id, 6) in run.shards[name].partitions
 
 
-def test_with_database_keeps_the_server_and_its_options() -> None:
+def test_with_database_and_application_keep_the_server_and_its_options() -> None:
+    dsn = "postgresql://u:p@h:5/saga?sslmode=disable"
+    assert with_database(dsn, "postgres") == "postgresql://u:p@h:5/postgres?sslmode=disable"
     assert (
-        with_database("postgresql://u:p@h:5/saga?sslmode=disable", "postgres")
-        == "postgresql://u:p@h:5/postgres?sslmode=disable"
+        with_application(dsn, "x") == "postgresql://u:p@h:5/saga?sslmode=disable&application_name=x"
     )
+    assert with_application("postgresql://h/saga", "x") == "postgresql://h/saga?application_name=x"
 
 
 def _run(sagas_per_s: float, pg: dict[str, float], wal: dict[str, float]) -> dict[str, object]:
+    total = sum(pg.values())
     return {
         "sagas": 1000,
         "sagas_per_s": sagas_per_s,
         "engine_cpu_ms_per_saga": 1.0,
         "participant_cpu_ms_per_saga": 0.5,
-        "postgres_cpu_ms_per_saga": sum(pg.values()),
+        "postgres_cpu_ms_per_saga": total,
         "postgres_cpu_ms_per_saga_by_cluster": pg,
+        "postgres_cpu_ms_per_saga_by_role": {"engine": total - 0.1, "driver": 0.1},
         "pg_wal_records_per_saga": sum(wal.values()),
         "pg_wal_records_per_saga_by_cluster": wal,
         "latency_ms": {"p50": 700.0},
@@ -117,7 +127,7 @@ def test_the_json_has_each_mode_s_medians_per_cluster_and_two_over_one() -> None
     out = summarize([{"one": a, "two": b} for a, b in zip(one, two, strict=True)])
     assert set(out) == {"one", "two", "ratio_two_vs_one", "rounds"}
     for mode in ("one", "two"):
-        assert set(out[mode]) == {*FIGURES, *BY_CLUSTER, "sagas"}
+        assert set(out[mode]) == {*FIGURES, *SPLITS, "sagas"}
         assert out[mode]["sagas"] == 2000
     assert "not_a_figure" not in one[0]
     assert out["one"]["sagas_per_s"] == 700
@@ -125,8 +135,10 @@ def test_the_json_has_each_mode_s_medians_per_cluster_and_two_over_one() -> None
     assert out["one"]["latency_p50_ms"] == 700
     assert out["two"]["postgres_cpu_ms_per_saga_by_cluster"] == {"1": 0.35, "2": 0.2}
     assert out["two"]["pg_wal_records_per_saga_by_cluster"] == {"1": 35, "2": 17}
+    assert out["two"]["postgres_cpu_ms_per_saga_by_role"] == {"engine": 0.45, "driver": 0.1}
     ratios = out["ratio_two_vs_one"]
-    assert set(ratios) == set(FIGURES)
+    assert set(ratios) == {*FIGURES, "postgres_cpu_ms_per_saga_by_role"}
+    assert ratios["postgres_cpu_ms_per_saga_by_role"] == {"engine": 1.125, "driver": 1.0}
     assert ratios["sagas_per_s"] == round(600 / 700, 4)
     assert ratios["postgres_cpu_ms_per_saga"] == round(0.55 / 0.5, 4)
     assert ratios["kafka_cpu_ms_per_saga"] is None  # not measured: no ratio
