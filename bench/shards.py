@@ -188,12 +188,13 @@ async def find_cluster(name: str, dsn: str) -> Cluster:
     try:
         backend = int(await conn.fetchval("SELECT pg_backend_pid()"))
         # Read while the backend lives: it exits when the connection closes.
-        postmaster = parent_pid(backend)
-    except OSError:
-        raise BenchError(
-            f"cluster {name}'s processes are not on this machine (backend pid {backend} is "
-            "not in /proc): the benchmark measures its servers' CPU and needs them local"
-        ) from None
+        try:
+            postmaster = parent_pid(backend)
+        except OSError:
+            raise BenchError(
+                f"cluster {name}'s processes are not on this machine (backend pid {backend} "
+                "is not in /proc): the benchmark measures its servers' CPU and needs them local"
+            ) from None
     finally:
         await conn.close()
     return Cluster(name, dsn, postmaster)
