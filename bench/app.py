@@ -34,13 +34,14 @@ whether memory held after eviction is garbage awaiting the collector).
 The engine role is ``saga worker`` (saga_engine.cli) with two differences: it opens the
 store itself (to choose group commit and to read its batching stats) and it reports
 counters on SIGUSR1 (and can profile itself). The worker, the engine and the store are the shipped classes.
+With ``SAGA_PG__SHARDS`` (bench/shards.py) the engine's store is the sharded one the
+worker would open itself (``connect_event_store``), every shard's group commit counted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import cProfile
-import dataclasses
 import gc
 import logging
 import os
@@ -58,7 +59,10 @@ from pydantic import BaseModel
 from bench.bare import count_kafka_requests, kafka_requests
 from saga_engine import Saga, SagaContext, Settings, Signal, run
 from saga_engine.participant import CommandBatch, Participant
-from saga_engine.store import GroupCommitConfig, PostgresEventStore, migrate
+from saga_engine.store import EventStore, GroupCommitConfig, PostgresEventStore, migrate
+from saga_engine.store._connect import connect_event_store
+from saga_engine.store._databases import migrate_everywhere
+from saga_engine.store._sharded import ShardedEventStore
 from saga_engine.worker import SagaWorker
 
 PARTICIPANTS = ("alpha", "beta", "gamma")
@@ -305,12 +309,46 @@ async def _watch_owned(worker: SagaWorker, reporter: _Reporter, interval_s: floa
         await asyncio.sleep(interval_s)
 
 
+async def _open_store(settings: Settings, config: GroupCommitConfig) -> EventStore:
+    """The engine's store, migrated: one Postgres store (group commit as ``config``), or
+    with ``SAGA_PG__SHARDS`` the sharded store the worker opens (``connect_event_store``:
+    each shard's store with the default group commit) over the migrated control database
+    and shards."""
+    if not settings.pg.shards:
+        await migrate(settings.pg.dsn.get_secret_value(), settings.pg.db_schema)
+        return await PostgresEventStore.connect(settings.pg, group_commit=config)
+    if config != GroupCommitConfig():
+        raise SystemExit("BENCH_GROUP_COMMIT=0 is not supported with SAGA_PG__SHARDS")
+    await migrate_everywhere(settings)
+    return await connect_event_store(settings)
+
+
+async def _shard_stores(store: EventStore) -> list[PostgresEventStore]:
+    """The Postgres stores whose group commit the counters add up: the one store, or
+    every shard's (opened now if the engine has not yet)."""
+    if isinstance(store, PostgresEventStore):
+        return [store]
+    assert isinstance(store, ShardedEventStore)
+    shards = [await store.shard(name) for name in store.shard_map.names]
+    return [s for s in shards if isinstance(s, PostgresEventStore)]
+
+
+def _group_commit_stats(stores: list[PostgresEventStore]) -> dict[str, int]:
+    """The stores' group commit counters together (the largest batch: of any)."""
+    out = {"batches": 0, "operations": 0, "largest_batch": 0}
+    for s in stores:
+        out["batches"] += s.stats.batches
+        out["operations"] += s.stats.operations
+        out["largest_batch"] = max(out["largest_batch"], s.stats.largest_batch)
+    return out
+
+
 async def run_engine() -> None:
     settings = Settings()
     enabled = os.environ.get("BENCH_GROUP_COMMIT", "1") != "0"
     config = GroupCommitConfig(enabled=enabled)
-    await migrate(settings.pg.dsn.get_secret_value(), settings.pg.db_schema)
-    store = await PostgresEventStore.connect(settings.pg, group_commit=config)
+    store = await _open_store(settings, config)
+    stores = await _shard_stores(store)
     worker = SagaWorker(settings, [Transfer, Waiter], store=store)
 
     def snapshot() -> dict[str, Any]:
@@ -318,7 +356,7 @@ async def run_engine() -> None:
             "group_commit": {
                 "enabled": config.enabled,
                 "max_batch": config.max_batch,
-                **dataclasses.asdict(store.stats),
+                **_group_commit_stats(stores),
             },
             "engine": dict(worker.parts.stats.counts) if worker.engine else {},
             "dead_lettered": worker.stats_dead_lettered,

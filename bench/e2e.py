@@ -68,12 +68,20 @@ _T0 = time.monotonic()
 PG_STATS_FLUSH_S = 1.5
 #: The driver's completion poll (see ``_done``): LATERAL with OFFSET 0 keeps the planner
 #: from turning the per-id probes into a hash join over a sequential scan.
-_DONE_SQL = """
+DONE_SQL = """
 SELECT s.saga_id FROM unnest($1::text[]) AS u(saga_id)
 CROSS JOIN LATERAL (
     SELECT saga_id, status FROM sagas WHERE saga_id = u.saga_id OFFSET 0
 ) AS s
 WHERE s.status = ANY($2::text[])
+"""
+
+#: The engine's events ``EngineRun.timings`` reads, each saga's in order.
+EVENT_ROWS_SQL = """
+SELECT saga_id, kind, data->>'step' AS step, data->>'command_id' AS command_id,
+       extract(epoch FROM (data->>'at')::timestamptz)::float8 AS at,
+       extract(epoch FROM recorded_at)::float8 AS rec
+FROM saga_events WHERE saga_id = ANY($1::text[]) ORDER BY saga_id, seq
 """
 
 
@@ -150,9 +158,9 @@ def proc_cpu_s(pid: int) -> float | None:
     return None if split is None else split[0] + split[1]
 
 
-def postgres_cpu_s() -> float:
-    """All postgres processes on the machine (other clients' backends included)."""
-    total = 0.0
+def postgres_processes() -> Iterator[tuple[int, int, float]]:
+    """(pid, parent pid, utime + stime in seconds) of every postgres process on the
+    machine: each cluster's postmaster, and its backends and workers (its children)."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -163,17 +171,28 @@ def postgres_cpu_s() -> float:
             continue
         if raw.split("(", 1)[1].startswith("postgres)"):
             fields = raw.rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / CLK_TCK
-    return total
+            yield int(entry), int(fields[1]), (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def kafka_pid() -> int | None:
-    try:
-        state = json.loads((ROOT / ".dev" / "state.json").read_text())
-    except (OSError, ValueError):
-        return None
-    pid = state.get("kafka_pid")
-    return pid if isinstance(pid, int) and proc_cpu_s(pid) is not None else None
+def postgres_cpu_s() -> float:
+    """All postgres processes on the machine (other clients' backends included)."""
+    return sum(cpu for _, _, cpu in postgres_processes())
+
+
+def kafka_pid(bootstrap: str) -> int | None:
+    """The broker's pid, from the state file of the dev stack whose broker listens on
+    ``bootstrap``'s port (each stack of the checkout has its own, keyed by its ports:
+    scripts/devstack_base.py)."""
+    port = bootstrap.split(",")[0].rsplit(":", 1)[-1]
+    for path in sorted((ROOT / ".dev").glob("state*.json")):
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        pid = state.get("kafka_pid")
+        if str(state.get("kafka_port")) == port and isinstance(pid, int):
+            return pid if proc_cpu_s(pid) is not None else None
+    return None
 
 
 def self_cpu_s() -> float:
@@ -285,11 +304,25 @@ class Resources:
     bootstrap: str
     schemas: list[str] = field(default_factory=list)
     topics: list[str] = field(default_factory=list)
+    #: Databases created on other servers: (an address on that server, database name).
+    databases: list[tuple[str, str]] = field(default_factory=list)
 
 
 async def cleanup(res: Resources) -> None:
-    """Drops every schema and deletes every topic registered so far (forgetting those
-    that are gone, so it can run after each run and once more at the end)."""
+    """Drops every schema and database and deletes every topic registered so far
+    (forgetting those that are gone, so it can run after each run and once more at the
+    end)."""
+    for server, database in list(res.databases):
+        try:
+            conn = await asyncpg.connect(server, timeout=10)
+            try:
+                await conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+            finally:
+                await conn.close()
+            res.databases.remove((server, database))
+            say(f"dropped database {database}")
+        except Exception as exc:
+            say(f"WARNING: could not drop database {database}: {exc!r}")
     if res.schemas:
         try:
             conn = await asyncpg.connect(res.dsn, timeout=10)
@@ -495,6 +528,32 @@ class RunConfig:
     idle_s: float
 
 
+def engine_config(
+    args: argparse.Namespace, *, load_s: float, probe: int, idle_s: float
+) -> RunConfig:
+    """An engine pipeline's run from the options of a benchmark of it alone
+    (bench/failover.py, bench/shards.py): ``--in-flight``, ``--warmup``, ``--partitions``,
+    ``--fetch-max-wait-ms``, ``--drain-timeout``, ``--start-timeout``, ``--poll-ms``;
+    group commit and uvloop on, no profile."""
+    return RunConfig(
+        concurrency=args.in_flight,
+        load_s=load_s,
+        warmup=args.warmup,
+        probe=probe,
+        partitions=args.partitions,
+        fetch_max_wait_ms=args.fetch_max_wait_ms,
+        group_commit=True,
+        uvloop=True,
+        drain_timeout_s=args.drain_timeout,
+        start_timeout_s=args.start_timeout,
+        poll_s=args.poll_ms / 1000,
+        profile=None,
+        profile_clock="wall",
+        profile_role="engine",
+        idle_s=idle_s,
+    )
+
+
 class PipelineRun:
     """One pipeline (an engine and three participants) on a fresh schema and topic
     prefix: spawned, warmed up, probed, loaded, measured, stopped. Subclasses say how
@@ -503,6 +562,9 @@ class PipelineRun:
     pipeline = ""
     module = ""
     done_statuses: list[str] = []
+    #: Transactions of the first counter read (``_pg_counters``) that its own snapshot
+    #: counts: they are the driver's, not the pipeline's.
+    counter_read_transactions = 2
 
     def __init__(
         self, cfg: RunConfig, res: Resources, procs: Processes, logs: Path, tag: str
@@ -568,6 +630,18 @@ class PipelineRun:
         final: dict[str, dict[str, Any] | None],
     ) -> dict[str, Any]:
         return {"counters": {role: stats1[role].get("counters") for role in self.roles}}
+
+    def load_report(
+        self,
+        n: int,
+        cpu0: dict[str, float | None],
+        cpu1: dict[str, float | None],
+        pg_delta: dict[str, int],
+    ) -> dict[str, Any]:
+        """More figures of the load (none here), over any of the report's: ``n`` sagas
+        completed, ``cpu0`` and ``cpu1`` the ``_cpu`` reads at its start and end,
+        ``pg_delta`` of the ``_pg_counters``."""
+        return {}
 
     # ----------------------------------------------------------------- processes
 
@@ -643,7 +717,7 @@ class PipelineRun:
         out: dict[str, float | None] = {
             role: proc_cpu_s(proc.popen.pid) for role, proc in self.procs.procs.items()
         }
-        kpid = kafka_pid()
+        kpid = kafka_pid(self.res.bootstrap)
         out["kafka"] = proc_cpu_s(kpid) if kpid else None
         out["postgres_all"] = postgres_cpu_s()
         out["bench"] = self_cpu_s()
@@ -665,7 +739,7 @@ class PipelineRun:
         run, the driver's polls were the most expensive statement Postgres ran, and how
         much depended on when autovacuum got to the table, not on the engine)."""
         self.driver_queries += 1
-        rows = await conn.fetch(_DONE_SQL, list(ids), self.done_statuses)
+        rows = await conn.fetch(DONE_SQL, list(ids), self.done_statuses)
         return {r["saga_id"] for r in rows}
 
     async def _start(self, sent: dict[str, float]) -> str:
@@ -736,6 +810,10 @@ class PipelineRun:
             await self.settle_starts(15)
         return sent
 
+    async def _pg_counters(self, conn: asyncpg.Connection[Any]) -> dict[str, int]:
+        """The Postgres counters the load's figures are deltas of (``pg_counters``)."""
+        return await pg_counters(conn, self.schema)
+
     async def _status_counts(self, conn: asyncpg.Connection[Any], ids: list[str]) -> dict[str, int]:
         rows = await conn.fetch(
             "SELECT status, count(*) AS n FROM sagas WHERE saga_id = ANY($1::text[]) GROUP BY status",
@@ -788,7 +866,7 @@ class PipelineRun:
                     probe_sent = await self._probe(conn, cfg.probe)
                 idle = await self._idle_cpu(cfg.idle_s)
                 await asyncio.sleep(max(0.0, PG_STATS_FLUSH_S - cfg.idle_s))
-                pg0 = await pg_counters(conn, self.schema)
+                pg0 = await self._pg_counters(conn)
                 queries0 = self.driver_queries
                 stats0 = await self._stats()
                 cpu0 = self._cpu()
@@ -807,9 +885,9 @@ class PipelineRun:
                 stats1 = await self._stats()
                 # Every backend's counts are in pg_stat_database a second after it idles.
                 await asyncio.sleep(PG_STATS_FLUSH_S)
-                pg1 = await pg_counters(conn, self.schema)
-                # The first counter read's two statements, then every completion poll.
-                driver_xacts = 2 + self.driver_queries - queries0
+                pg1 = await self._pg_counters(conn)
+                # The first counter read's statements, then every completion poll.
+                driver_xacts = self.counter_read_transactions + self.driver_queries - queries0
             finally:
                 await self.close_starter()
             say(f"load done in {elapsed:.1f}s ({len(sent)} sagas); stopping the processes")
@@ -964,6 +1042,7 @@ class PipelineRun:
                 f"{PG_STATS_FLUSH_S:g}s after it; other clients of the server count too",
             },
             **self.extra_report(n, wall, stats0, stats1, final),
+            **self.load_report(n, cpu0, cpu1, pg_delta),
         }
 
 
@@ -1006,6 +1085,12 @@ class EngineRun(PipelineRun):
             await self.client.close()
             self.client = None
 
+    async def _event_rows(
+        self, conn: asyncpg.Connection[Any], ids: list[str]
+    ) -> list[asyncpg.Record]:
+        """The events of the sagas ``ids`` that ``timings`` reads, each saga's in order."""
+        return await conn.fetch(EVENT_ROWS_SQL, ids)
+
     async def start_one(self, saga_id: str) -> None:
         assert self.client is not None
         self._pending.append(
@@ -1019,15 +1104,7 @@ class EngineRun(PipelineRun):
     ) -> dict[str, Any]:
         """Per-saga latency from the events' timestamps (see README: what is measured)."""
         ids = list(sent)
-        rows = await conn.fetch(
-            """
-            SELECT saga_id, kind, data->>'step' AS step, data->>'command_id' AS command_id,
-                   extract(epoch FROM (data->>'at')::timestamptz)::float8 AS at,
-                   extract(epoch FROM recorded_at)::float8 AS rec
-            FROM saga_events WHERE saga_id = ANY($1::text[]) ORDER BY saga_id, seq
-            """,
-            ids,
-        )
+        rows = await self._event_rows(conn, ids)
         handled: dict[str, float] = {}
         for p in PARTICIPANTS:
             for r in await conn.fetch(
@@ -1424,6 +1501,21 @@ def point_summary(
     }
 
 
+async def run_pipeline(run: PipelineRun, *, keep: bool) -> dict[str, Any]:
+    """One pipeline's run; then its processes stopped and (unless ``keep``) what it
+    created removed, whatever happened (the processes' log tails shown on failure)."""
+    try:
+        return await run.run()
+    except BaseException:
+        for proc in run.procs.procs.values():
+            say(f"--- {proc.role} log tail:\n{tail(proc.log)}")
+        raise
+    finally:
+        run.procs.stop_all()
+        if not keep:
+            await cleanup(run.res)
+
+
 async def bench(args: argparse.Namespace, res: Resources, procs: Processes, logs: Path) -> Any:
     date = datetime.now(UTC).isoformat(timespec="seconds")
     run_id = uuid.uuid4().hex[:8]
@@ -1473,17 +1565,9 @@ async def bench(args: argparse.Namespace, res: Resources, procs: Processes, logs
                 idle_s=args.idle_seconds,
             )
             cls = EngineRun if kind == "engine" else BareRun
-            run = cls(cfg, res, procs, logs, f"{run_id}{i}{kind[0]}")
-            try:
-                result = await run.run()
-            except BaseException:
-                for proc in procs.procs.values():
-                    say(f"--- {proc.role} log tail:\n{tail(proc.log)}")
-                raise
-            finally:
-                procs.stop_all()
-                if not args.keep:
-                    await cleanup(res)
+            result = await run_pipeline(
+                cls(cfg, res, procs, logs, f"{run_id}{i}{kind[0]}"), keep=args.keep
+            )
             say(
                 f"{kind} at {concurrency}: {result['sagas']} sagas at {result['sagas_per_s']}/s, "
                 f"latency p50 {result['latency_ms'].get('p50')} ms, idle p50 "

@@ -55,7 +55,7 @@ from bench.e2e import (
     EngineRun,
     Processes,
     Resources,
-    RunConfig,
+    engine_config,
     machine,
     pct,
     read_json,
@@ -160,23 +160,7 @@ class FailoverRun(EngineRun):
     def __init__(
         self, args: argparse.Namespace, res: Resources, procs: Processes, logs: Path, tag: str
     ) -> None:
-        cfg = RunConfig(
-            concurrency=args.in_flight,
-            load_s=0.0,
-            warmup=args.warmup,
-            probe=0,
-            partitions=args.partitions,
-            fetch_max_wait_ms=args.fetch_max_wait_ms,
-            group_commit=True,
-            uvloop=True,
-            drain_timeout_s=args.drain_timeout,
-            start_timeout_s=args.start_timeout,
-            poll_s=args.poll_ms / 1000,
-            profile=None,
-            profile_clock="wall",
-            profile_role="engine",
-            idle_s=0.0,
-        )
+        cfg = engine_config(args, load_s=0.0, probe=0, idle_s=0.0)
         super().__init__(cfg, res, procs, logs, tag)
         self.args = args
         self.roles = [*ENGINES, *(f"participant-{p}" for p in PARTICIPANTS)]
