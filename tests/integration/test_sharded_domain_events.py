@@ -66,7 +66,9 @@ def _settings(pg: PgTarget, shards: tuple[PgTarget, ...], bootstrap: str, uid: s
 
 async def _facts(target: PgTarget) -> dict[str, bool]:
     """The facts a database keeps: event id -> matched."""
-    conn = await asyncpg.connect(target.database_dsn, server_settings={"search_path": target.schema})
+    conn = await asyncpg.connect(
+        target.database_dsn, server_settings={"search_path": target.schema}
+    )
     try:
         rows = await conn.fetch("SELECT event_id, matched FROM saga_domain_events")
     finally:
