@@ -23,8 +23,11 @@ from saga_engine.core.history._events import (
     SagaStarted,
 )
 from saga_engine.core.history._status import SagaStatus
+from saga_engine.kernel._errors import ShardUnavailable
 from saga_engine.kernel._settings import KafkaSettings, PostgresSettings, Settings
+from saga_engine.kernel._shards import ShardMap
 from saga_engine.store._connect import connect_event_store
+from saga_engine.store._coverage import coverage
 from saga_engine.store._domain_store import (
     DomainEventStore,
     Expired,
@@ -88,6 +91,8 @@ async def stores(
 
 #: Two shards of two partitions each: the contract's keys and saga ids fall in both.
 RANGES = {"a": "0-1", "b": "2-3"}
+#: A shard's address with nothing listening.
+DEAD = "postgresql://postgres@127.0.0.1:9/saga"
 
 
 async def _sharded(pg: PgTarget, shards: tuple[PgTarget, ...]) -> AsyncIterator[Stores]:
@@ -245,3 +250,44 @@ async def test_waits_receivers_and_the_listing_across_keys_and_sagas(stores: Sto
         ("PaymentCaptured", "q"): ["on-a-7"],
     }
     assert await facts.expire(T0 + HOUR + 2 * minute) == Expired(3, 1)  # p, q, r: r unmatched
+
+
+async def test_a_shard_that_does_not_answer_holds_what_may_need_it_and_only_that(
+    pg: PgTarget, pg_shard_databases: tuple[str, ...]
+) -> None:
+    # Shard b's address has nothing listening; key "42" is kept in shard a, "7" in b.
+    shard_a = await _schema_in(pg_shard_databases[0], pg.schema)
+    try:
+        await migrate(shard_a.database_dsn, shard_a.schema)
+        settings = PostgresSettings.model_validate(
+            {
+                "dsn": pg.database_dsn,
+                "db_schema": pg.schema,
+                "control_dsn": pg.database_dsn,
+                "shards": [
+                    {"name": "a", "partitions": RANGES["a"], "dsn": shard_a.database_dsn},
+                    {"name": "b", "partitions": RANGES["b"], "dsn": DEAD},
+                ],
+            }
+        )
+        shard_map = ShardMap.build(RANGES, 4)
+        facts = ShardedDomainEventStore(lambda: shard_map, settings, None)
+        try:
+            assert await facts.record(_fact("a", key="42"))
+            with pytest.raises(ShardUnavailable, match="shard 'b'"):
+                await facts.record(_fact("b", key="7"))
+            # A waiter may live in shard b: the question fails rather than miss it (the
+            # consumer asks again, the record's offset unmoved).
+            with pytest.raises(ShardUnavailable, match="shard 'b'"):
+                await facts.waiting("PaymentCaptured", "42")
+            assert [f.event_id for f in await facts.kept("PaymentCaptured", "42", T0)] == ["a"]
+            await facts.mark_matched("PaymentCaptured", "a", key="42")
+            with coverage() as seen:
+                listed = await facts.recent()
+                assert await facts.expire(T0 + 2 * HOUR) == Expired(1, 0)
+            assert [f.event_id for f in listed] == ["a"]
+            assert list(seen.missing) == ["b"]
+        finally:
+            await facts.close()
+    finally:
+        await _drop_schemas(shard_a)
