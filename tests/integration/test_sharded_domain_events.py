@@ -14,11 +14,12 @@ import asyncpg
 import httpx
 import pytest
 
-from saga_engine import SagaStatus, Settings
+from saga_engine import EventSource, SagaStatus, Settings
 from saga_engine.client import SagaClient
 from saga_engine.events import DomainEventReceived
 from saga_engine.protocol import ReplyBody, partition_for
 from saga_engine.settings import AdminSettings, EngineSettings, KafkaSettings, PostgresSettings
+from saga_engine.store import migrate
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
 from tests.events.sagas import AwaitPayment, Order, PaymentCaptured, Shipped, payment_captured
@@ -33,6 +34,8 @@ RANGES = {"a": "0-1", "b": "2-3"}
 LATE = {"s-7": 3, "s-1": 2}  # s-7 on a waits for key 3 on b; s-1 on b for key 2 on a
 EARLY = {"s-6": 1, "s-3": 4}  # the same, their facts published before they start
 NOBODY = 11  # a key of shard a no saga waits for
+#: A shard's address with nothing listening (a cluster stopped for good).
+DEAD = "postgresql://postgres@127.0.0.1:9/saga"
 
 
 def _shard(text: str) -> str:
@@ -76,6 +79,15 @@ async def _facts(target: PgTarget) -> dict[str, bool]:
     return {r["event_id"]: r["matched"] for r in rows}
 
 
+def _source(unique_id: str) -> EventSource[PaymentCaptured]:
+    return EventSource(
+        topic=f"t{unique_id}.payments.captured",
+        model=PaymentCaptured,
+        key="order_id",
+        retention=payment_captured.retention,
+    )
+
+
 async def _status(worker: SagaWorker, saga_id: str) -> SagaStatus | None:
     assert worker.engine is not None
     with contextlib.suppress(Exception):
@@ -92,12 +104,7 @@ async def test_facts_live_in_their_keys_shard_and_reach_waiters_of_every_shard(
     assert {_shard(s) for s in LATE} == {_shard(s) for s in EARLY} == {"a", "b"}
     shard_a, shard_b = pg_shards[:2]
     settings = _settings(pg, (shard_a, shard_b), kafka_bootstrap, unique_id)
-    source = type(payment_captured)(
-        topic=f"t{unique_id}.payments.captured",
-        model=payment_captured.model,
-        key="order_id",
-        retention=payment_captured.retention,
-    )
+    source = _source(unique_id)
     shipped = ReplyBody(outcome="success", payload=Shipped(tracking="t").model_dump())
     worker = SagaWorker(settings, [AwaitPayment], event_sources=[source])
     await worker.start()
@@ -170,3 +177,49 @@ async def test_facts_live_in_their_keys_shard_and_reach_waiters_of_every_shard(
 
 async def _is(worker: SagaWorker, saga_id: str, status: SagaStatus) -> bool:
     return await _status(worker, saga_id) == status
+
+
+async def test_while_a_shard_does_not_answer_the_facts_of_the_others_are_listed_and_it_is_named(
+    pg: PgTarget, pg_shards: tuple[PgTarget, ...], kafka_bootstrap: str, unique_id: str
+) -> None:
+    shard_a = pg_shards[0]
+    dead = PgTarget(database_dsn=DEAD, schema=pg.schema, dsn=DEAD)
+    settings = _settings(pg, (shard_a, dead), kafka_bootstrap, unique_id)
+    # Migrated by hand: the engine's own migration would wait for shard b.
+    settings = settings.model_copy(
+        update={"engine": settings.engine.model_copy(update={"auto_migrate": False})}
+    )
+    await migrate(pg.database_dsn, pg.schema)
+    await migrate(shard_a.database_dsn, shard_a.schema)
+    source = _source(unique_id)
+    worker = SagaWorker(settings, [AwaitPayment], event_sources=[source])
+    await worker.start()
+    try:
+        # Kept in shard a; its waiters cannot all be asked (shard b may hold some), so
+        # the consumer tries the record again until b answers.
+        assert _shard("2") == "a"
+        async with SagaClient(settings) as client:
+            await client.publish_event(
+                source, PaymentCaptured(order_id=2, amount=20), event_id="c2"
+            )
+        assert worker.admin_url is not None
+        async with httpx.AsyncClient(base_url=worker.admin_url, timeout=30) as http:
+
+            async def listed_c2() -> bool:
+                got = (await http.get("/domain-events")).json()
+                return [e["event_id"] for e in got["events"]] == ["c2"]
+
+            await eventually(listed_c2)
+            listed = await http.get("/domain-events")
+            page = await http.get("/ui/domain-events")
+    finally:
+        await worker.stop()
+    assert listed.status_code == 200
+    body = listed.json()
+    assert [e["event_id"] for e in body["events"]] == ["c2"]
+    assert [m["shard"] for m in body["missing_shards"]] == ["b"]
+    assert page.status_code == 200
+    assert 'id="missing-shards"' in page.text
+    assert "c2" in page.text
+    # The dead shard's address never shows in an answer.
+    assert "127.0.0.1:9" not in listed.text + page.text
