@@ -14,7 +14,9 @@ from pydantic import BaseModel, Field
 
 from saga_engine.admin._deps import PartsDep
 from saga_engine.admin._route_helpers import READ_ERRORS, errors
+from saga_engine.admin._schemas import MissingShard
 from saga_engine.kernel._input_types import StorableText
+from saga_engine.store._coverage import coverage
 
 __all__ = ["router"]
 
@@ -37,6 +39,11 @@ class DomainEventOut(BaseModel):
 class DomainEventsBody(BaseModel):
     enabled: bool = Field(description="This engine keeps domain events (a worker always does).")
     events: list[DomainEventOut]
+    missing_shards: list[MissingShard] = Field(
+        default_factory=list,
+        description="Past one database: the shards that did not answer; their facts are "
+        "not listed.",
+    )
 
 
 @router.get(
@@ -58,6 +65,11 @@ async def domain_events(
     its source's retention passes. ``unmatched``: only those no saga has received."""
     if parts.matcher is None:
         return DomainEventsBody(enabled=False, events=[])
-    facts = await parts.matcher.store.recent(source=source, unmatched=unmatched, limit=limit)
+    with coverage() as seen:
+        facts = await parts.matcher.store.recent(source=source, unmatched=unmatched, limit=limit)
     events = [DomainEventOut.model_validate(f, from_attributes=True) for f in facts]
-    return DomainEventsBody(enabled=True, events=events)
+    return DomainEventsBody(
+        enabled=True,
+        events=events,
+        missing_shards=MissingShard.of(seen),
+    )

@@ -162,7 +162,5 @@ async def saga_page(
         items=[list_item(r, waits.get(r.saga_id, ())) for r in rows],
         next_cursor=next_cursor,
         counts=counts,
-        missing_shards=[
-            MissingShard(shard=name, reason=reason) for name, reason in sorted(seen.missing.items())
-        ],
+        missing_shards=MissingShard.of(seen),
     )

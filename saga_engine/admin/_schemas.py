@@ -11,6 +11,7 @@ from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.views._graph_view import NodeState
 from saga_engine.core.views._view import OwedState, WaitKind
 from saga_engine.kernel._input_types import StorableText
+from saga_engine.store._coverage import ReadCoverage
 
 #: A name or an id a request gives (a signal's, an update's, an idempotency key).
 Name = Annotated[str, StorableText(min_length=1, max_length=200)]
@@ -135,6 +136,11 @@ class MissingShard(BaseModel):
 
     shard: str = Field(description="The shard's name (SAGA_PG__SHARDS).")
     reason: str = Field(description="Why it could not be read.")
+
+    @classmethod
+    def of(cls, seen: ReadCoverage) -> list[MissingShard]:
+        """The shards the reads of a ``coverage()`` block skipped, by name."""
+        return [cls(shard=name, reason=reason) for name, reason in sorted(seen.missing.items())]
 
 
 class SagaPage(BaseModel):

@@ -18,8 +18,10 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse
 
 from saga_engine.admin._deps import _state, page_user
+from saga_engine.admin._schemas import MissingShard
 from saga_engine.admin._web import _blank, _render, _root
 from saga_engine.kernel._input_types import StorableText
+from saga_engine.store._coverage import coverage
 from saga_engine.store._keyslots import KeySlotStore, with_positions
 
 __all__ = ["waits_page_router"]
@@ -46,9 +48,12 @@ def waits_page_router() -> APIRouter:
         _no_nul(source)
         matcher = _state(request).parts.matcher
         facts, receivers = [], {}
-        if matcher is not None:
-            facts = await matcher.store.recent(source=source, unmatched=unmatched, limit=PAGE_SIZE)
-            receivers = await matcher.store.receivers(facts)
+        with coverage() as seen:
+            if matcher is not None:
+                facts = await matcher.store.recent(
+                    source=source, unmatched=unmatched, limit=PAGE_SIZE
+                )
+                receivers = await matcher.store.receivers(facts)
         return _render(
             "domain_events.html",
             root=_root(request),
@@ -56,6 +61,7 @@ def waits_page_router() -> APIRouter:
             enabled=matcher is not None,
             facts=facts,
             receivers=receivers,
+            missing_shards=MissingShard.of(seen),
             source=source or "",
             unmatched=unmatched,
             limit=PAGE_SIZE,

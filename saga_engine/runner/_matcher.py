@@ -166,6 +166,8 @@ class EventMatcher:
                 log.warning("domain event for saga %s: %s", saga_id, outcome.error)
             elif outcome.decision is not None and outcome.decision.dropped is None:
                 self._stats.inc("domain_events_matched")
-                # Postgres marked it in the append's own transaction (store/_pgdomain's
-                # mark_received); this mark serves the adapters that cannot (in memory).
-                await self.store.mark_matched(inbound.source, inbound.event_id)
+                # One database marked it in the append's own transaction
+                # (store/_pgdomain's mark_received); this mark serves the adapters that
+                # cannot: in memory, and a fact kept in another shard than the saga's
+                # (store/_sharded_domain: a crash before it leaves the fact unmarked).
+                await self.store.mark_matched(inbound.source, inbound.event_id, key=inbound.key)

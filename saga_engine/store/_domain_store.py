@@ -60,7 +60,9 @@ class DomainEventStore(Protocol):
         """The facts of ``source`` and ``key`` not expired at ``now``, oldest first."""
         ...
 
-    async def mark_matched(self, source: str, event_id: str) -> None: ...
+    async def mark_matched(self, source: str, event_id: str, *, key: str) -> None:
+        """Marks the fact received by some saga (``key``: the fact's, where it is kept)."""
+        ...
 
     async def expire(self, now: datetime) -> Expired:
         """Drops the facts whose retention has passed at ``now``."""
@@ -115,7 +117,7 @@ class InMemoryDomainEventStore:
         ]
         return sorted(found, key=lambda f: (f.received_at, f.event_id))
 
-    async def mark_matched(self, source: str, event_id: str) -> None:
+    async def mark_matched(self, source: str, event_id: str, *, key: str) -> None:
         fact = self._facts.get((source, event_id))
         if fact is not None:
             self._facts[source, event_id] = replace(fact, matched=True)

@@ -117,7 +117,7 @@ class PostgresDomainEventStore:
             )
         return [self._fact(r) for r in rows]
 
-    async def mark_matched(self, source: str, event_id: str) -> None:
+    async def mark_matched(self, source: str, event_id: str, *, key: str) -> None:
         with _unavailable_as_transient():
             await self._pool.execute(
                 "UPDATE saga_domain_events SET matched = true "

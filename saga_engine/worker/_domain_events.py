@@ -1,6 +1,7 @@
 """The domain events' pieces a worker builds: their Postgres store (the matcher's and
-the admin API's), the matcher's loop, and the consumer of the ``EventSource`` topics
-(only when the worker's code declares sources)."""
+the admin API's: past one database, each fact in the shard of its key, by the event
+store's map), the matcher's loop, and the consumer of the ``EventSource`` topics (only
+when the worker's code declares sources)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,12 @@ from saga_engine.kernel._startup import unreachable_as_unavailable
 from saga_engine.runner._event_consumer import EventSourceConsumer, by_topic
 from saga_engine.runner._matcher import Nudge
 from saga_engine.runner._parts import EngineParts
+from saga_engine.store._domain_store import DomainEventStore
 from saga_engine.store._pgbase import POSTGRES
 from saga_engine.store._pgdomain import PostgresDomainEventStore
+from saga_engine.store._shard_router import ShardRouter
+from saga_engine.store._sharded_domain import ShardedDomainEventStore
+from saga_engine.store._store import EventStore
 from saga_engine.telemetry._health import HealthBoard
 from saga_engine.telemetry._telemetry import Telemetry
 from saga_engine.transport._kafka import (
@@ -29,7 +34,7 @@ __all__ = ["WorkerEvents"]
 
 
 class WorkerEvents:
-    def __init__(self, store: PostgresDomainEventStore, sources: Sequence[EventSource[Any]]):
+    def __init__(self, store: DomainEventStore, sources: Sequence[EventSource[Any]]):
         self.store = store
         self.sources = list(sources)
         by_topic(self.sources)  # two sources on one topic fail the start, with the reason
@@ -38,8 +43,20 @@ class WorkerEvents:
 
     @classmethod
     async def open(
-        cls, settings: Settings, codec: CodecChain | None, sources: Sequence[EventSource[Any]]
+        cls,
+        settings: Settings,
+        codec: CodecChain | None,
+        sources: Sequence[EventSource[Any]],
+        events: EventStore,
+        health: HealthBoard | None = None,
     ) -> WorkerEvents:
+        """``events``: the worker's event store; a sharded one's map in force routes the
+        facts (each shard's pool opens on first use)."""
+        if isinstance(events, ShardRouter):
+            sharded = ShardedDomainEventStore(
+                lambda: events.shard_map, settings.pg, codec, health=health
+            )
+            return cls(sharded, sources)
         with unreachable_as_unavailable(POSTGRES):
             store = await PostgresDomainEventStore.connect(settings.pg, codec)
         return cls(store, sources)

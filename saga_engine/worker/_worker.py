@@ -194,7 +194,9 @@ class SagaWorker:
             await self._producer.start()
         self._dead = KafkaDeadLetterPublisher(self._producer, self.topics.dlq)
         telemetry = self.telemetry or default_telemetry()
-        self._events = await WorkerEvents.open(self.settings, self.codec, self.event_sources)
+        self._events = await WorkerEvents.open(
+            self.settings, self.codec, self.event_sources, self._store, self.health
+        )
         engine, parts = self._build_engine(self._store, telemetry)
         if needs_rollouts(
             parts.registry, parts.settings.limits
