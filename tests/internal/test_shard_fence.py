@@ -32,6 +32,7 @@ from saga_engine.store._pgstore import PostgresEventStore
 from saga_engine.store._sharded import ShardedEventStore
 from saga_engine.store._store import Append, NewSaga, Projection
 from tests.conftest import PgTarget
+from tests.internal.test_pool_reset import log_statements
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -145,18 +146,7 @@ async def test_a_store_without_a_fence_sends_the_statements_it_always_did(
     and sends nothing else more."""
     await migrate(pg.database_dsn, pg.schema)
     await set_states(pg, dict.fromkeys(range(PARTITIONS), "active"))
-    logged: list[str] = []
-    create_pool = asyncpg.create_pool
-
-    def logging_pool(*args: Any, init: Any = None, **kwargs: Any) -> Any:
-        async def logged_init(conn: asyncpg.Connection) -> None:
-            conn.add_query_logger(lambda q: logged.append(" ".join(q.query.split())))
-            if init is not None:
-                await init(conn)
-
-        return create_pool(*args, init=logged_init, **kwargs)
-
-    monkeypatch.setattr(asyncpg, "create_pool", logging_pool)
+    logged = log_statements(monkeypatch)
 
     async def writes(store: PostgresEventStore, prefix: str) -> list[str]:
         try:
