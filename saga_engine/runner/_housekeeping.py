@@ -29,7 +29,12 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
 from saga_engine.core.history._codec import CodecChain
-from saga_engine.kernel._errors import NewerVersionError, SagaError, TransientError
+from saga_engine.kernel._errors import (
+    NewerVersionError,
+    SagaError,
+    ShardMapError,
+    TransientError,
+)
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._learned_costs import keep_learned_costs_fresh
 from saga_engine.runner._parts import EngineParts
@@ -187,8 +192,8 @@ class Housekeeping:
             try:
                 if await store.refresh_map():
                     log.info("the shard map changed: routing by the new one")
-            except Exception as exc:  # an outage or a bug: the next period tries again
-                bug = not isinstance(exc, TransientError | OSError)
+            except Exception as exc:  # an outage, a map to fix or a bug: tried again
+                bug = not isinstance(exc, TransientError | OSError | ShardMapError)
                 log.warning("reading the shard map failed: %s", exc, exc_info=bug)
 
     async def _key_sweep(self) -> None:

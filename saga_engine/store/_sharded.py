@@ -47,6 +47,7 @@ from saga_engine.core.history._events import SagaStarted
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._errors import (
     SagaNotFound,
+    ShardMapError,
     ShardUnavailable,
     StaleShardMap,
     TransientError,
@@ -141,9 +142,11 @@ class ShardedEventStore(ShardedInsights, ShardedKeySlots, ShardedControl, Sharde
         except StaleShardMap as refused:
             try:
                 await self.refresh_map(known=before.epoch)
-            except TransientError as exc:
-                log.warning("reading the shard map after %s failed: %s", refused, exc)
-                raise refused from exc
+            except (TransientError, ShardMapError) as exc:
+                # The write stays refused, and retryable: a map this engine cannot follow
+                # (a shard its settings lack) is the operator's to fix, not the input's.
+                log.warning("following the shard map after %s failed: %s", refused, exc)
+                raise refused from None  # not its cause: still transient
             if self.shard_map.shard_of_saga(saga_id) == before.shard_of_saga(saga_id):
                 raise
         return await self.on_saga(saga_id, call)

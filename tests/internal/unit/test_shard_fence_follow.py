@@ -214,3 +214,16 @@ async def test_the_engine_sends_nothing_and_loads_the_saga_from_its_new_shard() 
     b, a = cluster.shards["b"], cluster.shards["a"]
     assert b._records[run.saga_id].status is SagaStatus.COMPLETED
     assert a._records[run.saga_id].status is SagaStatus.RUNNING  # the source's stale copy
+
+
+async def test_a_map_the_store_cannot_follow_leaves_the_write_refused_and_retryable() -> None:
+    cluster = Cluster()
+    store = cluster.sharded()
+    [saga_id] = ids_in(2, 1)
+    cluster.finish_move(2, "b")
+    # A move to a shard this engine's settings do not name.
+    cluster.control = ShardMap(epoch=3, names=("a", "b", "c"), owners=cluster.control.owners)
+    with pytest.raises(StaleShardMap) as caught:
+        await store.create(new(saga_id))
+    assert dead_letter_reason(caught.value) is None
+    assert store.shard_map.epoch == 1
