@@ -22,7 +22,8 @@ when the saga's shard did not change (its range is 'moving', or the map could no
 read) the ``StaleShardMap`` is raised: the engine retries the input later, loading the
 saga again from its shard. ``refresh_map`` (the worker's, every
 ``engine.rollout_refresh_s``: one cheap read of the epoch) keeps reads routed by the
-newest map too.
+newest map too, and a saga not found on its shard is looked for again on its shard in
+the map in force (a client's store, which no worker refreshes, follows a move so).
 
 Each shard's store is opened on first use: an engine that owns some partitions connects
 to their shards only, until a read fans out. What is not per saga lives in the control
@@ -37,6 +38,7 @@ import asyncio
 import heapq
 import itertools
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime
@@ -92,6 +94,8 @@ T = TypeVar("T")
 _RETENTION_ROUNDS: Final = 7
 #: Per-saga reads a merge makes at a time (retention's end times and parents).
 _LOOKUPS: Final = 16
+#: A saga not found on its shard makes the map be read again at most this often (s).
+_READ_REFRESH_S: Final = 1.0
 
 
 class ShardedEventStore(ShardedInsights, ShardedKeySlots, ShardedControl, ShardedBlobs):
@@ -116,6 +120,7 @@ class ShardedEventStore(ShardedInsights, ShardedKeySlots, ShardedControl, Sharde
         #: Where a newer map comes from (None: the map given is followed for good).
         self._map_loader = map_loader
         self._refreshing = asyncio.Lock()
+        self._read_refreshed_at = -_READ_REFRESH_S
 
     # ----------------------------------------------------------------- the map
 
@@ -151,6 +156,27 @@ class ShardedEventStore(ShardedInsights, ShardedKeySlots, ShardedControl, Sharde
                 raise
         return await self.on_saga(saga_id, call)
 
+    async def _read(self, saga_id: str, call: Callable[[EventStore], Awaitable[T]]) -> T:
+        """A read of one saga on its shard; not found there, once more on its shard in
+        the map in force if a move changed it (the map read at most every
+        ``_READ_REFRESH_S``: a saga asked for before it exists costs no read each time)."""
+        before = self.shard_map
+        try:
+            return await self.on_saga(saga_id, call)
+        except SagaNotFound:
+            now = time.monotonic()
+            if self._map_loader is None or now - self._read_refreshed_at < _READ_REFRESH_S:
+                raise
+            self._read_refreshed_at = now
+            try:
+                await self.refresh_map(known=before.epoch)
+            except (TransientError, ShardMapError) as exc:
+                log.warning("following the shard map for a read of %s failed: %s", saga_id, exc)
+                raise
+            if self.shard_map.shard_of_saga(saga_id) == before.shard_of_saga(saga_id):
+                raise
+        return await self.on_saga(saga_id, call)
+
     # ----------------------------------------------------------------- one saga
 
     async def create(self, new: NewSaga) -> bool:
@@ -162,15 +188,15 @@ class ShardedEventStore(ShardedInsights, ShardedKeySlots, ShardedControl, Sharde
     async def load(
         self, saga_id: str, *, undecodable: Undecodable = Undecodable.RAISE
     ) -> LoadedSaga:
-        return await self.on_saga(saga_id, lambda s: s.load(saga_id, undecodable=undecodable))
+        return await self._read(saga_id, lambda s: s.load(saga_id, undecodable=undecodable))
 
     async def load_run(
         self, saga_id: str, *, undecodable: Undecodable = Undecodable.RAISE
     ) -> LoadedSaga:
-        return await self.on_saga(saga_id, lambda s: s.load_run(saga_id, undecodable=undecodable))
+        return await self._read(saga_id, lambda s: s.load_run(saga_id, undecodable=undecodable))
 
     async def runs(self, saga_id: str) -> list[RunSpan]:
-        return await self.on_saga(saga_id, lambda s: s.runs(saga_id))
+        return await self._read(saga_id, lambda s: s.runs(saga_id))
 
     async def load_after(
         self,
@@ -180,16 +206,16 @@ class ShardedEventStore(ShardedInsights, ShardedKeySlots, ShardedControl, Sharde
         kinds: Collection[str] | None = None,
         undecodable: Undecodable = Undecodable.RAISE,
     ) -> LoadedSaga:
-        return await self.on_saga(
+        return await self._read(
             saga_id,
             lambda s: s.load_after(saga_id, after_seq, kinds=kinds, undecodable=undecodable),
         )
 
     async def first_event(self, saga_id: str) -> StoredEvent:
-        return await self.on_saga(saga_id, lambda s: s.first_event(saga_id))
+        return await self._read(saga_id, lambda s: s.first_event(saga_id))
 
     async def get(self, saga_id: str) -> SagaRecord:
-        return await self.on_saga(saga_id, lambda s: s.get(saga_id))
+        return await self._read(saga_id, lambda s: s.get(saga_id))
 
     async def archived_history(self, saga_id: str) -> bytes | None:
         return await self.on_saga(saga_id, lambda s: s.archived_history(saga_id))

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from saga_engine import Saga, SagaContext, Signal
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._dead_letter_reason import dead_letter_reason
-from saga_engine.kernel._errors import StaleShardMap
+from saga_engine.kernel._errors import SagaNotFound, StaleShardMap
 from saga_engine.kernel._partitioning import partition_for
 from saga_engine.kernel._retry import is_transient
 from saga_engine.kernel._shards import ShardMap
@@ -227,3 +227,21 @@ async def test_a_map_the_store_cannot_follow_leaves_the_write_refused_and_retrya
         await store.create(new(saga_id))
     assert dead_letter_reason(caught.value) is None
     assert store.shard_map.epoch == 1
+
+
+async def test_a_saga_not_found_on_its_old_shard_is_read_from_its_new_one() -> None:
+    """A client's store, which nothing refreshes: after a move and its cleanup the saga
+    is gone from the old shard, and the read follows the map to the new one."""
+    cluster = Cluster()
+    store = cluster.sharded()
+    [saga_id] = ids_in(2, 1)
+    assert await store.create(new(saga_id))
+    cluster.finish_move(2, "b")
+    del cluster.shards["a"]._records[saga_id]
+    del cluster.shards["a"]._events[saga_id]
+    assert (await store.get(saga_id)).saga_id == saga_id
+    assert (await store.load(saga_id)).record.saga_id == saga_id
+    assert store.shard_map.epoch == 2
+    assert cluster.loads == 1
+    with pytest.raises(SagaNotFound):  # one that exists nowhere is still not found
+        await store.get("nowhere")
