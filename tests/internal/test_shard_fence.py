@@ -17,13 +17,16 @@ from typing import Any
 import asyncpg
 import orjson
 import pytest
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 
+from saga_engine import Saga, SagaContext, Signal
+from saga_engine.client import SagaClient
 from saga_engine.core.history._events import Event, SagaStarted, SignalReceived
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.kernel._errors import StaleShardMap
 from saga_engine.kernel._partitioning import partition_for
 from saga_engine.kernel._settings import KafkaSettings, PostgresSettings, Settings
+from saga_engine.settings import AdminSettings
 from saga_engine.store._connect import connect_event_store
 from saga_engine.store._migrations import migrate
 from saga_engine.store._pgfence import READ_FENCE, ShardFence, fence_states, mark_moving
@@ -31,6 +34,7 @@ from saga_engine.store._pgshard_map import PostgresShardMapStore
 from saga_engine.store._pgstore import PostgresEventStore
 from saga_engine.store._sharded import ShardedEventStore
 from saga_engine.store._store import Append, NewSaga, Projection
+from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
 from tests.internal.test_pool_reset import log_statements
 from tests.waiting import eventually
@@ -223,6 +227,16 @@ async def copy_saga(saga_id: str, source: PgTarget, target: PgTarget) -> None:
         await dst.close()
 
 
+async def delete_saga(saga_id: str, source: PgTarget) -> None:
+    """A move's cleanup of one saga's rows on its source, by hand."""
+    conn = await asyncpg.connect(source.dsn)
+    try:
+        for table in ("saga_decisions", "sagas"):
+            await conn.execute(f"DELETE FROM {table} WHERE saga_id = $1", saga_id)
+    finally:
+        await conn.close()
+
+
 async def test_a_store_under_an_old_map_is_refused_reloads_it_and_writes_to_the_new_shard(
     pg: PgTarget, migrated: tuple[PgTarget, ...], sharded: ShardedEventStore
 ) -> None:
@@ -410,3 +424,90 @@ async def _waiting(target: PgTarget, query_like: str) -> bool:
             query_like,
         )
     )
+
+
+# --------------------------------------------------------------------------- a worker
+
+
+class Go(BaseModel):
+    n: int = 1
+
+
+class Order(BaseModel):
+    n: int = 1
+
+
+class Done(BaseModel):
+    n: int = 0
+
+
+class Waiting(Saga[Order, Done]):
+    name = "fence-waiting"
+    go = Signal(Go)
+
+    async def run(self, ctx: SagaContext, order: Order) -> Done:
+        got = await ctx.wait_signal(self.go)
+        return Done(n=got.n + order.n)
+
+
+async def test_a_worker_retries_an_input_its_moving_range_refused_and_ends_on_the_new_shard(
+    pg: PgTarget,
+    migrated: tuple[PgTarget, ...],
+    kafka_bootstrap: str,
+    unique_id: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A signal to a saga whose range is 'moving' is refused: nothing is written, the
+    input is retried (not dead-lettered); once the move is over the retry lands on the
+    new shard, where the saga completes."""
+    a, b = migrated
+    base = sharded_settings(pg, a, b)
+    settings = base.model_copy(
+        update={
+            "kafka": KafkaSettings(
+                bootstrap_servers=kafka_bootstrap,
+                topic_prefix=f"t{unique_id}",
+                group_id=f"engines-{unique_id}",
+                partitions=PARTITIONS,
+            ),
+            "admin": AdminSettings(enabled=False),
+        }
+    )
+    [saga_id] = ids_in(2, 1, prefix="order")  # partition 2: shard a
+    status = "SELECT status FROM sagas WHERE saga_id = $1"
+    worker = SagaWorker(settings, [Waiting])
+    await worker.start()
+    try:
+        async with SagaClient(settings) as client:
+            await client.start(Waiting, Order(n=1), saga_id=saga_id)
+            await eventually(lambda: fetchval(a, status, saga_id), what="the saga on shard a")
+            conn = await asyncpg.connect(a.dsn)
+            try:
+                async with conn.transaction():
+                    assert await mark_moving(conn, [2]) == 1
+            finally:
+                await conn.close()
+            await client.signal(saga_id, Waiting.go, Go(n=41))
+            await eventually(
+                lambda: asyncio.sleep(
+                    0, any("being moved" in r.getMessage() for r in caplog.records)
+                ),
+                what="the signal refused while its range moves",
+            )
+            # The move's steps 3-6, by hand.
+            await copy_saga(saga_id, a, b)
+            await set_states(
+                b, {4: "active", 5: "active", 6: "active", 7: "active", 2: "active"}, 2
+            )
+            async with PostgresShardMapStore.opened(pg.database_dsn, pg.schema) as maps:
+                current = await maps.load()
+                assert current is not None
+                await maps.advance(1, current.moved([2], "b"))
+            await set_states(a, {0: "active", 1: "active", 3: "active"})
+            await delete_saga(saga_id, a)
+            done = await client.result(saga_id, timeout=60)
+    finally:
+        await worker.stop()
+    assert done == {"n": 42}
+    assert await fetchval(b, status, saga_id) == "completed"
+    assert worker.stats_dead_lettered == 0
