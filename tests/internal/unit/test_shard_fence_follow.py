@@ -19,11 +19,14 @@ from saga_engine.kernel._errors import SagaNotFound, StaleShardMap
 from saga_engine.kernel._partitioning import partition_for
 from saga_engine.kernel._retry import is_transient
 from saga_engine.kernel._shards import ShardMap
+from saga_engine.runner._housekeeping import Housekeeping
+from saga_engine.settings import EngineSettings, Settings
 from saga_engine.store._memstore import InMemoryEventStore
 from saga_engine.store._sharded import ShardedEventStore
 from saga_engine.store._store import Append, EventStore, NewSaga, Projection
 from saga_engine.testing import SagaTestEnv
 from tests.internal.unit.test_sharded_store import new
+from tests.waiting import eventually
 
 MAP = ShardMap.build({"a": "0-3", "b": "4-7"}, 8)
 
@@ -245,3 +248,20 @@ async def test_a_saga_not_found_on_its_old_shard_is_read_from_its_new_one() -> N
     assert cluster.loads == 1
     with pytest.raises(SagaNotFound):  # one that exists nowhere is still not found
         await store.get("nowhere")
+
+
+async def test_the_worker_reads_the_map_every_rollout_refresh() -> None:
+    cluster = Cluster()
+    store = cluster.sharded()
+    settings = Settings(engine=EngineSettings(rollout_refresh_s=0.05))
+    env = SagaTestEnv([Ship], store=store, settings=settings)
+    chores = Housekeeping(env.engine, env.parts, lambda: (frozenset(), 8), lambda _: True)
+    chores.start()
+    try:
+        cluster.finish_move(2, "b")
+        await eventually(
+            lambda: asyncio.sleep(0, store.shard_map.epoch == 2), what="the map followed"
+        )
+    finally:
+        await chores.stop()
+    assert store.shard_map.shard_of_partition(2) == "b"
