@@ -29,7 +29,15 @@ from saga_engine.kernel._settings import KafkaSettings, PostgresSettings, Settin
 from saga_engine.settings import AdminSettings
 from saga_engine.store._connect import connect_event_store
 from saga_engine.store._migrations import migrate
-from saga_engine.store._pgfence import READ_FENCE, ShardFence, fence_states, mark_moving
+from saga_engine.store._pgfence import (
+    READ_FENCE,
+    ShardFence,
+    activate,
+    fence_states,
+    mark_moving,
+    release,
+    seed_partitions,
+)
 from saga_engine.store._pgshard_map import PostgresShardMapStore
 from saga_engine.store._pgstore import PostgresEventStore
 from saga_engine.store._sharded import ShardedEventStore
@@ -511,3 +519,34 @@ async def test_a_worker_retries_an_input_its_moving_range_refused_and_ends_on_th
     assert done == {"n": 42}
     assert await fetchval(b, status, saga_id) == "completed"
     assert worker.stats_dead_lettered == 0
+
+
+async def test_the_moves_steps_on_the_fence_can_each_run_again(
+    migrated: tuple[PgTarget, ...],
+) -> None:
+    """mark_moving, activate and release: what each leaves, and the same again."""
+    a, b = migrated
+    source, target = await asyncpg.connect(a.dsn), await asyncpg.connect(b.dsn)
+    try:
+        assert await seed_partitions(source, [0, 1, 2, 3], 1) == 4
+        assert await seed_partitions(source, [0, 1, 2, 3], 1) == 0
+        assert await seed_partitions(target, [4, 5, 6, 7], 1) == 4
+        for expected in (2, 0):
+            async with source.transaction():
+                assert await mark_moving(source, [2, 3]) == expected
+        assert (await fence_states(source))[2] == ("moving", 1)
+        for _ in range(2):
+            async with target.transaction():
+                await activate(target, [2, 3], 2)
+        assert await fence_states(target) == {
+            **dict.fromkeys((4, 5, 6, 7), ("active", 1)),
+            2: ("active", 2),
+            3: ("active", 2),
+        }
+        for expected in (2, 0):
+            async with source.transaction():
+                assert await release(source, [2, 3]) == expected
+        assert await fence_states(source) == {0: ("active", 1), 1: ("active", 1)}
+    finally:
+        await source.close()
+        await target.close()
