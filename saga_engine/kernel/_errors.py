@@ -3,6 +3,9 @@
     SagaError                      every error saga-engine raises
     ├── TransientError             retry later: nothing is wrong with the request
     │   ├── ConcurrencyError       another writer appended first (reload, then retry)
+    │   ├── StaleShardMap          a shard refused a write for a partition it does not
+    │   │                          hold (reload the map, retry on the new shard) or is
+    │   │                          moving away (retry later); nothing was written
     │   ├── StoreUnavailable       Postgres unreachable, or the connection broke
     │   │   └── ShardUnavailable   one shard of a sharded store (``shard`` names it)
     │   ├── KafkaUnavailable       the broker unreachable, or did not acknowledge
@@ -125,6 +128,38 @@ class ShardUnavailable(StoreUnavailable):
     def __init__(self, shard: str, reason: str) -> None:
         self.shard = shard
         super().__init__(f"shard {shard!r} is unavailable: {reason}")
+
+
+class StaleShardMap(TransientError):
+    """A shard of a sharded store refused to write a saga (a create or an append) for
+    the saga's inbox partition: nothing was written. ``moving`` says why:
+
+    - False: the shard does not hold ``partition`` (its ``shard_partitions`` has no row
+      for it): the writer routed by a shard map older than a move. Reload the map from
+      the control database and write to the partition's new shard (``ShardedEventStore``
+      does, once, before raising this).
+    - True: the partition is being moved away from ``shard`` (``'moving'``): its sagas'
+      writes are refused until the move ends; retry later (the engine retries the input,
+      and the saga is loaded again from its shard then)."""
+
+    def __init__(self, saga_id: str, shard: str, partition: int, *, moving: bool) -> None:
+        self.saga_id = saga_id
+        self.shard = shard
+        self.partition = partition
+        self.moving = moving
+        where = f"shard {shard!r}" if shard else "this shard"
+        if moving:
+            why = (
+                f"{where} refused saga {saga_id}: its inbox partition {partition} is being "
+                "moved to another shard; retry later, once the move ends"
+            )
+        else:
+            why = (
+                f"{where} refused saga {saga_id}: it does not hold its inbox partition "
+                f"{partition} (the shard map used is older than a move); reload the shard "
+                "map and write to the partition's shard"
+            )
+        super().__init__(why + "; nothing was written")
 
 
 class KafkaUnavailable(TransientError):

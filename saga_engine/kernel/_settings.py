@@ -229,6 +229,8 @@ class EngineSettings(BaseModel):
     startup_timeout_s: float | None = Field(default=None, gt=0)
     #: How often an engine with several versions of a saga type re-reads the rollouts
     #: (migration 0008): a change made elsewhere applies here within about this long.
+    #: Past one database, also how often it reads the shard map's epoch, to route its
+    #: reads by the map a move advanced (its writes follow at once: a shard refuses them).
     rollout_refresh_s: float = Field(default=2.0, gt=0, le=300)
     #: A saga queued for its concurrency key (``Saga.concurrency``) asks again this
     #: often, besides being woken when a holder releases the key: nothing depends on one

@@ -13,6 +13,9 @@
 - **Every ``retention.interval_s``** (when a retention period is set): archive and delete
   up to ten batches of the owned partitions' finished sagas past their period. A backlog
   (retention just turned on) drains over the following passes.
+- **Every ``engine.rollout_refresh_s``** (past one database): read the shard map's epoch
+  from the control database and route by the newer map when a move advanced it
+  (``ShardedEventStore.refresh_map``), so that reads follow a moved range too.
 - **Every ``codec.blobs.sweep_interval_s``** (when payloads go by reference): delete the
   blobs no saga references any more, past ``codec.blobs.grace_s`` (the store's
   ``sweep_blobs``; docs/large-payloads.md).
@@ -26,13 +29,19 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
 from saga_engine.core.history._codec import CodecChain
-from saga_engine.kernel._errors import NewerVersionError, SagaError, TransientError
+from saga_engine.kernel._errors import (
+    NewerVersionError,
+    SagaError,
+    ShardMapError,
+    TransientError,
+)
 from saga_engine.runner._engine import Engine
 from saga_engine.runner._learned_costs import keep_learned_costs_fresh
 from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._retention import Retention
 from saga_engine.runner._rollouts import keep_rollouts_fresh, needs_rollouts
 from saga_engine.store._insight_store import InsightStore
+from saga_engine.store._store import FollowsShardMap
 from saga_engine.telemetry._telemetry import detach_from_trace
 
 log = logging.getLogger("saga_engine.worker")
@@ -79,6 +88,9 @@ class Housekeeping:
             every = self._settings.engine.rollout_refresh_s
             rollouts = keep_rollouts_fresh(self._parts, every)
             self._tasks.append(loop.create_task(rollouts, name="saga-rollouts"))
+        if isinstance(self._store, FollowsShardMap):
+            follow = self._follow_map(self._store)
+            self._tasks.append(loop.create_task(follow, name="saga-shard-map"))
         if any(d.concurrency is not None for d in self._parts.registry):
             self._tasks.append(loop.create_task(self._key_sweep(), name="saga-key-sweep"))
         if isinstance(self._store, InsightStore):
@@ -172,6 +184,17 @@ class Housekeeping:
                     log.exception("waking saga %s failed", saga_id)
 
         await asyncio.gather(*(one(i) for i in saga_ids))
+
+    async def _follow_map(self, store: FollowsShardMap) -> None:
+        detach_from_trace()
+        while True:
+            await asyncio.sleep(self._settings.engine.rollout_refresh_s)  # a period
+            try:
+                if await store.refresh_map():
+                    log.info("the shard map changed: routing by the new one")
+            except Exception as exc:  # an outage, a map to fix or a bug: tried again
+                bug = not isinstance(exc, TransientError | OSError | ShardMapError)
+                log.warning("reading the shard map failed: %s", exc, exc_info=bug)
 
     async def _key_sweep(self) -> None:
         """Releases the key slots of sagas that ended without releasing them (their

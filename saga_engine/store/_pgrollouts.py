@@ -13,6 +13,7 @@ import asyncpg
 from saga_engine.core.planning._rollout import Rollout, RolloutChange, RolloutSpec, spec_of
 from saga_engine.kernel._settings import PostgresSettings
 from saga_engine.store._pgbase import _json, _unavailable_as_transient, side_pool
+from saga_engine.store._pgshard_map import PostgresShardMapStore
 
 __all__ = ["PostgresRolloutStore", "PostgresRollouts"]
 
@@ -133,6 +134,10 @@ class PostgresRolloutStore(PostgresRollouts):
     @classmethod
     async def connect(cls, settings: PostgresSettings) -> PostgresRolloutStore:
         return cls(await side_pool(settings, max_size=2))
+
+    def shard_maps(self) -> PostgresShardMapStore:
+        """The shard map of the same control database, over this store's pool."""
+        return PostgresShardMapStore(self._pool)
 
     async def close(self) -> None:
         await self._pool.close()

@@ -26,7 +26,7 @@ from saga_engine.kernel._serde import dumps, loads
 from saga_engine.kernel._shards import ShardMap
 from saga_engine.store._pgbase import _unavailable_as_transient
 
-__all__ = ["PostgresShardMapStore", "StoredShardMap"]
+__all__ = ["PostgresShardMapStore", "StoredShardMap", "reconciled"]
 
 _CURRENT = (
     "SELECT epoch, map::text AS map, written_at, moving::text AS moving "
@@ -89,6 +89,14 @@ class PostgresShardMapStore:
                 row = await conn.fetchrow(_CURRENT)
         return None if row is None else _stored(row)
 
+    async def epoch(self) -> int | None:
+        """The epoch in force (a cheap read, to learn whether the map changed), or None
+        before the first start seeded one."""
+        with _unavailable_as_transient():
+            async with self._pool.acquire() as conn:
+                found: int | None = await conn.fetchval("SELECT max(epoch) FROM shard_map")
+        return found
+
     async def load(self) -> ShardMap | None:
         """The current map, or None before the first start seeded one."""
         stored = await self.current()
@@ -113,7 +121,7 @@ class PostgresShardMapStore:
                 row = await conn.fetchrow(_CURRENT)
         if row is None:  # written above, or by another engine before: deleted since
             raise ShardMapError("the shard map was deleted while it was seeded; start again")
-        return _reconciled(_stored(row).map, settings_map)
+        return reconciled(_stored(row).map, settings_map)
 
     async def advance(self, expected_epoch: int, new_map: ShardMap) -> ShardMap:
         """Writes ``new_map`` (at ``expected_epoch + 1``) if the stored map is still at
@@ -144,7 +152,7 @@ class PostgresShardMapStore:
         )
 
 
-def _reconciled(stored: ShardMap, settings_map: ShardMap) -> ShardMap:
+def reconciled(stored: ShardMap, settings_map: ShardMap) -> ShardMap:
     """The stored map, checked against the settings and joined by the shards they add."""
     if stored.partitions != settings_map.partitions:
         raise ShardMapError(

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Generic, TypeAlias, TypeVar
@@ -62,6 +62,7 @@ from saga_engine.store._pgbase import (
 from saga_engine.store._pgblobs import PostgresRecordBlobs, sweep_blobs, write_blobs
 from saga_engine.store._pgconcurrency_keys import PostgresKeySlots
 from saga_engine.store._pgdomain import mark_received
+from saga_engine.store._pgfence import ShardFence, seed_partitions
 from saga_engine.store._pginsights import PostgresInsights, ends_saga, record_ended
 from saga_engine.store._pglisting import PostgresListing
 from saga_engine.store._pgqueries import PostgresReads
@@ -261,8 +262,12 @@ class PostgresEventStore(
         group_commit: GroupCommitConfig | None = None,
         codec: PayloadCodec | CodecChain | None = None,
         blob_store: BlobStore | None = None,
+        fence: ShardFence | None = None,
     ) -> None:
         self._pool = pool
+        #: The shard's fence (``_pgfence``): None in one database, whose writes never
+        #: read ``shard_partitions``.
+        self._fence = fence
         #: Seals the payloads of the events written, opens those read (None: stored as
         #: they are, and the write path is the one it always was).
         self._codec = CodecChain.of(codec)
@@ -284,10 +289,14 @@ class PostgresEventStore(
         group_commit: GroupCommitConfig | None = None,
         codec: PayloadCodec | CodecChain | None = None,
         blob_store: BlobStore | None = None,
+        fence: ShardFence | None = None,
     ) -> PostgresEventStore:
         """Opens a connection pool on ``settings.db_schema``, which must be migrated.
         ``codec``: seal the payloads of stored events (``CodecChain.from_settings``);
-        ``blob_store``: where a ``ref`` codec's blobs live, if not in ``saga_blobs``."""
+        ``blob_store``: where a ``ref`` codec's blobs live, if not in ``saga_blobs``;
+        ``fence``: a shard's, past one database (``_pgfence``): every create and append
+        is checked against ``shard_partitions`` and refused with ``StaleShardMap`` for a
+        partition the shard does not hold as 'active'."""
         with _unavailable_as_transient():
             pool = await asyncpg.create_pool(
                 settings.dsn.get_secret_value(),
@@ -327,7 +336,14 @@ class PostgresEventStore(
                 "run `saga migrate` (or saga_engine.store._migrations.migrate) before "
                 "starting the engine"
             )
-        return cls(pool, group_commit, codec, blob_store)
+        return cls(pool, group_commit, codec, blob_store, fence)
+
+    async def seed_partitions(self, partitions: Collection[int], epoch: int) -> int:
+        """Writes this shard's first ``shard_partitions`` rows if it has none (the rule:
+        ``_pgfence``); how many it wrote."""
+        with _unavailable_as_transient():
+            async with self._pool.acquire() as conn:
+                return await seed_partitions(conn, partitions, epoch)
 
     @property
     def stats(self) -> GroupCommitStats:
@@ -489,6 +505,12 @@ class PostgresEventStore(
 
     async def _write(self, conn: _Conn, ops: list[_Op]) -> None:
         """The statements of one transaction: sets each op's outcome, commits nothing."""
+        if self._fence is not None:
+            # Before the guard, in its transaction: see _pgfence.
+            refused = await self._fence.refused(conn, (op.saga_id for op in ops))
+            for op in ops:
+                op.outcome = refused.get(op.saga_id)
+            ops = [op for op in ops if op.outcome is None]
         rows = _EventRows()
         creates = sorted((op for op in ops if isinstance(op, _CreateOp)), key=_by_id)
         appends = sorted((op for op in ops if isinstance(op, _AppendOp)), key=_by_id)

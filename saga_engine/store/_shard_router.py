@@ -71,6 +71,25 @@ class ShardRouter:
     def shard_map(self) -> ShardMap:
         return self._map
 
+    def adopt(self, shard_map: ShardMap) -> bool:
+        """Routes by ``shard_map`` from now on if its epoch is above the one in force
+        (a move ended); whether it did. Its shards must be those this store opens
+        (``ShardMapError`` otherwise: the settings lack a shard a move created)."""
+        if shard_map.epoch <= self._map.epoch:
+            return False
+        unknown = [n for n in shard_map.names if n not in self._openers]
+        if unknown or shard_map.partitions != self._map.partitions:
+            raise ShardMapError(
+                f"the shard map of epoch {shard_map.epoch} cannot be followed: "
+                + (
+                    f"no store for shard(s) {', '.join(unknown)} (add them to SAGA_PG__SHARDS)"
+                    if unknown
+                    else f"it divides {shard_map.partitions} partitions, not {self._map.partitions}"
+                )
+            )
+        self._map = shard_map
+        return True
+
     @property
     def opened(self) -> tuple[str, ...]:
         """The shards whose stores are open, in the map's order."""

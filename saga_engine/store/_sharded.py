@@ -14,6 +14,17 @@ one store per shard (issue 43), routed by a ``ShardMap``.
   does not answer is left out and named through ``_coverage.missed``; the read fails
   (``ShardUnavailable``) only when no shard answered.
 
+**Following the map.** Each shard refuses a create or an append of a partition it does
+not hold as 'active' (its fence, ``_pgfence``: ``StaleShardMap``). On such a refusal the
+sharded store reads the map in force from the control database (``map_loader``), routes
+by it if its epoch is above its own, and writes the saga again, once, to its new shard;
+when the saga's shard did not change (its range is 'moving', or the map could not be
+read) the ``StaleShardMap`` is raised: the engine retries the input later, loading the
+saga again from its shard. ``refresh_map`` (the worker's, every
+``engine.rollout_refresh_s``: one cheap read of the epoch) keeps reads routed by the
+newest map too, and a saga not found on its shard is looked for again on its shard in
+the map in force (a client's store, which no worker refreshes, follows a move so).
+
 Each shard's store is opened on first use: an engine that owns some partitions connects
 to their shards only, until a read fans out. What is not per saga lives in the control
 database: the rollouts and flow policies, handed there (``_sharded_control``), and the
@@ -26,15 +37,23 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
+import time
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime
-from typing import Final
+from typing import Final, TypeVar
 
 from saga_engine.core.history._codec import Undecodable
 from saga_engine.core.history._events import SagaStarted
 from saga_engine.core.history._status import SagaStatus
-from saga_engine.kernel._errors import SagaNotFound, ShardUnavailable
+from saga_engine.kernel._errors import (
+    SagaNotFound,
+    ShardMapError,
+    ShardUnavailable,
+    StaleShardMap,
+    TransientError,
+)
 from saga_engine.kernel._shards import ShardMap
 from saga_engine.store._blobs import BlobStore
 from saga_engine.store._shard_router import ShardOpener
@@ -58,7 +77,15 @@ from saga_engine.store._store import (
 )
 from saga_engine.telemetry._health import HealthBoard
 
-__all__ = ["ShardedEventStore"]
+__all__ = ["ShardMapLoader", "ShardedEventStore"]
+
+log = logging.getLogger("saga_engine.store")
+
+#: Reads the map in force from the control database: the map if its epoch is above the
+#: one given, None if it is not (``connect_event_store``'s reads the epoch first).
+ShardMapLoader = Callable[[int], Awaitable[ShardMap | None]]
+
+T = TypeVar("T")
 
 #: Retention's candidates of a shard are read again, with twice the limit each time,
 #: while children whose parent lives on another shard (kept) fill the batch: at most
@@ -67,6 +94,8 @@ __all__ = ["ShardedEventStore"]
 _RETENTION_ROUNDS: Final = 7
 #: Per-saga reads a merge makes at a time (retention's end times and parents).
 _LOOKUPS: Final = 16
+#: A saga not found on its shard makes the map be read again at most this often (s).
+_READ_REFRESH_S: Final = 1.0
 
 
 class ShardedEventStore(ShardedInsights, ShardedKeySlots, ShardedControl, ShardedBlobs):
@@ -83,31 +112,91 @@ class ShardedEventStore(ShardedInsights, ShardedKeySlots, ShardedControl, Sharde
         control: ControlOpener | None = None,
         blob_store: BlobStore | None = None,
         health: HealthBoard | None = None,
+        map_loader: ShardMapLoader | None = None,
     ) -> None:
         super().__init__(shard_map, openers, health=health)
         self.attach_control(control)
         self.attach_blob_store(blob_store)
+        #: Where a newer map comes from (None: the map given is followed for good).
+        self._map_loader = map_loader
+        self._refreshing = asyncio.Lock()
+        self._read_refreshed_at = -_READ_REFRESH_S
+
+    # ----------------------------------------------------------------- the map
+
+    async def refresh_map(self, *, known: int | None = None) -> bool:
+        """Reads the map in force and routes by it if it is newer than ``known`` (the
+        epoch the caller routed by; the current one by default); whether the map is
+        newer now. Several callers at once read it once. Errors of the read pass
+        (transient ones: the control database did not answer)."""
+        if self._map_loader is None:
+            return False
+        seen = self.shard_map.epoch if known is None else known
+        async with self._refreshing:
+            if self.shard_map.epoch > seen:
+                return True  # read by another caller meanwhile
+            found = await self._map_loader(seen)
+            return found is not None and self.adopt(found)
+
+    async def _write(self, saga_id: str, call: Callable[[EventStore], Awaitable[T]]) -> T:
+        """A write of one saga on its shard; refused there for a stale map, once more on
+        its shard in the map in force (see the module's docstring)."""
+        before = self.shard_map
+        try:
+            return await self.on_saga(saga_id, call)
+        except StaleShardMap as refused:
+            try:
+                await self.refresh_map(known=before.epoch)
+            except (TransientError, ShardMapError) as exc:
+                # The write stays refused, and retryable: a map this engine cannot follow
+                # (a shard its settings lack) is the operator's to fix, not the input's.
+                log.warning("following the shard map after %s failed: %s", refused, exc)
+                raise refused from None  # not its cause: still transient
+            if self.shard_map.shard_of_saga(saga_id) == before.shard_of_saga(saga_id):
+                raise
+        return await self.on_saga(saga_id, call)
+
+    async def _read(self, saga_id: str, call: Callable[[EventStore], Awaitable[T]]) -> T:
+        """A read of one saga on its shard; not found there, once more on its shard in
+        the map in force if a move changed it (the map read at most every
+        ``_READ_REFRESH_S``: a saga asked for before it exists costs no read each time)."""
+        before = self.shard_map
+        try:
+            return await self.on_saga(saga_id, call)
+        except SagaNotFound:
+            now = time.monotonic()
+            if self._map_loader is None or now - self._read_refreshed_at < _READ_REFRESH_S:
+                raise
+            self._read_refreshed_at = now
+            try:
+                await self.refresh_map(known=before.epoch)
+            except (TransientError, ShardMapError) as exc:
+                log.warning("following the shard map for a read of %s failed: %s", saga_id, exc)
+                raise
+            if self.shard_map.shard_of_saga(saga_id) == before.shard_of_saga(saga_id):
+                raise
+        return await self.on_saga(saga_id, call)
 
     # ----------------------------------------------------------------- one saga
 
     async def create(self, new: NewSaga) -> bool:
-        return await self.on_saga(new.saga_id, lambda s: s.create(new))
+        return await self._write(new.saga_id, lambda s: s.create(new))
 
     async def append(self, append: Append) -> int:
-        return await self.on_saga(append.saga_id, lambda s: s.append(append))
+        return await self._write(append.saga_id, lambda s: s.append(append))
 
     async def load(
         self, saga_id: str, *, undecodable: Undecodable = Undecodable.RAISE
     ) -> LoadedSaga:
-        return await self.on_saga(saga_id, lambda s: s.load(saga_id, undecodable=undecodable))
+        return await self._read(saga_id, lambda s: s.load(saga_id, undecodable=undecodable))
 
     async def load_run(
         self, saga_id: str, *, undecodable: Undecodable = Undecodable.RAISE
     ) -> LoadedSaga:
-        return await self.on_saga(saga_id, lambda s: s.load_run(saga_id, undecodable=undecodable))
+        return await self._read(saga_id, lambda s: s.load_run(saga_id, undecodable=undecodable))
 
     async def runs(self, saga_id: str) -> list[RunSpan]:
-        return await self.on_saga(saga_id, lambda s: s.runs(saga_id))
+        return await self._read(saga_id, lambda s: s.runs(saga_id))
 
     async def load_after(
         self,
@@ -117,16 +206,16 @@ class ShardedEventStore(ShardedInsights, ShardedKeySlots, ShardedControl, Sharde
         kinds: Collection[str] | None = None,
         undecodable: Undecodable = Undecodable.RAISE,
     ) -> LoadedSaga:
-        return await self.on_saga(
+        return await self._read(
             saga_id,
             lambda s: s.load_after(saga_id, after_seq, kinds=kinds, undecodable=undecodable),
         )
 
     async def first_event(self, saga_id: str) -> StoredEvent:
-        return await self.on_saga(saga_id, lambda s: s.first_event(saga_id))
+        return await self._read(saga_id, lambda s: s.first_event(saga_id))
 
     async def get(self, saga_id: str) -> SagaRecord:
-        return await self.on_saga(saga_id, lambda s: s.get(saga_id))
+        return await self._read(saga_id, lambda s: s.get(saga_id))
 
     async def archived_history(self, saga_id: str) -> bytes | None:
         return await self.on_saga(saga_id, lambda s: s.archived_history(saga_id))

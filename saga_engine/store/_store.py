@@ -367,3 +367,14 @@ class EventStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class FollowsShardMap(Protocol):
+    """A store routed by a shard map that a move changes (``ShardedEventStore``): the
+    worker asks it to read the map in force every ``engine.rollout_refresh_s``."""
+
+    async def refresh_map(self, *, known: int | None = None) -> bool:
+        """Routes by the map in force if it is newer than ``known`` (the current
+        epoch by default); whether it is."""
+        ...

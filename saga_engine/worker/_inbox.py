@@ -33,6 +33,7 @@ from saga_engine.kernel._errors import (
     PoisonMessage,
     PoisonReason,
     ShardUnavailable,
+    StaleShardMap,
 )
 from saga_engine.kernel._retry import OUTAGE, is_transient
 from saga_engine.kernel._settings import Settings
@@ -140,9 +141,10 @@ class Inbox:
             log.info("partition %d goes on: its shard answers again", tp.partition)
         self._waiting |= set(self._held)
 
-    def _hold(self, tp: TopicPartition, offset: int, exc: ShardUnavailable) -> None:
-        """The record at ``offset`` of ``tp`` waits for its shard, and so does every
-        later record of ``tp`` (one partition, one shard): read again from it."""
+    def _hold(self, tp: TopicPartition, offset: int, exc: ShardUnavailable | StaleShardMap) -> None:
+        """The record at ``offset`` of ``tp`` waits for its shard (down, or its range
+        moving to another), and so does every later record of ``tp`` (one partition, one
+        shard): read again from it."""
         if tp not in self._held and tp not in self._waiting:
             log.warning(
                 "partition %d waits (%s); its records are read again in a moment, "
@@ -315,7 +317,7 @@ class Inbox:
                         # offsets of a partition no longer ours are not committed anyway).
                         self._abandoned = True
                     return
-                if isinstance(exc, ShardUnavailable):
+                if isinstance(exc, ShardUnavailable | StaleShardMap):
                     self._hold(tp, record.offset, exc)
                     return
                 delay = backoff.next_delay()

@@ -23,10 +23,9 @@ from tests.conftest import PgTarget
 pytestmark = pytest.mark.integration
 
 
-async def test_the_store_sends_no_reset_query_on_release(
-    pg: PgTarget, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    await migrate(pg.database_dsn, pg.schema)
+def log_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The statements every pool created from now on sends (whitespace collapsed), as
+    asyncpg's query logger sees them."""
     logged: list[str] = []
     create_pool = asyncpg.create_pool
 
@@ -39,6 +38,14 @@ async def test_the_store_sends_no_reset_query_on_release(
         return create_pool(*args, init=logged_init, **kwargs)
 
     monkeypatch.setattr(asyncpg, "create_pool", logging_pool)
+    return logged
+
+
+async def test_the_store_sends_no_reset_query_on_release(
+    pg: PgTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await migrate(pg.database_dsn, pg.schema)
+    logged = log_statements(monkeypatch)
     store = await PostgresEventStore.connect(
         PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
     )

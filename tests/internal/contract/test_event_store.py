@@ -61,6 +61,7 @@ from saga_engine.settings import PostgresSettings
 from saga_engine.store import _pgwrites
 from saga_engine.store._memstore import InMemoryEventStore
 from saga_engine.store._migrations import migrate
+from saga_engine.store._pgfence import ShardFence
 from saga_engine.store._pgrollouts import PostgresRolloutStore
 from saga_engine.store._pgstore import GroupCommitConfig, PostgresEventStore
 from saga_engine.store._shard_router import ShardOpener
@@ -150,6 +151,17 @@ async def _open_pg(
     )
 
 
+async def _open_shard(pg: PgTarget, name: str) -> PostgresEventStore:
+    """A shard's store with its fence, seeded as ``connect_event_store`` seeds it: every
+    write of the contract is checked against ``shard_partitions``."""
+    await migrate(pg.database_dsn, pg.schema)
+    store = await PostgresEventStore.connect(
+        _settings(pg), fence=ShardFence(CONTRACT_SHARDS.partitions, name)
+    )
+    await store.seed_partitions(CONTRACT_SHARDS.partitions_of(name), CONTRACT_SHARDS.epoch)
+    return store
+
+
 @pytest.fixture
 async def store(backend: Backend) -> AsyncIterator[EventStore]:
     s: EventStore
@@ -159,7 +171,10 @@ async def store(backend: Backend) -> AsyncIterator[EventStore]:
         # Each shard's store opens when first used, as an engine's do.
         assert backend.control is not None
         s = _sharded(
-            [functools.partial(_open_pg, pg) for pg in backend.shards],
+            [
+                functools.partial(_open_shard, pg, name)
+                for pg, name in zip(backend.shards, CONTRACT_SHARDS.names, strict=True)
+            ],
             functools.partial(_open_control, backend.control),
         )
     elif backend.pg is None:
