@@ -26,6 +26,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, ClassVar
 
+import msgspec
 from pydantic import BaseModel
 
 from saga_engine.core.history._concurrency_keys import KeyHold
@@ -70,8 +71,7 @@ from saga_engine.kernel._serde import JsonDict
 S = SagaStatus
 
 
-@dataclass(slots=True)
-class Sent:
+class Sent(msgspec.Struct):
     """A command sent and not answered yet (or answered with a reply held as invalid)."""
 
     event: CommandIssued | CompensationIssued
@@ -102,8 +102,7 @@ class ParkedStep:
     returns: type[BaseModel] | None = None
 
 
-@dataclass(slots=True)
-class Timer:
+class Timer(msgspec.Struct):
     """A timer armed and not fired yet."""
 
     timer_id: str

@@ -15,7 +15,7 @@ import inspect
 import random
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -56,6 +56,7 @@ from saga_engine.core.history._policy import (
     RetryPolicy,
     retry_after,
 )
+from saga_engine.core.history._structs import replace
 from saga_engine.core.runtime._intents import await_command, await_timer, check_open, emit, next_id
 from saga_engine.core.runtime._state import Halt, Poll, SagaState
 from saga_engine.core.runtime._undo import give_up
