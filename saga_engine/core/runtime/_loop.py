@@ -133,8 +133,9 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
 
     # -- stepping ----------------------------------------------------------------------
 
-    def run_until_quiescent(self, should_stop: Callable[[], bool] = lambda: False) -> None:
-        """Runs ready callbacks, in order, until none is left (or ``should_stop``).
+    def run_until_quiescent(self) -> None:
+        """Runs ready callbacks, in order, until none is left (or the loop is discarded
+        by one of them: the saga was parked, its code stops where it stands).
 
         Called from inside the engine's own loop, so the engine's running loop is put
         aside for the duration and restored afterwards.
@@ -142,7 +143,7 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
         outer = asyncio._get_running_loop()
         asyncio._set_running_loop(self)
         try:
-            while self._ready and not should_stop():
+            while self._ready and not self._closed:
                 handle = self._ready.popleft()
                 if not self._ready:
                     self._ready = None  # empty: drop the deque (see __init__)

@@ -86,6 +86,8 @@ from saga_engine.kernel._settings import CallbackSettings
 M = TypeVar("M", bound=BaseModel)
 #: The events after which an ended child answers its parent.
 _ANSWERS_PARENT = (*TERMINAL_EVENTS, UndoRequested)
+#: The events that send a command.
+_COMMAND_EVENTS = (CommandIssued, CompensationIssued)
 T = TypeVar("T")
 
 
@@ -265,7 +267,8 @@ class SagaRuntime:
     def recorded_wakeup(self) -> datetime | None:
         """When its next recorded timer is due: the store's wake-up, which a poll, never
         recorded, does not move (it would fall behind after the first one)."""
-        return min((t.fire_at for t in self.state.timers.values()), default=None)
+        timers = self.state.timers
+        return min(t.fire_at for t in timers.values()) if timers else None
 
     @property
     def awaits_reply(self) -> bool:
@@ -536,7 +539,7 @@ class SagaRuntime:
 
     def _run(self) -> None:
         s = self.state
-        s.loop.run_until_quiescent(should_stop=lambda: s.nondeterminism is not None)
+        s.loop.run_until_quiescent()
         lifecycle = s.lifecycle
         if (
             s.nondeterminism is None
@@ -550,10 +553,15 @@ class SagaRuntime:
 
     def _decision(self, dropped: DropReason | None = None) -> Decision:
         s = self.state
-        commands = [
-            self._outbound(e) for e in s.new if isinstance(e, CommandIssued | CompensationIssued)
-        ]
-        commands += self._resent(commands)
+        commands: list[OutboundCommand] = []
+        retried: list[str] = []  # steps an operator retried
+        for e in s.new:
+            if isinstance(e, _COMMAND_EVENTS):
+                commands.append(self._outbound(e))
+            elif isinstance(e, RetryRequested):
+                retried.append(e.step)
+        if retried:
+            commands += self._resent(commands, retried)
         terminal = s.status.is_terminal
         # A child's end (or an undo it answers) goes to its parent; a saga without a
         # parent pays one attribute read, once, when it ends.
@@ -585,16 +593,16 @@ class SagaRuntime:
         decision.commands.append(self._outbound(sent.event))
         return decision
 
-    def _resent(self, sending: list[OutboundCommand]) -> list[OutboundCommand]:
-        """An operator's retry of a step waiting for its reply: its command again, same
-        id (unless the code has just issued it anew, e.g. a parked step retried)."""
+    def _resent(self, sending: list[OutboundCommand], steps: list[str]) -> list[OutboundCommand]:
+        """An operator's retry of ``steps`` waiting for their replies: their commands
+        again, same ids (unless the code has just issued one anew, e.g. a parked step
+        retried)."""
         s = self.state
         ids = {c.command_id for c in sending}
         return [
             self._outbound(f.event)
-            for e in s.new
-            if isinstance(e, RetryRequested)
-            for f in s.awaiting_reply(e.step)
+            for step in steps
+            for f in s.awaiting_reply(step)
             if f.event.command_id not in ids
         ]
 
@@ -635,6 +643,21 @@ class SagaRuntime:
 
     def _outbound(self, event: CommandIssued | CompensationIssued) -> OutboundCommand:
         s = self.state
+        if isinstance(event, CompensationIssued):
+            return OutboundCommand(
+                saga_id=s.saga_id,
+                saga_type=s.saga_type,
+                step=event.step,
+                participant=event.participant,
+                command_type=event.command_type,
+                payload=event.payload,
+                command_id=event.command_id,
+                attempt=event.attempt,
+                compensation=True,
+                trace_context=s.trace_context,
+                compensates=tuple(event.compensates),
+                compensates_attempts=tuple(s.last_attempt.get(c, 1) for c in event.compensates),
+            )
         return OutboundCommand(
             saga_id=s.saga_id,
             saga_type=s.saga_type,
@@ -644,15 +667,9 @@ class SagaRuntime:
             payload=event.payload,
             command_id=event.command_id,
             attempt=event.attempt,
-            compensation=isinstance(event, CompensationIssued),
+            compensation=False,
             trace_context=s.trace_context,
-            compensates=tuple(event.compensates) if isinstance(event, CompensationIssued) else (),
-            compensates_attempts=(
-                tuple(s.last_attempt.get(c, 1) for c in event.compensates)
-                if isinstance(event, CompensationIssued)
-                else ()
-            ),
-            cost=Cost(event.cost) if isinstance(event, CommandIssued) and event.cost else None,
+            cost=Cost(event.cost) if event.cost else None,
         )
 
 
