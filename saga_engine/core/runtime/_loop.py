@@ -147,7 +147,7 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
                 handle = self._ready.popleft()
                 if not self._ready:
                     self._ready = None  # empty: drop the deque (see __init__)
-                if not handle.cancelled():
+                if not handle._cancelled:  # (cancelled(), without a call per callback)
                     handle._run()
         finally:
             asyncio._set_running_loop(outer)
