@@ -430,7 +430,7 @@ def _issue(
             timeout_at=s.now + timeout if timeout else None,
             compensation=spec,
             pivot=request.pivot,
-            cost=request.cost.as_dict() if isinstance(request.cost, Cost) else None,
+            cost=request.cost.as_dict() if type(request.cost) is Cost else None,
         ),
     )
     if request.poll is not None:
