@@ -152,6 +152,22 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
         finally:
             asyncio._set_running_loop(outer)
 
+    def _drain(self, bound: int) -> None:
+        """Runs what is ready after ``discard`` cancelled the tasks, quietly; bounded: each
+        task ends within a few steps once its coroutine is closed."""
+        steps = 0
+        outer = asyncio._get_running_loop()
+        asyncio._set_running_loop(self)
+        try:
+            while self._ready and steps < bound:
+                handle = self._ready.popleft()
+                steps += 1
+                if not handle._cancelled:
+                    with contextlib.suppress(BaseException):
+                        handle._run()
+        finally:
+            asyncio._set_running_loop(outer)
+
     def discard(self) -> None:
         """Drops the saga's coroutines and everything pending, quietly, and leaves no
         reference cycle behind (a task waiting on another is in one: the awaited task's
@@ -163,8 +179,10 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
         cancelled, and lets go of what it waited on."""
         tasks = list(self.tasks)
         for task in tasks:
+            if task.done():
+                continue  # (a saga that ended: all of them) nothing to close or cancel
             coro = task.get_coro()
-            if not task.done() and coro is not None and hasattr(coro, "close"):
+            if coro is not None and hasattr(coro, "close"):
                 try:
                     coro.close()
                 except (KeyboardInterrupt, SystemExit):
@@ -180,19 +198,8 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
         for task in tasks:
             if not task.done():
                 task.cancel()
-        # Bounded: each task ends within a few steps once its coroutine is closed.
-        steps = 0
-        outer = asyncio._get_running_loop()
-        asyncio._set_running_loop(self)
-        try:
-            while self._ready and steps < 64 * (len(tasks) + 1):
-                handle = self._ready.popleft()
-                steps += 1
-                if not handle.cancelled():
-                    with contextlib.suppress(BaseException):
-                        handle._run()
-        finally:
-            asyncio._set_running_loop(outer)
+        if self._ready:
+            self._drain(64 * (len(tasks) + 1))
         for task in tasks:
             if task.done() and not task.cancelled():
                 task.exception()  # retrieved: its finaliser has nothing to report
