@@ -14,10 +14,10 @@ already, and the span gets a ``flow.held`` event (``SagaSpans.leaving``).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Awaitable
 
 from saga_engine.core.history._decision import PARENT_PARTICIPANT, OutboundCommand
+from saga_engine.core.history._structs import replace
 from saga_engine.telemetry._spans import SagaSpans, step_context
 from saga_engine.transport._bus import CommandSender, PipelinedSender
 
@@ -37,7 +37,7 @@ class StepContextSender:
         if command.participant == PARENT_PARTICIPANT or not self._telemetry.records:
             return command
         self._spans.leaving(command)
-        return dataclasses.replace(command, trace_context=step_context(command))
+        return replace(command, trace_context=step_context(command))
 
     async def send_command(self, command: OutboundCommand) -> None:
         await self._inner.send_command(self._traced(command))

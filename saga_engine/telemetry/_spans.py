@@ -64,6 +64,11 @@ from saga_engine.telemetry._telemetry import (
 if TYPE_CHECKING:
     from saga_engine.core.history._decision import OutboundCommand
 
+#: The events that end a step's span (``SagaSpans.applied``).
+_ANSWERS = frozenset(
+    {ReplyReceived, AttemptTimedOut, InvalidReplyReceived, StepAbandoned, StepSkipped}
+)
+
 #: The trace-context key that marks a saga span owed at the end: the caller's span id
 #: (16 hex digits), or "" for a saga that is the root of its trace.
 SAGA_PARENT = "saga-parent"
@@ -303,6 +308,10 @@ class SagaSpans:
     def applied(self, saga_id: str, events: Iterable[Event]) -> None:
         """Ends the spans that the committed events answer."""
         for event in events:
+            if type(event) not in _ANSWERS:
+                # Most are not answers: tested once here, as isinstance of each struct's
+                # class below would be a slow path (msgspec's metaclass) per event.
+                continue
             if isinstance(event, ReplyReceived):
                 self._finish(event.command_id, event.outcome, error=event.outcome == "failure")
             elif isinstance(event, AttemptTimedOut):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Generic, Literal, NoReturn, Protocol, TypeVar, overload
 
+import msgspec
 from pydantic import BaseModel, ConfigDict, Field
 
 from saga_engine.core.authoring._domain_events import EventSource, source_name
@@ -62,8 +63,7 @@ class HttpRequest(BaseModel):
 DEFAULT_CHILD_POLL = timedelta(minutes=5)
 
 
-@dataclass(frozen=True, slots=True)
-class StepRequest:
+class StepRequest(msgspec.Struct, frozen=True):
     """One step as its saga's code asked for it (``ctx.step``, ``ctx.http_step``, or a
     child's start): built once by the context, carried unchanged to the decision core."""
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Set
-from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 from typing import Any, ClassVar
 
+import msgspec
 from pydantic import BaseModel
 
 from saga_engine.core.history._concurrency_keys import KeyHold
@@ -70,8 +70,9 @@ from saga_engine.kernel._serde import JsonDict
 S = SagaStatus
 
 
-@dataclass(slots=True)
-class Sent:
+# What the fold keeps per command, timer and wait: msgspec structs, as the decision
+# core's plain data (``_decision``), built per command for less than a dataclass.
+class Sent(msgspec.Struct):
     """A command sent and not answered yet (or answered with a reply held as invalid)."""
 
     event: CommandIssued | CompensationIssued
@@ -88,8 +89,7 @@ class Sent:
         return isinstance(self.event, CompensationIssued)
 
 
-@dataclass(slots=True)
-class ParkedStep:
+class ParkedStep(msgspec.Struct):
     """A forward step parked for an operator (``step_parked``): no command in flight, the
     saga step_stuck until a retry (maybe with an edited command) or a skip answers it."""
 
@@ -102,8 +102,7 @@ class ParkedStep:
     returns: type[BaseModel] | None = None
 
 
-@dataclass(slots=True)
-class Timer:
+class Timer(msgspec.Struct):
     """A timer armed and not fired yet."""
 
     timer_id: str
@@ -117,8 +116,7 @@ class Timer:
     future: asyncio.Future[None] | None = None
 
 
-@dataclass(slots=True)
-class EventWait:
+class EventWait(msgspec.Struct):
     """A wait for a domain event (``ctx.wait_event``), not answered yet."""
 
     event: EventAwaited
@@ -126,8 +124,7 @@ class EventWait:
     future: asyncio.Future[Any] | None = None
 
 
-@dataclass(slots=True)
-class CallbackWait:
+class CallbackWait(msgspec.Struct):
     """A callback URL's wait (``ctx.callback``), not answered yet."""
 
     event: CallbackAwaited
@@ -139,8 +136,7 @@ class CallbackWait:
     model: type[BaseModel] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Awaited:
+class Awaited(msgspec.Struct, frozen=True):
     """What a saga's code still waits for, as its runtime (live, or replayed from the
     history) holds it. A history records when a wait begins but not when the code gives
     it up (the loser of an ``asyncio.wait(..., FIRST_COMPLETED)`` race, cancelled), nor a

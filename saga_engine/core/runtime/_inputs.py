@@ -370,7 +370,7 @@ def _check_child(s: SagaState, sender: str, event: CommandIssued | CompensationI
 def _reply_event(inbound: Reply, inflight: Sent) -> Event:
     """A reply as its event: accepted, or held as invalid (a success reply whose
     payload its step's model refuses, or that Postgres cannot store)."""
-    compensation = isinstance(inflight.event, CompensationIssued)
+    compensation = type(inflight.event) is CompensationIssued
     step = inflight.event.step
     error = storable_copy(inbound.error) if inbound.error is not None else None
     if compensation or inbound.outcome != "success":
@@ -573,9 +573,10 @@ def _answer_to_code(
             f"no command {event.command_id} waiting ({s.describe_waiting()})",
         )
         raise Halt
-    # A held reply answers nothing yet: the step waits for an operator.
-    if not isinstance(event, InvalidReplyReceived):
-        settled.future.set_result(event if isinstance(event, ReplyReceived) else None)
+    # A held reply answers nothing yet: the step waits for an operator. (``type() is``
+    # rather than isinstance: see ``SagaRuntime.handle``.)
+    if type(event) is not InvalidReplyReceived:
+        settled.future.set_result(event if type(event) is ReplyReceived else None)
 
 
 def _timer_to_code(s: SagaState, event: TimerFired, settled: Settled) -> None:

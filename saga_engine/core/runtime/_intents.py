@@ -82,10 +82,12 @@ async def await_command(
     try:
         return await future
     finally:
-        # Answered, or given up by the code (its task cancelled), which no event records.
-        s.inflight.pop(event.command_id, None)
-        s.polls.pop(event.command_id, None)
-        s.timers.pop(timeout_timer_id(event.command_id, event.attempt), None)
+        # Answered (the fold let go of it, and of its attempt's timer, already), or given
+        # up by the code (its task cancelled), which no event records.
+        if s.inflight.pop(event.command_id, None) is not None and event.timeout_at is not None:
+            s.timers.pop(timeout_timer_id(event.command_id, event.attempt), None)
+        if s.polls:
+            s.polls.pop(event.command_id, None)
 
 
 async def await_timer(

@@ -133,8 +133,9 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
 
     # -- stepping ----------------------------------------------------------------------
 
-    def run_until_quiescent(self, should_stop: Callable[[], bool] = lambda: False) -> None:
-        """Runs ready callbacks, in order, until none is left (or ``should_stop``).
+    def run_until_quiescent(self) -> None:
+        """Runs ready callbacks, in order, until none is left (or the loop is discarded
+        by one of them: the saga was parked, its code stops where it stands).
 
         Called from inside the engine's own loop, so the engine's running loop is put
         aside for the duration and restored afterwards.
@@ -142,12 +143,28 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
         outer = asyncio._get_running_loop()
         asyncio._set_running_loop(self)
         try:
-            while self._ready and not should_stop():
+            while self._ready and not self._closed:
                 handle = self._ready.popleft()
                 if not self._ready:
                     self._ready = None  # empty: drop the deque (see __init__)
-                if not handle.cancelled():
+                if not handle._cancelled:  # (cancelled(), without a call per callback)
                     handle._run()
+        finally:
+            asyncio._set_running_loop(outer)
+
+    def _drain(self, bound: int) -> None:
+        """Runs what is ready after ``discard`` cancelled the tasks, quietly; bounded: each
+        task ends within a few steps once its coroutine is closed."""
+        steps = 0
+        outer = asyncio._get_running_loop()
+        asyncio._set_running_loop(self)
+        try:
+            while self._ready and steps < bound:
+                handle = self._ready.popleft()
+                steps += 1
+                if not handle._cancelled:
+                    with contextlib.suppress(BaseException):
+                        handle._run()
         finally:
             asyncio._set_running_loop(outer)
 
@@ -162,8 +179,10 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
         cancelled, and lets go of what it waited on."""
         tasks = list(self.tasks)
         for task in tasks:
+            if task.done():
+                continue  # (a saga that ended: all of them) nothing to close or cancel
             coro = task.get_coro()
-            if not task.done() and coro is not None and hasattr(coro, "close"):
+            if coro is not None and hasattr(coro, "close"):
                 try:
                     coro.close()
                 except (KeyboardInterrupt, SystemExit):
@@ -179,19 +198,8 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
         for task in tasks:
             if not task.done():
                 task.cancel()
-        # Bounded: each task ends within a few steps once its coroutine is closed.
-        steps = 0
-        outer = asyncio._get_running_loop()
-        asyncio._set_running_loop(self)
-        try:
-            while self._ready and steps < 64 * (len(tasks) + 1):
-                handle = self._ready.popleft()
-                steps += 1
-                if not handle.cancelled():
-                    with contextlib.suppress(BaseException):
-                        handle._run()
-        finally:
-            asyncio._set_running_loop(outer)
+        if self._ready:
+            self._drain(64 * (len(tasks) + 1))
         for task in tasks:
             if task.done() and not task.cancelled():
                 task.exception()  # retrieved: its finaliser has nothing to report

@@ -15,7 +15,7 @@ import inspect
 import random
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -56,6 +56,7 @@ from saga_engine.core.history._policy import (
     RetryPolicy,
     retry_after,
 )
+from saga_engine.core.history._structs import replace
 from saga_engine.core.runtime._intents import await_command, await_timer, check_open, emit, next_id
 from saga_engine.core.runtime._state import Halt, Poll, SagaState
 from saga_engine.core.runtime._undo import give_up
@@ -72,6 +73,7 @@ from saga_engine.kernel._serde import (
     check_storable,
     dumps,
     model_payload,
+    storable_hash,
     type_name,
     validate_payload,
 )
@@ -135,12 +137,17 @@ async def step(s: SagaState, request: StepRequest, limit: CommandLimit | None = 
     # stored, so it is storable: no need to look again.
     live = s.cursor >= len(s.history)
     payload = model_payload(request.command)
-    if live:
-        check_storable(payload, f"the command of step {request.name!r}")
+    payload_hash = storable_hash(payload)  # hashed once, for every attempt
+    if payload_hash is None:
+        if live:
+            check_storable(payload, f"the command of step {request.name!r}")
+        payload_hash = canonical_hash(payload)
     spec = _compensation(request, live)
-    _check_size(s, request, payload, spec, limit)
+    # Its first id, derived once: measured (``_check_size``) and issued with it.
+    command_id = command_id_for(s.scope, request.name, 0, compensation=False)
+    _check_size(s, request, payload, command_id, spec, limit)
     request = _priced(s, request, limit)
-    result = await _attempts(s, request, payload, spec)
+    result = await _attempts(s, request, (payload, payload_hash), command_id, spec)
     if request.pivot:
         emit(s, PivotPassed(at=s.now, step=request.name))
     return result
@@ -173,6 +180,7 @@ def _check_size(
     s: SagaState,
     request: StepRequest,
     payload: JsonDict,
+    command_id: str,
     spec: CompensationSpec | None,
     limit: CommandLimit | None,
 ) -> None:
@@ -192,7 +200,7 @@ def _check_size(
     else:
         if limit is None:
             return  # a replay tool reading on past the history: nothing is sent
-        forward = _outbound(s, request, payload)
+        forward = _outbound(s, request, payload, command_id)
         error = limit.refusal(forward, f"the command of step {name!r}")
         if error is None and spec is not None:
             undo = OutboundCommand(
@@ -289,7 +297,9 @@ def _flow_policy(s: SagaState) -> int | None:
     return started.flow_policy if isinstance(started, SagaStarted) else None
 
 
-def _outbound(s: SagaState, request: StepRequest, payload: JsonDict) -> OutboundCommand:
+def _outbound(
+    s: SagaState, request: StepRequest, payload: JsonDict, command_id: str
+) -> OutboundCommand:
     """The step's first command as the runner would send it."""
     return OutboundCommand(
         saga_id=s.saga_id,
@@ -298,7 +308,7 @@ def _outbound(s: SagaState, request: StepRequest, payload: JsonDict) -> Outbound
         participant=request.to,
         command_type=type_name(request.command),
         payload=payload,
-        command_id=command_id_for(s.scope, request.name, 0, compensation=False),
+        command_id=command_id,
         attempt=1,
         compensation=False,
         trace_context=s.trace_context,
@@ -322,15 +332,25 @@ def _compensation(request: StepRequest, live: bool) -> CompensationSpec | None:
 
 
 async def _attempts(
-    s: SagaState, request: StepRequest, payload: JsonDict, spec: CompensationSpec | None
+    s: SagaState,
+    request: StepRequest,
+    command: tuple[JsonDict, str],
+    command_id: str,
+    spec: CompensationSpec | None,
 ) -> JsonDict:
+    """``command``: its payload and that payload's hash; ``command_id``: its first
+    generation's id."""
     name, policy = request.name, request.retry or DEFAULT_STEP_RETRY
     generation, attempt, rounds, unknown, last_error = 0, 0, 0, False, ""
+    id_generation = 0  # the generation command_id is of
     sent: list[str] = []
     began = s.tick()
     while True:
         attempt, rounds = attempt + 1, rounds + 1
-        issued = _issue(s, request, payload, generation, attempt, spec)
+        if generation != id_generation:
+            command_id = command_id_for(s.scope, name, generation, compensation=False)
+            id_generation = generation
+        issued = _issue(s, request, command, command_id, attempt, spec)
         if issued.command_id not in sent:
             sent.append(issued.command_id)
         try:
@@ -369,7 +389,8 @@ async def _attempts(
                 # An edited command, or one its participant refused (and stored its
                 # refusal under the old id), goes under a new id: the next generation.
                 generation += 1
-            payload = answer.command if answer.command is not None else payload
+            if answer.command is not None:
+                command = (answer.command, canonical_hash(answer.command))
             rounds = 0
             continue
         try:
@@ -386,14 +407,15 @@ async def _attempts(
 def _issue(
     s: SagaState,
     request: StepRequest,
-    payload: JsonDict,
-    generation: int,
+    command: tuple[JsonDict, str],
+    command_id: str,
     attempt: int,
     spec: CompensationSpec | None,
 ) -> CommandIssued:
     """Records (or on replay matches) one attempt of a forward step's command; a polled
     one (``StepRequest.poll``) is sent again at its period until answered."""
     timeout = request.timeout
+    payload, payload_hash = command
     issued = emit(
         s,
         CommandIssued(
@@ -402,13 +424,13 @@ def _issue(
             participant=request.to,
             command_type=type_name(request.command),
             payload=payload,
-            payload_hash=canonical_hash(payload),
-            command_id=command_id_for(s.scope, request.name, generation, compensation=False),
+            payload_hash=payload_hash,
+            command_id=command_id,
             attempt=attempt,
             timeout_at=s.now + timeout if timeout else None,
             compensation=spec,
             pivot=request.pivot,
-            cost=request.cost.as_dict() if isinstance(request.cost, Cost) else None,
+            cost=request.cost.as_dict() if type(request.cost) is Cost else None,
         ),
     )
     if request.poll is not None:

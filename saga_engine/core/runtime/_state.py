@@ -26,9 +26,10 @@ import itertools
 import random
 from collections import deque
 from collections.abc import Set
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, NoReturn
+
+import msgspec
 
 from saga_engine.core.authoring._context import SagaContext
 from saga_engine.core.authoring._definition import SagaDefinition
@@ -52,8 +53,7 @@ class Halt(BaseException):
     """Unwinds saga code after nondeterminism; a BaseException so `except Exception` won't eat it."""
 
 
-@dataclass(frozen=True, slots=True)
-class OwedCompensation:
+class OwedCompensation(msgspec.Struct, frozen=True):
     step: str
     spec: CompensationSpec
     #: The forward command ids the step issued: the compensation names them, so a
@@ -79,8 +79,7 @@ def id_scope(saga_id: str, run: int) -> str:
     return saga_id if run == 1 else f"{saga_id}#run{run}"
 
 
-@dataclass(slots=True)
-class Poll:
+class Poll(msgspec.Struct):
     """A command sent again every ``every`` while unanswered; next at ``due``."""
 
     every: timedelta

@@ -4,7 +4,6 @@ measure changes no refusal (issue 42, lever 2)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from hypothesis import given, settings
@@ -12,6 +11,7 @@ from hypothesis import strategies as st
 
 from saga_engine.core.history._codec import CodecChain, GzipCodec
 from saga_engine.core.history._decision import OutboundCommand
+from saga_engine.core.history._structs import replace
 from saga_engine.kernel._settings import KafkaSettings
 from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS
 from saga_engine.transport._command_records import CommandRecords
