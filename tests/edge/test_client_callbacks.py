@@ -55,6 +55,15 @@ async def _waiting(served: ServedWorker, received: list[Envelope]) -> tuple[str,
     saga_id: str = response.json()["saga_id"]
     asked = await eventually(lambda: [c for c in received if c.saga_id == saga_id] or None)
     await settled_on(served, saga_id, "running")
+
+    # The vendor's reply to the step recorded: the saga waits on its callback, and its
+    # history changes no more until the callback is answered (a test comparing it before
+    # and after a refused answer must not race that reply: it failed that way in CI).
+    async def waits_for_the_callback() -> bool:
+        kinds = [e.get("kind") for e in await events(served, saga_id)]
+        return kinds[-1:] == ["reply_received"]
+
+    await eventually(waits_for_the_callback)
     return saga_id, str(asked[0].body["callback_url"])
 
 
