@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 import orjson
@@ -97,10 +98,10 @@ async def _prepare(pg: PgTarget, shards: tuple[PgTarget, ...], count: int) -> li
     return ids
 
 
-async def _state(pg: PgTarget, shards: tuple[PgTarget, ...]) -> dict[str, object]:
+async def _state(pg: PgTarget, shards: tuple[PgTarget, ...]) -> dict[str, Any]:
     """What each database holds: sagas, decision rows, the fence; the map's epoch and
     move."""
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
     for name, target in (("a", shards[0]), ("b", shards[1]), ("c", pg)):
         sagas = await _fetch(target, "SELECT saga_id, last_seq FROM sagas ORDER BY saga_id")
         decisions = await _fetch(target, "SELECT saga_id, seq FROM saga_decisions")
@@ -137,8 +138,8 @@ def test_a_move_through_the_command(pg: PgTarget, pg_shards: tuple[PgTarget, ...
     assert report["paused_s"] >= 0
     assert "copied" in result.stderr
     state = asyncio.run(_state(pg, pg_shards))
-    assert {s for s, _ in state["b"][0]} == moved  # type: ignore[index]
-    assert {s for s, _ in state["a"][0]} == set(ids) - moved  # type: ignore[index]
+    assert {s for s, _ in state["b"][0]} == moved
+    assert {s for s, _ in state["a"][0]} == set(ids) - moved
     status = as_json(invoke(["shard", "status", "--json"], env))
     assert status["map"]["epoch"] == 2
     assert status["map"]["moving"] is None
@@ -197,12 +198,12 @@ def test_a_move_killed_at_each_step_finishes_when_run_again(
     assert orjson.loads(done.stdout)["outcome"] == "moved"
     state = asyncio.run(_state(pg, pg_shards))
     moved = {i for i in ids if 2 <= partition_for(i, PARTITIONS) <= 5}
-    c_sagas, c_decisions, c_fence = state["c"]  # type: ignore[misc]
+    c_sagas, c_decisions, c_fence = state["c"]
     assert {s for s, _ in c_sagas} == moved
     assert all(seq == 2 for _, seq in c_sagas)
     assert len(c_decisions) == 2 * len(moved)  # nothing doubled, nothing lost
     assert c_fence == [(p, "active") for p in range(2, 6)]
-    a_sagas, _, a_fence = state["a"]  # type: ignore[misc]
+    a_sagas, _, a_fence = state["a"]
     assert {s for s, _ in a_sagas} == set(ids) - moved
     assert a_fence == [(p, "active") for p in (0, 1, 6, 7)]
     assert state["map"] == (2, None)
@@ -219,8 +220,8 @@ def test_abort_through_the_command(pg: PgTarget, pg_shards: tuple[PgTarget, ...]
     assert aborted["outcome"] == "aborted"
     after = asyncio.run(_state(pg, pg_shards))
     assert after["b"] == ([], [], [])
-    assert after["a"][:2] == before["a"][:2]  # type: ignore[index]
-    assert after["a"][2] == [(p, "active") for p in range(8)]  # type: ignore[index]
+    assert after["a"][:2] == before["a"][:2]
+    assert after["a"][2] == [(p, "active") for p in range(8)]
     assert after["map"] == (1, None)
 
     killed = _saga_cli({**env, "SAGA_CRASH_AT": "move_after_commit"}, *args)
