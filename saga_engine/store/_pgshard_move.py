@@ -53,6 +53,7 @@ __all__ = [
     "MoveReport",
     "ShardMover",
     "plan_move",
+    "resumable",
 ]
 
 #: The crash points of a move, in the order it passes them (``SAGA_CRASH_AT``).
@@ -156,18 +157,19 @@ def plan_move(in_force: ShardMap, partitions: frozenset[int], to: str) -> MovePl
     return MovePlan(moving, to, sources, in_force.epoch, _now())
 
 
-def resumable(plan: MovePlan, partitions: frozenset[int] | None, to: str | None) -> None:
-    """Refuses a request that is not the move under way (``None``: not asked)."""
-    same_to = to is None or to == plan.to
+def resumable(
+    plan: MovePlan, in_force: ShardMap, partitions: frozenset[int] | None, to: str | None
+) -> None:
+    """Refuses a request that is not the move under way (``None``: not asked). The range
+    may be asked as it was, with the partitions it left out for being on the target
+    already."""
+    extra = set() if partitions is None else partitions - plan.partitions
     same = (
-        partitions is None
-        or partitions == plan.partitions
-        or (
-            # the range as asked, partitions already on the target left out
-            plan.partitions <= partitions
-        )
+        (to is None or to == plan.to)
+        and (partitions is None or plan.partitions <= partitions)
+        and all(in_force.owners[p] == plan.to for p in extra)
     )
-    if not (same_to and same):
+    if not same:
         raise ShardMapError(
             f"another move is under way: {plan.describe()}. Run `saga shard move "
             f"--partitions {plan.text} --to {plan.to}` to finish it, or `saga shard move "
@@ -313,7 +315,7 @@ class ShardMover:
         resumed = stored.moving is not None
         if stored.moving is not None:
             plan = MovePlan.from_data(stored.moving, stored.map.partitions)
-            resumable(plan, wanted, to)
+            resumable(plan, stored.map, wanted, to)
             self._progress(f"resuming the move of {plan.describe()}")
             await self._open_all(plan)
         else:
@@ -347,7 +349,7 @@ class ShardMover:
             raise ShardMapError("no move is under way: nothing to abort")
         plan = MovePlan.from_data(stored.moving, stored.map.partitions)
         wanted = None if partitions is None else parse_partitions(partitions, stored.map.partitions)
-        resumable(plan, wanted, to)
+        resumable(plan, stored.map, wanted, to)
         if plan.committed(stored.map):
             raise ShardMapError(
                 f"the move of {plan.describe()} is past its commit point (the map is at epoch "

@@ -20,7 +20,13 @@ from saga_engine.settings import KafkaSettings, PostgresSettings
 from saga_engine.store import Append, NewSaga, Projection
 from saga_engine.store._connect import connect_event_store
 from saga_engine.store._databases import migrate_all
-from saga_engine.store._pgshard_move import MOVE_CRASH_POINTS, MovePlan, ShardMover, plan_move
+from saga_engine.store._pgshard_move import (
+    MOVE_CRASH_POINTS,
+    MovePlan,
+    ShardMover,
+    plan_move,
+    resumable,
+)
 from saga_engine.store._store import EventStore
 from tests.conftest import PgTarget
 
@@ -64,6 +70,16 @@ def test_a_plan_reads_back_as_recorded() -> None:
 def test_a_bad_request_is_refused(partitions: frozenset[int], to: str, says: str) -> None:
     with pytest.raises(ShardMapError, match=says):
         plan_move(_map(), partitions, to)
+
+
+def test_only_the_move_under_way_resumes() -> None:
+    plan = plan_move(_map(), frozenset(range(2, 8)), "c")  # 6-7 are on c already
+    resumable(plan, _map(), frozenset(range(2, 8)), "c")
+    resumable(plan, _map(), frozenset(range(2, 6)), "c")
+    resumable(plan, _map(), None, None)
+    for partitions, to in [(frozenset(range(0, 8)), "c"), (frozenset({2, 3}), "c"), (None, "b")]:
+        with pytest.raises(ShardMapError, match="another move is under way"):
+            resumable(plan, _map(), partitions, to)
 
 
 def test_an_unreadable_recorded_move_is_an_error() -> None:
