@@ -15,37 +15,23 @@ import asyncio
 from collections import Counter
 from datetime import timedelta
 
-import asyncpg
 import pytest
-from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, SagaStatus, Settings
 from saga_engine.client import SagaClient
 from saga_engine.core.planning._replay import HistoryExport, replay
 from saga_engine.protocol import partition_for
-from saga_engine.settings import AdminSettings, EngineSettings, KafkaSettings, PostgresSettings
+from saga_engine.settings import AdminSettings, EngineSettings, KafkaSettings
 from saga_engine.store._connect import connect_event_store
 from saga_engine.store._pgshard_move import ShardMover
 from saga_engine.worker import SagaWorker
 from tests.conftest import PgTarget
 from tests.integration.kafka_helpers import fake_participant
+from tests.integration.test_sharded_worker import Cmd, Done, Order
+from tests.internal.test_shard_move import PARTITIONS, in_shard, settings_of
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
-
-PARTITIONS = 8
-
-
-class Order(BaseModel):
-    n: int
-
-
-class Done(BaseModel):
-    ok: bool = True
-
-
-class Cmd(BaseModel):
-    n: int
 
 
 class Paced(Saga[Order, Done]):
@@ -59,38 +45,15 @@ class Paced(Saga[Order, Done]):
 
 
 def _settings(pg: PgTarget, shards: tuple[PgTarget, ...], bootstrap: str, uid: str) -> Settings:
-    a, b = shards
-    return Settings(
-        pg=PostgresSettings.model_validate(
-            {
-                "dsn": pg.database_dsn,
-                "db_schema": pg.schema,
-                "control_dsn": pg.database_dsn,
-                "shards": [
-                    {"name": "a", "partitions": "0-7", "dsn": a.database_dsn},
-                    {"name": "b", "partitions": "", "dsn": b.database_dsn},
-                ],
-            }
-        ),
-        kafka=KafkaSettings(
-            bootstrap_servers=bootstrap,
-            topic_prefix=f"t{uid}",
-            group_id=f"engines-{uid}",
-            partitions=PARTITIONS,
-        ),
-        engine=EngineSettings(),
-        admin=AdminSettings(port=0),
+    kafka = KafkaSettings(
+        bootstrap_servers=bootstrap,
+        topic_prefix=f"t{uid}",
+        group_id=f"engines-{uid}",
+        partitions=PARTITIONS,
     )
-
-
-async def _ids_in(target: PgTarget) -> set[str]:
-    conn = await asyncpg.connect(
-        target.database_dsn, server_settings={"search_path": target.schema}
+    return settings_of(pg, shards).model_copy(
+        update={"kafka": kafka, "engine": EngineSettings(), "admin": AdminSettings(port=0)}
     )
-    try:
-        return {r["saga_id"] for r in await conn.fetch("SELECT saga_id FROM sagas")}
-    finally:
-        await conn.close()
 
 
 async def test_sagas_in_flight_on_a_moving_range_complete_once_each(
@@ -121,8 +84,8 @@ async def test_sagas_in_flight_on_a_moving_range_complete_once_each(
 
     moved = {i for i in ids if partition_for(i, PARTITIONS) >= 4}
     a, b = pg_shards
-    assert await _ids_in(b) == moved
-    assert await _ids_in(a) == set(ids) - moved
+    assert await in_shard(b) == moved
+    assert await in_shard(a) == set(ids) - moved
     store = await connect_event_store(settings)
     try:
         for saga_id in ids:

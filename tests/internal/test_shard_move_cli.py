@@ -10,45 +10,26 @@ import asyncio
 import os
 import subprocess
 import sys
-from datetime import UTC, datetime
 from typing import Any
 
-import asyncpg
 import orjson
 import pytest
-from pydantic import SecretStr
 
-from saga_engine import SagaStatus
-from saga_engine.events import SagaStarted, SideEffectRecorded
 from saga_engine.protocol import partition_for
-from saga_engine.settings import PostgresSettings
-from saga_engine.store import Append, NewSaga, PostgresEventStore, Projection, migrate
+from saga_engine.store._pgshard_move import MOVE_CRASH_POINTS
 from tests.cli.conftest import as_json, invoke, one_line_error
 from tests.conftest import PgTarget
+from tests.internal.test_shard_move import PARTITIONS, rows, settings_of, write_sagas
 
 pytestmark = pytest.mark.integration
 
-PARTITIONS = 8
-#: The crash points of a move, in order (store/_pgshard_move.py).
-CRASH_POINTS = (
-    "move_after_record",
-    "move_after_pause",
-    "move_after_copy_batch",
-    "move_after_copy",
-    "move_after_verify",
-    "move_after_target_active",
-    "move_after_commit",
-    "move_after_release",
-    "move_after_delete",
-)
-
 
 def _env(pg: PgTarget, shards: tuple[PgTarget, ...]) -> dict[str, str]:
-    a, b = shards
+    """The environment of ``settings_of``'s deployment, for the command."""
+    pg_settings = settings_of(pg, shards).pg
     listed = [
-        {"name": "a", "partitions": "0-7", "dsn": a.database_dsn},
-        {"name": "b", "partitions": "", "dsn": b.database_dsn},
-        {"name": "c", "partitions": "", "dsn": pg.database_dsn},
+        {"name": s.name, "partitions": s.partitions, "dsn": s.dsn.get_secret_value()}
+        for s in pg_settings.shards
     ]
     return {
         "SAGA_PG__SHARDS": orjson.dumps(listed).decode(),
@@ -58,44 +39,9 @@ def _env(pg: PgTarget, shards: tuple[PgTarget, ...]) -> dict[str, str]:
     }
 
 
-async def _fetch(target: PgTarget, sql: str) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(
-        target.database_dsn, server_settings={"search_path": target.schema}
-    )
-    try:
-        return list(await conn.fetch(sql))
-    finally:
-        await conn.close()
-
-
-async def _prepare(pg: PgTarget, shards: tuple[PgTarget, ...], count: int) -> list[str]:
+def _prepare(pg: PgTarget, shards: tuple[PgTarget, ...], count: int) -> list[str]:
     """Every database migrated, the map seeded (all on ``a``), ``count`` sagas on ``a``."""
-    for target in (pg, *shards):
-        await migrate(target.database_dsn, target.schema)
-    data = {"epoch": 1, "partitions": PARTITIONS, "shards": {"a": "0-7", "b": "", "c": ""}}
-    conn = await asyncpg.connect(pg.database_dsn, server_settings={"search_path": pg.schema})
-    try:
-        await conn.execute(
-            "INSERT INTO shard_map (epoch, map) VALUES (1, $1::text::jsonb)",
-            orjson.dumps(data).decode(),
-        )
-    finally:
-        await conn.close()
-    a = shards[0]
-    store = await PostgresEventStore.connect(
-        PostgresSettings(dsn=SecretStr(a.database_dsn), db_schema=a.schema)
-    )
-    ids = [f"s-{i}" for i in range(count)]
-    try:
-        at = datetime.now(UTC)
-        for i, saga_id in enumerate(ids):
-            started = SagaStarted(at=at, saga_type="order", input={"n": i})
-            await store.create(NewSaga(saga_id, "order", [started], Projection(SagaStatus.RUNNING)))
-            effect = SideEffectRecorded(at=at, op_id="x", value=i)
-            await store.append(Append(saga_id, 1, [effect], Projection(SagaStatus.RUNNING)))
-    finally:
-        await store.close()
-    return ids
+    return asyncio.run(write_sagas(settings_of(pg, shards), count))
 
 
 async def _state(pg: PgTarget, shards: tuple[PgTarget, ...]) -> dict[str, Any]:
@@ -103,15 +49,15 @@ async def _state(pg: PgTarget, shards: tuple[PgTarget, ...]) -> dict[str, Any]:
     move."""
     out: dict[str, Any] = {}
     for name, target in (("a", shards[0]), ("b", shards[1]), ("c", pg)):
-        sagas = await _fetch(target, "SELECT saga_id, last_seq FROM sagas ORDER BY saga_id")
-        decisions = await _fetch(target, "SELECT saga_id, seq FROM saga_decisions")
-        fence = await _fetch(target, "SELECT partition, state FROM shard_partitions")
+        sagas = await rows(target, "SELECT saga_id, last_seq FROM sagas ORDER BY saga_id")
+        decisions = await rows(target, "SELECT saga_id, seq FROM saga_decisions")
+        fence = await rows(target, "SELECT partition, state FROM shard_partitions")
         out[name] = (
             [(r["saga_id"], r["last_seq"]) for r in sagas],
             sorted((r["saga_id"], r["seq"]) for r in decisions),
             sorted((r["partition"], r["state"]) for r in fence),
         )
-    [row] = await _fetch(pg, "SELECT epoch, moving FROM shard_map ORDER BY epoch DESC LIMIT 1")
+    [row] = await rows(pg, "SELECT epoch, moving FROM shard_map ORDER BY epoch DESC LIMIT 1")
     out["map"] = (row["epoch"], row["moving"])
     return out
 
@@ -128,7 +74,7 @@ def _saga_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[st
 
 
 def test_a_move_through_the_command(pg: PgTarget, pg_shards: tuple[PgTarget, ...]) -> None:
-    ids = asyncio.run(_prepare(pg, pg_shards, 40))
+    ids = _prepare(pg, pg_shards, 40)
     env = _env(pg, pg_shards)
     result = invoke(["shard", "move", "--partitions", "4-7", "--to", "b", "--json"], env)
     report = as_json(result)
@@ -167,7 +113,7 @@ def test_a_move_through_the_command(pg: PgTarget, pg_shards: tuple[PgTarget, ...
 def test_a_bad_request_changes_nothing(
     pg: PgTarget, pg_shards: tuple[PgTarget, ...], args: list[str], says: str
 ) -> None:
-    asyncio.run(_prepare(pg, pg_shards, 5))
+    _prepare(pg, pg_shards, 5)
     before = asyncio.run(_state(pg, pg_shards))
     line = one_line_error(invoke(["shard", "move", *args], _env(pg, pg_shards)))
     assert says in line
@@ -179,10 +125,11 @@ def test_a_move_killed_at_each_step_finishes_when_run_again(
 ) -> None:
     """One move, SIGKILLed at every crash point in turn (each run gets one step further),
     then run to its end: the same result as a move never killed."""
-    ids = asyncio.run(_prepare(pg, pg_shards, 24))
+    ids = _prepare(pg, pg_shards, 24)
     env = _env(pg, pg_shards)
+    before = asyncio.run(_state(pg, pg_shards))
     args = ("shard", "move", "--partitions", "2-5", "--to", "c", "--batch", "5")
-    for point in CRASH_POINTS:
+    for point in MOVE_CRASH_POINTS:
         killed = _saga_cli({**env, "SAGA_CRASH_AT": point}, *args)
         assert killed.returncode == -9, (point, killed.stdout, killed.stderr)
         assert f"crash point {point} reached" in killed.stderr
@@ -199,9 +146,10 @@ def test_a_move_killed_at_each_step_finishes_when_run_again(
     state = asyncio.run(_state(pg, pg_shards))
     moved = {i for i in ids if 2 <= partition_for(i, PARTITIONS) <= 5}
     c_sagas, c_decisions, c_fence = state["c"]
-    assert {s for s, _ in c_sagas} == moved
-    assert all(seq == 2 for _, seq in c_sagas)
-    assert len(c_decisions) == 2 * len(moved)  # nothing doubled, nothing lost
+    a_before, a_decisions_before, _ = before["a"]
+    # nothing doubled, nothing lost: the moved sagas' rows exactly as they were on a
+    assert c_sagas == [row for row in a_before if row[0] in moved]
+    assert c_decisions == [row for row in a_decisions_before if row[0] in moved]
     assert c_fence == [(p, "active") for p in range(2, 6)]
     a_sagas, _, a_fence = state["a"]
     assert {s for s, _ in a_sagas} == set(ids) - moved
@@ -210,7 +158,7 @@ def test_a_move_killed_at_each_step_finishes_when_run_again(
 
 
 def test_abort_through_the_command(pg: PgTarget, pg_shards: tuple[PgTarget, ...]) -> None:
-    asyncio.run(_prepare(pg, pg_shards, 12))
+    _prepare(pg, pg_shards, 12)
     env = _env(pg, pg_shards)
     before = asyncio.run(_state(pg, pg_shards))
     args = ("shard", "move", "--partitions", "0-3", "--to", "b")
