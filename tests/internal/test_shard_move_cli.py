@@ -10,6 +10,7 @@ import asyncio
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -19,9 +20,12 @@ from saga_engine.protocol import partition_for
 from saga_engine.store._pgshard_move import MOVE_CRASH_POINTS
 from tests.cli.conftest import as_json, invoke, one_line_error
 from tests.conftest import PgTarget
+from tests.doc_blocks import code_blocks
 from tests.internal.test_shard_move import PARTITIONS, rows, settings_of, write_sagas
 
 pytestmark = pytest.mark.integration
+
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
 def _env(pg: PgTarget, shards: tuple[PgTarget, ...]) -> dict[str, str]:
@@ -176,3 +180,42 @@ def test_abort_through_the_command(pg: PgTarget, pg_shards: tuple[PgTarget, ...]
     assert killed.returncode == -9, killed.stderr
     refused = one_line_error(invoke(["shard", "move", "--abort"], env))
     assert "past its commit point" in refused
+
+
+def test_the_documented_move_runs_as_written(pg: PgTarget, pg_shards: tuple[PgTarget, ...]) -> None:
+    """docs/operations.md, "Moving a range": its commands, on a map of 64 partitions
+    where c holds none."""
+    [block] = code_blocks(OPERATIONS, "shell", under="### Moving a range")
+    a, b = pg_shards
+    listed = [
+        {"name": "a", "partitions": "0-31", "dsn": a.database_dsn},
+        {"name": "b", "partitions": "32-63", "dsn": b.database_dsn},
+        {"name": "c", "partitions": "", "dsn": pg.database_dsn},
+    ]
+    env = {
+        "SAGA_PG__SHARDS": orjson.dumps(listed).decode(),
+        "SAGA_PG__CONTROL_DSN": pg.database_dsn,
+        "SAGA_PG__DB_SCHEMA": pg.schema,
+        "SAGA_KAFKA__PARTITIONS": "64",
+    }
+    assert invoke(["migrate"], env).exit_code == 0
+    asyncio.run(_seed_map(pg, {"a": "0-31", "b": "32-63", "c": ""}, 64))
+    for line in block.code.splitlines():
+        args = line.split("#", 1)[0].split()
+        assert args[0] == "saga", line
+        done = invoke(args[1:], env)
+        assert done.exit_code == 0, (line, done.output)
+    status = as_json(invoke(["shard", "status", "--json"], env))
+    assert {r["name"]: r["partitions"] for r in status["shards"]} == {
+        "a": "0-31",
+        "b": "32-47",
+        "c": "48-63",
+    }
+    assert status["map"]["epoch"] == 2
+
+
+async def _seed_map(pg: PgTarget, shards: dict[str, str], partitions: int) -> None:
+    data = {"epoch": 1, "partitions": partitions, "shards": shards}
+    await rows(
+        pg, f"INSERT INTO shard_map (epoch, map) VALUES (1, '{orjson.dumps(data).decode()}')"
+    )
