@@ -70,7 +70,7 @@ MOVE_CRASH_POINTS = (
 )
 
 #: Sagas per batch of the copy (their histories, blob references with them).
-DEFAULT_BATCH = 500
+DEFAULT_BATCH = 2000
 #: How long one attempt to lock a source's ``shard_partitions`` waits, and how many.
 LOCK_TIMEOUT_MS = 2000
 LOCK_ATTEMPTS = 15
