@@ -292,3 +292,76 @@ async def test_abort_is_refused_after_the_commit_point(
         report = await mover.move("0-3", "b")
     assert report.resumed
     assert await moving(pg) == (2, None)
+
+
+async def _extras(target: PgTarget, saga_ids: Sequence[str]) -> None:
+    """A blob referenced by each saga, an archived copy of each, and a concurrency key's
+    slot for each (the key named as the saga, so it falls in the saga's partition)."""
+    conn = await asyncpg.connect(
+        target.database_dsn, server_settings={"search_path": target.schema}
+    )
+    try:
+        for n, saga_id in enumerate(saga_ids):
+            digest = f"d-{saga_id}"
+            await conn.execute(
+                "INSERT INTO saga_blobs (digest, data, size) VALUES ($1, $2, 3)", digest, b"abc"
+            )
+            await conn.execute("INSERT INTO saga_blob_refs VALUES ($1, $2)", saga_id, digest)
+            await conn.execute(
+                "INSERT INTO saga_archive (saga_id, saga_type, status, created_at, finished_at, "
+                "history) VALUES ($1, 'order', 'completed', now(), now(), $2)",
+                saga_id,
+                saga_id.encode(),
+            )
+            await conn.execute(
+                "INSERT INTO saga_key_slots (saga_id, saga_type, key, lim, held, queued_at) "
+                "VALUES ($1, 'order', $1, 1, $2, now())",
+                saga_id,
+                n % 2 == 0,
+            )
+    finally:
+        await conn.close()
+
+
+async def _extra_rows(target: PgTarget) -> dict[str, set[str]]:
+    return {
+        "blobs": {r["digest"] for r in await rows(target, "SELECT digest FROM saga_blobs")},
+        "refs": {r["saga_id"] for r in await rows(target, "SELECT saga_id FROM saga_blob_refs")},
+        "archive": {r["saga_id"] for r in await rows(target, "SELECT saga_id FROM saga_archive")},
+        "slots": {r["key"] for r in await rows(target, "SELECT key FROM saga_key_slots")},
+    }
+
+
+@pytest.mark.integration
+async def test_blobs_archives_and_key_slots_move_with_their_range_from_two_sources(
+    pg: PgTarget, pg_shards: tuple[PgTarget, ...]
+) -> None:
+    settings = settings_of(pg, pg_shards)
+    ids = await write_sagas(settings, 40)
+    a, b = pg_shards
+    await _extras(a, ids)
+    async with ShardMover.opened(settings.pg) as mover:
+        first = await mover.move("4-7", "b")
+    assert first.rows["saga_archive"] == first.rows["saga_key_slots"] == len(of_range(ids, 4, 7))
+    # A range over both shards now: 2-3 from a, 4-5 from b.
+    async with ShardMover.opened(settings.pg, batch=5) as mover:
+        second = await mover.move("2-5", "c")
+    assert second.sources == {"a": "2-3", "b": "4-5"}
+    on_c = of_range(ids, 2, 5)
+    assert second.sagas == len(on_c)
+    found = {name: await _extra_rows(t) for name, t in (("a", a), ("b", b), ("c", pg))}
+    expected = {"a": of_range(ids, 0, 1), "b": of_range(ids, 6, 7), "c": on_c}
+    for name, saga_ids in expected.items():
+        assert found[name]["refs"] == saga_ids, name
+        assert found[name]["archive"] == saga_ids, name
+        assert found[name]["slots"] == saga_ids, name
+        # each shard has the blobs of its references (the sources' copies are swept later)
+        assert {f"d-{i}" for i in saga_ids} <= found[name]["blobs"], name
+    held = await rows(pg, "SELECT key, held FROM saga_key_slots")
+    assert {r["key"]: r["held"] for r in held} == {i: ids.index(i) % 2 == 0 for i in on_c}
+    archived = await rows(pg, "SELECT saga_id, history FROM saga_archive")
+    assert all(r["history"] == r["saga_id"].encode() for r in archived)
+    assert await fence(a) == {0: "active", 1: "active"}
+    assert await fence(b) == {6: "active", 7: "active"}
+    assert await fence(pg) == dict.fromkeys(range(2, 6), "active")
+    assert await moving(pg) == (3, None)
