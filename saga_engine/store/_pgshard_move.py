@@ -22,8 +22,9 @@ control database records (``shard_map.moving``):
 ``--abort`` before (5) undoes (2)-(3); after (5) the move is done and running it again
 finishes its cleanup. Crash points (``SAGA_CRASH_AT``) follow each step.
 
-What stays where it is: the insights' aggregates (per shard, summed by a read) and the
-domain events' facts (per database). A blob moves with the references of the range's
+What stays where it is: the insights' aggregates (per shard, summed by a read). The
+domain events' facts move with the range of their key (a fact lives in its key's
+shard, as a saga id would). A blob moves with the references of the range's
 sagas; the source's copy is left to its sweep once no reference holds it.
 """
 
@@ -78,7 +79,7 @@ LOCK_ATTEMPTS = 15
 #: The tables of a saga's rows, by ``saga_id``: its row first (a copy of a batch writes
 #: the saga row with its history in one transaction).
 _BY_SAGA = ("sagas", "saga_decisions", "saga_blob_refs")
-_COUNTED = (*_BY_SAGA, "saga_archive", "saga_key_slots")
+_COUNTED = (*_BY_SAGA, "saga_archive", "saga_key_slots", "saga_domain_events")
 
 
 def _now() -> str:
@@ -229,11 +230,13 @@ def _seconds_between(start: str | None, end: str | None) -> float | None:
 @dataclass(frozen=True, slots=True)
 class _Selection:
     """The rows of a range on one shard: its sagas by id (sorted), its archived sagas'
-    ids, and the concurrency keys whose slots live in the range."""
+    ids, the concurrency keys whose slots live in the range, and the keys of the
+    domain events' facts that do (a fact lives in its key's shard)."""
 
     saga_ids: list[str]
     archived_ids: list[str]
     keys: list[str]
+    fact_keys: list[str]
 
 
 class ShardMover:
@@ -397,6 +400,13 @@ class ShardMover:
             report.sagas += len(selection.saga_ids)
             await self._copy(source, target, selection, report.rows)
             self._crash("move_after_copy")
+            if await _select(source, ps, before.partitions, backfill=False) != selection:
+                raise ShardMapError(
+                    f"the rows of partitions {format_partitions(ps)} on {name!r} changed during "
+                    "the copy (a concurrency key's slot or a domain event's fact of a new key: "
+                    "writes the fence does not stop). The old map stays in force with the "
+                    "range paused: run the move again"
+                )
             await self._verify(name, source, plan.to, target, selection)
             copied = await _select(target, ps, before.partitions, backfill=False)
             if copied != selection:
@@ -472,6 +482,15 @@ class ShardMover:
                     "SELECT setval(pg_get_serial_sequence('saga_key_slots', 'position'), "
                     "(SELECT max(position) FROM saga_key_slots))"
                 )
+        facts = selection.fact_keys
+        for start in range(0, len(facts), self._batch):
+            rows["saga_domain_events"] = rows.get("saga_domain_events", 0) + await _copy_rows(
+                source,
+                target,
+                "saga_domain_events",
+                "key = ANY($1::text[])",
+                facts[start : start + self._batch],
+            )
 
     async def _verify(
         self, name: str, source: Conn, to: str, target: Conn, selection: _Selection
@@ -543,6 +562,13 @@ class ShardMover:
             deleted["saga_key_slots"] = _affected(
                 await conn.execute(
                     "DELETE FROM saga_key_slots WHERE key = ANY($1::text[])", selection.keys
+                )
+            )
+        if selection.fact_keys:
+            deleted["saga_domain_events"] = _affected(
+                await conn.execute(
+                    "DELETE FROM saga_domain_events WHERE key = ANY($1::text[])",
+                    selection.fact_keys,
                 )
             )
         self._progress(f"deleted {len(ids)} sagas' rows of partitions {format_partitions(ps)}")
@@ -640,10 +666,12 @@ async def _select(conn: Conn, ps: frozenset[int], partitions: int, *, backfill: 
     )
     archived = await conn.fetch("SELECT DISTINCT saga_id FROM saga_archive ORDER BY saga_id")
     keys = await conn.fetch("SELECT DISTINCT key FROM saga_key_slots ORDER BY key")
+    facts = await conn.fetch("SELECT DISTINCT key FROM saga_domain_events ORDER BY key")
     return _Selection(
         [r["saga_id"] for r in rows],
         [r["saga_id"] for r in archived if partition_for(r["saga_id"], partitions) in ps],
         [r["key"] for r in keys if partition_for(r["key"], partitions) in ps],
+        [r["key"] for r in facts if partition_for(r["key"], partitions) in ps],
     )
 
 
@@ -685,10 +713,13 @@ async def _counts(conn: Conn, selection: _Selection) -> dict[str, int]:
         "(SELECT count(*) FROM saga_blob_refs WHERE saga_id = ANY($1::text[])) "
         "AS saga_blob_refs, "
         "(SELECT count(*) FROM saga_archive WHERE saga_id = ANY($2::text[])) AS saga_archive, "
-        "(SELECT count(*) FROM saga_key_slots WHERE key = ANY($3::text[])) AS saga_key_slots",
+        "(SELECT count(*) FROM saga_key_slots WHERE key = ANY($3::text[])) AS saga_key_slots, "
+        "(SELECT count(*) FROM saga_domain_events WHERE key = ANY($4::text[])) "
+        "AS saga_domain_events",
         ids,
         archived,
         keys,
+        selection.fact_keys,
     )
     assert row is not None
     return {table: int(row[table]) for table in _COUNTED}

@@ -295,8 +295,9 @@ async def test_abort_is_refused_after_the_commit_point(
 
 
 async def _extras(target: PgTarget, saga_ids: Sequence[str]) -> None:
-    """A blob referenced by each saga, an archived copy of each, and a concurrency key's
-    slot for each (the key named as the saga, so it falls in the saga's partition)."""
+    """A blob referenced by each saga, an archived copy of each, a concurrency key's
+    slot and a domain event's fact for each (their keys named as the saga, so they fall
+    in the saga's partition)."""
     conn = await asyncpg.connect(
         target.database_dsn, server_settings={"search_path": target.schema}
     )
@@ -319,6 +320,11 @@ async def _extras(target: PgTarget, saga_ids: Sequence[str]) -> None:
                 saga_id,
                 n % 2 == 0,
             )
+            await conn.execute(
+                "INSERT INTO saga_domain_events (source, event_id, key, payload, received_at, "
+                "expires_at) VALUES ('payments', $1, $1, '{}', now(), now() + interval '1 day')",
+                saga_id,
+            )
     finally:
         await conn.close()
 
@@ -329,11 +335,12 @@ async def _extra_rows(target: PgTarget) -> dict[str, set[str]]:
         "refs": {r["saga_id"] for r in await rows(target, "SELECT saga_id FROM saga_blob_refs")},
         "archive": {r["saga_id"] for r in await rows(target, "SELECT saga_id FROM saga_archive")},
         "slots": {r["key"] for r in await rows(target, "SELECT key FROM saga_key_slots")},
+        "facts": {r["key"] for r in await rows(target, "SELECT key FROM saga_domain_events")},
     }
 
 
 @pytest.mark.integration
-async def test_blobs_archives_and_key_slots_move_with_their_range_from_two_sources(
+async def test_blobs_archives_key_slots_and_facts_move_with_their_range_from_two_sources(
     pg: PgTarget, pg_shards: tuple[PgTarget, ...]
 ) -> None:
     settings = settings_of(pg, pg_shards)
@@ -342,7 +349,8 @@ async def test_blobs_archives_and_key_slots_move_with_their_range_from_two_sourc
     await _extras(a, ids)
     async with ShardMover.opened(settings.pg) as mover:
         first = await mover.move("4-7", "b")
-    assert first.rows["saga_archive"] == first.rows["saga_key_slots"] == len(of_range(ids, 4, 7))
+    tables = ("saga_archive", "saga_key_slots", "saga_domain_events")
+    assert [first.rows[t] for t in tables] == [len(of_range(ids, 4, 7))] * 3
     # A range over both shards now: 2-3 from a, 4-5 from b.
     async with ShardMover.opened(settings.pg, batch=5) as mover:
         second = await mover.move("2-5", "c")
@@ -355,6 +363,7 @@ async def test_blobs_archives_and_key_slots_move_with_their_range_from_two_sourc
         assert found[name]["refs"] == saga_ids, name
         assert found[name]["archive"] == saga_ids, name
         assert found[name]["slots"] == saga_ids, name
+        assert found[name]["facts"] == saga_ids, name
         # each shard has the blobs of its references (the sources' copies are swept later)
         assert {f"d-{i}" for i in saga_ids} <= found[name]["blobs"], name
     held = await rows(pg, "SELECT key, held FROM saga_key_slots")
