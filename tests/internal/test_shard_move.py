@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 import pytest
@@ -374,3 +375,41 @@ async def test_blobs_archives_key_slots_and_facts_move_with_their_range_from_two
     assert await fence(b) == {6: "active", 7: "active"}
     assert await fence(pg) == dict.fromkeys(range(2, 6), "active")
     assert await moving(pg) == (3, None)
+
+
+class _FactDuringCopy(ShardMover):
+    """A mover during whose copy a fact of a new key of the range arrives on the source
+    (a write the fence does not stop)."""
+
+    fact_key = ""
+    source: PgTarget | None = None
+
+    async def _copy(self, *args: Any, **kwargs: Any) -> None:
+        await super()._copy(*args, **kwargs)
+        if self.source is not None:
+            await rows(
+                self.source,
+                "INSERT INTO saga_domain_events (source, event_id, key, payload, received_at, "
+                f"expires_at) VALUES ('p', 'late', '{self.fact_key}', '{{}}', now(), now())",
+            )
+            self.source = None
+
+
+@pytest.mark.integration
+async def test_a_range_whose_rows_change_during_the_copy_is_not_committed(
+    pg: PgTarget, pg_shards: tuple[PgTarget, ...]
+) -> None:
+    settings = settings_of(pg, pg_shards)
+    ids = await write_sagas(settings, 10)
+    a, _ = pg_shards
+    _FactDuringCopy.fact_key = next(f"k{n}" for n in range(100) if partition_for(f"k{n}", 8) >= 4)
+    _FactDuringCopy.source = a
+    async with _FactDuringCopy.opened(settings.pg) as mover:
+        with pytest.raises(ShardMapError, match="changed during the copy"):
+            await mover.move("4-7", "b")
+    assert await moving(pg) != (1, None)  # recorded, not committed: the old map in force
+    assert (await moving(pg))[0] == 1
+    async with ShardMover.opened(settings.pg) as mover:  # run again: the fact is copied
+        report = await mover.move("4-7", "b")
+    assert report.rows["saga_domain_events"] == 1
+    assert await in_shard(pg_shards[1]) == of_range(ids, 4, 7)

@@ -219,3 +219,9 @@ async def _seed_map(pg: PgTarget, shards: dict[str, str], partitions: int) -> No
     await rows(
         pg, f"INSERT INTO shard_map (epoch, map) VALUES (1, '{orjson.dumps(data).decode()}')"
     )
+
+
+def test_one_database_has_nothing_to_move(pg: PgTarget) -> None:
+    env = {"SAGA_PG__DSN": pg.database_dsn, "SAGA_PG__DB_SCHEMA": pg.schema}
+    line = one_line_error(invoke(["shard", "move", "--partitions", "0-3", "--to", "b"], env))
+    assert "no shards are configured" in line
