@@ -1,18 +1,34 @@
 """``saga shard status``: the store's databases past one (docs/operations.md, "Past one
 database"), read directly from Postgres, not through an engine: the shard map in force
-(its epoch, each shard's partitions), and whether each database answers, with its schema
-version and its sagas. A database that does not answer is a row saying why; the exit
-code is 0 when every database answers, 1 otherwise. Without shards it shows the one
-database."""
+(its epoch, each shard's partitions, a move under way), and whether each database
+answers, with its schema version and its sagas. A database that does not answer is a row
+saying why; the exit code is 0 when every database answers, 1 otherwise. Without shards
+it shows the one database.
+
+``saga shard move --partitions 48-63 --to c``: moves a range of inbox partitions to
+another shard online (store/_pgshard_move.py), or resumes the move left unfinished;
+``--abort`` undoes one before its commit point. Progress goes to stderr, the summary to
+stdout."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import os
+from typing import Annotated, Any
 
 import typer
 
-from saga_engine.cli._common import JsonOpt, field_table, make_table, out, print_json, run_async
+from saga_engine.cli._common import (
+    JsonOpt,
+    err,
+    fail,
+    field_table,
+    make_table,
+    out,
+    print_json,
+    run_async,
+)
+from saga_engine.kernel._crash import crash_hook
 from saga_engine.kernel._settings import Settings
 from saga_engine.kernel._shards import ShardMap
 from saga_engine.store._databases import (
@@ -22,6 +38,7 @@ from saga_engine.store._databases import (
     deployment_databases,
 )
 from saga_engine.store._pgshard_map import PostgresShardMapStore, StoredShardMap
+from saga_engine.store._pgshard_move import DEFAULT_BATCH, MoveReport, ShardMover
 
 __all__ = ["shard_app"]
 
@@ -137,8 +154,9 @@ def _print(status: dict[str, Any]) -> None:
         ("inbox partitions", str(status["partitions"])),
         ("schema", status["schema"]),
     ]
-    if shard_map["moving"]:
-        fields.append(("moving", str(shard_map["moving"])))
+    moving = shard_map["moving"]
+    if moving:
+        fields.append(("moving", _moving_text(moving, shard_map["epoch"])))
     out.print(field_table("shard map", fields))
     rows = [_cells(status["control"], "")]
     rows += [_cells(row, row["partitions"] or "none") for row in status["shards"]]
@@ -155,3 +173,73 @@ def status(as_json: JsonOpt = False) -> None:
     else:
         _print(result)
     raise typer.Exit(0 if result["all_answer"] else 1)
+
+
+def _moving_text(moving: dict[str, Any], epoch: int | None) -> str:
+    """A move under way as one line: what moves where, and how far it got."""
+    sources = ", ".join(f"{ps} from {name}" for name, ps in moving.get("from", {}).items())
+    if moving.get("committed_at"):
+        stage = f"committed at {moving['committed_at']} (epoch {epoch}): cleanup left"
+    elif moving.get("paused_at"):
+        stage = f"paused since {moving['paused_at']}: copying, commit not reached"
+    else:
+        stage = f"recorded at {moving.get('started_at')}: not paused yet"
+    return f"partitions {moving.get('partitions')} to {moving.get('to')} ({sources}); {stage}"
+
+
+def _progress(line: str) -> None:
+    err.print(line, highlight=False, soft_wrap=True)
+
+
+def _print_move(report: MoveReport) -> None:
+    sources = ", ".join(f"{ps} from {name}" for name, ps in report.sources.items())
+    fields = [
+        ("outcome", report.outcome + (" (resumed)" if report.resumed else "")),
+        ("partitions", f"{report.partitions} to {report.to} ({sources})"),
+        ("shard map epoch", str(report.epoch)),
+        ("sagas copied", str(report.sagas)),
+        ("seconds", f"{report.seconds:.2f}"),
+    ]
+    if report.paused_s is not None:
+        fields.append(("range paused (s)", f"{report.paused_s:.2f}"))
+    fields += [(f"rows: {table}", str(n)) for table, n in report.rows.items()]
+    out.print(field_table("shard move", fields))
+
+
+@shard_app.command("move")
+def move(
+    partitions: Annotated[
+        str | None,
+        typer.Option("--partitions", help="The inbox partitions to move: '48-63', '4,6-7'."),
+    ] = None,
+    to: Annotated[str | None, typer.Option("--to", help="The shard they move to.")] = None,
+    abort: Annotated[
+        bool, typer.Option("--abort", help="Undo the move under way (before its commit point).")
+    ] = False,
+    batch: Annotated[
+        int, typer.Option("--batch", min=1, help="Sagas per batch of the copy.")
+    ] = DEFAULT_BATCH,
+    as_json: JsonOpt = False,
+) -> None:
+    """Move a range of inbox partitions to another shard online, or resume the move under
+    way (each step can be run again); --abort undoes it before its commit point."""
+    if not abort and (partitions is None or to is None):
+        fail("name the range and where it goes: --partitions 48-63 --to c (or --abort)")
+    settings = Settings()
+    hook = crash_hook(os.environ.get("SAGA_CRASH_AT"))
+
+    async def run() -> MoveReport:
+        async with ShardMover.opened(
+            settings.pg, batch=batch, crash=hook, progress=_progress
+        ) as mover:
+            if abort:
+                return await mover.abort(partitions, to)
+            assert partitions is not None
+            assert to is not None
+            return await mover.move(partitions, to)
+
+    report = run_async(run)
+    if as_json:
+        print_json(report.to_data())
+    else:
+        _print_move(report)

@@ -23,11 +23,13 @@ engines opening the shard together write the rows once, and a shard that holds r
 (a move changed them) is never seeded again. A shard the map gives no partition gets
 none (a new shard waits for a move to give it some).
 
-**What a move uses** (``saga shard move``): ``mark_moving`` (step 2: under the table
-lock, the range stops taking writes on the source), ``activate`` (step 5: the range
-takes writes on the target, at the new epoch), ``release`` (step 6: the source no longer
-holds the range), ``fence_states`` (what a shard's table says, for ``status`` and the
-checks). Each runs in the caller's transaction and connection.
+**What a move uses** (``saga shard move``): ``seed_partitions`` (a shard's table as an
+engine's first open would write it, before a move changes it), ``mark_moving`` (step 2:
+under the table lock, the range stops taking writes on the source), ``activate`` (step
+5: the range takes writes on the target, at the new epoch), ``release`` (step 6: the
+source no longer holds the range; an abort's on the target), ``resume`` (an abort on a
+source), ``fence_states`` (what a shard's table says, for ``status`` and the checks).
+Each runs in the caller's transaction and connection.
 """
 
 from __future__ import annotations
@@ -149,5 +151,17 @@ async def release(conn: AnyConn, partitions: Collection[int]) -> int:
     await conn.execute("LOCK TABLE shard_partitions IN ACCESS EXCLUSIVE MODE")
     done = await conn.execute(
         "DELETE FROM shard_partitions WHERE partition = ANY($1::int[])", sorted(partitions)
+    )
+    return int(done.split()[-1])
+
+
+async def resume(conn: AnyConn, partitions: Collection[int]) -> int:
+    """A move's ``--abort`` on a source: the range it paused takes writes again, at the
+    epoch it had; how many rows it changed."""
+    await conn.execute("LOCK TABLE shard_partitions IN ACCESS EXCLUSIVE MODE")
+    done = await conn.execute(
+        "UPDATE shard_partitions SET state = 'active', changed_at = now() "
+        "WHERE partition = ANY($1::int[]) AND state = 'moving'",
+        sorted(partitions),
     )
     return int(done.split()[-1])

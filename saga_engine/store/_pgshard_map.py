@@ -123,10 +123,13 @@ class PostgresShardMapStore:
             raise ShardMapError("the shard map was deleted while it was seeded; start again")
         return reconciled(_stored(row).map, settings_map)
 
-    async def advance(self, expected_epoch: int, new_map: ShardMap) -> ShardMap:
+    async def advance(
+        self, expected_epoch: int, new_map: ShardMap, *, moving: dict[str, Any] | None = None
+    ) -> ShardMap:
         """Writes ``new_map`` (at ``expected_epoch + 1``) if the stored map is still at
         ``expected_epoch``; a ``ShardMapError`` saying which epoch it is at otherwise
-        (another writer changed it: read it again and decide again)."""
+        (another writer changed it: read it again and decide again). ``moving``: the move
+        still under way in the new row (a move's cleanup, after its commit point)."""
         if new_map.epoch != expected_epoch + 1:
             raise ShardMapError(
                 f"the map after epoch {expected_epoch} is epoch {expected_epoch + 1}, "
@@ -135,12 +138,14 @@ class PostgresShardMapStore:
         with _unavailable_as_transient():
             async with self._pool.acquire() as conn:
                 written = await conn.fetchval(
-                    "INSERT INTO shard_map (epoch, map) SELECT $2, $3::text::jsonb "
+                    "INSERT INTO shard_map (epoch, map, moving) "
+                    "SELECT $2, $3::text::jsonb, $4::text::jsonb "
                     "WHERE (SELECT coalesce(max(epoch), 0) FROM shard_map) = $1 "
                     "ON CONFLICT (epoch) DO NOTHING RETURNING epoch",
                     expected_epoch,
                     new_map.epoch,
                     dumps(new_map.to_data()).decode(),
+                    None if moving is None else dumps(moving).decode(),
                 )
                 if written is not None:
                     return new_map
@@ -150,6 +155,24 @@ class PostgresShardMapStore:
             f"not {expected_epoch}: another writer changed it since it was read. Nothing "
             "was written; read the map again (`saga shard status`) and decide again"
         )
+
+    async def set_moving(
+        self, epoch: int, moving: dict[str, Any] | None, *, expected: dict[str, Any] | None
+    ) -> bool:
+        """Sets the move under way of the current map (``None``: clears it) if the map is
+        still at ``epoch`` and its move is still ``expected`` (``None``: no move); False
+        when either changed (another writer: read the map again)."""
+        with _unavailable_as_transient():
+            async with self._pool.acquire() as conn:
+                written = await conn.fetchval(
+                    "UPDATE shard_map SET moving = $2::text::jsonb WHERE epoch = $1 "
+                    "AND epoch = (SELECT max(epoch) FROM shard_map) "
+                    "AND moving IS NOT DISTINCT FROM $3::text::jsonb RETURNING epoch",
+                    epoch,
+                    None if moving is None else dumps(moving).decode(),
+                    None if expected is None else dumps(expected).decode(),
+                )
+        return written is not None
 
 
 def reconciled(stored: ShardMap, settings_map: ShardMap) -> ShardMap:
