@@ -5,9 +5,10 @@ real processes, a steady load of sagas over every partition), and partitions
 ``MOVED`` moved from b to a with ``saga shard move`` run as a process.
 
 One move, killed at each of its crash points in turn (``SAGA_CRASH_AT``: the move
-process SIGKILLs itself there, and each run gets one step further); at each, one engine
-(the two in turn) is SIGKILLed too and started again, and the sagas of the other ranges
-must go on ending before the next step. Then the move is run to its end.
+process SIGKILLs itself there, and each run gets one step further); during each run one
+engine (the two in turn) is SIGKILLed too, as the run starts, and started again at once,
+and the sagas of the other ranges must go on ending before the next run. Then the move is
+run to its end.
 
 At the end, in each shard's own tables and the participants' ledgers: every saga started
 ended as its input says (nothing lost), every command was applied once (nothing
@@ -142,11 +143,14 @@ class Steps:
     async def through(self) -> None:
         for n, point in enumerate(MOVE_CRASH_POINTS):
             self.at[f"{point} begun"] = _now()
-            killed = await _move(self.run, point)
+            # The engine dies as the move's run starts, and recovers its partitions while
+            # the run does its step (and the steps before it again, found done).
+            killed, _ = await asyncio.gather(
+                _move(self.run, point), self.kill_engine(n, point.removeprefix("move_"))
+            )
             assert killed.returncode == -9, (point, killed.stdout, killed.stderr)
             assert f"crash point {point} reached" in killed.stderr, killed.stderr
             self.at[point] = _now()
-            await self.kill_engine(n, point.removeprefix("move_"))
         done = await _move(self.run)
         assert done.returncode == 0, done.stdout + done.stderr
         self.at["done"] = _now()
