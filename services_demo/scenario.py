@@ -33,7 +33,7 @@ and after, checked to the unit: nothing leaked, nothing was applied twice. Every
 expectation is checked; the exit status is 0 only if all of them held.
 
 With ``--shards`` (``make demo-shards``) the engine's store is on two shards, on two
-Postgres clusters (services_demo/shard_move.py): while the first orders run, ``saga shard
+Postgres clusters (services_demo/shard_move.py): while the fourth order runs, ``saga shard
 move`` moves the inbox partition of a saga in flight to the other shard, and at the end
 every saga's history is read through the admin API and replayed, and the moved range's
 sagas are in the target shard only.
@@ -652,18 +652,18 @@ async def _label(demo: Demo, placed: Placed) -> dict[str, Any]:
 
 async def run_scenarios(demo: Demo, shards: ShardMove | None = None) -> list[Placed]:
     """Every scenario in order, then the books: returns the orders placed, all checked.
-    ``shards``: the store is sharded; a range moves while the first orders run, and every
+    ``shards``: the store is sharded; a range moves while the fourth order runs, and every
     saga's history is read through the admin API at the end."""
     before = await demo.snapshot()
     unapproved = await start_unapproved(demo)
-    if shards is not None:
-        await shards.start(unapproved)  # the range of a saga that waits: in flight
     succeeded = await order_succeeds(demo)
-    if shards is not None:
-        await shards.finish()
     await insufficient_credit(demo)
     await shipping_fails(demo)
-    await fraud_refuses(demo)
+    if shards is not None:
+        await shards.start(unapproved)  # the range of a saga that waits: in flight
+    await fraud_refuses(demo)  # while the range moves
+    if shards is not None:
+        await shards.finish()
     by_kafka = await kafka_trigger(demo)
     await approved_by_signal(demo)
     await crash_and_recover(demo)
@@ -697,6 +697,13 @@ def where_to_look(demo: Demo) -> None:
         f"                      SELECT seq, kind, data FROM {t.engine_schema}.saga_events "
         f"WHERE saga_id = '{example}' ORDER BY seq;"
     )
+    if t.shards:
+        say(
+            f"  past one database   the sagas' tables are in each shard's database (schema "
+            f"{t.engine_schema}): "
+            + ", ".join(f"{sh['name']} {sh['dsn'].rsplit('@', 1)[-1]}" for sh in t.shards)
+            + "; `saga shard status` with the engine's settings"
+        )
     if t.service_schemas:
         say(f"  the services' data  schemas {', '.join(t.service_schemas)} (one per service)")
     say(f"  Kafka               {prefix}.inbox, {prefix}.cmd.*, {t.orders_topic}, {prefix}.dlq")

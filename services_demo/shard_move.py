@@ -65,7 +65,10 @@ class ShardMove:
         self.partition = self.partition_of(in_flight.saga_id)
         self.source = self._shard_of(self.partition)
         self.target = next(s.name for s in self.config.shards if s.name != self.source)
-        on_it = [p for p in self.demo.placed if self.partition_of(p.saga_id) == self.partition]
+        found = await self.demo.on_saga_dbs(
+            "SELECT saga_id, saga_type, status FROM {schema}.sagas ORDER BY saga_id"
+        )
+        on_it = [r for r in found[self.source] if self.partition_of(r["saga_id"]) == self.partition]
         say()
         say(
             f"  past one database: shards {', '.join(f'{s.name} ({s.partitions})' for s in self.config.shards)}"
@@ -73,10 +76,13 @@ class ShardMove:
         )
         say(
             f"  moving inbox partition {self.partition} from shard {self.source} to "
-            f"{self.target} while the scenario runs; the scenario's sagas on it so far:"
+            f"{self.target} while the scenario runs (that of the order nobody approves, "
+            f"which waits); the {len(on_it)} saga(s) on it so far:"
         )
-        for p in on_it:
-            say(f"    {p.saga_id} ({p.label}, in flight)")
+        labels = {p.saga_id: p.label for p in self.demo.placed}
+        for r in on_it:
+            label = labels.get(r["saga_id"], "a child")
+            say(f"    {r['saga_id']} ({r['saga_type']}, {label}: {r['status']})")
         await self.status("before the move")
         say(
             f"  saga shard move --partitions {self.partition} --to {self.target} (in the background)"
@@ -108,8 +114,13 @@ class ShardMove:
             f"    took {report['seconds']:.2f}s; the range was paused {report['paused_s']:.2f}s "
             "(its sagas' writes refused and retried meanwhile; the other partitions went on)"
         )
-        rows = ", ".join(f"{table} {n}" for table, n in report["rows"].items() if n)
-        say(f"    rows: {rows or 'none'}; the shard map is at epoch {report['epoch']}")
+        copied = [f"{t} {n}" for t, n in report["rows"].items() if n and " " not in t]
+        deleted = [
+            f"{t.rsplit(': ', 1)[-1]} {n}" for t, n in report["rows"].items() if n and " " in t
+        ]
+        say(f"    rows copied: {', '.join(copied) or 'none'}")
+        say(f"    rows deleted from {self.source} after the commit: {', '.join(deleted) or 'none'}")
+        say(f"    the shard map is at epoch {report['epoch']}")
         check(
             report["outcome"] == "moved" and report["to"] == self.target,
             f"partition {self.partition} moved to shard {self.target}",
