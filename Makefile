@@ -21,10 +21,11 @@ PYTEST_WORKERS ?= 2
 # above SAGA_DEV_PG_PORT (scripts/devstack.py). `make up`, `make demo` start one.
 TEST_PG_CLUSTERS ?= 3
 
-.PHONY: help venv up down status env tools test lint typecheck pytest demo demo-up bench bench-shards clean distclean
+.PHONY: help venv up down status env tools test lint typecheck pytest demo demo-shards demo-up bench bench-shards clean distclean
 
 help:
 	@echo "make demo    run the end-to-end demo on real Postgres and Kafka"
+	@echo "make demo-shards the same on two shards, a range moved while it runs"
 	@echo "make demo-up start the engine and the demo services and leave them running (Ctrl-C)"
 	@echo "make test    lint, type-check and run the whole test suite on real servers"
 	@echo "make up      start Postgres and Kafka (idempotent) and print SAGA_* settings"
@@ -79,6 +80,11 @@ pytest: venv
 # services, runs every scenario, stops what it started; exits 0 only if all held.
 demo: venv
 	@$(DEVSTACK) run -- $(PY) -m services_demo.scenario
+
+# The same scenario with the engine's store on two shards (a second Postgres cluster),
+# and a range of inbox partitions moved while it runs.
+demo-shards: venv
+	@SAGA_DEV_PG_CLUSTERS=2 $(DEVSTACK) run -- $(PY) -m services_demo.scenario --shards
 
 # The same services, left running for you to explore (Postgres and Kafka stay up after
 # Ctrl-C: `make down` stops them).

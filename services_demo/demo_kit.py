@@ -38,7 +38,8 @@ from saga_engine.events import (
     TimerStarted,
 )
 from saga_engine.settings import CodecSettings, KafkaSettings, PostgresSettings
-from saga_engine.store import PostgresEventStore
+from saga_engine.store import EventStore
+from saga_engine.store._connect import connect_event_store
 from services_demo.config import PRICES, SERVICES
 from services_demo.run import DemoStack
 
@@ -134,6 +135,22 @@ class Target:
     admin_url: str | None = None
     #: The stack's payload codec (payloads by reference): to read its histories.
     codec: CodecSettings = field(default_factory=CodecSettings)
+    #: Past one database (``make demo-shards``): the shards as ``SAGA_PG__SHARDS`` names
+    #: them (name, partitions, dsn); the control database is ``engine_dsn``'s. Empty:
+    #: the engine's store is ``engine_dsn``'s database.
+    shards: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def pg(self) -> PostgresSettings:
+        """The engine's store, as the engine has it (one database, or the shards)."""
+        shards = self.shards
+        return PostgresSettings.model_validate(
+            {
+                "dsn": self.engine_dsn,
+                "db_schema": self.engine_schema,
+                **({"shards": shards, "control_dsn": self.engine_dsn} if shards else {}),
+            }
+        )
 
     @property
     def trigger_group(self) -> str:
@@ -152,6 +169,7 @@ class Target:
             service_schemas=tuple(c.schema(s) for s in SERVICES),
             admin_url=c.admin_url,
             codec=c.codec,
+            shards=c.shard_list,
         )
 
 
@@ -193,8 +211,10 @@ class Demo:
         self._stack = contextlib.AsyncExitStack()
         self.http: httpx.AsyncClient
         self.db: asyncpg.Connection[asyncpg.Record]
+        #: The databases of the engine's sagas: ``db`` alone, or each shard's.
+        self.saga_dbs: dict[str, asyncpg.Connection[asyncpg.Record]] = {}
         self.client: SagaClient
-        self.store: PostgresEventStore
+        self.store: EventStore
         self.producer: AIOKafkaProducer
         self.fraud_flaky = False
 
@@ -211,14 +231,19 @@ class Demo:
         self.http = await s.enter_async_context(httpx.AsyncClient(timeout=10.0))
         self.db = await asyncpg.connect(self.target.engine_dsn)
         s.push_async_callback(self.db.close)
-        settings = Settings(
-            pg=PostgresSettings(dsn=self.target.engine_dsn, db_schema=self.target.engine_schema),
-            kafka=self.target.kafka,
-            codec=self.target.codec,
-        )
-        # Histories read as the engine wrote them: payloads by reference resolved.
-        self.store = await PostgresEventStore.connect(
-            settings.pg.model_copy(update={"pool_min_size": 1, "pool_max_size": 2}),
+        self.saga_dbs = {"": self.db}
+        if self.target.shards:
+            self.saga_dbs = {}
+            for shard in self.target.shards:
+                name = shard["name"]
+                self.saga_dbs[name] = await asyncpg.connect(shard["dsn"])
+                s.push_async_callback(self.saga_dbs[name].close)
+        settings = Settings(pg=self.target.pg, kafka=self.target.kafka, codec=self.target.codec)
+        # Histories read as the engine wrote them (payloads by reference resolved), from
+        # each saga's shard by the map in force when there are shards.
+        self.store = await connect_event_store(
+            settings,
+            pg=settings.pg.model_copy(update={"pool_min_size": 1, "pool_max_size": 2}),
             codec=CodecChain.from_settings(settings.codec),
         )
         s.push_async_callback(self.store.close)
@@ -335,12 +360,23 @@ class Demo:
 
     # ------------------------------------------------------------------ the engine's tables
 
-    async def saga_row(self, saga_id: str) -> asyncpg.Record | None:
-        return await self.db.fetchrow(
-            f'SELECT status, current_step, error FROM "{self.target.engine_schema}".sagas '
-            "WHERE saga_id = $1",
-            saga_id,
-        )
+    async def saga_row(self, saga_id: str) -> dict[str, Any] | None:
+        """The saga's status, current step and error, from its database (its shard)."""
+        try:
+            record = await self.store.get(saga_id)
+        except SagaNotFound:
+            return None
+        return {
+            "status": record.status.value,
+            "current_step": record.current_step,
+            "error": record.error,
+        }
+
+    async def on_saga_dbs(self, sql: str, *args: Any) -> dict[str, list[asyncpg.Record]]:
+        """``sql`` (on the engine's schema: ``{schema}`` in it) in every database of the
+        engine's sagas (one, or each shard): the rows of each."""
+        sql = sql.format(schema=f'"{self.target.engine_schema}"')
+        return {name: await db.fetch(sql, *args) for name, db in self.saga_dbs.items()}
 
     async def history(self, saga_id: str) -> list[Event]:
         try:

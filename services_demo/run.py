@@ -44,6 +44,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
@@ -77,6 +78,25 @@ class StackError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class DemoShard:
+    """A shard of the engine's store (``SAGA_PG__SHARDS``): a database of its own, made
+    for the stack on ``server`` (the address of any database of that Postgres cluster)."""
+
+    name: str
+    partitions: str  # "0-1"
+    server: str
+
+    def dsn(self, namespace: str) -> str:
+        return with_database(self.server, f"{namespace}_{self.name}")
+
+
+def with_database(dsn: str, database: str) -> str:
+    """``dsn`` pointed at another database of the same server."""
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+@dataclass(frozen=True)
 class StackConfig:
     """Where the stack's data and messages go; one namespace per independent stack."""
 
@@ -89,6 +109,9 @@ class StackConfig:
     partitions: int = 4
     logs: Path = field(default_factory=lambda: ROOT / ".dev" / "demo-logs")
     extra_env: tuple[tuple[str, str], ...] = ()
+    #: The engine's store past one database (``make demo-shards``): each shard a database
+    #: made for the stack; the control database is ``dsn``'s. Empty: ``dsn``'s, as ever.
+    shards: tuple[DemoShard, ...] = ()
     #: The key the engine signs its callback URLs with (``SAGA_CALLBACKS__KEYS``): a new
     #: one per stack, kept across the engine's restarts (its URLs must still verify).
     callback_key: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
@@ -116,6 +139,22 @@ class StackConfig:
     @property
     def topic_prefix(self) -> str:
         return self.namespace
+
+    @property
+    def shard_list(self) -> list[dict[str, str]]:
+        """``SAGA_PG__SHARDS``: each shard's name, partitions and database (none without)."""
+        return [
+            {"name": s.name, "partitions": s.partitions, "dsn": s.dsn(self.namespace)}
+            for s in self.shards
+        ]
+
+    @property
+    def shards_env(self) -> dict[str, str]:
+        """``SAGA_PG__SHARDS`` and ``SAGA_PG__CONTROL_DSN`` of every process (the
+        participants keep their blobs by reference in their sagas' shards), or nothing."""
+        if not self.shards:
+            return {}
+        return {"SAGA_PG__SHARDS": json.dumps(self.shard_list), "SAGA_PG__CONTROL_DSN": self.dsn}
 
     @property
     def group_id(self) -> str:
@@ -201,6 +240,7 @@ class StackConfig:
             SAGA_CODEC__BLOBS__THRESHOLD_BYTES=str(BLOB_THRESHOLD_BYTES),
             SAGA_CODEC__BLOBS__MAC_KEYS=json.dumps({"demo-1": self.blob_mac_key}),
         )
+        env.update(self.shards_env)
         if service is not None:
             env["SAGA_PARTICIPANT__DB_SCHEMA"] = self.schema(service)
         else:
@@ -447,6 +487,7 @@ class DemoStack:
         # The topics first (as the compose `topics` job does): an engine that creates the
         # trigger topic and subscribes at once may wait for Kafka's metadata to catch up.
         await create_topics(Settings(kafka=self.config.kafka), self.config.demo)
+        await self.create_shard_databases()
         # The services create their schemas themselves; they come up in parallel.
         for service in SERVICES:
             self.start_service(service)
@@ -480,14 +521,60 @@ class DemoStack:
 
     # ------------------------------------------------------------------ data
 
+    async def create_shard_databases(self) -> None:
+        """The shards' databases, one per shard on its cluster (none without shards): the
+        engine migrates them, and the control database, when it starts."""
+        for shard in self.config.shards:
+            conn = await asyncpg.connect(shard.server)
+            try:
+                await conn.execute(f'CREATE DATABASE "{self.config.namespace}_{shard.name}"')
+            finally:
+                await conn.close()
+        if self.config.shards:
+            # As an operator would before the first start (docs/operations.md): the
+            # participants read the shard map at their start, maybe before the engine's.
+            await self.migrate()
+
+    async def migrate(self) -> None:
+        """``saga migrate``: the control database and every shard."""
+        code, out, err = await self.saga_cli("migrate")
+        if code != 0:
+            raise StackError(f"saga migrate failed:\n{out}{err}")
+
+    async def saga_cli(self, *args: str) -> tuple[int, str, str]:
+        """``saga ARGS`` (the CLI, as a process) with the engine's settings: its exit
+        code, stdout and stderr."""
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "saga_engine",
+            *args,
+            cwd=ROOT,
+            env=self.config.env(None),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
     async def drop_data(self) -> None:
-        """Drops the stack's schemas and deletes its topics (after ``stop``)."""
+        """Drops the stack's schemas (and shard databases) and deletes its topics (after
+        ``stop``)."""
         conn = await asyncpg.connect(self.config.dsn)
         try:
             for schema in self.config.schemas:
                 await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         finally:
             await conn.close()
+        for shard in self.config.shards:
+            conn = await asyncpg.connect(shard.server)
+            try:
+                name = f"{self.config.namespace}_{shard.name}"
+                await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            finally:
+                await conn.close()
         admin = AIOKafkaAdminClient(bootstrap_servers=self.config.bootstrap)
         await admin.start()
         try:

@@ -3,6 +3,8 @@
     python -m services_demo.scenario            # starts the engine and the services itself
     python -m services_demo.scenario --external # against a running stack (SAGA_* settings)
     python -m services_demo.scenario --compose  # against `docker compose up --build --wait`
+    python -m services_demo.scenario --shards   # the store on two shards, a range moved
+                                                # while it runs (`make demo-shards`)
 
 It places orders over HTTP and through Kafka and prints what happens and where to look:
 
@@ -29,6 +31,12 @@ It places orders over HTTP and through Kafka and prints what happens and where t
 Then each saga's final status and history summary, and the balances and stock before
 and after, checked to the unit: nothing leaked, nothing was applied twice. Every
 expectation is checked; the exit status is 0 only if all of them held.
+
+With ``--shards`` (``make demo-shards``) the engine's store is on two shards, on two
+Postgres clusters (services_demo/shard_move.py): while the fourth order runs, ``saga shard
+move`` moves the inbox partition of a saga in flight to the other shard, and at the end
+every saga's history is read through the admin API and replayed, and the moved range's
+sagas are in the target shard only.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import dataclasses
 import os
 import sys
 import time
@@ -75,8 +84,9 @@ from services_demo.demo_kit import (
     say,
     summarize,
 )
-from services_demo.run import DemoStack, StackConfig, StackError, free_base_port
+from services_demo.run import DemoShard, DemoStack, StackConfig, StackError, free_base_port
 from services_demo.sagas import Checkout, Fulfilment, fulfilment_key
+from services_demo.shard_move import ShardMove
 
 
 def heading(number: str, title: str) -> None:
@@ -229,10 +239,11 @@ async def kafka_trigger(demo: Demo) -> Placed:
         "the engine to consume every trigger message",
         lambda: _caught_up(demo),
     )
-    count = await demo.db.fetchval(
-        f'SELECT count(*) FROM "{demo.target.engine_schema}".sagas WHERE idempotency_key = $1',
+    found = await demo.on_saga_dbs(
+        "SELECT count(*) AS n FROM {schema}.sagas WHERE idempotency_key = $1",
         f"order-{order_id}",
     )
+    count = sum(rows[0]["n"] for rows in found.values())
     check(count == 1, "both copies consumed, one saga: its id derives from the idempotency key")
     held = await demo.reservations("dave")
     check(order_id in held, "one credit reservation for the order", quiet=True)
@@ -607,14 +618,13 @@ async def invoice_by_reference(demo: Demo, saga_id: str, invoice_id: str, pdf: s
         and invoice_id.encode() in document[:200],
         f"the invoice's PDF ({len(document) // 1024} KiB) reached the saga whole",
     )
-    engine = demo.target.engine_schema
-    refs = await demo.db.fetchval(
-        f'SELECT count(*) FROM "{engine}".saga_blob_refs WHERE saga_id = $1', saga_id
-    )
-    longest = await demo.db.fetchval(
-        f'SELECT max(length(data::text)) FROM "{engine}".saga_events WHERE saga_id = $1',
+    found = await demo.on_saga_dbs(
+        "SELECT (SELECT count(*) FROM {schema}.saga_blob_refs WHERE saga_id = $1) AS refs, "
+        "(SELECT max(length(data::text)) FROM {schema}.saga_events WHERE saga_id = $1) AS longest",
         saga_id,
     )
+    refs = sum(rows[0]["refs"] for rows in found.values())
+    longest = max((rows[0]["longest"] or 0) for rows in found.values())
     check(
         refs >= 1 and longest < BLOB_THRESHOLD_BYTES,
         f"  by reference: the reply and the history hold references to {refs} blob(s), "
@@ -640,14 +650,20 @@ async def _label(demo: Demo, placed: Placed) -> dict[str, Any]:
     return await demo.get_json("shipping", f"/labels/{placed.order_id}")
 
 
-async def run_scenarios(demo: Demo) -> list[Placed]:
-    """Every scenario in order, then the books: returns the orders placed, all checked."""
+async def run_scenarios(demo: Demo, shards: ShardMove | None = None) -> list[Placed]:
+    """Every scenario in order, then the books: returns the orders placed, all checked.
+    ``shards``: the store is sharded; a range moves while the fourth order runs, and every
+    saga's history is read through the admin API at the end."""
     before = await demo.snapshot()
     unapproved = await start_unapproved(demo)
     succeeded = await order_succeeds(demo)
     await insufficient_credit(demo)
     await shipping_fails(demo)
-    await fraud_refuses(demo)
+    if shards is not None:
+        await shards.start(unapproved)  # the range of a saga that waits: in flight
+    await fraud_refuses(demo)  # while the range moves
+    if shards is not None:
+        await shards.finish()
     by_kafka = await kafka_trigger(demo)
     await approved_by_signal(demo)
     await crash_and_recover(demo)
@@ -660,6 +676,9 @@ async def run_scenarios(demo: Demo) -> list[Placed]:
     after = await demo.snapshot()
     report(demo, before, after)
     await check_books(demo, before, after)
+    if shards is not None:
+        heading("", "Past one database: every saga's history, and where it lives")
+        await shards.check_histories()
     where_to_look(demo)
     return demo.placed
 
@@ -678,6 +697,13 @@ def where_to_look(demo: Demo) -> None:
         f"                      SELECT seq, kind, data FROM {t.engine_schema}.saga_events "
         f"WHERE saga_id = '{example}' ORDER BY seq;"
     )
+    if t.shards:
+        say(
+            f"  past one database   the sagas' tables are in each shard's database (schema "
+            f"{t.engine_schema}): "
+            + ", ".join(f"{sh['name']} {sh['dsn'].rsplit('@', 1)[-1]}" for sh in t.shards)
+            + "; `saga shard status` with the engine's settings"
+        )
     if t.service_schemas:
         say(f"  the services' data  schemas {', '.join(t.service_schemas)} (one per service)")
     say(f"  Kafka               {prefix}.inbox, {prefix}.cmd.*, {t.orders_topic}, {prefix}.dlq")
@@ -737,17 +763,35 @@ async def check_books(demo: Demo, before: Snapshot, after: Snapshot) -> None:
 # --------------------------------------------------------------------------- main
 
 
-def _local_config() -> StackConfig:
+def _local_config(sharded: bool) -> StackConfig:
     port = os.environ.get("SAGA_DEMO_BASE_PORT")
-    return StackConfig.from_env(
+    config = StackConfig.from_env(
         f"demo_{uuid.uuid4().hex[:6]}",
         base_port=int(port) if port else free_base_port(),
         approval_timeout_s=float(os.environ.get("SAGA_DEMO_APPROVAL_TIMEOUT_S", "30")),
     )
+    if not sharded:
+        return config
+    second = [d for d in os.environ.get("SAGA_DEV_PG_SHARD_DSNS", "").split(",") if d]
+    if not second:
+        raise StackError(
+            "--shards needs a second Postgres cluster: run `make demo-shards`, or name one "
+            "in SAGA_DEV_PG_SHARD_DSNS (`SAGA_DEV_PG_CLUSTERS=2 make up` prints it)"
+        )
+    half = config.partitions // 2
+    shards = (
+        DemoShard("a", f"0-{half - 1}", config.dsn),
+        DemoShard("b", f"{half}-{config.partitions - 1}", second[0]),
+    )
+    return dataclasses.replace(config, shards=shards)
 
 
-async def _main_local(keep: bool) -> int:
-    config = _local_config()
+async def _main_local(keep: bool, sharded: bool = False) -> int:
+    try:
+        config = _local_config(sharded)
+    except StackError as exc:
+        say(f"error: {exc}")
+        return 2
     stack = DemoStack(config)
     t0 = time.monotonic()
     say("saga-engine demo: a checkout saga across five services, over Kafka and HTTP")
@@ -765,7 +809,7 @@ async def _main_local(keep: bool) -> int:
         async with Demo(
             Target.of_stack(stack), approval_timeout_s=config.approval_timeout_s
         ) as demo:
-            await run_scenarios(demo)
+            await run_scenarios(demo, ShardMove(demo, stack) if sharded else None)
         ok = True
     except (DemoFailed, StackError) as exc:
         say(f"\nFAILED: {exc}")
@@ -836,7 +880,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="external, against `docker compose up` (its settings and `docker compose kill`)",
     )
+    parser.add_argument(
+        "--shards",
+        action="store_true",
+        help="the engine's store on two shards (two Postgres clusters: SAGA_DEV_PG_SHARD_DSNS), "
+        "a range moved while the scenario runs (`make demo-shards`)",
+    )
     args = parser.parse_args(argv)
+    if args.shards and (args.compose or args.external):
+        parser.error("--shards starts its own stack: not with --external or --compose")
     if args.compose:
         for key, value in COMPOSE_ENV.items():
             os.environ.setdefault(key, value)
@@ -848,7 +900,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.external:
         return asyncio.run(_main_external(args.engine_kill_cmd, args.engine_start_cmd))
-    return asyncio.run(_main_local(args.keep))
+    return asyncio.run(_main_local(args.keep, args.shards))
 
 
 if __name__ == "__main__":

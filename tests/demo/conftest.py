@@ -20,11 +20,9 @@ from tests.conftest import PgTarget
 APPROVAL_TIMEOUT_S = 20.0
 
 
-@pytest.fixture
-async def stack(
-    pg: PgTarget, kafka_bootstrap: str, unique_id: str, tmp_path: Path
-) -> AsyncIterator[DemoStack]:
-    config = StackConfig(
+def stack_config(pg: PgTarget, kafka_bootstrap: str, unique_id: str, tmp_path: Path) -> StackConfig:
+    """A test's stack: its ``pg`` schema for the engine, its names, free ports."""
+    return StackConfig(
         dsn=pg.database_dsn,
         bootstrap=kafka_bootstrap,
         namespace=f"t{unique_id}",
@@ -33,7 +31,13 @@ async def stack(
         approval_timeout_s=APPROVAL_TIMEOUT_S,
         logs=tmp_path,
     )
-    demo_stack = DemoStack(config)
+
+
+@pytest.fixture
+async def stack(
+    pg: PgTarget, kafka_bootstrap: str, unique_id: str, tmp_path: Path
+) -> AsyncIterator[DemoStack]:
+    demo_stack = DemoStack(stack_config(pg, kafka_bootstrap, unique_id, tmp_path))
     try:
         await demo_stack.start()
         yield demo_stack

@@ -37,6 +37,18 @@ EXPECTED = {
     "cancelled before payment": ("rejected", "compensated", "cancelled by the customer"),
 }
 
+#: (saga type, status) -> how many sagas the scenario leaves: the checkouts, their
+#: shipments (child sagas), the nightly reconciliation and the two fulfilments.
+SAGAS = {
+    ("checkout", "completed"): 6,
+    ("checkout", "compensated"): 5,
+    ("shipment", "completed"): 6,
+    ("shipment", "failed"): 1,
+    ("reconciliation", "completed"): 1,
+    ("fulfilment", "completed"): 1,
+    ("fulfilment", "compensated"): 1,
+}
+
 
 async def test_every_scenario_ends_as_expected_and_nothing_leaks(demo: Demo) -> None:
     placed = {p.label: p for p in await run_scenarios(demo)}
@@ -88,15 +100,7 @@ async def test_every_scenario_ends_as_expected_and_nothing_leaks(demo: Demo) -> 
     # The checkouts, their shipments (child sagas: one per checkout that got that far; the
     # carrier refused one), the nightly reconciliation its schedule's trigger started, and
     # the two fulfilments (graph sagas).
-    assert {(r["saga_type"], r["status"]): r["n"] for r in statuses} == {
-        ("checkout", "completed"): 6,
-        ("checkout", "compensated"): 5,
-        ("shipment", "completed"): 6,
-        ("shipment", "failed"): 1,
-        ("reconciliation", "completed"): 1,
-        ("fulfilment", "completed"): 1,
-        ("fulfilment", "compensated"): 1,
-    }
+    assert {(r["saga_type"], r["status"]): r["n"] for r in statuses} == SAGAS
 
 
 async def _fulfilment_checks(demo: Demo) -> None:
