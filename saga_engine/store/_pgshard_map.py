@@ -13,15 +13,15 @@ pool serves, with or without the event store's jsonb codec.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import asyncpg
 
-from saga_engine.kernel._errors import ShardMapError
+from saga_engine.kernel._errors import ShardMapError, StoreUnavailable
 from saga_engine.kernel._serde import dumps, loads
 from saga_engine.kernel._shards import ShardMap
 from saga_engine.store._pgbase import _unavailable_as_transient
@@ -55,6 +55,23 @@ def _stored(row: asyncpg.Record) -> StoredShardMap:
     return StoredShardMap(shard_map, row["written_at"], moving)
 
 
+@contextmanager
+def _control_unavailable() -> Iterator[None]:
+    """Connection trouble as ``StoreUnavailable`` (``_pgbase``), and a control database
+    whose migrations have not run yet as well: a participant or a second engine started
+    at the same moment as the first engine reads the map before that engine's start has
+    migrated the control database; they wait for it (retried as any unreachable
+    dependency at start) instead of failing."""
+    try:
+        with _unavailable_as_transient():
+            yield
+    except asyncpg.UndefinedTableError as exc:
+        raise StoreUnavailable(
+            "the control database has no shard_map table yet: its migrations have not run "
+            "(an engine's start runs them, or `saga migrate`)"
+        ) from exc
+
+
 class PostgresShardMapStore:
     """The shard map of the control database, over a pool whose connections resolve the
     engine's schema (the ``search_path`` the event store's pool sets)."""
@@ -84,7 +101,7 @@ class PostgresShardMapStore:
 
     async def current(self) -> StoredShardMap | None:
         """The highest epoch's row, or None before the first start seeded one."""
-        with _unavailable_as_transient():
+        with _control_unavailable():
             async with self._pool.acquire() as conn:
                 row = await conn.fetchrow(_CURRENT)
         return None if row is None else _stored(row)
@@ -92,7 +109,7 @@ class PostgresShardMapStore:
     async def epoch(self) -> int | None:
         """The epoch in force (a cheap read, to learn whether the map changed), or None
         before the first start seeded one."""
-        with _unavailable_as_transient():
+        with _control_unavailable():
             async with self._pool.acquire() as conn:
                 found: int | None = await conn.fetchval("SELECT max(epoch) FROM shard_map")
         return found
@@ -111,7 +128,7 @@ class PostgresShardMapStore:
         another number of partitions than ``SAGA_KAFKA__PARTITIONS``, is a
         ``ShardMapError`` naming it. Safe to call from several engines at once."""
         first = ShardMap(epoch=1, names=settings_map.names, owners=settings_map.owners)
-        with _unavailable_as_transient():
+        with _control_unavailable():
             async with self._pool.acquire() as conn:
                 await conn.execute(
                     "INSERT INTO shard_map (epoch, map) VALUES (1, $1::text::jsonb) "
@@ -135,7 +152,7 @@ class PostgresShardMapStore:
                 f"the map after epoch {expected_epoch} is epoch {expected_epoch + 1}, "
                 f"not {new_map.epoch}: build it with ShardMap.moved"
             )
-        with _unavailable_as_transient():
+        with _control_unavailable():
             async with self._pool.acquire() as conn:
                 written = await conn.fetchval(
                     "INSERT INTO shard_map (epoch, map, moving) "
@@ -162,7 +179,7 @@ class PostgresShardMapStore:
         """Sets the move under way of the current map (``None``: clears it) if the map is
         still at ``epoch`` and its move is still ``expected`` (``None``: no move); False
         when either changed (another writer: read the map again)."""
-        with _unavailable_as_transient():
+        with _control_unavailable():
             async with self._pool.acquire() as conn:
                 written = await conn.fetchval(
                     "UPDATE shard_map SET moving = $2::text::jsonb WHERE epoch = $1 "

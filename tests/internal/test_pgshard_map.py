@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from saga_engine.kernel._errors import ShardMapError
+from saga_engine.kernel._errors import ShardMapError, StoreUnavailable
 from saga_engine.kernel._shards import ShardMap
 from saga_engine.store._migrations import migrate
 from saga_engine.store._pgshard_map import PostgresShardMapStore
@@ -148,3 +148,17 @@ async def test_a_hand_edited_epoch_is_refused(maps: PostgresShardMapStore, pg: P
         await conn.close()
     with pytest.raises(ShardMapError, match="of epoch 5 says epoch 1"):
         await maps.load()
+
+
+async def test_a_control_database_not_migrated_yet_is_waited_for_not_a_failure(
+    pg: PgTarget,
+) -> None:
+    # A participant (or a second engine) started with the first engine reads the map
+    # before that engine's start migrated the control database: a retryable error.
+    async with PostgresShardMapStore.opened(pg.database_dsn, pg.schema) as early:
+        with pytest.raises(StoreUnavailable, match="migrations have not run"):
+            await early.seed(SETTINGS_MAP)
+        with pytest.raises(StoreUnavailable, match="migrations have not run"):
+            await early.epoch()
+        await migrate(pg.database_dsn, pg.schema)
+        assert await early.seed(SETTINGS_MAP) == SETTINGS_MAP
