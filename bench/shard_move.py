@@ -16,7 +16,8 @@ Kafka. One run:
    engine records them, one row per decision (started and the first command; each reply
    and the next command; the last reply and the end), two thirds finished and the rest
    open at one of their steps; every tenth open saga queued on a concurrency key. No
-   blobs (payloads are small);
+   blobs (payloads are small). Then ``VACUUM ANALYZE`` of its tables (as autovacuum
+   leaves a range that has lived a while: else the first move pays for it);
 3. the ceiling: the range's rows of each per-saga table read with one binary ``COPY``
    from cluster 1 and written with one into a copy of the table (its indexes too) on
    cluster 2: what any move of these rows costs at least;
@@ -45,7 +46,15 @@ from typing import Any
 import asyncpg
 
 from bench.e2e import BenchError, machine, say
-from bench.shards import Cluster, cluster_processes, find_cluster, second_cluster, with_database
+from bench.shards import (
+    Cluster,
+    add_second_cluster,
+    cluster_processes,
+    fill_defaults,
+    find_cluster,
+    second_cluster,
+    with_database,
+)
 from saga_engine import SagaStatus, Settings
 from saga_engine.events import CommandIssued, Event, ReplyReceived, SagaCompleted, SagaStarted
 from saga_engine.kernel._partitioning import partition_for
@@ -322,6 +331,10 @@ async def measure(args: argparse.Namespace, a: str, b: str, clusters: Sequence[C
     conns = [await asyncpg.connect(dsn, server_settings={"search_path": SCHEMA}) for dsn in (a, b)]
     try:
         written: dict[str, Any] = {"on_a": await counts(conns[0])}
+        t0 = time.monotonic()
+        for table in COUNTED:  # as autovacuum leaves a live range: the first move no slower
+            await conns[0].execute(f"VACUUM ANALYZE {table}")
+        written["vacuum_s"] = round(time.monotonic() - t0, 1)
         bound = await ceiling(conns[0], conns[1], inside)
         say(f"ceiling: {bound['seconds']} s ({bound['read_s']} s out, {bound['write_s']} s in)")
         moves = []
@@ -406,16 +419,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="5,000 sagas, one move")
     ap.add_argument("--partitions", type=int, default=8, help="inbox partitions (half move)")
     ap.add_argument("--at-once", type=int, default=1000, help="sagas written at once")
-    ap.add_argument(
-        "--second-cluster",
-        help="a database of the second cluster (default: the first of SAGA_DEV_PG_SHARD_DSNS)",
-    )
+    add_second_cluster(ap)
     ap.add_argument("--keep", action="store_true", help="keep the run's databases")
     ap.add_argument("--json-out", type=Path, help="also write the JSON result to this file")
     args = ap.parse_args(argv)
-    for name, default in DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, QUICK[name] if args.quick else default)
+    fill_defaults(args, DEFAULTS, QUICK)
     if args.others is None:
         args.others = args.sagas // 10
     if args.sagas < 1 or args.others < 0 or args.at_once < 1:
