@@ -21,7 +21,7 @@ PYTEST_WORKERS ?= 2
 # above SAGA_DEV_PG_PORT (scripts/devstack.py). `make up`, `make demo` start one.
 TEST_PG_CLUSTERS ?= 3
 
-.PHONY: help venv up down status env tools test lint typecheck pytest demo demo-shards demo-up bench bench-shards clean distclean
+.PHONY: help venv up down status env tools test lint typecheck pytest demo demo-shards demo-up bench bench-shards bench-shard-move clean distclean
 
 help:
 	@echo "make demo    run the end-to-end demo on real Postgres and Kafka"
@@ -99,6 +99,10 @@ bench: venv
 # One Postgres cluster against two (a sharded store), on a second cluster of the stack.
 bench-shards: venv
 	@SAGA_DEV_PG_CLUSTERS=2 $(DEVSTACK) run -- $(PY) -m bench.shards $(BENCH_ARGS)
+
+# The move of a range of 100,000 sagas from one cluster to another (saga shard move).
+bench-shard-move: venv
+	@SAGA_DEV_PG_CLUSTERS=2 $(DEVSTACK) run -- $(PY) -m bench.shard_move $(BENCH_ARGS)
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -565,7 +565,7 @@ async def bench(args: argparse.Namespace, res: Resources, procs: Processes, logs
         "layout": layouts,
         **summarize(rounds),
         "not_measured": "the time a move of a range of 100,000 sagas takes, and how long "
-        "its partitions are paused: it comes with the move (`saga shard move`), not built yet",
+        "its partitions are paused: bench/shard_move.py",
         "settings": {
             "in_flight": args.in_flight,
             "load_seconds": args.load_seconds,
@@ -581,6 +581,24 @@ async def bench(args: argparse.Namespace, res: Resources, procs: Processes, logs
     }
 
 
+def add_second_cluster(ap: argparse.ArgumentParser) -> None:
+    """The option naming the second cluster (``second_cluster`` reads it)."""
+    ap.add_argument(
+        "--second-cluster",
+        help="a database of the second cluster (default: the first of SAGA_DEV_PG_SHARD_DSNS)",
+    )
+
+
+def fill_defaults(
+    args: argparse.Namespace, defaults: dict[str, Any], quick: dict[str, Any]
+) -> None:
+    """Each option of ``defaults`` not given: its ``quick`` value with ``--quick``, else its
+    default."""
+    for name, default in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick[name] if args.quick else default)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.shards", description=__doc__.split("\n")[0])
     ap.add_argument("--in-flight", type=int, default=512, help="sagas kept unfinished")
@@ -590,10 +608,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     ap.add_argument("--quick", action="store_true", help="5 s loads, one round, 5 probe sagas")
     ap.add_argument("--partitions", type=int, default=8, help="inbox partitions (halved)")
-    ap.add_argument(
-        "--second-cluster",
-        help="a database of the second cluster (default: the first of SAGA_DEV_PG_SHARD_DSNS)",
-    )
+    add_second_cluster(ap)
     ap.add_argument("--warmup", type=int, default=20, help="sagas run before measuring")
     ap.add_argument("--probe", type=int, help="sagas one at a time (default 20, --quick 5)")
     ap.add_argument("--idle-seconds", type=float, default=2.0)
@@ -605,9 +620,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--keep", action="store_true", help="keep schemas, databases, topics, logs")
     ap.add_argument("--json-out", type=Path, help="also write the JSON result to this file")
     args = ap.parse_args(argv)
-    for name, default in DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, QUICK[name] if args.quick else default)
+    fill_defaults(args, DEFAULTS, QUICK)
     if args.load_seconds <= 0:
         ap.error("--load-seconds must be positive")
     if args.rounds < 1 or args.in_flight < 1:
