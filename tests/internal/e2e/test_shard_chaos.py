@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -192,6 +192,31 @@ class Outage:
 
 def _ended_between(rows: Rows, after: datetime, until: datetime) -> int:
     return sum(1 for _, ended in rows.values() if ended is not None and after < ended <= until)
+
+
+async def settled_in_their_shards(
+    read: Callable[[], Awaitable[dict[str, Rows]]],
+    home: Callable[[str], str],
+    expected: dict[str, SagaStatus],
+    cluster: Cluster,
+    what: str,
+) -> dict[str, Rows]:
+    """Each shard's sagas (``read``) once every expected saga has ended as expected in
+    its ``home`` shard; and no shard holds another's saga."""
+    final = await eventually(
+        read,
+        until=lambda found: all(
+            found[home(i)].get(i, (None, None))[0] == want for i, want in expected.items()
+        ),
+        timeout=180,
+        interval=0.5,
+        what=what,
+        context=cluster.logs_tail,
+    )
+    for shard, rows in final.items():
+        strays = sorted(i for i in rows if home(i) != shard)
+        assert not strays, f"shard {shard} holds other shards' sagas: {strays[:5]}"
+    return final
 
 
 async def _ended(dsn: str, schema: str) -> Rows:
@@ -366,19 +391,9 @@ async def test_one_shard_down_for_30s_the_others_sagas_go_on_and_nothing_is_lost
     async def both() -> dict[str, Rows]:
         return {s: await _ended(dsn, schema) for s, dsn in dsns.items()}
 
-    final = await eventually(
-        both,
-        until=lambda found: all(
-            found[_shard(i)].get(i, (None, None))[0] == want for i, want in expected.items()
-        ),
-        timeout=180,
-        interval=0.5,
-        what="every saga started to end as its input says",
-        context=cluster.logs_tail,
+    final = await settled_in_their_shards(
+        both, _shard, expected, cluster, "every saga started to end as its input says"
     )
-    for shard, rows in final.items():
-        strays = sorted(i for i in rows if _shard(i) != shard)
-        assert not strays, f"shard {shard} holds other shards' sagas: {strays[:5]}"
     ledger = await chaos.ledger()
     _print(outage, load, final, ledger)
     _check_effects(ledger, expected)

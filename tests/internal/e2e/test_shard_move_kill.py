@@ -55,6 +55,7 @@ from tests.internal.e2e.test_shard_chaos import (
     _ended_between,
     chaos,  # noqa: F401 - the fixture
     own_clusters,  # noqa: F401 - the fixture
+    settled_in_their_shards,
 )
 from tests.waiting import eventually, scaled
 
@@ -207,19 +208,13 @@ async def test_a_move_killed_at_each_step_with_an_engine_loses_and_doubles_nothi
         i: SagaStatus.COMPENSATED if order.refuse else SagaStatus.COMPLETED
         for i, (_, order, _) in load.started.items()
     }
-    final = await eventually(
+    final = await settled_in_their_shards(
         lambda: _both(own_clusters, schema),
-        until=lambda found: all(
-            found[_home(i)].get(i, (None, None))[0] == want for i, want in expected.items()
-        ),
-        timeout=180,
-        interval=0.5,
-        what="every saga started to end as its input says, in its shard after the move",
-        context=cluster.logs_tail,
+        _home,
+        expected,
+        cluster,
+        "every saga started to end as its input says, in its shard after the move",
     )
-    for shard, rows in final.items():
-        strays = sorted(i for i in rows if _home(i) != shard)
-        assert not strays, f"shard {shard} holds sagas of another shard: {strays[:5]}"
     ledger = await chaos.ledger()
     _print(steps, load, final, len(ledger))
     _check_effects(ledger, expected)
