@@ -66,6 +66,9 @@ class ShardRouter:
         #: Where a shard that does not answer shows (``/health``: degraded, naming it),
         #: until a call to it succeeds again.
         self._health = health
+        #: The shards reported down: a call that succeeds clears only these (every
+        #: routed call passes here, so the common case is one set lookup).
+        self._reported: set[str] = set()
 
     @property
     def shard_map(self) -> ShardMap:
@@ -127,12 +130,15 @@ class ShardRouter:
             down = ShardUnavailable(name, _reason(exc))
             self._down(name, down)
             raise down from exc
-        if self._health is not None:
-            self._health.clear(f"shard:{name}")
+        if name in self._reported:
+            self._reported.discard(name)
+            if self._health is not None:
+                self._health.clear(f"shard:{name}")
         return result
 
     def _down(self, name: str, exc: ShardUnavailable) -> None:
         if self._health is not None:
+            self._reported.add(name)
             self._health.report(f"shard:{name}", f"{exc}; its sagas wait, the others go on")
 
     async def on_saga(self, saga_id: str, call: Callable[[EventStore], Awaitable[T]]) -> T:
