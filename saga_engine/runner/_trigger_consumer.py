@@ -102,12 +102,28 @@ class TriggerConsumer:
     async def stop(self) -> None:
         self._running = False
         if self._task is not None:
-            await asyncio.wait({self._task}, timeout=10)
-            if not self._task.done():
-                self._task.cancel()
+            await self._end(self._task)
         if self._watch is not None:
             await self._watch.stop()
         await self._consumer.stop()
+
+    @staticmethod
+    async def _end(task: asyncio.Task[None]) -> None:
+        """Lets the loop finish its record (ten seconds at most), then collects how it
+        ended. A record whose start request was still being retried when the stop came ends
+        the loop with that ``TransientError``: its offset was not committed, so it is read
+        again after a restart."""
+        await asyncio.wait({task}, timeout=10)
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if isinstance(exc, TransientError):
+            log.info("trigger consumer stopped while retrying a record (%s)", exc)
+        elif exc is not None:
+            log.error("trigger consumer failed", exc_info=exc)
 
     async def _loop(self) -> None:
         assert self._fetch is not None
