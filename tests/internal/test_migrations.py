@@ -73,6 +73,7 @@ PINNED = {
 # The same rule for the participant kit's migrations (saga_engine/participant/migrations).
 PINNED_PARTICIPANT = {
     1: "cff0612d825b9868ebcd4f955f765cd36a21b437cbf52095dfa198d677d93d4c",
+    2: "3159734dac79d7eed52885ec673c7f53a5bd2acca810562cb6967a327f81e1c3",
 }
 
 
@@ -515,6 +516,50 @@ async def test_0020_filters_sagas_created_before_it_by_creation_time(
     finally:
         await store.close()
     assert listed == ["new-6", "old-2", "old-3", "old-4", "old-5"]
+
+
+async def test_participant_0002_prunes_by_processing_time_through_a_brin_index(
+    pg: PgTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows answered under 0001 and after 0002 are pruned by processing time (the
+    operator's DELETE) through the BRIN index 0002 builds in place of the btree."""
+    first = shipped_migrations(package=PARTICIPANT_MIGRATIONS)[:1]
+    monkeypatch.setattr(_migrations, "shipped_migrations", lambda package: first)
+    assert await migrate(pg.database_dsn, pg.schema, package=PARTICIPANT_MIGRATIONS) == [1]
+    monkeypatch.undo()
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    insert = (
+        "INSERT INTO saga_processed_commands (command_id, saga_id, command_type, step, "
+        "outcome, reply, processed_at) VALUES ($1, 's', 'Book', 'book', 'success', '{}', $2)"
+    )
+    prune = "DELETE FROM saga_processed_commands WHERE processed_at < $1"
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        for n in range(4):
+            await conn.execute(insert, f"old-{n}", t0 + timedelta(hours=n))
+        assert await migrate(pg.database_dsn, pg.schema, package=PARTICIPANT_MIGRATIONS) == [2]
+        for n in range(4, 8):
+            await conn.execute(insert, f"new-{n}", t0 + timedelta(hours=n))
+        indexes = await conn.fetch(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = $1 "
+            "AND tablename = 'saga_processed_commands' ORDER BY indexname",
+            pg.schema,
+        )
+        async with conn.transaction():
+            await conn.execute("SET LOCAL enable_seqscan = off")
+            plan = "\n".join(
+                r[0] for r in await conn.fetch(f"EXPLAIN {prune}", t0 + timedelta(hours=6))
+            )
+        await conn.execute(prune, t0 + timedelta(hours=6))
+        left = await conn.fetch("SELECT command_id FROM saga_processed_commands ORDER BY 1")
+    finally:
+        await conn.close()
+    assert [(r["indexname"], "USING brin" in r["indexdef"]) for r in indexes] == [
+        ("saga_processed_commands_pkey", False),
+        ("saga_processed_commands_processed_at_brin", True),
+    ]
+    assert "Bitmap Index Scan on saga_processed_commands_processed_at_brin" in plan
+    assert [r["command_id"] for r in left] == ["new-6", "new-7"]
 
 
 async def test_0021_rolls_up_the_runs_an_older_engine_recorded_once(pg: PgTarget) -> None:
