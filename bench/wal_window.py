@@ -97,8 +97,8 @@ async def relations(conn: asyncpg.Connection[Any], schemas: dict[str, str]) -> d
     """Filenode -> ``<label>:<relation>`` of every
     relation of ``schemas`` (schema -> label), their TOAST tables and indexes included."""
     rows = await conn.fetch(
-        "SELECT pg_relation_filenode(c.oid)::text AS node, c.relname, n.nspname, "
-        "coalesce(owner.relname, '') AS owner "
+        "SELECT pg_relation_filenode(c.oid)::text AS node, c.relname, "
+        "coalesce(owner_ns.nspname, n.nspname) AS nspname, coalesce(owner.relname, '') AS owner "
         "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "LEFT JOIN pg_class owner ON owner.reltoastrelid = c.oid "
         "LEFT JOIN pg_namespace owner_ns ON owner_ns.oid = owner.relnamespace "
