@@ -53,6 +53,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from bench import bare
 from bench.app import PARTICIPANTS, SAGA_NAME
+from bench.wal_window import WalWindow
 from saga_engine import SagaStatus, Settings
 from saga_engine.client import SagaClient
 from saga_engine.settings import KafkaSettings, PostgresSettings
@@ -526,6 +527,8 @@ class RunConfig:
     profile_clock: str
     profile_role: str
     idle_s: float
+    #: Read the load's WAL by relation and kind (pg_walinspect): ``pg_wal_breakdown``.
+    wal_breakdown: bool = False
 
 
 def engine_config(
@@ -866,6 +869,9 @@ class PipelineRun:
                     probe_sent = await self._probe(conn, cfg.probe)
                 idle = await self._idle_cpu(cfg.idle_s)
                 await asyncio.sleep(max(0.0, PG_STATS_FLUSH_S - cfg.idle_s))
+                window = WalWindow(conn) if cfg.wal_breakdown else None
+                if window is not None:
+                    await window.open()
                 pg0 = await self._pg_counters(conn)
                 queries0 = self.driver_queries
                 stats0 = await self._stats()
@@ -886,6 +892,7 @@ class PipelineRun:
                 # Every backend's counts are in pg_stat_database a second after it idles.
                 await asyncio.sleep(PG_STATS_FLUSH_S)
                 pg1 = await self._pg_counters(conn)
+                wal = await window.read(self._wal_labels()) if window is not None else None
                 # The first counter read's statements, then every completion poll.
                 driver_xacts = self.counter_read_transactions + self.driver_queries - queries0
             finally:
@@ -904,7 +911,13 @@ class PipelineRun:
         report["sagas_started"] = len(sent)
         report["load_s"] = round(elapsed, 2)
         report["idle_cpu_fraction_of_core"] = idle
+        if wal is not None and timings["completed"]:
+            report["pg_wal_breakdown"] = wal.per_saga(timings["completed"])
         return report
+
+    def _wal_labels(self) -> dict[str, str]:
+        """The pipeline's schemas, each named as ``pg_wal_breakdown`` names it."""
+        return {self.schema: "engine", **{f"{self.schema}_{p}": p for p in PARTICIPANTS}}
 
     async def _idle_cpu(self, seconds: float) -> dict[str, float | None] | None:
         """CPU each process burns with nothing to do (consumer polling, relays, timers)."""
@@ -1385,6 +1398,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default="wall",
         help="the profiler's timer: wall clock (cheap) or process CPU time (~0.5us a call)",
     )
+    ap.add_argument(
+        "--wal-breakdown",
+        action="store_true",
+        help="read each load's WAL with pg_walinspect, by relation and record kind "
+        "(pg_wal_breakdown)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep schemas, topics and logs")
     ap.add_argument("--json-out", type=Path, help="also write the JSON result to this file")
     args = ap.parse_args(argv)
@@ -1563,6 +1582,7 @@ async def bench(args: argparse.Namespace, res: Resources, procs: Processes, logs
                 profile_clock=args.profile_clock,
                 profile_role=args.profile_role,
                 idle_s=args.idle_seconds,
+                wal_breakdown=args.wal_breakdown,
             )
             cls = EngineRun if kind == "engine" else BareRun
             result = await run_pipeline(

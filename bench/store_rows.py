@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import sys
 import uuid
 from collections import Counter
@@ -33,15 +32,13 @@ import asyncpg
 import orjson
 
 from bench.app import Transfer
+from bench.wal_window import WalCounts, WalWindow
 from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.core.runtime._start import StartRequest
 from saga_engine.runner._path_inputs import Deliver, Start
 from saga_engine.settings import Settings
 from saga_engine.store import PostgresEventStore, migrate
 from saga_engine.testing import SagaTestEnv
-
-#: The relations a WAL record touches: ``rel <tablespace>/<db>/<filenode>``.
-_BLOCK_REF = re.compile(r"rel \d+/\d+/(\d+)")
 
 
 def _statement(query: str) -> str:
@@ -55,23 +52,6 @@ def _statement(query: str) -> str:
             head.append(nxt)
             break
     return " ".join(head)[:60]
-
-
-async def _relations(conn: asyncpg.Connection[Any], schema: str) -> dict[str, str]:
-    rows = await conn.fetch(
-        "SELECT pg_relation_filenode(c.oid)::text AS node, c.relname, c.relkind "
-        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = $1 AND pg_relation_filenode(c.oid) IS NOT NULL",
-        schema,
-    )
-    return {r["node"]: r["relname"] for r in rows}
-
-
-async def _lsn(conn: asyncpg.Connection[Any]) -> str:
-    """Where the WAL is flushed to: every committed write is before it (pg_walinspect
-    reads no further)."""
-    lsn: str = await conn.fetchval("SELECT pg_current_wal_flush_lsn()::text")
-    return lsn
 
 
 def _commands(env: SagaTestEnv) -> list[OutboundCommand]:
@@ -142,36 +122,28 @@ async def _decision_rows(conn: asyncpg.Connection[Any], schema: str, sagas: int)
     decision (prototype tables in the schema)."""
     await conn.execute(f'SET search_path = "{schema}", public')
     await conn.execute(_PROTOTYPE)
-    relations = await _relations(conn, schema)
     groups = await conn.fetch(_WRITTEN)
     out: dict[str, Any] = {}
     for name, statement, table in (
         ("one_row_per_event", _COPY_EVENTS, "proto_event_rows"),
         ("one_row_per_decision", _COPY_DECISIONS, "proto_decision_rows"),
     ):
-        lsn0 = await _lsn(conn)
+        window = WalWindow(conn)
+        await window.open()
         for g in groups:
             await conn.execute(
                 statement, g["ids"], g["seqs"], g["kinds"], g["data"], g["recorded_at"]
             )
-        records = await conn.fetch(
-            "SELECT block_ref, record_length FROM "
-            "pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn)",
-            lsn0,
-            await _lsn(conn),
-        )
-        mine = [
-            r
-            for r in records
-            if any(
-                relations.get(n, "").startswith(table)
-                for n in _BLOCK_REF.findall(r["block_ref"] or "")
-            )
-        ]
+        counts = await window.read({schema: ""})
+        mine = {
+            key: cell
+            for key, cell in counts.cells.items()
+            if key[0] is not None and key[0].startswith(table)
+        }
         out[name] = {
             "rows_per_saga": round(await conn.fetchval(f"SELECT count(*) FROM {table}") / sagas, 2),
-            "wal_records_per_saga": round(len(mine) / sagas, 2),
-            "wal_bytes_per_saga": round(sum(r["record_length"] for r in mine) / sagas),
+            "wal_records_per_saga": round(sum(r for r, _b in mine.values()) / sagas, 2),
+            "wal_bytes_per_saga": round(sum(b for _r, b in mine.values()) / sagas),
         }
     return out
 
@@ -202,82 +174,42 @@ async def measure(dsn: str, sagas: int, batch: int, decision_rows: bool = False)
             await admin.execute(f'DELETE FROM "{schema}".saga_decisions')  # the prototype's input
             statements.clear()
             await admin.execute("CHECKPOINT")
-            # A temporary slot keeps the window's WAL until it is read, however much
-            # other sessions write meanwhile (it goes with this connection).
-            await admin.execute(
-                "SELECT pg_create_physical_replication_slot($1, true, true)", schema
-            )
-            lsn0 = await _lsn(admin)
+            window = WalWindow(admin)
+            await window.open()
             await _drive(env, 0, sagas, batch)
             while await store.roll_up_insights() > 0:
                 pass
-            lsn1 = await _lsn(admin)
+            counts = await window.read({schema: ""})
             completed = await admin.fetchval(
                 f"SELECT count(*) FROM \"{schema}\".sagas WHERE status = 'completed'"
             )
-            relations = await _relations(admin, schema)
             prototype = await _decision_rows(admin, schema, sagas) if decision_rows else None
-            records = await admin.fetch(
-                "SELECT resource_manager || '/' || split_part(record_type, ' ', 1) AS kind, "
-                "block_ref, record_length AS size, xid::text::int8 AS xid FROM "
-                "pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn)",
-                lsn0,
-                lsn1,
-            )
         finally:
             await env.engine.close()
             await store.close()
     finally:
         await admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         await admin.close()
-    report = _report(sagas, batch, completed - min(batch, 8), records, relations, statements)
+    report = _report(sagas, batch, completed - min(batch, 8), counts, statements)
     if prototype is not None:
         report["decision_rows_prototype"] = prototype
     return report
 
 
 def _report(
-    sagas: int,
-    batch: int,
-    completed: int,
-    records: list[asyncpg.Record],
-    relations: dict[str, str],
-    statements: Counter[str],
+    sagas: int, batch: int, completed: int, counts: WalCounts, statements: Counter[str]
 ) -> dict[str, Any]:
-    # The store's records: those that touch the schema's relations, and every other
-    # record of their transactions (their commits). The rest (another session's writes,
-    # a checkpoint) are counted apart.
-    touching = [
-        bool(relations.keys() & set(_BLOCK_REF.findall(r["block_ref"] or ""))) for r in records
-    ]
-    xids = {r["xid"] for r, t in zip(records, touching, strict=True) if t} - {0}
-    mine = [r for r, t in zip(records, touching, strict=True) if t or r["xid"] in xids]
-    kinds: Counter[str] = Counter()
-    by_relation: dict[str, Counter[str]] = {}
-    for r in mine:
-        kinds[r["kind"]] += 1
-        nodes = sorted(set(_BLOCK_REF.findall(r["block_ref"] or ""))) or ["-"]
-        name = "+".join(relations.get(n, "(other)") for n in nodes)
-        by_relation.setdefault(name, Counter())[r["kind"]] += 1
-    transactions = kinds["Transaction/COMMIT"]
-
-    def per(counter: Counter[str], unit: int) -> dict[str, float]:
-        return {k: round(v / unit, 2) for k, v in counter.most_common() if v}
-
+    transactions = counts.by_kind()["Transaction/COMMIT"]
+    wal = counts.per_saga(sagas)
     return {
         "sagas": sagas,
         "batch": batch,
         "completed": completed,
-        "wal_records_per_saga": round(len(mine) / sagas, 2),
-        "wal_bytes_per_saga": round(sum(r["size"] for r in mine) / sagas),
-        "other_wal_records_in_the_window": len(records) - len(mine),
+        **wal,
         "transactions_per_saga": round(transactions / sagas, 3),
-        "wal_records_by_kind_per_saga": per(kinds, sagas),
-        "wal_records_by_relation_per_saga": {
-            name: {"total": round(sum(c.values()) / sagas, 2), **per(c, sagas)}
-            for name, c in sorted(by_relation.items(), key=lambda kv: -sum(kv[1].values()))
+        "statements_per_transaction": {
+            k: round(v / max(transactions, 1), 2) for k, v in statements.most_common() if v
         },
-        "statements_per_transaction": per(statements, max(transactions, 1)),
     }
 
 

@@ -142,19 +142,34 @@ WHERE command_id = ANY($1::text[])
 """
 
 # Every fresh outcome with its reply, one row per command, written once. The claim's
-# locks mean no other transaction of this kit inserts these ids meanwhile; ON CONFLICT
-# and RETURNING still catch one that did (a participant of another kit sharing the
-# table, which claims by inserting first), and the caller rolls back and runs the batch
-# again, which then finds the stored reply.
+# locks mean no other transaction of this kit inserts these ids meanwhile; on an
+# optimistic pass this insert is the claim. An id stored already (a copy answered
+# before, committed) is skipped, so RETURNING lists only the rows inserted and the
+# caller sees the copy. An id another transaction is inserting right now is not visible
+# here: the insert waits for it on the primary key, then goes on (it rolled back) or
+# fails with a unique violation (it committed: OUTCOMES_KEY), which the caller takes as
+# the same answer (ClaimLost): it rolls back and runs the batch again the locked way,
+# which then finds the stored reply. Not ON CONFLICT DO NOTHING: its speculative
+# insertion writes a second WAL record (a confirmation) for every command, 3 of the
+# ~41 a three-step saga cost end to end (bench/e2e.py --wal-breakdown). OFFSET 0 keeps
+# the check a probe of the primary key per row, as ON CONFLICT's was: pulled up into an
+# anti-join, a batch of a few hundred on a table not analyzed yet was hashed against a
+# sequential scan of the whole table.
 RECORD_OUTCOMES: Final = """
 INSERT INTO saga_processed_commands
     (command_id, saga_id, command_type, step, outcome, reply, error)
 SELECT c, s, t, st, o, r::jsonb, e
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
     AS x(c, s, t, st, o, r, e)
-ON CONFLICT (command_id) DO NOTHING
+WHERE NOT EXISTS (
+    SELECT 1 FROM saga_processed_commands AS p WHERE p.command_id = x.c COLLATE "C" OFFSET 0
+)
 RETURNING command_id
 """
+
+#: The primary key an outcome's insert violates when a concurrent transaction stored the
+#: same command id first.
+OUTCOMES_KEY: Final = "saga_processed_commands_pkey"
 
 # The replies a batch could not publish, handed to the relay. created_at is the wall
 # clock at the insert, not now() (the transaction's start): the relay's grace period

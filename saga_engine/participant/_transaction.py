@@ -6,10 +6,10 @@ one). A run goes one of two ways.
 **Optimistic** (the first pass of a run whose handlers keep every effect in the
 transaction, ``optimistic=True``): BEGIN, every command answered (step 4 below), every
 outcome inserted with its reply in one statement (step 5), COMMIT. The insert is the
-claim: its ``ON CONFLICT DO NOTHING RETURNING`` returns a row for each command it stored,
-and a command id that another transaction stored first (a copy answered before, or one
-answered on another instance meanwhile: the unique index makes the insert wait for that
-transaction) returns none. Then the whole transaction is rolled back (ClaimLost), the
+claim: its ``RETURNING`` returns a row for each command it stored; a command id that
+another transaction stored first (a copy answered before) returns none, and one stored
+meanwhile (on another instance: the unique index makes the insert wait for that
+transaction) fails the insert with a unique violation. Then the whole transaction is rolled back (ClaimLost), the
 handlers' writes with it, and the run goes again the locked way, which answers the copy
 from its stored reply. Two statements fewer than the locked way, and no lock.
 
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 
+import asyncpg
 from pydantic import BaseModel
 
 from saga_engine.core.history._blobref import resolving
@@ -62,6 +63,7 @@ from saga_engine.participant._ledger import record_applications
 from saga_engine.participant._reading import Item
 from saga_engine.participant._sql import (
     CLAIM,
+    OUTCOMES_KEY,
     RECORD_OUTCOMES,
     STORED_REPLIES,
     TOMBSTONE,
@@ -215,17 +217,22 @@ async def _record(conn: Connection, fresh: list[Item]) -> None:
     # commands (on two instances, after a rebalance) insert them in the same order, so
     # one waits for the other instead of deadlocking on the unique index.
     fresh = sorted(fresh, key=lambda i: _cmd(i).command_id)
-    rows = await conn.fetch(
-        RECORD_OUTCOMES,
-        [_cmd(i).command_id for i in fresh],
-        [_cmd(i).saga_id for i in fresh],
-        [_cmd(i).subject for i in fresh],
-        [_cmd(i).step for i in fresh],
-        [_out(i).reply.outcome for i in fresh],
-        # The reply record's value is the reply's JSON already: no second dump.
-        [_out(i).value.decode() for i in fresh],
-        [_out(i).reply.error for i in fresh],
-    )
+    try:
+        rows = await conn.fetch(
+            RECORD_OUTCOMES,
+            [_cmd(i).command_id for i in fresh],
+            [_cmd(i).saga_id for i in fresh],
+            [_cmd(i).subject for i in fresh],
+            [_cmd(i).step for i in fresh],
+            [_out(i).reply.outcome for i in fresh],
+            # The reply record's value is the reply's JSON already: no second dump.
+            [_out(i).value.decode() for i in fresh],
+            [_out(i).reply.error for i in fresh],
+        )
+    except asyncpg.UniqueViolationError as exc:
+        if exc.constraint_name != OUTCOMES_KEY:
+            raise
+        raise ClaimLost from exc  # stored by a transaction that committed meanwhile
     if len(rows) != len(fresh):
         raise ClaimLost
 

@@ -35,8 +35,8 @@ _MAX_CHAR: Final = "\U0010ffff"
 #: The saga that started this one (its first event names it, outside any codec): one
 #: primary-key lookup per row it is asked of.
 _PARENT: Final = first_event_sql("-> 'parent' ->> 'saga_id'")
-#: Literal, not a parameter: the planner proves the partial index's predicate
-#: (sagas_open_key_hash_idx, migration 0004) only from the same literal list.
+#: The open sagas: a range of (status, saga_id) per open status (sagas_status_id_idx,
+#: migration 0004; 0025 dropped the partial index on them that this literal list matched).
 _OPEN_IN: Final = "status IN (" + ", ".join(f"'{s}'" for s in _OPEN_STATUSES) + ")"
 _COLUMNS: Final = ", ".join(f"s.{c.strip()}" for c in _RECORD_COLUMNS.split(","))
 

@@ -215,8 +215,9 @@ class PostgresReads:
             return [r["saga_id"] for r in rows]
         wanted = sorted(set(partitions))
         with _unavailable_as_transient():
-            # The partial index on open sagas' key_hash; a saga created before migration
-            # 0004 has no hash yet: it is matched here, hashed below, and given one.
+            # The open sagas through (status, saga_id), the partitions' a filter (migration
+            # 0025); a saga created before migration 0004 has no hash yet: it is matched
+            # here, hashed below, and given one.
             rows = await self._pool.fetch(
                 "SELECT saga_id, key_hash FROM sagas WHERE status = ANY($1::text[]) "
                 "AND (key_hash % $2 = ANY($3::int[]) OR key_hash IS NULL) ORDER BY saga_id",

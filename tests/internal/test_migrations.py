@@ -69,10 +69,12 @@ PINNED = {
     22: "75c37b60e3a4f87e3cd3835f6360c930bade8aef90afc12ff6ed5a4e5016045c",
     23: "8038ecc5f7aa29164dfd4330621ff42b78283b7bcf1c40df9197db810141f96d",
     24: "207b366aa75a818b9823833757e4a2863349b4c85564e07f5581e077a027d42c",
+    25: "d661ca771056aaf8a7a540580f3b4b237479bf982aad19cc2b5339a2ea613338",
 }
 # The same rule for the participant kit's migrations (saga_engine/participant/migrations).
 PINNED_PARTICIPANT = {
     1: "cff0612d825b9868ebcd4f955f765cd36a21b437cbf52095dfa198d677d93d4c",
+    2: "3159734dac79d7eed52885ec673c7f53a5bd2acca810562cb6967a327f81e1c3",
 }
 
 
@@ -469,6 +471,21 @@ async def test_0017_makes_the_insights_from_before_flow_policy_1s(
         await store.close()
 
 
+async def _brin_or_not(
+    conn: asyncpg.Connection[asyncpg.Record], schema: str, table: str, like: str = "%"
+) -> list[tuple[str, bool]]:
+    """The table's indexes whose definition is ``LIKE`` ``like``, by name: each name and
+    whether it is a BRIN index."""
+    rows = await conn.fetch(
+        "SELECT indexname, indexdef LIKE '%USING brin%' AS brin FROM pg_indexes "
+        "WHERE schemaname = $1 AND tablename = $2 AND indexdef LIKE $3 ORDER BY indexname",
+        schema,
+        table,
+        like,
+    )
+    return [(r["indexname"], r["brin"]) for r in rows]
+
+
 async def test_0020_filters_sagas_created_before_it_by_creation_time(
     pg: PgTarget, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -494,16 +511,10 @@ async def test_0020_filters_sagas_created_before_it_by_creation_time(
         assert await migrate(pg.database_dsn, pg.schema) == [v for v in ALL if v >= 20]
         for n in range(6, 9):
             await conn.execute(insert, f"new-{n}", t0 + timedelta(hours=n))
-        indexes = await conn.fetch(
-            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = $1 AND tablename = 'sagas' "
-            "AND indexdef LIKE '%(created_at)%'",
-            pg.schema,
-        )
+        indexes = await _brin_or_not(conn, pg.schema, "sagas", "%(created_at)%")
     finally:
         await conn.close()
-    assert [(r["indexname"], "USING brin" in r["indexdef"]) for r in indexes] == [
-        ("sagas_created_at_brin", True)
-    ]
+    assert indexes == [("sagas_created_at_brin", True)]
     store = await PostgresEventStore.connect(
         PostgresSettings(dsn=SecretStr(pg.database_dsn), db_schema=pg.schema)
     )
@@ -515,6 +526,105 @@ async def test_0020_filters_sagas_created_before_it_by_creation_time(
     finally:
         await store.close()
     assert listed == ["new-6", "old-2", "old-3", "old-4", "old-5"]
+
+
+async def test_participant_0002_prunes_by_processing_time_through_a_brin_index(
+    pg: PgTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows answered under 0001 and after 0002 are pruned by processing time (the
+    operator's DELETE) through the BRIN index 0002 builds in place of the btree."""
+    first = shipped_migrations(package=PARTICIPANT_MIGRATIONS)[:1]
+    monkeypatch.setattr(_migrations, "shipped_migrations", lambda package: first)
+    assert await migrate(pg.database_dsn, pg.schema, package=PARTICIPANT_MIGRATIONS) == [1]
+    monkeypatch.undo()
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    insert = (
+        "INSERT INTO saga_processed_commands (command_id, saga_id, command_type, step, "
+        "outcome, reply, processed_at) VALUES ($1, 's', 'Book', 'book', 'success', '{}', $2)"
+    )
+    prune = "DELETE FROM saga_processed_commands WHERE processed_at < $1"
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        for n in range(4):
+            await conn.execute(insert, f"old-{n}", t0 + timedelta(hours=n))
+        assert await migrate(pg.database_dsn, pg.schema, package=PARTICIPANT_MIGRATIONS) == [2]
+        for n in range(4, 8):
+            await conn.execute(insert, f"new-{n}", t0 + timedelta(hours=n))
+        indexes = await _brin_or_not(conn, pg.schema, "saga_processed_commands")
+        async with conn.transaction():
+            await conn.execute("SET LOCAL enable_seqscan = off")
+            plan = "\n".join(
+                r[0] for r in await conn.fetch(f"EXPLAIN {prune}", t0 + timedelta(hours=6))
+            )
+        await conn.execute(prune, t0 + timedelta(hours=6))
+        left = await conn.fetch("SELECT command_id FROM saga_processed_commands ORDER BY 1")
+    finally:
+        await conn.close()
+    assert indexes == [
+        ("saga_processed_commands_pkey", False),
+        ("saga_processed_commands_processed_at_brin", True),
+    ]
+    assert "Bitmap Index Scan on saga_processed_commands_processed_at_brin" in plan
+    assert [r["command_id"] for r in left] == ["new-6", "new-7"]
+
+
+async def test_0025_finds_the_open_sagas_through_the_status_index(pg: PgTarget) -> None:
+    """Without the partial index on the open sagas' key_hash, every query that read it
+    reads (status, saga_id): recovery's open sagas (all, and of some partitions), the
+    open summary, the activity listing's open branch; each still answers right."""
+    assert await migrate(pg.database_dsn, pg.schema) == ALL
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        # 20,000 sagas, one in 20 running, one in 97 parked, the rest completed.
+        await conn.execute(
+            "INSERT INTO sagas (saga_id, saga_type, status, last_seq, created_at, updated_at, "
+            "key_hash, ended_at) "
+            "SELECT lpad(g::text, 6, '0'), 't', CASE WHEN g % 20 = 0 THEN 'running' "
+            "WHEN g % 97 = 0 THEN 'step_stuck' ELSE 'completed' END, 1, "
+            "now() - make_interval(secs => g), now() - make_interval(secs => g), g, "
+            "CASE WHEN g % 20 <> 0 AND g % 97 <> 0 THEN now() - make_interval(secs => g) END "
+            "FROM generate_series(1, 20000) AS g"
+        )
+        await conn.execute("ANALYZE sagas")
+        indexes = await conn.fetch(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND tablename = 'sagas'",
+            pg.schema,
+        )
+    finally:
+        await conn.close()
+    assert "sagas_open_key_hash_idx" not in {r["indexname"] for r in indexes}
+    store = await PostgresEventStore.connect(
+        PostgresSettings(
+            dsn=SecretStr(pg.database_dsn), db_schema=pg.schema, pool_min_size=1, pool_max_size=1
+        )
+    )
+    queries: list[tuple[str, tuple[object, ...]]] = []
+    try:
+        async with store._pool.acquire() as held:
+            held.add_query_logger(lambda q: queries.append((q.query, tuple(q.args))))
+        everyone = await store.open_saga_ids()
+        mine = await store.open_saga_ids([1, 3], 4)
+        summary = await store.open_summary()
+        running = await store.list_sagas(
+            SagaFilter(statuses=frozenset({SagaStatus.RUNNING})), order="activity", limit=3
+        )
+        plans = []
+        async with store._pool.acquire() as held:
+            for query, args in list(queries):  # not the EXPLAINs logged meanwhile
+                if "FROM sagas" not in query or ";" in query:
+                    continue  # the pool's own statements
+                rows = await held.fetch("EXPLAIN (COSTS true) " + query, *args)
+                plans.append("\n".join(r[0] for r in rows))
+    finally:
+        await store.close()
+    opened = {n for n in range(1, 20001) if n % 20 == 0 or n % 97 == 0}
+    assert everyone == [f"{n:06d}" for n in sorted(opened)]
+    assert mine == [f"{n:06d}" for n in sorted(opened) if n % 4 in (1, 3)]
+    assert summary.by_status == {SagaStatus.RUNNING: 1000, SagaStatus.STEP_STUCK: 196}
+    assert [r.saga_id for r in running] == ["000020", "000040", "000060"]
+    assert len(plans) == 5, plans  # open_saga_ids twice, open_summary's two, the listing
+    for plan in plans:
+        assert "sagas_status_id_idx" in plan, plan
 
 
 async def test_0021_rolls_up_the_runs_an_older_engine_recorded_once(pg: PgTarget) -> None:

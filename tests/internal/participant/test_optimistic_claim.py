@@ -1,6 +1,6 @@
 """The optimistic claim on the real Postgres and Kafka: a handler whose every effect is a
 write in its transaction (``effects="transaction"``, the default) is claimed by its
-outcome's insert alone (``INSERT ... ON CONFLICT DO NOTHING RETURNING``), with no lock
+outcome's insert alone (``INSERT ... WHERE NOT EXISTS ... RETURNING``), with no lock
 and no read of the stored replies. A copy whose outcome another transaction stored finds
 the row at that insert: its transaction is rolled back, and the locked way answers it
 from the stored reply. Effects are counted in the participant's own table (the ledger,
