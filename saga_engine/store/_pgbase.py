@@ -15,9 +15,9 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from saga_engine.core.history._codec import CodecChain, Undecodable, open_error, open_event
-from saga_engine.core.history._events import event_from_dict
+from saga_engine.core.history._events import event_from_dict, event_from_json
 from saga_engine.core.history._status import SagaStatus
-from saga_engine.core.history._structs import InvalidRecord
+from saga_engine.core.history._structs import InvalidRecord, RawJson, json_items
 from saga_engine.kernel._errors import SerializationError, StoreUnavailable
 from saga_engine.kernel._serde import JsonDict, dumps, loads
 from saga_engine.kernel._settings import PostgresSettings
@@ -123,6 +123,10 @@ def _decode_jsonb(data: bytes) -> Any:
     return loads(data[1:])
 
 
+def _json_text(data: bytes) -> bytes:
+    return data
+
+
 async def _init_connection(conn: asyncpg.Connection[asyncpg.Record]) -> None:
     await conn.set_type_codec(
         "jsonb",
@@ -130,6 +134,12 @@ async def _init_connection(conn: asyncpg.Connection[asyncpg.Record]) -> None:
         encoder=_encode_jsonb,
         decoder=_decode_jsonb,
         format="binary",
+    )
+    # A ``json`` value (the history reads' ``events::json``) comes as its text, undecoded
+    # (the binary format of json is its text): read into the events' types in one pass
+    # (``_stored_events``), no dicts built first. The engine writes no ``json`` column.
+    await conn.set_type_codec(
+        "json", schema="pg_catalog", encoder=_json_text, decoder=_json_text, format="binary"
     )
 
 
@@ -175,15 +185,26 @@ def unnest_rows(
     """The events of history rows (``seq, kinds, events`` of ``saga_decisions``,
     migration 0022: one row per decision, its events an array, decoded once per row),
     in the rows' order, the event at position ``i`` numbered ``seq + i``; only those
-    ``keep(seq, kind)`` accepts (None: all)."""
+    ``keep(seq, kind)`` accepts (None: all). ``events`` read as ``json`` (its text) is
+    split into the events' texts, each read later by ``_stored_events``."""
     if keep is None:
-        return [(r["seq"] + i, data) for r in rows for i, data in enumerate(r["events"])]
+        return [(r["seq"] + i, data) for r in rows for i, data in enumerate(_items(r["events"]))]
     return [
         (r["seq"] + i, data)
         for r in rows
-        for i, (kind, data) in enumerate(zip(r["kinds"], r["events"], strict=True))
+        for i, (kind, data) in enumerate(zip(r["kinds"], _items(r["events"]), strict=True))
         if keep(r["seq"] + i, kind)
     ]
+
+
+def _items(events: Any) -> list[Any]:
+    """A history row's events: decoded already (``jsonb``), or their texts (``json``)."""
+    return json_items(events) if type(events) is bytes else events
+
+
+def _as_dict(data: Any) -> Any:
+    """An event's stored value as JSON values, from its text if it is one."""
+    return loads(bytes(data)) if type(data) is RawJson else data
 
 
 def _stored_events(
@@ -199,12 +220,17 @@ def _stored_events(
     """
     if codec is None and undecodable is Undecodable.RAISE:
         try:
-            return [StoredEvent(seq, event_from_dict(data)) for seq, data in rows]
+            return [
+                StoredEvent(
+                    seq, event_from_json(data) if type(data) is RawJson else event_from_dict(data)
+                )
+                for seq, data in rows
+            ]
         except InvalidRecord:
             for _, data in rows:
-                open_event(None, data)
+                open_event(None, _as_dict(data))
             raise
-    return [StoredEvent(seq, open_event(codec, data, undecodable)) for seq, data in rows]
+    return [StoredEvent(seq, open_event(codec, _as_dict(data), undecodable)) for seq, data in rows]
 
 
 def history_sql(where: str) -> str:

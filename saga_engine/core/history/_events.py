@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from saga_engine.core.history._event_versions import UPCASTERS, VERSION_KEY, EventVersions
 from saga_engine.core.history._policy import RetryPolicy
 from saga_engine.core.history._structs import (
+    RawJson,
     Record,
     decoder,
     encode,
@@ -924,7 +925,10 @@ def event_to_json(event: Event) -> bytes:
     return raw
 
 
-def event_from_json(raw: bytes | str, versions: EventVersions | None = None) -> Event:
+def event_from_json(raw: bytes | str | RawJson, versions: EventVersions | None = None) -> Event:
+    """A stored event from its JSON text, read straight into its type when it can be; as
+    ``event_from_dict`` says otherwise, with the same errors. ``raw``: the text, or an
+    item of a stored array (``json_items``)."""
     if versions is None:
         # One pass when no upcaster applies: a version-1 kind stored without ``_v`` (a
         # stored ``_v`` is an unknown field here). Anything else, or anything refused,
@@ -936,7 +940,7 @@ def event_from_json(raw: bytes | str, versions: EventVersions | None = None) -> 
         else:
             if type(event).version == 1:
                 return event
-    return event_from_dict(loads(raw), versions)
+    return event_from_dict(loads(bytes(raw) if type(raw) is RawJson else raw), versions)
 
 
 def events_from_list(items: list[JsonDict], versions: EventVersions | None = None) -> list[Event]:

@@ -20,7 +20,7 @@ default object, but never one whose default comes from a factory that is not a t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeAlias, TypeVar
 
 import msgspec
 from pydantic import BaseModel
@@ -130,6 +130,20 @@ def from_data(kind: type[T], data: Any) -> T:
 def decoder(kind: type[T] | Any) -> msgspec.json.Decoder[T]:
     """A JSON decoder for ``kind`` (a record type or a union of them), built once."""
     return msgspec.json.Decoder(kind, dec_hook=_dec_hook)
+
+
+#: A JSON array split into its items' texts, none of them decoded.
+_ITEMS: Final = msgspec.json.Decoder(list[msgspec.Raw])
+
+#: One item's text as ``json_items`` gives it (bytes-like: a decoder reads it as is).
+RawJson: TypeAlias = msgspec.Raw
+
+
+def json_items(raw: bytes) -> list[RawJson]:
+    """The items of the JSON array ``raw``, each as its text (read later by a typed
+    decoder, ``decoder``, in one pass from the text to its record). ``InvalidRecord``
+    when ``raw`` is not an array; ``msgspec.DecodeError`` (a ValueError) when it is not JSON."""
+    return _ITEMS.decode(raw)
 
 
 def replace(record: S, **changes: Any) -> S:
