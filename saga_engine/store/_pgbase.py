@@ -15,7 +15,13 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from saga_engine.core.history._codec import CodecChain, Undecodable, open_error, open_event
-from saga_engine.core.history._events import event_from_dict, event_from_json
+from saga_engine.core.history._events import (
+    EVENT_TYPES,
+    Event,
+    event_from_dict,
+    event_from_json,
+    events_from_json,
+)
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.history._structs import InvalidRecord, RawJson, json_items
 from saga_engine.kernel._errors import SerializationError, StoreUnavailable
@@ -198,8 +204,12 @@ def unnest_rows(
 
 
 def _items(events: Any) -> list[Any]:
-    """A history row's events: decoded already (``jsonb``), or their texts (``json``)."""
-    return json_items(events) if type(events) is bytes else events
+    """A history row's events: decoded already (``jsonb``), or from their text
+    (``json``): read into their types in one pass when they all can be, else each
+    event's text, read alone by ``_stored_events`` (which upcasts, or says why not)."""
+    if type(events) is not bytes:
+        return events  # type: ignore[no-any-return]
+    return events_from_json(events) or json_items(events)
 
 
 def _as_dict(data: Any) -> Any:
@@ -207,12 +217,26 @@ def _as_dict(data: Any) -> Any:
     return loads(bytes(data)) if type(data) is RawJson else data
 
 
+#: What ``unnest_rows`` gives for an event read already.
+_EVENT_TYPES: Final = frozenset(EVENT_TYPES)
+
+
+def _event(data: Any) -> Event:
+    """An event of a history row as ``unnest_rows`` gives it: read already, its text,
+    or its JSON values."""
+    kind = type(data)
+    if kind is RawJson:
+        return event_from_json(data)
+    return data if kind in _EVENT_TYPES else event_from_dict(data)
+
+
 def _stored_events(
     rows: Sequence[EventRow],
     codec: CodecChain | None,
     undecodable: Undecodable = Undecodable.RAISE,
 ) -> list[StoredEvent]:
-    """``(seq, data)`` pairs as events, their sealed payloads opened.
+    """``(seq, data)`` pairs as events, their sealed payloads opened. ``data``: as
+    ``unnest_rows`` gives it (an event read already, an event's text, or its JSON values).
 
     Without a codec this is the loop it always was: nothing per event for the feature.
     A sealed event then fails validation, and only then does ``open_event`` look at the
@@ -220,17 +244,19 @@ def _stored_events(
     """
     if codec is None and undecodable is Undecodable.RAISE:
         try:
-            return [
-                StoredEvent(
-                    seq, event_from_json(data) if type(data) is RawJson else event_from_dict(data)
-                )
-                for seq, data in rows
-            ]
+            return [StoredEvent(seq, _event(data)) for seq, data in rows]
         except InvalidRecord:
             for _, data in rows:
-                open_event(None, _as_dict(data))
+                if type(data) not in _EVENT_TYPES:
+                    open_event(None, _as_dict(data))
             raise
-    return [StoredEvent(seq, open_event(codec, _as_dict(data), undecodable)) for seq, data in rows]
+    return [
+        StoredEvent(
+            seq,
+            data if type(data) in _EVENT_TYPES else open_event(codec, _as_dict(data), undecodable),
+        )
+        for seq, data in rows
+    ]
 
 
 def history_sql(where: str) -> str:

@@ -137,10 +137,10 @@ async def step(s: SagaState, request: StepRequest, limit: CommandLimit | None = 
     # stored, so it is storable: no need to look again.
     live = s.cursor >= len(s.history)
     payload = model_payload(request.command)
-    payload_hash = storable_hash(payload)  # hashed once, for every attempt
+    # Hashed once, for every attempt (replayed: only hashed, to match the recorded one).
+    payload_hash = storable_hash(payload) if live else canonical_hash(payload)
     if payload_hash is None:
-        if live:
-            check_storable(payload, f"the command of step {request.name!r}")
+        check_storable(payload, f"the command of step {request.name!r}")
         payload_hash = canonical_hash(payload)
     spec = _compensation(request, live)
     # Its first id, derived once: measured (``_check_size``) and issued with it. A
