@@ -1,9 +1,13 @@
 """Replay: each saga's stored history read back and the saga rebuilt from it, as an
 engine does for a saga it does not hold. **Read**: each event's row as the Postgres
-store's read path takes it (the jsonb column's bytes decoded by the store's type codec,
-then ``_stored_events``: a ``StoredEvent`` of each, its event validated); **rebuild**:
+store's history reads take it (``events::json``: the row's events as their text, which
+the connection's ``json`` codec hands over undecoded), then ``unnest_rows`` and
+``_stored_events``: each event read from its text into its type, validated); **rebuild**:
 ``SagaRuntime.replay`` runs the saga's code against its events. The workload ``read``
 does the first only and ``replay`` both, so rebuild is their difference. Unit: an event.
+
+Each row here holds one event (the store's rows hold a decision's events: one or more),
+so the split of a row's text is paid per event.
 """
 
 from __future__ import annotations
@@ -14,20 +18,25 @@ from typing import Any
 from bench.ir import fixtures
 from bench.ir.shape import definitions, saga_id
 from saga_engine.core.runtime._runtime import SagaRuntime
-from saga_engine.store._pgbase import _decode_jsonb, _stored_events
+from saga_engine.store._pgbase import _json_text, _stored_events, unnest_rows
 
 
-def rows(fixture: dict[str, Any], n: int) -> list[list[tuple[int, bytes]]]:
-    """The first ``n`` sagas' rows: ``(seq, jsonb bytes)`` each, as Postgres sends them."""
+def rows(fixture: dict[str, Any], n: int) -> list[list[dict[str, Any]]]:
+    """The first ``n`` sagas' history rows (``seq``, ``events`` as Postgres sends the
+    ``json`` text), one event each."""
     return [
-        [(seq, b"\x01" + text.encode()) for seq, text in enumerate(history, 1)]
+        [
+            {"seq": seq, "events": _json_text(b"[" + text.encode() + b"]")}
+            for seq, text in enumerate(history, 1)
+        ]
         for history in fixture["histories"][:n]
     ]
 
 
-def _read(raw: list[tuple[int, bytes]]) -> list[Any]:
-    pairs = [(seq, _decode_jsonb(data)) for seq, data in raw]
-    return [s.event for s in _stored_events(pairs, None)]
+def _read(raw: list[Any]) -> list[Any]:
+    """A saga's history rows as the store reads them (each row a mapping, as an
+    ``asyncpg.Record`` is)."""
+    return [s.event for s in _stored_events(unnest_rows(raw), None)]
 
 
 def read(n: int, fixture_path: Path) -> int:

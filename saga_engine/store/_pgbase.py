@@ -15,9 +15,15 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from saga_engine.core.history._codec import CodecChain, Undecodable, open_error, open_event
-from saga_engine.core.history._events import event_from_dict
+from saga_engine.core.history._events import (
+    EVENT_TYPES,
+    Event,
+    event_from_dict,
+    event_from_json,
+    events_from_json,
+)
 from saga_engine.core.history._status import SagaStatus
-from saga_engine.core.history._structs import InvalidRecord
+from saga_engine.core.history._structs import InvalidRecord, RawJson, json_items
 from saga_engine.kernel._errors import SerializationError, StoreUnavailable
 from saga_engine.kernel._serde import JsonDict, dumps, loads
 from saga_engine.kernel._settings import PostgresSettings
@@ -123,6 +129,10 @@ def _decode_jsonb(data: bytes) -> Any:
     return loads(data[1:])
 
 
+def _json_text(data: bytes) -> bytes:
+    return data
+
+
 async def _init_connection(conn: asyncpg.Connection[asyncpg.Record]) -> None:
     await conn.set_type_codec(
         "jsonb",
@@ -130,6 +140,12 @@ async def _init_connection(conn: asyncpg.Connection[asyncpg.Record]) -> None:
         encoder=_encode_jsonb,
         decoder=_decode_jsonb,
         format="binary",
+    )
+    # A ``json`` value (the history reads' ``events::json``) comes as its text, undecoded
+    # (the binary format of json is its text): read into the events' types in one pass
+    # (``_stored_events``), no dicts built first. The engine writes no ``json`` column.
+    await conn.set_type_codec(
+        "json", schema="pg_catalog", encoder=_json_text, decoder=_json_text, format="binary"
     )
 
 
@@ -175,15 +191,43 @@ def unnest_rows(
     """The events of history rows (``seq, kinds, events`` of ``saga_decisions``,
     migration 0022: one row per decision, its events an array, decoded once per row),
     in the rows' order, the event at position ``i`` numbered ``seq + i``; only those
-    ``keep(seq, kind)`` accepts (None: all)."""
+    ``keep(seq, kind)`` accepts (None: all). ``events`` read as ``json`` (its text) is
+    split into the events' texts, each read later by ``_stored_events``."""
     if keep is None:
-        return [(r["seq"] + i, data) for r in rows for i, data in enumerate(r["events"])]
+        return [(r["seq"] + i, data) for r in rows for i, data in enumerate(_items(r["events"]))]
     return [
         (r["seq"] + i, data)
         for r in rows
-        for i, (kind, data) in enumerate(zip(r["kinds"], r["events"], strict=True))
+        for i, (kind, data) in enumerate(zip(r["kinds"], _items(r["events"]), strict=True))
         if keep(r["seq"] + i, kind)
     ]
+
+
+def _items(events: Any) -> list[Any]:
+    """A history row's events: decoded already (``jsonb``), or from their text
+    (``json``): read into their types in one pass when they all can be, else each
+    event's text, read alone by ``_stored_events`` (which upcasts, or says why not)."""
+    if type(events) is not bytes:
+        return events  # type: ignore[no-any-return]
+    return events_from_json(events) or json_items(events)
+
+
+def _as_dict(data: Any) -> Any:
+    """An event's stored value as JSON values, from its text if it is one."""
+    return loads(bytes(data)) if type(data) is RawJson else data
+
+
+#: What ``unnest_rows`` gives for an event read already.
+_EVENT_TYPES: Final = frozenset(EVENT_TYPES)
+
+
+def _event(data: Any) -> Event:
+    """An event of a history row as ``unnest_rows`` gives it: read already, its text,
+    or its JSON values."""
+    kind = type(data)
+    if kind is RawJson:
+        return event_from_json(data)
+    return data if kind in _EVENT_TYPES else event_from_dict(data)
 
 
 def _stored_events(
@@ -191,7 +235,8 @@ def _stored_events(
     codec: CodecChain | None,
     undecodable: Undecodable = Undecodable.RAISE,
 ) -> list[StoredEvent]:
-    """``(seq, data)`` pairs as events, their sealed payloads opened.
+    """``(seq, data)`` pairs as events, their sealed payloads opened. ``data``: as
+    ``unnest_rows`` gives it (an event read already, an event's text, or its JSON values).
 
     Without a codec this is the loop it always was: nothing per event for the feature.
     A sealed event then fails validation, and only then does ``open_event`` look at the
@@ -199,12 +244,19 @@ def _stored_events(
     """
     if codec is None and undecodable is Undecodable.RAISE:
         try:
-            return [StoredEvent(seq, event_from_dict(data)) for seq, data in rows]
+            return [StoredEvent(seq, _event(data)) for seq, data in rows]
         except InvalidRecord:
             for _, data in rows:
-                open_event(None, data)
+                if type(data) not in _EVENT_TYPES:
+                    open_event(None, _as_dict(data))
             raise
-    return [StoredEvent(seq, open_event(codec, data, undecodable)) for seq, data in rows]
+    return [
+        StoredEvent(
+            seq,
+            data if type(data) in _EVENT_TYPES else open_event(codec, _as_dict(data), undecodable),
+        )
+        for seq, data in rows
+    ]
 
 
 def history_sql(where: str) -> str:

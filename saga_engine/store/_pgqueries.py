@@ -42,17 +42,17 @@ _PARKED_STATUSES: Final = [s.value for s in SagaStatus if s.is_parked]
 
 # The history is one row per decision (migration 0022): each query reads the rows that
 # hold the events it wants, by the primary key (saga_id, seq), and Python unnests them
-# (``unnest_rows``: one JSON decode per row), keeping the events the read asks for.
+# (``unnest_rows``), keeping the events the read asks for. ``events::json``: the rows'
+# events come as their text (``_pgbase._init_connection``), each event read from it
+# straight into its type (``_stored_events``).
 
 #: A saga's whole history, up to its record's last_seq ($2).
-_WHOLE_HISTORY: Final = (
-    "SELECT seq, kinds, events FROM saga_decisions WHERE saga_id = $1 AND seq <= $2 ORDER BY seq"
-)
+_WHOLE_HISTORY: Final = "SELECT seq, kinds, events::json AS events FROM saga_decisions WHERE saga_id = $1 AND seq <= $2 ORDER BY seq"
 #: Its rows holding events after a seq ($2), of some kinds ($3, null: all), up to
 #: last_seq ($4): from the row holding event $2 + 1 on (one backward probe of the primary
 #: key finds where it starts).
 _HISTORY_AFTER: Final = """
-SELECT seq, kinds, events FROM saga_decisions
+SELECT seq, kinds, events::json AS events FROM saga_decisions
 WHERE saga_id = $1 AND seq <= $4 AND seq >= (
     SELECT coalesce(max(x.seq), 1) FROM saga_decisions AS x WHERE x.saga_id = $1 AND x.seq <= $2 + 1)
   AND ($3::text[] IS NULL OR kinds && $3)
@@ -62,7 +62,7 @@ ORDER BY seq
 #: from the latest holding a run_continued on (migration 0022's partial index finds it;
 #: the run starts at its last run_continued, ``_current_run``).
 _CURRENT_RUN: Final = """
-SELECT seq, kinds, events FROM saga_decisions
+SELECT seq, kinds, events::json AS events FROM saga_decisions
 WHERE saga_id = $1 AND seq <= $2 AND (seq = 1 OR seq >= coalesce((
     SELECT max(r.seq) FROM saga_decisions AS r
     WHERE r.saga_id = $1 AND 'run_continued' = ANY (r.kinds) AND r.seq <= $2), 1))

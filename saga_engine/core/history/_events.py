@@ -14,7 +14,8 @@ Events come in two families, and replay treats them differently:
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, ClassVar, Final, Literal
+from types import GenericAlias
+from typing import Any, ClassVar, Final, Literal, Union
 
 import msgspec
 from pydantic import BaseModel, ConfigDict
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from saga_engine.core.history._event_versions import UPCASTERS, VERSION_KEY, EventVersions
 from saga_engine.core.history._policy import RetryPolicy
 from saga_engine.core.history._structs import (
+    RawJson,
     Record,
     decoder,
     encode,
@@ -887,7 +889,41 @@ for _type in EVENT_TYPES:
         raise DefinitionError(f"event type {_type.__name__}'s kind is not its tag {_kind!r}")
     _BY_KIND[_kind] = _type  # type: ignore[assignment]
 
-_DECODER: Final[msgspec.json.Decoder[Event]] = decoder(Event)
+
+class _StartAsStored(SagaStarted, frozen=True, kw_only=True, tag="saga_started"):
+    """A start as its text is stored: above version 1, it carries its version under
+    ``_v`` (``_event_versions``), read here in the same pass as its fields (0: none, a
+    start stored at version 1). Only read, never built or written: ``_as_read`` gives
+    the ``SagaStarted`` it is."""
+
+    stored_version: int = msgspec.field(default=0, name="_v")
+
+
+#: The types a stored event's text is read into in one pass: each kind's own, or for a
+#: kind above version 1 its stored shape (``_v`` a field), by the type it stands for.
+_AS_STORED: Final[dict[type, type[Event]]] = {_StartAsStored: SagaStarted}
+_READ_TYPES: Final = tuple(
+    next((shape for shape, t in _AS_STORED.items() if t is kind), kind) for kind in EVENT_TYPES
+)
+_READ_AS: Final[Any] = Union[_READ_TYPES]  # noqa: UP007 (a union built of a tuple)
+_DECODER: Final[msgspec.json.Decoder[Any]] = decoder(_READ_AS)
+_LIST_DECODER: Final[msgspec.json.Decoder[list[Any]]] = decoder(GenericAlias(list, (_READ_AS,)))
+
+
+def _as_read(event: Any) -> Event | None:
+    """An event read in one pass, as its own type; None when it must be read again as
+    JSON values (``event_from_dict``: a kind above version 1 stored at an older one is
+    upcast, one stored by a newer engine refused)."""
+    kind = type(event)
+    if kind.version == 1:
+        return event  # type: ignore[no-any-return]
+    own = _AS_STORED.get(kind)
+    if own is None or event.stored_version != own.version:
+        return None
+    fields = msgspec.structs.asdict(event)
+    del fields["stored_version"]
+    return own(**fields)
+
 
 #: Each kind's current version and the upcasters to it: what this engine reads.
 VERSIONS: EventVersions = EventVersions.of(((t.kind, t.version) for t in EVENT_TYPES), UPCASTERS)
@@ -924,19 +960,40 @@ def event_to_json(event: Event) -> bytes:
     return raw
 
 
-def event_from_json(raw: bytes | str, versions: EventVersions | None = None) -> Event:
+def event_from_json(raw: bytes | str | RawJson, versions: EventVersions | None = None) -> Event:
+    """A stored event from its JSON text, read straight into its type when it can be; as
+    ``event_from_dict`` says otherwise, with the same errors. ``raw``: the text, or an
+    item of a stored array (``json_items``)."""
     if versions is None:
         # One pass when no upcaster applies: a version-1 kind stored without ``_v`` (a
         # stored ``_v`` is an unknown field here). Anything else, or anything refused,
         # goes the way of a dict (which says why, or upcasts).
         try:
-            event = _DECODER.decode(raw)
+            event = _as_read(_DECODER.decode(raw))
         except (msgspec.ValidationError, msgspec.DecodeError):
             pass
         else:
-            if type(event).version == 1:
+            if event is not None:
                 return event
-    return event_from_dict(loads(raw), versions)
+    return event_from_dict(loads(bytes(raw) if type(raw) is RawJson else raw), versions)
+
+
+def events_from_json(raw: bytes) -> list[Event] | None:
+    """The events of a stored JSON array, read straight into their types in one pass;
+    None when one of them cannot be read so (an older shape, a kind above version 1,
+    a sealed payload, a bad value...): each is then read alone (``event_from_json``
+    and the others), which upcasts it or says why it is refused."""
+    try:
+        events = _LIST_DECODER.decode(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    for i, event in enumerate(events):
+        if type(event).version != 1:
+            read = _as_read(event)
+            if read is None:  # stored before its kind moved on: upcast alone
+                return None
+            events[i] = read
+    return events
 
 
 def events_from_list(items: list[JsonDict], versions: EventVersions | None = None) -> list[Event]:

@@ -137,14 +137,15 @@ async def step(s: SagaState, request: StepRequest, limit: CommandLimit | None = 
     # stored, so it is storable: no need to look again.
     live = s.cursor >= len(s.history)
     payload = model_payload(request.command)
-    payload_hash = storable_hash(payload)  # hashed once, for every attempt
+    # Hashed once, for every attempt (replayed: only hashed, to match the recorded one).
+    payload_hash = storable_hash(payload) if live else canonical_hash(payload)
     if payload_hash is None:
-        if live:
-            check_storable(payload, f"the command of step {request.name!r}")
+        check_storable(payload, f"the command of step {request.name!r}")
         payload_hash = canonical_hash(payload)
     spec = _compensation(request, live)
-    # Its first id, derived once: measured (``_check_size``) and issued with it.
-    command_id = command_id_for(s.scope, request.name, 0, compensation=False)
+    # Its first id, derived once: measured (``_check_size``) and issued with it. A
+    # replayed command is the recorded one, id and all: none derived (``_attempts``).
+    command_id = command_id_for(s.scope, request.name, 0, compensation=False) if live else ""
     _check_size(s, request, payload, command_id, spec, limit)
     request = _priced(s, request, limit)
     result = await _attempts(s, request, (payload, payload_hash), command_id, spec)
@@ -339,7 +340,7 @@ async def _attempts(
     spec: CompensationSpec | None,
 ) -> JsonDict:
     """``command``: its payload and that payload's hash; ``command_id``: its first
-    generation's id."""
+    generation's id ("": not derived, the step began in replay)."""
     name, policy = request.name, request.retry or DEFAULT_STEP_RETRY
     generation, attempt, rounds, unknown, last_error = 0, 0, 0, False, ""
     id_generation = 0  # the generation command_id is of
@@ -347,8 +348,13 @@ async def _attempts(
     began = s.tick()
     while True:
         attempt, rounds = attempt + 1, rounds + 1
-        if generation != id_generation:
-            command_id = command_id_for(s.scope, name, generation, compensation=False)
+        if generation != id_generation or not command_id:
+            # A replayed attempt is matched against the recorded one, which ``emit``
+            # returns with its id: the id is derived only for an attempt issued live.
+            live = s.cursor >= len(s.history)
+            command_id = (
+                command_id_for(s.scope, name, generation, compensation=False) if live else ""
+            )
             id_generation = generation
         issued = _issue(s, request, command, command_id, attempt, spec)
         if issued.command_id not in sent:

@@ -263,9 +263,13 @@ async def _compensate(s: SagaState, owed: OwedCompensation) -> None:
                 command_type=spec.command_type,
                 payload=spec.payload,
                 payload_hash=canonical_hash(spec.payload),
+                # Replayed, the recorded attempt (its id with it) is what ``emit``
+                # returns: the id is derived only for one issued live.
                 command_id=command_id_for(
                     id_scope(s.saga_id, owed.run), owed.step, generation, compensation=True
-                ),
+                )
+                if s.cursor >= len(s.history)
+                else "",
                 attempt=attempt,
                 timeout_at=s.now + timeout if timeout else None,
                 compensates=list(owed.forward_ids),
