@@ -11,9 +11,10 @@ step answered by an operator (:func:`answer_waiting_step`).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from typing import Any, Literal, NoReturn
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from saga_engine.core.history._concurrency_keys import key_value
 from saga_engine.core.history._decision import DEADLINE_TIMER
@@ -126,16 +127,37 @@ def _ran_without_key(s: SagaState) -> bool:
     return False
 
 
-async def _run_user(s: SagaState, started: SagaStarted) -> Any:
-    saga = s.saga = s.definition.cls()
+def _user_code(s: SagaState, started: SagaStarted) -> Coroutine[Any, Any, Any]:
+    """What the user's task runs: the saga's ``run`` itself, its object made and its
+    input read first (a coroutine fewer held by every waiting saga than a wrapper that
+    does both in the task); a limited saga waits for its key first (``_run_keyed``).
+    Whatever making them raises, the task raises, as it would have in the wrapper."""
     limit = s.definition.concurrency
     if limit is not None and key_value(limit, started.input) is not None:
-        await _hold_key(s)
+        return _run_keyed(s, started)
+    try:
+        saga = s.saga = s.definition.cls()
+        value = _run_input(s, started)
+    except BaseException as exc:  # (the lifecycle decides what the run's error does)
+        return _raising(exc)
+    return saga.run(s.ctx, value)
+
+
+async def _run_keyed(s: SagaState, started: SagaStarted) -> Any:
+    saga = s.saga = s.definition.cls()
+    await _hold_key(s)
+    return await saga.run(s.ctx, _run_input(s, started))
+
+
+def _run_input(s: SagaState, started: SagaStarted) -> BaseModel:
     # A run that continued as new starts from the input it was given (``_continuing``).
-    value = s.definition.input_type.model_validate(
+    return s.definition.input_type.model_validate(
         started.input if s.run_input is None else s.run_input
     )
-    return await saga.run(s.ctx, value)
+
+
+async def _raising(exc: BaseException) -> NoReturn:
+    raise exc
 
 
 async def _finish_stragglers(s: SagaState, *, unwinding: bool) -> None:
@@ -158,7 +180,7 @@ async def _finish_stragglers(s: SagaState, *, unwinding: bool) -> None:
 
 async def run_lifecycle(s: SagaState, started: SagaStarted) -> None:
     """The saga's whole run: the user's code, then completion, failure or compensation."""
-    s.user_task = s.loop.create_task(_run_user(s, started))
+    s.user_task = s.loop.create_task(_user_code(s, started))
     error: ErrorInfo | None = None
     try:
         result = await s.user_task

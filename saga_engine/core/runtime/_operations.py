@@ -14,7 +14,7 @@ import hashlib
 import inspect
 import random
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -362,7 +362,7 @@ async def _attempts(
     name, policy = request.name, request.retry or DEFAULT_STEP_RETRY
     generation, attempt, rounds, unknown, last_error = 0, 0, 0, False, ""
     id_generation = 0  # the generation command_id is of
-    sent: list[str] = []
+    sent: tuple[str, ...] = ()  # (a tuple: held while the step waits)
     began = s.tick()
     while True:
         attempt, rounds = attempt + 1, rounds + 1
@@ -371,7 +371,7 @@ async def _attempts(
             id_generation = generation
         issued = _issue(s, request, command, command_id, attempt, spec)
         if issued.command_id not in sent:
-            sent.append(issued.command_id)
+            sent = (*sent, issued.command_id)
         future = command_future(s, issued, request.returns)
         try:
             reply = await future
@@ -468,7 +468,7 @@ async def _park(
     failed: StepFailed | StepTimedOut,
     unknown: bool,
     spec: CompensationSpec | None,
-    sent: list[str],
+    sent: Sequence[str],
     began: int,
 ) -> RetryRequested | StepSkipped:
     """The step cannot succeed by retrying, and it parks rather than compensating (its

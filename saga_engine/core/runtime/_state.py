@@ -25,6 +25,7 @@ import asyncio
 import itertools
 import random
 from collections import deque
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal, NoReturn
 
@@ -280,7 +281,7 @@ class SagaState(Fold):
         return self.ticks
 
     def owe(
-        self, step: str, spec: CompensationSpec | None, sent: list[str], began: int = 0
+        self, step: str, spec: CompensationSpec | None, sent: Sequence[str], began: int = 0
     ) -> None:
         """``step`` was (or may have been) applied: its compensation, if it has one, is
         owed. The stack is the code's: it decides the order compensation_started records;

@@ -110,7 +110,7 @@ def give_up(
     s: SagaState,
     step: str,
     spec: CompensationSpec | None,
-    sent: list[str],
+    sent: Sequence[str],
     began: int,
     *,
     in_doubt: bool,
@@ -165,7 +165,7 @@ def _joins_the_stack(s: SagaState, step: str) -> bool:
 def _abandon(
     s: SagaState,
     step: str,
-    sent: list[str],
+    sent: Sequence[str],
     in_doubt: bool,
     cancelled: asyncio.CancelledError,
     owed: OwedCompensation | None,
