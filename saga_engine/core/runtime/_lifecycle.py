@@ -96,8 +96,8 @@ def request_cancel(
         return
     s.cancel_reason = reason
     s.cancel_message = message
-    if s.user_task is not None and not s.user_task.done():
-        s.user_task.cancel()
+    if s.user_running and s.lifecycle is not None:
+        s.lifecycle.cancel()  # the user's code runs in it (``run_lifecycle``)
 
 
 # --------------------------------------------------------------------------- lifecycle
@@ -128,19 +128,15 @@ def _ran_without_key(s: SagaState) -> bool:
 
 
 def _user_code(s: SagaState, started: SagaStarted) -> Coroutine[Any, Any, Any]:
-    """What the user's task runs: the saga's ``run`` itself, its object made and its
-    input read first (a coroutine fewer held by every waiting saga than a wrapper that
-    does both in the task); a limited saga waits for its key first (``_run_keyed``).
-    Whatever making them raises, the task raises, as it would have in the wrapper."""
+    """The user's code as ``run_lifecycle`` awaits it: the saga's ``run`` itself, its
+    object made and its input read first (a coroutine fewer held by every waiting saga
+    than a wrapper that does both); a limited saga waits for its key first
+    (``_run_keyed``). What making them raises, the lifecycle takes as the run's error."""
     limit = s.definition.concurrency
     if limit is not None and key_value(limit, started.input) is not None:
         return _run_keyed(s, started)
-    try:
-        saga = s.saga = s.definition.cls()
-        value = _run_input(s, started)
-    except BaseException as exc:  # (the lifecycle decides what the run's error does)
-        return _raising(exc)
-    return saga.run(s.ctx, value)
+    saga = s.saga = s.definition.cls()
+    return saga.run(s.ctx, _run_input(s, started))
 
 
 async def _run_keyed(s: SagaState, started: SagaStarted) -> Any:
@@ -154,10 +150,6 @@ def _run_input(s: SagaState, started: SagaStarted) -> BaseModel:
     return s.definition.input_type.model_validate(
         started.input if s.run_input is None else s.run_input
     )
-
-
-async def _raising(exc: BaseException) -> NoReturn:
-    raise exc
 
 
 async def _finish_stragglers(s: SagaState, *, unwinding: bool) -> None:
@@ -179,21 +171,34 @@ async def _finish_stragglers(s: SagaState, *, unwinding: bool) -> None:
 
 
 async def run_lifecycle(s: SagaState, started: SagaStarted) -> None:
-    """The saga's whole run: the user's code, then completion, failure or compensation."""
-    s.user_task = s.loop.create_task(_user_code(s, started))
-    error: ErrorInfo | None = None
+    """The saga's whole run: the user's code, then completion, failure or compensation.
+
+    The user's code runs in this task (``s.user_running`` while it does: a cancel stops
+    it, not what follows), then this goes on one callback later, where it went on when
+    the user's code had a task of its own that this one awaited: what was scheduled in
+    between (a sibling task's step) still runs first, so histories replay as recorded."""
+    s.user_running = True
     try:
-        result = await s.user_task
-    except asyncio.CancelledError:
+        result = await _user_code(s, started)
+    except (Halt, GeneratorExit, KeyboardInterrupt, SystemExit):
+        # Nondeterminism, or the runtime is being discarded: no more code runs.
+        s.user_running = False
+        raise
+    except BaseException as exc:
+        ended: BaseException | None = exc
+    else:
+        ended = None
+    s.user_running = False
+    await asyncio.sleep(0)  # (no clock: a bare yield to the loop)
+    error: ErrorInfo | None = None
+    if isinstance(ended, asyncio.CancelledError):
         pass
-    except (Halt, GeneratorExit):
-        raise  # nondeterminism, or the runtime is being discarded: no more code runs
-    except DefinitionError as exc:
+    elif isinstance(ended, DefinitionError):
         # The code misused the engine somewhere ctx could not catch it (the asyncio
         # clock, say): parked like the rest, not compensated.
-        s.definition_error(str(exc))
-    except BaseException as exc:  # the run failed: compensate
-        error = error_info(exc, None if isinstance(exc, SignalTimeout) else s.current_step)
+        s.definition_error(str(ended))
+    elif ended is not None:  # the run failed: compensate
+        error = error_info(ended, None if isinstance(ended, SignalTimeout) else s.current_step)
     else:
         if s.cancel_reason is None:
             try:

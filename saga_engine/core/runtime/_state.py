@@ -134,7 +134,7 @@ class SagaState(Fold):
         "undo_waiter",
         "unwinding",
         "update_waiters",
-        "user_task",
+        "user_running",
     )
 
     checked = True
@@ -191,7 +191,8 @@ class SagaState(Fold):
         #: Seeded on first use (see ``_operations``): most sagas never ask for randomness.
         self.rng: random.Random | None = None
         self.lifecycle: asyncio.Task[None] | None = None
-        self.user_task: asyncio.Task[Any] | None = None
+        #: The user's ``run`` is under way (in the lifecycle's task: ``run_lifecycle``).
+        self.user_running = False
         self.cancel_reason: Literal["cancel", "deadline", "forced"] | None = None
         self.cancel_message = ""
         self.closing = False
