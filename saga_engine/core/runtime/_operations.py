@@ -161,7 +161,7 @@ def step(
     command_id = command_id_for(s.scope, request.name, 0, compensation=False)
     _check_size(s, request, payload, command_id, spec, limit)
     request = _priced(s, request, limit)
-    return _attempts(s, request, (payload, payload_hash), command_id, spec)
+    return _attempts(s, request, payload, payload_hash, command_id, spec)
 
 
 def _passed(s: SagaState, request: StepRequest, result: JsonDict) -> JsonDict:
@@ -352,12 +352,13 @@ def _compensation(request: StepRequest, live: bool) -> CompensationSpec | None:
 async def _attempts(
     s: SagaState,
     request: StepRequest,
-    command: tuple[JsonDict, str],
+    payload: JsonDict,
+    payload_hash: str,
     command_id: str,
     spec: CompensationSpec | None,
 ) -> JsonDict:
-    """``command``: its payload and that payload's hash; ``command_id``: its first
-    generation's id. Each attempt's reply is awaited here (``command_future``), not in a
+    """``payload``: the command's, and ``payload_hash`` its hash (apart, not a tuple:
+    held while the step waits); ``command_id``: its first generation's id. Each attempt's reply is awaited here (``command_future``), not in a
     coroutine of its own: see ``step``."""
     name, policy = request.name, request.retry or DEFAULT_STEP_RETRY
     generation, attempt, rounds, unknown, last_error = 0, 0, 0, False, ""
@@ -369,7 +370,7 @@ async def _attempts(
         if generation != id_generation:
             command_id = command_id_for(s.scope, name, generation, compensation=False)
             id_generation = generation
-        issued = _issue(s, request, command, command_id, attempt, spec)
+        issued = _issue(s, request, payload, payload_hash, command_id, attempt, spec)
         if issued.command_id not in sent:
             sent = (*sent, issued.command_id)
         future = command_future(s, issued, request.returns)
@@ -413,7 +414,7 @@ async def _attempts(
                 # refusal under the old id), goes under a new id: the next generation.
                 generation += 1
             if answer.command is not None:
-                command = (answer.command, canonical_hash(answer.command))
+                payload, payload_hash = answer.command, canonical_hash(answer.command)
             rounds = 0
             continue
         try:
@@ -430,7 +431,8 @@ async def _attempts(
 def _issue(
     s: SagaState,
     request: StepRequest,
-    command: tuple[JsonDict, str],
+    payload: JsonDict,
+    payload_hash: str,
     command_id: str,
     attempt: int,
     spec: CompensationSpec | None,
@@ -438,7 +440,6 @@ def _issue(
     """Records (or on replay matches) one attempt of a forward step's command; a polled
     one (``StepRequest.poll``) is sent again at its period until answered."""
     timeout = request.timeout
-    payload, payload_hash = command
     issued = emit(
         s,
         CommandIssued(
