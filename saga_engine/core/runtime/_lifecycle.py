@@ -212,6 +212,7 @@ async def run_lifecycle(s: SagaState, started: SagaStarted) -> None:
                 if started.parent is not None:
                     await _undo_when_asked(s)
                 return
+    ended = None  # (its traceback holds the user's frames: not kept while undoing)
     if error is not None and s.past_pivot and s.cancel_reason is None:
         _failed_past_pivot(s, error)
     await _finish_stragglers(s, unwinding=True)
