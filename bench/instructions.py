@@ -21,7 +21,9 @@ The cyclic collector is off in the workloads (``bench/ir/__main__.py`` says why)
   path from the rows' bytes) and the saga rebuilt, per event; ``replay_read_...`` and
   ``replay_rebuild_...`` are the two parts (``bench/ir/replay.py``);
 - ``memory_bytes_per_resident_saga``: Python's traced allocations per waiting saga an
-  in-memory engine holds (``bench/ir/memory.py``; not under valgrind).
+  in-memory engine holds (``bench/ir/memory.py``; not under valgrind);
+  ``memory_floor_bytes_per_resident_saga``: the same saga as a bare coroutine holding
+  its models and waiting on a future, nothing of the runtime: its floor.
 
 ::
 
@@ -245,6 +247,8 @@ def main(argv: list[str]) -> int:
         mem = memory(sagas)
         out["memory_bytes_per_resident_saga"] = mem["bytes_per_resident_saga"]
         out["memory_with_history_bytes_per_saga"] = mem["with_history_bytes_per_saga"]
+        # Its floor, a ceiling measured in the same run (bench/ir/memory.floor).
+        out["memory_floor_bytes_per_resident_saga"] = mem["floor_bytes_per_resident_saga"]
         out["memory_sagas"] = sagas
     out.update(
         {

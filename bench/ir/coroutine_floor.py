@@ -64,14 +64,21 @@ async def _fails(ctx: _Ctx, raw: dict[str, Any]) -> dict[str, Any] | None:
     return Placed().model_dump()
 
 
+def started(k: int) -> tuple[DeterministicLoop, _Ctx, asyncio.Task[dict[str, Any] | None]]:
+    """The k-th bare saga (even ones complete, odd ones fail, as ``shape.saga_of``) on a
+    loop of its own, run until it waits for its first step's reply."""
+    # As the runtime makes it (mypy sees AbstractEventLoop's I/O methods as abstract).
+    loop = DeterministicLoop()  # type: ignore[abstract]
+    ctx = _Ctx(loop)
+    code = _completes if k % 2 == 0 else _fails
+    task: asyncio.Task[dict[str, Any] | None] = loop.create_task(code(ctx, {"n": k}))
+    loop.run_until_quiescent()
+    return loop, ctx, task
+
+
 def run(n: int) -> int:
     for k in range(n):
-        # As the runtime makes it (mypy sees AbstractEventLoop's I/O methods as abstract).
-        loop = DeterministicLoop()  # type: ignore[abstract]
-        ctx = _Ctx(loop)
-        code = _completes if k % 2 == 0 else _fails
-        task = loop.create_task(code(ctx, {"n": k}))
-        loop.run_until_quiescent()
+        loop, ctx, task = started(k)
         sent = 0
         while not task.done():
             assert ctx.pending is not None

@@ -20,10 +20,10 @@ Two readers build on it and add only their own part:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Set
+from collections.abc import Callable
 from datetime import datetime
 from enum import Enum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn, TypeVar
 
 import msgspec
 from pydantic import BaseModel
@@ -156,6 +156,43 @@ class Awaited(msgspec.Struct, frozen=True):
         return self.held is None or wait_id in self.held
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _SharedEmpty(dict[Any, Any]):
+    """An empty dict every saga shares until it has an entry of its own (``owned``),
+    which refuses to be written: a write to it would be every saga's. An engine holds a
+    saga's state for each saga in memory, and a dozen empty dicts are 64 bytes each."""
+
+    __slots__ = ()
+
+    def _refuse(self) -> NoReturn:
+        raise TypeError("the shared empty dict is read-only: write to owned(d)")
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._refuse()
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        self._refuse()
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self._refuse()
+
+    def __ior__(self, other: Any) -> NoReturn:  # type: ignore[misc]
+        self._refuse()
+
+
+#: See ``_SharedEmpty``: the value of a saga's dicts until their first entry.
+NO_ENTRIES: dict[Any, Any] = _SharedEmpty()
+
+
+def owned(entries: dict[K, V]) -> dict[K, V]:
+    """``entries``, or a dict of the saga's own in place of the shared ``NO_ENTRIES``:
+    what is written to first."""
+    return {} if entries is NO_ENTRIES else entries
+
+
 #: The open event waits of a saga that has none: shared, never written to (most sagas
 #: never wait for a domain event, and an empty dict each is memory for nothing).
 NO_WAITS: dict[str, EventWait] = {}
@@ -206,9 +243,14 @@ def signal_of(timer_id: str) -> str | None:
     return timer_id[len("signal:") :].rpartition(":")[0]
 
 
-#: The empty value of the id sets until their first id: four empty sets are most of a
-#: kilobyte per saga in memory, and many sagas never fill some of them.
-NO_IDS: frozenset[str] = frozenset()
+#: A saga's ids of one kind (commands issued, signals and domain events seen, ...): a
+#: tuple while they are few, a set past ``_FEW_IDS``. A set of one id is 216 bytes, of
+#: five 728, and an engine holds a few per saga in memory; a tuple of sixteen is 168,
+#: and looking an id up in it costs no more than hashing it.
+Ids = tuple[str, ...] | set[str]
+#: The ids of a kind until the first (shared: a tuple is never written to).
+NO_IDS: Ids = ()
+_FEW_IDS = 16
 
 
 #: No step parked: shared by every fold until its first ``step_parked`` (an empty dict
@@ -217,11 +259,17 @@ NO_IDS: frozenset[str] = frozenset()
 NO_PARKED: dict[str, ParkedStep] = {}
 
 
-def with_id(ids: Set[str], value: str) -> set[str]:
-    """``ids`` with ``value`` added: the set itself, or a new one in place of NO_IDS."""
-    out = ids if isinstance(ids, set) else set(ids)
-    out.add(value)
-    return out
+def with_id(ids: Ids, value: str) -> Ids:
+    """``ids`` with ``value`` added: the set itself, or a new tuple (a set once they are
+    more than ``_FEW_IDS``)."""
+    if type(ids) is set:
+        ids.add(value)
+        return ids
+    if value in ids:
+        return ids
+    if len(ids) < _FEW_IDS:
+        return (*ids, value)
+    return {*ids, value}
 
 
 #: The status each of the saga's ends leaves it in.
@@ -283,13 +331,13 @@ class Fold:
         self.stuck_steps: tuple[str, ...] = ()
         self.started: SagaStarted | None = None
         self.inflight: dict[str, Sent] = {}
-        self.timers: dict[str, Timer] = {}
-        self.issued_ids: Set[str] = NO_IDS
+        self.timers: dict[str, Timer] = NO_ENTRIES
+        self.issued_ids: Ids = NO_IDS
         #: The parent's compensation commands this child was asked to undo by.
-        self.undo_ids: Set[str] = NO_IDS
-        self.seen_signals: Set[str] = NO_IDS
+        self.undo_ids: Ids = NO_IDS
+        self.seen_signals: Ids = NO_IDS
         #: The last attempt sent per forward command id (for a compensation's span link).
-        self.last_attempt: dict[str, int] = {}
+        self.last_attempt: dict[str, int] = NO_ENTRIES
         #: Forward steps parked for an operator (``step_parked``), by step.
         self.parked_steps: dict[str, ParkedStep] = NO_PARKED
         #: The pivot step, once its command is issued, and whether it has succeeded.
@@ -298,7 +346,7 @@ class Fold:
         #: The domain events waited for and not answered yet, by wait id; the ids of the
         #: domain events received (a fact answers a saga once).
         self.event_waits: dict[str, EventWait] = NO_WAITS
-        self.seen_events: Set[str] = NO_IDS
+        self.seen_events: Ids = NO_IDS
         #: The callback waits not answered yet, by wait id; the digest of each callback
         #: received, by wait id (a repeat gets the same answer, another body a conflict).
         self.callback_waits: dict[str, CallbackWait] = NO_CALLBACK_WAITS
@@ -423,6 +471,7 @@ class Fold:
     def _on_started(self, event: SagaStarted) -> None:
         self.started = event
         if event.deadline_at is not None:
+            self.timers = owned(self.timers)
             self.timers[DEADLINE_TIMER] = Timer(
                 DEADLINE_TIMER, "deadline", event.deadline_at, event.at
             )
@@ -432,12 +481,15 @@ class Fold:
         self.current_step = event.step
         self.issued_ids = with_id(self.issued_ids, command_id)
         if type(event) is CommandIssued:
-            self.last_attempt[command_id] = event.attempt
+            if event.attempt != 1:  # (a first attempt's is read as 1 without an entry)
+                self.last_attempt = owned(self.last_attempt)
+                self.last_attempt[command_id] = event.attempt
             if event.pivot:
                 self.pivot_step = event.step
         self.inflight[command_id] = Sent(event)
         if event.timeout_at is not None:
             timer_id = timeout_timer_id(command_id, event.attempt)
+            self.timers = owned(self.timers)
             self.timers[timer_id] = Timer(
                 timer_id, "timeout", event.timeout_at, event.at, command_id
             )
@@ -459,6 +511,7 @@ class Fold:
         return sent
 
     def _on_timer_started(self, event: TimerStarted) -> None:
+        self.timers = owned(self.timers)
         self.timers[event.timer_id] = Timer(event.timer_id, event.purpose, event.fire_at, event.at)
 
     def _on_timer_fired(self, event: TimerFired) -> Timer | None:
@@ -473,6 +526,7 @@ class Fold:
         if self.callback_waits is NO_CALLBACK_WAITS:
             self.callback_waits = {}
         self.callback_waits[event.wait_id] = CallbackWait(event)
+        self.timers = owned(self.timers)
         self.timers[event.wait_id] = Timer(
             event.wait_id, "callback_timeout", event.expires_at, event.at
         )
@@ -489,6 +543,7 @@ class Fold:
             self.event_waits = {}
         self.event_waits[event.wait_id] = EventWait(event)
         if event.timeout_at is not None:
+            self.timers = owned(self.timers)
             self.timers[event.wait_id] = Timer(
                 event.wait_id, "event_timeout", event.timeout_at, event.at
             )
@@ -617,7 +672,9 @@ class Fold:
         self.inflight = {}
         self.timers = {k: t for k, t in self.timers.items() if k == DEADLINE_TIMER}
         self.issued_ids = NO_IDS
-        self.seen_signals = frozenset(event.seen_signals)
+        self.seen_signals = NO_IDS
+        for signal_id in event.seen_signals:
+            self.seen_signals = with_id(self.seen_signals, signal_id)
         if event.pivot_step is not None:
             self.pivot_step, self.past_pivot = event.pivot_step, True
             self.timers.pop(DEADLINE_TIMER, None)

@@ -30,6 +30,7 @@ from saga_engine.core.history._events import (
     SagaStarted,
     SignalReceived,
 )
+from saga_engine.core.history._fold import owned
 from saga_engine.core.runtime._intents import check_open, emit
 from saga_engine.core.runtime._lifecycle import run_lifecycle
 from saga_engine.core.runtime._state import OwedCompensation, SagaState
@@ -154,7 +155,7 @@ def begin_run(s: SagaState, started: SagaStarted, continued: RunContinued) -> No
     s.apply(started)
     s.apply(continued)
     s.offset = continued.first_seq - 2
-    s.trace_context = dict(started.trace_context)
+    s.trace_context = started.trace_context
     s.run_input = continued.input
     s.ticks = continued.ticks
     s.counters = {kind: itertools.count(n) for kind, n in continued.counters.items()}
@@ -165,5 +166,6 @@ def begin_run(s: SagaState, started: SagaStarted, continued: RunContinued) -> No
             OwedCompensation(c.step, c.spec, tuple(c.forward_ids), c.began, c.owed_at, after, c.run)
         )
         if after is not None:
+            s.declared_after = owned(s.declared_after)
             s.declared_after[c.step] = after
     s.lifecycle = s.loop.create_task(run_lifecycle(s, started))

@@ -59,7 +59,15 @@ from saga_engine.core.history._events import (
     UndoRequested,
     UpdateReceived,
 )
-from saga_engine.core.history._fold import EventWait, ParkedStep, Sent, Settled, Timer, Unstuck
+from saga_engine.core.history._fold import (
+    EventWait,
+    ParkedStep,
+    Sent,
+    Settled,
+    Timer,
+    Unstuck,
+    owned,
+)
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.runtime._callbacks import callback_event, callback_to_code
 from saga_engine.core.runtime._lifecycle import (
@@ -559,7 +567,7 @@ def pass_to_code(s: SagaState, event: Event, settled: Settled) -> None:
 
 
 def _started_to_code(s: SagaState, event: SagaStarted, settled: Settled) -> None:
-    s.trace_context = dict(event.trace_context)
+    s.trace_context = event.trace_context  # (the start's own: read, never written)
     s.lifecycle = s.loop.create_task(run_lifecycle(s, event))
 
 
@@ -596,6 +604,7 @@ def _signal_to_code(s: SagaState, event: SignalReceived, settled: Settled) -> No
     if waiter is not None and not waiter.done():
         waiter.set_result(event.payload)
     else:
+        s.signals = owned(s.signals)
         s.signals.setdefault(event.name, deque()).append(event.payload)
 
 

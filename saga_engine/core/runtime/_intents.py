@@ -22,7 +22,7 @@ from saga_engine.core.history._events import (
     ReplyReceived,
     TimerStarted,
 )
-from saga_engine.core.history._fold import timeout_timer_id
+from saga_engine.core.history._fold import owned, timeout_timer_id
 from saga_engine.core.runtime._state import Halt, SagaState
 
 E = TypeVar("E", bound=Event)
@@ -60,6 +60,7 @@ def end_with_timer(s: SagaState, timer_id: str, future: asyncio.Future[Any]) -> 
 
 
 def next_id(s: SagaState, kind: str) -> int:
+    s.counters = owned(s.counters)
     return next(s.counters.setdefault(kind, itertools.count(1)))
 
 
@@ -76,18 +77,33 @@ async def await_command(
 ) -> ReplyReceived | None:
     """Waits for the answer to a command just emitted: its reply, or None when the
     attempt timed out."""
-    future: asyncio.Future[ReplyReceived | None] = s.loop.create_future()
-    sent = s.inflight[event.command_id]
-    sent.future, sent.returns = future, returns
+    future = command_future(s, event, returns)
     try:
         return await future
     finally:
-        # Answered (the fold let go of it, and of its attempt's timer, already), or given
-        # up by the code (its task cancelled), which no event records.
-        if s.inflight.pop(event.command_id, None) is not None and event.timeout_at is not None:
-            s.timers.pop(timeout_timer_id(event.command_id, event.attempt), None)
-        if s.polls:
-            s.polls.pop(event.command_id, None)
+        forget_command(s, event)
+
+
+def command_future(
+    s: SagaState, event: CommandIssued | CompensationIssued, returns: type[BaseModel] | None
+) -> asyncio.Future[ReplyReceived | None]:
+    """What the code awaits for the answer to a command just emitted (``await_command``;
+    a forward step awaits it in its own frame, one coroutine fewer per waiting saga):
+    its reply, or None when the attempt timed out. ``forget_command`` once it is over."""
+    future: asyncio.Future[ReplyReceived | None] = s.loop.create_future()
+    sent = s.inflight[event.command_id]
+    sent.future, sent.returns = future, returns
+    return future
+
+
+def forget_command(s: SagaState, event: CommandIssued | CompensationIssued) -> None:
+    """The wait for ``event``'s answer is over: answered (the fold let go of it, and of
+    its attempt's timer, already), or given up by the code (its task cancelled), which
+    no event records."""
+    if s.inflight.pop(event.command_id, None) is not None and event.timeout_at is not None:
+        s.timers.pop(timeout_timer_id(event.command_id, event.attempt), None)
+    if s.polls:
+        s.polls.pop(event.command_id, None)
 
 
 async def await_timer(

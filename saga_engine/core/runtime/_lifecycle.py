@@ -11,9 +11,10 @@ step answered by an operator (:func:`answer_waiting_step`).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from typing import Any, Literal, NoReturn
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from saga_engine.core.history._concurrency_keys import key_value
 from saga_engine.core.history._decision import DEADLINE_TIMER
@@ -95,8 +96,8 @@ def request_cancel(
         return
     s.cancel_reason = reason
     s.cancel_message = message
-    if s.user_task is not None and not s.user_task.done():
-        s.user_task.cancel()
+    if s.user_running and s.lifecycle is not None:
+        s.lifecycle.cancel()  # the user's code runs in it (``run_lifecycle``)
 
 
 # --------------------------------------------------------------------------- lifecycle
@@ -126,16 +127,29 @@ def _ran_without_key(s: SagaState) -> bool:
     return False
 
 
-async def _run_user(s: SagaState, started: SagaStarted) -> Any:
-    saga = s.saga = s.definition.cls()
+def _user_code(s: SagaState, started: SagaStarted) -> Coroutine[Any, Any, Any]:
+    """The user's code as ``run_lifecycle`` awaits it: the saga's ``run`` itself, its
+    object made and its input read first (a coroutine fewer held by every waiting saga
+    than a wrapper that does both); a limited saga waits for its key first
+    (``_run_keyed``). What making them raises, the lifecycle takes as the run's error."""
     limit = s.definition.concurrency
     if limit is not None and key_value(limit, started.input) is not None:
-        await _hold_key(s)
+        return _run_keyed(s, started)
+    saga = s.saga = s.definition.cls()
+    return saga.run(s.ctx, _run_input(s, started))
+
+
+async def _run_keyed(s: SagaState, started: SagaStarted) -> Any:
+    saga = s.saga = s.definition.cls()
+    await _hold_key(s)
+    return await saga.run(s.ctx, _run_input(s, started))
+
+
+def _run_input(s: SagaState, started: SagaStarted) -> BaseModel:
     # A run that continued as new starts from the input it was given (``_continuing``).
-    value = s.definition.input_type.model_validate(
+    return s.definition.input_type.model_validate(
         started.input if s.run_input is None else s.run_input
     )
-    return await saga.run(s.ctx, value)
 
 
 async def _finish_stragglers(s: SagaState, *, unwinding: bool) -> None:
@@ -157,21 +171,34 @@ async def _finish_stragglers(s: SagaState, *, unwinding: bool) -> None:
 
 
 async def run_lifecycle(s: SagaState, started: SagaStarted) -> None:
-    """The saga's whole run: the user's code, then completion, failure or compensation."""
-    s.user_task = s.loop.create_task(_run_user(s, started))
-    error: ErrorInfo | None = None
+    """The saga's whole run: the user's code, then completion, failure or compensation.
+
+    The user's code runs in this task (``s.user_running`` while it does: a cancel stops
+    it, not what follows), then this goes on one callback later, where it went on when
+    the user's code had a task of its own that this one awaited: what was scheduled in
+    between (a sibling task's step) still runs first, so histories replay as recorded."""
+    s.user_running = True
     try:
-        result = await s.user_task
-    except asyncio.CancelledError:
+        result = await _user_code(s, started)
+    except (Halt, GeneratorExit, KeyboardInterrupt, SystemExit):
+        # Nondeterminism, or the runtime is being discarded: no more code runs.
+        s.user_running = False
+        raise
+    except BaseException as exc:
+        ended: BaseException | None = exc
+    else:
+        ended = None
+    s.user_running = False
+    await asyncio.sleep(0)  # (no clock: a bare yield to the loop)
+    error: ErrorInfo | None = None
+    if isinstance(ended, asyncio.CancelledError):
         pass
-    except (Halt, GeneratorExit):
-        raise  # nondeterminism, or the runtime is being discarded: no more code runs
-    except DefinitionError as exc:
+    elif isinstance(ended, DefinitionError):
         # The code misused the engine somewhere ctx could not catch it (the asyncio
         # clock, say): parked like the rest, not compensated.
-        s.definition_error(str(exc))
-    except BaseException as exc:  # the run failed: compensate
-        error = error_info(exc, None if isinstance(exc, SignalTimeout) else s.current_step)
+        s.definition_error(str(ended))
+    elif ended is not None:  # the run failed: compensate
+        error = error_info(ended, None if isinstance(ended, SignalTimeout) else s.current_step)
     else:
         if s.cancel_reason is None:
             try:
@@ -185,6 +212,7 @@ async def run_lifecycle(s: SagaState, started: SagaStarted) -> None:
                 if started.parent is not None:
                     await _undo_when_asked(s)
                 return
+    ended = None  # (its traceback holds the user's frames: not kept while undoing)
     if error is not None and s.past_pivot and s.cancel_reason is None:
         _failed_past_pivot(s, error)
     await _finish_stragglers(s, unwinding=True)

@@ -40,6 +40,10 @@ _NO_CLOCK = (
 )
 
 
+#: The name of a saga's tasks (one string for all: see ``create_task``).
+_TASK_NAME = "saga"
+
+
 class DeterministicLoop(asyncio.AbstractEventLoop):
     def __init__(self) -> None:
         #: Callbacks to run, in order. None while there are none: an engine holds a loop
@@ -47,7 +51,8 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
         self._ready: collections.deque[asyncio.Handle] | None = None
         self._closed = False
         self.tasks: list[asyncio.Task[Any]] = []
-        self.errors: list[dict[str, Any]] = []
+        #: What the loop was told to report (None until the first: most loops never are).
+        self.errors: list[dict[str, Any]] | None = None
 
     # -- what Futures and Tasks need -------------------------------------------------
 
@@ -81,7 +86,10 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
         name: str | None = None,
         context: contextvars.Context | None = None,
     ) -> asyncio.Task[_T]:
-        task: asyncio.Task[_T] = asyncio.Task(coro, loop=self, name=name, context=context)
+        # Named: a task without a name gets one of its own ("Task-<n>"), 55 bytes a task.
+        task: asyncio.Task[_T] = asyncio.Task(
+            coro, loop=self, name=_TASK_NAME if name is None else name, context=context
+        )
         # Out of asyncio's registry of all tasks (a weak set, ~0.3 KB a task): a saga's
         # tasks run on this loop only, and asyncio.all_tasks() asks about running loops.
         asyncio.tasks._unregister_task(task)
@@ -103,9 +111,11 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
 
     def call_exception_handler(self, context: dict[str, Any]) -> None:
         # Unretrieved task exceptions and the like: keep them for diagnostics.
-        self.errors.append(context)
+        self.default_exception_handler(context)
 
     def default_exception_handler(self, context: dict[str, Any]) -> None:
+        if self.errors is None:
+            self.errors = []
         self.errors.append(context)
 
     # -- no clock ----------------------------------------------------------------------
@@ -205,5 +215,5 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
                 task.exception()  # retrieved: its finaliser has nothing to report
         self._ready = None
         self.tasks.clear()
-        self.errors.clear()
+        self.errors = None
         self._closed = True

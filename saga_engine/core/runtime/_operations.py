@@ -14,7 +14,7 @@ import hashlib
 import inspect
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -48,7 +48,7 @@ from saga_engine.core.history._events import (
     StepSkipped,
     TimerStarted,
 )
-from saga_engine.core.history._fold import with_id
+from saga_engine.core.history._fold import owned, with_id
 from saga_engine.core.history._policy import (
     DEFAULT_COMPENSATION_RETRY,
     DEFAULT_COMPENSATION_TIMEOUT,
@@ -57,7 +57,14 @@ from saga_engine.core.history._policy import (
     retry_after,
 )
 from saga_engine.core.history._structs import replace
-from saga_engine.core.runtime._intents import await_command, await_timer, check_open, emit, next_id
+from saga_engine.core.runtime._intents import (
+    await_timer,
+    check_open,
+    command_future,
+    emit,
+    forget_command,
+    next_id,
+)
 from saga_engine.core.runtime._state import Halt, Poll, SagaState
 from saga_engine.core.runtime._undo import give_up
 from saga_engine.kernel._errors import (
@@ -123,14 +130,21 @@ class CommandLimit:
 _TOO_LARGE = "too_large:"
 
 
-async def step(s: SagaState, request: StepRequest, limit: CommandLimit | None = None) -> JsonDict:
+def step(
+    s: SagaState, request: StepRequest, limit: CommandLimit | None = None
+) -> Coroutine[Any, Any, JsonDict]:
     """Sends the step's command until it is answered, per its retry policy; returns
     the success reply's payload. Raises StepFailed or StepTimedOut (a command, or its
-    compensation, above ``limit``: StepFailed before anything is sent)."""
+    compensation, above ``limit``: StepFailed before anything is sent).
+
+    Not a coroutine itself: awaited at once by the code that calls it (``ctx.step``), it
+    checks and prepares the step and returns the one coroutine that waits for its
+    replies (a coroutine fewer held by every waiting saga)."""
     check_open(s)
     _check_step(s, request)
     s.step_names = with_id(s.step_names, request.name)
     if request.after is not None:
+        s.declared_after = owned(s.declared_after)
         s.declared_after[request.name] = request.after
     # Refused here, in the saga's code, rather than by Postgres when the command is
     # appended (which would lose the input being handled). A replayed command was
@@ -148,7 +162,11 @@ async def step(s: SagaState, request: StepRequest, limit: CommandLimit | None = 
     command_id = command_id_for(s.scope, request.name, 0, compensation=False) if live else ""
     _check_size(s, request, payload, command_id, spec, limit)
     request = _priced(s, request, limit)
-    result = await _attempts(s, request, (payload, payload_hash), command_id, spec)
+    return _attempts(s, request, payload, payload_hash, command_id, spec)
+
+
+def _passed(s: SagaState, request: StepRequest, result: JsonDict) -> JsonDict:
+    """The step succeeded (or an operator skipped it): a pivot passed is recorded."""
     if request.pivot:
         emit(s, PivotPassed(at=s.now, step=request.name))
     return result
@@ -335,16 +353,19 @@ def _compensation(request: StepRequest, live: bool) -> CompensationSpec | None:
 async def _attempts(
     s: SagaState,
     request: StepRequest,
-    command: tuple[JsonDict, str],
+    payload: JsonDict,
+    payload_hash: str,
     command_id: str,
     spec: CompensationSpec | None,
 ) -> JsonDict:
-    """``command``: its payload and that payload's hash; ``command_id``: its first
-    generation's id ("": not derived, the step began in replay)."""
+    """``payload``: the command's, and ``payload_hash`` its hash (apart, not a tuple:
+    held while the step waits); ``command_id``: its first generation's id ("": not
+    derived, the step began in replay). Each attempt's reply is awaited here
+    (``command_future``), not in a coroutine of its own: see ``step``."""
     name, policy = request.name, request.retry or DEFAULT_STEP_RETRY
     generation, attempt, rounds, unknown, last_error = 0, 0, 0, False, ""
     id_generation = 0  # the generation command_id is of
-    sent: list[str] = []
+    sent: tuple[str, ...] = ()  # (a tuple: held while the step waits)
     began = s.tick()
     while True:
         attempt, rounds = attempt + 1, rounds + 1
@@ -356,22 +377,26 @@ async def _attempts(
                 command_id_for(s.scope, name, generation, compensation=False) if live else ""
             )
             id_generation = generation
-        issued = _issue(s, request, command, command_id, attempt, spec)
+        issued = _issue(s, request, payload, payload_hash, command_id, attempt, spec)
         if issued.command_id not in sent:
-            sent.append(issued.command_id)
+            sent = (*sent, issued.command_id)
+        future = command_future(s, issued, request.returns)
         try:
-            reply = await await_command(s, issued, request.returns)
-        except asyncio.CancelledError as cancelled:
-            # Stopped in flight: it may or may not have been applied.
-            give_up(s, name, spec, sent, began, in_doubt=True, cancelled=cancelled)
+            reply = await future
+        except BaseException as stopped:
+            forget_command(s, issued)
+            if isinstance(stopped, asyncio.CancelledError):
+                # Stopped in flight: it may or may not have been applied.
+                give_up(s, name, spec, sent, began, in_doubt=True, cancelled=stopped)
             raise
+        forget_command(s, issued)
         failed: StepFailed | StepTimedOut | None = None
         if reply is None:
             unknown, last_error = True, "timed out"
         elif reply.outcome == "success":
             if issued.command_id not in s.skipped_ids:  # (see _lifecycle.answer_waiting_step)
                 s.owe(name, spec, sent, began)
-            return reply.payload
+            return _passed(s, request, reply.payload)
         elif reply.outcome == "failure":  # refused: nothing was applied under its id
             unknown, last_error = False, reply.error or "refused by participant"
             failed = StepFailed(name, last_error, details=reply.payload)
@@ -390,13 +415,13 @@ async def _attempts(
                 raise failed
             answer = await _park(s, request, failed, unknown, spec, sent, began)
             if isinstance(answer, StepSkipped):
-                return answer.payload
+                return _passed(s, request, answer.payload)
             if answer.command is not None or (reply is not None and reply.outcome == "failure"):
                 # An edited command, or one its participant refused (and stored its
                 # refusal under the old id), goes under a new id: the next generation.
                 generation += 1
             if answer.command is not None:
-                command = (answer.command, canonical_hash(answer.command))
+                payload, payload_hash = answer.command, canonical_hash(answer.command)
             rounds = 0
             continue
         try:
@@ -413,7 +438,8 @@ async def _attempts(
 def _issue(
     s: SagaState,
     request: StepRequest,
-    command: tuple[JsonDict, str],
+    payload: JsonDict,
+    payload_hash: str,
     command_id: str,
     attempt: int,
     spec: CompensationSpec | None,
@@ -421,7 +447,6 @@ def _issue(
     """Records (or on replay matches) one attempt of a forward step's command; a polled
     one (``StepRequest.poll``) is sent again at its period until answered."""
     timeout = request.timeout
-    payload, payload_hash = command
     issued = emit(
         s,
         CommandIssued(
@@ -440,6 +465,7 @@ def _issue(
         ),
     )
     if request.poll is not None:
+        s.polls = owned(s.polls)
         s.polls[issued.command_id] = Poll(request.poll, issued.at + request.poll)
     return issued
 
@@ -450,7 +476,7 @@ async def _park(
     failed: StepFailed | StepTimedOut,
     unknown: bool,
     spec: CompensationSpec | None,
-    sent: list[str],
+    sent: Sequence[str],
     began: int,
 ) -> RetryRequested | StepSkipped:
     """The step cannot succeed by retrying, and it parks rather than compensating (its
@@ -564,6 +590,7 @@ async def wait_signal(s: SagaState, name: str, timeout: timedelta | None) -> Jso
     if name in s.signal_waiters:
         s.definition_error(f"two waits for signal {name!r} at once; wait for it in one place")
     future: asyncio.Future[JsonDict | None] = s.loop.create_future()
+    s.signal_waiters = owned(s.signal_waiters)
     s.signal_waiters[name] = future
     timer_id = None
     if timeout is not None:
@@ -628,6 +655,7 @@ def patched(s: SagaState, patch_id: str) -> bool:
     else:
         emit(s, PatchMarked(at=s.now, patch_id=patch_id))
         found = True
+    s.patches = owned(s.patches)
     s.patches[patch_id] = found
     return found
 

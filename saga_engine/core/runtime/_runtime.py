@@ -688,6 +688,6 @@ def _release(s: SagaState) -> None:
     s.undo_waiter = None
     s.given_up = ()
     s.lifecycle = None
-    s.user_task = None
+    s.user_running = False
     s.saga = None  # the user's object may hold the context (a cycle through it)
     s.ctx.detach()

@@ -25,7 +25,7 @@ import asyncio
 import itertools
 import random
 from collections import deque
-from collections.abc import Set
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal, NoReturn
 
@@ -42,7 +42,7 @@ from saga_engine.core.history._events import (
     RunContinued,
     SagaParked,
 )
-from saga_engine.core.history._fold import END_STATUS, NO_IDS, Awaited, Fold
+from saga_engine.core.history._fold import END_STATUS, NO_ENTRIES, NO_IDS, Awaited, Fold, Ids
 from saga_engine.core.runtime._loop import DeterministicLoop
 from saga_engine.kernel._errors import DefinitionError, NondeterminismError, PermanentError
 from saga_engine.kernel._serde import JsonDict
@@ -134,7 +134,7 @@ class SagaState(Fold):
         "undo_waiter",
         "unwinding",
         "update_waiters",
-        "user_task",
+        "user_running",
     )
 
     checked = True
@@ -146,7 +146,7 @@ class SagaState(Fold):
         self.definition = definition
         self.saga_id = saga_id
         self.saga_type = definition.name
-        self.trace_context: dict[str, str] = {}
+        self.trace_context: dict[str, str] = NO_ENTRIES
         #: The saga's time: the time of the input its code reacts to (``ctx.now()``).
         self.now: datetime = datetime.min
         #: The runner's time for the input being handled (for a replay, the time it
@@ -175,22 +175,24 @@ class SagaState(Fold):
         self._init_code()
 
     def _init_code(self) -> None:
-        """The state only the saga's code keeps (no event records it)."""
+        """The state only the saga's code keeps (no event records it). Its dicts are the
+        shared read-only ``NO_ENTRIES`` until their first entry (``owned``)."""
         #: Signals received before the code waited for them, per name.
-        self.signals: dict[str, deque[JsonDict]] = {}
-        self.signal_waiters: dict[str, asyncio.Future[JsonDict | None]] = {}
+        self.signals: dict[str, deque[JsonDict]] = NO_ENTRIES
+        self.signal_waiters: dict[str, asyncio.Future[JsonDict | None]] = NO_ENTRIES
         #: ``ctx.wait_update`` waits, by update name (None until the first: most sagas
         #: never wait for an update).
         self.update_waiters: dict[str, asyncio.Future[Any]] | None = None
         #: The compensations owed, in the order their steps were applied.
         self.owed: list[OwedCompensation] = []
-        self.step_names: Set[str] = NO_IDS
-        self.counters: dict[str, itertools.count[int]] = {}
-        self.patches: dict[str, bool] = {}
+        self.step_names: Ids = NO_IDS
+        self.counters: dict[str, itertools.count[int]] = NO_ENTRIES
+        self.patches: dict[str, bool] = NO_ENTRIES
         #: Seeded on first use (see ``_operations``): most sagas never ask for randomness.
         self.rng: random.Random | None = None
         self.lifecycle: asyncio.Task[None] | None = None
-        self.user_task: asyncio.Task[Any] | None = None
+        #: The user's ``run`` is under way (in the lifecycle's task: ``run_lifecycle``).
+        self.user_running = False
         self.cancel_reason: Literal["cancel", "deadline", "forced"] | None = None
         self.cancel_message = ""
         self.closing = False
@@ -204,13 +206,13 @@ class SagaState(Fold):
         self.given_up: tuple[tuple[OwedCompensation, asyncio.Task[None]], ...] = ()
         #: While compensations are stuck: what the operator decides ("retry" or "skip"),
         #: per step.
-        self.resume_waiters: dict[str, asyncio.Future[str]] = {}
+        self.resume_waiters: dict[str, asyncio.Future[str]] = NO_ENTRIES
         #: The dependencies each graph node's step declared (``StepRequest.after``).
-        self.declared_after: dict[str, frozenset[str]] = {}
+        self.declared_after: dict[str, frozenset[str]] = NO_ENTRIES
         #: The saga's count of the moments that order its undo (``tick``).
         self.ticks = 0
         #: Forward commands an operator answered by hand: they owe no compensation.
-        self.skipped_ids: Set[str] = NO_IDS
+        self.skipped_ids: Ids = NO_IDS
         #: A completed child waits here for its parent's undo (``UndoRequested``).
         self.undo_waiter: asyncio.Future[None] | None = None
         #: The saga object its ``run`` works on: updates and queries use its state.
@@ -220,7 +222,7 @@ class SagaState(Fold):
         #: Commands sent again at a period while unanswered, recording nothing (a child's
         #: start, ``StepRequest.poll``), by command id. No event records a poll: a loaded
         #: saga sends what it owes anyway, and then polls again from there.
-        self.polls: dict[str, Poll] = {}
+        self.polls: dict[str, Poll] = NO_ENTRIES
 
     # ------------------------------------------------------------------ queries
 
@@ -280,7 +282,7 @@ class SagaState(Fold):
         return self.ticks
 
     def owe(
-        self, step: str, spec: CompensationSpec | None, sent: list[str], began: int = 0
+        self, step: str, spec: CompensationSpec | None, sent: Sequence[str], began: int = 0
     ) -> None:
         """``step`` was (or may have been) applied: its compensation, if it has one, is
         owed. The stack is the code's: it decides the order compensation_started records;

@@ -51,6 +51,7 @@ from saga_engine.core.history._events import (
     ErrorInfo,
     StepAbandoned,
 )
+from saga_engine.core.history._fold import owned
 from saga_engine.core.history._policy import retry_after
 from saga_engine.core.runtime._intents import await_command, await_timer, emit
 from saga_engine.core.runtime._state import OwedCompensation, SagaState, id_scope
@@ -109,7 +110,7 @@ def give_up(
     s: SagaState,
     step: str,
     spec: CompensationSpec | None,
-    sent: list[str],
+    sent: Sequence[str],
     began: int,
     *,
     in_doubt: bool,
@@ -164,7 +165,7 @@ def _joins_the_stack(s: SagaState, step: str) -> bool:
 def _abandon(
     s: SagaState,
     step: str,
-    sent: list[str],
+    sent: Sequence[str],
     in_doubt: bool,
     cancelled: asyncio.CancelledError,
     owed: OwedCompensation | None,
@@ -321,6 +322,7 @@ async def _stuck(s: SagaState, owed: OwedCompensation, attempts: int, last_error
         ),
     )
     waiter: asyncio.Future[str] = s.loop.create_future()
+    s.resume_waiters = owned(s.resume_waiters)
     s.resume_waiters[owed.step] = waiter
     try:
         return await waiter

@@ -70,6 +70,8 @@ def test_memory_counts_what_the_resident_sagas_hold() -> None:
     result = run_workload("memory", 20)
     assert result["sagas"] == 20
     assert 0 < result["bytes_per_resident_saga"] < result["with_history_bytes_per_saga"]
+    # The bare coroutine holds the saga's models and its wait, and nothing of the runtime.
+    assert 0 < result["floor_bytes_per_resident_saga"] < result["bytes_per_resident_saga"]
 
 
 def test_a_figure_is_the_difference_of_two_run_lengths(tmp_path: Path) -> None:
