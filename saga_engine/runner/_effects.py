@@ -20,7 +20,6 @@ from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.kernel._errors import PermanentError
 from saga_engine.runner._cache import LiveSaga
-from saga_engine.runner._observer import Applied
 from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._path_inputs import Work
 from saga_engine.telemetry._spans import SendTime
@@ -72,8 +71,9 @@ class Effects:
             await self._send_pipelined(sending)
         else:
             await self._send_one_by_one(sending)
+        self._observer.applied(works, at)
         for work in works:
-            self._settle(work, at)
+            self._settle(work)
 
     async def drive(self, work: Work, live: LiveSaga) -> None:
         """Sends what ``live`` owes (this engine drives it from now on); a failed send
@@ -143,28 +143,9 @@ class Effects:
 
     # ------------------------------------------------------------------ bookkeeping
 
-    def _settle(self, work: Work, at: SendTime | None) -> None:
+    def _settle(self, work: Work) -> None:
         live, last = work.live, work.last
         assert live is not None
-        ended = last.status if last is not None and last.status.is_terminal else None
-        self._observer.applied(
-            Applied(
-                work.saga_id,
-                live,
-                work.events,
-                work.held,
-                work.commands,
-                work.resent,
-                at,
-                send_failed=work.send_error is not None,
-                created=work.created is not None,
-                rebuilt=work.rebuilt,
-                ended=ended,
-                error=last.projection.error if last is not None else None,
-                dropped=work.dropped,
-                deduplicated=work.deduplicated,
-            )
-        )
         if work.send_error is not None:
             # Its inputs are recorded: they are not failed (the inbox would apply them
             # again, holding every other saga's records meanwhile). The copy is let go
@@ -180,7 +161,7 @@ class Effects:
             self._flow.settle(work.saga_id, live.runtime, work.events)
         if last is not None and (last.status.is_terminal or last.status.is_parked):
             self._waiters.notify(work.saga_id)
-        if ended is not None:
+        if last is not None and last.status.is_terminal:
             self._live.evict(work.saga_id)
         elif last is not None or work.fresh_copy or work.rearm:
             self._live.arm(work.saga_id, live)
