@@ -307,6 +307,8 @@ class SagaSpans:
 
     def applied(self, saga_id: str, events: Iterable[Event]) -> None:
         """Ends the spans that the committed events answer."""
+        if not self._open:
+            return  # none open (nothing records, say): no event can end one
         for event in events:
             if type(event) not in _ANSWERS:
                 # Most are not answers: tested once here, as isinstance of each struct's
