@@ -153,7 +153,7 @@ class InputPath:
 
     async def _passes(self, works: list[Work]) -> None:
         """Decide, write, send and settle, until no saga of the batch is to go again."""
-        backoff = CONFLICT.backoff()
+        backoff = None  # made on the first conflict that waits: most batches have none
         pending = works
         while pending:
             for work in pending:
@@ -179,6 +179,8 @@ class InputPath:
                 work.rebuild = True
                 again.append(work)
             if any(w.rebuild and w.conflicts > 1 for w in again):
+                if backoff is None:
+                    backoff = CONFLICT.backoff()
                 await backoff.sleep()
             pending = again
 
