@@ -47,25 +47,15 @@ class Effects:
 
     async def apply(self, works: list[Work]) -> None:
         """Sends what ``works`` decided and owe, then settles each of them."""
-        with_commands = 0
-        for work in works:
-            if work.events:
-                # Crash points for fault-injection tests: the events are durable, the
-                # commands not yet sent.
-                self._crash("after_append")
-                if work.commands:
-                    with_commands += 1
-                    self._crash("before_send")
-                    if any(c.compensation for c in work.commands):
-                        self._crash("before_send_compensation")
-        if with_commands > 1:
-            self._crash("after_batch_append")
+        if self._crash_hook is not None:
+            self._before_send(works)
         sending: list[_Sending] = []
         for work in works:
             if work.to_resend:
                 work.resent = work.to_resend_now()
                 sending += [(work, command, True) for command in work.resent]
-            sending += [(work, command, False) for command in work.commands]
+            for command in work.commands:
+                sending.append((work, command, False))
         at = SendTime.now() if sending else None
         if self._pipelined is not None:
             await self._send_pipelined(sending)
@@ -118,8 +108,8 @@ class Effects:
                 # await_acks() gives a TransientError for every acknowledgement not given.
                 assert isinstance(error, Exception)
                 self._not_sent(one, error)
-            elif not one[2]:  # a crash point of the commands decided now, not of re-sends
-                self._crash("after_send")
+            elif not one[2] and self._crash_hook is not None:
+                self._crash("after_send")  # a crash point of the commands decided now
 
     async def _send_one_by_one(self, sending: list[_Sending]) -> None:
         for one in sending:
@@ -129,8 +119,8 @@ class Effects:
                 except Exception as exc:
                     self._not_sent(one, exc)
                 else:
-                    if not one[2]:
-                        self._crash("after_send")
+                    if not one[2] and self._crash_hook is not None:
+                        self._crash("after_send")  # of the commands decided now
 
     def _not_sent(self, one: _Sending, error: Exception) -> None:
         work, command, _ = one
@@ -168,6 +158,21 @@ class Effects:
             # Committed: a saga that waits for a domain event is owed the facts kept.
             if self._matcher is not None and live.runtime.state.event_waits:
                 self._matcher.wait_committed(work.saga_id)
+
+    def _before_send(self, works: list[Work]) -> None:
+        """Crash points for fault-injection tests: the events are durable, the commands
+        not yet sent."""
+        with_commands = 0
+        for work in works:
+            if work.events:
+                self._crash("after_append")
+                if work.commands:
+                    with_commands += 1
+                    self._crash("before_send")
+                    if any(c.compensation for c in work.commands):
+                        self._crash("before_send_compensation")
+        if with_commands > 1:
+            self._crash("after_batch_append")
 
     def _crash(self, point: str) -> None:
         if self._crash_hook is not None:
