@@ -13,8 +13,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -47,34 +48,46 @@ class LiveSaga:
     touched: float = 0.0
 
 
-@dataclass(slots=True)
-class _Entry:
-    lock: asyncio.Lock
-    #: Holders and waiters: the entry is dropped when the last of them is done.
-    users: int = 0
-
-
 class KeyedLocks:
+    """One lock per key, first come first served, living only while held or awaited.
+
+    A lock nobody waits for is its key in a dict, nothing more: taken and given back
+    once per saga per batch, an ``asyncio.Lock`` and an entry for it were built and
+    dropped each time. The first waiter adds the queue of waiters' futures; a release
+    hands the lock to the first waiter still waiting, or drops the key."""
+
     def __init__(self) -> None:
-        self._entries: dict[str, _Entry] = {}
+        #: Held keys: None while nobody waits, else the waiters' futures in order.
+        self._entries: dict[str, deque[asyncio.Future[None]] | None] = {}
 
     async def acquire(self, key: str) -> None:
-        entry = self._entries.get(key)
-        if entry is None:
-            entry = self._entries[key] = _Entry(asyncio.Lock())
-        # Counted before the wait: a waiter keeps the entry alive, so the holder's
-        # release cannot drop the lock it is queued on.
-        entry.users += 1
+        entries = self._entries
+        if key not in entries:
+            entries[key] = None  # free: taken without a wait
+            return
+        waiters = entries[key]
+        if waiters is None:
+            waiters = entries[key] = deque()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters.append(future)
         try:
-            await entry.lock.acquire()
+            await future
         except BaseException:
-            self._done(key, entry)
+            if future.done() and not future.cancelled():
+                self.release(key)  # handed over as it was cancelled: passed on
+            else:
+                with contextlib.suppress(ValueError):  # a release skipped it already
+                    waiters.remove(future)
             raise
 
     def release(self, key: str) -> None:
-        entry = self._entries[key]
-        entry.lock.release()
-        self._done(key, entry)
+        waiters = self._entries[key]
+        while waiters:
+            future = waiters.popleft()
+            if not future.done():  # (a cancelled waiter's is done)
+                future.set_result(None)  # handed over: the key stays held
+                return
+        del self._entries[key]
 
     def held(self, key: str) -> bool:
         """Someone holds or waits for ``key``'s lock."""
@@ -86,11 +99,6 @@ class KeyedLocks:
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    def _done(self, key: str, entry: _Entry) -> None:
-        entry.users -= 1
-        if entry.users == 0:
-            del self._entries[key]
 
 
 class _Held:

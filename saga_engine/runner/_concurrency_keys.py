@@ -58,6 +58,13 @@ class KeyGate:
         self._depth = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        #: A saga type deployed here declares a concurrency limit: without one, no saga
+        #: of a batch owes anything for a key (``after`` is not called).
+        self.limited = any(
+            definition.concurrency is not None
+            for name in parts.registry.names()
+            for definition in parts.registry.versions(name).values()
+        )
 
     def close(self) -> None:
         self._closed = True

@@ -20,7 +20,6 @@ from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.kernel._errors import PermanentError
 from saga_engine.runner._cache import LiveSaga
-from saga_engine.runner._observer import Applied
 from saga_engine.runner._parts import EngineParts
 from saga_engine.runner._path_inputs import Work
 from saga_engine.telemetry._spans import SendTime
@@ -48,32 +47,23 @@ class Effects:
 
     async def apply(self, works: list[Work]) -> None:
         """Sends what ``works`` decided and owe, then settles each of them."""
-        with_commands = 0
-        for work in works:
-            if work.events:
-                # Crash points for fault-injection tests: the events are durable, the
-                # commands not yet sent.
-                self._crash("after_append")
-                if work.commands:
-                    with_commands += 1
-                    self._crash("before_send")
-                    if any(c.compensation for c in work.commands):
-                        self._crash("before_send_compensation")
-        if with_commands > 1:
-            self._crash("after_batch_append")
+        if self._crash_hook is not None:
+            self._before_send(works)
         sending: list[_Sending] = []
         for work in works:
             if work.to_resend:
                 work.resent = work.to_resend_now()
                 sending += [(work, command, True) for command in work.resent]
-            sending += [(work, command, False) for command in work.commands]
+            for command in work.commands:
+                sending.append((work, command, False))
         at = SendTime.now() if sending else None
         if self._pipelined is not None:
             await self._send_pipelined(sending)
         else:
             await self._send_one_by_one(sending)
+        self._observer.applied(works, at)
         for work in works:
-            self._settle(work, at)
+            self._settle(work)
 
     async def drive(self, work: Work, live: LiveSaga) -> None:
         """Sends what ``live`` owes (this engine drives it from now on); a failed send
@@ -118,8 +108,8 @@ class Effects:
                 # await_acks() gives a TransientError for every acknowledgement not given.
                 assert isinstance(error, Exception)
                 self._not_sent(one, error)
-            elif not one[2]:  # a crash point of the commands decided now, not of re-sends
-                self._crash("after_send")
+            elif not one[2] and self._crash_hook is not None:
+                self._crash("after_send")  # a crash point of the commands decided now
 
     async def _send_one_by_one(self, sending: list[_Sending]) -> None:
         for one in sending:
@@ -129,8 +119,8 @@ class Effects:
                 except Exception as exc:
                     self._not_sent(one, exc)
                 else:
-                    if not one[2]:
-                        self._crash("after_send")
+                    if not one[2] and self._crash_hook is not None:
+                        self._crash("after_send")  # of the commands decided now
 
     def _not_sent(self, one: _Sending, error: Exception) -> None:
         work, command, _ = one
@@ -143,28 +133,9 @@ class Effects:
 
     # ------------------------------------------------------------------ bookkeeping
 
-    def _settle(self, work: Work, at: SendTime | None) -> None:
+    def _settle(self, work: Work) -> None:
         live, last = work.live, work.last
         assert live is not None
-        ended = last.status if last is not None and last.status.is_terminal else None
-        self._observer.applied(
-            Applied(
-                work.saga_id,
-                live,
-                work.events,
-                work.held,
-                work.commands,
-                work.resent,
-                at,
-                send_failed=work.send_error is not None,
-                created=work.created is not None,
-                rebuilt=work.rebuilt,
-                ended=ended,
-                error=last.projection.error if last is not None else None,
-                dropped=work.dropped,
-                deduplicated=work.deduplicated,
-            )
-        )
         if work.send_error is not None:
             # Its inputs are recorded: they are not failed (the inbox would apply them
             # again, holding every other saga's records meanwhile). The copy is let go
@@ -180,13 +151,28 @@ class Effects:
             self._flow.settle(work.saga_id, live.runtime, work.events)
         if last is not None and (last.status.is_terminal or last.status.is_parked):
             self._waiters.notify(work.saga_id)
-        if ended is not None:
+        if last is not None and last.status.is_terminal:
             self._live.evict(work.saga_id)
         elif last is not None or work.fresh_copy or work.rearm:
             self._live.arm(work.saga_id, live)
             # Committed: a saga that waits for a domain event is owed the facts kept.
             if self._matcher is not None and live.runtime.state.event_waits:
                 self._matcher.wait_committed(work.saga_id)
+
+    def _before_send(self, works: list[Work]) -> None:
+        """Crash points for fault-injection tests: the events are durable, the commands
+        not yet sent."""
+        with_commands = 0
+        for work in works:
+            if work.events:
+                self._crash("after_append")
+                if work.commands:
+                    with_commands += 1
+                    self._crash("before_send")
+                    if any(c.compensation for c in work.commands):
+                        self._crash("before_send_compensation")
+        if with_commands > 1:
+            self._crash("after_batch_append")
 
     def _crash(self, point: str) -> None:
         if self._crash_hook is not None:

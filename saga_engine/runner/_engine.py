@@ -126,6 +126,9 @@ class Engine:
         if not isinstance(parts, EngineParts):
             parts = EngineParts.build(parts, **adapters)
         self._settings = parts.settings
+        #: The largest payload taken directly (a start's input, a signal, a reply):
+        #: worked out once, not for every reply.
+        self._payload_limit = payload_limit(parts.settings)
         self._registry = parts.registry
         self._rollouts = parts.rollouts
         #: The flow policies configured (1 first): a start chooses among them.
@@ -592,4 +595,4 @@ class Engine:
                 check_storable(payload, what, *loc)  # names the value JSON cannot carry
                 raise
             size = len(dumps(storable_copy(payload)))
-        check_message_size(size, payload_limit(self._settings), what)
+        check_message_size(size, self._payload_limit, what)

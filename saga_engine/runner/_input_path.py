@@ -36,7 +36,13 @@ from collections.abc import Awaitable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from saga_engine.core.history._decision import DropReason, Reply, Resume, TimerDue
+from saga_engine.core.history._decision import (
+    DropReason,
+    OutboundCommand,
+    Reply,
+    Resume,
+    TimerDue,
+)
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.core.runtime._start import (
@@ -130,17 +136,17 @@ class InputPath:
         # Outside the locks: asking for a key applies the answer through this path. Only
         # sagas whose pass went through: a copy whose write failed may be ahead of the
         # store (an end not recorded must not release the key).
-        await self.keys.after([w for w in works.values() if w.settles])
-        await self._answer_refused()
+        if self.keys.limited:
+            await self.keys.after([w for w in works.values() if w.settles])
+        refused = self._effects.take_refused()
+        if refused:
+            await self._answer_refused(refused)
         return outcomes
 
-    async def _answer_refused(self) -> None:
+    async def _answer_refused(self, refused: list[tuple[OutboundCommand, Exception]]) -> None:
         """Commands the broker refused for good (too large for it) are answered as their
         participant answers a command it refuses: nothing was applied, the step fails
         (a compensation that cannot be sent leaves the saga for an operator)."""
-        refused = self._effects.take_refused()
-        if not refused:
-            return
         now = self._clock.now()
         for command, error in refused:
             log.error("command %s of saga %s: %s", command.command_id, command.saga_id, error)
@@ -153,16 +159,20 @@ class InputPath:
 
     async def _passes(self, works: list[Work]) -> None:
         """Decide, write, send and settle, until no saga of the batch is to go again."""
-        backoff = CONFLICT.backoff()
+        backoff = None  # made on the first conflict that waits: most batches have none
         pending = works
         while pending:
             for work in pending:
                 await self._decide(work)
-            await self._write([w for w in pending if w.events and w.failure is None])
+            writing = [w for w in pending if w.events and w.failure is None]
+            if writing:
+                await self._write(writing)
             await self._effects.apply([w for w in pending if w.settles])
-            again = [w for w in pending if w.again]
+            again = []
             for work in pending:
                 if work.conflict is None:
+                    if work.again:
+                        again.append(work)
                     continue
                 work.conflicts += 1
                 if work.conflicts == _CONFLICT_ATTEMPTS or not self._owners.shares_and_owns(
@@ -178,7 +188,9 @@ class InputPath:
                 self._stats.inc("reloaded_after_conflict")
                 work.rebuild = True
                 again.append(work)
-            if any(w.rebuild and w.conflicts > 1 for w in again):
+            if again and any(w.rebuild and w.conflicts > 1 for w in again):
+                if backoff is None:
+                    backoff = CONFLICT.backoff()
                 await backoff.sleep()
             pending = again
 

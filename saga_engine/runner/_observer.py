@@ -6,10 +6,11 @@
   outcome, parked, evicted, dead-lettered...), served by ``/metrics`` and exported as
   OpenTelemetry metrics by saga type, with the saga-duration histogram.
 
-The engine tells it, once per saga each time its path has gone through, what happened
-(``Applied``): the events written, the commands sent, whether the saga started, was
-rebuilt, ended or was let go after a failed send. It also hears of every saga let go
-(``evicted``). None of it changes what the engine decides or sends.
+The engine tells it, once per batch its path has gone through, what happened to each
+saga of it (``applied``: each saga's ``Work``, read as it is, no report built per saga):
+the events written, the commands sent, whether the saga started, was rebuilt, ended or
+was let go after a failed send. It also hears of every saga let go (``evicted``). None
+of it changes what the engine decides or sends.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from saga_engine.core.history._decision import DropReason, OutboundCommand
 from saga_engine.core.history._events import Event
 from saga_engine.core.history._status import SagaStatus
 from saga_engine.telemetry._spans import SagaSpans, SendTime
@@ -29,8 +29,12 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from saga_engine.runner._cache import LiveSaga
+    from saga_engine.runner._path_inputs import Work
 
 _FINISHED = ("saga_completed", "saga_compensated", "saga_failed", "saga_cancelled")
+#: The kinds of event a counter looks at (``_counted``); the others, most of them, are
+#: passed over with one set lookup each rather than a call.
+_COUNTED = frozenset((*_FINISHED, "saga_parked", "compensation_stuck", "invalid_reply_received"))
 
 
 @dataclass(slots=True)
@@ -41,33 +45,6 @@ class EngineStats:
 
     def inc(self, name: str, by: int = 1) -> None:
         self.counts[name] += by
-
-
-@dataclass(slots=True)
-class Applied:
-    """What one pass of the engine's path did to one saga."""
-
-    saga_id: str
-    live: LiveSaga
-    #: The events written, and for each how many steps held an invalid reply when it
-    #: was decided (a park is counted once, however many replies a batch held).
-    events: list[Event] = field(default_factory=list)
-    held: list[int] = field(default_factory=list)
-    #: Commands decided now and sent; commands owed from history and sent again.
-    sent: Sequence[OutboundCommand] = ()
-    resent: Sequence[OutboundCommand] = ()
-    sent_at: SendTime | None = None
-    #: A send failed: the saga was let go (its events are durable; a reload re-sends).
-    send_failed: bool = False
-    created: bool = False
-    #: Rebuilt from history over a stale copy: the commands still in flight then, whose
-    #: spans go on (None: not rebuilt).
-    rebuilt: frozenset[str] | None = None
-    #: The saga reached this terminal status now.
-    ended: SagaStatus | None = None
-    error: object = None
-    dropped: Sequence[DropReason] = ()
-    deduplicated: int = 0
 
 
 class EngineObserver:
@@ -87,33 +64,43 @@ class EngineObserver:
         loads it next re-sends what is in flight, under the same span ids)."""
         self.spans.evicted(saga_id)
 
-    def applied(self, what: Applied) -> None:
-        stats, spans, live = self.stats, self.spans, what.live
-        for reason in what.dropped:
+    def applied(self, works: Sequence[Work], sent_at: SendTime | None) -> None:
+        """What one pass of the engine's path did to each saga of ``works``, whose
+        commands were handed to the sender at ``sent_at``."""
+        for work in works:
+            self._applied(work, sent_at)
+
+    def _applied(self, work: Work, sent_at: SendTime | None) -> None:
+        stats, spans, live = self.stats, self.spans, work.live
+        assert live is not None
+        for reason in work.dropped:
             stats.inc(f"dropped_{reason.value}")
-        if what.deduplicated:
-            stats.inc("start_deduplicated", what.deduplicated)
-        if what.created:
+        if work.deduplicated:
+            stats.inc("start_deduplicated", work.deduplicated)
+        if work.created is not None:
             self._stat("sagas_started", live.runtime.saga_type)
-        if what.rebuilt is not None:
-            spans.superseded(what.saga_id, keep=set(what.rebuilt))
-        if what.sent_at is not None and what.resent and not what.send_failed:
+        if work.rebuilt is not None:
+            spans.superseded(work.saga_id, keep=set(work.rebuilt))
+        send_failed = work.send_error is not None
+        if sent_at is not None and work.resent and not send_failed:
             # Owed when the saga was loaded, and sent again: a new span for this send (the
             # first one died with whoever let the saga go), opened before the events are
             # applied, which end it if an input answered it.
-            spans.opened(what.resent, at=what.sent_at, resent=True)
+            spans.opened(work.resent, at=sent_at, resent=True)
         # Live inputs only: what a rebuild replays never passes here (no span twice).
-        spans.applied(what.saga_id, what.events)
-        if what.send_failed:
+        spans.applied(work.saga_id, work.events)
+        if send_failed:
             return  # let go: counted by whoever applies its next input
-        if what.resent:
-            stats.inc("commands_resent", len(what.resent))
-        if what.sent_at is not None and what.sent:
-            spans.opened(what.sent, at=what.sent_at)
-        for event, held in zip(what.events, what.held, strict=True):
-            self._counted(event, live, held)
-        if what.ended is not None:
-            self._ended(what.saga_id, live, what.ended, what.error)
+        if work.resent:
+            stats.inc("commands_resent", len(work.resent))
+        if sent_at is not None and work.commands:
+            spans.opened(work.commands, at=sent_at)
+        for event, held in zip(work.events, work.held, strict=True):
+            if event.kind in _COUNTED:
+                self._counted(event, live, held)
+        last = work.last
+        if last is not None and last.status.is_terminal:
+            self._ended(work.saga_id, live, last.status, last.projection.error)
 
     def _stat(self, name: str, saga_type: str) -> None:
         """A counter that is also an OpenTelemetry metric, by saga type."""

@@ -14,7 +14,8 @@ already, and the span gets a ``flow.held`` event (``SagaSpans.leaving``).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
+from typing import Any
 
 from saga_engine.core.history._decision import PARENT_PARTICIPANT, OutboundCommand
 from saga_engine.core.history._structs import replace
@@ -39,8 +40,10 @@ class StepContextSender:
         self._spans.leaving(command)
         return replace(command, trace_context=step_context(command))
 
-    async def send_command(self, command: OutboundCommand) -> None:
-        await self._inner.send_command(self._traced(command))
+    def send_command(self, command: OutboundCommand) -> Coroutine[Any, Any, None]:
+        # The broker's send itself, awaited by the caller: no coroutine of this layer's
+        # own per command.
+        return self._inner.send_command(self._traced(command))
 
 
 class _PipelinedStepContextSender(StepContextSender):
@@ -49,8 +52,8 @@ class _PipelinedStepContextSender(StepContextSender):
         assert isinstance(inner, PipelinedSender)
         self._pipelined = inner
 
-    async def start_command(self, command: OutboundCommand) -> Awaitable[None]:
-        return await self._pipelined.start_command(self._traced(command))
+    def start_command(self, command: OutboundCommand) -> Coroutine[Any, Any, Awaitable[None]]:
+        return self._pipelined.start_command(self._traced(command))
 
 
 def step_context_sender(inner: CommandSender, spans: SagaSpans) -> StepContextSender:

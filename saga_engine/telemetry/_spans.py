@@ -192,12 +192,16 @@ class SagaSpans:
         or not sampled), the parent's context is stored as it came.
         """
         context = extract(caller) if caller else otel_context.get_current()
+        if not self.telemetry.records:
+            # No SDK: the API's probe would be a non-recording span with the parent's
+            # context; that context, without the probe (one per start).
+            return carrier_of_context(context) or (dict(caller) if caller else {})
         # Started for its ids and sampling decision only; never ended, so never exported.
         probe = self.telemetry.tracer.start_span(
             f"saga {saga_type}", context=context, kind=SpanKind.INTERNAL
         )
         carrier = carrier_of(probe)
-        if not carrier:  # no SDK: the API hands the parent's context through
+        if not carrier:  # the parent's context, handed through
             return dict(caller) if caller else carrier_of_context()
         if not probe.is_recording():
             # Sampled out: its steps must be too, so they continue its (unsampled) context.
@@ -307,6 +311,8 @@ class SagaSpans:
 
     def applied(self, saga_id: str, events: Iterable[Event]) -> None:
         """Ends the spans that the committed events answer."""
+        if not self._open:
+            return  # none open (nothing records, say): no event can end one
         for event in events:
             if type(event) not in _ANSWERS:
                 # Most are not answers: tested once here, as isinstance of each struct's

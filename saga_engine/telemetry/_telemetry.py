@@ -46,6 +46,8 @@ log = logging.getLogger("saga_engine.telemetry")
 
 INSTRUMENTATION = "saga_engine"
 _PROPAGATOR = TraceContextTextMapPropagator()
+#: The API's tracers, which record nothing (``Telemetry.records``).
+_NOT_RECORDING = (ProxyTracer, NoOpTracer)
 
 #: Saga lifecycle counters mirrored from ``Engine.stats`` (stat name -> instrument name).
 SAGA_COUNTERS = {
@@ -241,7 +243,9 @@ class Telemetry:
     @property
     def records(self) -> bool:
         """Whether spans can be recorded at all (an SDK provider is in place)."""
-        return not isinstance(self.tracer, ProxyTracer | NoOpTracer)
+        # A tuple made once: ``ProxyTracer | NoOpTracer`` built a union object per call,
+        # and this is asked for every command sent.
+        return not isinstance(self.tracer, _NOT_RECORDING)
 
     def instrument_app(self, app: FastAPI) -> None:
         """Server spans for ``app`` (the contrib FastAPI instrumentation): a request that

@@ -68,6 +68,8 @@ class CommandRecords:
         #: Commands go by reference when large (a ``ref`` codec and a place to keep its
         #: blobs): measured as sent, by reference; else inline.
         self._by_reference = by_reference and codec is not None and codec.reference is not None
+        #: The text every command's record has whatever the command (``bound``).
+        self._fixed_text = len(source) + len(topics.inbox)
 
     def record(
         self,
@@ -108,20 +110,19 @@ class CommandRecords:
         a reference changes its length), or the command goes to an engine."""
         if self._codec is not None or command.participant in ENGINE_PARTICIPANTS:
             return None
-        trace = command.trace_context
         text = (
-            len(self._source)
+            self._fixed_text
             + len(command.command_type)
             + 2 * len(command.saga_id)  # ce_sagaid and ce_correlationid
             + len(command.saga_type)
             + 2 * len(command.command_id)  # ce_commandid and ce_causationid
             + len(command.step)
-            + len(self._topics.inbox)
-            + sum(map(len, command.compensates))
-            + len(command.compensates)  # the commas
-            + len(trace.get("traceparent", ""))
-            + len(trace.get("tracestate", ""))
         )
+        if command.compensates:
+            text += sum(map(len, command.compensates)) + len(command.compensates)  # commas
+        trace = command.trace_context
+        if trace:
+            text += len(trace.get("traceparent", "")) + len(trace.get("tracestate", ""))
         return len(orjson.dumps(command.payload, option=orjson.OPT_UTC_Z)) + _HEADER_ROOM + 4 * text
 
     def _fields(self, command: OutboundCommand, measuring: bool = False) -> dict[str, Any]:

@@ -229,7 +229,10 @@ def _check_size(
                 participant=request.to,
                 command_type=spec.command_type,
                 payload=spec.payload,
-                command_id=command_id_for(s.scope, name, 0, compensation=True),
+                # Its own id is derived once, when it is issued (``_undo``): measured,
+                # any id of the same length weighs the same (a uuid's text is always 36
+                # characters), so the forward one stands in for it.
+                command_id=forward.command_id,
                 attempt=1,
                 compensation=True,
                 trace_context=s.trace_context,

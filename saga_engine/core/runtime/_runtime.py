@@ -260,7 +260,10 @@ class SagaRuntime:
 
     def next_wakeup(self) -> datetime | None:
         """When its next timer or poll is due (an engine holding it wakes it then)."""
-        return min(self.pending_timers().values(), default=None)
+        s = self.state
+        if not s.timers and not s.polls:
+            return None  # most sagas, most of the time: no dict of them built to find out
+        return min(self.pending_timers().values())
 
     def recorded_wakeup(self) -> datetime | None:
         """When its next recorded timer is due: the store's wake-up, which a poll, never

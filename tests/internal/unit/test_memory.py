@@ -115,6 +115,23 @@ async def test_a_lock_lives_only_while_held_or_awaited() -> None:
     assert len(locks) == 0
 
 
+async def test_a_waiter_cancelled_as_the_lock_is_handed_to_it_passes_it_on() -> None:
+    locks = KeyedLocks()
+    await locks.acquire("a")
+    loop = asyncio.get_running_loop()
+    first = loop.create_task(locks.acquire("a"))
+    second = loop.create_task(locks.acquire("a"))
+    await asyncio.sleep(0)  # both queue, in order
+    locks.release("a")  # handed to the first...
+    first.cancel()  # ...which is cancelled before it runs again
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await second  # passed on, in order, not dropped
+    assert locks.held("a")
+    locks.release("a")
+    assert len(locks) == 0
+
+
 async def test_evicting_a_saga_whose_finally_awaits_is_quiet_and_it_goes_on() -> None:
     env = SagaTestEnv([CleansUp])
     saga_id = await env.engine.start(CleansUp, Empty())
