@@ -1,20 +1,26 @@
 """Every Kafka consumer comes from one factory (``_kafka.make_consumer``), so each gets the
 same size limits. Pinned without a broker: aiokafka's consumer class is replaced by one
-that records how it was made."""
+that records how it was made. And a trigger consumer's stop collects its loop's outcome."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
+from aiokafka.structs import TopicPartition
 from pydantic import BaseModel
 
 from saga_engine import Saga, SagaContext, Settings
+from saga_engine.kernel._errors import TransientError
+from saga_engine.runner._trigger_consumer import TriggerConsumer
 from saga_engine.settings import KafkaSettings
 from saga_engine.transport import _kafka as kafka_module
 from saga_engine.transport._dlq import DeadLetterTopic
 from saga_engine.transport._kafka import make_consumer, make_group_consumer
+from saga_engine.transport._wire import Envelope
 from saga_engine.triggers import KafkaTrigger
 from saga_engine.worker._adapters import trigger_consumer
 
@@ -120,3 +126,80 @@ async def test_the_group_and_cli_consumers_get_the_same_size_limits(
         assert {k: options[k] for k in SIZE_LIMITS} == SIZE_LIMITS
     assert made[0][1]["group_instance_id"] == "i"
     assert made[1][1]["group_id"] is None
+
+
+# A trigger consumer stopped while it retries a start request ends cleanly: the record
+# whose start request could not be published is not committed (read again after a
+# restart), and the loop's task ends with the ``TransientError`` that stopped the retry.
+# ``stop`` must collect that outcome, or asyncio logs "Task exception was never
+# retrieved" when the task is collected.
+
+TOPIC = "orders.requested"
+
+
+class OneRecordConsumer:
+    """Hands out one trigger record, then nothing; records what was committed."""
+
+    def __init__(self) -> None:
+        self._client = self
+        self.committed: list[dict[Any, int]] = []
+        self._records = [
+            SimpleNamespace(
+                topic=TOPIC, partition=0, offset=0, key=None, value=b'{"n": 1}', headers=[]
+            )
+        ]
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def commit(self, offsets: dict[Any, int]) -> None:
+        self.committed.append(offsets)
+
+    async def getmany(self, *_: Any, **__: Any) -> dict[Any, Any]:
+        await asyncio.sleep(0)
+        if not self._records:
+            return {}
+        records, self._records = self._records, []
+        return {TopicPartition(TOPIC, 0): records}
+
+
+async def test_stopping_while_a_start_request_is_retried_collects_the_task() -> None:
+    attempts = asyncio.Event()
+
+    async def publish(_: Envelope) -> None:
+        attempts.set()
+        raise TransientError("the broker is away")
+
+    kafka = OneRecordConsumer()
+    trigger = KafkaTrigger(
+        topic=TOPIC,
+        saga=Noop,
+        message=Order,
+        to_input=lambda m: m,
+        idempotency_key=lambda m: str(m.n),
+    )
+    consumer = TriggerConsumer(
+        [trigger],
+        kafka,
+        group="g.triggers",
+        publish=publish,
+        dead=None,  # type: ignore[arg-type]
+        source="/t",
+    )
+    unretrieved: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: unretrieved.append(context))
+    try:
+        await consumer.start()
+        await asyncio.wait_for(attempts.wait(), timeout=30)
+        await consumer.stop()
+        del consumer
+        gc.collect()
+    finally:
+        loop.set_exception_handler(None)
+
+    assert [c["message"] for c in unretrieved] == []
+    assert kafka.committed == []  # the record is read again after a restart
