@@ -56,7 +56,9 @@ class Effects:
                 sending += [(work, command, True) for command in work.resent]
             for command in work.commands:
                 sending.append((work, command, False))
-        at = SendTime.now() if sending else None
+        # Asked once per batch, not per saga of it: with nothing recording (no SDK) no
+        # span opens, so the observer is told no send time (bench.instructions).
+        at = SendTime.now() if sending and self._observer.telemetry.records else None
         if self._pipelined is not None:
             await self._send_pipelined(sending)
         else:

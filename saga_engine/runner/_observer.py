@@ -66,7 +66,8 @@ class EngineObserver:
 
     def applied(self, works: Sequence[Work], sent_at: SendTime | None) -> None:
         """What one pass of the engine's path did to each saga of ``works``, whose
-        commands were handed to the sender at ``sent_at``."""
+        commands were handed to the sender at ``sent_at`` (None: nothing was sent, or
+        nothing records spans: none is opened)."""
         for work in works:
             self._applied(work, sent_at)
 

@@ -243,8 +243,12 @@ class Telemetry:
     @property
     def records(self) -> bool:
         """Whether spans can be recorded at all (an SDK provider is in place)."""
-        # A tuple made once: ``ProxyTracer | NoOpTracer`` built a union object per call,
-        # and this is asked for every command sent.
+        # Asked for every command sent. With no provider when ``tracer`` last looked (it
+        # looks again at most once a second) the answer is no, without asking it
+        # (bench.instructions); a tuple made once, as ``ProxyTracer | NoOpTracer`` built
+        # a union object per call.
+        if self._tracer is None and time.monotonic() < self._proxy_until:
+            return False
         return not isinstance(self.tracer, _NOT_RECORDING)
 
     def instrument_app(self, app: FastAPI) -> None:
