@@ -40,6 +40,10 @@ _NO_CLOCK = (
 )
 
 
+#: A handle made without asyncio.Handle.__init__ (see ``DeterministicLoop.call_soon``).
+_new_handle = object.__new__
+
+
 class DeterministicLoop(asyncio.AbstractEventLoop):
     def __init__(self) -> None:
         #: Callbacks to run, in order. None while there are none: an engine holds a loop
@@ -57,7 +61,16 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
         *args: *_Ts,
         context: contextvars.Context | None = None,
     ) -> asyncio.Handle:
-        handle = asyncio.Handle(callback, args, self, context=context)
+        # asyncio.Handle's own __init__ asks the loop ``get_debug()`` (a call) per
+        # callback: every wake-up of the saga's code is one. Its slots are set here.
+        handle = _new_handle(asyncio.Handle)
+        handle._callback = callback
+        handle._args = args
+        handle._loop = self
+        handle._context = contextvars.copy_context() if context is None else context
+        handle._cancelled = False
+        handle._repr = None
+        handle._source_traceback = None
         if self._ready is None:
             self._ready = collections.deque()
         self._ready.append(handle)
@@ -148,7 +161,20 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
                 if not self._ready:
                     self._ready = None  # empty: drop the deque (see __init__)
                 if not handle._cancelled:  # (cancelled(), without a call per callback)
-                    handle._run()
+                    # Handle._run, without its call: an error goes to the exception
+                    # handler as asyncio's would.
+                    try:
+                        handle._context.run(handle._callback, *handle._args)
+                    except (SystemExit, KeyboardInterrupt):
+                        raise
+                    except BaseException as exc:
+                        self.call_exception_handler(
+                            {
+                                "message": f"Exception in callback {handle!r}",
+                                "exception": exc,
+                                "handle": handle,
+                            }
+                        )
         finally:
             asyncio._set_running_loop(outer)
 

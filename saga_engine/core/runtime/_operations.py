@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from pydantic import BaseModel
 
@@ -147,7 +147,8 @@ async def step(s: SagaState, request: StepRequest, limit: CommandLimit | None = 
     # replayed command is the recorded one, id and all: none derived (``_attempts``).
     command_id = command_id_for(s.scope, request.name, 0, compensation=False) if live else ""
     _check_size(s, request, payload, command_id, spec, limit)
-    request = _priced(s, request, limit)
+    if request.cost is not None:  # (_priced has nothing to price otherwise)
+        request = _priced(s, request, limit)
     result = await _attempts(s, request, (payload, payload_hash), command_id, spec)
     if request.pivot:
         emit(s, PivotPassed(at=s.now, step=request.name))
@@ -164,9 +165,12 @@ def _check_step(s: SagaState, request: StepRequest) -> None:
             f"step name {name!r} is used twice in one run of saga {s.saga_type!r}; each "
             f'step needs a stable, unique name (in a loop, use e.g. f"{name}-{{i}}")'
         )
-    for what, value in (("command", request.command), ("compensate", request.compensate)):
-        if value is not None and not isinstance(value, BaseModel):
-            s.definition_error(f"step {name!r}: {what} must be a pydantic model, got {value!r}")
+    # Each checked as it stands (no tuple of both walked): every step, replayed or live.
+    command, compensate = request.command, request.compensate
+    if command is not None and not isinstance(command, BaseModel):
+        _not_a_model(s, name, "command", command)
+    if compensate is not None and not isinstance(compensate, BaseModel):
+        _not_a_model(s, name, "compensate", compensate)
     returns = request.returns
     if returns is not None and not (isinstance(returns, type) and issubclass(returns, BaseModel)):
         s.definition_error(f"step {name!r}: returns must be a pydantic model class")
@@ -175,6 +179,10 @@ def _check_step(s: SagaState, request: StepRequest) -> None:
             f"step {name!r} is a second pivot of saga {s.saga_type!r} (the first is "
             f"{s.pivot_step!r}); a saga has one pivot step"
         )
+
+
+def _not_a_model(s: SagaState, name: str, what: str, value: object) -> NoReturn:
+    s.definition_error(f"step {name!r}: {what} must be a pydantic model, got {value!r}")
 
 
 def _check_size(
@@ -229,7 +237,7 @@ _OVER_BUDGET = "over_budget:"
 
 
 def _priced(s: SagaState, request: StepRequest, limit: CommandLimit | None) -> StepRequest:
-    """The step with its cost as amounts (a named class resolved from the settings).
+    """(A step that declares a cost: ``step`` asks only then.) The step with its cost as amounts (a named class resolved from the settings).
 
     A cost above a whole budget of its gates (in the saga's flow policy) fails the step
     before its command is recorded, as a command too large does (``_check_size``): it
@@ -237,8 +245,6 @@ def _priced(s: SagaState, request: StepRequest, limit: CommandLimit | None) -> S
     refusal is recorded (``op_id`` ``over_budget:<step>``) so that a replay fails it the
     same way whatever the settings then; a command recorded as issued is never checked
     again (its recorded cost is the one it is sent with)."""
-    if request.cost is None:
-        return request
     name = request.name
     op_id = _OVER_BUDGET + name
     replaying = s.cursor < len(s.history)
