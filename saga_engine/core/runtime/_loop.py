@@ -48,7 +48,8 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
     def __init__(self) -> None:
         #: Callbacks to run, in order. None while there are none: an engine holds a loop
         #: per saga in memory, and an empty deque is half a kilobyte.
-        self._ready: collections.deque[asyncio.Handle] | None = None
+        #: (Each an ``asyncio.Handle``, typed Any: its private slots are read.)
+        self._ready: collections.deque[Any] | None = None
         self._closed = False
         self.tasks: list[asyncio.Task[Any]] = []
         self.errors: list[dict[str, Any]] = []
@@ -63,17 +64,18 @@ class DeterministicLoop(asyncio.AbstractEventLoop):
     ) -> asyncio.Handle:
         # asyncio.Handle's own __init__ asks the loop ``get_debug()`` (a call) per
         # callback: every wake-up of the saga's code is one. Its slots are set here.
-        handle = _new_handle(asyncio.Handle)
-        handle._callback = callback
-        handle._args = args
-        handle._loop = self
-        handle._context = contextvars.copy_context() if context is None else context
-        handle._cancelled = False
-        handle._repr = None
-        handle._source_traceback = None
+        made: Any = _new_handle(asyncio.Handle)  # (its private slots: not in typeshed)
+        made._callback = callback
+        made._args = args
+        made._loop = self
+        made._context = contextvars.copy_context() if context is None else context
+        made._cancelled = False
+        made._repr = None
+        made._source_traceback = None
         if self._ready is None:
             self._ready = collections.deque()
-        self._ready.append(handle)
+        self._ready.append(made)
+        handle: asyncio.Handle = made
         return handle
 
     def call_soon_threadsafe(
