@@ -124,11 +124,11 @@ class _Event(Record, frozen=True, kw_only=True, tag_field="kind"):
     #: upcaster from the previous one in ``_event_versions.UPCASTERS``.
     version: ClassVar[int] = 1
 
-    at: datetime
+    #: Whether the code produces it (an intent, matched on replay) rather than an input.
+    #: A class attribute, not a property: the replay reads it per event.
+    is_intent: ClassVar[bool] = False
 
-    @property
-    def is_intent(self) -> bool:
-        return False
+    at: datetime
 
     def signature(self) -> tuple[Any, ...]:
         """What must be equal for a replayed intent to match the recorded one."""
@@ -140,9 +140,7 @@ class _Event(Record, frozen=True, kw_only=True, tag_field="kind"):
 
 
 class _Intent(_Event, frozen=True, kw_only=True):
-    @property
-    def is_intent(self) -> bool:
-        return True
+    is_intent: ClassVar[bool] = True
 
 
 # --------------------------------------------------------------------------- inputs

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from pydantic import BaseModel
 
@@ -159,9 +159,10 @@ def step(
     spec = _compensation(request, live)
     # Its first id, derived once: measured (``_check_size``) and issued with it. A
     # replayed command is the recorded one, id and all: none derived (``_attempts``).
-    command_id = command_id_for(s.scope, request.name, 0, compensation=False) if live else ""
+    command_id = _attempt_id(s, request.name, 0)
     _check_size(s, request, payload, command_id, spec, limit)
-    request = _priced(s, request, limit)
+    if request.cost is not None:  # (_priced has nothing to price otherwise)
+        request = _priced(s, request, limit)
     return _attempts(s, request, payload, payload_hash, command_id, spec)
 
 
@@ -182,9 +183,12 @@ def _check_step(s: SagaState, request: StepRequest) -> None:
             f"step name {name!r} is used twice in one run of saga {s.saga_type!r}; each "
             f'step needs a stable, unique name (in a loop, use e.g. f"{name}-{{i}}")'
         )
-    for what, value in (("command", request.command), ("compensate", request.compensate)):
-        if value is not None and not isinstance(value, BaseModel):
-            s.definition_error(f"step {name!r}: {what} must be a pydantic model, got {value!r}")
+    # Each checked as it stands (no tuple of both walked): every step, replayed or live.
+    command, compensate = request.command, request.compensate
+    if command is not None and not isinstance(command, BaseModel):
+        _not_a_model(s, name, "command", command)
+    if compensate is not None and not isinstance(compensate, BaseModel):
+        _not_a_model(s, name, "compensate", compensate)
     returns = request.returns
     if returns is not None and not (isinstance(returns, type) and issubclass(returns, BaseModel)):
         s.definition_error(f"step {name!r}: returns must be a pydantic model class")
@@ -193,6 +197,10 @@ def _check_step(s: SagaState, request: StepRequest) -> None:
             f"step {name!r} is a second pivot of saga {s.saga_type!r} (the first is "
             f"{s.pivot_step!r}); a saga has one pivot step"
         )
+
+
+def _not_a_model(s: SagaState, name: str, what: str, value: object) -> NoReturn:
+    s.definition_error(f"step {name!r}: {what} must be a pydantic model, got {value!r}")
 
 
 def _check_size(
@@ -250,7 +258,7 @@ _OVER_BUDGET = "over_budget:"
 
 
 def _priced(s: SagaState, request: StepRequest, limit: CommandLimit | None) -> StepRequest:
-    """The step with its cost as amounts (a named class resolved from the settings).
+    """(A step that declares a cost: ``step`` asks only then.) The step with its cost as amounts (a named class resolved from the settings).
 
     A cost above a whole budget of its gates (in the saga's flow policy) fails the step
     before its command is recorded, as a command too large does (``_check_size``): it
@@ -258,8 +266,6 @@ def _priced(s: SagaState, request: StepRequest, limit: CommandLimit | None) -> S
     refusal is recorded (``op_id`` ``over_budget:<step>``) so that a replay fails it the
     same way whatever the settings then; a command recorded as issued is never checked
     again (its recorded cost is the one it is sent with)."""
-    if request.cost is None:
-        return request
     name = request.name
     op_id = _OVER_BUDGET + name
     replaying = s.cursor < len(s.history)
@@ -373,13 +379,7 @@ async def _attempts(
     while True:
         attempt, rounds = attempt + 1, rounds + 1
         if generation != id_generation or not command_id:
-            # A replayed attempt is matched against the recorded one, which ``emit``
-            # returns with its id: the id is derived only for an attempt issued live.
-            live = s.cursor >= len(s.history)
-            command_id = (
-                command_id_for(s.scope, name, generation, compensation=False) if live else ""
-            )
-            id_generation = generation
+            command_id, id_generation = _attempt_id(s, name, generation), generation
         issued = _issue(s, request, payload, payload_hash, command_id, attempt, spec)
         if issued.command_id not in sent:
             sent = (*sent, issued.command_id)
@@ -436,6 +436,15 @@ async def _attempts(
             # been applied, so its compensation is owed.
             give_up(s, name, spec, sent, began, in_doubt=unknown, cancelled=cancelled)
             raise
+
+
+def _attempt_id(s: SagaState, name: str, generation: int) -> str:
+    """The command id of an attempt issued live. "" for one replayed: it is matched
+    against the recorded one, which ``emit`` returns with its id (none derived: a SHA-1
+    per step saved on replay)."""
+    if s.cursor >= len(s.history):
+        return command_id_for(s.scope, name, generation, compensation=False)
+    return ""
 
 
 def _issue(

@@ -519,7 +519,8 @@ class SagaRuntime:
         except Halt:
             return
         self._run()
-        s.settle_held()
+        if s.status is SagaStatus.STEP_STUCK:  # (settle_held moves nothing otherwise)
+            s.settle_held()
         if s.continued is not None:
             self._next_run()
 
