@@ -31,7 +31,8 @@ def test_a_handle_runs_cancels_and_reports_as_asyncios_does() -> None:
     loop.call_soon(ran.append, "after the error")
     assert isinstance(first, asyncio.Handle)
     skipped.cancel()
-    assert skipped.cancelled() and not first.cancelled()
+    assert skipped.cancelled()
+    assert not first.cancelled()
 
     loop.run_until_quiescent()
 
