@@ -77,6 +77,7 @@ FIGURES = (
     Figure("participant", "participant_instructions_per_command", "command", 64, 32),
     Figure("read", "replay_read_instructions_per_event", "event", 100, 40),
     Figure("replay", "replay_instructions_per_event", "event", 100, 40),
+    Figure("insights", "insights_rollup_instructions_per_saga", "saga", 100, 40),
 )
 MEMORY_SAGAS = (2000, 500)
 
