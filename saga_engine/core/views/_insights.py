@@ -14,6 +14,7 @@ or of all): never a scan of events. Pure: no I/O.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -78,8 +79,9 @@ def bucket_of(at: datetime) -> datetime:
     return datetime.fromtimestamp(int(at.timestamp()) // grain * grain, UTC)
 
 
-def histogram_index(ms: float) -> int:
-    return bisect.bisect_left(BOUNDS_MS, ms)
+#: The histogram bucket of a value in ms (``histogram_index(ms)``): a C callable, no
+#: Python frame (the roll-up asks it of every latency and phase it adds).
+histogram_index: Final = functools.partial(bisect.bisect_left, BOUNDS_MS)
 
 
 @dataclass(slots=True)
@@ -100,11 +102,6 @@ class NodeRun:
     #: Its replies' phases (``PHASES``, and ``CPU``): ms each, by phase; None until a
     #: reply with timings comes (most histories' replies have none).
     phases: dict[str, list[float]] | None = None
-
-    def observe_phase(self, phase: str, ms: float) -> None:
-        if self.phases is None:
-            self.phases = {}
-        self.phases.setdefault(phase, []).append(ms)
 
     def span(self, start: float, end: float) -> None:
         # Comparisons, not min()/max(): the roll-up calls this for every reply it reads.
@@ -334,14 +331,16 @@ def _phases(node: NodeRun, issued: float, reply: Mark) -> None:
         reply.at,
         reply.recorded,
     )
-    observe = node.observe_phase
+    phases = {} if node.phases is None else node.phases
     start: float | None = issued
     for phase, end in zip(PHASES, ends, strict=True):
         if start is not None and end is not None:
-            observe(phase, _ms(start, end))
+            phases.setdefault(phase, []).append(_ms(start, end))
         start = end
     if reply.cpu_ms is not None:
-        observe(CPU, reply.cpu_ms)
+        phases.setdefault(CPU, []).append(reply.cpu_ms)
+    if phases:
+        node.phases = phases
 
 
 def _waited(nodes: dict[str, NodeRun], wait: tuple[str, float, NodeKind], end: Mark) -> None:
