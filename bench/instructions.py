@@ -20,6 +20,9 @@ The cyclic collector is off in the workloads (``bench/ir/__main__.py`` says why)
 - ``replay_instructions_per_event``: a stored history read (the Postgres store's read
   path from the rows' bytes) and the saga rebuilt, per event; ``replay_read_...`` and
   ``replay_rebuild_...`` are the two parts (``bench/ir/replay.py``);
+- ``insights_rollup_instructions_per_saga``: the insights' roll-up between its read and
+  its upsert: each finished saga's marks made, summarised and added into the aggregate
+  rows (``bench/ir/insights.py``);
 - ``memory_bytes_per_resident_saga``: Python's traced allocations per waiting saga an
   in-memory engine holds (``bench/ir/memory.py``; not under valgrind);
   ``memory_floor_bytes_per_resident_saga``: the same saga as a bare coroutine holding
@@ -77,6 +80,7 @@ FIGURES = (
     Figure("participant", "participant_instructions_per_command", "command", 64, 32),
     Figure("read", "replay_read_instructions_per_event", "event", 100, 40),
     Figure("replay", "replay_instructions_per_event", "event", 100, 40),
+    Figure("insights", "insights_rollup_instructions_per_saga", "saga", 100, 40),
 )
 MEMORY_SAGAS = (2000, 500)
 

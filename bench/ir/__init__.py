@@ -19,6 +19,7 @@ WORKLOADS: dict[str, tuple[str, str, bool]] = {
     "participant": ("bench.ir.participant", "run", True),
     "read": ("bench.ir.replay", "read", True),
     "replay": ("bench.ir.replay", "replay", True),
+    "insights": ("bench.ir.insights", "run", True),
     "memory": ("bench.ir.memory", "run", False),
 }
 

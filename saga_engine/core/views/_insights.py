@@ -14,6 +14,7 @@ or of all): never a scan of events. Pure: no I/O.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -78,8 +79,9 @@ def bucket_of(at: datetime) -> datetime:
     return datetime.fromtimestamp(int(at.timestamp()) // grain * grain, UTC)
 
 
-def histogram_index(ms: float) -> int:
-    return bisect.bisect_left(BOUNDS_MS, ms)
+#: The histogram bucket of a value in ms (``histogram_index(ms)``): a C callable, no
+#: Python frame (the roll-up asks it of every latency and phase it adds).
+histogram_index: Final = functools.partial(bisect.bisect_left, BOUNDS_MS)
 
 
 @dataclass(slots=True)
@@ -100,11 +102,6 @@ class NodeRun:
     #: Its replies' phases (``PHASES``, and ``CPU``): ms each, by phase; None until a
     #: reply with timings comes (most histories' replies have none).
     phases: dict[str, list[float]] | None = None
-
-    def observe_phase(self, phase: str, ms: float) -> None:
-        if self.phases is None:
-            self.phases = {}
-        self.phases.setdefault(phase, []).append(ms)
 
     def span(self, start: float, end: float) -> None:
         # Comparisons, not min()/max(): the roll-up calls this for every reply it reads.
@@ -268,30 +265,40 @@ def _walk(marks: Sequence[Mark], nodes: dict[str, NodeRun]) -> None:
     waits: dict[str, tuple[str, float, NodeKind]] = {}
     last_at = marks[0].at
     for m in marks:
-        if m.kind == "compensation_issued" and m.step is not None:
-            nodes.setdefault(m.step, NodeRun(node_kind(m.step))).compensations += 1
-        elif m.kind == "command_issued" and m.step is not None and m.command_id is not None:
-            nodes.setdefault(m.step, NodeRun(node_kind(m.step))).attempts += 1
+        kind = m.kind
+        if kind == "command_issued" and m.step is not None and m.command_id is not None:
+            _node(nodes, m.step).attempts += 1
             sent[m.command_id] = (m.step, m.at)
-        elif m.kind == "reply_received" and not m.compensation and m.command_id in sent:
+        elif kind == "reply_received" and not m.compensation and m.command_id in sent:
             _replied(nodes, sent.pop(m.command_id), m)
-        elif m.kind == "attempt_timed_out" and not m.compensation and m.command_id in sent:
+        elif kind == "compensation_issued" and m.step is not None:
+            _node(nodes, m.step).compensations += 1
+        elif kind == "attempt_timed_out" and not m.compensation and m.command_id in sent:
             step, at = sent.pop(m.command_id)
             nodes[step].timeouts += 1
             nodes[step].span(at, m.at)
-        elif m.kind == "timer_started" and m.purpose == "sleep" and m.wait_id:
+        elif kind == "timer_started" and m.purpose == "sleep" and m.wait_id:
             waits[m.wait_id] = (m.wait_id, m.at, "timer")
-        elif m.kind == "event_awaited" and m.wait_id:
+        elif kind == "event_awaited" and m.wait_id:
             waits[m.wait_id] = (f"event:{m.name}", m.at, "event")
-        elif m.kind == "callback_awaited" and m.wait_id:
+        elif kind == "callback_awaited" and m.wait_id:
             waits[m.wait_id] = (f"callback:{m.name}", m.at, "callback")
-        elif m.kind in _WAITS and m.wait_id in waits:
+        elif kind in _WAITS and m.wait_id in waits:
             _waited(nodes, waits.pop(m.wait_id), m)
-        elif m.kind == "signal_received":
+        elif kind == "signal_received":
             # A signal wait leaves no event of its own: it is taken to run from the
             # history's previous event (when the saga last moved) to the signal.
             _waited(nodes, (f"signal:{m.name}", last_at, "signal"), m)
         last_at = m.at
+
+
+def _node(nodes: dict[str, NodeRun], step: str) -> NodeRun:
+    """A step's node in the run, made when it is first met (not made to be thrown away
+    each time, as ``setdefault`` would)."""
+    node = nodes.get(step)
+    if node is None:
+        node = nodes[step] = NodeRun(node_kind(step))
+    return node
 
 
 def _replied(nodes: dict[str, NodeRun], sent: tuple[str, float], reply: Mark) -> None:
@@ -315,8 +322,7 @@ def _phases(node: NodeRun, issued: float, reply: Mark) -> None:
     phase whose either end is unknown left out (a duplicate's reply ran no handler; a kit
     may send none). The participant's marks are on its clock, the others the engine's
     (and the store's): a difference across clocks below 0 counts as 0."""
-    chain = (
-        issued,
+    ends = (
         reply.sent,
         reply.received,
         reply.handler_start,
@@ -325,11 +331,16 @@ def _phases(node: NodeRun, issued: float, reply: Mark) -> None:
         reply.at,
         reply.recorded,
     )
-    for phase, start, end in zip(PHASES, chain, chain[1:], strict=False):
+    phases = {} if node.phases is None else node.phases
+    start: float | None = issued
+    for phase, end in zip(PHASES, ends, strict=True):
         if start is not None and end is not None:
-            node.observe_phase(phase, _ms(start, end))
+            phases.setdefault(phase, []).append(_ms(start, end))
+        start = end
     if reply.cpu_ms is not None:
-        node.observe_phase(CPU, reply.cpu_ms)
+        phases.setdefault(CPU, []).append(reply.cpu_ms)
+    if phases:
+        node.phases = phases
 
 
 def _waited(nodes: dict[str, NodeRun], wait: tuple[str, float, NodeKind], end: Mark) -> None:
@@ -408,6 +419,7 @@ class Counters:
         self.hist = [a + b for a, b in zip(self.hist, other.hist, strict=True)]
 
     def observe(self, ms: float) -> None:
+        # The loops of ``_add_run`` index ``hist`` by ``histogram_index`` as this does.
         self.hist[histogram_index(ms)] += 1
 
 
@@ -431,14 +443,22 @@ def aggregate(summaries: Iterable[RunSummary]) -> dict[RowKey, Counters]:
 
 
 def _add_run(rows: dict[RowKey, Counters], s: RunSummary) -> None:
-    bucket = bucket_of(s.ended_at)
+    # Locals, not attributes, in the loops below (they run for every latency and phase
+    # of every run a roll-up adds); a row is looked up once per key and run, and made
+    # only when it is not there yet.
+    saga_type, bucket, policy = s.saga_type, bucket_of(s.ended_at), s.flow_policy
+    get, index = rows.get, histogram_index
 
     def row(facet: str, key: str, detail: str) -> Counters:
-        return rows.setdefault((s.saga_type, bucket, facet, key, detail, s.flow_policy), Counters())
+        k = (saga_type, bucket, facet, key, detail, policy)
+        c = get(k)
+        if c is None:
+            c = rows[k] = Counters()
+        return c
 
     run = row("type", s.outcome, "")
     run.runs += 1
-    run.observe(s.duration_ms)
+    run.hist[index(s.duration_ms)] += 1
     for rank, (name, n) in enumerate(s.nodes.items()):
         c = row("node", name, n.kind)
         c.runs += 1
@@ -450,15 +470,20 @@ def _add_run(rows: dict[RowKey, Counters], s: RunSummary) -> None:
         c.compensations += n.compensations
         if n.first is not None:
             c.offset_ms += int(_ms(s.started_ms, n.first))
+        hist = c.hist
         for ms in n.latencies_ms:
-            c.observe(ms)
+            hist[index(ms)] += 1
         for message in n.errors:
             row("error", name, message).runs += 1
-        for phase, values in (n.phases or {}).items():
-            p = row("phase", name, phase)
-            p.runs += len(values)
-            for ms in values:
-                p.total_us += round(ms * 1000)
-                p.observe(ms)
+        if n.phases:
+            for phase, values in n.phases.items():
+                p = row("phase", name, phase)
+                p.runs += len(values)
+                hist = p.hist
+                total = 0
+                for ms in values:
+                    total += round(ms * 1000)
+                    hist[index(ms)] += 1
+                p.total_us += total
     for a, b in s.overlaps:
         row("overlap", a, b).runs += 1
