@@ -50,6 +50,7 @@ class KeyGate:
         self._poll_s = parts.settings.engine.key_poll_s
         self._apply = apply
         self._crash_hook = parts.crash_hook
+        self._registry = parts.registry
         #: Sagas asking now: the pass that records the answer does not ask again.
         self._asking: set[str] = set()
         #: Sagas with a poll armed.
@@ -58,13 +59,13 @@ class KeyGate:
         self._depth = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
-        #: A saga type deployed here declares a concurrency limit: without one, no saga
-        #: of a batch owes anything for a key (``after`` is not called).
-        self.limited = any(
-            definition.concurrency is not None
-            for name in parts.registry.names()
-            for definition in parts.registry.versions(name).values()
-        )
+
+    @property
+    def limited(self) -> bool:
+        """A saga type registered declares a concurrency limit: without one, no saga of
+        a batch owes anything for a key (``after`` need not be called). Asked of the
+        registry each batch: a class registered after the engine was built counts."""
+        return self._registry.limited
 
     def close(self) -> None:
         self._closed = True

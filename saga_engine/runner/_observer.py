@@ -32,9 +32,11 @@ if TYPE_CHECKING:
     from saga_engine.runner._path_inputs import Work
 
 _FINISHED = ("saga_completed", "saga_compensated", "saga_failed", "saga_cancelled")
+#: A park's events (``invalid_reply_received`` too, once per park: ``_counted``).
+_PARKING = ("saga_parked", "compensation_stuck")
 #: The kinds of event a counter looks at (``_counted``); the others, most of them, are
 #: passed over with one set lookup each rather than a call.
-_COUNTED = frozenset((*_FINISHED, "saga_parked", "compensation_stuck", "invalid_reply_received"))
+_COUNTED = frozenset((*_FINISHED, *_PARKING, "invalid_reply_received"))
 
 
 @dataclass(slots=True)
@@ -118,7 +120,7 @@ class EngineObserver:
                     max(0.0, (event.at - live.started_at).total_seconds()),
                     {"saga.type": saga_type, "outcome": kind.removeprefix("saga_")},
                 )
-        elif kind in ("saga_parked", "compensation_stuck") or (
+        elif kind in _PARKING or (
             # Once per park: a second reply held while one already is adds no park.
             kind == "invalid_reply_received" and held <= 1
         ):

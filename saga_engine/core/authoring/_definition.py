@@ -395,6 +395,9 @@ class SagaRegistry:
         #: The highest version of each name (what ``get(name)`` and iteration give).
         self._by_name: dict[str, SagaDefinition] = {}
         self._versions: dict[str, dict[int, SagaDefinition]] = {}
+        #: A saga registered here declares a concurrency limit (``Saga.concurrency``):
+        #: without one, no saga owes anything for a key.
+        self.limited = False
         for saga in sagas:
             self.register(saga)
 
@@ -410,6 +413,7 @@ class SagaRegistry:
             )
         versions[definition.version] = definition
         self._by_name[definition.name] = versions[max(versions)]
+        self.limited = self.limited or definition.concurrency is not None
         return definition
 
     def get(self, name: str, version: int | None = None) -> SagaDefinition:

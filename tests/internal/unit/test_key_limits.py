@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel
 
 from saga_engine import ConcurrencyLimit, DefinitionError, Saga, SagaContext, SagaStatus
-from saga_engine.core.authoring._definition import SagaDefinition
+from saga_engine.core.authoring._definition import SagaDefinition, SagaRegistry
 from saga_engine.core.runtime._runtime import SagaRuntime
 from saga_engine.core.views._event_lines import event_line
 from saga_engine.core.views._view import WaitKind, saga_view_of
@@ -61,6 +61,13 @@ class Pair(Saga[TransferIn, TransferOut]):
         await ctx.step(
             "debit", to="ledger", command=Debit(account_id=input.account_id, amount=input.amount)
         )
+        return TransferOut(ok=True)
+
+
+class Unlimited(Saga[TransferIn, TransferOut]):
+    name = "unlimited"
+
+    async def run(self, ctx: SagaContext, input: TransferIn) -> TransferOut:
         return TransferOut(ok=True)
 
 
@@ -295,3 +302,12 @@ async def test_a_key_too_long_to_store_is_refused_and_nothing_is_recorded() -> N
     assert refused.value.errors[0]["loc"] == ["account_id"]
     assert await env.parts.store.list_sagas() == []
     assert await _slots(env).key_slots() == []
+
+
+def test_the_registry_knows_when_a_saga_type_declares_a_limit_registered_late() -> None:
+    # The engine asks the keys' gate only while a registered type declares a limit: one
+    # registered after the engine was built must count too.
+    registry = SagaRegistry([Unlimited])
+    assert not registry.limited
+    registry.register(Transfer)
+    assert registry.limited
