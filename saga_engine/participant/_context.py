@@ -14,13 +14,13 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
-from opentelemetry.trace import Span
+from opentelemetry.trace import INVALID_SPAN, Span
 
 from saga_engine.core.history._codec import CodecChain
 from saga_engine.kernel._crash import CrashHook
@@ -139,8 +139,7 @@ class ParticipantContext:
 
     # ------------------------------------------------------------------ tracing
 
-    @contextlib.contextmanager
-    def command_span(self, record: Any, command: Envelope) -> Iterator[Span]:
+    def command_span(self, record: Any, command: Envelope) -> contextlib.AbstractContextManager[Span]:
         """The "handle {CommandType}" span of one command."""
         # The traceparent is read from the record's own headers (aiokafka's
         # instrumentation does not carry it): this span is a child of the engine's step
@@ -156,13 +155,13 @@ class ParticipantContext:
             "messaging.system": "kafka",
             "messaging.destination.name": getattr(record, "topic", None),
         }
-        received = trace_context(command)
-        with self.telemetry.consumer_span(command.subject, received, attributes) as span:
-            yield span
+        return self.telemetry.consumer_span(command.subject, trace_context(command), attributes)
 
     @staticmethod
     def traced(command: Envelope, span: Span) -> Envelope:
         """``command`` carrying ``span``'s context, so its reply continues the trace."""
+        if span is INVALID_SPAN:
+            return command  # no span made (no SDK): its carrier is empty
         carrier = carrier_of(span)
         if not carrier:
             return command

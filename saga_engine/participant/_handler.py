@@ -88,7 +88,6 @@ class Transaction(Statements):
         "saga_id",
         "saga_type",
         "step",
-        "trace_context",
     )
 
     def __init__(
@@ -112,7 +111,12 @@ class Transaction(Statements):
         self.saga_type = command.saga_type
         self.step = command.step
         self.compensation = command.compensation
-        self.trace_context = trace_context(command)
+
+    @property
+    def trace_context(self) -> dict[str, str]:
+        """The W3C trace headers of the command (``traceparent``, ``tracestate``: those
+        it has)."""
+        return trace_context(self._command)
 
     def progress(self, body: BaseModel | Any) -> None:
         """Reports how far the handler got on this step (a model or any JSON value, at

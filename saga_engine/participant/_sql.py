@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 from types import MappingProxyType
 from typing import Final, TypeAlias
 
@@ -54,7 +55,7 @@ class Outgoing:
     @property
     def size(self) -> int:
         """Its bytes as sent: the timing headers it gets after the commit counted in."""
-        return len(self.value) + sum([len(k) + len(v) for k, v in self.headers]) + TIMING_BYTES
+        return len(self.value) + sum(map(len, chain.from_iterable(self.headers))) + TIMING_BYTES
 
 
 def reply_record(

@@ -216,25 +216,31 @@ async def _record(conn: Connection, fresh: list[Item]) -> None:
     # In command id order: two optimistic transactions holding copies of the same
     # commands (on two instances, after a rebalance) insert them in the same order, so
     # one waits for the other instead of deadlocking on the unique index.
-    fresh = sorted(fresh, key=lambda i: _cmd(i).command_id)
+    outcomes = sorted(_outcome_row(i) for i in fresh)
     try:
-        rows = await conn.fetch(
-            RECORD_OUTCOMES,
-            [_cmd(i).command_id for i in fresh],
-            [_cmd(i).saga_id for i in fresh],
-            [_cmd(i).subject for i in fresh],
-            [_cmd(i).step for i in fresh],
-            [_out(i).reply.outcome for i in fresh],
-            # The reply record's value is the reply's JSON already: no second dump.
-            [_out(i).value.decode() for i in fresh],
-            [_out(i).reply.error for i in fresh],
-        )
+        rows = await conn.fetch(RECORD_OUTCOMES, *map(list, zip(*outcomes, strict=True)))
     except asyncpg.UniqueViolationError as exc:
         if exc.constraint_name != OUTCOMES_KEY:
             raise
         raise ClaimLost from exc  # stored by a transaction that committed meanwhile
     if len(rows) != len(fresh):
         raise ClaimLost
+
+
+def _outcome_row(item: Item) -> tuple[str, str, str, str, str, str, str | None]:
+    """An outcome's row as RECORD_OUTCOMES takes it (the command id first)."""
+    command, reply = _cmd(item), _out(item)
+    # The reply record's value is the reply's JSON already: no second dump.
+    body = reply.reply
+    return (
+        command.command_id,
+        command.saga_id,
+        command.subject,
+        command.step,
+        body.outcome,
+        reply.value.decode(),
+        body.error,
+    )
 
 
 async def answer(
@@ -256,26 +262,43 @@ async def _handle(
 ) -> None:
     """Calls the items' handler once (a single handler's one command, or a batch
     handler's group) and decides each item's reply from its answer."""
+    # A span per command, as each has alone: its reply continues that span's trace.
+    if len(items) == 1:
+        command = _cmd(items[0])
+        with ctx.command_span(items[0].record, command) as span:
+            await _decide(ctx, conn, items, [ctx.traced(command, span)], savepoints=savepoints)
+        return
     with contextlib.ExitStack() as spans:
-        # A span per command, as each has alone: its reply continues that span's trace.
         commands = [
             ctx.traced(_cmd(i), spans.enter_context(ctx.command_span(i.record, _cmd(i))))
             for i in items
         ]
-        try:
-            results = await _call(ctx, conn, items, commands, savepoints=savepoints)
-        except Refused:
-            raise
-        except Exception as exc:
-            # Leaving the transaction with an exception rolls all of it back, these
-            # commands' claims included: nothing is recorded, and each next attempt
-            # starts from scratch.
-            raise HandlerFailed(items, exc) from exc
-        for item, command, result in zip(items, commands, results, strict=True):
-            if isinstance(result, Outgoing):
-                item.outgoing = result
-            else:
-                _refuse(ctx, item, command, result)
+        await _decide(ctx, conn, items, commands, savepoints=savepoints)
+
+
+async def _decide(
+    ctx: ParticipantContext,
+    conn: Connection,
+    items: list[Item],
+    commands: list[Envelope],
+    *,
+    savepoints: bool,
+) -> None:
+    """Each item's reply from its handler's answer (within the items' spans)."""
+    try:
+        results = await _call(ctx, conn, items, commands, savepoints=savepoints)
+    except Refused:
+        raise
+    except Exception as exc:
+        # Leaving the transaction with an exception rolls all of it back, these
+        # commands' claims included: nothing is recorded, and each next attempt
+        # starts from scratch.
+        raise HandlerFailed(items, exc) from exc
+    for item, command, result in zip(items, commands, results, strict=True):
+        if isinstance(result, Outgoing):
+            item.outgoing = result
+        else:
+            _refuse(ctx, item, command, result)
 
 
 async def _call(
