@@ -19,7 +19,13 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from saga_engine.kernel._errors import InvalidPayload, Rejected, Retryable, UnstorableValue
-from saga_engine.kernel._serde import JsonDict, storable_copy, unstorable, without_input
+from saga_engine.kernel._serde import (
+    JsonDict,
+    model_payload,
+    storable_copy,
+    unstorable,
+    without_input,
+)
 from saga_engine.participant._sql import Connection
 from saga_engine.participant._step_reports import StepReporter
 from saga_engine.transport._wire import Envelope, ReplyBody
@@ -225,7 +231,7 @@ def json_payload(result: object) -> JsonDict:
     if result is None:
         return {}
     if isinstance(result, BaseModel):
-        return result.model_dump(mode="json")
+        return model_payload(result)
     if isinstance(result, Mapping):
         # The round trip proves the value is JSON now, inside the handler's attempt,
         # rather than failing later when the reply is written.

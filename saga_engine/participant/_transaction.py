@@ -72,9 +72,10 @@ from saga_engine.participant._sql import (
     Outgoing,
     check_size,
     stored_reply,
+    success_body,
 )
 from saga_engine.transport._record_blobs import fetch_record_blobs
-from saga_engine.transport._wire import CODEC_HEADER, Envelope, ReplyBody
+from saga_engine.transport._wire import CODEC_HEADER, Envelope
 
 
 class HandlerFailed(Exception):
@@ -284,9 +285,32 @@ async def _decide(
     *,
     savepoints: bool,
 ) -> None:
-    """Each item's reply from its handler's answer (within the items' spans)."""
+    """Each item's reply from its handler's answer (within the items' spans). What the
+    handler raises fails the items (HandlerFailed), but a refusal it raises for a single
+    command: that is recorded (with savepoints), or raises Refused."""
     try:
-        results = await _call(ctx, conn, items, commands, savepoints=savepoints)
+        if not savepoints:
+            try:
+                results = await _attempt(ctx, conn, items, commands)
+            except (Rejected, Retryable) as answered:
+                if len(items) > 1:
+                    raise  # a group's handler raised: no command is refused by it
+                # Its writes are in this transaction with its neighbours': all of it
+                # rolls back and runs again, with this answer as it was given.
+                items[0].refused = answered
+                raise Refused from answered
+        else:
+            try:
+                # A savepoint: a refusal (or Retryable) undoes the handler's writes but
+                # keeps the claim, so the answer is recorded in this transaction.
+                async with conn.transaction():
+                    results = await _attempt(ctx, conn, items, commands)
+            except (Rejected, Retryable) as answered:
+                if len(items) > 1:
+                    raise
+                # An answer, not a crash: no in-process retry (a Retryable asks the
+                # engine for a new attempt at once).
+                results = [answered]
     except Refused:
         raise
     except Exception as exc:
@@ -299,39 +323,6 @@ async def _decide(
             item.outgoing = result
         else:
             _refuse(ctx, item, command, result)
-
-
-async def _call(
-    ctx: ParticipantContext,
-    conn: Connection,
-    items: list[Item],
-    commands: list[Envelope],
-    *,
-    savepoints: bool,
-) -> list[Outgoing | HandlerAnswer]:
-    """The handler's answer per item; what it raises is the caller's, but a refusal it
-    raises for a single command: that is recorded (with savepoints), or raises Refused."""
-    if not savepoints:
-        try:
-            return await _attempt(ctx, conn, items, commands)
-        except (Rejected, Retryable) as answered:
-            if len(items) > 1:
-                raise  # a group's handler raised: no command is refused by it
-            # Its writes are in this transaction with its neighbours': all of it rolls
-            # back and runs again, with this answer as it was given.
-            items[0].refused = answered
-            raise Refused from answered
-    try:
-        # A savepoint: a refusal (or Retryable) undoes the handler's writes but keeps
-        # the claim, so the answer is recorded in this transaction.
-        async with conn.transaction():
-            return await _attempt(ctx, conn, items, commands)
-    except (Rejected, Retryable) as answered:
-        if len(items) > 1:
-            raise
-        # An answer, not a crash: no in-process retry (a Retryable asks the engine for a
-        # new attempt at once).
-        return [answered]
 
 
 async def _attempt(
@@ -378,9 +369,11 @@ def _success(ctx: ParticipantContext, command: Envelope, item: Item, result: obj
     """The success reply to ``command``; TypeError or an unstorable value is the
     handler's bug. A reply too large to send is refused once (Rejected)."""
     payload = json_payload(result)
-    # A reply Postgres cannot store is the handler's bug.
-    check_storable(payload, f"the reply of the {command.subject} handler")
-    outgoing = ctx.reply(command, ReplyBody(outcome="success", payload=payload), item.topic)
+    if payload:  # (an empty one is storable)
+        # A reply Postgres cannot store is the handler's bug.
+        check_storable(payload, f"the reply of the {command.subject} handler")
+    reply, dumped = success_body(payload)
+    outgoing = ctx.reply(command, reply, item.topic, dumped)
     try:
         check_size(outgoing, ctx.reply_limit, ctx.settings.codec.blobs.max_bytes)
     except PayloadTooLarge as exc:
