@@ -11,8 +11,8 @@ unknown command type).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeAlias, TypeVar, overload
+from dataclasses import dataclass, field
+from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar, overload
 
 import asyncpg
 import orjson
@@ -224,6 +224,19 @@ class HandlerSpec:
     #: Registered with ``handles_batch``: it answers a group of commands in one call.
     batch: bool = False
     effects: Effects = "transaction"
+    #: ``model.model_validate``, as the model validates a command's body: its validator
+    #: called directly (what ``BaseModel.model_validate`` does, without its keyword
+    #: arguments per command) unless the model validates its own way.
+    validate: Callable[[Any], BaseModel] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        validate: Callable[[Any], BaseModel] = self.model.model_validate
+        if getattr(validate, "__func__", None) is _MODEL_VALIDATE:
+            validate = self.model.__pydantic_validator__.validate_python
+        object.__setattr__(self, "validate", validate)
+
+
+_MODEL_VALIDATE: Final = vars(BaseModel)["model_validate"].__func__
 
 
 def json_payload(result: object) -> JsonDict:

@@ -152,32 +152,33 @@ class Reader:
             return
         item.command = command
         item.topic = await ctx.reply_topic(command)
-        await self._classify(item, command, refused)
+        dead = self._classify(item, command, refused)
+        if dead is not None:
+            await ctx.dead_letter(item.record, *dead)
 
-    async def _classify(
+    def _classify(
         self, item: Item, command: Envelope, refused: InvalidPayload | None
-    ) -> None:
-        """Finds the handler and the model, or decides the reply given without them."""
+    ) -> tuple[str, str] | None:
+        """Finds the handler and the model, or decides the reply given without them.
+        Returns the reason and detail the record is dead-lettered with, if it is."""
         ctx = self._ctx
         item.handler, item.model, item.fixed = None, None, None
         invalid = refused or unstorable_body(command)
         if invalid is not None:
-            await ctx.dead_letter(item.record, PoisonReason.UNSTORABLE_VALUE.value, str(invalid))
             item.fixed, item.counter = refusal_reply(invalid), "unstorable"
-            return
+            return PoisonReason.UNSTORABLE_VALUE.value, str(invalid)
         handler = ctx.handlers.get(command.subject)
         if handler is None:
             item.fixed = unknown_command_reply(ctx.name, command, list(ctx.handlers))
             item.counter = "unknown_command"
-            return
+            return None
         try:
-            item.model = handler.model.model_validate(command.body)
+            item.model = handler.validate(command.body)
         except ValidationError as exc:
-            detail = invalid_body(command, handler.model, exc)
-            await ctx.dead_letter(item.record, PoisonReason.INVALID_BODY.value, detail)
             item.fixed, item.counter = invalid_body_reply(command, exc), "invalid_body"
-            return
+            return PoisonReason.INVALID_BODY.value, invalid_body(command, handler.model, exc)
         item.handler = handler
+        return None
 
     def _decode(self, record: Any) -> tuple[Envelope, InvalidPayload | None]:
         """The record's command and, when only its body was refused (too deep to read),

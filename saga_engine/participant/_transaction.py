@@ -127,15 +127,15 @@ async def transact(
         stored = {} if optimistic else await _claimed(ctx, conn, firsts)
         groups = Groups()
         for item in firsts:
-            if stored.get(_cmd(item).command_id) is not None:
+            if stored and stored.get(_cmd(item).command_id) is not None:
                 continue  # answered with its stored reply
             group = groups.before(item)
             if group is not None:  # an earlier command of its saga is applied first
                 await _handle(ctx, conn, group, savepoints=savepoints)
             if grouped(item):
                 groups.add(item)
-            else:
-                await answer(ctx, conn, item, savepoints=savepoints)
+            elif not _answered_without_handler(ctx, item):
+                await _handle(ctx, conn, [item], savepoints=savepoints)
         for group in groups.rest():
             await _handle(ctx, conn, group, savepoints=savepoints)
         fresh = [i for i in firsts if i.outgoing is not None and not i.duplicate]
@@ -244,18 +244,17 @@ def _outcome_row(item: Item) -> tuple[str, str, str, str, str, str, str | None]:
     )
 
 
-async def answer(
-    ctx: ParticipantContext, conn: Connection, item: Item, *, savepoints: bool
-) -> None:
-    """Decides the reply of a claimed command that is not in a group: its fixed reply,
-    the refusal heard in an earlier pass, or what its handler answers."""
-    command = _cmd(item)
+def _answered_without_handler(ctx: ParticipantContext, item: Item) -> bool:
+    """Decides the reply of a claimed command that is not in a group when its handler
+    is not to give it: its fixed reply, or the refusal heard in an earlier pass. False
+    when its handler is to answer."""
     if item.fixed is not None:
-        item.outgoing = ctx.fitted(command, item.fixed, item.topic)
+        item.outgoing = ctx.fitted(_cmd(item), item.fixed, item.topic)
     elif item.refused is not None:
-        _refuse(ctx, item, command, item.refused)
+        _refuse(ctx, item, _cmd(item), item.refused)
     else:
-        await _handle(ctx, conn, [item], savepoints=savepoints)
+        return False
+    return True
 
 
 async def _handle(

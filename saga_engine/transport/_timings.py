@@ -42,11 +42,6 @@ def wire_time(epoch_s: float) -> str:
     return _wire_time(epoch_s).decode()
 
 
-#: The instants written last (seconds since the epoch -> their header value): a batch's
-#: replies share when it was read and when it committed. Cleared when it grows past
-#: ``_MEMO_MAX``.
-_MEMO: dict[float, bytes] = {}
-_MEMO_MAX: Final = 256
 #: The whole second written last and its text ("YYYY-MM-DDTHH:MM:SS"), one tuple
 #: replaced whole (a thread never reads one second's text for another): most instants
 #: of a batch fall in the same second.
@@ -57,9 +52,6 @@ def _wire_time(epoch_s: float) -> bytes:
     """``wire_time``'s text as a header's value. The microseconds are rounded as
     ``datetime.fromtimestamp`` rounds them (half to even, a carry into the next second),
     so the text is the same as ``fromtimestamp(...).isoformat()``'s."""
-    text = _MEMO.get(epoch_s)
-    if text is not None:
-        return text
     frac, whole = math.modf(epoch_s)
     micros = round(frac * 1e6)
     if micros >= 1_000_000:
@@ -70,10 +62,23 @@ def _wire_time(epoch_s: float) -> bytes:
     if second[0] != whole:
         second = (whole, datetime.fromtimestamp(whole, UTC).isoformat(timespec="seconds")[:19])
         _SECOND[0] = second
-    text = f"{second[1]}.{micros:06d}Z".encode()
-    if len(_MEMO) >= _MEMO_MAX:
-        _MEMO.clear()
-    _MEMO[epoch_s] = text
+    return f"{second[1]}.{micros:06d}Z".encode()
+
+
+#: The instants many replies share, written (seconds since the epoch -> header value):
+#: when a batch was read and when its transaction committed. Cleared when it grows past
+#: ``_SHARED_MAX``.
+_SHARED: dict[float, bytes] = {}
+_SHARED_MAX: Final = 64
+
+
+def _shared_time(epoch_s: float) -> bytes:
+    """``_wire_time`` of an instant many replies share, written once."""
+    text = _SHARED.get(epoch_s)
+    if text is None:
+        if len(_SHARED) >= _SHARED_MAX:
+            _SHARED.clear()
+        text = _SHARED[epoch_s] = _wire_time(epoch_s)
     return text
 
 
@@ -144,12 +149,12 @@ def reply_timing_headers(
     read and committed and, with ``handler`` (its start, end and CPU seconds), when its
     handler started and ended and its CPU time."""
     if handler is None:
-        return [(_RECEIVED, _wire_time(received)), (_COMMITTED, _wire_time(committed))]
+        return [(_RECEIVED, _shared_time(received)), (_COMMITTED, _shared_time(committed))]
     started, ended, cpu_s = handler
     return [
-        (_RECEIVED, _wire_time(received)),
+        (_RECEIVED, _shared_time(received)),
         (_STARTED, _wire_time(started)),
         (_ENDED, _wire_time(ended)),
-        (_COMMITTED, _wire_time(committed)),
+        (_COMMITTED, _shared_time(committed)),
         (_CPU, cpu_ms_text(cpu_s).encode()),
     ]
