@@ -241,8 +241,8 @@ _MODEL_VALIDATE: Final = vars(BaseModel)["model_validate"].__func__
 
 def json_payload(result: object) -> JsonDict:
     """A handler's return value (or a refusal's details) as a JSON object; raises TypeError."""
-    if result is None:
-        return {}
+    if result is None or (type(result) is dict and not result):
+        return {}  # (an empty dict: a new one, as the round trip below would give)
     if isinstance(result, BaseModel):
         return model_payload(result)
     if isinstance(result, Mapping):
