@@ -207,11 +207,12 @@ class CommandBatch(Statements, Sequence[BatchCommand[M]], Generic[M]):
 
 def trace_context(command: Envelope) -> dict[str, str]:
     """The W3C trace headers ``command`` carries (those it has)."""
-    return {
-        k: v
-        for k, v in (("traceparent", command.traceparent), ("tracestate", command.tracestate))
-        if v
-    }
+    found: dict[str, str] = {}
+    if command.traceparent:
+        found["traceparent"] = command.traceparent
+    if command.tracestate:
+        found["tracestate"] = command.tracestate
+    return found
 
 
 @dataclass(frozen=True, slots=True)
