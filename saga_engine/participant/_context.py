@@ -14,19 +14,20 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
-from opentelemetry.trace import Span
+from opentelemetry.trace import INVALID_SPAN, Span
 
 from saga_engine.core.history._codec import CodecChain
 from saga_engine.kernel._crash import CrashHook
 from saga_engine.kernel._dead_letter_reason import dead_letter_detail
 from saga_engine.kernel._errors import PoisonReason
 from saga_engine.kernel._retry import HANDLER, OUTAGE
+from saga_engine.kernel._serde import JsonDict
 from saga_engine.kernel._settings import Settings
 from saga_engine.participant._handler import HandlerSpec, trace_context
 from saga_engine.participant._sql import Outgoing, reply_record
@@ -116,7 +117,11 @@ class ParticipantContext:
             self._reply_topics.add(topic)
         return topic
 
-    def reply(self, command: Envelope, body: ReplyBody, topic: str) -> Outgoing:
+    def reply(
+        self, command: Envelope, body: ReplyBody, topic: str, dumped: JsonDict | None = None
+    ) -> Outgoing:
+        """The reply record of ``body`` to ``command`` (``dumped``: ``body`` as JSON, when
+        the caller has it)."""
         return reply_record(
             command,
             body,
@@ -124,6 +129,7 @@ class ParticipantContext:
             topic=topic,
             codec=self.codec,
             by_reference=self.blobs is not None,
+            body=dumped,
         )
 
     def fitted(self, command: Envelope, body: ReplyBody, topic: str) -> Outgoing:
@@ -139,8 +145,9 @@ class ParticipantContext:
 
     # ------------------------------------------------------------------ tracing
 
-    @contextlib.contextmanager
-    def command_span(self, record: Any, command: Envelope) -> Iterator[Span]:
+    def command_span(
+        self, record: Any, command: Envelope
+    ) -> contextlib.AbstractContextManager[Span]:
         """The "handle {CommandType}" span of one command."""
         # The traceparent is read from the record's own headers (aiokafka's
         # instrumentation does not carry it): this span is a child of the engine's step
@@ -156,13 +163,13 @@ class ParticipantContext:
             "messaging.system": "kafka",
             "messaging.destination.name": getattr(record, "topic", None),
         }
-        received = trace_context(command)
-        with self.telemetry.consumer_span(command.subject, received, attributes) as span:
-            yield span
+        return self.telemetry.consumer_span(command.subject, trace_context(command), attributes)
 
     @staticmethod
     def traced(command: Envelope, span: Span) -> Envelope:
         """``command`` carrying ``span``'s context, so its reply continues the trace."""
+        if span is INVALID_SPAN:
+            return command  # no span made (no SDK): its carrier is empty
         carrier = carrier_of(span)
         if not carrier:
             return command

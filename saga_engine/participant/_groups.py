@@ -50,6 +50,8 @@ class Groups:
     def before(self, item: Item) -> list[Item] | None:
         """The group to call (now closed) before ``item`` is answered or joins a group:
         the one holding an earlier command of its saga, unless ``item`` joins it."""
+        if not self._sagas:
+            return None  # no group open (a run without batch handlers)
         kind = self._sagas.get(_saga(item))
         if kind is None or (grouped(item) and _kind(item) == kind):
             return None

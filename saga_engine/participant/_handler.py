@@ -11,15 +11,21 @@ unknown command type).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeAlias, TypeVar, overload
+from dataclasses import dataclass, field
+from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar, overload
 
 import asyncpg
 import orjson
 from pydantic import BaseModel, ValidationError
 
 from saga_engine.kernel._errors import InvalidPayload, Rejected, Retryable, UnstorableValue
-from saga_engine.kernel._serde import JsonDict, storable_copy, unstorable, without_input
+from saga_engine.kernel._serde import (
+    JsonDict,
+    model_payload,
+    storable_copy,
+    unstorable,
+    without_input,
+)
 from saga_engine.participant._sql import Connection
 from saga_engine.participant._step_reports import StepReporter
 from saga_engine.transport._wire import Envelope, ReplyBody
@@ -88,7 +94,6 @@ class Transaction(Statements):
         "saga_id",
         "saga_type",
         "step",
-        "trace_context",
     )
 
     def __init__(
@@ -112,7 +117,12 @@ class Transaction(Statements):
         self.saga_type = command.saga_type
         self.step = command.step
         self.compensation = command.compensation
-        self.trace_context = trace_context(command)
+
+    @property
+    def trace_context(self) -> dict[str, str]:
+        """The W3C trace headers of the command (``traceparent``, ``tracestate``: those
+        it has)."""
+        return trace_context(self._command)
 
     def progress(self, body: BaseModel | Any) -> None:
         """Reports how far the handler got on this step (a model or any JSON value, at
@@ -197,11 +207,12 @@ class CommandBatch(Statements, Sequence[BatchCommand[M]], Generic[M]):
 
 def trace_context(command: Envelope) -> dict[str, str]:
     """The W3C trace headers ``command`` carries (those it has)."""
-    return {
-        k: v
-        for k, v in (("traceparent", command.traceparent), ("tracestate", command.tracestate))
-        if v
-    }
+    found: dict[str, str] = {}
+    if command.traceparent:
+        found["traceparent"] = command.traceparent
+    if command.tracestate:
+        found["tracestate"] = command.tracestate
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,14 +225,27 @@ class HandlerSpec:
     #: Registered with ``handles_batch``: it answers a group of commands in one call.
     batch: bool = False
     effects: Effects = "transaction"
+    #: ``model.model_validate``, as the model validates a command's body: its validator
+    #: called directly (what ``BaseModel.model_validate`` does, without its keyword
+    #: arguments per command) unless the model validates its own way.
+    validate: Callable[[Any], BaseModel] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        validate: Callable[[Any], BaseModel] = self.model.model_validate
+        if getattr(validate, "__func__", None) is _MODEL_VALIDATE:
+            validate = self.model.__pydantic_validator__.validate_python
+        object.__setattr__(self, "validate", validate)
+
+
+_MODEL_VALIDATE: Final = vars(BaseModel)["model_validate"].__func__
 
 
 def json_payload(result: object) -> JsonDict:
     """A handler's return value (or a refusal's details) as a JSON object; raises TypeError."""
-    if result is None:
-        return {}
+    if result is None or (type(result) is dict and not result):
+        return {}  # (an empty dict: a new one, as the round trip below would give)
     if isinstance(result, BaseModel):
-        return result.model_dump(mode="json")
+        return model_payload(result)
     if isinstance(result, Mapping):
         # The round trip proves the value is JSON now, inside the handler's attempt,
         # rather than failing later when the reply is written.

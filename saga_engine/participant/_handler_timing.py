@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Generator
 from typing import Any, Generic, TypeVar
 
 from saga_engine.participant._reading import Item
-from saga_engine.transport._timings import cpu_ms_text, timing_headers, wire_time
+from saga_engine.transport._timings import reply_timing_headers
 
 T = TypeVar("T")
 
@@ -73,10 +73,7 @@ def stamp_timings(item: Item, committed: float) -> None:
     outgoing = item.outgoing
     if outgoing is None:
         return
-    values = {"received_time": wire_time(item.received), "commit_time": wire_time(committed)}
-    if item.handler_times is not None and not item.duplicate and item.same_as is None:
-        started, ended, cpu_s = item.handler_times
-        values["handler_start_time"] = wire_time(started)
-        values["handler_end_time"] = wire_time(ended)
-        values["handler_cpu_ms"] = cpu_ms_text(cpu_s)
-    outgoing.headers.extend(timing_headers(values))
+    handler = item.handler_times
+    if item.duplicate or item.same_as is not None:
+        handler = None
+    outgoing.headers.extend(reply_timing_headers(item.received, committed, handler))

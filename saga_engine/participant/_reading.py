@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 from saga_engine.core.history._blobref import resolving
 from saga_engine.kernel._dead_letter_reason import dead_letter_detail, dead_letter_reason
 from saga_engine.kernel._errors import InvalidPayload, PoisonMessage, PoisonReason, UnstorableValue
+from saga_engine.kernel._input_types import text_problem
 from saga_engine.kernel._retry import OUTAGE, is_transient
 from saga_engine.kernel._serde import unstorable
 from saga_engine.participant._context import Abandoned, ParticipantContext, log
@@ -40,6 +41,8 @@ from saga_engine.transport._wire import Envelope, MessageType, ReplyBody, decode
 
 #: A topic name Kafka accepts (a reply_to header is checked against it before use).
 TOPIC_NAME: Final = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+#: The headers of a command's ids, which go into the deduplication table's text columns.
+_ID_HEADERS: Final = ("ce_commandid", "ce_sagaid", "ce_step", "ce_subject", "ce_compensates")
 #: Longest command id the deduplication table accepts (its CHECK constraint).
 MAX_COMMAND_ID: Final = 200
 
@@ -149,32 +152,33 @@ class Reader:
             return
         item.command = command
         item.topic = await ctx.reply_topic(command)
-        await self._classify(item, command, refused)
+        dead = self._classify(item, command, refused)
+        if dead is not None:
+            await ctx.dead_letter(item.record, *dead)
 
-    async def _classify(
+    def _classify(
         self, item: Item, command: Envelope, refused: InvalidPayload | None
-    ) -> None:
-        """Finds the handler and the model, or decides the reply given without them."""
+    ) -> tuple[str, str] | None:
+        """Finds the handler and the model, or decides the reply given without them.
+        Returns the reason and detail the record is dead-lettered with, if it is."""
         ctx = self._ctx
         item.handler, item.model, item.fixed = None, None, None
         invalid = refused or unstorable_body(command)
         if invalid is not None:
-            await ctx.dead_letter(item.record, PoisonReason.UNSTORABLE_VALUE.value, str(invalid))
             item.fixed, item.counter = refusal_reply(invalid), "unstorable"
-            return
+            return PoisonReason.UNSTORABLE_VALUE.value, str(invalid)
         handler = ctx.handlers.get(command.subject)
         if handler is None:
             item.fixed = unknown_command_reply(ctx.name, command, list(ctx.handlers))
             item.counter = "unknown_command"
-            return
+            return None
         try:
-            item.model = handler.model.model_validate(command.body)
+            item.model = handler.validate(command.body)
         except ValidationError as exc:
-            detail = invalid_body(command, handler.model, exc)
-            await ctx.dead_letter(item.record, PoisonReason.INVALID_BODY.value, detail)
             item.fixed, item.counter = invalid_body_reply(command, exc), "invalid_body"
-            return
+            return PoisonReason.INVALID_BODY.value, invalid_body(command, handler.model, exc)
         item.handler = handler
+        return None
 
     def _decode(self, record: Any) -> tuple[Envelope, InvalidPayload | None]:
         """The record's command and, when only its body was refused (too deep to read),
@@ -216,14 +220,16 @@ def _check_headers(command: Envelope) -> None:
         raise PoisonMessage(
             PoisonReason.MISSING_HEADER, f"ce_replyto {command.reply_to!r} is not a topic name"
         )
-    ids = {
-        "ce_commandid": command.command_id,
-        "ce_sagaid": command.saga_id,
-        "ce_step": command.step,
-        "ce_subject": command.subject,
-        "ce_compensates": command.compensates,
-    }
-    problems = unstorable(ids)
+    values = (
+        command.command_id,
+        command.saga_id,
+        command.step,
+        command.subject,
+        command.compensates,
+    )
+    if text_problem("".join(values)) is None:
+        return  # each is storable if they are together (the common case: one look)
+    problems = unstorable(dict(zip(_ID_HEADERS, values, strict=True)))
     if problems:
         # These go into the deduplication table's text columns: with one that cannot be
         # stored, no answer can be recorded, so none is sent.

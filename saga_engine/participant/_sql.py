@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 from types import MappingProxyType
 from typing import Final, TypeAlias
 
@@ -18,6 +19,7 @@ from pydantic import ValidationError
 
 from saga_engine.core.history._codec import MARKER, CodecChain, is_marker
 from saga_engine.kernel._errors import CodecError, CodecFailure, KafkaUnavailable
+from saga_engine.kernel._serde import JsonDict, model_payload
 from saga_engine.kernel._settings import check_message_size
 from saga_engine.transport._timings import TIMING_BYTES, echoed_time
 from saga_engine.transport._wire import Envelope, Headers, MessageType, ReplyBody, encode_fields
@@ -54,7 +56,7 @@ class Outgoing:
     @property
     def size(self) -> int:
         """Its bytes as sent: the timing headers it gets after the commit counted in."""
-        return len(self.value) + sum([len(k) + len(v) for k, v in self.headers]) + TIMING_BYTES
+        return len(self.value) + sum(map(len, chain.from_iterable(self.headers))) + TIMING_BYTES
 
 
 def reply_record(
@@ -65,11 +67,13 @@ def reply_record(
     topic: str,
     codec: CodecChain | None,
     by_reference: bool = False,
+    body: JsonDict | None = None,
 ) -> Outgoing:
     """The reply to ``command``: keyed by saga id, answering the command's own message id,
     with its trace context, so the saga's trace continues through the participant. With a
     codec its value is sealed, and so are the outbox row and the stored reply made of it;
-    ``by_reference``: a large one goes by reference (``Outgoing.blobs``)."""
+    ``by_reference``: a large one goes by reference (``Outgoing.blobs``). ``body``:
+    ``reply`` as JSON (``success_body``), when the caller made it."""
     # The command was decoded and checked, so its values need no second validation: the
     # reply's fields go to the encoder as they are.
     fields = {
@@ -90,9 +94,21 @@ def reply_record(
         "sent_time": echoed_time(command.sent_time),
     }
     blobs: dict[str, bytes] | None = {} if by_reference else None
-    key, value, headers = encode_fields(fields, reply.model_dump(mode="json"), codec, blobs=blobs)
+    if body is None:
+        body = model_payload(reply)
+    key, value, headers = encode_fields(fields, body, codec, blobs=blobs)
     return Outgoing(
         command.command_id, command.saga_id, topic, key, value, headers, reply, blobs or NO_BLOBS
+    )
+
+
+def success_body(payload: JsonDict) -> tuple[ReplyBody, JsonDict]:
+    """The success reply of a handler's ``payload`` (JSON already, ``json_payload``),
+    and the reply as JSON: what ``model_payload`` makes of it, without the serializer
+    called for each command."""
+    return (
+        ReplyBody(outcome="success", payload=payload),
+        {"outcome": "success", "payload": payload, "error": None},
     )
 
 

@@ -72,9 +72,10 @@ from saga_engine.participant._sql import (
     Outgoing,
     check_size,
     stored_reply,
+    success_body,
 )
 from saga_engine.transport._record_blobs import fetch_record_blobs
-from saga_engine.transport._wire import CODEC_HEADER, Envelope, ReplyBody
+from saga_engine.transport._wire import CODEC_HEADER, Envelope
 
 
 class HandlerFailed(Exception):
@@ -126,15 +127,15 @@ async def transact(
         stored = {} if optimistic else await _claimed(ctx, conn, firsts)
         groups = Groups()
         for item in firsts:
-            if stored.get(_cmd(item).command_id) is not None:
+            if stored and stored.get(_cmd(item).command_id) is not None:
                 continue  # answered with its stored reply
             group = groups.before(item)
             if group is not None:  # an earlier command of its saga is applied first
                 await _handle(ctx, conn, group, savepoints=savepoints)
             if grouped(item):
                 groups.add(item)
-            else:
-                await answer(ctx, conn, item, savepoints=savepoints)
+            elif not _answered_without_handler(ctx, item):
+                await _handle(ctx, conn, [item], savepoints=savepoints)
         for group in groups.rest():
             await _handle(ctx, conn, group, savepoints=savepoints)
         fresh = [i for i in firsts if i.outgoing is not None and not i.duplicate]
@@ -216,19 +217,9 @@ async def _record(conn: Connection, fresh: list[Item]) -> None:
     # In command id order: two optimistic transactions holding copies of the same
     # commands (on two instances, after a rebalance) insert them in the same order, so
     # one waits for the other instead of deadlocking on the unique index.
-    fresh = sorted(fresh, key=lambda i: _cmd(i).command_id)
+    outcomes = sorted(_outcome_row(i) for i in fresh)
     try:
-        rows = await conn.fetch(
-            RECORD_OUTCOMES,
-            [_cmd(i).command_id for i in fresh],
-            [_cmd(i).saga_id for i in fresh],
-            [_cmd(i).subject for i in fresh],
-            [_cmd(i).step for i in fresh],
-            [_out(i).reply.outcome for i in fresh],
-            # The reply record's value is the reply's JSON already: no second dump.
-            [_out(i).value.decode() for i in fresh],
-            [_out(i).reply.error for i in fresh],
-        )
+        rows = await conn.fetch(RECORD_OUTCOMES, *map(list, zip(*outcomes, strict=True)))
     except asyncpg.UniqueViolationError as exc:
         if exc.constraint_name != OUTCOMES_KEY:
             raise
@@ -237,18 +228,33 @@ async def _record(conn: Connection, fresh: list[Item]) -> None:
         raise ClaimLost
 
 
-async def answer(
-    ctx: ParticipantContext, conn: Connection, item: Item, *, savepoints: bool
-) -> None:
-    """Decides the reply of a claimed command that is not in a group: its fixed reply,
-    the refusal heard in an earlier pass, or what its handler answers."""
-    command = _cmd(item)
+def _outcome_row(item: Item) -> tuple[str, str, str, str, str, str, str | None]:
+    """An outcome's row as RECORD_OUTCOMES takes it (the command id first)."""
+    command, reply = _cmd(item), _out(item)
+    # The reply record's value is the reply's JSON already: no second dump.
+    body = reply.reply
+    return (
+        command.command_id,
+        command.saga_id,
+        command.subject,
+        command.step,
+        body.outcome,
+        reply.value.decode(),
+        body.error,
+    )
+
+
+def _answered_without_handler(ctx: ParticipantContext, item: Item) -> bool:
+    """Decides the reply of a claimed command that is not in a group when its handler
+    is not to give it: its fixed reply, or the refusal heard in an earlier pass. False
+    when its handler is to answer."""
     if item.fixed is not None:
-        item.outgoing = ctx.fitted(command, item.fixed, item.topic)
+        item.outgoing = ctx.fitted(_cmd(item), item.fixed, item.topic)
     elif item.refused is not None:
-        _refuse(ctx, item, command, item.refused)
+        _refuse(ctx, item, _cmd(item), item.refused)
     else:
-        await _handle(ctx, conn, [item], savepoints=savepoints)
+        return False
+    return True
 
 
 async def _handle(
@@ -256,59 +262,66 @@ async def _handle(
 ) -> None:
     """Calls the items' handler once (a single handler's one command, or a batch
     handler's group) and decides each item's reply from its answer."""
+    # A span per command, as each has alone: its reply continues that span's trace.
+    if len(items) == 1:
+        command = _cmd(items[0])
+        with ctx.command_span(items[0].record, command) as span:
+            await _decide(ctx, conn, items, [ctx.traced(command, span)], savepoints=savepoints)
+        return
     with contextlib.ExitStack() as spans:
-        # A span per command, as each has alone: its reply continues that span's trace.
         commands = [
             ctx.traced(_cmd(i), spans.enter_context(ctx.command_span(i.record, _cmd(i))))
             for i in items
         ]
-        try:
-            results = await _call(ctx, conn, items, commands, savepoints=savepoints)
-        except Refused:
-            raise
-        except Exception as exc:
-            # Leaving the transaction with an exception rolls all of it back, these
-            # commands' claims included: nothing is recorded, and each next attempt
-            # starts from scratch.
-            raise HandlerFailed(items, exc) from exc
-        for item, command, result in zip(items, commands, results, strict=True):
-            if isinstance(result, Outgoing):
-                item.outgoing = result
-            else:
-                _refuse(ctx, item, command, result)
+        await _decide(ctx, conn, items, commands, savepoints=savepoints)
 
 
-async def _call(
+async def _decide(
     ctx: ParticipantContext,
     conn: Connection,
     items: list[Item],
     commands: list[Envelope],
     *,
     savepoints: bool,
-) -> list[Outgoing | HandlerAnswer]:
-    """The handler's answer per item; what it raises is the caller's, but a refusal it
-    raises for a single command: that is recorded (with savepoints), or raises Refused."""
-    if not savepoints:
-        try:
-            return await _attempt(ctx, conn, items, commands)
-        except (Rejected, Retryable) as answered:
-            if len(items) > 1:
-                raise  # a group's handler raised: no command is refused by it
-            # Its writes are in this transaction with its neighbours': all of it rolls
-            # back and runs again, with this answer as it was given.
-            items[0].refused = answered
-            raise Refused from answered
+) -> None:
+    """Each item's reply from its handler's answer (within the items' spans). What the
+    handler raises fails the items (HandlerFailed), but a refusal it raises for a single
+    command: that is recorded (with savepoints), or raises Refused."""
     try:
-        # A savepoint: a refusal (or Retryable) undoes the handler's writes but keeps
-        # the claim, so the answer is recorded in this transaction.
-        async with conn.transaction():
-            return await _attempt(ctx, conn, items, commands)
-    except (Rejected, Retryable) as answered:
-        if len(items) > 1:
-            raise
-        # An answer, not a crash: no in-process retry (a Retryable asks the engine for a
-        # new attempt at once).
-        return [answered]
+        if not savepoints:
+            try:
+                results = await _attempt(ctx, conn, items, commands)
+            except (Rejected, Retryable) as answered:
+                if len(items) > 1:
+                    raise  # a group's handler raised: no command is refused by it
+                # Its writes are in this transaction with its neighbours': all of it
+                # rolls back and runs again, with this answer as it was given.
+                items[0].refused = answered
+                raise Refused from answered
+        else:
+            try:
+                # A savepoint: a refusal (or Retryable) undoes the handler's writes but
+                # keeps the claim, so the answer is recorded in this transaction.
+                async with conn.transaction():
+                    results = await _attempt(ctx, conn, items, commands)
+            except (Rejected, Retryable) as answered:
+                if len(items) > 1:
+                    raise
+                # An answer, not a crash: no in-process retry (a Retryable asks the
+                # engine for a new attempt at once).
+                results = [answered]
+    except Refused:
+        raise
+    except Exception as exc:
+        # Leaving the transaction with an exception rolls all of it back, these
+        # commands' claims included: nothing is recorded, and each next attempt
+        # starts from scratch.
+        raise HandlerFailed(items, exc) from exc
+    for item, command, result in zip(items, commands, results, strict=True):
+        if isinstance(result, Outgoing):
+            item.outgoing = result
+        else:
+            _refuse(ctx, item, command, result)
 
 
 async def _attempt(
@@ -355,9 +368,11 @@ def _success(ctx: ParticipantContext, command: Envelope, item: Item, result: obj
     """The success reply to ``command``; TypeError or an unstorable value is the
     handler's bug. A reply too large to send is refused once (Rejected)."""
     payload = json_payload(result)
-    # A reply Postgres cannot store is the handler's bug.
-    check_storable(payload, f"the reply of the {command.subject} handler")
-    outgoing = ctx.reply(command, ReplyBody(outcome="success", payload=payload), item.topic)
+    if payload:  # (an empty one is storable)
+        # A reply Postgres cannot store is the handler's bug.
+        check_storable(payload, f"the reply of the {command.subject} handler")
+    reply, dumped = success_body(payload)
+    outgoing = ctx.reply(command, reply, item.topic, dumped)
     try:
         check_size(outgoing, ctx.reply_limit, ctx.settings.codec.blobs.max_bytes)
     except PayloadTooLarge as exc:

@@ -15,7 +15,6 @@ at least 0) is left out, the others kept.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -40,8 +39,47 @@ TIMING_BYTES: Final = sum(len(h) for h in TIMING_HEADERS.values()) + 27 * 5 + 16
 def wire_time(epoch_s: float) -> str:
     """An instant (seconds since the epoch) as the headers write times: RFC 3339 in UTC,
     always with microseconds (so a record's size does not depend on the instant)."""
-    text = datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="microseconds")
-    return text.replace("+00:00", "Z")
+    return _wire_time(epoch_s).decode()
+
+
+#: The whole second written last and its text ("YYYY-MM-DDTHH:MM:SS"), one tuple
+#: replaced whole (a thread never reads one second's text for another): most instants
+#: of a batch fall in the same second.
+_SECOND: list[tuple[float, str]] = [(math.nan, "")]
+
+
+def _wire_time(epoch_s: float) -> bytes:
+    """``wire_time``'s text as a header's value. The microseconds are rounded as
+    ``datetime.fromtimestamp`` rounds them (half to even, a carry into the next second),
+    so the text is the same as ``fromtimestamp(...).isoformat()``'s."""
+    frac, whole = math.modf(epoch_s)
+    micros = round(frac * 1e6)
+    if micros >= 1_000_000:
+        whole, micros = whole + 1.0, micros - 1_000_000
+    elif micros < 0:
+        whole, micros = whole - 1.0, micros + 1_000_000
+    second = _SECOND[0]
+    if second[0] != whole:
+        second = (whole, datetime.fromtimestamp(whole, UTC).isoformat(timespec="seconds")[:19])
+        _SECOND[0] = second
+    return f"{second[1]}.{micros:06d}Z".encode()
+
+
+#: The instants many replies share, written (seconds since the epoch -> header value):
+#: when a batch was read and when its transaction committed. Cleared when it grows past
+#: ``_SHARED_MAX``.
+_SHARED: dict[float, bytes] = {}
+_SHARED_MAX: Final = 64
+
+
+def _shared_time(epoch_s: float) -> bytes:
+    """``_wire_time`` of an instant many replies share, written once."""
+    text = _SHARED.get(epoch_s)
+    if text is None:
+        if len(_SHARED) >= _SHARED_MAX:
+            _SHARED.clear()
+        text = _SHARED[epoch_s] = _wire_time(epoch_s)
+    return text
 
 
 def cpu_ms_text(cpu_s: float) -> str:
@@ -91,7 +129,32 @@ def reply_timings(envelope: Envelope) -> ReplyTimings | None:
     return ReplyTimings(**found) if found else None
 
 
-def timing_headers(values: Mapping[str, str]) -> Headers:
-    """The timing headers of ``values`` (Envelope field -> text), those not empty, in
-    the protocol's order."""
-    return [(h, values[f].encode()) for f, h in TIMING_HEADERS.items() if values.get(f)]
+_RECEIVED, _STARTED, _ENDED, _COMMITTED, _CPU = (
+    TIMING_HEADERS[f]
+    for f in (
+        "received_time",
+        "handler_start_time",
+        "handler_end_time",
+        "commit_time",
+        "handler_cpu_ms",
+    )
+)
+
+
+def reply_timing_headers(
+    received: float, committed: float, handler: tuple[float, float, float] | None
+) -> Headers:
+    """The timing headers a participant adds to a reply once its transaction committed,
+    in the protocol's order (``TIMING_HEADERS``): when the command was
+    read and committed and, with ``handler`` (its start, end and CPU seconds), when its
+    handler started and ended and its CPU time."""
+    if handler is None:
+        return [(_RECEIVED, _shared_time(received)), (_COMMITTED, _shared_time(committed))]
+    started, ended, cpu_s = handler
+    return [
+        (_RECEIVED, _shared_time(received)),
+        (_STARTED, _wire_time(started)),
+        (_ENDED, _wire_time(ended)),
+        (_COMMITTED, _shared_time(committed)),
+        (_CPU, cpu_ms_text(cpu_s).encode()),
+    ]

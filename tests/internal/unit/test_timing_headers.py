@@ -5,6 +5,7 @@ recorded on the reply's event."""
 from __future__ import annotations
 
 import asyncio
+import math
 from datetime import UTC, datetime
 
 import pytest
@@ -22,7 +23,14 @@ from saga_engine.testing import SagaTestEnv
 from saga_engine.transport._command_records import CommandRecords
 from saga_engine.transport._timings import echoed_time, reply_timings, wire_time
 from saga_engine.transport._topics import Topics
-from saga_engine.transport._wire import Envelope, MessageType, ReplyBody, decode, encode
+from saga_engine.transport._wire import (
+    TIMING_HEADERS,
+    Envelope,
+    MessageType,
+    ReplyBody,
+    decode,
+    encode,
+)
 
 GOOD = {
     "sent_time": "2025-01-31T12:00:00.124012Z",
@@ -235,6 +243,49 @@ async def test_cpu_timed_passes_results_errors_and_cancellations_through() -> No
 
 def test_wire_time_is_rfc3339_utc_with_microseconds() -> None:
     assert wire_time(0) == "1970-01-01T00:00:00.000000Z"
+
+
+@pytest.mark.parametrize(
+    "epoch_s",
+    [
+        0.0,
+        1e-7,
+        0.5e-6,  # half a microsecond: to even (0)
+        1.5e-6,  # to even (2)
+        0.9999995,  # rounds up into the next second
+        59.9999999,
+        1_738_324_800.004,
+        1_738_324_799.9999996,  # across a minute, an hour, a day
+        1_767_225_599.9999999,  # and a year
+        253_402_300_799.0,  # the last second datetime can write
+    ],
+)
+def test_wire_time_writes_what_datetime_writes(epoch_s: float) -> None:
+    # Written from the second's text and the rounded microseconds; the text is
+    # datetime's to the character, carries and half-to-even rounding included.
+    expected = datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="microseconds")
+    assert wire_time(epoch_s) == expected.replace("+00:00", "Z")
+    assert wire_time(epoch_s) == wire_time(epoch_s)  # again, from what it kept
+
+
+def test_wire_time_refuses_what_datetime_refuses() -> None:
+    for bad, error in [(math.nan, ValueError), (math.inf, OverflowError), (1e20, OverflowError)]:
+        with pytest.raises(error):
+            datetime.fromtimestamp(bad, UTC)
+        with pytest.raises(error):
+            wire_time(bad)
+
+
+def test_a_reply_gets_its_timing_headers_in_the_protocols_order() -> None:
+    command = Envelope(
+        message_type=MessageType.COMMAND, source="/e", saga_id="s-1", command_id="c-1"
+    )
+    item = _item(command, 1_738_324_800.0)
+    item.handler_times = (1_738_324_800.001, 1_738_324_800.003, 0.0015)
+    stamp_timings(item, 1_738_324_800.004)
+    assert item.outgoing is not None
+    stamped = [k for k, _ in item.outgoing.headers if k in TIMING_HEADERS.values()]
+    assert stamped == [h for f, h in TIMING_HEADERS.items() if f != "sent_time"]
 
 
 class Order(BaseModel):
