@@ -17,7 +17,7 @@ import bisect
 import functools
 import operator
 from collections.abc import Iterable, Sequence
-from itertools import repeat
+from itertools import chain, repeat
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final, Literal
@@ -284,15 +284,16 @@ def summarize(marks: Sequence[Mark]) -> RunSummary | None:
     end = _walk(marks, nodes)
     if end is None:
         return None
+    # By position (keywords cost more to pass): RunSummary's fields in their order.
     return RunSummary(
-        saga_type=start.saga_type,
-        started_ms=start.at,
-        ended_at=datetime.fromtimestamp(end.at / 1000, UTC),
-        outcome=_ENDS[end.kind],
-        duration_ms=_ms(start.at, end.at),
-        nodes=nodes,
-        overlaps=_overlaps(nodes),
-        flow_policy=start.flow_policy or 1,
+        start.saga_type,
+        start.at,
+        datetime.fromtimestamp(end.at / 1000, UTC),
+        _ENDS[end.kind],
+        _ms(start.at, end.at),
+        nodes,
+        _overlaps(nodes),
+        start.flow_policy or 1,
     )
 
 
@@ -511,13 +512,22 @@ def aggregate(summaries: Iterable[RunSummary]) -> dict[RowKey, Counters]:
 
 
 @dataclass(slots=True)
-class _Gathered:
-    """A row of a batch being added up: its counters, and the values of its histogram
-    (and its phases, a node's) gathered until the batch is done."""
+class _NodeRuns:
+    """A node's row of a batch being added up: what is added run by run (the rank and
+    the offset, which need the run), and the nodes of the runs that took it, whose
+    counts and values are added once the batch is done (``_Group.finish``)."""
 
     row: Counters
-    values: list[float] = field(default_factory=list)
-    timed: list[PhaseValues] = field(default_factory=list)
+    runs: list[NodeRun] = field(default_factory=list)
+
+
+#: What ``_Group.finish`` adds up of a node's runs, field by field (C, no loop).
+_node_counts: Final = operator.attrgetter(
+    "attempts", "successes", "refusals", "timeouts", "compensations"
+)
+_latencies: Final = operator.attrgetter("latencies_ms")
+_timed: Final = operator.attrgetter("timed")
+_duration: Final = operator.attrgetter("duration_ms")
 
 
 class _Group:
@@ -528,8 +538,8 @@ class _Group:
     def __init__(self, key: tuple[str, datetime, int], rows: dict[RowKey, Counters]) -> None:
         self._key = key
         self._rows = rows
-        self._types: dict[str, _Gathered] = {}
-        self._nodes: dict[tuple[str, str], _Gathered] = {}
+        self._types: dict[str, list[RunSummary]] = {}
+        self._nodes: dict[tuple[str, str], _NodeRuns] = {}
 
     def row(self, facet: str, key: str, detail: str) -> Counters:
         """The batch's row of this key, made when it is first met."""
@@ -541,50 +551,62 @@ class _Group:
         return c
 
     def add(self, s: RunSummary) -> None:
-        run = self._types.get(s.outcome)
-        if run is None:
-            run = self._types[s.outcome] = _Gathered(self.row("type", s.outcome, ""))
-        run.row.runs += 1
-        run.values.append(s.duration_ms)
+        runs = self._types.get(s.outcome)
+        if runs is None:
+            self._types[s.outcome] = [s]
+        else:
+            runs.append(s)
         nodes, started = self._nodes, s.started_ms
         for rank, (name, n) in enumerate(s.nodes.items()):
             node = nodes.get((name, n.kind))
             if node is None:
-                node = nodes[name, n.kind] = _Gathered(self.row("node", name, n.kind))
+                node = nodes[name, n.kind] = _NodeRuns(self.row("node", name, n.kind))
+            node.runs.append(n)
             c = node.row
-            c.runs += 1
             c.rank_sum += rank
-            c.attempts += n.attempts
-            c.successes += n.successes
-            c.refusals += n.refusals
-            c.timeouts += n.timeouts
-            c.compensations += n.compensations
-            if n.first is not None:
-                c.offset_ms += int(_ms(started, n.first))
-            node.values += n.latencies_ms
-            for message in n.errors:
-                self.row("error", name, message).runs += 1
-            if n.timed is not None:
-                node.timed += n.timed
+            # ``int(_ms(started, first))`` (0 when not after the start), written out.
+            first = n.first
+            if first is not None and first > started:
+                c.offset_ms += int(first - started)
         for a, b in s.overlaps:
             self.row("overlap", a, b).runs += 1
 
     def finish(self) -> None:
-        """Adds the gathered values into their rows: the histograms, a phase row's
-        observations and their sum (in microseconds, each rounded as it is added)."""
-        for run in self._types.values():
-            _histogram_add(run.row.hist, run.values)
+        """Adds up what the batch gathered: its runs by outcome, its nodes' counts, the
+        histograms, the errors, the phases."""
+        for outcome, summaries in self._types.items():
+            run = self.row("type", outcome, "")
+            run.runs += len(summaries)
+            _histogram_add(run.hist, list(map(_duration, summaries)))
         for (name, _), node in self._nodes.items():
-            _histogram_add(node.row.hist, node.values)
-            if not node.timed:
-                continue
-            for phase, column in zip(PHASE_NAMES, zip(*node.timed), strict=True):
-                values = [ms for ms in column if ms is not None] if None in column else column
-                if values:
-                    p = self.row("phase", name, phase)
-                    p.runs += len(values)
-                    p.total_us += sum(map(round, map(operator.mul, values, repeat(1000))))
-                    _histogram_add(p.hist, values)
+            c, runs = node.row, node.runs
+            c.runs += len(runs)
+            attempts, successes, refusals, timeouts, compensations = map(
+                sum, zip(*map(_node_counts, runs), strict=True)
+            )
+            c.attempts += attempts
+            c.successes += successes
+            c.refusals += refusals
+            c.timeouts += timeouts
+            c.compensations += compensations
+            _histogram_add(c.hist, list(chain.from_iterable(map(_latencies, runs))))
+            for n in runs:
+                for message in n.errors:
+                    self.row("error", name, message).runs += 1
+            timed = list(chain.from_iterable(filter(None, map(_timed, runs))))
+            if timed:
+                self._phases(name, timed)
+
+    def _phases(self, name: str, timed: list[PhaseValues]) -> None:
+        """A node's phase rows from its replies' phases: per phase its observations,
+        their sum (in microseconds, each rounded as it is added) and histogram."""
+        for phase, column in zip(PHASE_NAMES, zip(*timed), strict=True):
+            values = [ms for ms in column if ms is not None] if None in column else column
+            if values:
+                p = self.row("phase", name, phase)
+                p.runs += len(values)
+                p.total_us += sum(map(round, map(operator.mul, values, repeat(1000))))
+                _histogram_add(p.hist, values)
 
 
 def _histogram_add(hist: list[int], values: Sequence[float]) -> None:
