@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import math
 import operator
 from collections.abc import Iterable, Sequence
 from itertools import chain, repeat
@@ -414,7 +415,7 @@ def _waited(nodes: dict[str, NodeRun], wait: tuple[str, float, NodeKind], end: M
 
 
 def _overlaps(nodes: dict[str, NodeRun]) -> list[tuple[str, str]]:
-    if len(nodes) < 2:
+    if len(nodes) < 2 or _one_after_another(nodes.values()):
         return []
     spans = sorted(
         [
@@ -432,6 +433,21 @@ def _overlaps(nodes: dict[str, NodeRun]) -> list[tuple[str, str]]:
                 break
             pairs.append((min(a, b), max(a, b)))
     return pairs
+
+
+def _one_after_another(nodes: Iterable[NodeRun]) -> bool:
+    """Whether the nodes' spans, in the order the run met them, each start where the
+    previous one ended or later (and end where they start or later): then none overlaps
+    another (most runs: no ``gather``), said without sorting them."""
+    previous = -math.inf
+    for n in nodes:
+        first, last = n.first, n.last
+        if first is None or last is None:
+            continue
+        if first < previous or last < first:
+            return False
+        previous = last
+    return True
 
 
 def _ms(start: float, end: float) -> float:
