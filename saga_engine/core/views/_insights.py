@@ -18,9 +18,9 @@ import functools
 import math
 import operator
 from collections.abc import Iterable, Sequence
-from itertools import chain, repeat
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from itertools import chain, repeat
 from typing import Final, Literal
 
 from saga_engine.core.history._events import Event
@@ -616,7 +616,7 @@ class _Group:
     def _phases(self, name: str, timed: list[PhaseValues]) -> None:
         """A node's phase rows from its replies' phases: per phase its observations,
         their sum (in microseconds, each rounded as it is added) and histogram."""
-        for phase, column in zip(PHASE_NAMES, zip(*timed), strict=True):
+        for phase, column in zip(PHASE_NAMES, zip(*timed, strict=True), strict=True):
             values = [ms for ms in column if ms is not None] if None in column else column
             if values:
                 p = self.row("phase", name, phase)
