@@ -382,13 +382,15 @@ def _phase_values(issued: float, reply: Mark) -> PhaseValues | None:
     sent, received, start, end = reply.sent, reply.received, reply.handler_start, reply.handler_end
     committed, at, recorded, cpu = reply.committed, reply.at, reply.recorded, reply.cpu_ms
     values = (
-        None if sent is None else (d if (d := sent - issued) > 0 else 0.0),
-        None if sent is None or received is None else (d if (d := received - sent) > 0 else 0.0),
-        None if received is None or start is None else (d if (d := start - received) > 0 else 0.0),
-        None if start is None or end is None else (d if (d := end - start) > 0 else 0.0),
-        None if end is None or committed is None else (d if (d := committed - end) > 0 else 0.0),
-        None if committed is None else (d if (d := at - committed) > 0 else 0.0),
-        None if recorded is None else (d if (d := recorded - at) > 0 else 0.0),
+        None if sent is None else (d if (d := sent - issued) > 0.0 else 0.0),
+        None if sent is None or received is None else (d if (d := received - sent) > 0.0 else 0.0),
+        None
+        if received is None or start is None
+        else (d if (d := start - received) > 0.0 else 0.0),
+        None if start is None or end is None else (d if (d := end - start) > 0.0 else 0.0),
+        None if end is None or committed is None else (d if (d := committed - end) > 0.0 else 0.0),
+        None if committed is None else (d if (d := at - committed) > 0.0 else 0.0),
+        None if recorded is None else (d if (d := recorded - at) > 0.0 else 0.0),
         cpu,
     )
     return None if values == _UNMEASURED else values
@@ -452,7 +454,7 @@ def _one_after_another(nodes: Iterable[NodeRun]) -> bool:
 
 def _ms(start: float, end: float) -> float:
     ms = end - start
-    return ms if ms > 0 else 0.0
+    return ms if ms > 0.0 else 0.0
 
 
 def epoch_ms(at: datetime) -> float:
