@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from itertools import groupby
+from operator import itemgetter
 from typing import Final
 
 import asyncpg
@@ -192,12 +194,13 @@ async def add_insights(conn: _Conn, saga_ids: Sequence[str]) -> None:
     """Adds the finished runs ``saga_ids`` to the aggregates (their histories are whole:
     nothing is appended after a terminal event that a summary reads)."""
     rows = await conn.fetch(_MARKS, list(saga_ids), list(MARK_KINDS))
-    marks: dict[str, list[Mark]] = {}
-    for r in rows:
-        # By position: _MARKS selects the saga id, then Mark's fields in their order.
-        marks.setdefault(r[0], []).append(Mark(*r[1:]))
-    summaries = [s for s in map(summarize, marks.values()) if s is not None]
-    await upsert(conn, aggregate(summaries))
+    # A run's rows come together (_MARKS orders by saga id); by position: _MARKS selects
+    # the saga id, then Mark's fields in their order.
+    summaries = (summarize([Mark(*r[1:]) for r in run]) for _, run in groupby(rows, _saga_id))
+    await upsert(conn, aggregate(s for s in summaries if s is not None))
+
+
+_saga_id: Final = itemgetter(0)
 
 
 async def upsert(conn: _Conn, rows: dict[RowKey, Counters]) -> None:

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import bisect
 import functools
+import math
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from itertools import chain, repeat
 from typing import Final, Literal
 
 from saga_engine.core.history._events import Event
@@ -73,15 +76,33 @@ PHASES: Final = ("held", "to_participant", "waiting", "handler", "commit", "back
 CPU: Final = "cpu"
 
 
+_GRAIN_S: Final = int(GRAIN.total_seconds())
+
+
 def bucket_of(at: datetime) -> datetime:
     """``at`` rounded down to ``GRAIN`` (from the epoch)."""
-    grain = int(GRAIN.total_seconds())
-    return datetime.fromtimestamp(int(at.timestamp()) // grain * grain, UTC)
+    return _bucket_start(_bucket_number(at))
+
+
+def _bucket_number(at: datetime) -> int:
+    """Which ``GRAIN`` from the epoch ``at`` falls in."""
+    return int(at.timestamp()) // _GRAIN_S
+
+
+def _bucket_start(number: int) -> datetime:
+    return datetime.fromtimestamp(number * _GRAIN_S, UTC)
 
 
 #: The histogram bucket of a value in ms (``histogram_index(ms)``): a C callable, no
-#: Python frame (the roll-up asks it of every latency and phase it adds).
+#: Python frame. The bucket a value counts in: ``Counters.observe`` asks it, and the
+#: roll-up's batch count (``_histogram_add``) gives each value the same.
 histogram_index: Final = functools.partial(bisect.bisect_left, BOUNDS_MS)
+
+
+#: A reply's phases (``PHASES``, then ``CPU``): ms each, None where either end is unknown.
+PhaseValues = tuple[float | None, ...]
+#: The names of a ``PhaseValues``' entries, in order.
+PHASE_NAMES: Final = (*PHASES, CPU)
 
 
 @dataclass(slots=True)
@@ -99,20 +120,40 @@ class NodeRun:
     #: When the node first started and last ended in the run (epoch ms).
     first: float | None = None
     last: float | None = None
-    #: Its replies' phases (``PHASES``, and ``CPU``): ms each, by phase; None until a
-    #: reply with timings comes (most histories' replies have none).
-    phases: dict[str, list[float]] | None = None
+    #: Its replies' phases, one ``PhaseValues`` per reply that measured any; None until
+    #: one comes (most histories' replies have no timings). Kept as the tuples the walk
+    #: made: the roll-up adds them up column by column (``aggregate``); ``phases`` is
+    #: the same by phase.
+    timed: list[PhaseValues] | None = None
+
+    @property
+    def phases(self) -> dict[str, list[float]] | None:
+        """Its replies' phases (``PHASES``, and ``CPU``): ms each, by phase; None when
+        no reply measured any."""
+        if self.timed is None:
+            return None
+        phases: dict[str, list[float]] = {}
+        for values in self.timed:
+            for phase, ms in zip(PHASE_NAMES, values, strict=True):
+                if ms is not None:
+                    phases.setdefault(phase, []).append(ms)
+        return phases
 
     def span(self, start: float, end: float) -> None:
-        # Comparisons, not min()/max(): the roll-up calls this for every reply it reads.
+        # Comparisons, not min()/max(): the roll-up calls this for every timeout and wait
+        # it reads (and does the same, written out, for every reply).
         if self.first is None or start < self.first:
             self.first = start
         if self.last is None or end > self.last:
             self.last = end
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RunSummary:
+    """What one finished run contributes. Not frozen, though nothing changes one: a
+    frozen dataclass sets each field through ``object.__setattr__`` (making one costs
+    3.7 times as much), and the roll-up makes one for every run that ends."""
+
     saga_type: str
     #: The run's start in epoch ms (what node offsets are measured from).
     started_ms: float
@@ -237,42 +278,73 @@ def summarize(marks: Sequence[Mark]) -> RunSummary | None:
     """A finished run's summary from its history's marks (None if it has not ended); what
     the history recorded after its end does not count, so a roll-up's summary is the
     same whenever it runs."""
-    if not marks or marks[0].kind != "saga_started" or marks[0].saga_type is None:
+    if not marks:
         return None
-    last = next((i for i, m in enumerate(marks) if m.kind in _ENDS), None)
-    if last is None:
+    start = marks[0]
+    if start.kind != "saga_started" or start.saga_type is None:
         return None
-    end = marks[last]
     nodes: dict[str, NodeRun] = {}
-    _walk(marks[: last + 1], nodes)
+    end = _walk(marks, nodes)
+    if end is None:
+        return None
+    # By position (keywords cost more to pass): RunSummary's fields in their order.
     return RunSummary(
-        saga_type=marks[0].saga_type,
-        started_ms=marks[0].at,
-        ended_at=datetime.fromtimestamp(end.at / 1000, UTC),
-        outcome=_ENDS[end.kind],
-        duration_ms=_ms(marks[0].at, end.at),
-        nodes=nodes,
-        overlaps=_overlaps(nodes),
-        flow_policy=marks[0].flow_policy or 1,
+        start.saga_type,
+        start.at,
+        datetime.fromtimestamp(end.at / 1000, UTC),
+        _ENDS[end.kind],
+        _ms(start.at, end.at),
+        nodes,
+        _overlaps(nodes),
+        start.flow_policy or 1,
     )
 
 
 _WAITS: Final = ("timer_fired", "domain_event_received", "callback_received")
 
 
-def _walk(marks: Sequence[Mark], nodes: dict[str, NodeRun]) -> None:
+def _walk(marks: Sequence[Mark], nodes: dict[str, NodeRun]) -> Mark | None:
+    """Adds the run's marks up to its end into ``nodes``; returns the end (None: the run
+    has not ended). The common kinds are tested first (the roll-up walks every mark of
+    every run that ends), a reply's handling written out here, not called."""
     sent: dict[str, tuple[str, float]] = {}
     waits: dict[str, tuple[str, float, NodeKind]] = {}
     last_at = marks[0].at
     for m in marks:
         kind = m.kind
-        if kind == "command_issued" and m.step is not None and m.command_id is not None:
-            _node(nodes, m.step).attempts += 1
-            sent[m.command_id] = (m.step, m.at)
-        elif kind == "reply_received" and not m.compensation and m.command_id in sent:
-            _replied(nodes, sent.pop(m.command_id), m)
-        elif kind == "compensation_issued" and m.step is not None:
-            _node(nodes, m.step).compensations += 1
+        if kind == "reply_received":
+            if not m.compensation and m.command_id in sent:
+                step, at = sent.pop(m.command_id)
+                node = nodes[step]
+                end = m.at
+                # ``span`` written out (as ``_phase_values``' ``_ms``): every reply.
+                if node.first is None or at < node.first:
+                    node.first = at
+                if node.last is None or end > node.last:
+                    node.last = end
+                node.latencies_ms.append(end - at if end > at else 0.0)
+                values = _phase_values(at, m)
+                if values is not None:
+                    if node.timed is None:
+                        node.timed = [values]
+                    else:
+                        node.timed.append(values)
+                if m.outcome == "success":
+                    node.successes += 1
+                else:
+                    if m.outcome == "failure":
+                        node.refusals += 1
+                    if m.error:
+                        node.errors.append(m.error[:MESSAGE_CHARS])
+        elif kind == "command_issued":
+            if m.step is not None and m.command_id is not None:
+                _node(nodes, m.step).attempts += 1
+                sent[m.command_id] = (m.step, m.at)
+        elif kind == "compensation_issued":
+            if m.step is not None:
+                _node(nodes, m.step).compensations += 1
+        elif kind in _ENDS:
+            return m
         elif kind == "attempt_timed_out" and not m.compensation and m.command_id in sent:
             step, at = sent.pop(m.command_id)
             nodes[step].timeouts += 1
@@ -290,6 +362,7 @@ def _walk(marks: Sequence[Mark], nodes: dict[str, NodeRun]) -> None:
             # history's previous event (when the saga last moved) to the signal.
             _waited(nodes, (f"signal:{m.name}", last_at, "signal"), m)
         last_at = m.at
+    return None
 
 
 def _node(nodes: dict[str, NodeRun], step: str) -> NodeRun:
@@ -301,46 +374,31 @@ def _node(nodes: dict[str, NodeRun], step: str) -> NodeRun:
     return node
 
 
-def _replied(nodes: dict[str, NodeRun], sent: tuple[str, float], reply: Mark) -> None:
-    step, at = sent
-    node = nodes[step]
-    node.span(at, reply.at)
-    node.latencies_ms.append(_ms(at, reply.at))
-    _phases(node, at, reply)
-    if reply.outcome == "success":
-        node.successes += 1
-        return
-    if reply.outcome == "failure":
-        node.refusals += 1
-    if reply.error:
-        node.errors.append(reply.error[:MESSAGE_CHARS])
-
-
-def _phases(node: NodeRun, issued: float, reply: Mark) -> None:
-    """The phases a reply's timings measure: each between two known marks of the chain
-    issued -> sent -> received -> handler start -> end -> committed -> read -> stored, a
-    phase whose either end is unknown left out (a duplicate's reply ran no handler; a kit
-    may send none). The participant's marks are on its clock, the others the engine's
-    (and the store's): a difference across clocks below 0 counts as 0."""
-    ends = (
-        reply.sent,
-        reply.received,
-        reply.handler_start,
-        reply.handler_end,
-        reply.committed,
-        reply.at,
-        reply.recorded,
+def _phase_values(issued: float, reply: Mark) -> PhaseValues | None:
+    """The phases a reply's timings measure (None: none): each between two known marks
+    of the chain issued -> sent -> received -> handler start -> end -> committed -> read
+    -> stored, a phase whose either end is unknown left out (a duplicate's reply ran no
+    handler; a kit may send none). The participant's marks are on its clock, the others
+    the engine's (and the store's): a difference across clocks below 0 counts as 0.
+    Written out, phase by phase (``_ms`` inline): the roll-up asks it of every reply."""
+    sent, received, start, end = reply.sent, reply.received, reply.handler_start, reply.handler_end
+    committed, at, recorded, cpu = reply.committed, reply.at, reply.recorded, reply.cpu_ms
+    values = (
+        None if sent is None else (d if (d := sent - issued) > 0.0 else 0.0),
+        None if sent is None or received is None else (d if (d := received - sent) > 0.0 else 0.0),
+        None
+        if received is None or start is None
+        else (d if (d := start - received) > 0.0 else 0.0),
+        None if start is None or end is None else (d if (d := end - start) > 0.0 else 0.0),
+        None if end is None or committed is None else (d if (d := committed - end) > 0.0 else 0.0),
+        None if committed is None else (d if (d := at - committed) > 0.0 else 0.0),
+        None if recorded is None else (d if (d := recorded - at) > 0.0 else 0.0),
+        cpu,
     )
-    phases = {} if node.phases is None else node.phases
-    start: float | None = issued
-    for phase, end in zip(PHASES, ends, strict=True):
-        if start is not None and end is not None:
-            phases.setdefault(phase, []).append(_ms(start, end))
-        start = end
-    if reply.cpu_ms is not None:
-        phases.setdefault(CPU, []).append(reply.cpu_ms)
-    if phases:
-        node.phases = phases
+    return None if values == _UNMEASURED else values
+
+
+_UNMEASURED: Final = (None,) * len(PHASE_NAMES)
 
 
 def _waited(nodes: dict[str, NodeRun], wait: tuple[str, float, NodeKind], end: Mark) -> None:
@@ -361,23 +419,44 @@ def _waited(nodes: dict[str, NodeRun], wait: tuple[str, float, NodeKind], end: M
 
 
 def _overlaps(nodes: dict[str, NodeRun]) -> list[tuple[str, str]]:
+    if len(nodes) < 2 or _one_after_another(nodes.values()):
+        return []
     spans = sorted(
-        (n.first, n.last, name)
-        for name, n in nodes.items()
-        if n.first is not None and n.last is not None
+        [
+            (n.first, n.last, name)
+            for name, n in nodes.items()
+            if n.first is not None and n.last is not None
+        ]
     )
     pairs: list[tuple[str, str]] = []
     for i, (_, end_a, a) in enumerate(spans):
-        for start_b, _, b in spans[i + 1 :]:
+        # Sorted by start: the spans that overlap this one are those right after it.
+        for j in range(i + 1, len(spans)):
+            start_b, _, b = spans[j]
             if start_b >= end_a:
                 break
             pairs.append((min(a, b), max(a, b)))
     return pairs
 
 
+def _one_after_another(nodes: Iterable[NodeRun]) -> bool:
+    """Whether the nodes' spans, in the order the run met them, each start where the
+    previous one ended or later (and end where they start or later): then none overlaps
+    another (most runs: no ``gather``), said without sorting them."""
+    previous = -math.inf
+    for n in nodes:
+        first, last = n.first, n.last
+        if first is None or last is None:
+            continue
+        if first < previous or last < first:
+            return False
+        previous = last
+    return True
+
+
 def _ms(start: float, end: float) -> float:
     ms = end - start
-    return ms if ms > 0 else 0.0
+    return ms if ms > 0.0 else 0.0
 
 
 def epoch_ms(at: datetime) -> float:
@@ -419,7 +498,7 @@ class Counters:
         self.hist = [a + b for a, b in zip(self.hist, other.hist, strict=True)]
 
     def observe(self, ms: float) -> None:
-        # The loops of ``_add_run`` index ``hist`` by ``histogram_index`` as this does.
+        # ``_histogram_add`` counts a batch's values in the buckets this gives each.
         self.hist[histogram_index(ms)] += 1
 
 
@@ -435,55 +514,126 @@ InsightRow = tuple[str, str, str, Counters]
 
 
 def aggregate(summaries: Iterable[RunSummary]) -> dict[RowKey, Counters]:
-    """The rows a batch of finished runs adds, one per key (sorted by the caller)."""
+    """The rows a batch of finished runs adds, one per key (sorted by the caller). A
+    batch's rows are found once per (type, bucket, flow policy) and node, and what goes
+    into a histogram or a sum (durations, latencies, phases) is gathered per row and
+    added up once per batch (``_histogram_add``), not observed value by value."""
     rows: dict[RowKey, Counters] = {}
+    groups: dict[tuple[str, int, int], _Group] = {}
     for s in summaries:
-        _add_run(rows, s)
+        key = (s.saga_type, _bucket_number(s.ended_at), s.flow_policy)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = _Group((s.saga_type, _bucket_start(key[1]), s.flow_policy), rows)
+        group.add(s)
+    for group in groups.values():
+        group.finish()
     return rows
 
 
-def _add_run(rows: dict[RowKey, Counters], s: RunSummary) -> None:
-    # Locals, not attributes, in the loops below (they run for every latency and phase
-    # of every run a roll-up adds); a row is looked up once per key and run, and made
-    # only when it is not there yet.
-    saga_type, bucket, policy = s.saga_type, bucket_of(s.ended_at), s.flow_policy
-    get, index = rows.get, histogram_index
+@dataclass(slots=True)
+class _NodeRuns:
+    """A node's row of a batch being added up: what is added run by run (the rank and
+    the offset, which need the run), and the nodes of the runs that took it, whose
+    counts and values are added once the batch is done (``_Group.finish``)."""
 
-    def row(facet: str, key: str, detail: str) -> Counters:
+    row: Counters
+    runs: list[NodeRun] = field(default_factory=list)
+
+
+#: What ``_Group.finish`` adds up of a node's runs, field by field (C, no loop).
+_node_counts: Final = operator.attrgetter(
+    "attempts", "successes", "refusals", "timeouts", "compensations"
+)
+_latencies: Final = operator.attrgetter("latencies_ms")
+_timed: Final = operator.attrgetter("timed")
+_duration: Final = operator.attrgetter("duration_ms")
+
+
+class _Group:
+    """The rows a batch adds for one (saga type, bucket, flow policy)."""
+
+    __slots__ = ("_key", "_nodes", "_rows", "_types")
+
+    def __init__(self, key: tuple[str, datetime, int], rows: dict[RowKey, Counters]) -> None:
+        self._key = key
+        self._rows = rows
+        self._types: dict[str, list[RunSummary]] = {}
+        self._nodes: dict[tuple[str, str], _NodeRuns] = {}
+
+    def row(self, facet: str, key: str, detail: str) -> Counters:
+        """The batch's row of this key, made when it is first met."""
+        saga_type, bucket, policy = self._key
         k = (saga_type, bucket, facet, key, detail, policy)
-        c = get(k)
+        c = self._rows.get(k)
         if c is None:
-            c = rows[k] = Counters()
+            c = self._rows[k] = Counters()
         return c
 
-    run = row("type", s.outcome, "")
-    run.runs += 1
-    run.hist[index(s.duration_ms)] += 1
-    for rank, (name, n) in enumerate(s.nodes.items()):
-        c = row("node", name, n.kind)
-        c.runs += 1
-        c.rank_sum += rank
-        c.attempts += n.attempts
-        c.successes += n.successes
-        c.refusals += n.refusals
-        c.timeouts += n.timeouts
-        c.compensations += n.compensations
-        if n.first is not None:
-            c.offset_ms += int(_ms(s.started_ms, n.first))
-        hist = c.hist
-        for ms in n.latencies_ms:
-            hist[index(ms)] += 1
-        for message in n.errors:
-            row("error", name, message).runs += 1
-        if n.phases:
-            for phase, values in n.phases.items():
-                p = row("phase", name, phase)
+    def add(self, s: RunSummary) -> None:
+        runs = self._types.get(s.outcome)
+        if runs is None:
+            self._types[s.outcome] = [s]
+        else:
+            runs.append(s)
+        nodes, started = self._nodes, s.started_ms
+        for rank, (name, n) in enumerate(s.nodes.items()):
+            node = nodes.get((name, n.kind))
+            if node is None:
+                node = nodes[name, n.kind] = _NodeRuns(self.row("node", name, n.kind))
+            node.runs.append(n)
+            c = node.row
+            c.rank_sum += rank
+            # ``int(_ms(started, first))`` (0 when not after the start), written out.
+            first = n.first
+            if first is not None and first > started:
+                c.offset_ms += int(first - started)
+        for a, b in s.overlaps:
+            self.row("overlap", a, b).runs += 1
+
+    def finish(self) -> None:
+        """Adds up what the batch gathered: its runs by outcome, its nodes' counts, the
+        histograms, the errors, the phases."""
+        for outcome, summaries in self._types.items():
+            run = self.row("type", outcome, "")
+            run.runs += len(summaries)
+            _histogram_add(run.hist, list(map(_duration, summaries)))
+        for (name, _), node in self._nodes.items():
+            c, runs = node.row, node.runs
+            c.runs += len(runs)
+            attempts, successes, refusals, timeouts, compensations = map(
+                sum, zip(*map(_node_counts, runs), strict=True)
+            )
+            c.attempts += attempts
+            c.successes += successes
+            c.refusals += refusals
+            c.timeouts += timeouts
+            c.compensations += compensations
+            _histogram_add(c.hist, list(chain.from_iterable(map(_latencies, runs))))
+            for n in runs:
+                for message in n.errors:
+                    self.row("error", name, message).runs += 1
+            timed = list(chain.from_iterable(filter(None, map(_timed, runs))))
+            if timed:
+                self._phases(name, timed)
+
+    def _phases(self, name: str, timed: list[PhaseValues]) -> None:
+        """A node's phase rows from its replies' phases: per phase its observations,
+        their sum (in microseconds, each rounded as it is added) and histogram."""
+        for phase, column in zip(PHASE_NAMES, zip(*timed, strict=True), strict=True):
+            values = [ms for ms in column if ms is not None] if None in column else column
+            if values:
+                p = self.row("phase", name, phase)
                 p.runs += len(values)
-                hist = p.hist
-                total = 0
-                for ms in values:
-                    total += round(ms * 1000)
-                    hist[index(ms)] += 1
-                p.total_us += total
-    for a, b in s.overlaps:
-        row("overlap", a, b).runs += 1
+                p.total_us += sum(map(round, map(operator.mul, values, repeat(1000))))
+                _histogram_add(p.hist, values)
+
+
+def _histogram_add(hist: list[int], values: Sequence[float]) -> None:
+    """Adds ``values`` (ms) into ``hist``: each in the bucket ``histogram_index`` gives
+    it, counted from the values sorted (how many fall at or below each bound), in C."""
+    if not values:
+        return
+    ordered = sorted(values)
+    at_or_below = [*map(bisect.bisect_right, repeat(ordered), BOUNDS_MS), len(ordered)]
+    hist[:] = map(operator.add, hist, map(operator.sub, at_or_below, [0, *at_or_below]))
