@@ -16,6 +16,7 @@ import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, TypeAlias
 
 import asyncpg
@@ -38,6 +39,9 @@ from saga_engine.transport._kafka import KafkaDeadLetterPublisher, ensure_topics
 from saga_engine.transport._record_blobs import RecordBlobs
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import Envelope, ReplyBody
+
+#: A span's trace context and attributes when no span is made.
+_NONE: Mapping[str, Any] = MappingProxyType({})
 
 log = logging.getLogger("saga_engine.participant")
 
@@ -153,6 +157,9 @@ class ParticipantContext:
         # instrumentation does not carry it): this span is a child of the engine's step
         # span, and the reply (built from ``traced(command, span)``) carries this span's
         # context back.
+        if not self.telemetry.records:
+            # No span to make (no SDK): its context and attributes are not built.
+            return self.telemetry.consumer_span(command.subject, _NONE, _NONE)
         attributes = {
             "saga.id": command.saga_id,
             "saga.type": command.saga_type,

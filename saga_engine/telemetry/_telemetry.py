@@ -17,13 +17,13 @@ import os
 import time
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
+from opentelemetry.metrics import CallbackOptions, Histogram, MeterProvider, Observation
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import (
@@ -313,31 +313,32 @@ class Telemetry:
 
     # ------------------------------------------------------------------ participant side
 
-    @contextmanager
     def consumer_span(
         self,
         command_type: str,
         trace_context: Mapping[str, str],
         attributes: Mapping[str, Any],
-    ) -> Iterator[Span]:
+    ) -> AbstractContextManager[Span]:
         """A "handle {CommandType}" consumer span, child of the command's ``traceparent``,
-        made current for the duration of the block."""
-        started = time.perf_counter()
-        outcome = "error"
-        try:
-            if not self.records:
-                # No SDK: no span to make, and the reply carries the command's own context
-                # (carrier_of(INVALID_SPAN) is empty). Only the duration is measured.
-                yield INVALID_SPAN
-            else:
-                with self._handle_span(command_type, trace_context, attributes) as span:
-                    yield span
-            outcome = "done"
-        finally:
-            self.handle_duration.record(
-                time.perf_counter() - started,
-                {"command.type": command_type, "outcome": outcome},
-            )
+        made current for the duration of the block; its duration recorded either way.
+        With no SDK there is no span to make (``INVALID_SPAN``), and the reply carries
+        the command's own context (``carrier_of(INVALID_SPAN)`` is empty)."""
+        if not self.records:
+            return HandleTimer(self.handle_duration, command_type)
+        return self._recorded_span(command_type, trace_context, attributes)
+
+    @contextmanager
+    def _recorded_span(
+        self,
+        command_type: str,
+        trace_context: Mapping[str, str],
+        attributes: Mapping[str, Any],
+    ) -> Iterator[Span]:
+        with (
+            HandleTimer(self.handle_duration, command_type),
+            self._handle_span(command_type, trace_context, attributes) as span,
+        ):
+            yield span
 
     @contextmanager
     def _handle_span(
@@ -359,6 +360,29 @@ class Telemetry:
                 yield span
         finally:
             otel_context.detach(token)
+
+
+class HandleTimer:
+    """A participant's processing of one command measured (``handle_duration``, by
+    command type and outcome: ``done``, or ``error`` when the block raised). A class
+    rather than a generator: with no SDK it is all ``consumer_span`` makes per command."""
+
+    __slots__ = ("_command_type", "_histogram", "_started")
+
+    def __init__(self, histogram: Histogram, command_type: str) -> None:
+        self._histogram = histogram
+        self._command_type = command_type
+        self._started = 0.0
+
+    def __enter__(self) -> Span:
+        self._started = time.perf_counter()
+        return INVALID_SPAN
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self._histogram.record(
+            time.perf_counter() - self._started,
+            {"command.type": self._command_type, "outcome": "done" if kind is None else "error"},
+        )
 
 
 _warned: set[str] = set()
