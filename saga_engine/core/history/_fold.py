@@ -358,7 +358,7 @@ class Fold:
 
     def apply(self, event: Event) -> Settled:
         """Folds one event in; returns what it settled (see :data:`Settled`)."""
-        handler = _HANDLERS.get(type(event))
+        handler = FOLD_HANDLERS.get(type(event))
         return handler(self, event) if handler is not None else None
 
     # ------------------------------------------------------------------ queries
@@ -699,7 +699,9 @@ class Fold:
         self.event_waits = NO_WAITS
 
 
-_HANDLERS: dict[type[Event], Callable[[Fold, Any], Settled]] = {
+#: How each kind of event is folded (``Fold.apply``; the decision core looks an input's
+#: up with what it does to the code, ``_inputs.apply_input``).
+FOLD_HANDLERS: dict[type[Event], Callable[[Fold, Any], Settled]] = {
     SagaStarted: Fold._on_started,
     CommandIssued: Fold._on_issued,
     CompensationIssued: Fold._on_issued,

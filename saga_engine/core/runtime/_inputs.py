@@ -4,8 +4,8 @@
 that holds what the saga cannot accept, raises (``InvalidTransition``,
 ``InvalidPayload``) before anything is recorded; one that changes nothing (a duplicate
 reply, a stale timer) is dropped with its reason; anything else becomes the event to
-record. Once recorded (or replayed) the event is folded into the saga's state, and
-:func:`pass_to_code` resolves what the saga's code waits on: the reply or timer the event
+record. Once recorded (or replayed) :func:`apply_input` folds the event into the saga's
+state and resolves what the saga's code waits on: the reply or timer the event
 settled, a signal, a cancel, an operator's skip or retry. The caller (``SagaRuntime``)
 then runs the code until it waits.
 """
@@ -60,6 +60,7 @@ from saga_engine.core.history._events import (
     UpdateReceived,
 )
 from saga_engine.core.history._fold import (
+    FOLD_HANDLERS,
     EventWait,
     ParkedStep,
     Sent,
@@ -557,11 +558,18 @@ _TO_EVENT: dict[type, Callable[[SagaState, Any], Event | DropReason]] = {
 # --------------------------------------------------------------------------- event -> code
 
 
-def pass_to_code(s: SagaState, event: Event, settled: Settled) -> None:
-    """What a recorded input (live or replayed), folded already, does to the saga's code:
-    ``settled`` is what the fold says it answered. Raises Halt when the code deployed
-    cannot take it (the saga is parked)."""
-    to_code = _TO_CODE.get(type(event))
+def apply_input(s: SagaState, event: Event) -> None:
+    """A recorded input (live or replayed) folded into the saga's state (``Fold.apply``'s
+    handler), then what it does to the saga's code, given what the fold says it settled
+    (the reply or timer it answered...). Raises Halt when the code deployed cannot take
+    it (the saga is parked).
+
+    Both looked up at once (``_WAYS``): one look-up and one call per input where the
+    fold's ``apply`` and a function of its own for the code were two of each (replay's
+    rebuild 44,369 -> 43,974 instructions per event, callgrind inside the replay loop:
+    bench/README.md, "Replay cuts, second round")."""
+    fold, to_code = _WAYS.get(type(event), _NEITHER)
+    settled = fold(s, event) if fold is not None else None
     if to_code is not None:
         to_code(s, event, settled)
 
@@ -672,6 +680,14 @@ _TO_CODE: dict[type[Event], Callable[[SagaState, Any, Settled], None]] = {
     UpdateReceived: update_to_code,
     KeyAcquired: lambda s, e, _: _key_to_code(s),
 }
+
+
+#: Each kind of event's fold and what it does to the code (None: nothing).
+_WAYS: dict[
+    type[Event],
+    tuple[Callable[[Any, Any], Settled] | None, Callable[[SagaState, Any, Settled], None] | None],
+] = {kind: (FOLD_HANDLERS.get(kind), _TO_CODE.get(kind)) for kind in {*FOLD_HANDLERS, *_TO_CODE}}
+_NEITHER = (None, None)
 
 
 def _key_to_code(s: SagaState) -> None:

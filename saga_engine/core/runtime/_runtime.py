@@ -76,7 +76,7 @@ from saga_engine.core.runtime import _operations as operations
 from saga_engine.core.runtime import _progress as progress
 from saga_engine.core.runtime import _races as races
 from saga_engine.core.runtime import _updating as updating
-from saga_engine.core.runtime._inputs import check_parent, input_name, pass_to_code, to_event
+from saga_engine.core.runtime._inputs import apply_input, check_parent, input_name, to_event
 from saga_engine.core.runtime._operations import CommandLimit
 from saga_engine.core.runtime._state import POLL_PREFIX, Halt, SagaState
 from saga_engine.kernel._errors import InvalidTransition, SerializationError
@@ -513,9 +513,8 @@ class SagaRuntime:
         """Applies an input event (live or replayed) and runs the code until it waits."""
         s = self.state
         s.now = event.at
-        settled = s.apply(event)
         try:
-            pass_to_code(s, event, settled)
+            apply_input(s, event)
         except Halt:
             return
         self._run()

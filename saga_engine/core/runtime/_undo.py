@@ -193,7 +193,8 @@ async def unwind(s: SagaState, reason: UndoReason, error: ErrorInfo | None) -> b
     are undone first (they came after everything on the stack)."""
     owed = list(reversed(s.owed))
     if not owed:
-        await finish_given_up(s)
+        if s.given_up:  # (no coroutine made to find none: see run_lifecycle)
+            await finish_given_up(s)
         return False
     started = emit(
         s,
@@ -205,7 +206,8 @@ async def unwind(s: SagaState, reason: UndoReason, error: ErrorInfo | None) -> b
             after=undo_plan(owed, s.declared_after),
         ),
     )
-    await finish_given_up(s)
+    if s.given_up:
+        await finish_given_up(s)
     if started.after is None or _one_by_one(owed, started.after):
         # Recorded before plans (undone as it began), or a sequence: one at a time, in
         # owed's order (no task needed when nothing runs beside it).
