@@ -3,7 +3,7 @@ participant kit run them per record: a command made by the engine (``CommandReco
 its partition chosen by ``key_partition``) and decoded by a participant, then the reply
 made by the participant (``encode_fields`` with the fields the kit gives it, the timing
 headers added, its partition chosen) and decoded by the engine. Each record's key is
-new to the partitioner, as every reply's is to a participant (its hash cache cleared).
+new to the partitioner, as every reply's is to a participant (the hash caches cleared).
 Unit: a record (a command or a reply, each encoded once and decoded once).
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.ir.shape import definitions, started
-from saga_engine.kernel._partitioning import _bytes_hash, key_partition
+from saga_engine.kernel._partitioning import _bytes_hash, key_hash, key_partition
 from saga_engine.kernel._settings import Settings
 from saga_engine.transport._command_records import CommandRecords
 from saga_engine.transport._timings import timing_headers, wire_time
@@ -63,6 +63,7 @@ def run(n: int) -> int:
         # The engine's command, and the participant reading it.
         _, key, value, headers = records.record(command)
         _bytes_hash.cache_clear()
+        key_hash.cache_clear()
         key_partition(key, PARTITIONS, PARTITIONS)
         decoded = decode(key, value, headers, max_bytes=MAX_BYTES)
         done += 1
@@ -72,6 +73,7 @@ def run(n: int) -> int:
         key, value, headers = encode_fields(reply_fields(decoded), reply_body)
         headers += timings
         _bytes_hash.cache_clear()
+        key_hash.cache_clear()
         key_partition(key, PARTITIONS, PARTITIONS)
         reply = decode(key, value, headers, max_bytes=MAX_BYTES)
         if reply.message_type is not MessageType.REPLY or reply.command_id != command.command_id:
