@@ -522,7 +522,9 @@ def _checked_headers(
     if not_utf8 is not None:
         raise PoisonMessage(PoisonReason.MISSING_HEADER, f"header {not_utf8} is not UTF-8")
     if not all(map(fields.get, _REQUIRED_FIELDS)):
-        missing = [h for h, f in zip(REQUIRED_HEADERS, _REQUIRED_FIELDS) if not fields.get(f)]
+        missing = [
+            h for h, f in zip(REQUIRED_HEADERS, _REQUIRED_FIELDS, strict=True) if not fields.get(f)
+        ]
         raise PoisonMessage(PoisonReason.MISSING_HEADER, f"missing header(s): {', '.join(missing)}")
     if found.get("ce_specversion", CE_SPECVERSION) != CE_SPECVERSION:
         raise PoisonMessage(
