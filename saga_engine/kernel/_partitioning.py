@@ -42,9 +42,10 @@ def murmur2(data: bytes) -> int:
     return h
 
 
-@functools.cache
+@functools.lru_cache(maxsize=256)
 def _words(count: int) -> struct.Struct:
-    """The layout of ``count`` unsigned 32-bit little-endian words (one per key length)."""
+    """The layout of ``count`` unsigned 32-bit little-endian words (one per key length:
+    a saga id's is always the same)."""
     return struct.Struct(f"<{count}I")
 
 
