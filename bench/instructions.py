@@ -23,6 +23,9 @@ The cyclic collector is off in the workloads (``bench/ir/__main__.py`` says why)
 - ``insights_rollup_instructions_per_saga``: the insights' roll-up between its read and
   its upsert: each finished saga's marks made, summarised and added into the aggregate
   rows (``bench/ir/insights.py``);
+- ``wire_instructions_per_record``: the Kafka record's encode and decode, a command's
+  (the engine makes it, a participant reads it) and a reply's (the other way), each
+  with its partition chosen (``bench/ir/wire.py``);
 - ``memory_bytes_per_resident_saga``: Python's traced allocations per waiting saga an
   in-memory engine holds (``bench/ir/memory.py``; not under valgrind);
   ``memory_floor_bytes_per_resident_saga``: the same saga as a bare coroutine holding
@@ -81,6 +84,7 @@ FIGURES = (
     Figure("read", "replay_read_instructions_per_event", "event", 100, 40),
     Figure("replay", "replay_instructions_per_event", "event", 100, 40),
     Figure("insights", "insights_rollup_instructions_per_saga", "saga", 100, 40),
+    Figure("wire", "wire_instructions_per_record", "record", 400, 200),
 )
 MEMORY_SAGAS = (2000, 500)
 

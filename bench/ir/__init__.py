@@ -20,6 +20,7 @@ WORKLOADS: dict[str, tuple[str, str, bool]] = {
     "read": ("bench.ir.replay", "read", True),
     "replay": ("bench.ir.replay", "replay", True),
     "insights": ("bench.ir.insights", "run", True),
+    "wire": ("bench.ir.wire", "run", False),
     "memory": ("bench.ir.memory", "run", False),
 }
 

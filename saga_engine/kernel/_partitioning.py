@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import random
+import struct
 
 _SEED = 0x9747B28C
 _M = 0x5BD1E995
@@ -22,14 +23,15 @@ def murmur2(data: bytes) -> int:
     """Kafka's 32-bit MurmurHash2 (seed 0x9747b28c) of ``data``, as an unsigned int."""
     length = len(data)
     h = (_SEED ^ length) & _MASK
-    whole = length - length % 4
-    for i in range(0, whole, 4):
-        k = int.from_bytes(data[i : i + 4], "little")
+    whole = length >> 2
+    # The 4-byte words, little-endian, read at once; each mixed in as Java's loop does
+    # (k *= m; k ^= k >>> 24; k *= m; h *= m; h ^= k), with only the masks that change
+    # the result: the low 32 bits of a product or xor depend only on the operands' low
+    # 32 bits, so k's second product and h's product are masked once, after the xor.
+    for k in _words(whole).unpack_from(data):
         k = (k * _M) & _MASK
-        k ^= k >> 24
-        k = (k * _M) & _MASK
-        h = ((h * _M) & _MASK) ^ k
-    tail = data[whole:]
+        h = (h * _M ^ (k ^ k >> 24) * _M) & _MASK
+    tail = data[whole << 2 :]
     if tail:
         # The trailing 1-3 bytes, little-endian, mixed in once (Java's switch fall-through).
         h ^= int.from_bytes(tail, "little")
@@ -38,6 +40,13 @@ def murmur2(data: bytes) -> int:
     h = (h * _M) & _MASK
     h ^= h >> 15
     return h
+
+
+@functools.lru_cache(maxsize=256)
+def _words(count: int) -> struct.Struct:
+    """The layout of ``count`` unsigned 32-bit little-endian words (one per key length:
+    a saga id's is always the same)."""
+    return struct.Struct(f"<{count}I")
 
 
 # Cached: one saga's key is hashed for its creation, for every input (ownership) and for
@@ -52,7 +61,14 @@ def key_hash(key: str) -> int:
 
 @functools.lru_cache(maxsize=65536)
 def _bytes_hash(key: bytes) -> int:
-    return murmur2(key) & 0x7FFFFFFF
+    # A UTF-8 key is the text's own bytes (decoding and encoding again gives them back):
+    # its hash is the text's, which the engine cached when it asked whom the saga's
+    # partition is (``partition_for``) before it sends the saga's records.
+    try:
+        text = key.decode()
+    except UnicodeDecodeError:
+        return murmur2(key) & 0x7FFFFFFF
+    return key_hash(text)
 
 
 def key_partition(key: bytes | None, all_partitions: list[int], available: list[int]) -> int:

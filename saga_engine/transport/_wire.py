@@ -19,7 +19,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from saga_engine.core.history._blobref import collecting
 from saga_engine.core.history._codec import HEADER, MARKER, CodecChain
@@ -464,7 +464,7 @@ def decode(
 ) -> Envelope:
     """Reads a Kafka record; raises PoisonMessage with the precise reason. A value with a
     ``saga-codec`` header is decoded with ``codec`` first (a clear one is read as is)."""
-    found = _checked_headers(value, headers, max_bytes)
+    found, fields = _checked_headers(value, headers, max_bytes)
     if CODEC_HEADER in found:
         value = _unsealed(value, found[CODEC_HEADER], codec)
     refused: UnstorableValue | None = None
@@ -476,7 +476,7 @@ def decode(
         body, refused = {}, exc
     except SerializationError as exc:
         raise PoisonMessage(PoisonReason.MALFORMED_JSON, f"the body is not JSON: {exc}") from None
-    envelope = _envelope(key, found, body)
+    envelope = _envelope(key, fields, body)
     if refused is not None:
         what = f"{envelope.subject or envelope.message_type.value} body"
         error = too_deep(what)
@@ -486,32 +486,45 @@ def decode(
     return envelope
 
 
-def _checked_headers(value: bytes | None, headers: Headers, max_bytes: int) -> dict[str, str]:
+def _checked_headers(
+    value: bytes | None, headers: Headers, max_bytes: int
+) -> tuple[dict[str, str], dict[str, str]]:
     """The record's headers as text, once its size and the headers every message needs
-    (spec and schema versions, content type, a known type) are checked."""
+    (spec and schema versions, content type, a known type) are checked: the envelope's
+    by field name (``_envelope`` takes them as they are), the others by header name."""
     # One pass for the size and the text (every record of the hot path comes here); the
     # size is refused first, as it always was.
     size = len(value) if value else 0
     found: dict[str, str] = {}
+    fields: dict[str, str] = {}
+    field_of = _FIELD_OF_HEADER.get
     not_utf8: str | None = None
     for name, raw in headers:
         size += len(name)
-        if not raw:
-            found[name] = ""
-            continue
-        size += len(raw)
-        try:
-            found[name] = raw.decode()
-        except UnicodeDecodeError:
-            not_utf8 = not_utf8 or name
+        if raw:
+            size += len(raw)
+            try:
+                text = raw.decode()
+            except UnicodeDecodeError:
+                not_utf8 = not_utf8 or name
+                continue
+        else:
+            text = ""
+        field_name = field_of(name)
+        if field_name is None:
+            found[name] = text
+        else:
+            fields[field_name] = text
     try:
         check_message_size(size, max_bytes, "the record")
     except PayloadTooLarge as exc:
         raise PoisonMessage(PoisonReason.OVERSIZED, str(exc)) from None
     if not_utf8 is not None:
         raise PoisonMessage(PoisonReason.MISSING_HEADER, f"header {not_utf8} is not UTF-8")
-    missing = [h for h in REQUIRED_HEADERS if not found.get(h)]
-    if missing:
+    if not all(map(fields.get, _REQUIRED_FIELDS)):
+        missing = [
+            h for h, f in zip(REQUIRED_HEADERS, _REQUIRED_FIELDS, strict=True) if not fields.get(f)
+        ]
         raise PoisonMessage(PoisonReason.MISSING_HEADER, f"missing header(s): {', '.join(missing)}")
     if found.get("ce_specversion", CE_SPECVERSION) != CE_SPECVERSION:
         raise PoisonMessage(
@@ -523,31 +536,63 @@ def _checked_headers(value: bytes | None, headers: Headers, max_bytes: int) -> d
         raise PoisonMessage(
             PoisonReason.INVALID_BODY, f"content-type {content_type!r}; expected application/json"
         )
-    if found["ce_schemaversion"] != SCHEMA_VERSION:
+    if fields["schema_version"] != SCHEMA_VERSION:
         raise PoisonMessage(
             PoisonReason.WRONG_SCHEMA_VERSION,
-            f"schema version {found['ce_schemaversion']!r}; this engine reads {SCHEMA_VERSION!r}",
+            f"schema version {fields['schema_version']!r}; this engine reads {SCHEMA_VERSION!r}",
         )
-    if found["ce_type"] not in _MESSAGE_TYPES:
+    if fields["message_type"] not in _MESSAGE_TYPES:
         raise PoisonMessage(
             PoisonReason.UNKNOWN_TYPE,
-            f"unknown message type {found['ce_type']!r}; expected one of "
+            f"unknown message type {fields['message_type']!r}; expected one of "
             f"{', '.join(t.value for t in MessageType)}",
         )
-    return found
+    return found, fields
 
 
-def _envelope(key: bytes | None, found: dict[str, str], body: Any) -> Envelope:
-    """The envelope the checked headers and the read body make, keyed by its saga."""
-    fields: dict[str, Any] = {"body": body}
-    for field_name, header in HEADERS.items():
-        if header in found:
-            fields[field_name] = found[header]
-    fields["compensation"] = found.get("ce_compensation") == "true"
+#: Header name -> Envelope field; the envelope's fields in order, at their defaults (the
+#: id and the time are made by default factories: ``ce_id`` is required, and an envelope
+#: without ``ce_time`` is validated).
+_FIELD_OF_HEADER = {header: field_name for field_name, header in HEADERS.items()}
+_AT_DEFAULTS = {field_name: _DEFAULTS.get(field_name) for field_name in Envelope.model_fields}
+_MESSAGE_TYPE_OF = {t.value: t for t in MessageType}
+_REQUIRED_FIELDS = tuple(_FIELD_OF_HEADER[h] for h in REQUIRED_HEADERS)
+_TIME = TypeAdapter(datetime)
+_SAGA_ID_MAX = Envelope.model_fields["saga_id"].metadata[-1].max_length
+
+
+def _fast_envelope(fields: dict[str, str], body: Any) -> Envelope | None:
+    """The envelope ``Envelope.model_validate`` makes of the checked headers' fields,
+    without validating again what ``_checked_headers`` did: every value is text, the
+    type is known, the required headers are there. The time is validated as the model
+    does (by its own validator). None where validation could refuse (a saga id too
+    long, a time that is not one) or a default is made: ``model_validate`` decides."""
+    time_text = fields.get("time")
+    if time_text is None or "id" not in fields or len(fields["saga_id"]) > _SAGA_ID_MAX:
+        return None
     try:
-        envelope = Envelope.model_validate(fields)
-    except ValidationError as exc:
-        raise PoisonMessage(PoisonReason.MISSING_HEADER, f"bad header values: {exc}") from None
+        time = _TIME.validate_python(time_text)
+    except ValidationError:
+        return None
+    # What validation records as set: the fields given (each header's, and these two).
+    fields_set = set(fields)
+    fields_set.update(("compensation", "body"))
+    values: dict[str, Any] = {**_AT_DEFAULTS, **fields}
+    values["message_type"] = _MESSAGE_TYPE_OF[fields["message_type"]]
+    values["time"] = time
+    values["compensation"] = fields.get("compensation") == "true"
+    values["body"] = body
+    envelope = Envelope.__new__(Envelope)
+    object.__setattr__(envelope, "__dict__", values)
+    object.__setattr__(envelope, "__pydantic_fields_set__", fields_set)
+    object.__setattr__(envelope, "__pydantic_extra__", None)
+    object.__setattr__(envelope, "__pydantic_private__", None)
+    return envelope
+
+
+def _envelope(key: bytes | None, fields: dict[str, str], body: Any) -> Envelope:
+    """The envelope the checked headers' fields and the read body make, keyed by its saga."""
+    envelope = _fast_envelope(fields, body) or _validated_envelope(fields, body)
     if key is not None and key.decode(errors="replace") != envelope.saga_id:
         raise PoisonMessage(
             PoisonReason.KEY_MISMATCH, "the record key must be the saga id (ce_sagaid)"
@@ -561,6 +606,15 @@ def _envelope(key: bytes | None, found: dict[str, str], body: Any) -> Envelope:
             envelope=envelope,
         )
     return envelope
+
+
+def _validated_envelope(fields: dict[str, str], body: Any) -> Envelope:
+    given: dict[str, Any] = {**fields, "body": body}
+    given["compensation"] = fields.get("compensation") == "true"
+    try:
+        return Envelope.model_validate(given)
+    except ValidationError as exc:
+        raise PoisonMessage(PoisonReason.MISSING_HEADER, f"bad header values: {exc}") from None
 
 
 def _unsealed(value: bytes | None, chain_name: str, codec: CodecChain | None) -> bytes:

@@ -83,3 +83,8 @@ def test_a_figure_is_the_difference_of_two_run_lengths(tmp_path: Path) -> None:
     assert per_unit(small, large) == 10_000
     with pytest.raises(RuntimeError, match="no more work"):
         per_unit(large, large)
+
+
+def test_the_wire_encodes_and_decodes_each_record() -> None:
+    # Raises unless each reply read back answers the command read back.
+    assert run_workload("wire", 5) == {"units": 5}

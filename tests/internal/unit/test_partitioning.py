@@ -41,3 +41,13 @@ def test_the_producers_partitioner_is_the_default_one(key: bytes, count: int) ->
 def test_a_record_without_a_key_goes_to_an_available_partition() -> None:
     assert {key_partition(None, [0, 1, 2, 3], [2]) for _ in range(20)} == {2}
     assert {key_partition(None, [0, 1], []) for _ in range(50)} <= {0, 1}
+
+
+@given(st.text(max_size=40), st.integers(min_value=1, max_value=64))
+def test_a_text_keys_bytes_go_where_the_text_does(key: str, count: int) -> None:
+    # A UTF-8 key's hash is taken from the text's (key_hash), cached or not.
+    partitions = list(range(count))
+    encoded = key.encode()
+    expected = DefaultPartitioner()(encoded, partitions, partitions)
+    assert key_partition(encoded, partitions, partitions) == expected
+    assert partition_for(key, count) == expected
