@@ -155,3 +155,27 @@ def test_an_empty_or_null_header_value_counts_as_missing() -> None:
         cut = [(n, empty if n == "ce_source" else v) for n, v in headers]
         with pytest.raises(PoisonMessage, match=r"missing header\(s\): ce_source"):
             decode(key, value, cut, max_bytes=MAX)  # type: ignore[arg-type]
+
+
+def test_the_fast_envelope_knows_every_constraint_of_the_model() -> None:
+    """``_fast_envelope`` checks the saga id's length and the time, and takes every other
+    field's text as it is: a constraint or validator added to ``Envelope`` must be taught
+    to it (or left to ``model_validate``) before this passes again."""
+    constrained = {
+        name: [repr(m) for m in field.metadata]
+        for name, field in Envelope.model_fields.items()
+        if field.metadata
+    }
+    assert constrained == {"saga_id": ["MinLen(min_length=1)", "MaxLen(max_length=200)"]}
+    decorators = Envelope.__pydantic_decorators__
+    assert not decorators.field_validators
+    assert not decorators.model_validators
+    assert not decorators.validators
+    assert {name: field.annotation for name, field in Envelope.model_fields.items()} == {
+        name: str for name in HEADERS if name not in ("message_type", "time", "compensation")
+    } | {
+        "message_type": MessageType,
+        "time": datetime,
+        "compensation": bool,
+        "body": Any,
+    }
