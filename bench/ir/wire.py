@@ -14,7 +14,7 @@ from saga_engine.kernel._partitioning import _bytes_hash, key_hash, key_partitio
 from saga_engine.kernel._settings import Settings
 from saga_engine.participant._sql import reply_record
 from saga_engine.transport._command_records import CommandRecords
-from saga_engine.transport._timings import timing_headers, wire_time
+from saga_engine.transport._timings import reply_timing_headers
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import MessageType, ReplyBody, decode
 
@@ -22,14 +22,10 @@ from saga_engine.transport._wire import MessageType, ReplyBody, decode
 PARTITIONS = list(range(12))
 MAX_BYTES = 1_000_000
 SOURCE = "/participants/bench"
-#: When the participant read the command, ran its handler and committed: fixed instants.
-_TIMINGS = {
-    "received_time": wire_time(1_765_000_000.1),
-    "handler_start_time": wire_time(1_765_000_000.2),
-    "handler_end_time": wire_time(1_765_000_000.3),
-    "commit_time": wire_time(1_765_000_000.4),
-    "handler_cpu_ms": "0.412",
-}
+#: When the participant read the command, committed, and ran its handler (its start,
+#: end and CPU seconds): fixed instants.
+_RECEIVED, _COMMITTED = 1_765_000_000.1, 1_765_000_000.4
+_HANDLER = (1_765_000_000.2, 1_765_000_000.3, 0.000412)
 
 
 def run(n: int) -> int:
@@ -38,7 +34,7 @@ def run(n: int) -> int:
     _, decision = started(definitions()[0], 0)
     command = decision.commands[0]
     reply_body = ReplyBody(outcome="success", payload={"n": 1})
-    timings = timing_headers(_TIMINGS)
+    timings = reply_timing_headers(_RECEIVED, _COMMITTED, _HANDLER)
     done = 0
     while done < n:
         # The engine's command, and the participant reading it.
