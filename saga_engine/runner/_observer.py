@@ -26,7 +26,7 @@ from saga_engine.telemetry._spans import SagaSpans, SendTime
 from saga_engine.telemetry._telemetry import Telemetry
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterator, Mapping
 
     from saga_engine.runner._cache import LiveSaga
     from saga_engine.runner._path_inputs import Work
@@ -98,7 +98,8 @@ class EngineObserver:
             stats.inc("commands_resent", len(work.resent))
         if sent_at is not None and work.commands:
             spans.opened(work.commands, at=sent_at)
-        for event, held in zip(work.events, work.held, strict=True):
+        held = iter(work.held)  # one per invalid_reply_received, in order
+        for event in work.events:
             if event.kind in _COUNTED:
                 self._counted(event, live, held)
         last = work.last
@@ -110,7 +111,7 @@ class EngineObserver:
         self.stats.inc(name)
         self.telemetry.count(name, saga_type)
 
-    def _counted(self, event: Event, live: LiveSaga, held: int) -> None:
+    def _counted(self, event: Event, live: LiveSaga, held: Iterator[int]) -> None:
         kind = event.kind
         saga_type = live.runtime.saga_type
         if kind in _FINISHED:
@@ -122,7 +123,7 @@ class EngineObserver:
                 )
         elif kind in _PARKING or (
             # Once per park: a second reply held while one already is adds no park.
-            kind == "invalid_reply_received" and held <= 1
+            kind == "invalid_reply_received" and next(held) <= 1
         ):
             self._stat("sagas_parked", saga_type)
 
