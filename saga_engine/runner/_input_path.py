@@ -103,9 +103,11 @@ class InputPath:
 
     async def apply(self, inputs: Sequence[Input]) -> list[InputOutcome]:
         """Applies ``inputs`` as one batch; each one's outcome, in their order."""
-        outcomes = [InputOutcome() for _ in inputs]
+        outcomes: list[InputOutcome] = []
         works: dict[str, Work] = {}
-        for item, outcome in zip(inputs, outcomes, strict=True):
+        for item in inputs:
+            outcome = InputOutcome()
+            outcomes.append(outcome)
             work = works.get(item.saga_id)
             if work is None:
                 work = works[item.saga_id] = Work(item.saga_id)
