@@ -164,9 +164,11 @@ class InputPath:
         backoff = None  # made on the first conflict that waits: most batches have none
         pending = works
         while pending:
+            writing = []  # those with events to write
             for work in pending:
                 await self._decide(work)
-            writing = [w for w in pending if w.events and w.failure is None]
+                if work.events and work.failure is None:
+                    writing.append(work)
             if writing:
                 await self._write(writing)
             await self._effects.apply([w for w in pending if w.settles])
