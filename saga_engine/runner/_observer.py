@@ -32,11 +32,11 @@ if TYPE_CHECKING:
     from saga_engine.runner._path_inputs import Work
 
 _FINISHED = ("saga_completed", "saga_compensated", "saga_failed", "saga_cancelled")
-#: A park's events (``invalid_reply_received`` too, once per park: ``_counted``).
+#: A park's events (an ``invalid_reply_received`` too, once per park: ``Work.held``).
 _PARKING = ("saga_parked", "compensation_stuck")
 #: The kinds of event a counter looks at (``_counted``); the others, most of them, are
 #: passed over with one set lookup each rather than a call.
-_COUNTED = frozenset((*_FINISHED, *_PARKING, "invalid_reply_received"))
+_COUNTED = frozenset((*_FINISHED, *_PARKING))
 
 
 @dataclass(slots=True)
@@ -98,9 +98,13 @@ class EngineObserver:
             stats.inc("commands_resent", len(work.resent))
         if sent_at is not None and work.commands:
             spans.opened(work.commands, at=sent_at)
-        for event, held in zip(work.events, work.held, strict=True):
+        for event in work.events:
             if event.kind in _COUNTED:
-                self._counted(event, live, held)
+                self._counted(event, live)
+        for held in work.held:  # one per invalid reply held, most batches none
+            # Once per park: a second reply held while one already is adds no park.
+            if held <= 1:
+                self._stat("sagas_parked", live.runtime.saga_type)
         last = work.last
         if last is not None and last.status.is_terminal:
             self._ended(work.saga_id, live, last.status, last.projection.error)
@@ -110,7 +114,7 @@ class EngineObserver:
         self.stats.inc(name)
         self.telemetry.count(name, saga_type)
 
-    def _counted(self, event: Event, live: LiveSaga, held: int) -> None:
+    def _counted(self, event: Event, live: LiveSaga) -> None:
         kind = event.kind
         saga_type = live.runtime.saga_type
         if kind in _FINISHED:
@@ -120,21 +124,19 @@ class EngineObserver:
                     max(0.0, (event.at - live.started_at).total_seconds()),
                     {"saga.type": saga_type, "outcome": kind.removeprefix("saga_")},
                 )
-        elif kind in _PARKING or (
-            # Once per park: a second reply held while one already is adds no park.
-            kind == "invalid_reply_received" and held <= 1
-        ):
+        else:  # _PARKING
             self._stat("sagas_parked", saga_type)
 
     def _ended(self, saga_id: str, live: LiveSaga, status: SagaStatus, error: object) -> None:
         """The saga reached a terminal status: its span ends, with its outcome."""
-        self.spans.saga_ended(saga_id, f"saga_{status.value}")
+        outcome = status.value  # (an enum's value is a descriptor call each time)
+        self.spans.saga_ended(saga_id, f"saga_{outcome}")
         message = error.get("message", error) if isinstance(error, dict) else error
         self.spans.saga_finished(
             saga_type=live.runtime.saga_type,
             saga_id=saga_id,
             trace_context=live.runtime.trace_context,
             started_at=live.started_at,
-            outcome=status.value,
+            outcome=outcome,
             error=str(message) if error else None,
         )
