@@ -109,11 +109,11 @@ def make_producer(kafka: KafkaSettings, **overrides: Any) -> AIOKafkaProducer:
         "linger_ms": 0,
         "max_request_size": kafka.max_message_bytes + 64 * 1024,
         # A partition's batch may hold up to the message limit (the broker and the topic
-        # allow that plus 64 KiB). aiokafka's default, 16 KiB, held ~25 of a loaded
-        # engine's commands: the rest of the partition's records waited for the next
-        # request, after the first one's acknowledgement (a partition is muted while its
-        # batch is in flight), so a batch went out in two produce requests, the second a
-        # round trip late (bench/README.md, "Kafka requests per saga").
+        # allow that plus 64 KiB). aiokafka's default, 16 KiB, held a few dozen commands
+        # with their headers: under load the rest of a partition's records waited for the
+        # next request, after the first one's acknowledgement (a partition is muted while
+        # its batch is in flight), so a batch went out in two produce requests, the
+        # second a round trip late (bench/README.md, "Kafka requests per saga").
         "max_batch_size": kafka.max_message_bytes,
         # The default partitioner's choice, with each saga id hashed once (pure-Python
         # murmur2 per record was 2 % of an engine's CPU under load).
