@@ -130,6 +130,12 @@ class KafkaSettings(BaseModel):
     # aiokafka's default fetch_max_wait_ms is 500 ms, which puts half a second on every
     # reply hop; a saga engine is latency-bound, so we wait far less.
     fetch_max_wait_ms: int = Field(default=20, ge=0)
+    #: The shortest time between two offset commits of one consumer (engine inbox,
+    #: participant): a commit carries every offset made durable since the one before, so
+    #: a busy consumer sends a few a second instead of one per batch (bench/README.md,
+    #: "Kafka requests per saga"). Commits still follow durability, and a rebalance or a
+    #: stop commits at once; a crash re-reads at most this much more, deduplicated.
+    commit_interval_ms: int = Field(default=500, ge=0)
     #: The one size limit (PROTOCOL.md section 12): every message the engine, a
     #: participant or a client sends or reads, its value and every header name and
     #: value in bytes; and every payload handed to the engine directly (a start's input,

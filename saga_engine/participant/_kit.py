@@ -482,7 +482,10 @@ class Participant:
         )
         self._consumer.subscribe([self.topics.commands(self.name)], listener=_Rebalance(self))
         self._committer = OffsetCommitter(
-            self._consumer, lambda: self._assigned, flush_limit_s=self._stop_timeout_s
+            self._consumer,
+            lambda: self._assigned,
+            flush_limit_s=self._stop_timeout_s,
+            interval_s=kafka.commit_interval_ms / 1000,
         )
         self._fetch = GuardedFetch(
             self._consumer,

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Container, Iterable, Mapping
 from typing import Any
@@ -107,6 +108,13 @@ def make_producer(kafka: KafkaSettings, **overrides: Any) -> AIOKafkaProducer:
         # commit requests per saga at 64 in flight instead of 1 (bench/README.md).
         "linger_ms": 0,
         "max_request_size": kafka.max_message_bytes + 64 * 1024,
+        # A partition's batch may hold up to the message limit (the broker and the topic
+        # allow that plus 64 KiB). aiokafka's default, 16 KiB, held a few dozen commands
+        # with their headers: under load the rest of a partition's records waited for the
+        # next request, after the first one's acknowledgement (a partition is muted while
+        # its batch is in flight), so a batch went out in two produce requests, the
+        # second a round trip late (bench/README.md, "Kafka requests per saga").
+        "max_batch_size": kafka.max_message_bytes,
         # The default partitioner's choice, with each saga id hashed once (pure-Python
         # murmur2 per record was 2 % of an engine's CPU under load).
         "partitioner": key_partition,
@@ -216,11 +224,16 @@ async def start_record(
     # that never comes. Fail fast instead, as the in-memory bus does.
     if getattr(producer, "_closed", False):
         raise KafkaUnavailable(f"could not publish to {topic}: the producer is closed")
+    delivery: asyncio.Future[Any]
     try:
-        async with asyncio.timeout(SEND_TIMEOUT_S):
-            delivery: asyncio.Future[Any] = await producer.send(
-                topic, value, key=key, headers=headers
-            )
+        if _metadata_known(producer, topic):
+            # The send waits for nothing but room in the producer's buffer (bounded by
+            # its request timeout), so no deadline of our own is opened (one per record
+            # was ~5 us of every send).
+            delivery = await producer.send(topic, value, key=key, headers=headers)
+        else:
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                delivery = await producer.send(topic, value, key=key, headers=headers)
     except TimeoutError as exc:
         raise KafkaUnavailable(f"could not publish to {topic} within {SEND_TIMEOUT_S}s") from exc
     except KafkaError as exc:
@@ -243,6 +256,13 @@ async def start_record(
 
     delivery.add_done_callback(settle)
     return ack
+
+
+def _metadata_known(producer: AIOKafkaProducer, topic: str) -> bool:
+    """Whether ``producer.send`` to ``topic`` can start without waiting for the topic's
+    metadata (a stand-in producer without a cluster, as the testing kit's, never waits)."""
+    cluster = getattr(getattr(producer, "client", None), "cluster", None)
+    return cluster is None or bool(cluster.partitions_for_topic(topic))
 
 
 def publish_error(topic: str, exc: BaseException, size: int | None = None) -> Exception:
@@ -377,6 +397,11 @@ class OffsetCommitter:
     would be: the next owner re-reads from the last commit, and readers deduplicate.
     ``flush`` waits (bounded) until everything handed over was committed or failed:
     before a partition is given up, and at stop.
+
+    ``interval_s`` (``kafka.commit_interval_ms``): a commit starts at least this long
+    after the one before, with every offset handed over meanwhile, so a busy consumer
+    sends a few commits a second rather than one per batch; ``flush`` commits at once.
+    A crash re-reads at most that much more (readers deduplicate, as after any crash).
     """
 
     def __init__(
@@ -385,12 +410,18 @@ class OffsetCommitter:
         owned: Callable[[], Container[TopicPartition]],
         *,
         flush_limit_s: float,
+        interval_s: float = 0.0,
     ) -> None:
         self._consumer = consumer
         self._owned = owned
         self._flush_limit_s = flush_limit_s
+        self._interval_s = interval_s
         self._pending: dict[TopicPartition, int] = {}
         self._task: asyncio.Task[None] | None = None
+        #: When the last commit started (the loop's clock).
+        self._last = float("-inf")
+        #: Set while a flush waits: what is pending commits without waiting its turn.
+        self._now = asyncio.Event()
 
     def submit(self, offsets: Mapping[TopicPartition, int]) -> None:
         for tp, offset in offsets.items():
@@ -404,6 +435,7 @@ class OffsetCommitter:
         ``flush_limit_s``: with the coordinator away, aiokafka retries a commit until the
         consumer stops, and the consumer is stopped only after this returns. What is left
         then is dropped (``close``), as a crash would drop it."""
+        self._now.set()
         try:
             async with asyncio.timeout(self._flush_limit_s):
                 while self._task is not None and not self._task.done():
@@ -413,6 +445,8 @@ class OffsetCommitter:
                 "offset commits still pending after %.0fs; dropping them", self._flush_limit_s
             )
             await self.close()
+        finally:
+            self._now.clear()
 
     async def close(self) -> None:
         """Drops what is not committed yet (the next owner re-reads it) and stops."""
@@ -423,12 +457,20 @@ class OffsetCommitter:
             await asyncio.wait({task})
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._pending:
+            wait = self._last + self._interval_s - loop.time()
+            if wait > 0 and not self._now.is_set():
+                # Not before its turn, unless a flush asks for it now.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await self._now.wait()
             owned = self._owned()
             offsets = {tp: o for tp, o in self._pending.items() if tp in owned}
             self._pending = {}
             if not offsets:
                 continue
+            self._last = loop.time()
             try:
                 await self._consumer.commit(offsets)
             except Exception as exc:

@@ -343,7 +343,10 @@ class SagaWorker:
         )
         self._consumer.subscribe([self.topics.inbox], listener=self._ownership)
         self._committer = OffsetCommitter(
-            self._consumer, lambda: self._ownership.owned, flush_limit_s=_COMMIT_FLUSH_S
+            self._consumer,
+            lambda: self._ownership.owned,
+            flush_limit_s=_COMMIT_FLUSH_S,
+            interval_s=kafka.commit_interval_ms / 1000,
         )
         self._fetch = GuardedFetch(
             self._consumer,

@@ -14,6 +14,7 @@ from typing import Any, cast
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from saga_engine.transport._kafka import OffsetCommitter
+from tests.waiting import eventually
 
 P0 = TopicPartition("inbox", 0)
 P1 = TopicPartition("inbox", 1)
@@ -107,3 +108,46 @@ async def test_close_drops_what_is_pending() -> None:
     await c.flush()
 
     assert consumer.commits == [{P1: 3}]
+
+
+def spaced_committer(
+    consumer: RecordingConsumer, owned: set[TopicPartition], interval_s: float
+) -> OffsetCommitter:
+    return OffsetCommitter(
+        cast(AIOKafkaConsumer, cast(Any, consumer)),
+        lambda: owned,
+        flush_limit_s=5.0,
+        interval_s=interval_s,
+    )
+
+
+async def test_offsets_handed_over_within_the_interval_go_in_one_commit() -> None:
+    consumer = RecordingConsumer()
+    c = spaced_committer(consumer, {P0, P1}, interval_s=3600)
+
+    c.submit({P0: 1})
+    await eventually(lambda: consumer.commits == [{P0: 1}])
+    # The next commit waits its turn (an hour here): the batches meanwhile pile up.
+    c.submit({P0: 2})
+    c.submit({P1: 4})
+    c.submit({P0: 3})
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert consumer.commits == [{P0: 1}]
+    # A flush (a rebalance's revocation, a stop) does not wait for the turn.
+    await asyncio.wait_for(c.flush(), timeout=5)
+    assert consumer.commits == [{P0: 1}, {P0: 3, P1: 4}]
+
+
+async def test_after_a_flush_commits_are_spaced_again() -> None:
+    consumer = RecordingConsumer()
+    c = spaced_committer(consumer, {P0}, interval_s=3600)
+
+    c.submit({P0: 1})
+    await c.flush()
+    c.submit({P0: 2})
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert consumer.commits == [{P0: 1}]
+    await c.close()  # what waits its turn is dropped, as a crash would drop it
+    assert consumer.commits == [{P0: 1}]
