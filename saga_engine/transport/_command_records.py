@@ -23,8 +23,8 @@ import orjson
 
 from saga_engine.core.history._codec import CodecChain
 from saga_engine.core.history._decision import OutboundCommand
-from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS, engine_envelope
 from saga_engine.kernel._ids import uuid4_text
+from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS, engine_envelope
 from saga_engine.transport._timings import _wire_time, wire_time
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import (
@@ -159,7 +159,9 @@ class CommandRecords:
         elif measuring and blobs is None:
             blobs = {}
         value = orjson.dumps(command.payload, option=orjson.OPT_UTC_Z)
-        return (topic, saga_id, *seal_value(value, headers, self._codec, blobs))
+        if self._codec is not None:
+            value, headers = seal_value(value, headers, self._codec, blobs)
+        return topic, saga_id, value, headers
 
     def size(self, command: OutboundCommand) -> int:
         """The bytes of ``command``'s record: its value and every header name and value."""

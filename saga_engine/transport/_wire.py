@@ -13,8 +13,7 @@ and back, and says precisely why a message cannot be read (:class:`PoisonMessage
 
 from __future__ import annotations
 
-import functools
-import time
+import itertools
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -324,26 +323,25 @@ def _new_id() -> bytes:
     return uuid4_text().encode()
 
 
-@functools.cache
-def _made() -> dict[str, Callable[[], bytes]]:
-    """What ``encode_fields`` writes for a field left out whose header is not empty by
-    default: a new ``id``, ``time`` now (as ``_timings`` writes every time on the wire:
-    RFC 3339 in UTC, always with microseconds), the envelope's own default (the schema
-    version). Made at the first plan: ``_timings`` imports this module."""
-    from saga_engine.transport._timings import _wire_time  # noqa: PLC0415
-
-    made: dict[str, Callable[[], bytes]] = {
-        "id": _new_id,
-        "time": lambda: _wire_time(time.time()),
-    }
-    for name, default in _DEFAULTS.items():
-        if isinstance(default, str) and default:
-            made[name] = functools.partial(bytes, default.encode())
-        elif default:  # a default ``encode_fields`` would write: teach it here first
-            raise AssertionError(f"encode_fields cannot write {name}'s default")
-    return made
+def _time_text(value: datetime) -> bytes:
+    """A time field's header: RFC 3339, UTC written ``Z``."""
+    return value.isoformat().replace("+00:00", "Z").encode()
 
 
+def _now_text() -> bytes:
+    """``ce_time`` when it is left out: now. (The engine and the kit give it, written as
+    ``_timings`` writes every time on the wire, which imports this module.)"""
+    return _time_text(datetime.now(UTC))
+
+
+#: What ``encode_fields`` writes for a field left out whose header is not empty by
+#: default: a new ``id``, ``time`` now, the envelope's own default (the schema version).
+_MADE: dict[str, Callable[[], bytes]] = {"id": _new_id, "time": _now_text}
+for _name, _default in _DEFAULTS.items():
+    if isinstance(_default, str) and _default:
+        _MADE[_name] = itertools.repeat(_default.encode()).__next__
+    elif _default:  # a default ``encode_fields`` would write: teach it here first
+        raise AssertionError(f"encode_fields cannot write {_name}'s default")
 #: Each header ``encode_fields`` writes, in ``HEADERS`` order: the field it reads, or
 #: what makes the header of a field left out. By the fields' names as given.
 _Plan = tuple[tuple[str, "str | Callable[[], bytes]"], ...]
@@ -354,11 +352,10 @@ _PLANS_MAX = 64
 def _plan(names: tuple[str, ...]) -> _Plan:
     """The plan of a message given ``names`` (made once per set of names)."""
     given = frozenset(names)
-    made = _made()
     plan = tuple(
-        (header, field_name if field_name in given else made[field_name])
+        (header, field_name if field_name in given else _MADE[field_name])
         for field_name, header in _HEADER_ITEMS
-        if field_name in given or field_name in made
+        if field_name in given or field_name in _MADE
     )
     if len(_PLANS) >= _PLANS_MAX:
         _PLANS.clear()
@@ -395,11 +392,11 @@ def encode_fields(
     plan = _PLANS.get(names) or _plan(names)
     headers: Headers = list(FIXED_HEADERS)
     for header, field_name in plan:
-        if type(field_name) is not str:  # a field left out: its default
+        if field_name.__class__ is not str:  # a field left out: its default
             headers.append((header, field_name()))  # type: ignore[operator]
             continue
         value = fields[field_name]
-        kind = type(value)
+        kind = value.__class__
         if kind is str:  # most headers: the fast path
             if value:
                 headers.append((header, value.encode()))
@@ -416,14 +413,15 @@ def encode_fields(
                 headers.append((header, value))
             continue
         if isinstance(value, datetime):
-            text = value.isoformat().replace("+00:00", "Z")
-        else:
-            text = str(value.value if isinstance(value, StrEnum) else value)
+            headers.append((header, _time_text(value)))
+            continue
+        text = str(value.value if isinstance(value, StrEnum) else value)
         if text:
             headers.append((header, text.encode()))
-    return fields["saga_id"].encode(), *seal_value(
-        orjson.dumps(body, option=orjson.OPT_UTC_Z), headers, codec, blobs
-    )
+    value_bytes = orjson.dumps(body, option=orjson.OPT_UTC_Z)
+    if codec is not None:
+        value_bytes, headers = seal_value(value_bytes, headers, codec, blobs)
+    return fields["saga_id"].encode(), value_bytes, headers
 
 
 def seal_value(
