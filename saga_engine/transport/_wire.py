@@ -392,11 +392,11 @@ def encode_fields(
     plan = _PLANS.get(names) or _plan(names)
     headers: Headers = list(FIXED_HEADERS)
     for header, field_name in plan:
-        if field_name.__class__ is not str:  # a field left out: its default
+        if type(field_name) is not str:  # a field left out: its default
             headers.append((header, field_name()))  # type: ignore[operator]
             continue
         value = fields[field_name]
-        kind = value.__class__
+        kind = type(value)
         if kind is str:  # most headers: the fast path
             if value:
                 headers.append((header, value.encode()))
