@@ -17,28 +17,80 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from operator import itemgetter
 
 import orjson
 
 from saga_engine.core.history._codec import CodecChain
 from saga_engine.core.history._decision import OutboundCommand
+from saga_engine.kernel._ids import uuid4_text
 from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS, engine_envelope
-from saga_engine.transport._timings import wire_time
+from saga_engine.transport._timings import _wire_time, wire_time
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import (
+    FIXED_HEADERS,
     HEADERS,
+    SCHEMA_VERSION,
     Headers,
     MessageType,
     encode,
-    encode_fields,
     fixed_headers_size,
     record_size,
+    seal_value,
 )
 
 #: ``ce_senttime`` when a record is only measured: a time's length (``wire_time`` always
-#: writes microseconds), so the size measured is the size sent.
+#: writes microseconds), so the size measured is the size sent. ``ce_time`` too.
 SENT_TIME_PLACEHOLDER = wire_time(0.0)
+_TIME_PLACEHOLDER = SENT_TIME_PLACEHOLDER.encode()
+#: ``ce_id`` when a record is only measured: a UUID's length.
+_ID_PLACEHOLDER = b"00000000-0000-4000-8000-000000000000"
+#: The header names of a command's fields (``HEADERS``).
+(
+    _ID,
+    _TYPE,
+    _SOURCE,
+    _SUBJECT,
+    _TIME,
+    _SAGA_ID,
+    _SAGA_TYPE,
+    _COMMAND_ID,
+    _STEP,
+    _CORRELATION_ID,
+    _CAUSATION_ID,
+    _REPLY_TO,
+    _SCHEMA_VERSION,
+    _COMPENSATION,
+    _COMPENSATES,
+    _TRACEPARENT,
+    _TRACESTATE,
+    _SENT_TIME,
+) = (
+    HEADERS[name]
+    for name in (
+        "id",
+        "message_type",
+        "source",
+        "subject",
+        "time",
+        "saga_id",
+        "saga_type",
+        "command_id",
+        "step",
+        "correlation_id",
+        "causation_id",
+        "reply_to",
+        "schema_version",
+        "compensation",
+        "compensates",
+        "traceparent",
+        "tracestate",
+        "sent_time",
+    )
+)
+_COMMAND_TYPE = MessageType.COMMAND.value.encode()
+_SCHEMA = SCHEMA_VERSION.encode()
+_WRITTEN = itemgetter(1)
 
 #: What a command record's headers hold besides its text (``bound``): every header's
 #: name, the fixed headers, and room for the values whose length the engine sets (an id
@@ -68,6 +120,10 @@ class CommandRecords:
         #: Commands go by reference when large (a ``ref`` codec and a place to keep its
         #: blobs): measured as sent, by reference; else inline.
         self._by_reference = by_reference and codec is not None and codec.reference is not None
+        #: ``ce_time`` and ``ce_senttime`` from one reading: the clock is the wall clock.
+        self._wall_clock = clock is time.time
+        self._source_bytes = source.encode()
+        self._reply_to = topics.inbox.encode()
         #: The text every command's record has whatever the command (``bound``).
         self._fixed_text = len(source) + len(topics.inbox)
 
@@ -89,12 +145,23 @@ class CommandRecords:
             envelope = engine_envelope(command, self._source)
             return (self._topics.inbox, *encode(envelope, self._codec))
         topic = self._topics.commands(command.participant)
-        fields = self._fields(command, measuring)
+        if measuring:
+            new_id, now = _ID_PLACEHOLDER, _TIME_PLACEHOLDER
+            sent = now
+        else:
+            new_id, sent = uuid4_text().encode(), _wire_time(self._clock())
+            # ce_time: when the record was made, which is when it is sent (one reading
+            # of the wall clock for both)
+            now = sent if self._wall_clock else _wire_time(time.time())
+        saga_id, headers = self._headers(command, new_id, now, sent)
         if not self._by_reference:
             blobs = None
         elif measuring and blobs is None:
             blobs = {}
-        return (topic, *encode_fields(fields, command.payload, self._codec, blobs=blobs))
+        value = orjson.dumps(command.payload, option=orjson.OPT_UTC_Z)
+        if self._codec is not None:
+            value, headers = seal_value(value, headers, self._codec, blobs)
+        return topic, saga_id, value, headers
 
     def size(self, command: OutboundCommand) -> int:
         """The bytes of ``command``'s record: its value and every header name and value."""
@@ -125,24 +192,34 @@ class CommandRecords:
             text += len(trace.get("traceparent", "")) + len(trace.get("tracestate", ""))
         return len(orjson.dumps(command.payload, option=orjson.OPT_UTC_Z)) + _HEADER_ROOM + 4 * text
 
-    def _fields(self, command: OutboundCommand, measuring: bool = False) -> dict[str, Any]:
-        """The command's envelope fields, from the decision (its values are the engine's
-        own, checked when it decided: no ``Envelope`` is validated for them)."""
+    def _headers(
+        self, command: OutboundCommand, new_id: bytes, now: bytes, sent: bytes
+    ) -> tuple[bytes, Headers]:
+        """The command's key and headers, from the decision (its values are the engine's
+        own, checked when it decided: no ``Envelope`` is validated for them): what
+        ``encode_fields`` writes of them (``HEADERS``' order, an empty value left out),
+        each written once (the saga id is the key and ``ce_correlationid``)."""
         trace = command.trace_context
-        return {
-            "message_type": MessageType.COMMAND,
-            "source": self._source,
-            "subject": command.command_type,
-            "saga_id": command.saga_id,
-            "saga_type": command.saga_type,
-            "command_id": command.command_id,
-            "step": command.step,
-            "correlation_id": command.saga_id,
-            "causation_id": command.command_id,
-            "reply_to": self._topics.inbox,
-            "compensation": command.compensation,
-            "compensates": ",".join(command.compensates),
-            "traceparent": trace.get("traceparent", ""),
-            "tracestate": trace.get("tracestate", ""),
-            "sent_time": SENT_TIME_PLACEHOLDER if measuring else wire_time(self._clock()),
-        }
+        saga_id = command.saga_id.encode()
+        command_id = command.command_id.encode()
+        fields = (
+            (_ID, new_id),
+            (_TYPE, _COMMAND_TYPE),
+            (_SOURCE, self._source_bytes),
+            (_SUBJECT, command.command_type.encode()),
+            (_TIME, now),
+            (_SAGA_ID, saga_id),
+            (_SAGA_TYPE, command.saga_type.encode()),
+            (_COMMAND_ID, command_id),
+            (_STEP, command.step.encode()),
+            (_CORRELATION_ID, saga_id),
+            (_CAUSATION_ID, command_id),
+            (_REPLY_TO, self._reply_to),
+            (_SCHEMA_VERSION, _SCHEMA),
+            (_COMPENSATION, b"true" if command.compensation else b""),
+            (_COMPENSATES, ",".join(command.compensates).encode()),
+            (_TRACEPARENT, trace.get("traceparent", "").encode()),
+            (_TRACESTATE, trace.get("tracestate", "").encode()),
+            (_SENT_TIME, sent),
+        )
+        return saga_id, [*FIXED_HEADERS, *filter(_WRITTEN, fields)]

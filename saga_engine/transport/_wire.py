@@ -13,7 +13,9 @@ and back, and says precisely why a message cannot be read (:class:`PoisonMessage
 
 from __future__ import annotations
 
+import itertools
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
@@ -300,18 +302,65 @@ REQUIRED_HEADERS = ("ce_id", "ce_type", "ce_source", "ce_sagaid", "ce_schemavers
 
 
 _HEADER_ITEMS = tuple(HEADERS.items())
-_FIELD_NAMES = frozenset(HEADERS)
-#: What ``encode_fields`` gives a field left out: the envelope's own default (the id
-#: and the time, made per message, are given there).
+#: Each field's default, as the envelope has it (the id and the time, made per message,
+#: have none here).
 _DEFAULTS: dict[str, Any] = {
     name: field.default
     for name, field in Envelope.model_fields.items()
     if field.default_factory is None and not field.is_required()
 }
-_FIXED_HEADERS: Headers = [
+#: The value of each message type's ``ce_type`` header.
+_TYPE_BYTES: dict[MessageType, bytes] = {t: t.value.encode() for t in MessageType}
+#: The headers every record ``encode_fields`` writes carries first, whatever its fields.
+FIXED_HEADERS: tuple[tuple[str, bytes], ...] = (
     ("ce_specversion", CE_SPECVERSION.encode()),
     ("content-type", b"application/json"),
-]
+)
+
+
+def _new_id() -> bytes:
+    """``ce_id``: a new random UUID."""
+    return uuid4_text().encode()
+
+
+def _time_text(value: datetime) -> bytes:
+    """A time field's header: RFC 3339, UTC written ``Z``."""
+    return value.isoformat().replace("+00:00", "Z").encode()
+
+
+def _now_text() -> bytes:
+    """``ce_time`` when it is left out: now. (The engine and the kit give it, written as
+    ``_timings`` writes every time on the wire, which imports this module.)"""
+    return _time_text(datetime.now(UTC))
+
+
+#: What ``encode_fields`` writes for a field left out whose header is not empty by
+#: default: a new ``id``, ``time`` now, the envelope's own default (the schema version).
+_MADE: dict[str, Callable[[], bytes]] = {"id": _new_id, "time": _now_text}
+for _name, _default in _DEFAULTS.items():
+    if isinstance(_default, str) and _default:
+        _MADE[_name] = itertools.repeat(_default.encode()).__next__
+    elif _default:  # a default ``encode_fields`` would write: teach it here first
+        raise AssertionError(f"encode_fields cannot write {_name}'s default")
+#: Each header ``encode_fields`` writes, in ``HEADERS`` order: the field it reads, or
+#: what makes the header of a field left out. By the fields' names as given.
+_Plan = tuple[tuple[str, "str | Callable[[], bytes]"], ...]
+_PLANS: dict[tuple[str, ...], _Plan] = {}
+_PLANS_MAX = 64
+
+
+def _plan(names: tuple[str, ...]) -> _Plan:
+    """The plan of a message given ``names`` (made once per set of names)."""
+    given = frozenset(names)
+    plan = tuple(
+        (header, field_name if field_name in given else _MADE[field_name])
+        for field_name, header in _HEADER_ITEMS
+        if field_name in given or field_name in _MADE
+    )
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[names] = plan
+    return plan
 
 
 def encode(
@@ -334,40 +383,61 @@ def encode_fields(
     checked already (a command from its decision, a reply to a decoded command): the
     envelope's fields by name, without an ``Envelope`` validated for the purpose. A field
     left out takes the envelope's default: a new ``id``, ``time`` now, the schema
-    version; empty otherwise.
+    version; empty otherwise. A value may be given as its header's bytes.
 
     ``blobs``: a body the chain's ``ref`` codec takes goes by reference, its blob put in
     ``blobs`` for the caller to keep before the record is sent (``_record_blobs``);
     None: the body goes inline, whatever its size."""
-    if not fields.keys() >= _FIELD_NAMES:  # an Envelope's fields are all there
-        fields = {**_DEFAULTS, "id": uuid4_text(), "time": datetime.now(UTC), **fields}
-    headers: Headers = list(_FIXED_HEADERS)
-    for field_name, header in _HEADER_ITEMS:
+    names = tuple(fields)
+    plan = _PLANS.get(names) or _plan(names)
+    headers: Headers = list(FIXED_HEADERS)
+    for header, field_name in plan:
+        if type(field_name) is not str:  # a field left out: its default
+            headers.append((header, field_name()))  # type: ignore[operator]
+            continue
         value = fields[field_name]
         kind = type(value)
         if kind is str:  # most headers: the fast path
             if value:
                 headers.append((header, value.encode()))
             continue
+        if kind is MessageType:
+            headers.append((header, _TYPE_BYTES[value]))
+            continue
         if kind is bool:
             if value:
                 headers.append((header, b"true"))
             continue
+        if kind is bytes:
+            if value:
+                headers.append((header, value))
+            continue
         if isinstance(value, datetime):
-            text = value.isoformat().replace("+00:00", "Z")
-        else:
-            text = str(value.value if isinstance(value, StrEnum) else value)
+            headers.append((header, _time_text(value)))
+            continue
+        text = str(value.value if isinstance(value, StrEnum) else value)
         if text:
             headers.append((header, text.encode()))
     value_bytes = orjson.dumps(body, option=orjson.OPT_UTC_Z)
-    if codec is not None and not _goes_clear(codec, value_bytes, blobs):
+    if codec is not None:
+        value_bytes, headers = seal_value(value_bytes, headers, codec, blobs)
+    return fields["saga_id"].encode(), value_bytes, headers
+
+
+def seal_value(
+    value: bytes, headers: Headers, codec: CodecChain | None, blobs: dict[str, bytes] | None
+) -> tuple[bytes, Headers]:
+    """A record's value (its body's JSON) as sent: sealed by ``codec`` (the ``saga-codec``
+    header added), by reference when its ``ref`` codec takes it and ``blobs`` is given
+    (see ``encode_fields``); as it is without a codec."""
+    if codec is not None and not _goes_clear(codec, value, blobs):
         if blobs is not None and codec.reference is not None:
             with collecting(blobs):
-                value_bytes = codec.seal_json(value_bytes)
+                value = codec.seal_json(value)
         else:
-            value_bytes = codec.seal_json(value_bytes)
+            value = codec.seal_json(value)
         headers.append((CODEC_HEADER, codec.header))
-    return fields["saga_id"].encode(), value_bytes, headers
+    return value, headers
 
 
 def _goes_clear(codec: CodecChain, value: bytes, blobs: dict[str, bytes] | None) -> bool:
@@ -383,7 +453,7 @@ def _goes_clear(codec: CodecChain, value: bytes, blobs: dict[str, bytes] | None)
 def fixed_headers_size() -> int:
     """The bytes of the headers every record ``encode_fields`` writes carries, whatever
     its fields (their names and values)."""
-    return record_size(None, _FIXED_HEADERS)
+    return record_size(None, list(FIXED_HEADERS))
 
 
 def record_size(value: bytes | None, headers: Headers) -> int:

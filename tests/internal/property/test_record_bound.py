@@ -1,6 +1,8 @@
 """The size rule's cheap bound (``CommandRecords.bound``) is never below the size it
 stands for: a command whose bound fits the limit fits it measured, so skipping the
-measure changes no refusal (issue 42, lever 2)."""
+measure changes no refusal (issue 42, lever 2). And the record ``CommandRecords``
+writes (its headers directly, from the decision) is what ``encode_fields`` writes of
+the command's fields: the same headers in the same order, the same bytes and size."""
 
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.core.history._structs import replace
 from saga_engine.kernel._settings import KafkaSettings
 from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS
-from saga_engine.transport._command_records import CommandRecords
+from saga_engine.transport._command_records import SENT_TIME_PLACEHOLDER, CommandRecords
 from saga_engine.transport._topics import Topics
+from saga_engine.transport._wire import MessageType, encode_fields, record_size
 
 # Any text a saga can name a step, a type or an id with: every plane of Unicode (so
 # characters of one to four UTF-8 bytes), but no lone surrogate (refused before this).
@@ -99,3 +102,43 @@ def test_the_bound_counts_four_bytes_a_character() -> None:
     bound = records.bound(command)
     assert bound is not None
     assert bound >= records.size(command)
+
+
+def _fields(command: OutboundCommand, source: str) -> dict[str, Any]:
+    """The command's fields as the engine gave them to ``encode_fields`` before."""
+    trace = command.trace_context
+    return {
+        "id": "00000000-0000-4000-8000-000000000000",
+        "time": SENT_TIME_PLACEHOLDER,
+        "message_type": MessageType.COMMAND,
+        "source": source,
+        "subject": command.command_type,
+        "saga_id": command.saga_id,
+        "saga_type": command.saga_type,
+        "command_id": command.command_id,
+        "step": command.step,
+        "correlation_id": command.saga_id,
+        "causation_id": command.command_id,
+        "reply_to": Topics.of(KafkaSettings()).inbox,
+        "compensation": command.compensation,
+        "compensates": ",".join(command.compensates),
+        "traceparent": trace.get("traceparent", ""),
+        "tracestate": trace.get("tracestate", ""),
+        "sent_time": SENT_TIME_PLACEHOLDER,
+    }
+
+
+@settings(max_examples=200, deadline=None)
+@given(command=_commands(), source=_TEXT.filter(bool))
+def test_a_commands_record_is_what_encode_fields_writes(
+    command: OutboundCommand, source: str
+) -> None:
+    records = CommandRecords(Topics.of(KafkaSettings()), source)
+    topic, key, value, headers = records.record(command, measuring=True)
+    expected = encode_fields(_fields(command, source), command.payload)
+    assert (key, value, headers) == expected
+    assert topic == Topics.of(KafkaSettings()).commands(command.participant)
+    # measured as sent: a record sent differs only in its id and times, of equal length
+    _, _, sent_value, sent = records.record(command)
+    assert record_size(sent_value, sent) == records.size(command) == record_size(value, headers)
+    assert [name for name, _ in sent] == [name for name, _ in headers]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
+import uuid
 from datetime import UTC, datetime
 
 import pytest
@@ -115,17 +117,7 @@ def test_bad_timing_headers_never_poison_a_reply_on_the_wire() -> None:
 def test_the_engine_stamps_when_a_command_leaves_always_in_one_length() -> None:
     clock = [1_738_324_800.0]  # 2025-01-31T12:00:00Z, no microseconds
     records = CommandRecords(Topics("saga"), "/saga-engine", clock=lambda: clock[0])
-    command = OutboundCommand(
-        saga_id="s-1",
-        saga_type="t",
-        step="a",
-        participant="p",
-        command_type="Cmd",
-        command_id="c-1",
-        payload={"n": 1},
-        attempt=1,
-        compensation=False,
-    )
+    command = _command()
     _, _, _, headers = records.record(command)
     assert dict(headers)["ce_senttime"] == b"2025-01-31T12:00:00.000000Z"
     size = records.size(command)
@@ -315,3 +307,37 @@ async def test_a_replys_timings_are_recorded_on_its_event_and_kept_in_history() 
     )
     (reply,) = [e for e in await engine.history(saga_id) if isinstance(e, ReplyReceived)]
     assert reply.timings == timings
+
+
+def _command() -> OutboundCommand:
+    return OutboundCommand(
+        saga_id="s-1",
+        saga_type="t",
+        step="a",
+        participant="p",
+        command_type="Cmd",
+        command_id="c-1",
+        payload={"n": 1},
+        attempt=1,
+        compensation=False,
+    )
+
+
+def test_a_command_sent_has_a_new_id_and_is_made_when_sent() -> None:
+    records = CommandRecords(Topics("saga"), "/saga-engine")
+    before = datetime.now(UTC)
+    first = decode(*records.record(_command())[1:], max_bytes=1 << 20)
+    second = decode(*records.record(_command())[1:], max_bytes=1 << 20)
+    assert first.id != second.id
+    assert all(uuid.UUID(m.id).version == 4 for m in (first, second))
+    # one reading of the wall clock: made when it was sent
+    assert first.sent_time == first.time.isoformat().replace("+00:00", "Z")
+    assert before <= first.time <= second.time <= datetime.now(UTC)
+
+
+def test_a_clock_of_its_own_stamps_only_the_sent_time() -> None:
+    records = CommandRecords(Topics("saga"), "/saga-engine", clock=lambda: 1_738_324_800.0)
+    before = time.time()
+    message = decode(*records.record(_command())[1:], max_bytes=1 << 20)
+    assert message.sent_time == "2025-01-31T12:00:00.000000Z"
+    assert message.time.timestamp() >= before  # ce_time is the wall clock's
