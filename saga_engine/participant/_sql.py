@@ -22,7 +22,7 @@ from saga_engine.core.history._codec import MARKER, CodecChain, is_marker
 from saga_engine.kernel._errors import CodecError, CodecFailure, KafkaUnavailable
 from saga_engine.kernel._serde import JsonDict, model_payload
 from saga_engine.kernel._settings import check_message_size
-from saga_engine.transport._timings import TIMING_BYTES, _wire_time, echoed_time
+from saga_engine.transport._timings import TIMING_BYTES, echoed_time, wire_time_bytes
 from saga_engine.transport._wire import Envelope, Headers, MessageType, ReplyBody, encode_fields
 
 Connection: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
@@ -87,7 +87,7 @@ def reply_record(
         "step": command.step,
         "correlation_id": command.correlation_id or command.saga_id,
         "causation_id": command.id,
-        "time": _wire_time(time.time()),  # RFC 3339 in UTC, as every time on the wire
+        "time": wire_time_bytes(time.time()),  # RFC 3339 in UTC, as every time on the wire
         "compensation": command.compensation,
         "traceparent": command.traceparent,
         "tracestate": command.tracestate,

@@ -25,7 +25,7 @@ from saga_engine.core.history._codec import CodecChain
 from saga_engine.core.history._decision import OutboundCommand
 from saga_engine.kernel._ids import uuid4_text
 from saga_engine.transport._child_wire import ENGINE_PARTICIPANTS, engine_envelope
-from saga_engine.transport._timings import _wire_time, wire_time
+from saga_engine.transport._timings import wire_time, wire_time_bytes
 from saga_engine.transport._topics import Topics
 from saga_engine.transport._wire import (
     FIXED_HEADERS,
@@ -149,10 +149,10 @@ class CommandRecords:
             new_id, now = _ID_PLACEHOLDER, _TIME_PLACEHOLDER
             sent = now
         else:
-            new_id, sent = uuid4_text().encode(), _wire_time(self._clock())
+            new_id, sent = uuid4_text().encode(), wire_time_bytes(self._clock())
             # ce_time: when the record was made, which is when it is sent (one reading
             # of the wall clock for both)
-            now = sent if self._wall_clock else _wire_time(time.time())
+            now = sent if self._wall_clock else wire_time_bytes(time.time())
         saga_id, headers = self._headers(command, new_id, now, sent)
         if not self._by_reference:
             blobs = None

@@ -39,7 +39,7 @@ TIMING_BYTES: Final = sum(len(h) for h in TIMING_HEADERS.values()) + 27 * 5 + 16
 def wire_time(epoch_s: float) -> str:
     """An instant (seconds since the epoch) as the headers write times: RFC 3339 in UTC,
     always with microseconds (so a record's size does not depend on the instant)."""
-    return _wire_time(epoch_s).decode()
+    return wire_time_bytes(epoch_s).decode()
 
 
 #: The whole second written last and its text ("YYYY-MM-DDTHH:MM:SS"), one tuple
@@ -48,7 +48,7 @@ def wire_time(epoch_s: float) -> str:
 _SECOND: list[tuple[float, str]] = [(math.nan, "")]
 
 
-def _wire_time(epoch_s: float) -> bytes:
+def wire_time_bytes(epoch_s: float) -> bytes:
     """``wire_time``'s text as a header's value. The microseconds are rounded as
     ``datetime.fromtimestamp`` rounds them (half to even, a carry into the next second),
     so the text is the same as ``fromtimestamp(...).isoformat()``'s."""
@@ -73,12 +73,12 @@ _SHARED_MAX: Final = 64
 
 
 def _shared_time(epoch_s: float) -> bytes:
-    """``_wire_time`` of an instant many replies share, written once."""
+    """``wire_time_bytes`` of an instant many replies share, written once."""
     text = _SHARED.get(epoch_s)
     if text is None:
         if len(_SHARED) >= _SHARED_MAX:
             _SHARED.clear()
-        text = _SHARED[epoch_s] = _wire_time(epoch_s)
+        text = _SHARED[epoch_s] = wire_time_bytes(epoch_s)
     return text
 
 
@@ -153,8 +153,8 @@ def reply_timing_headers(
     started, ended, cpu_s = handler
     return [
         (_RECEIVED, _shared_time(received)),
-        (_STARTED, _wire_time(started)),
-        (_ENDED, _wire_time(ended)),
+        (_STARTED, wire_time_bytes(started)),
+        (_ENDED, wire_time_bytes(ended)),
         (_COMMITTED, _shared_time(committed)),
         (_CPU, cpu_ms_text(cpu_s).encode()),
     ]
