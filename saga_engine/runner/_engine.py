@@ -502,7 +502,9 @@ class Engine:
 
     async def recover(self, saga_ids: Sequence[str] | None = None) -> int:
         """Rebuilds open sagas from the store, re-sends their outstanding commands under
-        the same ids and re-arms their timers. Returns how many were recovered.
+        the same ids and re-arms their timers. Returns how many are recovered: held here
+        now, whether this pass loaded them or another input did first (the wake-up poll
+        loads a new partition's due sagas as soon as it is owned).
 
         Memory stays within ``engine.cache_size``: past it the least recently changed
         sagas are evicted as recovery goes (what they had in flight was re-sent; their
@@ -525,7 +527,7 @@ class Engine:
                 # In chunks: a sweep walks the cache, so once per load would be
                 # quadratic in a large recovery.
                 self.evict_idle(float("inf"), bound)
-            return outcome.decision is not None
+            return outcome.decision is not None or saga_id in self._live
 
         results = await asyncio.gather(*(one(i) for i in ids))
         return sum(results)

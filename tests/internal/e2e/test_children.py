@@ -89,7 +89,9 @@ async def test_children_survive_a_sigkill_and_undo_with_their_parent(
         for e in ("engine-a", "engine-b")
         for n in re.findall(r"and recovered (\d+) sagas", cluster.log_tail(e, 500))
     ]
-    assert any(n > 0 for n in recovered), cluster.log_tail("engine-a", 50)
+    # (A saga of a taken partition that another input loaded before recovery's pass
+    # reached it counts too: on a busy machine it read 0 once, see test_recovery_count.)
+    assert any(n > 0 for n in recovered), cluster.logs_tail()
 
     children = {p: [child_saga_id(p, f"transfer-{i}") for i in range(CHILDREN)] for p in parents}
     child_statuses = await cluster.statuses([c for cs in children.values() for c in cs])
