@@ -26,6 +26,9 @@ The cyclic collector is off in the workloads (``bench/ir/__main__.py`` says why)
 - ``wire_instructions_per_record``: the Kafka record's encode and decode, a command's
   (the engine makes it, a participant reads it) and a reply's (the other way), each
   with its partition chosen (``bench/ir/wire.py``);
+- ``reply_decode_instructions_per_reply`` and ``reply_decode_untimed_...``: the engine's
+  decode of a reply with the five timing headers a participant adds and without them (``bench/ir/reply_decode.py``):
+  what those headers cost per reply;
 - ``memory_bytes_per_resident_saga``: Python's traced allocations per waiting saga an
   in-memory engine holds (``bench/ir/memory.py``; not under valgrind);
   ``memory_floor_bytes_per_resident_saga``: the same saga as a bare coroutine holding
@@ -85,6 +88,10 @@ FIGURES = (
     Figure("replay", "replay_instructions_per_event", "event", 100, 40),
     Figure("insights", "insights_rollup_instructions_per_saga", "saga", 100, 40),
     Figure("wire", "wire_instructions_per_record", "record", 400, 200),
+    Figure("reply_decode", "reply_decode_instructions_per_reply", "reply", 2000, 1000),
+    Figure(
+        "reply_decode_untimed", "reply_decode_untimed_instructions_per_reply", "reply", 2000, 1000
+    ),
 )
 MEMORY_SAGAS = (2000, 500)
 

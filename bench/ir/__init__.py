@@ -21,6 +21,8 @@ WORKLOADS: dict[str, tuple[str, str, bool]] = {
     "replay": ("bench.ir.replay", "replay", True),
     "insights": ("bench.ir.insights", "run", True),
     "wire": ("bench.ir.wire", "run", False),
+    "reply_decode": ("bench.ir.reply_decode", "timed", False),
+    "reply_decode_untimed": ("bench.ir.reply_decode", "untimed", False),
     "memory": ("bench.ir.memory", "run", False),
 }
 

@@ -88,3 +88,21 @@ def test_a_figure_is_the_difference_of_two_run_lengths(tmp_path: Path) -> None:
 def test_the_wire_encodes_and_decodes_each_record() -> None:
     # Raises unless each reply read back answers the command read back.
     assert run_workload("wire", 5) == {"units": 5}
+
+
+def test_the_reply_decodes_differ_only_by_the_timing_headers() -> None:
+    from bench.ir.reply_decode import reply
+
+    _, _, timed = reply(timed=True)
+    _, _, untimed = reply(timed=False)
+    extra = {name for name, _ in timed} - {name for name, _ in untimed}
+    assert extra == {
+        "ce_receivedtime",
+        "ce_handlerstarttime",
+        "ce_handlerendtime",
+        "ce_committime",
+        "ce_handlercpums",
+    }
+    assert len(untimed) == len(timed) - len(extra)
+    assert run_workload("reply_decode", 3) == {"units": 3}
+    assert run_workload("reply_decode_untimed", 3) == {"units": 3}
