@@ -27,8 +27,8 @@ The cyclic collector is off in the workloads (``bench/ir/__main__.py`` says why)
   (the engine makes it, a participant reads it) and a reply's (the other way), each
   with its partition chosen (``bench/ir/wire.py``);
 - ``reply_decode_instructions_per_reply`` and ``reply_decode_untimed_...``: the engine's
-  decode of a reply with the five timing headers a participant adds and without them (``bench/ir/reply_decode.py``):
-  what those headers cost per reply;
+  decode of a reply with the five timing headers a participant adds and without them
+  (``bench/ir/reply_decode.py``): what those headers cost per reply;
 - ``memory_bytes_per_resident_saga``: Python's traced allocations per waiting saga an
   in-memory engine holds (``bench/ir/memory.py``; not under valgrind);
   ``memory_floor_bytes_per_resident_saga``: the same saga as a bare coroutine holding
